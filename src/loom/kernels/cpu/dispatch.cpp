@@ -1,0 +1,68 @@
+// Run-time choice of the f32 hot kernels: AVX-512 where the CPU has it, else AVX2+FMA, else
+// the portable build. LOOM_ISA=base|avx2|avx512 overrides (for comparisons and debugging).
+#include <cstdlib>
+#include <cstring>
+
+#include "loom/core/error.h"
+#include "loom/kernels/cpu/cpu_kernels.h"
+#include "loom/kernels/cpu/hot_table.h"
+
+namespace loom::cpu {
+
+static const HotKernels* pick_hot_kernels() {
+  __builtin_cpu_init();
+  const bool has512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  const bool has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (const char* want = std::getenv("LOOM_ISA")) {
+    if (!std::strcmp(want, "base")) return hot_kernels_base();
+    if (!std::strcmp(want, "avx2")) {
+      LOOM_CHECK(has2, "isa", "LOOM_ISA=avx2 but this CPU lacks AVX2/FMA");
+      return hot_kernels_avx2();
+    }
+    if (!std::strcmp(want, "avx512")) {
+      LOOM_CHECK(has512, "isa", "LOOM_ISA=avx512 but this CPU lacks AVX-512");
+      return hot_kernels_avx512();
+    }
+    fail("isa", "LOOM_ISA='", want, "': expected base, avx2 or avx512");
+  }
+  if (has512) return hot_kernels_avx512();
+  if (has2) return hot_kernels_avx2();
+  return hot_kernels_base();
+}
+
+const HotKernels& hot_kernels() {
+  static const HotKernels* k = pick_hot_kernels();
+  return *k;
+}
+
+std::string hot_kernels_isa() { return hot_kernels().isa; }
+
+template <> void attention_forward<float>(const float* qkv, float* out, float* lse, int64_t B,
+                                          int64_t Tn, int64_t H, int64_t KVH, int64_t D) {
+  hot_kernels().attention_forward(qkv, out, lse, B, Tn, H, KVH, D);
+}
+template <> void attention_backward<float>(const float* qkv, const float* out, const float* dout,
+                                           const float* lse, float* dqkv, int64_t B, int64_t Tn,
+                                           int64_t H, int64_t KVH, int64_t D) {
+  hot_kernels().attention_backward(qkv, out, dout, lse, dqkv, B, Tn, H, KVH, D);
+}
+template <> void gelu_forward<float>(const float* x, float* y, int64_t n) {
+  hot_kernels().gelu_forward(x, y, n);
+}
+template <> void gelu_backward<float>(const float* x, const float* dy, float* dx, int64_t n) {
+  hot_kernels().gelu_backward(x, dy, dx, n);
+}
+template <> void swiglu_forward<float>(const float* in, float* out, int64_t N, int64_t F) {
+  hot_kernels().swiglu_forward(in, out, N, F);
+}
+template <> void swiglu_backward<float>(const float* in, const float* dout, float* din, int64_t N,
+                                        int64_t F) {
+  hot_kernels().swiglu_backward(in, dout, din, N, F);
+}
+template <> void xent_rows<float>(float* logits, const int32_t* targets, float* loss, int64_t rows,
+                                  int64_t V, double grad_scale, bool want_grad) {
+  hot_kernels().xent_rows(logits, targets, loss, rows, V, grad_scale, want_grad);
+}
+
+}  // namespace loom::cpu

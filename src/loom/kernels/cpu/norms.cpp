@@ -1,0 +1,140 @@
+// LayerNorm (Ba et al. 2016) and RMSNorm (Zhang & Sennrich 2019) over the last dimension.
+// Statistics are accumulated in f64 for f32 inputs; weight/bias gradients are reduced over
+// rows in a fixed order per column block, so results do not depend on the thread count.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "loom/kernels/cpu/cpu_kernels.h"
+
+namespace loom::cpu {
+
+template <class T>
+void layernorm_forward(const T* x, const T* w, const T* b, T* y, T* mean, T* rstd, int64_t N,
+                       int64_t C, double eps) {
+#pragma omp parallel for schedule(static) if (N * C > 16384)
+  for (int64_t n = 0; n < N; ++n) {
+    const T* xr = x + n * C;
+    double s = 0;
+    for (int64_t c = 0; c < C; ++c) s += double(xr[c]);
+    const double mu = s / double(C);
+    double v = 0;
+    for (int64_t c = 0; c < C; ++c) {
+      const double d = double(xr[c]) - mu;
+      v += d * d;
+    }
+    const double rs = 1.0 / std::sqrt(v / double(C) + eps);
+    const T m = T(mu), r = T(rs);
+    T* yr = y + n * C;
+    for (int64_t c = 0; c < C; ++c) yr[c] = (xr[c] - m) * r * w[c] + (b ? b[c] : T(0));
+    mean[n] = m;
+    rstd[n] = r;
+  }
+}
+
+template <class T>
+void layernorm_backward(const T* dy, const T* x, const T* w, const T* mean, const T* rstd, T* dx,
+                        T* dw, T* db, int64_t N, int64_t C, bool accumulate_dx) {
+  if (dx) {
+#pragma omp parallel for schedule(static) if (N * C > 16384)
+    for (int64_t n = 0; n < N; ++n) {
+      const T* dyr = dy + n * C;
+      const T* xr = x + n * C;
+      const T m = mean[n], r = rstd[n];
+      double sum_g = 0, sum_gx = 0;  // g = dy * w, xhat = (x - m) r
+      for (int64_t c = 0; c < C; ++c) {
+        const double g = double(dyr[c]) * double(w[c]);
+        sum_g += g;
+        sum_gx += g * double((xr[c] - m) * r);
+      }
+      const T mg = T(sum_g / double(C)), mgx = T(sum_gx / double(C));
+      T* dxr = dx + n * C;
+      for (int64_t c = 0; c < C; ++c) {
+        const T xhat = (xr[c] - m) * r;
+        const T v = r * (dyr[c] * w[c] - mg - xhat * mgx);
+        dxr[c] = accumulate_dx ? dxr[c] + v : v;
+      }
+    }
+  }
+  if (dw || db) {
+    constexpr int64_t kCols = 64;
+#pragma omp parallel for schedule(static) if (N * C > 16384)
+    for (int64_t c0 = 0; c0 < C; c0 += kCols) {
+      const int64_t c1 = std::min(C, c0 + kCols);
+      T aw[kCols] = {}, ab[kCols] = {};
+      for (int64_t n = 0; n < N; ++n) {
+        const T* dyr = dy + n * C;
+        const T* xr = x + n * C;
+        const T m = mean[n], r = rstd[n];
+        for (int64_t c = c0; c < c1; ++c) {
+          aw[c - c0] += dyr[c] * (xr[c] - m) * r;
+          ab[c - c0] += dyr[c];
+        }
+      }
+      for (int64_t c = c0; c < c1; ++c) {
+        if (dw) dw[c] += aw[c - c0];
+        if (db) db[c] += ab[c - c0];
+      }
+    }
+  }
+}
+
+template <class T>
+void rmsnorm_forward(const T* x, const T* w, T* y, T* rstd, int64_t N, int64_t C, double eps) {
+#pragma omp parallel for schedule(static) if (N * C > 16384)
+  for (int64_t n = 0; n < N; ++n) {
+    const T* xr = x + n * C;
+    double ss = 0;
+    for (int64_t c = 0; c < C; ++c) ss += double(xr[c]) * double(xr[c]);
+    const T r = T(1.0 / std::sqrt(ss / double(C) + eps));
+    T* yr = y + n * C;
+    for (int64_t c = 0; c < C; ++c) yr[c] = xr[c] * r * w[c];
+    rstd[n] = r;
+  }
+}
+
+template <class T>
+void rmsnorm_backward(const T* dy, const T* x, const T* w, const T* rstd, T* dx, T* dw, int64_t N,
+                      int64_t C, bool accumulate_dx) {
+  if (dx) {
+#pragma omp parallel for schedule(static) if (N * C > 16384)
+    for (int64_t n = 0; n < N; ++n) {
+      const T* dyr = dy + n * C;
+      const T* xr = x + n * C;
+      const T r = rstd[n];
+      double sum_gx = 0;
+      for (int64_t c = 0; c < C; ++c) sum_gx += double(dyr[c]) * double(w[c]) * double(xr[c]);
+      const T k = T(sum_gx / double(C)) * r * r;
+      T* dxr = dx + n * C;
+      for (int64_t c = 0; c < C; ++c) {
+        const T v = r * (dyr[c] * w[c] - xr[c] * k);
+        dxr[c] = accumulate_dx ? dxr[c] + v : v;
+      }
+    }
+  }
+  if (dw) {
+    constexpr int64_t kCols = 64;
+#pragma omp parallel for schedule(static) if (N * C > 16384)
+    for (int64_t c0 = 0; c0 < C; c0 += kCols) {
+      const int64_t c1 = std::min(C, c0 + kCols);
+      T aw[kCols] = {};
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t c = c0; c < c1; ++c) aw[c - c0] += dy[n * C + c] * x[n * C + c] * rstd[n];
+      for (int64_t c = c0; c < c1; ++c) dw[c] += aw[c - c0];
+    }
+  }
+}
+
+#define INSTANTIATE(T)                                                                           \
+  template void layernorm_forward<T>(const T*, const T*, const T*, T*, T*, T*, int64_t, int64_t, \
+                                     double);                                                   \
+  template void layernorm_backward<T>(const T*, const T*, const T*, const T*, const T*, T*, T*,  \
+                                      T*, int64_t, int64_t, bool);                              \
+  template void rmsnorm_forward<T>(const T*, const T*, T*, T*, int64_t, int64_t, double);         \
+  template void rmsnorm_backward<T>(const T*, const T*, const T*, const T*, T*, T*, int64_t,      \
+                                    int64_t, bool);
+INSTANTIATE(float)
+INSTANTIATE(double)
+#undef INSTANTIATE
+
+}  // namespace loom::cpu

@@ -1,0 +1,93 @@
+#include "loom/model/config.h"
+
+#include "loom/core/error.h"
+
+namespace loom::model {
+
+const char* family_name(Family f) { return f == Family::gpt2 ? "gpt2" : "llama"; }
+
+Family family_from_name(const std::string& s) {
+  if (s == "gpt2") return Family::gpt2;
+  if (s == "llama") return Family::llama;
+  fail("config", "model.family: expected \"gpt2\" or \"llama\", got \"", s, "\"");
+}
+
+void ModelConfig::validate() const {
+  auto positive = [](const char* field, int64_t v) {
+    LOOM_CHECK(v > 0, "config", "model.", field, " must be positive, got ", v);
+  };
+  positive("vocab_size", vocab_size);
+  positive("n_ctx", n_ctx);
+  positive("n_layer", n_layer);
+  positive("n_head", n_head);
+  positive("n_kv_head", n_kv_head);
+  positive("d_model", d_model);
+  positive("d_ff", d_ff);
+  LOOM_CHECK(d_model % n_head == 0, "config", "model.n_head=", n_head,
+             " does not divide model.d_model=", d_model, "; pick n_head among the divisors of ",
+             d_model);
+  LOOM_CHECK(n_head % n_kv_head == 0, "config", "model.n_kv_head=", n_kv_head,
+             " does not divide model.n_head=", n_head);
+  LOOM_CHECK(head_dim() % 2 == 0 || family == Family::gpt2, "config",
+             "model.d_model / model.n_head = ", head_dim(), " must be even for RoPE");
+  LOOM_CHECK(family == Family::llama || n_kv_head == n_head, "config", "model.n_kv_head=",
+             n_kv_head, " differs from model.n_head=", n_head,
+             ": grouped-query attention needs model.family=llama");
+  LOOM_CHECK(norm_eps > 0, "config", "model.norm_eps must be positive, got ", norm_eps);
+  LOOM_CHECK(vocab_size < (int64_t(1) << 31), "config", "model.vocab_size=", vocab_size,
+             " does not fit 32-bit token ids");
+}
+
+std::string ModelConfig::summary() const {
+  return str_cat(name, " (", family_name(family), ": ", n_layer, " layers, d_model ", d_model,
+                 ", ", n_head, " heads", n_kv_head != n_head ? str_cat("/", n_kv_head, " kv") : "",
+                 ", d_ff ", d_ff, ", vocab ", vocab_size, ", context ", n_ctx, ")");
+}
+
+static ModelConfig gpt2(const char* name, int64_t L, int64_t C, int64_t H, int64_t V, int64_t ctx) {
+  ModelConfig c;
+  c.name = name;
+  c.family = Family::gpt2;
+  c.n_layer = L;
+  c.d_model = C;
+  c.n_head = c.n_kv_head = H;
+  c.d_ff = 4 * C;
+  c.vocab_size = V;
+  c.n_ctx = ctx;
+  c.tied_embeddings = true;
+  return c;
+}
+
+static ModelConfig llama(const char* name, int64_t L, int64_t C, int64_t H, int64_t KVH, int64_t F,
+                         int64_t V, int64_t ctx) {
+  ModelConfig c;
+  c.name = name;
+  c.family = Family::llama;
+  c.n_layer = L;
+  c.d_model = C;
+  c.n_head = H;
+  c.n_kv_head = KVH;
+  c.d_ff = F;
+  c.vocab_size = V;
+  c.n_ctx = ctx;
+  c.tied_embeddings = false;
+  c.norm_eps = 1e-5;
+  return c;
+}
+
+ModelConfig preset(const std::string& name) {
+  if (name == "gpt2-124m") return gpt2("gpt2-124m", 12, 768, 12, 50257, 1024);
+  if (name == "gpt2-350m") return gpt2("gpt2-350m", 24, 1024, 16, 50257, 1024);
+  if (name == "gpt2-tiny") return gpt2("gpt2-tiny", 2, 32, 4, 97, 64);
+  if (name == "gpt2-shakespeare") return gpt2("gpt2-shakespeare", 4, 192, 6, 256, 256);
+  if (name == "llama-tiny") return llama("llama-tiny", 2, 32, 4, 2, 48, 97, 64);
+  if (name == "llama-60m") return llama("llama-60m", 8, 512, 8, 4, 1408, 32000, 1024);
+  fail("config", "model.preset: unknown preset \"", name, "\"; known presets: gpt2-124m, ",
+       "gpt2-350m, gpt2-tiny, gpt2-shakespeare, llama-tiny, llama-60m");
+}
+
+std::vector<std::string> preset_names() {
+  return {"gpt2-124m", "gpt2-350m", "gpt2-tiny", "gpt2-shakespeare", "llama-tiny", "llama-60m"};
+}
+
+}  // namespace loom::model

@@ -1,0 +1,85 @@
+// The decoder-only transformer: embeddings, blocks, final norm and LM head over one flat
+// parameter buffer and one flat gradient buffer (category params / grads), with the
+// training forward+backward (activation checkpointing optional) and an evaluation forward.
+// Knows nothing of data, optimizers or communication.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "loom/core/tensor.h"
+#include "loom/model/block.h"
+#include "loom/model/config.h"
+#include "loom/model/param_layout.h"
+
+namespace loom::model {
+
+struct DecoderOptions {
+  // 0: off. N > 0: blocks run in segments of N; only each segment's input is kept and the
+  // segment is recomputed during backward.
+  int activation_checkpoint_interval = 0;
+  int64_t xent_chunk = 256;  // rows of logits materialised at once by the fused head + loss
+};
+
+class Decoder {
+ public:
+  explicit Decoder(const ModelConfig& cfg, const DecoderOptions& opt = {},
+                   DType dtype = DType::f32, Allocator& alloc = cpu_allocator());
+
+  const ModelConfig& config() const { return cfg_; }
+  const ParamLayout& layout() const { return layout_; }
+  const DecoderOptions& options() const { return opt_; }
+  void set_options(const DecoderOptions& opt);
+  int64_t num_params() const { return layout_.total(); }
+
+  const Tensor& params() const { return params_; }  // flat [P]
+  const Tensor& grads() const { return grads_; }    // flat [P]
+  Tensor param(const std::string& name) const;
+  Tensor grad(const std::string& name) const;
+
+  void init_weights(uint64_t seed);
+  void zero_grads() { grads_.zero(); }
+
+  // Training step on one micro-batch: tokens and targets are [B, T] (targets < 0 ignored).
+  // Parameter gradients accumulate as grad_scale * d(sum of token losses). Returns the sum of
+  // token losses; *n_valid receives the number of counted targets.
+  double forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
+                          double grad_scale, int64_t* n_valid = nullptr);
+  // Loss only (no gradients). Same return convention.
+  double forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
+                 int64_t* n_valid = nullptr);
+  // Logits [B, T, V] for every position (evaluation and tests).
+  void logits(const int32_t* tokens, int64_t B, int64_t T, const Tensor& out);
+
+  // Per-token losses of the last forward, [B*T].
+  const Tensor& token_losses() const { return losses_; }
+  // Bytes of activation buffers the current (B, T) needs (what memory tests compare).
+  int64_t activation_bytes() const;
+
+ private:
+  void ensure_buffers(int64_t B, int64_t T, bool train);
+  void run_blocks_forward(bool train);
+  void final_norm_forward();
+  double count_and_sum(const int32_t* targets, int64_t N, int64_t* n_valid);
+  bool checkpointed() const { return opt_.activation_checkpoint_interval > 0; }
+
+  ModelConfig cfg_;
+  DecoderOptions opt_;
+  ParamLayout layout_;
+  DType dtype_;
+  Allocator& alloc_;
+  Tensor params_, grads_;
+  std::vector<BlockWeights> w_, gw_;
+
+  // Buffers for the current (B, T).
+  int64_t B_ = 0, T_ = 0;
+  bool train_buffers_ = false;
+  Tensor tokens_, targets_, pos_;
+  std::vector<Tensor> res_;        // residual stream: res_[l] is block l's input, res_[L] output
+  std::vector<BlockActs> saved_;   // per block when not checkpointed
+  std::vector<BlockActs> recompute_;  // checkpointed segment (or evaluation) activations
+  Tensor lnf_, lnf_mean_, lnf_rstd_, losses_;
+  Tensor dlnf_, dres_, ce_work_;
+  BlockScratch scratch_;
+};
+
+}  // namespace loom::model

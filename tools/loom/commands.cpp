@@ -1,0 +1,86 @@
+#include "tools/loom/commands.h"
+
+#include <cstdio>
+
+#include "loom/core/error.h"
+#include "loom/kernels/cpu/cpu_kernels.h"
+#include "loom/kernels/cuda/cuda_ops.h"
+
+namespace loom::cli {
+
+const std::vector<Command>& commands() {
+  static const std::vector<Command> cmds = {
+      {"bench", cmd_bench},
+      {"version", cmd_version},
+  };
+  return cmds;
+}
+
+int cmd_version(const std::vector<std::string>&) {
+  std::printf("loom 0.1.0\ncpu kernels: %s\n%s\n", cpu::hot_kernels_isa().c_str(),
+              cuda::describe().c_str());
+  return 0;
+}
+
+Args::Args(const std::string& cmd, const std::vector<std::string>& argv,
+           const std::map<std::string, bool>& spec)
+    : cmd_(cmd) {
+  for (size_t i = 0; i < argv.size(); ++i) {
+    const std::string& a = argv[i];
+    if (a.rfind("--", 0) != 0 || a == "--") {
+      positional_.push_back(a);
+      continue;
+    }
+    std::string key = a.substr(2), value;
+    bool inline_value = false;
+    if (auto eq = key.find('='); eq != std::string::npos) {
+      value = key.substr(eq + 1);
+      key = key.substr(0, eq);
+      inline_value = true;
+    }
+    auto it = spec.find(key);
+    if (it == spec.end()) throw UsageError(str_cat("[", cmd, "] unknown option --", key, " (see loom ", cmd, " --help)"));
+    if (it->second && !inline_value) {
+      if (i + 1 >= argv.size()) throw UsageError(str_cat("[", cmd, "] --", key, " needs a value"));
+      value = argv[++i];
+    }
+    values_.emplace(key, value);
+  }
+}
+
+std::string Args::get(const std::string& k, const std::string& def) const {
+  auto it = values_.find(k);
+  return it == values_.end() ? def : it->second;
+}
+
+std::vector<std::string> Args::get_all(const std::string& k) const {
+  std::vector<std::string> out;
+  for (auto [it, end] = values_.equal_range(k); it != end; ++it) out.push_back(it->second);
+  return out;
+}
+
+int64_t Args::get_int(const std::string& k, int64_t def) const {
+  if (!has(k)) return def;
+  std::string v = get(k, "");
+  try {
+    size_t pos = 0;
+    int64_t x = std::stoll(v, &pos);
+    if (pos == v.size()) return x;
+  } catch (...) {
+  }
+  throw UsageError(str_cat("[", cmd_, "] --", k, ": expected an integer, got \"", v, "\""));
+}
+
+double Args::get_double(const std::string& k, double def) const {
+  if (!has(k)) return def;
+  std::string v = get(k, "");
+  try {
+    size_t pos = 0;
+    double x = std::stod(v, &pos);
+    if (pos == v.size()) return x;
+  } catch (...) {
+  }
+  throw UsageError(str_cat("[", cmd_, "] --", k, ": expected a number, got \"", v, "\""));
+}
+
+}  // namespace loom::cli

@@ -1,0 +1,43 @@
+// Registry of loom subcommands and the small argument parser they share.
+#pragma once
+#include <functional>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace loom::cli {
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct Command {
+  std::string name;
+  std::function<int(const std::vector<std::string>&)> run;
+};
+const std::vector<Command>& commands();
+
+int cmd_bench(const std::vector<std::string>& args);
+int cmd_version(const std::vector<std::string>& args);
+
+// --key value / --key=value / --flag parsing against a declared option list.
+class Args {
+ public:
+  // spec: option name -> true if it takes a value. Unknown options throw UsageError naming them.
+  Args(const std::string& cmd, const std::vector<std::string>& argv,
+       const std::map<std::string, bool>& spec);
+  bool has(const std::string& k) const { return values_.count(k) != 0; }
+  std::string get(const std::string& k, const std::string& def) const;
+  std::vector<std::string> get_all(const std::string& k) const;
+  int64_t get_int(const std::string& k, int64_t def) const;
+  double get_double(const std::string& k, double def) const;
+  const std::vector<std::string>& positional() const { return positional_; }
+
+ private:
+  std::string cmd_;
+  std::multimap<std::string, std::string> values_;
+  std::vector<std::string> positional_;
+};
+
+}  // namespace loom::cli

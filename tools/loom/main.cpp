@@ -1,0 +1,45 @@
+// The loom command-line tool: one binary, a subcommand per job. main() is the only place
+// that turns errors into exit codes.
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "loom/core/error.h"
+#include "tools/loom/commands.h"
+
+namespace {
+
+void print_usage() {
+  std::printf(
+      "usage: loom <command> [options]\n\n"
+      "commands:\n"
+      "  bench train   time training steps against the analytic FLOP count (and a PyTorch peer)\n"
+      "  version       print the build's version and capabilities\n\n"
+      "run `loom <command> --help` for a command's options.\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+    print_usage();
+    return argc < 2 ? 2 : 0;
+  }
+  std::string cmd = argv[1];
+  std::vector<std::string> args(argv + 2, argv + argc);
+  try {
+    for (const auto& c : loom::cli::commands())
+      if (c.name == cmd) return c.run(args);
+    std::fprintf(stderr, "loom: unknown command '%s'\n\n", cmd.c_str());
+    print_usage();
+    return 2;
+  } catch (const loom::cli::UsageError& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}
