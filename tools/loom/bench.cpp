@@ -1,10 +1,27 @@
+// `loom bench <what>`: dispatch to the benchmark named; each lives in its own bench_*.cpp.
 #include <cstdio>
 
 #include "tools/loom/commands.h"
 
 namespace loom::cli {
-int cmd_bench(const std::vector<std::string>&) {
-  std::printf("bench: not yet\n");
-  return 1;
+
+const std::vector<Benchmark>& benchmarks() {
+  static const std::vector<Benchmark> list = {
+      {"train", "training step time, tokens/s, GFLOP/s and memory (optionally vs PyTorch)",
+       bench_train},
+  };
+  return list;
 }
+
+int cmd_bench(const std::vector<std::string>& args) {
+  if (args.empty() || args[0] == "--help" || args[0] == "-h") {
+    std::printf("usage: loom bench <what> [options]\n\n");
+    for (const auto& b : benchmarks()) std::printf("  %-10s %s\n", b.name.c_str(), b.help.c_str());
+    return args.empty() ? 2 : 0;
+  }
+  for (const auto& b : benchmarks())
+    if (b.name == args[0]) return b.run({args.begin() + 1, args.end()});
+  throw UsageError("[bench] unknown benchmark '" + args[0] + "' (see loom bench --help)");
+}
+
 }  // namespace loom::cli

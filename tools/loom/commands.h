@@ -21,6 +21,14 @@ const std::vector<Command>& commands();
 int cmd_bench(const std::vector<std::string>& args);
 int cmd_version(const std::vector<std::string>& args);
 
+// `loom bench <what>`: one function per benchmark, listed in bench.cpp.
+struct Benchmark {
+  std::string name, help;
+  std::function<int(const std::vector<std::string>&)> run;
+};
+const std::vector<Benchmark>& benchmarks();
+int bench_train(const std::vector<std::string>& args);
+
 // --key value / --key=value / --flag parsing against a declared option list.
 class Args {
  public:
