@@ -12,6 +12,8 @@ const std::vector<Command>& commands() {
   static const std::vector<Command> cmds = {
       {"bench", cmd_bench},
       {"version", cmd_version},
+      {"tokenize", cmd_tokenize},
+      {"prepare", cmd_prepare},
   };
   return cmds;
 }
