@@ -2,6 +2,7 @@
 // progress bar on a terminal and a closing summary that quotes the unigram baseline loss.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -55,7 +56,8 @@ int cmd_prepare(const std::vector<std::string>& argv) {
   size_t last_drawn = 0;
   if (bar)
     opt.progress = [&](size_t done, size_t total) {
-      if (done == total || done - last_drawn >= (size_t(1) << 20)) {
+      const size_t every = std::max<size_t>(1, std::min<size_t>(size_t(1) << 20, total / 200));
+      if (done == total || last_drawn == 0 || done - last_drawn >= every) {
         draw_bar(done, total);
         last_drawn = done;
       }
