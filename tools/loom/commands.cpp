@@ -12,6 +12,9 @@ const std::vector<Command>& commands() {
   static const std::vector<Command> cmds = {
       {"bench", cmd_bench},
       {"version", cmd_version},
+      {"tokenize", cmd_tokenize},
+      {"prepare", cmd_prepare},
+      {"train", cmd_train},
   };
   return cmds;
 }
