@@ -20,6 +20,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -29,6 +30,7 @@
 #include "loom/io/safetensors.h"
 #include "loom/kernels/ops.h"
 #include "loom/model/decoder.h"
+#include "loom/model/hf_weights.h"
 
 using namespace loom;
 using namespace loom::model;
@@ -218,6 +220,28 @@ INSTANTIATE_TEST_SUITE_P(Families, GoldenModel,
                          [](const auto& info) {
                            return info.param.family + "_" + dtype_name(info.param.dtype);
                          });
+
+// The golden models through Hugging Face's format and back: identical logits. With
+// LOOM_GOLDEN_HF_EXPORT=<dir> the exports are kept in <dir>/<family> for
+// tests/golden/check_hf.py, which loads them with transformers' from_pretrained.
+TEST(GoldenHfExport, RoundTripGivesIdenticalLogits) {
+  const char* keep = std::getenv("LOOM_GOLDEN_HF_EXPORT");
+  for (const std::string family : {"gpt2", "llama"}) {
+    Golden g = load_golden(family);
+    Decoder a(g.cfg);
+    load_params(a, g.init);
+    const std::string dir = keep ? str_cat(keep, "/", family)
+                                 : str_cat(::testing::TempDir(), "loom_golden_hf_", family);
+    save_hf_pretrained(a, dir);
+    Decoder b(read_hf_config(dir + "/config.json"));
+    load_hf_safetensors(b, dir + "/model.safetensors");
+    Tensor la = Tensor::empty({g.B, g.T, g.cfg.vocab_size}, DType::f32);
+    Tensor lb = Tensor::empty({g.B, g.T, g.cfg.vocab_size}, DType::f32);
+    a.logits(g.tokens.data(), g.B, g.T, la);
+    b.logits(g.tokens.data(), g.B, g.T, lb);
+    EXPECT_EQ(0, std::memcmp(la.raw(), lb.raw(), la.nbytes())) << family;
+  }
+}
 
 TEST(GoldenFiles, CoverTheFeaturesTheyClaim) {
   // Guards against a regenerated file silently dropping what these tests are meant to cover.
