@@ -189,6 +189,7 @@ TrainResult Trainer::run() {
     const double lr = optim::LrSchedule{cfg_.optim.lr, cfg_.schedule.min_lr,
                                         cfg_.schedule.warmup_steps, total}.lr_at(step_);
     last_loss = train_step();
+    r.losses.push_back(last_loss);
     const double ms = sw.ms();
     tok_time += ms;
     ++timed_steps;

@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "loom/model/decoder.h"
 #include "loom/optim/adamw.h"
@@ -22,6 +23,7 @@ struct TrainResult {
   double tokens_per_s = 0;
   int64_t peak_bytes = 0;
   std::string last_checkpoint;
+  std::vector<double> losses;  // train loss of every step this run executed
 };
 
 struct TrainerOptions {
