@@ -85,7 +85,7 @@ int bench_train(const std::vector<std::string>& argv) {
   CpuAllocator alloc;
   model::Decoder m(cfg, opt, DType::f32, alloc);
   m.init_weights(1234);
-  optim::AdamW adam({1e-4, 0.9, 0.95, 1e-8, 0.1}, 0, m.num_params(), decay_spans(m.layout()), alloc);
+  optim::AdamW adam({1e-4, 0.9, 0.95, 1e-8, 0.1}, 0, m.flat_size(), decay_spans(m.layout()), alloc);
   std::mt19937 g(1);
   std::vector<int32_t> tok(size_t(B * T)), tgt(size_t(B * T));
   for (auto& t : tok) t = int32_t(g() % cfg.vocab_size);
@@ -103,8 +103,8 @@ int bench_train(const std::vector<std::string>& argv) {
     Stopwatch sw;
     m.zero_grads();
     m.forward_backward(tok.data(), tgt.data(), B, T, 1.0 / double(B * T));
-    const double norm = std::sqrt(optim::sum_squares(m.grads().data<float>(), m.num_params()));
-    if (norm > 1.0) optim::scale_inplace(m.grads().data<float>(), m.num_params(), float(1.0 / norm));
+    const double norm = std::sqrt(optim::sum_squares(m.grads().data<float>(), m.flat_size()));
+    if (norm > 1.0) optim::scale_inplace(m.grads().data<float>(), m.flat_size(), float(1.0 / norm));
     adam.step(m.params().data<float>(), m.grads().data<float>(), 1e-4);
     return sw.ms();
   };

@@ -34,7 +34,7 @@ class FlatParamSource final : public ParamSource {
  private:
   Tensor view(const Tensor& flat, const std::string& n) const {
     LOOM_CHECK(flat.defined(), "model", "no flat buffer for ", n,
-               " (allocate_flat_buffers=false needs a ParamSource)");
+               " (allocate_flat_params/grads=false needs a ParamSource)");
     const auto& p = layout_.get(n);
     return flat.slice(p.offset, p.shape);
   }
@@ -45,14 +45,14 @@ class FlatParamSource final : public ParamSource {
 }  // namespace
 
 Decoder::Decoder(const ModelConfig& cfg, const DecoderOptions& opt, DType dtype, Allocator& alloc)
-    : cfg_(cfg), opt_(opt), layout_(cfg), dtype_(dtype), alloc_(alloc) {
+    : cfg_(cfg), opt_(opt), layout_(cfg, opt.unit_align), dtype_(dtype), alloc_(alloc) {
   LOOM_CHECK(dtype == DType::f32 || dtype == DType::f64, "model",
              "training dtype must be f32 (or f64 for checks), got ", dtype_name(dtype));
   set_options(opt);
-  if (opt.allocate_flat_buffers) {
+  if (opt.allocate_flat_params)
     params_ = Tensor::zeros({layout_.total()}, dtype, MemCategory::params, alloc);
+  if (opt.allocate_flat_grads)
     grads_ = Tensor::zeros({layout_.total()}, dtype, MemCategory::grads, alloc);
-  }
   default_src_ = std::make_unique<FlatParamSource>(cfg_, layout_, params_, grads_);
   src_ = default_src_.get();
 }

@@ -39,8 +39,10 @@ struct DecoderOptions {
   // segment is recomputed during backward.
   int activation_checkpoint_interval = 0;
   int64_t xent_chunk = 256;  // rows of logits materialised at once by the fused head + loss
-  // false: no flat parameter/gradient buffers (a ParamSource must serve them, e.g. ZeRO-3).
-  bool allocate_flat_buffers = true;
+  // false: no flat parameter (or gradient) buffer; a ParamSource must serve them (ZeRO-2/3).
+  bool allocate_flat_params = true;
+  bool allocate_flat_grads = true;
+  int64_t unit_align = 1;  // see ParamLayout: the data-parallel degree under ZeRO
 };
 
 class Decoder {
@@ -52,7 +54,8 @@ class Decoder {
   const ParamLayout& layout() const { return layout_; }
   const DecoderOptions& options() const { return opt_; }
   void set_options(const DecoderOptions& opt);
-  int64_t num_params() const { return layout_.total(); }
+  int64_t num_params() const { return layout_.num_params(); }  // parameters, no padding
+  int64_t flat_size() const { return layout_.total(); }      // flat buffer length
 
   const Tensor& params() const { return params_; }  // flat [P]
   const Tensor& grads() const { return grads_; }    // flat [P]

@@ -48,7 +48,7 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
              "; set model.vocab_size to at least ", data_.vocab_size());
   model_ = std::make_unique<model::Decoder>(cfg_.model, cfg_.decoder);
   model_->init_weights(cfg_.schedule.seed);
-  adam_ = std::make_unique<optim::AdamW>(cfg_.optim, 0, model_->num_params(),
+  adam_ = std::make_unique<optim::AdamW>(cfg_.optim, 0, model_->flat_size(),
                                          decay_spans(model_->layout()));
   if (!opt_.resume.empty()) resume_from(opt_.resume);
   if (opt_.is_main_rank && !cfg_.log.metrics_path.empty()) {
@@ -102,7 +102,7 @@ double Trainer::train_step() {
   }
   const double loss = loss_sum / double(std::max<int64_t>(count, 1));
   float* g = model_->grads().data<float>();
-  const int64_t P = model_->num_params();
+  const int64_t P = model_->flat_size();
   const double norm = std::sqrt(optim::sum_squares(g, P));
   LOOM_CHECK(std::isfinite(loss), "train", "loss is ", loss, " at step ", step_ + 1,
              ": training diverged (lower optim.lr or enable schedule.clip)");
