@@ -64,7 +64,7 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
     metrics_ = std::fopen(cfg_.log.metrics_path.c_str(), step_ > 0 ? "a" : "w");
     LOOM_CHECK(metrics_, "train", "cannot open log.metrics_path=", cfg_.log.metrics_path);
   }
-  peak_gflops_ = measure_gemm_gflops();
+  peak_gflops_ = opt_.peak_gflops > 0 ? opt_.peak_gflops : measure_gemm_gflops();
   last_checkpoint_time_ = now_seconds();
 }
 
@@ -202,8 +202,19 @@ TrainResult Trainer::run() {
                  (long long)optim::LrSchedule{cfg_.optim.lr, cfg_.schedule.min_lr,
                                               cfg_.schedule.warmup_steps, total}.resolved_warmup(),
                  cfg_.schedule.min_lr);
-    std::fprintf(opt_.log, "[train] model states per rank: predicted %s (16 bytes/param)\n",
-                 format_bytes(est.params + est.grads + est.optimizer).c_str());
+    (void)est;
+    const auto pred = parallel::zero_model_state_bytes(model_->num_params(), int(cfg_.parallel.zero_stage),
+                                                       int(cfg_.parallel.dp));
+    const auto snap = cpu_allocator().snapshot();
+    const int64_t actual = snap[MemCategory::params].current + snap[MemCategory::grads].current +
+                           snap[MemCategory::optimizer].current;
+    std::fprintf(opt_.log,
+                 "[train] model states per rank (dp=%lld, ZeRO-%lld): predicted %s (params %s, grads "
+                 "%s, optimizer %s), actual %s\n",
+                 (long long)cfg_.parallel.dp, (long long)cfg_.parallel.zero_stage,
+                 format_bytes(pred.total()).c_str(), format_bytes(pred.params).c_str(),
+                 format_bytes(pred.grads).c_str(), format_bytes(pred.optimizer).c_str(),
+                 format_bytes(actual).c_str());
     std::fflush(opt_.log);
   }
   TrainResult r;
@@ -224,7 +235,8 @@ TrainResult Trainer::run() {
     if (main_rank() && (step_ % cfg_.log.every == 0 || step_ == stop)) {
       const double el = now_seconds() - window_start;
       const double tps = double(tokens_per_step * window_steps) / el;
-      const double mfu = flops_per_step * double(window_steps) / el / 1e9 / peak_gflops_;
+      const double mfu = flops_per_step * double(window_steps) / el / 1e9 /
+                         (peak_gflops_ * double(mesh_->world().size()));
       const int64_t peak = cpu_allocator().snapshot().total.peak;
       bar.clear();
       std::fprintf(opt_.log,

@@ -34,6 +34,7 @@ struct TrainerOptions {
   // The rank grid; nullptr: one process (a single-rank mesh is built).
   const parallel::Mesh* mesh = nullptr;
   int64_t stop_after_steps = -1;  // stop early (tests: N steps, save, resume)
+  double peak_gflops = 0;         // MFU denominator; 0: measure an SGEMM at start
 };
 
 class Trainer {
