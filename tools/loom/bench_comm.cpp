@@ -84,19 +84,6 @@ std::vector<std::string> split_list(const std::string& s) {
   return out;
 }
 
-// The arguments to pass on when relaunching: everything but --nproc.
-std::vector<std::string> without_nproc(const std::vector<std::string>& args) {
-  std::vector<std::string> out;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--nproc") {
-      ++i;
-      continue;
-    }
-    if (args[i].rfind("--nproc=", 0) == 0) continue;
-    out.push_back(args[i]);
-  }
-  return out;
-}
 
 struct Peak {
   double busbw = 0;

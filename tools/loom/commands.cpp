@@ -26,6 +26,19 @@ int cmd_version(const std::vector<std::string>&) {
   return 0;
 }
 
+std::vector<std::string> without_nproc(const std::vector<std::string>& args) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--nproc") {
+      ++i;
+      continue;
+    }
+    if (args[i].rfind("--nproc=", 0) == 0) continue;
+    out.push_back(args[i]);
+  }
+  return out;
+}
+
 Args::Args(const std::string& cmd, const std::vector<std::string>& argv,
            const std::map<std::string, bool>& spec)
     : cmd_(cmd) {

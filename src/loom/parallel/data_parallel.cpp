@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "loom/core/timer.h"
 #include "loom/optim/schedule.h"
 
 namespace loom::parallel {
@@ -148,7 +149,9 @@ void DataParallel::reduce_scatter_unit(const ParamUnit& u, const Tensor& staging
 }
 
 void DataParallel::retire(Pending& p) {
+  Stopwatch sw;
   p.work.wait();
+  wait_s_ += sw.seconds();
   float* dst = grad_shard_.data<float>() + p.shard_offset;
   const float* src = p.chunk_tmp.data<float>();
   const int64_t n = p.chunk_tmp.numel();
@@ -164,7 +167,9 @@ void DataParallel::drain(size_t keep) {
 }
 
 void DataParallel::finish_grads() {
+  Stopwatch sw;
   for (auto& w : inflight_) w.wait();
+  wait_s_ += sw.seconds();
   inflight_.clear();
   drain(0);
 }
@@ -184,7 +189,9 @@ Tensor DataParallel::gathered_unit(const ParamUnit& u, int key) {
     launch_gather(u, key);
     it = gathered_.find(key);
   }
+  Stopwatch sw;
   it->second.work.wait();
+  wait_s_ += sw.seconds();
   ++it->second.users;
   return it->second.buf;
 }
@@ -312,7 +319,9 @@ double DataParallel::grad_norm_sq() {
   if (opt_.zero_stage < 2)  // every rank holds the same reduced gradients
     return optim::sum_squares(model_.grads().data<float>(), model_.grads().numel());
   Tensor s = Tensor::from_vector<double>({optim::sum_squares(grad_shard_.data<float>(), grad_shard_.numel())}, {1});
+  Stopwatch sw;
   dp_.all_reduce(s);
+  wait_s_ += sw.seconds();
   return s.data<double>()[0];
 }
 
@@ -337,8 +346,16 @@ void DataParallel::step(double lr) {
     for (const auto& u : units)
       works.push_back(dp_.all_gather_async(chunk_view(model_.params(), u, false),
                                            model_.params().slice(u.begin, {u.size()})));
+    Stopwatch sw;
     for (auto& w : works) w.wait();
+    wait_s_ += sw.seconds();
   }
+}
+
+double DataParallel::take_wait_seconds() {
+  const double s = wait_s_;
+  wait_s_ = 0;
+  return s;
 }
 
 int64_t DataParallel::optimizer_steps() const { return adam_.front()->step_count(); }

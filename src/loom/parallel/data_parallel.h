@@ -72,6 +72,9 @@ class DataParallel final : public model::ParamSource {
   // Takes the weights from a full flat buffer (stage 3 keeps only its chunks).
   void load_full_params(const Tensor& flat);
   int64_t optimizer_steps() const;
+  // Seconds the calling thread spent blocked on communication since the last call (the
+  // exposed, i.e. not overlapped, part of it).
+  double take_wait_seconds();
 
   // --- model::ParamSource -------------------------------------------------------------------
   model::BlockWeights block_params(int layer, Phase phase) override;
@@ -142,6 +145,7 @@ class DataParallel final : public model::ParamSource {
   std::map<int, Gathered> gathered_;  // key: layer, -1 embed, -2 head
   std::vector<std::pair<int, Phase>> plan_;  // expected block_params requests of this pass
   size_t plan_pos_ = 0;
+  double wait_s_ = 0;
 };
 
 }  // namespace loom::parallel
