@@ -34,11 +34,19 @@ struct StepTimes {
 };
 
 StepTimes run_steps(const model::ModelConfig& cfg, const comm::Group& dp, const comm::CommRecord& rec,
-                    int zero, double bucket_mb, int64_t B, int64_t T, int64_t warmup, int64_t steps) {
+                    int zero, double bucket_mb, int64_t B, int64_t T, int64_t warmup, int64_t steps,
+                    int64_t* model_state_bytes = nullptr) {
+  const MemorySnapshot before = cpu_allocator().snapshot();
   model::DecoderOptions dopt = parallel::decoder_options_for({}, zero, dp.size());
   model::Decoder m(cfg, dopt);
   if (zero < 3) m.init_weights(1234);
   parallel::DataParallel engine(m, dp, {1e-4, 0.9, 0.95, 1e-8, 0.1}, {zero, bucket_mb}, 1234);
+  if (model_state_bytes) {
+    const MemorySnapshot after = cpu_allocator().snapshot();
+    *model_state_bytes = 0;
+    for (MemCategory c : {MemCategory::params, MemCategory::grads, MemCategory::optimizer})
+      *model_state_bytes += after[c].current - before[c].current;
+  }
   std::mt19937 g(1 + unsigned(dp.rank()));
   std::vector<int32_t> tok(size_t(B * T)), tgt(size_t(B * T));
   for (auto& t : tok) t = int32_t(g() % cfg.vocab_size);
@@ -94,7 +102,10 @@ int bench_train_dp(const std::vector<std::string>& argv) {
   comm::Group alone = comm::Group::single("alone");
   const StepTimes base = run_steps(cfg, alone, world.record(), 0, bucket_mb, B, T, warmup, steps);
   parallel::Mesh mesh(world.group(), parallel::MeshShape(1, N, 1, 1));
-  const StepTimes dp = run_steps(cfg, mesh.dp(), world.record(), zero, bucket_mb, B, T, warmup, steps);
+  int64_t state_bytes = 0;
+  const StepTimes dp =
+      run_steps(cfg, mesh.dp(), world.record(), zero, bucket_mb, B, T, warmup, steps, &state_bytes);
+  const auto predicted = parallel::zero_model_state_bytes(model::ParamLayout(cfg).num_params(), zero, N);
   // Rank 0 reports; medians over its steps (ranks are synchronised by the collectives).
   const double base_ms = median(base.step_ms), dp_ms = median(dp.step_ms);
   const double comm_ms = median(dp.comm_ms), exposed_ms = median(dp.exposed_ms);
@@ -106,11 +117,15 @@ int bench_train_dp(const std::vector<std::string>& argv) {
   std::printf("%-28s %12.1f\n", "communication (exposed)", exposed_ms);
   std::printf("exposed fraction: %.1f%% of communication; dp=%d step is %.2fx the dp=1 step\n",
               comm_ms > 0 ? 100 * exposed_ms / comm_ms : 0.0, N, base_ms > 0 ? dp_ms / base_ms : 0.0);
+  std::printf("model states per rank (ZeRO-%d): predicted %s, actual %s (params+grads+optimizer)\n",
+              zero, format_bytes(predicted.total()).c_str(), format_bytes(state_bytes).c_str());
   nlohmann::json s = {{"model", preset}, {"dp", N}, {"zero_stage", zero}, {"batch_per_rank", B}, {"seq", T},
                       {"threads_per_rank", num_threads()}, {"dp1_step_ms", base_ms}, {"step_ms", dp_ms},
                       {"comm_ms", comm_ms}, {"exposed_comm_ms", exposed_ms},
                       {"exposed_comm_fraction", comm_ms > 0 ? exposed_ms / comm_ms : 0.0},
-                      {"tokens_per_s", double(B * T * N) / dp_ms * 1e3}};
+                      {"tokens_per_s", double(B * T * N) / dp_ms * 1e3},
+                      {"model_state_bytes_predicted", predicted.total()},
+                      {"model_state_bytes_actual", state_bytes}};
   std::printf("SUMMARY %s\n", s.dump().c_str());
   return 0;
 }

@@ -2,6 +2,7 @@
 // (step, sequence index) and validation windows in order. data::TokenDataset provides it.
 #pragma once
 #include <cstdint>
+#include <string>
 
 namespace loom::train {
 
@@ -16,6 +17,9 @@ class BatchSource {
   virtual void fill_val(int64_t index, int64_t B, int64_t T, int32_t* tokens, int32_t* targets) = 0;
   virtual int64_t vocab_size() const = 0;
   virtual bool has_val() const = 0;
+  // The tokenizer that produced the ids ("gpt2", "byte"), recorded in checkpoints so that
+  // generate and serve decode with the same one; empty when unknown.
+  virtual std::string tokenizer_name() const { return ""; }
 };
 
 }  // namespace loom::train

@@ -62,7 +62,8 @@ static std::string optimizer_file(int rank) { return str_cat("optimizer.rank", r
 
 std::string save_checkpoint(const std::string& dir, int64_t step, const model::Decoder& model,
                             const parallel::DataParallel& engine, const Tensor& full_params,
-                            const std::string& config_yaml, int64_t keep_last) {
+                            const std::string& config_yaml, int64_t keep_last,
+                            const std::string& tokenizer) {
   const comm::Group& g = engine.group();
   const bool main = g.rank() == 0;
   const fs::path final_dir = fs::path(dir) / step_name(step);
@@ -103,7 +104,7 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const model::D
     record("config.json");
     for (int r = 0; r < g.size(); ++r) record(optimizer_file(r));
     json state = {{"step", step}, {"optimizer_steps", engine.optimizer_steps()},
-                  {"dp_size", g.size()}, {"zero_stage", engine.zero_stage()},
+                  {"dp_size", g.size()}, {"zero_stage", engine.zero_stage()}, {"tokenizer", tokenizer},
                   // Batches are a pure function of (data.seed, step): the step is the position.
                   {"data_position", {{"step", step}}}};
     io::write_file_atomic((tmp / "trainer_state.json").string(), state.dump(2));
@@ -205,6 +206,20 @@ CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model,
     a.set_step_count(state.at("optimizer_steps").get<int64_t>());
   }
   return {state.at("step").get<int64_t>(), path};
+}
+
+std::string checkpoint_tokenizer(const std::string& path) {
+  const json state = json::parse(io::read_file((fs::path(path) / "trainer_state.json").string()));
+  return state.value("tokenizer", "");
+}
+
+std::string resolve_checkpoint(const std::string& dir, FILE* log) {
+  if (fs::exists(fs::path(dir) / "manifest.json")) return dir;
+  LOOM_CHECK(fs::is_directory(dir), "checkpoint", dir, " does not exist");
+  auto found = find_latest_valid_checkpoint(dir, log);
+  LOOM_CHECK(found.has_value(), "checkpoint", "no valid checkpoint in ", dir,
+             " (expected a step_NNNNNN directory with a manifest.json, or a run directory holding them)");
+  return *found;
 }
 
 model::ModelConfig checkpoint_model_config(const std::string& path) {

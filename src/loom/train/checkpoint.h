@@ -24,7 +24,8 @@ struct CheckpointMeta {
 // (optimizer.rank<r>.safetensors, with the unit ranges it covers). Returns the final directory.
 std::string save_checkpoint(const std::string& dir, int64_t step, const model::Decoder& model,
                             const parallel::DataParallel& engine, const Tensor& full_params,
-                            const std::string& config_yaml, int64_t keep_last);
+                            const std::string& config_yaml, int64_t keep_last,
+                            const std::string& tokenizer = "");
 
 // Checks the manifest, sizes and checksums. On failure returns false and says why.
 bool verify_checkpoint(const std::string& path, std::string* why);
@@ -41,6 +42,12 @@ CheckpointMeta load_checkpoint_weights(const std::string& path, model::Decoder& 
 
 // Reads the model config stored in a checkpoint (for generate/serve) and builds the model.
 model::ModelConfig checkpoint_model_config(const std::string& path);
+
+// The tokenizer recorded at training time ("" when the checkpoint does not say).
+std::string checkpoint_tokenizer(const std::string& path);
+// A checkpoint directory itself, or the newest valid one inside a run directory; throws
+// naming the directory when there is none.
+std::string resolve_checkpoint(const std::string& dir_or_run, FILE* log = nullptr);
 
 // Step number of a checkpoint directory name ("…/step_000123" -> 123), -1 if not one.
 int64_t checkpoint_step_of(const std::string& path);

@@ -171,7 +171,8 @@ void Trainer::maybe_checkpoint(bool force) {
   if (last_checkpoint_.size() && checkpoint_step_of(last_checkpoint_) == step_) return;
   Stopwatch sw;
   last_checkpoint_ = save_checkpoint(cfg_.checkpoint.dir, step_, *model_, *engine_, full_params(),
-                                     cfg_.resolved_yaml, cfg_.checkpoint.keep_last);
+                                     cfg_.resolved_yaml, cfg_.checkpoint.keep_last,
+                                     data_.tokenizer_name());
   if (main_rank())
     std::fprintf(opt_.log, "[checkpoint] step %lld saved to %s (%.1f s)\n", (long long)step_,
                  last_checkpoint_.c_str(), sw.seconds());
