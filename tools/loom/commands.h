@@ -34,6 +34,7 @@ const std::vector<Benchmark>& benchmarks();
 int bench_train(const std::vector<std::string>& args);
 int bench_tokenize(const std::vector<std::string>& args);
 int bench_comm(const std::vector<std::string>& args);
+int bench_infer(const std::vector<std::string>& args);
 
 // --key value / --key=value / --flag parsing against a declared option list.
 class Args {
