@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -17,6 +18,7 @@
 #include "loom/core/timer.h"
 #include "loom/infer/engine.h"
 #include "loom/kernels/cpu/cpu_kernels.h"
+#include "loom/train/checkpoint.h"
 #include "tools/loom/commands.h"
 
 namespace loom::cli {
@@ -305,7 +307,6 @@ int bench_infer(const std::vector<std::string>& argv) {
     std::printf("%s", kUsage);
     return 0;
   }
-  if (a.has("checkpoint")) throw UsageError("[bench infer] --checkpoint is not supported yet");
   const std::string mode = a.get("mode", "both");
   if (mode != "static" && mode != "continuous" && mode != "both")
     throw UsageError("[bench infer] --mode must be static, continuous or both, got \"" + mode + "\"");
@@ -318,12 +319,29 @@ int bench_infer(const std::vector<std::string>& argv) {
   const int threads = int(a.get_int("threads", 2));
   set_num_threads(threads);
 
-  const model::ModelConfig mc = model::preset(a.get("model", "gpt2-124m"));
+  // Weights: a training checkpoint (DIR is one, or holds step_* ones: the newest valid is
+  // used), or a preset with random weights (serving cost does not depend on their values).
+  std::string ckpt;
+  if (a.has("checkpoint")) {
+    ckpt = a.get("checkpoint", "");
+    if (!std::filesystem::exists(std::filesystem::path(ckpt) / "manifest.json")) {
+      auto latest = train::find_latest_valid_checkpoint(ckpt, stderr);
+      if (!latest) throw UsageError("[bench infer] --checkpoint " + ckpt + ": no valid checkpoint there");
+      ckpt = *latest;
+    }
+  }
+  const model::ModelConfig mc =
+      ckpt.empty() ? model::preset(a.get("model", "gpt2-124m")) : train::checkpoint_model_config(ckpt);
   if (plen.max() + olen.max() > mc.n_ctx)
     throw UsageError(str_cat("[bench infer] the longest prompt (", plen.max(), ") plus the longest output (",
                              olen.max(), ") exceed the context of ", mc.n_ctx, " tokens"));
-  model::Decoder m(mc);
-  m.init_weights(uint64_t(a.get_int("seed", 1)));
+  model::DecoderOptions mopt;
+  mopt.allocate_flat_grads = false;  // inference only
+  model::Decoder m(mc, mopt);
+  if (ckpt.empty())
+    m.init_weights(uint64_t(a.get_int("seed", 1)));
+  else
+    train::load_checkpoint(ckpt, m, nullptr);
 
   infer::EngineConfig cfg;
   cfg.block_size = a.get_int("block-size", 16);
@@ -333,7 +351,8 @@ int bench_infer(const std::vector<std::string>& argv) {
   cfg.prefix_caching = !a.has("no-prefix-caching");
   const double temperature = a.get_double("temperature", 0.0);
 
-  std::printf("bench infer: %s, %d threads, kernels %s\n", mc.summary().c_str(), threads,
+  std::printf("bench infer: %s%s, %d threads, kernels %s\n", mc.summary().c_str(),
+              ckpt.empty() ? " (random weights)" : (" from " + ckpt).c_str(), threads,
               cpu::hot_kernels_isa().c_str());
   std::printf("load: %ld requests, Poisson rate %.2f/s, prompt %s, output %s, temperature %.2f\n",
               long(n_req), rate, plen.text.c_str(), olen.text.c_str(), temperature);

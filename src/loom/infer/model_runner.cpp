@@ -67,8 +67,9 @@ ModelRunner::ModelRunner(const model::Decoder& model, KVCache& cache, int64_t ma
 }
 
 int64_t ModelRunner::weight_bytes_per_token() const {
-  const int64_t row = cfg_.d_model * int64_t(dtype_size(model_.params().dtype()));
-  int64_t b = int64_t(model_.params().nbytes());
+  const int64_t es = int64_t(dtype_size(model_.params().dtype()));
+  const int64_t row = cfg_.d_model * es;
+  int64_t b = model_.num_params() * es;
   b -= int64_t(wte_.nbytes()) - row;  // the input embedding reads one row
   if (wpe_.defined()) b -= int64_t(wpe_.nbytes()) - row;
   if (cfg_.tied_embeddings) b += int64_t(head_.nbytes());  // the head reads the table in full
