@@ -13,26 +13,38 @@ typedef float v16 __attribute__((vector_size(64)));
 // Unaligned load (by pointer: returning a 64-byte vector by value trips -Wpsabi).
 [[gnu::always_inline]] inline void load16(v16* v, const float* p) { std::memcpy(v, p, sizeof(*v)); }
 
+// Four accumulators per row over interleaved 16-float chunks keep several loads in flight;
+// the same structure for every MT keeps a row's bits independent of the batch.
 template <int MT>
 [[gnu::always_inline]] inline void rows_tile(const float* x, const float* w, const float* b,
                                              float* y, int64_t I, int64_t O, int64_t o0,
                                              int64_t o1) {
   for (int64_t o = o0; o < o1; ++o) {
     const float* wr = w + o * I;
-    v16 acc[MT];
-    for (int m = 0; m < MT; ++m) acc[m] = v16{};
+    v16 acc[MT][4];
+    for (int m = 0; m < MT; ++m)
+      for (int u = 0; u < 4; ++u) acc[m][u] = v16{};
+    v16 wv, xv;
     int64_t i = 0;
+    for (; i + 64 <= I; i += 64)
+      for (int u = 0; u < 4; ++u) {
+        load16(&wv, wr + i + 16 * u);
+        for (int m = 0; m < MT; ++m) {
+          load16(&xv, x + m * I + i + 16 * u);
+          acc[m][u] += wv * xv;
+        }
+      }
     for (; i + 16 <= I; i += 16) {
-      v16 wv, xv;
       load16(&wv, wr + i);
       for (int m = 0; m < MT; ++m) {
         load16(&xv, x + m * I + i);
-        acc[m] += wv * xv;
+        acc[m][0] += wv * xv;
       }
     }
     for (int m = 0; m < MT; ++m) {
+      const v16 t = (acc[m][0] + acc[m][1]) + (acc[m][2] + acc[m][3]);
       float s = 0;
-      for (int k = 0; k < 16; ++k) s += acc[m][k];
+      for (int k = 0; k < 16; ++k) s += t[k];
       for (int64_t j = i; j < I; ++j) s += wr[j] * x[m * I + j];
       y[m * O + o] = (b ? b[o] : 0.f) + s;
     }
