@@ -16,6 +16,7 @@ const std::vector<Command>& commands() {
       {"tokenize", cmd_tokenize},
       {"prepare", cmd_prepare},
       {"train", cmd_train},
+      {"generate", cmd_generate},
   };
   return cmds;
 }
