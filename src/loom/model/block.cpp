@@ -1,5 +1,7 @@
 #include "loom/model/block.h"
 
+#include <algorithm>
+
 #include "loom/kernels/ops.h"
 
 namespace loom::model {
@@ -55,17 +57,32 @@ BlockWeights block_weights(const ModelConfig& cfg, const ParamLayout& layout, co
   return w;
 }
 
+BlockDims BlockDims::of(const ModelConfig& cfg, int64_t tp, int64_t rank) {
+  BlockDims d;
+  d.C = cfg.d_model;
+  d.D = cfg.head_dim();
+  d.H = cfg.n_head / tp;
+  d.F = cfg.d_ff / tp;
+  d.group = cfg.n_head / cfg.n_kv_head;
+  d.q_head0 = rank * d.H;
+  d.kv_expand = tp > 1 && cfg.n_kv_head % tp != 0;
+  d.KVH = d.kv_expand ? cfg.n_kv_head : cfg.n_kv_head / tp;
+  d.bias_owner = rank == 0;
+  return d;
+}
+
 BlockActs BlockActs::allocate(const ModelConfig& cfg, int64_t B, int64_t T, DType dt,
-                              Allocator& alloc) {
-  const int64_t N = B * T, C = cfg.d_model, D = cfg.head_dim(), H = cfg.n_head;
-  const int64_t F = cfg.d_ff, W = (H + 2 * cfg.n_kv_head) * D;
+                              Allocator& alloc, const BlockDims& d) {
+  const int64_t N = B * T, C = d.C, D = d.D, H = d.H, F = d.F;
   const auto cat = MemCategory::activations;
   const bool gpt2 = cfg.family == Family::gpt2;
   BlockActs a;
+  a.dims = d;
   a.ln1 = Tensor::empty({N, C}, dt, cat, alloc);
   if (gpt2) a.ln1_mean = Tensor::empty({N}, dt, cat, alloc);
   a.ln1_rstd = Tensor::empty({N}, dt, cat, alloc);
-  a.qkv = Tensor::empty({B, T, W}, dt, cat, alloc);
+  a.qkv = Tensor::empty({B, T, d.attn_width()}, dt, cat, alloc);
+  if (d.kv_expand) a.qkv_compact = Tensor::empty({B, T, d.qkv_width()}, dt, cat, alloc);
   a.att = Tensor::empty({B, T, H * D}, dt, cat, alloc);
   a.lse = Tensor::empty({B, H, T}, dt, cat, alloc);
   a.x_mid = Tensor::empty({N, C}, dt, cat, alloc);
@@ -79,41 +96,85 @@ BlockActs BlockActs::allocate(const ModelConfig& cfg, int64_t B, int64_t T, DTyp
 
 int64_t BlockActs::bytes() const {
   int64_t b = 0;
-  for (const Tensor* t : {&ln1, &ln1_mean, &ln1_rstd, &qkv, &att, &lse, &x_mid, &ln2, &ln2_mean,
-                          &ln2_rstd, &fc, &act})
+  for (const Tensor* t : {&ln1, &ln1_mean, &ln1_rstd, &qkv, &qkv_compact, &att, &lse, &x_mid, &ln2,
+                          &ln2_mean, &ln2_rstd, &fc, &act})
     if (t->defined()) b += int64_t(t->nbytes());
   return b;
 }
 
 BlockScratch BlockScratch::allocate(const ModelConfig& cfg, int64_t B, int64_t T, DType dt,
-                                    Allocator& alloc) {
-  const int64_t N = B * T, C = cfg.d_model, D = cfg.head_dim();
-  const int64_t F = cfg.d_ff, W = (cfg.n_head + 2 * cfg.n_kv_head) * D;
+                                    Allocator& alloc, const BlockDims& d) {
+  const int64_t N = B * T, C = d.C, F = d.F;
   const auto cat = MemCategory::workspace;
   BlockScratch s;
   s.dln = Tensor::empty({N, C}, dt, cat, alloc);
-  s.dqkv = Tensor::empty({B, T, W}, dt, cat, alloc);
-  s.datt = Tensor::empty({B, T, cfg.n_head * D}, dt, cat, alloc);
+  s.dqkv = Tensor::empty({B, T, d.qkv_width()}, dt, cat, alloc);
+  if (d.kv_expand) s.dqkv_expanded = Tensor::empty({B, T, d.attn_width()}, dt, cat, alloc);
+  s.datt = Tensor::empty({B, T, d.H * d.D}, dt, cat, alloc);
   s.dfc = Tensor::empty({N, cfg.family == Family::gpt2 ? F : 2 * F}, dt, cat, alloc);
   s.dact = Tensor::empty({N, F}, dt, cat, alloc);
   return s;
 }
 
+namespace {
+
+// kv_expand: rows of [q (H heads) | k (KVH) | v (KVH)] <-> [q | k (H copies) | v (H copies)],
+// local query head j reading kv head (q_head0 + j) / group. The reverse sums the copies.
+template <class T>
+void expand_kv_rows(const BlockDims& d, const T* compact, T* expanded, int64_t rows, bool reverse) {
+  const int64_t D = d.D, H = d.H, KVH = d.KVH, wc = d.qkv_width(), we = d.attn_width();
+  for (int64_t n = 0; n < rows; ++n) {
+    const T* c = compact + n * wc;
+    T* e = expanded + n * we;
+    T* cw = const_cast<T*>(c);
+    if (reverse) {
+      std::copy(e, e + H * D, cw);
+      std::fill(cw + H * D, cw + wc, T(0));
+    } else {
+      std::copy(c, c + H * D, e);
+    }
+    for (int64_t j = 0; j < H; ++j) {
+      const int64_t kv = (d.q_head0 + j) / d.group;
+      for (int64_t part = 1; part <= 2; ++part) {  // k, then v
+        const int64_t co = H * D + (part - 1) * KVH * D + kv * D, eo = part * H * D + j * D;
+        if (reverse)
+          for (int64_t i = 0; i < D; ++i) cw[co + i] += e[eo + i];
+        else
+          std::copy(c + co, c + co + D, e + eo);
+      }
+    }
+  }
+}
+
+void expand_kv(const BlockDims& d, const Tensor& compact, const Tensor& expanded, bool reverse) {
+  const int64_t rows = compact.numel() / d.qkv_width();
+  if (compact.dtype() == DType::f32)
+    expand_kv_rows(d, compact.data<float>(), expanded.data<float>(), rows, reverse);
+  else
+    expand_kv_rows(d, compact.data<double>(), expanded.data<double>(), rows, reverse);
+}
+
+}  // namespace
+
 void block_forward(const ModelConfig& cfg, const BlockWeights& w, const Tensor& x_in,
-                   const Tensor& pos, BlockActs& a, const Tensor& x_out) {
+                   const Tensor& pos, BlockActs& a, const Tensor& x_out, TensorParallelOps* tp) {
   const bool gpt2 = cfg.family == Family::gpt2;
-  const int64_t H = cfg.n_head, KVH = cfg.n_kv_head, D = cfg.head_dim();
+  const BlockDims& d = a.dims;
+  const int64_t H = d.H, KVH = d.KVH, D = d.D;
   if (gpt2)
     ops::layernorm_forward(x_in, w.ln1_w, w.ln1_b, a.ln1, a.ln1_mean, a.ln1_rstd, cfg.norm_eps);
   else
     ops::rmsnorm_forward(x_in, w.ln1_w, a.ln1, a.ln1_rstd, cfg.norm_eps);
-  ops::linear_forward(a.ln1, w.qkv_w, w.qkv_b, a.qkv);
+  const Tensor& qkv = d.kv_expand ? a.qkv_compact : a.qkv;
+  ops::linear_forward(a.ln1, w.qkv_w, w.qkv_b, qkv);
   if (!gpt2) {
-    ops::rope_apply(a.qkv, 0, H, D, pos, cfg.rope_theta, false);
-    ops::rope_apply(a.qkv, H * D, KVH, D, pos, cfg.rope_theta, false);
+    ops::rope_apply(qkv, 0, H, D, pos, cfg.rope_theta, false);
+    ops::rope_apply(qkv, H * D, KVH, D, pos, cfg.rope_theta, false);
   }
-  ops::attention_forward(a.qkv, a.att, a.lse, H, KVH);
-  ops::linear_forward(a.att, w.proj_w, w.proj_b, a.x_mid);
+  if (d.kv_expand) expand_kv(d, a.qkv_compact, a.qkv, false);
+  ops::attention_forward(a.qkv, a.att, a.lse, H, d.kv_expand ? H : KVH);
+  ops::linear_forward(a.att, w.proj_w, d.bias_owner ? w.proj_b : Tensor{}, a.x_mid);
+  if (tp) tp->row_parallel_output(a.x_mid);
   ops::add_inplace(a.x_mid, x_in);
   if (gpt2)
     ops::layernorm_forward(a.x_mid, w.ln2_w, w.ln2_b, a.ln2, a.ln2_mean, a.ln2_rstd, cfg.norm_eps);
@@ -124,15 +185,17 @@ void block_forward(const ModelConfig& cfg, const BlockWeights& w, const Tensor& 
     ops::gelu_forward(a.fc, a.act);
   else
     ops::swiglu_forward(a.fc, a.act);
-  ops::linear_forward(a.act, w.out_w, w.out_b, x_out);
+  ops::linear_forward(a.act, w.out_w, d.bias_owner ? w.out_b : Tensor{}, x_out);
+  if (tp) tp->row_parallel_output(x_out);
   ops::add_inplace(x_out, a.x_mid);
 }
 
 void block_backward(const ModelConfig& cfg, const BlockWeights& w, const BlockWeights& gw,
                     const Tensor& x_in, const Tensor& pos, BlockActs& a, BlockScratch& s,
-                    const Tensor& dres) {
+                    const Tensor& dres, TensorParallelOps* tp) {
   const bool gpt2 = cfg.family == Family::gpt2;
-  const int64_t H = cfg.n_head, KVH = cfg.n_kv_head, D = cfg.head_dim();
+  const BlockDims& d = a.dims;
+  const int64_t H = d.H, KVH = d.KVH, D = d.D;
   // MLP branch: x_out = x_mid + out(act(fc(norm2(x_mid)))).
   if (gpt2) {
     ops::linear_backward(dres, a.act, w.out_w, s.dact, gw.out_w, gw.out_b);
@@ -142,6 +205,7 @@ void block_backward(const ModelConfig& cfg, const BlockWeights& w, const BlockWe
     ops::swiglu_backward(a.fc, s.dact, s.dfc);
   }
   ops::linear_backward(s.dfc, a.ln2, w.fc_w, s.dln, gw.fc_w, gw.fc_b);
+  if (tp) tp->column_parallel_input_grad(s.dln);
   if (gpt2)
     ops::layernorm_backward(s.dln, a.x_mid, w.ln2_w, a.ln2_mean, a.ln2_rstd, dres, gw.ln2_w,
                             gw.ln2_b, /*accumulate_dx=*/true);
@@ -149,12 +213,15 @@ void block_backward(const ModelConfig& cfg, const BlockWeights& w, const BlockWe
     ops::rmsnorm_backward(s.dln, a.x_mid, w.ln2_w, a.ln2_rstd, dres, gw.ln2_w, true);
   // Attention branch: x_mid = x_in + proj(attention(qkv(norm1(x_in)))).
   ops::linear_backward(dres, a.att, w.proj_w, s.datt, gw.proj_w, gw.proj_b);
-  ops::attention_backward(a.qkv, a.att, s.datt, a.lse, s.dqkv, H, KVH);
+  ops::attention_backward(a.qkv, a.att, s.datt, a.lse, d.kv_expand ? s.dqkv_expanded : s.dqkv, H,
+                          d.kv_expand ? H : KVH);
+  if (d.kv_expand) expand_kv(d, s.dqkv, s.dqkv_expanded, true);
   if (!gpt2) {
     ops::rope_apply(s.dqkv, 0, H, D, pos, cfg.rope_theta, true);
     ops::rope_apply(s.dqkv, H * D, KVH, D, pos, cfg.rope_theta, true);
   }
   ops::linear_backward(s.dqkv, a.ln1, w.qkv_w, s.dln, gw.qkv_w, gw.qkv_b);
+  if (tp) tp->column_parallel_input_grad(s.dln);
   if (gpt2)
     ops::layernorm_backward(s.dln, x_in, w.ln1_w, a.ln1_mean, a.ln1_rstd, dres, gw.ln1_w,
                             gw.ln1_b, true);

@@ -2,6 +2,8 @@
 // weights (views into the flat parameter buffer), the activations forward saves for
 // backward, and backward's scratch. GPT-2: LN -> fused QKV -> attention -> proj -> +res ->
 // LN -> fc -> GELU -> proj -> +res. LLaMA: RMSNorm, RoPE on q/k, GQA, SwiGLU, no biases.
+// Under tensor parallelism the same code runs on a rank's slice (BlockDims: its heads and MLP
+// columns) and calls TensorParallelOps at the two conjugate communication points.
 #pragma once
 #include "loom/core/tensor.h"
 #include "loom/model/config.h"
@@ -19,35 +21,80 @@ struct BlockWeights {
 BlockWeights block_weights(const ModelConfig& cfg, const ParamLayout& layout, const Tensor& flat,
                            int layer, int64_t base = 0);
 
+// A rank's share of one block: its query heads, the kv heads in its fused projection and its
+// MLP columns. One process: the whole block.
+struct BlockDims {
+  int64_t C = 0, H = 0, KVH = 0, D = 0, F = 0;
+  int64_t q_head0 = 0;     // global index of the first local query head
+  int64_t group = 1;       // global query heads per kv head
+  bool kv_expand = false;  // all kv heads held (tp does not divide n_kv_head): attention runs
+                           // on one copy of its kv head per local query head
+  bool bias_owner = true;  // adds the row-parallel output biases (once across the tp group)
+  static BlockDims of(const ModelConfig& cfg, int64_t tp = 1, int64_t tp_rank = 0);
+  int64_t qkv_width() const { return (H + 2 * KVH) * D; }        // fused projection output
+  int64_t attn_width() const { return (kv_expand ? 3 * H : H + 2 * KVH) * D; }  // attention input
+};
+
+// Tensor parallelism's hooks (Megatron-LM, Shoeybi et al. 2019), implemented over the tp group
+// in parallel/tp_layers. The block calls the conjugate pair f/g; the decoder hands the
+// vocabulary-parallel embedding and loss over entirely.
+class TensorParallelOps {
+ public:
+  virtual ~TensorParallelOps() = default;
+  // f, before a column-parallel linear: identity forward, all-reduce of the input gradient.
+  virtual void column_parallel_input_grad(const Tensor& dx) = 0;
+  // g, after a row-parallel linear: all-reduce of the partial outputs, identity backward.
+  virtual void row_parallel_output(const Tensor& y) = 0;
+  // out[N, C] = wte[tok] (+ wpe[pos]) with this rank's vocabulary rows of wte.
+  virtual void embedding_forward(const Tensor& tok, const Tensor& pos, const Tensor& wte,
+                                 const Tensor& wpe, const Tensor& out) = 0;
+  virtual void embedding_backward(const Tensor& tok, const Tensor& pos, const Tensor& dout,
+                                  const Tensor& dwte, const Tensor& dwpe) = 0;
+  // ops::lm_head_xent's contract with w this rank's vocabulary rows of the head.
+  virtual void head_xent(const Tensor& x, const Tensor& w, const Tensor& targets, const Tensor& loss,
+                         const Tensor& dx, const Tensor& dw, double grad_scale, int64_t chunk) = 0;
+};
+
 // What forward keeps for backward, for N = B*T rows.
 struct BlockActs {
+  BlockDims dims;
   Tensor ln1, ln1_mean, ln1_rstd;  // normed input and its statistics (mean unused by RMSNorm)
-  Tensor qkv;                      // [B, T, (H + 2 KVH) D], q/k after RoPE
+  Tensor qkv;                      // [B, T, attn_width], q/k after RoPE
+  Tensor qkv_compact;              // kv_expand only: the projection's output [B, T, qkv_width]
   Tensor att, lse;                 // attention output [B, T, H D] and log-sum-exp [B, H, T]
   Tensor x_mid;                    // residual after attention
   Tensor ln2, ln2_mean, ln2_rstd;
   Tensor fc;                       // MLP pre-activation: [N, F] (GPT-2) or [N, 2F] gate|up
   Tensor act;                      // MLP activation [N, F]
   static BlockActs allocate(const ModelConfig& cfg, int64_t B, int64_t T, DType dt,
-                            Allocator& alloc);
+                            Allocator& alloc, const BlockDims& dims);
+  static BlockActs allocate(const ModelConfig& cfg, int64_t B, int64_t T, DType dt, Allocator& alloc) {
+    return allocate(cfg, B, T, dt, alloc, BlockDims::of(cfg));
+  }
   int64_t bytes() const;
 };
 
 // Backward temporaries shared by all blocks.
 struct BlockScratch {
   Tensor dln, dqkv, datt, dfc, dact;
+  Tensor dqkv_expanded;  // kv_expand only
   static BlockScratch allocate(const ModelConfig& cfg, int64_t B, int64_t T, DType dt,
-                               Allocator& alloc);
+                               Allocator& alloc, const BlockDims& dims);
+  static BlockScratch allocate(const ModelConfig& cfg, int64_t B, int64_t T, DType dt, Allocator& alloc) {
+    return allocate(cfg, B, T, dt, alloc, BlockDims::of(cfg));
+  }
 };
 
-// x_out = block(x_in). pos: i32[B*T] positions (RoPE).
+// x_out = block(x_in). pos: i32[B*T] positions (RoPE). The shares come from a.dims; tp is
+// needed when they are a tensor-parallel slice.
 void block_forward(const ModelConfig& cfg, const BlockWeights& w, const Tensor& x_in,
-                   const Tensor& pos, BlockActs& a, const Tensor& x_out);
+                   const Tensor& pos, BlockActs& a, const Tensor& x_out,
+                   TensorParallelOps* tp = nullptr);
 
 // On entry dres holds dLoss/d(x_out); on return dLoss/d(x_in). Parameter gradients
 // accumulate into gw.
 void block_backward(const ModelConfig& cfg, const BlockWeights& w, const BlockWeights& gw,
                     const Tensor& x_in, const Tensor& pos, BlockActs& a, BlockScratch& s,
-                    const Tensor& dres);
+                    const Tensor& dres, TensorParallelOps* tp = nullptr);
 
 }  // namespace loom::model

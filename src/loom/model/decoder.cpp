@@ -21,17 +21,18 @@ class FlatParamSource final : public ParamSource {
   FlatParamSource(const ModelConfig& cfg, const ParamLayout& layout, const Tensor& params,
                   const Tensor& grads)
       : layout_(layout), params_(params), grads_(grads) {
-    for (int l = 0; l < int(cfg.n_layer); ++l) {
+    for (int l = layout.first_layer(); l < layout.last_layer(); ++l) {
       if (params.defined()) w_.push_back(block_weights(cfg, layout, params, l));
       if (grads.defined()) gw_.push_back(block_weights(cfg, layout, grads, l));
     }
   }
-  BlockWeights block_params(int l, Phase) override { return w_.at(size_t(l)); }
-  BlockWeights block_grads(int l) override { return gw_.at(size_t(l)); }
+  BlockWeights block_params(int l, Phase) override { return w_.at(local(l)); }
+  BlockWeights block_grads(int l) override { return gw_.at(local(l)); }
   Tensor outer_param(const std::string& n) override { return view(params_, n); }
   Tensor outer_grad(const std::string& n) override { return view(grads_, n); }
 
  private:
+  size_t local(int l) const { return layout_.block_unit_index(l) - 1; }
   Tensor view(const Tensor& flat, const std::string& n) const {
     LOOM_CHECK(flat.defined(), "model", "no flat buffer for ", n,
                " (allocate_flat_params/grads=false needs a ParamSource)");
@@ -45,9 +46,16 @@ class FlatParamSource final : public ParamSource {
 }  // namespace
 
 Decoder::Decoder(const ModelConfig& cfg, const DecoderOptions& opt, DType dtype, Allocator& alloc)
-    : cfg_(cfg), opt_(opt), layout_(cfg, opt.unit_align), dtype_(dtype), alloc_(alloc) {
+    : cfg_(cfg),
+      opt_(opt),
+      layout_(cfg, opt.unit_align, opt.slice),
+      dims_(BlockDims::of(cfg, layout_.slice().tp, layout_.slice().tp_rank)),
+      dtype_(dtype),
+      alloc_(alloc) {
   LOOM_CHECK(dtype == DType::f32 || dtype == DType::f64, "model",
              "training dtype must be f32 (or f64 for checks), got ", dtype_name(dtype));
+  LOOM_CHECK(layout_.slice().tp == 1 || dtype == DType::f32, "model",
+             "tensor parallelism runs in f32 only, got ", dtype_name(dtype));
   set_options(opt);
   if (opt.allocate_flat_params)
     params_ = Tensor::zeros({layout_.total()}, dtype, MemCategory::params, alloc);
@@ -96,172 +104,258 @@ void Decoder::ensure_buffers(int64_t B, int64_t T, bool train) {
   LOOM_CHECK(T <= cfg_.n_ctx, "model", "sequence length ", T, " exceeds the context of ",
              cfg_.n_ctx, " (model.n_ctx)");
   if (B == B_ && T == T_ && (train_buffers_ || !train)) return;
-  const int64_t N = B * T, C = cfg_.d_model, L = cfg_.n_layer;
+  for (const auto& s : slots_)
+    LOOM_CHECK(!s.busy, "model", "micro-batch shape changed to B=", B, " T=", T,
+               " while micro-batches of B=", B_, " T=", T_, " are in flight");
+  const int64_t N = B * T, L = n_local();
   const auto act = MemCategory::activations, work = MemCategory::workspace;
   // Free the old buffers first so peaks reflect one set at a time.
-  res_.clear();
-  saved_.clear();
+  slots_.clear();
   recompute_.clear();
   scratch_ = {};
-  tokens_ = Tensor::empty({N}, DType::i32, act, alloc_);
-  targets_ = Tensor::empty({N}, DType::i32, act, alloc_);
+  dres_ = ce_work_ = last_losses_ = {};
   pos_ = Tensor::empty({N}, DType::i32, act, alloc_);
   int32_t* pos = pos_.data<int32_t>();
   for (int64_t n = 0; n < N; ++n) pos[n] = int32_t(n % T);
-  for (int64_t l = 0; l <= L; ++l) res_.push_back(Tensor::empty({N, C}, dtype_, act, alloc_));
   const int64_t seg = checkpointed() ? std::min<int64_t>(opt_.activation_checkpoint_interval, L) : 1;
-  if (train && !checkpointed())
-    for (int64_t l = 0; l < L; ++l) saved_.push_back(BlockActs::allocate(cfg_, B, T, dtype_, alloc_));
-  for (int64_t i = 0; i < (train ? seg : 1); ++i)
-    if (!train || checkpointed())
-      recompute_.push_back(BlockActs::allocate(cfg_, B, T, dtype_, alloc_));
-  lnf_ = Tensor::empty({N, C}, dtype_, act, alloc_);
-  if (cfg_.family == Family::gpt2) lnf_mean_ = Tensor::empty({N}, dtype_, act, alloc_);
-  lnf_rstd_ = Tensor::empty({N}, dtype_, act, alloc_);
-  losses_ = Tensor::empty({N}, dtype_, act, alloc_);
-  ce_work_ = Tensor::empty({std::min(opt_.xent_chunk, N) * cfg_.vocab_size}, dtype_, work, alloc_);
+  if (L > 0)
+    for (int64_t i = 0; i < (train ? seg : 1); ++i)
+      if (!train || checkpointed())
+        recompute_.push_back(BlockActs::allocate(cfg_, B, T, dtype_, alloc_, dims_));
+  if (last_stage() && !tp_)
+    ce_work_ = Tensor::empty({std::min(opt_.xent_chunk, N) * cfg_.vocab_size}, dtype_, work, alloc_);
   if (train) {
-    dlnf_ = Tensor::empty({N, C}, dtype_, work, alloc_);
-    dres_ = Tensor::empty({N, C}, dtype_, work, alloc_);
-    scratch_ = BlockScratch::allocate(cfg_, B, T, dtype_, alloc_);
-  } else {
-    dlnf_ = dres_ = {};
+    dres_ = Tensor::empty({N, cfg_.d_model}, dtype_, work, alloc_);
+    scratch_ = BlockScratch::allocate(cfg_, B, T, dtype_, alloc_, dims_);
   }
   B_ = B;
   T_ = T;
   train_buffers_ = train;
 }
 
+int Decoder::stage_begin(int64_t B, int64_t T, bool train) {
+  LOOM_CHECK(layout_.slice().tp == 1 || tp_, "model",
+             "a tensor-parallel slice needs set_tensor_parallel() before it runs");
+  ensure_buffers(B, T, train);
+  for (size_t i = 0; i < slots_.size(); ++i)
+    if (!slots_[i].busy && (slots_[i].train_buffers || !train)) {
+      slots_[i].busy = true;
+      slots_[i].train = train;
+      return int(i);
+    }
+  const int64_t N = B * T, C = cfg_.d_model, L = n_local();
+  const auto act = MemCategory::activations;
+  Slot s;
+  s.train_buffers = s.train = train;
+  s.busy = true;
+  s.tokens = Tensor::empty({N}, DType::i32, act, alloc_);
+  s.targets = Tensor::empty({N}, DType::i32, act, alloc_);
+  for (int64_t l = 0; l <= L; ++l) s.res.push_back(Tensor::empty({N, C}, dtype_, act, alloc_));
+  if (train && !checkpointed())
+    for (int64_t l = 0; l < L; ++l) s.saved.push_back(BlockActs::allocate(cfg_, B, T, dtype_, alloc_, dims_));
+  if (last_stage()) {
+    s.lnf = Tensor::empty({N, C}, dtype_, act, alloc_);
+    if (cfg_.family == Family::gpt2) s.lnf_mean = Tensor::empty({N}, dtype_, act, alloc_);
+    s.lnf_rstd = Tensor::empty({N}, dtype_, act, alloc_);
+    s.losses = Tensor::empty({N}, dtype_, act, alloc_);
+    if (train) s.dlnf = Tensor::empty({N, C}, dtype_, MemCategory::workspace, alloc_);
+  }
+  slots_.push_back(std::move(s));
+  return int(slots_.size() - 1);
+}
+
+Decoder::Slot& Decoder::slot(int id) {
+  LOOM_CHECK(id >= 0 && size_t(id) < slots_.size() && slots_[size_t(id)].busy, "model",
+             "micro-batch slot ", id, " is not in flight");
+  return slots_[size_t(id)];
+}
+
+Tensor Decoder::stage_input(int id) const {
+  LOOM_CHECK(id >= 0 && size_t(id) < slots_.size(), "model", "no micro-batch slot ", id);
+  return slots_[size_t(id)].res.front();
+}
+
+Tensor Decoder::stage_output(int id) const {
+  LOOM_CHECK(id >= 0 && size_t(id) < slots_.size(), "model", "no micro-batch slot ", id);
+  return slots_[size_t(id)].res.back();
+}
+
+void Decoder::stage_release(int id) { slot(id).busy = false; }
+
 int64_t Decoder::activation_bytes() const {
   int64_t b = 0;
-  for (const auto& t : res_) b += int64_t(t.nbytes());
-  for (const auto& a : saved_) b += a.bytes();
+  for (const auto& s : slots_) {
+    for (const auto& t : s.res) b += int64_t(t.nbytes());
+    for (const auto& a : s.saved) b += a.bytes();
+    for (const Tensor* t : {&s.tokens, &s.targets, &s.lnf, &s.lnf_mean, &s.lnf_rstd, &s.losses})
+      if (t->defined()) b += int64_t(t->nbytes());
+  }
   for (const auto& a : recompute_) b += a.bytes();
-  for (const Tensor* t : {&tokens_, &targets_, &pos_, &lnf_, &lnf_mean_, &lnf_rstd_, &losses_})
-    if (t->defined()) b += int64_t(t->nbytes());
+  if (pos_.defined()) b += int64_t(pos_.nbytes());
   return b;
 }
 
-void Decoder::embed_forward() {
+void Decoder::embed_forward(Slot& s) {
   const Tensor wpe =
       cfg_.family == Family::gpt2 ? src_->outer_param("transformer.wpe.weight") : Tensor{};
-  ops::embedding_forward(tokens_, pos_, src_->outer_param(token_table(cfg_)), wpe, res_[0]);
+  const Tensor wte = src_->outer_param(token_table(cfg_));
+  if (tp_)
+    tp_->embedding_forward(s.tokens, pos_, wte, wpe, s.res[0]);
+  else
+    ops::embedding_forward(s.tokens, pos_, wte, wpe, s.res[0]);
 }
 
-// Forward through all blocks. In training without checkpointing each block keeps its own
-// activations; otherwise they go to a reusable set (recomputed later when training).
-void Decoder::run_blocks_forward(bool train) {
-  for (int l = 0; l < int(cfg_.n_layer); ++l) {
-    BlockActs& a = (train && !checkpointed()) ? saved_[size_t(l)] : recompute_[0];
-    block_forward(cfg_, src_->block_params(l, ParamSource::Phase::forward), res_[size_t(l)], pos_,
-                  a, res_[size_t(l) + 1]);
-    src_->release_block_params(l, ParamSource::Phase::forward);
+// Forward through the stage's blocks. In training without checkpointing each block keeps its
+// own activations; otherwise they go to a reusable set (recomputed later when training).
+void Decoder::run_blocks_forward(Slot& s) {
+  const int first = layout_.first_layer();
+  for (int i = 0; i < n_local(); ++i) {
+    BlockActs& a = (s.train_buffers && !checkpointed()) ? s.saved[size_t(i)] : recompute_[0];
+    block_forward(cfg_, src_->block_params(first + i, ParamSource::Phase::forward), s.res[size_t(i)],
+                  pos_, a, s.res[size_t(i) + 1], tp_);
+    src_->release_block_params(first + i, ParamSource::Phase::forward);
   }
 }
 
-void Decoder::final_norm_forward() {
-  const Tensor& x = res_.back();
+void Decoder::final_norm_forward(Slot& s) {
+  const Tensor& x = s.res.back();
   if (cfg_.family == Family::gpt2)
     ops::layernorm_forward(x, src_->outer_param("transformer.ln_f.weight"),
-                           src_->outer_param("transformer.ln_f.bias"), lnf_, lnf_mean_, lnf_rstd_,
-                           cfg_.norm_eps);
+                           src_->outer_param("transformer.ln_f.bias"), s.lnf, s.lnf_mean,
+                           s.lnf_rstd, cfg_.norm_eps);
   else
-    ops::rmsnorm_forward(x, src_->outer_param("model.norm.weight"), lnf_, lnf_rstd_, cfg_.norm_eps);
+    ops::rmsnorm_forward(x, src_->outer_param("model.norm.weight"), s.lnf, s.lnf_rstd, cfg_.norm_eps);
 }
 
-
-double Decoder::count_and_sum(const int32_t* targets, int64_t N, int64_t* n_valid) {
+double Decoder::count_and_sum(const Slot& s, int64_t N, int64_t* n_valid) {
   int64_t cnt = 0;
   double sum = 0;
+  const int32_t* targets = s.targets.data<int32_t>();
   for (int64_t n = 0; n < N; ++n)
     if (targets[n] >= 0) {
       ++cnt;
-      sum += double(dtype_ == DType::f32 ? losses_.data<float>()[n] : losses_.data<double>()[n]);
+      sum += double(dtype_ == DType::f32 ? s.losses.data<float>()[n] : s.losses.data<double>()[n]);
     }
   if (n_valid) *n_valid = cnt;
   return sum;
 }
 
+double Decoder::stage_forward(int id, const int32_t* tokens, const int32_t* targets,
+                              double grad_scale, int64_t* n_valid) {
+  Slot& s = slot(id);
+  const int64_t N = B_ * T_;
+  std::memcpy(s.tokens.raw(), tokens, size_t(N) * 4);
+  std::memcpy(s.targets.raw(), targets, size_t(N) * 4);
+  if (first_stage()) embed_forward(s);
+  run_blocks_forward(s);
+  if (!last_stage()) {
+    if (n_valid) *n_valid = 0;
+    return 0;
+  }
+  final_norm_forward(s);
+  // Head and loss, fused with their backward in training: dlnf and the head gradient come out here.
+  const Tensor head = src_->outer_param(head_name(cfg_));
+  const Tensor dhead = s.train ? src_->outer_grad(head_name(cfg_)) : Tensor{};
+  if (tp_)
+    tp_->head_xent(s.lnf, head, s.targets, s.losses, s.dlnf, dhead, grad_scale, opt_.xent_chunk);
+  else
+    ops::lm_head_xent(s.lnf, head, s.targets, s.losses, s.dlnf, dhead, grad_scale, opt_.xent_chunk,
+                      ce_work_);
+  last_losses_ = s.losses;
+  return count_and_sum(s, N, n_valid);
+}
+
+void Decoder::stage_backward(int id, const Tensor& dy) {
+  Slot& s = slot(id);
+  LOOM_CHECK(s.train, "model", "stage_backward on micro-batch slot ", id,
+             " whose forward was an evaluation");
+  const bool gpt2 = cfg_.family == Family::gpt2;
+  using Phase = ParamSource::Phase;
+  if (last_stage()) {
+    if (gpt2)
+      ops::layernorm_backward(s.dlnf, s.res.back(), src_->outer_param("transformer.ln_f.weight"),
+                              s.lnf_mean, s.lnf_rstd, dres_,
+                              src_->outer_grad("transformer.ln_f.weight"),
+                              src_->outer_grad("transformer.ln_f.bias"));
+    else
+      ops::rmsnorm_backward(s.dlnf, s.res.back(), src_->outer_param("model.norm.weight"), s.lnf_rstd,
+                            dres_, src_->outer_grad("model.norm.weight"));
+  } else {
+    LOOM_CHECK(dy.defined() && dy.numel() == dres_.numel(), "model",
+               "stage_backward needs the gradient of the stage output, [", B_ * T_, ", ",
+               cfg_.d_model, "]");
+    dres_.copy_from(dy);
+  }
+  const int first = layout_.first_layer();
+  auto backward_block = [&](int64_t i, BlockActs& acts) {
+    const int l = first + int(i);
+    const BlockWeights w = src_->block_params(l, Phase::backward);
+    block_backward(cfg_, w, src_->block_grads(l), s.res[size_t(i)], pos_, acts, scratch_, dres_, tp_);
+    src_->release_block_params(l, Phase::backward);
+    src_->block_grads_done(l);
+  };
+  const int64_t L = n_local();
+  if (!checkpointed()) {
+    for (int64_t i = L - 1; i >= 0; --i) backward_block(i, s.saved[size_t(i)]);
+  } else {
+    const int64_t k = opt_.activation_checkpoint_interval;
+    const int64_t n_seg = (L + k - 1) / k;
+    for (int64_t g = n_seg - 1; g >= 0; --g) {
+      const int64_t b = g * k, e = std::min(L, b + k);
+      for (int64_t i = b; i < e; ++i) {  // recompute the segment from its saved input
+        const int l = first + int(i);
+        block_forward(cfg_, src_->block_params(l, Phase::recompute), s.res[size_t(i)], pos_,
+                      recompute_[size_t(i - b)], s.res[size_t(i) + 1], tp_);
+        src_->release_block_params(l, Phase::recompute);
+      }
+      for (int64_t i = e - 1; i >= b; --i) backward_block(i, recompute_[size_t(i - b)]);
+    }
+  }
+  if (first_stage()) {
+    const Tensor dwte = src_->outer_grad(token_table(cfg_));
+    const Tensor dwpe = gpt2 ? src_->outer_grad("transformer.wpe.weight") : Tensor{};
+    if (tp_)
+      tp_->embedding_backward(s.tokens, pos_, dres_, dwte, dwpe);
+    else
+      ops::embedding_backward(s.tokens, pos_, dres_, dwte, dwpe);
+  }
+  src_->outer_grads_done();
+  s.busy = false;
+}
+
 double Decoder::forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
                         int64_t* n_valid) {
-  ensure_buffers(B, T, false);
-  const int64_t N = B * T;
-  std::memcpy(tokens_.raw(), tokens, size_t(N) * 4);
-  std::memcpy(targets_.raw(), targets, size_t(N) * 4);
+  LOOM_CHECK(first_stage() && last_stage(), "model",
+             "forward() runs the whole model; a pipeline stage runs through stage_forward()");
+  const int id = stage_begin(B, T, false);
   src_->pass_begin(false);
-  embed_forward();
-  // Evaluation always runs through one reusable activation set.
-  for (int l = 0; l < int(cfg_.n_layer); ++l) {
-    block_forward(cfg_, src_->block_params(l, ParamSource::Phase::forward), res_[size_t(l)], pos_,
-                  recompute_.empty() ? saved_[size_t(l)] : recompute_[0], res_[size_t(l) + 1]);
-    src_->release_block_params(l, ParamSource::Phase::forward);
-  }
-  final_norm_forward();
-  ops::lm_head_xent(lnf_, src_->outer_param(head_name(cfg_)), targets_, losses_, {}, {}, 1.0,
-                    opt_.xent_chunk, ce_work_);
+  const double loss = stage_forward(id, tokens, targets, 1.0, n_valid);
+  stage_release(id);
   src_->pass_end(false);
-  return count_and_sum(targets, N, n_valid);
+  return loss;
 }
 
 void Decoder::logits(const int32_t* tokens, int64_t B, int64_t T, const Tensor& out) {
-  std::vector<int32_t> no_targets(size_t(B * T), -1);
-  forward(tokens, no_targets.data(), B, T, nullptr);
+  LOOM_CHECK(layout_.whole_model(), "model", "logits() needs the whole model on one rank");
   LOOM_CHECK(out.numel() == B * T * cfg_.vocab_size, "model", "logits output ", out.describe(),
              " should hold ", B, "*", T, "*", cfg_.vocab_size, " values");
+  std::vector<int32_t> no_targets(size_t(B * T), -1);
+  const int id = stage_begin(B, T, false);
   src_->pass_begin(false);
-  ops::linear_forward(lnf_, src_->outer_param(head_name(cfg_)), {}, out);
+  stage_forward(id, tokens, no_targets.data(), 1.0, nullptr);
+  ops::linear_forward(slot(id).lnf, src_->outer_param(head_name(cfg_)), {}, out);
+  stage_release(id);
   src_->pass_end(false);
 }
 
 double Decoder::forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B,
                                  int64_t T, double grad_scale, int64_t* n_valid) {
-  ensure_buffers(B, T, true);
-  const int64_t N = B * T, L = cfg_.n_layer;
-  std::memcpy(tokens_.raw(), tokens, size_t(N) * 4);
-  std::memcpy(targets_.raw(), targets, size_t(N) * 4);
-  const bool gpt2 = cfg_.family == Family::gpt2;
-  using Phase = ParamSource::Phase;
+  LOOM_CHECK(first_stage() && last_stage(), "model",
+             "forward_backward() runs the whole model; a pipeline stage runs through stage_forward()");
+  const int id = stage_begin(B, T, true);
   src_->pass_begin(true);
-  embed_forward();
-  run_blocks_forward(true);
-  final_norm_forward();
-  // Head and loss, fused with their backward: dlnf and the head gradient come out here.
-  ops::lm_head_xent(lnf_, src_->outer_param(head_name(cfg_)), targets_, losses_, dlnf_,
-                    src_->outer_grad(head_name(cfg_)), grad_scale, opt_.xent_chunk, ce_work_);
-  const double loss_sum = count_and_sum(targets, N, n_valid);
-
-  if (gpt2)
-    ops::layernorm_backward(dlnf_, res_.back(), src_->outer_param("transformer.ln_f.weight"),
-                            lnf_mean_, lnf_rstd_, dres_, src_->outer_grad("transformer.ln_f.weight"),
-                            src_->outer_grad("transformer.ln_f.bias"));
-  else
-    ops::rmsnorm_backward(dlnf_, res_.back(), src_->outer_param("model.norm.weight"), lnf_rstd_,
-                          dres_, src_->outer_grad("model.norm.weight"));
-
-  auto backward_block = [&](int64_t l, BlockActs& acts) {
-    const BlockWeights w = src_->block_params(int(l), Phase::backward);
-    block_backward(cfg_, w, src_->block_grads(int(l)), res_[size_t(l)], pos_, acts, scratch_, dres_);
-    src_->release_block_params(int(l), Phase::backward);
-    src_->block_grads_done(int(l));
-  };
-  if (!checkpointed()) {
-    for (int64_t l = L - 1; l >= 0; --l) backward_block(l, saved_[size_t(l)]);
-  } else {
-    const int64_t k = opt_.activation_checkpoint_interval;
-    const int64_t n_seg = (L + k - 1) / k;
-    for (int64_t s = n_seg - 1; s >= 0; --s) {
-      const int64_t b = s * k, e = std::min(L, b + k);
-      for (int64_t l = b; l < e; ++l) {  // recompute the segment from its saved input
-        block_forward(cfg_, src_->block_params(int(l), Phase::recompute), res_[size_t(l)], pos_,
-                      recompute_[size_t(l - b)], res_[size_t(l) + 1]);
-        src_->release_block_params(int(l), Phase::recompute);
-      }
-      for (int64_t l = e - 1; l >= b; --l) backward_block(l, recompute_[size_t(l - b)]);
-    }
-  }
-  ops::embedding_backward(tokens_, pos_, dres_, src_->outer_grad(token_table(cfg_)),
-                          gpt2 ? src_->outer_grad("transformer.wpe.weight") : Tensor{});
-  src_->outer_grads_done();
+  const double loss_sum = stage_forward(id, tokens, targets, grad_scale, n_valid);
+  stage_backward(id, {});
   src_->pass_end(true);
   return loss_sum;
 }

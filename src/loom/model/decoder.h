@@ -1,6 +1,9 @@
 // The decoder-only transformer: embeddings, blocks, final norm and LM head over one flat
 // parameter buffer and one flat gradient buffer (category params / grads), with the
 // training forward+backward (activation checkpointing optional) and an evaluation forward.
+// A decoder may hold one slice of the model (DecoderOptions::slice): a pipeline stage, run one
+// micro-batch at a time through the stage_* entry points with several micro-batches in
+// flight, and/or a tensor-parallel slice whose communication goes through TensorParallelOps.
 // Knows nothing of data, optimizers or communication.
 #pragma once
 #include <memory>
@@ -43,6 +46,8 @@ struct DecoderOptions {
   bool allocate_flat_params = true;
   bool allocate_flat_grads = true;
   int64_t unit_align = 1;  // see ParamLayout: the data-parallel degree under ZeRO
+  // The part of the model this decoder holds (a pipeline stage, a tp slice); default: all.
+  ModelSlice slice;
 };
 
 class Decoder {
@@ -68,6 +73,9 @@ class Decoder {
   }
   // Replaces where weights and gradients come from (nullptr: the flat buffers). Not owned.
   void set_param_source(ParamSource* src) { src_ = src ? src : default_src_.get(); }
+  // The tensor-parallel communication (required when options().slice.tp > 1). Not owned.
+  void set_tensor_parallel(TensorParallelOps* tp) { tp_ = tp; }
+  const BlockDims& block_dims() const { return dims_; }
 
   // Training step on one micro-batch: tokens and targets are [B, T] (targets < 0 ignored).
   // Parameter gradients accumulate as grad_scale * d(sum of token losses). Returns the sum of
@@ -80,37 +88,76 @@ class Decoder {
   // Logits [B, T, V] for every position (evaluation and tests).
   void logits(const int32_t* tokens, int64_t B, int64_t T, const Tensor& out);
 
-  // Per-token losses of the last forward, [B*T].
-  const Tensor& token_losses() const { return losses_; }
-  // Bytes of activation buffers the current (B, T) needs (what memory tests compare).
+  // Per-token losses of the last forward, [B*T] (the last stage's).
+  const Tensor& token_losses() const { return last_losses_; }
+  // Bytes of activation buffers the current (B, T) needs (what memory tests compare): every
+  // micro-batch slot allocated so far plus the shared buffers.
   int64_t activation_bytes() const;
 
+  // ---- pipeline stages --------------------------------------------------------------------
+  // A micro-batch goes through stage_begin -> (receive into stage_input) -> stage_forward ->
+  // (send stage_output) ... stage_backward(dy) -> (send stage_input_grad). Each micro-batch
+  // in flight holds a slot of activations; slots are reused, so the activation peak is the
+  // largest number in flight times one slot.
+  int stage_begin(int64_t B, int64_t T, bool train);
+  // [B*T, C]: where a stage without the embedding expects its input before stage_forward.
+  Tensor stage_input(int slot) const;
+  // [B*T, C]: the output of a stage without the head, after stage_forward.
+  Tensor stage_output(int slot) const;
+  // tokens [B, T] (positions on every stage; embedded on the first), targets (the last stage's
+  // loss). In training the last stage also runs the head's backward, fused with the loss.
+  // Returns the sum of token losses on the last stage, 0 elsewhere.
+  double stage_forward(int slot, const int32_t* tokens, const int32_t* targets, double grad_scale,
+                       int64_t* n_valid = nullptr);
+  // dy: the gradient of stage_output (stages without the head). Afterwards stage_input_grad()
+  // holds the gradient of stage_input (stages without the embedding). Releases the slot.
+  void stage_backward(int slot, const Tensor& dy);
+  const Tensor& stage_input_grad() const { return dres_; }
+  void stage_release(int slot);  // after an evaluation forward
+  // Brackets of one training step or evaluation pass for the ParamSource (forward_backward
+  // and forward call them themselves).
+  void begin_pass(bool train) { src_->pass_begin(train); }
+  void end_pass(bool train) { src_->pass_end(train); }
+
  private:
+  // One micro-batch's activations, kept from its forward to its backward.
+  struct Slot {
+    Tensor tokens, targets;
+    std::vector<Tensor> res;       // res[i]: input of the stage's block i; res.back(): output
+    std::vector<BlockActs> saved;  // per block when not checkpointed
+    Tensor lnf, lnf_mean, lnf_rstd, losses, dlnf;  // the head (last stage)
+    bool train_buffers = false;  // holds what backward needs
+    bool train = false, busy = false;  // the current micro-batch: training or evaluation
+  };
   void ensure_buffers(int64_t B, int64_t T, bool train);
-  void embed_forward();
-  void run_blocks_forward(bool train);
-  void final_norm_forward();
-  double count_and_sum(const int32_t* targets, int64_t N, int64_t* n_valid);
+  Slot& slot(int id);
+  int n_local() const { return layout_.last_layer() - layout_.first_layer(); }
+  void embed_forward(Slot& s);
+  void run_blocks_forward(Slot& s);
+  void final_norm_forward(Slot& s);
+  double count_and_sum(const Slot& s, int64_t N, int64_t* n_valid);
   bool checkpointed() const { return opt_.activation_checkpoint_interval > 0; }
+  bool first_stage() const { return layout_.slice().has_embedding; }
+  bool last_stage() const { return layout_.slice().has_head; }
 
   ModelConfig cfg_;
   DecoderOptions opt_;
   ParamLayout layout_;
+  BlockDims dims_;
   DType dtype_;
   Allocator& alloc_;
   Tensor params_, grads_;
   std::unique_ptr<ParamSource> default_src_;
   ParamSource* src_ = nullptr;
+  TensorParallelOps* tp_ = nullptr;
 
   // Buffers for the current (B, T).
   int64_t B_ = 0, T_ = 0;
   bool train_buffers_ = false;
-  Tensor tokens_, targets_, pos_;
-  std::vector<Tensor> res_;        // residual stream: res_[l] is block l's input, res_[L] output
-  std::vector<BlockActs> saved_;   // per block when not checkpointed
+  std::vector<Slot> slots_;
+  Tensor pos_;
   std::vector<BlockActs> recompute_;  // checkpointed segment (or evaluation) activations
-  Tensor lnf_, lnf_mean_, lnf_rstd_, losses_;
-  Tensor dlnf_, dres_, ce_work_;
+  Tensor dres_, ce_work_, last_losses_;
   BlockScratch scratch_;
 };
 

@@ -6,67 +6,141 @@
 
 namespace loom::model {
 
-ParamLayout::ParamLayout(const ModelConfig& cfg, int64_t unit_align)
-    : cfg_(cfg), unit_align_(unit_align) {
+void check_tensor_parallel(const ModelConfig& cfg, int64_t tp) {
+  LOOM_CHECK(tp >= 1, "config", "parallel.tp=", tp, " must be at least 1");
+  LOOM_CHECK(cfg.n_head % tp == 0, "config", "parallel.tp=", tp, " does not divide model.n_head=",
+             cfg.n_head, ": attention is split by heads; use a tp that divides ", cfg.n_head);
+  LOOM_CHECK(cfg.d_ff % tp == 0, "config", "parallel.tp=", tp, " does not divide model.d_ff=",
+             cfg.d_ff, ": the MLP is split along its hidden dimension; use a tp that divides ", cfg.d_ff);
+}
+
+int64_t vocab_rows_per_rank(const ModelConfig& cfg, int64_t tp) {
+  return (cfg.vocab_size + tp - 1) / tp;
+}
+
+ParamLayout::ParamLayout(const ModelConfig& cfg, int64_t unit_align, const ModelSlice& slice)
+    : cfg_(cfg), slice_(slice), unit_align_(unit_align) {
   cfg.validate();
   LOOM_CHECK(unit_align >= 1, "params", "unit_align must be >= 1, got ", unit_align);
+  if (slice_.last_layer < 0) slice_.last_layer = int(cfg.n_layer);
+  LOOM_CHECK(slice_.first_layer >= 0 && slice_.first_layer <= slice_.last_layer &&
+                 slice_.last_layer <= cfg.n_layer,
+             "params", "blocks [", slice_.first_layer, ", ", slice_.last_layer,
+             ") are not a range of the model's ", cfg.n_layer, " blocks");
+  LOOM_CHECK(slice_.tp_rank >= 0 && slice_.tp_rank < slice_.tp, "params", "tp rank ",
+             slice_.tp_rank, " outside tp=", slice_.tp);
+  check_tensor_parallel(cfg, slice_.tp);
   const int64_t C = cfg.d_model, V = cfg.vocab_size, F = cfg.d_ff, D = cfg.head_dim();
   const int64_t H = cfg.n_head, KVH = cfg.n_kv_head;
   // GPT-2 scales the residual projections by 1/sqrt(2 L) (Radford et al. 2019, section 2.3).
   const float std = 0.02f, proj_std = float(0.02 / std::sqrt(2.0 * double(cfg.n_layer)));
-  if (cfg.family == Family::gpt2) {
-    add("transformer.wte.weight", {V, C}, -1, Init::normal, std, true);
-    add("transformer.wpe.weight", {cfg.n_ctx, C}, -1, Init::normal, std, true);
-    close_unit("embed", -1);
-    for (int l = 0; l < int(cfg.n_layer); ++l) {
-      std::string p = block_prefix(l);
+  const bool gpt2 = cfg.family == Family::gpt2;
+  const char* table = gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight";
+  // Megatron-LM's split (Shoeybi et al. 2019): column-parallel (rows, 0) for q|k|v, fc and
+  // gate|up; row-parallel (columns, 1) for the output projections; vocabulary rows for the
+  // token table and the head; the rest replicated.
+  constexpr int rows = 0, cols = 1;
+  if (slice_.has_embedding) {
+    add(table, {V, C}, -1, Init::normal, std, true, false, rows);
+    if (gpt2) add("transformer.wpe.weight", {cfg.n_ctx, C}, -1, Init::normal, std, true);
+  }
+  close_unit("embed", -1);
+  const bool split_kv = KVH % slice_.tp == 0;
+  for (int l = slice_.first_layer; l < slice_.last_layer; ++l) {
+    std::string p = block_prefix(l);
+    if (gpt2) {
       add(p + "ln_1.weight", {C}, l, Init::ones, 0, false);
       add(p + "ln_1.bias", {C}, l, Init::zeros, 0, false);
-      add(p + "attn.c_attn.weight", {3 * C, C}, l, Init::normal, std, true, true);
-      add(p + "attn.c_attn.bias", {3 * C}, l, Init::zeros, 0, false);
-      add(p + "attn.c_proj.weight", {C, C}, l, Init::normal, proj_std, true, true);
+      add(p + "attn.c_attn.weight", {3 * C, C}, l, Init::normal, std, true, true, rows, 3);
+      add(p + "attn.c_attn.bias", {3 * C}, l, Init::zeros, 0, false, false, rows, 3);
+      add(p + "attn.c_proj.weight", {C, C}, l, Init::normal, proj_std, true, true, cols);
       add(p + "attn.c_proj.bias", {C}, l, Init::zeros, 0, false);
       add(p + "ln_2.weight", {C}, l, Init::ones, 0, false);
       add(p + "ln_2.bias", {C}, l, Init::zeros, 0, false);
-      add(p + "mlp.c_fc.weight", {F, C}, l, Init::normal, std, true, true);
-      add(p + "mlp.c_fc.bias", {F}, l, Init::zeros, 0, false);
-      add(p + "mlp.c_proj.weight", {C, F}, l, Init::normal, proj_std, true, true);
+      add(p + "mlp.c_fc.weight", {F, C}, l, Init::normal, std, true, true, rows);
+      add(p + "mlp.c_fc.bias", {F}, l, Init::zeros, 0, false, false, rows);
+      add(p + "mlp.c_proj.weight", {C, F}, l, Init::normal, proj_std, true, true, cols);
       add(p + "mlp.c_proj.bias", {C}, l, Init::zeros, 0, false);
-      close_unit(str_cat("block.", l), l);
-    }
-    add("transformer.ln_f.weight", {C}, -1, Init::ones, 0, false);
-    add("transformer.ln_f.bias", {C}, -1, Init::zeros, 0, false);
-    if (!cfg.tied_embeddings) add("lm_head.weight", {V, C}, -1, Init::normal, std, true);
-    close_unit("head", -1);
-  } else {
-    add("model.embed_tokens.weight", {V, C}, -1, Init::normal, std, true);
-    close_unit("embed", -1);
-    for (int l = 0; l < int(cfg.n_layer); ++l) {
-      std::string p = block_prefix(l);
+    } else {
       add(p + "input_layernorm.weight", {C}, l, Init::ones, 0, false);
       // q, k, v adjacent: together they are the fused [(H + 2 KVH) D, C] projection.
-      add(p + "self_attn.q_proj.weight", {H * D, C}, l, Init::normal, std, true);
-      add(p + "self_attn.k_proj.weight", {KVH * D, C}, l, Init::normal, std, true);
-      add(p + "self_attn.v_proj.weight", {KVH * D, C}, l, Init::normal, std, true);
-      add(p + "self_attn.o_proj.weight", {C, H * D}, l, Init::normal, proj_std, true);
+      add(p + "self_attn.q_proj.weight", {H * D, C}, l, Init::normal, std, true, false, rows);
+      for (const char* kv : {"self_attn.k_proj.weight", "self_attn.v_proj.weight"}) {
+        ParamInfo& pi = add(p + kv, {KVH * D, C}, l, Init::normal, std, true, false, split_kv ? rows : -1);
+        pi.tp_grad_partial = pi.tp_replicated;  // each rank's query heads see all kv heads
+      }
+      add(p + "self_attn.o_proj.weight", {C, H * D}, l, Init::normal, proj_std, true, false, cols);
       add(p + "post_attention_layernorm.weight", {C}, l, Init::ones, 0, false);
       // gate, up adjacent: the fused [2 F, C] projection feeding SwiGLU.
-      add(p + "mlp.gate_proj.weight", {F, C}, l, Init::normal, std, true);
-      add(p + "mlp.up_proj.weight", {F, C}, l, Init::normal, std, true);
-      add(p + "mlp.down_proj.weight", {C, F}, l, Init::normal, proj_std, true);
-      close_unit(str_cat("block.", l), l);
+      add(p + "mlp.gate_proj.weight", {F, C}, l, Init::normal, std, true, false, rows);
+      add(p + "mlp.up_proj.weight", {F, C}, l, Init::normal, std, true, false, rows);
+      add(p + "mlp.down_proj.weight", {C, F}, l, Init::normal, proj_std, true, false, cols);
     }
-    add("model.norm.weight", {C}, -1, Init::ones, 0, false);
-    if (!cfg.tied_embeddings) add("lm_head.weight", {V, C}, -1, Init::normal, std, true);
-    close_unit("head", -1);
+    close_unit(str_cat("block.", l), l);
   }
+  if (slice_.has_head) {
+    if (gpt2) {
+      add("transformer.ln_f.weight", {C}, -1, Init::ones, 0, false);
+      add("transformer.ln_f.bias", {C}, -1, Init::zeros, 0, false);
+    } else {
+      add("model.norm.weight", {C}, -1, Init::ones, 0, false);
+    }
+    if (!cfg.tied_embeddings)
+      add("lm_head.weight", {V, C}, -1, Init::normal, std, true, false, rows);
+    else if (!slice_.has_embedding)
+      add(table, {V, C}, -1, Init::normal, std, true, false, rows).tied_copy = true;
+  }
+  close_unit("head", -1);
 }
 
-void ParamLayout::add(const std::string& name, Shape shape, int layer, Init init, float std,
-                      bool decay, bool transposed) {
+bool ParamLayout::whole_model() const {
+  return slice_.first_layer == 0 && slice_.last_layer == cfg_.n_layer && slice_.has_embedding &&
+         slice_.has_head && slice_.tp == 1;
+}
+
+size_t ParamLayout::block_unit_index(int layer) const {
+  LOOM_CHECK(has_block(layer), "params", "block ", layer, " is not in this slice of ", cfg_.name,
+             " (blocks ", slice_.first_layer, "..", slice_.last_layer - 1, ")");
+  return size_t(layer - slice_.first_layer) + 1;
+}
+
+std::vector<ElementRun> ParamLayout::element_runs(const ParamInfo& p) const {
+  if (p.split_dim < 0 || slice_.tp == 1) return {{0, 0, p.numel()}};
+  std::vector<ElementRun> out;
+  const int64_t r = slice_.tp_rank;
+  if (p.split_dim == 0) {
+    const int64_t row = p.numel() / p.shape[0], k = p.split_parts;
+    const int64_t part_rows = p.full_shape[0] / k, local_rows = p.shape[0] / k;
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t first = r * local_rows;  // within the part
+      const int64_t n = std::min(local_rows, part_rows - first);
+      if (n > 0) out.push_back({j * local_rows * row, (j * part_rows + first) * row, n * row});
+    }
+  } else {
+    const int64_t R = p.shape[0], local_cols = p.shape[1], full_cols = p.full_shape[1];
+    for (int64_t i = 0; i < R; ++i) out.push_back({i * local_cols, i * full_cols + r * local_cols, local_cols});
+  }
+  return out;
+}
+
+ParamInfo& ParamLayout::add(const std::string& name, Shape full, int layer, Init init, float std,
+                            bool decay, bool transposed, int split, int parts) {
+  const int64_t tp = slice_.tp;
+  if (tp == 1) split = -1;
+  Shape shape = full;
+  if (split == 0) {  // rows; the token table's last rank is padded to ceil(V / tp) rows
+    const int64_t part_rows = full[0] / parts;
+    shape[0] = parts * ((part_rows + tp - 1) / tp);
+  } else if (split == 1) {
+    shape[1] = full[1] / tp;
+  }
   ParamInfo p;
   p.name = name;
   p.shape = shape;
+  p.full_shape = full;
+  p.split_dim = split;
+  p.split_parts = parts;
+  p.tp_replicated = tp > 1 && split < 0;
   p.offset = total_;
   p.layer = layer;
   p.init = init;
@@ -77,6 +151,7 @@ void ParamLayout::add(const std::string& name, Shape shape, int layer, Init init
   n_params_ += shape.numel();
   index_[name] = params_.size();
   params_.push_back(std::move(p));
+  return params_.back();
 }
 
 void ParamLayout::close_unit(const std::string& name, int layer) {
@@ -111,29 +186,26 @@ void init_params_range(const ParamLayout& layout, uint64_t seed, int64_t begin, 
                        float* out) {
   std::fill(out, out + (end - begin), 0.0f);
   for (const auto& p : layout.params()) {
-    const int64_t b = std::max(begin, p.offset), e = std::min(end, p.offset + p.numel());
-    if (b >= e) continue;
-    float* dst = out + (b - begin);
-    switch (p.init) {
-      case Init::zeros: std::fill(dst, dst + (e - b), 0.0f); break;
-      case Init::ones: std::fill(dst, dst + (e - b), 1.0f); break;
-      case Init::normal:
-        fill_normal(dst, e - b, seed, hash_name(p.name), uint64_t(b - p.offset), 0.0f, p.init_std);
-        break;
+    if (p.offset >= end || p.offset + p.numel() <= begin) continue;
+    for (const ElementRun& run : layout.element_runs(p)) {
+      const int64_t lo = p.offset + run.local;
+      const int64_t b = std::max(begin, lo), e = std::min(end, lo + run.n);
+      if (b >= e) continue;
+      float* dst = out + (b - begin);
+      switch (p.init) {
+        case Init::zeros: std::fill(dst, dst + (e - b), 0.0f); break;
+        case Init::ones: std::fill(dst, dst + (e - b), 1.0f); break;
+        case Init::normal:
+          fill_normal(dst, e - b, seed, hash_name(p.name), uint64_t(run.global + (b - lo)), 0.0f,
+                      p.init_std);
+          break;
+      }
     }
   }
 }
 
 void init_params(const ParamLayout& layout, uint64_t seed, float* params) {
-  for (const auto& p : layout.params()) {
-    float* dst = params + p.offset;
-    const int64_t n = p.numel();
-    switch (p.init) {
-      case Init::zeros: std::fill(dst, dst + n, 0.0f); break;
-      case Init::ones: std::fill(dst, dst + n, 1.0f); break;
-      case Init::normal: fill_normal(dst, n, seed, hash_name(p.name), 0, 0.0f, p.init_std); break;
-    }
-  }
+  init_params_range(layout, seed, 0, layout.total(), params);
 }
 
 }  // namespace loom::model

@@ -3,6 +3,10 @@
 // blocks 0..L-1, final norm, head, so a block is one contiguous range (ZeRO-3 gathers and
 // pipeline stages are then offset ranges). Linear weights are [out, in] (GPT-2's Conv1D
 // weights are stored transposed relative to Hugging Face; the safetensors mapping transposes).
+// A layout may describe only the slice of the model one rank holds (ModelSlice): a pipeline
+// stage's blocks, and under tensor parallelism each parameter's tp slice; every local element
+// still knows its index in the whole Hugging Face parameter, so initialisation by (seed, name,
+// element index) gives every layout the same model.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -16,6 +20,22 @@ namespace loom::model {
 
 enum class Init { normal, zeros, ones };
 
+// The part of the model one rank holds. Pipeline: blocks [first_layer, last_layer), plus the
+// embeddings on the first stage and the final norm + head on the last (which, with tied
+// embeddings and no embedding unit, holds its own copy of the token table). Tensor parallel:
+// slice tp_rank of tp of every split parameter (see ParamInfo::split_dim).
+struct ModelSlice {
+  int first_layer = 0;
+  int last_layer = -1;  // -1: model.n_layer
+  bool has_embedding = true, has_head = true;
+  int64_t tp = 1, tp_rank = 0;
+};
+// Throws "[config] parallel.tp=3 does not divide model.n_head=8" (and likewise d_ff).
+void check_tensor_parallel(const ModelConfig& cfg, int64_t tp);
+// Rows of the token table (and untied head) each tp rank holds: ceil(vocab / tp). The rows
+// past the vocabulary on the last rank are padding: zero, and masked out of the loss.
+int64_t vocab_rows_per_rank(const ModelConfig& cfg, int64_t tp);
+
 struct ParamInfo {
   std::string name;
   Shape shape;
@@ -25,7 +45,25 @@ struct ParamInfo {
   float init_std = 0.02f;
   bool weight_decay = false;  // 2-D weights decay; biases and norm gains do not
   bool hf_transposed = false; // stored [out, in] where Hugging Face stores [in, out]
+  // Tensor parallelism. The whole parameter is full_shape ([out, in] like shape); split_dim 0:
+  // this rank holds rows (the output features; the token table's vocabulary rows), taken
+  // separately from each of split_parts equal row blocks (GPT-2's fused q|k|v: 3); 1: columns
+  // (the input features of a row-parallel linear); -1: all of it.
+  Shape full_shape;
+  int split_dim = -1;
+  int split_parts = 1;
+  bool tp_replicated = false;    // tp > 1 and every tp rank holds all of it
+  bool tp_grad_partial = false;  // replicated, but each tp rank computes only a part of its
+                                 // gradient (LLaMA k/v projections when tp does not divide
+                                 // n_kv_head): the gradients are summed over the tp group
+  bool tied_copy = false;        // the last stage's copy of the tied token table
   int64_t numel() const { return shape.numel(); }
+};
+
+// A run of local elements [local, local + n) holding whole-parameter elements [global,
+// global + n) (row-major in full_shape).
+struct ElementRun {
+  int64_t local, global, n;
 };
 
 // A sharding unit: the embeddings, one block, or the final norm + head. Units are
@@ -41,13 +79,24 @@ struct ParamUnit {
 class ParamLayout {
  public:
   // unit_align: every unit's padded size is a multiple of it (the data-parallel degree).
-  explicit ParamLayout(const ModelConfig& cfg, int64_t unit_align = 1);
+  // Units are always embed, the slice's blocks, head (embed and head empty when the slice
+  // lacks them).
+  explicit ParamLayout(const ModelConfig& cfg, int64_t unit_align = 1, const ModelSlice& slice = {});
 
   const std::vector<ParamInfo>& params() const { return params_; }
   int64_t total() const { return total_; }  // including unit padding
   int64_t num_params() const { return n_params_; }  // without padding
   const std::vector<ParamUnit>& units() const { return units_; }
-  const ParamUnit& block_unit(int layer) const { return units_.at(size_t(layer) + 1); }
+  const ParamUnit& block_unit(int layer) const { return units_.at(block_unit_index(layer)); }
+  size_t block_unit_index(int layer) const;  // throws when the slice lacks the block
+  const ModelSlice& slice() const { return slice_; }
+  int first_layer() const { return slice_.first_layer; }
+  int last_layer() const { return slice_.last_layer; }
+  bool has_block(int layer) const { return layer >= first_layer() && layer < last_layer(); }
+  // True when this layout is the whole model on one rank (no stage, no tp slicing).
+  bool whole_model() const;
+  // Where this rank's elements of p sit in the whole parameter (padding rows are in no run).
+  std::vector<ElementRun> element_runs(const ParamInfo& p) const;
   const ParamInfo& get(const std::string& name) const;  // throws naming the parameter
   bool contains(const std::string& name) const { return index_.count(name) != 0; }
   // [begin, end) element range of block l's parameters.
@@ -56,17 +105,20 @@ class ParamLayout {
   std::string block_prefix(int layer) const;
 
  private:
-  void add(const std::string& name, Shape shape, int layer, Init init, float std, bool decay,
-           bool transposed = false);
+  // full: the whole parameter's shape; split: see ParamInfo::split_dim.
+  ParamInfo& add(const std::string& name, Shape full, int layer, Init init, float std, bool decay,
+                 bool transposed = false, int split = -1, int parts = 1);
   void close_unit(const std::string& name, int layer);
   ModelConfig cfg_;
+  ModelSlice slice_;
   std::vector<ParamInfo> params_;
   std::map<std::string, size_t> index_;
   int64_t total_ = 0, n_params_ = 0, unit_align_ = 1, unit_begin_ = 0;
   std::vector<ParamUnit> units_;
 };
 
-// Fills params per its layout: each value depends only on (seed, parameter name, element index).
+// Fills params per its layout: each value depends only on (seed, parameter name, element index
+// in the whole parameter), so any slice of the model initialises to the same values.
 void init_params(const ParamLayout& layout, uint64_t seed, float* params);
 // The same values for flat indices [begin, end) only, written to out[0 .. end - begin)
 // (padding is zero): what a rank holding one shard initialises.

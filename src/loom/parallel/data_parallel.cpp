@@ -116,7 +116,8 @@ void DataParallel::unit_ready(size_t ui) {
   if (--b.remaining > 0) return;
   const auto& units = layout_.units();
   const int64_t begin = units[b.first_unit].begin, end = units[b.last_unit].end;
-  inflight_.push_back(dp_.all_reduce_async(model_.grads().slice(begin, {end - begin})));
+  // A pipeline stage without the embeddings or the head has empty units: nothing to send.
+  if (end > begin) inflight_.push_back(dp_.all_reduce_async(model_.grads().slice(begin, {end - begin})));
   b.remaining = int(b.last_unit - b.first_unit + 1);
 }
 
@@ -234,7 +235,7 @@ BlockWeights DataParallel::block_grads(int layer) {
 
 void DataParallel::block_grads_done(int layer) {
   if (opt_.zero_stage < 2) {
-    if (sync_) unit_ready(size_t(layer) + 1);
+    if (sync_) unit_ready(layout_.block_unit_index(layer));
     return;
   }
   auto it = staging_of_layer_.find(layer);
@@ -271,8 +272,8 @@ void DataParallel::outer_grads_done() {
     }
     return;
   }
-  reduce_scatter_unit(units.back(), head_staging_, false);
-  reduce_scatter_unit(units.front(), embed_staging_, false);
+  if (units.back().size() > 0) reduce_scatter_unit(units.back(), head_staging_, false);
+  if (units.front().size() > 0) reduce_scatter_unit(units.front(), embed_staging_, false);
   head_staging_ = embed_staging_ = {};
 }
 
@@ -283,21 +284,22 @@ void DataParallel::pass_begin(bool train) {
     head_staging_ = Tensor::zeros({units.back().size()}, DType::f32, MemCategory::comm);
   }
   if (opt_.zero_stage < 3) return;
-  if (!gathered_.count(-1)) launch_gather(units.front(), -1);
-  if (!gathered_.count(-2)) launch_gather(units.back(), -2);
-  // The order in which the decoder will ask for blocks (see Decoder::forward_backward).
+  if (!gathered_.count(-1) && units.front().size() > 0) launch_gather(units.front(), -1);
+  if (!gathered_.count(-2) && units.back().size() > 0) launch_gather(units.back(), -2);
+  // The order in which the decoder will ask for blocks (see Decoder::stage_backward).
   plan_.clear();
   plan_pos_ = 0;
-  const int L = int(cfg_.n_layer), k = model_.options().activation_checkpoint_interval;
-  for (int l = 0; l < L; ++l) plan_.push_back({l, Phase::forward});
+  const int f = layout_.first_layer(), L = layout_.last_layer() - f;
+  const int k = model_.options().activation_checkpoint_interval;
+  for (int l = 0; l < L; ++l) plan_.push_back({f + l, Phase::forward});
   if (train) {
     if (k <= 0) {
-      for (int l = L - 1; l >= 0; --l) plan_.push_back({l, Phase::backward});
+      for (int l = L - 1; l >= 0; --l) plan_.push_back({f + l, Phase::backward});
     } else {
       for (int s = (L + k - 1) / k - 1; s >= 0; --s) {
         const int b = s * k, e = std::min(L, b + k);
-        for (int l = b; l < e; ++l) plan_.push_back({l, Phase::recompute});
-        for (int l = e - 1; l >= b; --l) plan_.push_back({l, Phase::backward});
+        for (int l = b; l < e; ++l) plan_.push_back({f + l, Phase::recompute});
+        for (int l = e - 1; l >= b; --l) plan_.push_back({f + l, Phase::backward});
       }
     }
   }
@@ -314,11 +316,35 @@ void DataParallel::pass_end(bool) {
 
 // ---- optimizer ----------------------------------------------------------------------------
 
+void DataParallel::set_norm_skip(std::vector<std::pair<int64_t, int64_t>> ranges) {
+  std::sort(ranges.begin(), ranges.end());
+  norm_skip_ = std::move(ranges);
+}
+
+// Sum of squares of grads[0, n) standing for flat indices [flat0, flat0 + n), minus the
+// skipped ranges.
+double DataParallel::counted_sum_squares(const float* g, int64_t flat0, int64_t n) const {
+  double total = 0;
+  int64_t at = flat0;
+  const int64_t end = flat0 + n;
+  for (const auto& [b, e] : norm_skip_) {
+    if (e <= at || b >= end) continue;
+    if (b > at) total += optim::sum_squares(g + (at - flat0), b - at);
+    at = std::max(at, e);
+  }
+  if (at < end) total += optim::sum_squares(g + (at - flat0), end - at);
+  return total;
+}
+
 double DataParallel::grad_norm_sq() {
   finish_grads();
   if (opt_.zero_stage < 2)  // every rank holds the same reduced gradients
-    return optim::sum_squares(model_.grads().data<float>(), model_.grads().numel());
-  Tensor s = Tensor::from_vector<double>({optim::sum_squares(grad_shard_.data<float>(), grad_shard_.numel())}, {1});
+    return counted_sum_squares(model_.grads().data<float>(), 0, model_.grads().numel());
+  double local = 0;
+  for (const auto& u : layout_.units())
+    local += counted_sum_squares(grad_shard_.data<float>() + u.begin / n_, u.begin + r_ * chunk_size(u),
+                                 chunk_size(u));
+  Tensor s = Tensor::from_vector<double>({local}, {1});
   Stopwatch sw;
   dp_.all_reduce(s);
   wait_s_ += sw.seconds();

@@ -52,8 +52,11 @@ class DataParallel final : public model::ParamSource {
   // Waits for outstanding communication: afterwards the (local part of the) gradients are
   // the sum over ranks.
   void finish_grads();
-  // Squared global gradient norm (over all ranks' chunks), after finish_grads().
+  // Squared global gradient norm (over all ranks' chunks), after finish_grads(). Flat ranges
+  // given to set_norm_skip are left out: parameters another rank of a model-parallel group
+  // also holds (tp-replicated ones off tp rank 0, the last stage's tied token table).
   double grad_norm_sq();
+  void set_norm_skip(std::vector<std::pair<int64_t, int64_t>> ranges);
   void scale_grads(float factor);
   // AdamW on the owned ranges, then (stages 1-2) all-gather the updated weights.
   void step(double lr);
@@ -115,6 +118,7 @@ class DataParallel final : public model::ParamSource {
   Tensor gathered_unit(const model::ParamUnit& u, int key);
   void prefetch_after(size_t position);
   void launch_gather(const model::ParamUnit& u, int key);
+  double counted_sum_squares(const float* g, int64_t flat0, int64_t n) const;
 
   model::Decoder& model_;
   const model::ModelConfig cfg_;
@@ -146,6 +150,7 @@ class DataParallel final : public model::ParamSource {
   std::vector<std::pair<int, Phase>> plan_;  // expected block_params requests of this pass
   size_t plan_pos_ = 0;
   double wait_s_ = 0;
+  std::vector<std::pair<int64_t, int64_t>> norm_skip_;  // sorted flat ranges
 };
 
 }  // namespace loom::parallel
