@@ -83,6 +83,7 @@ class ParamLayout {
   // lacks them).
   explicit ParamLayout(const ModelConfig& cfg, int64_t unit_align = 1, const ModelSlice& slice = {});
 
+  const ModelConfig& config() const { return cfg_; }
   const std::vector<ParamInfo>& params() const { return params_; }
   int64_t total() const { return total_; }  // including unit padding
   int64_t num_params() const { return n_params_; }  // without padding

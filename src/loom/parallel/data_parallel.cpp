@@ -336,6 +336,17 @@ double DataParallel::counted_sum_squares(const float* g, int64_t flat0, int64_t 
   return total;
 }
 
+std::vector<Tensor> DataParallel::held_grads(int64_t begin, int64_t end) const {
+  if (opt_.zero_stage < 2) return {model_.grads().slice(begin, {end - begin})};
+  std::vector<Tensor> out;
+  for (const auto& u : layout_.units()) {
+    const int64_t c0 = u.begin + r_ * chunk_size(u), c1 = c0 + chunk_size(u);
+    const int64_t b = std::max(begin, c0), e = std::min(end, c1);
+    if (b < e) out.push_back(grad_shard_.slice(u.begin / n_ + (b - c0), {e - b}));
+  }
+  return out;
+}
+
 double DataParallel::grad_norm_sq() {
   finish_grads();
   if (opt_.zero_stage < 2)  // every rank holds the same reduced gradients

@@ -57,6 +57,9 @@ class DataParallel final : public model::ParamSource {
   // also holds (tp-replicated ones off tp rank 0, the last stage's tied token table).
   double grad_norm_sq();
   void set_norm_skip(std::vector<std::pair<int64_t, int64_t>> ranges);
+  // Views of the gradient elements this rank holds in flat range [begin, end), after
+  // finish_grads(): the range itself (stages 0-1), or its overlap with the rank's chunks.
+  std::vector<Tensor> held_grads(int64_t begin, int64_t end) const;
   void scale_grads(float factor);
   // AdamW on the owned ranges, then (stages 1-2) all-gather the updated weights.
   void step(double lr);

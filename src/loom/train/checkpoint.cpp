@@ -13,6 +13,7 @@
 #include "loom/io/safetensors.h"
 #include "loom/model/hf_weights.h"
 #include "loom/comm/group.h"
+#include "loom/parallel/model_gather.h"
 #include "loom/train/train_config.h"
 
 namespace loom::train {
@@ -63,8 +64,8 @@ static std::string optimizer_file(int rank) { return str_cat("optimizer.rank", r
 std::string save_checkpoint(const std::string& dir, int64_t step, const model::Decoder& model,
                             const parallel::DataParallel& engine, const Tensor& full_params,
                             const std::string& config_yaml, int64_t keep_last,
-                            const std::string& tokenizer) {
-  const comm::Group& g = engine.group();
+                            const std::string& tokenizer, const ModelParallelInfo& mp) {
+  const comm::Group& g = mp.world ? *mp.world : engine.group();
   const bool main = g.rank() == 0;
   const fs::path final_dir = fs::path(dir) / step_name(step);
   const fs::path tmp = fs::path(dir) / str_cat(".tmp.", step_name(step));
@@ -87,7 +88,7 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const model::D
       w.set_metadata(str_cat(units[i].name, ".range"), str_cat(a.begin(), ":", a.end()));
     }
     w.set_metadata("optimizer_steps", std::to_string(engine.optimizer_steps()));
-    w.set_metadata("dp_size", std::to_string(g.size()));
+    w.set_metadata("dp_size", std::to_string(engine.group().size()));
     w.set_metadata("zero_stage", std::to_string(engine.zero_stage()));
     w.write((tmp / optimizer_file(g.rank())).string());
   }
@@ -98,13 +99,15 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const model::D
       const fs::path p = tmp / name;
       files[name] = {{"bytes", fs::file_size(p)}, {"crc32c", io::crc32c_hex(io::crc32c_file(p.string()))}};
     };
-    model::save_hf_safetensors(model.layout(), full_params, (tmp / "model.safetensors").string());
+    model::save_hf_safetensors(mp.whole_layout ? *mp.whole_layout : model.layout(), full_params,
+                               (tmp / "model.safetensors").string());
     record("model.safetensors");
     io::write_file_atomic((tmp / "config.json").string(), model::hf_config_json(model.config()));
     record("config.json");
     for (int r = 0; r < g.size(); ++r) record(optimizer_file(r));
     json state = {{"step", step}, {"optimizer_steps", engine.optimizer_steps()},
-                  {"dp_size", g.size()}, {"zero_stage", engine.zero_stage()}, {"tokenizer", tokenizer},
+                  {"dp_size", engine.group().size()}, {"zero_stage", engine.zero_stage()},
+                  {"layout", mp.layout}, {"tokenizer", tokenizer},
                   // Batches are a pure function of (data.seed, step): the step is the position.
                   {"data_position", {{"step", step}}}};
     io::write_file_atomic((tmp / "trainer_state.json").string(), state.dump(2));
@@ -180,19 +183,29 @@ CheckpointMeta load_checkpoint_weights(const std::string& path, model::Decoder& 
 }
 
 CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model,
-                               parallel::DataParallel& engine) {
+                               parallel::DataParallel& engine, const ModelParallelInfo& mp) {
   std::string why;
   LOOM_CHECK(verify_checkpoint(path, &why), "checkpoint", path, " failed verification: ", why);
   const json state = json::parse(io::read_file((fs::path(path) / "trainer_state.json").string()));
   const int saved_dp = state.value("dp_size", 1), saved_stage = state.value("zero_stage", 0);
-  const comm::Group& g = engine.group();
-  LOOM_CHECK(saved_dp == g.size() && saved_stage == engine.zero_stage(), "checkpoint", path,
+  const comm::Group& g = mp.world ? *mp.world : engine.group();
+  LOOM_CHECK(saved_dp == engine.group().size() && saved_stage == engine.zero_stage(), "checkpoint", path,
              " was saved with dp=", saved_dp, " zero_stage=", saved_stage, "; this run has dp=",
-             g.size(), " zero_stage=", engine.zero_stage(),
+             engine.group().size(), " zero_stage=", engine.zero_stage(),
+             ". Resume with the saved layout (resharding is not supported yet)");
+  const std::string saved_layout = state.value("layout", "");
+  LOOM_CHECK(saved_layout.empty() || mp.layout.empty() || saved_layout == mp.layout, "checkpoint", path,
+             " was saved with the layout ", saved_layout, "; this run has ", mp.layout,
              ". Resume with the saved layout (resharding is not supported yet)");
   Tensor flat = Tensor::zeros({model.flat_size()}, DType::f32, MemCategory::workspace);
-  model::load_hf_safetensors(model.config(), model.layout(), flat,
-                             (fs::path(path) / "model.safetensors").string());
+  const std::string weights = (fs::path(path) / "model.safetensors").string();
+  if (mp.whole_layout) {  // the whole model on disk; this rank takes its slice
+    Tensor whole = Tensor::zeros({mp.whole_layout->total()}, DType::f32, MemCategory::workspace);
+    model::load_hf_safetensors(model.config(), *mp.whole_layout, whole, weights);
+    parallel::slice_whole_params(*mp.whole_layout, whole, model.layout(), flat);
+  } else {
+    model::load_hf_safetensors(model.config(), model.layout(), flat, weights);
+  }
   engine.load_full_params(flat);
   auto f = io::SafetensorsFile::open((fs::path(path) / optimizer_file(g.rank())).string());
   const auto& units = model.layout().units();

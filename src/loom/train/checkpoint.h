@@ -19,13 +19,23 @@ struct CheckpointMeta {
   std::string path;
 };
 
-// Collective over the engine's dp group: rank 0 writes the weights (full_params: the flat
-// weights, gathered under ZeRO-3), config and manifest; every rank writes its optimizer shard
+// Where a rank's state sits when the model itself is split (tensor or pipeline parallelism).
+// Defaults: data parallelism only (the engine's dp group is every rank; the weights are laid
+// out by the model's layout).
+struct ModelParallelInfo {
+  const comm::Group* world = nullptr;                // every rank of the run
+  const model::ParamLayout* whole_layout = nullptr;  // the layout of full_params
+  std::string layout;  // mesh and stages, e.g. "pp=2 x dp=1 x ep=1 x tp=2, stages [0,1) [1,2)"
+};
+
+// Collective over every rank (mp.world, else the engine's dp group): rank 0 writes the weights
+// (full_params: the whole model's flat weights, gathered under ZeRO-3 and across model-
+// parallel ranks), config and manifest; every rank writes its optimizer shard
 // (optimizer.rank<r>.safetensors, with the unit ranges it covers). Returns the final directory.
 std::string save_checkpoint(const std::string& dir, int64_t step, const model::Decoder& model,
                             const parallel::DataParallel& engine, const Tensor& full_params,
                             const std::string& config_yaml, int64_t keep_last,
-                            const std::string& tokenizer = "");
+                            const std::string& tokenizer = "", const ModelParallelInfo& mp = {});
 
 // Checks the manifest, sizes and checksums. On failure returns false and says why.
 bool verify_checkpoint(const std::string& path, std::string* why);
@@ -34,9 +44,10 @@ bool verify_checkpoint(const std::string& path, std::string* why);
 std::optional<std::string> find_latest_valid_checkpoint(const std::string& dir, FILE* log);
 
 // Verifies, then loads weights and this rank's optimizer shard into the engine. The layout
-// (dp size, ZeRO stage) must be the one saved; resharding is refused with both layouts named.
+// (dp size, ZeRO stage, mesh and stages) must be the one saved; resharding is refused with
+// both layouts named.
 CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model,
-                               parallel::DataParallel& engine);
+                               parallel::DataParallel& engine, const ModelParallelInfo& mp = {});
 // Weights only, into a model with a flat parameter buffer (generate, serve, convert).
 CheckpointMeta load_checkpoint_weights(const std::string& path, model::Decoder& model);
 

@@ -4,6 +4,7 @@
 #include <limits>
 #include <sstream>
 
+#include "loom/model/param_layout.h"
 #include "loom/train/config_reader.h"
 
 namespace loom::train {
@@ -99,15 +100,46 @@ TrainConfig parse_train_config(const std::string& text, const std::vector<std::s
   c.threads = r.integer("threads", 0, 0, 4096);
   r.reject_unknown();
 
-  const int64_t dp = c.parallel.dp;
+  const int64_t dp = c.parallel.dp, pp = c.parallel.pp, tp = c.parallel.tp;
   LOOM_CHECK(c.data.batch_size % dp == 0, "config", "data.batch_size=", c.data.batch_size,
              " is not divisible by parallel.dp=", dp);
   const int64_t per_rank = c.data.batch_size / dp;
+  if (c.parallel.micro_batches > 0) {  // micro-batches named: they set the micro-batch size
+    const int64_t m = c.parallel.micro_batches;
+    LOOM_CHECK(per_rank % m == 0, "config", "parallel.micro_batches=", m,
+               " does not divide the per-rank batch ", per_rank, " (data.batch_size=",
+               c.data.batch_size, " / parallel.dp=", dp, ")");
+    LOOM_CHECK(c.data.micro_batch_size == 0 || c.data.micro_batch_size * m == per_rank, "config",
+               "data.micro_batch_size=", c.data.micro_batch_size, " and parallel.micro_batches=", m,
+               " disagree: ", m, " micro-batches of the per-rank batch ", per_rank, " hold ",
+               per_rank / m, " sequences each; set only one of them");
+    c.data.micro_batch_size = per_rank / m;
+  }
   const int64_t micro = c.data.micro_batch_size ? c.data.micro_batch_size : per_rank;
   LOOM_CHECK(per_rank % micro == 0, "config", "data.micro_batch_size=", micro,
              " does not divide the per-rank batch ", per_rank, " (data.batch_size=",
              c.data.batch_size, " / parallel.dp=", dp, ")");
   c.data.micro_batch_size = micro;
+  c.parallel.micro_batches = per_rank / micro;
+
+  // Model-parallel layouts, refused before any work with the numbers in the message.
+  model::check_tensor_parallel(c.model, tp);
+  LOOM_CHECK(pp <= c.model.n_layer, "config", "parallel.pp=", pp, " exceeds model.n_layer=",
+             c.model.n_layer, ": every pipeline stage needs at least one block; use parallel.pp <= ",
+             c.model.n_layer);
+  LOOM_CHECK(pp == 1 || c.parallel.zero_stage <= 1, "config", "parallel.zero_stage=",
+             c.parallel.zero_stage, " with parallel.pp=", pp, " is not supported: ZeRO-2/3 reduce ",
+             "and gather per forward/backward pass, which a pipeline interleaves across micro-batches; ",
+             "use parallel.zero_stage=0 or 1 with pipelines");
+  LOOM_CHECK(c.parallel.ep == 1, "config", "parallel.ep=", c.parallel.ep,
+             ": expert parallelism is not in this build; use parallel.ep=1");
+  const int64_t m = c.parallel.micro_batches;
+  if (pp > 1 && m < pp)
+    c.warnings.push_back(str_cat(
+        "parallel.micro_batches=", m, " is below parallel.pp=", pp, ": every stage idles for (p-1)/(m+p-1) = ",
+        pp - 1, "/", m + pp - 1, " = ", int(100.0 * double(pp - 1) / double(m + pp - 1) + 0.5),
+        "% of each step (the pipeline bubble); use at least ", pp, " micro-batches (e.g. ",
+        4 * pp, ")"));
 
   YAML::Emitter out;
   out << root;

@@ -50,7 +50,9 @@ struct ParallelConfig {
   double bucket_mb = 25.0;
   std::string pp_schedule = "1f1b";
   std::string pp_partition = "uniform";
-  int64_t micro_batches = 0;  // pipeline micro-batches (0: derive from micro_batch_size)
+  // Micro-batches per rank and step (the pipeline schedule's m; gradient accumulation steps).
+  // 0 in the file: per-rank batch / data.micro_batch_size. Always resolved after parsing.
+  int64_t micro_batches = 0;
   double collective_timeout_s = 600;
 };
 
@@ -66,6 +68,8 @@ struct TrainConfig {
   int64_t threads = 0;  // 0: OMP_NUM_THREADS / all cores
 
   std::string resolved_yaml;  // the config after defaults and overrides, for checkpoints
+  // Allowed but probably unintended settings, one line each (the trainer prints them).
+  std::vector<std::string> warnings;
 };
 
 // Reads the YAML file, applies `--set key=value` overrides, validates everything.

@@ -10,6 +10,8 @@
 #include "loom/kernels/cpu/gemm.h"
 #include "loom/model/memory_estimate.h"
 #include "loom/optim/schedule.h"
+#include "loom/parallel/model_gather.h"
+#include "loom/parallel/partition_profile.h"
 #include "loom/train/checkpoint.h"
 #include "loom/train/progress.h"
 
@@ -43,22 +45,45 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
     own_mesh_ = std::make_unique<parallel::Mesh>(comm::Group::single(), parallel::MeshShape(1, 1, 1, 1));
     mesh_ = own_mesh_.get();
   }
+  if (main_rank())
+    for (const auto& w : cfg_.warnings) std::fprintf(opt_.log, "[warning] %s\n", w.c_str());
   const auto& p = cfg_.parallel;
-  LOOM_CHECK(p.tp == 1 && p.pp == 1 && p.ep == 1, "config", "parallel.tp=", p.tp, ", parallel.pp=",
-             p.pp, ", parallel.ep=", p.ep, ": tensor, pipeline and expert parallelism are not in this ",
-             "build yet; use parallel.dp (with parallel.zero_stage) only");
-  LOOM_CHECK(mesh_->shape().size(parallel::Dim::dp) == p.dp, "config", "parallel.dp=", p.dp,
-             " but the mesh has dp=", mesh_->shape().size(parallel::Dim::dp));
+  const parallel::MeshShape& shape = mesh_->shape();
+  for (auto [d, want] : {std::pair{parallel::Dim::pp, p.pp}, {parallel::Dim::dp, p.dp},
+                         {parallel::Dim::ep, p.ep}, {parallel::Dim::tp, p.tp}})
+    LOOM_CHECK(shape.size(d) == want, "config", "parallel.", parallel::dim_name(d), "=", want,
+               " but the mesh has ", parallel::dim_name(d), "=", shape.size(d), " (", shape.describe(),
+               "); launch pp x dp x ep x tp = ", p.pp * p.dp * p.ep * p.tp, " processes");
   LOOM_CHECK(data_.vocab_size() <= cfg_.model.vocab_size, "train", "the data's vocabulary (",
              data_.vocab_size(), " tokens) does not fit model.vocab_size=", cfg_.model.vocab_size,
              "; set model.vocab_size to at least ", data_.vocab_size());
   const int stage = int(p.zero_stage), dp = int(p.dp);
-  model_ = std::make_unique<model::Decoder>(
-      cfg_.model, parallel::decoder_options_for(cfg_.decoder, stage, dp));
+  const int pp_rank = int(mesh_->coord().pp);
+  stages_ = partition_stages();
+  model::DecoderOptions dopt = parallel::decoder_options_for(cfg_.decoder, stage, dp);
+  dopt.slice = {stages_[size_t(pp_rank)].first_layer, stages_[size_t(pp_rank)].last_layer, pp_rank == 0,
+                pp_rank == int(p.pp) - 1, p.tp, mesh_->coord().tp};
+  model_ = std::make_unique<model::Decoder>(cfg_.model, dopt);
+  if (p.tp > 1) {
+    tp_ = std::make_unique<parallel::TensorParallelLayers>(mesh_->tp(), cfg_.model);
+    model_->set_tensor_parallel(tp_.get());
+  }
   if (stage < 3) model_->init_weights(cfg_.schedule.seed);
   engine_ = std::make_unique<parallel::DataParallel>(
       *model_, mesh_->dp(), cfg_.optim, parallel::DataParallelOptions{stage, p.bucket_mb},
       cfg_.schedule.seed);
+  // The gradient norm counts every parameter once across the model-parallel ranks.
+  std::vector<std::pair<int64_t, int64_t>> skip;
+  for (const auto& pi : model_->layout().params())
+    if (pi.tied_copy || (pi.tp_replicated && mesh_->coord().tp != 0))
+      skip.push_back({pi.offset, pi.offset + pi.numel()});
+  engine_->set_norm_skip(skip);
+  if (p.pp > 1)
+    pipe_ = std::make_unique<parallel::PipelineStage>(
+        *model_, *mesh_,
+        parallel::PipelineOptions{parallel::pipe_schedule_from_name(p.pp_schedule), int(p.micro_batches)});
+  if (p.pp > 1 || p.tp > 1) whole_layout_ = std::make_unique<model::ParamLayout>(cfg_.model, 1);
+  layout_desc_ = str_cat(shape.describe(), ", stages ", parallel::describe_partition(stages_));
   if (!opt_.resume.empty()) resume_from(opt_.resume);
   if (main_rank() && !cfg_.log.metrics_path.empty()) {
     metrics_ = std::fopen(cfg_.log.metrics_path.c_str(), step_ > 0 ? "a" : "w");
@@ -73,11 +98,45 @@ Trainer::~Trainer() {
   if (metrics_) std::fclose(metrics_);
 }
 
+std::vector<parallel::StageRange> Trainer::partition_stages() {
+  const int L = int(cfg_.model.n_layer), pp = int(cfg_.parallel.pp);
+  switch (parallel::partition_method_from_name(cfg_.parallel.pp_partition)) {
+    case parallel::PartitionMethod::uniform: return parallel::partition_uniform(L, pp);
+    case parallel::PartitionMethod::parameters:
+      return parallel::partition_balanced(parallel::parameter_costs(cfg_.model), pp);
+    case parallel::PartitionMethod::profile: break;
+  }
+  if (pp == 1) return parallel::partition_uniform(L, 1);
+  // Timed on rank 0 only (the others would compete for its cores), then shared.
+  Tensor costs = Tensor::zeros({L + 2}, DType::f64, MemCategory::workspace);
+  if (main_rank()) {
+    const auto c = parallel::profile_costs(cfg_.model, cfg_.data.micro_batch_size, cfg_.data.seq_len);
+    for (int l = 0; l < L; ++l) costs.data<double>()[l] = c.block[size_t(l)];
+    costs.data<double>()[L] = c.embedding;
+    costs.data<double>()[L + 1] = c.head;
+  }
+  mesh_->world().broadcast(costs, 0);
+  parallel::PartitionCosts c;
+  c.block.assign(costs.data<double>(), costs.data<double>() + L);
+  c.embedding = costs.data<double>()[L];
+  c.head = costs.data<double>()[L + 1];
+  return parallel::partition_balanced(c, pp);
+}
+
+// Sums t over the pipeline stages (and, when over_tp, the tensor-parallel ranks).
+void Trainer::reduce_over_model_parallel(const Tensor& t, bool over_tp) {
+  if (cfg_.parallel.pp > 1) mesh_->pp().all_reduce(t);
+  if (over_tp && cfg_.parallel.tp > 1) mesh_->tp().all_reduce(t);
+}
+
 Tensor Trainer::full_params() {
-  if (engine_->zero_stage() < 3) return model_->params();
-  Tensor flat = Tensor::zeros({model_->flat_size()}, DType::f32, MemCategory::workspace);
-  engine_->gather_full_params(flat);
-  return flat;
+  Tensor local = model_->params();
+  if (engine_->zero_stage() >= 3) {
+    local = Tensor::zeros({model_->flat_size()}, DType::f32, MemCategory::workspace);
+    engine_->gather_full_params(local);
+  }
+  if (!whole_layout_) return local;
+  return parallel::gather_whole_params(*mesh_, model_->layout(), local);
 }
 
 void Trainer::resume_from(const std::string& spec) {
@@ -95,7 +154,8 @@ void Trainer::resume_from(const std::string& spec) {
     }
     path = *found;
   }
-  const CheckpointMeta meta = load_checkpoint(path, *model_, *engine_);
+  const CheckpointMeta meta =
+      load_checkpoint(path, *model_, *engine_, {&mesh_->world(), whole_layout_.get(), layout_desc_});
   step_ = meta.step;
   last_checkpoint_ = path;
   if (log) std::fprintf(log, "[resume] resumed from %s at step %lld\n", path.c_str(), (long long)step_);
@@ -106,23 +166,39 @@ double Trainer::train_step() {
   const int64_t micro = cfg_.data.micro_batch_size;
   const int64_t per_rank = G / cfg_.parallel.dp;
   const int64_t first = mesh_->coord().dp * per_rank;  // this rank's share of the global batch
-  std::vector<int32_t> tok(size_t(micro * T)), tgt(size_t(micro * T));
   engine_->zero_grads();
   const double grad_scale = 1.0 / double(G * T);  // mean over the global batch
   double loss_sum = 0;
   int64_t count = 0;
-  for (int64_t m0 = 0; m0 < per_rank; m0 += micro) {
-    data_.fill_train(step_, first + m0, micro, G, T, tok.data(), tgt.data());
-    engine_->set_sync(m0 + micro >= per_rank);  // only the last micro-batch communicates
-    int64_t n = 0;
-    loss_sum += model_->forward_backward(tok.data(), tgt.data(), micro, T, grad_scale, &n);
-    count += n;
+  if (pipe_) {
+    const int M = int(cfg_.parallel.micro_batches);
+    pipe_stats_ = pipe_->train_step(
+        [&](int m, int32_t* tok, int32_t* tgt) {
+          data_.fill_train(step_, first + m * micro, micro, G, T, tok, tgt);
+        },
+        micro, T, grad_scale, [&](int m) { engine_->set_sync(m == M - 1); });
+    loss_sum = pipe_stats_.loss_sum;
+    count = pipe_stats_.n_valid;
+  } else {
+    std::vector<int32_t> tok(size_t(micro * T)), tgt(size_t(micro * T));
+    for (int64_t m0 = 0; m0 < per_rank; m0 += micro) {
+      data_.fill_train(step_, first + m0, micro, G, T, tok.data(), tgt.data());
+      engine_->set_sync(m0 + micro >= per_rank);  // only the last micro-batch communicates
+      int64_t n = 0;
+      loss_sum += model_->forward_backward(tok.data(), tgt.data(), micro, T, grad_scale, &n);
+      count += n;
+    }
   }
   engine_->finish_grads();
+  if (pipe_) pipe_->sync_tied_grads(model_->grads());
+  if (tp_) tp_->sum_partial_grads(model_->layout(), *engine_);
   Tensor totals = Tensor::from_vector<double>({loss_sum, double(count)}, {2});
+  reduce_over_model_parallel(totals, false);  // the last stage's loss, same on every tp rank
   mesh_->dp().all_reduce(totals);
   const double loss = totals.data<double>()[0] / std::max(1.0, totals.data<double>()[1]);
-  const double norm = std::sqrt(engine_->grad_norm_sq());
+  Tensor norm_sq = Tensor::from_vector<double>({engine_->grad_norm_sq()}, {1});
+  reduce_over_model_parallel(norm_sq, true);
+  const double norm = std::sqrt(norm_sq.data<double>()[0]);
   LOOM_CHECK(std::isfinite(loss), "train", "loss is ", loss, " at step ", step_ + 1,
              ": training diverged (lower optim.lr or enable schedule.clip)");
   LOOM_CHECK(std::isfinite(norm), "train", "gradient norm is ", norm, " at step ", step_ + 1,
@@ -142,22 +218,34 @@ double Trainer::evaluate() {
   if (!data_.has_val()) return -1;
   const int64_t T = cfg_.data.seq_len, B = cfg_.data.micro_batch_size;
   const int64_t dp = mesh_->shape().size(parallel::Dim::dp), r = mesh_->coord().dp;
-  std::vector<int32_t> tok(size_t(B * T)), tgt(size_t(B * T));
   double sum = 0, count = 0;
   // Ranks split the evaluation batches; every rank runs the same number of passes (ZeRO-3
-  // gathers are collective), padding with a batch whose result it ignores.
+  // gathers and pipeline transfers are collective), padding with a batch whose result it ignores.
   const int64_t E = cfg_.schedule.eval_batches, per = (E + dp - 1) / dp;
-  for (int64_t j = 0; j < per; ++j) {
-    const int64_t i = r * per + j;
-    data_.fill_val(std::min(i, E - 1), B, T, tok.data(), tgt.data());
-    int64_t n = 0;
-    const double s = model_->forward(tok.data(), tgt.data(), B, T, &n);
-    if (i < E) {
-      sum += s;
-      count += double(n);
+  if (pipe_) {
+    const auto res = pipe_->evaluate(
+        [&](int j, int32_t* tok, int32_t* tgt) { data_.fill_val(std::min(r * per + j, E - 1), B, T, tok, tgt); },
+        int(per), B, T);
+    for (int64_t j = 0; j < per; ++j)
+      if (r * per + j < E) {
+        sum += res[size_t(j)].first;
+        count += double(res[size_t(j)].second);
+      }
+  } else {
+    std::vector<int32_t> tok(size_t(B * T)), tgt(size_t(B * T));
+    for (int64_t j = 0; j < per; ++j) {
+      const int64_t i = r * per + j;
+      data_.fill_val(std::min(i, E - 1), B, T, tok.data(), tgt.data());
+      int64_t n = 0;
+      const double s = model_->forward(tok.data(), tgt.data(), B, T, &n);
+      if (i < E) {
+        sum += s;
+        count += double(n);
+      }
     }
   }
   Tensor totals = Tensor::from_vector<double>({sum, count}, {2});
+  reduce_over_model_parallel(totals, false);
   mesh_->dp().all_reduce(totals);
   return totals.data<double>()[0] / std::max(1.0, totals.data<double>()[1]);
 }
@@ -172,7 +260,8 @@ void Trainer::maybe_checkpoint(bool force) {
   Stopwatch sw;
   last_checkpoint_ = save_checkpoint(cfg_.checkpoint.dir, step_, *model_, *engine_, full_params(),
                                      cfg_.resolved_yaml, cfg_.checkpoint.keep_last,
-                                     data_.tokenizer_name());
+                                     data_.tokenizer_name(),
+                                     {&mesh_->world(), whole_layout_.get(), layout_desc_});
   if (main_rank())
     std::fprintf(opt_.log, "[checkpoint] step %lld saved to %s (%.1f s)\n", (long long)step_,
                  last_checkpoint_.c_str(), sw.seconds());
@@ -183,18 +272,20 @@ TrainResult Trainer::run() {
   const int64_t total = cfg_.schedule.steps;
   const int64_t stop = opt_.stop_after_steps >= 0 ? std::min(total, opt_.stop_after_steps) : total;
   const int64_t tokens_per_step = cfg_.data.batch_size * cfg_.data.seq_len;
-  const double flops_per_step = model::training_flops(cfg_.model, model_->num_params(),
-                                                      cfg_.data.batch_size, cfg_.data.seq_len);
+  const int64_t whole_params = full_layout().num_params();  // the whole model's, on every layout
+  const double flops_per_step = model::training_flops(cfg_.model, whole_params, cfg_.data.batch_size,
+                                                      cfg_.data.seq_len);
   const bool bar_on = main_rank() &&
                       (cfg_.log.progress == "on" ||
                        (cfg_.log.progress == "auto" && ProgressBar::stderr_is_terminal()));
   ProgressBar bar(total, bar_on);
   if (main_rank()) {
-    auto est = model::estimate_training_memory(cfg_.model, model_->num_params(), cfg_.data.micro_batch_size,
-                                               cfg_.data.seq_len, cfg_.decoder.activation_checkpoint_interval,
-                                               cfg_.decoder.xent_chunk);
     std::fprintf(opt_.log, "[train] model %s, %lld parameters\n", cfg_.model.summary().c_str(),
-                 (long long)model_->num_params());
+                 (long long)whole_params);
+    if (whole_layout_)
+      std::fprintf(opt_.log, "[train] layout %s (%s partition), %s schedule, %lld micro-batches; %lld parameters on rank 0\n",
+                   layout_desc_.c_str(), cfg_.parallel.pp_partition.c_str(), cfg_.parallel.pp_schedule.c_str(),
+                   (long long)cfg_.parallel.micro_batches, (long long)model_->num_params());
     std::fprintf(opt_.log,
                  "[train] %lld steps of %lld sequences x %lld tokens (micro-batch %lld), lr %.3g "
                  "(warmup %lld, cosine to %.3g)\n",
@@ -203,7 +294,6 @@ TrainResult Trainer::run() {
                  (long long)optim::LrSchedule{cfg_.optim.lr, cfg_.schedule.min_lr,
                                               cfg_.schedule.warmup_steps, total}.resolved_warmup(),
                  cfg_.schedule.min_lr);
-    (void)est;
     const auto pred = parallel::zero_model_state_bytes(model_->num_params(), int(cfg_.parallel.zero_stage),
                                                        int(cfg_.parallel.dp));
     const auto snap = cpu_allocator().snapshot();

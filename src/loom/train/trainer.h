@@ -1,7 +1,9 @@
 // The training loop: micro-batches with gradient accumulation, global-norm clipping (fixed
 // or dynamic threshold), warmup + cosine LR, AdamW, periodic validation, logging (lines,
 // JSONL metrics, a progress bar), non-finite detection, checkpoints and exact resume.
-// Parallel layouts plug in through GradSync (see parallel/); alone, it is a no-op.
+// Parallel layouts: data parallelism (ZeRO 0-3) through the DataParallel engine, tensor
+// parallelism through TensorParallelLayers, pipeline parallelism through PipelineStage, on the
+// mesh pp x dp x tp; alone, each is a no-op.
 #pragma once
 #include <cstdio>
 #include <functional>
@@ -13,6 +15,9 @@
 #include "loom/optim/adamw.h"
 #include "loom/parallel/data_parallel.h"
 #include "loom/parallel/mesh.h"
+#include "loom/parallel/partition.h"
+#include "loom/parallel/pipeline.h"
+#include "loom/parallel/tp_layers.h"
 #include "loom/train/batch_source.h"
 #include "loom/train/train_config.h"
 
@@ -45,13 +50,22 @@ class Trainer {
 
   model::Decoder& model() { return *model_; }
   parallel::DataParallel& engine() { return *engine_; }
-  // The full weights as one flat buffer (gathered under ZeRO-3; collective then).
+  // The full weights as one flat buffer in full_layout() (gathered under ZeRO-3 and across
+  // model-parallel ranks; collective then).
   Tensor full_params();
+  // The model's own layout (data parallelism only) or, under tensor or pipeline parallelism,
+  // the whole model's (ParamLayout(cfg, 1)).
+  const model::ParamLayout& full_layout() const { return whole_layout_ ? *whole_layout_ : model_->layout(); }
+  // Pipeline statistics of the last training step (pp > 1).
+  const parallel::PipelineStepStats& last_pipeline_stats() const { return pipe_stats_; }
+  const std::vector<parallel::StageRange>& stage_ranges() const { return stages_; }
   int64_t step() const { return step_; }
   double evaluate();  // mean validation loss over eval_batches
 
  private:
   double train_step();  // returns the mean train loss of the step
+  std::vector<parallel::StageRange> partition_stages();
+  void reduce_over_model_parallel(const Tensor& t, bool over_tp);
   void log_step(double loss, double grad_norm, double lr, double step_ms);
   void maybe_checkpoint(bool force);
   void resume_from(const std::string& spec);
@@ -64,6 +78,12 @@ class Trainer {
   const parallel::Mesh* mesh_;
   std::unique_ptr<model::Decoder> model_;
   std::unique_ptr<parallel::DataParallel> engine_;
+  std::unique_ptr<parallel::TensorParallelLayers> tp_;
+  std::unique_ptr<parallel::PipelineStage> pipe_;
+  std::unique_ptr<model::ParamLayout> whole_layout_;  // tp or pp > 1
+  std::vector<parallel::StageRange> stages_;
+  std::string layout_desc_;  // the mesh and the stages: a checkpoint resumes only on the same
+  parallel::PipelineStepStats pipe_stats_;
   int64_t step_ = 0;
   double last_grad_norm_ = 0;
   double last_checkpoint_time_ = 0;

@@ -15,6 +15,7 @@
 #include <filesystem>
 
 #include "comm/mpi/mpi_world.h"
+#include "parallel/mpi/synthetic_source.h"
 #include "loom/parallel/mesh.h"
 #include "loom/train/trainer.h"
 
@@ -23,30 +24,7 @@ using namespace loom::train;
 
 namespace {
 
-// Tokens as a pure function of (step, sequence, position): any split of the global batch
-// sees the same data as the single process.
-class SyntheticSource final : public BatchSource {
- public:
-  explicit SyntheticSource(int64_t vocab) : vocab_(vocab) {}
-  void fill_train(int64_t step, int64_t first, int64_t n, int64_t, int64_t T, int32_t* tok,
-                  int32_t* tgt) override {
-    for (int64_t r = 0; r < n; ++r)
-      for (int64_t t = 0; t <= T; ++t) {
-        const uint64_t h = (uint64_t(step) * 1000003u + uint64_t(first + r) * 7919u + uint64_t(t) * 31u) % 9973u;
-        const int32_t id = int32_t((h * h + 17) % uint64_t(vocab_));
-        if (t < T) tok[r * T + t] = id;
-        if (t > 0) tgt[r * T + t - 1] = id;
-      }
-  }
-  void fill_val(int64_t index, int64_t B, int64_t T, int32_t* tok, int32_t* tgt) override {
-    fill_train(100000 + index, 0, B, B, T, tok, tgt);
-  }
-  int64_t vocab_size() const override { return vocab_; }
-  bool has_val() const override { return true; }
-
- private:
-  int64_t vocab_;
-};
+using loom::testing::SyntheticSource;
 
 struct TrainRun {
   std::vector<double> losses;

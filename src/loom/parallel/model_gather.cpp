@@ -1,0 +1,45 @@
+#include "loom/parallel/model_gather.h"
+
+#include <algorithm>
+
+namespace loom::parallel {
+
+Tensor gather_whole_params(const Mesh& mesh, const model::ParamLayout& local, const Tensor& local_flat) {
+  LOOM_CHECK(local_flat.dtype() == DType::f32 && local_flat.numel() == local.total(), "parallel",
+             "gather_whole_params needs the rank's f32 flat weights (", local.total(), " elements), got ",
+             local_flat.describe());
+  const model::ParamLayout whole_layout(local.config(), 1);
+  Tensor whole = Tensor::zeros({whole_layout.total()}, DType::f32, MemCategory::workspace);
+  // Each element is written by exactly one rank (data-parallel replica 0, tp rank 0 for
+  // replicated parameters, the first stage for a tied table), so the sum is exact.
+  const MeshCoord& c = mesh.coord();
+  if (c.dp == 0 && c.ep == 0) {
+    const float* src = local_flat.data<float>();
+    float* dst = whole.data<float>();
+    for (const auto& p : local.params()) {
+      if (p.tied_copy || (p.tp_replicated && local.slice().tp_rank != 0)) continue;
+      const int64_t base = whole_layout.get(p.name).offset;
+      for (const auto& run : local.element_runs(p))
+        std::copy(src + p.offset + run.local, src + p.offset + run.local + run.n, dst + base + run.global);
+    }
+  }
+  mesh.world().all_reduce(whole);
+  return whole;
+}
+
+void slice_whole_params(const model::ParamLayout& whole_layout, const Tensor& whole,
+                        const model::ParamLayout& local, const Tensor& local_flat) {
+  LOOM_CHECK(whole.numel() == whole_layout.total() && local_flat.numel() == local.total(), "parallel",
+             "slice_whole_params: buffers of ", whole.numel(), " and ", local_flat.numel(),
+             " elements for layouts of ", whole_layout.total(), " and ", local.total());
+  local_flat.zero();
+  const float* src = whole.data<float>();
+  float* dst = local_flat.data<float>();
+  for (const auto& p : local.params()) {
+    const int64_t base = whole_layout.get(p.name).offset;
+    for (const auto& run : local.element_runs(p))
+      std::copy(src + base + run.global, src + base + run.global + run.n, dst + p.offset + run.local);
+  }
+}
+
+}  // namespace loom::parallel

@@ -1,0 +1,19 @@
+// The whole model's weights assembled from model-parallel slices (pipeline stages, tensor-
+// parallel shards), and a rank's slice taken back out of them: what checkpoints write and
+// read, and what the equivalence tests compare. The whole layout is ParamLayout(cfg, 1).
+#pragma once
+#include "loom/core/tensor.h"
+#include "loom/model/param_layout.h"
+#include "loom/parallel/mesh.h"
+
+namespace loom::parallel {
+
+// Collective over mesh.world(): every rank returns the whole model's weights (f32, laid out
+// by ParamLayout(cfg, 1)). local_flat: this rank's full slice (not a ZeRO-3 shard).
+Tensor gather_whole_params(const Mesh& mesh, const model::ParamLayout& local, const Tensor& local_flat);
+// Fills local_flat (laid out by `local`) with its elements of `whole` (laid out by whole_layout);
+// padding is zero.
+void slice_whole_params(const model::ParamLayout& whole_layout, const Tensor& whole,
+                        const model::ParamLayout& local, const Tensor& local_flat);
+
+}  // namespace loom::parallel

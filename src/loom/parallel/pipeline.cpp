@@ -1,0 +1,177 @@
+#include "loom/parallel/pipeline.h"
+
+#include <algorithm>
+
+#include "loom/core/timer.h"
+
+namespace loom::parallel {
+
+namespace {
+// Activations (kind 0) and gradients (kind 1) of a micro-batch get their own tags. MPI
+// guarantees tags up to 32767.
+constexpr int kMaxMicroBatches = 16000;
+int tag_of(int micro, int kind) { return micro * 2 + kind; }
+const char* table_name(const model::ModelConfig& c) {
+  return c.family == model::Family::gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight";
+}
+}  // namespace
+
+PipelineStage::PipelineStage(model::Decoder& model, const Mesh& mesh, const PipelineOptions& opt)
+    : model_(model),
+      pp_(mesh.pp()),
+      opt_(opt),
+      stage_(int(mesh.coord().pp)),
+      stages_(int(mesh.shape().size(Dim::pp))) {
+  LOOM_CHECK(opt.micro_batches >= 1 && opt.micro_batches <= kMaxMicroBatches, "pipeline",
+             "parallel.micro_batches=", opt.micro_batches, " must be between 1 and ", kMaxMicroBatches);
+  schedule_ = make_schedule(opt.schedule, stages_, opt.micro_batches);
+  const auto& slice = model.layout().slice();
+  LOOM_CHECK(slice.has_embedding == first() && slice.has_head == last(), "pipeline", "stage ",
+             stage_, " of ", stages_, " was built with has_embedding=", slice.has_embedding,
+             " has_head=", slice.has_head, "; the first stage holds the embeddings, the last the head");
+  if (model.config().tied_embeddings && stages_ > 1) {
+    // Every rank takes part in the split; the first and last stage of each pipeline pair up.
+    MeshCoord c = mesh.coord();
+    int color = -1;
+    if (first() || last()) {
+      c.pp = 0;
+      color = int(mesh.shape().rank_of(c));
+    }
+    tied_ = mesh.world().split(color, stage_, "tied_embedding");
+  }
+}
+
+Tensor PipelineStage::take_buffer(int64_t n) {
+  for (size_t i = 0; i < pool_.size(); ++i)
+    if (pool_[i].numel() == n) {
+      Tensor t = pool_[i];
+      pool_.erase(pool_.begin() + long(i));
+      return t;
+    }
+  return Tensor::empty({n}, DType::f32, MemCategory::comm);
+}
+
+void PipelineStage::post_recv(std::map<int, Transfer>& into, int micro, int peer, int kind) {
+  Transfer t;
+  t.buf = take_buffer(n_elems_);
+  t.work = pp_.recv_async(t.buf, peer, tag_of(micro, kind));
+  into[micro] = std::move(t);
+}
+
+void PipelineStage::wait_sends(bool all) {
+  for (auto it = grad_sends_.begin(); it != grad_sends_.end();) {
+    if (all) it->work.wait();
+    if (all || it->work.test()) {
+      it->work.wait();  // rethrows a failed send
+      pool_.push_back(it->buf);
+      it = grad_sends_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (all) {
+    for (auto& [m, w] : act_sends_) w.wait();
+    act_sends_.clear();
+  }
+}
+
+PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64_t T,
+                                            double grad_scale,
+                                            const std::function<void(int)>& before_backward) {
+  using Kind = PipeAction::Kind;
+  Stopwatch wall;
+  PipelineStepStats st;
+  const int M = opt_.micro_batches;
+  n_elems_ = B * T * model_.config().d_model;
+  std::vector<std::vector<int32_t>> tok(static_cast<size_t>(M)), tgt(static_cast<size_t>(M));
+  std::vector<int> slot(size_t(M), -1);
+  model_.begin_pass(true);
+  if (!first()) post_recv(act_recv_, 0, stage_ - 1, 0);
+  if (!last()) post_recv(grad_recv_, 0, stage_ + 1, 1);
+  int live = 0;
+  for (const PipeAction& a : schedule_[size_t(stage_)]) {
+    const int m = a.micro;
+    const size_t mi = size_t(m);
+    if (a.kind == Kind::forward) {
+      // The next micro-batch's input travels while this one computes.
+      if (!first() && m + 1 < M) post_recv(act_recv_, m + 1, stage_ - 1, 0);
+      tok[mi].resize(size_t(B * T));
+      tgt[mi].resize(size_t(B * T));
+      fill(m, tok[mi].data(), tgt[mi].data());
+      slot[mi] = model_.stage_begin(B, T, true);
+      if (!first()) {
+        Transfer& in = act_recv_.at(m);
+        in.work.wait();
+        model_.stage_input(slot[mi]).copy_from(in.buf.view(model_.stage_input(slot[mi]).shape()));
+        pool_.push_back(in.buf);
+        act_recv_.erase(m);
+      }
+      Stopwatch sw;
+      int64_t n = 0;
+      st.loss_sum += model_.stage_forward(slot[mi], tok[mi].data(), tgt[mi].data(), grad_scale, &n);
+      st.busy_s += sw.seconds();
+      st.n_valid += n;
+      if (!last()) act_sends_[m] = pp_.send_async(model_.stage_output(slot[mi]), stage_ + 1, tag_of(m, 0));
+      st.max_in_flight = std::max(st.max_in_flight, ++live);
+    } else {
+      if (!last() && m + 1 < M) post_recv(grad_recv_, m + 1, stage_ + 1, 1);
+      if (before_backward) before_backward(m);
+      Tensor dy;
+      if (!last()) {
+        Transfer& g = grad_recv_.at(m);
+        g.work.wait();
+        dy = g.buf;
+        grad_recv_.erase(m);
+        // The slot's output must not be overwritten while it is still being sent.
+        act_sends_.at(m).wait();
+        act_sends_.erase(m);
+      }
+      Stopwatch sw;
+      model_.stage_backward(slot[mi], dy.defined() ? dy.view(model_.stage_output(slot[mi]).shape()) : dy);
+      st.busy_s += sw.seconds();
+      if (dy.defined()) pool_.push_back(dy);
+      if (!first()) {
+        Transfer out;
+        out.buf = take_buffer(n_elems_);
+        out.buf.view(model_.stage_input_grad().shape()).copy_from(model_.stage_input_grad());
+        out.work = pp_.send_async(out.buf, stage_ - 1, tag_of(m, 1));
+        grad_sends_.push_back(std::move(out));
+        wait_sends(false);
+      }
+      --live;
+    }
+  }
+  wait_sends(true);
+  model_.end_pass(true);
+  st.wall_s = wall.seconds();
+  return st;
+}
+
+std::vector<std::pair<double, int64_t>> PipelineStage::evaluate(const FillFn& fill, int micro_batches,
+                                                               int64_t B, int64_t T) {
+  const int64_t N = B * T;
+  n_elems_ = N * model_.config().d_model;
+  std::vector<int32_t> tok(static_cast<size_t>(N)), tgt(static_cast<size_t>(N));
+  std::vector<std::pair<double, int64_t>> out;
+  model_.begin_pass(false);
+  for (int m = 0; m < micro_batches; ++m) {
+    fill(m, tok.data(), tgt.data());
+    const int id = model_.stage_begin(B, T, false);
+    if (!first()) pp_.recv(model_.stage_input(id), stage_ - 1, tag_of(m, 0));
+    int64_t n = 0;
+    const double sum = model_.stage_forward(id, tok.data(), tgt.data(), 1.0, &n);
+    out.push_back({sum, n});
+    if (!last()) pp_.send(model_.stage_output(id), stage_ + 1, tag_of(m, 0));
+    model_.stage_release(id);
+  }
+  model_.end_pass(false);
+  return out;
+}
+
+void PipelineStage::sync_tied_grads(const Tensor& grads) {
+  if (!tied_.valid()) return;
+  const auto& p = model_.layout().get(table_name(model_.config()));
+  tied_.all_reduce(grads.slice(p.offset, {p.numel()}));
+}
+
+}  // namespace loom::parallel

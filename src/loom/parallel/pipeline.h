@@ -1,0 +1,82 @@
+// One stage of a pipeline-parallel model: runs this stage's list of schedule actions
+// (pipeline_schedule.h) on its Decoder slice, receiving activations from the previous stage
+// and gradients from the next one with asynchronous send/recv on the pp group, posted one
+// micro-batch ahead so that transfers overlap computation. Also keeps a tied token table
+// identical on the first and last stages (their gradients are summed). Gradients accumulate
+// through the decoder's ParamSource (the DataParallel engine); optimizer steps are the caller's.
+#pragma once
+#include <functional>
+#include <map>
+#include <vector>
+
+#include "loom/comm/group.h"
+#include "loom/model/decoder.h"
+#include "loom/parallel/mesh.h"
+#include "loom/parallel/pipeline_schedule.h"
+
+namespace loom::parallel {
+
+struct PipelineOptions {
+  PipeSchedule schedule = PipeSchedule::one_f_one_b;
+  int micro_batches = 1;
+};
+
+// What one step did on this stage.
+struct PipelineStepStats {
+  double loss_sum = 0;   // last stage: sum of token losses; elsewhere 0
+  int64_t n_valid = 0;   // last stage: counted targets
+  double wall_s = 0;     // the whole step on this stage
+  double busy_s = 0;     // inside stage forward/backward (computation, incl. TP collectives)
+  int max_in_flight = 0;  // micro-batches whose forward ran and backward had not
+};
+
+class PipelineStage {
+ public:
+  // Collective over mesh.world(): every rank constructs its stage at the same point (the
+  // first and last stages of each pipeline form the tied-table group).
+  PipelineStage(model::Decoder& model, const Mesh& mesh, const PipelineOptions& opt);
+
+  // Fills micro-batch m's tokens and targets ([B, T] each).
+  using FillFn = std::function<void(int micro, int32_t* tokens, int32_t* targets)>;
+  // Forward and backward of every micro-batch in schedule order; parameter gradients
+  // accumulate as grad_scale * d(sum of token losses). before_backward(m) runs before each
+  // backward (the caller turns on data-parallel reduction for the last one).
+  PipelineStepStats train_step(const FillFn& fill, int64_t B, int64_t T, double grad_scale,
+                               const std::function<void(int)>& before_backward = {});
+  // Forward only, micro-batch after micro-batch; per micro-batch the loss sum and counted
+  // targets (the last stage's; zeros elsewhere).
+  std::vector<std::pair<double, int64_t>> evaluate(const FillFn& fill, int micro_batches, int64_t B,
+                                                   int64_t T);
+
+  // After the data-parallel reduction: the first and last stages each add the other's
+  // gradient of the tied token table (a no-op without tied embeddings or with one stage).
+  // grads: the model's flat gradient buffer.
+  void sync_tied_grads(const Tensor& grads);
+  bool first() const { return stage_ == 0; }
+  bool last() const { return stage_ == stages_ - 1; }
+  int stage() const { return stage_; }
+  int stages() const { return stages_; }
+  const PipelineOptions& options() const { return opt_; }
+
+ private:
+  struct Transfer {
+    Tensor buf;
+    comm::Work work;
+  };
+  Tensor take_buffer(int64_t n);
+  void post_recv(std::map<int, Transfer>& into, int micro, int peer, int kind);
+  void wait_sends(bool all);
+
+  model::Decoder& model_;
+  comm::Group pp_, tied_;
+  PipelineOptions opt_;
+  int stage_, stages_;
+  std::vector<StageActions> schedule_;
+  std::vector<Tensor> pool_;                       // free [N, C] transfer buffers
+  std::map<int, Transfer> act_recv_, grad_recv_;   // posted receives by micro-batch
+  std::vector<Transfer> grad_sends_;               // gradient sends in flight (own buffers)
+  std::map<int, comm::Work> act_sends_;            // activation sends (from the slot's output)
+  int64_t n_elems_ = 0;
+};
+
+}  // namespace loom::parallel

@@ -1,0 +1,251 @@
+// Invariant 1 for tensor and pipeline parallelism: under mpiexec, every layout pp x dp x tp
+// whose product is the world size (both pipeline schedules, ZeRO-0/1, with and without
+// activation checkpointing, GPT-2 with tied embeddings and LLaMA with GQA) gives the per-step
+// losses and final weights of a single-process run of the same global batch; a tied token
+// table stays identical on the first and last stages, and tp-replicated parameters on every
+// tp rank. The tolerance policy is dp_equivalence_test.cpp's (reductions and micro-batch
+// sums happen in another order, so results agree to float rounding, not bitwise): losses
+// |a - b| <= 1e-5 |b|; weights after 20 AdamW steps within 1e-5 |b| + 1e-3 lr except for at
+// most 0.05% of elements (Adam divides by the running gradient size, so an element whose
+// gradient is nearly zero turns rounding noise into a step of up to lr), none beyond 1% of
+// lr * steps; GPT-2's key bias (no gradient in exact arithmetic) is skipped. A 3D run saved
+// and resumed on the same layout continues bitwise like the run that never stopped.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <memory>
+
+#include "comm/mpi/mpi_world.h"
+#include "loom/parallel/mesh.h"
+#include "loom/train/trainer.h"
+#include "parallel/mpi/synthetic_source.h"
+
+using namespace loom;
+using namespace loom::train;
+using loom::testing::SyntheticSource;
+
+namespace {
+
+struct Layout {
+  const char* preset;
+  int pp, dp, tp;
+  const char* schedule;
+  int zero, micro_batches, ckpt;
+};
+
+std::string describe(const Layout& l) {
+  return str_cat(l.preset, " pp=", l.pp, " dp=", l.dp, " tp=", l.tp, " ", l.schedule, " zero=", l.zero,
+                 " m=", l.micro_batches, " ckpt=", l.ckpt);
+}
+
+// The layouts run for each world size (one ctest entry per size keeps every run short).
+const std::vector<Layout>& layouts() {
+  static const std::vector<Layout> all = {
+      // 2 ranks: tp=2; pp=2 with both schedules.
+      {"gpt2-tiny", 1, 1, 2, "1f1b", 0, 2, 0},
+      {"llama-tiny", 1, 1, 2, "1f1b", 0, 2, 1},
+      {"gpt2-tiny", 2, 1, 1, "gpipe", 0, 4, 0},
+      {"gpt2-tiny", 2, 1, 1, "1f1b", 0, 4, 1},
+      {"llama-tiny", 2, 1, 1, "gpipe", 0, 4, 1},
+      {"llama-tiny", 2, 1, 1, "1f1b", 0, 1, 0},  // fewer micro-batches than stages
+      // 4 ranks: pp=2 x dp=2 (ZeRO-0 and -1); tp=2 x pp=2; tp=4 (LLaMA's 2 kv heads replicated).
+      {"gpt2-tiny", 2, 2, 1, "1f1b", 1, 2, 0},
+      {"llama-tiny", 2, 2, 1, "gpipe", 0, 2, 1},
+      {"gpt2-tiny", 2, 1, 2, "1f1b", 0, 4, 1},
+      {"llama-tiny", 2, 1, 2, "gpipe", 0, 4, 0},
+      {"llama-tiny", 1, 1, 4, "1f1b", 0, 2, 0},
+      // 8 ranks: dp=2 x tp=2 x pp=2.
+      {"gpt2-tiny", 2, 2, 2, "1f1b", 1, 2, 1},
+      {"llama-tiny", 2, 2, 2, "gpipe", 0, 2, 0},
+  };
+  return all;
+}
+
+TrainConfig make_config(const Layout& l, int64_t steps, const std::string& ckpt_dir = "") {
+  std::vector<std::string> sets = {
+      "model.preset=" + std::string(l.preset), "model.activation_checkpoint_interval=" + std::to_string(l.ckpt),
+      "data.dir=unused", "data.seq_len=16", "data.batch_size=8", "optim.lr=3e-3",
+      "schedule.steps=" + std::to_string(steps), "schedule.warmup_steps=2",
+      "schedule.eval_interval=0", "schedule.eval_batches=4", "log.every=1000", "log.progress=off",
+      "parallel.dp=" + std::to_string(l.dp), "parallel.tp=" + std::to_string(l.tp),
+      "parallel.pp=" + std::to_string(l.pp), "parallel.pp_schedule=" + std::string(l.schedule),
+      "parallel.zero_stage=" + std::to_string(l.zero), "parallel.micro_batches=" + std::to_string(l.micro_batches),
+      "parallel.bucket_mb=0.01"};
+  if (!ckpt_dir.empty()) sets.push_back("checkpoint.dir=" + ckpt_dir);
+  return parse_train_config("{}", sets);
+}
+
+struct TrainRun {
+  std::vector<double> losses;
+  double val_loss = 0;
+  std::vector<float> weights;
+  std::unique_ptr<model::ParamLayout> layout;  // of `weights`
+  // Model-parallel copies that must stay identical: per world rank, its local weights.
+  std::vector<float> local;
+  std::unique_ptr<model::ParamLayout> local_layout;
+};
+
+TrainRun run_training(const TrainConfig& cfg, const parallel::Mesh* mesh, const std::string& resume = "",
+                      int64_t stop = -1) {
+  SyntheticSource src(cfg.model.vocab_size);
+  TrainerOptions o;
+  o.mesh = mesh;
+  o.resume = resume;
+  o.stop_after_steps = stop;
+  o.peak_gflops = 1;
+  o.log = std::fopen("/dev/null", "w");
+  TrainRun r;
+  {
+    Trainer t(cfg, src, o);
+    const TrainResult res = t.run();
+    r.losses = res.losses;
+    r.val_loss = res.final_val_loss;
+    r.weights = t.full_params().to_f32_vector();
+    r.layout = std::make_unique<model::ParamLayout>(t.full_layout());
+    r.local = t.model().params().to_f32_vector();
+    r.local_layout = std::make_unique<model::ParamLayout>(t.model().layout());
+  }
+  std::fclose(o.log);
+  return r;
+}
+
+void expect_close(const TrainRun& a, const TrainRun& ref, const std::string& what) {
+  ASSERT_EQ(a.losses.size(), ref.losses.size()) << what;
+  for (size_t i = 0; i < a.losses.size(); ++i)
+    EXPECT_NEAR(a.losses[i], ref.losses[i], 1e-5 * std::abs(ref.losses[i]) + 2e-7)
+        << what << ": loss at step " << i + 1;
+  EXPECT_NEAR(a.val_loss, ref.val_loss, 1e-5 * std::abs(ref.val_loss)) << what << ": validation loss";
+  const double lr = 3e-3, steps = double(a.losses.size());
+  int64_t over = 0, total = 0;
+  for (const auto& p : ref.layout->params()) {
+    const bool key_bias = p.name.find("attn.c_attn.bias") != std::string::npos;
+    const int64_t C = key_bias ? p.numel() / 3 : 0;
+    const int64_t oa = a.layout->get(p.name).offset;
+    for (int64_t i = 0; i < p.numel(); ++i) {
+      if (key_bias && i >= C && i < 2 * C) continue;
+      ++total;
+      const double x = a.weights[size_t(oa + i)], y = ref.weights[size_t(p.offset + i)];
+      const double d = std::abs(x - y);
+      if (d > 1e-5 * std::abs(y) + 1e-3 * lr) ++over;
+      if (d > 1e-2 * lr * steps)
+        ADD_FAILURE() << what << ": " << p.name << "[" << i << "] = " << x << ", single process " << y;
+    }
+  }
+  EXPECT_LE(over, total / 2000) << what << ": " << over << " of " << total
+                                << " weights outside 1e-5 relative + 1e-3 lr";
+}
+
+// Copies that must agree bitwise: the tied token table on the first and last stage, and
+// every tp-replicated parameter on each tp rank. Each (dp = 0) rank writes its copies into
+// its own slot of a world-wide buffer: slot = tp rank, or tp + 1 for the last stage's table.
+void expect_copies_identical(const TrainRun& r, const parallel::Mesh& mesh, const std::string& what) {
+  const model::ParamLayout& local = *r.local_layout;
+  const int64_t W = r.layout->total(), tp = mesh.shape().size(parallel::Dim::tp);
+  Tensor slots = Tensor::zeros({(tp + 2) * W}, DType::f32, MemCategory::workspace);
+  Tensor written = Tensor::zeros({(tp + 2) * W}, DType::f32, MemCategory::workspace);
+  if (mesh.coord().dp == 0) {
+    float* s = slots.data<float>();
+    float* w = written.data<float>();
+    for (const auto& p : local.params()) {
+      const bool table = p.name == "transformer.wte.weight" || p.name == "model.embed_tokens.weight";
+      if (!p.tp_replicated && !(table && local.config().tied_embeddings)) continue;
+      const int64_t slot = p.tied_copy ? tp + 1 : p.tp_replicated ? mesh.coord().tp : tp;
+      const int64_t base = slot * W + r.layout->get(p.name).offset;
+      for (const auto& run : local.element_runs(p))
+        for (int64_t i = 0; i < run.n; ++i) {
+          s[base + run.global + i] = r.local[size_t(p.offset + run.local + i)];
+          w[base + run.global + i] = 1;
+        }
+    }
+  }
+  mesh.world().all_reduce(slots);
+  mesh.world().all_reduce(written);
+  const float* s = slots.data<float>();
+  const float* w = written.data<float>();
+  int64_t compared = 0;
+  for (int64_t i = 0; i < W; ++i) {
+    for (int64_t k = 1; k < tp; ++k)  // replicated: tp rank k against tp rank 0
+      if (w[k * W + i] > 0) {
+        ASSERT_EQ(s[k * W + i], s[i]) << what << ": tp rank " << k << " differs at whole-model element " << i;
+        ++compared;
+      }
+    if (w[(tp + 1) * W + i] > 0) {  // the last stage's table against the first stage's
+      ASSERT_EQ(w[tp * W + i], w[(tp + 1) * W + i]);
+      ASSERT_EQ(s[(tp + 1) * W + i], s[tp * W + i]) << what << ": tied table differs at element " << i;
+      ++compared;
+    }
+  }
+  const bool expect_some = tp > 1 || (mesh.shape().size(parallel::Dim::pp) > 1 && local.config().tied_embeddings);
+  if (expect_some) {
+    EXPECT_GT(compared, 0) << what;
+  }
+}
+
+}  // namespace
+
+TEST(ModelParallelEquivalence, LayoutsOfThisWorldSizeMatchOneProcess) {
+  const comm::Group& world = test_world();
+  const int N = world.size();
+  int ran = 0;
+  std::map<std::string, TrainRun> refs;  // by preset and checkpointing
+  for (const Layout& l : layouts()) {
+    if (l.pp * l.dp * l.tp != N) continue;
+    const int64_t steps = 20;
+    // One process, the same global batch in micro-batches of the same size (so that the
+    // validation batches, which have the micro-batch size, are the same too).
+    const int ref_micro_batches = l.dp * l.micro_batches;
+    const std::string key = str_cat(l.preset, l.ckpt, "/", ref_micro_batches);
+    if (!refs.count(key)) {
+      Layout one{l.preset, 1, 1, 1, "1f1b", 0, ref_micro_batches, l.ckpt};
+      refs[key] = run_training(make_config(one, steps), nullptr);
+    }
+    parallel::Mesh mesh(world, parallel::MeshShape(l.pp, l.dp, 1, l.tp));
+    const TrainRun r = run_training(make_config(l, steps), &mesh);
+    expect_close(r, refs[key], describe(l));
+    expect_copies_identical(r, mesh, describe(l));
+    ++ran;
+  }
+  EXPECT_GT(ran, 0) << "no layout for " << N << " ranks";
+}
+
+TEST(ModelParallelResume, ThreeDimensionalRunResumesExactlyOnTheSameLayout) {
+  const comm::Group& world = test_world();
+  const int N = world.size();
+  if (N != 8) GTEST_SKIP() << "needs dp=2 x tp=2 x pp=2 = 8 ranks";
+  const Layout l{"llama-tiny", 2, 2, 2, "1f1b", 1, 2, 1};
+  parallel::Mesh mesh(world, parallel::MeshShape(2, 2, 1, 2));
+  const std::string dir = (std::filesystem::temp_directory_path() / "loom_mp_resume").string();
+  if (world.rank() == 0) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::remove_all(dir + "_straight");
+  }
+  world.barrier();
+  const TrainRun straight = run_training(make_config(l, 10, dir + "_straight"), &mesh);
+  run_training(make_config(l, 10, dir), &mesh, "", 5);                     // 5 steps, checkpoint
+  const TrainRun resumed = run_training(make_config(l, 10, dir), &mesh, "auto");  // the other 5
+  ASSERT_EQ(resumed.losses.size(), 5u);
+  for (size_t i = 0; i < 5; ++i) EXPECT_EQ(resumed.losses[i], straight.losses[5 + i]) << "step " << 6 + i;
+  EXPECT_EQ(resumed.weights, straight.weights) << "weights differ bitwise after resume";
+  // Another layout is refused, naming both.
+  const Layout other{"llama-tiny", 2, 1, 4, "1f1b", 1, 2, 1};
+  parallel::Mesh mesh2(world, parallel::MeshShape(2, 1, 1, 4));
+  try {
+    run_training(make_config(other, 10, dir), &mesh2, "auto");
+    ADD_FAILURE() << "resuming dp=2 x tp=2 shards as tp=4 should be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("was saved with"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ModelParallelErrors, LayoutNotMatchingTheWorldIsRefusedWithTheArithmetic) {
+  const comm::Group& world = test_world();
+  const int N = world.size();
+  try {
+    parallel::Mesh mesh(world, parallel::MeshShape(2, N, 1, 1));
+    ADD_FAILURE() << "pp=2 x dp=" << N << " on " << N << " ranks should be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(str_cat("world size ", N, " does not match pp=2 x dp=", N)),
+              std::string::npos) << e.what();
+  }
+}
