@@ -1,0 +1,82 @@
+// Bad model-parallel layouts are refused (or warned about) before any work, with the numbers
+// in the message: tp not dividing n_head or d_ff, pp above n_layer, ZeRO-2/3 with pipelines,
+// micro-batches that do not split the batch, fewer micro-batches than stages (a warning that
+// states the bubble), and a layout the process grid does not have.
+#include <gtest/gtest.h>
+
+#include "loom/core/error.h"
+#include "loom/train/train_config.h"
+#include "loom/train/trainer.h"
+
+using namespace loom;
+using namespace loom::train;
+
+namespace {
+std::vector<std::string> base(std::vector<std::string> extra) {
+  std::vector<std::string> s = {"model.preset=gpt2-tiny", "data.dir=/tmp/x", "data.batch_size=8"};
+  s.insert(s.end(), extra.begin(), extra.end());
+  return s;
+}
+std::string error_of(std::vector<std::string> sets) {
+  try {
+    parse_train_config("{}", base(std::move(sets)));
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+void expect_error(std::vector<std::string> sets, const std::string& want) {
+  const std::string e = error_of(std::move(sets));
+  EXPECT_NE(e.find(want), std::string::npos) << "got: " << e << "\nwanted: " << want;
+  EXPECT_EQ(e.rfind("[config]", 0), 0u) << e;
+}
+}  // namespace
+
+TEST(LayoutConfig, RefusesLayoutsThatCannotWork) {
+  expect_error({"parallel.tp=3"}, "parallel.tp=3 does not divide model.n_head=4");
+  expect_error({"parallel.tp=4", "model.d_ff=130"}, "parallel.tp=4 does not divide model.d_ff=130");
+  expect_error({"parallel.pp=3"}, "parallel.pp=3 exceeds model.n_layer=2");
+  expect_error({"parallel.pp=2", "parallel.zero_stage=2"},
+               "parallel.zero_stage=2 with parallel.pp=2 is not supported");
+  expect_error({"parallel.micro_batches=3"}, "parallel.micro_batches=3 does not divide the per-rank batch 8");
+  expect_error({"parallel.micro_batches=2", "data.micro_batch_size=2"},
+               "data.micro_batch_size=2 and parallel.micro_batches=2 disagree");
+  expect_error({"parallel.ep=2"}, "parallel.ep=2: expert parallelism is not in this build");
+}
+
+TEST(LayoutConfig, MicroBatchesResolveAndFewerThanStagesWarnsWithTheBubble) {
+  TrainConfig c = parse_train_config("{}", base({"parallel.dp=2", "parallel.micro_batches=4"}));
+  EXPECT_EQ(c.data.micro_batch_size, 1);  // 8 / dp 2 / 4
+  EXPECT_TRUE(c.warnings.empty());
+  c = parse_train_config("{}", base({"data.micro_batch_size=2"}));
+  EXPECT_EQ(c.parallel.micro_batches, 4);
+  c = parse_train_config("{}", base({"parallel.pp=2", "parallel.micro_batches=1"}));
+  ASSERT_EQ(c.warnings.size(), 1u);
+  EXPECT_NE(c.warnings[0].find("parallel.micro_batches=1 is below parallel.pp=2"), std::string::npos) << c.warnings[0];
+  EXPECT_NE(c.warnings[0].find("(p-1)/(m+p-1) = 1/2 = 50%"), std::string::npos) << c.warnings[0];
+}
+
+namespace {
+class NoData final : public BatchSource {
+ public:
+  void fill_train(int64_t, int64_t, int64_t, int64_t, int64_t, int32_t*, int32_t*) override {}
+  void fill_val(int64_t, int64_t, int64_t, int32_t*, int32_t*) override {}
+  int64_t vocab_size() const override { return 97; }
+  bool has_val() const override { return false; }
+};
+}  // namespace
+
+TEST(LayoutConfig, TrainerRefusesALayoutTheMeshDoesNotHave) {
+  const TrainConfig c = parse_train_config("{}", base({"parallel.pp=2", "parallel.tp=2"}));
+  NoData data;
+  TrainerOptions o;
+  o.log = std::fopen("/dev/null", "w");
+  try {
+    Trainer t(c, data, o);  // one process: a 1 x 1 x 1 x 1 mesh
+    ADD_FAILURE() << "pp=2 x tp=2 in one process should be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.pp=2 but the mesh has pp=1"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("launch pp x dp x ep x tp = 4 processes"), std::string::npos) << e.what();
+  }
+  std::fclose(o.log);
+}
