@@ -381,8 +381,9 @@ void DataParallel::step(double lr) {
   if (opt_.zero_stage == 1 || opt_.zero_stage == 2) {
     std::vector<comm::Work> works;
     for (const auto& u : units)
-      works.push_back(dp_.all_gather_async(chunk_view(model_.params(), u, false),
-                                           model_.params().slice(u.begin, {u.size()})));
+      if (u.size() > 0)  // a pipeline stage's missing embedding or head unit is empty
+        works.push_back(dp_.all_gather_async(chunk_view(model_.params(), u, false),
+                                             model_.params().slice(u.begin, {u.size()})));
     Stopwatch sw;
     for (auto& w : works) w.wait();
     wait_s_ += sw.seconds();

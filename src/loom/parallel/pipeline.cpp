@@ -109,7 +109,7 @@ PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64
       Stopwatch sw;
       int64_t n = 0;
       st.loss_sum += model_.stage_forward(slot[mi], tok[mi].data(), tgt[mi].data(), grad_scale, &n);
-      st.busy_s += sw.seconds();
+      st.forward_s += sw.seconds();
       st.n_valid += n;
       if (!last()) act_sends_[m] = pp_.send_async(model_.stage_output(slot[mi]), stage_ + 1, tag_of(m, 0));
       st.max_in_flight = std::max(st.max_in_flight, ++live);
@@ -128,7 +128,7 @@ PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64
       }
       Stopwatch sw;
       model_.stage_backward(slot[mi], dy.defined() ? dy.view(model_.stage_output(slot[mi]).shape()) : dy);
-      st.busy_s += sw.seconds();
+      st.backward_s += sw.seconds();
       if (dy.defined()) pool_.push_back(dy);
       if (!first()) {
         Transfer out;
@@ -143,6 +143,7 @@ PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64
   }
   wait_sends(true);
   model_.end_pass(true);
+  st.busy_s = st.forward_s + st.backward_s;
   st.wall_s = wall.seconds();
   return st;
 }

@@ -27,6 +27,7 @@ struct PipelineStepStats {
   int64_t n_valid = 0;   // last stage: counted targets
   double wall_s = 0;     // the whole step on this stage
   double busy_s = 0;     // inside stage forward/backward (computation, incl. TP collectives)
+  double forward_s = 0, backward_s = 0;  // busy_s split by action kind
   int max_in_flight = 0;  // micro-batches whose forward ran and backward had not
 };
 

@@ -1,0 +1,232 @@
+// `loom bench pipeline`: what pipeline parallelism costs on this machine.
+//   --nproc P: P stages run GPipe and 1F1B steps for several micro-batch counts m; per stage
+//     the idle fraction (1 - busy / step time) against (p - 1) / (m + p - 1), the idle fraction
+//     the schedule simulator predicts from the measured forward/backward times, and the peak
+//     activation memory (GPipe keeps m micro-batches, 1F1B at most p - s on stage s).
+//   --balance: one process; stage balance max/mean of the uniform, parameters and profile
+//     partitions, each judged by a second, independent timing of every piece.
+#include <algorithm>
+#include <cstdio>
+#include <random>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "loom/comm/launch.h"
+#include "loom/comm/world.h"
+#include "loom/core/threads.h"
+#include "loom/model/decoder.h"
+#include "loom/parallel/partition.h"
+#include "loom/parallel/partition_profile.h"
+#include "loom/parallel/pipeline.h"
+#include "tools/loom/commands.h"
+
+namespace loom::cli {
+
+namespace {
+
+const char* kHelp =
+    "usage: loom bench pipeline --nproc P [--micro-batches 1,2,4,8,16] [--schedules gpipe,1f1b]\n"
+    "                           [--layers L] [--d-model C] [--batch B] [--seq T] [--steps N]\n"
+    "       loom bench pipeline --balance [--model gpt2-124m] [--stages 2,4] [--batch B] [--seq T]\n\n"
+    "Pipeline bubble and activation memory per stage (P ranks via loom launch; a GPT-2-style\n"
+    "model of L blocks, vocabulary 512, untied head, so that equal blocks make equal stages;\n"
+    "defaults L=8 C=256 B=4 T=64 N=5; idle is the median step's), or stage balance of the partitioners (--balance).\n"
+    "  --threads K   OpenMP threads per rank (default 1)\n"
+    "The last line is SUMMARY {json}.\n";
+
+std::vector<int> int_list(const std::string& s) {
+  std::vector<int> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(std::stoi(item));
+  return out;
+}
+
+std::vector<std::string> str_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+std::vector<double> ms(std::vector<double> seconds) {
+  for (double& x : seconds) x *= 1e3;
+  return seconds;
+}
+
+int bench_balance(const Args& a) {
+  const model::ModelConfig cfg = model::preset(a.get("model", "gpt2-124m"));
+  const std::vector<int> stage_counts = int_list(a.get("stages", "2,4"));
+  const int64_t B = a.get_int("batch", 1), T = a.get_int("seq", 256);
+  const int reps = int(a.get_int("reps", 3));
+  std::printf("bench pipeline --balance: %s, micro-batch %lld x %lld, %d thread(s)\n",
+              cfg.summary().c_str(), (long long)B, (long long)T, num_threads());
+  const parallel::PartitionCosts params = parallel::parameter_costs(cfg);
+  std::printf("profiling (for the partition) ...\n");
+  std::fflush(stdout);
+  const parallel::PartitionCosts timed = parallel::profile_costs(cfg, B, T, reps);
+  std::printf("profiling (to judge the partitions, independently) ...\n");
+  std::fflush(stdout);
+  const parallel::PartitionCosts judge = parallel::profile_costs(cfg, B, T, reps);
+  double block_mean = 0, total = judge.embedding + judge.head;
+  for (double b : judge.block) {
+    block_mean += b / double(judge.block.size());
+    total += b;
+  }
+  std::printf("timed forward+backward: embedding %.1f ms, block %.1f ms (mean), head+loss %.1f ms = %.2f blocks\n",
+              judge.embedding * 1e3, block_mean * 1e3, judge.head * 1e3, judge.head / block_mean);
+  nlohmann::json runs = nlohmann::json::array();
+  for (int p : stage_counts) {
+    std::printf("\n%d stages\n%-11s %-32s %-30s %9s %11s\n", p, "partition", "blocks per stage",
+                "stage time ms", "max/mean", "params m/m");
+    nlohmann::json methods = nlohmann::json::object();
+    for (const char* name : {"uniform", "parameters", "profile"}) {
+      std::vector<parallel::StageRange> r;
+      if (std::string(name) == "uniform") r = parallel::partition_uniform(int(cfg.n_layer), p);
+      if (std::string(name) == "parameters") r = parallel::partition_balanced(params, p);
+      if (std::string(name) == "profile") r = parallel::partition_balanced(timed, p);
+      const auto t = parallel::stage_costs(r, judge);
+      std::string ts;
+      for (double x : t) ts += str_cat(ts.empty() ? "" : " ", int(x * 1e3 + 0.5));
+      const double bal = parallel::max_over_mean(t);
+      const double pbal = parallel::max_over_mean(parallel::stage_costs(r, params));
+      std::printf("%-11s %-32s %-30s %9.3f %11.3f\n", name, parallel::describe_partition(r).c_str(), ts.c_str(),
+                  bal, pbal);
+      methods[name] = {{"stages", parallel::describe_partition(r)}, {"stage_ms", ms(t)}, {"max_over_mean", bal},
+                       {"param_max_over_mean", pbal}};
+    }
+    // No partition does better than the last stage holding the head and one block.
+    const double floor = std::max(
+        1.0, (judge.head + *std::min_element(judge.block.begin(), judge.block.end())) / (total / p));
+    std::printf("lower bound for any partition (last stage = head + one block): max/mean >= %.3f\n", floor);
+    runs.push_back({{"stages", p}, {"partitions", methods}, {"lower_bound", floor}});
+  }
+  nlohmann::json s = {{"model", cfg.name}, {"batch", B}, {"seq", T}, {"threads", num_threads()},
+                      {"embedding_ms", judge.embedding * 1e3}, {"block_ms", block_mean * 1e3},
+                      {"head_ms", judge.head * 1e3}, {"runs", runs}};
+  std::printf("SUMMARY %s\n", s.dump().c_str());
+  return 0;
+}
+
+}  // namespace
+
+int bench_pipeline(const std::vector<std::string>& argv) {
+  Args a("bench pipeline", argv,
+         {{"nproc", true}, {"micro-batches", true}, {"schedules", true}, {"layers", true}, {"d-model", true},
+          {"batch", true}, {"seq", true}, {"steps", true}, {"warmup", true}, {"threads", true},
+          {"balance", false}, {"model", true}, {"stages", true}, {"reps", true}, {"help", false}});
+  if (a.has("help")) {
+    std::printf("%s", kHelp);
+    return 0;
+  }
+  set_num_threads(int(a.get_int("threads", 1)));
+  if (a.has("balance")) return bench_balance(a);
+  if (a.has("nproc") && !comm::launch_env().under_mpi) {
+    std::vector<std::string> launch = {"--nproc", a.get("nproc", "2"), "--", "bench", "pipeline"};
+    for (const auto& s : without_nproc(argv)) launch.push_back(s);
+    return cmd_launch(launch);
+  }
+  comm::World world;
+  const int p = world.size();
+  const bool main = world.rank() == 0;
+  model::ModelConfig cfg = model::preset("gpt2-tiny");
+  cfg.name = "pipeline-bench";
+  cfg.n_layer = a.get_int("layers", 8);
+  cfg.d_model = a.get_int("d-model", 256);
+  cfg.n_head = cfg.n_kv_head = 4;
+  cfg.d_ff = 4 * cfg.d_model;
+  cfg.vocab_size = 512;
+  cfg.tied_embeddings = false;
+  const int64_t B = a.get_int("batch", 4), T = a.get_int("seq", 64);
+  cfg.n_ctx = T;
+  const int64_t steps = std::max<int64_t>(1, a.get_int("steps", 5)), warmup = a.get_int("warmup", 1);
+  parallel::check_stage_count(int(cfg.n_layer), p);
+  const auto ranges = parallel::partition_uniform(int(cfg.n_layer), p);
+  parallel::Mesh mesh(world.group(), parallel::MeshShape(p, 1, 1, 1));
+  const int s = int(mesh.coord().pp);
+  if (main)
+    std::printf("bench pipeline: %s, %d stages %s, micro-batch %lld x %lld, %d thread(s)/rank\n",
+                cfg.summary().c_str(), p, parallel::describe_partition(ranges).c_str(), (long long)B,
+                (long long)T, num_threads());
+  std::mt19937 g(7);
+  std::vector<int32_t> tok(size_t(B * T)), tgt(size_t(B * T));
+  for (auto& t : tok) t = int32_t(g() % cfg.vocab_size);
+  for (auto& t : tgt) t = int32_t(g() % cfg.vocab_size);
+  nlohmann::json rows = nlohmann::json::array();
+  if (main)
+    std::printf("\n%-6s %4s %8s %10s %10s %10s   %s\n", "sched", "m", "formula", "idle mean", "idle max",
+                "simulated", "per stage: idle% / peak activations");
+  for (const std::string& sched : str_list(a.get("schedules", "gpipe,1f1b")))
+    for (int m : int_list(a.get("micro-batches", "1,2,4,8,16"))) {
+      CpuAllocator alloc;  // this configuration's activations alone
+      model::DecoderOptions o;
+      o.slice = {ranges[size_t(s)].first_layer, ranges[size_t(s)].last_layer, s == 0, s == p - 1};
+      model::Decoder d(cfg, o, DType::f32, alloc);
+      d.init_weights(1);
+      parallel::PipelineStage stage(d, mesh, {parallel::pipe_schedule_from_name(sched), m});
+      std::vector<double> idle_steps;
+      double fwd = 0, bwd = 0;
+      for (int64_t i = 0; i < warmup + steps; ++i) {
+        world.group().barrier();  // every stage starts the step together
+        d.zero_grads();
+        const auto st = stage.train_step([&](int, int32_t* t, int32_t* y) {
+          std::copy(tok.begin(), tok.end(), t);
+          std::copy(tgt.begin(), tgt.end(), y);
+        }, B, T, 1.0 / double(B * T * m));
+        // The step ends when the slowest stage ends: idle = 1 - busy / that.
+        Tensor wall = Tensor::from_vector<double>({st.wall_s}, {1});
+        world.group().all_reduce(wall, comm::ReduceOp::max);
+        if (i >= warmup) {
+          idle_steps.push_back(1 - st.busy_s / wall.data<double>()[0]);
+          fwd += st.forward_s / double(steps * m);
+          bwd += st.backward_s / double(steps * m);
+        }
+      }
+      // Per stage: idle, forward and backward time per micro-batch, activation peak.
+      Tensor t = Tensor::zeros({4 * p}, DType::f64, MemCategory::workspace);
+      double* row = t.data<double>() + 4 * s;
+      std::sort(idle_steps.begin(), idle_steps.end());
+      row[0] = idle_steps[idle_steps.size() / 2];  // median step: the machine is shared
+      row[1] = fwd;
+      row[2] = bwd;
+      row[3] = double(alloc.snapshot()[MemCategory::activations].peak);
+      world.group().all_reduce(t);
+      if (!main) continue;
+      const double* v = t.data<double>();
+      std::vector<double> tf, tb, idles, peaks;
+      for (int k = 0; k < p; ++k) {
+        idles.push_back(v[4 * k]);
+        tf.push_back(v[4 * k + 1]);
+        tb.push_back(v[4 * k + 2]);
+        peaks.push_back(v[4 * k + 3]);
+      }
+      const auto sim = parallel::simulate_schedule(
+          parallel::make_schedule(parallel::pipe_schedule_from_name(sched), p, m), tf, tb);
+      double sim_mean = 0, mean = 0;
+      for (double x : sim.idle_fraction()) sim_mean += x / p;
+      for (double x : idles) mean += x / p;
+      const double formula = parallel::bubble_fraction(p, m);
+      std::string per;
+      for (int k = 0; k < p; ++k)
+        per += str_cat(k ? "  " : "", int(100 * idles[size_t(k)] + 0.5), "% / ",
+                       format_bytes(int64_t(peaks[size_t(k)])));
+      std::printf("%-6s %4d %7.1f%% %9.1f%% %9.1f%% %9.1f%%   %s\n", sched.c_str(), m, 100 * formula, 100 * mean,
+                  100 * *std::max_element(idles.begin(), idles.end()), 100 * sim_mean, per.c_str());
+      std::fflush(stdout);
+      rows.push_back({{"schedule", sched}, {"stages", p}, {"micro_batches", m}, {"formula", formula},
+                      {"idle", idles}, {"idle_mean", mean}, {"simulated_idle_mean", sim_mean},
+                      {"forward_ms", ms(tf)}, {"backward_ms", ms(tb)}, {"activation_peak_bytes", peaks}});
+    }
+  if (main) {
+    nlohmann::json s = {{"model", cfg.summary()}, {"stages", p}, {"batch", B}, {"seq", T},
+                        {"threads_per_rank", num_threads()}, {"runs", rows}};
+    std::printf("SUMMARY %s\n", s.dump().c_str());
+  }
+  return 0;
+}
+
+}  // namespace loom::cli
