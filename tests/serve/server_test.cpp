@@ -185,7 +185,7 @@ TEST_F(ServerTest, ShutdownAbortsInFlightStreamsWithAnErrorEvent) {
   json body = {{"model", "fake"}, {"prompt", "x"}, {"max_tokens", 250}, {"stream", true}};
   ASSERT_EQ(c->start_stream("POST", "/v1/completions", body.dump()).status, 200);
   ASSERT_TRUE(c->next_event());
-  std::thread stopper([&] { server_->stop(0.05); });
+  std::jthread stopper([&] { server_->stop(0.05); });
   std::string last;
   while (auto ev = c->next_event()) last = *ev;
   stopper.join();
@@ -204,7 +204,7 @@ TEST_F(ServerTest, ShutdownLetsShortRequestsFinish) {
   json body = {{"model", "fake"}, {"prompt", "x"}, {"max_tokens", 20}, {"seed", 1}, {"stream", true}};
   ASSERT_EQ(c->start_stream("POST", "/v1/completions", body.dump()).status, 200);
   ASSERT_TRUE(c->next_event());
-  std::thread stopper([&] { server_->stop(5.0); });
+  std::jthread stopper([&] { server_->stop(5.0); });
   Stream rest = read_stream(*c);
   stopper.join();
   EXPECT_TRUE(rest.done);

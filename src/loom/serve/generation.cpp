@@ -77,6 +77,13 @@ void ApiServer::handle_generation(HttpExchange& ex, ApiKind kind) {
 
   auto channel = std::make_shared<EventChannel>();
   uint64_t id = engine.submit(std::move(greq), [channel](const TokenEvent& ev) { channel->push(ev); });
+  // The slot is held until the response is written, so that stop() never closes a
+  // connection under a response still being sent.
+  struct Release {
+    ApiServer* self;
+    uint64_t id;
+    ~Release() { self->finish_request(id); }
+  } release{this, id};
   bool shutdown_abort = !register_request(id);
   if (shutdown_abort) engine.abort(id);
   metrics_.counter("loom_prompt_tokens_total", "prompt tokens of admitted requests").inc(double(n_prompt));
@@ -141,7 +148,6 @@ void ApiServer::handle_generation(HttpExchange& ex, ApiKind kind) {
     // An engine that never confirms an abort must not pin this thread forever.
     if (t_abort > 0 && now_seconds() - t_abort > 10) break;
   }
-  finish_request(id);
   metrics_.counter("loom_generation_tokens_total", "tokens generated").inc(double(n_generated));
   metrics_.histogram("loom_e2e_request_latency_seconds", "time from arrival to the last token", kE2eBuckets)
       .observe(now_seconds() - t_arrival);
