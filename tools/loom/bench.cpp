@@ -9,6 +9,7 @@ const std::vector<Benchmark>& benchmarks() {
   static const std::vector<Benchmark> list = {
       {"train", "training step time, tokens/s, GFLOP/s and memory (optionally vs PyTorch)",
        bench_train},
+      {"serve", "latency percentiles and throughput of a running server under Poisson load", bench_serve},
   };
   return list;
 }

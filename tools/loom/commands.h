@@ -28,6 +28,7 @@ struct Benchmark {
 };
 const std::vector<Benchmark>& benchmarks();
 int bench_train(const std::vector<std::string>& args);
+int bench_serve(const std::vector<std::string>& args);
 
 // --key value / --key=value / --flag parsing against a declared option list.
 class Args {
