@@ -1,0 +1,243 @@
+// Engine: request validation and intake, the step loop body (schedule -> forward -> sample ->
+// stream -> retire), stop conditions, and the metrics snapshot other threads read.
+#include "loom/infer/engine.h"
+
+#include <algorithm>
+#include <type_traits>
+
+#include "loom/core/error.h"
+
+namespace loom::infer {
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::stop: return "stop";
+    case FinishReason::length: return "length";
+    case FinishReason::abort: return "abort";
+    default: return "none";
+  }
+}
+
+namespace {
+uint64_t derive_seed(uint64_t engine_seed, int64_t id) {
+  uint64_t x = engine_seed ^ (uint64_t(id) * 0x9e3779b97f4a7c15ull);
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+}  // namespace
+
+Engine::Engine(const model::Decoder& model, const EngineConfig& cfg) : model_(model), cfg_(cfg) {
+  const model::ModelConfig& mc = model.config();
+  LOOM_CHECK(cfg.block_size > 0, "engine", "block_size must be positive, got ", cfg.block_size);
+  LOOM_CHECK(cfg.max_num_seqs > 0, "engine", "max_num_seqs must be positive, got ",
+             cfg.max_num_seqs);
+  LOOM_CHECK(cfg.max_batched_tokens > 0, "engine", "max_batched_tokens must be positive, got ",
+             cfg.max_batched_tokens);
+  LOOM_CHECK(cfg.chunked_prefill || cfg.max_batched_tokens >= mc.n_ctx, "engine",
+             "max_batched_tokens=", cfg.max_batched_tokens, " is below model.n_ctx=", mc.n_ctx,
+             ": without chunked prefill a long prompt could never run; enable chunked_prefill "
+             "or raise max_batched_tokens");
+  const DType dt = model.params().dtype();
+  const int64_t bpb = KVCache::bytes_per_block(mc, cfg.block_size, dt);
+  const int64_t num_blocks = cfg.num_blocks > 0 ? cfg.num_blocks : cfg.kv_cache_bytes / bpb;
+  const int64_t need = (mc.n_ctx + cfg.block_size - 1) / cfg.block_size;
+  LOOM_CHECK(num_blocks >= need, "engine", "the KV cache holds ", num_blocks, " blocks of ",
+             cfg.block_size, " tokens (", format_bytes(num_blocks * bpb),
+             ") but one full-length sequence of model.n_ctx=", mc.n_ctx, " tokens needs ", need,
+             " blocks; raise the KV cache to at least ", format_bytes(need * bpb), " (",
+             need, " blocks)");
+  cache_ = std::make_unique<KVCache>(mc, num_blocks, cfg.block_size, dt);
+  SchedulerConfig sc;
+  sc.max_num_seqs = cfg.max_num_seqs;
+  sc.max_batched_tokens = cfg.max_batched_tokens;
+  sc.num_blocks = num_blocks;
+  sc.block_size = cfg.block_size;
+  sc.prefix_caching = cfg.prefix_caching;
+  sc.chunked_prefill = cfg.chunked_prefill;
+  sc.mode = cfg.mode;
+  sched_ = std::make_unique<Scheduler>(sc);
+  runner_ = std::make_unique<ModelRunner>(model, *cache_, cfg.max_batched_tokens, cfg.max_num_seqs);
+  publish_metrics();
+}
+
+Engine::~Engine() = default;
+
+int64_t Engine::add_request(std::vector<int32_t> prompt, const SamplingParams& params,
+                            TokenCallback callback) {
+  params.validate();
+  const model::ModelConfig& mc = model_.config();
+  const int64_t len = int64_t(prompt.size());
+  LOOM_CHECK(len > 0, "engine", "the prompt is empty; give at least one token");
+  LOOM_CHECK(len <= mc.n_ctx, "engine", "the prompt has ", len,
+             " tokens, longer than the model's context of ", mc.n_ctx,
+             " tokens (model.n_ctx); shorten it (prompts are never truncated)");
+  LOOM_CHECK(len < mc.n_ctx, "engine", "the prompt has ", len,
+             " tokens, which fills the model's context of ", mc.n_ctx,
+             " tokens (model.n_ctx) and leaves no room to generate; shorten it");
+  for (int64_t i = 0; i < len; ++i)
+    LOOM_CHECK(prompt[size_t(i)] >= 0 && prompt[size_t(i)] < mc.vocab_size, "engine",
+               "prompt token ", prompt[size_t(i)], " at position ", i,
+               " is outside the vocabulary [0, ", mc.vocab_size, ")");
+  LOOM_CHECK(params.stop.empty() || cfg_.detokenizer, "sampling",
+             "stop strings need a detokenizer: set EngineConfig::detokenizer (or use "
+             "stop_token_ids)");
+  const int64_t id = next_id_++;
+  Request r;
+  r.params = params;
+  r.seed = params.seed ? *params.seed : derive_seed(cfg_.seed, id);
+  r.callback = std::move(callback);
+  r.max_tokens = std::min(params.max_tokens, mc.n_ctx - len);
+  r.prompt = std::move(prompt);
+  std::lock_guard<std::mutex> lock(mu_);
+  intake_.push_back({id, std::move(r)});
+  ++in_flight_;
+  return id;
+}
+
+void Engine::abort(int64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  aborts_.push_back(id);
+}
+
+bool Engine::has_unfinished() const { return in_flight_.load() > 0; }
+
+EngineMetrics Engine::metrics() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return metrics_;
+}
+
+void Engine::admit_pending(std::vector<RequestOutput>& done) {
+  std::vector<Pending> intake;
+  std::vector<int64_t> aborts;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    intake.swap(intake_);
+    aborts.swap(aborts_);
+  }
+  for (auto& p : intake) {
+    prompt_tokens_ += int64_t(p.req.prompt.size());
+    sched_->add(p.id, p.req.prompt);
+    requests_.emplace(p.id, std::move(p.req));
+  }
+  for (int64_t id : aborts)
+    if (requests_.count(id)) finish(id, FinishReason::abort, true, done);
+}
+
+void Engine::finish(int64_t id, FinishReason why, bool end_event,
+                    std::vector<RequestOutput>& done, int32_t stop_token,
+                    std::string stop_string) {
+  auto it = requests_.find(id);
+  Request& r = it->second;
+  if (end_event && r.callback)
+    r.callback({id, -1, int64_t(r.output.size()), why});
+  RequestOutput out;
+  out.id = id;
+  out.prompt = std::move(r.prompt);
+  out.tokens = std::move(r.output);
+  out.finish_reason = why;
+  out.stop_token = stop_token;
+  out.stop_string = std::move(stop_string);
+  out.num_preemptions = sched_->has(id) ? sched_->num_preemptions(id) : 0;
+  sched_->finish(id);
+  requests_.erase(it);
+  done.push_back(std::move(out));
+  ++finished_;
+  --in_flight_;
+}
+
+bool Engine::hits_stop_string(Request& r, std::string* which) const {
+  const std::string text = cfg_.detokenizer(r.output);
+  size_t longest = 0;
+  for (const auto& s : r.params.stop) longest = std::max(longest, s.size());
+  // A new match must end in text added since the last scan.
+  const size_t from = r.stop_scan_from + 1 > longest ? r.stop_scan_from + 1 - longest : 0;
+  r.stop_scan_from = text.size();
+  size_t best = std::string::npos;
+  for (const auto& s : r.params.stop) {
+    const size_t at = text.find(s, from);
+    if (at != std::string::npos && at < best) {
+      best = at;
+      *which = s;
+    }
+  }
+  return best != std::string::npos;
+}
+
+template <class T>
+void Engine::sample_all(const StepPlan& plan, const Tensor& logits,
+                        std::vector<RequestOutput>& done) {
+  const int64_t V = model_.config().vocab_size;
+  const T* rows = logits.numel() ? logits.data<T>() : nullptr;
+  auto& scratch = [&]() -> std::vector<std::pair<T, int32_t>>& {
+    if constexpr (std::is_same_v<T, float>) return scratch_f_; else return scratch_d_;
+  }();
+  int64_t row = 0;
+  for (const ScheduledSeq& s : plan.seqs) {
+    if (!s.sample) continue;
+    const int64_t id = s.seq_id;
+    Request& r = requests_.at(id);
+    const int64_t index = int64_t(r.output.size());
+    const int32_t tok = sample_token<T>(rows + row++ * V, V, r.params,
+                                        sampling_draw(r.seed, index), scratch);
+    ++generated_tokens_;
+    const auto& stops = r.params.stop_token_ids;
+    if (std::find(stops.begin(), stops.end(), tok) != stops.end()) {
+      finish(id, FinishReason::stop, true, done, tok);
+      continue;
+    }
+    r.output.push_back(tok);
+    std::string which;
+    FinishReason why = FinishReason::none;
+    if (!r.params.stop.empty() && hits_stop_string(r, &which))
+      why = FinishReason::stop;
+    else if (int64_t(r.output.size()) >= r.max_tokens)
+      why = FinishReason::length;
+    if (why == FinishReason::none) sched_->append_token(id, tok);
+    if (r.callback) r.callback({id, tok, index, why});
+    if (why != FinishReason::none) finish(id, why, false, done, -1, std::move(which));
+  }
+}
+
+std::vector<RequestOutput> Engine::step() {
+  std::vector<RequestOutput> done;
+  admit_pending(done);
+  StepPlan plan = sched_->schedule();
+  if (!plan.empty()) {
+    const Tensor logits = runner_->execute(plan);
+    sched_->complete(plan);
+    if (logits.dtype() == DType::f32)
+      sample_all<float>(plan, logits, done);
+    else
+      sample_all<double>(plan, logits, done);
+    ++steps_;
+  }
+  publish_metrics();
+  return done;
+}
+
+void Engine::publish_metrics() {
+  const SchedulerStats st = sched_->stats();
+  std::lock_guard<std::mutex> lock(mu_);
+  metrics_.num_running = st.num_running;
+  metrics_.num_waiting = st.num_waiting + int64_t(intake_.size());
+  metrics_.kv_blocks_used = st.blocks_used;
+  metrics_.kv_blocks_total = st.blocks_total;
+  metrics_.prompt_tokens = prompt_tokens_;
+  metrics_.generated_tokens = generated_tokens_;
+  metrics_.prefix_hit_tokens = st.prefix_hit_tokens;
+  metrics_.num_preemptions = st.num_preemptions;
+  metrics_.steps = steps_;
+  metrics_.requests_finished = finished_;
+  metrics_.kv_slots_unused = st.slots_allocated - st.tokens_cached;
+}
+
+RequestOutput Engine::run(const std::vector<int32_t>& prompt, const SamplingParams& params,
+                          TokenCallback callback) {
+  const int64_t id = add_request(prompt, params, std::move(callback));
+  for (;;)
+    for (auto& out : step())
+      if (out.id == id) return std::move(out);
+}
+
+}  // namespace loom::infer

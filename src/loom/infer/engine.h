@@ -1,0 +1,143 @@
+// Engine: the inference API. add_request() and abort() may be called from any thread; one
+// loop thread calls step(), which admits new requests, schedules, runs the model, samples,
+// streams each token to the request's callback (on the stepping thread) and retires finished
+// requests. Also a blocking generate() for tools that run one request at a time.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "loom/infer/kv_cache.h"
+#include "loom/infer/model_runner.h"
+#include "loom/infer/sampler.h"
+#include "loom/infer/scheduler.h"
+#include "loom/model/decoder.h"
+
+namespace loom::infer {
+
+enum class FinishReason { none, stop, length, abort };
+const char* finish_reason_name(FinishReason r);
+
+using Detokenizer = std::function<std::string(const std::vector<int32_t>&)>;
+
+struct EngineConfig {
+  int64_t block_size = 16;
+  int64_t num_blocks = 0;                  // 0: as many as kv_cache_bytes holds
+  int64_t kv_cache_bytes = int64_t(512) << 20;
+  int64_t max_num_seqs = 32;
+  int64_t max_batched_tokens = 2048;
+  bool prefix_caching = true;
+  bool chunked_prefill = true;
+  BatchingMode mode = BatchingMode::continuous;
+  uint64_t seed = 0;          // requests without a seed get one derived from this and their id
+  Detokenizer detokenizer;    // needed by stop strings; may be empty otherwise
+};
+
+// One streamed event. token is -1 when the event only ends the stream (a stop token, an
+// abort); finish is none until the request's last event.
+struct TokenEvent {
+  int64_t request_id = -1;
+  int32_t token = -1;
+  int64_t index = 0;  // position of the token in the output
+  FinishReason finish = FinishReason::none;
+};
+using TokenCallback = std::function<void(const TokenEvent&)>;
+
+struct RequestOutput {
+  int64_t id = -1;
+  std::vector<int32_t> prompt, tokens;
+  FinishReason finish_reason = FinishReason::none;
+  int32_t stop_token = -1;   // the stop token that ended it, if one did
+  std::string stop_string;   // the stop string that ended it, if one did
+  int64_t num_preemptions = 0;
+};
+
+struct EngineMetrics {
+  int64_t num_running = 0, num_waiting = 0;
+  int64_t kv_blocks_used = 0, kv_blocks_total = 0;
+  int64_t prompt_tokens = 0;     // prompt tokens of admitted requests
+  int64_t generated_tokens = 0;  // tokens sampled
+  int64_t prefix_hit_tokens = 0; // prompt tokens whose K/V came from the prefix cache
+  int64_t num_preemptions = 0;
+  int64_t steps = 0;
+  int64_t requests_finished = 0;
+  int64_t kv_slots_unused = 0;   // allocated slots of running sequences holding no token
+};
+
+class Engine {
+ public:
+  // Throws at construction when the KV cache cannot hold one full-length sequence.
+  Engine(const model::Decoder& model, const EngineConfig& cfg);
+  ~Engine();
+
+  // Validates (throws "[engine] ..." or "[sampling] ..." naming the problem) and queues.
+  int64_t add_request(std::vector<int32_t> prompt, const SamplingParams& params,
+                      TokenCallback callback = {});
+  // Ends a request at the next step (no-op for unknown or finished ids).
+  void abort(int64_t id);
+  // One scheduling step; returns the requests that finished (or were aborted) in it.
+  std::vector<RequestOutput> step();
+  bool has_unfinished() const;
+  EngineMetrics metrics() const;
+
+  // Run one request to completion by stepping the engine themselves (outputs of other
+  // requests finishing meanwhile are dropped). Not for use while another thread steps.
+  RequestOutput run(const std::vector<int32_t>& prompt, const SamplingParams& params,
+                    TokenCallback callback = {});
+  std::vector<int32_t> generate(const std::vector<int32_t>& prompt, const SamplingParams& params,
+                                TokenCallback callback = {}) {
+    return run(prompt, params, std::move(callback)).tokens;
+  }
+
+  const EngineConfig& config() const { return cfg_; }
+  const model::ModelConfig& model_config() const { return model_.config(); }
+  const Scheduler& scheduler() const { return *sched_; }
+  const KVCache& kv_cache() const { return *cache_; }
+  int64_t weight_bytes_per_token() const { return runner_->weight_bytes_per_token(); }
+
+ private:
+  struct Request {
+    SamplingParams params;
+    uint64_t seed = 0;
+    TokenCallback callback;
+    std::vector<int32_t> prompt, output;
+    int64_t max_tokens = 0;  // after capping at the context
+    size_t stop_scan_from = 0;
+  };
+  struct Pending {
+    int64_t id;
+    Request req;
+  };
+  void admit_pending(std::vector<RequestOutput>& done);
+  template <class T> void sample_all(const StepPlan& plan, const Tensor& logits,
+                                     std::vector<RequestOutput>& done);
+  // Retires a request; end_event sends the callback a closing event without a token.
+  void finish(int64_t id, FinishReason why, bool end_event, std::vector<RequestOutput>& done,
+              int32_t stop_token = -1, std::string stop_string = {});
+  bool hits_stop_string(Request& r, std::string* which) const;
+  void publish_metrics();
+
+  const model::Decoder& model_;
+  EngineConfig cfg_;
+  std::unique_ptr<KVCache> cache_;
+  std::unique_ptr<Scheduler> sched_;
+  std::unique_ptr<ModelRunner> runner_;
+  std::unordered_map<int64_t, Request> requests_;  // stepping thread only
+  std::vector<std::pair<float, int32_t>> scratch_f_;
+  std::vector<std::pair<double, int32_t>> scratch_d_;
+
+  mutable std::mutex mu_;  // guards the intake, the abort list and the metrics snapshot
+  std::vector<Pending> intake_;
+  std::vector<int64_t> aborts_;
+  EngineMetrics metrics_;
+  std::atomic<int64_t> next_id_{0};
+  std::atomic<int64_t> in_flight_{0};  // added and not yet finished
+  int64_t prompt_tokens_ = 0, generated_tokens_ = 0, steps_ = 0, finished_ = 0;
+};
+
+}  // namespace loom::infer

@@ -1,0 +1,152 @@
+// The batched forward over a StepPlan, layer by layer. Each layer: norm, fused QKV linear,
+// RoPE (LLaMA), K/V scattered into the cache, paged attention per sequence, projection and
+// residual, norm, MLP and residual, the same op sequence as model::block_forward.
+#include "loom/infer/model_runner.h"
+
+#include <cstring>
+
+#include "loom/kernels/ops.h"
+
+namespace loom::infer {
+
+using model::Family;
+
+ModelRunner::ModelRunner(const model::Decoder& model, KVCache& cache, int64_t max_tokens,
+                         int64_t max_seqs, Allocator& alloc)
+    : model_(model), cfg_(model.config()), cache_(cache), max_tokens_(max_tokens),
+      max_seqs_(max_seqs) {
+  const bool gpt2 = cfg_.family == Family::gpt2;
+  for (int l = 0; l < int(cfg_.n_layer); ++l)
+    w_.push_back(model::block_weights(cfg_, model.layout(), model.params(), l));
+  wte_ = model.param(gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight");
+  if (gpt2) wpe_ = model.param("transformer.wpe.weight");
+  lnf_w_ = model.param(gpt2 ? "transformer.ln_f.weight" : "model.norm.weight");
+  if (gpt2) lnf_b_ = model.param("transformer.ln_f.bias");
+  head_ = cfg_.tied_embeddings ? wte_ : model.param("lm_head.weight");
+
+  const DType dt = model.params().dtype();
+  LOOM_CHECK(dt == cache.dtype(), "runner", "model dtype ", dtype_name(dt),
+             " differs from the KV cache's ", dtype_name(cache.dtype()));
+  const int64_t N = max_tokens, C = cfg_.d_model, D = cfg_.head_dim(), F = cfg_.d_ff;
+  const int64_t W = (cfg_.n_head + 2 * cfg_.n_kv_head) * D;
+  const auto cat = MemCategory::activations;
+  tok_ = Tensor::empty({N}, DType::i32, cat, alloc);
+  pos_ = Tensor::empty({N}, DType::i32, cat, alloc);
+  x_ = Tensor::empty({N, C}, dt, cat, alloc);
+  ln_ = Tensor::empty({N, C}, dt, cat, alloc);
+  mean_ = Tensor::empty({N}, dt, cat, alloc);
+  rstd_ = Tensor::empty({N}, dt, cat, alloc);
+  qkv_ = Tensor::empty({N, W}, dt, cat, alloc);
+  att_ = Tensor::empty({N, cfg_.n_head * D}, dt, cat, alloc);
+  x_mid_ = Tensor::empty({N, C}, dt, cat, alloc);
+  fc_ = Tensor::empty({N, gpt2 ? F : 2 * F}, dt, cat, alloc);
+  act_ = Tensor::empty({N, F}, dt, cat, alloc);
+  const int64_t S = max_seqs;
+  xs_ = Tensor::empty({S, C}, dt, cat, alloc);
+  lnf_ = Tensor::empty({S, C}, dt, cat, alloc);
+  lnf_mean_ = Tensor::empty({S}, dt, cat, alloc);
+  lnf_rstd_ = Tensor::empty({S}, dt, cat, alloc);
+  logits_ = Tensor::empty({S, cfg_.vocab_size}, dt, cat, alloc);
+  slots_.reserve(size_t(N));
+  pseqs_.reserve(size_t(S));
+  sample_rows_.reserve(size_t(S));
+}
+
+int64_t ModelRunner::weight_bytes_per_token() const {
+  const int64_t row = cfg_.d_model * int64_t(dtype_size(model_.params().dtype()));
+  int64_t b = int64_t(model_.params().nbytes());
+  b -= int64_t(wte_.nbytes()) - row;  // the input embedding reads one row
+  if (wpe_.defined()) b -= int64_t(wpe_.nbytes()) - row;
+  if (cfg_.tied_embeddings) b += int64_t(head_.nbytes());  // the head reads the table in full
+  return b;
+}
+
+template <class T>
+void ModelRunner::run_layers(int64_t N) {
+  const bool gpt2 = cfg_.family == Family::gpt2;
+  const int64_t H = cfg_.n_head, KVH = cfg_.n_kv_head, D = cfg_.head_dim();
+  const int64_t W = (H + 2 * KVH) * D, bs = cache_.block_size();
+  const Tensor x = x_.narrow0(0, N), ln = ln_.narrow0(0, N), mean = mean_.narrow0(0, N);
+  const Tensor rstd = rstd_.narrow0(0, N), qkv = qkv_.narrow0(0, N), att = att_.narrow0(0, N);
+  const Tensor x_mid = x_mid_.narrow0(0, N), fc = fc_.narrow0(0, N), act = act_.narrow0(0, N);
+  const Tensor pos = pos_.narrow0(0, N);
+  for (int l = 0; l < int(cfg_.n_layer); ++l) {
+    const model::BlockWeights& w = w_[size_t(l)];
+    if (gpt2)
+      ops::layernorm_forward(x, w.ln1_w, w.ln1_b, ln, mean, rstd, cfg_.norm_eps);
+    else
+      ops::rmsnorm_forward(x, w.ln1_w, ln, rstd, cfg_.norm_eps);
+    ops::linear_forward(ln, w.qkv_w, w.qkv_b, qkv);
+    if (!gpt2) {
+      ops::rope_apply(qkv, 0, H, D, pos, cfg_.rope_theta, false);
+      ops::rope_apply(qkv, H * D, KVH, D, pos, cfg_.rope_theta, false);
+    }
+    T* kc = cache_.k(l).data<T>();
+    T* vc = cache_.v(l).data<T>();
+    const T* q = qkv.data<T>();
+    cpu::paged_kv_write<T>(q + H * D, q + (H + KVH) * D, W, slots_.data(), N, kc, vc, bs, KVH, D);
+    cpu::paged_attention_forward<T>(q, W, kc, vc, bs, pseqs_.data(), int64_t(pseqs_.size()),
+                                    att.data<T>(), H * D, H, KVH, D);
+    ops::linear_forward(att, w.proj_w, w.proj_b, x_mid);
+    ops::add_inplace(x_mid, x);
+    if (gpt2)
+      ops::layernorm_forward(x_mid, w.ln2_w, w.ln2_b, ln, mean, rstd, cfg_.norm_eps);
+    else
+      ops::rmsnorm_forward(x_mid, w.ln2_w, ln, rstd, cfg_.norm_eps);
+    ops::linear_forward(ln, w.fc_w, w.fc_b, fc);
+    if (gpt2)
+      ops::gelu_forward(fc, act);
+    else
+      ops::swiglu_forward(fc, act);
+    ops::linear_forward(act, w.out_w, w.out_b, x);  // x is free again: x_mid holds the residual
+    ops::add_inplace(x, x_mid);
+  }
+}
+
+Tensor ModelRunner::execute(const StepPlan& plan) {
+  const int64_t N = plan.num_tokens(), S = plan.num_sampled();
+  LOOM_CHECK(N <= max_tokens_, "runner", "plan has ", N, " tokens, more than the ", max_tokens_,
+             " the runner was sized for (max_batched_tokens)");
+  LOOM_CHECK(int64_t(plan.seqs.size()) <= max_seqs_, "runner", "plan has ", plan.seqs.size(),
+             " sequences, more than the ", max_seqs_, " the runner was sized for (max_num_seqs)");
+  cache_.copy_blocks(plan.copies);
+  if (N == 0) return logits_.narrow0(0, 0);
+  const int64_t bs = cache_.block_size();
+  int32_t* tok = tok_.data<int32_t>();
+  int32_t* pos = pos_.data<int32_t>();
+  slots_.clear();
+  pseqs_.clear();
+  sample_rows_.clear();
+  int64_t row = 0;
+  for (const ScheduledSeq& s : plan.seqs) {
+    pseqs_.push_back({s.block_table.data(), s.start, s.num_tokens, row});
+    for (int64_t i = 0; i < s.num_tokens; ++i, ++row) {
+      const int64_t p = s.start + i;
+      tok[row] = s.tokens[size_t(i)];
+      pos[row] = int32_t(p);
+      slots_.push_back(int64_t(s.block_table[size_t(p / bs)]) * bs + p % bs);
+    }
+    if (s.sample) sample_rows_.push_back(row - 1);
+  }
+  ops::embedding_forward(tok_.narrow0(0, N), pos_.narrow0(0, N), wte_, wpe_, x_.narrow0(0, N));
+  const bool f32 = x_.dtype() == DType::f32;
+  if (f32) run_layers<float>(N); else run_layers<double>(N);
+  if (S == 0) return logits_.narrow0(0, 0);
+  // Only the rows that sample go through the final norm and the head.
+  const size_t row_bytes = size_t(cfg_.d_model) * dtype_size(x_.dtype());
+  const char* xb = static_cast<const char*>(x_.raw());
+  char* xsb = static_cast<char*>(xs_.raw());
+  for (int64_t i = 0; i < S; ++i)
+    std::memcpy(xsb + size_t(i) * row_bytes, xb + size_t(sample_rows_[size_t(i)]) * row_bytes,
+                row_bytes);
+  const Tensor xs = xs_.narrow0(0, S), lnf = lnf_.narrow0(0, S), logits = logits_.narrow0(0, S);
+  if (cfg_.family == Family::gpt2)
+    ops::layernorm_forward(xs, lnf_w_, lnf_b_, lnf, lnf_mean_.narrow0(0, S),
+                           lnf_rstd_.narrow0(0, S), cfg_.norm_eps);
+  else
+    ops::rmsnorm_forward(xs, lnf_w_, lnf, lnf_rstd_.narrow0(0, S), cfg_.norm_eps);
+  ops::linear_forward(lnf, head_, {}, logits);
+  return logits;
+}
+
+}  // namespace loom::infer

@@ -1,0 +1,89 @@
+// Sampling: validation of the parameters and the token choice (temperature softmax, then top-k
+// and top-p truncation, then inverse-CDF with the request's counter-based draw).
+#include "loom/infer/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "loom/core/error.h"
+#include "loom/core/rng.h"
+
+namespace loom::infer {
+
+// Stream id of sampling draws ("sampling" hashed), apart from any parameter-init stream.
+static constexpr uint64_t kSamplingStream = 0x73616d706c696e67ull;
+
+void SamplingParams::validate() const {
+  LOOM_CHECK(std::isfinite(temperature) && temperature >= 0.0, "sampling",
+             "temperature must be >= 0 (0 means greedy), got ", temperature);
+  LOOM_CHECK(top_k >= 0, "sampling", "top_k must be >= 0 (0 disables it), got ", top_k);
+  LOOM_CHECK(top_p > 0.0 && top_p <= 1.0, "sampling", "top_p must lie in (0, 1], got ", top_p);
+  LOOM_CHECK(max_tokens >= 1, "sampling", "max_tokens must be at least 1, got ", max_tokens);
+  for (const auto& s : stop)
+    LOOM_CHECK(!s.empty(), "sampling", "stop strings must not be empty");
+  for (int32_t t : stop_token_ids)
+    LOOM_CHECK(t >= 0, "sampling", "stop_token_ids must be token IDs >= 0, got ", t);
+}
+
+float sampling_draw(uint64_t seed, int64_t index) {
+  return uniform01(seed, kSamplingStream, uint64_t(index));
+}
+
+template <class T>
+int32_t sample_token(const T* logits, int64_t V, const SamplingParams& p, float u,
+                     std::vector<std::pair<T, int32_t>>& scratch) {
+  if (p.greedy()) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < V; ++i)
+      if (logits[i] > logits[best]) best = i;
+    return int32_t(best);
+  }
+  // Higher logit first; equal logits by lower ID, so the order is total and deterministic.
+  auto before = [](const std::pair<T, int32_t>& a, const std::pair<T, int32_t>& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  };
+  scratch.resize(size_t(V));
+  for (int64_t i = 0; i < V; ++i) scratch[size_t(i)] = {logits[i], int32_t(i)};
+  const bool use_k = p.top_k > 0 && p.top_k < V;
+  if (use_k) {
+    std::nth_element(scratch.begin(), scratch.begin() + (p.top_k - 1), scratch.end(), before);
+    scratch.resize(size_t(p.top_k));
+  }
+  const bool sorted = use_k || p.top_p < 1.0;
+  if (sorted) std::sort(scratch.begin(), scratch.end(), before);
+  T mx = scratch[0].first;
+  for (const auto& c : scratch) mx = c.first > mx ? c.first : mx;
+  const double inv_t = 1.0 / p.temperature;
+  double total = 0;
+  for (auto& c : scratch) {
+    c.first = T(std::exp(double(c.first - mx) * inv_t));
+    total += double(c.first);
+  }
+  size_t n = scratch.size();
+  if (p.top_p < 1.0) {
+    // Smallest high-probability prefix whose mass reaches top_p (Holtzman et al. 2020).
+    double cum = 0;
+    for (size_t i = 0; i < scratch.size(); ++i) {
+      cum += double(scratch[i].first);
+      if (cum >= p.top_p * total) {
+        n = i + 1;
+        total = cum;
+        break;
+      }
+    }
+  }
+  const double r = double(u) * total;
+  double cum = 0;
+  for (size_t i = 0; i < n; ++i) {
+    cum += double(scratch[i].first);
+    if (r < cum) return scratch[i].second;
+  }
+  return scratch[n - 1].second;
+}
+
+template int32_t sample_token<float>(const float*, int64_t, const SamplingParams&, float,
+                                     std::vector<std::pair<float, int32_t>>&);
+template int32_t sample_token<double>(const double*, int64_t, const SamplingParams&, float,
+                                      std::vector<std::pair<double, int32_t>>&);
+
+}  // namespace loom::infer
