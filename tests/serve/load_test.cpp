@@ -1,13 +1,12 @@
-// Load over loopback: 64 concurrent streaming clients, 256 requests in all. No 5xx, every
-// output equal to the engine's offline output for the same seed, and the server's memory
-// back within 10% of its post-warm-up level afterwards.
+// Load over loopback against the fake engine: 64 concurrent streaming clients, 256 requests
+// in all; no 5xx and every output equal to the engine's offline output for the same seed.
+// Also the load generator (run_load) the real-engine load test shares.
 #include <fstream>
 #include <unistd.h>
 
-#include "serve/server_fixture.h"
+#include "serve/load.h"
 
 namespace loom::serve::testing {
-namespace {
 
 int64_t resident_bytes() {
   std::ifstream f("/proc/self/statm");
@@ -16,12 +15,8 @@ int64_t resident_bytes() {
   return resident * int64_t(sysconf(_SC_PAGESIZE));
 }
 
-struct LoadResult {
-  int64_t ok = 0, server_errors = 0, mismatches = 0, other = 0;
-};
-
-// `clients` threads each run `per_client` streaming completions back to back.
-LoadResult run_load(int port, int clients, int per_client, int max_tokens, int seed_base) {
+LoadResult run_load(int port, const std::string& model, int clients, int per_client, int max_tokens, int seed_base,
+                    const ExpectedText& expected) {
   std::vector<LoadResult> per(static_cast<size_t>(clients));
   std::vector<std::thread> threads;
   for (int c = 0; c < clients; ++c)
@@ -31,7 +26,7 @@ LoadResult run_load(int port, int clients, int per_client, int max_tokens, int s
       for (int k = 0; k < per_client; ++k) {
         int seed = seed_base + c * per_client + k;
         std::string prompt = "client " + std::to_string(c) + " request " + std::to_string(k);
-        json body = {{"model", "fake"}, {"prompt", prompt}, {"max_tokens", max_tokens}, {"seed", seed},
+        json body = {{"model", model}, {"prompt", prompt}, {"max_tokens", max_tokens}, {"seed", seed},
                      {"stream", true}};
         try {
           ClientResponse head = http.start_stream("POST", "/v1/completions", body.dump());
@@ -46,7 +41,8 @@ LoadResult run_load(int port, int clients, int per_client, int max_tokens, int s
             continue;
           }
           Stream s = read_stream(http);
-          if (s.done && s.text() == expected_text(prompt, max_tokens, 1.0, uint64_t(seed))) ++r.ok;
+          int64_t n = s.chunks.empty() ? -1 : s.chunks.back()["usage"]["completion_tokens"].get<int64_t>();
+          if (s.done && s.text() + "#" + std::to_string(n) == expected(prompt, max_tokens, uint64_t(seed))) ++r.ok;
           else ++r.mismatches;
         } catch (const std::exception&) {
           ++r.other;
@@ -65,6 +61,12 @@ LoadResult run_load(int port, int clients, int per_client, int max_tokens, int s
   return total;
 }
 
+namespace {
+
+std::string fake_expected(const std::string& prompt, int max_tokens, uint64_t seed) {
+  return expected_text(prompt, max_tokens, 1.0, seed) + "#" + std::to_string(max_tokens);
+}
+
 TEST_F(ServerTest, SixtyFourStreamingClientsTwoHundredFiftySixRequests) {
   ServeOptions opt;
   opt.max_queue = 256;
@@ -73,20 +75,23 @@ TEST_F(ServerTest, SixtyFourStreamingClientsTwoHundredFiftySixRequests) {
   eo.tick_s = 0.0005;
   start(opt, eo);
   // Warm-up at the same concurrency, so that thread stacks and allocator arenas exist.
-  LoadResult warm = run_load(server_->port(), 64, 1, 24, 100000);
+  LoadResult warm = run_load(server_->port(), "fake", 64, 1, 24, 100000, fake_expected);
   ASSERT_EQ(warm.ok, 64);
   ASSERT_TRUE(eventually([&] { return server_->in_flight() == 0; }));
   const int64_t rss_warm = resident_bytes();
 
-  LoadResult r = run_load(server_->port(), 64, 4, 24, 0);
+  LoadResult r = run_load(server_->port(), "fake", 64, 4, 24, 0, fake_expected);
   EXPECT_EQ(r.server_errors, 0);
   EXPECT_EQ(r.mismatches, 0);
   EXPECT_EQ(r.other, 0);
   EXPECT_EQ(r.ok, 256);
   ASSERT_TRUE(eventually([&] { return server_->in_flight() == 0 && engine_->stats().running == 0; }));
   const int64_t rss_after = resident_bytes();
-  EXPECT_LE(double(rss_after), 1.10 * double(rss_warm))
-      << "RSS after warm-up " << rss_warm << " bytes, after the load " << rss_after;
+  // Client threads share this process, so the strict 10% check runs against a separate
+  // server process (infer_server_test.cpp); here a leak per request would still show.
+  std::printf("RSS (server and clients) after warm-up %.1f MiB, after 256 requests %.1f MiB\n",
+              double(rss_warm) / 1048576.0, double(rss_after) / 1048576.0);
+  EXPECT_LE(rss_after, rss_warm + (int64_t(4) << 20));
   std::string m = get("/metrics").body;
   EXPECT_NE(m.find("loom_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 320"), std::string::npos);
   EXPECT_EQ(m.find("status=\"5"), std::string::npos);

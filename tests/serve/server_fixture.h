@@ -19,6 +19,17 @@ namespace loom::serve::testing {
 
 using nlohmann::json;
 
+// Polls `cond` for up to `seconds`.
+template <class F>
+bool eventually(F cond, double seconds = 5) {
+  double end = now_seconds() + seconds;
+  while (now_seconds() < end) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return cond();
+}
+
 class ServerTest : public ::testing::Test {
  protected:
   void TearDown() override { shutdown(); }
@@ -51,17 +62,6 @@ class ServerTest : public ::testing::Test {
     auto c = client();
     c->send_raw(bytes);
     return c->read_response();
-  }
-
-  // Polls `cond` for up to `seconds`.
-  template <class F>
-  static bool eventually(F cond, double seconds = 5) {
-    double end = now_seconds() + seconds;
-    while (now_seconds() < end) {
-      if (cond()) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    return cond();
   }
 
   std::unique_ptr<FakeEngine> engine_;

@@ -20,6 +20,7 @@ const std::vector<Command>& commands();
 
 int cmd_bench(const std::vector<std::string>& args);
 int cmd_version(const std::vector<std::string>& args);
+int cmd_serve(const std::vector<std::string>& args);
 
 // `loom bench <what>`: one function per benchmark, listed in bench.cpp.
 struct Benchmark {

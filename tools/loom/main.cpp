@@ -16,6 +16,8 @@ void print_usage() {
       "usage: loom <command> [options]\n\n"
       "commands:\n"
       "  bench train   time training steps against the analytic FLOP count (and a PyTorch peer)\n"
+      "  bench serve   latency and throughput of a running server under Poisson load\n"
+      "  serve         OpenAI-compatible HTTP server (completions, chat, SSE, /metrics)\n"
       "  version       print the build's version and capabilities\n\n"
       "run `loom <command> --help` for a command's options.\n");
 }

@@ -76,7 +76,13 @@ void ApiServer::handle_generation(HttpExchange& ex, ApiKind kind) {
                      " queued); retry later"))));
 
   auto channel = std::make_shared<EventChannel>();
-  uint64_t id = engine.submit(std::move(greq), [channel](const TokenEvent& ev) { channel->push(ev); });
+  uint64_t id = 0;
+  try {
+    id = engine.submit(std::move(greq), [channel](const TokenEvent& ev) { channel->push(ev); });
+  } catch (const std::exception& e) {
+    --in_flight_;  // not admitted after all
+    return ex.respond(error_response(error_for_status(503, str_cat("the engine refused the request: ", e.what()))));
+  }
   // The slot is held until the response is written, so that stop() never closes a
   // connection under a response still being sent.
   struct Release {

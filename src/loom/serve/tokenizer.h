@@ -16,6 +16,8 @@ class TextTokenizer {
   // The raw bytes one token stands for (possibly part of a UTF-8 character).
   virtual std::string token_bytes(int32_t id) const = 0;
   virtual int64_t vocab_size() const = 0;
+  // The end-of-text token that ends generation with finish_reason "stop"; -1: none.
+  virtual int32_t eos_token() const { return -1; }
 };
 
 class ByteTokenizer final : public TextTokenizer {

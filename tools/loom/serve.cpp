@@ -1,0 +1,122 @@
+// `loom serve`: the OpenAI-compatible HTTP server over the inference engine. Listens first
+// (GET /health answers 503 while the model loads), then reports ready; SIGINT/SIGTERM stop
+// it cleanly: new requests get 503, running ones may finish for --shutdown-grace seconds,
+// the rest are aborted, and the process exits 0.
+#include <csignal>
+#include <cstdio>
+#include <memory>
+
+#include "loom/core/error.h"
+#include "loom/core/threads.h"
+#include "loom/infer/engine.h"
+#include "loom/model/decoder.h"
+#include "loom/serve/api_server.h"
+#include "loom/serve/infer_engine.h"
+#include "tools/loom/commands.h"
+
+namespace loom::cli {
+
+namespace {
+
+void print_help() {
+  std::printf(
+      "usage: loom serve (--checkpoint DIR | --model PRESET [--seed S]) [options]\n\n"
+      "  --checkpoint DIR        model to serve (not available yet: use --model)\n"
+      "  --model PRESET          random weights of a preset (%s); the byte\n"
+      "                          tokenizer is used, so the vocabulary is set to 256\n"
+      "  --seed S                weight seed for --model (default 0)\n"
+      "  --n-ctx N               override the preset's context length\n"
+      "  --host H                address to bind (default 127.0.0.1: loopback only)\n"
+      "  --port P                port (default 8000; 0 picks a free one)\n"
+      "  --api-key KEY           require 'Authorization: Bearer KEY' on /v1/*\n"
+      "  --max-queue N           requests allowed to wait beyond the running batch (default 256); then 429\n"
+      "  --served-model-name S   the name clients pass as 'model' (default: the preset name)\n"
+      "  --max-num-seqs N        sequences stepped together (default 32)\n"
+      "  --kv-cache-mb M         KV-cache size (default 256)\n"
+      "  --max-body-bytes B      largest request body (default 1048576); then 413\n"
+      "  --shutdown-grace S      seconds running requests may finish after SIGTERM (default 10)\n"
+      "  --threads N             compute threads (default: OMP_NUM_THREADS or all cores)\n",
+      "gpt2-tiny, gpt2-shakespeare, llama-tiny, ...");
+}
+
+}  // namespace
+
+int cmd_serve(const std::vector<std::string>& argv) {
+  for (const auto& a : argv)
+    if (a == "--help" || a == "-h") {
+      print_help();
+      return 0;
+    }
+  Args args("serve", argv,
+            {{"checkpoint", true}, {"model", true}, {"seed", true}, {"n-ctx", true}, {"host", true},
+             {"port", true}, {"api-key", true}, {"max-queue", true}, {"served-model-name", true},
+             {"max-num-seqs", true}, {"kv-cache-mb", true}, {"max-body-bytes", true},
+             {"shutdown-grace", true}, {"threads", true}});
+  if (args.has("checkpoint") == args.has("model"))
+    throw UsageError("[serve] give exactly one of --checkpoint DIR or --model PRESET (see loom serve --help)");
+  if (args.has("checkpoint"))
+    fail("serve", "--checkpoint ", args.get("checkpoint", ""),
+         ": loading checkpoints is not available in this build yet; serve random weights with --model PRESET");
+
+  model::ModelConfig mc = model::preset(args.get("model", ""));
+  mc.vocab_size = 256;  // byte tokenizer
+  if (args.has("n-ctx")) mc.n_ctx = args.get_int("n-ctx", mc.n_ctx);
+  mc.validate();
+  serve::ServeOptions opt;
+  opt.http.host = args.get("host", "127.0.0.1");
+  opt.http.port = int(args.get_int("port", 8000));
+  if (opt.http.port < 0 || opt.http.port > 65535) throw UsageError("[serve] --port must be in [0, 65535]");
+  opt.http.limits.max_body_bytes = size_t(args.get_int("max-body-bytes", 1 << 20));
+  opt.api_key = args.get("api-key", "");
+  opt.max_queue = args.get_int("max-queue", 256);
+  if (opt.max_queue < 0) throw UsageError("[serve] --max-queue must be >= 0");
+  opt.served_model_name = args.get("served-model-name", mc.name);
+  const double grace = args.get_double("shutdown-grace", 10);
+  infer::EngineConfig ec;
+  ec.max_num_seqs = args.get_int("max-num-seqs", 32);
+  ec.kv_cache_bytes = args.get_int("kv-cache-mb", 256) << 20;
+  ec.seed = uint64_t(args.get_int("seed", 0));
+  opt.seed = ec.seed;
+  if (args.has("threads")) set_num_threads(int(args.get_int("threads", 0)));
+
+  // Signals are taken synchronously by this thread (sigwait), so every thread started from
+  // here on inherits the blocked mask and no handler runs in the middle of anything.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  serve::ApiServer server(opt);
+  server.start();
+  std::printf("[serve] listening on http://%s:%d (loading %s)\n", opt.http.host.c_str(), server.port(),
+              mc.summary().c_str());
+  std::fflush(stdout);
+
+  model::Decoder model(mc);
+  model.init_weights(ec.seed);
+  infer::Engine engine(model, ec);
+  serve::ByteTokenizer tokenizer;
+  serve::InferEngineAdapter adapter(engine, tokenizer);
+  server.set_engine(&adapter);
+  std::printf("[serve] ready: model '%s', context %lld, KV cache %lld blocks of %lld tokens, max %lld "
+              "running + %lld queued%s\n",
+              opt.served_model_name.c_str(), (long long)mc.n_ctx, (long long)engine.kv_cache().num_blocks(),
+              (long long)engine.kv_cache().block_size(), (long long)ec.max_num_seqs, (long long)opt.max_queue,
+              opt.api_key.empty() ? "" : ", API key required");
+  std::fflush(stdout);
+
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  std::printf("[serve] %s: stopping (running requests get up to %.0f s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
+              grace);
+  std::fflush(stdout);
+  server.stop(grace);
+  infer::EngineMetrics m = engine.metrics();
+  std::printf("[serve] stopped: %lld requests finished, %lld prompt + %lld generated tokens\n",
+              (long long)m.requests_finished, (long long)m.prompt_tokens, (long long)m.generated_tokens);
+  return 0;
+}
+
+}  // namespace loom::cli
