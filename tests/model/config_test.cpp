@@ -52,3 +52,36 @@ TEST(ModelConfig, SequenceLongerThanContextIsRefused) {
     EXPECT_NE(std::string(e.what()).find("exceeds the context of 64"), std::string::npos);
   }
 }
+
+TEST(ParamLayout, UnitsArePaddedAndShardedInitMatchesWholeInit) {
+  for (const char* name : {"gpt2-tiny", "llama-tiny"}) {
+    ModelConfig cfg = preset(name);
+    ParamLayout plain(cfg), padded(cfg, 3);
+    EXPECT_EQ(plain.num_params(), padded.num_params());
+    ASSERT_EQ(padded.units().size(), size_t(cfg.n_layer + 2));
+    EXPECT_EQ(padded.units().front().name, "embed");
+    EXPECT_EQ(padded.units().back().name, "head");
+    int64_t expect_begin = 0;
+    for (const auto& u : padded.units()) {
+      EXPECT_EQ(u.begin, expect_begin);
+      EXPECT_EQ(u.size() % 3, 0) << u.name;
+      expect_begin = u.end;
+    }
+    EXPECT_EQ(expect_begin, padded.total());
+    EXPECT_EQ(padded.block_range(1).first, padded.block_unit(1).begin);
+    // Initialising three shards separately gives the whole-buffer initialisation.
+    std::vector<float> whole(size_t(padded.total())), parts(size_t(padded.total()));
+    init_params(padded, 9, whole.data());
+    const int64_t third = padded.total() / 3;
+    for (int r = 0; r < 3; ++r)
+      init_params_range(padded, 9, r * third, r == 2 ? padded.total() : (r + 1) * third,
+                        parts.data() + r * third);
+    EXPECT_EQ(whole, parts);
+    // Same values under their names as without padding.
+    std::vector<float> ref(size_t(plain.total()));
+    init_params(plain, 9, ref.data());
+    for (const auto& p : plain.params())
+      for (int64_t i = 0; i < p.numel(); i += 7)
+        ASSERT_EQ(ref[size_t(p.offset + i)], whole[size_t(padded.get(p.name).offset + i)]) << p.name;
+  }
+}

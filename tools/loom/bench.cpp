@@ -9,6 +9,8 @@ const std::vector<Benchmark>& benchmarks() {
   static const std::vector<Benchmark> list = {
       {"train", "training step time, tokens/s, GFLOP/s and memory (optionally vs PyTorch)",
        bench_train},
+      {"tokenize", "tokenizer encode/decode MB/s on one thread (Tiny Shakespeare by default)",
+       bench_tokenize},
       {"serve", "latency percentiles and throughput of a running server under Poisson load", bench_serve},
   };
   return list;

@@ -1,10 +1,199 @@
+// `loom bench train`: times full training steps (forward, backward, global-norm clip, AdamW)
+// on random tokens, reports ms/step, tokens/s, GFLOP/s and peak memory per category against
+// the closed-form estimate, and optionally runs the PyTorch peer in the same invocation,
+// alternating with loom's runs, to print the speed ratio.
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <random>
+#include <sstream>
 
+#include <nlohmann/json.hpp>
+
+#include "loom/core/threads.h"
+#include "loom/core/timer.h"
+#include "loom/kernels/cpu/cpu_kernels.h"
+#include "loom/model/decoder.h"
+#include "loom/model/memory_estimate.h"
+#include "loom/optim/adamw.h"
+#include "loom/optim/schedule.h"
 #include "tools/loom/commands.h"
+#include "tools/loom/peer_process.h"
 
 namespace loom::cli {
-int bench_train(const std::vector<std::string>&) {
-  std::printf("bench train: in progress\n");
-  return 1;
+namespace {
+
+struct Stats {
+  double median = 0, min = 0, max = 0;
+};
+
+Stats stats_of(std::vector<double> v) {
+  Stats s;
+  if (v.empty()) return s;
+  std::sort(v.begin(), v.end());
+  s.min = v.front();
+  s.max = v.back();
+  const size_t n = v.size();
+  s.median = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  return s;
 }
+
+std::vector<optim::DecaySpan> decay_spans(const model::ParamLayout& layout) {
+  std::vector<optim::DecaySpan> spans;
+  for (const auto& p : layout.params())
+    spans.push_back({p.offset, p.offset + p.numel(), p.weight_decay});
+  return spans;
+}
+
+const char* kHelp =
+    "usage: loom bench train [--model PRESET] [--batch B] [--seq T] [--steps N] [--warmup W]\n"
+    "                        [--threads K] [--ckpt INTERVAL] [--peer torch] [--rounds R]\n\n"
+    "Times full training steps (forward, backward, clip, AdamW) on random tokens.\n"
+    "  --model     preset (default gpt2-124m); --batch 4 --seq 256 --steps 10 --warmup 2\n"
+    "  --ckpt      activation checkpoint interval (0 = off)\n"
+    "  --peer torch  also run bench/peers/torch_gpt2.py (Debian python3-torch) with the same\n"
+    "              model, shapes and threads, alternating R rounds (default 2), and print ratios\n"
+    "The last line is SUMMARY {json}.\n";
+
+}  // namespace
+
+int bench_train(const std::vector<std::string>& argv) {
+  Args a("bench train", argv,
+         {{"model", true}, {"batch", true}, {"seq", true}, {"steps", true}, {"warmup", true},
+          {"threads", true}, {"ckpt", true}, {"peer", true}, {"rounds", true},
+          {"peer-python", true}, {"help", false}});
+  if (a.has("help")) {
+    std::printf("%s", kHelp);
+    return 0;
+  }
+  const std::string preset = a.get("model", "gpt2-124m");
+  const int64_t B = a.get_int("batch", 4), T = a.get_int("seq", 256);
+  const int64_t steps = a.get_int("steps", 10), warmup = a.get_int("warmup", 2);
+  const int ckpt = int(a.get_int("ckpt", 0));
+  const std::string peer = a.get("peer", "");
+  const int64_t rounds = a.get_int("rounds", peer.empty() ? 1 : 2);
+  if (a.has("threads")) set_num_threads(int(a.get_int("threads", 0)));
+  const int threads = num_threads();
+  if (steps < 1 || B < 1 || T < 1 || rounds < 1)
+    throw UsageError("[bench train] --steps, --batch, --seq and --rounds must be positive");
+  if (!peer.empty() && peer != "torch")
+    throw UsageError("[bench train] --peer: only 'torch' is supported, got '" + peer + "'");
+
+  model::ModelConfig cfg = model::preset(preset);
+  model::DecoderOptions opt;
+  opt.activation_checkpoint_interval = ckpt;
+  CpuAllocator alloc;
+  model::Decoder m(cfg, opt, DType::f32, alloc);
+  m.init_weights(1234);
+  optim::AdamW adam({1e-4, 0.9, 0.95, 1e-8, 0.1}, 0, m.flat_size(), decay_spans(m.layout()), alloc);
+  std::mt19937 g(1);
+  std::vector<int32_t> tok(size_t(B * T)), tgt(size_t(B * T));
+  for (auto& t : tok) t = int32_t(g() % cfg.vocab_size);
+  for (auto& t : tgt) t = int32_t(g() % cfg.vocab_size);
+  const double flops = model::training_flops(cfg, m.num_params(), B, T);
+
+  std::printf("bench train: %s, %lld params, batch %lld x %lld tokens, %d threads, kernels %s%s\n",
+              cfg.summary().c_str(), (long long)m.num_params(), (long long)B, (long long)T, threads,
+              cpu::hot_kernels_isa().c_str(),
+              ckpt ? str_cat(", checkpoint interval ", ckpt).c_str() : "");
+  std::printf("model FLOPs per step: %.1f GFLOP (6*P*tokens + 6*L*T*C*tokens causal attention)\n",
+              flops / 1e9);
+
+  auto loom_step = [&]() {
+    Stopwatch sw;
+    m.zero_grads();
+    m.forward_backward(tok.data(), tgt.data(), B, T, 1.0 / double(B * T));
+    const double norm = std::sqrt(optim::sum_squares(m.grads().data<float>(), m.flat_size()));
+    if (norm > 1.0) optim::scale_inplace(m.grads().data<float>(), m.flat_size(), float(1.0 / norm));
+    adam.step(m.params().data<float>(), m.grads().data<float>(), 1e-4);
+    return sw.ms();
+  };
+
+  std::unique_ptr<PeerProcess> torch_peer;
+  if (!peer.empty()) {
+    const std::string py = a.get("peer-python", "/usr/bin/python3");
+    const std::string script = std::string(LOOM_SOURCE_DIR) + "/bench/peers/torch_gpt2.py";
+    torch_peer = std::make_unique<PeerProcess>(std::vector<std::string>{
+        py, script, "--family", model::family_name(cfg.family), "--vocab", std::to_string(cfg.vocab_size),
+        "--n_ctx", std::to_string(cfg.n_ctx), "--n_layer", std::to_string(cfg.n_layer),
+        "--n_head", std::to_string(cfg.n_head), "--n_kv_head", std::to_string(cfg.n_kv_head),
+        "--d_model", std::to_string(cfg.d_model), "--d_ff", std::to_string(cfg.d_ff),
+        "--batch", std::to_string(B), "--seq", std::to_string(T), "--threads", std::to_string(threads)});
+    std::string ready = torch_peer->read_until("READY ");
+    std::printf("peer: PyTorch eager (%s)\n", ready.c_str());
+  }
+
+  std::vector<double> loom_ms, peer_ms;
+  for (int64_t r = 0; r < rounds; ++r) {
+    for (int64_t i = 0; i < (r == 0 ? warmup : 0); ++i) loom_step();
+    for (int64_t i = 0; i < steps; ++i) {
+      double ms = loom_step();
+      loom_ms.push_back(ms);
+      std::printf("  round %lld loom step %lld: %.1f ms\n", (long long)r + 1, (long long)i + 1, ms);
+      std::fflush(stdout);
+    }
+    if (torch_peer) {
+      if (r == 0 && warmup > 0) {
+        torch_peer->send_line("run " + std::to_string(warmup));
+        torch_peer->read_until("TIMES ");
+      }
+      torch_peer->send_line("run " + std::to_string(steps));
+      std::istringstream is(torch_peer->read_until("TIMES "));
+      double ms;
+      int64_t i = 0;
+      while (is >> ms) {
+        peer_ms.push_back(ms);
+        std::printf("  round %lld torch step %lld: %.1f ms\n", (long long)r + 1, (long long)++i, ms);
+      }
+      std::fflush(stdout);
+    }
+  }
+  if (torch_peer) torch_peer->send_line("quit");
+
+  const Stats ls = stats_of(loom_ms), ps = stats_of(peer_ms);
+  const double tokens = double(B * T);
+  std::printf("\n%-8s %10s %10s %10s %12s %10s\n", "", "ms median", "min", "max", "tokens/s", "GFLOP/s");
+  std::printf("%-8s %10.1f %10.1f %10.1f %12.1f %10.1f\n", "loom", ls.median, ls.min, ls.max,
+              tokens / ls.median * 1e3, flops / ls.median / 1e6);
+  if (!peer_ms.empty())
+    std::printf("%-8s %10.1f %10.1f %10.1f %12.1f %10.1f\n", "torch", ps.median, ps.min, ps.max,
+                tokens / ps.median * 1e3, flops / ps.median / 1e6);
+  const double speedup = peer_ms.empty() ? 0.0 : ps.median / ls.median;
+  if (!peer_ms.empty()) std::printf("speedup (torch ms / loom ms, medians): %.2fx\n", speedup);
+
+  // Memory: measured peaks per category against the closed-form estimate.
+  const auto snap = alloc.snapshot();
+  const auto est = model::estimate_training_memory(cfg, m.num_params(), B, T, ckpt, opt.xent_chunk);
+  std::printf("\n%-12s %14s %14s %8s\n", "memory", "peak", "estimate", "ratio");
+  auto row = [&](const char* name, int64_t peak, int64_t e) {
+    std::printf("%-12s %14s %14s %8.3f\n", name, format_bytes(peak).c_str(), format_bytes(e).c_str(),
+                e ? double(peak) / double(e) : 0.0);
+  };
+  row("params", snap[MemCategory::params].peak, est.params);
+  row("grads", snap[MemCategory::grads].peak, est.grads);
+  row("optimizer", snap[MemCategory::optimizer].peak, est.optimizer);
+  row("activations", snap[MemCategory::activations].peak, est.activations);
+  row("workspace", snap[MemCategory::workspace].peak, est.workspace);
+  row("total", snap.total.peak, est.total());
+
+  nlohmann::json s = {{"model", preset}, {"batch", B}, {"seq", T}, {"threads", threads},
+                      {"checkpoint_interval", ckpt}, {"isa", cpu::hot_kernels_isa()},
+                      {"loom_ms_median", ls.median}, {"loom_ms_min", ls.min}, {"loom_ms_max", ls.max},
+                      {"tokens_per_s", tokens / ls.median * 1e3},
+                      {"gflops", flops / ls.median / 1e6},
+                      {"peak_bytes", snap.total.peak}, {"estimate_bytes", est.total()},
+                      {"peak_activation_bytes", snap[MemCategory::activations].peak},
+                      {"estimate_activation_bytes", est.activations}};
+  if (!peer_ms.empty()) {
+    s["peer"] = "torch";
+    s["peer_ms_median"] = ps.median;
+    s["speedup"] = speedup;
+  } else {
+    s["peer_ms_median"] = nullptr;
+    s["speedup"] = nullptr;
+  }
+  std::printf("SUMMARY %s\n", s.dump().c_str());
+  return 0;
+}
+
 }  // namespace loom::cli

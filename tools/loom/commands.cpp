@@ -13,6 +13,9 @@ const std::vector<Command>& commands() {
       {"bench", cmd_bench},
       {"serve", cmd_serve},
       {"version", cmd_version},
+      {"tokenize", cmd_tokenize},
+      {"prepare", cmd_prepare},
+      {"train", cmd_train},
   };
   return cmds;
 }

@@ -20,6 +20,9 @@ const std::vector<Command>& commands();
 
 int cmd_bench(const std::vector<std::string>& args);
 int cmd_version(const std::vector<std::string>& args);
+int cmd_tokenize(const std::vector<std::string>& args);
+int cmd_prepare(const std::vector<std::string>& args);
+int cmd_train(const std::vector<std::string>& args);
 int cmd_serve(const std::vector<std::string>& args);
 
 // `loom bench <what>`: one function per benchmark, listed in bench.cpp.
@@ -29,6 +32,7 @@ struct Benchmark {
 };
 const std::vector<Benchmark>& benchmarks();
 int bench_train(const std::vector<std::string>& args);
+int bench_tokenize(const std::vector<std::string>& args);
 int bench_serve(const std::vector<std::string>& args);
 
 // --key value / --key=value / --flag parsing against a declared option list.

@@ -15,8 +15,10 @@ void print_usage() {
   std::printf(
       "usage: loom <command> [options]\n\n"
       "commands:\n"
-      "  bench train   time training steps against the analytic FLOP count (and a PyTorch peer)\n"
-      "  bench serve   latency and throughput of a running server under Poisson load\n"
+      "  train         train a model from a YAML config (loom train CONFIG.yaml)\n"
+      "  prepare       tokenize text files into token shards for training\n"
+      "  tokenize      encode stdin to token ids (or --decode ids to text)\n"
+      "  bench         benchmarks: loom bench --help\n"
       "  serve         OpenAI-compatible HTTP server (completions, chat, SSE, /metrics)\n"
       "  version       print the build's version and capabilities\n\n"
       "run `loom <command> --help` for a command's options.\n");

@@ -4,15 +4,16 @@
 
 namespace loom::model {
 
-static Tensor maybe(const ParamLayout& layout, const Tensor& flat, const std::string& name) {
+static Tensor maybe(const ParamLayout& layout, const Tensor& flat, const std::string& name,
+                    int64_t base) {
   if (!layout.contains(name)) return {};
   const auto& p = layout.get(name);
-  return flat.slice(p.offset, p.shape);
+  return flat.slice(p.offset - base, p.shape);
 }
 
 // A view spanning consecutive parameters (they must be adjacent in the layout).
 static Tensor fused(const ParamLayout& layout, const Tensor& flat,
-                    std::initializer_list<std::string> names) {
+                    std::initializer_list<std::string> names, int64_t base) {
   int64_t rows = 0, cols = -1, expect = -1, first = -1;
   for (const auto& n : names) {
     const auto& p = layout.get(n);
@@ -22,34 +23,34 @@ static Tensor fused(const ParamLayout& layout, const Tensor& flat,
     cols = p.shape.ndim() > 1 ? p.shape[1] : 1;
     expect = p.offset + p.numel();
   }
-  return flat.slice(first, cols == 1 ? Shape{rows} : Shape{rows, cols});
+  return flat.slice(first - base, cols == 1 ? Shape{rows} : Shape{rows, cols});
 }
 
 BlockWeights block_weights(const ModelConfig& cfg, const ParamLayout& layout, const Tensor& flat,
-                           int l) {
+                           int l, int64_t base) {
   const std::string p = layout.block_prefix(l);
   BlockWeights w;
   if (cfg.family == Family::gpt2) {
-    w.ln1_w = maybe(layout, flat, p + "ln_1.weight");
-    w.ln1_b = maybe(layout, flat, p + "ln_1.bias");
-    w.qkv_w = maybe(layout, flat, p + "attn.c_attn.weight");
-    w.qkv_b = maybe(layout, flat, p + "attn.c_attn.bias");
-    w.proj_w = maybe(layout, flat, p + "attn.c_proj.weight");
-    w.proj_b = maybe(layout, flat, p + "attn.c_proj.bias");
-    w.ln2_w = maybe(layout, flat, p + "ln_2.weight");
-    w.ln2_b = maybe(layout, flat, p + "ln_2.bias");
-    w.fc_w = maybe(layout, flat, p + "mlp.c_fc.weight");
-    w.fc_b = maybe(layout, flat, p + "mlp.c_fc.bias");
-    w.out_w = maybe(layout, flat, p + "mlp.c_proj.weight");
-    w.out_b = maybe(layout, flat, p + "mlp.c_proj.bias");
+    w.ln1_w = maybe(layout, flat, p + "ln_1.weight", base);
+    w.ln1_b = maybe(layout, flat, p + "ln_1.bias", base);
+    w.qkv_w = maybe(layout, flat, p + "attn.c_attn.weight", base);
+    w.qkv_b = maybe(layout, flat, p + "attn.c_attn.bias", base);
+    w.proj_w = maybe(layout, flat, p + "attn.c_proj.weight", base);
+    w.proj_b = maybe(layout, flat, p + "attn.c_proj.bias", base);
+    w.ln2_w = maybe(layout, flat, p + "ln_2.weight", base);
+    w.ln2_b = maybe(layout, flat, p + "ln_2.bias", base);
+    w.fc_w = maybe(layout, flat, p + "mlp.c_fc.weight", base);
+    w.fc_b = maybe(layout, flat, p + "mlp.c_fc.bias", base);
+    w.out_w = maybe(layout, flat, p + "mlp.c_proj.weight", base);
+    w.out_b = maybe(layout, flat, p + "mlp.c_proj.bias", base);
   } else {
-    w.ln1_w = maybe(layout, flat, p + "input_layernorm.weight");
+    w.ln1_w = maybe(layout, flat, p + "input_layernorm.weight", base);
     w.qkv_w = fused(layout, flat, {p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight",
-                                   p + "self_attn.v_proj.weight"});
-    w.proj_w = maybe(layout, flat, p + "self_attn.o_proj.weight");
-    w.ln2_w = maybe(layout, flat, p + "post_attention_layernorm.weight");
-    w.fc_w = fused(layout, flat, {p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"});
-    w.out_w = maybe(layout, flat, p + "mlp.down_proj.weight");
+                                   p + "self_attn.v_proj.weight"}, base);
+    w.proj_w = maybe(layout, flat, p + "self_attn.o_proj.weight", base);
+    w.ln2_w = maybe(layout, flat, p + "post_attention_layernorm.weight", base);
+    w.fc_w = fused(layout, flat, {p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"}, base);
+    w.out_w = maybe(layout, flat, p + "mlp.down_proj.weight", base);
   }
   return w;
 }

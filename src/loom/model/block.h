@@ -14,8 +14,10 @@ namespace loom::model {
 struct BlockWeights {
   Tensor ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, out_w, out_b;
 };
+// `flat` holds the flat buffer's elements from index `base` on (0: the whole buffer; a unit's
+// begin: a buffer holding just that unit, e.g. gathered weights or staged gradients).
 BlockWeights block_weights(const ModelConfig& cfg, const ParamLayout& layout, const Tensor& flat,
-                           int layer);
+                           int layer, int64_t base = 0);
 
 // What forward keeps for backward, for N = B*T rows.
 struct BlockActs {

@@ -13,11 +13,36 @@
 
 namespace loom::model {
 
+// Where the decoder reads weights and accumulates gradients, asked block by block in
+// execution order. The default serves views of the decoder's own flat buffers; parallel
+// engines substitute gathered weights (ZeRO-3) or staging gradient buckets (ZeRO-2), and use
+// the *_done calls to start communication while computation continues.
+class ParamSource {
+ public:
+  enum class Phase { forward, recompute, backward };
+  virtual ~ParamSource() = default;
+  virtual BlockWeights block_params(int layer, Phase phase) = 0;
+  virtual void release_block_params(int /*layer*/, Phase) {}
+  virtual BlockWeights block_grads(int layer) = 0;
+  virtual void block_grads_done(int /*layer*/) {}
+  // Embeddings, final norm and head, by parameter name.
+  virtual Tensor outer_param(const std::string& name) = 0;
+  virtual Tensor outer_grad(const std::string& name) = 0;
+  virtual void outer_grads_done() {}
+  // Brackets of one forward (+ backward) pass.
+  virtual void pass_begin(bool /*train*/) {}
+  virtual void pass_end(bool /*train*/) {}
+};
+
 struct DecoderOptions {
   // 0: off. N > 0: blocks run in segments of N; only each segment's input is kept and the
   // segment is recomputed during backward.
   int activation_checkpoint_interval = 0;
   int64_t xent_chunk = 256;  // rows of logits materialised at once by the fused head + loss
+  // false: no flat parameter (or gradient) buffer; a ParamSource must serve them (ZeRO-2/3).
+  bool allocate_flat_params = true;
+  bool allocate_flat_grads = true;
+  int64_t unit_align = 1;  // see ParamLayout: the data-parallel degree under ZeRO
 };
 
 class Decoder {
@@ -29,7 +54,8 @@ class Decoder {
   const ParamLayout& layout() const { return layout_; }
   const DecoderOptions& options() const { return opt_; }
   void set_options(const DecoderOptions& opt);
-  int64_t num_params() const { return layout_.total(); }
+  int64_t num_params() const { return layout_.num_params(); }  // parameters, no padding
+  int64_t flat_size() const { return layout_.total(); }      // flat buffer length
 
   const Tensor& params() const { return params_; }  // flat [P]
   const Tensor& grads() const { return grads_; }    // flat [P]
@@ -37,7 +63,11 @@ class Decoder {
   Tensor grad(const std::string& name) const;
 
   void init_weights(uint64_t seed);
-  void zero_grads() { grads_.zero(); }
+  void zero_grads() {
+    if (grads_.defined()) grads_.zero();
+  }
+  // Replaces where weights and gradients come from (nullptr: the flat buffers). Not owned.
+  void set_param_source(ParamSource* src) { src_ = src ? src : default_src_.get(); }
 
   // Training step on one micro-batch: tokens and targets are [B, T] (targets < 0 ignored).
   // Parameter gradients accumulate as grad_scale * d(sum of token losses). Returns the sum of
@@ -57,6 +87,7 @@ class Decoder {
 
  private:
   void ensure_buffers(int64_t B, int64_t T, bool train);
+  void embed_forward();
   void run_blocks_forward(bool train);
   void final_norm_forward();
   double count_and_sum(const int32_t* targets, int64_t N, int64_t* n_valid);
@@ -68,7 +99,8 @@ class Decoder {
   DType dtype_;
   Allocator& alloc_;
   Tensor params_, grads_;
-  std::vector<BlockWeights> w_, gw_;
+  std::unique_ptr<ParamSource> default_src_;
+  ParamSource* src_ = nullptr;
 
   // Buffers for the current (B, T).
   int64_t B_ = 0, T_ = 0;

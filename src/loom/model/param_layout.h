@@ -28,12 +28,26 @@ struct ParamInfo {
   int64_t numel() const { return shape.numel(); }
 };
 
+// A sharding unit: the embeddings, one block, or the final norm + head. Units are
+// contiguous and (with unit_align = N) padded so that N equal chunks tile each one; ZeRO
+// shards, gathers and reduce-scatters unit by unit.
+struct ParamUnit {
+  std::string name;  // "embed", "block.3", "head"
+  int layer = -1;    // block index, -1 for embed/head
+  int64_t begin = 0, end = 0;  // padded element range in the flat buffer
+  int64_t size() const { return end - begin; }
+};
+
 class ParamLayout {
  public:
-  explicit ParamLayout(const ModelConfig& cfg);
+  // unit_align: every unit's padded size is a multiple of it (the data-parallel degree).
+  explicit ParamLayout(const ModelConfig& cfg, int64_t unit_align = 1);
 
   const std::vector<ParamInfo>& params() const { return params_; }
-  int64_t total() const { return total_; }
+  int64_t total() const { return total_; }  // including unit padding
+  int64_t num_params() const { return n_params_; }  // without padding
+  const std::vector<ParamUnit>& units() const { return units_; }
+  const ParamUnit& block_unit(int layer) const { return units_.at(size_t(layer) + 1); }
   const ParamInfo& get(const std::string& name) const;  // throws naming the parameter
   bool contains(const std::string& name) const { return index_.count(name) != 0; }
   // [begin, end) element range of block l's parameters.
@@ -44,13 +58,19 @@ class ParamLayout {
  private:
   void add(const std::string& name, Shape shape, int layer, Init init, float std, bool decay,
            bool transposed = false);
+  void close_unit(const std::string& name, int layer);
   ModelConfig cfg_;
   std::vector<ParamInfo> params_;
   std::map<std::string, size_t> index_;
-  int64_t total_ = 0;
+  int64_t total_ = 0, n_params_ = 0, unit_align_ = 1, unit_begin_ = 0;
+  std::vector<ParamUnit> units_;
 };
 
 // Fills params per its layout: each value depends only on (seed, parameter name, element index).
 void init_params(const ParamLayout& layout, uint64_t seed, float* params);
+// The same values for flat indices [begin, end) only, written to out[0 .. end - begin)
+// (padding is zero): what a rank holding one shard initialises.
+void init_params_range(const ParamLayout& layout, uint64_t seed, int64_t begin, int64_t end,
+                       float* out);
 
 }  // namespace loom::model

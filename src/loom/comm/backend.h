@@ -1,0 +1,58 @@
+// The interface a transport (MPI, NCCL, single process) implements for comm::Group. Internal
+// to the comm module: a Backend's methods run on the group's worker thread only, after the
+// Group has checked shapes and dtypes, and they block until the operation is done.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loom/comm/group.h"
+#include "loom/comm/record.h"
+
+namespace loom::comm {
+
+// A posted point-to-point transfer; the worker polls test() until it returns true.
+class PendingTransfer {
+ public:
+  virtual ~PendingTransfer() = default;
+  virtual bool test() = 0;  // throws on a transport error
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual Device device() const = 0;  // where the tensors it takes live
+  // Whether the transport handles this dtype (the Group names the supported ones).
+  virtual bool supports(DType t) const = 0;
+
+  virtual void all_reduce(const Tensor& t, ReduceOp op) = 0;
+  virtual void reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op) = 0;
+  virtual void all_gather(const Tensor& in, const Tensor& out) = 0;
+  virtual void broadcast(const Tensor& t, int root) = 0;
+  virtual void all_to_all(const Tensor& in, const Tensor& out) = 0;
+  virtual void all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_counts,
+                            const Tensor& out, const std::vector<int64_t>& recv_counts) = 0;
+  virtual void barrier() = 0;
+  virtual std::unique_ptr<PendingTransfer> post_send(const Tensor& t, int dst, int tag) = 0;
+  virtual std::unique_ptr<PendingTransfer> post_recv(const Tensor& t, int src, int tag) = 0;
+  // Collective; null when this rank passed a negative color.
+  virtual std::unique_ptr<Backend> split(int color, int key) = 0;
+};
+
+// Wraps a backend in a Group with its own worker thread, recording into `record`.
+Group make_group(std::unique_ptr<Backend> backend, const std::string& name,
+                 std::shared_ptr<CommRecord> record);
+
+std::unique_ptr<Backend> make_single_backend();
+
+// The element types every CPU backend moves and reduces: f32, f64, i32, i64, u8.
+bool is_host_comm_dtype(DType t);
+inline constexpr const char* kHostCommDtypes = "f32, f64, i32, i64, u8";
+
+// Divides every element by n (the avg of ReduceOp::avg after a sum); CPU tensors.
+void divide_in_place(const Tensor& t, int n);
+
+}  // namespace loom::comm

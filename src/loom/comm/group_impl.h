@@ -1,0 +1,84 @@
+// Internals of comm::Group: the per-group worker thread that runs operations in issue order
+// on the backend, and the Work completion state. Not for use outside src/loom/comm.
+#pragma once
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "loom/comm/backend.h"
+
+namespace loom::comm {
+
+struct WorkState {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::exception_ptr error;
+  void complete(std::exception_ptr e);
+};
+
+// Queue and backend shared by a GroupImpl and its thread, so the thread can be left
+// behind (detached) when the process is failing and a peer will never answer.
+struct GroupWorker {
+  struct Task {
+    std::string op;
+    int64_t bytes = 0;
+    uint64_t seq = 0;
+    std::function<void(Backend&)> run;                                // collectives
+    std::function<std::unique_ptr<PendingTransfer>(Backend&)> post;  // send/recv
+    std::shared_ptr<WorkState> work;
+  };
+  struct Posted {
+    std::unique_ptr<PendingTransfer> transfer;
+    uint64_t record_handle;
+    std::string label;
+    std::shared_ptr<WorkState> work;
+  };
+
+  std::unique_ptr<Backend> backend;
+  std::string group_name;
+  std::shared_ptr<CommRecord> record;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Task> queue;
+  bool stopping = false;
+  bool abandon = false;  // drop queued work instead of running it
+
+  void loop();
+  void run_task(Task& t, std::deque<Posted>& posted);
+  void poll(std::deque<Posted>& posted);
+};
+
+class GroupImpl {
+ public:
+  GroupImpl(std::unique_ptr<Backend> backend, std::string name, std::shared_ptr<CommRecord> record);
+  ~GroupImpl();
+  GroupImpl(const GroupImpl&) = delete;
+  GroupImpl& operator=(const GroupImpl&) = delete;
+
+  Work submit(const char* op, int64_t bytes, std::function<void(Backend&)> run) const;
+  Work submit_transfer(const char* op, int64_t bytes,
+                       std::function<std::unique_ptr<PendingTransfer>(Backend&)> post) const;
+
+  int rank, size;
+  std::string name;
+  std::string backend_name;
+  Device device;
+  std::shared_ptr<CommRecord> record;
+  const Backend& backend() const { return *worker_->backend; }
+
+ private:
+  Work enqueue(GroupWorker::Task task) const;
+  std::shared_ptr<GroupWorker> worker_;
+  std::thread thread_;
+  // Sequence numbers: collectives and transfers separately, since only the collectives
+  // are issued identically on every rank.
+  mutable uint64_t next_seq_ = 1, next_transfer_seq_ = 1;
+};
+
+}  // namespace loom::comm

@@ -1,0 +1,178 @@
+// The per-group worker thread: runs a group's operations in issue order with blocking
+// backend calls, so communication progresses while the caller computes (Open MPI's
+// non-blocking collectives barely progress unless MPI is being called).
+#include <chrono>
+
+#include "loom/comm/group_impl.h"
+#include "loom/core/error.h"
+
+namespace loom::comm {
+
+void WorkState::complete(std::exception_ptr e) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    error = std::move(e);
+    done = true;
+  }
+  cv.notify_all();
+}
+
+void Work::wait() const {
+  if (!state_) return;
+  std::unique_lock<std::mutex> lock(state_->mu);
+  state_->cv.wait(lock, [&] { return state_->done; });
+  if (state_->error) std::rethrow_exception(state_->error);
+}
+
+bool Work::test() const {
+  if (!state_) return true;
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->done;
+}
+
+namespace {
+
+std::exception_ptr with_context(const std::exception& e, const std::string& label,
+                                const std::string& group) {
+  return std::make_exception_ptr(Error(str_cat(e.what(), " (", label, " on group '", group, "')")));
+}
+
+}  // namespace
+
+void GroupWorker::run_task(Task& t, std::deque<Posted>& posted) {
+  std::string label = op_label(t.op, t.seq);
+  uint64_t h = record->start(t.op, group_name, t.bytes, t.seq);
+  try {
+    if (t.post) {
+      posted.push_back({t.post(*backend), h, label, t.work});
+      return;
+    }
+    t.run(*backend);
+    record->finish(h, true);
+    t.work->complete(nullptr);
+  } catch (const std::exception& e) {
+    record->finish(h, false);
+    t.work->complete(with_context(e, label, group_name));
+  }
+}
+
+void GroupWorker::poll(std::deque<Posted>& posted) {
+  for (auto it = posted.begin(); it != posted.end();) {
+    bool done = false;
+    std::exception_ptr err;
+    try {
+      done = it->transfer->test();
+    } catch (const std::exception& e) {
+      done = true;
+      err = with_context(e, it->label, group_name);
+    }
+    if (!done) {
+      ++it;
+      continue;
+    }
+    record->finish(it->record_handle, err == nullptr);
+    it->work->complete(err);
+    it = posted.erase(it);
+  }
+}
+
+void GroupWorker::loop() {
+  std::deque<Posted> posted;  // transfers in progress, owned by this thread
+  for (;;) {
+    Task task;
+    bool have = false;
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      auto ready = [&] { return !queue.empty() || stopping; };
+      if (posted.empty()) {
+        cv.wait(lock, ready);
+      } else {
+        // Transfers need polling; a short sleep keeps an idle rank off the CPU.
+        cv.wait_for(lock, std::chrono::microseconds(50), ready);
+      }
+      if (abandon) {
+        for (auto& t : queue)
+          t.work->complete(std::make_exception_ptr(
+              Error(str_cat("[comm] ", op_label(t.op, t.seq), " on group '", group_name,
+                            "' was dropped: the group was destroyed while the process failed"))));
+        queue.clear();
+        return;
+      }
+      if (!queue.empty()) {
+        task = std::move(queue.front());
+        queue.pop_front();
+        have = true;
+      } else if (stopping && posted.empty()) {
+        return;
+      }
+    }
+    if (have) run_task(task, posted);
+    if (!posted.empty()) poll(posted);
+  }
+}
+
+GroupImpl::GroupImpl(std::unique_ptr<Backend> b, std::string n, std::shared_ptr<CommRecord> r)
+    : rank(b->rank()),
+      size(b->size()),
+      name(std::move(n)),
+      backend_name(b->name()),
+      device(b->device()),
+      record(std::move(r)),
+      worker_(std::make_shared<GroupWorker>()) {
+  worker_->backend = std::move(b);
+  worker_->group_name = name;
+  worker_->record = record;
+  thread_ = std::thread([w = worker_] { w->loop(); });
+}
+
+GroupImpl::~GroupImpl() {
+  // Unwinding means this process is failing: its peers may never answer, so do not wait
+  // for queued work (the thread may stay blocked in the transport until the process ends).
+  bool failing = std::uncaught_exceptions() > 0;
+  {
+    std::lock_guard<std::mutex> lock(worker_->mu);
+    worker_->stopping = true;
+    worker_->abandon = failing;
+  }
+  worker_->cv.notify_all();
+  if (failing)
+    thread_.detach();
+  else
+    thread_.join();
+}
+
+Work GroupImpl::enqueue(GroupWorker::Task task) const {
+  auto state = std::make_shared<WorkState>();
+  task.work = state;
+  {
+    std::lock_guard<std::mutex> lock(worker_->mu);
+    task.seq = task.post ? next_transfer_seq_++ : next_seq_++;
+    worker_->queue.push_back(std::move(task));
+  }
+  worker_->cv.notify_one();
+  return Work(std::move(state));
+}
+
+Work GroupImpl::submit(const char* op, int64_t bytes, std::function<void(Backend&)> run) const {
+  GroupWorker::Task t;
+  t.op = op;
+  t.bytes = bytes;
+  t.run = std::move(run);
+  return enqueue(std::move(t));
+}
+
+Work GroupImpl::submit_transfer(const char* op, int64_t bytes,
+                                std::function<std::unique_ptr<PendingTransfer>(Backend&)> post) const {
+  GroupWorker::Task t;
+  t.op = op;
+  t.bytes = bytes;
+  t.post = std::move(post);
+  return enqueue(std::move(t));
+}
+
+Group make_group(std::unique_ptr<Backend> backend, const std::string& name,
+                 std::shared_ptr<CommRecord> record) {
+  return Group(std::make_shared<GroupImpl>(std::move(backend), name, std::move(record)));
+}
+
+}  // namespace loom::comm

@@ -1,0 +1,60 @@
+// Launch-side helpers: where a process sits in a job (from the variables launchers set),
+// and the pure parts of `loom launch` (the mpirun command line, Open MPI's output tags)
+// so they can be tested without starting processes.
+#pragma once
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace loom::comm {
+
+struct LaunchEnv {
+  int rank = 0, world_size = 1, local_rank = 0, local_size = 1;
+  // Which variables said so: "OMPI_COMM_WORLD_*", "PMI_*", "RANK/WORLD_SIZE", or "" when
+  // no launcher set any (a plain single process).
+  std::string source;
+  bool under_mpi = false;  // started by an MPI launcher, so MPI_Init will find its peers
+  bool launched() const { return !source.empty(); }
+  // Only one rank draws progress bars and prints summaries.
+  bool is_primary() const { return rank == 0; }
+};
+
+using EnvLookup = std::function<const char*(const char*)>;
+// Reads OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}, then PMI_RANK/PMI_SIZE (MPICH),
+// then RANK/WORLD_SIZE/LOCAL_RANK (torchrun style). Throws naming the variable when a value
+// is not an integer or the rank is outside the world size.
+LaunchEnv launch_env(const EnvLookup& getenv_fn = [](const char* n) { return std::getenv(n); });
+
+struct LaunchOptions {
+  int nproc = 1;
+  std::string hosts;     // "h1:4,h2:4" (mpirun --host)
+  std::string hostfile;  // mpirun --hostfile
+  double timeout_s = -1;  // > 0: the ranks' watchdog timeout (LOOM_COMM_TIMEOUT)
+  std::string mpirun = "mpirun";
+  std::string exe;                // the binary every rank runs
+  std::vector<std::string> args;  // its arguments
+  int local_cores = 1;            // cores of this machine, for --oversubscribe
+  bool as_root = false;           // add --allow-run-as-root
+  std::vector<std::string> env_names;  // variables set here; the forwarded ones get -x
+};
+
+// The variables `loom launch` passes on to every rank: LOOM_*, OMP_*, PATH, LD_LIBRARY_PATH.
+bool is_forwarded_env(const std::string& name);
+// Slots named by a --hosts list: "h1:4,h2:4" -> 8; a host without ":n" counts as 1.
+int slots_in_hosts(const std::string& hosts);
+// The full argv for mpirun. Throws on nproc < 1 or both hosts and hostfile.
+std::vector<std::string> mpirun_command(const LaunchOptions& opts);
+
+// One line of `mpirun --tag-output` output: "[1,3]<stdout>:text". rank is -1 for lines
+// mpirun printed itself (no tag); text is then the whole line.
+struct TaggedLine {
+  int rank = -1;
+  bool is_stderr = false;
+  std::string text;
+};
+TaggedLine parse_tagged_line(const std::string& line);
+// How `loom launch` shows a rank's line: "[rank 3] text"; untagged lines unchanged.
+std::string format_rank_line(const TaggedLine& line);
+
+}  // namespace loom::comm

@@ -1,0 +1,128 @@
+// The bounded operation log behind tracing and the watchdog, and its Chrome trace export.
+#include "loom/comm/record.h"
+
+#include <cstdio>
+#include <sstream>
+
+#include "loom/core/error.h"
+#include "loom/core/timer.h"
+
+namespace loom::comm {
+
+const char* op_state_name(OpState s) {
+  switch (s) {
+    case OpState::in_flight: return "in_flight";
+    case OpState::completed: return "completed";
+    case OpState::failed: return "failed";
+  }
+  return "?";
+}
+
+std::string op_label(const std::string& op, uint64_t seq) { return str_cat(op, " #", seq); }
+
+uint64_t CommRecord::start(const std::string& op, const std::string& group, int64_t bytes,
+                           uint64_t seq) {
+  CommEvent e{op, group, bytes, seq, now_seconds(), 0.0, OpState::in_flight};
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t h = next_handle_++;
+  running_.emplace(h, std::move(e));
+  return h;
+}
+
+void CommRecord::finish(uint64_t handle, bool ok) {
+  double t = now_seconds();
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = running_.find(handle);
+  if (it == running_.end()) return;
+  CommEvent e = std::move(it->second);
+  running_.erase(it);
+  e.t_end = t;
+  e.state = ok ? OpState::completed : OpState::failed;
+  if (ok) last_ok_[e.group] = e;
+  done_.push_back(std::move(e));
+  while (done_.size() > capacity_) done_.pop_front();
+}
+
+std::vector<CommEvent> CommRecord::in_flight() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<CommEvent> out;
+  out.reserve(running_.size());
+  for (const auto& [h, e] : running_) out.push_back(e);
+  return out;
+}
+
+std::vector<CommEvent> CommRecord::finished() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return {done_.begin(), done_.end()};
+}
+
+std::optional<CommEvent> CommRecord::last_completed(const std::string& group) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = last_ok_.find(group);
+  if (it == last_ok_.end()) return std::nullopt;
+  return it->second;
+}
+
+uint64_t CommRecord::total_started() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return next_handle_ - 1;
+}
+
+namespace {
+
+// Group names are ours, but a user may pass anything: escape what JSON requires.
+std::string json_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string chrome_trace_events(const CommRecord& record, int rank) {
+  std::vector<CommEvent> events = record.finished();
+  double now = now_seconds();
+  for (CommEvent& e : record.in_flight()) {
+    e.t_end = now;  // drawn up to now, marked in_flight
+    events.push_back(std::move(e));
+  }
+  std::map<std::string, int> tids;
+  for (const auto& e : events) tids.emplace(e.group, int(tids.size()) + 1);
+  std::ostringstream os;
+  os.precision(3);
+  os << std::fixed;
+  bool first = true;
+  for (const auto& [group, tid] : tids) {
+    if (!first) os << ",\n";
+    first = false;
+    os << R"({"ph":"M","name":"thread_name","pid":)" << rank << ",\"tid\":" << tid
+       << R"(,"args":{"name":"comm )" << json_escape(group) << "\"}}";
+  }
+  for (const auto& e : events) {
+    if (!first) os << ",\n";
+    first = false;
+    os << "{\"ph\":\"X\",\"cat\":\"comm\",\"name\":\"" << json_escape(e.op) << "\",\"pid\":" << rank
+       << ",\"tid\":" << tids[e.group] << ",\"ts\":" << e.t_start * 1e6
+       << ",\"dur\":" << (e.t_end - e.t_start) * 1e6 << ",\"args\":{\"group\":\""
+       << json_escape(e.group) << "\",\"seq\":" << e.seq << ",\"bytes\":" << e.bytes
+       << ",\"state\":\"" << op_state_name(e.state) << "\"}}";
+  }
+  return os.str();
+}
+
+void write_chrome_trace(const CommRecord& record, int rank, std::ostream& out) {
+  out << "{\"traceEvents\":[\n" << chrome_trace_events(record, rank) << "\n]}\n";
+}
+
+}  // namespace loom::comm

@@ -1,0 +1,85 @@
+// World: MPI's lifetime, the process's comm record and watchdog, and the world Group.
+#include "loom/comm/world.h"
+
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <thread>
+
+#include "loom/comm/backend.h"
+#include "loom/comm/launch.h"
+#include "loom/comm/mpi_backend.h"
+
+namespace loom::comm {
+
+void abort_job(int code) {
+  int inited = 0, finalized = 0;
+  MPI_Initialized(&inited);
+  MPI_Finalized(&finalized);
+  if (inited && !finalized) {
+    // MPI_Abort may itself wait on a wedged runtime; make sure the process still ends.
+    std::thread([code] {
+      std::this_thread::sleep_for(std::chrono::seconds(10));
+      std::_Exit(code);
+    }).detach();
+    MPI_Abort(MPI_COMM_WORLD, code);
+  }
+  std::abort();
+}
+
+World::World(int* argc, char*** argv, WorldOptions opts) {
+  LaunchEnv env = launch_env();
+  bool want_mpi = opts.backend == WorldBackend::mpi ||
+                  (opts.backend == WorldBackend::auto_detect && env.under_mpi);
+  LOOM_CHECK(want_mpi || opts.backend == WorldBackend::single || env.world_size == 1, "comm",
+             env.source, " says this is rank ", env.rank, " of ", env.world_size,
+             ", but the process was not started by an MPI launcher; start it with "
+             "`loom launch --nproc ", env.world_size, " -- ...` or mpirun");
+  timeout_s_ = opts.watchdog_timeout_s < 0 ? watchdog_timeout_from_env(600) : opts.watchdog_timeout_s;
+  record_ = std::make_shared<CommRecord>(opts.record_capacity);
+
+  if (want_mpi) {
+    int inited = 0;
+    MPI_Initialized(&inited);
+    LOOM_CHECK(!inited, "comm", "MPI is already initialised; create a single World, in main()");
+    int provided = MPI_THREAD_SINGLE;
+    mpi_check(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
+    if (provided < MPI_THREAD_MULTIPLE) {
+      MPI_Finalize();
+      fail("comm", "the MPI library provides thread level ", provided,
+           " but loom needs MPI_THREAD_MULTIPLE (", int(MPI_THREAD_MULTIPLE),
+           ") for its per-group worker threads; use an MPI built with thread support "
+           "(Open MPI: --enable-mpi-thread-multiple)");
+    }
+    mpi_ = true;
+    group_ = make_group(make_mpi_world_backend(), "world", record_);
+  } else {
+    group_ = make_group(make_single_backend(), "world", record_);
+  }
+
+  WatchdogOptions wd;
+  wd.timeout_s = timeout_s_;
+  wd.on_timeout = opts.on_timeout;
+  if (!wd.on_timeout) {
+    wd.on_timeout = [](const std::string& msg) {
+      std::fprintf(stderr, "%s\n", msg.c_str());
+      std::fflush(stderr);
+      abort_job(kWatchdogExitCode);
+    };
+  }
+  watchdog_ = std::make_unique<Watchdog>(record_, group_.rank(), std::move(wd));
+}
+
+World::~World() {
+  bool failing = std::uncaught_exceptions() > 0;
+  watchdog_.reset();
+  group_ = Group();  // joins the world group's worker (or leaves it behind when failing)
+  // Finalize synchronises with every peer; a failing rank skips it so mpirun sees the
+  // process end without it and tears the job down instead of hanging.
+  if (mpi_ && !failing) MPI_Finalize();
+}
+
+}  // namespace loom::comm

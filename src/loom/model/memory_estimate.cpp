@@ -1,0 +1,40 @@
+#include "loom/model/memory_estimate.h"
+
+#include <algorithm>
+
+namespace loom::model {
+
+TrainingMemoryEstimate estimate_training_memory(const ModelConfig& cfg, int64_t P, int64_t B,
+                                                int64_t T, int interval, int64_t chunk) {
+  const int64_t N = B * T, C = cfg.d_model, L = cfg.n_layer, H = cfg.n_head;
+  const int64_t D = cfg.head_dim(), F = cfg.d_ff, W = (H + 2 * cfg.n_kv_head) * D;
+  const bool gpt2 = cfg.family == Family::gpt2;
+  const int64_t stats = gpt2 ? 2 : 1;           // mean+rstd or rstd per norm
+  const int64_t mlp = gpt2 ? 2 * F : 3 * F;     // fc (+gate) and activation
+  // Per token: norm1 + stats, qkv, attention output + lse, x_mid, norm2 + stats, MLP.
+  const int64_t per_block = C + stats + W + H * D + H + C + C + stats + mlp;
+  const int64_t sets = interval > 0 ? std::min<int64_t>(interval, L) : L;
+  TrainingMemoryEstimate e;
+  e.params = e.grads = 4 * P;
+  e.optimizer = 8 * P;
+  e.activations = 4 * N * (sets * per_block + (L + 1) * C  // saved blocks, residual stream
+                           + C + stats + 1                  // final norm and token losses
+                           + 3);                            // tokens, targets, positions (i32)
+  e.workspace = 4 * (std::min(chunk, N) * cfg.vocab_size     // logits chunk
+                     + N * (2 * C                            // dlnf, dres
+                            + C + W + H * D + (gpt2 ? F : 2 * F) + F));  // block scratch
+  return e;
+}
+
+double training_flops(const ModelConfig& cfg, int64_t P, int64_t B, int64_t T) {
+  const double tokens = double(B * T);
+  // Lookup tables do no multiplications: the position table, and the token table unless
+  // it doubles as the (tied) head.
+  double matmul_params = double(P);
+  if (cfg.family == Family::gpt2) matmul_params -= double(cfg.n_ctx * cfg.d_model);
+  if (!cfg.tied_embeddings) matmul_params -= double(cfg.vocab_size * cfg.d_model);
+  return 6.0 * matmul_params * tokens +
+         6.0 * double(cfg.n_layer) * double(T) * double(cfg.d_model) * tokens;
+}
+
+}  // namespace loom::model

@@ -1,0 +1,50 @@
+// AdamW over a contiguous range of a flat parameter buffer: the whole model on one rank, or
+// one rank's shard under ZeRO. Weight decay follows the parameter layout's decay mask.
+// Owns the two moment buffers (category optimizer); knows nothing of communication.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "loom/core/tensor.h"
+
+namespace loom::optim {
+
+struct AdamWConfig {
+  double lr = 6e-4;  // peak learning rate (the schedule scales it per step)
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+};
+
+// A run of parameters [begin, end) (flat indices) that does or does not decay.
+struct DecaySpan {
+  int64_t begin, end;
+  bool decay;
+};
+
+class AdamW {
+ public:
+  // State for flat indices [begin, end); `spans` cover at least that range.
+  AdamW(const AdamWConfig& cfg, int64_t begin, int64_t end, std::vector<DecaySpan> spans,
+        Allocator& alloc = cpu_allocator());
+
+  // p and g point at flat index `begin` (i.e. the shard). lr is this step's learning rate.
+  void step(float* p, const float* g, double lr);
+
+  int64_t begin() const { return begin_; }
+  int64_t end() const { return end_; }
+  int64_t step_count() const { return step_; }
+  void set_step_count(int64_t s) { step_ = s; }
+  const Tensor& exp_avg() const { return m_; }
+  const Tensor& exp_avg_sq() const { return v_; }
+  const AdamWConfig& config() const { return cfg_; }
+
+ private:
+  AdamWConfig cfg_;
+  int64_t begin_, end_, step_ = 0;
+  std::vector<DecaySpan> spans_;  // clipped to [begin, end), sorted
+  Tensor m_, v_;
+};
+
+}  // namespace loom::optim

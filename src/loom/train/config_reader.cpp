@@ -1,0 +1,180 @@
+#include "loom/train/config_reader.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "loom/core/error.h"
+
+namespace loom::train {
+
+namespace {
+std::vector<std::string> split_path(const std::string& p) {
+  std::vector<std::string> out;
+  std::stringstream ss(p);
+  std::string part;
+  while (std::getline(ss, part, '.')) out.push_back(part);
+  return out;
+}
+
+std::string scalar_text(const YAML::Node& n) {
+  if (n.IsScalar()) return n.Scalar();
+  if (n.IsMap()) return "a mapping";
+  if (n.IsSequence()) return "a list";
+  return "null";
+}
+}  // namespace
+
+ConfigReader::ConfigReader(YAML::Node root) : root_(std::move(root)) {
+  if (!root_ || root_.IsNull()) root_ = YAML::Node(YAML::NodeType::Map);
+  LOOM_CHECK(root_.IsMap(), "config", "the top level must be a mapping of sections, got ",
+             scalar_text(root_));
+}
+
+void ConfigReader::apply_override(YAML::Node& root, const std::string& assignment) {
+  const auto eq = assignment.find('=');
+  LOOM_CHECK(eq != std::string::npos && eq > 0, "config",
+             "--set expects key=value (e.g. optim.lr=3e-4), got \"", assignment, "\"");
+  const auto parts = split_path(assignment.substr(0, eq));
+  for (const auto& p : parts)
+    LOOM_CHECK(!p.empty(), "config", "--set ", assignment, ": empty key component");
+  YAML::Node value;
+  try {
+    value = YAML::Load(assignment.substr(eq + 1));
+  } catch (const YAML::Exception& e) {
+    fail("config", "--set ", assignment, ": cannot parse value: ", e.what());
+  }
+  if (!root || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+  // Walk by node identity (operator[] on a copy would rebind, not assign).
+  std::vector<YAML::Node> chain{root};
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    YAML::Node next = chain.back()[parts[i]];
+    if (!next.IsMap()) {
+      chain.back()[parts[i]] = YAML::Node(YAML::NodeType::Map);
+      next = chain.back()[parts[i]];
+    }
+    chain.push_back(next);
+  }
+  chain.back()[parts.back()] = value;
+}
+
+YAML::Node ConfigReader::find(const std::string& path) const {
+  YAML::Node cur = YAML::Clone(root_);
+  for (const auto& p : split_path(path)) {
+    if (!cur.IsMap()) return YAML::Node();
+    YAML::Node next = cur[p];
+    if (!next) return YAML::Node();
+    cur = next;
+  }
+  return cur;
+}
+
+void ConfigReader::mark(const std::string& path) {
+  std::string acc;
+  for (const auto& p : split_path(path)) {
+    acc = acc.empty() ? p : acc + "." + p;
+    known_.insert(acc);
+  }
+}
+
+void ConfigReader::known(const std::string& path) { mark(path); }
+
+bool ConfigReader::has(const std::string& path) const {
+  YAML::Node n = find(path);
+  return n && !n.IsNull();
+}
+
+double ConfigReader::number(const std::string& path, double def, double lo, double hi) {
+  mark(path);
+  YAML::Node n = find(path);
+  if (!n || n.IsNull()) return def;
+  double v = 0;
+  bool ok = n.IsScalar();
+  if (ok) {
+    try {
+      size_t pos = 0;
+      v = std::stod(n.Scalar(), &pos);
+      ok = pos == n.Scalar().size() && std::isfinite(v);
+    } catch (...) {
+      ok = false;
+    }
+  }
+  LOOM_CHECK(ok, "config", path, ": expected a number, got \"", scalar_text(n), "\"");
+  LOOM_CHECK(v >= lo && v <= hi, "config", path, ": ", v, " is out of range [", lo, ", ", hi, "]");
+  return v;
+}
+
+int64_t ConfigReader::integer(const std::string& path, int64_t def, int64_t lo, int64_t hi) {
+  mark(path);
+  YAML::Node n = find(path);
+  if (!n || n.IsNull()) return def;
+  int64_t v = 0;
+  bool ok = n.IsScalar();
+  if (ok) {
+    try {
+      size_t pos = 0;
+      v = std::stoll(n.Scalar(), &pos);
+      ok = pos == n.Scalar().size();
+    } catch (...) {
+      ok = false;
+    }
+  }
+  LOOM_CHECK(ok, "config", path, ": expected an integer, got \"", scalar_text(n), "\"");
+  LOOM_CHECK(v >= lo && v <= hi, "config", path, ": ", v, " is out of range [", lo, ", ", hi, "]");
+  return v;
+}
+
+bool ConfigReader::boolean(const std::string& path, bool def) {
+  mark(path);
+  YAML::Node n = find(path);
+  if (!n || n.IsNull()) return def;
+  const std::string s = n.IsScalar() ? n.Scalar() : "";
+  if (s == "true" || s == "True" || s == "yes" || s == "on") return true;
+  if (s == "false" || s == "False" || s == "no" || s == "off") return false;
+  fail("config", path, ": expected true or false, got \"", scalar_text(n), "\"");
+}
+
+std::string ConfigReader::string(const std::string& path, const std::string& def,
+                                 const std::vector<std::string>& choices) {
+  mark(path);
+  YAML::Node n = find(path);
+  if (!n || n.IsNull()) return def;
+  LOOM_CHECK(n.IsScalar(), "config", path, ": expected a string, got ", scalar_text(n));
+  const std::string v = n.Scalar();
+  if (!choices.empty()) {
+    bool found = false;
+    std::string list;
+    for (const auto& c : choices) {
+      found = found || c == v;
+      list += (list.empty() ? "" : ", ") + c;
+    }
+    LOOM_CHECK(found, "config", path, ": \"", v, "\" is not one of: ", list);
+  }
+  return v;
+}
+
+void ConfigReader::reject_unknown() const {
+  // Depth-first over the tree: every key path must have been read (or declared known).
+  std::vector<std::pair<std::string, YAML::Node>> stack{{"", root_}};
+  while (!stack.empty()) {
+    auto [prefix, node] = stack.back();
+    stack.pop_back();
+    if (!node.IsMap()) continue;
+    for (auto it = node.begin(); it != node.end(); ++it) {
+      const std::string key = it->first.as<std::string>();
+      const std::string path = prefix.empty() ? key : prefix + "." + key;
+      if (!known_.count(path)) {
+        std::string siblings;
+        for (const auto& k : known_) {
+          const bool child = prefix.empty() ? k.find('.') == std::string::npos
+                                            : k.rfind(prefix + ".", 0) == 0 &&
+                                                  k.find('.', prefix.size() + 1) == std::string::npos;
+          if (child) siblings += (siblings.empty() ? "" : ", ") + k.substr(prefix.empty() ? 0 : prefix.size() + 1);
+        }
+        fail("config", path, ": unknown key", siblings.empty() ? "" : " (known keys here: " + siblings + ")");
+      }
+      stack.push_back({path, it->second});
+    }
+  }
+}
+
+}  // namespace loom::train

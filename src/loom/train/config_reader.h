@@ -1,0 +1,39 @@
+// Typed reading of a YAML tree with errors that name the key path: every key must be known,
+// every value must have the right type and range, before any work starts. `--set a.b=v`
+// overrides are applied to the tree first, so they are checked the same way.
+#pragma once
+#include <yaml-cpp/yaml.h>
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace loom::train {
+
+class ConfigReader {
+ public:
+  explicit ConfigReader(YAML::Node root);
+
+  // Applies "a.b.c=value" (value parsed as a YAML scalar); throws on malformed input.
+  static void apply_override(YAML::Node& root, const std::string& assignment);
+
+  bool has(const std::string& path) const;
+  double number(const std::string& path, double def, double lo, double hi);
+  int64_t integer(const std::string& path, int64_t def, int64_t lo, int64_t hi);
+  bool boolean(const std::string& path, bool def);
+  std::string string(const std::string& path, const std::string& def,
+                     const std::vector<std::string>& choices = {});
+  // Marks a section as known (for sections read by another component).
+  void known(const std::string& path);
+  // Throws "[config] a.b: unknown key (known keys: ...)" for any key nobody read.
+  void reject_unknown() const;
+
+ private:
+  YAML::Node find(const std::string& path) const;  // null node when absent
+  void mark(const std::string& path);
+  YAML::Node root_;
+  std::set<std::string> known_;
+};
+
+}  // namespace loom::train

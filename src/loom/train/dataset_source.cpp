@@ -1,0 +1,30 @@
+#include "loom/train/dataset_source.h"
+
+#include <filesystem>
+
+namespace loom::train {
+
+DatasetSource::DatasetSource(const TrainConfig& cfg) {
+  data::DatasetOptions o;
+  o.model_vocab = cfg.model.vocab_size;
+  o.seed = cfg.data.seed;
+  LOOM_CHECK(std::filesystem::exists(std::filesystem::path(cfg.data.dir) / "train.bin"), "data",
+             "data.dir=", cfg.data.dir, " has no train.bin; run `loom prepare --input FILE --out ",
+             cfg.data.dir, "` first");
+  train_ = std::make_unique<data::TokenDataset>(data::TokenDataset::open_split(cfg.data.dir, "train", o));
+  if (std::filesystem::exists(std::filesystem::path(cfg.data.dir) / "val.bin"))
+    val_ = std::make_unique<data::TokenDataset>(data::TokenDataset::open_split(cfg.data.dir, "val", o));
+}
+
+void DatasetSource::fill_train(int64_t step, int64_t first, int64_t n, int64_t global, int64_t T,
+                               int32_t* tok, int32_t* tgt) {
+  train_->fill_batch(step, first, n, global, T, tok, tgt);
+}
+
+void DatasetSource::fill_val(int64_t index, int64_t B, int64_t T, int32_t* tok, int32_t* tgt) {
+  val_->fill_eval_batch(index, B, T, tok, tgt);
+}
+
+int64_t DatasetSource::vocab_size() const { return int64_t(train_->header().vocab_size); }
+
+}  // namespace loom::train

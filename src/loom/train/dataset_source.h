@@ -1,0 +1,25 @@
+// The trainer's view of a directory written by `loom prepare`: train.bin for training
+// windows and, when present, val.bin for validation.
+#pragma once
+#include <memory>
+
+#include "loom/data/dataset.h"
+#include "loom/train/batch_source.h"
+#include "loom/train/train_config.h"
+
+namespace loom::train {
+
+class DatasetSource final : public BatchSource {
+ public:
+  explicit DatasetSource(const TrainConfig& cfg);
+  void fill_train(int64_t step, int64_t first, int64_t n, int64_t global, int64_t T, int32_t* tok,
+                  int32_t* tgt) override;
+  void fill_val(int64_t index, int64_t B, int64_t T, int32_t* tok, int32_t* tgt) override;
+  int64_t vocab_size() const override;
+  bool has_val() const override { return val_ != nullptr; }
+
+ private:
+  std::unique_ptr<data::TokenDataset> train_, val_;
+};
+
+}  // namespace loom::train

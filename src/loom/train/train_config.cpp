@@ -1,0 +1,126 @@
+#include "loom/train/train_config.h"
+
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include "loom/train/config_reader.h"
+
+namespace loom::train {
+
+namespace {
+constexpr int64_t kMaxI = std::numeric_limits<int64_t>::max();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+model::ModelConfig read_model(ConfigReader& r) {
+  model::ModelConfig m;
+  const std::string preset = r.string("model.preset", "");
+  if (!preset.empty()) m = model::preset(preset);
+  m.family = model::family_from_name(r.string("model.family", model::family_name(m.family), {"gpt2", "llama"}));
+  if (preset.empty() && m.family == model::Family::llama) m.tied_embeddings = false;
+  m.vocab_size = r.integer("model.vocab_size", m.vocab_size, 1, int64_t(1) << 31);
+  m.n_ctx = r.integer("model.n_ctx", m.n_ctx, 1, 1 << 20);
+  m.n_layer = r.integer("model.n_layer", m.n_layer, 1, 4096);
+  m.n_head = r.integer("model.n_head", m.n_head, 1, 4096);
+  m.n_kv_head = r.integer("model.n_kv_head", r.has("model.n_head") && !r.has("model.n_kv_head") ? m.n_head : m.n_kv_head, 1, 4096);
+  m.d_model = r.integer("model.d_model", m.d_model, 1, 1 << 20);
+  m.d_ff = r.integer("model.d_ff", r.has("model.d_model") && !r.has("model.d_ff") && m.family == model::Family::gpt2 ? 4 * m.d_model : m.d_ff, 1, 1 << 22);
+  m.norm_eps = r.number("model.norm_eps", m.norm_eps, 1e-12, 1.0);
+  m.rope_theta = r.number("model.rope_theta", m.rope_theta, 1.0, 1e9);
+  m.tied_embeddings = r.boolean("model.tied_embeddings", m.tied_embeddings);
+  if (preset.empty()) m.name = "custom";
+  m.validate();
+  return m;
+}
+}  // namespace
+
+TrainConfig parse_train_config(const std::string& text, const std::vector<std::string>& sets,
+                               const std::string& source) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    fail("config", source, ": not valid YAML: ", e.what());
+  }
+  for (const auto& s : sets) ConfigReader::apply_override(root, s);
+  ConfigReader r(root);
+  TrainConfig c;
+  c.model = read_model(r);
+  c.decoder.activation_checkpoint_interval =
+      int(r.integer("model.activation_checkpoint_interval", 0, 0, c.model.n_layer));
+  c.decoder.xent_chunk = r.integer("model.xent_chunk", 256, 1, 1 << 20);
+
+  c.data.dir = r.string("data.dir", "");
+  LOOM_CHECK(!c.data.dir.empty(), "config", "data.dir: required (a directory written by loom prepare)");
+  c.data.seq_len = r.integer("data.seq_len", 256, 1, c.model.n_ctx);
+  c.data.batch_size = r.integer("data.batch_size", 16, 1, kMaxI);
+  c.data.micro_batch_size = r.integer("data.micro_batch_size", 0, 0, kMaxI);
+  c.data.seed = uint64_t(r.integer("data.seed", 1, 0, kMaxI));
+
+  c.optim.lr = r.number("optim.lr", 6e-4, 0, 10);
+  c.optim.beta1 = r.number("optim.beta1", 0.9, 0, 0.999999);
+  c.optim.beta2 = r.number("optim.beta2", 0.95, 0, 0.99999999);
+  c.optim.eps = r.number("optim.eps", 1e-8, 1e-30, 1);
+  c.optim.weight_decay = r.number("optim.weight_decay", 0.1, 0, 10);
+
+  c.schedule.steps = r.integer("schedule.steps", 1000, 1, kMaxI);
+  c.schedule.warmup_steps = r.integer("schedule.warmup_steps", -1, -1, kMaxI);
+  c.schedule.min_lr = r.number("schedule.min_lr", c.optim.lr * 0.1, 0, 10);
+  c.schedule.clip_max_norm = r.number("schedule.clip.max_norm", 1.0, 0, kInf);
+  c.schedule.clip_dynamic = r.boolean("schedule.clip.dynamic", false);
+  c.schedule.eval_interval = r.integer("schedule.eval_interval", 100, 0, kMaxI);
+  c.schedule.eval_batches = r.integer("schedule.eval_batches", 10, 1, kMaxI);
+  c.schedule.seed = uint64_t(r.integer("schedule.seed", 1337, 0, kMaxI));
+  LOOM_CHECK(c.schedule.min_lr <= c.optim.lr, "config", "schedule.min_lr=", c.schedule.min_lr,
+             " exceeds optim.lr=", c.optim.lr);
+
+  c.checkpoint.dir = r.string("checkpoint.dir", "");
+  c.checkpoint.every_steps = r.integer("checkpoint.every_steps", 0, 0, kMaxI);
+  c.checkpoint.every_minutes = r.number("checkpoint.every_minutes", 0, 0, 1e7);
+  c.checkpoint.keep_last = r.integer("checkpoint.keep_last", 3, 1, 1000000);
+  LOOM_CHECK(!c.checkpoint.dir.empty() || (c.checkpoint.every_steps == 0 && c.checkpoint.every_minutes == 0),
+             "config", "checkpoint.dir: required when checkpoint.every_steps or every_minutes is set");
+
+  c.log.every = r.integer("log.every", 10, 1, kMaxI);
+  c.log.metrics_path = r.string("log.metrics_path", "");
+  c.log.progress = r.string("log.progress", "auto", {"auto", "on", "off"});
+
+  c.parallel.dp = r.integer("parallel.dp", 1, 1, 1 << 20);
+  c.parallel.tp = r.integer("parallel.tp", 1, 1, 1 << 12);
+  c.parallel.pp = r.integer("parallel.pp", 1, 1, 1 << 12);
+  c.parallel.ep = r.integer("parallel.ep", 1, 1, 1 << 12);
+  c.parallel.zero_stage = r.integer("parallel.zero_stage", 0, 0, 3);
+  c.parallel.bucket_mb = r.number("parallel.bucket_mb", 25.0, 0.001, 1e6);
+  c.parallel.pp_schedule = r.string("parallel.pp_schedule", "1f1b", {"gpipe", "1f1b"});
+  c.parallel.pp_partition = r.string("parallel.pp_partition", "uniform", {"uniform", "parameters", "profile"});
+  c.parallel.micro_batches = r.integer("parallel.micro_batches", 0, 0, kMaxI);
+  c.parallel.collective_timeout_s = r.number("parallel.collective_timeout_s", 600, 0.1, 1e7);
+
+  c.threads = r.integer("threads", 0, 0, 4096);
+  r.reject_unknown();
+
+  const int64_t dp = c.parallel.dp;
+  LOOM_CHECK(c.data.batch_size % dp == 0, "config", "data.batch_size=", c.data.batch_size,
+             " is not divisible by parallel.dp=", dp);
+  const int64_t per_rank = c.data.batch_size / dp;
+  const int64_t micro = c.data.micro_batch_size ? c.data.micro_batch_size : per_rank;
+  LOOM_CHECK(per_rank % micro == 0, "config", "data.micro_batch_size=", micro,
+             " does not divide the per-rank batch ", per_rank, " (data.batch_size=",
+             c.data.batch_size, " / parallel.dp=", dp, ")");
+  c.data.micro_batch_size = micro;
+
+  YAML::Emitter out;
+  out << root;
+  c.resolved_yaml = out.c_str();
+  return c;
+}
+
+TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& sets) {
+  std::ifstream f(path);
+  LOOM_CHECK(f.good(), "config", "cannot read ", path, ": no such file or not readable");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return parse_train_config(ss.str(), sets, path);
+}
+
+}  // namespace loom::train

@@ -1,0 +1,76 @@
+// The typed configuration of a training run (`loom train CONFIG.yaml`): model, data,
+// optimizer, schedule, checkpointing, logging and parallel layout. Parsed and fully
+// validated before any work; docs/CONFIG.md is the reference for every key.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "loom/model/config.h"
+#include "loom/model/decoder.h"
+#include "loom/optim/adamw.h"
+
+namespace loom::train {
+
+struct DataConfig {
+  std::string dir;          // output of `loom prepare`
+  int64_t seq_len = 256;
+  int64_t batch_size = 16;  // global batch, in sequences
+  int64_t micro_batch_size = 0;  // per rank; 0 = the whole per-rank batch at once
+  uint64_t seed = 1;
+};
+
+struct ScheduleConfig {
+  int64_t steps = 1000;
+  int64_t warmup_steps = -1;  // -1: min(10000, 10% of steps)
+  double min_lr = 6e-5;
+  double clip_max_norm = 1.0;  // 0 disables clipping
+  bool clip_dynamic = false;   // max(1, 10 (1 - step/total)) instead of clip_max_norm
+  int64_t eval_interval = 100;
+  int64_t eval_batches = 10;
+  uint64_t seed = 1337;        // weight initialisation
+};
+
+struct CheckpointConfig {
+  std::string dir;            // empty: no checkpoints
+  int64_t every_steps = 0;
+  double every_minutes = 0;
+  int64_t keep_last = 3;
+};
+
+struct LogConfig {
+  int64_t every = 10;
+  std::string metrics_path;   // JSONL, one object per logged step
+  std::string progress = "auto";  // auto | on | off
+};
+
+struct ParallelConfig {
+  int64_t dp = 1, tp = 1, pp = 1, ep = 1;
+  int64_t zero_stage = 0;
+  double bucket_mb = 25.0;
+  std::string pp_schedule = "1f1b";
+  std::string pp_partition = "uniform";
+  int64_t micro_batches = 0;  // pipeline micro-batches (0: derive from micro_batch_size)
+  double collective_timeout_s = 600;
+};
+
+struct TrainConfig {
+  model::ModelConfig model;
+  model::DecoderOptions decoder;
+  DataConfig data;
+  optim::AdamWConfig optim;
+  ScheduleConfig schedule;
+  CheckpointConfig checkpoint;
+  LogConfig log;
+  ParallelConfig parallel;
+  int64_t threads = 0;  // 0: OMP_NUM_THREADS / all cores
+
+  std::string resolved_yaml;  // the config after defaults and overrides, for checkpoints
+};
+
+// Reads the YAML file, applies `--set key=value` overrides, validates everything.
+TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& sets);
+TrainConfig parse_train_config(const std::string& yaml_text, const std::vector<std::string>& sets,
+                               const std::string& source = "<string>");
+
+}  // namespace loom::train

@@ -1,0 +1,241 @@
+#include "loom/train/trainer.h"
+
+#include <cmath>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "loom/core/threads.h"
+#include "loom/core/timer.h"
+#include "loom/kernels/cpu/gemm.h"
+#include "loom/model/memory_estimate.h"
+#include "loom/optim/schedule.h"
+#include "loom/train/checkpoint.h"
+#include "loom/train/progress.h"
+
+namespace loom::train {
+
+namespace {
+
+std::vector<optim::DecaySpan> decay_spans(const model::ParamLayout& layout) {
+  std::vector<optim::DecaySpan> spans;
+  for (const auto& p : layout.params()) spans.push_back({p.offset, p.offset + p.numel(), p.weight_decay});
+  return spans;
+}
+
+// Achievable f32 GEMM rate on this machine with the current threads: the denominator of
+// the MFU estimate (model FLOPs / time / this).
+double measure_gemm_gflops() {
+  const int64_t n = 512;
+  std::vector<float> a(size_t(n * n), 0.5f), b(size_t(n * n), 0.25f), c(size_t(n * n));
+  cpu::gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+  Stopwatch sw;
+  int reps = 0;
+  while (sw.seconds() < 0.15 || reps < 2) {
+    cpu::gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    ++reps;
+  }
+  return 2.0 * double(n * n * n) * reps / sw.seconds() / 1e9;
+}
+
+}  // namespace
+
+Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions& opt)
+    : cfg_(cfg), data_(data), opt_(opt) {
+  if (cfg_.threads > 0) set_num_threads(int(cfg_.threads));
+  LOOM_CHECK(data_.vocab_size() <= cfg_.model.vocab_size, "train", "the data's vocabulary (",
+             data_.vocab_size(), " tokens) does not fit model.vocab_size=", cfg_.model.vocab_size,
+             "; set model.vocab_size to at least ", data_.vocab_size());
+  model_ = std::make_unique<model::Decoder>(cfg_.model, cfg_.decoder);
+  model_->init_weights(cfg_.schedule.seed);
+  adam_ = std::make_unique<optim::AdamW>(cfg_.optim, 0, model_->flat_size(),
+                                         decay_spans(model_->layout()));
+  if (!opt_.resume.empty()) resume_from(opt_.resume);
+  if (opt_.is_main_rank && !cfg_.log.metrics_path.empty()) {
+    metrics_ = std::fopen(cfg_.log.metrics_path.c_str(), step_ > 0 ? "a" : "w");
+    LOOM_CHECK(metrics_, "train", "cannot open log.metrics_path=", cfg_.log.metrics_path);
+  }
+  peak_gflops_ = measure_gemm_gflops();
+  last_checkpoint_time_ = now_seconds();
+}
+
+Trainer::~Trainer() {
+  if (metrics_) std::fclose(metrics_);
+}
+
+void Trainer::resume_from(const std::string& spec) {
+  std::string path = spec;
+  if (spec == "auto") {
+    LOOM_CHECK(!cfg_.checkpoint.dir.empty(), "train",
+               "--resume auto needs checkpoint.dir in the config");
+    auto found = find_latest_valid_checkpoint(cfg_.checkpoint.dir, opt_.is_main_rank ? opt_.log : nullptr);
+    if (!found) {
+      if (opt_.is_main_rank)
+        std::fprintf(opt_.log, "[resume] no valid checkpoint in %s; starting from step 0\n",
+                     cfg_.checkpoint.dir.c_str());
+      return;
+    }
+    path = *found;
+  }
+  const CheckpointMeta meta = load_checkpoint(path, *model_, *adam_);
+  step_ = meta.step;
+  last_checkpoint_ = path;
+  if (opt_.is_main_rank)
+    std::fprintf(opt_.log, "[resume] resumed from %s at step %lld\n", path.c_str(), (long long)step_);
+}
+
+double Trainer::train_step() {
+  const int64_t T = cfg_.data.seq_len, G = cfg_.data.batch_size;
+  const int64_t micro = cfg_.data.micro_batch_size;
+  const int64_t per_rank = G / cfg_.parallel.dp;
+  const int64_t first = 0;  // this rank's first sequence (dp rank * per_rank)
+  std::vector<int32_t> tok(size_t(micro * T)), tgt(size_t(micro * T));
+  model_->zero_grads();
+  const double grad_scale = 1.0 / double(G * T);  // mean over the global batch
+  double loss_sum = 0;
+  int64_t count = 0;
+  for (int64_t m0 = 0; m0 < per_rank; m0 += micro) {
+    data_.fill_train(step_, first + m0, micro, G, T, tok.data(), tgt.data());
+    int64_t n = 0;
+    loss_sum += model_->forward_backward(tok.data(), tgt.data(), micro, T, grad_scale, &n);
+    count += n;
+  }
+  const double loss = loss_sum / double(std::max<int64_t>(count, 1));
+  float* g = model_->grads().data<float>();
+  const int64_t P = model_->flat_size();
+  const double norm = std::sqrt(optim::sum_squares(g, P));
+  LOOM_CHECK(std::isfinite(loss), "train", "loss is ", loss, " at step ", step_ + 1,
+             ": training diverged (lower optim.lr or enable schedule.clip)");
+  LOOM_CHECK(std::isfinite(norm), "train", "gradient norm is ", norm, " at step ", step_ + 1,
+             ": a gradient overflowed (lower optim.lr)");
+  last_grad_norm_ = norm;
+  double max_norm = cfg_.schedule.clip_max_norm;
+  if (cfg_.schedule.clip_dynamic) max_norm = optim::dynamic_clip_threshold(step_, cfg_.schedule.steps);
+  if (max_norm > 0 && norm > max_norm) optim::scale_inplace(g, P, float(max_norm / norm));
+  optim::LrSchedule sched{cfg_.optim.lr, cfg_.schedule.min_lr, cfg_.schedule.warmup_steps,
+                          cfg_.schedule.steps};
+  adam_->step(model_->params().data<float>(), g, sched.lr_at(step_));
+  ++step_;
+  return loss;
+}
+
+double Trainer::evaluate() {
+  if (!data_.has_val()) return -1;
+  const int64_t T = cfg_.data.seq_len, B = cfg_.data.micro_batch_size;
+  std::vector<int32_t> tok(size_t(B * T)), tgt(size_t(B * T));
+  double sum = 0;
+  int64_t count = 0;
+  for (int64_t i = 0; i < cfg_.schedule.eval_batches; ++i) {
+    data_.fill_val(i, B, T, tok.data(), tgt.data());
+    int64_t n = 0;
+    sum += model_->forward(tok.data(), tgt.data(), B, T, &n);
+    count += n;
+  }
+  return sum / double(std::max<int64_t>(count, 1));
+}
+
+void Trainer::maybe_checkpoint(bool force) {
+  if (cfg_.checkpoint.dir.empty()) return;
+  const bool by_steps = cfg_.checkpoint.every_steps > 0 && step_ % cfg_.checkpoint.every_steps == 0;
+  const bool by_time = cfg_.checkpoint.every_minutes > 0 &&
+                       now_seconds() - last_checkpoint_time_ >= cfg_.checkpoint.every_minutes * 60;
+  if (!(force || by_steps || by_time)) return;
+  if (last_checkpoint_.size() && checkpoint_step_of(last_checkpoint_) == step_) return;
+  if (opt_.is_main_rank) {
+    Stopwatch sw;
+    last_checkpoint_ = save_checkpoint(cfg_.checkpoint.dir, step_, *model_, *adam_, cfg_.resolved_yaml,
+                                       cfg_.checkpoint.keep_last);
+    std::fprintf(opt_.log, "[checkpoint] step %lld saved to %s (%.1f s)\n", (long long)step_,
+                 last_checkpoint_.c_str(), sw.seconds());
+  }
+  last_checkpoint_time_ = now_seconds();
+}
+
+TrainResult Trainer::run() {
+  const int64_t total = cfg_.schedule.steps;
+  const int64_t stop = opt_.stop_after_steps >= 0 ? std::min(total, opt_.stop_after_steps) : total;
+  const int64_t tokens_per_step = cfg_.data.batch_size * cfg_.data.seq_len;
+  const double flops_per_step = model::training_flops(cfg_.model, model_->num_params(),
+                                                      cfg_.data.batch_size, cfg_.data.seq_len);
+  const bool bar_on = opt_.is_main_rank &&
+                      (cfg_.log.progress == "on" ||
+                       (cfg_.log.progress == "auto" && ProgressBar::stderr_is_terminal()));
+  ProgressBar bar(total, bar_on);
+  if (opt_.is_main_rank) {
+    auto est = model::estimate_training_memory(cfg_.model, model_->num_params(), cfg_.data.micro_batch_size,
+                                               cfg_.data.seq_len, cfg_.decoder.activation_checkpoint_interval,
+                                               cfg_.decoder.xent_chunk);
+    std::fprintf(opt_.log, "[train] model %s, %lld parameters\n", cfg_.model.summary().c_str(),
+                 (long long)model_->num_params());
+    std::fprintf(opt_.log,
+                 "[train] %lld steps of %lld sequences x %lld tokens (micro-batch %lld), lr %.3g "
+                 "(warmup %lld, cosine to %.3g)\n",
+                 (long long)total, (long long)cfg_.data.batch_size, (long long)cfg_.data.seq_len,
+                 (long long)cfg_.data.micro_batch_size, cfg_.optim.lr,
+                 (long long)optim::LrSchedule{cfg_.optim.lr, cfg_.schedule.min_lr,
+                                              cfg_.schedule.warmup_steps, total}.resolved_warmup(),
+                 cfg_.schedule.min_lr);
+    std::fprintf(opt_.log, "[train] model states per rank: predicted %s (16 bytes/param)\n",
+                 format_bytes(est.params + est.grads + est.optimizer).c_str());
+    std::fflush(opt_.log);
+  }
+  TrainResult r;
+  double last_loss = 0, tok_time = 0;
+  int64_t timed_steps = 0;
+  double window_start = now_seconds();
+  int64_t window_steps = 0;
+  while (step_ < stop) {
+    Stopwatch sw;
+    const double lr = optim::LrSchedule{cfg_.optim.lr, cfg_.schedule.min_lr,
+                                        cfg_.schedule.warmup_steps, total}.lr_at(step_);
+    last_loss = train_step();
+    r.losses.push_back(last_loss);
+    const double ms = sw.ms();
+    tok_time += ms;
+    ++timed_steps;
+    ++window_steps;
+    if (opt_.is_main_rank && (step_ % cfg_.log.every == 0 || step_ == stop)) {
+      const double el = now_seconds() - window_start;
+      const double tps = double(tokens_per_step * window_steps) / el;
+      const double mfu = flops_per_step * double(window_steps) / el / 1e9 / peak_gflops_;
+      const int64_t peak = cpu_allocator().snapshot().total.peak;
+      bar.clear();
+      std::fprintf(opt_.log,
+                   "step %6lld/%lld | loss %.4f | lr %.3e | grad_norm %.3f | %.0f tok/s | mfu %.1f%% "
+                   "| %.0f ms/step | peak %s\n",
+                   (long long)step_, (long long)total, last_loss, lr, last_grad_norm_, tps, 100 * mfu,
+                   el / double(window_steps) * 1e3, format_bytes(peak).c_str());
+      std::fflush(opt_.log);
+      if (metrics_) {
+        nlohmann::json j = {{"step", step_}, {"loss", last_loss}, {"lr", lr}, {"grad_norm", last_grad_norm_},
+                            {"tokens_per_s", tps}, {"mfu", mfu}, {"ms_per_step", el / double(window_steps) * 1e3},
+                            {"peak_bytes", peak}};
+        std::fprintf(metrics_, "%s\n", j.dump().c_str());
+        std::fflush(metrics_);
+      }
+      window_start = now_seconds();
+      window_steps = 0;
+    }
+    if (cfg_.schedule.eval_interval > 0 && step_ % cfg_.schedule.eval_interval == 0 && step_ < stop) {
+      const double v = evaluate();
+      if (opt_.is_main_rank && v >= 0) {
+        bar.clear();
+        std::fprintf(opt_.log, "step %6lld/%lld | val_loss %.4f\n", (long long)step_, (long long)total, v);
+        if (metrics_) std::fprintf(metrics_, "%s\n", nlohmann::json({{"step", step_}, {"val_loss", v}}).dump().c_str());
+      }
+    }
+    maybe_checkpoint(false);
+    bar.update(step_, str_cat("loss ", last_loss));
+  }
+  bar.finish();
+  maybe_checkpoint(true);
+  r.steps = step_;
+  r.final_train_loss = last_loss;
+  r.final_val_loss = evaluate();
+  r.tokens_per_s = timed_steps ? double(tokens_per_step * timed_steps) / (tok_time / 1e3) : 0;
+  r.peak_bytes = cpu_allocator().snapshot().total.peak;
+  r.last_checkpoint = last_checkpoint_;
+  return r;
+}
+
+}  // namespace loom::train

@@ -1,0 +1,66 @@
+// The training loop: micro-batches with gradient accumulation, global-norm clipping (fixed
+// or dynamic threshold), warmup + cosine LR, AdamW, periodic validation, logging (lines,
+// JSONL metrics, a progress bar), non-finite detection, checkpoints and exact resume.
+// Parallel layouts plug in through GradSync (see parallel/); alone, it is a no-op.
+#pragma once
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loom/model/decoder.h"
+#include "loom/optim/adamw.h"
+#include "loom/train/batch_source.h"
+#include "loom/train/train_config.h"
+
+namespace loom::train {
+
+struct TrainResult {
+  int64_t steps = 0;          // steps completed (including resumed ones)
+  double final_train_loss = 0;
+  double final_val_loss = -1; // -1: no validation data
+  double tokens_per_s = 0;
+  int64_t peak_bytes = 0;
+  std::string last_checkpoint;
+  std::vector<double> losses;  // train loss of every step this run executed
+};
+
+struct TrainerOptions {
+  std::string resume;          // "", "auto" or a checkpoint directory
+  FILE* log = stdout;
+  bool is_main_rank = true;    // prints and writes files
+  int64_t stop_after_steps = -1;  // stop early (tests: N steps, save, resume)
+};
+
+class Trainer {
+ public:
+  Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions& opt = {});
+  ~Trainer();
+  TrainResult run();
+
+  model::Decoder& model() { return *model_; }
+  optim::AdamW& optimizer() { return *adam_; }
+  int64_t step() const { return step_; }
+  double evaluate();  // mean validation loss over eval_batches
+
+ private:
+  double train_step();  // returns the mean train loss of the step
+  void log_step(double loss, double grad_norm, double lr, double step_ms);
+  void maybe_checkpoint(bool force);
+  void resume_from(const std::string& spec);
+
+  TrainConfig cfg_;
+  BatchSource& data_;
+  TrainerOptions opt_;
+  std::unique_ptr<model::Decoder> model_;
+  std::unique_ptr<optim::AdamW> adam_;
+  int64_t step_ = 0;
+  double last_grad_norm_ = 0;
+  double last_checkpoint_time_ = 0;
+  std::string last_checkpoint_;
+  FILE* metrics_ = nullptr;
+  double peak_gflops_ = 0;  // measured SGEMM rate, for the MFU estimate
+};
+
+}  // namespace loom::train

@@ -1,0 +1,128 @@
+// The pure parts of launching: reading launcher variables, the mpirun command line of
+// `loom launch`, and the parsing of Open MPI's tagged output lines.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+
+#include "loom/comm/launch.h"
+#include "loom/core/error.h"
+
+using namespace loom;
+using namespace loom::comm;
+
+namespace {
+
+EnvLookup fake_env(std::map<std::string, std::string> vars) {
+  return [vars = std::move(vars)](const char* n) -> const char* {
+    auto it = vars.find(n);
+    return it == vars.end() ? nullptr : it->second.c_str();
+  };
+}
+
+bool has_pair(const std::vector<std::string>& v, const std::string& a, const std::string& b) {
+  for (size_t i = 0; i + 1 < v.size(); ++i)
+    if (v[i] == a && v[i + 1] == b) return true;
+  return false;
+}
+
+bool has(const std::vector<std::string>& v, const std::string& a) {
+  return std::find(v.begin(), v.end(), a) != v.end();
+}
+
+}  // namespace
+
+TEST(LaunchEnv, ReadsOpenMpiThenTorchrunVariables) {
+  LaunchEnv none = launch_env(fake_env({}));
+  EXPECT_FALSE(none.launched());
+  EXPECT_EQ(none.world_size, 1);
+
+  LaunchEnv o = launch_env(fake_env({{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"},
+                                     {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"RANK", "9"}}));
+  EXPECT_TRUE(o.under_mpi);
+  EXPECT_EQ(o.rank, 3);
+  EXPECT_EQ(o.world_size, 4);
+  EXPECT_EQ(o.local_rank, 1);
+  EXPECT_FALSE(o.is_primary());
+
+  LaunchEnv t = launch_env(fake_env({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"}}));
+  EXPECT_FALSE(t.under_mpi);
+  EXPECT_EQ(t.source, "RANK/WORLD_SIZE");
+  EXPECT_EQ(t.world_size, 2);
+  EXPECT_TRUE(t.is_primary());
+}
+
+TEST(LaunchEnv, BadValuesNameTheVariable) {
+  try {
+    launch_env(fake_env({{"RANK", "two"}, {"WORLD_SIZE", "4"}}));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("RANK=\"two\""), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(launch_env(fake_env({{"RANK", "4"}, {"WORLD_SIZE", "4"}})), Error);
+  EXPECT_THROW(launch_env(fake_env({{"WORLD_SIZE", "4"}})), Error);
+}
+
+TEST(LaunchCommand, OversubscribesRootAndForwardsEnvironment) {
+  LaunchOptions o;
+  o.nproc = 4;
+  o.local_cores = 2;
+  o.as_root = true;
+  o.exe = "/opt/loom/bin/loom";
+  o.args = {"bench", "comm"};
+  o.timeout_s = 3;
+  o.env_names = {"HOME", "PATH", "LOOM_DATA", "OMP_NUM_THREADS", "LD_LIBRARY_PATH", "LOOM_COMM_TIMEOUT"};
+  std::vector<std::string> c = mpirun_command(o);
+  EXPECT_EQ(c[0], "mpirun");
+  EXPECT_TRUE(has_pair(c, "-np", "4"));
+  EXPECT_TRUE(has(c, "--oversubscribe"));
+  EXPECT_TRUE(has(c, "--allow-run-as-root"));
+  EXPECT_TRUE(has(c, "--tag-output"));
+  EXPECT_TRUE(has_pair(c, "-x", "PATH"));
+  EXPECT_TRUE(has_pair(c, "-x", "LOOM_DATA"));
+  EXPECT_TRUE(has_pair(c, "-x", "OMP_NUM_THREADS"));
+  EXPECT_TRUE(has_pair(c, "-x", "LD_LIBRARY_PATH"));
+  EXPECT_FALSE(has_pair(c, "-x", "HOME"));
+  EXPECT_TRUE(has_pair(c, "-x", "LOOM_COMM_TIMEOUT=3"));
+  EXPECT_FALSE(has_pair(c, "-x", "LOOM_COMM_TIMEOUT"));  // --timeout wins over the inherited one
+  ASSERT_GE(c.size(), 3u);
+  EXPECT_EQ(c[c.size() - 3], "/opt/loom/bin/loom");
+  EXPECT_EQ(c.back(), "comm");
+}
+
+TEST(LaunchCommand, HostsDecideOversubscription) {
+  LaunchOptions o;
+  o.exe = "loom";
+  o.nproc = 8;
+  o.hosts = "a:4,b:4";
+  o.local_cores = 2;
+  std::vector<std::string> c = mpirun_command(o);
+  EXPECT_TRUE(has_pair(c, "--host", "a:4,b:4"));
+  EXPECT_FALSE(has(c, "--oversubscribe"));
+  EXPECT_FALSE(has(c, "--allow-run-as-root"));
+  o.nproc = 9;
+  EXPECT_TRUE(has(mpirun_command(o), "--oversubscribe"));
+  EXPECT_EQ(slots_in_hosts("a,b:3"), 4);
+  EXPECT_THROW(slots_in_hosts("a:0"), Error);
+  o.hostfile = "hosts.txt";
+  EXPECT_THROW(mpirun_command(o), Error);
+  o.hosts.clear();
+  o.nproc = 0;
+  EXPECT_THROW(mpirun_command(o), Error);
+}
+
+TEST(LaunchOutput, RewritesOpenMpiTags) {
+  TaggedLine a = parse_tagged_line("[1,3]<stdout>:loss 2.5 [ok]");
+  EXPECT_EQ(a.rank, 3);
+  EXPECT_FALSE(a.is_stderr);
+  EXPECT_EQ(format_rank_line(a), "[rank 3] loss 2.5 [ok]");
+  TaggedLine b = parse_tagged_line("[27,0]<stderr>:error: x");
+  EXPECT_EQ(b.rank, 0);
+  EXPECT_TRUE(b.is_stderr);
+  EXPECT_EQ(b.text, "error: x");
+  for (const char* s : {"[warn] something", "plain", "[1,x]<stdout>:y", "", "[1,2]<other>:z"}) {
+    TaggedLine u = parse_tagged_line(s);
+    EXPECT_EQ(u.rank, -1) << s;
+    EXPECT_EQ(format_rank_line(u), s);
+  }
+}

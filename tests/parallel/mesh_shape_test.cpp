@@ -1,0 +1,42 @@
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "loom/core/error.h"
+#include "loom/parallel/mesh_shape.h"
+
+using namespace loom;
+using namespace loom::parallel;
+
+TEST(MeshShape, TpIsInnermostAndGroupsPartitionTheWorld) {
+  MeshShape m(2, 2, 1, 2);
+  EXPECT_EQ(m.world_size(), 8);
+  EXPECT_EQ(m.group_ranks(5, Dim::tp), (std::vector<int64_t>{4, 5}));
+  EXPECT_EQ(m.group_ranks(5, Dim::dp), (std::vector<int64_t>{5, 7}));
+  EXPECT_EQ(m.group_ranks(5, Dim::pp), (std::vector<int64_t>{1, 5}));
+  for (Dim d : {Dim::pp, Dim::dp, Dim::ep, Dim::tp}) {
+    std::set<int64_t> seen;
+    for (int64_t r = 0; r < 8; ++r) {
+      auto g = m.group_ranks(r, d);
+      EXPECT_EQ(int64_t(g.size()), m.size(d));
+      EXPECT_EQ(m.group_color(r, d), g.front());
+      for (int64_t x : g) EXPECT_EQ(m.group_ranks(x, d), g);  // same group from every member
+      seen.insert(g.begin(), g.end());
+    }
+    EXPECT_EQ(seen.size(), 8u);
+  }
+  for (int64_t r = 0; r < 8; ++r) EXPECT_EQ(m.rank_of(m.coord(r)), r);
+}
+
+TEST(MeshShape, WrongWorldSizeShowsTheArithmetic) {
+  MeshShape m(1, 4, 1, 1);
+  try {
+    m.check_world_size(6);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("world size 6 does not match pp=1 x dp=4 x ep=1 x tp=1 = 4"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(MeshShape(0, 1, 1, 1), Error);
+}

@@ -1,0 +1,69 @@
+// Every config error path names the key path and the problem before any work starts.
+#include <gtest/gtest.h>
+
+#include "loom/core/error.h"
+#include "loom/train/train_config.h"
+
+using namespace loom;
+using namespace loom::train;
+
+namespace {
+const char* kBase = "model:\n  preset: gpt2-tiny\ndata:\n  dir: /tmp/x\n  batch_size: 8\n";
+
+std::string error_of(const std::string& yaml, std::vector<std::string> sets = {}) {
+  try {
+    parse_train_config(yaml, sets);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+void expect_error(const std::string& yaml, const std::string& want, std::vector<std::string> sets = {}) {
+  const std::string e = error_of(yaml, sets);
+  EXPECT_NE(e.find(want), std::string::npos) << "got: " << e << "\nwanted: " << want;
+  EXPECT_EQ(e.rfind("[config]", 0), 0u) << e;
+}
+}  // namespace
+
+TEST(TrainConfig, DefaultsAndOverrides) {
+  TrainConfig c = parse_train_config(kBase, {"optim.lr=3e-4", "schedule.steps=50", "parallel.dp=2"});
+  EXPECT_DOUBLE_EQ(c.optim.lr, 3e-4);
+  EXPECT_EQ(c.schedule.steps, 50);
+  EXPECT_EQ(c.data.micro_batch_size, 4);  // per-rank batch when unset
+  EXPECT_EQ(c.model.n_layer, 2);
+  EXPECT_NE(c.resolved_yaml.find("3e-4"), std::string::npos);
+}
+
+TEST(TrainConfig, WrongTypesNameTheKeyPath) {
+  expect_error(kBase, "[config] optim.lr: expected a number, got \"fast\"", {"optim.lr=fast"});
+  expect_error(kBase, "schedule.steps: expected an integer, got \"1.5\"", {"schedule.steps=1.5"});
+  expect_error(kBase, "schedule.clip.dynamic: expected true or false", {"schedule.clip.dynamic=maybe"});
+  expect_error(kBase, "parallel.pp_schedule: \"zigzag\" is not one of: gpipe, 1f1b",
+               {"parallel.pp_schedule=zigzag"});
+  expect_error(kBase, "model.d_model: expected an integer, got \"a mapping\"", {"model.d_model.x=1"});
+}
+
+TEST(TrainConfig, UnknownKeysAndRangesAreRejected) {
+  expect_error(kBase, "optim.learning_rate: unknown key (known keys here: ", {"optim.learning_rate=1"});
+  expect_error(std::string(kBase) + "trainer:\n  x: 1\n", "trainer: unknown key");
+  expect_error(kBase, "optim.lr: -1 is out of range", {"optim.lr=-1"});
+  expect_error(kBase, "parallel.zero_stage: 4 is out of range [0, 3]", {"parallel.zero_stage=4"});
+  expect_error(kBase, "data.seq_len: 65 is out of range [1, 64]", {"data.seq_len=65"});
+}
+
+TEST(TrainConfig, CrossFieldChecks) {
+  expect_error("model:\n  preset: gpt2-tiny\n", "data.dir: required");
+  expect_error(kBase, "data.batch_size=8 is not divisible by parallel.dp=3", {"parallel.dp=3"});
+  expect_error(kBase, "data.micro_batch_size=3 does not divide the per-rank batch 8",
+               {"data.micro_batch_size=3"});
+  expect_error(kBase, "model.n_head=5 does not divide model.d_model=32", {"model.n_head=5"});
+  expect_error(kBase, "schedule.min_lr=0.1 exceeds optim.lr=0.01", {"optim.lr=0.01", "schedule.min_lr=0.1"});
+  expect_error(kBase, "checkpoint.dir: required when", {"checkpoint.every_steps=10"});
+  expect_error(kBase, "--set expects key=value", {"optim.lr"});
+  expect_error("a: [1, 2", "not valid YAML");
+}
+
+TEST(LrSchedule, DefaultWarmupIsTenPercentCappedAtTenThousand) {
+  TrainConfig c = parse_train_config(kBase, {"schedule.steps=1000"});
+  EXPECT_EQ(c.schedule.warmup_steps, -1);
+}

@@ -1,0 +1,48 @@
+// Helpers for trainer tests: a prepared byte-level dataset in a temporary directory and a
+// tiny model config around it.
+#pragma once
+#include <filesystem>
+#include <fstream>
+#include <unistd.h>
+
+#include <string>
+
+#include "loom/data/prepare.h"
+#include "loom/train/train_config.h"
+
+namespace loom::testing {
+
+inline std::string temp_dir(const std::string& name) {
+  auto p = std::filesystem::temp_directory_path() / ("loom_test_" + name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(p);
+  std::filesystem::create_directories(p);
+  return p.string();
+}
+
+// Prepares a byte-level dataset from a slice of Tiny Shakespeare.
+inline std::string prepare_shakespeare(const std::string& dir, size_t bytes = 60000) {
+  std::ifstream in(std::string(LOOM_SOURCE_DIR) + "/data/tinyshakespeare/input.txt");
+  std::string text(bytes, '\0');
+  in.read(text.data(), std::streamsize(bytes));
+  text.resize(size_t(in.gcount()));
+  const std::string src = dir + "/input.txt";
+  std::ofstream(src) << text;
+  data::PrepareOptions o;
+  o.inputs = {src};
+  o.tokenizer = "byte";
+  o.out_dir = dir + "/data";
+  o.force = true;
+  data::prepare(o);
+  return o.out_dir;
+}
+
+inline std::string tiny_config_yaml(const std::string& data_dir, const std::string& ckpt_dir) {
+  return "model:\n  preset: gpt2-tiny\n  vocab_size: 256\n  n_ctx: 32\n"
+         "data:\n  dir: " + data_dir + "\n  seq_len: 32\n  batch_size: 8\n  micro_batch_size: 4\n"
+         "optim:\n  lr: 3.0e-3\n"
+         "schedule:\n  steps: 20\n  warmup_steps: 4\n  eval_interval: 0\n  eval_batches: 2\n"
+         "checkpoint:\n  dir: " + ckpt_dir + "\n  keep_last: 3\n"
+         "log:\n  every: 1000\n  progress: off\n";
+}
+
+}  // namespace loom::testing

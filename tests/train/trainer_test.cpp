@@ -1,0 +1,167 @@
+// The trainer end to end on a tiny model and a slice of Tiny Shakespeare: learning, exact
+// resume, corrupted and truncated checkpoints, and the demo config.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "loom/io/file.h"
+#include "loom/optim/schedule.h"
+#include "loom/train/checkpoint.h"
+#include "loom/train/dataset_source.h"
+#include "loom/train/trainer.h"
+#include "train/train_testing.h"
+
+using namespace loom;
+using namespace loom::train;
+namespace fs = std::filesystem;
+
+namespace {
+TrainerOptions quiet(const std::string& resume = "", int64_t stop = -1) {
+  TrainerOptions o;
+  o.resume = resume;
+  o.stop_after_steps = stop;
+  o.log = std::fopen("/dev/null", "w");
+  return o;
+}
+}  // namespace
+
+TEST(Trainer, TinyModelLearnsShakespeareBytes) {
+  const std::string dir = loom::testing::temp_dir("learn");
+  const std::string data = loom::testing::prepare_shakespeare(dir);
+  TrainConfig cfg = parse_train_config(loom::testing::tiny_config_yaml(data, ""),
+                                       {"schedule.steps=150", "optim.lr=1e-2", "model.d_model=64",
+                                        "model.d_ff=256"});
+  DatasetSource src(cfg);
+  Trainer t(cfg, src, quiet());
+  TrainResult r = t.run();
+  ASSERT_EQ(r.losses.size(), 150u);
+  // Uniform over 256 bytes is ln 256 = 5.55 nats; the unigram baseline is about 3.3.
+  EXPECT_GT(r.losses.front(), 5.0);
+  EXPECT_LT(r.losses.back(), 3.2) << "150 steps should take the loss from ln 256 = 5.55 to under 3.2";
+  EXPECT_GT(r.final_val_loss, 0);
+  EXPECT_LT(r.final_val_loss, 3.3);  // below the unigram baseline
+}
+
+TEST(Trainer, ResumeIsExact) {
+  const std::string dir = loom::testing::temp_dir("resume");
+  const std::string data = loom::testing::prepare_shakespeare(dir, 20000);
+  const std::string yaml = loom::testing::tiny_config_yaml(data, dir + "/ck");
+  TrainConfig cfg = parse_train_config(yaml, {"schedule.steps=12"});
+  DatasetSource src(cfg);
+  // 12 steps in one go.
+  TrainConfig straight_cfg = cfg;
+  straight_cfg.checkpoint.dir = dir + "/ck_straight";
+  Trainer straight(straight_cfg, src, quiet());
+  TrainResult a = straight.run();
+  // 6 steps, save, then resume and run the other 6.
+  {
+    Trainer first(cfg, src, quiet("", 6));
+    TrainResult r = first.run();
+    ASSERT_EQ(r.steps, 6);
+    ASSERT_FALSE(r.last_checkpoint.empty());
+  }
+  Trainer second(cfg, src, quiet("auto"));
+  ASSERT_EQ(second.step(), 6);
+  TrainResult b = second.run();
+  ASSERT_EQ(b.losses.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) EXPECT_EQ(a.losses[6 + i], b.losses[i]) << "step " << 7 + i;
+  const Tensor& pa = straight.model().params();
+  const Tensor& pb = second.model().params();
+  ASSERT_EQ(pa.nbytes(), pb.nbytes());
+  EXPECT_EQ(0, std::memcmp(pa.raw(), pb.raw(), pa.nbytes())) << "final weights differ bitwise";
+  EXPECT_EQ(0, std::memcmp(straight.optimizer().exp_avg_sq().raw(), second.optimizer().exp_avg_sq().raw(),
+                           straight.optimizer().exp_avg_sq().nbytes()));
+}
+
+TEST(Checkpoint, CorruptedAndTruncatedCheckpointsAreSkipped) {
+  const std::string dir = loom::testing::temp_dir("corrupt");
+  const std::string data = loom::testing::prepare_shakespeare(dir, 20000);
+  TrainConfig cfg = parse_train_config(loom::testing::tiny_config_yaml(data, dir + "/ck"),
+                                       {"schedule.steps=6", "checkpoint.every_steps=2"});
+  DatasetSource src(cfg);
+  Trainer(cfg, src, quiet()).run();
+  const std::string ck = dir + "/ck";
+  ASSERT_TRUE(fs::exists(ck + "/step_000006/manifest.json"));
+  ASSERT_TRUE(fs::exists(ck + "/step_000004"));
+  ASSERT_EQ(io::read_file(ck + "/latest"), "step_000006\n");
+  {  // flip one byte of the newest weights
+    std::fstream f(ck + "/step_000006/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(200);
+    char c;
+    f.read(&c, 1);
+    c ^= 0x40;
+    f.seekp(200);
+    f.write(&c, 1);
+  }
+  char buf[4096] = {};
+  FILE* log = fmemopen(buf, sizeof buf, "w");
+  auto found = find_latest_valid_checkpoint(ck, log);
+  std::fclose(log);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(fs::path(*found).filename(), "step_000004");
+  EXPECT_NE(std::string(buf).find("step_000006: model.safetensors checksum"), std::string::npos) << buf;
+  // Truncate the next one: skipped too, in favour of step 2.
+  fs::resize_file(ck + "/step_000004/optimizer.safetensors", 100);
+  std::string why;
+  EXPECT_FALSE(verify_checkpoint(ck + "/step_000004", &why));
+  EXPECT_NE(why.find("truncated"), std::string::npos) << why;
+  found = find_latest_valid_checkpoint(ck, nullptr);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(fs::path(*found).filename(), "step_000002");
+  // Resuming "auto" lands on step 2.
+  Trainer t(cfg, src, quiet("auto"));
+  EXPECT_EQ(t.step(), 2);
+  // Loading the corrupt one directly is refused with the reason.
+  try {
+    load_checkpoint(ck + "/step_000006", t.model(), nullptr);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("failed verification"), std::string::npos);
+  }
+}
+
+TEST(Trainer, NonFiniteLossStopsNamingTheStep) {
+  const std::string dir = loom::testing::temp_dir("nan");
+  const std::string data = loom::testing::prepare_shakespeare(dir, 20000);
+  TrainConfig cfg = parse_train_config(loom::testing::tiny_config_yaml(data, ""), {"schedule.steps=3"});
+  DatasetSource src(cfg);
+  Trainer t(cfg, src, quiet());
+  t.model().params().data<float>()[5] = NAN;
+  try {
+    t.run();
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("at step 1"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Trainer, DemoConfigRunsAFewSteps) {
+  const std::string dir = loom::testing::temp_dir("demo");
+  const std::string data = loom::testing::prepare_shakespeare(dir, 100000);
+  TrainConfig cfg = load_train_config(std::string(LOOM_SOURCE_DIR) + "/configs/shakespeare.yaml",
+                                      {"data.dir=" + data, "schedule.steps=3", "checkpoint.dir=" + dir + "/ck",
+                                       "log.metrics_path=" + dir + "/metrics.jsonl", "schedule.eval_batches=2",
+                                       "data.batch_size=8"});
+  DatasetSource src(cfg);
+  Trainer t(cfg, src, quiet());
+  TrainResult r = t.run();
+  EXPECT_EQ(r.steps, 3);
+  EXPECT_TRUE(std::isfinite(r.final_train_loss));
+  EXPECT_TRUE(fs::exists(dir + "/ck/step_000003/model.safetensors"));
+  EXPECT_TRUE(fs::exists(dir + "/metrics.jsonl"));
+}
+
+TEST(LrSchedule, WarmupThenCosineToMinLr) {
+  optim::LrSchedule s{1.0, 0.1, -1, 1000};
+  EXPECT_EQ(s.resolved_warmup(), 100);
+  EXPECT_DOUBLE_EQ(s.lr_at(0), 0.01);
+  EXPECT_DOUBLE_EQ(s.lr_at(99), 1.0);
+  EXPECT_NEAR(s.lr_at(550), 0.55, 1e-9);
+  EXPECT_NEAR(s.lr_at(999), 0.1, 1e-4);
+  EXPECT_EQ((optim::LrSchedule{1.0, 0.1, -1, 500000}).resolved_warmup(), 10000);
+  EXPECT_DOUBLE_EQ(optim::dynamic_clip_threshold(0, 100), 10.0);
+  EXPECT_DOUBLE_EQ(optim::dynamic_clip_threshold(95, 100), 1.0);
+}

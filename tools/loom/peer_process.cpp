@@ -1,0 +1,80 @@
+#include "tools/loom/peer_process.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "loom/core/error.h"
+
+namespace loom::cli {
+
+PeerProcess::PeerProcess(const std::vector<std::string>& argv) {
+  int in[2], out[2];
+  LOOM_CHECK(pipe(in) == 0 && pipe(out) == 0, "peer", "pipe failed: ", std::strerror(errno));
+  what_ = argv.empty() ? "?" : argv[0];
+  for (size_t i = 1; i < argv.size() && i < 3; ++i) what_ += " " + argv[i];
+  pid_ = fork();
+  LOOM_CHECK(pid_ >= 0, "peer", "fork failed: ", std::strerror(errno));
+  if (pid_ == 0) {
+    dup2(in[0], 0);
+    dup2(out[1], 1);
+    close(in[1]);
+    close(out[0]);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execvp(args[0], args.data());
+    std::fprintf(stderr, "[peer] cannot run %s: %s\n", args[0], std::strerror(errno));
+    _exit(127);
+  }
+  close(in[0]);
+  close(out[1]);
+  to_child_ = in[1];
+  from_child_ = out[0];
+}
+
+PeerProcess::~PeerProcess() {
+  if (to_child_ >= 0) close(to_child_);
+  if (from_child_ >= 0) close(from_child_);
+  if (pid_ > 0) {
+    int status = 0;
+    for (int i = 0; i < 50; ++i) {  // give it 5 s to exit after stdin closes
+      if (waitpid(pid_, &status, WNOHANG) == pid_) return;
+      usleep(100000);
+    }
+    kill(pid_, SIGKILL);
+    waitpid(pid_, &status, 0);
+  }
+}
+
+void PeerProcess::send_line(const std::string& line) {
+  std::string s = line + "\n";
+  LOOM_CHECK(write(to_child_, s.data(), s.size()) == ssize_t(s.size()), "peer",
+             "cannot write to ", what_, " (it exited?)");
+}
+
+std::string PeerProcess::read_line() {
+  for (;;) {
+    auto nl = buffer_.find('\n');
+    if (nl != std::string::npos) {
+      std::string line = buffer_.substr(0, nl);
+      buffer_.erase(0, nl + 1);
+      return line;
+    }
+    char buf[4096];
+    ssize_t n = read(from_child_, buf, sizeof buf);
+    LOOM_CHECK(n > 0, "peer", what_, " exited before answering (see its messages above)");
+    buffer_.append(buf, size_t(n));
+  }
+}
+
+std::string PeerProcess::read_until(const std::string& prefix) {
+  for (;;) {
+    std::string line = read_line();
+    if (line.rfind(prefix, 0) == 0) return line.substr(prefix.size());
+  }
+}
+
+}  // namespace loom::cli

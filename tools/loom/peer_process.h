@@ -1,0 +1,28 @@
+// A child process spoken to line by line over stdin/stdout: how benchmarks drive their
+// peers (e.g. the PyTorch reference) in the same invocation, alternating with loom's runs.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace loom::cli {
+
+class PeerProcess {
+ public:
+  explicit PeerProcess(const std::vector<std::string>& argv);
+  ~PeerProcess();
+  PeerProcess(const PeerProcess&) = delete;
+  PeerProcess& operator=(const PeerProcess&) = delete;
+
+  void send_line(const std::string& line);
+  // Next line of the child's stdout; throws if it exits first (its stderr passes through).
+  std::string read_line();
+  // Reads lines until one starts with `prefix`; returns the rest of that line.
+  std::string read_until(const std::string& prefix);
+
+ private:
+  int pid_ = -1, to_child_ = -1, from_child_ = -1;
+  std::string buffer_;
+  std::string what_;
+};
+
+}  // namespace loom::cli

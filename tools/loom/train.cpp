@@ -1,0 +1,48 @@
+// `loom train CONFIG.yaml [--set key=value]... [--resume auto|DIR] [--metrics FILE]`.
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+#include "loom/train/dataset_source.h"
+#include "loom/train/trainer.h"
+#include "tools/loom/commands.h"
+
+namespace loom::cli {
+
+namespace {
+
+const char* kHelp =
+    "usage: loom train CONFIG.yaml [--set key=value]... [--resume auto|DIR] [--metrics FILE]\n\n"
+    "Trains a model as the YAML config says (see docs/CONFIG.md and configs/).\n"
+    "  --set key=value   override a config key, e.g. --set optim.lr=3e-4 (repeatable)\n"
+    "  --resume auto     continue from the newest valid checkpoint in checkpoint.dir\n"
+    "  --resume DIR      continue from that checkpoint directory\n"
+    "  --metrics FILE    JSONL metrics, one object per logged step (= log.metrics_path)\n"
+    "The last line is SUMMARY {json}.\n";
+
+}  // namespace
+
+int cmd_train(const std::vector<std::string>& argv) {
+  Args a("train", argv, {{"set", true}, {"resume", true}, {"metrics", true}, {"help", false}});
+  if (a.has("help")) {
+    std::printf("%s", kHelp);
+    return 0;
+  }
+  if (a.positional().size() != 1) throw UsageError(std::string("[train] expected one CONFIG.yaml\n\n") + kHelp);
+  std::vector<std::string> sets = a.get_all("set");
+  if (a.has("metrics")) sets.push_back("log.metrics_path=" + a.get("metrics", ""));
+  train::TrainConfig cfg = train::load_train_config(a.positional()[0], sets);
+  train::DatasetSource data(cfg);
+  train::TrainerOptions opt;
+  opt.resume = a.get("resume", "");
+  train::Trainer trainer(cfg, data, opt);
+  train::TrainResult r = trainer.run();
+  nlohmann::json s = {{"steps", r.steps}, {"final_train_loss", r.final_train_loss},
+                      {"final_val_loss", r.final_val_loss < 0 ? nlohmann::json(nullptr) : nlohmann::json(r.final_val_loss)},
+                      {"tokens_per_s", r.tokens_per_s}, {"peak_bytes", r.peak_bytes},
+                      {"checkpoint", r.last_checkpoint}};
+  std::printf("SUMMARY %s\n", s.dump().c_str());
+  return 0;
+}
+
+}  // namespace loom::cli
