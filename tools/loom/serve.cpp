@@ -4,6 +4,7 @@
 // the rest are aborted, and the process exits 0.
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 
 #include "loom/core/error.h"
@@ -12,6 +13,7 @@
 #include "loom/model/decoder.h"
 #include "loom/serve/api_server.h"
 #include "loom/serve/infer_engine.h"
+#include "loom/train/checkpoint.h"
 #include "tools/loom/commands.h"
 
 namespace loom::cli {
@@ -21,10 +23,13 @@ namespace {
 void print_help() {
   std::printf(
       "usage: loom serve (--checkpoint DIR | --model PRESET [--seed S]) [options]\n\n"
-      "  --checkpoint DIR        model to serve (not available yet: use --model)\n"
-      "  --model PRESET          random weights of a preset (%s); the byte\n"
-      "                          tokenizer is used, so the vocabulary is set to 256\n"
-      "  --seed S                weight seed for --model (default 0)\n"
+      "  --checkpoint DIR        a checkpoint (DIR/step_N) or a run directory (its newest valid one)\n"
+      "  --model PRESET          random weights of a preset (%s),\n"
+      "                          vocabulary set to the tokenizer's (for tests and benchmarks)\n"
+      "  --seed S                weight seed for --model; also seeds requests without one (default 0)\n"
+      "  --tokenizer NAME        gpt2 or byte (default: byte for --model and 256-token vocabularies,\n"
+      "                          else gpt2)\n"
+      "  --data-dir DIR          where the gpt2 tokenizer files are (default: the data folder)\n"
       "  --n-ctx N               override the preset's context length\n"
       "  --host H                address to bind (default 127.0.0.1: loopback only)\n"
       "  --port P                port (default 8000; 0 picks a free one)\n"
@@ -36,7 +41,7 @@ void print_help() {
       "  --max-body-bytes B      largest request body (default 1048576); then 413\n"
       "  --shutdown-grace S      seconds running requests may finish after SIGTERM (default 10)\n"
       "  --threads N             compute threads (default: OMP_NUM_THREADS or all cores)\n",
-      "gpt2-tiny, gpt2-shakespeare, llama-tiny, ...");
+      "e.g. gpt2-tiny, gpt2-shakespeare");
 }
 
 }  // namespace
@@ -48,19 +53,37 @@ int cmd_serve(const std::vector<std::string>& argv) {
       return 0;
     }
   Args args("serve", argv,
-            {{"checkpoint", true}, {"model", true}, {"seed", true}, {"n-ctx", true}, {"host", true},
+            {{"checkpoint", true}, {"model", true}, {"seed", true}, {"tokenizer", true}, {"data-dir", true},
+             {"n-ctx", true}, {"host", true},
              {"port", true}, {"api-key", true}, {"max-queue", true}, {"served-model-name", true},
              {"max-num-seqs", true}, {"kv-cache-mb", true}, {"max-body-bytes", true},
              {"shutdown-grace", true}, {"threads", true}});
   if (args.has("checkpoint") == args.has("model"))
     throw UsageError("[serve] give exactly one of --checkpoint DIR or --model PRESET (see loom serve --help)");
-  if (args.has("checkpoint"))
-    fail("serve", "--checkpoint ", args.get("checkpoint", ""),
-         ": loading checkpoints is not available in this build yet; serve random weights with --model PRESET");
-
-  model::ModelConfig mc = model::preset(args.get("model", ""));
-  mc.vocab_size = 256;  // byte tokenizer
-  if (args.has("n-ctx")) mc.n_ctx = args.get_int("n-ctx", mc.n_ctx);
+  // The model: a verified checkpoint, or random weights of a preset.
+  std::string checkpoint;
+  model::ModelConfig mc;
+  if (args.has("checkpoint")) {
+    checkpoint = args.get("checkpoint", "");
+    if (!std::filesystem::exists(std::filesystem::path(checkpoint) / "manifest.json")) {
+      auto latest = train::find_latest_valid_checkpoint(checkpoint, stderr);
+      if (!latest)
+        fail("serve", "--checkpoint ", checkpoint, ": no valid checkpoint there (expected DIR/step_N/manifest.json, "
+             "as loom train writes)");
+      checkpoint = *latest;
+    }
+    mc = train::checkpoint_model_config(checkpoint);
+  } else {
+    mc = model::preset(args.get("model", ""));
+  }
+  const std::string tok_name =
+      args.get("tokenizer", !checkpoint.empty() && mc.vocab_size != 256 ? "gpt2" : "byte");
+  std::unique_ptr<serve::DataTokenizer> tokenizer = serve::make_text_tokenizer(tok_name, args.get("data-dir", ""));
+  if (checkpoint.empty()) mc.vocab_size = tokenizer->vocab_size();
+  if (args.has("n-ctx")) {
+    if (!checkpoint.empty()) throw UsageError("[serve] --n-ctx applies to --model only (a checkpoint keeps its context)");
+    mc.n_ctx = args.get_int("n-ctx", mc.n_ctx);
+  }
   mc.validate();
   serve::ServeOptions opt;
   opt.http.host = args.get("host", "127.0.0.1");
@@ -90,15 +113,16 @@ int cmd_serve(const std::vector<std::string>& argv) {
 
   serve::ApiServer server(opt);
   server.start();
-  std::printf("[serve] listening on http://%s:%d (loading %s)\n", opt.http.host.c_str(), server.port(),
-              mc.summary().c_str());
+  std::printf("[serve] listening on http://%s:%d (loading %s from %s, tokenizer %s)\n", opt.http.host.c_str(),
+              server.port(), mc.summary().c_str(), checkpoint.empty() ? "random weights" : checkpoint.c_str(),
+              tok_name.c_str());
   std::fflush(stdout);
 
   model::Decoder model(mc);
-  model.init_weights(ec.seed);
+  if (checkpoint.empty()) model.init_weights(ec.seed);
+  else train::load_checkpoint(checkpoint, model, nullptr);
   infer::Engine engine(model, ec);
-  serve::ByteTokenizer tokenizer;
-  serve::InferEngineAdapter adapter(engine, tokenizer);
+  serve::InferEngineAdapter adapter(engine, *tokenizer);
   server.set_engine(&adapter);
   std::printf("[serve] ready: model '%s', context %lld, KV cache %lld blocks of %lld tokens, max %lld "
               "running + %lld queued%s\n",

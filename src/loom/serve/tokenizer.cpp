@@ -1,20 +1,35 @@
-// Byte-level tokenizer and the incremental UTF-8 assembler used for streamed text.
+// The server's view of loom::data tokenizers and the incremental UTF-8 assembler.
 #include "loom/serve/tokenizer.h"
 
 #include "loom/core/error.h"
+#include "loom/data/tokenizer.h"
 
 namespace loom::serve {
 
-std::vector<int32_t> ByteTokenizer::encode(std::string_view text) const {
-  std::vector<int32_t> ids;
-  ids.reserve(text.size());
-  for (unsigned char c : text) ids.push_back(int32_t(c));
-  return ids;
+DataTokenizer::DataTokenizer(std::unique_ptr<data::Tokenizer> tok) : tok_(std::move(tok)) {
+  LOOM_CHECK(tok_ != nullptr, "tokenizer", "no tokenizer given");
 }
 
-std::string ByteTokenizer::token_bytes(int32_t id) const {
-  LOOM_CHECK(id >= 0 && id < 256, "tokenizer", "byte token id ", id, " is outside [0, 256)");
-  return std::string(1, char(uint8_t(id)));
+DataTokenizer::~DataTokenizer() = default;
+
+std::vector<int32_t> DataTokenizer::encode(std::string_view text) const { return tok_->encode(text); }
+
+std::string DataTokenizer::token_bytes(int32_t id) const {
+  LOOM_CHECK(id >= 0 && id < tok_->vocab_size(), "tokenizer", "token id ", id, " is outside the ", tok_->name(),
+             " vocabulary [0, ", tok_->vocab_size(), ")");
+  return tok_->decode(std::span<const int32_t>(&id, 1));
+}
+
+int64_t DataTokenizer::vocab_size() const { return tok_->vocab_size(); }
+
+int32_t DataTokenizer::eos_token() const { return tok_->eot_id().value_or(-1); }
+
+std::string DataTokenizer::name() const { return tok_->name(); }
+
+ByteTokenizer::ByteTokenizer() : DataTokenizer(std::make_unique<data::ByteTokenizer>()) {}
+
+std::unique_ptr<DataTokenizer> make_text_tokenizer(const std::string& name, const std::string& data_dir) {
+  return std::make_unique<DataTokenizer>(data::make_tokenizer(name, data_dir));
 }
 
 namespace {
