@@ -5,7 +5,7 @@
 namespace loom::serve::testing {
 namespace {
 
-TEST(BenchClient, Percentiles) {
+TEST(ServeBenchClient, Percentiles) {
   std::vector<double> v;
   for (int i = 100; i >= 1; --i) v.push_back(i * 0.001);
   LatencyStats s = latency_stats(v);
@@ -17,7 +17,7 @@ TEST(BenchClient, Percentiles) {
   EXPECT_EQ(latency_stats({}).count, 0);
 }
 
-TEST_F(ServerTest, BenchClientMeasuresEveryRequest) {
+TEST_F(ServeTest, BenchClientMeasuresEveryRequest) {
   ServeOptions opt;
   opt.api_key = "k";
   start(opt, FakeEngineOptions());

@@ -24,7 +24,7 @@ std::string write_checkpoint(const std::string& dir, model::Decoder& model) {
   return train::save_checkpoint(dir, 7, model, adam, yaml, 2);
 }
 
-TEST(CheckpointServe, ServesTheTrainedWeights) {
+TEST(ServeCheckpoint, ServesTheTrainedWeights) {
   const std::string dir = std::string(LOOM_BINARY_DIR) + "/test_out/serve_checkpoint";
   fs::remove_all(dir);
   model::ModelConfig mc = model::preset("gpt2-tiny");
@@ -77,7 +77,7 @@ TEST(CheckpointServe, ServesTheTrainedWeights) {
   EXPECT_NE(none.output().find("no valid checkpoint"), std::string::npos) << none.output();
 }
 
-TEST(Gpt2TextTokenizer, StreamsTokensAsValidText) {
+TEST(ServeGpt2Tokenizer, StreamsTokensAsValidText) {
   auto tok = make_text_tokenizer("gpt2");
   EXPECT_EQ(tok->vocab_size(), 50257);
   EXPECT_EQ(tok->eos_token(), 50256);

@@ -15,7 +15,7 @@ std::optional<HttpRequest> parse(const std::string& head, HttpError* err, size_t
 }
 }  // namespace
 
-TEST(HttpParse, RequestLineHeadersAndQuery) {
+TEST(ServeHttpParse, RequestLineHeadersAndQuery) {
   HttpError err;
   auto r = parse("POST /v1/completions?x=1 HTTP/1.1\r\nHost: a\r\nContent-Length: 12\r\nX-Thing:  v  \r\n", &err);
   ASSERT_TRUE(r) << err.message;
@@ -28,7 +28,7 @@ TEST(HttpParse, RequestLineHeadersAndQuery) {
   EXPECT_EQ(*r->header("x-thing"), "v");
 }
 
-TEST(HttpParse, ConnectionSemanticsPerVersion) {
+TEST(ServeHttpParse, ConnectionSemanticsPerVersion) {
   HttpError err;
   EXPECT_FALSE(parse("GET / HTTP/1.1\r\nConnection: close\r\n", &err)->keep_alive);
   EXPECT_FALSE(parse("GET / HTTP/1.0\r\n", &err)->keep_alive);
@@ -36,7 +36,7 @@ TEST(HttpParse, ConnectionSemanticsPerVersion) {
   EXPECT_TRUE(parse("GET / HTTP/1.1\r\nExpect: 100-continue\r\n", &err)->expect_continue);
 }
 
-TEST(HttpParse, RefusalsCarryTheRightStatus) {
+TEST(ServeHttpParse, RefusalsCarryTheRightStatus) {
   struct Case {
     const char* head;
     int status;
@@ -62,13 +62,13 @@ TEST(HttpParse, RefusalsCarryTheRightStatus) {
   EXPECT_TRUE(parse("POST /x HTTP/1.1\r\nContent-Length: 1000\r\n", &err));
 }
 
-TEST(HttpParse, HeadEndWithCrlfOrLf) {
+TEST(ServeHttpParse, HeadEndWithCrlfOrLf) {
   EXPECT_EQ(find_head_end("GET / HTTP/1.1\r\nA: b\r\n\r\nbody"), 24u);
   EXPECT_EQ(find_head_end("GET / HTTP/1.1\nA: b\n\nbody"), 21u);
   EXPECT_EQ(find_head_end("GET / HTTP/1.1\r\nA: b\r\n"), std::string::npos);
 }
 
-TEST(HttpParse, ResponseHead) {
+TEST(ServeHttpParse, ResponseHead) {
   std::string h = response_head(404, "application/json", 7, true, {{"X-A", "1"}});
   EXPECT_EQ(h.rfind("HTTP/1.1 404 Not Found\r\n", 0), 0u);
   EXPECT_NE(h.find("Content-Length: 7\r\n"), std::string::npos);
@@ -80,7 +80,7 @@ TEST(HttpParse, ResponseHead) {
   EXPECT_EQ(chunked.find("Content-Length"), std::string::npos);
 }
 
-TEST(HttpParse, Urls) {
+TEST(ServeHttpParse, Urls) {
   Url u = parse_url("http://127.0.0.1:8123/v1/");
   EXPECT_EQ(u.host, "127.0.0.1");
   EXPECT_EQ(u.port, 8123);

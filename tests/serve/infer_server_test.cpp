@@ -65,7 +65,7 @@ class GatedEngine final : public Engine {
   bool open_ = false;
 };
 
-class InferServerTest : public ::testing::Test {
+class ServeInferTest : public ::testing::Test {
  protected:
   void SetUp() override {
     model_ = std::make_unique<model::Decoder>(tiny());
@@ -96,7 +96,7 @@ class InferServerTest : public ::testing::Test {
   std::unique_ptr<ApiServer> server_;
 };
 
-TEST_F(InferServerTest, DisconnectMidStreamFreesTheKvBlocks) {
+TEST_F(ServeInferTest, DisconnectMidStreamFreesTheKvBlocks) {
   const int64_t total = engine_->metrics().kv_blocks_total;
   ASSERT_EQ(blocks_used(), 0);
   HttpClient c("127.0.0.1", server_->port(), 10);

@@ -67,7 +67,7 @@ std::string fake_expected(const std::string& prompt, int max_tokens, uint64_t se
   return expected_text(prompt, max_tokens, 1.0, seed) + "#" + std::to_string(max_tokens);
 }
 
-TEST_F(ServerTest, SixtyFourStreamingClientsTwoHundredFiftySixRequests) {
+TEST_F(ServeTest, SixtyFourStreamingClientsTwoHundredFiftySixRequests) {
   ServeOptions opt;
   opt.max_queue = 256;
   FakeEngineOptions eo;

@@ -6,7 +6,7 @@
 
 using namespace loom::serve;
 
-TEST(Metrics, RendersExpositionFormat) {
+TEST(ServeMetrics, RendersExpositionFormat) {
   MetricsRegistry m;
   m.counter("loom_requests_total", "requests", {{"endpoint", "/v1/x"}, {"status", "200"}}).inc();
   m.counter("loom_requests_total", "requests", {{"endpoint", "/v1/x"}, {"status", "200"}}).inc(2);
@@ -29,7 +29,7 @@ TEST(Metrics, RendersExpositionFormat) {
   EXPECT_NE(text.find("loom_lat_seconds_count 4\n"), std::string::npos);
 }
 
-TEST(Metrics, ATypeClashIsAnError) {
+TEST(ServeMetrics, ATypeClashIsAnError) {
   MetricsRegistry m;
   m.counter("x_total", "x");
   EXPECT_THROW(m.gauge("x_total", "x"), loom::Error);

@@ -19,7 +19,7 @@ std::optional<ApiError> check(const std::string& body, ApiKind kind = ApiKind::c
 
 }  // namespace
 
-TEST(OpenAiRequest, EachBadFieldIsNamed) {
+TEST(ServeOpenAiRequest, EachBadFieldIsNamed) {
   struct Case {
     const char* body;
     const char* param;
@@ -76,7 +76,7 @@ TEST(OpenAiRequest, EachBadFieldIsNamed) {
   }
 }
 
-TEST(OpenAiRequest, GoodRequestsFillTheEngineRequest) {
+TEST(ServeOpenAiRequest, GoodRequestsFillTheEngineRequest) {
   CompletionParams p;
   ASSERT_FALSE(parse_completion_request(
       R"({"model": "m", "prompt": "abc", "max_tokens": 5, "temperature": 0.5, "top_p": 0.9,
@@ -111,7 +111,7 @@ TEST(OpenAiRequest, GoodRequestsFillTheEngineRequest) {
   EXPECT_EQ(g.max_tokens, 100 - int64_t(prompt.size()));
 }
 
-TEST(OpenAiRequest, ErrorObjectShape) {
+TEST(ServeOpenAiRequest, ErrorObjectShape) {
   HttpResponse r = error_response(invalid_request("top_p", "bad"));
   EXPECT_EQ(r.status, 400);
   EXPECT_EQ(r.body, R"({"error":{"code":null,"message":"bad","param":"top_p","type":"invalid_request_error"}})");

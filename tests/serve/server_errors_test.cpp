@@ -54,7 +54,7 @@ void expect_error(const ClientResponse& r, const ErrorCase& c) {
   EXPECT_TRUE(e.contains("code")) << c.what;
 }
 
-TEST_F(ServerTest, ErrorTableOverRawHttpWithoutDisturbingAStream) {
+TEST_F(ServeTest, ErrorTableOverRawHttpWithoutDisturbingAStream) {
   FakeEngineOptions eo;
   eo.tick_s = 0.002;
   start(ServeOptions(), eo);
@@ -73,7 +73,7 @@ TEST_F(ServerTest, ErrorTableOverRawHttpWithoutDisturbingAStream) {
   EXPECT_NE(m.find("loom_requests_total{endpoint=\"other\",status=\"413\"} 1"), std::string::npos);
 }
 
-TEST_F(ServerTest, ApiKeyIsRequiredOnV1Routes) {
+TEST_F(ServeTest, ApiKeyIsRequiredOnV1Routes) {
   ServeOptions opt;
   opt.api_key = "s3cret";
   start(opt, FakeEngineOptions());
@@ -92,7 +92,7 @@ TEST_F(ServerTest, ApiKeyIsRequiredOnV1Routes) {
   EXPECT_EQ(get("/metrics").status, 200);
 }
 
-TEST_F(ServerTest, FullQueueAnswers429AndRecovers) {
+TEST_F(ServeTest, FullQueueAnswers429AndRecovers) {
   ServeOptions opt;
   opt.max_queue = 1;
   FakeEngineOptions eo;
@@ -113,7 +113,7 @@ TEST_F(ServerTest, FullQueueAnswers429AndRecovers) {
   EXPECT_EQ(raw(full.request).status, 200);
 }
 
-TEST_F(ServerTest, ExpectContinueIsAnswered) {
+TEST_F(ServeTest, ExpectContinueIsAnswered) {
   start();
   auto c = client();
   std::string body = R"({"model": "fake", "prompt": "ok", "max_tokens": 2, "temperature": 0})";

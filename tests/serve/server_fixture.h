@@ -30,7 +30,7 @@ bool eventually(F cond, double seconds = 5) {
   return cond();
 }
 
-class ServerTest : public ::testing::Test {
+class ServeTest : public ::testing::Test {
  protected:
   void TearDown() override { shutdown(); }
 

@@ -5,7 +5,7 @@
 namespace loom::serve::testing {
 namespace {
 
-TEST_F(ServerTest, HealthIs503UntilTheEngineIsSet) {
+TEST_F(ServeTest, HealthIs503UntilTheEngineIsSet) {
   start(ServeOptions(), FakeEngineOptions(), /*with_engine=*/false);
   EXPECT_EQ(get("/health").status, 503);
   ClientResponse r = post("/v1/completions", {{"model", "fake"}, {"prompt", "x"}});
@@ -14,7 +14,7 @@ TEST_F(ServerTest, HealthIs503UntilTheEngineIsSet) {
   EXPECT_EQ(get("/health").status, 200);
 }
 
-TEST_F(ServerTest, ModelsList) {
+TEST_F(ServeTest, ModelsList) {
   start();
   ClientResponse r = get("/v1/models");
   ASSERT_EQ(r.status, 200);
@@ -26,7 +26,7 @@ TEST_F(ServerTest, ModelsList) {
   EXPECT_EQ(get("/v1/models/other").status, 404);
 }
 
-TEST_F(ServerTest, CompletionReturnsTheEngineTokensAndUsage) {
+TEST_F(ServeTest, CompletionReturnsTheEngineTokensAndUsage) {
   start();
   ClientResponse r = post("/v1/completions", {{"model", "fake"}, {"prompt", "hello"}, {"max_tokens", 8},
                                               {"temperature", 0}});
@@ -47,7 +47,7 @@ TEST_F(ServerTest, CompletionReturnsTheEngineTokensAndUsage) {
   EXPECT_NE(json::parse(post("/v1/completions", body).body)["choices"][0]["text"], a);
 }
 
-TEST_F(ServerTest, StopStringEndsTheRequestAndAbortsTheEngineSide) {
+TEST_F(ServeTest, StopStringEndsTheRequestAndAbortsTheEngineSide) {
   start();
   ClientResponse r = post("/v1/completions", {{"model", "fake"}, {"prompt", "hello world"}, {"max_tokens", 40},
                                               {"temperature", 0}, {"stop", {"wor", "zzz"}}});
@@ -60,7 +60,7 @@ TEST_F(ServerTest, StopStringEndsTheRequestAndAbortsTheEngineSide) {
   EXPECT_EQ(engine_->aborts(), 1);
 }
 
-TEST_F(ServerTest, ChatUsesTheTemplate) {
+TEST_F(ServeTest, ChatUsesTheTemplate) {
   start();
   json msgs = json::array({{{"role", "user"}, {"content", "hi"}}});
   ClientResponse r = post("/v1/chat/completions", {{"model", "fake"}, {"messages", msgs}, {"max_tokens", 6},
@@ -74,7 +74,7 @@ TEST_F(ServerTest, ChatUsesTheTemplate) {
   EXPECT_EQ(j["usage"]["prompt_tokens"], int64_t(std::string("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n").size()));
 }
 
-TEST_F(ServerTest, StreamingCompletionSendsChunksThenDone) {
+TEST_F(ServeTest, StreamingCompletionSendsChunksThenDone) {
   start();
   auto c = client();
   json body = {{"model", "fake"}, {"prompt", "abc"}, {"max_tokens", 10}, {"seed", 3}, {"stream", true}};
@@ -93,7 +93,7 @@ TEST_F(ServerTest, StreamingCompletionSendsChunksThenDone) {
   EXPECT_EQ(c->request("GET", "/health").status, 200);
 }
 
-TEST_F(ServerTest, StreamingChatSendsRoleFirstAndUsageOnRequest) {
+TEST_F(ServeTest, StreamingChatSendsRoleFirstAndUsageOnRequest) {
   start();
   auto c = client();
   json body = {{"model", "fake"}, {"messages", {{{"role", "user"}, {"content", "x"}}}}, {"max_tokens", 5},
@@ -110,7 +110,7 @@ TEST_F(ServerTest, StreamingChatSendsRoleFirstAndUsageOnRequest) {
   EXPECT_EQ(s.chunks[s.chunks.size() - 2]["choices"][0]["finish_reason"], "length");
 }
 
-TEST_F(ServerTest, KeepAliveAndPipelinedRequests) {
+TEST_F(ServeTest, KeepAliveAndPipelinedRequests) {
   start();
   auto c = client();
   std::string one = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
@@ -128,7 +128,7 @@ TEST_F(ServerTest, KeepAliveAndPipelinedRequests) {
   EXPECT_FALSE(c->connected());
 }
 
-TEST_F(ServerTest, ClientDisconnectMidStreamAbortsAndFreesBlocks) {
+TEST_F(ServeTest, ClientDisconnectMidStreamAbortsAndFreesBlocks) {
   FakeEngineOptions eo;
   eo.tick_s = 0.005;
   start(ServeOptions(), eo);
@@ -147,7 +147,7 @@ TEST_F(ServerTest, ClientDisconnectMidStreamAbortsAndFreesBlocks) {
   EXPECT_EQ(post("/v1/completions", {{"model", "fake"}, {"prompt", "q"}, {"max_tokens", 2}}).status, 200);
 }
 
-TEST_F(ServerTest, ClientDisconnectWhileWaitingNonStreamingAborts) {
+TEST_F(ServeTest, ClientDisconnectWhileWaitingNonStreamingAborts) {
   start();
   engine_->set_paused(true);
   auto c = client();
@@ -157,7 +157,7 @@ TEST_F(ServerTest, ClientDisconnectWhileWaitingNonStreamingAborts) {
   EXPECT_TRUE(eventually([&] { return engine_->aborts() == 1 && server_->in_flight() == 0; }));
 }
 
-TEST_F(ServerTest, MetricsCountRequestsTokensAndLatencies) {
+TEST_F(ServeTest, MetricsCountRequestsTokensAndLatencies) {
   start();
   ASSERT_EQ(post("/v1/completions", {{"model", "fake"}, {"prompt", "abcd"}, {"max_tokens", 5}}).status, 200);
   EXPECT_EQ(get("/nope").status, 404);
@@ -177,7 +177,7 @@ TEST_F(ServerTest, MetricsCountRequestsTokensAndLatencies) {
     EXPECT_NE(t.find(line), std::string::npos) << line << "\n" << t;
 }
 
-TEST_F(ServerTest, ShutdownAbortsInFlightStreamsWithAnErrorEvent) {
+TEST_F(ServeTest, ShutdownAbortsInFlightStreamsWithAnErrorEvent) {
   FakeEngineOptions eo;
   eo.tick_s = 0.01;
   start(ServeOptions(), eo);
@@ -196,7 +196,7 @@ TEST_F(ServerTest, ShutdownAbortsInFlightStreamsWithAnErrorEvent) {
   EXPECT_THROW(after.request("GET", "/health"), loom::Error);
 }
 
-TEST_F(ServerTest, ShutdownLetsShortRequestsFinish) {
+TEST_F(ServeTest, ShutdownLetsShortRequestsFinish) {
   FakeEngineOptions eo;
   eo.tick_s = 0.005;
   start(ServeOptions(), eo);

@@ -9,7 +9,7 @@ namespace {
 std::vector<int32_t> bytes(const std::string& s) { return ByteTokenizer().encode(s); }
 }  // namespace
 
-TEST(Utf8Assembler, HoldsSplitCharactersAndReplacesInvalidOnes) {
+TEST(ServeUtf8Assembler, HoldsSplitCharactersAndReplacesInvalidOnes) {
   Utf8Assembler a;
   EXPECT_EQ(a.push("h\xC3"), "h");       // first half of 'é' waits
   EXPECT_EQ(a.push("\xA9!"), "\xC3\xA9!");
@@ -21,7 +21,7 @@ TEST(Utf8Assembler, HoldsSplitCharactersAndReplacesInvalidOnes) {
   EXPECT_EQ(a.push("\xED\xA0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // surrogate: invalid
 }
 
-TEST(TextStream, NoStopsPassesEverythingThrough) {
+TEST(ServeTextStream, NoStopsPassesEverythingThrough) {
   ByteTokenizer tok;
   TextStream ts(tok, {});
   std::string out;
@@ -31,7 +31,7 @@ TEST(TextStream, NoStopsPassesEverythingThrough) {
   EXPECT_FALSE(ts.stopped());
 }
 
-TEST(TextStream, CutsAtTheFirstStopAndHoldsPossiblePrefixes) {
+TEST(ServeTextStream, CutsAtTheFirstStopAndHoldsPossiblePrefixes) {
   ByteTokenizer tok;
   TextStream ts(tok, {"wor", "xyz"});
   std::vector<std::string> deltas;
@@ -48,7 +48,7 @@ TEST(TextStream, CutsAtTheFirstStopAndHoldsPossiblePrefixes) {
   EXPECT_EQ(ts.finish(), "");
 }
 
-TEST(TextStream, ReleasesAHeldPrefixThatDidNotBecomeAStop) {
+TEST(ServeTextStream, ReleasesAHeldPrefixThatDidNotBecomeAStop) {
   ByteTokenizer tok;
   TextStream ts(tok, {"abc"});
   EXPECT_EQ(ts.push_token('a'), "");
@@ -59,7 +59,7 @@ TEST(TextStream, ReleasesAHeldPrefixThatDidNotBecomeAStop) {
   EXPECT_EQ(ts.text(), "abxa");
 }
 
-TEST(TextStream, RenderCompletionMatchesStreaming) {
+TEST(ServeTextStream, RenderCompletionMatchesStreaming) {
   ByteTokenizer tok;
   bool stopped = false;
   EXPECT_EQ(render_completion(tok, bytes("one two three"), {"thr"}, &stopped), "one two ");
