@@ -20,6 +20,7 @@ std::vector<ErrorCase> error_cases() {
   return {
       {"malformed JSON", completion(R"({"model": "fake", "prompt": )"), 400, ir, nullptr},
       {"body not an object", completion("[]"), 400, ir, nullptr},
+      {"deeply nested JSON", completion(std::string(100000, '[') + std::string(100000, ']')), 400, ir, nullptr},
       {"missing prompt", completion(R"({"model": "fake"})"), 400, ir, "prompt"},
       {"missing model", completion(R"({"prompt": "x"})"), 400, ir, "model"},
       {"missing messages", chat(R"({"model": "fake"})"), 400, ir, "messages"},
@@ -111,6 +112,25 @@ TEST_F(ServeTest, FullQueueAnswers429AndRecovers) {
   EXPECT_EQ(json::parse(a->read_response().body)["choices"][0]["text"], "xxx");
   EXPECT_EQ(b->read_response().status, 200);
   EXPECT_EQ(raw(full.request).status, 200);
+}
+
+TEST_F(ServeTest, SlowClientsGet408AndIdleOnesAreClosed) {
+  ServeOptions opt;
+  opt.http.read_timeout_s = 0.2;
+  opt.http.idle_timeout_s = 0.3;
+  start(opt, FakeEngineOptions());
+  auto slow = client();
+  slow->send_raw("POST /v1/completions HTTP/1.1\r\nContent-Le");  // and then nothing
+  ErrorCase late{"head too slow", "", 408, "invalid_request_error", nullptr};
+  expect_error(slow->read_response(), late);
+  auto slow_body = client();
+  slow_body->send_raw("POST /v1/completions HTTP/1.1\r\nContent-Length: 50\r\n\r\n{\"model\"");
+  expect_error(slow_body->read_response(), late);
+  auto idle = client();
+  EXPECT_EQ(idle->request("GET", "/health").status, 200);
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  EXPECT_THROW(idle->request("GET", "/health"), loom::Error);  // the server closed it
+  EXPECT_EQ(server_->in_flight(), 0);
 }
 
 TEST_F(ServeTest, ExpectContinueIsAnswered) {
