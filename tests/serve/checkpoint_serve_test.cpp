@@ -1,4 +1,4 @@
-// `loom serve --checkpoint`: a checkpoint written by the train module is found (run
+// `loom serve --checkpoint`: a checkpoint written by a few steps of the trainer is found (run
 // directory -> newest valid step), verified, loaded, and served with the same outputs as an
 // offline engine on those weights; a corrupt one is refused with the reason. Also the GPT-2
 // tokenizer behind the server's streaming interface.
@@ -7,9 +7,11 @@
 
 #include "loom/infer/engine.h"
 #include "loom/model/decoder.h"
-#include "loom/optim/adamw.h"
 #include "loom/serve/infer_engine.h"
 #include "loom/train/checkpoint.h"
+#include "loom/train/dataset_source.h"
+#include "loom/train/trainer.h"
+#include "train/train_testing.h"
 #include "serve/server_fixture.h"
 #include "serve/server_process.h"
 
@@ -18,20 +20,26 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string write_checkpoint(const std::string& dir, model::Decoder& model) {
-  optim::AdamW adam(optim::AdamWConfig{}, 0, model.flat_size(), {{0, model.flat_size(), true}});
-  const std::string yaml = "model:\n  preset: gpt2-tiny\n  vocab_size: 256\ndata:\n  dir: unused\n";
-  return train::save_checkpoint(dir, 7, model, adam, yaml, 2);
+// Trains gpt2-tiny (byte vocabulary, context 32) for a few steps; returns the checkpoint.
+std::string train_checkpoint(const std::string& dir) {
+  const std::string data = loom::testing::prepare_shakespeare(dir, 20000);
+  train::TrainConfig cfg =
+      train::parse_train_config(loom::testing::tiny_config_yaml(data, dir + "/ck"), {"schedule.steps=3"});
+  train::DatasetSource src(cfg);
+  train::TrainerOptions o;
+  o.log = std::fopen("/dev/null", "w");
+  train::TrainResult r = train::Trainer(cfg, src, o).run();
+  std::fclose(o.log);
+  return r.last_checkpoint;
 }
 
 TEST(ServeCheckpoint, ServesTheTrainedWeights) {
-  const std::string dir = std::string(LOOM_BINARY_DIR) + "/test_out/serve_checkpoint";
-  fs::remove_all(dir);
-  model::ModelConfig mc = model::preset("gpt2-tiny");
-  mc.vocab_size = 256;
+  const std::string dir = loom::testing::temp_dir("serve_checkpoint");
+  const std::string step_dir = train_checkpoint(dir);
+  ASSERT_FALSE(step_dir.empty());
+  const model::ModelConfig mc = train::checkpoint_model_config(step_dir);
   model::Decoder model(mc);
-  model.init_weights(11);
-  const std::string step_dir = write_checkpoint(dir, model);
+  train::load_checkpoint_weights(step_dir, model);
 
   ByteTokenizer tok;
   GenerationRequest g;
@@ -46,10 +54,10 @@ TEST(ServeCheckpoint, ServesTheTrainedWeights) {
   };
   const std::string want = greedy_text(model);
   model::Decoder other(mc);  // the weights the server would have without the checkpoint
-  other.init_weights(0);
+  other.init_weights(1337);
   ASSERT_NE(greedy_text(other), want);
 
-  ServerProcess proc({"--checkpoint", dir, "--threads", "1", "--kv-cache-mb", "4"});
+  ServerProcess proc({"--checkpoint", dir + "/ck", "--threads", "1", "--kv-cache-mb", "4"});
   ASSERT_TRUE(proc.wait_ready()) << proc.output();
   EXPECT_NE(proc.output().find(step_dir), std::string::npos) << proc.output();
   HttpClient c("127.0.0.1", proc.port());
@@ -72,9 +80,10 @@ TEST(ServeCheckpoint, ServesTheTrainedWeights) {
   ServerProcess bad({"--checkpoint", step_dir, "--threads", "1"});
   EXPECT_EQ(bad.stop(0, 30), 1);
   EXPECT_NE(bad.output().find("model.safetensors"), std::string::npos) << bad.output();
-  ServerProcess none({"--checkpoint", dir, "--threads", "1"});
+  ServerProcess none({"--checkpoint", dir + "/ck", "--threads", "1"});
   EXPECT_EQ(none.stop(0, 30), 1);
   EXPECT_NE(none.output().find("no valid checkpoint"), std::string::npos) << none.output();
+  fs::remove_all(dir);
 }
 
 TEST(ServeGpt2Tokenizer, StreamsTokensAsValidText) {

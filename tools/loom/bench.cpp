@@ -11,6 +11,8 @@ const std::vector<Benchmark>& benchmarks() {
        bench_train},
       {"tokenize", "tokenizer encode/decode MB/s on one thread (Tiny Shakespeare by default)",
        bench_tokenize},
+      {"comm", "collective time, algorithm and bus bandwidth per size (nccl-tests style)",
+       bench_comm},
       {"serve", "latency percentiles and throughput of a running server under Poisson load", bench_serve},
   };
   return list;

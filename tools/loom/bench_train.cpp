@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "loom/comm/launch.h"
 #include "loom/core/threads.h"
 #include "loom/core/timer.h"
 #include "loom/kernels/cpu/cpu_kernels.h"
@@ -53,11 +54,27 @@ const char* kHelp =
     "  --ckpt      activation checkpoint interval (0 = off)\n"
     "  --peer torch  also run bench/peers/torch_gpt2.py (Debian python3-torch) with the same\n"
     "              model, shapes and threads, alternating R rounds (default 2), and print ratios\n"
+    "Data parallel: --nproc N --dp N [--zero S] [--bucket-mb M] runs N ranks (via loom launch)\n"
+    "              and reports communication time and the part not hidden behind compute.\n"
     "The last line is SUMMARY {json}.\n";
 
 }  // namespace
 
 int bench_train(const std::vector<std::string>& argv) {
+  // Data-parallel variant: relaunch under MPI when asked for N processes.
+  {
+    Args probe("bench train", argv,
+               {{"model", true}, {"batch", true}, {"seq", true}, {"steps", true}, {"warmup", true},
+                {"threads", true}, {"ckpt", true}, {"peer", true}, {"rounds", true},
+                {"peer-python", true}, {"help", false}, {"nproc", true}, {"dp", true},
+                {"zero", true}, {"bucket-mb", true}});
+    if (probe.has("nproc") && !comm::launch_env().under_mpi) {
+      std::vector<std::string> launch = {"--nproc", probe.get("nproc", "1"), "--", "bench", "train"};
+      for (const auto& s : without_nproc(argv)) launch.push_back(s);
+      return cmd_launch(launch);
+    }
+    if (comm::launch_env().under_mpi || probe.has("dp") || probe.has("zero")) return bench_train_dp(argv);
+  }
   Args a("bench train", argv,
          {{"model", true}, {"batch", true}, {"seq", true}, {"steps", true}, {"warmup", true},
           {"threads", true}, {"ckpt", true}, {"peer", true}, {"rounds", true},

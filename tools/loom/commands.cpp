@@ -12,6 +12,7 @@ const std::vector<Command>& commands() {
   static const std::vector<Command> cmds = {
       {"bench", cmd_bench},
       {"serve", cmd_serve},
+      {"launch", cmd_launch},
       {"version", cmd_version},
       {"tokenize", cmd_tokenize},
       {"prepare", cmd_prepare},
@@ -24,6 +25,19 @@ int cmd_version(const std::vector<std::string>&) {
   std::printf("loom 0.1.0\ncpu kernels: %s\n%s\n", cpu::hot_kernels_isa().c_str(),
               cuda::describe().c_str());
   return 0;
+}
+
+std::vector<std::string> without_nproc(const std::vector<std::string>& args) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--nproc") {
+      ++i;
+      continue;
+    }
+    if (args[i].rfind("--nproc=", 0) == 0) continue;
+    out.push_back(args[i]);
+  }
+  return out;
 }
 
 Args::Args(const std::string& cmd, const std::vector<std::string>& argv,

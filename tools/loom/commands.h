@@ -19,6 +19,7 @@ struct Command {
 const std::vector<Command>& commands();
 
 int cmd_bench(const std::vector<std::string>& args);
+int cmd_launch(const std::vector<std::string>& args);
 int cmd_version(const std::vector<std::string>& args);
 int cmd_tokenize(const std::vector<std::string>& args);
 int cmd_prepare(const std::vector<std::string>& args);
@@ -32,8 +33,15 @@ struct Benchmark {
 };
 const std::vector<Benchmark>& benchmarks();
 int bench_train(const std::vector<std::string>& args);
+int bench_train_dp(const std::vector<std::string>& args);
 int bench_tokenize(const std::vector<std::string>& args);
 int bench_serve(const std::vector<std::string>& args);
+int bench_comm(const std::vector<std::string>& args);
+
+// The arguments to pass on when a command relaunches itself under `loom launch --nproc N`:
+// everything but --nproc.
+std::vector<std::string> without_nproc(const std::vector<std::string>& args);
+int cmd_launch(const std::vector<std::string>& args);
 
 // --key value / --key=value / --flag parsing against a declared option list.
 class Args {

@@ -120,7 +120,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
 
   model::Decoder model(mc);
   if (checkpoint.empty()) model.init_weights(ec.seed);
-  else train::load_checkpoint(checkpoint, model, nullptr);
+  else train::load_checkpoint_weights(checkpoint, model);
   infer::Engine engine(model, ec);
   serve::InferEngineAdapter adapter(engine, *tokenizer);
   server.set_engine(&adapter);

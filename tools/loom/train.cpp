@@ -3,6 +3,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "loom/comm/world.h"
+#include "loom/parallel/mesh.h"
 #include "loom/train/dataset_source.h"
 #include "loom/train/trainer.h"
 #include "tools/loom/commands.h"
@@ -32,11 +34,26 @@ int cmd_train(const std::vector<std::string>& argv) {
   std::vector<std::string> sets = a.get_all("set");
   if (a.has("metrics")) sets.push_back("log.metrics_path=" + a.get("metrics", ""));
   train::TrainConfig cfg = train::load_train_config(a.positional()[0], sets);
+  // One process, or one rank of an MPI job (mpirun / loom launch): the World decides.
+  comm::WorldOptions wo;
+  wo.watchdog_timeout_s = cfg.parallel.collective_timeout_s;
+  comm::World world(wo);
+  const auto& p = cfg.parallel;
+  parallel::Mesh mesh(world.group(), parallel::MeshShape(p.pp, p.dp, p.ep, p.tp));
+  const bool main_rank = world.rank() == 0;
   train::DatasetSource data(cfg);
   train::TrainerOptions opt;
   opt.resume = a.get("resume", "");
-  train::Trainer trainer(cfg, data, opt);
-  train::TrainResult r = trainer.run();
+  opt.mesh = &mesh;
+  FILE* devnull = main_rank ? nullptr : std::fopen("/dev/null", "w");
+  if (!main_rank) opt.log = devnull;
+  train::TrainResult r;
+  {
+    train::Trainer trainer(cfg, data, opt);
+    r = trainer.run();
+  }
+  if (devnull) std::fclose(devnull);
+  if (!main_rank) return 0;
   nlohmann::json s = {{"steps", r.steps}, {"final_train_loss", r.final_train_loss},
                       {"final_val_loss", r.final_val_loss < 0 ? nlohmann::json(nullptr) : nlohmann::json(r.final_val_loss)},
                       {"tokens_per_s", r.tokens_per_s}, {"peak_bytes", r.peak_bytes},

@@ -47,6 +47,8 @@ Group make_group(std::unique_ptr<Backend> backend, const std::string& name,
                  std::shared_ptr<CommRecord> record);
 
 std::unique_ptr<Backend> make_single_backend();
+// The record `g` writes to, for a group built beside it (e.g. a NCCL group).
+std::shared_ptr<CommRecord> shared_record(const Group& g);
 
 // The element types every CPU backend moves and reduces: f32, f64, i32, i64, u8.
 bool is_host_comm_dtype(DType t);

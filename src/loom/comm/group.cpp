@@ -70,6 +70,7 @@ int Group::size() const { return impl("size").size; }
 const std::string& Group::name() const { return impl("name").name; }
 const char* Group::backend_name() const { return impl("backend_name").backend_name.c_str(); }
 const CommRecord& Group::record() const { return *impl("record").record; }
+std::shared_ptr<CommRecord> shared_record(const Group& g) { return g.impl("record").record; }
 
 Work Group::all_reduce_async(const Tensor& t, ReduceOp op) const {
   const GroupImpl& g = impl("all_reduce");

@@ -91,6 +91,7 @@ class Group {
   explicit Group(std::shared_ptr<GroupImpl> impl) : impl_(std::move(impl)) {}
 
  private:
+  friend std::shared_ptr<CommRecord> shared_record(const Group& g);
   const GroupImpl& impl(const char* op) const;
   std::shared_ptr<GroupImpl> impl_;
 };

@@ -269,12 +269,17 @@ std::string name_list(const std::vector<std::string>& names) {
 }  // namespace
 
 void save_hf_safetensors(const Decoder& m, const std::string& path, DType dtype) {
+  save_hf_safetensors(m.layout(), m.params(), path, dtype);
+}
+
+void save_hf_safetensors(const ParamLayout& layout, const Tensor& flat, const std::string& path,
+                         DType dtype) {
   LOOM_CHECK(dtype == DType::f32 || dtype == DType::f64 || dtype == DType::bf16 ||
                  dtype == DType::f16,
              "hf", "cannot save parameters as ", dtype_name(dtype), " (use f32, f64, bf16, f16)");
   io::SafetensorsWriter w;
-  for (const auto& p : m.layout().params()) {
-    const Tensor src = m.params().slice(p.offset, p.shape);
+  for (const auto& p : layout.params()) {
+    const Tensor src = flat.slice(p.offset, p.shape);
     if (!p.hf_transposed && src.dtype() == dtype) {
       w.add(p.name, src);
       continue;
@@ -288,9 +293,12 @@ void save_hf_safetensors(const Decoder& m, const std::string& path, DType dtype)
 }
 
 void load_hf_safetensors(Decoder& m, const std::string& path) {
+  load_hf_safetensors(m.config(), m.layout(), m.params(), path);
+}
+
+void load_hf_safetensors(const ModelConfig& cfg, const ParamLayout& layout, const Tensor& flat,
+                         const std::string& path) {
   const io::SafetensorsFile f = io::SafetensorsFile::open(path);
-  const ModelConfig& cfg = m.config();
-  const ParamLayout& layout = m.layout();
   std::set<std::string> seen;
   std::vector<std::string> unexpected;
   for (const auto& e : f.entries()) {
@@ -310,7 +318,7 @@ void load_hf_safetensors(Decoder& m, const std::string& path) {
                p.hf_transposed ? " (Hugging Face's Conv1D layout [in, out])" : "");
     LOOM_CHECK(seen.insert(name).second, "hf", path, ": parameter '", name,
                "' appears twice (with and without the 'transformer.' prefix)");
-    convert(f.get(e.name), m.params().slice(p.offset, p.shape), p.hf_transposed,
+    convert(f.get(e.name), flat.slice(p.offset, p.shape), p.hf_transposed,
             str_cat(path, ": tensor '", e.name, "'"));
   }
   LOOM_CHECK(unexpected.empty(), "hf", path, ": ", unexpected.size(), " unexpected tensor",

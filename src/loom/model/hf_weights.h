@@ -28,6 +28,11 @@ void save_hf_safetensors(const Decoder& m, const std::string& path, DType dtype 
 // attn.masked_bias, rotary_emb.inv_freq) and a tied lm_head.weight. Missing or unexpected
 // tensors and shape mismatches are errors naming the tensor and both shapes.
 void load_hf_safetensors(Decoder& m, const std::string& path);
+// The same over a flat buffer laid out by `layout` (e.g. weights gathered from ZeRO-3 shards).
+void save_hf_safetensors(const ParamLayout& layout, const Tensor& flat, const std::string& path,
+                         DType dtype = DType::f32);
+void load_hf_safetensors(const ModelConfig& cfg, const ParamLayout& layout, const Tensor& flat,
+                         const std::string& path);
 
 // dir/config.json + dir/model.safetensors, what from_pretrained(dir) reads.
 void save_hf_pretrained(const Decoder& m, const std::string& dir, DType dtype = DType::f32);

@@ -12,6 +12,7 @@
 #include "loom/io/file.h"
 #include "loom/io/safetensors.h"
 #include "loom/model/hf_weights.h"
+#include "loom/comm/group.h"
 #include "loom/train/train_config.h"
 
 namespace loom::train {
@@ -22,6 +23,12 @@ using nlohmann::json;
 namespace {
 
 constexpr int kFormatVersion = 1;
+
+std::string rank_str(int r) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%05d", r);
+  return buf;
+}
 
 std::string step_name(int64_t step) {
   char buf[32];
@@ -51,59 +58,73 @@ int64_t checkpoint_step_of(const std::string& path) {
   return std::stoll(name.substr(5));
 }
 
+static std::string optimizer_file(int rank) { return str_cat("optimizer.rank", rank_str(rank), ".safetensors"); }
+
 std::string save_checkpoint(const std::string& dir, int64_t step, const model::Decoder& model,
-                            const optim::AdamW& adam, const std::string& config_yaml,
-                            int64_t keep_last) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  LOOM_CHECK(!ec, "checkpoint", "cannot create ", dir, ": ", ec.message());
+                            const parallel::DataParallel& engine, const Tensor& full_params,
+                            const std::string& config_yaml, int64_t keep_last) {
+  const comm::Group& g = engine.group();
+  const bool main = g.rank() == 0;
   const fs::path final_dir = fs::path(dir) / step_name(step);
-  const fs::path tmp = fs::path(dir) / str_cat(".tmp.", step_name(step), ".", getpid());
-  fs::remove_all(tmp, ec);
-  fs::create_directories(tmp, ec);
-  LOOM_CHECK(!ec, "checkpoint", "cannot create ", tmp.string(), ": ", ec.message());
-
-  json files = json::object();
-  auto record = [&](const std::string& name) {
-    const fs::path p = tmp / name;
-    files[name] = {{"bytes", fs::file_size(p)}, {"crc32c", io::crc32c_hex(io::crc32c_file(p.string()))}};
-  };
-  model::save_hf_safetensors(model, (tmp / "model.safetensors").string());
-  record("model.safetensors");
-  io::write_file_atomic((tmp / "config.json").string(), model::hf_config_json(model.config()));
-  record("config.json");
-  {
-    io::SafetensorsWriter w;
-    w.add("exp_avg", adam.exp_avg());
-    w.add("exp_avg_sq", adam.exp_avg_sq());
-    w.set_metadata("step", std::to_string(adam.step_count()));
-    w.set_metadata("begin", std::to_string(adam.begin()));
-    w.set_metadata("end", std::to_string(adam.end()));
-    w.write((tmp / "optimizer.safetensors").string());
-    record("optimizer.safetensors");
+  const fs::path tmp = fs::path(dir) / str_cat(".tmp.", step_name(step));
+  std::error_code ec;
+  if (main) {
+    fs::create_directories(dir, ec);
+    LOOM_CHECK(!ec, "checkpoint", "cannot create ", dir, ": ", ec.message());
+    fs::remove_all(tmp, ec);
+    fs::create_directories(tmp, ec);
+    LOOM_CHECK(!ec, "checkpoint", "cannot create ", tmp.string(), ": ", ec.message());
   }
-  json state = {{"step", step}, {"optimizer_steps", adam.step_count()},
-                // Batches are a pure function of (data.seed, step): the step is the position.
-                {"data_position", {{"step", step}}}};
-  io::write_file_atomic((tmp / "trainer_state.json").string(), state.dump(2));
-  record("trainer_state.json");
-  io::write_file_atomic((tmp / "config.yaml").string(), config_yaml);
-  record("config.yaml");
-  json manifest = {{"format", "loom-checkpoint"}, {"version", kFormatVersion}, {"step", step},
-                   {"model", model.config().name}, {"files", files}};
-  io::write_file_atomic((tmp / "manifest.json").string(), manifest.dump(2));
-  io::fsync_dir(tmp.string());
-
-  fs::remove_all(final_dir, ec);  // an older save of the same step (e.g. after a crash)
-  fs::rename(tmp, final_dir, ec);
-  LOOM_CHECK(!ec, "checkpoint", "cannot rename ", tmp.string(), " to ", final_dir.string(), ": ",
-             ec.message());
-  io::fsync_dir(dir);
-  io::write_file_atomic((fs::path(dir) / "latest").string(), step_name(step) + "\n");
-
-  auto all = list_checkpoints(dir);
-  for (size_t i = size_t(std::max<int64_t>(keep_last, 1)); i < all.size(); ++i)
-    fs::remove_all(all[i].second, ec);
+  g.barrier();
+  {  // every rank: its optimizer chunks, one pair of moments per unit
+    io::SafetensorsWriter w;
+    const auto& units = model.layout().units();
+    for (size_t i = 0; i < units.size(); ++i) {
+      const auto& a = *engine.optimizers()[i];
+      w.add(str_cat(units[i].name, ".exp_avg"), a.exp_avg());
+      w.add(str_cat(units[i].name, ".exp_avg_sq"), a.exp_avg_sq());
+      w.set_metadata(str_cat(units[i].name, ".range"), str_cat(a.begin(), ":", a.end()));
+    }
+    w.set_metadata("optimizer_steps", std::to_string(engine.optimizer_steps()));
+    w.set_metadata("dp_size", std::to_string(g.size()));
+    w.set_metadata("zero_stage", std::to_string(engine.zero_stage()));
+    w.write((tmp / optimizer_file(g.rank())).string());
+  }
+  g.barrier();
+  if (main) {
+    json files = json::object();
+    auto record = [&](const std::string& name) {
+      const fs::path p = tmp / name;
+      files[name] = {{"bytes", fs::file_size(p)}, {"crc32c", io::crc32c_hex(io::crc32c_file(p.string()))}};
+    };
+    model::save_hf_safetensors(model.layout(), full_params, (tmp / "model.safetensors").string());
+    record("model.safetensors");
+    io::write_file_atomic((tmp / "config.json").string(), model::hf_config_json(model.config()));
+    record("config.json");
+    for (int r = 0; r < g.size(); ++r) record(optimizer_file(r));
+    json state = {{"step", step}, {"optimizer_steps", engine.optimizer_steps()},
+                  {"dp_size", g.size()}, {"zero_stage", engine.zero_stage()},
+                  // Batches are a pure function of (data.seed, step): the step is the position.
+                  {"data_position", {{"step", step}}}};
+    io::write_file_atomic((tmp / "trainer_state.json").string(), state.dump(2));
+    record("trainer_state.json");
+    io::write_file_atomic((tmp / "config.yaml").string(), config_yaml);
+    record("config.yaml");
+    json manifest = {{"format", "loom-checkpoint"}, {"version", kFormatVersion}, {"step", step},
+                     {"model", model.config().name}, {"files", files}};
+    io::write_file_atomic((tmp / "manifest.json").string(), manifest.dump(2));
+    io::fsync_dir(tmp.string());
+    fs::remove_all(final_dir, ec);  // an older save of the same step (e.g. after a crash)
+    fs::rename(tmp, final_dir, ec);
+    LOOM_CHECK(!ec, "checkpoint", "cannot rename ", tmp.string(), " to ", final_dir.string(), ": ",
+               ec.message());
+    io::fsync_dir(dir);
+    io::write_file_atomic((fs::path(dir) / "latest").string(), step_name(step) + "\n");
+    auto all = list_checkpoints(dir);
+    for (size_t i = size_t(std::max<int64_t>(keep_last, 1)); i < all.size(); ++i)
+      fs::remove_all(all[i].second, ec);
+  }
+  g.barrier();
   return final_dir.string();
 }
 
@@ -149,25 +170,41 @@ std::optional<std::string> find_latest_valid_checkpoint(const std::string& dir, 
   return std::nullopt;
 }
 
-CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model, optim::AdamW* adam) {
+CheckpointMeta load_checkpoint_weights(const std::string& path, model::Decoder& model) {
   std::string why;
   LOOM_CHECK(verify_checkpoint(path, &why), "checkpoint", path, " failed verification: ", why);
   model::load_hf_safetensors(model, (fs::path(path) / "model.safetensors").string());
   const json state = json::parse(io::read_file((fs::path(path) / "trainer_state.json").string()));
-  CheckpointMeta meta;
-  meta.step = state.at("step").get<int64_t>();
-  meta.path = path;
-  if (adam) {
-    auto f = io::SafetensorsFile::open((fs::path(path) / "optimizer.safetensors").string());
-    Tensor m = f.get("exp_avg"), v = f.get("exp_avg_sq");
-    LOOM_CHECK(m.numel() == adam->exp_avg().numel(), "checkpoint", path, ": optimizer state has ",
-               m.numel(), " elements but this run's optimizer has ", adam->exp_avg().numel(),
-               " (different model or layout?)");
-    adam->exp_avg().copy_from(m);
-    adam->exp_avg_sq().copy_from(v);
-    adam->set_step_count(state.at("optimizer_steps").get<int64_t>());
+  return {state.at("step").get<int64_t>(), path};
+}
+
+CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model,
+                               parallel::DataParallel& engine) {
+  std::string why;
+  LOOM_CHECK(verify_checkpoint(path, &why), "checkpoint", path, " failed verification: ", why);
+  const json state = json::parse(io::read_file((fs::path(path) / "trainer_state.json").string()));
+  const int saved_dp = state.value("dp_size", 1), saved_stage = state.value("zero_stage", 0);
+  const comm::Group& g = engine.group();
+  LOOM_CHECK(saved_dp == g.size() && saved_stage == engine.zero_stage(), "checkpoint", path,
+             " was saved with dp=", saved_dp, " zero_stage=", saved_stage, "; this run has dp=",
+             g.size(), " zero_stage=", engine.zero_stage(),
+             ". Resume with the saved layout (resharding is not supported yet)");
+  Tensor flat = Tensor::zeros({model.flat_size()}, DType::f32, MemCategory::workspace);
+  model::load_hf_safetensors(model.config(), model.layout(), flat,
+                             (fs::path(path) / "model.safetensors").string());
+  engine.load_full_params(flat);
+  auto f = io::SafetensorsFile::open((fs::path(path) / optimizer_file(g.rank())).string());
+  const auto& units = model.layout().units();
+  for (size_t i = 0; i < units.size(); ++i) {
+    auto& a = *engine.optimizers()[i];
+    Tensor m = f.get(str_cat(units[i].name, ".exp_avg")), v = f.get(str_cat(units[i].name, ".exp_avg_sq"));
+    LOOM_CHECK(m.numel() == a.exp_avg().numel(), "checkpoint", path, ": ", units[i].name,
+               " optimizer state has ", m.numel(), " elements, this run expects ", a.exp_avg().numel());
+    a.exp_avg().copy_from(m);
+    a.exp_avg_sq().copy_from(v);
+    a.set_step_count(state.at("optimizer_steps").get<int64_t>());
   }
-  return meta;
+  return {state.at("step").get<int64_t>(), path};
 }
 
 model::ModelConfig checkpoint_model_config(const std::string& path) {

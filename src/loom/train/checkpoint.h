@@ -10,7 +10,7 @@
 #include <string>
 
 #include "loom/model/decoder.h"
-#include "loom/optim/adamw.h"
+#include "loom/parallel/data_parallel.h"
 
 namespace loom::train {
 
@@ -19,10 +19,12 @@ struct CheckpointMeta {
   std::string path;
 };
 
-// Returns the final directory.
+// Collective over the engine's dp group: rank 0 writes the weights (full_params: the flat
+// weights, gathered under ZeRO-3), config and manifest; every rank writes its optimizer shard
+// (optimizer.rank<r>.safetensors, with the unit ranges it covers). Returns the final directory.
 std::string save_checkpoint(const std::string& dir, int64_t step, const model::Decoder& model,
-                            const optim::AdamW& adam, const std::string& config_yaml,
-                            int64_t keep_last);
+                            const parallel::DataParallel& engine, const Tensor& full_params,
+                            const std::string& config_yaml, int64_t keep_last);
 
 // Checks the manifest, sizes and checksums. On failure returns false and says why.
 bool verify_checkpoint(const std::string& path, std::string* why);
@@ -30,12 +32,12 @@ bool verify_checkpoint(const std::string& path, std::string* why);
 // Newest checkpoint under dir that verifies; corrupt ones are reported to `log` and skipped.
 std::optional<std::string> find_latest_valid_checkpoint(const std::string& dir, FILE* log);
 
-// Verifies, then loads weights (and optimizer state when adam is non-null).
-CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model, optim::AdamW* adam);
-inline CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model,
-                                      optim::AdamW& adam) {
-  return load_checkpoint(path, model, &adam);
-}
+// Verifies, then loads weights and this rank's optimizer shard into the engine. The layout
+// (dp size, ZeRO stage) must be the one saved; resharding is refused with both layouts named.
+CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model,
+                               parallel::DataParallel& engine);
+// Weights only, into a model with a flat parameter buffer (generate, serve, convert).
+CheckpointMeta load_checkpoint_weights(const std::string& path, model::Decoder& model);
 
 // Reads the model config stored in a checkpoint (for generate/serve) and builds the model.
 model::ModelConfig checkpoint_model_config(const std::string& path);

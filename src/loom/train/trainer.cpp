@@ -17,12 +17,6 @@ namespace loom::train {
 
 namespace {
 
-std::vector<optim::DecaySpan> decay_spans(const model::ParamLayout& layout) {
-  std::vector<optim::DecaySpan> spans;
-  for (const auto& p : layout.params()) spans.push_back({p.offset, p.offset + p.numel(), p.weight_decay});
-  return spans;
-}
-
 // Achievable f32 GEMM rate on this machine with the current threads: the denominator of
 // the MFU estimate (model FLOPs / time / this).
 double measure_gemm_gflops() {
@@ -43,67 +37,92 @@ double measure_gemm_gflops() {
 Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions& opt)
     : cfg_(cfg), data_(data), opt_(opt) {
   if (cfg_.threads > 0) set_num_threads(int(cfg_.threads));
+  if (opt_.mesh) {
+    mesh_ = opt_.mesh;
+  } else {
+    own_mesh_ = std::make_unique<parallel::Mesh>(comm::Group::single(), parallel::MeshShape(1, 1, 1, 1));
+    mesh_ = own_mesh_.get();
+  }
+  const auto& p = cfg_.parallel;
+  LOOM_CHECK(p.tp == 1 && p.pp == 1 && p.ep == 1, "config", "parallel.tp=", p.tp, ", parallel.pp=",
+             p.pp, ", parallel.ep=", p.ep, ": tensor, pipeline and expert parallelism are not in this ",
+             "build yet; use parallel.dp (with parallel.zero_stage) only");
+  LOOM_CHECK(mesh_->shape().size(parallel::Dim::dp) == p.dp, "config", "parallel.dp=", p.dp,
+             " but the mesh has dp=", mesh_->shape().size(parallel::Dim::dp));
   LOOM_CHECK(data_.vocab_size() <= cfg_.model.vocab_size, "train", "the data's vocabulary (",
              data_.vocab_size(), " tokens) does not fit model.vocab_size=", cfg_.model.vocab_size,
              "; set model.vocab_size to at least ", data_.vocab_size());
-  model_ = std::make_unique<model::Decoder>(cfg_.model, cfg_.decoder);
-  model_->init_weights(cfg_.schedule.seed);
-  adam_ = std::make_unique<optim::AdamW>(cfg_.optim, 0, model_->flat_size(),
-                                         decay_spans(model_->layout()));
+  const int stage = int(p.zero_stage), dp = int(p.dp);
+  model_ = std::make_unique<model::Decoder>(
+      cfg_.model, parallel::decoder_options_for(cfg_.decoder, stage, dp));
+  if (stage < 3) model_->init_weights(cfg_.schedule.seed);
+  engine_ = std::make_unique<parallel::DataParallel>(
+      *model_, mesh_->dp(), cfg_.optim, parallel::DataParallelOptions{stage, p.bucket_mb},
+      cfg_.schedule.seed);
   if (!opt_.resume.empty()) resume_from(opt_.resume);
-  if (opt_.is_main_rank && !cfg_.log.metrics_path.empty()) {
+  if (main_rank() && !cfg_.log.metrics_path.empty()) {
     metrics_ = std::fopen(cfg_.log.metrics_path.c_str(), step_ > 0 ? "a" : "w");
     LOOM_CHECK(metrics_, "train", "cannot open log.metrics_path=", cfg_.log.metrics_path);
   }
-  peak_gflops_ = measure_gemm_gflops();
+  peak_gflops_ = opt_.peak_gflops > 0 ? opt_.peak_gflops : measure_gemm_gflops();
   last_checkpoint_time_ = now_seconds();
 }
 
 Trainer::~Trainer() {
+  engine_.reset();
   if (metrics_) std::fclose(metrics_);
+}
+
+Tensor Trainer::full_params() {
+  if (engine_->zero_stage() < 3) return model_->params();
+  Tensor flat = Tensor::zeros({model_->flat_size()}, DType::f32, MemCategory::workspace);
+  engine_->gather_full_params(flat);
+  return flat;
 }
 
 void Trainer::resume_from(const std::string& spec) {
   std::string path = spec;
+  FILE* log = main_rank() ? opt_.log : nullptr;
   if (spec == "auto") {
     LOOM_CHECK(!cfg_.checkpoint.dir.empty(), "train",
                "--resume auto needs checkpoint.dir in the config");
-    auto found = find_latest_valid_checkpoint(cfg_.checkpoint.dir, opt_.is_main_rank ? opt_.log : nullptr);
+    auto found = find_latest_valid_checkpoint(cfg_.checkpoint.dir, log);
     if (!found) {
-      if (opt_.is_main_rank)
-        std::fprintf(opt_.log, "[resume] no valid checkpoint in %s; starting from step 0\n",
+      if (log)
+        std::fprintf(log, "[resume] no valid checkpoint in %s; starting from step 0\n",
                      cfg_.checkpoint.dir.c_str());
       return;
     }
     path = *found;
   }
-  const CheckpointMeta meta = load_checkpoint(path, *model_, *adam_);
+  const CheckpointMeta meta = load_checkpoint(path, *model_, *engine_);
   step_ = meta.step;
   last_checkpoint_ = path;
-  if (opt_.is_main_rank)
-    std::fprintf(opt_.log, "[resume] resumed from %s at step %lld\n", path.c_str(), (long long)step_);
+  if (log) std::fprintf(log, "[resume] resumed from %s at step %lld\n", path.c_str(), (long long)step_);
 }
 
 double Trainer::train_step() {
   const int64_t T = cfg_.data.seq_len, G = cfg_.data.batch_size;
   const int64_t micro = cfg_.data.micro_batch_size;
   const int64_t per_rank = G / cfg_.parallel.dp;
-  const int64_t first = 0;  // this rank's first sequence (dp rank * per_rank)
+  const int64_t first = mesh_->coord().dp * per_rank;  // this rank's share of the global batch
   std::vector<int32_t> tok(size_t(micro * T)), tgt(size_t(micro * T));
-  model_->zero_grads();
+  engine_->zero_grads();
   const double grad_scale = 1.0 / double(G * T);  // mean over the global batch
   double loss_sum = 0;
   int64_t count = 0;
   for (int64_t m0 = 0; m0 < per_rank; m0 += micro) {
     data_.fill_train(step_, first + m0, micro, G, T, tok.data(), tgt.data());
+    engine_->set_sync(m0 + micro >= per_rank);  // only the last micro-batch communicates
     int64_t n = 0;
     loss_sum += model_->forward_backward(tok.data(), tgt.data(), micro, T, grad_scale, &n);
     count += n;
   }
-  const double loss = loss_sum / double(std::max<int64_t>(count, 1));
-  float* g = model_->grads().data<float>();
-  const int64_t P = model_->flat_size();
-  const double norm = std::sqrt(optim::sum_squares(g, P));
+  engine_->finish_grads();
+  Tensor totals = Tensor::from_vector<double>({loss_sum, double(count)}, {2});
+  mesh_->dp().all_reduce(totals);
+  const double loss = totals.data<double>()[0] / std::max(1.0, totals.data<double>()[1]);
+  const double norm = std::sqrt(engine_->grad_norm_sq());
   LOOM_CHECK(std::isfinite(loss), "train", "loss is ", loss, " at step ", step_ + 1,
              ": training diverged (lower optim.lr or enable schedule.clip)");
   LOOM_CHECK(std::isfinite(norm), "train", "gradient norm is ", norm, " at step ", step_ + 1,
@@ -111,10 +130,10 @@ double Trainer::train_step() {
   last_grad_norm_ = norm;
   double max_norm = cfg_.schedule.clip_max_norm;
   if (cfg_.schedule.clip_dynamic) max_norm = optim::dynamic_clip_threshold(step_, cfg_.schedule.steps);
-  if (max_norm > 0 && norm > max_norm) optim::scale_inplace(g, P, float(max_norm / norm));
+  if (max_norm > 0 && norm > max_norm) engine_->scale_grads(float(max_norm / norm));
   optim::LrSchedule sched{cfg_.optim.lr, cfg_.schedule.min_lr, cfg_.schedule.warmup_steps,
                           cfg_.schedule.steps};
-  adam_->step(model_->params().data<float>(), g, sched.lr_at(step_));
+  engine_->step(sched.lr_at(step_));
   ++step_;
   return loss;
 }
@@ -122,16 +141,25 @@ double Trainer::train_step() {
 double Trainer::evaluate() {
   if (!data_.has_val()) return -1;
   const int64_t T = cfg_.data.seq_len, B = cfg_.data.micro_batch_size;
+  const int64_t dp = mesh_->shape().size(parallel::Dim::dp), r = mesh_->coord().dp;
   std::vector<int32_t> tok(size_t(B * T)), tgt(size_t(B * T));
-  double sum = 0;
-  int64_t count = 0;
-  for (int64_t i = 0; i < cfg_.schedule.eval_batches; ++i) {
-    data_.fill_val(i, B, T, tok.data(), tgt.data());
+  double sum = 0, count = 0;
+  // Ranks split the evaluation batches; every rank runs the same number of passes (ZeRO-3
+  // gathers are collective), padding with a batch whose result it ignores.
+  const int64_t E = cfg_.schedule.eval_batches, per = (E + dp - 1) / dp;
+  for (int64_t j = 0; j < per; ++j) {
+    const int64_t i = r * per + j;
+    data_.fill_val(std::min(i, E - 1), B, T, tok.data(), tgt.data());
     int64_t n = 0;
-    sum += model_->forward(tok.data(), tgt.data(), B, T, &n);
-    count += n;
+    const double s = model_->forward(tok.data(), tgt.data(), B, T, &n);
+    if (i < E) {
+      sum += s;
+      count += double(n);
+    }
   }
-  return sum / double(std::max<int64_t>(count, 1));
+  Tensor totals = Tensor::from_vector<double>({sum, count}, {2});
+  mesh_->dp().all_reduce(totals);
+  return totals.data<double>()[0] / std::max(1.0, totals.data<double>()[1]);
 }
 
 void Trainer::maybe_checkpoint(bool force) {
@@ -141,13 +169,12 @@ void Trainer::maybe_checkpoint(bool force) {
                        now_seconds() - last_checkpoint_time_ >= cfg_.checkpoint.every_minutes * 60;
   if (!(force || by_steps || by_time)) return;
   if (last_checkpoint_.size() && checkpoint_step_of(last_checkpoint_) == step_) return;
-  if (opt_.is_main_rank) {
-    Stopwatch sw;
-    last_checkpoint_ = save_checkpoint(cfg_.checkpoint.dir, step_, *model_, *adam_, cfg_.resolved_yaml,
-                                       cfg_.checkpoint.keep_last);
+  Stopwatch sw;
+  last_checkpoint_ = save_checkpoint(cfg_.checkpoint.dir, step_, *model_, *engine_, full_params(),
+                                     cfg_.resolved_yaml, cfg_.checkpoint.keep_last);
+  if (main_rank())
     std::fprintf(opt_.log, "[checkpoint] step %lld saved to %s (%.1f s)\n", (long long)step_,
                  last_checkpoint_.c_str(), sw.seconds());
-  }
   last_checkpoint_time_ = now_seconds();
 }
 
@@ -157,11 +184,11 @@ TrainResult Trainer::run() {
   const int64_t tokens_per_step = cfg_.data.batch_size * cfg_.data.seq_len;
   const double flops_per_step = model::training_flops(cfg_.model, model_->num_params(),
                                                       cfg_.data.batch_size, cfg_.data.seq_len);
-  const bool bar_on = opt_.is_main_rank &&
+  const bool bar_on = main_rank() &&
                       (cfg_.log.progress == "on" ||
                        (cfg_.log.progress == "auto" && ProgressBar::stderr_is_terminal()));
   ProgressBar bar(total, bar_on);
-  if (opt_.is_main_rank) {
+  if (main_rank()) {
     auto est = model::estimate_training_memory(cfg_.model, model_->num_params(), cfg_.data.micro_batch_size,
                                                cfg_.data.seq_len, cfg_.decoder.activation_checkpoint_interval,
                                                cfg_.decoder.xent_chunk);
@@ -175,8 +202,19 @@ TrainResult Trainer::run() {
                  (long long)optim::LrSchedule{cfg_.optim.lr, cfg_.schedule.min_lr,
                                               cfg_.schedule.warmup_steps, total}.resolved_warmup(),
                  cfg_.schedule.min_lr);
-    std::fprintf(opt_.log, "[train] model states per rank: predicted %s (16 bytes/param)\n",
-                 format_bytes(est.params + est.grads + est.optimizer).c_str());
+    (void)est;
+    const auto pred = parallel::zero_model_state_bytes(model_->num_params(), int(cfg_.parallel.zero_stage),
+                                                       int(cfg_.parallel.dp));
+    const auto snap = cpu_allocator().snapshot();
+    const int64_t actual = snap[MemCategory::params].current + snap[MemCategory::grads].current +
+                           snap[MemCategory::optimizer].current;
+    std::fprintf(opt_.log,
+                 "[train] model states per rank (dp=%lld, ZeRO-%lld): predicted %s (params %s, grads "
+                 "%s, optimizer %s), actual %s\n",
+                 (long long)cfg_.parallel.dp, (long long)cfg_.parallel.zero_stage,
+                 format_bytes(pred.total()).c_str(), format_bytes(pred.params).c_str(),
+                 format_bytes(pred.grads).c_str(), format_bytes(pred.optimizer).c_str(),
+                 format_bytes(actual).c_str());
     std::fflush(opt_.log);
   }
   TrainResult r;
@@ -194,10 +232,11 @@ TrainResult Trainer::run() {
     tok_time += ms;
     ++timed_steps;
     ++window_steps;
-    if (opt_.is_main_rank && (step_ % cfg_.log.every == 0 || step_ == stop)) {
+    if (main_rank() && (step_ % cfg_.log.every == 0 || step_ == stop)) {
       const double el = now_seconds() - window_start;
       const double tps = double(tokens_per_step * window_steps) / el;
-      const double mfu = flops_per_step * double(window_steps) / el / 1e9 / peak_gflops_;
+      const double mfu = flops_per_step * double(window_steps) / el / 1e9 /
+                         (peak_gflops_ * double(mesh_->world().size()));
       const int64_t peak = cpu_allocator().snapshot().total.peak;
       bar.clear();
       std::fprintf(opt_.log,
@@ -218,7 +257,7 @@ TrainResult Trainer::run() {
     }
     if (cfg_.schedule.eval_interval > 0 && step_ % cfg_.schedule.eval_interval == 0 && step_ < stop) {
       const double v = evaluate();
-      if (opt_.is_main_rank && v >= 0) {
+      if (main_rank() && v >= 0) {
         bar.clear();
         std::fprintf(opt_.log, "step %6lld/%lld | val_loss %.4f\n", (long long)step_, (long long)total, v);
         if (metrics_) std::fprintf(metrics_, "%s\n", nlohmann::json({{"step", step_}, {"val_loss", v}}).dump().c_str());

@@ -11,6 +11,8 @@
 
 #include "loom/model/decoder.h"
 #include "loom/optim/adamw.h"
+#include "loom/parallel/data_parallel.h"
+#include "loom/parallel/mesh.h"
 #include "loom/train/batch_source.h"
 #include "loom/train/train_config.h"
 
@@ -29,8 +31,10 @@ struct TrainResult {
 struct TrainerOptions {
   std::string resume;          // "", "auto" or a checkpoint directory
   FILE* log = stdout;
-  bool is_main_rank = true;    // prints and writes files
+  // The rank grid; nullptr: one process (a single-rank mesh is built).
+  const parallel::Mesh* mesh = nullptr;
   int64_t stop_after_steps = -1;  // stop early (tests: N steps, save, resume)
+  double peak_gflops = 0;         // MFU denominator; 0: measure an SGEMM at start
 };
 
 class Trainer {
@@ -40,7 +44,9 @@ class Trainer {
   TrainResult run();
 
   model::Decoder& model() { return *model_; }
-  optim::AdamW& optimizer() { return *adam_; }
+  parallel::DataParallel& engine() { return *engine_; }
+  // The full weights as one flat buffer (gathered under ZeRO-3; collective then).
+  Tensor full_params();
   int64_t step() const { return step_; }
   double evaluate();  // mean validation loss over eval_batches
 
@@ -49,12 +55,15 @@ class Trainer {
   void log_step(double loss, double grad_norm, double lr, double step_ms);
   void maybe_checkpoint(bool force);
   void resume_from(const std::string& spec);
+  bool main_rank() const { return mesh_->rank() == 0; }
 
   TrainConfig cfg_;
   BatchSource& data_;
   TrainerOptions opt_;
+  std::unique_ptr<parallel::Mesh> own_mesh_;
+  const parallel::Mesh* mesh_;
   std::unique_ptr<model::Decoder> model_;
-  std::unique_ptr<optim::AdamW> adam_;
+  std::unique_ptr<parallel::DataParallel> engine_;
   int64_t step_ = 0;
   double last_grad_norm_ = 0;
   double last_checkpoint_time_ = 0;

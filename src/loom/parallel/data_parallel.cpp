@@ -1,0 +1,381 @@
+#include "loom/parallel/data_parallel.h"
+
+#include <algorithm>
+
+#include "loom/core/timer.h"
+#include "loom/optim/schedule.h"
+
+namespace loom::parallel {
+
+using model::BlockWeights;
+using model::ParamUnit;
+
+model::DecoderOptions decoder_options_for(model::DecoderOptions base, int zero_stage, int dp_size) {
+  LOOM_CHECK(zero_stage >= 0 && zero_stage <= 3, "config", "parallel.zero_stage=", zero_stage,
+             " must be 0, 1, 2 or 3");
+  base.unit_align = dp_size;
+  base.allocate_flat_grads = zero_stage < 2;
+  base.allocate_flat_params = zero_stage < 3;
+  return base;
+}
+
+ModelStateBytes zero_model_state_bytes(int64_t P, int stage, int N) {
+  ModelStateBytes b;
+  b.params = stage >= 3 ? 4 * P / N : 4 * P;
+  b.grads = stage >= 2 ? 4 * P / N : 4 * P;
+  b.optimizer = stage >= 1 ? 8 * P / N : 8 * P;
+  return b;
+}
+
+DataParallel::DataParallel(model::Decoder& model, comm::Group dp, const optim::AdamWConfig& adam,
+                           const DataParallelOptions& opt, uint64_t init_seed)
+    : model_(model), cfg_(model.config()), layout_(model.layout()), dp_(std::move(dp)), opt_(opt),
+      n_(dp_.size()), r_(dp_.rank()) {
+  const auto& mo = model.options();
+  LOOM_CHECK(mo.unit_align % n_ == 0, "zero", "the model's unit_align=", mo.unit_align,
+             " is not a multiple of the dp size ", n_, "; build it with decoder_options_for()");
+  LOOM_CHECK(opt_.zero_stage >= 2 || mo.allocate_flat_grads, "zero", "stage ", opt_.zero_stage,
+             " needs the model's flat gradient buffer");
+  LOOM_CHECK(opt_.zero_stage >= 3 || mo.allocate_flat_params, "zero", "stage ", opt_.zero_stage,
+             " needs the model's flat parameter buffer");
+  LOOM_CHECK(opt_.bucket_mb > 0, "config", "parallel.bucket_mb must be positive");
+  std::vector<optim::DecaySpan> spans;
+  for (const auto& p : layout_.params()) spans.push_back({p.offset, p.offset + p.numel(), p.weight_decay});
+  const auto& units = layout_.units();
+  for (const auto& u : units) {
+    const int64_t b = opt_.zero_stage == 0 ? u.begin : u.begin + r_ * chunk_size(u);
+    const int64_t e = opt_.zero_stage == 0 ? u.end : b + chunk_size(u);
+    adam_.push_back(std::make_unique<optim::AdamW>(adam, b, e, spans));
+  }
+  const int64_t shard = layout_.total() / n_;
+  if (opt_.zero_stage >= 2) grad_shard_ = Tensor::zeros({shard}, DType::f32, MemCategory::grads);
+  if (opt_.zero_stage >= 3) {
+    param_shard_ = Tensor::zeros({shard}, DType::f32, MemCategory::params);
+    for (const auto& u : units)
+      model::init_params_range(layout_, init_seed, u.begin + r_ * chunk_size(u),
+                               u.begin + (r_ + 1) * chunk_size(u),
+                               param_shard_.data<float>() + u.begin / n_);
+  }
+  // Stage 0/1 buckets: blocks grouped from the last one backwards until each holds about
+  // bucket_mb; embed and head are buckets of their own (their gradients finish last).
+  bucket_of_unit_.assign(units.size(), -1);
+  if (opt_.zero_stage < 2) {
+    const int64_t cap = std::max<int64_t>(1, int64_t(opt_.bucket_mb * 1024 * 1024 / 4));
+    const size_t L = units.size() - 2;
+    size_t hi = L;  // unit index of the last block
+    while (hi >= 1) {
+      size_t lo = hi;
+      int64_t elems = units[hi].size();
+      while (lo > 1 && elems < cap) elems += units[--lo].size();
+      buckets_.push_back({lo, hi, int(hi - lo + 1)});
+      for (size_t u = lo; u <= hi; ++u) bucket_of_unit_[u] = int(buckets_.size() - 1);
+      if (lo == 1) break;
+      hi = lo - 1;
+    }
+    buckets_.push_back({0, 0, 1});
+    bucket_of_unit_[0] = int(buckets_.size() - 1);
+    buckets_.push_back({units.size() - 1, units.size() - 1, 1});
+    bucket_of_unit_[units.size() - 1] = int(buckets_.size() - 1);
+  }
+  model_.set_param_source(this);
+}
+
+DataParallel::~DataParallel() {
+  try {
+    finish_grads();
+  } catch (...) {
+  }
+  model_.set_param_source(nullptr);
+}
+
+const ParamUnit& DataParallel::unit_of(int layer) const { return layout_.block_unit(layer); }
+
+const ParamUnit& DataParallel::outer_unit(const std::string& name) const {
+  const int64_t off = layout_.get(name).offset;
+  const auto& units = layout_.units();
+  return off < units.front().end ? units.front() : units.back();
+}
+
+Tensor DataParallel::chunk_view(const Tensor& t, const ParamUnit& u, bool shard) const {
+  const int64_t cs = chunk_size(u);
+  return t.slice(shard ? u.begin / n_ : u.begin + r_ * cs, {cs});
+}
+
+void DataParallel::zero_grads() {
+  finish_grads();
+  if (opt_.zero_stage < 2)
+    model_.zero_grads();
+  else
+    grad_shard_.zero();
+}
+
+// ---- stage 0/1: bucketed all-reduce -----------------------------------------------------
+
+void DataParallel::unit_ready(size_t ui) {
+  Bucket& b = buckets_[size_t(bucket_of_unit_[ui])];
+  if (--b.remaining > 0) return;
+  const auto& units = layout_.units();
+  const int64_t begin = units[b.first_unit].begin, end = units[b.last_unit].end;
+  inflight_.push_back(dp_.all_reduce_async(model_.grads().slice(begin, {end - begin})));
+  b.remaining = int(b.last_unit - b.first_unit + 1);
+}
+
+// ---- stage 2/3: staged reduce-scatter ---------------------------------------------------
+
+Tensor DataParallel::take_staging(int64_t elems) {
+  for (size_t i = 0; i < staging_pool_.size(); ++i)
+    if (staging_pool_[i].numel() >= elems) {
+      Tensor t = staging_pool_[i];
+      staging_pool_.erase(staging_pool_.begin() + long(i));
+      t = t.slice(0, {elems});
+      t.zero();
+      return t;
+    }
+  if (pending_.size() >= 2) {  // bound staging memory: recycle the oldest in flight
+    drain(pending_.size() - 1);
+    return take_staging(elems);
+  }
+  return Tensor::zeros({elems}, DType::f32, MemCategory::comm);
+}
+
+void DataParallel::reduce_scatter_unit(const ParamUnit& u, const Tensor& staging, bool pooled) {
+  Pending p;
+  p.staging = staging;
+  p.pooled = pooled;
+  p.chunk_tmp = Tensor::empty({chunk_size(u)}, DType::f32, MemCategory::comm);
+  p.shard_offset = u.begin / n_;
+  p.work = dp_.reduce_scatter_async(staging, p.chunk_tmp);
+  pending_.push_back(std::move(p));
+}
+
+void DataParallel::retire(Pending& p) {
+  Stopwatch sw;
+  p.work.wait();
+  wait_s_ += sw.seconds();
+  float* dst = grad_shard_.data<float>() + p.shard_offset;
+  const float* src = p.chunk_tmp.data<float>();
+  const int64_t n = p.chunk_tmp.numel();
+  for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+  if (p.pooled) staging_pool_.push_back(p.staging);
+}
+
+void DataParallel::drain(size_t keep) {
+  while (pending_.size() > keep) {
+    retire(pending_.front());
+    pending_.pop_front();
+  }
+}
+
+void DataParallel::finish_grads() {
+  Stopwatch sw;
+  for (auto& w : inflight_) w.wait();
+  wait_s_ += sw.seconds();
+  inflight_.clear();
+  drain(0);
+}
+
+// ---- stage 3: gathered weights ----------------------------------------------------------
+
+void DataParallel::launch_gather(const ParamUnit& u, int key) {
+  Gathered g;
+  g.buf = Tensor::empty({u.size()}, DType::f32, MemCategory::comm);
+  g.work = dp_.all_gather_async(chunk_view(param_shard_, u, true), g.buf);
+  gathered_[key] = std::move(g);
+}
+
+Tensor DataParallel::gathered_unit(const ParamUnit& u, int key) {
+  auto it = gathered_.find(key);
+  if (it == gathered_.end()) {
+    launch_gather(u, key);
+    it = gathered_.find(key);
+  }
+  Stopwatch sw;
+  it->second.work.wait();
+  wait_s_ += sw.seconds();
+  ++it->second.users;
+  return it->second.buf;
+}
+
+void DataParallel::prefetch_after(size_t pos) {
+  if (pos >= plan_.size()) return;
+  const int next = plan_[pos].first;
+  if (!gathered_.count(next)) launch_gather(unit_of(next), next);
+}
+
+// ---- ParamSource ------------------------------------------------------------------------
+
+BlockWeights DataParallel::block_params(int layer, Phase phase) {
+  if (opt_.zero_stage < 3) return model::block_weights(cfg_, layout_, model_.params(), layer);
+  if (plan_pos_ < plan_.size() && plan_[plan_pos_] == std::pair{layer, phase}) ++plan_pos_;
+  const ParamUnit& u = unit_of(layer);
+  Tensor buf = gathered_unit(u, layer);
+  prefetch_after(plan_pos_);
+  return model::block_weights(cfg_, layout_, buf, layer, u.begin);
+}
+
+void DataParallel::release_block_params(int layer, Phase) {
+  if (opt_.zero_stage < 3) return;
+  auto it = gathered_.find(layer);
+  if (it == gathered_.end() || --it->second.users > 0) return;
+  const bool needed_next = plan_pos_ < plan_.size() && plan_[plan_pos_].first == layer;
+  if (!needed_next) {
+    it->second.work.wait();
+    gathered_.erase(it);
+  }
+}
+
+BlockWeights DataParallel::block_grads(int layer) {
+  if (opt_.zero_stage < 2) return model::block_weights(cfg_, layout_, model_.grads(), layer);
+  const ParamUnit& u = unit_of(layer);
+  Tensor staging = take_staging(u.size());
+  staging_of_layer_[layer] = staging;
+  return model::block_weights(cfg_, layout_, staging, layer, u.begin);
+}
+
+void DataParallel::block_grads_done(int layer) {
+  if (opt_.zero_stage < 2) {
+    if (sync_) unit_ready(size_t(layer) + 1);
+    return;
+  }
+  auto it = staging_of_layer_.find(layer);
+  reduce_scatter_unit(unit_of(layer), it->second, true);
+  staging_of_layer_.erase(it);
+}
+
+Tensor DataParallel::outer_param(const std::string& name) {
+  const auto& p = layout_.get(name);
+  if (opt_.zero_stage < 3) return model_.params().slice(p.offset, p.shape);
+  const ParamUnit& u = outer_unit(name);
+  const int key = &u == &layout_.units().front() ? -1 : -2;
+  auto it = gathered_.find(key);
+  LOOM_CHECK(it != gathered_.end(), "zero", "weights of ", u.name, " used outside a pass");
+  it->second.work.wait();
+  return it->second.buf.slice(p.offset - u.begin, p.shape);
+}
+
+Tensor DataParallel::outer_grad(const std::string& name) {
+  const auto& p = layout_.get(name);
+  if (opt_.zero_stage < 2) return model_.grads().slice(p.offset, p.shape);
+  const ParamUnit& u = outer_unit(name);
+  const Tensor& staging = &u == &layout_.units().front() ? embed_staging_ : head_staging_;
+  LOOM_CHECK(staging.defined(), "zero", "gradients of ", u.name, " used outside a training pass");
+  return staging.slice(p.offset - u.begin, p.shape);
+}
+
+void DataParallel::outer_grads_done() {
+  const auto& units = layout_.units();
+  if (opt_.zero_stage < 2) {
+    if (sync_) {
+      unit_ready(units.size() - 1);
+      unit_ready(0);
+    }
+    return;
+  }
+  reduce_scatter_unit(units.back(), head_staging_, false);
+  reduce_scatter_unit(units.front(), embed_staging_, false);
+  head_staging_ = embed_staging_ = {};
+}
+
+void DataParallel::pass_begin(bool train) {
+  const auto& units = layout_.units();
+  if (opt_.zero_stage >= 2 && train) {
+    embed_staging_ = Tensor::zeros({units.front().size()}, DType::f32, MemCategory::comm);
+    head_staging_ = Tensor::zeros({units.back().size()}, DType::f32, MemCategory::comm);
+  }
+  if (opt_.zero_stage < 3) return;
+  if (!gathered_.count(-1)) launch_gather(units.front(), -1);
+  if (!gathered_.count(-2)) launch_gather(units.back(), -2);
+  // The order in which the decoder will ask for blocks (see Decoder::forward_backward).
+  plan_.clear();
+  plan_pos_ = 0;
+  const int L = int(cfg_.n_layer), k = model_.options().activation_checkpoint_interval;
+  for (int l = 0; l < L; ++l) plan_.push_back({l, Phase::forward});
+  if (train) {
+    if (k <= 0) {
+      for (int l = L - 1; l >= 0; --l) plan_.push_back({l, Phase::backward});
+    } else {
+      for (int s = (L + k - 1) / k - 1; s >= 0; --s) {
+        const int b = s * k, e = std::min(L, b + k);
+        for (int l = b; l < e; ++l) plan_.push_back({l, Phase::recompute});
+        for (int l = e - 1; l >= b; --l) plan_.push_back({l, Phase::backward});
+      }
+    }
+  }
+  prefetch_after(0);
+}
+
+void DataParallel::pass_end(bool) {
+  if (opt_.zero_stage < 3) return;
+  for (auto& [key, g] : gathered_) g.work.wait();
+  gathered_.clear();
+  plan_.clear();
+  plan_pos_ = 0;
+}
+
+// ---- optimizer ----------------------------------------------------------------------------
+
+double DataParallel::grad_norm_sq() {
+  finish_grads();
+  if (opt_.zero_stage < 2)  // every rank holds the same reduced gradients
+    return optim::sum_squares(model_.grads().data<float>(), model_.grads().numel());
+  Tensor s = Tensor::from_vector<double>({optim::sum_squares(grad_shard_.data<float>(), grad_shard_.numel())}, {1});
+  Stopwatch sw;
+  dp_.all_reduce(s);
+  wait_s_ += sw.seconds();
+  return s.data<double>()[0];
+}
+
+void DataParallel::scale_grads(float f) {
+  const Tensor& g = opt_.zero_stage < 2 ? model_.grads() : grad_shard_;
+  optim::scale_inplace(g.data<float>(), g.numel(), f);
+}
+
+void DataParallel::step(double lr) {
+  finish_grads();
+  const auto& units = layout_.units();
+  for (size_t i = 0; i < units.size(); ++i) {
+    const ParamUnit& u = units[i];
+    float* p = opt_.zero_stage < 3 ? model_.params().data<float>() + adam_[i]->begin()
+                                   : param_shard_.data<float>() + u.begin / n_;
+    const float* g = opt_.zero_stage < 2 ? model_.grads().data<float>() + adam_[i]->begin()
+                                         : grad_shard_.data<float>() + u.begin / n_;
+    adam_[i]->step(p, g, lr);
+  }
+  if (opt_.zero_stage == 1 || opt_.zero_stage == 2) {
+    std::vector<comm::Work> works;
+    for (const auto& u : units)
+      works.push_back(dp_.all_gather_async(chunk_view(model_.params(), u, false),
+                                           model_.params().slice(u.begin, {u.size()})));
+    Stopwatch sw;
+    for (auto& w : works) w.wait();
+    wait_s_ += sw.seconds();
+  }
+}
+
+double DataParallel::take_wait_seconds() {
+  const double s = wait_s_;
+  wait_s_ = 0;
+  return s;
+}
+
+int64_t DataParallel::optimizer_steps() const { return adam_.front()->step_count(); }
+
+void DataParallel::gather_full_params(const Tensor& flat) {
+  if (opt_.zero_stage < 3) {
+    if (flat.raw() != model_.params().raw()) flat.copy_from(model_.params());
+    return;
+  }
+  for (const auto& u : layout_.units())
+    dp_.all_gather(chunk_view(param_shard_, u, true), flat.slice(u.begin, {u.size()}));
+}
+
+void DataParallel::load_full_params(const Tensor& flat) {
+  if (opt_.zero_stage < 3) {
+    if (flat.raw() != model_.params().raw()) model_.params().copy_from(flat);
+    return;
+  }
+  for (const auto& u : layout_.units())
+    chunk_view(param_shard_, u, true).copy_from(flat.slice(u.begin + r_ * chunk_size(u), {chunk_size(u)}));
+}
+
+}  // namespace loom::parallel

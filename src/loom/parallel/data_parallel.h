@@ -1,0 +1,151 @@
+// Data parallelism with ZeRO stages 0-3 over the dp group, as a model::ParamSource.
+//   stage 0: full weights, grads and Adam moments on every rank; gradient buckets (about
+//            bucket_mb each) are all-reduced asynchronously as soon as backward has produced
+//            their last gradient, only on the last micro-batch (no_sync before it).
+//   stage 1: as 0, but each rank keeps Adam moments for its 1/N chunk of every unit, updates
+//            that chunk, then all-gathers the weights (Rajbhandari et al. 2020, P_os).
+//   stage 2: also gradients: each unit's gradients are staged in a comm buffer, reduce-
+//            scattered into the rank's gradient chunk as soon as the unit is done (P_os+g).
+//   stage 3: also weights: only chunks are stored; each unit is all-gathered just before use
+//            (the next one prefetched while the current one computes) and freed after (P_os+g+p).
+// Units are the layout's (embed, block i, head), padded so N equal chunks tile each.
+#pragma once
+#include <deque>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "loom/comm/group.h"
+#include "loom/model/decoder.h"
+#include "loom/optim/adamw.h"
+
+namespace loom::parallel {
+
+struct DataParallelOptions {
+  int zero_stage = 0;
+  double bucket_mb = 25.0;
+};
+
+// Decoder options a given layout needs (unit alignment, which flat buffers to allocate).
+model::DecoderOptions decoder_options_for(model::DecoderOptions base, int zero_stage, int dp_size);
+
+// Model-state bytes per rank predicted by the ZeRO formulas (fp32 Adam: 4 + 4 + 8 bytes per
+// parameter; stage 1: 8P + 8P/N; 2: 4P + 12P/N; 3: 16P/N). Padding excluded.
+struct ModelStateBytes {
+  int64_t params = 0, grads = 0, optimizer = 0;
+  int64_t total() const { return params + grads + optimizer; }
+};
+ModelStateBytes zero_model_state_bytes(int64_t n_params, int zero_stage, int dp_size);
+
+class DataParallel final : public model::ParamSource {
+ public:
+  // `model` must have been built with decoder_options_for(...). For stage 3 the weights are
+  // initialised here from `init_seed` (each rank its chunks); otherwise call init on the model.
+  DataParallel(model::Decoder& model, comm::Group dp, const optim::AdamWConfig& adam,
+               const DataParallelOptions& opt, uint64_t init_seed);
+  ~DataParallel() override;
+
+  // --- one optimizer step -----------------------------------------------------------------
+  void zero_grads();
+  // false before all but the last micro-batch: stage 0/1 skip communication (no_sync).
+  void set_sync(bool sync) { sync_ = sync; }
+  // Waits for outstanding communication: afterwards the (local part of the) gradients are
+  // the sum over ranks.
+  void finish_grads();
+  // Squared global gradient norm (over all ranks' chunks), after finish_grads().
+  double grad_norm_sq();
+  void scale_grads(float factor);
+  // AdamW on the owned ranges, then (stages 1-2) all-gather the updated weights.
+  void step(double lr);
+
+  // --- state for checkpoints --------------------------------------------------------------
+  int zero_stage() const { return opt_.zero_stage; }
+  const comm::Group& group() const { return dp_; }
+  // Owned ranges [begin, end) of the flat buffer with their optimizer (one per unit).
+  const std::vector<std::unique_ptr<optim::AdamW>>& optimizers() const { return adam_; }
+  // Stage 3: the rank's weight chunks, concatenated in unit order (chunk of unit u at
+  // u.begin / N). Other stages: undefined (the model's flat buffer holds the weights).
+  const Tensor& param_shard() const { return param_shard_; }
+  // Copies every unit's full weights into `flat` (length flat_size) on every rank (stage 3
+  // gathers; others copy).
+  void gather_full_params(const Tensor& flat);
+  // Takes the weights from a full flat buffer (stage 3 keeps only its chunks).
+  void load_full_params(const Tensor& flat);
+  int64_t optimizer_steps() const;
+  // Seconds the calling thread spent blocked on communication since the last call (the
+  // exposed, i.e. not overlapped, part of it).
+  double take_wait_seconds();
+
+  // --- model::ParamSource -------------------------------------------------------------------
+  model::BlockWeights block_params(int layer, Phase phase) override;
+  void release_block_params(int layer, Phase phase) override;
+  model::BlockWeights block_grads(int layer) override;
+  void block_grads_done(int layer) override;
+  Tensor outer_param(const std::string& name) override;
+  Tensor outer_grad(const std::string& name) override;
+  void outer_grads_done() override;
+  void pass_begin(bool train) override;
+  void pass_end(bool train) override;
+
+ private:
+  struct Pending {  // an asynchronous gradient reduction and what to do when it completes
+    comm::Work work;
+    Tensor staging, chunk_tmp;  // stage 2/3: reduce-scatter output, added into the shard
+    int64_t shard_offset = 0;
+    bool pooled = false;        // staging returns to the block staging pool
+  };
+  struct Gathered {
+    Tensor buf;
+    comm::Work work;
+    int users = 0;
+  };
+
+  const model::ParamUnit& unit_of(int layer) const;
+  const model::ParamUnit& outer_unit(const std::string& param_name) const;
+  int64_t chunk_size(const model::ParamUnit& u) const { return u.size() / n_; }
+  Tensor chunk_view(const Tensor& flat_or_shard, const model::ParamUnit& u, bool shard) const;
+  // stage 0/1
+  void unit_ready(size_t unit_index);
+  // stage 2/3
+  Tensor take_staging(int64_t elems);
+  void reduce_scatter_unit(const model::ParamUnit& u, const Tensor& staging, bool pooled);
+  void retire(Pending& p);
+  void drain(size_t keep);
+  // stage 3
+  Tensor gathered_unit(const model::ParamUnit& u, int key);
+  void prefetch_after(size_t position);
+  void launch_gather(const model::ParamUnit& u, int key);
+
+  model::Decoder& model_;
+  const model::ModelConfig cfg_;
+  const model::ParamLayout& layout_;
+  comm::Group dp_;
+  DataParallelOptions opt_;
+  int n_, r_;
+  bool sync_ = true;
+  std::vector<std::unique_ptr<optim::AdamW>> adam_;
+
+  // stage 0/1 buckets: unit index ranges, in backward order; a bucket fires when all its
+  // units are done.
+  struct Bucket {
+    size_t first_unit, last_unit;  // inclusive, layout order
+    int remaining = 0;
+  };
+  std::vector<Bucket> buckets_;
+  std::vector<int> bucket_of_unit_;
+  std::vector<comm::Work> inflight_;
+
+  // stage 2/3
+  Tensor grad_shard_, param_shard_;
+  std::deque<Pending> pending_;
+  std::vector<Tensor> staging_pool_;
+  std::map<int, Tensor> staging_of_layer_;
+  Tensor embed_staging_, head_staging_;
+  // stage 3
+  std::map<int, Gathered> gathered_;  // key: layer, -1 embed, -2 head
+  std::vector<std::pair<int, Phase>> plan_;  // expected block_params requests of this pass
+  size_t plan_pos_ = 0;
+  double wait_s_ = 0;
+};
+
+}  // namespace loom::parallel

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The comm watchdog across processes: 3 ranks under mpiexec, the last one stalls or dies
+# before all_reduce #2. The others must end the job (non-zero) within the 3 s timeout plus a
+# margin, and say which collective hung.
+#   watchdog_test.sh stall|kill|kill-mpirun <comm_test_child>
+# kill: mpirun is told not to react to the death itself (as when a host vanishes), so only
+# the watchdog can end the job. kill-mpirun: mpirun's own teardown, which is faster.
+set -u
+mode=$1
+child=$2
+mpiexec=${MPIEXEC:-mpiexec}
+timeout_s=3
+margin_s=15
+extra=()
+child_mode=$mode
+case $mode in
+  kill) extra=(--mca orte_abort_on_non_zero_status 0) ;;
+  kill-mpirun) child_mode=kill ;;
+esac
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+start=$(date +%s%N)
+LOOM_COMM_TIMEOUT=$timeout_s timeout 60 "$mpiexec" -n 3 --oversubscribe --allow-run-as-root \
+  --bind-to none "${extra[@]}" "$child" "$child_mode" >"$out" 2>&1
+rc=$?
+elapsed_ms=$(( ($(date +%s%N) - start) / 1000000 ))
+echo "mode=$mode rc=$rc elapsed=${elapsed_ms} ms"
+cat "$out"
+fail() { echo "FAIL: $*"; exit 1; }
+[ "$rc" -ne 0 ] || fail "the job exited 0"
+[ "$rc" -ne 124 ] || [ "$elapsed_ms" -lt 60000 ] || fail "the job hung until the test's timeout"
+[ "$elapsed_ms" -lt $(( (timeout_s + margin_s) * 1000 )) ] || fail "took ${elapsed_ms} ms"
+if [ "$mode" != kill-mpirun ]; then
+  [ "$elapsed_ms" -ge $(( timeout_s * 1000 )) ] || fail "ended before the watchdog timeout"
+  grep -qE '^\[watchdog\] rank [01]: all_reduce #2 on group world \(4.00 MiB\) has not completed after [0-9.]+ s; last completed: all_reduce #1\. A peer rank may have died or be stuck\.$' "$out" \
+    || fail "no watchdog line naming all_reduce #2"
+fi
+echo PASS

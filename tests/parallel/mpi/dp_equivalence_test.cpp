@@ -1,0 +1,194 @@
+// Invariant 1 for data parallelism: under mpiexec with N ranks, training with dp=N and ZeRO
+// stages 0-3 (with and without gradient accumulation and activation checkpointing, GPT-2 and
+// LLaMA/GQA) gives the per-step losses and final weights of a single-process run of the same
+// global batch. Tolerance: reductions sum in a different order, so results agree to float
+// rounding, not bitwise. Losses: |a - b| <= 1e-5 |b|. Weights after 12 AdamW steps:
+// |a - b| <= 1e-5 |b| + 1e-3 lr, except that Adam divides every gradient by its own running
+// size, so an element whose gradient is nearly zero turns rounding noise into a step of up
+// to lr: at most 0.05% of the elements may exceed that bound, and none may differ by more
+// than 1% of lr * steps. GPT-2's key bias gets no gradient at all in exact arithmetic (a
+// constant added to every key of a row does not change its softmax), so its elements are
+// pure noise and are skipped.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "comm/mpi/mpi_world.h"
+#include "loom/parallel/mesh.h"
+#include "loom/train/trainer.h"
+
+using namespace loom;
+using namespace loom::train;
+
+namespace {
+
+// Tokens as a pure function of (step, sequence, position): any split of the global batch
+// sees the same data as the single process.
+class SyntheticSource final : public BatchSource {
+ public:
+  explicit SyntheticSource(int64_t vocab) : vocab_(vocab) {}
+  void fill_train(int64_t step, int64_t first, int64_t n, int64_t, int64_t T, int32_t* tok,
+                  int32_t* tgt) override {
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t t = 0; t <= T; ++t) {
+        const uint64_t h = (uint64_t(step) * 1000003u + uint64_t(first + r) * 7919u + uint64_t(t) * 31u) % 9973u;
+        const int32_t id = int32_t((h * h + 17) % uint64_t(vocab_));
+        if (t < T) tok[r * T + t] = id;
+        if (t > 0) tgt[r * T + t - 1] = id;
+      }
+  }
+  void fill_val(int64_t index, int64_t B, int64_t T, int32_t* tok, int32_t* tgt) override {
+    fill_train(100000 + index, 0, B, B, T, tok, tgt);
+  }
+  int64_t vocab_size() const override { return vocab_; }
+  bool has_val() const override { return true; }
+
+ private:
+  int64_t vocab_;
+};
+
+struct TrainRun {
+  std::vector<double> losses;
+  std::vector<float> weights;
+};
+
+TrainConfig make_config(const std::string& preset, int dp, int zero, int64_t micro, int ckpt,
+                        int64_t steps, const std::string& ckpt_dir = "") {
+  std::vector<std::string> sets = {
+      "model.preset=" + preset, "model.activation_checkpoint_interval=" + std::to_string(ckpt),
+      "data.dir=unused", "data.seq_len=16", "data.batch_size=8",
+      "data.micro_batch_size=" + std::to_string(micro), "optim.lr=3e-3",
+      "schedule.steps=" + std::to_string(steps), "schedule.warmup_steps=2",
+      "schedule.eval_interval=0", "schedule.eval_batches=4", "log.every=1000", "log.progress=off",
+      "parallel.dp=" + std::to_string(dp), "parallel.zero_stage=" + std::to_string(zero),
+      "parallel.bucket_mb=0.01"};
+  if (!ckpt_dir.empty()) sets.push_back("checkpoint.dir=" + ckpt_dir);
+  return parse_train_config("{}", sets);
+}
+
+TrainRun run_training(const TrainConfig& cfg, const parallel::Mesh* mesh, const std::string& resume = "",
+          int64_t stop = -1) {
+  SyntheticSource src(cfg.model.vocab_size);
+  TrainerOptions o;
+  o.mesh = mesh;
+  o.resume = resume;
+  o.stop_after_steps = stop;
+  o.peak_gflops = 1;
+  o.log = std::fopen("/dev/null", "w");
+  Trainer t(cfg, src, o);
+  TrainRun r;
+  r.losses = t.run().losses;
+  r.weights = t.full_params().to_f32_vector();
+  std::fclose(o.log);
+  return r;
+}
+
+void expect_close(const TrainRun& a, const TrainRun& ref, const model::ParamLayout& dist_layout,
+                  const model::ParamLayout& ref_layout, const std::string& what) {
+  ASSERT_EQ(a.losses.size(), ref.losses.size()) << what;
+  for (size_t i = 0; i < a.losses.size(); ++i)
+    EXPECT_NEAR(a.losses[i], ref.losses[i], 1e-5 * std::abs(ref.losses[i]) + 2e-7)
+        << what << ": loss at step " << i + 1;
+  const double lr = 3e-3, steps = double(a.losses.size());
+  int64_t over = 0, total = 0;
+  for (const auto& p : ref_layout.params()) {
+    const bool key_bias = p.name.find("attn.c_attn.bias") != std::string::npos;
+    const int64_t C = key_bias ? p.numel() / 3 : 0;
+    const int64_t oa = dist_layout.get(p.name).offset;
+    for (int64_t i = 0; i < p.numel(); ++i) {
+      if (key_bias && i >= C && i < 2 * C) continue;
+      ++total;
+      const double x = a.weights[size_t(oa + i)], y = ref.weights[size_t(p.offset + i)];
+      const double d = std::abs(x - y);
+      if (d > 1e-5 * std::abs(y) + 1e-3 * lr) ++over;
+      if (d > 1e-2 * lr * steps)
+        ADD_FAILURE() << what << ": " << p.name << "[" << i << "] = " << x << ", single process " << y;
+    }
+  }
+  EXPECT_LE(over, total / 2000) << what << ": " << over << " of " << total
+                                << " weights outside 1e-5 relative + 1e-3 lr";
+}
+
+}  // namespace
+
+class DataParallelEquivalence : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(DataParallelEquivalence, EveryZeroStageMatchesOneProcess) {
+  const comm::Group& world = test_world();
+  const int N = world.size();
+  parallel::Mesh mesh(world, parallel::MeshShape(1, N, 1, 1));
+  const std::string preset = GetParam();
+  const int64_t steps = 12;
+  for (int ckpt : {0, 1}) {
+    // The reference: one process, the whole global batch at once, no communication.
+    TrainConfig ref_cfg = make_config(preset, 1, 0, 8, ckpt, steps);
+    const TrainRun ref = run_training(ref_cfg, nullptr);
+    model::ParamLayout ref_layout(ref_cfg.model, 1), dist_layout(ref_cfg.model, N);
+    for (int zero = 0; zero <= 3; ++zero)
+      for (int64_t micro : {int64_t(8 / N), int64_t(8 / N / 2)}) {  // one micro-batch, or two
+        if (micro < 1) continue;
+        const std::string what = preset + " dp=" + std::to_string(N) + " zero=" + std::to_string(zero) +
+                                 " micro=" + std::to_string(micro) + " ckpt=" + std::to_string(ckpt);
+        const TrainRun r = run_training(make_config(preset, N, zero, micro, ckpt, steps), &mesh);
+        expect_close(r, ref, dist_layout, ref_layout, what);
+      }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, DataParallelEquivalence, ::testing::Values("gpt2-tiny", "llama-tiny"));
+
+TEST(DataParallelResume, Zero3ResumesExactlyOnTheSameLayout) {
+  const comm::Group& world = test_world();
+  const int N = world.size();
+  parallel::Mesh mesh(world, parallel::MeshShape(1, N, 1, 1));
+  const std::string dir = (std::filesystem::temp_directory_path() / "loom_dp_resume").string();
+  if (world.rank() == 0) std::filesystem::remove_all(dir);
+  world.barrier();
+  const TrainConfig cfg = make_config("llama-tiny", N, 3, 8 / N, 0, 10, dir);
+  const TrainRun straight = run_training(make_config("llama-tiny", N, 3, 8 / N, 0, 10, dir + "_straight"), &mesh);
+  run_training(cfg, &mesh, "", 5);                  // 5 steps, checkpoint
+  const TrainRun resumed = run_training(cfg, &mesh, "auto");  // the other 5
+  ASSERT_EQ(resumed.losses.size(), 5u);
+  for (size_t i = 0; i < 5; ++i) EXPECT_EQ(resumed.losses[i], straight.losses[5 + i]) << "step " << 6 + i;
+  EXPECT_EQ(resumed.weights, straight.weights) << "weights differ bitwise after resume";
+  // A different layout is refused, naming both.
+  if (N > 1) {
+    try {
+      run_training(make_config("llama-tiny", N, 2, 8 / N, 0, 10, dir), &mesh, "auto");
+      ADD_FAILURE() << "resuming ZeRO-3 shards as ZeRO-2 should be refused";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("was saved with dp=" + std::to_string(N) + " zero_stage=3"),
+                std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(DataParallelMemory, ModelStatesFollowTheZeroFormulas) {
+  const comm::Group& world = test_world();
+  const int N = world.size();
+  parallel::Mesh mesh(world, parallel::MeshShape(1, N, 1, 1));
+  for (int zero = 0; zero <= 3; ++zero) {
+    TrainConfig cfg = make_config("gpt2-tiny", N, zero, 8 / N, 0, 1);
+    cfg.model.d_model = 64;  // large enough that unit padding is noise
+    cfg.model.d_ff = 256;
+    SyntheticSource src(cfg.model.vocab_size);
+    TrainerOptions o;
+    o.mesh = &mesh;
+    o.peak_gflops = 1;
+    o.log = std::fopen("/dev/null", "w");
+    const MemorySnapshot before = cpu_allocator().snapshot();
+    {
+      Trainer t(cfg, src, o);
+      t.run();  // a step allocates whatever the step needs
+      const MemorySnapshot after = cpu_allocator().snapshot();
+      const auto want = parallel::zero_model_state_bytes(t.model().num_params(), zero, N);
+      auto delta = [&](MemCategory c) { return double(after[c].current - before[c].current); };
+      EXPECT_NEAR(delta(MemCategory::params), double(want.params), 0.05 * double(want.params)) << "zero " << zero;
+      EXPECT_NEAR(delta(MemCategory::grads), double(want.grads), 0.05 * double(want.grads)) << "zero " << zero;
+      EXPECT_NEAR(delta(MemCategory::optimizer), double(want.optimizer), 0.05 * double(want.optimizer))
+          << "zero " << zero;
+    }
+    std::fclose(o.log);
+  }
+}

@@ -1,0 +1,118 @@
+// `loom bench train --nproc N --dp N [--zero S]`: data-parallel training steps, and how much
+// of the communication hides behind computation. Each rank first times the same per-rank
+// work alone (dp=1, no communication) under the same CPU contention, then the dp=N steps.
+// comm_ms sums the dp collectives' durations from the comm record; exposed_comm_ms is the
+// time the training thread spent blocked waiting for them.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "loom/comm/record.h"
+#include "loom/comm/world.h"
+#include "loom/core/threads.h"
+#include "loom/core/timer.h"
+#include "loom/model/decoder.h"
+#include "loom/model/memory_estimate.h"
+#include "loom/parallel/data_parallel.h"
+#include "loom/parallel/mesh.h"
+#include "tools/loom/commands.h"
+
+namespace loom::cli {
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
+}
+
+struct StepTimes {
+  std::vector<double> step_ms, comm_ms, exposed_ms;
+};
+
+StepTimes run_steps(const model::ModelConfig& cfg, const comm::Group& dp, const comm::CommRecord& rec,
+                    int zero, double bucket_mb, int64_t B, int64_t T, int64_t warmup, int64_t steps) {
+  model::DecoderOptions dopt = parallel::decoder_options_for({}, zero, dp.size());
+  model::Decoder m(cfg, dopt);
+  if (zero < 3) m.init_weights(1234);
+  parallel::DataParallel engine(m, dp, {1e-4, 0.9, 0.95, 1e-8, 0.1}, {zero, bucket_mb}, 1234);
+  std::mt19937 g(1 + unsigned(dp.rank()));
+  std::vector<int32_t> tok(size_t(B * T)), tgt(size_t(B * T));
+  for (auto& t : tok) t = int32_t(g() % cfg.vocab_size);
+  for (auto& t : tgt) t = int32_t(g() % cfg.vocab_size);
+  StepTimes st;
+  for (int64_t i = 0; i < warmup + steps; ++i) {
+    dp.barrier();
+    const double t0 = now_seconds();
+    engine.take_wait_seconds();
+    engine.zero_grads();
+    m.forward_backward(tok.data(), tgt.data(), B, T, 1.0 / double(B * T * dp.size()));
+    engine.finish_grads();
+    const double norm = std::sqrt(engine.grad_norm_sq());
+    if (norm > 1.0) engine.scale_grads(float(1.0 / norm));
+    engine.step(1e-4);
+    const double t1 = now_seconds();
+    double comm = 0;
+    for (const auto& e : rec.finished())
+      if (e.group == dp.name() && e.t_start >= t0 && e.t_end <= t1 && e.op != "barrier") comm += e.t_end - e.t_start;
+    if (i >= warmup) {
+      st.step_ms.push_back((t1 - t0) * 1e3);
+      st.comm_ms.push_back(comm * 1e3);
+      st.exposed_ms.push_back(engine.take_wait_seconds() * 1e3);
+    }
+  }
+  return st;
+}
+
+}  // namespace
+
+int bench_train_dp(const std::vector<std::string>& argv) {
+  Args a("bench train", argv,
+         {{"model", true}, {"batch", true}, {"seq", true}, {"steps", true}, {"warmup", true},
+          {"threads", true}, {"dp", true}, {"zero", true}, {"bucket-mb", true}, {"nproc", true},
+          {"help", false}});
+  const std::string preset = a.get("model", "gpt2-124m");
+  const int64_t B = a.get_int("batch", 4), T = a.get_int("seq", 256);
+  const int64_t steps = a.get_int("steps", 5), warmup = a.get_int("warmup", 1);
+  const int zero = int(a.get_int("zero", 0));
+  const double bucket_mb = a.get_double("bucket-mb", 25.0);
+  comm::World world;
+  const int N = world.size();
+  if (a.has("dp") && a.get_int("dp", N) != N)
+    throw UsageError(str_cat("[bench train] --dp ", a.get_int("dp", N), " but ", N,
+                             " ranks are running; use --nproc ", a.get_int("dp", N)));
+  if (a.has("threads")) set_num_threads(int(a.get_int("threads", 1)));
+  const model::ModelConfig cfg = model::preset(preset);
+  const bool main = world.rank() == 0;
+  if (main)
+    std::printf("bench train (data parallel): %s, dp=%d, ZeRO-%d, per-rank batch %lld x %lld, %d threads/rank, bucket %.0f MB\n",
+                cfg.summary().c_str(), N, zero, (long long)B, (long long)T, num_threads(), bucket_mb);
+  // Baseline: the same per-rank work with no communication, all ranks at once.
+  comm::Group alone = comm::Group::single("alone");
+  const StepTimes base = run_steps(cfg, alone, world.record(), 0, bucket_mb, B, T, warmup, steps);
+  parallel::Mesh mesh(world.group(), parallel::MeshShape(1, N, 1, 1));
+  const StepTimes dp = run_steps(cfg, mesh.dp(), world.record(), zero, bucket_mb, B, T, warmup, steps);
+  // Rank 0 reports; medians over its steps (ranks are synchronised by the collectives).
+  const double base_ms = median(base.step_ms), dp_ms = median(dp.step_ms);
+  const double comm_ms = median(dp.comm_ms), exposed_ms = median(dp.exposed_ms);
+  if (!main) return 0;
+  std::printf("\n%-28s %12s\n", "", "ms (median)");
+  std::printf("%-28s %12.1f\n", "step, dp=1 same work", base_ms);
+  std::printf("%-28s %12.1f\n", str_cat("step, dp=", N).c_str(), dp_ms);
+  std::printf("%-28s %12.1f\n", "communication (total)", comm_ms);
+  std::printf("%-28s %12.1f\n", "communication (exposed)", exposed_ms);
+  std::printf("exposed fraction: %.1f%% of communication; dp=%d step is %.2fx the dp=1 step\n",
+              comm_ms > 0 ? 100 * exposed_ms / comm_ms : 0.0, N, base_ms > 0 ? dp_ms / base_ms : 0.0);
+  nlohmann::json s = {{"model", preset}, {"dp", N}, {"zero_stage", zero}, {"batch_per_rank", B}, {"seq", T},
+                      {"threads_per_rank", num_threads()}, {"dp1_step_ms", base_ms}, {"step_ms", dp_ms},
+                      {"comm_ms", comm_ms}, {"exposed_comm_ms", exposed_ms},
+                      {"exposed_comm_fraction", comm_ms > 0 ? exposed_ms / comm_ms : 0.0},
+                      {"tokens_per_s", double(B * T * N) / dp_ms * 1e3}};
+  std::printf("SUMMARY %s\n", s.dump().c_str());
+  return 0;
+}
+
+}  // namespace loom::cli
