@@ -13,6 +13,8 @@ const std::vector<Benchmark>& benchmarks() {
        bench_tokenize},
       {"comm", "collective time, algorithm and bus bandwidth per size (nccl-tests style)",
        bench_comm},
+      {"infer", "serving: static vs continuous batching under Poisson load, batch-1 decode vs bandwidth",
+       bench_infer},
       {"serve", "latency percentiles and throughput of a running server under Poisson load", bench_serve},
   };
   return list;

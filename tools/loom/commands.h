@@ -37,6 +37,7 @@ int bench_train_dp(const std::vector<std::string>& args);
 int bench_tokenize(const std::vector<std::string>& args);
 int bench_serve(const std::vector<std::string>& args);
 int bench_comm(const std::vector<std::string>& args);
+int bench_infer(const std::vector<std::string>& args);
 
 // The arguments to pass on when a command relaunches itself under `loom launch --nproc N`:
 // everything but --nproc.

@@ -5,11 +5,25 @@
 
 #include <cstring>
 
+#include "loom/infer/cpu/decode_linear.h"
 #include "loom/kernels/ops.h"
 
 namespace loom::infer {
 
 using model::Family;
+
+namespace {
+// y = x W^T + b; few-row f32 batches (decoding) stream W once instead of packing it for BLAS.
+void linear(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) {
+  const int64_t M = x.size(0);
+  if (x.dtype() == DType::f32 && M <= kDecodeLinearMaxRows) {
+    decode_linear(x.data<float>(), w.data<float>(), b.defined() ? b.data<float>() : nullptr,
+                       y.data<float>(), M, w.size(1), w.size(0));
+    return;
+  }
+  ops::linear_forward(x, w, b, y);
+}
+}  // namespace
 
 ModelRunner::ModelRunner(const model::Decoder& model, KVCache& cache, int64_t max_tokens,
                          int64_t max_seqs, Allocator& alloc)
@@ -53,8 +67,9 @@ ModelRunner::ModelRunner(const model::Decoder& model, KVCache& cache, int64_t ma
 }
 
 int64_t ModelRunner::weight_bytes_per_token() const {
-  const int64_t row = cfg_.d_model * int64_t(dtype_size(model_.params().dtype()));
-  int64_t b = int64_t(model_.params().nbytes());
+  const int64_t es = int64_t(dtype_size(model_.params().dtype()));
+  const int64_t row = cfg_.d_model * es;
+  int64_t b = model_.num_params() * es;
   b -= int64_t(wte_.nbytes()) - row;  // the input embedding reads one row
   if (wpe_.defined()) b -= int64_t(wpe_.nbytes()) - row;
   if (cfg_.tied_embeddings) b += int64_t(head_.nbytes());  // the head reads the table in full
@@ -76,7 +91,7 @@ void ModelRunner::run_layers(int64_t N) {
       ops::layernorm_forward(x, w.ln1_w, w.ln1_b, ln, mean, rstd, cfg_.norm_eps);
     else
       ops::rmsnorm_forward(x, w.ln1_w, ln, rstd, cfg_.norm_eps);
-    ops::linear_forward(ln, w.qkv_w, w.qkv_b, qkv);
+    linear(ln, w.qkv_w, w.qkv_b, qkv);
     if (!gpt2) {
       ops::rope_apply(qkv, 0, H, D, pos, cfg_.rope_theta, false);
       ops::rope_apply(qkv, H * D, KVH, D, pos, cfg_.rope_theta, false);
@@ -87,18 +102,18 @@ void ModelRunner::run_layers(int64_t N) {
     cpu::paged_kv_write<T>(q + H * D, q + (H + KVH) * D, W, slots_.data(), N, kc, vc, bs, KVH, D);
     cpu::paged_attention_forward<T>(q, W, kc, vc, bs, pseqs_.data(), int64_t(pseqs_.size()),
                                     att.data<T>(), H * D, H, KVH, D);
-    ops::linear_forward(att, w.proj_w, w.proj_b, x_mid);
+    linear(att, w.proj_w, w.proj_b, x_mid);
     ops::add_inplace(x_mid, x);
     if (gpt2)
       ops::layernorm_forward(x_mid, w.ln2_w, w.ln2_b, ln, mean, rstd, cfg_.norm_eps);
     else
       ops::rmsnorm_forward(x_mid, w.ln2_w, ln, rstd, cfg_.norm_eps);
-    ops::linear_forward(ln, w.fc_w, w.fc_b, fc);
+    linear(ln, w.fc_w, w.fc_b, fc);
     if (gpt2)
       ops::gelu_forward(fc, act);
     else
       ops::swiglu_forward(fc, act);
-    ops::linear_forward(act, w.out_w, w.out_b, x);  // x is free again: x_mid holds the residual
+    linear(act, w.out_w, w.out_b, x);  // x is free again: x_mid holds the residual
     ops::add_inplace(x, x_mid);
   }
 }
@@ -145,7 +160,7 @@ Tensor ModelRunner::execute(const StepPlan& plan) {
                            lnf_rstd_.narrow0(0, S), cfg_.norm_eps);
   else
     ops::rmsnorm_forward(xs, lnf_w_, lnf, lnf_rstd_.narrow0(0, S), cfg_.norm_eps);
-  ops::linear_forward(lnf, head_, {}, logits);
+  linear(lnf, head_, {}, logits);
   return logits;
 }
 

@@ -1,0 +1,257 @@
+// The engine's API contract: copy-on-write of a shared cached block, abort, stop tokens and
+// stop strings, streaming events, context capping, refusal of bad input with the numbers or
+// parameter named, and add/abort from another thread while a loop thread steps.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "loom/infer/engine.h"
+
+using namespace loom;
+using namespace loom::infer;
+
+namespace {
+
+model::ModelConfig tiny_gpt2() {
+  model::ModelConfig c = model::preset("gpt2-tiny");
+  c.n_layer = 2;
+  c.d_model = 32;
+  c.n_head = 4;
+  c.n_kv_head = 4;
+  c.d_ff = 64;
+  c.vocab_size = 61;
+  c.n_ctx = 64;
+  return c;
+}
+
+std::unique_ptr<model::Decoder> make_model() {
+  auto m = std::make_unique<model::Decoder>(tiny_gpt2(), model::DecoderOptions{}, DType::f64);
+  m->init_weights(7);
+  for (const auto& p : m->layout().params())
+    if (p.init == model::Init::normal)
+      for (int64_t i = 0; i < p.numel(); ++i) m->params().data<double>()[p.offset + i] *= 10;
+  return m;
+}
+
+std::vector<int32_t> tokens(int n, unsigned seed) {
+  std::mt19937 g(seed);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = int32_t(g() % 61u);
+  return t;
+}
+
+EngineConfig small_config() {
+  EngineConfig c;
+  c.block_size = 4;
+  c.num_blocks = 64;
+  c.max_num_seqs = 4;
+  c.max_batched_tokens = 64;
+  return c;
+}
+
+SamplingParams greedy(int64_t n) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = n;
+  return p;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST(EngineApi, WholePromptCacheHitCopiesTheSharedBlock) {
+  auto m = make_model();
+  const auto prompt = tokens(16, 1);  // four full blocks of 4
+  SamplingParams sp;
+  sp.temperature = 0.8;
+  sp.seed = 42;
+  sp.max_tokens = 20;
+  const auto alone = Engine(*m, small_config()).generate(prompt, sp);
+  Engine e(*m, small_config());
+  e.add_request(prompt, sp);
+  e.step();  // prefill: all four blocks are cached now
+  e.step();
+  e.add_request(prompt, sp);  // every block is a hit; its last token is recomputed into a copy
+  std::vector<RequestOutput> outs;
+  while (e.has_unfinished())
+    for (auto& o : e.step()) outs.push_back(std::move(o));
+  ASSERT_EQ(outs.size(), 2u);
+  EXPECT_EQ(outs[0].tokens, alone);
+  EXPECT_EQ(outs[1].tokens, alone);
+  EXPECT_EQ(e.metrics().prefix_hit_tokens, 15);
+  EXPECT_EQ(e.scheduler().kv().pool().num_free(), 64);
+}
+
+TEST(EngineApi, AbortEndsRunningAndWaitingRequests) {
+  auto m = make_model();
+  auto cfg = small_config();
+  cfg.max_num_seqs = 1;
+  Engine e(*m, cfg);
+  std::map<int64_t, std::vector<TokenEvent>> events;
+  auto record = [&](const TokenEvent& ev) { events[ev.request_id].push_back(ev); };
+  const int64_t a = e.add_request(tokens(5, 2), greedy(30), record);
+  const int64_t b = e.add_request(tokens(5, 3), greedy(30), record);
+  for (int i = 0; i < 3; ++i) e.step();
+  EXPECT_EQ(e.metrics().num_running, 1);
+  EXPECT_EQ(e.metrics().num_waiting, 1);
+  e.abort(a);
+  e.abort(b);
+  e.abort(12345);  // unknown ids are ignored
+  auto outs = e.step();
+  ASSERT_EQ(outs.size(), 2u);
+  for (const auto& o : outs) EXPECT_EQ(o.finish_reason, FinishReason::abort);
+  EXPECT_EQ(outs[0].tokens.size(), 3u);
+  EXPECT_TRUE(outs[1].tokens.empty());
+  ASSERT_EQ(events[a].size(), 4u);  // three tokens, then the closing event
+  EXPECT_EQ(events[a].back().token, -1);
+  EXPECT_EQ(events[a].back().finish, FinishReason::abort);
+  EXPECT_EQ(events[b].size(), 1u);
+  EXPECT_FALSE(e.has_unfinished());
+  EXPECT_EQ(e.scheduler().kv().pool().num_free(), 64);
+}
+
+TEST(EngineApi, StopTokenAndStopStringEndTheOutput) {
+  auto m = make_model();
+  const auto prompt = tokens(6, 4);
+  const auto ref = Engine(*m, small_config()).generate(prompt, greedy(12));
+  // Stop at the first occurrence of ref[4]: the output is everything before it.
+  SamplingParams st = greedy(12);
+  st.stop_token_ids = {ref[4]};
+  const size_t first = size_t(std::find(ref.begin(), ref.end(), ref[4]) - ref.begin());
+  Engine e(*m, small_config());
+  std::vector<TokenEvent> events;
+  const auto out = e.run(prompt, st, [&](const TokenEvent& ev) { events.push_back(ev); });
+  EXPECT_EQ(out.finish_reason, FinishReason::stop);
+  EXPECT_EQ(out.stop_token, ref[4]);
+  EXPECT_EQ(out.tokens, std::vector<int32_t>(ref.begin(), ref.begin() + long(first)));
+  ASSERT_EQ(events.size(), first + 1);
+  EXPECT_EQ(events.back().token, -1);
+  for (size_t i = 0; i < first; ++i) {
+    EXPECT_EQ(events[i].token, ref[i]);
+    EXPECT_EQ(events[i].index, int64_t(i));
+    EXPECT_EQ(events[i].finish, FinishReason::none);
+  }
+  // Stop strings through a detokenizer that spells token t as the letter 'A' + t % 26.
+  auto cfg = small_config();
+  cfg.detokenizer = [](const std::vector<int32_t>& t) {
+    std::string s;
+    for (int32_t x : t) s += char('A' + x % 26);
+    return s;
+  };
+  const std::string text = cfg.detokenizer(ref);
+  SamplingParams ss = greedy(12);
+  ss.stop = {text.substr(5, 2), "no such text"};
+  const size_t end = text.find(ss.stop[0]) + 2;  // tokens up to the one completing it
+  const auto out2 = Engine(*m, cfg).run(prompt, ss);
+  EXPECT_EQ(out2.finish_reason, FinishReason::stop);
+  EXPECT_EQ(out2.stop_string, ss.stop[0]);
+  EXPECT_EQ(out2.tokens, std::vector<int32_t>(ref.begin(), ref.begin() + long(end)));
+}
+
+TEST(EngineApi, OutputIsCappedAtTheContext) {
+  auto m = make_model();
+  Engine e(*m, small_config());
+  const auto out = e.run(tokens(60, 5), greedy(100));
+  EXPECT_EQ(out.tokens.size(), 4u);
+  EXPECT_EQ(out.finish_reason, FinishReason::length);
+}
+
+TEST(EngineApi, BadInputIsRefusedNamingTheProblem) {
+  auto m = make_model();
+  Engine e(*m, small_config());
+  std::string err = error_of([&] { e.add_request(tokens(70, 1), greedy(1)); });
+  EXPECT_NE(err.find("70"), std::string::npos) << err;
+  EXPECT_NE(err.find("64"), std::string::npos) << err;
+  EXPECT_NE(err.find("never truncated"), std::string::npos) << err;
+  err = error_of([&] { e.add_request(tokens(64, 1), greedy(1)); });
+  EXPECT_NE(err.find("no room to generate"), std::string::npos) << err;
+  err = error_of([&] { e.add_request({}, greedy(1)); });
+  EXPECT_NE(err.find("empty"), std::string::npos) << err;
+  err = error_of([&] { e.add_request({1, 61}, greedy(1)); });
+  EXPECT_NE(err.find("token 61"), std::string::npos) << err;
+
+  SamplingParams p;
+  p.temperature = -0.5;
+  EXPECT_NE(error_of([&] { e.add_request({1}, p); }).find("[sampling] temperature"),
+            std::string::npos);
+  p = {};
+  p.top_p = 0;
+  EXPECT_NE(error_of([&] { e.add_request({1}, p); }).find("top_p"), std::string::npos);
+  p.top_p = 1.5;
+  EXPECT_NE(error_of([&] { e.add_request({1}, p); }).find("top_p"), std::string::npos);
+  p = {};
+  p.top_k = -1;
+  EXPECT_NE(error_of([&] { e.add_request({1}, p); }).find("top_k"), std::string::npos);
+  p = {};
+  p.max_tokens = 0;
+  EXPECT_NE(error_of([&] { e.add_request({1}, p); }).find("max_tokens"), std::string::npos);
+  p = {};
+  p.stop = {"x"};
+  EXPECT_NE(error_of([&] { e.add_request({1}, p); }).find("detokenizer"), std::string::npos);
+  EXPECT_FALSE(e.has_unfinished()) << "refused requests are not queued";
+
+  // A KV budget below one full-length sequence (64 tokens = 16 blocks of 4) is refused.
+  auto cfg = small_config();
+  cfg.num_blocks = 15;
+  err = error_of([&] { Engine tiny(*m, cfg); });
+  EXPECT_NE(err.find("[engine]"), std::string::npos) << err;
+  EXPECT_NE(err.find("n_ctx=64"), std::string::npos) << err;
+  EXPECT_NE(err.find("16 blocks"), std::string::npos) << err;
+  cfg = small_config();
+  cfg.num_blocks = 0;
+  cfg.kv_cache_bytes = 1000;
+  EXPECT_NE(error_of([&] { Engine tiny(*m, cfg); }).find("one full-length sequence"),
+            std::string::npos);
+}
+
+TEST(EngineApi, RequestsAndAbortsFromOtherThreadsWhileALoopSteps) {
+  auto m = make_model();
+  Engine e(*m, small_config());
+  std::mutex mu;
+  std::map<int64_t, std::vector<int32_t>> streamed;
+  std::map<int64_t, RequestOutput> done;
+  std::atomic<bool> stop{false};
+  std::thread loop([&] {
+    while (!stop.load() || e.has_unfinished()) {
+      for (auto& o : e.step()) {
+        std::lock_guard<std::mutex> lock(mu);
+        done[o.id] = std::move(o);
+      }
+      std::this_thread::yield();
+    }
+  });
+  std::vector<int64_t> ids;
+  for (int i = 0; i < 6; ++i) {
+    ids.push_back(e.add_request(tokens(4 + i, 10 + unsigned(i)), greedy(8),
+                                [&](const TokenEvent& ev) {
+                                  std::lock_guard<std::mutex> lock(mu);
+                                  if (ev.token >= 0) streamed[ev.request_id].push_back(ev.token);
+                                }));
+    if (i == 3) e.abort(ids[1]);
+  }
+  stop = true;
+  loop.join();
+  ASSERT_EQ(done.size(), 6u);
+  for (int64_t id : ids) {
+    EXPECT_EQ(done[id].tokens, streamed[id]) << "the stream carries exactly the output";
+    if (id != ids[1]) {
+      EXPECT_EQ(done[id].tokens.size(), 8u);
+    }
+  }
+  const EngineMetrics mt = e.metrics();
+  EXPECT_EQ(mt.requests_finished, 6);
+  EXPECT_EQ(mt.kv_blocks_used, 0);
+  EXPECT_EQ(mt.num_running + mt.num_waiting, 0);
+}

@@ -1,0 +1,421 @@
+// `loom bench infer`: serving throughput and latency of the inference engine under Poisson
+// arrivals, static against continuous batching at the same load (TTFT, time per output
+// token, end-to-end latency percentiles, peak KV use and fragmentation), and the batch-1
+// decode rate against the memory-bandwidth bound measured on this machine.
+#include <omp.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "loom/core/error.h"
+#include "loom/core/threads.h"
+#include "loom/core/timer.h"
+#include "loom/infer/engine.h"
+#include "loom/kernels/cpu/cpu_kernels.h"
+#include "loom/train/checkpoint.h"
+#include "tools/loom/commands.h"
+
+namespace loom::cli {
+namespace {
+
+using infer::BatchingMode;
+
+const char* kUsage =
+    "usage: loom bench infer [--model gpt2-124m | --checkpoint DIR] [--mode static|continuous|both]\n"
+    "        [--requests N] [--rate R] [--prompt-len DIST] [--output-len DIST]\n"
+    "        [--max-num-seqs N] [--max-batched-tokens N] [--block-size N] [--kv-cache-mb N]\n"
+    "        [--temperature T] [--threads N] [--seed S] [--no-prefix-caching] [--no-batch1]\n"
+    "        [--batch1-tokens N]\n"
+    "DIST: N | uniform:A:B | exp:MEAN:MIN:MAX (exponential, clamped). --rate 0: all arrive at once.\n";
+
+// A length distribution parsed from the command line.
+struct LengthDist {
+  enum Kind { fixed, uniform, exponential } kind = fixed;
+  double a = 0, b = 0, c = 0;
+  std::string text;
+  static LengthDist parse(const std::string& opt, const std::string& s) {
+    LengthDist d;
+    d.text = s;
+    std::vector<double> v;
+    std::string head = s, rest;
+    if (auto colon = s.find(':'); colon != std::string::npos) {
+      head = s.substr(0, colon);
+      rest = s.substr(colon + 1);
+    }
+    try {
+      if (rest.empty()) {
+        size_t used = 0;
+        d.a = std::stod(s, &used);
+        if (used == s.size() && d.a >= 1) return d;
+      }
+      size_t at = 0;
+      while (!rest.empty()) {
+        const size_t next = rest.find(':', at);
+        v.push_back(std::stod(rest.substr(at, next == std::string::npos ? std::string::npos : next - at)));
+        if (next == std::string::npos) break;
+        at = next + 1;
+      }
+    } catch (...) {
+      v.clear();
+    }
+    if (head == "uniform" && v.size() == 2 && v[0] >= 1 && v[1] >= v[0]) {
+      d.kind = uniform;
+      d.a = v[0];
+      d.b = v[1];
+      return d;
+    }
+    if (head == "exp" && v.size() == 3 && v[0] > 0 && v[1] >= 1 && v[2] >= v[1]) {
+      d.kind = exponential;
+      d.a = v[0];
+      d.b = v[1];
+      d.c = v[2];
+      return d;
+    }
+    throw UsageError(str_cat("[bench infer] ", opt, " \"", s,
+                             "\": expected N, uniform:A:B or exp:MEAN:MIN:MAX with 1 <= A <= B"));
+  }
+  int64_t sample(std::mt19937_64& g) const {
+    if (kind == fixed) return int64_t(a);
+    if (kind == uniform) return std::uniform_int_distribution<int64_t>(int64_t(a), int64_t(b))(g);
+    const double x = std::exponential_distribution<double>(1.0 / a)(g);
+    return std::clamp<int64_t>(int64_t(std::llround(x)), int64_t(b), int64_t(c));
+  }
+  int64_t max() const { return kind == fixed ? int64_t(a) : kind == uniform ? int64_t(b) : int64_t(c); }
+};
+
+struct WorkItem {
+  double arrival = 0;
+  std::vector<int32_t> prompt;
+  int64_t output_len = 0;
+};
+
+struct RequestTimes {
+  double arrival = 0, first = -1, last = -1, done = -1;
+  int64_t tokens = 0;
+};
+
+struct ModeResult {
+  std::string mode;
+  double makespan_s = 0, tokens_per_s = 0, requests_per_s = 0;
+  int64_t output_tokens = 0, steps = 0, preemptions = 0;
+  std::vector<double> ttft_ms, tpot_ms, e2e_ms;
+  int64_t peak_blocks = 0, blocks_total = 0, peak_seqs = 0;
+  double frag_at_peak = 0;        // unused slots / allocated slots at peak allocation
+  double contiguous_waste = 0;    // what per-request max-length buffers would waste there
+  double peak_kv_bytes = 0;
+};
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double pos = p / 100.0 * double(v.size() - 1);
+  const size_t lo = size_t(pos), hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (pos - double(lo));
+}
+
+std::vector<WorkItem> make_workload(int64_t n, double rate, const LengthDist& plen,
+                                    const LengthDist& olen, int64_t vocab, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::vector<WorkItem> w(static_cast<size_t>(n));
+  double t = 0;
+  for (auto& item : w) {
+    if (rate > 0) t += std::exponential_distribution<double>(rate)(g);
+    item.arrival = t;
+    item.prompt.resize(size_t(plen.sample(g)));
+    for (auto& tok : item.prompt) tok = int32_t(g() % uint64_t(vocab));
+    item.output_len = olen.sample(g);
+  }
+  return w;
+}
+
+ModeResult run_mode(const model::Decoder& m, infer::EngineConfig cfg, BatchingMode mode,
+                    const std::vector<WorkItem>& work, double temperature, int64_t max_len) {
+  cfg.mode = mode;
+  infer::Engine e(m, cfg);
+  const char* name = infer::batching_mode_name(mode);
+  std::vector<RequestTimes> times(work.size());
+  std::vector<size_t> index_of;  // engine id -> work index
+  ModeResult r;
+  r.mode = name;
+  const int64_t bs = cfg.block_size;
+  const double t0 = now_seconds();
+  double last_report = t0;
+  size_t next = 0, finished = 0;
+  while (finished < work.size()) {
+    const double now = now_seconds() - t0;
+    for (; next < work.size() && work[next].arrival <= now; ++next) {
+      infer::SamplingParams sp;
+      sp.temperature = temperature;
+      sp.max_tokens = work[next].output_len;
+      sp.seed = next;
+      times[next].arrival = work[next].arrival;
+      const size_t w = next;
+      const int64_t id = e.add_request(work[next].prompt, sp, [&times, w, t0](const infer::TokenEvent& ev) {
+        if (ev.token < 0) return;
+        const double t = now_seconds() - t0;
+        if (times[w].first < 0) times[w].first = t;
+        times[w].last = t;
+        ++times[w].tokens;
+      });
+      if (index_of.size() <= size_t(id)) index_of.resize(size_t(id) + 1);
+      index_of[size_t(id)] = w;
+    }
+    if (!e.has_unfinished()) {
+      if (next == work.size()) break;
+      std::this_thread::sleep_for(std::chrono::duration<double>(work[next].arrival - now));
+      continue;
+    }
+    for (const auto& out : e.step()) {
+      times[index_of[size_t(out.id)]].done = now_seconds() - t0;
+      ++finished;
+    }
+    const auto& st = e.scheduler().stats();
+    if (st.blocks_used > r.peak_blocks) {
+      r.peak_blocks = st.blocks_used;
+      const double alloc = double(st.slots_allocated);
+      r.frag_at_peak = alloc > 0 ? double(st.slots_allocated - st.tokens_cached) / alloc : 0;
+      const double reserved = double(st.num_running * max_len);
+      r.contiguous_waste = reserved > 0 ? 1.0 - double(st.tokens_cached) / reserved : 0;
+    }
+    r.peak_seqs = std::max(r.peak_seqs, st.num_running);
+    if (now_seconds() - last_report > 5.0) {
+      last_report = now_seconds();
+      std::fprintf(stderr, "[%s] t=%.0fs  done %zu/%zu  running %ld  waiting %ld  kv %ld/%ld blocks\n",
+                   name, last_report - t0, finished, work.size(), long(st.num_running),
+                   long(st.num_waiting), long(st.blocks_used), long(st.blocks_total));
+    }
+  }
+  const auto mt = e.metrics();
+  double end = 0;
+  for (const auto& t : times) {
+    end = std::max(end, t.done);
+    r.output_tokens += t.tokens;
+    r.ttft_ms.push_back((t.first - t.arrival) * 1e3);
+    r.e2e_ms.push_back((t.done - t.arrival) * 1e3);
+    if (t.tokens > 1) r.tpot_ms.push_back((t.last - t.first) * 1e3 / double(t.tokens - 1));
+  }
+  r.makespan_s = end - work.front().arrival;
+  r.tokens_per_s = double(r.output_tokens) / r.makespan_s;
+  r.requests_per_s = double(work.size()) / r.makespan_s;
+  r.steps = mt.steps;
+  r.preemptions = mt.num_preemptions;
+  r.blocks_total = mt.kv_blocks_total;
+  r.peak_kv_bytes = double(r.peak_blocks) *
+                    double(infer::KVCache::bytes_per_block(m.config(), bs, m.params().dtype()));
+  return r;
+}
+
+// Sustained read bandwidth: the best of two sums over a 1 GiB buffer with the benchmark's
+// threads (the weights are read-only during decoding, so reading is the bound that matters).
+double measure_read_bandwidth(const std::vector<float>& buf) {
+  const int64_t n = int64_t(buf.size());
+  double best = 0;
+  volatile double sink = 0;
+  for (int rep = 0; rep < 2; ++rep) {
+    const double t = now_seconds();
+    double total = 0;
+#pragma omp parallel for schedule(dynamic, 16) reduction(+ : total)
+    for (int64_t c = 0; c < n; c += 4096) {
+      float acc[16] = {};
+      const float* p = buf.data() + c;
+      for (int64_t j = 0; j < 4096; j += 16)
+        for (int k = 0; k < 16; ++k) acc[k] += p[j + k];
+      for (float a : acc) total += a;
+    }
+    sink = sink + total;
+    best = std::max(best, double(n) * 4 / (now_seconds() - t));
+  }
+  return best;
+}
+
+struct Batch1 {
+  double tokens_per_s = 0, bandwidth = 0, bound = 0, bytes_per_token = 0, fraction = 0;
+};
+
+// Decode one sequence in rounds, each followed by a bandwidth measurement, so that rate and
+// bound are taken under the same conditions (the machine may be shared); the round with the
+// median fraction is reported.
+Batch1 run_batch1(const model::Decoder& m, infer::EngineConfig cfg, int64_t n_tokens) {
+  cfg.max_num_seqs = 1;
+  infer::Engine e(m, cfg);
+  const int64_t rounds = 5, per_round = std::max<int64_t>(4, n_tokens / rounds);
+  std::vector<int32_t> prompt(16);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t(i * 7 + 1);
+  infer::SamplingParams sp;
+  sp.temperature = 0;
+  sp.max_tokens = rounds * per_round + 2;
+  e.add_request(prompt, sp);
+  e.step();  // prefill
+  std::vector<float> buf(size_t(1) << 28, 1.0f);  // 1 GiB
+  const double bytes = double(e.weight_bytes_per_token());
+  std::vector<Batch1> rs;
+  for (int64_t r = 0; r < rounds; ++r) {
+    std::vector<double> dt;
+    for (int64_t k = 0; k < per_round; ++k) {
+      const double t = now_seconds();
+      e.step();
+      dt.push_back(now_seconds() - t);
+    }
+    Batch1 b;
+    b.tokens_per_s = 1.0 / percentile(dt, 50);
+    b.bytes_per_token = bytes;
+    b.bandwidth = measure_read_bandwidth(buf);
+    b.bound = b.bandwidth / bytes;
+    b.fraction = b.tokens_per_s / b.bound;
+    rs.push_back(b);
+  }
+  while (e.has_unfinished()) e.step();
+  std::sort(rs.begin(), rs.end(), [](const Batch1& x, const Batch1& y) { return x.fraction < y.fraction; });
+  return rs[rs.size() / 2];
+}
+
+void print_table(const std::vector<ModeResult>& rs) {
+  std::printf("\n%-28s", "metric");
+  for (const auto& r : rs) std::printf("%14s", r.mode.c_str());
+  if (rs.size() == 2) std::printf("%14s", "cont/static");
+  std::printf("\n");
+  auto row = [&](const char* name, auto get, const char* fmt) {
+    std::printf("%-28s", name);
+    for (const auto& r : rs) std::printf(fmt, get(r));
+    if (rs.size() == 2 && get(rs[0]) != 0) std::printf("%13.2fx", get(rs[1]) / get(rs[0]));
+    std::printf("\n");
+  };
+  const char* f1 = "%14.1f";
+  row("output tokens/s", [](const ModeResult& r) { return r.tokens_per_s; }, f1);
+  row("requests/s", [](const ModeResult& r) { return r.requests_per_s; }, "%14.3f");
+  row("makespan s", [](const ModeResult& r) { return r.makespan_s; }, f1);
+  for (double p : {50.0, 90.0, 99.0}) {
+    const std::string sp = str_cat(int(p));
+    row(str_cat("TTFT p", sp, " ms").c_str(), [p](const ModeResult& r) { return percentile(r.ttft_ms, p); }, f1);
+    row(str_cat("TPOT p", sp, " ms").c_str(), [p](const ModeResult& r) { return percentile(r.tpot_ms, p); }, f1);
+    row(str_cat("end-to-end p", sp, " ms").c_str(), [p](const ModeResult& r) { return percentile(r.e2e_ms, p); }, f1);
+  }
+  row("steps", [](const ModeResult& r) { return double(r.steps); }, "%14.0f");
+  row("peak running sequences", [](const ModeResult& r) { return double(r.peak_seqs); }, "%14.0f");
+  row("preemptions", [](const ModeResult& r) { return double(r.preemptions); }, "%14.0f");
+  row("peak KV blocks", [](const ModeResult& r) { return double(r.peak_blocks); }, "%14.0f");
+  row("peak KV MiB", [](const ModeResult& r) { return r.peak_kv_bytes / 1048576.0; }, f1);
+  row("KV unused at peak %", [](const ModeResult& r) { return 100 * r.frag_at_peak; }, "%14.2f");
+  row("contiguous would waste %", [](const ModeResult& r) { return 100 * r.contiguous_waste; }, "%14.1f");
+}
+
+}  // namespace
+
+int bench_infer(const std::vector<std::string>& argv) {
+  Args a("bench infer", argv,
+         {{"model", true}, {"checkpoint", true}, {"mode", true}, {"requests", true}, {"rate", true},
+          {"prompt-len", true}, {"output-len", true}, {"max-num-seqs", true},
+          {"max-batched-tokens", true}, {"block-size", true}, {"kv-cache-mb", true},
+          {"temperature", true}, {"threads", true}, {"seed", true}, {"no-prefix-caching", false},
+          {"no-batch1", false}, {"batch1-tokens", true}, {"help", false}});
+  if (a.has("help")) {
+    std::printf("%s", kUsage);
+    return 0;
+  }
+  const std::string mode = a.get("mode", "both");
+  if (mode != "static" && mode != "continuous" && mode != "both")
+    throw UsageError("[bench infer] --mode must be static, continuous or both, got \"" + mode + "\"");
+  const int64_t n_req = a.get_int("requests", 64);
+  const double rate = a.get_double("rate", 8.0);
+  if (n_req < 1) throw UsageError("[bench infer] --requests must be at least 1");
+  if (rate < 0) throw UsageError("[bench infer] --rate must be >= 0 (0: all at once)");
+  const LengthDist plen = LengthDist::parse("--prompt-len", a.get("prompt-len", "uniform:16:128"));
+  const LengthDist olen = LengthDist::parse("--output-len", a.get("output-len", "uniform:16:256"));
+  const int threads = int(a.get_int("threads", 2));
+  set_num_threads(threads);
+
+  // Weights: a training checkpoint (DIR is one, or holds step_* ones: the newest valid is
+  // used), or a preset with random weights (serving cost does not depend on their values).
+  std::string ckpt;
+  if (a.has("checkpoint")) {
+    ckpt = a.get("checkpoint", "");
+    if (!std::filesystem::exists(std::filesystem::path(ckpt) / "manifest.json")) {
+      auto latest = train::find_latest_valid_checkpoint(ckpt, stderr);
+      if (!latest) throw UsageError("[bench infer] --checkpoint " + ckpt + ": no valid checkpoint there");
+      ckpt = *latest;
+    }
+  }
+  const model::ModelConfig mc =
+      ckpt.empty() ? model::preset(a.get("model", "gpt2-124m")) : train::checkpoint_model_config(ckpt);
+  if (plen.max() + olen.max() > mc.n_ctx)
+    throw UsageError(str_cat("[bench infer] the longest prompt (", plen.max(), ") plus the longest output (",
+                             olen.max(), ") exceed the context of ", mc.n_ctx, " tokens"));
+  model::DecoderOptions mopt;
+  mopt.allocate_flat_grads = false;  // inference only
+  model::Decoder m(mc, mopt);
+  if (ckpt.empty())
+    m.init_weights(uint64_t(a.get_int("seed", 1)));
+  else
+    train::load_checkpoint_weights(ckpt, m);
+
+  infer::EngineConfig cfg;
+  cfg.block_size = a.get_int("block-size", 16);
+  cfg.kv_cache_bytes = a.get_int("kv-cache-mb", 1024) << 20;
+  cfg.max_num_seqs = a.get_int("max-num-seqs", 32);
+  cfg.max_batched_tokens = a.get_int("max-batched-tokens", 2048);
+  cfg.prefix_caching = !a.has("no-prefix-caching");
+  const double temperature = a.get_double("temperature", 0.0);
+
+  std::printf("bench infer: %s%s, %d threads, kernels %s\n", mc.summary().c_str(),
+              ckpt.empty() ? " (random weights)" : (" from " + ckpt).c_str(), threads,
+              cpu::hot_kernels_isa().c_str());
+  std::printf("load: %ld requests, Poisson rate %.2f/s, prompt %s, output %s, temperature %.2f\n",
+              long(n_req), rate, plen.text.c_str(), olen.text.c_str(), temperature);
+  std::printf("engine: max_num_seqs %ld, max_batched_tokens %ld, block %ld, KV cache %s\n",
+              long(cfg.max_num_seqs), long(cfg.max_batched_tokens), long(cfg.block_size),
+              format_bytes(cfg.kv_cache_bytes).c_str());
+  std::fflush(stdout);
+
+  const auto work = make_workload(n_req, rate, plen, olen, mc.vocab_size, uint64_t(a.get_int("seed", 1)));
+  std::vector<ModeResult> results;
+  const int64_t max_len = plen.max() + olen.max();
+  if (mode != "continuous") results.push_back(run_mode(m, cfg, BatchingMode::static_batch, work, temperature, max_len));
+  if (mode != "static") results.push_back(run_mode(m, cfg, BatchingMode::continuous, work, temperature, max_len));
+  print_table(results);
+
+  Batch1 b1;
+  if (!a.has("no-batch1")) {
+    b1 = run_batch1(m, cfg, a.get_int("batch1-tokens", 64));
+    std::printf("\nbatch-1 decode: %.2f tokens/s; weights read per token %.1f MB; read bandwidth "
+                "%.2f GB/s (1 GiB sum, %d threads) -> bound %.2f tokens/s; achieved %.1f%% "
+                "(median of 5 rounds)\n",
+                b1.tokens_per_s, b1.bytes_per_token / 1e6, b1.bandwidth / 1e9, threads, b1.bound,
+                100 * b1.fraction);
+  }
+
+  auto find = [&](const char* name) -> const ModeResult* {
+    for (const auto& r : results)
+      if (r.mode == name) return &r;
+    return nullptr;
+  };
+  std::string js = str_cat("{\"model\":\"", mc.name, "\",\"requests\":", n_req, ",\"rate\":", rate,
+                           ",\"prompt_len\":\"", plen.text, "\",\"output_len\":\"", olen.text, "\"");
+  for (const char* name : {"static", "continuous"})
+    if (const ModeResult* r = find(name)) {
+      const std::string p = name;
+      js += str_cat(",\"", p, "_tokens_per_s\":", r->tokens_per_s, ",\"", p, "_requests_per_s\":",
+                    r->requests_per_s, ",\"", p, "_p50_e2e_ms\":", percentile(r->e2e_ms, 50), ",\"",
+                    p, "_p99_e2e_ms\":", percentile(r->e2e_ms, 99), ",\"", p, "_p50_ttft_ms\":",
+                    percentile(r->ttft_ms, 50), ",\"", p, "_p99_ttft_ms\":", percentile(r->ttft_ms, 99),
+                    ",\"", p, "_p50_tpot_ms\":", percentile(r->tpot_ms, 50), ",\"", p,
+                    "_peak_kv_blocks\":", r->peak_blocks, ",\"", p, "_kv_unused_at_peak_pct\":",
+                    100 * r->frag_at_peak);
+    }
+  if (find("static") && find("continuous"))
+    js += str_cat(",\"throughput_ratio\":", find("continuous")->tokens_per_s / find("static")->tokens_per_s);
+  if (b1.tokens_per_s > 0)
+    js += str_cat(",\"batch1_tokens_per_s\":", b1.tokens_per_s, ",\"read_bandwidth_gb_s\":",
+                  b1.bandwidth / 1e9, ",\"batch1_bound_tokens_per_s\":", b1.bound,
+                  ",\"batch1_fraction_of_bound\":", b1.fraction);
+  js += "}";
+  std::printf("SUMMARY %s\n", js.c_str());
+  return 0;
+}
+
+}  // namespace loom::cli
