@@ -155,6 +155,24 @@ TEST_F(ServeTest, ClientDisconnectWhileWaitingNonStreamingAborts) {
   EXPECT_TRUE(eventually([&] { return engine_->submitted() == 1; }));
   c->close();
   EXPECT_TRUE(eventually([&] { return engine_->aborts() == 1 && server_->in_flight() == 0; }));
+  EXPECT_TRUE(eventually([&] {
+    return get("/metrics").body.find("loom_requests_total{endpoint=\"/v1/completions\",status=\"499\"} 1") !=
+           std::string::npos;
+  }));
+}
+
+TEST_F(ServeTest, Http10ClientsGetACloseDelimitedStream) {
+  start();
+  auto c = client();
+  std::string body = R"({"model":"fake","prompt":"abc","max_tokens":6,"seed":2,"stream":true})";
+  c->send_raw("POST /v1/completions HTTP/1.0\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body);
+  ClientResponse r = c->read_response();
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(r.header("transfer-encoding"), nullptr);
+  EXPECT_EQ(r.header("content-length"), nullptr);
+  EXPECT_EQ(*r.header("connection"), "close");
+  EXPECT_NE(r.body.find("data: [DONE]\n\n"), std::string::npos) << r.body;
+  EXPECT_FALSE(c->connected());
 }
 
 TEST_F(ServeTest, MetricsCountRequestsTokensAndLatencies) {

@@ -162,7 +162,10 @@ void ApiServer::handle_generation(HttpExchange& ex, ApiKind kind) {
   const char* finish = stop_hit || engine_finish == FinishReason::stop ? "stop" : "length";
   metrics_.counter("loom_request_finished_total", "finished generation requests by reason",
                    {{"finish_reason", aborted ? (client_gone ? "client_gone" : "abort") : finish}}).inc();
-  if (client_gone) return;  // nobody to answer; the stream (if any) is broken
+  if (client_gone) {
+    if (!p.stream) ex.abandon();
+    return;  // nobody to answer; a stream just ends with the connection
+  }
   if (aborted) {
     ApiError e = error_for_status(503, "the request was aborted because the server is shutting down");
     if (!p.stream) return ex.respond(error_response(e));

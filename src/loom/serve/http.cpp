@@ -175,7 +175,7 @@ std::string response_head(int status, std::string_view content_type, int64_t con
   std::string h = str_cat("HTTP/1.1 ", status, " ", status_reason(status), "\r\nServer: loom\r\nDate: ", date, "\r\n");
   if (!content_type.empty()) h += str_cat("Content-Type: ", content_type, "\r\n");
   if (content_length >= 0) h += str_cat("Content-Length: ", content_length, "\r\n");
-  else h += "Transfer-Encoding: chunked\r\n";
+  else if (content_length == kChunked) h += "Transfer-Encoding: chunked\r\n";
   h += close ? "Connection: close\r\n" : "Connection: keep-alive\r\n";
   for (const auto& [k, v] : extra) h += str_cat(k, ": ", v, "\r\n");
   h += "\r\n";

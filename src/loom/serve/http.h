@@ -58,7 +58,9 @@ size_t find_head_end(std::string_view buf);
 
 const char* status_reason(int status);
 
-// Status line and headers (ending with the blank line). content_length < 0: chunked.
+// Status line and headers (ending with the blank line). content_length >= 0, or one of:
+inline constexpr int64_t kChunked = -1;     // Transfer-Encoding: chunked
+inline constexpr int64_t kUntilClose = -2;  // no length: the body ends when the connection closes
 std::string response_head(int status, std::string_view content_type, int64_t content_length,
                           bool close, const HeaderList& extra);
 

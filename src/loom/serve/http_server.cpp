@@ -59,15 +59,20 @@ void HttpExchange::respond(const HttpResponse& r) {
 bool HttpExchange::start_stream(int status, std::string_view content_type, const HeaderList& extra) {
   LOOM_CHECK(state_ == State::fresh, "http", "a response was already sent for ", req_.path);
   status_ = status;
-  close_ = !req_.keep_alive;
-  state_ = conn_.send_all(response_head(status, content_type, -1, close_, extra)) ? State::streaming
-                                                                                   : State::broken;
+  chunked_ = req_.minor_version >= 1;
+  close_ = !req_.keep_alive || !chunked_;
+  std::string head = response_head(status, content_type, chunked_ ? kChunked : kUntilClose, close_, extra);
+  state_ = conn_.send_all(head) ? State::streaming : State::broken;
   return state_ == State::streaming;
 }
 
 bool HttpExchange::send_chunk(std::string_view data) {
   if (state_ != State::streaming) return false;
   if (data.empty()) return true;  // an empty chunk would end the body
+  if (!chunked_) {
+    if (!conn_.send_all(data)) state_ = State::broken;
+    return state_ == State::streaming;
+  }
   char size[32];
   std::snprintf(size, sizeof size, "%zx\r\n", data.size());
   std::string msg = size;
@@ -79,7 +84,12 @@ bool HttpExchange::send_chunk(std::string_view data) {
 
 void HttpExchange::end_stream() {
   if (state_ != State::streaming) return;
-  state_ = conn_.send_all("0\r\n\r\n") ? State::done : State::broken;
+  state_ = !chunked_ || conn_.send_all("0\r\n\r\n") ? State::done : State::broken;
+}
+
+void HttpExchange::abandon() {
+  if (state_ == State::fresh) status_ = 499;
+  state_ = State::broken;
 }
 
 bool HttpExchange::client_gone() {

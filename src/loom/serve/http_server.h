@@ -40,6 +40,9 @@ class HttpExchange {
   void end_stream();
   // Non-blocking: has the peer closed or reset the connection?
   bool client_gone();
+  // Gives up on a client that went away before any response: nothing more is sent, the
+  // connection closes, and status() reads 499 (nginx's "client closed request").
+  void abandon();
 
   bool responded() const { return state_ != State::fresh; }
   bool streaming() const { return state_ == State::streaming; }
@@ -53,6 +56,7 @@ class HttpExchange {
   State state_ = State::fresh;
   int status_ = 0;
   bool close_ = false;
+  bool chunked_ = true;  // HTTP/1.0 clients get a close-delimited stream instead
 };
 
 class HttpServer {
