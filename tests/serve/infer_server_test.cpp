@@ -4,6 +4,9 @@
 // requests) every output equals an offline run of the engine with the same seed, nothing
 // answers 5xx, and the server's memory returns to within 10% of its post-warm-up level;
 // SIGTERM/SIGINT end it cleanly.
+#include <map>
+
+#include "loom/core/threads.h"
 #include "loom/infer/engine.h"
 #include "loom/model/decoder.h"
 #include "loom/serve/infer_engine.h"
@@ -125,22 +128,32 @@ TEST(ServeProcess, SixtyFourStreamingClientsMatchTheOfflineEngine) {
   ServerProcess proc(kServeArgs);
   ASSERT_TRUE(proc.wait_ready()) << proc.output();
 
-  // The offline reference: the same weights in this process, one request at a time.
+  // The offline reference: the same weights in this process, one request at a time, all
+  // computed up front on this thread (one compute thread, so the server keeps the CPU).
+  set_num_threads(1);
   model::Decoder model(tiny());
   model.init_weights(3);
   infer::EngineConfig ec;
   ec.kv_cache_bytes = 4 << 20;
   infer::Engine offline(model, ec);
   ByteTokenizer tok;
-  std::mutex offline_mu;
-  ExpectedText expected = [&](const std::string& prompt, int max_tokens, uint64_t seed) {
-    GenerationRequest g;
-    g.prompt = tok.encode(prompt);
-    g.max_tokens = max_tokens;
-    g.sampling.seed = seed;
-    std::lock_guard<std::mutex> lock(offline_mu);
-    std::vector<int32_t> out = offline.generate(g.prompt, to_infer_params(g, -1));
-    return render_completion(tok, out, {}) + "#" + std::to_string(out.size());
+  std::map<std::pair<std::string, uint64_t>, std::string> reference;
+  auto add_reference = [&](int clients, int per_client, int seed_base) {
+    for (int c = 0; c < clients; ++c)
+      for (int k = 0; k < per_client; ++k) {
+        GenerationRequest g;
+        std::string prompt = "client " + std::to_string(c) + " request " + std::to_string(k);
+        g.prompt = tok.encode(prompt);
+        g.max_tokens = 24;
+        g.sampling.seed = uint64_t(seed_base + c * per_client + k);
+        std::vector<int32_t> out = offline.generate(g.prompt, to_infer_params(g, -1));
+        reference[{prompt, g.sampling.seed}] = render_completion(tok, out, {}) + "#" + std::to_string(out.size());
+      }
+  };
+  add_reference(64, 1, 5000);
+  add_reference(64, 4, 0);
+  ExpectedText expected = [&](const std::string& prompt, int, uint64_t seed) {
+    return reference.at({prompt, seed});
   };
   LoadResult warm = run_load(proc.port(), "tiny", 64, 1, 24, 5000, expected);
   ASSERT_EQ(warm.ok, 64) << warm.mismatches << " mismatches, " << warm.server_errors << " 5xx, " << warm.other
