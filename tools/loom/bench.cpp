@@ -15,6 +15,7 @@ const std::vector<Benchmark>& benchmarks() {
        bench_comm},
       {"infer", "serving: static vs continuous batching under Poisson load, batch-1 decode vs bandwidth",
        bench_infer},
+      {"serve", "latency percentiles and throughput of a running server under Poisson load", bench_serve},
   };
   return list;
 }
