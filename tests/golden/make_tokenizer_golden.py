@@ -4,7 +4,7 @@
 # The ids come from the reference algorithm of OpenAI's GPT-2 encoder.py (regex
 # pre-tokenisation with the PyPI `regex` module, then rank-ordered BPE merges), re-written here
 # and run on the repo's data/gpt2/encoder.json and vocab.bpe. Run by hand, never by CI:
-#   python3 -m venv .venv-golden && .venv-golden/bin/pip install regex
+#   python3 -m venv .venv-golden && .venv-golden/bin/pip install regex==2026.11.19
 #   .venv-golden/bin/python tests/golden/make_tokenizer_golden.py
 #
 # Ill-formed UTF-8: the reference works on Python str, so bytes are decoded with

@@ -162,12 +162,15 @@ TEST_P(AttentionGrad, MatchesDenseForwardAndFiniteDifferences) {
   loss();
   Tensor dqkv = zeros_like(qkv);
   ops::attention_backward(qkv, out, G, lse, dqkv, H, KVH);
-  expect_grad_close("dqkv", qkv, dqkv, loss, 1e-6, 1e-6, 1e-8, 150);
+  // The loss sums thousands of terms of size ~1: finite differences carry ~1e-16 |L| / h of
+  // rounding, hence the absolute floor.
+  expect_grad_close("dqkv", qkv, dqkv, loss, 1e-5, 1e-6, 1e-7, 150);
 }
 // T beyond one tile (32 query rows / 64 keys) and not a multiple of either; GQA groups.
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionGrad,
                          ::testing::Values(std::tuple{2, 5, 2, 2, 3}, std::tuple{1, 70, 4, 2, 5},
-                                           std::tuple{1, 33, 4, 1, 8}, std::tuple{2, 9, 3, 3, 4}));
+                                           std::tuple{1, 33, 4, 1, 8}, std::tuple{2, 9, 3, 3, 4},
+                                           std::tuple{1, 70, 2, 1, 64}, std::tuple{1, 20, 2, 2, 128}));
 
 TEST(CrossEntropyGrad, ChunkedHeadMatchesFiniteDifferencesAndIgnoresMaskedTargets) {
   std::mt19937 g(9);

@@ -15,6 +15,7 @@ const std::vector<Benchmark>& benchmarks() {
        bench_comm},
       {"infer", "serving: static vs continuous batching under Poisson load, batch-1 decode vs bandwidth",
        bench_infer},
+      {"serve", "latency percentiles and throughput of a running server under Poisson load", bench_serve},
       {"pipeline", "pipeline bubble and activation memory per stage (GPipe vs 1F1B); partition balance",
        bench_pipeline},
   };

@@ -10,7 +10,6 @@
 #include <cstdio>
 #include <memory>
 #include <random>
-#include <thread>
 #include <vector>
 
 #include "loom/core/error.h"
@@ -134,81 +133,137 @@ std::vector<WorkItem> make_workload(int64_t n, double rate, const LengthDist& pl
   return w;
 }
 
-ModeResult run_mode(const model::Decoder& m, infer::EngineConfig cfg, BatchingMode mode,
-                    const std::vector<WorkItem>& work, double temperature, int64_t max_len) {
-  cfg.mode = mode;
-  infer::Engine e(m, cfg);
-  const char* name = infer::batching_mode_name(mode);
-  std::vector<RequestTimes> times(work.size());
-  std::vector<size_t> index_of;  // engine id -> work index
-  ModeResult r;
-  r.mode = name;
-  const int64_t bs = cfg.block_size;
-  const double t0 = now_seconds();
-  double last_report = t0;
-  size_t next = 0, finished = 0;
-  while (finished < work.size()) {
-    const double now = now_seconds() - t0;
-    for (; next < work.size() && work[next].arrival <= now; ++next) {
+// One mode's serving run on its own engine clock: the clock advances by the measured wall time
+// of each of its steps and jumps to the next arrival when the engine is idle. Latencies are
+// what a dedicated machine would show with those step times; and the steps of the two modes can
+// be interleaved, so load from other processes on a shared machine falls on both alike.
+class ModeRun {
+ public:
+  ModeRun(const model::Decoder& m, infer::EngineConfig cfg, BatchingMode mode,
+          const std::vector<WorkItem>& work, double temperature, int64_t max_len)
+      : m_(m), cfg_(with_mode(cfg, mode)), e_(m, cfg_), work_(work), temperature_(temperature),
+        max_len_(max_len), times_(work.size()) {
+    r_.mode = infer::batching_mode_name(mode);
+  }
+  bool done() const { return finished_ == work_.size(); }
+  double clock() const { return clock_; }
+  std::string progress() const {
+    const auto mt = e_.metrics();
+    return str_cat("[", r_.mode, "] t=", int64_t(clock_), "s done ", finished_, "/", work_.size(),
+                   " running ", mt.num_running, " waiting ", mt.num_waiting, " kv ",
+                   mt.kv_blocks_used, "/", mt.kv_blocks_total);
+  }
+
+  // Admits the arrivals due by the clock, then runs one step (or idles to the next arrival).
+  void advance() {
+    for (; next_ < work_.size() && work_[next_].arrival <= clock_; ++next_) {
       infer::SamplingParams sp;
-      sp.temperature = temperature;
-      sp.max_tokens = work[next].output_len;
-      sp.seed = next;
-      times[next].arrival = work[next].arrival;
-      const size_t w = next;
-      const int64_t id = e.add_request(work[next].prompt, sp, [&times, w, t0](const infer::TokenEvent& ev) {
+      sp.temperature = temperature_;
+      sp.max_tokens = work_[next_].output_len;
+      sp.seed = next_;
+      times_[next_].arrival = work_[next_].arrival;
+      const size_t w = next_;
+      const int64_t id = e_.add_request(work_[next_].prompt, sp, [this, w](const infer::TokenEvent& ev) {
         if (ev.token < 0) return;
-        const double t = now_seconds() - t0;
-        if (times[w].first < 0) times[w].first = t;
-        times[w].last = t;
-        ++times[w].tokens;
+        ++times_[w].tokens;
+        stepped_.push_back(w);
       });
-      if (index_of.size() <= size_t(id)) index_of.resize(size_t(id) + 1);
-      index_of[size_t(id)] = w;
+      if (index_of_.size() <= size_t(id)) index_of_.resize(size_t(id) + 1);
+      index_of_[size_t(id)] = w;
     }
-    if (!e.has_unfinished()) {
-      if (next == work.size()) break;
-      std::this_thread::sleep_for(std::chrono::duration<double>(work[next].arrival - now));
-      continue;
+    if (!e_.has_unfinished()) {
+      clock_ = std::max(clock_, work_[next_].arrival);
+      return;
     }
-    for (const auto& out : e.step()) {
-      times[index_of[size_t(out.id)]].done = now_seconds() - t0;
-      ++finished;
+    stepped_.clear();
+    const double t = now_seconds();
+    const auto outs = e_.step();
+    clock_ += now_seconds() - t;
+    for (size_t w : stepped_) {  // tokens are out when their step ends
+      if (times_[w].first < 0) times_[w].first = clock_;
+      times_[w].last = clock_;
     }
-    const auto& st = e.scheduler().stats();
-    if (st.blocks_used > r.peak_blocks) {
-      r.peak_blocks = st.blocks_used;
+    for (const auto& out : outs) {
+      times_[index_of_[size_t(out.id)]].done = clock_;
+      ++finished_;
+    }
+    const auto st = e_.scheduler().stats();
+    if (st.blocks_used > r_.peak_blocks) {
+      r_.peak_blocks = st.blocks_used;
       const double alloc = double(st.slots_allocated);
-      r.frag_at_peak = alloc > 0 ? double(st.slots_allocated - st.tokens_cached) / alloc : 0;
-      const double reserved = double(st.num_running * max_len);
-      r.contiguous_waste = reserved > 0 ? 1.0 - double(st.tokens_cached) / reserved : 0;
+      r_.frag_at_peak = alloc > 0 ? double(st.slots_allocated - st.tokens_cached) / alloc : 0;
+      const double reserved = double(st.num_running * max_len_);
+      r_.contiguous_waste = reserved > 0 ? 1.0 - double(st.tokens_cached) / reserved : 0;
     }
-    r.peak_seqs = std::max(r.peak_seqs, st.num_running);
-    if (now_seconds() - last_report > 5.0) {
+    r_.peak_seqs = std::max(r_.peak_seqs, st.num_running);
+  }
+
+  ModeResult result() const {
+    ModeResult r = r_;
+    const auto mt = e_.metrics();
+    double end = 0;
+    for (const auto& t : times_) {
+      end = std::max(end, t.done);
+      r.output_tokens += t.tokens;
+      r.ttft_ms.push_back((t.first - t.arrival) * 1e3);
+      r.e2e_ms.push_back((t.done - t.arrival) * 1e3);
+      if (t.tokens > 1) r.tpot_ms.push_back((t.last - t.first) * 1e3 / double(t.tokens - 1));
+    }
+    r.makespan_s = end - work_.front().arrival;
+    r.tokens_per_s = double(r.output_tokens) / r.makespan_s;
+    r.requests_per_s = double(work_.size()) / r.makespan_s;
+    r.steps = mt.steps;
+    r.preemptions = mt.num_preemptions;
+    r.blocks_total = mt.kv_blocks_total;
+    r.peak_kv_bytes = double(r.peak_blocks) * double(infer::KVCache::bytes_per_block(
+                                                  m_.config(), cfg_.block_size, m_.params().dtype()));
+    return r;
+  }
+
+ private:
+  static infer::EngineConfig with_mode(infer::EngineConfig c, BatchingMode mode) {
+    c.mode = mode;
+    return c;
+  }
+  const model::Decoder& m_;
+  infer::EngineConfig cfg_;
+  infer::Engine e_;
+  const std::vector<WorkItem>& work_;
+  double temperature_;
+  int64_t max_len_;
+  std::vector<RequestTimes> times_;
+  std::vector<size_t> index_of_;  // engine id -> work index
+  std::vector<size_t> stepped_;   // work items that received a token in the current step
+  size_t next_ = 0, finished_ = 0;
+  double clock_ = 0;
+  ModeResult r_;
+};
+
+// Runs the modes side by side, always advancing the one whose clock is behind.
+std::vector<ModeResult> run_modes(const model::Decoder& m, const infer::EngineConfig& cfg,
+                                  const std::vector<BatchingMode>& modes,
+                                  const std::vector<WorkItem>& work, double temperature,
+                                  int64_t max_len) {
+  std::vector<std::unique_ptr<ModeRun>> runs;
+  for (BatchingMode mode : modes)
+    runs.push_back(std::make_unique<ModeRun>(m, cfg, mode, work, temperature, max_len));
+  double last_report = now_seconds();
+  for (;;) {
+    ModeRun* behind = nullptr;
+    for (auto& r : runs)
+      if (!r->done() && (!behind || r->clock() < behind->clock())) behind = r.get();
+    if (!behind) break;
+    behind->advance();
+    if (now_seconds() - last_report > 10.0) {
       last_report = now_seconds();
-      std::fprintf(stderr, "[%s] t=%.0fs  done %zu/%zu  running %ld  waiting %ld  kv %ld/%ld blocks\n",
-                   name, last_report - t0, finished, work.size(), long(st.num_running),
-                   long(st.num_waiting), long(st.blocks_used), long(st.blocks_total));
+      std::string line;
+      for (auto& r : runs) line += r->progress() + "   ";
+      std::fprintf(stderr, "%s\n", line.c_str());
     }
   }
-  const auto mt = e.metrics();
-  double end = 0;
-  for (const auto& t : times) {
-    end = std::max(end, t.done);
-    r.output_tokens += t.tokens;
-    r.ttft_ms.push_back((t.first - t.arrival) * 1e3);
-    r.e2e_ms.push_back((t.done - t.arrival) * 1e3);
-    if (t.tokens > 1) r.tpot_ms.push_back((t.last - t.first) * 1e3 / double(t.tokens - 1));
-  }
-  r.makespan_s = end - work.front().arrival;
-  r.tokens_per_s = double(r.output_tokens) / r.makespan_s;
-  r.requests_per_s = double(work.size()) / r.makespan_s;
-  r.steps = mt.steps;
-  r.preemptions = mt.num_preemptions;
-  r.blocks_total = mt.kv_blocks_total;
-  r.peak_kv_bytes = double(r.peak_blocks) *
-                    double(infer::KVCache::bytes_per_block(m.config(), bs, m.params().dtype()));
-  return r;
+  std::vector<ModeResult> out;
+  for (auto& r : runs) out.push_back(r->result());
+  return out;
 }
 
 // Sustained read bandwidth: the best of two sums over a 1 GiB buffer with the benchmark's
@@ -366,10 +421,11 @@ int bench_infer(const std::vector<std::string>& argv) {
   std::fflush(stdout);
 
   const auto work = make_workload(n_req, rate, plen, olen, mc.vocab_size, uint64_t(a.get_int("seed", 1)));
-  std::vector<ModeResult> results;
-  const int64_t max_len = plen.max() + olen.max();
-  if (mode != "continuous") results.push_back(run_mode(m, cfg, BatchingMode::static_batch, work, temperature, max_len));
-  if (mode != "static") results.push_back(run_mode(m, cfg, BatchingMode::continuous, work, temperature, max_len));
+  std::vector<BatchingMode> modes;
+  if (mode != "continuous") modes.push_back(BatchingMode::static_batch);
+  if (mode != "static") modes.push_back(BatchingMode::continuous);
+  const std::vector<ModeResult> results =
+      run_modes(m, cfg, modes, work, temperature, plen.max() + olen.max());
   print_table(results);
 
   Batch1 b1;

@@ -52,6 +52,7 @@ const char* kHelp =
     "Times full training steps (forward, backward, clip, AdamW) on random tokens.\n"
     "  --model     preset (default gpt2-124m); --batch 4 --seq 256 --steps 10 --warmup 2\n"
     "  --ckpt      activation checkpoint interval (0 = off)\n"
+    "  --xent-chunk rows of logits per chunk of the fused LM head + loss (default 1024)\n"
     "  --peer torch  also run bench/peers/torch_gpt2.py (Debian python3-torch) with the same\n"
     "              model, shapes and threads, alternating R rounds (default 2), and print ratios\n"
     "Data parallel: --nproc N --dp N [--zero S] [--bucket-mb M] runs N ranks (via loom launch)\n"
@@ -67,7 +68,7 @@ int bench_train(const std::vector<std::string>& argv) {
                {{"model", true}, {"batch", true}, {"seq", true}, {"steps", true}, {"warmup", true},
                 {"threads", true}, {"ckpt", true}, {"peer", true}, {"rounds", true},
                 {"peer-python", true}, {"help", false}, {"nproc", true}, {"dp", true},
-                {"zero", true}, {"bucket-mb", true}});
+                {"zero", true}, {"bucket-mb", true}, {"xent-chunk", true}});
     if (probe.has("nproc") && !comm::launch_env().under_mpi) {
       std::vector<std::string> launch = {"--nproc", probe.get("nproc", "1"), "--", "bench", "train"};
       for (const auto& s : without_nproc(argv)) launch.push_back(s);
@@ -78,7 +79,7 @@ int bench_train(const std::vector<std::string>& argv) {
   Args a("bench train", argv,
          {{"model", true}, {"batch", true}, {"seq", true}, {"steps", true}, {"warmup", true},
           {"threads", true}, {"ckpt", true}, {"peer", true}, {"rounds", true},
-          {"peer-python", true}, {"help", false}});
+          {"peer-python", true}, {"xent-chunk", true}, {"help", false}});
   if (a.has("help")) {
     std::printf("%s", kHelp);
     return 0;
@@ -99,6 +100,7 @@ int bench_train(const std::vector<std::string>& argv) {
   model::ModelConfig cfg = model::preset(preset);
   model::DecoderOptions opt;
   opt.activation_checkpoint_interval = ckpt;
+  opt.xent_chunk = a.get_int("xent-chunk", opt.xent_chunk);
   CpuAllocator alloc;
   model::Decoder m(cfg, opt, DType::f32, alloc);
   m.init_weights(1234);

@@ -11,6 +11,7 @@ namespace loom::cli {
 const std::vector<Command>& commands() {
   static const std::vector<Command> cmds = {
       {"bench", cmd_bench},
+      {"serve", cmd_serve},
       {"launch", cmd_launch},
       {"version", cmd_version},
       {"tokenize", cmd_tokenize},

@@ -25,6 +25,7 @@ int cmd_tokenize(const std::vector<std::string>& args);
 int cmd_prepare(const std::vector<std::string>& args);
 int cmd_train(const std::vector<std::string>& args);
 int cmd_generate(const std::vector<std::string>& args);
+int cmd_serve(const std::vector<std::string>& args);
 
 // `loom bench <what>`: one function per benchmark, listed in bench.cpp.
 struct Benchmark {
@@ -35,6 +36,7 @@ const std::vector<Benchmark>& benchmarks();
 int bench_train(const std::vector<std::string>& args);
 int bench_train_dp(const std::vector<std::string>& args);
 int bench_tokenize(const std::vector<std::string>& args);
+int bench_serve(const std::vector<std::string>& args);
 int bench_comm(const std::vector<std::string>& args);
 int bench_infer(const std::vector<std::string>& args);
 int bench_pipeline(const std::vector<std::string>& args);

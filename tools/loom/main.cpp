@@ -19,6 +19,7 @@ void print_usage() {
       "  prepare       tokenize text files into token shards for training\n"
       "  tokenize      encode stdin to token ids (or --decode ids to text)\n"
       "  bench         benchmarks: loom bench --help\n"
+      "  serve         OpenAI-compatible HTTP server (completions, chat, SSE, /metrics)\n"
       "  version       print the build's version and capabilities\n\n"
       "run `loom <command> --help` for a command's options.\n");
 }

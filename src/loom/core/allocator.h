@@ -10,6 +10,8 @@
 
 namespace loom {
 
+enum class Device : uint8_t { cpu, cuda };
+
 enum class MemCategory : uint8_t {
   params, grads, optimizer, activations, workspace, kv_cache, comm, other
 };
@@ -33,6 +35,7 @@ class Allocator {
   virtual void* allocate(size_t bytes, MemCategory cat) = 0;
   virtual void deallocate(void* p, size_t bytes, MemCategory cat) = 0;
   virtual const char* device_name() const = 0;
+  virtual Device device() const { return Device::cpu; }
 
   MemorySnapshot snapshot() const;
   // Sets every peak to the current value (start of a measured region).

@@ -56,6 +56,7 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, MemCategory cat, Allocator
   st->bytes = size_t(shape.numel()) * dtype_size(dtype);
   st->data = alloc.allocate(st->bytes, cat);
   st->category = cat;
+  st->device = alloc.device();
   st->allocator = &alloc;
   t.storage_ = std::move(st);
   t.shape_ = shape;
@@ -126,12 +127,15 @@ Tensor Tensor::clone(MemCategory cat) const {
 }
 
 void Tensor::copy_from(const Tensor& src) const {
+  LOOM_CHECK(device() == Device::cpu && src.device() == Device::cpu, "copy",
+             "host copy of a device tensor; use cuda::copy for ", src.describe(), " -> ", describe());
   LOOM_CHECK(src.dtype() == dtype_ && src.numel() == numel(), "copy", "cannot copy ",
              src.describe(), " into ", describe());
   if (nbytes()) std::memmove(raw(), src.raw(), nbytes());
 }
 
 void Tensor::zero() const {
+  LOOM_CHECK(device() == Device::cpu, "tensor", "zero() on a device tensor; use cuda::zero");
   if (nbytes()) std::memset(raw(), 0, nbytes());
 }
 

@@ -14,7 +14,6 @@
 
 namespace loom {
 
-enum class Device : uint8_t { cpu, cuda };
 const char* device_name(Device d);
 
 class Shape {

@@ -2,7 +2,7 @@
 # Generates unicode_tables.cpp: the code-point ranges of \p{L}, \p{N} and \s exactly as the
 # PyPI `regex` module (the one GPT-2's encoder uses) classifies them, for the hand-written
 # GPT-2 pre-tokeniser. Run by hand (never by the build):
-#   python3 -m venv .venv-unicode && .venv-unicode/bin/pip install regex
+#   python3 -m venv .venv-unicode && .venv-unicode/bin/pip install regex==2026.11.19
 #   .venv-unicode/bin/python src/loom/data/gen_unicode_tables.py > src/loom/data/unicode_tables.cpp
 import regex
 

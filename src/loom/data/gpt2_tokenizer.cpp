@@ -5,6 +5,7 @@
 #include "loom/data/gpt2_tokenizer.h"
 
 #include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -306,13 +307,20 @@ void Gpt2Tokenizer::encode_stream(std::string_view bytes, const TokenSink& sink,
 }
 
 std::string Gpt2Tokenizer::decode(std::span<const int32_t> ids) const {
-  std::string out;
-  out.reserve(ids.size() * 4);
+  // Two passes (sizes, then copies) so the output is allocated once.
+  size_t total = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
     const int32_t id = ids[i];
     LOOM_CHECK(id >= 0 && id < vocab_size(), "tokenizer", "id ", id, " at position ", i,
                " is outside gpt2's vocabulary (0..", vocab_size() - 1, ")");
-    out += impl_->token_bytes[size_t(id)];
+    total += impl_->token_bytes[size_t(id)].size();
+  }
+  std::string out(total, '\0');
+  char* p = out.data();
+  for (int32_t id : ids) {
+    const std::string& t = impl_->token_bytes[size_t(id)];
+    std::memcpy(p, t.data(), t.size());
+    p += t.size();
   }
   return out;
 }

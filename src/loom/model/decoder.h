@@ -41,7 +41,9 @@ struct DecoderOptions {
   // 0: off. N > 0: blocks run in segments of N; only each segment's input is kept and the
   // segment is recomputed during backward.
   int activation_checkpoint_interval = 0;
-  int64_t xent_chunk = 256;  // rows of logits materialised at once by the fused head + loss
+  // Rows of logits materialised at once by the fused head + loss. Each chunk re-reads the head
+  // weight three times and rewrites its gradient, so larger chunks trade memory for traffic.
+  int64_t xent_chunk = 1024;
   // false: no flat parameter (or gradient) buffer; a ParamSource must serve them (ZeRO-2/3).
   bool allocate_flat_params = true;
   bool allocate_flat_grads = true;

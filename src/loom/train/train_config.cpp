@@ -49,7 +49,7 @@ TrainConfig parse_train_config(const std::string& text, const std::vector<std::s
   c.model = read_model(r);
   c.decoder.activation_checkpoint_interval =
       int(r.integer("model.activation_checkpoint_interval", 0, 0, c.model.n_layer));
-  c.decoder.xent_chunk = r.integer("model.xent_chunk", 256, 1, 1 << 20);
+  c.decoder.xent_chunk = r.integer("model.xent_chunk", 1024, 1, 1 << 20);
 
   c.data.dir = r.string("data.dir", "");
   LOOM_CHECK(!c.data.dir.empty(), "config", "data.dir: required (a directory written by loom prepare)");

@@ -1,5 +1,5 @@
-// decode_linear: each thread streams a contiguous range of W's rows once; per row, one
-// 16-lane accumulator per input row, reduced in a fixed order at the end.
+// decode_linear: threads take 64-row ranges of W and stream each once for all M inputs; per
+// output, four 16-lane accumulators per input row, reduced in a fixed order at the end.
 #include "loom/infer/cpu/decode_linear.h"
 
 #include <algorithm>
@@ -51,53 +51,56 @@ template <int MT>
   }
 }
 
-[[gnu::always_inline]] inline void run(const float* x, const float* w, const float* b, float* y,
-                                       int64_t M, int64_t I, int64_t O) {
-  // Output rows per work item, handed out dynamically: on a shared machine a thread that gets
-  // less CPU time then does less of the work instead of holding the other at the barrier.
-  constexpr int64_t kChunk = 64;
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t c = 0; c < (O + kChunk - 1) / kChunk; ++c) {
-    const int64_t o0 = c * kChunk, o1 = std::min(O, o0 + kChunk);
-    int64_t m = 0;
-    for (; m + 4 <= M; m += 4) rows_tile<4>(x + m * I, w, b, y + m * O, I, O, o0, o1);
-    for (; m + 2 <= M; m += 2) rows_tile<2>(x + m * I, w, b, y + m * O, I, O, o0, o1);
-    for (; m < M; ++m) rows_tile<1>(x + m * I, w, b, y + m * O, I, O, o0, o1);
-  }
+// Output rows [o0, o1) for all M input rows.
+[[gnu::always_inline]] inline void run_rows(const float* x, const float* w, const float* b,
+                                            float* y, int64_t M, int64_t I, int64_t O,
+                                            int64_t o0, int64_t o1) {
+  int64_t m = 0;
+  for (; m + 4 <= M; m += 4) rows_tile<4>(x + m * I, w, b, y + m * O, I, O, o0, o1);
+  for (; m + 2 <= M; m += 2) rows_tile<2>(x + m * I, w, b, y + m * O, I, O, o0, o1);
+  for (; m < M; ++m) rows_tile<1>(x + m * I, w, b, y + m * O, I, O, o0, o1);
 }
 
-using Fn = void (*)(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t);
+// One function per instruction set. The OpenMP region stays outside them: GCC outlines a
+// parallel region's body into a function of its own that would not inherit the target.
+using Fn = void (*)(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t,
+                    int64_t, int64_t);
 
 [[gnu::target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,prefer-vector-width=512")]]
-void run_avx512(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t I,
-                int64_t O) {
-  run(x, w, b, y, M, I, O);
+void rows_avx512(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t I,
+                 int64_t O, int64_t o0, int64_t o1) {
+  run_rows(x, w, b, y, M, I, O, o0, o1);
 }
 [[gnu::target("avx2,fma")]]
-void run_avx2(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t I,
-              int64_t O) {
-  run(x, w, b, y, M, I, O);
+void rows_avx2(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t I,
+               int64_t O, int64_t o0, int64_t o1) {
+  run_rows(x, w, b, y, M, I, O, o0, o1);
 }
-void run_base(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t I,
-              int64_t O) {
-  run(x, w, b, y, M, I, O);
+void rows_base(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t I,
+               int64_t O, int64_t o0, int64_t o1) {
+  run_rows(x, w, b, y, M, I, O, o0, o1);
 }
 
 Fn pick() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
       __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq"))
-    return run_avx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return run_avx2;
-  return run_base;
+    return rows_avx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return rows_avx2;
+  return rows_base;
 }
 
 }  // namespace
 
 void decode_linear(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t I,
                    int64_t O) {
-  static const Fn fn = pick();
-  fn(x, w, b, y, M, I, O);
+  static const Fn rows = pick();
+  // Output rows per work item, handed out dynamically: on a shared machine a thread that gets
+  // less CPU time then does less of the work instead of holding the other at the barrier.
+  constexpr int64_t kChunk = 64;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t c = 0; c < (O + kChunk - 1) / kChunk; ++c)
+    rows(x, w, b, y, M, I, O, c * kChunk, std::min(O, c * kChunk + kChunk));
 }
 
 }  // namespace loom::infer

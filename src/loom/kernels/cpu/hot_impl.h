@@ -126,9 +126,63 @@ void xent_rows(T* logits, const int32_t* targets, T* loss, int64_t rows, int64_t
 constexpr int64_t kBr = 32, kBc = 64;
 constexpr double kNegBig = -1e30;
 
+// s[0..kBc) = q . Kt[:, j] over a transposed key tile, accumulated in registers.
 template <class T>
-void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t Tn, int64_t H,
-                       int64_t KVH, int64_t D) {
+inline void scores_row(const T* q, const T* Kt, int64_t D, T* s) {
+  T a[kBc] = {};
+  for (int64_t d = 0; d < D; ++d) {
+    const T qd = q[d];
+    const T* kt = Kt + d * kBc;
+    for (int64_t j = 0; j < kBc; ++j) a[j] += qd * kt[j];
+  }
+  for (int64_t j = 0; j < kBc; ++j) s[j] = a[j];
+}
+
+// Two score rows at once (q and dO against keys and values), as backward needs.
+template <class T>
+inline void scores_rows2(const T* q, const T* Kt, const T* o, const T* Vt, int64_t D, T* s,
+                         T* t) {
+  T a[kBc] = {}, b[kBc] = {};
+  for (int64_t d = 0; d < D; ++d) {
+    const T qd = q[d], od = o[d];
+    const T* kt = Kt + d * kBc;
+    const T* vt = Vt + d * kBc;
+    for (int64_t j = 0; j < kBc; ++j) {
+      a[j] += qd * kt[j];
+      b[j] += od * vt[j];
+    }
+  }
+  for (int64_t j = 0; j < kBc; ++j) {
+    s[j] = a[j];
+    t[j] = b[j];
+  }
+}
+
+// out[0..D) = out * corr + sum_j w[j] V[j, :]; registers hold the row when D is known.
+template <class T, int DC>
+inline void weighted_rows(const T* w, const T* V, int64_t n, int64_t Dn, T corr, T* out) {
+  if constexpr (DC > 0) {
+    T a[DC];
+    for (int d = 0; d < DC; ++d) a[d] = out[d] * corr;
+    for (int64_t j = 0; j < n; ++j) {
+      const T p = w[j];
+      const T* vj = V + j * DC;
+      for (int d = 0; d < DC; ++d) a[d] += p * vj[d];
+    }
+    for (int d = 0; d < DC; ++d) out[d] = a[d];
+  } else {
+    for (int64_t d = 0; d < Dn; ++d) out[d] *= corr;
+    for (int64_t j = 0; j < n; ++j) {
+      const T p = w[j];
+      const T* vj = V + j * Dn;
+      for (int64_t d = 0; d < Dn; ++d) out[d] += p * vj[d];
+    }
+  }
+}
+
+template <class T, int DC>
+void attention_forward_impl(const T* qkv, T* out, T* lse, int64_t B, int64_t Tn, int64_t H,
+                            int64_t KVH, int64_t D) {
   const int64_t stride = (H + 2 * KVH) * D, ostride = H * D, group = H / KVH;
   const T scale = T(1.0 / std::sqrt(double(D)));
   const int64_t n_qt = (Tn + kBr - 1) / kBr;
@@ -167,12 +221,7 @@ void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t Tn, int6
           if (nj <= 0) continue;
           const T* qi = &Qs[size_t(i * D)];
           T* sp = s.data();
-          for (int64_t j = 0; j < kBc; ++j) sp[j] = 0;
-          for (int64_t d = 0; d < D; ++d) {
-            const T qd = qi[d];
-            const T* kt = &Kt[size_t(d * kBc)];
-            for (int64_t j = 0; j < kBc; ++j) sp[j] += qd * kt[j];
-          }
+          scores_row<T>(qi, Kt.data(), D, sp);
           const T mold = m[size_t(i)];
           T mx = mold;
           for (int64_t j = 0; j < nj; ++j) mx = sp[j] > mx ? sp[j] : mx;
@@ -180,13 +229,7 @@ void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t Tn, int6
           const T sum = exp_shift_sum(sp, nj, mx);
           l[size_t(i)] = l[size_t(i)] * corr + sum;
           m[size_t(i)] = mx;
-          T* ai = &acc[size_t(i * D)];
-          for (int64_t d = 0; d < D; ++d) ai[d] *= corr;
-          for (int64_t j = 0; j < nj; ++j) {
-            const T p = sp[j];
-            const T* vj = &Vs[size_t(j * D)];
-            for (int64_t d = 0; d < D; ++d) ai[d] += p * vj[d];
-          }
+          weighted_rows<T, DC>(sp, Vs.data(), nj, D, corr, &acc[size_t(i * D)]);
         }
       }
       for (int64_t i = 0; i < nq; ++i) {
@@ -200,8 +243,52 @@ void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t Tn, int6
 }
 
 template <class T>
-void attention_backward(const T* qkv, const T* out, const T* dout, const T* lse, T* dqkv,
-                        int64_t B, int64_t Tn, int64_t H, int64_t KVH, int64_t D) {
+void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t Tn, int64_t H,
+                       int64_t KVH, int64_t D) {
+  if (D == 64) return attention_forward_impl<T, 64>(qkv, out, lse, B, Tn, H, KVH, D);
+  if (D == 128) return attention_forward_impl<T, 128>(qkv, out, lse, B, Tn, H, KVH, D);
+  attention_forward_impl<T, 0>(qkv, out, lse, B, Tn, H, KVH, D);
+}
+
+// Backward, per (batch, kv head) so that dK/dV rows have a single writer. For each pair of
+// tiles (Br queries x Bc keys): pass 1 walks query rows, recomputing scores from the saved
+// log-sum-exp, forming P and dS = P (dP - D) into tile buffers and accumulating dQ_i in
+// registers; pass 2 walks key columns, accumulating dK_j = sum_i dS_ij Q_i and dV_j = sum_i
+// P_ij dO_i in registers. DC is the head dimension when known at compile time (0: any).
+// dk += sum_i ds[i*kBc] Q[i, :], dv += sum_i p[i*kBc] dO[i, :] for rows i in [i0, n).
+template <class T, int DC>
+inline void key_grads(const T* ds, const T* p, const T* Q, const T* dO, int64_t i0, int64_t n,
+                      int64_t Dn, T* dk, T* dv) {
+  if constexpr (DC > 0) {
+    T a[DC] = {}, b[DC] = {};
+    for (int64_t i = i0; i < n; ++i) {
+      const T x = ds[i * kBc], y = p[i * kBc];
+      const T* qi = Q + i * DC;
+      const T* oi = dO + i * DC;
+      for (int d = 0; d < DC; ++d) {
+        a[d] += x * qi[d];
+        b[d] += y * oi[d];
+      }
+    }
+    for (int d = 0; d < DC; ++d) {
+      dk[d] += a[d];
+      dv[d] += b[d];
+    }
+  } else {
+    for (int64_t i = i0; i < n; ++i) {
+      const T x = ds[i * kBc], y = p[i * kBc];
+      for (int64_t d = 0; d < Dn; ++d) {
+        dk[d] += x * Q[i * Dn + d];
+        dv[d] += y * dO[i * Dn + d];
+      }
+    }
+  }
+}
+
+template <class T, int DC>
+void attention_backward_impl(const T* qkv, const T* out, const T* dout, const T* lse, T* dqkv,
+                             int64_t B, int64_t Tn, int64_t H, int64_t KVH, int64_t Dn) {
+  const int64_t D = DC > 0 ? DC : Dn;
   const int64_t stride = (H + 2 * KVH) * D, ostride = H * D, group = H / KVH;
   const T scale = T(1.0 / std::sqrt(double(D)));
   const int64_t n_qt = (Tn + kBr - 1) / kBr;
@@ -209,8 +296,7 @@ void attention_backward(const T* qkv, const T* out, const T* dout, const T* lse,
   {
     std::vector<T> Qs(static_cast<size_t>(kBr * D)), dOs(static_cast<size_t>(kBr * D)), dQ(static_cast<size_t>(kBr * D));
     std::vector<T> Kt(static_cast<size_t>(D * kBc)), Ks(static_cast<size_t>(kBc * D)), Vt(static_cast<size_t>(D * kBc));
-    std::vector<T> Dv(static_cast<size_t>(Tn)), s(kBc), dp(kBc);
-    // Work item: one (batch, kv head), so dK/dV rows have a single writer.
+    std::vector<T> Dv(static_cast<size_t>(Tn)), P(static_cast<size_t>(kBr * kBc)), dS(static_cast<size_t>(kBr * kBc));
 #pragma omp for schedule(dynamic, 1)
     for (int64_t w = 0; w < B * KVH; ++w) {
       const int64_t b = w / KVH, g = w % KVH;
@@ -225,9 +311,9 @@ void attention_backward(const T* qkv, const T* out, const T* dout, const T* lse,
         for (int64_t t = 0; t < Tn; ++t) {
           const T* o = out + (b * Tn + t) * ostride + h * D;
           const T* dO = dout + (b * Tn + t) * ostride + h * D;
-          T acc = 0;
-          for (int64_t d = 0; d < D; ++d) acc += o[d] * dO[d];
-          Dv[size_t(t)] = acc;
+          T a = 0;
+          for (int64_t d = 0; d < D; ++d) a += o[d] * dO[d];
+          Dv[size_t(t)] = a;
         }
         const T* lrow = lse + (b * H + h) * Tn;
         for (int64_t qt = 0; qt < n_qt; ++qt) {
@@ -255,43 +341,29 @@ void attention_backward(const T* qkv, const T* out, const T* dout, const T* lse,
             }
             for (int64_t j = nk; j < kBc; ++j)
               for (int64_t d = 0; d < D; ++d) Kt[size_t(d * kBc + j)] = Vt[size_t(d * kBc + j)] = 0;
-            T* dk_base = dbase + k0 * stride + (H + g) * D;
-            T* dv_base = dbase + k0 * stride + (H + KVH + g) * D;
+            // Pass 1: query rows.
             for (int64_t i = 0; i < nq; ++i) {
-              const int64_t nj = std::min(nk, q0 + i - k0 + 1);
-              if (nj <= 0) continue;
-              const T* qi = &Qs[size_t(i * D)];
-              const T* doi = &dOs[size_t(i * D)];
-              T* sp = s.data();
-              T* dpp = dp.data();
-              for (int64_t j = 0; j < kBc; ++j) sp[j] = dpp[j] = 0;
-              for (int64_t d = 0; d < D; ++d) {
-                const T qd = qi[d], od = doi[d];
-                const T* kt = &Kt[size_t(d * kBc)];
-                const T* vt = &Vt[size_t(d * kBc)];
-                for (int64_t j = 0; j < kBc; ++j) {
-                  sp[j] += qd * kt[j];
-                  dpp[j] += od * vt[j];
-                }
-              }
+              T* pi = &P[size_t(i * kBc)];
+              T* dsi = &dS[size_t(i * kBc)];
+              const int64_t nj = std::max<int64_t>(0, std::min(nk, q0 + i - k0 + 1));
+              for (int64_t j = 0; j < kBc; ++j) pi[j] = dsi[j] = 0;
+              if (nj == 0) continue;
+              scores_rows2<T>(&Qs[size_t(i * D)], Kt.data(), &dOs[size_t(i * D)], Vt.data(), D, pi, dsi);
               const T li = lrow[q0 + i], Di = Dv[size_t(q0 + i)];
               for (int64_t j = 0; j < nj; ++j) {
-                const T p = vexp<T>(sp[j] - li);
-                sp[j] = p;
-                dpp[j] = p * (dpp[j] - Di);
+                const T p = vexp<T>(pi[j] - li);
+                pi[j] = p;
+                dsi[j] = p * (dsi[j] - Di);
               }
-              T* dqi = &dQ[size_t(i * D)];
-              for (int64_t j = 0; j < nj; ++j) {
-                const T ds = dpp[j], p = sp[j];
-                const T* kj = &Ks[size_t(j * D)];
-                T* dkj = dk_base + j * stride;
-                T* dvj = dv_base + j * stride;
-                for (int64_t d = 0; d < D; ++d) {
-                  dqi[d] += ds * kj[d];
-                  dkj[d] += ds * qi[d];
-                  dvj[d] += p * doi[d];
-                }
-              }
+              for (int64_t j = nj; j < kBc; ++j) pi[j] = dsi[j] = 0;
+              weighted_rows<T, DC>(dsi, Ks.data(), nj, D, T(1), &dQ[size_t(i * D)]);
+            }
+            // Pass 2: key columns, accumulators held across the query rows.
+            for (int64_t j = 0; j < nk; ++j) {
+              const int64_t i0 = std::max<int64_t>(0, k0 + j - q0);  // rows that see key j
+              T* dkj = dbase + (k0 + j) * stride + (H + g) * D;
+              T* dvj = dbase + (k0 + j) * stride + (H + KVH + g) * D;
+              key_grads<T, DC>(&dS[size_t(j)], &P[size_t(j)], Qs.data(), dOs.data(), i0, nq, D, dkj, dvj);
             }
           }
           for (int64_t i = 0; i < nq; ++i) {
@@ -302,6 +374,14 @@ void attention_backward(const T* qkv, const T* out, const T* dout, const T* lse,
       }
     }
   }
+}
+
+template <class T>
+void attention_backward(const T* qkv, const T* out, const T* dout, const T* lse, T* dqkv,
+                        int64_t B, int64_t Tn, int64_t H, int64_t KVH, int64_t D) {
+  if (D == 64) return attention_backward_impl<T, 64>(qkv, out, dout, lse, dqkv, B, Tn, H, KVH, D);
+  if (D == 128) return attention_backward_impl<T, 128>(qkv, out, dout, lse, dqkv, B, Tn, H, KVH, D);
+  attention_backward_impl<T, 0>(qkv, out, dout, lse, dqkv, B, Tn, H, KVH, D);
 }
 
 }  // namespace loom::cpu::LOOM_ISA

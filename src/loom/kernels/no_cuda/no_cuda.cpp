@@ -9,6 +9,8 @@ static constexpr const char* kWhy =
 
 bool available() { return false; }
 std::string describe() { return std::string("cuda: unavailable (") + kWhy + ")"; }
+Allocator& allocator() { fail("cuda", kWhy); }
+void copy(const Tensor&, const Tensor&) { fail("cuda", kWhy); }
 void linear_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&) { fail("cuda", kWhy); }
 void gelu_forward(const Tensor&, const Tensor&) { fail("cuda", kWhy); }
 

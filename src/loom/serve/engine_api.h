@@ -1,0 +1,62 @@
+// What the HTTP server needs from an inference engine, as an abstract class: submit a
+// tokenized request with sampling parameters and a per-token callback, abort it, read
+// gauges. Adapters wrap the real engine (loom::infer) or a fake one in tests.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "loom/serve/tokenizer.h"
+
+namespace loom::serve {
+
+enum class FinishReason { none, stop, length, abort };
+const char* finish_reason_name(FinishReason r);  // "stop", "length", "abort", or null-ish ""
+
+struct SamplingParams {
+  double temperature = 1.0;  // 0: greedy
+  double top_p = 1.0;        // (0, 1]
+  int64_t top_k = 0;         // 0: off
+  uint64_t seed = 0;         // the same seed and prompt give the same tokens
+};
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;  // non-empty, every id < vocab size
+  int64_t max_tokens = 16;      // >= 1; prompt.size() + max_tokens <= context_length()
+  SamplingParams sampling;
+};
+
+// One step of a request's life. Tokens arrive in order; exactly one event carries a
+// finish reason other than `none`, and it is the last one (it may also carry a token).
+struct TokenEvent {
+  int32_t token = -1;  // -1: no token in this event
+  FinishReason finish = FinishReason::none;
+};
+// Called from the engine's thread; must be quick and must not call back into the engine.
+using TokenSink = std::function<void(const TokenEvent&)>;
+
+struct EngineStats {
+  int64_t running = 0;  // sequences being stepped
+  int64_t waiting = 0;  // accepted but not yet scheduled
+  int64_t kv_blocks_used = 0;
+  int64_t kv_blocks_total = 0;
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+  virtual const TextTokenizer& tokenizer() const = 0;
+  virtual int64_t context_length() const = 0;
+  // How many sequences the engine steps together; the server admits this many plus its
+  // queue bound before answering 429.
+  virtual int64_t max_running() const = 0;
+  // Thread-safe. Returns the request's id; `sink` receives its events until the final one.
+  virtual uint64_t submit(GenerationRequest req, TokenSink sink) = 0;
+  // Thread-safe; unknown or finished ids are ignored. An aborted request still gets its final
+  // event (FinishReason::abort) once its KV blocks are freed.
+  virtual void abort(uint64_t id) = 0;
+  virtual EngineStats stats() const = 0;
+};
+
+}  // namespace loom::serve

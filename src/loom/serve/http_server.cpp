@@ -1,0 +1,359 @@
+// Socket side of the HTTP server: acceptor, per-connection loop, response writing.
+// Thread model: the acceptor owns the listening socket; each connection thread owns its
+// socket and is the only one that reads or writes it. stop() only calls shutdown(2) on
+// sockets (under mu_, so never on a descriptor that was already closed and reused).
+#include "loom/serve/http_server.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "loom/core/error.h"
+#include "loom/core/timer.h"
+
+namespace loom::serve {
+
+class Connection {
+ public:
+  Connection(HttpServer& server, int fd) : server_(server), fd_(fd) {}
+  void run();
+  bool send_all(std::string_view data);
+  bool peer_gone();
+
+ private:
+  enum class Read { data, eof, timeout };
+  Read read_more(double deadline);
+  void refuse(int status, const std::string& message);
+  void drain_and_close();
+
+  HttpServer& server_;
+  int fd_;
+  std::string buf_;
+};
+
+struct HttpServer::Slot {
+  int fd = -1;  // -1 once the connection thread closed it
+  std::thread thread;
+  std::atomic<bool> done{false};
+};
+
+// ---------------------------------------------------------------- HttpExchange
+
+void HttpExchange::respond(const HttpResponse& r) {
+  LOOM_CHECK(state_ == State::fresh, "http", "a response was already sent for ", req_.path);
+  status_ = r.status;
+  close_ = r.close || !req_.keep_alive;
+  std::string msg = response_head(r.status, r.content_type, int64_t(r.body.size()), close_, r.headers);
+  msg += r.body;
+  state_ = conn_.send_all(msg) ? State::done : State::broken;
+}
+
+bool HttpExchange::start_stream(int status, std::string_view content_type, const HeaderList& extra) {
+  LOOM_CHECK(state_ == State::fresh, "http", "a response was already sent for ", req_.path);
+  status_ = status;
+  chunked_ = req_.minor_version >= 1;
+  close_ = !req_.keep_alive || !chunked_;
+  std::string head = response_head(status, content_type, chunked_ ? kChunked : kUntilClose, close_, extra);
+  state_ = conn_.send_all(head) ? State::streaming : State::broken;
+  return state_ == State::streaming;
+}
+
+bool HttpExchange::send_chunk(std::string_view data) {
+  if (state_ != State::streaming) return false;
+  if (data.empty()) return true;  // an empty chunk would end the body
+  if (!chunked_) {
+    if (!conn_.send_all(data)) state_ = State::broken;
+    return state_ == State::streaming;
+  }
+  char size[32];
+  std::snprintf(size, sizeof size, "%zx\r\n", data.size());
+  std::string msg = size;
+  msg.append(data);
+  msg += "\r\n";
+  if (!conn_.send_all(msg)) state_ = State::broken;
+  return state_ == State::streaming;
+}
+
+void HttpExchange::end_stream() {
+  if (state_ != State::streaming) return;
+  state_ = !chunked_ || conn_.send_all("0\r\n\r\n") ? State::done : State::broken;
+}
+
+void HttpExchange::abandon() {
+  if (state_ == State::fresh) status_ = 499;
+  state_ = State::broken;
+}
+
+bool HttpExchange::client_gone() {
+  if (state_ == State::broken) return true;
+  return conn_.peer_gone();
+}
+
+bool HttpExchange::keeps_connection() const { return state_ == State::done && !close_; }
+
+// ---------------------------------------------------------------- Connection
+
+bool Connection::send_all(std::string_view data) {
+  while (!data.empty()) {
+    ssize_t n = ::send(fd_, data.data(), data.size(), MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return false;  // EPIPE, ECONNRESET, or EAGAIN after SO_SNDTIMEO: the client is gone
+    }
+    data.remove_prefix(size_t(n));
+  }
+  return true;
+}
+
+bool Connection::peer_gone() {
+  pollfd p{fd_, POLLIN | POLLRDHUP, 0};
+  if (::poll(&p, 1, 0) <= 0) return false;
+  if (p.revents & (POLLHUP | POLLERR | POLLRDHUP | POLLNVAL)) return true;
+  if (p.revents & POLLIN) {
+    char c;
+    ssize_t n = ::recv(fd_, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n == 0) return true;
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return true;
+  }
+  return false;
+}
+
+Connection::Read Connection::read_more(double deadline) {
+  char tmp[16384];
+  for (;;) {
+    double left = deadline - now_seconds();
+    if (left <= 0) return Read::timeout;
+    pollfd p{fd_, POLLIN, 0};
+    int r = ::poll(&p, 1, int(left * 1000) + 1);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return Read::eof;
+    if (r == 0) continue;  // re-check the deadline
+    ssize_t n = ::recv(fd_, tmp, sizeof tmp, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return Read::eof;
+    buf_.append(tmp, size_t(n));
+    return Read::data;
+  }
+}
+
+// Sends an error and closes; reading what the client still sends first, so that closing
+// with unread data does not turn into a reset that destroys our response in flight.
+void Connection::refuse(int status, const std::string& message) {
+  HttpResponse r = server_.render_error(status, message);
+  r.close = true;
+  send_all(response_head(r.status, r.content_type, int64_t(r.body.size()), true, r.headers) + r.body);
+  drain_and_close();
+}
+
+void Connection::drain_and_close() {
+  ::shutdown(fd_, SHUT_WR);
+  double deadline = now_seconds() + 2.0;
+  size_t drained = 0;
+  buf_.clear();
+  while (drained < (64u << 20) && read_more(deadline) == Read::data) {
+    drained += buf_.size();
+    buf_.clear();
+  }
+}
+
+void Connection::run() {
+  const HttpServerOptions& opt = server_.options();
+  for (;;) {
+    double idle_deadline = now_seconds() + opt.idle_timeout_s, request_deadline = 0;
+    size_t head_end;
+    for (;;) {
+      while (!buf_.empty() && (buf_[0] == '\r' || buf_[0] == '\n')) buf_.erase(0, 1);
+      head_end = find_head_end(buf_);
+      if (head_end != std::string::npos) break;
+      if (buf_.size() > opt.limits.max_header_bytes)
+        return refuse(431, str_cat("request head exceeds ", opt.limits.max_header_bytes, " bytes"));
+      if (!buf_.empty() && request_deadline == 0) request_deadline = now_seconds() + opt.read_timeout_s;
+      Read r = read_more(buf_.empty() ? idle_deadline : request_deadline);
+      if (r == Read::eof) return;
+      if (r == Read::timeout) {
+        if (!buf_.empty()) refuse(408, "request head not received in time");
+        return;
+      }
+    }
+    if (head_end > opt.limits.max_header_bytes)
+      return refuse(431, str_cat("request head exceeds ", opt.limits.max_header_bytes, " bytes"));
+    if (request_deadline == 0) request_deadline = now_seconds() + opt.read_timeout_s;
+
+    HttpError err;
+    auto req = parse_request_head(std::string_view(buf_).substr(0, head_end), opt.limits, &err);
+    if (!req) return refuse(err.status, err.message);
+    size_t need = head_end + size_t(req->content_length);
+    if (req->expect_continue && buf_.size() < need && !send_all("HTTP/1.1 100 Continue\r\n\r\n")) return;
+    while (buf_.size() < need) {
+      Read r = read_more(request_deadline);
+      if (r == Read::eof) return;
+      if (r == Read::timeout) return refuse(408, "request body not received in time");
+    }
+    req->body = buf_.substr(head_end, size_t(req->content_length));
+    buf_.erase(0, need);
+
+    HttpExchange ex(*this, std::move(*req));
+    try {
+      server_.handle(ex);
+    } catch (const std::exception& e) {
+      if (!ex.responded()) {
+        ex.respond(server_.render_error(500, str_cat("internal error: ", e.what())));
+      } else {
+        return;  // a stream broke half-way: the connection's state is unknown
+      }
+    }
+    if (!ex.responded()) ex.respond(server_.render_error(500, "internal error: no response produced"));
+    if (!ex.keeps_connection()) return;
+  }
+}
+
+// ---------------------------------------------------------------- HttpServer
+
+HttpServer::HttpServer(HttpServerOptions opt, Handler handler, ErrorRenderer render_error)
+    : opt_(std::move(opt)), handler_(std::move(handler)), render_error_(std::move(render_error)) {}
+
+HttpServer::~HttpServer() { stop(); }
+
+HttpResponse HttpServer::render_error(int status, const std::string& message) const {
+  if (render_error_) return render_error_(status, message);
+  HttpResponse r;
+  r.status = status;
+  r.content_type = "text/plain; charset=utf-8";
+  r.body = message + "\n";
+  return r;
+}
+
+void HttpServer::handle(HttpExchange& ex) { handler_(ex); }
+
+void HttpServer::start() {
+  LOOM_CHECK(listen_fd_ < 0, "serve", "server already started");
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  std::string port = std::to_string(opt_.port);
+  int rc = ::getaddrinfo(opt_.host.c_str(), port.c_str(), &hints, &res);
+  if (rc != 0) fail("serve", "cannot resolve --host ", opt_.host, ": ", gai_strerror(rc));
+  std::string last_error = "no address";
+  for (addrinfo* a = res; a && listen_fd_ < 0; a = a->ai_next) {
+    int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(fd, a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd, 512) == 0) {
+      listen_fd_ = fd;
+    } else {
+      last_error = std::strerror(errno);
+      ::close(fd);
+    }
+  }
+  ::freeaddrinfo(res);
+  if (listen_fd_ < 0)
+    fail("serve", "cannot listen on ", opt_.host, ":", opt_.port, ": ", last_error, " (pick another --port or --host)");
+  sockaddr_storage addr{};
+  socklen_t len = sizeof addr;
+  ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+  port_ = addr.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
+                                     : ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+  wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
+  LOOM_CHECK(wake_fd_ >= 0, "serve", "eventfd failed: ", std::strerror(errno));
+  accepting_ = true;
+  acceptor_ = std::thread([this] { accept_loop(); });
+}
+
+void HttpServer::accept_loop() {
+  while (accepting_) {
+    pollfd p[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    int r = ::poll(p, 2, 200);
+    reap(false);
+    if (r <= 0 || (p[1].revents & POLLIN)) continue;
+    if (!(p[0].revents & POLLIN)) continue;
+    int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EMFILE || errno == ENFILE) ::poll(nullptr, 0, 50);  // let connections close
+      continue;
+    }
+    int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);  // SSE events go out at once
+    timeval tv{};
+    tv.tv_sec = time_t(opt_.write_timeout_s);
+    tv.tv_usec = suseconds_t((opt_.write_timeout_s - double(tv.tv_sec)) * 1e6);
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    if (open_.load() >= opt_.max_connections) {
+      HttpResponse e = render_error(503, str_cat("too many connections (limit ", opt_.max_connections, ")"));
+      std::string msg = response_head(503, e.content_type, int64_t(e.body.size()), true, e.headers) + e.body;
+      (void)!::send(fd, msg.data(), msg.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      ::close(fd);
+      continue;
+    }
+    auto slot = std::make_unique<Slot>();
+    Slot* s = slot.get();
+    s->fd = fd;
+    ++open_;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      slots_.push_back(std::move(slot));
+    }
+    s->thread = std::thread([this, s, fd] {
+      Connection conn(*this, fd);
+      try {
+        conn.run();
+      } catch (...) {
+        // A failure inside one connection must never take the server down.
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      ::close(fd);
+      s->fd = -1;
+      s->done = true;
+      --open_;
+    });
+  }
+}
+
+void HttpServer::reap(bool all) {
+  std::list<std::unique_ptr<Slot>> finished;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = slots_.begin(); it != slots_.end();) {
+      if (all || (*it)->done) {
+        finished.push_back(std::move(*it));
+        it = slots_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& s : finished)
+    if (s->thread.joinable()) s->thread.join();
+}
+
+void HttpServer::stop_accepting() {
+  if (!accepting_.exchange(false)) return;
+  uint64_t one = 1;
+  (void)!::write(wake_fd_, &one, sizeof one);
+  if (acceptor_.joinable()) acceptor_.join();
+  ::close(listen_fd_);
+}
+
+void HttpServer::stop() {
+  if (stopped_.exchange(true)) return;
+  if (listen_fd_ < 0) return;
+  stop_accepting();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& s : slots_)
+      if (s->fd >= 0) ::shutdown(s->fd, SHUT_RDWR);
+  }
+  reap(true);
+  ::close(wake_fd_);
+}
+
+}  // namespace loom::serve

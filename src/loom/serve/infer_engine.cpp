@@ -1,0 +1,120 @@
+// The stepping thread and the event mapping between loom::infer and the server.
+#include "loom/serve/infer_engine.h"
+
+#include <cstdio>
+
+#include "loom/core/error.h"
+
+namespace loom::serve {
+
+namespace {
+FinishReason map_finish(infer::FinishReason r) {
+  switch (r) {
+    case infer::FinishReason::stop: return FinishReason::stop;
+    case infer::FinishReason::length: return FinishReason::length;
+    case infer::FinishReason::abort: return FinishReason::abort;
+    case infer::FinishReason::none: break;
+  }
+  return FinishReason::none;
+}
+}  // namespace
+
+infer::SamplingParams to_infer_params(const GenerationRequest& req, int32_t eos_token) {
+  infer::SamplingParams p;
+  p.temperature = req.sampling.temperature;
+  p.top_p = req.sampling.top_p;
+  p.top_k = req.sampling.top_k;
+  p.max_tokens = req.max_tokens;
+  p.seed = req.sampling.seed;
+  if (eos_token >= 0) p.stop_token_ids.push_back(eos_token);
+  return p;
+}
+
+InferEngineAdapter::InferEngineAdapter(infer::Engine& engine, const TextTokenizer& tok)
+    : engine_(engine), tok_(tok) {
+  LOOM_CHECK(tok.vocab_size() <= engine.model_config().vocab_size, "serve", "the tokenizer's vocabulary (",
+             tok.vocab_size(), ") is larger than the model's (model.vocab_size=", engine.model_config().vocab_size,
+             "); use a matching tokenizer or model");
+  thread_ = std::thread([this] { loop(); });
+}
+
+InferEngineAdapter::~InferEngineAdapter() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    quit_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+int64_t InferEngineAdapter::context_length() const { return engine_.model_config().n_ctx; }
+int64_t InferEngineAdapter::max_running() const { return engine_.config().max_num_seqs; }
+
+uint64_t InferEngineAdapter::submit(GenerationRequest req, TokenSink sink) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!failure_.empty()) fail("serve", "the engine stopped after an error: ", failure_);
+  // Under mu_, so the id is in live_ before the stepping thread can deliver its first event.
+  int64_t id = engine_.add_request(std::move(req.prompt), to_infer_params(req, tok_.eos_token()),
+                                   [this](const infer::TokenEvent& ev) {
+                                     TokenSink sink;
+                                     {
+                                       std::lock_guard<std::mutex> l(mu_);
+                                       auto it = live_.find(ev.request_id);
+                                       if (it == live_.end()) return;
+                                       sink = it->second;
+                                       if (ev.finish != infer::FinishReason::none) live_.erase(it);
+                                     }
+                                     sink({ev.token, map_finish(ev.finish)});
+                                   });
+  live_[id] = std::move(sink);
+  cv_.notify_all();
+  return uint64_t(id);
+}
+
+void InferEngineAdapter::abort(uint64_t id) { engine_.abort(int64_t(id)); }
+
+EngineStats InferEngineAdapter::stats() const {
+  infer::EngineMetrics m = engine_.metrics();
+  EngineStats s;
+  s.running = m.num_running;
+  s.waiting = m.num_waiting;
+  s.kv_blocks_used = m.kv_blocks_used;
+  s.kv_blocks_total = m.kv_blocks_total;
+  return s;
+}
+
+std::string InferEngineAdapter::failure() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return failure_;
+}
+
+void InferEngineAdapter::fail_all(const std::string& why) {
+  std::map<int64_t, TokenSink> live;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    failure_ = why;
+    live.swap(live_);
+  }
+  std::fprintf(stderr, "[serve] engine step failed: %s; failing %zu request(s)\n", why.c_str(), live.size());
+  for (auto& [id, sink] : live) sink({-1, FinishReason::abort});
+}
+
+void InferEngineAdapter::loop() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      // The timeout covers aborts, which do not notify us.
+      cv_.wait_for(lock, std::chrono::milliseconds(20),
+                   [&] { return quit_ || (failure_.empty() && !live_.empty()); });
+      if (quit_) return;
+      if (!failure_.empty() || !engine_.has_unfinished()) continue;
+    }
+    try {
+      engine_.step();
+    } catch (const std::exception& e) {
+      fail_all(e.what());
+    }
+  }
+}
+
+}  // namespace loom::serve

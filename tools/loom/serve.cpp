@@ -1,0 +1,146 @@
+// `loom serve`: the OpenAI-compatible HTTP server over the inference engine. Listens first
+// (GET /health answers 503 while the model loads), then reports ready; SIGINT/SIGTERM stop
+// it cleanly: new requests get 503, running ones may finish for --shutdown-grace seconds,
+// the rest are aborted, and the process exits 0.
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include "loom/core/error.h"
+#include "loom/core/threads.h"
+#include "loom/infer/engine.h"
+#include "loom/model/decoder.h"
+#include "loom/serve/api_server.h"
+#include "loom/serve/infer_engine.h"
+#include "loom/train/checkpoint.h"
+#include "tools/loom/commands.h"
+
+namespace loom::cli {
+
+namespace {
+
+void print_help() {
+  std::printf(
+      "usage: loom serve (--checkpoint DIR | --model PRESET [--seed S]) [options]\n\n"
+      "  --checkpoint DIR        a checkpoint (DIR/step_N) or a run directory (its newest valid one)\n"
+      "  --model PRESET          random weights of a preset (%s),\n"
+      "                          vocabulary set to the tokenizer's (for tests and benchmarks)\n"
+      "  --seed S                weight seed for --model; also seeds requests without one (default 0)\n"
+      "  --tokenizer NAME        gpt2 or byte (default: byte for --model and 256-token vocabularies,\n"
+      "                          else gpt2)\n"
+      "  --data-dir DIR          where the gpt2 tokenizer files are (default: the data folder)\n"
+      "  --n-ctx N               override the preset's context length\n"
+      "  --host H                address to bind (default 127.0.0.1: loopback only)\n"
+      "  --port P                port (default 8000; 0 picks a free one)\n"
+      "  --api-key KEY           require 'Authorization: Bearer KEY' on /v1/*\n"
+      "  --max-queue N           requests allowed to wait beyond the running batch (default 256); then 429\n"
+      "  --served-model-name S   the name clients pass as 'model' (default: the preset name)\n"
+      "  --max-num-seqs N        sequences stepped together (default 32)\n"
+      "  --kv-cache-mb M         KV-cache size (default 256)\n"
+      "  --max-body-bytes B      largest request body (default 1048576); then 413\n"
+      "  --shutdown-grace S      seconds running requests may finish after SIGTERM (default 10)\n"
+      "  --threads N             compute threads (default: OMP_NUM_THREADS or all cores)\n",
+      "e.g. gpt2-tiny, gpt2-shakespeare");
+}
+
+}  // namespace
+
+int cmd_serve(const std::vector<std::string>& argv) {
+  for (const auto& a : argv)
+    if (a == "--help" || a == "-h") {
+      print_help();
+      return 0;
+    }
+  Args args("serve", argv,
+            {{"checkpoint", true}, {"model", true}, {"seed", true}, {"tokenizer", true}, {"data-dir", true},
+             {"n-ctx", true}, {"host", true},
+             {"port", true}, {"api-key", true}, {"max-queue", true}, {"served-model-name", true},
+             {"max-num-seqs", true}, {"kv-cache-mb", true}, {"max-body-bytes", true},
+             {"shutdown-grace", true}, {"threads", true}});
+  if (args.has("checkpoint") == args.has("model"))
+    throw UsageError("[serve] give exactly one of --checkpoint DIR or --model PRESET (see loom serve --help)");
+  // The model: a verified checkpoint, or random weights of a preset.
+  std::string checkpoint;
+  model::ModelConfig mc;
+  if (args.has("checkpoint")) {
+    checkpoint = args.get("checkpoint", "");
+    if (!std::filesystem::exists(std::filesystem::path(checkpoint) / "manifest.json")) {
+      auto latest = train::find_latest_valid_checkpoint(checkpoint, stderr);
+      if (!latest)
+        fail("serve", "--checkpoint ", checkpoint, ": no valid checkpoint there (expected DIR/step_N/manifest.json, "
+             "as loom train writes)");
+      checkpoint = *latest;
+    }
+    mc = train::checkpoint_model_config(checkpoint);
+  } else {
+    mc = model::preset(args.get("model", ""));
+  }
+  const std::string tok_name =
+      args.get("tokenizer", !checkpoint.empty() && mc.vocab_size != 256 ? "gpt2" : "byte");
+  std::unique_ptr<serve::DataTokenizer> tokenizer = serve::make_text_tokenizer(tok_name, args.get("data-dir", ""));
+  if (checkpoint.empty()) mc.vocab_size = tokenizer->vocab_size();
+  if (args.has("n-ctx")) {
+    if (!checkpoint.empty()) throw UsageError("[serve] --n-ctx applies to --model only (a checkpoint keeps its context)");
+    mc.n_ctx = args.get_int("n-ctx", mc.n_ctx);
+  }
+  mc.validate();
+  serve::ServeOptions opt;
+  opt.http.host = args.get("host", "127.0.0.1");
+  opt.http.port = int(args.get_int("port", 8000));
+  if (opt.http.port < 0 || opt.http.port > 65535) throw UsageError("[serve] --port must be in [0, 65535]");
+  opt.http.limits.max_body_bytes = size_t(args.get_int("max-body-bytes", 1 << 20));
+  opt.api_key = args.get("api-key", "");
+  opt.max_queue = args.get_int("max-queue", 256);
+  if (opt.max_queue < 0) throw UsageError("[serve] --max-queue must be >= 0");
+  opt.served_model_name = args.get("served-model-name", mc.name);
+  const double grace = args.get_double("shutdown-grace", 10);
+  infer::EngineConfig ec;
+  ec.max_num_seqs = args.get_int("max-num-seqs", 32);
+  ec.kv_cache_bytes = args.get_int("kv-cache-mb", 256) << 20;
+  ec.seed = uint64_t(args.get_int("seed", 0));
+  opt.seed = ec.seed;
+  if (args.has("threads")) set_num_threads(int(args.get_int("threads", 0)));
+
+  // Signals are taken synchronously by this thread (sigwait), so every thread started from
+  // here on inherits the blocked mask and no handler runs in the middle of anything.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  serve::ApiServer server(opt);
+  server.start();
+  std::printf("[serve] listening on http://%s:%d (loading %s from %s, tokenizer %s)\n", opt.http.host.c_str(),
+              server.port(), mc.summary().c_str(), checkpoint.empty() ? "random weights" : checkpoint.c_str(),
+              tok_name.c_str());
+  std::fflush(stdout);
+
+  model::Decoder model(mc);
+  if (checkpoint.empty()) model.init_weights(ec.seed);
+  else train::load_checkpoint_weights(checkpoint, model);
+  infer::Engine engine(model, ec);
+  serve::InferEngineAdapter adapter(engine, *tokenizer);
+  server.set_engine(&adapter);
+  std::printf("[serve] ready: model '%s', context %lld, KV cache %lld blocks of %lld tokens, max %lld "
+              "running + %lld queued%s\n",
+              opt.served_model_name.c_str(), (long long)mc.n_ctx, (long long)engine.kv_cache().num_blocks(),
+              (long long)engine.kv_cache().block_size(), (long long)ec.max_num_seqs, (long long)opt.max_queue,
+              opt.api_key.empty() ? "" : ", API key required");
+  std::fflush(stdout);
+
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  std::printf("[serve] %s: stopping (running requests get up to %.0f s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
+              grace);
+  std::fflush(stdout);
+  server.stop(grace);
+  infer::EngineMetrics m = engine.metrics();
+  std::printf("[serve] stopped: %lld requests finished, %lld prompt + %lld generated tokens\n",
+              (long long)m.requests_finished, (long long)m.prompt_tokens, (long long)m.generated_tokens);
+  return 0;
+}
+
+}  // namespace loom::cli
