@@ -223,9 +223,10 @@ std::string resolve_checkpoint(const std::string& dir, FILE* log) {
 }
 
 model::ModelConfig checkpoint_model_config(const std::string& path) {
-  const std::string yaml = io::read_file((fs::path(path) / "config.yaml").string());
-  // The resolved training config carries the exact model section (preset and overrides).
-  return parse_train_config(yaml, {}, (fs::path(path) / "config.yaml").string()).model;
+  // config.json records the exact sizes (a preset named in config.yaml could change later).
+  model::ModelConfig c = model::read_hf_config((fs::path(path) / "config.json").string());
+  c.name = fs::path(path).parent_path().filename().string();
+  return c;
 }
 
 }  // namespace loom::train
