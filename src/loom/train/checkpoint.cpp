@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include <yaml-cpp/yaml.h>
 
 #include "loom/io/checksum.h"
 #include "loom/io/file.h"
@@ -225,7 +226,13 @@ std::string resolve_checkpoint(const std::string& dir, FILE* log) {
 model::ModelConfig checkpoint_model_config(const std::string& path) {
   // config.json records the exact sizes (a preset named in config.yaml could change later).
   model::ModelConfig c = model::read_hf_config((fs::path(path) / "config.json").string());
-  c.name = fs::path(path).parent_path().filename().string();
+  // The name users know the model by: the preset it was trained from, when there was one.
+  c.name = "custom";
+  try {
+    const YAML::Node y = YAML::LoadFile((fs::path(path) / "config.yaml").string());
+    if (y["model"] && y["model"]["preset"]) c.name = y["model"]["preset"].as<std::string>();
+  } catch (const YAML::Exception&) {
+  }
   return c;
 }
 
