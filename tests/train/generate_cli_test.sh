@@ -21,7 +21,7 @@ c="$(gen 8)"
 # A prompt longer than the context is refused with both numbers.
 long="$(head -c 400 "$WORK/in.txt")"
 if out="$("$LOOM" generate --checkpoint "$WORK/run" --prompt "$long" 2>&1)"; then
-  echo "a 400-token prompt on a 256-token model was accepted"; exit 1
+  echo "a 400-token prompt on a 128-token model was accepted"; exit 1
 fi
 echo "$out" | grep -q "400" || { echo "refusal does not name the prompt length: $out"; exit 1; }
 echo "generate: deterministic per seed (${#a} bytes), long prompts refused"

@@ -1,5 +1,8 @@
 // `loom generate --checkpoint DIR --prompt TEXT`: streams a continuation of the prompt from a
-// trained model, on the inference engine (paged KV cache). Same seed, same output.
+// trained model, on the inference engine (paged KV cache). Same seed, same output. Outputs
+// longer than the model's context continue over a sliding window: when the context is full,
+// generation restarts from the last half-context of tokens (as nanoGPT-style samplers crop).
+#include <algorithm>
 #include <cstdio>
 
 #include "loom/core/threads.h"
@@ -17,14 +20,15 @@ const char* kHelp =
     "Streams a continuation of TEXT to stdout. DIR is a checkpoint (step_NNNNNN) or a run\n"
     "directory holding them (the newest valid one is used).\n"
     "  --max-tokens 200  --temperature 0.8 (0: greedy)  --top-k 0 (off)  --top-p 1.0  --seed 0\n"
-    "  --tokenizer       gpt2 or byte (default: the one recorded at training time)\n";
+    "  --tokenizer       gpt2 or byte (default: the one recorded at training time)\n"
+    "  --no-window       stop at the model's context instead of sliding the window\n";
 }  // namespace
 
 int cmd_generate(const std::vector<std::string>& argv) {
   Args a("generate", argv,
          {{"checkpoint", true}, {"prompt", true}, {"max-tokens", true}, {"temperature", true},
           {"top-k", true}, {"top-p", true}, {"seed", true}, {"stop", true}, {"tokenizer", true},
-          {"threads", true}, {"help", false}});
+          {"threads", true}, {"no-window", false}, {"help", false}});
   if (a.has("help")) {
     std::printf("%s", kHelp);
     return 0;
@@ -46,14 +50,19 @@ int cmd_generate(const std::vector<std::string>& argv) {
   if (ids.empty() && tok->eot_id()) ids.push_back(*tok->eot_id());
   if (ids.empty()) throw UsageError("[generate] --prompt is empty and this tokenizer has no end-of-text token to start from");
 
+  const int64_t ctx = mc.n_ctx;
+  LOOM_CHECK(int64_t(ids.size()) < ctx, "generate", "the prompt is ", ids.size(),
+             " tokens but the model's context is ", ctx, " tokens; shorten the prompt");
+  int64_t remaining = a.get_int("max-tokens", 200);
+  const uint64_t seed = uint64_t(a.get_int("seed", 0));
+  const bool window = !a.has("no-window");
   infer::SamplingParams sp;
   sp.temperature = a.get_double("temperature", 0.8);
   sp.top_k = a.get_int("top-k", 0);
   sp.top_p = a.get_double("top-p", 1.0);
-  sp.max_tokens = a.get_int("max-tokens", 200);
-  sp.seed = uint64_t(a.get_int("seed", 0));
   sp.stop = a.get_all("stop");
   if (tok->eot_id()) sp.stop_token_ids.push_back(*tok->eot_id());
+  sp.max_tokens = std::max<int64_t>(1, remaining);
   sp.validate();
 
   infer::EngineConfig ec;
@@ -65,18 +74,26 @@ int cmd_generate(const std::vector<std::string>& argv) {
                path.c_str(), tok_name.c_str(), ids.size());
   std::fwrite(prompt.data(), 1, prompt.size(), stdout);
   // Decode incrementally: a multi-byte character may span tokens, so print whole prefixes.
-  std::vector<int32_t> out;
+  std::vector<int32_t> out, context = ids;
   size_t printed = 0;
-  engine.run(ids, sp, [&](const infer::TokenEvent& e) {
-    if (e.token < 0) return;
-    out.push_back(e.token);
-    const std::string text = tok->decode(out);
-    if (text.size() > printed) {
-      std::fwrite(text.data() + printed, 1, text.size() - printed, stdout);
-      std::fflush(stdout);
-      printed = text.size();
-    }
-  });
+  for (int64_t round = 0; remaining > 0; ++round) {
+    sp.max_tokens = std::min<int64_t>(remaining, ctx - int64_t(context.size()));
+    sp.seed = seed + uint64_t(round);  // each window its own, reproducible stream
+    const infer::RequestOutput r = engine.run(context, sp, [&](const infer::TokenEvent& e) {
+      if (e.token < 0) return;
+      out.push_back(e.token);
+      const std::string text = tok->decode(out);
+      if (text.size() > printed) {
+        std::fwrite(text.data() + printed, 1, text.size() - printed, stdout);
+        std::fflush(stdout);
+        printed = text.size();
+      }
+    });
+    remaining -= int64_t(r.tokens.size());
+    if (r.finish_reason != infer::FinishReason::length || !window) break;
+    context.insert(context.end(), r.tokens.begin(), r.tokens.end());
+    context.erase(context.begin(), context.end() - std::min<int64_t>(int64_t(context.size()), ctx / 2));
+  }
   std::printf("\n");
   return 0;
 }

@@ -79,7 +79,7 @@ ModelConfig preset(const std::string& name) {
   if (name == "gpt2-124m") return gpt2("gpt2-124m", 12, 768, 12, 50257, 1024);
   if (name == "gpt2-350m") return gpt2("gpt2-350m", 24, 1024, 16, 50257, 1024);
   if (name == "gpt2-tiny") return gpt2("gpt2-tiny", 2, 32, 4, 97, 64);
-  if (name == "gpt2-shakespeare") return gpt2("gpt2-shakespeare", 4, 192, 6, 256, 256);
+  if (name == "gpt2-shakespeare") return gpt2("gpt2-shakespeare", 4, 192, 6, 256, 128);
   if (name == "llama-tiny") return llama("llama-tiny", 2, 32, 4, 2, 48, 97, 64);
   if (name == "llama-60m") return llama("llama-60m", 8, 512, 8, 4, 1408, 32000, 1024);
   fail("config", "model.preset: unknown preset \"", name, "\"; known presets: gpt2-124m, ",

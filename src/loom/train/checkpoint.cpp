@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include <yaml-cpp/yaml.h>
 
 #include "loom/io/checksum.h"
 #include "loom/io/file.h"
@@ -236,9 +237,16 @@ std::string resolve_checkpoint(const std::string& dir, FILE* log) {
 }
 
 model::ModelConfig checkpoint_model_config(const std::string& path) {
-  const std::string yaml = io::read_file((fs::path(path) / "config.yaml").string());
-  // The resolved training config carries the exact model section (preset and overrides).
-  return parse_train_config(yaml, {}, (fs::path(path) / "config.yaml").string()).model;
+  // config.json records the exact sizes (a preset named in config.yaml could change later).
+  model::ModelConfig c = model::read_hf_config((fs::path(path) / "config.json").string());
+  // The name users know the model by: the preset it was trained from, when there was one.
+  c.name = "custom";
+  try {
+    const YAML::Node y = YAML::LoadFile((fs::path(path) / "config.yaml").string());
+    if (y["model"] && y["model"]["preset"]) c.name = y["model"]["preset"].as<std::string>();
+  } catch (const YAML::Exception&) {
+  }
+  return c;
 }
 
 }  // namespace loom::train
