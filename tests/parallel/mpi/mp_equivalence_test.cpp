@@ -33,11 +33,12 @@ struct Layout {
   int pp, dp, tp;
   const char* schedule;
   int zero, micro_batches, ckpt;
+  const char* partition = "uniform";
 };
 
 std::string describe(const Layout& l) {
   return str_cat(l.preset, " pp=", l.pp, " dp=", l.dp, " tp=", l.tp, " ", l.schedule, " zero=", l.zero,
-                 " m=", l.micro_batches, " ckpt=", l.ckpt);
+                 " m=", l.micro_batches, " ckpt=", l.ckpt, " ", l.partition);
 }
 
 // The layouts run for each world size (one ctest entry per size keeps every run short).
@@ -48,11 +49,11 @@ const std::vector<Layout>& layouts() {
       {"llama-tiny", 1, 1, 2, "1f1b", 0, 2, 1},
       {"gpt2-tiny", 2, 1, 1, "gpipe", 0, 4, 0},
       {"gpt2-tiny", 2, 1, 1, "1f1b", 0, 4, 1},
-      {"llama-tiny", 2, 1, 1, "gpipe", 0, 4, 1},
+      {"llama-tiny", 2, 1, 1, "gpipe", 0, 4, 1, "profile"},
       {"llama-tiny", 2, 1, 1, "1f1b", 0, 1, 0},  // fewer micro-batches than stages
       // 4 ranks: pp=2 x dp=2 (ZeRO-0 and -1); tp=2 x pp=2; tp=4 (LLaMA's 2 kv heads replicated).
       {"gpt2-tiny", 2, 2, 1, "1f1b", 1, 2, 0},
-      {"llama-tiny", 2, 2, 1, "gpipe", 0, 2, 1},
+      {"llama-tiny", 2, 2, 1, "gpipe", 0, 2, 1, "parameters"},
       {"gpt2-tiny", 2, 1, 2, "1f1b", 0, 4, 1},
       {"llama-tiny", 2, 1, 2, "gpipe", 0, 4, 0},
       {"llama-tiny", 1, 1, 4, "1f1b", 0, 2, 0},
@@ -75,6 +76,7 @@ TrainConfig make_config(const Layout& l, int64_t steps, const std::string& ckpt_
       "parallel.dp=" + std::to_string(l.dp), "parallel.tp=" + std::to_string(l.tp),
       "parallel.pp=" + std::to_string(l.pp), "parallel.pp_schedule=" + std::string(l.schedule),
       "parallel.zero_stage=" + std::to_string(l.zero), "parallel.micro_batches=" + std::to_string(l.micro_batches),
+      "parallel.pp_partition=" + std::string(l.partition),
       "parallel.bucket_mb=0.01"};
   if (!ckpt_dir.empty()) sets.push_back("checkpoint.dir=" + ckpt_dir);
   return parse_train_config("{}", sets);
