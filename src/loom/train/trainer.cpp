@@ -254,8 +254,14 @@ double Trainer::evaluate() {
 void Trainer::maybe_checkpoint(bool force) {
   if (cfg_.checkpoint.dir.empty()) return;
   const bool by_steps = cfg_.checkpoint.every_steps > 0 && step_ % cfg_.checkpoint.every_steps == 0;
-  const bool by_time = cfg_.checkpoint.every_minutes > 0 &&
-                       now_seconds() - last_checkpoint_time_ >= cfg_.checkpoint.every_minutes * 60;
+  bool by_time = cfg_.checkpoint.every_minutes > 0 &&
+                 now_seconds() - last_checkpoint_time_ >= cfg_.checkpoint.every_minutes * 60;
+  if (cfg_.checkpoint.every_minutes > 0 && mesh_->world().size() > 1) {
+    // Clocks differ between ranks; saving is collective, so rank 0's clock decides for all.
+    Tensor flag = Tensor::from_vector<int32_t>({by_time ? 1 : 0}, {1});
+    mesh_->world().broadcast(flag, 0);
+    by_time = flag.data<int32_t>()[0] != 0;
+  }
   if (!(force || by_steps || by_time)) return;
   if (last_checkpoint_.size() && checkpoint_step_of(last_checkpoint_) == step_) return;
   Stopwatch sw;
