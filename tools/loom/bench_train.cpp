@@ -123,8 +123,7 @@ int bench_train(const std::vector<std::string>& argv) {
     m.zero_grads();
     m.forward_backward(tok.data(), tgt.data(), B, T, 1.0 / double(B * T));
     const double norm = std::sqrt(optim::sum_squares(m.grads().data<float>(), m.flat_size()));
-    if (norm > 1.0) optim::scale_inplace(m.grads().data<float>(), m.flat_size(), float(1.0 / norm));
-    adam.step(m.params().data<float>(), m.grads().data<float>(), 1e-4);
+    adam.step(m.params().data<float>(), m.grads().data<float>(), 1e-4, norm > 1.0 ? 1.0 / norm : 1.0);
     return sw.ms();
   };
 

@@ -27,9 +27,9 @@ AdamW::AdamW(const AdamWConfig& cfg, int64_t begin, int64_t end, std::vector<Dec
   v_ = Tensor::zeros({end - begin}, DType::f32, MemCategory::optimizer, alloc);
 }
 
-void AdamW::step(float* p, const float* g, double lr) {
+void AdamW::step(float* p, const float* g, double lr, double grad_scale) {
   ++step_;
-  cpu::AdamWParams h{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay, step_};
+  cpu::AdamWParams h{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay, step_, grad_scale};
   float* m = m_.data<float>();
   float* v = v_.data<float>();
   int64_t covered = begin_;

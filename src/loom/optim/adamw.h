@@ -29,8 +29,9 @@ class AdamW {
   AdamW(const AdamWConfig& cfg, int64_t begin, int64_t end, std::vector<DecaySpan> spans,
         Allocator& alloc = cpu_allocator());
 
-  // p and g point at flat index `begin` (i.e. the shard). lr is this step's learning rate.
-  void step(float* p, const float* g, double lr);
+  // p and g point at flat index `begin` (i.e. the shard). lr is this step's learning rate;
+  // the gradients are taken as g * grad_scale (clipping without a separate pass).
+  void step(float* p, const float* g, double lr, double grad_scale = 1.0);
 
   int64_t begin() const { return begin_; }
   int64_t end() const { return end_; }

@@ -46,9 +46,5 @@ double sum_squares(const float* g, int64_t n) {
   return s;
 }
 
-void scale_inplace(float* g, int64_t n, float f) {
-#pragma omp parallel for schedule(static) if (n > 65536)
-  for (int64_t i = 0; i < n; ++i) g[i] *= f;
-}
 
 }  // namespace loom::optim

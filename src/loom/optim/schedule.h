@@ -21,6 +21,5 @@ double dynamic_clip_threshold(int64_t step, int64_t total_steps);
 
 // Sum of squares of g[0..n), accumulated in f64 in a fixed order (deterministic).
 double sum_squares(const float* g, int64_t n);
-void scale_inplace(float* g, int64_t n, float factor);
 
 }  // namespace loom::optim

@@ -103,6 +103,7 @@ Tensor DataParallel::chunk_view(const Tensor& t, const ParamUnit& u, bool shard)
 
 void DataParallel::zero_grads() {
   finish_grads();
+  grad_scale_ = 1.0;
   if (opt_.zero_stage < 2)
     model_.zero_grads();
   else
@@ -362,11 +363,6 @@ double DataParallel::grad_norm_sq() {
   return s.data<double>()[0];
 }
 
-void DataParallel::scale_grads(float f) {
-  const Tensor& g = opt_.zero_stage < 2 ? model_.grads() : grad_shard_;
-  optim::scale_inplace(g.data<float>(), g.numel(), f);
-}
-
 void DataParallel::step(double lr) {
   finish_grads();
   const auto& units = layout_.units();
@@ -376,8 +372,9 @@ void DataParallel::step(double lr) {
                                    : param_shard_.data<float>() + u.begin / n_;
     const float* g = opt_.zero_stage < 2 ? model_.grads().data<float>() + adam_[i]->begin()
                                          : grad_shard_.data<float>() + u.begin / n_;
-    adam_[i]->step(p, g, lr);
+    adam_[i]->step(p, g, lr, grad_scale_);
   }
+  grad_scale_ = 1.0;
   if (opt_.zero_stage == 1 || opt_.zero_stage == 2) {
     std::vector<comm::Work> works;
     for (const auto& u : units)

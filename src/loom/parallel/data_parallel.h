@@ -60,7 +60,8 @@ class DataParallel final : public model::ParamSource {
   // Views of the gradient elements this rank holds in flat range [begin, end), after
   // finish_grads(): the range itself (stages 0-1), or its overlap with the rank's chunks.
   std::vector<Tensor> held_grads(int64_t begin, int64_t end) const;
-  void scale_grads(float factor);
+  // Multiplies the gradients by `factor` (applied inside the next step(), not as a pass).
+  void scale_grads(float factor) { grad_scale_ *= factor; }
   // AdamW on the owned ranges, then (stages 1-2) all-gather the updated weights.
   void step(double lr);
 
@@ -153,6 +154,7 @@ class DataParallel final : public model::ParamSource {
   std::vector<std::pair<int, Phase>> plan_;  // expected block_params requests of this pass
   size_t plan_pos_ = 0;
   double wait_s_ = 0;
+  double grad_scale_ = 1.0;
   std::vector<std::pair<int64_t, int64_t>> norm_skip_;  // sorted flat ranges
 };
 

@@ -14,9 +14,10 @@ void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, const AdamWParams& h,
   const T step_size = T(h.lr / bc1);
   const T inv_sqrt_bc2 = T(1.0 / std::sqrt(bc2));
   const T decay = T(1.0 - h.lr * wd);
+  const T gs = T(h.grad_scale);
 #pragma omp parallel for schedule(static) if (n > 65536)
   for (int64_t i = 0; i < n; ++i) {
-    const T gi = g[i];
+    const T gi = g[i] * gs;
     const T mi = b1 * m[i] + (T(1) - b1) * gi;
     const T vi = b2 * v[i] + (T(1) - b2) * gi * gi;
     m[i] = mi;

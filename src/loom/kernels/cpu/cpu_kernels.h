@@ -83,6 +83,7 @@ void xent_rows(T* logits, const int32_t* targets, T* loss, int64_t rows, int64_t
 struct AdamWParams {
   double lr, beta1, beta2, eps, weight_decay;
   int64_t step;  // 1-based, after increment
+  double grad_scale = 1.0;  // gradients are multiplied by this first (clipping, fused)
 };
 template <class T>
 void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, const AdamWParams& h, double wd);
