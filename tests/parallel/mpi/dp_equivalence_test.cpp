@@ -15,6 +15,7 @@
 #include <filesystem>
 
 #include "comm/mpi/mpi_world.h"
+#include "parallel/mpi/weights_close.h"
 #include "parallel/mpi/synthetic_source.h"
 #include "loom/parallel/mesh.h"
 #include "loom/train/trainer.h"
@@ -68,24 +69,8 @@ void expect_close(const TrainRun& a, const TrainRun& ref, const model::ParamLayo
   for (size_t i = 0; i < a.losses.size(); ++i)
     EXPECT_NEAR(a.losses[i], ref.losses[i], 1e-5 * std::abs(ref.losses[i]) + 2e-7)
         << what << ": loss at step " << i + 1;
-  const double lr = 3e-3, steps = double(a.losses.size());
-  int64_t over = 0, total = 0;
-  for (const auto& p : ref_layout.params()) {
-    const bool key_bias = p.name.find("attn.c_attn.bias") != std::string::npos;
-    const int64_t C = key_bias ? p.numel() / 3 : 0;
-    const int64_t oa = dist_layout.get(p.name).offset;
-    for (int64_t i = 0; i < p.numel(); ++i) {
-      if (key_bias && i >= C && i < 2 * C) continue;
-      ++total;
-      const double x = a.weights[size_t(oa + i)], y = ref.weights[size_t(p.offset + i)];
-      const double d = std::abs(x - y);
-      if (d > 1e-5 * std::abs(y) + 1e-3 * lr) ++over;
-      if (d > 1e-2 * lr * steps)
-        ADD_FAILURE() << what << ": " << p.name << "[" << i << "] = " << x << ", single process " << y;
-    }
-  }
-  EXPECT_LE(over, total / 2000) << what << ": " << over << " of " << total
-                                << " weights outside 1e-5 relative + 1e-3 lr";
+  loom::testing::expect_weights_close(a.weights, dist_layout, ref.weights, ref_layout, 3e-3,
+                                      double(a.losses.size()), what);
 }
 
 }  // namespace

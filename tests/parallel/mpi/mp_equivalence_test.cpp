@@ -18,6 +18,7 @@
 #include <memory>
 
 #include "comm/mpi/mpi_world.h"
+#include "parallel/mpi/weights_close.h"
 #include "loom/parallel/mesh.h"
 #include "loom/train/trainer.h"
 #include "parallel/mpi/synthetic_source.h"
@@ -122,24 +123,8 @@ void expect_close(const TrainRun& a, const TrainRun& ref, const std::string& wha
     EXPECT_NEAR(a.losses[i], ref.losses[i], 1e-5 * std::abs(ref.losses[i]) + 2e-7)
         << what << ": loss at step " << i + 1;
   EXPECT_NEAR(a.val_loss, ref.val_loss, 1e-5 * std::abs(ref.val_loss)) << what << ": validation loss";
-  const double lr = 3e-3, steps = double(a.losses.size());
-  int64_t over = 0, total = 0;
-  for (const auto& p : ref.layout->params()) {
-    const bool key_bias = p.name.find("attn.c_attn.bias") != std::string::npos;
-    const int64_t C = key_bias ? p.numel() / 3 : 0;
-    const int64_t oa = a.layout->get(p.name).offset;
-    for (int64_t i = 0; i < p.numel(); ++i) {
-      if (key_bias && i >= C && i < 2 * C) continue;
-      ++total;
-      const double x = a.weights[size_t(oa + i)], y = ref.weights[size_t(p.offset + i)];
-      const double d = std::abs(x - y);
-      if (d > 1e-5 * std::abs(y) + 1e-3 * lr) ++over;
-      if (d > 1e-2 * lr * steps)
-        ADD_FAILURE() << what << ": " << p.name << "[" << i << "] = " << x << ", single process " << y;
-    }
-  }
-  EXPECT_LE(over, total / 2000) << what << ": " << over << " of " << total
-                                << " weights outside 1e-5 relative + 1e-3 lr";
+  loom::testing::expect_weights_close(a.weights, *a.layout, ref.weights, *ref.layout, 3e-3,
+                                      double(a.losses.size()), what);
 }
 
 // Copies that must agree bitwise: the tied token table on the first and last stage, and
