@@ -18,6 +18,8 @@ void print_usage() {
       "  train         train a model from a YAML config (loom train CONFIG.yaml)\n"
       "  prepare       tokenize text files into token shards for training\n"
       "  tokenize      encode stdin to token ids (or --decode ids to text)\n"
+      "  launch        run N ranks through mpirun: loom launch --nproc N -- train CONFIG.yaml\n"
+      "  generate      sample text from a checkpoint (paged-KV inference engine)\n"
       "  bench         benchmarks: loom bench --help\n"
       "  serve         OpenAI-compatible HTTP server (completions, chat, SSE, /metrics)\n"
       "  version       print the build's version and capabilities\n\n"
