@@ -7,6 +7,11 @@
 
 namespace loom::model {
 
+void ParamSource::embedding_backward(const Tensor& tokens, const Tensor& pos, const Tensor& dres,
+                                     const Tensor& dwte, const Tensor& dwpe) {
+  ops::embedding_backward(tokens, pos, dres, dwte, dwpe);
+}
+
 namespace {
 const char* token_table(const ModelConfig& c) {
   return c.family == Family::gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight";
@@ -280,6 +285,7 @@ void Decoder::stage_backward(int id, const Tensor& dy) {
     else
       ops::rmsnorm_backward(s.dlnf, s.res.back(), src_->outer_param("model.norm.weight"), s.lnf_rstd,
                             dres_, src_->outer_grad("model.norm.weight"));
+    src_->head_grads_done();
   } else {
     LOOM_CHECK(dy.defined() && dy.numel() == dres_.numel(), "model",
                "stage_backward needs the gradient of the stage output, [", B_ * T_, ", ",
@@ -317,7 +323,7 @@ void Decoder::stage_backward(int id, const Tensor& dy) {
     if (tp_)
       tp_->embedding_backward(s.tokens, pos_, dres_, dwte, dwpe);
     else
-      ops::embedding_backward(s.tokens, pos_, dres_, dwte, dwpe);
+      src_->embedding_backward(s.tokens, pos_, dres_, dwte, dwpe);
   }
   src_->outer_grads_done();
   s.busy = false;

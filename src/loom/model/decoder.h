@@ -32,6 +32,13 @@ class ParamSource {
   virtual Tensor outer_param(const std::string& name) = 0;
   virtual Tensor outer_grad(const std::string& name) = 0;
   virtual void outer_grads_done() {}
+  // The final norm's and head's gradients are complete (called early in backward, on the
+  // stage with the head): a data-parallel engine can start reducing them.
+  virtual void head_grads_done() {}
+  // Adds the embedding lookup's gradient (rows of dres at tokens / positions) to dwte / dwpe.
+  // The default does it densely here; an engine may instead send the few rows involved.
+  virtual void embedding_backward(const Tensor& tokens, const Tensor& pos, const Tensor& dres,
+                                  const Tensor& dwte, const Tensor& dwpe);
   // Brackets of one forward (+ backward) pass.
   virtual void pass_begin(bool /*train*/) {}
   virtual void pass_end(bool /*train*/) {}

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "loom/core/timer.h"
+#include "loom/kernels/ops.h"
 #include "loom/optim/schedule.h"
 
 namespace loom::parallel {
@@ -76,6 +77,12 @@ DataParallel::DataParallel(model::Decoder& model, comm::Group dp, const optim::A
     bucket_of_unit_[0] = int(buckets_.size() - 1);
     buckets_.push_back({units.size() - 1, units.size() - 1, 1});
     bucket_of_unit_[units.size() - 1] = int(buckets_.size() - 1);
+  }
+  {
+    const auto& units = layout_.units();
+    const auto& sl = layout_.slice();
+    early_outer_ = opt_.zero_stage < 2 && n_ > 1 && sl.has_embedding && sl.has_head && sl.tp == 1 &&
+                   units.front().size() > 0 && units.back().size() > 0;
   }
   model_.set_param_source(this);
 }
@@ -171,8 +178,16 @@ void DataParallel::drain(size_t keep) {
 void DataParallel::finish_grads() {
   Stopwatch sw;
   for (auto& w : inflight_) w.wait();
+  for (auto& sp : sparse_) {
+    sp.w_tok.wait();
+    sp.w_pos.wait();
+    sp.w_rows.wait();
+  }
   wait_s_ += sw.seconds();
   inflight_.clear();
+  for (auto& sp : sparse_)
+    ops::embedding_backward(sp.tokens, sp.pos, sp.rows, sp.dwte, sp.dwpe);
+  sparse_.clear();
   drain(0);
 }
 
@@ -264,13 +279,44 @@ Tensor DataParallel::outer_grad(const std::string& name) {
   return staging.slice(p.offset - u.begin, p.shape);
 }
 
+void DataParallel::head_grads_done() {
+  if (!early_outer_ || !sync_) return;
+  // The head unit is complete, and so is the token table but for the lookup rows, which
+  // embedding_backward() sends separately: both all-reduces overlap the blocks' backward.
+  const auto& units = layout_.units();
+  unit_ready(units.size() - 1);
+  unit_ready(0);
+  outer_fired_ = true;
+}
+
+void DataParallel::embedding_backward(const Tensor& tokens, const Tensor& pos, const Tensor& dres,
+                                      const Tensor& dwte, const Tensor& dwpe) {
+  if (!outer_fired_) return model::ParamSource::embedding_backward(tokens, pos, dres, dwte, dwpe);
+  // Every rank gathers every rank's (token, position, row) and adds them all, in rank order,
+  // after the dense all-reduce has landed (finish_grads), so replicas stay identical.
+  SparseRows s;
+  const int64_t N = tokens.numel(), C = dres.numel() / N;
+  s.tokens = Tensor::empty({N * n_}, DType::i32, MemCategory::comm);
+  s.pos = Tensor::empty({N * n_}, DType::i32, MemCategory::comm);
+  s.rows = Tensor::empty({N * n_, C}, dres.dtype(), MemCategory::comm);
+  s.w_tok = dp_.all_gather_async(tokens, s.tokens);
+  s.w_pos = dp_.all_gather_async(pos, s.pos);
+  Tensor mine = Tensor::empty({N, C}, dres.dtype(), MemCategory::comm);
+  mine.copy_from(dres);  // dres is the decoder's scratch: it changes before the gather ends
+  s.w_rows = dp_.all_gather_async(mine, s.rows);
+  s.dwte = dwte;
+  s.dwpe = dwpe;
+  sparse_.push_back(std::move(s));
+}
+
 void DataParallel::outer_grads_done() {
   const auto& units = layout_.units();
   if (opt_.zero_stage < 2) {
-    if (sync_) {
+    if (sync_ && !outer_fired_) {
       unit_ready(units.size() - 1);
       unit_ready(0);
     }
+    outer_fired_ = false;
     return;
   }
   if (units.back().size() > 0) reduce_scatter_unit(units.back(), head_staging_, false);

@@ -91,6 +91,9 @@ class DataParallel final : public model::ParamSource {
   Tensor outer_param(const std::string& name) override;
   Tensor outer_grad(const std::string& name) override;
   void outer_grads_done() override;
+  void head_grads_done() override;
+  void embedding_backward(const Tensor& tokens, const Tensor& pos, const Tensor& dres,
+                          const Tensor& dwte, const Tensor& dwpe) override;
   void pass_begin(bool train) override;
   void pass_end(bool train) override;
 
@@ -155,6 +158,16 @@ class DataParallel final : public model::ParamSource {
   size_t plan_pos_ = 0;
   double wait_s_ = 0;
   double grad_scale_ = 1.0;
+  // Stage 0/1 with the whole model on this rank: the embedding and head units are reduced as
+  // soon as the head's gradients exist, and the lookup's gradient travels as the batch's rows.
+  bool early_outer_ = false;
+  bool outer_fired_ = false;  // this pass launched them already
+  struct SparseRows {
+    Tensor tokens, pos, rows;  // gathered from every rank
+    comm::Work w_tok, w_pos, w_rows;
+    Tensor dwte, dwpe;
+  };
+  std::vector<SparseRows> sparse_;
   std::vector<std::pair<int64_t, int64_t>> norm_skip_;  // sorted flat ranges
 };
 
