@@ -62,20 +62,23 @@ const char* kHelp =
 }  // namespace
 
 int bench_train(const std::vector<std::string>& argv) {
-  // Data-parallel variant: relaunch under MPI when asked for N processes.
-  {
-    Args probe("bench train", argv,
-               {{"model", true}, {"batch", true}, {"seq", true}, {"steps", true}, {"warmup", true},
-                {"threads", true}, {"ckpt", true}, {"peer", true}, {"rounds", true},
-                {"peer-python", true}, {"help", false}, {"nproc", true}, {"dp", true},
-                {"zero", true}, {"bucket-mb", true}, {"xent-chunk", true}});
-    if (probe.has("nproc") && !comm::launch_env().under_mpi) {
-      std::vector<std::string> launch = {"--nproc", probe.get("nproc", "1"), "--", "bench", "train"};
-      for (const auto& s : without_nproc(argv)) launch.push_back(s);
-      return cmd_launch(launch);
-    }
-    if (comm::launch_env().under_mpi || probe.has("dp") || probe.has("zero")) return bench_train_dp(argv);
+  // Data-parallel variant (bench_train_dp.cpp, which parses its own options): relaunch under
+  // MPI when asked for N processes.
+  auto given = [&](const char* flag) {
+    for (const auto& s : argv)
+      if (s == flag || s.rfind(std::string(flag) + "=", 0) == 0) return true;
+    return false;
+  };
+  if (given("--nproc") && !comm::launch_env().under_mpi) {
+    std::vector<std::string> launch = {"--nproc", "1", "--", "bench", "train"};
+    for (size_t i = 0; i + 1 < argv.size(); ++i)
+      if (argv[i] == "--nproc") launch[1] = argv[i + 1];
+    for (const auto& s : argv)
+      if (s.rfind("--nproc=", 0) == 0) launch[1] = s.substr(8);
+    for (const auto& s : without_nproc(argv)) launch.push_back(s);
+    return cmd_launch(launch);
   }
+  if (comm::launch_env().under_mpi || given("--dp") || given("--zero")) return bench_train_dp(argv);
   Args a("bench train", argv,
          {{"model", true}, {"batch", true}, {"seq", true}, {"steps", true}, {"warmup", true},
           {"threads", true}, {"ckpt", true}, {"peer", true}, {"rounds", true},

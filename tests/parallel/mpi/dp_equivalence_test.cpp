@@ -49,17 +49,11 @@ TrainConfig make_config(const std::string& preset, int dp, int zero, int64_t mic
 TrainRun run_training(const TrainConfig& cfg, const parallel::Mesh* mesh, const std::string& resume = "",
           int64_t stop = -1) {
   SyntheticSource src(cfg.model.vocab_size);
-  TrainerOptions o;
-  o.mesh = mesh;
-  o.resume = resume;
-  o.stop_after_steps = stop;
-  o.peak_gflops = 1;
-  o.log = std::fopen("/dev/null", "w");
+  const TrainerOptions o = loom::testing::quiet_trainer_options(mesh, resume, stop);
   Trainer t(cfg, src, o);
   TrainRun r;
   r.losses = t.run().losses;
   r.weights = t.full_params().to_f32_vector();
-  std::fclose(o.log);
   return r;
 }
 
@@ -136,10 +130,7 @@ TEST(DataParallelMemory, ModelStatesFollowTheZeroFormulas) {
     cfg.model.d_model = 64;  // large enough that unit padding is noise
     cfg.model.d_ff = 256;
     SyntheticSource src(cfg.model.vocab_size);
-    TrainerOptions o;
-    o.mesh = &mesh;
-    o.peak_gflops = 1;
-    o.log = std::fopen("/dev/null", "w");
+    const TrainerOptions o = loom::testing::quiet_trainer_options(&mesh);
     const MemorySnapshot before = cpu_allocator().snapshot();
     {
       Trainer t(cfg, src, o);
@@ -152,6 +143,5 @@ TEST(DataParallelMemory, ModelStatesFollowTheZeroFormulas) {
       EXPECT_NEAR(delta(MemCategory::optimizer), double(want.optimizer), 0.05 * double(want.optimizer))
           << "zero " << zero;
     }
-    std::fclose(o.log);
   }
 }

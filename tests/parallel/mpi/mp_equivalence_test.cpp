@@ -96,12 +96,7 @@ struct TrainRun {
 TrainRun run_training(const TrainConfig& cfg, const parallel::Mesh* mesh, const std::string& resume = "",
                       int64_t stop = -1) {
   SyntheticSource src(cfg.model.vocab_size);
-  TrainerOptions o;
-  o.mesh = mesh;
-  o.resume = resume;
-  o.stop_after_steps = stop;
-  o.peak_gflops = 1;
-  o.log = std::fopen("/dev/null", "w");
+  const TrainerOptions o = loom::testing::quiet_trainer_options(mesh, resume, stop);
   TrainRun r;
   {
     Trainer t(cfg, src, o);
@@ -113,7 +108,6 @@ TrainRun run_training(const TrainConfig& cfg, const parallel::Mesh* mesh, const 
     if (t.model().params().defined()) r.local = t.model().params().to_f32_vector();  // not under ZeRO-3
     r.local_layout = std::make_unique<model::ParamLayout>(t.model().layout());
   }
-  std::fclose(o.log);
   return r;
 }
 

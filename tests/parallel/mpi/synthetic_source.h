@@ -4,7 +4,11 @@
 #pragma once
 #include <cstdint>
 
+#include <cstdio>
+#include <string>
+
 #include "loom/train/batch_source.h"
+#include "loom/train/trainer.h"
 
 namespace loom::testing {
 
@@ -30,5 +34,19 @@ class SyntheticSource final : public train::BatchSource {
  private:
   int64_t vocab_;
 };
+
+// Trainer options for a test run: silent (one /dev/null stream per process), no MFU timing.
+inline train::TrainerOptions quiet_trainer_options(const parallel::Mesh* mesh,
+                                                   const std::string& resume = "",
+                                                   int64_t stop = -1) {
+  static FILE* const devnull = std::fopen("/dev/null", "w");
+  train::TrainerOptions o;
+  o.mesh = mesh;
+  o.resume = resume;
+  o.stop_after_steps = stop;
+  o.peak_gflops = 1;
+  o.log = devnull;
+  return o;
+}
 
 }  // namespace loom::testing
