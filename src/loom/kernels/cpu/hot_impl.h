@@ -122,191 +122,182 @@ void xent_rows(T* logits, const int32_t* targets, T* loss, int64_t rows, int64_t
 }
 
 // ---- attention -------------------------------------------------------------------------
-// Tiles: Br query rows share one pass over each Bc-key tile held transposed in L1.
-constexpr int64_t kBr = 32, kBc = 64;
+// FlashAttention-2 on the CPU. Work items are (batch, head) in forward and (batch, kv head) in
+// backward, so each packs its keys (and values) transposed once, and dK/dV rows have a single
+// writer. Every product inside a tile pair (Q K^T, dO V^T, P V, dS K, dS^T Q, P^T dO) is one
+// register-blocked small GEMM, rows4 below: four output rows by four vector registers of
+// columns, 16 accumulators that stay in registers while the inner dimension streams through.
+constexpr int64_t kTile = 64;  // query rows and key columns per tile
 constexpr double kNegBig = -1e30;
 
-// s[0..kBc) = q . Kt[:, j] over a transposed key tile, accumulated in registers.
+#if defined(__AVX512F__)
+constexpr int kVecBytes = 64;
+#elif defined(__AVX2__)
+constexpr int kVecBytes = 32;
+#else
+constexpr int kVecBytes = 16;
+#endif
+template <class T> struct VecOf;
+template <> struct VecOf<float> { typedef float type __attribute__((vector_size(kVecBytes), aligned(4))); };
+template <> struct VecOf<double> { typedef double type __attribute__((vector_size(kVecBytes), aligned(8))); };
+
+// Columns [c0, N) of rows4, one at a time (head sizes that are not a multiple of the chunk).
+template <class T, bool Acc>
+[[gnu::noinline]] void rows4_tail(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t K, T* C,
+                                  int64_t ldc, int64_t c0, int64_t N) {
+  for (int r = 0; r < 4; ++r)
+    for (int64_t c = c0; c < N; ++c) {
+      T a = Acc ? C[r * ldc + c] : T(0);
+      for (int64_t k = 0; k < K; ++k) a += A[r * lda + k] * B[k * ldb + c];
+      C[r * ldc + c] = a;
+    }
+}
+
+// C[r, 0..N) (+)= sum_{k<K} A[r*lda + k] * B[k*ldb + 0..N) for the four rows r < 4.
+// Acc = false overwrites C. Columns come in chunks of four vectors; a scalar loop takes the rest.
+template <class T, bool Acc>
+inline void rows4(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t K, T* C, int64_t ldc,
+                  int64_t N) {
+  using V = typename VecOf<T>::type;
+  constexpr int64_t W = kVecBytes / int64_t(sizeof(T)), NC = 4 * W;
+  int64_t c0 = 0;
+  for (; c0 + NC <= N; c0 += NC) {
+    V acc[4][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r)
+#pragma GCC unroll 4
+      for (int v = 0; v < 4; ++v) {
+        if constexpr (Acc) acc[r][v] = *reinterpret_cast<const V*>(C + r * ldc + c0 + v * W);
+        else acc[r][v] = V{} ;
+      }
+    const T* a0 = A;
+    const T* a1 = A + lda;
+    const T* a2 = A + 2 * lda;
+    const T* a3 = A + 3 * lda;
+    const T* b = B + c0;
+    for (int64_t k = 0; k < K; ++k, b += ldb) {
+      V bv[4];
+#pragma GCC unroll 4
+      for (int v = 0; v < 4; ++v) bv[v] = *reinterpret_cast<const V*>(b + v * W);
+      const T x0 = a0[k], x1 = a1[k], x2 = a2[k], x3 = a3[k];
+#pragma GCC unroll 4
+      for (int v = 0; v < 4; ++v) {
+        acc[0][v] += x0 * bv[v];
+        acc[1][v] += x1 * bv[v];
+        acc[2][v] += x2 * bv[v];
+        acc[3][v] += x3 * bv[v];
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r)
+#pragma GCC unroll 4
+      for (int v = 0; v < 4; ++v) *reinterpret_cast<V*>(C + r * ldc + c0 + v * W) = acc[r][v];
+  }
+  if (c0 < N) rows4_tail<T, Acc>(A, lda, B, ldb, K, C, ldc, c0, N);
+}
+
+// dst[c * Tp + t] = src[t * stride + c] for t < Tn, zero for t in [Tn, Tp): one head's keys
+// or values, transposed so that a tile's columns are contiguous.
 template <class T>
-inline void scores_row(const T* q, const T* Kt, int64_t D, T* s) {
-  T a[kBc] = {};
-  for (int64_t d = 0; d < D; ++d) {
-    const T qd = q[d];
-    const T* kt = Kt + d * kBc;
-    for (int64_t j = 0; j < kBc; ++j) a[j] += qd * kt[j];
-  }
-  for (int64_t j = 0; j < kBc; ++j) s[j] = a[j];
+inline void pack_transposed(const T* src, int64_t stride, int64_t Tn, int64_t Tp, int64_t D, T* dst) {
+  for (int64_t t0 = 0; t0 < Tp; t0 += 16)
+    for (int64_t c = 0; c < D; ++c)
+      for (int64_t t = t0; t < t0 + 16; ++t) dst[c * Tp + t] = t < Tn ? src[t * stride + c] : T(0);
 }
 
-// Two score rows at once (q and dO against keys and values), as backward needs.
-template <class T>
-inline void scores_rows2(const T* q, const T* Kt, const T* o, const T* Vt, int64_t D, T* s,
-                         T* t) {
-  T a[kBc] = {}, b[kBc] = {};
-  for (int64_t d = 0; d < D; ++d) {
-    const T qd = q[d], od = o[d];
-    const T* kt = Kt + d * kBc;
-    const T* vt = Vt + d * kBc;
-    for (int64_t j = 0; j < kBc; ++j) {
-      a[j] += qd * kt[j];
-      b[j] += od * vt[j];
-    }
-  }
-  for (int64_t j = 0; j < kBc; ++j) {
-    s[j] = a[j];
-    t[j] = b[j];
-  }
-}
-
-// out[0..D) = out * corr + sum_j w[j] V[j, :]; registers hold the row when D is known.
-template <class T, int DC>
-inline void weighted_rows(const T* w, const T* V, int64_t n, int64_t Dn, T corr, T* out) {
-  if constexpr (DC > 0) {
-    T a[DC];
-    for (int d = 0; d < DC; ++d) a[d] = out[d] * corr;
-    for (int64_t j = 0; j < n; ++j) {
-      const T p = w[j];
-      const T* vj = V + j * DC;
-      for (int d = 0; d < DC; ++d) a[d] += p * vj[d];
-    }
-    for (int d = 0; d < DC; ++d) out[d] = a[d];
-  } else {
-    for (int64_t d = 0; d < Dn; ++d) out[d] *= corr;
-    for (int64_t j = 0; j < n; ++j) {
-      const T p = w[j];
-      const T* vj = V + j * Dn;
-      for (int64_t d = 0; d < Dn; ++d) out[d] += p * vj[d];
-    }
-  }
-}
-
-template <class T, int DC>
-void attention_forward_impl(const T* qkv, T* out, T* lse, int64_t B, int64_t Tn, int64_t H,
-                            int64_t KVH, int64_t D) {
-  const int64_t stride = (H + 2 * KVH) * D, ostride = H * D, group = H / KVH;
-  const T scale = T(1.0 / std::sqrt(double(D)));
-  const int64_t n_qt = (Tn + kBr - 1) / kBr;
-#pragma omp parallel
-  {
-    std::vector<T> Qs(static_cast<size_t>(kBr * D)), Kt(static_cast<size_t>(D * kBc)), Vs(static_cast<size_t>(kBc * D));
-    std::vector<T> acc(static_cast<size_t>(kBr * D)), m(kBr), l(kBr), s(kBc);
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t w = 0; w < B * H * n_qt; ++w) {
-      const int64_t qt = n_qt - 1 - w % n_qt;  // heaviest (latest) tiles first
-      const int64_t b = (w / n_qt) / H, h = (w / n_qt) % H, g = h / group;
-      const int64_t q0 = qt * kBr, nq = std::min(kBr, Tn - q0);
-      const T* base = qkv + b * Tn * stride;
-      for (int64_t i = 0; i < nq; ++i) {
-        const T* q = base + (q0 + i) * stride + h * D;
-        for (int64_t d = 0; d < D; ++d) Qs[size_t(i * D + d)] = q[d] * scale;
-        m[size_t(i)] = T(kNegBig);
-        l[size_t(i)] = 0;
-      }
-      std::fill(acc.begin(), acc.end(), T(0));
-      const int64_t k_end = q0 + nq;  // causal: keys < k_end
-      for (int64_t k0 = 0; k0 < k_end; k0 += kBc) {
-        const int64_t nk = std::min(kBc, k_end - k0);
-        for (int64_t j = 0; j < nk; ++j) {
-          const T* kr = base + (k0 + j) * stride + (H + g) * D;
-          const T* vr = base + (k0 + j) * stride + (H + KVH + g) * D;
-          for (int64_t d = 0; d < D; ++d) {
-            Kt[size_t(d * kBc + j)] = kr[d];
-            Vs[size_t(j * D + d)] = vr[d];
-          }
-        }
-        for (int64_t j = nk; j < kBc; ++j)
-          for (int64_t d = 0; d < D; ++d) Kt[size_t(d * kBc + j)] = 0;
-        for (int64_t i = 0; i < nq; ++i) {
-          const int64_t nj = std::min(nk, q0 + i - k0 + 1);
-          if (nj <= 0) continue;
-          const T* qi = &Qs[size_t(i * D)];
-          T* sp = s.data();
-          scores_row<T>(qi, Kt.data(), D, sp);
-          const T mold = m[size_t(i)];
-          T mx = mold;
-          for (int64_t j = 0; j < nj; ++j) mx = sp[j] > mx ? sp[j] : mx;
-          const T corr = vexp<T>(mold - mx);
-          const T sum = exp_shift_sum(sp, nj, mx);
-          l[size_t(i)] = l[size_t(i)] * corr + sum;
-          m[size_t(i)] = mx;
-          weighted_rows<T, DC>(sp, Vs.data(), nj, D, corr, &acc[size_t(i * D)]);
-        }
-      }
-      for (int64_t i = 0; i < nq; ++i) {
-        T* o = out + (b * Tn + q0 + i) * ostride + h * D;
-        const T inv = T(1) / l[size_t(i)];
-        for (int64_t d = 0; d < D; ++d) o[d] = acc[size_t(i * D + d)] * inv;
-        lse[(b * H + h) * Tn + q0 + i] = m[size_t(i)] + T(std::log(double(l[size_t(i)])));
-      }
-    }
-  }
-}
+inline int64_t round4(int64_t n) { return (n + 3) / 4 * 4; }
 
 template <class T>
 void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t Tn, int64_t H,
                        int64_t KVH, int64_t D) {
-  if (D == 64) return attention_forward_impl<T, 64>(qkv, out, lse, B, Tn, H, KVH, D);
-  if (D == 128) return attention_forward_impl<T, 128>(qkv, out, lse, B, Tn, H, KVH, D);
-  attention_forward_impl<T, 0>(qkv, out, lse, B, Tn, H, KVH, D);
-}
-
-// Backward, per (batch, kv head) so that dK/dV rows have a single writer. For each pair of
-// tiles (Br queries x Bc keys): pass 1 walks query rows, recomputing scores from the saved
-// log-sum-exp, forming P and dS = P (dP - D) into tile buffers and accumulating dQ_i in
-// registers; pass 2 walks key columns, accumulating dK_j = sum_i dS_ij Q_i and dV_j = sum_i
-// P_ij dO_i in registers. DC is the head dimension when known at compile time (0: any).
-// dk += sum_i ds[i*kBc] Q[i, :], dv += sum_i p[i*kBc] dO[i, :] for rows i in [i0, n).
-template <class T, int DC>
-inline void key_grads(const T* ds, const T* p, const T* Q, const T* dO, int64_t i0, int64_t n,
-                      int64_t Dn, T* dk, T* dv) {
-  if constexpr (DC > 0) {
-    T a[DC] = {}, b[DC] = {};
-    for (int64_t i = i0; i < n; ++i) {
-      const T x = ds[i * kBc], y = p[i * kBc];
-      const T* qi = Q + i * DC;
-      const T* oi = dO + i * DC;
-      for (int d = 0; d < DC; ++d) {
-        a[d] += x * qi[d];
-        b[d] += y * oi[d];
-      }
-    }
-    for (int d = 0; d < DC; ++d) {
-      dk[d] += a[d];
-      dv[d] += b[d];
-    }
-  } else {
-    for (int64_t i = i0; i < n; ++i) {
-      const T x = ds[i * kBc], y = p[i * kBc];
-      for (int64_t d = 0; d < Dn; ++d) {
-        dk[d] += x * Q[i * Dn + d];
-        dv[d] += y * dO[i * Dn + d];
+  const int64_t stride = (H + 2 * KVH) * D, ostride = H * D, group = H / KVH;
+  const T scale = T(1.0 / std::sqrt(double(D)));
+  const int64_t Tp = (Tn + kTile - 1) / kTile * kTile;
+#pragma omp parallel
+  {
+    std::vector<T> Kt(size_t(D * Tp)), Qs(size_t(kTile * D)), S(size_t(kTile * kTile)),
+        O(size_t(kTile * D)), m(kTile), l(kTile);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t w = 0; w < B * H; ++w) {
+      const int64_t b = w / H, h = w % H, g = h / group;
+      const T* base = qkv + b * Tn * stride;
+      const T* Vrows = base + (H + KVH + g) * D;
+      pack_transposed(base + (H + g) * D, stride, Tn, Tp, D, Kt.data());
+      for (int64_t q0 = 0; q0 < Tn; q0 += kTile) {
+        const int64_t nq = std::min(kTile, Tn - q0), nq4 = round4(nq);
+        for (int64_t i = 0; i < nq4; ++i) {
+          const T* q = base + (q0 + i) * stride + h * D;
+          for (int64_t d = 0; d < D; ++d) Qs[size_t(i * D + d)] = i < nq ? q[d] * scale : T(0);
+          m[size_t(i)] = T(kNegBig);
+          l[size_t(i)] = 0;
+        }
+        std::fill(O.begin(), O.begin() + nq4 * D, T(0));
+        const int64_t k_end = q0 + nq;  // causal: row i sees keys <= q0 + i
+        for (int64_t k0 = 0; k0 < k_end; k0 += kTile) {
+          const int64_t nk = std::min(kTile, k_end - k0);
+          // Rows r0..r0+3 see min(nk, q0 + r0 + 4 - k0) keys of this tile.
+          for (int64_t r0 = 0; r0 < nq4; r0 += 4) {
+            const int64_t kk = std::min(nk, q0 + r0 + 4 - k0);
+            if (kk > 0) rows4<T, false>(&Qs[size_t(r0 * D)], D, Kt.data() + k0, Tp, D,
+                                        &S[size_t(r0 * kTile)], kTile, kTile);
+          }
+          for (int64_t i = 0; i < nq4; ++i) {
+            T* sp = &S[size_t(i * kTile)];
+            const int64_t nj = i < nq ? std::clamp<int64_t>(q0 + i - k0 + 1, 0, nk) : 0;
+            if (nj > 0) {
+              const T mold = m[size_t(i)];
+              const T mx = std::max(mold, row_max(sp, nj));
+              const T corr = vexp<T>(mold - mx);
+              const T sum = exp_shift_sum(sp, nj, mx);
+              l[size_t(i)] = l[size_t(i)] * corr + sum;
+              m[size_t(i)] = mx;
+              if (corr != T(1))
+                for (int64_t d = 0; d < D; ++d) O[size_t(i * D + d)] *= corr;
+            }
+            std::fill(sp + nj, sp + kTile, T(0));
+          }
+          for (int64_t r0 = 0; r0 < nq4; r0 += 4) {
+            const int64_t kk = std::min(nk, q0 + r0 + 4 - k0);
+            if (kk > 0) rows4<T, true>(&S[size_t(r0 * kTile)], kTile, Vrows + k0 * stride, stride, kk,
+                                       &O[size_t(r0 * D)], D, D);
+          }
+        }
+        for (int64_t i = 0; i < nq; ++i) {
+          T* o = out + (b * Tn + q0 + i) * ostride + h * D;
+          const T inv = T(1) / l[size_t(i)];
+          for (int64_t d = 0; d < D; ++d) o[d] = O[size_t(i * D + d)] * inv;
+          lse[(b * H + h) * Tn + q0 + i] = m[size_t(i)] + T(std::log(double(l[size_t(i)])));
+        }
       }
     }
   }
 }
 
-template <class T, int DC>
-void attention_backward_impl(const T* qkv, const T* out, const T* dout, const T* lse, T* dqkv,
-                             int64_t B, int64_t Tn, int64_t H, int64_t KVH, int64_t Dn) {
-  const int64_t D = DC > 0 ? DC : Dn;
+// Backward per (batch, kv head): for each of the group's query heads and each tile pair,
+// recompute S = Q K^T from the saved log-sum-exp, P = exp(S - lse), dP = dO V^T,
+// dS = P (dP - rowsum(dO * O)); then dQ += dS K, dK += dS^T Q, dV += P^T dO.
+template <class T>
+void attention_backward(const T* qkv, const T* out, const T* dout, const T* lse, T* dqkv,
+                        int64_t B, int64_t Tn, int64_t H, int64_t KVH, int64_t D) {
   const int64_t stride = (H + 2 * KVH) * D, ostride = H * D, group = H / KVH;
   const T scale = T(1.0 / std::sqrt(double(D)));
-  const int64_t n_qt = (Tn + kBr - 1) / kBr;
+  const int64_t Tp = (Tn + kTile - 1) / kTile * kTile;
 #pragma omp parallel
   {
-    std::vector<T> Qs(static_cast<size_t>(kBr * D)), dOs(static_cast<size_t>(kBr * D)), dQ(static_cast<size_t>(kBr * D));
-    std::vector<T> Kt(static_cast<size_t>(D * kBc)), Ks(static_cast<size_t>(kBc * D)), Vt(static_cast<size_t>(D * kBc));
-    std::vector<T> Dv(static_cast<size_t>(Tn)), P(static_cast<size_t>(kBr * kBc)), dS(static_cast<size_t>(kBr * kBc));
+    std::vector<T> Kt(size_t(D * Tp)), Vt(size_t(D * Tp)), dK(size_t(Tp * D)), dV(size_t(Tp * D));
+    std::vector<T> Qs(size_t(kTile * D)), dOs(size_t(kTile * D)), dQ(size_t(kTile * D));
+    std::vector<T> P(size_t(kTile * kTile)), dS(size_t(kTile * kTile)), Pt(size_t(kTile * kTile)),
+        dSt(size_t(kTile * kTile)), Dv(static_cast<size_t>(Tn));
 #pragma omp for schedule(dynamic, 1)
     for (int64_t w = 0; w < B * KVH; ++w) {
       const int64_t b = w / KVH, g = w % KVH;
       const T* base = qkv + b * Tn * stride;
+      const T* Krows = base + (H + g) * D;
       T* dbase = dqkv + b * Tn * stride;
-      for (int64_t t = 0; t < Tn; ++t) {
-        std::fill(dbase + t * stride + (H + g) * D, dbase + t * stride + (H + g) * D + D, T(0));
-        std::fill(dbase + t * stride + (H + KVH + g) * D,
-                  dbase + t * stride + (H + KVH + g) * D + D, T(0));
-      }
+      pack_transposed(Krows, stride, Tn, Tp, D, Kt.data());
+      pack_transposed(base + (H + KVH + g) * D, stride, Tn, Tp, D, Vt.data());
+      std::fill(dK.begin(), dK.end(), T(0));
+      std::fill(dV.begin(), dV.end(), T(0));
       for (int64_t h = g * group; h < (g + 1) * group; ++h) {
         for (int64_t t = 0; t < Tn; ++t) {
           const T* o = out + (b * Tn + t) * ostride + h * D;
@@ -316,54 +307,61 @@ void attention_backward_impl(const T* qkv, const T* out, const T* dout, const T*
           Dv[size_t(t)] = a;
         }
         const T* lrow = lse + (b * H + h) * Tn;
-        for (int64_t qt = 0; qt < n_qt; ++qt) {
-          const int64_t q0 = qt * kBr, nq = std::min(kBr, Tn - q0);
-          for (int64_t i = 0; i < nq; ++i) {
+        for (int64_t q0 = 0; q0 < Tn; q0 += kTile) {
+          const int64_t nq = std::min(kTile, Tn - q0), nq4 = round4(nq);
+          for (int64_t i = 0; i < nq4; ++i) {
             const T* q = base + (q0 + i) * stride + h * D;
             const T* dO = dout + (b * Tn + q0 + i) * ostride + h * D;
             for (int64_t d = 0; d < D; ++d) {
-              Qs[size_t(i * D + d)] = q[d] * scale;
-              dOs[size_t(i * D + d)] = dO[d];
+              Qs[size_t(i * D + d)] = i < nq ? q[d] * scale : T(0);
+              dOs[size_t(i * D + d)] = i < nq ? dO[d] : T(0);
             }
           }
-          std::fill(dQ.begin(), dQ.end(), T(0));
+          std::fill(dQ.begin(), dQ.begin() + nq4 * D, T(0));
           const int64_t k_end = q0 + nq;
-          for (int64_t k0 = 0; k0 < k_end; k0 += kBc) {
-            const int64_t nk = std::min(kBc, k_end - k0);
-            for (int64_t j = 0; j < nk; ++j) {
-              const T* kr = base + (k0 + j) * stride + (H + g) * D;
-              const T* vr = base + (k0 + j) * stride + (H + KVH + g) * D;
-              for (int64_t d = 0; d < D; ++d) {
-                Kt[size_t(d * kBc + j)] = kr[d];
-                Ks[size_t(j * D + d)] = kr[d];
-                Vt[size_t(d * kBc + j)] = vr[d];
-              }
+          for (int64_t k0 = 0; k0 < k_end; k0 += kTile) {
+            const int64_t nk = std::min(kTile, k_end - k0), nk4 = round4(nk);
+            for (int64_t r0 = 0; r0 < nq4; r0 += 4) {
+              if (q0 + r0 + 4 - k0 <= 0) continue;
+              rows4<T, false>(&Qs[size_t(r0 * D)], D, Kt.data() + k0, Tp, D, &P[size_t(r0 * kTile)],
+                              kTile, kTile);
+              rows4<T, false>(&dOs[size_t(r0 * D)], D, Vt.data() + k0, Tp, D,
+                              &dS[size_t(r0 * kTile)], kTile, kTile);
             }
-            for (int64_t j = nk; j < kBc; ++j)
-              for (int64_t d = 0; d < D; ++d) Kt[size_t(d * kBc + j)] = Vt[size_t(d * kBc + j)] = 0;
-            // Pass 1: query rows.
-            for (int64_t i = 0; i < nq; ++i) {
-              T* pi = &P[size_t(i * kBc)];
-              T* dsi = &dS[size_t(i * kBc)];
-              const int64_t nj = std::max<int64_t>(0, std::min(nk, q0 + i - k0 + 1));
-              for (int64_t j = 0; j < kBc; ++j) pi[j] = dsi[j] = 0;
-              if (nj == 0) continue;
-              scores_rows2<T>(&Qs[size_t(i * D)], Kt.data(), &dOs[size_t(i * D)], Vt.data(), D, pi, dsi);
-              const T li = lrow[q0 + i], Di = Dv[size_t(q0 + i)];
-              for (int64_t j = 0; j < nj; ++j) {
-                const T p = vexp<T>(pi[j] - li);
-                pi[j] = p;
-                dsi[j] = p * (dsi[j] - Di);
+            for (int64_t i = 0; i < nq4; ++i) {
+              T* pi = &P[size_t(i * kTile)];
+              T* dsi = &dS[size_t(i * kTile)];
+              const int64_t nj = i < nq ? std::clamp<int64_t>(q0 + i - k0 + 1, 0, nk) : 0;
+              if (nj > 0) {
+                const T li = lrow[q0 + i], Di = Dv[size_t(q0 + i)];
+                for (int64_t j = 0; j < nj; ++j) {
+                  const T p = vexp<T>(pi[j] - li);
+                  pi[j] = p;
+                  dsi[j] = p * (dsi[j] - Di);
+                }
               }
-              for (int64_t j = nj; j < kBc; ++j) pi[j] = dsi[j] = 0;
-              weighted_rows<T, DC>(dsi, Ks.data(), nj, D, T(1), &dQ[size_t(i * D)]);
+              std::fill(pi + nj, pi + kTile, T(0));
+              std::fill(dsi + nj, dsi + kTile, T(0));
             }
-            // Pass 2: key columns, accumulators held across the query rows.
-            for (int64_t j = 0; j < nk; ++j) {
-              const int64_t i0 = std::max<int64_t>(0, k0 + j - q0);  // rows that see key j
-              T* dkj = dbase + (k0 + j) * stride + (H + g) * D;
-              T* dvj = dbase + (k0 + j) * stride + (H + KVH + g) * D;
-              key_grads<T, DC>(&dS[size_t(j)], &P[size_t(j)], Qs.data(), dOs.data(), i0, nq, D, dkj, dvj);
+            for (int64_t r0 = 0; r0 < nq4; r0 += 4) {
+              const int64_t kk = std::min(nk, q0 + r0 + 4 - k0);
+              if (kk > 0) rows4<T, true>(&dS[size_t(r0 * kTile)], kTile, Krows + k0 * stride, stride,
+                                         kk, &dQ[size_t(r0 * D)], D, D);
+            }
+            for (int64_t i = 0; i < nq4; ++i)
+              for (int64_t j = 0; j < nk4; ++j) {
+                Pt[size_t(j * kTile + i)] = P[size_t(i * kTile + j)];
+                dSt[size_t(j * kTile + i)] = dS[size_t(i * kTile + j)];
+              }
+            // Keys j0..j0+3 are seen by query rows from max(0, k0 + j0 - q0) on.
+            for (int64_t j0 = 0; j0 < nk4; j0 += 4) {
+              const int64_t i0 = std::min(nq4, std::max<int64_t>(0, k0 + j0 - q0) / 4 * 4);
+              const int64_t kk = nq4 - i0;
+              if (kk <= 0) continue;
+              rows4<T, true>(&dSt[size_t(j0 * kTile + i0)], kTile, &Qs[size_t(i0 * D)], D, kk,
+                             &dK[size_t((k0 + j0) * D)], D, D);
+              rows4<T, true>(&Pt[size_t(j0 * kTile + i0)], kTile, &dOs[size_t(i0 * D)], D, kk,
+                             &dV[size_t((k0 + j0) * D)], D, D);
             }
           }
           for (int64_t i = 0; i < nq; ++i) {
@@ -372,16 +370,12 @@ void attention_backward_impl(const T* qkv, const T* out, const T* dout, const T*
           }
         }
       }
+      for (int64_t t = 0; t < Tn; ++t) {
+        std::copy(&dK[size_t(t * D)], &dK[size_t(t * D)] + D, dbase + t * stride + (H + g) * D);
+        std::copy(&dV[size_t(t * D)], &dV[size_t(t * D)] + D, dbase + t * stride + (H + KVH + g) * D);
+      }
     }
   }
-}
-
-template <class T>
-void attention_backward(const T* qkv, const T* out, const T* dout, const T* lse, T* dqkv,
-                        int64_t B, int64_t Tn, int64_t H, int64_t KVH, int64_t D) {
-  if (D == 64) return attention_backward_impl<T, 64>(qkv, out, dout, lse, dqkv, B, Tn, H, KVH, D);
-  if (D == 128) return attention_backward_impl<T, 128>(qkv, out, dout, lse, dqkv, B, Tn, H, KVH, D);
-  attention_backward_impl<T, 0>(qkv, out, dout, lse, dqkv, B, Tn, H, KVH, D);
 }
 
 }  // namespace loom::cpu::LOOM_ISA
