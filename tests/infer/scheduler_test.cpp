@@ -1,5 +1,6 @@
 // The scheduler as data, with no model: budgets, chunked prefill that leaves decodes running,
-// FCFS, preemption by recomputation, prefix sharing, static batching, and block accounting.
+// FCFS, preemption by recomputation, prefix sharing, static batching (compact and padded),
+// and block accounting.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -37,6 +38,28 @@ void finish_step(Scheduler& s, const StepPlan& p, int32_t token = 500) {
   s.complete(p);
   for (const auto& q : p.seqs)
     if (q.sample) s.append_token(q.seq_id, token);
+}
+
+// What the engine does in padded static batching: every generating sequence that samples gets
+// a token, except those in `finishing`, which become padding rows; padding rows' samples are
+// dropped.
+void padded_step(Scheduler& s, const StepPlan& p, std::initializer_list<int64_t> finishing = {},
+                 int32_t token = 500) {
+  s.complete(p);
+  for (const auto& q : p.seqs) {
+    if (!q.sample || q.padding) continue;
+    if (std::find(finishing.begin(), finishing.end(), q.seq_id) != finishing.end())
+      s.pad(q.seq_id);
+    else
+      s.append_token(q.seq_id, token);
+  }
+}
+
+SchedulerConfig padded_config(int64_t blocks, int64_t bs = 4) {
+  SchedulerConfig c = config(blocks, bs);
+  c.mode = BatchingMode::static_batch;
+  c.static_policy = StaticPolicy::padded;
+  return c;
 }
 
 }  // namespace
@@ -260,4 +283,163 @@ TEST(Scheduler, AbortedSequencesReturnTheirBlocks) {
   s.finish(1);
   EXPECT_EQ(s.kv().pool().num_free(), 8);
   EXPECT_EQ(s.kv().num_sequences(), 0);
+}
+
+TEST(Scheduler, PaddedStaticKeepsEveryRowUntilTheLongestFinishes) {
+  auto cfg = padded_config(32);
+  cfg.max_num_seqs = 3;
+  Scheduler s(cfg);
+  for (int64_t id = 1; id <= 4; ++id) s.add(id, prompt(3, int(id) * 10));
+  StepPlan p = s.schedule();
+  ASSERT_EQ(p.seqs.size(), 3u);
+  padded_step(s, p, {1});  // 1 finishes with its first token
+  EXPECT_TRUE(s.is_padding(1));
+  EXPECT_TRUE(s.finished_batch().empty()) << "2 and 3 still generate";
+  // 2 decodes one more step, 3 three more: every step computes 3 rows.
+  for (int step = 0; step < 3; ++step) {
+    p = s.schedule();
+    ASSERT_EQ(p.seqs.size(), 3u) << "step " << step;
+    EXPECT_FALSE(find(p, 4)) << "nothing is admitted while the batch runs, step " << step;
+    const ScheduledSeq* pad = find(p, 1);
+    ASSERT_TRUE(pad);
+    EXPECT_TRUE(pad->padding);
+    EXPECT_TRUE(pad->sample) << "a padding row is computed like any row";
+    EXPECT_EQ(pad->num_tokens, 1);
+    EXPECT_EQ(pad->start, 3 + step) << "its K/V grow by a token per step";
+    EXPECT_EQ(pad->tokens[0], 12) << "its last token, repeated";
+    EXPECT_EQ(find(p, 2)->padding, step > 0);
+    EXPECT_FALSE(find(p, 3)->padding);
+    EXPECT_EQ(s.stats().num_padding, step == 0 ? 1 : 2);
+    if (step == 0) padded_step(s, p, {2});
+    else if (step == 1) padded_step(s, p);
+    else padded_step(s, p, {3});
+  }
+  EXPECT_EQ(s.tokens(1).size(), 6u) << "3 prompt tokens, 3 padding tokens";
+  EXPECT_EQ(s.block_table(1).size(), 2u) << "the padding row's memory grew like a real row's";
+  EXPECT_EQ(s.stats().tokens_cached, 3 + 4 + 6) << "real tokens only";
+  EXPECT_EQ(s.stats().padding_cached, 3 + 2 + 0);
+  EXPECT_EQ(s.finished_batch(), (std::vector<int64_t>{1, 2, 3}));
+  for (int64_t id : s.finished_batch()) s.finish(id);
+  p = s.schedule();
+  ASSERT_EQ(p.seqs.size(), 1u) << "the next batch";
+  EXPECT_EQ(p.seqs[0].seq_id, 4);
+  EXPECT_FALSE(p.seqs[0].padding);
+  EXPECT_FALSE(p.freed_blocks.empty());
+  padded_step(s, p, {4});
+  EXPECT_EQ(s.finished_batch(), std::vector<int64_t>{4}) << "a batch of one ends with it";
+  s.finish(4);
+  EXPECT_EQ(s.kv().pool().num_free(), 32);
+  EXPECT_FALSE(s.has_work());
+}
+
+TEST(Scheduler, PaddingRowsAreNeverOfferedToThePrefixCache) {
+  Scheduler s(padded_config(32));
+  s.add(1, prompt(3));
+  s.add(2, prompt(3, 100));
+  StepPlan p = s.schedule();
+  padded_step(s, p, {1});
+  for (int step = 0; step < 5; ++step) padded_step(s, s.schedule());
+  padded_step(s, s.schedule(), {2});
+  ASSERT_EQ(s.tokens(1).size(), 9u);  // two full blocks: 1 2 3 3 | 3 3 3 3 | 3
+  // A prompt equal to 1's first block, padding included, finds nothing cached.
+  s.add(3, {1, 2, 3, 3, 9});
+  for (int64_t id : s.finished_batch()) s.finish(id);
+  p = s.schedule();
+  ASSERT_TRUE(find(p, 3));
+  EXPECT_EQ(find(p, 3)->start, 0);
+  EXPECT_EQ(s.stats().prefix_hit_tokens, 0);
+}
+
+TEST(Scheduler, PaddedStaticBatchesMayOnlyPadTheirOwnMembers) {
+  Scheduler c(config(8));
+  c.add(1, prompt(3));
+  finish_step(c, c.schedule());
+  EXPECT_THROW(c.pad(1), std::exception) << "continuous batching has no padding rows";
+  Scheduler s(padded_config(8));
+  s.add(1, prompt(3));
+  const StepPlan p = s.schedule();
+  EXPECT_THROW(s.pad(1), std::exception) << "its prompt is not computed yet";
+  padded_step(s, p);
+  s.add(2, prompt(3));
+  EXPECT_THROW(s.pad(2), std::exception) << "2 is not in the batch";
+}
+
+// A padding row never stands in the way of a generating member: without a free block it
+// stops growing (recomputes its last position); when a generating member needs a block, the
+// padding rows hand theirs back and are no longer computed.
+TEST(Scheduler, PaddingRowsYieldTheirBlocksToGeneratingMembers) {
+  Scheduler s(padded_config(3));  // 12 slots
+  s.add(1, prompt(3));
+  s.add(2, prompt(3, 100));
+  StepPlan p = s.schedule();
+  padded_step(s, p, {1});
+  // 1 pads at position 3 (its block), then wants a second block at 4, and so does 2: the
+  // one free block goes to 2, the generating member, and 1 recomputes position 3.
+  p = s.schedule();
+  EXPECT_EQ(find(p, 1)->start, 3);
+  padded_step(s, p);
+  p = s.schedule();
+  ASSERT_EQ(p.seqs.size(), 2u);
+  EXPECT_EQ(p.seqs[0].seq_id, 2) << "generating members go first";
+  EXPECT_EQ(p.seqs[0].new_blocks.size(), 1u);
+  EXPECT_TRUE(p.seqs[1].padding);
+  EXPECT_EQ(p.seqs[1].start, 3) << "no block left: it recomputes its last position";
+  EXPECT_TRUE(p.seqs[1].new_blocks.empty());
+  padded_step(s, p);
+  for (int step = 0; step < 3; ++step) {  // 2 fills its second block
+    p = s.schedule();
+    EXPECT_EQ(p.seqs.size(), 2u);
+    padded_step(s, p);
+  }
+  EXPECT_EQ(s.num_computed(2), 8);
+  p = s.schedule();  // 2 needs a third block: 1 hands its block back
+  ASSERT_EQ(p.seqs.size(), 1u);
+  EXPECT_EQ(p.seqs[0].seq_id, 2);
+  EXPECT_EQ(p.freed_blocks.size(), 1u);
+  EXPECT_TRUE(p.preempted.empty()) << "parking a padding row preempts nobody";
+  EXPECT_EQ(s.stats().num_parked, 1);
+  EXPECT_EQ(s.stats().num_running, 1);
+  padded_step(s, p, {2});
+  EXPECT_EQ(s.finished_batch(), (std::vector<int64_t>{1, 2})) << "parked rows end with the batch";
+  for (int64_t id : s.finished_batch()) s.finish(id);
+  EXPECT_EQ(s.kv().pool().num_free(), 3);
+  EXPECT_EQ(s.kv().num_sequences(), 0);
+}
+
+// A member still waiting for blocks when the others have finished gets the padding rows'
+// blocks: the batch always ends.
+TEST(Scheduler, AWaitingMemberTakesThePaddingRowsBlocks) {
+  auto cfg = padded_config(4);  // 16 slots
+  cfg.max_num_seqs = 2;
+  Scheduler s(cfg);
+  s.add(1, prompt(12));  // 3 blocks
+  s.add(2, prompt(8, 100));  // 2 blocks: waits
+  StepPlan p = s.schedule();
+  ASSERT_EQ(p.seqs.size(), 1u);
+  padded_step(s, p, {1});
+  p = s.schedule();
+  ASSERT_TRUE(find(p, 2)) << "admitted with the padding row's blocks";
+  EXPECT_FALSE(find(p, 1));
+  EXPECT_EQ(s.stats().num_parked, 1);
+  padded_step(s, p, {2});
+  EXPECT_EQ(s.finished_batch(), (std::vector<int64_t>{1, 2}));
+}
+
+TEST(Scheduler, PaddingRowsStopGrowingAtTheMaximumLength) {
+  auto cfg = padded_config(32);
+  cfg.max_seq_len = 6;
+  Scheduler s(cfg);
+  s.add(1, prompt(4));
+  s.add(2, prompt(2, 100));
+  StepPlan p = s.schedule();
+  padded_step(s, p, {1});
+  std::vector<int64_t> starts;
+  for (int step = 0; step < 4; ++step) {
+    p = s.schedule();
+    starts.push_back(find(p, 1)->start);
+    padded_step(s, p);
+  }
+  EXPECT_EQ(starts, (std::vector<int64_t>{4, 5, 5, 5}));
+  EXPECT_EQ(s.tokens(1).size(), 6u);
+  EXPECT_EQ(s.num_computed(1), 6);
 }

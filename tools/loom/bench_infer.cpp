@@ -1,7 +1,8 @@
 // `loom bench infer`: serving throughput and latency of the inference engine under Poisson
-// arrivals, static against continuous batching at the same load (TTFT, time per output
-// token, end-to-end latency percentiles, peak KV use and fragmentation), and the batch-1
-// decode rate against the memory-bandwidth bound measured on this machine.
+// arrivals, static (padded or compact) against continuous batching at the same load (TTFT,
+// time per output token, end-to-end latency percentiles, peak KV use and fragmentation,
+// padding rows), and the batch-1 decode rate against the memory-bandwidth bound measured on
+// this machine.
 #include <omp.h>
 
 #include <algorithm>
@@ -24,14 +25,27 @@ namespace loom::cli {
 namespace {
 
 using infer::BatchingMode;
+using infer::StaticPolicy;
 
 const char* kUsage =
-    "usage: loom bench infer [--model gpt2-124m | --checkpoint DIR] [--mode static|continuous|both]\n"
+    "usage: loom bench infer [--model gpt2-124m | --checkpoint DIR]\n"
+    "        [--mode static|continuous|both|all] [--static padded|compact]\n"
     "        [--requests N] [--rate R] [--prompt-len DIST] [--output-len DIST]\n"
     "        [--max-num-seqs N] [--max-batched-tokens N] [--block-size N] [--kv-cache-mb N]\n"
     "        [--temperature T] [--threads N] [--seed S] [--no-prefix-caching] [--no-batch1]\n"
     "        [--batch1-tokens N]\n"
-    "DIST: N | uniform:A:B | exp:MEAN:MIN:MAX (exponential, clamped). --rate 0: all arrive at once.\n";
+    "DIST: N | uniform:A:B | exp:MEAN:MIN:MAX (exponential, clamped). --rate 0: all arrive at once.\n"
+    "--static: the static batching of static/both (default padded: finished members stay in the\n"
+    "batch as padding rows until the longest is done; compact: they leave at once).\n"
+    "--mode all: compact static, padded static and continuous, side by side.\n";
+
+// One batching policy under test: the mode, the static policy, and its names.
+struct Flavour {
+  BatchingMode mode = BatchingMode::continuous;
+  StaticPolicy policy = StaticPolicy::padded;
+  std::string label;  // the table's column
+  std::string key;    // the SUMMARY keys' prefix
+};
 
 // A length distribution parsed from the command line.
 struct LengthDist {
@@ -100,7 +114,10 @@ struct RequestTimes {
 };
 
 struct ModeResult {
-  std::string mode;
+  std::string mode, key;
+  bool is_static = false;
+  std::string policy;  // static: padded or compact
+  int64_t decode_rows = 0, padding_rows = 0, padding_parked = 0;
   double makespan_s = 0, tokens_per_s = 0, requests_per_s = 0;
   int64_t output_tokens = 0, steps = 0, preemptions = 0;
   std::vector<double> ttft_ms, tpot_ms, e2e_ms;
@@ -139,11 +156,14 @@ std::vector<WorkItem> make_workload(int64_t n, double rate, const LengthDist& pl
 // be interleaved, so load from other processes on a shared machine falls on both alike.
 class ModeRun {
  public:
-  ModeRun(const model::Decoder& m, infer::EngineConfig cfg, BatchingMode mode,
+  ModeRun(const model::Decoder& m, infer::EngineConfig cfg, const Flavour& f,
           const std::vector<WorkItem>& work, double temperature, int64_t max_len)
-      : m_(m), cfg_(with_mode(cfg, mode)), e_(m, cfg_), work_(work), temperature_(temperature),
+      : m_(m), cfg_(with_flavour(cfg, f)), e_(m, cfg_), work_(work), temperature_(temperature),
         max_len_(max_len), times_(work.size()) {
-    r_.mode = infer::batching_mode_name(mode);
+    r_.mode = f.label;
+    r_.key = f.key;
+    r_.is_static = f.mode == BatchingMode::static_batch;
+    if (r_.is_static) r_.policy = infer::static_policy_name(f.policy);
   }
   bool done() const { return finished_ == work_.size(); }
   double clock() const { return clock_; }
@@ -179,7 +199,7 @@ class ModeRun {
     const double t = now_seconds();
     const auto outs = e_.step();
     clock_ += now_seconds() - t;
-    for (size_t w : stepped_) {  // tokens are out when their step ends
+    for (size_t w : stepped_) {  // tokens are out when their step ends (padding is not streamed)
       if (times_[w].first < 0) times_[w].first = clock_;
       times_[w].last = clock_;
     }
@@ -214,6 +234,9 @@ class ModeRun {
     r.requests_per_s = double(work_.size()) / r.makespan_s;
     r.steps = mt.steps;
     r.preemptions = mt.num_preemptions;
+    r.decode_rows = mt.decode_rows;
+    r.padding_rows = mt.padding_rows;
+    r.padding_parked = mt.padding_parked;
     r.blocks_total = mt.kv_blocks_total;
     r.peak_kv_bytes = double(r.peak_blocks) * double(infer::KVCache::bytes_per_block(
                                                   m_.config(), cfg_.block_size, m_.params().dtype()));
@@ -221,8 +244,9 @@ class ModeRun {
   }
 
  private:
-  static infer::EngineConfig with_mode(infer::EngineConfig c, BatchingMode mode) {
-    c.mode = mode;
+  static infer::EngineConfig with_flavour(infer::EngineConfig c, const Flavour& f) {
+    c.mode = f.mode;
+    c.static_policy = f.policy;
     return c;
   }
   const model::Decoder& m_;
@@ -241,12 +265,12 @@ class ModeRun {
 
 // Runs the modes side by side, always advancing the one whose clock is behind.
 std::vector<ModeResult> run_modes(const model::Decoder& m, const infer::EngineConfig& cfg,
-                                  const std::vector<BatchingMode>& modes,
+                                  const std::vector<Flavour>& flavours,
                                   const std::vector<WorkItem>& work, double temperature,
                                   int64_t max_len) {
   std::vector<std::unique_ptr<ModeRun>> runs;
-  for (BatchingMode mode : modes)
-    runs.push_back(std::make_unique<ModeRun>(m, cfg, mode, work, temperature, max_len));
+  for (const Flavour& f : flavours)
+    runs.push_back(std::make_unique<ModeRun>(m, cfg, f, work, temperature, max_len));
   double last_report = now_seconds();
   for (;;) {
     ModeRun* behind = nullptr;
@@ -330,20 +354,40 @@ Batch1 run_batch1(const model::Decoder& m, infer::EngineConfig cfg, int64_t n_to
   return rs[rs.size() / 2];
 }
 
+double padding_pct(const ModeResult& r) {
+  const double rows = double(r.decode_rows + r.padding_rows);
+  return rows > 0 ? 100.0 * double(r.padding_rows) / rows : 0;
+}
+
+// One column per mode, then continuous/static for each static flavour.
 void print_table(const std::vector<ModeResult>& rs) {
+  const ModeResult* cont = nullptr;
+  std::vector<const ModeResult*> statics;
+  for (const auto& r : rs) {
+    if (r.is_static) statics.push_back(&r);
+    else cont = &r;
+  }
+  if (!cont) statics.clear();
   std::printf("\n%-28s", "metric");
-  for (const auto& r : rs) std::printf("%14s", r.mode.c_str());
-  if (rs.size() == 2) std::printf("%14s", "cont/static");
+  for (const auto& r : rs) std::printf("%16s", r.mode.c_str());
+  for (const ModeResult* st : statics)
+    std::printf("%16s", (statics.size() == 1 ? std::string("cont/static") : "cont/" + st->policy).c_str());
   std::printf("\n");
-  auto row = [&](const char* name, auto get, const char* fmt) {
+  auto row = [&](const char* name, auto get, const char* fmt, bool ratio = true) {
     std::printf("%-28s", name);
     for (const auto& r : rs) std::printf(fmt, get(r));
-    if (rs.size() == 2 && get(rs[0]) != 0) std::printf("%13.2fx", get(rs[1]) / get(rs[0]));
+    for (const ModeResult* st : statics) {
+      if (!ratio) break;
+      if (get(*st) != 0)
+        std::printf("%15.2fx", get(*cont) / get(*st));
+      else
+        std::printf("%16s", "-");
+    }
     std::printf("\n");
   };
-  const char* f1 = "%14.1f";
+  const char* f1 = "%16.1f";
   row("output tokens/s", [](const ModeResult& r) { return r.tokens_per_s; }, f1);
-  row("requests/s", [](const ModeResult& r) { return r.requests_per_s; }, "%14.3f");
+  row("requests/s", [](const ModeResult& r) { return r.requests_per_s; }, "%16.3f");
   row("makespan s", [](const ModeResult& r) { return r.makespan_s; }, f1);
   for (double p : {50.0, 90.0, 99.0}) {
     const std::string sp = str_cat(int(p));
@@ -351,20 +395,28 @@ void print_table(const std::vector<ModeResult>& rs) {
     row(str_cat("TPOT p", sp, " ms").c_str(), [p](const ModeResult& r) { return percentile(r.tpot_ms, p); }, f1);
     row(str_cat("end-to-end p", sp, " ms").c_str(), [p](const ModeResult& r) { return percentile(r.e2e_ms, p); }, f1);
   }
-  row("steps", [](const ModeResult& r) { return double(r.steps); }, "%14.0f");
-  row("peak running sequences", [](const ModeResult& r) { return double(r.peak_seqs); }, "%14.0f");
-  row("preemptions", [](const ModeResult& r) { return double(r.preemptions); }, "%14.0f");
-  row("peak KV blocks", [](const ModeResult& r) { return double(r.peak_blocks); }, "%14.0f");
+  row("steps", [](const ModeResult& r) { return double(r.steps); }, "%16.0f");
+  row("decode rows computed", [](const ModeResult& r) { return double(r.decode_rows + r.padding_rows); },
+      "%16.0f");
+  if (std::any_of(rs.begin(), rs.end(), [](const ModeResult& r) { return r.policy == "padded"; })) {
+    row("padding rows computed %", padding_pct, "%16.2f", false);
+    row("padding rows parked", [](const ModeResult& r) { return double(r.padding_parked); },
+        "%16.0f", false);
+  }
+  row("peak running sequences", [](const ModeResult& r) { return double(r.peak_seqs); }, "%16.0f");
+  row("preemptions", [](const ModeResult& r) { return double(r.preemptions); }, "%16.0f");
+  row("peak KV blocks", [](const ModeResult& r) { return double(r.peak_blocks); }, "%16.0f");
   row("peak KV MiB", [](const ModeResult& r) { return r.peak_kv_bytes / 1048576.0; }, f1);
-  row("KV unused at peak %", [](const ModeResult& r) { return 100 * r.frag_at_peak; }, "%14.2f");
-  row("contiguous would waste %", [](const ModeResult& r) { return 100 * r.contiguous_waste; }, "%14.1f");
+  row("KV unused at peak %", [](const ModeResult& r) { return 100 * r.frag_at_peak; }, "%16.2f");
+  row("contiguous would waste %", [](const ModeResult& r) { return 100 * r.contiguous_waste; }, "%16.1f");
 }
 
 }  // namespace
 
 int bench_infer(const std::vector<std::string>& argv) {
   Args a("bench infer", argv,
-         {{"model", true}, {"checkpoint", true}, {"mode", true}, {"requests", true}, {"rate", true},
+         {{"model", true}, {"checkpoint", true}, {"mode", true}, {"static", true}, {"requests", true},
+          {"rate", true},
           {"prompt-len", true}, {"output-len", true}, {"max-num-seqs", true},
           {"max-batched-tokens", true}, {"block-size", true}, {"kv-cache-mb", true},
           {"temperature", true}, {"threads", true}, {"seed", true}, {"no-prefix-caching", false},
@@ -374,8 +426,13 @@ int bench_infer(const std::vector<std::string>& argv) {
     return 0;
   }
   const std::string mode = a.get("mode", "both");
-  if (mode != "static" && mode != "continuous" && mode != "both")
-    throw UsageError("[bench infer] --mode must be static, continuous or both, got \"" + mode + "\"");
+  if (mode != "static" && mode != "continuous" && mode != "both" && mode != "all")
+    throw UsageError("[bench infer] --mode must be static, continuous, both or all, got \"" + mode +
+                     "\"");
+  const std::string static_name = a.get("static", "padded");
+  if (static_name != "padded" && static_name != "compact")
+    throw UsageError("[bench infer] --static must be padded or compact, got \"" + static_name + "\"");
+  const StaticPolicy policy = static_name == "padded" ? StaticPolicy::padded : StaticPolicy::compact;
   const int64_t n_req = a.get_int("requests", 64);
   const double rate = a.get_double("rate", 8.0);
   if (n_req < 1) throw UsageError("[bench infer] --requests must be at least 1");
@@ -418,14 +475,29 @@ int bench_infer(const std::vector<std::string>& argv) {
   std::printf("engine: max_num_seqs %ld, max_batched_tokens %ld, block %ld, KV cache %s\n",
               long(cfg.max_num_seqs), long(cfg.max_batched_tokens), long(cfg.block_size),
               format_bytes(cfg.kv_cache_bytes).c_str());
+  if (mode != "continuous")
+    std::printf("static batching: %s%s\n", mode == "all" ? "compact and padded" : static_name.c_str(),
+                mode == "all" ? "" : policy == StaticPolicy::padded
+                    ? " (finished members stay as padding rows until the longest is done)"
+                    : " (finished members leave the batch at once)");
   std::fflush(stdout);
 
   const auto work = make_workload(n_req, rate, plen, olen, mc.vocab_size, uint64_t(a.get_int("seed", 1)));
-  std::vector<BatchingMode> modes;
-  if (mode != "continuous") modes.push_back(BatchingMode::static_batch);
-  if (mode != "static") modes.push_back(BatchingMode::continuous);
+  std::vector<Flavour> flavours;
+  auto static_flavour = [](StaticPolicy p, bool both_policies) {
+    const std::string name = infer::static_policy_name(p);
+    return Flavour{BatchingMode::static_batch, p, "static-" + name,
+                   both_policies ? "static_" + name : "static"};
+  };
+  if (mode == "all") {
+    flavours.push_back(static_flavour(StaticPolicy::compact, true));
+    flavours.push_back(static_flavour(StaticPolicy::padded, true));
+  } else if (mode != "continuous") {
+    flavours.push_back(static_flavour(policy, false));
+  }
+  if (mode != "static") flavours.push_back({BatchingMode::continuous, policy, "continuous", "continuous"});
   const std::vector<ModeResult> results =
-      run_modes(m, cfg, modes, work, temperature, plen.max() + olen.max());
+      run_modes(m, cfg, flavours, work, temperature, plen.max() + olen.max());
   print_table(results);
 
   Batch1 b1;
@@ -438,26 +510,40 @@ int bench_infer(const std::vector<std::string>& argv) {
                 100 * b1.fraction);
   }
 
-  auto find = [&](const char* name) -> const ModeResult* {
+  // The static_* keys are the --static flavour's (with all, besides static_compact_* and
+  // static_padded_*); output tokens count real tokens only, never padding.
+  auto find = [&](const std::string& key) -> const ModeResult* {
     for (const auto& r : results)
-      if (r.mode == name) return &r;
+      if (r.key == key) return &r;
     return nullptr;
   };
+  const std::string chosen_key = mode == "all" ? "static_" + static_name : "static";
   std::string js = str_cat("{\"model\":\"", mc.name, "\",\"requests\":", n_req, ",\"rate\":", rate,
                            ",\"prompt_len\":\"", plen.text, "\",\"output_len\":\"", olen.text, "\"");
-  for (const char* name : {"static", "continuous"})
-    if (const ModeResult* r = find(name)) {
-      const std::string p = name;
-      js += str_cat(",\"", p, "_tokens_per_s\":", r->tokens_per_s, ",\"", p, "_requests_per_s\":",
-                    r->requests_per_s, ",\"", p, "_p50_e2e_ms\":", percentile(r->e2e_ms, 50), ",\"",
-                    p, "_p99_e2e_ms\":", percentile(r->e2e_ms, 99), ",\"", p, "_p50_ttft_ms\":",
-                    percentile(r->ttft_ms, 50), ",\"", p, "_p99_ttft_ms\":", percentile(r->ttft_ms, 99),
-                    ",\"", p, "_p50_tpot_ms\":", percentile(r->tpot_ms, 50), ",\"", p,
-                    "_peak_kv_blocks\":", r->peak_blocks, ",\"", p, "_kv_unused_at_peak_pct\":",
-                    100 * r->frag_at_peak);
-    }
-  if (find("static") && find("continuous"))
-    js += str_cat(",\"throughput_ratio\":", find("continuous")->tokens_per_s / find("static")->tokens_per_s);
+  if (mode != "continuous") js += str_cat(",\"static_policy\":\"", static_name, "\"");
+  std::vector<std::pair<std::string, const ModeResult*>> keyed;
+  if (const ModeResult* r = find(chosen_key)) keyed.push_back({"static", r});
+  for (const char* key : {"static_compact", "static_padded", "continuous"})
+    if (const ModeResult* r = find(key)) keyed.push_back({key, r});
+  for (const auto& [p, r] : keyed) {
+    js += str_cat(",\"", p, "_tokens_per_s\":", r->tokens_per_s, ",\"", p, "_requests_per_s\":",
+                  r->requests_per_s, ",\"", p, "_p50_e2e_ms\":", percentile(r->e2e_ms, 50), ",\"",
+                  p, "_p99_e2e_ms\":", percentile(r->e2e_ms, 99), ",\"", p, "_p50_ttft_ms\":",
+                  percentile(r->ttft_ms, 50), ",\"", p, "_p99_ttft_ms\":", percentile(r->ttft_ms, 99),
+                  ",\"", p, "_p50_tpot_ms\":", percentile(r->tpot_ms, 50), ",\"", p,
+                  "_peak_kv_blocks\":", r->peak_blocks, ",\"", p, "_kv_unused_at_peak_pct\":",
+                  100 * r->frag_at_peak);
+    if (r->is_static)
+      js += str_cat(",\"", p, "_padding_rows_pct\":", padding_pct(*r), ",\"", p,
+                    "_padding_rows_parked\":", r->padding_parked);
+  }
+  if (const ModeResult* c = find("continuous")) {
+    if (const ModeResult* st = find(chosen_key))
+      js += str_cat(",\"throughput_ratio\":", c->tokens_per_s / st->tokens_per_s);
+    for (const char* key : {"static_compact", "static_padded"})
+      if (const ModeResult* st = find(key))
+        js += str_cat(",\"throughput_ratio_", key + 7, "\":", c->tokens_per_s / st->tokens_per_s);
+  }
   if (b1.tokens_per_s > 0)
     js += str_cat(",\"batch1_tokens_per_s\":", b1.tokens_per_s, ",\"read_bandwidth_gb_s\":",
                   b1.bandwidth / 1e9, ",\"batch1_bound_tokens_per_s\":", b1.bound,

@@ -56,6 +56,8 @@ Engine::Engine(const model::Decoder& model, const EngineConfig& cfg) : model_(mo
   sc.prefix_caching = cfg.prefix_caching;
   sc.chunked_prefill = cfg.chunked_prefill;
   sc.mode = cfg.mode;
+  sc.static_policy = cfg.static_policy;
+  sc.max_seq_len = mc.n_ctx;
   sched_ = std::make_unique<Scheduler>(sc);
   runner_ = std::make_unique<ModelRunner>(model, *cache_, cfg.max_batched_tokens, cfg.max_num_seqs);
   publish_metrics();
@@ -146,6 +148,21 @@ void Engine::finish(int64_t id, FinishReason why, bool end_event,
   --in_flight_;
 }
 
+void Engine::hold(int64_t id, FinishReason why, int32_t stop_token, std::string stop_string) {
+  Request& r = requests_.at(id);
+  r.held = why;
+  r.held_stop_token = stop_token;
+  r.held_stop_string = std::move(stop_string);
+  sched_->pad(id);
+}
+
+void Engine::retire_finished_batch(std::vector<RequestOutput>& done) {
+  for (int64_t id : sched_->finished_batch()) {
+    Request& r = requests_.at(id);
+    finish(id, r.held, true, done, r.held_stop_token, std::move(r.held_stop_string));
+  }
+}
+
 bool Engine::hits_stop_string(Request& r, std::string* which) const {
   const std::string text = cfg_.detokenizer(r.output);
   size_t longest = 0;
@@ -172,6 +189,7 @@ void Engine::sample_all(const StepPlan& plan, const Tensor& logits,
   auto& scratch = [&]() -> std::vector<std::pair<T, int32_t>>& {
     if constexpr (std::is_same_v<T, float>) return scratch_f_; else return scratch_d_;
   }();
+  const bool padded = padded_static();
   int64_t row = 0;
   for (const ScheduledSeq& s : plan.seqs) {
     if (!s.sample) continue;
@@ -180,10 +198,14 @@ void Engine::sample_all(const StepPlan& plan, const Tensor& logits,
     const int64_t index = int64_t(r.output.size());
     const int32_t tok = sample_token<T>(rows + row++ * V, V, r.params,
                                         sampling_draw(r.seed, index), scratch);
+    if (s.padding) continue;  // a padding row is sampled like any other; its token is dropped
     ++generated_tokens_;
     const auto& stops = r.params.stop_token_ids;
     if (std::find(stops.begin(), stops.end(), tok) != stops.end()) {
-      finish(id, FinishReason::stop, true, done, tok);
+      if (padded)
+        hold(id, FinishReason::stop, tok);
+      else
+        finish(id, FinishReason::stop, true, done, tok);
       continue;
     }
     r.output.push_back(tok);
@@ -194,22 +216,34 @@ void Engine::sample_all(const StepPlan& plan, const Tensor& logits,
     else if (int64_t(r.output.size()) >= r.max_tokens)
       why = FinishReason::length;
     if (why == FinishReason::none) sched_->append_token(id, tok);
-    if (r.callback) r.callback({id, tok, index, why});
-    if (why != FinishReason::none) finish(id, why, false, done, -1, std::move(which));
+    if (r.callback) r.callback({id, tok, index, padded ? FinishReason::none : why});
+    if (why == FinishReason::none) continue;
+    if (padded)
+      hold(id, why, -1, std::move(which));
+    else
+      finish(id, why, false, done, -1, std::move(which));
   }
 }
 
 std::vector<RequestOutput> Engine::step() {
   std::vector<RequestOutput> done;
   admit_pending(done);
+  retire_finished_batch(done);  // an abort may have ended a padded batch
   StepPlan plan = sched_->schedule();
   if (!plan.empty()) {
     const Tensor logits = runner_->execute(plan);
     sched_->complete(plan);
+    for (const ScheduledSeq& s : plan.seqs) {
+      if (s.padding)
+        ++padding_rows_;
+      else if (s.sample && s.num_tokens == 1)
+        ++decode_rows_;
+    }
     if (logits.dtype() == DType::f32)
       sample_all<float>(plan, logits, done);
     else
       sample_all<double>(plan, logits, done);
+    retire_finished_batch(done);
     ++steps_;
   }
   publish_metrics();
@@ -230,6 +264,9 @@ void Engine::publish_metrics() {
   metrics_.steps = steps_;
   metrics_.requests_finished = finished_;
   metrics_.kv_slots_unused = st.slots_allocated - st.tokens_cached;
+  metrics_.decode_rows = decode_rows_;
+  metrics_.padding_rows = padding_rows_;
+  metrics_.padding_parked = st.num_parked;
 }
 
 RequestOutput Engine::run(const std::vector<int32_t>& prompt, const SamplingParams& params,

@@ -1,7 +1,8 @@
 // Engine: the inference API. add_request() and abort() may be called from any thread; one
 // loop thread calls step(), which admits new requests, schedules, runs the model, samples,
 // streams each token to the request's callback (on the stepping thread) and retires finished
-// requests. Also a blocking generate() for tools that run one request at a time.
+// requests (in a padded static batch: all members together, when its longest member is
+// done). Also a blocking generate() for tools that run one request at a time.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -34,12 +35,15 @@ struct EngineConfig {
   bool prefix_caching = true;
   bool chunked_prefill = true;
   BatchingMode mode = BatchingMode::continuous;
+  StaticPolicy static_policy = StaticPolicy::compact;  // with mode static_batch (scheduler.h)
   uint64_t seed = 0;          // requests without a seed get one derived from this and their id
   Detokenizer detokenizer;    // needed by stop strings; may be empty otherwise
 };
 
 // One streamed event. token is -1 when the event only ends the stream (a stop token, an
-// abort); finish is none until the request's last event.
+// abort, the end of a padded static batch); finish is none until the request's last event.
+// In a padded static batch a request's tokens stream as they are sampled, but its stream
+// ends (with a closing event) only when the whole batch ends.
 struct TokenEvent {
   int64_t request_id = -1;
   int32_t token = -1;
@@ -66,7 +70,11 @@ struct EngineMetrics {
   int64_t num_preemptions = 0;
   int64_t steps = 0;
   int64_t requests_finished = 0;
-  int64_t kv_slots_unused = 0;   // allocated slots of running sequences holding no token
+  int64_t kv_slots_unused = 0;   // allocated slots of running sequences holding no real
+                                 // token (padding rows' padding counts as unused)
+  int64_t decode_rows = 0;       // one-token rows of generating sequences computed
+  int64_t padding_rows = 0;      // rows computed for finished members (padded static)
+  int64_t padding_parked = 0;    // padding rows that gave their blocks back (padded static)
 };
 
 class Engine {
@@ -108,6 +116,10 @@ class Engine {
     std::vector<int32_t> prompt, output;
     int64_t max_tokens = 0;  // after capping at the context
     size_t stop_scan_from = 0;
+    // Padded static batching: finished, held until the batch ends.
+    FinishReason held = FinishReason::none;
+    int32_t held_stop_token = -1;
+    std::string held_stop_string;
   };
   struct Pending {
     int64_t id;
@@ -119,6 +131,13 @@ class Engine {
   // Retires a request; end_event sends the callback a closing event without a token.
   void finish(int64_t id, FinishReason why, bool end_event, std::vector<RequestOutput>& done,
               int32_t stop_token = -1, std::string stop_string = {});
+  // Padded static batching: the request has finished; its row stays as padding.
+  void hold(int64_t id, FinishReason why, int32_t stop_token = -1, std::string stop_string = {});
+  // Padded static batching: retires every member once all of them have finished.
+  void retire_finished_batch(std::vector<RequestOutput>& done);
+  bool padded_static() const {
+    return cfg_.mode == BatchingMode::static_batch && cfg_.static_policy == StaticPolicy::padded;
+  }
   bool hits_stop_string(Request& r, std::string* which) const;
   void publish_metrics();
 
@@ -138,6 +157,7 @@ class Engine {
   std::atomic<int64_t> next_id_{0};
   std::atomic<int64_t> in_flight_{0};  // added and not yet finished
   int64_t prompt_tokens_ = 0, generated_tokens_ = 0, steps_ = 0, finished_ = 0;
+  int64_t decode_rows_ = 0, padding_rows_ = 0;
 };
 
 }  // namespace loom::infer
