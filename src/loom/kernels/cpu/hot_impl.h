@@ -153,47 +153,63 @@ template <class T, bool Acc>
     }
 }
 
+// C[r, c0..c0 + NV*W) (+)= sum_{k<K} A[r*lda + k] * B[k*ldb + c0..) for the four rows r < 4:
+// 4 x NV accumulators stay in registers while k streams through.
+template <class T, bool Acc, int NV>
+[[gnu::always_inline]] inline void rows4_chunk(const T* A, int64_t lda, const T* B, int64_t ldb,
+                                               int64_t K, T* C, int64_t ldc, int64_t c0) {
+  using V = typename VecOf<T>::type;
+  constexpr int64_t W = kVecBytes / int64_t(sizeof(T));
+  V acc[4][NV];
+#pragma GCC unroll 4
+  for (int r = 0; r < 4; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      if constexpr (Acc) acc[r][v] = *reinterpret_cast<const V*>(C + r * ldc + c0 + v * W);
+      else acc[r][v] = V{};
+    }
+  const T* a0 = A;
+  const T* a1 = A + lda;
+  const T* a2 = A + 2 * lda;
+  const T* a3 = A + 3 * lda;
+  const T* b = B + c0;
+  for (int64_t k = 0; k < K; ++k, b += ldb) {
+    V bv[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) bv[v] = *reinterpret_cast<const V*>(b + v * W);
+    const T x0 = a0[k], x1 = a1[k], x2 = a2[k], x3 = a3[k];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      acc[0][v] += x0 * bv[v];
+      acc[1][v] += x1 * bv[v];
+      acc[2][v] += x2 * bv[v];
+      acc[3][v] += x3 * bv[v];
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < 4; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) *reinterpret_cast<V*>(C + r * ldc + c0 + v * W) = acc[r][v];
+}
+
 // C[r, 0..N) (+)= sum_{k<K} A[r*lda + k] * B[k*ldb + 0..N) for the four rows r < 4.
-// Acc = false overwrites C. Columns come in chunks of four vectors; a scalar loop takes the rest.
+// Acc = false overwrites C. Columns go in chunks of four vectors, then single vectors, then
+// one at a time.
 template <class T, bool Acc>
 inline void rows4(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t K, T* C, int64_t ldc,
                   int64_t N) {
-  using V = typename VecOf<T>::type;
-  constexpr int64_t W = kVecBytes / int64_t(sizeof(T)), NC = 4 * W;
+  constexpr int64_t W = kVecBytes / int64_t(sizeof(T));
   int64_t c0 = 0;
-  for (; c0 + NC <= N; c0 += NC) {
-    V acc[4][4];
-#pragma GCC unroll 4
-    for (int r = 0; r < 4; ++r)
-#pragma GCC unroll 4
-      for (int v = 0; v < 4; ++v) {
-        if constexpr (Acc) acc[r][v] = *reinterpret_cast<const V*>(C + r * ldc + c0 + v * W);
-        else acc[r][v] = V{} ;
-      }
-    const T* a0 = A;
-    const T* a1 = A + lda;
-    const T* a2 = A + 2 * lda;
-    const T* a3 = A + 3 * lda;
-    const T* b = B + c0;
-    for (int64_t k = 0; k < K; ++k, b += ldb) {
-      V bv[4];
-#pragma GCC unroll 4
-      for (int v = 0; v < 4; ++v) bv[v] = *reinterpret_cast<const V*>(b + v * W);
-      const T x0 = a0[k], x1 = a1[k], x2 = a2[k], x3 = a3[k];
-#pragma GCC unroll 4
-      for (int v = 0; v < 4; ++v) {
-        acc[0][v] += x0 * bv[v];
-        acc[1][v] += x1 * bv[v];
-        acc[2][v] += x2 * bv[v];
-        acc[3][v] += x3 * bv[v];
-      }
-    }
-#pragma GCC unroll 4
-    for (int r = 0; r < 4; ++r)
-#pragma GCC unroll 4
-      for (int v = 0; v < 4; ++v) *reinterpret_cast<V*>(C + r * ldc + c0 + v * W) = acc[r][v];
-  }
+  for (; c0 + 4 * W <= N; c0 += 4 * W) rows4_chunk<T, Acc, 4>(A, lda, B, ldb, K, C, ldc, c0);
+  for (; c0 + W <= N; c0 += W) rows4_chunk<T, Acc, 1>(A, lda, B, ldb, K, C, ldc, c0);
   if (c0 < N) rows4_tail<T, Acc>(A, lda, B, ldb, K, C, ldc, c0, N);
+}
+
+// Columns of a tile that rows seeing kk keys need: kk rounded up to whole vectors.
+template <class T>
+inline int64_t tile_cols(int64_t kk) {
+  constexpr int64_t W = kVecBytes / int64_t(sizeof(T));
+  return std::min(kTile, (kk + W - 1) / W * W);
 }
 
 // dst[c * Tp + t] = src[t * stride + c] for t < Tn, zero for t in [Tn, Tp): one head's keys
@@ -239,7 +255,7 @@ void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t Tn, int6
           for (int64_t r0 = 0; r0 < nq4; r0 += 4) {
             const int64_t kk = std::min(nk, q0 + r0 + 4 - k0);
             if (kk > 0) rows4<T, false>(&Qs[size_t(r0 * D)], D, Kt.data() + k0, Tp, D,
-                                        &S[size_t(r0 * kTile)], kTile, kTile);
+                                        &S[size_t(r0 * kTile)], kTile, tile_cols<T>(kk));
           }
           for (int64_t i = 0; i < nq4; ++i) {
             T* sp = &S[size_t(i * kTile)];
@@ -302,9 +318,12 @@ void attention_backward(const T* qkv, const T* out, const T* dout, const T* lse,
         for (int64_t t = 0; t < Tn; ++t) {
           const T* o = out + (b * Tn + t) * ostride + h * D;
           const T* dO = dout + (b * Tn + t) * ostride + h * D;
-          T a = 0;
-          for (int64_t d = 0; d < D; ++d) a += o[d] * dO[d];
-          Dv[size_t(t)] = a;
+          T a[8] = {};  // interleaved partial sums: a vector, not a chain of dependent adds
+          int64_t d = 0;
+          for (; d + 8 <= D; d += 8)
+            for (int k = 0; k < 8; ++k) a[k] += o[d + k] * dO[d + k];
+          for (; d < D; ++d) a[0] += o[d] * dO[d];
+          Dv[size_t(t)] = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
         }
         const T* lrow = lse + (b * H + h) * Tn;
         for (int64_t q0 = 0; q0 < Tn; q0 += kTile) {
@@ -322,11 +341,12 @@ void attention_backward(const T* qkv, const T* out, const T* dout, const T* lse,
           for (int64_t k0 = 0; k0 < k_end; k0 += kTile) {
             const int64_t nk = std::min(kTile, k_end - k0), nk4 = round4(nk);
             for (int64_t r0 = 0; r0 < nq4; r0 += 4) {
-              if (q0 + r0 + 4 - k0 <= 0) continue;
+              const int64_t kk = std::min(nk, q0 + r0 + 4 - k0);
+              if (kk <= 0) continue;
               rows4<T, false>(&Qs[size_t(r0 * D)], D, Kt.data() + k0, Tp, D, &P[size_t(r0 * kTile)],
-                              kTile, kTile);
+                              kTile, tile_cols<T>(kk));
               rows4<T, false>(&dOs[size_t(r0 * D)], D, Vt.data() + k0, Tp, D,
-                              &dS[size_t(r0 * kTile)], kTile, kTile);
+                              &dS[size_t(r0 * kTile)], kTile, tile_cols<T>(kk));
             }
             for (int64_t i = 0; i < nq4; ++i) {
               T* pi = &P[size_t(i * kTile)];
