@@ -27,11 +27,11 @@ namespace {
 
 const char* kHelp =
     "usage: loom bench pipeline --nproc P [--micro-batches 1,2,4,8,16] [--schedules gpipe,1f1b]\n"
-    "                           [--layers L] [--d-model C] [--batch B] [--seq T] [--steps N]\n"
+    "                           [--layers L] [--d-model C] [--vocab V] [--batch B] [--seq T] [--steps N]\n"
     "       loom bench pipeline --balance [--model gpt2-124m] [--stages 2,4] [--batch B] [--seq T]\n\n"
     "Pipeline bubble and activation memory per stage (P ranks via loom launch; a GPT-2-style\n"
-    "model of L blocks, vocabulary 512, untied head, so that equal blocks make equal stages;\n"
-    "defaults L=8 C=256 B=4 T=64 N=5; idle is the median step's), or stage balance of the partitioners (--balance).\n"
+    "model of L blocks, untied head, small vocabulary, so that equal blocks make equal stages;\n"
+    "defaults L=8 C=256 V=512 B=4 T=64 N=5; idle is the median step's), or stage balance of the partitioners (--balance).\n"
     "  --threads K   OpenMP threads per rank (default 1)\n"
     "The last line is SUMMARY {json}.\n";
 
@@ -116,7 +116,7 @@ int bench_balance(const Args& a) {
 
 int bench_pipeline(const std::vector<std::string>& argv) {
   Args a("bench pipeline", argv,
-         {{"nproc", true}, {"micro-batches", true}, {"schedules", true}, {"layers", true}, {"d-model", true},
+         {{"nproc", true}, {"micro-batches", true}, {"schedules", true}, {"layers", true}, {"d-model", true}, {"vocab", true},
           {"batch", true}, {"seq", true}, {"steps", true}, {"warmup", true}, {"threads", true},
           {"balance", false}, {"model", true}, {"stages", true}, {"reps", true}, {"help", false}});
   if (a.has("help")) {
@@ -139,7 +139,7 @@ int bench_pipeline(const std::vector<std::string>& argv) {
   cfg.d_model = a.get_int("d-model", 256);
   cfg.n_head = cfg.n_kv_head = 4;
   cfg.d_ff = 4 * cfg.d_model;
-  cfg.vocab_size = 512;
+  cfg.vocab_size = a.get_int("vocab", 512);
   cfg.tied_embeddings = false;
   const int64_t B = a.get_int("batch", 4), T = a.get_int("seq", 64);
   cfg.n_ctx = T;
