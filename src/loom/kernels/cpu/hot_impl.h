@@ -142,20 +142,21 @@ template <> struct VecOf<float> { typedef float type __attribute__((vector_size(
 template <> struct VecOf<double> { typedef double type __attribute__((vector_size(kVecBytes), aligned(8))); };
 
 // Columns [c0, N) of rows4, one at a time (head sizes that are not a multiple of the chunk).
-template <class T, bool Acc>
+template <class T, bool Acc, bool TA>
 [[gnu::noinline]] void rows4_tail(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t K, T* C,
                                   int64_t ldc, int64_t c0, int64_t N) {
   for (int r = 0; r < 4; ++r)
     for (int64_t c = c0; c < N; ++c) {
       T a = Acc ? C[r * ldc + c] : T(0);
-      for (int64_t k = 0; k < K; ++k) a += A[r * lda + k] * B[k * ldb + c];
+      for (int64_t k = 0; k < K; ++k) a += (TA ? A[k * lda + r] : A[r * lda + k]) * B[k * ldb + c];
       C[r * ldc + c] = a;
     }
 }
 
-// C[r, c0..c0 + NV*W) (+)= sum_{k<K} A[r*lda + k] * B[k*ldb + c0..) for the four rows r < 4:
+// C[r, c0..c0 + NV*W) (+)= sum_{k<K} A(r, k) * B[k*ldb + c0..) for the four rows r < 4, with
+// A(r, k) = A[r*lda + k], or A[k*lda + r] when TA (A stored transposed):
 // 4 x NV accumulators stay in registers while k streams through.
-template <class T, bool Acc, int NV>
+template <class T, bool Acc, int NV, bool TA>
 [[gnu::always_inline]] inline void rows4_chunk(const T* A, int64_t lda, const T* B, int64_t ldb,
                                                int64_t K, T* C, int64_t ldc, int64_t c0) {
   using V = typename VecOf<T>::type;
@@ -168,16 +169,14 @@ template <class T, bool Acc, int NV>
       if constexpr (Acc) acc[r][v] = *reinterpret_cast<const V*>(C + r * ldc + c0 + v * W);
       else acc[r][v] = V{};
     }
-  const T* a0 = A;
-  const T* a1 = A + lda;
-  const T* a2 = A + 2 * lda;
-  const T* a3 = A + 3 * lda;
+  const int64_t rs = TA ? 1 : lda, ks = TA ? lda : 1;  // strides of A's rows and of k
+  const T* a = A;
   const T* b = B + c0;
-  for (int64_t k = 0; k < K; ++k, b += ldb) {
+  for (int64_t k = 0; k < K; ++k, a += ks, b += ldb) {
     V bv[NV];
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) bv[v] = *reinterpret_cast<const V*>(b + v * W);
-    const T x0 = a0[k], x1 = a1[k], x2 = a2[k], x3 = a3[k];
+    const T x0 = a[0], x1 = a[rs], x2 = a[2 * rs], x3 = a[3 * rs];
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) {
       acc[0][v] += x0 * bv[v];
@@ -192,17 +191,17 @@ template <class T, bool Acc, int NV>
     for (int v = 0; v < NV; ++v) *reinterpret_cast<V*>(C + r * ldc + c0 + v * W) = acc[r][v];
 }
 
-// C[r, 0..N) (+)= sum_{k<K} A[r*lda + k] * B[k*ldb + 0..N) for the four rows r < 4.
-// Acc = false overwrites C. Columns go in chunks of four vectors, then single vectors, then
-// one at a time.
-template <class T, bool Acc>
+// C[r, 0..N) (+)= sum_{k<K} A(r, k) * B[k*ldb + 0..N) for the four rows r < 4 (A(r, k) as in
+// rows4_chunk). Acc = false overwrites C. Columns go in chunks of four vectors, then single
+// vectors, then one at a time.
+template <class T, bool Acc, bool TA = false>
 inline void rows4(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t K, T* C, int64_t ldc,
                   int64_t N) {
   constexpr int64_t W = kVecBytes / int64_t(sizeof(T));
   int64_t c0 = 0;
-  for (; c0 + 4 * W <= N; c0 += 4 * W) rows4_chunk<T, Acc, 4>(A, lda, B, ldb, K, C, ldc, c0);
-  for (; c0 + W <= N; c0 += W) rows4_chunk<T, Acc, 1>(A, lda, B, ldb, K, C, ldc, c0);
-  if (c0 < N) rows4_tail<T, Acc>(A, lda, B, ldb, K, C, ldc, c0, N);
+  for (; c0 + 4 * W <= N; c0 += 4 * W) rows4_chunk<T, Acc, 4, TA>(A, lda, B, ldb, K, C, ldc, c0);
+  for (; c0 + W <= N; c0 += W) rows4_chunk<T, Acc, 1, TA>(A, lda, B, ldb, K, C, ldc, c0);
+  if (c0 < N) rows4_tail<T, Acc, TA>(A, lda, B, ldb, K, C, ldc, c0, N);
 }
 
 // Columns of a tile that rows seeing kk keys need: kk rounded up to whole vectors.
@@ -302,8 +301,7 @@ void attention_backward(const T* qkv, const T* out, const T* dout, const T* lse,
   {
     std::vector<T> Kt(size_t(D * Tp)), Vt(size_t(D * Tp)), dK(size_t(Tp * D)), dV(size_t(Tp * D));
     std::vector<T> Qs(size_t(kTile * D)), dOs(size_t(kTile * D)), dQ(size_t(kTile * D));
-    std::vector<T> P(size_t(kTile * kTile)), dS(size_t(kTile * kTile)), Pt(size_t(kTile * kTile)),
-        dSt(size_t(kTile * kTile)), Dv(static_cast<size_t>(Tn));
+    std::vector<T> P(size_t(kTile * kTile)), dS(size_t(kTile * kTile)), Dv(static_cast<size_t>(Tn));
 #pragma omp for schedule(dynamic, 1)
     for (int64_t w = 0; w < B * KVH; ++w) {
       const int64_t b = w / KVH, g = w % KVH;
@@ -368,20 +366,16 @@ void attention_backward(const T* qkv, const T* out, const T* dout, const T* lse,
               if (kk > 0) rows4<T, true>(&dS[size_t(r0 * kTile)], kTile, Krows + k0 * stride, stride,
                                          kk, &dQ[size_t(r0 * D)], D, D);
             }
-            for (int64_t i = 0; i < nq4; ++i)
-              for (int64_t j = 0; j < nk4; ++j) {
-                Pt[size_t(j * kTile + i)] = P[size_t(i * kTile + j)];
-                dSt[size_t(j * kTile + i)] = dS[size_t(i * kTile + j)];
-              }
-            // Keys j0..j0+3 are seen by query rows from max(0, k0 + j0 - q0) on.
+            // dK and dV read dS and P transposed (column j0..j0+3 of the tile as rows). Keys
+            // j0..j0+3 are seen by query rows from max(0, k0 + j0 - q0) on.
             for (int64_t j0 = 0; j0 < nk4; j0 += 4) {
               const int64_t i0 = std::min(nq4, std::max<int64_t>(0, k0 + j0 - q0) / 4 * 4);
               const int64_t kk = nq4 - i0;
               if (kk <= 0) continue;
-              rows4<T, true>(&dSt[size_t(j0 * kTile + i0)], kTile, &Qs[size_t(i0 * D)], D, kk,
-                             &dK[size_t((k0 + j0) * D)], D, D);
-              rows4<T, true>(&Pt[size_t(j0 * kTile + i0)], kTile, &dOs[size_t(i0 * D)], D, kk,
-                             &dV[size_t((k0 + j0) * D)], D, D);
+              rows4<T, true, true>(&dS[size_t(i0 * kTile + j0)], kTile, &Qs[size_t(i0 * D)], D, kk,
+                                   &dK[size_t((k0 + j0) * D)], D, D);
+              rows4<T, true, true>(&P[size_t(i0 * kTile + j0)], kTile, &dOs[size_t(i0 * D)], D, kk,
+                                   &dV[size_t((k0 + j0) * D)], D, D);
             }
           }
           for (int64_t i = 0; i < nq; ++i) {
