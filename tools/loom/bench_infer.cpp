@@ -329,7 +329,7 @@ Batch1 run_batch1(const model::Decoder& m, infer::EngineConfig cfg, int64_t n_to
   infer::Engine e(m, cfg);
   const int64_t rounds = 5, per_round = std::max<int64_t>(4, n_tokens / rounds);
   std::vector<int32_t> prompt(16);
-  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t(i * 7 + 1);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 7 + 1) % size_t(m.config().vocab_size));
   infer::SamplingParams sp;
   sp.temperature = 0;
   sp.max_tokens = rounds * per_round + 2;
