@@ -1,17 +1,18 @@
 // A linear layer for the few-row case of decoding (y[M,O] = x[M,I] W[O,I]^T + b): W is
 // streamed from memory once for all M rows, with no packing, in register tiles of rows x
-// outputs. BLAS GEMM packs W first and, at M = 1, moves two to three times the bytes. f32 only; chosen at run
-// time for AVX-512, AVX2 or the baseline. Each output's summation order is fixed, so a row's
-// result does not depend on M.
+// outputs. BLAS GEMM packs W first and, at M = 1, moves two to three times the bytes. f32
+// only; chosen at run time for AVX-512, AVX2 or the baseline. Each output's summation order
+// is fixed, so a row's result does not depend on M.
 #pragma once
 #include <cstdint>
 
 namespace loom::infer {
 
 // Rows at or below this go through decode_linear; more are left to BLAS. Measured for
-// gpt2-124m's layers on 2 AVX-512 cores (all 49 matrices of one step): 16 rows 29 ms against
-// BLAS's 46 ms, 32 rows 63 against 132, 64 rows 196 against 206 (BLAS packs all of W on
-// every call, which costs as much as the products until M is in the hundreds).
+// gpt2-124m's layers on 2 AVX-512 cores (all 49 matrices of one step, quiet machine): 16 rows
+// 29 ms against BLAS's 46 ms; with the machine loaded, 32 rows 103 against 132 and 64 rows
+// 196 against 206 (BLAS packs all of W on every call, which costs as much as the products
+// until M is in the hundreds).
 inline constexpr int64_t kDecodeLinearMaxRows = 64;
 
 void decode_linear(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t I,
