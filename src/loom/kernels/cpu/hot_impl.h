@@ -192,14 +192,16 @@ template <class T, bool Acc, int NV, bool TA>
 }
 
 // C[r, 0..N) (+)= sum_{k<K} A(r, k) * B[k*ldb + 0..N) for the four rows r < 4 (A(r, k) as in
-// rows4_chunk). Acc = false overwrites C. Columns go in chunks of four vectors, then single
+// rows4_chunk). Acc = false overwrites C. Columns go in chunks of NV vectors, then single
 // vectors, then one at a time.
 template <class T, bool Acc, bool TA = false>
 inline void rows4(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t K, T* C, int64_t ldc,
                   int64_t N) {
   constexpr int64_t W = kVecBytes / int64_t(sizeof(T));
+  // 4 x 4 accumulators need AVX-512's 32 vector registers; with 16 (AVX2, SSE) 4 x 2 fit.
+  constexpr int NV = kVecBytes == 64 ? 4 : 2;
   int64_t c0 = 0;
-  for (; c0 + 4 * W <= N; c0 += 4 * W) rows4_chunk<T, Acc, 4, TA>(A, lda, B, ldb, K, C, ldc, c0);
+  for (; c0 + NV * W <= N; c0 += NV * W) rows4_chunk<T, Acc, NV, TA>(A, lda, B, ldb, K, C, ldc, c0);
   for (; c0 + W <= N; c0 += W) rows4_chunk<T, Acc, 1, TA>(A, lda, B, ldb, K, C, ldc, c0);
   if (c0 < N) rows4_tail<T, Acc, TA>(A, lda, B, ldb, K, C, ldc, c0, N);
 }
