@@ -9,40 +9,20 @@
 #include <random>
 #include <thread>
 
+#include "infer/infer_testing.h"
 #include "loom/infer/engine.h"
 
 using namespace loom;
 using namespace loom::infer;
+using fixtures::greedy;
 
 namespace {
 
-model::ModelConfig tiny_gpt2() {
-  model::ModelConfig c = model::preset("gpt2-tiny");
-  c.n_layer = 2;
-  c.d_model = 32;
-  c.n_head = 4;
-  c.n_kv_head = 4;
-  c.d_ff = 64;
-  c.vocab_size = 61;
-  c.n_ctx = 64;
-  return c;
-}
-
 std::unique_ptr<model::Decoder> make_model() {
-  auto m = std::make_unique<model::Decoder>(tiny_gpt2(), model::DecoderOptions{}, DType::f64);
-  m->init_weights(7);
-  for (const auto& p : m->layout().params())
-    if (p.init == model::Init::normal)
-      for (int64_t i = 0; i < p.numel(); ++i) m->params().data<double>()[p.offset + i] *= 10;
-  return m;
+  return fixtures::wandering_model(model::Family::gpt2, DType::f64, 7, /*perturb_others=*/false);
 }
 
-std::vector<int32_t> tokens(int n, unsigned seed) {
-  std::mt19937 g(seed);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = int32_t(g() % 61u);
-  return t;
-}
+std::vector<int32_t> tokens(int n, unsigned seed) { return fixtures::random_tokens(n, seed); }
 
 EngineConfig small_config() {
   EngineConfig c;
@@ -51,13 +31,6 @@ EngineConfig small_config() {
   c.max_num_seqs = 4;
   c.max_batched_tokens = 64;
   return c;
-}
-
-SamplingParams greedy(int64_t n) {
-  SamplingParams p;
-  p.temperature = 0;
-  p.max_tokens = n;
-  return p;
 }
 
 std::string error_of(const std::function<void()>& f) {

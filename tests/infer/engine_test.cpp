@@ -11,51 +11,18 @@
 #include <random>
 #include <set>
 
+#include "infer/infer_testing.h"
 #include "loom/infer/engine.h"
 
 using namespace loom;
 using namespace loom::infer;
 using model::Family;
+using fixtures::random_tokens;
 
 namespace {
 
-model::ModelConfig tiny(Family f) {
-  model::ModelConfig c = model::preset(f == Family::gpt2 ? "gpt2-tiny" : "llama-tiny");
-  c.n_layer = 2;
-  c.d_model = 32;
-  c.n_head = 4;
-  c.n_kv_head = f == Family::gpt2 ? 4 : 2;
-  c.d_ff = f == Family::gpt2 ? 64 : 48;
-  c.vocab_size = 61;
-  c.n_ctx = 64;
-  return c;
-}
-
-// Weights ten times the usual init scale, so greedy outputs wander over the vocabulary.
 std::unique_ptr<model::Decoder> make_model(Family f, DType dt, uint64_t seed = 3) {
-  auto m = std::make_unique<model::Decoder>(tiny(f), model::DecoderOptions{}, dt);
-  m->init_weights(seed);
-  std::mt19937 g{unsigned(seed)};
-  std::normal_distribution<double> nd(0.0, 0.1);
-  for (const auto& p : m->layout().params())
-    for (int64_t i = 0; i < p.numel(); ++i) {
-      const int64_t k = p.offset + i;
-      if (dt == DType::f64) {
-        double& v = m->params().data<double>()[k];
-        v = p.init == model::Init::normal ? v * 10 : v + nd(g);
-      } else {
-        float& v = m->params().data<float>()[k];
-        v = p.init == model::Init::normal ? v * 10 : v + float(nd(g));
-      }
-    }
-  return m;
-}
-
-std::vector<int32_t> random_tokens(int n, unsigned seed, int V = 61) {
-  std::mt19937 g(seed);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = int32_t(g() % unsigned(V));
-  return t;
+  return fixtures::wandering_model(f, dt, seed, /*perturb_others=*/true);
 }
 
 // Dense, cache-free greedy decoding: the whole growing sequence through Decoder::logits.

@@ -1,0 +1,66 @@
+// Shared fixtures of the infer tests: a two-layer model small enough for f64, whose weights
+// make greedy decoding wander over the vocabulary, and random prompts.
+#pragma once
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "loom/infer/engine.h"
+#include "loom/model/decoder.h"
+
+namespace loom::infer::fixtures {
+
+inline model::ModelConfig tiny_config(model::Family f) {
+  const bool gpt2 = f == model::Family::gpt2;
+  model::ModelConfig c = model::preset(gpt2 ? "gpt2-tiny" : "llama-tiny");
+  c.n_layer = 2;
+  c.d_model = 32;
+  c.n_head = 4;
+  c.n_kv_head = gpt2 ? 4 : 2;
+  c.d_ff = gpt2 ? 64 : 48;
+  c.vocab_size = 61;
+  c.n_ctx = 64;
+  return c;
+}
+
+// Normal-initialised weights ten times the usual scale, so greedy outputs wander over the
+// vocabulary; with perturb_others, the constant-initialised ones (norm gains, biases) also
+// get N(0, 0.1) noise.
+inline std::unique_ptr<model::Decoder> wandering_model(model::Family f, DType dt, uint64_t seed,
+                                                       bool perturb_others) {
+  auto m = std::make_unique<model::Decoder>(tiny_config(f), model::DecoderOptions{}, dt);
+  m->init_weights(seed);
+  std::mt19937 g{unsigned(seed)};
+  std::normal_distribution<double> nd(0.0, 0.1);
+  for (const auto& p : m->layout().params()) {
+    const bool scale = p.init == model::Init::normal;
+    if (!scale && !perturb_others) continue;
+    for (int64_t i = 0; i < p.numel(); ++i) {
+      const int64_t k = p.offset + i;
+      if (dt == DType::f64) {
+        double& v = m->params().data<double>()[k];
+        v = scale ? v * 10 : v + nd(g);
+      } else {
+        float& v = m->params().data<float>()[k];
+        v = scale ? v * 10 : v + float(nd(g));
+      }
+    }
+  }
+  return m;
+}
+
+inline std::vector<int32_t> random_tokens(int n, unsigned seed, int V = 61) {
+  std::mt19937 g(seed);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = int32_t(g() % unsigned(V));
+  return t;
+}
+
+inline SamplingParams greedy(int64_t n) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = n;
+  return p;
+}
+
+}  // namespace loom::infer::fixtures
