@@ -11,6 +11,14 @@ namespace loom {
 // Philox4x32 with 10 rounds: four 32-bit outputs for a 128-bit counter and a 64-bit key.
 std::array<uint32_t, 4> philox4x32(std::array<uint32_t, 4> counter, std::array<uint32_t, 2> key);
 
+// SplitMix64's finaliser (Steele et al., OOPSLA'14): a cheap, well-mixed 64-bit bijection,
+// for deriving seeds and chaining hashes.
+inline uint64_t splitmix64_mix(uint64_t x) {
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
 // Stable 64-bit FNV-1a hash of a name, used as the stream of a parameter.
 uint64_t hash_name(std::string_view name);
 

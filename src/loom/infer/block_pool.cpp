@@ -4,17 +4,13 @@
 #include <algorithm>
 
 #include "loom/core/error.h"
+#include "loom/core/rng.h"
 
 namespace loom::infer {
 
 namespace {
-// SplitMix64 finaliser: a cheap, well-mixed step per token.
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+// One SplitMix64 step per token.
+uint64_t mix(uint64_t x) { return splitmix64_mix(x + 0x9e3779b97f4a7c15ull); }
 }  // namespace
 
 uint64_t hash_block(uint64_t parent_hash, std::span<const int32_t> tokens) {
@@ -28,8 +24,7 @@ BlockPool::BlockPool(int64_t num_blocks, int64_t block_size)
       ref_(size_t(num_blocks), 0),
       meta_(size_t(num_blocks)),
       prev_(size_t(num_blocks), -1),
-      next_(size_t(num_blocks), -1),
-      in_queue_(size_t(num_blocks), false) {
+      next_(size_t(num_blocks), -1) {
   LOOM_CHECK(num_blocks > 0, "kv", "the KV cache needs at least one block, got ", num_blocks);
   LOOM_CHECK(block_size > 0, "kv", "block_size must be positive, got ", block_size);
   LOOM_CHECK(num_blocks < (int64_t(1) << 31), "kv", "num_blocks=", num_blocks,
@@ -42,7 +37,6 @@ void BlockPool::queue_push_back(int32_t b) {
   next_[size_t(b)] = -1;
   if (tail_ >= 0) next_[size_t(tail_)] = b; else head_ = b;
   tail_ = b;
-  in_queue_[size_t(b)] = true;
   ++free_count_;
 }
 
@@ -51,7 +45,6 @@ void BlockPool::queue_remove(int32_t b) {
   if (p >= 0) next_[size_t(p)] = n; else head_ = n;
   if (n >= 0) prev_[size_t(n)] = p; else tail_ = p;
   prev_[size_t(b)] = next_[size_t(b)] = -1;
-  in_queue_[size_t(b)] = false;
   --free_count_;
 }
 
@@ -77,7 +70,7 @@ std::optional<int32_t> BlockPool::allocate() {
 }
 
 void BlockPool::incref(int32_t b) {
-  if (ref_[size_t(b)]++ == 0 && in_queue_[size_t(b)]) queue_remove(b);
+  if (ref_[size_t(b)]++ == 0) queue_remove(b);  // unreferenced blocks are exactly the queued ones
 }
 
 void BlockPool::decref(int32_t b) {
@@ -105,10 +98,6 @@ void BlockPool::cache(int32_t b, uint64_t hash, uint64_t parent_hash,
   m.parent = parent_hash;
   m.tokens.assign(tokens.begin(), tokens.end());
   cache_.emplace(hash, b);
-}
-
-void BlockPool::clear_cache() {
-  for (int32_t b = 0; b < int32_t(meta_.size()); ++b) uncache(b);
 }
 
 }  // namespace loom::infer

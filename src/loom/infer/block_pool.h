@@ -42,10 +42,6 @@ class BlockPool {
   // Registers a full, computed block. No-op when an equal block is already cached.
   void cache(int32_t block, uint64_t hash, uint64_t parent_hash, std::span<const int32_t> tokens);
   bool is_cached(int32_t block) const { return meta_[size_t(block)].cached; }
-  uint64_t hash_of(int32_t block) const { return meta_[size_t(block)].hash; }
-
-  // Drops every cache entry (blocks stay allocated as they are).
-  void clear_cache();
 
  private:
   struct Meta {
@@ -62,7 +58,6 @@ class BlockPool {
   std::vector<Meta> meta_;
   // Intrusive doubly linked free queue over block ids; -1 ends it.
   std::vector<int32_t> prev_, next_;
-  std::vector<bool> in_queue_;
   int32_t head_ = -1, tail_ = -1;
   int64_t free_count_ = 0;
   int64_t evictions_ = 0;

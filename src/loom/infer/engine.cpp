@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "loom/core/error.h"
+#include "loom/core/rng.h"
 
 namespace loom::infer {
 
@@ -20,10 +21,7 @@ const char* finish_reason_name(FinishReason r) {
 
 namespace {
 uint64_t derive_seed(uint64_t engine_seed, int64_t id) {
-  uint64_t x = engine_seed ^ (uint64_t(id) * 0x9e3779b97f4a7c15ull);
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
+  return splitmix64_mix(engine_seed ^ (uint64_t(id) * 0x9e3779b97f4a7c15ull));
 }
 }  // namespace
 
