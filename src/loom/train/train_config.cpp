@@ -5,6 +5,8 @@
 #include <sstream>
 
 #include "loom/model/param_layout.h"
+#include "loom/parallel/partition.h"
+#include "loom/parallel/pipeline_schedule.h"
 #include "loom/train/config_reader.h"
 
 namespace loom::train {
@@ -124,9 +126,7 @@ TrainConfig parse_train_config(const std::string& text, const std::vector<std::s
 
   // Model-parallel layouts, refused before any work with the numbers in the message.
   model::check_tensor_parallel(c.model, tp);
-  LOOM_CHECK(pp <= c.model.n_layer, "config", "parallel.pp=", pp, " exceeds model.n_layer=",
-             c.model.n_layer, ": every pipeline stage needs at least one block; use parallel.pp <= ",
-             c.model.n_layer);
+  parallel::check_stage_count(int(c.model.n_layer), int(pp));
   LOOM_CHECK(pp == 1 || c.parallel.zero_stage <= 1, "config", "parallel.zero_stage=",
              c.parallel.zero_stage, " with parallel.pp=", pp, " is not supported: ZeRO-2/3 reduce ",
              "and gather per forward/backward pass, which a pipeline interleaves across micro-batches; ",
@@ -137,7 +137,7 @@ TrainConfig parse_train_config(const std::string& text, const std::vector<std::s
   if (pp > 1 && m < pp)
     c.warnings.push_back(str_cat(
         "parallel.micro_batches=", m, " is below parallel.pp=", pp, ": every stage idles for (p-1)/(m+p-1) = ",
-        pp - 1, "/", m + pp - 1, " = ", int(100.0 * double(pp - 1) / double(m + pp - 1) + 0.5),
+        pp - 1, "/", m + pp - 1, " = ", int(100.0 * parallel::bubble_fraction(int(pp), int(m)) + 0.5),
         "% of each step (the pipeline bubble); use at least ", pp, " micro-batches (e.g. ",
         4 * pp, ")"));
 
