@@ -46,6 +46,7 @@ struct GroupWorker {
   std::mutex mu;
   std::condition_variable cv;
   std::deque<Task> queue;
+  bool running = false;  // the worker has popped a task and is running it outside the lock
   bool stopping = false;
   bool abandon = false;  // drop queued work instead of running it
 

@@ -101,12 +101,16 @@ void GroupWorker::loop() {
       if (!queue.empty()) {
         task = std::move(queue.front());
         queue.pop_front();
-        have = true;
+        have = running = true;
       } else if (stopping && posted.empty()) {
         return;
       }
     }
-    if (have) run_task(task, posted);
+    if (have) {
+      run_task(task, posted);
+      std::lock_guard<std::mutex> lock(mu);
+      running = false;
+    }
     if (!posted.empty()) poll(posted);
   }
 }
@@ -160,9 +164,11 @@ Work GroupImpl::submit(const char* op, int64_t bytes, std::function<void(Backend
   t.run = std::move(run);
   if (size == 1) {
     // A group of one has nobody to wait for: run on the caller's thread instead of paying two
-    // thread hand-offs per operation (it matters when every step issues dozens of them).
+    // thread hand-offs per operation (it matters when every step issues dozens of them), but
+    // only when the worker is idle, so operations still run one at a time in issue order. The
+    // lock stays held while it runs, which keeps the worker from starting anything meanwhile.
     std::unique_lock<std::mutex> lock(worker_->mu);
-    if (worker_->queue.empty()) {
+    if (worker_->queue.empty() && !worker_->running) {
       auto state = std::make_shared<WorkState>();
       t.work = state;
       t.seq = next_seq_++;
