@@ -4,7 +4,6 @@
 // the rest are aborted, and the process exits 0.
 #include <csignal>
 #include <cstdio>
-#include <filesystem>
 #include <memory>
 
 #include "loom/core/error.h"
@@ -64,20 +63,14 @@ int cmd_serve(const std::vector<std::string>& argv) {
   std::string checkpoint;
   model::ModelConfig mc;
   if (args.has("checkpoint")) {
-    checkpoint = args.get("checkpoint", "");
-    if (!std::filesystem::exists(std::filesystem::path(checkpoint) / "manifest.json")) {
-      auto latest = train::find_latest_valid_checkpoint(checkpoint, stderr);
-      if (!latest)
-        fail("serve", "--checkpoint ", checkpoint, ": no valid checkpoint there (expected DIR/step_N/manifest.json, "
-             "as loom train writes)");
-      checkpoint = *latest;
-    }
+    checkpoint = train::resolve_checkpoint(args.get("checkpoint", ""), stderr);
     mc = train::checkpoint_model_config(checkpoint);
   } else {
     mc = model::preset(args.get("model", ""));
   }
-  const std::string tok_name =
-      args.get("tokenizer", !checkpoint.empty() && mc.vocab_size != 256 ? "gpt2" : "byte");
+  // The tokenizer: given, else the one the checkpoint was trained with, else by vocabulary size.
+  std::string tok_name = args.get("tokenizer", checkpoint.empty() ? "byte" : train::checkpoint_tokenizer(checkpoint));
+  if (tok_name.empty()) tok_name = mc.vocab_size == 256 ? "byte" : "gpt2";
   std::unique_ptr<serve::DataTokenizer> tokenizer = serve::make_text_tokenizer(tok_name, args.get("data-dir", ""));
   if (checkpoint.empty()) mc.vocab_size = tokenizer->vocab_size();
   if (args.has("n-ctx")) {
@@ -118,7 +111,9 @@ int cmd_serve(const std::vector<std::string>& argv) {
               tok_name.c_str());
   std::fflush(stdout);
 
-  model::Decoder model(mc);
+  model::DecoderOptions mopt;
+  mopt.allocate_flat_grads = false;  // serving never computes gradients
+  model::Decoder model(mc, mopt);
   if (checkpoint.empty()) model.init_weights(ec.seed);
   else train::load_checkpoint_weights(checkpoint, model);
   infer::Engine engine(model, ec);
