@@ -4,6 +4,7 @@
 // generation restarts from the last half-context of tokens (as nanoGPT-style samplers crop).
 #include <algorithm>
 #include <cstdio>
+#include <span>
 
 #include "loom/core/threads.h"
 #include "loom/data/tokenizer.h"
@@ -73,21 +74,17 @@ int cmd_generate(const std::vector<std::string>& argv) {
   std::fprintf(stderr, "[generate] %s from %s, tokenizer %s, %zu prompt tokens\n", mc.summary().c_str(),
                path.c_str(), tok_name.c_str(), ids.size());
   std::fwrite(prompt.data(), 1, prompt.size(), stdout);
-  // Decode incrementally: a multi-byte character may span tokens, so print whole prefixes.
-  std::vector<int32_t> out, context = ids;
-  size_t printed = 0;
+  // Each token's bytes as it arrives: decoding is a concatenation of per-token bytes, so the
+  // output equals the decoded whole (a character split across tokens completes on the terminal).
+  std::vector<int32_t> context = ids;
   for (int64_t round = 0; remaining > 0; ++round) {
     sp.max_tokens = std::min<int64_t>(remaining, ctx - int64_t(context.size()));
     sp.seed = seed + uint64_t(round);  // each window its own, reproducible stream
     const infer::RequestOutput r = engine.run(context, sp, [&](const infer::TokenEvent& e) {
       if (e.token < 0) return;
-      out.push_back(e.token);
-      const std::string text = tok->decode(out);
-      if (text.size() > printed) {
-        std::fwrite(text.data() + printed, 1, text.size() - printed, stdout);
-        std::fflush(stdout);
-        printed = text.size();
-      }
+      const std::string bytes = tok->decode(std::span<const int32_t>(&e.token, 1));
+      std::fwrite(bytes.data(), 1, bytes.size(), stdout);
+      std::fflush(stdout);
     });
     remaining -= int64_t(r.tokens.size());
     if (r.finish_reason != infer::FinishReason::length || !window) break;
