@@ -12,7 +12,6 @@
 namespace loom::serve {
 
 enum class FinishReason { none, stop, length, abort };
-const char* finish_reason_name(FinishReason r);  // "stop", "length", "abort", or null-ish ""
 
 struct SamplingParams {
   double temperature = 1.0;  // 0: greedy

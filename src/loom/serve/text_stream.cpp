@@ -68,14 +68,4 @@ std::string render_completion(const TextTokenizer& tok, const std::vector<int32_
   return ts.text();
 }
 
-const char* finish_reason_name(FinishReason r) {
-  switch (r) {
-    case FinishReason::stop: return "stop";
-    case FinishReason::length: return "length";
-    case FinishReason::abort: return "abort";
-    case FinishReason::none: break;
-  }
-  return "";
-}
-
 }  // namespace loom::serve

@@ -95,11 +95,4 @@ std::string Utf8Assembler::flush() {
   return out;
 }
 
-std::string decode_tokens(const TextTokenizer& tok, const std::vector<int32_t>& ids) {
-  Utf8Assembler utf8;
-  std::string text;
-  for (int32_t id : ids) text += utf8.push(tok.token_bytes(id));
-  return text + utf8.flush();
-}
-
 }  // namespace loom::serve

@@ -61,7 +61,4 @@ class Utf8Assembler {
   std::string pending_;
 };
 
-// Token ids to text the way the server renders a completion (without stop handling).
-std::string decode_tokens(const TextTokenizer& tok, const std::vector<int32_t>& ids);
-
 }  // namespace loom::serve
