@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
+
+#include "loom/kernels/cpu/cpu_kernels.h"
 
 namespace loom::infer {
 namespace {
@@ -88,12 +91,11 @@ void rows_base(const float* x, const float* w, const float* b, float* y, int64_t
   run_rows<2>(x, w, b, y, M, I, O, o0, o1);
 }
 
+// The instruction set the CPU kernels were given (CPU features, or LOOM_ISA).
 Fn pick() {
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq"))
-    return rows_avx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return rows_avx2;
+  const std::string isa = cpu::hot_kernels_isa();
+  if (isa == "avx512") return rows_avx512;
+  if (isa == "avx2") return rows_avx2;
   return rows_base;
 }
 

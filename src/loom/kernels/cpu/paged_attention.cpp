@@ -8,9 +8,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <type_traits>
 #include <vector>
 
+#include "loom/kernels/cpu/cpu_kernels.h"
 #include "loom/kernels/cpu/vec_math.h"
 
 namespace loom::cpu {
@@ -126,12 +128,11 @@ LOOM_PAGED_ITEM(item_avx2, [[gnu::target("avx2,fma")]])
 LOOM_PAGED_ITEM(item_base, )
 #undef LOOM_PAGED_ITEM
 
+// The instruction set the hot kernels were given (CPU features, or LOOM_ISA).
 ItemFn pick_item_f32() {
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq"))
-    return item_avx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return item_avx2;
+  const std::string isa = hot_kernels_isa();
+  if (isa == "avx512") return item_avx512;
+  if (isa == "avx2") return item_avx2;
   return item_base;
 }
 
