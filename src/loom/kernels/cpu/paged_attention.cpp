@@ -151,7 +151,9 @@ void run_items(const T* q, const T* k_cache, const T* v_cache, const PagedSeq* s
   }
 #pragma omp parallel if (n_items > 1)
   {
-    Scratch<T> w;
+    // Per thread, kept across calls (OpenMP reuses its threads): resized, never reallocated,
+    // on each layer of each step.
+    thread_local Scratch<T> w;
     w.size(a);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < n_items; ++it) {
