@@ -63,7 +63,12 @@ int cmd_serve(const std::vector<std::string>& argv) {
   std::string checkpoint;
   model::ModelConfig mc;
   if (args.has("checkpoint")) {
-    checkpoint = train::resolve_checkpoint(args.get("checkpoint", ""), stderr);
+    const std::string given = args.get("checkpoint", "");
+    try {
+      checkpoint = train::resolve_checkpoint(given, stderr);
+    } catch (const Error& e) {
+      fail("serve", "--checkpoint ", given, ": ", e.what());
+    }
     mc = train::checkpoint_model_config(checkpoint);
   } else {
     mc = model::preset(args.get("model", ""));
