@@ -32,11 +32,11 @@ ModelRunner::ModelRunner(const model::Decoder& model, KVCache& cache, int64_t ma
   const bool gpt2 = cfg_.family == Family::gpt2;
   for (int l = 0; l < int(cfg_.n_layer); ++l)
     w_.push_back(model::block_weights(cfg_, model.layout(), model.params(), l));
-  wte_ = model.param(gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight");
+  wte_ = model.param(model::token_table_name(cfg_));
   if (gpt2) wpe_ = model.param("transformer.wpe.weight");
   lnf_w_ = model.param(gpt2 ? "transformer.ln_f.weight" : "model.norm.weight");
   if (gpt2) lnf_b_ = model.param("transformer.ln_f.bias");
-  head_ = cfg_.tied_embeddings ? wte_ : model.param("lm_head.weight");
+  head_ = model.param(model::lm_head_name(cfg_));
 
   const DType dt = model.params().dtype();
   LOOM_CHECK(dt == cache.dtype(), "runner", "model dtype ", dtype_name(dt),

@@ -13,13 +13,6 @@ void ParamSource::embedding_backward(const Tensor& tokens, const Tensor& pos, co
 }
 
 namespace {
-const char* token_table(const ModelConfig& c) {
-  return c.family == Family::gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight";
-}
-const char* head_name(const ModelConfig& c) {
-  return c.tied_embeddings ? token_table(c) : "lm_head.weight";
-}
-
 // The default ParamSource: views of the decoder's flat buffers.
 class FlatParamSource final : public ParamSource {
  public:
@@ -203,7 +196,7 @@ int64_t Decoder::activation_bytes() const {
 void Decoder::embed_forward(Slot& s) {
   const Tensor wpe =
       cfg_.family == Family::gpt2 ? src_->outer_param("transformer.wpe.weight") : Tensor{};
-  const Tensor wte = src_->outer_param(token_table(cfg_));
+  const Tensor wte = src_->outer_param(token_table_name(cfg_));
   if (tp_)
     tp_->embedding_forward(s.tokens, pos_, wte, wpe, s.res[0]);
   else
@@ -259,8 +252,8 @@ double Decoder::stage_forward(int id, const int32_t* tokens, const int32_t* targ
   }
   final_norm_forward(s);
   // Head and loss, fused with their backward in training: dlnf and the head gradient come out here.
-  const Tensor head = src_->outer_param(head_name(cfg_));
-  const Tensor dhead = s.train ? src_->outer_grad(head_name(cfg_)) : Tensor{};
+  const Tensor head = src_->outer_param(lm_head_name(cfg_));
+  const Tensor dhead = s.train ? src_->outer_grad(lm_head_name(cfg_)) : Tensor{};
   if (tp_)
     tp_->head_xent(s.lnf, head, s.targets, s.losses, s.dlnf, dhead, grad_scale, opt_.xent_chunk);
   else
@@ -318,7 +311,7 @@ void Decoder::stage_backward(int id, const Tensor& dy) {
     }
   }
   if (first_stage()) {
-    const Tensor dwte = src_->outer_grad(token_table(cfg_));
+    const Tensor dwte = src_->outer_grad(token_table_name(cfg_));
     const Tensor dwpe = gpt2 ? src_->outer_grad("transformer.wpe.weight") : Tensor{};
     if (tp_)
       tp_->embedding_backward(s.tokens, pos_, dres_, dwte, dwpe);
@@ -349,7 +342,7 @@ void Decoder::logits(const int32_t* tokens, int64_t B, int64_t T, const Tensor& 
   const int id = stage_begin(B, T, false);
   src_->pass_begin(false);
   stage_forward(id, tokens, no_targets.data(), 1.0, nullptr);
-  ops::linear_forward(slot(id).lnf, src_->outer_param(head_name(cfg_)), {}, out);
+  ops::linear_forward(slot(id).lnf, src_->outer_param(lm_head_name(cfg_)), {}, out);
   stage_release(id);
   src_->pass_end(false);
 }

@@ -6,6 +6,13 @@
 
 namespace loom::model {
 
+const char* token_table_name(const ModelConfig& cfg) {
+  return cfg.family == Family::gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight";
+}
+const char* lm_head_name(const ModelConfig& cfg) {
+  return cfg.tied_embeddings ? token_table_name(cfg) : "lm_head.weight";
+}
+
 void check_tensor_parallel(const ModelConfig& cfg, int64_t tp) {
   LOOM_CHECK(tp >= 1, "config", "parallel.tp=", tp, " must be at least 1");
   LOOM_CHECK(cfg.n_head % tp == 0, "config", "parallel.tp=", tp, " does not divide model.n_head=",
@@ -35,7 +42,7 @@ ParamLayout::ParamLayout(const ModelConfig& cfg, int64_t unit_align, const Model
   // GPT-2 scales the residual projections by 1/sqrt(2 L) (Radford et al. 2019, section 2.3).
   const float std = 0.02f, proj_std = float(0.02 / std::sqrt(2.0 * double(cfg.n_layer)));
   const bool gpt2 = cfg.family == Family::gpt2;
-  const char* table = gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight";
+  const char* table = token_table_name(cfg);
   // Megatron-LM's split (Shoeybi et al. 2019): column-parallel (rows, 0) for q|k|v, fc and
   // gate|up; row-parallel (columns, 1) for the output projections; vocabulary rows for the
   // token table and the head; the rest replicated.

@@ -32,6 +32,10 @@ struct ModelSlice {
 };
 // Throws "[config] parallel.tp=3 does not divide model.n_head=8" (and likewise d_ff).
 void check_tensor_parallel(const ModelConfig& cfg, int64_t tp);
+
+// Hugging Face names of the token table and of the LM head (the table itself when tied).
+const char* token_table_name(const ModelConfig& cfg);
+const char* lm_head_name(const ModelConfig& cfg);
 // Rows of the token table (and untied head) each tp rank holds: ceil(vocab / tp). The rows
 // past the vocabulary on the last rank are padding: zero, and masked out of the loss.
 int64_t vocab_rows_per_rank(const ModelConfig& cfg, int64_t tp);

@@ -11,9 +11,6 @@ namespace {
 // guarantees tags up to 32767.
 constexpr int kMaxMicroBatches = 16000;
 int tag_of(int micro, int kind) { return micro * 2 + kind; }
-const char* table_name(const model::ModelConfig& c) {
-  return c.family == model::Family::gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight";
-}
 }  // namespace
 
 PipelineStage::PipelineStage(model::Decoder& model, const Mesh& mesh, const PipelineOptions& opt)
@@ -171,7 +168,7 @@ std::vector<std::pair<double, int64_t>> PipelineStage::evaluate(const FillFn& fi
 
 void PipelineStage::sync_tied_grads(const Tensor& grads) {
   if (!tied_.valid()) return;
-  const auto& p = model_.layout().get(table_name(model_.config()));
+  const auto& p = model_.layout().get(model::token_table_name(model_.config()));
   tied_.all_reduce(grads.slice(p.offset, {p.numel()}));
 }
 
