@@ -53,7 +53,8 @@ void layernorm_backward(const T* dy, const T* x, const T* w, const T* mean, cons
       const T* dyr = dy + n * C;
       const T* xr = x + n * C;
       const T m = mean[n], r = rstd[n];
-      // g = dy * w, xhat = (x - m) r
+      // g = dy * w, xhat = (x - m) r. Two passes over the row (it is in L1): one pass with
+      // both sums' sixteen f64 accumulators spills on the baseline build and runs 45% slower.
       const double sum_g = sum8(C, [&](int64_t c) { return double(dyr[c]) * double(w[c]); });
       const double sum_gx = sum8(C, [&](int64_t c) {
         return double(dyr[c]) * double(w[c]) * double((xr[c] - m) * r);
