@@ -24,14 +24,7 @@ std::unique_ptr<model::Decoder> make_model() {
 
 std::vector<int32_t> tokens(int n, unsigned seed) { return fixtures::random_tokens(n, seed); }
 
-EngineConfig small_config() {
-  EngineConfig c;
-  c.block_size = 4;
-  c.num_blocks = 64;
-  c.max_num_seqs = 4;
-  c.max_batched_tokens = 64;
-  return c;
-}
+EngineConfig small_config() { return fixtures::engine_config(64, 4, 64); }
 
 std::string error_of(const std::function<void()>& f) {
   try {

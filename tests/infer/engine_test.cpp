@@ -46,14 +46,7 @@ std::vector<int32_t> dense_greedy(model::Decoder& m, std::vector<int32_t> seq, i
   return out;
 }
 
-EngineConfig roomy() {
-  EngineConfig c;
-  c.block_size = 4;
-  c.num_blocks = 256;
-  c.max_num_seqs = 8;
-  c.max_batched_tokens = 256;
-  return c;
-}
+EngineConfig roomy() { return fixtures::engine_config(256, 8, 256); }
 
 void expect_all_blocks_free(const Engine& e) {
   const auto& pool = e.scheduler().kv().pool();

@@ -56,6 +56,16 @@ inline std::vector<int32_t> random_tokens(int n, unsigned seed, int V = 61) {
   return t;
 }
 
+// An engine with 4-token blocks (small enough that prompts span several).
+inline EngineConfig engine_config(int64_t num_blocks, int64_t max_num_seqs, int64_t max_batched_tokens) {
+  EngineConfig c;
+  c.block_size = 4;
+  c.num_blocks = num_blocks;
+  c.max_num_seqs = max_num_seqs;
+  c.max_batched_tokens = max_batched_tokens;
+  return c;
+}
+
 inline SamplingParams greedy(int64_t n) {
   SamplingParams p;
   p.temperature = 0;
