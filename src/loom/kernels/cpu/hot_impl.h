@@ -224,6 +224,13 @@ inline void pack_transposed(const T* src, int64_t stride, int64_t Tn, int64_t Tp
 
 inline int64_t round4(int64_t n) { return (n + 3) / 4 * 4; }
 
+// n rounded up to whole vectors of T (n <= kTile stays <= kTile).
+template <class T>
+inline int64_t round_vec(int64_t n) {
+  constexpr int64_t W = kVecBytes / int64_t(sizeof(T));
+  return (n + W - 1) / W * W;
+}
+
 template <class T>
 void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t Tn, int64_t H,
                        int64_t KVH, int64_t D) {
@@ -262,10 +269,15 @@ void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t Tn, int6
             T* sp = &S[size_t(i * kTile)];
             const int64_t nj = i < nq ? std::clamp<int64_t>(q0 + i - k0 + 1, 0, nk) : 0;
             if (nj > 0) {
+              // Whole vectors: the masked keys up to the next vector boundary count as -inf
+              // (their exp underflows to at most 1e-38, below half an ulp of l >= 1, and is
+              // zeroed below), so the diagonal tile's short rows have no scalar tail.
+              const int64_t njv = round_vec<T>(nj);
+              std::fill(sp + nj, sp + njv, T(kNegBig));
               const T mold = m[size_t(i)];
-              const T mx = std::max(mold, row_max(sp, nj));
+              const T mx = std::max(mold, row_max(sp, njv));
               const T corr = vexp<T>(mold - mx);
-              const T sum = exp_shift_sum(sp, nj, mx);
+              const T sum = exp_shift_sum(sp, njv, mx);
               l[size_t(i)] = l[size_t(i)] * corr + sum;
               m[size_t(i)] = mx;
               if (corr != T(1))
@@ -352,16 +364,19 @@ void attention_backward(const T* qkv, const T* out, const T* dout, const T* lse,
               T* pi = &P[size_t(i * kTile)];
               T* dsi = &dS[size_t(i * kTile)];
               const int64_t nj = i < nq ? std::clamp<int64_t>(q0 + i - k0 + 1, 0, nk) : 0;
+              // Whole vectors up to round_vec(nj) <= tile_cols(kk) (columns rows4 computed, so
+              // finite), the masked keys' probabilities set to exactly zero.
+              const int64_t njv = nj > 0 ? round_vec<T>(nj) : 0;
               if (nj > 0) {
                 const T li = lrow[q0 + i], Di = Dv[size_t(q0 + i)];
-                for (int64_t j = 0; j < nj; ++j) {
-                  const T p = vexp<T>(pi[j] - li);
+                for (int64_t j = 0; j < njv; ++j) {
+                  const T p = j < nj ? vexp<T>(pi[j] - li) : T(0);
                   pi[j] = p;
                   dsi[j] = p * (dsi[j] - Di);
                 }
               }
-              std::fill(pi + nj, pi + kTile, T(0));
-              std::fill(dsi + nj, dsi + kTile, T(0));
+              std::fill(pi + njv, pi + kTile, T(0));
+              std::fill(dsi + njv, dsi + kTile, T(0));
             }
             for (int64_t r0 = 0; r0 < nq4; r0 += 4) {
               const int64_t kk = std::min(nk, q0 + r0 + 4 - k0);
