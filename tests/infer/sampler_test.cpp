@@ -2,7 +2,9 @@
 // the softmax, and draws that depend only on (seed, position).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <random>
 
 #include "loom/infer/sampler.h"
 
@@ -57,6 +59,53 @@ TEST(Sampler, DrawsFollowTheTruncatedSoftmax) {
   double z = 0;
   for (int v = 0; v < 4; ++v) z += std::sqrt(0.1 * (v + 1));
   for (int v = 0; v < 4; ++v) EXPECT_NEAR(f[size_t(v)], std::sqrt(0.1 * (v + 1)) / z, 0.015);
+}
+
+// Top-p by sorting the whole vocabulary: what the sampler selects in rounds must equal it.
+static int32_t nucleus_by_full_sort(const std::vector<float>& logits, double top_p, double temp,
+                                    float u) {
+  std::vector<std::pair<float, int32_t>> s;
+  for (size_t i = 0; i < logits.size(); ++i) s.push_back({logits[i], int32_t(i)});
+  std::sort(s.begin(), s.end(), [](auto& a, auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  });
+  const float mx = s[0].first;
+  double total = 0;
+  for (auto& c : s) total += double(c.first = float(std::exp(double(c.first - mx) / temp)));
+  double cum = 0;
+  size_t n = s.size();
+  for (size_t i = 0; i < s.size(); ++i)
+    if ((cum += s[i].first) >= top_p * total) {
+      n = i + 1;
+      break;
+    }
+  const double r = double(u) * (n == s.size() ? total : cum);
+  double c = 0;
+  for (size_t i = 0; i < n; ++i)
+    if (r < (c += s[i].first)) return s[i].second;
+  return s[n - 1].second;
+}
+
+TEST(Sampler, TopPMatchesAFullSortOverALargeVocabulary) {
+  std::vector<std::pair<float, int32_t>> scratch;
+  std::mt19937 gen(3);
+  for (double spread : {0.05, 1.0, 4.0}) {  // nearly flat (nucleus of thousands) to peaked
+    std::normal_distribution<float> nd(0.f, float(spread));
+    std::vector<float> l(50257);
+    for (auto& x : l) x = nd(gen);
+    l[123] = l[77];  // a tie, broken by the lower ID
+    for (double top_p : {0.05, 0.5, 0.9, 0.999}) {
+      SamplingParams p;
+      p.top_p = top_p;
+      p.temperature = 0.8;
+      for (int d = 0; d < 12; ++d) {
+        const float u = sampling_draw(11, d);
+        EXPECT_EQ(sample_token(l.data(), int64_t(l.size()), p, u, scratch),
+                  nucleus_by_full_sort(l, top_p, 0.8, u))
+            << "spread " << spread << " top_p " << top_p << " draw " << d;
+      }
+    }
+  }
 }
 
 TEST(Sampler, DrawsArePureFunctionsOfSeedAndPosition) {

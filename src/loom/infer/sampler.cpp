@@ -29,6 +29,58 @@ float sampling_draw(uint64_t seed, int64_t index) {
   return uniform01(seed, kSamplingStream, uint64_t(index));
 }
 
+// Top-p without top-k. Sorting the whole vocabulary per token (50257 entries for GPT-2, ~4 ms) is
+// not needed: the nucleus is a prefix of the sorted order. One pass buckets the tokens by how far
+// their logit lies below the maximum (bands of half a temperature, so band order is logit order)
+// and sums each band's mass; the bands that together reach top_p of the total hold the whole
+// nucleus, and only their tokens are sorted. Same prefix and draw as a full sort; only the total
+// is summed in vocabulary order instead of sorted order.
+template <class T, class Before>
+int32_t sample_nucleus(const T* logits, int64_t V, const SamplingParams& p, float u,
+                       std::vector<std::pair<T, int32_t>>& scratch, const Before& before) {
+  constexpr int kBands = 128;
+  T mx = logits[0];
+  for (int64_t i = 1; i < V; ++i) mx = logits[i] > mx ? logits[i] : mx;
+  const double inv_t = 1.0 / p.temperature;
+  auto weight = [&](T logit) { return T(std::exp(double(logit - mx) * inv_t)); };
+  auto band = [&](T logit) {
+    const double b = double(mx - logit) * inv_t * 2.0;
+    return b < double(kBands - 1) ? int(b) : kBands - 1;
+  };
+  double total = 0, mass[kBands] = {};
+  for (int64_t i = 0; i < V; ++i) {
+    const double w = double(weight(logits[i]));
+    total += w;
+    mass[band(logits[i])] += w;
+  }
+  // Bands up to `last` reach the target with room for rounding; if the sorted prefix still
+  // falls short (sums in another order), the next round takes every token.
+  const double target = p.top_p * total;
+  int last = 0;
+  for (double m = mass[0]; last < kBands - 1 && m < target * (1 + 1e-9); m += mass[++last]) {}
+  for (int round = 0; round < 2; ++round, last = kBands - 1) {
+    size_t n = 0;
+    for (int64_t i = 0; i < V; ++i)
+      if (band(logits[i]) <= last) scratch[n++] = {logits[i], int32_t(i)};
+    std::sort(scratch.begin(), scratch.begin() + long(n), before);
+    double cum = 0;
+    for (size_t i = 0; i < n; ++i) {
+      scratch[i].first = weight(scratch[i].first);
+      cum += double(scratch[i].first);
+      if (cum >= target || (i + 1 == n && last == kBands - 1)) {
+        const double r = double(u) * cum;
+        double c = 0;
+        for (size_t j = 0; j <= i; ++j) {
+          c += double(scratch[j].first);
+          if (r < c) return scratch[j].second;
+        }
+        return scratch[i].second;
+      }
+    }
+  }
+  return scratch[0].second;  // not reached: the last round includes every token
+}
+
 template <class T>
 int32_t sample_token(const T* logits, int64_t V, const SamplingParams& p, float u,
                      std::vector<std::pair<T, int32_t>>& scratch) {
@@ -43,8 +95,9 @@ int32_t sample_token(const T* logits, int64_t V, const SamplingParams& p, float 
     return a.first > b.first || (a.first == b.first && a.second < b.second);
   };
   scratch.resize(size_t(V));
-  for (int64_t i = 0; i < V; ++i) scratch[size_t(i)] = {logits[i], int32_t(i)};
   const bool use_k = p.top_k > 0 && p.top_k < V;
+  if (!use_k && p.top_p < 1.0) return sample_nucleus(logits, V, p, u, scratch, before);
+  for (int64_t i = 0; i < V; ++i) scratch[size_t(i)] = {logits[i], int32_t(i)};
   if (use_k) {
     std::nth_element(scratch.begin(), scratch.begin() + (p.top_k - 1), scratch.end(), before);
     scratch.resize(size_t(p.top_k));
