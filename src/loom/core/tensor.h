@@ -64,6 +64,8 @@ class Tensor {
                             MemCategory cat = MemCategory::other);
 
   bool defined() const { return storage_ != nullptr; }
+  // No other tensor (view or copy) shares this one's storage: safe to hand the memory on.
+  bool sole_owner() const { return storage_ != nullptr && storage_.use_count() == 1; }
   const Shape& shape() const { return shape_; }
   int ndim() const { return shape_.ndim(); }
   int64_t size(int i) const;  // negative i counts from the end

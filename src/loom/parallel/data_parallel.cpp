@@ -147,11 +147,29 @@ Tensor DataParallel::take_staging(int64_t elems) {
   return Tensor::zeros({elems}, DType::f32, MemCategory::comm);
 }
 
+Tensor DataParallel::take_buffer(int64_t elems) {
+  for (size_t i = 0; i < spare_buffers_.size(); ++i)
+    if (spare_buffers_[i].numel() == elems) {
+      Tensor t = std::move(spare_buffers_[i]);
+      spare_buffers_.erase(spare_buffers_.begin() + long(i));
+      return t;
+    }
+  return Tensor::empty({elems}, DType::f32, MemCategory::comm);
+}
+
+void DataParallel::recycle(Tensor buf) {
+  // Bounded: at most as many as a pass keeps in flight (two gathers, two reductions) plus the
+  // embedding and head units; beyond that, memory goes back to the heap.
+  constexpr size_t kMaxSpares = 6;
+  // A buffer something still views (a caller's weights, a collective's handle) is left alone.
+  if (buf.sole_owner() && spare_buffers_.size() < kMaxSpares) spare_buffers_.push_back(std::move(buf));
+}
+
 void DataParallel::reduce_scatter_unit(const ParamUnit& u, const Tensor& staging, bool pooled) {
   Pending p;
   p.staging = staging;
   p.pooled = pooled;
-  p.chunk_tmp = Tensor::empty({chunk_size(u)}, DType::f32, MemCategory::comm);
+  p.chunk_tmp = take_buffer(chunk_size(u));
   p.shard_offset = u.begin / n_;
   p.work = dp_.reduce_scatter_async(staging, p.chunk_tmp);
   pending_.push_back(std::move(p));
@@ -165,6 +183,7 @@ void DataParallel::retire(Pending& p) {
   const float* src = p.chunk_tmp.data<float>();
   const int64_t n = p.chunk_tmp.numel();
   for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+  recycle(std::move(p.chunk_tmp));
   if (p.pooled) staging_pool_.push_back(p.staging);
 }
 
@@ -195,7 +214,7 @@ void DataParallel::finish_grads() {
 
 void DataParallel::launch_gather(const ParamUnit& u, int key) {
   Gathered g;
-  g.buf = Tensor::empty({u.size()}, DType::f32, MemCategory::comm);
+  g.buf = take_buffer(u.size());
   g.work = dp_.all_gather_async(chunk_view(param_shard_, u, true), g.buf);
   gathered_[key] = std::move(g);
 }
@@ -237,6 +256,7 @@ void DataParallel::release_block_params(int layer, Phase) {
   const bool needed_next = plan_pos_ < plan_.size() && plan_[plan_pos_].first == layer;
   if (!needed_next) {
     it->second.work.wait();
+    recycle(std::move(it->second.buf));
     gathered_.erase(it);
   }
 }
@@ -355,7 +375,10 @@ void DataParallel::pass_begin(bool train) {
 
 void DataParallel::pass_end(bool) {
   if (opt_.zero_stage < 3) return;
-  for (auto& [key, g] : gathered_) g.work.wait();
+  for (auto& [key, g] : gathered_) {
+    g.work.wait();
+    recycle(std::move(g.buf));
+  }
   gathered_.clear();
   plan_.clear();
   plan_pos_ = 0;

@@ -118,6 +118,11 @@ class DataParallel final : public model::ParamSource {
   void unit_ready(size_t unit_index);
   // stage 2/3
   Tensor take_staging(int64_t elems);
+  // Unit-sized communication buffers (reduce-scatter outputs, gathered weights) come back here
+  // instead of to the heap: a fresh multi-megabyte allocation is fresh pages, faulted in and
+  // zeroed by the kernel, a few times per layer per micro-batch otherwise.
+  Tensor take_buffer(int64_t elems);
+  void recycle(Tensor buf);
   void reduce_scatter_unit(const model::ParamUnit& u, const Tensor& staging, bool pooled);
   void retire(Pending& p);
   void drain(size_t keep);
@@ -150,6 +155,7 @@ class DataParallel final : public model::ParamSource {
   Tensor grad_shard_, param_shard_;
   std::deque<Pending> pending_;
   std::vector<Tensor> staging_pool_;
+  std::vector<Tensor> spare_buffers_;  // take_buffer / recycle; contents undefined
   std::map<int, Tensor> staging_of_layer_;
   Tensor embed_staging_, head_staging_;
   // stage 3
