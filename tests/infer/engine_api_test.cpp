@@ -126,6 +126,34 @@ TEST(EngineApi, StopTokenAndStopStringEndTheOutput) {
   EXPECT_EQ(out2.tokens, std::vector<int32_t>(ref.begin(), ref.begin() + long(end)));
 }
 
+TEST(EngineApi, StopStringsSpanningTokensOfDifferentLengths) {
+  // Token t is spelled as 1 + t % 3 copies of a letter, so stop strings cross token boundaries
+  // at every offset; the engine decodes one token at a time and must stop where decoding
+  // every prefix of the output whole would first contain the string.
+  auto m = make_model();
+  const auto prompt = tokens(6, 4);
+  const auto ref = Engine(*m, small_config()).generate(prompt, greedy(16));
+  auto cfg = small_config();
+  cfg.detokenizer = [](const std::vector<int32_t>& t) {
+    std::string s;
+    for (int32_t x : t) s += std::string(size_t(1 + x % 3), char('a' + x % 26));
+    return s;
+  };
+  const std::string text = cfg.detokenizer(ref);
+  for (size_t at : {size_t(2), size_t(5), size_t(9)})
+    for (size_t len : {size_t(1), size_t(3), size_t(6)}) {
+      if (at + len > text.size()) continue;
+      SamplingParams ss = greedy(16);
+      ss.stop = {"#", text.substr(at, len)};  // "#" never occurs; the other is the longest
+      size_t k = 1;  // the shortest output prefix whose text contains the stop string
+      while (cfg.detokenizer({ref.begin(), ref.begin() + long(k)}).find(ss.stop[1]) == std::string::npos) ++k;
+      const auto out = Engine(*m, cfg).run(prompt, ss);
+      EXPECT_EQ(out.finish_reason, FinishReason::stop) << at << "+" << len;
+      EXPECT_EQ(out.stop_string, ss.stop[1]);
+      EXPECT_EQ(out.tokens, std::vector<int32_t>(ref.begin(), ref.begin() + long(k))) << at << "+" << len;
+    }
+}
+
 TEST(EngineApi, OutputIsCappedAtTheContext) {
   auto m = make_model();
   Engine e(*m, small_config());

@@ -162,20 +162,22 @@ void Engine::retire_finished_batch(std::vector<RequestOutput>& done) {
 }
 
 bool Engine::hits_stop_string(Request& r, std::string* which) const {
-  const std::string text = cfg_.detokenizer(r.output);
+  // Only the newest token's bytes are decoded: the output's text is the concatenation of its
+  // tokens' bytes, and a match not seen before must end in them, so it lies within the last
+  // longest - 1 bytes kept from earlier tokens plus these. (Decoding the whole output per
+  // token made a long generation quadratic.)
   size_t longest = 0;
   for (const auto& s : r.params.stop) longest = std::max(longest, s.size());
-  // A new match must end in text added since the last scan.
-  const size_t from = r.stop_scan_from + 1 > longest ? r.stop_scan_from + 1 - longest : 0;
-  r.stop_scan_from = text.size();
+  const std::string text = r.stop_tail + cfg_.detokenizer({r.output.back()});
   size_t best = std::string::npos;
   for (const auto& s : r.params.stop) {
-    const size_t at = text.find(s, from);
+    const size_t at = text.find(s);
     if (at != std::string::npos && at < best) {
       best = at;
       *which = s;
     }
   }
+  r.stop_tail = text.substr(text.size() - std::min(text.size(), longest - 1));
   return best != std::string::npos;
 }
 

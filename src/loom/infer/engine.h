@@ -24,6 +24,8 @@ namespace loom::infer {
 enum class FinishReason { none, stop, length, abort };
 const char* finish_reason_name(FinishReason r);
 
+// The bytes of a token sequence; the bytes of a sequence must be the concatenation of its
+// tokens' bytes (true of loom's tokenizers), as stop strings are matched token by token.
 using Detokenizer = std::function<std::string(const std::vector<int32_t>&)>;
 
 struct EngineConfig {
@@ -115,7 +117,7 @@ class Engine {
     TokenCallback callback;
     std::vector<int32_t> prompt, output;
     int64_t max_tokens = 0;  // after capping at the context
-    size_t stop_scan_from = 0;
+    std::string stop_tail;  // the output's last bytes, one fewer than the longest stop string
     // Padded static batching: finished, held until the batch ends.
     FinishReason held = FinishReason::none;
     int32_t held_stop_token = -1;
