@@ -117,6 +117,25 @@ TEST(Checkpoint, CorruptedAndTruncatedCheckpointsAreSkipped) {
   // Resuming "auto" lands on step 2.
   Trainer t(cfg, src, quiet("auto"));
   EXPECT_EQ(t.step(), 2);
+  // A corrupt optimizer shard (size unchanged) fails a full or a resuming rank's verification,
+  // but not a weights-only one: generate and serve neither read nor checksum the shards.
+  {
+    std::fstream f(ck + "/step_000002/optimizer.rank00000.safetensors",
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(150);
+    char c = 0;
+    f.read(&c, 1);
+    c ^= 0x01;
+    f.seekp(150);
+    f.write(&c, 1);
+  }
+  EXPECT_FALSE(verify_checkpoint(ck + "/step_000002", &why));
+  EXPECT_NE(why.find("optimizer.rank00000.safetensors checksum"), std::string::npos) << why;
+  EXPECT_FALSE(verify_checkpoint(ck + "/step_000002", nullptr, VerifyScope::rank(0)));
+  EXPECT_TRUE(verify_checkpoint(ck + "/step_000002", nullptr, VerifyScope::rank(1)));
+  EXPECT_TRUE(verify_checkpoint(ck + "/step_000002", nullptr, VerifyScope::weights()));
+  EXPECT_EQ(resolve_checkpoint(ck + "/step_000002"), ck + "/step_000002");
+  EXPECT_EQ(load_checkpoint_weights(ck + "/step_000002", t.model()).step, 2);
   // Loading the corrupt one directly is refused with the reason.
   try {
     load_checkpoint_weights(ck + "/step_000006", t.model());

@@ -464,7 +464,7 @@ int bench_infer(const std::vector<std::string>& argv) {
   if (ckpt.empty())
     m.init_weights(uint64_t(a.get_int("seed", 1)));
   else
-    train::load_checkpoint_weights(ckpt, m);
+    train::load_checkpoint_weights(ckpt, m, /*verified=*/true);  // by resolve_checkpoint
 
   infer::EngineConfig cfg;
   cfg.block_size = a.get_int("block-size", 16);

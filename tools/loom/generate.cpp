@@ -41,7 +41,7 @@ int cmd_generate(const std::vector<std::string>& argv) {
   model::DecoderOptions mopt;
   mopt.allocate_flat_grads = false;
   model::Decoder m(mc, mopt);
-  train::load_checkpoint_weights(path, m);
+  train::load_checkpoint_weights(path, m, /*verified=*/true);  // by resolve_checkpoint
 
   std::string tok_name = a.get("tokenizer", train::checkpoint_tokenizer(path));
   if (tok_name.empty()) tok_name = mc.vocab_size == 256 ? "byte" : "gpt2";

@@ -120,7 +120,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
   mopt.allocate_flat_grads = false;  // serving never computes gradients
   model::Decoder model(mc, mopt);
   if (checkpoint.empty()) model.init_weights(ec.seed);
-  else train::load_checkpoint_weights(checkpoint, model);
+  else train::load_checkpoint_weights(checkpoint, model, /*verified=*/true);  // by resolve_checkpoint
   infer::Engine engine(model, ec);
   serve::InferEngineAdapter adapter(engine, *tokenizer);
   server.set_engine(&adapter);

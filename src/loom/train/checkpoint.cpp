@@ -133,7 +133,13 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const model::D
   return final_dir.string();
 }
 
-bool verify_checkpoint(const std::string& path, std::string* why) {
+static bool in_scope(const std::string& file, const VerifyScope& scope) {
+  if (scope.all) return true;
+  if (!file.starts_with("optimizer.rank")) return true;
+  return scope.optimizer_rank >= 0 && file == optimizer_file(scope.optimizer_rank);
+}
+
+bool verify_checkpoint(const std::string& path, std::string* why, const VerifyScope& scope) {
   auto fail_with = [&](const std::string& m) {
     if (why) *why = m;
     return false;
@@ -158,6 +164,7 @@ bool verify_checkpoint(const std::string& path, std::string* why) {
     if (size != info.value("bytes", uint64_t(0)))
       return fail_with(str_cat(name, " has ", size, " bytes, manifest says ", info.value("bytes", uint64_t(0)),
                                " (truncated?)"));
+    if (!in_scope(name, scope)) continue;
     const std::string crc = io::crc32c_hex(io::crc32c_file(p.string()));
     if (crc != info.value("crc32c", ""))
       return fail_with(str_cat(name, " checksum ", crc, " differs from the manifest's ",
@@ -166,30 +173,44 @@ bool verify_checkpoint(const std::string& path, std::string* why) {
   return true;
 }
 
-std::optional<std::string> find_latest_valid_checkpoint(const std::string& dir, FILE* log) {
+std::optional<std::string> find_latest_valid_checkpoint(const std::string& dir, FILE* log,
+                                                        const VerifyScope& scope,
+                                                        const comm::Group* agree) {
+  // Every rank lists the same shared directory, so all walk the same candidates in order.
   for (const auto& [step, p] : list_checkpoints(dir)) {
     std::string why;
-    if (verify_checkpoint(p.string(), &why)) return p.string();
+    bool ok = verify_checkpoint(p.string(), &why, scope);
+    if (agree && agree->size() > 1) {
+      Tensor flag = Tensor::zeros({1}, DType::f32, MemCategory::comm);
+      flag.data<float>()[0] = ok ? 1.f : 0.f;
+      agree->all_reduce(flag, comm::ReduceOp::min);
+      if (ok && flag.data<float>()[0] == 0.f) why = "a file another rank loads failed verification there";
+      ok = flag.data<float>()[0] == 1.f;
+    }
+    if (ok) return p.string();
     if (log) std::fprintf(log, "[resume] skipping %s: %s\n", p.string().c_str(), why.c_str());
   }
   return std::nullopt;
 }
 
-CheckpointMeta load_checkpoint_weights(const std::string& path, model::Decoder& model) {
+CheckpointMeta load_checkpoint_weights(const std::string& path, model::Decoder& model, bool verified) {
   std::string why;
-  LOOM_CHECK(verify_checkpoint(path, &why), "checkpoint", path, " failed verification: ", why);
+  LOOM_CHECK(verified || verify_checkpoint(path, &why, VerifyScope::weights()), "checkpoint", path,
+             " failed verification: ", why);
   model::load_hf_safetensors(model, (fs::path(path) / "model.safetensors").string());
   const json state = json::parse(io::read_file((fs::path(path) / "trainer_state.json").string()));
   return {state.at("step").get<int64_t>(), path};
 }
 
 CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model,
-                               parallel::DataParallel& engine, const ModelParallelInfo& mp) {
+                               parallel::DataParallel& engine, const ModelParallelInfo& mp,
+                               bool verified) {
+  const comm::Group& g = mp.world ? *mp.world : engine.group();
   std::string why;
-  LOOM_CHECK(verify_checkpoint(path, &why), "checkpoint", path, " failed verification: ", why);
+  LOOM_CHECK(verified || verify_checkpoint(path, &why, VerifyScope::rank(g.rank())), "checkpoint", path,
+             " failed verification: ", why);
   const json state = json::parse(io::read_file((fs::path(path) / "trainer_state.json").string()));
   const int saved_dp = state.value("dp_size", 1), saved_stage = state.value("zero_stage", 0);
-  const comm::Group& g = mp.world ? *mp.world : engine.group();
   LOOM_CHECK(saved_dp == engine.group().size() && saved_stage == engine.zero_stage(), "checkpoint", path,
              " was saved with dp=", saved_dp, " zero_stage=", saved_stage, "; this run has dp=",
              engine.group().size(), " zero_stage=", engine.zero_stage(),
@@ -228,9 +249,14 @@ std::string checkpoint_tokenizer(const std::string& path) {
 }
 
 std::string resolve_checkpoint(const std::string& dir, FILE* log) {
-  if (fs::exists(fs::path(dir) / "manifest.json")) return dir;
+  if (fs::exists(fs::path(dir) / "manifest.json")) {
+    std::string why;
+    LOOM_CHECK(verify_checkpoint(dir, &why, VerifyScope::weights()), "checkpoint", dir,
+               " failed verification: ", why);
+    return dir;
+  }
   LOOM_CHECK(fs::is_directory(dir), "checkpoint", dir, " does not exist");
-  auto found = find_latest_valid_checkpoint(dir, log);
+  auto found = find_latest_valid_checkpoint(dir, log, VerifyScope::weights());
   LOOM_CHECK(found.has_value(), "checkpoint", "no valid checkpoint in ", dir,
              " (expected a step_NNNNNN directory with a manifest.json, or a run directory holding them)");
   return *found;

@@ -37,27 +37,48 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const model::D
                             const std::string& config_yaml, int64_t keep_last,
                             const std::string& tokenizer = "", const ModelParallelInfo& mp = {});
 
+// Which files' checksums a verification computes. Every listed file's presence and size are
+// always checked; the checksum pass reads the file, so a reader checks only what it will load:
+// the weights and metadata, plus (for a resuming rank) its own optimizer shard. A run of N ranks
+// thus reads each shard once instead of N times.
+struct VerifyScope {
+  bool all = true;             // every file's checksum
+  int optimizer_rank = -1;     // otherwise: the non-optimizer files and this rank's shard (-1: none)
+  static VerifyScope everything() { return {}; }
+  static VerifyScope weights() { return {false, -1}; }
+  static VerifyScope rank(int r) { return {false, r}; }
+};
+
 // Checks the manifest, sizes and checksums. On failure returns false and says why.
-bool verify_checkpoint(const std::string& path, std::string* why);
+bool verify_checkpoint(const std::string& path, std::string* why,
+                       const VerifyScope& scope = VerifyScope::everything());
 
 // Newest checkpoint under dir that verifies; corrupt ones are reported to `log` and skipped.
-std::optional<std::string> find_latest_valid_checkpoint(const std::string& dir, FILE* log);
+// With `agree`, a collective over that group: a candidate counts as valid only when it verifies
+// on every rank (each checking its own scope), so all ranks pick the same one.
+std::optional<std::string> find_latest_valid_checkpoint(
+    const std::string& dir, FILE* log, const VerifyScope& scope = VerifyScope::everything(),
+    const comm::Group* agree = nullptr);
 
-// Verifies, then loads weights and this rank's optimizer shard into the engine. The layout
-// (dp size, ZeRO stage, mesh and stages) must be the one saved; resharding is refused with
-// both layouts named.
+// Verifies (unless `verified`: the caller just did, e.g. with find_latest_valid_checkpoint),
+// then loads weights and this rank's optimizer shard into the engine. The layout (dp size, ZeRO
+// stage, mesh and stages) must be the one saved; resharding is refused with both layouts named.
 CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model,
-                               parallel::DataParallel& engine, const ModelParallelInfo& mp = {});
-// Weights only, into a model with a flat parameter buffer (generate, serve, convert).
-CheckpointMeta load_checkpoint_weights(const std::string& path, model::Decoder& model);
+                               parallel::DataParallel& engine, const ModelParallelInfo& mp = {},
+                               bool verified = false);
+// Weights only, into a model with a flat parameter buffer (generate, serve, convert); optimizer
+// shards are neither read nor checksummed. `verified`: resolve_checkpoint already did.
+CheckpointMeta load_checkpoint_weights(const std::string& path, model::Decoder& model,
+                                       bool verified = false);
 
 // Reads the model config stored in a checkpoint (for generate/serve) and builds the model.
 model::ModelConfig checkpoint_model_config(const std::string& path);
 
 // The tokenizer recorded at training time ("" when the checkpoint does not say).
 std::string checkpoint_tokenizer(const std::string& path);
-// A checkpoint directory itself, or the newest valid one inside a run directory; throws
-// naming the directory when there is none.
+// A checkpoint directory itself, or the newest valid one inside a run directory, verified for
+// loading its weights (load_checkpoint_weights(path, model, /*verified=*/true) then); throws
+// naming the directory when there is none, or the failure when the one given is corrupt.
 std::string resolve_checkpoint(const std::string& dir_or_run, FILE* log = nullptr);
 
 // Step number of a checkpoint directory name ("…/step_000123" -> 123), -1 if not one.

@@ -146,7 +146,8 @@ void Trainer::resume_from(const std::string& spec) {
   if (spec == "auto") {
     LOOM_CHECK(!cfg_.checkpoint.dir.empty(), "train",
                "--resume auto needs checkpoint.dir in the config");
-    auto found = find_latest_valid_checkpoint(cfg_.checkpoint.dir, log);
+    auto found = find_latest_valid_checkpoint(cfg_.checkpoint.dir, log,
+                                              VerifyScope::rank(mesh_->world().rank()), &mesh_->world());
     if (!found) {
       if (log)
         std::fprintf(log, "[resume] no valid checkpoint in %s; starting from step 0\n",
@@ -155,8 +156,9 @@ void Trainer::resume_from(const std::string& spec) {
     }
     path = *found;
   }
-  const CheckpointMeta meta =
-      load_checkpoint(path, *model_, *engine_, {&mesh_->world(), whole_layout_.get(), layout_desc_});
+  const CheckpointMeta meta = load_checkpoint(path, *model_, *engine_,
+                                              {&mesh_->world(), whole_layout_.get(), layout_desc_},
+                                              /*verified=*/spec == "auto");
   step_ = meta.step;
   last_checkpoint_ = path;
   if (log) std::fprintf(log, "[resume] resumed from %s at step %lld\n", path.c_str(), (long long)step_);

@@ -12,7 +12,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
 
 #include "comm/mpi/mpi_world.h"
 #include "parallel/mpi/weights_close.h"
@@ -119,6 +121,37 @@ TEST(DataParallelResume, Zero3ResumesExactlyOnTheSameLayout) {
                 std::string::npos) << e.what();
     }
   }
+}
+
+// Each rank checksums only the files it loads (the weights and its own optimizer shard), so a
+// shard corrupted on disk is seen by one rank alone; the ranks must still agree to skip that
+// checkpoint, or they would load different steps.
+TEST(DataParallelResume, EveryRankSkipsACheckpointWithOneCorruptShard) {
+  const comm::Group& world = test_world();
+  const int N = world.size();
+  parallel::Mesh mesh(world, parallel::MeshShape(1, N, 1, 1));
+  const std::string dir = (std::filesystem::temp_directory_path() / "loom_dp_resume_corrupt").string();
+  if (world.rank() == 0) std::filesystem::remove_all(dir);
+  world.barrier();
+  TrainConfig cfg = make_config("gpt2-tiny", N, 1, 8 / N, 0, 6, dir);
+  cfg.checkpoint.every_steps = 2;
+  run_training(cfg, &mesh);  // checkpoints after steps 2, 4 and 6
+  if (world.rank() == 0) {  // one byte of the last rank's shard of step 6, size unchanged
+    char name[64];
+    std::snprintf(name, sizeof name, "/step_000006/optimizer.rank%05d.safetensors", N - 1);
+    std::fstream f(dir + name, std::ios::in | std::ios::out | std::ios::binary);
+    ASSERT_TRUE(f.good()) << dir + name;
+    f.seekg(120);
+    char c = 0;
+    f.read(&c, 1);
+    c ^= 0x10;
+    f.seekp(120);
+    f.write(&c, 1);
+  }
+  world.barrier();
+  SyntheticSource src(cfg.model.vocab_size);
+  Trainer t(cfg, src, loom::testing::quiet_trainer_options(&mesh, "auto", -1));
+  EXPECT_EQ(t.step(), 4) << "rank " << world.rank();
 }
 
 TEST(DataParallelMemory, ModelStatesFollowTheZeroFormulas) {
