@@ -10,9 +10,10 @@
 namespace loom::data {
 
 TokenDataset::TokenDataset(const std::string& path, const DatasetOptions& opt)
-    : file_(path, "data", "run loom prepare --input FILE --out DIR first and point the loader at DIR"),
+    : file_(io::MappedFile::open(path, "data",
+                                 "run loom prepare --input FILE --out DIR first and point the loader at DIR")),
       seed_(opt.seed) {
-  header_ = parse_shard_header(file_.data(), file_.size(), label());
+  header_ = parse_shard_header(file_->data(), file_->size(), label());
   if (opt.model_vocab > 0) check_vocab(opt.model_vocab);
   if (opt.verify) verify();
 }
@@ -22,10 +23,10 @@ TokenDataset TokenDataset::open_split(const std::string& dir, const std::string&
   return TokenDataset((std::filesystem::path(dir) / (split + ".bin")).string(), opt);
 }
 
-std::string TokenDataset::label() const { return std::filesystem::path(file_.path()).filename().string(); }
+std::string TokenDataset::label() const { return std::filesystem::path(file_->path()).filename().string(); }
 
 int32_t TokenDataset::token(int64_t i) const {
-  const unsigned char* p = file_.data() + kShardHeaderBytes;
+  const unsigned char* p = file_->data() + kShardHeaderBytes;
   if (header_.token_bytes == 2) {
     uint16_t v;
     std::memcpy(&v, p + 2 * i, 2);
@@ -39,7 +40,7 @@ int32_t TokenDataset::token(int64_t i) const {
 void TokenDataset::read(int64_t first, int64_t n, int32_t* out) const {
   LOOM_CHECK(first >= 0 && n >= 0 && first + n <= size(), "data", "read of tokens [", first, ", ", first + n,
              ") is outside ", label(), " (", size(), " tokens)");
-  const unsigned char* p = file_.data() + kShardHeaderBytes;
+  const unsigned char* p = file_->data() + kShardHeaderBytes;
   if (header_.token_bytes == 2) {
     for (int64_t i = 0; i < n; ++i) {
       uint16_t v;
@@ -56,7 +57,7 @@ void TokenDataset::read(int64_t first, int64_t n, int32_t* out) const {
 }
 
 void TokenDataset::verify() const {
-  const unsigned char* p = file_.data() + kShardHeaderBytes;
+  const unsigned char* p = file_->data() + kShardHeaderBytes;
   const uint64_t sum = fnv1a64(p, header_.n_tokens * header_.token_bytes);
   LOOM_CHECK(sum == header_.checksum, "data", label(), " is corrupt: payload checksum ", sum,
              " does not match the header's ", header_.checksum, "; re-run loom prepare to rebuild it");

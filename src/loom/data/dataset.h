@@ -4,9 +4,10 @@
 // at step k, sees exactly the tokens a single process would. Validation walks in order.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 
-#include "loom/data/mapped_file.h"
+#include "loom/io/file.h"
 #include "loom/data/shard_format.h"
 
 namespace loom::data {
@@ -26,7 +27,7 @@ class TokenDataset {
                                  const DatasetOptions& opt = {});
 
   const ShardHeader& header() const { return header_; }
-  const std::string& path() const { return file_.path(); }
+  const std::string& path() const { return file_->path(); }
   int64_t size() const { return int64_t(header_.n_tokens); }
   int32_t token(int64_t i) const;
   // Copies tokens [first, first + n) as int32.
@@ -57,7 +58,7 @@ class TokenDataset {
   void check_window(int64_t T, const char* what) const;
   void copy_window(int64_t start, int64_t T, int32_t* tokens, int32_t* targets) const;
 
-  MappedFile file_;
+  std::shared_ptr<const io::MappedFile> file_;
   ShardHeader header_;
   uint64_t seed_ = 0;
 };

@@ -11,7 +11,7 @@
 #include "loom/core/error.h"
 #include "loom/core/timer.h"
 #include "loom/data/dataset.h"
-#include "loom/data/mapped_file.h"
+#include "loom/io/file.h"
 #include "loom/data/shard_format.h"
 #include "loom/data/tokenizer.h"
 #include "loom/data/unicode.h"
@@ -21,13 +21,13 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::vector<MappedFile> open_inputs(const PrepareOptions& opt) {
+std::vector<std::shared_ptr<const io::MappedFile>> open_inputs(const PrepareOptions& opt) {
   LOOM_CHECK(!opt.inputs.empty(), "prepare", "no input files; pass --input FILE (repeatable)");
-  std::vector<MappedFile> files;
+  std::vector<std::shared_ptr<const io::MappedFile>> files;
   for (const std::string& path : opt.inputs) {
-    MappedFile f(path, "prepare", "check the --input path");
-    LOOM_CHECK(f.size() > 0, "prepare", path, " is empty; give a text file with content");
-    const double garbage = garbage_fraction(f.data(), f.data() + f.size());
+    auto f = io::MappedFile::open(path, "prepare", "check the --input path");
+    LOOM_CHECK(f->size() > 0, "prepare", path, " is empty; give a text file with content");
+    const double garbage = garbage_fraction(f->data(), f->data() + f->size());
     LOOM_CHECK(garbage <= opt.max_garbage_fraction, "prepare", path, " looks binary, not text: ",
                std::fixed, std::setprecision(1), 100.0 * garbage,
                "% of its bytes are NUL/control bytes or invalid UTF-8 (limit ", 100.0 * opt.max_garbage_fraction,
@@ -94,7 +94,7 @@ PrepareResult prepare(const PrepareOptions& opt) {
   LOOM_CHECK(opt.val_fraction >= 0 && opt.val_fraction < 1, "prepare", "--val-fraction must be in [0, 1), got ",
              opt.val_fraction);
   std::unique_ptr<Tokenizer> tok = make_tokenizer(opt.tokenizer, opt.data_dir);
-  std::vector<MappedFile> inputs = open_inputs(opt);
+  const auto inputs = open_inputs(opt);
   check_out_dir(opt);
   fs::create_directories(opt.out_dir);
 
@@ -117,23 +117,23 @@ PrepareResult prepare(const PrepareOptions& opt) {
     }
   } cleanup{all_path};
   size_t total_bytes = 0, bytes_before = 0;
-  for (const auto& f : inputs) total_bytes += f.size();
+  for (const auto& f : inputs) total_bytes += f->size();
   {
     proto.split = "all";
     ShardWriter all(all_path, proto);
     for (const auto& f : inputs) {
-      PreparedSource src{f.path(), int64_t(f.size()), 0};
+      PreparedSource src{f->path(), int64_t(f->size()), 0};
       if (auto eot = tok->eot_id()) {  // every document starts with <|endoftext|>, as in GPT-2 training
         const int32_t e = *eot;
         all.append({&e, 1});
         src.tokens = 1;
       }
-      tok->encode_stream(f.view(), [&](std::span<const int32_t> ids, size_t done) {
+      tok->encode_stream(f->view(), [&](std::span<const int32_t> ids, size_t done) {
         all.append(ids);
         src.tokens += int64_t(ids.size());
         if (opt.progress) opt.progress(bytes_before + done, total_bytes);
       });
-      bytes_before += f.size();
+      bytes_before += f->size();
       r.sources.push_back(src);
     }
     all.finish();

@@ -96,14 +96,17 @@ std::string read_file(const std::string& path) {
   return out;
 }
 
-std::shared_ptr<const MappedFile> MappedFile::open(const std::string& path) {
+std::shared_ptr<const MappedFile> MappedFile::open(const std::string& path, const char* where,
+                                                   const std::string& fix) {
+  const std::string then = fix.empty() ? "" : "; " + fix;
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail("io", path, ": cannot open: ", os_error());
+  if (fd < 0) fail(where, "cannot open ", path, ": ", os_error(), then);
   struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const std::string why = os_error();
+  const bool stat_ok = ::fstat(fd, &st) == 0;
+  if (!stat_ok || !S_ISREG(st.st_mode)) {
+    const std::string why = stat_ok ? "not a regular file" : os_error();
     ::close(fd);
-    fail("io", path, ": cannot stat: ", why);
+    fail(where, "cannot open ", path, ": ", why, then);
   }
   std::shared_ptr<MappedFile> m(new MappedFile());
   m->path_ = path;
@@ -113,7 +116,7 @@ std::shared_ptr<const MappedFile> MappedFile::open(const std::string& path) {
     if (p == MAP_FAILED) {
       const std::string why = os_error();
       ::close(fd);
-      fail("io", path, ": mmap of ", m->size_, " bytes failed: ", why);
+      fail(where, "cannot map ", path, " (", m->size_, " bytes): ", why);
     }
     m->data_ = static_cast<unsigned char*>(p);
   }

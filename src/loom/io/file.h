@@ -44,18 +44,23 @@ void fsync_dir(const std::string& dir);
 // Whole file into memory. Throws "[io] <path>: ..." naming the OS error.
 std::string read_file(const std::string& path);
 
-// A private memory map of a whole file, shared so that tensors borrowing it keep it alive.
-// Pages are copy-on-write: a write through a borrowed tensor stays in this process and never
-// reaches the file (so a Tensor view of it is safe to mutate).
+// A private memory map of a whole file (safetensors weights, token shards, `loom prepare`'s
+// inputs), shared so that tensors borrowing it keep it alive. Pages are copy-on-write: a write
+// through a borrowed tensor stays in this process and never reaches the file (so a Tensor view
+// of it is safe to mutate). An empty file maps to an empty view.
 class MappedFile {
  public:
-  static std::shared_ptr<const MappedFile> open(const std::string& path);
+  // Throws "[where] cannot open <path>: <reason>; <fix>" (the fix only when given) when the
+  // path cannot be opened, is not a regular file, or cannot be mapped.
+  static std::shared_ptr<const MappedFile> open(const std::string& path, const char* where = "io",
+                                                const std::string& fix = "");
   ~MappedFile();
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;
 
   const unsigned char* data() const { return data_; }
   size_t size() const { return size_; }
+  std::string_view view() const { return {reinterpret_cast<const char*>(data_), size_}; }
   const std::string& path() const { return path_; }
 
  private:
