@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "loom/core/stats.h"
 #include "loom/comm/bandwidth.h"
 #include "loom/comm/launch.h"
 #include "loom/comm/world.h"
@@ -151,13 +152,12 @@ int bench_comm(const std::vector<std::string>& args) {
       ok = okt.data<int32_t>()[0] == 0;
       wrong += !ok;
       std::vector<double> t(times.data<double>(), times.data<double>() + iters);
-      std::nth_element(t.begin(), t.begin() + iters / 2, t.end());
-      double median = t[size_t(iters / 2)];
-      double algbw = real_bytes / median / 1e9, busbw = algbw * factor;
+      const double med = median(std::move(t));
+      double algbw = real_bytes / med / 1e9, busbw = algbw * factor;
       if (busbw > peak.busbw || peak.bytes == 0) peak = {busbw, real_bytes};
       if (primary) {
         std::printf("  %-14s %10s %12.1f %12.3f %12.3f %6s\n", op.c_str(),
-                    comm::short_byte_size(real_bytes).c_str(), median * 1e6, algbw, busbw,
+                    comm::short_byte_size(real_bytes).c_str(), med * 1e6, algbw, busbw,
                     ok ? "ok" : "WRONG");
         std::fflush(stdout);
       }

@@ -13,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "loom/core/stats.h"
 #include "loom/core/error.h"
 #include "loom/core/threads.h"
 #include "loom/core/timer.h"
@@ -126,14 +127,6 @@ struct ModeResult {
   double contiguous_waste = 0;    // what per-request max-length buffers would waste there
   double peak_kv_bytes = 0;
 };
-
-double percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const double pos = p / 100.0 * double(v.size() - 1);
-  const size_t lo = size_t(pos), hi = std::min(lo + 1, v.size() - 1);
-  return v[lo] + (v[hi] - v[lo]) * (pos - double(lo));
-}
 
 std::vector<WorkItem> make_workload(int64_t n, double rate, const LengthDist& plen,
                                     const LengthDist& olen, int64_t vocab, uint64_t seed) {

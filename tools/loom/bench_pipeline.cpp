@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "loom/core/stats.h"
 #include "loom/comm/launch.h"
 #include "loom/comm/world.h"
 #include "loom/core/threads.h"
@@ -189,8 +190,7 @@ int bench_pipeline(const std::vector<std::string>& argv) {
       // Per stage: idle, forward and backward time per micro-batch, activation peak.
       Tensor t = Tensor::zeros({4 * p}, DType::f64, MemCategory::workspace);
       double* row = t.data<double>() + 4 * s;
-      std::sort(idle_steps.begin(), idle_steps.end());
-      row[0] = idle_steps[idle_steps.size() / 2];  // median step: the machine is shared
+      row[0] = median(idle_steps);  // median step: the machine is shared
       row[1] = fwd;
       row[2] = bwd;
       row[3] = double(alloc.snapshot()[MemCategory::activations].peak);

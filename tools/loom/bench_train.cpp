@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "loom/core/stats.h"
 #include "loom/comm/launch.h"
 #include "loom/core/threads.h"
 #include "loom/core/timer.h"
@@ -31,11 +32,9 @@ struct Stats {
 Stats stats_of(std::vector<double> v) {
   Stats s;
   if (v.empty()) return s;
-  std::sort(v.begin(), v.end());
-  s.min = v.front();
-  s.max = v.back();
-  const size_t n = v.size();
-  s.median = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  s.min = *std::min_element(v.begin(), v.end());
+  s.max = *std::max_element(v.begin(), v.end());
+  s.median = median(std::move(v));
   return s;
 }
 

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "loom/core/stats.h"
 #include "loom/comm/record.h"
 #include "loom/comm/world.h"
 #include "loom/core/threads.h"
@@ -23,11 +24,6 @@
 namespace loom::cli {
 
 namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
-}
 
 struct StepTimes {
   std::vector<double> step_ms, comm_ms, exposed_ms;

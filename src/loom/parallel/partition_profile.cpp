@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "loom/core/stats.h"
 #include "loom/core/timer.h"
 #include "loom/model/decoder.h"
 
@@ -34,8 +35,7 @@ double time_piece(const model::ModelConfig& cfg, const model::ModelSlice& slice,
     d.stage_backward(id, slice.has_head ? Tensor{} : dy);
     if (r > 0) times.push_back(sw.seconds());  // the first run allocates and warms up
   }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  return median(std::move(times));
 }
 
 }  // namespace

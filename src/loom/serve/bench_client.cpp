@@ -10,6 +10,7 @@
 #include <random>
 #include <thread>
 
+#include "loom/core/stats.h"
 #include "loom/core/error.h"
 #include "loom/core/timer.h"
 #include "loom/serve/http_client.h"
@@ -26,10 +27,8 @@ LatencyStats latency_stats(std::vector<double> v) {
   double sum = 0;
   for (double x : v) sum += x;
   s.mean = sum / double(v.size());
-  // Nearest-rank percentile.
-  auto pct = [&](double p) { return v[std::min(v.size() - 1, size_t(std::ceil(p * double(v.size()))) - 1)]; };
-  s.p50 = pct(0.50);
-  s.p99 = pct(0.99);
+  s.p50 = percentile(v, 50);
+  s.p99 = percentile(v, 99);
   s.max = v.back();
   return s;
 }
