@@ -6,53 +6,44 @@
 
 namespace loom::model {
 
-static Tensor maybe(const ParamLayout& layout, const Tensor& flat, const std::string& name,
-                    int64_t base) {
-  if (!layout.contains(name)) return {};
-  const auto& p = layout.get(name);
-  return flat.slice(p.offset - base, p.shape);
-}
-
-// A view spanning consecutive parameters (they must be adjacent in the layout).
-static Tensor fused(const ParamLayout& layout, const Tensor& flat,
-                    std::initializer_list<std::string> names, int64_t base) {
-  int64_t rows = 0, cols = -1, expect = -1, first = -1;
-  for (const auto& n : names) {
-    const auto& p = layout.get(n);
-    LOOM_CHECK(expect < 0 || p.offset == expect, "params", n, " is not adjacent to the previous part");
-    if (first < 0) first = p.offset;
-    rows += p.shape[0];
-    cols = p.shape.ndim() > 1 ? p.shape[1] : 1;
-    expect = p.offset + p.numel();
+static Tensor& slot_of(BlockWeights& w, BlockSlot s) {
+  switch (s) {
+    case BlockSlot::ln1_w: return w.ln1_w;
+    case BlockSlot::ln1_b: return w.ln1_b;
+    case BlockSlot::qkv_w: return w.qkv_w;
+    case BlockSlot::qkv_b: return w.qkv_b;
+    case BlockSlot::proj_w: return w.proj_w;
+    case BlockSlot::proj_b: return w.proj_b;
+    case BlockSlot::ln2_w: return w.ln2_w;
+    case BlockSlot::ln2_b: return w.ln2_b;
+    case BlockSlot::fc_w: return w.fc_w;
+    case BlockSlot::fc_b: return w.fc_b;
+    case BlockSlot::out_w: return w.out_w;
+    case BlockSlot::out_b: return w.out_b;
   }
-  return flat.slice(first - base, cols == 1 ? Shape{rows} : Shape{rows, cols});
+  fail("params", "unknown block slot ", int(s));
 }
 
 BlockWeights block_weights(const ModelConfig& cfg, const ParamLayout& layout, const Tensor& flat,
                            int l, int64_t base) {
+  // Each slot is one parameter, or consecutive adjacent ones bound as one fused view spanning
+  // their rows (q|k|v, gate|up).
   const std::string p = layout.block_prefix(l);
+  const auto specs = block_param_specs(cfg);
   BlockWeights w;
-  if (cfg.family == Family::gpt2) {
-    w.ln1_w = maybe(layout, flat, p + "ln_1.weight", base);
-    w.ln1_b = maybe(layout, flat, p + "ln_1.bias", base);
-    w.qkv_w = maybe(layout, flat, p + "attn.c_attn.weight", base);
-    w.qkv_b = maybe(layout, flat, p + "attn.c_attn.bias", base);
-    w.proj_w = maybe(layout, flat, p + "attn.c_proj.weight", base);
-    w.proj_b = maybe(layout, flat, p + "attn.c_proj.bias", base);
-    w.ln2_w = maybe(layout, flat, p + "ln_2.weight", base);
-    w.ln2_b = maybe(layout, flat, p + "ln_2.bias", base);
-    w.fc_w = maybe(layout, flat, p + "mlp.c_fc.weight", base);
-    w.fc_b = maybe(layout, flat, p + "mlp.c_fc.bias", base);
-    w.out_w = maybe(layout, flat, p + "mlp.c_proj.weight", base);
-    w.out_b = maybe(layout, flat, p + "mlp.c_proj.bias", base);
-  } else {
-    w.ln1_w = maybe(layout, flat, p + "input_layernorm.weight", base);
-    w.qkv_w = fused(layout, flat, {p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight",
-                                   p + "self_attn.v_proj.weight"}, base);
-    w.proj_w = maybe(layout, flat, p + "self_attn.o_proj.weight", base);
-    w.ln2_w = maybe(layout, flat, p + "post_attention_layernorm.weight", base);
-    w.fc_w = fused(layout, flat, {p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"}, base);
-    w.out_w = maybe(layout, flat, p + "mlp.down_proj.weight", base);
+  for (size_t i = 0; i < specs.size();) {
+    const ParamInfo& first = layout.get(p + specs[i].suffix);
+    int64_t rows = 0, end = first.offset;
+    size_t j = i;
+    for (; j < specs.size() && specs[j].slot == specs[i].slot; ++j) {
+      const ParamInfo& part = layout.get(p + specs[j].suffix);
+      LOOM_CHECK(part.offset == end, "params", part.name, " is not adjacent to the previous part");
+      rows += part.shape[0];
+      end += part.numel();
+    }
+    slot_of(w, specs[i].slot) = j == i + 1 ? flat.slice(first.offset - base, first.shape)
+                                 : flat.slice(first.offset - base, {rows, first.shape[1]});
+    i = j;
   }
   return w;
 }

@@ -25,6 +25,43 @@ int64_t vocab_rows_per_rank(const ModelConfig& cfg, int64_t tp) {
   return (cfg.vocab_size + tp - 1) / tp;
 }
 
+std::vector<BlockParamSpec> block_param_specs(const ModelConfig& cfg) {
+  const int64_t C = cfg.d_model, F = cfg.d_ff, D = cfg.head_dim(), H = cfg.n_head, KVH = cfg.n_kv_head;
+  // Megatron-LM's split (Shoeybi et al. 2019): column-parallel (rows, 0) for q|k|v, fc and
+  // gate|up; row-parallel (columns, 1) for the output projections; the rest replicated.
+  constexpr int rows = 0, cols = 1, none = -1;
+  using S = BlockSlot;
+  const Init N = Init::normal, Z = Init::zeros, O = Init::ones;
+  if (cfg.family == Family::gpt2)
+    return {
+        {"ln_1.weight", {C}, S::ln1_w, O, false, false, false, none, 1, false},
+        {"ln_1.bias", {C}, S::ln1_b, Z, false, false, false, none, 1, false},
+        {"attn.c_attn.weight", {3 * C, C}, S::qkv_w, N, false, true, true, rows, 3, false},
+        {"attn.c_attn.bias", {3 * C}, S::qkv_b, Z, false, false, false, rows, 3, false},
+        {"attn.c_proj.weight", {C, C}, S::proj_w, N, true, true, true, cols, 1, false},
+        {"attn.c_proj.bias", {C}, S::proj_b, Z, false, false, false, none, 1, false},
+        {"ln_2.weight", {C}, S::ln2_w, O, false, false, false, none, 1, false},
+        {"ln_2.bias", {C}, S::ln2_b, Z, false, false, false, none, 1, false},
+        {"mlp.c_fc.weight", {F, C}, S::fc_w, N, false, true, true, rows, 1, false},
+        {"mlp.c_fc.bias", {F}, S::fc_b, Z, false, false, false, rows, 1, false},
+        {"mlp.c_proj.weight", {C, F}, S::out_w, N, true, true, true, cols, 1, false},
+        {"mlp.c_proj.bias", {C}, S::out_b, Z, false, false, false, none, 1, false},
+    };
+  return {
+      {"input_layernorm.weight", {C}, S::ln1_w, O, false, false, false, none, 1, false},
+      // q, k, v adjacent: together the fused [(H + 2 KVH) D, C] projection.
+      {"self_attn.q_proj.weight", {H * D, C}, S::qkv_w, N, false, true, false, rows, 1, false},
+      {"self_attn.k_proj.weight", {KVH * D, C}, S::qkv_w, N, false, true, false, rows, 1, true},
+      {"self_attn.v_proj.weight", {KVH * D, C}, S::qkv_w, N, false, true, false, rows, 1, true},
+      {"self_attn.o_proj.weight", {C, H * D}, S::proj_w, N, true, true, false, cols, 1, false},
+      {"post_attention_layernorm.weight", {C}, S::ln2_w, O, false, false, false, none, 1, false},
+      // gate, up adjacent: the fused [2 F, C] projection feeding SwiGLU.
+      {"mlp.gate_proj.weight", {F, C}, S::fc_w, N, false, true, false, rows, 1, false},
+      {"mlp.up_proj.weight", {F, C}, S::fc_w, N, false, true, false, rows, 1, false},
+      {"mlp.down_proj.weight", {C, F}, S::out_w, N, true, true, false, cols, 1, false},
+  };
+}
+
 ParamLayout::ParamLayout(const ModelConfig& cfg, int64_t unit_align, const ModelSlice& slice)
     : cfg_(cfg), slice_(slice), unit_align_(unit_align) {
   cfg.validate();
@@ -37,51 +74,28 @@ ParamLayout::ParamLayout(const ModelConfig& cfg, int64_t unit_align, const Model
   LOOM_CHECK(slice_.tp_rank >= 0 && slice_.tp_rank < slice_.tp, "params", "tp rank ",
              slice_.tp_rank, " outside tp=", slice_.tp);
   check_tensor_parallel(cfg, slice_.tp);
-  const int64_t C = cfg.d_model, V = cfg.vocab_size, F = cfg.d_ff, D = cfg.head_dim();
-  const int64_t H = cfg.n_head, KVH = cfg.n_kv_head;
+  const int64_t C = cfg.d_model, V = cfg.vocab_size, KVH = cfg.n_kv_head;
   // GPT-2 scales the residual projections by 1/sqrt(2 L) (Radford et al. 2019, section 2.3).
   const float std = 0.02f, proj_std = float(0.02 / std::sqrt(2.0 * double(cfg.n_layer)));
   const bool gpt2 = cfg.family == Family::gpt2;
   const char* table = token_table_name(cfg);
-  // Megatron-LM's split (Shoeybi et al. 2019): column-parallel (rows, 0) for q|k|v, fc and
-  // gate|up; row-parallel (columns, 1) for the output projections; vocabulary rows for the
-  // token table and the head; the rest replicated.
-  constexpr int rows = 0, cols = 1;
+  // Tensor parallel: vocabulary rows (split 0) for the token table and the head; the blocks'
+  // splits are in block_param_specs.
+  constexpr int rows = 0;
   if (slice_.has_embedding) {
     add(table, {V, C}, -1, Init::normal, std, true, false, rows);
     if (gpt2) add("transformer.wpe.weight", {cfg.n_ctx, C}, -1, Init::normal, std, true);
   }
   close_unit("embed", -1);
   const bool split_kv = KVH % slice_.tp == 0;
+  const auto specs = block_param_specs(cfg);
   for (int l = slice_.first_layer; l < slice_.last_layer; ++l) {
-    std::string p = block_prefix(l);
-    if (gpt2) {
-      add(p + "ln_1.weight", {C}, l, Init::ones, 0, false);
-      add(p + "ln_1.bias", {C}, l, Init::zeros, 0, false);
-      add(p + "attn.c_attn.weight", {3 * C, C}, l, Init::normal, std, true, true, rows, 3);
-      add(p + "attn.c_attn.bias", {3 * C}, l, Init::zeros, 0, false, false, rows, 3);
-      add(p + "attn.c_proj.weight", {C, C}, l, Init::normal, proj_std, true, true, cols);
-      add(p + "attn.c_proj.bias", {C}, l, Init::zeros, 0, false);
-      add(p + "ln_2.weight", {C}, l, Init::ones, 0, false);
-      add(p + "ln_2.bias", {C}, l, Init::zeros, 0, false);
-      add(p + "mlp.c_fc.weight", {F, C}, l, Init::normal, std, true, true, rows);
-      add(p + "mlp.c_fc.bias", {F}, l, Init::zeros, 0, false, false, rows);
-      add(p + "mlp.c_proj.weight", {C, F}, l, Init::normal, proj_std, true, true, cols);
-      add(p + "mlp.c_proj.bias", {C}, l, Init::zeros, 0, false);
-    } else {
-      add(p + "input_layernorm.weight", {C}, l, Init::ones, 0, false);
-      // q, k, v adjacent: together they are the fused [(H + 2 KVH) D, C] projection.
-      add(p + "self_attn.q_proj.weight", {H * D, C}, l, Init::normal, std, true, false, rows);
-      for (const char* kv : {"self_attn.k_proj.weight", "self_attn.v_proj.weight"}) {
-        ParamInfo& pi = add(p + kv, {KVH * D, C}, l, Init::normal, std, true, false, split_kv ? rows : -1);
-        pi.tp_grad_partial = pi.tp_replicated;  // each rank's query heads see all kv heads
-      }
-      add(p + "self_attn.o_proj.weight", {C, H * D}, l, Init::normal, proj_std, true, false, cols);
-      add(p + "post_attention_layernorm.weight", {C}, l, Init::ones, 0, false);
-      // gate, up adjacent: the fused [2 F, C] projection feeding SwiGLU.
-      add(p + "mlp.gate_proj.weight", {F, C}, l, Init::normal, std, true, false, rows);
-      add(p + "mlp.up_proj.weight", {F, C}, l, Init::normal, std, true, false, rows);
-      add(p + "mlp.down_proj.weight", {C, F}, l, Init::normal, proj_std, true, false, cols);
+    const std::string p = block_prefix(l);
+    for (const BlockParamSpec& b : specs) {
+      const int split = b.kv && !split_kv ? -1 : b.split;
+      const float init_std = b.init != Init::normal ? 0.f : b.residual_proj ? proj_std : std;
+      ParamInfo& pi = add(p + b.suffix, b.shape, l, b.init, init_std, b.decay, b.hf_transposed, split, b.parts);
+      if (b.kv) pi.tp_grad_partial = pi.tp_replicated;  // each rank's query heads see all kv heads
     }
     close_unit(str_cat("block.", l), l);
   }

@@ -80,6 +80,26 @@ struct ParamUnit {
   int64_t size() const { return end - begin; }
 };
 
+// The roles of a block's parameters: the BlockWeights members (model/block.h) they bind to.
+enum class BlockSlot : uint8_t { ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, out_w, out_b };
+
+// One parameter of a block, as ParamLayout creates it and block_weights binds it; the one list
+// of a block's parameters for each family. Parameters with the same slot are consecutive and
+// adjacent in the layout, and bind as one fused view (LLaMA's q|k|v and gate|up).
+struct BlockParamSpec {
+  const char* suffix;     // the name after block_prefix(l), e.g. "attn.c_attn.weight"
+  Shape shape;            // whole (unsplit) shape, [out, in] for linear weights
+  BlockSlot slot;
+  Init init;
+  bool residual_proj;     // normal init scaled by 1/sqrt(2 L) (GPT-2's residual projections)
+  bool decay;             // weight decay (2-D weights)
+  bool hf_transposed;     // GPT-2 Conv1D: Hugging Face stores it [in, out]
+  int split;              // tensor parallel: 0 rows (column-parallel), 1 columns, -1 replicated
+  int parts;              // row blocks split separately (GPT-2's fused q|k|v: 3)
+  bool kv;                // a LLaMA k/v projection: replicated unless tp divides n_kv_head
+};
+std::vector<BlockParamSpec> block_param_specs(const ModelConfig& cfg);
+
 class ParamLayout {
  public:
   // unit_align: every unit's padded size is a multiple of it (the data-parallel degree).
