@@ -97,7 +97,7 @@ std::string read_file(const std::string& path) {
 }
 
 std::shared_ptr<const MappedFile> MappedFile::open(const std::string& path, const char* where,
-                                                   const std::string& fix) {
+                                                   const std::string& fix, bool writable) {
   const std::string then = fix.empty() ? "" : "; " + fix;
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail(where, "cannot open ", path, ": ", os_error(), then);
@@ -112,11 +112,11 @@ std::shared_ptr<const MappedFile> MappedFile::open(const std::string& path, cons
   m->path_ = path;
   m->size_ = size_t(st.st_size);
   if (m->size_ > 0) {  // mmap rejects a zero length; an empty file maps to nothing
-    void* p = ::mmap(nullptr, m->size_, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+    void* p = ::mmap(nullptr, m->size_, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {
       const std::string why = os_error();
       ::close(fd);
-      fail(where, "cannot map ", path, " (", m->size_, " bytes): ", why);
+      fail(where, "cannot map ", path, " (", m->size_, " bytes): ", why, then);
     }
     m->data_ = static_cast<unsigned char*>(p);
   }

@@ -45,15 +45,17 @@ void fsync_dir(const std::string& dir);
 std::string read_file(const std::string& path);
 
 // A private memory map of a whole file (safetensors weights, token shards, `loom prepare`'s
-// inputs), shared so that tensors borrowing it keep it alive. Pages are copy-on-write: a write
-// through a borrowed tensor stays in this process and never reaches the file (so a Tensor view
-// of it is safe to mutate). An empty file maps to an empty view.
+// inputs), shared so that tensors borrowing it keep it alive. Read-only by default. `writable`
+// maps the pages copy-on-write: a write through a borrowed tensor stays in this process and
+// never reaches the file (so a Tensor view of it is safe to mutate); the kernel then counts the
+// whole size against its commit limit, which a read-only map of a huge token shard avoids.
+// An empty file maps to an empty view.
 class MappedFile {
  public:
   // Throws "[where] cannot open <path>: <reason>; <fix>" (the fix only when given) when the
   // path cannot be opened, is not a regular file, or cannot be mapped.
   static std::shared_ptr<const MappedFile> open(const std::string& path, const char* where = "io",
-                                                const std::string& fix = "");
+                                                const std::string& fix = "", bool writable = false);
   ~MappedFile();
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;

@@ -142,7 +142,7 @@ uint32_t SafetensorsWriter::write(const std::string& path) const {
 
 SafetensorsFile SafetensorsFile::open(const std::string& path) {
   SafetensorsFile f;
-  f.map_ = MappedFile::open(path);
+  f.map_ = MappedFile::open(path, "safetensors", "", /*writable=*/true);  // tensors borrow it
   auto bad = [&](const auto&... parts) { fail("safetensors", path, ": ", parts...); };
   const uint64_t size = f.map_->size();
   if (size < 8) bad("file is ", size, " bytes, too short for the 8-byte header length (not a safetensors file?)");
