@@ -173,24 +173,57 @@ bool verify_checkpoint(const std::string& path, std::string* why, const VerifySc
   return true;
 }
 
+// verify_checkpoint that reports a throw (an unreadable file, a malformed manifest field) as a
+// failure, so that no rank leaves a collective its peers are in.
+static bool verify_noexcept(const std::string& path, std::string* why, const VerifyScope& scope) {
+  try {
+    return verify_checkpoint(path, why, scope);
+  } catch (const std::exception& e) {
+    *why = e.what();
+    return false;
+  }
+}
+
+// Across `g`: the lowest rank whose verification failed, or -1 when all passed.
+static int first_failing_rank(const comm::Group& g, bool ok) {
+  Tensor r = Tensor::zeros({1}, DType::f64, MemCategory::comm);
+  r.data<double>()[0] = ok ? double(g.size()) : double(g.rank());
+  g.all_reduce(r, comm::ReduceOp::min);
+  const int first = int(r.data<double>()[0]);
+  return first < g.size() ? first : -1;
+}
+
 std::optional<std::string> find_latest_valid_checkpoint(const std::string& dir, FILE* log,
                                                         const VerifyScope& scope,
                                                         const comm::Group* agree) {
-  // Every rank lists the same shared directory, so all walk the same candidates in order.
-  for (const auto& [step, p] : list_checkpoints(dir)) {
-    std::string why;
-    bool ok = verify_checkpoint(p.string(), &why, scope);
-    if (agree && agree->size() > 1) {
-      Tensor flag = Tensor::zeros({1}, DType::f32, MemCategory::comm);
-      flag.data<float>()[0] = ok ? 1.f : 0.f;
-      agree->all_reduce(flag, comm::ReduceOp::min);
-      if (ok && flag.data<float>()[0] == 0.f) why = "a file another rank loads failed verification there";
-      ok = flag.data<float>()[0] == 1.f;
+  const bool collective = agree && agree->size() > 1;
+  const auto candidates = list_checkpoints(dir);
+  for (size_t i = 0;; ++i) {
+    const int64_t step = i < candidates.size() ? candidates[i].first : -1;
+    if (collective) {  // every rank must be looking at the same candidate (or all at none)
+      Tensor s = Tensor::zeros({2}, DType::f64, MemCategory::comm);
+      s.data<double>()[0] = double(step);
+      s.data<double>()[1] = -double(step);
+      agree->all_reduce(s, comm::ReduceOp::min);
+      const int64_t lo = int64_t(s.data<double>()[0]), hi = -int64_t(s.data<double>()[1]);
+      LOOM_CHECK(lo == hi, "resume", "ranks see different checkpoints in ", dir, " (step ", hi, " on one, ",
+                 lo < 0 ? std::string("none") : std::to_string(lo),
+                 " on another); checkpoint.dir must be a directory every rank shares");
     }
-    if (ok) return p.string();
-    if (log) std::fprintf(log, "[resume] skipping %s: %s\n", p.string().c_str(), why.c_str());
+    if (step < 0) return std::nullopt;
+    const std::string p = candidates[i].second.string();
+    std::string why;
+    bool ok = verify_noexcept(p, &why, scope);
+    if (collective) {
+      const int bad = first_failing_rank(*agree, ok);
+      if (bad == agree->rank() && bad != 0)  // only rank 0 logs; only this rank knows why
+        std::fprintf(stderr, "[resume] rank %d: %s failed verification: %s\n", bad, p.c_str(), why.c_str());
+      if (bad > 0 && agree->rank() != bad) why = str_cat("rank ", bad, "'s files failed verification (its reason is in its log)");
+      ok = bad < 0;
+    }
+    if (ok) return p;
+    if (log) std::fprintf(log, "[resume] skipping %s: %s\n", p.c_str(), why.c_str());
   }
-  return std::nullopt;
 }
 
 CheckpointMeta load_checkpoint_weights(const std::string& path, model::Decoder& model, bool verified) {
@@ -206,9 +239,14 @@ CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model,
                                parallel::DataParallel& engine, const ModelParallelInfo& mp,
                                bool verified) {
   const comm::Group& g = mp.world ? *mp.world : engine.group();
-  std::string why;
-  LOOM_CHECK(verified || verify_checkpoint(path, &why, VerifyScope::rank(g.rank())), "checkpoint", path,
-             " failed verification: ", why);
+  if (!verified) {  // each rank its own files; all fail together when one does
+    std::string why;
+    const bool ok = verify_noexcept(path, &why, VerifyScope::rank(g.rank()));
+    const int bad = g.size() > 1 ? first_failing_rank(g, ok) : (ok ? -1 : 0);
+    LOOM_CHECK(bad < 0, "checkpoint", path, " failed verification",
+               bad == g.rank() ? ": " + why : str_cat(" on rank ", bad, " (its reason is in its log)"),
+               "; resume from an earlier checkpoint, or --resume auto to take the newest valid one");
+  }
   const json state = json::parse(io::read_file((fs::path(path) / "trainer_state.json").string()));
   const int saved_dp = state.value("dp_size", 1), saved_stage = state.value("zero_stage", 0);
   LOOM_CHECK(saved_dp == engine.group().size() && saved_stage == engine.zero_stage(), "checkpoint", path,
