@@ -288,8 +288,10 @@ void Decoder::stage_backward(int id, const Tensor& dy) {
   const int first = layout_.first_layer();
   auto backward_block = [&](int64_t i, BlockActs& acts) {
     const int l = first + int(i);
-    const BlockWeights w = src_->block_params(l, Phase::backward);
-    block_backward(cfg_, w, src_->block_grads(l), s.res[size_t(i)], pos_, acts, scratch_, dres_, tp_);
+    {  // the weights' views end before the release, so a ZeRO-3 source can reuse the buffer
+      const BlockWeights w = src_->block_params(l, Phase::backward);
+      block_backward(cfg_, w, src_->block_grads(l), s.res[size_t(i)], pos_, acts, scratch_, dres_, tp_);
+    }
     src_->release_block_params(l, Phase::backward);
     src_->block_grads_done(l);
   };

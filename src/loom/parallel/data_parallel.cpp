@@ -159,10 +159,17 @@ Tensor DataParallel::take_buffer(int64_t elems) {
 
 void DataParallel::recycle(Tensor buf) {
   // Bounded: at most as many as a pass keeps in flight (two gathers, two reductions) plus the
-  // embedding and head units; beyond that, memory goes back to the heap.
+  // embedding and head units, and never more bytes than two block units; beyond that, memory
+  // goes back to the heap. The optimizer step empties the list (see step()).
   constexpr size_t kMaxSpares = 6;
+  int64_t held = buf.numel();
+  for (const Tensor& t : spare_buffers_) held += t.numel();
+  int64_t limit = 0;
+  for (const auto& u : layout_.units())
+    if (u.layer >= 0) limit = std::max(limit, 2 * u.size());
   // A buffer something still views (a caller's weights, a collective's handle) is left alone.
-  if (buf.sole_owner() && spare_buffers_.size() < kMaxSpares) spare_buffers_.push_back(std::move(buf));
+  if (buf.sole_owner() && spare_buffers_.size() < kMaxSpares && held <= limit)
+    spare_buffers_.push_back(std::move(buf));
 }
 
 void DataParallel::reduce_scatter_unit(const ParamUnit& u, const Tensor& staging, bool pooled) {
@@ -434,6 +441,7 @@ double DataParallel::grad_norm_sq() {
 
 void DataParallel::step(double lr) {
   finish_grads();
+  spare_buffers_.clear();  // reuse is within a step; the update and checkpoints get the memory back
   const auto& units = layout_.units();
   for (size_t i = 0; i < units.size(); ++i) {
     const ParamUnit& u = units[i];
