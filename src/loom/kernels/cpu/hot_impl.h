@@ -269,10 +269,11 @@ void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t Tn, int6
             T* sp = &S[size_t(i * kTile)];
             const int64_t nj = i < nq ? std::clamp<int64_t>(q0 + i - k0 + 1, 0, nk) : 0;
             if (nj > 0) {
-              // Whole vectors: the masked keys up to the next vector boundary count as -inf
-              // (their exp underflows to at most 1e-38, below half an ulp of l >= 1, and is
-              // zeroed below), so the diagonal tile's short rows have no scalar tail.
-              const int64_t njv = round_vec<T>(nj);
+              // Whole 16-element blocks (row_max and exp_shift_sum's unit): the masked keys up to
+              // the next multiple of 16 count as -inf (their exp underflows to at most 1e-38,
+              // below half an ulp of l >= 1, and is zeroed below), so the diagonal tile's short
+              // rows have no scalar tail. They are written here, so none needs computing.
+              const int64_t njv = std::min<int64_t>(kTile, (nj + 15) / 16 * 16);
               std::fill(sp + nj, sp + njv, T(kNegBig));
               const T mold = m[size_t(i)];
               const T mx = std::max(mold, row_max(sp, njv));
@@ -364,15 +365,15 @@ void attention_backward(const T* qkv, const T* out, const T* dout, const T* lse,
               T* pi = &P[size_t(i * kTile)];
               T* dsi = &dS[size_t(i * kTile)];
               const int64_t nj = i < nq ? std::clamp<int64_t>(q0 + i - k0 + 1, 0, nk) : 0;
-              // Whole vectors up to round_vec(nj) <= tile_cols(kk) (columns rows4 computed, so
-              // finite), the masked keys' probabilities set to exactly zero.
+              // Whole vectors up to round_vec(nj) <= kTile: the masked keys' probabilities and
+              // score gradients are set to exactly zero (a vectorised loop with no scalar tail).
               const int64_t njv = nj > 0 ? round_vec<T>(nj) : 0;
               if (nj > 0) {
                 const T li = lrow[q0 + i], Di = Dv[size_t(q0 + i)];
                 for (int64_t j = 0; j < njv; ++j) {
                   const T p = j < nj ? vexp<T>(pi[j] - li) : T(0);
                   pi[j] = p;
-                  dsi[j] = p * (dsi[j] - Di);
+                  dsi[j] = j < nj ? p * (dsi[j] - Di) : T(0);
                 }
               }
               std::fill(pi + njv, pi + kTile, T(0));
