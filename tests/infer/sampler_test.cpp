@@ -61,7 +61,8 @@ TEST(Sampler, DrawsFollowTheTruncatedSoftmax) {
   for (int v = 0; v < 4; ++v) EXPECT_NEAR(f[size_t(v)], std::sqrt(0.1 * (v + 1)) / z, 0.015);
 }
 
-// Top-p by sorting the whole vocabulary: what the sampler selects in rounds must equal it.
+// Top-p by sorting the whole vocabulary, as the sampler did before it sorted only the nucleus's
+// bands: the same token (only the total's summation order differs, a last-bit effect).
 static int32_t nucleus_by_full_sort(const std::vector<float>& logits, double top_p, double temp,
                                     float u) {
   std::vector<std::pair<float, int32_t>> s;
@@ -71,7 +72,8 @@ static int32_t nucleus_by_full_sort(const std::vector<float>& logits, double top
   });
   const float mx = s[0].first;
   double total = 0;
-  for (auto& c : s) total += double(c.first = float(std::exp(double(c.first - mx) / temp)));
+  const double inv_t = 1.0 / temp;
+  for (auto& c : s) total += double(c.first = float(std::exp(double(c.first - mx) * inv_t)));
   double cum = 0;
   size_t n = s.size();
   for (size_t i = 0; i < s.size(); ++i)
@@ -86,7 +88,7 @@ static int32_t nucleus_by_full_sort(const std::vector<float>& logits, double top
   return s[n - 1].second;
 }
 
-TEST(Sampler, TopPMatchesAFullSortOverALargeVocabulary) {
+TEST(Sampler, TopPPicksWhatAFullSortPicks) {
   std::vector<std::pair<float, int32_t>> scratch;
   std::mt19937 gen(3);
   for (double spread : {0.05, 1.0, 4.0}) {  // nearly flat (nucleus of thousands) to peaked
@@ -106,6 +108,26 @@ TEST(Sampler, TopPMatchesAFullSortOverALargeVocabulary) {
       }
     }
   }
+  // Edges: one token; top_p just below 1 (the nucleus is nearly everything); -inf logits (a
+  // masked vocabulary) and one logit far above the rest.
+  SamplingParams p;
+  p.temperature = 0.8;
+  p.top_p = 0.5;
+  const std::vector<float> one{0.3f};
+  EXPECT_EQ(sample_token(one.data(), 1, p, 0.7f, scratch), 0);
+  std::vector<float> l(3000);
+  for (size_t i = 0; i < l.size(); ++i) l[i] = float(std::sin(double(i)));
+  for (size_t i = 0; i < l.size(); i += 3) l[i] = -INFINITY;
+  for (double top_p : {0.5, 1 - 1e-12}) {
+    p.top_p = top_p;
+    for (int d = 0; d < 12; ++d) {
+      const float u = sampling_draw(12, d);
+      EXPECT_EQ(sample_token(l.data(), int64_t(l.size()), p, u, scratch), nucleus_by_full_sort(l, top_p, 0.8, u))
+          << "top_p " << top_p << " draw " << d;
+    }
+  }
+  l[17] = 60.f;  // about all the mass: the first band holds the nucleus
+  EXPECT_EQ(sample_token(l.data(), int64_t(l.size()), p, 0.99f, scratch), 17);
 }
 
 TEST(Sampler, DrawsArePureFunctionsOfSeedAndPosition) {

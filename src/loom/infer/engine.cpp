@@ -177,7 +177,7 @@ bool Engine::hits_stop_string(Request& r, std::string* which) const {
       *which = s;
     }
   }
-  r.stop_tail = text.substr(text.size() - std::min(text.size(), longest - 1));
+  r.stop_tail = text.substr(text.size() - std::min(text.size(), longest > 0 ? longest - 1 : 0));
   return best != std::string::npos;
 }
 

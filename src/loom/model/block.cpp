@@ -41,8 +41,8 @@ BlockWeights block_weights(const ModelConfig& cfg, const ParamLayout& layout, co
       rows += part.shape[0];
       end += part.numel();
     }
-    slot_of(w, specs[i].slot) = j == i + 1 ? flat.slice(first.offset - base, first.shape)
-                                 : flat.slice(first.offset - base, {rows, first.shape[1]});
+    const Shape fused = first.shape.ndim() == 1 ? Shape{rows} : Shape{rows, first.shape[1]};
+    slot_of(w, specs[i].slot) = flat.slice(first.offset - base, j == i + 1 ? first.shape : fused);
     i = j;
   }
   return w;
