@@ -159,8 +159,8 @@ Tensor DataParallel::take_buffer(int64_t elems) {
 
 void DataParallel::recycle(Tensor buf) {
   // Bounded: at most as many as a pass keeps in flight (two gathers, two reductions) plus the
-  // embedding and head units, and never more bytes than two block units; beyond that, memory
-  // goes back to the heap. The optimizer step empties the list (see step()).
+  // embedding and head units, and never more bytes than two block units (the large embedding
+  // and head buffers go back to the heap); beyond that, memory goes back to the heap too.
   constexpr size_t kMaxSpares = 6;
   int64_t held = buf.numel();
   for (const Tensor& t : spare_buffers_) held += t.numel();
@@ -441,7 +441,6 @@ double DataParallel::grad_norm_sq() {
 
 void DataParallel::step(double lr) {
   finish_grads();
-  spare_buffers_.clear();  // reuse is within a step; the update and checkpoints get the memory back
   const auto& units = layout_.units();
   for (size_t i = 0; i < units.size(); ++i) {
     const ParamUnit& u = units[i];
