@@ -68,15 +68,7 @@ TEST(ServeCheckpoint, ServesTheTrainedWeights) {
   EXPECT_EQ(proc.stop(SIGTERM), 0);
 
   // One flipped byte in the weights: refused, naming the file.
-  {
-    std::fstream f(step_dir + "/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(200);
-    char b = 0;
-    f.read(&b, 1);
-    b ^= 0x40;
-    f.seekp(200);
-    f.write(&b, 1);
-  }
+  ASSERT_TRUE(loom::testing::flip_byte(step_dir + "/model.safetensors", 200, 0x40));
   ServerProcess bad({"--checkpoint", step_dir, "--threads", "1"});
   EXPECT_EQ(bad.stop(0, 30), 1);
   EXPECT_NE(bad.output().find("model.safetensors"), std::string::npos) << bad.output();

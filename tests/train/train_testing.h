@@ -19,6 +19,20 @@ inline std::string temp_dir(const std::string& name) {
   return p.string();
 }
 
+// Flips the bits `mask` of the byte at `offset`, keeping the file's size: a damaged checkpoint
+// file that only its checksum can catch. False when the file cannot be opened.
+inline bool flip_byte(const std::string& path, std::streamoff offset, char mask) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  if (!f) return false;
+  char c = 0;
+  f.seekg(offset);
+  f.read(&c, 1);
+  c = char(c ^ mask);
+  f.seekp(offset);
+  f.write(&c, 1);
+  return bool(f);
+}
+
 // Prepares a byte-level dataset from a slice of Tiny Shakespeare.
 inline std::string prepare_shakespeare(const std::string& dir, size_t bytes = 60000) {
   std::ifstream in(std::string(LOOM_SOURCE_DIR) + "/data/tinyshakespeare/input.txt");

@@ -90,15 +90,7 @@ TEST(Checkpoint, CorruptedAndTruncatedCheckpointsAreSkipped) {
   ASSERT_TRUE(fs::exists(ck + "/step_000006/manifest.json"));
   ASSERT_TRUE(fs::exists(ck + "/step_000004"));
   ASSERT_EQ(io::read_file(ck + "/latest"), "step_000006\n");
-  {  // flip one byte of the newest weights
-    std::fstream f(ck + "/step_000006/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(200);
-    char c;
-    f.read(&c, 1);
-    c ^= 0x40;
-    f.seekp(200);
-    f.write(&c, 1);
-  }
+  ASSERT_TRUE(loom::testing::flip_byte(ck + "/step_000006/model.safetensors", 200, 0x40));  // newest weights
   char buf[4096] = {};
   FILE* log = fmemopen(buf, sizeof buf, "w");
   auto found = find_latest_valid_checkpoint(ck, log);
@@ -119,16 +111,7 @@ TEST(Checkpoint, CorruptedAndTruncatedCheckpointsAreSkipped) {
   EXPECT_EQ(t.step(), 2);
   // A corrupt optimizer shard (size unchanged) fails a full or a resuming rank's verification,
   // but not a weights-only one: generate and serve neither read nor checksum the shards.
-  {
-    std::fstream f(ck + "/step_000002/optimizer.rank00000.safetensors",
-                   std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(150);
-    char c = 0;
-    f.read(&c, 1);
-    c ^= 0x01;
-    f.seekp(150);
-    f.write(&c, 1);
-  }
+  ASSERT_TRUE(loom::testing::flip_byte(ck + "/step_000002/optimizer.rank00000.safetensors", 150, 0x01));
   EXPECT_FALSE(verify_checkpoint(ck + "/step_000002", &why));
   EXPECT_NE(why.find("optimizer.rank00000.safetensors checksum"), std::string::npos) << why;
   EXPECT_FALSE(verify_checkpoint(ck + "/step_000002", nullptr, VerifyScope::rank(0)));

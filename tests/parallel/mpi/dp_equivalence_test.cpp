@@ -19,6 +19,7 @@
 #include "comm/mpi/mpi_world.h"
 #include "parallel/mpi/weights_close.h"
 #include "parallel/mpi/synthetic_source.h"
+#include "train/train_testing.h"
 #include "loom/parallel/mesh.h"
 #include "loom/train/trainer.h"
 
@@ -141,14 +142,8 @@ TEST(DataParallelResume, EveryRankSkipsACheckpointWithOneCorruptShard) {
   if (world.rank() == 0) {  // one byte of the last rank's shard of step 6, size unchanged
     char name[64];
     std::snprintf(name, sizeof name, "/step_000006/optimizer.rank%05d.safetensors", N - 1);
-    std::fstream f(dir + name, std::ios::in | std::ios::out | std::ios::binary);
-    EXPECT_TRUE(f.good()) << dir + name;  // not ASSERT: the other ranks wait at the barrier
-    f.seekg(120);
-    char c = 0;
-    f.read(&c, 1);
-    c ^= 0x10;
-    f.seekp(120);
-    f.write(&c, 1);
+    // EXPECT, not ASSERT: the other ranks wait at the barrier below.
+    EXPECT_TRUE(loom::testing::flip_byte(dir + name, 120, 0x10)) << dir + name;
   }
   world.barrier();
   SyntheticSource src(cfg.model.vocab_size);
