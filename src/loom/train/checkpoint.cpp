@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -108,7 +109,8 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const model::D
     for (int r = 0; r < g.size(); ++r) record(optimizer_file(r));
     json state = {{"step", step}, {"optimizer_steps", engine.optimizer_steps()},
                   {"dp_size", engine.group().size()}, {"zero_stage", engine.zero_stage()},
-                  {"layout", mp.layout}, {"tokenizer", tokenizer},
+                  {"layout", mp.layout}, {"data_parallel_only", mp.data_parallel_only},
+                  {"tokenizer", tokenizer},
                   // Batches are a pure function of (data.seed, step): the step is the position.
                   {"data_position", {{"step", step}}}};
     io::write_file_atomic((tmp / "trainer_state.json").string(), state.dump(2));
@@ -136,7 +138,9 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const model::D
 static bool in_scope(const std::string& file, const VerifyScope& scope) {
   if (scope.all) return true;
   if (!file.starts_with("optimizer.rank")) return true;
-  return scope.optimizer_rank >= 0 && file == optimizer_file(scope.optimizer_rank);
+  for (int r : scope.optimizer_ranks)
+    if (file == optimizer_file(r)) return true;
+  return false;
 }
 
 bool verify_checkpoint(const std::string& path, std::string* why, const VerifyScope& scope) {
@@ -235,28 +239,70 @@ CheckpointMeta load_checkpoint_weights(const std::string& path, model::Decoder& 
   return {state.at("step").get<int64_t>(), path};
 }
 
+namespace {
+
+// Where one unit's Adam moments lie in the saved shards: the unit-local element ranges each
+// saved rank holds (ZeRO-0: every rank the whole unit, so one reader per new rank suffices).
+struct SavedChunk {
+  int rank;
+  int64_t local_begin, local_end;
+};
+
+// The saved ranks whose chunks of unit `u` overlap unit-local [a, b), with their ranges.
+std::vector<SavedChunk> saved_chunks(const model::ParamUnit& old_unit, int saved_dp, int saved_stage,
+                                     int64_t a, int64_t b, int my_rank) {
+  std::vector<SavedChunk> out;
+  const int64_t size = old_unit.size();
+  if (saved_stage == 0) {
+    out.push_back({my_rank % saved_dp, 0, size});  // spread the reads over the saved files
+    return out;
+  }
+  const int64_t chunk = size / saved_dp;
+  for (int r = 0; r < saved_dp; ++r) {
+    const int64_t lo = r * chunk, hi = lo + chunk;
+    if (lo < b && a < hi) out.push_back({r, lo, hi});
+  }
+  return out;
+}
+
+}  // namespace
+
 CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model,
                                parallel::DataParallel& engine, const ModelParallelInfo& mp,
                                bool verified) {
   const comm::Group& g = mp.world ? *mp.world : engine.group();
-  if (!verified) {  // each rank its own files; all fail together when one does
+  const json state = json::parse(io::read_file((fs::path(path) / "trainer_state.json").string()));
+  const int saved_dp = state.value("dp_size", 1), saved_stage = state.value("zero_stage", 0);
+  const int dp = engine.group().size(), stage = engine.zero_stage();
+  const std::string saved_layout = state.value("layout", "");
+  const bool same = saved_dp == dp && saved_stage == stage &&
+                    (saved_layout.empty() || mp.layout.empty() || saved_layout == mp.layout);
+  // Resharding: both runs purely data parallel (the world is the dp group, every rank holds
+  // the whole model and its flat layout differs only in the units' padding).
+  const bool reshard = !same && state.value("data_parallel_only", false) && mp.data_parallel_only;
+  LOOM_CHECK(same || reshard, "checkpoint", path, " was saved with the layout ", saved_layout, " (zero_stage=",
+             saved_stage, "); this run has ", mp.layout, " (zero_stage=", stage,
+             "). Resume with the saved pipeline and tensor parallel layout: resharding on load covers "
+             "the data-parallel size and the ZeRO stage only");
+  const auto& units = model.layout().units();
+  const model::ParamLayout saved_units(model.config(), saved_dp);  // the saved flat geometry
+  // The saved shards this rank reads, and the verification of them (with the weights).
+  std::vector<int> shards;
+  for (size_t i = 0; reshard && i < units.size(); ++i) {
+    const auto& a = *engine.optimizers()[i];
+    for (const SavedChunk& c : saved_chunks(saved_units.units()[i], saved_dp, saved_stage,
+                                            a.begin() - units[i].begin, a.end() - units[i].begin, g.rank()))
+      if (std::find(shards.begin(), shards.end(), c.rank) == shards.end()) shards.push_back(c.rank);
+  }
+  if (!reshard) shards = {g.rank()};
+  if (!verified || reshard) {  // each rank its own files; all fail together when one does
     std::string why;
-    const bool ok = verify_noexcept(path, &why, VerifyScope::rank(g.rank()));
+    const bool ok = verify_noexcept(path, &why, {false, shards});
     const int bad = g.size() > 1 ? first_failing_rank(g, ok) : (ok ? -1 : 0);
     LOOM_CHECK(bad < 0, "checkpoint", path, " failed verification",
                bad == g.rank() ? ": " + why : str_cat(" on rank ", bad, " (its reason is in its log)"),
                "; resume from an earlier checkpoint, or --resume auto to take the newest valid one");
   }
-  const json state = json::parse(io::read_file((fs::path(path) / "trainer_state.json").string()));
-  const int saved_dp = state.value("dp_size", 1), saved_stage = state.value("zero_stage", 0);
-  LOOM_CHECK(saved_dp == engine.group().size() && saved_stage == engine.zero_stage(), "checkpoint", path,
-             " was saved with dp=", saved_dp, " zero_stage=", saved_stage, "; this run has dp=",
-             engine.group().size(), " zero_stage=", engine.zero_stage(),
-             ". Resume with the saved layout (resharding is not supported yet)");
-  const std::string saved_layout = state.value("layout", "");
-  LOOM_CHECK(saved_layout.empty() || mp.layout.empty() || saved_layout == mp.layout, "checkpoint", path,
-             " was saved with the layout ", saved_layout, "; this run has ", mp.layout,
-             ". Resume with the saved layout (resharding is not supported yet)");
   Tensor flat = Tensor::zeros({model.flat_size()}, DType::f32, MemCategory::workspace);
   const std::string weights = (fs::path(path) / "model.safetensors").string();
   if (mp.whole_layout) {  // the whole model on disk; this rank takes its slice
@@ -267,16 +313,43 @@ CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model,
     model::load_hf_safetensors(model.config(), model.layout(), flat, weights);
   }
   engine.load_full_params(flat);
-  auto f = io::SafetensorsFile::open((fs::path(path) / optimizer_file(g.rank())).string());
-  const auto& units = model.layout().units();
+  const int64_t optimizer_steps = state.at("optimizer_steps").get<int64_t>();
+  if (!reshard) {
+    auto f = io::SafetensorsFile::open((fs::path(path) / optimizer_file(g.rank())).string());
+    for (size_t i = 0; i < units.size(); ++i) {
+      auto& a = *engine.optimizers()[i];
+      Tensor m = f.get(str_cat(units[i].name, ".exp_avg")), v = f.get(str_cat(units[i].name, ".exp_avg_sq"));
+      LOOM_CHECK(m.numel() == a.exp_avg().numel(), "checkpoint", path, ": ", units[i].name,
+                 " optimizer state has ", m.numel(), " elements, this run expects ", a.exp_avg().numel());
+      a.exp_avg().copy_from(m);
+      a.exp_avg_sq().copy_from(v);
+      a.set_step_count(optimizer_steps);
+    }
+    return {state.at("step").get<int64_t>(), path};
+  }
+  // Unit-local element j is the same parameter element in both layouts (padding sits at each
+  // unit's end); this rank's new chunk of unit i is filled from the saved chunks overlapping it.
+  std::map<int, io::SafetensorsFile> files;
+  for (int r : shards) files.emplace(r, io::SafetensorsFile::open((fs::path(path) / optimizer_file(r)).string()));
   for (size_t i = 0; i < units.size(); ++i) {
     auto& a = *engine.optimizers()[i];
-    Tensor m = f.get(str_cat(units[i].name, ".exp_avg")), v = f.get(str_cat(units[i].name, ".exp_avg_sq"));
-    LOOM_CHECK(m.numel() == a.exp_avg().numel(), "checkpoint", path, ": ", units[i].name,
-               " optimizer state has ", m.numel(), " elements, this run expects ", a.exp_avg().numel());
-    a.exp_avg().copy_from(m);
-    a.exp_avg_sq().copy_from(v);
-    a.set_step_count(state.at("optimizer_steps").get<int64_t>());
+    const int64_t lo = a.begin() - units[i].begin, hi = a.end() - units[i].begin;
+    const model::ParamUnit& old_unit = saved_units.units()[i];
+    LOOM_CHECK(old_unit.name == units[i].name, "checkpoint", path, ": unit ", i, " is ", old_unit.name,
+               " there and ", units[i].name, " here");
+    a.exp_avg().zero();
+    a.exp_avg_sq().zero();
+    for (const SavedChunk& c : saved_chunks(old_unit, saved_dp, saved_stage, lo, hi, g.rank())) {
+      const io::SafetensorsFile& f = files.at(c.rank);
+      Tensor m = f.get(str_cat(units[i].name, ".exp_avg")), v = f.get(str_cat(units[i].name, ".exp_avg_sq"));
+      LOOM_CHECK(m.numel() == c.local_end - c.local_begin, "checkpoint", path, ": ", optimizer_file(c.rank), " holds ",
+                 m.numel(), " elements of ", units[i].name, ", dp=", saved_dp, " zero_stage=", saved_stage,
+                 " means ", c.local_end - c.local_begin);
+      const int64_t from = std::max(lo, c.local_begin), to = std::min(hi, c.local_end);
+      std::copy_n(m.data<float>() + (from - c.local_begin), to - from, a.exp_avg().data<float>() + (from - lo));
+      std::copy_n(v.data<float>() + (from - c.local_begin), to - from, a.exp_avg_sq().data<float>() + (from - lo));
+    }
+    a.set_step_count(optimizer_steps);
   }
   return {state.at("step").get<int64_t>(), path};
 }

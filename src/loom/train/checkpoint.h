@@ -26,6 +26,7 @@ struct ModelParallelInfo {
   const comm::Group* world = nullptr;                // every rank of the run
   const model::ParamLayout* whole_layout = nullptr;  // the layout of full_params
   std::string layout;  // mesh and stages, e.g. "pp=2 x dp=1 x ep=1 x tp=2, stages [0,1) [1,2)"
+  bool data_parallel_only = false;  // pp = tp = ep = 1: every rank holds the whole model
 };
 
 // Collective over every rank (mp.world, else the engine's dp group): rank 0 writes the weights
@@ -42,11 +43,11 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const model::D
 // the weights and metadata, plus (for a resuming rank) its own optimizer shard. A run of N ranks
 // thus reads each shard once instead of N times.
 struct VerifyScope {
-  bool all = true;             // every file's checksum
-  int optimizer_rank = -1;     // otherwise: the non-optimizer files and this rank's shard (-1: none)
+  bool all = true;                  // every file's checksum
+  std::vector<int> optimizer_ranks; // otherwise: the non-optimizer files and these ranks' shards
   static VerifyScope everything() { return {}; }
-  static VerifyScope weights() { return {false, -1}; }
-  static VerifyScope rank(int r) { return {false, r}; }
+  static VerifyScope weights() { return {false, {}}; }
+  static VerifyScope rank(int r) { return {false, {r}}; }
 };
 
 // Checks the manifest, sizes and checksums. On failure returns false and says why.
@@ -61,8 +62,12 @@ std::optional<std::string> find_latest_valid_checkpoint(
     const comm::Group* agree = nullptr);
 
 // Verifies (unless `verified`: the caller just did, e.g. with find_latest_valid_checkpoint),
-// then loads weights and this rank's optimizer shard into the engine. The layout (dp size, ZeRO
-// stage, mesh and stages) must be the one saved; resharding is refused with both layouts named.
+// then loads weights and this rank's optimizer state into the engine. A purely data-parallel
+// checkpoint loads into a purely data-parallel run of any dp size and ZeRO stage: each rank
+// takes its new chunk of every unit's Adam moments from whichever saved shards hold it
+// (verifying those). Otherwise the layout (dp size, ZeRO stage, mesh and stages) must be the
+// one saved; resharding across pipeline or tensor parallelism is refused with both layouts
+// named.
 CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model,
                                parallel::DataParallel& engine, const ModelParallelInfo& mp = {},
                                bool verified = false);

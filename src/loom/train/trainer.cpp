@@ -85,6 +85,7 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
         parallel::PipelineOptions{parallel::pipe_schedule_from_name(p.pp_schedule), int(p.micro_batches)});
   if (p.pp > 1 || p.tp > 1) whole_layout_ = std::make_unique<model::ParamLayout>(cfg_.model, 1);
   layout_desc_ = str_cat(shape.describe(), ", stages ", parallel::describe_partition(stages_));
+  data_parallel_only_ = p.pp == 1 && p.tp == 1 && p.ep == 1;
   if (!opt_.resume.empty()) resume_from(opt_.resume);
   if (main_rank() && !cfg_.log.metrics_path.empty()) {
     metrics_ = std::fopen(cfg_.log.metrics_path.c_str(), step_ > 0 ? "a" : "w");
@@ -157,7 +158,7 @@ void Trainer::resume_from(const std::string& spec) {
     path = *found;
   }
   const CheckpointMeta meta = load_checkpoint(path, *model_, *engine_,
-                                              {&mesh_->world(), whole_layout_.get(), layout_desc_},
+                                              {&mesh_->world(), whole_layout_.get(), layout_desc_, data_parallel_only_},
                                               /*verified=*/spec == "auto");
   step_ = meta.step;
   last_checkpoint_ = path;
@@ -270,7 +271,7 @@ void Trainer::maybe_checkpoint(bool force) {
   last_checkpoint_ = save_checkpoint(cfg_.checkpoint.dir, step_, *model_, *engine_, full_params(),
                                      cfg_.resolved_yaml, cfg_.checkpoint.keep_last,
                                      data_.tokenizer_name(),
-                                     {&mesh_->world(), whole_layout_.get(), layout_desc_});
+                                     {&mesh_->world(), whole_layout_.get(), layout_desc_, data_parallel_only_});
   if (main_rank())
     std::fprintf(opt_.log, "[checkpoint] step %lld saved to %s (%.1f s)\n", (long long)step_,
                  last_checkpoint_.c_str(), sw.seconds());

@@ -82,7 +82,8 @@ class Trainer {
   std::unique_ptr<parallel::PipelineStage> pipe_;
   std::unique_ptr<model::ParamLayout> whole_layout_;  // tp or pp > 1
   std::vector<parallel::StageRange> stages_;
-  std::string layout_desc_;  // the mesh and the stages: a checkpoint resumes only on the same
+  std::string layout_desc_;  // the mesh and the stages: a checkpoint resumes on the same ones
+  bool data_parallel_only_ = false;  // pp = tp = ep = 1 (checkpoints reshard across dp and ZeRO)
   parallel::PipelineStepStats pipe_stats_;
   int64_t step_ = 0;
   double last_grad_norm_ = 0;
