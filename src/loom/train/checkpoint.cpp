@@ -236,7 +236,7 @@ CheckpointMeta load_checkpoint_weights(const std::string& path, model::Decoder& 
              " failed verification: ", why);
   model::load_hf_safetensors(model, (fs::path(path) / "model.safetensors").string());
   const json state = json::parse(io::read_file((fs::path(path) / "trainer_state.json").string()));
-  return {state.at("step").get<int64_t>(), path};
+  return {state.at("step").get<int64_t>(), path, ""};
 }
 
 namespace {
@@ -325,7 +325,7 @@ CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model,
       a.exp_avg_sq().copy_from(v);
       a.set_step_count(optimizer_steps);
     }
-    return {state.at("step").get<int64_t>(), path};
+    return {state.at("step").get<int64_t>(), path, ""};
   }
   // Unit-local element j is the same parameter element in both layouts (padding sits at each
   // unit's end); this rank's new chunk of unit i is filled from the saved chunks overlapping it.
@@ -351,7 +351,7 @@ CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model,
     }
     a.set_step_count(optimizer_steps);
   }
-  return {state.at("step").get<int64_t>(), path};
+  return {state.at("step").get<int64_t>(), path, str_cat("dp=", saved_dp, " zero_stage=", saved_stage)};
 }
 
 std::string checkpoint_tokenizer(const std::string& path) {

@@ -17,6 +17,7 @@ namespace loom::train {
 struct CheckpointMeta {
   int64_t step = 0;
   std::string path;
+  std::string resharded_from;  // "dp=2 zero_stage=1" when the optimizer state was re-cut, else ""
 };
 
 // Where a rank's state sits when the model itself is split (tensor or pipeline parallelism).

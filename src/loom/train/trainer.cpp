@@ -162,7 +162,12 @@ void Trainer::resume_from(const std::string& spec) {
                                               /*verified=*/spec == "auto");
   step_ = meta.step;
   last_checkpoint_ = path;
-  if (log) std::fprintf(log, "[resume] resumed from %s at step %lld\n", path.c_str(), (long long)step_);
+  if (log && meta.resharded_from.empty())
+    std::fprintf(log, "[resume] resumed from %s at step %lld\n", path.c_str(), (long long)step_);
+  else if (log)
+    std::fprintf(log, "[resume] resumed from %s at step %lld, optimizer state resharded from %s to dp=%d zero_stage=%d\n",
+                 path.c_str(), (long long)step_, meta.resharded_from.c_str(), engine_->group().size(),
+                 engine_->zero_stage());
 }
 
 double Trainer::train_step() {
