@@ -7,6 +7,7 @@
 #include <random>
 
 #include "loom/infer/sampler.h"
+#include "loom/kernels/cpu/vec_math.h"
 
 using namespace loom::infer;
 
@@ -73,7 +74,7 @@ static int32_t nucleus_by_full_sort(const std::vector<float>& logits, double top
   const float mx = s[0].first;
   double total = 0;
   const double inv_t = 1.0 / temp;
-  for (auto& c : s) total += double(c.first = float(std::exp(double(c.first - mx) * inv_t)));
+  for (auto& c : s) total += double(c.first = loom::cpu::exp_f32((c.first - mx) * float(inv_t)));  // as the sampler
   double cum = 0;
   size_t n = s.size();
   for (size_t i = 0; i < s.size(); ++i)

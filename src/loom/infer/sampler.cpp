@@ -7,6 +7,7 @@
 
 #include "loom/core/error.h"
 #include "loom/core/rng.h"
+#include "loom/kernels/cpu/vec_math.h"
 
 namespace loom::infer {
 
@@ -29,6 +30,50 @@ float sampling_draw(uint64_t seed, int64_t index) {
   return uniform01(seed, kSamplingStream, uint64_t(index));
 }
 
+namespace {
+
+// A logit's softmax weight relative to the maximum at temperature 1 / inv_t: f32 through the
+// branch-free exp of kernels/cpu/vec_math.h (about 2 ulp; loops over it vectorise), f64 through
+// libm.
+template <class T>
+inline T weight_of(T logit, T mx, double inv_t) {
+  if constexpr (std::is_same_v<T, float>)
+    return cpu::exp_f32((logit - mx) * float(inv_t));
+  else
+    return std::exp((logit - mx) * inv_t);
+}
+
+// Plain temperature sampling (no top-k, no top-p): inverse CDF over the vocabulary in ID order,
+// no ordering needed. One vectorised pass for the weights and their total (eight interleaved
+// partial sums), one for the draw.
+template <class T>
+int32_t sample_plain(const T* logits, int64_t V, double inv_t, float u) {
+  static thread_local std::vector<T> w;
+  w.resize(size_t(V));
+  T mx = logits[0];
+  for (int64_t i = 1; i < V; ++i) mx = logits[i] > mx ? logits[i] : mx;
+  T* wp = w.data();
+  for (int64_t i = 0; i < V; ++i) wp[i] = weight_of(logits[i], mx, inv_t);
+  double acc[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= V; i += 8)
+    for (int k = 0; k < 8; ++k) acc[k] += double(wp[i + k]);
+  for (; i < V; ++i) acc[0] += double(wp[i]);
+  const double total = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+  const double r = double(u) * total;
+  double cum = 0;
+  int64_t last = 0;  // the last token with weight: rounding can leave r at or past the sum
+  for (int64_t j = 0; j < V; ++j) {
+    if (w[size_t(j)] == T(0)) continue;
+    cum += double(w[size_t(j)]);
+    last = j;
+    if (r < cum) return int32_t(j);
+  }
+  return int32_t(last);
+}
+
+}  // namespace
+
 // Top-p without top-k. Sorting the whole vocabulary per token (50257 entries for GPT-2, ~4 ms) is
 // not needed: the nucleus is a prefix of the sorted order. One pass buckets the tokens by how far
 // their logit lies below the maximum (bands of half a temperature, so band order is logit order)
@@ -42,7 +87,7 @@ int32_t sample_nucleus(const T* logits, int64_t V, const SamplingParams& p, floa
   T mx = logits[0];
   for (int64_t i = 1; i < V; ++i) mx = logits[i] > mx ? logits[i] : mx;
   const double inv_t = 1.0 / p.temperature;
-  auto weight = [&](T logit) { return T(std::exp(double(logit - mx) * inv_t)); };
+  auto weight = [&](T logit) { return weight_of(logit, mx, inv_t); };
   auto band = [&](T logit) {
     const double b = double(mx - logit) * inv_t * 2.0;
     return b < double(kBands - 1) ? int(b) : kBands - 1;
@@ -94,8 +139,9 @@ int32_t sample_token(const T* logits, int64_t V, const SamplingParams& p, float 
   auto before = [](const std::pair<T, int32_t>& a, const std::pair<T, int32_t>& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
   };
-  scratch.resize(size_t(V));
   const bool use_k = p.top_k > 0 && p.top_k < V;
+  if (!use_k && p.top_p >= 1.0) return sample_plain(logits, V, 1.0 / p.temperature, u);
+  scratch.resize(size_t(V));
   if (!use_k && p.top_p < 1.0) return sample_nucleus(logits, V, p, u, scratch, before);
   for (int64_t i = 0; i < V; ++i) scratch[size_t(i)] = {logits[i], int32_t(i)};
   if (use_k) {
@@ -109,7 +155,7 @@ int32_t sample_token(const T* logits, int64_t V, const SamplingParams& p, float 
   const double inv_t = 1.0 / p.temperature;
   double total = 0;
   for (auto& c : scratch) {
-    c.first = T(std::exp(double(c.first - mx) * inv_t));
+    c.first = weight_of(c.first, mx, inv_t);
     total += double(c.first);
   }
   size_t n = scratch.size();
