@@ -186,18 +186,33 @@ void Engine::sample_all(const StepPlan& plan, const Tensor& logits,
                         std::vector<RequestOutput>& done) {
   const int64_t V = model_.config().vocab_size;
   const T* rows = logits.numel() ? logits.data<T>() : nullptr;
-  auto& scratch = [&]() -> std::vector<std::pair<T, int32_t>>& {
-    if constexpr (std::is_same_v<T, float>) return scratch_f_; else return scratch_d_;
-  }();
+  // First every row's token, in parallel: a draw is a pure function of the row's logits, the
+  // request's parameters and (seed, position), so the order of computation changes nothing.
+  // Then, in plan order, what the tokens do to their requests.
+  struct Draw {
+    const SamplingParams* params;
+    float u;
+  };
+  std::vector<Draw> draws;
+  for (const ScheduledSeq& s : plan.seqs)
+    if (s.sample) {
+      const Request& r = requests_.at(s.seq_id);
+      draws.push_back({&r.params, sampling_draw(r.seed, int64_t(r.output.size()))});
+    }
+  std::vector<int32_t> toks(draws.size());
+#pragma omp parallel for schedule(dynamic, 1) if (draws.size() > 1)
+  for (size_t j = 0; j < draws.size(); ++j) {
+    static thread_local std::vector<std::pair<T, int32_t>> scratch;
+    toks[j] = sample_token<T>(rows + int64_t(j) * V, V, *draws[j].params, draws[j].u, scratch);
+  }
   const bool padded = padded_static();
-  int64_t row = 0;
+  size_t row = 0;
   for (const ScheduledSeq& s : plan.seqs) {
     if (!s.sample) continue;
     const int64_t id = s.seq_id;
     Request& r = requests_.at(id);
     const int64_t index = int64_t(r.output.size());
-    const int32_t tok = sample_token<T>(rows + row++ * V, V, r.params,
-                                        sampling_draw(r.seed, index), scratch);
+    const int32_t tok = toks[row++];
     if (s.padding) continue;  // a padding row is sampled like any other; its token is dropped
     ++generated_tokens_;
     const auto& stops = r.params.stop_token_ids;

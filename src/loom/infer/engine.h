@@ -149,8 +149,6 @@ class Engine {
   std::unique_ptr<Scheduler> sched_;
   std::unique_ptr<ModelRunner> runner_;
   std::unordered_map<int64_t, Request> requests_;  // stepping thread only
-  std::vector<std::pair<float, int32_t>> scratch_f_;
-  std::vector<std::pair<double, int32_t>> scratch_d_;
 
   mutable std::mutex mu_;  // guards the intake, the abort list and the metrics snapshot
   std::vector<Pending> intake_;
