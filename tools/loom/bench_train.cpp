@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "loom/core/stats.h"
+#include "loom/kernels/cpu/gemm.h"
 #include "loom/comm/launch.h"
 #include "loom/core/threads.h"
 #include "loom/core/timer.h"
@@ -120,13 +121,19 @@ int bench_train(const std::vector<std::string>& argv) {
   std::printf("model FLOPs per step: %.1f GFLOP (6*P*tokens + 6*L*T*C*tokens causal attention)\n",
               flops / 1e9);
 
+  // Each step's time inside BLAS matrix products (cpu::gemm_clock), to split the step.
+  std::vector<double> loom_gemm_ms;
+  cpu::gemm_clock().on = true;
   auto loom_step = [&]() {
+    cpu::gemm_clock().ns = 0;
     Stopwatch sw;
     m.zero_grads();
     m.forward_backward(tok.data(), tgt.data(), B, T, 1.0 / double(B * T));
     const double norm = std::sqrt(optim::sum_squares(m.grads().data<float>(), m.flat_size()));
     adam.step(m.params().data<float>(), m.grads().data<float>(), 1e-4, norm > 1.0 ? 1.0 / norm : 1.0);
-    return sw.ms();
+    const double ms = sw.ms();
+    loom_gemm_ms.push_back(double(cpu::gemm_clock().ns.load()) / 1e6);
+    return ms;
   };
 
   std::unique_ptr<PeerProcess> torch_peer;
@@ -180,6 +187,12 @@ int bench_train(const std::vector<std::string>& argv) {
                 tokens / ps.median * 1e3, flops / ps.median / 1e6);
   const double speedup = peer_ms.empty() ? 0.0 : ps.median / ls.median;
   if (!peer_ms.empty()) std::printf("speedup (torch ms / loom ms, medians): %.2fx\n", speedup);
+  // The timed steps' matrix-product share (the warm-up steps' entries come first and are skipped
+  // by taking the last loom_ms.size()).
+  const std::vector<double> gemm_ms(loom_gemm_ms.end() - long(loom_ms.size()), loom_gemm_ms.end());
+  const double gemm_med = median(gemm_ms);
+  std::printf("loom's step: %.1f ms in BLAS matrix products (%.1f%%), %.1f ms in everything else (medians)\n",
+              gemm_med, 100 * gemm_med / ls.median, ls.median - gemm_med);
 
   // Memory: measured peaks per category against the closed-form estimate.
   const auto snap = alloc.snapshot();
@@ -200,6 +213,7 @@ int bench_train(const std::vector<std::string>& argv) {
                       {"checkpoint_interval", ckpt}, {"isa", cpu::hot_kernels_isa()},
                       {"loom_ms_median", ls.median}, {"loom_ms_min", ls.min}, {"loom_ms_max", ls.max},
                       {"tokens_per_s", tokens / ls.median * 1e3},
+                      {"loom_gemm_ms_median", gemm_med},
                       {"gflops", flops / ls.median / 1e6},
                       {"peak_bytes", snap.total.peak}, {"estimate_bytes", est.total()},
                       {"peak_activation_bytes", snap[MemCategory::activations].peak},

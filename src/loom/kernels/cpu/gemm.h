@@ -3,22 +3,47 @@
 #pragma once
 #include <cblas.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 
 namespace loom::cpu {
+
+// Wall time this process spends inside BLAS matrix products, when switched on (`loom bench
+// train` splits its step with it). Off, a call costs one relaxed load more.
+struct GemmClock {
+  std::atomic<bool> on{false};
+  std::atomic<int64_t> ns{0}, calls{0};
+};
+GemmClock& gemm_clock();
+
+template <class F>
+inline void timed_gemm(F&& call) {
+  GemmClock& c = gemm_clock();
+  if (!c.on.load(std::memory_order_relaxed)) return call();
+  const auto t0 = std::chrono::steady_clock::now();
+  call();
+  c.ns.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count(),
+                 std::memory_order_relaxed);
+  c.calls.fetch_add(1, std::memory_order_relaxed);
+}
 
 // C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C, row-major with leading dimensions.
 inline void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                  int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              int(M), int(N), int(K), alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
+  timed_gemm([&] {
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M), int(N),
+                int(K), alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
+  });
 }
 inline void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A,
                  int64_t lda, const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              int(M), int(N), int(K), alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
+  timed_gemm([&] {
+    cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M), int(N),
+                int(K), alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
+  });
 }
 
 }  // namespace loom::cpu

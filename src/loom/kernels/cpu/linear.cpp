@@ -7,6 +7,11 @@
 
 namespace loom::cpu {
 
+GemmClock& gemm_clock() {
+  static GemmClock clock;
+  return clock;
+}
+
 template <class T>
 void linear_forward(const T* x, const T* w, const T* b, T* y, int64_t N, int64_t I, int64_t O) {
   if (b) {
