@@ -74,7 +74,10 @@ static int32_t nucleus_by_full_sort(const std::vector<float>& logits, double top
   const float mx = s[0].first;
   double total = 0;
   const double inv_t = 1.0 / temp;
-  for (auto& c : s) total += double(c.first = loom::cpu::exp_f32((c.first - mx) * float(inv_t)));  // as the sampler
+  for (auto& c : s) {  // the sampler's weight
+    const float x = float(double(c.first - mx) * inv_t);
+    total += double(c.first = x < -87.3f ? 0.f : loom::cpu::exp_f32(x));
+  }
   double cum = 0;
   size_t n = s.size();
   for (size_t i = 0; i < s.size(); ++i)
@@ -129,6 +132,15 @@ TEST(Sampler, TopPPicksWhatAFullSortPicks) {
   }
   l[17] = 60.f;  // about all the mass: the first band holds the nucleus
   EXPECT_EQ(sample_token(l.data(), int64_t(l.size()), p, 0.99f, scratch), 17);
+  // A masked token has weight exactly 0: never drawn, not even by u = 0, with or without top-p;
+  // and a temperature too small for a float 1 / T still picks the maximum.
+  for (double top_p : {1.0, 0.5}) {
+    p.top_p = top_p;
+    EXPECT_NE(sample_token(l.data(), int64_t(l.size()), p, 0.f, scratch), 0) << top_p;
+    SamplingParams cold = p;
+    cold.temperature = 1e-40;
+    EXPECT_EQ(sample_token(l.data(), int64_t(l.size()), cold, 0.5f, scratch), 17) << top_p;
+  }
 }
 
 TEST(Sampler, DrawsArePureFunctionsOfSeedAndPosition) {

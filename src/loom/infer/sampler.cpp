@@ -35,12 +35,17 @@ namespace {
 // A logit's softmax weight relative to the maximum at temperature 1 / inv_t: f32 through the
 // branch-free exp of kernels/cpu/vec_math.h (about 2 ulp; loops over it vectorise), f64 through
 // libm.
+// The exponent is formed in double (a temperature below ~3e-39 would overflow a float 1 / T);
+// below exp_f32's range (-87.3, where it clamps instead of returning 0) the weight is exactly 0,
+// as a masked (-inf) logit's must be.
 template <class T>
 inline T weight_of(T logit, T mx, double inv_t) {
-  if constexpr (std::is_same_v<T, float>)
-    return cpu::exp_f32((logit - mx) * float(inv_t));
-  else
+  if constexpr (std::is_same_v<T, float>) {
+    const float x = float(double(logit - mx) * inv_t);
+    return x < -87.3f ? 0.f : cpu::exp_f32(x);
+  } else {
     return std::exp((logit - mx) * inv_t);
+  }
 }
 
 // Plain temperature sampling (no top-k, no top-p): inverse CDF over the vocabulary in ID order,

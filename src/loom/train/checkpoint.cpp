@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -200,6 +201,12 @@ static int first_failing_rank(const comm::Group& g, bool ok) {
 std::optional<std::string> find_latest_valid_checkpoint(const std::string& dir, FILE* log,
                                                         const VerifyScope& scope,
                                                         const comm::Group* agree) {
+  return find_latest_valid_checkpoint(dir, log, [&](const std::string&) { return scope; }, agree);
+}
+
+std::optional<std::string> find_latest_valid_checkpoint(
+    const std::string& dir, FILE* log, const std::function<VerifyScope(const std::string&)>& scope_of,
+    const comm::Group* agree) {
   const bool collective = agree && agree->size() > 1;
   const auto candidates = list_checkpoints(dir);
   for (size_t i = 0;; ++i) {
@@ -217,7 +224,7 @@ std::optional<std::string> find_latest_valid_checkpoint(const std::string& dir, 
     if (step < 0) return std::nullopt;
     const std::string p = candidates[i].second.string();
     std::string why;
-    bool ok = verify_noexcept(p, &why, scope);
+    bool ok = verify_noexcept(p, &why, scope_of(p));
     if (collective) {
       const int bad = first_failing_rank(*agree, ok);
       if (bad == agree->rank() && bad != 0)  // only rank 0 logs; only this rank knows why
@@ -265,44 +272,112 @@ std::vector<SavedChunk> saved_chunks(const model::ParamUnit& old_unit, int saved
   return out;
 }
 
+// A layout string of a purely data-parallel run ("pp=1 x dp=4 x ep=1 x tp=1, stages ..."), for
+// checkpoints saved before trainer_state.json recorded data_parallel_only.
+bool layout_is_data_parallel_only(const std::string& layout) {
+  return layout.starts_with("pp=1 x dp=") && layout.find(" x ep=1 x tp=1") != std::string::npos;
+}
+
+// What loading a checkpoint means on this rank: the saved state, whether the optimizer state is
+// resharded (and from which saved layout), the optimizer shards read, or why it is refused.
+struct LoadPlan {
+  json state;
+  int saved_dp = 1, saved_stage = 0;
+  bool reshard = false;
+  std::optional<model::ParamLayout> saved_units;  // the saved flat geometry, when resharding
+  std::vector<int> shards;
+  std::string refusal;  // non-empty: this run cannot load it
+};
+
+LoadPlan plan_load(const std::string& path, const model::Decoder& model, const parallel::DataParallel& engine,
+                   const ModelParallelInfo& mp) {
+  const comm::Group& g = mp.world ? *mp.world : engine.group();
+  LoadPlan p;
+  p.state = json::parse(io::read_file((fs::path(path) / "trainer_state.json").string()));
+  p.saved_dp = p.state.value("dp_size", 1);
+  p.saved_stage = p.state.value("zero_stage", 0);
+  const int dp = engine.group().size(), stage = engine.zero_stage();
+  const std::string saved_layout = p.state.value("layout", "");
+  const bool same = p.saved_dp == dp && p.saved_stage == stage &&
+                    (saved_layout.empty() || mp.layout.empty() || saved_layout == mp.layout);
+  // Resharding: both runs purely data parallel (the world is the dp group, every rank holds
+  // the whole model and its flat layout differs only in the units' padding).
+  const bool saved_dp_only = p.state.contains("data_parallel_only") ? p.state["data_parallel_only"].get<bool>()
+                                                                     : layout_is_data_parallel_only(saved_layout);
+  p.reshard = !same && saved_dp_only && mp.data_parallel_only && p.saved_dp >= 1;
+  p.shards = {g.rank()};
+  if (!same && !p.reshard) {
+    p.refusal = str_cat(path, " was saved with ", saved_layout.empty() ? "an unrecorded layout" : saved_layout,
+                        " (dp=", p.saved_dp, " zero_stage=", p.saved_stage, "); this run has ",
+                        mp.layout.empty() ? "an unrecorded layout" : mp.layout, " (dp=", dp, " zero_stage=", stage,
+                        "). Resharding on load covers the dp size and the ZeRO stage of purely data-parallel "
+                        "runs; resume with the saved pipeline and tensor-parallel layout");
+    return p;
+  }
+  if (!p.reshard) return p;
+  p.saved_units.emplace(model.config(), p.saved_dp);
+  const auto& units = model.layout().units();
+  p.shards.clear();
+  for (size_t i = 0; i < units.size(); ++i) {
+    const auto& a = *engine.optimizers()[i];
+    for (const SavedChunk& c : saved_chunks(p.saved_units->units()[i], p.saved_dp, p.saved_stage,
+                                            a.begin() - units[i].begin, a.end() - units[i].begin, g.rank()))
+      if (std::find(p.shards.begin(), p.shards.end(), c.rank) == p.shards.end()) p.shards.push_back(c.rank);
+  }
+  return p;
+}
+
+// Runs `f` on every rank; if it throws on any, every rank throws (naming the first failing
+// rank), so that none goes on into collectives its peers never reach.
+template <class F>
+void on_every_rank_or_none(const comm::Group& g, const std::string& what, F&& f) {
+  std::string why;
+  bool ok = true;
+  try {
+    f();
+  } catch (const std::exception& e) {
+    ok = false;
+    why = e.what();
+  }
+  const int bad = g.size() > 1 ? first_failing_rank(g, ok) : (ok ? -1 : 0);
+  LOOM_CHECK(bad < 0, "checkpoint", what,
+             bad == g.rank() ? ": " + why : str_cat(" failed on rank ", bad, " (its reason is in its log)"));
+}
+
 }  // namespace
+
+VerifyScope checkpoint_load_scope(const std::string& path, const model::Decoder& model,
+                                  const parallel::DataParallel& engine, const ModelParallelInfo& mp) {
+  const comm::Group& g = mp.world ? *mp.world : engine.group();
+  try {
+    return {false, plan_load(path, model, engine, mp).shards};
+  } catch (const std::exception&) {
+    return VerifyScope::rank(g.rank());  // an unreadable state: its checksum will say so
+  }
+}
 
 CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model,
                                parallel::DataParallel& engine, const ModelParallelInfo& mp,
                                bool verified) {
   const comm::Group& g = mp.world ? *mp.world : engine.group();
-  const json state = json::parse(io::read_file((fs::path(path) / "trainer_state.json").string()));
-  const int saved_dp = state.value("dp_size", 1), saved_stage = state.value("zero_stage", 0);
-  const int dp = engine.group().size(), stage = engine.zero_stage();
-  const std::string saved_layout = state.value("layout", "");
-  const bool same = saved_dp == dp && saved_stage == stage &&
-                    (saved_layout.empty() || mp.layout.empty() || saved_layout == mp.layout);
-  // Resharding: both runs purely data parallel (the world is the dp group, every rank holds
-  // the whole model and its flat layout differs only in the units' padding).
-  const bool reshard = !same && state.value("data_parallel_only", false) && mp.data_parallel_only;
-  LOOM_CHECK(same || reshard, "checkpoint", path, " was saved with the layout ", saved_layout, " (zero_stage=",
-             saved_stage, "); this run has ", mp.layout, " (zero_stage=", stage,
-             "). Resume with the saved pipeline and tensor parallel layout: resharding on load covers "
-             "the data-parallel size and the ZeRO stage only");
-  const auto& units = model.layout().units();
-  const model::ParamLayout saved_units(model.config(), saved_dp);  // the saved flat geometry
-  // The saved shards this rank reads, and the verification of them (with the weights).
-  std::vector<int> shards;
-  for (size_t i = 0; reshard && i < units.size(); ++i) {
-    const auto& a = *engine.optimizers()[i];
-    for (const SavedChunk& c : saved_chunks(saved_units.units()[i], saved_dp, saved_stage,
-                                            a.begin() - units[i].begin, a.end() - units[i].begin, g.rank()))
-      if (std::find(shards.begin(), shards.end(), c.rank) == shards.end()) shards.push_back(c.rank);
+  LoadPlan plan;
+  std::string plan_error;
+  try {
+    plan = plan_load(path, model, engine, mp);
+  } catch (const std::exception& e) {
+    plan_error = e.what();  // a damaged trainer_state.json: verification below names the file
   }
-  if (!reshard) shards = {g.rank()};
-  if (!verified || reshard) {  // each rank its own files; all fail together when one does
+  if (!plan_error.empty() || !verified) {  // each rank its files; all fail together when one does
     std::string why;
-    const bool ok = verify_noexcept(path, &why, {false, shards});
+    const bool ok = verify_noexcept(path, &why, {false, plan_error.empty() ? plan.shards : std::vector<int>{g.rank()}});
     const int bad = g.size() > 1 ? first_failing_rank(g, ok) : (ok ? -1 : 0);
     LOOM_CHECK(bad < 0, "checkpoint", path, " failed verification",
                bad == g.rank() ? ": " + why : str_cat(" on rank ", bad, " (its reason is in its log)"),
-               "; resume from an earlier checkpoint, or --resume auto to take the newest valid one");
+               "; resume from an earlier checkpoint (--resume auto takes the newest valid one)");
+    LOOM_CHECK(plan_error.empty(), "checkpoint", path, ": trainer_state.json: ", plan_error);
   }
+  LOOM_CHECK(plan.refusal.empty(), "checkpoint", plan.refusal);
+  const json& state = plan.state;
   Tensor flat = Tensor::zeros({model.flat_size()}, DType::f32, MemCategory::workspace);
   const std::string weights = (fs::path(path) / "model.safetensors").string();
   if (mp.whole_layout) {  // the whole model on disk; this rank takes its slice
@@ -314,44 +389,50 @@ CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model,
   }
   engine.load_full_params(flat);
   const int64_t optimizer_steps = state.at("optimizer_steps").get<int64_t>();
-  if (!reshard) {
-    auto f = io::SafetensorsFile::open((fs::path(path) / optimizer_file(g.rank())).string());
+  const auto& units = model.layout().units();
+  on_every_rank_or_none(g, str_cat(path, ": loading the optimizer state"), [&] {
+    if (!plan.reshard) {
+      auto f = io::SafetensorsFile::open((fs::path(path) / optimizer_file(g.rank())).string());
+      for (size_t i = 0; i < units.size(); ++i) {
+        auto& a = *engine.optimizers()[i];
+        Tensor m = f.get(str_cat(units[i].name, ".exp_avg")), v = f.get(str_cat(units[i].name, ".exp_avg_sq"));
+        LOOM_CHECK(m.numel() == a.exp_avg().numel(), "checkpoint", path, ": ", units[i].name,
+                   " optimizer state has ", m.numel(), " elements, this run expects ", a.exp_avg().numel());
+        a.exp_avg().copy_from(m);
+        a.exp_avg_sq().copy_from(v);
+        a.set_step_count(optimizer_steps);
+      }
+      return;
+    }
+    // Unit-local element j is the same parameter element in both layouts (padding sits at each
+    // unit's end); this rank's new chunk of unit i is filled from the saved chunks overlapping it.
+    std::map<int, io::SafetensorsFile> files;
+    for (int r : plan.shards)
+      files.emplace(r, io::SafetensorsFile::open((fs::path(path) / optimizer_file(r)).string()));
     for (size_t i = 0; i < units.size(); ++i) {
       auto& a = *engine.optimizers()[i];
-      Tensor m = f.get(str_cat(units[i].name, ".exp_avg")), v = f.get(str_cat(units[i].name, ".exp_avg_sq"));
-      LOOM_CHECK(m.numel() == a.exp_avg().numel(), "checkpoint", path, ": ", units[i].name,
-                 " optimizer state has ", m.numel(), " elements, this run expects ", a.exp_avg().numel());
-      a.exp_avg().copy_from(m);
-      a.exp_avg_sq().copy_from(v);
+      const int64_t lo = a.begin() - units[i].begin, hi = a.end() - units[i].begin;
+      const model::ParamUnit& old_unit = plan.saved_units->units()[i];
+      LOOM_CHECK(old_unit.name == units[i].name, "checkpoint", path, ": unit ", i, " is ", old_unit.name,
+                 " there and ", units[i].name, " here");
+      a.exp_avg().zero();
+      a.exp_avg_sq().zero();
+      for (const SavedChunk& c : saved_chunks(old_unit, plan.saved_dp, plan.saved_stage, lo, hi, g.rank())) {
+        const io::SafetensorsFile& f = files.at(c.rank);
+        Tensor m = f.get(str_cat(units[i].name, ".exp_avg")), v = f.get(str_cat(units[i].name, ".exp_avg_sq"));
+        LOOM_CHECK(m.numel() == c.local_end - c.local_begin, "checkpoint", path, ": ", optimizer_file(c.rank),
+                   " holds ", m.numel(), " elements of ", units[i].name, ", dp=", plan.saved_dp, " zero_stage=",
+                   plan.saved_stage, " means ", c.local_end - c.local_begin);
+        const int64_t from = std::max(lo, c.local_begin), to = std::min(hi, c.local_end);
+        if (to <= from) continue;  // a saved unit shorter than where this chunk starts
+        std::copy_n(m.data<float>() + (from - c.local_begin), to - from, a.exp_avg().data<float>() + (from - lo));
+        std::copy_n(v.data<float>() + (from - c.local_begin), to - from, a.exp_avg_sq().data<float>() + (from - lo));
+      }
       a.set_step_count(optimizer_steps);
     }
-    return {state.at("step").get<int64_t>(), path, ""};
-  }
-  // Unit-local element j is the same parameter element in both layouts (padding sits at each
-  // unit's end); this rank's new chunk of unit i is filled from the saved chunks overlapping it.
-  std::map<int, io::SafetensorsFile> files;
-  for (int r : shards) files.emplace(r, io::SafetensorsFile::open((fs::path(path) / optimizer_file(r)).string()));
-  for (size_t i = 0; i < units.size(); ++i) {
-    auto& a = *engine.optimizers()[i];
-    const int64_t lo = a.begin() - units[i].begin, hi = a.end() - units[i].begin;
-    const model::ParamUnit& old_unit = saved_units.units()[i];
-    LOOM_CHECK(old_unit.name == units[i].name, "checkpoint", path, ": unit ", i, " is ", old_unit.name,
-               " there and ", units[i].name, " here");
-    a.exp_avg().zero();
-    a.exp_avg_sq().zero();
-    for (const SavedChunk& c : saved_chunks(old_unit, saved_dp, saved_stage, lo, hi, g.rank())) {
-      const io::SafetensorsFile& f = files.at(c.rank);
-      Tensor m = f.get(str_cat(units[i].name, ".exp_avg")), v = f.get(str_cat(units[i].name, ".exp_avg_sq"));
-      LOOM_CHECK(m.numel() == c.local_end - c.local_begin, "checkpoint", path, ": ", optimizer_file(c.rank), " holds ",
-                 m.numel(), " elements of ", units[i].name, ", dp=", saved_dp, " zero_stage=", saved_stage,
-                 " means ", c.local_end - c.local_begin);
-      const int64_t from = std::max(lo, c.local_begin), to = std::min(hi, c.local_end);
-      std::copy_n(m.data<float>() + (from - c.local_begin), to - from, a.exp_avg().data<float>() + (from - lo));
-      std::copy_n(v.data<float>() + (from - c.local_begin), to - from, a.exp_avg_sq().data<float>() + (from - lo));
-    }
-    a.set_step_count(optimizer_steps);
-  }
-  return {state.at("step").get<int64_t>(), path, str_cat("dp=", saved_dp, " zero_stage=", saved_stage)};
+  });
+  return {state.at("step").get<int64_t>(), path,
+          plan.reshard ? str_cat("dp=", plan.saved_dp, " zero_stage=", plan.saved_stage) : ""};
 }
 
 std::string checkpoint_tokenizer(const std::string& path) {

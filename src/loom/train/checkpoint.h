@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -61,6 +62,10 @@ bool verify_checkpoint(const std::string& path, std::string* why,
 std::optional<std::string> find_latest_valid_checkpoint(
     const std::string& dir, FILE* log, const VerifyScope& scope = VerifyScope::everything(),
     const comm::Group* agree = nullptr);
+// The same with a scope per candidate (checkpoint_load_scope: the files a resume would read).
+std::optional<std::string> find_latest_valid_checkpoint(
+    const std::string& dir, FILE* log, const std::function<VerifyScope(const std::string&)>& scope_of,
+    const comm::Group* agree = nullptr);
 
 // Verifies (unless `verified`: the caller just did, e.g. with find_latest_valid_checkpoint),
 // then loads weights and this rank's optimizer state into the engine. A purely data-parallel
@@ -72,6 +77,10 @@ std::optional<std::string> find_latest_valid_checkpoint(
 CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model,
                                parallel::DataParallel& engine, const ModelParallelInfo& mp = {},
                                bool verified = false);
+// The files load_checkpoint reads on this rank: the weights, the metadata and the optimizer
+// shards it takes its state from (its own, or under resharding those holding its new chunks).
+VerifyScope checkpoint_load_scope(const std::string& path, const model::Decoder& model,
+                                  const parallel::DataParallel& engine, const ModelParallelInfo& mp = {});
 // Weights only, into a model with a flat parameter buffer (generate, serve, convert); optimizer
 // shards are neither read nor checksummed. `verified`: resolve_checkpoint already did.
 CheckpointMeta load_checkpoint_weights(const std::string& path, model::Decoder& model,

@@ -19,9 +19,7 @@ namespace loom::train {
 
 namespace {
 
-// Achievable f32 GEMM rate on this machine with the current threads: the denominator of
-// the MFU estimate (model FLOPs / time / this).
-// The machine's matrix-product peak for MFU: a product large enough for OpenBLAS to reach its
+// The denominator of the MFU estimate (model FLOPs / time / this): the machine's matrix-product peak: a product large enough for OpenBLAS to reach its
 // full rate on every thread (a 384-wide one ran at half of it with two threads, and the demo
 // then logged an MFU over 100%). About 0.1 s at start.
 double measure_gemm_gflops() {
@@ -150,8 +148,10 @@ void Trainer::resume_from(const std::string& spec) {
   if (spec == "auto") {
     LOOM_CHECK(!cfg_.checkpoint.dir.empty(), "train",
                "--resume auto needs checkpoint.dir in the config");
-    auto found = find_latest_valid_checkpoint(cfg_.checkpoint.dir, log,
-                                              VerifyScope::rank(mesh_->world().rank()), &mesh_->world());
+    const ModelParallelInfo mp{&mesh_->world(), whole_layout_.get(), layout_desc_, data_parallel_only_};
+    auto found = find_latest_valid_checkpoint(
+        cfg_.checkpoint.dir, log,
+        [&](const std::string& p) { return checkpoint_load_scope(p, *model_, *engine_, mp); }, &mesh_->world());
     if (!found) {
       if (log)
         std::fprintf(log, "[resume] no valid checkpoint in %s; starting from step 0\n",

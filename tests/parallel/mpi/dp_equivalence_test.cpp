@@ -60,14 +60,15 @@ TrainRun run_training(const TrainConfig& cfg, const parallel::Mesh* mesh, const 
   return r;
 }
 
+// `steps`: the AdamW steps the weights went through (default: one per compared loss).
 void expect_close(const TrainRun& a, const TrainRun& ref, const model::ParamLayout& dist_layout,
-                  const model::ParamLayout& ref_layout, const std::string& what) {
+                  const model::ParamLayout& ref_layout, const std::string& what, int64_t steps = -1) {
   ASSERT_EQ(a.losses.size(), ref.losses.size()) << what;
   for (size_t i = 0; i < a.losses.size(); ++i)
     EXPECT_NEAR(a.losses[i], ref.losses[i], 1e-5 * std::abs(ref.losses[i]) + 2e-7)
         << what << ": loss at step " << i + 1;
   loom::testing::expect_weights_close(a.weights, dist_layout, ref.weights, ref_layout, 3e-3,
-                                      double(a.losses.size()), what);
+                                      double(steps > 0 ? steps : int64_t(a.losses.size())), what);
 }
 
 }  // namespace
@@ -135,15 +136,27 @@ TEST(DataParallelResume, ReshardsAcrossDpSizeAndZeroStage) {
   // dp=N with ZeRO-1, saved after 5 steps; resumed as dp=N ZeRO-3, and as one process.
   run_training(make_config("gpt2-tiny", N, 1, micro, 0, 10, base + "/a"), &mesh, "", 5);
   expect_close(run_training(make_config("gpt2-tiny", N, 3, micro, 0, 10, base + "/a3"), &mesh, base + "/a/step_000005"),
-               ref, dist, one, "dp=N ZeRO-1 -> dp=N ZeRO-3");
+               ref, dist, one, "dp=N ZeRO-1 -> dp=N ZeRO-3", 10);
   expect_close(run_training(make_config("gpt2-tiny", 1, 0, 8, 0, 10, mine + "/a1"), nullptr, base + "/a/step_000005"),
-               ref, one, one, "dp=N ZeRO-1 -> one process");
+               ref, one, one, "dp=N ZeRO-1 -> one process", 10);
+  // dp=N with ZeRO-0 (every shard the whole state; ranks read different copies) -> ZeRO-1.
+  run_training(make_config("gpt2-tiny", N, 0, micro, 0, 10, base + "/z"), &mesh, "", 5);
+  expect_close(run_training(make_config("gpt2-tiny", N, 1, micro, 0, 10, base + "/z1"), &mesh, base + "/z/step_000005"),
+               ref, dist, one, "dp=N ZeRO-0 -> dp=N ZeRO-1", 10);
   // One process, saved after 5 steps (every rank writes its own; rank 0's is used), resumed as
   // dp=N with ZeRO-2.
   run_training(make_config("gpt2-tiny", 1, 0, 8, 0, 10, mine + "/b"), nullptr, "", 5);
   world.barrier();
   expect_close(run_training(make_config("gpt2-tiny", N, 2, micro, 0, 10, base + "/b2"), &mesh, base + "/rank0/b/step_000005"),
-               ref, dist, one, "one process -> dp=N ZeRO-2");
+               ref, dist, one, "one process -> dp=N ZeRO-2", 10);
+  if (N == 4) {  // dp=4 -> dp=2: each half of the world resumes alone, into its own directory
+    const comm::Group half = world.split(world.rank() / 2, world.rank() % 2);
+    parallel::Mesh half_mesh(half, parallel::MeshShape(1, 2, 1, 1));
+    const model::ParamLayout dist2(one_cfg.model, 2);
+    const std::string out = base + "/half" + std::to_string(world.rank() / 2);
+    expect_close(run_training(make_config("gpt2-tiny", 2, 3, 4, 0, 10, out), &half_mesh, base + "/a/step_000005"),
+                 ref, dist2, one, "dp=4 ZeRO-1 -> dp=2 ZeRO-3", 10);
+  }
 }
 
 // Each rank checksums only the files it loads (the weights and its own optimizer shard), so a
