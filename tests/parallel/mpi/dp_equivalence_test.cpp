@@ -133,8 +133,10 @@ TEST(DataParallelResume, ReshardsAcrossDpSizeAndZeroStage) {
   ref.losses.erase(ref.losses.begin(), ref.losses.begin() + 5);  // the steps after a resume
   const model::ParamLayout one(one_cfg.model, 1), dist(one_cfg.model, N);
   const std::string mine = base + "/rank" + std::to_string(world.rank());  // per-rank outputs
-  // dp=N with ZeRO-1, saved after 5 steps; resumed as dp=N ZeRO-3, and as one process.
-  run_training(make_config("gpt2-tiny", N, 1, micro, 0, 10, base + "/a"), &mesh, "", 5);
+  // dp=N with ZeRO-1, saved after 2, 4 and 5 steps; resumed as dp=N ZeRO-3, and as one process.
+  TrainConfig a_cfg = make_config("gpt2-tiny", N, 1, micro, 0, 10, base + "/a");
+  a_cfg.checkpoint.every_steps = 2;
+  run_training(a_cfg, &mesh, "", 5);
   expect_close(run_training(make_config("gpt2-tiny", N, 3, micro, 0, 10, base + "/a3"), &mesh, base + "/a/step_000005"),
                ref, dist, one, "dp=N ZeRO-1 -> dp=N ZeRO-3", 10);
   expect_close(run_training(make_config("gpt2-tiny", 1, 0, 8, 0, 10, mine + "/a1"), nullptr, base + "/a/step_000005"),
@@ -157,6 +159,19 @@ TEST(DataParallelResume, ReshardsAcrossDpSizeAndZeroStage) {
     expect_close(run_training(make_config("gpt2-tiny", 2, 3, 4, 0, 10, out), &half_mesh, base + "/a/step_000005"),
                  ref, dist2, one, "dp=4 ZeRO-1 -> dp=2 ZeRO-3", 10);
   }
+  // A one-process resume of step 5 reads every saved shard; with one of them damaged, --resume
+  // auto must fall back to step 4 (it verifies what the resume reads, not only shard 0).
+  world.barrier();  // last: it damages the step-5 checkpoint the runs above read
+  if (world.rank() == 0) {
+    char name[64];
+    std::snprintf(name, sizeof name, "/a/step_000005/optimizer.rank%05d.safetensors", N - 1);
+    EXPECT_TRUE(loom::testing::flip_byte(base + name, 100, 0x08));
+    TrainConfig auto_cfg = make_config("gpt2-tiny", 1, 0, 8, 0, 10, base + "/a");
+    SyntheticSource src(auto_cfg.model.vocab_size);
+    Trainer t(auto_cfg, src, loom::testing::quiet_trainer_options(nullptr, "auto", -1));
+    EXPECT_EQ(t.step(), 4);
+  }
+  world.barrier();
 }
 
 // Each rank checksums only the files it loads (the weights and its own optimizer shard), so a
