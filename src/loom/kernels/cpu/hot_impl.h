@@ -137,6 +137,9 @@ constexpr int kVecBytes = 32;
 #else
 constexpr int kVecBytes = 16;
 #endif
+// Elements of T per vector register.
+template <class T>
+constexpr int64_t kLanes = kVecBytes / int64_t(sizeof(T));
 template <class T> struct VecOf;
 template <> struct VecOf<float> { typedef float type __attribute__((vector_size(kVecBytes), aligned(4))); };
 template <> struct VecOf<double> { typedef double type __attribute__((vector_size(kVecBytes), aligned(8))); };
@@ -160,7 +163,7 @@ template <class T, bool Acc, int NV, bool TA>
 [[gnu::always_inline]] inline void rows4_chunk(const T* A, int64_t lda, const T* B, int64_t ldb,
                                                int64_t K, T* C, int64_t ldc, int64_t c0) {
   using V = typename VecOf<T>::type;
-  constexpr int64_t W = kVecBytes / int64_t(sizeof(T));
+  constexpr int64_t W = kLanes<T>;
   V acc[4][NV];
 #pragma GCC unroll 4
   for (int r = 0; r < 4; ++r)
@@ -197,7 +200,7 @@ template <class T, bool Acc, int NV, bool TA>
 template <class T, bool Acc, bool TA = false>
 inline void rows4(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t K, T* C, int64_t ldc,
                   int64_t N) {
-  constexpr int64_t W = kVecBytes / int64_t(sizeof(T));
+  constexpr int64_t W = kLanes<T>;
   // 4 x 4 accumulators need AVX-512's 32 vector registers; with 16 (AVX2, SSE) 4 x 2 fit.
   constexpr int NV = kVecBytes == 64 ? 4 : 2;
   int64_t c0 = 0;
@@ -209,7 +212,7 @@ inline void rows4(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t K, T
 // Columns of a tile that rows seeing kk keys need: kk rounded up to whole vectors.
 template <class T>
 inline int64_t tile_cols(int64_t kk) {
-  constexpr int64_t W = kVecBytes / int64_t(sizeof(T));
+  constexpr int64_t W = kLanes<T>;
   return std::min(kTile, (kk + W - 1) / W * W);
 }
 
@@ -223,13 +226,6 @@ inline void pack_transposed(const T* src, int64_t stride, int64_t Tn, int64_t Tp
 }
 
 inline int64_t round4(int64_t n) { return (n + 3) / 4 * 4; }
-
-// n rounded up to whole vectors of T (n <= kTile stays <= kTile).
-template <class T>
-inline int64_t round_vec(int64_t n) {
-  constexpr int64_t W = kVecBytes / int64_t(sizeof(T));
-  return (n + W - 1) / W * W;
-}
 
 template <class T>
 void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t Tn, int64_t H,
@@ -365,9 +361,9 @@ void attention_backward(const T* qkv, const T* out, const T* dout, const T* lse,
               T* pi = &P[size_t(i * kTile)];
               T* dsi = &dS[size_t(i * kTile)];
               const int64_t nj = i < nq ? std::clamp<int64_t>(q0 + i - k0 + 1, 0, nk) : 0;
-              // Whole vectors up to round_vec(nj) <= kTile: the masked keys' probabilities and
-              // score gradients are set to exactly zero (a vectorised loop with no scalar tail).
-              const int64_t njv = nj > 0 ? round_vec<T>(nj) : 0;
+              // Whole vectors up to tile_cols(nj): the masked keys' probabilities and score
+              // gradients are set to exactly zero (a vectorised loop with no scalar tail).
+              const int64_t njv = nj > 0 ? tile_cols<T>(nj) : 0;
               if (nj > 0) {
                 const T li = lrow[q0 + i], Di = Dv[size_t(q0 + i)];
                 for (int64_t j = 0; j < njv; ++j) {
