@@ -48,6 +48,13 @@ inline T weight_of(T logit, T mx, double inv_t) {
   }
 }
 
+template <class T>
+inline T max_of(const T* x, int64_t n) {
+  T mx = x[0];
+  for (int64_t i = 1; i < n; ++i) mx = x[i] > mx ? x[i] : mx;
+  return mx;
+}
+
 // Plain temperature sampling (no top-k, no top-p): inverse CDF over the vocabulary in ID order,
 // no ordering needed. One vectorised pass for the weights and their total (eight interleaved
 // partial sums), one for the draw.
@@ -55,8 +62,7 @@ template <class T>
 int32_t sample_plain(const T* logits, int64_t V, double inv_t, float u) {
   static thread_local std::vector<T> w;
   w.resize(size_t(V));
-  T mx = logits[0];
-  for (int64_t i = 1; i < V; ++i) mx = logits[i] > mx ? logits[i] : mx;
+  const T mx = max_of(logits, V);
   T* wp = w.data();
   for (int64_t i = 0; i < V; ++i) wp[i] = weight_of(logits[i], mx, inv_t);
   double acc[8] = {};
@@ -69,8 +75,8 @@ int32_t sample_plain(const T* logits, int64_t V, double inv_t, float u) {
   double cum = 0;
   int64_t last = 0;  // the last token with weight: rounding can leave r at or past the sum
   for (int64_t j = 0; j < V; ++j) {
-    if (w[size_t(j)] == T(0)) continue;
-    cum += double(w[size_t(j)]);
+    if (wp[j] == T(0)) continue;
+    cum += double(wp[j]);
     last = j;
     if (r < cum) return int32_t(j);
   }
@@ -89,8 +95,7 @@ template <class T, class Before>
 int32_t sample_nucleus(const T* logits, int64_t V, const SamplingParams& p, float u,
                        std::vector<std::pair<T, int32_t>>& scratch, const Before& before) {
   constexpr int kBands = 128;
-  T mx = logits[0];
-  for (int64_t i = 1; i < V; ++i) mx = logits[i] > mx ? logits[i] : mx;
+  const T mx = max_of(logits, V);
   const double inv_t = 1.0 / p.temperature;
   auto weight = [&](T logit) { return weight_of(logit, mx, inv_t); };
   auto band = [&](T logit) {
@@ -148,15 +153,12 @@ int32_t sample_token(const T* logits, int64_t V, const SamplingParams& p, float 
   if (!use_k && p.top_p >= 1.0) return sample_plain(logits, V, 1.0 / p.temperature, u);
   scratch.resize(size_t(V));
   if (!use_k && p.top_p < 1.0) return sample_nucleus(logits, V, p, u, scratch, before);
+  // Top-k (and top-p within it): the k largest logits, in order.
   for (int64_t i = 0; i < V; ++i) scratch[size_t(i)] = {logits[i], int32_t(i)};
-  if (use_k) {
-    std::nth_element(scratch.begin(), scratch.begin() + (p.top_k - 1), scratch.end(), before);
-    scratch.resize(size_t(p.top_k));
-  }
-  const bool sorted = use_k || p.top_p < 1.0;
-  if (sorted) std::sort(scratch.begin(), scratch.end(), before);
-  T mx = scratch[0].first;
-  for (const auto& c : scratch) mx = c.first > mx ? c.first : mx;
+  std::nth_element(scratch.begin(), scratch.begin() + (p.top_k - 1), scratch.end(), before);
+  scratch.resize(size_t(p.top_k));
+  std::sort(scratch.begin(), scratch.end(), before);
+  const T mx = scratch[0].first;
   const double inv_t = 1.0 / p.temperature;
   double total = 0;
   for (auto& c : scratch) {
