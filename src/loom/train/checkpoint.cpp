@@ -189,13 +189,23 @@ static bool verify_noexcept(const std::string& path, std::string* why, const Ver
   }
 }
 
-// Across `g`: the lowest rank whose verification failed, or -1 when all passed.
+// Across `g`: the lowest rank where `ok` is false, or -1 when it holds on every rank.
 static int first_failing_rank(const comm::Group& g, bool ok) {
+  if (g.size() == 1) return ok ? -1 : 0;
   Tensor r = Tensor::zeros({1}, DType::f64, MemCategory::comm);
   r.data<double>()[0] = ok ? double(g.size()) : double(g.rank());
   g.all_reduce(r, comm::ReduceOp::min);
   const int first = int(r.data<double>()[0]);
   return first < g.size() ? first : -1;
+}
+
+// Throws on every rank when `ok` is false on any, so that none goes on into collectives its
+// peers never reach: the first failing rank with its own reason, the others naming it.
+static void throw_unless_ok_everywhere(const comm::Group& g, bool ok, const std::string& why,
+                                       const std::string& what, const std::string& fix = "") {
+  const int bad = first_failing_rank(g, ok);
+  LOOM_CHECK(bad < 0, "checkpoint", what,
+             bad == g.rank() ? ": " + why : str_cat(" on rank ", bad, " (its reason is in its log)"), fix);
 }
 
 std::optional<std::string> find_latest_valid_checkpoint(const std::string& dir, FILE* log,
@@ -207,7 +217,7 @@ std::optional<std::string> find_latest_valid_checkpoint(const std::string& dir, 
 std::optional<std::string> find_latest_valid_checkpoint(
     const std::string& dir, FILE* log, const std::function<VerifyScope(const std::string&)>& scope_of,
     const comm::Group* agree) {
-  const bool collective = agree && agree->size() > 1;
+  const bool collective = agree && agree->size() > 1;  // ranks agree on each candidate
   const auto candidates = list_checkpoints(dir);
   for (size_t i = 0;; ++i) {
     const int64_t step = i < candidates.size() ? candidates[i].first : -1;
@@ -327,8 +337,7 @@ LoadPlan plan_load(const std::string& path, const model::Decoder& model, const p
   return p;
 }
 
-// Runs `f` on every rank; if it throws on any, every rank throws (naming the first failing
-// rank), so that none goes on into collectives its peers never reach.
+// Runs `f` on every rank; if it throws on any, every rank throws (throw_unless_ok_everywhere).
 template <class F>
 void on_every_rank_or_none(const comm::Group& g, const std::string& what, F&& f) {
   std::string why;
@@ -339,9 +348,7 @@ void on_every_rank_or_none(const comm::Group& g, const std::string& what, F&& f)
     ok = false;
     why = e.what();
   }
-  const int bad = g.size() > 1 ? first_failing_rank(g, ok) : (ok ? -1 : 0);
-  LOOM_CHECK(bad < 0, "checkpoint", what,
-             bad == g.rank() ? ": " + why : str_cat(" failed on rank ", bad, " (its reason is in its log)"));
+  throw_unless_ok_everywhere(g, ok, why, what);
 }
 
 }  // namespace
@@ -370,10 +377,8 @@ CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model,
   if (!plan_error.empty() || !verified) {  // each rank its files; all fail together when one does
     std::string why;
     const bool ok = verify_noexcept(path, &why, {false, plan_error.empty() ? plan.shards : std::vector<int>{g.rank()}});
-    const int bad = g.size() > 1 ? first_failing_rank(g, ok) : (ok ? -1 : 0);
-    LOOM_CHECK(bad < 0, "checkpoint", path, " failed verification",
-               bad == g.rank() ? ": " + why : str_cat(" on rank ", bad, " (its reason is in its log)"),
-               "; resume from an earlier checkpoint (--resume auto takes the newest valid one)");
+    throw_unless_ok_everywhere(g, ok, why, path + " failed verification",
+                               "; resume from an earlier checkpoint (--resume auto takes the newest valid one)");
     LOOM_CHECK(plan_error.empty(), "checkpoint", path, ": trainer_state.json: ", plan_error);
   }
   LOOM_CHECK(plan.refusal.empty(), "checkpoint", plan.refusal);
@@ -390,7 +395,7 @@ CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model,
   engine.load_full_params(flat);
   const int64_t optimizer_steps = state.at("optimizer_steps").get<int64_t>();
   const auto& units = model.layout().units();
-  on_every_rank_or_none(g, str_cat(path, ": loading the optimizer state"), [&] {
+  on_every_rank_or_none(g, str_cat("loading the optimizer state of ", path, " failed"), [&] {
     if (!plan.reshard) {
       auto f = io::SafetensorsFile::open((fs::path(path) / optimizer_file(g.rank())).string());
       for (size_t i = 0; i < units.size(); ++i) {

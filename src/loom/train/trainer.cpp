@@ -19,9 +19,9 @@ namespace loom::train {
 
 namespace {
 
-// The denominator of the MFU estimate (model FLOPs / time / this): the machine's matrix-product peak: a product large enough for OpenBLAS to reach its
-// full rate on every thread (a 384-wide one ran at half of it with two threads, and the demo
-// then logged an MFU over 100%). About 0.1 s at start.
+// The denominator of the MFU estimate (model FLOPs / time / this): the matrix-product rate of a
+// product large enough for OpenBLAS to reach its full rate on every thread (a 384-wide one ran
+// at half of it with two threads, and the demo then logged an MFU over 100%). About 0.1 s.
 double measure_gemm_gflops() {
   const int64_t n = 1024;
   std::vector<float> a(size_t(n * n), 0.5f), b(size_t(n * n), 0.25f), c(size_t(n * n));
@@ -86,7 +86,6 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
         parallel::PipelineOptions{parallel::pipe_schedule_from_name(p.pp_schedule), int(p.micro_batches)});
   if (p.pp > 1 || p.tp > 1) whole_layout_ = std::make_unique<model::ParamLayout>(cfg_.model, 1);
   layout_desc_ = str_cat(shape.describe(), ", stages ", parallel::describe_partition(stages_));
-  data_parallel_only_ = p.pp == 1 && p.tp == 1 && p.ep == 1;
   if (!opt_.resume.empty()) resume_from(opt_.resume);
   if (main_rank() && !cfg_.log.metrics_path.empty()) {
     metrics_ = std::fopen(cfg_.log.metrics_path.c_str(), step_ > 0 ? "a" : "w");
@@ -142,13 +141,18 @@ Tensor Trainer::full_params() {
   return parallel::gather_whole_params(*mesh_, model_->layout(), local);
 }
 
+ModelParallelInfo Trainer::model_parallel_info() const {
+  const auto& p = cfg_.parallel;
+  return {&mesh_->world(), whole_layout_.get(), layout_desc_, p.pp == 1 && p.tp == 1 && p.ep == 1};
+}
+
 void Trainer::resume_from(const std::string& spec) {
   std::string path = spec;
   FILE* log = main_rank() ? opt_.log : nullptr;
   if (spec == "auto") {
     LOOM_CHECK(!cfg_.checkpoint.dir.empty(), "train",
                "--resume auto needs checkpoint.dir in the config");
-    const ModelParallelInfo mp{&mesh_->world(), whole_layout_.get(), layout_desc_, data_parallel_only_};
+    const ModelParallelInfo mp = model_parallel_info();
     auto found = find_latest_valid_checkpoint(
         cfg_.checkpoint.dir, log,
         [&](const std::string& p) { return checkpoint_load_scope(p, *model_, *engine_, mp); }, &mesh_->world());
@@ -160,9 +164,8 @@ void Trainer::resume_from(const std::string& spec) {
     }
     path = *found;
   }
-  const CheckpointMeta meta = load_checkpoint(path, *model_, *engine_,
-                                              {&mesh_->world(), whole_layout_.get(), layout_desc_, data_parallel_only_},
-                                              /*verified=*/spec == "auto");
+  const CheckpointMeta meta =
+      load_checkpoint(path, *model_, *engine_, model_parallel_info(), /*verified=*/spec == "auto");
   step_ = meta.step;
   last_checkpoint_ = path;
   if (log && meta.resharded_from.empty())
@@ -279,7 +282,7 @@ void Trainer::maybe_checkpoint(bool force) {
   last_checkpoint_ = save_checkpoint(cfg_.checkpoint.dir, step_, *model_, *engine_, full_params(),
                                      cfg_.resolved_yaml, cfg_.checkpoint.keep_last,
                                      data_.tokenizer_name(),
-                                     {&mesh_->world(), whole_layout_.get(), layout_desc_, data_parallel_only_});
+                                     model_parallel_info());
   if (main_rank())
     std::fprintf(opt_.log, "[checkpoint] step %lld saved to %s (%.1f s)\n", (long long)step_,
                  last_checkpoint_.c_str(), sw.seconds());

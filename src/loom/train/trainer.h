@@ -16,6 +16,7 @@
 #include "loom/parallel/data_parallel.h"
 #include "loom/parallel/mesh.h"
 #include "loom/parallel/partition.h"
+#include "loom/train/checkpoint.h"
 #include "loom/parallel/pipeline.h"
 #include "loom/parallel/tp_layers.h"
 #include "loom/train/batch_source.h"
@@ -69,6 +70,8 @@ class Trainer {
   void log_step(double loss, double grad_norm, double lr, double step_ms);
   void maybe_checkpoint(bool force);
   void resume_from(const std::string& spec);
+  // What checkpoints record and check of this run's layout (data_parallel_only: pp = tp = ep = 1).
+  ModelParallelInfo model_parallel_info() const;
   bool main_rank() const { return mesh_->rank() == 0; }
 
   TrainConfig cfg_;
@@ -83,7 +86,6 @@ class Trainer {
   std::unique_ptr<model::ParamLayout> whole_layout_;  // tp or pp > 1
   std::vector<parallel::StageRange> stages_;
   std::string layout_desc_;  // the mesh and the stages: a checkpoint resumes on the same ones
-  bool data_parallel_only_ = false;  // pp = tp = ep = 1 (checkpoints reshard across dp and ZeRO)
   parallel::PipelineStepStats pipe_stats_;
   int64_t step_ = 0;
   double last_grad_norm_ = 0;

@@ -13,7 +13,7 @@ namespace loom::cpu {
 // train` splits its step with it). Off, a call costs one relaxed load more.
 struct GemmClock {
   std::atomic<bool> on{false};
-  std::atomic<int64_t> ns{0}, calls{0};
+  std::atomic<int64_t> ns{0};
 };
 GemmClock& gemm_clock();
 
@@ -25,7 +25,6 @@ inline void timed_gemm(F&& call) {
   call();
   c.ns.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count(),
                  std::memory_order_relaxed);
-  c.calls.fetch_add(1, std::memory_order_relaxed);
 }
 
 // C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C, row-major with leading dimensions.
