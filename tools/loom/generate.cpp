@@ -43,8 +43,7 @@ int cmd_generate(const std::vector<std::string>& argv) {
   model::Decoder m(mc, mopt);
   train::load_checkpoint_weights(path, m, /*verified=*/true);  // by resolve_checkpoint
 
-  std::string tok_name = a.get("tokenizer", train::checkpoint_tokenizer(path));
-  if (tok_name.empty()) tok_name = mc.vocab_size == 256 ? "byte" : "gpt2";
+  const std::string tok_name = a.get("tokenizer", train::checkpoint_tokenizer(path));
   auto tok = data::make_tokenizer(tok_name);
   const std::string prompt = a.get("prompt", "");
   std::vector<int32_t> ids = tok->encode(prompt);

@@ -73,9 +73,9 @@ int cmd_serve(const std::vector<std::string>& argv) {
   } else {
     mc = model::preset(args.get("model", ""));
   }
-  // The tokenizer: given, else the one the checkpoint was trained with, else by vocabulary size.
-  std::string tok_name = args.get("tokenizer", checkpoint.empty() ? "byte" : train::checkpoint_tokenizer(checkpoint));
-  if (tok_name.empty()) tok_name = mc.vocab_size == 256 ? "byte" : "gpt2";
+  // The tokenizer: given, else the checkpoint's (train::checkpoint_tokenizer), else bytes.
+  const std::string tok_name =
+      args.get("tokenizer", checkpoint.empty() ? "byte" : train::checkpoint_tokenizer(checkpoint));
   std::unique_ptr<serve::DataTokenizer> tokenizer = serve::make_text_tokenizer(tok_name, args.get("data-dir", ""));
   if (checkpoint.empty()) mc.vocab_size = tokenizer->vocab_size();
   if (args.has("n-ctx")) {

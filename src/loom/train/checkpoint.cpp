@@ -442,7 +442,9 @@ CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model,
 
 std::string checkpoint_tokenizer(const std::string& path) {
   const json state = json::parse(io::read_file((fs::path(path) / "trainer_state.json").string()));
-  return state.value("tokenizer", "");
+  const std::string recorded = state.value("tokenizer", "");
+  if (!recorded.empty()) return recorded;
+  return checkpoint_model_config(path).vocab_size == 256 ? "byte" : "gpt2";
 }
 
 std::string resolve_checkpoint(const std::string& dir, FILE* log) {

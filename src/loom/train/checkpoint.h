@@ -89,7 +89,8 @@ CheckpointMeta load_checkpoint_weights(const std::string& path, model::Decoder& 
 // Reads the model config stored in a checkpoint (for generate/serve) and builds the model.
 model::ModelConfig checkpoint_model_config(const std::string& path);
 
-// The tokenizer recorded at training time ("" when the checkpoint does not say).
+// The tokenizer recorded at training time; for checkpoints that do not say, "byte" for a
+// 256-entry vocabulary, else "gpt2".
 std::string checkpoint_tokenizer(const std::string& path);
 // A checkpoint directory itself, or the newest valid one inside a run directory, verified for
 // loading its weights (load_checkpoint_weights(path, model, /*verified=*/true) then); throws
