@@ -71,6 +71,15 @@ void expect_close(const TrainRun& a, const TrainRun& ref, const model::ParamLayo
                                       double(steps > 0 ? steps : int64_t(a.losses.size())), what);
 }
 
+// A temporary directory every rank uses, emptied by rank 0 before anyone writes. Named per rank
+// count: ctest may run the 2- and 4-rank suites at once.
+std::string shared_empty_dir(const comm::Group& world, const std::string& stem) {
+  const auto dir = std::filesystem::temp_directory_path() / (stem + "_" + std::to_string(world.size()));
+  if (world.rank() == 0) std::filesystem::remove_all(dir);
+  world.barrier();
+  return dir.string();
+}
+
 }  // namespace
 
 class DataParallelEquivalence : public ::testing::TestWithParam<const char*> {};
@@ -103,10 +112,7 @@ TEST(DataParallelResume, Zero3ResumesExactlyOnTheSameLayout) {
   const comm::Group& world = test_world();
   const int N = world.size();
   parallel::Mesh mesh(world, parallel::MeshShape(1, N, 1, 1));
-  const std::string dir =  // per rank count: ctest may run the 2- and 4-rank suites at once
-      (std::filesystem::temp_directory_path() / ("loom_dp_resume_" + std::to_string(N))).string();
-  if (world.rank() == 0) std::filesystem::remove_all(dir);
-  world.barrier();
+  const std::string dir = shared_empty_dir(world, "loom_dp_resume");
   const TrainConfig cfg = make_config("llama-tiny", N, 3, 8 / N, 0, 10, dir);
   const TrainRun straight = run_training(make_config("llama-tiny", N, 3, 8 / N, 0, 10, dir + "_straight"), &mesh);
   run_training(cfg, &mesh, "", 5);                  // 5 steps, checkpoint
@@ -124,9 +130,7 @@ TEST(DataParallelResume, ReshardsAcrossDpSizeAndZeroStage) {
   const comm::Group& world = test_world();
   const int N = world.size();
   parallel::Mesh mesh(world, parallel::MeshShape(1, N, 1, 1));
-  const std::string base = (std::filesystem::temp_directory_path() / ("loom_dp_reshard_" + std::to_string(N))).string();
-  if (world.rank() == 0) std::filesystem::remove_all(base);
-  world.barrier();
+  const std::string base = shared_empty_dir(world, "loom_dp_reshard");
   const int64_t micro = 8 / N;
   const TrainConfig one_cfg = make_config("gpt2-tiny", 1, 0, 8, 0, 10);
   TrainRun ref = run_training(one_cfg, nullptr);
@@ -181,10 +185,7 @@ TEST(DataParallelResume, EveryRankSkipsACheckpointWithOneCorruptShard) {
   const comm::Group& world = test_world();
   const int N = world.size();
   parallel::Mesh mesh(world, parallel::MeshShape(1, N, 1, 1));
-  const std::string dir =  // per rank count: ctest may run the 2- and 4-rank suites at once
-      (std::filesystem::temp_directory_path() / ("loom_dp_resume_corrupt_" + std::to_string(N))).string();
-  if (world.rank() == 0) std::filesystem::remove_all(dir);
-  world.barrier();
+  const std::string dir = shared_empty_dir(world, "loom_dp_resume_corrupt");
   TrainConfig cfg = make_config("gpt2-tiny", N, 1, 8 / N, 0, 6, dir);
   cfg.checkpoint.every_steps = 2;
   run_training(cfg, &mesh);  // checkpoints after steps 2, 4 and 6
