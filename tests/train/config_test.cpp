@@ -67,3 +67,14 @@ TEST(LrSchedule, DefaultWarmupIsTenPercentCappedAtTenThousand) {
   TrainConfig c = parse_train_config(kBase, {"schedule.steps=1000"});
   EXPECT_EQ(c.schedule.warmup_steps, -1);
 }
+
+TEST(TrainConfig, RepeatedKeysAreRefusedNotResolved) {
+  // yaml-cpp keeps both entries and returns the first: optim.lr would silently be 1e-3.
+  expect_error(std::string(kBase) + "optim:\n  lr: 1e-3\n  lr: 3e-4\n",
+               "<string>: optim.lr is given twice (lines 7 and 8); keep one");
+  expect_error(std::string(kBase) + "optim:\n  lr: 1e-3\noptim:\n  beta1: 0.8\n", "optim is given twice (lines 6 and 8)");
+  expect_error(kBase, "--set optim.lr is given twice (optim.lr=1 and optim.lr=2); give it once",
+               {"optim.lr=1", "optim.lr=2"});
+  // One key in the file and once in --set is an override, not a repeat.
+  EXPECT_DOUBLE_EQ(parse_train_config(std::string(kBase) + "optim:\n  lr: 1e-3\n", {"optim.lr=2e-3"}).optim.lr, 2e-3);
+}

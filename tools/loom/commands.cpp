@@ -42,7 +42,7 @@ std::vector<std::string> without_nproc(const std::vector<std::string>& args) {
 }
 
 Args::Args(const std::string& cmd, const std::vector<std::string>& argv,
-           const std::map<std::string, bool>& spec)
+           const std::map<std::string, OptionKind>& spec)
     : cmd_(cmd) {
   for (size_t i = 0; i < argv.size(); ++i) {
     const std::string& a = argv[i];
@@ -59,9 +59,16 @@ Args::Args(const std::string& cmd, const std::vector<std::string>& argv,
     }
     auto it = spec.find(key);
     if (it == spec.end()) throw UsageError(str_cat("[", cmd, "] unknown option --", key, " (see loom ", cmd, " --help)"));
-    if (it->second && !inline_value) {
+    if (it->second.takes_value && !inline_value) {
       if (i + 1 >= argv.size()) throw UsageError(str_cat("[", cmd, "] --", key, " needs a value"));
       value = argv[++i];
+    }
+    if (!it->second.repeatable && values_.count(key)) {
+      const std::string first = values_.find(key)->second;
+      throw UsageError(it->second.takes_value
+                           ? str_cat("[", cmd, "] --", key, " is given twice (\"", first, "\" and \"", value,
+                                     "\"); give it once")
+                           : str_cat("[", cmd, "] --", key, " is given twice; give it once"));
     }
     values_.emplace(key, value);
   }

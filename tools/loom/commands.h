@@ -46,12 +46,22 @@ int bench_pipeline(const std::vector<std::string>& args);
 std::vector<std::string> without_nproc(const std::vector<std::string>& args);
 int cmd_launch(const std::vector<std::string>& args);
 
+// How an option is given: `false` a flag, `true` one value, Args::kRepeated a value that may
+// be given several times (--set a=1 --set b=2).
+struct OptionKind {
+  bool takes_value = false, repeatable = false;
+  OptionKind(bool value) : takes_value(value) {}  // NOLINT: {"name", true} reads best in specs
+  OptionKind(bool value, bool repeat) : takes_value(value), repeatable(repeat) {}
+};
+
 // --key value / --key=value / --flag parsing against a declared option list.
 class Args {
  public:
-  // spec: option name -> true if it takes a value. Unknown options throw UsageError naming them.
+  static inline const OptionKind kRepeated{true, true};
+  // spec: option name -> its kind. Unknown options, and an option that is not repeatable
+  // given twice (which value was meant?), throw UsageError naming them.
   Args(const std::string& cmd, const std::vector<std::string>& argv,
-       const std::map<std::string, bool>& spec);
+       const std::map<std::string, OptionKind>& spec);
   bool has(const std::string& k) const { return values_.count(k) != 0; }
   std::string get(const std::string& k, const std::string& def) const;
   std::vector<std::string> get_all(const std::string& k) const;

@@ -28,7 +28,7 @@ const char* kHelp =
 int cmd_generate(const std::vector<std::string>& argv) {
   Args a("generate", argv,
          {{"checkpoint", true}, {"prompt", true}, {"max-tokens", true}, {"temperature", true},
-          {"top-k", true}, {"top-p", true}, {"seed", true}, {"stop", true}, {"tokenizer", true},
+          {"top-k", true}, {"top-p", true}, {"seed", true}, {"stop", Args::kRepeated}, {"tokenizer", true},
           {"threads", true}, {"no-window", false}, {"help", false}});
   if (a.has("help")) {
     std::printf("%s", kHelp);

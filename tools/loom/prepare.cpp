@@ -35,7 +35,7 @@ void draw_bar(size_t done, size_t total) {
 
 int cmd_prepare(const std::vector<std::string>& argv) {
   Args args("prepare", argv,
-            {{"input", true}, {"out", true}, {"tokenizer", true}, {"val-fraction", true}, {"force", false},
+            {{"input", Args::kRepeated}, {"out", true}, {"tokenizer", true}, {"val-fraction", true}, {"force", false},
              {"data-dir", true}, {"quiet", false}, {"help", false}});
   if (args.has("help")) {
     std::printf("%s", kPrepareHelp);

@@ -25,7 +25,7 @@ const char* kHelp =
 }  // namespace
 
 int cmd_train(const std::vector<std::string>& argv) {
-  Args a("train", argv, {{"set", true}, {"resume", true}, {"metrics", true}, {"help", false}});
+  Args a("train", argv, {{"set", Args::kRepeated}, {"resume", true}, {"metrics", true}, {"help", false}});
   if (a.has("help")) {
     std::printf("%s", kHelp);
     return 0;

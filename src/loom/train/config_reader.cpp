@@ -1,6 +1,7 @@
 #include "loom/train/config_reader.h"
 
 #include <cmath>
+#include <map>
 #include <sstream>
 
 #include "loom/core/error.h"
@@ -55,6 +56,36 @@ void ConfigReader::apply_override(YAML::Node& root, const std::string& assignmen
     chain.push_back(next);
   }
   chain.back()[parts.back()] = value;
+}
+
+void ConfigReader::reject_duplicate_keys(const YAML::Node& root, const std::string& source) {
+  std::vector<std::pair<std::string, YAML::Node>> stack{{"", root}};
+  while (!stack.empty()) {
+    auto [prefix, node] = stack.back();
+    stack.pop_back();
+    if (node.IsSequence())
+      for (size_t i = 0; i < node.size(); ++i) stack.push_back({str_cat(prefix, "[", i, "]"), node[i]});
+    if (!node.IsMap()) continue;
+    std::map<std::string, int> line_of;  // key -> 1-based line of its first occurrence
+    for (auto it = node.begin(); it != node.end(); ++it) {
+      const std::string key = it->first.Scalar();
+      const std::string path = prefix.empty() ? key : prefix + "." + key;
+      const int line = it->first.Mark().line + 1;
+      auto [first, fresh] = line_of.emplace(key, line);
+      LOOM_CHECK(fresh, "config", source, ": ", path, " is given twice (lines ", first->second, " and ", line,
+                 "); keep one");
+      stack.push_back({path, it->second});
+    }
+  }
+}
+
+void ConfigReader::reject_duplicate_overrides(const std::vector<std::string>& assignments) {
+  std::map<std::string, std::string> seen;  // key -> its first assignment
+  for (const auto& a : assignments) {
+    const std::string key = a.substr(0, a.find('='));
+    auto [first, fresh] = seen.emplace(key, a);
+    LOOM_CHECK(fresh, "config", "--set ", key, " is given twice (", first->second, " and ", a, "); give it once");
+  }
 }
 
 YAML::Node ConfigReader::find(const std::string& path) const {

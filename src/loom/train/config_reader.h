@@ -17,6 +17,10 @@ class ConfigReader {
 
   // Applies "a.b.c=value" (value parsed as a YAML scalar); throws on malformed input.
   static void apply_override(YAML::Node& root, const std::string& assignment);
+  // Throws naming the key path and both lines when a mapping repeats a key (yaml-cpp would
+  // silently use the first), and when two --set assignments name the same key.
+  static void reject_duplicate_keys(const YAML::Node& root, const std::string& source);
+  static void reject_duplicate_overrides(const std::vector<std::string>& assignments);
 
   bool has(const std::string& path) const;
   double number(const std::string& path, double def, double lo, double hi);

@@ -45,6 +45,8 @@ TrainConfig parse_train_config(const std::string& text, const std::vector<std::s
   } catch (const YAML::Exception& e) {
     fail("config", source, ": not valid YAML: ", e.what());
   }
+  ConfigReader::reject_duplicate_keys(root, source);
+  ConfigReader::reject_duplicate_overrides(sets);
   for (const auto& s : sets) ConfigReader::apply_override(root, s);
   ConfigReader r(root);
   TrainConfig c;
