@@ -1,4 +1,5 @@
-// `loom train CONFIG.yaml [--set key=value]... [--resume auto|DIR] [--metrics FILE]`.
+// `loom train CONFIG.yaml [--set key=value]... [--resume auto|DIR] [--metrics FILE]
+// [--overwrite-checkpoints]`.
 #include <cstdio>
 
 #include <nlohmann/json.hpp>
@@ -14,18 +15,22 @@ namespace loom::cli {
 namespace {
 
 const char* kHelp =
-    "usage: loom train CONFIG.yaml [--set key=value]... [--resume auto|DIR] [--metrics FILE]\n\n"
+    "usage: loom train CONFIG.yaml [--set key=value]... [--resume auto|DIR] [--metrics FILE]\n"
+    "                  [--overwrite-checkpoints]\n\n"
     "Trains a model as the YAML config says (see docs/CONFIG.md and configs/).\n"
     "  --set key=value   override a config key, e.g. --set optim.lr=3e-4 (repeatable)\n"
-    "  --resume auto     continue from the newest valid checkpoint in checkpoint.dir\n"
+    "  --resume auto     continue from the latest valid checkpoint in checkpoint.dir\n"
     "  --resume DIR      continue from that checkpoint directory\n"
     "  --metrics FILE    JSONL metrics, one object per logged step (= log.metrics_path)\n"
+    "  --overwrite-checkpoints  a run from step 0 deletes the checkpoints already in\n"
+    "                    checkpoint.dir (without it, such a run refuses to start)\n"
     "The last line is SUMMARY {json}.\n";
 
 }  // namespace
 
 int cmd_train(const std::vector<std::string>& argv) {
-  Args a("train", argv, {{"set", Args::kRepeated}, {"resume", true}, {"metrics", true}, {"help", false}});
+  Args a("train", argv, {{"set", Args::kRepeated}, {"resume", true}, {"metrics", true}, {"overwrite-checkpoints", false},
+                          {"help", false}});
   if (a.has("help")) {
     std::printf("%s", kHelp);
     return 0;
@@ -44,6 +49,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   train::DatasetSource data(cfg);
   train::TrainerOptions opt;
   opt.resume = a.get("resume", "");
+  opt.overwrite_checkpoints = a.has("overwrite-checkpoints");
   opt.mesh = &mesh;
   FILE* devnull = main_rank ? nullptr : std::fopen("/dev/null", "w");
   if (!main_rank) opt.log = devnull;

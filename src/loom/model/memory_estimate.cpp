@@ -26,6 +26,16 @@ TrainingMemoryEstimate estimate_training_memory(const ModelConfig& cfg, int64_t 
   return e;
 }
 
+double estimate_training_bytes(const ModelConfig& cfg, int64_t P, double B, int64_t T, int interval,
+                               int64_t chunk) {
+  // Every term is linear in the tokens B*T except the logits chunk, min(chunk, B*T) rows.
+  const TrainingMemoryEstimate one = estimate_training_memory(cfg, P, 1, T, interval, chunk);
+  const double chunk_bytes = 4.0 * double(cfg.vocab_size);
+  const double per_sequence = double(one.activations + one.workspace) - chunk_bytes * double(std::min(chunk, T));
+  return double(one.params + one.grads + one.optimizer) + B * per_sequence +
+         chunk_bytes * std::min(double(chunk), B * double(T));
+}
+
 double training_flops(const ModelConfig& cfg, int64_t P, int64_t B, int64_t T) {
   const double tokens = double(B * T);
   // Lookup tables do no multiplications: the position table, and the token table unless

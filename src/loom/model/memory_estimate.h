@@ -20,6 +20,11 @@ TrainingMemoryEstimate estimate_training_memory(const ModelConfig& cfg, int64_t 
                                                 int64_t B, int64_t T, int checkpoint_interval,
                                                 int64_t xent_chunk);
 
+// The same estimate's total in double precision, for any micro-batch size B (a B*T that
+// overflows int64 included): what a configuration would need before anything is allocated.
+double estimate_training_bytes(const ModelConfig& cfg, int64_t n_params, double B, int64_t T,
+                               int checkpoint_interval, int64_t xent_chunk);
+
 // Model FLOPs of one training step on B*T tokens: 6 * (params that multiply) per token plus
 // causal attention 6 * n_layer * T * d_model per token (forward 2x, backward 4x of the
 // T/2-average score and value products). Recomputation is not counted (MFU convention).

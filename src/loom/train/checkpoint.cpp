@@ -17,6 +17,7 @@
 #include "loom/model/hf_weights.h"
 #include "loom/comm/group.h"
 #include "loom/parallel/model_gather.h"
+#include "loom/train/checkpoint_dir.h"
 #include "loom/train/train_config.h"
 
 namespace loom::train {
@@ -40,18 +41,6 @@ std::string step_name(int64_t step) {
   return buf;
 }
 
-std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const std::string& dir) {
-  std::vector<std::pair<int64_t, fs::path>> out;
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return out;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const int64_t s = checkpoint_step_of(e.path().string());
-    if (s >= 0 && e.is_directory()) out.push_back({s, e.path()});
-  }
-  std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.first > b.first; });
-  return out;
-}
-
 }  // namespace
 
 int64_t checkpoint_step_of(const std::string& path) {
@@ -66,8 +55,7 @@ static std::string optimizer_file(int rank) { return str_cat("optimizer.rank", r
 
 std::string save_checkpoint(const std::string& dir, int64_t step, const model::Decoder& model,
                             const parallel::DataParallel& engine, const Tensor& full_params,
-                            const std::string& config_yaml, int64_t keep_last,
-                            const std::string& tokenizer, const ModelParallelInfo& mp) {
+                            const SaveOptions& save, const ModelParallelInfo& mp) {
   const comm::Group& g = mp.world ? *mp.world : engine.group();
   const bool main = g.rank() == 0;
   const fs::path final_dir = fs::path(dir) / step_name(step);
@@ -111,12 +99,12 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const model::D
     json state = {{"step", step}, {"optimizer_steps", engine.optimizer_steps()},
                   {"dp_size", engine.group().size()}, {"zero_stage", engine.zero_stage()},
                   {"layout", mp.layout}, {"data_parallel_only", mp.data_parallel_only},
-                  {"tokenizer", tokenizer},
+                  {"tokenizer", save.tokenizer}, {"run_id", save.run_id},
                   // Batches are a pure function of (data.seed, step): the step is the position.
                   {"data_position", {{"step", step}}}};
     io::write_file_atomic((tmp / "trainer_state.json").string(), state.dump(2));
     record("trainer_state.json");
-    io::write_file_atomic((tmp / "config.yaml").string(), config_yaml);
+    io::write_file_atomic((tmp / "config.yaml").string(), save.config_yaml);
     record("config.yaml");
     json manifest = {{"format", "loom-checkpoint"}, {"version", kFormatVersion}, {"step", step},
                      {"model", model.config().name}, {"files", files}};
@@ -128,9 +116,7 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const model::D
                ec.message());
     io::fsync_dir(dir);
     io::write_file_atomic((fs::path(dir) / "latest").string(), step_name(step) + "\n");
-    auto all = list_checkpoints(dir);
-    for (size_t i = size_t(std::max<int64_t>(keep_last, 1)); i < all.size(); ++i)
-      fs::remove_all(all[i].second, ec);
+    prune_checkpoints(dir, save.run_id, step, save.keep_last);
   }
   g.barrier();
   return final_dir.string();
@@ -218,9 +204,9 @@ std::optional<std::string> find_latest_valid_checkpoint(
     const std::string& dir, FILE* log, const std::function<VerifyScope(const std::string&)>& scope_of,
     const comm::Group* agree) {
   const bool collective = agree && agree->size() > 1;  // ranks agree on each candidate
-  const auto candidates = list_checkpoints(dir);
+  const auto candidates = resume_candidates(dir);
   for (size_t i = 0;; ++i) {
-    const int64_t step = i < candidates.size() ? candidates[i].first : -1;
+    const int64_t step = i < candidates.size() ? candidates[i].step : -1;
     if (collective) {  // every rank must be looking at the same candidate (or all at none)
       Tensor s = Tensor::zeros({2}, DType::f64, MemCategory::comm);
       s.data<double>()[0] = double(step);
@@ -232,7 +218,7 @@ std::optional<std::string> find_latest_valid_checkpoint(
                  " on another); checkpoint.dir must be a directory every rank shares");
     }
     if (step < 0) return std::nullopt;
-    const std::string p = candidates[i].second.string();
+    const std::string p = candidates[i].path;
     std::string why;
     bool ok = verify_noexcept(p, &why, scope_of(p));
     if (collective) {
@@ -253,7 +239,7 @@ CheckpointMeta load_checkpoint_weights(const std::string& path, model::Decoder& 
              " failed verification: ", why);
   model::load_hf_safetensors(model, (fs::path(path) / "model.safetensors").string());
   const json state = json::parse(io::read_file((fs::path(path) / "trainer_state.json").string()));
-  return {state.at("step").get<int64_t>(), path, ""};
+  return {state.at("step").get<int64_t>(), path, "", state.value("run_id", "")};
 }
 
 namespace {
@@ -437,7 +423,8 @@ CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model,
     }
   });
   return {state.at("step").get<int64_t>(), path,
-          plan.reshard ? str_cat("dp=", plan.saved_dp, " zero_stage=", plan.saved_stage) : ""};
+          plan.reshard ? str_cat("dp=", plan.saved_dp, " zero_stage=", plan.saved_stage) : "",
+          state.value("run_id", "")};
 }
 
 std::string checkpoint_tokenizer(const std::string& path) {

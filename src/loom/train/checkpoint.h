@@ -1,8 +1,8 @@
 // Training checkpoints: DIR/step_000123/ holds the weights under Hugging Face names
 // (model.safetensors + config.json), the optimizer moments, the trainer state (step, data
 // position), the resolved config, and manifest.json with a CRC32C per file. Written under a
-// temporary name, fsynced, renamed; DIR/latest moves last; the last K are kept. A loader
-// verifies every checksum before it trusts a checkpoint.
+// temporary name, fsynced, renamed; DIR/latest moves last; the run's last K are kept
+// (checkpoint_dir.h). A loader verifies every checksum before it trusts a checkpoint.
 #pragma once
 #include <cstdint>
 #include <cstdio>
@@ -19,6 +19,16 @@ struct CheckpointMeta {
   int64_t step = 0;
   std::string path;
   std::string resharded_from;  // "dp=2 zero_stage=1" when the optimizer state was re-cut, else ""
+  std::string run_id;          // the run that saved it; "" for checkpoints saved before run ids
+};
+
+// What a save records beside the model and optimizer state, and how many of its run's
+// checkpoints the directory keeps.
+struct SaveOptions {
+  std::string config_yaml;  // the resolved config
+  int64_t keep_last = 3;
+  std::string tokenizer;
+  std::string run_id;  // the run this checkpoint continues; pruning touches only its checkpoints
 };
 
 // Where a rank's state sits when the model itself is split (tensor or pipeline parallelism).
@@ -37,8 +47,7 @@ struct ModelParallelInfo {
 // (optimizer.rank<r>.safetensors, with the unit ranges it covers). Returns the final directory.
 std::string save_checkpoint(const std::string& dir, int64_t step, const model::Decoder& model,
                             const parallel::DataParallel& engine, const Tensor& full_params,
-                            const std::string& config_yaml, int64_t keep_last,
-                            const std::string& tokenizer = "", const ModelParallelInfo& mp = {});
+                            const SaveOptions& save, const ModelParallelInfo& mp = {});
 
 // Which files' checksums a verification computes. Every listed file's presence and size are
 // always checked; the checksum pass reads the file, so a reader checks only what it will load:
@@ -56,7 +65,8 @@ struct VerifyScope {
 bool verify_checkpoint(const std::string& path, std::string* why,
                        const VerifyScope& scope = VerifyScope::everything());
 
-// Newest checkpoint under dir that verifies; corrupt ones are reported to `log` and skipped.
+// The first checkpoint under dir that verifies, in resume_candidates order (the one `latest`
+// names, then highest step first); corrupt ones are reported to `log` and skipped.
 // With `agree`, a collective over that group: a candidate counts as valid only when it verifies
 // on every rank (each checking its own scope), so all ranks pick the same one.
 std::optional<std::string> find_latest_valid_checkpoint(

@@ -1,21 +1,31 @@
 #include "loom/train/trainer.h"
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <sstream>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "loom/core/threads.h"
 #include "loom/core/timer.h"
+#include "loom/io/file.h"
 #include "loom/kernels/cpu/gemm.h"
 #include "loom/model/memory_estimate.h"
 #include "loom/optim/schedule.h"
 #include "loom/parallel/model_gather.h"
 #include "loom/parallel/partition_profile.h"
 #include "loom/train/checkpoint.h"
+#include "loom/train/checkpoint_dir.h"
 #include "loom/train/progress.h"
 
 namespace loom::train {
+
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -85,12 +95,11 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
         *model_, *mesh_,
         parallel::PipelineOptions{parallel::pipe_schedule_from_name(p.pp_schedule), int(p.micro_batches)});
   if (p.pp > 1 || p.tp > 1) whole_layout_ = std::make_unique<model::ParamLayout>(cfg_.model, 1);
+  check_fits_in_memory();
   layout_desc_ = str_cat(shape.describe(), ", stages ", parallel::describe_partition(stages_));
   if (!opt_.resume.empty()) resume_from(opt_.resume);
-  if (main_rank() && !cfg_.log.metrics_path.empty()) {
-    metrics_ = std::fopen(cfg_.log.metrics_path.c_str(), step_ > 0 ? "a" : "w");
-    LOOM_CHECK(metrics_, "train", "cannot open log.metrics_path=", cfg_.log.metrics_path);
-  }
+  if (step_ == 0) start_new_run();
+  if (main_rank() && !cfg_.log.metrics_path.empty()) open_metrics();
   peak_gflops_ = opt_.peak_gflops > 0 ? opt_.peak_gflops : measure_gemm_gflops();
   last_checkpoint_time_ = now_seconds();
 }
@@ -168,12 +177,93 @@ void Trainer::resume_from(const std::string& spec) {
       load_checkpoint(path, *model_, *engine_, model_parallel_info(), /*verified=*/spec == "auto");
   step_ = meta.step;
   last_checkpoint_ = path;
-  if (log && meta.resharded_from.empty())
-    std::fprintf(log, "[resume] resumed from %s at step %lld\n", path.c_str(), (long long)step_);
-  else if (log)
-    std::fprintf(log, "[resume] resumed from %s at step %lld, optimizer state resharded from %s to dp=%d zero_stage=%d\n",
-                 path.c_str(), (long long)step_, meta.resharded_from.c_str(), engine_->group().size(),
+  run_id_ = meta.run_id.empty() ? new_run_id(mesh_->world()) : meta.run_id;
+  if (!log) return;
+  const std::string run = meta.run_id.empty()
+                              ? str_cat("a run saved before run ids were recorded, continued as run ", run_id_)
+                              : str_cat("run ", run_id_);
+  if (meta.resharded_from.empty())
+    std::fprintf(log, "[resume] resumed %s from %s at step %lld\n", run.c_str(), path.c_str(), (long long)step_);
+  else
+    std::fprintf(log, "[resume] resumed %s from %s at step %lld, optimizer state resharded from %s to dp=%d zero_stage=%d\n",
+                 run.c_str(), path.c_str(), (long long)step_, meta.resharded_from.c_str(), engine_->group().size(),
                  engine_->zero_stage());
+}
+
+void Trainer::check_fits_in_memory() const {
+  const auto& p = cfg_.parallel;
+  const double states = double(parallel::zero_model_state_bytes(model_->num_params(), int(p.zero_stage), int(p.dp)).total());
+  // The whole model's activations for one micro-batch, split over the model-parallel ranks.
+  const double activations = model::estimate_training_bytes(cfg_.model, 0, double(cfg_.data.micro_batch_size),
+                                                            cfg_.data.seq_len, cfg_.decoder.activation_checkpoint_interval,
+                                                            cfg_.decoder.xent_chunk) /
+                             double(p.pp * p.tp);
+  const double machine = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
+  const auto bytes = [](double b) { return format_bytes(int64_t(std::min(b, 9e18))); };
+  LOOM_CHECK(states + activations <= machine, "train", "micro-batches of ", cfg_.data.micro_batch_size,
+             " sequences (data.micro_batch_size, or the per-rank batch when unset) of data.seq_len=",
+             cfg_.data.seq_len, " tokens need about ", bytes(activations),
+             " of activations per rank besides ", bytes(states), " of model states, more than this machine's ",
+             bytes(machine), " of memory; lower data.micro_batch_size (gradient accumulation keeps data.batch_size), "
+             "data.seq_len, or set model.activation_checkpoint_interval");
+}
+
+void Trainer::start_new_run() {
+  run_id_ = new_run_id(mesh_->world());
+  if (cfg_.checkpoint.dir.empty()) return;
+  std::string why;
+  std::vector<std::string> removed;
+  if (main_rank()) {
+    try {
+      removed = claim_checkpoint_dir(cfg_.checkpoint.dir, opt_.overwrite_checkpoints);
+    } catch (const Error& e) {
+      why = e.what();
+    }
+  }
+  Tensor refused = Tensor::from_vector<int32_t>({why.empty() ? 0 : 1}, {1});
+  if (mesh_->world().size() > 1) mesh_->world().broadcast(refused, 0);
+  if (refused.data<int32_t>()[0] != 0) {
+    if (main_rank()) throw Error(why);
+    fail("checkpoint", "rank 0 refused checkpoint.dir=", cfg_.checkpoint.dir, " (its reason is in its log)");
+  }
+  if (main_rank() && !removed.empty())
+    std::fprintf(opt_.log, "[checkpoint] --overwrite-checkpoints: removed %zu entries of %s\n", removed.size(),
+                 cfg_.checkpoint.dir.c_str());
+  if (main_rank())
+    std::fprintf(opt_.log, "[train] run %s, checkpoints in %s\n", run_id_.c_str(), cfg_.checkpoint.dir.c_str());
+}
+
+// The JSONL metrics: a new run truncates the file. A resumed one drops the lines of steps after
+// the one it resumes at (a previous attempt logged them before it failed; they are replayed
+// now) and appends a resume marker, so every step appears once and plots stay right.
+void Trainer::open_metrics() {
+  const std::string& path = cfg_.log.metrics_path;
+  const fs::path parent = fs::path(path).parent_path();
+  std::error_code ec;
+  if (!parent.empty()) fs::create_directories(parent, ec);
+  LOOM_CHECK(!ec, "train", "log.metrics_path=", path, ": cannot create ", parent.string(), ": ", ec.message());
+  int64_t dropped = 0;
+  if (step_ > 0 && fs::exists(path)) {
+    std::string kept;
+    std::istringstream in(io::read_file(path));
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (j.is_object() && j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() > step_) {
+        ++dropped;
+        continue;
+      }
+      kept += line + "\n";
+    }
+    io::write_file_atomic(path, kept);
+  }
+  metrics_ = std::fopen(path.c_str(), step_ > 0 ? "a" : "w");
+  LOOM_CHECK(metrics_, "train", "cannot open log.metrics_path=", path, ": ", std::strerror(errno));
+  if (step_ > 0) {
+    const nlohmann::json mark = {{"event", "resume"}, {"step", step_}, {"run_id", run_id_},
+                                 {"checkpoint", last_checkpoint_}, {"dropped_lines", dropped}};
+    std::fprintf(metrics_, "%s\n", mark.dump().c_str());
+    std::fflush(metrics_);
+  }
 }
 
 double Trainer::train_step() {
@@ -279,10 +369,9 @@ void Trainer::maybe_checkpoint(bool force) {
   if (!(force || by_steps || by_time)) return;
   if (last_checkpoint_.size() && checkpoint_step_of(last_checkpoint_) == step_) return;
   Stopwatch sw;
-  last_checkpoint_ = save_checkpoint(cfg_.checkpoint.dir, step_, *model_, *engine_, full_params(),
-                                     cfg_.resolved_yaml, cfg_.checkpoint.keep_last,
-                                     data_.tokenizer_name(),
-                                     model_parallel_info());
+  last_checkpoint_ = save_checkpoint(
+      cfg_.checkpoint.dir, step_, *model_, *engine_, full_params(),
+      {cfg_.resolved_yaml, cfg_.checkpoint.keep_last, data_.tokenizer_name(), run_id_}, model_parallel_info());
   if (main_rank())
     std::fprintf(opt_.log, "[checkpoint] step %lld saved to %s (%.1f s)\n", (long long)step_,
                  last_checkpoint_.c_str(), sw.seconds());

@@ -36,6 +36,9 @@ struct TrainResult {
 
 struct TrainerOptions {
   std::string resume;          // "", "auto" or a checkpoint directory
+  // A run from step 0 into a checkpoint.dir holding checkpoints removes them instead of
+  // refusing to start.
+  bool overwrite_checkpoints = false;
   FILE* log = stdout;
   // The rank grid; nullptr: one process (a single-rank mesh is built).
   const parallel::Mesh* mesh = nullptr;
@@ -70,6 +73,12 @@ class Trainer {
   void log_step(double loss, double grad_norm, double lr, double step_ms);
   void maybe_checkpoint(bool force);
   void resume_from(const std::string& spec);
+  // A run from step 0: a new run id, and checkpoint.dir claimed (refused on every rank when it
+  // holds another run's checkpoints, unless overwrite_checkpoints).
+  void start_new_run();
+  void open_metrics();
+  // Refuses, before the first step allocates them, activations that cannot fit in memory.
+  void check_fits_in_memory() const;
   // What checkpoints record and check of this run's layout (data_parallel_only: pp = tp = ep = 1).
   ModelParallelInfo model_parallel_info() const;
   bool main_rank() const { return mesh_->rank() == 0; }
@@ -91,6 +100,7 @@ class Trainer {
   double last_grad_norm_ = 0;
   double last_checkpoint_time_ = 0;
   std::string last_checkpoint_;
+  std::string run_id_;  // the run's id, recorded in its checkpoints; kept across resumes
   FILE* metrics_ = nullptr;
   double peak_gflops_ = 0;  // measured SGEMM rate, for the MFU estimate
 };

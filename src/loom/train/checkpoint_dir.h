@@ -1,0 +1,48 @@
+// A checkpoint directory as a whole (checkpoint.dir): the step_NNNNNN checkpoints it holds,
+// the run that wrote each, the order a resume tries them in, pruning to checkpoint.keep_last,
+// and claiming the directory for a new run. What one checkpoint holds and how it is written,
+// verified and loaded is checkpoint.h.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace loom::comm {
+class Group;
+}
+
+namespace loom::train {
+
+struct CheckpointEntry {
+  int64_t step = 0;
+  std::string path;
+};
+
+// The step_NNNNNN directories under dir, highest step first (none when dir does not exist).
+std::vector<CheckpointEntry> list_checkpoints(const std::string& dir);
+
+// The order a resume tries them in: the one DIR/latest names first (the most recent save, even
+// when a directory resumed from an earlier step still holds higher steps of the abandoned
+// continuation), then the others, highest step first.
+std::vector<CheckpointEntry> resume_candidates(const std::string& dir);
+
+// A new run's id, 16 hex digits, the same on every rank of `g` (rank 0 draws it).
+std::string new_run_id(const comm::Group& g);
+
+// The run id recorded in a checkpoint's trainer_state.json; "" when it records none (saved
+// before run ids existed) or cannot be read.
+std::string checkpoint_run_id(const std::string& path);
+
+// After run `run_id` saved step `saved_step`: removes that run's checkpoints below it beyond
+// the newest keep_last (the saved one included). Never removes the saved checkpoint, one with
+// a higher step, another run's, or one whose run cannot be read. Returns the removed paths.
+std::vector<std::string> prune_checkpoints(const std::string& dir, const std::string& run_id,
+                                           int64_t saved_step, int64_t keep_last);
+
+// For a run that starts at step 0 and will save into dir: when dir holds checkpoints, throws
+// naming the directory, what it holds and the fixes, unless `overwrite`, which removes them
+// (and leftovers of interrupted saves) instead; returns the removed paths. Only rank 0 calls
+// it; the trainer makes every rank fail when it throws.
+std::vector<std::string> claim_checkpoint_dir(const std::string& dir, bool overwrite);
+
+}  // namespace loom::train
