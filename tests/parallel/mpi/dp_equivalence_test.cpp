@@ -114,7 +114,7 @@ TEST(DataParallelResume, Zero3ResumesExactlyOnTheSameLayout) {
   parallel::Mesh mesh(world, parallel::MeshShape(1, N, 1, 1));
   const std::string dir = shared_empty_dir(world, "loom_dp_resume");
   const TrainConfig cfg = make_config("llama-tiny", N, 3, 8 / N, 0, 10, dir);
-  const TrainRun straight = run_training(make_config("llama-tiny", N, 3, 8 / N, 0, 10, dir + "_straight"), &mesh);
+  const TrainRun straight = run_training(make_config("llama-tiny", N, 3, 8 / N, 0, 10, dir + "/straight"), &mesh);
   run_training(cfg, &mesh, "", 5);                  // 5 steps, checkpoint
   const TrainRun resumed = run_training(cfg, &mesh, "auto");  // the other 5
   ASSERT_EQ(resumed.losses.size(), 5u);
