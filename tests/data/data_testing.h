@@ -1,15 +1,17 @@
 // Shared helpers for the data tests: the repo's data folder, one GPT-2 tokenizer loaded once
-// per test binary, scratch folders, and small file writers.
+// per test binary, scratch folders, small file writers, and a token-shard payload editor.
 #pragma once
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
 
 #include "loom/data/gpt2_tokenizer.h"
+#include "loom/data/shard_format.h"
 
 namespace loom::data::testing {
 
@@ -28,6 +30,18 @@ inline std::string read_bytes(const std::filesystem::path& p) {
 inline void write_bytes(const std::filesystem::path& p, const std::string& bytes) {
   std::ofstream f(p, std::ios::binary);
   f.write(bytes.data(), std::streamsize(bytes.size()));
+}
+
+// Overwrites token `index` of the shard at `p` with `id` and recomputes the header's payload
+// checksum: a shard that its checksum cannot fault, as a foreign writer could produce.
+inline void write_token_and_reseal(const std::filesystem::path& p, uint64_t index, uint32_t id) {
+  std::string bytes = read_bytes(p);
+  const auto* u = reinterpret_cast<const unsigned char*>(bytes.data());
+  ShardHeader h = parse_shard_header(u, bytes.size(), p.string());
+  std::memcpy(bytes.data() + kShardHeaderBytes + index * h.token_bytes, &id, h.token_bytes);  // little-endian
+  h.checksum = fnv1a64(u + kShardHeaderBytes, bytes.size() - kShardHeaderBytes);
+  write_shard_header(h, reinterpret_cast<unsigned char*>(bytes.data()));
+  write_bytes(p, bytes);
 }
 
 // A fresh folder under the system temp dir, removed when the test ends.

@@ -1,13 +1,50 @@
-// Shard mapping, validation and the two batch walks (seeded random windows, sequential eval).
+// Shard mapping, validation (header at open, then one pass over the payload for its checksum
+// and token range) and the two batch walks (seeded random windows, sequential eval).
 #include "loom/data/dataset.h"
 
+#include <algorithm>
+#include <cinttypes>
 #include <cstring>
 #include <filesystem>
 
 #include "loom/core/error.h"
 #include "loom/core/rng.h"
+#include "loom/core/timer.h"
 
 namespace loom::data {
+
+namespace {
+
+std::string hex64(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%016" PRIx64, v);
+  return buf;
+}
+
+template <class T>
+T load(const unsigned char* p, size_t i) {
+  T v;
+  std::memcpy(&v, p + i * sizeof(T), sizeof(T));
+  return v;
+}
+
+// The largest of n ids of type T at p (a loop the compiler vectorises).
+template <class T>
+uint32_t max_id(const unsigned char* p, size_t n) {
+  T m = 0;
+  for (size_t i = 0; i < n; ++i) m = std::max(m, load<T>(p, i));
+  return uint32_t(m);
+}
+
+// Index of the first of n ids of type T at p that is >= limit; n if none.
+template <class T>
+size_t first_at_least(const unsigned char* p, size_t n, uint32_t limit) {
+  for (size_t i = 0; i < n; ++i)
+    if (uint32_t(load<T>(p, i)) >= limit) return i;
+  return n;
+}
+
+}  // namespace
 
 TokenDataset::TokenDataset(const std::string& path, const DatasetOptions& opt)
     : file_(io::MappedFile::open(path, "data",
@@ -15,7 +52,7 @@ TokenDataset::TokenDataset(const std::string& path, const DatasetOptions& opt)
       seed_(opt.seed) {
   header_ = parse_shard_header(file_->data(), file_->size(), label());
   if (opt.model_vocab > 0) check_vocab(opt.model_vocab);
-  if (opt.verify) verify();
+  if (opt.verify) verify(opt.log, opt.log_after_s);
 }
 
 TokenDataset TokenDataset::open_split(const std::string& dir, const std::string& split,
@@ -23,49 +60,97 @@ TokenDataset TokenDataset::open_split(const std::string& dir, const std::string&
   return TokenDataset((std::filesystem::path(dir) / (split + ".bin")).string(), opt);
 }
 
-std::string TokenDataset::label() const { return std::filesystem::path(file_->path()).filename().string(); }
+// The path as the caller gave it (DIR/train.bin), so that a message tells which run's data.
+std::string TokenDataset::label() const { return file_->path(); }
 
 int32_t TokenDataset::token(int64_t i) const {
   const unsigned char* p = file_->data() + kShardHeaderBytes;
-  if (header_.token_bytes == 2) {
-    uint16_t v;
-    std::memcpy(&v, p + 2 * i, 2);
-    return int32_t(v);
-  }
-  uint32_t v;
-  std::memcpy(&v, p + 4 * i, 4);
-  return int32_t(v);
+  return header_.token_bytes == 2 ? int32_t(load<uint16_t>(p, size_t(i))) : int32_t(load<uint32_t>(p, size_t(i)));
 }
 
 void TokenDataset::read(int64_t first, int64_t n, int32_t* out) const {
-  LOOM_CHECK(first >= 0 && n >= 0 && first + n <= size(), "data", "read of tokens [", first, ", ", first + n,
-             ") is outside ", label(), " (", size(), " tokens)");
-  const unsigned char* p = file_->data() + kShardHeaderBytes;
+  LOOM_CHECK(first >= 0 && n >= 0 && first + n <= size(), "data", label(), ": read of tokens [", first, ", ",
+             first + n, ") (bytes ", byte_offset(first), "..", byte_offset(first + n), ") is outside its ", size(),
+             " tokens");
+  const unsigned char* p = file_->data() + byte_offset(first);
+  uint32_t largest = 0;
   if (header_.token_bytes == 2) {
     for (int64_t i = 0; i < n; ++i) {
-      uint16_t v;
-      std::memcpy(&v, p + 2 * (first + i), 2);
+      const uint16_t v = load<uint16_t>(p, size_t(i));
+      largest = std::max<uint32_t>(largest, v);
       out[i] = int32_t(v);
     }
   } else {
     for (int64_t i = 0; i < n; ++i) {
-      uint32_t v;
-      std::memcpy(&v, p + 4 * (first + i), 4);
+      const uint32_t v = load<uint32_t>(p, size_t(i));
+      largest = std::max(largest, v);
       out[i] = int32_t(v);
     }
   }
+  // Verified at open, so this fires only if the file was opened with verify off or was
+  // rewritten in place since; either way it must not reach the model as an id.
+  if (largest >= header_.vocab_size) {
+    const int64_t i = std::find_if(out, out + n, [&](int32_t t) { return uint32_t(t) >= header_.vocab_size; }) - out;
+    fail_bad_id(first + i, uint32_t(out[i]),
+                "the file was opened without verification or changed on disk since; re-run loom prepare to "
+                "rebuild it");
+  }
 }
 
-void TokenDataset::verify() const {
-  const unsigned char* p = file_->data() + kShardHeaderBytes;
-  const uint64_t sum = fnv1a64(p, header_.n_tokens * header_.token_bytes);
-  LOOM_CHECK(sum == header_.checksum, "data", label(), " is corrupt: payload checksum ", sum,
-             " does not match the header's ", header_.checksum, "; re-run loom prepare to rebuild it");
-  for (int64_t i = 0; i < size(); ++i) {
-    const int32_t t = token(i);
-    LOOM_CHECK(uint32_t(t) < header_.vocab_size, "data", label(), " token ", i, " is ", t,
-               ", outside its vocab_size ", header_.vocab_size, "; re-run loom prepare to rebuild it");
+int64_t TokenDataset::byte_offset(int64_t token_index) const {
+  return int64_t(kShardHeaderBytes) + token_index * int64_t(header_.token_bytes);
+}
+
+void TokenDataset::fail_bad_id(int64_t index, uint32_t id, const char* fix) const {
+  fail("data", label(), ": token id ", id, " at token ", index, " (byte offset ", byte_offset(index),
+       ") is outside the vocabulary of ", header_.vocab_size, " (header vocab_size); ", fix);
+}
+
+void TokenDataset::verify(std::FILE* log, double log_after_s) const {
+  // FNV-1a is one dependent multiply per byte, so the pass runs at hash speed (docs/DATA.md);
+  // each chunk's id range is checked while it is still in cache.
+  constexpr size_t kChunkBytes = size_t(1) << 20;
+  const unsigned char* payload = file_->data() + kShardHeaderBytes;
+  const size_t total = size_t(header_.n_tokens) * header_.token_bytes;
+  const uint32_t tb = header_.token_bytes;
+  uint64_t sum = kFnvOffset;
+  int64_t bad_index = -1;
+  Stopwatch clock;
+  bool announced = false;
+  for (size_t done = 0; done < total; done += kChunkBytes) {
+    if (log && !announced && clock.seconds() >= log_after_s) {
+      std::fprintf(log, "[data] verifying %s: payload checksum and token ids of %" PRIu64 " tokens (%.1f MB)...\n",
+                   label().c_str(), header_.n_tokens, double(total) / 1e6);
+      std::fflush(log);
+      announced = true;
+    }
+    const unsigned char* p = payload + done;
+    const size_t bytes = std::min(kChunkBytes, total - done), n = bytes / tb;
+    sum = fnv1a64(p, bytes, sum);
+    if (bad_index >= 0) continue;
+    const uint32_t largest = tb == 2 ? max_id<uint16_t>(p, n) : max_id<uint32_t>(p, n);
+    if (largest >= header_.vocab_size)
+      bad_index = int64_t(done / tb) + int64_t(tb == 2 ? first_at_least<uint16_t>(p, n, header_.vocab_size)
+                                                       : first_at_least<uint32_t>(p, n, header_.vocab_size));
   }
+  if (announced) {
+    const double s = clock.seconds();
+    std::fprintf(log, "[data] verified %s in %.1f s (%.0f MB/s)\n", label().c_str(), s, double(total) / 1e6 / s);
+    std::fflush(log);
+  }
+  if (sum != header_.checksum) {
+    std::string also;
+    if (bad_index >= 0)
+      also = str_cat("; among the damage, token id ", uint32_t(token(bad_index)), " at token ", bad_index, " (byte offset ",
+                     byte_offset(bad_index), ") is outside the vocabulary of ", header_.vocab_size);
+    fail("data", label(), ": payload checksum ", hex64(sum), " (FNV-1a 64 of the ", total, " bytes from offset ",
+         kShardHeaderBytes, ") differs from the header's ", hex64(header_.checksum), also,
+         "; the file is corrupted; re-run loom prepare to rebuild it");
+  }
+  if (bad_index >= 0)
+    fail_bad_id(bad_index, uint32_t(token(bad_index)),
+                "its checksum matches, so it was written that way (not by loom prepare, or by one with another "
+                "vocabulary); re-run loom prepare to rebuild it");
 }
 
 void TokenDataset::check_vocab(int64_t model_vocab) const {
@@ -86,7 +171,7 @@ void TokenDataset::check_vocab(int64_t model_vocab) const {
 }
 
 void TokenDataset::check_window(int64_t T, const char* what) const {
-  LOOM_CHECK(T > 0, "data", what, ": sequence length T must be positive, got ", T);
+  LOOM_CHECK(T > 0, "data", label(), ": ", what, " sequence length T must be positive, got ", T);
   LOOM_CHECK(size() >= T + 1, "data", label(), " has ", size(), " tokens, fewer than one ", what,
              " window of T+1 = ", T + 1, "; use a shorter sequence length or more text");
 }
@@ -108,7 +193,7 @@ void TokenDataset::fill_batch(int64_t step, int64_t first_seq, int64_t n_seqs, i
                               int32_t* tokens, int32_t* targets) const {
   check_window(T, "training");
   LOOM_CHECK(step >= 0 && first_seq >= 0 && n_seqs >= 0 && first_seq + n_seqs <= global_batch, "data",
-             "sequences [", first_seq, ", ", first_seq + n_seqs, ") at step ", step,
+             label(), ": training sequences [", first_seq, ", ", first_seq + n_seqs, ") at step ", step,
              " are outside the global batch of ", global_batch);
   for (int64_t r = 0; r < n_seqs; ++r)
     copy_window(window_start(step, first_seq + r, global_batch, T), T, tokens + r * T, targets + r * T);
@@ -121,7 +206,7 @@ int64_t TokenDataset::eval_windows(int64_t T) const {
 
 void TokenDataset::fill_eval_batch(int64_t index, int64_t B, int64_t T, int32_t* tokens, int32_t* targets) const {
   const int64_t n_windows = eval_windows(T);
-  LOOM_CHECK(index >= 0 && B > 0, "data", "eval batch index ", index, " and batch size ", B,
+  LOOM_CHECK(index >= 0 && B > 0, "data", label(), ": eval batch index ", index, " and batch size ", B,
              " must be non-negative and positive");
   for (int64_t b = 0; b < B; ++b) {
     const int64_t w = (index * B + b) % n_windows;

@@ -4,6 +4,7 @@
 // at step k, sees exactly the tokens a single process would. Validation walks in order.
 #pragma once
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <string>
 
@@ -15,12 +16,15 @@ namespace loom::data {
 struct DatasetOptions {
   int64_t model_vocab = -1;  // > 0: check the shard against the model's vocabulary on open
   uint64_t seed = 0;         // seeds the training windows
-  bool verify = false;       // also check the payload checksum and token range on open
+  bool verify = true;        // check the payload checksum and every token id on open (one pass)
+  std::FILE* log = nullptr;  // where a verification that takes log_after_s or more says so
+  double log_after_s = 1.0;
 };
 
 class TokenDataset {
  public:
-  // Maps `path` and validates its header (and more, per options); errors name the file.
+  // Maps `path`, validates its header and (unless opt.verify is false) its payload; every
+  // error names the file, and the token and byte offset where there is one.
   explicit TokenDataset(const std::string& path, const DatasetOptions& opt = {});
   // <dir>/<split>.bin, e.g. open_split("out/shakespeare", "train").
   static TokenDataset open_split(const std::string& dir, const std::string& split,
@@ -33,10 +37,13 @@ class TokenDataset {
   // Copies tokens [first, first + n) as int32.
   void read(int64_t first, int64_t n, int32_t* out) const;
 
-  // Recomputes the payload checksum and checks every id < vocab_size.
-  void verify() const;
-  // Throws "[data] train.bin has vocab_size 256 but the model has 50257; ..." unless the model's
-  // vocabulary covers the shard's (models may pad theirs up to a multiple of 64..1024).
+  // One pass over the payload: recomputes its FNV-1a 64 against the header's and checks every
+  // id < vocab_size. A checksum mismatch is reported first (it explains a bad id too). When
+  // `log` is set and the pass reaches `log_after_s` seconds, it logs a line when it gets
+  // there and one when it is done.
+  void verify(std::FILE* log = nullptr, double log_after_s = 1.0) const;
+  // Throws "[data] DIR/train.bin has vocab_size 256 but the model has 50257; ..." unless the
+  // model's vocabulary covers the shard's (models may pad theirs up to a multiple of 64..1024).
   void check_vocab(int64_t model_vocab) const;
 
   // Start of training window `seq` of the global batch at `step`: uniform over every offset
@@ -55,6 +62,8 @@ class TokenDataset {
 
  private:
   std::string label() const;
+  int64_t byte_offset(int64_t token_index) const;
+  [[noreturn]] void fail_bad_id(int64_t index, uint32_t id, const char* fix) const;
   void check_window(int64_t T, const char* what) const;
   void copy_window(int64_t start, int64_t T, int32_t* tokens, int32_t* targets) const;
 

@@ -20,7 +20,7 @@ struct ShardHeader {
   uint32_t vocab_size = 0;
   uint32_t eot_id = kNoEot;
   uint64_t n_tokens = 0;
-  uint64_t checksum = 0;      // FNV-1a 64 of the payload bytes
+  uint64_t checksum = 0;      // FNV-1a 64 of the payload bytes (TokenDataset checks it on open)
   std::string tokenizer;      // at most 31 bytes
   std::string split;          // "train" / "val"; at most 7 bytes
 };

@@ -1,19 +1,28 @@
+// Opens train.bin and val.bin of data.dir with the model's vocabulary and checks that the two
+// belong together; batches come straight from data::TokenDataset.
 #include "loom/train/dataset_source.h"
 
 #include <filesystem>
 
 namespace loom::train {
 
-DatasetSource::DatasetSource(const TrainConfig& cfg) {
+DatasetSource::DatasetSource(const TrainConfig& cfg, std::FILE* log) {
   data::DatasetOptions o;
   o.model_vocab = cfg.model.vocab_size;
   o.seed = cfg.data.seed;
+  o.log = log;
   LOOM_CHECK(std::filesystem::exists(std::filesystem::path(cfg.data.dir) / "train.bin"), "data",
              "data.dir=", cfg.data.dir, " has no train.bin; run `loom prepare --input FILE --out ",
              cfg.data.dir, "` first");
   train_ = std::make_unique<data::TokenDataset>(data::TokenDataset::open_split(cfg.data.dir, "train", o));
   if (std::filesystem::exists(std::filesystem::path(cfg.data.dir) / "val.bin"))
     val_ = std::make_unique<data::TokenDataset>(data::TokenDataset::open_split(cfg.data.dir, "val", o));
+  if (val_) {
+    const data::ShardHeader &t = train_->header(), &v = val_->header();
+    LOOM_CHECK(t.vocab_size == v.vocab_size && t.tokenizer == v.tokenizer, "data", val_->path(), " has vocab_size ",
+               v.vocab_size, " (tokenizer ", v.tokenizer, ") but ", train_->path(), " has ", t.vocab_size,
+               " (tokenizer ", t.tokenizer, "); both must come from one loom prepare run; re-run loom prepare");
+  }
 }
 
 void DatasetSource::fill_train(int64_t step, int64_t first, int64_t n, int64_t global, int64_t T,

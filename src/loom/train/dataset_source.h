@@ -1,6 +1,9 @@
 // The trainer's view of a directory written by `loom prepare`: train.bin for training
-// windows and, when present, val.bin for validation.
+// windows and, when present, val.bin for validation. Both are verified when opened (payload
+// checksum, every id within the vocabulary, the vocabulary within the model's), so a bad shard
+// stops the run before step 0 rather than mid-run or at the final evaluation.
 #pragma once
+#include <cstdio>
 #include <memory>
 
 #include "loom/data/dataset.h"
@@ -11,7 +14,8 @@ namespace loom::train {
 
 class DatasetSource final : public BatchSource {
  public:
-  explicit DatasetSource(const TrainConfig& cfg);
+  // `log` gets a line for each shard whose verification takes a second or more (nullptr: none).
+  explicit DatasetSource(const TrainConfig& cfg, std::FILE* log = stdout);
   void fill_train(int64_t step, int64_t first, int64_t n, int64_t global, int64_t T, int32_t* tok,
                   int32_t* tgt) override;
   void fill_val(int64_t index, int64_t B, int64_t T, int32_t* tok, int32_t* tgt) override;
