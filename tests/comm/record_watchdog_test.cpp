@@ -1,6 +1,10 @@
-// CommRecord bounds, Chrome trace output and the watchdog's detection and message, in one
-// process (the multi-rank abort is tested by tests/comm/watchdog_test.sh under mpiexec).
+// CommRecord bounds, Chrome trace output, the watchdog's detection and message and the rule
+// that picks its timeout, in one process (the multi-rank abort is tested by
+// tests/comm/watchdog_test.sh and tests/comm/train_timeout_test.sh under mpiexec).
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -87,6 +91,153 @@ TEST(Watchdog, FiresOnceAfterTheTimeoutAndNotBefore) {
   EXPECT_NE(message.find("[watchdog] rank 2: all_gather #4 on group world"), std::string::npos) << message;
   EXPECT_NE(message.find("last completed: barrier #3."), std::string::npos) << message;
   EXPECT_TRUE(wd.fired());
+}
+
+namespace {
+
+PeerProgress peer(int rank, uint64_t last_seq, ProcessState state, int64_t pid) {
+  PeerProgress p;
+  p.rank = rank;
+  p.visible = p.knows_group = true;
+  p.last_started_seq = last_seq;
+  if (last_seq > 0) p.last_started_op = "all_reduce";
+  p.pid = pid;
+  p.process = state;
+  return p;
+}
+
+PeerProgress elsewhere(int rank) {
+  PeerProgress p;
+  p.rank = rank;
+  return p;
+}
+
+}  // namespace
+
+TEST(Watchdog, MessageNamesThePeersThatDidNotEnter) {
+  CommEvent stuck{"all_reduce", "world", 8, 17, 0, 0, OpState::in_flight};
+  CommEvent last{"all_reduce", "world", 8, 16, 0, 1, OpState::completed};
+  const std::string head =
+      "[watchdog] rank 0: all_reduce #17 on group world (8 B) has not completed after 3.0 s; "
+      "last completed: all_reduce #16.";
+  auto msg = [&](std::vector<PeerProgress> peers) { return watchdog_message(0, stuck, 3.0, last, peers); };
+
+  EXPECT_EQ(msg({peer(1, 16, ProcessState::stopped, 4242)}),
+            head + " Rank 1 did not enter it (its last: all_reduce #16; pid 4242, stopped).");
+  EXPECT_EQ(msg({peer(1, 17, ProcessState::running, 5), peer(2, 18, ProcessState::running, 6)}),
+            head + " Every rank entered it; the transport is stuck.");
+  EXPECT_EQ(msg({peer(1, 17, ProcessState::running, 5), peer(2, 17, ProcessState::stopped, 6)}),
+            head + " Every rank entered it, but rank 2 is now stopped (pid 6).");
+  EXPECT_EQ(msg({peer(1, 0, ProcessState::gone, 7), peer(2, 17, ProcessState::unknown, 8),
+                 elsewhere(4), elsewhere(5), elsewhere(6), elsewhere(7)}),
+            head + " Rank 1 did not enter it (its last: none; pid 7, gone). Ranks 4-7 are not on this "
+                   "host; their progress is unknown.");
+  EXPECT_EQ(msg({peer(1, 16, ProcessState::running, 5), peer(2, 17, ProcessState::stopped, 6),
+                 peer(3, 17, ProcessState::gone, 7), elsewhere(5)}),
+            head + " Rank 1 did not enter it (its last: all_reduce #16; pid 5, running). Of those "
+                   "that entered it, rank 2 is now stopped (pid 6) and rank 3 is now gone (pid 7). "
+                   "Rank 5 is not on this host; its progress is unknown.");
+  EXPECT_EQ(msg({peer(2, 17, ProcessState::stopped, 6), elsewhere(1)}),
+            head + " Every rank on this host entered it, but rank 2 is now stopped (pid 6). Rank 1 "
+                   "is not on this host; its progress is unknown.");
+  EXPECT_EQ(msg({peer(1, 17, ProcessState::running, 5), elsewhere(3)}),
+            head + " Every rank on this host entered it. Rank 3 is not on this host; its progress is "
+                   "unknown.");
+  PeerProgress not_joined = peer(1, 0, ProcessState::running, 9);
+  not_joined.knows_group = false;
+  EXPECT_EQ(msg({not_joined}),
+            head + " Rank 1 did not enter it (it has not joined group world; pid 9, running).");
+  not_joined.table_full = true;  // its table overflowed: nothing can be said
+  EXPECT_EQ(msg({not_joined}),
+            head + " Every rank on this host entered it. Rank 1 is not on this host; its progress "
+                   "is unknown.");
+
+  // Many behind: eight described, the rest listed.
+  std::vector<PeerProgress> many;
+  for (int r = 1; r <= 11; ++r) many.push_back(peer(r, 16, ProcessState::running, 100 + r));
+  std::string m = msg(many);
+  EXPECT_NE(m.find("Rank 8 did not enter it (its last: all_reduce #16; pid 108, running). Nor did "
+                   "ranks 9-11."), std::string::npos) << m;
+  EXPECT_EQ(m.find("Rank 9 did"), std::string::npos) << m;
+
+  // Point-to-point numbers are per rank: only a stopped or dead peer is worth naming.
+  CommEvent recv{"recv", "pp", 64, 3, 0, 0, OpState::in_flight};
+  std::vector<PeerProgress> stopped = {peer(1, 0, ProcessState::stopped, 9)};
+  std::vector<PeerProgress> running = {peer(1, 0, ProcessState::running, 9)};
+  EXPECT_EQ(watchdog_message(2, recv, 3.0, std::nullopt, stopped),
+            "[watchdog] rank 2: recv #3 on group pp (64 B) has not completed after 3.0 s; last "
+            "completed: none. Rank 1 is now stopped (pid 9).");
+  EXPECT_NE(watchdog_message(2, recv, 3.0, std::nullopt, running)
+                .find("none. A peer rank may have died or be stuck."),
+            std::string::npos);
+}
+
+TEST(WatchdogTimeout, CommandLineOverEnvironmentOverConfig) {
+  TimeoutChoice c = resolve_watchdog_timeout(2.0, "50", 600);
+  EXPECT_EQ(c.seconds, 2.0);
+  EXPECT_EQ(c.source, "command line");
+  c = resolve_watchdog_timeout(std::nullopt, "3", 600);
+  EXPECT_EQ(c.seconds, 3.0);
+  EXPECT_EQ(c.source, "LOOM_COMM_TIMEOUT");
+  c = resolve_watchdog_timeout(std::nullopt, nullptr, 600);
+  EXPECT_EQ(c.seconds, 600.0);
+  EXPECT_EQ(c.source, "config");
+  c = resolve_watchdog_timeout(std::nullopt, "", 45);  // set but empty: as unset
+  EXPECT_EQ(c.seconds, 45.0);
+  EXPECT_EQ(c.source, "config");
+  c = resolve_watchdog_timeout(std::nullopt, "0", 45);  // 0 disables the watchdog
+  EXPECT_EQ(c.seconds, 0.0);
+  EXPECT_EQ(c.source, "LOOM_COMM_TIMEOUT");
+  // A bad environment value is an error even when the command line decides.
+  for (const char* bad : {"soon", "3s", "-1", "nan", "inf", " "}) {
+    try {
+      resolve_watchdog_timeout(bad[0] == 's' ? std::optional<double>(2.0) : std::nullopt, bad, 600);
+      FAIL() << bad << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()),
+                str_cat("[comm] LOOM_COMM_TIMEOUT=\"", bad, "\" is not a number of seconds >= 0; set "
+                        "it to e.g. 600 (0 disables the watchdog) or unset it"));
+    }
+  }
+}
+
+// A process that was itself stopped (SIGSTOP, a debugger) and woken must not count the time
+// it was stopped: mpirun wakes a stopped rank to end it, and its watchdog would then blame
+// the others. A child runs a watchdog (1 s) over an operation, is stopped for 1.5 s, and
+// reports after how long, from the operation's start, the watchdog fired.
+TEST(Watchdog, TimeAStoppedProcessSpentStoppedDoesNotCount) {
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto record = std::make_shared<CommRecord>();
+    std::atomic<double> fired_after{-1};
+    double t0 = now_seconds();
+    WatchdogOptions o;
+    o.timeout_s = 1.0;
+    o.on_timeout = [&](const std::string&) { fired_after = now_seconds() - t0; };
+    Watchdog wd(record, 0, o);
+    record->start("all_reduce", "world", 8, 1);
+    char c = 1;
+    if (write(ready[1], &c, 1) != 1) _exit(2);
+    while (fired_after < 0 && now_seconds() - t0 < 10)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    _exit(int(std::min(fired_after.load() * 10, 250.0)));  // in tenths of a second
+  }
+  close(ready[1]);
+  char c = 0;
+  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  close(ready[0]);
+  kill(child, SIGSTOP);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  kill(child, SIGCONT);
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  // Without the correction it fires at once when woken (~1.5 s); with it, 1 s after (~2.5 s).
+  EXPECT_GE(WEXITSTATUS(status), 22) << "fired " << WEXITSTATUS(status) / 10.0 << " s after the start";
+  EXPECT_LT(WEXITSTATUS(status), 60);
 }
 
 TEST(Watchdog, TimeoutFromEnvironment) {

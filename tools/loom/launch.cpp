@@ -28,7 +28,8 @@ const char* kLaunchHelp =
     "                   [--mpirun PATH] [--dry-run] -- <loom subcommand and its args>\n\n"
     "Runs N ranks of this loom binary under mpirun. Each output line is prefixed with its\n"
     "rank (\"[rank 1] ...\"); rank 0's SUMMARY line is passed through unprefixed.\n"
-    "  --timeout S   comm watchdog timeout of the ranks in seconds (LOOM_COMM_TIMEOUT)\n"
+    "  --timeout S   comm watchdog timeout of the ranks in seconds: sets LOOM_COMM_TIMEOUT,\n"
+    "                which beats a config's parallel.collective_timeout_s (--set beats both)\n"
     "  --dry-run     print the mpirun command instead of running it\n"
     "Forwards LOOM_*, OMP_*, PATH and LD_LIBRARY_PATH; LOOM_LAUNCH_EXE runs another binary.\n";
 

@@ -41,8 +41,24 @@ int cmd_train(const std::vector<std::string>& argv) {
   train::TrainConfig cfg = train::load_train_config(a.positional()[0], sets);
   // One process, or one rank of an MPI job (mpirun / loom launch): the World decides.
   comm::WorldOptions wo;
-  wo.watchdog_timeout_s = cfg.parallel.collective_timeout_s;
+  // The watchdog timeout: --set over LOOM_COMM_TIMEOUT (what `loom launch --timeout` sets)
+  // over the YAML. cfg already holds a --set value, since --set overrides the file.
+  const double config_timeout = cfg.parallel.collective_timeout_s;
+  std::optional<double> set_timeout;
+  for (const auto& s : sets)
+    if (s.rfind("parallel.collective_timeout_s=", 0) == 0) set_timeout = config_timeout;
+  const comm::TimeoutChoice timeout =
+      comm::resolve_watchdog_timeout(set_timeout, std::getenv("LOOM_COMM_TIMEOUT"), config_timeout);
+  wo.watchdog_timeout_s = timeout.seconds;
   comm::World world(wo);
+  if (world.rank() == 0) {
+    std::string from = timeout.source == "command line" ? "--set parallel.collective_timeout_s"
+                       : timeout.source == "config"     ? "parallel.collective_timeout_s in the config"
+                                                        : timeout.source;
+    std::string value = timeout.seconds > 0 ? str_cat(timeout.seconds, " s") : std::string("off");
+    std::printf("[train] collective timeout %s (from %s)\n", value.c_str(), from.c_str());
+    std::fflush(stdout);
+  }
   const auto& p = cfg.parallel;
   parallel::Mesh mesh(world.group(), parallel::MeshShape(p.pp, p.dp, p.ep, p.tp));
   const bool main_rank = world.rank() == 0;

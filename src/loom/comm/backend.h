@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "loom/comm/group.h"
+#include "loom/comm/progress_board.h"
 #include "loom/comm/record.h"
 
 namespace loom::comm {
@@ -40,11 +41,15 @@ class Backend {
   virtual std::unique_ptr<PendingTransfer> post_recv(const Tensor& t, int src, int tag) = 0;
   // Collective; null when this rank passed a negative color.
   virtual std::unique_ptr<Backend> split(int color, int key) = 0;
+  // The members' ranks in the world, in group-rank order; empty when the transport cannot
+  // tell (the group is then not tracked on the progress board).
+  virtual std::vector<int> world_ranks() const { return {}; }
 };
 
-// Wraps a backend in a Group with its own worker thread, recording into `record`.
+// Wraps a backend in a Group with its own worker thread, recording into `record` and, when
+// `board` is given, posting its collectives' progress there.
 Group make_group(std::unique_ptr<Backend> backend, const std::string& name,
-                 std::shared_ptr<CommRecord> record);
+                 std::shared_ptr<CommRecord> record, std::shared_ptr<ProgressBoard> board = nullptr);
 
 std::unique_ptr<Backend> make_single_backend();
 // The record `g` writes to, for a group built beside it (e.g. a NCCL group).

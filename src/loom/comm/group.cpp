@@ -167,7 +167,7 @@ Group Group::split(int color, int key, const std::string& name) const {
   g.submit("split", 0, [result, color, key](Backend& b) { *result = b.split(color, key); }).wait();
   if (!*result) return Group();
   std::string n = name.empty() ? str_cat(g.name, ".", color) : name;
-  return make_group(std::move(*result), n, g.record);
+  return make_group(std::move(*result), n, g.record, g.board);
 }
 
 void divide_in_place(const Tensor& t, int n) {

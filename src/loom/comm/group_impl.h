@@ -43,6 +43,8 @@ struct GroupWorker {
   std::unique_ptr<Backend> backend;
   std::string group_name;
   std::shared_ptr<CommRecord> record;
+  std::shared_ptr<ProgressBoard> board;  // null: progress not posted
+  ProgressBoard::Lane lane;
   std::mutex mu;
   std::condition_variable cv;
   std::deque<Task> queue;
@@ -57,7 +59,8 @@ struct GroupWorker {
 
 class GroupImpl {
  public:
-  GroupImpl(std::unique_ptr<Backend> backend, std::string name, std::shared_ptr<CommRecord> record);
+  GroupImpl(std::unique_ptr<Backend> backend, std::string name, std::shared_ptr<CommRecord> record,
+            std::shared_ptr<ProgressBoard> board);
   ~GroupImpl();
   GroupImpl(const GroupImpl&) = delete;
   GroupImpl& operator=(const GroupImpl&) = delete;
@@ -71,6 +74,7 @@ class GroupImpl {
   std::string backend_name;
   Device device;
   std::shared_ptr<CommRecord> record;
+  std::shared_ptr<ProgressBoard> board;
   const Backend& backend() const { return *worker_->backend; }
 
  private:

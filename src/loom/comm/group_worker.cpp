@@ -41,7 +41,9 @@ std::exception_ptr with_context(const std::exception& e, const std::string& labe
 
 void GroupWorker::run_task(Task& t, std::deque<Posted>& posted) {
   std::string label = op_label(t.op, t.seq);
-  uint64_t h = record->start(t.op, group_name, t.bytes, t.seq);
+  uint64_t h = record->start(t.op, group_name, t.bytes, t.seq, lane.key);
+  // Only collectives go on the board: their numbers agree across the group's ranks.
+  if (board && !t.post) board->started(lane.index, t.op, t.seq);
   try {
     if (t.post) {
       posted.push_back({t.post(*backend), h, label, t.work});
@@ -49,6 +51,7 @@ void GroupWorker::run_task(Task& t, std::deque<Posted>& posted) {
     }
     t.run(*backend);
     record->finish(h, true);
+    if (board) board->completed(lane.index, t.op, t.seq);
     t.work->complete(nullptr);
   } catch (const std::exception& e) {
     record->finish(h, false);
@@ -115,17 +118,21 @@ void GroupWorker::loop() {
   }
 }
 
-GroupImpl::GroupImpl(std::unique_ptr<Backend> b, std::string n, std::shared_ptr<CommRecord> r)
+GroupImpl::GroupImpl(std::unique_ptr<Backend> b, std::string n, std::shared_ptr<CommRecord> r,
+                     std::shared_ptr<ProgressBoard> pb)
     : rank(b->rank()),
       size(b->size()),
       name(std::move(n)),
       backend_name(b->name()),
       device(b->device()),
       record(std::move(r)),
+      board(std::move(pb)),
       worker_(std::make_shared<GroupWorker>()) {
+  if (board) worker_->lane = board->join(name, b->world_ranks());
   worker_->backend = std::move(b);
   worker_->group_name = name;
   worker_->record = record;
+  worker_->board = board;
   thread_ = std::thread([w = worker_] { w->loop(); });
 }
 
@@ -143,6 +150,7 @@ GroupImpl::~GroupImpl() {
     thread_.detach();
   else
     thread_.join();
+  if (board) board->leave(worker_->lane);
 }
 
 Work GroupImpl::enqueue(GroupWorker::Task task) const {
@@ -190,8 +198,9 @@ Work GroupImpl::submit_transfer(const char* op, int64_t bytes,
 }
 
 Group make_group(std::unique_ptr<Backend> backend, const std::string& name,
-                 std::shared_ptr<CommRecord> record) {
-  return Group(std::make_shared<GroupImpl>(std::move(backend), name, std::move(record)));
+                 std::shared_ptr<CommRecord> record, std::shared_ptr<ProgressBoard> board) {
+  return Group(
+      std::make_shared<GroupImpl>(std::move(backend), name, std::move(record), std::move(board)));
 }
 
 }  // namespace loom::comm

@@ -90,6 +90,15 @@ class MpiBackend final : public Backend {
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
+    MPI_Group mine, world;
+    MPI_Comm_group(comm_, &mine);
+    MPI_Comm_group(MPI_COMM_WORLD, &world);
+    std::vector<int> local(size_t(size_), 0);
+    for (int i = 0; i < size_; ++i) local[size_t(i)] = i;
+    world_ranks_.assign(size_t(size_), MPI_UNDEFINED);
+    MPI_Group_translate_ranks(mine, size_, local.data(), world, world_ranks_.data());
+    MPI_Group_free(&mine);
+    MPI_Group_free(&world);
   }
   ~MpiBackend() override {
     int finalized = 0;
@@ -102,6 +111,7 @@ class MpiBackend final : public Backend {
   int size() const override { return size_; }
   Device device() const override { return Device::cpu; }
   bool supports(DType t) const override { return is_host_comm_dtype(t); }
+  std::vector<int> world_ranks() const override { return world_ranks_; }
 
   void all_reduce(const Tensor& t, ReduceOp op) override {
     auto* p = static_cast<char*>(t.raw());
@@ -196,6 +206,7 @@ class MpiBackend final : public Backend {
  private:
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
+  std::vector<int> world_ranks_;
 };
 
 }  // namespace

@@ -25,6 +25,7 @@ struct CommEvent {
   double t_start = 0;  // seconds, loom::now_seconds() clock
   double t_end = 0;    // 0 while in flight
   OpState state = OpState::in_flight;
+  uint64_t group_key = 0;  // the group's ProgressBoard key (same on every member); 0: none
 };
 
 // "all_reduce #17": how logs and the watchdog name an operation.
@@ -35,7 +36,8 @@ class CommRecord {
   explicit CommRecord(size_t capacity = 4096) : capacity_(capacity ? capacity : 1) {}
 
   // Marks an operation as started now; returns the handle for finish().
-  uint64_t start(const std::string& op, const std::string& group, int64_t bytes, uint64_t seq);
+  uint64_t start(const std::string& op, const std::string& group, int64_t bytes, uint64_t seq,
+                 uint64_t group_key = 0);
   void finish(uint64_t handle, bool ok);
 
   // Operations still running, oldest first.

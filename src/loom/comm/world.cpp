@@ -1,12 +1,15 @@
-// World: MPI's lifetime, the process's comm record and watchdog, and the world Group.
+// World: MPI's lifetime, the process's comm record, progress board and watchdog, and the
+// world Group.
 #include "loom/comm/world.h"
 
 #include <mpi.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <random>
 #include <thread>
 
 #include "loom/comm/backend.h"
@@ -29,6 +32,31 @@ void abort_job(int code) {
   }
   std::abort();
 }
+
+namespace {
+
+// One board per job, in shared memory per host: rank 0 names it, every rank maps it and
+// fills in its slot, and once all have, the name is removed, so nothing is left in /dev/shm
+// however the job ends. Plain MPI calls on MPI_COMM_WORLD, before any Group exists.
+std::shared_ptr<ProgressBoard> open_progress_board() {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  char name[64] = {};
+  if (rank == 0) {
+    std::random_device rd;
+    std::snprintf(name, sizeof name, "/loom-progress-%ld-%08x%08x", long(getpid()), unsigned(rd()),
+                  unsigned(rd()));
+  }
+  mpi_check(MPI_Bcast(name, int(sizeof name), MPI_CHAR, 0, MPI_COMM_WORLD), "MPI_Bcast");
+  auto board = std::make_shared<ProgressBoard>(map_shared_memory(name, ProgressBoard::bytes_for(size)),
+                                               size, rank, ProcessIdentity::self());
+  mpi_check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
+  unlink_shared_memory(name);  // every rank: on each host the first one removes it
+  return board;
+}
+
+}  // namespace
 
 World::World(int* argc, char*** argv, WorldOptions opts) {
   LaunchEnv env = launch_env();
@@ -55,7 +83,8 @@ World::World(int* argc, char*** argv, WorldOptions opts) {
            "(Open MPI: --enable-mpi-thread-multiple)");
     }
     mpi_ = true;
-    group_ = make_group(make_mpi_world_backend(), "world", record_);
+    board_ = open_progress_board();
+    group_ = make_group(make_mpi_world_backend(), "world", record_, board_);
   } else {
     group_ = make_group(make_single_backend(), "world", record_);
   }
@@ -63,6 +92,7 @@ World::World(int* argc, char*** argv, WorldOptions opts) {
   WatchdogOptions wd;
   wd.timeout_s = timeout_s_;
   wd.on_timeout = opts.on_timeout;
+  wd.board = board_;
   if (!wd.on_timeout) {
     wd.on_timeout = [](const std::string& msg) {
       std::fprintf(stderr, "%s\n", msg.c_str());

@@ -1,7 +1,8 @@
 // World: what main() creates once to take part in a job. It owns MPI's lifetime
-// (MPI_Init_thread at MPI_THREAD_MULTIPLE ... MPI_Finalize), the comm record and the
-// watchdog, and hands out the world Group, which library code then receives as an argument.
-// Without a launcher (no mpirun environment) it is a world of one process without MPI.
+// (MPI_Init_thread at MPI_THREAD_MULTIPLE ... MPI_Finalize), the comm record, the progress
+// board the ranks of a host share and the watchdog, and hands out the world Group, which
+// library code then receives as an argument. Without a launcher (no mpirun environment) it
+// is a world of one process without MPI.
 #pragma once
 #include <functional>
 #include <memory>
@@ -18,7 +19,8 @@ enum class WorldBackend : uint8_t { auto_detect, mpi, single };
 struct WorldOptions {
   // auto_detect: MPI when the process was started by an MPI launcher, else single process.
   WorldBackend backend = WorldBackend::auto_detect;
-  // < 0: LOOM_COMM_TIMEOUT if set, else 600 s. 0 disables the watchdog.
+  // < 0: LOOM_COMM_TIMEOUT if set, else 600 s. 0 disables the watchdog. A command with its
+  // own setting resolves it with resolve_watchdog_timeout() (watchdog.h) and passes it here.
   double watchdog_timeout_s = -1;
   // Default: print the message and abort the whole job (MPI_Abort; std::abort without MPI).
   std::function<void(const std::string&)> on_timeout;
@@ -47,6 +49,7 @@ class World {
   bool mpi_ = false;
   double timeout_s_ = 0;
   std::shared_ptr<CommRecord> record_;
+  std::shared_ptr<ProgressBoard> board_;  // under MPI only
   Group group_;
   std::unique_ptr<Watchdog> watchdog_;
 };
