@@ -62,7 +62,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   const auto& p = cfg.parallel;
   parallel::Mesh mesh(world.group(), parallel::MeshShape(p.pp, p.dp, p.ep, p.tp));
   const bool main_rank = world.rank() == 0;
-  train::DatasetSource data(cfg);
+  train::DatasetSource data(cfg, main_rank ? stdout : nullptr);  // one rank reports slow shard checks
   train::TrainerOptions opt;
   opt.resume = a.get("resume", "");
   opt.overwrite_checkpoints = a.has("overwrite-checkpoints");
