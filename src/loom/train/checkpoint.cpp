@@ -13,6 +13,7 @@
 
 #include "loom/io/checksum.h"
 #include "loom/io/file.h"
+#include "loom/io/manifest.h"
 #include "loom/io/safetensors.h"
 #include "loom/model/hf_weights.h"
 #include "loom/comm/group.h"
@@ -85,11 +86,8 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const model::D
   }
   g.barrier();
   if (main) {
-    json files = json::object();
-    auto record = [&](const std::string& name) {
-      const fs::path p = tmp / name;
-      files[name] = {{"bytes", fs::file_size(p)}, {"crc32c", io::crc32c_hex(io::crc32c_file(p.string()))}};
-    };
+    io::ManifestWriter manifest(tmp.string());
+    auto record = [&](const std::string& name) { manifest.record(name); };
     model::save_hf_safetensors(mp.whole_layout ? *mp.whole_layout : model.layout(), full_params,
                                (tmp / "model.safetensors").string());
     record("model.safetensors");
@@ -106,9 +104,7 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const model::D
     record("trainer_state.json");
     io::write_file_atomic((tmp / "config.yaml").string(), save.config_yaml);
     record("config.yaml");
-    json manifest = {{"format", "loom-checkpoint"}, {"version", kFormatVersion}, {"step", step},
-                     {"model", model.config().name}, {"files", files}};
-    io::write_file_atomic((tmp / "manifest.json").string(), manifest.dump(2));
+    manifest.write("loom-checkpoint", kFormatVersion, {{"step", step}, {"model", model.config().name}});
     io::fsync_dir(tmp.string());
     fs::remove_all(final_dir, ec);  // an older save of the same step (e.g. after a crash)
     fs::rename(tmp, final_dir, ec);
@@ -131,51 +127,10 @@ static bool in_scope(const std::string& file, const VerifyScope& scope) {
 }
 
 bool verify_checkpoint(const std::string& path, std::string* why, const VerifyScope& scope) {
-  auto fail_with = [&](const std::string& m) {
-    if (why) *why = m;
-    return false;
-  };
-  json manifest;
-  try {
-    manifest = json::parse(io::read_file((fs::path(path) / "manifest.json").string()));
-  } catch (const std::exception& e) {
-    return fail_with(str_cat("manifest.json unreadable: ", e.what()));
-  }
-  if (manifest.value("format", "") != "loom-checkpoint")
-    return fail_with("manifest.json is not a loom checkpoint manifest");
-  if (manifest.value("version", 0) != kFormatVersion)
-    return fail_with(str_cat("manifest version ", manifest.value("version", 0), ", expected ", kFormatVersion));
-  if (!manifest.contains("files") || !manifest["files"].is_object())
-    return fail_with("manifest.json lists no files");
-  for (auto& [name, info] : manifest["files"].items()) {
-    const fs::path p = fs::path(path) / name;
-    std::error_code ec;
-    const auto size = fs::file_size(p, ec);
-    if (ec) return fail_with(str_cat(name, " is missing"));
-    if (size != info.value("bytes", uint64_t(0)))
-      return fail_with(str_cat(name, " has ", size, " bytes, manifest says ", info.value("bytes", uint64_t(0)),
-                               " (truncated?)"));
-    if (!in_scope(name, scope)) continue;
-    const std::string crc = io::crc32c_hex(io::crc32c_file(p.string()));
-    if (crc != info.value("crc32c", ""))
-      return fail_with(str_cat(name, " checksum ", crc, " differs from the manifest's ",
-                               info.value("crc32c", ""), " (corrupted)"));
-  }
-  return true;
+  return io::verify_manifest(path, "loom-checkpoint", kFormatVersion, why,
+                             [&](const std::string& name) { return in_scope(name, scope); });
 }
 
-// verify_checkpoint that reports a throw (an unreadable file, a malformed manifest field) as a
-// failure, so that no rank leaves a collective its peers are in.
-static bool verify_noexcept(const std::string& path, std::string* why, const VerifyScope& scope) {
-  try {
-    return verify_checkpoint(path, why, scope);
-  } catch (const std::exception& e) {
-    *why = e.what();
-    return false;
-  }
-}
-
-// Across `g`: the lowest rank where `ok` is false, or -1 when it holds on every rank.
 static int first_failing_rank(const comm::Group& g, bool ok) {
   if (g.size() == 1) return ok ? -1 : 0;
   Tensor r = Tensor::zeros({1}, DType::f64, MemCategory::comm);
@@ -220,7 +175,7 @@ std::optional<std::string> find_latest_valid_checkpoint(
     if (step < 0) return std::nullopt;
     const std::string p = candidates[i].path;
     std::string why;
-    bool ok = verify_noexcept(p, &why, scope_of(p));
+    bool ok = verify_checkpoint(p, &why, scope_of(p));
     if (collective) {
       const int bad = first_failing_rank(*agree, ok);
       if (bad == agree->rank() && bad != 0)  // only rank 0 logs; only this rank knows why
@@ -362,7 +317,7 @@ CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model,
   }
   if (!plan_error.empty() || !verified) {  // each rank its files; all fail together when one does
     std::string why;
-    const bool ok = verify_noexcept(path, &why, {false, plan_error.empty() ? plan.shards : std::vector<int>{g.rank()}});
+    const bool ok = verify_checkpoint(path, &why, {false, plan_error.empty() ? plan.shards : std::vector<int>{g.rank()}});
     throw_unless_ok_everywhere(g, ok, why, path + " failed verification",
                                "; resume from an earlier checkpoint (--resume auto takes the newest valid one)");
     LOOM_CHECK(plan_error.empty(), "checkpoint", path, ": trainer_state.json: ", plan_error);

@@ -61,7 +61,8 @@ struct VerifyScope {
   static VerifyScope rank(int r) { return {false, {r}}; }
 };
 
-// Checks the manifest, sizes and checksums. On failure returns false and says why.
+// Checks the manifest, sizes and checksums (io::verify_manifest). On failure returns false and
+// says why; never throws, so no rank leaves a collective its peers are in.
 bool verify_checkpoint(const std::string& path, std::string* why,
                        const VerifyScope& scope = VerifyScope::everything());
 
