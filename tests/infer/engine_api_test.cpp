@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
 #include <map>
 #include <mutex>
 #include <random>
@@ -248,4 +249,64 @@ TEST(EngineApi, RequestsAndAbortsFromOtherThreadsWhileALoopSteps) {
   EXPECT_EQ(mt.requests_finished, 6);
   EXPECT_EQ(mt.kv_blocks_used, 0);
   EXPECT_EQ(mt.num_running + mt.num_waiting, 0);
+}
+
+// A NaN in the position table at position 10: requests that never reach it are untouched,
+// the others fail alone, naming the position, after streaming the tokens they had.
+TEST(EngineApi, NonFiniteLogitsFailOnlyTheirRequest) {
+  auto clean = make_model();
+  auto m = make_model();
+  const model::ParamInfo& wpe = m->layout().get("transformer.wpe.weight");
+  m->params().data<double>()[wpe.offset + 10 * m->config().d_model] = std::nan("");
+  const auto short_prompt = tokens(4, 1), long_prompt = tokens(12, 2), mid_prompt = tokens(6, 3);
+  Engine e(*m, small_config());
+  std::map<int64_t, std::vector<TokenEvent>> events;
+  auto record = [&](const TokenEvent& ev) { events[ev.request_id].push_back(ev); };
+  const int64_t a = e.add_request(short_prompt, greedy(4), record);
+  const int64_t b = e.add_request(long_prompt, greedy(4), record);
+  const int64_t c = e.add_request(mid_prompt, greedy(10), record);
+  std::map<int64_t, RequestOutput> outs;
+  while (e.has_unfinished())
+    for (auto& o : e.step()) outs[o.id] = std::move(o);
+  EXPECT_EQ(outs[a].finish_reason, FinishReason::length);
+  EXPECT_EQ(outs[a].tokens, Engine(*clean, small_config()).generate(short_prompt, greedy(4)));
+  EXPECT_EQ(outs[b].finish_reason, FinishReason::error);
+  EXPECT_TRUE(outs[b].tokens.empty());
+  EXPECT_EQ(outs[b].error,
+            "the model's logits for position 12 (after 12 prompt and 0 generated tokens) are NaN: the model's "
+            "weights, or the activations they produce, are not finite");
+  // c computes position 10 for its fifth token's successor.
+  EXPECT_EQ(outs[c].finish_reason, FinishReason::error);
+  EXPECT_EQ(outs[c].tokens, Engine(*clean, small_config()).generate(mid_prompt, greedy(5)));
+  EXPECT_NE(outs[c].error.find("position 11 (after 6 prompt and 5 generated tokens) are NaN"), std::string::npos)
+      << outs[c].error;
+  ASSERT_FALSE(events[c].empty());
+  EXPECT_EQ(events[c].back().finish, FinishReason::error);
+  EXPECT_EQ(events[c].back().token, -1);
+  EXPECT_EQ(events[c].back().error, outs[c].error);
+  EXPECT_EQ(e.scheduler().kv().pool().num_free(), 64) << "a failed request gives its blocks back";
+  // The engine goes on; generate() throws what run() returns.
+  EXPECT_EQ(e.generate(short_prompt, greedy(4)), outs[a].tokens);
+  const std::string err = error_of([&] { e.generate(long_prompt, greedy(4)); });
+  EXPECT_EQ(err.rfind("[engine] the model's logits for position 12", 0), 0u) << err;
+}
+
+// A KV cache for sequences shorter than the context: sized by max_seq_len, outputs capped there.
+TEST(EngineApi, MaxSeqLenSizesTheCacheBelowTheContext) {
+  auto m = make_model();
+  EngineConfig cfg = small_config();
+  cfg.max_seq_len = 20;
+  cfg.num_blocks = 5;  // 20 tokens in blocks of 4; the full context (64) would need 16
+  Engine e(*m, cfg);
+  EXPECT_EQ(e.max_seq_len(), 20);
+  const RequestOutput out = e.run(tokens(8, 4), greedy(30));
+  EXPECT_EQ(out.finish_reason, FinishReason::length);
+  EXPECT_EQ(out.tokens, Engine(*m, small_config()).generate(tokens(8, 4), greedy(12)));
+  std::string err = error_of([&] { e.add_request(tokens(20, 1), greedy(1)); });
+  EXPECT_NE(err.find("max_seq_len"), std::string::npos) << err;
+  cfg.num_blocks = 4;
+  err = error_of([&] { Engine tiny(*m, cfg); });
+  EXPECT_NE(err.find("max_seq_len=20 tokens needs 5 blocks"), std::string::npos) << err;
+  cfg.max_seq_len = 65;
+  EXPECT_NE(error_of([&] { Engine bad(*m, cfg); }).find("model.n_ctx=64"), std::string::npos);
 }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 
 #include "loom/infer/sampler.h"
@@ -173,4 +174,51 @@ TEST(Sampler, ValidationNamesTheParameter) {
   p = {};
   p.stop_token_ids = {-2};
   EXPECT_EQ(msg(p).rfind("[sampling] stop_token_ids", 0), 0u);
+}
+
+TEST(Sampler, RowsWithNanOrInfinityAreRefusedOnEveryPath) {
+  std::vector<std::pair<float, int32_t>> scratch;
+  const float inf = std::numeric_limits<float>::infinity();
+  SamplingParams greedy, plain, top_k, top_p, both;
+  greedy.temperature = 0;
+  top_k.top_k = 2;
+  top_p.top_p = 0.9;
+  both.top_k = 3;
+  both.top_p = 0.5;
+  const std::vector<float> masked{0.5f, -inf, 1.5f, 0.2f};  // a -inf logit is a masked token
+  for (const SamplingParams& p : {greedy, plain, top_k, top_p, both}) {
+    for (size_t at = 0; at < 4; ++at) {
+      std::vector<float> l{0.5f, 1.f, 1.5f, 0.2f};
+      l[at] = std::nanf("");
+      EXPECT_EQ(sample_token(l.data(), 4, p, 0.3f, scratch), kNonFiniteLogits) << at;
+      EXPECT_EQ(describe_non_finite(l.data(), 4), "NaN");
+      l[at] = inf;
+      EXPECT_EQ(sample_token(l.data(), 4, p, 0.3f, scratch), kNonFiniteLogits) << at;
+      EXPECT_EQ(describe_non_finite(l.data(), 4), "+inf");
+    }
+    const std::vector<float> none(4, -inf);
+    EXPECT_EQ(sample_token(none.data(), 4, p, 0.3f, scratch), kNonFiniteLogits);
+    EXPECT_EQ(describe_non_finite(none.data(), 4), "-inf for every token");
+    const int32_t t = sample_token(masked.data(), 4, p, 0.3f, scratch);
+    EXPECT_TRUE(t == 0 || t == 2 || t == 3) << t;
+  }
+  std::vector<std::pair<double, int32_t>> scratch64;
+  const std::vector<double> l64{0.1, std::nan(""), 0.3};
+  EXPECT_EQ(sample_token(l64.data(), 3, plain, 0.3f, scratch64), kNonFiniteLogits);
+}
+
+TEST(Sampler, UserRangesAreSharedAndNamedAsTheCallerSpellsThem) {
+  EXPECT_EQ(temperature_problem(0, "--temperature"), "");
+  EXPECT_EQ(temperature_problem(2, "--temperature"), "");
+  EXPECT_EQ(temperature_problem(-0.1, "--temperature"), "--temperature must be between 0 and 2 (0: greedy), got -0.1");
+  EXPECT_NE(temperature_problem(std::nan(""), "'temperature'"), "");
+  EXPECT_EQ(top_p_problem(1, "--top-p"), "");
+  EXPECT_EQ(top_p_problem(0, "'top_p'"), "'top_p' must be greater than 0 and at most 1, got 0");
+  EXPECT_NE(top_p_problem(1.5, "--top-p"), "");
+  EXPECT_EQ(top_k_problem(-1, "--top-k"), "");
+  EXPECT_EQ(top_k_problem(-2, "--top-k"), "--top-k must be a positive integer, or 0 or -1 for no limit, got -2");
+  EXPECT_EQ(user_top_k(-1), 0);
+  EXPECT_EQ(user_top_k(5), 5);
+  EXPECT_EQ(max_tokens_problem(1, "--max-tokens"), "");
+  EXPECT_EQ(max_tokens_problem(0, "--max-tokens"), "--max-tokens must be at least 1, got 0");
 }

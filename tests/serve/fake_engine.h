@@ -111,7 +111,7 @@ class FakeEngine final : public Engine {
       // Aborts are honoured even while paused: they free blocks at once.
       for (auto it = reqs_.begin(); it != reqs_.end();) {
         if (it->second.abort) {
-          it->second.sink({-1, FinishReason::abort});
+          it->second.sink({-1, FinishReason::abort, {}});
           std::erase(running_, it->first);
           std::erase(waiting_, it->first);
           it = reqs_.erase(it);
@@ -132,7 +132,7 @@ class FakeEngine final : public Engine {
         int32_t tok = token_at(r.req, r.generated);
         ++r.generated;
         bool done = r.generated >= r.req.max_tokens;
-        r.sink({tok, done ? FinishReason::length : FinishReason::none});
+        r.sink({tok, done ? FinishReason::length : FinishReason::none, {}});
         if (done) {
           reqs_.erase(*it);
           it = running_.erase(it);

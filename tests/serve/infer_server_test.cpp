@@ -165,9 +165,16 @@ TEST(ServeProcess, SixtyFourStreamingClientsMatchTheOfflineEngine) {
   EXPECT_EQ(r.mismatches, 0);
   EXPECT_EQ(r.other, 0);
   EXPECT_EQ(r.ok, 256);
-  std::string m = HttpClient("127.0.0.1", proc.port()).request("GET", "/metrics").body;
+  // A request is counted (and its blocks freed) just after its last bytes go out, so the
+  // client can ask before the last one is: the counts are awaited.
+  std::string m;
+  eventually([&] {
+    m = HttpClient("127.0.0.1", proc.port()).request("GET", "/metrics").body;
+    return m.find("loom_kv_cache_blocks_used 0\n") != std::string::npos &&
+           m.find("loom_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 320\n") != std::string::npos;
+  });
   EXPECT_NE(m.find("loom_kv_cache_blocks_used 0\n"), std::string::npos) << m;
-  EXPECT_NE(m.find("loom_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 320\n"), std::string::npos);
+  EXPECT_NE(m.find("loom_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 320\n"), std::string::npos) << m;
   EXPECT_EQ(m.find("completions\",status=\"5"), std::string::npos);  // (/health said 503 while loading)
   const int64_t rss_after = proc.resident_bytes();
   std::printf("server RSS after warm-up %.2f MiB, after 256 more requests %.2f MiB (%+.1f%%)\n",
@@ -209,6 +216,23 @@ TEST(ServeProcess, SigintWhileIdleAndBadFlags) {
   EXPECT_NE(ckpt.output().find("--checkpoint"), std::string::npos) << ckpt.output();
   ServerProcess both({"--checkpoint", "x", "--model", "gpt2-tiny"});
   EXPECT_EQ(both.stop(0, 20), 2);
+}
+
+// The KV cache must hold one request of the model's full context: a --kv-cache-mb below that is
+// refused before anything loads, with the size needed; the ready line says how many fit.
+TEST(ServeProcess, KvCacheTooSmallForOneFullContextRequestIsRefused) {
+  // gpt2-tiny keeps 2 layers x 2 x 32 floats a token: 4096 tokens need 2 MiB.
+  ServerProcess small({"--model", "gpt2-tiny", "--n-ctx", "4096", "--kv-cache-mb", "1"});
+  EXPECT_EQ(small.stop(0, 20), 2);
+  EXPECT_NE(small.output().find("[serve] --kv-cache-mb 1 is too small for one request of the model's full context: "
+                                "4096 tokens (model.n_ctx) need 2.00 MiB of KV cache; give --kv-cache-mb 2 or more"),
+            std::string::npos) << small.output();
+  ServerProcess enough({"--model", "gpt2-tiny", "--n-ctx", "4096", "--kv-cache-mb", "4", "--threads", "1"});
+  ASSERT_TRUE(enough.wait_ready()) << enough.output();
+  const std::string line = "KV cache 4.00 MiB (512 blocks of 16 tokens: 2.0 full-context requests)";
+  // /health turns 200 just before the ready line is printed.
+  EXPECT_TRUE(eventually([&] { return enough.output().find(line) != std::string::npos; })) << enough.output();
+  EXPECT_EQ(enough.stop(SIGTERM), 0) << enough.output();
 }
 
 }  // namespace

@@ -2,10 +2,12 @@
 // (GET /health answers 503 while the model loads), then reports ready; SIGINT/SIGTERM stop
 // it cleanly: new requests get 503, running ones may finish for --shutdown-grace seconds,
 // the rest are aborted, and the process exits 0.
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <memory>
 
+#include "loom/core/allocator.h"
 #include "loom/core/error.h"
 #include "loom/core/threads.h"
 #include "loom/infer/engine.h"
@@ -36,7 +38,8 @@ void print_help() {
       "  --max-queue N           requests allowed to wait beyond the running batch (default 256); then 429\n"
       "  --served-model-name S   the name clients pass as 'model' (default: the preset name)\n"
       "  --max-num-seqs N        sequences stepped together (default 32)\n"
-      "  --kv-cache-mb M         KV-cache size (default 256)\n"
+      "  --kv-cache-mb M         KV-cache size (default 256, or one full-context request if that is more);\n"
+      "                          must hold at least one full-context request\n"
       "  --max-body-bytes B      largest request body (default 1048576); then 413\n"
       "  --shutdown-grace S      seconds running requests may finish after SIGTERM (default 10)\n"
       "  --threads N             compute threads (default: OMP_NUM_THREADS or all cores)\n",
@@ -95,7 +98,24 @@ int cmd_serve(const std::vector<std::string>& argv) {
   const double grace = args.get_double("shutdown-grace", 10);
   infer::EngineConfig ec;
   ec.max_num_seqs = args.get_int("max-num-seqs", 32);
-  ec.kv_cache_bytes = args.get_int("kv-cache-mb", 256) << 20;
+  if (ec.max_num_seqs < 1) throw UsageError("[serve] --max-num-seqs must be at least 1");
+  // The engine admits a request only if the cache can hold a full-context one (serve builds its
+  // model in f32). By default the cache grows to that; a size given too small is refused here,
+  // before anything is loaded.
+  const int64_t full_context_bytes = infer::KVCache::blocks_for_tokens(mc.n_ctx, ec.block_size) *
+                                     infer::KVCache::bytes_per_block(mc, ec.block_size, DType::f32);
+  if (args.has("kv-cache-mb")) {
+    const int64_t mb = args.get_int("kv-cache-mb", 0);
+    if (mb < 1) throw UsageError(str_cat("[serve] --kv-cache-mb must be at least 1 (MiB), got ", mb));
+    ec.kv_cache_bytes = mb << 20;
+    if (ec.kv_cache_bytes < full_context_bytes)
+      throw UsageError(str_cat("[serve] --kv-cache-mb ", mb, " is too small for one request of the model's full "
+                               "context: ", mc.n_ctx, " tokens (model.n_ctx) need ", format_bytes(full_context_bytes),
+                               " of KV cache; give --kv-cache-mb ", (full_context_bytes + (1 << 20) - 1) >> 20,
+                               " or more"));
+  } else {
+    ec.kv_cache_bytes = std::max(int64_t(256) << 20, full_context_bytes);
+  }
   ec.seed = uint64_t(args.get_int("seed", 0));
   opt.seed = ec.seed;
   if (args.has("threads")) set_num_threads(int(args.get_int("threads", 0)));
@@ -124,11 +144,13 @@ int cmd_serve(const std::vector<std::string>& argv) {
   infer::Engine engine(model, ec);
   serve::InferEngineAdapter adapter(engine, *tokenizer);
   server.set_engine(&adapter);
-  std::printf("[serve] ready: model '%s', context %lld, KV cache %lld blocks of %lld tokens, max %lld "
-              "running + %lld queued%s\n",
-              opt.served_model_name.c_str(), (long long)mc.n_ctx, (long long)engine.kv_cache().num_blocks(),
-              (long long)engine.kv_cache().block_size(), (long long)ec.max_num_seqs, (long long)opt.max_queue,
-              opt.api_key.empty() ? "" : ", API key required");
+  const int64_t full_context_blocks = infer::KVCache::blocks_for_tokens(mc.n_ctx, engine.kv_cache().block_size());
+  std::printf("[serve] ready: model '%s', context %lld, KV cache %s (%lld blocks of %lld tokens: %.1f full-context "
+              "requests), max %lld running + %lld queued%s\n",
+              opt.served_model_name.c_str(), (long long)mc.n_ctx, format_bytes(engine.kv_cache().bytes()).c_str(),
+              (long long)engine.kv_cache().num_blocks(), (long long)engine.kv_cache().block_size(),
+              double(engine.kv_cache().num_blocks()) / double(full_context_blocks), (long long)ec.max_num_seqs,
+              (long long)opt.max_queue, opt.api_key.empty() ? "" : ", API key required");
   std::fflush(stdout);
 
   int sig = 0;

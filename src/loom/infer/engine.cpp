@@ -15,6 +15,7 @@ const char* finish_reason_name(FinishReason r) {
     case FinishReason::stop: return "stop";
     case FinishReason::length: return "length";
     case FinishReason::abort: return "abort";
+    case FinishReason::error: return "error";
     default: return "none";
   }
 }
@@ -36,13 +37,17 @@ Engine::Engine(const model::Decoder& model, const EngineConfig& cfg) : model_(mo
              "max_batched_tokens=", cfg.max_batched_tokens, " is below model.n_ctx=", mc.n_ctx,
              ": without chunked prefill a long prompt could never run; enable chunked_prefill "
              "or raise max_batched_tokens");
+  LOOM_CHECK(cfg.max_seq_len >= 0 && cfg.max_seq_len <= mc.n_ctx, "engine", "max_seq_len=",
+             cfg.max_seq_len, " must lie in [1, model.n_ctx=", mc.n_ctx, "] (0: model.n_ctx)");
+  max_seq_len_ = cfg.max_seq_len > 0 ? cfg.max_seq_len : mc.n_ctx;
   const DType dt = model.params().dtype();
   const int64_t bpb = KVCache::bytes_per_block(mc, cfg.block_size, dt);
   const int64_t num_blocks = cfg.num_blocks > 0 ? cfg.num_blocks : cfg.kv_cache_bytes / bpb;
-  const int64_t need = (mc.n_ctx + cfg.block_size - 1) / cfg.block_size;
+  const int64_t need = KVCache::blocks_for_tokens(max_seq_len_, cfg.block_size);
   LOOM_CHECK(num_blocks >= need, "engine", "the KV cache holds ", num_blocks, " blocks of ",
              cfg.block_size, " tokens (", format_bytes(num_blocks * bpb),
-             ") but one full-length sequence of model.n_ctx=", mc.n_ctx, " tokens needs ", need,
+             ") but one full-length sequence of ", cfg.max_seq_len > 0 ? "max_seq_len=" : "model.n_ctx=",
+             max_seq_len_, " tokens needs ", need,
              " blocks; raise the KV cache to at least ", format_bytes(need * bpb), " (",
              need, " blocks)");
   cache_ = std::make_unique<KVCache>(mc, num_blocks, cfg.block_size, dt);
@@ -55,7 +60,7 @@ Engine::Engine(const model::Decoder& model, const EngineConfig& cfg) : model_(mo
   sc.chunked_prefill = cfg.chunked_prefill;
   sc.mode = cfg.mode;
   sc.static_policy = cfg.static_policy;
-  sc.max_seq_len = mc.n_ctx;
+  sc.max_seq_len = max_seq_len_;
   sched_ = std::make_unique<Scheduler>(sc);
   runner_ = std::make_unique<ModelRunner>(model, *cache_, cfg.max_batched_tokens, cfg.max_num_seqs);
   publish_metrics();
@@ -75,6 +80,9 @@ int64_t Engine::add_request(std::vector<int32_t> prompt, const SamplingParams& p
   LOOM_CHECK(len < mc.n_ctx, "engine", "the prompt has ", len,
              " tokens, which fills the model's context of ", mc.n_ctx,
              " tokens (model.n_ctx) and leaves no room to generate; shorten it");
+  LOOM_CHECK(len < max_seq_len_, "engine", "the prompt has ", len, " tokens, which fills this engine's ",
+             max_seq_len_, "-token sequences (EngineConfig::max_seq_len) and leaves no room to generate; "
+             "shorten it or raise max_seq_len");
   for (int64_t i = 0; i < len; ++i)
     LOOM_CHECK(prompt[size_t(i)] >= 0 && prompt[size_t(i)] < mc.vocab_size, "engine",
                "prompt token ", prompt[size_t(i)], " at position ", i,
@@ -87,7 +95,7 @@ int64_t Engine::add_request(std::vector<int32_t> prompt, const SamplingParams& p
   r.params = params;
   r.seed = params.seed ? *params.seed : derive_seed(cfg_.seed, id);
   r.callback = std::move(callback);
-  r.max_tokens = std::min(params.max_tokens, mc.n_ctx - len);
+  r.max_tokens = std::min(params.max_tokens, max_seq_len_ - len);
   r.prompt = std::move(prompt);
   std::lock_guard<std::mutex> lock(mu_);
   intake_.push_back({id, std::move(r)});
@@ -126,11 +134,11 @@ void Engine::admit_pending(std::vector<RequestOutput>& done) {
 
 void Engine::finish(int64_t id, FinishReason why, bool end_event,
                     std::vector<RequestOutput>& done, int32_t stop_token,
-                    std::string stop_string) {
+                    std::string stop_string, std::string error) {
   auto it = requests_.find(id);
   Request& r = it->second;
   if (end_event && r.callback)
-    r.callback({id, -1, int64_t(r.output.size()), why});
+    r.callback({id, -1, int64_t(r.output.size()), why, error});
   RequestOutput out;
   out.id = id;
   out.prompt = std::move(r.prompt);
@@ -138,6 +146,7 @@ void Engine::finish(int64_t id, FinishReason why, bool end_event,
   out.finish_reason = why;
   out.stop_token = stop_token;
   out.stop_string = std::move(stop_string);
+  out.error = std::move(error);
   out.num_preemptions = sched_->has(id) ? sched_->num_preemptions(id) : 0;
   sched_->finish(id);
   requests_.erase(it);
@@ -212,8 +221,19 @@ void Engine::sample_all(const StepPlan& plan, const Tensor& logits,
     const int64_t id = s.seq_id;
     Request& r = requests_.at(id);
     const int64_t index = int64_t(r.output.size());
-    const int32_t tok = toks[row++];
+    const size_t j = row++;
+    const int32_t tok = toks[j];
     if (s.padding) continue;  // a padding row is sampled like any other; its token is dropped
+    if (tok == kNonFiniteLogits) {
+      // Nothing can be sampled from this row; the request fails alone (others may be fine).
+      const int64_t n_prompt = int64_t(r.prompt.size());
+      finish(id, FinishReason::error, true, done, -1, {},
+             str_cat("the model's logits for position ", n_prompt + index, " (after ", n_prompt,
+                     " prompt and ", index, " generated tokens) are ",
+                     describe_non_finite(rows + int64_t(j) * V, V),
+                     ": the model's weights, or the activations they produce, are not finite"));
+      continue;
+    }
     ++generated_tokens_;
     const auto& stops = r.params.stop_token_ids;
     if (std::find(stops.begin(), stops.end(), tok) != stops.end()) {
@@ -231,7 +251,7 @@ void Engine::sample_all(const StepPlan& plan, const Tensor& logits,
     else if (int64_t(r.output.size()) >= r.max_tokens)
       why = FinishReason::length;
     if (why == FinishReason::none) sched_->append_token(id, tok);
-    if (r.callback) r.callback({id, tok, index, padded ? FinishReason::none : why});
+    if (r.callback) r.callback({id, tok, index, padded ? FinishReason::none : why, {}});
     if (why == FinishReason::none) continue;
     if (padded)
       hold(id, why, -1, std::move(which));
@@ -290,6 +310,13 @@ RequestOutput Engine::run(const std::vector<int32_t>& prompt, const SamplingPara
   for (;;)
     for (auto& out : step())
       if (out.id == id) return std::move(out);
+}
+
+std::vector<int32_t> Engine::generate(const std::vector<int32_t>& prompt,
+                                      const SamplingParams& params, TokenCallback callback) {
+  RequestOutput out = run(prompt, params, std::move(callback));
+  if (out.finish_reason == FinishReason::error) fail("engine", out.error);
+  return std::move(out.tokens);
 }
 
 }  // namespace loom::infer

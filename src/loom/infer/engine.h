@@ -21,7 +21,8 @@
 
 namespace loom::infer {
 
-enum class FinishReason { none, stop, length, abort };
+// error: the request could not go on (its logits were not finite); RequestOutput::error says why.
+enum class FinishReason { none, stop, length, abort, error };
 const char* finish_reason_name(FinishReason r);
 
 // The bytes of a token sequence; the bytes of a sequence must be the concatenation of its
@@ -32,6 +33,9 @@ struct EngineConfig {
   int64_t block_size = 16;
   int64_t num_blocks = 0;                  // 0: as many as kv_cache_bytes holds
   int64_t kv_cache_bytes = int64_t(512) << 20;
+  // Tokens of one sequence (prompt + output) at most; 0: model.n_ctx. The cache must hold one
+  // such sequence; outputs stop there (finish reason length) as they would at the context.
+  int64_t max_seq_len = 0;
   int64_t max_num_seqs = 32;
   int64_t max_batched_tokens = 2048;
   bool prefix_caching = true;
@@ -51,6 +55,7 @@ struct TokenEvent {
   int32_t token = -1;
   int64_t index = 0;  // position of the token in the output
   FinishReason finish = FinishReason::none;
+  std::string error;  // finish == error: what went wrong (as RequestOutput::error)
 };
 using TokenCallback = std::function<void(const TokenEvent&)>;
 
@@ -60,6 +65,9 @@ struct RequestOutput {
   FinishReason finish_reason = FinishReason::none;
   int32_t stop_token = -1;   // the stop token that ended it, if one did
   std::string stop_string;   // the stop string that ended it, if one did
+  // finish_reason == error: what went wrong, without a "[where]" prefix, e.g. "the model's
+  // logits for position 12 (after 12 prompt and 0 generated tokens) are NaN: ...".
+  std::string error;
   int64_t num_preemptions = 0;
 };
 
@@ -81,7 +89,7 @@ struct EngineMetrics {
 
 class Engine {
  public:
-  // Throws at construction when the KV cache cannot hold one full-length sequence.
+  // Throws at construction when the KV cache cannot hold one sequence of max_seq_len tokens.
   Engine(const model::Decoder& model, const EngineConfig& cfg);
   ~Engine();
 
@@ -97,15 +105,16 @@ class Engine {
 
   // Run one request to completion by stepping the engine themselves (outputs of other
   // requests finishing meanwhile are dropped). Not for use while another thread steps.
+  // run() returns a failed request's output (finish_reason error, with the reason);
+  // generate() throws it as "[engine] ...".
   RequestOutput run(const std::vector<int32_t>& prompt, const SamplingParams& params,
                     TokenCallback callback = {});
   std::vector<int32_t> generate(const std::vector<int32_t>& prompt, const SamplingParams& params,
-                                TokenCallback callback = {}) {
-    return run(prompt, params, std::move(callback)).tokens;
-  }
+                                TokenCallback callback = {});
 
   const EngineConfig& config() const { return cfg_; }
   const model::ModelConfig& model_config() const { return model_.config(); }
+  int64_t max_seq_len() const { return max_seq_len_; }  // EngineConfig::max_seq_len resolved
   const Scheduler& scheduler() const { return *sched_; }
   const KVCache& kv_cache() const { return *cache_; }
   int64_t weight_bytes_per_token() const { return runner_->weight_bytes_per_token(); }
@@ -132,7 +141,7 @@ class Engine {
                                      std::vector<RequestOutput>& done);
   // Retires a request; end_event sends the callback a closing event without a token.
   void finish(int64_t id, FinishReason why, bool end_event, std::vector<RequestOutput>& done,
-              int32_t stop_token = -1, std::string stop_string = {});
+              int32_t stop_token = -1, std::string stop_string = {}, std::string error = {});
   // Padded static batching: the request has finished; its row stays as padding.
   void hold(int64_t id, FinishReason why, int32_t stop_token = -1, std::string stop_string = {});
   // Padded static batching: retires every member once all of them have finished.
@@ -145,6 +154,7 @@ class Engine {
 
   const model::Decoder& model_;
   EngineConfig cfg_;
+  int64_t max_seq_len_ = 0;
   std::unique_ptr<KVCache> cache_;
   std::unique_ptr<Scheduler> sched_;
   std::unique_ptr<ModelRunner> runner_;

@@ -18,6 +18,10 @@ class KVCache {
 
   // Bytes of K and V over all layers for one block (or one token).
   static int64_t bytes_per_block(const model::ModelConfig& cfg, int64_t block_size, DType dtype);
+  // Blocks that hold one sequence of `tokens` tokens (whole blocks).
+  static int64_t blocks_for_tokens(int64_t tokens, int64_t block_size) {
+    return (tokens + block_size - 1) / block_size;
+  }
 
   const Tensor& k(int layer) const { return k_[size_t(layer)]; }
   const Tensor& v(int layer) const { return v_[size_t(layer)]; }

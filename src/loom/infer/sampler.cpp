@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "loom/core/error.h"
 #include "loom/core/rng.h"
@@ -24,6 +25,26 @@ void SamplingParams::validate() const {
     LOOM_CHECK(!s.empty(), "sampling", "stop strings must not be empty");
   for (int32_t t : stop_token_ids)
     LOOM_CHECK(t >= 0, "sampling", "stop_token_ids must be token IDs >= 0, got ", t);
+}
+
+std::string temperature_problem(double t, std::string_view name) {
+  if (t >= 0.0 && t <= 2.0) return "";
+  return str_cat(name, " must be between 0 and 2 (0: greedy), got ", t);
+}
+
+std::string top_p_problem(double p, std::string_view name) {
+  if (p > 0.0 && p <= 1.0) return "";
+  return str_cat(name, " must be greater than 0 and at most 1, got ", p);
+}
+
+std::string top_k_problem(int64_t k, std::string_view name) {
+  if (k >= -1) return "";
+  return str_cat(name, " must be a positive integer, or 0 or -1 for no limit, got ", k);
+}
+
+std::string max_tokens_problem(int64_t n, std::string_view name) {
+  if (n >= 1) return "";
+  return str_cat(name, " must be at least 1, got ", n);
 }
 
 float sampling_draw(uint64_t seed, int64_t index) {
@@ -48,11 +69,33 @@ inline T weight_of(T logit, T mx, double inv_t) {
   }
 }
 
+// A row can be sampled when no logit is NaN or +inf and the largest is above -inf. The first
+// is or-ed over the row within a pass each path makes anyway (into an int: a bool accumulator
+// keeps GCC from vectorising the top-k copy loop).
 template <class T>
-inline T max_of(const T* x, int64_t n) {
+inline int nan_or_inf(T x) {
+  return !(x < std::numeric_limits<T>::infinity());  // a NaN compares false
+}
+template <class T>
+inline bool above_minus_inf(T x) {
+  return x > -std::numeric_limits<T>::infinity();
+}
+
+// The largest logit, and whether the row can be sampled.
+template <class T>
+struct RowMax {
+  T value;
+  bool sampleable;
+};
+template <class T>
+inline RowMax<T> max_of(const T* x, int64_t n) {
   T mx = x[0];
-  for (int64_t i = 1; i < n; ++i) mx = x[i] > mx ? x[i] : mx;
-  return mx;
+  int bad = nan_or_inf(x[0]);
+  for (int64_t i = 1; i < n; ++i) {
+    mx = x[i] > mx ? x[i] : mx;
+    bad |= nan_or_inf(x[i]);
+  }
+  return {mx, !bad && above_minus_inf(mx)};
 }
 
 // Plain temperature sampling (no top-k, no top-p): inverse CDF over the vocabulary in ID order,
@@ -61,8 +104,10 @@ inline T max_of(const T* x, int64_t n) {
 template <class T>
 int32_t sample_plain(const T* logits, int64_t V, double inv_t, float u) {
   static thread_local std::vector<T> w;
+  const RowMax<T> row = max_of(logits, V);
+  if (!row.sampleable) return kNonFiniteLogits;
+  const T mx = row.value;
   w.resize(size_t(V));
-  const T mx = max_of(logits, V);
   T* wp = w.data();
   for (int64_t i = 0; i < V; ++i) wp[i] = weight_of(logits[i], mx, inv_t);
   double acc[8] = {};
@@ -95,7 +140,9 @@ template <class T, class Before>
 int32_t sample_nucleus(const T* logits, int64_t V, const SamplingParams& p, float u,
                        std::vector<std::pair<T, int32_t>>& scratch, const Before& before) {
   constexpr int kBands = 128;
-  const T mx = max_of(logits, V);
+  const RowMax<T> row = max_of(logits, V);
+  if (!row.sampleable) return kNonFiniteLogits;
+  const T mx = row.value;
   const double inv_t = 1.0 / p.temperature;
   auto weight = [&](T logit) { return weight_of(logit, mx, inv_t); };
   auto band = [&](T logit) {
@@ -141,9 +188,12 @@ int32_t sample_token(const T* logits, int64_t V, const SamplingParams& p, float 
                      std::vector<std::pair<T, int32_t>>& scratch) {
   if (p.greedy()) {
     int64_t best = 0;
-    for (int64_t i = 1; i < V; ++i)
+    int bad = nan_or_inf(logits[0]);
+    for (int64_t i = 1; i < V; ++i) {
       if (logits[i] > logits[best]) best = i;
-    return int32_t(best);
+      bad |= nan_or_inf(logits[i]);
+    }
+    return !bad && above_minus_inf(logits[best]) ? int32_t(best) : kNonFiniteLogits;
   }
   // Higher logit first; equal logits by lower ID, so the order is total and deterministic.
   auto before = [](const std::pair<T, int32_t>& a, const std::pair<T, int32_t>& b) {
@@ -153,12 +203,19 @@ int32_t sample_token(const T* logits, int64_t V, const SamplingParams& p, float 
   if (!use_k && p.top_p >= 1.0) return sample_plain(logits, V, 1.0 / p.temperature, u);
   scratch.resize(size_t(V));
   if (!use_k && p.top_p < 1.0) return sample_nucleus(logits, V, p, u, scratch, before);
-  // Top-k (and top-p within it): the k largest logits, in order.
-  for (int64_t i = 0; i < V; ++i) scratch[size_t(i)] = {logits[i], int32_t(i)};
+  // Top-k (and top-p within it): the k largest logits, in order. (A NaN would also break the
+  // ordering the selection needs.)
+  int bad = 0;
+  for (int64_t i = 0; i < V; ++i) {
+    scratch[size_t(i)] = {logits[i], int32_t(i)};
+    bad |= nan_or_inf(logits[i]);
+  }
+  if (bad) return kNonFiniteLogits;
   std::nth_element(scratch.begin(), scratch.begin() + (p.top_k - 1), scratch.end(), before);
   scratch.resize(size_t(p.top_k));
   std::sort(scratch.begin(), scratch.end(), before);
   const T mx = scratch[0].first;
+  if (!above_minus_inf(mx)) return kNonFiniteLogits;
   const double inv_t = 1.0 / p.temperature;
   double total = 0;
   for (auto& c : scratch) {
@@ -187,6 +244,18 @@ int32_t sample_token(const T* logits, int64_t V, const SamplingParams& p, float 
   return scratch[n - 1].second;
 }
 
+template <class T>
+std::string describe_non_finite(const T* logits, int64_t V) {
+  bool pos_inf = false;
+  for (int64_t i = 0; i < V; ++i) {
+    if (std::isnan(logits[i])) return "NaN";
+    pos_inf |= logits[i] == std::numeric_limits<T>::infinity();
+  }
+  return pos_inf ? "+inf" : "-inf for every token";
+}
+
+template std::string describe_non_finite<float>(const float*, int64_t);
+template std::string describe_non_finite<double>(const double*, int64_t);
 template int32_t sample_token<float>(const float*, int64_t, const SamplingParams&, float,
                                      std::vector<std::pair<float, int32_t>>&);
 template int32_t sample_token<double>(const double*, int64_t, const SamplingParams&, float,

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -24,13 +25,34 @@ struct SamplingParams {
   bool greedy() const { return temperature == 0.0; }
 };
 
+// The ranges users may give, shared by the server's request fields and `loom generate`'s
+// options so that both refuse the same values (the engine itself accepts any temperature >= 0
+// and only top_k >= 0). Each returns "" or what is wrong, naming the parameter as `name`: how
+// the caller's users spell it ("'top_p'" in a request body, "--top-p" on the command line).
+std::string temperature_problem(double temperature, std::string_view name);  // [0, 2]
+std::string top_p_problem(double top_p, std::string_view name);              // (0, 1]
+std::string top_k_problem(int64_t top_k, std::string_view name);  // >= 1, or 0 / -1: no limit
+std::string max_tokens_problem(int64_t max_tokens, std::string_view name);   // >= 1
+// A user's top_k as SamplingParams takes it (-1, like 0, means no limit).
+inline int64_t user_top_k(int64_t top_k) { return top_k > 0 ? top_k : 0; }
+
 // The uniform draw for output position `index` of a request with this seed.
 float sampling_draw(uint64_t seed, int64_t index);
 
+// sample_token's answer for a row that cannot be sampled: a logit that is NaN or +inf, or
+// every logit -inf (a -inf logit alone is a masked token, weight 0).
+inline constexpr int32_t kNonFiniteLogits = -1;
+
 // Picks a token from one row of logits given a uniform draw u in [0, 1). Ties break toward
-// the lower token ID. `scratch` is reused between calls to avoid allocating.
+// the lower token ID. `scratch` is reused between calls to avoid allocating. Returns
+// kNonFiniteLogits for a row that cannot be sampled (checked within a pass it makes anyway).
 template <class T>
 int32_t sample_token(const T* logits, int64_t V, const SamplingParams& p, float u,
                      std::vector<std::pair<T, int32_t>>& scratch);
+
+// What is wrong with a row sample_token refused, to complete "the logits are ...": "NaN",
+// "+inf" or "-inf for every token".
+template <class T>
+std::string describe_non_finite(const T* logits, int64_t V);
 
 }  // namespace loom::infer

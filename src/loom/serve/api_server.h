@@ -39,7 +39,9 @@ class ApiServer {
   int port() const { return http_.port(); }
 
   // Refuses new work (503), lets running requests finish for up to grace_s, aborts the
-  // rest (their clients get an error), then closes every connection. Idempotent.
+  // rest (their clients get an error), then closes every connection. Every connection
+  // accepted, or waiting in the listen backlog, gets a complete answer (HttpServer::stop).
+  // Idempotent.
   void stop(double grace_s);
 
   MetricsRegistry& metrics() { return metrics_; }

@@ -11,7 +11,8 @@
 
 namespace loom::serve {
 
-enum class FinishReason { none, stop, length, abort };
+// error: the engine could not go on with the request (TokenEvent::error says why).
+enum class FinishReason { none, stop, length, abort, error };
 
 struct SamplingParams {
   double temperature = 1.0;  // 0: greedy
@@ -31,6 +32,7 @@ struct GenerationRequest {
 struct TokenEvent {
   int32_t token = -1;  // -1: no token in this event
   FinishReason finish = FinishReason::none;
+  std::string error;   // finish == error: what went wrong, for the client
 };
 // Called from the engine's thread; must be quick and must not call back into the engine.
 using TokenSink = std::function<void(const TokenEvent&)>;

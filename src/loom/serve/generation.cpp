@@ -2,6 +2,7 @@
 // then relay tokens as one JSON response or as server-sent events, aborting the engine
 // request when the client goes away, a stop string appears, or the server shuts down.
 #include <condition_variable>
+#include <cstdio>
 #include <ctime>
 #include <nlohmann/json.hpp>
 
@@ -122,6 +123,7 @@ void ApiServer::handle_generation(HttpExchange& ex, ApiKind kind) {
   double t_last = 0, t_abort = 0;
   bool stop_hit = false;
   FinishReason engine_finish = FinishReason::none;
+  std::string engine_error;  // engine_finish == error: why
   auto& ttft = metrics_.histogram("loom_time_to_first_token_seconds", "time from arrival to the first token", kTtftBuckets);
   auto& itl = metrics_.histogram("loom_inter_token_latency_seconds", "time between consecutive tokens", kItlBuckets);
   auto emit = [&](const std::string& delta) {
@@ -143,7 +145,10 @@ void ApiServer::handle_generation(HttpExchange& ex, ApiKind kind) {
           t_abort = now_seconds();
         }
       }
-      if (ev.finish != FinishReason::none) engine_finish = ev.finish;
+      if (ev.finish != FinishReason::none) {
+        engine_finish = ev.finish;
+        engine_error = ev.error;
+      }
     }
     if (engine_finish != FinishReason::none) break;
     if (!client_gone && ex.client_gone()) client_gone = true;
@@ -158,21 +163,28 @@ void ApiServer::handle_generation(HttpExchange& ex, ApiKind kind) {
   metrics_.histogram("loom_e2e_request_latency_seconds", "time from arrival to the last token", kE2eBuckets)
       .observe(now_seconds() - t_arrival);
 
-  const bool aborted = !stop_hit && engine_finish != FinishReason::stop && engine_finish != FinishReason::length;
+  // A stop string seen first makes the response complete, whatever the engine said after it.
+  const bool failed = !stop_hit && engine_finish == FinishReason::error;
+  const bool aborted = !stop_hit && !failed && engine_finish != FinishReason::stop &&
+                       engine_finish != FinishReason::length;
   const char* finish = stop_hit || engine_finish == FinishReason::stop ? "stop" : "length";
+  const char* outcome = failed ? "error" : aborted ? (client_gone ? "client_gone" : "abort") : finish;
   metrics_.counter("loom_request_finished_total", "finished generation requests by reason",
-                   {{"finish_reason", aborted ? (client_gone ? "client_gone" : "abort") : finish}}).inc();
+                   {{"finish_reason", outcome}}).inc();
+  if (failed) std::fprintf(stderr, "[serve] %s failed: %s\n", rid.c_str(), engine_error.c_str());
   if (client_gone) {
     if (!p.stream) ex.abandon();
     return;  // nobody to answer; a stream just ends with the connection
   }
-  if (aborted) {
-    ApiError e = error_for_status(503, "the request was aborted because the server is shutting down");
+  // An error after the stream began goes out as its last event.
+  auto answer_error = [&](const ApiError& e) {
     if (!p.stream) return ex.respond(error_response(e));
     ex.send_chunk("data: " + error_response(e).body + "\n\n");
     ex.end_stream();
-    return;
-  }
+  };
+  if (failed) return answer_error(error_for_status(500, engine_error));
+  if (aborted)
+    return answer_error(error_for_status(503, "the request was aborted because the server is shutting down"));
   emit(text.finish());
   json usage = {{"prompt_tokens", n_prompt}, {"completion_tokens", n_generated},
                 {"total_tokens", n_prompt + n_generated}};

@@ -1,18 +1,27 @@
-// Socket side of the HTTP server: acceptor, per-connection loop, response writing.
+// Socket side of the HTTP server: acceptor, per-connection loop, response writing, shutdown.
 // Thread model: the acceptor owns the listening socket; each connection thread owns its
 // socket and is the only one that reads or writes it. stop() only calls shutdown(2) on
 // sockets (under mu_, so never on a descriptor that was already closed and reused).
+// Every close the server starts is a lingering close (RFC 9112 section 9.6): our side ends
+// first and what the client still sends is read and dropped, because closing a socket with
+// unread bytes makes the kernel send a reset, which can destroy a response in flight. An idle
+// connection closed by stop() owes nothing: it lingers only until the client has acknowledged
+// every byte sent to it, so that idle keep-alive clients do not hold up the exit.
 #include "loom/serve/http_server.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <linux/sockios.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -21,22 +30,39 @@
 
 namespace loom::serve {
 
+namespace {
+constexpr double kLingerS = 2.0;     // a lingering close waits this long for the client's FIN
+constexpr double kStopReadS = 1.0;   // after stop() begins: the most a request under way, or
+                                     // a lingering close, may still take
+constexpr double kStopDrainS = 3.0;  // stop() shuts down whatever is still open after this
+constexpr size_t kLingerBytes = size_t(64) << 20;  // a lingering close drops at most this
+}  // namespace
+
 class Connection {
  public:
   Connection(HttpServer& server, int fd) : server_(server), fd_(fd) {}
   void run();
   bool send_all(std::string_view data);
   bool peer_gone();
+  // Ends our side and reads until the client closes (or kLingerS passes; a connection that
+  // run() left idle at stop: until all sent is acknowledged) before the caller closes it.
+  void linger();
+  // A draining server closes every connection after its response.
+  bool closing() const { return server_.draining(); }
 
  private:
-  enum class Read { data, eof, timeout };
-  Read read_more(double deadline);
+  // stopping: stop() has begun and the connection is idle (no request under way).
+  enum class Read { data, eof, timeout, stopping };
+  Read read_more(double deadline, bool idle);
   void refuse(int status, const std::string& message);
-  void drain_and_close();
+  bool unacknowledged_output();  // sent bytes the client has not acknowledged yet
 
   HttpServer& server_;
   int fd_;
   std::string buf_;
+  bool stop_seen_ = false;
+  double stop_deadline_ = 0;
+  bool idle_at_stop_ = false;  // run() ended because stop() found the connection idle
 };
 
 struct HttpServer::Slot {
@@ -50,7 +76,7 @@ struct HttpServer::Slot {
 void HttpExchange::respond(const HttpResponse& r) {
   LOOM_CHECK(state_ == State::fresh, "http", "a response was already sent for ", req_.path);
   status_ = r.status;
-  close_ = r.close || !req_.keep_alive;
+  close_ = r.close || !req_.keep_alive || conn_.closing();
   std::string msg = response_head(r.status, r.content_type, int64_t(r.body.size()), close_, r.headers);
   msg += r.body;
   state_ = conn_.send_all(msg) ? State::done : State::broken;
@@ -60,7 +86,7 @@ bool HttpExchange::start_stream(int status, std::string_view content_type, const
   LOOM_CHECK(state_ == State::fresh, "http", "a response was already sent for ", req_.path);
   status_ = status;
   chunked_ = req_.minor_version >= 1;
-  close_ = !req_.keep_alive || !chunked_;
+  close_ = !req_.keep_alive || !chunked_ || conn_.closing();
   std::string head = response_head(status, content_type, chunked_ ? kChunked : kUntilClose, close_, extra);
   state_ = conn_.send_all(head) ? State::streaming : State::broken;
   return state_ == State::streaming;
@@ -126,16 +152,26 @@ bool Connection::peer_gone() {
   return false;
 }
 
-Connection::Read Connection::read_more(double deadline) {
+Connection::Read Connection::read_more(double deadline, bool idle) {
   char tmp[16384];
   for (;;) {
+    if (stop_seen_) deadline = std::min(deadline, stop_deadline_);
     double left = deadline - now_seconds();
     if (left <= 0) return Read::timeout;
-    pollfd p{fd_, POLLIN, 0};
-    int r = ::poll(&p, 1, int(left * 1000) + 1);
+    // Until stop() begins its signal is polled too (it stays readable, so only until seen).
+    pollfd p[2] = {{fd_, POLLIN, 0}, {server_.stop_fd(), POLLIN, 0}};
+    int r = ::poll(p, stop_seen_ ? 1 : 2, int(left * 1000) + 1);
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) return Read::eof;
-    if (r == 0) continue;  // re-check the deadline
+    if (!stop_seen_ && p[1].revents) {
+      stop_seen_ = true;
+      stop_deadline_ = now_seconds() + kStopReadS;
+    }
+    if (p[0].revents == 0) {
+      // Nothing to read: an idle connection ends at stop; a request under way may finish.
+      if (stop_seen_ && idle) return Read::stopping;
+      continue;  // re-check the deadline
+    }
     ssize_t n = ::recv(fd_, tmp, sizeof tmp, 0);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return Read::eof;
@@ -144,23 +180,36 @@ Connection::Read Connection::read_more(double deadline) {
   }
 }
 
-// Sends an error and closes; reading what the client still sends first, so that closing
-// with unread data does not turn into a reset that destroys our response in flight.
+// Sends an error; the connection then closes (lingering, as every close).
 void Connection::refuse(int status, const std::string& message) {
   HttpResponse r = server_.render_error(status, message);
   r.close = true;
   send_all(response_head(r.status, r.content_type, int64_t(r.body.size()), true, r.headers) + r.body);
-  drain_and_close();
 }
 
-void Connection::drain_and_close() {
+bool Connection::unacknowledged_output() {
+  int n = 0;
+  return ::ioctl(fd_, SIOCOUTQ, &n) != 0 || n > 0;
+}
+
+void Connection::linger() {
   ::shutdown(fd_, SHUT_WR);
-  double deadline = now_seconds() + 2.0;
+  const double deadline = now_seconds() + kLingerS;
   size_t drained = 0;
   buf_.clear();
-  while (drained < (64u << 20) && read_more(deadline) == Read::data) {
-    drained += buf_.size();
-    buf_.clear();
+  while (drained < kLingerBytes) {
+    if (idle_at_stop_ && !unacknowledged_output()) {
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, 0) == 0) return;  // nothing unread either: the close sends no reset
+    }
+    // Idle at stop: re-check the acknowledgements every few milliseconds.
+    const Read r = read_more(idle_at_stop_ ? std::min(deadline, now_seconds() + 0.005) : deadline, false);
+    if (r == Read::data) {
+      drained += buf_.size();
+      buf_.clear();
+    } else if (r != Read::timeout || !idle_at_stop_ || now_seconds() >= deadline) {
+      return;
+    }
   }
 }
 
@@ -176,8 +225,9 @@ void Connection::run() {
       if (buf_.size() > opt.limits.max_header_bytes)
         return refuse(431, str_cat("request head exceeds ", opt.limits.max_header_bytes, " bytes"));
       if (!buf_.empty() && request_deadline == 0) request_deadline = now_seconds() + opt.read_timeout_s;
-      Read r = read_more(buf_.empty() ? idle_deadline : request_deadline);
-      if (r == Read::eof) return;
+      Read r = read_more(buf_.empty() ? idle_deadline : request_deadline, buf_.empty());
+      if (r == Read::stopping) idle_at_stop_ = true;
+      if (r == Read::eof || r == Read::stopping) return;
       if (r == Read::timeout) {
         if (!buf_.empty()) refuse(408, "request head not received in time");
         return;
@@ -193,7 +243,7 @@ void Connection::run() {
     size_t need = head_end + size_t(req->content_length);
     if (req->expect_continue && buf_.size() < need && !send_all("HTTP/1.1 100 Continue\r\n\r\n")) return;
     while (buf_.size() < need) {
-      Read r = read_more(request_deadline);
+      Read r = read_more(request_deadline, false);
       if (r == Read::eof) return;
       if (r == Read::timeout) return refuse(408, "request body not received in time");
     }
@@ -264,7 +314,8 @@ void HttpServer::start() {
   port_ = addr.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
                                      : ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
-  LOOM_CHECK(wake_fd_ >= 0, "serve", "eventfd failed: ", std::strerror(errno));
+  stop_fd_ = ::eventfd(0, EFD_CLOEXEC);
+  LOOM_CHECK(wake_fd_ >= 0 && stop_fd_ >= 0, "serve", "eventfd failed: ", std::strerror(errno));
   accepting_ = true;
   acceptor_ = std::thread([this] { accept_loop(); });
 }
@@ -281,41 +332,46 @@ void HttpServer::accept_loop() {
       if (errno == EMFILE || errno == ENFILE) ::poll(nullptr, 0, 50);  // let connections close
       continue;
     }
-    int one = 1;
-    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);  // SSE events go out at once
-    timeval tv{};
-    tv.tv_sec = time_t(opt_.write_timeout_s);
-    tv.tv_usec = suseconds_t((opt_.write_timeout_s - double(tv.tv_sec)) * 1e6);
-    ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    if (open_.load() >= opt_.max_connections) {
-      HttpResponse e = render_error(503, str_cat("too many connections (limit ", opt_.max_connections, ")"));
-      std::string msg = response_head(503, e.content_type, int64_t(e.body.size()), true, e.headers) + e.body;
-      (void)!::send(fd, msg.data(), msg.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-      ::close(fd);
-      continue;
-    }
-    auto slot = std::make_unique<Slot>();
-    Slot* s = slot.get();
-    s->fd = fd;
-    ++open_;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      slots_.push_back(std::move(slot));
-    }
-    s->thread = std::thread([this, s, fd] {
-      Connection conn(*this, fd);
-      try {
-        conn.run();
-      } catch (...) {
-        // A failure inside one connection must never take the server down.
-      }
-      std::lock_guard<std::mutex> lock(mu_);
-      ::close(fd);
-      s->fd = -1;
-      s->done = true;
-      --open_;
-    });
+    serve_connection(fd);
   }
+}
+
+void HttpServer::serve_connection(int fd) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);  // SSE events go out at once
+  timeval tv{};
+  tv.tv_sec = time_t(opt_.write_timeout_s);
+  tv.tv_usec = suseconds_t((opt_.write_timeout_s - double(tv.tv_sec)) * 1e6);
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  if (open_.load() >= opt_.max_connections) {
+    HttpResponse e = render_error(503, str_cat("too many connections (limit ", opt_.max_connections, ")"));
+    std::string msg = response_head(503, e.content_type, int64_t(e.body.size()), true, e.headers) + e.body;
+    (void)!::send(fd, msg.data(), msg.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    ::close(fd);
+    return;
+  }
+  auto slot = std::make_unique<Slot>();
+  Slot* s = slot.get();
+  s->fd = fd;
+  ++open_;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    slots_.push_back(std::move(slot));
+  }
+  s->thread = std::thread([this, s, fd] {
+    Connection conn(*this, fd);
+    try {
+      conn.run();
+      conn.linger();
+    } catch (...) {
+      // A failure inside one connection must never take the server down.
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    ::close(fd);
+    s->fd = -1;
+    s->done = true;
+    --open_;
+  });
 }
 
 void HttpServer::reap(bool all) {
@@ -337,9 +393,19 @@ void HttpServer::reap(bool all) {
 
 void HttpServer::stop_accepting() {
   if (!accepting_.exchange(false)) return;
+  draining_ = true;
   uint64_t one = 1;
   (void)!::write(wake_fd_, &one, sizeof one);
   if (acceptor_.joinable()) acceptor_.join();
+  // Connections the kernel completed that nobody accepted yet would be reset by the close
+  // below: they are accepted and served like the others (their requests meet a draining
+  // server). Only a connection completing between the last accept and the close is refused.
+  ::fcntl(listen_fd_, F_SETFL, ::fcntl(listen_fd_, F_GETFL) | O_NONBLOCK);
+  for (;;) {
+    int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd >= 0) serve_connection(fd);
+    else if (errno != EINTR && errno != ECONNABORTED) break;
+  }
   ::close(listen_fd_);
 }
 
@@ -347,6 +413,10 @@ void HttpServer::stop() {
   if (stopped_.exchange(true)) return;
   if (listen_fd_ < 0) return;
   stop_accepting();
+  uint64_t one = 1;
+  (void)!::write(stop_fd_, &one, sizeof one);
+  const double deadline = now_seconds() + kStopDrainS;
+  while (open_.load() > 0 && now_seconds() < deadline) ::poll(nullptr, 0, 5);
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& s : slots_)
@@ -354,6 +424,7 @@ void HttpServer::stop() {
   }
   reap(true);
   ::close(wake_fd_);
+  ::close(stop_fd_);
 }
 
 }  // namespace loom::serve

@@ -73,9 +73,14 @@ class HttpServer {
   // Binds and starts accepting. Throws loom::Error naming the address on failure.
   void start();
   int port() const { return port_; }
-  // No new connections; existing ones keep being served.
+  // The start of a shutdown: no new connections, but those already in the listen backlog are
+  // accepted and served (closing a listening socket resets the connections queued on it);
+  // from now on every response closes its connection. Existing connections keep being served.
   void stop_accepting();
-  // Stops accepting, shuts every connection down and joins all threads. Idempotent.
+  // Stops accepting, then lets every connection end by itself within a bounded drain time:
+  // a handler running finishes its response, a request arriving is answered, an idle
+  // connection is closed. Whatever is left then is shut down; all threads are joined.
+  // Idempotent.
   void stop();
   int64_t open_connections() const { return open_.load(); }
 
@@ -83,10 +88,13 @@ class HttpServer {
   const HttpServerOptions& options() const { return opt_; }
   void handle(HttpExchange& ex);
   HttpResponse render_error(int status, const std::string& message) const;
+  bool draining() const { return draining_.load(); }
+  int stop_fd() const { return stop_fd_; }  // readable once stop() has begun
 
  private:
   struct Slot;
   void accept_loop();
+  void serve_connection(int fd);
   void reap(bool all);
 
   HttpServerOptions opt_;
@@ -94,9 +102,10 @@ class HttpServer {
   ErrorRenderer render_error_;
   int listen_fd_ = -1;
   int wake_fd_ = -1;  // eventfd that interrupts the acceptor's poll
+  int stop_fd_ = -1;  // eventfd, readable from stop() on: wakes idle connections
   int port_ = 0;
   std::thread acceptor_;
-  std::atomic<bool> accepting_{false}, stopped_{false};
+  std::atomic<bool> accepting_{false}, draining_{false}, stopped_{false};
   std::atomic<int64_t> open_{0};
   std::mutex mu_;
   std::list<std::unique_ptr<Slot>> slots_;

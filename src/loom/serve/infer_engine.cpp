@@ -13,6 +13,7 @@ FinishReason map_finish(infer::FinishReason r) {
     case infer::FinishReason::stop: return FinishReason::stop;
     case infer::FinishReason::length: return FinishReason::length;
     case infer::FinishReason::abort: return FinishReason::abort;
+    case infer::FinishReason::error: return FinishReason::error;
     case infer::FinishReason::none: break;
   }
   return FinishReason::none;
@@ -47,7 +48,7 @@ InferEngineAdapter::~InferEngineAdapter() {
   thread_.join();
 }
 
-int64_t InferEngineAdapter::context_length() const { return engine_.model_config().n_ctx; }
+int64_t InferEngineAdapter::context_length() const { return engine_.max_seq_len(); }
 int64_t InferEngineAdapter::max_running() const { return engine_.config().max_num_seqs; }
 
 uint64_t InferEngineAdapter::submit(GenerationRequest req, TokenSink sink) {
@@ -64,7 +65,7 @@ uint64_t InferEngineAdapter::submit(GenerationRequest req, TokenSink sink) {
                                        sink = it->second;
                                        if (ev.finish != infer::FinishReason::none) live_.erase(it);
                                      }
-                                     sink({ev.token, map_finish(ev.finish)});
+                                     sink({ev.token, map_finish(ev.finish), ev.error});
                                    });
   live_[id] = std::move(sink);
   cv_.notify_all();
@@ -96,7 +97,7 @@ void InferEngineAdapter::fail_all(const std::string& why) {
     live.swap(live_);
   }
   std::fprintf(stderr, "[serve] engine step failed: %s; failing %zu request(s)\n", why.c_str(), live.size());
-  for (auto& [id, sink] : live) sink({-1, FinishReason::abort});
+  for (auto& [id, sink] : live) sink({-1, FinishReason::error, "the inference engine failed: " + why});
 }
 
 void InferEngineAdapter::loop() {

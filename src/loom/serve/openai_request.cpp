@@ -1,9 +1,11 @@
 // Validation of OpenAI completion and chat requests (see openai_request.h).
 #include "loom/serve/openai_request.h"
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "loom/core/error.h"
+#include "loom/infer/sampler.h"
 
 namespace loom::serve {
 
@@ -201,17 +203,25 @@ std::optional<ApiError> parse_completion_request(std::string_view text, ApiKind 
   if (auto e = kind == ApiKind::completion ? parse_prompt(body, out) : parse_messages(body, out)) return e;
   if (auto e = check_unsupported(body)) return e;
 
+  // The sampling ranges are loom generate's too (infer/sampler.h).
+  auto refuse_if = [](const char* param, const std::string& problem) -> std::optional<ApiError> {
+    if (problem.empty()) return std::nullopt;
+    return invalid_request(param, problem);
+  };
+  auto quoted = [](const char* name) { return str_cat("'", name, "'"); };
   const char* max_name = kind == ApiKind::chat && field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
   if (auto e = get_integer(body, max_name, &out->max_tokens)) return e;
-  if (out->max_tokens && *out->max_tokens < 1)
-    return invalid_request(max_name, str_cat("'", max_name, "' must be at least 1, got ", *out->max_tokens));
-  if (auto e = get_number(body, "temperature", 0.0, 2.0, &out->temperature)) return e;
-  if (auto e = get_number(body, "top_p", 0.0, 1.0, &out->top_p)) return e;
-  if (out->top_p <= 0) return invalid_request("top_p", "'top_p' must be greater than 0 and at most 1");
+  if (out->max_tokens)
+    if (auto e = refuse_if(max_name, infer::max_tokens_problem(*out->max_tokens, quoted(max_name)))) return e;
+  if (auto e = get_number(body, "temperature", -HUGE_VAL, HUGE_VAL, &out->temperature)) return e;
+  if (auto e = refuse_if("temperature", infer::temperature_problem(out->temperature, quoted("temperature")))) return e;
+  if (auto e = get_number(body, "top_p", -HUGE_VAL, HUGE_VAL, &out->top_p)) return e;
+  if (auto e = refuse_if("top_p", infer::top_p_problem(out->top_p, quoted("top_p")))) return e;
   std::optional<int64_t> top_k;
   if (auto e = get_integer(body, "top_k", &top_k)) return e;
-  if (top_k && *top_k < -1) return invalid_request("top_k", "'top_k' must be -1 or 0 (off) or a positive integer");
-  out->top_k = top_k && *top_k > 0 ? *top_k : 0;
+  if (top_k)
+    if (auto e = refuse_if("top_k", infer::top_k_problem(*top_k, quoted("top_k")))) return e;
+  out->top_k = infer::user_top_k(top_k.value_or(0));
   if (auto e = get_integer(body, "seed", &out->seed)) return e;
   if (auto e = parse_stop(body, out)) return e;
   if (auto e = get_bool(body, "stream", &out->stream)) return e;
