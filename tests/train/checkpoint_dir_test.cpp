@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "loom/core/error.h"
+#include "testing/errors.h"
 #include "loom/io/file.h"
 #include "loom/train/checkpoint.h"
 #include "loom/train/checkpoint_dir.h"
@@ -21,6 +22,7 @@
 using namespace loom;
 using namespace loom::train;
 namespace fs = std::filesystem;
+using loom::testing::error_of;
 
 namespace {
 
@@ -43,14 +45,15 @@ TrainerOptions options(FILE* log, const std::string& resume = "", int64_t stop =
   return o;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
+// A temporary directory with a prepared slice of Tiny Shakespeare; checkpoint.dir is DIR/ck.
+struct Workspace {
+  std::string dir, data, ck;
+  explicit Workspace(const std::string& name)
+      : dir(loom::testing::temp_dir(name)), data(loom::testing::prepare_shakespeare(dir, 20000)), ck(dir + "/ck") {}
+  TrainConfig config(const std::vector<std::string>& sets, bool checkpoints = true) const {
+    return parse_train_config(loom::testing::tiny_config_yaml(data, checkpoints ? ck : ""), sets);
   }
-  return "";
-}
+};
 
 std::vector<int64_t> steps_in(const std::string& dir) {
   std::vector<int64_t> out;
@@ -61,12 +64,10 @@ std::vector<int64_t> steps_in(const std::string& dir) {
 }  // namespace
 
 TEST(CheckpointDir, PruningKeepsTheRunsNewestAndNothingNewerAndResumeFollowsLatest) {
-  const std::string dir = loom::testing::temp_dir("prune");
-  const std::string data = loom::testing::prepare_shakespeare(dir, 20000);
-  const std::string ck = dir + "/ck";
+  const Workspace w("prune");
+  const std::string& ck = w.ck;
   Log log;
-  TrainConfig a_cfg = parse_train_config(loom::testing::tiny_config_yaml(data, ck),
-                                         {"schedule.steps=10", "checkpoint.every_steps=5"});
+  TrainConfig a_cfg = w.config({"schedule.steps=10", "checkpoint.every_steps=5"});
   DatasetSource src(a_cfg);
   Trainer(a_cfg, src, options(log.f)).run();
   ASSERT_EQ(steps_in(ck), (std::vector<int64_t>{10, 5}));
@@ -75,8 +76,7 @@ TEST(CheckpointDir, PruningKeepsTheRunsNewestAndNothingNewerAndResumeFollowsLate
   EXPECT_EQ(checkpoint_run_id(ck + "/step_000005"), run);
 
   // Back to step 5 and on with checkpoints every 2 steps, keeping 1: steps 6 and 8 are saved.
-  TrainConfig b_cfg = parse_train_config(loom::testing::tiny_config_yaml(data, ck),
-                                         {"schedule.steps=10", "checkpoint.every_steps=2", "checkpoint.keep_last=1"});
+  TrainConfig b_cfg = w.config({"schedule.steps=10", "checkpoint.every_steps=2", "checkpoint.keep_last=1"});
   {
     Trainer b(b_cfg, src, options(log.f, ck + "/step_000005", 8));
     b.run();
@@ -99,12 +99,10 @@ TEST(CheckpointDir, PruningKeepsTheRunsNewestAndNothingNewerAndResumeFollowsLate
 }
 
 TEST(CheckpointDir, PruneNeverTouchesAnotherRunsCheckpoints) {
-  const std::string dir = loom::testing::temp_dir("prune_other");
-  const std::string data = loom::testing::prepare_shakespeare(dir, 20000);
-  const std::string ck = dir + "/ck";
+  const Workspace w("prune_other");
+  const std::string& ck = w.ck;
   Log log;
-  TrainConfig cfg = parse_train_config(loom::testing::tiny_config_yaml(data, ck),
-                                       {"schedule.steps=4", "checkpoint.every_steps=2"});
+  TrainConfig cfg = w.config({"schedule.steps=4", "checkpoint.every_steps=2"});
   DatasetSource src(cfg);
   Trainer(cfg, src, options(log.f)).run();
   ASSERT_EQ(steps_in(ck), (std::vector<int64_t>{4, 2}));
@@ -115,12 +113,10 @@ TEST(CheckpointDir, PruneNeverTouchesAnotherRunsCheckpoints) {
 }
 
 TEST(CheckpointDir, NewRunRefusesADirectoryHoldingCheckpointsUnlessTold) {
-  const std::string dir = loom::testing::temp_dir("claim");
-  const std::string data = loom::testing::prepare_shakespeare(dir, 20000);
-  const std::string ck = dir + "/ck";
+  const Workspace w("claim");
+  const std::string& ck = w.ck;
   Log log;
-  TrainConfig cfg = parse_train_config(loom::testing::tiny_config_yaml(data, ck),
-                                       {"schedule.steps=4", "checkpoint.every_steps=2"});
+  TrainConfig cfg = w.config({"schedule.steps=4", "checkpoint.every_steps=2"});
   DatasetSource src(cfg);
   Trainer(cfg, src, options(log.f)).run();
   const std::string old_run = checkpoint_run_id(ck + "/step_000004");
@@ -151,13 +147,11 @@ TEST(CheckpointDir, NewRunRefusesADirectoryHoldingCheckpointsUnlessTold) {
 }
 
 TEST(CheckpointDir, MetricsAfterAResumeHoldEachStepOnceAndMarkTheResume) {
-  const std::string dir = loom::testing::temp_dir("metrics");
-  const std::string data = loom::testing::prepare_shakespeare(dir, 20000);
-  const std::string ck = dir + "/ck";
-  const std::string metrics = dir + "/logs/not/yet/metrics.jsonl";  // directories created on open
+  const Workspace w("metrics");
+  const std::string& ck = w.ck;
+  const std::string metrics = w.dir + "/logs/not/yet/metrics.jsonl";  // directories created on open
   Log log;
-  TrainConfig cfg = parse_train_config(loom::testing::tiny_config_yaml(data, ck),
-                                       {"schedule.steps=6", "checkpoint.every_steps=3", "log.every=1",
+  TrainConfig cfg = w.config({"schedule.steps=6", "checkpoint.every_steps=3", "log.every=1",
                                         "log.metrics_path=" + metrics});
   DatasetSource src(cfg);
   Trainer(cfg, src, options(log.f, "", 5)).run();  // logs steps 1-5, saves 3 and 5
@@ -186,11 +180,9 @@ TEST(CheckpointDir, MetricsAfterAResumeHoldEachStepOnceAndMarkTheResume) {
 }
 
 TEST(CheckpointDir, AMicroBatchBeyondMemoryIsRefusedUpFront) {
-  const std::string dir = loom::testing::temp_dir("oom");
-  const std::string data = loom::testing::prepare_shakespeare(dir, 20000);
+  const Workspace w("oom");
   Log log;
-  TrainConfig cfg = parse_train_config(loom::testing::tiny_config_yaml(data, ""),
-                                       {"data.batch_size=1000000000000000", "data.micro_batch_size=0"});
+  TrainConfig cfg = w.config({"data.batch_size=1000000000000000", "data.micro_batch_size=0"}, /*checkpoints=*/false);
   DatasetSource src(cfg);
   const std::string e = error_of([&] { Trainer(cfg, src, options(log.f)); });
   EXPECT_NE(e.find("[train] micro-batches of 1000000000000000 sequences"), std::string::npos) << e;
