@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "loom/core/error.h"
+#include "loom/kernels/cpu/blas_core.h"
 #include "loom/kernels/cpu/cpu_kernels.h"
 #include "loom/kernels/cuda/cuda_ops.h"
 
@@ -23,8 +24,8 @@ const std::vector<Command>& commands() {
 }
 
 int cmd_version(const std::vector<std::string>&) {
-  std::printf("loom 0.1.0\ncpu kernels: %s\n%s\n", cpu::hot_kernels_isa().c_str(),
-              cuda::describe().c_str());
+  std::printf("loom 0.1.0\ncpu kernels: %s\nBLAS: OpenBLAS, %s kernels\n%s\n", cpu::hot_kernels_isa().c_str(),
+              cpu::blas_core().c_str(), cuda::describe().c_str());
   return 0;
 }
 

@@ -2,11 +2,13 @@
 // that turns errors into exit codes.
 #include <cstdio>
 #include <cstring>
+#include <unistd.h>
 #include <exception>
 #include <string>
 #include <vector>
 
 #include "loom/core/error.h"
+#include "loom/kernels/cpu/blas_core.h"
 #include "tools/loom/commands.h"
 
 namespace {
@@ -29,6 +31,12 @@ void print_usage() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // OpenBLAS chose its kernels when it loaded; when it fell back to generic SSE ones on a CPU
+  // with AVX2 or AVX-512 (loom/kernels/cpu/blas_core.h), start again with the right ones.
+  if (const std::string core = loom::cpu::blas_core_fix(); !core.empty()) {
+    setenv("OPENBLAS_CORETYPE", core.c_str(), 1);
+    execv("/proc/self/exe", argv);  // returns only on failure: go on with the slow kernels
+  }
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
     print_usage();
     return argc < 2 ? 2 : 0;
