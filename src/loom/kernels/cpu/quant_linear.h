@@ -1,0 +1,67 @@
+// Weight-only quantized linear layers for inference: int8 and int4 weights with f32 scales per
+// group of inputs, y[M,O] = x[M,I] W[O,I]^T + b. On CPUs with VNNI the activations are
+// quantized to int8 per row and block on the fly and the products are integer dot products;
+// elsewhere W is dequantized to f32 in registers (few rows) or in blocks for BLAS (many rows).
+// Formats and their storage only; checkpoints and the model runner live in infer/.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace loom::cpu {
+
+enum class QuantFormat : uint8_t { int8, int4 };
+const char* quant_format_name(QuantFormat f);  // "int8", "int4"
+
+// Storage, row-major per output row o (W is [O, I], y = x W^T + b):
+//  int8: q[o*I + i] is int8_t stored in a uint8_t buffer (two's complement), in [-127, 127].
+//  int4: two weights per byte, q[o*(I/2) + i/2], column i even in the low nibble; without a
+//        zero point each nibble is a signed value in [-8, 7] stored as (v & 0xF); with a zero
+//        point each nibble is unsigned [0, 15] and w = scale * (nibble - zero).
+//  scales: f32 [O, I/group]; zeros (int4 with zero point only): uint8 [O, I/group], in [0, 15].
+//  group: weights per scale along I; group == I means one scale per output row (per-channel).
+//  I must be a multiple of group, and for int4 group must be even (so I is even).
+// No alignment is required of any pointer.
+struct QuantView {
+  QuantFormat format = QuantFormat::int8;
+  int64_t rows = 0, cols = 0, group = 0;  // O, I, group
+  const uint8_t* q = nullptr;
+  const float* scales = nullptr;
+  const uint8_t* zeros = nullptr;       // int4 with zero point, else null
+  const int32_t* group_sums = nullptr;  // optional per-(row, group) sum of the integer weights
+                                        // (minus zero), O*(I/group); the kernels do not need it
+};
+
+// Bytes of the packed weights, scales and zeros of an O x I matrix. Throws as quantize_weights
+// does for a group that does not fit.
+int64_t quant_bytes(QuantFormat f, int64_t O, int64_t I, int64_t group, bool zero_point);
+
+// Quantizes w[O, I], rounding to nearest (ties to even). Symmetric: scale = max|w| / 127 (int8)
+// or / 7 (int4); a group of zeros gets scale 0. With a zero point (int4 only): the range is the
+// group's [min, max] widened to contain 0 (so the zero is an integer in [0, 15] and 0 is exact),
+// scale = (max - min) / 15, zero = round(-min / scale). Every element then satisfies
+// |w - dequantized| <= scale / 2. Writes q (layout above), scales, zeros (when zero_point) and
+// group_sums when group_sums != nullptr. Throws loom::Error "[quant] ..." when group does not
+// divide I, for int4 with an odd group, and for int8 with a zero point.
+void quantize_weights(const float* w, int64_t O, int64_t I, QuantFormat f, int64_t group,
+                      bool zero_point, uint8_t* q, float* scales, uint8_t* zeros,
+                      int32_t* group_sums);
+void dequantize_weights(const QuantView& w, float* out);  // out[O, I] f32
+
+// y[M, O] = x[M, I] W^T + b (b may be null), any M. OpenMP threads over output rows. Scratch
+// (the quantized activations; for many rows the repacked or dequantized W blocks) is
+// thread_local and grows on demand, so calls allocate only when a shape is larger than any
+// seen before on that thread; concurrent calls from different threads are safe. A row's
+// result does not depend on M for few rows; from 16 rows (AVX512-VNNI: W repacked for a
+// many-rows kernel) or above kQuantBlasMinRows (f32 paths: BLAS) it differs by f32 rounding.
+void quant_linear(const float* x, const QuantView& w, const float* b, float* y, int64_t M);
+
+// The path quant_linear takes on this CPU for this format, honouring LOOM_ISA=base|avx2|avx512:
+// "avx512-vnni" or "avx-vnni" (integer dot products on activations quantized to int8 per row
+// and block of at most 128 columns), "avx512-f32", "avx2-f32" or "base-f32" (W dequantized to
+// f32 in registers; BLAS on dequantized blocks for M > kQuantBlasMinRows).
+std::string quant_linear_path(QuantFormat f);
+
+// Rows above which the f32 paths dequantize W in blocks and call BLAS.
+inline constexpr int64_t kQuantBlasMinRows = 32;
+
+}  // namespace loom::cpu
