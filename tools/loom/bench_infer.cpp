@@ -21,6 +21,7 @@
 #include "loom/kernels/cpu/cpu_kernels.h"
 #include "loom/train/checkpoint.h"
 #include "tools/loom/commands.h"
+#include "tools/loom/inference_model.h"
 
 namespace loom::cli {
 namespace {
@@ -34,11 +35,15 @@ const char* kUsage =
     "        [--requests N] [--rate R] [--prompt-len DIST] [--output-len DIST]\n"
     "        [--max-num-seqs N] [--max-batched-tokens N] [--block-size N] [--kv-cache-mb N]\n"
     "        [--temperature T] [--threads N] [--seed S] [--no-prefix-caching] [--no-batch1]\n"
-    "        [--batch1-tokens N]\n"
+    "        [--batch1-tokens N] [--prefill-tokens N] [--quant fp32|int8|int4 [--group N]\n"
+    "        [--quant-head int8|f32] [--zero-point]]\n"
     "DIST: N | uniform:A:B | exp:MEAN:MIN:MAX (exponential, clamped). --rate 0: all arrive at once.\n"
     "--static: the static batching of static/both (default padded: finished members stay in the\n"
     "batch as padding rows until the longest is done; compact: they leave at once).\n"
-    "--mode all: compact static, padded static and continuous, side by side.\n";
+    "--mode all: compact static, padded static and continuous, side by side.\n"
+    "--prefill-tokens N: time one N-token prompt's prefill (prompt processing; default 512, 0: off).\n"
+    "--quant: the block matrices and the head in int8/int4 (docs/INFERENCE.md); a quantized\n"
+    "checkpoint (loom quantize) is run as it is.\n";
 
 // One batching policy under test: the mode, the static policy, and its names.
 struct Flavour {
@@ -354,6 +359,30 @@ Batch1 run_batch1(const model::Decoder& m, infer::EngineConfig cfg, int64_t n_to
   return rs[rs.size() / 2];
 }
 
+// Prompt processing: one P-token prompt prefilled in a single step, median of 3 (a fresh
+// prompt each time, so no prefix-cache hit).
+double prefill_tokens_per_s(const model::Decoder& m, infer::EngineConfig cfg, int64_t P) {
+  cfg.max_num_seqs = 1;
+  cfg.max_batched_tokens = std::max(cfg.max_batched_tokens, P);
+  cfg.prefix_caching = false;
+  infer::Engine e(m, cfg);
+  std::vector<double> rates;
+  for (int rep = 0; rep < 3; ++rep) {
+    std::vector<int32_t> prompt(static_cast<size_t>(P));
+    for (size_t i = 0; i < prompt.size(); ++i)
+      prompt[i] = int32_t((i * 13 + 7 * size_t(rep) + 1) % size_t(m.config().vocab_size));
+    infer::SamplingParams sp;
+    sp.temperature = 0;
+    sp.max_tokens = 1;
+    e.add_request(prompt, sp);
+    const double t = now_seconds();
+    e.step();  // the whole prompt, and its first token
+    rates.push_back(double(P) / (now_seconds() - t));
+    while (e.has_unfinished()) e.step();
+  }
+  return percentile(rates, 50);
+}
+
 double padding_pct(const ModeResult& r) {
   const double rows = double(r.decode_rows + r.padding_rows);
   return rows > 0 ? 100.0 * double(r.padding_rows) / rows : 0;
@@ -420,7 +449,8 @@ int bench_infer(const std::vector<std::string>& argv) {
           {"prompt-len", true}, {"output-len", true}, {"max-num-seqs", true},
           {"max-batched-tokens", true}, {"block-size", true}, {"kv-cache-mb", true},
           {"temperature", true}, {"threads", true}, {"seed", true}, {"no-prefix-caching", false},
-          {"no-batch1", false}, {"batch1-tokens", true}, {"help", false}});
+          {"no-batch1", false}, {"batch1-tokens", true}, {"prefill-tokens", true}, {"quant", true},
+          {"group", true}, {"quant-head", true}, {"zero-point", false}, {"help", false}});
   if (a.has("help")) {
     std::printf("%s", kUsage);
     return 0;
@@ -443,21 +473,21 @@ int bench_infer(const std::vector<std::string>& argv) {
   set_num_threads(threads);
 
   // Weights: a training checkpoint (DIR is one, or holds step_* ones: the newest valid is
-  // used), or a preset with random weights (serving cost does not depend on their values).
+  // used), a quantized checkpoint, or a preset with random weights (serving cost does not
+  // depend on their values); --quant quantizes the f32 ones on load.
+  const auto quant = quant_spec_from(a);
   std::string ckpt;
-  if (a.has("checkpoint")) ckpt = train::resolve_checkpoint(a.get("checkpoint", ""), stderr);
+  if (a.has("checkpoint")) ckpt = resolve_inference_checkpoint(a.get("checkpoint", ""), stderr);
   const model::ModelConfig mc =
       ckpt.empty() ? model::preset(a.get("model", "gpt2-124m")) : train::checkpoint_model_config(ckpt);
   if (plen.max() + olen.max() > mc.n_ctx)
     throw UsageError(str_cat("[bench infer] the longest prompt (", plen.max(), ") plus the longest output (",
                              olen.max(), ") exceed the context of ", mc.n_ctx, " tokens"));
-  model::DecoderOptions mopt;
-  mopt.allocate_flat_grads = false;  // inference only
-  model::Decoder m(mc, mopt);
-  if (ckpt.empty())
-    m.init_weights(uint64_t(a.get_int("seed", 1)));
-  else
-    train::load_checkpoint_weights(ckpt, m, /*verified=*/true);  // by resolve_checkpoint
+  const int64_t prefill = std::min(a.get_int("prefill-tokens", 512), mc.n_ctx - 1);
+  if (prefill < 0) throw UsageError("[bench infer] --prefill-tokens must be >= 0 (0: off)");
+  const InferenceModel im = ckpt.empty() ? random_inference_model(mc, uint64_t(a.get_int("seed", 1)), quant)
+                                         : load_inference_model(ckpt, quant, stderr, /*resolved=*/true);
+  const model::Decoder& m = *im.model;
 
   infer::EngineConfig cfg;
   cfg.block_size = a.get_int("block-size", 16);
@@ -465,11 +495,13 @@ int bench_infer(const std::vector<std::string>& argv) {
   cfg.max_num_seqs = a.get_int("max-num-seqs", 32);
   cfg.max_batched_tokens = a.get_int("max-batched-tokens", 2048);
   cfg.prefix_caching = !a.has("no-prefix-caching");
+  cfg.quant = im.quant_ptr();
   const double temperature = a.get_double("temperature", 0.0);
 
-  std::printf("bench infer: %s%s, %d threads, kernels %s\n", mc.summary().c_str(),
-              ckpt.empty() ? " (random weights)" : (" from " + ckpt).c_str(), threads,
-              cpu::hot_kernels_isa().c_str());
+  std::printf("bench infer: %s%s, %s, %d threads, kernels %s%s\n", mc.summary().c_str(),
+              ckpt.empty() ? " (random weights)" : (" from " + ckpt).c_str(), im.precision().c_str(), threads,
+              cpu::hot_kernels_isa().c_str(),
+              im.quant ? (", quantized linears " + cpu::quant_linear_path(im.quant->spec.format)).c_str() : "");
   std::printf("load: %ld requests, Poisson rate %.2f/s, prompt %s, output %s, temperature %.2f\n",
               long(n_req), rate, plen.text.c_str(), olen.text.c_str(), temperature);
   std::printf("engine: max_num_seqs %ld, max_batched_tokens %ld, block %ld, KV cache %s\n",
@@ -512,6 +544,12 @@ int bench_infer(const std::vector<std::string>& argv) {
                 "achieved %.1f%% (same round)\n",
                 b1.weights_bandwidth / 1e9, b1.weights_bound, 100 * b1.weights_fraction);
   }
+  double prefill_rate = 0;
+  if (prefill > 0) {
+    prefill_rate = prefill_tokens_per_s(m, cfg, prefill);
+    std::printf("prompt processing: %lld-token prompt at %.1f tokens/s (one step, median of 3)\n",
+                (long long)prefill, prefill_rate);
+  }
 
   // The static_* keys are the --static flavour's (with all, besides static_compact_* and
   // static_padded_*); output tokens count real tokens only, never padding.
@@ -521,7 +559,8 @@ int bench_infer(const std::vector<std::string>& argv) {
     return nullptr;
   };
   const std::string chosen_key = mode == "all" ? "static_" + static_name : "static";
-  std::string js = str_cat("{\"model\":\"", mc.name, "\",\"requests\":", n_req, ",\"rate\":", rate,
+  std::string js = str_cat("{\"model\":\"", mc.name, "\",\"quant\":\"", im.precision(), "\",\"requests\":", n_req,
+                           ",\"rate\":", rate,
                            ",\"prompt_len\":\"", plen.text, "\",\"output_len\":\"", olen.text, "\"");
   if (mode != "continuous") js += str_cat(",\"static_policy\":\"", static_name, "\"");
   std::vector<std::pair<std::string, const ModeResult*>> keyed;
@@ -553,6 +592,7 @@ int bench_infer(const std::vector<std::string>& argv) {
                   ",\"batch1_fraction_of_bound\":", b1.fraction, ",\"weights_read_bandwidth_gb_s\":",
                   b1.weights_bandwidth / 1e9, ",\"batch1_fraction_of_weights_bound\":",
                   b1.weights_fraction);
+  if (prefill_rate > 0) js += str_cat(",\"prefill_tokens\":", prefill, ",\"prefill_tokens_per_s\":", prefill_rate);
   js += "}";
   std::printf("SUMMARY %s\n", js.c_str());
   return 0;

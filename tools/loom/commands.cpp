@@ -19,6 +19,8 @@ const std::vector<Command>& commands() {
       {"prepare", cmd_prepare},
       {"train", cmd_train},
       {"generate", cmd_generate},
+      {"quantize", cmd_quantize},
+      {"eval", cmd_eval},
   };
   return cmds;
 }

@@ -26,6 +26,8 @@ int cmd_prepare(const std::vector<std::string>& args);
 int cmd_train(const std::vector<std::string>& args);
 int cmd_generate(const std::vector<std::string>& args);
 int cmd_serve(const std::vector<std::string>& args);
+int cmd_quantize(const std::vector<std::string>& args);
+int cmd_eval(const std::vector<std::string>& args);
 
 // `loom bench <what>`: one function per benchmark, listed in bench.cpp.
 struct Benchmark {

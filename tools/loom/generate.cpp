@@ -13,6 +13,7 @@
 #include "loom/infer/engine.h"
 #include "loom/train/checkpoint.h"
 #include "tools/loom/commands.h"
+#include "tools/loom/inference_model.h"
 
 namespace loom::cli {
 
@@ -28,7 +29,8 @@ const char* kHelp =
     "  --no-window       stop at the model's context instead of sliding the window\n"
     "  --kv-cache-mb M   the most KV cache to use; by default exactly what the prompt and\n"
     "                    --max-tokens need (at most the model's context)\n"
-    "  --threads N       compute threads (default: OMP_NUM_THREADS or all cores)\n";
+    "  --threads N       compute threads (default: OMP_NUM_THREADS or all cores)\n"
+    "DIR may also be a `loom quantize` output; an f32 checkpoint is quantized on load with:\n";
 
 // The sampling options, refused with the ranges the server's requests have (infer/sampler.h).
 infer::SamplingParams sampling_options(const Args& a) {
@@ -81,12 +83,14 @@ std::string non_finite_weights(const model::Decoder& m, const std::string& check
 }  // namespace
 
 int cmd_generate(const std::vector<std::string>& argv) {
-  Args a("generate", argv,
-         {{"checkpoint", true}, {"prompt", true}, {"max-tokens", true}, {"temperature", true},
-          {"top-k", true}, {"top-p", true}, {"seed", true}, {"stop", Args::kRepeated}, {"tokenizer", true},
-          {"threads", true}, {"no-window", false}, {"kv-cache-mb", true}, {"help", false}});
+  std::map<std::string, OptionKind> spec = {
+      {"checkpoint", true}, {"prompt", true}, {"max-tokens", true}, {"temperature", true},
+      {"top-k", true}, {"top-p", true}, {"seed", true}, {"stop", Args::kRepeated}, {"tokenizer", true},
+      {"threads", true}, {"no-window", false}, {"kv-cache-mb", true}, {"help", false}};
+  add_quant_options(spec);
+  Args a("generate", argv, spec);
   if (a.has("help")) {
-    std::printf("%s", kHelp);
+    std::printf("%s%s", kHelp, kQuantHelp);
     return 0;
   }
   if (!a.has("checkpoint")) throw UsageError(std::string("[generate] --checkpoint is required\n\n") + kHelp);
@@ -96,15 +100,14 @@ int cmd_generate(const std::vector<std::string>& argv) {
   const bool window = !a.has("no-window");
   const int64_t kv_cap_mb = a.has("kv-cache-mb") ? positive_option(a, "kv-cache-mb", " (MiB)") : 0;
   if (a.has("threads")) set_num_threads(int(positive_option(a, "threads", "")));
+  const auto quant = quant_spec_from(a);
 
-  const std::string path = train::resolve_checkpoint(a.get("checkpoint", ""), stderr);
-  const model::ModelConfig mc = train::checkpoint_model_config(path);
-  model::DecoderOptions mopt;
-  mopt.allocate_flat_grads = false;
-  model::Decoder m(mc, mopt);
-  train::load_checkpoint_weights(path, m, /*verified=*/true);  // by resolve_checkpoint
+  const InferenceModel im = load_inference_model(a.get("checkpoint", ""), quant, stderr);
+  const model::Decoder& m = *im.model;
+  const model::ModelConfig& mc = m.config();
+  const std::string& path = im.checkpoint;
 
-  const std::string tok_name = a.get("tokenizer", train::checkpoint_tokenizer(path));
+  const std::string tok_name = a.get("tokenizer", im.tokenizer);
   auto tok = data::make_tokenizer(tok_name);
   const std::string prompt = a.get("prompt", "");
   std::vector<int32_t> ids = tok->encode(prompt);
@@ -133,9 +136,11 @@ int cmd_generate(const std::vector<std::string>& argv) {
                              " of KV cache; give --kv-cache-mb ", need_mb, " or more, or lower --max-tokens"));
   }
   ec.detokenizer = [&](const std::vector<int32_t>& v) { return tok->decode(v); };
+  ec.quant = im.quant_ptr();
   infer::Engine engine(m, ec);
-  std::fprintf(stderr, "[generate] %s from %s, tokenizer %s, %zu prompt tokens, KV cache %s\n",
-               mc.summary().c_str(), path.c_str(), tok_name.c_str(), ids.size(), format_bytes(kv_bytes).c_str());
+  std::fprintf(stderr, "[generate] %s from %s, %s, tokenizer %s, %zu prompt tokens, KV cache %s\n",
+               mc.summary().c_str(), path.c_str(), im.precision().c_str(), tok_name.c_str(), ids.size(),
+               format_bytes(kv_bytes).c_str());
   std::fwrite(prompt.data(), 1, prompt.size(), stdout);
   // Each token's bytes as it arrives: decoding is a concatenation of per-token bytes, so the
   // output equals the decoded whole (a character split across tokens completes on the terminal).

@@ -16,6 +16,7 @@
 #include "loom/serve/infer_engine.h"
 #include "loom/train/checkpoint.h"
 #include "tools/loom/commands.h"
+#include "tools/loom/inference_model.h"
 
 namespace loom::cli {
 
@@ -24,7 +25,8 @@ namespace {
 void print_help() {
   std::printf(
       "usage: loom serve (--checkpoint DIR | --model PRESET [--seed S]) [options]\n\n"
-      "  --checkpoint DIR        a checkpoint (DIR/step_N) or a run directory (its newest valid one)\n"
+      "  --checkpoint DIR        a checkpoint (DIR/step_N), a run directory (its newest valid one), or\n"
+      "                          a `loom quantize` output\n"
       "  --model PRESET          random weights of a preset (%s),\n"
       "                          vocabulary set to the tokenizer's (for tests and benchmarks)\n"
       "  --seed S                weight seed for --model; also seeds requests without one (default 0)\n"
@@ -42,8 +44,9 @@ void print_help() {
       "                          must hold at least one full-context request\n"
       "  --max-body-bytes B      largest request body (default 1048576); then 413\n"
       "  --shutdown-grace S      seconds running requests may finish after SIGTERM (default 10)\n"
-      "  --threads N             compute threads (default: OMP_NUM_THREADS or all cores)\n",
-      "e.g. gpt2-tiny, gpt2-shakespeare");
+      "  --threads N             compute threads (default: OMP_NUM_THREADS or all cores)\n"
+      "%s",
+      "e.g. gpt2-tiny, gpt2-shakespeare", kQuantHelp);
 }
 
 }  // namespace
@@ -54,12 +57,15 @@ int cmd_serve(const std::vector<std::string>& argv) {
       print_help();
       return 0;
     }
-  Args args("serve", argv,
-            {{"checkpoint", true}, {"model", true}, {"seed", true}, {"tokenizer", true}, {"data-dir", true},
-             {"n-ctx", true}, {"host", true},
-             {"port", true}, {"api-key", true}, {"max-queue", true}, {"served-model-name", true},
-             {"max-num-seqs", true}, {"kv-cache-mb", true}, {"max-body-bytes", true},
-             {"shutdown-grace", true}, {"threads", true}});
+  std::map<std::string, OptionKind> spec = {
+      {"checkpoint", true}, {"model", true}, {"seed", true}, {"tokenizer", true}, {"data-dir", true},
+      {"n-ctx", true}, {"host", true},
+      {"port", true}, {"api-key", true}, {"max-queue", true}, {"served-model-name", true},
+      {"max-num-seqs", true}, {"kv-cache-mb", true}, {"max-body-bytes", true},
+      {"shutdown-grace", true}, {"threads", true}};
+  add_quant_options(spec);
+  Args args("serve", argv, spec);
+  const auto quant = quant_spec_from(args);
   if (args.has("checkpoint") == args.has("model"))
     throw UsageError("[serve] give exactly one of --checkpoint DIR or --model PRESET (see loom serve --help)");
   // The model: a verified checkpoint, or random weights of a preset.
@@ -68,7 +74,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
   if (args.has("checkpoint")) {
     const std::string given = args.get("checkpoint", "");
     try {
-      checkpoint = train::resolve_checkpoint(given, stderr);
+      checkpoint = resolve_inference_checkpoint(given, stderr);
     } catch (const Error& e) {
       fail("serve", "--checkpoint ", given, ": ", e.what());
     }
@@ -136,18 +142,18 @@ int cmd_serve(const std::vector<std::string>& argv) {
               tok_name.c_str());
   std::fflush(stdout);
 
-  model::DecoderOptions mopt;
-  mopt.allocate_flat_grads = false;  // serving never computes gradients
-  model::Decoder model(mc, mopt);
-  if (checkpoint.empty()) model.init_weights(ec.seed);
-  else train::load_checkpoint_weights(checkpoint, model, /*verified=*/true);  // by resolve_checkpoint
-  infer::Engine engine(model, ec);
+  const InferenceModel im = checkpoint.empty()
+                               ? random_inference_model(mc, ec.seed, quant)
+                               : load_inference_model(checkpoint, quant, stderr, /*resolved=*/true);
+  ec.quant = im.quant_ptr();
+  infer::Engine engine(*im.model, ec);
   serve::InferEngineAdapter adapter(engine, *tokenizer);
   server.set_engine(&adapter);
   const int64_t full_context_blocks = infer::KVCache::blocks_for_tokens(mc.n_ctx, engine.kv_cache().block_size());
-  std::printf("[serve] ready: model '%s', context %lld, KV cache %s (%lld blocks of %lld tokens: %.1f full-context "
-              "requests), max %lld running + %lld queued%s\n",
-              opt.served_model_name.c_str(), (long long)mc.n_ctx, format_bytes(engine.kv_cache().bytes()).c_str(),
+  std::printf("[serve] ready: model '%s' (%s), context %lld, KV cache %s (%lld blocks of %lld tokens: %.1f "
+              "full-context requests), max %lld running + %lld queued%s\n",
+              opt.served_model_name.c_str(), im.precision().c_str(), (long long)mc.n_ctx,
+              format_bytes(engine.kv_cache().bytes()).c_str(),
               (long long)engine.kv_cache().num_blocks(), (long long)engine.kv_cache().block_size(),
               double(engine.kv_cache().num_blocks()) / double(full_context_blocks), (long long)ec.max_num_seqs,
               (long long)opt.max_queue, opt.api_key.empty() ? "" : ", API key required");

@@ -62,7 +62,7 @@ Engine::Engine(const model::Decoder& model, const EngineConfig& cfg) : model_(mo
   sc.static_policy = cfg.static_policy;
   sc.max_seq_len = max_seq_len_;
   sched_ = std::make_unique<Scheduler>(sc);
-  runner_ = std::make_unique<ModelRunner>(model, *cache_, cfg.max_batched_tokens, cfg.max_num_seqs);
+  runner_ = std::make_unique<ModelRunner>(model, *cache_, cfg.max_batched_tokens, cfg.max_num_seqs, cfg.quant);
   publish_metrics();
 }
 

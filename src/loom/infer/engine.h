@@ -15,6 +15,7 @@
 
 #include "loom/infer/kv_cache.h"
 #include "loom/infer/model_runner.h"
+#include "loom/infer/quant_weights.h"
 #include "loom/infer/sampler.h"
 #include "loom/infer/scheduler.h"
 #include "loom/model/decoder.h"
@@ -44,6 +45,9 @@ struct EngineConfig {
   StaticPolicy static_policy = StaticPolicy::compact;  // with mode static_batch (scheduler.h)
   uint64_t seed = 0;          // requests without a seed get one derived from this and their id
   Detokenizer detokenizer;    // needed by stop strings; may be empty otherwise
+  // Quantized matrices of the engine's model (QuantizedModel::quantize or a quantized
+  // checkpoint), outliving the engine; null: the model's f32 weights.
+  const QuantizedModel* quant = nullptr;
 };
 
 // One streamed event. token is -1 when the event only ends the stream (a stop token, an

@@ -12,22 +12,24 @@ namespace loom::infer {
 
 using model::Family;
 
-namespace {
-// y = x W^T + b; few-row f32 batches (decoding) stream W once instead of packing it for BLAS.
-void linear(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) {
+// y = x W^T + b. Quantized matrices go to the quantized kernels; few-row f32 batches
+// (decoding) stream W once instead of packing it for BLAS.
+void ModelRunner::linear(const Tensor& x, const Tensor& w, const QuantizedMatrix* q, const Tensor& b,
+                         const Tensor& y) const {
   const int64_t M = x.size(0);
-  if (x.dtype() == DType::f32 && M <= kDecodeLinearMaxRows) {
-    decode_linear(x.data<float>(), w.data<float>(), b.defined() ? b.data<float>() : nullptr,
-                       y.data<float>(), M, w.size(1), w.size(0));
-    return;
+  if (q) {
+    cpu::quant_linear(x.data<float>(), q->view(), b.defined() ? b.data<float>() : nullptr, y.data<float>(), M);
+  } else if (x.dtype() == DType::f32 && M <= kDecodeLinearMaxRows) {
+    decode_linear(x.data<float>(), w.data<float>(), b.defined() ? b.data<float>() : nullptr, y.data<float>(), M,
+                  w.size(1), w.size(0));
+  } else {
+    ops::linear_forward(x, w, b, y);
   }
-  ops::linear_forward(x, w, b, y);
 }
-}  // namespace
 
 ModelRunner::ModelRunner(const model::Decoder& model, KVCache& cache, int64_t max_tokens,
-                         int64_t max_seqs, Allocator& alloc)
-    : model_(model), cfg_(model.config()), cache_(cache), max_tokens_(max_tokens),
+                         int64_t max_seqs, const QuantizedModel* quant, Allocator& alloc)
+    : model_(model), cfg_(model.config()), cache_(cache), quant_(quant), max_tokens_(max_tokens),
       max_seqs_(max_seqs) {
   const bool gpt2 = cfg_.family == Family::gpt2;
   for (int l = 0; l < int(cfg_.n_layer); ++l)
@@ -41,6 +43,8 @@ ModelRunner::ModelRunner(const model::Decoder& model, KVCache& cache, int64_t ma
   const DType dt = model.params().dtype();
   LOOM_CHECK(dt == cache.dtype(), "runner", "model dtype ", dtype_name(dt),
              " differs from the KV cache's ", dtype_name(cache.dtype()));
+  LOOM_CHECK(!quant || (dt == DType::f32 && int64_t(quant->blocks.size()) == cfg_.n_layer), "runner",
+             "quantized weights need an f32 model with one quantized block per layer");
   const int64_t N = max_tokens, C = cfg_.d_model, D = cfg_.head_dim(), F = cfg_.d_ff;
   const int64_t W = (cfg_.n_head + 2 * cfg_.n_kv_head) * D;
   const auto cat = MemCategory::activations;
@@ -73,6 +77,14 @@ int64_t ModelRunner::weight_bytes_per_token() const {
   b -= int64_t(wte_.nbytes()) - row;  // the input embedding reads one row
   if (wpe_.defined()) b -= int64_t(wpe_.nbytes()) - row;
   if (cfg_.tied_embeddings) b += int64_t(head_.nbytes());  // the head reads the table in full
+  if (!quant_) return b;
+  for (int l = 0; l < int(cfg_.n_layer); ++l) {  // quantized matrices: packed bytes, not f32
+    const model::BlockWeights& w = w_[size_t(l)];
+    const QuantizedModel::Block& q = quant_->blocks[size_t(l)];
+    b += q.qkv.bytes() + q.proj.bytes() + q.fc.bytes() + q.out.bytes() -
+         int64_t(w.qkv_w.nbytes() + w.proj_w.nbytes() + w.fc_w.nbytes() + w.out_w.nbytes());
+  }
+  if (quant_->head) b += quant_->head->bytes() - int64_t(head_.nbytes());
   return b;
 }
 
@@ -87,11 +99,12 @@ void ModelRunner::run_layers(int64_t N) {
   const Tensor pos = pos_.narrow0(0, N);
   for (int l = 0; l < int(cfg_.n_layer); ++l) {
     const model::BlockWeights& w = w_[size_t(l)];
+    const QuantizedModel::Block* qb = quant_ ? &quant_->blocks[size_t(l)] : nullptr;
     if (gpt2)
       ops::layernorm_forward(x, w.ln1_w, w.ln1_b, ln, mean, rstd, cfg_.norm_eps);
     else
       ops::rmsnorm_forward(x, w.ln1_w, ln, rstd, cfg_.norm_eps);
-    linear(ln, w.qkv_w, w.qkv_b, qkv);
+    linear(ln, w.qkv_w, qb ? &qb->qkv : nullptr, w.qkv_b, qkv);
     if (!gpt2) {
       ops::rope_apply(qkv, 0, H, D, pos, cfg_.rope_theta, false);
       ops::rope_apply(qkv, H * D, KVH, D, pos, cfg_.rope_theta, false);
@@ -102,30 +115,30 @@ void ModelRunner::run_layers(int64_t N) {
     cpu::paged_kv_write<T>(q + H * D, q + (H + KVH) * D, W, slots_.data(), N, kc, vc, bs, KVH, D);
     cpu::paged_attention_forward<T>(q, W, kc, vc, bs, pseqs_.data(), int64_t(pseqs_.size()),
                                     att.data<T>(), H * D, H, KVH, D);
-    linear(att, w.proj_w, w.proj_b, x_mid);
+    linear(att, w.proj_w, qb ? &qb->proj : nullptr, w.proj_b, x_mid);
     ops::add_inplace(x_mid, x);
     if (gpt2)
       ops::layernorm_forward(x_mid, w.ln2_w, w.ln2_b, ln, mean, rstd, cfg_.norm_eps);
     else
       ops::rmsnorm_forward(x_mid, w.ln2_w, ln, rstd, cfg_.norm_eps);
-    linear(ln, w.fc_w, w.fc_b, fc);
+    linear(ln, w.fc_w, qb ? &qb->fc : nullptr, w.fc_b, fc);
     if (gpt2)
       ops::gelu_forward(fc, act);
     else
       ops::swiglu_forward(fc, act);
-    linear(act, w.out_w, w.out_b, x);  // x is free again: x_mid holds the residual
+    linear(act, w.out_w, qb ? &qb->out : nullptr, w.out_b, x);  // x is free again: x_mid holds the residual
     ops::add_inplace(x, x_mid);
   }
 }
 
-Tensor ModelRunner::execute(const StepPlan& plan) {
-  const int64_t N = plan.num_tokens(), S = plan.num_sampled();
+int64_t ModelRunner::run_plan(const StepPlan& plan) {
+  const int64_t N = plan.num_tokens();
   LOOM_CHECK(N <= max_tokens_, "runner", "plan has ", N, " tokens, more than the ", max_tokens_,
              " the runner was sized for (max_batched_tokens)");
   LOOM_CHECK(int64_t(plan.seqs.size()) <= max_seqs_, "runner", "plan has ", plan.seqs.size(),
              " sequences, more than the ", max_seqs_, " the runner was sized for (max_num_seqs)");
   cache_.copy_blocks(plan.copies);
-  if (N == 0) return logits_.narrow0(0, 0);
+  if (N == 0) return 0;
   const int64_t bs = cache_.block_size();
   int32_t* tok = tok_.data<int32_t>();
   int32_t* pos = pos_.data<int32_t>();
@@ -146,7 +159,12 @@ Tensor ModelRunner::execute(const StepPlan& plan) {
   ops::embedding_forward(tok_.narrow0(0, N), pos_.narrow0(0, N), wte_, wpe_, x_.narrow0(0, N));
   const bool f32 = x_.dtype() == DType::f32;
   if (f32) run_layers<float>(N); else run_layers<double>(N);
-  if (S == 0) return logits_.narrow0(0, 0);
+  return N;
+}
+
+Tensor ModelRunner::execute(const StepPlan& plan) {
+  const int64_t S = plan.num_sampled();
+  if (run_plan(plan) == 0 || S == 0) return logits_.narrow0(0, 0);
   // Only the rows that sample go through the final norm and the head.
   const size_t row_bytes = size_t(cfg_.d_model) * dtype_size(x_.dtype());
   const char* xb = static_cast<const char*>(x_.raw());
@@ -160,7 +178,23 @@ Tensor ModelRunner::execute(const StepPlan& plan) {
                            lnf_rstd_.narrow0(0, S), cfg_.norm_eps);
   else
     ops::rmsnorm_forward(xs, lnf_w_, lnf, lnf_rstd_.narrow0(0, S), cfg_.norm_eps);
-  linear(lnf, head_, {}, logits);
+  linear(lnf, head_, quant_ && quant_->head ? &*quant_->head : nullptr, {}, logits);
+  return logits;
+}
+
+Tensor ModelRunner::execute_all_rows(const StepPlan& plan) {
+  LOOM_CHECK(x_.dtype() == DType::f32, "runner", "execute_all_rows needs an f32 model");
+  if (!all_logits_.defined())
+    all_logits_ = Tensor::empty({max_tokens_, cfg_.vocab_size}, DType::f32, MemCategory::activations);
+  const int64_t N = run_plan(plan);
+  if (N == 0) return all_logits_.narrow0(0, 0);
+  // The final norm into ln_ (free after the last block), then the head over every row.
+  const Tensor x = x_.narrow0(0, N), ln = ln_.narrow0(0, N), logits = all_logits_.narrow0(0, N);
+  if (cfg_.family == Family::gpt2)
+    ops::layernorm_forward(x, lnf_w_, lnf_b_, ln, mean_.narrow0(0, N), rstd_.narrow0(0, N), cfg_.norm_eps);
+  else
+    ops::rmsnorm_forward(x, lnf_w_, ln, rstd_.narrow0(0, N), cfg_.norm_eps);
+  linear(ln, head_, quant_ && quant_->head ? &*quant_->head : nullptr, {}, logits);
   return logits;
 }
 

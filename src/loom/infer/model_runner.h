@@ -1,12 +1,15 @@
 // ModelRunner: one forward of the decoder over a StepPlan's tokens, all sequences at once:
 // the linears, norms and MLP see one [n_tokens, C] batch; attention runs per sequence through
 // the paged cache (new K/V are written into the sequence's blocks first). Mirrors
-// model/block.cpp's math exactly; only attention differs (paged instead of dense).
+// model/block.cpp's math exactly; only attention differs (paged instead of dense). With a
+// QuantizedModel the block matrices (and the head, when it is quantized) run through the
+// quantized kernels (kernels/cpu/quant_linear.h) instead of the model's f32 weights.
 #pragma once
 #include <vector>
 
 #include "loom/core/tensor.h"
 #include "loom/infer/kv_cache.h"
+#include "loom/infer/quant_weights.h"
 #include "loom/infer/scheduler.h"
 #include "loom/kernels/cpu/paged_attention.h"
 #include "loom/model/decoder.h"
@@ -17,28 +20,41 @@ class ModelRunner {
  public:
   // max_tokens and max_seqs bound what one plan may hold (the scheduler's budgets); buffers
   // are allocated once here, never per step.
+  // quant: quantized matrices of the same model (outlives the runner), or null for f32.
   ModelRunner(const model::Decoder& model, KVCache& cache, int64_t max_tokens, int64_t max_seqs,
-              Allocator& alloc = cpu_allocator());
+              const QuantizedModel* quant = nullptr, Allocator& alloc = cpu_allocator());
 
   // Runs the plan (copy-on-write copies first) and returns logits [num_sampled, V]: one row
   // per sequence with sample set, in plan order. The view is valid until the next call.
   Tensor execute(const StepPlan& plan);
+  // The same forward, returning logits [num_tokens, V] for every token of the plan (a
+  // language-model evaluation: each position predicts the next). Needs an f32 model; its
+  // buffer is allocated on the first call.
+  Tensor execute_all_rows(const StepPlan& plan);
 
-  // Weight bytes one decode step reads at batch 1 (every matrix once, one embedding row).
+  // Weight bytes one decode step reads at batch 1 (every matrix once, quantized ones in their
+  // packed form with scales, one embedding row).
   int64_t weight_bytes_per_token() const;
 
  private:
   template <class T> void run_layers(int64_t N);
+  // Fills the token, position and slot tables from the plan, embeds and runs every block;
+  // x_ then holds the last layer's output of every token. Returns the plan's token count.
+  int64_t run_plan(const StepPlan& plan);
+  // y = x W^T + b through the quantized matrix when there is one, else the f32 weight.
+  void linear(const Tensor& x, const Tensor& w, const QuantizedMatrix* q, const Tensor& b, const Tensor& y) const;
 
   const model::Decoder& model_;
   const model::ModelConfig& cfg_;
   KVCache& cache_;
+  const QuantizedModel* quant_;
   int64_t max_tokens_, max_seqs_;
   std::vector<model::BlockWeights> w_;
   Tensor wte_, wpe_, lnf_w_, lnf_b_, head_;
   // Activations for up to max_tokens rows (views of the first N rows are used per step).
   Tensor tok_, pos_, x_, ln_, mean_, rstd_, qkv_, att_, x_mid_, fc_, act_;
   Tensor xs_, lnf_, lnf_mean_, lnf_rstd_, logits_;  // the sampled rows only
+  Tensor all_logits_;  // execute_all_rows: [max_tokens, V]
   std::vector<int64_t> slots_;
   std::vector<cpu::PagedSeq> pseqs_;
   std::vector<int64_t> sample_rows_;

@@ -23,6 +23,14 @@ void ManifestWriter::write(const std::string& format, int version, const json& e
   write_file_atomic((fs::path(dir_) / "manifest.json").string(), m.dump(2));
 }
 
+std::string manifest_format(const std::string& dir) {
+  try {
+    return json::parse(read_file((fs::path(dir) / "manifest.json").string())).value("format", "");
+  } catch (const std::exception&) {
+    return "";
+  }
+}
+
 bool verify_manifest(const std::string& dir, const std::string& format, int version, std::string* why,
                      const std::function<bool(const std::string&)>& checksum_this) {
   auto fail_with = [&](const std::string& m) {

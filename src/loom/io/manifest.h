@@ -9,6 +9,12 @@
 
 namespace loom::io {
 
+// The formats manifests name: a training checkpoint and a quantized inference checkpoint.
+inline constexpr const char* kTrainingCheckpointFormat = "loom-checkpoint";
+inline constexpr const char* kQuantizedCheckpointFormat = "loom-quantized-checkpoint";
+// DIR/manifest.json's "format", or "" when there is none or it cannot be read.
+std::string manifest_format(const std::string& dir);
+
 // Records files of one directory, then writes DIR/manifest.json atomically.
 class ManifestWriter {
  public:

@@ -104,7 +104,7 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const model::D
     record("trainer_state.json");
     io::write_file_atomic((tmp / "config.yaml").string(), save.config_yaml);
     record("config.yaml");
-    manifest.write("loom-checkpoint", kFormatVersion, {{"step", step}, {"model", model.config().name}});
+    manifest.write(io::kTrainingCheckpointFormat, kFormatVersion, {{"step", step}, {"model", model.config().name}});
     io::fsync_dir(tmp.string());
     fs::remove_all(final_dir, ec);  // an older save of the same step (e.g. after a crash)
     fs::rename(tmp, final_dir, ec);
@@ -127,7 +127,7 @@ static bool in_scope(const std::string& file, const VerifyScope& scope) {
 }
 
 bool verify_checkpoint(const std::string& path, std::string* why, const VerifyScope& scope) {
-  return io::verify_manifest(path, "loom-checkpoint", kFormatVersion, why,
+  return io::verify_manifest(path, io::kTrainingCheckpointFormat, kFormatVersion, why,
                              [&](const std::string& name) { return in_scope(name, scope); });
 }
 
@@ -308,6 +308,10 @@ CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model,
                                parallel::DataParallel& engine, const ModelParallelInfo& mp,
                                bool verified) {
   const comm::Group& g = mp.world ? *mp.world : engine.group();
+  LOOM_CHECK(io::manifest_format(path) != io::kQuantizedCheckpointFormat, "checkpoint", path,
+             " is a quantized inference checkpoint (loom quantize): it holds no optimizer state, so --resume "
+             "cannot continue from it; resume from the training checkpoint it was made from (its manifest.json "
+             "names it as \"source\")");
   LoadPlan plan;
   std::string plan_error;
   try {

@@ -1,0 +1,72 @@
+// Quantized weights for inference: the matrices of every block (q|k|v, attention output, MLP in
+// and out) and, unless asked otherwise, the LM head, as int8 or int4 with f32 scales per group
+// (kernels/cpu/quant_linear.h holds the storage and the kernels). Made from a model's f32
+// weights (quantize on load) or read from a quantized checkpoint (`loom quantize`). Token and
+// position embeddings, norms and biases stay f32. Not for training: nothing here has a backward.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "loom/core/tensor.h"
+#include "loom/kernels/cpu/quant_linear.h"
+#include "loom/model/decoder.h"
+
+namespace loom::infer {
+
+struct QuantSpec {
+  cpu::QuantFormat format = cpu::QuantFormat::int8;
+  int64_t group = 0;        // weights per scale along a row; 0: one scale per row (per channel)
+  bool zero_point = false;  // int4 only: w = scale * (q - zero)
+  bool head = true;         // the LM head too (int8 with the same group rule); else f32
+  // "int8 per-channel", "int4 g64 zero-point", each with " head int8" or " head f32".
+  std::string describe() const;
+};
+
+// From the command line's --quant NAME (fp32, int8, int4), --group N (0 or absent: int8 per
+// channel, int4 64), --quant-head int8|f32 and --zero-point. nullopt for fp32. Throws
+// "[quant] ..." naming the option and the accepted values.
+std::optional<QuantSpec> parse_quant_spec(const std::string& name, int64_t group = -1,
+                                          const std::string& head = "int8", bool zero_point = false);
+
+// One quantized [rows, cols] matrix: its packed weights, scales and (int4 with a zero point)
+// zeros, owned as tensors (MemCategory::params).
+struct QuantizedMatrix {
+  cpu::QuantFormat format = cpu::QuantFormat::int8;
+  int64_t rows = 0, cols = 0, group = 0;
+  Tensor q, scales, zeros;
+  cpu::QuantView view() const;
+  int64_t bytes() const;
+  // Quantizes w [rows, cols] (f32); group 0 means cols.
+  static QuantizedMatrix quantize(const Tensor& w, cpu::QuantFormat f, int64_t group, bool zero_point);
+  // The f32 values the kernels compute with, into `out` [rows, cols].
+  void dequantize_into(const Tensor& out) const;
+};
+
+// The quantized matrices of a whole model, by role.
+struct QuantizedModel {
+  QuantSpec spec;
+  struct Block {
+    QuantizedMatrix qkv, proj, fc, out;
+  };
+  std::vector<Block> blocks;
+  std::optional<QuantizedMatrix> head;  // with spec.head
+
+  // Quantizes the model's matrices, then overwrites their f32 values in the model with the
+  // dequantized ones, so that every path (a tied token table's embedding rows included) sees
+  // the weights a quantized checkpoint holds: quantizing on load and loading `loom quantize`'s
+  // output give the same outputs. The model must be whole (no tensor or pipeline slice), f32.
+  static QuantizedModel quantize(model::Decoder& model, const QuantSpec& spec);
+  int64_t bytes() const;  // of the quantized matrices
+};
+
+// The matrices a block's roles name in the model (the views runner and quantizer share).
+struct BlockMatrices {
+  Tensor qkv, proj, fc, out;
+};
+BlockMatrices block_matrices(const model::Decoder& model, int layer);
+// The LM head's weight [vocab, d_model] (the token table when tied).
+Tensor head_matrix(const model::Decoder& model);
+
+}  // namespace loom::infer

@@ -1,0 +1,112 @@
+// `loom eval --checkpoint DIR --data DIR [--split val] [--seq-len T] [--max-windows N]
+// [--quant ...]`: the model's mean next-token loss and perplexity on prepared token shards,
+// through the inference runner (so quantized weights are judged as they are served).
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+
+#include <nlohmann/json.hpp>
+
+#include "loom/core/error.h"
+#include "loom/core/threads.h"
+#include "loom/core/timer.h"
+#include "loom/data/dataset.h"
+#include "loom/infer/kv_cache.h"
+#include "loom/infer/model_runner.h"
+#include "tools/loom/commands.h"
+#include "tools/loom/inference_model.h"
+
+namespace loom::cli {
+
+namespace {
+const char* kHelp =
+    "usage: loom eval --checkpoint DIR --data DIR [--split val] [--seq-len T] [--max-windows N]\n"
+    "                 [--quant fp32|int8|int4 ...] [--threads N]\n\n"
+    "Mean next-token cross-entropy (nats/token) and perplexity of a checkpoint on the split's\n"
+    "consecutive windows of T tokens, computed by the inference engine's forward.\n"
+    "  --checkpoint DIR  a training checkpoint, a run directory, or a `loom quantize` output\n"
+    "  --data DIR        the output of loom prepare (DIR/<split>.bin)\n"
+    "  --split NAME      val (default) or train\n"
+    "  --seq-len T       window length (default: the model's context)\n"
+    "  --max-windows N   evaluate at most N windows (default: all)\n"
+    "%s"
+    "The last line is SUMMARY {json}.\n";
+
+// -log softmax(row)[target], in double.
+double nll(const float* row, int64_t V, int32_t target) {
+  double mx = row[0];
+  for (int64_t v = 1; v < V; ++v) mx = std::max(mx, double(row[v]));
+  double sum = 0;
+  for (int64_t v = 0; v < V; ++v) sum += std::exp(double(row[v]) - mx);
+  return mx + std::log(sum) - double(row[target]);
+}
+}  // namespace
+
+int cmd_eval(const std::vector<std::string>& argv) {
+  std::map<std::string, OptionKind> spec = {{"checkpoint", true}, {"data", true},    {"split", true},
+                                            {"seq-len", true},    {"max-windows", true}, {"threads", true},
+                                            {"help", false}};
+  add_quant_options(spec);
+  Args a("eval", argv, spec);
+  if (a.has("help")) {
+    std::printf(kHelp, kQuantHelp);
+    return 0;
+  }
+  if (!a.has("checkpoint") || !a.has("data")) {
+    std::fprintf(stderr, kHelp, kQuantHelp);
+    throw UsageError("[eval] --checkpoint and --data are required");
+  }
+  if (a.has("threads")) set_num_threads(int(a.get_int("threads", 0)));
+  const std::string split = a.get("split", "val");
+  if (split != "val" && split != "train") throw UsageError("[eval] --split " + split + ": expected val or train");
+  InferenceModel m = load_inference_model(a.get("checkpoint", ""), quant_spec_from(a), stderr);
+  const model::ModelConfig& cfg = m.model->config();
+  const int64_t T = a.get_int("seq-len", cfg.n_ctx);
+  if (T < 1 || T > cfg.n_ctx)
+    throw UsageError(str_cat("[eval] --seq-len ", T, ": expected 1 to the model's context of ", cfg.n_ctx));
+  data::DatasetOptions dopt;
+  dopt.model_vocab = cfg.vocab_size;
+  const data::TokenDataset ds = data::TokenDataset::open_split(a.get("data", ""), split, dopt);
+  int64_t windows = ds.eval_windows(T);
+  const int64_t max_windows = a.get_int("max-windows", 0);
+  if (max_windows < 0) throw UsageError("[eval] --max-windows must be positive (0: all)");
+  if (max_windows > 0) windows = std::min(windows, max_windows);
+
+  const int64_t bs = 16, nb = infer::KVCache::blocks_for_tokens(T, bs);
+  infer::KVCache cache(cfg, nb, bs, DType::f32);
+  infer::ModelRunner runner(*m.model, cache, T, 1, m.quant_ptr());
+  std::vector<int32_t> tok(static_cast<size_t>(T)), tgt(static_cast<size_t>(T)), table(static_cast<size_t>(nb));
+  std::iota(table.begin(), table.end(), 0);
+  std::fprintf(stderr, "[eval] %s (%s) on %s: %lld windows of %lld tokens\n", m.checkpoint.c_str(),
+               m.precision().c_str(), (a.get("data", "") + "/" + split + ".bin").c_str(), (long long)windows, (long long)T);
+  Stopwatch sw;
+  double sum = 0;
+  int64_t count = 0;
+  for (int64_t w = 0; w < windows; ++w) {
+    ds.fill_eval_batch(w, 1, T, tok.data(), tgt.data());
+    infer::StepPlan plan;
+    infer::ScheduledSeq s;
+    s.seq_id = 0;
+    s.num_tokens = T;
+    s.tokens = tok;
+    s.block_table = table;
+    plan.seqs.push_back(s);
+    const Tensor logits = runner.execute_all_rows(plan);
+    for (int64_t i = 0; i < T; ++i) {
+      sum += nll(logits.data<float>() + i * cfg.vocab_size, cfg.vocab_size, tgt[size_t(i)]);
+      ++count;
+    }
+    LOOM_CHECK(std::isfinite(sum), "eval", "the loss is not finite after window ", w,
+               ": the checkpoint's weights hold non-finite values");
+  }
+  const double loss = sum / double(std::max<int64_t>(count, 1)), secs = sw.seconds();
+  std::printf("[eval] loss %.4f nats/token, perplexity %.3f over %lld tokens (%.1f s, %.0f tokens/s)\n", loss,
+              std::exp(loss), (long long)count, secs, double(count) / secs);
+  nlohmann::json j = {{"checkpoint", m.checkpoint}, {"quant", m.precision()}, {"split", split},
+                      {"loss", loss}, {"perplexity", std::exp(loss)}, {"tokens", count},
+                      {"windows", windows}, {"seq_len", T}, {"seconds", secs}};
+  std::printf("SUMMARY %s\n", j.dump().c_str());
+  return 0;
+}
+
+}  // namespace loom::cli
