@@ -11,7 +11,6 @@
 #include "loom/core/threads.h"
 #include "loom/data/tokenizer.h"
 #include "loom/infer/engine.h"
-#include "loom/train/checkpoint.h"
 #include "tools/loom/commands.h"
 #include "tools/loom/inference_model.h"
 

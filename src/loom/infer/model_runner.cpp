@@ -172,14 +172,18 @@ Tensor ModelRunner::execute(const StepPlan& plan) {
   for (int64_t i = 0; i < S; ++i)
     std::memcpy(xsb + size_t(i) * row_bytes, xb + size_t(sample_rows_[size_t(i)]) * row_bytes,
                 row_bytes);
-  const Tensor xs = xs_.narrow0(0, S), lnf = lnf_.narrow0(0, S), logits = logits_.narrow0(0, S);
-  if (cfg_.family == Family::gpt2)
-    ops::layernorm_forward(xs, lnf_w_, lnf_b_, lnf, lnf_mean_.narrow0(0, S),
-                           lnf_rstd_.narrow0(0, S), cfg_.norm_eps);
-  else
-    ops::rmsnorm_forward(xs, lnf_w_, lnf, lnf_rstd_.narrow0(0, S), cfg_.norm_eps);
-  linear(lnf, head_, quant_ && quant_->head ? &*quant_->head : nullptr, {}, logits);
+  const Tensor logits = logits_.narrow0(0, S);
+  norm_and_head(xs_.narrow0(0, S), lnf_.narrow0(0, S), lnf_mean_.narrow0(0, S), lnf_rstd_.narrow0(0, S), logits);
   return logits;
+}
+
+void ModelRunner::norm_and_head(const Tensor& x, const Tensor& ln, const Tensor& mean, const Tensor& rstd,
+                                const Tensor& logits) const {
+  if (cfg_.family == Family::gpt2)
+    ops::layernorm_forward(x, lnf_w_, lnf_b_, ln, mean, rstd, cfg_.norm_eps);
+  else
+    ops::rmsnorm_forward(x, lnf_w_, ln, rstd, cfg_.norm_eps);
+  linear(ln, head_, quant_ && quant_->head ? &*quant_->head : nullptr, {}, logits);
 }
 
 Tensor ModelRunner::execute_all_rows(const StepPlan& plan) {
@@ -188,13 +192,9 @@ Tensor ModelRunner::execute_all_rows(const StepPlan& plan) {
     all_logits_ = Tensor::empty({max_tokens_, cfg_.vocab_size}, DType::f32, MemCategory::activations);
   const int64_t N = run_plan(plan);
   if (N == 0) return all_logits_.narrow0(0, 0);
-  // The final norm into ln_ (free after the last block), then the head over every row.
-  const Tensor x = x_.narrow0(0, N), ln = ln_.narrow0(0, N), logits = all_logits_.narrow0(0, N);
-  if (cfg_.family == Family::gpt2)
-    ops::layernorm_forward(x, lnf_w_, lnf_b_, ln, mean_.narrow0(0, N), rstd_.narrow0(0, N), cfg_.norm_eps);
-  else
-    ops::rmsnorm_forward(x, lnf_w_, ln, rstd_.narrow0(0, N), cfg_.norm_eps);
-  linear(ln, head_, quant_ && quant_->head ? &*quant_->head : nullptr, {}, logits);
+  // Every row through the final norm (into ln_, free after the last block) and the head.
+  const Tensor logits = all_logits_.narrow0(0, N);
+  norm_and_head(x_.narrow0(0, N), ln_.narrow0(0, N), mean_.narrow0(0, N), rstd_.narrow0(0, N), logits);
   return logits;
 }
 

@@ -41,6 +41,9 @@ class ModelRunner {
   // Fills the token, position and slot tables from the plan, embeds and runs every block;
   // x_ then holds the last layer's output of every token. Returns the plan's token count.
   int64_t run_plan(const StepPlan& plan);
+  // The final norm of rows x (into ln; mean and rstd its statistics) and the head into logits.
+  void norm_and_head(const Tensor& x, const Tensor& ln, const Tensor& mean, const Tensor& rstd,
+                     const Tensor& logits) const;
   // y = x W^T + b through the quantized matrix when there is one, else the f32 weight.
   void linear(const Tensor& x, const Tensor& w, const QuantizedMatrix* q, const Tensor& b, const Tensor& y) const;
 

@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <map>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 
@@ -23,34 +24,39 @@ namespace {
 constexpr int kVersion = 1;
 constexpr const char* kWeights = "quant.safetensors";
 
-// The quantized matrices of a model by file name, with the tensor each one fills in the model.
+// The quantized matrices of a model by file name: the slot in `q` (QuantizedModel, const when
+// saving) and the model's view of the matrix, which loading fills with the dequantized values.
+template <class Q>
 struct Named {
   std::string name;
-  const QuantizedMatrix* matrix;  // when saving
-  Tensor target;                  // the model's view of the matrix
+  std::conditional_t<std::is_const_v<Q>, const QuantizedMatrix, QuantizedMatrix>* matrix;
+  Tensor target;
 };
 
-std::vector<Named> named_matrices(const model::Decoder& model, const QuantizedModel* q, bool head) {
-  std::vector<Named> out;
+// q's blocks (and head, when it has one) must be in place.
+template <class Q>
+std::vector<Named<Q>> named_matrices(const model::Decoder& model, Q& q) {
+  std::vector<Named<Q>> out;
   for (int l = 0; l < int(model.config().n_layer); ++l) {
     const std::string p = model.layout().block_prefix(l);
     const BlockMatrices m = block_matrices(model, l);
-    const QuantizedModel::Block* b = q ? &q->blocks[size_t(l)] : nullptr;
-    out.push_back({p + "qkv", b ? &b->qkv : nullptr, m.qkv});
-    out.push_back({p + "proj", b ? &b->proj : nullptr, m.proj});
-    out.push_back({p + "fc", b ? &b->fc : nullptr, m.fc});
-    out.push_back({p + "out", b ? &b->out : nullptr, m.out});
+    auto& b = q.blocks[size_t(l)];
+    out.push_back({p + "qkv", &b.qkv, m.qkv});
+    out.push_back({p + "proj", &b.proj, m.proj});
+    out.push_back({p + "fc", &b.fc, m.fc});
+    out.push_back({p + "out", &b.out, m.out});
   }
-  if (head) out.push_back({"head", q && q->head ? &*q->head : nullptr, head_matrix(model)});
+  if (q.head) out.push_back({"head", &*q.head, head_matrix(model)});
   return out;
 }
 
 // Parameters whose elements a quantized matrix holds: every element of theirs lies inside one
 // of the matrices' views of the flat buffer.
-bool covered(const model::ParamInfo& p, const model::Decoder& model, const std::vector<Named>& ms) {
+template <class Q>
+bool covered(const model::ParamInfo& p, const model::Decoder& model, const std::vector<Named<Q>>& ms) {
   const auto* base = static_cast<const char*>(model.params().raw());
   const int64_t lo = p.offset * 4, hi = (p.offset + p.numel()) * 4;
-  for (const Named& m : ms) {
+  for (const auto& m : ms) {
     const int64_t a = static_cast<const char*>(m.target.raw()) - base, b = a + int64_t(m.target.nbytes());
     if (lo >= a && hi <= b) return true;
   }
@@ -70,7 +76,7 @@ std::string source_weights_crc(const std::string& source_dir) {
 
 void save_quantized_checkpoint(const std::string& out_dir, const std::string& source_dir, const model::Decoder& model,
                                const QuantizedModel& quant) {
-  const std::vector<Named> ms = named_matrices(model, &quant, quant.head.has_value());
+  const auto ms = named_matrices(model, quant);
   const fs::path tmp = fs::path(out_dir).string() + ".tmp";
   std::error_code ec;
   fs::remove_all(tmp, ec);
@@ -79,7 +85,7 @@ void save_quantized_checkpoint(const std::string& out_dir, const std::string& so
   io::SafetensorsWriter w;
   for (const model::ParamInfo& p : model.layout().params())
     if (!covered(p, model, ms)) w.add(p.name, model.param(p.name));
-  for (const Named& m : ms) {
+  for (const auto& m : ms) {
     w.add(m.name + ".q", m.matrix->q);
     w.add(m.name + ".scales", m.matrix->scales);
     if (m.matrix->zeros.defined()) w.add(m.name + ".zeros", m.matrix->zeros);
@@ -136,12 +142,11 @@ QuantizedCheckpoint load_quantized_checkpoint(const std::string& dir) {
   out.source = meta_of("source");
   out.source_crc32c = meta_of("source_model_crc32c");
   QuantizedModel& q = out.quant;
-  const bool head = file.contains("head.q");
-  std::vector<Named> ms = named_matrices(m, nullptr, head);
   q.blocks.resize(size_t(cfg.n_layer));
-  for (size_t i = 0; i < ms.size(); ++i) {
-    const Named& n = ms[i];
-    QuantizedMatrix x;
+  if (file.contains("head.q")) q.head.emplace();
+  const auto ms = named_matrices(m, q);
+  for (const auto& n : ms) {
+    QuantizedMatrix& x = *n.matrix;
     const std::string fmt = meta_of(n.name + ".format");
     LOOM_CHECK(fmt == "int8" || fmt == "int4", "quant", file.path(), ": ", n.name, " has format ", fmt,
                ", expected int8 or int4");
@@ -162,14 +167,7 @@ QuantizedCheckpoint load_quantized_checkpoint(const std::string& dir) {
     x.scales = get(".scales", DType::f32, {x.rows, x.cols / x.group});
     if (file.contains(n.name + ".zeros")) x.zeros = get(".zeros", DType::u8, {x.rows, x.cols / x.group});
     x.dequantize_into(n.target);
-    if (n.name == "head") {
-      q.head = std::move(x);
-    } else {
-      QuantizedModel::Block& b = q.blocks[i / 4];
-      (i % 4 == 0 ? b.qkv : i % 4 == 1 ? b.proj : i % 4 == 2 ? b.fc : b.out) = std::move(x);
-    }
   }
-  ms = named_matrices(m, nullptr, head);
   for (const model::ParamInfo& p : m.layout().params()) {
     if (covered(p, m, ms)) continue;
     const Tensor t = file.get(p.name);
@@ -180,7 +178,7 @@ QuantizedCheckpoint load_quantized_checkpoint(const std::string& dir) {
   q.spec.format = q.blocks.empty() ? cpu::QuantFormat::int8 : q.blocks[0].qkv.format;
   q.spec.group = q.blocks.empty() || q.blocks[0].qkv.group == q.blocks[0].qkv.cols ? 0 : q.blocks[0].qkv.group;
   q.spec.zero_point = !q.blocks.empty() && q.blocks[0].qkv.zeros.defined();
-  q.spec.head = head;
+  q.spec.head = q.head.has_value();
   return out;
 }
 
