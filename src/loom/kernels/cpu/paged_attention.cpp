@@ -18,47 +18,112 @@
 namespace loom::cpu {
 namespace {
 
-constexpr int64_t kQueryTile = 16;
+constexpr int64_t kQueryTile = 64;  // queries per item: a key block is transposed once per item
 constexpr double kNegBig = -1e30;
 
 struct ItemArgs {
   int64_t q_stride, out_stride, block_size, H, KVH, D;
 };
 
+// Keys are scored kW at a time: one vector of kW lanes per query row (kW = 16 is one zmm of
+// f32), accumulated over d, for kRows rows at once (independent chains that share each load of
+// the transposed keys), so no horizontal sum is needed per key.
+constexpr int64_t kW = 16;
+constexpr int64_t kRows = 8;
+
 // Per-thread scratch sized for one item.
 template <class T>
 struct Scratch {
-  std::vector<T> qs, acc, m, l, s;
+  std::vector<T> qs, acc, m, l, s, kt;
   void size(const ItemArgs& a) {
-    const int64_t group = a.H / a.KVH;
+    const int64_t group = a.H / a.KVH, bw = (a.block_size + kW - 1) / kW * kW;
     qs.resize(size_t(kQueryTile * group * a.D));
     acc.resize(qs.size());
     m.resize(size_t(kQueryTile * group));
     l.resize(m.size());
-    s.resize(size_t(a.block_size));
+    s.resize(size_t(kRows * bw));
+    kt.resize(size_t(bw * a.D));  // a key block transposed: [D, bw]
   }
 };
 
-// q . k over D with sixteen partial sums in a fixed order (vectorises without -ffast-math, and
-// gives the same bits whichever tile the query sits in).
+// Vector helpers below are always inlined into the per-ISA items, so the baseline ABI of a
+// vector argument or return (what -Wpsabi warns about) never applies.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+// kW lanes of T as one GCC vector (a zmm for f32 under AVX-512; split on narrower targets),
+// so that accumulators stay in registers.
 template <class T>
-[[gnu::always_inline]] inline T dot(const T* q, const T* k, int64_t D) {
-  T part[16] = {};
-  int64_t d = 0;
-  for (; d + 16 <= D; d += 16)
-    for (int j = 0; j < 16; ++j) part[j] += q[d + j] * k[d + j];
-  T sum = 0;
-  for (int j = 0; j < 16; ++j) sum += part[j];
-  for (; d < D; ++d) sum += q[d] * k[d];
-  return sum;
+struct Lanes {
+  typedef T type __attribute__((vector_size(kW * sizeof(T))));
+};
+template <class T>
+using Vec = typename Lanes<T>::type;
+template <class T>
+[[gnu::always_inline]] inline Vec<T> vload(const T* p) {
+  Vec<T> v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+template <class T>
+[[gnu::always_inline]] inline void vstore(T* p, const Vec<T>& v) {
+  std::memcpy(p, &v, sizeof v);
 }
 
+// acc[0, DC*kW) = acc * corr + sum over j < nj (in order) of p[j] * v[j]; the DC vectors of
+// acc stay in registers over j (independent chains, one per vector).
+template <class T, int DC>
+[[gnu::always_inline]] inline void pv_fixed(T* acc, T corr, const T* p, const T* v, int64_t D, int64_t nj) {
+  Vec<T> av[DC];
+#pragma GCC unroll 8
+  for (int c = 0; c < DC; ++c) av[c] = vload(acc + c * kW) * corr;
+  for (int64_t j = 0; j < nj; ++j) {
+    const T pj = p[j];
+    const T* vj = v + j * D;
+#pragma GCC unroll 8
+    for (int c = 0; c < DC; ++c) av[c] += pj * vload(vj + c * kW);
+  }
+#pragma GCC unroll 8
+  for (int c = 0; c < DC; ++c) vstore(acc + c * kW, av[c]);
+}
+
+template <class T>
+[[gnu::always_inline]] inline void pv(T* acc, T corr, const T* p, const T* v, int64_t D, int64_t nj) {
+  int64_t d0 = 0;
+  for (; d0 + 4 * kW <= D; d0 += 4 * kW) pv_fixed<T, 4>(acc + d0, corr, p, v + d0, D, nj);
+  for (; d0 + kW <= D; d0 += kW) pv_fixed<T, 1>(acc + d0, corr, p, v + d0, D, nj);
+  for (; d0 < D; ++d0) {
+    T x = acc[d0] * corr;
+    for (int64_t j = 0; j < nj; ++j) x += p[j] * v[j * D + d0];
+    acc[d0] = x;
+  }
+}
+
+// Scores of kRows query rows against kW keys (lanes) of the transposed block: for each row,
+// s[t] = sum over d (in order) of q[d] * kt[d][t]. Rows past the real ones repeat the last.
+template <class T>
+[[gnu::always_inline]] inline void score_rows(const T* const* qr, const T* kt, int64_t bw, int64_t D, T* s,
+                                              int64_t s_stride) {
+  Vec<T> sv[kRows] = {};
+  for (int64_t d = 0; d < D; ++d) {
+    const Vec<T> kd = vload(kt + d * bw);
+#pragma GCC unroll 8
+    for (int u = 0; u < kRows; ++u) sv[u] += qr[u][d] * kd;
+  }
+#pragma GCC unroll 8
+  for (int u = 0; u < kRows; ++u) vstore(s + u * s_stride, sv[u]);
+}
+
+// Each query row walks the key blocks in order with its own online-softmax state: scores of a
+// block as s[j] = sum over d (in order) of q[d] * k[j][d], its exponentials, then acc = acc *
+// correction + sum over j (in order) of p[j] * v[j]. The arithmetic of a row does not depend on
+// the tile, the chunking of its sequence or the other rows, so prefill and decode agree.
 template <class T>
 [[gnu::always_inline]] inline void attend_item(const T* q, const T* k_cache, const T* v_cache,
                                                const PagedSeq& sq, int64_t g, int64_t i0,
                                                int64_t i1, T* out, const ItemArgs& a,
                                                Scratch<T>& w) {
   const int64_t D = a.D, bs = a.block_size, group = a.H / a.KVH, nq = i1 - i0;
+  const int64_t bw = (bs + kW - 1) / kW * kW, R = nq * group;
   const T scale = T(1.0 / std::sqrt(double(D)));
   for (int64_t i = 0; i < nq; ++i)
     for (int64_t hh = 0; hh < group; ++hh) {
@@ -68,38 +133,55 @@ template <class T>
       w.m[size_t(i * group + hh)] = T(kNegBig);
       w.l[size_t(i * group + hh)] = 0;
     }
-  std::fill(w.acc.begin(), w.acc.begin() + nq * group * D, T(0));
+  std::fill(w.acc.begin(), w.acc.begin() + R * D, T(0));
   const int64_t n_keys_max = sq.pos0 + i1;  // the tile's last query sees this many keys
-  T* s = w.s.data();
+  T* kt = w.kt.data();
+  // Row r is query i = r / group: it sees keys up to position pos0 + i0 + i in block kb.
+  auto keys_in_block = [&](int64_t r, int64_t kb) { return std::min(bs, sq.pos0 + i0 + r / group + 1 - kb * bs); };
   for (int64_t kb = 0; kb * bs < n_keys_max; ++kb) {
     const int64_t blk = sq.block_table[kb];
     const T* kblk = k_cache + (blk * a.KVH + g) * bs * D;
     const T* vblk = v_cache + (blk * a.KVH + g) * bs * D;
-    for (int64_t i = 0; i < nq; ++i) {
-      const int64_t nj = std::min(bs, sq.pos0 + i0 + i + 1 - kb * bs);  // causal
-      if (nj <= 0) continue;
-      for (int64_t hh = 0; hh < group; ++hh) {
-        const int64_t r = i * group + hh;
-        const T* qi = &w.qs[size_t(r * D)];
-        for (int64_t j = 0; j < nj; ++j) s[j] = dot(qi, kblk + j * D, D);
+    // Lanes past the keys a row sees hold other finite keys (or zeros) and are never read.
+    const int64_t used = std::min(bs, n_keys_max - kb * bs);
+    for (int64_t d = 0; d < D; ++d)
+      for (int64_t j = 0; j < used; ++j) kt[d * bw + j] = kblk[j * D + d];
+    for (int64_t r0 = 0; r0 < R; r0 += kRows) {
+      const int64_t rn = std::min(kRows, R - r0);
+      const int64_t nj_max = keys_in_block(r0 + rn - 1, kb);  // rows ascend in position
+      if (nj_max <= 0) continue;
+      const T* qr[kRows];
+      for (int64_t u = 0; u < kRows; ++u) qr[u] = &w.qs[size_t((r0 + std::min(u, rn - 1)) * D)];
+      for (int64_t c = 0; c * kW < nj_max; ++c) score_rows<T>(qr, kt + c * kW, bw, D, w.s.data() + c * kW, bw);
+      for (int64_t u = 0; u < rn; ++u) {
+        const int64_t r = r0 + u, nj = keys_in_block(r, kb);
+        if (nj <= 0) continue;
+        // Max, exponentials and their sum lane-wise over whole vectors (lanes past nj: -big,
+        // then 0), the lanes summed last: the same for this row in any tile.
+        T* s = w.s.data() + u * bw;
+        const int64_t nw = (nj + kW - 1) / kW * kW;
+        for (int64_t j = nj; j < nw; ++j) s[j] = T(kNegBig);
         const T mold = w.m[size_t(r)];
-        T mx = mold;
-        for (int64_t j = 0; j < nj; ++j) mx = s[j] > mx ? s[j] : mx;
+        T lane[kW];
+        for (int t = 0; t < kW; ++t) lane[t] = mold;
+        for (int64_t c = 0; c < nw; c += kW)
+          for (int t = 0; t < kW; ++t) lane[t] = s[c + t] > lane[t] ? s[c + t] : lane[t];
+        T mx = lane[0];
+        for (int t = 1; t < kW; ++t) mx = lane[t] > mx ? lane[t] : mx;
         const T corr = vexp<T>(mold - mx);
+        for (int t = 0; t < kW; ++t) lane[t] = 0;
+        for (int64_t c = 0; c < nw; c += kW)
+          for (int t = 0; t < kW; ++t) {
+            const T x = vexp<T>(s[c + t] - mx);
+            const T e = c + t < nj ? x : T(0);
+            s[c + t] = e;
+            lane[t] += e;
+          }
         T sum = 0;
-        for (int64_t j = 0; j < nj; ++j) {
-          s[j] = vexp<T>(s[j] - mx);
-          sum += s[j];
-        }
+        for (int t = 0; t < kW; ++t) sum += lane[t];
         w.l[size_t(r)] = w.l[size_t(r)] * corr + sum;
         w.m[size_t(r)] = mx;
-        T* acc = &w.acc[size_t(r * D)];
-        for (int64_t d = 0; d < D; ++d) acc[d] *= corr;
-        for (int64_t j = 0; j < nj; ++j) {
-          const T p = s[j];
-          const T* vj = vblk + j * D;
-          for (int64_t d = 0; d < D; ++d) acc[d] += p * vj[d];
-        }
+        pv<T>(&w.acc[size_t(r * D)], corr, s, vblk, D, nj);
       }
     }
   }
