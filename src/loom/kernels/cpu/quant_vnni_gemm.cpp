@@ -153,16 +153,22 @@ bool gemm_fits(const QuantView& w, const ActLayout& L) {
 void gemm_quantize_acts_avx512(const float* x, const QuantView& w, const ActLayout& L, uint8_t* xa,
                                float* sx, int64_t m0, int64_t m1) {
   const int64_t I = w.cols, blocks = I / L.block;
+  // Blocks are whole vectors (32, 64 or 128 floats; gemm_fits).
+  const __m512 sign = _mm512_set1_ps(-0.0f);
+  const __m512i offset = _mm512_set1_epi32(128);
   for (int64_t m = m0; m < m1; ++m)
     for (int64_t blk = 0; blk < blocks; ++blk) {
       const float* src = x + m * I + blk * L.block;
-      float amax = 0;
-      for (int64_t i = 0; i < L.block; ++i) amax = std::max(amax, src[i] < 0 ? -src[i] : src[i]);
+      __m512 vmax = _mm512_setzero_ps();
+      for (int64_t i = 0; i < L.block; i += 16) vmax = _mm512_max_ps(vmax, _mm512_andnot_ps(sign, _mm512_loadu_ps(src + i)));
+      const float amax = _mm512_reduce_max_ps(vmax);
       sx[m * blocks + blk] = amax / 127.f;
-      const float inv = amax > 0 ? 127.f / amax : 0.f;
+      const __m512 inv = _mm512_set1_ps(amax > 0 ? 127.f / amax : 0.f);
       uint8_t* dst = xa + m * I + blk * L.block;
-      for (int64_t i = 0; i < L.block; ++i)  // round to nearest even, then + 128
-        dst[i] = uint8_t(int32_t((src[i] * inv + 12582912.0f) - 12582912.0f) + 128);
+      for (int64_t i = 0; i < L.block; i += 16) {  // round to nearest even (MXCSR default), then + 128
+        const __m512i v = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(src + i), inv)), offset);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm512_cvtepi32_epi8(v));
+      }
     }
 }
 
