@@ -18,8 +18,10 @@
 #include "loom/core/threads.h"
 #include "loom/core/timer.h"
 #include "loom/infer/engine.h"
+#include "loom/infer/quant_checkpoint.h"
 #include "loom/kernels/cpu/cpu_kernels.h"
 #include "loom/train/checkpoint.h"
+#include "tools/loom/bench_infer.h"
 #include "tools/loom/commands.h"
 #include "tools/loom/inference_model.h"
 
@@ -37,13 +39,20 @@ const char* kUsage =
     "        [--temperature T] [--threads N] [--seed S] [--no-prefix-caching] [--no-batch1]\n"
     "        [--batch1-tokens N] [--prefill-tokens N] [--quant fp32|int8|int4 [--group N]\n"
     "        [--quant-head int8|f32] [--zero-point]]\n"
+    "   or: loom bench infer --peer llama.cpp [--model gpt2-124m | --checkpoint DIR] [--threads N]\n"
+    "        [--precisions fp32,int8,int4] [--rounds R] [--batch1-tokens N] [--prefill-tokens N]\n"
+    "        [--compare-tokens N] [--group N] [--quant-head int8|f32] [--peer-venv DIR]\n"
     "DIST: N | uniform:A:B | exp:MEAN:MIN:MAX (exponential, clamped). --rate 0: all arrive at once.\n"
     "--static: the static batching of static/both (default padded: finished members stay in the\n"
     "batch as padding rows until the longest is done; compact: they leave at once).\n"
     "--mode all: compact static, padded static and continuous, side by side.\n"
     "--prefill-tokens N: time one N-token prompt's prefill (prompt processing; default 512, 0: off).\n"
     "--quant: the block matrices and the head in int8/int4 (docs/INFERENCE.md); a quantized\n"
-    "checkpoint (loom quantize) is run as it is.\n";
+    "checkpoint (loom quantize) is run as it is.\n"
+    "--peer llama.cpp: batch-1 decode and prompt processing beside llama.cpp on the same weights\n"
+    "(GGUF F32, Q8_0, Q4_0 for fp32, int8, int4), alternating, and greedy tokens compared at F32.\n"
+    "The peer is PyPI's llama-cpp-python, built once into --peer-venv (default BUILD/peers/llama-venv;\n"
+    "the first run compiles llama.cpp, minutes). GPT-2-family models only. docs/PERFORMANCE.md.\n";
 
 // One batching policy under test: the mode, the static policy, and its names.
 struct Flavour {
@@ -288,101 +297,6 @@ std::vector<ModeResult> run_modes(const model::Decoder& m, const infer::EngineCo
   return out;
 }
 
-// Sustained read bandwidth: the best of two sums over n floats with the benchmark's threads
-// (the weights are read-only during decoding, so reading is the bound that matters).
-double measure_read_bandwidth(const float* buf, int64_t n) {
-  double best = 0;
-  volatile double sink = 0;
-  for (int rep = 0; rep < 2; ++rep) {
-    const double t = now_seconds();
-    double total = 0;
-#pragma omp parallel for schedule(dynamic, 16) reduction(+ : total)
-    for (int64_t c = 0; c < n; c += 4096) {
-      float acc[16] = {};
-      const float* p = buf + c;
-      const int64_t e = std::min<int64_t>(4096, n - c);
-      int64_t j = 0;
-      for (; j + 16 <= e; j += 16)
-        for (int k = 0; k < 16; ++k) acc[k] += p[j + k];
-      for (; j < e; ++j) acc[0] += p[j];
-      for (float a : acc) total += a;
-    }
-    sink = sink + total;
-    best = std::max(best, double(n) * 4 / (now_seconds() - t));
-  }
-  return best;
-}
-
-struct Batch1 {
-  double tokens_per_s = 0, bandwidth = 0, bound = 0, bytes_per_token = 0, fraction = 0;
-  // The same against a sum over the model's own parameter buffer (the pages decoding reads).
-  double weights_bandwidth = 0, weights_bound = 0, weights_fraction = 0;
-};
-
-// Decode one sequence in rounds, each followed by a bandwidth measurement, so that rate and
-// bound are taken under the same conditions (the machine may be shared); the round with the
-// median fraction is reported.
-Batch1 run_batch1(const model::Decoder& m, infer::EngineConfig cfg, int64_t n_tokens) {
-  cfg.max_num_seqs = 1;
-  infer::Engine e(m, cfg);
-  const int64_t rounds = 5, per_round = std::max<int64_t>(4, n_tokens / rounds);
-  std::vector<int32_t> prompt(16);
-  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 7 + 1) % size_t(m.config().vocab_size));
-  infer::SamplingParams sp;
-  sp.temperature = 0;
-  sp.max_tokens = rounds * per_round + 2;
-  e.add_request(prompt, sp);
-  e.step();  // prefill
-  std::vector<float> buf(size_t(1) << 28, 1.0f);  // 1 GiB
-  const double bytes = double(e.weight_bytes_per_token());
-  std::vector<Batch1> rs;
-  for (int64_t r = 0; r < rounds; ++r) {
-    std::vector<double> dt;
-    for (int64_t k = 0; k < per_round; ++k) {
-      const double t = now_seconds();
-      e.step();
-      dt.push_back(now_seconds() - t);
-    }
-    Batch1 b;
-    b.tokens_per_s = 1.0 / percentile(dt, 50);
-    b.bytes_per_token = bytes;
-    b.bandwidth = measure_read_bandwidth(buf.data(), int64_t(buf.size()));
-    b.bound = b.bandwidth / bytes;
-    b.fraction = b.tokens_per_s / b.bound;
-    b.weights_bandwidth = measure_read_bandwidth(m.params().data<float>(), m.params().numel());
-    b.weights_bound = b.weights_bandwidth / bytes;
-    b.weights_fraction = b.tokens_per_s / b.weights_bound;
-    rs.push_back(b);
-  }
-  while (e.has_unfinished()) e.step();
-  std::sort(rs.begin(), rs.end(), [](const Batch1& x, const Batch1& y) { return x.fraction < y.fraction; });
-  return rs[rs.size() / 2];
-}
-
-// Prompt processing: one P-token prompt prefilled in a single step, median of 3 (a fresh
-// prompt each time, so no prefix-cache hit).
-double prefill_tokens_per_s(const model::Decoder& m, infer::EngineConfig cfg, int64_t P) {
-  cfg.max_num_seqs = 1;
-  cfg.max_batched_tokens = std::max(cfg.max_batched_tokens, P);
-  cfg.prefix_caching = false;
-  infer::Engine e(m, cfg);
-  std::vector<double> rates;
-  for (int rep = 0; rep < 3; ++rep) {
-    std::vector<int32_t> prompt(static_cast<size_t>(P));
-    for (size_t i = 0; i < prompt.size(); ++i)
-      prompt[i] = int32_t((i * 13 + 7 * size_t(rep) + 1) % size_t(m.config().vocab_size));
-    infer::SamplingParams sp;
-    sp.temperature = 0;
-    sp.max_tokens = 1;
-    e.add_request(prompt, sp);
-    const double t = now_seconds();
-    e.step();  // the whole prompt, and its first token
-    rates.push_back(double(P) / (now_seconds() - t));
-    while (e.has_unfinished()) e.step();
-  }
-  return percentile(rates, 50);
-}
-
 double padding_pct(const ModeResult& r) {
   const double rows = double(r.decode_rows + r.padding_rows);
   return rows > 0 ? 100.0 * double(r.padding_rows) / rows : 0;
@@ -442,6 +356,89 @@ void print_table(const std::vector<ModeResult>& rs) {
 
 }  // namespace
 
+double measure_read_bandwidth(const float* buf, int64_t n) {
+  double best = 0;
+  volatile double sink = 0;
+  for (int rep = 0; rep < 2; ++rep) {
+    const double t = now_seconds();
+    double total = 0;
+#pragma omp parallel for schedule(dynamic, 16) reduction(+ : total)
+    for (int64_t c = 0; c < n; c += 4096) {
+      float acc[16] = {};
+      const float* p = buf + c;
+      const int64_t e = std::min<int64_t>(4096, n - c);
+      int64_t j = 0;
+      for (; j + 16 <= e; j += 16)
+        for (int k = 0; k < 16; ++k) acc[k] += p[j + k];
+      for (; j < e; ++j) acc[0] += p[j];
+      for (float a : acc) total += a;
+    }
+    sink = sink + total;
+    best = std::max(best, double(n) * 4 / (now_seconds() - t));
+  }
+  return best;
+}
+
+Batch1 run_batch1(const model::Decoder& m, infer::EngineConfig cfg, int64_t n_tokens) {
+  cfg.max_num_seqs = 1;
+  infer::Engine e(m, cfg);
+  const int64_t rounds = 5, per_round = std::max<int64_t>(4, n_tokens / rounds);
+  std::vector<int32_t> prompt(16);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 7 + 1) % size_t(m.config().vocab_size));
+  infer::SamplingParams sp;
+  sp.temperature = 0;
+  sp.max_tokens = rounds * per_round + 2;
+  e.add_request(prompt, sp);
+  e.step();  // prefill
+  std::vector<float> buf(size_t(1) << 28, 1.0f);  // 1 GiB
+  const double bytes = double(e.weight_bytes_per_token());
+  std::vector<Batch1> rs;
+  for (int64_t r = 0; r < rounds; ++r) {
+    std::vector<double> dt;
+    for (int64_t k = 0; k < per_round; ++k) {
+      const double t = now_seconds();
+      e.step();
+      dt.push_back(now_seconds() - t);
+    }
+    Batch1 b;
+    b.tokens_per_s = 1.0 / percentile(dt, 50);
+    b.bytes_per_token = bytes;
+    b.bandwidth = measure_read_bandwidth(buf.data(), int64_t(buf.size()));
+    b.bound = b.bandwidth / bytes;
+    b.fraction = b.tokens_per_s / b.bound;
+    b.weights_bandwidth =
+        measure_read_bandwidth(buf.data(), std::min<int64_t>(int64_t(buf.size()), int64_t(bytes / 4)));
+    b.weights_bound = b.weights_bandwidth / bytes;
+    b.weights_fraction = b.tokens_per_s / b.weights_bound;
+    rs.push_back(b);
+  }
+  while (e.has_unfinished()) e.step();
+  std::sort(rs.begin(), rs.end(), [](const Batch1& x, const Batch1& y) { return x.fraction < y.fraction; });
+  return rs[rs.size() / 2];
+}
+
+double prefill_tokens_per_s(const model::Decoder& m, infer::EngineConfig cfg, int64_t P) {
+  cfg.max_num_seqs = 1;
+  cfg.max_batched_tokens = std::max(cfg.max_batched_tokens, P);
+  cfg.prefix_caching = false;
+  infer::Engine e(m, cfg);
+  std::vector<double> rates;
+  for (int rep = 0; rep < 3; ++rep) {
+    std::vector<int32_t> prompt(static_cast<size_t>(P));
+    for (size_t i = 0; i < prompt.size(); ++i)
+      prompt[i] = int32_t((i * 13 + 7 * size_t(rep) + 1) % size_t(m.config().vocab_size));
+    infer::SamplingParams sp;
+    sp.temperature = 0;
+    sp.max_tokens = 1;
+    e.add_request(prompt, sp);
+    const double t = now_seconds();
+    e.step();  // the whole prompt, and its first token
+    rates.push_back(double(P) / (now_seconds() - t));
+    while (e.has_unfinished()) e.step();
+  }
+  return percentile(rates, 50);
+}
+
 int bench_infer(const std::vector<std::string>& argv) {
   Args a("bench infer", argv,
          {{"model", true}, {"checkpoint", true}, {"mode", true}, {"static", true}, {"requests", true},
@@ -450,11 +447,15 @@ int bench_infer(const std::vector<std::string>& argv) {
           {"max-batched-tokens", true}, {"block-size", true}, {"kv-cache-mb", true},
           {"temperature", true}, {"threads", true}, {"seed", true}, {"no-prefix-caching", false},
           {"no-batch1", false}, {"batch1-tokens", true}, {"prefill-tokens", true}, {"quant", true},
-          {"group", true}, {"quant-head", true}, {"zero-point", false}, {"help", false}});
+          {"group", true}, {"quant-head", true}, {"zero-point", false}, {"peer", true}, {"peer-venv", true},
+          {"rounds", true}, {"precisions", true}, {"compare-tokens", true}, {"help", false}});
   if (a.has("help")) {
     std::printf("%s", kUsage);
     return 0;
   }
+  if (!a.has("peer"))
+    for (const char* k : {"peer-venv", "rounds", "precisions", "compare-tokens"})
+      if (a.has(k)) throw UsageError(str_cat("[bench infer] --", k, " goes with --peer llama.cpp"));
   const std::string mode = a.get("mode", "both");
   if (mode != "static" && mode != "continuous" && mode != "both" && mode != "all")
     throw UsageError("[bench infer] --mode must be static, continuous, both or all, got \"" + mode +
@@ -480,21 +481,31 @@ int bench_infer(const std::vector<std::string>& argv) {
   if (a.has("checkpoint")) ckpt = resolve_inference_checkpoint(a.get("checkpoint", ""), stderr);
   const model::ModelConfig mc =
       ckpt.empty() ? model::preset(a.get("model", "gpt2-124m")) : train::checkpoint_model_config(ckpt);
-  if (plen.max() + olen.max() > mc.n_ctx)
+  if (!a.has("peer") && plen.max() + olen.max() > mc.n_ctx)
     throw UsageError(str_cat("[bench infer] the longest prompt (", plen.max(), ") plus the longest output (",
                              olen.max(), ") exceed the context of ", mc.n_ctx, " tokens"));
   const int64_t prefill = std::min(a.get_int("prefill-tokens", 512), mc.n_ctx - 1);
   if (prefill < 0) throw UsageError("[bench infer] --prefill-tokens must be >= 0 (0: off)");
-  const InferenceModel im = ckpt.empty() ? random_inference_model(mc, uint64_t(a.get_int("seed", 1)), quant)
-                                         : load_inference_model(ckpt, quant, stderr, /*resolved=*/true);
-  const model::Decoder& m = *im.model;
-
   infer::EngineConfig cfg;
   cfg.block_size = a.get_int("block-size", 16);
   cfg.kv_cache_bytes = a.get_int("kv-cache-mb", 1024) << 20;
   cfg.max_num_seqs = a.get_int("max-num-seqs", 32);
   cfg.max_batched_tokens = a.get_int("max-batched-tokens", 2048);
   cfg.prefix_caching = !a.has("no-prefix-caching");
+  if (a.has("peer")) {
+    if (a.get("peer", "") != "llama.cpp")
+      throw UsageError("[bench infer] --peer: only 'llama.cpp' is supported, got '" + a.get("peer", "") + "'");
+    if (!ckpt.empty() && infer::is_quantized_checkpoint(ckpt))
+      throw UsageError("[bench infer] --peer llama.cpp needs f32 weights to write as GGUF; " + ckpt +
+                       " is a quantized checkpoint (give the checkpoint it was made from)");
+    std::printf("bench infer --peer llama.cpp: %s%s, %d threads, kernels %s\n", mc.summary().c_str(),
+                ckpt.empty() ? " (random weights)" : (" from " + ckpt).c_str(), threads,
+                cpu::hot_kernels_isa().c_str());
+    return bench_infer_llama_cpp(a, mc, ckpt, cfg, threads, prefill);
+  }
+  const InferenceModel im = ckpt.empty() ? random_inference_model(mc, uint64_t(a.get_int("seed", 1)), quant)
+                                         : load_inference_model(ckpt, quant, stderr, /*resolved=*/true);
+  const model::Decoder& m = *im.model;
   cfg.quant = im.quant_ptr();
   const double temperature = a.get_double("temperature", 0.0);
 
@@ -540,9 +551,10 @@ int bench_infer(const std::vector<std::string>& argv) {
                 "(median of 5 rounds)\n",
                 b1.tokens_per_s, b1.bytes_per_token / 1e6, b1.bandwidth / 1e9, threads, b1.bound,
                 100 * b1.fraction);
-    std::printf("  against a sum over the model's own weights: %.2f GB/s -> bound %.2f tokens/s; "
-                "achieved %.1f%% (same round)\n",
-                b1.weights_bandwidth / 1e9, b1.weights_bound, 100 * b1.weights_fraction);
+    std::printf("  against a sum over %.1f MB (the weights' size; cache-resident if they are): %.2f GB/s "
+                "-> bound %.2f tokens/s; achieved %.1f%% (same round)\n",
+                b1.bytes_per_token / 1e6, b1.weights_bandwidth / 1e9, b1.weights_bound,
+                100 * b1.weights_fraction);
   }
   double prefill_rate = 0;
   if (prefill > 0) {

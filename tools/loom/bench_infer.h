@@ -1,0 +1,37 @@
+// Batch-1 decode and prompt-processing timings of `loom bench infer`, shared by its serving
+// benchmark (bench_infer.cpp) and its llama.cpp side-by-side run (bench_infer_peer.cpp).
+#pragma once
+#include <cstdint>
+
+#include "loom/infer/engine.h"
+#include "loom/model/decoder.h"
+#include "tools/loom/commands.h"
+
+namespace loom::cli {
+
+// Sustained read bandwidth in bytes/s: the best of two sums over n floats with the
+// benchmark's threads (weights are read-only while decoding, so reading is the bound).
+double measure_read_bandwidth(const float* buf, int64_t n);
+
+struct Batch1 {
+  double tokens_per_s = 0, bandwidth = 0, bound = 0, bytes_per_token = 0, fraction = 0;
+  // The same against a sum over a buffer the size of the weights read per token: the bound
+  // when they stay in the last-level cache (a quantized gpt2-124m fits a large L3).
+  double weights_bandwidth = 0, weights_bound = 0, weights_fraction = 0;
+};
+
+// Decodes one sequence in rounds, each followed by the bandwidth measurements, so that rate and
+// bound are taken under the same conditions; the round with the median fraction is returned.
+Batch1 run_batch1(const model::Decoder& m, infer::EngineConfig cfg, int64_t n_tokens);
+
+// One P-token prompt prefilled in a single step (and its first token), median of 3 fresh
+// prompts (no prefix-cache hit), in prompt tokens per second.
+double prefill_tokens_per_s(const model::Decoder& m, infer::EngineConfig cfg, int64_t P);
+
+// `bench infer --peer llama.cpp`: loom and llama.cpp on the same weights at fp32/F32,
+// int8/Q8_0 and int4/Q4_0, alternating runs, plus greedy tokens compared at F32.
+// `checkpoint` is a resolved f32 checkpoint, or empty for the preset `mc` with random weights.
+int bench_infer_llama_cpp(const Args& a, const model::ModelConfig& mc, const std::string& checkpoint,
+                          const infer::EngineConfig& cfg, int threads, int64_t prefill);
+
+}  // namespace loom::cli

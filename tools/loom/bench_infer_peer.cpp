@@ -1,0 +1,299 @@
+// `loom bench infer --peer llama.cpp`: loom's engine and llama.cpp (through PyPI's
+// llama-cpp-python, built into a private venv by bench/peers/setup_llama_cpp.sh) on the same
+// weights, written as GGUF by bench/peers/gguf_from_hf.py: fp32 against F32, int8 against
+// Q8_0 and int4 against Q4_0. Batch-1 decode and prompt processing alternate between the two
+// in every round (a shared machine's load falls on both alike); greedy tokens are compared
+// at F32 with llama.cpp's KV cache in F32 and flash attention off.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <sstream>
+#include <vector>
+
+#include "loom/core/error.h"
+#include "loom/core/stats.h"
+#include "loom/core/timer.h"
+#include "loom/infer/engine.h"
+#include "loom/kernels/cpu/cpu_kernels.h"
+#include "loom/model/hf_weights.h"
+#include "tools/loom/bench_infer.h"
+#include "tools/loom/inference_model.h"
+#include "tools/loom/peer_process.h"
+
+namespace loom::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+// build/bin/loom -> build/peers/llama-venv: the peer lives beside the build that uses it.
+std::string default_venv() {
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) return "build/peers/llama-venv";
+  return (exe.parent_path().parent_path() / "peers" / "llama-venv").string();
+}
+
+std::string quoted(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+void run_step(const std::string& cmd, const std::string& what) {
+  const int rc = std::system(cmd.c_str());
+  if (rc != 0)
+    throw Error(str_cat("[bench infer] ", what, " failed (exit ", WIFEXITED(rc) ? WEXITSTATUS(rc) : rc,
+                        "); its messages are above"));
+}
+
+// One precision both sides run: loom's --quant name and the GGUF types of the blocks and head.
+struct Level {
+  std::string loom, gguf, head;
+};
+
+std::vector<int32_t> decode_prompt(int64_t P, int64_t vocab) {
+  std::vector<int32_t> p(static_cast<size_t>(P));
+  for (size_t i = 0; i < p.size(); ++i) p[i] = int32_t((i * 7 + 1) % size_t(vocab));
+  return p;
+}
+
+// Batch-1 decode: a P-token prompt, then N greedy steps each timed; median rate.
+double loom_decode_rate(infer::Engine& e, int64_t vocab, int64_t P, int64_t N) {
+  infer::SamplingParams sp;
+  sp.temperature = 0;
+  sp.max_tokens = N + 1;
+  e.add_request(decode_prompt(P, vocab), sp);
+  e.step();  // the prompt and the first token
+  std::vector<double> dt;
+  while (e.has_unfinished()) {
+    const double t = now_seconds();
+    e.step();
+    dt.push_back(now_seconds() - t);
+  }
+  return 1.0 / percentile(dt, 50);
+}
+
+double loom_prefill_rate(infer::Engine& e, int64_t vocab, int64_t P, int rep) {
+  std::vector<int32_t> prompt(static_cast<size_t>(P));
+  for (size_t i = 0; i < prompt.size(); ++i)
+    prompt[i] = int32_t((i * 13 + 7 * size_t(rep) + 1) % size_t(vocab));
+  infer::SamplingParams sp;
+  sp.temperature = 0;
+  sp.max_tokens = 1;
+  e.add_request(prompt, sp);
+  const double t = now_seconds();
+  e.step();
+  const double rate = double(P) / (now_seconds() - t);
+  while (e.has_unfinished()) e.step();
+  return rate;
+}
+
+double read_number(PeerProcess& p, const std::string& prefix) {
+  const std::string s = p.read_until(prefix);
+  try {
+    return std::stod(s);
+  } catch (...) {
+    throw Error(str_cat("[bench infer] llama.cpp peer: expected a number after ", prefix, ", got \"", s, "\""));
+  }
+}
+
+struct LevelResult {
+  Level level;
+  std::string loom_precision;
+  double loom_decode = 0, peer_decode = 0, loom_prefill = 0, peer_prefill = 0;
+};
+
+}  // namespace
+
+int bench_infer_llama_cpp(const Args& a, const model::ModelConfig& mc, const std::string& checkpoint,
+                          const infer::EngineConfig& engine_cfg, int threads, int64_t prefill) {
+  if (mc.family != model::Family::gpt2)
+    throw UsageError(str_cat("[bench infer] --peer llama.cpp runs GPT-2-family models; ", mc.name, " is ",
+                             model::family_name(mc.family), " (use --model gpt2-124m or a GPT-2 checkpoint)"));
+  if (a.has("quant"))
+    throw UsageError("[bench infer] --peer llama.cpp runs every precision itself (fp32/F32, int8/Q8_0, "
+                     "int4/Q4_0); choose them with --precisions instead of --quant");
+  const std::string venv = a.get("peer-venv", default_venv());
+  const int64_t rounds = a.get_int("rounds", 3), decode_tokens = a.get_int("batch1-tokens", 64);
+  const int64_t compare_tokens = a.get_int("compare-tokens", 32);
+  if (rounds < 1 || decode_tokens < 1 || compare_tokens < 0)
+    throw UsageError("[bench infer] --rounds and --batch1-tokens must be >= 1, --compare-tokens >= 0");
+  const uint64_t seed = uint64_t(a.get_int("seed", 1));
+
+  // The precisions: fp32 F32, int8 Q8_0 (its head Q8_0 too), int4 Q4_0 with the head as loom
+  // keeps it (int8 by default: Q8_0; --quant-head f32: F32).
+  const bool head_f32 = a.get("quant-head", "int8") == "f32";
+  std::vector<Level> levels;
+  {
+    std::istringstream is(a.get("precisions", "fp32,int8,int4"));
+    std::string p;
+    while (std::getline(is, p, ',')) {
+      if (p == "fp32") levels.push_back({"fp32", "F32", "F32"});
+      else if (p == "int8") levels.push_back({"int8", "Q8_0", head_f32 ? "F32" : "Q8_0"});
+      else if (p == "int4") levels.push_back({"int4", "Q4_0", head_f32 ? "F32" : "Q8_0"});
+      else
+        throw UsageError("[bench infer] --precisions: \"" + p + "\" is not fp32, int8 or int4 (a comma list)");
+    }
+    if (levels.empty()) throw UsageError("[bench infer] --precisions names no precision");
+  }
+
+  const std::string setup = std::string(LOOM_SOURCE_DIR) + "/bench/peers/setup_llama_cpp.sh";
+  run_step("bash " + quoted(setup) + " " + quoted(venv), "building the llama.cpp peer (" + setup + ")");
+  const std::string python = venv + "/bin/python";
+
+  // The f32 weights, exported in Hugging Face layout, then written as GGUF per precision.
+  const fs::path work = fs::path(venv).parent_path() / str_cat("run-", getpid());
+  struct Cleanup {  // LOOM_KEEP_PEER_FILES=1 keeps the GGUF files (to run llama.cpp on them by hand)
+    fs::path p;
+    ~Cleanup() {
+      std::error_code ec;
+      if (const char* k = std::getenv("LOOM_KEEP_PEER_FILES"); k && std::string(k) == "1")
+        std::fprintf(stderr, "[bench infer] kept the GGUF files in %s\n", p.c_str());
+      else
+        fs::remove_all(p, ec);
+    }
+  } cleanup{work};
+  fs::create_directories(work / "hf");
+  auto load = [&](const std::optional<infer::QuantSpec>& q) {
+    return checkpoint.empty() ? random_inference_model(mc, seed, q)
+                              : load_inference_model(checkpoint, q, stderr, /*resolved=*/true);
+  };
+  {
+    const InferenceModel f32 = load(std::nullopt);
+    model::save_hf_pretrained(*f32.model, (work / "hf").string());
+  }
+  const char* data_dir = std::getenv("LOOM_DATA_DIR");
+  const std::string vocab = data_dir ? std::string(data_dir) + "/gpt2" : std::string(LOOM_SOURCE_DIR) + "/data/gpt2";
+  const std::string writer = std::string(LOOM_SOURCE_DIR) + "/bench/peers/gguf_from_hf.py";
+  std::vector<std::string> ggufs;
+  for (const Level& l : levels) {
+    ggufs.push_back((work / (l.gguf + "-head-" + l.head + ".gguf")).string());
+    run_step(str_cat(quoted(python), " ", quoted(writer), " --hf ", quoted((work / "hf").string()), " --out ",
+                     quoted(ggufs.back()), " --type ", l.gguf, " --head-type ", l.head, " --vocab ", quoted(vocab)),
+             "writing " + ggufs.back());
+  }
+  fs::remove_all(work / "hf");
+
+  infer::EngineConfig cfg = engine_cfg;
+  cfg.max_num_seqs = 1;
+  cfg.prefix_caching = false;
+  cfg.max_batched_tokens = std::max<int64_t>(cfg.max_batched_tokens, prefill);
+  const int64_t P = 16;
+  std::printf("peer: llama.cpp via llama-cpp-python in %s, %d threads, alternating with loom; %lld rounds of "
+              "%lld decode steps after a %lld-token prompt, and one %lld-token prompt\n",
+              venv.c_str(), threads, (long long)rounds, (long long)decode_tokens, (long long)P,
+              (long long)prefill);
+  std::fflush(stdout);
+
+  std::vector<LevelResult> results;
+  int64_t equal = -1, first_diff = -1;
+  for (size_t li = 0; li < levels.size(); ++li) {
+    const Level& l = levels[li];
+    const auto spec = l.loom == "fp32"
+                          ? std::optional<infer::QuantSpec>()
+                          : infer::parse_quant_spec(l.loom, l.loom == "int4" ? a.get_int("group", -1) : -1,
+                                                    head_f32 ? "f32" : "int8",
+                                                    l.loom == "int4" && a.has("zero-point"));
+    const InferenceModel im = load(spec);
+    cfg.quant = im.quant_ptr();
+    infer::Engine e(*im.model, cfg);
+    PeerProcess peer({python, std::string(LOOM_SOURCE_DIR) + "/bench/peers/llama_cpp_peer.py", "--gguf", ggufs[li],
+                      "--threads", std::to_string(threads), "--ctx", std::to_string(mc.n_ctx)});
+    const std::string ready = peer.read_until("READY ");
+    if (li == 0) std::printf("peer: %s\n", ready.c_str());
+    LevelResult r{l, im.precision()};
+    std::vector<double> ld, pd, lp, pp;
+    loom_decode_rate(e, mc.vocab_size, P, 4);  // warm-up: first touches of weights and caches
+    peer.send_line(str_cat("decode ", P, " 4"));
+    read_number(peer, "DECODE ");
+    for (int64_t round = 0; round < rounds; ++round) {
+      ld.push_back(loom_decode_rate(e, mc.vocab_size, P, decode_tokens));
+      peer.send_line(str_cat("decode ", P, " ", decode_tokens));
+      pd.push_back(read_number(peer, "DECODE "));
+      if (prefill > 0) {
+        peer.send_line(str_cat("prefill ", prefill));
+        pp.push_back(read_number(peer, "PREFILL "));
+        lp.push_back(loom_prefill_rate(e, mc.vocab_size, prefill, int(round)));
+      }
+      std::printf("  %s / %s round %lld: decode loom %.1f, llama.cpp %.1f tokens/s", r.loom_precision.c_str(),
+                  l.gguf.c_str(), (long long)round + 1, ld.back(), pd.back());
+      if (prefill > 0) std::printf("; prompt loom %.0f, llama.cpp %.0f tokens/s", lp.back(), pp.back());
+      std::printf("\n");
+      std::fflush(stdout);
+    }
+    peer.send_line("quit");
+    r.loom_decode = percentile(ld, 50);
+    r.peer_decode = percentile(pd, 50);
+    if (prefill > 0) {
+      r.loom_prefill = percentile(lp, 50);
+      r.peer_prefill = percentile(pp, 50);
+    }
+    results.push_back(r);
+
+    if (l.loom == "fp32" && compare_tokens > 0) {
+      // Greedy tokens against llama.cpp with an F32 KV cache and no flash attention.
+      PeerProcess exact({python, std::string(LOOM_SOURCE_DIR) + "/bench/peers/llama_cpp_peer.py", "--gguf",
+                         ggufs[li], "--threads", std::to_string(threads), "--ctx", std::to_string(mc.n_ctx),
+                         "--exact"});
+      exact.read_until("READY ");
+      const std::vector<int32_t> prompt = decode_prompt(P, mc.vocab_size);
+      infer::SamplingParams sp;
+      sp.temperature = 0;
+      sp.max_tokens = compare_tokens;
+      const std::vector<int32_t> mine = e.generate(prompt, sp);
+      std::string cmd = str_cat("greedy ", compare_tokens);
+      for (int32_t t : prompt) cmd += str_cat(" ", t);
+      exact.send_line(cmd);
+      std::istringstream is(exact.read_until("TOKENS "));
+      std::vector<int32_t> theirs;
+      for (int32_t t; is >> t;) theirs.push_back(t);
+      exact.send_line("quit");
+      equal = 0;
+      for (size_t i = 0; i < mine.size() && i < theirs.size(); ++i) {
+        if (mine[i] == theirs[i]) ++equal;
+        else if (first_diff < 0) first_diff = int64_t(i);
+      }
+      if (first_diff < 0 && mine.size() != theirs.size()) first_diff = int64_t(std::min(mine.size(), theirs.size()));
+      std::string ms, ts;
+      for (int32_t t : mine) ms += str_cat(" ", t);
+      for (int32_t t : theirs) ts += str_cat(" ", t);
+      std::printf("greedy tokens at F32 (%lld after a %lld-token prompt): %lld equal%s\n  loom:     %s\n  "
+                  "llama.cpp:%s\n",
+                  (long long)compare_tokens, (long long)P, (long long)equal,
+                  first_diff < 0 ? ", identical" : str_cat(", first difference at ", first_diff).c_str(),
+                  ms.c_str(), ts.c_str());
+    }
+  }
+
+  std::printf("\n%-40s%12s%12s%9s%12s%12s%9s\n", "precision (loom / llama.cpp)", "decode loom", "llama.cpp",
+              "ratio", "prompt loom", "llama.cpp", "ratio");
+  std::string js = str_cat("{\"model\":\"", mc.name, "\",\"peer\":\"llama.cpp\",\"threads\":", threads,
+                           ",\"prefill_tokens\":", prefill, ",\"rounds\":", rounds);
+  for (const LevelResult& r : results) {
+    const std::string name = r.loom_precision + " / " + r.level.gguf + (r.level.head != r.level.gguf
+                                                                            ? " (head " + r.level.head + ")"
+                                                                            : "");
+    std::printf("%-40s%12.1f%12.1f%8.2fx%12.0f%12.0f%8.2fx\n", name.c_str(), r.loom_decode, r.peer_decode,
+                r.loom_decode / r.peer_decode, r.loom_prefill, r.peer_prefill,
+                r.peer_prefill > 0 ? r.loom_prefill / r.peer_prefill : 0.0);
+    const std::string k = r.level.loom;
+    js += str_cat(",\"", k, "_batch1_tokens_per_s\":", r.loom_decode, ",\"", k, "_peer_batch1_tokens_per_s\":",
+                  r.peer_decode, ",\"", k, "_batch1_ratio\":", r.loom_decode / r.peer_decode);
+    if (prefill > 0)
+      js += str_cat(",\"", k, "_prefill_tokens_per_s\":", r.loom_prefill, ",\"", k,
+                    "_peer_prefill_tokens_per_s\":", r.peer_prefill, ",\"", k, "_prefill_ratio\":",
+                    r.loom_prefill / r.peer_prefill);
+  }
+  if (equal >= 0)
+    js += str_cat(",\"greedy_tokens_compared\":", compare_tokens, ",\"greedy_tokens_equal\":", equal,
+                  ",\"greedy_first_difference\":", first_diff);
+  js += "}";
+  std::printf("ratio: loom / llama.cpp (medians over rounds; >1: loom faster)\nSUMMARY %s\n", js.c_str());
+  return 0;
+}
+
+}  // namespace loom::cli
