@@ -41,7 +41,8 @@ const char* kUsage =
     "        [--quant-head int8|f32] [--zero-point]]\n"
     "   or: loom bench infer --peer llama.cpp [--model gpt2-124m | --checkpoint DIR] [--threads N]\n"
     "        [--precisions fp32,int8,int4] [--rounds R] [--batch1-tokens N] [--prefill-tokens N]\n"
-    "        [--compare-tokens N] [--group N] [--quant-head int8|f32] [--peer-venv DIR]\n"
+    "        [--compare-tokens N] [--compare-prompt TEXT] [--group N] [--quant-head int8|f32]\n"
+    "        [--peer-venv DIR]\n"
     "DIST: N | uniform:A:B | exp:MEAN:MIN:MAX (exponential, clamped). --rate 0: all arrive at once.\n"
     "--static: the static batching of static/both (default padded: finished members stay in the\n"
     "batch as padding rows until the longest is done; compact: they leave at once).\n"
@@ -364,12 +365,14 @@ double measure_read_bandwidth(const float* buf, int64_t n) {
     double total = 0;
 #pragma omp parallel for schedule(dynamic, 16) reduction(+ : total)
     for (int64_t c = 0; c < n; c += 4096) {
-      float acc[16] = {};
+      // 64 lanes: four independent vector chains, so the sum runs at the rate data arrives
+      // rather than at the latency of one chain of adds.
+      float acc[64] = {};
       const float* p = buf + c;
       const int64_t e = std::min<int64_t>(4096, n - c);
       int64_t j = 0;
-      for (; j + 16 <= e; j += 16)
-        for (int k = 0; k < 16; ++k) acc[k] += p[j + k];
+      for (; j + 64 <= e; j += 64)
+        for (int k = 0; k < 64; ++k) acc[k] += p[j + k];
       for (; j < e; ++j) acc[0] += p[j];
       for (float a : acc) total += a;
     }
@@ -448,13 +451,14 @@ int bench_infer(const std::vector<std::string>& argv) {
           {"temperature", true}, {"threads", true}, {"seed", true}, {"no-prefix-caching", false},
           {"no-batch1", false}, {"batch1-tokens", true}, {"prefill-tokens", true}, {"quant", true},
           {"group", true}, {"quant-head", true}, {"zero-point", false}, {"peer", true}, {"peer-venv", true},
-          {"rounds", true}, {"precisions", true}, {"compare-tokens", true}, {"help", false}});
+          {"rounds", true}, {"precisions", true}, {"compare-tokens", true}, {"compare-prompt", true},
+          {"help", false}});
   if (a.has("help")) {
     std::printf("%s", kUsage);
     return 0;
   }
   if (!a.has("peer"))
-    for (const char* k : {"peer-venv", "rounds", "precisions", "compare-tokens"})
+    for (const char* k : {"peer-venv", "rounds", "precisions", "compare-tokens", "compare-prompt"})
       if (a.has(k)) throw UsageError(str_cat("[bench infer] --", k, " goes with --peer llama.cpp"));
   const std::string mode = a.get("mode", "both");
   if (mode != "static" && mode != "continuous" && mode != "both" && mode != "all")

@@ -17,6 +17,7 @@
 #include "loom/core/error.h"
 #include "loom/core/stats.h"
 #include "loom/core/timer.h"
+#include "loom/data/tokenizer.h"
 #include "loom/infer/engine.h"
 #include "loom/kernels/cpu/cpu_kernels.h"
 #include "loom/model/hf_weights.h"
@@ -90,6 +91,20 @@ double loom_prefill_rate(infer::Engine& e, int64_t vocab, int64_t P, int rep) {
   const double rate = double(P) / (now_seconds() - t);
   while (e.has_unfinished()) e.step();
   return rate;
+}
+
+constexpr const char* kComparePrompt = "ROMEO:\nBut soft, what light through yonder window breaks?\n";
+
+// Control characters as escapes, so one sample stays on one line of the report.
+std::string escaped(const std::string& s) {
+  std::string o;
+  for (unsigned char c : s) {
+    if (c == '\n') o += "\\n";
+    else if (c == '"' || c == '\\') o += str_cat("\\", char(c));
+    else if (c < 0x20) o += str_cat("\\x", "0123456789abcdef"[c >> 4], "0123456789abcdef"[c & 15]);
+    else o += char(c);
+  }
+  return o;
 }
 
 double read_number(PeerProcess& p, const std::string& prefix) {
@@ -240,7 +255,16 @@ int bench_infer_llama_cpp(const Args& a, const model::ModelConfig& mc, const std
                          ggufs[li], "--threads", std::to_string(threads), "--ctx", std::to_string(mc.n_ctx),
                          "--exact"});
       exact.read_until("READY ");
-      const std::vector<int32_t> prompt = decode_prompt(P, mc.vocab_size);
+      // A text prompt through the checkpoint's tokenizer (real text gives a less degenerate
+      // continuation than the timing runs' token formula, which random weights get).
+      std::vector<int32_t> prompt = decode_prompt(P, mc.vocab_size);
+      std::unique_ptr<data::Tokenizer> tok;
+      if (!im.tokenizer.empty()) {
+        tok = data::make_tokenizer(im.tokenizer);
+        prompt = tok->encode(a.get("compare-prompt", kComparePrompt));
+        if (prompt.empty())
+          throw UsageError("[bench infer] --compare-prompt is empty; give some text to continue");
+      }
       infer::SamplingParams sp;
       sp.temperature = 0;
       sp.max_tokens = compare_tokens;
@@ -261,11 +285,14 @@ int bench_infer_llama_cpp(const Args& a, const model::ModelConfig& mc, const std
       std::string ms, ts;
       for (int32_t t : mine) ms += str_cat(" ", t);
       for (int32_t t : theirs) ts += str_cat(" ", t);
-      std::printf("greedy tokens at F32 (%lld after a %lld-token prompt): %lld equal%s\n  loom:     %s\n  "
+      std::printf("greedy tokens at F32 (%lld after a %zu-token prompt): %lld equal%s\n  loom:     %s\n  "
                   "llama.cpp:%s\n",
-                  (long long)compare_tokens, (long long)P, (long long)equal,
+                  (long long)compare_tokens, prompt.size(), (long long)equal,
                   first_diff < 0 ? ", identical" : str_cat(", first difference at ", first_diff).c_str(),
                   ms.c_str(), ts.c_str());
+      if (tok)
+        std::printf("  as text (%s tokenizer): \"%s\" + \"%s\"\n", im.tokenizer.c_str(),
+                    escaped(tok->decode(prompt)).c_str(), escaped(tok->decode(mine)).c_str());
     }
   }
 
