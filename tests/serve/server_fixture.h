@@ -39,6 +39,7 @@ class ServeTest : public ::testing::Test {
     ServeOptions opt = options;
     opt.http.host = "127.0.0.1";
     opt.http.port = 0;
+    opt.http.access_log = false;  // its lines are tested in http_server_test and serve_cli_test
     opt.served_model_name = "fake";
     engine_ = std::make_unique<FakeEngine>(eopt);
     server_ = std::make_unique<ApiServer>(opt);

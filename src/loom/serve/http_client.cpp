@@ -194,6 +194,14 @@ std::string HttpClient::read_body_piece() {
   return out;
 }
 
+int HttpClient::read_interim() {
+  const std::string status = read_line();
+  LOOM_CHECK(status.rfind("HTTP/1.", 0) == 0 && status.size() >= 12, "http-client", "bad status line: ", status);
+  while (!read_line().empty()) {
+  }
+  return std::stoi(status.substr(9, 3));
+}
+
 ClientResponse HttpClient::read_response() {
   ClientResponse r = read_head();
   while (!body_done_) r.body += read_body_piece();

@@ -41,6 +41,9 @@ class HttpClient {
   // Sends exactly these bytes (for tests of malformed requests), then read_response().
   void send_raw(std::string_view bytes);
   ClientResponse read_response();
+  // Reads one interim response's head (e.g. 100 Continue) and returns its status; throws if
+  // none arrives within the timeout. For tests of Expect: 100-continue.
+  int read_interim();
 
   // Sends a request and reads only the response head; then next_event() yields each SSE
   // `data:` payload ("[DONE]" included) until the body ends (nullopt).

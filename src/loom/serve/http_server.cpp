@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "loom/core/error.h"
@@ -40,7 +41,11 @@ constexpr size_t kLingerBytes = size_t(64) << 20;  // a lingering close drops at
 
 class Connection {
  public:
-  Connection(HttpServer& server, int fd) : server_(server), fd_(fd) {}
+  // waiting_since: set to the time the connection starts waiting for a request head (its
+  // first, or the next on a kept-alive connection), 0 once the head is complete; the server
+  // sets -1 when it evicts the connection (HttpServer::evict_oldest_waiting).
+  Connection(HttpServer& server, int fd, std::atomic<double>& waiting_since)
+      : server_(server), fd_(fd), waiting_since_(waiting_since) {}
   void run();
   bool send_all(std::string_view data);
   bool peer_gone();
@@ -57,8 +62,11 @@ class Connection {
   void refuse(int status, const std::string& message);
   bool unacknowledged_output();  // sent bytes the client has not acknowledged yet
 
+  void log_access(const HttpExchange& ex, double started) const;
+
   HttpServer& server_;
   int fd_;
+  std::atomic<double>& waiting_since_;
   std::string buf_;
   bool stop_seen_ = false;
   double stop_deadline_ = 0;
@@ -69,6 +77,7 @@ struct HttpServer::Slot {
   int fd = -1;  // -1 once the connection thread closed it
   std::thread thread;
   std::atomic<bool> done{false};
+  std::atomic<double> waiting_since{0};  // see Connection; -1: evicted
 };
 
 // ---------------------------------------------------------------- HttpExchange
@@ -218,8 +227,11 @@ void Connection::run() {
   for (;;) {
     double idle_deadline = now_seconds() + opt.idle_timeout_s, request_deadline = 0;
     size_t head_end;
+    waiting_since_ = now_seconds();
     for (;;) {
-      while (!buf_.empty() && (buf_[0] == '\r' || buf_[0] == '\n')) buf_.erase(0, 1);
+      // Empty lines before a request are ignored (RFC 9112 section 2.2), in one erase.
+      if (const size_t lead = buf_.find_first_not_of("\r\n"); lead != 0)
+        buf_.erase(0, lead == std::string::npos ? buf_.size() : lead);
       head_end = find_head_end(buf_);
       if (head_end != std::string::npos) break;
       if (buf_.size() > opt.limits.max_header_bytes)
@@ -233,6 +245,8 @@ void Connection::run() {
         return;
       }
     }
+    // The head is complete: no longer a candidate for eviction, unless it was just chosen.
+    if (double w = waiting_since_.load(); w < 0 || !waiting_since_.compare_exchange_strong(w, 0.0)) return;
     if (head_end > opt.limits.max_header_bytes)
       return refuse(431, str_cat("request head exceeds ", opt.limits.max_header_bytes, " bytes"));
     if (request_deadline == 0) request_deadline = now_seconds() + opt.read_timeout_s;
@@ -250,19 +264,37 @@ void Connection::run() {
     req->body = buf_.substr(head_end, size_t(req->content_length));
     buf_.erase(0, need);
 
+    const double started = now_seconds();
     HttpExchange ex(*this, std::move(*req));
+    std::string failure;
     try {
       server_.handle(ex);
     } catch (const std::exception& e) {
-      if (!ex.responded()) {
-        ex.respond(server_.render_error(500, str_cat("internal error: ", e.what())));
-      } else {
+      failure = e.what();
+    } catch (...) {
+      failure = "an exception that is not a std::exception";
+    }
+    if (!failure.empty() || !ex.responded()) {
+      // The cause goes to the log under an id; the client gets the id, never the text.
+      const std::string id = server_.next_error_id();
+      std::fprintf(stderr, "[serve] error %s: %s %s: %s\n", id.c_str(), ex.request().method.c_str(),
+                   ex.request().path.c_str(), failure.empty() ? "the handler produced no response" : failure.c_str());
+      if (ex.responded()) {
+        log_access(ex, started);
         return;  // a stream broke half-way: the connection's state is unknown
       }
+      ex.respond(server_.render_error(500, str_cat("internal server error (error id ", id, "; the server log has the cause)")));
     }
-    if (!ex.responded()) ex.respond(server_.render_error(500, "internal error: no response produced"));
+    log_access(ex, started);
     if (!ex.keeps_connection()) return;
   }
+}
+
+void Connection::log_access(const HttpExchange& ex, double started) const {
+  if (!server_.options().access_log) return;
+  const HttpRequest& r = ex.request();
+  std::fprintf(stderr, "[access] %s %s %d %.1f ms%s%s\n", r.method.c_str(), r.path.c_str(), ex.status(),
+               (now_seconds() - started) * 1e3, ex.noted().empty() ? "" : " ", ex.noted().c_str());
 }
 
 // ---------------------------------------------------------------- HttpServer
@@ -343,35 +375,73 @@ void HttpServer::serve_connection(int fd) {
   tv.tv_sec = time_t(opt_.write_timeout_s);
   tv.tv_usec = suseconds_t((opt_.write_timeout_s - double(tv.tv_sec)) * 1e6);
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-  if (open_.load() >= opt_.max_connections) {
-    HttpResponse e = render_error(503, str_cat("too many connections (limit ", opt_.max_connections, ")"));
+  auto refuse = [&](const std::string& why) {
+    HttpResponse e = render_error(503, why);
     std::string msg = response_head(503, e.content_type, int64_t(e.body.size()), true, e.headers) + e.body;
     (void)!::send(fd, msg.data(), msg.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
     ::close(fd);
-    return;
-  }
+  };
+  // Full: the connection that has waited longest for a request head (a slow or idle client)
+  // is closed to make room; only when every connection is busy with a request is the new
+  // one refused.
+  if (open_.load() >= opt_.max_connections && !evict_oldest_waiting())
+    return refuse(str_cat("too many connections (limit ", opt_.max_connections, "), all busy"));
   auto slot = std::make_unique<Slot>();
   Slot* s = slot.get();
   s->fd = fd;
+  s->waiting_since = now_seconds();
   ++open_;
   {
     std::lock_guard<std::mutex> lock(mu_);
     slots_.push_back(std::move(slot));
   }
-  s->thread = std::thread([this, s, fd] {
-    Connection conn(*this, fd);
-    try {
-      conn.run();
-      conn.linger();
-    } catch (...) {
-      // A failure inside one connection must never take the server down.
+  try {
+    s->thread = std::thread([this, s, fd] {
+      Connection conn(*this, fd, s->waiting_since);
+      try {
+        conn.run();
+        conn.linger();
+      } catch (...) {
+        // A failure inside one connection must never take the server down.
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      ::close(fd);
+      s->fd = -1;
+      s->done = true;
+      --open_;
+    });
+  } catch (const std::exception& e) {  // no thread (resource limits): refuse, keep serving
+    std::fprintf(stderr, "[serve] cannot start a connection thread (%s); refused the connection with 503\n", e.what());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      s->fd = -1;
+      s->done = true;
     }
-    std::lock_guard<std::mutex> lock(mu_);
-    ::close(fd);
-    s->fd = -1;
-    s->done = true;
     --open_;
-  });
+    refuse("the server cannot take another connection now; retry");
+  }
+}
+
+std::string HttpServer::next_error_id() { return str_cat(std::hex, (uint64_t(::getpid()) << 32) | uint64_t(++errors_)); }
+
+bool HttpServer::evict_oldest_waiting() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (;;) {
+    Slot* oldest = nullptr;
+    double since = 0;
+    for (auto& s : slots_) {
+      const double w = s->waiting_since.load();
+      if (s->fd < 0 || w <= 0) continue;
+      if (!oldest || w < since) oldest = s.get(), since = w;
+    }
+    if (!oldest) return false;
+    // Marked -1 only if it is still waiting (its head did not complete meanwhile): its
+    // thread then sees end of input and ends with no request under way.
+    if (!oldest->waiting_since.compare_exchange_strong(since, -1.0)) continue;
+    ::shutdown(oldest->fd, SHUT_RDWR);
+    ++evicted_;
+    return true;
+  }
 }
 
 void HttpServer::reap(bool all) {

@@ -1,6 +1,8 @@
 // A small HTTP/1.1 server over POSIX sockets: one acceptor thread and one thread per
-// connection (bounded), keep-alive, limits on head and body size, chunked streaming
-// responses that notice when the client has gone. Knows nothing of OpenAI or engines.
+// connection (bounded; when full, the connection waiting longest for a request head makes
+// room, so slow clients cannot lock others out), keep-alive, limits on head and body size,
+// chunked streaming responses that notice when the client has gone, an access log. Knows
+// nothing of OpenAI or engines.
 #pragma once
 #include <atomic>
 #include <functional>
@@ -22,6 +24,9 @@ struct HttpServerOptions {
   double idle_timeout_s = 60;   // keep-alive connection with no new request
   double read_timeout_s = 30;   // a started request must arrive completely within this
   double write_timeout_s = 30;  // a client that stops reading for this long is dropped
+  // One line per answered request on stderr: method, path, status, latency and, when the
+  // handler noted them, tokens.
+  bool access_log = true;
 };
 
 class Connection;
@@ -44,6 +49,10 @@ class HttpExchange {
   // connection closes, and status() reads 499 (nginx's "client closed request").
   void abandon();
 
+  // What the access log line adds for this request (e.g. "tokens=12+40").
+  void note(std::string text) { note_ = std::move(text); }
+  const std::string& noted() const { return note_; }
+
   bool responded() const { return state_ != State::fresh; }
   bool streaming() const { return state_ == State::streaming; }
   int status() const { return status_; }
@@ -57,6 +66,7 @@ class HttpExchange {
   int status_ = 0;
   bool close_ = false;
   bool chunked_ = true;  // HTTP/1.0 clients get a close-delimited stream instead
+  std::string note_;
 };
 
 class HttpServer {
@@ -83,18 +93,22 @@ class HttpServer {
   // Idempotent.
   void stop();
   int64_t open_connections() const { return open_.load(); }
+  // Connections closed to admit a new one while the server was full (see serve_connection).
+  int64_t evicted_connections() const { return evicted_.load(); }
 
   // Used by connections.
   const HttpServerOptions& options() const { return opt_; }
   void handle(HttpExchange& ex);
   HttpResponse render_error(int status, const std::string& message) const;
   bool draining() const { return draining_.load(); }
+  std::string next_error_id();  // for a 500's log line and body
   int stop_fd() const { return stop_fd_; }  // readable once stop() has begun
 
  private:
   struct Slot;
   void accept_loop();
   void serve_connection(int fd);
+  bool evict_oldest_waiting();
   void reap(bool all);
 
   HttpServerOptions opt_;
@@ -106,7 +120,7 @@ class HttpServer {
   int port_ = 0;
   std::thread acceptor_;
   std::atomic<bool> accepting_{false}, draining_{false}, stopped_{false};
-  std::atomic<int64_t> open_{0};
+  std::atomic<int64_t> open_{0}, evicted_{0}, errors_{0};
   std::mutex mu_;
   std::list<std::unique_ptr<Slot>> slots_;
 };

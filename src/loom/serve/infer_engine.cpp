@@ -1,6 +1,9 @@
 // The stepping thread and the event mapping between loom::infer and the server.
 #include "loom/serve/infer_engine.h"
 
+#include <unistd.h>
+
+#include <atomic>
 #include <cstdio>
 
 #include "loom/core/error.h"
@@ -90,14 +93,20 @@ std::string InferEngineAdapter::failure() const {
 }
 
 void InferEngineAdapter::fail_all(const std::string& why) {
+  // The exception's text is for the operator's log; clients (and later submissions, refused
+  // from now on) get an id that finds the log line.
+  static std::atomic<uint64_t> failures{0};
+  const std::string id = str_cat("engine-", ::getpid(), "-", ++failures);
+  const std::string told = str_cat("the inference engine failed (error id ", id, "; the server log has the cause)");
   std::map<int64_t, TokenSink> live;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    failure_ = why;
+    failure_ = told;
     live.swap(live_);
   }
-  std::fprintf(stderr, "[serve] engine step failed: %s; failing %zu request(s)\n", why.c_str(), live.size());
-  for (auto& [id, sink] : live) sink({-1, FinishReason::error, "the inference engine failed: " + why});
+  std::fprintf(stderr, "[serve] engine step failed (error id %s): %s; failing %zu request(s)\n", id.c_str(),
+               why.c_str(), live.size());
+  for (auto& [rid, sink] : live) sink({-1, FinishReason::error, told});
 }
 
 void InferEngineAdapter::loop() {
