@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 
 #include "loom/core/allocator.h"
@@ -36,7 +37,8 @@ void print_help() {
       "  --n-ctx N               override the preset's context length\n"
       "  --host H                address to bind (default 127.0.0.1: loopback only)\n"
       "  --port P                port (default 8000; 0 picks a free one)\n"
-      "  --api-key KEY           require 'Authorization: Bearer KEY' on /v1/*\n"
+      "  --api-key KEY           require 'Authorization: Bearer KEY' on /v1/*; the environment\n"
+      "                          variable LOOM_API_KEY does the same without showing the key in ps\n"
       "  --max-queue N           requests allowed to wait beyond the running batch (default 256); then 429\n"
       "  --served-model-name S   the name clients pass as 'model' (default: the preset name)\n"
       "  --max-num-seqs N        sequences stepped together (default 32)\n"
@@ -45,6 +47,7 @@ void print_help() {
       "  --max-body-bytes B      largest request body (default 1048576); then 413\n"
       "  --shutdown-grace S      seconds running requests may finish after SIGTERM (default 10)\n"
       "  --threads N             compute threads (default: OMP_NUM_THREADS or all cores)\n"
+      "  --no-access-log         no per-request line on stderr (method, path, status, ms, tokens)\n"
       "%s",
       "e.g. gpt2-tiny, gpt2-shakespeare", kQuantHelp);
 }
@@ -62,7 +65,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
       {"n-ctx", true}, {"host", true},
       {"port", true}, {"api-key", true}, {"max-queue", true}, {"served-model-name", true},
       {"max-num-seqs", true}, {"kv-cache-mb", true}, {"max-body-bytes", true},
-      {"shutdown-grace", true}, {"threads", true}};
+      {"shutdown-grace", true}, {"threads", true}, {"no-access-log", false}};
   add_quant_options(spec);
   Args args("serve", argv, spec);
   const auto quant = quant_spec_from(args);
@@ -97,7 +100,11 @@ int cmd_serve(const std::vector<std::string>& argv) {
   opt.http.port = int(args.get_int("port", 8000));
   if (opt.http.port < 0 || opt.http.port > 65535) throw UsageError("[serve] --port must be in [0, 65535]");
   opt.http.limits.max_body_bytes = size_t(args.get_int("max-body-bytes", 1 << 20));
-  opt.api_key = args.get("api-key", "");
+  const char* env_key = std::getenv("LOOM_API_KEY");
+  if (args.has("api-key") && env_key && *env_key && args.get("api-key", "") != env_key)
+    throw UsageError("[serve] --api-key and LOOM_API_KEY are both set and differ; give the key once");
+  opt.api_key = args.get("api-key", env_key ? env_key : "");
+  opt.http.access_log = !args.has("no-access-log");
   opt.max_queue = args.get_int("max-queue", 256);
   if (opt.max_queue < 0) throw UsageError("[serve] --max-queue must be >= 0");
   opt.served_model_name = args.get("served-model-name", mc.name);

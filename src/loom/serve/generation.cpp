@@ -172,6 +172,7 @@ void ApiServer::handle_generation(HttpExchange& ex, ApiKind kind) {
   metrics_.counter("loom_request_finished_total", "finished generation requests by reason",
                    {{"finish_reason", outcome}}).inc();
   if (failed) std::fprintf(stderr, "[serve] %s failed: %s\n", rid.c_str(), engine_error.c_str());
+  ex.note(str_cat("id=", rid, " tokens=", n_prompt, "+", n_generated, " finish=", outcome));
   if (client_gone) {
     if (!p.stream) ex.abandon();
     return;  // nobody to answer; a stream just ends with the connection
