@@ -30,10 +30,10 @@ TEST(ServeHttpParse, RequestLineHeadersAndQuery) {
 
 TEST(ServeHttpParse, ConnectionSemanticsPerVersion) {
   HttpError err;
-  EXPECT_FALSE(parse("GET / HTTP/1.1\r\nConnection: close\r\n", &err)->keep_alive);
+  EXPECT_FALSE(parse("GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n", &err)->keep_alive);
   EXPECT_FALSE(parse("GET / HTTP/1.0\r\n", &err)->keep_alive);
   EXPECT_TRUE(parse("GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n", &err)->keep_alive);
-  EXPECT_TRUE(parse("GET / HTTP/1.1\r\nExpect: 100-continue\r\n", &err)->expect_continue);
+  EXPECT_TRUE(parse("GET / HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\n", &err)->expect_continue);
 }
 
 TEST(ServeHttpParse, RefusalsCarryTheRightStatus) {
@@ -43,14 +43,22 @@ TEST(ServeHttpParse, RefusalsCarryTheRightStatus) {
   } cases[] = {
       {"GARBAGE\r\n", 400},
       {"GET /x HTTP/2.0\r\n", 505},
-      {"GET x HTTP/1.1\r\n", 400},
-      {"GET /x HTTP/1.1\r\nBad Header\r\n", 400},
-      {"GET /x HTTP/1.1\r\n folded: x\r\n", 400},
-      {"POST /x HTTP/1.1\r\nContent-Length: abc\r\n", 400},
-      {"POST /x HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n", 400},
-      {"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n", 411},
-      {"POST /x HTTP/1.1\r\nContent-Length: 1001\r\n", 413},
-      {"POST /x HTTP/1.1\r\nExpect: something\r\n", 417},
+      {"GET x HTTP/1.1\r\nHost: t\r\n", 400},
+      {"GET /x HTTP/1.1\r\nHost: t\r\nBad Header\r\n", 400},
+      {"GET /x HTTP/1.1\r\nHost: t\r\n folded: x\r\n", 400},
+      {"POST /x HTTP/1.1\r\nHost: t\r\nContent-Length: abc\r\n", 400},
+      {"POST /x HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nContent-Length: 6\r\n", 400},
+      {"POST /x HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n", 411},
+      {"POST /x HTTP/1.1\r\nHost: t\r\nContent-Length: 1001\r\n", 413},
+      {"POST /x HTTP/1.1\r\nHost: t\r\nExpect: something\r\n", 417},
+      // RFC 9112: an HTTP/1.1 request has exactly one Host; a CR only ends a line.
+      {"GET /x HTTP/1.1\r\n", 400},
+      {"GET /x HTTP/1.1\r\nHost: a\r\nHost: b\r\n", 400},
+      {"GET /x HTTP/1.0\r\nHost: a\r\nhost: b\r\n", 400},
+      {"GET /x HTTP/1.1\r\nHost: t\r\nX-A: 1\rX-B: 2\r\n", 400},
+      {"GET /x\r HTTP/1.1\r\nHost: t\r\n", 400},
+      {"GET ftp://h/x HTTP/1.1\r\nHost: t\r\n", 400},
+      {"GET http:///x HTTP/1.1\r\nHost: t\r\n", 400},
   };
   for (const auto& c : cases) {
     HttpError err;
@@ -59,7 +67,21 @@ TEST(ServeHttpParse, RefusalsCarryTheRightStatus) {
     EXPECT_FALSE(err.message.empty());
   }
   HttpError err;
-  EXPECT_TRUE(parse("POST /x HTTP/1.1\r\nContent-Length: 1000\r\n", &err));
+  EXPECT_TRUE(parse("POST /x HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n", &err));
+}
+
+TEST(ServeHttpParse, AbsoluteFormTargetsAndHostRules) {
+  HttpError err;
+  auto r = parse("GET http://example.test:8000/v1/models?x=1 HTTP/1.1\r\nHost: example.test:8000\r\n", &err);
+  ASSERT_TRUE(r) << err.message;
+  EXPECT_EQ(r->path, "/v1/models");
+  EXPECT_EQ(r->query, "x=1");
+  r = parse("GET HTTP://example.test HTTP/1.1\r\nHost: example.test\r\n", &err);
+  ASSERT_TRUE(r) << err.message;
+  EXPECT_EQ(r->path, "/");
+  EXPECT_TRUE(parse("GET /health HTTP/1.0\r\n", &err)) << "HTTP/1.0 may omit Host";
+  EXPECT_FALSE(parse("GET /health HTTP/1.1\r\n", &err));
+  EXPECT_EQ(err.message, "an HTTP/1.1 request needs a Host header");
 }
 
 TEST(ServeHttpParse, HeadEndWithCrlfOrLf) {

@@ -33,11 +33,11 @@ std::vector<ErrorCase> error_cases() {
       {"prompt beyond the context", completion(R"({"model": "fake", "prompt": ")" + std::string(300, 'a') + R"("})"), 400, ir, "prompt"},
       {"unknown model", completion(R"({"model": "gpt-9", "prompt": "x"})"), 400, ir, "model"},
       {"n > 1", chat(R"({"model": "fake", "messages": [{"role": "user", "content": "x"}], "n": 3})"), 400, ir, "n"},
-      {"oversized body", "POST /v1/completions HTTP/1.1\r\nContent-Length: 5000000\r\n\r\n", 413, ir, nullptr},
-      {"unknown route", "GET /v2/everything HTTP/1.1\r\n\r\n", 404, "not_found_error", nullptr},
-      {"wrong method", "GET /v1/completions HTTP/1.1\r\n\r\n", 405, ir, nullptr},
-      {"chunked request body", "POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 411, ir, nullptr},
-      {"oversized head", "GET /health HTTP/1.1\r\nX-Big: " + std::string(20000, 'b') + "\r\n\r\n", 431, ir, nullptr},
+      {"oversized body", "POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 5000000\r\n\r\n", 413, ir, nullptr},
+      {"unknown route", "GET /v2/everything HTTP/1.1\r\nHost: t\r\n\r\n", 404, "not_found_error", nullptr},
+      {"wrong method", "GET /v1/completions HTTP/1.1\r\nHost: t\r\n\r\n", 405, ir, nullptr},
+      {"chunked request body", "POST /v1/completions HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 411, ir, nullptr},
+      {"oversized head", "GET /health HTTP/1.1\r\nHost: t\r\nX-Big: " + std::string(20000, 'b') + "\r\n\r\n", 431, ir, nullptr},
       {"garbage request line", "HELLO\r\n\r\n", 400, ir, nullptr},
       {"unsupported HTTP version", "GET /health HTTP/3.0\r\n\r\n", 505, "server_error", nullptr},
   };
@@ -120,11 +120,11 @@ TEST_F(ServeTest, SlowClientsGet408AndIdleOnesAreClosed) {
   opt.http.idle_timeout_s = 0.3;
   start(opt, FakeEngineOptions());
   auto slow = client();
-  slow->send_raw("POST /v1/completions HTTP/1.1\r\nContent-Le");  // and then nothing
+  slow->send_raw("POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Le");  // and then nothing
   ErrorCase late{"head too slow", "", 408, "invalid_request_error", nullptr};
   expect_error(slow->read_response(), late);
   auto slow_body = client();
-  slow_body->send_raw("POST /v1/completions HTTP/1.1\r\nContent-Length: 50\r\n\r\n{\"model\"");
+  slow_body->send_raw("POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 50\r\n\r\n{\"model\"");
   expect_error(slow_body->read_response(), late);
   auto idle = client();
   EXPECT_EQ(idle->request("GET", "/health").status, 200);
@@ -137,7 +137,7 @@ TEST_F(ServeTest, ExpectContinueIsAnswered) {
   start();
   auto c = client();
   std::string body = R"({"model": "fake", "prompt": "ok", "max_tokens": 2, "temperature": 0})";
-  c->send_raw("POST /v1/completions HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: " +
+  c->send_raw("POST /v1/completions HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\nContent-Length: " +
               std::to_string(body.size()) + "\r\n\r\n");
   // The interim response arrives before we send the body (a server that never sends it
   // fails here, at the client's timeout).

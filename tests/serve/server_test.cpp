@@ -122,7 +122,7 @@ TEST_F(ServeTest, KeepAliveAndPipelinedRequests) {
   EXPECT_EQ(json::parse(r.body)["choices"][0]["text"], "aba");
   EXPECT_EQ(c->read_response().status, 200);
   // Connection: close is honoured.
-  c->send_raw("GET /health HTTP/1.1\r\nConnection: close\r\n\r\n");
+  c->send_raw("GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
   ClientResponse last = c->read_response();
   EXPECT_EQ(*last.header("connection"), "close");
   EXPECT_FALSE(c->connected());

@@ -73,6 +73,8 @@ std::optional<HttpRequest> parse_request_head(std::string_view head, const HttpL
     if (nl == std::string_view::npos) nl = head.size();
     std::string_view line = head.substr(pos, nl - pos);
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    // A CR anywhere else is a bare CR (RFC 9112 section 2.2: reject, or it may smuggle a line).
+    if (line.find('\r') != std::string_view::npos) return refuse(err, 400, "bare CR in the request head");
     pos = nl + 1;
     if (line.empty()) {
       if (lines.empty()) continue;  // RFC 9112 2.2: ignore empty lines before the request line
@@ -102,12 +104,25 @@ std::optional<HttpRequest> parse_request_head(std::string_view head, const HttpL
   } else {
     return refuse(err, 400, "malformed request line");
   }
-  if (req.target[0] != '/') return refuse(err, 400, "request target must be an absolute path");
-  size_t q = req.target.find('?');
-  req.path = req.target.substr(0, q);
-  if (q != std::string::npos) req.query = req.target.substr(q + 1);
+  // origin-form (/path?query), or absolute-form (http://authority/path?query), which a server
+  // must accept (RFC 9112 section 3.2.2): its path and query are used, the authority ignored.
+  std::string_view target = req.target;
+  if (target[0] != '/') {
+    const std::string lower = to_lower(target.substr(0, 8));
+    const size_t scheme = lower.rfind("http://", 0) == 0 ? 7 : lower.rfind("https://", 0) == 0 ? 8 : 0;
+    if (scheme == 0 || target.size() <= scheme)
+      return refuse(err, 400, "request target must be an absolute path (/v1/...) or an absolute URL");
+    const size_t slash = target.find_first_of("/?", scheme);
+    if (slash == scheme) return refuse(err, 400, "request target URL has no host");
+    target = slash == std::string_view::npos ? std::string_view("/") : target.substr(slash);
+  }
+  size_t q = target.find('?');
+  req.path = std::string(target.substr(0, q));
+  if (req.path.empty()) req.path = "/";
+  if (q != std::string_view::npos) req.query = std::string(target.substr(q + 1));
 
   bool seen_length = false;
+  int hosts = 0;
   req.keep_alive = req.minor_version == 1;
   for (size_t i = 1; i < lines.size(); ++i) {
     std::string_view line = lines[i];
@@ -131,12 +146,18 @@ std::optional<HttpRequest> parse_request_head(std::string_view head, const HttpL
     } else if (lname == "connection") {
       if (has_token(value, "close")) req.keep_alive = false;
       else if (has_token(value, "keep-alive")) req.keep_alive = true;
+    } else if (lname == "host") {
+      ++hosts;
     } else if (lname == "expect") {
       if (to_lower(value) != "100-continue") return refuse(err, 417, "only Expect: 100-continue is supported");
       req.expect_continue = true;
     }
     req.headers.emplace_back(std::move(lname), std::move(value));
   }
+  // RFC 9112 section 3.2: an HTTP/1.1 request carries exactly one Host header; none or
+  // several is a 400 (HTTP/1.0 clients may leave it out).
+  if (hosts > 1 || (hosts == 0 && req.minor_version == 1))
+    return refuse(err, 400, hosts ? "more than one Host header" : "an HTTP/1.1 request needs a Host header");
   if (size_t(req.content_length) > limits.max_body_bytes)
     return refuse(err, 413, str_cat("request body of ", req.content_length, " bytes exceeds the limit of ",
                                     limits.max_body_bytes, " bytes"));
