@@ -1,5 +1,5 @@
 // The `loom bench serve` load generator against the in-process server and fake engine.
-#include "loom/serve/bench_client.h"
+#include "loom/serve/client/bench_client.h"
 #include "serve/server_fixture.h"
 
 namespace loom::serve::testing {

@@ -3,7 +3,7 @@
 
 #include "loom/core/error.h"
 #include "loom/serve/http.h"
-#include "loom/serve/http_client.h"
+#include "loom/serve/client/http_client.h"
 
 using namespace loom::serve;
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "loom/core/timer.h"
-#include "loom/serve/http_client.h"
+#include "loom/serve/client/http_client.h"
 #include "loom/serve/http_server.h"
 
 namespace loom::serve {

@@ -11,7 +11,7 @@
 #include "loom/core/error.h"
 #include "loom/core/timer.h"
 #include "loom/serve/api_server.h"
-#include "loom/serve/http_client.h"
+#include "loom/serve/client/http_client.h"
 #include "loom/serve/text_stream.h"
 #include "serve/fake_engine.h"
 

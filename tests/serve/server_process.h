@@ -15,7 +15,7 @@
 
 #include "loom/core/error.h"
 #include "loom/core/timer.h"
-#include "loom/serve/http_client.h"
+#include "loom/serve/client/http_client.h"
 
 namespace loom::serve::testing {
 

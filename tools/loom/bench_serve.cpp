@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "loom/serve/bench_client.h"
+#include "loom/serve/client/bench_client.h"
 #include "tools/loom/commands.h"
 
 namespace loom::cli {

@@ -1,5 +1,5 @@
 // Poisson-arrival load generator for a running server (see bench_client.h).
-#include "loom/serve/bench_client.h"
+#include "loom/serve/client/bench_client.h"
 
 #include <algorithm>
 #include <atomic>
@@ -13,7 +13,7 @@
 #include "loom/core/stats.h"
 #include "loom/core/error.h"
 #include "loom/core/timer.h"
-#include "loom/serve/http_client.h"
+#include "loom/serve/client/http_client.h"
 
 namespace loom::serve {
 

@@ -1,5 +1,5 @@
 // Blocking HTTP/1.1 client (see http_client.h).
-#include "loom/serve/http_client.h"
+#include "loom/serve/client/http_client.h"
 
 #include <netdb.h>
 #include <netinet/in.h>
