@@ -52,6 +52,39 @@ int64_t checkpoint_step_of(const std::string& path) {
   return std::stoll(name.substr(5));
 }
 
+static int first_failing_rank(const comm::Group& g, bool ok) {
+  if (g.size() == 1) return ok ? -1 : 0;
+  Tensor r = Tensor::zeros({1}, DType::f64, MemCategory::comm);
+  r.data<double>()[0] = ok ? double(g.size()) : double(g.rank());
+  g.all_reduce(r, comm::ReduceOp::min);
+  const int first = int(r.data<double>()[0]);
+  return first < g.size() ? first : -1;
+}
+
+// Throws on every rank when `ok` is false on any, so that none goes on into collectives its
+// peers never reach: the first failing rank with its own reason, the others naming it.
+static void throw_unless_ok_everywhere(const comm::Group& g, bool ok, const std::string& why,
+                                       const std::string& what, const std::string& fix = "") {
+  const int bad = first_failing_rank(g, ok);
+  LOOM_CHECK(bad < 0, "checkpoint", what,
+             bad == g.rank() ? ": " + why : str_cat(" on rank ", bad, " (its reason is in its log)"), fix);
+}
+
+// Runs `f` on every rank; if it throws on any, every rank throws (throw_unless_ok_everywhere).
+template <class F>
+static void on_every_rank_or_none(const comm::Group& g, const std::string& what, F&& f,
+                                  const std::string& fix = "") {
+  std::string why;
+  bool ok = true;
+  try {
+    f();
+  } catch (const std::exception& e) {
+    ok = false;
+    why = e.what();
+  }
+  throw_unless_ok_everywhere(g, ok, why, what, fix);
+}
+
 static std::string optimizer_file(int rank) { return str_cat("optimizer.rank", rank_str(rank), ".safetensors"); }
 
 std::string save_checkpoint(const std::string& dir, int64_t step, const model::Decoder& model,
@@ -61,16 +94,32 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const model::D
   const bool main = g.rank() == 0;
   const fs::path final_dir = fs::path(dir) / step_name(step);
   const fs::path tmp = fs::path(dir) / str_cat(".tmp.", step_name(step));
-  std::error_code ec;
-  if (main) {
+  // Each phase ends with every rank learning whether all of them succeeded (where a barrier
+  // would leave the others waiting for a rank that failed): a failure anywhere (disk full,
+  // permissions) fails every rank at once, the partial save is removed, and the previous
+  // checkpoints, `latest` included, stay as they were.
+  const std::string what = str_cat("saving step ", step, " to ", final_dir.string(), " failed");
+  const std::string fix = str_cat("; the earlier checkpoints in ", dir,
+                                  " are untouched: free space there or set another checkpoint.dir, then --resume auto");
+  auto phase = [&](auto&& f) {
+    try {
+      on_every_rank_or_none(g, what, f, fix);
+    } catch (...) {
+      std::error_code ignored;
+      if (main) fs::remove_all(tmp, ignored);
+      throw;
+    }
+  };
+  phase([&] {
+    if (!main) return;
+    std::error_code ec;
     fs::create_directories(dir, ec);
     LOOM_CHECK(!ec, "checkpoint", "cannot create ", dir, ": ", ec.message());
     fs::remove_all(tmp, ec);
     fs::create_directories(tmp, ec);
     LOOM_CHECK(!ec, "checkpoint", "cannot create ", tmp.string(), ": ", ec.message());
-  }
-  g.barrier();
-  {  // every rank: its optimizer chunks, one pair of moments per unit
+  });
+  phase([&] {  // every rank: its optimizer chunks, one pair of moments per unit
     io::SafetensorsWriter w;
     const auto& units = model.layout().units();
     for (size_t i = 0; i < units.size(); ++i) {
@@ -83,9 +132,9 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const model::D
     w.set_metadata("dp_size", std::to_string(engine.group().size()));
     w.set_metadata("zero_stage", std::to_string(engine.zero_stage()));
     w.write((tmp / optimizer_file(g.rank())).string());
-  }
-  g.barrier();
-  if (main) {
+  });
+  phase([&] {
+    if (!main) return;
     io::ManifestWriter manifest(tmp.string());
     auto record = [&](const std::string& name) { manifest.record(name); };
     model::save_hf_safetensors(mp.whole_layout ? *mp.whole_layout : model.layout(), full_params,
@@ -106,6 +155,7 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const model::D
     record("config.yaml");
     manifest.write(io::kTrainingCheckpointFormat, kFormatVersion, {{"step", step}, {"model", model.config().name}});
     io::fsync_dir(tmp.string());
+    std::error_code ec;
     fs::remove_all(final_dir, ec);  // an older save of the same step (e.g. after a crash)
     fs::rename(tmp, final_dir, ec);
     LOOM_CHECK(!ec, "checkpoint", "cannot rename ", tmp.string(), " to ", final_dir.string(), ": ",
@@ -113,8 +163,7 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const model::D
     io::fsync_dir(dir);
     io::write_file_atomic((fs::path(dir) / "latest").string(), step_name(step) + "\n");
     prune_checkpoints(dir, save.run_id, step, save.keep_last);
-  }
-  g.barrier();
+  });
   return final_dir.string();
 }
 
@@ -129,24 +178,6 @@ static bool in_scope(const std::string& file, const VerifyScope& scope) {
 bool verify_checkpoint(const std::string& path, std::string* why, const VerifyScope& scope) {
   return io::verify_manifest(path, io::kTrainingCheckpointFormat, kFormatVersion, why,
                              [&](const std::string& name) { return in_scope(name, scope); });
-}
-
-static int first_failing_rank(const comm::Group& g, bool ok) {
-  if (g.size() == 1) return ok ? -1 : 0;
-  Tensor r = Tensor::zeros({1}, DType::f64, MemCategory::comm);
-  r.data<double>()[0] = ok ? double(g.size()) : double(g.rank());
-  g.all_reduce(r, comm::ReduceOp::min);
-  const int first = int(r.data<double>()[0]);
-  return first < g.size() ? first : -1;
-}
-
-// Throws on every rank when `ok` is false on any, so that none goes on into collectives its
-// peers never reach: the first failing rank with its own reason, the others naming it.
-static void throw_unless_ok_everywhere(const comm::Group& g, bool ok, const std::string& why,
-                                       const std::string& what, const std::string& fix = "") {
-  const int bad = first_failing_rank(g, ok);
-  LOOM_CHECK(bad < 0, "checkpoint", what,
-             bad == g.rank() ? ": " + why : str_cat(" on rank ", bad, " (its reason is in its log)"), fix);
 }
 
 std::optional<std::string> find_latest_valid_checkpoint(const std::string& dir, FILE* log,
@@ -276,20 +307,6 @@ LoadPlan plan_load(const std::string& path, const model::Decoder& model, const p
       if (std::find(p.shards.begin(), p.shards.end(), c.rank) == p.shards.end()) p.shards.push_back(c.rank);
   }
   return p;
-}
-
-// Runs `f` on every rank; if it throws on any, every rank throws (throw_unless_ok_everywhere).
-template <class F>
-void on_every_rank_or_none(const comm::Group& g, const std::string& what, F&& f) {
-  std::string why;
-  bool ok = true;
-  try {
-    f();
-  } catch (const std::exception& e) {
-    ok = false;
-    why = e.what();
-  }
-  throw_unless_ok_everywhere(g, ok, why, what);
 }
 
 }  // namespace
