@@ -2,6 +2,8 @@
 // the integer-dot paths, and spreads output rows over OpenMP threads. The kernels live in
 // quant_vnni_avx512/avx2.cpp (integer dot products, few rows), quant_vnni_gemm.cpp (AVX512-VNNI,
 // many rows) and quant_linear_f32.cpp (f32 dequantization); the formats in quant_format.cpp.
+#include <cpuid.h>
+
 #include <algorithm>
 #include <vector>
 
@@ -36,7 +38,10 @@ const CpuFeatures& cpu_features() {
     c.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
     c.avx512_vnni = c.avx512 && __builtin_cpu_supports("avx512vnni");
-    c.avx_vnni = c.avx2 && __builtin_cpu_supports("avxvnni");
+    // AVX-VNNI is CPUID.(EAX=7,ECX=1):EAX bit 4; read directly, as not every compiler's
+    // __builtin_cpu_supports knows its name (clang 14 does not).
+    unsigned a = 0, b = 0, cx = 0, d = 0;
+    c.avx_vnni = c.avx2 && __get_cpuid_count(7, 1, &a, &b, &cx, &d) && (a & (1u << 4));
     return c;
   }();
   return f;
