@@ -3,7 +3,7 @@ BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 CTEST_ARGS ?=
 
-.PHONY: deps configure build test demo bench clean
+.PHONY: deps configure build test check demo bench clean
 
 deps:
 	@bash scripts/install-deps.sh
@@ -18,8 +18,12 @@ build: configure
 test: build
 	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
 
+# Sanitizer builds (ASan+UBSan, TSan) of the suites and the fuzz targets: scripts/check.sh.
+check: deps
+	@bash scripts/check.sh
+
 demo: build
 	@bash scripts/demo.sh
 
 clean:
-	rm -rf $(BUILD_DIR)
+	rm -rf $(BUILD_DIR) build-asan build-tsan build-fuzz

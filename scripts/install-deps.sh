@@ -10,6 +10,7 @@ PACKAGES=(
   libyaml-cpp-dev               # typed YAML configs
   nlohmann-json3-dev            # JSON (manifests, HTTP API, SUMMARY lines)
   googletest libgtest-dev libgmock-dev
+  clang                         # make check: libFuzzer targets (tests/fuzz)
 )
 
 missing=()

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# `make check`: the checking builds, each in its own tree beside `build/`.
+#   1. build-asan: AddressSanitizer + UndefinedBehaviorSanitizer (GCC); the unit suites.
+#   2. build-tsan: ThreadSanitizer (GCC); the comm, infer and serve suites.
+#   3. build-fuzz: clang with libFuzzer; every target in tests/fuzz for FUZZ_SECONDS each
+#      (default 30), starting from its seed corpus (new inputs go to a scratch copy).
+# Any sanitizer report or fuzzer crash fails the check; a crash's input is kept under
+# build-fuzz/crashes/ to become a regression test. CHECK_ONLY=asan|tsan|fuzz runs one part.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+JOBS=${JOBS:-$(nproc)}
+FUZZ_SECONDS=${FUZZ_SECONDS:-30}
+only=${CHECK_ONLY:-}
+failed=()
+
+configure() {  # dir, extra cmake args...
+  local dir=$1; shift
+  mkdir -p "$dir"
+  # -O1 -g1: line tables are all a sanitizer report needs, and they compile far faster than -g.
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" \
+    -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1" "$@" > "$dir/configure.log" 2>&1 ||
+    { cat "$dir/configure.log"; echo "[check] configuring $dir failed"; exit 1; }
+}
+
+run_suites() {  # label, bin dir, env..., -- binaries...
+  local label=$1 bindir=$2; shift 2
+  local envs=()
+  while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+  shift
+  for t in "$@"; do
+    echo "[check] $label: $t"
+    if ! env "${envs[@]}" "$bindir/$t" --gtest_brief=1 > "$bindir/$t.$label.log" 2>&1; then
+      tail -60 "$bindir/$t.$label.log"
+      failed+=("$label $t (log: $bindir/$t.$label.log)")
+    fi
+  done
+}
+
+if [ -z "$only" ] || [ "$only" = asan ]; then
+  echo "[check] AddressSanitizer + UndefinedBehaviorSanitizer build (build-asan)"
+  configure build-asan -DLOOM_SANITIZE=address,undefined
+  cmake --build build-asan -j "$JOBS" --target test_core test_io test_data test_model test_kernels test_infer \
+    test_serve test_train test_parallel test_comm loom
+  run_suites asan build-asan/bin OMP_NUM_THREADS=2 OMP_WAIT_POLICY=passive \
+    "ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1" \
+    "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1" -- \
+    test_core test_io test_data test_model test_kernels test_infer test_serve test_train test_parallel test_comm
+fi
+
+if [ -z "$only" ] || [ "$only" = tsan ]; then
+  echo "[check] ThreadSanitizer build (build-tsan)"
+  configure build-tsan -DLOOM_SANITIZE=thread
+  cmake --build build-tsan -j "$JOBS" --target test_comm test_infer test_serve loom
+  # One OpenMP thread: GCC's libgomp is not instrumented, so its worker handoffs would read as
+  # races; the threads under test here are the server's, the engine loop's and the watchdog's.
+  run_suites tsan build-tsan/bin OMP_NUM_THREADS=1 \
+    "TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/sanitizers/tsan.supp" -- \
+    test_comm test_infer test_serve
+fi
+
+if [ -z "$only" ] || [ "$only" = fuzz ]; then
+  if ! command -v clang++ >/dev/null; then
+    failed+=("fuzz: clang++ is not installed (scripts/install-deps.sh installs clang)")
+  else
+    echo "[check] libFuzzer targets (build-fuzz), ${FUZZ_SECONDS} s each"
+    CC=clang CXX=clang++ configure build-fuzz -DLOOM_FUZZ=ON -DLOOM_BUILD_TESTS=OFF
+    targets=()
+    for f in tests/fuzz/fuzz_*.cpp; do targets+=("$(basename "$f" .cpp)"); done
+    cmake --build build-fuzz -j "$JOBS" --target "${targets[@]}"
+    mkdir -p build-fuzz/crashes
+    for t in "${targets[@]}"; do
+      name=${t#fuzz_}
+      scratch=build-fuzz/corpus/$name
+      rm -rf "$scratch" && mkdir -p "$scratch"
+      echo "[check] fuzz: $t"
+      if ! ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+           "build-fuzz/bin/$t" -max_total_time="$FUZZ_SECONDS" -timeout=10 -rss_limit_mb=2048 \
+           -artifact_prefix="build-fuzz/crashes/$name-" -print_final_stats=1 \
+           "$scratch" "tests/fuzz/corpus/$name" > "build-fuzz/$t.log" 2>&1; then
+        tail -40 "build-fuzz/$t.log"
+        failed+=("fuzz $t (log: build-fuzz/$t.log; input in build-fuzz/crashes/)")
+      else
+        grep -E "^stat::number_of_executed_units|^#[0-9]+.*DONE" "build-fuzz/$t.log" | tail -1 || true
+      fi
+    done
+  fi
+fi
+
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "[check] FAILED:"
+  printf '  %s\n' "${failed[@]}"
+  exit 1
+fi
+echo "[check] all clean: no sanitizer reports, no fuzzer crashes"
