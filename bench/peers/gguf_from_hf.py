@@ -124,21 +124,15 @@ def main():
 
     put("token_embd.weight", w["wte.weight"], qt)
     put("position_embd.weight", w["wpe.weight"])  # positions: a lookup, kept F32
+    # GGUF name, Hugging Face name, and whether it is a Conv1D matrix ([in, out], written [out, in]
+    # in the blocks' --type); norms and biases stay F32.
+    block = [("attn_norm", "ln_1", False), ("attn_qkv", "attn.c_attn", True), ("attn_output", "attn.c_proj", True),
+             ("ffn_norm", "ln_2", False), ("ffn_up", "mlp.c_fc", True), ("ffn_down", "mlp.c_proj", True)]
     for i in range(L):
-        h = f"h.{i}."
-        b = f"blk.{i}."
-        put(b + "attn_norm.weight", w[h + "ln_1.weight"])
-        put(b + "attn_norm.bias", w[h + "ln_1.bias"])
-        put(b + "attn_qkv.weight", w[h + "attn.c_attn.weight"].T, qt)
-        put(b + "attn_qkv.bias", w[h + "attn.c_attn.bias"])
-        put(b + "attn_output.weight", w[h + "attn.c_proj.weight"].T, qt)
-        put(b + "attn_output.bias", w[h + "attn.c_proj.bias"])
-        put(b + "ffn_norm.weight", w[h + "ln_2.weight"])
-        put(b + "ffn_norm.bias", w[h + "ln_2.bias"])
-        put(b + "ffn_up.weight", w[h + "mlp.c_fc.weight"].T, qt)
-        put(b + "ffn_up.bias", w[h + "mlp.c_fc.bias"])
-        put(b + "ffn_down.weight", w[h + "mlp.c_proj.weight"].T, qt)
-        put(b + "ffn_down.bias", w[h + "mlp.c_proj.bias"])
+        for gguf_name, hf_name, matrix in block:
+            weight = w[f"h.{i}.{hf_name}.weight"]
+            put(f"blk.{i}.{gguf_name}.weight", weight.T if matrix else weight, qt if matrix else QT.F32)
+            put(f"blk.{i}.{gguf_name}.bias", w[f"h.{i}.{hf_name}.bias"])
     put("output_norm.weight", w["ln_f.weight"])
     put("output_norm.bias", w["ln_f.bias"])
     put("output.weight", w["lm_head.weight"] if "lm_head.weight" in w else w["wte.weight"], head_qt)
