@@ -92,3 +92,29 @@ TEST(Rng, ValuesDependOnlyOnIndexNotOnSharding) {
   EXPECT_NEAR(s / 1000, 0.0, 0.003);
   EXPECT_NEAR(std::sqrt(ss / 1000), 0.02, 0.002);
 }
+
+// Host memory that says it is a GPU's, so a CPU-only build can check the device guard.
+class PretendCudaAllocator final : public Allocator {
+ public:
+  void* allocate(size_t bytes, MemCategory) override { return ::operator new(bytes); }
+  void deallocate(void* p, size_t, MemCategory) override { ::operator delete(p); }
+  const char* device_name() const override { return "pretend-cuda"; }
+  Device device() const override { return Device::cuda; }
+};
+
+TEST(Tensor, HostAccessToADeviceTensorIsRefused) {
+  PretendCudaAllocator gpu;
+  Tensor t = Tensor::empty({2, 3}, DType::f32, MemCategory::other, gpu);
+  EXPECT_EQ(t.device(), Device::cuda);
+  try {
+    (void)t.data<float>();
+    ADD_FAILURE() << "data<float>() gave a host pointer to a cuda tensor";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("lives on cuda"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW((void)t.raw(), Error);
+  EXPECT_NE(t.device_data<float>(), nullptr);  // device code gets its pointer
+  EXPECT_THROW((void)t.device_data<int32_t>(), Error);  // the dtype is still checked
+  Tensor host = Tensor::zeros({2}, DType::f32);
+  EXPECT_EQ(host.data<float>(), host.device_data<float>());
+}

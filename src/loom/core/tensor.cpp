@@ -91,6 +91,13 @@ int64_t Tensor::size(int i) const {
 
 void* Tensor::raw() const {
   LOOM_CHECK(storage_, "tensor", "use of an undefined tensor");
+  LOOM_CHECK(storage_->device == Device::cpu, "tensor", describe(), " lives on ", device_name(storage_->device),
+             "; host code cannot read it: copy it to the CPU first (device code uses device_data)");
+  return static_cast<char*>(storage_->data) + offset_;
+}
+
+void* Tensor::device_raw() const {
+  LOOM_CHECK(storage_, "tensor", "use of an undefined tensor");
   return static_cast<char*>(storage_->data) + offset_;
 }
 

@@ -75,11 +75,21 @@ class Tensor {
   MemCategory category() const { return storage_ ? storage_->category : MemCategory::other; }
   size_t nbytes() const { return size_t(numel()) * dtype_size(dtype_); }
 
+  // The data's host address. Refuses a tensor on another device ("[tensor] ... lives on
+  // cuda"): its address is a device pointer that host code must not dereference.
   void* raw() const;
   template <class T>
   T* data() const {
     check_dtype(dtype_of<T>(), "tensor");
     return static_cast<T*>(raw());
+  }
+  // The data's address on the tensor's own device, for device code (CUDA kernels, cuBLAS,
+  // NCCL, cudaMemcpy) that knows which device it got.
+  void* device_raw() const;
+  template <class T>
+  T* device_data() const {
+    check_dtype(dtype_of<T>(), "tensor");
+    return static_cast<T*>(device_raw());
   }
 
   // Same storage, new shape with the same element count.

@@ -49,7 +49,7 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 }
 
 char* at(const Tensor& t, int64_t elements) {
-  return static_cast<char*>(t.raw()) + size_t(elements) * dtype_size(t.dtype());
+  return static_cast<char*>(t.device_raw()) + size_t(elements) * dtype_size(t.dtype());
 }
 
 class NcclTransfer final : public PendingTransfer {
@@ -93,25 +93,25 @@ class NcclBackend final : public Backend {
 
   void all_reduce(const Tensor& t, ReduceOp op) override {
     begin();
-    nccl_check(ncclAllReduce(t.raw(), t.raw(), size_t(t.numel()), nccl_type(t.dtype()), nccl_op(op),
+    nccl_check(ncclAllReduce(t.device_raw(), t.device_raw(), size_t(t.numel()), nccl_type(t.dtype()), nccl_op(op),
                              comm_, stream_), "ncclAllReduce");
     finish();
   }
   void reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op) override {
     begin();
-    nccl_check(ncclReduceScatter(in.raw(), out.raw(), size_t(out.numel()), nccl_type(in.dtype()),
+    nccl_check(ncclReduceScatter(in.device_raw(), out.device_raw(), size_t(out.numel()), nccl_type(in.dtype()),
                                  nccl_op(op), comm_, stream_), "ncclReduceScatter");
     finish();
   }
   void all_gather(const Tensor& in, const Tensor& out) override {
     begin();
-    nccl_check(ncclAllGather(in.raw(), out.raw(), size_t(in.numel()), nccl_type(in.dtype()), comm_,
+    nccl_check(ncclAllGather(in.device_raw(), out.device_raw(), size_t(in.numel()), nccl_type(in.dtype()), comm_,
                              stream_), "ncclAllGather");
     finish();
   }
   void broadcast(const Tensor& t, int root) override {
     begin();
-    nccl_check(ncclBroadcast(t.raw(), t.raw(), size_t(t.numel()), nccl_type(t.dtype()), root, comm_,
+    nccl_check(ncclBroadcast(t.device_raw(), t.device_raw(), size_t(t.numel()), nccl_type(t.dtype()), root, comm_,
                              stream_), "ncclBroadcast");
     finish();
   }
@@ -143,13 +143,13 @@ class NcclBackend final : public Backend {
   }
   std::unique_ptr<PendingTransfer> post_send(const Tensor& t, int dst, int) override {
     begin();
-    nccl_check(ncclSend(t.raw(), size_t(t.numel()), nccl_type(t.dtype()), dst, comm_, stream_),
+    nccl_check(ncclSend(t.device_raw(), size_t(t.numel()), nccl_type(t.dtype()), dst, comm_, stream_),
                "ncclSend");
     return event();
   }
   std::unique_ptr<PendingTransfer> post_recv(const Tensor& t, int src, int) override {
     begin();
-    nccl_check(ncclRecv(t.raw(), size_t(t.numel()), nccl_type(t.dtype()), src, comm_, stream_),
+    nccl_check(ncclRecv(t.device_raw(), size_t(t.numel()), nccl_type(t.dtype()), src, comm_, stream_),
                "ncclRecv");
     return event();
   }

@@ -87,7 +87,7 @@ void copy(const Tensor& dst, const Tensor& src) {
   const bool dd = dst.device() == Device::cuda, sd = src.device() == Device::cuda;
   const cudaMemcpyKind kind = dd ? (sd ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
                                  : (sd ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost);
-  check(cudaMemcpy(dst.raw(), src.raw(), src.nbytes(), kind), "cudaMemcpy");
+  check(cudaMemcpy(dst.device_raw(), src.device_raw(), src.nbytes(), kind), "cudaMemcpy");
 }
 
 void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) {
@@ -98,21 +98,21 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Ten
   const int64_t O = w.size(0), I = w.size(1), N = x.numel() / I;
   float beta = 0.0f;
   if (b.defined()) {
-    broadcast_rows<<<blocks_for(N * O), 256>>>(b.data<float>(), y.data<float>(), N, O);
+    broadcast_rows<<<blocks_for(N * O), 256>>>(b.device_data<float>(), y.device_data<float>(), N, O);
     check(cudaGetLastError(), "broadcast_rows");
     beta = 1.0f;
   }
   // Row-major y[N,O] = x[N,I] w[O,I]^T is column-major y^T[O,N] = w^T[O,I] x^T[I,N].
   const float alpha = 1.0f;
-  check(cublasSgemm(blas(), CUBLAS_OP_T, CUBLAS_OP_N, int(O), int(N), int(I), &alpha, w.data<float>(),
-                    int(I), x.data<float>(), int(I), &beta, y.data<float>(), int(O)),
+  check(cublasSgemm(blas(), CUBLAS_OP_T, CUBLAS_OP_N, int(O), int(N), int(I), &alpha, w.device_data<float>(),
+                    int(I), x.device_data<float>(), int(I), &beta, y.device_data<float>(), int(O)),
         "cublasSgemm");
 }
 
 void gelu_forward(const Tensor& x, const Tensor& y) {
   LOOM_CHECK(x.dtype() == DType::f32 && x.device() == Device::cuda && y.device() == Device::cuda,
              "gelu", "CUDA GELU needs f32 device tensors, got ", x.describe());
-  gelu_kernel<<<blocks_for(x.numel()), 256>>>(x.data<float>(), y.data<float>(), x.numel());
+  gelu_kernel<<<blocks_for(x.numel()), 256>>>(x.device_data<float>(), y.device_data<float>(), x.numel());
   check(cudaGetLastError(), "gelu_kernel");
 }
 
