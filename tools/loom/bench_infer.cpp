@@ -420,25 +420,27 @@ Batch1 run_batch1(const model::Decoder& m, infer::EngineConfig cfg, int64_t n_to
   return rs[rs.size() / 2];
 }
 
+double time_prefill(infer::Engine& e, int64_t vocab, int64_t P, int rep) {
+  std::vector<int32_t> prompt(static_cast<size_t>(P));
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 13 + 7 * size_t(rep) + 1) % size_t(vocab));
+  infer::SamplingParams sp;
+  sp.temperature = 0;
+  sp.max_tokens = 1;
+  e.add_request(prompt, sp);
+  const double t = now_seconds();
+  e.step();  // the whole prompt, and its first token
+  const double rate = double(P) / (now_seconds() - t);
+  while (e.has_unfinished()) e.step();
+  return rate;
+}
+
 double prefill_tokens_per_s(const model::Decoder& m, infer::EngineConfig cfg, int64_t P) {
   cfg.max_num_seqs = 1;
   cfg.max_batched_tokens = std::max(cfg.max_batched_tokens, P);
   cfg.prefix_caching = false;
   infer::Engine e(m, cfg);
   std::vector<double> rates;
-  for (int rep = 0; rep < 3; ++rep) {
-    std::vector<int32_t> prompt(static_cast<size_t>(P));
-    for (size_t i = 0; i < prompt.size(); ++i)
-      prompt[i] = int32_t((i * 13 + 7 * size_t(rep) + 1) % size_t(m.config().vocab_size));
-    infer::SamplingParams sp;
-    sp.temperature = 0;
-    sp.max_tokens = 1;
-    e.add_request(prompt, sp);
-    const double t = now_seconds();
-    e.step();  // the whole prompt, and its first token
-    rates.push_back(double(P) / (now_seconds() - t));
-    while (e.has_unfinished()) e.step();
-  }
+  for (int rep = 0; rep < 3; ++rep) rates.push_back(time_prefill(e, m.config().vocab_size, P, rep));
   return percentile(rates, 50);
 }
 

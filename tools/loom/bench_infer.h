@@ -24,8 +24,11 @@ struct Batch1 {
 // bound are taken under the same conditions; the round with the median fraction is returned.
 Batch1 run_batch1(const model::Decoder& m, infer::EngineConfig cfg, int64_t n_tokens);
 
-// One P-token prompt prefilled in a single step (and its first token), median of 3 fresh
-// prompts (no prefix-cache hit), in prompt tokens per second.
+// One P-token prompt prefilled in a single step (and its first token) on `e`, in prompt
+// tokens per second; `rep` varies the token ids, so an engine with prefix caching off sees a
+// fresh prompt each time.
+double time_prefill(infer::Engine& e, int64_t vocab, int64_t P, int rep);
+// The median of 3 such prompts on an engine of its own (one sequence, no prefix caching).
 double prefill_tokens_per_s(const model::Decoder& m, infer::EngineConfig cfg, int64_t P);
 
 // `bench infer --peer llama.cpp`: loom and llama.cpp on the same weights at fp32/F32,

@@ -78,21 +78,6 @@ double loom_decode_rate(infer::Engine& e, int64_t vocab, int64_t P, int64_t N) {
   return 1.0 / percentile(dt, 50);
 }
 
-double loom_prefill_rate(infer::Engine& e, int64_t vocab, int64_t P, int rep) {
-  std::vector<int32_t> prompt(static_cast<size_t>(P));
-  for (size_t i = 0; i < prompt.size(); ++i)
-    prompt[i] = int32_t((i * 13 + 7 * size_t(rep) + 1) % size_t(vocab));
-  infer::SamplingParams sp;
-  sp.temperature = 0;
-  sp.max_tokens = 1;
-  e.add_request(prompt, sp);
-  const double t = now_seconds();
-  e.step();
-  const double rate = double(P) / (now_seconds() - t);
-  while (e.has_unfinished()) e.step();
-  return rate;
-}
-
 constexpr const char* kComparePrompt = "ROMEO:\nBut soft, what light through yonder window breaks?\n";
 
 // Control characters as escapes, so one sample stays on one line of the report.
@@ -232,7 +217,7 @@ int bench_infer_llama_cpp(const Args& a, const model::ModelConfig& mc, const std
       if (prefill > 0) {
         peer.send_line(str_cat("prefill ", prefill));
         pp.push_back(read_number(peer, "PREFILL "));
-        lp.push_back(loom_prefill_rate(e, mc.vocab_size, prefill, int(round)));
+        lp.push_back(time_prefill(e, mc.vocab_size, prefill, int(round)));
       }
       std::printf("  %s / %s round %lld: decode loom %.1f, llama.cpp %.1f tokens/s", r.loom_precision.c_str(),
                   l.gguf.c_str(), (long long)round + 1, ld.back(), pd.back());
