@@ -1,4 +1,4 @@
-// int8/int4 weight quantization and quant_linear: the formats' error bounds and errors, and
+// int8/int4/bf16 weight quantization and quant_linear: the formats' error bounds and errors, and
 // every kernel path this CPU can run against the f64 product with the dequantized weights
 // (the f32 paths to rounding, the integer-dot paths within their activation-quantization
 // bound). A disabled benchmark times gpt2-124m's matrices against f32.
@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/core/dtype.h"
 #include "loom/core/error.h"
 #include "loom/core/threads.h"
 #include "loom/infer/cpu/decode_linear.h"
@@ -38,7 +39,7 @@ struct QuantMatrix {
   QuantMatrix(const std::vector<float>& w, int64_t O, int64_t I, QuantFormat f, int64_t group,
               bool zero_point) {
     const int64_t ng = O * (I / group);
-    q.resize(size_t(f == QuantFormat::int8 ? O * I : O * I / 2));
+    q.resize(size_t(O * quant_row_bytes(f, I)));
     scales.resize(size_t(ng));
     sums.resize(size_t(ng));
     if (zero_point) zeros.resize(size_t(ng));
@@ -235,6 +236,7 @@ std::vector<double> activation_bound(const std::vector<float>& x, const std::vec
 
 TEST_P(QuantLinearPath, MatchesTheDequantizedProduct) {
   const Path p = GetParam();
+  if (quant::is_bf16_dot_path(p)) GTEST_SKIP() << "bf16 weights only: Bf16MatchesTheProductWithRoundedWeights";
   std::mt19937 g(7);
   // Shapes below, at and across the 32- and 64-byte vectors and the 128-column activation
   // blocks, in the stepped layout (256 and 384 columns: 1, 2 or 4 blocks per vector, one
@@ -288,8 +290,12 @@ TEST_P(QuantLinearPath, ARowsResultDoesNotDependOnTheRowCount) {
   std::mt19937 g(8);
   const int64_t I = 256, O = 37;
   const int64_t M = p == Path::avx512_vnni ? quant::kGemmMinRows - 1 : quant::is_integer_path(p) ? 70 : kQuantBlasMinRows;
-  for (const Variant& v : kVariants) {
-    const QuantMatrix qm(randn(size_t(O * I), g), O, I, v.format, 64, v.zero_point);
+  const Variant bf16{QuantFormat::bf16, false, "bf16"};
+  std::vector<Variant> variants;
+  if (!quant::is_bf16_dot_path(p)) variants.assign(std::begin(kVariants), std::end(kVariants));
+  if (!quant::is_integer_path(p)) variants.push_back(bf16);
+  for (const Variant& v : variants) {
+    const QuantMatrix qm(randn(size_t(O * I), g), O, I, v.format, v.format == QuantFormat::bf16 ? I : 64, v.zero_point);
     const std::vector<float> x = randn(size_t(M * I), g);
     std::vector<float> all(static_cast<size_t>(M * O)), one(static_cast<size_t>(O));
     quant::quant_linear_with(p, x.data(), qm.view, nullptr, all.data(), M);
@@ -317,6 +323,7 @@ TEST(QuantLinear, Gpt2ShapesTakeTheSteppedKernels) {
 // Above it, the integer paths quantize x the same way, so rows agree to f32 rounding.
 TEST_P(QuantLinearPath, ManyRowsAgreeWithSingleRowsToRounding) {
   const Path p = GetParam();
+  if (quant::is_bf16_dot_path(p)) GTEST_SKIP() << "bf16 weights only; few rows round x to bf16 there, BLAS does not";
   std::mt19937 g(10);
   const int64_t M = 200;
   for (auto [I, O] : {std::pair<int64_t, int64_t>{256, 37}, {768, 130}})
@@ -346,8 +353,64 @@ INSTANTIATE_TEST_SUITE_P(Runnable, QuantLinearPath, ::testing::ValuesIn(quant::r
                            return n;
                          });
 
+// bf16 weights: every f32 path against the f64 product with the rounded weights, on shapes
+// below, at and across the vector widths, few rows and many (BLAS on widened blocks); the
+// avx512-bf16 path within the bound of rounding x to bf16 (|dx| <= 2^-8 |x|) for few rows; the
+// integer paths refuse them.
+TEST_P(QuantLinearPath, Bf16MatchesTheProductWithRoundedWeights) {
+  const Path p = GetParam();
+  std::mt19937 g(11);
+  for (int64_t I : {16, 40, 96, 200, 256, 768})
+    for (int64_t O : {1, 7, 33, 130}) {
+      const std::vector<float> w = randn(size_t(O * I), g), bias = randn(size_t(O), g);
+      const QuantMatrix qm(w, O, I, QuantFormat::bf16, I, false);
+      const std::vector<float> deq = qm.dequantized();
+      for (int64_t M : {1, 3, 5, 33, 70}) {
+        SCOPED_TRACE("I=" + std::to_string(I) + " O=" + std::to_string(O) + " M=" + std::to_string(M));
+        const std::vector<float> x = randn(size_t(M * I), g);
+        std::vector<float> got(size_t(M * O), 1e30f);
+        if (quant::is_integer_path(p)) {
+          const std::string e = error_of([&] { quant::quant_linear_with(p, x.data(), qm.view, nullptr, got.data(), M); });
+          EXPECT_NE(e.find("bf16 weights take an f32 or the avx512-bf16 path"), std::string::npos) << e;
+          continue;
+        }
+        std::vector<double> want, mag;
+        reference(x, deq, bias.data(), M, I, O, want, mag);
+        quant::quant_linear_with(p, x.data(), qm.view, bias.data(), got.data(), M);
+        const double rel = quant::is_bf16_dot_path(p) && M <= kQuantBlasMinRows ? 1.0 / 256 + 1e-5 : 1e-5;
+        for (size_t k = 0; k < got.size(); ++k)
+          ASSERT_LE(std::fabs(got[k] - want[k]), rel * mag[k] + 1e-6) << "output " << k;
+      }
+    }
+}
+
+TEST(QuantFormat, Bf16RoundsEachWeightToNearestEven) {
+  std::mt19937 g(12);
+  const int64_t O = 5, I = 48;
+  std::vector<float> w = randn(size_t(O * I), g);
+  w[3] = 1.f + 1.f / 256;            // a tie: rounds to the even neighbour, 1
+  w[4] = 1.f + 3.f / 256;            // a tie: rounds up to 1 + 1/64
+  w[5] = -0.f, w[6] = 3.0e38f;       // sign and the top of the range survive
+  const QuantMatrix qm(w, O, I, QuantFormat::bf16, I, false);
+  EXPECT_EQ(quant_bytes(QuantFormat::bf16, O, I, I, false), 2 * O * I);
+  EXPECT_EQ(int64_t(qm.q.size()), 2 * O * I);
+  const std::vector<float> deq = qm.dequantized();
+  for (size_t k = 0; k < w.size(); ++k) {
+    EXPECT_EQ(deq[k], loom::bf16_to_f32(loom::f32_to_bf16(w[k]))) << k;
+    EXPECT_LE(std::fabs(deq[k] - w[k]), std::fabs(w[k]) / 256) << k;  // half a step of 8 bits
+  }
+  EXPECT_EQ(deq[3], 1.f);
+  EXPECT_EQ(deq[4], 1.f + 1.f / 64);
+  EXPECT_TRUE(std::signbit(deq[5]));
+  std::vector<uint8_t> q(size_t(2 * O * I));
+  std::string e = error_of([&] { quantize_weights(w.data(), O, I, QuantFormat::bf16, 16, false, q.data(), nullptr, nullptr, nullptr); });
+  EXPECT_NE(e.find("[quant] bf16 weights have no scales, so no groups: pass group=I (48), not 16"), std::string::npos) << e;
+  e = error_of([&] { quantize_weights(w.data(), O, I, QuantFormat::bf16, I, true, q.data(), nullptr, nullptr, nullptr); });
+  EXPECT_NE(e.find("zero points are for int4 only: quantize bf16 without one"), std::string::npos) << e;
+}
+
 TEST(QuantLinear, TakesTheNamedPath) {
-  for (QuantFormat f : {QuantFormat::int8, QuantFormat::int4}) {
+  for (QuantFormat f : {QuantFormat::int8, QuantFormat::int4, QuantFormat::bf16}) {
     const std::string name = quant_linear_path(f);
     bool found = false;
     for (Path p : quant::runnable_paths()) found |= name == quant::path_name(p);
@@ -401,7 +464,8 @@ constexpr BenchFormat kBenchFormats[] = {{"int8/ch", QuantFormat::int8, 0, false
                                          {"int8/g64", QuantFormat::int8, 64, false},
                                          {"int4/g64", QuantFormat::int4, 64, false},
                                          {"int4/g32", QuantFormat::int4, 32, false},
-                                         {"int4zp/g32", QuantFormat::int4, 32, true}};
+                                         {"int4zp/g32", QuantFormat::int4, 32, true},
+                                         {"bf16", QuantFormat::bf16, 0, false}};
 
 // Read bandwidth on the benchmark's threads: the best of three sums over 1 GiB (as `loom bench
 // infer` measures the batch-1 decode bound).
@@ -460,6 +524,8 @@ void gpt2_bench(int64_t M) {
   std::vector<Config> prompt{{"f32 BLAS", nullptr, Path::base_f32, false}};
   for (const BenchFormat& f : kBenchFormats)
     for (Path p : quant::runnable_paths()) {
+      if ((f.format == QuantFormat::bf16) == quant::is_integer_path(p)) continue;
+      if (f.format != QuantFormat::bf16 && quant::is_bf16_dot_path(p)) continue;
       const Config c{std::string(f.name) + " " + quant::path_name(p), &f, p, false};
       if (p != Path::base_f32) decode.push_back(c);
       if (p == Path::avx512_vnni || p == Path::avx_vnni || p == Path::avx512_f32) prompt.push_back(c);

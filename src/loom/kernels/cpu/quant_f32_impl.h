@@ -1,7 +1,8 @@
 // The f32 kernels of quant_linear, written once and compiled per instruction set:
 // quant_linear_f32.cpp includes this file three times, in `#pragma GCC target` regions, with
-// LOOM_QUANT_ISA naming the namespace and to_f32() (16 int8 values times a scale, as f32, to a
-// 64-byte aligned buffer) defined before. Included nowhere else.
+// LOOM_QUANT_ISA naming the namespace, to_f32() (16 int8 values times a scale, as f32, to a
+// 64-byte aligned buffer) and load_bf16x16() (16 bf16 values from 32 bytes, widened to f32 in a
+// register) defined before. Included nowhere else.
 //
 // 64 columns of a few weight rows at a time are dequantized into a buffer in L1 and
 // multiplied with the f32 activations in register tiles of rows x outputs, as decode_linear
@@ -10,7 +11,7 @@
 
 namespace loom::cpu::quant::LOOM_QUANT_ISA {
 
-enum class Kind { i8, i4_symmetric, i4_zero_point };
+enum class Kind { i8, i4_symmetric, i4_zero_point, bf16 };
 
 // n (a multiple of 16) columns of a weight row from their packed bytes, dequantized into out.
 // int4: the low and high nibbles of 16 bytes interleaved back into column order, then
@@ -67,8 +68,8 @@ template <Kind K, int MT, int OT>
       for (int64_t i = i0, g = g0; i < i0 + span; ++g) {
         const int64_t n = std::min((g + 1) * G, i0 + span) - i;
         const float s = w.scales[(o + t) * ng + g];
-        const int z = K == Kind::i4_zero_point ? w.zeros[(o + t) * ng + g] : K == Kind::i8 ? 0 : 8;
-        dequantize_cols<K>(w.q + (o + t) * wrow + (K == Kind::i8 ? i : i / 2), s, z, n, wb[t] + (i - i0));
+        const int z = K == Kind::i4_zero_point ? w.zeros[(o + t) * ng + g] : K == Kind::i4_symmetric ? 8 : 0;
+        dequantize_cols<K>(w.q + (o + t) * wrow + i * bytes_per_col_x2 / 2, s, z, n, wb[t] + (i - i0));
         i += n;
       }
     for (int64_t k = 0; k < span; k += 16)
@@ -89,10 +90,47 @@ template <Kind K, int MT, int OT>
     }
 }
 
+// bf16 weights need no buffer: 16 of them widen to f32 in registers (zero-extend, shift into
+// the high half), so the tile streams W as decode_linear streams f32 rows: OT rows of 2I bytes,
+// 16 columns at a time. I must be a multiple of 16.
+template <int MT, int OT>
+[[gnu::always_inline]] inline void bf16_tile(const float* x, const QuantView& w, const float* b,
+                                             float* y, int64_t m0, int64_t o) {
+  const int64_t I = w.cols, O = w.rows, wrow = 2 * I;
+  const uint8_t* wt = w.q + o * wrow;
+  v16 acc[MT][OT];
+  for (int m = 0; m < MT; ++m)
+    for (int t = 0; t < OT; ++t) acc[m][t] = v16{};
+  for (int64_t i0 = 0; i0 < I; i0 += kSpan) {
+    const int64_t span = std::min(kSpan, I - i0);
+    prefetch_next_tile(wt, OT * wrow, OT * i0 * 2, OT * (i0 + span) * 2);
+    for (int64_t i = i0; i < i0 + span; i += 16) {
+      v16 wv[OT], xv;
+      for (int t = 0; t < OT; ++t) load_bf16x16(&wv[t], wt + t * wrow + 2 * i);
+      for (int m = 0; m < MT; ++m) {
+        load16(&xv, x + (m0 + m) * I + i);
+        for (int t = 0; t < OT; ++t) acc[m][t] += wv[t] * xv;
+      }
+    }
+  }
+  for (int m = 0; m < MT; ++m)
+    for (int t = 0; t < OT; ++t) {
+      float sum = 0;
+      for (int k = 0; k < 16; ++k) sum += acc[m][t][k];
+      y[(m0 + m) * O + o + t] = sum + (b ? b[o + t] : 0.f);
+    }
+}
+
 template <Kind K, int MT, int OT>
 [[gnu::always_inline]] inline void f32_outs(const float* x, const QuantView& w, const float* b,
                                             float* y, int64_t m0, int64_t o0, int64_t o1) {
   int64_t o = o0;
+  if constexpr (K == Kind::bf16) {
+    constexpr int BT = MT == 1 ? 2 * OT : OT;  // decode: more rows in flight, as decode_linear
+    for (; o + BT <= o1; o += BT) bf16_tile<MT, BT>(x, w, b, y, m0, o);
+    for (; o < o1; ++o) bf16_tile<MT, 1>(x, w, b, y, m0, o);
+    return;
+  }
   for (; o + OT <= o1; o += OT) f32_tile<K, MT, OT>(x, w, b, y, m0, o);
   for (; o < o1; ++o) f32_tile<K, MT, 1>(x, w, b, y, m0, o);
 }
@@ -112,6 +150,8 @@ void f32_rows(const float* x, const QuantView& w, const float* b, float* y, int6
               int64_t o1) {
   if (w.group % 16 != 0)
     f32_rows_any_group(x, w, b, y, M, o0, o1);
+  else if (w.format == QuantFormat::bf16)
+    f32_rows_kind<Kind::bf16, MaxMT, OT>(x, w, b, y, M, o0, o1);
   else if (w.format == QuantFormat::int8)
     f32_rows_kind<Kind::i8, MaxMT, OT>(x, w, b, y, M, o0, o1);
   else if (w.zeros)

@@ -1,15 +1,27 @@
-// The int8/int4 weight formats of quant_linear.h: validation, sizes, quantization and
+// The int8/int4/bf16 weight formats of quant_linear.h: validation, sizes, quantization and
 // dequantization (the reference the kernels are tested against). No products here.
 #include <algorithm>
 #include <cmath>
 
+#include "loom/core/dtype.h"
 #include "loom/core/error.h"
 #include "loom/kernels/cpu/quant_linear.h"
 #include "loom/kernels/cpu/quant_linear_impl.h"
 
 namespace loom::cpu {
 
-const char* quant_format_name(QuantFormat f) { return f == QuantFormat::int8 ? "int8" : "int4"; }
+const char* quant_format_name(QuantFormat f) {
+  switch (f) {
+    case QuantFormat::int8: return "int8";
+    case QuantFormat::int4: return "int4";
+    case QuantFormat::bf16: return "bf16";
+  }
+  return "?";
+}
+
+int64_t quant_row_bytes(QuantFormat f, int64_t I) {
+  return f == QuantFormat::int8 ? I : f == QuantFormat::int4 ? I / 2 : 2 * I;
+}
 
 namespace quant {
 
@@ -23,15 +35,18 @@ void check_shape(QuantFormat f, int64_t O, int64_t I, int64_t group, bool zero_p
   LOOM_CHECK(f != QuantFormat::int4 || group % 2 == 0, "quant", "int4 packs two weights per byte ",
              "but group=", group, " is odd: use an even group (e.g. 32, 64, 128)");
   LOOM_CHECK(f == QuantFormat::int4 || !zero_point, "quant",
-             "zero points are for int4 only: quantize int8 symmetrically (zero_point=false)");
+             "zero points are for int4 only: quantize ", name, " without one (zero_point=false)");
+  LOOM_CHECK(f != QuantFormat::bf16 || group == I, "quant", "bf16 weights have no scales, so no ",
+             "groups: pass group=I (", I, "), not ", group);
 }
 
 }  // namespace quant
 
 int64_t quant_bytes(QuantFormat f, int64_t O, int64_t I, int64_t group, bool zero_point) {
   quant::check_shape(f, O, I, group, zero_point);
+  const int64_t packed = O * quant_row_bytes(f, I);
+  if (f == QuantFormat::bf16) return packed;
   const int64_t groups = O * (I / group);
-  const int64_t packed = f == QuantFormat::int8 ? O * I : O * (I / 2);
   return packed + groups * int64_t(sizeof(float)) + (zero_point ? groups : 0);
 }
 
@@ -39,6 +54,14 @@ void quantize_weights(const float* w, int64_t O, int64_t I, QuantFormat f, int64
                       bool zero_point, uint8_t* q, float* scales, uint8_t* zeros,
                       int32_t* group_sums) {
   quant::check_shape(f, O, I, group, zero_point);
+  if (f == QuantFormat::bf16) {
+#pragma omp parallel for schedule(static) if (O * I > (1 << 20))
+    for (int64_t k = 0; k < O * I; ++k) {
+      const uint16_t bits = f32_to_bf16(w[k]).bits;
+      std::memcpy(q + 2 * k, &bits, 2);
+    }
+    return;
+  }
   const int64_t ng = I / group;
 #pragma omp parallel for schedule(static) if (O * I > (1 << 20))
   for (int64_t o = 0; o < O; ++o) {
@@ -92,12 +115,21 @@ namespace quant {
 
 void check_view(const QuantView& w) {
   check_shape(w.format, w.rows, w.cols, w.group, w.zeros != nullptr);
-  LOOM_CHECK(w.q && w.scales, "quant", quant_format_name(w.format),
+  LOOM_CHECK(w.q && (w.scales || w.format == QuantFormat::bf16), "quant", quant_format_name(w.format),
              " weights: the view has no packed weights or scales (set QuantView::q and ::scales)");
 }
 
 void dequantize_row(const QuantView& w, int64_t o, float* out) {
   const int64_t I = w.cols, G = w.group, ng = I / G;
+  if (w.format == QuantFormat::bf16) {
+    const uint8_t* row = w.q + 2 * o * I;
+    for (int64_t i = 0; i < I; ++i) {
+      bf16_t v;
+      std::memcpy(&v.bits, row + 2 * i, 2);
+      out[i] = bf16_to_f32(v);
+    }
+    return;
+  }
   for (int64_t g = 0; g < ng; ++g) {
     const float s = w.scales[o * ng + g];
     const int z = w.zeros ? w.zeros[o * ng + g] : 0;

@@ -27,7 +27,7 @@ constexpr int64_t kMaxActBlock = 128;
 constexpr int64_t kBlasRows = 128;
 
 struct CpuFeatures {
-  bool avx2 = false, avx512 = false, avx512_vnni = false, avx_vnni = false;
+  bool avx2 = false, avx512 = false, avx512_vnni = false, avx_vnni = false, avx512_bf16 = false;
 };
 
 const CpuFeatures& cpu_features() {
@@ -38,10 +38,12 @@ const CpuFeatures& cpu_features() {
     c.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
     c.avx512_vnni = c.avx512 && __builtin_cpu_supports("avx512vnni");
-    // AVX-VNNI is CPUID.(EAX=7,ECX=1):EAX bit 4; read directly, as not every compiler's
-    // __builtin_cpu_supports knows its name (clang 14 does not).
+    // AVX-VNNI and AVX512-BF16 are CPUID.(EAX=7,ECX=1):EAX bits 4 and 5; read directly, as not
+    // every compiler's __builtin_cpu_supports knows their names (clang 14 does not).
     unsigned a = 0, b = 0, cx = 0, d = 0;
-    c.avx_vnni = c.avx2 && __get_cpuid_count(7, 1, &a, &b, &cx, &d) && (a & (1u << 4));
+    const bool leaf = __get_cpuid_count(7, 1, &a, &b, &cx, &d);
+    c.avx_vnni = c.avx2 && leaf && (a & (1u << 4));
+    c.avx512_bf16 = c.avx512 && leaf && (a & (1u << 5));
     return c;
   }();
   return f;
@@ -117,6 +119,17 @@ void blas_linear(const float* x, const QuantView& w, const float* b, float* y, i
   }
 }
 
+void bf16_dot_linear(const float* x, const QuantView& w, const float* b, float* y, int64_t M) {
+  if (M > kQuantBlasMinRows) return blas_linear(x, w, b, y, M);
+  thread_local std::vector<uint16_t> xb;
+  const int64_t I = w.cols, O = w.rows;
+  uint16_t* xr = grown(xb, M * I);
+  bf16_acts_avx512(x, M * I, xr);
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t c = 0; c < (O + kRowChunk - 1) / kRowChunk; ++c)
+    bf16_rows_avx512(xr, w, b, y, M, c * kRowChunk, std::min(O, c * kRowChunk + kRowChunk));
+}
+
 void f32_linear(Path p, const float* x, const QuantView& w, const float* b, float* y, int64_t M) {
   if (M > kQuantBlasMinRows) return blas_linear(x, w, b, y, M);
   const F32RowsFn rows = p == Path::avx512_f32 ? f32_rows_avx512
@@ -137,6 +150,7 @@ const char* path_name(Path p) {
     case Path::avx512_f32: return "avx512-f32";
     case Path::avx_vnni: return "avx-vnni";
     case Path::avx512_vnni: return "avx512-vnni";
+    case Path::avx512_bf16: return "avx512-bf16";
   }
   return "?";
 }
@@ -149,21 +163,30 @@ bool path_runs_here(Path p) {
     case Path::avx512_f32: return f.avx512;
     case Path::avx_vnni: return f.avx_vnni;
     case Path::avx512_vnni: return f.avx512_vnni;
+    case Path::avx512_bf16: return f.avx512_bf16;
   }
   return false;
 }
 
 std::vector<Path> runnable_paths() {
   std::vector<Path> out;
-  for (Path p : {Path::base_f32, Path::avx2_f32, Path::avx512_f32, Path::avx_vnni, Path::avx512_vnni})
+  for (Path p : {Path::base_f32, Path::avx2_f32, Path::avx512_f32, Path::avx_vnni, Path::avx512_vnni,
+                 Path::avx512_bf16})
     if (path_runs_here(p)) out.push_back(p);
   return out;
 }
 
-Path default_path(QuantFormat) {
-  // The instruction set the f32 kernels were given (CPU features, or LOOM_ISA).
+Path default_path(QuantFormat format) {
+  // The instruction set the f32 kernels were given (CPU features, or LOOM_ISA). bf16 weights
+  // take AVX512-BF16 dot products where the CPU has them (measured on gpt2-124m's decode step,
+  // docs/PERFORMANCE.md: widening each weight to f32 first costs enough instructions that the
+  // kernel no longer keeps up with memory); elsewhere they are widened.
   const std::string isa = hot_kernels_isa();
   const CpuFeatures& f = cpu_features();
+  if (format == QuantFormat::bf16)
+    return isa == "avx512" ? (f.avx512_bf16 ? Path::avx512_bf16 : Path::avx512_f32)
+           : isa == "avx2" ? Path::avx2_f32
+                           : Path::base_f32;
   if (isa == "avx512") return f.avx512_vnni ? Path::avx512_vnni : Path::avx512_f32;
   if (isa == "avx2") return f.avx_vnni ? Path::avx_vnni : Path::avx2_f32;
   return Path::base_f32;
@@ -199,9 +222,15 @@ void quant_linear_with(Path p, const float* x, const QuantView& w, const float* 
                        int64_t M) {
   check_view(w);
   LOOM_CHECK(path_runs_here(p), "quant", "path ", path_name(p), " needs instructions this CPU lacks");
+  LOOM_CHECK(!is_integer_path(p) || w.format != QuantFormat::bf16, "quant", "path ", path_name(p),
+             " multiplies int8/int4 weights; bf16 weights take an f32 or the avx512-bf16 path");
+  LOOM_CHECK(!is_bf16_dot_path(p) || w.format == QuantFormat::bf16, "quant", "path ", path_name(p),
+             " multiplies bf16 weights; ", quant_format_name(w.format), " weights take an integer or f32 path");
   if (M <= 0 || w.rows == 0) return;
   if (is_integer_path(p))
     int_linear(p, x, w, b, y, M);
+  else if (is_bf16_dot_path(p))
+    bf16_dot_linear(x, w, b, y, M);
   else
     f32_linear(p, x, w, b, y, M);
 }
@@ -209,9 +238,10 @@ void quant_linear_with(Path p, const float* x, const QuantView& w, const float* 
 }  // namespace quant
 
 void quant_linear(const float* x, const QuantView& w, const float* b, float* y, int64_t M) {
-  static const quant::Path paths[2] = {quant::default_path(QuantFormat::int8),
-                                       quant::default_path(QuantFormat::int4)};
-  quant::quant_linear_with(paths[w.format == QuantFormat::int4], x, w, b, y, M);
+  static const quant::Path paths[3] = {quant::default_path(QuantFormat::int8),
+                                       quant::default_path(QuantFormat::int4),
+                                       quant::default_path(QuantFormat::bf16)};
+  quant::quant_linear_with(paths[size_t(w.format)], x, w, b, y, M);
 }
 
 std::string quant_linear_path(QuantFormat f) { return quant::path_name(quant::default_path(f)); }

@@ -1,6 +1,7 @@
 // The f32 paths of quant_linear for few rows (quant_f32_impl.h) compiled for AVX-512, AVX2
-// and the x86-64 baseline. Only the int8 -> f32 widening differs between them: GCC's generic
-// vectors and its vectoriser turn it scalar in these loops, so it is written per set here.
+// and the x86-64 baseline. Only the int8 -> f32 and bf16 -> f32 widening differ between them:
+// GCC's generic vectors and its vectoriser turn them scalar or split in these loops, so they
+// are written per set here.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -41,6 +42,12 @@ namespace loom::cpu::quant::avx512 {
 [[gnu::always_inline]] inline void to_f32(__m128i v, float s, float* out) {
   _mm512_store_ps(out, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)), _mm512_set1_ps(s)));
 }
+typedef float v16 __attribute__((vector_size(64)));
+// bf16 is the top half of an f32: zero-extend each 16-bit value and shift it up.
+[[gnu::always_inline]] inline void load_bf16x16(v16* v, const uint8_t* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  *v = (v16)_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16);
+}
 }  // namespace loom::cpu::quant::avx512
 #define LOOM_QUANT_ISA avx512
 #include "loom/kernels/cpu/quant_f32_impl.h"
@@ -63,6 +70,15 @@ namespace loom::cpu::quant::avx2 {
   _mm256_store_ps(out + 8,
                   _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(v, v))), sv));
 }
+typedef float v16 __attribute__((vector_size(64)));
+[[gnu::always_inline]] inline void load_bf16x16(v16* v, const uint8_t* p) {
+  __m256 half[2];
+  for (int h = 0; h < 2; ++h) {
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * h));
+    half[h] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(x), 16));
+  }
+  std::memcpy(v, half, sizeof(*v));
+}
 }  // namespace loom::cpu::quant::avx2
 #define LOOM_QUANT_ISA avx2
 #include "loom/kernels/cpu/quant_f32_impl.h"
@@ -84,6 +100,18 @@ namespace loom::cpu::quant::base {
   _mm_store_ps(out + 4, _mm_mul_ps(_mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpackhi_epi16(z, lo), 24)), sv));
   _mm_store_ps(out + 8, _mm_mul_ps(_mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpacklo_epi16(z, hi), 24)), sv));
   _mm_store_ps(out + 12, _mm_mul_ps(_mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpackhi_epi16(z, hi), 24)), sv));
+}
+typedef float v16 __attribute__((vector_size(64)));
+// SSE2: interleaving a zero below each 16-bit value puts its bits in the top half of a lane.
+[[gnu::always_inline]] inline void load_bf16x16(v16* v, const uint8_t* p) {
+  const __m128i z = _mm_setzero_si128();
+  __m128i q[4];
+  for (int h = 0; h < 2; ++h) {
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * h));
+    q[2 * h] = _mm_unpacklo_epi16(z, x);
+    q[2 * h + 1] = _mm_unpackhi_epi16(z, x);
+  }
+  std::memcpy(v, q, sizeof(*v));
 }
 }  // namespace loom::cpu::quant::base
 #define LOOM_QUANT_ISA base

@@ -9,12 +9,15 @@
 
 namespace loom::cpu::quant {
 
-enum class Path : uint8_t { base_f32, avx2_f32, avx512_f32, avx_vnni, avx512_vnni };
+enum class Path : uint8_t { base_f32, avx2_f32, avx512_f32, avx_vnni, avx512_vnni, avx512_bf16 };
 const char* path_name(Path p);
 bool path_runs_here(Path p);        // this CPU has the path's instructions
 std::vector<Path> runnable_paths();  // every path for which path_runs_here
 Path default_path(QuantFormat f);   // the fastest runnable path, honouring LOOM_ISA
 inline bool is_integer_path(Path p) { return p == Path::avx_vnni || p == Path::avx512_vnni; }
+// AVX512-BF16 dot products: bf16 weights only, with x rounded to bf16 (up to kQuantBlasMinRows
+// rows; above, W is widened for BLAS as on the f32 paths).
+inline bool is_bf16_dot_path(Path p) { return p == Path::avx512_bf16; }
 
 // A tile of OT weight rows is one contiguous run of bytes, but the kernels read it a few
 // bytes from each row at a time, and with this much arithmetic per byte the loads alone do
@@ -109,6 +112,11 @@ void f32_rows_avx2(const float*, const QuantView&, const float*, float*, int64_t
                    int64_t);
 void f32_rows_base(const float*, const QuantView&, const float*, float*, int64_t, int64_t,
                    int64_t);
+// AVX512-BF16 (quant_bf16_avx512.cpp): x[n] rounded to bf16, and outputs [o0, o1) of bf16
+// weights for all M rows of the rounded x.
+void bf16_acts_avx512(const float* x, int64_t n, uint16_t* out);
+void bf16_rows_avx512(const uint16_t* xb, const QuantView& w, const float* b, float* y, int64_t M,
+                      int64_t o0, int64_t o1);
 // Any group, one dequantized row at a time (the f32 kernels' fallback for odd groups).
 void f32_rows_any_group(const float*, const QuantView&, const float*, float*, int64_t, int64_t,
                         int64_t);
