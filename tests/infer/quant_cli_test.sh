@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Quantized inference end to end: train a tiny byte-level model, `loom quantize` it to int8 and
-# int4, then check that generate on the quantized checkpoint equals generate --quant on the f32
+# Quantized inference end to end: train a tiny byte-level model, `loom quantize` it to int8,
+# int4 and bf16, then check that generate on the quantized checkpoint equals generate --quant on the f32
 # one (same weights either way), that eval's losses stay close to fp32's, that bench infer runs
 # quantized, and that bad input is refused with a clear message.
 set -euo pipefail
@@ -18,11 +18,13 @@ field() { python3 -c "import json,sys; print(json.loads(sys.stdin.read())['$1'])
 
 "$LOOM" quantize --checkpoint "$WORK/run" --to int8 --out "$WORK/q8" > "$WORK/q8.log"
 "$LOOM" quantize --checkpoint "$WORK/run" --to int4 --group 32 --out "$WORK/q4" > "$WORK/q4.log"
+"$LOOM" quantize --checkpoint "$WORK/run" --to bf16 --out "$WORK/qb" > "$WORK/qb.log"
 grep -q "int4 g32 head int8" "$WORK/q4.log" || { echo "quantize did not report its format:"; cat "$WORK/q4.log"; exit 1; }
+grep -q "bf16 head bf16" "$WORK/qb.log" || { echo "quantize did not report bf16:"; cat "$WORK/qb.log"; exit 1; }
 [ -f "$WORK/q4/quant.safetensors" ] || { echo "no quant.safetensors written"; exit 1; }
 
 gen() { "$LOOM" generate --prompt "ROMEO:" --max-tokens 40 --temperature 0.9 --seed 3 "$@" 2>/dev/null; }
-for q in "q8 int8" "q4 int4 --group 32"; do
+for q in "q8 int8" "q4 int4 --group 32" "qb bf16"; do
   set -- $q
   dir="$1"; shift
   from_file="$(gen --checkpoint "$WORK/$dir")"
@@ -35,10 +37,14 @@ ev() { "$LOOM" eval --data "$WORK/data" --max-windows 20 --seq-len 64 "$@" 2>/de
 f32="$(ev --checkpoint "$WORK/run")"
 i8="$(ev --checkpoint "$WORK/q8")"
 i4="$(ev --checkpoint "$WORK/q4")"
-python3 - "$f32" "$i8" "$i4" <<'PY'
+b16="$(ev --checkpoint "$WORK/qb")"
+python3 - "$f32" "$i8" "$i4" "$b16" <<'PY'
 import sys
-f32, i8, i4 = map(float, sys.argv[1:])
-print(f"eval loss fp32 {f32:.4f}, int8 {i8:.4f} ({100*(i8/f32-1):+.2f}%), int4 g32 {i4:.4f} ({100*(i4/f32-1):+.2f}%)")
+f32, i8, i4, b16 = map(float, sys.argv[1:])
+print(f"eval loss fp32 {f32:.4f}, int8 {i8:.4f} ({100*(i8/f32-1):+.2f}%), int4 g32 {i4:.4f} ({100*(i4/f32-1):+.2f}%), "
+      f"bf16 {b16:.4f} ({100*(b16/f32-1):+.2f}%)")
+assert b16 != f32, "bf16 loss equals fp32's exactly: were the weights rounded at all?"
+assert abs(b16 / f32 - 1) < 0.005, f"bf16 loss {b16} is more than 0.5% from fp32's {f32}"
 assert 1.0 < f32 < 5.6, f"fp32 loss {f32} is not that of a byte model trained a little"
 assert abs(i8 / f32 - 1) < 0.01, f"int8 loss {i8} is more than 1% from fp32's {f32}"
 assert abs(i4 / f32 - 1) < 0.05, f"int4 loss {i4} is more than 5% from fp32's {f32}"
@@ -57,10 +63,11 @@ refused() {
   [ "$rc" != 0 ] || { echo "$* was accepted"; exit 1; }
   case "$out" in *"$want"*) ;; *) echo "$*: expected \"$want\" in: $out"; exit 1 ;; esac
 }
-refused "[quantize] --to int3: expected int8 or int4" "$LOOM" quantize --checkpoint "$WORK/run" --to int3 --out "$WORK/x"
+refused "[quantize] --to int3: expected int8, int4 or bf16" "$LOOM" quantize --checkpoint "$WORK/run" --to int3 --out "$WORK/x"
 refused "group" "$LOOM" quantize --checkpoint "$WORK/run" --to int4 --group 50 --out "$WORK/x"
 refused "is already quantized" "$LOOM" quantize --checkpoint "$WORK/q8" --to int4 --out "$WORK/x"
 refused "is already quantized" "$LOOM" generate --checkpoint "$WORK/q8" --quant int4 --prompt "A"
-refused "[quant] --quant int5: expected fp32, int8 or int4" "$LOOM" generate --checkpoint "$WORK/run" --quant int5 --prompt "A"
+refused "[quant] --quant int5: expected fp32, bf16, int8 or int4" "$LOOM" generate --checkpoint "$WORK/run" --quant int5 --prompt "A"
+refused "bf16 weights have no scales" "$LOOM" quantize --checkpoint "$WORK/run" --to bf16 --group 32 --out "$WORK/x"
 refused "--resume" "$LOOM" train "$SRC/configs/shakespeare.yaml" --set data.dir="$WORK/data" --resume "$WORK/q8"
 echo "quantized inference CLI: ok"

@@ -65,7 +65,12 @@ TEST(QuantSpec, ParsesTheCommandLineAndRefusesNonsense) {
   const QuantSpec i4 = *parse_quant_spec("int4", -1, "f32", true);
   EXPECT_EQ(i4.group, 64);
   EXPECT_EQ(i4.describe(), "int4 g64 zero-point head f32");
-  EXPECT_NE(error_of([] { parse_quant_spec("int3"); }).find("[quant] --quant int3: expected fp32, int8 or int4"),
+  const QuantSpec b16 = *parse_quant_spec("bf16");
+  EXPECT_EQ(b16.format, cpu::QuantFormat::bf16);
+  EXPECT_EQ(b16.describe(), "bf16 head bf16");
+  EXPECT_EQ(parse_quant_spec("bf16", -1, "f32")->describe(), "bf16 head f32");
+  EXPECT_NE(error_of([] { parse_quant_spec("bf16", 64); }).find("bf16 weights have no scales"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_quant_spec("int3"); }).find("[quant] --quant int3: expected fp32, bf16, int8 or int4"),
             std::string::npos);
   EXPECT_NE(error_of([] { parse_quant_spec("int8", 64, "int8", true); }).find("--zero-point is for --quant int4"),
             std::string::npos);
@@ -82,7 +87,8 @@ class QuantRunner : public ::testing::TestWithParam<Family> {};
 
 TEST_P(QuantRunner, MatchesTheF32RunnerOnTheDequantizedWeights) {
   for (const QuantSpec& s : {spec(cpu::QuantFormat::int8, 0), spec(cpu::QuantFormat::int8, 16, false, false),
-                             spec(cpu::QuantFormat::int4, 16), spec(cpu::QuantFormat::int4, 16, true)}) {
+                             spec(cpu::QuantFormat::int4, 16), spec(cpu::QuantFormat::int4, 16, true),
+                             spec(cpu::QuantFormat::bf16, 0)}) {
     auto m = fixtures::wandering_model(GetParam(), DType::f32, 5, true);
     const auto original = m->params().to_f32_vector();
     const QuantizedModel q = QuantizedModel::quantize(*m, s);
@@ -122,9 +128,15 @@ TEST(QuantRunner, DecodeReadsThePackedBytes) {
                        (V * C + V * C / 16 * 4);
   EXPECT_EQ(i4, want);
   EXPECT_EQ(q.bytes(), c.n_layer * (block / 2 + block / 16 * 4) + V * C + V * C / 16 * 4);
+  // bf16: 2 bytes per weight, head included, no scales.
+  const QuantizedModel b = QuantizedModel::quantize(*m, spec(cpu::QuantFormat::bf16, 0));
+  EXPECT_EQ(ModelRunner(*m, cache, 4, 1, &b).weight_bytes_per_token(), f32 - 2 * (c.n_layer * block + V * C));
+  EXPECT_EQ(b.bytes(), 2 * (c.n_layer * block + V * C));
 }
 
 TEST(QuantCheckpoint, RoundTripIsBitwiseQuantizeOnLoadAndDamageIsRefused) {
+  for (const QuantSpec& s : {spec(cpu::QuantFormat::int4, 16, true), spec(cpu::QuantFormat::bf16, 0)}) {
+  SCOPED_TRACE(s.describe());
   const fs::path dir = fs::temp_directory_path() / ("loom_quant_ckpt_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir / "src");
@@ -132,7 +144,6 @@ TEST(QuantCheckpoint, RoundTripIsBitwiseQuantizeOnLoadAndDamageIsRefused) {
   auto m = fixtures::wandering_model(Family::llama, DType::f32, 7, true);
   model::write_hf_config(m->config(), (dir / "src" / "config.json").string());
   std::ofstream(dir / "src" / "trainer_state.json") << "{\"step\": 3, \"tokenizer\": \"byte\"}";
-  const QuantSpec s = spec(cpu::QuantFormat::int4, 16, true);
   const QuantizedModel q = QuantizedModel::quantize(*m, s);
   save_quantized_checkpoint((dir / "q").string(), (dir / "src").string(), *m, q);
   ASSERT_TRUE(is_quantized_checkpoint((dir / "q").string()));
@@ -146,8 +157,10 @@ TEST(QuantCheckpoint, RoundTripIsBitwiseQuantizeOnLoadAndDamageIsRefused) {
   EXPECT_EQ(loaded.quant.bytes(), q.bytes());
   const auto prompt = fixtures::random_tokens(9, 23);
   EXPECT_EQ(last_logits(*loaded.model, &loaded.quant, prompt), last_logits(*m, &q, prompt));
-  // The file holds quantized matrices, not f32 copies of them: well under the f32 model's size.
-  EXPECT_LT(int64_t(fs::file_size(dir / "q" / "quant.safetensors")), int64_t(m->params().nbytes()) / 2);
+  // The file holds quantized matrices, not f32 copies of them: well under the f32 model's size
+  // (bf16: half of it for the matrices, plus the f32 norms and position table).
+  const double limit = s.format == cpu::QuantFormat::bf16 ? 0.6 : 0.5;
+  EXPECT_LT(double(fs::file_size(dir / "q" / "quant.safetensors")), limit * double(m->params().nbytes()));
   // One flipped byte: refused with the file named.
   {
     std::fstream f(dir / "q" / "quant.safetensors", std::ios::in | std::ios::out | std::ios::binary);
@@ -157,4 +170,5 @@ TEST(QuantCheckpoint, RoundTripIsBitwiseQuantizeOnLoadAndDamageIsRefused) {
   const std::string e = error_of([&] { load_quantized_checkpoint((dir / "q").string()); });
   EXPECT_NE(e.find("quant.safetensors checksum"), std::string::npos) << e;
   fs::remove_all(dir);
+  }
 }

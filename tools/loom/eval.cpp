@@ -21,7 +21,7 @@ namespace loom::cli {
 namespace {
 const char* kHelp =
     "usage: loom eval --checkpoint DIR --data DIR [--split val] [--seq-len T] [--max-windows N]\n"
-    "                 [--quant fp32|int8|int4 ...] [--threads N]\n\n"
+    "                 [--quant fp32|bf16|int8|int4 ...] [--threads N]\n\n"
     "Mean next-token cross-entropy (nats/token) and perplexity of a checkpoint on the split's\n"
     "consecutive windows of T tokens, computed by the inference engine's forward.\n"
     "  --checkpoint DIR  a training checkpoint, a run directory, or a `loom quantize` output\n"

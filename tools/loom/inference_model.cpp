@@ -8,9 +8,9 @@
 namespace loom::cli {
 
 const char* const kQuantHelp =
-    "  --quant NAME      fp32 (default), int8 or int4: quantize the block matrices and the head on load\n"
+    "  --quant NAME      fp32 (default), bf16, int8 or int4: the block matrices and the head on load\n"
     "  --group N         weights per scale (int8 default: one scale per row; int4 default: 64)\n"
-    "  --quant-head H    int8 (default) or f32: the LM head's precision under --quant\n"
+    "  --quant-head H    int8 (default; bf16 under --quant bf16) or f32: the LM head under --quant\n"
     "  --zero-point      int4 with a zero point per group (asymmetric)\n";
 
 void add_quant_options(std::map<std::string, OptionKind>& spec) {

@@ -22,7 +22,7 @@ void print_usage() {
       "  tokenize      encode stdin to token ids (or --decode ids to text)\n"
       "  launch        run N ranks through mpirun: loom launch --nproc N -- train CONFIG.yaml\n"
       "  generate      sample text from a checkpoint (paged-KV inference engine)\n"
-      "  quantize      write an int8/int4 copy of a checkpoint for inference\n"
+      "  quantize      write a bf16/int8/int4 copy of a checkpoint for inference\n"
       "  eval          validation loss and perplexity of a checkpoint (any precision)\n"
       "  bench         benchmarks: loom bench --help\n"
       "  serve         OpenAI-compatible HTTP server (completions, chat, SSE, /metrics)\n"

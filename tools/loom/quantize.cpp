@@ -1,4 +1,4 @@
-// `loom quantize --checkpoint DIR --to int8|int4 [--group N] [--quant-head int8|f32]
+// `loom quantize --checkpoint DIR --to int8|int4|bf16 [--group N] [--quant-head int8|f32]
 // [--zero-point] --out DIR2`: writes a quantized checkpoint (infer/quant_checkpoint.h).
 #include <cstdio>
 #include <filesystem>
@@ -15,15 +15,15 @@ namespace loom::cli {
 
 namespace {
 const char* kHelp =
-    "usage: loom quantize --checkpoint DIR --to int8|int4 [--group N] [--quant-head int8|f32]\n"
+    "usage: loom quantize --checkpoint DIR --to int8|int4|bf16 [--group N] [--quant-head int8|f32]\n"
     "                     [--zero-point] --out DIR2\n\n"
     "Writes DIR2, a checkpoint whose block matrices (and LM head) are int8 or int4 with one f32\n"
-    "scale per group of weights; loom generate, serve, eval and bench infer load it with\n"
+    "scale per group of weights, or bf16; loom generate, serve, eval and bench infer load it with\n"
     "--checkpoint DIR2. Embeddings, norms and biases stay f32. Layout: docs/INFERENCE.md.\n"
     "  --checkpoint DIR  a training checkpoint, or a run directory (its newest valid one)\n"
-    "  --to NAME         int8 or int4\n"
+    "  --to NAME         int8, int4 or bf16\n"
     "  --group N         weights per scale (int8 default: one scale per row; int4 default: 64)\n"
-    "  --quant-head H    int8 (default) or f32\n"
+    "  --quant-head H    int8 (default; bf16 under --to bf16) or f32\n"
     "  --zero-point      int4 with a zero point per group (asymmetric)\n"
     "  --out DIR2        the quantized checkpoint (replaced if it exists)\n"
     "The last line is SUMMARY {json}.\n";
@@ -40,8 +40,8 @@ int cmd_quantize(const std::vector<std::string>& argv) {
   if (!a.has("checkpoint") || !a.has("to") || !a.has("out"))
     throw UsageError(std::string("[quantize] --checkpoint, --to and --out are required\n\n") + kHelp);
   const std::string to = a.get("to", "");
-  if (to != "int8" && to != "int4")
-    throw UsageError(str_cat("[quantize] --to ", to, ": expected int8 or int4"));
+  if (to != "int8" && to != "int4" && to != "bf16")
+    throw UsageError(str_cat("[quantize] --to ", to, ": expected int8, int4 or bf16"));
   const auto spec = infer::parse_quant_spec(to, a.get_int("group", -1), a.get("quant-head", "int8"), a.has("zero-point"));
   const std::string src = a.get("checkpoint", ""), out = a.get("out", "");
   LOOM_CHECK(!infer::is_quantized_checkpoint(src), "quantize", src,

@@ -87,7 +87,7 @@ void save_quantized_checkpoint(const std::string& out_dir, const std::string& so
     if (!covered(p, model, ms)) w.add(p.name, model.param(p.name));
   for (const auto& m : ms) {
     w.add(m.name + ".q", m.matrix->q);
-    w.add(m.name + ".scales", m.matrix->scales);
+    if (m.matrix->scales.defined()) w.add(m.name + ".scales", m.matrix->scales);
     if (m.matrix->zeros.defined()) w.add(m.name + ".zeros", m.matrix->zeros);
     w.set_metadata(m.name + ".format", cpu::quant_format_name(m.matrix->format));
     w.set_metadata(m.name + ".group", std::to_string(m.matrix->group));
@@ -148,23 +148,28 @@ QuantizedCheckpoint load_quantized_checkpoint(const std::string& dir) {
   for (const auto& n : ms) {
     QuantizedMatrix& x = *n.matrix;
     const std::string fmt = meta_of(n.name + ".format");
-    LOOM_CHECK(fmt == "int8" || fmt == "int4", "quant", file.path(), ": ", n.name, " has format ", fmt,
-               ", expected int8 or int4");
-    x.format = fmt == "int8" ? cpu::QuantFormat::int8 : cpu::QuantFormat::int4;
+    LOOM_CHECK(fmt == "int8" || fmt == "int4" || fmt == "bf16", "quant", file.path(), ": ", n.name,
+               " has format ", fmt, ", expected int8, int4 or bf16");
+    x.format = fmt == "int8" ? cpu::QuantFormat::int8 : fmt == "int4" ? cpu::QuantFormat::int4 : cpu::QuantFormat::bf16;
     x.rows = n.target.size(0);
     x.cols = n.target.size(1);
     x.group = std::stoll(meta_of(n.name + ".group"));
     LOOM_CHECK(x.group > 0 && x.cols % x.group == 0, "quant", file.path(), ": ", n.name, " group ", x.group,
                " does not divide its ", x.cols, " columns");
-    const int64_t row_bytes = x.format == cpu::QuantFormat::int8 ? x.cols : x.cols / 2;
+    LOOM_CHECK(x.format != cpu::QuantFormat::bf16 || x.group == x.cols, "quant", file.path(), ": ", n.name,
+               " is bf16 with group ", x.group, "; bf16 matrices have one group per row (", x.cols, ")");
     auto get = [&](const std::string& suffix, DType dt, Shape shape) {
       const Tensor t = file.get(n.name + suffix);
       LOOM_CHECK(t.dtype() == dt && t.shape() == shape, "quant", file.path(), ": ", n.name, suffix, " is ",
                  t.describe(), ", expected ", dtype_name(dt), shape.str());
       return t.clone(MemCategory::params);
     };
-    x.q = get(".q", DType::u8, {x.rows, row_bytes});
-    x.scales = get(".scales", DType::f32, {x.rows, x.cols / x.group});
+    if (x.format == cpu::QuantFormat::bf16) {
+      x.q = get(".q", DType::bf16, {x.rows, x.cols});
+    } else {
+      x.q = get(".q", DType::u8, {x.rows, cpu::quant_row_bytes(x.format, x.cols)});
+      x.scales = get(".scales", DType::f32, {x.rows, x.cols / x.group});
+    }
     if (file.contains(n.name + ".zeros")) x.zeros = get(".zeros", DType::u8, {x.rows, x.cols / x.group});
     x.dequantize_into(n.target);
   }

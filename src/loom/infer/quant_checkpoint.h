@@ -3,7 +3,8 @@
 //   quant.safetensors  every parameter that is not quantized, f32 under its loom name (the
 //                      ParamLayout's, [out, in]), and per quantized matrix NAME (a block's
 //                      "<prefix>qkv", "proj", "fc", "out", or "head"): NAME.q (u8, packed as
-//                      kernels/cpu/quant_linear.h says), NAME.scales (f32 [rows, cols/group]),
+//                      kernels/cpu/quant_linear.h says; bf16 [rows, cols] for bf16), NAME.scales
+//                      (f32 [rows, cols/group]; none for bf16),
 //                      NAME.zeros (u8, int4 with a zero point); metadata: the QuantSpec, the
 //                      model's name and the source checkpoint with its weights' CRC32C
 //   config.json, config.yaml, trainer_state.json   copied from the source checkpoint

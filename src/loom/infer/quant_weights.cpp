@@ -8,9 +8,9 @@ namespace loom::infer {
 
 std::string QuantSpec::describe() const {
   std::string s = cpu::quant_format_name(format);
-  s += group > 0 ? str_cat(" g", group) : std::string(" per-channel");
+  if (format != cpu::QuantFormat::bf16) s += group > 0 ? str_cat(" g", group) : std::string(" per-channel");
   if (zero_point) s += " zero-point";
-  s += head ? " head int8" : " head f32";
+  s += !head ? " head f32" : format == cpu::QuantFormat::bf16 ? " head bf16" : " head int8";
   return s;
 }
 
@@ -24,7 +24,11 @@ std::optional<QuantSpec> parse_quant_spec(const std::string& name, int64_t group
     return std::nullopt;
   }
   QuantSpec s;
-  if (name == "int8") {
+  if (name == "bf16") {
+    LOOM_CHECK(group == -1 && !zero_point, "quant", "--group and --zero-point need --quant int8 or int4 ",
+               "(bf16 weights have no scales)");
+    s.format = cpu::QuantFormat::bf16;
+  } else if (name == "int8") {
     s.format = cpu::QuantFormat::int8;
     s.group = group < 0 ? 0 : group;
     LOOM_CHECK(!zero_point, "quant", "--zero-point is for --quant int4 (int8 is symmetric)");
@@ -32,7 +36,7 @@ std::optional<QuantSpec> parse_quant_spec(const std::string& name, int64_t group
     s.format = cpu::QuantFormat::int4;
     s.group = group < 0 ? 64 : group;
   } else {
-    fail("quant", "--quant ", name, ": expected fp32, int8 or int4");
+    fail("quant", "--quant ", name, ": expected fp32, bf16, int8 or int4");
   }
   s.zero_point = zero_point;
   s.head = head == "int8";
@@ -45,14 +49,14 @@ cpu::QuantView QuantizedMatrix::view() const {
   v.rows = rows;
   v.cols = cols;
   v.group = group;
-  v.q = q.data<uint8_t>();
-  v.scales = scales.data<float>();
+  v.q = static_cast<const uint8_t*>(q.raw());
+  v.scales = scales.defined() ? scales.data<float>() : nullptr;
   v.zeros = zeros.defined() ? zeros.data<uint8_t>() : nullptr;
   return v;
 }
 
 int64_t QuantizedMatrix::bytes() const {
-  return int64_t(q.nbytes() + scales.nbytes() + (zeros.defined() ? zeros.nbytes() : 0));
+  return int64_t(q.nbytes() + (scales.defined() ? scales.nbytes() : 0) + (zeros.defined() ? zeros.nbytes() : 0));
 }
 
 QuantizedMatrix QuantizedMatrix::quantize(const Tensor& w, cpu::QuantFormat f, int64_t group, bool zero_point) {
@@ -62,13 +66,16 @@ QuantizedMatrix QuantizedMatrix::quantize(const Tensor& w, cpu::QuantFormat f, i
   m.rows = w.size(0);
   m.cols = w.size(1);
   m.group = group > 0 ? group : m.cols;
-  const int64_t row_bytes = f == cpu::QuantFormat::int8 ? m.cols : m.cols / 2, groups = m.cols / m.group;
+  const bool bf16 = f == cpu::QuantFormat::bf16;
+  const int64_t groups = m.cols / m.group;
   cpu::quant_bytes(f, m.rows, m.cols, m.group, zero_point);  // throws for a group that does not fit
-  m.q = Tensor::empty({m.rows, row_bytes}, DType::u8, MemCategory::params);
-  m.scales = Tensor::empty({m.rows, groups}, DType::f32, MemCategory::params);
+  m.q = bf16 ? Tensor::empty({m.rows, m.cols}, DType::bf16, MemCategory::params)
+             : Tensor::empty({m.rows, cpu::quant_row_bytes(f, m.cols)}, DType::u8, MemCategory::params);
+  if (!bf16) m.scales = Tensor::empty({m.rows, groups}, DType::f32, MemCategory::params);
   if (zero_point) m.zeros = Tensor::empty({m.rows, groups}, DType::u8, MemCategory::params);
-  cpu::quantize_weights(w.data<float>(), m.rows, m.cols, f, m.group, zero_point, m.q.data<uint8_t>(),
-                        m.scales.data<float>(), zero_point ? m.zeros.data<uint8_t>() : nullptr, nullptr);
+  cpu::quantize_weights(w.data<float>(), m.rows, m.cols, f, m.group, zero_point, static_cast<uint8_t*>(m.q.raw()),
+                        bf16 ? nullptr : m.scales.data<float>(), zero_point ? m.zeros.data<uint8_t>() : nullptr,
+                        nullptr);
   return m;
 }
 
@@ -100,10 +107,14 @@ QuantizedModel QuantizedModel::quantize(model::Decoder& model, const QuantSpec& 
     qm.blocks.push_back({one(b.qkv, spec.format, spec.zero_point), one(b.proj, spec.format, spec.zero_point),
                          one(b.fc, spec.format, spec.zero_point), one(b.out, spec.format, spec.zero_point)});
   }
-  // The head in int8 whatever the body's format: it is the model's largest matrix in GPT-2 and
-  // the most sensitive to rounding (docs/INFERENCE.md has both measured).
-  if (spec.head) qm.head = one(head_matrix(model), cpu::QuantFormat::int8, false);
+  // The head in int8 whatever the integer body's format: it is the model's largest matrix in
+  // GPT-2 and the most sensitive to rounding (docs/INFERENCE.md has both measured).
+  if (spec.head) qm.head = one(head_matrix(model), qm.head_format(), false);
   return qm;
+}
+
+cpu::QuantFormat QuantizedModel::head_format() const {
+  return spec.format == cpu::QuantFormat::bf16 ? cpu::QuantFormat::bf16 : cpu::QuantFormat::int8;
 }
 
 int64_t QuantizedModel::bytes() const {

@@ -1,6 +1,6 @@
 // Quantized weights for inference: the matrices of every block (q|k|v, attention output, MLP in
-// and out) and, unless asked otherwise, the LM head, as int8 or int4 with f32 scales per group
-// (kernels/cpu/quant_linear.h holds the storage and the kernels). Made from a model's f32
+// and out) and, unless asked otherwise, the LM head, as int8 or int4 with f32 scales per group,
+// or as bf16 (kernels/cpu/quant_linear.h holds the storage and the kernels). Made from a model's f32
 // weights (quantize on load) or read from a quantized checkpoint (`loom quantize`). Token and
 // position embeddings, norms and biases stay f32. Not for training: nothing here has a backward.
 #pragma once
@@ -19,19 +19,22 @@ struct QuantSpec {
   cpu::QuantFormat format = cpu::QuantFormat::int8;
   int64_t group = 0;        // weights per scale along a row; 0: one scale per row (per channel)
   bool zero_point = false;  // int4 only: w = scale * (q - zero)
-  bool head = true;         // the LM head too (int8 with the same group rule); else f32
-  // "int8 per-channel", "int4 g64 zero-point", each with " head int8" or " head f32".
+  bool head = true;         // the LM head too (int8 with the same group rule, or bf16 for bf16)
+  // "int8 per-channel", "int4 g64 zero-point", "bf16", each with " head int8" (" head bf16") or
+  // " head f32".
   std::string describe() const;
 };
 
-// From the command line's --quant NAME (fp32, int8, int4), --group N (0 or absent: int8 per
-// channel, int4 64), --quant-head int8|f32 and --zero-point. nullopt for fp32. Throws
-// "[quant] ..." naming the option and the accepted values.
+// From the command line's --quant NAME (fp32, int8, int4, bf16), --group N (0 or absent: int8
+// per channel, int4 64; not for bf16), --quant-head int8|f32 (int8 means the head in the body's
+// format for bf16) and --zero-point. nullopt for fp32. Throws "[quant] ..." naming the option
+// and the accepted values.
 std::optional<QuantSpec> parse_quant_spec(const std::string& name, int64_t group = -1,
                                           const std::string& head = "int8", bool zero_point = false);
 
-// One quantized [rows, cols] matrix: its packed weights, scales and (int4 with a zero point)
-// zeros, owned as tensors (MemCategory::params).
+// One quantized [rows, cols] matrix: its packed weights (u8; bf16 [rows, cols] for bf16),
+// scales (none for bf16) and (int4 with a zero point) zeros, owned as tensors
+// (MemCategory::params).
 struct QuantizedMatrix {
   cpu::QuantFormat format = cpu::QuantFormat::int8;
   int64_t rows = 0, cols = 0, group = 0;
@@ -59,6 +62,7 @@ struct QuantizedModel {
   // output give the same outputs. The model must be whole (no tensor or pipeline slice), f32.
   static QuantizedModel quantize(model::Decoder& model, const QuantSpec& spec);
   int64_t bytes() const;  // of the quantized matrices
+  cpu::QuantFormat head_format() const;  // the head's, when spec.head
 };
 
 // The matrices a block's roles name in the model (the views runner and quantizer share).
