@@ -43,9 +43,15 @@ template <class T> T* ptr(const Tensor& t) { return t.defined() ? t.data<T>() : 
 
 int64_t rows_of(const Tensor& t) { return t.ndim() <= 1 ? 1 : t.numel() / t.size(-1); }
 
+void check_precision(const char* op, const Tensor& t, ProductPrecision prec) {
+  LOOM_CHECK(prec == ProductPrecision::f32 || (t.dtype() == DType::f32 && t.device() == Device::cpu), op,
+             "bf16 products need f32 tensors on the CPU, got ", t.describe());
+}
+
 }  // namespace
 
-void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) {
+void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
+                    ProductPrecision prec) {
   const char* op = "linear";
   LOOM_CHECK(w.ndim() == 2, op, "weight must be 2-D [out, in], got ", w.describe());
   const int64_t O = w.size(0), I = w.size(1);
@@ -55,14 +61,15 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Ten
   want_numel(op, "output", y, N * O);
   if (b.defined()) want_shape(op, "bias", b, {O});
   same_dtype(op, x, {&w, &b, &y});
+  check_precision(op, x, prec);
   if (on_cuda({&x, &w, &y})) return cuda::linear_forward(x, w, b, y);
   dispatch_float(op, x.dtype(), [&]<class T>() {
-    cpu::linear_forward<T>(x.data<T>(), w.data<T>(), ptr<T>(b), y.data<T>(), N, I, O);
+    cpu::linear_forward<T>(x.data<T>(), w.data<T>(), ptr<T>(b), y.data<T>(), N, I, O, prec);
   });
 }
 
 void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& dx,
-                     const Tensor& dw, const Tensor& db, bool accumulate_dx) {
+                     const Tensor& dw, const Tensor& db, bool accumulate_dx, ProductPrecision prec) {
   const char* op = "linear_backward";
   LOOM_CHECK(w.ndim() == 2, op, "weight must be 2-D [out, in], got ", w.describe());
   const int64_t O = w.size(0), I = w.size(1);
@@ -73,9 +80,10 @@ void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const T
   if (dw.defined()) want_shape(op, "grad weight", dw, w.shape());
   if (db.defined()) want_shape(op, "grad bias", db, {O});
   same_dtype(op, x, {&dy, &w, &dx, &dw, &db});
+  check_precision(op, x, prec);
   dispatch_float(op, x.dtype(), [&]<class T>() {
     cpu::linear_backward<T>(dy.data<T>(), x.data<T>(), w.data<T>(), ptr<T>(dx), ptr<T>(dw),
-                            ptr<T>(db), N, I, O, accumulate_dx);
+                            ptr<T>(db), N, I, O, accumulate_dx, prec);
   });
 }
 
@@ -291,7 +299,7 @@ void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout
 
 void lm_head_xent(const Tensor& x, const Tensor& w, const Tensor& targets, const Tensor& loss,
                   const Tensor& dx, const Tensor& dw, double grad_scale, int64_t chunk,
-                  const Tensor& workspace) {
+                  const Tensor& workspace, ProductPrecision prec) {
   const char* op = "cross_entropy";
   LOOM_CHECK(w.ndim() == 2, op, "head weight must be [V, C], got ", w.describe());
   const int64_t V = w.size(0), C = w.size(1), N = rows_of(x);
@@ -310,9 +318,10 @@ void lm_head_xent(const Tensor& x, const Tensor& w, const Tensor& targets, const
     LOOM_CHECK(t[i] < V, op, "target ", t[i], " at row ", i, " is outside the vocabulary [0, ",
                V, ")");
   same_dtype(op, x, {&w, &loss, &dx, &dw, &workspace});
+  check_precision(op, x, prec);
   dispatch_float(op, x.dtype(), [&]<class T>() {
     cpu::lm_head_xent<T>(x.data<T>(), w.data<T>(), t, loss.data<T>(), ptr<T>(dx), ptr<T>(dw), N,
-                         C, V, grad_scale, chunk, workspace.data<T>());
+                         C, V, grad_scale, chunk, workspace.data<T>(), prec);
   });
 }
 

@@ -1,16 +1,22 @@
 // Op entry points on Tensors: check shapes and dtypes (errors start with "[op]" and print the
 // shapes), then dispatch on device and dtype to kernels/cpu or kernels/cuda. Optional
-// outputs are passed as undefined Tensors ({}). Float dtypes: f32, f64 (CPU).
+// outputs are passed as undefined Tensors ({}). Float dtypes: f32, f64 (CPU). The matrix
+// products of linear layers and the LM head take a ProductPrecision: bf16 rounds their
+// operands to bf16 and accumulates in f32 (f32 tensors, CPU; kernels/cpu/bf16_operands.h).
 #pragma once
 #include "loom/core/tensor.h"
 #include "loom/kernels/cpu/cpu_kernels.h"
 
 namespace loom::ops {
 
+using cpu::ProductPrecision;
+
 // y[N,O] = x[N,I] w[O,I]^T + b[O]
-void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y);
+void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
+                    ProductPrecision prec = ProductPrecision::f32);
 void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& dx,
-                     const Tensor& dw, const Tensor& db, bool accumulate_dx = false);
+                     const Tensor& dw, const Tensor& db, bool accumulate_dx = false,
+                     ProductPrecision prec = ProductPrecision::f32);
 
 // out[N,C] = wte[tok] + wpe[pos]; tok, pos: i32[N]; wpe may be undefined.
 void embedding_forward(const Tensor& tok, const Tensor& pos, const Tensor& wte, const Tensor& wpe,
@@ -50,7 +56,7 @@ void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout
 // backward with dlogits scaled by grad_scale). workspace holds at least chunk * V elements.
 void lm_head_xent(const Tensor& x, const Tensor& w, const Tensor& targets, const Tensor& loss,
                   const Tensor& dx, const Tensor& dw, double grad_scale, int64_t chunk,
-                  const Tensor& workspace);
+                  const Tensor& workspace, ProductPrecision prec = ProductPrecision::f32);
 
 void adamw_update(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
                   const cpu::AdamWParams& h, double weight_decay);

@@ -6,15 +6,19 @@
 #include <cstdint>
 #include <string>
 
+#include "loom/kernels/cpu/bf16_operands.h"
+
 namespace loom::cpu {
 
 // ---- linear: y[N,O] = x[N,I] W[O,I]^T + b[O] -------------------------------------------
 template <class T>
-void linear_forward(const T* x, const T* w, const T* b, T* y, int64_t N, int64_t I, int64_t O);
+void linear_forward(const T* x, const T* w, const T* b, T* y, int64_t N, int64_t I, int64_t O,
+                    ProductPrecision prec = ProductPrecision::f32);
 // dx[N,I] (= or +=) dy W; dw[O,I] += dy^T x; db[O] += colsum(dy). Null outputs are skipped.
 template <class T>
 void linear_backward(const T* dy, const T* x, const T* w, T* dx, T* dw, T* db, int64_t N,
-                     int64_t I, int64_t O, bool accumulate_dx);
+                     int64_t I, int64_t O, bool accumulate_dx,
+                     ProductPrecision prec = ProductPrecision::f32);
 
 // ---- embedding: out[n] = wte[tok[n]] + wpe[pos[n]] (wpe may be null) --------------------
 template <class T>
@@ -73,7 +77,7 @@ void attention_backward(const T* qkv, const T* out, const T* dout, const T* lse,
 template <class T>
 void lm_head_xent(const T* x, const T* w, const int32_t* targets, T* loss, T* dx, T* dw,
                   int64_t N, int64_t C, int64_t V, double grad_scale, int64_t chunk,
-                  T* workspace);
+                  T* workspace, ProductPrecision prec = ProductPrecision::f32);
 // Softmax cross-entropy on given logits rows (no head): loss and (optional) dlogits in place.
 template <class T>
 void xent_rows(T* logits, const int32_t* targets, T* loss, int64_t rows, int64_t V,

@@ -1,8 +1,11 @@
 // LM head fused with softmax cross-entropy, a chunk of rows at a time, so the [N, V] logits
 // never exist at once: per chunk, GEMM to logits, softmax rows in place into dlogits, then
-// the two backward GEMMs. Workspace is chunk * V elements.
+// the two backward GEMMs. Workspace is chunk * V elements. Under ProductPrecision::bf16 x and W
+// are rounded once per call, dlogits per chunk (in the workspace).
 #include <algorithm>
+#include <type_traits>
 
+#include "loom/kernels/cpu/bf16_operands.h"
 #include "loom/kernels/cpu/cpu_kernels.h"
 #include "loom/kernels/cpu/gemm.h"
 
@@ -11,20 +14,31 @@ namespace loom::cpu {
 template <class T>
 void lm_head_xent(const T* x, const T* w, const int32_t* targets, T* loss, T* dx, T* dw,
                   int64_t N, int64_t C, int64_t V, double grad_scale, int64_t chunk,
-                  T* workspace) {
+                  T* workspace, ProductPrecision prec) {
   const bool want_grad = dx || dw;
+  bool bf16 = false;
+  if constexpr (std::is_same_v<T, float>)
+    if (prec == ProductPrecision::bf16) {
+      bf16 = true;
+      x = bf16_rounded(0, x, N * C);
+      w = bf16_rounded(1, w, V * C);
+    }
   for (int64_t r0 = 0; r0 < N; r0 += chunk) {
     const int64_t nr = std::min(chunk, N - r0);
     gemm(false, true, nr, V, C, T(1), x + r0 * C, C, w, C, T(0), workspace, V);
     xent_rows<T>(workspace, targets + r0, loss + r0, nr, V, grad_scale, want_grad);
+    if constexpr (std::is_same_v<T, float>)
+      if (bf16 && want_grad) round_to_bf16(workspace, workspace, nr * V);
     if (dx) gemm(false, false, nr, C, V, T(1), workspace, V, w, C, T(0), dx + r0 * C, C);
     if (dw) gemm(true, false, V, C, nr, T(1), workspace, V, x + r0 * C, C, T(1), dw, C);
   }
 }
 
 template void lm_head_xent<float>(const float*, const float*, const int32_t*, float*, float*,
-                                  float*, int64_t, int64_t, int64_t, double, int64_t, float*);
+                                  float*, int64_t, int64_t, int64_t, double, int64_t, float*,
+                                  ProductPrecision);
 template void lm_head_xent<double>(const double*, const double*, const int32_t*, double*, double*,
-                                   double*, int64_t, int64_t, int64_t, double, int64_t, double*);
+                                   double*, int64_t, int64_t, int64_t, double, int64_t, double*,
+                                   ProductPrecision);
 
 }  // namespace loom::cpu

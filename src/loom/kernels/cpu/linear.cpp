@@ -1,7 +1,10 @@
-// Linear layer and residual add on the CPU: GEMMs through OpenBLAS, bias loops here.
+// Linear layer and residual add on the CPU: GEMMs through OpenBLAS (operands rounded to bf16
+// first under ProductPrecision::bf16), bias loops here.
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
+#include "loom/kernels/cpu/bf16_operands.h"
 #include "loom/kernels/cpu/cpu_kernels.h"
 #include "loom/kernels/cpu/gemm.h"
 
@@ -13,7 +16,13 @@ GemmClock& gemm_clock() {
 }
 
 template <class T>
-void linear_forward(const T* x, const T* w, const T* b, T* y, int64_t N, int64_t I, int64_t O) {
+void linear_forward(const T* x, const T* w, const T* b, T* y, int64_t N, int64_t I, int64_t O,
+                    ProductPrecision prec) {
+  if constexpr (std::is_same_v<T, float>)
+    if (prec == ProductPrecision::bf16) {
+      x = bf16_rounded(0, x, N * I);
+      w = bf16_rounded(1, w, O * I);
+    }
   if (b) {
 #pragma omp parallel for schedule(static) if (N * O > 65536)
     for (int64_t n = 0; n < N; ++n) std::copy(b, b + O, y + n * O);
@@ -23,7 +32,14 @@ void linear_forward(const T* x, const T* w, const T* b, T* y, int64_t N, int64_t
 
 template <class T>
 void linear_backward(const T* dy, const T* x, const T* w, T* dx, T* dw, T* db, int64_t N,
-                     int64_t I, int64_t O, bool accumulate_dx) {
+                     int64_t I, int64_t O, bool accumulate_dx, ProductPrecision prec) {
+  const T* dy_full = dy;  // the bias gradient sums the unrounded dy
+  if constexpr (std::is_same_v<T, float>)
+    if (prec == ProductPrecision::bf16) {
+      dy = bf16_rounded(2, dy, N * O);
+      if (dx) w = bf16_rounded(1, w, O * I);
+      if (dw) x = bf16_rounded(0, x, N * I);
+    }
   if (dx) gemm(false, false, N, I, O, T(1), dy, O, w, I, accumulate_dx ? T(1) : T(0), dx, I);
   if (dw) gemm(true, false, O, I, N, T(1), dy, O, x, I, T(1), dw, I);
   if (db) {
@@ -33,7 +49,7 @@ void linear_backward(const T* dy, const T* x, const T* w, T* dx, T* dw, T* db, i
       const int64_t o1 = std::min(O, o0 + 64);
       T acc[64] = {};
       for (int64_t n = 0; n < N; ++n)
-        for (int64_t o = o0; o < o1; ++o) acc[o - o0] += dy[n * O + o];
+        for (int64_t o = o0; o < o1; ++o) acc[o - o0] += dy_full[n * O + o];
       for (int64_t o = o0; o < o1; ++o) db[o] += acc[o - o0];
     }
   }
@@ -52,9 +68,10 @@ void add_inplace(T* acc, const T* x, int64_t n) {
 }
 
 #define INSTANTIATE(T)                                                                       \
-  template void linear_forward<T>(const T*, const T*, const T*, T*, int64_t, int64_t, int64_t); \
+  template void linear_forward<T>(const T*, const T*, const T*, T*, int64_t, int64_t, int64_t,  \
+                                  ProductPrecision);                                          \
   template void linear_backward<T>(const T*, const T*, const T*, T*, T*, T*, int64_t, int64_t, \
-                                   int64_t, bool);                                          \
+                                   int64_t, bool, ProductPrecision);                          \
   template void add_forward<T>(const T*, const T*, T*, int64_t);                             \
   template void add_inplace<T>(T*, const T*, int64_t);
 INSTANTIATE(float)

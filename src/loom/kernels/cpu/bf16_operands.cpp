@@ -1,0 +1,32 @@
+#include "loom/kernels/cpu/bf16_operands.h"
+
+#include <cstring>
+#include <vector>
+
+namespace loom::cpu {
+
+const char* product_precision_name(ProductPrecision p) { return p == ProductPrecision::bf16 ? "bf16" : "f32"; }
+
+void round_to_bf16(const float* in, float* out, int64_t n) {
+  // f32_to_bf16 on the bit pattern, written so that GCC vectorizes it: add half an ulp of bf16
+  // plus the tie bit, clear the low half; NaNs keep their payload's top (and stay NaN).
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, in + i, 4);
+    const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+    const uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    const uint32_t v = nan ? (u | 0x00400000u) & 0xffff0000u : r;
+    std::memcpy(out + i, &v, 4);
+  }
+}
+
+const float* bf16_rounded(int slot, const float* p, int64_t n) {
+  thread_local std::vector<float> scratch[3];
+  std::vector<float>& s = scratch[slot];
+  if (int64_t(s.size()) < n) s.resize(size_t(n));
+  round_to_bf16(p, s.data(), n);
+  return s.data();
+}
+
+}  // namespace loom::cpu
