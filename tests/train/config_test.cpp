@@ -78,3 +78,16 @@ TEST(TrainConfig, RepeatedKeysAreRefusedNotResolved) {
   // One key in the file and once in --set is an override, not a repeat.
   EXPECT_DOUBLE_EQ(parse_train_config(std::string(kBase) + "optim:\n  lr: 1e-3\n", {"optim.lr=2e-3"}).optim.lr, 2e-3);
 }
+
+TEST(TrainConfig, PrecisionIsFp32OrBf16AndFp16IsRefusedUntilLossScalingExists) {
+  EXPECT_EQ(parse_train_config(kBase, {}).model.precision, model::Precision::fp32);
+  const TrainConfig c = parse_train_config(kBase, {"model.precision=bf16"});
+  EXPECT_EQ(c.model.precision, model::Precision::bf16);
+  EXPECT_EQ(c.model.products(), cpu::ProductPrecision::bf16);
+  ASSERT_EQ(c.warnings.size(), 1u);
+  EXPECT_NE(c.warnings[0].find("bf16 operands rounded in f32 and multiplied by f32 SGEMM"), std::string::npos)
+      << c.warnings[0];
+  EXPECT_NE(c.model.summary().find("bf16 products"), std::string::npos) << c.model.summary();
+  expect_error(kBase, "model.precision=fp16 needs dynamic loss scaling", {"model.precision=fp16"});
+  expect_error(kBase, "model.precision: \"int8\" is not one of: fp32, bf16, fp16", {"model.precision=int8"});
+}

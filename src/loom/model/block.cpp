@@ -157,26 +157,27 @@ void block_forward(const ModelConfig& cfg, const BlockWeights& w, const Tensor& 
   else
     ops::rmsnorm_forward(x_in, w.ln1_w, a.ln1, a.ln1_rstd, cfg.norm_eps);
   const Tensor& qkv = d.kv_expand ? a.qkv_compact : a.qkv;
-  ops::linear_forward(a.ln1, w.qkv_w, w.qkv_b, qkv);
+  const ops::ProductPrecision prec = cfg.products();
+  ops::linear_forward(a.ln1, w.qkv_w, w.qkv_b, qkv, prec);
   if (!gpt2) {
     ops::rope_apply(qkv, 0, H, D, pos, cfg.rope_theta, false);
     ops::rope_apply(qkv, H * D, KVH, D, pos, cfg.rope_theta, false);
   }
   if (d.kv_expand) expand_kv(d, a.qkv_compact, a.qkv, false);
   ops::attention_forward(a.qkv, a.att, a.lse, H, d.kv_expand ? H : KVH);
-  ops::linear_forward(a.att, w.proj_w, d.bias_owner ? w.proj_b : Tensor{}, a.x_mid);
+  ops::linear_forward(a.att, w.proj_w, d.bias_owner ? w.proj_b : Tensor{}, a.x_mid, prec);
   if (tp) tp->row_parallel_output(a.x_mid);
   ops::add_inplace(a.x_mid, x_in);
   if (gpt2)
     ops::layernorm_forward(a.x_mid, w.ln2_w, w.ln2_b, a.ln2, a.ln2_mean, a.ln2_rstd, cfg.norm_eps);
   else
     ops::rmsnorm_forward(a.x_mid, w.ln2_w, a.ln2, a.ln2_rstd, cfg.norm_eps);
-  ops::linear_forward(a.ln2, w.fc_w, w.fc_b, a.fc);
+  ops::linear_forward(a.ln2, w.fc_w, w.fc_b, a.fc, prec);
   if (gpt2)
     ops::gelu_forward(a.fc, a.act);
   else
     ops::swiglu_forward(a.fc, a.act);
-  ops::linear_forward(a.act, w.out_w, d.bias_owner ? w.out_b : Tensor{}, x_out);
+  ops::linear_forward(a.act, w.out_w, d.bias_owner ? w.out_b : Tensor{}, x_out, prec);
   if (tp) tp->row_parallel_output(x_out);
   ops::add_inplace(x_out, a.x_mid);
 }
@@ -187,15 +188,16 @@ void block_backward(const ModelConfig& cfg, const BlockWeights& w, const BlockWe
   const bool gpt2 = cfg.family == Family::gpt2;
   const BlockDims& d = a.dims;
   const int64_t H = d.H, KVH = d.KVH, D = d.D;
+  const ops::ProductPrecision prec = cfg.products();
   // MLP branch: x_out = x_mid + out(act(fc(norm2(x_mid)))).
   if (gpt2) {
-    ops::linear_backward(dres, a.act, w.out_w, s.dact, gw.out_w, gw.out_b);
+    ops::linear_backward(dres, a.act, w.out_w, s.dact, gw.out_w, gw.out_b, false, prec);
     ops::gelu_backward(a.fc, s.dact, s.dfc);
   } else {
-    ops::linear_backward(dres, a.act, w.out_w, s.dact, gw.out_w, {});
+    ops::linear_backward(dres, a.act, w.out_w, s.dact, gw.out_w, {}, false, prec);
     ops::swiglu_backward(a.fc, s.dact, s.dfc);
   }
-  ops::linear_backward(s.dfc, a.ln2, w.fc_w, s.dln, gw.fc_w, gw.fc_b);
+  ops::linear_backward(s.dfc, a.ln2, w.fc_w, s.dln, gw.fc_w, gw.fc_b, false, prec);
   if (tp) tp->column_parallel_input_grad(s.dln);
   if (gpt2)
     ops::layernorm_backward(s.dln, a.x_mid, w.ln2_w, a.ln2_mean, a.ln2_rstd, dres, gw.ln2_w,
@@ -203,7 +205,7 @@ void block_backward(const ModelConfig& cfg, const BlockWeights& w, const BlockWe
   else
     ops::rmsnorm_backward(s.dln, a.x_mid, w.ln2_w, a.ln2_rstd, dres, gw.ln2_w, true);
   // Attention branch: x_mid = x_in + proj(attention(qkv(norm1(x_in)))).
-  ops::linear_backward(dres, a.att, w.proj_w, s.datt, gw.proj_w, gw.proj_b);
+  ops::linear_backward(dres, a.att, w.proj_w, s.datt, gw.proj_w, gw.proj_b, false, prec);
   ops::attention_backward(a.qkv, a.att, s.datt, a.lse, d.kv_expand ? s.dqkv_expanded : s.dqkv, H,
                           d.kv_expand ? H : KVH);
   if (d.kv_expand) expand_kv(d, s.dqkv, s.dqkv_expanded, true);
@@ -211,7 +213,7 @@ void block_backward(const ModelConfig& cfg, const BlockWeights& w, const BlockWe
     ops::rope_apply(s.dqkv, 0, H, D, pos, cfg.rope_theta, true);
     ops::rope_apply(s.dqkv, H * D, KVH, D, pos, cfg.rope_theta, true);
   }
-  ops::linear_backward(s.dqkv, a.ln1, w.qkv_w, s.dln, gw.qkv_w, gw.qkv_b);
+  ops::linear_backward(s.dqkv, a.ln1, w.qkv_w, s.dln, gw.qkv_w, gw.qkv_b, false, prec);
   if (tp) tp->column_parallel_input_grad(s.dln);
   if (gpt2)
     ops::layernorm_backward(s.dln, x_in, w.ln1_w, a.ln1_mean, a.ln1_rstd, dres, gw.ln1_w,

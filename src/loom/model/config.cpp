@@ -12,6 +12,22 @@ Family family_from_name(const std::string& s) {
   fail("config", "model.family: expected \"gpt2\" or \"llama\", got \"", s, "\"");
 }
 
+const char* precision_name(Precision p) {
+  switch (p) {
+    case Precision::fp32: return "fp32";
+    case Precision::bf16: return "bf16";
+    case Precision::fp16: return "fp16";
+  }
+  return "?";
+}
+
+Precision precision_from_name(const std::string& s) {
+  if (s == "fp32" || s == "f32") return Precision::fp32;
+  if (s == "bf16") return Precision::bf16;
+  if (s == "fp16" || s == "f16") return Precision::fp16;
+  fail("config", "model.precision: expected fp32, bf16 or fp16, got \"", s, "\"");
+}
+
 void ModelConfig::validate() const {
   auto positive = [](const char* field, int64_t v) {
     LOOM_CHECK(v > 0, "config", "model.", field, " must be positive, got ", v);
@@ -36,12 +52,15 @@ void ModelConfig::validate() const {
   LOOM_CHECK(norm_eps > 0, "config", "model.norm_eps must be positive, got ", norm_eps);
   LOOM_CHECK(vocab_size < (int64_t(1) << 31), "config", "model.vocab_size=", vocab_size,
              " does not fit 32-bit token ids");
+  LOOM_CHECK(precision != Precision::fp16, "config", "model.precision=fp16 needs dynamic loss scaling, ",
+             "which loom does not have yet: use bf16 (fp32's exponent range, no scaling needed) or fp32");
 }
 
 std::string ModelConfig::summary() const {
   return str_cat(name, " (", family_name(family), ": ", n_layer, " layers, d_model ", d_model,
                  ", ", n_head, " heads", n_kv_head != n_head ? str_cat("/", n_kv_head, " kv") : "",
-                 ", d_ff ", d_ff, ", vocab ", vocab_size, ", context ", n_ctx, ")");
+                 ", d_ff ", d_ff, ", vocab ", vocab_size, ", context ", n_ctx,
+                 precision == Precision::fp32 ? "" : str_cat(", ", precision_name(precision), " products"), ")");
 }
 
 static ModelConfig gpt2(const char* name, int64_t L, int64_t C, int64_t H, int64_t V, int64_t ctx) {

@@ -6,11 +6,21 @@
 #include <string>
 #include <vector>
 
+#include "loom/kernels/cpu/bf16_operands.h"
+
 namespace loom::model {
 
 enum class Family { gpt2, llama };
 const char* family_name(Family f);
 Family family_from_name(const std::string& s);  // throws "[config] model.family: ..."
+
+// Training's compute precision (model.precision). bf16: the matrix products of every linear layer
+// and of the LM head round their operands (weights, activations, output gradients) to bf16 and
+// accumulate in f32; master weights, gradients, optimizer state, norms, softmax, attention and
+// the loss stay f32. fp16 needs dynamic loss scaling, which is not built, and is refused.
+enum class Precision { fp32, bf16, fp16 };
+const char* precision_name(Precision p);
+Precision precision_from_name(const std::string& s);  // throws "[config] model.precision: ..."
 
 struct ModelConfig {
   std::string name = "custom";
@@ -25,9 +35,13 @@ struct ModelConfig {
   double norm_eps = 1e-5;
   double rope_theta = 10000.0;
   bool tied_embeddings = true;
+  Precision precision = Precision::fp32;  // a compute policy: not part of config.json
 
   int64_t head_dim() const { return d_model / n_head; }
   bool has_bias() const { return family == Family::gpt2; }
+  cpu::ProductPrecision products() const {
+    return precision == Precision::bf16 ? cpu::ProductPrecision::bf16 : cpu::ProductPrecision::f32;
+  }
   // Throws "[config] model.<field>: ..." naming the field and the fix.
   void validate() const;
   std::string summary() const;  // one line for logs

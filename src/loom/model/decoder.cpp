@@ -258,7 +258,7 @@ double Decoder::stage_forward(int id, const int32_t* tokens, const int32_t* targ
     tp_->head_xent(s.lnf, head, s.targets, s.losses, s.dlnf, dhead, grad_scale, opt_.xent_chunk);
   else
     ops::lm_head_xent(s.lnf, head, s.targets, s.losses, s.dlnf, dhead, grad_scale, opt_.xent_chunk,
-                      ce_work_);
+                      ce_work_, cfg_.products());
   last_losses_ = s.losses;
   return count_and_sum(s, N, n_valid);
 }
@@ -344,7 +344,7 @@ void Decoder::logits(const int32_t* tokens, int64_t B, int64_t T, const Tensor& 
   const int id = stage_begin(B, T, false);
   src_->pass_begin(false);
   stage_forward(id, tokens, no_targets.data(), 1.0, nullptr);
-  ops::linear_forward(slot(id).lnf, src_->outer_param(lm_head_name(cfg_)), {}, out);
+  ops::linear_forward(slot(id).lnf, src_->outer_param(lm_head_name(cfg_)), {}, out, cfg_.products());
   stage_release(id);
   src_->pass_end(false);
 }

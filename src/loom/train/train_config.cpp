@@ -31,6 +31,7 @@ model::ModelConfig read_model(ConfigReader& r) {
   m.norm_eps = r.number("model.norm_eps", m.norm_eps, 1e-12, 1.0);
   m.rope_theta = r.number("model.rope_theta", m.rope_theta, 1.0, 1e9);
   m.tied_embeddings = r.boolean("model.tied_embeddings", m.tied_embeddings);
+  m.precision = model::precision_from_name(r.string("model.precision", "fp32", {"fp32", "bf16", "fp16"}));
   if (preset.empty()) m.name = "custom";
   m.validate();
   return m;
@@ -142,6 +143,11 @@ TrainConfig parse_train_config(const std::string& text, const std::vector<std::s
         pp - 1, "/", m + pp - 1, " = ", int(100.0 * parallel::bubble_fraction(int(pp), int(m)) + 0.5),
         "% of each step (the pipeline bubble); use at least ", pp, " micro-batches (e.g. ",
         4 * pp, ")"));
+  if (c.model.precision == model::Precision::bf16)
+    c.warnings.push_back(
+        "model.precision=bf16 runs its products as bf16 operands rounded in f32 and multiplied by f32 "
+        "SGEMM: bf16 numerics at f32 speed and memory (no bf16 matrix engine is used by this build; on "
+        "CPUs without AMX it is also the fastest way, docs/PERFORMANCE.md)");
 
   YAML::Emitter out;
   out << root;

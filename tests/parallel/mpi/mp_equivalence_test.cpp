@@ -9,8 +9,10 @@
 // |a - b| <= 1e-5 |b|; weights after 20 AdamW steps within 1e-5 |b| + 1e-3 lr except for at
 // most 0.05% of elements (Adam divides by the running gradient size, so an element whose
 // gradient is nearly zero turns rounding noise into a step of up to lr), none beyond 1% of
-// lr * steps; GPT-2's key bias (no gradient in exact arithmetic) is skipped. A 3D run saved
-// and resumed on the same layout continues bitwise like the run that never stopped.
+// lr * steps; GPT-2's key bias (no gradient in exact arithmetic) is skipped. Layouts marked bf16
+// (model.precision=bf16) are compared with a bf16 single-process run under the bf16 tolerances
+// of dp_equivalence_test.cpp. A 3D run saved and resumed on the same layout continues bitwise
+// like the run that never stopped.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -35,11 +37,12 @@ struct Layout {
   const char* schedule;
   int zero, micro_batches, ckpt;
   const char* partition = "uniform";
+  const char* precision = "fp32";
 };
 
 std::string describe(const Layout& l) {
   return str_cat(l.preset, " pp=", l.pp, " dp=", l.dp, " tp=", l.tp, " ", l.schedule, " zero=", l.zero,
-                 " m=", l.micro_batches, " ckpt=", l.ckpt, " ", l.partition);
+                 " m=", l.micro_batches, " ckpt=", l.ckpt, " ", l.partition, " ", l.precision);
 }
 
 // The layouts run for each world size (one ctest entry per size keeps every run short).
@@ -52,6 +55,8 @@ const std::vector<Layout>& layouts() {
       {"gpt2-tiny", 2, 1, 1, "1f1b", 0, 4, 1},
       {"llama-tiny", 2, 1, 1, "gpipe", 0, 4, 1, "profile"},
       {"llama-tiny", 2, 1, 1, "1f1b", 0, 1, 0},  // fewer micro-batches than stages
+      {"gpt2-tiny", 1, 1, 2, "1f1b", 0, 2, 0, "uniform", "bf16"},
+      {"llama-tiny", 2, 1, 1, "1f1b", 0, 4, 1, "uniform", "bf16"},
       // 4 ranks: pp=2 x dp=2 (ZeRO-0 and -1); tp=2 x pp=2; tp=4 (LLaMA's 2 kv heads replicated).
       {"gpt2-tiny", 2, 2, 1, "1f1b", 1, 2, 0},
       {"llama-tiny", 2, 2, 1, "gpipe", 0, 2, 1, "parameters"},
@@ -60,10 +65,13 @@ const std::vector<Layout>& layouts() {
       {"llama-tiny", 1, 1, 4, "1f1b", 0, 2, 0},
       {"gpt2-tiny", 1, 2, 2, "1f1b", 3, 2, 1},   // ZeRO-3 shards of tp slices
       {"llama-tiny", 1, 2, 2, "1f1b", 2, 1, 0},  // ZeRO-2
+      {"gpt2-tiny", 1, 2, 2, "1f1b", 3, 2, 1, "uniform", "bf16"},
+      {"llama-tiny", 2, 2, 1, "gpipe", 0, 2, 1, "uniform", "bf16"},
       // 8 ranks: dp=2 x tp=2 x pp=2.
       {"gpt2-tiny", 2, 2, 2, "1f1b", 1, 2, 1},
       {"llama-tiny", 2, 2, 2, "gpipe", 0, 2, 0},
       {"llama-tiny", 1, 2, 4, "1f1b", 2, 2, 0},  // ZeRO-2, replicated kv heads summed in shards
+      {"llama-tiny", 2, 2, 2, "gpipe", 0, 2, 0, "uniform", "bf16"},
   };
   return all;
 }
@@ -71,6 +79,7 @@ const std::vector<Layout>& layouts() {
 TrainConfig make_config(const Layout& l, int64_t steps, const std::string& ckpt_dir = "") {
   std::vector<std::string> sets = {
       "model.preset=" + std::string(l.preset), "model.activation_checkpoint_interval=" + std::to_string(l.ckpt),
+      "model.precision=" + std::string(l.precision),
       "data.dir=unused", "data.seq_len=16", "data.batch_size=8", "optim.lr=3e-3",
       "schedule.steps=" + std::to_string(steps), "schedule.warmup_steps=2",
       "schedule.eval_interval=0", "schedule.eval_batches=4", "log.every=1000", "log.progress=off",
@@ -111,14 +120,16 @@ TrainRun run_training(const TrainConfig& cfg, const parallel::Mesh* mesh, const 
   return r;
 }
 
-void expect_close(const TrainRun& a, const TrainRun& ref, const std::string& what) {
+void expect_close(const TrainRun& a, const TrainRun& ref, const std::string& what, bool bf16) {
   ASSERT_EQ(a.losses.size(), ref.losses.size()) << what;
+  const double rel = bf16 ? loom::testing::kBf16LossTolerance : 1e-5;
   for (size_t i = 0; i < a.losses.size(); ++i)
-    EXPECT_NEAR(a.losses[i], ref.losses[i], 1e-5 * std::abs(ref.losses[i]) + 2e-7)
+    EXPECT_NEAR(a.losses[i], ref.losses[i], rel * std::abs(ref.losses[i]) + 2e-7)
         << what << ": loss at step " << i + 1;
-  EXPECT_NEAR(a.val_loss, ref.val_loss, 1e-5 * std::abs(ref.val_loss)) << what << ": validation loss";
+  EXPECT_NEAR(a.val_loss, ref.val_loss, rel * std::abs(ref.val_loss)) << what << ": validation loss";
   loom::testing::expect_weights_close(a.weights, *a.layout, ref.weights, *ref.layout, 3e-3,
-                                      double(a.losses.size()), what);
+                                      double(a.losses.size()), what,
+                                      bf16 ? loom::testing::bf16_weight_tolerance() : loom::testing::WeightTolerance{});
 }
 
 // Copies that must agree bitwise: the tied token table on the first and last stage, and
@@ -181,14 +192,14 @@ TEST(ModelParallelEquivalence, LayoutsOfThisWorldSizeMatchOneProcess) {
     // One process, the same global batch in micro-batches of the same size (so that the
     // validation batches, which have the micro-batch size, are the same too).
     const int ref_micro_batches = l.dp * l.micro_batches;
-    const std::string key = str_cat(l.preset, l.ckpt, "/", ref_micro_batches);
+    const std::string key = str_cat(l.preset, l.ckpt, "/", ref_micro_batches, l.precision);
     if (!refs.count(key)) {
-      Layout one{l.preset, 1, 1, 1, "1f1b", 0, ref_micro_batches, l.ckpt};
+      Layout one{l.preset, 1, 1, 1, "1f1b", 0, ref_micro_batches, l.ckpt, "uniform", l.precision};
       refs[key] = run_training(make_config(one, steps), nullptr);
     }
     parallel::Mesh mesh(world, parallel::MeshShape(l.pp, l.dp, 1, l.tp));
     const TrainRun r = run_training(make_config(l, steps), &mesh);
-    expect_close(r, refs[key], describe(l));
+    expect_close(r, refs[key], describe(l), std::string(l.precision) == "bf16");
     expect_copies_identical(r, mesh, describe(l));
     ++ran;
   }
