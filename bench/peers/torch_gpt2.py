@@ -6,16 +6,25 @@ the benchmark over stdin/stdout so runs can alternate with loom's in one invocat
   prints `READY <params>` once built; on `run K` performs K full training steps (forward,
   backward, AdamW) and prints `TIMES ms1 ms2 ...`; exits on `quit` or end of input.
 Attention is the eager formulation (scores materialised), as Hugging Face's GPT-2 does in
-PyTorch 1.13 (no fused attention there). Runs on Debian's python3-torch.
+PyTorch 1.13 (no fused attention there). `--precision bf16` runs forward and loss under
+torch.autocast("cpu", dtype=torch.bfloat16) (fp32 master weights, as loom's bf16). Runs on
+Debian's python3-torch; without it, says how to install it and exits with status 3.
 """
 import argparse
+import contextlib
 import math
 import sys
 import time
 
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
+try:
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+except ImportError as e:
+    sys.stderr.write(f"[torch peer] PyTorch is not importable by {sys.executable} ({e}). Install Debian's "
+                     "package: sudo apt-get install python3-torch, or pass --peer-python PYTHON for an "
+                     "interpreter that has torch.\n")
+    sys.exit(3)
 
 
 class Block(nn.Module):
@@ -114,6 +123,7 @@ def main():
               "seq", "threads"]:
         p.add_argument("--" + k, type=int, required=True)
     p.add_argument("--family", default="gpt2")
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -126,7 +136,9 @@ def main():
     idx = torch.randint(0, a.vocab, (a.batch, a.seq), generator=g)
     tgt = torch.randint(0, a.vocab, (a.batch, a.seq), generator=g)
     n = sum(p.numel() for p in model.parameters())
-    print(f"READY {n} torch {torch.__version__}", flush=True)
+    print(f"READY {n} torch {torch.__version__} {a.precision}", flush=True)
+    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if a.precision == "bf16" \
+        else contextlib.nullcontext
     for line in sys.stdin:
         cmd = line.split()
         if not cmd or cmd[0] == "quit":
@@ -136,7 +148,8 @@ def main():
             for _ in range(int(cmd[1])):
                 t0 = time.perf_counter()
                 opt.zero_grad(set_to_none=True)
-                loss = model(idx, tgt)
+                with autocast():
+                    loss = model(idx, tgt)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 opt.step()

@@ -48,10 +48,13 @@ std::vector<optim::DecaySpan> decay_spans(const model::ParamLayout& layout) {
 
 const char* kHelp =
     "usage: loom bench train [--model PRESET] [--batch B] [--seq T] [--steps N] [--warmup W]\n"
-    "                        [--threads K] [--ckpt INTERVAL] [--peer torch] [--rounds R]\n\n"
+    "                        [--threads K] [--ckpt INTERVAL] [--precision fp32|bf16] [--peer torch]\n"
+    "                        [--rounds R]\n\n"
     "Times full training steps (forward, backward, clip, AdamW) on random tokens.\n"
     "  --model     preset (default gpt2-124m); --batch 4 --seq 256 --steps 10 --warmup 2\n"
     "  --ckpt      activation checkpoint interval (0 = off)\n"
+    "  --precision model.precision: fp32 (default) or bf16 products (the peer under\n"
+    "              torch.autocast(\"cpu\", dtype=torch.bfloat16))\n"
     "  --xent-chunk rows of logits per chunk of the fused LM head + loss (default 1024)\n"
     "  --peer torch  also run bench/peers/torch_gpt2.py (Debian python3-torch) with the same\n"
     "              model, shapes and threads, alternating R rounds (default 2), and print ratios\n"
@@ -82,7 +85,7 @@ int bench_train(const std::vector<std::string>& argv) {
   Args a("bench train", argv,
          {{"model", true}, {"batch", true}, {"seq", true}, {"steps", true}, {"warmup", true},
           {"threads", true}, {"ckpt", true}, {"peer", true}, {"rounds", true},
-          {"peer-python", true}, {"xent-chunk", true}, {"help", false}});
+          {"peer-python", true}, {"xent-chunk", true}, {"precision", true}, {"help", false}});
   if (a.has("help")) {
     std::printf("%s", kHelp);
     return 0;
@@ -101,6 +104,10 @@ int bench_train(const std::vector<std::string>& argv) {
     throw UsageError("[bench train] --peer: only 'torch' is supported, got '" + peer + "'");
 
   model::ModelConfig cfg = model::preset(preset);
+  const std::string precision = a.get("precision", "fp32");
+  if (precision != "fp32" && precision != "bf16")
+    throw UsageError("[bench train] --precision " + precision + ": expected fp32 or bf16");
+  cfg.precision = model::precision_from_name(precision);
   model::DecoderOptions opt;
   opt.activation_checkpoint_interval = ckpt;
   opt.xent_chunk = a.get_int("xent-chunk", opt.xent_chunk);
@@ -120,6 +127,11 @@ int bench_train(const std::vector<std::string>& argv) {
               ckpt ? str_cat(", checkpoint interval ", ckpt).c_str() : "");
   std::printf("model FLOPs per step: %.1f GFLOP (6*P*tokens + 6*L*T*C*tokens causal attention)\n",
               flops / 1e9);
+  std::printf("matrix products: %s\n",
+              cfg.precision == model::Precision::bf16
+                  ? "bf16 operands (rounded in f32) x f32 SGEMM, f32 accumulation (no bf16 matrix engine in this "
+                    "build)"
+                  : "f32 SGEMM");
 
   // Each step's time inside BLAS matrix products (cpu::gemm_clock), to split the step.
   std::vector<double> loom_gemm_ms;
@@ -145,9 +157,11 @@ int bench_train(const std::vector<std::string>& argv) {
         "--n_ctx", std::to_string(cfg.n_ctx), "--n_layer", std::to_string(cfg.n_layer),
         "--n_head", std::to_string(cfg.n_head), "--n_kv_head", std::to_string(cfg.n_kv_head),
         "--d_model", std::to_string(cfg.d_model), "--d_ff", std::to_string(cfg.d_ff),
-        "--batch", std::to_string(B), "--seq", std::to_string(T), "--threads", std::to_string(threads)});
+        "--batch", std::to_string(B), "--seq", std::to_string(T), "--threads", std::to_string(threads),
+        "--precision", precision});
     std::string ready = torch_peer->read_until("READY ");
-    std::printf("peer: PyTorch eager (%s)\n", ready.c_str());
+    std::printf("peer: PyTorch eager%s (%s)\n",
+                precision == "bf16" ? " under torch.autocast(\"cpu\", dtype=torch.bfloat16)" : "", ready.c_str());
   }
 
   std::vector<double> loom_ms, peer_ms;
@@ -209,7 +223,7 @@ int bench_train(const std::vector<std::string>& argv) {
   row("workspace", snap[MemCategory::workspace].peak, est.workspace);
   row("total", snap.total.peak, est.total());
 
-  nlohmann::json s = {{"model", preset}, {"batch", B}, {"seq", T}, {"threads", threads},
+  nlohmann::json s = {{"model", preset}, {"batch", B}, {"seq", T}, {"threads", threads}, {"precision", precision},
                       {"checkpoint_interval", ckpt}, {"isa", cpu::hot_kernels_isa()},
                       {"loom_ms_median", ls.median}, {"loom_ms_min", ls.min}, {"loom_ms_max", ls.max},
                       {"tokens_per_s", tokens / ls.median * 1e3},

@@ -1,7 +1,8 @@
 #include "loom/kernels/cpu/bf16_operands.h"
 
 #include <cstring>
-#include <vector>
+
+#include "loom/core/tensor.h"
 
 namespace loom::cpu {
 
@@ -22,11 +23,16 @@ void round_to_bf16(const float* in, float* out, int64_t n) {
 }
 
 const float* bf16_rounded(int slot, const float* p, int64_t n) {
-  thread_local std::vector<float> scratch[3];
-  std::vector<float>& s = scratch[slot];
-  if (int64_t(s.size()) < n) s.resize(size_t(n));
-  round_to_bf16(p, s.data(), n);
-  return s.data();
+  // Workspace of the process allocator (memory_stats() shows it): the largest operand seen per
+  // slot, e.g. an LM head's weights.
+  thread_local Tensor scratch[3];
+  Tensor& s = scratch[slot];
+  if (!s.defined() || s.numel() < n) {
+    s = Tensor();
+    s = Tensor::empty({n}, DType::f32, MemCategory::workspace);
+  }
+  round_to_bf16(p, s.data<float>(), n);
+  return s.data<float>();
 }
 
 }  // namespace loom::cpu

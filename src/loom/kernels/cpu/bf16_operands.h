@@ -17,7 +17,8 @@ const char* product_precision_name(ProductPrecision p);  // "f32", "bf16"
 void round_to_bf16(const float* in, float* out, int64_t n);
 
 // A rounded copy of p[0, n) in the calling thread's scratch for operand `slot` (0-2: one per
-// operand of a product), valid until the next call with that slot on this thread.
+// operand of a product), valid until the next call with that slot on this thread. The scratch
+// is MemCategory::workspace of cpu_allocator(), kept at the largest size asked for.
 const float* bf16_rounded(int slot, const float* p, int64_t n);
 
 }  // namespace loom::cpu
