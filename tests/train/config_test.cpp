@@ -88,6 +88,10 @@ TEST(TrainConfig, PrecisionIsFp32OrBf16AndFp16IsRefusedUntilLossScalingExists) {
   EXPECT_NE(c.warnings[0].find("bf16 operands rounded in f32 and multiplied by f32 SGEMM"), std::string::npos)
       << c.warnings[0];
   EXPECT_NE(c.model.summary().find("bf16 products"), std::string::npos) << c.model.summary();
+  EXPECT_EQ(c.parallel.grad_dtype, "bf16");  // gradients follow the precision unless told
+  EXPECT_EQ(parse_train_config(kBase, {}).parallel.grad_dtype, "fp32");
+  EXPECT_EQ(parse_train_config(kBase, {"model.precision=bf16", "parallel.grad_dtype=fp32"}).parallel.grad_dtype, "fp32");
+  expect_error(kBase, "parallel.grad_dtype: \"fp16\" is not one of: fp32, bf16", {"parallel.grad_dtype=fp16"});
   expect_error(kBase, "model.precision=fp16 needs dynamic loss scaling", {"model.precision=fp16"});
   expect_error(kBase, "model.precision: \"int8\" is not one of: fp32, bf16, fp16", {"model.precision=int8"});
 }

@@ -1,12 +1,15 @@
-// `loom bench train --nproc N --dp N [--zero S]`: data-parallel training steps, and how much
-// of the communication hides behind computation. Each rank first times the same per-rank
+// `loom bench train --nproc N --dp N [--zero S] [--precision fp32|bf16] [--grad-dtype fp32|bf16]`:
+// data-parallel training steps, how much of the communication hides behind computation, and
+// the bytes the dp collectives move per step (halved by bf16 gradients). Each rank first times the same per-rank
 // work alone (dp=1, no communication) under the same CPU contention, then the dp=N steps.
 // comm_ms sums the dp collectives' durations from the comm record; exposed_comm_ms is the
 // time the training thread spent blocked waiting for them.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <random>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -26,17 +29,18 @@ namespace loom::cli {
 namespace {
 
 struct StepTimes {
-  std::vector<double> step_ms, comm_ms, exposed_ms;
+  std::vector<double> step_ms, comm_ms, exposed_ms, comm_bytes;
+  std::map<std::string, std::vector<double>> bytes_by_op;  // per timed step
 };
 
 StepTimes run_steps(const model::ModelConfig& cfg, const comm::Group& dp, const comm::CommRecord& rec,
-                    int zero, double bucket_mb, int64_t B, int64_t T, int64_t warmup, int64_t steps,
-                    int64_t* model_state_bytes = nullptr) {
+                    int zero, double bucket_mb, DType grad_dtype, int64_t B, int64_t T, int64_t warmup,
+                    int64_t steps, int64_t* model_state_bytes = nullptr) {
   const MemorySnapshot before = cpu_allocator().snapshot();
   model::DecoderOptions dopt = parallel::decoder_options_for({}, zero, dp.size());
   model::Decoder m(cfg, dopt);
   if (zero < 3) m.init_weights(1234);
-  parallel::DataParallel engine(m, dp, {1e-4, 0.9, 0.95, 1e-8, 0.1}, {zero, bucket_mb}, 1234);
+  parallel::DataParallel engine(m, dp, {1e-4, 0.9, 0.95, 1e-8, 0.1}, {zero, bucket_mb, grad_dtype}, 1234);
   if (model_state_bytes) {
     const MemorySnapshot after = cpu_allocator().snapshot();
     *model_state_bytes = 0;
@@ -59,12 +63,19 @@ StepTimes run_steps(const model::ModelConfig& cfg, const comm::Group& dp, const 
     if (norm > 1.0) engine.scale_grads(float(1.0 / norm));
     engine.step(1e-4);
     const double t1 = now_seconds();
-    double comm = 0;
+    double comm = 0, bytes = 0;
+    std::map<std::string, double> by_op;
     for (const auto& e : rec.finished())
-      if (e.group == dp.name() && e.t_start >= t0 && e.t_end <= t1 && e.op != "barrier") comm += e.t_end - e.t_start;
+      if (e.group == dp.name() && e.t_start >= t0 && e.t_end <= t1 && e.op != "barrier") {
+        comm += e.t_end - e.t_start;
+        bytes += double(e.bytes);
+        by_op[e.op] += double(e.bytes);
+      }
     if (i >= warmup) {
       st.step_ms.push_back((t1 - t0) * 1e3);
       st.comm_ms.push_back(comm * 1e3);
+      st.comm_bytes.push_back(bytes);
+      for (const auto& [op, b] : by_op) st.bytes_by_op[op].push_back(b);
       st.exposed_ms.push_back(engine.take_wait_seconds() * 1e3);
     }
   }
@@ -77,7 +88,7 @@ int bench_train_dp(const std::vector<std::string>& argv) {
   Args a("bench train", argv,
          {{"model", true}, {"batch", true}, {"seq", true}, {"steps", true}, {"warmup", true},
           {"threads", true}, {"dp", true}, {"zero", true}, {"bucket-mb", true}, {"nproc", true},
-          {"help", false}});
+          {"precision", true}, {"grad-dtype", true}, {"help", false}});
   const std::string preset = a.get("model", "gpt2-124m");
   const int64_t B = a.get_int("batch", 4), T = a.get_int("seq", 256);
   const int64_t steps = a.get_int("steps", 5), warmup = a.get_int("warmup", 1);
@@ -89,35 +100,49 @@ int bench_train_dp(const std::vector<std::string>& argv) {
     throw UsageError(str_cat("[bench train] --dp ", a.get_int("dp", N), " but ", N,
                              " ranks are running; use --nproc ", a.get_int("dp", N)));
   if (a.has("threads")) set_num_threads(int(a.get_int("threads", 1)));
-  const model::ModelConfig cfg = model::preset(preset);
+  model::ModelConfig cfg = model::preset(preset);
+  const std::string precision = a.get("precision", "fp32");
+  if (precision != "fp32" && precision != "bf16")
+    throw UsageError("[bench train] --precision " + precision + ": expected fp32 or bf16");
+  cfg.precision = model::precision_from_name(precision);
+  const std::string grad_name = a.get("grad-dtype", precision);  // as parallel.grad_dtype's default
+  if (grad_name != "fp32" && grad_name != "bf16")
+    throw UsageError("[bench train] --grad-dtype " + grad_name + ": expected fp32 or bf16");
+  const DType grad_dtype = grad_name == "bf16" ? DType::bf16 : DType::f32;
   const bool main = world.rank() == 0;
   if (main)
-    std::printf("bench train (data parallel): %s, dp=%d, ZeRO-%d, per-rank batch %lld x %lld, %d threads/rank, bucket %.0f MB\n",
-                cfg.summary().c_str(), N, zero, (long long)B, (long long)T, num_threads(), bucket_mb);
+    std::printf("bench train (data parallel): %s, dp=%d, ZeRO-%d, per-rank batch %lld x %lld, %d threads/rank, bucket %.0f MB, "
+                "gradients on the wire %s\n",
+                cfg.summary().c_str(), N, zero, (long long)B, (long long)T, num_threads(), bucket_mb, grad_name.c_str());
   // Baseline: the same per-rank work with no communication, all ranks at once.
   comm::Group alone = comm::Group::single("alone");
-  const StepTimes base = run_steps(cfg, alone, world.record(), 0, bucket_mb, B, T, warmup, steps);
+  const StepTimes base = run_steps(cfg, alone, world.record(), 0, bucket_mb, grad_dtype, B, T, warmup, steps);
   parallel::Mesh mesh(world.group(), parallel::MeshShape(1, N, 1, 1));
   int64_t state_bytes = 0;
   const StepTimes dp =
-      run_steps(cfg, mesh.dp(), world.record(), zero, bucket_mb, B, T, warmup, steps, &state_bytes);
+      run_steps(cfg, mesh.dp(), world.record(), zero, bucket_mb, grad_dtype, B, T, warmup, steps, &state_bytes);
   const auto predicted = parallel::zero_model_state_bytes(model::ParamLayout(cfg).num_params(), zero, N);
   // Rank 0 reports; medians over its steps (ranks are synchronised by the collectives).
   const double base_ms = median(base.step_ms), dp_ms = median(dp.step_ms);
-  const double comm_ms = median(dp.comm_ms), exposed_ms = median(dp.exposed_ms);
+  const double comm_ms = median(dp.comm_ms), exposed_ms = median(dp.exposed_ms), comm_bytes = median(dp.comm_bytes);
   if (!main) return 0;
   std::printf("\n%-28s %12s\n", "", "ms (median)");
   std::printf("%-28s %12.1f\n", "step, dp=1 same work", base_ms);
   std::printf("%-28s %12.1f\n", str_cat("step, dp=", N).c_str(), dp_ms);
   std::printf("%-28s %12.1f\n", "communication (total)", comm_ms);
   std::printf("%-28s %12.1f\n", "communication (exposed)", exposed_ms);
+  std::printf("dp collectives' payload per step and rank: %s (gradients in %s):", format_bytes(int64_t(comm_bytes)).c_str(),
+              grad_name.c_str());
+  for (const auto& [op, v] : dp.bytes_by_op) std::printf(" %s %s", op.c_str(), format_bytes(int64_t(median(v))).c_str());
+  std::printf("\n");
   std::printf("exposed fraction: %.1f%% of communication; dp=%d step is %.2fx the dp=1 step\n",
               comm_ms > 0 ? 100 * exposed_ms / comm_ms : 0.0, N, base_ms > 0 ? dp_ms / base_ms : 0.0);
   std::printf("model states per rank (ZeRO-%d): predicted %s, actual %s (params+grads+optimizer)\n",
               zero, format_bytes(predicted.total()).c_str(), format_bytes(state_bytes).c_str());
   nlohmann::json s = {{"model", preset}, {"dp", N}, {"zero_stage", zero}, {"batch_per_rank", B}, {"seq", T},
                       {"threads_per_rank", num_threads()}, {"dp1_step_ms", base_ms}, {"step_ms", dp_ms},
-                      {"comm_ms", comm_ms}, {"exposed_comm_ms", exposed_ms},
+                      {"comm_ms", comm_ms}, {"exposed_comm_ms", exposed_ms}, {"comm_bytes", comm_bytes},
+                      {"precision", precision}, {"grad_dtype", grad_name},
                       {"exposed_comm_fraction", comm_ms > 0 ? exposed_ms / comm_ms : 0.0},
                       {"tokens_per_s", double(B * T * N) / dp_ms * 1e3},
                       {"model_state_bytes_predicted", predicted.total()},

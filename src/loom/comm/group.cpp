@@ -19,7 +19,8 @@ const char* reduce_op_name(ReduceOp op) {
 }
 
 bool is_host_comm_dtype(DType t) {
-  return t == DType::f32 || t == DType::f64 || t == DType::i32 || t == DType::i64 || t == DType::u8;
+  return t == DType::f32 || t == DType::f64 || t == DType::bf16 || t == DType::i32 || t == DType::i64 ||
+         t == DType::u8;
 }
 
 namespace {
@@ -181,6 +182,11 @@ void divide_in_place(const Tensor& t, int n) {
     case DType::i32: div(static_cast<int32_t*>(t.raw())); break;
     case DType::i64: div(static_cast<int64_t*>(t.raw())); break;
     case DType::u8: div(static_cast<uint8_t*>(t.raw())); break;
+    case DType::bf16: {
+      auto* p = static_cast<bf16_t*>(t.raw());
+      for (int64_t i = 0; i < count; ++i) p[i] = f32_to_bf16(bf16_to_f32(p[i]) / float(n));
+      break;
+    }
     default: fail("comm", "avg: dtype ", dtype_name(t.dtype()), " is not supported");
   }
 }

@@ -29,11 +29,34 @@ MPI_Datatype mpi_type(DType t) {
     case DType::i32: return MPI_INT32_T;
     case DType::i64: return MPI_INT64_T;
     case DType::u8: return MPI_UINT8_T;
+    case DType::bf16: return MPI_UINT16_T;  // moved as bits; sums through bf16_sum_op()
     default: fail("comm", "mpi: dtype ", dtype_name(t), " is not supported");
   }
 }
 
-MPI_Op mpi_op(ReduceOp op) {
+// MPI has no bf16: a user operation adds pairs in f32 and rounds the sum to bf16 (nearest even),
+// so every step of the reduction tree rounds once, as NCCL's bf16 sum does.
+void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const bf16_t*>(in);
+  auto* b = static_cast<bf16_t*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = f32_to_bf16(bf16_to_f32(a[i]) + bf16_to_f32(b[i]));
+}
+
+MPI_Op bf16_sum_op() {
+  static const MPI_Op op = [] {
+    MPI_Op o;
+    mpi_check(MPI_Op_create(&bf16_sum, /*commute=*/1, &o), "MPI_Op_create");
+    return o;
+  }();
+  return op;
+}
+
+MPI_Op mpi_op(ReduceOp op, DType t) {
+  if (t == DType::bf16) {
+    LOOM_CHECK(op == ReduceOp::sum || op == ReduceOp::avg, "comm", "mpi: bf16 reductions are sum and avg, not ",
+               reduce_op_name(op));
+    return bf16_sum_op();
+  }
   switch (op) {
     case ReduceOp::sum: case ReduceOp::avg: return MPI_SUM;
     case ReduceOp::max: return MPI_MAX;
@@ -119,7 +142,7 @@ class MpiBackend final : public Backend {
     for (int64_t off = 0; off < t.numel(); off += kChunk) {
       int n = int(std::min(kChunk, t.numel() - off));
       mpi_check(MPI_Allreduce(MPI_IN_PLACE, p + size_t(off) * es, n, mpi_type(t.dtype()),
-                              mpi_op(op), comm_), "MPI_Allreduce");
+                              mpi_op(op, t.dtype()), comm_), "MPI_Allreduce");
     }
     if (op == ReduceOp::avg) divide_in_place(t, size_);
   }
@@ -127,7 +150,7 @@ class MpiBackend final : public Backend {
   void reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op) override {
     Tensor src = separate_input(in, out);
     mpi_check(MPI_Reduce_scatter_block(src.raw(), out.raw(), int_count(out.numel(), "reduce_scatter"),
-                                       mpi_type(in.dtype()), mpi_op(op), comm_),
+                                       mpi_type(in.dtype()), mpi_op(op, in.dtype()), comm_),
               "MPI_Reduce_scatter_block");
     if (op == ReduceOp::avg) divide_in_place(out, size_);
   }

@@ -40,6 +40,8 @@ DataParallel::DataParallel(model::Decoder& model, comm::Group dp, const optim::A
   LOOM_CHECK(opt_.zero_stage >= 3 || mo.allocate_flat_params, "zero", "stage ", opt_.zero_stage,
              " needs the model's flat parameter buffer");
   LOOM_CHECK(opt_.bucket_mb > 0, "config", "parallel.bucket_mb must be positive");
+  LOOM_CHECK(opt_.grad_dtype == DType::f32 || opt_.grad_dtype == DType::bf16, "config",
+             "parallel.grad_dtype must be fp32 or bf16, got ", dtype_name(opt_.grad_dtype));
   std::vector<optim::DecaySpan> spans;
   for (const auto& p : layout_.params()) spans.push_back({p.offset, p.offset + p.numel(), p.weight_decay});
   const auto& units = layout_.units();
@@ -117,6 +119,30 @@ void DataParallel::zero_grads() {
     grad_shard_.zero();
 }
 
+// ---- gradients on the wire in bf16 --------------------------------------------------------
+
+namespace {
+
+Tensor bf16_copy(const Tensor& f32) {
+  Tensor out = Tensor::empty({f32.numel()}, DType::bf16, MemCategory::comm);
+  const float* src = f32.data<float>();
+  bf16_t* dst = out.data<bf16_t>();
+  const int64_t n = f32.numel();
+#pragma omp parallel for schedule(static) if (n > (1 << 18))
+  for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+  return out;
+}
+
+// dst (f32) = or += the bf16 values of src.
+void widen_bf16(const Tensor& src, float* dst, bool add) {
+  const bf16_t* s = src.data<bf16_t>();
+  const int64_t n = src.numel();
+#pragma omp parallel for schedule(static) if (n > (1 << 18))
+  for (int64_t i = 0; i < n; ++i) dst[i] = (add ? dst[i] : 0.f) + bf16_to_f32(s[i]);
+}
+
+}  // namespace
+
 // ---- stage 0/1: bucketed all-reduce -----------------------------------------------------
 
 void DataParallel::unit_ready(size_t ui) {
@@ -125,7 +151,15 @@ void DataParallel::unit_ready(size_t ui) {
   const auto& units = layout_.units();
   const int64_t begin = units[b.first_unit].begin, end = units[b.last_unit].end;
   // A pipeline stage without the embeddings or the head has empty units: nothing to send.
-  if (end > begin) inflight_.push_back(dp_.all_reduce_async(model_.grads().slice(begin, {end - begin})));
+  if (end > begin) {
+    const Tensor grads = model_.grads().slice(begin, {end - begin});
+    if (opt_.grad_dtype == DType::bf16) {
+      Tensor wire = bf16_copy(grads);
+      inflight_.push_back({dp_.all_reduce_async(wire), wire, grads});
+    } else {
+      inflight_.push_back({dp_.all_reduce_async(grads), {}, {}});
+    }
+  }
   b.remaining = int(b.last_unit - b.first_unit + 1);
 }
 
@@ -176,9 +210,15 @@ void DataParallel::reduce_scatter_unit(const ParamUnit& u, const Tensor& staging
   Pending p;
   p.staging = staging;
   p.pooled = pooled;
-  p.chunk_tmp = take_buffer(chunk_size(u));
   p.shard_offset = u.begin / n_;
-  p.work = dp_.reduce_scatter_async(staging, p.chunk_tmp);
+  if (opt_.grad_dtype == DType::bf16) {
+    p.wire = bf16_copy(staging);
+    p.chunk_tmp = Tensor::empty({chunk_size(u)}, DType::bf16, MemCategory::comm);
+    p.work = dp_.reduce_scatter_async(p.wire, p.chunk_tmp);
+  } else {
+    p.chunk_tmp = take_buffer(chunk_size(u));
+    p.work = dp_.reduce_scatter_async(staging, p.chunk_tmp);
+  }
   pending_.push_back(std::move(p));
 }
 
@@ -187,10 +227,14 @@ void DataParallel::retire(Pending& p) {
   p.work.wait();
   wait_s_ += sw.seconds();
   float* dst = grad_shard_.data<float>() + p.shard_offset;
-  const float* src = p.chunk_tmp.data<float>();
-  const int64_t n = p.chunk_tmp.numel();
-  for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
-  recycle(std::move(p.chunk_tmp));
+  if (p.wire.defined()) {
+    widen_bf16(p.chunk_tmp, dst, true);
+  } else {
+    const float* src = p.chunk_tmp.data<float>();
+    const int64_t n = p.chunk_tmp.numel();
+    for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+    recycle(std::move(p.chunk_tmp));
+  }
   if (p.pooled) staging_pool_.push_back(p.staging);
 }
 
@@ -203,13 +247,15 @@ void DataParallel::drain(size_t keep) {
 
 void DataParallel::finish_grads() {
   Stopwatch sw;
-  for (auto& w : inflight_) w.wait();
+  for (auto& f : inflight_) f.work.wait();
   for (auto& sp : sparse_) {
     sp.w_tok.wait();
     sp.w_pos.wait();
     sp.w_rows.wait();
   }
   wait_s_ += sw.seconds();
+  for (auto& f : inflight_)
+    if (f.wire.defined()) widen_bf16(f.wire, f.grads.data<float>(), false);
   inflight_.clear();
   for (auto& sp : sparse_)
     ops::embedding_backward(sp.tokens, sp.pos, sp.rows, sp.dwte, sp.dwpe);

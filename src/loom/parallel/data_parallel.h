@@ -24,6 +24,10 @@ namespace loom::parallel {
 struct DataParallelOptions {
   int zero_stage = 0;
   double bucket_mb = 25.0;
+  // The gradients' type on the wire (parallel.grad_dtype): f32, or bf16 (half the bytes; each
+  // bucket or staged unit is rounded to bf16, summed in bf16 with every partial sum rounded, and
+  // widened back into the f32 gradients).
+  DType grad_dtype = DType::f32;
 };
 
 // Decoder options a given layout needs (unit alignment, which flat buffers to allocate).
@@ -101,6 +105,7 @@ class DataParallel final : public model::ParamSource {
   struct Pending {  // an asynchronous gradient reduction and what to do when it completes
     comm::Work work;
     Tensor staging, chunk_tmp;  // stage 2/3: reduce-scatter output, added into the shard
+    Tensor wire;                // bf16 on the wire: the staging's bf16 copy (chunk_tmp is bf16)
     int64_t shard_offset = 0;
     bool pooled = false;        // staging returns to the block staging pool
   };
@@ -149,7 +154,11 @@ class DataParallel final : public model::ParamSource {
   };
   std::vector<Bucket> buckets_;
   std::vector<int> bucket_of_unit_;
-  std::vector<comm::Work> inflight_;
+  struct Inflight {  // a bucket's all-reduce; with bf16 on the wire, where its sum goes back to
+    comm::Work work;
+    Tensor wire, grads;
+  };
+  std::vector<Inflight> inflight_;
 
   // stage 2/3
   Tensor grad_shard_, param_shard_;

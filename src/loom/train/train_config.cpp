@@ -97,6 +97,8 @@ TrainConfig parse_train_config(const std::string& text, const std::vector<std::s
   c.parallel.ep = r.integer("parallel.ep", 1, 1, 1 << 12);
   c.parallel.zero_stage = r.integer("parallel.zero_stage", 0, 0, 3);
   c.parallel.bucket_mb = r.number("parallel.bucket_mb", 25.0, 0.001, 1e6);
+  c.parallel.grad_dtype = r.string("parallel.grad_dtype", c.model.precision == model::Precision::bf16 ? "bf16" : "fp32",
+                                   {"fp32", "bf16"});
   c.parallel.pp_schedule = r.string("parallel.pp_schedule", "1f1b", {"gpipe", "1f1b"});
   c.parallel.pp_partition = r.string("parallel.pp_partition", "uniform", {"uniform", "parameters", "profile"});
   c.parallel.micro_batches = r.integer("parallel.micro_batches", 0, 0, kMaxI);

@@ -48,6 +48,9 @@ struct ParallelConfig {
   int64_t dp = 1, tp = 1, pp = 1, ep = 1;
   int64_t zero_stage = 0;
   double bucket_mb = 25.0;
+  // Data-parallel gradients on the wire: "fp32" or "bf16" (half the bytes); the default is
+  // model.precision's (bf16 under bf16 training).
+  std::string grad_dtype = "fp32";
   std::string pp_schedule = "1f1b";
   std::string pp_partition = "uniform";
   // Micro-batches per rank and step (the pipeline schedule's m; gradient accumulation steps).

@@ -82,7 +82,7 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
   }
   if (stage < 3) model_->init_weights(cfg_.schedule.seed);
   engine_ = std::make_unique<parallel::DataParallel>(
-      *model_, mesh_->dp(), cfg_.optim, parallel::DataParallelOptions{stage, p.bucket_mb},
+      *model_, mesh_->dp(), cfg_.optim, parallel::DataParallelOptions{stage, p.bucket_mb, p.grad_dtype == "bf16" ? DType::bf16 : DType::f32},
       cfg_.schedule.seed);
   // The gradient norm counts every parameter once across the model-parallel ranks.
   std::vector<std::pair<int64_t, int64_t>> skip;

@@ -82,6 +82,41 @@ TEST(MpiGroup, ReduceScatterGivesRankItsChunk) {
   EXPECT_EQ(again.data<double>()[1], 100.0 * n * (n - 1) / 2 + double(n * (r * m + 1)));
 }
 
+// bf16 sums: MPI has no bf16, so a user operation adds in f32 and rounds each partial sum to
+// bf16. Small integers are exact; 1 + n * 2^-9 shows the rounding (2^-9 is half a bf16 step at
+// 1, so partial sums round back to 1 or up to 1 + 2^-7, depending on the tree: bounded by
+// n - 1 roundings of half a step each); max is refused.
+TEST(MpiGroup, Bf16SumsRoundEachPartialSumAndMaxIsRefused) {
+  const Group& g = test_world();
+  const int n = g.size(), r = g.rank();
+  const int64_t m = 6;
+  Tensor t = Tensor::empty({m}, DType::bf16);
+  auto* p = t.data<bf16_t>();
+  for (int64_t i = 0; i < m; ++i) p[i] = f32_to_bf16(float(r + 1 + i));
+  g.all_reduce(t);
+  for (int64_t i = 0; i < m; ++i) EXPECT_EQ(bf16_to_f32(p[i]), float(n * (n + 1) / 2 + n * i)) << i;
+  g.all_reduce(t, ReduceOp::avg);  // every rank holds the same sums: the average is the sum / n * n / n
+  for (int64_t i = 0; i < m; ++i)
+    EXPECT_EQ(bf16_to_f32(p[i]), bf16_to_f32(f32_to_bf16(float(n * (n + 1) / 2 + n * i)))) << i;
+  Tensor u = Tensor::empty({1}, DType::bf16);
+  u.data<bf16_t>()[0] = f32_to_bf16(r == 0 ? 1.0f : std::ldexp(1.0f, -9));
+  g.all_reduce(u);
+  const double exact = 1.0 + (n - 1) * std::ldexp(1.0, -9), got = bf16_to_f32(u.data<bf16_t>()[0]);
+  EXPECT_LE(std::fabs(got - exact), (n - 1) * std::ldexp(1.0, -8)) << "n=" << n;
+  Tensor in = Tensor::empty({n * 2}, DType::bf16), out = Tensor::empty({2}, DType::bf16);
+  for (int64_t j = 0; j < 2 * n; ++j) in.data<bf16_t>()[j] = f32_to_bf16(float(j + r));
+  g.reduce_scatter(in, out);
+  for (int64_t k = 0; k < 2; ++k)
+    EXPECT_EQ(bf16_to_f32(out.data<bf16_t>()[k]), float(n * (2 * r + k) + n * (n - 1) / 2)) << k;
+  std::string e;
+  try {
+    g.all_reduce(t, ReduceOp::max);
+  } catch (const Error& x) {
+    e = x.what();
+  }
+  EXPECT_NE(e.find("bf16 reductions are sum and avg, not max"), std::string::npos) << e;
+}
+
 TEST(MpiGroup, AllGatherOutOfPlaceAndInPlace) {
   const Group& g = test_world();
   const int n = g.size(), r = g.rank();

@@ -24,9 +24,9 @@ struct WeightTolerance {
 // some roundings, and the flips spread through later products: two layouts' bf16 runs drift
 // apart by bf16 noise, far more than f32 runs do. Measured on gpt2-tiny and llama-tiny, 20
 // AdamW steps, dp/tp/pp on 2-8 ranks: the bf16 note in dp_equivalence_test.cpp.
-inline WeightTolerance bf16_weight_tolerance() { return {0.05, 0.01, 0.15}; }
+inline WeightTolerance bf16_weight_tolerance() { return {0.2, 0.03, 0.15}; }
 // Per-step losses of two bf16 runs: relative difference at most this.
-inline constexpr double kBf16LossTolerance = 2e-4;
+inline constexpr double kBf16LossTolerance = 5e-4;
 
 inline void expect_weights_close(const std::vector<float>& a, const model::ParamLayout& a_layout,
                                  const std::vector<float>& ref, const model::ParamLayout& ref_layout,
