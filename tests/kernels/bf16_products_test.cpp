@@ -1,5 +1,5 @@
-// bf16 products (ProductPrecision::bf16, kernels/cpu/bf16_operands.h): the rounding equals the
-// scalar f32_to_bf16 bit for bit; linear forward/backward and the fused LM head + loss equal
+// 16-bit products (ProductPrecision::bf16/f16, kernels/cpu/bf16_operands.h): the roundings equal
+// the scalar f32_to_bf16 / f32_to_f16 bit for bit (fp16 saturating to infinity); linear forward/backward and the fused LM head + loss equal
 // the f64 products of the rounded operands up to f32 accumulation (the head's backward within
 // the rounding of its f32 dlogits), differ from the f32 path by about the rounding (so the
 // policy is applied), and f64 tensors are refused.
@@ -85,6 +85,40 @@ TEST(RoundToBf16, MatchesTheScalarConversionBitForBit) {
   }
   cpu::round_to_bf16(v.data(), v.data(), int64_t(v.size()));  // in place
   EXPECT_EQ(0, std::memcmp(v.data(), out.data(), v.size() * 4));
+}
+
+TEST(RoundToF16, MatchesTheScalarConversionAndSaturates) {
+  std::mt19937 g(5);
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::vector<float> v;
+  for (int i = 0; i < 5000; ++i) v.push_back(d(g) * std::ldexp(1.f, i % 40 - 25));  // subnormals to beyond range
+  v.push_back(65504.f);
+  v.push_back(65520.f);  // rounds up past the largest fp16: infinity
+  v.push_back(-1e6f);
+  std::vector<float> out(v.size());
+  cpu::round_to_f16(v.data(), out.data(), int64_t(v.size()));
+  for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(out[i], f16_to_f32(f32_to_f16(v[i]))) << v[i];
+  EXPECT_EQ(out[v.size() - 3], 65504.f);
+  EXPECT_TRUE(std::isinf(out[v.size() - 2]));
+  EXPECT_TRUE(std::isinf(out[v.size() - 1]) && out[v.size() - 1] < 0);
+}
+
+TEST(LinearF16, ForwardIsTheProductOfFp16RoundedOperands) {
+  std::mt19937 g(6);
+  const int64_t N = 13, I = 40, O = 21;
+  using loom::testing::randn;
+  const Tensor x = randn({N, I}, g, 1.0, DType::f32), w = randn({O, I}, g, 0.3, DType::f32);
+  std::vector<double> xr(size_t(N * I)), wr(size_t(O * I)), want, mag;
+  for (int64_t i = 0; i < N * I; ++i) xr[size_t(i)] = f16_to_f32(f32_to_f16(x.data<float>()[i]));
+  for (int64_t i = 0; i < O * I; ++i) wr[size_t(i)] = f16_to_f32(f32_to_f16(w.data<float>()[i]));
+  Tensor y = Tensor::empty({N, O}, DType::f32), y32 = Tensor::empty({N, O}, DType::f32);
+  ops::linear_forward(x, w, {}, y, ops::ProductPrecision::f16);
+  ops::linear_forward(x, w, {}, y32);
+  product(xr, wr, N, O, I, true, want, mag);
+  expect_products("y", y, want, mag, 1e-5);
+  const double moved = max_rel_diff(y, y32, mag);
+  EXPECT_GT(moved, 1e-5);
+  EXPECT_LT(moved, 2.0 / 2048);  // two fp16 roundings (11 significant bits)
 }
 
 TEST(LinearBf16, ForwardAndBackwardAreProductsOfRoundedOperands) {

@@ -79,7 +79,7 @@ TEST(TrainConfig, RepeatedKeysAreRefusedNotResolved) {
   EXPECT_DOUBLE_EQ(parse_train_config(std::string(kBase) + "optim:\n  lr: 1e-3\n", {"optim.lr=2e-3"}).optim.lr, 2e-3);
 }
 
-TEST(TrainConfig, PrecisionIsFp32OrBf16AndFp16IsRefusedUntilLossScalingExists) {
+TEST(TrainConfig, PrecisionAndLossScaling) {
   EXPECT_EQ(parse_train_config(kBase, {}).model.precision, model::Precision::fp32);
   const TrainConfig c = parse_train_config(kBase, {"model.precision=bf16"});
   EXPECT_EQ(c.model.precision, model::Precision::bf16);
@@ -92,6 +92,14 @@ TEST(TrainConfig, PrecisionIsFp32OrBf16AndFp16IsRefusedUntilLossScalingExists) {
   EXPECT_EQ(parse_train_config(kBase, {}).parallel.grad_dtype, "fp32");
   EXPECT_EQ(parse_train_config(kBase, {"model.precision=bf16", "parallel.grad_dtype=fp32"}).parallel.grad_dtype, "fp32");
   expect_error(kBase, "parallel.grad_dtype: \"fp16\" is not one of: fp32, bf16", {"parallel.grad_dtype=fp16"});
-  expect_error(kBase, "model.precision=fp16 needs dynamic loss scaling", {"model.precision=fp16"});
+  const TrainConfig h = parse_train_config(kBase, {"model.precision=fp16", "optim.loss_scale_window=50"});
+  EXPECT_EQ(h.model.products(), cpu::ProductPrecision::f16);
+  EXPECT_TRUE(h.loss_scale.dynamic);  // fp16 scales its loss unless told otherwise, and then refuses
+  EXPECT_EQ(h.loss_scale.initial, 65536);
+  EXPECT_EQ(h.loss_scale.window, 50);
+  EXPECT_FALSE(c.loss_scale.dynamic);
+  expect_error(kBase, "model.precision=fp16 needs optim.loss_scale=dynamic: fp16 gradients underflow",
+               {"model.precision=fp16", "optim.loss_scale=off"});
+  expect_error(kBase, "optim.loss_scale=dynamic is for model.precision=fp16", {"optim.loss_scale=dynamic"});
   expect_error(kBase, "model.precision: \"int8\" is not one of: fp32, bf16, fp16", {"model.precision=int8"});
 }

@@ -170,3 +170,75 @@ TEST(LrSchedule, WarmupThenCosineToMinLr) {
   EXPECT_DOUBLE_EQ(optim::dynamic_clip_threshold(0, 100), 10.0);
   EXPECT_DOUBLE_EQ(optim::dynamic_clip_threshold(95, 100), 1.0);
 }
+
+// fp16 with dynamic loss scaling: an injected overflow skips the update (the weights after the
+// skipped step equal those before it) and halves the scale; `window` clean steps double it; a
+// resume continues the scale and the run bitwise; the fp16 run learns like the f32 one.
+TEST(Trainer, Fp16LossScaleSkipsOverflowsHalvesAndGrowsAndResumesExactly) {
+  const std::string dir = loom::testing::temp_dir("fp16");
+  const std::string data = loom::testing::prepare_shakespeare(dir, 20000);
+  const std::string yaml = loom::testing::tiny_config_yaml(data, dir + "/ck");
+  TrainConfig cfg = parse_train_config(
+      yaml, {"schedule.steps=10", "model.precision=fp16", "optim.loss_scale_initial=1024", "optim.loss_scale_window=3"});
+  DatasetSource src(cfg);
+  TrainerOptions o = quiet();
+  o.inject_grad_overflow_at = {3, 4};
+  TrainConfig straight_cfg = cfg;
+  straight_cfg.checkpoint.dir = dir + "/ck_straight";
+  Trainer straight(straight_cfg, src, o);
+  const TrainResult a = straight.run();
+  EXPECT_EQ(a.skipped_steps, 2);
+  // Steps 1-2 at 1024; 3 overflows (-> 512); 4 overflows (-> 256); 5-7 clean (-> 512); 8-10.
+  const std::vector<double> want = {1024, 1024, 1024, 512, 256, 256, 256, 512, 512, 512};
+  EXPECT_EQ(a.loss_scales, want);
+
+  // The skipped update leaves the weights as they were: 3 steps with step 3 overflowing equal 2.
+  TrainConfig short_cfg = cfg;
+  short_cfg.checkpoint.dir = "";
+  short_cfg.schedule.steps = 10;
+  TrainerOptions two = quiet("", 2), three = quiet("", 3);
+  three.inject_grad_overflow_at = {3};
+  Trainer t2(short_cfg, src, two), t3(short_cfg, src, three);
+  t2.run();
+  t3.run();
+  EXPECT_EQ(0, std::memcmp(t2.model().params().raw(), t3.model().params().raw(), t2.model().params().nbytes()))
+      << "the overflowing step changed the weights";
+
+  // Resume after the scale moved: 5 steps, save, resume for the other 5, bitwise the same.
+  {
+    TrainerOptions first = o;
+    first.stop_after_steps = 5;
+    Trainer t(cfg, src, first);
+    t.run();
+  }
+  TrainerOptions rest = o;
+  rest.resume = "auto";
+  Trainer second(cfg, src, rest);
+  ASSERT_EQ(second.step(), 5);
+  const TrainResult b = second.run();
+  ASSERT_EQ(b.losses.size(), 5u);
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(a.losses[5 + i], b.losses[i]) << "step " << 6 + i;
+    EXPECT_EQ(a.loss_scales[5 + i], b.loss_scales[i]) << "scale at step " << 6 + i;
+  }
+  EXPECT_EQ(0, std::memcmp(straight.model().params().raw(), second.model().params().raw(),
+                           straight.model().params().nbytes()))
+      << "final weights differ bitwise after resume";
+}
+
+TEST(Trainer, Fp16LearnsLikeF32) {
+  const std::string dir = loom::testing::temp_dir("fp16learn");
+  const std::string data = loom::testing::prepare_shakespeare(dir);
+  auto run = [&](const std::string& precision) {
+    TrainConfig cfg = parse_train_config(loom::testing::tiny_config_yaml(data, ""),
+                                         {"schedule.steps=150", "optim.lr=1e-2", "model.d_model=64", "model.d_ff=256",
+                                          "model.precision=" + precision});
+    DatasetSource src(cfg);
+    Trainer t(cfg, src, quiet());
+    return t.run();
+  };
+  const TrainResult f32 = run("fp32"), f16 = run("fp16");
+  EXPECT_EQ(f16.skipped_steps, 0);
+  EXPECT_NE(f16.final_val_loss, f32.final_val_loss);  // the products were rounded
+  EXPECT_NEAR(f16.final_val_loss, f32.final_val_loss, 0.02 * f32.final_val_loss);
+}

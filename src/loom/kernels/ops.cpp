@@ -45,7 +45,7 @@ int64_t rows_of(const Tensor& t) { return t.ndim() <= 1 ? 1 : t.numel() / t.size
 
 void check_precision(const char* op, const Tensor& t, ProductPrecision prec) {
   LOOM_CHECK(prec == ProductPrecision::f32 || (t.dtype() == DType::f32 && t.device() == Device::cpu), op,
-             "bf16 products need f32 tensors on the CPU, got ", t.describe());
+             cpu::product_precision_name(prec), " products need f32 tensors on the CPU, got ", t.describe());
 }
 
 }  // namespace

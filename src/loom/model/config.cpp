@@ -52,8 +52,6 @@ void ModelConfig::validate() const {
   LOOM_CHECK(norm_eps > 0, "config", "model.norm_eps must be positive, got ", norm_eps);
   LOOM_CHECK(vocab_size < (int64_t(1) << 31), "config", "model.vocab_size=", vocab_size,
              " does not fit 32-bit token ids");
-  LOOM_CHECK(precision != Precision::fp16, "config", "model.precision=fp16 needs dynamic loss scaling, ",
-             "which loom does not have yet: use bf16 (fp32's exponent range, no scaling needed) or fp32");
 }
 
 std::string ModelConfig::summary() const {

@@ -17,7 +17,8 @@ Family family_from_name(const std::string& s);  // throws "[config] model.family
 // Training's compute precision (model.precision). bf16: the matrix products of every linear layer
 // and of the LM head round their operands (weights, activations, output gradients) to bf16 and
 // accumulate in f32; master weights, gradients, optimizer state, norms, softmax, attention and
-// the loss stay f32. fp16 needs dynamic loss scaling, which is not built, and is refused.
+// the loss stay f32. fp16 rounds the same operands to fp16, whose range ends at 65504 and whose
+// small gradients underflow: it trains only with dynamic loss scaling (optim.loss_scale).
 enum class Precision { fp32, bf16, fp16 };
 const char* precision_name(Precision p);
 Precision precision_from_name(const std::string& s);  // throws "[config] model.precision: ..."
@@ -40,7 +41,9 @@ struct ModelConfig {
   int64_t head_dim() const { return d_model / n_head; }
   bool has_bias() const { return family == Family::gpt2; }
   cpu::ProductPrecision products() const {
-    return precision == Precision::bf16 ? cpu::ProductPrecision::bf16 : cpu::ProductPrecision::f32;
+    return precision == Precision::bf16   ? cpu::ProductPrecision::bf16
+           : precision == Precision::fp16 ? cpu::ProductPrecision::f16
+                                          : cpu::ProductPrecision::f32;
   }
   // Throws "[config] model.<field>: ..." naming the field and the fix.
   void validate() const;

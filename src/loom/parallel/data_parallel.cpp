@@ -42,6 +42,7 @@ DataParallel::DataParallel(model::Decoder& model, comm::Group dp, const optim::A
   LOOM_CHECK(opt_.bucket_mb > 0, "config", "parallel.bucket_mb must be positive");
   LOOM_CHECK(opt_.grad_dtype == DType::f32 || opt_.grad_dtype == DType::bf16, "config",
              "parallel.grad_dtype must be fp32 or bf16, got ", dtype_name(opt_.grad_dtype));
+  if (n_ == 1) opt_.grad_dtype = DType::f32;  // nothing crosses a wire: no rounding either
   std::vector<optim::DecaySpan> spans;
   for (const auto& p : layout_.params()) spans.push_back({p.offset, p.offset + p.numel(), p.weight_decay});
   const auto& units = layout_.units();

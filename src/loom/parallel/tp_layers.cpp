@@ -84,9 +84,10 @@ void TensorParallelLayers::head_xent(const Tensor& x, const Tensor& w, const Ten
   Tensor row_sums = Tensor::empty({2 * R}, DType::f32, MemCategory::workspace);  // [sum exp | target logit] per chunk
   const bool want_grad = dx.defined() || dw.defined();
   const float gs = float(grad_scale);
-  const bool bf16 = cfg_.products() == cpu::ProductPrecision::bf16;  // as ops::lm_head_xent
-  const float* xp = bf16 ? cpu::bf16_rounded(0, x.data<float>(), N * C) : x.data<float>();
-  const float* wp = bf16 ? cpu::bf16_rounded(1, w.data<float>(), V * C) : w.data<float>();
+  const cpu::ProductPrecision prec = cfg_.products();  // rounded as ops::lm_head_xent does
+  const bool rounds = prec != cpu::ProductPrecision::f32;
+  const float* xp = rounds ? cpu::rounded_operand(prec, 0, x.data<float>(), N * C) : x.data<float>();
+  const float* wp = rounds ? cpu::rounded_operand(prec, 1, w.data<float>(), V * C) : w.data<float>();
   const int32_t* tg = targets.data<int32_t>();
   float* lp = loss.data<float>();
   float* L = logits_.data<float>();
@@ -131,7 +132,7 @@ void TensorParallelLayers::head_xent(const Tensor& x, const Tensor& w, const Ten
         if (t >= 0 && t < valid) l[t] -= gs;
       }
     }
-    if (bf16 && want_grad) cpu::round_to_bf16(L, L, nr * V);
+    if (rounds && want_grad) cpu::round_operand(prec, L, L, nr * V);
     if (dx.defined()) cpu::gemm(false, false, nr, C, V, 1.0f, L, V, wp, C, 0.0f, dx.data<float>() + r0 * C, C);
     if (dw.defined()) cpu::gemm(true, false, V, C, nr, 1.0f, L, V, xp + r0 * C, C, 1.0f, dw.data<float>(), C);
   }

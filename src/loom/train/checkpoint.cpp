@@ -149,6 +149,10 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const model::D
                   {"tokenizer", save.tokenizer}, {"run_id", save.run_id},
                   // Batches are a pure function of (data.seed, step): the step is the position.
                   {"data_position", {{"step", step}}}};
+    if (save.loss_scale > 0) {
+      state["loss_scale"] = save.loss_scale;
+      state["loss_scale_clean_steps"] = save.loss_scale_clean_steps;
+    }
     io::write_file_atomic((tmp / "trainer_state.json").string(), state.dump(2));
     record("trainer_state.json");
     io::write_file_atomic((tmp / "config.yaml").string(), save.config_yaml);
@@ -400,7 +404,7 @@ CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model,
   });
   return {state.at("step").get<int64_t>(), path,
           plan.reshard ? str_cat("dp=", plan.saved_dp, " zero_stage=", plan.saved_stage) : "",
-          state.value("run_id", "")};
+          state.value("run_id", ""), state.value("loss_scale", 0.0), state.value("loss_scale_clean_steps", int64_t(0))};
 }
 
 std::string checkpoint_tokenizer(const std::string& path) {

@@ -20,6 +20,8 @@ struct CheckpointMeta {
   std::string path;
   std::string resharded_from;  // "dp=2 zero_stage=1" when the optimizer state was re-cut, else ""
   std::string run_id;          // the run that saved it; "" for checkpoints saved before run ids
+  double loss_scale = 0;       // fp16's dynamic loss scale when saved; 0: none recorded
+  int64_t loss_scale_clean_steps = 0;
 };
 
 // What a save records beside the model and optimizer state, and how many of its run's
@@ -29,6 +31,8 @@ struct SaveOptions {
   int64_t keep_last = 3;
   std::string tokenizer;
   std::string run_id;  // the run this checkpoint continues; pruning touches only its checkpoints
+  double loss_scale = 0;  // fp16's dynamic loss scaler (0: none), so a resume continues it exactly
+  int64_t loss_scale_clean_steps = 0;
 };
 
 // Where a rank's state sits when the model itself is split (tensor or pipeline parallelism).

@@ -68,6 +68,15 @@ TrainConfig parse_train_config(const std::string& text, const std::vector<std::s
   c.optim.beta2 = r.number("optim.beta2", 0.95, 0, 0.99999999);
   c.optim.eps = r.number("optim.eps", 1e-8, 1e-30, 1);
   c.optim.weight_decay = r.number("optim.weight_decay", 0.1, 0, 10);
+  const bool fp16 = c.model.precision == model::Precision::fp16;
+  const std::string scaling = r.string("optim.loss_scale", fp16 ? "dynamic" : "off", {"dynamic", "off"});
+  c.loss_scale.dynamic = scaling == "dynamic";
+  c.loss_scale.initial = r.number("optim.loss_scale_initial", 65536, 1, 1e30);
+  c.loss_scale.window = r.integer("optim.loss_scale_window", 1000, 1, int64_t(1) << 40);
+  LOOM_CHECK(!fp16 || c.loss_scale.dynamic, "config", "model.precision=fp16 needs optim.loss_scale=dynamic: ",
+             "fp16 gradients underflow without loss scaling (or train in bf16, which needs none)");
+  LOOM_CHECK(fp16 || !c.loss_scale.dynamic, "config", "optim.loss_scale=dynamic is for model.precision=fp16; ",
+             "model.precision=", model::precision_name(c.model.precision), " needs no loss scaling");
 
   c.schedule.steps = r.integer("schedule.steps", 1000, 1, kMaxI);
   c.schedule.warmup_steps = r.integer("schedule.warmup_steps", -1, -1, kMaxI);
@@ -150,6 +159,11 @@ TrainConfig parse_train_config(const std::string& text, const std::vector<std::s
         "model.precision=bf16 runs its products as bf16 operands rounded in f32 and multiplied by f32 "
         "SGEMM: bf16 numerics at f32 speed and memory (no bf16 matrix engine is used by this build; on "
         "CPUs without AMX it is also the fastest way, docs/PERFORMANCE.md)");
+  if (c.model.precision == model::Precision::fp16)
+    c.warnings.push_back(str_cat(
+        "model.precision=fp16 runs its products as fp16 operands rounded in f32 and multiplied by f32 SGEMM "
+        "(fp16 numerics at f32 speed), with dynamic loss scaling from ", c.loss_scale.initial, " (window ",
+        c.loss_scale.window, " steps)"));
 
   YAML::Emitter out;
   out << root;

@@ -9,6 +9,7 @@
 #include "loom/model/config.h"
 #include "loom/model/decoder.h"
 #include "loom/optim/adamw.h"
+#include "loom/optim/loss_scale.h"
 
 namespace loom::train {
 
@@ -64,6 +65,7 @@ struct TrainConfig {
   model::DecoderOptions decoder;
   DataConfig data;
   optim::AdamWConfig optim;
+  optim::LossScaleConfig loss_scale;  // optim.loss_scale*: dynamic under model.precision=fp16
   ScheduleConfig schedule;
   CheckpointConfig checkpoint;
   LogConfig log;

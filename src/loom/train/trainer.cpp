@@ -2,10 +2,12 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <sstream>
 #include <vector>
 
@@ -49,7 +51,7 @@ double measure_gemm_gflops() {
 }  // namespace
 
 Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions& opt)
-    : cfg_(cfg), data_(data), opt_(opt) {
+    : cfg_(cfg), data_(data), opt_(opt), scaler_(cfg.loss_scale) {
   if (cfg_.threads > 0) set_num_threads(int(cfg_.threads));
   if (opt_.mesh) {
     mesh_ = opt_.mesh;
@@ -177,6 +179,7 @@ void Trainer::resume_from(const std::string& spec) {
       load_checkpoint(path, *model_, *engine_, model_parallel_info(), /*verified=*/spec == "auto");
   step_ = meta.step;
   last_checkpoint_ = path;
+  if (scaler_.enabled() && meta.loss_scale > 0) scaler_.restore(meta.loss_scale, meta.loss_scale_clean_steps);
   run_id_ = meta.run_id.empty() ? new_run_id(mesh_->world()) : meta.run_id;
   if (!log) return;
   const std::string run = meta.run_id.empty()
@@ -272,7 +275,13 @@ double Trainer::train_step() {
   const int64_t per_rank = G / cfg_.parallel.dp;
   const int64_t first = mesh_->coord().dp * per_rank;  // this rank's share of the global batch
   engine_->zero_grads();
-  const double grad_scale = 1.0 / double(G * T);  // mean over the global batch
+  // The mean over the global batch, times the loss scale (fp16): gradients are scale x too large
+  // until they are unscaled below.
+  const double loss_scale = scaler_.scale();
+  last_step_scale_ = loss_scale;
+  const bool inject = mesh_->world().rank() == 0 && std::count(opt_.inject_grad_overflow_at.begin(),
+                                                               opt_.inject_grad_overflow_at.end(), step_ + 1);
+  const double grad_scale = inject ? std::numeric_limits<double>::infinity() : loss_scale / double(G * T);
   double loss_sum = 0;
   int64_t count = 0;
   if (pipe_) {
@@ -303,9 +312,22 @@ double Trainer::train_step() {
   const double loss = totals.data<double>()[0] / std::max(1.0, totals.data<double>()[1]);
   Tensor norm_sq = Tensor::from_vector<double>({engine_->grad_norm_sq()}, {1});
   reduce_over_model_parallel(norm_sq, true);
-  const double norm = std::sqrt(norm_sq.data<double>()[0]);
+  const double scaled_norm = std::sqrt(norm_sq.data<double>()[0]);  // the same on every rank
   LOOM_CHECK(std::isfinite(loss), "train", "loss is ", loss, " at step ", step_ + 1,
              ": training diverged (lower optim.lr or enable schedule.clip)");
+  if (scaler_.enabled()) {
+    if (!scaler_.update(std::isfinite(scaled_norm))) {
+      // Overflow: no update on any rank, the scale halves, the data moves on.
+      ++skipped_steps_;
+      if (main_rank())
+        std::fprintf(opt_.log, "[loss-scale] step %lld: gradients overflowed at scale %g; update skipped, scale now %g\n",
+                     (long long)step_ + 1, loss_scale, scaler_.scale());
+      ++step_;
+      return loss;
+    }
+    engine_->scale_grads(float(1.0 / loss_scale));
+  }
+  const double norm = scaled_norm / loss_scale;
   LOOM_CHECK(std::isfinite(norm), "train", "gradient norm is ", norm, " at step ", step_ + 1,
              ": a gradient overflowed (lower optim.lr)");
   last_grad_norm_ = norm;
@@ -371,7 +393,9 @@ void Trainer::maybe_checkpoint(bool force) {
   Stopwatch sw;
   last_checkpoint_ = save_checkpoint(
       cfg_.checkpoint.dir, step_, *model_, *engine_, full_params(),
-      {cfg_.resolved_yaml, cfg_.checkpoint.keep_last, data_.tokenizer_name(), run_id_}, model_parallel_info());
+      {cfg_.resolved_yaml, cfg_.checkpoint.keep_last, data_.tokenizer_name(), run_id_,
+       scaler_.enabled() ? scaler_.scale() : 0.0, scaler_.clean_steps()},
+      model_parallel_info());
   if (main_rank())
     std::fprintf(opt_.log, "[checkpoint] step %lld saved to %s (%.1f s)\n", (long long)step_,
                  last_checkpoint_.c_str(), sw.seconds());
@@ -429,6 +453,7 @@ TrainResult Trainer::run() {
                                         cfg_.schedule.warmup_steps, total}.lr_at(step_);
     last_loss = train_step();
     r.losses.push_back(last_loss);
+    if (scaler_.enabled()) r.loss_scales.push_back(last_step_scale_);
     const double ms = sw.ms();
     tok_time += ms;
     ++timed_steps;
@@ -442,14 +467,20 @@ TrainResult Trainer::run() {
       bar.clear();
       std::fprintf(opt_.log,
                    "step %6lld/%lld | loss %.4f | lr %.3e | grad_norm %.3f | %.0f tok/s | mfu %.1f%% "
-                   "| %.0f ms/step | peak %s\n",
+                   "| %.0f ms/step | peak %s%s\n",
                    (long long)step_, (long long)total, last_loss, lr, last_grad_norm_, tps, 100 * mfu,
-                   el / double(window_steps) * 1e3, format_bytes(peak).c_str());
+                   el / double(window_steps) * 1e3, format_bytes(peak).c_str(),
+                   scaler_.enabled() ? str_cat(" | loss scale ", scaler_.scale(), ", ", skipped_steps_, " skipped").c_str()
+                                     : "");
       std::fflush(opt_.log);
       if (metrics_) {
         nlohmann::json j = {{"step", step_}, {"loss", last_loss}, {"lr", lr}, {"grad_norm", last_grad_norm_},
                             {"tokens_per_s", tps}, {"mfu", mfu}, {"ms_per_step", el / double(window_steps) * 1e3},
                             {"peak_bytes", peak}};
+        if (scaler_.enabled()) {
+          j["loss_scale"] = scaler_.scale();
+          j["skipped_steps"] = skipped_steps_;
+        }
         std::fprintf(metrics_, "%s\n", j.dump().c_str());
         std::fflush(metrics_);
       }
@@ -470,6 +501,7 @@ TrainResult Trainer::run() {
   bar.finish();
   maybe_checkpoint(true);
   r.steps = step_;
+  r.skipped_steps = skipped_steps_;
   r.final_train_loss = last_loss;
   r.final_val_loss = evaluate();
   r.tokens_per_s = timed_steps ? double(tokens_per_step * timed_steps) / (tok_time / 1e3) : 0;

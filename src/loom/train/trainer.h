@@ -13,6 +13,7 @@
 
 #include "loom/model/decoder.h"
 #include "loom/optim/adamw.h"
+#include "loom/optim/loss_scale.h"
 #include "loom/parallel/data_parallel.h"
 #include "loom/parallel/mesh.h"
 #include "loom/parallel/partition.h"
@@ -32,6 +33,8 @@ struct TrainResult {
   int64_t peak_bytes = 0;
   std::string last_checkpoint;
   std::vector<double> losses;  // train loss of every step this run executed
+  std::vector<double> loss_scales;  // with loss scaling: the scale each executed step ran at
+  int64_t skipped_steps = 0;        // steps whose update was skipped (gradient overflow)
 };
 
 struct TrainerOptions {
@@ -43,6 +46,11 @@ struct TrainerOptions {
   // The rank grid; nullptr: one process (a single-rank mesh is built).
   const parallel::Mesh* mesh = nullptr;
   int64_t stop_after_steps = -1;  // stop early (tests: N steps, save, resume)
+  // Tests: steps (1-based) whose backward on world rank 0 overflows (its loss gradient is
+  // scaled by infinity), as an fp16 overflow would; the gradient reduction carries it to every
+  // rank, and the loss scaler must skip the step everywhere. Rank 0 must compute a loss (no
+  // pipeline stages).
+  std::vector<int64_t> inject_grad_overflow_at;
   double peak_gflops = 0;         // MFU denominator; 0: measure an SGEMM at start
 };
 
@@ -101,6 +109,9 @@ class Trainer {
   double last_checkpoint_time_ = 0;
   std::string last_checkpoint_;
   std::string run_id_;  // the run's id, recorded in its checkpoints; kept across resumes
+  optim::LossScaler scaler_;
+  int64_t skipped_steps_ = 0;
+  double last_step_scale_ = 1;  // the loss scale the last step ran at
   FILE* metrics_ = nullptr;
   double peak_gflops_ = 0;  // measured SGEMM rate, for the MFU estimate
 };

@@ -2,11 +2,14 @@
 
 #include <cstring>
 
+#include "loom/core/dtype.h"
 #include "loom/core/tensor.h"
 
 namespace loom::cpu {
 
-const char* product_precision_name(ProductPrecision p) { return p == ProductPrecision::bf16 ? "bf16" : "f32"; }
+const char* product_precision_name(ProductPrecision p) {
+  return p == ProductPrecision::bf16 ? "bf16" : p == ProductPrecision::f16 ? "f16" : "f32";
+}
 
 void round_to_bf16(const float* in, float* out, int64_t n) {
   // f32_to_bf16 on the bit pattern, written so that GCC vectorizes it: add half an ulp of bf16
@@ -22,7 +25,21 @@ void round_to_bf16(const float* in, float* out, int64_t n) {
   }
 }
 
-const float* bf16_rounded(int slot, const float* p, int64_t n) {
+void round_to_f16(const float* in, float* out, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+  for (int64_t i = 0; i < n; ++i) out[i] = f16_to_f32(f32_to_f16(in[i]));
+}
+
+void round_operand(ProductPrecision p, const float* in, float* out, int64_t n) {
+  if (p == ProductPrecision::bf16)
+    round_to_bf16(in, out, n);
+  else if (p == ProductPrecision::f16)
+    round_to_f16(in, out, n);
+  else if (in != out)
+    std::memcpy(out, in, size_t(n) * sizeof(float));
+}
+
+const float* rounded_operand(ProductPrecision prec, int slot, const float* p, int64_t n) {
   // Workspace of the process allocator (memory_stats() shows it): the largest operand seen per
   // slot, e.g. an LM head's weights.
   thread_local Tensor scratch[3];
@@ -31,7 +48,7 @@ const float* bf16_rounded(int slot, const float* p, int64_t n) {
     s = Tensor();
     s = Tensor::empty({n}, DType::f32, MemCategory::workspace);
   }
-  round_to_bf16(p, s.data<float>(), n);
+  round_operand(prec, p, s.data<float>(), n);
   return s.data<float>();
 }
 

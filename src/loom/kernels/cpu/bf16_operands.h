@@ -1,24 +1,33 @@
-// Matrix products at bf16 precision where no faster bf16 engine is used: each operand is rounded
-// to the nearest bf16 (ties to even) into f32 scratch and multiplied by SGEMM. A bf16 value has 8
-// significant bits, so the product of two is exact in f32 and the result is that of bf16 x bf16
-// products with f32 accumulation (up to summation order), as a matrix engine computes it. On
-// the CPUs measured (docs/PERFORMANCE.md) this is also the fastest way there: AVX512-BF16's
-// vdpbf16ps issues at half the FMA rate, and oneDNN's bf16 matmul ran at 0.6x SGEMM.
+// Matrix products at 16-bit precision where no faster 16-bit engine is used: each operand is
+// rounded to the nearest bf16 or fp16 (ties to even) into f32 scratch and multiplied by SGEMM.
+// A 16-bit value has at most 11 significant bits, so the product of two is exact in f32 and the
+// result is that of 16-bit x 16-bit products with f32 accumulation (up to summation order), as
+// a matrix engine computes it. On the CPUs measured (docs/PERFORMANCE.md) this is also the
+// fastest way there for bf16: AVX512-BF16's vdpbf16ps issues at half the FMA rate, and
+// oneDNN's bf16 matmul ran at 0.6x SGEMM. fp16 rounding saturates to infinity beyond 65504,
+// which is what loss scaling watches for.
 #pragma once
 #include <cstdint>
 
 namespace loom::cpu {
 
 // How a linear layer's matrix products round their operands.
-enum class ProductPrecision : uint8_t { f32, bf16 };
-const char* product_precision_name(ProductPrecision p);  // "f32", "bf16"
+enum class ProductPrecision : uint8_t { f32, bf16, f16 };
+const char* product_precision_name(ProductPrecision p);  // "f32", "bf16", "f16"
 
 // out[i] = in[i] rounded to the nearest bf16, ties to even; NaN stays NaN. out may equal in.
 void round_to_bf16(const float* in, float* out, int64_t n);
+// out[i] = in[i] rounded to the nearest fp16 (subnormals kept, beyond 65504: infinity).
+void round_to_f16(const float* in, float* out, int64_t n);
+// round_to_bf16 or round_to_f16 (f32: a copy).
+void round_operand(ProductPrecision p, const float* in, float* out, int64_t n);
 
-// A rounded copy of p[0, n) in the calling thread's scratch for operand `slot` (0-2: one per
-// operand of a product), valid until the next call with that slot on this thread. The scratch
-// is MemCategory::workspace of cpu_allocator(), kept at the largest size asked for.
-const float* bf16_rounded(int slot, const float* p, int64_t n);
+// A copy of p[0, n) rounded as `prec` says, in the calling thread's scratch for operand `slot`
+// (0-2: one per operand of a product), valid until the next call with that slot on this thread.
+// The scratch is MemCategory::workspace of cpu_allocator(), kept at the largest size asked for.
+const float* rounded_operand(ProductPrecision prec, int slot, const float* p, int64_t n);
+inline const float* bf16_rounded(int slot, const float* p, int64_t n) {
+  return rounded_operand(ProductPrecision::bf16, slot, p, n);
+}
 
 }  // namespace loom::cpu
