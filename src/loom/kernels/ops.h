@@ -1,8 +1,8 @@
 // Op entry points on Tensors: check shapes and dtypes (errors start with "[op]" and print the
 // shapes), then dispatch on device and dtype to kernels/cpu or kernels/cuda. Optional
 // outputs are passed as undefined Tensors ({}). Float dtypes: f32, f64 (CPU). The matrix
-// products of linear layers and the LM head take a ProductPrecision: bf16 rounds their
-// operands to bf16 and accumulates in f32 (f32 tensors, CPU; kernels/cpu/bf16_operands.h).
+// products of linear layers and the LM head take a ProductPrecision: bf16 (f16) rounds their
+// operands to bf16 (fp16) and accumulates in f32 (f32 tensors, CPU; kernels/cpu/rounded_operands.h).
 #pragma once
 #include "loom/core/tensor.h"
 #include "loom/kernels/cpu/cpu_kernels.h"

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "loom/kernels/cpu/bf16_operands.h"
+#include "loom/kernels/cpu/rounded_operands.h"
 
 namespace loom::model {
 

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <type_traits>
 
-#include "loom/kernels/cpu/bf16_operands.h"
+#include "loom/kernels/cpu/rounded_operands.h"
 #include "loom/kernels/cpu/cpu_kernels.h"
 #include "loom/kernels/cpu/gemm.h"
 

@@ -4,7 +4,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "loom/kernels/cpu/bf16_operands.h"
+#include "loom/kernels/cpu/rounded_operands.h"
 #include "loom/kernels/cpu/cpu_kernels.h"
 #include "loom/kernels/cpu/gemm.h"
 

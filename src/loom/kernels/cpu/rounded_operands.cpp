@@ -1,4 +1,4 @@
-#include "loom/kernels/cpu/bf16_operands.h"
+#include "loom/kernels/cpu/rounded_operands.h"
 
 #include <cstring>
 

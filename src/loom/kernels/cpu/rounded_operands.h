@@ -26,8 +26,5 @@ void round_operand(ProductPrecision p, const float* in, float* out, int64_t n);
 // (0-2: one per operand of a product), valid until the next call with that slot on this thread.
 // The scratch is MemCategory::workspace of cpu_allocator(), kept at the largest size asked for.
 const float* rounded_operand(ProductPrecision prec, int slot, const float* p, int64_t n);
-inline const float* bf16_rounded(int slot, const float* p, int64_t n) {
-  return rounded_operand(ProductPrecision::bf16, slot, p, n);
-}
 
 }  // namespace loom::cpu
