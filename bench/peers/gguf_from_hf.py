@@ -2,7 +2,7 @@
 """Writes a GPT-2 model saved by loom in Hugging Face layout (config.json + model.safetensors,
 as `loom bench infer --peer llama.cpp` exports it) as a GGUF file for llama.cpp.
 
-  gguf_from_hf.py --hf DIR --out FILE.gguf --type F32|Q8_0|Q4_0 [--head-type F32|Q8_0|Q4_0]
+  gguf_from_hf.py --hf DIR --out FILE.gguf --type F32|BF16|Q8_0|Q4_0 [--head-type F32|BF16|Q8_0|Q4_0]
                   [--vocab DIR_WITH_ENCODER_JSON_AND_VOCAB_BPE]
 
 Tensor names and layouts follow llama.cpp's GPT-2 conventions (its model loader is the
@@ -30,9 +30,9 @@ except ImportError:
     sys.exit("[gguf_from_hf] the PyPI package 'gguf' is missing; run bench/peers/setup_llama_cpp.sh VENV "
              "and use VENV/bin/python")
 
-TYPES = {"F32": QT.F32, "Q8_0": QT.Q8_0, "Q4_0": QT.Q4_0}
-FILE_TYPES = {"F32": gguf.LlamaFileType.ALL_F32, "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
-              "Q4_0": gguf.LlamaFileType.MOSTLY_Q4_0}
+TYPES = {"F32": QT.F32, "BF16": QT.BF16, "Q8_0": QT.Q8_0, "Q4_0": QT.Q4_0}
+FILE_TYPES = {"F32": gguf.LlamaFileType.ALL_F32, "BF16": gguf.LlamaFileType.MOSTLY_BF16,
+              "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "Q4_0": gguf.LlamaFileType.MOSTLY_Q4_0}
 
 
 def read_safetensors(path):

@@ -24,7 +24,7 @@ expect_error() {  # expect_error "message part" args...
 expect_error "only 'llama.cpp' is supported" --peer vllm --model gpt2-tiny
 expect_error "runs GPT-2-family models" --peer llama.cpp --model llama-tiny --peer-venv "$WORK/none"
 expect_error "choose them with --precisions" --peer llama.cpp --model gpt2-tiny --quant int8 --peer-venv "$WORK/none"
-expect_error "is not fp32, int8 or int4" --peer llama.cpp --model gpt2-tiny --precisions fp16 --peer-venv "$WORK/none"
+expect_error "is not fp32, bf16, int8 or int4" --peer llama.cpp --model gpt2-tiny --precisions fp16 --peer-venv "$WORK/none"
 expect_error "goes with --peer llama.cpp" --model gpt2-tiny --rounds 2
 
 if [ ! -f "$VENV"/.loom-peer-ready-* ] 2>/dev/null; then

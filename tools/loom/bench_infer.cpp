@@ -40,7 +40,7 @@ const char* kUsage =
     "        [--batch1-tokens N] [--prefill-tokens N] [--quant fp32|bf16|int8|int4 [--group N]\n"
     "        [--quant-head int8|f32] [--zero-point]]\n"
     "   or: loom bench infer --peer llama.cpp [--model gpt2-124m | --checkpoint DIR] [--threads N]\n"
-    "        [--precisions fp32,int8,int4] [--rounds R] [--batch1-tokens N] [--prefill-tokens N]\n"
+    "        [--precisions fp32,bf16,int8,int4] [--rounds R] [--batch1-tokens N] [--prefill-tokens N]\n"
     "        [--compare-tokens N] [--compare-prompt TEXT] [--group N] [--quant-head int8|f32]\n"
     "        [--peer-venv DIR]\n"
     "DIST: N | uniform:A:B | exp:MEAN:MIN:MAX (exponential, clamped). --rate 0: all arrive at once.\n"
@@ -51,7 +51,7 @@ const char* kUsage =
     "--quant: the block matrices and the head in bf16/int8/int4 (docs/INFERENCE.md); a quantized\n"
     "checkpoint (loom quantize) is run as it is.\n"
     "--peer llama.cpp: batch-1 decode and prompt processing beside llama.cpp on the same weights\n"
-    "(GGUF F32, Q8_0, Q4_0 for fp32, int8, int4), alternating, and greedy tokens compared at F32.\n"
+    "(GGUF F32, BF16, Q8_0, Q4_0 for fp32, bf16, int8, int4), alternating, and greedy tokens compared at F32.\n"
     "The peer is PyPI's llama-cpp-python, built once into --peer-venv (default BUILD/peers/llama-venv;\n"
     "the first run compiles llama.cpp, minutes). GPT-2-family models only. docs/PERFORMANCE.md.\n";
 

@@ -32,7 +32,7 @@ double time_prefill(infer::Engine& e, int64_t vocab, int64_t P, int rep);
 double prefill_tokens_per_s(const model::Decoder& m, infer::EngineConfig cfg, int64_t P);
 
 // `bench infer --peer llama.cpp`: loom and llama.cpp on the same weights at fp32/F32,
-// int8/Q8_0 and int4/Q4_0, alternating runs, plus greedy tokens compared at F32.
+// bf16/BF16, int8/Q8_0 and int4/Q4_0, alternating runs, plus greedy tokens compared at F32.
 // `checkpoint` is a resolved f32 checkpoint, or empty for the preset `mc` with random weights.
 int bench_infer_llama_cpp(const Args& a, const model::ModelConfig& mc, const std::string& checkpoint,
                           const infer::EngineConfig& cfg, int threads, int64_t prefill);

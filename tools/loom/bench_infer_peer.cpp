@@ -115,8 +115,8 @@ int bench_infer_llama_cpp(const Args& a, const model::ModelConfig& mc, const std
     throw UsageError(str_cat("[bench infer] --peer llama.cpp runs GPT-2-family models; ", mc.name, " is ",
                              model::family_name(mc.family), " (use --model gpt2-124m or a GPT-2 checkpoint)"));
   if (a.has("quant"))
-    throw UsageError("[bench infer] --peer llama.cpp runs every precision itself (fp32/F32, int8/Q8_0, "
-                     "int4/Q4_0); choose them with --precisions instead of --quant");
+    throw UsageError("[bench infer] --peer llama.cpp runs every precision itself (fp32/F32, bf16/BF16, "
+                     "int8/Q8_0, int4/Q4_0); choose them with --precisions instead of --quant");
   const std::string venv = a.get("peer-venv", default_venv());
   const int64_t rounds = a.get_int("rounds", 3), decode_tokens = a.get_int("batch1-tokens", 64);
   const int64_t compare_tokens = a.get_int("compare-tokens", 32);
@@ -133,10 +133,11 @@ int bench_infer_llama_cpp(const Args& a, const model::ModelConfig& mc, const std
     std::string p;
     while (std::getline(is, p, ',')) {
       if (p == "fp32") levels.push_back({"fp32", "F32", "F32"});
+      else if (p == "bf16") levels.push_back({"bf16", "BF16", head_f32 ? "F32" : "BF16"});
       else if (p == "int8") levels.push_back({"int8", "Q8_0", head_f32 ? "F32" : "Q8_0"});
       else if (p == "int4") levels.push_back({"int4", "Q4_0", head_f32 ? "F32" : "Q8_0"});
       else
-        throw UsageError("[bench infer] --precisions: \"" + p + "\" is not fp32, int8 or int4 (a comma list)");
+        throw UsageError("[bench infer] --precisions: \"" + p + "\" is not fp32, bf16, int8 or int4 (a comma list)");
     }
     if (levels.empty()) throw UsageError("[bench infer] --precisions names no precision");
   }
