@@ -85,9 +85,8 @@ void TensorParallelLayers::head_xent(const Tensor& x, const Tensor& w, const Ten
   const bool want_grad = dx.defined() || dw.defined();
   const float gs = float(grad_scale);
   const cpu::ProductPrecision prec = cfg_.products();  // rounded as ops::lm_head_xent does
-  const bool rounds = prec != cpu::ProductPrecision::f32;
-  const float* xp = rounds ? cpu::rounded_operand(prec, 0, x.data<float>(), N * C) : x.data<float>();
-  const float* wp = rounds ? cpu::rounded_operand(prec, 1, w.data<float>(), V * C) : w.data<float>();
+  const float* xp = cpu::rounded_operand(prec, 0, x.data<float>(), N * C);
+  const float* wp = cpu::rounded_operand(prec, 1, w.data<float>(), V * C);
   const int32_t* tg = targets.data<int32_t>();
   float* lp = loss.data<float>();
   float* L = logits_.data<float>();
@@ -132,7 +131,7 @@ void TensorParallelLayers::head_xent(const Tensor& x, const Tensor& w, const Ten
         if (t >= 0 && t < valid) l[t] -= gs;
       }
     }
-    if (rounds && want_grad) cpu::round_operand(prec, L, L, nr * V);
+    if (want_grad) cpu::round_operand(prec, L, L, nr * V);
     if (dx.defined()) cpu::gemm(false, false, nr, C, V, 1.0f, L, V, wp, C, 0.0f, dx.data<float>() + r0 * C, C);
     if (dw.defined()) cpu::gemm(true, false, V, C, nr, 1.0f, L, V, xp + r0 * C, C, 1.0f, dw.data<float>(), C);
   }

@@ -16,19 +16,16 @@ void lm_head_xent(const T* x, const T* w, const int32_t* targets, T* loss, T* dx
                   int64_t N, int64_t C, int64_t V, double grad_scale, int64_t chunk,
                   T* workspace, ProductPrecision prec) {
   const bool want_grad = dx || dw;
-  bool rounds = false;
-  if constexpr (std::is_same_v<T, float>)
-    if (prec != ProductPrecision::f32) {
-      rounds = true;
-      x = rounded_operand(prec, 0, x, N * C);
-      w = rounded_operand(prec, 1, w, V * C);
-    }
+  if constexpr (std::is_same_v<T, float>) {
+    x = rounded_operand(prec, 0, x, N * C);
+    w = rounded_operand(prec, 1, w, V * C);
+  }
   for (int64_t r0 = 0; r0 < N; r0 += chunk) {
     const int64_t nr = std::min(chunk, N - r0);
     gemm(false, true, nr, V, C, T(1), x + r0 * C, C, w, C, T(0), workspace, V);
     xent_rows<T>(workspace, targets + r0, loss + r0, nr, V, grad_scale, want_grad);
     if constexpr (std::is_same_v<T, float>)
-      if (rounds && want_grad) round_operand(prec, workspace, workspace, nr * V);
+      if (want_grad) round_operand(prec, workspace, workspace, nr * V);
     if (dx) gemm(false, false, nr, C, V, T(1), workspace, V, w, C, T(0), dx + r0 * C, C);
     if (dw) gemm(true, false, V, C, nr, T(1), workspace, V, x + r0 * C, C, T(1), dw, C);
   }

@@ -18,11 +18,10 @@ GemmClock& gemm_clock() {
 template <class T>
 void linear_forward(const T* x, const T* w, const T* b, T* y, int64_t N, int64_t I, int64_t O,
                     ProductPrecision prec) {
-  if constexpr (std::is_same_v<T, float>)
-    if (prec != ProductPrecision::f32) {
-      x = rounded_operand(prec, 0, x, N * I);
-      w = rounded_operand(prec, 1, w, O * I);
-    }
+  if constexpr (std::is_same_v<T, float>) {
+    x = rounded_operand(prec, 0, x, N * I);
+    w = rounded_operand(prec, 1, w, O * I);
+  }
   if (b) {
 #pragma omp parallel for schedule(static) if (N * O > 65536)
     for (int64_t n = 0; n < N; ++n) std::copy(b, b + O, y + n * O);
@@ -34,12 +33,11 @@ template <class T>
 void linear_backward(const T* dy, const T* x, const T* w, T* dx, T* dw, T* db, int64_t N,
                      int64_t I, int64_t O, bool accumulate_dx, ProductPrecision prec) {
   const T* dy_full = dy;  // the bias gradient sums the unrounded dy
-  if constexpr (std::is_same_v<T, float>)
-    if (prec != ProductPrecision::f32) {
-      dy = rounded_operand(prec, 2, dy, N * O);
-      if (dx) w = rounded_operand(prec, 1, w, O * I);
-      if (dw) x = rounded_operand(prec, 0, x, N * I);
-    }
+  if constexpr (std::is_same_v<T, float>) {
+    dy = rounded_operand(prec, 2, dy, N * O);
+    if (dx) w = rounded_operand(prec, 1, w, O * I);
+    if (dw) x = rounded_operand(prec, 0, x, N * I);
+  }
   if (dx) gemm(false, false, N, I, O, T(1), dy, O, w, I, accumulate_dx ? T(1) : T(0), dx, I);
   if (dw) gemm(true, false, O, I, N, T(1), dy, O, x, I, T(1), dw, I);
   if (db) {

@@ -68,8 +68,8 @@ template <Kind K, int MT, int OT>
       for (int64_t i = i0, g = g0; i < i0 + span; ++g) {
         const int64_t n = std::min((g + 1) * G, i0 + span) - i;
         const float s = w.scales[(o + t) * ng + g];
-        const int z = K == Kind::i4_zero_point ? w.zeros[(o + t) * ng + g] : K == Kind::i4_symmetric ? 8 : 0;
-        dequantize_cols<K>(w.q + (o + t) * wrow + i * bytes_per_col_x2 / 2, s, z, n, wb[t] + (i - i0));
+        const int z = K == Kind::i4_zero_point ? w.zeros[(o + t) * ng + g] : K == Kind::i8 ? 0 : 8;
+        dequantize_cols<K>(w.q + (o + t) * wrow + (K == Kind::i8 ? i : i / 2), s, z, n, wb[t] + (i - i0));
         i += n;
       }
     for (int64_t k = 0; k < span; k += 16)

@@ -40,6 +40,7 @@ void round_operand(ProductPrecision p, const float* in, float* out, int64_t n) {
 }
 
 const float* rounded_operand(ProductPrecision prec, int slot, const float* p, int64_t n) {
+  if (prec == ProductPrecision::f32) return p;
   // Workspace of the process allocator (memory_stats() shows it): the largest operand seen per
   // slot, e.g. an LM head's weights.
   thread_local Tensor scratch[3];

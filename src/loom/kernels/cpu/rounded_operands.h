@@ -19,12 +19,13 @@ const char* product_precision_name(ProductPrecision p);  // "f32", "bf16", "f16"
 void round_to_bf16(const float* in, float* out, int64_t n);
 // out[i] = in[i] rounded to the nearest fp16 (subnormals kept, beyond 65504: infinity).
 void round_to_f16(const float* in, float* out, int64_t n);
-// round_to_bf16 or round_to_f16 (f32: a copy).
+// round_to_bf16 or round_to_f16 (f32: a copy, or nothing in place).
 void round_operand(ProductPrecision p, const float* in, float* out, int64_t n);
 
-// A copy of p[0, n) rounded as `prec` says, in the calling thread's scratch for operand `slot`
-// (0-2: one per operand of a product), valid until the next call with that slot on this thread.
-// The scratch is MemCategory::workspace of cpu_allocator(), kept at the largest size asked for.
+// p itself for f32; otherwise a copy of p[0, n) rounded as `prec` says, in the calling thread's
+// scratch for operand `slot` (0-2: one per operand of a product), valid until the next call with
+// that slot on this thread. The scratch is MemCategory::workspace of cpu_allocator(), kept at the
+// largest size asked for.
 const float* rounded_operand(ProductPrecision prec, int slot, const float* p, int64_t n);
 
 }  // namespace loom::cpu
