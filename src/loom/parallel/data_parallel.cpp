@@ -124,14 +124,13 @@ void DataParallel::zero_grads() {
 
 namespace {
 
-Tensor bf16_copy(const Tensor& f32) {
-  Tensor out = Tensor::empty({f32.numel()}, DType::bf16, MemCategory::comm);
-  const float* src = f32.data<float>();
-  bf16_t* dst = out.data<bf16_t>();
-  const int64_t n = f32.numel();
+// dst (bf16) = src (f32) rounded to nearest even.
+void narrow_to_bf16(const Tensor& src, const Tensor& dst) {
+  const float* s = src.data<float>();
+  bf16_t* d = dst.data<bf16_t>();
+  const int64_t n = src.numel();
 #pragma omp parallel for schedule(static) if (n > (1 << 18))
-  for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
-  return out;
+  for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(s[i]);
 }
 
 // dst (f32) = or += the bf16 values of src.
@@ -155,7 +154,8 @@ void DataParallel::unit_ready(size_t ui) {
   if (end > begin) {
     const Tensor grads = model_.grads().slice(begin, {end - begin});
     if (opt_.grad_dtype == DType::bf16) {
-      Tensor wire = bf16_copy(grads);
+      Tensor wire = take_buffer(end - begin, DType::bf16);
+      narrow_to_bf16(grads, wire);
       inflight_.push_back({dp_.all_reduce_async(wire), wire, grads});
     } else {
       inflight_.push_back({dp_.all_reduce_async(grads), {}, {}});
@@ -182,14 +182,14 @@ Tensor DataParallel::take_staging(int64_t elems) {
   return Tensor::zeros({elems}, DType::f32, MemCategory::comm);
 }
 
-Tensor DataParallel::take_buffer(int64_t elems) {
+Tensor DataParallel::take_buffer(int64_t elems, DType dt) {
   for (size_t i = 0; i < spare_buffers_.size(); ++i)
-    if (spare_buffers_[i].numel() == elems) {
+    if (spare_buffers_[i].numel() == elems && spare_buffers_[i].dtype() == dt) {
       Tensor t = std::move(spare_buffers_[i]);
       spare_buffers_.erase(spare_buffers_.begin() + long(i));
       return t;
     }
-  return Tensor::empty({elems}, DType::f32, MemCategory::comm);
+  return Tensor::empty({elems}, dt, MemCategory::comm);
 }
 
 void DataParallel::recycle(Tensor buf) {
@@ -212,12 +212,12 @@ void DataParallel::reduce_scatter_unit(const ParamUnit& u, const Tensor& staging
   p.staging = staging;
   p.pooled = pooled;
   p.shard_offset = u.begin / n_;
+  p.chunk_tmp = take_buffer(chunk_size(u), opt_.grad_dtype);
   if (opt_.grad_dtype == DType::bf16) {
-    p.wire = bf16_copy(staging);
-    p.chunk_tmp = Tensor::empty({chunk_size(u)}, DType::bf16, MemCategory::comm);
+    p.wire = take_buffer(staging.numel(), DType::bf16);
+    narrow_to_bf16(staging, p.wire);
     p.work = dp_.reduce_scatter_async(p.wire, p.chunk_tmp);
   } else {
-    p.chunk_tmp = take_buffer(chunk_size(u));
     p.work = dp_.reduce_scatter_async(staging, p.chunk_tmp);
   }
   pending_.push_back(std::move(p));
@@ -226,16 +226,18 @@ void DataParallel::reduce_scatter_unit(const ParamUnit& u, const Tensor& staging
 void DataParallel::retire(Pending& p) {
   Stopwatch sw;
   p.work.wait();
+  p.work = comm::Work();  // releases the collective's hold on its buffers
   wait_s_ += sw.seconds();
   float* dst = grad_shard_.data<float>() + p.shard_offset;
   if (p.wire.defined()) {
     widen_bf16(p.chunk_tmp, dst, true);
+    recycle(std::move(p.wire));
   } else {
     const float* src = p.chunk_tmp.data<float>();
     const int64_t n = p.chunk_tmp.numel();
     for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
-    recycle(std::move(p.chunk_tmp));
   }
+  recycle(std::move(p.chunk_tmp));
   if (p.pooled) staging_pool_.push_back(p.staging);
 }
 
@@ -256,7 +258,11 @@ void DataParallel::finish_grads() {
   }
   wait_s_ += sw.seconds();
   for (auto& f : inflight_)
-    if (f.wire.defined()) widen_bf16(f.wire, f.grads.data<float>(), false);
+    if (f.wire.defined()) {
+      widen_bf16(f.wire, f.grads.data<float>(), false);
+      f.work = comm::Work();  // releases the collective's hold on the buffer
+      recycle(std::move(f.wire));
+    }
   inflight_.clear();
   for (auto& sp : sparse_)
     ops::embedding_backward(sp.tokens, sp.pos, sp.rows, sp.dwte, sp.dwpe);

@@ -123,10 +123,11 @@ class DataParallel final : public model::ParamSource {
   void unit_ready(size_t unit_index);
   // stage 2/3
   Tensor take_staging(int64_t elems);
-  // Unit-sized communication buffers (reduce-scatter outputs, gathered weights) come back here
+  // Unit-sized communication buffers (reduce-scatter outputs, gathered weights, bf16 wire copies
+  // of gradients) come back here
   // instead of to the heap: a fresh multi-megabyte allocation is fresh pages, faulted in and
   // zeroed by the kernel, a few times per layer per micro-batch otherwise.
-  Tensor take_buffer(int64_t elems);
+  Tensor take_buffer(int64_t elems, DType dt = DType::f32);
   void recycle(Tensor buf);
   void reduce_scatter_unit(const model::ParamUnit& u, const Tensor& staging, bool pooled);
   void retire(Pending& p);
