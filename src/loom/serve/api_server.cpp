@@ -48,10 +48,15 @@ bool ApiServer::authorized(const HttpRequest& req) const {
 }
 
 void ApiServer::handle(HttpExchange& ex) {
+  // Counted before the response's last bytes leave, so that a client's next request (e.g. for
+  // /metrics) sees it; finish() covers an exchange that ended without them (client gone).
   std::string endpoint = "other";
+  ex.on_finish([&](int status) {
+    metrics_.counter("loom_requests_total", "HTTP requests by endpoint and status",
+                     {{"endpoint", endpoint}, {"status", std::to_string(status)}}).inc();
+  });
   dispatch(ex, &endpoint);
-  metrics_.counter("loom_requests_total", "HTTP requests by endpoint and status",
-                   {{"endpoint", endpoint}, {"status", std::to_string(ex.status())}}).inc();
+  ex.finish();
 }
 
 void ApiServer::dispatch(HttpExchange& ex, std::string* endpoint) {

@@ -88,7 +88,15 @@ void HttpExchange::respond(const HttpResponse& r) {
   close_ = r.close || !req_.keep_alive || conn_.closing();
   std::string msg = response_head(r.status, r.content_type, int64_t(r.body.size()), close_, r.headers);
   msg += r.body;
+  finish();
   state_ = conn_.send_all(msg) ? State::done : State::broken;
+}
+
+void HttpExchange::finish() {
+  if (!on_finish_) return;
+  auto fn = std::move(on_finish_);
+  on_finish_ = nullptr;
+  fn(status_);
 }
 
 bool HttpExchange::start_stream(int status, std::string_view content_type, const HeaderList& extra) {
@@ -119,6 +127,7 @@ bool HttpExchange::send_chunk(std::string_view data) {
 
 void HttpExchange::end_stream() {
   if (state_ != State::streaming) return;
+  finish();
   state_ = !chunked_ || conn_.send_all("0\r\n\r\n") ? State::done : State::broken;
 }
 

@@ -49,6 +49,12 @@ class HttpExchange {
   // connection closes, and status() reads 499 (nginx's "client closed request").
   void abandon();
 
+  // Runs `fn(status)` once, just before the response's last bytes go out (respond(), or
+  // end_stream()), or at finish() for an exchange that ended otherwise: what a client sees
+  // after its response (e.g. /metrics) already counts this request.
+  void on_finish(std::function<void(int status)> fn) { on_finish_ = std::move(fn); }
+  void finish();  // runs the on_finish hook if it has not run (idempotent)
+
   // What the access log line adds for this request (e.g. "tokens=12+40").
   void note(std::string text) { note_ = std::move(text); }
   const std::string& noted() const { return note_; }
@@ -67,6 +73,7 @@ class HttpExchange {
   bool close_ = false;
   bool chunked_ = true;  // HTTP/1.0 clients get a close-delimited stream instead
   std::string note_;
+  std::function<void(int)> on_finish_;
 };
 
 class HttpServer {
