@@ -44,6 +44,19 @@ class Backend {
   // The members' ranks in the world, in group-rank order; empty when the transport cannot
   // tell (the group is then not tracked on the progress board).
   virtual std::vector<int> world_ranks() const { return {}; }
+
+  // Collective algorithms (algorithm.h). A transport runs its own collectives ("mpi"); the
+  // algorithm backend (p2p_collectives.h) runs what use_algorithm() last set, which the
+  // worker calls before each all-reduce, reduce-scatter and all-gather with the algorithm
+  // the group had when the operation was issued.
+  virtual void use_algorithm(Algorithm) {}
+  virtual Algorithm algorithm() const { return Algorithm::mpi; }
+  // What a collective over `bytes` runs under `requested` (auto and fallbacks resolved).
+  virtual Algorithm resolve(Algorithm /*requested*/, CollectiveOp, int64_t /*bytes*/) const {
+    return Algorithm::mpi;
+  }
+  // Host id of each member, by group rank; empty when unknown (taken as one host).
+  virtual std::vector<int> host_of() const { return {}; }
 };
 
 // Wraps a backend in a Group with its own worker thread, recording into `record` and, when

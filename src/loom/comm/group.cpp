@@ -76,7 +76,10 @@ std::shared_ptr<CommRecord> shared_record(const Group& g) { return g.impl("recor
 Work Group::all_reduce_async(const Tensor& t, ReduceOp op) const {
   const GroupImpl& g = impl("all_reduce");
   check_tensor(g, "all_reduce", t, "tensor");
-  return g.submit("all_reduce", int64_t(t.nbytes()), [t, op](Backend& b) { b.all_reduce(t, op); });
+  return g.submit("all_reduce", int64_t(t.nbytes()), [t, op, a = g.algorithm.load()](Backend& b) {
+    b.use_algorithm(a);
+    b.all_reduce(t, op);
+  });
 }
 
 Work Group::reduce_scatter_async(const Tensor& in, const Tensor& out, ReduceOp op) const {
@@ -88,7 +91,10 @@ Work Group::reduce_scatter_async(const Tensor& in, const Tensor& out, ReduceOp o
              " elements but group '", g.name, "' has ", g.size, " ranks and the output ", out.numel(),
              ", so the input needs ", g.size * out.numel(), " (", g.size, " x ", out.numel(), ")");
   return g.submit("reduce_scatter", int64_t(in.nbytes()),
-                  [in, out, op](Backend& b) { b.reduce_scatter(in, out, op); });
+                  [in, out, op, a = g.algorithm.load()](Backend& b) {
+                    b.use_algorithm(a);
+                    b.reduce_scatter(in, out, op);
+                  });
 }
 
 Work Group::all_gather_async(const Tensor& in, const Tensor& out) const {
@@ -99,7 +105,10 @@ Work Group::all_gather_async(const Tensor& in, const Tensor& out) const {
   LOOM_CHECK(out.numel() == g.size * in.numel(), "comm", "all_gather: output has ", out.numel(),
              " elements but group '", g.name, "' has ", g.size, " ranks and the input ", in.numel(),
              ", so the output needs ", g.size * in.numel(), " (", g.size, " x ", in.numel(), ")");
-  return g.submit("all_gather", int64_t(out.nbytes()), [in, out](Backend& b) { b.all_gather(in, out); });
+  return g.submit("all_gather", int64_t(out.nbytes()), [in, out, a = g.algorithm.load()](Backend& b) {
+    b.use_algorithm(a);
+    b.all_gather(in, out);
+  });
 }
 
 Work Group::broadcast_async(const Tensor& t, int root) const {
@@ -162,10 +171,30 @@ Work Group::barrier_async() const {
   return g.submit("barrier", 0, [](Backend& b) { b.barrier(); });
 }
 
+void Group::set_algorithm(Algorithm a) const { impl("set_algorithm").algorithm = a; }
+Algorithm Group::algorithm() const { return impl("algorithm").algorithm.load(); }
+
+Algorithm Group::algorithm_for(CollectiveOp op, int64_t bytes) const {
+  const GroupImpl& g = impl("algorithm_for");
+  return g.backend().resolve(g.algorithm.load(), op, bytes);
+}
+
+std::vector<int> Group::host_of() const {
+  const GroupImpl& g = impl("host_of");
+  std::vector<int> h = g.backend().host_of();
+  if (h.empty()) h.assign(size_t(g.size), 0);
+  return h;
+}
+
+int Group::hosts() const { return Topology{host_of()}.hosts(); }
+
 Group Group::split(int color, int key, const std::string& name) const {
   const GroupImpl& g = impl("split");
   auto result = std::make_shared<std::unique_ptr<Backend>>();
-  g.submit("split", 0, [result, color, key](Backend& b) { *result = b.split(color, key); }).wait();
+  g.submit("split", 0, [result, color, key, a = g.algorithm.load()](Backend& b) {
+    b.use_algorithm(a);
+    *result = b.split(color, key);
+  }).wait();
   if (!*result) return Group();
   std::string n = name.empty() ? str_cat(g.name, ".", color) : name;
   return make_group(std::move(*result), n, g.record, g.board);

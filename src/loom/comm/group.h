@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/comm/algorithm.h"
 #include "loom/core/tensor.h"
 
 namespace loom::comm {
@@ -82,6 +83,18 @@ class Group {
     all_to_all_v_async(in, send_counts, out, recv_counts).wait();
   }
   void barrier() const { barrier_async().wait(); }
+
+  // The algorithm this group's all-reduce, reduce-scatter and all-gather run (algorithm.h;
+  // "mpi" for groups without the algorithm layer: single-process and NCCL groups). It
+  // applies to operations issued after the call; every rank must set the same. Groups split
+  // from this one start with its algorithm.
+  void set_algorithm(Algorithm a) const;
+  Algorithm algorithm() const;
+  // What a collective over `bytes` issued now would run, with `auto` and fallbacks resolved.
+  Algorithm algorithm_for(CollectiveOp op, int64_t bytes) const;
+  // The host of each member by group rank (equal ids: one host), and how many hosts.
+  std::vector<int> host_of() const;
+  int hosts() const;
 
   // Collective over this group (ordered like the other collectives): ranks with the same
   // color form a new group, ordered by key (ties by rank). A negative color joins no group

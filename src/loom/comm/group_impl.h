@@ -1,6 +1,7 @@
 // Internals of comm::Group: the per-group worker thread that runs operations in issue order
 // on the backend, and the Work completion state. Not for use outside src/loom/comm.
 #pragma once
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -75,6 +76,8 @@ class GroupImpl {
   Device device;
   std::shared_ptr<CommRecord> record;
   std::shared_ptr<ProgressBoard> board;
+  // The algorithm collectives issued now run with (Group::set_algorithm).
+  mutable std::atomic<Algorithm> algorithm{Algorithm::mpi};
   const Backend& backend() const { return *worker_->backend; }
 
  private:

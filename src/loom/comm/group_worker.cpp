@@ -129,6 +129,7 @@ GroupImpl::GroupImpl(std::unique_ptr<Backend> b, std::string n, std::shared_ptr<
       board(std::move(pb)),
       worker_(std::make_shared<GroupWorker>()) {
   if (board) worker_->lane = board->join(name, b->world_ranks());
+  algorithm = b->algorithm();
   worker_->backend = std::move(b);
   worker_->group_name = name;
   worker_->record = record;

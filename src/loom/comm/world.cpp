@@ -15,6 +15,7 @@
 #include "loom/comm/backend.h"
 #include "loom/comm/launch.h"
 #include "loom/comm/mpi_backend.h"
+#include "loom/comm/p2p_collectives.h"
 
 namespace loom::comm {
 
@@ -56,6 +57,37 @@ std::shared_ptr<ProgressBoard> open_progress_board() {
   return board;
 }
 
+// The host id of every world rank: the world rank of the first rank sharing its memory
+// (MPI_COMM_TYPE_SHARED), or blocks of $LOOM_COMM_RANKS_PER_HOST ranks.
+std::vector<int> host_of_world_ranks() {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  std::vector<int> hosts(size_t(size), 0);
+  if (const char* v = std::getenv("LOOM_COMM_RANKS_PER_HOST"); v && *v) {
+    char* end = nullptr;
+    long k = std::strtol(v, &end, 10);
+    LOOM_CHECK(end && *end == '\0' && k >= 1, "comm", "LOOM_COMM_RANKS_PER_HOST=\"", v,
+               "\" is not a positive integer");
+    for (int r = 0; r < size; ++r) hosts[size_t(r)] = int(r / k);
+    return hosts;
+  }
+  MPI_Comm shared;
+  mpi_check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &shared),
+            "MPI_Comm_split_type");
+  int first = rank;
+  mpi_check(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, shared), "MPI_Allreduce");
+  MPI_Comm_free(&shared);
+  mpi_check(MPI_Allgather(&first, 1, MPI_INT, hosts.data(), 1, MPI_INT, MPI_COMM_WORLD), "MPI_Allgather");
+  return hosts;
+}
+
+std::string option_or_env(const std::string& option, const char* env, const char* fallback) {
+  if (!option.empty()) return option;
+  const char* v = std::getenv(env);
+  return v && *v ? v : fallback;
+}
+
 }  // namespace
 
 World::World(int* argc, char*** argv, WorldOptions opts) {
@@ -68,6 +100,9 @@ World::World(int* argc, char*** argv, WorldOptions opts) {
              "`loom launch --nproc ", env.world_size, " -- ...` or mpirun");
   timeout_s_ = opts.watchdog_timeout_s < 0 ? watchdog_timeout_from_env(600) : opts.watchdog_timeout_s;
   record_ = std::make_shared<CommRecord>(opts.record_capacity);
+  Algorithm algorithm = parse_algorithm(option_or_env(opts.algorithm, "LOOM_COMM_ALGORITHM", "auto"));
+  std::string calibration = option_or_env(opts.calibration, "LOOM_COMM_CALIBRATION", "");
+  model_ = std::make_shared<const CostModel>(calibration.empty() ? CostModel{} : load_cost_model(calibration));
 
   if (want_mpi) {
     int inited = 0;
@@ -84,9 +119,13 @@ World::World(int* argc, char*** argv, WorldOptions opts) {
     }
     mpi_ = true;
     board_ = open_progress_board();
-    group_ = make_group(make_mpi_world_backend(), "world", record_, board_);
+    group_ = make_group(make_algorithm_backend(make_mpi_world_backend(), host_of_world_ranks(), algorithm, model_),
+                        "world", record_, board_);
+    std::vector<int> hosts = group_.host_of();
+    host_ = group_.split(hosts[size_t(group_.rank())], group_.rank(), "host");
   } else {
     group_ = make_group(make_single_backend(), "world", record_);
+    host_ = group_;
   }
 
   WatchdogOptions wd;
@@ -106,6 +145,7 @@ World::World(int* argc, char*** argv, WorldOptions opts) {
 World::~World() {
   bool failing = std::uncaught_exceptions() > 0;
   watchdog_.reset();
+  host_ = Group();
   group_ = Group();  // joins the world group's worker (or leaves it behind when failing)
   // Finalize synchronises with every peer; a failing rank skips it so mpirun sees the
   // process end without it and tears the job down instead of hanging.

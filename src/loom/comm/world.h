@@ -25,6 +25,12 @@ struct WorldOptions {
   // Default: print the message and abort the whole job (MPI_Abort; std::abort without MPI).
   std::function<void(const std::string&)> on_timeout;
   size_t record_capacity = 4096;
+  // The algorithm of the world's all-reduce, reduce-scatter and all-gather, inherited by every
+  // group split from it (algorithm.h). Empty: $LOOM_COMM_ALGORITHM, else "auto".
+  std::string algorithm;
+  // The cost model `auto` uses: a file from `loom bench comm --calibrate`. Empty:
+  // $LOOM_COMM_CALIBRATION, else the built-in defaults.
+  std::string calibration;
 };
 
 class World {
@@ -39,6 +45,12 @@ class World {
   World& operator=(const World&) = delete;
 
   const Group& group() const { return group_; }
+  // The ranks on this rank's host (node-local communicator), ordered by world rank. Hosts
+  // are what MPI reports as sharing memory; $LOOM_COMM_RANKS_PER_HOST=k instead takes ranks
+  // [0, k) as one host, [k, 2k) as the next, ... (to exercise topologies on one machine).
+  const Group& host() const { return host_; }
+  // The cost model the groups' `auto` algorithm uses.
+  const CostModel& cost_model() const { return *model_; }
   int rank() const { return group_.rank(); }
   int size() const { return group_.size(); }
   bool uses_mpi() const { return mpi_; }
@@ -50,7 +62,8 @@ class World {
   double timeout_s_ = 0;
   std::shared_ptr<CommRecord> record_;
   std::shared_ptr<ProgressBoard> board_;  // under MPI only
-  Group group_;
+  std::shared_ptr<const CostModel> model_;
+  Group group_, host_;
   std::unique_ptr<Watchdog> watchdog_;
 };
 

@@ -1,0 +1,26 @@
+// The collective algorithms of algorithm.h run over point-to-point messages (internal to
+// src/loom/comm): a Backend that wraps a transport (MPI) and runs all-reduce,
+// reduce-scatter and all-gather as ring, tree or hierarchical exchanges on a private
+// duplicate of the transport's communicator, or passes them to the transport ("mpi").
+// Every other operation goes to the transport unchanged.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "loom/comm/algorithm.h"
+#include "loom/comm/backend.h"
+
+namespace loom::comm {
+
+// Collective over `transport`'s members (it creates the private communicator).
+// `host_of_world_rank`: the host id of every world rank; `algorithm`: what this group runs
+// until Backend::use_algorithm says otherwise. Groups split from the result inherit both.
+std::unique_ptr<Backend> make_algorithm_backend(std::unique_ptr<Backend> transport,
+                                                std::vector<int> host_of_world_rank, Algorithm algorithm,
+                                                std::shared_ptr<const CostModel> model);
+
+// dst[i] = dst[i] op src[i] for n elements of `t` (avg sums; the caller divides). bf16 adds
+// in f32 and rounds once, like the MPI backend's user operation.
+void reduce_into(void* dst, const void* src, int64_t n, DType t, ReduceOp op);
+
+}  // namespace loom::comm
