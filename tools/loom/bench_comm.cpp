@@ -1,13 +1,18 @@
 // `loom bench comm`: time collectives over the world group for doubling message sizes, like
 // nccl-tests: median time over iterations after warm-up (the slowest rank's time per
 // iteration), algorithm and bus bandwidth (factors in comm/bandwidth.h), a result check,
-// and `SUMMARY {json}` as the last line. With --nproc it relaunches itself via `loom launch`.
+// and `SUMMARY {json}` as the last line. --algorithms runs each collective algorithm in turn
+// (and says which one `auto` picked per size); --calibrate measures the links and MPI's
+// collectives and writes the cost model `auto` uses. With --nproc or --hosts it relaunches
+// itself via `loom launch`.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <sstream>
 
+#include "loom/comm/algorithm.h"
 #include "loom/core/stats.h"
 #include "loom/comm/bandwidth.h"
 #include "loom/comm/launch.h"
@@ -22,10 +27,17 @@ namespace {
 const char* kHelp =
     "usage: loom bench comm [--nproc N] [--ops all_reduce,reduce_scatter,all_gather,all_to_all]\n"
     "                       [--min-bytes 1K] [--max-bytes 256M] [--iters 20] [--warmup 5]\n"
-    "                       [--trace DIR]\n\n"
+    "                       [--hosts h1:2,h2:2] [--algorithms ring,tree,hierarchical,auto,mpi]\n"
+    "                       [--calibrate FILE] [--trace DIR]\n\n"
     "Sizes double from --min-bytes to --max-bytes (f32 elements; the total buffer of the op).\n"
     "Ops: all_reduce, reduce_scatter, all_gather, all_to_all, broadcast.\n"
-    "--nproc N relaunches through `loom launch --nproc N` unless already under MPI.\n"
+    "--nproc N relaunches through `loom launch --nproc N` unless already under MPI; --hosts\n"
+    "  also (test hosts from scripts/testhosts.sh or real ones; --nproc defaults to its slots).\n"
+    "--algorithms runs all_reduce, reduce_scatter and all_gather with each algorithm (default:\n"
+    "  the run's comm algorithm, $LOOM_COMM_ALGORITHM or auto); 'auto' rows name its pick.\n"
+    "--calibrate FILE measures latency and bandwidth inside and between hosts, the reduction\n"
+    "  rate and MPI's collectives over the sizes, and writes the cost model to FILE\n"
+    "  (use it with comm.calibration or $LOOM_COMM_CALIBRATION).\n"
     "--trace DIR writes each rank's comm trace (Chrome/Perfetto JSON) there.\n";
 
 struct Buffers {
@@ -91,21 +103,164 @@ struct Peak {
   int64_t bytes = 0;
 };
 
+// Median over iterations of the slowest rank's time of one `op` on `b`, after warm-up.
+double time_op(const comm::Group& g, const std::string& op, const Buffers& b, int iters, int warmup) {
+  for (int i = 0; i < warmup; ++i) run_op(g, op, b);
+  Tensor times = Tensor::zeros({iters}, DType::f64);
+  for (int i = 0; i < iters; ++i) {
+    g.barrier();
+    Stopwatch sw;
+    run_op(g, op, b);
+    times.data<double>()[i] = sw.seconds();
+  }
+  g.set_algorithm(comm::Algorithm::mpi);  // the bookkeeping below is not what is measured
+  g.all_reduce(times, comm::ReduceOp::max);  // an iteration lasts as long as its slowest rank
+  std::vector<double> t(times.data<double>(), times.data<double>() + iters);
+  return median(std::move(t));
+}
+
+bool has_algorithms(const std::string& op) {
+  return op == "all_reduce" || op == "reduce_scatter" || op == "all_gather";
+}
+
+comm::CollectiveOp collective_op(const std::string& op) {
+  if (op == "reduce_scatter") return comm::CollectiveOp::reduce_scatter;
+  if (op == "all_gather") return comm::CollectiveOp::all_gather;
+  return comm::CollectiveOp::all_reduce;
+}
+
+std::string fmt3(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3f", v);
+  return buf;
+}
+
+// One-way time of a `bytes` message between rank 0 and `peer` (half the median round trip);
+// every rank returns rank 0's figure.
+double one_way_seconds(const comm::Group& g, int peer, int64_t bytes, int iters) {
+  Tensor buf = Tensor::zeros({std::max<int64_t>(1, bytes)}, DType::u8, MemCategory::comm);
+  Tensor out = Tensor::zeros({1}, DType::f64);
+  g.barrier();
+  if (g.rank() == 0 || g.rank() == peer) {
+    std::vector<double> rt;
+    for (int i = 0; i < iters + 2; ++i) {
+      Stopwatch sw;
+      if (g.rank() == 0) {
+        g.send(buf, peer);
+        g.recv(buf, peer);
+      } else {
+        g.recv(buf, 0);
+        g.send(buf, 0);
+      }
+      if (i >= 2) rt.push_back(sw.seconds());
+    }
+    out.data<double>()[0] = median(std::move(rt)) / 2;
+  }
+  g.broadcast(out, 0);
+  return out.data<double>()[0];
+}
+
+// Latency and bandwidth of the link between rank 0 and `peer`: alpha from an 8-byte
+// message, beta from a large one.
+comm::LinkCost measure_link(const comm::Group& g, int peer, int64_t large, int iters) {
+  comm::LinkCost c;
+  c.alpha_s = one_way_seconds(g, peer, 8, iters);
+  double t = one_way_seconds(g, peer, large, std::max(3, iters / 4));
+  c.beta_s_per_byte = std::max(1e-13, (t - c.alpha_s) / double(large));
+  return c;
+}
+
+int calibrate(const Args& a) {
+  const std::string path = a.get("calibrate", "");
+  int64_t min_bytes = comm::parse_byte_size(a.get("min-bytes", "4K"));
+  int64_t max_bytes = comm::parse_byte_size(a.get("max-bytes", "64M"));
+  int iters = int(a.get_int("iters", 10)), warmup = int(a.get_int("warmup", 2));
+  if (iters < 1 || warmup < 0 || min_bytes > max_bytes)
+    throw UsageError("[bench comm] --calibrate needs --iters >= 1, --warmup >= 0 and --min-bytes <= --max-bytes");
+  comm::World world;
+  const comm::Group& g = world.group();
+  const int n = g.size(), r = g.rank();
+  g.set_algorithm(comm::Algorithm::mpi);
+  comm::Topology topo{g.host_of()};
+  int intra_peer = -1, inter_peer = -1;
+  for (int q = 1; q < n; ++q) {
+    bool same = topo.host_of[size_t(q)] == topo.host_of[0];
+    if (same && intra_peer < 0) intra_peer = q;
+    if (!same && inter_peer < 0) inter_peer = q;
+  }
+  comm::CostModel m;
+  m.calibrated = true;
+  m.source = path;
+  const int64_t large = std::min<int64_t>(max_bytes, 4 << 20);
+  if (intra_peer > 0) m.intra = measure_link(g, intra_peer, large, iters);
+  if (inter_peer > 0) m.inter = measure_link(g, inter_peer, large, iters);
+  {  // the reduction rate of the algorithms' add step, on 16 MB of f32
+    const int64_t count = 4 << 20;
+    Tensor x = Tensor::zeros({count}, DType::f32), y = Tensor::zeros({count}, DType::f32);
+    std::vector<double> t;
+    for (int i = 0; i < 5; ++i) {
+      Stopwatch sw;
+      comm::reduce_into(x.raw(), y.raw(), count, DType::f32, comm::ReduceOp::sum);
+      t.push_back(sw.seconds());
+    }
+    m.reduce_s_per_byte = median(std::move(t)) / double(count * 4);
+  }
+  if (r == 0) {
+    std::printf("# loom bench comm --calibrate: %d ranks on %d host%s\n", n, topo.hosts(), topo.hosts() > 1 ? "s" : "");
+    if (intra_peer > 0)
+      std::printf("  intra-host link (rank 0 <-> %d): alpha %.1f us, %.3f GB/s\n", intra_peer, m.intra.alpha_s * 1e6,
+                  m.intra.gbps());
+    if (inter_peer > 0)
+      std::printf("  inter-host link (rank 0 <-> %d): alpha %.1f us, %.3f GB/s\n", inter_peer, m.inter.alpha_s * 1e6,
+                  m.inter.gbps());
+    std::printf("  reduction: %.2f GB/s\n", 1e-9 / m.reduce_s_per_byte);
+    std::fflush(stdout);
+  }
+  for (const std::string op : {"all_reduce", "reduce_scatter", "all_gather"}) {
+    for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2) {
+      int64_t count = std::max<int64_t>(n, bytes / 4 / n * n);
+      Buffers b = make_buffers(op, count, n, r);
+      g.set_algorithm(comm::Algorithm::mpi);
+      double t = time_op(g, op, b, iters, warmup);
+      m.mpi_seconds[comm::CostModel::mpi_key(collective_op(op), n, topo.hosts())][count * 4] = t;
+      if (r == 0) {
+        std::printf("  mpi %-14s %10s %12.1f us\n", op.c_str(), comm::short_byte_size(count * 4).c_str(), t * 1e6);
+        std::fflush(stdout);
+      }
+    }
+  }
+  if (r == 0) {
+    comm::save_cost_model(m, path);
+    std::printf("[bench comm] wrote %s; use it with comm.calibration: %s or LOOM_COMM_CALIBRATION=%s\n",
+                path.c_str(), path.c_str(), path.c_str());
+    std::printf("SUMMARY {\"bench\":\"comm_calibrate\",\"ranks\":%d,\"hosts\":%d,\"intra_alpha_us\":%.3f,"
+                "\"intra_gbps\":%.4f,\"inter_alpha_us\":%.3f,\"inter_gbps\":%.4f,\"reduce_gbps\":%.3f,\"file\":\"%s\"}\n",
+                n, topo.hosts(), m.intra.alpha_s * 1e6, m.intra.gbps(), inter_peer > 0 ? m.inter.alpha_s * 1e6 : 0.0,
+                inter_peer > 0 ? m.inter.gbps() : 0.0, 1e-9 / m.reduce_s_per_byte, path.c_str());
+  }
+  return 0;
+}
+
 }  // namespace
 
 int bench_comm(const std::vector<std::string>& args) {
   Args a("bench comm", args,
-         {{"nproc", true}, {"ops", true}, {"min-bytes", true}, {"max-bytes", true},
-          {"iters", true}, {"warmup", true}, {"trace", true}, {"help", false}});
+         {{"nproc", true}, {"hosts", true}, {"ops", true}, {"min-bytes", true}, {"max-bytes", true},
+          {"iters", true}, {"warmup", true}, {"trace", true}, {"algorithms", true}, {"calibrate", true},
+          {"help", false}});
   if (a.has("help")) {
     std::printf("%s", kHelp);
     return 0;
   }
-  if (a.has("nproc") && !comm::launch_env().under_mpi) {
-    std::vector<std::string> launch = {"--nproc", a.get("nproc", "1"), "--", "bench", "comm"};
-    for (const auto& s : without_nproc(args)) launch.push_back(s);
+  if ((a.has("nproc") || a.has("hosts")) && !comm::launch_env().under_mpi) {
+    std::string nproc = a.has("nproc") ? a.get("nproc", "1") : std::to_string(comm::slots_in_hosts(a.get("hosts", "")));
+    std::vector<std::string> launch = {"--nproc", nproc};
+    if (a.has("hosts")) launch.insert(launch.end(), {"--hosts", a.get("hosts", "")});
+    launch.insert(launch.end(), {"--", "bench", "comm"});
+    for (const auto& s : without_options(args, {"--nproc", "--hosts"})) launch.push_back(s);
     return cmd_launch(launch);
   }
+  if (a.has("calibrate")) return calibrate(a);
   std::vector<std::string> ops = split_list(a.get("ops", "all_reduce,reduce_scatter,all_gather,all_to_all"));
   int64_t min_bytes = comm::parse_byte_size(a.get("min-bytes", "1K"));
   int64_t max_bytes = comm::parse_byte_size(a.get("max-bytes", "256M"));
@@ -119,47 +274,60 @@ int bench_comm(const std::vector<std::string>& args) {
   const comm::Group& g = world.group();
   const int n = g.size(), r = g.rank();
   for (const auto& op : ops) comm::bus_bandwidth_factor(op, n);  // rejects unknown ops early
+  std::vector<comm::Algorithm> algorithms;
+  for (const auto& name : split_list(a.get("algorithms", comm::algorithm_name(g.algorithm()))))
+    algorithms.push_back(comm::parse_algorithm(name));
+  const bool compare = a.has("algorithms");
+  const int hosts = g.hosts();
   bool primary = r == 0;
   if (primary) {
-    std::printf("# loom bench comm: %d rank%s (%s), f32, iters %d, warmup %d\n", n, n > 1 ? "s" : "",
-                g.backend_name(), iters, warmup);
-    std::printf("# %-14s %10s %12s %12s %12s %6s\n", "op", "bytes", "time_us", "algbw_GB/s",
+    std::printf("# loom bench comm: %d rank%s on %d host%s (%s), f32, iters %d, warmup %d, cost model: %s\n", n,
+                n > 1 ? "s" : "", hosts, hosts > 1 ? "s" : "", g.backend_name(), iters, warmup,
+                world.cost_model().source.c_str());
+    std::printf("# %-14s %-18s %10s %12s %12s %12s %6s\n", "op", "algorithm", "bytes", "time_us", "algbw_GB/s",
                 "busbw_GB/s", "check");
     std::fflush(stdout);
   }
   std::vector<std::pair<std::string, Peak>> peaks;
+  // op -> algorithm -> bytes -> seconds; and auto's pick per op and size
+  std::map<std::string, std::map<std::string, std::map<int64_t, double>>> seconds;
+  std::map<std::string, std::map<int64_t, std::string>> picks;
+  std::map<std::string, std::map<std::string, Peak>> algo_peaks;
   int wrong = 0;
-  Tensor times = Tensor::zeros({iters}, DType::f64);
   for (const auto& op : ops) {
     Peak peak;
     double factor = comm::bus_bandwidth_factor(op, n);
-    for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2) {
-      int64_t count = std::max<int64_t>(n, bytes / 4 / n * n);  // equal chunks per rank
-      int64_t real_bytes = count * 4;
-      Buffers b = make_buffers(op, count, n, r);
-      run_op(g, op, b);
-      bool ok = result_ok(op, b, n);
-      for (int i = 0; i < warmup; ++i) run_op(g, op, b);
-      for (int i = 0; i < iters; ++i) {
-        g.barrier();
-        Stopwatch sw;
+    std::vector<comm::Algorithm> run = has_algorithms(op) ? algorithms : std::vector<comm::Algorithm>{comm::Algorithm::mpi};
+    for (comm::Algorithm alg : run) {
+      const std::string alg_name = comm::algorithm_name(alg);
+      for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2) {
+        int64_t count = std::max<int64_t>(n, bytes / 4 / n * n);  // equal chunks per rank
+        int64_t real_bytes = count * 4;
+        std::string label = alg_name;
+        g.set_algorithm(alg);
+        if (has_algorithms(op)) {
+          comm::Algorithm ran = g.algorithm_for(collective_op(op), real_bytes);
+          if (ran != alg) label += str_cat(":", comm::algorithm_name(ran));
+          if (alg == comm::Algorithm::auto_select) picks[op][real_bytes] = comm::algorithm_name(ran);
+        }
+        Buffers b = make_buffers(op, count, n, r);
         run_op(g, op, b);
-        times.data<double>()[i] = sw.seconds();
-      }
-      g.all_reduce(times, comm::ReduceOp::max);  // an iteration lasts as long as its slowest rank
-      Tensor okt = Tensor::from_vector<int32_t>({ok ? 0 : 1}, {1});
-      g.all_reduce(okt);
-      ok = okt.data<int32_t>()[0] == 0;
-      wrong += !ok;
-      std::vector<double> t(times.data<double>(), times.data<double>() + iters);
-      const double med = median(std::move(t));
-      double algbw = real_bytes / med / 1e9, busbw = algbw * factor;
-      if (busbw > peak.busbw || peak.bytes == 0) peak = {busbw, real_bytes};
-      if (primary) {
-        std::printf("  %-14s %10s %12.1f %12.3f %12.3f %6s\n", op.c_str(),
-                    comm::short_byte_size(real_bytes).c_str(), med * 1e6, algbw, busbw,
-                    ok ? "ok" : "WRONG");
-        std::fflush(stdout);
+        bool ok = result_ok(op, b, n);
+        const double med = time_op(g, op, b, iters, warmup);
+        Tensor okt = Tensor::from_vector<int32_t>({ok ? 0 : 1}, {1});
+        g.all_reduce(okt);
+        ok = okt.data<int32_t>()[0] == 0;
+        wrong += !ok;
+        seconds[op][alg_name][real_bytes] = med;
+        double algbw = real_bytes / med / 1e9, busbw = algbw * factor;
+        if (busbw > peak.busbw || peak.bytes == 0) peak = {busbw, real_bytes};
+        Peak& ap = algo_peaks[op][alg_name];
+        if (busbw > ap.busbw || ap.bytes == 0) ap = {busbw, real_bytes};
+        if (primary) {
+          std::printf("  %-14s %-18s %10s %12.1f %12.3f %12.3f %6s\n", op.c_str(), label.c_str(),
+                      comm::short_byte_size(real_bytes).c_str(), med * 1e6, algbw, busbw, ok ? "ok" : "WRONG");
+          std::fflush(stdout);
+        }
       }
     }
     peaks.emplace_back(op, peak);
@@ -180,7 +348,59 @@ int bench_comm(const std::vector<std::string>& args) {
       js << (i ? "," : "") << "\"" << peaks[i].first << "\":{\"peak_busbw_gbps\":" << bw
          << ",\"at_bytes\":" << peaks[i].second.bytes << "}";
     }
-    js << "}}";
+    js << "}";
+    if (compare) {
+      js << ",\"hosts\":" << hosts << ",\"algorithms\":{";
+      bool first_op = true;
+      for (const auto& [op, by_alg] : algo_peaks) {
+        js << (first_op ? "" : ",") << "\"" << op << "\":{";
+        first_op = false;
+        bool first = true;
+        for (const auto& [alg, p] : by_alg) {
+          js << (first ? "" : ",") << "\"" << alg << "\":" << fmt3(p.busbw);
+          first = false;
+        }
+        js << "}";
+      }
+      js << "}";
+      // hierarchical over ring: all-reduce bus bandwidth ratio at the largest size.
+      const auto& ar = seconds["all_reduce"];
+      if (ar.count("ring") && ar.count("hierarchical") && !ar.at("ring").empty())
+        js << ",\"hierarchical_over_ring\":"
+           << fmt3(ar.at("ring").rbegin()->second / ar.at("hierarchical").rbegin()->second);
+      // auto against the best other algorithm at each size: its worst slowdown.
+      double worst = 0;
+      bool have_auto = false;
+      for (const auto& [op, by_alg] : seconds) {
+        auto it = by_alg.find("auto");
+        if (it == by_alg.end()) continue;
+        for (const auto& [bytes, t_auto] : it->second) {
+          double best = t_auto;
+          for (const auto& [alg, table] : by_alg)
+            if (alg != "auto" && table.count(bytes)) best = std::min(best, table.at(bytes));
+          worst = std::max(worst, t_auto / best - 1);
+          have_auto = true;
+        }
+      }
+      if (have_auto) js << ",\"auto_max_slowdown\":" << fmt3(worst);
+      if (!picks.empty()) {  // "4K:tree,1M:hierarchical": each pick from that size on
+        js << ",\"auto_picks\":{";
+        bool first_op2 = true;
+        for (const auto& [op, by_size] : picks) {
+          js << (first_op2 ? "" : ",") << "\"" << op << "\":\"";
+          first_op2 = false;
+          std::string last;
+          for (const auto& [bytes, alg] : by_size) {
+            if (alg == last) continue;
+            js << (last.empty() ? "" : ",") << comm::short_byte_size(bytes) << ":" << alg;
+            last = alg;
+          }
+          js << "\"";
+        }
+        js << "}";
+      }
+    }
+    js << "}";
     std::printf("SUMMARY %s\n", js.str().c_str());
   }
   return wrong ? 1 : 0;

@@ -31,17 +31,27 @@ int cmd_version(const std::vector<std::string>&) {
   return 0;
 }
 
-std::vector<std::string> without_nproc(const std::vector<std::string>& args) {
+std::vector<std::string> without_options(const std::vector<std::string>& args,
+                                         const std::vector<std::string>& names) {
   std::vector<std::string> out;
   for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--nproc") {
-      ++i;
-      continue;
+    bool drop = false;
+    for (const auto& n : names) {
+      if (args[i] == n) {
+        ++i;  // and its value
+        drop = true;
+      } else if (args[i].rfind(n + "=", 0) == 0) {
+        drop = true;
+      }
+      if (drop) break;
     }
-    if (args[i].rfind("--nproc=", 0) == 0) continue;
-    out.push_back(args[i]);
+    if (!drop) out.push_back(args[i]);
   }
   return out;
+}
+
+std::vector<std::string> without_nproc(const std::vector<std::string>& args) {
+  return without_options(args, {"--nproc"});
 }
 
 Args::Args(const std::string& cmd, const std::vector<std::string>& argv,

@@ -46,6 +46,9 @@ int bench_pipeline(const std::vector<std::string>& args);
 // The arguments to pass on when a command relaunches itself under `loom launch --nproc N`:
 // everything but --nproc.
 std::vector<std::string> without_nproc(const std::vector<std::string>& args);
+// `args` without the named options (each "--name value" or "--name=value").
+std::vector<std::string> without_options(const std::vector<std::string>& args,
+                                         const std::vector<std::string>& names);
 int cmd_launch(const std::vector<std::string>& args);
 
 // How an option is given: `false` a flag, `true` one value, Args::kRepeated a value that may

@@ -50,6 +50,8 @@ int cmd_train(const std::vector<std::string>& argv) {
   const comm::TimeoutChoice timeout =
       comm::resolve_watchdog_timeout(set_timeout, std::getenv("LOOM_COMM_TIMEOUT"), config_timeout);
   wo.watchdog_timeout_s = timeout.seconds;
+  wo.algorithm = cfg.comm.algorithm;
+  wo.calibration = cfg.comm.calibration;
   comm::World world(wo);
   if (world.rank() == 0) {
     std::string from = timeout.source == "command line" ? "--set parallel.collective_timeout_s"
@@ -57,6 +59,10 @@ int cmd_train(const std::vector<std::string>& argv) {
                                                         : timeout.source;
     std::string value = timeout.seconds > 0 ? str_cat(timeout.seconds, " s") : std::string("off");
     std::printf("[train] collective timeout %s (from %s)\n", value.c_str(), from.c_str());
+    if (world.size() > 1)
+      std::printf("[train] %d ranks on %d host%s; collectives: %s (cost model: %s)\n", world.size(),
+                  world.group().hosts(), world.group().hosts() > 1 ? "s" : "", cfg.comm.algorithm.c_str(),
+                  world.cost_model().source.c_str());
     std::fflush(stdout);
   }
   const auto& p = cfg.parallel;

@@ -10,7 +10,11 @@
 #include <string>
 #include <vector>
 
+#include "loom/core/dtype.h"
+
 namespace loom::comm {
+
+enum class ReduceOp : uint8_t;
 
 enum class Algorithm : uint8_t { auto_select, ring, tree, hierarchical, mpi };
 const char* algorithm_name(Algorithm a);  // "auto", "ring", "tree", "hierarchical", "mpi"
@@ -79,6 +83,11 @@ Algorithm choose_algorithm(CollectiveOp op, int64_t bytes, const Topology& topo,
 // a power-of-two size (reduce-scatter, all-gather) becomes ring; one rank: mpi (a copy).
 Algorithm resolve_algorithm(Algorithm requested, CollectiveOp op, int64_t bytes, const Topology& topo,
                             const CostModel& m);
+
+// dst[i] = dst[i] op src[i] for n elements of dtype `t`: the reduction step of the ring,
+// tree and hierarchical algorithms (avg sums; the caller divides). bf16 adds in f32 and
+// rounds once, like the MPI backend's user operation.
+void reduce_into(void* dst, const void* src, int64_t n, DType t, ReduceOp op);
 
 // The calibration file: "key value" lines, '#' comments. Keys: intra_alpha_us, intra_gbps,
 // inter_alpha_us, inter_gbps, reduce_gbps, and "mpi <op> <ranks> <hosts> <bytes> <us>".

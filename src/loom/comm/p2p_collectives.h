@@ -19,8 +19,4 @@ std::unique_ptr<Backend> make_algorithm_backend(std::unique_ptr<Backend> transpo
                                                 std::vector<int> host_of_world_rank, Algorithm algorithm,
                                                 std::shared_ptr<const CostModel> model);
 
-// dst[i] = dst[i] op src[i] for n elements of `t` (avg sums; the caller divides). bf16 adds
-// in f32 and rounds once, like the MPI backend's user operation.
-void reduce_into(void* dst, const void* src, int64_t n, DType t, ReduceOp op);
-
 }  // namespace loom::comm

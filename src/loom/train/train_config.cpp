@@ -1,5 +1,6 @@
 #include "loom/train/train_config.h"
 
+#include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -112,6 +113,14 @@ TrainConfig parse_train_config(const std::string& text, const std::vector<std::s
   c.parallel.pp_partition = r.string("parallel.pp_partition", "uniform", {"uniform", "parameters", "profile"});
   c.parallel.micro_batches = r.integer("parallel.micro_batches", 0, 0, kMaxI);
   c.parallel.collective_timeout_s = r.number("parallel.collective_timeout_s", 600, 0.1, 1e7);
+
+  auto env = [](const char* name, const char* fallback) {
+    const char* v = std::getenv(name);
+    return std::string(v && *v ? v : fallback);
+  };
+  c.comm.algorithm = r.string("comm.algorithm", env("LOOM_COMM_ALGORITHM", "auto"),
+                              {"auto", "ring", "tree", "hierarchical", "mpi"});
+  c.comm.calibration = r.string("comm.calibration", env("LOOM_COMM_CALIBRATION", ""));
 
   c.threads = r.integer("threads", 0, 0, 4096);
   r.reject_unknown();

@@ -60,6 +60,14 @@ struct ParallelConfig {
   double collective_timeout_s = 600;
 };
 
+// How collectives run (docs/DISTRIBUTED.md, "Collective algorithms").
+struct CommConfig {
+  // auto | ring | tree | hierarchical | mpi; the default is $LOOM_COMM_ALGORITHM, else auto.
+  std::string algorithm = "auto";
+  // A cost-model file from `loom bench comm --calibrate`; default $LOOM_COMM_CALIBRATION.
+  std::string calibration;
+};
+
 struct TrainConfig {
   model::ModelConfig model;
   model::DecoderOptions decoder;
@@ -70,6 +78,7 @@ struct TrainConfig {
   CheckpointConfig checkpoint;
   LogConfig log;
   ParallelConfig parallel;
+  CommConfig comm;
   int64_t threads = 0;  // 0: OMP_NUM_THREADS / all cores
 
   std::string resolved_yaml;  // the config after defaults and overrides, for checkpoints
