@@ -1,5 +1,5 @@
 // The pure parts of launching: reading launcher variables, the mpirun command line of
-// `loom launch`, and the parsing of Open MPI's tagged output lines.
+// `loom launch` (host lists, agents, test hosts), and the parsing of Open MPI's tagged output.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -7,9 +7,11 @@
 
 #include "loom/comm/launch.h"
 #include "loom/core/error.h"
+#include "testing/errors.h"
 
 using namespace loom;
 using namespace loom::comm;
+using loom::testing::error_of;
 
 namespace {
 
@@ -90,7 +92,7 @@ TEST(LaunchCommand, OversubscribesRootAndForwardsEnvironment) {
   EXPECT_EQ(c.back(), "comm");
 }
 
-TEST(LaunchCommand, HostsDecideOversubscription) {
+TEST(LaunchCommand, HostsMustHoldExactlyNproc) {
   LaunchOptions o;
   o.exe = "loom";
   o.nproc = 8;
@@ -98,17 +100,109 @@ TEST(LaunchCommand, HostsDecideOversubscription) {
   o.local_cores = 2;
   std::vector<std::string> c = mpirun_command(o);
   EXPECT_TRUE(has_pair(c, "--host", "a:4,b:4"));
-  EXPECT_FALSE(has(c, "--oversubscribe"));
+  EXPECT_FALSE(has(c, "--oversubscribe"));  // the slots given, not the local cores, count
   EXPECT_FALSE(has(c, "--allow-run-as-root"));
-  o.nproc = 9;
-  EXPECT_TRUE(has(mpirun_command(o), "--oversubscribe"));
+  EXPECT_FALSE(has(c, "--mca"));
+  for (int nproc : {9, 6}) {
+    o.nproc = nproc;
+    EXPECT_EQ(error_of([&] { mpirun_command(o); }),
+              "[launch] --hosts a:4,b:4 has 8 slots but --nproc is " + std::to_string(nproc) +
+                  "; give each host the number of ranks it should run (host:ranks) so that they "
+                  "add up to --nproc, or leave --nproc out");
+  }
   EXPECT_EQ(slots_in_hosts("a,b:3"), 4);
+  EXPECT_EQ(host_names("a,b:3,,c:1"), (std::vector<std::string>{"a", "b", "c"}));
   EXPECT_THROW(slots_in_hosts("a:0"), Error);
+  EXPECT_THROW(slots_in_hosts(":2"), Error);
+  o.nproc = 8;
   o.hostfile = "hosts.txt";
   EXPECT_THROW(mpirun_command(o), Error);
   o.hosts.clear();
   o.nproc = 0;
   EXPECT_THROW(mpirun_command(o), Error);
+}
+
+TEST(LaunchCommand, AgentAndNetworkBecomeMcaParameters) {
+  LaunchOptions o;
+  o.exe = "loom";
+  o.nproc = 2;
+  o.hosts = "n1,n2";
+  o.agent = "ssh -p 2222";
+  o.net = "10.1.0.0/16";
+  std::vector<std::string> c = mpirun_command(o);
+  EXPECT_TRUE(has_pair(c, "plm_rsh_agent", "ssh -p 2222"));
+  EXPECT_TRUE(has_pair(c, "btl_tcp_if_include", "10.1.0.0/16"));
+  EXPECT_TRUE(has_pair(c, "oob_tcp_if_include", "10.1.0.0/16"));
+  EXPECT_FALSE(has(c, "btl"));  // transports are mpirun's choice on real hosts
+  // Every --mca takes two values, and all of them come before the program.
+  auto exe = std::find(c.begin(), c.end(), "loom");
+  for (auto it = c.begin(); it != c.end(); ++it)
+    if (*it == "--mca") {
+      EXPECT_LT(it + 2, exe);
+    }
+}
+
+TEST(LaunchTestHosts, ParsesTheStateFile) {
+  TestHosts t = parse_test_hosts(
+      "# written by up\nhosts=loomh1 loomh2\nagent=/src/scripts/testhosts.sh agent\n"
+      "net=198.18.0.0/24\nlink=1gbit\n");
+  EXPECT_EQ(t.hosts, (std::vector<std::string>{"loomh1", "loomh2"}));
+  EXPECT_EQ(t.agent, "/src/scripts/testhosts.sh agent");
+  EXPECT_EQ(t.net, "198.18.0.0/24");
+  EXPECT_EQ(error_of([] { parse_test_hosts("hosts=loomh1\nnet=198.18.0.0/24\n", "/run/x"); }),
+            "[launch] /run/x has no 'agent=' line; recreate it with scripts/testhosts.sh up N");
+  EXPECT_THROW(parse_test_hosts("hosts loomh1\n"), Error);
+}
+
+TEST(LaunchTestHosts, NamedTestHostsGetTheAgentAndNetwork) {
+  const TestHosts up{{"loomh1", "loomh2"}, "/src/scripts/testhosts.sh agent", "198.18.0.0/24"};
+  LaunchOptions o;
+  o.exe = "loom";
+  o.nproc = 4;
+  o.hosts = "loomh1:2,loomh2:2";
+  use_test_hosts(o, up);
+  EXPECT_TRUE(o.test_hosts);
+  std::vector<std::string> c = mpirun_command(o);
+  EXPECT_TRUE(has_pair(c, "plm_rsh_agent", "/src/scripts/testhosts.sh agent"));
+  EXPECT_TRUE(has_pair(c, "btl", "vader,tcp,self"));
+  EXPECT_TRUE(has_pair(c, "pml", "ob1"));
+  EXPECT_TRUE(has_pair(c, "btl_tcp_if_include", "198.18.0.0/24"));
+  EXPECT_TRUE(has_pair(c, "oob_tcp_if_include", "198.18.0.0/24"));
+
+  LaunchOptions own = o;  // an explicit agent is kept
+  own.agent = "my-agent";
+  own.test_hosts = false;
+  use_test_hosts(own, up);
+  EXPECT_EQ(own.agent, "my-agent");
+
+  LaunchOptions real;  // real hosts are left to mpirun
+  real.hosts = "node1:4,loomh:4";
+  use_test_hosts(real, up);
+  use_test_hosts(real, std::nullopt);
+  EXPECT_FALSE(real.test_hosts);
+  EXPECT_TRUE(real.agent.empty());
+}
+
+TEST(LaunchTestHosts, UnknownHostsAreNamed) {
+  const TestHosts up{{"loomh1", "loomh2"}, "agent", "198.18.0.0/24"};
+  LaunchOptions o;
+  o.hosts = "loomh1:2,loomh3:2";
+  EXPECT_EQ(error_of([&] { use_test_hosts(o, up); }),
+            "[launch] --hosts loomh1:2,loomh3:2: loomh3 is not up (test hosts up: loomh1 loomh2); "
+            "bring them up with scripts/testhosts.sh up 3, or list real hosts only");
+  o.hosts = "loomh1:2,node7:2";
+  EXPECT_EQ(error_of([&] { use_test_hosts(o, up); }),
+            "[launch] --hosts loomh1:2,node7:2: node7 is not a test host (test hosts up: loomh1 "
+            "loomh2); use only test hosts, or list real hosts only");
+  o.hosts = "loomh1:2,loomh2:2";
+  EXPECT_EQ(error_of([&] { use_test_hosts(o, std::nullopt); }),
+            "[launch] --hosts names loomh1, loomh2, which look like test hosts, but none are up "
+            "(no /run/loom-testhosts/state); create them with scripts/testhosts.sh up 2 (as root)");
+  o.hosts = "loomh3:4";
+  EXPECT_EQ(error_of([&] { use_test_hosts(o, std::nullopt); }),
+            "[launch] --hosts names loomh3, which looks like a test host, but none are up "
+            "(no /run/loom-testhosts/state); create them with scripts/testhosts.sh up 3 (as root)");
+  EXPECT_TRUE(o.agent.empty());
 }
 
 TEST(LaunchOutput, RewritesOpenMpiTags) {

@@ -1,7 +1,8 @@
 // `loom launch --nproc N [--hosts h:4,.. | --hostfile F] [--timeout S] -- <subcommand ...>`:
 // starts N copies of this loom binary under mpirun and relays their output line by line,
 // each prefixed with its rank. Exits with mpirun's status (non-zero when any rank failed;
-// mpirun then tears the other ranks down).
+// mpirun then tears the other ranks down). Test hosts (scripts/testhosts.sh) are recognised
+// from the state file their `up` writes.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -11,6 +12,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "loom/comm/launch.h"
@@ -24,10 +28,16 @@ namespace loom::cli {
 namespace {
 
 const char* kLaunchHelp =
-    "usage: loom launch --nproc N [--hosts h1:4,h2:4 | --hostfile F] [--timeout S]\n"
-    "                   [--mpirun PATH] [--dry-run] -- <loom subcommand and its args>\n\n"
+    "usage: loom launch --nproc N [--hosts h1:4,h2:4 | --hostfile F] [--agent CMD] [--net CIDR]\n"
+    "                   [--timeout S] [--mpirun PATH] [--dry-run] -- <loom subcommand and its args>\n\n"
     "Runs N ranks of this loom binary under mpirun. Each output line is prefixed with its\n"
     "rank (\"[rank 1] ...\"); rank 0's SUMMARY line is passed through unprefixed.\n"
+    "  --hosts L     hosts and ranks per host (host:ranks,...); they must add up to --nproc,\n"
+    "                which may then be left out. Test hosts (loomh1..., made by\n"
+    "                scripts/testhosts.sh up N) get their agent and network automatically\n"
+    "  --agent CMD   how mpirun reaches the hosts instead of ssh (mca plm_rsh_agent)\n"
+    "  --net CIDR    the network ranks and daemons talk over, e.g. 10.0.0.0/16\n"
+    "                (mca btl_tcp_if_include and oob_tcp_if_include)\n"
     "  --timeout S   comm watchdog timeout of the ranks in seconds: sets LOOM_COMM_TIMEOUT,\n"
     "                which beats a config's parallel.collective_timeout_s (--set beats both)\n"
     "  --dry-run     print the mpirun command instead of running it\n"
@@ -134,14 +144,39 @@ int run_relayed(const std::vector<std::string>& cmd) {
   return 1;
 }
 
+// An argument as a POSIX shell reads it back, so a printed command can be pasted.
+std::string shell_quoted(const std::string& s) {
+  if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                         "0123456789_-+=/.,:@%") == std::string::npos)
+    return s;
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// The test hosts that are up, from the state file `scripts/testhosts.sh up` writes; nullopt
+// when there is none. A host the file lists must still have its namespace.
+std::optional<comm::TestHosts> test_hosts_up() {
+  const std::string path = comm::kTestHostsStatePath;
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  std::stringstream text;
+  text << in.rdbuf();
+  comm::TestHosts t = comm::parse_test_hosts(text.str(), path);
+  for (const auto& h : t.hosts)
+    LOOM_CHECK(std::filesystem::exists("/run/netns/" + h), "launch", "test host ", h, " is listed in ",
+               path, " but its network namespace is gone; run scripts/testhosts.sh up N again");
+  return t;
+}
+
 }  // namespace
 
 int cmd_launch(const std::vector<std::string>& args) {
   auto sep = std::find(args.begin(), args.end(), "--");
   std::vector<std::string> own(args.begin(), sep);
   Args a("launch", own,
-         {{"nproc", true}, {"hosts", true}, {"hostfile", true}, {"timeout", true},
-          {"mpirun", true}, {"dry-run", false}, {"help", false}});
+         {{"nproc", true}, {"hosts", true}, {"hostfile", true}, {"agent", true}, {"net", true},
+          {"timeout", true}, {"mpirun", true}, {"dry-run", false}, {"help", false}});
   if (a.has("help")) {
     std::printf("%s", kLaunchHelp);
     return 0;
@@ -149,16 +184,20 @@ int cmd_launch(const std::vector<std::string>& args) {
   if (sep == args.end() || sep + 1 == args.end())
     throw UsageError("[launch] give the loom subcommand to run after --, e.g. "
                      "loom launch --nproc 2 -- bench comm");
-  if (!a.has("nproc")) throw UsageError("[launch] --nproc N is required");
+  if (!a.has("nproc") && !a.has("hosts"))
+    throw UsageError("[launch] --nproc N is required (or --hosts h1:2,h2:2, whose ranks add up to N)");
   if (!a.positional().empty())
     throw UsageError("[launch] unexpected argument '" + a.positional()[0] + "' before --");
   LOOM_CHECK(!comm::launch_env().under_mpi, "launch",
              "already running under an MPI launcher; run the subcommand directly");
 
   comm::LaunchOptions o;
-  o.nproc = int(a.get_int("nproc", 1));
   o.hosts = a.get("hosts", "");
+  o.nproc = a.has("nproc") ? int(a.get_int("nproc", 1)) : comm::slots_in_hosts(o.hosts);
   o.hostfile = a.get("hostfile", "");
+  o.agent = a.get("agent", "");
+  o.net = a.get("net", "");
+  if (!o.hosts.empty()) comm::use_test_hosts(o, test_hosts_up());
   o.timeout_s = a.get_double("timeout", -1);
   const char* mpirun_env = std::getenv("LOOM_MPIRUN");
   o.mpirun = a.get("mpirun", mpirun_env && *mpirun_env ? mpirun_env : "mpirun");
@@ -172,7 +211,8 @@ int cmd_launch(const std::vector<std::string>& args) {
   }
   std::vector<std::string> cmd = comm::mpirun_command(o);
   if (a.has("dry-run")) {
-    for (size_t i = 0; i < cmd.size(); ++i) std::printf("%s%s", i ? " " : "", cmd[i].c_str());
+    for (size_t i = 0; i < cmd.size(); ++i)
+      std::printf("%s%s", i ? " " : "", shell_quoted(cmd[i]).c_str());
     std::printf("\n");
     return 0;
   }

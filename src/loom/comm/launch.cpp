@@ -1,7 +1,9 @@
 // Reading launcher variables and building the mpirun command line of `loom launch`.
 #include "loom/comm/launch.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "loom/core/error.h"
 
@@ -18,6 +20,48 @@ bool read_int(const EnvLookup& get, const char* name, int* out) {
              "\" is not a non-negative integer");
   *out = int(x);
   return true;
+}
+
+struct HostSlots {
+  std::string name;
+  int slots = 1;
+};
+
+// "h1:4,h2" -> {{h1, 4}, {h2, 1}}; empty entries (",,") are skipped.
+std::vector<HostSlots> parse_hosts(const std::string& hosts) {
+  std::vector<HostSlots> out;
+  size_t start = 0;
+  while (start <= hosts.size()) {
+    size_t comma = hosts.find(',', start);
+    std::string h = hosts.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (!h.empty()) {
+      HostSlots hs{h, 1};
+      size_t colon = h.rfind(':');
+      if (colon != std::string::npos) {
+        char* end = nullptr;
+        long v = std::strtol(h.c_str() + colon + 1, &end, 10);
+        LOOM_CHECK(colon > 0 && end && *end == '\0' && v > 0 && v <= 1 << 20, "launch",
+                   "--hosts entry '", h, "' should be host or host:slots with slots > 0");
+        hs = {h.substr(0, colon), int(v)};
+      }
+      out.push_back(std::move(hs));
+    }
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+bool looks_like_test_host(const std::string& name) {
+  const std::string prefix = kTestHostPrefix;
+  return name.size() > prefix.size() && name.compare(0, prefix.size(), prefix) == 0 &&
+         name.find_first_not_of("0123456789", prefix.size()) == std::string::npos;
+}
+
+std::string joined(const std::vector<std::string>& v, const char* sep) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : sep) + x;
+  return s;
 }
 
 }  // namespace
@@ -62,26 +106,14 @@ bool is_forwarded_env(const std::string& name) {
 
 int slots_in_hosts(const std::string& hosts) {
   int total = 0;
-  size_t start = 0;
-  while (start <= hosts.size()) {
-    size_t comma = hosts.find(',', start);
-    std::string h = hosts.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    if (!h.empty()) {
-      size_t colon = h.rfind(':');
-      int n = 1;
-      if (colon != std::string::npos) {
-        char* end = nullptr;
-        long v = std::strtol(h.c_str() + colon + 1, &end, 10);
-        LOOM_CHECK(end && *end == '\0' && v > 0, "launch", "--hosts entry '", h,
-                   "' should be host or host:slots with slots > 0");
-        n = int(v);
-      }
-      total += n;
-    }
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
+  for (const HostSlots& h : parse_hosts(hosts)) total += h.slots;
   return total;
+}
+
+std::vector<std::string> host_names(const std::string& hosts) {
+  std::vector<std::string> names;
+  for (HostSlots& h : parse_hosts(hosts)) names.push_back(std::move(h.name));
+  return names;
 }
 
 std::vector<std::string> mpirun_command(const LaunchOptions& o) {
@@ -92,14 +124,30 @@ std::vector<std::string> mpirun_command(const LaunchOptions& o) {
   std::vector<std::string> cmd = {o.mpirun, "-np", std::to_string(o.nproc)};
   int slots = o.local_cores;
   if (!o.hosts.empty()) {
-    cmd.insert(cmd.end(), {"--host", o.hosts});
+    // mpirun would silently pack fewer ranks onto the first hosts, or stack extra ones on
+    // top: either way not the layout the list describes.
     slots = slots_in_hosts(o.hosts);
+    LOOM_CHECK(slots == o.nproc, "launch", "--hosts ", o.hosts, " has ", slots,
+               " slots but --nproc is ", o.nproc, "; give each host the number of ranks it should ",
+               "run (host:ranks) so that they add up to --nproc, or leave --nproc out");
+    cmd.insert(cmd.end(), {"--host", o.hosts});
   } else if (!o.hostfile.empty()) {
     cmd.insert(cmd.end(), {"--hostfile", o.hostfile});
     slots = o.nproc;  // the file declares its slots; leave mapping to mpirun
   }
   if (o.nproc > slots) cmd.push_back("--oversubscribe");
   if (o.as_root) cmd.push_back("--allow-run-as-root");
+  if (!o.agent.empty()) cmd.insert(cmd.end(), {"--mca", "plm_rsh_agent", o.agent});
+  if (o.test_hosts) {
+    // ob1 with shared memory inside a host and TCP between hosts, whatever faster
+    // transports (UCX, OFI) the machine offers: the two-level topology under test.
+    cmd.insert(cmd.end(), {"--mca", "pml", "ob1", "--mca", "btl", "vader,tcp,self"});
+  }
+  if (!o.net.empty()) {
+    // The daemons' out-of-band channel and the ranks' TCP transport both stay on this
+    // network (mpirun would otherwise offer addresses the hosts cannot reach).
+    cmd.insert(cmd.end(), {"--mca", "btl_tcp_if_include", o.net, "--mca", "oob_tcp_if_include", o.net});
+  }
   // Ranks run OpenMP kernels and a comm worker thread each; pinning a rank to one core
   // would serialise them, so leave placement to the OS.
   cmd.insert(cmd.end(), {"--bind-to", "none", "--tag-output"});
@@ -114,6 +162,71 @@ std::vector<std::string> mpirun_command(const LaunchOptions& o) {
   cmd.push_back(o.exe);
   cmd.insert(cmd.end(), o.args.begin(), o.args.end());
   return cmd;
+}
+
+TestHosts parse_test_hosts(const std::string& text, const std::string& path) {
+  TestHosts t;
+  bool has_hosts = false;
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t nl = text.find('\n', start);
+    std::string line = text.substr(start, nl == std::string::npos ? std::string::npos : nl - start);
+    start = nl == std::string::npos ? text.size() : nl + 1;
+    if (line.empty() || line[0] == '#') continue;
+    size_t eq = line.find('=');
+    LOOM_CHECK(eq != std::string::npos, "launch", path, ": line '", line,
+               "' is not key=value; recreate it with scripts/testhosts.sh up N");
+    std::string key = line.substr(0, eq), value = line.substr(eq + 1);
+    if (key == "hosts") {
+      has_hosts = true;
+      size_t p = 0;
+      while (p < value.size()) {
+        size_t sp = value.find(' ', p);
+        if (sp == std::string::npos) sp = value.size();
+        if (sp > p) t.hosts.push_back(value.substr(p, sp - p));
+        p = sp + 1;
+      }
+    } else if (key == "agent") {
+      t.agent = value;
+    } else if (key == "net") {
+      t.net = value;
+    }
+  }
+  const char* missing = !has_hosts ? "hosts" : t.agent.empty() ? "agent" : t.net.empty() ? "net" : nullptr;
+  LOOM_CHECK(!missing, "launch", path, " has no '", missing,
+             "=' line; recreate it with scripts/testhosts.sh up N");
+  return t;
+}
+
+void use_test_hosts(LaunchOptions& o, const std::optional<TestHosts>& up) {
+  if (o.hosts.empty()) return;
+  std::vector<std::string> names = host_names(o.hosts), test, other;
+  for (const auto& n : names) {
+    bool is_test = up ? std::find(up->hosts.begin(), up->hosts.end(), n) != up->hosts.end()
+                      : looks_like_test_host(n);
+    (is_test ? test : other).push_back(n);
+  }
+  if (test.empty()) return;  // real hosts: mpirun's ssh, or the agent given
+  // `testhosts.sh up N` makes loomh1..loomhN: the N that covers every loomh<i> named.
+  long hosts_needed = 0;
+  for (const auto& n : names)
+    if (looks_like_test_host(n))
+      hosts_needed = std::max(hosts_needed, std::strtol(n.c_str() + std::strlen(kTestHostPrefix), nullptr, 10));
+  LOOM_CHECK(up, "launch", "--hosts names ", joined(test, ", "),
+             test.size() > 1 ? ", which look like test hosts" : ", which looks like a test host",
+             ", but none are up (no ", kTestHostsStatePath,
+             "); create them with scripts/testhosts.sh up ", hosts_needed, " (as root)");
+  if (!other.empty()) {
+    const bool test_like = looks_like_test_host(other[0]);
+    fail("launch", "--hosts ", o.hosts, ": ", joined(other, ", "), other.size() > 1 ? " are" : " is",
+         " not ", test_like ? "up" : "a test host", " (test hosts up: ", joined(up->hosts, " "), "); ",
+         test_like ? str_cat("bring them up with scripts/testhosts.sh up ", hosts_needed)
+                   : std::string("use only test hosts"),
+         ", or list real hosts only");
+  }
+  o.test_hosts = true;
+  if (o.agent.empty()) o.agent = up->agent;
+  if (o.net.empty()) o.net = up->net;
 }
 
 TaggedLine parse_tagged_line(const std::string& line) {

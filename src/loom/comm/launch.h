@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdlib>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,8 +29,11 @@ LaunchEnv launch_env(const EnvLookup& getenv_fn = [](const char* n) { return std
 
 struct LaunchOptions {
   int nproc = 1;
-  std::string hosts;     // "h1:4,h2:4" (mpirun --host)
+  std::string hosts;     // "h1:4,h2:4" (mpirun --host); its slots must add up to nproc
   std::string hostfile;  // mpirun --hostfile
+  std::string agent;     // how mpirun starts its daemons on the hosts (plm_rsh_agent; ssh)
+  std::string net;       // CIDR the ranks and daemons talk over (btl/oob_tcp_if_include)
+  bool test_hosts = false;  // namespace hosts: shared memory inside a host, TCP between
   double timeout_s = -1;  // > 0: the ranks' watchdog timeout (LOOM_COMM_TIMEOUT)
   std::string mpirun = "mpirun";
   std::string exe;                // the binary every rank runs
@@ -43,8 +47,28 @@ struct LaunchOptions {
 bool is_forwarded_env(const std::string& name);
 // Slots named by a --hosts list: "h1:4,h2:4" -> 8; a host without ":n" counts as 1.
 int slots_in_hosts(const std::string& hosts);
-// The full argv for mpirun. Throws on nproc < 1 or both hosts and hostfile.
+// The host names of a --hosts list, in order: "h1:4,h2" -> {h1, h2}.
+std::vector<std::string> host_names(const std::string& hosts);
+// The full argv for mpirun. Throws on nproc < 1, both hosts and hostfile, or hosts whose
+// slots do not add up to nproc.
 std::vector<std::string> mpirun_command(const LaunchOptions& opts);
+
+// Test hosts: network namespaces on this machine made by scripts/testhosts.sh, reached
+// through its agent instead of ssh. `testhosts.sh up` describes them in this file.
+inline constexpr const char* kTestHostsStatePath = "/run/loom-testhosts/state";
+inline constexpr const char* kTestHostPrefix = "loomh";
+struct TestHosts {
+  std::vector<std::string> hosts;  // loomh1 loomh2 ...
+  std::string agent;               // "/path/scripts/testhosts.sh agent"
+  std::string net;                 // 198.18.0.0/24
+};
+// Parses the state file's `key=value` lines (hosts, agent, net; # comments). Throws naming
+// the file and the missing key.
+TestHosts parse_test_hosts(const std::string& text, const std::string& path = kTestHostsStatePath);
+// When every host of opts.hosts is a test host, sets opts.agent, net and test_hosts (an
+// agent given explicitly is left alone). Throws, naming the host, when only some are, or
+// when a name looks like a test host (loomh<N>) but none are up (`up` is nullopt).
+void use_test_hosts(LaunchOptions& opts, const std::optional<TestHosts>& up);
 
 // One line of `mpirun --tag-output` output: "[1,3]<stdout>:text". rank is -1 for lines
 // mpirun printed itself (no tag); text is then the whole line.
