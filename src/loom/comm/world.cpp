@@ -119,10 +119,13 @@ World::World(int* argc, char*** argv, WorldOptions opts) {
     }
     mpi_ = true;
     board_ = open_progress_board();
-    group_ = make_group(make_algorithm_backend(make_mpi_world_backend(), host_of_world_ranks(), algorithm, model_),
-                        "world", record_, board_);
-    std::vector<int> hosts = group_.host_of();
-    host_ = group_.split(hosts[size_t(group_.rank())], group_.rank(), "host");
+    std::vector<int> hosts = host_of_world_ranks();
+    auto world = make_algorithm_backend(make_mpi_world_backend(), hosts, algorithm, model_);
+    // Split before the world Group exists, so the world's collective numbers (which the
+    // watchdog reports) start at 1 with the caller's first collective.
+    auto host = world->split(hosts[size_t(world->rank())], world->rank());
+    group_ = make_group(std::move(world), "world", record_, board_);
+    host_ = make_group(std::move(host), "host", record_, board_);
   } else {
     group_ = make_group(make_single_backend(), "world", record_);
     host_ = group_;

@@ -10,6 +10,8 @@
 #include <cstring>
 #include <random>
 
+#include <unistd.h>
+
 #include "comm/mpi/mpi_world.h"
 
 using namespace loom;
@@ -169,7 +171,7 @@ TEST(CollectiveAlgorithms, SplitGroupsInheritTheAlgorithmAndResolveFallbacks) {
   EXPECT_EQ(g.algorithm_for(CollectiveOp::all_reduce, 1 << 20), hier ? Algorithm::hierarchical : Algorithm::ring);
 }
 
-TEST(CollectiveAlgorithms, HostsFollowRanksPerHost) {
+TEST(CollectiveAlgorithms, HostsFollowRanksPerHostOrTheMachines) {
   const Group& g = test_world();
   std::vector<int> hosts = g.host_of();
   ASSERT_EQ(int(hosts.size()), g.size());
@@ -177,7 +179,17 @@ TEST(CollectiveAlgorithms, HostsFollowRanksPerHost) {
     int k = std::atoi(v);
     for (int r = 0; r < g.size(); ++r) EXPECT_EQ(hosts[size_t(r)], r / k);
     EXPECT_EQ(g.hosts(), (g.size() + k - 1) / k);
-  } else {
-    EXPECT_EQ(g.hosts(), 1);  // one machine, shared memory
+    return;
   }
+  // Two ranks share a host exactly when their machines' (or namespaces') names agree.
+  char name[64] = {};
+  gethostname(name, sizeof name - 1);
+  Tensor mine = Tensor::borrow(name, {64}, DType::u8);
+  Tensor all = Tensor::zeros({64 * g.size()}, DType::u8);
+  g.all_gather(mine, all);
+  const char* names = reinterpret_cast<const char*>(all.data<uint8_t>());
+  for (int a = 0; a < g.size(); ++a)
+    for (int b = 0; b < g.size(); ++b)
+      EXPECT_EQ(hosts[size_t(a)] == hosts[size_t(b)], std::strncmp(names + 64 * a, names + 64 * b, 64) == 0)
+          << "ranks " << a << " and " << b;
 }
