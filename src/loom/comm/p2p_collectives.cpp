@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include "loom/core/error.h"
 
@@ -97,6 +98,9 @@ class Peers {
     while (!rd || !sd) {
       if (!rd) rd = r->test();
       if (!sd) sd = s->test();
+      // Give the core away between polls: with more ranks than cores (or a busy host) a
+      // spinning rank would take the time its peers, and the kernel's network stack, need.
+      if (!rd || !sd) std::this_thread::yield();
     }
   }
   void send(const Tensor& out, int dst) { exchange(out, dst, Tensor(), 0); }
