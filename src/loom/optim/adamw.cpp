@@ -1,6 +1,7 @@
 #include "loom/optim/adamw.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "loom/kernels/cpu/cpu_kernels.h"
 
@@ -46,6 +47,28 @@ void AdamW::step(float* p, const float* g, double lr, double grad_scale) {
   if (covered < end_)
     cpu::adamw_update<float>(p + (covered - begin_), g + (covered - begin_), m + (covered - begin_),
                              v + (covered - begin_), end_ - covered, h, 0.0);
+}
+
+void AdamW::step_frozen_variance(float* p, double lr, int64_t freeze_step) {
+  ++step_;
+  const double bc1 = 1.0 - std::pow(cfg_.beta1, double(step_));
+  const double bc2 = 1.0 - std::pow(cfg_.beta2, double(std::max<int64_t>(1, freeze_step)));
+  const float step_size = float(lr / bc1), inv_sqrt_bc2 = float(1.0 / std::sqrt(bc2)), eps = float(cfg_.eps);
+  const float* m = m_.data<float>();
+  const float* v = v_.data<float>();
+  auto update = [&](int64_t b, int64_t e, double wd) {
+    const float decay = float(1.0 - lr * wd);
+#pragma omp parallel for schedule(static) if (e - b > 65536)
+    for (int64_t i = b - begin_; i < e - begin_; ++i)
+      p[i] = p[i] * decay - step_size * m[i] / (std::sqrt(v[i]) * inv_sqrt_bc2 + eps);
+  };
+  int64_t covered = begin_;
+  for (const auto& s : spans_) {
+    if (s.begin > covered) update(covered, s.begin, 0.0);
+    update(s.begin, s.end, s.decay ? cfg_.weight_decay : 0.0);
+    covered = s.end;
+  }
+  if (covered < end_) update(covered, end_, 0.0);
 }
 
 }  // namespace loom::optim

@@ -3,6 +3,7 @@
 // Owns the two moment buffers (category optimizer); knows nothing of communication.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "loom/core/tensor.h"
@@ -15,6 +16,11 @@ struct AdamWConfig {
   double beta2 = 0.95;
   double eps = 1e-8;
   double weight_decay = 0.1;
+  // "adamw", or "onebit_adam": AdamW for `freeze_step` steps, then the variance frozen and
+  // the momentum averaged over data-parallel ranks by a 1-bit compressed all-reduce
+  // (comm/onebit.h; DataParallel drives it).
+  std::string name = "adamw";
+  int64_t freeze_step = 100;
 };
 
 // A run of parameters [begin, end) (flat indices) that does or does not decay.
@@ -32,6 +38,10 @@ class AdamW {
   // p and g point at flat index `begin` (i.e. the shard). lr is this step's learning rate;
   // the gradients are taken as g * grad_scale (clipping without a separate pass).
   void step(float* p, const float* g, double lr, double grad_scale = 1.0);
+
+  // 1-bit Adam after the freeze: the moment buffer already holds this step's (averaged)
+  // momentum; the variance stays as it was at `freeze_step`, bias correction included.
+  void step_frozen_variance(float* p, double lr, int64_t freeze_step);
 
   int64_t begin() const { return begin_; }
   int64_t end() const { return end_; }

@@ -31,7 +31,7 @@ ModelStateBytes zero_model_state_bytes(int64_t P, int stage, int N) {
 DataParallel::DataParallel(model::Decoder& model, comm::Group dp, const optim::AdamWConfig& adam,
                            const DataParallelOptions& opt, uint64_t init_seed)
     : model_(model), cfg_(model.config()), layout_(model.layout()), dp_(std::move(dp)), opt_(opt),
-      n_(dp_.size()), r_(dp_.rank()) {
+      n_(dp_.size()), r_(dp_.rank()), adam_cfg_(adam) {
   const auto& mo = model.options();
   LOOM_CHECK(mo.unit_align % n_ == 0, "zero", "the model's unit_align=", mo.unit_align,
              " is not a multiple of the dp size ", n_, "; build it with decoder_options_for()");
@@ -50,6 +50,13 @@ DataParallel::DataParallel(model::Decoder& model, comm::Group dp, const optim::A
     const int64_t b = opt_.zero_stage == 0 ? u.begin : u.begin + r_ * chunk_size(u);
     const int64_t e = opt_.zero_stage == 0 ? u.end : b + chunk_size(u);
     adam_.push_back(std::make_unique<optim::AdamW>(adam, b, e, spans));
+  }
+  LOOM_CHECK(adam.name == "adamw" || adam.name == "onebit_adam", "config", "optim.name '", adam.name,
+             "' is not adamw or onebit_adam");
+  if (adam.name == "onebit_adam" && n_ > 1) {
+    LOOM_CHECK(opt_.zero_stage == 0, "config", "optim.name=onebit_adam needs parallel.zero_stage=0, got ",
+               opt_.zero_stage);
+    for (const auto& u : units) onebit_.push_back(std::make_unique<comm::OneBitAllReduce>(dp_, u.size()));
   }
   const int64_t shard = layout_.total() / n_;
   if (opt_.zero_stage >= 2) grad_shard_ = Tensor::zeros({shard}, DType::f32, MemCategory::grads);
@@ -153,6 +160,7 @@ void DataParallel::unit_ready(size_t ui) {
   // A pipeline stage without the embeddings or the head has empty units: nothing to send.
   if (end > begin) {
     const Tensor grads = model_.grads().slice(begin, {end - begin});
+    wire_bytes_ += 2 * (n_ - 1) * ((end - begin) * int64_t(dtype_size(opt_.grad_dtype)) / n_);
     if (opt_.grad_dtype == DType::bf16) {
       Tensor wire = take_buffer(end - begin, DType::bf16);
       narrow_to_bf16(grads, wire);
@@ -479,6 +487,15 @@ std::vector<Tensor> DataParallel::held_grads(int64_t begin, int64_t end) const {
 
 double DataParallel::grad_norm_sq() {
   finish_grads();
+  if (compressing()) {
+    // Local gradients only: the mean over ranks of the squared norm of each rank's own
+    // batch-mean gradient (its gradient here is that over n), an upper estimate of the
+    // global gradient's squared norm (which no rank has) for clipping and overflow checks.
+    Tensor s = Tensor::from_vector<double>(
+        {counted_sum_squares(model_.grads().data<float>(), 0, model_.grads().numel())}, {1});
+    dp_.all_reduce(s);
+    return s.data<double>()[0] * n_;
+  }
   if (opt_.zero_stage < 2)  // every rank holds the same reduced gradients
     return counted_sum_squares(model_.grads().data<float>(), 0, model_.grads().numel());
   double local = 0;
@@ -495,6 +512,28 @@ double DataParallel::grad_norm_sq() {
 void DataParallel::step(double lr) {
   finish_grads();
   const auto& units = layout_.units();
+  if (compressing()) {
+    // Each rank's momentum estimate b1 m / n + (1 - b1) g (its gradient is its share of the
+    // sum over ranks), summed over ranks by the 1-bit all-reduce, is the new momentum.
+    const float b1 = float(adam_cfg_.beta1), gs = float(grad_scale_), inv_n = 1.f / float(n_);
+    for (size_t i = 0; i < units.size(); ++i) {
+      if (units[i].size() == 0) continue;
+      float* m = adam_[i]->exp_avg().data<float>();
+      const float* g = model_.grads().data<float>() + adam_[i]->begin();
+      const int64_t n = adam_[i]->end() - adam_[i]->begin();
+#pragma omp parallel for schedule(static) if (n > 65536)
+      for (int64_t j = 0; j < n; ++j) m[j] = b1 * m[j] * inv_n + (1.f - b1) * g[j] * gs;
+      Stopwatch sw;
+      onebit_[i]->sum(m);
+      wait_s_ += sw.seconds();
+      wire_bytes_ += onebit_[i]->wire_bytes();
+      adam_[i]->step_frozen_variance(model_.params().data<float>() + adam_[i]->begin(), lr, adam_cfg_.freeze_step);
+    }
+    grad_scale_ = 1.0;
+    last_wire_bytes_ = wire_bytes_;
+    wire_bytes_ = 0;
+    return;
+  }
   for (size_t i = 0; i < units.size(); ++i) {
     const ParamUnit& u = units[i];
     float* p = opt_.zero_stage < 3 ? model_.params().data<float>() + adam_[i]->begin()
@@ -504,6 +543,8 @@ void DataParallel::step(double lr) {
     adam_[i]->step(p, g, lr, grad_scale_);
   }
   grad_scale_ = 1.0;
+  last_wire_bytes_ = wire_bytes_;
+  wire_bytes_ = 0;
   if (opt_.zero_stage == 1 || opt_.zero_stage == 2) {
     std::vector<comm::Work> works;
     for (const auto& u : units)

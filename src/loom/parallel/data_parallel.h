@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "loom/comm/group.h"
+#include "loom/comm/onebit.h"
 #include "loom/model/decoder.h"
 #include "loom/optim/adamw.h"
 
@@ -52,7 +53,17 @@ class DataParallel final : public model::ParamSource {
   // --- one optimizer step -----------------------------------------------------------------
   void zero_grads();
   // false before all but the last micro-batch: stage 0/1 skip communication (no_sync).
-  void set_sync(bool sync) { sync_ = sync; }
+  // 1-bit Adam after its warm-up never reduces gradients (the momentum is reduced instead).
+  void set_sync(bool sync) { sync_ = sync && !compressing(); }
+  // 1-bit Adam (optim.name=onebit_adam) past its warm-up: gradients stay local, the variance
+  // is frozen and step() averages the momentum by the compressed all-reduce.
+  bool compressing() const { return !onebit_.empty() && optimizer_steps() >= adam_cfg_.freeze_step; }
+  // 1-bit Adam's per-unit compressed all-reduces (error-feedback state for checkpoints);
+  // empty for AdamW.
+  const std::vector<std::unique_ptr<comm::OneBitAllReduce>>& onebit() const { return onebit_; }
+  // Bytes this rank sent for gradients (or 1-bit momenta) in the last step, counted as
+  // wire bytes: a ring all-reduce sends 2(n-1)/n of the buffer.
+  int64_t last_step_wire_bytes() const { return last_wire_bytes_; }
   // Waits for outstanding communication: afterwards the (local part of the) gradients are
   // the sum over ranks.
   void finish_grads();
@@ -146,6 +157,9 @@ class DataParallel final : public model::ParamSource {
   int n_, r_;
   bool sync_ = true;
   std::vector<std::unique_ptr<optim::AdamW>> adam_;
+  optim::AdamWConfig adam_cfg_;
+  std::vector<std::unique_ptr<comm::OneBitAllReduce>> onebit_;  // per unit; 1-bit Adam only
+  int64_t wire_bytes_ = 0, last_wire_bytes_ = 0;
 
   // stage 0/1 buckets: unit index ranges, in backward order; a bucket fires when all its
   // units are done.

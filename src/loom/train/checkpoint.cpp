@@ -127,6 +127,10 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const model::D
       w.add(str_cat(units[i].name, ".exp_avg"), a.exp_avg());
       w.add(str_cat(units[i].name, ".exp_avg_sq"), a.exp_avg_sq());
       w.set_metadata(str_cat(units[i].name, ".range"), str_cat(a.begin(), ":", a.end()));
+      if (!engine.onebit().empty()) {  // 1-bit Adam's error feedback, this rank's own
+        w.add(str_cat(units[i].name, ".onebit_worker_error"), engine.onebit()[i]->worker_error());
+        w.add(str_cat(units[i].name, ".onebit_server_error"), engine.onebit()[i]->server_error());
+      }
     }
     w.set_metadata("optimizer_steps", std::to_string(engine.optimizer_steps()));
     w.set_metadata("dp_size", std::to_string(engine.group().size()));
@@ -372,6 +376,20 @@ CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model,
         a.exp_avg().copy_from(m);
         a.exp_avg_sq().copy_from(v);
         a.set_step_count(optimizer_steps);
+      }
+      if (!engine.onebit().empty()) {  // absent when the run was AdamW: the errors start at zero
+        std::vector<std::string> names = f.names();
+        auto load = [&](const std::string& name, const Tensor& into) {
+          if (std::find(names.begin(), names.end(), name) == names.end()) return;
+          Tensor t = f.get(name);
+          LOOM_CHECK(t.numel() == into.numel(), "checkpoint", path, ": ", name, " has ", t.numel(),
+                     " elements, this run expects ", into.numel());
+          into.copy_from(t);
+        };
+        for (size_t i = 0; i < units.size(); ++i) {
+          load(str_cat(units[i].name, ".onebit_worker_error"), engine.onebit()[i]->worker_error());
+          load(str_cat(units[i].name, ".onebit_server_error"), engine.onebit()[i]->server_error());
+        }
       }
       return;
     }

@@ -69,6 +69,8 @@ TrainConfig parse_train_config(const std::string& text, const std::vector<std::s
   c.optim.beta2 = r.number("optim.beta2", 0.95, 0, 0.99999999);
   c.optim.eps = r.number("optim.eps", 1e-8, 1e-30, 1);
   c.optim.weight_decay = r.number("optim.weight_decay", 0.1, 0, 10);
+  c.optim.name = r.string("optim.name", "adamw", {"adamw", "onebit_adam"});
+  c.optim.freeze_step = r.integer("optim.freeze_step", 100, 1, int64_t(1) << 40);
   const bool fp16 = c.model.precision == model::Precision::fp16;
   const std::string scaling = r.string("optim.loss_scale", fp16 ? "dynamic" : "off", {"dynamic", "off"});
   c.loss_scale.dynamic = scaling == "dynamic";
@@ -154,6 +156,14 @@ TrainConfig parse_train_config(const std::string& text, const std::vector<std::s
              c.parallel.zero_stage, " with parallel.pp=", pp, " is not supported: ZeRO-2/3 reduce ",
              "and gather per forward/backward pass, which a pipeline interleaves across micro-batches; ",
              "use parallel.zero_stage=0 or 1 with pipelines");
+  LOOM_CHECK(c.optim.name != "onebit_adam" || c.parallel.zero_stage == 0, "config",
+             "optim.name=onebit_adam with parallel.zero_stage=", c.parallel.zero_stage,
+             " is not supported: every rank keeps the whole momentum it compresses; use parallel.zero_stage=0");
+  if (c.optim.name == "onebit_adam" && c.parallel.dp == 1)
+    c.warnings.push_back("optim.name=onebit_adam with parallel.dp=1 has nothing to compress: it runs as AdamW");
+  if (c.optim.name == "onebit_adam" && c.optim.freeze_step >= c.schedule.steps)
+    c.warnings.push_back(str_cat("optim.freeze_step=", c.optim.freeze_step, " is not below schedule.steps=",
+                                 c.schedule.steps, ": the whole run is 1-bit Adam's full-precision warm-up"));
   LOOM_CHECK(c.parallel.ep == 1, "config", "parallel.ep=", c.parallel.ep,
              ": expert parallelism is not in this build; use parallel.ep=1");
   const int64_t m = c.parallel.micro_batches;

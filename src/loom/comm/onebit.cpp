@@ -1,0 +1,90 @@
+// 1-bit compression with error feedback and the two-collective compressed all-reduce.
+#include "loom/comm/onebit.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "loom/core/error.h"
+
+namespace loom::comm {
+
+int64_t onebit_message_bytes(int64_t n) {
+  return 4 * ((n + kOneBitBlock - 1) / kOneBitBlock) + n / 8;
+}
+
+void onebit_compress(const float* x, int64_t n, uint8_t* out, float* error) {
+  const int64_t blocks = (n + kOneBitBlock - 1) / kOneBitBlock;
+  uint8_t* bits = out + 4 * blocks;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t lo = b * kOneBitBlock, hi = std::min(n, lo + kOneBitBlock);
+    double ss = 0;
+    for (int64_t i = lo; i < hi; ++i) ss += double(x[i]) * x[i];
+    const float scale = float(std::sqrt(ss / double(hi - lo)));
+    std::memcpy(out + 4 * b, &scale, sizeof scale);
+    for (int64_t i = lo; i < hi; ++i) error[i] = x[i] - (x[i] >= 0 ? scale : -scale);
+  }
+  for (int64_t k = 0; k < n / 8; ++k) {
+    uint8_t byte = 0;
+    for (int j = 0; j < 8; ++j) byte = uint8_t(byte | (x[k * 8 + j] >= 0 ? 1u << j : 0u));
+    bits[k] = byte;
+  }
+}
+
+void onebit_accumulate(const uint8_t* in, int64_t n, float* acc) {
+  const int64_t blocks = (n + kOneBitBlock - 1) / kOneBitBlock;
+  const uint8_t* bits = in + 4 * blocks;
+  for (int64_t b = 0; b < blocks; ++b) {
+    float scale;
+    std::memcpy(&scale, in + 4 * b, sizeof scale);
+    const int64_t lo = b * kOneBitBlock, hi = std::min(n, lo + kOneBitBlock);
+    for (int64_t i = lo; i < hi; ++i) acc[i] += (bits[i / 8] >> (i % 8)) & 1 ? scale : -scale;
+  }
+}
+
+OneBitAllReduce::OneBitAllReduce(Group g, int64_t n) : g_(std::move(g)), n_(n) {
+  LOOM_CHECK(n >= 0, "onebit", "tensor size ", n, " is negative");
+  const int64_t unit = 8 * g_.size();
+  padded_ = std::max<int64_t>(unit, (n + unit - 1) / unit * unit);
+  const int64_t c = chunk(), msg = onebit_message_bytes(c);
+  worker_error_ = Tensor::zeros({padded_}, DType::f32, MemCategory::optimizer);
+  server_error_ = Tensor::zeros({c}, DType::f32, MemCategory::optimizer);
+  work_ = Tensor::zeros({padded_}, DType::f32, MemCategory::comm);
+  send_ = Tensor::zeros({msg * g_.size()}, DType::u8, MemCategory::comm);
+  recv_ = Tensor::zeros({msg * g_.size()}, DType::u8, MemCategory::comm);
+  gathered_ = Tensor::zeros({msg * g_.size()}, DType::u8, MemCategory::comm);
+}
+
+int64_t OneBitAllReduce::wire_bytes() const {
+  const int64_t msg = onebit_message_bytes(chunk());
+  return 2 * msg * (g_.size() - 1);  // all-to-all: a chunk to each other rank; all-gather: ours to each
+}
+
+int64_t OneBitAllReduce::f32_ring_wire_bytes() const {
+  return 2 * (g_.size() - 1) * (n_ * 4 / g_.size());
+}
+
+void OneBitAllReduce::sum(float* x) {
+  const int N = g_.size();
+  const int64_t c = chunk(), msg = onebit_message_bytes(c);
+  float* w = work_.data<float>();
+  float* we = worker_error_.data<float>();
+  for (int64_t i = 0; i < n_; ++i) w[i] = x[i] + we[i];
+  for (int64_t i = n_; i < padded_; ++i) w[i] = 0;
+  uint8_t* send = send_.data<uint8_t>();
+  for (int q = 0; q < N; ++q) onebit_compress(w + q * c, c, send + q * msg, we + q * c);
+  for (int64_t i = n_; i < padded_; ++i) we[i] = 0;  // padding carries no error
+  g_.all_to_all(send_, recv_);
+  // Our chunk: the sum of every rank's compressed chunk, in rank order, plus our error.
+  float* s = work_.data<float>();  // reused: the first c elements
+  std::memcpy(s, server_error_.data<float>(), size_t(c) * sizeof(float));
+  for (int q = 0; q < N; ++q) onebit_accumulate(recv_.data<uint8_t>() + q * msg, c, s);
+  Tensor mine = gathered_.slice(int64_t(g_.rank()) * msg, {msg});
+  onebit_compress(s, c, mine.data<uint8_t>(), server_error_.data<float>());
+  g_.all_gather(mine, gathered_);
+  std::memset(w, 0, size_t(padded_) * sizeof(float));
+  for (int q = 0; q < N; ++q) onebit_accumulate(gathered_.data<uint8_t>() + q * msg, c, w + q * c);
+  std::memcpy(x, w, size_t(n_) * sizeof(float));
+}
+
+}  // namespace loom::comm
