@@ -33,6 +33,9 @@ class OneBitAllReduce {
   // The error-feedback state (checkpointed, so a resumed run continues exactly):
   // worker: padded() elements; server: chunk() elements.
   const Tensor& worker_error() const { return worker_error_; }
+  // Seconds the last sum() spent in its two collectives, and compressing and decoding.
+  double last_comm_seconds() const { return comm_s_; }
+  double last_compute_seconds() const { return compute_s_; }
   const Tensor& server_error() const { return server_error_; }
 
  private:
@@ -40,6 +43,7 @@ class OneBitAllReduce {
   int64_t n_, padded_;
   Tensor worker_error_, server_error_;
   Tensor work_, send_, recv_, gathered_;
+  double comm_s_ = 0, compute_s_ = 0;
 };
 
 // Elements per scale. One scale per chunk would make a LayerNorm gain's momentum (about 1)
