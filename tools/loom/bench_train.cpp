@@ -59,7 +59,9 @@ const char* kHelp =
     "  --peer torch  also run bench/peers/torch_gpt2.py (Debian python3-torch) with the same\n"
     "              model, shapes and threads, alternating R rounds (default 2), and print ratios\n"
     "Data parallel: --nproc N --dp N [--zero S] [--bucket-mb M] runs N ranks (via loom launch)\n"
-    "              and reports communication time and the part not hidden behind compute.\n"
+    "              and reports communication time and the part not hidden behind compute;\n"
+    "              --hosts h1:2,h2:2 places them on hosts, --algorithm ring|tree|hierarchical|auto|mpi\n"
+    "              picks the collectives, --optim onebit_adam [--freeze-step K] compresses them.\n"
     "The last line is SUMMARY {json}.\n";
 
 }  // namespace
@@ -72,13 +74,21 @@ int bench_train(const std::vector<std::string>& argv) {
       if (s == flag || s.rfind(std::string(flag) + "=", 0) == 0) return true;
     return false;
   };
-  if (given("--nproc") && !comm::launch_env().under_mpi) {
-    std::vector<std::string> launch = {"--nproc", "1", "--", "bench", "train"};
-    for (size_t i = 0; i + 1 < argv.size(); ++i)
-      if (argv[i] == "--nproc") launch[1] = argv[i + 1];
-    for (const auto& s : argv)
-      if (s.rfind("--nproc=", 0) == 0) launch[1] = s.substr(8);
-    for (const auto& s : without_nproc(argv)) launch.push_back(s);
+  if ((given("--nproc") || given("--hosts")) && !comm::launch_env().under_mpi) {
+    std::string nproc, hosts;
+    for (size_t i = 0; i + 1 < argv.size(); ++i) {
+      if (argv[i] == "--nproc") nproc = argv[i + 1];
+      if (argv[i] == "--hosts") hosts = argv[i + 1];
+    }
+    for (const auto& s : argv) {
+      if (s.rfind("--nproc=", 0) == 0) nproc = s.substr(8);
+      if (s.rfind("--hosts=", 0) == 0) hosts = s.substr(8);
+    }
+    if (nproc.empty()) nproc = std::to_string(comm::slots_in_hosts(hosts));
+    std::vector<std::string> launch = {"--nproc", nproc};
+    if (!hosts.empty()) launch.insert(launch.end(), {"--hosts", hosts});
+    launch.insert(launch.end(), {"--", "bench", "train"});
+    for (const auto& s : without_options(argv, {"--nproc", "--hosts"})) launch.push_back(s);
     return cmd_launch(launch);
   }
   if (comm::launch_env().under_mpi || given("--dp") || given("--zero")) return bench_train_dp(argv);

@@ -1,6 +1,7 @@
-// `loom bench train --nproc N --dp N [--zero S] [--precision fp32|bf16] [--grad-dtype fp32|bf16]`:
+// `loom bench train --nproc N --dp N [--zero S] [--precision fp32|bf16] [--grad-dtype fp32|bf16]
+//  [--hosts h1:2,h2:2] [--algorithm A] [--optim adamw|onebit_adam]`:
 // data-parallel training steps, how much of the communication hides behind computation, and
-// the bytes the dp collectives move per step (halved by bf16 gradients). Each rank first times the same per-rank
+// the bytes the dp collectives move per step (halved by bf16 gradients, ~1/30 by 1-bit Adam). Each rank first times the same per-rank
 // work alone (dp=1, no communication) under the same CPU contention, then the dp=N steps.
 // comm_ms sums the dp collectives' durations from the comm record; exposed_comm_ms is the
 // time the training thread spent blocked waiting for them.
@@ -14,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "loom/core/stats.h"
+#include "loom/comm/algorithm.h"
 #include "loom/comm/record.h"
 #include "loom/comm/world.h"
 #include "loom/core/threads.h"
@@ -29,18 +31,18 @@ namespace loom::cli {
 namespace {
 
 struct StepTimes {
-  std::vector<double> step_ms, comm_ms, exposed_ms, comm_bytes;
+  std::vector<double> step_ms, comm_ms, exposed_ms, comm_bytes, wire_bytes, compress_ms;
   std::map<std::string, std::vector<double>> bytes_by_op;  // per timed step
 };
 
 StepTimes run_steps(const model::ModelConfig& cfg, const comm::Group& dp, const comm::CommRecord& rec,
-                    int zero, double bucket_mb, DType grad_dtype, int64_t B, int64_t T, int64_t warmup,
-                    int64_t steps, int64_t* model_state_bytes = nullptr) {
+                    int zero, double bucket_mb, DType grad_dtype, const optim::AdamWConfig& adam, int64_t B,
+                    int64_t T, int64_t warmup, int64_t steps, int64_t* model_state_bytes = nullptr) {
   const MemorySnapshot before = cpu_allocator().snapshot();
   model::DecoderOptions dopt = parallel::decoder_options_for({}, zero, dp.size());
   model::Decoder m(cfg, dopt);
   if (zero < 3) m.init_weights(1234);
-  parallel::DataParallel engine(m, dp, {1e-4, 0.9, 0.95, 1e-8, 0.1}, {zero, bucket_mb, grad_dtype}, 1234);
+  parallel::DataParallel engine(m, dp, adam, {zero, bucket_mb, grad_dtype}, 1234);
   if (model_state_bytes) {
     const MemorySnapshot after = cpu_allocator().snapshot();
     *model_state_bytes = 0;
@@ -56,7 +58,9 @@ StepTimes run_steps(const model::ModelConfig& cfg, const comm::Group& dp, const 
     dp.barrier();
     const double t0 = now_seconds();
     engine.take_wait_seconds();
+    engine.take_compress_seconds();
     engine.zero_grads();
+    engine.set_sync(true);
     m.forward_backward(tok.data(), tgt.data(), B, T, 1.0 / double(B * T * dp.size()));
     engine.finish_grads();
     const double norm = std::sqrt(engine.grad_norm_sq());
@@ -75,8 +79,10 @@ StepTimes run_steps(const model::ModelConfig& cfg, const comm::Group& dp, const 
       st.step_ms.push_back((t1 - t0) * 1e3);
       st.comm_ms.push_back(comm * 1e3);
       st.comm_bytes.push_back(bytes);
+      st.wire_bytes.push_back(double(engine.last_step_wire_bytes()));
       for (const auto& [op, b] : by_op) st.bytes_by_op[op].push_back(b);
       st.exposed_ms.push_back(engine.take_wait_seconds() * 1e3);
+      st.compress_ms.push_back(engine.take_compress_seconds() * 1e3);
     }
   }
   return st;
@@ -88,13 +94,22 @@ int bench_train_dp(const std::vector<std::string>& argv) {
   Args a("bench train", argv,
          {{"model", true}, {"batch", true}, {"seq", true}, {"steps", true}, {"warmup", true},
           {"threads", true}, {"dp", true}, {"zero", true}, {"bucket-mb", true}, {"nproc", true},
-          {"precision", true}, {"grad-dtype", true}, {"help", false}});
+          {"precision", true}, {"grad-dtype", true}, {"hosts", true}, {"algorithm", true}, {"optim", true},
+          {"freeze-step", true}, {"help", false}});
   const std::string preset = a.get("model", "gpt2-124m");
   const int64_t B = a.get_int("batch", 4), T = a.get_int("seq", 256);
   const int64_t steps = a.get_int("steps", 5), warmup = a.get_int("warmup", 1);
   const int zero = int(a.get_int("zero", 0));
   const double bucket_mb = a.get_double("bucket-mb", 25.0);
-  comm::World world;
+  optim::AdamWConfig adam{1e-4, 0.9, 0.95, 1e-8, 0.1};
+  adam.name = a.get("optim", "adamw");
+  if (adam.name != "adamw" && adam.name != "onebit_adam")
+    throw UsageError("[bench train] --optim " + adam.name + ": expected adamw or onebit_adam");
+  // 1-bit Adam: the warm-up steps are its full-precision phase, the timed ones compressed.
+  adam.freeze_step = a.get_int("freeze-step", warmup);
+  comm::WorldOptions wo;
+  wo.algorithm = a.get("algorithm", "");
+  comm::World world(wo);
   const int N = world.size();
   if (a.has("dp") && a.get_int("dp", N) != N)
     throw UsageError(str_cat("[bench train] --dp ", a.get_int("dp", N), " but ", N,
@@ -114,27 +129,42 @@ int bench_train_dp(const std::vector<std::string>& argv) {
     std::printf("bench train (data parallel): %s, dp=%d, ZeRO-%d, per-rank batch %lld x %lld, %d threads/rank, bucket %.0f MB, "
                 "gradients on the wire %s\n",
                 cfg.summary().c_str(), N, zero, (long long)B, (long long)T, num_threads(), bucket_mb, grad_name.c_str());
+  const int64_t grad_bytes = model::ParamLayout(cfg).num_params() * 4;
+  if (main)
+    std::printf("%d ranks on %d host%s; collectives %s (a %s all-reduce runs %s); optimizer %s\n", N,
+                world.group().hosts(), world.group().hosts() > 1 ? "s" : "", comm::algorithm_name(world.group().algorithm()),
+                format_bytes(grad_bytes).c_str(),
+                comm::algorithm_name(world.group().algorithm_for(comm::CollectiveOp::all_reduce, grad_bytes)),
+                adam.name.c_str());
   // Baseline: the same per-rank work with no communication, all ranks at once.
   comm::Group alone = comm::Group::single("alone");
-  const StepTimes base = run_steps(cfg, alone, world.record(), 0, bucket_mb, grad_dtype, B, T, warmup, steps);
+  const StepTimes base = run_steps(cfg, alone, world.record(), 0, bucket_mb, grad_dtype, adam, B, T, warmup, steps);
   parallel::Mesh mesh(world.group(), parallel::MeshShape(1, N, 1, 1));
   int64_t state_bytes = 0;
   const StepTimes dp =
-      run_steps(cfg, mesh.dp(), world.record(), zero, bucket_mb, grad_dtype, B, T, warmup, steps, &state_bytes);
+      run_steps(cfg, mesh.dp(), world.record(), zero, bucket_mb, grad_dtype, adam, B, T, warmup, steps, &state_bytes);
   const auto predicted = parallel::zero_model_state_bytes(model::ParamLayout(cfg).num_params(), zero, N);
   // Rank 0 reports; medians over its steps (ranks are synchronised by the collectives).
   const double base_ms = median(base.step_ms), dp_ms = median(dp.step_ms);
   const double comm_ms = median(dp.comm_ms), exposed_ms = median(dp.exposed_ms), comm_bytes = median(dp.comm_bytes);
+  const double wire_bytes = median(dp.wire_bytes), compress_ms = median(dp.compress_ms);
   if (!main) return 0;
   std::printf("\n%-28s %12s\n", "", "ms (median)");
   std::printf("%-28s %12.1f\n", "step, dp=1 same work", base_ms);
   std::printf("%-28s %12.1f\n", str_cat("step, dp=", N).c_str(), dp_ms);
   std::printf("%-28s %12.1f\n", "communication (total)", comm_ms);
   std::printf("%-28s %12.1f\n", "communication (exposed)", exposed_ms);
+  if (adam.name == "onebit_adam") std::printf("%-28s %12.1f\n", "1-bit compress + decode", compress_ms);
   std::printf("dp collectives' payload per step and rank: %s (gradients in %s):", format_bytes(int64_t(comm_bytes)).c_str(),
               grad_name.c_str());
   for (const auto& [op, v] : dp.bytes_by_op) std::printf(" %s %s", op.c_str(), format_bytes(int64_t(median(v))).c_str());
   std::printf("\n");
+  std::printf("gradient bytes sent per rank per step (wire, %s): %s\n", adam.name.c_str(),
+              format_bytes(int64_t(wire_bytes)).c_str());
+  // The communication share of the step: exposed / step; without overlap it would be
+  // comm / (compute + comm).
+  std::printf("communication share of the step: %.1f%% exposed (%.1f%% if none overlapped)\n",
+              dp_ms > 0 ? 100 * exposed_ms / dp_ms : 0.0, 100 * comm_ms / std::max(1e-9, base_ms + comm_ms));
   std::printf("exposed fraction: %.1f%% of communication; dp=%d step is %.2fx the dp=1 step\n",
               comm_ms > 0 ? 100 * exposed_ms / comm_ms : 0.0, N, base_ms > 0 ? dp_ms / base_ms : 0.0);
   std::printf("model states per rank (ZeRO-%d): predicted %s, actual %s (params+grads+optimizer)\n",
@@ -142,7 +172,11 @@ int bench_train_dp(const std::vector<std::string>& argv) {
   nlohmann::json s = {{"model", preset}, {"dp", N}, {"zero_stage", zero}, {"batch_per_rank", B}, {"seq", T},
                       {"threads_per_rank", num_threads()}, {"dp1_step_ms", base_ms}, {"step_ms", dp_ms},
                       {"comm_ms", comm_ms}, {"exposed_comm_ms", exposed_ms}, {"comm_bytes", comm_bytes},
-                      {"precision", precision}, {"grad_dtype", grad_name},
+                      {"precision", precision}, {"grad_dtype", grad_name}, {"optim", adam.name},
+                      {"hosts", world.group().hosts()}, {"algorithm", comm::algorithm_name(world.group().algorithm())},
+                      {"wire_bytes_per_rank", wire_bytes}, {"compress_ms", compress_ms},
+                      {"comm_share_exposed", dp_ms > 0 ? exposed_ms / dp_ms : 0.0},
+                      {"comm_share_unoverlapped", comm_ms / std::max(1e-9, base_ms + comm_ms)},
                       {"exposed_comm_fraction", comm_ms > 0 ? exposed_ms / comm_ms : 0.0},
                       {"tokens_per_s", double(B * T * N) / dp_ms * 1e3},
                       {"model_state_bytes_predicted", predicted.total()},

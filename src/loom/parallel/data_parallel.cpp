@@ -392,6 +392,7 @@ void DataParallel::embedding_backward(const Tensor& tokens, const Tensor& pos, c
   Tensor mine = Tensor::empty({N, C}, dres.dtype(), MemCategory::comm);
   mine.copy_from(dres);  // dres is the decoder's scratch: it changes before the gather ends
   s.w_rows = dp_.all_gather_async(mine, s.rows);
+  wire_bytes_ += (n_ - 1) * int64_t(tokens.nbytes() + pos.nbytes() + mine.nbytes());  // ours to every other rank
   s.dwte = dwte;
   s.dwpe = dwpe;
   sparse_.push_back(std::move(s));
@@ -523,9 +524,9 @@ void DataParallel::step(double lr) {
       const int64_t n = adam_[i]->end() - adam_[i]->begin();
 #pragma omp parallel for schedule(static) if (n > 65536)
       for (int64_t j = 0; j < n; ++j) m[j] = b1 * m[j] * inv_n + (1.f - b1) * g[j] * gs;
-      Stopwatch sw;
       onebit_[i]->sum(m);
-      wait_s_ += sw.seconds();
+      wait_s_ += onebit_[i]->last_comm_seconds();
+      compress_s_ += onebit_[i]->last_compute_seconds();
       wire_bytes_ += onebit_[i]->wire_bytes();
       adam_[i]->step_frozen_variance(model_.params().data<float>() + adam_[i]->begin(), lr, adam_cfg_.freeze_step);
     }
@@ -560,6 +561,12 @@ void DataParallel::step(double lr) {
 double DataParallel::take_wait_seconds() {
   const double s = wait_s_;
   wait_s_ = 0;
+  return s;
+}
+
+double DataParallel::take_compress_seconds() {
+  const double s = compress_s_;
+  compress_s_ = 0;
   return s;
 }
 

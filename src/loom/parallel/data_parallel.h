@@ -97,6 +97,9 @@ class DataParallel final : public model::ParamSource {
   // Seconds the calling thread spent blocked on communication since the last call (the
   // exposed, i.e. not overlapped, part of it).
   double take_wait_seconds();
+  // Seconds 1-bit Adam spent compressing and decoding since the last call (computation on
+  // the training thread, not counted as waiting).
+  double take_compress_seconds();
 
   // --- model::ParamSource -------------------------------------------------------------------
   model::BlockWeights block_params(int layer, Phase phase) override;
@@ -186,7 +189,7 @@ class DataParallel final : public model::ParamSource {
   std::map<int, Gathered> gathered_;  // key: layer, -1 embed, -2 head
   std::vector<std::pair<int, Phase>> plan_;  // expected block_params requests of this pass
   size_t plan_pos_ = 0;
-  double wait_s_ = 0;
+  double wait_s_ = 0, compress_s_ = 0;
   double grad_scale_ = 1.0;
   // Stage 0/1 with the whole model on this rank: the embedding and head units are reduced as
   // soon as the head's gradients exist, and the lookup's gradient travels as the batch's rows.
