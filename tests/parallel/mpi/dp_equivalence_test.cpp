@@ -29,6 +29,8 @@ using namespace loom::train;
 
 namespace {
 
+using loom::testing::shared_empty_dir;
+
 using loom::testing::SyntheticSource;
 
 struct TrainRun {
@@ -74,15 +76,6 @@ void expect_close(const TrainRun& a, const TrainRun& ref, const model::ParamLayo
   loom::testing::expect_weights_close(a.weights, dist_layout, ref.weights, ref_layout, 3e-3,
                                       double(steps > 0 ? steps : int64_t(a.losses.size())), what,
                                       bf16 ? loom::testing::bf16_weight_tolerance() : loom::testing::WeightTolerance{});
-}
-
-// A temporary directory every rank uses, emptied by rank 0 before anyone writes. Named per rank
-// count: ctest may run the 2- and 4-rank suites at once.
-std::string shared_empty_dir(const comm::Group& world, const std::string& stem) {
-  const auto dir = std::filesystem::temp_directory_path() / (stem + "_" + std::to_string(world.size()));
-  if (world.rank() == 0) std::filesystem::remove_all(dir);
-  world.barrier();
-  return dir.string();
 }
 
 }  // namespace

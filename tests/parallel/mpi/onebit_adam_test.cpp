@@ -18,6 +18,8 @@ using namespace loom::train;
 
 namespace {
 
+using loom::testing::shared_empty_dir;
+
 TrainConfig onebit_config(int dp, const std::string& optim, int64_t freeze, int64_t steps,
                           const std::string& ckpt_dir = "") {
   std::vector<std::string> sets = {
@@ -44,13 +46,6 @@ OneBitRun train_run(const TrainConfig& cfg, const parallel::Mesh& mesh, const st
   r.weights = t.full_params().to_f32_vector();
   r.last_wire_bytes = t.engine().last_step_wire_bytes();
   return r;
-}
-
-std::string shared_empty_dir(const comm::Group& world, const std::string& stem) {
-  const auto dir = std::filesystem::temp_directory_path() / (stem + "_" + std::to_string(world.size()));
-  if (world.rank() == 0) std::filesystem::remove_all(dir);
-  world.barrier();
-  return dir.string();
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include <cstdio>
+#include <filesystem>
 #include <string>
 
 #include "loom/train/batch_source.h"
@@ -47,6 +48,15 @@ inline train::TrainerOptions quiet_trainer_options(const parallel::Mesh* mesh,
   o.peak_gflops = 1;
   o.log = devnull;
   return o;
+}
+
+// A temporary directory every rank uses, emptied by rank 0 before anyone writes. Named per rank
+// count: ctest may run the 2- and 4-rank suites at once.
+inline std::string shared_empty_dir(const comm::Group& world, const std::string& stem) {
+  const auto dir = std::filesystem::temp_directory_path() / (stem + "_" + std::to_string(world.size()));
+  if (world.rank() == 0) std::filesystem::remove_all(dir);
+  world.barrier();
+  return dir.string();
 }
 
 }  // namespace loom::testing
