@@ -111,6 +111,11 @@ TEST(CostModel, ResolveFallsBackWhereAnAlgorithmCannotRun) {
   EXPECT_EQ((resolve_algorithm(Algorithm::tree, CollectiveOp::all_reduce, 1 << 20, Topology{{0, 0, 1}}, m)),
             Algorithm::tree);
   EXPECT_EQ((resolve_algorithm(Algorithm::ring, CollectiveOp::all_reduce, 8, Topology{std::vector<int>{0}}, m)), Algorithm::mpi);
+  // Recursive doubling on 3 ranks: one fold in, one step, one fold out.
+  CostModel flat;
+  flat.intra = {1e-6, 0};
+  flat.reduce_s_per_byte = 0;
+  EXPECT_NEAR(predict_seconds(Algorithm::tree, CollectiveOp::all_reduce, 1 << 20, Topology{{0, 0, 0}}, flat), 3e-6, 1e-12);
   EXPECT_EQ(parse_algorithm("hierarchical"), Algorithm::hierarchical);
   try {
     parse_algorithm("butterfly");

@@ -144,10 +144,11 @@ std::vector<int> ring_next(int n) {
   return p;
 }
 
-std::vector<int> xor_partner(int n, int mask) {
-  std::vector<int> p(size_t(n), -1);
-  for (int r = 0; r < n; ++r)
-    if ((r ^ mask) < n) p[size_t(r)] = r ^ mask;
+// Partners r ^ mask among ranks [0, active) of a group of n (the rest idle in this step).
+std::vector<int> xor_partner(int n, int mask, int active) {
+  std::vector<int> p(static_cast<size_t>(n), -1);
+  for (int r = 0; r < active; ++r)
+    if ((r ^ mask) < active) p[size_t(r)] = r ^ mask;
   return p;
 }
 
@@ -178,12 +179,12 @@ double tree_time(CollectiveOp op, double s, const Topology& topo, const CostMode
       for (int r = p2; r < n; ++r) fold[size_t(r)] = r - p2;
       t += step_time(topo, m, s, true, fold) + step_time(topo, m, s, false, fold);
     }
-    for (int mask = 1; mask < p2; mask *= 2) t += step_time(topo, m, s, true, xor_partner(p2, mask));
+    for (int mask = 1; mask < p2; mask *= 2) t += step_time(topo, m, s, true, xor_partner(n, mask, p2));
     return t;
   }
   // Recursive halving (reduce-scatter) and doubling (all-gather) halve/double the message.
   for (int mask = n / 2; mask >= 1; mask /= 2)
-    t += step_time(topo, m, s * mask / n, op == CollectiveOp::reduce_scatter, xor_partner(n, mask));
+    t += step_time(topo, m, s * mask / n, op == CollectiveOp::reduce_scatter, xor_partner(n, mask, n));
   return t;
 }
 

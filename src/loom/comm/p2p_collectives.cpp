@@ -200,6 +200,13 @@ void tree_all_gather(Peers& p, const Tensor& buf, const std::vector<Span>& spans
   }
 }
 
+// Refuses, on every rank before anything is sent, a reduction the algorithms cannot do: a
+// rank that threw halfway would leave its peers waiting for its messages.
+void check_reducible(DType t, ReduceOp op) {
+  LOOM_CHECK(t != DType::bf16 || op == ReduceOp::sum || op == ReduceOp::avg, "comm",
+             "bf16 reductions are sum and avg, not ", reduce_op_name(op));
+}
+
 class AlgorithmBackend final : public Backend {
  public:
   AlgorithmBackend(std::unique_ptr<Backend> transport, std::vector<int> host_of_world, Algorithm a,
@@ -230,6 +237,7 @@ class AlgorithmBackend final : public Backend {
   void all_reduce(const Tensor& t, ReduceOp op) override {
     Algorithm a = resolve(algorithm_, CollectiveOp::all_reduce, int64_t(t.nbytes()));
     if (a == Algorithm::mpi) return transport_->all_reduce(t, op);
+    check_reducible(t.dtype(), op);
     Tensor buf = t.view({t.numel()});
     if (a == Algorithm::hierarchical) {
       hierarchical_all_reduce(buf, op);
@@ -244,6 +252,7 @@ class AlgorithmBackend final : public Backend {
   void reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op) override {
     Algorithm a = resolve(algorithm_, CollectiveOp::reduce_scatter, int64_t(in.nbytes()));
     if (a == Algorithm::mpi) return transport_->reduce_scatter(in, out, op);
+    check_reducible(in.dtype(), op);
     const int64_t c = out.numel();
     Tensor work = Tensor::empty({in.numel()}, in.dtype(), MemCategory::comm);
     Tensor tmp = scratch(in.numel() / 2 + 1, in.dtype());

@@ -22,11 +22,9 @@ namespace {
 const Algorithm kAlgorithms[] = {Algorithm::ring, Algorithm::tree, Algorithm::hierarchical,
                                  Algorithm::auto_select};
 
-// A group of its own, so the algorithm set here does not leak into other tests.
-const Group& algo_group() {
-  static Group g = test_world().split(0, test_world().rank(), "algo");
-  return g;
-}
+// A group of its own, so the algorithm set here does not leak into other tests (a split is
+// collective: every rank makes it at the same point of the same test).
+Group algo_group() { return test_world().split(0, test_world().rank(), "algo"); }
 
 // Rank- and index-dependent integers, small enough that every partial sum is exact in
 // the dtype (bf16 has 8 significant bits: values up to 8, at most 8 ranks, sum <= 64... 128).
@@ -95,7 +93,7 @@ bool identical_on_every_rank(const Group& g, const Tensor& x) {
 }  // namespace
 
 TEST(CollectiveAlgorithms, IntegerDataMatchesMpiBitwiseForEveryDtypeOpAndSize) {
-  const Group& g = algo_group();
+  const Group g = algo_group();
   for (DType t : {DType::f32, DType::f64, DType::i32, DType::i64, DType::bf16, DType::u8}) {
     for (ReduceOp op : {ReduceOp::sum, ReduceOp::max, ReduceOp::min, ReduceOp::avg}) {
       if (t == DType::bf16 && (op == ReduceOp::max || op == ReduceOp::min)) continue;
@@ -116,7 +114,7 @@ TEST(CollectiveAlgorithms, IntegerDataMatchesMpiBitwiseForEveryDtypeOpAndSize) {
 }
 
 TEST(CollectiveAlgorithms, RandomDataWithinReductionOrderToleranceAndSameOnEveryRank) {
-  const Group& g = algo_group();
+  const Group g = algo_group();
   const int64_t chunk = 4099;
   Results want = run_all(g, Algorithm::mpi, DType::f32, chunk, ReduceOp::sum, false, 1);
   for (Algorithm a : kAlgorithms) {
@@ -135,7 +133,7 @@ TEST(CollectiveAlgorithms, RandomDataWithinReductionOrderToleranceAndSameOnEvery
 }
 
 TEST(CollectiveAlgorithms, InPlaceAllGatherAndMultiDimensionalTensors) {
-  const Group& g = algo_group();
+  const Group g = algo_group();
   for (Algorithm a : kAlgorithms) {
     g.set_algorithm(a);
     Tensor out = Tensor::zeros({g.size(), 3}, DType::f32);
@@ -152,7 +150,7 @@ TEST(CollectiveAlgorithms, InPlaceAllGatherAndMultiDimensionalTensors) {
 }
 
 TEST(CollectiveAlgorithms, SplitGroupsInheritTheAlgorithmAndResolveFallbacks) {
-  const Group& g = algo_group();
+  const Group g = algo_group();
   g.set_algorithm(Algorithm::tree);
   Group half = g.split(g.rank() % 2, g.rank());
   EXPECT_EQ(half.algorithm(), Algorithm::tree);
