@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# `loom train` data-parallel across two test hosts (scripts/testhosts.sh): dp=4 as 2 ranks on
-# each of loomh1 and loomh2 (shared memory inside a host, TCP between them), with ZeRO 0 and
-# 3, must log the single-process run's loss at every step, to the 1e-5 relative tolerance of
-# the dp equivalence tests (tests/parallel/mpi/dp_equivalence_test.cpp). Skips (77) when test
+# `loom train` across two test hosts (scripts/testhosts.sh), 2 ranks on each of loomh1 and
+# loomh2 (shared memory inside a host, TCP between them): dp=4 with ZeRO 0 and 3, and tp=2 x
+# dp=2 with tp inside the hosts and, by parallel.order, across them (which must warn), must
+# log the single-process run's loss at every step, to the 1e-5 relative tolerance of the dp
+# equivalence tests (tests/parallel/mpi/dp_equivalence_test.cpp). Skips (77) when test
 # hosts cannot be made here (not root, iproute2 missing).
 #   hosts_train_test.sh <loom> <source dir>
 set -u
@@ -37,25 +38,38 @@ echo "== one process"
   >"$work/one.log" 2>&1 || { cat "$work/one.log"; fail "the single-process run failed"; }
 [ "$(losses "$work/one.jsonl" | wc -l)" -eq 12 ] || fail "the single-process run logged no 12 losses"
 
-for zero in 0 3; do
-  echo "== dp=4 on loomh1:2,loomh2:2, ZeRO-$zero"
-  out="$work/dp-zero$zero"
-  "$loom" launch --hosts loomh1:2,loomh2:2 --timeout 60 -- "${tiny[@]}" --set parallel.dp=4 \
+# Layouts: dp=4 with ZeRO 0 and 3; tp=2 x dp=2 with tp inside each host (the default order)
+# and with tp across the hosts (parallel.order tp,pp,ep,dp), which must warn.
+for layout in "0 dp=4" "3 dp=4" "0 tp=2 dp=2" "0 tp=2 dp=2 order=tp,pp,ep,dp"; do
+  set -- $layout
+  zero=$1; shift
+  sets=(); for kv in "$@"; do sets+=(--set "parallel.$kv"); done
+  name=$(echo "$layout" | sed 's/[ =,]/_/g')
+  echo "== $* on loomh1:2,loomh2:2, ZeRO-$zero"
+  out="$work/run-$name"
+  "$loom" launch --hosts loomh1:2,loomh2:2 --timeout 60 -- "${tiny[@]}" "${sets[@]}" \
     --set parallel.zero_stage=$zero --set checkpoint.dir="$out" --set log.metrics_path="$out.jsonl" \
-    >"$out.log" 2>&1 || { cat "$out.log"; fail "dp=4 ZeRO-$zero across the hosts failed"; }
+    >"$out.log" 2>&1 || { cat "$out.log"; fail "$* ZeRO-$zero across the hosts failed"; }
+  grep -q '^\[rank 0\] \[train\] 4 ranks on 2 hosts; collectives: ' "$out.log" || { cat "$out.log"; fail "no hosts line"; }
+  if [ "${*: -1}" = "order=tp,pp,ep,dp" ]; then
+    grep -q '^\[rank 0\] \[train\] warning: the tp group of rank 0 spans 2 hosts' "$out.log" \
+      || { cat "$out.log"; fail "tp across the hosts did not warn"; }
+  elif grep -q 'warning: the tp group' "$out.log"; then
+    cat "$out.log"; fail "tp inside the hosts warned"
+  fi
   grep -E '^\[rank 0\] step +12/12 ' "$out.log" || { cat "$out.log"; fail "rank 0 logged no step 12"; }
-  paste -d' ' <(losses "$work/one.jsonl") <(losses "$out.jsonl") | awk -v zero="$zero" '
+  paste -d' ' <(losses "$work/one.jsonl") <(losses "$out.jsonl") | awk -v what="$* ZeRO-$zero" '
     NF != 2 { print "FAIL: step " NR ": a loss is missing"; bad = 1; next }
     {
       d = $1 - $2; if (d < 0) d = -d
       rel = d / ($1 < 0 ? -$1 : $1)
       if (rel > worst) worst = rel
-      if (rel > 1e-5) { printf "FAIL: step %d: one process %s, dp=4 %s (relative %.2g)\n", NR, $1, $2, rel; bad = 1 }
+      if (rel > 1e-5) { printf "FAIL: step %d: one process %s, %s %s (relative %.2g)\n", NR, $1, what, $2, rel; bad = 1 }
     }
     END {
       if (NR != 12) { print "FAIL: " NR " steps compared, not 12"; bad = 1 }
-      printf "ZeRO-%d: %d steps, largest relative loss difference %.2g (tolerance 1e-5)\n", zero, NR, worst
+      printf "%s: %d steps, largest relative loss difference %.2g (tolerance 1e-5)\n", what, NR, worst
       exit bad
-    }' || fail "dp=4 ZeRO-$zero losses differ from the single process"
+    }' || fail "$* ZeRO-$zero losses differ from the single process"
 done
 echo PASS

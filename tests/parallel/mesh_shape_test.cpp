@@ -40,3 +40,21 @@ TEST(MeshShape, WrongWorldSizeShowsTheArithmetic) {
   }
   EXPECT_THROW(MeshShape(0, 1, 1, 1), Error);
 }
+
+TEST(MeshShape, OrderPutsAnotherDimensionInnermost) {
+  // dp innermost: data-parallel peers are consecutive ranks (one host), tp outermost.
+  MeshShape m(1, 2, 1, 4, parse_mesh_order("tp,pp,ep,dp"));
+  EXPECT_EQ(m.group_ranks(5, Dim::dp), (std::vector<int64_t>{4, 5}));
+  EXPECT_EQ(m.group_ranks(5, Dim::tp), (std::vector<int64_t>{1, 3, 5, 7}));
+  for (int64_t r = 0; r < 8; ++r) EXPECT_EQ(m.rank_of(m.coord(r)), r);
+  EXPECT_EQ(m.describe(), "pp=1 x dp=2 x ep=1 x tp=4 (order tp,pp,ep,dp)");
+  EXPECT_EQ(MeshShape(1, 2, 1, 4).describe(), "pp=1 x dp=2 x ep=1 x tp=4");
+  for (const char* bad : {"pp,dp,tp", "pp,dp,ep,tp,tp", "pp,dp,dp,tp", "pp,dp,ep,xp"}) {
+    try {
+      parse_mesh_order(bad);
+      FAIL() << bad;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("must name pp, dp, ep and tp once each"), std::string::npos) << e.what();
+    }
+  }
+}

@@ -24,7 +24,42 @@ int64_t MeshCoord::operator[](Dim d) const {
   return 0;
 }
 
-MeshShape::MeshShape(int64_t pp, int64_t dp, int64_t ep, int64_t tp) : sizes_{pp, dp, ep, tp} {
+int64_t& MeshCoord::at(Dim d) {
+  switch (d) {
+    case Dim::pp: return pp;
+    case Dim::dp: return dp;
+    case Dim::ep: return ep;
+    case Dim::tp: return tp;
+  }
+  return pp;
+}
+
+MeshOrder parse_mesh_order(const std::string& text) {
+  MeshOrder o{};
+  size_t n = 0, start = 0;
+  bool seen[4] = {false, false, false, false};
+  bool ok = true;
+  while (ok && start <= text.size()) {
+    size_t comma = text.find(',', start);
+    std::string name = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    int found = -1;
+    for (int i = 0; i < 4; ++i)
+      if (name == dim_name(Dim(i))) found = i;
+    ok = found >= 0 && !seen[found] && n < 4;
+    if (ok) {
+      seen[found] = true;
+      o[n++] = Dim(found);
+    }
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  LOOM_CHECK(ok && n == 4, "config", "parallel.order '", text,
+             "' must name pp, dp, ep and tp once each, outermost first (default pp,dp,ep,tp)");
+  return o;
+}
+
+MeshShape::MeshShape(int64_t pp, int64_t dp, int64_t ep, int64_t tp, MeshOrder order)
+    : sizes_{pp, dp, ep, tp}, order_(order) {
   for (int i = 0; i < 4; ++i)
     LOOM_CHECK(sizes_[size_t(i)] >= 1, "mesh", "parallel.", dim_name(Dim(i)), "=",
                sizes_[size_t(i)], " must be at least 1");
@@ -40,17 +75,18 @@ MeshCoord MeshShape::coord(int64_t rank) const {
   LOOM_CHECK(rank >= 0 && rank < world_size(), "mesh", "rank ", rank, " outside world of ",
              world_size());
   MeshCoord c;
-  c.tp = rank % sizes_[3];
-  rank /= sizes_[3];
-  c.ep = rank % sizes_[2];
-  rank /= sizes_[2];
-  c.dp = rank % sizes_[1];
-  c.pp = rank / sizes_[1];
+  for (int i = 3; i >= 0; --i) {  // innermost first
+    const Dim d = order_[size_t(i)];
+    c.at(d) = rank % size(d);
+    rank /= size(d);
+  }
   return c;
 }
 
 int64_t MeshShape::rank_of(const MeshCoord& c) const {
-  return ((c.pp * sizes_[1] + c.dp) * sizes_[2] + c.ep) * sizes_[3] + c.tp;
+  int64_t r = 0;
+  for (Dim d : order_) r = r * size(d) + c[d];
+  return r;
 }
 
 std::vector<int64_t> MeshShape::group_ranks(int64_t rank, Dim d) const {
@@ -58,12 +94,7 @@ std::vector<int64_t> MeshShape::group_ranks(int64_t rank, Dim d) const {
   std::vector<int64_t> out;
   for (int64_t i = 0; i < size(d); ++i) {
     MeshCoord m = c;
-    switch (d) {
-      case Dim::pp: m.pp = i; break;
-      case Dim::dp: m.dp = i; break;
-      case Dim::ep: m.ep = i; break;
-      case Dim::tp: m.tp = i; break;
-    }
+    m.at(d) = i;
     out.push_back(rank_of(m));
   }
   return out;
@@ -74,7 +105,11 @@ int64_t MeshShape::group_color(int64_t rank, Dim d) const {
 }
 
 std::string MeshShape::describe() const {
-  return str_cat("pp=", sizes_[0], " x dp=", sizes_[1], " x ep=", sizes_[2], " x tp=", sizes_[3]);
+  std::string s = str_cat("pp=", sizes_[0], " x dp=", sizes_[1], " x ep=", sizes_[2], " x tp=", sizes_[3]);
+  if (order_ != kDefaultMeshOrder)
+    s += str_cat(" (order ", dim_name(order_[0]), ",", dim_name(order_[1]), ",", dim_name(order_[2]), ",",
+                 dim_name(order_[3]), ")");
+  return s;
 }
 
 }  // namespace loom::parallel

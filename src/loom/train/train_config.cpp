@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "loom/model/param_layout.h"
+#include "loom/parallel/mesh_shape.h"
 #include "loom/parallel/partition.h"
 #include "loom/parallel/pipeline_schedule.h"
 #include "loom/train/config_reader.h"
@@ -115,6 +116,8 @@ TrainConfig parse_train_config(const std::string& text, const std::vector<std::s
   c.parallel.pp_partition = r.string("parallel.pp_partition", "uniform", {"uniform", "parameters", "profile"});
   c.parallel.micro_batches = r.integer("parallel.micro_batches", 0, 0, kMaxI);
   c.parallel.collective_timeout_s = r.number("parallel.collective_timeout_s", 600, 0.1, 1e7);
+  c.parallel.order = r.string("parallel.order", "pp,dp,ep,tp");
+  parallel::parse_mesh_order(c.parallel.order);  // refuses a malformed order before any work
 
   auto env = [](const char* name, const char* fallback) {
     const char* v = std::getenv(name);

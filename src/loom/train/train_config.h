@@ -58,6 +58,9 @@ struct ParallelConfig {
   // 0 in the file: per-rank batch / data.micro_batch_size. Always resolved after parsing.
   int64_t micro_batches = 0;
   double collective_timeout_s = 600;
+  // Mesh dimensions from outermost to innermost: consecutive ranks (one host) share the
+  // innermost dimension's groups.
+  std::string order = "pp,dp,ep,tp";
 };
 
 // How collectives run (docs/DISTRIBUTED.md, "Collective algorithms").
