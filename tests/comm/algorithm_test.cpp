@@ -82,22 +82,27 @@ TEST(CostModel, AutoOnOneHostIsMpiUnlessMeasuredSlower) {
   Topology one{{0, 0, 0, 0}};
   EXPECT_EQ(choose_algorithm(CollectiveOp::all_reduce, 1 << 20, one, m), Algorithm::mpi);
   // A measured MPI time far above the model's ring: auto takes the ring.
-  m.mpi_seconds[CostModel::mpi_key(CollectiveOp::all_reduce, 4, 1)] = {{1 << 20, 1.0}};
+  m.measured[CostModel::key(Algorithm::mpi, CollectiveOp::all_reduce, 4, 1)] = {{1 << 20, 1.0}};
   EXPECT_EQ(choose_algorithm(CollectiveOp::all_reduce, 1 << 20, one, m), Algorithm::ring);
   // And one far below every prediction: auto takes MPI, also across hosts.
   Topology t = two_hosts_of_two();
-  m.mpi_seconds[CostModel::mpi_key(CollectiveOp::all_reduce, 4, 2)] = {{1024, 1e-9}, {1 << 30, 1e-9}};
+  m.measured[CostModel::key(Algorithm::mpi, CollectiveOp::all_reduce, 4, 2)] = {{1024, 1e-9}, {1 << 30, 1e-9}};
   EXPECT_EQ(choose_algorithm(CollectiveOp::all_reduce, 1 << 20, t, m), Algorithm::mpi);
+  // A measured time of one of loom's algorithms beats the model's prediction for it.
+  m.measured[CostModel::key(Algorithm::ring, CollectiveOp::all_reduce, 4, 2)] = {{1024, 1e-12}, {1 << 30, 1e-12}};
+  EXPECT_EQ(choose_algorithm(CollectiveOp::all_reduce, 1 << 20, t, m), Algorithm::ring);
   EXPECT_EQ(choose_algorithm(CollectiveOp::all_reduce, 1, Topology{std::vector<int>{0}}, m), Algorithm::mpi);
 }
 
 TEST(CostModel, MpiTimesInterpolateLogLogAndExtrapolateLinearly) {
   CostModel m;
-  m.mpi_seconds[CostModel::mpi_key(CollectiveOp::all_gather, 4, 2)] = {{1000, 1e-4}, {100000, 1e-2}};
-  EXPECT_NEAR(m.mpi_time(CollectiveOp::all_gather, 4, 2, 10000), 1e-3, 1e-9);
-  EXPECT_NEAR(m.mpi_time(CollectiveOp::all_gather, 4, 2, 200000), 2e-2, 1e-12);
-  EXPECT_NEAR(m.mpi_time(CollectiveOp::all_gather, 4, 2, 10), 1e-4, 1e-12);
-  EXPECT_LT(m.mpi_time(CollectiveOp::all_gather, 8, 2, 10000), 0);  // not measured
+  const Algorithm mpi = Algorithm::mpi;
+  m.measured[CostModel::key(mpi, CollectiveOp::all_gather, 4, 2)] = {{1000, 1e-4}, {100000, 1e-2}};
+  EXPECT_NEAR(m.measured_time(mpi, CollectiveOp::all_gather, 4, 2, 10000), 1e-3, 1e-9);
+  EXPECT_NEAR(m.measured_time(mpi, CollectiveOp::all_gather, 4, 2, 200000), 2e-2, 1e-12);
+  EXPECT_NEAR(m.measured_time(mpi, CollectiveOp::all_gather, 4, 2, 10), 1e-4, 1e-12);
+  EXPECT_LT(m.measured_time(mpi, CollectiveOp::all_gather, 8, 2, 10000), 0);  // not measured
+  EXPECT_LT(m.measured_time(Algorithm::ring, CollectiveOp::all_gather, 4, 2, 10000), 0);
 }
 
 TEST(CostModel, ResolveFallsBackWhereAnAlgorithmCannotRun) {
@@ -127,14 +132,15 @@ TEST(CostModel, ResolveFallsBackWhereAnAlgorithmCannotRun) {
 
 TEST(CostModel, CalibrationFileRoundTripsAndNamesBadLines) {
   CostModel m = slow_links();
-  m.mpi_seconds[CostModel::mpi_key(CollectiveOp::reduce_scatter, 4, 2)] = {{4096, 3e-5}, {1 << 20, 2e-3}};
+  m.measured[CostModel::key(Algorithm::hierarchical, CollectiveOp::reduce_scatter, 4, 2)] = {{4096, 3e-5},
+                                                                                              {1 << 20, 2e-3}};
   std::string path = testing::TempDir() + "/loom_calibration.txt";
   save_cost_model(m, path);
   CostModel back = load_cost_model(path);
   EXPECT_TRUE(back.calibrated);
   EXPECT_NEAR(back.inter.gbps(), 1.0, 1e-6);
   EXPECT_NEAR(back.intra.alpha_s, 2e-6, 1e-12);
-  EXPECT_NEAR(back.mpi_time(CollectiveOp::reduce_scatter, 4, 2, 1 << 20), 2e-3, 1e-9);
+  EXPECT_NEAR(back.measured_time(Algorithm::hierarchical, CollectiveOp::reduce_scatter, 4, 2, 1 << 20), 2e-3, 1e-9);
   {
     std::ofstream f(path);
     f << "intra_gbps 5\n# comment\ninter_gbps -1\n";

@@ -27,7 +27,9 @@ echo "== bench comm --calibrate, then a run that loads it"
 out=$("$loom" bench comm --nproc 4 --calibrate "$tmp/cal.txt" --min-bytes 4K --max-bytes 16K --iters 2 2>&1) \
   || fail "calibrate exited $?: $out"
 echo "$out" | tail -n 1 | grep -q '^SUMMARY {"bench":"comm_calibrate","ranks":4,"hosts":2,' || fail "no calibrate SUMMARY"
-grep -q '^inter_gbps ' "$tmp/cal.txt" && grep -q '^mpi all_reduce 4 2 4096 ' "$tmp/cal.txt" || fail "calibration file incomplete"
+for line in '^inter_gbps ' '^time mpi all_reduce 4 2 4096 ' '^time hierarchical reduce_scatter 4 2 16384 ' '^time tree all_gather 4 2 8192 '; do
+  grep -q "$line" "$tmp/cal.txt" || { cat "$tmp/cal.txt"; fail "calibration file has no line matching $line"; }
+done
 out=$(LOOM_COMM_CALIBRATION="$tmp/cal.txt" "$loom" bench comm --nproc 4 --algorithms auto --ops all_reduce \
       --min-bytes 4K --max-bytes 4K --iters 1 --warmup 0 2>&1) || fail "run with the calibration exited $?: $out"
 echo "$out" | grep -q "cost model: $tmp/cal.txt" || fail "the run did not load the calibration: $out"

@@ -36,7 +36,7 @@ const char* kHelp =
     "--algorithms runs all_reduce, reduce_scatter and all_gather with each algorithm (default:\n"
     "  the run's comm algorithm, $LOOM_COMM_ALGORITHM or auto); 'auto' rows name its pick.\n"
     "--calibrate FILE measures latency and bandwidth inside and between hosts, the reduction\n"
-    "  rate and MPI's collectives over the sizes, and writes the cost model to FILE\n"
+    "  rate and every algorithm's time over the sizes, and writes the cost model to FILE\n"
     "  (use it with comm.calibration or $LOOM_COMM_CALIBRATION).\n"
     "--trace DIR writes each rank's comm trace (Chrome/Perfetto JSON) there.\n";
 
@@ -216,16 +216,25 @@ int calibrate(const Args& a) {
     std::printf("  reduction: %.2f GB/s\n", 1e-9 / m.reduce_s_per_byte);
     std::fflush(stdout);
   }
+  // Every algorithm that runs as itself on this group shape (not a fall-back), so `auto`
+  // can go by measurement where it has one.
   for (const std::string op : {"all_reduce", "reduce_scatter", "all_gather"}) {
-    for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2) {
-      int64_t count = std::max<int64_t>(n, bytes / 4 / n * n);
-      Buffers b = make_buffers(op, count, n, r);
-      g.set_algorithm(comm::Algorithm::mpi);
-      double t = time_op(g, op, b, iters, warmup);
-      m.mpi_seconds[comm::CostModel::mpi_key(collective_op(op), n, topo.hosts())][count * 4] = t;
-      if (r == 0) {
-        std::printf("  mpi %-14s %10s %12.1f us\n", op.c_str(), comm::short_byte_size(count * 4).c_str(), t * 1e6);
-        std::fflush(stdout);
+    for (comm::Algorithm alg : {comm::Algorithm::mpi, comm::Algorithm::ring, comm::Algorithm::tree,
+                                comm::Algorithm::hierarchical}) {
+      if (alg != comm::Algorithm::mpi &&
+          comm::resolve_algorithm(alg, collective_op(op), max_bytes, topo, m) != alg)
+        continue;
+      for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2) {
+        int64_t count = std::max<int64_t>(n, bytes / 4 / n * n);
+        Buffers b = make_buffers(op, count, n, r);
+        g.set_algorithm(alg);
+        double t = time_op(g, op, b, iters, warmup);
+        m.measured[comm::CostModel::key(alg, collective_op(op), n, topo.hosts())][count * 4] = t;
+        if (r == 0) {
+          std::printf("  %-12s %-14s %10s %12.1f us\n", comm::algorithm_name(alg), op.c_str(),
+                      comm::short_byte_size(count * 4).c_str(), t * 1e6);
+          std::fflush(stdout);
+        }
       }
     }
   }

@@ -96,13 +96,13 @@ std::vector<int> Topology::peers_across_hosts(int rank) const {
 
 // --- The cost model ---------------------------------------------------------------------
 
-std::string CostModel::mpi_key(CollectiveOp op, int ranks, int hosts) {
-  return str_cat(collective_op_name(op), "/", ranks, "/", hosts);
+std::string CostModel::key(Algorithm a, CollectiveOp op, int ranks, int hosts) {
+  return str_cat(algorithm_name(a), "/", collective_op_name(op), "/", ranks, "/", hosts);
 }
 
-double CostModel::mpi_time(CollectiveOp op, int ranks, int hosts, int64_t bytes) const {
-  auto it = mpi_seconds.find(mpi_key(op, ranks, hosts));
-  if (it == mpi_seconds.end() || it->second.empty()) return -1;
+double CostModel::measured_time(Algorithm a, CollectiveOp op, int ranks, int hosts, int64_t bytes) const {
+  auto it = measured.find(key(a, op, ranks, hosts));
+  if (it == measured.end() || it->second.empty()) return -1;
   const auto& t = it->second;
   auto hi = t.lower_bound(bytes);
   if (hi != t.end() && hi->first == bytes) return hi->second;
@@ -234,7 +234,7 @@ double predict_seconds(Algorithm a, CollectiveOp op, int64_t bytes, const Topolo
     case Algorithm::ring: return ring_time(op, s, topo, m);
     case Algorithm::tree: return tree_time(op, s, topo, m);
     case Algorithm::hierarchical: return hierarchical_time(op, s, topo, m);
-    case Algorithm::mpi: return m.mpi_time(op, topo.size(), topo.hosts(), bytes);
+    case Algorithm::mpi: return m.measured_time(Algorithm::mpi, op, topo.size(), topo.hosts(), bytes);
     case Algorithm::auto_select: break;
   }
   return predict_seconds(choose_algorithm(op, bytes, topo, m), op, bytes, topo, m);
@@ -244,7 +244,7 @@ Algorithm choose_algorithm(CollectiveOp op, int64_t bytes, const Topology& topo,
   const int n = topo.size();
   if (n < 2) return Algorithm::mpi;
   const int hosts = topo.hosts();
-  double mpi = m.mpi_time(op, n, hosts, bytes);
+  double mpi = m.measured_time(Algorithm::mpi, op, n, hosts, bytes);
   std::vector<Algorithm> candidates = {Algorithm::ring};
   if (op == CollectiveOp::all_reduce || is_pow2(n)) candidates.push_back(Algorithm::tree);
   if (hosts > 1 && topo.uniform_local_size() > 1) candidates.push_back(Algorithm::hierarchical);
@@ -252,7 +252,8 @@ Algorithm choose_algorithm(CollectiveOp op, int64_t bytes, const Topology& topo,
   Algorithm best = Algorithm::mpi;
   double best_t = mpi;
   for (Algorithm a : candidates) {
-    double t = predict_seconds(a, op, bytes, topo, m);
+    double t = m.measured_time(a, op, n, hosts, bytes);
+    if (t < 0) t = predict_seconds(a, op, bytes, topo, m);
     if (best_t < 0 || t < best_t) best = a, best_t = t;
   }
   return best;
@@ -290,19 +291,20 @@ CostModel load_cost_model(const std::string& path) {
     std::istringstream in(line);
     std::string key;
     if (!(in >> key)) continue;
-    if (key == "mpi") {
-      std::string op;
+    if (key == "time") {
+      std::string alg, op;
       int ranks = 0, hosts = 0;
       int64_t bytes = 0;
       double us = 0;
-      LOOM_CHECK(bool(in >> op >> ranks >> hosts >> bytes >> us), "comm", path, ":", lineno,
-                 ": expected 'mpi <op> <ranks> <hosts> <bytes> <microseconds>'");
+      LOOM_CHECK(bool(in >> alg >> op >> ranks >> hosts >> bytes >> us), "comm", path, ":", lineno,
+                 ": expected 'time <algorithm> <op> <ranks> <hosts> <bytes> <microseconds>'");
+      const Algorithm a = parse_algorithm(alg);
       CollectiveOp c;
       if (op == "all_reduce") c = CollectiveOp::all_reduce;
       else if (op == "reduce_scatter") c = CollectiveOp::reduce_scatter;
       else if (op == "all_gather") c = CollectiveOp::all_gather;
       else fail("comm", path, ":", lineno, ": op '", op, "' is not all_reduce, reduce_scatter or all_gather");
-      m.mpi_seconds[CostModel::mpi_key(c, ranks, hosts)][bytes] = positive(us, "time") * 1e-6;
+      m.measured[CostModel::key(a, c, ranks, hosts)][bytes] = positive(us, "time") * 1e-6;
       continue;
     }
     double v = 0;
@@ -314,7 +316,7 @@ CostModel load_cost_model(const std::string& path) {
     else if (key == "reduce_gbps") m.reduce_s_per_byte = 1e-9 / positive(v, key);
     else
       fail("comm", path, ":", lineno, ": unknown key '", key,
-           "' (intra_alpha_us, intra_gbps, inter_alpha_us, inter_gbps, reduce_gbps, mpi)");
+           "' (intra_alpha_us, intra_gbps, inter_alpha_us, inter_gbps, reduce_gbps, time)");
   }
   return m;
 }
@@ -328,11 +330,11 @@ void save_cost_model(const CostModel& m, const std::string& path) {
   f << "inter_alpha_us " << m.inter.alpha_s * 1e6 << "\n";
   f << "inter_gbps " << m.inter.gbps() << "\n";
   f << "reduce_gbps " << 1e-9 / m.reduce_s_per_byte << "\n";
-  f << "# measured times of the MPI library's collectives: mpi <op> <ranks> <hosts> <bytes> <us>\n";
-  for (const auto& [key, table] : m.mpi_seconds) {
+  f << "# measured times: time <algorithm> <op> <ranks> <hosts> <bytes> <us>\n";
+  for (const auto& [key, table] : m.measured) {
     std::string k = key;
     std::replace(k.begin(), k.end(), '/', ' ');
-    for (const auto& [bytes, s] : table) f << "mpi " << k << " " << bytes << " " << s * 1e6 << "\n";
+    for (const auto& [bytes, s] : table) f << "time " << k << " " << bytes << " " << s * 1e6 << "\n";
   }
   LOOM_CHECK(f.good(), "comm", "writing the calibration file ", path, " failed");
 }

@@ -50,32 +50,34 @@ struct LinkCost {
   double gbps() const { return beta_s_per_byte > 0 ? 1e-9 / beta_s_per_byte : 0; }
 };
 
-// Costs of the link classes and of reducing in memory, plus measured times of the MPI
-// library's collectives (which the model cannot predict: they depend on its tuning).
+// Costs of the link classes and of reducing in memory, plus measured times of the
+// algorithms on a given group shape (the MPI library's cannot be modelled at all: they
+// depend on its tuning).
 struct CostModel {
   LinkCost intra{5e-6, 1.0 / 8e9};    // ranks on one host (shared memory)
   LinkCost inter{50e-6, 1.0 / 1e9};   // ranks on different hosts (one link per host)
   double reduce_s_per_byte = 1.0 / 4e9;  // reading two operands and writing one
   bool calibrated = false;
   std::string source = "built-in defaults";
-  // Key "all_reduce/<ranks>/<hosts>" -> {bytes -> seconds}.
-  std::map<std::string, std::map<int64_t, double>> mpi_seconds;
+  // Key "ring/all_reduce/<ranks>/<hosts>" -> {bytes -> seconds}.
+  std::map<std::string, std::map<int64_t, double>> measured;
 
-  static std::string mpi_key(CollectiveOp op, int ranks, int hosts);
-  // Time of the MPI library's collective at `bytes`, interpolated in log-log space between
-  // measured sizes (linear in bytes beyond the largest); < 0 when not measured.
-  double mpi_time(CollectiveOp op, int ranks, int hosts, int64_t bytes) const;
+  static std::string key(Algorithm a, CollectiveOp op, int ranks, int hosts);
+  // Measured time of `a` at `bytes`, interpolated in log-log space between measured sizes
+  // (linear in bytes beyond the largest); < 0 when not measured for this group shape.
+  double measured_time(Algorithm a, CollectiveOp op, int ranks, int hosts, int64_t bytes) const;
 };
 
-// Predicted seconds of `a` (ring, tree or hierarchical; mpi from the measured table, < 0
+// Modelled seconds of `a` (ring, tree or hierarchical; mpi from the measured table, < 0
 // when unknown) for a collective over `bytes` (the full buffer: all-reduce's tensor,
 // reduce-scatter's input, all-gather's output). Ranks of a host share its one link to the
 // other hosts, so flows that cross hosts at once divide its bandwidth.
 double predict_seconds(Algorithm a, CollectiveOp op, int64_t bytes, const Topology& topo,
                        const CostModel& m);
 
-// What `auto` runs: the candidate with the least predicted time. One host: mpi (the
-// transport's shared-memory collectives) unless the model has measured it slower.
+// What `auto` runs: the candidate with the least expected time, measured where the model
+// holds a measurement for this group shape and size range, modelled otherwise. One host
+// without measurements: mpi (the transport's shared-memory collectives).
 Algorithm choose_algorithm(CollectiveOp op, int64_t bytes, const Topology& topo, const CostModel& m);
 
 // What `requested` actually runs for this call: auto resolved; hierarchical on one host or
@@ -90,7 +92,7 @@ Algorithm resolve_algorithm(Algorithm requested, CollectiveOp op, int64_t bytes,
 void reduce_into(void* dst, const void* src, int64_t n, DType t, ReduceOp op);
 
 // The calibration file: "key value" lines, '#' comments. Keys: intra_alpha_us, intra_gbps,
-// inter_alpha_us, inter_gbps, reduce_gbps, and "mpi <op> <ranks> <hosts> <bytes> <us>".
+// inter_alpha_us, inter_gbps, reduce_gbps, and "time <algorithm> <op> <ranks> <hosts> <bytes> <us>".
 // Throws naming the file and line on a malformed entry.
 CostModel load_cost_model(const std::string& path);
 void save_cost_model(const CostModel& m, const std::string& path);
