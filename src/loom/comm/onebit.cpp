@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #if defined(__SSE2__)
 #include <immintrin.h>
@@ -83,52 +84,91 @@ void onebit_accumulate(const uint8_t* in, int64_t n, float* acc) {
 
 OneBitAllReduce::OneBitAllReduce(Group g, int64_t n) : g_(std::move(g)), n_(n) {
   LOOM_CHECK(n >= 0, "onebit", "tensor size ", n, " is negative");
-  const int64_t unit = 8 * g_.size();
-  padded_ = std::max<int64_t>(unit, (n + unit - 1) / unit * unit);
-  const int64_t c = chunk(), msg = onebit_message_bytes(c);
-  worker_error_ = Tensor::zeros({padded_}, DType::f32, MemCategory::optimizer);
-  server_error_ = Tensor::zeros({c}, DType::f32, MemCategory::optimizer);
-  work_ = Tensor::zeros({padded_}, DType::f32, MemCategory::comm);
-  send_ = Tensor::zeros({msg * g_.size()}, DType::u8, MemCategory::comm);
-  recv_ = Tensor::zeros({msg * g_.size()}, DType::u8, MemCategory::comm);
-  gathered_ = Tensor::zeros({msg * g_.size()}, DType::u8, MemCategory::comm);
+  const int N = g_.size();
+  c_ = std::max<int64_t>(1, (n + N - 1) / N);
+  cb_ = (c_ + 7) / 8 * 8;
+  msg_ = onebit_message_bytes(cb_);
+  worker_error_ = Tensor::zeros({N * cb_}, DType::f32, MemCategory::optimizer);
+  server_error_ = Tensor::zeros({cb_}, DType::f32, MemCategory::optimizer);
+  work_ = Tensor::zeros({N * cb_}, DType::f32, MemCategory::comm);
+  send_ = Tensor::zeros({msg_ * N}, DType::u8, MemCategory::comm);
+  recv_ = Tensor::zeros({msg_ * N}, DType::u8, MemCategory::comm);
+  gathered_ = Tensor::zeros({msg_ * N}, DType::u8, MemCategory::comm);
 }
 
+int64_t OneBitAllReduce::valid(int q) const { return std::max<int64_t>(0, std::min(c_, n_ - q * c_)); }
+
 int64_t OneBitAllReduce::wire_bytes() const {
-  const int64_t msg = onebit_message_bytes(chunk());
-  return 2 * msg * (g_.size() - 1);  // all-to-all: a chunk to each other rank; all-gather: ours to each
+  return 2 * msg_ * (g_.size() - 1);  // all-to-all: a chunk to each other rank; all-gather: ours to each
 }
 
 int64_t OneBitAllReduce::f32_ring_wire_bytes() const {
   return 2 * (g_.size() - 1) * (n_ * 4 / g_.size());
 }
 
-void OneBitAllReduce::sum(float* x) {
-  const Stopwatch total;
+void OneBitAllReduce::compress_and_exchange(const float* x) {
   const int N = g_.size();
-  const int64_t c = chunk(), msg = onebit_message_bytes(c);
   float* w = work_.data<float>();
   float* we = worker_error_.data<float>();
-  for (int64_t i = 0; i < n_; ++i) w[i] = x[i] + we[i];
-  for (int64_t i = n_; i < padded_; ++i) w[i] = 0;
+  // Chunk q of x (c elements) goes to row q of the work buffer (cb, zero-padded).
+  for (int q = 0; q < N; ++q) {
+    const int64_t v = valid(q);
+    for (int64_t o = 0; o < cb_; ++o) w[q * cb_ + o] = o < v ? x[q * c_ + o] + we[q * cb_ + o] : 0.f;
+  }
   uint8_t* send = send_.data<uint8_t>();
-  for (int q = 0; q < N; ++q) onebit_compress(w + q * c, c, send + q * msg, we + q * c);
-  for (int64_t i = n_; i < padded_; ++i) we[i] = 0;  // padding carries no error
+  for (int q = 0; q < N; ++q) {
+    onebit_compress(w + q * cb_, cb_, send + q * msg_, we + q * cb_);
+    for (int64_t o = valid(q); o < cb_; ++o) we[q * cb_ + o] = 0;  // padding carries no error
+  }
   Stopwatch sw;
   g_.all_to_all(send_, recv_);
   comm_s_ = sw.seconds();
-  // Our chunk: the sum of every rank's compressed chunk, in rank order, plus our error.
-  float* s = work_.data<float>();  // reused: the first c elements
-  std::memcpy(s, server_error_.data<float>(), size_t(c) * sizeof(float));
-  for (int q = 0; q < N; ++q) onebit_accumulate(recv_.data<uint8_t>() + q * msg, c, s);
-  Tensor mine = gathered_.slice(int64_t(g_.rank()) * msg, {msg});
-  onebit_compress(s, c, mine.data<uint8_t>(), server_error_.data<float>());
-  sw.reset();
+}
+
+void OneBitAllReduce::gather_and_decode(float* s, float* y, bool add) {
+  // Compress our chunk s (cb elements) with the server error, all-gather, decode every chunk.
+  Tensor mine = gathered_.slice(int64_t(g_.rank()) * msg_, {msg_});
+  float* se = server_error_.data<float>();
+  for (int64_t o = 0; o < cb_; ++o) s[o] += se[o];
+  onebit_compress(s, cb_, mine.data<uint8_t>(), se);
+  for (int64_t o = valid(g_.rank()); o < cb_; ++o) se[o] = 0;
+  Stopwatch sw;
   g_.all_gather(mine, gathered_);
   comm_s_ += sw.seconds();
-  std::memset(w, 0, size_t(padded_) * sizeof(float));
-  for (int q = 0; q < N; ++q) onebit_accumulate(gathered_.data<uint8_t>() + q * msg, c, w + q * c);
-  std::memcpy(x, w, size_t(n_) * sizeof(float));
+  float* w = work_.data<float>();
+  std::memset(w, 0, size_t(g_.size() * cb_) * sizeof(float));
+  for (int q = 0; q < g_.size(); ++q) {
+    onebit_accumulate(gathered_.data<uint8_t>() + q * msg_, cb_, w + q * cb_);
+    const int64_t v = valid(q);
+    for (int64_t o = 0; o < v; ++o) y[q * c_ + o] = add ? y[q * c_ + o] + w[q * cb_ + o] : w[q * cb_ + o];
+  }
+}
+
+void OneBitAllReduce::sum(float* x) {
+  const Stopwatch total;
+  compress_and_exchange(x);
+  // Our chunk: the sum of every rank's compressed chunk, in rank order.
+  std::vector<float> s(size_t(cb_), 0.f);
+  for (int q = 0; q < g_.size(); ++q) onebit_accumulate(recv_.data<uint8_t>() + q * msg_, cb_, s.data());
+  gather_and_decode(s.data(), x, /*add=*/false);
+  compute_s_ = total.seconds() - comm_s_;
+}
+
+void OneBitAllReduce::reduce_to_owner(const float* x, float* out) {
+  const Stopwatch total;
+  compress_and_exchange(x);
+  std::vector<float> s(size_t(cb_), 0.f);
+  for (int q = 0; q < g_.size(); ++q) onebit_accumulate(recv_.data<uint8_t>() + q * msg_, cb_, s.data());
+  std::memcpy(out, s.data(), size_t(valid(g_.rank())) * sizeof(float));
+  compute_s_ = total.seconds() - comm_s_;
+}
+
+void OneBitAllReduce::all_gather_add(const float* delta, float* y) {
+  const Stopwatch total;
+  comm_s_ = 0;
+  std::vector<float> s(size_t(cb_), 0.f);
+  std::memcpy(s.data(), delta, size_t(valid(g_.rank())) * sizeof(float));
+  gather_and_decode(s.data(), y, /*add=*/true);
   compute_s_ = total.seconds() - comm_s_;
 }
 

@@ -14,33 +14,44 @@ namespace loom::comm {
 
 class OneBitAllReduce {
  public:
-  // For tensors of `n` f32 elements over `g`; the error buffers start at zero.
+  // For tensors of `n` f32 elements over `g`; the error buffers start at zero. Rank r
+  // reduces chunk r: elements [r c, (r + 1) c) with c = ceil(n / ranks) (ZeRO's chunks when
+  // n is a multiple of the ranks).
   OneBitAllReduce(Group g, int64_t n);
 
   // In place: x becomes the (compressed) sum over ranks of x + this rank's error, identical
   // on every rank.
   void sum(float* x);
+  // ZeRO-1's halves. reduce_to_owner: out (chunk() elements) becomes the sum over ranks of
+  // their compressed chunk rank() of x (with the worker error feedback). all_gather_add:
+  // every rank adds every rank's compressed `delta` (its chunk, chunk() elements, with the
+  // server error feedback) into y[0, n), so all copies of y change by the same bytes.
+  void reduce_to_owner(const float* x, float* out);
+  void all_gather_add(const float* delta, float* y);
 
   int64_t size() const { return n_; }
-  // Padded length (a multiple of 8 x ranks) and the chunk each rank reduces.
-  int64_t padded() const { return padded_; }
-  int64_t chunk() const { return padded_ / g_.size(); }
-  // Bytes this rank puts on the wire per call (its all-to-all and all-gather payloads sent
-  // to other ranks), and what an f32 ring all-reduce of the same tensor sends.
+  int64_t chunk() const { return c_; }
+  // Bytes this rank puts on the wire per sum() (its all-to-all and all-gather payloads sent
+  // to other ranks; reduce_to_owner and all_gather_add send half each), and what an f32 ring
+  // all-reduce of the same tensor sends.
   int64_t wire_bytes() const;
   int64_t f32_ring_wire_bytes() const;
 
-  // The error-feedback state (checkpointed, so a resumed run continues exactly):
-  // worker: padded() elements; server: chunk() elements.
+  // The error-feedback state (checkpointed, so a resumed run continues exactly): worker:
+  // ranks x chunk rows padded to 8; server: one such row.
   const Tensor& worker_error() const { return worker_error_; }
-  // Seconds the last sum() spent in its two collectives, and compressing and decoding.
+  // Seconds the last call spent in its collectives, and compressing and decoding.
   double last_comm_seconds() const { return comm_s_; }
   double last_compute_seconds() const { return compute_s_; }
   const Tensor& server_error() const { return server_error_; }
 
  private:
+  int64_t valid(int q) const;  // elements of chunk q inside [0, n)
+  void compress_and_exchange(const float* x);
+  void gather_and_decode(float* s, float* y, bool add);
+
   Group g_;
-  int64_t n_, padded_;
+  int64_t n_, c_ = 1, cb_ = 8, msg_ = 0;
   Tensor worker_error_, server_error_;
   Tensor work_, send_, recv_, gathered_;
   double comm_s_ = 0, compute_s_ = 0;

@@ -49,7 +49,7 @@ void AdamW::step(float* p, const float* g, double lr, double grad_scale) {
                              v + (covered - begin_), end_ - covered, h, 0.0);
 }
 
-void AdamW::step_frozen_variance(float* p, double lr, int64_t freeze_step) {
+void AdamW::step_frozen_variance(float* p, double lr, int64_t freeze_step, float max_ratio) {
   ++step_;
   const double bc1 = 1.0 - std::pow(cfg_.beta1, double(step_));
   const double bc2 = 1.0 - std::pow(cfg_.beta2, double(std::max<int64_t>(1, freeze_step)));
@@ -59,8 +59,11 @@ void AdamW::step_frozen_variance(float* p, double lr, int64_t freeze_step) {
   auto update = [&](int64_t b, int64_t e, double wd) {
     const float decay = float(1.0 - lr * wd);
 #pragma omp parallel for schedule(static) if (e - b > 65536)
-    for (int64_t i = b - begin_; i < e - begin_; ++i)
-      p[i] = p[i] * decay - step_size * m[i] / (std::sqrt(v[i]) * inv_sqrt_bc2 + eps);
+    for (int64_t i = b - begin_; i < e - begin_; ++i) {
+      float r = m[i] / (std::sqrt(v[i]) * inv_sqrt_bc2 + eps);  // times step_size = lr / bc1
+      if (max_ratio > 0) r = std::clamp(r, -max_ratio * float(bc1), max_ratio * float(bc1));
+      p[i] = p[i] * decay - step_size * r;
+    }
   };
   int64_t covered = begin_;
   for (const auto& s : spans_) {

@@ -159,9 +159,10 @@ TrainConfig parse_train_config(const std::string& text, const std::vector<std::s
              c.parallel.zero_stage, " with parallel.pp=", pp, " is not supported: ZeRO-2/3 reduce ",
              "and gather per forward/backward pass, which a pipeline interleaves across micro-batches; ",
              "use parallel.zero_stage=0 or 1 with pipelines");
-  LOOM_CHECK(c.optim.name != "onebit_adam" || c.parallel.zero_stage == 0, "config",
+  LOOM_CHECK(c.optim.name != "onebit_adam" || c.parallel.zero_stage <= 1, "config",
              "optim.name=onebit_adam with parallel.zero_stage=", c.parallel.zero_stage,
-             " is not supported: every rank keeps the whole momentum it compresses; use parallel.zero_stage=0");
+             " is not supported: ZeRO-2/3 reduce-scatter gradients during backward, which 1-bit Adam "
+             "replaces by its compressed exchange after it; use parallel.zero_stage 0 or 1");
   if (c.optim.name == "onebit_adam" && c.parallel.dp == 1)
     c.warnings.push_back("optim.name=onebit_adam with parallel.dp=1 has nothing to compress: it runs as AdamW");
   if (c.optim.name == "onebit_adam" && c.optim.freeze_step >= c.schedule.steps)
