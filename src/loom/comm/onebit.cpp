@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <vector>
 
 #if defined(__SSE2__)
 #include <immintrin.h>
@@ -94,16 +93,13 @@ OneBitAllReduce::OneBitAllReduce(Group g, int64_t n) : g_(std::move(g)), n_(n) {
   send_ = Tensor::zeros({msg_ * N}, DType::u8, MemCategory::comm);
   recv_ = Tensor::zeros({msg_ * N}, DType::u8, MemCategory::comm);
   gathered_ = Tensor::zeros({msg_ * N}, DType::u8, MemCategory::comm);
+  chunk_ = Tensor::zeros({cb_}, DType::f32, MemCategory::comm);
 }
 
 int64_t OneBitAllReduce::valid(int q) const { return std::max<int64_t>(0, std::min(c_, n_ - q * c_)); }
 
 int64_t OneBitAllReduce::wire_bytes() const {
   return 2 * msg_ * (g_.size() - 1);  // all-to-all: a chunk to each other rank; all-gather: ours to each
-}
-
-int64_t OneBitAllReduce::f32_ring_wire_bytes() const {
-  return 2 * (g_.size() - 1) * (n_ * 4 / g_.size());
 }
 
 void OneBitAllReduce::compress_and_exchange(const float* x) {
@@ -123,6 +119,14 @@ void OneBitAllReduce::compress_and_exchange(const float* x) {
   Stopwatch sw;
   g_.all_to_all(send_, recv_);
   comm_s_ = sw.seconds();
+}
+
+float* OneBitAllReduce::received_sum() {
+  // Our chunk: the sum of every rank's compressed chunk, in rank order.
+  float* s = chunk_.data<float>();
+  std::memset(s, 0, size_t(cb_) * sizeof(float));
+  for (int q = 0; q < g_.size(); ++q) onebit_accumulate(recv_.data<uint8_t>() + q * msg_, cb_, s);
+  return s;
 }
 
 void OneBitAllReduce::gather_and_decode(float* s, float* y, bool add) {
@@ -147,28 +151,24 @@ void OneBitAllReduce::gather_and_decode(float* s, float* y, bool add) {
 void OneBitAllReduce::sum(float* x) {
   const Stopwatch total;
   compress_and_exchange(x);
-  // Our chunk: the sum of every rank's compressed chunk, in rank order.
-  std::vector<float> s(size_t(cb_), 0.f);
-  for (int q = 0; q < g_.size(); ++q) onebit_accumulate(recv_.data<uint8_t>() + q * msg_, cb_, s.data());
-  gather_and_decode(s.data(), x, /*add=*/false);
+  gather_and_decode(received_sum(), x, /*add=*/false);
   compute_s_ = total.seconds() - comm_s_;
 }
 
 void OneBitAllReduce::reduce_to_owner(const float* x, float* out) {
   const Stopwatch total;
   compress_and_exchange(x);
-  std::vector<float> s(size_t(cb_), 0.f);
-  for (int q = 0; q < g_.size(); ++q) onebit_accumulate(recv_.data<uint8_t>() + q * msg_, cb_, s.data());
-  std::memcpy(out, s.data(), size_t(valid(g_.rank())) * sizeof(float));
+  std::memcpy(out, received_sum(), size_t(valid(g_.rank())) * sizeof(float));
   compute_s_ = total.seconds() - comm_s_;
 }
 
 void OneBitAllReduce::all_gather_add(const float* delta, float* y) {
   const Stopwatch total;
   comm_s_ = 0;
-  std::vector<float> s(size_t(cb_), 0.f);
-  std::memcpy(s.data(), delta, size_t(valid(g_.rank())) * sizeof(float));
-  gather_and_decode(s.data(), y, /*add=*/true);
+  float* s = chunk_.data<float>();
+  std::memset(s, 0, size_t(cb_) * sizeof(float));
+  std::memcpy(s, delta, size_t(valid(g_.rank())) * sizeof(float));
+  gather_and_decode(s, y, /*add=*/true);
   compute_s_ = total.seconds() - comm_s_;
 }
 

@@ -32,10 +32,8 @@ class OneBitAllReduce {
   int64_t size() const { return n_; }
   int64_t chunk() const { return c_; }
   // Bytes this rank puts on the wire per sum() (its all-to-all and all-gather payloads sent
-  // to other ranks; reduce_to_owner and all_gather_add send half each), and what an f32 ring
-  // all-reduce of the same tensor sends.
+  // to other ranks; reduce_to_owner and all_gather_add send half each).
   int64_t wire_bytes() const;
-  int64_t f32_ring_wire_bytes() const;
 
   // The error-feedback state (checkpointed, so a resumed run continues exactly): worker:
   // ranks x chunk rows padded to 8; server: one such row.
@@ -48,12 +46,13 @@ class OneBitAllReduce {
  private:
   int64_t valid(int q) const;  // elements of chunk q inside [0, n)
   void compress_and_exchange(const float* x);
+  float* received_sum();  // after the all-to-all: our chunk summed over ranks (chunk_)
   void gather_and_decode(float* s, float* y, bool add);
 
   Group g_;
   int64_t n_, c_ = 1, cb_ = 8, msg_ = 0;
   Tensor worker_error_, server_error_;
-  Tensor work_, send_, recv_, gathered_;
+  Tensor work_, send_, recv_, gathered_, chunk_;
   double comm_s_ = 0, compute_s_ = 0;
 };
 
