@@ -151,6 +151,11 @@ class DataParallel final : public model::ParamSource {
   void prefetch_after(size_t position);
   void launch_gather(const model::ParamUnit& u, int key);
   double counted_sum_squares(const float* g, int64_t flat0, int64_t n) const;
+  // 1-bit Adam after the freeze (step() finishes the bookkeeping): ZeRO-0 sums each unit's
+  // momentum estimates compressed; ZeRO-1 sends gradients to the chunks' owners and their
+  // weight changes back.
+  void onebit_step_zero0(double lr);
+  void onebit_step_zero1(double lr);
 
   model::Decoder& model_;
   const model::ModelConfig cfg_;
