@@ -116,10 +116,19 @@ double CostModel::measured_time(Algorithm a, CollectiveOp op, int ranks, int hos
 
 namespace {
 
+// The part of the cost model the alpha-beta formulas use (a CostModel also carries its
+// measurement tables, which the formulas never read and should not copy).
+struct Links {
+  LinkCost intra, inter;
+  double reduce_s_per_byte;
+};
+
+Links links_of(const CostModel& m) { return {m.intra, m.inter, m.reduce_s_per_byte}; }
+
 // One synchronous exchange step of a group: every rank sends `msg` bytes to a peer given by
 // `peer_of`, all at once; the step lasts as long as its slowest link. Flows leaving one
 // host share that host's link.
-double step_time(const Topology& topo, const CostModel& m, double msg, bool reduces,
+double step_time(const Topology& topo, const Links& m, double msg, bool reduces,
                  const std::vector<int>& peer_of) {
   std::map<int, int> crossing;  // host -> flows leaving it
   bool any_intra = false;
@@ -158,7 +167,7 @@ int pow2_floor(int n) {
   return p;
 }
 
-double ring_time(CollectiveOp op, double s, const Topology& topo, const CostModel& m) {
+double ring_time(CollectiveOp op, double s, const Topology& topo, const Links& m) {
   const int n = topo.size();
   if (n < 2) return 0;
   auto next = ring_next(n);
@@ -168,7 +177,7 @@ double ring_time(CollectiveOp op, double s, const Topology& topo, const CostMode
   return op == CollectiveOp::reduce_scatter ? rs : ag;
 }
 
-double tree_time(CollectiveOp op, double s, const Topology& topo, const CostModel& m) {
+double tree_time(CollectiveOp op, double s, const Topology& topo, const Links& m) {
   const int n = topo.size();
   if (n < 2) return 0;
   double t = 0;
@@ -198,29 +207,31 @@ Topology sub_topology(const Topology& topo, const std::vector<int>& members) {
 
 // The cross-host phase of hierarchical: L groups of H ranks (one per local index) run at
 // once and share every host's link, which the single-group step model sees as L flows.
-double cross_phase_time(CollectiveOp op, double s, const Topology& topo, const CostModel& m, int l) {
+// Its algorithm (ring or tree) and time, for a share of s bytes per rank.
+std::pair<Algorithm, double> cross_phase(CollectiveOp op, double s, const Topology& topo, const Links& m) {
+  const int l = topo.uniform_local_size();
   Topology cross = sub_topology(topo, topo.peers_across_hosts(0));
-  CostModel shared = m;
+  Links shared = m;
   shared.inter.beta_s_per_byte *= l;
-  double ring = ring_time(op, s, cross, shared);
-  if (op == CollectiveOp::all_reduce || is_pow2(cross.size()))
-    return std::min(ring, tree_time(op, s, cross, shared));
-  return ring;
+  const double ring = ring_time(op, s, cross, shared);
+  if (op == CollectiveOp::all_reduce || is_pow2(cross.size())) {
+    const double tree = tree_time(op, s, cross, shared);
+    if (tree < ring) return {Algorithm::tree, tree};
+  }
+  return {Algorithm::ring, ring};
 }
 
-double hierarchical_time(CollectiveOp op, double s, const Topology& topo, const CostModel& m) {
+double hierarchical_time(CollectiveOp op, double s, const Topology& topo, const Links& m) {
   const int l = topo.uniform_local_size();
   Topology local = sub_topology(topo, topo.host_members(0));
   auto intra = [&](CollectiveOp o, double bytes) { return ring_time(o, bytes, local, m); };
-  double permute = s * m.reduce_s_per_byte;  // reordering chunks by host: one pass over s
+  const double cross = cross_phase(op, s / l, topo, m).second;
+  const double permute = s * m.reduce_s_per_byte;  // reordering chunks by host: one pass over s
   switch (op) {
     case CollectiveOp::all_reduce:
-      return intra(CollectiveOp::reduce_scatter, s) + cross_phase_time(op, s / l, topo, m, l) +
-             intra(CollectiveOp::all_gather, s);
-    case CollectiveOp::reduce_scatter:
-      return permute + intra(op, s) + cross_phase_time(op, s / l, topo, m, l);
-    case CollectiveOp::all_gather:
-      return cross_phase_time(op, s / l, topo, m, l) + intra(op, s) + permute;
+      return intra(CollectiveOp::reduce_scatter, s) + cross + intra(CollectiveOp::all_gather, s);
+    case CollectiveOp::reduce_scatter: return permute + intra(op, s) + cross;
+    case CollectiveOp::all_gather: return cross + intra(op, s) + permute;
   }
   return 0;
 }
@@ -231,9 +242,9 @@ double predict_seconds(Algorithm a, CollectiveOp op, int64_t bytes, const Topolo
                        const CostModel& m) {
   const double s = double(bytes);
   switch (a) {
-    case Algorithm::ring: return ring_time(op, s, topo, m);
-    case Algorithm::tree: return tree_time(op, s, topo, m);
-    case Algorithm::hierarchical: return hierarchical_time(op, s, topo, m);
+    case Algorithm::ring: return ring_time(op, s, topo, links_of(m));
+    case Algorithm::tree: return tree_time(op, s, topo, links_of(m));
+    case Algorithm::hierarchical: return hierarchical_time(op, s, topo, links_of(m));
     case Algorithm::mpi: return m.measured_time(Algorithm::mpi, op, topo.size(), topo.hosts(), bytes);
     case Algorithm::auto_select: break;
   }
@@ -257,6 +268,10 @@ Algorithm choose_algorithm(CollectiveOp op, int64_t bytes, const Topology& topo,
     if (best_t < 0 || t < best_t) best = a, best_t = t;
   }
   return best;
+}
+
+Algorithm cross_phase_algorithm(CollectiveOp op, int64_t share_bytes, const Topology& topo, const CostModel& m) {
+  return cross_phase(op, double(share_bytes), topo, links_of(m)).first;
 }
 
 Algorithm resolve_algorithm(Algorithm requested, CollectiveOp op, int64_t bytes, const Topology& topo,

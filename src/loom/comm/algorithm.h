@@ -80,6 +80,10 @@ double predict_seconds(Algorithm a, CollectiveOp op, int64_t bytes, const Topolo
 // without measurements: mpi (the transport's shared-memory collectives).
 Algorithm choose_algorithm(CollectiveOp op, int64_t bytes, const Topology& topo, const CostModel& m);
 
+// The algorithm (ring or tree) of hierarchical's cross-host phase, for a share of
+// `share_bytes` per rank: one choice for the model and for the run.
+Algorithm cross_phase_algorithm(CollectiveOp op, int64_t share_bytes, const Topology& topo, const CostModel& m);
+
 // What `requested` actually runs for this call: auto resolved; hierarchical on one host or
 // on hosts of unequal rank counts becomes ring; tree where recursive halving/doubling needs
 // a power-of-two size (reduce-scatter, all-gather) becomes ring; one rank: mpi (a copy).
