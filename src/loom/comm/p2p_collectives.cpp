@@ -7,7 +7,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <thread>
+#include <tuple>
 
 #include "loom/core/error.h"
 
@@ -77,10 +80,11 @@ std::vector<Span> equal_spans(int64_t off, int64_t n, int parts) {
 
 Tensor piece(const Tensor& flat, const Span& s) { return flat.slice(s.off, {s.n}); }
 
-// Point-to-point exchanges among an ordered subset of the private communicator's ranks.
+// Point-to-point exchanges among an ordered subset of the private communicator's ranks
+// (`members`, which must outlive the Peers).
 class Peers {
  public:
-  Peers(Backend& net, std::vector<int> members, int me_rank) : net_(net), members_(std::move(members)) {
+  Peers(Backend& net, const std::vector<int>& members, int me_rank) : net_(net), members_(members) {
     me_ = int(std::find(members_.begin(), members_.end(), me_rank) - members_.begin());
     LOOM_CHECK(me_ < int(members_.size()), "comm", "rank ", me_rank, " is not among its collective's members");
   }
@@ -109,7 +113,7 @@ class Peers {
  private:
   static constexpr int kTag = 7;
   Backend& net_;
-  std::vector<int> members_;
+  const std::vector<int>& members_;
   int me_ = 0;
 };
 
@@ -218,6 +222,12 @@ class AlgorithmBackend final : public Backend {
       size_t w = r < int(wr.size()) ? size_t(wr[size_t(r)]) : 0;
       topo_.host_of.push_back(w < host_of_world_.size() ? host_of_world_[w] : 0);
     }
+    for (int r = 0; r < size(); ++r) {
+      all_.push_back(r);
+      slot_.push_back(int64_t(topo_.local_index(r)) * topo_.hosts() + topo_.host_index(r));
+    }
+    local_ = topo_.host_members(rank());
+    cross_ = topo_.peers_across_hosts(rank());
     net_ = transport_->split(0, transport_->rank());  // private messages of the algorithms
   }
 
@@ -229,8 +239,18 @@ class AlgorithmBackend final : public Backend {
   std::vector<int> world_ranks() const override { return transport_->world_ranks(); }
   void use_algorithm(Algorithm a) override { algorithm_ = a; }
   Algorithm algorithm() const override { return algorithm_; }
+  // Memoised: a training step issues the same few sizes over and over, and evaluating the
+  // model (or a measured table) per call is work on every collective's path. Called from
+  // the worker and from Group::algorithm_for on the caller's thread, hence the lock.
   Algorithm resolve(Algorithm requested, CollectiveOp op, int64_t bytes) const override {
-    return resolve_algorithm(requested, op, bytes, topo_, *model_);
+    const auto key = std::make_tuple(requested, op, bytes);
+    std::lock_guard<std::mutex> lock(resolved_mu_);
+    auto it = resolved_.find(key);
+    if (it != resolved_.end()) return it->second;
+    if (resolved_.size() >= 4096) resolved_.clear();  // bounded; sizes sweeping past it recompute
+    const Algorithm a = resolve_algorithm(requested, op, bytes, topo_, *model_);
+    resolved_.emplace(key, a);
+    return a;
   }
   std::vector<int> host_of() const override { return topo_.host_of; }
 
@@ -242,7 +262,7 @@ class AlgorithmBackend final : public Backend {
     if (a == Algorithm::hierarchical) {
       hierarchical_all_reduce(buf, op);
     } else {
-      Peers p(*net_, all_members(), rank());
+      Peers p(*net_, all_, rank());
       if (a == Algorithm::tree) tree_all_reduce(p, buf, op, scratch(buf.numel(), t.dtype()));
       else ring_all_reduce(p, buf, op, scratch(buf.numel() / size() + 1, t.dtype()));
     }
@@ -254,19 +274,19 @@ class AlgorithmBackend final : public Backend {
     if (a == Algorithm::mpi) return transport_->reduce_scatter(in, out, op);
     check_reducible(in.dtype(), op);
     const int64_t c = out.numel();
-    Tensor work = Tensor::empty({in.numel()}, in.dtype(), MemCategory::comm);
+    Tensor work = work_buffer(in.numel(), in.dtype());
     Tensor tmp = scratch(in.numel() / 2 + 1, in.dtype());
     if (a == Algorithm::hierarchical) {
       permute_by_host(in, work, c, /*to_host_order=*/true);
-      const int h = topo_.hosts(), l = topo_.local_index(rank());
-      Peers local(*net_, topo_.host_members(rank()), rank());
+      const int h = topo_.hosts();
+      Peers local(*net_, local_, rank());
       ring_reduce_scatter(local, work, equal_spans(0, c * h, local.size()), op, tmp);
-      Peers cross(*net_, topo_.peers_across_hosts(rank()), rank());
-      ring_reduce_scatter(cross, work, equal_spans(int64_t(l) * h * c, c, h), op, tmp);
-      out.view({c}).copy_from(work.slice(slot(rank()) * c, {c}));
+      Peers cross(*net_, cross_, rank());
+      ring_reduce_scatter(cross, work, equal_spans(int64_t(local.me()) * h * c, c, h), op, tmp);
+      out.view({c}).copy_from(work.slice(slot_[size_t(rank())] * c, {c}));
     } else {
       work.copy_from(in.view({in.numel()}));
-      Peers p(*net_, all_members(), rank());
+      Peers p(*net_, all_, rank());
       std::vector<Span> spans = equal_spans(0, c, size());
       if (a == Algorithm::tree) tree_reduce_scatter(p, work, spans, op, tmp);
       else ring_reduce_scatter(p, work, spans, op, tmp);
@@ -281,19 +301,18 @@ class AlgorithmBackend final : public Backend {
     const int64_t c = in.numel();
     Tensor flat = out.view({out.numel()});
     if (a == Algorithm::hierarchical) {
-      const int h = topo_.hosts(), l = topo_.local_index(rank());
-      Tensor work = Tensor::empty({out.numel()}, out.dtype(), MemCategory::comm);
-      work.slice(slot(rank()) * c, {c}).copy_from(in.view({c}));
-      Peers cross(*net_, topo_.peers_across_hosts(rank()), rank());
-      ring_all_gather(cross, work, equal_spans(int64_t(l) * h * c, c, h));
-      Peers local(*net_, topo_.host_members(rank()), rank());
+      const int h = topo_.hosts();
+      Tensor work = work_buffer(out.numel(), out.dtype());
+      work.slice(slot_[size_t(rank())] * c, {c}).copy_from(in.view({c}));
+      Peers local(*net_, local_, rank()), cross(*net_, cross_, rank());
+      ring_all_gather(cross, work, equal_spans(int64_t(local.me()) * h * c, c, h));
       ring_all_gather(local, work, equal_spans(0, c * h, local.size()));
       permute_by_host(work, flat, c, /*to_host_order=*/false);
       return;
     }
     Tensor mine = flat.slice(int64_t(rank()) * c, {c});
     if (mine.raw() != in.raw()) mine.copy_from(in.view({c}));
-    Peers p(*net_, all_members(), rank());
+    Peers p(*net_, all_, rank());
     std::vector<Span> spans = equal_spans(0, c, size());
     if (a == Algorithm::tree) tree_all_gather(p, flat, spans);
     else ring_all_gather(p, flat, spans);
@@ -319,20 +338,11 @@ class AlgorithmBackend final : public Backend {
   }
 
  private:
-  std::vector<int> all_members() const {
-    std::vector<int> m(static_cast<size_t>(size()));
-    for (int r = 0; r < size(); ++r) m[size_t(r)] = r;
-    return m;
-  }
-
-  // Where rank r's chunk sits when chunks are ordered by local index, then host.
-  int64_t slot(int r) const { return int64_t(topo_.local_index(r)) * topo_.hosts() + topo_.host_index(r); }
-
-  // Copies chunk r of `from` to slot(r) of `to` (or back).
+  // Copies chunk r of `from` to slot r of `to` (or back).
   void permute_by_host(const Tensor& from, const Tensor& to, int64_t c, bool to_host_order) const {
     Tensor src = from.view({from.numel()}), dst = to.view({to.numel()});
     for (int r = 0; r < size(); ++r) {
-      int64_t a = int64_t(r) * c, b = slot(r) * c;
+      int64_t a = int64_t(r) * c, b = slot_[size_t(r)] * c;
       dst.slice(to_host_order ? b : a, {c}).copy_from(src.slice(to_host_order ? a : b, {c}));
     }
   }
@@ -340,36 +350,41 @@ class AlgorithmBackend final : public Backend {
   // Reduce-scatter inside the host, all-reduce of this rank's share among the ranks with
   // the same local index on the other hosts (ring or tree by the model), all-gather inside.
   void hierarchical_all_reduce(const Tensor& buf, ReduceOp op) {
-    Peers local(*net_, topo_.host_members(rank()), rank());
+    Peers local(*net_, local_, rank()), cross(*net_, cross_, rank());
     std::vector<Span> spans = split_even(buf.numel(), local.size());
     Tensor tmp = scratch(buf.numel() / local.size() + 1, buf.dtype());
     ring_reduce_scatter(local, buf, spans, op, tmp);
-    std::vector<int> across = topo_.peers_across_hosts(rank());
-    Topology cross_topo;
-    for (int r : across) cross_topo.host_of.push_back(topo_.host_of[size_t(r)]);
-    Peers cross(*net_, across, rank());
     Tensor mine = piece(buf, spans[size_t(local.me())]);
     const int64_t share = int64_t(buf.nbytes()) / local.size();
-    if (choose_algorithm(CollectiveOp::all_reduce, share, cross_topo, *model_) == Algorithm::tree)
+    if (cross_phase_algorithm(CollectiveOp::all_reduce, share, topo_, *model_) == Algorithm::tree)
       tree_all_reduce(cross, mine, op, tmp);
     else
       ring_all_reduce(cross, mine, op, tmp);
     ring_all_gather(local, buf, spans);
   }
 
-  Tensor scratch(int64_t n, DType t) {
-    if (!scratch_.defined() || scratch_.dtype() != t || scratch_.numel() < n)
-      scratch_ = Tensor::empty({std::max<int64_t>(n, 1)}, t, MemCategory::comm);
-    return scratch_;
+  // Buffers kept between calls (a fresh multi-megabyte allocation per collective is fresh
+  // pages for the kernel to fault in and zero): the received pieces, and reduce-scatter's and
+  // hierarchical all-gather's whole-buffer copy.
+  static Tensor reuse(Tensor& keep, int64_t n, DType t) {
+    if (!keep.defined() || keep.dtype() != t || keep.numel() < n)
+      keep = Tensor::empty({std::max<int64_t>(n, 1)}, t, MemCategory::comm);
+    return keep.slice(0, {n});
   }
+  Tensor scratch(int64_t n, DType t) { return reuse(scratch_, n, t); }
+  Tensor work_buffer(int64_t n, DType t) { return reuse(work_, n, t); }
 
   std::unique_ptr<Backend> transport_;
   std::unique_ptr<Backend> net_;
   std::vector<int> host_of_world_;
   Topology topo_;
+  std::vector<int> all_, local_, cross_;  // all members; this host's; one per host with our local index
+  std::vector<int64_t> slot_;            // rank r's chunk position when chunks go by local index, then host
   Algorithm algorithm_;
   std::shared_ptr<const CostModel> model_;
-  Tensor scratch_;
+  Tensor scratch_, work_;
+  mutable std::mutex resolved_mu_;
+  mutable std::map<std::tuple<Algorithm, CollectiveOp, int64_t>, Algorithm> resolved_;
 };
 
 }  // namespace
