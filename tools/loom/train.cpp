@@ -61,7 +61,7 @@ int cmd_train(const std::vector<std::string>& argv) {
     std::printf("[train] collective timeout %s (from %s)\n", value.c_str(), from.c_str());
     if (world.size() > 1)
       std::printf("[train] %d ranks on %d host%s; collectives: %s (cost model: %s)\n", world.size(),
-                  world.group().hosts(), world.group().hosts() > 1 ? "s" : "", cfg.comm.algorithm.c_str(),
+                  world.group().hosts(), world.group().hosts() > 1 ? "s" : "", comm::algorithm_name(world.group().algorithm()),
                   world.cost_model().source.c_str());
     std::fflush(stdout);
   }

@@ -1,6 +1,5 @@
 #include "loom/train/train_config.h"
 
-#include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -119,13 +118,9 @@ TrainConfig parse_train_config(const std::string& text, const std::vector<std::s
   c.parallel.order = r.string("parallel.order", "pp,dp,ep,tp");
   parallel::parse_mesh_order(c.parallel.order);  // refuses a malformed order before any work
 
-  auto env = [](const char* name, const char* fallback) {
-    const char* v = std::getenv(name);
-    return std::string(v && *v ? v : fallback);
-  };
-  c.comm.algorithm = r.string("comm.algorithm", env("LOOM_COMM_ALGORITHM", "auto"),
-                              {"auto", "ring", "tree", "hierarchical", "mpi"});
-  c.comm.calibration = r.string("comm.calibration", env("LOOM_COMM_CALIBRATION", ""));
+  // Unset: comm::World takes $LOOM_COMM_ALGORITHM / $LOOM_COMM_CALIBRATION, else its defaults.
+  c.comm.algorithm = r.string("comm.algorithm", "", {"auto", "ring", "tree", "hierarchical", "mpi"});
+  c.comm.calibration = r.string("comm.calibration", "");
 
   c.threads = r.integer("threads", 0, 0, 4096);
   r.reject_unknown();

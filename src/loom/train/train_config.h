@@ -65,9 +65,10 @@ struct ParallelConfig {
 
 // How collectives run (docs/DISTRIBUTED.md, "Collective algorithms").
 struct CommConfig {
-  // auto | ring | tree | hierarchical | mpi; the default is $LOOM_COMM_ALGORITHM, else auto.
-  std::string algorithm = "auto";
-  // A cost-model file from `loom bench comm --calibrate`; default $LOOM_COMM_CALIBRATION.
+  // auto | ring | tree | hierarchical | mpi; empty: comm::World's default
+  // ($LOOM_COMM_ALGORITHM, else auto).
+  std::string algorithm;
+  // A cost-model file from `loom bench comm --calibrate`; empty: $LOOM_COMM_CALIBRATION.
   std::string calibration;
 };
 
