@@ -261,14 +261,7 @@ int bench_comm(const std::vector<std::string>& args) {
     std::printf("%s", kHelp);
     return 0;
   }
-  if ((a.has("nproc") || a.has("hosts")) && !comm::launch_env().under_mpi) {
-    std::string nproc = a.has("nproc") ? a.get("nproc", "1") : std::to_string(comm::slots_in_hosts(a.get("hosts", "")));
-    std::vector<std::string> launch = {"--nproc", nproc};
-    if (a.has("hosts")) launch.insert(launch.end(), {"--hosts", a.get("hosts", "")});
-    launch.insert(launch.end(), {"--", "bench", "comm"});
-    for (const auto& s : without_options(args, {"--nproc", "--hosts"})) launch.push_back(s);
-    return cmd_launch(launch);
-  }
+  if ((a.has("nproc") || a.has("hosts")) && !comm::launch_env().under_mpi) return relaunch_bench("comm", args);
   if (a.has("calibrate")) return calibrate(a);
   std::vector<std::string> ops = split_list(a.get("ops", "all_reduce,reduce_scatter,all_gather,all_to_all"));
   int64_t min_bytes = comm::parse_byte_size(a.get("min-bytes", "1K"));

@@ -126,11 +126,7 @@ int bench_pipeline(const std::vector<std::string>& argv) {
   }
   set_num_threads(int(a.get_int("threads", 1)));
   if (a.has("balance")) return bench_balance(a);
-  if (a.has("nproc") && !comm::launch_env().under_mpi) {
-    std::vector<std::string> launch = {"--nproc", a.get("nproc", "2"), "--", "bench", "pipeline"};
-    for (const auto& s : without_nproc(argv)) launch.push_back(s);
-    return cmd_launch(launch);
-  }
+  if (a.has("nproc") && !comm::launch_env().under_mpi) return relaunch_bench("pipeline", argv);
   comm::World world;
   const int p = world.size();
   const bool main = world.rank() == 0;

@@ -74,23 +74,7 @@ int bench_train(const std::vector<std::string>& argv) {
       if (s == flag || s.rfind(std::string(flag) + "=", 0) == 0) return true;
     return false;
   };
-  if ((given("--nproc") || given("--hosts")) && !comm::launch_env().under_mpi) {
-    std::string nproc, hosts;
-    for (size_t i = 0; i + 1 < argv.size(); ++i) {
-      if (argv[i] == "--nproc") nproc = argv[i + 1];
-      if (argv[i] == "--hosts") hosts = argv[i + 1];
-    }
-    for (const auto& s : argv) {
-      if (s.rfind("--nproc=", 0) == 0) nproc = s.substr(8);
-      if (s.rfind("--hosts=", 0) == 0) hosts = s.substr(8);
-    }
-    if (nproc.empty()) nproc = std::to_string(comm::slots_in_hosts(hosts));
-    std::vector<std::string> launch = {"--nproc", nproc};
-    if (!hosts.empty()) launch.insert(launch.end(), {"--hosts", hosts});
-    launch.insert(launch.end(), {"--", "bench", "train"});
-    for (const auto& s : without_options(argv, {"--nproc", "--hosts"})) launch.push_back(s);
-    return cmd_launch(launch);
-  }
+  if ((given("--nproc") || given("--hosts")) && !comm::launch_env().under_mpi) return relaunch_bench("train", argv);
   if (comm::launch_env().under_mpi || given("--dp") || given("--zero")) return bench_train_dp(argv);
   Args a("bench train", argv,
          {{"model", true}, {"batch", true}, {"seq", true}, {"steps", true}, {"warmup", true},

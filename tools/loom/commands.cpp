@@ -2,6 +2,7 @@
 
 #include <cstdio>
 
+#include "loom/comm/launch.h"
 #include "loom/core/error.h"
 #include "loom/kernels/cpu/blas_core.h"
 #include "loom/kernels/cpu/cpu_kernels.h"
@@ -31,6 +32,9 @@ int cmd_version(const std::vector<std::string>&) {
   return 0;
 }
 
+namespace {
+
+// `args` without the named options (each "--name value" or "--name=value").
 std::vector<std::string> without_options(const std::vector<std::string>& args,
                                          const std::vector<std::string>& names) {
   std::vector<std::string> out;
@@ -50,8 +54,27 @@ std::vector<std::string> without_options(const std::vector<std::string>& args,
   return out;
 }
 
-std::vector<std::string> without_nproc(const std::vector<std::string>& args) {
-  return without_options(args, {"--nproc"});
+// The value of option `name` in args ("--name value" or "--name=value"), or "".
+std::string option_value(const std::vector<std::string>& args, const std::string& name) {
+  std::string v;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == name && i + 1 < args.size()) v = args[i + 1];
+    if (args[i].rfind(name + "=", 0) == 0) v = args[i].substr(name.size() + 1);
+  }
+  return v;
+}
+
+}  // namespace
+
+int relaunch_bench(const std::string& bench, const std::vector<std::string>& args) {
+  const std::string hosts = option_value(args, "--hosts");
+  std::string nproc = option_value(args, "--nproc");
+  if (nproc.empty()) nproc = std::to_string(comm::slots_in_hosts(hosts));
+  std::vector<std::string> launch = {"--nproc", nproc};
+  if (!hosts.empty()) launch.insert(launch.end(), {"--hosts", hosts});
+  launch.insert(launch.end(), {"--", "bench", bench});
+  for (const auto& s : without_options(args, {"--nproc", "--hosts"})) launch.push_back(s);
+  return cmd_launch(launch);
 }
 
 Args::Args(const std::string& cmd, const std::vector<std::string>& argv,

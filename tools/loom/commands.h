@@ -43,13 +43,10 @@ int bench_comm(const std::vector<std::string>& args);
 int bench_infer(const std::vector<std::string>& args);
 int bench_pipeline(const std::vector<std::string>& args);
 
-// The arguments to pass on when a command relaunches itself under `loom launch --nproc N`:
-// everything but --nproc.
-std::vector<std::string> without_nproc(const std::vector<std::string>& args);
-// `args` without the named options (each "--name value" or "--name=value").
-std::vector<std::string> without_options(const std::vector<std::string>& args,
-                                         const std::vector<std::string>& names);
 int cmd_launch(const std::vector<std::string>& args);
+// Runs `loom bench <bench> args...` as ranks of `loom launch`, with the --nproc and --hosts
+// of args (--nproc defaults to the hosts' slots); every other option passes through.
+int relaunch_bench(const std::string& bench, const std::vector<std::string>& args);
 
 // How an option is given: `false` a flag, `true` one value, Args::kRepeated a value that may
 // be given several times (--set a=1 --set b=2).
