@@ -107,6 +107,7 @@ void OneBitAllReduce::compress_and_exchange(const float* x) {
   float* w = work_.data<float>();
   float* we = worker_error_.data<float>();
   // Chunk q of x (c elements) goes to row q of the work buffer (cb, zero-padded).
+#pragma omp parallel for schedule(static) if (N * cb_ > (int64_t(1) << 18))
   for (int q = 0; q < N; ++q) {
     const int64_t v = valid(q);
     for (int64_t o = 0; o < cb_; ++o) w[q * cb_ + o] = o < v ? x[q * c_ + o] + we[q * cb_ + o] : 0.f;
@@ -141,8 +142,9 @@ void OneBitAllReduce::gather_and_decode(float* s, float* y, bool add) {
   comm_s_ += sw.seconds();
   float* w = work_.data<float>();
   std::memset(w, 0, size_t(g_.size() * cb_) * sizeof(float));
+  for (int q = 0; q < g_.size(); ++q) onebit_accumulate(gathered_.data<uint8_t>() + q * msg_, cb_, w + q * cb_);
+#pragma omp parallel for schedule(static) if (g_.size() * cb_ > (int64_t(1) << 18))
   for (int q = 0; q < g_.size(); ++q) {
-    onebit_accumulate(gathered_.data<uint8_t>() + q * msg_, cb_, w + q * cb_);
     const int64_t v = valid(q);
     for (int64_t o = 0; o < v; ++o) y[q * c_ + o] = add ? y[q * c_ + o] + w[q * cb_ + o] : w[q * cb_ + o];
   }

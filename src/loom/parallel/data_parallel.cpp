@@ -544,6 +544,7 @@ void DataParallel::onebit_step_zero1(double lr) {
     Tensor scaled = take_buffer(u.size()), ghat = take_buffer(c), next = take_buffer(c);
     const float* g = model_.grads().data<float>() + u.begin;
     float* x = scaled.data<float>();
+#pragma omp parallel for schedule(static) if (u.size() > 65536)
     for (int64_t j = 0; j < u.size(); ++j) x[j] = g[j] * gs;
     onebit_[i]->reduce_to_owner(x, ghat.data<float>());
     wait_s_ += onebit_[i]->last_comm_seconds();
