@@ -107,6 +107,7 @@ class ServerProcess {
       pid_t r = ::waitpid(pid_, &st, WNOHANG);
       if (r == pid_) {
         exited_ = true;
+        drain_output();
         return WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -117,8 +118,17 @@ class ServerProcess {
  private:
   bool has_exited() {
     int st;
-    if (!exited_ && ::waitpid(pid_, &st, WNOHANG) == pid_) exited_ = true;
+    if (!exited_ && ::waitpid(pid_, &st, WNOHANG) == pid_) {
+      exited_ = true;
+      drain_output();
+    }
     return exited_;
+  }
+
+  // Once the child has exited its last lines may still sit in the pipe: the reader ends at
+  // EOF (the child was the only writer), so output() then holds everything it printed.
+  void drain_output() {
+    if (reader_.joinable()) reader_.join();
   }
 
   pid_t pid_ = -1;
