@@ -6,8 +6,20 @@
 
 namespace loom::model {
 
-static Tensor& slot_of(BlockWeights& w, BlockSlot s) {
-  switch (s) {
+static Tensor& slot_of(BlockWeights& w, const BlockParamSpec& spec) {
+  if (spec.expert >= 0) {
+    if (w.experts.size() <= size_t(spec.expert)) w.experts.resize(size_t(spec.expert) + 1);
+    ExpertWeights& e = w.experts[size_t(spec.expert)];
+    switch (spec.slot) {
+      case BlockSlot::e_fc_w: return e.fc_w;
+      case BlockSlot::e_fc_b: return e.fc_b;
+      case BlockSlot::e_out_w: return e.out_w;
+      case BlockSlot::e_out_b: return e.out_b;
+      default: break;
+    }
+    fail("params", "expert parameter ", spec.suffix, " has a non-expert slot");
+  }
+  switch (spec.slot) {
     case BlockSlot::ln1_w: return w.ln1_w;
     case BlockSlot::ln1_b: return w.ln1_b;
     case BlockSlot::qkv_w: return w.qkv_w;
@@ -20,29 +32,31 @@ static Tensor& slot_of(BlockWeights& w, BlockSlot s) {
     case BlockSlot::fc_b: return w.fc_b;
     case BlockSlot::out_w: return w.out_w;
     case BlockSlot::out_b: return w.out_b;
+    case BlockSlot::router_w: return w.router_w;
+    default: break;
   }
-  fail("params", "unknown block slot ", int(s));
+  fail("params", "unknown block slot ", int(spec.slot), " of ", spec.suffix);
 }
 
 BlockWeights block_weights(const ModelConfig& cfg, const ParamLayout& layout, const Tensor& flat,
                            int l, int64_t base) {
   // Each slot is one parameter, or consecutive adjacent ones bound as one fused view spanning
-  // their rows (q|k|v, gate|up).
+  // their rows (q|k|v, gate|up, w1|w3).
   const std::string p = layout.block_prefix(l);
-  const auto specs = block_param_specs(cfg);
+  const auto specs = block_param_specs(cfg, l);
   BlockWeights w;
   for (size_t i = 0; i < specs.size();) {
     const ParamInfo& first = layout.get(p + specs[i].suffix);
     int64_t rows = 0, end = first.offset;
     size_t j = i;
-    for (; j < specs.size() && specs[j].slot == specs[i].slot; ++j) {
+    for (; j < specs.size() && specs[j].slot == specs[i].slot && specs[j].expert == specs[i].expert; ++j) {
       const ParamInfo& part = layout.get(p + specs[j].suffix);
       LOOM_CHECK(part.offset == end, "params", part.name, " is not adjacent to the previous part");
       rows += part.shape[0];
       end += part.numel();
     }
     const Shape fused = first.shape.ndim() == 1 ? Shape{rows} : Shape{rows, first.shape[1]};
-    slot_of(w, specs[i].slot) = flat.slice(first.offset - base, j == i + 1 ? first.shape : fused);
+    slot_of(w, specs[i]) = flat.slice(first.offset - base, j == i + 1 ? first.shape : fused);
     i = j;
   }
   return w;
@@ -60,6 +74,12 @@ BlockDims BlockDims::of(const ModelConfig& cfg, int64_t tp, int64_t rank) {
   d.KVH = d.kv_expand ? cfg.n_kv_head : cfg.n_kv_head / tp;
   d.bias_owner = rank == 0;
   return d;
+}
+
+// Width of the dense MLP buffers: the dense blocks' (tp share F) and the shared experts'.
+static int64_t mlp_width(const ModelConfig& cfg, int64_t F) {
+  const bool has_dense = !cfg.moe.enabled() || cfg.moe.moe_every > 1;
+  return std::max(has_dense ? F : 0, cfg.moe.enabled() ? cfg.shared_d_ff() : 0);
 }
 
 BlockActs BlockActs::allocate(const ModelConfig& cfg, int64_t B, int64_t T, DType dt,
@@ -80,8 +100,12 @@ BlockActs BlockActs::allocate(const ModelConfig& cfg, int64_t B, int64_t T, DTyp
   a.ln2 = Tensor::empty({N, C}, dt, cat, alloc);
   if (gpt2) a.ln2_mean = Tensor::empty({N}, dt, cat, alloc);
   a.ln2_rstd = Tensor::empty({N}, dt, cat, alloc);
-  a.fc = Tensor::empty({N, gpt2 ? F : 2 * F}, dt, cat, alloc);
-  a.act = Tensor::empty({N, F}, dt, cat, alloc);
+  const int64_t mlp = mlp_width(cfg, F);
+  if (mlp > 0) {
+    a.fc = Tensor::empty({N, gpt2 ? mlp : 2 * mlp}, dt, cat, alloc);
+    a.act = Tensor::empty({N, mlp}, dt, cat, alloc);
+  }
+  if (cfg.moe.enabled()) a.moe = MoeActs::allocate(cfg, N, dt, alloc);
   return a;
 }
 
@@ -90,7 +114,7 @@ int64_t BlockActs::bytes() const {
   for (const Tensor* t : {&ln1, &ln1_mean, &ln1_rstd, &qkv, &qkv_compact, &att, &lse, &x_mid, &ln2,
                           &ln2_mean, &ln2_rstd, &fc, &act})
     if (t->defined()) b += int64_t(t->nbytes());
-  return b;
+  return b + moe.bytes();
 }
 
 BlockScratch BlockScratch::allocate(const ModelConfig& cfg, int64_t B, int64_t T, DType dt,
@@ -102,8 +126,12 @@ BlockScratch BlockScratch::allocate(const ModelConfig& cfg, int64_t B, int64_t T
   s.dqkv = Tensor::empty({B, T, d.qkv_width()}, dt, cat, alloc);
   if (d.kv_expand) s.dqkv_expanded = Tensor::empty({B, T, d.attn_width()}, dt, cat, alloc);
   s.datt = Tensor::empty({B, T, d.H * d.D}, dt, cat, alloc);
-  s.dfc = Tensor::empty({N, cfg.family == Family::gpt2 ? F : 2 * F}, dt, cat, alloc);
-  s.dact = Tensor::empty({N, F}, dt, cat, alloc);
+  const int64_t mlp = mlp_width(cfg, F);
+  if (mlp > 0) {
+    s.dfc = Tensor::empty({N, cfg.family == Family::gpt2 ? mlp : 2 * mlp}, dt, cat, alloc);
+    s.dact = Tensor::empty({N, mlp}, dt, cat, alloc);
+  }
+  if (cfg.moe.enabled()) s.moe = MoeScratch::allocate(cfg, N, dt, alloc);
   return s;
 }
 
@@ -147,7 +175,7 @@ void expand_kv(const BlockDims& d, const Tensor& compact, const Tensor& expanded
 
 }  // namespace
 
-void block_forward(const ModelConfig& cfg, const BlockWeights& w, const Tensor& x_in,
+void block_forward(const ModelConfig& cfg, int layer, const BlockWeights& w, const Tensor& x_in,
                    const Tensor& pos, BlockActs& a, const Tensor& x_out, TensorParallelOps* tp) {
   const bool gpt2 = cfg.family == Family::gpt2;
   const BlockDims& d = a.dims;
@@ -172,33 +200,60 @@ void block_forward(const ModelConfig& cfg, const BlockWeights& w, const Tensor& 
     ops::layernorm_forward(a.x_mid, w.ln2_w, w.ln2_b, a.ln2, a.ln2_mean, a.ln2_rstd, cfg.norm_eps);
   else
     ops::rmsnorm_forward(a.x_mid, w.ln2_w, a.ln2, a.ln2_rstd, cfg.norm_eps);
-  ops::linear_forward(a.ln2, w.fc_w, w.fc_b, a.fc, prec);
+  const int64_t N = a.ln2.size(0);
+  if (cfg.is_moe_layer(layer)) {
+    // Router and experts are whole on every tp rank: no tp communication here. The shared
+    // experts (one MLP of their summed width) write x_out, the routed experts add to it.
+    const bool shared = w.fc_w.defined();
+    if (shared) {
+      const int64_t Fs = cfg.shared_d_ff();
+      const Tensor fc = a.fc.slice(0, {N, gpt2 ? Fs : 2 * Fs}), act = a.act.slice(0, {N, Fs});
+      ops::linear_forward(a.ln2, w.fc_w, w.fc_b, fc, prec);
+      if (gpt2) ops::gelu_forward(fc, act); else ops::swiglu_forward(fc, act);
+      ops::linear_forward(act, w.out_w, w.out_b, x_out, prec);
+    }
+    moe_forward(cfg, w, a.ln2, a.moe, x_out, /*accumulate=*/shared);
+    ops::add_inplace(x_out, a.x_mid);
+    return;
+  }
+  const int64_t F = d.F;
+  const Tensor fc = a.fc.slice(0, {N, gpt2 ? F : 2 * F}), act = a.act.slice(0, {N, F});
+  ops::linear_forward(a.ln2, w.fc_w, w.fc_b, fc, prec);
   if (gpt2)
-    ops::gelu_forward(a.fc, a.act);
+    ops::gelu_forward(fc, act);
   else
-    ops::swiglu_forward(a.fc, a.act);
-  ops::linear_forward(a.act, w.out_w, d.bias_owner ? w.out_b : Tensor{}, x_out, prec);
+    ops::swiglu_forward(fc, act);
+  ops::linear_forward(act, w.out_w, d.bias_owner ? w.out_b : Tensor{}, x_out, prec);
   if (tp) tp->row_parallel_output(x_out);
   ops::add_inplace(x_out, a.x_mid);
 }
 
-void block_backward(const ModelConfig& cfg, const BlockWeights& w, const BlockWeights& gw,
+void block_backward(const ModelConfig& cfg, int layer, const BlockWeights& w, const BlockWeights& gw,
                     const Tensor& x_in, const Tensor& pos, BlockActs& a, BlockScratch& s,
                     const Tensor& dres, TensorParallelOps* tp) {
   const bool gpt2 = cfg.family == Family::gpt2;
   const BlockDims& d = a.dims;
   const int64_t H = d.H, KVH = d.KVH, D = d.D;
   const ops::ProductPrecision prec = cfg.products();
-  // MLP branch: x_out = x_mid + out(act(fc(norm2(x_mid)))).
-  if (gpt2) {
-    ops::linear_backward(dres, a.act, w.out_w, s.dact, gw.out_w, gw.out_b, false, prec);
-    ops::gelu_backward(a.fc, s.dact, s.dfc);
-  } else {
-    ops::linear_backward(dres, a.act, w.out_w, s.dact, gw.out_w, {}, false, prec);
-    ops::swiglu_backward(a.fc, s.dact, s.dfc);
+  // MLP branch: x_out = x_mid + out(act(fc(norm2(x_mid)))), or in a MoE block x_mid + shared
+  // experts + routed experts.
+  const int64_t N = a.ln2.size(0);
+  const bool moe = cfg.is_moe_layer(layer);
+  if (!moe || w.fc_w.defined()) {
+    const int64_t F = moe ? cfg.shared_d_ff() : d.F, G = gpt2 ? 1 : 2;
+    const Tensor fc = a.fc.slice(0, {N, G * F}), act = a.act.slice(0, {N, F});
+    const Tensor dfc = s.dfc.slice(0, {N, G * F}), dact = s.dact.slice(0, {N, F});
+    ops::linear_backward(dres, act, w.out_w, dact, gw.out_w, gw.out_b, false, prec);
+    if (gpt2)
+      ops::gelu_backward(fc, dact, dfc);
+    else
+      ops::swiglu_backward(fc, dact, dfc);
+    ops::linear_backward(dfc, a.ln2, w.fc_w, s.dln, gw.fc_w, gw.fc_b, false, prec);
   }
-  ops::linear_backward(s.dfc, a.ln2, w.fc_w, s.dln, gw.fc_w, gw.fc_b, false, prec);
-  if (tp) tp->column_parallel_input_grad(s.dln);
+  if (moe)
+    moe_backward(cfg, w, gw, a.ln2, a.moe, s.moe, dres, s.dln, /*accumulate_dx=*/w.fc_w.defined());
+  else if (tp)
+    tp->column_parallel_input_grad(s.dln);
   if (gpt2)
     ops::layernorm_backward(s.dln, a.x_mid, w.ln2_w, a.ln2_mean, a.ln2_rstd, dres, gw.ln2_w,
                             gw.ln2_b, /*accumulate_dx=*/true);

@@ -5,16 +5,28 @@
 // Under tensor parallelism the same code runs on a rank's slice (BlockDims: its heads and MLP
 // columns) and calls TensorParallelOps at the two conjugate communication points.
 #pragma once
+#include <vector>
+
 #include "loom/core/tensor.h"
 #include "loom/model/config.h"
+#include "loom/model/moe.h"
 #include "loom/model/param_layout.h"
 
 namespace loom::model {
 
+// One routed expert's MLP (biases undefined for LLaMA).
+struct ExpertWeights {
+  Tensor fc_w, fc_b, out_w, out_b;
+};
+
 // Views of one block's parameters (or of their gradients) in a flat buffer. Biases and the
-// LayerNorm shifts are undefined for LLaMA.
+// LayerNorm shifts are undefined for LLaMA. A MoE block (ModelConfig::is_moe_layer) has a
+// router and experts, and its fc_*/out_* are the shared experts (undefined without them).
 struct BlockWeights {
   Tensor ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, out_w, out_b;
+  Tensor router_w;                     // [E, C]
+  Tensor router_bias;                  // [E] selection bias (DeepSeek-V3); not a parameter
+  std::vector<ExpertWeights> experts;  // indexed by expert
 };
 // `flat` holds the flat buffer's elements from index `base` on (0: the whole buffer; a unit's
 // begin: a buffer holding just that unit, e.g. gathered weights or staged gradients).
@@ -66,6 +78,7 @@ struct BlockActs {
   Tensor ln2, ln2_mean, ln2_rstd;
   Tensor fc;                       // MLP pre-activation: [N, F] (GPT-2) or [N, 2F] gate|up
   Tensor act;                      // MLP activation [N, F]
+  MoeActs moe;                     // MoE blocks' router and experts (MoE models only)
   static BlockActs allocate(const ModelConfig& cfg, int64_t B, int64_t T, DType dt,
                             Allocator& alloc, const BlockDims& dims);
   static BlockActs allocate(const ModelConfig& cfg, int64_t B, int64_t T, DType dt, Allocator& alloc) {
@@ -78,6 +91,7 @@ struct BlockActs {
 struct BlockScratch {
   Tensor dln, dqkv, datt, dfc, dact;
   Tensor dqkv_expanded;  // kv_expand only
+  MoeScratch moe;        // MoE models only
   static BlockScratch allocate(const ModelConfig& cfg, int64_t B, int64_t T, DType dt,
                                Allocator& alloc, const BlockDims& dims);
   static BlockScratch allocate(const ModelConfig& cfg, int64_t B, int64_t T, DType dt, Allocator& alloc) {
@@ -85,15 +99,15 @@ struct BlockScratch {
   }
 };
 
-// x_out = block(x_in). pos: i32[B*T] positions (RoPE). The shares come from a.dims; tp is
-// needed when they are a tensor-parallel slice.
-void block_forward(const ModelConfig& cfg, const BlockWeights& w, const Tensor& x_in,
+// x_out = block(x_in) for block `layer`. pos: i32[B*T] positions (RoPE). The shares come from
+// a.dims; tp is needed when they are a tensor-parallel slice.
+void block_forward(const ModelConfig& cfg, int layer, const BlockWeights& w, const Tensor& x_in,
                    const Tensor& pos, BlockActs& a, const Tensor& x_out,
                    TensorParallelOps* tp = nullptr);
 
 // On entry dres holds dLoss/d(x_out); on return dLoss/d(x_in). Parameter gradients
 // accumulate into gw.
-void block_backward(const ModelConfig& cfg, const BlockWeights& w, const BlockWeights& gw,
+void block_backward(const ModelConfig& cfg, int layer, const BlockWeights& w, const BlockWeights& gw,
                     const Tensor& x_in, const Tensor& pos, BlockActs& a, BlockScratch& s,
                     const Tensor& dres, TensorParallelOps* tp = nullptr);
 

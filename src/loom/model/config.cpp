@@ -28,6 +28,14 @@ Precision precision_from_name(const std::string& s) {
   fail("config", "model.precision: expected fp32, bf16 or fp16, got \"", s, "\"");
 }
 
+const char* router_score_name(RouterScore s) { return s == RouterScore::softmax ? "softmax" : "sigmoid"; }
+
+RouterScore router_score_from_name(const std::string& s) {
+  if (s == "softmax") return RouterScore::softmax;
+  if (s == "sigmoid") return RouterScore::sigmoid;
+  fail("config", "model.moe.score: expected \"softmax\" or \"sigmoid\", got \"", s, "\"");
+}
+
 void ModelConfig::validate() const {
   auto positive = [](const char* field, int64_t v) {
     LOOM_CHECK(v > 0, "config", "model.", field, " must be positive, got ", v);
@@ -52,12 +60,36 @@ void ModelConfig::validate() const {
   LOOM_CHECK(norm_eps > 0, "config", "model.norm_eps must be positive, got ", norm_eps);
   LOOM_CHECK(vocab_size < (int64_t(1) << 31), "config", "model.vocab_size=", vocab_size,
              " does not fit 32-bit token ids");
+  if (!moe.enabled()) {
+    LOOM_CHECK(moe.num_experts == 0, "config", "model.moe.num_experts must be 0 (dense) or positive, got ",
+               moe.num_experts);
+    return;
+  }
+  LOOM_CHECK(moe.top_k >= 1 && moe.top_k <= moe.num_experts, "config", "model.moe.top_k=", moe.top_k,
+             " must be between 1 and model.moe.num_experts=", moe.num_experts);
+  LOOM_CHECK(moe.num_shared_experts >= 0, "config", "model.moe.num_shared_experts must be >= 0, got ",
+             moe.num_shared_experts);
+  LOOM_CHECK(moe.expert_d_ff >= 0, "config", "model.moe.expert_d_ff must be >= 0 (0: model.d_ff), got ",
+             moe.expert_d_ff);
+  LOOM_CHECK(moe.moe_every >= 1 && moe.moe_every <= n_layer, "config", "model.moe.moe_every=",
+             moe.moe_every, " must be between 1 and model.n_layer=", n_layer,
+             " (blocks moe_every-1, 2*moe_every-1, ... are MoE)");
+  LOOM_CHECK(moe.capacity_factor == 0 || moe.capacity_factor >= 1.0 / double(moe.num_experts), "config",
+             "model.moe.capacity_factor=", moe.capacity_factor,
+             " leaves experts room for almost no token; use 0 (dropless) or a value near 1.25");
+  LOOM_CHECK(moe.router_aux_loss_coef >= 0 && moe.router_z_loss_coef >= 0 && moe.bias_update_rate >= 0,
+             "config", "model.moe.router_aux_loss_coef, router_z_loss_coef and bias_update_rate must be >= 0");
 }
 
 std::string ModelConfig::summary() const {
   return str_cat(name, " (", family_name(family), ": ", n_layer, " layers, d_model ", d_model,
                  ", ", n_head, " heads", n_kv_head != n_head ? str_cat("/", n_kv_head, " kv") : "",
                  ", d_ff ", d_ff, ", vocab ", vocab_size, ", context ", n_ctx,
+                 moe.enabled() ? str_cat(", MoE ", moe.num_experts, " experts top-", moe.top_k, " d_ff ",
+                                         expert_d_ff(),
+                                         moe.num_shared_experts ? str_cat(" +", moe.num_shared_experts, " shared") : "",
+                                         moe.moe_every > 1 ? str_cat(" every ", moe.moe_every, " blocks") : "")
+                               : "",
                  precision == Precision::fp32 ? "" : str_cat(", ", precision_name(precision), " products"), ")");
 }
 
@@ -99,12 +131,29 @@ ModelConfig preset(const std::string& name) {
   if (name == "gpt2-shakespeare") return gpt2("gpt2-shakespeare", 4, 192, 6, 256, 128);
   if (name == "llama-tiny") return llama("llama-tiny", 2, 32, 4, 2, 48, 97, 64);
   if (name == "llama-60m") return llama("llama-60m", 8, 512, 8, 4, 1408, 32000, 1024);
+  // Mixtral-style: every block MoE, 8 experts, top-2, each expert half the dense width, so a
+  // token runs as many MLP parameters as in llama-60m (2 x 704 = 1408 columns).
+  if (name == "llama-moe-60m") {
+    ModelConfig c = llama("llama-moe-60m", 8, 512, 8, 4, 1408, 32000, 1024);
+    c.moe.num_experts = 8;
+    c.moe.top_k = 2;
+    c.moe.expert_d_ff = 704;
+    return c;
+  }
+  if (name == "llama-moe-tiny") {
+    ModelConfig c = llama("llama-moe-tiny", 2, 32, 4, 2, 48, 97, 64);
+    c.moe.num_experts = 4;
+    c.moe.top_k = 2;
+    c.moe.expert_d_ff = 24;
+    return c;
+  }
   fail("config", "model.preset: unknown preset \"", name, "\"; known presets: gpt2-124m, ",
-       "gpt2-350m, gpt2-tiny, gpt2-shakespeare, llama-tiny, llama-60m");
+       "gpt2-350m, gpt2-tiny, gpt2-shakespeare, llama-tiny, llama-60m, llama-moe-tiny, llama-moe-60m");
 }
 
 std::vector<std::string> preset_names() {
-  return {"gpt2-124m", "gpt2-350m", "gpt2-tiny", "gpt2-shakespeare", "llama-tiny", "llama-60m"};
+  return {"gpt2-124m", "gpt2-350m", "gpt2-tiny", "gpt2-shakespeare", "llama-tiny", "llama-60m",
+          "llama-moe-tiny", "llama-moe-60m"};
 }
 
 }  // namespace loom::model

@@ -1,6 +1,7 @@
 // Model hyper-parameters for the one decoder loom trains and serves, configurable as GPT-2
 // (learned positions, LayerNorm, GELU, biases, tied embeddings) or LLaMA (RoPE, RMSNorm,
-// SwiGLU, grouped-query attention, no biases, untied head); presets by name.
+// SwiGLU, grouped-query attention, no biases, untied head), either with sparse
+// Mixture-of-Experts MLPs (model.moe); presets by name.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -23,6 +24,38 @@ enum class Precision { fp32, bf16, fp16 };
 const char* precision_name(Precision p);
 Precision precision_from_name(const std::string& s);  // throws "[config] model.precision: ..."
 
+// Router scores of a Mixture-of-Experts layer: softmax over the experts (Switch, Mixtral) or an
+// independent sigmoid per expert (DeepSeek-V3).
+enum class RouterScore { softmax, sigmoid };
+const char* router_score_name(RouterScore s);
+RouterScore router_score_from_name(const std::string& s);  // throws "[config] model.moe.score: ..."
+
+// Sparse Mixture-of-Experts MLPs (Shazeer et al. 2017; GShard; Switch; Mixtral; DeepSeek-MoE).
+// A MoE block replaces the dense MLP by a router and num_experts expert MLPs of width
+// expert_d_ff (the family's MLP: GELU for GPT-2, SwiGLU for LLaMA); each token runs top_k of
+// them, weighted by its normalised router scores, plus the num_shared_experts that every token
+// runs (DeepSeek-MoE). moe_every = N makes blocks N-1, 2N-1, ... MoE and leaves the others
+// dense (Qwen2-MoE's decoder_sparse_step); 1: every block.
+struct MoeConfig {
+  int64_t num_experts = 0;  // 0: a dense model
+  int64_t top_k = 2;
+  int64_t num_shared_experts = 0;
+  int64_t expert_d_ff = 0;  // 0: model.d_ff
+  int64_t moe_every = 1;
+  // Per expert and micro-batch, at most ceil(capacity_factor * tokens * top_k / num_experts)
+  // tokens; later ones are dropped (their expert output is zero, the residual passes). 0: none
+  // dropped (dropless).
+  double capacity_factor = 0;
+  double router_aux_loss_coef = 0.01;  // Switch/GShard balance loss E * sum_i f_i P_i
+  double router_z_loss_coef = 0;       // ST-MoE: mean over tokens of logsumexp(logits)^2
+  RouterScore score = RouterScore::softmax;
+  // DeepSeek-V3's auxiliary-loss-free balancing: a per-expert bias added to the scores for
+  // choosing experts only, moved by this rate against each expert's load after every step.
+  // 0: off.
+  double bias_update_rate = 0;
+  bool enabled() const { return num_experts > 0; }
+};
+
 struct ModelConfig {
   std::string name = "custom";
   Family family = Family::gpt2;
@@ -37,6 +70,15 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   bool tied_embeddings = true;
   Precision precision = Precision::fp32;  // a compute policy: not part of config.json
+  MoeConfig moe;
+
+  // Whether block `layer` is a Mixture-of-Experts block.
+  bool is_moe_layer(int64_t layer) const {
+    return moe.enabled() && (layer + 1) % moe.moe_every == 0;
+  }
+  int64_t expert_d_ff() const { return moe.expert_d_ff > 0 ? moe.expert_d_ff : d_ff; }
+  int64_t shared_d_ff() const { return moe.num_shared_experts * expert_d_ff(); }
+  int64_t num_moe_layers() const { return moe.enabled() ? n_layer / moe.moe_every : 0; }
 
   int64_t head_dim() const { return d_model / n_head; }
   bool has_bias() const { return family == Family::gpt2; }
@@ -50,7 +92,8 @@ struct ModelConfig {
   std::string summary() const;  // one line for logs
 };
 
-// Known presets: gpt2-124m, gpt2-350m, gpt2-tiny, gpt2-shakespeare, llama-tiny, llama-60m.
+// Known presets: gpt2-124m, gpt2-350m, gpt2-tiny, gpt2-shakespeare, llama-tiny, llama-60m,
+// llama-moe-tiny, llama-moe-60m.
 ModelConfig preset(const std::string& name);
 std::vector<std::string> preset_names();
 

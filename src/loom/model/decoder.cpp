@@ -61,6 +61,9 @@ Decoder::Decoder(const ModelConfig& cfg, const DecoderOptions& opt, DType dtype,
     grads_ = Tensor::zeros({layout_.total()}, dtype, MemCategory::grads, alloc);
   default_src_ = std::make_unique<FlatParamSource>(cfg_, layout_, params_, grads_);
   src_ = default_src_.get();
+  reset_moe_stats();
+  if (cfg.moe.enabled() && cfg.moe.bias_update_rate > 0)
+    router_bias_ = Tensor::zeros({cfg.num_moe_layers() * cfg.moe.num_experts}, DType::f32, MemCategory::params, alloc);
 }
 
 void Decoder::set_options(const DecoderOptions& opt) {
@@ -209,9 +212,55 @@ void Decoder::run_blocks_forward(Slot& s) {
   const int first = layout_.first_layer();
   for (int i = 0; i < n_local(); ++i) {
     BlockActs& a = (s.train_buffers && !checkpointed()) ? s.saved[size_t(i)] : recompute_[0];
-    block_forward(cfg_, src_->block_params(first + i, ParamSource::Phase::forward), s.res[size_t(i)],
-                  pos_, a, s.res[size_t(i) + 1], tp_);
+    block_forward(cfg_, first + i, with_router_bias(first + i, src_->block_params(first + i, ParamSource::Phase::forward)),
+                  s.res[size_t(i)], pos_, a, s.res[size_t(i) + 1], tp_);
     src_->release_block_params(first + i, ParamSource::Phase::forward);
+    if (cfg_.is_moe_layer(first + i)) record_moe(first + i, a.moe, s);
+  }
+}
+
+BlockWeights Decoder::with_router_bias(int layer, BlockWeights w) const {
+  if (router_bias_.defined() && cfg_.is_moe_layer(layer))
+    w.router_bias = router_bias_.slice(moe_index(layer) * cfg_.moe.num_experts, {cfg_.moe.num_experts});
+  return w;
+}
+
+int64_t Decoder::moe_index(int layer) const { return (layer + 1) / cfg_.moe.moe_every - 1; }
+
+void Decoder::record_moe(int layer, const MoeActs& a, Slot& s) {
+  const MoeConfig& m = cfg_.moe;
+  s.router_loss += m.router_aux_loss_coef * a.aux + m.router_z_loss_coef * a.z;
+  if (!s.train) return;
+  MoeLayerStats& st = moe_stats_[size_t(moe_index(layer))];
+  st.layer = layer;
+  st.load.resize(a.load.size());
+  for (size_t e = 0; e < a.load.size(); ++e) st.load[e] += a.load[e];
+  st.choices += a.tokens * m.top_k;
+  st.dropped += a.dropped;
+  st.aux_sum += a.aux;
+  st.z_sum += a.z;
+  ++st.forwards;
+}
+
+void Decoder::reset_moe_stats() {
+  moe_stats_.assign(size_t(cfg_.num_moe_layers()), MoeLayerStats{});
+}
+
+void Decoder::update_router_bias(const std::vector<MoeLayerStats>& stats, double rate) {
+  LOOM_CHECK(router_bias_.defined(), "model", "update_router_bias needs model.moe.bias_update_rate > 0");
+  const int64_t E = cfg_.moe.num_experts;
+  float* b = router_bias_.data<float>();
+  for (size_t i = 0; i < stats.size(); ++i) {
+    const auto& load = stats[i].load;
+    if (load.empty()) continue;
+    double mean = 0;
+    for (int64_t l : load) mean += double(l);
+    mean /= double(E);
+    // DeepSeek-V3: raise the bias of underloaded experts, lower that of overloaded ones.
+    for (int64_t e = 0; e < E; ++e) {
+      const double d = mean - double(load[size_t(e)]);
+      b[int64_t(i) * E + e] += float(d > 0 ? rate : d < 0 ? -rate : 0.0);
+    }
   }
 }
 
@@ -244,8 +293,11 @@ double Decoder::stage_forward(int id, const int32_t* tokens, const int32_t* targ
   const int64_t N = B_ * T_;
   std::memcpy(s.tokens.raw(), tokens, size_t(N) * 4);
   std::memcpy(s.targets.raw(), targets, size_t(N) * 4);
+  s.grad_scale = grad_scale;
+  s.router_loss = 0;
   if (first_stage()) embed_forward(s);
   run_blocks_forward(s);
+  last_router_loss_ = s.router_loss;
   if (!last_stage()) {
     if (n_valid) *n_valid = 0;
     return 0;
@@ -289,8 +341,9 @@ void Decoder::stage_backward(int id, const Tensor& dy) {
   auto backward_block = [&](int64_t i, BlockActs& acts) {
     const int l = first + int(i);
     {  // the weights' views end before the release, so a ZeRO-3 source can reuse the buffer
-      const BlockWeights w = src_->block_params(l, Phase::backward);
-      block_backward(cfg_, w, src_->block_grads(l), s.res[size_t(i)], pos_, acts, scratch_, dres_, tp_);
+      const BlockWeights w = with_router_bias(l, src_->block_params(l, Phase::backward));
+      acts.moe.loss_weight = s.grad_scale * double(B_ * T_);
+      block_backward(cfg_, l, w, src_->block_grads(l), s.res[size_t(i)], pos_, acts, scratch_, dres_, tp_);
     }
     src_->release_block_params(l, Phase::backward);
     src_->block_grads_done(l);
@@ -305,8 +358,8 @@ void Decoder::stage_backward(int id, const Tensor& dy) {
       const int64_t b = g * k, e = std::min(L, b + k);
       for (int64_t i = b; i < e; ++i) {  // recompute the segment from its saved input
         const int l = first + int(i);
-        block_forward(cfg_, src_->block_params(l, Phase::recompute), s.res[size_t(i)], pos_,
-                      recompute_[size_t(i - b)], s.res[size_t(i) + 1], tp_);
+        block_forward(cfg_, l, with_router_bias(l, src_->block_params(l, Phase::recompute)), s.res[size_t(i)],
+                      pos_, recompute_[size_t(i - b)], s.res[size_t(i) + 1], tp_);
         src_->release_block_params(l, Phase::recompute);
       }
       for (int64_t i = e - 1; i >= b; --i) backward_block(i, recompute_[size_t(i - b)]);

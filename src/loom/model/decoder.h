@@ -99,6 +99,23 @@ class Decoder {
 
   // Per-token losses of the last forward, [B*T] (the last stage's).
   const Tensor& token_losses() const { return last_losses_; }
+
+  // ---- Mixture of Experts -------------------------------------------------------------------
+  // The router losses of the last micro-batch's forward over this stage's MoE blocks,
+  // sum over blocks of router_aux_loss_coef * aux + router_z_loss_coef * z. Training adds them
+  // to the objective per token: their gradient is weighted by grad_scale * B * T, so with
+  // grad_scale = 1 / tokens the objective is the mean token loss plus the micro-batches'
+  // token-weighted mean router loss.
+  double last_router_loss() const { return last_router_loss_; }
+  // Router statistics of the training forwards since reset_moe_stats(), one entry per MoE block
+  // of the model (blocks outside this stage stay empty).
+  const std::vector<MoeLayerStats>& moe_stats() const { return moe_stats_; }
+  void reset_moe_stats();
+  // DeepSeek-V3's balancing step: each expert's selection bias moves by `rate` towards balance
+  // from `stats` (loads summed over every rank that routes tokens). Needs bias_update_rate > 0.
+  void update_router_bias(const std::vector<MoeLayerStats>& stats, double rate);
+  // [num_moe_layers * E] f32 selection biases; undefined without bias_update_rate.
+  const Tensor& router_bias() const { return router_bias_; }
   // Bytes of activation buffers the current (B, T) needs (what memory tests compare): every
   // micro-batch slot allocated so far plus the shared buffers.
   int64_t activation_bytes() const;
@@ -135,6 +152,8 @@ class Decoder {
     std::vector<Tensor> res;       // res[i]: input of the stage's block i; res.back(): output
     std::vector<BlockActs> saved;  // per block when not checkpointed
     Tensor lnf, lnf_mean, lnf_rstd, losses, dlnf;  // the head (last stage)
+    double grad_scale = 0;       // of this micro-batch's training forward
+    double router_loss = 0;      // the MoE blocks' weighted router losses
     bool train_buffers = false;  // holds what backward needs
     bool train = false, busy = false;  // the current micro-batch: training or evaluation
   };
@@ -146,6 +165,9 @@ class Decoder {
   void final_norm_forward(Slot& s);
   double count_and_sum(const Slot& s, int64_t N, int64_t* n_valid);
   bool checkpointed() const { return opt_.activation_checkpoint_interval > 0; }
+  BlockWeights with_router_bias(int layer, BlockWeights w) const;
+  int64_t moe_index(int layer) const;  // among the model's MoE blocks
+  void record_moe(int layer, const MoeActs& a, Slot& s);
   bool first_stage() const { return layout_.slice().has_embedding; }
   bool last_stage() const { return layout_.slice().has_head; }
 
@@ -167,6 +189,9 @@ class Decoder {
   Tensor pos_;
   std::vector<BlockActs> recompute_;  // checkpointed segment (or evaluation) activations
   Tensor dres_, ce_work_, last_losses_;
+  Tensor router_bias_;
+  double last_router_loss_ = 0;
+  std::vector<MoeLayerStats> moe_stats_;
   BlockScratch scratch_;
 };
 

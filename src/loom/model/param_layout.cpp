@@ -25,15 +25,47 @@ int64_t vocab_rows_per_rank(const ModelConfig& cfg, int64_t tp) {
   return (cfg.vocab_size + tp - 1) / tp;
 }
 
-std::vector<BlockParamSpec> block_param_specs(const ModelConfig& cfg) {
-  const int64_t C = cfg.d_model, F = cfg.d_ff, D = cfg.head_dim(), H = cfg.n_head, KVH = cfg.n_kv_head;
+namespace {
+constexpr int kRows = 0, kCols = 1, kNone = -1;
+
+// The family's MLP of width F under `prefix` with the names `names` (fc, [up,] out), bound to
+// the dense/shared slots or, with expert >= 0, to that expert's slots. split: Megatron's
+// column/row split for the dense MLP, none for experts.
+void add_mlp_specs(std::vector<BlockParamSpec>& out, const ModelConfig& cfg, const std::string& prefix,
+                   int64_t F, bool split, int expert) {
+  using S = BlockSlot;
+  const int64_t C = cfg.d_model;
+  const Init N = Init::normal, Z = Init::zeros;
+  const bool e = expert >= 0;
+  const int rows = split ? kRows : kNone, cols = split ? kCols : kNone;
+  const S fc_w = e ? S::e_fc_w : S::fc_w, fc_b = e ? S::e_fc_b : S::fc_b;
+  const S out_w = e ? S::e_out_w : S::out_w, out_b = e ? S::e_out_b : S::out_b;
+  if (cfg.family == Family::gpt2) {
+    out.push_back({prefix + "c_fc.weight", {F, C}, fc_w, N, false, true, true, rows, 1, false, expert});
+    out.push_back({prefix + "c_fc.bias", {F}, fc_b, Z, false, false, false, rows, 1, false, expert});
+    out.push_back({prefix + "c_proj.weight", {C, F}, out_w, N, true, true, true, cols, 1, false, expert});
+    out.push_back({prefix + "c_proj.bias", {C}, out_b, Z, false, false, false, kNone, 1, false, expert});
+    return;
+  }
+  // gate, up adjacent: the fused [2 F, C] projection feeding SwiGLU.
+  const bool mixtral = e;  // Mixtral's experts: w1 gate, w3 up, w2 down
+  out.push_back({prefix + (mixtral ? "w1.weight" : "gate_proj.weight"), {F, C}, fc_w, N, false, true, false, rows, 1, false, expert});
+  out.push_back({prefix + (mixtral ? "w3.weight" : "up_proj.weight"), {F, C}, fc_w, N, false, true, false, rows, 1, false, expert});
+  out.push_back({prefix + (mixtral ? "w2.weight" : "down_proj.weight"), {C, F}, out_w, N, true, true, false, cols, 1, false, expert});
+}
+}  // namespace
+
+std::vector<BlockParamSpec> block_param_specs(const ModelConfig& cfg, int layer) {
+  const int64_t C = cfg.d_model, D = cfg.head_dim(), H = cfg.n_head, KVH = cfg.n_kv_head;
   // Megatron-LM's split (Shoeybi et al. 2019): column-parallel (rows, 0) for q|k|v, fc and
   // gate|up; row-parallel (columns, 1) for the output projections; the rest replicated.
-  constexpr int rows = 0, cols = 1, none = -1;
+  constexpr int rows = kRows, cols = kCols, none = kNone;
   using S = BlockSlot;
   const Init N = Init::normal, Z = Init::zeros, O = Init::ones;
-  if (cfg.family == Family::gpt2)
-    return {
+  std::vector<BlockParamSpec> specs;
+  std::string mlp;
+  if (cfg.family == Family::gpt2) {
+    specs = {
         {"ln_1.weight", {C}, S::ln1_w, O, false, false, false, none, 1, false},
         {"ln_1.bias", {C}, S::ln1_b, Z, false, false, false, none, 1, false},
         {"attn.c_attn.weight", {3 * C, C}, S::qkv_w, N, false, true, true, rows, 3, false},
@@ -42,24 +74,32 @@ std::vector<BlockParamSpec> block_param_specs(const ModelConfig& cfg) {
         {"attn.c_proj.bias", {C}, S::proj_b, Z, false, false, false, none, 1, false},
         {"ln_2.weight", {C}, S::ln2_w, O, false, false, false, none, 1, false},
         {"ln_2.bias", {C}, S::ln2_b, Z, false, false, false, none, 1, false},
-        {"mlp.c_fc.weight", {F, C}, S::fc_w, N, false, true, true, rows, 1, false},
-        {"mlp.c_fc.bias", {F}, S::fc_b, Z, false, false, false, rows, 1, false},
-        {"mlp.c_proj.weight", {C, F}, S::out_w, N, true, true, true, cols, 1, false},
-        {"mlp.c_proj.bias", {C}, S::out_b, Z, false, false, false, none, 1, false},
     };
-  return {
-      {"input_layernorm.weight", {C}, S::ln1_w, O, false, false, false, none, 1, false},
-      // q, k, v adjacent: together the fused [(H + 2 KVH) D, C] projection.
-      {"self_attn.q_proj.weight", {H * D, C}, S::qkv_w, N, false, true, false, rows, 1, false},
-      {"self_attn.k_proj.weight", {KVH * D, C}, S::qkv_w, N, false, true, false, rows, 1, true},
-      {"self_attn.v_proj.weight", {KVH * D, C}, S::qkv_w, N, false, true, false, rows, 1, true},
-      {"self_attn.o_proj.weight", {C, H * D}, S::proj_w, N, true, true, false, cols, 1, false},
-      {"post_attention_layernorm.weight", {C}, S::ln2_w, O, false, false, false, none, 1, false},
-      // gate, up adjacent: the fused [2 F, C] projection feeding SwiGLU.
-      {"mlp.gate_proj.weight", {F, C}, S::fc_w, N, false, true, false, rows, 1, false},
-      {"mlp.up_proj.weight", {F, C}, S::fc_w, N, false, true, false, rows, 1, false},
-      {"mlp.down_proj.weight", {C, F}, S::out_w, N, true, true, false, cols, 1, false},
-  };
+    mlp = "mlp.";
+  } else {
+    specs = {
+        {"input_layernorm.weight", {C}, S::ln1_w, O, false, false, false, none, 1, false},
+        // q, k, v adjacent: together the fused [(H + 2 KVH) D, C] projection.
+        {"self_attn.q_proj.weight", {H * D, C}, S::qkv_w, N, false, true, false, rows, 1, false},
+        {"self_attn.k_proj.weight", {KVH * D, C}, S::qkv_w, N, false, true, false, rows, 1, true},
+        {"self_attn.v_proj.weight", {KVH * D, C}, S::qkv_w, N, false, true, false, rows, 1, true},
+        {"self_attn.o_proj.weight", {C, H * D}, S::proj_w, N, true, true, false, cols, 1, false},
+        {"post_attention_layernorm.weight", {C}, S::ln2_w, O, false, false, false, none, 1, false},
+    };
+    mlp = cfg.is_moe_layer(layer) ? "block_sparse_moe." : "mlp.";
+  }
+  if (!cfg.is_moe_layer(layer)) {
+    add_mlp_specs(specs, cfg, mlp, cfg.d_ff, true, -1);
+    return specs;
+  }
+  const bool gpt2 = cfg.family == Family::gpt2;
+  specs.push_back({mlp + (gpt2 ? "router.weight" : "gate.weight"), {cfg.moe.num_experts, C}, S::router_w, N,
+                   false, true, false, none, 1, false});
+  if (cfg.moe.num_shared_experts > 0)
+    add_mlp_specs(specs, cfg, mlp + "shared_experts.", cfg.shared_d_ff(), false, -1);
+  for (int64_t e = 0; e < cfg.moe.num_experts; ++e)
+    add_mlp_specs(specs, cfg, str_cat(mlp, "experts.", e, "."), cfg.expert_d_ff(), false, int(e));
+  return specs;
 }
 
 ParamLayout::ParamLayout(const ModelConfig& cfg, int64_t unit_align, const ModelSlice& slice)
@@ -88,10 +128,9 @@ ParamLayout::ParamLayout(const ModelConfig& cfg, int64_t unit_align, const Model
   }
   close_unit("embed", -1);
   const bool split_kv = KVH % slice_.tp == 0;
-  const auto specs = block_param_specs(cfg);
   for (int l = slice_.first_layer; l < slice_.last_layer; ++l) {
     const std::string p = block_prefix(l);
-    for (const BlockParamSpec& b : specs) {
+    for (const BlockParamSpec& b : block_param_specs(cfg, l)) {
       const int split = b.kv && !split_kv ? -1 : b.split;
       const float init_std = b.init != Init::normal ? 0.f : b.residual_proj ? proj_std : std;
       ParamInfo& pi = add(p + b.suffix, b.shape, l, b.init, init_std, b.decay, b.hf_transposed, split, b.parts);

@@ -81,13 +81,18 @@ struct ParamUnit {
 };
 
 // The roles of a block's parameters: the BlockWeights members (model/block.h) they bind to.
-enum class BlockSlot : uint8_t { ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, out_w, out_b };
+// MoE blocks: fc_*/out_* are the shared experts, router_w the router, e_* expert `expert`'s MLP.
+enum class BlockSlot : uint8_t {
+  ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, out_w, out_b,
+  router_w, e_fc_w, e_fc_b, e_out_w, e_out_b
+};
 
 // One parameter of a block, as ParamLayout creates it and block_weights binds it; the one list
-// of a block's parameters for each family. Parameters with the same slot are consecutive and
-// adjacent in the layout, and bind as one fused view (LLaMA's q|k|v and gate|up).
+// of a block's parameters for each family. Parameters with the same slot (and expert) are
+// consecutive and adjacent in the layout, and bind as one fused view (LLaMA's q|k|v and
+// gate|up, a Mixtral expert's w1|w3).
 struct BlockParamSpec {
-  const char* suffix;     // the name after block_prefix(l), e.g. "attn.c_attn.weight"
+  std::string suffix;     // the name after block_prefix(l), e.g. "attn.c_attn.weight"
   Shape shape;            // whole (unsplit) shape, [out, in] for linear weights
   BlockSlot slot;
   Init init;
@@ -97,8 +102,15 @@ struct BlockParamSpec {
   int split;              // tensor parallel: 0 rows (column-parallel), 1 columns, -1 replicated
   int parts;              // row blocks split separately (GPT-2's fused q|k|v: 3)
   bool kv;                // a LLaMA k/v projection: replicated unless tp divides n_kv_head
+  int expert = -1;        // routed expert index (slots e_*)
 };
-std::vector<BlockParamSpec> block_param_specs(const ModelConfig& cfg);
+// Block `layer`'s parameters. MoE blocks (cfg.is_moe_layer) hold, instead of the dense MLP, the
+// router, the shared experts (as one MLP of width num_shared * expert_d_ff) and each expert's
+// MLP, under Mixtral's names for LLaMA (block_sparse_moe.gate, .experts.E.w1/w3/w2; the shared
+// experts as block_sparse_moe.shared_experts.gate_proj/up_proj/down_proj) and mlp.router,
+// mlp.experts.E.c_fc/c_proj, mlp.shared_experts.* for GPT-2. MoE parameters are not split by
+// tensor parallelism: every tp rank holds and runs them whole.
+std::vector<BlockParamSpec> block_param_specs(const ModelConfig& cfg, int layer);
 
 class ParamLayout {
  public:

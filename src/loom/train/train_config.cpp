@@ -33,6 +33,18 @@ model::ModelConfig read_model(ConfigReader& r) {
   m.rope_theta = r.number("model.rope_theta", m.rope_theta, 1.0, 1e9);
   m.tied_embeddings = r.boolean("model.tied_embeddings", m.tied_embeddings);
   m.precision = model::precision_from_name(r.string("model.precision", "fp32", {"fp32", "bf16", "fp16"}));
+  model::MoeConfig& e = m.moe;
+  e.num_experts = r.integer("model.moe.num_experts", e.num_experts, 0, 1 << 16);
+  e.top_k = r.integer("model.moe.top_k", e.top_k, 1, 1 << 16);
+  e.num_shared_experts = r.integer("model.moe.num_shared_experts", e.num_shared_experts, 0, 1 << 10);
+  e.expert_d_ff = r.integer("model.moe.expert_d_ff", e.expert_d_ff, 0, 1 << 22);
+  e.moe_every = r.integer("model.moe.moe_every", e.moe_every, 1, 4096);
+  e.capacity_factor = r.number("model.moe.capacity_factor", e.capacity_factor, 0, 1e6);
+  e.router_aux_loss_coef = r.number("model.moe.router_aux_loss_coef", e.router_aux_loss_coef, 0, 1e3);
+  e.router_z_loss_coef = r.number("model.moe.router_z_loss_coef", e.router_z_loss_coef, 0, 1e3);
+  e.score = model::router_score_from_name(
+      r.string("model.moe.score", model::router_score_name(e.score), {"softmax", "sigmoid"}));
+  e.bias_update_rate = r.number("model.moe.bias_update_rate", e.bias_update_rate, 0, 1);
   if (preset.empty()) m.name = "custom";
   m.validate();
   return m;

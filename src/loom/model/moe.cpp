@@ -1,0 +1,285 @@
+#include "loom/model/moe.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "loom/kernels/cpu/moe_routing.h"
+#include "loom/kernels/ops.h"
+#include "loom/model/block.h"
+
+namespace loom::model {
+
+MoeActs MoeActs::allocate(const ModelConfig& cfg, int64_t N, DType dt, Allocator& alloc, MemCategory cat) {
+  const int64_t E = cfg.moe.num_experts, k = cfg.moe.top_k, C = cfg.d_model, F = cfg.expert_d_ff();
+  const int64_t G = cfg.family == Family::gpt2 ? 1 : 2;
+  MoeActs a;
+  a.logits = Tensor::empty({N, E}, dt, cat, alloc);
+  a.scores = Tensor::empty({N, E}, dt, cat, alloc);
+  a.topk = Tensor::empty({N, k}, DType::i32, cat, alloc);
+  a.gates = Tensor::empty({N, k}, dt, cat, alloc);
+  a.row_of = Tensor::empty({N, k}, DType::i32, cat, alloc);
+  a.choice_of = Tensor::empty({N * k}, DType::i32, cat, alloc);
+  a.fc = Tensor::empty({N * k, G * F}, dt, cat, alloc);
+  a.act = Tensor::empty({N * k, F}, dt, cat, alloc);
+  a.eout = Tensor::empty({N * k, C}, dt, cat, alloc);
+  a.offsets.assign(size_t(E + 1), 0);
+  a.load.assign(size_t(E), 0);
+  return a;
+}
+
+int64_t MoeActs::bytes() const {
+  int64_t b = 0;
+  for (const Tensor* t : {&logits, &scores, &topk, &gates, &row_of, &choice_of, &fc, &act, &eout})
+    if (t->defined()) b += int64_t(t->nbytes());
+  return b;
+}
+
+MoeScratch MoeScratch::allocate(const ModelConfig& cfg, int64_t N, DType dt, Allocator& alloc) {
+  const int64_t E = cfg.moe.num_experts, k = cfg.moe.top_k, C = cfg.d_model, F = cfg.expert_d_ff();
+  const int64_t G = cfg.family == Family::gpt2 ? 1 : 2;
+  const auto cat = MemCategory::workspace;
+  MoeScratch s;
+  s.rows = Tensor::empty({N * k, C}, dt, cat, alloc);
+  s.dout = Tensor::empty({N * k, C}, dt, cat, alloc);
+  s.dfc = Tensor::empty({N * k, G * F}, dt, cat, alloc);
+  s.dact = Tensor::empty({N * k, F}, dt, cat, alloc);
+  s.dlogits = Tensor::empty({N, E}, dt, cat, alloc);
+  return s;
+}
+
+double MoeLayerStats::load_max_over_mean() const {
+  if (load.empty()) return 0;
+  int64_t sum = 0, mx = 0;
+  for (int64_t l : load) {
+    sum += l;
+    mx = std::max(mx, l);
+  }
+  return sum ? double(mx) * double(load.size()) / double(sum) : 0.0;
+}
+
+namespace {
+
+// Router: scores, top-k on the (biased) scores, normalised gates, loads, capacity, grouping by
+// expert, and the two router losses. Leaves a.offsets / a.row_of / a.choice_of describing the
+// grouped rows.
+template <class T>
+void route(const ModelConfig& cfg, const BlockWeights& w, int64_t N, MoeActs& a) {
+  const MoeConfig& m = cfg.moe;
+  const int64_t E = m.num_experts, k = m.top_k;
+  const T* z = a.logits.data<T>();
+  T* s = a.scores.data<T>();
+  int32_t* topk = a.topk.data<int32_t>();
+  T* gates = a.gates.data<T>();
+  const float* bias = w.router_bias.defined() ? w.router_bias.data<float>() : nullptr;
+  const bool softmax = m.score == RouterScore::softmax;
+  double z_sum = 0;
+  std::vector<double> p_sum(static_cast<size_t>(E), 0.0);
+  std::vector<T> key(static_cast<size_t>(E));
+  for (int64_t t = 0; t < N; ++t) {
+    const T* zt = z + t * E;
+    T* st = s + t * E;
+    const T mx = *std::max_element(zt, zt + E);
+    double sum = 0;
+    for (int64_t e = 0; e < E; ++e) sum += std::exp(double(zt[e] - mx));
+    const double lse = double(mx) + std::log(sum);
+    z_sum += lse * lse;
+    double ssum = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      st[e] = softmax ? T(std::exp(double(zt[e]) - lse)) : T(1.0 / (1.0 + std::exp(-double(zt[e]))));
+      ssum += double(st[e]);
+    }
+    for (int64_t e = 0; e < E; ++e) p_sum[size_t(e)] += double(st[e]) / (softmax ? 1.0 : ssum);
+    // Top-k by score (+ selection bias); ties go to the lower expert index.
+    for (int64_t e = 0; e < E; ++e) key[size_t(e)] = st[e] + (bias ? T(bias[e]) : T(0));
+    double chosen = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      int64_t best = -1;
+      for (int64_t e = 0; e < E; ++e) {
+        bool taken = false;
+        for (int64_t i = 0; i < j; ++i) taken = taken || topk[t * k + i] == e;
+        if (!taken && (best < 0 || key[size_t(e)] > key[size_t(best)])) best = e;
+      }
+      topk[t * k + j] = int32_t(best);
+      chosen += double(st[best]);
+    }
+    for (int64_t j = 0; j < k; ++j) gates[t * k + j] = T(double(st[topk[t * k + j]]) / chosen);
+  }
+  // Loads and capacity: first choices of every token before second choices (GShard's priority).
+  std::fill(a.load.begin(), a.load.end(), 0);
+  for (int64_t c = 0; c < N * k; ++c) ++a.load[size_t(topk[c])];
+  const int64_t cap = m.capacity_factor > 0
+                          ? int64_t(std::ceil(m.capacity_factor * double(N * k) / double(E)))
+                          : N * k;
+  std::vector<int64_t> kept(static_cast<size_t>(E), 0);
+  int32_t* row_of = a.row_of.data<int32_t>();
+  a.dropped = 0;
+  for (int64_t j = 0; j < k; ++j)
+    for (int64_t t = 0; t < N; ++t) {
+      const int64_t e = topk[t * k + j];
+      if (kept[size_t(e)] < cap) {
+        ++kept[size_t(e)];
+        row_of[t * k + j] = 0;
+      } else {
+        row_of[t * k + j] = -1;
+        ++a.dropped;
+      }
+    }
+  a.offsets[0] = 0;
+  for (int64_t e = 0; e < E; ++e) a.offsets[size_t(e) + 1] = a.offsets[size_t(e)] + kept[size_t(e)];
+  std::vector<int64_t> next(a.offsets.begin(), a.offsets.end() - 1);
+  int32_t* choice_of = a.choice_of.data<int32_t>();
+  for (int64_t j = 0; j < k; ++j)
+    for (int64_t t = 0; t < N; ++t) {
+      const int64_t c = t * k + j;
+      if (row_of[c] < 0) continue;
+      const int64_t r = next[size_t(topk[c])]++;
+      row_of[c] = int32_t(r);
+      choice_of[r] = int32_t(c);
+    }
+  // Balance loss E * sum_i f_i P_i: f_i the fraction of choices routed to i, P_i the mean
+  // probability (for sigmoid scores, normalised per token) of i.
+  double aux = 0;
+  for (int64_t e = 0; e < E; ++e)
+    aux += double(a.load[size_t(e)]) / double(N * k) * p_sum[size_t(e)] / double(N);
+  a.aux = double(E) * aux;
+  a.z = z_sum / double(N);
+}
+
+template <class T>
+void router_backward(const ModelConfig& cfg, int64_t N, const MoeActs& a, const std::vector<T>& dgate,
+                     T* dz) {
+  const MoeConfig& m = cfg.moe;
+  const int64_t E = m.num_experts, k = m.top_k;
+  const T* z = a.logits.data<T>();
+  const T* s = a.scores.data<T>();
+  const int32_t* topk = a.topk.data<int32_t>();
+  const T* gates = a.gates.data<T>();
+  const bool softmax = m.score == RouterScore::softmax;
+  const double w_aux = a.loss_weight * m.router_aux_loss_coef;
+  const double w_z = a.loss_weight * m.router_z_loss_coef;
+  std::vector<double> ds(static_cast<size_t>(E)), f(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) f[size_t(e)] = double(a.load[size_t(e)]) / double(N * k);
+  for (int64_t t = 0; t < N; ++t) {
+    const T* st = s + t * E;
+    std::fill(ds.begin(), ds.end(), 0.0);
+    // Gates g_j = s_j / S over the chosen: ds_j = (dg_j - sum_i g_i dg_i) / S.
+    double S = 0, gdg = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      S += double(st[topk[t * k + j]]);
+      gdg += double(gates[t * k + j]) * double(dgate[size_t(t * k + j)]);
+    }
+    for (int64_t j = 0; j < k; ++j)
+      ds[size_t(topk[t * k + j])] += (double(dgate[size_t(t * k + j)]) - gdg) / S;
+    double ssum = 0;
+    for (int64_t e = 0; e < E; ++e) ssum += double(st[e]);
+    if (w_aux != 0) {
+      // d(E sum_i f_i P_i) / dp_{t,i} = E f_i / N; sigmoid: p = s / sum(s).
+      double pdp = 0;
+      for (int64_t e = 0; e < E; ++e) pdp += double(st[e]) / ssum * double(E) * f[size_t(e)];
+      for (int64_t e = 0; e < E; ++e) {
+        const double dp = w_aux * double(E) * f[size_t(e)] / double(N);
+        ds[size_t(e)] += softmax ? dp : (dp - w_aux * pdp / double(N)) / ssum;
+      }
+    }
+    T* dzt = dz + t * E;
+    if (softmax) {
+      double sds = 0;
+      for (int64_t e = 0; e < E; ++e) sds += double(st[e]) * ds[size_t(e)];
+      for (int64_t e = 0; e < E; ++e) dzt[e] = T(double(st[e]) * (ds[size_t(e)] - sds));
+    } else {
+      for (int64_t e = 0; e < E; ++e) dzt[e] = T(ds[size_t(e)] * double(st[e]) * (1.0 - double(st[e])));
+    }
+    if (w_z != 0) {  // d(mean_t lse_t^2) / dz = 2 lse_t softmax(z_t) / N
+      const T* zt = z + t * E;
+      const double mx = double(*std::max_element(zt, zt + E));
+      double sum = 0;
+      for (int64_t e = 0; e < E; ++e) sum += std::exp(double(zt[e]) - mx);
+      const double lse = mx + std::log(sum);
+      for (int64_t e = 0; e < E; ++e)
+        dzt[e] += T(w_z * 2.0 * lse * std::exp(double(zt[e]) - lse) / double(N));
+    }
+  }
+}
+
+template <class T>
+void forward_impl(const ModelConfig& cfg, const BlockWeights& w, const Tensor& x, MoeActs& a,
+                  const Tensor& y, bool accumulate) {
+  const int64_t N = x.size(0), C = cfg.d_model, E = cfg.moe.num_experts, k = cfg.moe.top_k;
+  const int64_t F = cfg.expert_d_ff(), G = cfg.family == Family::gpt2 ? 1 : 2;
+  LOOM_CHECK(N <= a.logits.size(0), "moe", N, " tokens but buffers for ", a.logits.size(0));
+  LOOM_CHECK(int64_t(w.experts.size()) == E, "moe", "the block has ", w.experts.size(),
+             " experts bound, the config ", E);
+  a.tokens = N;
+  ops::linear_forward(x, w.router_w, {}, a.logits.slice(0, {N, E}));
+  route<T>(cfg, w, N, a);
+  const ops::ProductPrecision prec = cfg.products();
+  const int32_t* choice_of = a.choice_of.data<int32_t>();
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t r0 = a.offsets[size_t(e)], n = a.offsets[size_t(e) + 1] - r0;
+    if (n == 0) continue;
+    const ExpertWeights& ew = w.experts[size_t(e)];
+    // The gathered inputs go where the expert's outputs will be: they are dead once fc is.
+    const Tensor rows = a.eout.slice(r0 * C, {n, C});
+    const Tensor fc = a.fc.slice(r0 * G * F, {n, G * F}), act = a.act.slice(r0 * F, {n, F});
+    cpu::moe_gather_rows<T>(x.data<T>(), C, choice_of + r0, k, nullptr, n, rows.data<T>());
+    ops::linear_forward(rows, ew.fc_w, ew.fc_b, fc, prec);
+    if (G == 1) ops::gelu_forward(fc, act); else ops::swiglu_forward(fc, act);
+    ops::linear_forward(act, ew.out_w, ew.out_b, rows, prec);
+  }
+  cpu::moe_combine<T>(a.eout.data<T>(), C, a.row_of.data<int32_t>(), a.gates.data<T>(), N, k,
+                      accumulate, y.data<T>());
+}
+
+template <class T>
+void backward_impl(const ModelConfig& cfg, const BlockWeights& w, const BlockWeights& gw,
+                   const Tensor& x, MoeActs& a, MoeScratch& s, const Tensor& dy, const Tensor& dx,
+                   bool accumulate_dx) {
+  const int64_t N = a.tokens, C = cfg.d_model, E = cfg.moe.num_experts, k = cfg.moe.top_k;
+  const int64_t F = cfg.expert_d_ff(), G = cfg.family == Family::gpt2 ? 1 : 2;
+  LOOM_CHECK(x.size(0) == N && dy.size(0) == N, "moe", "backward over ", dy.size(0),
+             " rows after a forward over ", N);
+  const ops::ProductPrecision prec = cfg.products();
+  const int32_t* choice_of = a.choice_of.data<int32_t>();
+  const int32_t* row_of = a.row_of.data<int32_t>();
+  std::vector<T> dgate(static_cast<size_t>(N * k));
+  cpu::moe_gate_grads<T>(dy.data<T>(), a.eout.data<T>(), C, row_of, N, k, dgate.data());
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t r0 = a.offsets[size_t(e)], n = a.offsets[size_t(e) + 1] - r0;
+    if (n == 0) continue;
+    const ExpertWeights& ew = w.experts[size_t(e)];
+    const ExpertWeights& gew = gw.experts[size_t(e)];
+    const Tensor dout = s.dout.slice(r0 * C, {n, C}), rows = s.rows.slice(r0 * C, {n, C});
+    const Tensor fc = a.fc.slice(r0 * G * F, {n, G * F}), act = a.act.slice(r0 * F, {n, F});
+    const Tensor dfc = s.dfc.slice(r0 * G * F, {n, G * F}), dact = s.dact.slice(r0 * F, {n, F});
+    cpu::moe_gather_rows<T>(dy.data<T>(), C, choice_of + r0, k, a.gates.data<T>(), n, dout.data<T>());
+    ops::linear_backward(dout, act, ew.out_w, dact, gew.out_w, gew.out_b, false, prec);
+    if (G == 1) ops::gelu_backward(fc, dact, dfc); else ops::swiglu_backward(fc, dact, dfc);
+    cpu::moe_gather_rows<T>(x.data<T>(), C, choice_of + r0, k, nullptr, n, rows.data<T>());
+    ops::linear_backward(dfc, rows, ew.fc_w, dout, gew.fc_w, gew.fc_b, false, prec);  // dout: d rows
+  }
+  cpu::moe_combine<T>(s.dout.data<T>(), C, row_of, nullptr, N, k, accumulate_dx, dx.data<T>());
+  const Tensor dz = s.dlogits.slice(0, {N, E});
+  router_backward<T>(cfg, N, a, dgate, dz.data<T>());
+  ops::linear_backward(dz, x, w.router_w, dx, gw.router_w, {}, /*accumulate_dx=*/true);
+}
+
+}  // namespace
+
+void moe_forward(const ModelConfig& cfg, const BlockWeights& w, const Tensor& x, MoeActs& a,
+                 const Tensor& y, bool accumulate) {
+  if (x.dtype() == DType::f32)
+    forward_impl<float>(cfg, w, x, a, y, accumulate);
+  else
+    forward_impl<double>(cfg, w, x, a, y, accumulate);
+}
+
+void moe_backward(const ModelConfig& cfg, const BlockWeights& w, const BlockWeights& gw,
+                  const Tensor& x, MoeActs& a, MoeScratch& s, const Tensor& dy, const Tensor& dx,
+                  bool accumulate_dx) {
+  if (x.dtype() == DType::f32)
+    backward_impl<float>(cfg, w, gw, x, a, s, dy, dx, accumulate_dx);
+  else
+    backward_impl<double>(cfg, w, gw, x, a, s, dy, dx, accumulate_dx);
+}
+
+}  // namespace loom::model

@@ -1,0 +1,74 @@
+// The Mixture-of-Experts MLP of a MoE block, forward and backward side by side: router
+// (logits, softmax or sigmoid scores, top-k with normalised weights, DeepSeek-V3's selection
+// bias), capacity and dropping, grouping of the tokens by expert so each expert runs one
+// matrix product over its rows (its weights read once per call), the family's MLP per expert,
+// the weighted combine, and the two router losses (Switch/GShard balance, ST-MoE z-loss) with
+// their exact gradients. The block (block.cpp) adds the shared experts, which every token runs
+// as one dense MLP, and the residual. The inference runner calls moe_forward too.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "loom/core/tensor.h"
+#include "loom/model/config.h"
+
+namespace loom::model {
+
+struct BlockWeights;
+
+// What a MoE forward keeps for its backward (and reports), for up to N tokens.
+struct MoeActs {
+  int64_t tokens = 0;  // rows of the last forward
+  Tensor logits;   // [N, E] router logits
+  Tensor scores;   // [N, E] softmax or sigmoid of the logits
+  Tensor topk;     // i32 [N, k] chosen experts, in descending biased score
+  Tensor gates;    // [N, k] normalised weights of the chosen experts
+  Tensor row_of;   // i32 [N, k] row of each choice in the grouped buffers; -1: dropped
+  Tensor choice_of;  // i32 [N*k] choice (token * k + j) of each grouped row
+  Tensor fc, act;  // [N*k, Fe or 2 Fe] and [N*k, Fe]: the experts' MLP, rows grouped by expert
+  Tensor eout;     // [N*k, C] each row's expert output (before its weight)
+  std::vector<int64_t> offsets;  // E+1: expert e's rows are [offsets[e], offsets[e+1])
+  std::vector<int64_t> load;     // E: tokens routed to each expert (before capacity)
+  int64_t dropped = 0;           // choices over capacity
+  double aux = 0, z = 0;         // the balance loss E * sum f_i P_i and the z-loss
+  // Set before backward: d(training objective) / d(coef_aux * aux + coef_z * z).
+  double loss_weight = 0;
+  static MoeActs allocate(const ModelConfig& cfg, int64_t N, DType dt, Allocator& alloc,
+                          MemCategory cat = MemCategory::activations);
+  int64_t bytes() const;
+};
+
+// Backward temporaries, shared by all MoE blocks.
+struct MoeScratch {
+  Tensor rows;    // [N*k, C] gathered inputs, then each row's input gradient
+  Tensor dout;    // [N*k, C] weighted output gradient per row
+  Tensor dfc, dact;
+  Tensor dlogits; // [N, E]
+  static MoeScratch allocate(const ModelConfig& cfg, int64_t N, DType dt, Allocator& alloc);
+};
+
+// y[N, C] (+)= sum over each token's kept choices of gate * expert(x); accumulate = false
+// overwrites y. w.router_w, w.experts (and w.router_bias when defined) are read.
+void moe_forward(const ModelConfig& cfg, const BlockWeights& w, const Tensor& x, MoeActs& a,
+                 const Tensor& y, bool accumulate = false);
+
+// dy: gradient of y. Writes (accumulate_dx: adds) the gradient of x to dx, and accumulates into
+// gw's router and experts, including the router losses' gradient weighted by a.loss_weight.
+void moe_backward(const ModelConfig& cfg, const BlockWeights& w, const BlockWeights& gw,
+                  const Tensor& x, MoeActs& a, MoeScratch& s, const Tensor& dy, const Tensor& dx,
+                  bool accumulate_dx);
+
+// Router statistics of the MoE layers over some forwards (a training step's micro-batches).
+struct MoeLayerStats {
+  int layer = -1;
+  std::vector<int64_t> load;  // tokens routed per expert
+  int64_t choices = 0, dropped = 0;  // tokens * top_k, and those over capacity
+  double aux_sum = 0, z_sum = 0;     // summed over forwards
+  int64_t forwards = 0;
+  double load_max_over_mean() const;
+  double dropped_fraction() const { return choices ? double(dropped) / double(choices) : 0.0; }
+  double aux() const { return forwards ? aux_sum / double(forwards) : 0.0; }
+  double z() const { return forwards ? z_sum / double(forwards) : 0.0; }
+};
+
+}  // namespace loom::model

@@ -1,0 +1,230 @@
+// Mixture-of-Experts blocks: gradients of the whole model against finite differences in f64
+// (router, gates, experts, shared experts, both router losses, softmax and sigmoid scores,
+// capacity drops, dense and MoE blocks mixed, checkpointing), a one-expert MoE equal to the
+// dense model, routing statistics and capacity, the balancing bias, and the config's refusals.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "loom/model/decoder.h"
+#include "testing/gradcheck.h"
+
+using namespace loom;
+using namespace loom::model;
+
+namespace {
+
+ModelConfig tiny_moe(Family f) {
+  ModelConfig c = preset(f == Family::gpt2 ? "gpt2-tiny" : "llama-moe-tiny");
+  c.n_layer = 2;
+  c.d_model = 16;
+  c.n_head = 4;
+  c.n_kv_head = f == Family::gpt2 ? 4 : 2;
+  c.d_ff = f == Family::gpt2 ? 32 : 24;
+  c.vocab_size = 23;
+  c.n_ctx = 16;
+  c.moe.num_experts = 4;
+  c.moe.top_k = 2;
+  c.moe.expert_d_ff = 8;
+  return c;
+}
+
+void random_batch(int64_t B, int64_t T, int64_t V, std::vector<int32_t>& tok,
+                  std::vector<int32_t>& tgt, unsigned seed) {
+  std::mt19937 g(seed);
+  tok.resize(size_t(B * T));
+  tgt.resize(size_t(B * T));
+  for (auto& t : tok) t = int32_t(g() % V);
+  for (auto& t : tgt) t = int32_t(g() % V);
+  tgt[1] = -1;
+}
+
+struct MoeCase {
+  const char* name;
+  Family family;
+  RouterScore score;
+  int64_t top_k, shared, every;
+  double capacity, aux, z;
+  int ckpt;
+};
+
+void PrintTo(const MoeCase& c, std::ostream* os) { *os << c.name; }
+
+}  // namespace
+
+class MoeGrad : public ::testing::TestWithParam<MoeCase> {};
+
+TEST_P(MoeGrad, MatchesFiniteDifferences) {
+  const MoeCase& c = GetParam();
+  ModelConfig cfg = tiny_moe(c.family);
+  cfg.moe.score = c.score;
+  cfg.moe.top_k = c.top_k;
+  cfg.moe.num_shared_experts = c.shared;
+  cfg.moe.moe_every = c.every;
+  cfg.moe.capacity_factor = c.capacity;
+  cfg.moe.router_aux_loss_coef = c.aux;
+  cfg.moe.router_z_loss_coef = c.z;
+  DecoderOptions opt;
+  opt.activation_checkpoint_interval = c.ckpt;
+  opt.xent_chunk = 5;
+  Decoder m(cfg, opt, DType::f64);
+  m.init_weights(1);
+  std::mt19937 g(3);
+  std::normal_distribution<double> nd(0.0, 0.1);
+  for (const auto& p : m.layout().params()) {
+    // Norm gains and biases off 1/0; routers larger, so scores differ clearly between experts.
+    const bool router = p.name.find("gate.weight") != std::string::npos || p.name.find("router") != std::string::npos;
+    if (p.init != Init::normal || router)
+      for (int64_t i = 0; i < p.numel(); ++i) m.params().data<double>()[p.offset + i] += router ? 10 * nd(g) : nd(g);
+  }
+  std::vector<int32_t> tok, tgt;
+  const int64_t B = 2, T = 7;
+  random_batch(B, T, cfg.vocab_size, tok, tgt, 5);
+  const double scale = 0.1;
+  m.zero_grads();
+  m.reset_moe_stats();
+  const double loss = m.forward_backward(tok.data(), tgt.data(), B, T, scale);
+  const double router_loss = m.last_router_loss();
+  if (c.aux > 0) EXPECT_GT(router_loss, 0.0);
+  int64_t dropped = 0;
+  for (const auto& st : m.moe_stats()) {
+    ASSERT_EQ(st.forwards, 1);
+    int64_t routed = 0;
+    for (int64_t l : st.load) routed += l;
+    EXPECT_EQ(routed, B * T * c.top_k);
+    dropped += st.dropped;
+  }
+  if (c.capacity == 0) EXPECT_EQ(dropped, 0);
+  if (c.capacity > 0) EXPECT_GT(dropped, 0) << "the case should exercise dropping";
+  auto f = [&] {
+    const double ce = m.forward(tok.data(), tgt.data(), B, T);
+    return scale * (ce + double(B * T) * m.last_router_loss());
+  };
+  EXPECT_NEAR(f(), scale * (loss + double(B * T) * router_loss), 1e-10);
+  Tensor grads = m.grads().clone();
+  for (const auto& p : m.layout().params()) {
+    Tensor x = m.params().slice(p.offset, {p.numel()});
+    Tensor gx = grads.slice(p.offset, {p.numel()});
+    loom::testing::expect_grad_close(p.name.c_str(), x, gx, f, 1e-5, 1e-5, 1e-9, 6);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Routers, MoeGrad,
+    ::testing::Values(
+        MoeCase{"llama_softmax_top2_shared_aux_z", Family::llama, RouterScore::softmax, 2, 1, 1, 0, 0.1, 0.05, 0},
+        MoeCase{"llama_sigmoid_top3_aux_ckpt", Family::llama, RouterScore::sigmoid, 3, 0, 1, 0, 0.1, 0.0, 2},
+        MoeCase{"llama_top1_capacity", Family::llama, RouterScore::softmax, 1, 0, 1, 1.0, 0.1, 0.0, 0},
+        MoeCase{"gpt2_softmax_every2_capacity_shared", Family::gpt2, RouterScore::softmax, 2, 2, 2, 1.0, 0.05, 0.02, 0},
+        MoeCase{"gpt2_sigmoid_top2_ckpt", Family::gpt2, RouterScore::sigmoid, 2, 0, 1, 0, 0.2, 0.01, 1}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST(Moe, OneExpertEqualsTheDenseModel) {
+  // With one expert chosen with weight 1, the MoE block is the dense block with the expert's
+  // weights: logits match to rounding.
+  for (Family f : {Family::llama, Family::gpt2}) {
+    ModelConfig dense = tiny_moe(f);
+    dense.moe = {};
+    ModelConfig moe = tiny_moe(f);
+    moe.moe.num_experts = 1;
+    moe.moe.top_k = 1;
+    moe.moe.expert_d_ff = dense.d_ff;
+    Decoder a(dense, {}, DType::f64), b(moe, {}, DType::f64);
+    a.init_weights(7);
+    b.init_weights(9);
+    const bool gpt2 = f == Family::gpt2;
+    for (const auto& p : b.layout().params()) {
+      std::string n = p.name;
+      const auto pos = n.find(gpt2 ? "mlp.experts.0." : "block_sparse_moe.experts.0.");
+      if (pos != std::string::npos) {
+        n.replace(pos, gpt2 ? 14 : 27, "mlp.");
+        if (!gpt2) {
+          n.replace(n.find("mlp.") + 4, 2, n.find("w1") != std::string::npos ? "gate_proj" : n.find("w3") != std::string::npos ? "up_proj" : "down_proj");
+        }
+      }
+      if (a.layout().contains(n)) b.param(p.name).copy_from(a.param(n));
+    }
+    std::vector<int32_t> tok, tgt;
+    random_batch(2, 5, dense.vocab_size, tok, tgt, 11);
+    Tensor la = Tensor::empty({2 * 5 * dense.vocab_size}, DType::f64), lb = la.clone();
+    a.logits(tok.data(), 2, 5, la);
+    b.logits(tok.data(), 2, 5, lb);
+    for (int64_t i = 0; i < la.numel(); ++i)
+      ASSERT_NEAR(la.data<double>()[i], lb.data<double>()[i], 1e-12) << family_name(f) << " logit " << i;
+  }
+}
+
+TEST(Moe, CapacityDropsAndCountsTokens) {
+  ModelConfig cfg = tiny_moe(Family::llama);
+  cfg.moe.capacity_factor = 1.0;
+  cfg.moe.top_k = 1;
+  Decoder m(cfg, {}, DType::f32);
+  m.init_weights(2);
+  // A zero router: every score equal, ties go to expert 0, so every token picks it and
+  // capacity ceil(1.0 * N * 1 / 4) of the N are kept.
+  for (int l = 0; l < 2; ++l) m.param(str_cat("model.layers.", l, ".block_sparse_moe.gate.weight")).zero();
+  std::vector<int32_t> tok, tgt;
+  const int64_t B = 2, T = 8, N = B * T;
+  random_batch(B, T, cfg.vocab_size, tok, tgt, 3);
+  m.reset_moe_stats();
+  m.forward_backward(tok.data(), tgt.data(), B, T, 1.0 / double(N));
+  for (const auto& st : m.moe_stats()) {
+    EXPECT_EQ(st.load[0], N);
+    EXPECT_EQ(st.dropped, N - (N + 3) / 4);
+    EXPECT_NEAR(st.dropped_fraction(), double(N - (N + 3) / 4) / double(N), 1e-12);
+    EXPECT_NEAR(st.load_max_over_mean(), 4.0, 1e-12);
+    EXPECT_NEAR(st.aux(), 4.0 * 1.0 * 0.25, 1e-6);  // E * f_0 * P_0 = 4 * 1 * 1/4
+  }
+}
+
+TEST(Moe, BalancingBiasSpreadsTheLoad) {
+  ModelConfig cfg = tiny_moe(Family::llama);
+  cfg.moe.top_k = 1;
+  cfg.moe.bias_update_rate = 0.01;
+  Decoder m(cfg, {}, DType::f32);
+  m.init_weights(2);
+  for (int l = 0; l < 2; ++l) m.param(str_cat("model.layers.", l, ".block_sparse_moe.gate.weight")).zero();
+  std::vector<int32_t> tok, tgt;
+  const int64_t B = 2, T = 8, N = B * T;
+  random_batch(B, T, cfg.vocab_size, tok, tgt, 3);
+  m.reset_moe_stats();
+  m.forward_backward(tok.data(), tgt.data(), B, T, 1.0 / double(N));
+  EXPECT_EQ(m.moe_stats()[0].load[0], N);  // ties: everything on expert 0
+  m.update_router_bias(m.moe_stats(), 0.01);
+  const float* b = m.router_bias().data<float>();
+  EXPECT_FLOAT_EQ(b[0], -0.01f);
+  EXPECT_FLOAT_EQ(b[1], 0.01f);
+  m.reset_moe_stats();
+  m.forward_backward(tok.data(), tgt.data(), B, T, 1.0 / double(N));
+  EXPECT_EQ(m.moe_stats()[0].load[0], 0) << "the overloaded expert's bias now ranks it last";
+}
+
+TEST(Moe, ConfigRefusals) {
+  auto refuses = [](auto edit, const char* needle) {
+    ModelConfig c = tiny_moe(Family::llama);
+    edit(c);
+    try {
+      c.validate();
+      ADD_FAILURE() << "accepted; expected an error naming " << needle;
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  refuses([](ModelConfig& c) { c.moe.top_k = 5; }, "model.moe.top_k=5");
+  refuses([](ModelConfig& c) { c.moe.moe_every = 3; }, "model.moe.moe_every=3");
+  refuses([](ModelConfig& c) { c.moe.num_experts = -1; }, "model.moe.num_experts");
+  refuses([](ModelConfig& c) { c.moe.capacity_factor = 0.1; }, "model.moe.capacity_factor");
+}
+
+TEST(Moe, PresetsHaveTheDenseModelsActiveParameters) {
+  const ModelConfig dense = preset("llama-60m"), moe = preset("llama-moe-60m");
+  EXPECT_EQ(moe.moe.top_k * moe.expert_d_ff(), dense.d_ff);
+  ParamLayout ld(dense), lm(moe);
+  const int64_t expert = 3 * moe.d_model * moe.expert_d_ff();
+  const int64_t router = moe.moe.num_experts * moe.d_model;
+  // Active: everything but the E - k experts a token skips, less the router.
+  EXPECT_EQ(lm.num_params() - moe.n_layer * ((moe.moe.num_experts - moe.moe.top_k) * expert + router),
+            ld.num_params());
+  EXPECT_TRUE(lm.contains("model.layers.3.block_sparse_moe.experts.7.w2.weight"));
+  EXPECT_TRUE(lm.contains("model.layers.0.block_sparse_moe.gate.weight"));
+}
