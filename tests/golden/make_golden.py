@@ -28,7 +28,48 @@ CONFIGS = {
                  d_model=32, d_ff=128, norm_eps=1e-5, rope_theta=10000.0, tied_embeddings=True),
     "llama": dict(family="llama", vocab_size=97, n_ctx=64, n_layer=2, n_head=4, n_kv_head=2,
                   d_model=32, d_ff=48, norm_eps=1e-5, rope_theta=10000.0, tied_embeddings=False),
+    # Mixture of Experts: Mixtral-style softmax top-2 with a shared expert in every block, and
+    # GPT-2 experts with sigmoid scores in every second block with capacity (tokens dropped).
+    "llama_moe": dict(family="llama", vocab_size=97, n_ctx=64, n_layer=2, n_head=4, n_kv_head=2,
+                      d_model=32, d_ff=48, norm_eps=1e-5, rope_theta=10000.0, tied_embeddings=False,
+                      moe=dict(num_experts=4, top_k=2, num_shared_experts=1, expert_d_ff=16,
+                               moe_every=1, capacity_factor=0.0, router_aux_loss_coef=0.01,
+                               router_z_loss_coef=0.001, score="softmax")),
+    "gpt2_moe": dict(family="gpt2", vocab_size=97, n_ctx=64, n_layer=2, n_head=4, n_kv_head=4,
+                     d_model=32, d_ff=128, norm_eps=1e-5, rope_theta=10000.0, tied_embeddings=True,
+                     moe=dict(num_experts=4, top_k=2, num_shared_experts=0, expert_d_ff=24,
+                              moe_every=2, capacity_factor=1.0, router_aux_loss_coef=0.05,
+                              router_z_loss_coef=0.01, score="sigmoid")),
 }
+
+
+def is_moe_layer(cfg, l):
+    m = cfg.get("moe")
+    return m is not None and (l + 1) % m["moe_every"] == 0
+
+
+def mlp_specs(cfg, prefix, Fd, expert):
+    """The family's MLP of width Fd; Mixtral's w1/w3/w2 names for LLaMA experts."""
+    C = cfg["d_model"]
+    if cfg["family"] == "gpt2":
+        return [(prefix + "c_fc.weight", (Fd, C), "matrix"), (prefix + "c_fc.bias", (Fd,), "bias"),
+                (prefix + "c_proj.weight", (C, Fd), "matrix"), (prefix + "c_proj.bias", (C,), "bias")]
+    n = ("w1", "w3", "w2") if expert else ("gate_proj", "up_proj", "down_proj")
+    return [(prefix + n[0] + ".weight", (Fd, C), "matrix"), (prefix + n[1] + ".weight", (Fd, C), "matrix"),
+            (prefix + n[2] + ".weight", (C, Fd), "matrix")]
+
+
+def moe_specs(cfg, p):
+    """A MoE block's router, shared experts and experts in loom's order."""
+    m, C = cfg["moe"], cfg["d_model"]
+    base = p + ("mlp." if cfg["family"] == "gpt2" else "block_sparse_moe.")
+    specs = [(base + ("router.weight" if cfg["family"] == "gpt2" else "gate.weight"),
+              (m["num_experts"], C), "matrix")]
+    if m["num_shared_experts"]:
+        specs += mlp_specs(cfg, base + "shared_experts.", m["num_shared_experts"] * m["expert_d_ff"], False)
+    for e in range(m["num_experts"]):
+        specs += mlp_specs(cfg, f"{base}experts.{e}.", m["expert_d_ff"], True)
+    return specs
 
 
 # ---- a minimal safetensors writer (the format: u64 header length, JSON header, data) -------
@@ -74,10 +115,8 @@ def param_specs(cfg):
                       (p + "attn.c_attn.bias", (3 * C,), "bias"),
                       (p + "attn.c_proj.weight", (C, C), "matrix"),
                       (p + "attn.c_proj.bias", (C,), "bias"),
-                      (p + "ln_2.weight", (C,), "gain"), (p + "ln_2.bias", (C,), "shift"),
-                      (p + "mlp.c_fc.weight", (Fd, C), "matrix"), (p + "mlp.c_fc.bias", (Fd,), "bias"),
-                      (p + "mlp.c_proj.weight", (C, Fd), "matrix"),
-                      (p + "mlp.c_proj.bias", (C,), "bias")]
+                      (p + "ln_2.weight", (C,), "gain"), (p + "ln_2.bias", (C,), "shift")]
+            specs += moe_specs(cfg, p) if is_moe_layer(cfg, l) else mlp_specs(cfg, p + "mlp.", Fd, False)
         specs += [("transformer.ln_f.weight", (C,), "gain"), ("transformer.ln_f.bias", (C,), "shift")]
     else:
         specs += [("model.embed_tokens.weight", (V, C), "matrix")]
@@ -88,10 +127,8 @@ def param_specs(cfg):
                       (p + "self_attn.k_proj.weight", (KVH * D, C), "matrix"),
                       (p + "self_attn.v_proj.weight", (KVH * D, C), "matrix"),
                       (p + "self_attn.o_proj.weight", (C, H * D), "matrix"),
-                      (p + "post_attention_layernorm.weight", (C,), "gain"),
-                      (p + "mlp.gate_proj.weight", (Fd, C), "matrix"),
-                      (p + "mlp.up_proj.weight", (Fd, C), "matrix"),
-                      (p + "mlp.down_proj.weight", (C, Fd), "matrix")]
+                      (p + "post_attention_layernorm.weight", (C,), "gain")]
+            specs += moe_specs(cfg, p) if is_moe_layer(cfg, l) else mlp_specs(cfg, p + "mlp.", Fd, False)
         specs += [("model.norm.weight", (C,), "gain")]
     if not cfg["tied_embeddings"]:
         specs += [("lm_head.weight", (V, C), "matrix")]
@@ -136,7 +173,60 @@ def rope(x, theta):
     return x * cos + torch.cat([-x2, x1], -1) * sin
 
 
-def forward_logits(cfg, P, tokens):
+def mlp(cfg, P, prefix, h, expert):
+    if cfg["family"] == "gpt2":
+        f = F.gelu(F.linear(h, P[prefix + "c_fc.weight"], P[prefix + "c_fc.bias"]), approximate="tanh")
+        return F.linear(f, P[prefix + "c_proj.weight"], P[prefix + "c_proj.bias"])
+    n = ("w1", "w3", "w2") if expert else ("gate_proj", "up_proj", "down_proj")
+    g = F.silu(F.linear(h, P[prefix + n[0] + ".weight"])) * F.linear(h, P[prefix + n[1] + ".weight"])
+    return F.linear(g, P[prefix + n[2] + ".weight"])
+
+
+def moe(cfg, P, p, h, router_losses):
+    """A MoE block's MLP on h [B, T, C], written from the definitions: top-k of the scores,
+    gates normalised over the chosen, capacity per expert ceil(cf * N * k / E) filled by first
+    choices (in token order) before second choices, the balance loss E * sum_i f_i P_i (f_i:
+    fraction of choices, no gradient; P_i: mean probability, for sigmoid scores normalised per
+    token) and the z-loss mean(logsumexp(logits)^2)."""
+    m = cfg["moe"]
+    E, k = m["num_experts"], m["top_k"]
+    gpt2 = cfg["family"] == "gpt2"
+    base = p + ("mlp." if gpt2 else "block_sparse_moe.")
+    shape = h.shape
+    x = h.reshape(-1, shape[-1])
+    N = x.shape[0]
+    logits = F.linear(x, P[base + ("router.weight" if gpt2 else "gate.weight")])
+    s = torch.softmax(logits, -1) if m["score"] == "softmax" else torch.sigmoid(logits)
+    top_s, top_i = s.topk(k, dim=-1)
+    gates = top_s / top_s.sum(-1, keepdim=True)
+    cap = math.ceil(m["capacity_factor"] * N * k / E) if m["capacity_factor"] > 0 else N * k
+    kept = torch.zeros(N, k, dtype=torch.bool)
+    used = [0] * E
+    for j in range(k):
+        for t in range(N):
+            e = int(top_i[t, j])
+            if used[e] < cap:
+                used[e] += 1
+                kept[t, j] = True
+    y = torch.zeros_like(x)
+    if m["num_shared_experts"]:
+        y = y + mlp(cfg, P, base + "shared_experts.", x, False)
+    for e in range(E):
+        for j in range(k):
+            rows = ((top_i[:, j] == e) & kept[:, j]).nonzero().flatten()
+            if len(rows):
+                out = mlp(cfg, P, f"{base}experts.{e}.", x[rows], True)
+                y = y.index_add(0, rows, gates[rows, j:j + 1] * out)
+    f = torch.stack([(top_i == e).sum() for e in range(E)]).double() / (N * k)
+    prob = s if m["score"] == "softmax" else s / s.sum(-1, keepdim=True)
+    aux = E * (f * prob.mean(0)).sum()
+    z = (torch.logsumexp(logits, -1) ** 2).mean()
+    router_losses.append(m["router_aux_loss_coef"] * aux + m["router_z_loss_coef"] * z)
+    return y.reshape(shape)
+
+
+def forward_logits(cfg, P, tokens, router_losses=None):
+    router_losses = [] if router_losses is None else router_losses
     C, H, KVH, eps = cfg["d_model"], cfg["n_head"], cfg["n_kv_head"], cfg["norm_eps"]
     D = C // H
     Bn, Tn = tokens.shape
@@ -152,9 +242,7 @@ def forward_logits(cfg, P, tokens):
             a = merge(causal_attention(heads(q, H), heads(k, H), heads(v, H)))
             x = x + F.linear(a, P[p + "attn.c_proj.weight"], P[p + "attn.c_proj.bias"])
             h = F.layer_norm(x, (C,), P[p + "ln_2.weight"], P[p + "ln_2.bias"], eps)
-            f = F.gelu(F.linear(h, P[p + "mlp.c_fc.weight"], P[p + "mlp.c_fc.bias"]),
-                       approximate="tanh")
-            x = x + F.linear(f, P[p + "mlp.c_proj.weight"], P[p + "mlp.c_proj.bias"])
+            x = x + (moe(cfg, P, p, h, router_losses) if is_moe_layer(cfg, l) else mlp(cfg, P, p + "mlp.", h, False))
         x = F.layer_norm(x, (C,), P["transformer.ln_f.weight"], P["transformer.ln_f.bias"], eps)
         head = P["transformer.wte.weight"] if cfg["tied_embeddings"] else P["lm_head.weight"]
     else:
@@ -170,16 +258,18 @@ def forward_logits(cfg, P, tokens):
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
             x = x + F.linear(merge(causal_attention(q, k, v)), P[p + "self_attn.o_proj.weight"])
             h = rms_norm(x, P[p + "post_attention_layernorm.weight"], eps)
-            g = F.silu(F.linear(h, P[p + "mlp.gate_proj.weight"])) * F.linear(h, P[p + "mlp.up_proj.weight"])
-            x = x + F.linear(g, P[p + "mlp.down_proj.weight"])
+            x = x + (moe(cfg, P, p, h, router_losses) if is_moe_layer(cfg, l) else mlp(cfg, P, p + "mlp.", h, False))
         x = rms_norm(x, P["model.norm.weight"], eps)
         head = P["model.embed_tokens.weight"] if cfg["tied_embeddings"] else P["lm_head.weight"]
     return F.linear(x, head)
 
 
 def mean_loss(cfg, P, tokens, targets):
-    logits = forward_logits(cfg, P, tokens)
-    return logits, F.cross_entropy(logits.reshape(-1, cfg["vocab_size"]), targets.reshape(-1))
+    """The mean token cross-entropy plus every MoE block's weighted router losses."""
+    router_losses = []
+    logits = forward_logits(cfg, P, tokens, router_losses)
+    loss = F.cross_entropy(logits.reshape(-1, cfg["vocab_size"]), targets.reshape(-1))
+    return logits, loss + sum(router_losses)
 
 
 # ---- generation ----------------------------------------------------------------------------
@@ -208,6 +298,11 @@ def generate(family, seed):
         opt.zero_grad(set_to_none=True)
         _, step_loss = mean_loss(cfg, P, tokens, targets)
         step_loss.backward()
+        # An expert that no token chose has no gradient in torch, and AdamW would skip it;
+        # loom's flat gradient holds zeros there and its step decays it like any parameter.
+        for n in names:
+            if P[n].grad is None:
+                P[n].grad = torch.zeros_like(P[n])
         opt.step()
     after = {n: P[n].detach().clone() for n in names}
 
@@ -233,6 +328,8 @@ def main():
     torch.set_num_threads(1)
     generate("gpt2", seed=1234)
     generate("llama", seed=5678)
+    generate("llama_moe", seed=91)
+    generate("gpt2_moe", seed=92)
     for f in sorted(os.listdir(OUT_DIR)):
         print(f"  {f}: {os.path.getsize(os.path.join(OUT_DIR, f))} bytes")
     return 0

@@ -69,6 +69,18 @@ Golden load_golden(const std::string& family) {
   g.cfg.norm_eps = c.at("norm_eps");
   g.cfg.rope_theta = c.at("rope_theta");
   g.cfg.tied_embeddings = c.at("tied_embeddings");
+  if (c.contains("moe")) {
+    const auto& m = c.at("moe");
+    g.cfg.moe.num_experts = m.at("num_experts");
+    g.cfg.moe.top_k = m.at("top_k");
+    g.cfg.moe.num_shared_experts = m.at("num_shared_experts");
+    g.cfg.moe.expert_d_ff = m.at("expert_d_ff");
+    g.cfg.moe.moe_every = m.at("moe_every");
+    g.cfg.moe.capacity_factor = m.at("capacity_factor");
+    g.cfg.moe.router_aux_loss_coef = m.at("router_aux_loss_coef");
+    g.cfg.moe.router_z_loss_coef = m.at("router_z_loss_coef");
+    g.cfg.moe.score = router_score_from_name(m.at("score"));
+  }
   g.adamw_hyper = nlohmann::json::parse(g.init.metadata().at("adamw"));
   const Tensor tok = g.init.get("tokens"), tgt = g.init.get("targets");
   g.B = tok.size(0);
@@ -163,12 +175,13 @@ TEST_P(GoldenModel, LossAndEveryGradientMatchPyTorch) {
                                           1.0 / n, &n_valid);
   ASSERT_EQ(n_valid, g_.B * g_.T);
   const double ref_loss = g_.grads.get("loss").data<double>()[0];
-  EXPECT_NEAR(sum / n, ref_loss, kRelTol * std::fabs(ref_loss));
+  // The reference loss includes the MoE blocks' router losses (0 for dense models).
+  EXPECT_NEAR(sum / n + m_->last_router_loss(), ref_loss, kRelTol * std::fabs(ref_loss));
   double worst = 0;
   for (const auto& p : m_->layout().params())
     worst = std::max(worst, expect_close("grad of " + p.name, m_->grad(p.name), g_.grads.get(p.name)));
   std::printf("[golden] %s loss %.8f vs %.8f; gradients: worst error/tolerance %.3g\n",
-              tag_.c_str(), sum / n, ref_loss, worst);
+              tag_.c_str(), sum / n + m_->last_router_loss(), ref_loss, worst);
 }
 
 TEST_P(GoldenModel, ParamsAfterThreeAdamWStepsMatchPyTorch) {
@@ -216,7 +229,9 @@ TEST_P(GoldenModel, ParamsAfterThreeAdamWStepsMatchPyTorch) {
 
 INSTANTIATE_TEST_SUITE_P(Families, GoldenModel,
                          ::testing::Values(Case{"gpt2", DType::f32}, Case{"gpt2", DType::f64},
-                                           Case{"llama", DType::f32}, Case{"llama", DType::f64}),
+                                           Case{"llama", DType::f32}, Case{"llama", DType::f64},
+                                           Case{"llama_moe", DType::f32}, Case{"llama_moe", DType::f64},
+                                           Case{"gpt2_moe", DType::f32}, Case{"gpt2_moe", DType::f64}),
                          [](const auto& info) {
                            return info.param.family + "_" + dtype_name(info.param.dtype);
                          });
@@ -226,7 +241,7 @@ INSTANTIATE_TEST_SUITE_P(Families, GoldenModel,
 // tests/golden/check_hf.py, which loads them with transformers' from_pretrained.
 TEST(GoldenHfExport, RoundTripGivesIdenticalLogits) {
   const char* keep = std::getenv("LOOM_GOLDEN_HF_EXPORT");
-  for (const std::string family : {"gpt2", "llama"}) {
+  for (const std::string family : {"gpt2", "llama", "llama_moe", "gpt2_moe"}) {
     Golden g = load_golden(family);
     Decoder a(g.cfg);
     load_params(a, g.init);
@@ -251,7 +266,14 @@ TEST(GoldenFiles, CoverTheFeaturesTheyClaim) {
   EXPECT_EQ(llama.cfg.family, Family::llama);
   EXPECT_LT(llama.cfg.n_kv_head, llama.cfg.n_head);  // grouped-query attention
   EXPECT_FALSE(llama.cfg.tied_embeddings);
-  for (const Golden* g : {&gpt2, &llama}) {
+  Golden llama_moe = load_golden("llama_moe"), gpt2_moe = load_golden("gpt2_moe");
+  EXPECT_EQ(llama_moe.cfg.moe.score, RouterScore::softmax);
+  EXPECT_GT(llama_moe.cfg.moe.num_shared_experts, 0);
+  EXPECT_GT(llama_moe.cfg.moe.router_z_loss_coef, 0);
+  EXPECT_EQ(gpt2_moe.cfg.moe.score, RouterScore::sigmoid);
+  EXPECT_GT(gpt2_moe.cfg.moe.capacity_factor, 0);  // tokens dropped
+  EXPECT_EQ(gpt2_moe.cfg.moe.moe_every, 2);          // dense and MoE blocks mixed
+  for (const Golden* g : {&gpt2, &llama, &llama_moe, &gpt2_moe}) {
     EXPECT_GE(g->cfg.n_layer, 2);
     EXPECT_EQ(g->B, 2);
     EXPECT_EQ(g->T, 16);

@@ -55,6 +55,34 @@ std::string hf_config_json(const ModelConfig& cfg) {
          {"tie_word_embeddings", cfg.tied_embeddings},
          {"torch_dtype", "float32"}};
   }
+  if (cfg.moe.enabled()) {
+    const MoeConfig& m = cfg.moe;
+    if (cfg.family == Family::llama) {
+      // Mixtral's keys; intermediate_size is the experts' width there.
+      j["architectures"] = {"MixtralForCausalLM"};
+      j["model_type"] = "mixtral";
+      j["intermediate_size"] = cfg.expert_d_ff();
+      j["num_local_experts"] = m.num_experts;
+      j["num_experts_per_tok"] = m.top_k;
+      j["router_aux_loss_coef"] = m.router_aux_loss_coef;
+      j["output_router_logits"] = false;
+      j.erase("mlp_bias");
+      j.erase("attention_bias");
+    }
+    // What Mixtral's config cannot say (and all of it for GPT-2): loom's own object. A file
+    // with shared experts, dense blocks or sigmoid scores loads in loom, not in transformers.
+    j["loom_moe"] = {{"num_experts", m.num_experts},
+                     {"top_k", m.top_k},
+                     {"expert_d_ff", cfg.expert_d_ff()},
+                     {"dense_d_ff", cfg.d_ff},
+                     {"num_shared_experts", m.num_shared_experts},
+                     {"moe_every", m.moe_every},
+                     {"capacity_factor", m.capacity_factor},
+                     {"router_aux_loss_coef", m.router_aux_loss_coef},
+                     {"router_z_loss_coef", m.router_z_loss_coef},
+                     {"score", router_score_name(m.score)},
+                     {"bias_update_rate", m.bias_update_rate}};
+  }
   return j.dump(2) + "\n";
 }
 
@@ -159,6 +187,18 @@ ModelConfig parse_llama(const ConfigReader& r) {
   return c;
 }
 
+// Mixtral (Jiang et al. 2024): LLaMA blocks whose MLPs are softmax top-k MoE layers.
+ModelConfig parse_mixtral(const ConfigReader& r) {
+  ModelConfig c = parse_llama(r);
+  c.moe.num_experts = r.integer("num_local_experts");
+  c.moe.top_k = r.integer("num_experts_per_tok");
+  c.moe.expert_d_ff = c.d_ff;
+  c.moe.router_aux_loss_coef = r.number("router_aux_loss_coef", 0.001);  // MixtralConfig's default
+  LOOM_CHECK(!r.has("sliding_window"), "hf", r.source(),
+             ": sliding_window attention is not supported (loom attends to the whole context)");
+  return c;
+}
+
 }  // namespace
 
 ModelConfig parse_hf_config(const std::string& json_text, const std::string& source) {
@@ -176,9 +216,27 @@ ModelConfig parse_hf_config(const std::string& json_text, const std::string& sou
     c = parse_gpt2(ConfigReader(j, source, "GPT2Config"));
   else if (type == "llama")
     c = parse_llama(ConfigReader(j, source, "LlamaConfig"));
+  else if (type == "mixtral")
+    c = parse_mixtral(ConfigReader(j, source, "MixtralConfig"));
   else
-    fail("hf", source, ": model_type \"", type, "\" is not supported (loom reads \"gpt2\" and "
-         "\"llama\")");
+    fail("hf", source, ": model_type \"", type, "\" is not supported (loom reads \"gpt2\", "
+         "\"llama\" and \"mixtral\")");
+  if (j.contains("loom_moe")) {
+    LOOM_CHECK(j["loom_moe"].is_object(), "hf", source, ": loom_moe should be an object");
+    const ConfigReader r(j["loom_moe"], source + " loom_moe", "loom MoE");
+    MoeConfig& m = c.moe;
+    m.num_experts = r.integer("num_experts");
+    m.top_k = r.integer("top_k");
+    m.expert_d_ff = r.integer("expert_d_ff");
+    c.d_ff = r.integer("dense_d_ff", c.d_ff);
+    m.num_shared_experts = r.integer("num_shared_experts", 0);
+    m.moe_every = r.integer("moe_every", 1);
+    m.capacity_factor = r.number("capacity_factor", 0);
+    m.router_aux_loss_coef = r.number("router_aux_loss_coef", m.router_aux_loss_coef);
+    m.router_z_loss_coef = r.number("router_z_loss_coef", 0);
+    m.score = router_score_from_name(r.text("score", "softmax"));
+    m.bias_update_rate = r.number("bias_update_rate", 0);
+  }
   c.name = any.text("_name_or_path", type);
   if (c.name.empty()) c.name = type;
   c.validate();
