@@ -7,6 +7,7 @@
 #include <random>
 
 #include "loom/model/decoder.h"
+#include "loom/model/memory_estimate.h"
 #include "testing/gradcheck.h"
 
 using namespace loom;
@@ -227,4 +228,35 @@ TEST(Moe, PresetsHaveTheDenseModelsActiveParameters) {
             ld.num_params());
   EXPECT_TRUE(lm.contains("model.layers.3.block_sparse_moe.experts.7.w2.weight"));
   EXPECT_TRUE(lm.contains("model.layers.0.block_sparse_moe.gate.weight"));
+}
+
+TEST(Moe, MemoryEstimateMatchesTheDecodersBuffers) {
+  // The closed form (model/memory_estimate) against the buffers the decoder holds, for dense,
+  // all-MoE and mixed models with shared experts, with and without checkpointing.
+  for (int variant = 0; variant < 4; ++variant) {
+    ModelConfig cfg = tiny_moe(Family::llama);
+    if (variant == 0) cfg.moe = {};
+    if (variant >= 2) cfg.moe.num_shared_experts = 2;
+    if (variant == 3) cfg.moe.moe_every = 2;
+    for (int ckpt : {0, 1}) {
+      DecoderOptions opt;
+      opt.activation_checkpoint_interval = ckpt;
+      Decoder m(cfg, opt);
+      m.init_weights(1);
+      std::vector<int32_t> tok, tgt;
+      const int64_t B = 2, T = 8;
+      random_batch(B, T, cfg.vocab_size, tok, tgt, 3);
+      m.forward_backward(tok.data(), tgt.data(), B, T, 1.0);
+      const auto est = estimate_training_memory(cfg, m.num_params(), B, T, ckpt, opt.xent_chunk);
+      EXPECT_EQ(m.activation_bytes(), est.activations) << "variant " << variant << " ckpt " << ckpt;
+    }
+  }
+}
+
+TEST(Moe, TrainingFlopsCountActiveExpertsOnly) {
+  const ModelConfig dense = preset("llama-60m"), moe = preset("llama-moe-60m");
+  const double fd = training_flops(dense, ParamLayout(dense).num_params(), 1, 256);
+  const double fm = training_flops(moe, ParamLayout(moe).num_params(), 1, 256);
+  // Same active parameters plus the router's 8 x 512 per block.
+  EXPECT_NEAR(fm - fd, 6.0 * 256 * 8 * 8 * 512, 1.0);
 }

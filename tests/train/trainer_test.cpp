@@ -45,11 +45,13 @@ TEST(Trainer, TinyModelLearnsShakespeareBytes) {
   EXPECT_LT(r.final_val_loss, 3.3);  // below the unigram baseline
 }
 
-TEST(Trainer, ResumeIsExact) {
-  const std::string dir = loom::testing::temp_dir("resume");
+// 12 steps straight against 6, save, resume, 6: the same losses, weights and moments bitwise.
+void expect_exact_resume(const std::string& name, std::vector<std::string> sets) {
+  const std::string dir = loom::testing::temp_dir(name);
   const std::string data = loom::testing::prepare_shakespeare(dir, 20000);
   const std::string yaml = loom::testing::tiny_config_yaml(data, dir + "/ck");
-  TrainConfig cfg = parse_train_config(yaml, {"schedule.steps=12"});
+  sets.push_back("schedule.steps=12");
+  TrainConfig cfg = parse_train_config(yaml, sets);
   DatasetSource src(cfg);
   // 12 steps in one go.
   TrainConfig straight_cfg = cfg;
@@ -77,6 +79,22 @@ TEST(Trainer, ResumeIsExact) {
     const Tensor& vb = second.engine().optimizers()[u]->exp_avg_sq();
     EXPECT_EQ(0, std::memcmp(va.raw(), vb.raw(), va.nbytes())) << "optimizer unit " << u;
   }
+  const Tensor& ba = straight.model().router_bias();
+  if (ba.defined()) {
+    const Tensor& bb = second.model().router_bias();
+    EXPECT_EQ(0, std::memcmp(ba.raw(), bb.raw(), ba.nbytes())) << "MoE balancing biases differ";
+    bool moved = false;
+    for (int64_t i = 0; i < ba.numel(); ++i) moved = moved || ba.data<float>()[i] != 0.0f;
+    EXPECT_TRUE(moved) << "the balancing bias never moved";
+  }
+}
+
+TEST(Trainer, ResumeIsExact) { expect_exact_resume("resume", {}); }
+
+TEST(Trainer, MoeResumeIsExactWithItsBalancingBias) {
+  expect_exact_resume("resume_moe", {"model.preset=llama-moe-tiny", "model.vocab_size=256", "model.n_ctx=32",
+                                     "model.moe.bias_update_rate=0.01", "model.moe.capacity_factor=1.25",
+                                     "model.moe.router_z_loss_coef=0.001"});
 }
 
 TEST(Checkpoint, CorruptedAndTruncatedCheckpointsAreSkipped) {

@@ -246,6 +246,13 @@ void Decoder::reset_moe_stats() {
   moe_stats_.assign(size_t(cfg_.num_moe_layers()), MoeLayerStats{});
 }
 
+void Decoder::set_router_bias(const std::vector<float>& b) {
+  LOOM_CHECK(router_bias_.defined() && int64_t(b.size()) == router_bias_.numel(), "model",
+             "router bias of ", b.size(), " values for a model with ",
+             router_bias_.defined() ? router_bias_.numel() : 0, " (model.moe.bias_update_rate > 0 and the same experts)");
+  std::copy(b.begin(), b.end(), router_bias_.data<float>());
+}
+
 void Decoder::update_router_bias(const std::vector<MoeLayerStats>& stats, double rate) {
   LOOM_CHECK(router_bias_.defined(), "model", "update_router_bias needs model.moe.bias_update_rate > 0");
   const int64_t E = cfg_.moe.num_experts;

@@ -116,6 +116,7 @@ class Decoder {
   void update_router_bias(const std::vector<MoeLayerStats>& stats, double rate);
   // [num_moe_layers * E] f32 selection biases; undefined without bias_update_rate.
   const Tensor& router_bias() const { return router_bias_; }
+  void set_router_bias(const std::vector<float>& b);  // a checkpoint's; sizes must match
   // Bytes of activation buffers the current (B, T) needs (what memory tests compare): every
   // micro-batch slot allocated so far plus the shared buffers.
   int64_t activation_bytes() const;

@@ -10,9 +10,18 @@ TrainingMemoryEstimate estimate_training_memory(const ModelConfig& cfg, int64_t 
   const int64_t D = cfg.head_dim(), F = cfg.d_ff, W = (H + 2 * cfg.n_kv_head) * D;
   const bool gpt2 = cfg.family == Family::gpt2;
   const int64_t stats = gpt2 ? 2 : 1;           // mean+rstd or rstd per norm
-  const int64_t mlp = gpt2 ? 2 * F : 3 * F;     // fc (+gate) and activation
+  const int64_t G = gpt2 ? 1 : 2;               // fc outputs per hidden unit (gate|up)
+  // The dense MLP buffers serve dense blocks and shared experts (BlockActs::allocate).
+  const bool has_dense = !cfg.moe.enabled() || cfg.moe.moe_every > 1;
+  const int64_t Fm = std::max(has_dense ? F : 0, cfg.moe.enabled() ? cfg.shared_d_ff() : 0);
+  const int64_t mlp = (G + 1) * Fm;             // fc (+gate) and activation
+  // MoE buffers in every block's set: logits and scores, four per-choice index/weight arrays,
+  // and per choice the expert's fc, activation and output rows.
+  const int64_t E = cfg.moe.num_experts, k = cfg.moe.top_k, Fe = cfg.expert_d_ff();
+  const int64_t moe = cfg.moe.enabled() ? 2 * E + 4 * k + k * ((G + 1) * Fe + C) : 0;
+  const int64_t moe_scratch = cfg.moe.enabled() ? E + k * (2 * C + (G + 1) * Fe) : 0;
   // Per token: norm1 + stats, qkv, attention output + lse, x_mid, norm2 + stats, MLP.
-  const int64_t per_block = C + stats + W + H * D + H + C + C + stats + mlp;
+  const int64_t per_block = C + stats + W + H * D + H + C + C + stats + mlp + moe;
   const int64_t sets = interval > 0 ? std::min<int64_t>(interval, L) : L;
   TrainingMemoryEstimate e;
   e.params = e.grads = 4 * P;
@@ -22,7 +31,7 @@ TrainingMemoryEstimate estimate_training_memory(const ModelConfig& cfg, int64_t 
                            + 3);                            // tokens, targets, positions (i32)
   e.workspace = 4 * (std::min(chunk, N) * cfg.vocab_size     // logits chunk
                      + N * (2 * C                            // dlnf, dres
-                            + C + W + H * D + (gpt2 ? F : 2 * F) + F));  // block scratch
+                            + C + W + H * D + mlp + moe_scratch));  // block scratch
   return e;
 }
 
@@ -43,6 +52,11 @@ double training_flops(const ModelConfig& cfg, int64_t P, int64_t B, int64_t T) {
   double matmul_params = double(P);
   if (cfg.family == Family::gpt2) matmul_params -= double(cfg.n_ctx * cfg.d_model);
   if (!cfg.tied_embeddings) matmul_params -= double(cfg.vocab_size * cfg.d_model);
+  // A MoE token multiplies by its top_k experts only (the router counts).
+  if (cfg.moe.enabled()) {
+    const double expert = double((cfg.family == Family::gpt2 ? 2 : 3) * cfg.d_model * cfg.expert_d_ff());
+    matmul_params -= double(cfg.num_moe_layers()) * double(cfg.moe.num_experts - cfg.moe.top_k) * expert;
+  }
   return 6.0 * matmul_params * tokens +
          6.0 * double(cfg.n_layer) * double(T) * double(cfg.d_model) * tokens;
 }

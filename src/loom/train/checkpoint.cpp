@@ -157,6 +157,10 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const model::D
       state["loss_scale"] = save.loss_scale;
       state["loss_scale_clean_steps"] = save.loss_scale_clean_steps;
     }
+    if (model.router_bias().defined()) {  // MoE balancing biases: what an exact resume needs
+      const Tensor& b = model.router_bias();
+      state["router_bias"] = std::vector<float>(b.data<float>(), b.data<float>() + b.numel());
+    }
     io::write_file_atomic((tmp / "trainer_state.json").string(), state.dump(2));
     record("trainer_state.json");
     io::write_file_atomic((tmp / "config.yaml").string(), save.config_yaml);
@@ -227,12 +231,19 @@ std::optional<std::string> find_latest_valid_checkpoint(
   }
 }
 
+// MoE selection biases (model.moe.bias_update_rate): a checkpoint without them starts them at 0.
+static void restore_router_bias(const json& state, model::Decoder& model) {
+  if (model.router_bias().defined() && state.contains("router_bias"))
+    model.set_router_bias(state.at("router_bias").get<std::vector<float>>());
+}
+
 CheckpointMeta load_checkpoint_weights(const std::string& path, model::Decoder& model, bool verified) {
   std::string why;
   LOOM_CHECK(verified || verify_checkpoint(path, &why, VerifyScope::weights()), "checkpoint", path,
              " failed verification: ", why);
   model::load_hf_safetensors(model, (fs::path(path) / "model.safetensors").string());
   const json state = json::parse(io::read_file((fs::path(path) / "trainer_state.json").string()));
+  restore_router_bias(state, model);
   return {state.at("step").get<int64_t>(), path, "", state.value("run_id", "")};
 }
 
@@ -363,6 +374,7 @@ CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model,
     model::load_hf_safetensors(model.config(), model.layout(), flat, weights);
   }
   engine.load_full_params(flat);
+  restore_router_bias(state, model);
   const int64_t optimizer_steps = state.at("optimizer_steps").get<int64_t>();
   const auto& units = model.layout().units();
   on_every_rank_or_none(g, str_cat("loading the optimizer state of ", path, " failed"), [&] {

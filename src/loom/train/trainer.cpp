@@ -275,6 +275,7 @@ double Trainer::train_step() {
   const int64_t per_rank = G / cfg_.parallel.dp;
   const int64_t first = mesh_->coord().dp * per_rank;  // this rank's share of the global batch
   engine_->zero_grads();
+  model_->reset_moe_stats();
   // The mean over the global batch, times the loss scale (fp16): gradients are scale x too large
   // until they are unscaled below.
   const double loss_scale = scaler_.scale();
@@ -304,6 +305,7 @@ double Trainer::train_step() {
     }
   }
   engine_->finish_grads();
+  reduce_moe_stats();
   if (pipe_) pipe_->sync_tied_grads(model_->grads());
   if (tp_) tp_->sum_partial_grads(model_->layout(), *engine_);
   Tensor totals = Tensor::from_vector<double>({loss_sum, double(count)}, {2});
@@ -337,8 +339,61 @@ double Trainer::train_step() {
   optim::LrSchedule sched{cfg_.optim.lr, cfg_.schedule.min_lr, cfg_.schedule.warmup_steps,
                           cfg_.schedule.steps};
   engine_->step(sched.lr_at(step_));
+  if (cfg_.model.moe.bias_update_rate > 0) model_->update_router_bias(moe_stats_, cfg_.model.moe.bias_update_rate);
   ++step_;
   return loss;
+}
+
+void Trainer::reduce_moe_stats() {
+  if (!cfg_.model.moe.enabled()) return;
+  moe_stats_ = model_->moe_stats();
+  const int64_t E = cfg_.model.moe.num_experts;
+  const size_t per = size_t(E) + 5;
+  std::vector<double> v(moe_stats_.size() * per, 0.0);
+  for (size_t i = 0; i < moe_stats_.size(); ++i) {
+    const model::MoeLayerStats& st = moe_stats_[i];
+    double* o = v.data() + i * per;
+    for (size_t e = 0; e < st.load.size(); ++e) o[e] = double(st.load[e]);
+    o[E] = double(st.choices);
+    o[E + 1] = double(st.dropped);
+    o[E + 2] = st.aux_sum;
+    o[E + 3] = st.z_sum;
+    o[E + 4] = double(st.forwards);
+  }
+  // Each block's statistics live on its pipeline stage, identical on every tp rank; dp ranks
+  // route different tokens.
+  Tensor t = Tensor::from_vector<double>(v, {int64_t(v.size())});
+  reduce_over_model_parallel(t, false);
+  mesh_->dp().all_reduce(t);
+  const double* r = t.data<double>();
+  for (size_t i = 0; i < moe_stats_.size(); ++i) {
+    model::MoeLayerStats& st = moe_stats_[i];
+    const double* o = r + i * per;
+    st.layer = int(int64_t(i + 1) * cfg_.model.moe.moe_every - 1);
+    st.load.assign(size_t(E), 0);
+    for (int64_t e = 0; e < E; ++e) st.load[size_t(e)] = int64_t(o[e]);
+    st.choices = int64_t(o[E]);
+    st.dropped = int64_t(o[E + 1]);
+    st.aux_sum = o[E + 2];
+    st.z_sum = o[E + 3];
+    st.forwards = int64_t(o[E + 4]);
+  }
+}
+
+std::string Trainer::moe_log() const {
+  if (moe_stats_.empty()) return "";
+  double worst = 0, aux = 0;
+  int64_t choices = 0, dropped = 0;
+  for (const auto& st : moe_stats_) {
+    worst = std::max(worst, st.load_max_over_mean());
+    aux += st.aux() / double(moe_stats_.size());
+    choices += st.choices;
+    dropped += st.dropped;
+  }
+  char buf[128];
+  std::snprintf(buf, sizeof buf, " | moe load max/mean %.2f, dropped %.2f%%, aux %.3f", worst,
+                choices ? 100.0 * double(dropped) / double(choices) : 0.0, aux);
+  return buf;
 }
 
 double Trainer::evaluate() {
@@ -467,9 +522,9 @@ TrainResult Trainer::run() {
       bar.clear();
       std::fprintf(opt_.log,
                    "step %6lld/%lld | loss %.4f | lr %.3e | grad_norm %.3f | %.0f tok/s | mfu %.1f%% "
-                   "| %.0f ms/step | peak %s%s\n",
+                   "| %.0f ms/step | peak %s%s%s\n",
                    (long long)step_, (long long)total, last_loss, lr, last_grad_norm_, tps, 100 * mfu,
-                   el / double(window_steps) * 1e3, format_bytes(peak).c_str(),
+                   el / double(window_steps) * 1e3, format_bytes(peak).c_str(), moe_log().c_str(),
                    scaler_.enabled() ? str_cat(" | loss scale ", scaler_.scale(), ", ", skipped_steps_, " skipped").c_str()
                                      : "");
       std::fflush(opt_.log);
@@ -480,6 +535,15 @@ TrainResult Trainer::run() {
         if (scaler_.enabled()) {
           j["loss_scale"] = scaler_.scale();
           j["skipped_steps"] = skipped_steps_;
+        }
+        for (const auto& st : moe_stats_) {  // the last step's, per MoE block
+          int64_t mx = 0;
+          for (int64_t l : st.load) mx = std::max(mx, l);
+          j["moe"].push_back({{"layer", st.layer}, {"tokens_per_expert_max", mx},
+                              {"tokens_per_expert_mean", double(st.choices) / double(std::max<size_t>(1, st.load.size()))},
+                              {"load_max_over_mean", st.load_max_over_mean()},
+                              {"dropped_fraction", st.dropped_fraction()}, {"aux_loss", st.aux()},
+                              {"z_loss", st.z()}});
         }
         std::fprintf(metrics_, "%s\n", j.dump().c_str());
         std::fflush(metrics_);

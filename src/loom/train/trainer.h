@@ -79,6 +79,10 @@ class Trainer {
   std::vector<parallel::StageRange> partition_stages();
   void reduce_over_model_parallel(const Tensor& t, bool over_tp);
   void log_step(double loss, double grad_norm, double lr, double step_ms);
+  // The step's MoE router statistics summed over the data-parallel (and pipeline) ranks into
+  // moe_stats_; the balancing bias moves from them when enabled.
+  void reduce_moe_stats();
+  std::string moe_log() const;  // " | moe load max/mean ..." for the step line; "" for dense
   void maybe_checkpoint(bool force);
   void resume_from(const std::string& spec);
   // A run from step 0: a new run id, and checkpoint.dir claimed (refused on every rank when it
@@ -113,6 +117,7 @@ class Trainer {
   int64_t skipped_steps_ = 0;
   double last_step_scale_ = 1;  // the loss scale the last step ran at
   FILE* metrics_ = nullptr;
+  std::vector<model::MoeLayerStats> moe_stats_;  // the last step's, over every rank
   double peak_gflops_ = 0;  // measured SGEMM rate, for the MFU estimate
 };
 
