@@ -26,9 +26,20 @@ inline model::ModelConfig tiny_config(model::Family f) {
 // Normal-initialised weights ten times the usual scale, so greedy outputs wander over the
 // vocabulary; with perturb_others, the constant-initialised ones (norm gains, biases) also
 // get N(0, 0.1) noise.
+// tiny_config with MoE blocks: 4 experts top-2, a shared expert, dense block 0 (moe_every 2).
+inline model::ModelConfig tiny_moe_config(model::Family f) {
+  model::ModelConfig c = tiny_config(f);
+  c.moe.num_experts = 4;
+  c.moe.top_k = 2;
+  c.moe.expert_d_ff = 16;
+  c.moe.num_shared_experts = 1;
+  c.moe.moe_every = 2;
+  return c;
+}
+
 inline std::unique_ptr<model::Decoder> wandering_model(model::Family f, DType dt, uint64_t seed,
-                                                       bool perturb_others) {
-  auto m = std::make_unique<model::Decoder>(tiny_config(f), model::DecoderOptions{}, dt);
+                                                       bool perturb_others, bool moe = false) {
+  auto m = std::make_unique<model::Decoder>(moe ? tiny_moe_config(f) : tiny_config(f), model::DecoderOptions{}, dt);
   m->init_weights(seed);
   std::mt19937 g{unsigned(seed)};
   std::normal_distribution<double> nd(0.0, 0.1);

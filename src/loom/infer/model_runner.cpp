@@ -1,8 +1,11 @@
 // The batched forward over a StepPlan, layer by layer. Each layer: norm, fused QKV linear,
 // RoPE (LLaMA), K/V scattered into the cache, paged attention per sequence, projection and
-// residual, norm, MLP and residual, the same op sequence as model::block_forward.
+// residual, norm, MLP and residual, the same op sequence as model::block_forward. MoE blocks
+// route the step's tokens and run each chosen expert once over all its rows (model/moe.h), so
+// an expert's weights are read once per step however many sequences chose it.
 #include "loom/infer/model_runner.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "loom/infer/cpu/decode_linear.h"
@@ -32,8 +35,14 @@ ModelRunner::ModelRunner(const model::Decoder& model, KVCache& cache, int64_t ma
     : model_(model), cfg_(model.config()), cache_(cache), quant_(quant), max_tokens_(max_tokens),
       max_seqs_(max_seqs) {
   const bool gpt2 = cfg_.family == Family::gpt2;
-  for (int l = 0; l < int(cfg_.n_layer); ++l)
+  // A token's experts must not depend on which other requests share its step.
+  cfg_.moe.capacity_factor = 0;
+  for (int l = 0; l < int(cfg_.n_layer); ++l) {
     w_.push_back(model::block_weights(cfg_, model.layout(), model.params(), l));
+    if (model.router_bias().defined() && cfg_.is_moe_layer(l))  // DeepSeek-V3's selection bias
+      w_.back().router_bias = model.router_bias().slice(((l + 1) / cfg_.moe.moe_every - 1) * cfg_.moe.num_experts,
+                                                        {cfg_.moe.num_experts});
+  }
   wte_ = model.param(model::token_table_name(cfg_));
   if (gpt2) wpe_ = model.param("transformer.wpe.weight");
   lnf_w_ = model.param(gpt2 ? "transformer.ln_f.weight" : "model.norm.weight");
@@ -57,8 +66,15 @@ ModelRunner::ModelRunner(const model::Decoder& model, KVCache& cache, int64_t ma
   qkv_ = Tensor::empty({N, W}, dt, cat, alloc);
   att_ = Tensor::empty({N, cfg_.n_head * D}, dt, cat, alloc);
   x_mid_ = Tensor::empty({N, C}, dt, cat, alloc);
-  fc_ = Tensor::empty({N, gpt2 ? F : 2 * F}, dt, cat, alloc);
-  act_ = Tensor::empty({N, F}, dt, cat, alloc);
+  // The dense MLP buffers serve dense blocks and MoE blocks' shared experts.
+  const bool has_dense = !cfg_.moe.enabled() || cfg_.moe.moe_every > 1;
+  const int64_t Fm = std::max<int64_t>({has_dense ? F : 0, cfg_.moe.enabled() ? cfg_.shared_d_ff() : 0, 1});
+  fc_ = Tensor::empty({N, gpt2 ? Fm : 2 * Fm}, dt, cat, alloc);
+  act_ = Tensor::empty({N, Fm}, dt, cat, alloc);
+  if (cfg_.moe.enabled()) {
+    LOOM_CHECK(!quant, "runner", "quantized weights of MoE models are not supported; serve ", cfg_.name, " in fp32");
+    moe_ = model::MoeActs::allocate(cfg_, N, dt, alloc);
+  }
   const int64_t S = max_seqs;
   xs_ = Tensor::empty({S, C}, dt, cat, alloc);
   lnf_ = Tensor::empty({S, C}, dt, cat, alloc);
@@ -77,6 +93,10 @@ int64_t ModelRunner::weight_bytes_per_token() const {
   b -= int64_t(wte_.nbytes()) - row;  // the input embedding reads one row
   if (wpe_.defined()) b -= int64_t(wpe_.nbytes()) - row;
   if (cfg_.tied_embeddings) b += int64_t(head_.nbytes());  // the head reads the table in full
+  if (cfg_.moe.enabled())  // one token reads its top_k experts of each MoE block
+    b -= cfg_.num_moe_layers() * (cfg_.moe.num_experts - cfg_.moe.top_k) *
+         (cfg_.family == Family::gpt2 ? 2 * cfg_.d_model * cfg_.expert_d_ff() + cfg_.expert_d_ff() + cfg_.d_model
+                        : 3 * cfg_.d_model * cfg_.expert_d_ff()) * es;
   if (!quant_) return b;
   for (int l = 0; l < int(cfg_.n_layer); ++l) {  // quantized matrices: packed bytes, not f32
     const model::BlockWeights& w = w_[size_t(l)];
@@ -95,7 +115,8 @@ void ModelRunner::run_layers(int64_t N) {
   const int64_t W = (H + 2 * KVH) * D, bs = cache_.block_size();
   const Tensor x = x_.narrow0(0, N), ln = ln_.narrow0(0, N), mean = mean_.narrow0(0, N);
   const Tensor rstd = rstd_.narrow0(0, N), qkv = qkv_.narrow0(0, N), att = att_.narrow0(0, N);
-  const Tensor x_mid = x_mid_.narrow0(0, N), fc = fc_.narrow0(0, N), act = act_.narrow0(0, N);
+  const Tensor x_mid = x_mid_.narrow0(0, N);
+  const int64_t Fd = cfg_.d_ff, Fs = cfg_.moe.enabled() ? cfg_.shared_d_ff() : 0, G = gpt2 ? 1 : 2;
   const Tensor pos = pos_.narrow0(0, N);
   for (int l = 0; l < int(cfg_.n_layer); ++l) {
     const model::BlockWeights& w = w_[size_t(l)];
@@ -121,12 +142,20 @@ void ModelRunner::run_layers(int64_t N) {
       ops::layernorm_forward(x_mid, w.ln2_w, w.ln2_b, ln, mean, rstd, cfg_.norm_eps);
     else
       ops::rmsnorm_forward(x_mid, w.ln2_w, ln, rstd, cfg_.norm_eps);
-    linear(ln, w.fc_w, qb ? &qb->fc : nullptr, w.fc_b, fc);
-    if (gpt2)
-      ops::gelu_forward(fc, act);
-    else
-      ops::swiglu_forward(fc, act);
-    linear(act, w.out_w, qb ? &qb->out : nullptr, w.out_b, x);  // x is free again: x_mid holds the residual
+    // x is free again: x_mid holds the residual. A MoE block's shared experts write x and its
+    // routed experts add to it.
+    const bool moe = cfg_.is_moe_layer(l);
+    if (!moe || w.fc_w.defined()) {
+      const int64_t F = moe ? Fs : Fd;
+      const Tensor fc = fc_.slice(0, {N, G * F}), act = act_.slice(0, {N, F});
+      linear(ln, w.fc_w, qb ? &qb->fc : nullptr, w.fc_b, fc);
+      if (gpt2)
+        ops::gelu_forward(fc, act);
+      else
+        ops::swiglu_forward(fc, act);
+      linear(act, w.out_w, qb ? &qb->out : nullptr, w.out_b, x);
+    }
+    if (moe) model::moe_forward(cfg_, w, ln, moe_, x, /*accumulate=*/w.fc_w.defined());
     ops::add_inplace(x, x_mid);
   }
 }

@@ -48,7 +48,7 @@ class ModelRunner {
   void linear(const Tensor& x, const Tensor& w, const QuantizedMatrix* q, const Tensor& b, const Tensor& y) const;
 
   const model::Decoder& model_;
-  const model::ModelConfig& cfg_;
+  model::ModelConfig cfg_;  // the model's, with MoE capacity off: inference routes dropless
   KVCache& cache_;
   const QuantizedModel* quant_;
   int64_t max_tokens_, max_seqs_;
@@ -56,6 +56,7 @@ class ModelRunner {
   Tensor wte_, wpe_, lnf_w_, lnf_b_, head_;
   // Activations for up to max_tokens rows (views of the first N rows are used per step).
   Tensor tok_, pos_, x_, ln_, mean_, rstd_, qkv_, att_, x_mid_, fc_, act_;
+  model::MoeActs moe_;  // MoE blocks' routing and expert buffers (MoE models)
   Tensor xs_, lnf_, lnf_mean_, lnf_rstd_, logits_;  // the sampled rows only
   Tensor all_logits_;  // execute_all_rows: [max_tokens, V]
   std::vector<int64_t> slots_;

@@ -95,6 +95,9 @@ Tensor head_matrix(const model::Decoder& model) { return model.param(model::lm_h
 QuantizedModel QuantizedModel::quantize(model::Decoder& model, const QuantSpec& spec) {
   LOOM_CHECK(model.layout().whole_model() && model.params().dtype() == DType::f32, "quant",
              "quantization needs the whole model in f32 on one process");
+  LOOM_CHECK(!model.config().moe.enabled(), "quant", "model ", model.config().name,
+             " has Mixture-of-Experts blocks, whose experts have no quantized kernels yet; serve it in "
+             "fp32 (drop --quant)");
   QuantizedModel qm;
   qm.spec = spec;
   auto one = [&](const Tensor& w, cpu::QuantFormat f, bool zero_point) {
