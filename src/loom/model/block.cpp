@@ -8,8 +8,9 @@ namespace loom::model {
 
 static Tensor& slot_of(BlockWeights& w, const BlockParamSpec& spec) {
   if (spec.expert >= 0) {
-    if (w.experts.size() <= size_t(spec.expert)) w.experts.resize(size_t(spec.expert) + 1);
-    ExpertWeights& e = w.experts[size_t(spec.expert)];
+    const size_t local = size_t(spec.expert - w.expert0);
+    if (w.experts.size() <= local) w.experts.resize(local + 1);
+    ExpertWeights& e = w.experts[local];
     switch (spec.slot) {
       case BlockSlot::e_fc_w: return e.fc_w;
       case BlockSlot::e_fc_b: return e.fc_b;
@@ -39,13 +40,19 @@ static Tensor& slot_of(BlockWeights& w, const BlockParamSpec& spec) {
 }
 
 BlockWeights block_weights(const ModelConfig& cfg, const ParamLayout& layout, const Tensor& flat,
-                           int l, int64_t base) {
+                           int l, int64_t base, const Tensor& expert_flat, int64_t expert_base) {
   // Each slot is one parameter, or consecutive adjacent ones bound as one fused view spanning
   // their rows (q|k|v, gate|up, w1|w3).
   const std::string p = layout.block_prefix(l);
   const auto specs = block_param_specs(cfg, l);
   BlockWeights w;
+  const int64_t e0 = layout.slice().first_expert(cfg), e1 = e0 + layout.slice().local_experts(cfg);
+  w.expert0 = e0;
   for (size_t i = 0; i < specs.size();) {
+    if (specs[i].expert >= 0 && (specs[i].expert < e0 || specs[i].expert >= e1)) {  // another rank's
+      ++i;
+      continue;
+    }
     const ParamInfo& first = layout.get(p + specs[i].suffix);
     int64_t rows = 0, end = first.offset;
     size_t j = i;
@@ -56,7 +63,9 @@ BlockWeights block_weights(const ModelConfig& cfg, const ParamLayout& layout, co
       end += part.numel();
     }
     const Shape fused = first.shape.ndim() == 1 ? Shape{rows} : Shape{rows, first.shape[1]};
-    slot_of(w, specs[i]) = flat.slice(first.offset - base, j == i + 1 ? first.shape : fused);
+    const bool own_buffer = specs[i].expert >= 0 && expert_flat.defined();
+    slot_of(w, specs[i]) = (own_buffer ? expert_flat : flat)
+                               .slice(first.offset - (own_buffer ? expert_base : base), j == i + 1 ? first.shape : fused);
     i = j;
   }
   return w;
@@ -176,7 +185,8 @@ void expand_kv(const BlockDims& d, const Tensor& compact, const Tensor& expanded
 }  // namespace
 
 void block_forward(const ModelConfig& cfg, int layer, const BlockWeights& w, const Tensor& x_in,
-                   const Tensor& pos, BlockActs& a, const Tensor& x_out, TensorParallelOps* tp) {
+                   const Tensor& pos, BlockActs& a, const Tensor& x_out, TensorParallelOps* tp,
+                   ExpertParallelOps* ep) {
   const bool gpt2 = cfg.family == Family::gpt2;
   const BlockDims& d = a.dims;
   const int64_t H = d.H, KVH = d.KVH, D = d.D;
@@ -204,7 +214,9 @@ void block_forward(const ModelConfig& cfg, int layer, const BlockWeights& w, con
   if (cfg.is_moe_layer(layer)) {
     // Router and experts are whole on every tp rank: no tp communication here. The shared
     // experts (one MLP of their summed width) write x_out, the routed experts add to it.
+    // Under expert parallelism they run while the tokens travel to their experts.
     const bool shared = w.fc_w.defined();
+    moe_dispatch(cfg, w, a.ln2, a.moe, ep);
     if (shared) {
       const int64_t Fs = cfg.shared_d_ff();
       const Tensor fc = a.fc.slice(0, {N, gpt2 ? Fs : 2 * Fs}), act = a.act.slice(0, {N, Fs});
@@ -212,7 +224,7 @@ void block_forward(const ModelConfig& cfg, int layer, const BlockWeights& w, con
       if (gpt2) ops::gelu_forward(fc, act); else ops::swiglu_forward(fc, act);
       ops::linear_forward(act, w.out_w, w.out_b, x_out, prec);
     }
-    moe_forward(cfg, w, a.ln2, a.moe, x_out, /*accumulate=*/shared);
+    moe_combine(cfg, w, a.moe, x_out, /*accumulate=*/shared, ep);
     ops::add_inplace(x_out, a.x_mid);
     return;
   }
@@ -230,7 +242,7 @@ void block_forward(const ModelConfig& cfg, int layer, const BlockWeights& w, con
 
 void block_backward(const ModelConfig& cfg, int layer, const BlockWeights& w, const BlockWeights& gw,
                     const Tensor& x_in, const Tensor& pos, BlockActs& a, BlockScratch& s,
-                    const Tensor& dres, TensorParallelOps* tp) {
+                    const Tensor& dres, TensorParallelOps* tp, ExpertParallelOps* ep) {
   const bool gpt2 = cfg.family == Family::gpt2;
   const BlockDims& d = a.dims;
   const int64_t H = d.H, KVH = d.KVH, D = d.D;
@@ -239,6 +251,7 @@ void block_backward(const ModelConfig& cfg, int layer, const BlockWeights& w, co
   // experts + routed experts.
   const int64_t N = a.ln2.size(0);
   const bool moe = cfg.is_moe_layer(layer);
+  if (moe) moe_backward_dispatch(cfg, a.moe, s.moe, dres, ep);  // in flight during the shared experts'
   if (!moe || w.fc_w.defined()) {
     const int64_t F = moe ? cfg.shared_d_ff() : d.F, G = gpt2 ? 1 : 2;
     const Tensor fc = a.fc.slice(0, {N, G * F}), act = a.act.slice(0, {N, F});
@@ -251,7 +264,7 @@ void block_backward(const ModelConfig& cfg, int layer, const BlockWeights& w, co
     ops::linear_backward(dfc, a.ln2, w.fc_w, s.dln, gw.fc_w, gw.fc_b, false, prec);
   }
   if (moe)
-    moe_backward(cfg, w, gw, a.ln2, a.moe, s.moe, dres, s.dln, /*accumulate_dx=*/w.fc_w.defined());
+    moe_backward_combine(cfg, w, gw, a.ln2, a.moe, s.moe, s.dln, /*accumulate_dx=*/w.fc_w.defined(), ep);
   else if (tp)
     tp->column_parallel_input_grad(s.dln);
   if (gpt2)

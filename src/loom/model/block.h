@@ -26,12 +26,16 @@ struct BlockWeights {
   Tensor ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, out_w, out_b;
   Tensor router_w;                     // [E, C]
   Tensor router_bias;                  // [E] selection bias (DeepSeek-V3); not a parameter
-  std::vector<ExpertWeights> experts;  // indexed by expert
+  std::vector<ExpertWeights> experts;  // the experts this rank holds, from expert0 on
+  int64_t expert0 = 0;
 };
 // `flat` holds the flat buffer's elements from index `base` on (0: the whole buffer; a unit's
-// begin: a buffer holding just that unit, e.g. gathered weights or staged gradients).
+// begin: a buffer holding just that unit, e.g. gathered weights or staged gradients). A MoE
+// block's routed experts bind to `expert_flat` from `expert_base` on when it is given (their
+// own unit's buffer), else to `flat`.
 BlockWeights block_weights(const ModelConfig& cfg, const ParamLayout& layout, const Tensor& flat,
-                           int layer, int64_t base = 0);
+                           int layer, int64_t base = 0, const Tensor& expert_flat = {},
+                           int64_t expert_base = 0);
 
 // A rank's share of one block: its query heads, the kv heads in its fused projection and its
 // MLP columns. One process: the whole block.
@@ -103,12 +107,12 @@ struct BlockScratch {
 // a.dims; tp is needed when they are a tensor-parallel slice.
 void block_forward(const ModelConfig& cfg, int layer, const BlockWeights& w, const Tensor& x_in,
                    const Tensor& pos, BlockActs& a, const Tensor& x_out,
-                   TensorParallelOps* tp = nullptr);
+                   TensorParallelOps* tp = nullptr, ExpertParallelOps* ep = nullptr);
 
 // On entry dres holds dLoss/d(x_out); on return dLoss/d(x_in). Parameter gradients
 // accumulate into gw.
 void block_backward(const ModelConfig& cfg, int layer, const BlockWeights& w, const BlockWeights& gw,
                     const Tensor& x_in, const Tensor& pos, BlockActs& a, BlockScratch& s,
-                    const Tensor& dres, TensorParallelOps* tp = nullptr);
+                    const Tensor& dres, TensorParallelOps* tp = nullptr, ExpertParallelOps* ep = nullptr);
 
 }  // namespace loom::model

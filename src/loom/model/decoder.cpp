@@ -30,7 +30,10 @@ class FlatParamSource final : public ParamSource {
   Tensor outer_grad(const std::string& n) override { return view(grads_, n); }
 
  private:
-  size_t local(int l) const { return layout_.block_unit_index(l) - 1; }
+  size_t local(int l) const {
+    LOOM_CHECK(layout_.has_block(l), "model", "block ", l, " is not in this slice");
+    return size_t(l - layout_.first_layer());
+  }
   Tensor view(const Tensor& flat, const std::string& n) const {
     LOOM_CHECK(flat.defined(), "model", "no flat buffer for ", n,
                " (allocate_flat_params/grads=false needs a ParamSource)");
@@ -137,6 +140,8 @@ void Decoder::ensure_buffers(int64_t B, int64_t T, bool train) {
 int Decoder::stage_begin(int64_t B, int64_t T, bool train) {
   LOOM_CHECK(layout_.slice().tp == 1 || tp_, "model",
              "a tensor-parallel slice needs set_tensor_parallel() before it runs");
+  LOOM_CHECK(layout_.slice().ep == 1 || ep_, "model",
+             "an expert-parallel slice needs set_expert_parallel() before it runs");
   ensure_buffers(B, T, train);
   for (size_t i = 0; i < slots_.size(); ++i)
     if (!slots_[i].busy && (slots_[i].train_buffers || !train)) {
@@ -212,8 +217,9 @@ void Decoder::run_blocks_forward(Slot& s) {
   const int first = layout_.first_layer();
   for (int i = 0; i < n_local(); ++i) {
     BlockActs& a = (s.train_buffers && !checkpointed()) ? s.saved[size_t(i)] : recompute_[0];
+    a.moe.times = &moe_times_;
     block_forward(cfg_, first + i, with_router_bias(first + i, src_->block_params(first + i, ParamSource::Phase::forward)),
-                  s.res[size_t(i)], pos_, a, s.res[size_t(i) + 1], tp_);
+                  s.res[size_t(i)], pos_, a, s.res[size_t(i) + 1], tp_, ep_);
     src_->release_block_params(first + i, ParamSource::Phase::forward);
     if (cfg_.is_moe_layer(first + i)) record_moe(first + i, a.moe, s);
   }
@@ -350,7 +356,8 @@ void Decoder::stage_backward(int id, const Tensor& dy) {
     {  // the weights' views end before the release, so a ZeRO-3 source can reuse the buffer
       const BlockWeights w = with_router_bias(l, src_->block_params(l, Phase::backward));
       acts.moe.loss_weight = s.grad_scale * double(B_ * T_);
-      block_backward(cfg_, l, w, src_->block_grads(l), s.res[size_t(i)], pos_, acts, scratch_, dres_, tp_);
+      acts.moe.times = &moe_times_;
+      block_backward(cfg_, l, w, src_->block_grads(l), s.res[size_t(i)], pos_, acts, scratch_, dres_, tp_, ep_);
     }
     src_->release_block_params(l, Phase::backward);
     src_->block_grads_done(l);
@@ -365,8 +372,9 @@ void Decoder::stage_backward(int id, const Tensor& dy) {
       const int64_t b = g * k, e = std::min(L, b + k);
       for (int64_t i = b; i < e; ++i) {  // recompute the segment from its saved input
         const int l = first + int(i);
+        recompute_[size_t(i - b)].moe.times = &moe_times_;
         block_forward(cfg_, l, with_router_bias(l, src_->block_params(l, Phase::recompute)), s.res[size_t(i)],
-                      pos_, recompute_[size_t(i - b)], s.res[size_t(i) + 1], tp_);
+                      pos_, recompute_[size_t(i - b)], s.res[size_t(i) + 1], tp_, ep_);
         src_->release_block_params(l, Phase::recompute);
       }
       for (int64_t i = e - 1; i >= b; --i) backward_block(i, recompute_[size_t(i - b)]);

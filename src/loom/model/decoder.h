@@ -84,6 +84,8 @@ class Decoder {
   void set_param_source(ParamSource* src) { src_ = src ? src : default_src_.get(); }
   // The tensor-parallel communication (required when options().slice.tp > 1). Not owned.
   void set_tensor_parallel(TensorParallelOps* tp) { tp_ = tp; }
+  // The expert-parallel exchange (required when options().slice.ep > 1). Not owned.
+  void set_expert_parallel(ExpertParallelOps* ep) { ep_ = ep; }
   const BlockDims& block_dims() const { return dims_; }
 
   // Training step on one micro-batch: tokens and targets are [B, T] (targets < 0 ignored).
@@ -111,6 +113,12 @@ class Decoder {
   // of the model (blocks outside this stage stay empty).
   const std::vector<MoeLayerStats>& moe_stats() const { return moe_stats_; }
   void reset_moe_stats();
+  // Seconds spent routing and in the experts since the last take (benchmarks).
+  MoeTimes take_moe_times() {
+    const MoeTimes t = moe_times_;
+    moe_times_ = {};
+    return t;
+  }
   // DeepSeek-V3's balancing step: each expert's selection bias moves by `rate` towards balance
   // from `stats` (loads summed over every rank that routes tokens). Needs bias_update_rate > 0.
   void update_router_bias(const std::vector<MoeLayerStats>& stats, double rate);
@@ -182,6 +190,8 @@ class Decoder {
   std::unique_ptr<ParamSource> default_src_;
   ParamSource* src_ = nullptr;
   TensorParallelOps* tp_ = nullptr;
+  ExpertParallelOps* ep_ = nullptr;
+  MoeTimes moe_times_;
 
   // Buffers for the current (B, T).
   int64_t B_ = 0, T_ = 0;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "loom/core/timer.h"
 #include "loom/kernels/cpu/moe_routing.h"
 #include "loom/kernels/ops.h"
 #include "loom/model/block.h"
@@ -44,6 +45,7 @@ MoeScratch MoeScratch::allocate(const ModelConfig& cfg, int64_t N, DType dt, All
   s.dfc = Tensor::empty({N * k, G * F}, dt, cat, alloc);
   s.dact = Tensor::empty({N * k, F}, dt, cat, alloc);
   s.dlogits = Tensor::empty({N, E}, dt, cat, alloc);
+  s.dgate = Tensor::empty({N * k}, dt, cat, alloc);
   return s;
 }
 
@@ -201,63 +203,205 @@ void router_backward(const ModelConfig& cfg, int64_t N, const MoeActs& a, const 
   }
 }
 
+// (Re)sizes a per-call buffer to at least rows x cols and returns the [rows, cols] view.
+Tensor sized(Tensor& t, int64_t rows, int64_t cols, DType dt, MemCategory cat) {
+  const int64_t need = std::max<int64_t>(rows, 1) * cols;
+  if (!t.defined() || t.numel() < need || t.dtype() != dt) t = Tensor::empty({need}, dt, cat);
+  return t.slice(0, {rows, cols});
+}
+
+bool distributed(const ExpertParallelOps* ep) { return ep && ep->size() > 1; }
+
+// Copies rows: dst[m] = src[perm[m]] (gather) or dst[perm[m]] = src[m] (scatter).
 template <class T>
-void forward_impl(const ModelConfig& cfg, const BlockWeights& w, const Tensor& x, MoeActs& a,
-                  const Tensor& y, bool accumulate) {
+void permute_rows(const T* src, T* dst, int64_t C, const std::vector<int32_t>& perm, bool scatter) {
+  const int64_t R = int64_t(perm.size());
+#pragma omp parallel for schedule(static) if (R * C > 32768)
+  for (int64_t m = 0; m < R; ++m) {
+    const T* a = scatter ? src + m * C : src + int64_t(perm[size_t(m)]) * C;
+    T* b = scatter ? dst + int64_t(perm[size_t(m)]) * C : dst + m * C;
+    std::copy(a, a + C, b);
+  }
+}
+
+// One expert's MLP over n rows: fc, activation, out (out may alias rows).
+void expert_forward(const ExpertWeights& ew, const Tensor& rows, const Tensor& fc, const Tensor& act,
+                    const Tensor& out, bool gelu, ops::ProductPrecision prec) {
+  ops::linear_forward(rows, ew.fc_w, ew.fc_b, fc, prec);
+  if (gelu) ops::gelu_forward(fc, act); else ops::swiglu_forward(fc, act);
+  ops::linear_forward(act, ew.out_w, ew.out_b, out, prec);
+}
+
+// Its backward: dout -> weight gradients and, into drows (may alias dout), the rows' gradient.
+void expert_backward(const ExpertWeights& ew, const ExpertWeights& gew, const Tensor& rows, const Tensor& fc,
+                     const Tensor& act, const Tensor& dout, const Tensor& dfc, const Tensor& dact,
+                     const Tensor& drows, bool gelu, ops::ProductPrecision prec) {
+  ops::linear_backward(dout, act, ew.out_w, dact, gew.out_w, gew.out_b, false, prec);
+  if (gelu) ops::gelu_backward(fc, dact, dfc); else ops::swiglu_backward(fc, dact, dfc);
+  ops::linear_backward(dfc, rows, ew.fc_w, drows, gew.fc_w, gew.fc_b, false, prec);
+}
+
+struct Timed {  // adds the scope's seconds to *out (when out is set)
+  explicit Timed(double* out) : out_(out) {}
+  ~Timed() {
+    if (out_) *out_ += sw_.seconds();
+  }
+  double* out_;
+  Stopwatch sw_;
+};
+
+template <class T>
+void dispatch_impl(const ModelConfig& cfg, const BlockWeights& w, const Tensor& x, MoeActs& a,
+                   ExpertParallelOps* ep) {
+  Timed timed(a.times ? &a.times->route_s : nullptr);
   const int64_t N = x.size(0), C = cfg.d_model, E = cfg.moe.num_experts, k = cfg.moe.top_k;
-  const int64_t F = cfg.expert_d_ff(), G = cfg.family == Family::gpt2 ? 1 : 2;
+  const int64_t P = distributed(ep) ? ep->size() : 1, El = E / P;
   LOOM_CHECK(N <= a.logits.size(0), "moe", N, " tokens but buffers for ", a.logits.size(0));
-  LOOM_CHECK(int64_t(w.experts.size()) == E, "moe", "the block has ", w.experts.size(),
-             " experts bound, the config ", E);
+  LOOM_CHECK(int64_t(w.experts.size()) == El, "moe", "the block has ", w.experts.size(),
+             " experts bound, expected ", El, " (", E, " over ep=", P, ")");
   a.tokens = N;
   ops::linear_forward(x, w.router_w, {}, a.logits.slice(0, {N, E}));
   route<T>(cfg, w, N, a);
-  const ops::ProductPrecision prec = cfg.products();
-  const int32_t* choice_of = a.choice_of.data<int32_t>();
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t r0 = a.offsets[size_t(e)], n = a.offsets[size_t(e) + 1] - r0;
-    if (n == 0) continue;
-    const ExpertWeights& ew = w.experts[size_t(e)];
-    // The gathered inputs go where the expert's outputs will be: they are dead once fc is.
-    const Tensor rows = a.eout.slice(r0 * C, {n, C});
-    const Tensor fc = a.fc.slice(r0 * G * F, {n, G * F}), act = a.act.slice(r0 * F, {n, F});
-    cpu::moe_gather_rows<T>(x.data<T>(), C, choice_of + r0, k, nullptr, n, rows.data<T>());
-    ops::linear_forward(rows, ew.fc_w, ew.fc_b, fc, prec);
-    if (G == 1) ops::gelu_forward(fc, act); else ops::swiglu_forward(fc, act);
-    ops::linear_forward(act, ew.out_w, ew.out_b, rows, prec);
+  // Every kept choice's input row, grouped by expert, where the expert's output will land.
+  const int64_t A = a.offsets[size_t(E)];
+  cpu::moe_gather_rows<T>(x.data<T>(), C, a.choice_of.data<int32_t>(), k, nullptr, A, a.eout.data<T>());
+  if (P == 1) return;
+  // Rows for experts [q El, (q + 1) El) go to rank q; each rank learns how many of its
+  // experts' rows come from every source.
+  std::vector<int64_t> counts(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) counts[size_t(e)] = a.offsets[size_t(e) + 1] - a.offsets[size_t(e)];
+  ep->exchange_counts(counts, a.recv_counts);
+  a.send_rows.assign(size_t(P), 0);
+  a.recv_rows.assign(size_t(P), 0);
+  for (int64_t q = 0; q < P; ++q) {
+    a.send_rows[size_t(q)] = a.offsets[size_t((q + 1) * El)] - a.offsets[size_t(q * El)];
+    for (int64_t j = 0; j < El; ++j) a.recv_rows[size_t(q)] += a.recv_counts[size_t(q * El + j)];
   }
-  cpu::moe_combine<T>(a.eout.data<T>(), C, a.row_of.data<int32_t>(), a.gates.data<T>(), N, k,
-                      accumulate, y.data<T>());
+  int64_t R = 0;
+  for (int64_t r : a.recv_rows) R += r;
+  const Tensor recv = sized(a.ep_recv, R, C, x.dtype(), MemCategory::activations);
+  ep->start_rows(a.eout.slice(0, {A, C}), a.send_rows, recv, a.recv_rows);
+  // Received rows arrive by source, then by local expert; the experts want them by expert.
+  std::vector<int64_t> src_base(static_cast<size_t>(P), 0);
+  for (int64_t q = 1; q < P; ++q) src_base[size_t(q)] = src_base[size_t(q - 1)] + a.recv_rows[size_t(q - 1)];
+  a.local_offsets.assign(size_t(El + 1), 0);
+  a.perm.resize(size_t(R));
+  int64_t m = 0;
+  for (int64_t j = 0; j < El; ++j) {
+    a.local_offsets[size_t(j)] = m;
+    for (int64_t q = 0; q < P; ++q) {
+      int64_t at = src_base[size_t(q)];
+      for (int64_t jj = 0; jj < j; ++jj) at += a.recv_counts[size_t(q * El + jj)];
+      for (int64_t i = 0; i < a.recv_counts[size_t(q * El + j)]; ++i) a.perm[size_t(m++)] = int32_t(at + i);
+    }
+  }
+  a.local_offsets[size_t(El)] = m;
 }
 
 template <class T>
-void backward_impl(const ModelConfig& cfg, const BlockWeights& w, const BlockWeights& gw,
-                   const Tensor& x, MoeActs& a, MoeScratch& s, const Tensor& dy, const Tensor& dx,
-                   bool accumulate_dx) {
+void combine_impl(const ModelConfig& cfg, const BlockWeights& w, MoeActs& a, const Tensor& y, bool accumulate,
+                  ExpertParallelOps* ep) {
   const int64_t N = a.tokens, C = cfg.d_model, E = cfg.moe.num_experts, k = cfg.moe.top_k;
   const int64_t F = cfg.expert_d_ff(), G = cfg.family == Family::gpt2 ? 1 : 2;
-  LOOM_CHECK(x.size(0) == N && dy.size(0) == N, "moe", "backward over ", dy.size(0),
-             " rows after a forward over ", N);
   const ops::ProductPrecision prec = cfg.products();
-  const int32_t* choice_of = a.choice_of.data<int32_t>();
-  const int32_t* row_of = a.row_of.data<int32_t>();
-  std::vector<T> dgate(static_cast<size_t>(N * k));
-  cpu::moe_gate_grads<T>(dy.data<T>(), a.eout.data<T>(), C, row_of, N, k, dgate.data());
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t r0 = a.offsets[size_t(e)], n = a.offsets[size_t(e) + 1] - r0;
-    if (n == 0) continue;
-    const ExpertWeights& ew = w.experts[size_t(e)];
-    const ExpertWeights& gew = gw.experts[size_t(e)];
-    const Tensor dout = s.dout.slice(r0 * C, {n, C}), rows = s.rows.slice(r0 * C, {n, C});
-    const Tensor fc = a.fc.slice(r0 * G * F, {n, G * F}), act = a.act.slice(r0 * F, {n, F});
-    const Tensor dfc = s.dfc.slice(r0 * G * F, {n, G * F}), dact = s.dact.slice(r0 * F, {n, F});
-    cpu::moe_gather_rows<T>(dy.data<T>(), C, choice_of + r0, k, a.gates.data<T>(), n, dout.data<T>());
-    ops::linear_backward(dout, act, ew.out_w, dact, gew.out_w, gew.out_b, false, prec);
-    if (G == 1) ops::gelu_backward(fc, dact, dfc); else ops::swiglu_backward(fc, dact, dfc);
-    cpu::moe_gather_rows<T>(x.data<T>(), C, choice_of + r0, k, nullptr, n, rows.data<T>());
-    ops::linear_backward(dfc, rows, ew.fc_w, dout, gew.fc_w, gew.fc_b, false, prec);  // dout: d rows
+  const bool gelu = G == 1;
+  if (!distributed(ep)) {
+    Timed timed(a.times ? &a.times->expert_s : nullptr);
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t r0 = a.offsets[size_t(e)], n = a.offsets[size_t(e) + 1] - r0;
+      if (n == 0) continue;
+      const Tensor rows = a.eout.slice(r0 * C, {n, C});
+      expert_forward(w.experts[size_t(e)], rows, a.fc.slice(r0 * G * F, {n, G * F}), a.act.slice(r0 * F, {n, F}),
+                     rows, gelu, prec);
+    }
+  } else {
+    ep->wait_rows();
+    Timed timed(a.times ? &a.times->expert_s : nullptr);
+    const int64_t R = int64_t(a.perm.size()), El = int64_t(w.experts.size());
+    const DType dt = y.dtype();
+    const auto cat = MemCategory::activations;
+    const Tensor x = sized(a.ep_x, R, C, dt, cat), fc = sized(a.ep_fc, R, G * F, dt, cat);
+    const Tensor act = sized(a.ep_act, R, F, dt, cat), out = sized(a.ep_out, R, C, dt, cat);
+    permute_rows<T>(a.ep_recv.data<T>(), x.data<T>(), C, a.perm, false);
+    for (int64_t j = 0; j < El; ++j) {
+      const int64_t r0 = a.local_offsets[size_t(j)], n = a.local_offsets[size_t(j) + 1] - r0;
+      if (n == 0) continue;
+      expert_forward(w.experts[size_t(j)], x.slice(r0 * C, {n, C}), fc.slice(r0 * G * F, {n, G * F}),
+                     act.slice(r0 * F, {n, F}), out.slice(r0 * C, {n, C}), gelu, prec);
+    }
+    permute_rows<T>(out.data<T>(), a.ep_recv.data<T>(), C, a.perm, true);
+    const int64_t A = a.offsets[size_t(E)];
+    ep->start_rows(a.ep_recv.slice(0, {R, C}), a.recv_rows, a.eout.slice(0, {A, C}), a.send_rows);
+    ep->wait_rows();
   }
-  cpu::moe_combine<T>(s.dout.data<T>(), C, row_of, nullptr, N, k, accumulate_dx, dx.data<T>());
+  Timed timed(a.times ? &a.times->route_s : nullptr);
+  cpu::moe_combine<T>(a.eout.data<T>(), C, a.row_of.data<int32_t>(), a.gates.data<T>(), N, k, accumulate,
+                      y.data<T>());
+}
+
+template <class T>
+void backward_dispatch_impl(const ModelConfig& cfg, MoeActs& a, MoeScratch& s, const Tensor& dy,
+                            ExpertParallelOps* ep) {
+  Timed timed(a.times ? &a.times->route_s : nullptr);
+  const int64_t N = a.tokens, C = cfg.d_model, E = cfg.moe.num_experts, k = cfg.moe.top_k;
+  LOOM_CHECK(dy.size(0) == N, "moe", "backward over ", dy.size(0), " rows after a forward over ", N);
+  const int64_t A = a.offsets[size_t(E)];
+  cpu::moe_gate_grads<T>(dy.data<T>(), a.eout.data<T>(), C, a.row_of.data<int32_t>(), N, k, s.dgate.data<T>());
+  // Each kept row's output gradient, gate-weighted, grouped like the forward's rows.
+  cpu::moe_gather_rows<T>(dy.data<T>(), C, a.choice_of.data<int32_t>(), k, a.gates.data<T>(), A,
+                          s.dout.data<T>());
+  if (!distributed(ep)) return;
+  const int64_t R = int64_t(a.perm.size());
+  const Tensor recv = sized(s.ep_recv, R, C, dy.dtype(), MemCategory::workspace);
+  ep->start_rows(s.dout.slice(0, {A, C}), a.send_rows, recv, a.recv_rows);
+}
+
+template <class T>
+void backward_combine_impl(const ModelConfig& cfg, const BlockWeights& w, const BlockWeights& gw,
+                           const Tensor& x, MoeActs& a, MoeScratch& s, const Tensor& dx, bool accumulate_dx,
+                           ExpertParallelOps* ep) {
+  const int64_t N = a.tokens, C = cfg.d_model, E = cfg.moe.num_experts, k = cfg.moe.top_k;
+  const int64_t F = cfg.expert_d_ff(), G = cfg.family == Family::gpt2 ? 1 : 2;
+  const ops::ProductPrecision prec = cfg.products();
+  const bool gelu = G == 1;
+  LOOM_CHECK(x.size(0) == N, "moe", "backward over ", x.size(0), " rows after a forward over ", N);
+  const int64_t A = a.offsets[size_t(E)];
+  if (!distributed(ep)) {
+    Timed timed(a.times ? &a.times->expert_s : nullptr);
+    const int32_t* choice_of = a.choice_of.data<int32_t>();
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t r0 = a.offsets[size_t(e)], n = a.offsets[size_t(e) + 1] - r0;
+      if (n == 0) continue;
+      const Tensor rows = s.rows.slice(r0 * C, {n, C}), dout = s.dout.slice(r0 * C, {n, C});
+      cpu::moe_gather_rows<T>(x.data<T>(), C, choice_of + r0, k, nullptr, n, rows.data<T>());
+      expert_backward(w.experts[size_t(e)], gw.experts[size_t(e)], rows, a.fc.slice(r0 * G * F, {n, G * F}),
+                      a.act.slice(r0 * F, {n, F}), dout, s.dfc.slice(r0 * G * F, {n, G * F}),
+                      s.dact.slice(r0 * F, {n, F}), dout, gelu, prec);
+    }
+  } else {
+    ep->wait_rows();
+    Timed timed(a.times ? &a.times->expert_s : nullptr);
+    const int64_t R = int64_t(a.perm.size()), El = int64_t(w.experts.size());
+    const DType dt = dx.dtype();
+    const auto cat = MemCategory::workspace;
+    const Tensor d = sized(s.ep_d, R, C, dt, cat), dfc = sized(s.ep_dfc, R, G * F, dt, cat);
+    const Tensor dact = sized(s.ep_dact, R, F, dt, cat);
+    permute_rows<T>(s.ep_recv.data<T>(), d.data<T>(), C, a.perm, false);
+    for (int64_t j = 0; j < El; ++j) {
+      const int64_t r0 = a.local_offsets[size_t(j)], n = a.local_offsets[size_t(j) + 1] - r0;
+      if (n == 0) continue;
+      const Tensor dj = d.slice(r0 * C, {n, C});
+      expert_backward(w.experts[size_t(j)], gw.experts[size_t(j)], a.ep_x.slice(r0 * C, {n, C}),
+                      a.ep_fc.slice(r0 * G * F, {n, G * F}), a.ep_act.slice(r0 * F, {n, F}), dj,
+                      dfc.slice(r0 * G * F, {n, G * F}), dact.slice(r0 * F, {n, F}), dj, gelu, prec);
+    }
+    permute_rows<T>(d.data<T>(), s.ep_recv.data<T>(), C, a.perm, true);
+    ep->start_rows(s.ep_recv.slice(0, {R, C}), a.recv_rows, s.dout.slice(0, {A, C}), a.send_rows);
+    ep->wait_rows();
+  }
+  Timed timed(a.times ? &a.times->route_s : nullptr);
+  cpu::moe_combine<T>(s.dout.data<T>(), C, a.row_of.data<int32_t>(), nullptr, N, k, accumulate_dx, dx.data<T>());
+  const std::vector<T> dgate(s.dgate.data<T>(), s.dgate.data<T>() + N * k);
   const Tensor dz = s.dlogits.slice(0, {N, E});
   router_backward<T>(cfg, N, a, dgate, dz.data<T>());
   ops::linear_backward(dz, x, w.router_w, dx, gw.router_w, {}, /*accumulate_dx=*/true);
@@ -265,21 +409,41 @@ void backward_impl(const ModelConfig& cfg, const BlockWeights& w, const BlockWei
 
 }  // namespace
 
+void moe_dispatch(const ModelConfig& cfg, const BlockWeights& w, const Tensor& x, MoeActs& a,
+                  ExpertParallelOps* ep) {
+  if (x.dtype() == DType::f32) dispatch_impl<float>(cfg, w, x, a, ep); else dispatch_impl<double>(cfg, w, x, a, ep);
+}
+
+void moe_combine(const ModelConfig& cfg, const BlockWeights& w, MoeActs& a, const Tensor& y, bool accumulate,
+                 ExpertParallelOps* ep) {
+  if (y.dtype() == DType::f32) combine_impl<float>(cfg, w, a, y, accumulate, ep);
+  else combine_impl<double>(cfg, w, a, y, accumulate, ep);
+}
+
 void moe_forward(const ModelConfig& cfg, const BlockWeights& w, const Tensor& x, MoeActs& a,
-                 const Tensor& y, bool accumulate) {
-  if (x.dtype() == DType::f32)
-    forward_impl<float>(cfg, w, x, a, y, accumulate);
-  else
-    forward_impl<double>(cfg, w, x, a, y, accumulate);
+                 const Tensor& y, bool accumulate, ExpertParallelOps* ep) {
+  moe_dispatch(cfg, w, x, a, ep);
+  moe_combine(cfg, w, a, y, accumulate, ep);
+}
+
+void moe_backward_dispatch(const ModelConfig& cfg, MoeActs& a, MoeScratch& s, const Tensor& dy,
+                           ExpertParallelOps* ep) {
+  if (dy.dtype() == DType::f32) backward_dispatch_impl<float>(cfg, a, s, dy, ep);
+  else backward_dispatch_impl<double>(cfg, a, s, dy, ep);
+}
+
+void moe_backward_combine(const ModelConfig& cfg, const BlockWeights& w, const BlockWeights& gw,
+                          const Tensor& x, MoeActs& a, MoeScratch& s, const Tensor& dx, bool accumulate_dx,
+                          ExpertParallelOps* ep) {
+  if (dx.dtype() == DType::f32) backward_combine_impl<float>(cfg, w, gw, x, a, s, dx, accumulate_dx, ep);
+  else backward_combine_impl<double>(cfg, w, gw, x, a, s, dx, accumulate_dx, ep);
 }
 
 void moe_backward(const ModelConfig& cfg, const BlockWeights& w, const BlockWeights& gw,
                   const Tensor& x, MoeActs& a, MoeScratch& s, const Tensor& dy, const Tensor& dx,
-                  bool accumulate_dx) {
-  if (x.dtype() == DType::f32)
-    backward_impl<float>(cfg, w, gw, x, a, s, dy, dx, accumulate_dx);
-  else
-    backward_impl<double>(cfg, w, gw, x, a, s, dy, dx, accumulate_dx);
+                  bool accumulate_dx, ExpertParallelOps* ep) {
+  moe_backward_dispatch(cfg, a, s, dy, ep);
+  moe_backward_combine(cfg, w, gw, x, a, s, dx, accumulate_dx, ep);
 }
 
 }  // namespace loom::model

@@ -16,6 +16,29 @@ namespace loom::model {
 
 struct BlockWeights;
 
+// Expert parallelism's exchange (implemented over the ep group in parallel/expert_parallel):
+// the model only packs rows by destination and unpacks them by source.
+class ExpertParallelOps {
+ public:
+  virtual ~ExpertParallelOps() = default;
+  virtual int size() const = 0;
+  virtual int rank() const = 0;
+  // All-to-all of equal chunks: send[q * n .. (q + 1) * n) goes to rank q, recv has the same
+  // layout by source (n = send.size() / size()).
+  virtual void exchange_counts(const std::vector<int64_t>& send, std::vector<int64_t>& recv) = 0;
+  // Starts sending in's rows packed by destination (send_rows[q] for rank q) into out's rows
+  // packed by source (recv_rows[s]); one exchange in flight at a time.
+  virtual void start_rows(const Tensor& in, const std::vector<int64_t>& send_rows, const Tensor& out,
+                          const std::vector<int64_t>& recv_rows) = 0;
+  virtual void wait_rows() = 0;
+};
+
+// Seconds the MoE layers spent (summed over calls until reset): routing (router product,
+// scores, top-k, grouping, gathers and combines) and the experts' MLPs, forward and backward.
+struct MoeTimes {
+  double route_s = 0, expert_s = 0;
+};
+
 // What a MoE forward keeps for its backward (and reports), for up to N tokens.
 struct MoeActs {
   int64_t tokens = 0;  // rows of the last forward
@@ -33,6 +56,13 @@ struct MoeActs {
   double aux = 0, z = 0;         // the balance loss E * sum f_i P_i and the z-loss
   // Set before backward: d(training objective) / d(coef_aux * aux + coef_z * z).
   double loss_weight = 0;
+  MoeTimes* times = nullptr;  // where to add the time spent (optional)
+  // Expert parallelism: rows per peer, the rows of each (source, local expert), and on the
+  // owner the received rows regrouped by local expert (perm: expert-major row -> received
+  // row), with the experts' activations for backward. Sized per call.
+  std::vector<int64_t> send_rows, recv_rows, recv_counts, local_offsets;
+  std::vector<int32_t> perm;
+  Tensor ep_recv, ep_x, ep_fc, ep_act, ep_out;
   static MoeActs allocate(const ModelConfig& cfg, int64_t N, DType dt, Allocator& alloc,
                           MemCategory cat = MemCategory::activations);
   int64_t bytes() const;
@@ -44,19 +74,36 @@ struct MoeScratch {
   Tensor dout;    // [N*k, C] weighted output gradient per row
   Tensor dfc, dact;
   Tensor dlogits; // [N, E]
+  Tensor dgate;   // [N * k]
+  Tensor ep_recv, ep_d, ep_dfc, ep_dact;  // expert parallelism, sized per call
   static MoeScratch allocate(const ModelConfig& cfg, int64_t N, DType dt, Allocator& alloc);
 };
 
 // y[N, C] (+)= sum over each token's kept choices of gate * expert(x); accumulate = false
-// overwrites y. w.router_w, w.experts (and w.router_bias when defined) are read.
+// overwrites y. w.router_w, w.experts (and w.router_bias when defined) are read. In two
+// halves, so the caller can compute (the shared experts) while the tokens travel: dispatch
+// routes and, under expert parallelism (ep with size() > 1; w.experts then holds this rank's
+// experts), starts sending each row to its expert's rank; combine runs the experts, brings
+// their outputs back and adds them up.
+void moe_dispatch(const ModelConfig& cfg, const BlockWeights& w, const Tensor& x, MoeActs& a,
+                  ExpertParallelOps* ep = nullptr);
+void moe_combine(const ModelConfig& cfg, const BlockWeights& w, MoeActs& a, const Tensor& y,
+                 bool accumulate, ExpertParallelOps* ep = nullptr);
+// Both halves at once.
 void moe_forward(const ModelConfig& cfg, const BlockWeights& w, const Tensor& x, MoeActs& a,
-                 const Tensor& y, bool accumulate = false);
+                 const Tensor& y, bool accumulate = false, ExpertParallelOps* ep = nullptr);
 
 // dy: gradient of y. Writes (accumulate_dx: adds) the gradient of x to dx, and accumulates into
 // gw's router and experts, including the router losses' gradient weighted by a.loss_weight.
+// Also in two halves around the caller's work (the shared experts' backward).
+void moe_backward_dispatch(const ModelConfig& cfg, MoeActs& a, MoeScratch& s, const Tensor& dy,
+                           ExpertParallelOps* ep = nullptr);
+void moe_backward_combine(const ModelConfig& cfg, const BlockWeights& w, const BlockWeights& gw,
+                          const Tensor& x, MoeActs& a, MoeScratch& s, const Tensor& dx, bool accumulate_dx,
+                          ExpertParallelOps* ep = nullptr);
 void moe_backward(const ModelConfig& cfg, const BlockWeights& w, const BlockWeights& gw,
                   const Tensor& x, MoeActs& a, MoeScratch& s, const Tensor& dy, const Tensor& dx,
-                  bool accumulate_dx);
+                  bool accumulate_dx, ExpertParallelOps* ep = nullptr);
 
 // Router statistics of the MoE layers over some forwards (a training step's micro-batches).
 struct MoeLayerStats {

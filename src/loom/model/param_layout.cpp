@@ -21,6 +21,16 @@ void check_tensor_parallel(const ModelConfig& cfg, int64_t tp) {
              cfg.d_ff, ": the MLP is split along its hidden dimension; use a tp that divides ", cfg.d_ff);
 }
 
+void check_expert_parallel(const ModelConfig& cfg, int64_t ep) {
+  LOOM_CHECK(ep >= 1, "config", "parallel.ep=", ep, " must be at least 1");
+  if (ep == 1) return;
+  LOOM_CHECK(cfg.moe.enabled(), "config", "parallel.ep=", ep, " needs a Mixture-of-Experts model (model.moe.num_experts > 0); ",
+             "model ", cfg.name, " is dense: use parallel.ep=1");
+  LOOM_CHECK(cfg.moe.num_experts % ep == 0, "config", "parallel.ep=", ep, " does not divide model.moe.num_experts=",
+             cfg.moe.num_experts, ": every ep rank holds the same number of experts; use an ep that divides ",
+             cfg.moe.num_experts);
+}
+
 int64_t vocab_rows_per_rank(const ModelConfig& cfg, int64_t tp) {
   return (cfg.vocab_size + tp - 1) / tp;
 }
@@ -128,15 +138,30 @@ ParamLayout::ParamLayout(const ModelConfig& cfg, int64_t unit_align, const Model
   }
   close_unit("embed", -1);
   const bool split_kv = KVH % slice_.tp == 0;
+  LOOM_CHECK(slice_.ep >= 1 && slice_.ep_rank >= 0 && slice_.ep_rank < slice_.ep, "params", "ep rank ",
+             slice_.ep_rank, " outside ep=", slice_.ep);
+  check_expert_parallel(cfg, slice_.ep);
+  const int64_t e0 = slice_.first_expert(cfg), e1 = e0 + slice_.local_experts(cfg);
   for (int l = slice_.first_layer; l < slice_.last_layer; ++l) {
     const std::string p = block_prefix(l);
-    for (const BlockParamSpec& b : block_param_specs(cfg, l)) {
+    const auto specs = block_param_specs(cfg, l);
+    auto add_spec = [&](const BlockParamSpec& b) {
       const int split = b.kv && !split_kv ? -1 : b.split;
       const float init_std = b.init != Init::normal ? 0.f : b.residual_proj ? proj_std : std;
       ParamInfo& pi = add(p + b.suffix, b.shape, l, b.init, init_std, b.decay, b.hf_transposed, split, b.parts);
       if (b.kv) pi.tp_grad_partial = pi.tp_replicated;  // each rank's query heads see all kv heads
-    }
+      pi.expert = b.expert;
+    };
+    for (const BlockParamSpec& b : specs)
+      if (b.expert < 0) add_spec(b);
     close_unit(str_cat("block.", l), l);
+    block_unit_.push_back(int(units_.size()) - 1);
+    expert_unit_.push_back(-1);
+    if (!cfg.is_moe_layer(l)) continue;
+    for (const BlockParamSpec& b : specs)  // this rank's routed experts, a unit of their own
+      if (b.expert >= e0 && b.expert < e1) add_spec(b);
+    close_unit(str_cat("experts.", l), l, true);
+    expert_unit_.back() = int(units_.size()) - 1;
   }
   if (slice_.has_head) {
     if (gpt2) {
@@ -155,13 +180,18 @@ ParamLayout::ParamLayout(const ModelConfig& cfg, int64_t unit_align, const Model
 
 bool ParamLayout::whole_model() const {
   return slice_.first_layer == 0 && slice_.last_layer == cfg_.n_layer && slice_.has_embedding &&
-         slice_.has_head && slice_.tp == 1;
+         slice_.has_head && slice_.tp == 1 && slice_.ep == 1;
 }
 
 size_t ParamLayout::block_unit_index(int layer) const {
   LOOM_CHECK(has_block(layer), "params", "block ", layer, " is not in this slice of ", cfg_.name,
              " (blocks ", slice_.first_layer, "..", slice_.last_layer - 1, ")");
-  return size_t(layer - slice_.first_layer) + 1;
+  return size_t(block_unit_[size_t(layer - slice_.first_layer)]);
+}
+
+int ParamLayout::expert_unit_index(int layer) const {
+  block_unit_index(layer);  // checks the layer
+  return expert_unit_[size_t(layer - slice_.first_layer)];
 }
 
 std::vector<ElementRun> ParamLayout::element_runs(const ParamInfo& p) const {
@@ -214,9 +244,9 @@ ParamInfo& ParamLayout::add(const std::string& name, Shape full, int layer, Init
   return params_.back();
 }
 
-void ParamLayout::close_unit(const std::string& name, int layer) {
+void ParamLayout::close_unit(const std::string& name, int layer, bool experts) {
   total_ = (total_ + unit_align_ - 1) / unit_align_ * unit_align_;
-  units_.push_back({name, layer, unit_begin_, total_});
+  units_.push_back({name, layer, experts, unit_begin_, total_});
   unit_begin_ = total_;
 }
 

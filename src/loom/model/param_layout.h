@@ -29,9 +29,16 @@ struct ModelSlice {
   int last_layer = -1;  // -1: model.n_layer
   bool has_embedding = true, has_head = true;
   int64_t tp = 1, tp_rank = 0;
+  // Expert parallelism: MoE blocks hold experts [ep_rank * E / ep, (ep_rank + 1) * E / ep).
+  int64_t ep = 1, ep_rank = 0;
+  int64_t local_experts(const ModelConfig& cfg) const { return cfg.moe.num_experts / ep; }
+  int64_t first_expert(const ModelConfig& cfg) const { return ep_rank * local_experts(cfg); }
 };
 // Throws "[config] parallel.tp=3 does not divide model.n_head=8" (and likewise d_ff).
 void check_tensor_parallel(const ModelConfig& cfg, int64_t tp);
+// Throws "[config] parallel.ep=3 does not divide model.moe.num_experts=8" (or names the dense
+// model that ep > 1 needs experts for).
+void check_expert_parallel(const ModelConfig& cfg, int64_t ep);
 
 // Hugging Face names of the token table and of the LM head (the table itself when tied).
 const char* token_table_name(const ModelConfig& cfg);
@@ -61,6 +68,7 @@ struct ParamInfo {
                                  // gradient (LLaMA k/v projections when tp does not divide
                                  // n_kv_head): the gradients are summed over the tp group
   bool tied_copy = false;        // the last stage's copy of the tied token table
+  int expert = -1;               // a routed expert's parameter: its expert index
   int64_t numel() const { return shape.numel(); }
 };
 
@@ -70,12 +78,15 @@ struct ElementRun {
   int64_t local, global, n;
 };
 
-// A sharding unit: the embeddings, one block, or the final norm + head. Units are
-// contiguous and (with unit_align = N) padded so that N equal chunks tile each one; ZeRO
-// shards, gathers and reduce-scatters unit by unit.
+// A sharding unit: the embeddings, one block, a MoE block's routed experts (right after its
+// block unit), or the final norm + head. Units are contiguous and (with unit_align = N) padded
+// so that N equal chunks tile each one; ZeRO shards, gathers and reduce-scatters unit by unit.
+// Expert units are data-parallel over the ranks holding the same experts, every other unit
+// over all the ranks that see different data.
 struct ParamUnit {
-  std::string name;  // "embed", "block.3", "head"
+  std::string name;  // "embed", "block.3", "experts.3", "head"
   int layer = -1;    // block index, -1 for embed/head
+  bool experts = false;
   int64_t begin = 0, end = 0;  // padded element range in the flat buffer
   int64_t size() const { return end - begin; }
 };
@@ -126,6 +137,8 @@ class ParamLayout {
   const std::vector<ParamUnit>& units() const { return units_; }
   const ParamUnit& block_unit(int layer) const { return units_.at(block_unit_index(layer)); }
   size_t block_unit_index(int layer) const;  // throws when the slice lacks the block
+  // The unit of MoE block `layer`'s routed experts; -1 for dense blocks.
+  int expert_unit_index(int layer) const;
   const ModelSlice& slice() const { return slice_; }
   int first_layer() const { return slice_.first_layer; }
   int last_layer() const { return slice_.last_layer; }
@@ -145,13 +158,14 @@ class ParamLayout {
   // full: the whole parameter's shape; split: see ParamInfo::split_dim.
   ParamInfo& add(const std::string& name, Shape full, int layer, Init init, float std, bool decay,
                  bool transposed = false, int split = -1, int parts = 1);
-  void close_unit(const std::string& name, int layer);
+  void close_unit(const std::string& name, int layer, bool experts = false);
   ModelConfig cfg_;
   ModelSlice slice_;
   std::vector<ParamInfo> params_;
   std::map<std::string, size_t> index_;
   int64_t total_ = 0, n_params_ = 0, unit_align_ = 1, unit_begin_ = 0;
   std::vector<ParamUnit> units_;
+  std::vector<int> block_unit_, expert_unit_;  // per local block: unit indices (-1: none)
 };
 
 // Fills params per its layout: each value depends only on (seed, parameter name, element index

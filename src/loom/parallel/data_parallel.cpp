@@ -29,9 +29,10 @@ ModelStateBytes zero_model_state_bytes(int64_t P, int stage, int N) {
 }
 
 DataParallel::DataParallel(model::Decoder& model, comm::Group dp, const optim::AdamWConfig& adam,
-                           const DataParallelOptions& opt, uint64_t init_seed)
-    : model_(model), cfg_(model.config()), layout_(model.layout()), dp_(std::move(dp)), opt_(opt),
-      n_(dp_.size()), r_(dp_.rank()), adam_cfg_(adam) {
+                           const DataParallelOptions& opt, uint64_t init_seed, comm::Group expert_dp)
+    : model_(model), cfg_(model.config()), layout_(model.layout()), dp_(std::move(dp)),
+      expert_dp_(expert_dp.valid() ? std::move(expert_dp) : dp_), opt_(opt), n_(dp_.size()), r_(dp_.rank()),
+      en_(expert_dp_.size()), er_(expert_dp_.rank()), adam_cfg_(adam) {
   const auto& mo = model.options();
   LOOM_CHECK(mo.unit_align % n_ == 0, "zero", "the model's unit_align=", mo.unit_align,
              " is not a multiple of the dp size ", n_, "; build it with decoder_options_for()");
@@ -42,12 +43,19 @@ DataParallel::DataParallel(model::Decoder& model, comm::Group dp, const optim::A
   LOOM_CHECK(opt_.bucket_mb > 0, "config", "parallel.bucket_mb must be positive");
   LOOM_CHECK(opt_.grad_dtype == DType::f32 || opt_.grad_dtype == DType::bf16, "config",
              "parallel.grad_dtype must be fp32 or bf16, got ", dtype_name(opt_.grad_dtype));
+  LOOM_CHECK(n_ % en_ == 0, "zero", "the expert data-parallel group (", en_, " ranks) does not divide the dp group (",
+             n_, ")");
   if (n_ == 1) opt_.grad_dtype = DType::f32;  // nothing crosses a wire: no rounding either
   std::vector<optim::DecaySpan> spans;
   for (const auto& p : layout_.params()) spans.push_back({p.offset, p.offset + p.numel(), p.weight_decay});
   const auto& units = layout_.units();
+  int64_t shard = 0;
   for (const auto& u : units) {
-    const int64_t b = opt_.zero_stage == 0 ? u.begin : u.begin + r_ * chunk_size(u);
+    shard_off_.push_back(shard);
+    shard += chunk_size(u);
+  }
+  for (const auto& u : units) {
+    const int64_t b = opt_.zero_stage == 0 ? u.begin : u.begin + r_of(u) * chunk_size(u);
     const int64_t e = opt_.zero_stage == 0 ? u.end : b + chunk_size(u);
     adam_.push_back(std::make_unique<optim::AdamW>(adam, b, e, spans));
   }
@@ -56,19 +64,21 @@ DataParallel::DataParallel(model::Decoder& model, comm::Group dp, const optim::A
   if (adam.name == "onebit_adam" && n_ > 1) {
     LOOM_CHECK(opt_.zero_stage <= 1, "config", "optim.name=onebit_adam needs parallel.zero_stage 0 or 1, got ",
                opt_.zero_stage);
+    LOOM_CHECK(en_ == n_, "config", "optim.name=onebit_adam with expert parallelism (parallel.ep > 1) is not ",
+               "supported; use optim.name=adamw");
     for (const auto& u : units) onebit_.push_back(std::make_unique<comm::OneBitAllReduce>(dp_, u.size()));
   }
-  const int64_t shard = layout_.total() / n_;
   if (opt_.zero_stage >= 2) grad_shard_ = Tensor::zeros({shard}, DType::f32, MemCategory::grads);
   if (opt_.zero_stage >= 3) {
     param_shard_ = Tensor::zeros({shard}, DType::f32, MemCategory::params);
     for (const auto& u : units)
-      model::init_params_range(layout_, init_seed, u.begin + r_ * chunk_size(u),
-                               u.begin + (r_ + 1) * chunk_size(u),
-                               param_shard_.data<float>() + u.begin / n_);
+      model::init_params_range(layout_, init_seed, u.begin + r_of(u) * chunk_size(u),
+                               u.begin + (r_of(u) + 1) * chunk_size(u),
+                               param_shard_.data<float>() + shard_offset(u));
   }
   // Stage 0/1 buckets: blocks grouped from the last one backwards until each holds about
-  // bucket_mb; embed and head are buckets of their own (their gradients finish last).
+  // bucket_mb (units of one group only: expert units reduce over their own); embed and head
+  // are buckets of their own (their gradients finish last).
   bucket_of_unit_.assign(units.size(), -1);
   if (opt_.zero_stage < 2) {
     const int64_t cap = std::max<int64_t>(1, int64_t(opt_.bucket_mb * 1024 * 1024 / 4));
@@ -77,7 +87,7 @@ DataParallel::DataParallel(model::Decoder& model, comm::Group dp, const optim::A
     while (hi >= 1) {
       size_t lo = hi;
       int64_t elems = units[hi].size();
-      while (lo > 1 && elems < cap) elems += units[--lo].size();
+      while (lo > 1 && elems < cap && units[lo - 1].experts == units[hi].experts) elems += units[--lo].size();
       buckets_.push_back({lo, hi, int(hi - lo + 1)});
       for (size_t u = lo; u <= hi; ++u) bucket_of_unit_[u] = int(buckets_.size() - 1);
       if (lo == 1) break;
@@ -107,6 +117,11 @@ DataParallel::~DataParallel() {
 
 const ParamUnit& DataParallel::unit_of(int layer) const { return layout_.block_unit(layer); }
 
+const ParamUnit* DataParallel::expert_unit_of(int layer) const {
+  const int i = layout_.expert_unit_index(layer);
+  return i < 0 ? nullptr : &layout_.units()[size_t(i)];
+}
+
 const ParamUnit& DataParallel::outer_unit(const std::string& name) const {
   const int64_t off = layout_.get(name).offset;
   const auto& units = layout_.units();
@@ -115,7 +130,7 @@ const ParamUnit& DataParallel::outer_unit(const std::string& name) const {
 
 Tensor DataParallel::chunk_view(const Tensor& t, const ParamUnit& u, bool shard) const {
   const int64_t cs = chunk_size(u);
-  return t.slice(shard ? u.begin / n_ : u.begin + r_ * cs, {cs});
+  return t.slice(shard ? shard_offset(u) : u.begin + r_of(u) * cs, {cs});
 }
 
 void DataParallel::zero_grads() {
@@ -159,14 +174,17 @@ void DataParallel::unit_ready(size_t ui) {
   const int64_t begin = units[b.first_unit].begin, end = units[b.last_unit].end;
   // A pipeline stage without the embeddings or the head has empty units: nothing to send.
   if (end > begin) {
+    const ParamUnit& first = units[b.first_unit];
+    const comm::Group& g = group_of(first);
+    const int n = n_of(first);
     const Tensor grads = model_.grads().slice(begin, {end - begin});
-    wire_bytes_ += 2 * (n_ - 1) * ((end - begin) * int64_t(dtype_size(opt_.grad_dtype)) / n_);
+    wire_bytes_ += 2 * (n - 1) * ((end - begin) * int64_t(dtype_size(opt_.grad_dtype)) / n);
     if (opt_.grad_dtype == DType::bf16) {
       Tensor wire = take_buffer(end - begin, DType::bf16);
       narrow_to_bf16(grads, wire);
-      inflight_.push_back({dp_.all_reduce_async(wire), wire, grads});
+      inflight_.push_back({g.all_reduce_async(wire), wire, grads});
     } else {
-      inflight_.push_back({dp_.all_reduce_async(grads), {}, {}});
+      inflight_.push_back({g.all_reduce_async(grads), {}, {}});
     }
   }
   b.remaining = int(b.last_unit - b.first_unit + 1);
@@ -219,14 +237,14 @@ void DataParallel::reduce_scatter_unit(const ParamUnit& u, const Tensor& staging
   Pending p;
   p.staging = staging;
   p.pooled = pooled;
-  p.shard_offset = u.begin / n_;
+  p.shard_offset = shard_offset(u);
   p.chunk_tmp = take_buffer(chunk_size(u), opt_.grad_dtype);
   if (opt_.grad_dtype == DType::bf16) {
     p.wire = take_buffer(staging.numel(), DType::bf16);
     narrow_to_bf16(staging, p.wire);
-    p.work = dp_.reduce_scatter_async(p.wire, p.chunk_tmp);
+    p.work = group_of(u).reduce_scatter_async(p.wire, p.chunk_tmp);
   } else {
-    p.work = dp_.reduce_scatter_async(staging, p.chunk_tmp);
+    p.work = group_of(u).reduce_scatter_async(staging, p.chunk_tmp);
   }
   pending_.push_back(std::move(p));
 }
@@ -283,7 +301,7 @@ void DataParallel::finish_grads() {
 void DataParallel::launch_gather(const ParamUnit& u, int key) {
   Gathered g;
   g.buf = take_buffer(u.size());
-  g.work = dp_.all_gather_async(chunk_view(param_shard_, u, true), g.buf);
+  g.work = group_of(u).all_gather_async(chunk_view(param_shard_, u, true), g.buf);
   gathered_[key] = std::move(g);
 }
 
@@ -300,10 +318,16 @@ Tensor DataParallel::gathered_unit(const ParamUnit& u, int key) {
   return it->second.buf;
 }
 
+// gathered_ keys: a block's unit by its layer, its experts' unit by kExpertKey + layer, the
+// embedding -1, the head -2.
+constexpr int kExpertKey = 1 << 20;
+
 void DataParallel::prefetch_after(size_t pos) {
   if (pos >= plan_.size()) return;
   const int next = plan_[pos].first;
   if (!gathered_.count(next)) launch_gather(unit_of(next), next);
+  if (const ParamUnit* e = expert_unit_of(next); e && !gathered_.count(kExpertKey + next))
+    launch_gather(*e, kExpertKey + next);
 }
 
 // ---- ParamSource ------------------------------------------------------------------------
@@ -313,19 +337,23 @@ BlockWeights DataParallel::block_params(int layer, Phase phase) {
   if (plan_pos_ < plan_.size() && plan_[plan_pos_] == std::pair{layer, phase}) ++plan_pos_;
   const ParamUnit& u = unit_of(layer);
   Tensor buf = gathered_unit(u, layer);
+  const ParamUnit* e = expert_unit_of(layer);
+  Tensor ebuf = e ? gathered_unit(*e, kExpertKey + layer) : Tensor{};
   prefetch_after(plan_pos_);
-  return model::block_weights(cfg_, layout_, buf, layer, u.begin);
+  return model::block_weights(cfg_, layout_, buf, layer, u.begin, ebuf, e ? e->begin : 0);
 }
 
 void DataParallel::release_block_params(int layer, Phase) {
   if (opt_.zero_stage < 3) return;
-  auto it = gathered_.find(layer);
-  if (it == gathered_.end() || --it->second.users > 0) return;
   const bool needed_next = plan_pos_ < plan_.size() && plan_[plan_pos_].first == layer;
-  if (!needed_next) {
-    it->second.work.wait();
-    recycle(std::move(it->second.buf));
-    gathered_.erase(it);
+  for (const int key : {layer, kExpertKey + layer}) {
+    auto it = gathered_.find(key);
+    if (it == gathered_.end() || --it->second.users > 0) continue;
+    if (!needed_next) {
+      it->second.work.wait();
+      recycle(std::move(it->second.buf));
+      gathered_.erase(it);
+    }
   }
 }
 
@@ -334,13 +362,28 @@ BlockWeights DataParallel::block_grads(int layer) {
   const ParamUnit& u = unit_of(layer);
   Tensor staging = take_staging(u.size());
   staging_of_layer_[layer] = staging;
-  return model::block_weights(cfg_, layout_, staging, layer, u.begin);
+  const ParamUnit* e = expert_unit_of(layer);
+  Tensor estaging;
+  if (e) {
+    estaging = take_staging(e->size());
+    staging_of_layer_[kExpertKey + layer] = estaging;
+  }
+  return model::block_weights(cfg_, layout_, staging, layer, u.begin, estaging, e ? e->begin : 0);
 }
 
 void DataParallel::block_grads_done(int layer) {
+  const ParamUnit* e = expert_unit_of(layer);
   if (opt_.zero_stage < 2) {
-    if (sync_) unit_ready(layout_.block_unit_index(layer));
+    if (sync_) {
+      if (e) unit_ready(index_of(*e));
+      unit_ready(layout_.block_unit_index(layer));
+    }
     return;
+  }
+  if (e) {
+    auto it = staging_of_layer_.find(kExpertKey + layer);
+    reduce_scatter_unit(*e, it->second, true);
+    staging_of_layer_.erase(it);
   }
   auto it = staging_of_layer_.find(layer);
   reduce_scatter_unit(unit_of(layer), it->second, true);
@@ -479,9 +522,9 @@ std::vector<Tensor> DataParallel::held_grads(int64_t begin, int64_t end) const {
   if (opt_.zero_stage < 2) return {model_.grads().slice(begin, {end - begin})};
   std::vector<Tensor> out;
   for (const auto& u : layout_.units()) {
-    const int64_t c0 = u.begin + r_ * chunk_size(u), c1 = c0 + chunk_size(u);
+    const int64_t c0 = u.begin + r_of(u) * chunk_size(u), c1 = c0 + chunk_size(u);
     const int64_t b = std::max(begin, c0), e = std::min(end, c1);
-    if (b < e) out.push_back(grad_shard_.slice(u.begin / n_ + (b - c0), {e - b}));
+    if (b < e) out.push_back(grad_shard_.slice(shard_offset(u) + (b - c0), {e - b}));
   }
   return out;
 }
@@ -497,12 +540,19 @@ double DataParallel::grad_norm_sq() {
     dp_.all_reduce(s);
     return s.data<double>()[0] * n_;
   }
-  if (opt_.zero_stage < 2)  // every rank holds the same reduced gradients
-    return counted_sum_squares(model_.grads().data<float>(), 0, model_.grads().numel());
   double local = 0;
-  for (const auto& u : layout_.units())
-    local += counted_sum_squares(grad_shard_.data<float>() + u.begin / n_, u.begin + r_ * chunk_size(u),
-                                 chunk_size(u));
+  if (opt_.zero_stage < 2) {
+    // Every rank of the dp group holds the same reduced dense gradients; expert units differ
+    // between the dp group's expert-parallel ranks and repeat over each expert-dp group.
+    if (en_ == n_) return counted_sum_squares(model_.grads().data<float>(), 0, model_.grads().numel());
+    for (const auto& u : layout_.units())
+      local += counted_sum_squares(model_.grads().data<float>() + u.begin, u.begin, u.size()) /
+               double(n_of(u));
+  } else {
+    for (const auto& u : layout_.units())
+      local += counted_sum_squares(grad_shard_.data<float>() + shard_offset(u), u.begin + r_of(u) * chunk_size(u),
+                                   chunk_size(u));
+  }
   Tensor s = Tensor::from_vector<double>({local}, {1});
   Stopwatch sw;
   dp_.all_reduce(s);
@@ -585,9 +635,9 @@ void DataParallel::step(double lr) {
   for (size_t i = 0; i < units.size(); ++i) {
     const ParamUnit& u = units[i];
     float* p = opt_.zero_stage < 3 ? model_.params().data<float>() + adam_[i]->begin()
-                                   : param_shard_.data<float>() + u.begin / n_;
+                                   : param_shard_.data<float>() + shard_offset(u);
     const float* g = opt_.zero_stage < 2 ? model_.grads().data<float>() + adam_[i]->begin()
-                                         : grad_shard_.data<float>() + u.begin / n_;
+                                         : grad_shard_.data<float>() + shard_offset(u);
     adam_[i]->step(p, g, lr, grad_scale_);
   }
   grad_scale_ = 1.0;
@@ -597,11 +647,11 @@ void DataParallel::step(double lr) {
     std::vector<comm::Work> works;
     for (const auto& u : units)
       if (u.size() > 0)  // a pipeline stage's missing embedding or head unit is empty
-        last_wire_bytes_ += (n_ - 1) * chunk_size(u) * 4;  // our chunk to every other rank
+        last_wire_bytes_ += (n_of(u) - 1) * chunk_size(u) * 4;  // our chunk to every other rank
     for (const auto& u : units)
       if (u.size() > 0)
-        works.push_back(dp_.all_gather_async(chunk_view(model_.params(), u, false),
-                                             model_.params().slice(u.begin, {u.size()})));
+        works.push_back(group_of(u).all_gather_async(chunk_view(model_.params(), u, false),
+                                                     model_.params().slice(u.begin, {u.size()})));
     Stopwatch sw;
     for (auto& w : works) w.wait();
     wait_s_ += sw.seconds();
@@ -628,7 +678,7 @@ void DataParallel::gather_full_params(const Tensor& flat) {
     return;
   }
   for (const auto& u : layout_.units())
-    dp_.all_gather(chunk_view(param_shard_, u, true), flat.slice(u.begin, {u.size()}));
+    group_of(u).all_gather(chunk_view(param_shard_, u, true), flat.slice(u.begin, {u.size()}));
 }
 
 void DataParallel::load_full_params(const Tensor& flat) {
@@ -637,7 +687,7 @@ void DataParallel::load_full_params(const Tensor& flat) {
     return;
   }
   for (const auto& u : layout_.units())
-    chunk_view(param_shard_, u, true).copy_from(flat.slice(u.begin + r_ * chunk_size(u), {chunk_size(u)}));
+    chunk_view(param_shard_, u, true).copy_from(flat.slice(u.begin + r_of(u) * chunk_size(u), {chunk_size(u)}));
 }
 
 }  // namespace loom::parallel

@@ -8,7 +8,10 @@
 //            scattered into the rank's gradient chunk as soon as the unit is done (P_os+g).
 //   stage 3: also weights: only chunks are stored; each unit is all-gathered just before use
 //            (the next one prefetched while the current one computes) and freed after (P_os+g+p).
-// Units are the layout's (embed, block i, head), padded so N equal chunks tile each.
+// Units are the layout's (embed, block i, experts i for MoE blocks, head), padded so N equal
+// chunks tile each. Under expert parallelism the expert units are data-parallel (reduced,
+// sharded, gathered) over `expert_dp`, the ranks holding the same experts, and every other
+// unit over `dp`, all the ranks that see different data.
 #pragma once
 #include <deque>
 #include <map>
@@ -47,7 +50,7 @@ class DataParallel final : public model::ParamSource {
   // `model` must have been built with decoder_options_for(...). For stage 3 the weights are
   // initialised here from `init_seed` (each rank its chunks); otherwise call init on the model.
   DataParallel(model::Decoder& model, comm::Group dp, const optim::AdamWConfig& adam,
-               const DataParallelOptions& opt, uint64_t init_seed);
+               const DataParallelOptions& opt, uint64_t init_seed, comm::Group expert_dp = {});
   ~DataParallel() override;
 
   // --- one optimizer step -----------------------------------------------------------------
@@ -130,8 +133,15 @@ class DataParallel final : public model::ParamSource {
   };
 
   const model::ParamUnit& unit_of(int layer) const;
+  const model::ParamUnit* expert_unit_of(int layer) const;  // nullptr for dense blocks
   const model::ParamUnit& outer_unit(const std::string& param_name) const;
-  int64_t chunk_size(const model::ParamUnit& u) const { return u.size() / n_; }
+  size_t index_of(const model::ParamUnit& u) const { return size_t(&u - layout_.units().data()); }
+  // The unit's data-parallel group, its size and this rank's place in it.
+  const comm::Group& group_of(const model::ParamUnit& u) const { return u.experts ? expert_dp_ : dp_; }
+  int n_of(const model::ParamUnit& u) const { return u.experts ? en_ : n_; }
+  int r_of(const model::ParamUnit& u) const { return u.experts ? er_ : r_; }
+  int64_t chunk_size(const model::ParamUnit& u) const { return u.size() / n_of(u); }
+  int64_t shard_offset(const model::ParamUnit& u) const { return shard_off_[index_of(u)]; }
   Tensor chunk_view(const Tensor& flat_or_shard, const model::ParamUnit& u, bool shard) const;
   // stage 0/1
   void unit_ready(size_t unit_index);
@@ -160,9 +170,10 @@ class DataParallel final : public model::ParamSource {
   model::Decoder& model_;
   const model::ModelConfig cfg_;
   const model::ParamLayout& layout_;
-  comm::Group dp_;
+  comm::Group dp_, expert_dp_;
   DataParallelOptions opt_;
-  int n_, r_;
+  int n_, r_, en_, er_;  // the dp and expert-dp groups' sizes and this rank's places
+  std::vector<int64_t> shard_off_;  // per unit: where its chunk sits in the shard buffers
   bool sync_ = true;
   std::vector<std::unique_ptr<optim::AdamW>> adam_;
   optim::AdamWConfig adam_cfg_;

@@ -13,6 +13,15 @@ Mesh::Mesh(const comm::Group& world, const MeshShape& shape) : world_(world), sh
     groups_[size_t(d)] = world.split(int(shape_.group_color(world.rank(), d)), int(coord_[d]),
                                      dim_name(d));
   }
+  if (shape_.size(Dim::ep) == 1) {
+    data_ = groups_[size_t(Dim::dp)];
+  } else if (data_size() == world.size()) {
+    // Ranks must sit in data_index() order (the batch shards follow it); the world's order is
+    // the mesh order, which may nest ep outside dp.
+    data_ = world.split(0, int(data_index()), "data");
+  } else {
+    data_ = world.split(int(coord_.pp * shape_.size(Dim::tp) + coord_.tp), int(data_index()), "data");
+  }
 }
 
 }  // namespace loom::parallel

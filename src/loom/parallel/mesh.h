@@ -21,12 +21,19 @@ class Mesh {
   const comm::Group& tp() const { return group(Dim::tp); }
   const comm::Group& pp() const { return group(Dim::pp); }
   const comm::Group& ep() const { return group(Dim::ep); }
+  // All the ranks that see different data: the dp x ep ranks sharing this rank's pp and tp
+  // coordinates, ordered by data_index(). Dense parameters are data-parallel over it; a MoE
+  // block's experts over dp() (the ranks holding the same experts). dp() itself when ep = 1.
+  const comm::Group& data() const { return data_; }
+  int64_t data_size() const { return shape_.size(Dim::dp) * shape_.size(Dim::ep); }
+  int64_t data_index() const { return coord_.dp * shape_.size(Dim::ep) + coord_.ep; }
 
  private:
   comm::Group world_;
   MeshShape shape_;
   MeshCoord coord_;
   std::array<comm::Group, 4> groups_;
+  comm::Group data_;
 };
 
 }  // namespace loom::parallel

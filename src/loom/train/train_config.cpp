@@ -137,15 +137,19 @@ TrainConfig parse_train_config(const std::string& text, const std::vector<std::s
   c.threads = r.integer("threads", 0, 0, 4096);
   r.reject_unknown();
 
-  const int64_t dp = c.parallel.dp, pp = c.parallel.pp, tp = c.parallel.tp;
+  const int64_t pp = c.parallel.pp, tp = c.parallel.tp, ep = c.parallel.ep;
+  model::check_expert_parallel(c.model, ep);
+  // Every dp x ep rank sees its own share of the batch.
+  const int64_t dp = c.parallel.dp * ep;
+  const std::string dp_name = ep > 1 ? str_cat("parallel.dp x parallel.ep=", dp) : str_cat("parallel.dp=", dp);
   LOOM_CHECK(c.data.batch_size % dp == 0, "config", "data.batch_size=", c.data.batch_size,
-             " is not divisible by parallel.dp=", dp);
+             " is not divisible by ", dp_name);
   const int64_t per_rank = c.data.batch_size / dp;
   if (c.parallel.micro_batches > 0) {  // micro-batches named: they set the micro-batch size
     const int64_t m = c.parallel.micro_batches;
     LOOM_CHECK(per_rank % m == 0, "config", "parallel.micro_batches=", m,
                " does not divide the per-rank batch ", per_rank, " (data.batch_size=",
-               c.data.batch_size, " / parallel.dp=", dp, ")");
+               c.data.batch_size, " / ", dp_name, ")");
     LOOM_CHECK(c.data.micro_batch_size == 0 || c.data.micro_batch_size * m == per_rank, "config",
                "data.micro_batch_size=", c.data.micro_batch_size, " and parallel.micro_batches=", m,
                " disagree: ", m, " micro-batches of the per-rank batch ", per_rank, " hold ",
@@ -155,12 +159,14 @@ TrainConfig parse_train_config(const std::string& text, const std::vector<std::s
   const int64_t micro = c.data.micro_batch_size ? c.data.micro_batch_size : per_rank;
   LOOM_CHECK(per_rank % micro == 0, "config", "data.micro_batch_size=", micro,
              " does not divide the per-rank batch ", per_rank, " (data.batch_size=",
-             c.data.batch_size, " / parallel.dp=", dp, ")");
+             c.data.batch_size, " / ", dp_name, ")");
   c.data.micro_batch_size = micro;
   c.parallel.micro_batches = per_rank / micro;
 
   // Model-parallel layouts, refused before any work with the numbers in the message.
   model::check_tensor_parallel(c.model, tp);
+  LOOM_CHECK(ep == 1 || c.optim.name != "onebit_adam", "config", "optim.name=onebit_adam with parallel.ep=", ep,
+             " is not supported (its compressed exchange covers one data-parallel group); use optim.name=adamw");
   parallel::check_stage_count(int(c.model.n_layer), int(pp));
   LOOM_CHECK(pp == 1 || c.parallel.zero_stage <= 1, "config", "parallel.zero_stage=",
              c.parallel.zero_stage, " with parallel.pp=", pp, " is not supported: ZeRO-2/3 reduce ",
@@ -170,13 +176,11 @@ TrainConfig parse_train_config(const std::string& text, const std::vector<std::s
              "optim.name=onebit_adam with parallel.zero_stage=", c.parallel.zero_stage,
              " is not supported: ZeRO-2/3 reduce-scatter gradients during backward, which 1-bit Adam "
              "replaces by its compressed exchange after it; use parallel.zero_stage 0 or 1");
-  if (c.optim.name == "onebit_adam" && c.parallel.dp == 1)
+  if (c.optim.name == "onebit_adam" && dp == 1)
     c.warnings.push_back("optim.name=onebit_adam with parallel.dp=1 has nothing to compress: it runs as AdamW");
   if (c.optim.name == "onebit_adam" && c.optim.freeze_step >= c.schedule.steps)
     c.warnings.push_back(str_cat("optim.freeze_step=", c.optim.freeze_step, " is not below schedule.steps=",
                                  c.schedule.steps, ": the whole run is 1-bit Adam's full-precision warm-up"));
-  LOOM_CHECK(c.parallel.ep == 1, "config", "parallel.ep=", c.parallel.ep,
-             ": expert parallelism is not in this build; use parallel.ep=1");
   const int64_t m = c.parallel.micro_batches;
   if (pp > 1 && m < pp)
     c.warnings.push_back(str_cat(

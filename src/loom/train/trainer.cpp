@@ -71,21 +71,26 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
   LOOM_CHECK(data_.vocab_size() <= cfg_.model.vocab_size, "train", "the data's vocabulary (",
              data_.vocab_size(), " tokens) does not fit model.vocab_size=", cfg_.model.vocab_size,
              "; set model.vocab_size to at least ", data_.vocab_size());
-  const int stage = int(p.zero_stage), dp = int(p.dp);
+  // Ranks that see different data: dp x ep (each ep rank routes its own tokens).
+  const int stage = int(p.zero_stage), dp = int(p.dp * p.ep);
   const int pp_rank = int(mesh_->coord().pp);
   stages_ = partition_stages();
   model::DecoderOptions dopt = parallel::decoder_options_for(cfg_.decoder, stage, dp);
   dopt.slice = {stages_[size_t(pp_rank)].first_layer, stages_[size_t(pp_rank)].last_layer, pp_rank == 0,
-                pp_rank == int(p.pp) - 1, p.tp, mesh_->coord().tp};
+                pp_rank == int(p.pp) - 1, p.tp, mesh_->coord().tp, p.ep, mesh_->coord().ep};
   model_ = std::make_unique<model::Decoder>(cfg_.model, dopt);
   if (p.tp > 1) {
     tp_ = std::make_unique<parallel::TensorParallelLayers>(mesh_->tp(), cfg_.model);
     model_->set_tensor_parallel(tp_.get());
   }
+  if (p.ep > 1) {
+    ep_ = std::make_unique<parallel::ExpertParallelExchange>(mesh_->ep());
+    model_->set_expert_parallel(ep_.get());
+  }
   if (stage < 3) model_->init_weights(cfg_.schedule.seed);
   engine_ = std::make_unique<parallel::DataParallel>(
-      *model_, mesh_->dp(), cfg_.optim, parallel::DataParallelOptions{stage, p.bucket_mb, p.grad_dtype == "bf16" ? DType::bf16 : DType::f32},
-      cfg_.schedule.seed);
+      *model_, mesh_->data(), cfg_.optim, parallel::DataParallelOptions{stage, p.bucket_mb, p.grad_dtype == "bf16" ? DType::bf16 : DType::f32},
+      cfg_.schedule.seed, mesh_->dp());
   // The gradient norm counts every parameter once across the model-parallel ranks.
   std::vector<std::pair<int64_t, int64_t>> skip;
   for (const auto& pi : model_->layout().params())
@@ -96,7 +101,7 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
     pipe_ = std::make_unique<parallel::PipelineStage>(
         *model_, *mesh_,
         parallel::PipelineOptions{parallel::pipe_schedule_from_name(p.pp_schedule), int(p.micro_batches)});
-  if (p.pp > 1 || p.tp > 1) whole_layout_ = std::make_unique<model::ParamLayout>(cfg_.model, 1);
+  if (p.pp > 1 || p.tp > 1 || p.ep > 1) whole_layout_ = std::make_unique<model::ParamLayout>(cfg_.model, 1);
   check_fits_in_memory();
   layout_desc_ = str_cat(shape.describe(), ", stages ", parallel::describe_partition(stages_));
   if (!opt_.resume.empty()) resume_from(opt_.resume);
@@ -195,7 +200,7 @@ void Trainer::resume_from(const std::string& spec) {
 
 void Trainer::check_fits_in_memory() const {
   const auto& p = cfg_.parallel;
-  const double states = double(parallel::zero_model_state_bytes(model_->num_params(), int(p.zero_stage), int(p.dp)).total());
+  const double states = double(parallel::zero_model_state_bytes(model_->num_params(), int(p.zero_stage), int(p.dp * p.ep)).total());
   // The whole model's activations for one micro-batch, split over the model-parallel ranks.
   const double activations = model::estimate_training_bytes(cfg_.model, 0, double(cfg_.data.micro_batch_size),
                                                             cfg_.data.seq_len, cfg_.decoder.activation_checkpoint_interval,
@@ -272,8 +277,8 @@ void Trainer::open_metrics() {
 double Trainer::train_step() {
   const int64_t T = cfg_.data.seq_len, G = cfg_.data.batch_size;
   const int64_t micro = cfg_.data.micro_batch_size;
-  const int64_t per_rank = G / cfg_.parallel.dp;
-  const int64_t first = mesh_->coord().dp * per_rank;  // this rank's share of the global batch
+  const int64_t per_rank = G / mesh_->data_size();
+  const int64_t first = mesh_->data_index() * per_rank;  // this rank's share of the global batch
   engine_->zero_grads();
   model_->reset_moe_stats();
   // The mean over the global batch, times the loss scale (fp16): gradients are scale x too large
@@ -310,7 +315,7 @@ double Trainer::train_step() {
   if (tp_) tp_->sum_partial_grads(model_->layout(), *engine_);
   Tensor totals = Tensor::from_vector<double>({loss_sum, double(count)}, {2});
   reduce_over_model_parallel(totals, false);  // the last stage's loss, same on every tp rank
-  mesh_->dp().all_reduce(totals);
+  mesh_->data().all_reduce(totals);
   const double loss = totals.data<double>()[0] / std::max(1.0, totals.data<double>()[1]);
   Tensor norm_sq = Tensor::from_vector<double>({engine_->grad_norm_sq()}, {1});
   reduce_over_model_parallel(norm_sq, true);
@@ -360,11 +365,11 @@ void Trainer::reduce_moe_stats() {
     o[E + 3] = st.z_sum;
     o[E + 4] = double(st.forwards);
   }
-  // Each block's statistics live on its pipeline stage, identical on every tp rank; dp ranks
-  // route different tokens.
+  // Each block's statistics live on its pipeline stage, identical on every tp rank; dp and ep
+  // ranks route different tokens.
   Tensor t = Tensor::from_vector<double>(v, {int64_t(v.size())});
   reduce_over_model_parallel(t, false);
-  mesh_->dp().all_reduce(t);
+  mesh_->data().all_reduce(t);
   const double* r = t.data<double>();
   for (size_t i = 0; i < moe_stats_.size(); ++i) {
     model::MoeLayerStats& st = moe_stats_[i];
@@ -399,7 +404,7 @@ std::string Trainer::moe_log() const {
 double Trainer::evaluate() {
   if (!data_.has_val()) return -1;
   const int64_t T = cfg_.data.seq_len, B = cfg_.data.micro_batch_size;
-  const int64_t dp = mesh_->shape().size(parallel::Dim::dp), r = mesh_->coord().dp;
+  const int64_t dp = mesh_->data_size(), r = mesh_->data_index();
   double sum = 0, count = 0;
   // Ranks split the evaluation batches; every rank runs the same number of passes (ZeRO-3
   // gathers and pipeline transfers are collective), padding with a batch whose result it ignores.
@@ -428,7 +433,7 @@ double Trainer::evaluate() {
   }
   Tensor totals = Tensor::from_vector<double>({sum, count}, {2});
   reduce_over_model_parallel(totals, false);
-  mesh_->dp().all_reduce(totals);
+  mesh_->data().all_reduce(totals);
   return totals.data<double>()[0] / std::max(1.0, totals.data<double>()[1]);
 }
 

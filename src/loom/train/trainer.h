@@ -15,6 +15,7 @@
 #include "loom/optim/adamw.h"
 #include "loom/optim/loss_scale.h"
 #include "loom/parallel/data_parallel.h"
+#include "loom/parallel/expert_parallel.h"
 #include "loom/parallel/mesh.h"
 #include "loom/parallel/partition.h"
 #include "loom/train/checkpoint.h"
@@ -61,6 +62,8 @@ class Trainer {
   TrainResult run();
 
   model::Decoder& model() { return *model_; }
+  // The expert-parallel exchange (parallel.ep > 1), else nullptr.
+  parallel::ExpertParallelExchange* expert_parallel() { return ep_.get(); }
   parallel::DataParallel& engine() { return *engine_; }
   // The full weights as one flat buffer in full_layout() (gathered under ZeRO-3 and across
   // model-parallel ranks; collective then).
@@ -103,6 +106,7 @@ class Trainer {
   std::unique_ptr<model::Decoder> model_;
   std::unique_ptr<parallel::DataParallel> engine_;
   std::unique_ptr<parallel::TensorParallelLayers> tp_;
+  std::unique_ptr<parallel::ExpertParallelExchange> ep_;
   std::unique_ptr<parallel::PipelineStage> pipe_;
   std::unique_ptr<model::ParamLayout> whole_layout_;  // tp or pp > 1
   std::vector<parallel::StageRange> stages_;

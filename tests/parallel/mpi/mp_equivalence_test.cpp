@@ -18,10 +18,12 @@
 #include <cmath>
 #include <filesystem>
 #include <memory>
+#include <sstream>
 
 #include "comm/mpi/mpi_world.h"
 #include "parallel/mpi/weights_close.h"
 #include "loom/parallel/mesh.h"
+#include "loom/train/checkpoint.h"
 #include "loom/train/trainer.h"
 #include "parallel/mpi/synthetic_source.h"
 
@@ -38,12 +40,20 @@ struct Layout {
   int zero, micro_batches, ckpt;
   const char* partition = "uniform";
   const char* precision = "fp32";
+  int ep = 1;
+  const char* extra = "";  // more config overrides, separated by spaces
 };
 
 std::string describe(const Layout& l) {
-  return str_cat(l.preset, " pp=", l.pp, " dp=", l.dp, " tp=", l.tp, " ", l.schedule, " zero=", l.zero,
-                 " m=", l.micro_batches, " ckpt=", l.ckpt, " ", l.partition, " ", l.precision);
+  return str_cat(l.preset, " pp=", l.pp, " dp=", l.dp, " ep=", l.ep, " tp=", l.tp, " ", l.schedule, " zero=", l.zero,
+                 " m=", l.micro_batches, " ckpt=", l.ckpt, " ", l.partition, " ", l.precision, " ", l.extra);
 }
+
+// MoE layouts: llama-moe-tiny (4 experts, top-2, dropless), and with a shared expert, GPT-2
+// experts with sigmoid scores in every second block.
+constexpr const char* kSharedExpert = "model.moe.num_shared_experts=1 model.moe.router_z_loss_coef=0.001";
+constexpr const char* kGpt2Moe =
+    "model.moe.num_experts=4 model.moe.expert_d_ff=32 model.moe.moe_every=2 model.moe.score=sigmoid";
 
 // The layouts run for each world size (one ctest entry per size keeps every run short).
 const std::vector<Layout>& layouts() {
@@ -72,6 +82,20 @@ const std::vector<Layout>& layouts() {
       {"llama-tiny", 2, 2, 2, "gpipe", 0, 2, 0},
       {"llama-tiny", 1, 2, 4, "1f1b", 2, 2, 0},  // ZeRO-2, replicated kv heads summed in shards
       {"llama-tiny", 2, 2, 2, "gpipe", 0, 2, 0, "uniform", "bf16"},
+      // Mixture of Experts. 2 ranks: dp=2 with ZeRO-3 (expert units of their own, ep=1); ep=2
+      // alone and with ZeRO-3 (dense units sharded over both ranks, experts not at all).
+      {"llama-moe-tiny", 1, 2, 1, "1f1b", 3, 2, 1, "uniform", "fp32", 1, kSharedExpert},
+      {"llama-moe-tiny", 1, 1, 1, "1f1b", 0, 2, 0, "uniform", "fp32", 2},
+      {"llama-moe-tiny", 1, 1, 1, "1f1b", 3, 1, 1, "uniform", "fp32", 2, kSharedExpert},
+      {"gpt2-tiny", 1, 1, 1, "1f1b", 2, 2, 0, "uniform", "fp32", 2, kGpt2Moe},
+      // 4 ranks: ep=4; dp=2 x ep=2 (ZeRO-1 and -3: experts sharded over dp); pp=2 x ep=2; tp=2 x ep=2.
+      {"llama-moe-tiny", 1, 1, 1, "1f1b", 0, 2, 0, "uniform", "fp32", 4, kSharedExpert},
+      {"llama-moe-tiny", 1, 2, 1, "1f1b", 1, 2, 0, "uniform", "fp32", 2},
+      {"llama-moe-tiny", 1, 2, 1, "1f1b", 3, 1, 1, "uniform", "fp32", 2, kSharedExpert},
+      {"llama-moe-tiny", 2, 1, 1, "1f1b", 0, 4, 0, "uniform", "fp32", 2},
+      {"llama-moe-tiny", 1, 1, 2, "1f1b", 0, 2, 0, "uniform", "fp32", 2, kSharedExpert},
+      // 8 ranks: pp=2 x dp=2 x ep=2.
+      {"llama-moe-tiny", 2, 2, 1, "gpipe", 1, 2, 0, "uniform", "fp32", 2},
   };
   return all;
 }
@@ -86,8 +110,10 @@ TrainConfig make_config(const Layout& l, int64_t steps, const std::string& ckpt_
       "parallel.dp=" + std::to_string(l.dp), "parallel.tp=" + std::to_string(l.tp),
       "parallel.pp=" + std::to_string(l.pp), "parallel.pp_schedule=" + std::string(l.schedule),
       "parallel.zero_stage=" + std::to_string(l.zero), "parallel.micro_batches=" + std::to_string(l.micro_batches),
-      "parallel.pp_partition=" + std::string(l.partition),
+      "parallel.pp_partition=" + std::string(l.partition), "parallel.ep=" + std::to_string(l.ep),
       "parallel.bucket_mb=0.01"};
+  std::istringstream extra(l.extra);
+  for (std::string kv; extra >> kv;) sets.push_back(kv);
   if (!ckpt_dir.empty()) sets.push_back("checkpoint.dir=" + ckpt_dir);
   return parse_train_config("{}", sets);
 }
@@ -187,17 +213,19 @@ TEST(ModelParallelEquivalence, LayoutsOfThisWorldSizeMatchOneProcess) {
   int ran = 0;
   std::map<std::string, TrainRun> refs;  // by preset and checkpointing
   for (const Layout& l : layouts()) {
-    if (l.pp * l.dp * l.tp != N) continue;
+    if (l.pp * l.dp * l.ep * l.tp != N) continue;
     const int64_t steps = 20;
     // One process, the same global batch in micro-batches of the same size (so that the
     // validation batches, which have the micro-batch size, are the same too).
-    const int ref_micro_batches = l.dp * l.micro_batches;
-    const std::string key = str_cat(l.preset, l.ckpt, "/", ref_micro_batches, l.precision);
+    // (Each MoE micro-batch routes, drops and balances its own tokens, so the micro-batches
+    // must be the same ones.)
+    const int ref_micro_batches = l.dp * l.ep * l.micro_batches;
+    const std::string key = str_cat(l.preset, l.ckpt, "/", ref_micro_batches, l.precision, l.extra);
     if (!refs.count(key)) {
-      Layout one{l.preset, 1, 1, 1, "1f1b", 0, ref_micro_batches, l.ckpt, "uniform", l.precision};
+      Layout one{l.preset, 1, 1, 1, "1f1b", 0, ref_micro_batches, l.ckpt, "uniform", l.precision, 1, l.extra};
       refs[key] = run_training(make_config(one, steps), nullptr);
     }
-    parallel::Mesh mesh(world, parallel::MeshShape(l.pp, l.dp, 1, l.tp));
+    parallel::Mesh mesh(world, parallel::MeshShape(l.pp, l.dp, l.ep, l.tp));
     const TrainRun r = run_training(make_config(l, steps), &mesh);
     expect_close(r, refs[key], describe(l), std::string(l.precision) == "bf16");
     expect_copies_identical(r, mesh, describe(l));
@@ -232,6 +260,41 @@ TEST(ModelParallelResume, ThreeDimensionalRunResumesExactlyOnTheSameLayout) {
     ADD_FAILURE() << "resuming dp=2 x tp=2 shards as tp=4 should be refused";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("was saved with"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ModelParallelResume, ExpertParallelRunResumesExactlyAndItsWeightsLoadInOneProcess) {
+  const comm::Group& world = test_world();
+  if (world.size() != 4) GTEST_SKIP() << "needs dp=2 x ep=2 = 4 ranks";
+  // ZeRO-3 shards dense units over all 4 ranks and each expert unit over its 2 holders; the
+  // balancing bias moves every step and must come back too.
+  const Layout l{"llama-moe-tiny", 1, 2, 1, "1f1b", 3, 1, 0, "uniform", "fp32", 2,
+                 "model.moe.bias_update_rate=0.01 model.moe.capacity_factor=1.25 model.moe.num_shared_experts=1"};
+  parallel::Mesh mesh(world, parallel::MeshShape(1, 2, 2, 1));
+  const std::string dir = (std::filesystem::temp_directory_path() / "loom_ep_resume").string();
+  if (world.rank() == 0) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::remove_all(dir + "_straight");
+  }
+  world.barrier();
+  const TrainRun straight = run_training(make_config(l, 10, dir + "_straight"), &mesh);
+  run_training(make_config(l, 10, dir), &mesh, "", 5);
+  const TrainRun resumed = run_training(make_config(l, 10, dir), &mesh, "auto");
+  ASSERT_EQ(resumed.losses.size(), 5u);
+  for (size_t i = 0; i < 5; ++i) EXPECT_EQ(resumed.losses[i], straight.losses[5 + i]) << "step " << 6 + i;
+  EXPECT_EQ(resumed.weights, straight.weights) << "weights differ bitwise after resume";
+  // Experts are saved per expert under Mixtral's names: one process (ep=1) loads them all.
+  if (world.rank() == 0) {
+    const TrainConfig cfg = make_config(l, 10, dir);
+    model::Decoder one(cfg.model);
+    load_checkpoint_weights(dir + "/step_000010", one);
+    EXPECT_EQ(one.params().to_f32_vector(), resumed.weights) << "ep=1 load of the ep=2 checkpoint";
+    EXPECT_TRUE(one.layout().contains("model.layers.1.block_sparse_moe.experts.3.w2.weight"));
+    const Tensor& b = one.router_bias();
+    ASSERT_TRUE(b.defined());
+    bool moved = false;
+    for (int64_t i = 0; i < b.numel(); ++i) moved = moved || b.data<float>()[i] != 0.f;
+    EXPECT_TRUE(moved) << "the balancing bias was not restored";
   }
 }
 
