@@ -18,6 +18,8 @@ const std::vector<Benchmark>& benchmarks() {
       {"serve", "latency percentiles and throughput of a running server under Poisson load", bench_serve},
       {"pipeline", "pipeline bubble and activation memory per stage (GPipe vs 1F1B); partition balance",
        bench_pipeline},
+      {"moe", "MoE step split (experts, routing, all-to-all) and tokens/s vs the dense model of equal active size",
+       bench_moe},
   };
   return list;
 }

@@ -42,6 +42,7 @@ int bench_serve(const std::vector<std::string>& args);
 int bench_comm(const std::vector<std::string>& args);
 int bench_infer(const std::vector<std::string>& args);
 int bench_pipeline(const std::vector<std::string>& args);
+int bench_moe(const std::vector<std::string>& args);
 
 int cmd_launch(const std::vector<std::string>& args);
 // Runs `loom bench <bench> args...` as ranks of `loom launch`, with the --nproc and --hosts

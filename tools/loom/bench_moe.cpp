@@ -1,0 +1,203 @@
+// `loom bench moe [--nproc N --ep E] [--model PRESET] [--batch B] [--seq T]`: Mixture-of-Experts
+// training steps (forward, backward, clip, AdamW) on random tokens, split into the experts' MLPs,
+// routing (router, top-k, grouping, gathers, combines), the all-to-all exchanges of expert
+// parallelism (their whole time from the comm record, and the part the training thread waited
+// for), and the dense rest; the expert load and dropped tokens; and, in the same invocation on
+// the same ranks, the dense model with the same active parameters (d_ff = top_k * expert_d_ff
+// + the shared experts' width, data-parallel over all ranks) for the tokens/s ratio.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "loom/comm/launch.h"
+#include "loom/comm/record.h"
+#include "loom/comm/world.h"
+#include "loom/core/stats.h"
+#include "loom/core/threads.h"
+#include "loom/core/timer.h"
+#include "loom/model/decoder.h"
+#include "loom/parallel/data_parallel.h"
+#include "loom/parallel/expert_parallel.h"
+#include "loom/parallel/mesh.h"
+#include "tools/loom/commands.h"
+
+namespace loom::cli {
+namespace {
+
+const char* kHelp =
+    "usage: loom bench moe [--nproc N --ep E] [--model PRESET] [--batch B] [--seq T] [--steps S]\n"
+    "                      [--warmup W] [--threads K] [--zero Z] [--capacity-factor F] [--aux-loss-coef A]\n\n"
+    "Times MoE training steps on random tokens and the dense model of equal active parameters.\n"
+    "  --model    a MoE preset (default llama-moe-tiny; llama-moe-60m: 8 experts, top-2)\n"
+    "  --batch 4 --seq 128 (per rank; at most the context)  --steps 5 --warmup 1\n"
+    "  --nproc N --ep E  N ranks (via loom launch), experts split over E of them, dp = N / E\n"
+    "  --capacity-factor, --aux-loss-coef  override the preset's model.moe settings\n"
+    "The last line is SUMMARY {json} with a2a_ms, exposed_a2a_ms, tokens_per_s, dense_tokens_per_s\n"
+    "and load_max_over_mean.\n";
+
+struct Timed {
+  std::vector<double> step, route, expert, a2a, a2a_exposed, dp_exposed, load, dropped;
+};
+
+Timed run(const model::ModelConfig& cfg, const parallel::Mesh& mesh, const comm::CommRecord& rec, int zero,
+          int64_t B, int64_t T, int64_t warmup, int64_t steps) {
+  const int64_t data = mesh.data_size(), ep = mesh.shape().size(parallel::Dim::ep);
+  model::DecoderOptions dopt = parallel::decoder_options_for({}, zero, int(data));
+  dopt.slice.ep = ep;
+  dopt.slice.ep_rank = mesh.coord().ep;
+  model::Decoder m(cfg, dopt);
+  std::unique_ptr<parallel::ExpertParallelExchange> exchange;
+  if (ep > 1) {
+    exchange = std::make_unique<parallel::ExpertParallelExchange>(mesh.ep());
+    m.set_expert_parallel(exchange.get());
+  }
+  if (zero < 3) m.init_weights(1234);
+  const optim::AdamWConfig adam{1e-4, 0.9, 0.95, 1e-8, 0.1};
+  parallel::DataParallel engine(m, mesh.data(), adam, {zero, 25.0, DType::f32}, 1234, mesh.dp());
+  std::mt19937 g(1 + unsigned(mesh.data_index()));
+  std::vector<int32_t> tok(size_t(B * T)), tgt(size_t(B * T));
+  for (auto& t : tok) t = int32_t(g() % cfg.vocab_size);
+  for (auto& t : tgt) t = int32_t(g() % cfg.vocab_size);
+  Timed out;
+  for (int64_t i = 0; i < warmup + steps; ++i) {
+    mesh.world().barrier();
+    m.take_moe_times();
+    m.reset_moe_stats();
+    engine.take_wait_seconds();
+    if (exchange) exchange->take_wait_seconds();
+    const double t0 = now_seconds();
+    engine.zero_grads();
+    engine.set_sync(true);
+    m.forward_backward(tok.data(), tgt.data(), B, T, 1.0 / double(B * T * data));
+    engine.finish_grads();
+    const double norm = std::sqrt(engine.grad_norm_sq());
+    if (norm > 1.0) engine.scale_grads(float(1.0 / norm));
+    engine.step(1e-4);
+    const double t1 = now_seconds();
+    if (i < warmup) continue;
+    double a2a = 0;
+    if (exchange)
+      for (const auto& e : rec.finished())
+        if (e.group == exchange->group().name() && e.t_start >= t0 && e.t_end <= t1) a2a += e.t_end - e.t_start;
+    const model::MoeTimes mt = m.take_moe_times();
+    out.step.push_back((t1 - t0) * 1e3);
+    out.route.push_back(mt.route_s * 1e3);
+    out.expert.push_back(mt.expert_s * 1e3);
+    out.a2a.push_back(a2a * 1e3);
+    out.a2a_exposed.push_back(exchange ? exchange->take_wait_seconds() * 1e3 : 0.0);
+    out.dp_exposed.push_back(engine.take_wait_seconds() * 1e3);
+    // Loads over every rank's tokens: the worst MoE block's max/mean, and the dropped share.
+    const auto& stats = m.moe_stats();
+    const int64_t E = cfg.moe.num_experts;
+    std::vector<double> v;
+    for (const auto& st : stats) {
+      for (int64_t e = 0; e < E; ++e) v.push_back(e < int64_t(st.load.size()) ? double(st.load[size_t(e)]) : 0.0);
+      v.push_back(double(st.choices));
+      v.push_back(double(st.dropped));
+    }
+    if (!v.empty()) {
+      Tensor t = Tensor::from_vector<double>(v, {int64_t(v.size())});
+      mesh.data().all_reduce(t);
+      double worst = 0, choices = 0, dropped = 0;
+      for (size_t l = 0; l < stats.size(); ++l) {
+        const double* o = t.data<double>() + l * size_t(E + 2);
+        double sum = 0, mx = 0;
+        for (int64_t e = 0; e < E; ++e) {
+          sum += o[e];
+          mx = std::max(mx, o[e]);
+        }
+        if (sum > 0) worst = std::max(worst, mx * double(E) / sum);
+        choices += o[E];
+        dropped += o[E + 1];
+      }
+      out.load.push_back(worst);
+      out.dropped.push_back(choices > 0 ? dropped / choices : 0.0);
+    }
+  }
+  return out;
+}
+
+double med(const std::vector<double>& v) { return v.empty() ? 0.0 : median(v); }
+
+}  // namespace
+
+int bench_moe(const std::vector<std::string>& argv) {
+  Args a("bench moe", argv,
+         {{"model", true}, {"batch", true}, {"seq", true}, {"steps", true}, {"warmup", true}, {"threads", true},
+          {"nproc", true}, {"ep", true}, {"zero", true}, {"capacity-factor", true}, {"aux-loss-coef", true},
+          {"help", false}});
+  if (a.has("help")) {
+    std::printf("%s", kHelp);
+    return 0;
+  }
+  if (a.has("nproc") && !comm::launch_env().under_mpi) return relaunch_bench("moe", argv);
+  comm::World world;
+  const int N = world.size();
+  const int64_t ep = a.get_int("ep", 1);
+  if (ep < 1 || N % ep != 0)
+    throw UsageError(str_cat("[bench moe] --ep ", ep, " does not divide the ", N, " ranks running (--nproc)"));
+  if (a.has("threads")) set_num_threads(int(a.get_int("threads", 1)));
+  model::ModelConfig cfg = model::preset(a.get("model", "llama-moe-tiny"));
+  if (!cfg.moe.enabled())
+    throw UsageError("[bench moe] --model " + cfg.name + " is dense; use a MoE preset (llama-moe-tiny, llama-moe-60m)");
+  if (a.has("capacity-factor")) cfg.moe.capacity_factor = a.get_double("capacity-factor", 0);
+  if (a.has("aux-loss-coef")) cfg.moe.router_aux_loss_coef = a.get_double("aux-loss-coef", 0);
+  cfg.validate();
+  model::check_expert_parallel(cfg, ep);
+  const int64_t B = a.get_int("batch", 4), T = a.get_int("seq", std::min<int64_t>(128, cfg.n_ctx));
+  if (T > cfg.n_ctx) throw UsageError(str_cat("[bench moe] --seq ", T, " exceeds the model's context ", cfg.n_ctx));
+  const int64_t steps = std::max<int64_t>(1, a.get_int("steps", 5)), warmup = a.get_int("warmup", 1);
+  const int zero = int(a.get_int("zero", 0));
+  // The dense model a token costs the same in: one MLP as wide as its top_k experts and the
+  // shared ones.
+  model::ModelConfig dense = cfg;
+  dense.moe = {};
+  dense.d_ff = cfg.moe.top_k * cfg.expert_d_ff() + cfg.shared_d_ff();
+  dense.name = cfg.name + "-dense";
+  const bool main = world.rank() == 0;
+  const int64_t dp = N / ep;
+  if (main)
+    std::printf("bench moe: %s\n  %d ranks: dp=%lld x ep=%lld, ZeRO-%d, per-rank batch %lld x %lld, %d thread(s)/rank\n"
+                "  dense peer: %s\n",
+                cfg.summary().c_str(), N, (long long)dp, (long long)ep, zero, (long long)B, (long long)T, num_threads(),
+                dense.summary().c_str());
+  parallel::Mesh moe_mesh(world.group(), parallel::MeshShape(1, dp, ep, 1));
+  const Timed moe = run(cfg, moe_mesh, world.record(), zero, B, T, warmup, steps);
+  parallel::Mesh dense_mesh(world.group(), parallel::MeshShape(1, N, 1, 1));
+  const Timed den = run(dense, dense_mesh, world.record(), zero, B, T, warmup, steps);
+  if (!main) return 0;
+  const double step = med(moe.step), dense_step = med(den.step), expert = med(moe.expert), route = med(moe.route);
+  const double a2a = med(moe.a2a), exposed = med(moe.a2a_exposed), dp_exposed = med(moe.dp_exposed);
+  const double rest = std::max(0.0, step - expert - route - exposed - dp_exposed);
+  const double tokens = double(B * T * N);
+  std::printf("\n%-36s %10s\n", "", "ms (median)");
+  std::printf("%-36s %10.1f\n", "MoE step", step);
+  std::printf("%-36s %10.1f\n", "  experts' MLPs (fwd + bwd)", expert);
+  std::printf("%-36s %10.1f\n", "  routing, grouping, combining", route);
+  std::printf("%-36s %10.1f\n", "  all-to-all exposed", exposed);
+  std::printf("%-36s %10.1f\n", "  dp gradient communication exposed", dp_exposed);
+  std::printf("%-36s %10.1f\n", "  dense part (attention, norms, head)", rest);
+  std::printf("%-36s %10.1f\n", "all-to-all total (comm record)", a2a);
+  std::printf("%-36s %10.1f\n", "dense model step", dense_step);
+  std::printf("\nMoE %.0f tokens/s, dense %.0f tokens/s: MoE step %.2fx the dense step\n", tokens / step * 1e3,
+              tokens / dense_step * 1e3, step / dense_step);
+  std::printf("expert load max/mean %.2f (worst block), dropped %.2f%% of choices (capacity factor %g)\n",
+              med(moe.load), 100 * med(moe.dropped), cfg.moe.capacity_factor);
+  if (ep > 1)
+    std::printf("all-to-all exposed: %.1f%% of its time\n", a2a > 0 ? 100 * exposed / a2a : 0.0);
+  nlohmann::json s = {{"model", cfg.name}, {"ranks", N}, {"dp", dp}, {"ep", ep}, {"zero_stage", zero},
+                      {"batch_per_rank", B}, {"seq", T}, {"threads_per_rank", num_threads()},
+                      {"step_ms", step}, {"expert_ms", expert}, {"route_ms", route}, {"dense_part_ms", rest},
+                      {"a2a_ms", a2a}, {"exposed_a2a_ms", exposed}, {"exposed_dp_ms", dp_exposed},
+                      {"dense_step_ms", dense_step}, {"tokens_per_s", tokens / step * 1e3},
+                      {"dense_tokens_per_s", tokens / dense_step * 1e3}, {"moe_over_dense", step / dense_step},
+                      {"load_max_over_mean", med(moe.load)}, {"dropped_fraction", med(moe.dropped)},
+                      {"capacity_factor", cfg.moe.capacity_factor}};
+  std::printf("SUMMARY %s\n", s.dump().c_str());
+  return 0;
+}
+
+}  // namespace loom::cli
