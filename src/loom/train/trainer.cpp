@@ -488,15 +488,26 @@ TrainResult Trainer::run() {
                  (long long)optim::LrSchedule{cfg_.optim.lr, cfg_.schedule.min_lr,
                                               cfg_.schedule.warmup_steps, total}.resolved_warmup(),
                  cfg_.schedule.min_lr);
-    const auto pred = parallel::zero_model_state_bytes(model_->num_params(), int(cfg_.parallel.zero_stage),
-                                                       int(cfg_.parallel.dp));
+    // Dense parameters are sharded over the dp x ep ranks, a MoE block's experts over dp.
+    int64_t expert_params = 0;
+    for (const auto& pi : model_->layout().params())
+      if (pi.expert >= 0) expert_params += pi.numel();
+    const int zs = int(cfg_.parallel.zero_stage);
+    auto pred = parallel::zero_model_state_bytes(model_->num_params() - expert_params, zs,
+                                                 int(cfg_.parallel.dp * cfg_.parallel.ep));
+    const auto pred_experts = parallel::zero_model_state_bytes(expert_params, zs, int(cfg_.parallel.dp));
+    pred.params += pred_experts.params;
+    pred.grads += pred_experts.grads;
+    pred.optimizer += pred_experts.optimizer;
     const auto snap = cpu_allocator().snapshot();
     const int64_t actual = snap[MemCategory::params].current + snap[MemCategory::grads].current +
                            snap[MemCategory::optimizer].current;
     std::fprintf(opt_.log,
-                 "[train] model states per rank (dp=%lld, ZeRO-%lld): predicted %s (params %s, grads "
+                 "[train] model states per rank (dp=%lld%s, ZeRO-%lld): predicted %s (params %s, grads "
                  "%s, optimizer %s), actual %s\n",
-                 (long long)cfg_.parallel.dp, (long long)cfg_.parallel.zero_stage,
+                 (long long)cfg_.parallel.dp,
+                 cfg_.parallel.ep > 1 ? str_cat(" x ep=", cfg_.parallel.ep).c_str() : "",
+                 (long long)cfg_.parallel.zero_stage,
                  format_bytes(pred.total()).c_str(), format_bytes(pred.params).c_str(),
                  format_bytes(pred.grads).c_str(), format_bytes(pred.optimizer).c_str(),
                  format_bytes(actual).c_str());
