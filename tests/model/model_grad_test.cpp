@@ -8,9 +8,11 @@
 
 #include "loom/model/decoder.h"
 #include "testing/gradcheck.h"
+#include "testing/random_batch.h"
 
 using namespace loom;
 using namespace loom::model;
+using loom::testing::random_batch;
 
 namespace {
 
@@ -26,15 +28,6 @@ ModelConfig tiny(Family f) {
   return c;
 }
 
-void random_batch(int64_t B, int64_t T, int64_t V, std::vector<int32_t>& tok,
-                  std::vector<int32_t>& tgt, unsigned seed) {
-  std::mt19937 g(seed);
-  tok.resize(size_t(B * T));
-  tgt.resize(size_t(B * T));
-  for (auto& t : tok) t = int32_t(g() % V);
-  for (auto& t : tgt) t = int32_t(g() % V);
-  tgt[1] = -1;  // one ignored target
-}
 
 }  // namespace
 

@@ -4,14 +4,17 @@
 // dense model, routing statistics and capacity, the balancing bias, and the config's refusals.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <random>
 
 #include "loom/model/decoder.h"
 #include "loom/model/memory_estimate.h"
 #include "testing/gradcheck.h"
+#include "testing/random_batch.h"
 
 using namespace loom;
 using namespace loom::model;
+using loom::testing::random_batch;
 
 namespace {
 
@@ -30,15 +33,6 @@ ModelConfig tiny_moe(Family f) {
   return c;
 }
 
-void random_batch(int64_t B, int64_t T, int64_t V, std::vector<int32_t>& tok,
-                  std::vector<int32_t>& tgt, unsigned seed) {
-  std::mt19937 g(seed);
-  tok.resize(size_t(B * T));
-  tgt.resize(size_t(B * T));
-  for (auto& t : tok) t = int32_t(g() % V);
-  for (auto& t : tgt) t = int32_t(g() % V);
-  tgt[1] = -1;
-}
 
 struct MoeCase {
   const char* name;
@@ -155,21 +149,33 @@ TEST(Moe, OneExpertEqualsTheDenseModel) {
   }
 }
 
+namespace {
+// A top-1 LLaMA MoE model whose routers are zero: every score is equal and ties go to expert 0,
+// so every token picks it.
+std::unique_ptr<Decoder> zero_router_model(ModelConfig cfg) {
+  cfg.moe.top_k = 1;
+  auto m = std::make_unique<Decoder>(cfg, DecoderOptions{}, DType::f32);
+  m->init_weights(2);
+  for (int l = 0; l < 2; ++l) m->param(str_cat("model.layers.", l, ".block_sparse_moe.gate.weight")).zero();
+  return m;
+}
+constexpr int64_t kB = 2, kT = 8, kN = kB * kT;
+// One training step on a fixed batch, with fresh router statistics.
+void train_step(Decoder& m) {
+  std::vector<int32_t> tok, tgt;
+  random_batch(kB, kT, m.config().vocab_size, tok, tgt, 3);
+  m.reset_moe_stats();
+  m.forward_backward(tok.data(), tgt.data(), kB, kT, 1.0 / double(kN));
+}
+}  // namespace
+
 TEST(Moe, CapacityDropsAndCountsTokens) {
   ModelConfig cfg = tiny_moe(Family::llama);
-  cfg.moe.capacity_factor = 1.0;
-  cfg.moe.top_k = 1;
-  Decoder m(cfg, {}, DType::f32);
-  m.init_weights(2);
-  // A zero router: every score equal, ties go to expert 0, so every token picks it and
-  // capacity ceil(1.0 * N * 1 / 4) of the N are kept.
-  for (int l = 0; l < 2; ++l) m.param(str_cat("model.layers.", l, ".block_sparse_moe.gate.weight")).zero();
-  std::vector<int32_t> tok, tgt;
-  const int64_t B = 2, T = 8, N = B * T;
-  random_batch(B, T, cfg.vocab_size, tok, tgt, 3);
-  m.reset_moe_stats();
-  m.forward_backward(tok.data(), tgt.data(), B, T, 1.0 / double(N));
-  for (const auto& st : m.moe_stats()) {
+  cfg.moe.capacity_factor = 1.0;  // capacity ceil(1.0 * N * 1 / 4) of the N are kept
+  auto m = zero_router_model(cfg);
+  train_step(*m);
+  const int64_t N = kN;
+  for (const auto& st : m->moe_stats()) {
     EXPECT_EQ(st.load[0], N);
     EXPECT_EQ(st.dropped, N - (N + 3) / 4);
     EXPECT_NEAR(st.dropped_fraction(), double(N - (N + 3) / 4) / double(N), 1e-12);
@@ -180,24 +186,16 @@ TEST(Moe, CapacityDropsAndCountsTokens) {
 
 TEST(Moe, BalancingBiasSpreadsTheLoad) {
   ModelConfig cfg = tiny_moe(Family::llama);
-  cfg.moe.top_k = 1;
   cfg.moe.bias_update_rate = 0.01;
-  Decoder m(cfg, {}, DType::f32);
-  m.init_weights(2);
-  for (int l = 0; l < 2; ++l) m.param(str_cat("model.layers.", l, ".block_sparse_moe.gate.weight")).zero();
-  std::vector<int32_t> tok, tgt;
-  const int64_t B = 2, T = 8, N = B * T;
-  random_batch(B, T, cfg.vocab_size, tok, tgt, 3);
-  m.reset_moe_stats();
-  m.forward_backward(tok.data(), tgt.data(), B, T, 1.0 / double(N));
-  EXPECT_EQ(m.moe_stats()[0].load[0], N);  // ties: everything on expert 0
-  m.update_router_bias(m.moe_stats(), 0.01);
-  const float* b = m.router_bias().data<float>();
+  auto m = zero_router_model(cfg);
+  train_step(*m);
+  EXPECT_EQ(m->moe_stats()[0].load[0], kN);  // ties: everything on expert 0
+  m->update_router_bias(m->moe_stats(), 0.01);
+  const float* b = m->router_bias().data<float>();
   EXPECT_FLOAT_EQ(b[0], -0.01f);
   EXPECT_FLOAT_EQ(b[1], 0.01f);
-  m.reset_moe_stats();
-  m.forward_backward(tok.data(), tgt.data(), B, T, 1.0 / double(N));
-  EXPECT_EQ(m.moe_stats()[0].load[0], 0) << "the overloaded expert's bias now ranks it last";
+  train_step(*m);
+  EXPECT_EQ(m->moe_stats()[0].load[0], 0) << "the overloaded expert's bias now ranks it last";
 }
 
 TEST(Moe, ConfigRefusals) {
