@@ -1,7 +1,10 @@
 // One transformer block's forward and backward, side by side, over explicit buffers: the
 // weights (views into the flat parameter buffer), the activations forward saves for
 // backward, and backward's scratch. GPT-2: LN -> fused QKV -> attention -> proj -> +res ->
-// LN -> fc -> GELU -> proj -> +res. LLaMA: RMSNorm, RoPE on q/k, GQA, SwiGLU, no biases.
+// LN -> fc -> GELU -> proj -> +res. LLaMA: RMSNorm, RoPE on q/k, GQA, SwiGLU, no biases. In a
+// Mixture-of-Experts block (ModelConfig::is_moe_layer) the MLP is the shared experts plus the
+// routed ones (model/moe.h), whose exchange under expert parallelism goes through
+// ExpertParallelOps.
 // Under tensor parallelism the same code runs on a rank's slice (BlockDims: its heads and MLP
 // columns) and calls TensorParallelOps at the two conjugate communication points.
 #pragma once

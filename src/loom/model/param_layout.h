@@ -1,12 +1,14 @@
 // The flat parameter layout: every parameter is a named {offset, shape} range in one buffer
-// (names follow Hugging Face's GPT2LMHeadModel / LlamaForCausalLM), ordered embeddings,
-// blocks 0..L-1, final norm, head, so a block is one contiguous range (ZeRO-3 gathers and
-// pipeline stages are then offset ranges). Linear weights are [out, in] (GPT-2's Conv1D
-// weights are stored transposed relative to Hugging Face; the safetensors mapping transposes).
+// (names follow Hugging Face's GPT2LMHeadModel / LlamaForCausalLM / MixtralForCausalLM),
+// ordered embeddings, blocks 0..L-1 (a MoE block followed by its routed experts), final norm,
+// head, so a block is one contiguous range (ZeRO-3 gathers and pipeline stages are then offset
+// ranges). Linear weights are [out, in] (GPT-2's Conv1D weights are stored transposed relative
+// to Hugging Face; the safetensors mapping transposes).
 // A layout may describe only the slice of the model one rank holds (ModelSlice): a pipeline
-// stage's blocks, and under tensor parallelism each parameter's tp slice; every local element
-// still knows its index in the whole Hugging Face parameter, so initialisation by (seed, name,
-// element index) gives every layout the same model.
+// stage's blocks, under tensor parallelism each parameter's tp slice, under expert parallelism
+// each MoE block's share of the experts; every local element still knows its index in the
+// whole Hugging Face parameter, so initialisation by (seed, name, element index) gives every
+// layout the same model.
 #pragma once
 #include <cstdint>
 #include <map>
