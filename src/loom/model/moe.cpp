@@ -212,12 +212,13 @@ Tensor sized(Tensor& t, int64_t rows, int64_t cols, DType dt, MemCategory cat) {
 
 bool distributed(const ExpertParallelOps* ep) { return ep && ep->size() > 1; }
 
-// Copies rows: dst[m] = src[perm[m]] (gather) or dst[perm[m]] = src[m] (scatter).
+// Copies rows m in [m0, m1): dst[m] = src[perm[m]] (gather) or dst[perm[m]] = src[m] (scatter).
 template <class T>
-void permute_rows(const T* src, T* dst, int64_t C, const std::vector<int32_t>& perm, bool scatter) {
-  const int64_t R = int64_t(perm.size());
-#pragma omp parallel for schedule(static) if (R * C > 32768)
-  for (int64_t m = 0; m < R; ++m) {
+void permute_rows(const T* src, T* dst, int64_t C, const std::vector<int32_t>& perm, bool scatter, int64_t m0 = 0,
+                  int64_t m1 = -1) {
+  if (m1 < 0) m1 = int64_t(perm.size());
+#pragma omp parallel for schedule(static) if ((m1 - m0) * C > 32768)
+  for (int64_t m = m0; m < m1; ++m) {
     const T* a = scatter ? src + m * C : src + int64_t(perm[size_t(m)]) * C;
     T* b = scatter ? dst + int64_t(perm[size_t(m)]) * C : dst + m * C;
     std::copy(a, a + C, b);
@@ -281,15 +282,19 @@ void dispatch_impl(const ModelConfig& cfg, const BlockWeights& w, const Tensor& 
   for (int64_t r : a.recv_rows) R += r;
   const Tensor recv = sized(a.ep_recv, R, C, x.dtype(), MemCategory::activations);
   ep->start_rows(a.eout.slice(0, {A, C}), a.send_rows, recv, a.recv_rows);
-  // Received rows arrive by source, then by local expert; the experts want them by expert.
+  // Received rows arrive by source, then by local expert; the experts want them by expert,
+  // this rank's own rows first: those need no exchange, so the experts start on them while
+  // the other ranks' rows travel.
   std::vector<int64_t> src_base(static_cast<size_t>(P), 0);
   for (int64_t q = 1; q < P; ++q) src_base[size_t(q)] = src_base[size_t(q - 1)] + a.recv_rows[size_t(q - 1)];
+  const int64_t me = ep->rank();
   a.local_offsets.assign(size_t(El + 1), 0);
   a.perm.resize(size_t(R));
   int64_t m = 0;
   for (int64_t j = 0; j < El; ++j) {
     a.local_offsets[size_t(j)] = m;
-    for (int64_t q = 0; q < P; ++q) {
+    for (int64_t k2 = 0; k2 < P; ++k2) {
+      const int64_t q = k2 == 0 ? me : k2 <= me ? k2 - 1 : k2;
       int64_t at = src_base[size_t(q)];
       for (int64_t jj = 0; jj < j; ++jj) at += a.recv_counts[size_t(q * El + jj)];
       for (int64_t i = 0; i < a.recv_counts[size_t(q * El + j)]; ++i) a.perm[size_t(m++)] = int32_t(at + i);
@@ -297,6 +302,11 @@ void dispatch_impl(const ModelConfig& cfg, const BlockWeights& w, const Tensor& 
   }
   a.local_offsets[size_t(El)] = m;
 }
+
+// Expert j's own rows (this rank's tokens) sit first in its expert-major range: their count,
+// and where they are in the rank's grouped buffers.
+int64_t own_rows(const MoeActs& a, int64_t j, int64_t El, int me) { return a.recv_counts[size_t(me * El + j)]; }
+int64_t own_first(const MoeActs& a, int64_t j, int64_t El, int me) { return a.offsets[size_t(me * El + j)]; }
 
 template <class T>
 void combine_impl(const ModelConfig& cfg, const BlockWeights& w, MoeActs& a, const Tensor& y, bool accumulate,
@@ -315,21 +325,35 @@ void combine_impl(const ModelConfig& cfg, const BlockWeights& w, MoeActs& a, con
                      rows, gelu, prec);
     }
   } else {
-    ep->wait_rows();
-    Timed timed(a.times ? &a.times->expert_s : nullptr);
     const int64_t R = int64_t(a.perm.size()), El = int64_t(w.experts.size());
+    const int me = ep->rank();
     const DType dt = y.dtype();
     const auto cat = MemCategory::activations;
     const Tensor x = sized(a.ep_x, R, C, dt, cat), fc = sized(a.ep_fc, R, G * F, dt, cat);
     const Tensor act = sized(a.ep_act, R, F, dt, cat), out = sized(a.ep_out, R, C, dt, cat);
-    permute_rows<T>(a.ep_recv.data<T>(), x.data<T>(), C, a.perm, false);
-    for (int64_t j = 0; j < El; ++j) {
-      const int64_t r0 = a.local_offsets[size_t(j)], n = a.local_offsets[size_t(j) + 1] - r0;
-      if (n == 0) continue;
-      expert_forward(w.experts[size_t(j)], x.slice(r0 * C, {n, C}), fc.slice(r0 * G * F, {n, G * F}),
-                     act.slice(r0 * F, {n, F}), out.slice(r0 * C, {n, C}), gelu, prec);
+    auto run = [&](int64_t j, int64_t r0, int64_t n) {
+      if (n > 0)
+        expert_forward(w.experts[size_t(j)], x.slice(r0 * C, {n, C}), fc.slice(r0 * G * F, {n, G * F}),
+                       act.slice(r0 * F, {n, F}), out.slice(r0 * C, {n, C}), gelu, prec);
+    };
+    {  // this rank's own rows, read from the send buffer while the exchange runs
+      Timed timed(a.times ? &a.times->expert_s : nullptr);
+      for (int64_t j = 0; j < El; ++j) {
+        const int64_t r0 = a.local_offsets[size_t(j)], n = own_rows(a, j, El, me);
+        std::copy_n(a.eout.data<T>() + own_first(a, j, El, me) * C, n * C, x.data<T>() + r0 * C);
+        run(j, r0, n);
+      }
     }
-    permute_rows<T>(out.data<T>(), a.ep_recv.data<T>(), C, a.perm, true);
+    ep->wait_rows();
+    {
+      Timed timed(a.times ? &a.times->expert_s : nullptr);
+      for (int64_t j = 0; j < El; ++j) {
+        const int64_t r0 = a.local_offsets[size_t(j)] + own_rows(a, j, El, me), r1 = a.local_offsets[size_t(j) + 1];
+        permute_rows<T>(a.ep_recv.data<T>(), x.data<T>(), C, a.perm, false, r0, r1);
+        run(j, r0, r1 - r0);
+      }
+      permute_rows<T>(out.data<T>(), a.ep_recv.data<T>(), C, a.perm, true);
+    }
     const int64_t A = a.offsets[size_t(E)];
     ep->start_rows(a.ep_recv.slice(0, {R, C}), a.recv_rows, a.eout.slice(0, {A, C}), a.send_rows);
     ep->wait_rows();
@@ -379,23 +403,37 @@ void backward_combine_impl(const ModelConfig& cfg, const BlockWeights& w, const 
                       s.dact.slice(r0 * F, {n, F}), dout, gelu, prec);
     }
   } else {
-    ep->wait_rows();
-    Timed timed(a.times ? &a.times->expert_s : nullptr);
     const int64_t R = int64_t(a.perm.size()), El = int64_t(w.experts.size());
+    const int me = ep->rank();
     const DType dt = dx.dtype();
     const auto cat = MemCategory::workspace;
     const Tensor d = sized(s.ep_d, R, C, dt, cat), dfc = sized(s.ep_dfc, R, G * F, dt, cat);
     const Tensor dact = sized(s.ep_dact, R, F, dt, cat);
-    permute_rows<T>(s.ep_recv.data<T>(), d.data<T>(), C, a.perm, false);
-    for (int64_t j = 0; j < El; ++j) {
-      const int64_t r0 = a.local_offsets[size_t(j)], n = a.local_offsets[size_t(j) + 1] - r0;
-      if (n == 0) continue;
+    auto run = [&](int64_t j, int64_t r0, int64_t n) {
+      if (n == 0) return;
       const Tensor dj = d.slice(r0 * C, {n, C});
       expert_backward(w.experts[size_t(j)], gw.experts[size_t(j)], a.ep_x.slice(r0 * C, {n, C}),
                       a.ep_fc.slice(r0 * G * F, {n, G * F}), a.ep_act.slice(r0 * F, {n, F}), dj,
                       dfc.slice(r0 * G * F, {n, G * F}), dact.slice(r0 * F, {n, F}), dj, gelu, prec);
+    };
+    {  // this rank's own rows first, while the other ranks' gradients travel
+      Timed timed(a.times ? &a.times->expert_s : nullptr);
+      for (int64_t j = 0; j < El; ++j) {
+        const int64_t r0 = a.local_offsets[size_t(j)], n = own_rows(a, j, El, me);
+        std::copy_n(s.dout.data<T>() + own_first(a, j, El, me) * C, n * C, d.data<T>() + r0 * C);
+        run(j, r0, n);
+      }
     }
-    permute_rows<T>(d.data<T>(), s.ep_recv.data<T>(), C, a.perm, true);
+    ep->wait_rows();
+    {
+      Timed timed(a.times ? &a.times->expert_s : nullptr);
+      for (int64_t j = 0; j < El; ++j) {
+        const int64_t r0 = a.local_offsets[size_t(j)] + own_rows(a, j, El, me), r1 = a.local_offsets[size_t(j) + 1];
+        permute_rows<T>(s.ep_recv.data<T>(), d.data<T>(), C, a.perm, false, r0, r1);
+        run(j, r0, r1 - r0);
+      }
+      permute_rows<T>(d.data<T>(), s.ep_recv.data<T>(), C, a.perm, true);
+    }
     ep->start_rows(s.ep_recv.slice(0, {R, C}), a.recv_rows, s.dout.slice(0, {A, C}), a.send_rows);
     ep->wait_rows();
   }
