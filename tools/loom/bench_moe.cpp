@@ -18,10 +18,13 @@
 #include "loom/core/stats.h"
 #include "loom/core/threads.h"
 #include "loom/core/timer.h"
+#include "loom/data/dataset.h"
 #include "loom/model/decoder.h"
 #include "loom/parallel/data_parallel.h"
 #include "loom/parallel/expert_parallel.h"
 #include "loom/parallel/mesh.h"
+#include "loom/parallel/model_gather.h"
+#include "loom/train/checkpoint.h"
 #include "tools/loom/commands.h"
 
 namespace loom::cli {
@@ -35,6 +38,9 @@ const char* kHelp =
     "  --batch 4 --seq 128 (per rank; at most the context)  --steps 5 --warmup 1\n"
     "  --nproc N --ep E  N ranks (via loom launch), experts split over E of them, dp = N / E\n"
     "  --capacity-factor, --aux-loss-coef  override the preset's model.moe settings\n"
+    "  --checkpoint DIR  the MoE model and weights of a trained checkpoint instead of a preset\n"
+    "             (a trained router's load, not a random one's; the dense peer stays random)\n"
+    "  --data DIR  tokens from DIR/val.bin (loom prepare) instead of random ones\n"
     "The last line is SUMMARY {json} with a2a_ms, exposed_a2a_ms, tokens_per_s, dense_tokens_per_s\n"
     "and load_max_over_mean.\n";
 
@@ -43,7 +49,8 @@ struct Timed {
 };
 
 Timed run(const model::ModelConfig& cfg, const parallel::Mesh& mesh, const comm::CommRecord& rec, int zero,
-          int64_t B, int64_t T, int64_t warmup, int64_t steps) {
+          int64_t B, int64_t T, int64_t warmup, int64_t steps, const std::string& checkpoint = "",
+          const std::string& data_dir = "") {
   const int64_t data = mesh.data_size(), ep = mesh.shape().size(parallel::Dim::ep);
   model::DecoderOptions dopt = parallel::decoder_options_for({}, zero, int(data));
   dopt.slice.ep = ep;
@@ -55,12 +62,27 @@ Timed run(const model::ModelConfig& cfg, const parallel::Mesh& mesh, const comm:
     m.set_expert_parallel(exchange.get());
   }
   if (zero < 3) m.init_weights(1234);
+  if (!checkpoint.empty()) {  // this rank's slice of the trained weights (and balancing bias)
+    model::Decoder whole(cfg);
+    train::load_checkpoint_weights(checkpoint, whole);
+    parallel::slice_whole_params(whole.layout(), whole.params(), m.layout(), m.params());
+    if (whole.router_bias().defined()) {
+      const Tensor& b = whole.router_bias();
+      m.set_router_bias(std::vector<float>(b.data<float>(), b.data<float>() + b.numel()));
+    }
+  }
   const optim::AdamWConfig adam{1e-4, 0.9, 0.95, 1e-8, 0.1};
   parallel::DataParallel engine(m, mesh.data(), adam, {zero, 25.0, DType::f32}, 1234, mesh.dp());
   std::mt19937 g(1 + unsigned(mesh.data_index()));
   std::vector<int32_t> tok(size_t(B * T)), tgt(size_t(B * T));
   for (auto& t : tok) t = int32_t(g() % cfg.vocab_size);
   for (auto& t : tgt) t = int32_t(g() % cfg.vocab_size);
+  if (!data_dir.empty()) {  // each rank its own validation batch
+    data::DatasetOptions o;
+    o.model_vocab = cfg.vocab_size;
+    const auto val = data::TokenDataset::open_split(data_dir, "val", o);
+    val.fill_eval_batch(mesh.data_index(), B, T, tok.data(), tgt.data());
+  }
   Timed out;
   for (int64_t i = 0; i < warmup + steps; ++i) {
     mesh.world().barrier();
@@ -128,7 +150,7 @@ int bench_moe(const std::vector<std::string>& argv) {
   Args a("bench moe", argv,
          {{"model", true}, {"batch", true}, {"seq", true}, {"steps", true}, {"warmup", true}, {"threads", true},
           {"nproc", true}, {"ep", true}, {"zero", true}, {"capacity-factor", true}, {"aux-loss-coef", true},
-          {"help", false}});
+          {"checkpoint", true}, {"data", true}, {"help", false}});
   if (a.has("help")) {
     std::printf("%s", kHelp);
     return 0;
@@ -140,7 +162,9 @@ int bench_moe(const std::vector<std::string>& argv) {
   if (ep < 1 || N % ep != 0)
     throw UsageError(str_cat("[bench moe] --ep ", ep, " does not divide the ", N, " ranks running (--nproc)"));
   if (a.has("threads")) set_num_threads(int(a.get_int("threads", 1)));
-  model::ModelConfig cfg = model::preset(a.get("model", "llama-moe-tiny"));
+  const std::string checkpoint = a.has("checkpoint") ? train::resolve_checkpoint(a.get("checkpoint", "")) : "";
+  model::ModelConfig cfg = checkpoint.empty() ? model::preset(a.get("model", "llama-moe-tiny"))
+                                              : train::checkpoint_model_config(checkpoint);
   if (!cfg.moe.enabled())
     throw UsageError("[bench moe] --model " + cfg.name + " is dense; use a MoE preset (llama-moe-tiny, llama-moe-60m)");
   if (a.has("capacity-factor")) cfg.moe.capacity_factor = a.get_double("capacity-factor", 0);
@@ -151,6 +175,7 @@ int bench_moe(const std::vector<std::string>& argv) {
   if (T > cfg.n_ctx) throw UsageError(str_cat("[bench moe] --seq ", T, " exceeds the model's context ", cfg.n_ctx));
   const int64_t steps = std::max<int64_t>(1, a.get_int("steps", 5)), warmup = a.get_int("warmup", 1);
   const int zero = int(a.get_int("zero", 0));
+  if (!checkpoint.empty() && zero >= 3) throw UsageError("[bench moe] --checkpoint needs --zero 0, 1 or 2");
   // The dense model a token costs the same in: one MLP as wide as its top_k experts and the
   // shared ones.
   model::ModelConfig dense = cfg;
@@ -165,9 +190,10 @@ int bench_moe(const std::vector<std::string>& argv) {
                 cfg.summary().c_str(), N, (long long)dp, (long long)ep, zero, (long long)B, (long long)T, num_threads(),
                 dense.summary().c_str());
   parallel::Mesh moe_mesh(world.group(), parallel::MeshShape(1, dp, ep, 1));
-  const Timed moe = run(cfg, moe_mesh, world.record(), zero, B, T, warmup, steps);
+  const std::string data_dir = a.get("data", "");
+  const Timed moe = run(cfg, moe_mesh, world.record(), zero, B, T, warmup, steps, checkpoint, data_dir);
   parallel::Mesh dense_mesh(world.group(), parallel::MeshShape(1, N, 1, 1));
-  const Timed den = run(dense, dense_mesh, world.record(), zero, B, T, warmup, steps);
+  const Timed den = run(dense, dense_mesh, world.record(), zero, B, T, warmup, steps, "", data_dir);
   if (!main) return 0;
   const double step = med(moe.step), dense_step = med(den.step), expert = med(moe.expert), route = med(moe.route);
   const double a2a = med(moe.a2a), exposed = med(moe.a2a_exposed), dp_exposed = med(moe.dp_exposed);
@@ -188,7 +214,7 @@ int bench_moe(const std::vector<std::string>& argv) {
               med(moe.load), 100 * med(moe.dropped), cfg.moe.capacity_factor);
   if (ep > 1)
     std::printf("all-to-all exposed: %.1f%% of its time\n", a2a > 0 ? 100 * exposed / a2a : 0.0);
-  nlohmann::json s = {{"model", cfg.name}, {"ranks", N}, {"dp", dp}, {"ep", ep}, {"zero_stage", zero},
+  nlohmann::json s = {{"model", cfg.name}, {"checkpoint", checkpoint}, {"data", data_dir}, {"ranks", N}, {"dp", dp}, {"ep", ep}, {"zero_stage", zero},
                       {"batch_per_rank", B}, {"seq", T}, {"threads_per_rank", num_threads()},
                       {"step_ms", step}, {"expert_ms", expert}, {"route_ms", route}, {"dense_part_ms", rest},
                       {"a2a_ms", a2a}, {"exposed_a2a_ms", exposed}, {"exposed_dp_ms", dp_exposed},
