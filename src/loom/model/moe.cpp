@@ -303,10 +303,32 @@ void dispatch_impl(const ModelConfig& cfg, const BlockWeights& w, const Tensor& 
   a.local_offsets[size_t(El)] = m;
 }
 
-// Expert j's own rows (this rank's tokens) sit first in its expert-major range: their count,
-// and where they are in the rank's grouped buffers.
-int64_t own_rows(const MoeActs& a, int64_t j, int64_t El, int me) { return a.recv_counts[size_t(me * El + j)]; }
-int64_t own_first(const MoeActs& a, int64_t j, int64_t El, int me) { return a.offsets[size_t(me * El + j)]; }
+// The owner's side of an exchange: runs run(j, r0, n) on expert j's expert-major rows
+// [r0, r0 + n) of `rows` in two passes. First the rank's own rows, which sit first in each
+// expert's range and are copied from `own` (the rank's grouped send buffer), while the
+// exchange runs; then, after waiting for it, the other ranks' rows, taken from `received`
+// (packed by source).
+template <class T, class Run>
+void on_local_rows(ExpertParallelOps* ep, const MoeActs& a, int64_t C, const T* own, T* received, T* rows,
+                   double* seconds, Run run) {
+  const int64_t El = int64_t(a.local_offsets.size()) - 1, me = ep->rank();
+  auto own_rows = [&](int64_t j) { return a.recv_counts[size_t(me * El + j)]; };
+  {
+    Timed timed(seconds);
+    for (int64_t j = 0; j < El; ++j) {
+      const int64_t r0 = a.local_offsets[size_t(j)], n = own_rows(j);
+      std::copy_n(own + a.offsets[size_t(me * El + j)] * C, n * C, rows + r0 * C);
+      if (n > 0) run(j, r0, n);
+    }
+  }
+  ep->wait_rows();
+  Timed timed(seconds);
+  for (int64_t j = 0; j < El; ++j) {
+    const int64_t r0 = a.local_offsets[size_t(j)] + own_rows(j), r1 = a.local_offsets[size_t(j) + 1];
+    permute_rows<T>(received, rows, C, a.perm, false, r0, r1);
+    if (r1 > r0) run(j, r0, r1 - r0);
+  }
+}
 
 template <class T>
 void combine_impl(const ModelConfig& cfg, const BlockWeights& w, MoeActs& a, const Tensor& y, bool accumulate,
@@ -325,35 +347,18 @@ void combine_impl(const ModelConfig& cfg, const BlockWeights& w, MoeActs& a, con
                      rows, gelu, prec);
     }
   } else {
-    const int64_t R = int64_t(a.perm.size()), El = int64_t(w.experts.size());
-    const int me = ep->rank();
+    const int64_t R = int64_t(a.perm.size());
     const DType dt = y.dtype();
     const auto cat = MemCategory::activations;
     const Tensor x = sized(a.ep_x, R, C, dt, cat), fc = sized(a.ep_fc, R, G * F, dt, cat);
     const Tensor act = sized(a.ep_act, R, F, dt, cat), out = sized(a.ep_out, R, C, dt, cat);
-    auto run = [&](int64_t j, int64_t r0, int64_t n) {
-      if (n > 0)
-        expert_forward(w.experts[size_t(j)], x.slice(r0 * C, {n, C}), fc.slice(r0 * G * F, {n, G * F}),
-                       act.slice(r0 * F, {n, F}), out.slice(r0 * C, {n, C}), gelu, prec);
-    };
-    {  // this rank's own rows, read from the send buffer while the exchange runs
-      Timed timed(a.times ? &a.times->expert_s : nullptr);
-      for (int64_t j = 0; j < El; ++j) {
-        const int64_t r0 = a.local_offsets[size_t(j)], n = own_rows(a, j, El, me);
-        std::copy_n(a.eout.data<T>() + own_first(a, j, El, me) * C, n * C, x.data<T>() + r0 * C);
-        run(j, r0, n);
-      }
-    }
-    ep->wait_rows();
-    {
-      Timed timed(a.times ? &a.times->expert_s : nullptr);
-      for (int64_t j = 0; j < El; ++j) {
-        const int64_t r0 = a.local_offsets[size_t(j)] + own_rows(a, j, El, me), r1 = a.local_offsets[size_t(j) + 1];
-        permute_rows<T>(a.ep_recv.data<T>(), x.data<T>(), C, a.perm, false, r0, r1);
-        run(j, r0, r1 - r0);
-      }
-      permute_rows<T>(out.data<T>(), a.ep_recv.data<T>(), C, a.perm, true);
-    }
+    // The inputs stay in x (backward needs them); the outputs go back from out.
+    on_local_rows<T>(ep, a, C, a.eout.data<T>(), a.ep_recv.data<T>(), x.data<T>(),
+                     a.times ? &a.times->expert_s : nullptr, [&](int64_t j, int64_t r0, int64_t n) {
+                       expert_forward(w.experts[size_t(j)], x.slice(r0 * C, {n, C}), fc.slice(r0 * G * F, {n, G * F}),
+                                      act.slice(r0 * F, {n, F}), out.slice(r0 * C, {n, C}), gelu, prec);
+                     });
+    permute_rows<T>(out.data<T>(), a.ep_recv.data<T>(), C, a.perm, true);
     const int64_t A = a.offsets[size_t(E)];
     ep->start_rows(a.ep_recv.slice(0, {R, C}), a.recv_rows, a.eout.slice(0, {A, C}), a.send_rows);
     ep->wait_rows();
@@ -403,37 +408,20 @@ void backward_combine_impl(const ModelConfig& cfg, const BlockWeights& w, const 
                       s.dact.slice(r0 * F, {n, F}), dout, gelu, prec);
     }
   } else {
-    const int64_t R = int64_t(a.perm.size()), El = int64_t(w.experts.size());
-    const int me = ep->rank();
+    const int64_t R = int64_t(a.perm.size());
     const DType dt = dx.dtype();
     const auto cat = MemCategory::workspace;
     const Tensor d = sized(s.ep_d, R, C, dt, cat), dfc = sized(s.ep_dfc, R, G * F, dt, cat);
     const Tensor dact = sized(s.ep_dact, R, F, dt, cat);
-    auto run = [&](int64_t j, int64_t r0, int64_t n) {
-      if (n == 0) return;
-      const Tensor dj = d.slice(r0 * C, {n, C});
-      expert_backward(w.experts[size_t(j)], gw.experts[size_t(j)], a.ep_x.slice(r0 * C, {n, C}),
-                      a.ep_fc.slice(r0 * G * F, {n, G * F}), a.ep_act.slice(r0 * F, {n, F}), dj,
-                      dfc.slice(r0 * G * F, {n, G * F}), dact.slice(r0 * F, {n, F}), dj, gelu, prec);
-    };
-    {  // this rank's own rows first, while the other ranks' gradients travel
-      Timed timed(a.times ? &a.times->expert_s : nullptr);
-      for (int64_t j = 0; j < El; ++j) {
-        const int64_t r0 = a.local_offsets[size_t(j)], n = own_rows(a, j, El, me);
-        std::copy_n(s.dout.data<T>() + own_first(a, j, El, me) * C, n * C, d.data<T>() + r0 * C);
-        run(j, r0, n);
-      }
-    }
-    ep->wait_rows();
-    {
-      Timed timed(a.times ? &a.times->expert_s : nullptr);
-      for (int64_t j = 0; j < El; ++j) {
-        const int64_t r0 = a.local_offsets[size_t(j)] + own_rows(a, j, El, me), r1 = a.local_offsets[size_t(j) + 1];
-        permute_rows<T>(s.ep_recv.data<T>(), d.data<T>(), C, a.perm, false, r0, r1);
-        run(j, r0, r1 - r0);
-      }
-      permute_rows<T>(d.data<T>(), s.ep_recv.data<T>(), C, a.perm, true);
-    }
+    // d holds each row's output gradient, then (in place) its input gradient.
+    on_local_rows<T>(ep, a, C, s.dout.data<T>(), s.ep_recv.data<T>(), d.data<T>(),
+                     a.times ? &a.times->expert_s : nullptr, [&](int64_t j, int64_t r0, int64_t n) {
+                       const Tensor dj = d.slice(r0 * C, {n, C});
+                       expert_backward(w.experts[size_t(j)], gw.experts[size_t(j)], a.ep_x.slice(r0 * C, {n, C}),
+                                       a.ep_fc.slice(r0 * G * F, {n, G * F}), a.ep_act.slice(r0 * F, {n, F}), dj,
+                                       dfc.slice(r0 * G * F, {n, G * F}), dact.slice(r0 * F, {n, F}), dj, gelu, prec);
+                     });
+    permute_rows<T>(d.data<T>(), s.ep_recv.data<T>(), C, a.perm, true);
     ep->start_rows(s.ep_recv.slice(0, {R, C}), a.recv_rows, s.dout.slice(0, {A, C}), a.send_rows);
     ep->wait_rows();
   }
