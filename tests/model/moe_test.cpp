@@ -80,7 +80,9 @@ TEST_P(MoeGrad, MatchesFiniteDifferences) {
   m.reset_moe_stats();
   const double loss = m.forward_backward(tok.data(), tgt.data(), B, T, scale);
   const double router_loss = m.last_router_loss();
-  if (c.aux > 0) EXPECT_GT(router_loss, 0.0);
+  if (c.aux > 0) {
+    EXPECT_GT(router_loss, 0.0);
+  }
   int64_t dropped = 0;
   for (const auto& st : m.moe_stats()) {
     ASSERT_EQ(st.forwards, 1);
@@ -89,8 +91,11 @@ TEST_P(MoeGrad, MatchesFiniteDifferences) {
     EXPECT_EQ(routed, B * T * c.top_k);
     dropped += st.dropped;
   }
-  if (c.capacity == 0) EXPECT_EQ(dropped, 0);
-  if (c.capacity > 0) EXPECT_GT(dropped, 0) << "the case should exercise dropping";
+  if (c.capacity == 0) {
+    EXPECT_EQ(dropped, 0);
+  } else {
+    EXPECT_GT(dropped, 0) << "the case should exercise dropping";
+  }
   auto f = [&] {
     const double ce = m.forward(tok.data(), tgt.data(), B, T);
     return scale * (ce + double(B * T) * m.last_router_loss());

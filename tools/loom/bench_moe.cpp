@@ -112,31 +112,15 @@ Timed run(const model::ModelConfig& cfg, const parallel::Mesh& mesh, const comm:
     out.a2a_exposed.push_back(exchange ? exchange->take_wait_seconds() * 1e3 : 0.0);
     out.dp_exposed.push_back(engine.take_wait_seconds() * 1e3);
     // Loads over every rank's tokens: the worst MoE block's max/mean, and the dropped share.
-    const auto& stats = m.moe_stats();
-    const int64_t E = cfg.moe.num_experts;
-    std::vector<double> v;
-    for (const auto& st : stats) {
-      for (int64_t e = 0; e < E; ++e) v.push_back(e < int64_t(st.load.size()) ? double(st.load[size_t(e)]) : 0.0);
-      v.push_back(double(st.choices));
-      v.push_back(double(st.dropped));
-    }
-    if (!v.empty()) {
+    std::vector<model::MoeLayerStats> stats = m.moe_stats();
+    if (!stats.empty()) {
+      const std::vector<double> v = model::pack_moe_stats(cfg, stats);
       Tensor t = Tensor::from_vector<double>(v, {int64_t(v.size())});
       mesh.data().all_reduce(t);
-      double worst = 0, choices = 0, dropped = 0;
-      for (size_t l = 0; l < stats.size(); ++l) {
-        const double* o = t.data<double>() + l * size_t(E + 2);
-        double sum = 0, mx = 0;
-        for (int64_t e = 0; e < E; ++e) {
-          sum += o[e];
-          mx = std::max(mx, o[e]);
-        }
-        if (sum > 0) worst = std::max(worst, mx * double(E) / sum);
-        choices += o[E];
-        dropped += o[E + 1];
-      }
-      out.load.push_back(worst);
-      out.dropped.push_back(choices > 0 ? dropped / choices : 0.0);
+      model::unpack_moe_stats(cfg, t.data<double>(), stats);
+      const model::MoeSummary s = model::summarize_moe_stats(stats);
+      out.load.push_back(s.worst_load);
+      out.dropped.push_back(s.dropped_fraction);
     }
   }
   return out;

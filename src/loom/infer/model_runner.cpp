@@ -39,9 +39,7 @@ ModelRunner::ModelRunner(const model::Decoder& model, KVCache& cache, int64_t ma
   cfg_.moe.capacity_factor = 0;
   for (int l = 0; l < int(cfg_.n_layer); ++l) {
     w_.push_back(model::block_weights(cfg_, model.layout(), model.params(), l));
-    if (model.router_bias().defined() && cfg_.is_moe_layer(l))  // DeepSeek-V3's selection bias
-      w_.back().router_bias = model.router_bias().slice(((l + 1) / cfg_.moe.moe_every - 1) * cfg_.moe.num_experts,
-                                                        {cfg_.moe.num_experts});
+    w_.back().router_bias = model.router_bias_of(l);  // DeepSeek-V3's selection bias, if any
   }
   wte_ = model.param(model::token_table_name(cfg_));
   if (gpt2) wpe_ = model.param("transformer.wpe.weight");
@@ -67,8 +65,7 @@ ModelRunner::ModelRunner(const model::Decoder& model, KVCache& cache, int64_t ma
   att_ = Tensor::empty({N, cfg_.n_head * D}, dt, cat, alloc);
   x_mid_ = Tensor::empty({N, C}, dt, cat, alloc);
   // The dense MLP buffers serve dense blocks and MoE blocks' shared experts.
-  const bool has_dense = !cfg_.moe.enabled() || cfg_.moe.moe_every > 1;
-  const int64_t Fm = std::max<int64_t>({has_dense ? F : 0, cfg_.moe.enabled() ? cfg_.shared_d_ff() : 0, 1});
+  const int64_t Fm = std::max<int64_t>(cfg_.dense_mlp_width(F), 1);
   fc_ = Tensor::empty({N, gpt2 ? Fm : 2 * Fm}, dt, cat, alloc);
   act_ = Tensor::empty({N, Fm}, dt, cat, alloc);
   if (cfg_.moe.enabled()) {
@@ -94,9 +91,7 @@ int64_t ModelRunner::weight_bytes_per_token() const {
   if (wpe_.defined()) b -= int64_t(wpe_.nbytes()) - row;
   if (cfg_.tied_embeddings) b += int64_t(head_.nbytes());  // the head reads the table in full
   if (cfg_.moe.enabled())  // one token reads its top_k experts of each MoE block
-    b -= cfg_.num_moe_layers() * (cfg_.moe.num_experts - cfg_.moe.top_k) *
-         (cfg_.family == Family::gpt2 ? 2 * cfg_.d_model * cfg_.expert_d_ff() + cfg_.expert_d_ff() + cfg_.d_model
-                        : 3 * cfg_.d_model * cfg_.expert_d_ff()) * es;
+    b -= cfg_.num_moe_layers() * (cfg_.moe.num_experts - cfg_.moe.top_k) * cfg_.expert_params() * es;
   if (!quant_) return b;
   for (int l = 0; l < int(cfg_.n_layer); ++l) {  // quantized matrices: packed bytes, not f32
     const model::BlockWeights& w = w_[size_t(l)];

@@ -85,12 +85,6 @@ BlockDims BlockDims::of(const ModelConfig& cfg, int64_t tp, int64_t rank) {
   return d;
 }
 
-// Width of the dense MLP buffers: the dense blocks' (tp share F) and the shared experts'.
-static int64_t mlp_width(const ModelConfig& cfg, int64_t F) {
-  const bool has_dense = !cfg.moe.enabled() || cfg.moe.moe_every > 1;
-  return std::max(has_dense ? F : 0, cfg.moe.enabled() ? cfg.shared_d_ff() : 0);
-}
-
 BlockActs BlockActs::allocate(const ModelConfig& cfg, int64_t B, int64_t T, DType dt,
                               Allocator& alloc, const BlockDims& d) {
   const int64_t N = B * T, C = d.C, D = d.D, H = d.H, F = d.F;
@@ -109,7 +103,7 @@ BlockActs BlockActs::allocate(const ModelConfig& cfg, int64_t B, int64_t T, DTyp
   a.ln2 = Tensor::empty({N, C}, dt, cat, alloc);
   if (gpt2) a.ln2_mean = Tensor::empty({N}, dt, cat, alloc);
   a.ln2_rstd = Tensor::empty({N}, dt, cat, alloc);
-  const int64_t mlp = mlp_width(cfg, F);
+  const int64_t mlp = cfg.dense_mlp_width(F);
   if (mlp > 0) {
     a.fc = Tensor::empty({N, gpt2 ? mlp : 2 * mlp}, dt, cat, alloc);
     a.act = Tensor::empty({N, mlp}, dt, cat, alloc);
@@ -135,7 +129,7 @@ BlockScratch BlockScratch::allocate(const ModelConfig& cfg, int64_t B, int64_t T
   s.dqkv = Tensor::empty({B, T, d.qkv_width()}, dt, cat, alloc);
   if (d.kv_expand) s.dqkv_expanded = Tensor::empty({B, T, d.attn_width()}, dt, cat, alloc);
   s.datt = Tensor::empty({B, T, d.H * d.D}, dt, cat, alloc);
-  const int64_t mlp = mlp_width(cfg, F);
+  const int64_t mlp = cfg.dense_mlp_width(F);
   if (mlp > 0) {
     s.dfc = Tensor::empty({N, cfg.family == Family::gpt2 ? mlp : 2 * mlp}, dt, cat, alloc);
     s.dact = Tensor::empty({N, mlp}, dt, cat, alloc);

@@ -124,6 +124,14 @@ static ModelConfig llama(const char* name, int64_t L, int64_t C, int64_t H, int6
   return c;
 }
 
+// E experts, top-k, each of width d_ff / k: the dense model's active MLP parameters.
+static ModelConfig with_experts(ModelConfig c, int64_t E, int64_t k) {
+  c.moe.num_experts = E;
+  c.moe.top_k = k;
+  c.moe.expert_d_ff = c.d_ff / k;
+  return c;
+}
+
 ModelConfig preset(const std::string& name) {
   if (name == "gpt2-124m") return gpt2("gpt2-124m", 12, 768, 12, 50257, 1024);
   if (name == "gpt2-350m") return gpt2("gpt2-350m", 24, 1024, 16, 50257, 1024);
@@ -131,22 +139,10 @@ ModelConfig preset(const std::string& name) {
   if (name == "gpt2-shakespeare") return gpt2("gpt2-shakespeare", 4, 192, 6, 256, 128);
   if (name == "llama-tiny") return llama("llama-tiny", 2, 32, 4, 2, 48, 97, 64);
   if (name == "llama-60m") return llama("llama-60m", 8, 512, 8, 4, 1408, 32000, 1024);
-  // Mixtral-style: every block MoE, 8 experts, top-2, each expert half the dense width, so a
-  // token runs as many MLP parameters as in llama-60m (2 x 704 = 1408 columns).
-  if (name == "llama-moe-60m") {
-    ModelConfig c = llama("llama-moe-60m", 8, 512, 8, 4, 1408, 32000, 1024);
-    c.moe.num_experts = 8;
-    c.moe.top_k = 2;
-    c.moe.expert_d_ff = 704;
-    return c;
-  }
-  if (name == "llama-moe-tiny") {
-    ModelConfig c = llama("llama-moe-tiny", 2, 32, 4, 2, 48, 97, 64);
-    c.moe.num_experts = 4;
-    c.moe.top_k = 2;
-    c.moe.expert_d_ff = 24;
-    return c;
-  }
+  // Mixtral-style: every block MoE, top-2, each expert half the dense width, so a token runs
+  // as many MLP parameters as in the dense preset (llama-60m: 2 x 704 = 1408 columns).
+  if (name == "llama-moe-60m") return with_experts(llama("llama-moe-60m", 8, 512, 8, 4, 1408, 32000, 1024), 8, 2);
+  if (name == "llama-moe-tiny") return with_experts(llama("llama-moe-tiny", 2, 32, 4, 2, 48, 97, 64), 4, 2);
   fail("config", "model.preset: unknown preset \"", name, "\"; known presets: gpt2-124m, ",
        "gpt2-350m, gpt2-tiny, gpt2-shakespeare, llama-tiny, llama-60m, llama-moe-tiny, llama-moe-60m");
 }

@@ -3,6 +3,7 @@
 // SwiGLU, grouped-query attention, no biases, untied head), either with sparse
 // Mixture-of-Experts MLPs (model.moe); presets by name.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -79,6 +80,20 @@ struct ModelConfig {
   int64_t expert_d_ff() const { return moe.expert_d_ff > 0 ? moe.expert_d_ff : d_ff; }
   int64_t shared_d_ff() const { return moe.num_shared_experts * expert_d_ff(); }
   int64_t num_moe_layers() const { return moe.enabled() ? n_layer / moe.moe_every : 0; }
+  // A MoE block's index among the MoE blocks, and back.
+  int64_t moe_index(int64_t layer) const { return (layer + 1) / moe.moe_every - 1; }
+  int moe_layer(int64_t index) const { return int((index + 1) * moe.moe_every - 1); }
+  // Parameters of one routed expert's MLP (GPT-2's with its biases).
+  int64_t expert_params() const {
+    const int64_t C = d_model, F = expert_d_ff();
+    return family == Family::gpt2 ? 2 * C * F + F + C : 3 * C * F;
+  }
+  // Width of the buffers the dense MLP path needs: the dense blocks' (dense_f, a tp share of
+  // d_ff) and the MoE blocks' shared experts'; 0 when neither exists.
+  int64_t dense_mlp_width(int64_t dense_f) const {
+    const bool dense_blocks = !moe.enabled() || moe.moe_every > 1;
+    return std::max(dense_blocks ? dense_f : 0, moe.enabled() ? shared_d_ff() : 0);
+  }
 
   int64_t head_dim() const { return d_model / n_head; }
   bool has_bias() const { return family == Family::gpt2; }

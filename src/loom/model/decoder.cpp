@@ -225,19 +225,21 @@ void Decoder::run_blocks_forward(Slot& s) {
   }
 }
 
-BlockWeights Decoder::with_router_bias(int layer, BlockWeights w) const {
-  if (router_bias_.defined() && cfg_.is_moe_layer(layer))
-    w.router_bias = router_bias_.slice(moe_index(layer) * cfg_.moe.num_experts, {cfg_.moe.num_experts});
-  return w;
+Tensor Decoder::router_bias_of(int layer) const {
+  if (!router_bias_.defined() || !cfg_.is_moe_layer(layer)) return {};
+  return router_bias_.slice(cfg_.moe_index(layer) * cfg_.moe.num_experts, {cfg_.moe.num_experts});
 }
 
-int64_t Decoder::moe_index(int layer) const { return (layer + 1) / cfg_.moe.moe_every - 1; }
+BlockWeights Decoder::with_router_bias(int layer, BlockWeights w) const {
+  w.router_bias = router_bias_of(layer);
+  return w;
+}
 
 void Decoder::record_moe(int layer, const MoeActs& a, Slot& s) {
   const MoeConfig& m = cfg_.moe;
   s.router_loss += m.router_aux_loss_coef * a.aux + m.router_z_loss_coef * a.z;
   if (!s.train) return;
-  MoeLayerStats& st = moe_stats_[size_t(moe_index(layer))];
+  MoeLayerStats& st = moe_stats_[size_t(cfg_.moe_index(layer))];
   st.layer = layer;
   st.load.resize(a.load.size());
   for (size_t e = 0; e < a.load.size(); ++e) st.load[e] += a.load[e];

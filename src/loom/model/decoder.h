@@ -124,6 +124,8 @@ class Decoder {
   void update_router_bias(const std::vector<MoeLayerStats>& stats, double rate);
   // [num_moe_layers * E] f32 selection biases; undefined without bias_update_rate.
   const Tensor& router_bias() const { return router_bias_; }
+  // MoE block `layer`'s [E] slice of it; undefined for dense blocks or without the bias.
+  Tensor router_bias_of(int layer) const;
   void set_router_bias(const std::vector<float>& b);  // a checkpoint's; sizes must match
   // Bytes of activation buffers the current (B, T) needs (what memory tests compare): every
   // micro-batch slot allocated so far plus the shared buffers.
@@ -175,7 +177,6 @@ class Decoder {
   double count_and_sum(const Slot& s, int64_t N, int64_t* n_valid);
   bool checkpointed() const { return opt_.activation_checkpoint_interval > 0; }
   BlockWeights with_router_bias(int layer, BlockWeights w) const;
-  int64_t moe_index(int layer) const;  // among the model's MoE blocks
   void record_moe(int layer, const MoeActs& a, Slot& s);
   bool first_stage() const { return layout_.slice().has_embedding; }
   bool last_stage() const { return layout_.slice().has_head; }

@@ -12,9 +12,7 @@ TrainingMemoryEstimate estimate_training_memory(const ModelConfig& cfg, int64_t 
   const int64_t stats = gpt2 ? 2 : 1;           // mean+rstd or rstd per norm
   const int64_t G = gpt2 ? 1 : 2;               // fc outputs per hidden unit (gate|up)
   // The dense MLP buffers serve dense blocks and shared experts (BlockActs::allocate).
-  const bool has_dense = !cfg.moe.enabled() || cfg.moe.moe_every > 1;
-  const int64_t Fm = std::max(has_dense ? F : 0, cfg.moe.enabled() ? cfg.shared_d_ff() : 0);
-  const int64_t mlp = (G + 1) * Fm;             // fc (+gate) and activation
+  const int64_t mlp = (G + 1) * cfg.dense_mlp_width(F);  // fc (+gate) and activation
   // MoE buffers in every block's set: logits and scores, four per-choice index/weight arrays,
   // and per choice the expert's fc, activation and output rows.
   const int64_t E = cfg.moe.num_experts, k = cfg.moe.top_k, Fe = cfg.expert_d_ff();
@@ -54,8 +52,8 @@ double training_flops(const ModelConfig& cfg, int64_t P, int64_t B, int64_t T) {
   if (!cfg.tied_embeddings) matmul_params -= double(cfg.vocab_size * cfg.d_model);
   // A MoE token multiplies by its top_k experts only (the router counts).
   if (cfg.moe.enabled()) {
-    const double expert = double((cfg.family == Family::gpt2 ? 2 : 3) * cfg.d_model * cfg.expert_d_ff());
-    matmul_params -= double(cfg.num_moe_layers()) * double(cfg.moe.num_experts - cfg.moe.top_k) * expert;
+    matmul_params -= double(cfg.num_moe_layers()) * double(cfg.moe.num_experts - cfg.moe.top_k) *
+                     double(cfg.expert_params());
   }
   return 6.0 * matmul_params * tokens +
          6.0 * double(cfg.n_layer) * double(T) * double(cfg.d_model) * tokens;

@@ -59,6 +59,52 @@ double MoeLayerStats::load_max_over_mean() const {
   return sum ? double(mx) * double(load.size()) / double(sum) : 0.0;
 }
 
+std::vector<double> pack_moe_stats(const ModelConfig& cfg, const std::vector<MoeLayerStats>& stats) {
+  const int64_t E = cfg.moe.num_experts;
+  const size_t per = size_t(E) + 5;
+  std::vector<double> v(stats.size() * per, 0.0);
+  for (size_t i = 0; i < stats.size(); ++i) {
+    const MoeLayerStats& st = stats[i];
+    double* o = v.data() + i * per;
+    for (size_t e = 0; e < st.load.size() && e < size_t(E); ++e) o[e] = double(st.load[e]);
+    o[E] = double(st.choices);
+    o[E + 1] = double(st.dropped);
+    o[E + 2] = st.aux_sum;
+    o[E + 3] = st.z_sum;
+    o[E + 4] = double(st.forwards);
+  }
+  return v;
+}
+
+void unpack_moe_stats(const ModelConfig& cfg, const double* packed, std::vector<MoeLayerStats>& stats) {
+  const int64_t E = cfg.moe.num_experts;
+  for (size_t i = 0; i < stats.size(); ++i) {
+    MoeLayerStats& st = stats[i];
+    const double* o = packed + i * size_t(E + 5);
+    st.layer = cfg.moe_layer(int64_t(i));
+    st.load.assign(size_t(E), 0);
+    for (int64_t e = 0; e < E; ++e) st.load[size_t(e)] = int64_t(o[e]);
+    st.choices = int64_t(o[E]);
+    st.dropped = int64_t(o[E + 1]);
+    st.aux_sum = o[E + 2];
+    st.z_sum = o[E + 3];
+    st.forwards = int64_t(o[E + 4]);
+  }
+}
+
+MoeSummary summarize_moe_stats(const std::vector<MoeLayerStats>& stats) {
+  MoeSummary s;
+  int64_t choices = 0, dropped = 0;
+  for (const auto& st : stats) {
+    s.worst_load = std::max(s.worst_load, st.load_max_over_mean());
+    s.aux += st.aux() / double(stats.size());
+    choices += st.choices;
+    dropped += st.dropped;
+  }
+  s.dropped_fraction = choices ? double(dropped) / double(choices) : 0.0;
+  return s;
+}
+
 namespace {
 
 // Router: scores, top-k on the (biased) scores, normalised gates, loads, capacity, grouping by

@@ -118,4 +118,17 @@ struct MoeLayerStats {
   double z() const { return forwards ? z_sum / double(forwards) : 0.0; }
 };
 
+// Every block's statistics as num_experts + 5 doubles (loads, choices, dropped, aux and z
+// sums, forwards), to be summed over the ranks that route tokens, and back (unpacking also
+// names each entry's block).
+std::vector<double> pack_moe_stats(const ModelConfig& cfg, const std::vector<MoeLayerStats>& stats);
+void unpack_moe_stats(const ModelConfig& cfg, const double* packed, std::vector<MoeLayerStats>& stats);
+
+// Over all blocks: the worst block's load max/mean, the dropped share of all choices, the mean
+// balance loss.
+struct MoeSummary {
+  double worst_load = 0, dropped_fraction = 0, aux = 0;
+};
+MoeSummary summarize_moe_stats(const std::vector<MoeLayerStats>& stats);
+
 }  // namespace loom::model

@@ -38,9 +38,10 @@ int64_t vocab_rows_per_rank(const ModelConfig& cfg, int64_t tp) {
 namespace {
 constexpr int kRows = 0, kCols = 1, kNone = -1;
 
-// The family's MLP of width F under `prefix` with the names `names` (fc, [up,] out), bound to
-// the dense/shared slots or, with expert >= 0, to that expert's slots. split: Megatron's
-// column/row split for the dense MLP, none for experts.
+// The family's MLP of width F under `prefix` (GPT-2: c_fc, c_proj with biases; LLaMA:
+// gate_proj, up_proj, down_proj, or Mixtral's w1, w3, w2 for experts), bound to the dense or
+// shared slots or, with expert >= 0, to that expert's slots. split: Megatron's column/row
+// split (the dense MLP); experts and shared experts are not split.
 void add_mlp_specs(std::vector<BlockParamSpec>& out, const ModelConfig& cfg, const std::string& prefix,
                    int64_t F, bool split, int expert) {
   using S = BlockSlot;

@@ -352,52 +352,21 @@ double Trainer::train_step() {
 void Trainer::reduce_moe_stats() {
   if (!cfg_.model.moe.enabled()) return;
   moe_stats_ = model_->moe_stats();
-  const int64_t E = cfg_.model.moe.num_experts;
-  const size_t per = size_t(E) + 5;
-  std::vector<double> v(moe_stats_.size() * per, 0.0);
-  for (size_t i = 0; i < moe_stats_.size(); ++i) {
-    const model::MoeLayerStats& st = moe_stats_[i];
-    double* o = v.data() + i * per;
-    for (size_t e = 0; e < st.load.size(); ++e) o[e] = double(st.load[e]);
-    o[E] = double(st.choices);
-    o[E + 1] = double(st.dropped);
-    o[E + 2] = st.aux_sum;
-    o[E + 3] = st.z_sum;
-    o[E + 4] = double(st.forwards);
-  }
   // Each block's statistics live on its pipeline stage, identical on every tp rank; dp and ep
   // ranks route different tokens.
+  const std::vector<double> v = model::pack_moe_stats(cfg_.model, moe_stats_);
   Tensor t = Tensor::from_vector<double>(v, {int64_t(v.size())});
   reduce_over_model_parallel(t, false);
   mesh_->data().all_reduce(t);
-  const double* r = t.data<double>();
-  for (size_t i = 0; i < moe_stats_.size(); ++i) {
-    model::MoeLayerStats& st = moe_stats_[i];
-    const double* o = r + i * per;
-    st.layer = int(int64_t(i + 1) * cfg_.model.moe.moe_every - 1);
-    st.load.assign(size_t(E), 0);
-    for (int64_t e = 0; e < E; ++e) st.load[size_t(e)] = int64_t(o[e]);
-    st.choices = int64_t(o[E]);
-    st.dropped = int64_t(o[E + 1]);
-    st.aux_sum = o[E + 2];
-    st.z_sum = o[E + 3];
-    st.forwards = int64_t(o[E + 4]);
-  }
+  model::unpack_moe_stats(cfg_.model, t.data<double>(), moe_stats_);
 }
 
 std::string Trainer::moe_log() const {
   if (moe_stats_.empty()) return "";
-  double worst = 0, aux = 0;
-  int64_t choices = 0, dropped = 0;
-  for (const auto& st : moe_stats_) {
-    worst = std::max(worst, st.load_max_over_mean());
-    aux += st.aux() / double(moe_stats_.size());
-    choices += st.choices;
-    dropped += st.dropped;
-  }
+  const model::MoeSummary s = model::summarize_moe_stats(moe_stats_);
   char buf[128];
-  std::snprintf(buf, sizeof buf, " | moe load max/mean %.2f, dropped %.2f%%, aux %.3f", worst,
-                choices ? 100.0 * double(dropped) / double(choices) : 0.0, aux);
+  std::snprintf(buf, sizeof buf, " | moe load max/mean %.2f, dropped %.2f%%, aux %.3f", s.worst_load,
+                100.0 * s.dropped_fraction, s.aux);
   return buf;
 }
 
