@@ -8,6 +8,8 @@
 #include <fstream>
 
 #include "loom/io/file.h"
+#include "loom/io/manifest.h"
+#include "loom/io/safetensors.h"
 #include "loom/optim/schedule.h"
 #include "loom/train/checkpoint.h"
 #include "loom/train/dataset_source.h"
@@ -117,7 +119,7 @@ TEST(Checkpoint, CorruptedAndTruncatedCheckpointsAreSkipped) {
   EXPECT_EQ(fs::path(*found).filename(), "step_000004");
   EXPECT_NE(std::string(buf).find("step_000006: model.safetensors checksum"), std::string::npos) << buf;
   // Truncate the next one: skipped too, in favour of step 2.
-  fs::resize_file(ck + "/step_000004/optimizer.rank00000.safetensors", 100);
+  fs::resize_file(ck + "/step_000004/optimizer.exp_avg.safetensors", 100);
   std::string why;
   EXPECT_FALSE(verify_checkpoint(ck + "/step_000004", &why));
   EXPECT_NE(why.find("truncated"), std::string::npos) << why;
@@ -127,13 +129,13 @@ TEST(Checkpoint, CorruptedAndTruncatedCheckpointsAreSkipped) {
   // Resuming "auto" lands on step 2.
   Trainer t(cfg, src, quiet("auto"));
   EXPECT_EQ(t.step(), 2);
-  // A corrupt optimizer shard (size unchanged) fails a full or a resuming rank's verification,
-  // but not a weights-only one: generate and serve neither read nor checksum the shards.
-  ASSERT_TRUE(loom::testing::flip_byte(ck + "/step_000002/optimizer.rank00000.safetensors", 150, 0x01));
+  // Corrupt Adam moments (size unchanged) fail a full or a resuming rank's verification, but not
+  // a weights-only one: generate and serve neither read nor checksum them.
+  ASSERT_TRUE(loom::testing::flip_byte(ck + "/step_000002/optimizer.exp_avg_sq.safetensors", 150, 0x01));
   EXPECT_FALSE(verify_checkpoint(ck + "/step_000002", &why));
-  EXPECT_NE(why.find("optimizer.rank00000.safetensors checksum"), std::string::npos) << why;
+  EXPECT_NE(why.find("optimizer.exp_avg_sq.safetensors checksum"), std::string::npos) << why;
   EXPECT_FALSE(verify_checkpoint(ck + "/step_000002", nullptr, VerifyScope::rank(0)));
-  EXPECT_TRUE(verify_checkpoint(ck + "/step_000002", nullptr, VerifyScope::rank(1)));
+  EXPECT_FALSE(verify_checkpoint(ck + "/step_000002", nullptr, VerifyScope::rank(1)));
   EXPECT_TRUE(verify_checkpoint(ck + "/step_000002", nullptr, VerifyScope::weights()));
   EXPECT_EQ(resolve_checkpoint(ck + "/step_000002"), ck + "/step_000002");
   EXPECT_EQ(load_checkpoint_weights(ck + "/step_000002", t.model()).step, 2);
@@ -263,4 +265,51 @@ TEST(Trainer, Fp16Learns) {
   // sanitizer build of f32 and fp16), so the bound between them is 10%.
   EXPECT_LT(f16.final_val_loss, 3.3);
   EXPECT_NEAR(f16.final_val_loss, f32.final_val_loss, 0.1 * f32.final_val_loss);
+}
+
+// A format-1 checkpoint (each rank's Adam moments in its optimizer.rank<r> shard, written before
+// the moments became layout-independent) still resumes on the layout that saved it, with its
+// moments; another layout is refused, naming both and what to do.
+TEST(Checkpoint, Format1CheckpointsResumeOnTheirOwnLayout) {
+  const std::string dir = loom::testing::temp_dir("format1");
+  const std::string data = loom::testing::prepare_shakespeare(dir, 20000);
+  TrainConfig cfg = parse_train_config(loom::testing::tiny_config_yaml(data, dir + "/ck"), {"schedule.steps=4"});
+  DatasetSource src(cfg);
+  Trainer a(cfg, src, quiet());
+  a.run();
+  // Rewrite step 4 as format 1 would have written it.
+  const std::string ck = dir + "/ck/step_000004";
+  io::SafetensorsWriter w;
+  const auto& units = a.model().layout().units();
+  for (size_t i = 0; i < units.size(); ++i) {
+    w.add(units[i].name + ".exp_avg", a.engine().optimizers()[i]->exp_avg());
+    w.add(units[i].name + ".exp_avg_sq", a.engine().optimizers()[i]->exp_avg_sq());
+  }
+  w.write(ck + "/optimizer.rank00000.safetensors");
+  fs::remove(ck + "/optimizer.exp_avg.safetensors");
+  fs::remove(ck + "/optimizer.exp_avg_sq.safetensors");
+  io::ManifestWriter m(ck);
+  for (const char* f : {"model.safetensors", "config.json", "optimizer.rank00000.safetensors", "trainer_state.json",
+                        "config.yaml"})
+    m.record(f);
+  m.write(io::kTrainingCheckpointFormat, 1);
+  ASSERT_TRUE(verify_checkpoint(ck, nullptr));
+  Trainer b(cfg, src, quiet(ck));
+  EXPECT_EQ(b.step(), 4);
+  EXPECT_EQ(b.model().params().to_f32_vector(), a.model().params().to_f32_vector());
+  for (size_t i = 0; i < units.size(); ++i) {
+    EXPECT_EQ(b.engine().optimizers()[i]->exp_avg().to_f32_vector(), a.engine().optimizers()[i]->exp_avg().to_f32_vector());
+    EXPECT_EQ(b.engine().optimizers()[i]->exp_avg_sq().to_f32_vector(),
+              a.engine().optimizers()[i]->exp_avg_sq().to_f32_vector());
+    EXPECT_EQ(b.engine().optimizers()[i]->step_count(), 4);
+  }
+  TrainConfig other = cfg;
+  other.parallel.zero_stage = 1;
+  try {
+    Trainer c(other, src, quiet(ck));
+    FAIL() << "a format-1 checkpoint resumed on another layout";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("format-1 checkpoint"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("zero_stage=1"), std::string::npos) << e.what();
+  }
 }

@@ -31,8 +31,16 @@ std::string manifest_format(const std::string& dir) {
   }
 }
 
+int manifest_version(const std::string& dir) {
+  try {
+    return json::parse(read_file((fs::path(dir) / "manifest.json").string())).value("version", 0);
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
 bool verify_manifest(const std::string& dir, const std::string& format, int version, std::string* why,
-                     const std::function<bool(const std::string&)>& checksum_this) {
+                     const std::function<bool(const std::string&)>& checksum_this, int oldest_version) {
   auto fail_with = [&](const std::string& m) {
     if (why) *why = m;
     return false;
@@ -45,8 +53,11 @@ bool verify_manifest(const std::string& dir, const std::string& format, int vers
   }
   try {
     if (manifest.value("format", "") != format) return fail_with(str_cat("manifest.json is not a ", format, " manifest"));
-    if (manifest.value("version", 0) != version)
-      return fail_with(str_cat("manifest version ", manifest.value("version", 0), ", expected ", version));
+    const int v = manifest.value("version", 0);
+    if (v > version || v < (oldest_version > 0 ? oldest_version : version))
+      return fail_with(str_cat("manifest version ", v, ", expected ",
+                               oldest_version > 0 && oldest_version < version ? str_cat(oldest_version, " to ") : "",
+                               version, v > version ? " (written by a newer loom)" : ""));
     if (!manifest.contains("files") || !manifest["files"].is_object()) return fail_with("manifest.json lists no files");
     for (auto& [name, info] : manifest["files"].items()) {
       const fs::path p = fs::path(dir) / name;

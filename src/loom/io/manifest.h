@@ -33,7 +33,10 @@ class ManifestWriter {
 // and the checksum of those `checksum_this(name)` accepts (all when it is empty). On failure
 // returns false with the reason in *why ("model.safetensors checksum ... differs from the
 // manifest's ... (corrupted)"). Throws nothing for a damaged directory.
+// Versions from oldest_version (0: only `version`) to `version` are accepted.
 bool verify_manifest(const std::string& dir, const std::string& format, int version, std::string* why,
-                     const std::function<bool(const std::string&)>& checksum_this = {});
+                     const std::function<bool(const std::string&)>& checksum_this = {}, int oldest_version = 0);
+// DIR/manifest.json's "version", or 0 when there is none or it cannot be read.
+int manifest_version(const std::string& dir);
 
 }  // namespace loom::io

@@ -690,4 +690,29 @@ void DataParallel::load_full_params(const Tensor& flat) {
     chunk_view(param_shard_, u, true).copy_from(flat.slice(u.begin + r_of(u) * chunk_size(u), {chunk_size(u)}));
 }
 
+void DataParallel::gather_full_moments(const Tensor& exp_avg, const Tensor& exp_avg_sq) {
+  exp_avg.zero();
+  exp_avg_sq.zero();
+  const auto& units = layout_.units();
+  for (size_t i = 0; i < units.size(); ++i) {
+    const auto& u = units[i];
+    const optim::AdamW& a = *adam_[i];
+    if (opt_.zero_stage == 0) {
+      exp_avg.slice(u.begin, {u.size()}).copy_from(a.exp_avg());
+      exp_avg_sq.slice(u.begin, {u.size()}).copy_from(a.exp_avg_sq());
+    } else {
+      group_of(u).all_gather(a.exp_avg(), exp_avg.slice(u.begin, {u.size()}));
+      group_of(u).all_gather(a.exp_avg_sq(), exp_avg_sq.slice(u.begin, {u.size()}));
+    }
+  }
+}
+
+void DataParallel::load_full_moments(const Tensor& exp_avg, const Tensor& exp_avg_sq, int64_t optimizer_steps) {
+  for (const auto& a : adam_) {
+    a->exp_avg().copy_from(exp_avg.slice(a->begin(), {a->end() - a->begin()}));
+    a->exp_avg_sq().copy_from(exp_avg_sq.slice(a->begin(), {a->end() - a->begin()}));
+    a->set_step_count(optimizer_steps);
+  }
+}
+
 }  // namespace loom::parallel

@@ -13,20 +13,23 @@ Tensor gather_whole_params(const Mesh& mesh, const model::ParamLayout& local, co
   // Each element is written by exactly one rank (data-parallel replica 0, tp rank 0 for
   // replicated parameters, the first stage for a tied table, ep rank 0 for everything but the
   // experts each ep rank holds), so the sum is exact.
-  const MeshCoord& c = mesh.coord();
-  if (c.dp == 0) {
-    const float* src = local_flat.data<float>();
-    float* dst = whole.data<float>();
-    for (const auto& p : local.params()) {
-      if (p.tied_copy || (p.tp_replicated && local.slice().tp_rank != 0)) continue;
-      if (p.expert < 0 && c.ep != 0) continue;
-      const int64_t base = whole_layout.get(p.name).offset;
-      for (const auto& run : local.element_runs(p))
-        std::copy(src + p.offset + run.local, src + p.offset + run.local + run.n, dst + base + run.global);
-    }
-  }
+  copy_local_to_whole(mesh.coord(), local, local_flat, whole_layout, whole);
   mesh.world().all_reduce(whole);
   return whole;
+}
+
+void copy_local_to_whole(const MeshCoord& c, const model::ParamLayout& local, const Tensor& local_flat,
+                         const model::ParamLayout& whole_layout, const Tensor& whole) {
+  if (c.dp != 0) return;
+  const float* src = local_flat.data<float>();
+  float* dst = whole.data<float>();
+  for (const auto& p : local.params()) {
+    if (p.tied_copy || (p.tp_replicated && local.slice().tp_rank != 0)) continue;
+    if (p.expert < 0 && c.ep != 0) continue;
+    const int64_t base = whole_layout.get(p.name).offset;
+    for (const auto& run : local.element_runs(p))
+      std::copy(src + p.offset + run.local, src + p.offset + run.local + run.n, dst + base + run.global);
+  }
 }
 
 void slice_whole_params(const model::ParamLayout& whole_layout, const Tensor& whole,

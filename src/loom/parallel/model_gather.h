@@ -11,6 +11,12 @@ namespace loom::parallel {
 // Collective over mesh.world(): every rank returns the whole model's weights (f32, laid out
 // by ParamLayout(cfg, 1)). local_flat: this rank's full slice (not a ZeRO-3 shard).
 Tensor gather_whole_params(const Mesh& mesh, const model::ParamLayout& local, const Tensor& local_flat);
+// Copies the elements this rank contributes to the whole model (data-parallel replica 0's,
+// tp rank 0's copy of replicated parameters, not a tied copy, ep rank 0's dense parameters)
+// from local_flat into `whole` (laid out by ParamLayout(cfg, 1)); the rest is left as it is.
+// With one rank holding everything, this alone turns a flat buffer into the whole layout.
+void copy_local_to_whole(const MeshCoord& coord, const model::ParamLayout& local, const Tensor& local_flat,
+                         const model::ParamLayout& whole_layout, const Tensor& whole);
 // Fills local_flat (laid out by `local`) with its elements of `whole` (laid out by whole_layout);
 // padding is zero.
 void slice_whole_params(const model::ParamLayout& whole_layout, const Tensor& whole,

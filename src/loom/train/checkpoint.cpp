@@ -28,7 +28,9 @@ using nlohmann::json;
 
 namespace {
 
-constexpr int kFormatVersion = 1;
+// 2: layout-independent Adam moments (optimizer.exp_avg*.safetensors); 1: per-rank shards.
+constexpr int kFormatVersion = 2;
+constexpr int kOldestFormatVersion = 1;
 
 std::string rank_str(int r) {
   char buf[16];
@@ -61,10 +63,8 @@ static int first_failing_rank(const comm::Group& g, bool ok) {
   return first < g.size() ? first : -1;
 }
 
-// Throws on every rank when `ok` is false on any, so that none goes on into collectives its
-// peers never reach: the first failing rank with its own reason, the others naming it.
-static void throw_unless_ok_everywhere(const comm::Group& g, bool ok, const std::string& why,
-                                       const std::string& what, const std::string& fix = "") {
+void throw_unless_ok_everywhere(const comm::Group& g, bool ok, const std::string& why, const std::string& what,
+                                const std::string& fix) {
   const int bad = first_failing_rank(g, ok);
   LOOM_CHECK(bad < 0, "checkpoint", what,
              bad == g.rank() ? ": " + why : str_cat(" on rank ", bad, " (its reason is in its log)"), fix);
@@ -85,15 +85,135 @@ static void on_every_rank_or_none(const comm::Group& g, const std::string& what,
   throw_unless_ok_everywhere(g, ok, why, what, fix);
 }
 
+// Format 1's per-rank optimizer shards; format 2's per-rank 1-bit Adam error feedback.
 static std::string optimizer_file(int rank) { return str_cat("optimizer.rank", rank_str(rank), ".safetensors"); }
+static std::string onebit_file(int rank) { return str_cat("onebit.rank", rank_str(rank), ".safetensors"); }
+constexpr const char* kExpAvgFile = "optimizer.exp_avg.safetensors";
+constexpr const char* kExpAvgSqFile = "optimizer.exp_avg_sq.safetensors";
+
+static fs::path tmp_dir_of(const std::string& dir, int64_t step) {
+  return fs::path(dir) / str_cat(".tmp.", step_name(step));
+}
+
+// `t` when it is a defined f32 buffer of n elements, else a new one.
+static Tensor reuse_or_new(const Tensor& t, int64_t n) {
+  if (t.defined() && t.numel() == n && t.dtype() == DType::f32) return t;
+  return Tensor::zeros({n}, DType::f32, MemCategory::workspace);
+}
+
+CheckpointSnapshot snapshot_checkpoint(int64_t step, const model::Decoder& model,
+                                       const parallel::DataParallel& engine, const SaveOptions& save,
+                                       const ModelParallelInfo& mp, CheckpointSnapshot* reuse) {
+  LOOM_CHECK(mp.mesh, "checkpoint", "snapshot_checkpoint needs the run's mesh");
+  const parallel::Mesh& mesh = *mp.mesh;
+  const bool main = mesh.world().rank() == 0;
+  const model::ParamLayout& local = model.layout();
+  CheckpointSnapshot s;
+  s.step = step;
+  if (reuse && reuse->layout) s.layout = reuse->layout;
+  else s.layout = std::make_shared<const model::ParamLayout>(model.config(), 1);
+  const int64_t n = s.layout->total();
+  // This rank's full slice: weights (gathered from ZeRO-3 chunks) and moments (from ZeRO chunks).
+  Tensor w = model.params();
+  if (engine.zero_stage() >= 3) {
+    w = Tensor::zeros({model.flat_size()}, DType::f32, MemCategory::workspace);
+    const_cast<parallel::DataParallel&>(engine).gather_full_params(w);
+  }
+  Tensor m = Tensor::zeros({model.flat_size()}, DType::f32, MemCategory::workspace);
+  Tensor v = Tensor::zeros({model.flat_size()}, DType::f32, MemCategory::workspace);
+  const_cast<parallel::DataParallel&>(engine).gather_full_moments(m, v);
+  if (mp.whole_layout) {  // model-parallel slices: summed into the whole on every rank
+    s.weights = parallel::gather_whole_params(mesh, local, w);
+    s.exp_avg = parallel::gather_whole_params(mesh, local, m);
+    s.exp_avg_sq = parallel::gather_whole_params(mesh, local, v);
+    if (!main) s.weights = s.exp_avg = s.exp_avg_sq = Tensor();
+  } else if (main) {  // data parallelism only: rank 0 holds everything; drop the units' padding
+    s.weights = reuse_or_new(reuse ? reuse->weights : Tensor(), n);
+    s.exp_avg = reuse_or_new(reuse ? reuse->exp_avg : Tensor(), n);
+    s.exp_avg_sq = reuse_or_new(reuse ? reuse->exp_avg_sq : Tensor(), n);
+    const parallel::MeshCoord origin;
+    parallel::copy_local_to_whole(origin, local, w, *s.layout, s.weights);
+    parallel::copy_local_to_whole(origin, local, m, *s.layout, s.exp_avg);
+    parallel::copy_local_to_whole(origin, local, v, *s.layout, s.exp_avg_sq);
+  }
+  if (!main) return s;
+  s.config_json = model::hf_config_json(model.config());
+  s.config_yaml = save.config_yaml;
+  s.model_name = model.config().name;
+  s.keep_last = save.keep_last;
+  s.run_id = save.run_id;
+  s.onebit_files = engine.onebit().empty() ? 0 : mesh.world().size();
+  json state = {{"step", step}, {"optimizer_steps", engine.optimizer_steps()},
+                {"dp_size", engine.group().size()}, {"zero_stage", engine.zero_stage()},
+                {"layout", mp.layout}, {"data_parallel_only", mp.data_parallel_only},
+                {"tokenizer", save.tokenizer}, {"run_id", save.run_id},
+                // Batches are a pure function of (data.seed, step): the step is the position.
+                {"data_position", {{"step", step}}}};
+  if (save.loss_scale > 0) {
+    state["loss_scale"] = save.loss_scale;
+    state["loss_scale_clean_steps"] = save.loss_scale_clean_steps;
+  }
+  if (model.router_bias().defined()) {  // MoE balancing biases: what an exact resume needs
+    const Tensor& b = model.router_bias();
+    state["router_bias"] = std::vector<float>(b.data<float>(), b.data<float>() + b.numel());
+  }
+  s.trainer_state_json = state.dump(2);
+  return s;
+}
+
+std::string write_checkpoint(const std::string& dir, const CheckpointSnapshot& s, bool tmp_ready) {
+  const fs::path final_dir = fs::path(dir) / step_name(s.step);
+  const fs::path tmp = tmp_dir_of(dir, s.step);
+  try {
+    std::error_code ec;
+    if (!tmp_ready) {
+      fs::create_directories(dir, ec);
+      LOOM_CHECK(!ec, "checkpoint", "cannot create ", dir, ": ", ec.message());
+      fs::remove_all(tmp, ec);
+      fs::create_directories(tmp, ec);
+      LOOM_CHECK(!ec, "checkpoint", "cannot create ", tmp.string(), ": ", ec.message());
+    }
+    io::ManifestWriter manifest(tmp.string());
+    auto record = [&](const std::string& name) { manifest.record(name); };
+    model::save_hf_safetensors(*s.layout, s.weights, (tmp / "model.safetensors").string());
+    record("model.safetensors");
+    // The moments under the weights' names: layout-independent, like the weights.
+    model::save_hf_safetensors(*s.layout, s.exp_avg, (tmp / kExpAvgFile).string());
+    record(kExpAvgFile);
+    model::save_hf_safetensors(*s.layout, s.exp_avg_sq, (tmp / kExpAvgSqFile).string());
+    record(kExpAvgSqFile);
+    io::write_file_atomic((tmp / "config.json").string(), s.config_json);
+    record("config.json");
+    for (int r = 0; r < s.onebit_files; ++r) record(onebit_file(r));
+    io::write_file_atomic((tmp / "trainer_state.json").string(), s.trainer_state_json);
+    record("trainer_state.json");
+    io::write_file_atomic((tmp / "config.yaml").string(), s.config_yaml);
+    record("config.yaml");
+    manifest.write(io::kTrainingCheckpointFormat, kFormatVersion, {{"step", s.step}, {"model", s.model_name}});
+    io::fsync_dir(tmp.string());
+    fs::remove_all(final_dir, ec);  // an older save of the same step (e.g. after a crash)
+    fs::rename(tmp, final_dir, ec);
+    LOOM_CHECK(!ec, "checkpoint", "cannot rename ", tmp.string(), " to ", final_dir.string(), ": ", ec.message());
+    io::fsync_dir(dir);
+    io::write_file_atomic((fs::path(dir) / "latest").string(), step_name(s.step) + "\n");
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove_all(tmp, ignored);
+    throw;
+  }
+  prune_checkpoints(dir, s.run_id, s.step, s.keep_last);
+  return final_dir.string();
+}
 
 std::string save_checkpoint(const std::string& dir, int64_t step, const model::Decoder& model,
-                            const parallel::DataParallel& engine, const Tensor& full_params,
-                            const SaveOptions& save, const ModelParallelInfo& mp) {
-  const comm::Group& g = mp.world ? *mp.world : engine.group();
+                            const parallel::DataParallel& engine, const SaveOptions& save,
+                            const ModelParallelInfo& mp) {
+  LOOM_CHECK(mp.mesh, "checkpoint", "save_checkpoint needs the run's mesh");
+  const comm::Group& g = mp.mesh->world();
   const bool main = g.rank() == 0;
   const fs::path final_dir = fs::path(dir) / step_name(step);
-  const fs::path tmp = fs::path(dir) / str_cat(".tmp.", step_name(step));
+  const fs::path tmp = tmp_dir_of(dir, step);
+  const CheckpointSnapshot snap = snapshot_checkpoint(step, model, engine, save, mp);
   // Each phase ends with every rank learning whether all of them succeeded (where a barrier
   // would leave the others waiting for a rank that failed): a failure anywhere (disk full,
   // permissions) fails every rank at once, the partial save is removed, and the previous
@@ -110,86 +230,47 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const model::D
       throw;
     }
   };
-  phase([&] {
-    if (!main) return;
-    std::error_code ec;
-    fs::create_directories(dir, ec);
-    LOOM_CHECK(!ec, "checkpoint", "cannot create ", dir, ": ", ec.message());
-    fs::remove_all(tmp, ec);
-    fs::create_directories(tmp, ec);
-    LOOM_CHECK(!ec, "checkpoint", "cannot create ", tmp.string(), ": ", ec.message());
-  });
-  phase([&] {  // every rank: its optimizer chunks, one pair of moments per unit
-    io::SafetensorsWriter w;
-    const auto& units = model.layout().units();
-    for (size_t i = 0; i < units.size(); ++i) {
-      const auto& a = *engine.optimizers()[i];
-      w.add(str_cat(units[i].name, ".exp_avg"), a.exp_avg());
-      w.add(str_cat(units[i].name, ".exp_avg_sq"), a.exp_avg_sq());
-      w.set_metadata(str_cat(units[i].name, ".range"), str_cat(a.begin(), ":", a.end()));
-      if (!engine.onebit().empty()) {  // 1-bit Adam's error feedback, this rank's own
+  const bool onebit = !engine.onebit().empty();
+  if (onebit) {  // every rank writes its own error feedback into the temporary directory
+    phase([&] {
+      if (!main) return;
+      std::error_code ec;
+      fs::create_directories(dir, ec);
+      LOOM_CHECK(!ec, "checkpoint", "cannot create ", dir, ": ", ec.message());
+      fs::remove_all(tmp, ec);
+      fs::create_directories(tmp, ec);
+      LOOM_CHECK(!ec, "checkpoint", "cannot create ", tmp.string(), ": ", ec.message());
+    });
+    phase([&] {
+      io::SafetensorsWriter w;
+      const auto& units = model.layout().units();
+      for (size_t i = 0; i < units.size(); ++i) {
         w.add(str_cat(units[i].name, ".onebit_worker_error"), engine.onebit()[i]->worker_error());
         w.add(str_cat(units[i].name, ".onebit_server_error"), engine.onebit()[i]->server_error());
       }
-    }
-    w.set_metadata("optimizer_steps", std::to_string(engine.optimizer_steps()));
-    w.set_metadata("dp_size", std::to_string(engine.group().size()));
-    w.set_metadata("zero_stage", std::to_string(engine.zero_stage()));
-    w.write((tmp / optimizer_file(g.rank())).string());
-  });
+      w.write((tmp / onebit_file(g.rank())).string());
+    });
+  }
   phase([&] {
-    if (!main) return;
-    io::ManifestWriter manifest(tmp.string());
-    auto record = [&](const std::string& name) { manifest.record(name); };
-    model::save_hf_safetensors(mp.whole_layout ? *mp.whole_layout : model.layout(), full_params,
-                               (tmp / "model.safetensors").string());
-    record("model.safetensors");
-    io::write_file_atomic((tmp / "config.json").string(), model::hf_config_json(model.config()));
-    record("config.json");
-    for (int r = 0; r < g.size(); ++r) record(optimizer_file(r));
-    json state = {{"step", step}, {"optimizer_steps", engine.optimizer_steps()},
-                  {"dp_size", engine.group().size()}, {"zero_stage", engine.zero_stage()},
-                  {"layout", mp.layout}, {"data_parallel_only", mp.data_parallel_only},
-                  {"tokenizer", save.tokenizer}, {"run_id", save.run_id},
-                  // Batches are a pure function of (data.seed, step): the step is the position.
-                  {"data_position", {{"step", step}}}};
-    if (save.loss_scale > 0) {
-      state["loss_scale"] = save.loss_scale;
-      state["loss_scale_clean_steps"] = save.loss_scale_clean_steps;
-    }
-    if (model.router_bias().defined()) {  // MoE balancing biases: what an exact resume needs
-      const Tensor& b = model.router_bias();
-      state["router_bias"] = std::vector<float>(b.data<float>(), b.data<float>() + b.numel());
-    }
-    io::write_file_atomic((tmp / "trainer_state.json").string(), state.dump(2));
-    record("trainer_state.json");
-    io::write_file_atomic((tmp / "config.yaml").string(), save.config_yaml);
-    record("config.yaml");
-    manifest.write(io::kTrainingCheckpointFormat, kFormatVersion, {{"step", step}, {"model", model.config().name}});
-    io::fsync_dir(tmp.string());
-    std::error_code ec;
-    fs::remove_all(final_dir, ec);  // an older save of the same step (e.g. after a crash)
-    fs::rename(tmp, final_dir, ec);
-    LOOM_CHECK(!ec, "checkpoint", "cannot rename ", tmp.string(), " to ", final_dir.string(), ": ",
-               ec.message());
-    io::fsync_dir(dir);
-    io::write_file_atomic((fs::path(dir) / "latest").string(), step_name(step) + "\n");
-    prune_checkpoints(dir, save.run_id, step, save.keep_last);
+    if (main) write_checkpoint(dir, snap, onebit);
   });
   return final_dir.string();
 }
 
 static bool in_scope(const std::string& file, const VerifyScope& scope) {
   if (scope.all) return true;
-  if (!file.starts_with("optimizer.rank")) return true;
-  for (int r : scope.optimizer_ranks)
-    if (file == optimizer_file(r)) return true;
-  return false;
+  if (file.starts_with("optimizer.rank") || file.starts_with("onebit.rank")) {
+    for (int r : scope.ranks)
+      if (file == optimizer_file(r) || file == onebit_file(r)) return true;
+    return false;
+  }
+  if (file.starts_with("optimizer.")) return scope.optimizer;
+  return true;
 }
 
 bool verify_checkpoint(const std::string& path, std::string* why, const VerifyScope& scope) {
   return io::verify_manifest(path, io::kTrainingCheckpointFormat, kFormatVersion, why,
-                             [&](const std::string& name) { return in_scope(name, scope); });
+                             [&](const std::string& name) { return in_scope(name, scope); }, kOldestFormatVersion);
 }
 
 std::optional<std::string> find_latest_valid_checkpoint(const std::string& dir, FILE* log,
@@ -247,194 +328,111 @@ CheckpointMeta load_checkpoint_weights(const std::string& path, model::Decoder& 
   return {state.at("step").get<int64_t>(), path, "", state.value("run_id", "")};
 }
 
-namespace {
+VerifyScope checkpoint_load_scope(const comm::Group& world) { return VerifyScope::rank(world.rank()); }
 
-// Where one unit's Adam moments lie in the saved shards: the unit-local element ranges each
-// saved rank holds (ZeRO-0: every rank the whole unit, so one reader per new rank suffices).
-struct SavedChunk {
-  int rank;
-  int64_t local_begin, local_end;
-};
-
-// The saved ranks whose chunks of unit `u` overlap unit-local [a, b), with their ranges.
-std::vector<SavedChunk> saved_chunks(const model::ParamUnit& old_unit, int saved_dp, int saved_stage,
-                                     int64_t a, int64_t b, int my_rank) {
-  std::vector<SavedChunk> out;
-  const int64_t size = old_unit.size();
-  if (saved_stage == 0) {
-    out.push_back({my_rank % saved_dp, 0, size});  // spread the reads over the saved files
-    return out;
-  }
-  const int64_t chunk = size / saved_dp;
-  for (int r = 0; r < saved_dp; ++r) {
-    const int64_t lo = r * chunk, hi = lo + chunk;
-    if (lo < b && a < hi) out.push_back({r, lo, hi});
-  }
-  return out;
-}
-
-// A layout string of a purely data-parallel run ("pp=1 x dp=4 x ep=1 x tp=1, stages ..."), for
-// checkpoints saved before trainer_state.json recorded data_parallel_only.
-bool layout_is_data_parallel_only(const std::string& layout) {
-  return layout.starts_with("pp=1 x dp=") && layout.find(" x ep=1 x tp=1") != std::string::npos;
-}
-
-// What loading a checkpoint means on this rank: the saved state, whether the optimizer state is
-// resharded (and from which saved layout), the optimizer shards read, or why it is refused.
-struct LoadPlan {
-  json state;
-  int saved_dp = 1, saved_stage = 0;
-  bool reshard = false;
-  std::optional<model::ParamLayout> saved_units;  // the saved flat geometry, when resharding
-  std::vector<int> shards;
-  std::string refusal;  // non-empty: this run cannot load it
-};
-
-LoadPlan plan_load(const std::string& path, const model::Decoder& model, const parallel::DataParallel& engine,
-                   const ModelParallelInfo& mp) {
-  const comm::Group& g = mp.world ? *mp.world : engine.group();
-  LoadPlan p;
-  p.state = json::parse(io::read_file((fs::path(path) / "trainer_state.json").string()));
-  p.saved_dp = p.state.value("dp_size", 1);
-  p.saved_stage = p.state.value("zero_stage", 0);
-  const int dp = engine.group().size(), stage = engine.zero_stage();
-  const std::string saved_layout = p.state.value("layout", "");
-  const bool same = p.saved_dp == dp && p.saved_stage == stage &&
-                    (saved_layout.empty() || mp.layout.empty() || saved_layout == mp.layout);
-  // Resharding: both runs purely data parallel (the world is the dp group, every rank holds
-  // the whole model and its flat layout differs only in the units' padding).
-  const bool saved_dp_only = p.state.contains("data_parallel_only") ? p.state["data_parallel_only"].get<bool>()
-                                                                     : layout_is_data_parallel_only(saved_layout);
-  p.reshard = !same && saved_dp_only && mp.data_parallel_only && p.saved_dp >= 1;
-  p.shards = {g.rank()};
-  if (!same && !p.reshard) {
-    p.refusal = str_cat(path, " was saved with ", saved_layout.empty() ? "an unrecorded layout" : saved_layout,
-                        " (dp=", p.saved_dp, " zero_stage=", p.saved_stage, "); this run has ",
-                        mp.layout.empty() ? "an unrecorded layout" : mp.layout, " (dp=", dp, " zero_stage=", stage,
-                        "). Resharding on load covers the dp size and the ZeRO stage of purely data-parallel "
-                        "runs; resume with the saved pipeline and tensor-parallel layout");
-    return p;
-  }
-  if (!p.reshard) return p;
-  p.saved_units.emplace(model.config(), p.saved_dp);
+// Format 1: each rank's optimizer shard, on the layout that saved it.
+static void load_format1_optimizer(const std::string& path, const model::Decoder& model,
+                                   parallel::DataParallel& engine, int rank, int64_t optimizer_steps) {
+  auto f = io::SafetensorsFile::open((fs::path(path) / optimizer_file(rank)).string());
   const auto& units = model.layout().units();
-  p.shards.clear();
   for (size_t i = 0; i < units.size(); ++i) {
-    const auto& a = *engine.optimizers()[i];
-    for (const SavedChunk& c : saved_chunks(p.saved_units->units()[i], p.saved_dp, p.saved_stage,
-                                            a.begin() - units[i].begin, a.end() - units[i].begin, g.rank()))
-      if (std::find(p.shards.begin(), p.shards.end(), c.rank) == p.shards.end()) p.shards.push_back(c.rank);
-  }
-  return p;
-}
-
-}  // namespace
-
-VerifyScope checkpoint_load_scope(const std::string& path, const model::Decoder& model,
-                                  const parallel::DataParallel& engine, const ModelParallelInfo& mp) {
-  const comm::Group& g = mp.world ? *mp.world : engine.group();
-  try {
-    return {false, plan_load(path, model, engine, mp).shards};
-  } catch (const std::exception&) {
-    return VerifyScope::rank(g.rank());  // an unreadable state: its checksum will say so
+    auto& a = *engine.optimizers()[i];
+    Tensor m = f.get(str_cat(units[i].name, ".exp_avg")), v = f.get(str_cat(units[i].name, ".exp_avg_sq"));
+    LOOM_CHECK(m.numel() == a.exp_avg().numel(), "checkpoint", path, ": ", units[i].name, " optimizer state has ",
+               m.numel(), " elements, this run expects ", a.exp_avg().numel());
+    a.exp_avg().copy_from(m);
+    a.exp_avg_sq().copy_from(v);
+    a.set_step_count(optimizer_steps);
   }
 }
 
-CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model,
-                               parallel::DataParallel& engine, const ModelParallelInfo& mp,
-                               bool verified) {
-  const comm::Group& g = mp.world ? *mp.world : engine.group();
+// 1-bit Adam's error feedback of this rank, when the file exists (a run that was AdamW has none:
+// the errors start at zero).
+static void load_onebit_errors(const std::string& path, const std::string& file, const model::Decoder& model,
+                               parallel::DataParallel& engine) {
+  if (engine.onebit().empty() || !fs::exists(fs::path(path) / file)) return;
+  auto f = io::SafetensorsFile::open((fs::path(path) / file).string());
+  const std::vector<std::string> names = f.names();
+  auto load = [&](const std::string& name, const Tensor& into) {
+    if (std::find(names.begin(), names.end(), name) == names.end()) return;
+    Tensor t = f.get(name);
+    LOOM_CHECK(t.numel() == into.numel(), "checkpoint", path, ": ", name, " has ", t.numel(),
+               " elements, this run expects ", into.numel());
+    into.copy_from(t);
+  };
+  const auto& units = model.layout().units();
+  for (size_t i = 0; i < units.size(); ++i) {
+    load(str_cat(units[i].name, ".onebit_worker_error"), engine.onebit()[i]->worker_error());
+    load(str_cat(units[i].name, ".onebit_server_error"), engine.onebit()[i]->server_error());
+  }
+}
+
+// "pp=1 x dp=2 x ep=1 x tp=2, stages [0,4) zero_stage=1": what resharding compares.
+static std::string layout_with_stage(const std::string& layout, int dp, int stage) {
+  return str_cat(layout.empty() ? str_cat("dp=", dp) : layout, " zero_stage=", stage);
+}
+
+CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model, parallel::DataParallel& engine,
+                               const ModelParallelInfo& mp, bool verified) {
+  LOOM_CHECK(mp.mesh, "checkpoint", "load_checkpoint needs the run's mesh");
+  const comm::Group& g = mp.mesh->world();
   LOOM_CHECK(io::manifest_format(path) != io::kQuantizedCheckpointFormat, "checkpoint", path,
              " is a quantized inference checkpoint (loom quantize): it holds no optimizer state, so --resume "
              "cannot continue from it; resume from the training checkpoint it was made from (its manifest.json "
              "names it as \"source\")");
-  LoadPlan plan;
-  std::string plan_error;
-  try {
-    plan = plan_load(path, model, engine, mp);
-  } catch (const std::exception& e) {
-    plan_error = e.what();  // a damaged trainer_state.json: verification below names the file
-  }
-  if (!plan_error.empty() || !verified) {  // each rank its files; all fail together when one does
+  if (!verified) {  // each rank its files; all fail together when one does
     std::string why;
-    const bool ok = verify_checkpoint(path, &why, {false, plan_error.empty() ? plan.shards : std::vector<int>{g.rank()}});
+    const bool ok = verify_checkpoint(path, &why, checkpoint_load_scope(g));
     throw_unless_ok_everywhere(g, ok, why, path + " failed verification",
                                "; resume from an earlier checkpoint (--resume auto takes the newest valid one)");
-    LOOM_CHECK(plan_error.empty(), "checkpoint", path, ": trainer_state.json: ", plan_error);
   }
-  LOOM_CHECK(plan.refusal.empty(), "checkpoint", plan.refusal);
-  const json& state = plan.state;
-  Tensor flat = Tensor::zeros({model.flat_size()}, DType::f32, MemCategory::workspace);
-  const std::string weights = (fs::path(path) / "model.safetensors").string();
-  if (mp.whole_layout) {  // the whole model on disk; this rank takes its slice
-    Tensor whole = Tensor::zeros({mp.whole_layout->total()}, DType::f32, MemCategory::workspace);
-    model::load_hf_safetensors(model.config(), *mp.whole_layout, whole, weights);
-    parallel::slice_whole_params(*mp.whole_layout, whole, model.layout(), flat);
-  } else {
-    model::load_hf_safetensors(model.config(), model.layout(), flat, weights);
+  json state;
+  std::string state_error;
+  try {
+    state = json::parse(io::read_file((fs::path(path) / "trainer_state.json").string()));
+  } catch (const std::exception& e) {
+    state_error = e.what();
   }
-  engine.load_full_params(flat);
-  restore_router_bias(state, model);
+  throw_unless_ok_everywhere(g, state_error.empty(), state_error, path + ": trainer_state.json is unreadable");
+  const int saved_dp = state.value("dp_size", 1), saved_stage = state.value("zero_stage", 0);
+  const std::string saved = layout_with_stage(state.value("layout", ""), saved_dp, saved_stage);
+  const std::string mine = layout_with_stage(mp.layout, engine.group().size(), engine.zero_stage());
+  const bool same_layout = saved == mine;
+  const int version = io::manifest_version(path);
+  LOOM_CHECK(version >= 2 || same_layout, "checkpoint", path, " is a format-1 checkpoint (per-rank optimizer shards) saved with ",
+             saved, "; this run has ", mine, ". Format 1 resumes only on the layout that saved it: resume there once "
+             "and save again (format 2 loads into any layout)");
   const int64_t optimizer_steps = state.at("optimizer_steps").get<int64_t>();
-  const auto& units = model.layout().units();
-  on_every_rank_or_none(g, str_cat("loading the optimizer state of ", path, " failed"), [&] {
-    if (!plan.reshard) {
-      auto f = io::SafetensorsFile::open((fs::path(path) / optimizer_file(g.rank())).string());
-      for (size_t i = 0; i < units.size(); ++i) {
-        auto& a = *engine.optimizers()[i];
-        Tensor m = f.get(str_cat(units[i].name, ".exp_avg")), v = f.get(str_cat(units[i].name, ".exp_avg_sq"));
-        LOOM_CHECK(m.numel() == a.exp_avg().numel(), "checkpoint", path, ": ", units[i].name,
-                   " optimizer state has ", m.numel(), " elements, this run expects ", a.exp_avg().numel());
-        a.exp_avg().copy_from(m);
-        a.exp_avg_sq().copy_from(v);
-        a.set_step_count(optimizer_steps);
-      }
-      if (!engine.onebit().empty()) {  // absent when the run was AdamW: the errors start at zero
-        std::vector<std::string> names = f.names();
-        auto load = [&](const std::string& name, const Tensor& into) {
-          if (std::find(names.begin(), names.end(), name) == names.end()) return;
-          Tensor t = f.get(name);
-          LOOM_CHECK(t.numel() == into.numel(), "checkpoint", path, ": ", name, " has ", t.numel(),
-                     " elements, this run expects ", into.numel());
-          into.copy_from(t);
-        };
-        for (size_t i = 0; i < units.size(); ++i) {
-          load(str_cat(units[i].name, ".onebit_worker_error"), engine.onebit()[i]->worker_error());
-          load(str_cat(units[i].name, ".onebit_server_error"), engine.onebit()[i]->server_error());
-        }
-      }
+  const model::ParamLayout& layout = mp.whole_layout ? *mp.whole_layout : model.layout();
+  // Weights and moments alike: the whole model on disk, this rank's slice and chunk of it.
+  auto load_whole = [&](const std::string& file, const Tensor& local_flat) {
+    const std::string p = (fs::path(path) / file).string();
+    if (!mp.whole_layout) {
+      model::load_hf_safetensors(model.config(), model.layout(), local_flat, p);
       return;
     }
-    // Unit-local element j is the same parameter element in both layouts (padding sits at each
-    // unit's end); this rank's new chunk of unit i is filled from the saved chunks overlapping it.
-    std::map<int, io::SafetensorsFile> files;
-    for (int r : plan.shards)
-      files.emplace(r, io::SafetensorsFile::open((fs::path(path) / optimizer_file(r)).string()));
-    for (size_t i = 0; i < units.size(); ++i) {
-      auto& a = *engine.optimizers()[i];
-      const int64_t lo = a.begin() - units[i].begin, hi = a.end() - units[i].begin;
-      const model::ParamUnit& old_unit = plan.saved_units->units()[i];
-      LOOM_CHECK(old_unit.name == units[i].name, "checkpoint", path, ": unit ", i, " is ", old_unit.name,
-                 " there and ", units[i].name, " here");
-      a.exp_avg().zero();
-      a.exp_avg_sq().zero();
-      for (const SavedChunk& c : saved_chunks(old_unit, plan.saved_dp, plan.saved_stage, lo, hi, g.rank())) {
-        const io::SafetensorsFile& f = files.at(c.rank);
-        Tensor m = f.get(str_cat(units[i].name, ".exp_avg")), v = f.get(str_cat(units[i].name, ".exp_avg_sq"));
-        LOOM_CHECK(m.numel() == c.local_end - c.local_begin, "checkpoint", path, ": ", optimizer_file(c.rank),
-                   " holds ", m.numel(), " elements of ", units[i].name, ", dp=", plan.saved_dp, " zero_stage=",
-                   plan.saved_stage, " means ", c.local_end - c.local_begin);
-        const int64_t from = std::max(lo, c.local_begin), to = std::min(hi, c.local_end);
-        if (to <= from) continue;  // a saved unit shorter than where this chunk starts
-        std::copy_n(m.data<float>() + (from - c.local_begin), to - from, a.exp_avg().data<float>() + (from - lo));
-        std::copy_n(v.data<float>() + (from - c.local_begin), to - from, a.exp_avg_sq().data<float>() + (from - lo));
-      }
-      a.set_step_count(optimizer_steps);
+    Tensor whole = Tensor::zeros({layout.total()}, DType::f32, MemCategory::workspace);
+    model::load_hf_safetensors(model.config(), layout, whole, p);
+    parallel::slice_whole_params(layout, whole, model.layout(), local_flat);
+  };
+  on_every_rank_or_none(g, str_cat("loading ", path, " failed"), [&] {
+    Tensor flat = Tensor::zeros({model.flat_size()}, DType::f32, MemCategory::workspace);
+    load_whole("model.safetensors", flat);
+    engine.load_full_params(flat);
+    if (version < 2) {
+      load_format1_optimizer(path, model, engine, g.rank(), optimizer_steps);
+      load_onebit_errors(path, optimizer_file(g.rank()), model, engine);
+      return;
     }
+    Tensor v = Tensor::zeros({model.flat_size()}, DType::f32, MemCategory::workspace);
+    load_whole(kExpAvgFile, flat);
+    load_whole(kExpAvgSqFile, v);
+    engine.load_full_moments(flat, v, optimizer_steps);
+    if (same_layout) load_onebit_errors(path, onebit_file(g.rank()), model, engine);
   });
-  return {state.at("step").get<int64_t>(), path,
-          plan.reshard ? str_cat("dp=", plan.saved_dp, " zero_stage=", plan.saved_stage) : "",
-          state.value("run_id", ""), state.value("loss_scale", 0.0), state.value("loss_scale_clean_steps", int64_t(0))};
+  restore_router_bias(state, model);
+  return {state.at("step").get<int64_t>(), path, same_layout ? "" : saved, state.value("run_id", ""),
+          state.value("loss_scale", 0.0), state.value("loss_scale_clean_steps", int64_t(0))};
 }
 
 std::string checkpoint_tokenizer(const std::string& path) {

@@ -1,24 +1,30 @@
 // Training checkpoints: DIR/step_000123/ holds the weights under Hugging Face names
-// (model.safetensors + config.json), the optimizer moments, the trainer state (step, data
-// position), the resolved config, and manifest.json with a CRC32C per file. Written under a
-// temporary name, fsynced, renamed; DIR/latest moves last; the run's last K are kept
-// (checkpoint_dir.h). A loader verifies every checksum before it trusts a checkpoint.
+// (model.safetensors + config.json), the Adam moments under the same names
+// (optimizer.exp_avg.safetensors, optimizer.exp_avg_sq.safetensors), the trainer state (step,
+// data position), the resolved config, and manifest.json with a CRC32C per file. Weights and
+// moments are the whole model's whatever the layout that saved them (dp, tp, pp, ep, ZeRO stage),
+// so any layout loads any checkpoint: each rank takes its slice and its optimizer chunk of them.
+// Written under a temporary name, fsynced, renamed; DIR/latest moves last; the run's last K are
+// kept (checkpoint_dir.h). A loader verifies every checksum before it trusts a checkpoint.
+// Format 1 (before 2026-12-02: per-rank optimizer shards) still resumes on the layout that saved it.
 #pragma once
 #include <cstdint>
 #include <cstdio>
 #include <functional>
 #include <optional>
+#include <memory>
 #include <string>
 
 #include "loom/model/decoder.h"
 #include "loom/parallel/data_parallel.h"
+#include "loom/parallel/mesh.h"
 
 namespace loom::train {
 
 struct CheckpointMeta {
   int64_t step = 0;
   std::string path;
-  std::string resharded_from;  // "dp=2 zero_stage=1" when the optimizer state was re-cut, else ""
+  std::string resharded_from;  // the saving layout when it was not this run's (state re-cut), else ""
   std::string run_id;          // the run that saved it; "" for checkpoints saved before run ids
   double loss_scale = 0;       // fp16's dynamic loss scale when saved; 0: none recorded
   int64_t loss_scale_clean_steps = 0;
@@ -39,30 +45,61 @@ struct SaveOptions {
 // Defaults: data parallelism only (the engine's dp group is every rank; the weights are laid
 // out by the model's layout).
 struct ModelParallelInfo {
-  const comm::Group* world = nullptr;                // every rank of the run
-  const model::ParamLayout* whole_layout = nullptr;  // the layout of full_params
+  const parallel::Mesh* mesh = nullptr;              // the run's rank grid (required)
+  const model::ParamLayout* whole_layout = nullptr;  // ParamLayout(cfg, 1) under tp, pp or ep
   std::string layout;  // mesh and stages, e.g. "pp=2 x dp=1 x ep=1 x tp=2, stages [0,1) [1,2)"
   bool data_parallel_only = false;  // pp = tp = ep = 1: every rank holds the whole model
 };
 
-// Collective over every rank (mp.world, else the engine's dp group): rank 0 writes the weights
-// (full_params: the whole model's flat weights, gathered under ZeRO-3 and across model-
-// parallel ranks), config and manifest; every rank writes its optimizer shard
-// (optimizer.rank<r>.safetensors, with the unit ranges it covers). Returns the final directory.
+// A step's state as a checkpoint holds it, assembled on rank 0 (weights and moments in the
+// whole model's layout; undefined tensors elsewhere): what a synchronous save writes at once and
+// an asynchronous one (checkpoint_writer.h) writes in the background while training goes on.
+struct CheckpointSnapshot {
+  int64_t step = 0;
+  std::shared_ptr<const model::ParamLayout> layout;  // of weights / exp_avg / exp_avg_sq
+  Tensor weights, exp_avg, exp_avg_sq;
+  std::string config_json, config_yaml, trainer_state_json, model_name;
+  int64_t keep_last = 3;
+  std::string run_id;
+  int onebit_files = 0;  // ranks whose 1-bit Adam error files the directory holds (0: none)
+};
+
+// Collective over mp.mesh->world(): gathers the weights (from ZeRO-3 chunks, tp slices, pipeline
+// stages, ep ranks) and the Adam moments (from ZeRO chunks likewise) into the whole model's
+// layout on rank 0. `reuse`: a previous snapshot whose rank-0 buffers are filled again when the
+// sizes match (no fresh pages per checkpoint).
+CheckpointSnapshot snapshot_checkpoint(int64_t step, const model::Decoder& model,
+                                       const parallel::DataParallel& engine, const SaveOptions& save,
+                                       const ModelParallelInfo& mp, CheckpointSnapshot* reuse = nullptr);
+// Rank 0 only: writes a snapshot as DIR/step_N (temporary name, fsync, manifest, rename, latest,
+// pruning). Throws on failure after removing the partial directory; the previous checkpoints,
+// latest included, are untouched. `tmp_ready`: the temporary directory exists already (other
+// ranks wrote their files into it).
+std::string write_checkpoint(const std::string& dir, const CheckpointSnapshot& snap, bool tmp_ready = false);
+
+// Collective: snapshot, then rank 0 writes it (every rank its 1-bit Adam error feedback). A
+// failure on any rank (disk full, permissions) fails every rank with one message and leaves the
+// previous checkpoints intact. Returns the final directory.
 std::string save_checkpoint(const std::string& dir, int64_t step, const model::Decoder& model,
-                            const parallel::DataParallel& engine, const Tensor& full_params,
-                            const SaveOptions& save, const ModelParallelInfo& mp = {});
+                            const parallel::DataParallel& engine, const SaveOptions& save,
+                            const ModelParallelInfo& mp);
+
+// Throws on every rank of g when `ok` is false on any (collective), so that none goes on into
+// collectives its peers never reach: the first failing rank with its own reason `why`, the
+// others naming it. `what` says what failed, `fix` what to do.
+void throw_unless_ok_everywhere(const comm::Group& g, bool ok, const std::string& why, const std::string& what,
+                                const std::string& fix = "");
 
 // Which files' checksums a verification computes. Every listed file's presence and size are
 // always checked; the checksum pass reads the file, so a reader checks only what it will load:
-// the weights and metadata, plus (for a resuming rank) its own optimizer shard. A run of N ranks
-// thus reads each shard once instead of N times.
+// the weights and metadata, for a resuming rank the Adam moments and its own files.
 struct VerifyScope {
-  bool all = true;                  // every file's checksum
-  std::vector<int> optimizer_ranks; // otherwise: the non-optimizer files and these ranks' shards
+  bool all = true;       // every file's checksum
+  bool optimizer = true; // otherwise: the Adam moments (optimizer.exp_avg*.safetensors) too
+  std::vector<int> ranks;  // and these ranks' own files (1-bit Adam errors, format-1 shards)
   static VerifyScope everything() { return {}; }
-  static VerifyScope weights() { return {false, {}}; }
-  static VerifyScope rank(int r) { return {false, {r}}; }
+  static VerifyScope weights() { return {false, false, {}}; }
+  static VerifyScope rank(int r) { return {false, true, {r}}; }
 };
 
 // Checks the manifest, sizes and checksums (io::verify_manifest). On failure returns false and
@@ -83,19 +120,14 @@ std::optional<std::string> find_latest_valid_checkpoint(
     const comm::Group* agree = nullptr);
 
 // Verifies (unless `verified`: the caller just did, e.g. with find_latest_valid_checkpoint),
-// then loads weights and this rank's optimizer state into the engine. A purely data-parallel
-// checkpoint loads into a purely data-parallel run of any dp size and ZeRO stage: each rank
-// takes its new chunk of every unit's Adam moments from whichever saved shards hold it
-// (verifying those). Otherwise the layout (dp size, ZeRO stage, mesh and stages) must be the
-// one saved; resharding across pipeline or tensor parallelism is refused with both layouts
-// named.
+// then loads this rank's slice of the weights and its chunk of the Adam moments into the engine,
+// whatever layout saved them (CheckpointMeta::resharded_from then names it). 1-bit Adam's error
+// feedback comes back only on the layout that saved it (elsewhere it restarts at zero). A format-1
+// checkpoint resumes only on the layout that saved it.
 CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model,
-                               parallel::DataParallel& engine, const ModelParallelInfo& mp = {},
-                               bool verified = false);
-// The files load_checkpoint reads on this rank: the weights, the metadata and the optimizer
-// shards it takes its state from (its own, or under resharding those holding its new chunks).
-VerifyScope checkpoint_load_scope(const std::string& path, const model::Decoder& model,
-                                  const parallel::DataParallel& engine, const ModelParallelInfo& mp = {});
+                               parallel::DataParallel& engine, const ModelParallelInfo& mp, bool verified = false);
+// The files load_checkpoint checksums on this rank: everything but other ranks' own files.
+VerifyScope checkpoint_load_scope(const comm::Group& world);
 // Weights only, into a model with a flat parameter buffer (generate, serve, convert); optimizer
 // shards are neither read nor checksummed. `verified`: resolve_checkpoint already did.
 CheckpointMeta load_checkpoint_weights(const std::string& path, model::Decoder& model,

@@ -159,7 +159,7 @@ Tensor Trainer::full_params() {
 
 ModelParallelInfo Trainer::model_parallel_info() const {
   const auto& p = cfg_.parallel;
-  return {&mesh_->world(), whole_layout_.get(), layout_desc_, p.pp == 1 && p.tp == 1 && p.ep == 1};
+  return {mesh_, whole_layout_.get(), layout_desc_, p.pp == 1 && p.tp == 1 && p.ep == 1};
 }
 
 void Trainer::resume_from(const std::string& spec) {
@@ -168,10 +168,8 @@ void Trainer::resume_from(const std::string& spec) {
   if (spec == "auto") {
     LOOM_CHECK(!cfg_.checkpoint.dir.empty(), "train",
                "--resume auto needs checkpoint.dir in the config");
-    const ModelParallelInfo mp = model_parallel_info();
-    auto found = find_latest_valid_checkpoint(
-        cfg_.checkpoint.dir, log,
-        [&](const std::string& p) { return checkpoint_load_scope(p, *model_, *engine_, mp); }, &mesh_->world());
+    auto found = find_latest_valid_checkpoint(cfg_.checkpoint.dir, log, checkpoint_load_scope(mesh_->world()),
+                                              &mesh_->world());
     if (!found) {
       if (log)
         std::fprintf(log, "[resume] no valid checkpoint in %s; starting from step 0\n",
@@ -193,8 +191,8 @@ void Trainer::resume_from(const std::string& spec) {
   if (meta.resharded_from.empty())
     std::fprintf(log, "[resume] resumed %s from %s at step %lld\n", run.c_str(), path.c_str(), (long long)step_);
   else
-    std::fprintf(log, "[resume] resumed %s from %s at step %lld, optimizer state resharded from %s to dp=%d zero_stage=%d\n",
-                 run.c_str(), path.c_str(), (long long)step_, meta.resharded_from.c_str(), engine_->group().size(),
+    std::fprintf(log, "[resume] resumed %s from %s at step %lld, resharded from %s to %s zero_stage=%d\n",
+                 run.c_str(), path.c_str(), (long long)step_, meta.resharded_from.c_str(), layout_desc_.c_str(),
                  engine_->zero_stage());
 }
 
@@ -421,7 +419,7 @@ void Trainer::maybe_checkpoint(bool force) {
   if (last_checkpoint_.size() && checkpoint_step_of(last_checkpoint_) == step_) return;
   Stopwatch sw;
   last_checkpoint_ = save_checkpoint(
-      cfg_.checkpoint.dir, step_, *model_, *engine_, full_params(),
+      cfg_.checkpoint.dir, step_, *model_, *engine_,
       {cfg_.resolved_yaml, cfg_.checkpoint.keep_last, data_.tokenizer_name(), run_id_,
        scaler_.enabled() ? scaler_.scale() : 0.0, scaler_.clean_steps()},
       model_parallel_info());

@@ -75,6 +75,8 @@ class Trainer {
   const parallel::PipelineStepStats& last_pipeline_stats() const { return pipe_stats_; }
   const std::vector<parallel::StageRange>& stage_ranges() const { return stages_; }
   int64_t step() const { return step_; }
+  // What checkpoints record and check of this run's layout (data_parallel_only: pp = tp = ep = 1).
+  ModelParallelInfo model_parallel_info() const;
   double evaluate();  // mean validation loss over eval_batches
 
  private:
@@ -94,8 +96,6 @@ class Trainer {
   void open_metrics();
   // Refuses, before the first step allocates them, activations that cannot fit in memory.
   void check_fits_in_memory() const;
-  // What checkpoints record and check of this run's layout (data_parallel_only: pp = tp = ep = 1).
-  ModelParallelInfo model_parallel_info() const;
   bool main_rank() const { return mesh_->rank() == 0; }
 
   TrainConfig cfg_;

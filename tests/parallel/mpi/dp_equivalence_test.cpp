@@ -184,13 +184,11 @@ TEST(DataParallelResume, ReshardsAcrossDpSizeAndZeroStage) {
     expect_close(run_training(make_config("gpt2-tiny", 2, 3, 4, 0, 10, out), &half_mesh, base + "/a/step_000005"),
                  ref, dist2, one, "dp=4 ZeRO-1 -> dp=2 ZeRO-3", 10);
   }
-  // A one-process resume of step 5 reads every saved shard; with one of them damaged, --resume
-  // auto must fall back to step 4 (it verifies what the resume reads, not only shard 0).
+  // A one-process resume of step 5 reads the Adam moments; with them damaged, --resume auto must
+  // fall back to step 4 (it verifies what the resume reads, not only the weights).
   world.barrier();  // last: it damages the step-5 checkpoint the runs above read
   if (world.rank() == 0) {
-    char name[64];
-    std::snprintf(name, sizeof name, "/a/step_000005/optimizer.rank%05d.safetensors", N - 1);
-    EXPECT_TRUE(loom::testing::flip_byte(base + name, 100, 0x08));
+    EXPECT_TRUE(loom::testing::flip_byte(base + "/a/step_000005/optimizer.exp_avg_sq.safetensors", 100, 0x08));
     TrainConfig auto_cfg = make_config("gpt2-tiny", 1, 0, 8, 0, 10, base + "/a");
     SyntheticSource src(auto_cfg.model.vocab_size);
     Trainer t(auto_cfg, src, loom::testing::quiet_trainer_options(nullptr, "auto", -1));
@@ -199,20 +197,22 @@ TEST(DataParallelResume, ReshardsAcrossDpSizeAndZeroStage) {
   world.barrier();
 }
 
-// Each rank checksums only the files it loads (the weights and its own optimizer shard), so a
-// shard corrupted on disk is seen by one rank alone; the ranks must still agree to skip that
-// checkpoint, or they would load different steps.
-TEST(DataParallelResume, EveryRankSkipsACheckpointWithOneCorruptShard) {
+// Each rank checksums only the files it loads (the weights, the moments and its own 1-bit Adam
+// error feedback), so an error file corrupted on disk is seen by one rank alone; the ranks must
+// still agree to skip that checkpoint, or they would load different steps.
+TEST(DataParallelResume, EveryRankSkipsACheckpointWithOneCorruptRankFile) {
   const comm::Group& world = test_world();
   const int N = world.size();
   parallel::Mesh mesh(world, parallel::MeshShape(1, N, 1, 1));
   const std::string dir = shared_empty_dir(world, "loom_dp_resume_corrupt");
   TrainConfig cfg = make_config("gpt2-tiny", N, 1, 8 / N, 0, 6, dir);
+  cfg.optim.name = "onebit_adam";  // the optimizer whose state has a per-rank part
+  cfg.optim.freeze_step = 2;
   cfg.checkpoint.every_steps = 2;
   run_training(cfg, &mesh);  // checkpoints after steps 2, 4 and 6
-  if (world.rank() == 0) {  // one byte of the last rank's shard of step 6, size unchanged
+  if (world.rank() == 0) {  // one byte of the last rank's error file of step 6, size unchanged
     char name[64];
-    std::snprintf(name, sizeof name, "/step_000006/optimizer.rank%05d.safetensors", N - 1);
+    std::snprintf(name, sizeof name, "/step_000006/onebit.rank%05d.safetensors", N - 1);
     // EXPECT, not ASSERT: the other ranks wait at the barrier below.
     EXPECT_TRUE(loom::testing::flip_byte(dir + name, 120, 0x10)) << dir + name;
   }
@@ -220,11 +220,11 @@ TEST(DataParallelResume, EveryRankSkipsACheckpointWithOneCorruptShard) {
   SyntheticSource src(cfg.model.vocab_size);
   Trainer t(cfg, src, loom::testing::quiet_trainer_options(&mesh, "auto", -1));
   EXPECT_EQ(t.step(), 4) << "rank " << world.rank();
-  // Naming the damaged checkpoint fails on every rank, not only on the one holding the shard
+  // Naming the damaged checkpoint fails on every rank, not only on the one holding the file
   // (the others would otherwise wait for it in the first collective).
   try {
     Trainer named(cfg, src, loom::testing::quiet_trainer_options(&mesh, dir + "/step_000006", -1));
-    ADD_FAILURE() << "rank " << world.rank() << " resumed from a checkpoint with a corrupt shard";
+    ADD_FAILURE() << "rank " << world.rank() << " resumed from a checkpoint with a corrupt error file";
   } catch (const Error& e) {
     const std::string m = e.what();
     EXPECT_NE(m.find("failed verification"), std::string::npos) << m;
