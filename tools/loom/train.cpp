@@ -93,7 +93,9 @@ int cmd_train(const std::vector<std::string>& argv) {
   nlohmann::json s = {{"steps", r.steps}, {"final_train_loss", r.final_train_loss},
                       {"final_val_loss", r.final_val_loss < 0 ? nlohmann::json(nullptr) : nlohmann::json(r.final_val_loss)},
                       {"tokens_per_s", r.tokens_per_s}, {"peak_bytes", r.peak_bytes},
-                      {"checkpoint", r.last_checkpoint}};
+                      {"checkpoint", r.last_checkpoint}, {"skipped_steps", r.skipped_steps},
+                      {"nonfinite_steps", r.nonfinite_steps}, {"rollbacks", r.rollbacks},
+                      {"checkpoint_stall_s", r.checkpoint_stall_s}};
   std::printf("SUMMARY %s\n", s.dump().c_str());
   return 0;
 }

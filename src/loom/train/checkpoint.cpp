@@ -148,7 +148,7 @@ CheckpointSnapshot snapshot_checkpoint(int64_t step, const model::Decoder& model
                 {"layout", mp.layout}, {"data_parallel_only", mp.data_parallel_only},
                 {"tokenizer", save.tokenizer}, {"run_id", save.run_id},
                 // Batches are a pure function of (data.seed, step): the step is the position.
-                {"data_position", {{"step", step}}}};
+                {"data_position", {{"step", step}, {"skipped_windows", save.skipped_windows}}}};
   if (save.loss_scale > 0) {
     state["loss_scale"] = save.loss_scale;
     state["loss_scale_clean_steps"] = save.loss_scale_clean_steps;
@@ -275,15 +275,19 @@ bool verify_checkpoint(const std::string& path, std::string* why, const VerifySc
 
 std::optional<std::string> find_latest_valid_checkpoint(const std::string& dir, FILE* log,
                                                         const VerifyScope& scope,
-                                                        const comm::Group* agree) {
-  return find_latest_valid_checkpoint(dir, log, [&](const std::string&) { return scope; }, agree);
+                                                        const comm::Group* agree, int64_t max_step) {
+  return find_latest_valid_checkpoint(dir, log, [&](const std::string&) { return scope; }, agree, max_step);
 }
+
+std::string checkpoint_path(const std::string& dir, int64_t step) { return (fs::path(dir) / step_name(step)).string(); }
 
 std::optional<std::string> find_latest_valid_checkpoint(
     const std::string& dir, FILE* log, const std::function<VerifyScope(const std::string&)>& scope_of,
-    const comm::Group* agree) {
+    const comm::Group* agree, int64_t max_step) {
   const bool collective = agree && agree->size() > 1;  // ranks agree on each candidate
-  const auto candidates = resume_candidates(dir);
+  auto candidates = resume_candidates(dir);
+  if (max_step >= 0)
+    std::erase_if(candidates, [&](const CheckpointEntry& e) { return e.step > max_step; });
   for (size_t i = 0;; ++i) {
     const int64_t step = i < candidates.size() ? candidates[i].step : -1;
     if (collective) {  // every rank must be looking at the same candidate (or all at none)
@@ -431,8 +435,12 @@ CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model, p
     if (same_layout) load_onebit_errors(path, onebit_file(g.rank()), model, engine);
   });
   restore_router_bias(state, model);
-  return {state.at("step").get<int64_t>(), path, same_layout ? "" : saved, state.value("run_id", ""),
-          state.value("loss_scale", 0.0), state.value("loss_scale_clean_steps", int64_t(0))};
+  CheckpointMeta meta{state.at("step").get<int64_t>(), path, same_layout ? "" : saved, state.value("run_id", ""),
+                      state.value("loss_scale", 0.0), state.value("loss_scale_clean_steps", int64_t(0)), {}};
+  if (state.contains("data_position") && state["data_position"].contains("skipped_windows"))
+    meta.skipped_windows =
+        state["data_position"]["skipped_windows"].get<std::vector<std::pair<int64_t, int64_t>>>();
+  return meta;
 }
 
 std::string checkpoint_tokenizer(const std::string& path) {

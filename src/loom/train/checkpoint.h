@@ -14,6 +14,8 @@
 #include <optional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "loom/model/decoder.h"
 #include "loom/parallel/data_parallel.h"
@@ -28,6 +30,7 @@ struct CheckpointMeta {
   std::string run_id;          // the run that saved it; "" for checkpoints saved before run ids
   double loss_scale = 0;       // fp16's dynamic loss scale when saved; 0: none recorded
   int64_t loss_scale_clean_steps = 0;
+  std::vector<std::pair<int64_t, int64_t>> skipped_windows;  // SaveOptions::skipped_windows
 };
 
 // What a save records beside the model and optimizer state, and how many of its run's
@@ -39,6 +42,9 @@ struct SaveOptions {
   std::string run_id;  // the run this checkpoint continues; pruning touches only its checkpoints
   double loss_scale = 0;  // fp16's dynamic loss scaler (0: none), so a resume continues it exactly
   int64_t loss_scale_clean_steps = 0;
+  // Batches a loss-spike rollback skipped: (from step, count) pairs; step s trains on batch s plus
+  // the counts of every pair with from <= s (the data position beside the step).
+  std::vector<std::pair<int64_t, int64_t>> skipped_windows;
 };
 
 // Where a rank's state sits when the model itself is split (tensor or pipeline parallelism).
@@ -111,13 +117,14 @@ bool verify_checkpoint(const std::string& path, std::string* why,
 // names, then highest step first); corrupt ones are reported to `log` and skipped.
 // With `agree`, a collective over that group: a candidate counts as valid only when it verifies
 // on every rank (each checking its own scope), so all ranks pick the same one.
+// With max_step >= 0, only checkpoints of steps up to it are candidates (a rollback's target).
 std::optional<std::string> find_latest_valid_checkpoint(
     const std::string& dir, FILE* log, const VerifyScope& scope = VerifyScope::everything(),
-    const comm::Group* agree = nullptr);
+    const comm::Group* agree = nullptr, int64_t max_step = -1);
 // The same with a scope per candidate (checkpoint_load_scope: the files a resume would read).
 std::optional<std::string> find_latest_valid_checkpoint(
     const std::string& dir, FILE* log, const std::function<VerifyScope(const std::string&)>& scope_of,
-    const comm::Group* agree = nullptr);
+    const comm::Group* agree = nullptr, int64_t max_step = -1);
 
 // Verifies (unless `verified`: the caller just did, e.g. with find_latest_valid_checkpoint),
 // then loads this rank's slice of the weights and its chunk of the Adam moments into the engine,
@@ -143,6 +150,9 @@ std::string checkpoint_tokenizer(const std::string& path);
 // loading its weights (load_checkpoint_weights(path, model, /*verified=*/true) then); throws
 // naming the directory when there is none, or the failure when the one given is corrupt.
 std::string resolve_checkpoint(const std::string& dir_or_run, FILE* log = nullptr);
+
+// DIR/step_000123: where a checkpoint of `step` goes.
+std::string checkpoint_path(const std::string& dir, int64_t step);
 
 // Step number of a checkpoint directory name ("…/step_000123" -> 123), -1 if not one.
 int64_t checkpoint_step_of(const std::string& path);

@@ -108,8 +108,17 @@ TrainConfig parse_train_config(const std::string& text, const std::vector<std::s
   c.checkpoint.every_steps = r.integer("checkpoint.every_steps", 0, 0, kMaxI);
   c.checkpoint.every_minutes = r.number("checkpoint.every_minutes", 0, 0, 1e7);
   c.checkpoint.keep_last = r.integer("checkpoint.keep_last", 3, 1, 1000000);
+  c.checkpoint.async = r.boolean("checkpoint.async", false);
   LOOM_CHECK(!c.checkpoint.dir.empty() || (c.checkpoint.every_steps == 0 && c.checkpoint.every_minutes == 0),
              "config", "checkpoint.dir: required when checkpoint.every_steps or every_minutes is set");
+
+  c.guard.nonfinite = r.string("guard.nonfinite", "skip", {"skip", "stop"});
+  c.guard.max_consecutive_skips = r.integer("guard.max_consecutive_skips", 10, 0, kMaxI);
+  c.guard.spike_z = r.number("guard.spike_z", 0, 0, 1e6);
+  c.guard.spike_window = r.integer("guard.spike_window", 50, 4, 1000000);
+  c.guard.max_spikes = r.integer("guard.max_spikes", 3, 1, kMaxI);
+  LOOM_CHECK(c.guard.spike_z == 0 || !c.checkpoint.dir.empty(), "config", "guard.spike_z=", c.guard.spike_z,
+             " rolls back to a checkpoint: set checkpoint.dir (and checkpoint.every_steps or every_minutes)");
 
   c.log.every = r.integer("log.every", 10, 1, kMaxI);
   c.log.metrics_path = r.string("log.metrics_path", "");
@@ -176,6 +185,9 @@ TrainConfig parse_train_config(const std::string& text, const std::vector<std::s
              "optim.name=onebit_adam with parallel.zero_stage=", c.parallel.zero_stage,
              " is not supported: ZeRO-2/3 reduce-scatter gradients during backward, which 1-bit Adam "
              "replaces by its compressed exchange after it; use parallel.zero_stage 0 or 1");
+  LOOM_CHECK(!c.checkpoint.async || c.optim.name != "onebit_adam", "config",
+             "checkpoint.async=true with optim.name=onebit_adam is not supported (each rank's error feedback is "
+             "written by that rank, synchronously); set checkpoint.async=false");
   if (c.optim.name == "onebit_adam" && dp == 1)
     c.warnings.push_back("optim.name=onebit_adam with parallel.dp=1 has nothing to compress: it runs as AdamW");
   if (c.optim.name == "onebit_adam" && c.optim.freeze_step >= c.schedule.steps)

@@ -37,6 +37,23 @@ struct CheckpointConfig {
   int64_t every_steps = 0;
   double every_minutes = 0;
   int64_t keep_last = 3;
+  // Snapshot to memory, write on a background thread while training goes on (at most one
+  // write in flight; docs/FAULT_TOLERANCE.md).
+  bool async = false;
+};
+
+// What a step does with a non-finite or spiking loss (docs/FAULT_TOLERANCE.md).
+struct GuardConfig {
+  // "skip": a non-finite loss or gradient norm skips the update on every rank; "stop": the run
+  // stops with the diagnosis.
+  std::string nonfinite = "skip";
+  int64_t max_consecutive_skips = 10;  // more non-finite steps in a row than this stop the run
+  // A loss more than spike_z standard deviations above the mean of the last spike_window
+  // accepted steps is a spike; max_spikes in a row roll back to the newest checkpoint before
+  // them and skip their batches. 0: off.
+  double spike_z = 0;
+  int64_t spike_window = 50;
+  int64_t max_spikes = 3;
 };
 
 struct LogConfig {
@@ -78,6 +95,7 @@ struct TrainConfig {
   DataConfig data;
   optim::AdamWConfig optim;
   optim::LossScaleConfig loss_scale;  // optim.loss_scale*: dynamic under model.precision=fp16
+  GuardConfig guard;
   ScheduleConfig schedule;
   CheckpointConfig checkpoint;
   LogConfig log;

@@ -23,6 +23,7 @@
 #include "loom/parallel/partition_profile.h"
 #include "loom/train/checkpoint.h"
 #include "loom/train/checkpoint_dir.h"
+#include "loom/train/checkpoint_writer.h"
 #include "loom/train/progress.h"
 
 namespace loom::train {
@@ -112,6 +113,11 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
 }
 
 Trainer::~Trainer() {
+  if (writer_ && writer_->pending()) {  // a background write in flight completes (or fails) first
+    const auto r = writer_->wait();
+    if (r && !r->ok) std::fprintf(opt_.log, "[checkpoint] background save of step %lld failed: %s\n",
+                                  (long long)r->step, r->error.c_str());
+  }
   engine_.reset();
   if (metrics_) std::fclose(metrics_);
 }
@@ -182,6 +188,7 @@ void Trainer::resume_from(const std::string& spec) {
       load_checkpoint(path, *model_, *engine_, model_parallel_info(), /*verified=*/spec == "auto");
   step_ = meta.step;
   last_checkpoint_ = path;
+  skipped_windows_ = meta.skipped_windows;
   if (scaler_.enabled() && meta.loss_scale > 0) scaler_.restore(meta.loss_scale, meta.loss_scale_clean_steps);
   run_id_ = meta.run_id.empty() ? new_run_id(mesh_->world()) : meta.run_id;
   if (!log) return;
@@ -292,7 +299,7 @@ double Trainer::train_step() {
     const int M = int(cfg_.parallel.micro_batches);
     pipe_stats_ = pipe_->train_step(
         [&](int m, int32_t* tok, int32_t* tgt) {
-          data_.fill_train(step_, first + m * micro, micro, G, T, tok, tgt);
+          data_.fill_train(batch_of(step_), first + m * micro, micro, G, T, tok, tgt);
         },
         micro, T, grad_scale, [&](int m) { engine_->set_sync(m == M - 1); });
     loss_sum = pipe_stats_.loss_sum;
@@ -300,13 +307,16 @@ double Trainer::train_step() {
   } else {
     std::vector<int32_t> tok(size_t(micro * T)), tgt(size_t(micro * T));
     for (int64_t m0 = 0; m0 < per_rank; m0 += micro) {
-      data_.fill_train(step_, first + m0, micro, G, T, tok.data(), tgt.data());
+      data_.fill_train(batch_of(step_), first + m0, micro, G, T, tok.data(), tgt.data());
       engine_->set_sync(m0 + micro >= per_rank);  // only the last micro-batch communicates
       int64_t n = 0;
       loss_sum += model_->forward_backward(tok.data(), tgt.data(), micro, T, grad_scale, &n);
       count += n;
     }
   }
+  if (mesh_->world().rank() == 0)
+    for (const auto& [at, factor] : opt_.inject_loss_factor_at)
+      if (at == step_ + 1) loss_sum *= factor;
   engine_->finish_grads();
   reduce_moe_stats();
   if (pipe_) pipe_->sync_tied_grads(model_->grads());
@@ -318,8 +328,27 @@ double Trainer::train_step() {
   Tensor norm_sq = Tensor::from_vector<double>({engine_->grad_norm_sq()}, {1});
   reduce_over_model_parallel(norm_sq, true);
   const double scaled_norm = std::sqrt(norm_sq.data<double>()[0]);  // the same on every rank
-  LOOM_CHECK(std::isfinite(loss), "train", "loss is ", loss, " at step ", step_ + 1,
-             ": training diverged (lower optim.lr or enable schedule.clip)");
+  // The loss and the norm are the same on every rank (summed over all of them, so a NaN anywhere
+  // is a NaN everywhere): every rank takes the same decision without another collective.
+  const bool loss_ok = std::isfinite(loss), norm_ok = std::isfinite(scaled_norm);
+  if (!loss_ok || (!norm_ok && !scaler_.enabled())) {
+    const std::string what = loss_ok ? str_cat("gradient norm is ", scaled_norm / loss_scale) : str_cat("loss is ", loss);
+    LOOM_CHECK(cfg_.guard.nonfinite == "skip", "train", what, " at step ", step_ + 1,
+               ": training diverged (lower optim.lr or enable schedule.clip; guard.nonfinite=skip skips such steps)");
+    ++nonfinite_steps_;
+    ++skipped_steps_;
+    ++consecutive_nonfinite_;
+    LOOM_CHECK(consecutive_nonfinite_ <= cfg_.guard.max_consecutive_skips, "train", consecutive_nonfinite_,
+               " steps in a row had a non-finite loss or gradient norm (the last at step ", step_ + 1, ": ", what,
+               "): training diverged; lower optim.lr, enable schedule.clip, or resume from an earlier checkpoint "
+               "(guard.max_consecutive_skips=", cfg_.guard.max_consecutive_skips, ")");
+    if (main_rank())
+      std::fprintf(opt_.log, "[guard] step %lld: %s; update skipped on every rank (%lld in a row, %lld in all)\n",
+                   (long long)step_ + 1, what.c_str(), (long long)consecutive_nonfinite_, (long long)nonfinite_steps_);
+    ++step_;
+    return loss;
+  }
+  consecutive_nonfinite_ = 0;
   if (scaler_.enabled()) {
     if (!scaler_.update(std::isfinite(scaled_norm))) {
       // Overflow: no update on any rank, the scale halves, the data moves on.
@@ -333,8 +362,6 @@ double Trainer::train_step() {
     engine_->scale_grads(float(1.0 / loss_scale));
   }
   const double norm = scaled_norm / loss_scale;
-  LOOM_CHECK(std::isfinite(norm), "train", "gradient norm is ", norm, " at step ", step_ + 1,
-             ": a gradient overflowed (lower optim.lr)");
   last_grad_norm_ = norm;
   double max_norm = cfg_.schedule.clip_max_norm;
   if (cfg_.schedule.clip_dynamic) max_norm = optim::dynamic_clip_threshold(step_, cfg_.schedule.steps);
@@ -417,16 +444,130 @@ void Trainer::maybe_checkpoint(bool force) {
   }
   if (!(force || by_steps || by_time)) return;
   if (last_checkpoint_.size() && checkpoint_step_of(last_checkpoint_) == step_) return;
+  if (async_pending_ && async_step_ == step_) return;
+  const SaveOptions save{cfg_.resolved_yaml, cfg_.checkpoint.keep_last, data_.tokenizer_name(), run_id_,
+                         scaler_.enabled() ? scaler_.scale() : 0.0, scaler_.clean_steps(), skipped_windows_};
   Stopwatch sw;
-  last_checkpoint_ = save_checkpoint(
-      cfg_.checkpoint.dir, step_, *model_, *engine_,
-      {cfg_.resolved_yaml, cfg_.checkpoint.keep_last, data_.tokenizer_name(), run_id_,
-       scaler_.enabled() ? scaler_.scale() : 0.0, scaler_.clean_steps()},
-      model_parallel_info());
+  if (!cfg_.checkpoint.async) {
+    last_checkpoint_ = save_checkpoint(cfg_.checkpoint.dir, step_, *model_, *engine_, save, model_parallel_info());
+    if (main_rank())
+      std::fprintf(opt_.log, "[checkpoint] step %lld saved to %s (%.1f s)\n", (long long)step_,
+                   last_checkpoint_.c_str(), sw.seconds());
+    last_checkpoint_time_ = now_seconds();
+    return;
+  }
+  finish_async_checkpoint(/*wait=*/true);  // at most one write in flight
+  const double waited = sw.seconds();
+  if (main_rank() && !writer_) writer_ = std::make_unique<CheckpointWriter>();
+  CheckpointSnapshot snap = snapshot_checkpoint(step_, *model_, *engine_, save, model_parallel_info(),
+                                                main_rank() ? writer_->spare() : nullptr);
+  if (main_rank()) writer_->start(cfg_.checkpoint.dir, std::move(snap));
+  async_pending_ = true;
+  async_step_ = step_;
+  checkpoint_stall_s_ += sw.seconds();
   if (main_rank())
-    std::fprintf(opt_.log, "[checkpoint] step %lld saved to %s (%.1f s)\n", (long long)step_,
-                 last_checkpoint_.c_str(), sw.seconds());
+    std::fprintf(opt_.log, "[checkpoint] step %lld: state copied in %.2f s%s; writing in the background\n",
+                 (long long)step_, sw.seconds() - waited,
+                 waited > 0.05 ? str_cat(" (after waiting ", int(waited * 10) / 10.0, " s for the previous write)").c_str() : "");
   last_checkpoint_time_ = now_seconds();
+}
+
+void Trainer::finish_async_checkpoint(bool wait) {
+  if (!async_pending_) return;
+  std::optional<CheckpointWriter::Result> r;
+  if (main_rank() && writer_) r = wait ? writer_->wait() : writer_->poll();
+  int state = !main_rank() ? 0 : !r ? 0 : r->ok ? 1 : 2;  // running, written, failed
+  if (mesh_->world().size() > 1) {
+    Tensor flag = Tensor::from_vector<int32_t>({state}, {1});
+    mesh_->world().broadcast(flag, 0);
+    state = flag.data<int32_t>()[0];
+  }
+  if (state == 0) return;
+  async_pending_ = false;
+  const std::string path = checkpoint_path(cfg_.checkpoint.dir, async_step_);
+  throw_unless_ok_everywhere(mesh_->world(), state == 1, r ? r->error : "",
+                             str_cat("saving step ", async_step_, " to ", path, " in the background failed"),
+                             str_cat("; the earlier checkpoints in ", cfg_.checkpoint.dir,
+                                     " are untouched: free space there or set another checkpoint.dir, then --resume auto"));
+  last_checkpoint_ = path;
+  if (main_rank())
+    std::fprintf(opt_.log, "[checkpoint] step %lld saved to %s (%.1f s in the background)\n", (long long)async_step_,
+                 path.c_str(), r ? r->seconds : 0.0);
+}
+
+int64_t Trainer::batch_of(int64_t step) const {
+  int64_t b = step;
+  for (const auto& [from, count] : skipped_windows_)
+    if (from <= step) b += count;
+  return b;
+}
+
+bool Trainer::spike_detected(double loss) {
+  const size_t W = size_t(cfg_.guard.spike_window);
+  bool spike = false;
+  double mean = 0, sd = 0;
+  if (loss_window_.size() >= std::max<size_t>(4, W / 2)) {  // enough history to judge
+    for (double l : loss_window_) mean += l;
+    mean /= double(loss_window_.size());
+    for (double l : loss_window_) sd += (l - mean) * (l - mean);
+    sd = std::sqrt(sd / double(loss_window_.size() - 1));
+    // A floor on the spread: a flat stretch of the curve must not turn noise into spikes.
+    sd = std::max(sd, 1e-3 * std::abs(mean));
+    spike = (loss - mean) / sd > cfg_.guard.spike_z;
+  }
+  if (!spike) {
+    if (loss_window_.size() < W) {
+      loss_window_.push_back(loss);
+    } else {
+      loss_window_[loss_window_next_] = loss;
+      loss_window_next_ = (loss_window_next_ + 1) % W;
+    }
+    spikes_in_row_ = 0;
+    return false;
+  }
+  if (spikes_in_row_ == 0) first_spike_step_ = step_;  // step_ is the 1-based number of the step just done
+  ++spikes_in_row_;
+  if (main_rank())
+    std::fprintf(opt_.log, "[guard] step %lld: loss %.4f is %.1f standard deviations above the mean %.4f of the last %zu "
+                 "steps (spike %lld of guard.max_spikes=%lld in a row)\n",
+                 (long long)step_, loss, (loss - mean) / sd, mean, loss_window_.size(), (long long)spikes_in_row_,
+                 (long long)cfg_.guard.max_spikes);
+  return spikes_in_row_ >= cfg_.guard.max_spikes;
+}
+
+void Trainer::roll_back() {
+  finish_async_checkpoint(/*wait=*/true);
+  const int64_t first = first_spike_step_, last = step_;
+  spikes_in_row_ = 0;
+  FILE* log = main_rank() ? opt_.log : nullptr;
+  // The newest checkpoint from before the first spike's update.
+  const auto found = find_latest_valid_checkpoint(cfg_.checkpoint.dir, log, checkpoint_load_scope(mesh_->world()),
+                                                  &mesh_->world(), first - 1);
+  if (!found) {
+    if (log) std::fprintf(log, "[guard] no checkpoint from before step %lld to roll back to; training goes on\n",
+                          (long long)first);
+    return;
+  }
+  const CheckpointMeta meta = load_checkpoint(*found, *model_, *engine_, model_parallel_info(), /*verified=*/true);
+  step_ = meta.step;
+  last_checkpoint_ = *found;
+  if (scaler_.enabled() && meta.loss_scale > 0) scaler_.restore(meta.loss_scale, meta.loss_scale_clean_steps);
+  // Steps first..last (1-based) trained on the batches that spiked: skip them from step `first` on.
+  skipped_windows_.push_back({first - 1, last - first + 1});
+  loss_window_.clear();
+  loss_window_next_ = 0;
+  ++rollbacks_;
+  if (log) {
+    std::fprintf(log, "[guard] rolled back to step %lld (%s); the batches of steps %lld-%lld are skipped\n",
+                 (long long)step_, found->c_str(), (long long)first, (long long)last);
+    std::fflush(log);
+  }
+  if (metrics_) {
+    const nlohmann::json j = {{"event", "rollback"}, {"step", step_}, {"checkpoint", *found},
+                              {"skipped_from_step", first}, {"skipped_steps", last - first + 1}};
+    std::fprintf(metrics_, "%s\n", j.dump().c_str());
+    std::fflush(metrics_);
+  }
 }
 
 TrainResult Trainer::run() {
@@ -489,9 +630,17 @@ TrainResult Trainer::run() {
     Stopwatch sw;
     const double lr = optim::LrSchedule{cfg_.optim.lr, cfg_.schedule.min_lr,
                                         cfg_.schedule.warmup_steps, total}.lr_at(step_);
+    const int64_t skipped_before = skipped_steps_;
     last_loss = train_step();
     r.losses.push_back(last_loss);
     if (scaler_.enabled()) r.loss_scales.push_back(last_step_scale_);
+    if (async_pending_) finish_async_checkpoint(/*wait=*/false);
+    if (cfg_.guard.spike_z > 0 && skipped_steps_ == skipped_before && spike_detected(last_loss)) {
+      roll_back();
+      window_start = now_seconds();
+      window_steps = 0;
+      continue;
+    }
     const double ms = sw.ms();
     tok_time += ms;
     ++timed_steps;
@@ -509,7 +658,8 @@ TrainResult Trainer::run() {
                    (long long)step_, (long long)total, last_loss, lr, last_grad_norm_, tps, 100 * mfu,
                    el / double(window_steps) * 1e3, format_bytes(peak).c_str(), moe_log().c_str(),
                    scaler_.enabled() ? str_cat(" | loss scale ", scaler_.scale(), ", ", skipped_steps_, " skipped").c_str()
-                                     : "");
+                   : nonfinite_steps_ > 0 ? str_cat(" | ", nonfinite_steps_, " non-finite skipped").c_str()
+                                          : "");
       std::fflush(opt_.log);
       if (metrics_) {
         nlohmann::json j = {{"step", step_}, {"loss", last_loss}, {"lr", lr}, {"grad_norm", last_grad_norm_},
@@ -519,6 +669,8 @@ TrainResult Trainer::run() {
           j["loss_scale"] = scaler_.scale();
           j["skipped_steps"] = skipped_steps_;
         }
+        if (nonfinite_steps_ > 0) j["nonfinite_steps"] = nonfinite_steps_;
+        if (rollbacks_ > 0) j["rollbacks"] = rollbacks_;
         for (const auto& st : moe_stats_) {  // the last step's, per MoE block
           int64_t mx = 0;
           for (int64_t l : st.load) mx = std::max(mx, l);
@@ -547,8 +699,12 @@ TrainResult Trainer::run() {
   }
   bar.finish();
   maybe_checkpoint(true);
+  finish_async_checkpoint(/*wait=*/true);
   r.steps = step_;
   r.skipped_steps = skipped_steps_;
+  r.nonfinite_steps = nonfinite_steps_;
+  r.rollbacks = rollbacks_;
+  r.checkpoint_stall_s = checkpoint_stall_s_;
   r.final_train_loss = last_loss;
   r.final_val_loss = evaluate();
   r.tokens_per_s = timed_steps ? double(tokens_per_step * timed_steps) / (tok_time / 1e3) : 0;

@@ -35,7 +35,10 @@ struct TrainResult {
   std::string last_checkpoint;
   std::vector<double> losses;  // train loss of every step this run executed
   std::vector<double> loss_scales;  // with loss scaling: the scale each executed step ran at
-  int64_t skipped_steps = 0;        // steps whose update was skipped (gradient overflow)
+  int64_t skipped_steps = 0;        // steps whose update was skipped (gradient overflow, non-finite)
+  int64_t nonfinite_steps = 0;      // of those, skipped by the non-finite guard (guard.nonfinite)
+  int64_t rollbacks = 0;            // loss-spike rollbacks to a checkpoint (guard.spike_z)
+  double checkpoint_stall_s = 0;    // checkpoint.async: seconds training waited for snapshots
 };
 
 struct TrainerOptions {
@@ -52,6 +55,9 @@ struct TrainerOptions {
   // rank, and the loss scaler must skip the step everywhere. Rank 0 must compute a loss (no
   // pipeline stages).
   std::vector<int64_t> inject_grad_overflow_at;
+  // Tests: steps (1-based) whose loss on world rank 0 is multiplied by the factor (NaN: a
+  // non-finite loss; 100: a spike), as a bad batch would make it; gradients are left alone.
+  std::vector<std::pair<int64_t, double>> inject_loss_factor_at;
   double peak_gflops = 0;         // MFU denominator; 0: measure an SGEMM at start
 };
 
@@ -89,6 +95,15 @@ class Trainer {
   void reduce_moe_stats();
   std::string moe_log() const;  // " | moe load max/mean ..." for the step line; "" for dense
   void maybe_checkpoint(bool force);
+  // checkpoint.async: the write in flight, polled (or, with wait, waited for) on rank 0 and its
+  // outcome shared with every rank (collective); a failed write fails every rank.
+  void finish_async_checkpoint(bool wait);
+  // guard.spike_z: true when `loss` makes guard.max_spikes spikes in a row (the caller rolls back).
+  bool spike_detected(double loss);
+  // Reloads the newest checkpoint from before the first spike and skips the batches since it.
+  void roll_back();
+  // The batch index step s trains on (s, moved on past windows a rollback skipped).
+  int64_t batch_of(int64_t step) const;
   void resume_from(const std::string& spec);
   // A run from step 0: a new run id, and checkpoint.dir claimed (refused on every rank when it
   // holds another run's checkpoints, unless overwrite_checkpoints).
@@ -121,6 +136,16 @@ class Trainer {
   int64_t skipped_steps_ = 0;
   double last_step_scale_ = 1;  // the loss scale the last step ran at
   FILE* metrics_ = nullptr;
+  std::unique_ptr<class CheckpointWriter> writer_;  // checkpoint.async, rank 0
+  bool async_pending_ = false;  // every rank: a background write was started and not yet settled
+  int64_t async_step_ = -1;
+  // Guards.
+  double checkpoint_stall_s_ = 0;
+  int64_t nonfinite_steps_ = 0, consecutive_nonfinite_ = 0, rollbacks_ = 0;
+  std::vector<double> loss_window_;  // the last guard.spike_window accepted losses (ring)
+  size_t loss_window_next_ = 0;
+  int64_t spikes_in_row_ = 0, first_spike_step_ = -1;
+  std::vector<std::pair<int64_t, int64_t>> skipped_windows_;
   std::vector<model::MoeLayerStats> moe_stats_;  // the last step's, over every rank
   double peak_gflops_ = 0;  // measured SGEMM rate, for the MFU estimate
 };

@@ -1,0 +1,55 @@
+#include "loom/train/checkpoint_writer.h"
+
+#include "loom/core/error.h"
+#include "loom/core/timer.h"
+
+namespace loom::train {
+
+CheckpointWriter::~CheckpointWriter() {
+  if (thread_.joinable()) thread_.join();
+}
+
+void CheckpointWriter::start(const std::string& dir, CheckpointSnapshot snap) {
+  LOOM_CHECK(!started_, "checkpoint", "a checkpoint write is already in flight (step ", result_.step, ")");
+  if (thread_.joinable()) thread_.join();
+  snap_ = std::move(snap);
+  started_ = true;
+  finished_ = false;
+  result_ = Result{};
+  result_.step = snap_.step;
+  thread_ = std::thread([this, dir] {
+    Result r;
+    r.step = snap_.step;
+    Stopwatch sw;
+    try {
+      r.path = write_checkpoint(dir, snap_);
+    } catch (const std::exception& e) {
+      r.ok = false;
+      r.error = e.what();
+    }
+    r.seconds = sw.seconds();
+    std::lock_guard<std::mutex> lock(mu_);
+    result_ = r;
+    finished_ = true;
+  });
+}
+
+std::optional<CheckpointWriter::Result> CheckpointWriter::poll() {
+  if (!started_) return std::nullopt;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!finished_) return std::nullopt;
+  }
+  thread_.join();
+  started_ = false;
+  return result_;
+}
+
+std::optional<CheckpointWriter::Result> CheckpointWriter::wait() {
+  if (!started_) return std::nullopt;
+  thread_.join();
+  started_ = false;
+  return result_;
+}
+
+}  // namespace loom::train
