@@ -1,15 +1,21 @@
-// `loom launch --nproc N [--hosts h:4,.. | --hostfile F] [--timeout S] -- <subcommand ...>`:
-// starts N copies of this loom binary under mpirun and relays their output line by line,
-// each prefixed with its rank. Exits with mpirun's status (non-zero when any rank failed;
-// mpirun then tears the other ranks down). Test hosts (scripts/testhosts.sh) are recognised
-// from the state file their `up` writes.
+// `loom launch --nproc N [--hosts h:4,.. | --hostfile F] [--timeout S] [--max-restarts K
+// [--min-nproc M]] -- <subcommand ...>`: starts N copies of this loom binary under mpirun and
+// relays their output line by line, each prefixed with its rank. Exits with mpirun's status
+// (non-zero when any rank failed; mpirun then tears the other ranks down). With --max-restarts
+// the job is elastic: a failed attempt (a rank died, or the watchdog ended a hang) is restarted
+// with `--resume auto`, on fewer ranks or hosts when one keeps failing and --min-nproc allows,
+// and with a dropped host again once it answers. Test hosts (scripts/testhosts.sh) are
+// recognised from the state file their `up` writes.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <ctime>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -17,6 +23,7 @@
 #include <sstream>
 #include <thread>
 
+#include "loom/comm/elastic.h"
 #include "loom/comm/launch.h"
 #include "loom/core/error.h"
 #include "tools/loom/commands.h"
@@ -41,6 +48,13 @@ const char* kLaunchHelp =
     "  --timeout S   comm watchdog timeout of the ranks in seconds: sets LOOM_COMM_TIMEOUT,\n"
     "                which beats a config's parallel.collective_timeout_s (--set beats both)\n"
     "  --dry-run     print the mpirun command instead of running it\n"
+    "Elastic restarts (docs/FAULT_TOLERANCE.md):\n"
+    "  --max-restarts K  restart a failed attempt up to K times, `train` with --resume auto\n"
+    "  --min-nproc M     when the same rank (or host) fails --drop-after times in a row, go\n"
+    "                    on with fewer ranks, down to M (train gets parallel.dp=auto: the\n"
+    "                    global batch stays, micro-batches grow); default: --nproc (never)\n"
+    "  --drop-after F    failures in a row that drop a rank slot or host (default 2)\n"
+    "  --restart-delay S seconds between a failure and the restart (default 1)\n"
     "Forwards LOOM_*, OMP_*, PATH and LD_LIBRARY_PATH; LOOM_LAUNCH_EXE runs another binary.\n";
 
 // The child's pid, for forwarding SIGTERM; a signal handler can reach nothing else.
@@ -68,9 +82,39 @@ void write_all(int fd, const std::string& s) {
   }
 }
 
+// What the elastic loop learns from one attempt's output.
+struct AttemptWatch {
+  double start = 0;
+  comm::FailureCause cause;
+  double last_checkpoint_at = -1;  // when a "[checkpoint] step N saved" line was last seen
+  int64_t last_checkpoint_step = -1;
+  double first_step_at = -1;       // when the first "step N/M" line was seen
+};
+AttemptWatch* g_watch = nullptr;
+
+double wall_now() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+void watch_line(const comm::TaggedLine& t) {
+  if (!g_watch) return;
+  comm::note_failure_line(t.text, g_watch->cause);
+  if (t.rank != 0) return;
+  if (t.text.rfind("step ", 0) == 0 && t.text.find('/') != std::string::npos && g_watch->first_step_at < 0)
+    g_watch->first_step_at = wall_now();
+  long long step = 0;
+  if (std::sscanf(t.text.c_str(), "[checkpoint] step %lld saved", &step) == 1) {
+    g_watch->last_checkpoint_at = wall_now();
+    g_watch->last_checkpoint_step = step;
+  }
+}
+
 // Rewrites one complete line from mpirun (stream: 1 stdout, 2 stderr) to our output.
 void relay_line(const std::string& line, int stream) {
   comm::TaggedLine t = comm::parse_tagged_line(line);
+  watch_line(t);
   int fd = t.rank < 0 ? stream : (t.is_stderr ? 2 : 1);
   bool summary = t.rank == 0 && !t.is_stderr && t.text.rfind("SUMMARY ", 0) == 0;
   write_all(fd, (summary ? t.text : comm::format_rank_line(t)) + "\n");
@@ -169,6 +213,131 @@ std::optional<comm::TestHosts> test_hosts_up() {
   return t;
 }
 
+struct ElasticOptions {
+  int max_restarts = 0, min_nproc = 1, drop_after = 2;
+  double delay_s = 1;
+};
+
+void say(const std::string& line) {
+  std::fprintf(stderr, "[launch] %s\n", line.c_str());
+  std::fflush(stderr);
+}
+
+std::string seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f s", s);
+  return buf;
+}
+
+// Whether a host answers: a test host's namespace exists, any other runs `true` through the
+// agent (ssh by default) within 10 s.
+bool host_answers(const comm::LaunchOptions& o, const std::string& host) {
+  if (o.test_hosts) return std::filesystem::exists("/run/netns/" + host);
+  const std::string agent = o.agent.empty() ? "ssh -o BatchMode=yes -o ConnectTimeout=5" : o.agent;
+  const std::string cmd = str_cat("timeout 10 ", agent, " ", shell_quoted(host), " true >/dev/null 2>&1");
+  return std::system(cmd.c_str()) == 0;
+}
+
+// The restart loop of `loom launch --max-restarts`.
+int run_elastic(comm::LaunchOptions o, const ElasticOptions& e) {
+  const std::vector<std::string> original = o.args;
+  const int original_nproc = o.nproc;
+  const std::vector<comm::HostSlots> all_hosts = comm::parse_host_slots(o.hosts);
+  std::vector<comm::HostSlots> active = all_hosts;
+  std::vector<comm::HostSlots> dropped;
+  const double job_start = wall_now();
+  double lost_total = 0, failed_at = -1, redo_s = 0;
+  int restarts = 0, streak = 0, last_failed = -1;
+  std::string last_failed_host;
+  for (int attempt = 1;; ++attempt) {
+    AttemptWatch w;
+    w.start = wall_now();
+    g_watch = &w;
+    const int rc = run_relayed(comm::mpirun_command(o));
+    g_watch = nullptr;
+    const double now = wall_now();
+    if (failed_at >= 0) {  // how long the previous failure kept this attempt from training
+      const double back = w.first_step_at >= 0 ? w.first_step_at - failed_at : now - failed_at;
+      lost_total += back + redo_s;
+      say(str_cat("attempt ", attempt, " was training again ", seconds(back), " after the failure; time lost to it ",
+                  seconds(back + redo_s), " (", seconds(redo_s), " of steps after the last checkpoint, redone)"));
+      failed_at = -1;
+    }
+    if (rc == 0) {
+      say(str_cat("job finished after ", attempt, " attempt", attempt > 1 ? "s" : "", " (", restarts, " restart",
+                  restarts == 1 ? "" : "s", ") in ", seconds(now - job_start), "; ", seconds(lost_total),
+                  " lost to failures"));
+      return 0;
+    }
+    std::string cause = w.cause.what.empty() ? str_cat("mpirun exited with status ", rc) : w.cause.what;
+    if (w.cause.rank >= 0) cause = str_cat("rank ", w.cause.rank, " ", cause);
+    // The work since the last checkpoint is redone after a restart.
+    redo_s = now - (w.last_checkpoint_at >= 0 ? w.last_checkpoint_at : (w.first_step_at >= 0 ? w.first_step_at : now));
+    if (w.cause.permanent) {
+      say(str_cat("attempt ", attempt, " failed: ", cause, "; not restarting (it would fail the same way)"));
+      return rc;
+    }
+    if (restarts >= e.max_restarts) {
+      say(str_cat("attempt ", attempt, " failed after ", seconds(now - w.start), ": ", cause, "; no restarts left (--max-restarts ",
+                  e.max_restarts, ")"));
+      return rc;
+    }
+    ++restarts;
+    failed_at = now;
+    say(str_cat("attempt ", attempt, " failed after ", seconds(now - w.start), ": ", cause, "; ",
+                w.last_checkpoint_step >= 0 ? str_cat("its last checkpoint (step ", w.last_checkpoint_step, ") was ",
+                                                      seconds(redo_s), " before")
+                                            : std::string("it saved no checkpoint"),
+                "; restart ", restarts, " of ", e.max_restarts, " with --resume auto"));
+    // The same rank slot (or host) failing again and again: go on without it.
+    const std::string host = active.empty() ? "" : comm::host_of_rank(active, w.cause.rank);
+    const bool same = w.cause.rank >= 0 && (active.empty() ? w.cause.rank == last_failed : host == last_failed_host);
+    streak = same ? streak + 1 : (w.cause.rank >= 0 ? 1 : 0);
+    last_failed = w.cause.rank;
+    last_failed_host = host;
+    if (streak >= e.drop_after && o.nproc > e.min_nproc) {
+      if (!active.empty() && active.size() > 1) {
+        auto it = std::find_if(active.begin(), active.end(), [&](const comm::HostSlots& h) { return h.host == host; });
+        if (it != active.end() && o.nproc - it->slots >= e.min_nproc) {
+          say(str_cat("host ", host, " failed ", streak, " times in a row: going on without it, on ", o.nproc - it->slots,
+                      " ranks (train: parallel.dp=auto keeps the global batch)"));
+          dropped.push_back(*it);
+          active.erase(it);
+        }
+      } else if (active.empty()) {
+        const int n = comm::shrink_nproc(o.nproc, e.min_nproc);
+        if (n > 0) {
+          say(str_cat("rank ", w.cause.rank, " failed ", streak, " times in a row: going on with ", n, " ranks instead of ",
+                      o.nproc, " (train: parallel.dp=auto keeps the global batch)"));
+          o.nproc = n;
+        }
+      }
+      streak = 0;
+    }
+    for (auto it = dropped.begin(); it != dropped.end();) {  // grow: dropped hosts that answer again
+      if (host_answers(o, it->host)) {
+        say(str_cat("host ", it->host, " answers again: taking it back"));
+        active.push_back(*it);
+        it = dropped.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (!all_hosts.empty()) {  // keep the original host order; the slots add up to nproc
+      std::vector<comm::HostSlots> ordered;
+      for (const auto& h : all_hosts)
+        if (std::any_of(active.begin(), active.end(), [&](const comm::HostSlots& a) { return a.host == h.host; }))
+          ordered.push_back(h);
+      active = ordered;
+      o.hosts = comm::format_host_slots(active);
+      o.nproc = 0;
+      for (const auto& h : active) o.nproc += h.slots;
+    }
+    o.args = comm::restart_args(original, o.nproc != original_nproc);
+    if (e.delay_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(e.delay_s));
+  }
+}
+
 }  // namespace
 
 int cmd_launch(const std::vector<std::string>& args) {
@@ -176,7 +345,8 @@ int cmd_launch(const std::vector<std::string>& args) {
   std::vector<std::string> own(args.begin(), sep);
   Args a("launch", own,
          {{"nproc", true}, {"hosts", true}, {"hostfile", true}, {"agent", true}, {"net", true},
-          {"timeout", true}, {"mpirun", true}, {"dry-run", false}, {"help", false}});
+          {"timeout", true}, {"mpirun", true}, {"dry-run", false}, {"help", false}, {"max-restarts", true},
+          {"min-nproc", true}, {"drop-after", true}, {"restart-delay", true}});
   if (a.has("help")) {
     std::printf("%s", kLaunchHelp);
     return 0;
@@ -218,7 +388,16 @@ int cmd_launch(const std::vector<std::string>& args) {
   }
   std::fflush(stdout);
   std::fflush(stderr);
-  return run_relayed(cmd);
+  ElasticOptions e;
+  e.max_restarts = int(a.get_int("max-restarts", 0));
+  e.min_nproc = int(a.get_int("min-nproc", o.nproc));
+  e.drop_after = int(a.get_int("drop-after", 2));
+  e.delay_s = a.get_double("restart-delay", 1.0);
+  if (e.max_restarts < 0 || e.min_nproc < 1 || e.min_nproc > o.nproc || e.drop_after < 1 || e.delay_s < 0)
+    throw UsageError(str_cat("[launch] --max-restarts must be >= 0, --min-nproc within 1..", o.nproc,
+                             " (--nproc), --drop-after >= 1 and --restart-delay >= 0"));
+  if (e.max_restarts == 0) return run_relayed(cmd);
+  return run_elastic(o, e);
 }
 
 }  // namespace loom::cli

@@ -1,9 +1,11 @@
 // `loom train CONFIG.yaml [--set key=value]... [--resume auto|DIR] [--metrics FILE]
 // [--overwrite-checkpoints]`.
+#include <algorithm>
 #include <cstdio>
 
 #include <nlohmann/json.hpp>
 
+#include "loom/comm/launch.h"
 #include "loom/comm/world.h"
 #include "loom/parallel/mesh.h"
 #include "loom/train/dataset_source.h"
@@ -38,6 +40,18 @@ int cmd_train(const std::vector<std::string>& argv) {
   if (a.positional().size() != 1) throw UsageError(std::string("[train] expected one CONFIG.yaml\n\n") + kHelp);
   std::vector<std::string> sets = a.get_all("set");
   if (a.has("metrics")) sets.push_back("log.metrics_path=" + a.get("metrics", ""));
+  // parallel.dp=auto (what `loom launch --min-nproc` passes once it runs on fewer ranks): the
+  // launched ranks over pp x ep x tp. data.batch_size is global, so each rank's share grows and
+  // gradient accumulation keeps the batch (and the loss curve) as it was.
+  if (auto it = std::find(sets.begin(), sets.end(), "parallel.dp=auto"); it != sets.end()) {
+    sets.erase(it);
+    const train::TrainConfig probe = train::load_train_config(a.positional()[0], sets);
+    const int64_t per = probe.parallel.pp * probe.parallel.ep * probe.parallel.tp;
+    const int ranks = comm::launch_env().world_size;
+    LOOM_CHECK(ranks % per == 0, "config", "parallel.dp=auto: ", ranks, " ranks are not a multiple of pp x ep x tp = ",
+               per, "; launch a multiple of ", per, " ranks");
+    sets.push_back(str_cat("parallel.dp=", ranks / per));
+  }
   train::TrainConfig cfg = train::load_train_config(a.positional()[0], sets);
   // One process, or one rank of an MPI job (mpirun / loom launch): the World decides.
   comm::WorldOptions wo;
