@@ -18,6 +18,8 @@ const std::vector<Benchmark>& benchmarks() {
       {"serve", "latency percentiles and throughput of a running server under Poisson load", bench_serve},
       {"pipeline", "pipeline bubble and activation memory per stage (GPipe vs 1F1B); partition balance",
        bench_pipeline},
+      {"chaos", "kills, hangs and corrupt checkpoints against loom launch --max-restarts; bitwise check, goodput", bench_chaos},
+      {"checkpoint", "training stall of synchronous vs asynchronous checkpoints (checkpoint.async)", bench_checkpoint},
       {"moe", "MoE step split (experts, routing, all-to-all) and tokens/s vs the dense model of equal active size",
        bench_moe},
   };

@@ -89,8 +89,14 @@ struct AttemptWatch {
   double last_checkpoint_at = -1;  // when a "[checkpoint] step N saved" line was last seen
   int64_t last_checkpoint_step = -1;
   double first_step_at = -1;       // when the first "step N/M" line was seen
+  // The failure before this attempt: when it happened and the seconds of steps it undid.
+  int attempt = 1;
+  double failed_at = -1, redo_s = 0;
+  double lost_s = 0;  // set at this attempt's first step: the time the failure cost
 };
 AttemptWatch* g_watch = nullptr;
+void say(const std::string& line);
+std::string seconds(double s);
 
 double wall_now() {
   timespec ts;
@@ -102,8 +108,16 @@ void watch_line(const comm::TaggedLine& t) {
   if (!g_watch) return;
   comm::note_failure_line(t.text, g_watch->cause);
   if (t.rank != 0) return;
-  if (t.text.rfind("step ", 0) == 0 && t.text.find('/') != std::string::npos && g_watch->first_step_at < 0)
-    g_watch->first_step_at = wall_now();
+  if (t.text.rfind("step ", 0) == 0 && t.text.find('/') != std::string::npos && g_watch->first_step_at < 0) {
+    AttemptWatch& w = *g_watch;
+    w.first_step_at = wall_now();
+    if (w.failed_at >= 0) {  // said now, while the job runs, so that watchers see the recovery
+      const double back = w.first_step_at - w.failed_at;
+      w.lost_s = back + w.redo_s;
+      say(str_cat("attempt ", w.attempt, " was training again ", seconds(back), " after the failure; time lost to it ",
+                  seconds(w.lost_s), " (", seconds(w.redo_s), " of steps after the last checkpoint, redone)"));
+    }
+  }
   long long step = 0;
   if (std::sscanf(t.text.c_str(), "[checkpoint] step %lld saved", &step) == 1) {
     g_watch->last_checkpoint_at = wall_now();
@@ -252,15 +266,15 @@ int run_elastic(comm::LaunchOptions o, const ElasticOptions& e) {
   for (int attempt = 1;; ++attempt) {
     AttemptWatch w;
     w.start = wall_now();
+    w.attempt = attempt;
+    w.failed_at = failed_at;
+    w.redo_s = redo_s;
     g_watch = &w;
     const int rc = run_relayed(comm::mpirun_command(o));
     g_watch = nullptr;
     const double now = wall_now();
-    if (failed_at >= 0) {  // how long the previous failure kept this attempt from training
-      const double back = w.first_step_at >= 0 ? w.first_step_at - failed_at : now - failed_at;
-      lost_total += back + redo_s;
-      say(str_cat("attempt ", attempt, " was training again ", seconds(back), " after the failure; time lost to it ",
-                  seconds(back + redo_s), " (", seconds(redo_s), " of steps after the last checkpoint, redone)"));
+    if (failed_at >= 0) {  // what the previous failure cost (all of this attempt, if it never trained)
+      lost_total += w.first_step_at >= 0 ? w.lost_s : now - failed_at + redo_s;
       failed_at = -1;
     }
     if (rc == 0) {

@@ -450,6 +450,8 @@ void Trainer::maybe_checkpoint(bool force) {
   Stopwatch sw;
   if (!cfg_.checkpoint.async) {
     last_checkpoint_ = save_checkpoint(cfg_.checkpoint.dir, step_, *model_, *engine_, save, model_parallel_info());
+    checkpoint_stall_s_ += sw.seconds();
+    ++checkpoints_;
     if (main_rank())
       std::fprintf(opt_.log, "[checkpoint] step %lld saved to %s (%.1f s)\n", (long long)step_,
                    last_checkpoint_.c_str(), sw.seconds());
@@ -465,6 +467,7 @@ void Trainer::maybe_checkpoint(bool force) {
   async_pending_ = true;
   async_step_ = step_;
   checkpoint_stall_s_ += sw.seconds();
+  ++checkpoints_;
   if (main_rank())
     std::fprintf(opt_.log, "[checkpoint] step %lld: state copied in %.2f s%s; writing in the background\n",
                  (long long)step_, sw.seconds() - waited,
@@ -490,6 +493,7 @@ void Trainer::finish_async_checkpoint(bool wait) {
                              str_cat("; the earlier checkpoints in ", cfg_.checkpoint.dir,
                                      " are untouched: free space there or set another checkpoint.dir, then --resume auto"));
   last_checkpoint_ = path;
+  if (r) checkpoint_write_s_ += r->seconds;
   if (main_rank())
     std::fprintf(opt_.log, "[checkpoint] step %lld saved to %s (%.1f s in the background)\n", (long long)async_step_,
                  path.c_str(), r ? r->seconds : 0.0);
@@ -705,6 +709,8 @@ TrainResult Trainer::run() {
   r.nonfinite_steps = nonfinite_steps_;
   r.rollbacks = rollbacks_;
   r.checkpoint_stall_s = checkpoint_stall_s_;
+  r.checkpoints = checkpoints_;
+  r.checkpoint_write_s = checkpoint_write_s_;
   r.final_train_loss = last_loss;
   r.final_val_loss = evaluate();
   r.tokens_per_s = timed_steps ? double(tokens_per_step * timed_steps) / (tok_time / 1e3) : 0;

@@ -38,7 +38,11 @@ struct TrainResult {
   int64_t skipped_steps = 0;        // steps whose update was skipped (gradient overflow, non-finite)
   int64_t nonfinite_steps = 0;      // of those, skipped by the non-finite guard (guard.nonfinite)
   int64_t rollbacks = 0;            // loss-spike rollbacks to a checkpoint (guard.spike_z)
-  double checkpoint_stall_s = 0;    // checkpoint.async: seconds training waited for snapshots
+  // Seconds the training loop was held by checkpoints (a synchronous save whole; an
+  // asynchronous one its snapshot and any wait for the previous write), and how many it started.
+  double checkpoint_stall_s = 0;
+  int64_t checkpoints = 0;
+  double checkpoint_write_s = 0;  // asynchronous: the background writes' own time (rank 0)
 };
 
 struct TrainerOptions {
@@ -141,6 +145,8 @@ class Trainer {
   int64_t async_step_ = -1;
   // Guards.
   double checkpoint_stall_s_ = 0;
+  int64_t checkpoints_ = 0;
+  double checkpoint_write_s_ = 0;
   int64_t nonfinite_steps_ = 0, consecutive_nonfinite_ = 0, rollbacks_ = 0;
   std::vector<double> loss_window_;  // the last guard.spike_window accepted losses (ring)
   size_t loss_window_next_ = 0;
