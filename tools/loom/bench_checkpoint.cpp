@@ -21,9 +21,10 @@ namespace {
 const char* kHelp =
     "usage: loom bench checkpoint [--model PRESET] [--steps S] [--every K] [--batch B] [--seq T]\n"
     "                             [--dir DIR] [--threads N]\n\n"
-    "Trains S steps (default 13) of PRESET (default gpt2-124m) on random tokens twice, saving\n"
-    "every K steps (default 4) synchronously, then with checkpoint.async=true, into DIR\n"
-    "(default a temporary directory under /tmp, removed afterwards).\n"
+    "Trains S steps (default 3 K) of PRESET (default gpt2-124m) on random tokens twice, saving\n"
+    "every K steps (default 20) synchronously, then with checkpoint.async=true, into DIR\n"
+    "(default a temporary directory under /tmp, removed afterwards). Choose K so that a write\n"
+    "fits between two checkpoints; otherwise the async run also waits for the previous write.\n"
     "The last line is SUMMARY {json} with sync_stall_s and async_stall_s (per checkpoint),\n"
     "stall_ratio (async / sync) and async_write_s.\n";
 
@@ -55,7 +56,7 @@ int bench_checkpoint(const std::vector<std::string>& args) {
     return 0;
   }
   const std::string preset = a.get("model", "gpt2-124m");
-  const int64_t steps = a.get_int("steps", 13), every = a.get_int("every", 4);
+  const int64_t every = a.get_int("every", 20), steps = a.get_int("steps", 3 * every);
   const int64_t B = a.get_int("batch", 1), T = a.get_int("seq", 64);
   LOOM_CHECK(steps >= every && every >= 1, "bench", "--steps must be at least --every (>= 1)");
   namespace fs = std::filesystem;

@@ -20,15 +20,21 @@ Tensor gather_whole_params(const Mesh& mesh, const model::ParamLayout& local, co
 
 void copy_local_to_whole(const MeshCoord& c, const model::ParamLayout& local, const Tensor& local_flat,
                          const model::ParamLayout& whole_layout, const Tensor& whole) {
+  copy_local_range_to_whole(c, local, local_flat.data<float>(), 0, local.total(), whole_layout, whole);
+}
+
+void copy_local_range_to_whole(const MeshCoord& c, const model::ParamLayout& local, const float* src, int64_t lo,
+                               int64_t hi, const model::ParamLayout& whole_layout, const Tensor& whole) {
   if (c.dp != 0) return;
-  const float* src = local_flat.data<float>();
   float* dst = whole.data<float>();
   for (const auto& p : local.params()) {
+    if (p.offset < lo || p.offset >= hi) continue;
     if (p.tied_copy || (p.tp_replicated && local.slice().tp_rank != 0)) continue;
     if (p.expert < 0 && c.ep != 0) continue;
     const int64_t base = whole_layout.get(p.name).offset;
+    const float* from = src + (p.offset - lo);
     for (const auto& run : local.element_runs(p))
-      std::copy(src + p.offset + run.local, src + p.offset + run.local + run.n, dst + base + run.global);
+      std::copy(from + run.local, from + run.local + run.n, dst + base + run.global);
   }
 }
 

@@ -17,6 +17,10 @@ Tensor gather_whole_params(const Mesh& mesh, const model::ParamLayout& local, co
 // With one rank holding everything, this alone turns a flat buffer into the whole layout.
 void copy_local_to_whole(const MeshCoord& coord, const model::ParamLayout& local, const Tensor& local_flat,
                          const model::ParamLayout& whole_layout, const Tensor& whole);
+// The same for the parameters starting in flat range [lo, hi) of `local`, read from `src`, which
+// holds that range (src[0] is flat element lo): one unit's optimizer state, say.
+void copy_local_range_to_whole(const MeshCoord& coord, const model::ParamLayout& local, const float* src, int64_t lo,
+                               int64_t hi, const model::ParamLayout& whole_layout, const Tensor& whole);
 // Fills local_flat (laid out by `local`) with its elements of `whole` (laid out by whole_layout);
 // padding is zero.
 void slice_whole_params(const model::ParamLayout& whole_layout, const Tensor& whole,

@@ -119,9 +119,15 @@ CheckpointSnapshot snapshot_checkpoint(int64_t step, const model::Decoder& model
     w = Tensor::zeros({model.flat_size()}, DType::f32, MemCategory::workspace);
     const_cast<parallel::DataParallel&>(engine).gather_full_params(w);
   }
-  Tensor m = Tensor::zeros({model.flat_size()}, DType::f32, MemCategory::workspace);
-  Tensor v = Tensor::zeros({model.flat_size()}, DType::f32, MemCategory::workspace);
-  const_cast<parallel::DataParallel&>(engine).gather_full_moments(m, v);
+  // Every rank holds its whole moments under ZeRO-0, so rank 0 copies them straight from the
+  // optimizer (no flat intermediate: the copy is what an asynchronous save stalls training for).
+  const bool direct = engine.zero_stage() == 0 && !mp.whole_layout;
+  Tensor m, v;
+  if (!direct) {
+    m = Tensor::zeros({model.flat_size()}, DType::f32, MemCategory::workspace);
+    v = Tensor::zeros({model.flat_size()}, DType::f32, MemCategory::workspace);
+    const_cast<parallel::DataParallel&>(engine).gather_full_moments(m, v);
+  }
   if (mp.whole_layout) {  // model-parallel slices: summed into the whole on every rank
     s.weights = parallel::gather_whole_params(mesh, local, w);
     s.exp_avg = parallel::gather_whole_params(mesh, local, m);
@@ -133,8 +139,17 @@ CheckpointSnapshot snapshot_checkpoint(int64_t step, const model::Decoder& model
     s.exp_avg_sq = reuse_or_new(reuse ? reuse->exp_avg_sq : Tensor(), n);
     const parallel::MeshCoord origin;
     parallel::copy_local_to_whole(origin, local, w, *s.layout, s.weights);
-    parallel::copy_local_to_whole(origin, local, m, *s.layout, s.exp_avg);
-    parallel::copy_local_to_whole(origin, local, v, *s.layout, s.exp_avg_sq);
+    if (direct) {
+      for (const auto& a : engine.optimizers()) {
+        parallel::copy_local_range_to_whole(origin, local, a->exp_avg().data<float>(), a->begin(), a->end(), *s.layout,
+                                            s.exp_avg);
+        parallel::copy_local_range_to_whole(origin, local, a->exp_avg_sq().data<float>(), a->begin(), a->end(),
+                                            *s.layout, s.exp_avg_sq);
+      }
+    } else {
+      parallel::copy_local_to_whole(origin, local, m, *s.layout, s.exp_avg);
+      parallel::copy_local_to_whole(origin, local, v, *s.layout, s.exp_avg_sq);
+    }
   }
   if (!main) return s;
   s.config_json = model::hf_config_json(model.config());

@@ -109,6 +109,10 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
   if (step_ == 0) start_new_run();
   if (main_rank() && !cfg_.log.metrics_path.empty()) open_metrics();
   peak_gflops_ = opt_.peak_gflops > 0 ? opt_.peak_gflops : measure_gemm_gflops();
+  if (cfg_.checkpoint.async && !cfg_.checkpoint.dir.empty() && main_rank()) {
+    writer_ = std::make_unique<CheckpointWriter>();
+    writer_->reserve(cfg_.model);
+  }
   last_checkpoint_time_ = now_seconds();
 }
 
