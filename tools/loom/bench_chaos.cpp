@@ -169,6 +169,8 @@ int bench_chaos(const std::vector<std::string>& args) {
       kinds.push_back(k);
     }
   }
+  LOOM_CHECK(last_value_of(train, "checkpoint.dir").empty(), "bench",
+             "leave checkpoint.dir out: the benchmark puts each run's checkpoints in its --work directory");
   LOOM_CHECK(trials >= 1 && nproc >= 2 && !kinds.empty(), "bench", "--trials >= 1, --nproc >= 2 and some --kinds");
   LOOM_CHECK(last_value_of(train, "checkpoint.every_steps").size() || last_value_of(train, "checkpoint.every_minutes").size(),
              "bench", "the training needs --set checkpoint.every_steps=K (or every_minutes): without checkpoints "
@@ -188,7 +190,9 @@ int bench_chaos(const std::vector<std::string>& args) {
     if (elastic) v.insert(v.end(), {"--max-restarts", std::to_string(trials + 5), "--restart-delay", "0.5"});
     v.push_back("--");
     v.insert(v.end(), train.begin(), train.end());
+    // Progress lines every step (the strikes and recoveries are timed by them), unless set.
     for (const std::string& s : {"checkpoint.dir=" + ckdir, std::string("log.every=1"), std::string("log.progress=off")}) {
+      if (s.rfind("checkpoint.dir=", 0) != 0 && !last_value_of(train, s.substr(0, s.find('='))).empty()) continue;
       v.push_back("--set");
       v.push_back(s);
     }

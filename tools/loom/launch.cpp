@@ -86,6 +86,7 @@ void write_all(int fd, const std::string& s) {
 struct AttemptWatch {
   double start = 0;
   comm::FailureCause cause;
+  double cause_at = -1;            // when the output first told of the failure
   double last_checkpoint_at = -1;  // when a "[checkpoint] step N saved" line was last seen
   int64_t last_checkpoint_step = -1;
   double first_step_at = -1;       // when the first "step N/M" line was seen
@@ -106,7 +107,8 @@ double wall_now() {
 
 void watch_line(const comm::TaggedLine& t) {
   if (!g_watch) return;
-  comm::note_failure_line(t.text, g_watch->cause);
+  comm::note_failure_line(t.rank < 0 ? t.text : comm::format_rank_line(t), g_watch->cause);
+  if (g_watch->cause_at < 0 && !g_watch->cause.what.empty()) g_watch->cause_at = wall_now();
   if (t.rank != 0) return;
   if (t.text.rfind("step ", 0) == 0 && t.text.find('/') != std::string::npos && g_watch->first_step_at < 0) {
     AttemptWatch& w = *g_watch;
@@ -115,7 +117,8 @@ void watch_line(const comm::TaggedLine& t) {
       const double back = w.first_step_at - w.failed_at;
       w.lost_s = back + w.redo_s;
       say(str_cat("attempt ", w.attempt, " was training again ", seconds(back), " after the failure; time lost to it ",
-                  seconds(w.lost_s), " (", seconds(w.redo_s), " of steps after the last checkpoint, redone)"));
+                  seconds(w.lost_s), " (", seconds(w.redo_s), " from the last checkpoint to the failure's report, ",
+                  seconds(back), " to restart)"));
     }
   }
   long long step = 0;
@@ -272,14 +275,17 @@ int run_elastic(comm::LaunchOptions o, const ElasticOptions& e) {
     g_watch = &w;
     const int rc = run_relayed(comm::mpirun_command(o));
     g_watch = nullptr;
-    const double now = wall_now();
+    const double ended = wall_now();
+    // The failure's moment: its first trace in the output (mpirun's teardown after it is lost
+    // time too, counted in the restart's share).
+    const double now = w.cause_at >= 0 ? w.cause_at : ended;
     if (failed_at >= 0) {  // what the previous failure cost (all of this attempt, if it never trained)
-      lost_total += w.first_step_at >= 0 ? w.lost_s : now - failed_at + redo_s;
+      lost_total += w.first_step_at >= 0 ? w.lost_s : ended - failed_at + redo_s;
       failed_at = -1;
     }
     if (rc == 0) {
       say(str_cat("job finished after ", attempt, " attempt", attempt > 1 ? "s" : "", " (", restarts, " restart",
-                  restarts == 1 ? "" : "s", ") in ", seconds(now - job_start), "; ", seconds(lost_total),
+                  restarts == 1 ? "" : "s", ") in ", seconds(ended - job_start), "; ", seconds(lost_total),
                   " lost to failures"));
       return 0;
     }
@@ -299,8 +305,8 @@ int run_elastic(comm::LaunchOptions o, const ElasticOptions& e) {
     ++restarts;
     failed_at = now;
     say(str_cat("attempt ", attempt, " failed after ", seconds(now - w.start), ": ", cause, "; ",
-                w.last_checkpoint_step >= 0 ? str_cat("its last checkpoint (step ", w.last_checkpoint_step, ") was ",
-                                                      seconds(redo_s), " before")
+                w.last_checkpoint_step >= 0 ? str_cat("its last checkpoint (step ", w.last_checkpoint_step, ") was reported ",
+                                                      seconds(redo_s), " before it")
                                             : std::string("it saved no checkpoint"),
                 "; restart ", restarts, " of ", e.max_restarts, " with --resume auto"));
     // The same rank slot (or host) failing again and again: go on without it.

@@ -111,7 +111,9 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
   peak_gflops_ = opt_.peak_gflops > 0 ? opt_.peak_gflops : measure_gemm_gflops();
   if (cfg_.checkpoint.async && !cfg_.checkpoint.dir.empty() && main_rank()) {
     writer_ = std::make_unique<CheckpointWriter>();
-    writer_->reserve(cfg_.model);
+    // Data parallelism only: snapshots fill reserved buffers (model-parallel ones gather into
+    // fresh ones; parallel/model_gather.h).
+    if (!whole_layout_) writer_->reserve(cfg_.model);
   }
   last_checkpoint_time_ = now_seconds();
 }
@@ -557,6 +559,16 @@ void Trainer::roll_back() {
     return;
   }
   const CheckpointMeta meta = load_checkpoint(*found, *model_, *engine_, model_parallel_info(), /*verified=*/true);
+  if (main_rank()) {
+    // Checkpoints this run saved after the target come from the spiking trajectory: a resume
+    // must not pick them (the run saves those steps again as it goes).
+    for (const CheckpointEntry& e : list_checkpoints(cfg_.checkpoint.dir))
+      if (e.step > meta.step && checkpoint_run_id(e.path) == run_id_) {
+        std::error_code ec;
+        fs::remove_all(e.path, ec);
+      }
+    io::write_file_atomic((fs::path(cfg_.checkpoint.dir) / "latest").string(), fs::path(*found).filename().string() + "\n");
+  }
   step_ = meta.step;
   last_checkpoint_ = *found;
   if (scaler_.enabled() && meta.loss_scale > 0) scaler_.restore(meta.loss_scale, meta.loss_scale_clean_steps);

@@ -1,6 +1,7 @@
 // The training loop: micro-batches with gradient accumulation, global-norm clipping (fixed
 // or dynamic threshold), warmup + cosine LR, AdamW, periodic validation, logging (lines,
-// JSONL metrics, a progress bar), non-finite detection, checkpoints and exact resume.
+// JSONL metrics, a progress bar), guards (non-finite steps skipped, loss spikes rolled back),
+// synchronous or asynchronous checkpoints and exact resume on any layout.
 // Parallel layouts: data parallelism (ZeRO 0-3) through the DataParallel engine, tensor
 // parallelism through TensorParallelLayers, pipeline parallelism through PipelineStage, on the
 // mesh pp x dp x tp; alone, each is a no-op.
