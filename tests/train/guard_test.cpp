@@ -23,11 +23,7 @@ namespace fs = std::filesystem;
 namespace {
 
 TrainerOptions quiet(const std::string& resume = "", int64_t stop = -1) {
-  TrainerOptions o;
-  o.resume = resume;
-  o.stop_after_steps = stop;
-  o.log = std::fopen("/dev/null", "w");
-  return o;
+  return loom::testing::quiet_trainer_options(nullptr, resume, stop);
 }
 
 struct Fixture {

@@ -9,8 +9,23 @@
 
 #include "loom/data/prepare.h"
 #include "loom/train/train_config.h"
+#include "loom/train/trainer.h"
 
 namespace loom::testing {
+
+// Trainer options for a test run: silent (one /dev/null stream per process), no MFU timing.
+inline train::TrainerOptions quiet_trainer_options(const parallel::Mesh* mesh = nullptr,
+                                                   const std::string& resume = "",
+                                                   int64_t stop = -1) {
+  static FILE* const devnull = std::fopen("/dev/null", "w");
+  train::TrainerOptions o;
+  o.mesh = mesh;
+  o.resume = resume;
+  o.stop_after_steps = stop;
+  o.peak_gflops = 1;
+  o.log = devnull;
+  return o;
+}
 
 inline std::string temp_dir(const std::string& name) {
   auto p = std::filesystem::temp_directory_path() / ("loom_test_" + name + "_" + std::to_string(::getpid()));

@@ -22,11 +22,7 @@ namespace fs = std::filesystem;
 
 namespace {
 TrainerOptions quiet(const std::string& resume = "", int64_t stop = -1) {
-  TrainerOptions o;
-  o.resume = resume;
-  o.stop_after_steps = stop;
-  o.log = std::fopen("/dev/null", "w");
-  return o;
+  return loom::testing::quiet_trainer_options(nullptr, resume, stop);
 }
 }  // namespace
 
@@ -148,18 +144,24 @@ TEST(Checkpoint, CorruptedAndTruncatedCheckpointsAreSkipped) {
   }
 }
 
+// A NaN weight makes every step's loss NaN: guard.nonfinite=stop stops at the first, naming it;
+// the default (skip) skips guard.max_consecutive_skips steps, then stops naming the last.
 TEST(Trainer, NonFiniteLossStopsNamingTheStep) {
   const std::string dir = loom::testing::temp_dir("nan");
   const std::string data = loom::testing::prepare_shakespeare(dir, 20000);
-  TrainConfig cfg = parse_train_config(loom::testing::tiny_config_yaml(data, ""), {"schedule.steps=3"});
-  DatasetSource src(cfg);
-  Trainer t(cfg, src, quiet());
-  t.model().params().data<float>()[5] = NAN;
-  try {
-    t.run();
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("at step 1"), std::string::npos) << e.what();
+  for (const bool stop : {true, false}) {
+    TrainConfig cfg = parse_train_config(loom::testing::tiny_config_yaml(data, ""),
+                                         {"schedule.steps=20", stop ? "guard.nonfinite=stop" : "guard.max_consecutive_skips=10"});
+    DatasetSource src(cfg);
+    Trainer t(cfg, src, quiet());
+    t.model().params().data<float>()[5] = NAN;
+    try {
+      t.run();
+      FAIL() << "a run whose every loss is NaN went on (guard.nonfinite=" << cfg.guard.nonfinite << ")";
+    } catch (const Error& e) {
+      const std::string want = stop ? "loss is nan at step 1" : "11 steps in a row had a non-finite loss or gradient norm (the last at step 11";
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
   }
 }
 

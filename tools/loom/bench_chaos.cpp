@@ -46,13 +46,6 @@ const char* kHelp =
     "steps to host the trials. --timeout is the ranks' collective timeout (default 5 s).\n"
     "The last line is SUMMARY {json} with trials, recovered, bitwise_equal and goodput.\n";
 
-std::string self_exe() {
-  if (const char* e = std::getenv("LOOM_LAUNCH_EXE"); e && *e) return e;
-  char buf[4096];
-  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-  LOOM_CHECK(n > 0, "bench", "cannot resolve /proc/self/exe");
-  return std::string(buf, size_t(n));
-}
 
 // Starts argv with stdout and stderr into one pipe (returned in *out_fd), `tag` in LOOM_CHAOS_TAG.
 pid_t spawn(const std::vector<std::string>& argv, const std::string& tag, int* out_fd) {
@@ -183,7 +176,7 @@ int bench_chaos(const std::vector<std::string>& args) {
     work = tmpl;
   }
   fs::create_directories(work);
-  const std::string exe = self_exe();
+  const std::string exe = launch_exe();
   const std::string tag = str_cat(getpid(), "-", rng() % 1000000);
   auto job_args = [&](const std::string& ckdir, bool elastic) {
     std::vector<std::string> v = {exe, "launch", "--nproc", std::to_string(nproc), "--timeout", str_cat(timeout)};

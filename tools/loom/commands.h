@@ -50,6 +50,8 @@ int cmd_launch(const std::vector<std::string>& args);
 // Runs `loom bench <bench> args...` as ranks of `loom launch`, with the --nproc and --hosts
 // of args (--nproc defaults to the hosts' slots); every other option passes through.
 int relaunch_bench(const std::string& bench, const std::vector<std::string>& args);
+// The binary `loom launch` starts on every rank: $LOOM_LAUNCH_EXE, else this one.
+std::string launch_exe();
 
 // How an option is given: `false` a flag, `true` one value, Args::kRepeated a value that may
 // be given several times (--set a=1 --set b=2).

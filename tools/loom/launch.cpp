@@ -64,13 +64,6 @@ void forward_signal(int sig) {
   if (g_child_pid > 0) kill(pid_t(g_child_pid), sig);
 }
 
-std::string self_exe() {
-  if (const char* e = std::getenv("LOOM_LAUNCH_EXE"); e && *e) return e;
-  char buf[4096];
-  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-  LOOM_CHECK(n > 0, "launch", "cannot resolve /proc/self/exe: ", std::strerror(errno));
-  return std::string(buf, size_t(n));
-}
 
 void write_all(int fd, const std::string& s) {
   size_t off = 0;
@@ -360,6 +353,14 @@ int run_elastic(comm::LaunchOptions o, const ElasticOptions& e) {
 
 }  // namespace
 
+std::string launch_exe() {
+  if (const char* e = std::getenv("LOOM_LAUNCH_EXE"); e && *e) return e;
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  LOOM_CHECK(n > 0, "launch", "cannot resolve /proc/self/exe: ", std::strerror(errno));
+  return std::string(buf, size_t(n));
+}
+
 int cmd_launch(const std::vector<std::string>& args) {
   auto sep = std::find(args.begin(), args.end(), "--");
   std::vector<std::string> own(args.begin(), sep);
@@ -391,7 +392,7 @@ int cmd_launch(const std::vector<std::string>& args) {
   o.timeout_s = a.get_double("timeout", -1);
   const char* mpirun_env = std::getenv("LOOM_MPIRUN");
   o.mpirun = a.get("mpirun", mpirun_env && *mpirun_env ? mpirun_env : "mpirun");
-  o.exe = self_exe();
+  o.exe = launch_exe();
   o.args.assign(sep + 1, args.end());
   o.local_cores = int(std::max(1u, std::thread::hardware_concurrency()));
   o.as_root = geteuid() == 0;

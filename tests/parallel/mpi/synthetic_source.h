@@ -2,6 +2,7 @@
 // sequence, position), so any split of the global batch (data-parallel shards, pipeline
 // micro-batches) sees the same data as the single process.
 #pragma once
+#include "train/train_testing.h"
 #include <cstdint>
 
 #include <cstdio>
@@ -36,19 +37,6 @@ class SyntheticSource final : public train::BatchSource {
   int64_t vocab_;
 };
 
-// Trainer options for a test run: silent (one /dev/null stream per process), no MFU timing.
-inline train::TrainerOptions quiet_trainer_options(const parallel::Mesh* mesh,
-                                                   const std::string& resume = "",
-                                                   int64_t stop = -1) {
-  static FILE* const devnull = std::fopen("/dev/null", "w");
-  train::TrainerOptions o;
-  o.mesh = mesh;
-  o.resume = resume;
-  o.stop_after_steps = stop;
-  o.peak_gflops = 1;
-  o.log = devnull;
-  return o;
-}
 
 // A temporary directory every rank uses, emptied by rank 0 before anyone writes. Named per rank
 // count: ctest may run the 2- and 4-rank suites at once.
