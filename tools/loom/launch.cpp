@@ -255,6 +255,7 @@ int run_elastic(comm::LaunchOptions o, const ElasticOptions& e) {
   const std::vector<comm::HostSlots> all_hosts = comm::parse_host_slots(o.hosts);
   std::vector<comm::HostSlots> active = all_hosts;
   std::vector<comm::HostSlots> dropped;
+  std::vector<int> dropped_at;  // the restart that dropped each: it is probed from the next one on
   const double job_start = wall_now();
   double lost_total = 0, failed_at = -1, redo_s = 0;
   int restarts = 0, streak = 0, last_failed = -1;
@@ -315,6 +316,7 @@ int run_elastic(comm::LaunchOptions o, const ElasticOptions& e) {
           say(str_cat("host ", host, " failed ", streak, " times in a row: going on without it, on ", o.nproc - it->slots,
                       " ranks (train: parallel.dp=auto keeps the global batch)"));
           dropped.push_back(*it);
+          dropped_at.push_back(restarts);
           active.erase(it);
         }
       } else if (active.empty()) {
@@ -327,13 +329,14 @@ int run_elastic(comm::LaunchOptions o, const ElasticOptions& e) {
       }
       streak = 0;
     }
-    for (auto it = dropped.begin(); it != dropped.end();) {  // grow: dropped hosts that answer again
-      if (host_answers(o, it->host)) {
-        say(str_cat("host ", it->host, " answers again: taking it back"));
-        active.push_back(*it);
-        it = dropped.erase(it);
+    for (size_t i = 0; i < dropped.size();) {  // grow: hosts dropped at an earlier restart that answer
+      if (dropped_at[i] < restarts && host_answers(o, dropped[i].host)) {
+        say(str_cat("host ", dropped[i].host, " answers again: taking it back"));
+        active.push_back(dropped[i]);
+        dropped.erase(dropped.begin() + std::ptrdiff_t(i));
+        dropped_at.erase(dropped_at.begin() + std::ptrdiff_t(i));
       } else {
-        ++it;
+        ++i;
       }
     }
     if (!all_hosts.empty()) {  // keep the original host order; the slots add up to nproc
