@@ -22,6 +22,7 @@ cleanup() {
 }
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; exit 1; }
+. "$src/tests/train/elastic_helpers.sh"
 
 "$th" up 2
 rc=$?
@@ -41,23 +42,8 @@ LOOM_TEST_TAG=$tag "$loom" launch --hosts loomh1:2,loomh2:2 --timeout 30 --max-r
   --drop-after 2 --restart-delay 0.2 -- "${train[@]}" --set checkpoint.dir="$work/el" \
   --set log.metrics_path="$work/el.jsonl" > "$work/el.out" 2>&1 &
 job=$!
-rank_pid() {  # pid of rank $1 of the elastic job (its environment carries the tag and the rank)
-  for e in $(grep -l "LOOM_TEST_TAG=$tag" /proc/[0-9]*/environ 2>/dev/null); do
-    tr '\0' '\n' < "$e" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1" && { echo "$e" | cut -d/ -f3; return; }
-  done
-}
-last_step() { grep -o '^\[rank 0\] step *[0-9]*' "$work/el.out" | tail -1 | grep -o '[0-9]*$'; }
 # Kills: rank 2 (loomh2) twice, then rank 0 (loomh1, the only host left).
-n=0
-for victim in 2 2 0; do
-  n=$((n + 1))
-  want=$(( n * 300 ))
-  for _ in $(seq 900); do s=$(last_step); [ -n "$s" ] && [ "$s" -ge "$want" ] && break; sleep 0.1; done
-  p=$(rank_pid "$victim")
-  [ -n "$p" ] || { tail -20 "$work/el.out"; fail "no rank $victim to kill at step ${s:-?}"; }
-  kill -9 "$p"
-  for _ in $(seq 900); do [ "$(grep -c 'was training again' "$work/el.out")" -ge "$n" ] && break; sleep 0.1; done
-done
+strike_ranks "$work/el.out" "$tag" 300 2 2 0
 wait "$job"
 rc=$?
 grep '^\[launch\]' "$work/el.out"
@@ -66,17 +52,5 @@ grep -q "host loomh2 failed 2 times in a row: going on without it, on 2 ranks" "
 grep -q "host loomh2 answers again: taking it back" "$work/el.out" || fail "loomh2 was not taken back"
 [ "$(grep -c '^\[rank 0\] \[train\] 2 ranks on 1 host' "$work/el.out")" -ge 1 ] || fail "no attempt ran on loomh1 alone"
 [ "$(grep -c '^\[rank 0\] \[train\] 4 ranks on 2 hosts' "$work/el.out")" -ge 3 ] || fail "the job did not return to 2 hosts"
-python3 - "$work/ref.jsonl" "$work/el.jsonl" <<'PY' || fail "the elastic run's losses left the uninterrupted run's"
-import json, sys
-def losses(path):
-    out = {}
-    for line in open(path):
-        j = json.loads(line)
-        if "loss" in j and "step" in j: out[j["step"]] = j["loss"]
-    return out
-ref, el = losses(sys.argv[1]), losses(sys.argv[2])
-worst = max(abs(el[s] - ref[s]) / ref[s] for s in ref if s in el)
-print(f"losses of {len(el)} steps: worst relative difference {worst:.2e} against the uninterrupted run")
-sys.exit(0 if len(el) == len(ref) and worst < 1e-3 else 1)
-PY
+losses_match "$work/ref.jsonl" "$work/el.jsonl" || fail "the elastic run's losses left the uninterrupted run's"
 echo "ok: loomh2 dropped after two failures and taken back at a later restart; losses unchanged"

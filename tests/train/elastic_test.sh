@@ -22,6 +22,7 @@ cleanup() {
 }
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; exit 1; }
+. "$src/tests/train/elastic_helpers.sh"
 
 head -c 200000 "$src/data/tinyshakespeare/input.txt" > "$work/in.txt"
 "$loom" prepare --input "$work/in.txt" --tokenizer byte --out "$work/data" >/dev/null || fail "loom prepare failed"
@@ -52,20 +53,7 @@ LOOM_TEST_TAG=$tag "$loom" launch --nproc 4 --max-restarts 4 --min-nproc 2 --dro
   "${train[@]}" --set schedule.steps=1500 --set log.every=1 --set checkpoint.dir="$work/el" \
   --set log.metrics_path="$work/el.jsonl" > "$work/el.out" 2>&1 &
 job=$!
-rank_pid() {  # pid of rank $1 of the elastic job, or nothing
-  for e in $(grep -l "LOOM_TEST_TAG=$tag" /proc/[0-9]*/environ 2>/dev/null); do
-    tr '\0' '\n' < "$e" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1" && { echo "$e" | cut -d/ -f3; return; }
-  done
-}
-last_step() { grep -o '^\[rank 0\] step *[0-9]*' "$work/el.out" | tail -1 | grep -o '[0-9]*$'; }
-for kill_no in 1 2; do
-  want=$(( kill_no * 300 ))
-  for _ in $(seq 600); do s=$(last_step); [ -n "$s" ] && [ "$s" -ge "$want" ] && break; sleep 0.1; done
-  p=$(rank_pid 3)
-  [ -n "$p" ] || fail "no rank 3 to kill at step ${s:-?}"
-  kill -9 "$p"
-  for _ in $(seq 600); do [ "$(grep -c 'was training again' "$work/el.out")" -ge "$kill_no" ] && break; sleep 0.1; done
-done
+strike_ranks "$work/el.out" "$tag" 300 3 3
 wait "$job"
 rc=$?
 grep '^\[launch\]' "$work/el.out"
@@ -73,17 +61,5 @@ grep '^\[launch\]' "$work/el.out"
 grep -q "going on with 2 ranks instead of 4" "$work/el.out" || fail "the job did not shrink to 2 ranks"
 grep -q "resharded from pp=1 x dp=4" "$work/el.out" || fail "the 2-rank attempt did not reshard the dp=4 checkpoint"
 grep -q "\[rank 0\] \[train\] 2 ranks on 1 host" "$work/el.out" || fail "no attempt ran on 2 ranks"
-python3 - "$work/ref.jsonl" "$work/el.jsonl" <<'PY' || fail "the shrunk run's losses left the uninterrupted run's"
-import json, sys
-def losses(path):
-    out = {}
-    for line in open(path):
-        j = json.loads(line)
-        if "loss" in j and "step" in j: out[j["step"]] = j["loss"]
-    return out
-ref, el = losses(sys.argv[1]), losses(sys.argv[2])
-worst = max(abs(el[s] - ref[s]) / ref[s] for s in ref if s in el)
-print(f"losses of {len(el)} steps: worst relative difference {worst:.2e} against the uninterrupted 4-rank run")
-sys.exit(0 if len(el) == len(ref) and worst < 1e-3 else 1)
-PY
+losses_match "$work/ref.jsonl" "$work/el.jsonl" || fail "the shrunk run's losses left the uninterrupted run's"
 echo "ok: 3 chaos trials recovered bitwise; the job shrank to 2 ranks with the same losses"
