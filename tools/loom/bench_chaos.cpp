@@ -72,38 +72,37 @@ pid_t spawn(const std::vector<std::string>& argv, const std::string& tag, int* o
   return pid;
 }
 
-// The pid of rank r of the job tagged `tag`, or -1 (between attempts).
-pid_t find_rank(const std::string& tag, int rank) {
-  const std::string want_tag = "LOOM_CHAOS_TAG=" + tag, want_rank = str_cat("OMPI_COMM_WORLD_RANK=", rank);
+// The processes whose environment holds LOOM_CHAOS_TAG=tag, each with its MPI rank (-1: the
+// launcher or mpirun), from one pass over /proc.
+std::vector<std::pair<pid_t, int>> tagged_processes(const std::string& tag) {
+  const std::string want_tag = "LOOM_CHAOS_TAG=" + tag, rank_key = "OMPI_COMM_WORLD_RANK=";
+  std::vector<std::pair<pid_t, int>> out;
   for (const auto& e : fs::directory_iterator("/proc")) {
     const std::string name = e.path().filename().string();
     if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit)) continue;
     std::ifstream in(e.path() / "environ", std::ios::binary);
     if (!in) continue;
-    std::stringstream ss;
-    ss << in.rdbuf();
-    const std::string env = ss.str();
-    bool has_tag = false, has_rank = false;
-    for (size_t i = 0; i < env.size();) {
-      const size_t j = env.find('\0', i);
-      const std::string kv = env.substr(i, j == std::string::npos ? std::string::npos : j - i);
+    bool has_tag = false;
+    int rank = -1;
+    for (std::string kv; std::getline(in, kv, '\0');) {
       has_tag = has_tag || kv == want_tag;
-      has_rank = has_rank || kv == want_rank;
-      if (j == std::string::npos) break;
-      i = j + 1;
+      if (kv.rfind(rank_key, 0) == 0) rank = std::atoi(kv.c_str() + rank_key.size());
     }
-    if (has_tag && has_rank) return pid_t(std::stol(name));
+    if (has_tag) out.push_back({pid_t(std::stol(name)), rank});
   }
+  return out;
+}
+
+// The pid of rank r of the job tagged `tag`, or -1 (between attempts).
+pid_t find_rank(const std::string& tag, int rank) {
+  for (const auto& [pid, r] : tagged_processes(tag))
+    if (r == rank) return pid;
   return -1;
 }
 
 // Every process of the job (ranks included), for the cleanup.
 void kill_tagged(const std::string& tag) {
-  for (int r = 0; r < 64; ++r)
-    for (pid_t p; (p = find_rank(tag, r)) > 0;) {
-      kill(p, SIGKILL);
-      usleep(20000);
-    }
+  for (const auto& [pid, r] : tagged_processes(tag)) kill(pid, SIGKILL);
 }
 
 bool flip_middle_byte(const std::string& path) {

@@ -89,8 +89,17 @@ struct AttemptWatch {
   double lost_s = 0;  // set at this attempt's first step: the time the failure cost
 };
 AttemptWatch* g_watch = nullptr;
-void say(const std::string& line);
-std::string seconds(double s);
+
+void say(const std::string& line) {
+  std::fprintf(stderr, "[launch] %s\n", line.c_str());
+  std::fflush(stderr);
+}
+
+std::string seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f s", s);
+  return buf;
+}
 
 double wall_now() {
   timespec ts;
@@ -227,17 +236,6 @@ struct ElasticOptions {
   int max_restarts = 0, min_nproc = 1, drop_after = 2;
   double delay_s = 1;
 };
-
-void say(const std::string& line) {
-  std::fprintf(stderr, "[launch] %s\n", line.c_str());
-  std::fflush(stderr);
-}
-
-std::string seconds(double s) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f s", s);
-  return buf;
-}
 
 // Whether a host answers: a test host's namespace exists, any other runs `true` through the
 // agent (ssh by default) within 10 s.

@@ -672,7 +672,7 @@ double DataParallel::take_compress_seconds() {
 
 int64_t DataParallel::optimizer_steps() const { return adam_.front()->step_count(); }
 
-void DataParallel::gather_full_params(const Tensor& flat) {
+void DataParallel::gather_full_params(const Tensor& flat) const {
   if (opt_.zero_stage < 3) {
     if (flat.raw() != model_.params().raw()) flat.copy_from(model_.params());
     return;
@@ -690,7 +690,7 @@ void DataParallel::load_full_params(const Tensor& flat) {
     chunk_view(param_shard_, u, true).copy_from(flat.slice(u.begin + r_of(u) * chunk_size(u), {chunk_size(u)}));
 }
 
-void DataParallel::gather_full_moments(const Tensor& exp_avg, const Tensor& exp_avg_sq) {
+void DataParallel::gather_full_moments(const Tensor& exp_avg, const Tensor& exp_avg_sq) const {
   exp_avg.zero();
   exp_avg_sq.zero();
   const auto& units = layout_.units();

@@ -93,12 +93,12 @@ class DataParallel final : public model::ParamSource {
   const Tensor& param_shard() const { return param_shard_; }
   // Copies every unit's full weights into `flat` (length flat_size) on every rank (stage 3
   // gathers; others copy).
-  void gather_full_params(const Tensor& flat);
+  void gather_full_params(const Tensor& flat) const;
   // Takes the weights from a full flat buffer (stage 3 keeps only its chunks).
   void load_full_params(const Tensor& flat);
   // Every unit's whole Adam moments into `exp_avg` and `exp_avg_sq` (flat_size each, laid out
   // like the weights; padding zero) on every rank: stages 1-3 all-gather the chunks.
-  void gather_full_moments(const Tensor& exp_avg, const Tensor& exp_avg_sq);
+  void gather_full_moments(const Tensor& exp_avg, const Tensor& exp_avg_sq) const;
   // Takes this rank's moments from whole ones laid out like the weights, and the step count
   // their bias correction continues from.
   void load_full_moments(const Tensor& exp_avg, const Tensor& exp_avg_sq, int64_t optimizer_steps);

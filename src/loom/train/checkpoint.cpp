@@ -95,6 +95,16 @@ static fs::path tmp_dir_of(const std::string& dir, int64_t step) {
   return fs::path(dir) / str_cat(".tmp.", step_name(step));
 }
 
+// DIR and an empty DIR/.tmp.step_N (a leftover of an interrupted save of that step is removed).
+static void make_tmp_dir(const std::string& dir, const fs::path& tmp) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  LOOM_CHECK(!ec, "checkpoint", "cannot create ", dir, ": ", ec.message());
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  LOOM_CHECK(!ec, "checkpoint", "cannot create ", tmp.string(), ": ", ec.message());
+}
+
 // `t` when it is a defined f32 buffer of n elements, else a new one.
 static Tensor reuse_or_new(const Tensor& t, int64_t n) {
   if (t.defined() && t.numel() == n && t.dtype() == DType::f32) return t;
@@ -117,7 +127,7 @@ CheckpointSnapshot snapshot_checkpoint(int64_t step, const model::Decoder& model
   Tensor w = model.params();
   if (engine.zero_stage() >= 3) {
     w = Tensor::zeros({model.flat_size()}, DType::f32, MemCategory::workspace);
-    const_cast<parallel::DataParallel&>(engine).gather_full_params(w);
+    engine.gather_full_params(w);
   }
   // Every rank holds its whole moments under ZeRO-0, so rank 0 copies them straight from the
   // optimizer (no flat intermediate: the copy is what an asynchronous save stalls training for).
@@ -126,7 +136,7 @@ CheckpointSnapshot snapshot_checkpoint(int64_t step, const model::Decoder& model
   if (!direct) {
     m = Tensor::zeros({model.flat_size()}, DType::f32, MemCategory::workspace);
     v = Tensor::zeros({model.flat_size()}, DType::f32, MemCategory::workspace);
-    const_cast<parallel::DataParallel&>(engine).gather_full_moments(m, v);
+    engine.gather_full_moments(m, v);
   }
   if (mp.whole_layout) {  // model-parallel slices: summed into the whole on every rank
     s.weights = parallel::gather_whole_params(mesh, local, w);
@@ -181,13 +191,7 @@ std::string write_checkpoint(const std::string& dir, const CheckpointSnapshot& s
   const fs::path tmp = tmp_dir_of(dir, s.step);
   try {
     std::error_code ec;
-    if (!tmp_ready) {
-      fs::create_directories(dir, ec);
-      LOOM_CHECK(!ec, "checkpoint", "cannot create ", dir, ": ", ec.message());
-      fs::remove_all(tmp, ec);
-      fs::create_directories(tmp, ec);
-      LOOM_CHECK(!ec, "checkpoint", "cannot create ", tmp.string(), ": ", ec.message());
-    }
+    if (!tmp_ready) make_tmp_dir(dir, tmp);
     io::ManifestWriter manifest(tmp.string());
     auto record = [&](const std::string& name) { manifest.record(name); };
     model::save_hf_safetensors(*s.layout, s.weights, (tmp / "model.safetensors").string());
@@ -248,13 +252,7 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const model::D
   const bool onebit = !engine.onebit().empty();
   if (onebit) {  // every rank writes its own error feedback into the temporary directory
     phase([&] {
-      if (!main) return;
-      std::error_code ec;
-      fs::create_directories(dir, ec);
-      LOOM_CHECK(!ec, "checkpoint", "cannot create ", dir, ": ", ec.message());
-      fs::remove_all(tmp, ec);
-      fs::create_directories(tmp, ec);
-      LOOM_CHECK(!ec, "checkpoint", "cannot create ", tmp.string(), ": ", ec.message());
+      if (main) make_tmp_dir(dir, tmp);
     });
     phase([&] {
       io::SafetensorsWriter w;
@@ -344,7 +342,7 @@ CheckpointMeta load_checkpoint_weights(const std::string& path, model::Decoder& 
   model::load_hf_safetensors(model, (fs::path(path) / "model.safetensors").string());
   const json state = json::parse(io::read_file((fs::path(path) / "trainer_state.json").string()));
   restore_router_bias(state, model);
-  return {state.at("step").get<int64_t>(), path, "", state.value("run_id", "")};
+  return {state.at("step").get<int64_t>(), path, "", state.value("run_id", ""), 0, 0, {}};
 }
 
 VerifyScope checkpoint_load_scope(const comm::Group& world) { return VerifyScope::rank(world.rank()); }
