@@ -16,7 +16,7 @@ unset LOOM_COMM_TIMEOUT
 work=$(mktemp -d)
 tag="hosts-elastic-$$"
 cleanup() {
-  for p in $(grep -l "LOOM_TEST_TAG=$tag" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3); do kill -9 "$p" 2>/dev/null; done
+  kill_tagged "$tag"
   "$th" down >/dev/null 2>&1
   rm -rf "$work"
 }

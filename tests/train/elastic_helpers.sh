@@ -2,7 +2,12 @@
 #   strike_ranks OUT TAG STEPS VICTIM...  kills rank VICTIM of the job tagged TAG (LOOM_TEST_TAG in
 #       its environment) once its output OUT shows step i*STEPS, for the i-th victim, and waits
 #       until the launcher says the job trains again;
-#   losses_match REF.jsonl RUN.jsonl      every step logged in both, losses within 1e-3 relative.
+#   losses_match REF.jsonl RUN.jsonl      every step logged in both, losses within 1e-3 relative;
+#   kill_tagged TAG                       SIGKILL to every process of the job (a stopped one too).
+
+kill_tagged() {
+  for p in $(grep -l "LOOM_TEST_TAG=$1" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3); do kill -9 "$p" 2>/dev/null; done
+}
 
 rank_pid() {  # pid of rank $2 of the job tagged $1, or nothing
   for e in $(grep -l "LOOM_TEST_TAG=$1" /proc/[0-9]*/environ 2>/dev/null); do

@@ -17,7 +17,7 @@ work=$(mktemp -d)
 tag="elastic-test-$$"
 cleanup() {
   # Nothing of the jobs may outlive the test (a stopped rank included).
-  for p in $(grep -l "LOOM_TEST_TAG=$tag" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3); do kill -9 "$p" 2>/dev/null; done
+  kill_tagged "$tag"
   rm -rf "$work"
 }
 trap cleanup EXIT

@@ -22,9 +22,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-TrainerOptions quiet(const std::string& resume = "", int64_t stop = -1) {
-  return loom::testing::quiet_trainer_options(nullptr, resume, stop);
-}
+using loom::testing::quiet;
 
 struct Fixture {
   std::string dir, data;

@@ -27,6 +27,11 @@ inline train::TrainerOptions quiet_trainer_options(const parallel::Mesh* mesh = 
   return o;
 }
 
+// The same for one process.
+inline train::TrainerOptions quiet(const std::string& resume = "", int64_t stop = -1) {
+  return quiet_trainer_options(nullptr, resume, stop);
+}
+
 inline std::string temp_dir(const std::string& name) {
   auto p = std::filesystem::temp_directory_path() / ("loom_test_" + name + "_" + std::to_string(::getpid()));
   std::filesystem::remove_all(p);

@@ -20,11 +20,7 @@ using namespace loom;
 using namespace loom::train;
 namespace fs = std::filesystem;
 
-namespace {
-TrainerOptions quiet(const std::string& resume = "", int64_t stop = -1) {
-  return loom::testing::quiet_trainer_options(nullptr, resume, stop);
-}
-}  // namespace
+using loom::testing::quiet;
 
 TEST(Trainer, TinyModelLearnsShakespeareBytes) {
   const std::string dir = loom::testing::temp_dir("learn");
