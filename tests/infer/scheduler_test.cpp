@@ -443,3 +443,72 @@ TEST(Scheduler, PaddingRowsStopGrowingAtTheMaximumLength) {
   EXPECT_EQ(s.tokens(1).size(), 6u);
   EXPECT_EQ(s.num_computed(1), 6);
 }
+
+// Speculative decoding's part: proposals computed with the last token, budgeted like prompt
+// tokens, given up first (budget, blocks, preemption), rolled back by settle().
+TEST(SchedulerSpeculation, ProposalsAreComputedThenRolledBackToTheAcceptedOnes) {
+  Scheduler s(config(16));
+  s.add(0, prompt(6));
+  finish_step(s, s.schedule());  // prefill; token 500 sampled
+  ASSERT_TRUE(s.decoding(0));
+  const std::vector<int32_t> props = {7, 8, 9};
+  s.propose(0, props);
+  EXPECT_FALSE(s.decoding(0));
+  StepPlan p = s.schedule();
+  ASSERT_EQ(p.seqs.size(), 1u);
+  EXPECT_EQ(p.seqs[0].start, 6);
+  EXPECT_EQ(p.seqs[0].num_tokens, 4);
+  EXPECT_EQ(p.seqs[0].num_spec, 3);
+  EXPECT_TRUE(p.seqs[0].sample);
+  EXPECT_EQ(s.block_table(0).size(), 3u);  // 10 tokens in 4-token blocks
+  s.complete(p);
+  s.settle(0, 1);  // 7 accepted, 8 and 9 rejected
+  EXPECT_EQ(s.tokens(0), (std::vector<int32_t>{1, 2, 3, 4, 5, 6, 500, 7}));
+  EXPECT_EQ(s.num_computed(0), 8);
+  EXPECT_EQ(s.block_table(0).size(), 3u);  // the kept 8 tokens and the next one
+  s.append_token(0, 42);
+  EXPECT_TRUE(s.decoding(0));
+  s.propose(0, props);
+  s.complete(p = s.schedule());
+  s.settle(0, 0);
+  EXPECT_EQ(s.num_computed(0), 9);
+  EXPECT_EQ(s.block_table(0).size(), 3u);
+  EXPECT_EQ(s.schedule().freed_blocks.size(), 0u);
+  s.finish(0);
+  EXPECT_EQ(s.kv().pool().num_free(), 16);
+}
+
+TEST(SchedulerSpeculation, ProposalsGiveWayToTheBudgetAndToOtherSequencesBlocks) {
+  SchedulerConfig c = config(4);
+  c.max_batched_tokens = 3;
+  Scheduler s(c);
+  s.add(0, prompt(3));
+  finish_step(s, s.schedule());
+  const std::vector<int32_t> props = {7, 8, 9, 10};
+  s.propose(0, props);
+  StepPlan p = s.schedule();
+  EXPECT_EQ(p.seqs[0].num_tokens, 3);  // the last token and two proposals fit the budget
+  EXPECT_EQ(p.seqs[0].num_spec, 2);
+  s.complete(p);
+  s.settle(0, 2);
+  s.append_token(0, 11);
+  EXPECT_EQ(s.num_computed(0), 6);
+  s.finish(0);
+  // Three blocks: 0 holds two (7 tokens), 1 holds one (3 tokens). 0's proposals would need a
+  // fourth block, so they are dropped rather than anyone preempted.
+  SchedulerConfig c3 = config(3);
+  Scheduler t(c3);
+  t.add(0, prompt(7));
+  t.add(1, prompt(3, 100));
+  finish_step(t, t.schedule());
+  ASSERT_TRUE(t.decoding(0));
+  t.propose(0, props);
+  p = t.schedule();
+  const ScheduledSeq* q = find(p, 0);
+  ASSERT_NE(q, nullptr);
+  EXPECT_EQ(q->num_spec, 0);
+  EXPECT_EQ(q->num_tokens, 1);
+  EXPECT_TRUE(p.preempted.empty());
+  ASSERT_NE(find(p, 1), nullptr);
+  EXPECT_EQ(t.tokens(0).size(), 8u);
+}

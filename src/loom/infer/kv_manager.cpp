@@ -135,6 +135,24 @@ std::vector<int32_t> KVCacheManager::release(int64_t seq) {
   return freed;
 }
 
+std::vector<int32_t> KVCacheManager::truncate(int64_t seq, int64_t num_tokens) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return {};
+  SeqKV& s = it->second;
+  const int64_t bs = block_size();
+  const size_t keep = size_t((num_tokens + bs - 1) / bs);
+  std::vector<int32_t> freed;
+  while (s.table.size() > keep) {
+    pool_.decref(s.table.back());
+    freed.push_back(s.table.back());
+    s.table.pop_back();
+  }
+  const size_t full = size_t(num_tokens / bs);
+  if (s.hashes.size() > full) s.hashes.resize(full);
+  s.num_cached_blocks = std::min(s.num_cached_blocks, int64_t(full));
+  return freed;
+}
+
 const std::vector<int32_t>& KVCacheManager::block_table(int64_t seq) const {
   auto it = seqs_.find(seq);
   return it == seqs_.end() ? empty_ : it->second.table;

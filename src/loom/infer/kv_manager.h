@@ -55,6 +55,9 @@ class KVCacheManager {
   std::vector<int32_t> free(int64_t seq);
   // free() and forget the sequence entirely.
   std::vector<int32_t> release(int64_t seq);
+  // Keeps the blocks that hold seq's first num_tokens tokens and releases the rest, tail
+  // first (speculative tokens the target rejected); hashes beyond them are forgotten.
+  std::vector<int32_t> truncate(int64_t seq, int64_t num_tokens);
 
   const std::vector<int32_t>& block_table(int64_t seq) const;
   int64_t num_sequences() const { return int64_t(seqs_.size()); }

@@ -31,9 +31,10 @@ void ModelRunner::linear(const Tensor& x, const Tensor& w, const QuantizedMatrix
 }
 
 ModelRunner::ModelRunner(const model::Decoder& model, KVCache& cache, int64_t max_tokens,
-                         int64_t max_seqs, const QuantizedModel* quant, Allocator& alloc)
+                         int64_t max_seqs, const QuantizedModel* quant, int64_t max_logit_rows,
+                         Allocator& alloc)
     : model_(model), cfg_(model.config()), cache_(cache), quant_(quant), max_tokens_(max_tokens),
-      max_seqs_(max_seqs) {
+      max_seqs_(max_seqs), max_logit_rows_(max_logit_rows > 0 ? max_logit_rows : max_seqs) {
   const bool gpt2 = cfg_.family == Family::gpt2;
   // A token's experts must not depend on which other requests share its step.
   cfg_.moe.capacity_factor = 0;
@@ -72,7 +73,7 @@ ModelRunner::ModelRunner(const model::Decoder& model, KVCache& cache, int64_t ma
     LOOM_CHECK(!quant, "runner", "quantized weights of MoE models are not supported; serve ", cfg_.name, " in fp32");
     moe_ = model::MoeActs::allocate(cfg_, N, dt, alloc);
   }
-  const int64_t S = max_seqs;
+  const int64_t S = max_logit_rows_;
   xs_ = Tensor::empty({S, C}, dt, cat, alloc);
   lnf_ = Tensor::empty({S, C}, dt, cat, alloc);
   lnf_mean_ = Tensor::empty({S}, dt, cat, alloc);
@@ -81,6 +82,12 @@ ModelRunner::ModelRunner(const model::Decoder& model, KVCache& cache, int64_t ma
   slots_.reserve(size_t(N));
   pseqs_.reserve(size_t(S));
   sample_rows_.reserve(size_t(S));
+}
+
+int64_t ModelRunner::logit_rows(const StepPlan& plan) {
+  int64_t n = 0;
+  for (const ScheduledSeq& s : plan.seqs) n += s.sample ? 1 + s.num_spec : 0;
+  return n;
 }
 
 int64_t ModelRunner::weight_bytes_per_token() const {
@@ -178,7 +185,8 @@ int64_t ModelRunner::run_plan(const StepPlan& plan) {
       pos[row] = int32_t(p);
       slots_.push_back(int64_t(s.block_table[size_t(p / bs)]) * bs + p % bs);
     }
-    if (s.sample) sample_rows_.push_back(row - 1);
+    if (s.sample)
+      for (int64_t i = s.num_spec; i >= 0; --i) sample_rows_.push_back(row - 1 - i);
   }
   ops::embedding_forward(tok_.narrow0(0, N), pos_.narrow0(0, N), wte_, wpe_, x_.narrow0(0, N));
   const bool f32 = x_.dtype() == DType::f32;
@@ -187,7 +195,9 @@ int64_t ModelRunner::run_plan(const StepPlan& plan) {
 }
 
 Tensor ModelRunner::execute(const StepPlan& plan) {
-  const int64_t S = plan.num_sampled();
+  const int64_t S = logit_rows(plan);
+  LOOM_CHECK(S <= max_logit_rows_, "runner", "plan asks for ", S, " rows of logits, more than the ",
+             max_logit_rows_, " the runner was sized for");
   if (run_plan(plan) == 0 || S == 0) return logits_.narrow0(0, 0);
   // Only the rows that sample go through the final norm and the head.
   const size_t row_bytes = size_t(cfg_.d_model) * dtype_size(x_.dtype());

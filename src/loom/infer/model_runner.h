@@ -21,12 +21,18 @@ class ModelRunner {
   // max_tokens and max_seqs bound what one plan may hold (the scheduler's budgets); buffers
   // are allocated once here, never per step.
   // quant: quantized matrices of the same model (outlives the runner), or null for f32.
+  // max_logit_rows: rows of logits one plan may ask for (0: max_seqs; speculative decoding
+  // asks for num_spec + 1 per sequence).
   ModelRunner(const model::Decoder& model, KVCache& cache, int64_t max_tokens, int64_t max_seqs,
-              const QuantizedModel* quant = nullptr, Allocator& alloc = cpu_allocator());
+              const QuantizedModel* quant = nullptr, int64_t max_logit_rows = 0,
+              Allocator& alloc = cpu_allocator());
 
-  // Runs the plan (copy-on-write copies first) and returns logits [num_sampled, V]: one row
-  // per sequence with sample set, in plan order. The view is valid until the next call.
+  // Runs the plan (copy-on-write copies first) and returns logits [rows, V] for every
+  // sequence with sample set, in plan order: its last num_spec + 1 tokens' rows (one row
+  // without proposals). The view is valid until the next call.
   Tensor execute(const StepPlan& plan);
+  // Rows of logits execute() returns for this plan.
+  static int64_t logit_rows(const StepPlan& plan);
   // The same forward, returning logits [num_tokens, V] for every token of the plan (a
   // language-model evaluation: each position predicts the next). Needs an f32 model; its
   // buffer is allocated on the first call.
@@ -51,13 +57,13 @@ class ModelRunner {
   model::ModelConfig cfg_;  // the model's, with MoE capacity off: inference routes dropless
   KVCache& cache_;
   const QuantizedModel* quant_;
-  int64_t max_tokens_, max_seqs_;
+  int64_t max_tokens_, max_seqs_, max_logit_rows_;
   std::vector<model::BlockWeights> w_;
   Tensor wte_, wpe_, lnf_w_, lnf_b_, head_;
   // Activations for up to max_tokens rows (views of the first N rows are used per step).
   Tensor tok_, pos_, x_, ln_, mean_, rstd_, qkv_, att_, x_mid_, fc_, act_;
   model::MoeActs moe_;  // MoE blocks' routing and expert buffers (MoE models)
-  Tensor xs_, lnf_, lnf_mean_, lnf_rstd_, logits_;  // the sampled rows only
+  Tensor xs_, lnf_, lnf_mean_, lnf_rstd_, logits_;  // the rows that need logits only
   Tensor all_logits_;  // execute_all_rows: [max_tokens, V]
   std::vector<int64_t> slots_;
   std::vector<cpu::PagedSeq> pseqs_;

@@ -64,10 +64,17 @@ ScheduledSeq& Scheduler::emit(StepPlan& plan, int64_t id, int64_t start, int64_t
   s.start = start;
   s.num_tokens = n;
   s.sample = start + n == int64_t(seq(id).tokens.size());
+  s.num_spec = seq(id).num_spec;
   s.new_blocks = std::move(a.new_blocks);
   plan.copies.insert(plan.copies.end(), a.copies.begin(), a.copies.end());
   plan.seqs.push_back(std::move(s));
   return plan.seqs.back();
+}
+
+void Scheduler::drop_proposals(Seq& s, int64_t n) {
+  n = std::min(n, s.num_spec);
+  s.tokens.resize(s.tokens.size() - size_t(n));
+  s.num_spec -= n;
 }
 
 void Scheduler::preempt(int64_t id, StepPlan& plan) {
@@ -75,6 +82,7 @@ void Scheduler::preempt(int64_t id, StepPlan& plan) {
   auto freed = kv_.free(id);
   plan.freed_blocks.insert(plan.freed_blocks.end(), freed.begin(), freed.end());
   Seq& s = seq(id);
+  drop_proposals(s, s.num_spec);
   s.num_computed = 0;
   ++s.preemptions;
   ++num_preemptions_;
@@ -126,10 +134,16 @@ bool Scheduler::schedule_running(StepPlan& plan, int64_t& budget) {
     const int64_t id = running_[i];
     Seq& s = seq(id);
     if (s.padding) continue;  // scheduled last, by schedule_padding
-    const int64_t n = std::min(int64_t(s.tokens.size()) - s.num_computed, budget);
+    int64_t n = std::min(int64_t(s.tokens.size()) - s.num_computed, budget);
     if (n <= 0) continue;
+    drop_proposals(s, int64_t(s.tokens.size()) - s.num_computed - n);  // past the budget
     std::optional<SlotAllocation> a;
     while (!(a = kv_.allocate_slots(id, s.num_computed, n))) {
+      if (s.num_spec > 0) {  // speculation backs off before anyone is preempted
+        drop_proposals(s, s.num_spec);
+        n = int64_t(s.tokens.size()) - s.num_computed;
+        continue;
+      }
       if (park_padding_row(plan)) {  // padding rows give their blocks back first
         i = size_t(std::find(running_.begin(), running_.end(), id) - running_.begin());
         continue;
@@ -210,8 +224,39 @@ void Scheduler::complete(const StepPlan& plan) {
                " completed a step planned from token ", p.start, " but stands at ",
                s.num_computed);
     s.num_computed += p.num_tokens;
-    if (!s.padding) kv_.cache_full_blocks(p.seq_id, s.tokens, s.num_computed);
+    if (!s.padding) kv_.cache_full_blocks(p.seq_id, s.tokens, s.num_computed - s.num_spec);
   }
+}
+
+bool Scheduler::decoding(int64_t id) const {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) return false;
+  const Seq& s = it->second;
+  return !s.padding && s.num_spec == 0 && s.num_computed > 0 &&
+         s.num_computed + 1 == int64_t(s.tokens.size()) &&
+         std::find(running_.begin(), running_.end(), id) != running_.end();
+}
+
+void Scheduler::propose(int64_t id, std::span<const int32_t> proposals) {
+  LOOM_CHECK(decoding(id), "scheduler", "sequence ", id,
+             " was given proposals but is not decoding (running, with only its last token to compute)");
+  Seq& s = seq(id);
+  s.tokens.insert(s.tokens.end(), proposals.begin(), proposals.end());
+  s.num_spec = int64_t(proposals.size());
+}
+
+void Scheduler::settle(int64_t id, int64_t num_accepted) {
+  Seq& s = seq(id);
+  LOOM_CHECK(num_accepted >= 0 && num_accepted <= s.num_spec, "scheduler", "sequence ", id, " accepted ",
+             num_accepted, " of its ", s.num_spec, " proposals");
+  LOOM_CHECK(s.num_computed == int64_t(s.tokens.size()), "scheduler", "sequence ", id,
+             " settled its proposals before they were computed");
+  drop_proposals(s, s.num_spec - num_accepted);
+  s.num_spec = 0;
+  s.num_computed = int64_t(s.tokens.size());
+  kv_.cache_full_blocks(id, s.tokens, s.num_computed);
+  auto freed = kv_.truncate(id, s.num_computed + 1);
+  pending_freed_.insert(pending_freed_.end(), freed.begin(), freed.end());
 }
 
 void Scheduler::append_token(int64_t id, int32_t token) { seq(id).tokens.push_back(token); }

@@ -49,6 +49,9 @@ struct ScheduledSeq {
   int64_t num_tokens = 0;
   bool sample = false;  // the chunk ends at the last token: sample the next one
   bool padding = false; // a finished member of a padded static batch: computed, then ignored
+  // Speculative decoding: the chunk's last num_spec tokens are proposals (propose()); the
+  // step needs logits for its last num_spec + 1 tokens, and settle() afterwards.
+  int64_t num_spec = 0;
   std::span<const int32_t> tokens;       // the chunk's token IDs
   std::span<const int32_t> block_table;  // valid until the next schedule()/complete()
   std::vector<int32_t> new_blocks;       // allocated to this sequence in this step
@@ -93,6 +96,18 @@ class Scheduler {
   // Finished or aborted: blocks go back to the pool; the id is forgotten.
   void finish(int64_t seq_id);
 
+  // Speculative decoding. A running sequence with exactly its last token to compute
+  // (decoding()) may be given proposed continuations; schedule() computes them with that token
+  // in one chunk, budgeted like prompt tokens. Proposals are the first thing given up: those
+  // beyond the step's token budget are dropped, and when the sequence's blocks run short all
+  // of them are dropped before anyone is preempted; a preemption drops them too. Proposals
+  // are never offered to the prefix cache.
+  bool decoding(int64_t seq_id) const;
+  void propose(int64_t seq_id, std::span<const int32_t> proposals);
+  // After complete(): keeps the first num_accepted proposals the step computed and rolls the
+  // rest back (their tokens dropped, blocks past the kept tokens and the next one freed).
+  void settle(int64_t seq_id, int64_t num_accepted);
+
   // Padded static batching only: the sequence has finished generating but keeps its row in
   // the batch as a padding row. Every later step computes it on one more token (its last
   // token repeated, whose K/V are appended to its cache: its memory grows like a padded
@@ -127,7 +142,9 @@ class Scheduler {
     int64_t preemptions = 0;
     bool padding = false;  // padded static batching: finished, kept as a padding row
     int64_t real_len = 0;  // a padding row's tokens before the padding
+    int64_t num_spec = 0;  // trailing tokens that are proposals (propose())
   };
+  void drop_proposals(Seq& s, int64_t n);
   bool padded() const {
     return cfg_.mode == BatchingMode::static_batch && cfg_.static_policy == StaticPolicy::padded;
   }
