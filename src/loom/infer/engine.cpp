@@ -3,10 +3,12 @@
 #include "loom/infer/engine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <type_traits>
 
 #include "loom/core/error.h"
 #include "loom/core/rng.h"
+#include "loom/core/timer.h"
 
 namespace loom::infer {
 
@@ -62,7 +64,19 @@ Engine::Engine(const model::Decoder& model, const EngineConfig& cfg) : model_(mo
   sc.static_policy = cfg.static_policy;
   sc.max_seq_len = max_seq_len_;
   sched_ = std::make_unique<Scheduler>(sc);
-  runner_ = std::make_unique<ModelRunner>(model, *cache_, cfg.max_batched_tokens, cfg.max_num_seqs, cfg.quant);
+  const SpeculativeConfig& spec = cfg.speculative;
+  spec.validate(mc, dt);
+  LOOM_CHECK(!spec.enabled() || !padded_static(), "engine",
+             "speculative decoding needs continuous batching or compact static batching, not padded "
+             "static batching");
+  // Speculation asks for logits of every proposal and of the token before them.
+  const int64_t logit_rows =
+      spec.enabled() ? std::min(cfg.max_batched_tokens, cfg.max_num_seqs * (1 + spec.k)) : cfg.max_num_seqs;
+  runner_ = std::make_unique<ModelRunner>(model, *cache_, cfg.max_batched_tokens, cfg.max_num_seqs, cfg.quant,
+                                          std::max(logit_rows, cfg.max_num_seqs));
+  // The draft's cache holds whatever the target's does, and each sequence's proposals.
+  proposer_ = make_proposer(spec, num_blocks + cfg.max_num_seqs * (KVCache::blocks_for_tokens(spec.k, cfg.block_size) + 1),
+                            cfg.block_size, cfg.max_batched_tokens, cfg.max_num_seqs);
   publish_metrics();
 }
 
@@ -96,6 +110,7 @@ int64_t Engine::add_request(std::vector<int32_t> prompt, const SamplingParams& p
   r.seed = params.seed ? *params.seed : derive_seed(cfg_.seed, id);
   r.callback = std::move(callback);
   r.max_tokens = std::min(params.max_tokens, max_seq_len_ - len);
+  r.spec_k = cfg_.speculative.k;
   r.prompt = std::move(prompt);
   std::lock_guard<std::mutex> lock(mu_);
   intake_.push_back({id, std::move(r)});
@@ -149,6 +164,7 @@ void Engine::finish(int64_t id, FinishReason why, bool end_event,
   out.error = std::move(error);
   out.num_preemptions = sched_->has(id) ? sched_->num_preemptions(id) : 0;
   sched_->finish(id);
+  if (proposer_) proposer_->release(id);
   requests_.erase(it);
   done.push_back(std::move(out));
   ++finished_;
@@ -190,73 +206,148 @@ bool Engine::hits_stop_string(Request& r, std::string* which) const {
   return best != std::string::npos;
 }
 
+bool Engine::take_token(int64_t id, Request& r, int32_t tok, bool last, std::vector<RequestOutput>& done) {
+  const bool padded = padded_static();
+  const int64_t index = int64_t(r.output.size());
+  ++generated_tokens_;
+  const auto& stops = r.params.stop_token_ids;
+  if (std::find(stops.begin(), stops.end(), tok) != stops.end()) {
+    if (padded)
+      hold(id, FinishReason::stop, tok);
+    else
+      finish(id, FinishReason::stop, true, done, tok);
+    return false;
+  }
+  r.output.push_back(tok);
+  std::string which;
+  FinishReason why = FinishReason::none;
+  if (!r.params.stop.empty() && hits_stop_string(r, &which))
+    why = FinishReason::stop;
+  else if (int64_t(r.output.size()) >= r.max_tokens)
+    why = FinishReason::length;
+  if (why == FinishReason::none && last) sched_->append_token(id, tok);
+  if (r.callback) r.callback({id, tok, index, padded ? FinishReason::none : why, {}});
+  if (why == FinishReason::none) return true;
+  if (padded)
+    hold(id, why, -1, std::move(which));
+  else
+    finish(id, why, false, done, -1, std::move(which));
+  return false;
+}
+
+void Engine::adapt_k(Request& r, int64_t proposed, int64_t accepted) const {
+  const SpeculativeConfig& sc = cfg_.speculative;
+  if (!sc.adaptive) return;
+  // Decayed counts; with acceptance rate a per proposal, a run of accepted proposals is
+  // a / (1 - a) long on average: propose one more than that.
+  r.spec_accepted = 0.8 * r.spec_accepted + double(accepted);
+  r.spec_rejected = 0.8 * r.spec_rejected + (accepted < proposed ? 1.0 : 0.0);
+  if (r.spec_rejected <= 0) {
+    r.spec_k = sc.k;
+    return;
+  }
+  const double run = r.spec_accepted / r.spec_rejected;
+  r.spec_k = std::clamp<int64_t>(int64_t(std::llround(run)) + 1, 1, sc.k);
+}
+
+void Engine::propose() {
+  const SpeculativeConfig& sc = cfg_.speculative;
+  const std::vector<int64_t>& running = sched_->running();
+  if (sc.max_batch > 0 && int64_t(running.size()) > sc.max_batch) return;
+  std::vector<ProposalRequest> reqs;
+  for (int64_t id : running) {
+    if (!sched_->decoding(id)) continue;
+    Request& r = requests_.at(id);
+    if (!r.params.speculate) continue;
+    const std::vector<int32_t>& toks = sched_->tokens(id);
+    const int64_t out = int64_t(r.output.size());
+    const int64_t k = std::min({r.spec_k, r.max_tokens - out - 1, max_seq_len_ - int64_t(toks.size())});
+    if (k < 1) continue;
+    ProposalRequest q;
+    q.id = id;
+    q.tokens = toks;
+    q.k = k;
+    q.params = &r.params;
+    q.seed = r.seed;
+    q.index = out;
+    reqs.push_back(std::move(q));
+  }
+  if (reqs.empty()) return;
+  Stopwatch sw;
+  proposer_->propose(reqs);
+  spec_propose_s_ += sw.seconds();
+  for (ProposalRequest& q : reqs) {
+    if (q.proposals.empty()) continue;
+    Request& r = requests_.at(q.id);
+    r.proposals = std::move(q.proposals);
+    r.proposal_q = std::move(q.q);
+    sched_->propose(q.id, r.proposals);
+  }
+}
+
 template <class T>
 void Engine::sample_all(const StepPlan& plan, const Tensor& logits,
                         std::vector<RequestOutput>& done) {
   const int64_t V = model_.config().vocab_size;
   const T* rows = logits.numel() ? logits.data<T>() : nullptr;
-  // First every row's token, in parallel: a draw is a pure function of the row's logits, the
-  // request's parameters and (seed, position), so the order of computation changes nothing.
-  // Then, in plan order, what the tokens do to their requests.
-  struct Draw {
-    const SamplingParams* params;
-    float u;
+  // First every sequence's tokens, in parallel: a draw is a pure function of the rows'
+  // logits, the request's parameters and (seed, position), so the order of computation
+  // changes nothing. Then, in plan order, what the tokens do to their requests.
+  struct Job {
+    const ScheduledSeq* seq;
+    const Request* req;
+    int64_t row;
   };
-  std::vector<Draw> draws;
+  std::vector<Job> jobs;
+  int64_t row = 0;
   for (const ScheduledSeq& s : plan.seqs)
     if (s.sample) {
-      const Request& r = requests_.at(s.seq_id);
-      draws.push_back({&r.params, sampling_draw(r.seed, int64_t(r.output.size()))});
+      jobs.push_back({&s, &requests_.at(s.seq_id), row});
+      row += 1 + s.num_spec;
     }
-  std::vector<int32_t> toks(draws.size());
-#pragma omp parallel for schedule(dynamic, 1) if (draws.size() > 1)
-  for (size_t j = 0; j < draws.size(); ++j) {
-    static thread_local std::vector<std::pair<T, int32_t>> scratch;
-    toks[j] = sample_token<T>(rows + int64_t(j) * V, V, *draws[j].params, draws[j].u, scratch);
+  std::vector<Verdict> verdicts(jobs.size());
+  const AcceptRule rule = cfg_.speculative.rule;
+#pragma omp parallel for schedule(dynamic, 1) if (jobs.size() > 1)
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const Request& r = *jobs[j].req;
+    const T* at = rows + jobs[j].row * V;
+    const int64_t index = int64_t(r.output.size()), m = jobs[j].seq->num_spec;
+    if (m == 0) {
+      static thread_local std::vector<std::pair<T, int32_t>> scratch;
+      const int32_t tok = sample_token<T>(at, V, r.params, sampling_draw(r.seed, index), scratch);
+      verdicts[j] = tok == kNonFiniteLogits ? Verdict{{}, 0, 0} : Verdict{{tok}, 0, -1};
+    } else {
+      const std::span<const double> q(r.proposal_q);
+      verdicts[j] = verify_proposals<T>(at, V, r.params, r.seed, index,
+                                        std::span<const int32_t>(r.proposals).first(size_t(m)),
+                                        q.empty() ? q : q.first(size_t(m * V)), rule);
+    }
   }
-  const bool padded = padded_static();
-  size_t row = 0;
-  for (const ScheduledSeq& s : plan.seqs) {
-    if (!s.sample) continue;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const ScheduledSeq& s = *jobs[j].seq;
+    if (s.padding) continue;  // a padding row is sampled like any other; its token is dropped
     const int64_t id = s.seq_id;
     Request& r = requests_.at(id);
-    const int64_t index = int64_t(r.output.size());
-    const size_t j = row++;
-    const int32_t tok = toks[j];
-    if (s.padding) continue;  // a padding row is sampled like any other; its token is dropped
-    if (tok == kNonFiniteLogits) {
+    const Verdict& v = verdicts[j];
+    if (v.bad_row >= 0) {
       // Nothing can be sampled from this row; the request fails alone (others may be fine).
-      const int64_t n_prompt = int64_t(r.prompt.size());
+      const int64_t n_prompt = int64_t(r.prompt.size()), index = int64_t(r.output.size());
       finish(id, FinishReason::error, true, done, -1, {},
-             str_cat("the model's logits for position ", n_prompt + index, " (after ", n_prompt,
-                     " prompt and ", index, " generated tokens) are ",
-                     describe_non_finite(rows + int64_t(j) * V, V),
+             str_cat("the model's logits for position ", n_prompt + index + v.bad_row, " (after ", n_prompt,
+                     " prompt and ", index, " generated tokens", v.bad_row > 0 ? " and accepted proposals" : "",
+                     ") are ", describe_non_finite(rows + (jobs[j].row + v.bad_row) * V, V),
                      ": the model's weights, or the activations they produce, are not finite"));
       continue;
     }
-    ++generated_tokens_;
-    const auto& stops = r.params.stop_token_ids;
-    if (std::find(stops.begin(), stops.end(), tok) != stops.end()) {
-      if (padded)
-        hold(id, FinishReason::stop, tok);
-      else
-        finish(id, FinishReason::stop, true, done, tok);
-      continue;
+    if (s.num_spec > 0) {
+      sched_->settle(id, v.accepted);
+      spec_proposed_ += s.num_spec;
+      spec_accepted_ += v.accepted;
+      ++spec_verifications_;
+      adapt_k(r, s.num_spec, v.accepted);
     }
-    r.output.push_back(tok);
-    std::string which;
-    FinishReason why = FinishReason::none;
-    if (!r.params.stop.empty() && hits_stop_string(r, &which))
-      why = FinishReason::stop;
-    else if (int64_t(r.output.size()) >= r.max_tokens)
-      why = FinishReason::length;
-    if (why == FinishReason::none) sched_->append_token(id, tok);
-    if (r.callback) r.callback({id, tok, index, padded ? FinishReason::none : why, {}});
-    if (why == FinishReason::none) continue;
-    if (padded)
-      hold(id, why, -1, std::move(which));
-    else
-      finish(id, why, false, done, -1, std::move(which));
+    for (size_t t = 0; t < v.tokens.size(); ++t)
+      if (!take_token(id, r, v.tokens[t], t + 1 == v.tokens.size(), done)) break;
   }
 }
 
@@ -264,6 +355,7 @@ std::vector<RequestOutput> Engine::step() {
   std::vector<RequestOutput> done;
   admit_pending(done);
   retire_finished_batch(done);  // an abort may have ended a padded batch
+  if (proposer_) propose();
   StepPlan plan = sched_->schedule();
   if (!plan.empty()) {
     const Tensor logits = runner_->execute(plan);
@@ -302,6 +394,11 @@ void Engine::publish_metrics() {
   metrics_.decode_rows = decode_rows_;
   metrics_.padding_rows = padding_rows_;
   metrics_.padding_parked = st.num_parked;
+  metrics_.spec_proposed = spec_proposed_;
+  metrics_.spec_accepted = spec_accepted_;
+  metrics_.spec_verifications = spec_verifications_;
+  metrics_.spec_propose_s = spec_propose_s_;
+  metrics_.draft_kv_blocks_used = proposer_ ? proposer_->blocks_used() : 0;
 }
 
 RequestOutput Engine::run(const std::vector<int32_t>& prompt, const SamplingParams& params,

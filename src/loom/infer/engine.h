@@ -18,6 +18,7 @@
 #include "loom/infer/quant_weights.h"
 #include "loom/infer/sampler.h"
 #include "loom/infer/scheduler.h"
+#include "loom/infer/speculative.h"
 #include "loom/model/decoder.h"
 
 namespace loom::infer {
@@ -48,6 +49,8 @@ struct EngineConfig {
   // Quantized matrices of the engine's model (QuantizedModel::quantize or a quantized
   // checkpoint), outliving the engine; null: the model's f32 weights.
   const QuantizedModel* quant = nullptr;
+  // Speculative decoding (speculative.h): off by default. Not with padded static batching.
+  SpeculativeConfig speculative;
 };
 
 // One streamed event. token is -1 when the event only ends the stream (a stop token, an
@@ -89,6 +92,12 @@ struct EngineMetrics {
   int64_t decode_rows = 0;       // one-token rows of generating sequences computed
   int64_t padding_rows = 0;      // rows computed for finished members (padded static)
   int64_t padding_parked = 0;    // padding rows that gave their blocks back (padded static)
+  // Speculative decoding: tokens proposed and scored by the target, how many it accepted,
+  // the sequence-steps that verified proposals (each emits accepted + 1 tokens), and the
+  // seconds spent proposing.
+  int64_t spec_proposed = 0, spec_accepted = 0, spec_verifications = 0;
+  double spec_propose_s = 0;
+  int64_t draft_kv_blocks_used = 0;  // blocks of the draft model's own cache in use
 };
 
 class Engine {
@@ -135,6 +144,13 @@ class Engine {
     FinishReason held = FinishReason::none;
     int32_t held_stop_token = -1;
     std::string held_stop_string;
+    // Speculative decoding: the proposals handed to the scheduler (and the distributions
+    // they were drawn from), the request's current k, and its decayed counts of accepted
+    // proposals and of rejections (its acceptance rate, for adaptive k).
+    std::vector<int32_t> proposals;
+    std::vector<double> proposal_q;
+    int64_t spec_k = 0;
+    double spec_accepted = 0, spec_rejected = 0;
   };
   struct Pending {
     int64_t id;
@@ -154,6 +170,12 @@ class Engine {
     return cfg_.mode == BatchingMode::static_batch && cfg_.static_policy == StaticPolicy::padded;
   }
   bool hits_stop_string(Request& r, std::string* which) const;
+  // Speculative decoding: proposals for the decoding sequences that speculate.
+  void propose();
+  // What one emitted token does to its request: returns false when the request has ended.
+  // `last`: the token is not already in the scheduler's sequence (it is appended there).
+  bool take_token(int64_t id, Request& r, int32_t tok, bool last, std::vector<RequestOutput>& done);
+  void adapt_k(Request& r, int64_t proposed, int64_t accepted) const;
   void publish_metrics();
 
   const model::Decoder& model_;
@@ -162,6 +184,7 @@ class Engine {
   std::unique_ptr<KVCache> cache_;
   std::unique_ptr<Scheduler> sched_;
   std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<Proposer> proposer_;
   std::unordered_map<int64_t, Request> requests_;  // stepping thread only
 
   mutable std::mutex mu_;  // guards the intake, the abort list and the metrics snapshot
@@ -172,6 +195,8 @@ class Engine {
   std::atomic<int64_t> in_flight_{0};  // added and not yet finished
   int64_t prompt_tokens_ = 0, generated_tokens_ = 0, steps_ = 0, finished_ = 0;
   int64_t decode_rows_ = 0, padding_rows_ = 0;
+  int64_t spec_proposed_ = 0, spec_accepted_ = 0, spec_verifications_ = 0;
+  double spec_propose_s_ = 0;
 };
 
 }  // namespace loom::infer

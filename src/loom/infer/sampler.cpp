@@ -245,6 +245,71 @@ int32_t sample_token(const T* logits, int64_t V, const SamplingParams& p, float 
 }
 
 template <class T>
+bool sampling_distribution(const T* logits, int64_t V, const SamplingParams& p, std::vector<double>& probs,
+                           std::vector<std::pair<T, int32_t>>& scratch) {
+  probs.assign(size_t(V), 0.0);
+  if (p.greedy()) {
+    const int32_t t = sample_token(logits, V, p, 0.f, scratch);
+    if (t == kNonFiniteLogits) return false;
+    probs[size_t(t)] = 1.0;
+    return true;
+  }
+  const RowMax<T> row = max_of(logits, V);
+  if (!row.sampleable) return false;
+  const double inv_t = 1.0 / p.temperature;
+  const bool use_k = p.top_k > 0 && p.top_k < V;
+  if (!use_k && p.top_p >= 1.0) {
+    double total = 0;
+    for (int64_t i = 0; i < V; ++i) total += probs[size_t(i)] = double(weight_of(logits[i], row.value, inv_t));
+    for (double& x : probs) x /= total;
+    return true;
+  }
+  // The candidates in sample_token's order: higher logit first, equal logits by lower ID.
+  scratch.resize(size_t(V));
+  for (int64_t i = 0; i < V; ++i) scratch[size_t(i)] = {logits[i], int32_t(i)};
+  auto before = [](const std::pair<T, int32_t>& a, const std::pair<T, int32_t>& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  };
+  size_t n = size_t(V);
+  if (use_k) {
+    std::nth_element(scratch.begin(), scratch.begin() + (p.top_k - 1), scratch.end(), before);
+    n = size_t(p.top_k);
+  }
+  std::sort(scratch.begin(), scratch.begin() + long(n), before);
+  double total = 0;
+  for (size_t i = 0; i < n; ++i) total += double(weight_of(scratch[i].first, row.value, inv_t));
+  double cum = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double w = double(weight_of(scratch[i].first, row.value, inv_t));
+    cum += w;
+    probs[size_t(scratch[i].second)] = w;
+    if (p.top_p < 1.0 && cum >= p.top_p * total) break;
+  }
+  for (double& x : probs) x /= cum;
+  return true;
+}
+
+int32_t draw_from(std::span<const double> weights, float u) {
+  double total = 0;
+  for (double w : weights) total += w;
+  const double r = double(u) * total;
+  double cum = 0;
+  int32_t last = 0;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    if (weights[i] <= 0) continue;
+    cum += weights[i];
+    last = int32_t(i);
+    if (r < cum) return last;
+  }
+  return last;
+}
+
+template bool sampling_distribution<float>(const float*, int64_t, const SamplingParams&, std::vector<double>&,
+                                           std::vector<std::pair<float, int32_t>>&);
+template bool sampling_distribution<double>(const double*, int64_t, const SamplingParams&, std::vector<double>&,
+                                            std::vector<std::pair<double, int32_t>>&);
+
+template <class T>
 std::string describe_non_finite(const T* logits, int64_t V) {
   bool pos_inf = false;
   for (int64_t i = 0; i < V; ++i) {

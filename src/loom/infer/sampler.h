@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -19,6 +20,9 @@ struct SamplingParams {
   std::vector<int32_t> stop_token_ids;  // end the output (the stop token is not part of it)
   std::vector<std::string> stop;        // end once the detokenised output contains one
   std::optional<uint64_t> seed;         // unset: the engine derives one from its own seed
+  // With an engine that speculates (EngineConfig::speculative): false decodes this request
+  // plainly. Either way its tokens have the same distribution (greedy: the same tokens).
+  bool speculate = true;
 
   // Throws "[sampling] <parameter> ..." naming the bad parameter.
   void validate() const;
@@ -49,6 +53,17 @@ inline constexpr int32_t kNonFiniteLogits = -1;
 template <class T>
 int32_t sample_token(const T* logits, int64_t V, const SamplingParams& p, float u,
                      std::vector<std::pair<T, int32_t>>& scratch);
+
+// The distribution sample_token draws from, as probabilities over the whole vocabulary
+// (temperature softmax, then top-k, then top-p; zero elsewhere; greedy: all of it on the
+// greedy choice), into probs. Speculative decoding's verification compares the target's and
+// the draft's. Returns false for a row sample_token refuses (kNonFiniteLogits).
+template <class T>
+bool sampling_distribution(const T* logits, int64_t V, const SamplingParams& p, std::vector<double>& probs,
+                           std::vector<std::pair<T, int32_t>>& scratch);
+// Inverse CDF in token-ID order: the first token whose cumulative weight exceeds u times the
+// total (the weights need not sum to 1; the last token with weight when rounding runs past).
+int32_t draw_from(std::span<const double> weights, float u);
 
 // What is wrong with a row sample_token refused, to complete "the logits are ...": "NaN",
 // "+inf" or "-inf for every token".
