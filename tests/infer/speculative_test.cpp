@@ -321,6 +321,10 @@ TEST(NgramProposer, ProposesTheContinuationOfTheMostRecentLongestMatch) {
   r.k = 4;
   p.propose(std::span<ProposalRequest>(&r, 1));
   EXPECT_EQ(r.proposals, (std::vector<int32_t>{4, 8, 3, 6}));  // "3 6 7" never recurs; "6 7" at 7 does
+  const std::vector<int32_t> loop = {1, 2, 3, 9, 3, 9};  // "3 9" recurs at 2: 3 9 proposed again and again
+  r.tokens = loop;
+  p.propose(std::span<ProposalRequest>(&r, 1));
+  EXPECT_EQ(r.proposals, (std::vector<int32_t>{3, 9, 3, 9}));
   const std::vector<int32_t> none = {1, 2, 3};
   r.tokens = none;
   p.propose(std::span<ProposalRequest>(&r, 1));

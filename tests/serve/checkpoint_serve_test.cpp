@@ -87,6 +87,49 @@ TEST(ServeCheckpoint, ServesTheTrainedWeights) {
   fs::remove_all(dir);
 }
 
+// `loom serve --speculative`: greedy completions equal the offline engine's without
+// speculation, for n-gram lookup and for a draft (here the checkpoint itself, which the server
+// warns is not smaller than the target); /metrics counts the accepted proposals.
+TEST(ServeCheckpoint, SpeculativeServingReturnsThePlainOutputs) {
+  const std::string dir = loom::testing::temp_dir("serve_speculative");
+  const std::string step_dir = train_checkpoint(dir);
+  ASSERT_FALSE(step_dir.empty());
+  const model::ModelConfig mc = train::checkpoint_model_config(step_dir);
+  model::Decoder model(mc);
+  train::load_checkpoint_weights(step_dir, model);
+  ByteTokenizer tok;
+  GenerationRequest g;
+  g.prompt = tok.encode("to be or to be");
+  g.max_tokens = 16;
+  g.sampling.temperature = 0;
+  infer::EngineConfig ec;
+  ec.kv_cache_bytes = 4 << 20;
+  infer::Engine offline(model, ec);
+  const std::string want = render_completion(tok, offline.generate(g.prompt, to_infer_params(g, -1)), {});
+  for (const std::string& spec : std::vector<std::string>{"ngram,k=4", "draft=" + step_dir + ",k=3"}) {
+    ServerProcess proc({"--checkpoint", dir + "/ck", "--threads", "1", "--kv-cache-mb", "4", "--speculative", spec});
+    ASSERT_TRUE(proc.wait_ready()) << proc.output();
+    EXPECT_NE(proc.output().find("speculative"), std::string::npos) << proc.output();
+    HttpClient c("127.0.0.1", proc.port());
+    json body = {{"model", "gpt2-tiny"}, {"prompt", "to be or to be"}, {"max_tokens", 16},
+                 {"temperature", 0}};
+    ClientResponse r = c.request("POST", "/v1/completions", body.dump());
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(json::parse(r.body)["choices"][0]["text"], want) << spec;
+    ClientResponse m = c.request("GET", "/metrics", "");
+    ASSERT_EQ(m.status, 200);
+    const std::string key = "\nloom_spec_decode_accepted_tokens ";
+    const size_t at = m.body.find(key);
+    ASSERT_NE(at, std::string::npos) << m.body;
+    EXPECT_GT(std::stod(m.body.substr(at + key.size())), 0) << spec << ": nothing accepted\n" << m.body;
+    EXPECT_EQ(proc.stop(SIGTERM), 0);
+    if (spec.rfind("draft", 0) == 0) {
+      EXPECT_NE(proc.output().find("not fewer than the target's"), std::string::npos) << proc.output();
+    }
+  }
+  fs::remove_all(dir);
+}
+
 // Sets element `index` of weight `name` to NaN in a checkpoint's model.safetensors and
 // re-signs the manifest: what a run that diverged before its save leaves behind.
 void poison_weight(const std::string& step_dir, const std::string& name, int64_t index) {

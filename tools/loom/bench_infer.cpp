@@ -22,14 +22,12 @@
 #include "loom/kernels/cpu/cpu_kernels.h"
 #include "loom/train/checkpoint.h"
 #include "tools/loom/bench_infer.h"
+#include "tools/loom/bench_serving_run.h"
 #include "tools/loom/commands.h"
 #include "tools/loom/inference_model.h"
 
 namespace loom::cli {
 namespace {
-
-using infer::BatchingMode;
-using infer::StaticPolicy;
 
 const char* kUsage =
     "usage: loom bench infer [--model gpt2-124m | --checkpoint DIR]\n"
@@ -43,6 +41,9 @@ const char* kUsage =
     "        [--precisions fp32,bf16,int8,int4] [--rounds R] [--batch1-tokens N] [--prefill-tokens N]\n"
     "        [--compare-tokens N] [--compare-prompt TEXT] [--group N] [--quant-head int8|f32]\n"
     "        [--peer-venv DIR]\n"
+    "   or: loom bench infer --speculative SPEC [--model P | --checkpoint DIR] [--data DIR]\n"
+    "        [--workload text|quote|random] [--prompt-len N] [--output-len N] [--batch1-requests N]\n"
+    "        [--requests N] [--low-rate R] [--temperature T] [--max-num-seqs N] [--threads N] [--quant ...]\n"
     "DIST: N | uniform:A:B | exp:MEAN:MIN:MAX (exponential, clamped). --rate 0: all arrive at once.\n"
     "--static: the static batching of static/both (default padded: finished members stay in the\n"
     "batch as padding rows until the longest is done; compact: they leave at once).\n"
@@ -53,15 +54,12 @@ const char* kUsage =
     "--peer llama.cpp: batch-1 decode and prompt processing beside llama.cpp on the same weights\n"
     "(GGUF F32, BF16, Q8_0, Q4_0 for fp32, bf16, int8, int4), alternating, and greedy tokens compared at F32.\n"
     "The peer is PyPI's llama-cpp-python, built once into --peer-venv (default BUILD/peers/llama-venv;\n"
-    "the first run compiles llama.cpp, minutes). GPT-2-family models only. docs/PERFORMANCE.md.\n";
-
-// One batching policy under test: the mode, the static policy, and its names.
-struct Flavour {
-  BatchingMode mode = BatchingMode::continuous;
-  StaticPolicy policy = StaticPolicy::padded;
-  std::string label;  // the table's column
-  std::string key;    // the SUMMARY keys' prefix
-};
+    "the first run compiles llama.cpp, minutes). GPT-2-family models only. docs/PERFORMANCE.md.\n"
+    "--speculative: speculative against plain decoding, alternating: batch-1 decode of --batch1-requests\n"
+    "prompts (default 6), then --requests (default 16) at a low Poisson rate (--low-rate, default a quarter\n"
+    "of plain batch-1's) and all at once. Prompts: windows of --data DIR/val.bin (text), such a window\n"
+    "followed by its first quarter again (quote), or random tokens (random; the default without --data).\n"
+    "--prompt-len 64 and --output-len 96 are plain numbers here. SPEC as for loom generate:\n";
 
 // A length distribution parsed from the command line.
 struct LengthDist {
@@ -118,31 +116,6 @@ struct LengthDist {
   int64_t max() const { return kind == fixed ? int64_t(a) : kind == uniform ? int64_t(b) : int64_t(c); }
 };
 
-struct WorkItem {
-  double arrival = 0;
-  std::vector<int32_t> prompt;
-  int64_t output_len = 0;
-};
-
-struct RequestTimes {
-  double arrival = 0, first = -1, last = -1, done = -1;
-  int64_t tokens = 0;
-};
-
-struct ModeResult {
-  std::string mode, key;
-  bool is_static = false;
-  std::string policy;  // static: padded or compact
-  int64_t decode_rows = 0, padding_rows = 0, padding_parked = 0;
-  double makespan_s = 0, tokens_per_s = 0, requests_per_s = 0;
-  int64_t output_tokens = 0, steps = 0, preemptions = 0;
-  std::vector<double> ttft_ms, tpot_ms, e2e_ms;
-  int64_t peak_blocks = 0, blocks_total = 0, peak_seqs = 0;
-  double frag_at_peak = 0;        // unused slots / allocated slots at peak allocation
-  double contiguous_waste = 0;    // what per-request max-length buffers would waste there
-  double peak_kv_bytes = 0;
-};
-
 std::vector<WorkItem> make_workload(int64_t n, double rate, const LengthDist& plen,
                                     const LengthDist& olen, int64_t vocab, uint64_t seed) {
   std::mt19937_64 g(seed);
@@ -157,119 +130,6 @@ std::vector<WorkItem> make_workload(int64_t n, double rate, const LengthDist& pl
   }
   return w;
 }
-
-// One mode's serving run on its own engine clock: the clock advances by the measured wall time
-// of each of its steps and jumps to the next arrival when the engine is idle. Latencies are
-// what a dedicated machine would show with those step times; and the steps of the two modes can
-// be interleaved, so load from other processes on a shared machine falls on both alike.
-class ModeRun {
- public:
-  ModeRun(const model::Decoder& m, infer::EngineConfig cfg, const Flavour& f,
-          const std::vector<WorkItem>& work, double temperature, int64_t max_len)
-      : m_(m), cfg_(with_flavour(cfg, f)), e_(m, cfg_), work_(work), temperature_(temperature),
-        max_len_(max_len), times_(work.size()) {
-    r_.mode = f.label;
-    r_.key = f.key;
-    r_.is_static = f.mode == BatchingMode::static_batch;
-    if (r_.is_static) r_.policy = infer::static_policy_name(f.policy);
-  }
-  bool done() const { return finished_ == work_.size(); }
-  double clock() const { return clock_; }
-  std::string progress() const {
-    const auto mt = e_.metrics();
-    return str_cat("[", r_.mode, "] t=", int64_t(clock_), "s done ", finished_, "/", work_.size(),
-                   " running ", mt.num_running, " waiting ", mt.num_waiting, " kv ",
-                   mt.kv_blocks_used, "/", mt.kv_blocks_total);
-  }
-
-  // Admits the arrivals due by the clock, then runs one step (or idles to the next arrival).
-  void advance() {
-    for (; next_ < work_.size() && work_[next_].arrival <= clock_; ++next_) {
-      infer::SamplingParams sp;
-      sp.temperature = temperature_;
-      sp.max_tokens = work_[next_].output_len;
-      sp.seed = next_;
-      times_[next_].arrival = work_[next_].arrival;
-      const size_t w = next_;
-      const int64_t id = e_.add_request(work_[next_].prompt, sp, [this, w](const infer::TokenEvent& ev) {
-        if (ev.token < 0) return;
-        ++times_[w].tokens;
-        stepped_.push_back(w);
-      });
-      if (index_of_.size() <= size_t(id)) index_of_.resize(size_t(id) + 1);
-      index_of_[size_t(id)] = w;
-    }
-    if (!e_.has_unfinished()) {
-      clock_ = std::max(clock_, work_[next_].arrival);
-      return;
-    }
-    stepped_.clear();
-    const double t = now_seconds();
-    const auto outs = e_.step();
-    clock_ += now_seconds() - t;
-    for (size_t w : stepped_) {  // tokens are out when their step ends (padding is not streamed)
-      if (times_[w].first < 0) times_[w].first = clock_;
-      times_[w].last = clock_;
-    }
-    for (const auto& out : outs) {
-      times_[index_of_[size_t(out.id)]].done = clock_;
-      ++finished_;
-    }
-    const auto st = e_.scheduler().stats();
-    if (st.blocks_used > r_.peak_blocks) {
-      r_.peak_blocks = st.blocks_used;
-      const double alloc = double(st.slots_allocated);
-      r_.frag_at_peak = alloc > 0 ? double(st.slots_allocated - st.tokens_cached) / alloc : 0;
-      const double reserved = double(st.num_running * max_len_);
-      r_.contiguous_waste = reserved > 0 ? 1.0 - double(st.tokens_cached) / reserved : 0;
-    }
-    r_.peak_seqs = std::max(r_.peak_seqs, st.num_running);
-  }
-
-  ModeResult result() const {
-    ModeResult r = r_;
-    const auto mt = e_.metrics();
-    double end = 0;
-    for (const auto& t : times_) {
-      end = std::max(end, t.done);
-      r.output_tokens += t.tokens;
-      r.ttft_ms.push_back((t.first - t.arrival) * 1e3);
-      r.e2e_ms.push_back((t.done - t.arrival) * 1e3);
-      if (t.tokens > 1) r.tpot_ms.push_back((t.last - t.first) * 1e3 / double(t.tokens - 1));
-    }
-    r.makespan_s = end - work_.front().arrival;
-    r.tokens_per_s = double(r.output_tokens) / r.makespan_s;
-    r.requests_per_s = double(work_.size()) / r.makespan_s;
-    r.steps = mt.steps;
-    r.preemptions = mt.num_preemptions;
-    r.decode_rows = mt.decode_rows;
-    r.padding_rows = mt.padding_rows;
-    r.padding_parked = mt.padding_parked;
-    r.blocks_total = mt.kv_blocks_total;
-    r.peak_kv_bytes = double(r.peak_blocks) * double(infer::KVCache::bytes_per_block(
-                                                  m_.config(), cfg_.block_size, m_.params().dtype()));
-    return r;
-  }
-
- private:
-  static infer::EngineConfig with_flavour(infer::EngineConfig c, const Flavour& f) {
-    c.mode = f.mode;
-    c.static_policy = f.policy;
-    return c;
-  }
-  const model::Decoder& m_;
-  infer::EngineConfig cfg_;
-  infer::Engine e_;
-  const std::vector<WorkItem>& work_;
-  double temperature_;
-  int64_t max_len_;
-  std::vector<RequestTimes> times_;
-  std::vector<size_t> index_of_;  // engine id -> work index
-  std::vector<size_t> stepped_;   // work items that received a token in the current step
-  size_t next_ = 0, finished_ = 0;
-  double clock_ = 0;
-  ModeResult r_;
-};
 
 // Runs the modes side by side, always advancing the one whose clock is behind.
 std::vector<ModeResult> run_modes(const model::Decoder& m, const infer::EngineConfig& cfg,
@@ -454,14 +314,24 @@ int bench_infer(const std::vector<std::string>& argv) {
           {"no-batch1", false}, {"batch1-tokens", true}, {"prefill-tokens", true}, {"quant", true},
           {"group", true}, {"quant-head", true}, {"zero-point", false}, {"peer", true}, {"peer-venv", true},
           {"rounds", true}, {"precisions", true}, {"compare-tokens", true}, {"compare-prompt", true},
-          {"help", false}});
+          {"speculative", true}, {"data", true}, {"workload", true}, {"batch1-requests", true},
+          {"low-rate", true}, {"help", false}});
   if (a.has("help")) {
-    std::printf("%s", kUsage);
+    std::printf("%s%s", kUsage, kSpeculativeHelp);
     return 0;
   }
   if (!a.has("peer"))
     for (const char* k : {"peer-venv", "rounds", "precisions", "compare-tokens", "compare-prompt"})
       if (a.has(k)) throw UsageError(str_cat("[bench infer] --", k, " goes with --peer llama.cpp"));
+  if (!a.has("speculative"))
+    for (const char* k : {"data", "workload", "batch1-requests", "low-rate"})
+      if (a.has(k)) throw UsageError(str_cat("[bench infer] --", k, " goes with --speculative"));
+  if (a.has("speculative")) {
+    if (a.has("peer")) throw UsageError("[bench infer] --speculative and --peer are separate benchmarks; give one");
+    const int threads = int(a.get_int("threads", 2));
+    set_num_threads(threads);
+    return bench_infer_speculative(a, threads);
+  }
   const std::string mode = a.get("mode", "both");
   if (mode != "static" && mode != "continuous" && mode != "both" && mode != "all")
     throw UsageError("[bench infer] --mode must be static, continuous, both or all, got \"" + mode +

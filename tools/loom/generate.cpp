@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <span>
 
 #include "loom/core/allocator.h"
@@ -29,6 +30,7 @@ const char* kHelp =
     "  --kv-cache-mb M   the most KV cache to use; by default exactly what the prompt and\n"
     "                    --max-tokens need (at most the model's context)\n"
     "  --threads N       compute threads (default: OMP_NUM_THREADS or all cores)\n"
+    "  --speculative SPEC  see below; the output is the same as without (greedy: the same tokens)\n"
     "DIR may also be a `loom quantize` output; an f32 checkpoint is quantized on load with:\n";
 
 // The sampling options, refused with the ranges the server's requests have (infer/sampler.h).
@@ -85,11 +87,11 @@ int cmd_generate(const std::vector<std::string>& argv) {
   std::map<std::string, OptionKind> spec = {
       {"checkpoint", true}, {"prompt", true}, {"max-tokens", true}, {"temperature", true},
       {"top-k", true}, {"top-p", true}, {"seed", true}, {"stop", Args::kRepeated}, {"tokenizer", true},
-      {"threads", true}, {"no-window", false}, {"kv-cache-mb", true}, {"help", false}};
+      {"threads", true}, {"no-window", false}, {"kv-cache-mb", true}, {"speculative", true}, {"help", false}};
   add_quant_options(spec);
   Args a("generate", argv, spec);
   if (a.has("help")) {
-    std::printf("%s%s", kHelp, kQuantHelp);
+    std::printf("%s%s%s", kHelp, kQuantHelp, kSpeculativeHelp);
     return 0;
   }
   if (!a.has("checkpoint")) throw UsageError(std::string("[generate] --checkpoint is required\n\n") + kHelp);
@@ -100,8 +102,11 @@ int cmd_generate(const std::vector<std::string>& argv) {
   const int64_t kv_cap_mb = a.has("kv-cache-mb") ? positive_option(a, "kv-cache-mb", " (MiB)") : 0;
   if (a.has("threads")) set_num_threads(int(positive_option(a, "threads", "")));
   const auto quant = quant_spec_from(a);
+  std::optional<SpeculativeSetup> speculative;
+  if (a.has("speculative")) speculative = parse_speculative(a.get("speculative", ""), "generate");
 
   const InferenceModel im = load_inference_model(a.get("checkpoint", ""), quant, stderr);
+  if (speculative) load_speculative_draft(*speculative, im, stderr);
   const model::Decoder& m = *im.model;
   const model::ModelConfig& mc = m.config();
   const std::string& path = im.checkpoint;
@@ -136,6 +141,10 @@ int cmd_generate(const std::vector<std::string>& argv) {
   }
   ec.detokenizer = [&](const std::vector<int32_t>& v) { return tok->decode(v); };
   ec.quant = im.quant_ptr();
+  if (speculative) {
+    ec.speculative = speculative->config;
+    ec.speculative.max_batch = 0;  // one sequence
+  }
   infer::Engine engine(m, ec);
   std::fprintf(stderr, "[generate] %s from %s, %s, tokenizer %s, %zu prompt tokens, KV cache %s\n",
                mc.summary().c_str(), path.c_str(), im.precision().c_str(), tok_name.c_str(), ids.size(),
@@ -165,6 +174,14 @@ int cmd_generate(const std::vector<std::string>& argv) {
     context.erase(context.begin(), context.end() - std::min<int64_t>(int64_t(context.size()), ctx / 2));
   }
   std::printf("\n");
+  if (speculative) {
+    const infer::EngineMetrics mt = engine.metrics();
+    const int64_t forwards = mt.decode_rows + mt.spec_verifications;  // decoding steps of the target
+    std::fprintf(stderr, "[generate] speculative %s: %lld of %lld proposals accepted (%.1f%%), %.2f tokens per "
+                 "target forward\n", ec.speculative.describe().c_str(), (long long)mt.spec_accepted,
+                 (long long)mt.spec_proposed, mt.spec_proposed ? 100.0 * double(mt.spec_accepted) / double(mt.spec_proposed) : 0.0,
+                 forwards ? double(forwards + mt.spec_accepted) / double(forwards) : 0.0);
+  }
   return 0;
 }
 

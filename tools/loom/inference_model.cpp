@@ -76,4 +76,94 @@ InferenceModel load_inference_model(const std::string& dir, const std::optional<
   return m;
 }
 
+const char* const kSpeculativeHelp =
+    "  --speculative SPEC   speculative decoding (docs/INFERENCE.md): draft=DIR (a smaller checkpoint\n"
+    "                    with the same tokenizer) or ngram (prompt lookup), then ,k=N (proposals per\n"
+    "                    step, default 4), ,n=N (n-gram size, default 3), ,adaptive=on|off (k follows\n"
+    "                    each request's acceptance; default on), ,max_batch=N (no proposals above N\n"
+    "                    running sequences, default 8; 0: always), ,quant=int8|int4|bf16 (the draft)\n";
+
+SpeculativeSetup parse_speculative(const std::string& text, const std::string& cmd) {
+  SpeculativeSetup s;
+  s.text = text;
+  infer::SpeculativeConfig& c = s.config;
+  auto bad = [&](const std::string& why) {
+    return UsageError(str_cat("[", cmd, "] --speculative ", text, ": ", why,
+                              "; expected draft=DIR or ngram, then ,k=N ,n=N ,adaptive=on|off ,max_batch=N ,quant=NAME"));
+  };
+  auto number = [&](const std::string& key, const std::string& v, int64_t lo) {
+    size_t used = 0;
+    int64_t x = 0;
+    try {
+      x = std::stoll(v, &used);
+    } catch (...) {
+      used = 0;
+    }
+    if (used != v.size() || v.empty()) throw bad(str_cat(key, "=", v, " is not a whole number"));
+    if (x < lo) throw bad(str_cat(key, "=", v, " must be at least ", lo));
+    return x;
+  };
+  size_t at = 0;
+  for (int item = 0; at <= text.size(); ++item) {
+    const size_t comma = text.find(',', at);
+    const std::string part = text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    at = comma == std::string::npos ? text.size() + 1 : comma + 1;
+    const size_t eq = part.find('=');
+    const std::string key = part.substr(0, eq), value = eq == std::string::npos ? "" : part.substr(eq + 1);
+    if (item == 0) {
+      if (part == "ngram") {
+        c.method = infer::SpecMethod::ngram;
+      } else if (key == "draft" && !value.empty()) {
+        c.method = infer::SpecMethod::draft;
+        s.draft_dir = value;
+      } else {
+        throw bad(str_cat("it must start with draft=DIR or ngram, not '", part, "'"));
+      }
+      continue;
+    }
+    if (eq == std::string::npos) throw bad(str_cat("'", part, "' is not KEY=VALUE"));
+    if (key == "k") {
+      c.k = number(key, value, 1);
+    } else if (key == "n" && c.method == infer::SpecMethod::ngram) {
+      c.ngram_max = number(key, value, 1);
+    } else if (key == "max_batch") {
+      c.max_batch = number(key, value, 0);
+    } else if (key == "adaptive" && (value == "on" || value == "off")) {
+      c.adaptive = value == "on";
+    } else if (key == "quant" && c.method == infer::SpecMethod::draft) {
+      try {
+        s.draft_quant = infer::parse_quant_spec(value);
+      } catch (const std::exception& e) {
+        throw bad(e.what());
+      }
+    } else {
+      throw bad(str_cat("'", part, "' is not an option", key == "n" ? " of draft" : key == "quant" ? " of ngram" : ""));
+    }
+  }
+  return s;
+}
+
+void load_speculative_draft(SpeculativeSetup& s, const InferenceModel& target, FILE* log) {
+  if (s.config.method != infer::SpecMethod::draft) return;
+  try {
+    s.draft = load_inference_model(s.draft_dir, s.draft_quant, log);
+  } catch (const Error& e) {
+    fail("speculative", "the draft (draft=", s.draft_dir, "): ", e.what());
+  }
+  const InferenceModel& d = *s.draft;
+  LOOM_CHECK(d.tokenizer.empty() || target.tokenizer.empty() || d.tokenizer == target.tokenizer, "speculative",
+             "the draft ", d.checkpoint, " was trained with the ", d.tokenizer, " tokenizer but the target with ",
+             target.tokenizer, "; a draft must share the target's tokenizer");
+  const int64_t dp = d.model->num_params(), tp = target.model->num_params();
+  if (log && dp >= tp)
+    std::fprintf(log, "[speculative] warning: the draft %s has %lld parameters, not fewer than the target's %lld: "
+                 "proposing will cost more than it saves\n", d.checkpoint.c_str(), (long long)dp, (long long)tp);
+  s.config.draft = d.model.get();
+  s.config.draft_quant = d.quant_ptr();
+  if (log)
+    std::fprintf(log, "[speculative] %s, draft %s (%s, %.1fM parameters, %s) for a %.1fM-parameter target\n",
+                 s.config.describe().c_str(), d.checkpoint.c_str(), d.model->config().summary().c_str(),
+                 double(dp) / 1e6, d.precision().c_str(), double(tp) / 1e6);
+}
+
 }  // namespace loom::cli

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "loom/infer/quant_weights.h"
+#include "loom/infer/speculative.h"
 #include "loom/model/decoder.h"
 #include "tools/loom/commands.h"
 
@@ -40,5 +41,22 @@ InferenceModel random_inference_model(const model::ModelConfig& cfg, uint64_t se
 // What serve checks before it listens: the checkpoint to load (resolved and verified, or a
 // quantized checkpoint as given) and its model config.
 std::string resolve_inference_checkpoint(const std::string& dir, FILE* log);
+
+// --speculative SPEC, shared by generate, serve and bench infer (docs/INFERENCE.md).
+extern const char* const kSpeculativeHelp;
+struct SpeculativeSetup {
+  infer::SpeculativeConfig config;    // config.draft points into `draft` once it is loaded
+  std::string draft_dir;              // draft=DIR
+  std::optional<infer::QuantSpec> draft_quant;  // quant=NAME
+  std::optional<InferenceModel> draft;
+  std::string text;                   // as given
+};
+// Parses SPEC: "draft=DIR" or "ngram", then comma-separated k=N, n=N (n-gram size; matches
+// fall back to shorter ones down to 1), adaptive=on|off, max_batch=N (0: no limit),
+// quant=NAME (the draft's weights). Loads nothing; a bad item is a UsageError naming it.
+SpeculativeSetup parse_speculative(const std::string& text, const std::string& cmd);
+// Loads the draft of method draft (no-op for ngram): its tokenizer must be the target's (the
+// engine checks the vocabulary); a draft not smaller than the target is warned about on log.
+void load_speculative_draft(SpeculativeSetup& s, const InferenceModel& target, FILE* log);
 
 }  // namespace loom::cli

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 
 #include "loom/core/allocator.h"
 #include "loom/core/error.h"
@@ -48,8 +49,8 @@ void print_help() {
       "  --shutdown-grace S      seconds running requests may finish after SIGTERM (default 10)\n"
       "  --threads N             compute threads (default: OMP_NUM_THREADS or all cores)\n"
       "  --no-access-log         no per-request line on stderr (method, path, status, ms, tokens)\n"
-      "%s",
-      "e.g. gpt2-tiny, gpt2-shakespeare", kQuantHelp);
+      "%s%s",
+      "e.g. gpt2-tiny, gpt2-shakespeare", kQuantHelp, kSpeculativeHelp);
 }
 
 }  // namespace
@@ -65,10 +66,12 @@ int cmd_serve(const std::vector<std::string>& argv) {
       {"n-ctx", true}, {"host", true},
       {"port", true}, {"api-key", true}, {"max-queue", true}, {"served-model-name", true},
       {"max-num-seqs", true}, {"kv-cache-mb", true}, {"max-body-bytes", true},
-      {"shutdown-grace", true}, {"threads", true}, {"no-access-log", false}};
+      {"shutdown-grace", true}, {"threads", true}, {"no-access-log", false}, {"speculative", true}};
   add_quant_options(spec);
   Args args("serve", argv, spec);
   const auto quant = quant_spec_from(args);
+  std::optional<SpeculativeSetup> speculative;
+  if (args.has("speculative")) speculative = parse_speculative(args.get("speculative", ""), "serve");
   if (args.has("checkpoint") == args.has("model"))
     throw UsageError("[serve] give exactly one of --checkpoint DIR or --model PRESET (see loom serve --help)");
   // The model: a verified checkpoint, or random weights of a preset.
@@ -153,17 +156,22 @@ int cmd_serve(const std::vector<std::string>& argv) {
                                ? random_inference_model(mc, ec.seed, quant)
                                : load_inference_model(checkpoint, quant, stderr, /*resolved=*/true);
   ec.quant = im.quant_ptr();
+  if (speculative) {
+    load_speculative_draft(*speculative, im, stderr);
+    ec.speculative = speculative->config;
+  }
   infer::Engine engine(*im.model, ec);
   serve::InferEngineAdapter adapter(engine, *tokenizer);
   server.set_engine(&adapter);
   const int64_t full_context_blocks = infer::KVCache::blocks_for_tokens(mc.n_ctx, engine.kv_cache().block_size());
   std::printf("[serve] ready: model '%s' (%s), context %lld, KV cache %s (%lld blocks of %lld tokens: %.1f "
-              "full-context requests), max %lld running + %lld queued%s\n",
+              "full-context requests), max %lld running + %lld queued%s%s\n",
               opt.served_model_name.c_str(), im.precision().c_str(), (long long)mc.n_ctx,
               format_bytes(engine.kv_cache().bytes()).c_str(),
               (long long)engine.kv_cache().num_blocks(), (long long)engine.kv_cache().block_size(),
               double(engine.kv_cache().num_blocks()) / double(full_context_blocks), (long long)ec.max_num_seqs,
-              (long long)opt.max_queue, opt.api_key.empty() ? "" : ", API key required");
+              (long long)opt.max_queue, opt.api_key.empty() ? "" : ", API key required",
+              speculative ? (", speculative " + ec.speculative.describe()).c_str() : "");
   std::fflush(stdout);
 
   int sig = 0;
@@ -175,6 +183,9 @@ int cmd_serve(const std::vector<std::string>& argv) {
   infer::EngineMetrics m = engine.metrics();
   std::printf("[serve] stopped: %lld requests finished, %lld prompt + %lld generated tokens\n",
               (long long)m.requests_finished, (long long)m.prompt_tokens, (long long)m.generated_tokens);
+  if (speculative)
+    std::printf("[serve] speculative: %lld of %lld proposed tokens accepted\n", (long long)m.spec_accepted,
+                (long long)m.spec_proposed);
   return 0;
 }
 

@@ -62,8 +62,10 @@ void NgramProposer::propose(std::span<ProposalRequest> reqs) {
       const int32_t* pat = t.data() + (len - n);
       for (int64_t j = len - n - 1; j >= 0; --j) {
         if (!std::equal(pat, pat + n, t.data() + j)) continue;
-        const int64_t from = j + n, to = std::min(len, from + r.k);
-        r.proposals.assign(t.begin() + from, t.begin() + to);
+        // A continuation that reaches the end of the sequence goes on with the proposals
+        // themselves: a loop of period len - j - n is proposed k tokens ahead.
+        for (int64_t i = j + n; int64_t(r.proposals.size()) < r.k; ++i)
+          r.proposals.push_back(i < len ? t[size_t(i)] : r.proposals[size_t(i - len)]);
         break;
       }
     }

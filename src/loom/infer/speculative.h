@@ -71,6 +71,9 @@ class Proposer {
   virtual int64_t blocks_used() const { return 0; }  // of its own KV cache, if it has one
 };
 
+// Prompt lookup: the continuation of the most recent earlier occurrence of the sequence's
+// last n tokens (n from n_max down to n_min), k tokens long; where it reaches the end of the
+// sequence it repeats (a loop is proposed as a loop).
 class NgramProposer : public Proposer {
  public:
   NgramProposer(int64_t n_max, int64_t n_min) : n_max_(n_max), n_min_(n_min) {}

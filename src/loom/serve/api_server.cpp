@@ -135,6 +135,10 @@ std::string ApiServer::render_metrics() {
         .set(s.kv_blocks_total > 0 ? double(s.kv_blocks_used) / double(s.kv_blocks_total) : 0.0);
     metrics_.gauge("loom_kv_cache_blocks_used", "KV-cache blocks in use").set(double(s.kv_blocks_used));
     metrics_.gauge("loom_kv_cache_blocks_total", "KV-cache blocks in the pool").set(double(s.kv_blocks_total));
+    metrics_.gauge("loom_spec_decode_proposed_tokens", "speculative decoding: tokens proposed and scored so far")
+        .set(double(s.spec_proposed));
+    metrics_.gauge("loom_spec_decode_accepted_tokens", "speculative decoding: proposed tokens the model accepted so far")
+        .set(double(s.spec_accepted));
   }
   metrics_.gauge("loom_num_requests_in_flight", "generation requests admitted by the server")
       .set(double(in_flight_.load()));

@@ -42,6 +42,8 @@ struct EngineStats {
   int64_t waiting = 0;  // accepted but not yet scheduled
   int64_t kv_blocks_used = 0;
   int64_t kv_blocks_total = 0;
+  int64_t spec_proposed = 0;  // speculative decoding: tokens proposed and scored so far
+  int64_t spec_accepted = 0;  //   and how many of them the target accepted
 };
 
 class Engine {

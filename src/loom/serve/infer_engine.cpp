@@ -84,6 +84,8 @@ EngineStats InferEngineAdapter::stats() const {
   s.waiting = m.num_waiting;
   s.kv_blocks_used = m.kv_blocks_used;
   s.kv_blocks_total = m.kv_blocks_total;
+  s.spec_proposed = m.spec_proposed;
+  s.spec_accepted = m.spec_accepted;
   return s;
 }
 

@@ -1,0 +1,170 @@
+// One serving run of `loom bench infer` on its own engine clock (ModeRun): the workload,
+// the per-request times, and the results a run reports. Shared by the batching comparison
+// (bench_infer.cpp) and the speculative-decoding comparison (bench_spec.cpp).
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "loom/core/error.h"
+#include "loom/core/timer.h"
+#include "loom/infer/engine.h"
+#include "loom/model/decoder.h"
+
+namespace loom::cli {
+
+using infer::BatchingMode;
+using infer::StaticPolicy;
+
+// One batching policy under test: the mode, the static policy, and its names.
+struct Flavour {
+  BatchingMode mode = BatchingMode::continuous;
+  StaticPolicy policy = StaticPolicy::padded;
+  std::string label;  // the table's column
+  std::string key;    // the SUMMARY keys' prefix
+};
+
+struct WorkItem {
+  double arrival = 0;
+  std::vector<int32_t> prompt;
+  int64_t output_len = 0;
+};
+
+struct RequestTimes {
+  double arrival = 0, first = -1, last = -1, done = -1;
+  int64_t tokens = 0;
+};
+
+struct ModeResult {
+  std::string mode, key;
+  bool is_static = false;
+  std::string policy;  // static: padded or compact
+  int64_t decode_rows = 0, padding_rows = 0, padding_parked = 0;
+  double makespan_s = 0, tokens_per_s = 0, requests_per_s = 0;
+  int64_t output_tokens = 0, steps = 0, preemptions = 0;
+  std::vector<double> ttft_ms, tpot_ms, e2e_ms;
+  int64_t peak_blocks = 0, blocks_total = 0, peak_seqs = 0;
+  double frag_at_peak = 0;        // unused slots / allocated slots at peak allocation
+  double contiguous_waste = 0;    // what per-request max-length buffers would waste there
+  double peak_kv_bytes = 0;
+  int64_t spec_proposed = 0, spec_accepted = 0, spec_verifications = 0;  // speculative decoding
+};
+
+// One mode's serving run on its own engine clock: the clock advances by the measured wall time
+// of each of its steps and jumps to the next arrival when the engine is idle. Latencies are
+// what a dedicated machine would show with those step times; and the steps of the two modes can
+// be interleaved, so load from other processes on a shared machine falls on both alike.
+class ModeRun {
+ public:
+  ModeRun(const model::Decoder& m, infer::EngineConfig cfg, const Flavour& f,
+          const std::vector<WorkItem>& work, double temperature, int64_t max_len)
+      : m_(m), cfg_(with_flavour(cfg, f)), e_(m, cfg_), work_(work), temperature_(temperature),
+        max_len_(max_len), times_(work.size()) {
+    r_.mode = f.label;
+    r_.key = f.key;
+    r_.is_static = f.mode == BatchingMode::static_batch;
+    if (r_.is_static) r_.policy = infer::static_policy_name(f.policy);
+  }
+  bool done() const { return finished_ == work_.size(); }
+  double clock() const { return clock_; }
+  std::string progress() const {
+    const auto mt = e_.metrics();
+    return str_cat("[", r_.mode, "] t=", int64_t(clock_), "s done ", finished_, "/", work_.size(),
+                   " running ", mt.num_running, " waiting ", mt.num_waiting, " kv ",
+                   mt.kv_blocks_used, "/", mt.kv_blocks_total);
+  }
+
+  // Admits the arrivals due by the clock, then runs one step (or idles to the next arrival).
+  void advance() {
+    for (; next_ < work_.size() && work_[next_].arrival <= clock_; ++next_) {
+      infer::SamplingParams sp;
+      sp.temperature = temperature_;
+      sp.max_tokens = work_[next_].output_len;
+      sp.seed = next_;
+      times_[next_].arrival = work_[next_].arrival;
+      const size_t w = next_;
+      const int64_t id = e_.add_request(work_[next_].prompt, sp, [this, w](const infer::TokenEvent& ev) {
+        if (ev.token < 0) return;
+        ++times_[w].tokens;
+        stepped_.push_back(w);
+      });
+      if (index_of_.size() <= size_t(id)) index_of_.resize(size_t(id) + 1);
+      index_of_[size_t(id)] = w;
+    }
+    if (!e_.has_unfinished()) {
+      clock_ = std::max(clock_, work_[next_].arrival);
+      return;
+    }
+    stepped_.clear();
+    const double t = now_seconds();
+    const auto outs = e_.step();
+    clock_ += now_seconds() - t;
+    for (size_t w : stepped_) {  // tokens are out when their step ends (padding is not streamed)
+      if (times_[w].first < 0) times_[w].first = clock_;
+      times_[w].last = clock_;
+    }
+    for (const auto& out : outs) {
+      times_[index_of_[size_t(out.id)]].done = clock_;
+      ++finished_;
+    }
+    const auto st = e_.scheduler().stats();
+    if (st.blocks_used > r_.peak_blocks) {
+      r_.peak_blocks = st.blocks_used;
+      const double alloc = double(st.slots_allocated);
+      r_.frag_at_peak = alloc > 0 ? double(st.slots_allocated - st.tokens_cached) / alloc : 0;
+      const double reserved = double(st.num_running * max_len_);
+      r_.contiguous_waste = reserved > 0 ? 1.0 - double(st.tokens_cached) / reserved : 0;
+    }
+    r_.peak_seqs = std::max(r_.peak_seqs, st.num_running);
+  }
+
+  ModeResult result() const {
+    ModeResult r = r_;
+    const auto mt = e_.metrics();
+    double end = 0;
+    for (const auto& t : times_) {
+      end = std::max(end, t.done);
+      r.output_tokens += t.tokens;
+      r.ttft_ms.push_back((t.first - t.arrival) * 1e3);
+      r.e2e_ms.push_back((t.done - t.arrival) * 1e3);
+      if (t.tokens > 1) r.tpot_ms.push_back((t.last - t.first) * 1e3 / double(t.tokens - 1));
+    }
+    r.makespan_s = end - work_.front().arrival;
+    r.tokens_per_s = double(r.output_tokens) / r.makespan_s;
+    r.requests_per_s = double(work_.size()) / r.makespan_s;
+    r.steps = mt.steps;
+    r.preemptions = mt.num_preemptions;
+    r.decode_rows = mt.decode_rows;
+    r.padding_rows = mt.padding_rows;
+    r.padding_parked = mt.padding_parked;
+    r.spec_proposed = mt.spec_proposed;
+    r.spec_accepted = mt.spec_accepted;
+    r.spec_verifications = mt.spec_verifications;
+    r.blocks_total = mt.kv_blocks_total;
+    r.peak_kv_bytes = double(r.peak_blocks) * double(infer::KVCache::bytes_per_block(
+                                                  m_.config(), cfg_.block_size, m_.params().dtype()));
+    return r;
+  }
+
+ private:
+  static infer::EngineConfig with_flavour(infer::EngineConfig c, const Flavour& f) {
+    c.mode = f.mode;
+    c.static_policy = f.policy;
+    return c;
+  }
+  const model::Decoder& m_;
+  infer::EngineConfig cfg_;
+  infer::Engine e_;
+  const std::vector<WorkItem>& work_;
+  double temperature_;
+  int64_t max_len_;
+  std::vector<RequestTimes> times_;
+  std::vector<size_t> index_of_;  // engine id -> work index
+  std::vector<size_t> stepped_;   // work items that received a token in the current step
+  size_t next_ = 0, finished_ = 0;
+  double clock_ = 0;
+  ModeResult r_;
+};
+
+}  // namespace loom::cli
