@@ -214,6 +214,10 @@ TEST(LaunchOutput, RewritesOpenMpiTags) {
   EXPECT_EQ(b.rank, 0);
   EXPECT_TRUE(b.is_stderr);
   EXPECT_EQ(b.text, "error: x");
+  // A line written in pieces (streamed tokens): mpirun tags each piece.
+  TaggedLine c = parse_tagged_line("[1,0]<stdout>:ROMEO: [1,0]<stdout>:t[1,0]<stdout>:he[1,0]<stdout>:");
+  EXPECT_EQ(c.rank, 0);
+  EXPECT_EQ(c.text, "ROMEO: the");
   for (const char* s : {"[warn] something", "plain", "[1,x]<stdout>:y", "", "[1,2]<other>:z"}) {
     TaggedLine u = parse_tagged_line(s);
     EXPECT_EQ(u.rank, -1) << s;

@@ -38,7 +38,8 @@ const char* kLaunchHelp =
     "usage: loom launch --nproc N [--hosts h1:4,h2:4 | --hostfile F] [--agent CMD] [--net CIDR]\n"
     "                   [--timeout S] [--mpirun PATH] [--dry-run] -- <loom subcommand and its args>\n\n"
     "Runs N ranks of this loom binary under mpirun. Each output line is prefixed with its\n"
-    "rank (\"[rank 1] ...\"); rank 0's SUMMARY line is passed through unprefixed.\n"
+    "rank (\"[rank 1] ...\"); rank 0's SUMMARY line is passed through unprefixed, and so is\n"
+    "all of rank 0's standard output for generate and serve (--tp N: the other ranks print none).\n"
     "  --hosts L     hosts and ranks per host (host:ranks,...); they must add up to --nproc,\n"
     "                which may then be left out. Test hosts (loomh1..., made by\n"
     "                scripts/testhosts.sh up N) get their agent and network automatically\n"
@@ -130,13 +131,17 @@ void watch_line(const comm::TaggedLine& t) {
   }
 }
 
+// Rank 0's standard output passes unprefixed (generate and serve print only from rank 0, and
+// their output must read as the one-process command's).
+bool g_rank0_stdout_raw = false;
+
 // Rewrites one complete line from mpirun (stream: 1 stdout, 2 stderr) to our output.
 void relay_line(const std::string& line, int stream) {
   comm::TaggedLine t = comm::parse_tagged_line(line);
   watch_line(t);
   int fd = t.rank < 0 ? stream : (t.is_stderr ? 2 : 1);
-  bool summary = t.rank == 0 && !t.is_stderr && t.text.rfind("SUMMARY ", 0) == 0;
-  write_all(fd, (summary ? t.text : comm::format_rank_line(t)) + "\n");
+  bool raw = t.rank == 0 && !t.is_stderr && (g_rank0_stdout_raw || t.text.rfind("SUMMARY ", 0) == 0);
+  write_all(fd, (raw ? t.text : comm::format_rank_line(t)) + "\n");
 }
 
 int run_relayed(const std::vector<std::string>& cmd) {
@@ -395,6 +400,7 @@ int cmd_launch(const std::vector<std::string>& args) {
   o.mpirun = a.get("mpirun", mpirun_env && *mpirun_env ? mpirun_env : "mpirun");
   o.exe = launch_exe();
   o.args.assign(sep + 1, args.end());
+  g_rank0_stdout_raw = o.args[0] == "generate" || o.args[0] == "serve";
   o.local_cores = int(std::max(1u, std::thread::hardware_concurrency()));
   o.as_root = geteuid() == 0;
   for (char** e = environ; *e; ++e) {

@@ -245,7 +245,15 @@ TaggedLine parse_tagged_line(const std::string& line) {
   if (rank.empty() || rank.find_first_not_of("0123456789") != std::string::npos) return t;
   t.rank = std::stoi(rank);
   t.is_stderr = err;
-  t.text = line.substr(close + 1 + kOut.size());
+  // mpirun tags every write, so a line written in pieces (streamed tokens) carries the tag
+  // again before each piece; those repeats are dropped.
+  const std::string tag = line.substr(0, close + 1 + kOut.size());
+  t.text.clear();
+  for (size_t at = tag.size(), next; at <= line.size(); at = next + tag.size()) {
+    next = line.find(tag, at);
+    t.text.append(line, at, next == std::string::npos ? std::string::npos : next - at);
+    if (next == std::string::npos) break;
+  }
   return t;
 }
 

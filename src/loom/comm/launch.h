@@ -71,7 +71,8 @@ TestHosts parse_test_hosts(const std::string& text, const std::string& path = kT
 void use_test_hosts(LaunchOptions& opts, const std::optional<TestHosts>& up);
 
 // One line of `mpirun --tag-output` output: "[1,3]<stdout>:text". rank is -1 for lines
-// mpirun printed itself (no tag); text is then the whole line.
+// mpirun printed itself (no tag); text is then the whole line. A line its rank wrote in
+// pieces has the tag before each piece; text is the pieces joined.
 struct TaggedLine {
   int rank = -1;
   bool is_stderr = false;
