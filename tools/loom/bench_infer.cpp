@@ -41,6 +41,8 @@ const char* kUsage =
     "        [--precisions fp32,bf16,int8,int4] [--rounds R] [--batch1-tokens N] [--prefill-tokens N]\n"
     "        [--compare-tokens N] [--compare-prompt TEXT] [--group N] [--quant-head int8|f32]\n"
     "        [--peer-venv DIR]\n"
+    "   or: loom launch --nproc N -- bench infer --tp N [--model P | --checkpoint DIR] [--threads T]\n"
+    "        [--batch1-tokens N] [--prefill-tokens N] [--quant ...]  (tensor-parallel decode speed)\n"
     "   or: loom bench infer --speculative SPEC [--model P | --checkpoint DIR] [--data DIR]\n"
     "        [--workload text|quote|random] [--prompt-len N] [--output-len N] [--batch1-requests N]\n"
     "        [--requests N] [--low-rate R] [--temperature T] [--max-num-seqs N] [--threads N] [--quant ...]\n"
@@ -315,7 +317,7 @@ int bench_infer(const std::vector<std::string>& argv) {
           {"group", true}, {"quant-head", true}, {"zero-point", false}, {"peer", true}, {"peer-venv", true},
           {"rounds", true}, {"precisions", true}, {"compare-tokens", true}, {"compare-prompt", true},
           {"speculative", true}, {"data", true}, {"workload", true}, {"batch1-requests", true},
-          {"low-rate", true}, {"help", false}});
+          {"low-rate", true}, {"tp", true}, {"help", false}});
   if (a.has("help")) {
     std::printf("%s%s", kUsage, kSpeculativeHelp);
     return 0;
@@ -326,6 +328,13 @@ int bench_infer(const std::vector<std::string>& argv) {
   if (!a.has("speculative"))
     for (const char* k : {"data", "workload", "batch1-requests", "low-rate"})
       if (a.has(k)) throw UsageError(str_cat("[bench infer] --", k, " goes with --speculative"));
+  if (a.get_int("tp", 1) != 1) {
+    if (a.has("peer") || a.has("speculative"))
+      throw UsageError("[bench infer] --tp measures tensor-parallel decode alone; drop --peer and --speculative");
+    const int threads = int(a.get_int("threads", 1));
+    set_num_threads(threads);
+    return bench_infer_tp(a, threads);
+  }
   if (a.has("speculative")) {
     if (a.has("peer")) throw UsageError("[bench infer] --speculative and --peer are separate benchmarks; give one");
     const int threads = int(a.get_int("threads", 2));

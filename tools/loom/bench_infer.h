@@ -37,6 +37,8 @@ double prefill_tokens_per_s(const model::Decoder& m, infer::EngineConfig cfg, in
 int bench_infer_llama_cpp(const Args& a, const model::ModelConfig& mc, const std::string& checkpoint,
                           const infer::EngineConfig& cfg, int threads, int64_t prefill);
 
+// `bench infer --tp N` under `loom launch --nproc N`: tensor-parallel decode speed.
+int bench_infer_tp(const Args& a, int threads);
 // `bench infer --speculative SPEC`: speculative against plain decoding (bench_spec.cpp).
 int bench_infer_speculative(const Args& a, int threads);
 

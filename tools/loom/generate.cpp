@@ -87,11 +87,12 @@ int cmd_generate(const std::vector<std::string>& argv) {
   std::map<std::string, OptionKind> spec = {
       {"checkpoint", true}, {"prompt", true}, {"max-tokens", true}, {"temperature", true},
       {"top-k", true}, {"top-p", true}, {"seed", true}, {"stop", Args::kRepeated}, {"tokenizer", true},
-      {"threads", true}, {"no-window", false}, {"kv-cache-mb", true}, {"speculative", true}, {"help", false}};
+      {"threads", true}, {"no-window", false}, {"kv-cache-mb", true}, {"speculative", true}, {"tp", true},
+      {"help", false}};
   add_quant_options(spec);
   Args a("generate", argv, spec);
   if (a.has("help")) {
-    std::printf("%s%s%s", kHelp, kQuantHelp, kSpeculativeHelp);
+    std::printf("%s%s%s%s", kHelp, kQuantHelp, kSpeculativeHelp, kTensorParallelHelp);
     return 0;
   }
   if (!a.has("checkpoint")) throw UsageError(std::string("[generate] --checkpoint is required\n\n") + kHelp);
@@ -105,8 +106,10 @@ int cmd_generate(const std::vector<std::string>& argv) {
   std::optional<SpeculativeSetup> speculative;
   if (a.has("speculative")) speculative = parse_speculative(a.get("speculative", ""), "generate");
 
-  const InferenceModel im = load_inference_model(a.get("checkpoint", ""), quant, stderr);
-  if (speculative) load_speculative_draft(*speculative, im, stderr);
+  const TensorParallel tp = tensor_parallel_from(a, "generate", /*watchdog=*/true);
+  FILE* log = tp.leader() ? stderr : nullptr;  // rank 0 prints; the others follow silently
+  const InferenceModel im = load_inference_model(a.get("checkpoint", ""), quant, log, false, tp.group());
+  if (speculative) load_speculative_draft(*speculative, im, log);
   const model::Decoder& m = *im.model;
   const model::ModelConfig& mc = m.config();
   const std::string& path = im.checkpoint;
@@ -145,10 +148,15 @@ int cmd_generate(const std::vector<std::string>& argv) {
     ec.speculative = speculative->config;
     ec.speculative.max_batch = 0;  // one sequence
   }
+  ec.tp = tp.group();
   infer::Engine engine(m, ec);
-  std::fprintf(stderr, "[generate] %s from %s, %s, tokenizer %s, %zu prompt tokens, KV cache %s\n",
+  if (!tp.leader()) {
+    engine.follow();
+    return 0;
+  }
+  std::fprintf(stderr, "[generate] %s from %s, %s, tokenizer %s, %zu prompt tokens, KV cache %s%s\n",
                mc.summary().c_str(), path.c_str(), im.precision().c_str(), tok_name.c_str(), ids.size(),
-               format_bytes(kv_bytes).c_str());
+               format_bytes(kv_bytes).c_str(), tp.size > 1 ? str_cat(", tensor-parallel over ", tp.size, " ranks").c_str() : "");
   std::fwrite(prompt.data(), 1, prompt.size(), stdout);
   // Each token's bytes as it arrives: decoding is a concatenation of per-token bytes, so the
   // output equals the decoded whole (a character split across tokens completes on the terminal).
@@ -164,6 +172,7 @@ int cmd_generate(const std::vector<std::string>& argv) {
       std::fflush(stdout);
     });
     if (r.finish_reason == infer::FinishReason::error) {
+      engine.close();
       std::printf("\n");
       std::fflush(stdout);
       fail("generate", r.error, "; ", non_finite_weights(m, path));
@@ -173,6 +182,7 @@ int cmd_generate(const std::vector<std::string>& argv) {
     context.insert(context.end(), r.tokens.begin(), r.tokens.end());
     context.erase(context.begin(), context.end() - std::min<int64_t>(int64_t(context.size()), ctx / 2));
   }
+  engine.close();
   std::printf("\n");
   if (speculative) {
     const infer::EngineMetrics mt = engine.metrics();

@@ -3,6 +3,7 @@
 #include "loom/core/error.h"
 #include "loom/core/timer.h"
 #include "loom/infer/quant_checkpoint.h"
+#include "loom/parallel/model_gather.h"
 #include "loom/train/checkpoint.h"
 
 namespace loom::cli {
@@ -34,30 +35,70 @@ void quantize_on_load(InferenceModel& m, const infer::QuantSpec& spec, FILE* log
                  double(m.quant->bytes()) / 1e6, cpu::quant_linear_path(spec.format).c_str(), sw.seconds());
 }
 
-model::DecoderOptions inference_options() {
+model::DecoderOptions inference_options(const comm::Group* tp = nullptr) {
   model::DecoderOptions opt;
   opt.allocate_flat_grads = false;  // inference only
+  if (tp) {
+    opt.slice.tp = tp->size();
+    opt.slice.tp_rank = tp->rank();
+  }
   return opt;
 }
+
+// The model's tensor-parallel slice for this rank, checked as the engine will check it.
+std::unique_ptr<model::Decoder> tp_slice(const model::ModelConfig& cfg, const comm::Group& tp) {
+  try {
+    model::check_tensor_parallel(cfg, tp.size());
+  } catch (const Error&) {
+    LOOM_CHECK(cfg.n_head % tp.size() == 0, "infer", "--tp ", tp.size(), " does not divide model.n_head=", cfg.n_head,
+               ": attention is split by heads; use a tp that divides ", cfg.n_head);
+    fail("infer", "--tp ", tp.size(), " does not divide model.d_ff=", cfg.d_ff,
+         ": the MLP is split along its hidden dimension; use a tp that divides ", cfg.d_ff);
+  }
+  auto m = std::make_unique<model::Decoder>(cfg, inference_options(&tp));
+  infer::ModelRunner::kv_cache_config(*m);  // the kv-head split, MoE
+  return m;
+}
 }  // namespace
+
+const char* const kTensorParallelHelp =
+    "  --tp N            tensor-parallel over N processes: run as loom launch --nproc N -- <command> --tp N\n"
+    "                    (rank 0 prints and serves; N must divide the attention and key/value heads)\n";
+
+TensorParallel tensor_parallel_from(const Args& a, const std::string& cmd, bool watchdog) {
+  TensorParallel t;
+  t.size = a.get_int("tp", 1);
+  if (t.size < 1) throw UsageError(str_cat("[", cmd, "] --tp must be at least 1, got ", t.size));
+  if (t.size == 1) return t;
+  comm::WorldOptions wo;
+  if (!watchdog) wo.watchdog_timeout_s = 0;
+  t.world = std::make_unique<comm::World>(wo);
+  if (t.world->size() != t.size)
+    throw UsageError(str_cat("[", cmd, "] --tp ", t.size, " needs ", t.size, " processes, one per slice, but ",
+                             t.world->size(), " ", t.world->size() == 1 ? "is" : "are", " running; start it as "
+                             "loom launch --nproc ", t.size, " -- ", cmd, " ... --tp ", t.size));
+  return t;
+}
 
 std::string resolve_inference_checkpoint(const std::string& dir, FILE* log) {
   return infer::is_quantized_checkpoint(dir) ? dir : train::resolve_checkpoint(dir, log);
 }
 
 InferenceModel random_inference_model(const model::ModelConfig& cfg, uint64_t seed,
-                                      const std::optional<infer::QuantSpec>& quant) {
+                                      const std::optional<infer::QuantSpec>& quant, const comm::Group* tp) {
   InferenceModel m;
-  m.model = std::make_unique<model::Decoder>(cfg, inference_options());
+  m.model = tp ? tp_slice(cfg, *tp) : std::make_unique<model::Decoder>(cfg, inference_options());
   m.model->init_weights(seed);
   if (quant) quantize_on_load(m, *quant, stderr);
   return m;
 }
 
 InferenceModel load_inference_model(const std::string& dir, const std::optional<infer::QuantSpec>& quant, FILE* log,
-                                    bool resolved) {
+                                    bool resolved, const comm::Group* tp) {
   InferenceModel m;
   if (infer::is_quantized_checkpoint(dir)) {
+    LOOM_CHECK(!tp, "infer", dir, " is a quantized checkpoint; tensor-parallel inference slices an f32 one: give "
+               "the checkpoint it was made from, with --quant to quantize each slice on load");
     infer::QuantizedCheckpoint q = infer::load_quantized_checkpoint(dir);
     LOOM_CHECK(!quant || quant->describe() == q.quant.spec.describe(), "quant", dir, " is already quantized (",
                q.quant.spec.describe(), "); drop --quant ", quant ? quant->describe() : "",
@@ -69,8 +110,16 @@ InferenceModel load_inference_model(const std::string& dir, const std::optional<
     return m;
   }
   m.checkpoint = resolved ? dir : train::resolve_checkpoint(dir, log);
-  m.model = std::make_unique<model::Decoder>(train::checkpoint_model_config(m.checkpoint), inference_options());
-  train::load_checkpoint_weights(m.checkpoint, *m.model, /*verified=*/true);  // by resolve_checkpoint
+  const model::ModelConfig cfg = train::checkpoint_model_config(m.checkpoint);
+  if (tp) {
+    m.model = tp_slice(cfg, *tp);
+    model::Decoder whole(cfg, inference_options());
+    train::load_checkpoint_weights(m.checkpoint, whole, /*verified=*/true);  // by resolve_checkpoint
+    parallel::slice_whole_params(whole.layout(), whole.params(), m.model->layout(), m.model->params());
+  } else {
+    m.model = std::make_unique<model::Decoder>(cfg, inference_options());
+    train::load_checkpoint_weights(m.checkpoint, *m.model, /*verified=*/true);  // by resolve_checkpoint
+  }
   m.tokenizer = train::checkpoint_tokenizer(m.checkpoint);
   if (quant) quantize_on_load(m, *quant, log);
   return m;

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "loom/comm/world.h"
 #include "loom/infer/quant_weights.h"
 #include "loom/infer/speculative.h"
 #include "loom/model/decoder.h"
@@ -29,15 +30,30 @@ struct InferenceModel {
   std::string precision() const;  // "fp32", or QuantSpec::describe()
 };
 
+// --tp N: tensor-parallel inference over the N processes of `loom launch --nproc N`.
+struct TensorParallel {
+  std::unique_ptr<comm::World> world;  // null: one process
+  int64_t size = 1;
+  const comm::Group* group() const { return world ? &world->group() : nullptr; }
+  bool leader() const { return !world || world->rank() == 0; }
+  int rank() const { return world ? world->rank() : 0; }
+};
+extern const char* const kTensorParallelHelp;
+// Reads --tp (default 1). Above 1 it joins the job (which must have exactly N processes);
+// `watchdog` off for a server, whose followers wait as long as it idles.
+TensorParallel tensor_parallel_from(const Args& a, const std::string& cmd, bool watchdog);
+
 // Resolves `dir` (a checkpoint, a run directory, or a quantized checkpoint), verifies and
 // loads it; `quant` quantizes an f32 checkpoint on load. A quantized checkpoint with a --quant
 // other than its own is refused, naming both. `resolved`: dir is a checkpoint that
-// train::resolve_checkpoint already verified.
+// train::resolve_checkpoint already verified. `tp`: this rank keeps its tensor-parallel slice
+// (f32 checkpoints only; quantized on load after slicing).
 InferenceModel load_inference_model(const std::string& dir, const std::optional<infer::QuantSpec>& quant,
-                                    FILE* log, bool resolved = false);
-// Random weights of `cfg` (benchmarks, tests), quantized when asked.
+                                    FILE* log, bool resolved = false, const comm::Group* tp = nullptr);
+// Random weights of `cfg` (benchmarks, tests), quantized when asked; `tp` as above (every
+// slice initialised as the whole model would be).
 InferenceModel random_inference_model(const model::ModelConfig& cfg, uint64_t seed,
-                                      const std::optional<infer::QuantSpec>& quant);
+                                      const std::optional<infer::QuantSpec>& quant, const comm::Group* tp = nullptr);
 // What serve checks before it listens: the checkpoint to load (resolved and verified, or a
 // quantized checkpoint as given) and its model config.
 std::string resolve_inference_checkpoint(const std::string& dir, FILE* log);

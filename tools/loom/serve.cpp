@@ -49,8 +49,8 @@ void print_help() {
       "  --shutdown-grace S      seconds running requests may finish after SIGTERM (default 10)\n"
       "  --threads N             compute threads (default: OMP_NUM_THREADS or all cores)\n"
       "  --no-access-log         no per-request line on stderr (method, path, status, ms, tokens)\n"
-      "%s%s",
-      "e.g. gpt2-tiny, gpt2-shakespeare", kQuantHelp, kSpeculativeHelp);
+      "%s%s%s",
+      "e.g. gpt2-tiny, gpt2-shakespeare", kQuantHelp, kSpeculativeHelp, kTensorParallelHelp);
 }
 
 }  // namespace
@@ -66,7 +66,8 @@ int cmd_serve(const std::vector<std::string>& argv) {
       {"n-ctx", true}, {"host", true},
       {"port", true}, {"api-key", true}, {"max-queue", true}, {"served-model-name", true},
       {"max-num-seqs", true}, {"kv-cache-mb", true}, {"max-body-bytes", true},
-      {"shutdown-grace", true}, {"threads", true}, {"no-access-log", false}, {"speculative", true}};
+      {"shutdown-grace", true}, {"threads", true}, {"no-access-log", false}, {"speculative", true},
+      {"tp", true}};
   add_quant_options(spec);
   Args args("serve", argv, spec);
   const auto quant = quant_spec_from(args);
@@ -145,6 +146,23 @@ int cmd_serve(const std::vector<std::string>& argv) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
 
+  // Tensor parallel: the ranks other than 0 load their slice and step with rank 0 until it
+  // stops; they bind no port, print nothing and leave the signals (blocked above) to rank 0.
+  const TensorParallel tp = tensor_parallel_from(args, "serve", /*watchdog=*/false);
+  ec.tp = tp.group();
+  if (!tp.leader()) {
+    const InferenceModel im = checkpoint.empty() ? random_inference_model(mc, ec.seed, quant, tp.group())
+                                                 : load_inference_model(checkpoint, quant, nullptr, true, tp.group());
+    ec.quant = im.quant_ptr();
+    if (speculative) {
+      load_speculative_draft(*speculative, im, nullptr);
+      ec.speculative = speculative->config;
+    }
+    infer::Engine engine(*im.model, ec);
+    engine.follow();
+    return 0;
+  }
+
   serve::ApiServer server(opt);
   server.start();
   std::printf("[serve] listening on http://%s:%d (loading %s from %s, tokenizer %s)\n", opt.http.host.c_str(),
@@ -153,8 +171,8 @@ int cmd_serve(const std::vector<std::string>& argv) {
   std::fflush(stdout);
 
   const InferenceModel im = checkpoint.empty()
-                               ? random_inference_model(mc, ec.seed, quant)
-                               : load_inference_model(checkpoint, quant, stderr, /*resolved=*/true);
+                               ? random_inference_model(mc, ec.seed, quant, tp.group())
+                               : load_inference_model(checkpoint, quant, stderr, /*resolved=*/true, tp.group());
   ec.quant = im.quant_ptr();
   if (speculative) {
     load_speculative_draft(*speculative, im, stderr);
@@ -165,13 +183,14 @@ int cmd_serve(const std::vector<std::string>& argv) {
   server.set_engine(&adapter);
   const int64_t full_context_blocks = infer::KVCache::blocks_for_tokens(mc.n_ctx, engine.kv_cache().block_size());
   std::printf("[serve] ready: model '%s' (%s), context %lld, KV cache %s (%lld blocks of %lld tokens: %.1f "
-              "full-context requests), max %lld running + %lld queued%s%s\n",
+              "full-context requests), max %lld running + %lld queued%s%s%s\n",
               opt.served_model_name.c_str(), im.precision().c_str(), (long long)mc.n_ctx,
               format_bytes(engine.kv_cache().bytes()).c_str(),
               (long long)engine.kv_cache().num_blocks(), (long long)engine.kv_cache().block_size(),
               double(engine.kv_cache().num_blocks()) / double(full_context_blocks), (long long)ec.max_num_seqs,
               (long long)opt.max_queue, opt.api_key.empty() ? "" : ", API key required",
-              speculative ? (", speculative " + ec.speculative.describe()).c_str() : "");
+              speculative ? (", speculative " + ec.speculative.describe()).c_str() : "",
+              tp.size > 1 ? str_cat(", tensor-parallel over ", tp.size, " ranks").c_str() : "");
   std::fflush(stdout);
 
   int sig = 0;

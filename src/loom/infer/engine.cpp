@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <type_traits>
 
 #include "loom/core/error.h"
@@ -43,7 +44,13 @@ Engine::Engine(const model::Decoder& model, const EngineConfig& cfg) : model_(mo
              cfg.max_seq_len, " must lie in [1, model.n_ctx=", mc.n_ctx, "] (0: model.n_ctx)");
   max_seq_len_ = cfg.max_seq_len > 0 ? cfg.max_seq_len : mc.n_ctx;
   const DType dt = model.params().dtype();
-  const int64_t bpb = KVCache::bytes_per_block(mc, cfg.block_size, dt);
+  const model::ModelConfig kv = ModelRunner::kv_cache_config(model);  // this rank's kv heads
+  if (model.layout().slice().tp > 1) {
+    LOOM_CHECK(cfg.tp && cfg.tp->size() == model.layout().slice().tp, "engine", "the model is a tensor-parallel slice of ",
+               model.layout().slice().tp, " ranks; give the engine that tp group (EngineConfig::tp)");
+    tp_ = cfg.tp;
+  }
+  const int64_t bpb = KVCache::bytes_per_block(kv, cfg.block_size, dt);
   const int64_t num_blocks = cfg.num_blocks > 0 ? cfg.num_blocks : cfg.kv_cache_bytes / bpb;
   const int64_t need = KVCache::blocks_for_tokens(max_seq_len_, cfg.block_size);
   LOOM_CHECK(num_blocks >= need, "engine", "the KV cache holds ", num_blocks, " blocks of ",
@@ -52,7 +59,7 @@ Engine::Engine(const model::Decoder& model, const EngineConfig& cfg) : model_(mo
              max_seq_len_, " tokens needs ", need,
              " blocks; raise the KV cache to at least ", format_bytes(need * bpb), " (",
              need, " blocks)");
-  cache_ = std::make_unique<KVCache>(mc, num_blocks, cfg.block_size, dt);
+  cache_ = std::make_unique<KVCache>(kv, num_blocks, cfg.block_size, dt);
   SchedulerConfig sc;
   sc.max_num_seqs = cfg.max_num_seqs;
   sc.max_batched_tokens = cfg.max_batched_tokens;
@@ -73,17 +80,136 @@ Engine::Engine(const model::Decoder& model, const EngineConfig& cfg) : model_(mo
   const int64_t logit_rows =
       spec.enabled() ? std::min(cfg.max_batched_tokens, cfg.max_num_seqs * (1 + spec.k)) : cfg.max_num_seqs;
   runner_ = std::make_unique<ModelRunner>(model, *cache_, cfg.max_batched_tokens, cfg.max_num_seqs, cfg.quant,
-                                          std::max(logit_rows, cfg.max_num_seqs));
+                                          std::max(logit_rows, cfg.max_num_seqs), tp_);
   // The draft's cache holds whatever the target's does, and each sequence's proposals.
   proposer_ = make_proposer(spec, num_blocks + cfg.max_num_seqs * (KVCache::blocks_for_tokens(spec.k, cfg.block_size) + 1),
                             cfg.block_size, cfg.max_batched_tokens, cfg.max_num_seqs);
   publish_metrics();
 }
 
-Engine::~Engine() = default;
+Engine::~Engine() {
+  try {
+    close();
+  } catch (...) {
+  }
+}
+
+void Engine::follow() {
+  LOOM_CHECK(!leader(), "engine", "follow() is for the ranks other than 0 of a tensor-parallel engine");
+  while (!closed_) step();
+}
+
+void Engine::close() {
+  if (!tp_ || closed_ || !leader()) return;
+  std::vector<Pending> none;
+  std::vector<int64_t> no_aborts;
+  sync_intake(none, no_aborts, /*closing=*/true);
+}
+
+namespace {
+// The intake as bytes, for the broadcast to the followers.
+struct Writer {
+  std::vector<uint8_t> b;
+  template <class T> void put(const T& v) {
+    const auto* p = reinterpret_cast<const uint8_t*>(&v);
+    b.insert(b.end(), p, p + sizeof(T));
+  }
+  template <class T> void put_vec(const std::vector<T>& v) {
+    put(int64_t(v.size()));
+    const auto* p = reinterpret_cast<const uint8_t*>(v.data());
+    b.insert(b.end(), p, p + v.size() * sizeof(T));
+  }
+  void put_str(const std::string& s) { put_vec(std::vector<char>(s.begin(), s.end())); }
+};
+struct Reader {
+  const uint8_t* p;
+  template <class T> T get() {
+    T v;
+    std::memcpy(&v, p, sizeof(T));
+    p += sizeof(T);
+    return v;
+  }
+  template <class T> std::vector<T> get_vec() {
+    std::vector<T> v(size_t(get<int64_t>()));
+    std::memcpy(v.data(), p, v.size() * sizeof(T));
+    p += v.size() * sizeof(T);
+    return v;
+  }
+  std::string get_str() {
+    const auto v = get_vec<char>();
+    return std::string(v.begin(), v.end());
+  }
+};
+}  // namespace
+
+bool Engine::sync_intake(std::vector<Pending>& intake, std::vector<int64_t>& aborts, bool closing) {
+  Tensor head = Tensor::empty({2}, DType::i64, MemCategory::comm);
+  Tensor body;
+  if (leader()) {
+    Writer w;
+    w.put(int64_t(intake.size()));
+    for (const Pending& p : intake) {
+      const Request& r = p.req;
+      const SamplingParams& sp = r.params;
+      w.put(p.id);
+      w.put(r.seed);
+      w.put(r.max_tokens);
+      w.put(r.spec_k);
+      w.put_vec(r.prompt);
+      w.put(sp.temperature);
+      w.put(sp.top_k);
+      w.put(sp.top_p);
+      w.put(sp.max_tokens);
+      w.put(uint8_t(sp.speculate));
+      w.put_vec(sp.stop_token_ids);
+      w.put(int64_t(sp.stop.size()));
+      for (const auto& str : sp.stop) w.put_str(str);
+    }
+    w.put_vec(aborts);
+    head.data<int64_t>()[0] = int64_t(w.b.size());
+    head.data<int64_t>()[1] = closing ? 1 : 0;
+    tp_->broadcast(head, 0);
+    body = Tensor::empty({int64_t(w.b.size())}, DType::u8, MemCategory::comm);
+    std::memcpy(body.raw(), w.b.data(), w.b.size());
+    tp_->broadcast(body, 0);
+  } else {
+    tp_->broadcast(head, 0);
+    body = Tensor::empty({head.data<int64_t>()[0]}, DType::u8, MemCategory::comm);
+    tp_->broadcast(body, 0);
+    Reader rd{static_cast<const uint8_t*>(body.raw())};
+    const int64_t n = rd.get<int64_t>();
+    for (int64_t i = 0; i < n; ++i) {
+      Pending p;
+      Request& r = p.req;
+      p.id = rd.get<int64_t>();
+      r.seed = rd.get<uint64_t>();
+      r.max_tokens = rd.get<int64_t>();
+      r.spec_k = rd.get<int64_t>();
+      r.prompt = rd.get_vec<int32_t>();
+      SamplingParams& sp = r.params;
+      sp.temperature = rd.get<double>();
+      sp.top_k = rd.get<int64_t>();
+      sp.top_p = rd.get<double>();
+      sp.max_tokens = rd.get<int64_t>();
+      sp.speculate = rd.get<uint8_t>() != 0;
+      sp.stop_token_ids = rd.get_vec<int32_t>();
+      const int64_t ns = rd.get<int64_t>();
+      for (int64_t k = 0; k < ns; ++k) sp.stop.push_back(rd.get_str());
+      sp.seed = r.seed;
+      intake.push_back(std::move(p));
+      ++in_flight_;
+    }
+    aborts = rd.get_vec<int64_t>();
+  }
+  if (head.data<int64_t>()[1] != 0) closed_ = true;
+  return !closed_;
+}
 
 int64_t Engine::add_request(std::vector<int32_t> prompt, const SamplingParams& params,
                             TokenCallback callback) {
+  LOOM_CHECK(leader(), "engine", "requests of a tensor-parallel engine are added on rank 0, which leads; rank ",
+             tp_ ? tp_->rank() : 0, " follows it (follow())");
+  LOOM_CHECK(!closed_, "engine", "the engine was closed; no more requests");
   params.validate();
   const model::ModelConfig& mc = model_.config();
   const int64_t len = int64_t(prompt.size());
@@ -138,6 +264,7 @@ void Engine::admit_pending(std::vector<RequestOutput>& done) {
     intake.swap(intake_);
     aborts.swap(aborts_);
   }
+  if (tp_) sync_intake(intake, aborts, /*closing=*/false);
   for (auto& p : intake) {
     prompt_tokens_ += int64_t(p.req.prompt.size());
     sched_->add(p.id, p.req.prompt);
@@ -353,7 +480,9 @@ void Engine::sample_all(const StepPlan& plan, const Tensor& logits,
 
 std::vector<RequestOutput> Engine::step() {
   std::vector<RequestOutput> done;
+  LOOM_CHECK(!(closed_ && leader()), "engine", "step() after close(): the followers have been released");
   admit_pending(done);
+  if (closed_) return done;  // a follower released by the leader
   retire_finished_batch(done);  // an abort may have ended a padded batch
   if (proposer_) propose();
   StepPlan plan = sched_->schedule();

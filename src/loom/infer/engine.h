@@ -3,6 +3,11 @@
 // streams each token to the request's callback (on the stepping thread) and retires finished
 // requests (in a padded static batch: all members together, when its longest member is
 // done). Also a blocking generate() for tools that run one request at a time.
+// Tensor parallel (EngineConfig::tp, a model holding one tp slice): every rank of the group
+// runs an Engine and they step together. Rank 0 leads: requests and aborts are added there
+// only, and each step first broadcasts what it admits, so every rank schedules, computes and
+// samples the same (the logits are all-gathered, the draws are pure functions); the other
+// ranks call follow() until the leader's close().
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -51,6 +56,9 @@ struct EngineConfig {
   const QuantizedModel* quant = nullptr;
   // Speculative decoding (speculative.h): off by default. Not with padded static batching.
   SpeculativeConfig speculative;
+  // The tensor-parallel group, when the model is a tp slice (its size and rank the slice's);
+  // outlives the engine.
+  const comm::Group* tp = nullptr;
 };
 
 // One streamed event. token is -1 when the event only ends the stream (a stop token, an
@@ -125,6 +133,13 @@ class Engine {
   std::vector<int32_t> generate(const std::vector<int32_t>& prompt, const SamplingParams& params,
                                 TokenCallback callback = {});
 
+  // Tensor parallel. follow(): a rank other than 0 steps with the leader until it closes;
+  // close(): the leader releases the followers (call it from the thread that steps, once no
+  // more steps will run; the destructor does when it was not called).
+  bool leader() const { return !tp_ || tp_->rank() == 0; }
+  void follow();
+  void close();
+
   const EngineConfig& config() const { return cfg_; }
   const model::ModelConfig& model_config() const { return model_.config(); }
   int64_t max_seq_len() const { return max_seq_len_; }  // EngineConfig::max_seq_len resolved
@@ -157,6 +172,9 @@ class Engine {
     Request req;
   };
   void admit_pending(std::vector<RequestOutput>& done);
+  // Tensor parallel: the leader broadcasts the intake and aborts it is about to admit (and
+  // whether it closes); the followers receive them in their place. Returns false on close.
+  bool sync_intake(std::vector<Pending>& intake, std::vector<int64_t>& aborts, bool closing);
   template <class T> void sample_all(const StepPlan& plan, const Tensor& logits,
                                      std::vector<RequestOutput>& done);
   // Retires a request; end_event sends the callback a closing event without a token.
@@ -185,6 +203,8 @@ class Engine {
   std::unique_ptr<Scheduler> sched_;
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<Proposer> proposer_;
+  const comm::Group* tp_ = nullptr;  // set when the group has more than one rank
+  bool closed_ = false;
   std::unordered_map<int64_t, Request> requests_;  // stepping thread only
 
   mutable std::mutex mu_;  // guards the intake, the abort list and the metrics snapshot

@@ -32,9 +32,21 @@ void ModelRunner::linear(const Tensor& x, const Tensor& w, const QuantizedMatrix
 
 ModelRunner::ModelRunner(const model::Decoder& model, KVCache& cache, int64_t max_tokens,
                          int64_t max_seqs, const QuantizedModel* quant, int64_t max_logit_rows,
-                         Allocator& alloc)
-    : model_(model), cfg_(model.config()), cache_(cache), quant_(quant), max_tokens_(max_tokens),
-      max_seqs_(max_seqs), max_logit_rows_(max_logit_rows > 0 ? max_logit_rows : max_seqs) {
+                         const comm::Group* tp, Allocator& alloc)
+    : model_(model), cfg_(model.config()), cache_(cache), quant_(quant), tp_(tp),
+      max_tokens_(max_tokens), max_seqs_(max_seqs), max_logit_rows_(max_logit_rows > 0 ? max_logit_rows : max_seqs) {
+  const model::ModelConfig kv = kv_cache_config(model);  // checks the split
+  tp_size_ = model.layout().slice().tp;
+  tp_rank_ = model.layout().slice().tp_rank;
+  LOOM_CHECK(tp_size_ == 1 || (tp && tp->size() == tp_size_ && tp->rank() == tp_rank_), "infer",
+             "the model is tensor-parallel slice ", tp_rank_, " of ", tp_size_,
+             " but the runner was given no tp group of that size and rank");
+  LOOM_CHECK(cache.k(0).size(1) == kv.n_kv_head, "infer", "the KV cache holds ", cache.k(0).size(1),
+             " kv heads per layer but this rank computes ", kv.n_kv_head, " (build it from kv_cache_config)");
+  H_ = cfg_.n_head / tp_size_;
+  KVH_ = kv.n_kv_head;
+  F_ = cfg_.d_ff / tp_size_;
+  if (tp_size_ > 1) vocab_rows_ = model::vocab_rows_per_rank(cfg_, tp_size_);
   const bool gpt2 = cfg_.family == Family::gpt2;
   // A token's experts must not depend on which other requests share its step.
   cfg_.moe.capacity_factor = 0;
@@ -53,8 +65,8 @@ ModelRunner::ModelRunner(const model::Decoder& model, KVCache& cache, int64_t ma
              " differs from the KV cache's ", dtype_name(cache.dtype()));
   LOOM_CHECK(!quant || (dt == DType::f32 && int64_t(quant->blocks.size()) == cfg_.n_layer), "runner",
              "quantized weights need an f32 model with one quantized block per layer");
-  const int64_t N = max_tokens, C = cfg_.d_model, D = cfg_.head_dim(), F = cfg_.d_ff;
-  const int64_t W = (cfg_.n_head + 2 * cfg_.n_kv_head) * D;
+  const int64_t N = max_tokens, C = cfg_.d_model, D = cfg_.head_dim(), F = F_;
+  const int64_t W = (H_ + 2 * KVH_) * D;
   const auto cat = MemCategory::activations;
   tok_ = Tensor::empty({N}, DType::i32, cat, alloc);
   pos_ = Tensor::empty({N}, DType::i32, cat, alloc);
@@ -63,7 +75,7 @@ ModelRunner::ModelRunner(const model::Decoder& model, KVCache& cache, int64_t ma
   mean_ = Tensor::empty({N}, dt, cat, alloc);
   rstd_ = Tensor::empty({N}, dt, cat, alloc);
   qkv_ = Tensor::empty({N, W}, dt, cat, alloc);
-  att_ = Tensor::empty({N, cfg_.n_head * D}, dt, cat, alloc);
+  att_ = Tensor::empty({N, H_ * D}, dt, cat, alloc);
   x_mid_ = Tensor::empty({N, C}, dt, cat, alloc);
   // The dense MLP buffers serve dense blocks and MoE blocks' shared experts.
   const int64_t Fm = std::max<int64_t>(cfg_.dense_mlp_width(F), 1);
@@ -79,9 +91,72 @@ ModelRunner::ModelRunner(const model::Decoder& model, KVCache& cache, int64_t ma
   lnf_mean_ = Tensor::empty({S}, dt, cat, alloc);
   lnf_rstd_ = Tensor::empty({S}, dt, cat, alloc);
   logits_ = Tensor::empty({S, cfg_.vocab_size}, dt, cat, alloc);
+  if (tp_size_ > 1) {
+    local_logits_ = Tensor::empty({S, vocab_rows_}, dt, cat, alloc);
+    gathered_ = Tensor::empty({tp_size_ * S * vocab_rows_}, dt, MemCategory::comm, alloc);
+  }
   slots_.reserve(size_t(N));
   pseqs_.reserve(size_t(S));
   sample_rows_.reserve(size_t(S));
+}
+
+model::ModelConfig ModelRunner::kv_cache_config(const model::Decoder& model) {
+  model::ModelConfig c = model.config();
+  const model::ModelSlice& sl = model.layout().slice();
+  if (sl.tp == 1) return c;
+  LOOM_CHECK(!c.moe.enabled(), "infer", "tensor-parallel inference of a Mixture-of-Experts model (", c.name,
+             ") is not supported; serve it on one rank (--tp 1)");
+  LOOM_CHECK(c.n_kv_head % sl.tp == 0, "infer", "--tp ", sl.tp, " does not divide model.n_kv_head=", c.n_kv_head,
+             ": the KV cache is split by key/value heads; use a tp that divides ", c.n_kv_head);
+  LOOM_CHECK(sl.first_layer == 0 && (sl.last_layer < 0 || sl.last_layer == c.n_layer) && sl.has_embedding &&
+                 sl.has_head, "infer", "inference needs every layer on each tensor-parallel rank (no pipeline stages)");
+  c.n_kv_head /= sl.tp;
+  return c;
+}
+
+void ModelRunner::all_reduce(const Tensor& t) const {
+  if (tp_size_ > 1) tp_->all_reduce(t);
+}
+
+// The vocabulary-parallel embedding: each rank adds the rows of the tokens its part of the
+// table holds (rank 0 also the positions), then the sum over the group.
+template <class T>
+void ModelRunner::embed_vocab_parallel(int64_t N) {
+  const int64_t C = cfg_.d_model, first = tp_rank_ * vocab_rows_;
+  const int32_t* tok = tok_.data<int32_t>();
+  const int32_t* pos = pos_.data<int32_t>();
+  const T* table = wte_.data<T>();
+  const T* ptable = wpe_.defined() && tp_rank_ == 0 ? wpe_.data<T>() : nullptr;
+  T* x = x_.data<T>();
+  for (int64_t n = 0; n < N; ++n) {
+    T* row = x + n * C;
+    const int64_t t = tok[n] - first;
+    if (t >= 0 && t < vocab_rows_)
+      std::copy(table + t * C, table + (t + 1) * C, row);
+    else
+      std::fill(row, row + C, T(0));
+    if (ptable)
+      for (int64_t c = 0; c < C; ++c) row[c] += ptable[int64_t(pos[n]) * C + c];
+  }
+  all_reduce(x_.narrow0(0, N));
+}
+
+// Rank r's [S, vocab_rows_] logits hold vocabulary columns [r * vocab_rows_, ...); the
+// all-gather stacks them by rank, and each row of logits_ is put back together in order
+// (the padding columns past the vocabulary dropped).
+template <class T>
+void ModelRunner::gather_logits(int64_t S) {
+  const int64_t R = vocab_rows_, V = cfg_.vocab_size;
+  const Tensor in = local_logits_.narrow0(0, S).view({S * R});
+  const Tensor out = gathered_.narrow0(0, tp_size_ * S * R);
+  tp_->all_gather(in, out);
+  const T* g = out.data<T>();
+  T* l = logits_.data<T>();
+  for (int64_t r = 0; r < tp_size_; ++r) {
+    const int64_t c0 = r * R, n = std::min(R, V - c0);
+    if (n <= 0) continue;
+    for (int64_t s = 0; s < S; ++s) std::copy(g + (r * S + s) * R, g + (r * S + s) * R + n, l + s * V + c0);
+  }
 }
 
 int64_t ModelRunner::logit_rows(const StepPlan& plan) {
@@ -113,12 +188,13 @@ int64_t ModelRunner::weight_bytes_per_token() const {
 template <class T>
 void ModelRunner::run_layers(int64_t N) {
   const bool gpt2 = cfg_.family == Family::gpt2;
-  const int64_t H = cfg_.n_head, KVH = cfg_.n_kv_head, D = cfg_.head_dim();
+  const int64_t H = H_, KVH = KVH_, D = cfg_.head_dim();
   const int64_t W = (H + 2 * KVH) * D, bs = cache_.block_size();
+  const bool bias_owner = tp_rank_ == 0;  // row-parallel biases are added once, before the sum
   const Tensor x = x_.narrow0(0, N), ln = ln_.narrow0(0, N), mean = mean_.narrow0(0, N);
   const Tensor rstd = rstd_.narrow0(0, N), qkv = qkv_.narrow0(0, N), att = att_.narrow0(0, N);
   const Tensor x_mid = x_mid_.narrow0(0, N);
-  const int64_t Fd = cfg_.d_ff, Fs = cfg_.moe.enabled() ? cfg_.shared_d_ff() : 0, G = gpt2 ? 1 : 2;
+  const int64_t Fd = F_, Fs = cfg_.moe.enabled() ? cfg_.shared_d_ff() : 0, G = gpt2 ? 1 : 2;
   const Tensor pos = pos_.narrow0(0, N);
   for (int l = 0; l < int(cfg_.n_layer); ++l) {
     const model::BlockWeights& w = w_[size_t(l)];
@@ -138,7 +214,8 @@ void ModelRunner::run_layers(int64_t N) {
     cpu::paged_kv_write<T>(q + H * D, q + (H + KVH) * D, W, slots_.data(), N, kc, vc, bs, KVH, D);
     cpu::paged_attention_forward<T>(q, W, kc, vc, bs, pseqs_.data(), int64_t(pseqs_.size()),
                                     att.data<T>(), H * D, H, KVH, D);
-    linear(att, w.proj_w, qb ? &qb->proj : nullptr, w.proj_b, x_mid);
+    linear(att, w.proj_w, qb ? &qb->proj : nullptr, bias_owner ? w.proj_b : Tensor{}, x_mid);
+    all_reduce(x_mid);
     ops::add_inplace(x_mid, x);
     if (gpt2)
       ops::layernorm_forward(x_mid, w.ln2_w, w.ln2_b, ln, mean, rstd, cfg_.norm_eps);
@@ -155,7 +232,8 @@ void ModelRunner::run_layers(int64_t N) {
         ops::gelu_forward(fc, act);
       else
         ops::swiglu_forward(fc, act);
-      linear(act, w.out_w, qb ? &qb->out : nullptr, w.out_b, x);
+      linear(act, w.out_w, qb ? &qb->out : nullptr, bias_owner ? w.out_b : Tensor{}, x);
+      all_reduce(x);  // MoE models run on one rank (kv_cache_config)
     }
     if (moe) model::moe_forward(cfg_, w, ln, moe_, x, /*accumulate=*/w.fc_w.defined());
     ops::add_inplace(x, x_mid);
@@ -188,8 +266,13 @@ int64_t ModelRunner::run_plan(const StepPlan& plan) {
     if (s.sample)
       for (int64_t i = s.num_spec; i >= 0; --i) sample_rows_.push_back(row - 1 - i);
   }
-  ops::embedding_forward(tok_.narrow0(0, N), pos_.narrow0(0, N), wte_, wpe_, x_.narrow0(0, N));
   const bool f32 = x_.dtype() == DType::f32;
+  if (tp_size_ == 1)
+    ops::embedding_forward(tok_.narrow0(0, N), pos_.narrow0(0, N), wte_, wpe_, x_.narrow0(0, N));
+  else if (f32)
+    embed_vocab_parallel<float>(N);
+  else
+    embed_vocab_parallel<double>(N);
   if (f32) run_layers<float>(N); else run_layers<double>(N);
   return N;
 }
@@ -207,7 +290,11 @@ Tensor ModelRunner::execute(const StepPlan& plan) {
     std::memcpy(xsb + size_t(i) * row_bytes, xb + size_t(sample_rows_[size_t(i)]) * row_bytes,
                 row_bytes);
   const Tensor logits = logits_.narrow0(0, S);
-  norm_and_head(xs_.narrow0(0, S), lnf_.narrow0(0, S), lnf_mean_.narrow0(0, S), lnf_rstd_.narrow0(0, S), logits);
+  norm_and_head(xs_.narrow0(0, S), lnf_.narrow0(0, S), lnf_mean_.narrow0(0, S), lnf_rstd_.narrow0(0, S),
+                tp_size_ > 1 ? local_logits_.narrow0(0, S) : logits);
+  if (tp_size_ > 1) {
+    if (x_.dtype() == DType::f32) gather_logits<float>(S); else gather_logits<double>(S);
+  }
   return logits;
 }
 
@@ -222,6 +309,7 @@ void ModelRunner::norm_and_head(const Tensor& x, const Tensor& ln, const Tensor&
 
 Tensor ModelRunner::execute_all_rows(const StepPlan& plan) {
   LOOM_CHECK(x_.dtype() == DType::f32, "runner", "execute_all_rows needs an f32 model");
+  LOOM_CHECK(tp_size_ == 1, "runner", "execute_all_rows runs on one rank (no tensor parallelism)");
   if (!all_logits_.defined())
     all_logits_ = Tensor::empty({max_tokens_, cfg_.vocab_size}, DType::f32, MemCategory::activations);
   const int64_t N = run_plan(plan);

@@ -4,9 +4,15 @@
 // model/block.cpp's math exactly; only attention differs (paged instead of dense). With a
 // QuantizedModel the block matrices (and the head, when it is quantized) run through the
 // quantized kernels (kernels/cpu/quant_linear.h) instead of the model's f32 weights.
+// Tensor parallel (a model holding tp slice r of tp, model/param_layout.h, and its tp group):
+// Megatron-style, each rank computes its heads and its part of the MLP, the attention output
+// projection and the MLP's second linear each end in one all-reduce; the token table and the
+// head are split by vocabulary rows (the embedding ends in an all-reduce, the logits are
+// all-gathered, so every rank samples from the same full rows).
 #pragma once
 #include <vector>
 
+#include "loom/comm/group.h"
 #include "loom/core/tensor.h"
 #include "loom/infer/kv_cache.h"
 #include "loom/infer/quant_weights.h"
@@ -23,9 +29,15 @@ class ModelRunner {
   // quant: quantized matrices of the same model (outlives the runner), or null for f32.
   // max_logit_rows: rows of logits one plan may ask for (0: max_seqs; speculative decoding
   // asks for num_spec + 1 per sequence).
+  // tp: the tensor-parallel group when the model is a tp slice (its size and rank those of
+  // the slice); the cache then holds this rank's n_kv_head / tp heads (kv_cache_config).
   ModelRunner(const model::Decoder& model, KVCache& cache, int64_t max_tokens, int64_t max_seqs,
               const QuantizedModel* quant = nullptr, int64_t max_logit_rows = 0,
-              Allocator& alloc = cpu_allocator());
+              const comm::Group* tp = nullptr, Allocator& alloc = cpu_allocator());
+
+  // The config a KV cache for this model's slice is built with: n_kv_head / tp heads. Throws
+  // "[infer] ..." when tp does not divide the heads or the model cannot be split.
+  static model::ModelConfig kv_cache_config(const model::Decoder& model);
 
   // Runs the plan (copy-on-write copies first) and returns logits [rows, V] for every
   // sequence with sample set, in plan order: its last num_spec + 1 tokens' rows (one row
@@ -44,6 +56,9 @@ class ModelRunner {
 
  private:
   template <class T> void run_layers(int64_t N);
+  template <class T> void embed_vocab_parallel(int64_t N);
+  template <class T> void gather_logits(int64_t S);
+  void all_reduce(const Tensor& t) const;
   // Fills the token, position and slot tables from the plan, embeds and runs every block;
   // x_ then holds the last layer's output of every token. Returns the plan's token count.
   int64_t run_plan(const StepPlan& plan);
@@ -57,6 +72,11 @@ class ModelRunner {
   model::ModelConfig cfg_;  // the model's, with MoE capacity off: inference routes dropless
   KVCache& cache_;
   const QuantizedModel* quant_;
+  const comm::Group* tp_;
+  int64_t tp_size_ = 1, tp_rank_ = 0;
+  int64_t H_, KVH_, F_;      // this rank's attention heads, kv heads and MLP width
+  int64_t vocab_rows_ = 0;   // tp: this rank's rows of the token table and head
+  Tensor local_logits_, gathered_;  // tp: [rows, vocab_rows_] and [tp, rows, vocab_rows_]
   int64_t max_tokens_, max_seqs_, max_logit_rows_;
   std::vector<model::BlockWeights> w_;
   Tensor wte_, wpe_, lnf_w_, lnf_b_, head_;

@@ -55,8 +55,9 @@ Decoder::Decoder(const ModelConfig& cfg, const DecoderOptions& opt, DType dtype,
       alloc_(alloc) {
   LOOM_CHECK(dtype == DType::f32 || dtype == DType::f64, "model",
              "training dtype must be f32 (or f64 for checks), got ", dtype_name(dtype));
-  LOOM_CHECK(layout_.slice().tp == 1 || dtype == DType::f32, "model",
-             "tensor parallelism runs in f32 only, got ", dtype_name(dtype));
+  // Tensor-parallel training's layers are f32 only; inference (no gradients) runs f64 too.
+  LOOM_CHECK(layout_.slice().tp == 1 || dtype == DType::f32 || !opt.allocate_flat_grads, "model",
+             "tensor-parallel training runs in f32 only, got ", dtype_name(dtype));
   set_options(opt);
   if (opt.allocate_flat_params)
     params_ = Tensor::zeros({layout_.total()}, dtype, MemCategory::params, alloc);

@@ -22,7 +22,7 @@ void copy_local_to_whole(const MeshCoord& coord, const model::ParamLayout& local
 void copy_local_range_to_whole(const MeshCoord& coord, const model::ParamLayout& local, const float* src, int64_t lo,
                                int64_t hi, const model::ParamLayout& whole_layout, const Tensor& whole);
 // Fills local_flat (laid out by `local`) with its elements of `whole` (laid out by whole_layout);
-// padding is zero.
+// padding is zero. f32, or f64 (both buffers the same type).
 void slice_whole_params(const model::ParamLayout& whole_layout, const Tensor& whole,
                         const model::ParamLayout& local, const Tensor& local_flat);
 
