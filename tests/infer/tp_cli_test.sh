@@ -22,6 +22,11 @@ head -c 60000 "$SRC/data/tinyshakespeare/input.txt" > "$WORK/in.txt"
   --set data.batch_size=4 --set data.seq_len=64 --set checkpoint.dir="$WORK/run" \
   --set log.metrics_path="$WORK/m.jsonl" --set log.progress=off > /dev/null
 
+"$LOOM" train "$SRC/configs/shakespeare.yaml" --set data.dir="$WORK/data" --set schedule.steps=30 \
+  --set data.batch_size=4 --set data.seq_len=64 --set checkpoint.dir="$WORK/draft" --set model.n_layer=1 \
+  --set model.d_model=64 --set model.n_head=2 --set model.d_ff=256 \
+  --set log.metrics_path="$WORK/d.jsonl" --set log.progress=off > /dev/null
+
 gen() { "$LOOM" generate --checkpoint "$WORK/run" --prompt "ROMEO: O Romeo" --max-tokens 48 "$@" 2>/dev/null; }
 tpgen() { local n="$1"; shift; "$LOOM" launch --nproc "$n" -- generate --checkpoint "$WORK/run" --prompt "ROMEO: O Romeo" \
   --max-tokens 48 --tp "$n" "$@" 2>"$WORK/tp.err"; }
@@ -36,6 +41,13 @@ got="$(tpgen 3 --temperature 0)"
 got="$(tpgen 2 --temperature 0 --speculative ngram,k=4)"
 [ "$got" = "$want" ] || { echo "tp=2 with n-gram speculation differs:"; echo "$want"; echo "$got"; exit 1; }
 grep -q "tensor-parallel over 2 ranks" "$WORK/tp.err" || { echo "no tp line:"; cat "$WORK/tp.err"; exit 1; }
+# A draft model: rank 0's proposals are broadcast, so even sampled speculative outputs equal
+# one process's with the same draft.
+for args in "--temperature 0" "--temperature 0.9 --seed 3"; do
+  want_spec="$(gen $args --speculative "draft=$WORK/draft")"
+  got="$(tpgen 2 $args --speculative "draft=$WORK/draft")"
+  [ "$got" = "$want_spec" ] || { echo "tp=2 with a draft ($args) differs:"; echo "$want_spec"; echo "$got"; exit 1; }
+done
 
 # serve --tp 2 on a free port: the completion's text equals generate's continuation.
 "$LOOM" launch --nproc 2 -- serve --checkpoint "$WORK/run" --port 0 --tp 2 --threads 1 --kv-cache-mb 4 \

@@ -400,8 +400,33 @@ void Engine::propose() {
     reqs.push_back(std::move(q));
   }
   if (reqs.empty()) return;
+  // Tensor parallel: every rank lists the same requests. n-gram proposals are integer work,
+  // the same everywhere; a draft's floats could differ between hosts (kernels chosen by CPU),
+  // so the leader's proposals are broadcast instead.
+  const bool from_leader = tp_ && sc.method == SpecMethod::draft;
   Stopwatch sw;
-  proposer_->propose(reqs);
+  if (!from_leader || leader()) proposer_->propose(reqs);
+  if (from_leader) {
+    Tensor head = Tensor::empty({1}, DType::i64, MemCategory::comm);
+    Writer w;
+    if (leader()) {
+      for (const ProposalRequest& q : reqs) {
+        w.put_vec(q.proposals);
+        w.put_vec(q.q);
+      }
+      head.data<int64_t>()[0] = int64_t(w.b.size());
+    }
+    tp_->broadcast(head, 0);
+    Tensor body = Tensor::empty({head.data<int64_t>()[0]}, DType::u8, MemCategory::comm);
+    if (leader()) std::memcpy(body.raw(), w.b.data(), w.b.size());
+    tp_->broadcast(body, 0);
+    Reader rd{static_cast<const uint8_t*>(body.raw())};
+    if (!leader())
+      for (ProposalRequest& q : reqs) {
+        q.proposals = rd.get_vec<int32_t>();
+        q.q = rd.get_vec<double>();
+      }
+  }
   spec_propose_s_ += sw.seconds();
   for (ProposalRequest& q : reqs) {
     if (q.proposals.empty()) continue;
