@@ -19,6 +19,9 @@ using namespace loom;
 using namespace loom::infer;
 using model::Family;
 using fixtures::random_tokens;
+using fixtures::Job;
+using fixtures::run_together;
+using fixtures::expect_all_blocks_free;
 
 namespace {
 
@@ -65,13 +68,6 @@ std::vector<int32_t> dense_greedy(model::Decoder& m, std::vector<int32_t> seq, i
 }
 
 EngineConfig roomy() { return fixtures::engine_config(256, 8, 256); }
-
-void expect_all_blocks_free(const Engine& e) {
-  const auto& pool = e.scheduler().kv().pool();
-  EXPECT_EQ(pool.num_free(), pool.num_blocks());
-  EXPECT_EQ(e.scheduler().kv().num_sequences(), 0);
-  EXPECT_FALSE(e.has_unfinished());
-}
 
 }  // namespace
 
@@ -130,12 +126,6 @@ TEST(ModelRunner, F32LogitsMatchDenseThroughPrefillAndDecode) {
 
 namespace {
 
-struct Job {
-  std::vector<int32_t> prompt;
-  SamplingParams params;
-  int arrive_step;
-};
-
 std::vector<Job> mixed_jobs() {
   std::vector<Job> jobs;
   const auto system = random_tokens(13, 100);  // a shared prefix of three full blocks and a bit
@@ -157,22 +147,6 @@ std::vector<Job> mixed_jobs() {
     jobs.push_back(j);
   }
   return jobs;
-}
-
-// Runs the jobs on one engine, adding each at its arrival step; returns outputs by job index.
-std::map<int, RequestOutput> run_together(Engine& e, const std::vector<Job>& jobs) {
-  std::map<int64_t, int> job_of;
-  std::map<int, RequestOutput> out;
-  for (int step = 0; out.size() < jobs.size(); ++step) {
-    if (step > 10000) {
-      ADD_FAILURE() << "no progress";
-      break;
-    }
-    for (size_t i = 0; i < jobs.size(); ++i)
-      if (jobs[i].arrive_step == step) job_of[e.add_request(jobs[i].prompt, jobs[i].params)] = int(i);
-    for (auto& o : e.step()) out[job_of.at(o.id)] = std::move(o);
-  }
-  return out;
 }
 
 }  // namespace

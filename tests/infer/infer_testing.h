@@ -1,6 +1,9 @@
 // Shared fixtures of the infer tests: a two-layer model small enough for f64, whose weights
 // make greedy decoding wander over the vocabulary, and random prompts.
 #pragma once
+#include <gtest/gtest.h>
+
+#include <map>
 #include <memory>
 #include <random>
 #include <vector>
@@ -82,6 +85,38 @@ inline SamplingParams greedy(int64_t n) {
   p.temperature = 0;
   p.max_tokens = n;
   return p;
+}
+
+// A request of a test workload, added to the engine at step arrive_step.
+struct Job {
+  std::vector<int32_t> prompt;
+  SamplingParams params;
+  int arrive_step = 0;
+};
+
+// Runs the jobs on one engine, adding each at its arrival step; returns outputs by job index.
+inline std::map<int, RequestOutput> run_together(Engine& e, const std::vector<Job>& jobs) {
+  std::map<int64_t, int> job_of;
+  std::map<int, RequestOutput> out;
+  for (int step = 0; out.size() < jobs.size(); ++step) {
+    if (step > 10000) {
+      ADD_FAILURE() << "no progress";
+      break;
+    }
+    for (size_t i = 0; i < jobs.size(); ++i)
+      if (jobs[i].arrive_step == step) job_of[e.add_request(jobs[i].prompt, jobs[i].params)] = int(i);
+    for (auto& o : e.step()) out[job_of.at(o.id)] = std::move(o);
+  }
+  return out;
+}
+
+// Every KV block (and the draft's, with speculation) back in its pool, nothing in flight.
+inline void expect_all_blocks_free(const Engine& e) {
+  const auto& pool = e.scheduler().kv().pool();
+  EXPECT_EQ(pool.num_free(), pool.num_blocks());
+  EXPECT_EQ(e.scheduler().kv().num_sequences(), 0);
+  EXPECT_EQ(e.metrics().draft_kv_blocks_used, 0);
+  EXPECT_FALSE(e.has_unfinished());
 }
 
 }  // namespace loom::infer::fixtures

@@ -8,11 +8,9 @@ LOOM="$1"
 SRC="$2"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
-head -c 60000 "$SRC/data/tinyshakespeare/input.txt" > "$WORK/in.txt"
-"$LOOM" prepare --input "$WORK/in.txt" --tokenizer byte --out "$WORK/data" > /dev/null
-"$LOOM" train "$SRC/configs/shakespeare.yaml" --set data.dir="$WORK/data" --set schedule.steps=30 \
-  --set data.batch_size=4 --set data.seq_len=64 --set checkpoint.dir="$WORK/run" \
-  --set log.metrics_path="$WORK/m.jsonl" --set log.progress=off > /dev/null
+source "$SRC/tests/infer/cli_helpers.sh"
+tiny_data
+train_tiny run
 summary() { grep '^SUMMARY' | sed 's/^SUMMARY //'; }
 field() { python3 -c "import json,sys; print(json.loads(sys.stdin.read())['$1'])"; }
 
@@ -55,14 +53,6 @@ out="$("$LOOM" bench infer --checkpoint "$WORK/q4" --mode continuous --requests 
 [ "$(echo "$out" | field quant)" = "int4 g32 head int8" ] || { echo "bench infer SUMMARY lacks the quant: $out"; exit 1; }
 echo "$out" | field prefill_tokens_per_s > /dev/null
 
-# refused WANT COMMAND...: fails (any non-zero status) saying WANT.
-refused() {
-  local want="$1" out rc=0
-  shift
-  out="$("$@" 2>&1)" || rc=$?
-  [ "$rc" != 0 ] || { echo "$* was accepted"; exit 1; }
-  case "$out" in *"$want"*) ;; *) echo "$*: expected \"$want\" in: $out"; exit 1 ;; esac
-}
 refused "[quantize] --to int3: expected int8, int4 or bf16" "$LOOM" quantize --checkpoint "$WORK/run" --to int3 --out "$WORK/x"
 refused "group" "$LOOM" quantize --checkpoint "$WORK/run" --to int4 --group 50 --out "$WORK/x"
 refused "is already quantized" "$LOOM" quantize --checkpoint "$WORK/q8" --to int4 --out "$WORK/x"

@@ -8,18 +8,11 @@ LOOM="$1"
 SRC="$2"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
-head -c 60000 "$SRC/data/tinyshakespeare/input.txt" > "$WORK/in.txt"
-"$LOOM" prepare --input "$WORK/in.txt" --tokenizer byte --out "$WORK/data" > /dev/null
-train() {
-  local out="$1"
-  shift
-  "$LOOM" train "$SRC/configs/shakespeare.yaml" --set data.dir="$WORK/data" --set schedule.steps=30 \
-    --set data.batch_size=4 --set data.seq_len=64 --set checkpoint.dir="$WORK/$out" \
-    --set log.metrics_path="$WORK/$out.jsonl" --set log.progress=off "$@" > /dev/null
-}
-train target
-train draft --set model.n_layer=1 --set model.d_model=64 --set model.n_head=2 --set model.d_ff=256
-train wide --set model.vocab_size=300 --set model.n_layer=1 --set model.d_model=64 --set model.n_head=2 \
+source "$SRC/tests/infer/cli_helpers.sh"
+tiny_data
+train_tiny target
+train_tiny draft --set model.n_layer=1 --set model.d_model=64 --set model.n_head=2 --set model.d_ff=256
+train_tiny wide --set model.vocab_size=300 --set model.n_layer=1 --set model.d_model=64 --set model.n_head=2 \
   --set model.d_ff=256
 
 gen() { "$LOOM" generate --checkpoint "$WORK/target" --prompt "ROMEO: O Romeo, Romeo" --max-tokens 60 "$@" 2>"$WORK/gen.err"; }
@@ -39,14 +32,6 @@ out="$("$LOOM" bench infer --checkpoint "$WORK/target" --speculative "draft=$WOR
 echo "$out" | grep -q '^SUMMARY .*"plain_tokens_per_s".*"spec_tokens_per_s".*"acceptance".*"greedy_identical":2,.*"low_spec_p99_e2e_ms".*"high_spec_tokens_per_s"' \
   || { echo "bench infer --speculative SUMMARY incomplete:"; echo "$out"; exit 1; }
 
-# refused WANT COMMAND...: fails (any non-zero status) saying WANT.
-refused() {
-  local want="$1" out rc=0
-  shift
-  out="$("$@" 2>&1)" || rc=$?
-  [ "$rc" != 0 ] || { echo "$* was accepted"; exit 1; }
-  case "$out" in *"$want"*) ;; *) echo "$*: expected \"$want\" in: $out"; exit 1 ;; esac
-}
 gen2() { "$LOOM" generate --checkpoint "$WORK/target" --prompt "ROMEO:" --max-tokens 8 "$@"; }
 refused "k=0 must be at least 1" gen2 --speculative ngram,k=0
 refused "it must start with draft=DIR or ngram" gen2 --speculative eagle

@@ -18,6 +18,9 @@ using namespace loom;
 using namespace loom::infer;
 using model::Family;
 using fixtures::random_tokens;
+using fixtures::Job;
+using fixtures::run_together;
+using fixtures::expect_all_blocks_free;
 
 namespace {
 
@@ -41,12 +44,6 @@ SpeculativeConfig spec_config(Prop p, const model::Decoder* draft, int64_t k = 3
   return s;
 }
 
-struct Job {
-  std::vector<int32_t> prompt;
-  SamplingParams params;
-  int arrive_step;
-};
-
 // Greedy jobs; prompts that repeat a phrase (n-gram lookup finds continuations), a shared
 // system prefix, one request that does not speculate.
 std::vector<Job> greedy_jobs() {
@@ -63,29 +60,6 @@ std::vector<Job> greedy_jobs() {
     jobs.push_back(j);
   }
   return jobs;
-}
-
-std::map<int, RequestOutput> run_together(Engine& e, const std::vector<Job>& jobs) {
-  std::map<int64_t, int> job_of;
-  std::map<int, RequestOutput> out;
-  for (int step = 0; out.size() < jobs.size(); ++step) {
-    if (step > 10000) {
-      ADD_FAILURE() << "no progress";
-      break;
-    }
-    for (size_t i = 0; i < jobs.size(); ++i)
-      if (jobs[i].arrive_step == step) job_of[e.add_request(jobs[i].prompt, jobs[i].params)] = int(i);
-    for (auto& o : e.step()) out[job_of.at(o.id)] = std::move(o);
-  }
-  return out;
-}
-
-void expect_all_blocks_free(const Engine& e) {
-  const auto& pool = e.scheduler().kv().pool();
-  EXPECT_EQ(pool.num_free(), pool.num_blocks());
-  EXPECT_EQ(e.scheduler().kv().num_sequences(), 0);
-  EXPECT_EQ(e.metrics().draft_kv_blocks_used, 0);
-  EXPECT_FALSE(e.has_unfinished());
 }
 
 }  // namespace

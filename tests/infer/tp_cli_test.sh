@@ -16,16 +16,10 @@ cleanup() {
 }
 trap cleanup EXIT
 export OMP_NUM_THREADS=1
-head -c 60000 "$SRC/data/tinyshakespeare/input.txt" > "$WORK/in.txt"
-"$LOOM" prepare --input "$WORK/in.txt" --tokenizer byte --out "$WORK/data" > /dev/null
-"$LOOM" train "$SRC/configs/shakespeare.yaml" --set data.dir="$WORK/data" --set schedule.steps=30 \
-  --set data.batch_size=4 --set data.seq_len=64 --set checkpoint.dir="$WORK/run" \
-  --set log.metrics_path="$WORK/m.jsonl" --set log.progress=off > /dev/null
-
-"$LOOM" train "$SRC/configs/shakespeare.yaml" --set data.dir="$WORK/data" --set schedule.steps=30 \
-  --set data.batch_size=4 --set data.seq_len=64 --set checkpoint.dir="$WORK/draft" --set model.n_layer=1 \
-  --set model.d_model=64 --set model.n_head=2 --set model.d_ff=256 \
-  --set log.metrics_path="$WORK/d.jsonl" --set log.progress=off > /dev/null
+source "$SRC/tests/infer/cli_helpers.sh"
+tiny_data
+train_tiny run
+train_tiny draft --set model.n_layer=1 --set model.d_model=64 --set model.n_head=2 --set model.d_ff=256
 
 gen() { "$LOOM" generate --checkpoint "$WORK/run" --prompt "ROMEO: O Romeo" --max-tokens 48 "$@" 2>/dev/null; }
 tpgen() { local n="$1"; shift; "$LOOM" launch --nproc "$n" -- generate --checkpoint "$WORK/run" --prompt "ROMEO: O Romeo" \
@@ -82,13 +76,6 @@ grep -q "stopped: 1 requests finished" "$WORK/serve.out" || { echo "serve did no
 out="$("$LOOM" launch --nproc 2 -- bench infer --tp 2 --checkpoint "$WORK/run" --batch1-tokens 12 --prefill-tokens 32 2>/dev/null)"
 echo "$out" | grep -q '^SUMMARY .*"tp":2,.*"batch1_tokens_per_s".*"prefill_tokens_per_s"' || { echo "bench infer --tp 2:"; echo "$out"; exit 1; }
 
-refused() {
-  local want="$1" out rc=0
-  shift
-  out="$("$@" 2>&1)" || rc=$?
-  [ "$rc" != 0 ] || { echo "$* was accepted"; exit 1; }
-  case "$out" in *"$want"*) ;; *) echo "$*: expected \"$want\" in: $out"; exit 1 ;; esac
-}
 refused "--tp 4 does not divide model.n_head=6" "$LOOM" launch --nproc 4 -- generate --checkpoint "$WORK/run" \
   --prompt "A" --tp 4
 refused "--tp 2 needs 2 processes, one per slice, but 1 is running; start it as loom launch --nproc 2" \

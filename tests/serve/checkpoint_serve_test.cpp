@@ -42,6 +42,19 @@ std::string train_checkpoint(const std::string& dir) {
   return r.last_checkpoint;
 }
 
+// The greedy completion of `prompt` by an offline engine on model m, as the server renders it.
+std::string greedy_text(const model::Decoder& m, const std::string& prompt, int64_t max_tokens) {
+  ByteTokenizer tok;
+  GenerationRequest g;
+  g.prompt = tok.encode(prompt);
+  g.max_tokens = max_tokens;
+  g.sampling.temperature = 0;
+  infer::EngineConfig ec;
+  ec.kv_cache_bytes = 4 << 20;
+  infer::Engine offline(m, ec);
+  return render_completion(tok, offline.generate(g.prompt, to_infer_params(g, -1)), {});
+}
+
 TEST(ServeCheckpoint, ServesTheTrainedWeights) {
   const std::string dir = loom::testing::temp_dir("serve_checkpoint");
   const std::string step_dir = train_checkpoint(dir);
@@ -49,22 +62,10 @@ TEST(ServeCheckpoint, ServesTheTrainedWeights) {
   const model::ModelConfig mc = train::checkpoint_model_config(step_dir);
   model::Decoder model(mc);
   train::load_checkpoint_weights(step_dir, model);
-
-  ByteTokenizer tok;
-  GenerationRequest g;
-  g.prompt = tok.encode("Hello");
-  g.max_tokens = 20;
-  g.sampling.temperature = 0;
-  infer::EngineConfig ec;
-  ec.kv_cache_bytes = 4 << 20;
-  auto greedy_text = [&](const model::Decoder& m) {
-    infer::Engine offline(m, ec);
-    return render_completion(tok, offline.generate(g.prompt, to_infer_params(g, -1)), {});
-  };
-  const std::string want = greedy_text(model);
+  const std::string want = greedy_text(model, "Hello", 20);
   model::Decoder other(mc);  // the weights the server would have without the checkpoint
   other.init_weights(1337);
-  ASSERT_NE(greedy_text(other), want);
+  ASSERT_NE(greedy_text(other, "Hello", 20), want);
 
   ServerProcess proc({"--checkpoint", dir + "/ck", "--threads", "1", "--kv-cache-mb", "4"});
   ASSERT_TRUE(proc.wait_ready()) << proc.output();
@@ -97,15 +98,7 @@ TEST(ServeCheckpoint, SpeculativeServingReturnsThePlainOutputs) {
   const model::ModelConfig mc = train::checkpoint_model_config(step_dir);
   model::Decoder model(mc);
   train::load_checkpoint_weights(step_dir, model);
-  ByteTokenizer tok;
-  GenerationRequest g;
-  g.prompt = tok.encode("to be or to be");
-  g.max_tokens = 16;
-  g.sampling.temperature = 0;
-  infer::EngineConfig ec;
-  ec.kv_cache_bytes = 4 << 20;
-  infer::Engine offline(model, ec);
-  const std::string want = render_completion(tok, offline.generate(g.prompt, to_infer_params(g, -1)), {});
+  const std::string want = greedy_text(model, "to be or to be", 16);
   for (const std::string& spec : std::vector<std::string>{"ngram,k=4", "draft=" + step_dir + ",k=3"}) {
     ServerProcess proc({"--checkpoint", dir + "/ck", "--threads", "1", "--kv-cache-mb", "4", "--speculative", spec});
     ASSERT_TRUE(proc.wait_ready()) << proc.output();

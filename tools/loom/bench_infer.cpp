@@ -133,33 +133,6 @@ std::vector<WorkItem> make_workload(int64_t n, double rate, const LengthDist& pl
   return w;
 }
 
-// Runs the modes side by side, always advancing the one whose clock is behind.
-std::vector<ModeResult> run_modes(const model::Decoder& m, const infer::EngineConfig& cfg,
-                                  const std::vector<Flavour>& flavours,
-                                  const std::vector<WorkItem>& work, double temperature,
-                                  int64_t max_len) {
-  std::vector<std::unique_ptr<ModeRun>> runs;
-  for (const Flavour& f : flavours)
-    runs.push_back(std::make_unique<ModeRun>(m, cfg, f, work, temperature, max_len));
-  double last_report = now_seconds();
-  for (;;) {
-    ModeRun* behind = nullptr;
-    for (auto& r : runs)
-      if (!r->done() && (!behind || r->clock() < behind->clock())) behind = r.get();
-    if (!behind) break;
-    behind->advance();
-    if (now_seconds() - last_report > 10.0) {
-      last_report = now_seconds();
-      std::string line;
-      for (auto& r : runs) line += r->progress() + "   ";
-      std::fprintf(stderr, "%s\n", line.c_str());
-    }
-  }
-  std::vector<ModeResult> out;
-  for (auto& r : runs) out.push_back(r->result());
-  return out;
-}
-
 double padding_pct(const ModeResult& r) {
   const double rows = double(r.decode_rows + r.padding_rows);
   return rows > 0 ? 100.0 * double(r.padding_rows) / rows : 0;
@@ -425,7 +398,8 @@ int bench_infer(const std::vector<std::string>& argv) {
   }
   if (mode != "static") flavours.push_back({BatchingMode::continuous, policy, "continuous", "continuous"});
   const std::vector<ModeResult> results =
-      run_modes(m, cfg, flavours, work, temperature, plen.max() + olen.max());
+      run_side_by_side(m, std::vector<infer::EngineConfig>(flavours.size(), cfg), flavours, work, temperature,
+                       plen.max() + olen.max());
   print_table(results);
 
   Batch1 b1;

@@ -4,6 +4,8 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -166,5 +168,33 @@ class ModeRun {
   double clock_ = 0;
   ModeResult r_;
 };
+
+// Runs one ModeRun per (config, flavour) side by side, always advancing the one whose clock
+// is behind, with a progress line on stderr every 10 s.
+inline std::vector<ModeResult> run_side_by_side(const model::Decoder& m, const std::vector<infer::EngineConfig>& cfgs,
+                                                const std::vector<Flavour>& flavours,
+                                                const std::vector<WorkItem>& work, double temperature,
+                                                int64_t max_len) {
+  std::vector<std::unique_ptr<ModeRun>> runs;
+  for (size_t i = 0; i < flavours.size(); ++i)
+    runs.push_back(std::make_unique<ModeRun>(m, cfgs[i], flavours[i], work, temperature, max_len));
+  double last_report = now_seconds();
+  for (;;) {
+    ModeRun* behind = nullptr;
+    for (auto& r : runs)
+      if (!r->done() && (!behind || r->clock() < behind->clock())) behind = r.get();
+    if (!behind) break;
+    behind->advance();
+    if (now_seconds() - last_report > 10.0) {
+      last_report = now_seconds();
+      std::string line;
+      for (auto& r : runs) line += r->progress() + "   ";
+      std::fprintf(stderr, "%s\n", line.c_str());
+    }
+  }
+  std::vector<ModeResult> out;
+  for (auto& r : runs) out.push_back(r->result());
+  return out;
+}
 
 }  // namespace loom::cli

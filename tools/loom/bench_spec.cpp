@@ -87,29 +87,6 @@ double tokens_per_forward(int64_t decode_rows, int64_t verifications, int64_t ac
   return forwards > 0 ? double(forwards + accepted) / double(forwards) : 0;
 }
 
-std::vector<ModeResult> serve_side_by_side(const model::Decoder& m, const infer::EngineConfig& plain,
-                                           const infer::EngineConfig& spec, const std::vector<WorkItem>& work,
-                                           double temperature, int64_t max_len, const char* label) {
-  std::vector<std::unique_ptr<ModeRun>> runs;
-  runs.push_back(std::make_unique<ModeRun>(m, plain, Flavour{BatchingMode::continuous, StaticPolicy::padded, "plain", "plain"},
-                                           work, temperature, max_len));
-  runs.push_back(std::make_unique<ModeRun>(m, spec, Flavour{BatchingMode::continuous, StaticPolicy::padded, "speculative", "spec"},
-                                           work, temperature, max_len));
-  double last_report = now_seconds();
-  for (;;) {
-    ModeRun* behind = nullptr;
-    for (auto& r : runs)
-      if (!r->done() && (!behind || r->clock() < behind->clock())) behind = r.get();
-    if (!behind) break;
-    behind->advance();
-    if (now_seconds() - last_report > 10.0) {
-      last_report = now_seconds();
-      std::fprintf(stderr, "[%s] %s   %s\n", label, runs[0]->progress().c_str(), runs[1]->progress().c_str());
-    }
-  }
-  return {runs[0]->result(), runs[1]->result()};
-}
-
 }  // namespace
 
 int bench_infer_speculative(const Args& a, int threads) {
@@ -227,7 +204,11 @@ int bench_infer_speculative(const Args& a, int threads) {
         work[i].prompt = load_prompts[i];
         work[i].output_len = olen;
       }
-      const auto rs2 = serve_side_by_side(m, plain, with, work, temperature, plen + olen, load);
+      const auto rs2 = run_side_by_side(
+          m, {plain, with},
+          {Flavour{BatchingMode::continuous, StaticPolicy::padded, "plain", "plain"},
+           Flavour{BatchingMode::continuous, StaticPolicy::padded, "speculative", "spec"}},
+          work, temperature, plen + olen);
       for (const ModeResult& r : rs2)
         std::printf("%-12s %-12s %12.2f %12.1f %12.1f %12.1f %12s\n",
                     low ? "low" : "saturation", r.mode.c_str(),

@@ -18,14 +18,9 @@ using namespace loom;
 using namespace loom::infer;
 using fixtures::random_tokens;
 using model::Family;
+using fixtures::Job;
 
 namespace {
-
-struct Job {
-  std::vector<int32_t> prompt;
-  SamplingParams params;
-  int arrive_step;
-};
 
 std::vector<Job> jobs() {
   std::vector<Job> out;
@@ -60,17 +55,11 @@ EngineConfig tight() {
 
 // Rank 0: runs the jobs, adding each at its step; the others follow.
 std::map<int, RequestOutput> run(Engine& e, const std::vector<Job>& js) {
-  std::map<int, RequestOutput> out;
   if (!e.leader()) {
     e.follow();
-    return out;
+    return {};
   }
-  std::map<int64_t, int> job_of;
-  for (int step = 0; out.size() < js.size() && step < 10000; ++step) {
-    for (size_t i = 0; i < js.size(); ++i)
-      if (js[i].arrive_step == step) job_of[e.add_request(js[i].prompt, js[i].params)] = int(i);
-    for (auto& o : e.step()) out[job_of.at(o.id)] = std::move(o);
-  }
+  auto out = fixtures::run_together(e, js);
   e.close();
   return out;
 }

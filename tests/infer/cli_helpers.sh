@@ -1,0 +1,27 @@
+# Shared by the inference CLI tests (sourced after LOOM, SRC and WORK are set): a tiny
+# byte-level corpus and models trained on it briefly, and refusal checks.
+
+# tiny_data: WORK/data, the first 60000 bytes of Tiny Shakespeare in bytes.
+tiny_data() {
+  head -c 60000 "$SRC/data/tinyshakespeare/input.txt" > "$WORK/in.txt"
+  "$LOOM" prepare --input "$WORK/in.txt" --tokenizer byte --out "$WORK/data" > /dev/null
+}
+
+# train_tiny NAME [--set KEY=VALUE]...: WORK/NAME, the demo model (or its overrides) after 30
+# steps of 4 x 64 tokens on WORK/data.
+train_tiny() {
+  local name="$1"
+  shift
+  "$LOOM" train "$SRC/configs/shakespeare.yaml" --set data.dir="$WORK/data" --set schedule.steps=30 \
+    --set data.batch_size=4 --set data.seq_len=64 --set checkpoint.dir="$WORK/$name" \
+    --set log.metrics_path="$WORK/$name.jsonl" --set log.progress=off "$@" > /dev/null
+}
+
+# refused WANT COMMAND...: COMMAND fails (any non-zero status) saying WANT.
+refused() {
+  local want="$1" out rc=0
+  shift
+  out="$("$@" 2>&1)" || rc=$?
+  [ "$rc" != 0 ] || { echo "$* was accepted"; exit 1; }
+  case "$out" in *"$want"*) ;; *) echo "$*: expected \"$want\" in: $out"; exit 1 ;; esac
+}
