@@ -373,6 +373,16 @@ void Engine::adapt_k(Request& r, int64_t proposed, int64_t accepted) const {
     r.spec_k = sc.k;
     return;
   }
+  // Below kMinAcceptance a proposal costs more than it returns (its row of the target's
+  // forward, the draft's step): the request stops proposing and probes with one proposal
+  // every kProbeEvery steps.
+  constexpr double kMinAcceptance = 0.25;
+  constexpr int64_t kProbeEvery = 8;
+  if (r.spec_accepted / (r.spec_accepted + r.spec_rejected) < kMinAcceptance && r.spec_rejected >= 2) {
+    r.spec_k = 0;
+    r.spec_wait = kProbeEvery;
+    return;
+  }
   const double run = r.spec_accepted / r.spec_rejected;
   r.spec_k = std::clamp<int64_t>(int64_t(std::llround(run)) + 1, 1, sc.k);
 }
@@ -386,9 +396,10 @@ void Engine::propose() {
     if (!sched_->decoding(id)) continue;
     Request& r = requests_.at(id);
     if (!r.params.speculate) continue;
+    if (r.spec_k == 0 && --r.spec_wait > 0) continue;  // adapt_k turned it off; probe now and then
     const std::vector<int32_t>& toks = sched_->tokens(id);
     const int64_t out = int64_t(r.output.size());
-    const int64_t k = std::min({r.spec_k, r.max_tokens - out - 1, max_seq_len_ - int64_t(toks.size())});
+    const int64_t k = std::min({std::max<int64_t>(r.spec_k, 1), r.max_tokens - out - 1, max_seq_len_ - int64_t(toks.size())});
     if (k < 1) continue;
     ProposalRequest q;
     q.id = id;

@@ -160,11 +160,12 @@ class Engine {
     int32_t held_stop_token = -1;
     std::string held_stop_string;
     // Speculative decoding: the proposals handed to the scheduler (and the distributions
-    // they were drawn from), the request's current k, and its decayed counts of accepted
-    // proposals and of rejections (its acceptance rate, for adaptive k).
+    // they were drawn from), the request's current k (0: off, probing when spec_wait steps
+    // have passed), and its decayed counts of accepted proposals and of rejections (its
+    // acceptance rate, for adaptive k).
     std::vector<int32_t> proposals;
     std::vector<double> proposal_q;
-    int64_t spec_k = 0;
+    int64_t spec_k = 0, spec_wait = 0;
     double spec_accepted = 0, spec_rejected = 0;
   };
   struct Pending {

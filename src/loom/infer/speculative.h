@@ -34,7 +34,9 @@ struct SpeculativeConfig {
   int64_t k = 4;          // proposals per sequence and step, at most
   int64_t ngram_max = 3;  // n-gram: match the sequence's last n tokens, n from ngram_max
   int64_t ngram_min = 1;  //   down to ngram_min, at their most recent earlier occurrence
-  bool adaptive = true;   // each request's k follows its measured acceptance (1..k)
+  // Each request's k follows its measured acceptance (1..k); below 25% it stops proposing,
+  // with one probe every 8 steps.
+  bool adaptive = true;
   // No proposals in a step where more sequences than this decode: a large batch is
   // compute-bound, and scoring proposals there costs more than it saves. 0: no limit.
   int64_t max_batch = 8;
