@@ -76,7 +76,7 @@ grep -q "stopped: 1 requests finished" "$WORK/serve.out" || { echo "serve did no
 out="$("$LOOM" launch --nproc 2 -- bench infer --tp 2 --checkpoint "$WORK/run" --batch1-tokens 12 --prefill-tokens 32 2>/dev/null)"
 echo "$out" | grep -q '^SUMMARY .*"tp":2,.*"batch1_tokens_per_s".*"prefill_tokens_per_s"' || { echo "bench infer --tp 2:"; echo "$out"; exit 1; }
 
-refused "--tp 4 does not divide model.n_head=6" "$LOOM" launch --nproc 4 -- generate --checkpoint "$WORK/run" \
+refused "[config] --tp=4 does not divide model.n_head=6" "$LOOM" launch --nproc 4 -- generate --checkpoint "$WORK/run" \
   --prompt "A" --tp 4
 refused "--tp 2 needs 2 processes, one per slice, but 1 is running; start it as loom launch --nproc 2" \
   "$LOOM" generate --checkpoint "$WORK/run" --prompt "A" --tp 2

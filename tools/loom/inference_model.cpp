@@ -47,14 +47,7 @@ model::DecoderOptions inference_options(const comm::Group* tp = nullptr) {
 
 // The model's tensor-parallel slice for this rank, checked as the engine will check it.
 std::unique_ptr<model::Decoder> tp_slice(const model::ModelConfig& cfg, const comm::Group& tp) {
-  try {
-    model::check_tensor_parallel(cfg, tp.size());
-  } catch (const Error&) {
-    LOOM_CHECK(cfg.n_head % tp.size() == 0, "infer", "--tp ", tp.size(), " does not divide model.n_head=", cfg.n_head,
-               ": attention is split by heads; use a tp that divides ", cfg.n_head);
-    fail("infer", "--tp ", tp.size(), " does not divide model.d_ff=", cfg.d_ff,
-         ": the MLP is split along its hidden dimension; use a tp that divides ", cfg.d_ff);
-  }
+  model::check_tensor_parallel(cfg, tp.size(), "--tp");
   auto m = std::make_unique<model::Decoder>(cfg, inference_options(&tp));
   infer::ModelRunner::kv_cache_config(*m);  // the kv-head split, MoE
   return m;

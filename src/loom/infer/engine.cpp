@@ -142,11 +142,20 @@ struct Reader {
 };
 }  // namespace
 
+void Engine::share_from_leader(std::vector<uint8_t>& bytes) const {
+  Tensor head = Tensor::empty({1}, DType::i64, MemCategory::comm);
+  if (leader()) head.data<int64_t>()[0] = int64_t(bytes.size());
+  tp_->broadcast(head, 0);
+  Tensor body = Tensor::empty({head.data<int64_t>()[0]}, DType::u8, MemCategory::comm);
+  if (leader()) std::memcpy(body.raw(), bytes.data(), bytes.size());
+  tp_->broadcast(body, 0);
+  if (!leader()) bytes.assign(static_cast<const uint8_t*>(body.raw()), static_cast<const uint8_t*>(body.raw()) + body.numel());
+}
+
 bool Engine::sync_intake(std::vector<Pending>& intake, std::vector<int64_t>& aborts, bool closing) {
-  Tensor head = Tensor::empty({2}, DType::i64, MemCategory::comm);
-  Tensor body;
+  Writer w;
   if (leader()) {
-    Writer w;
+    w.put(uint8_t(closing));
     w.put(int64_t(intake.size()));
     for (const Pending& p : intake) {
       const Request& r = p.req;
@@ -166,17 +175,11 @@ bool Engine::sync_intake(std::vector<Pending>& intake, std::vector<int64_t>& abo
       for (const auto& str : sp.stop) w.put_str(str);
     }
     w.put_vec(aborts);
-    head.data<int64_t>()[0] = int64_t(w.b.size());
-    head.data<int64_t>()[1] = closing ? 1 : 0;
-    tp_->broadcast(head, 0);
-    body = Tensor::empty({int64_t(w.b.size())}, DType::u8, MemCategory::comm);
-    std::memcpy(body.raw(), w.b.data(), w.b.size());
-    tp_->broadcast(body, 0);
-  } else {
-    tp_->broadcast(head, 0);
-    body = Tensor::empty({head.data<int64_t>()[0]}, DType::u8, MemCategory::comm);
-    tp_->broadcast(body, 0);
-    Reader rd{static_cast<const uint8_t*>(body.raw())};
+  }
+  share_from_leader(w.b);
+  Reader rd{w.b.data()};
+  closing = rd.get<uint8_t>() != 0;
+  if (!leader()) {
     const int64_t n = rd.get<int64_t>();
     for (int64_t i = 0; i < n; ++i) {
       Pending p;
@@ -201,7 +204,7 @@ bool Engine::sync_intake(std::vector<Pending>& intake, std::vector<int64_t>& abo
     }
     aborts = rd.get_vec<int64_t>();
   }
-  if (head.data<int64_t>()[1] != 0) closed_ = true;
+  if (closing) closed_ = true;
   return !closed_;
 }
 
@@ -418,20 +421,14 @@ void Engine::propose() {
   Stopwatch sw;
   if (!from_leader || leader()) proposer_->propose(reqs);
   if (from_leader) {
-    Tensor head = Tensor::empty({1}, DType::i64, MemCategory::comm);
     Writer w;
-    if (leader()) {
+    if (leader())
       for (const ProposalRequest& q : reqs) {
         w.put_vec(q.proposals);
         w.put_vec(q.q);
       }
-      head.data<int64_t>()[0] = int64_t(w.b.size());
-    }
-    tp_->broadcast(head, 0);
-    Tensor body = Tensor::empty({head.data<int64_t>()[0]}, DType::u8, MemCategory::comm);
-    if (leader()) std::memcpy(body.raw(), w.b.data(), w.b.size());
-    tp_->broadcast(body, 0);
-    Reader rd{static_cast<const uint8_t*>(body.raw())};
+    share_from_leader(w.b);
+    Reader rd{w.b.data()};
     if (!leader())
       for (ProposalRequest& q : reqs) {
         q.proposals = rd.get_vec<int32_t>();

@@ -176,6 +176,8 @@ class Engine {
   // Tensor parallel: the leader broadcasts the intake and aborts it is about to admit (and
   // whether it closes); the followers receive them in their place. Returns false on close.
   bool sync_intake(std::vector<Pending>& intake, std::vector<int64_t>& aborts, bool closing);
+  // Tensor parallel: the leader's bytes reach every rank (the followers' are replaced).
+  void share_from_leader(std::vector<uint8_t>& bytes) const;
   template <class T> void sample_all(const StepPlan& plan, const Tensor& logits,
                                      std::vector<RequestOutput>& done);
   // Retires a request; end_event sends the callback a closing event without a token.

@@ -106,7 +106,7 @@ model::ModelConfig ModelRunner::kv_cache_config(const model::Decoder& model) {
   if (sl.tp == 1) return c;
   LOOM_CHECK(!c.moe.enabled(), "infer", "tensor-parallel inference of a Mixture-of-Experts model (", c.name,
              ") is not supported; serve it on one rank (--tp 1)");
-  LOOM_CHECK(c.n_kv_head % sl.tp == 0, "infer", "--tp ", sl.tp, " does not divide model.n_kv_head=", c.n_kv_head,
+  LOOM_CHECK(c.n_kv_head % sl.tp == 0, "infer", "tensor-parallel size ", sl.tp, " does not divide model.n_kv_head=", c.n_kv_head,
              ": the KV cache is split by key/value heads; use a tp that divides ", c.n_kv_head);
   LOOM_CHECK(sl.first_layer == 0 && (sl.last_layer < 0 || sl.last_layer == c.n_layer) && sl.has_embedding &&
                  sl.has_head, "infer", "inference needs every layer on each tensor-parallel rank (no pipeline stages)");

@@ -204,13 +204,13 @@ Verdict verify_proposals(const T* rows, int64_t V, const SamplingParams& sp, uin
     if (sp.greedy()) {
       const int32_t t = sample_token(row, V, sp, 0.f, scratch);
       if (t == kNonFiniteLogits) return {{}, 0, i};
-      v.tokens.push_back(t);
-      if (t != d && rule == AcceptRule::exact) {
-        v.accepted = i;
-        return v;
+      if (t == d || rule == AcceptRule::accept_all) {
+        v.tokens.push_back(d);
+        continue;
       }
-      v.tokens.back() = d;
-      continue;
+      v.tokens.push_back(t);  // the target's choice ends the run
+      v.accepted = i;
+      return v;
     }
     if (!sampling_distribution(row, V, sp, p, scratch)) return {{}, 0, i};
     const double* q = qs.empty() ? nullptr : qs.data() + i * V;

@@ -13,11 +13,11 @@ const char* lm_head_name(const ModelConfig& cfg) {
   return cfg.tied_embeddings ? token_table_name(cfg) : "lm_head.weight";
 }
 
-void check_tensor_parallel(const ModelConfig& cfg, int64_t tp) {
-  LOOM_CHECK(tp >= 1, "config", "parallel.tp=", tp, " must be at least 1");
-  LOOM_CHECK(cfg.n_head % tp == 0, "config", "parallel.tp=", tp, " does not divide model.n_head=",
+void check_tensor_parallel(const ModelConfig& cfg, int64_t tp, const char* setting) {
+  LOOM_CHECK(tp >= 1, "config", setting, "=", tp, " must be at least 1");
+  LOOM_CHECK(cfg.n_head % tp == 0, "config", setting, "=", tp, " does not divide model.n_head=",
              cfg.n_head, ": attention is split by heads; use a tp that divides ", cfg.n_head);
-  LOOM_CHECK(cfg.d_ff % tp == 0, "config", "parallel.tp=", tp, " does not divide model.d_ff=",
+  LOOM_CHECK(cfg.d_ff % tp == 0, "config", setting, "=", tp, " does not divide model.d_ff=",
              cfg.d_ff, ": the MLP is split along its hidden dimension; use a tp that divides ", cfg.d_ff);
 }
 

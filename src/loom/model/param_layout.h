@@ -36,8 +36,9 @@ struct ModelSlice {
   int64_t local_experts(const ModelConfig& cfg) const { return cfg.moe.num_experts / ep; }
   int64_t first_expert(const ModelConfig& cfg) const { return ep_rank * local_experts(cfg); }
 };
-// Throws "[config] parallel.tp=3 does not divide model.n_head=8" (and likewise d_ff).
-void check_tensor_parallel(const ModelConfig& cfg, int64_t tp);
+// Throws "[config] parallel.tp=3 does not divide model.n_head=8" (and likewise d_ff); `setting`
+// names the option as its users spell it ("--tp" on the inference commands).
+void check_tensor_parallel(const ModelConfig& cfg, int64_t tp, const char* setting = "parallel.tp");
 // Throws "[config] parallel.ep=3 does not divide model.moe.num_experts=8" (or names the dense
 // model that ep > 1 needs experts for).
 void check_expert_parallel(const ModelConfig& cfg, int64_t ep);

@@ -88,7 +88,7 @@ TEST(ModelParallelInference, TensorParallelEnginesEqualOneProcess) {
       } catch (const std::exception& ex) {
         const std::string what = ex.what();
         EXPECT_TRUE(what.find(str_cat("tp=", N, " does not divide model.n_head")) != std::string::npos ||
-                    what.find(str_cat("--tp ", N, " does not divide model.n_kv_head")) != std::string::npos)
+                    what.find(str_cat("size ", N, " does not divide model.n_kv_head")) != std::string::npos)
             << what;
       }
       continue;
