@@ -217,9 +217,20 @@ double measure_read_bandwidth(const float* buf, int64_t n) {
   return best;
 }
 
-Batch1 run_batch1(const model::Decoder& m, infer::EngineConfig cfg, int64_t n_tokens) {
+infer::EngineConfig batch1_config(infer::EngineConfig cfg) {
   cfg.max_num_seqs = 1;
-  infer::Engine e(m, cfg);
+  return cfg;
+}
+
+infer::EngineConfig prefill_config(infer::EngineConfig cfg, int64_t P) {
+  cfg.max_num_seqs = 1;
+  cfg.max_batched_tokens = std::max(cfg.max_batched_tokens, P);
+  cfg.prefix_caching = false;
+  return cfg;
+}
+
+Batch1 run_batch1(const model::Decoder& m, const infer::EngineConfig& cfg, int64_t n_tokens) {
+  infer::Engine e(m, batch1_config(cfg));
   const int64_t rounds = 5, per_round = std::max<int64_t>(4, n_tokens / rounds);
   std::vector<int32_t> prompt(16);
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 7 + 1) % size_t(m.config().vocab_size));
@@ -269,11 +280,8 @@ double time_prefill(infer::Engine& e, int64_t vocab, int64_t P, int rep) {
   return rate;
 }
 
-double prefill_tokens_per_s(const model::Decoder& m, infer::EngineConfig cfg, int64_t P) {
-  cfg.max_num_seqs = 1;
-  cfg.max_batched_tokens = std::max(cfg.max_batched_tokens, P);
-  cfg.prefix_caching = false;
-  infer::Engine e(m, cfg);
+double prefill_tokens_per_s(const model::Decoder& m, const infer::EngineConfig& cfg, int64_t P) {
+  infer::Engine e(m, prefill_config(cfg, P));
   std::vector<double> rates;
   for (int rep = 0; rep < 3; ++rep) rates.push_back(time_prefill(e, m.config().vocab_size, P, rep));
   return percentile(rates, 50);

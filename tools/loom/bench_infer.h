@@ -22,14 +22,18 @@ struct Batch1 {
 
 // Decodes one sequence in rounds, each followed by the bandwidth measurements, so that rate and
 // bound are taken under the same conditions; the round with the median fraction is returned.
-Batch1 run_batch1(const model::Decoder& m, infer::EngineConfig cfg, int64_t n_tokens);
+Batch1 run_batch1(const model::Decoder& m, const infer::EngineConfig& cfg, int64_t n_tokens);
+// The engine settings run_batch1 and prefill_tokens_per_s run with (tensor-parallel followers
+// build the same engines).
+infer::EngineConfig batch1_config(infer::EngineConfig cfg);
+infer::EngineConfig prefill_config(infer::EngineConfig cfg, int64_t P);
 
 // One P-token prompt prefilled in a single step (and its first token) on `e`, in prompt
 // tokens per second; `rep` varies the token ids, so an engine with prefix caching off sees a
 // fresh prompt each time.
 double time_prefill(infer::Engine& e, int64_t vocab, int64_t P, int rep);
 // The median of 3 such prompts on an engine of its own (one sequence, no prefix caching).
-double prefill_tokens_per_s(const model::Decoder& m, infer::EngineConfig cfg, int64_t P);
+double prefill_tokens_per_s(const model::Decoder& m, const infer::EngineConfig& cfg, int64_t P);
 
 // `bench infer --peer llama.cpp`: loom and llama.cpp on the same weights at fp32/F32,
 // bf16/BF16, int8/Q8_0 and int4/Q4_0, alternating runs, plus greedy tokens compared at F32.

@@ -33,13 +33,7 @@ int bench_infer_tp(const Args& a, int threads) {
   if (!tp.leader()) {
     // The leader's engines, one after the other: batch 1, then the prefill's.
     for (int i = 0; i < (prefill > 0 ? 2 : 1); ++i) {
-      infer::EngineConfig c = cfg;
-      c.max_num_seqs = 1;
-      if (i == 1) {
-        c.max_batched_tokens = std::max(c.max_batched_tokens, prefill);
-        c.prefix_caching = false;
-      }
-      infer::Engine e(*im.model, c);
+      infer::Engine e(*im.model, i == 0 ? batch1_config(cfg) : prefill_config(cfg, prefill));
       e.follow();
     }
     return 0;

@@ -150,14 +150,21 @@ int cmd_serve(const std::vector<std::string>& argv) {
   // stops; they bind no port, print nothing and leave the signals (blocked above) to rank 0.
   const TensorParallel tp = tensor_parallel_from(args, "serve", /*watchdog=*/false);
   ec.tp = tp.group();
-  if (!tp.leader()) {
-    const InferenceModel im = checkpoint.empty() ? random_inference_model(mc, ec.seed, quant, tp.group())
-                                                 : load_inference_model(checkpoint, quant, nullptr, true, tp.group());
+  // Every rank loads its model (its slice) and the draft the same way; rank 0 logs it.
+  auto load_model = [&](FILE* log) {
+    return checkpoint.empty() ? random_inference_model(mc, ec.seed, quant, tp.group())
+                              : load_inference_model(checkpoint, quant, log, /*resolved=*/true, tp.group());
+  };
+  auto configure = [&](const InferenceModel& im, FILE* log) {
     ec.quant = im.quant_ptr();
     if (speculative) {
-      load_speculative_draft(*speculative, im, nullptr);
+      load_speculative_draft(*speculative, im, log);
       ec.speculative = speculative->config;
     }
+  };
+  if (!tp.leader()) {
+    const InferenceModel im = load_model(nullptr);
+    configure(im, nullptr);
     infer::Engine engine(*im.model, ec);
     engine.follow();
     return 0;
@@ -170,14 +177,8 @@ int cmd_serve(const std::vector<std::string>& argv) {
               tok_name.c_str());
   std::fflush(stdout);
 
-  const InferenceModel im = checkpoint.empty()
-                               ? random_inference_model(mc, ec.seed, quant, tp.group())
-                               : load_inference_model(checkpoint, quant, stderr, /*resolved=*/true, tp.group());
-  ec.quant = im.quant_ptr();
-  if (speculative) {
-    load_speculative_draft(*speculative, im, stderr);
-    ec.speculative = speculative->config;
-  }
+  const InferenceModel im = load_model(stderr);
+  configure(im, stderr);
   infer::Engine engine(*im.model, ec);
   serve::InferEngineAdapter adapter(engine, *tokenizer);
   server.set_engine(&adapter);
