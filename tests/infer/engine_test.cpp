@@ -360,3 +360,45 @@ TEST_P(PaddedStatic, AbortingTheLastGeneratingMemberEndsTheBatch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, PaddedStatic, ::testing::Values(Family::gpt2, Family::llama));
+
+// TokenEvent::prob, asked for by SamplingParams::token_probs: each streamed token's softmax
+// probability at temperature 1, as dense decoding of the same sequence computes it, for
+// greedy and for sampled tokens; NaN when not asked for.
+TEST(EngineTokenProbs, EqualTheDenseSoftmaxOfEachToken) {
+  auto m = make_model(Family::gpt2, DType::f64);
+  const int64_t V = m->config().vocab_size;
+  for (double temperature : {0.0, 0.8}) {
+    Engine engine(*m, roomy());
+    const std::vector<int32_t> prompt = random_tokens(7, 11, int(V));
+    SamplingParams p;
+    p.temperature = temperature;
+    p.max_tokens = 6;
+    p.seed = 5;
+    p.token_probs = true;
+    std::vector<std::pair<int32_t, double>> got;
+    engine.add_request(prompt, p, [&](const TokenEvent& ev) {
+      if (ev.token >= 0) got.push_back({ev.token, ev.prob});
+    });
+    SamplingParams plain = p;
+    plain.token_probs = false;
+    double plain_prob = 0;
+    engine.add_request(prompt, plain, [&](const TokenEvent& ev) {
+      if (ev.token >= 0) plain_prob = ev.prob;
+    });
+    while (engine.has_unfinished()) engine.step();
+    ASSERT_EQ(got.size(), 6u);
+    EXPECT_TRUE(std::isnan(plain_prob));
+    std::vector<int32_t> seq = prompt;
+    for (const auto& [tok, prob] : got) {
+      const int64_t T = int64_t(seq.size());
+      Tensor logits = Tensor::zeros({1, T, V}, DType::f64);
+      m->logits(seq.data(), 1, T, logits);
+      const double* row = logits.data<double>() + (T - 1) * V;
+      double mx = row[0], sum = 0;
+      for (int64_t v = 0; v < V; ++v) mx = std::max(mx, row[v]);
+      for (int64_t v = 0; v < V; ++v) sum += std::exp(row[v] - mx);
+      EXPECT_NEAR(prob, std::exp(row[tok] - mx) / sum, 1e-12) << "temperature " << temperature;
+      seq.push_back(tok);
+    }
+  }
+}

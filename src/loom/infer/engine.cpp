@@ -336,7 +336,8 @@ bool Engine::hits_stop_string(Request& r, std::string* which) const {
   return best != std::string::npos;
 }
 
-bool Engine::take_token(int64_t id, Request& r, int32_t tok, bool last, std::vector<RequestOutput>& done) {
+bool Engine::take_token(int64_t id, Request& r, int32_t tok, bool last, std::vector<RequestOutput>& done,
+                        double prob) {
   const bool padded = padded_static();
   const int64_t index = int64_t(r.output.size());
   ++generated_tokens_;
@@ -356,7 +357,7 @@ bool Engine::take_token(int64_t id, Request& r, int32_t tok, bool last, std::vec
   else if (int64_t(r.output.size()) >= r.max_tokens)
     why = FinishReason::length;
   if (why == FinishReason::none && last) sched_->append_token(id, tok);
-  if (r.callback) r.callback({id, tok, index, padded ? FinishReason::none : why, {}});
+  if (r.callback) r.callback({id, tok, index, padded ? FinishReason::none : why, {}, prob});
   if (why == FinishReason::none) return true;
   if (padded)
     hold(id, why, -1, std::move(which));
@@ -466,6 +467,7 @@ void Engine::sample_all(const StepPlan& plan, const Tensor& logits,
       row += 1 + s.num_spec;
     }
   std::vector<Verdict> verdicts(jobs.size());
+  std::vector<std::vector<double>> probs(jobs.size());  // SamplingParams::token_probs
   const AcceptRule rule = cfg_.speculative.rule;
 #pragma omp parallel for schedule(dynamic, 1) if (jobs.size() > 1)
   for (size_t j = 0; j < jobs.size(); ++j) {
@@ -482,6 +484,9 @@ void Engine::sample_all(const StepPlan& plan, const Tensor& logits,
                                         std::span<const int32_t>(r.proposals).first(size_t(m)),
                                         q.empty() ? q : q.first(size_t(m * V)), rule);
     }
+    if (r.params.token_probs && verdicts[j].bad_row < 0)
+      for (size_t t = 0; t < verdicts[j].tokens.size(); ++t)
+        probs[j].push_back(token_probability<T>(at + int64_t(t) * V, V, verdicts[j].tokens[t]));
   }
   for (size_t j = 0; j < jobs.size(); ++j) {
     const ScheduledSeq& s = *jobs[j].seq;
@@ -507,7 +512,9 @@ void Engine::sample_all(const StepPlan& plan, const Tensor& logits,
       adapt_k(r, s.num_spec, v.accepted);
     }
     for (size_t t = 0; t < v.tokens.size(); ++t)
-      if (!take_token(id, r, v.tokens[t], t + 1 == v.tokens.size(), done)) break;
+      if (!take_token(id, r, v.tokens[t], t + 1 == v.tokens.size(), done,
+                      t < probs[j].size() ? probs[j][t] : std::numeric_limits<double>::quiet_NaN()))
+        break;
   }
 }
 

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -71,6 +72,8 @@ struct TokenEvent {
   int64_t index = 0;  // position of the token in the output
   FinishReason finish = FinishReason::none;
   std::string error;  // finish == error: what went wrong (as RequestOutput::error)
+  // SamplingParams::token_probs: the token's probability under the model (NaN otherwise).
+  double prob = std::numeric_limits<double>::quiet_NaN();
 };
 using TokenCallback = std::function<void(const TokenEvent&)>;
 
@@ -195,7 +198,8 @@ class Engine {
   void propose();
   // What one emitted token does to its request: returns false when the request has ended.
   // `last`: the token is not already in the scheduler's sequence (it is appended there).
-  bool take_token(int64_t id, Request& r, int32_t tok, bool last, std::vector<RequestOutput>& done);
+  // prob: the token's probability when the request asked for it (TokenEvent::prob).
+  bool take_token(int64_t id, Request& r, int32_t tok, bool last, std::vector<RequestOutput>& done, double prob);
   void adapt_k(Request& r, int64_t proposed, int64_t accepted) const;
   void publish_metrics();
 

@@ -319,6 +319,17 @@ std::string describe_non_finite(const T* logits, int64_t V) {
   return pos_inf ? "+inf" : "-inf for every token";
 }
 
+template <class T>
+double token_probability(const T* logits, int64_t V, int32_t tok) {
+  double mx = -std::numeric_limits<double>::infinity();
+  for (int64_t i = 0; i < V; ++i) mx = std::max(mx, double(logits[i]));
+  double sum = 0;
+  for (int64_t i = 0; i < V; ++i) sum += std::exp(double(logits[i]) - mx);
+  return std::exp(double(logits[tok]) - mx) / sum;
+}
+
+template double token_probability<float>(const float*, int64_t, int32_t);
+template double token_probability<double>(const double*, int64_t, int32_t);
 template std::string describe_non_finite<float>(const float*, int64_t);
 template std::string describe_non_finite<double>(const double*, int64_t);
 template int32_t sample_token<float>(const float*, int64_t, const SamplingParams&, float,

@@ -23,6 +23,10 @@ struct SamplingParams {
   // With an engine that speculates (EngineConfig::speculative): false decodes this request
   // plainly. Either way its tokens have the same distribution (greedy: the same tokens).
   bool speculate = true;
+  // Report each token's probability under the model (TokenEvent::prob): a softmax over the
+  // row at temperature 1, whatever the sampling parameters; one extra pass over the
+  // vocabulary per token, so only callers that use it (the cascade's confidence) ask.
+  bool token_probs = false;
 
   // Throws "[sampling] <parameter> ..." naming the bad parameter.
   void validate() const;
@@ -64,6 +68,10 @@ bool sampling_distribution(const T* logits, int64_t V, const SamplingParams& p, 
 // Inverse CDF in token-ID order: the first token whose cumulative weight exceeds u times the
 // total (the weights need not sum to 1; the last token with weight when rounding runs past).
 int32_t draw_from(std::span<const double> weights, float u);
+
+// The probability of token `tok` under softmax(logits) at temperature 1, in double precision.
+template <class T>
+double token_probability(const T* logits, int64_t V, int32_t tok);
 
 // What is wrong with a row sample_token refused, to complete "the logits are ...": "NaN",
 // "+inf" or "-inf for every token".
