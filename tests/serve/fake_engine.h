@@ -7,6 +7,9 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
+#include <limits>
+#include <string>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -21,6 +24,9 @@ struct FakeEngineOptions {
   double tick_s = 0.001;
   int64_t block_size = 16;
   int64_t total_blocks = 4096;
+  // Requests asking for token probabilities (a cascade edge) get this one for every token.
+  std::function<double(const GenerationRequest&)> token_prob;
+  std::string version;  // model_version()
 };
 
 class FakeEngine final : public Engine {
@@ -37,6 +43,7 @@ class FakeEngine final : public Engine {
 
   const TextTokenizer& tokenizer() const override { return tok_; }
   int64_t context_length() const override { return opt_.context_length; }
+  std::string model_version() const override { return opt_.version; }
   int64_t max_running() const override { return opt_.max_running; }
 
   uint64_t submit(GenerationRequest req, TokenSink sink) override {
@@ -132,7 +139,9 @@ class FakeEngine final : public Engine {
         int32_t tok = token_at(r.req, r.generated);
         ++r.generated;
         bool done = r.generated >= r.req.max_tokens;
-        r.sink({tok, done ? FinishReason::length : FinishReason::none, {}});
+        const double prob = r.req.token_probs && opt_.token_prob ? opt_.token_prob(r.req)
+                                                                 : std::numeric_limits<double>::quiet_NaN();
+        r.sink({tok, done ? FinishReason::length : FinishReason::none, {}, prob});
         if (done) {
           reqs_.erase(*it);
           it = running_.erase(it);

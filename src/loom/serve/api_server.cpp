@@ -33,7 +33,17 @@ void ApiServer::start() {
   http_.start();
 }
 
-void ApiServer::set_engine(Engine* engine) { engine_.store(engine); }
+void ApiServer::set_engine(Engine* engine) { set_engine(std::shared_ptr<Engine>(engine, [](Engine*) {})); }
+
+void ApiServer::set_engine(std::shared_ptr<Engine> engine) {
+  std::lock_guard<std::mutex> lock(engine_mu_);
+  engine_ = std::move(engine);
+}
+
+std::shared_ptr<Engine> ApiServer::engine() const {
+  std::lock_guard<std::mutex> lock(engine_mu_);
+  return engine_;
+}
 
 bool ApiServer::authorized(const HttpRequest& req) const {
   if (opt_.api_key.empty()) return true;
@@ -72,12 +82,15 @@ void ApiServer::dispatch(HttpExchange& ex, std::string* endpoint) {
   for (const Route& r : routes)
     if (path == r.path) route = &r;
   bool model_path = path.rfind("/v1/models/", 0) == 0 && path.size() > 11;
-  if (!route && !model_path) {
+  const ServeOptions::Route* extra = nullptr;
+  for (const ServeOptions::Route& r : opt_.routes)
+    if (!route && path.rfind(r.prefix, 0) == 0) extra = &r;
+  if (!route && !model_path && !extra) {
     ex.respond(error_response(error_for_status(404, str_cat("no route for ", req.method, " ", path))));
     return;
   }
-  *endpoint = route ? route->path : "/v1/models/{id}";
-  const char* method = route ? route->method : "GET";
+  *endpoint = extra ? extra->prefix : route ? route->path : "/v1/models/{id}";
+  const char* method = extra ? extra->method.c_str() : route ? route->method : "GET";
   if (req.method != method) {
     HttpResponse r = error_response(error_for_status(405, str_cat(path, " accepts ", method, ", not ", req.method)));
     r.headers.emplace_back("Allow", method);
@@ -92,7 +105,8 @@ void ApiServer::dispatch(HttpExchange& ex, std::string* endpoint) {
     ex.respond(r);
     return;
   }
-  Engine* engine = engine_.load();
+  if (extra) return extra->handle(ex);
+  const std::shared_ptr<Engine> engine = this->engine();
   if (path == "/health") {
     HttpResponse r;
     r.status = engine ? 200 : 503;
@@ -116,7 +130,7 @@ void ApiServer::dispatch(HttpExchange& ex, std::string* endpoint) {
 }
 
 HttpResponse ApiServer::models_response(const std::string* only) const {
-  Engine* engine = engine_.load();
+  const std::shared_ptr<Engine> engine = this->engine();
   json model = {{"id", opt_.served_model_name}, {"object", "model"}, {"created", created_},
                 {"owned_by", "loom"}, {"max_model_len", engine->context_length()}};
   if (only && *only != opt_.served_model_name)
@@ -127,7 +141,7 @@ HttpResponse ApiServer::models_response(const std::string* only) const {
 }
 
 std::string ApiServer::render_metrics() {
-  if (Engine* engine = engine_.load()) {
+  if (const std::shared_ptr<Engine> engine = this->engine()) {
     EngineStats s = engine->stats();
     metrics_.gauge("loom_num_requests_running", "requests the engine is stepping").set(double(s.running));
     metrics_.gauge("loom_num_requests_waiting", "requests queued in the engine").set(double(s.waiting));
@@ -155,17 +169,17 @@ bool ApiServer::admit(Engine& engine) {
   return true;
 }
 
-bool ApiServer::register_request(uint64_t id) {
+bool ApiServer::register_request(Engine* engine, uint64_t id) {
   std::lock_guard<std::mutex> lock(active_mu_);
   if (aborting_all_) return false;
-  active_.insert(id);
+  active_.insert({engine, id});
   return true;
 }
 
-void ApiServer::finish_request(uint64_t id) {
+void ApiServer::finish_request(Engine* engine, uint64_t id) {
   {
     std::lock_guard<std::mutex> lock(active_mu_);
-    active_.erase(id);
+    active_.erase({engine, id});
   }
   --in_flight_;
 }
@@ -183,8 +197,8 @@ void ApiServer::stop(double grace_s) {
   {
     std::lock_guard<std::mutex> lock(active_mu_);
     aborting_all_ = true;
-    if (Engine* engine = engine_.load())
-      for (uint64_t id : active_) engine->abort(id);
+    // Every engine in active_ is alive: its requests hold it (handle_generation).
+    for (const auto& [engine, id] : active_) engine->abort(id);
   }
   // Aborted requests end once the engine confirms; bounded so a stuck engine cannot hang exit.
   deadline = now_seconds() + 10;

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,7 @@ struct GenerationRequest {
   std::vector<int32_t> prompt;  // non-empty, every id < vocab size
   int64_t max_tokens = 16;      // >= 1; prompt.size() + max_tokens <= context_length()
   SamplingParams sampling;
+  bool token_probs = false;     // report each token's probability (TokenEvent::prob)
 };
 
 // One step of a request's life. Tokens arrive in order; exactly one event carries a
@@ -33,6 +35,8 @@ struct TokenEvent {
   int32_t token = -1;  // -1: no token in this event
   FinishReason finish = FinishReason::none;
   std::string error;   // finish == error: what went wrong, for the client
+  // GenerationRequest::token_probs: the token's probability under the model (NaN otherwise).
+  double prob = std::numeric_limits<double>::quiet_NaN();
 };
 // Called from the engine's thread; must be quick and must not call back into the engine.
 using TokenSink = std::function<void(const TokenEvent&)>;
@@ -60,6 +64,9 @@ class Engine {
   // event (FinishReason::abort) once its KV blocks are freed.
   virtual void abort(uint64_t id) = 0;
   virtual EngineStats stats() const = 0;
+  // The model's version ("" when it has none): a cascade's checkpoint version (serve/cascade),
+  // reported in system_fingerprint and X-Loom-Model-Version.
+  virtual std::string model_version() const { return ""; }
 };
 
 }  // namespace loom::serve

@@ -1,7 +1,10 @@
 // POST /v1/completions and /v1/chat/completions: validate, admit, submit to the engine,
 // then relay tokens as one JSON response or as server-sent events, aborting the engine
 // request when the client goes away, a stop string appears, or the server shuts down.
+#include <algorithm>
+#include <cmath>
 #include <condition_variable>
+#include <limits>
 #include <cstdio>
 #include <ctime>
 #include <nlohmann/json.hpp>
@@ -53,13 +56,52 @@ std::string sse(const json& j) { return "data: " + dump(j) + "\n\n"; }
 
 }  // namespace
 
+void ApiServer::count_cascade(const std::string& answered_by, const std::string& edge_version,
+                              const std::string& center_version, double confidence) {
+  metrics_.counter("loom_cascade_requests_total", "cascade requests by who answered and the version pair",
+                   {{"answered_by", answered_by}, {"edge_version", edge_version}, {"center_version", center_version}})
+      .inc();
+  if (std::isfinite(confidence))
+    metrics_.histogram("loom_cascade_confidence", "the edge's confidence in its first window of tokens",
+                       {0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0})
+        .observe(confidence);
+}
+
+bool ApiServer::forward_to_center(HttpExchange& ex, const std::string& why, const std::string& edge_version,
+                                  double confidence, const std::function<void()>& taken, std::string* failure) {
+  HeaderList headers = {{"X-Loom-Forwarded-Because", why}};
+  if (!edge_version.empty()) headers.emplace_back("X-Loom-Edge-Version", edge_version);
+  if (std::isfinite(confidence)) headers.emplace_back("X-Loom-Confidence", str_cat(confidence));
+  EdgeHook::ForwardResult r = edge_->forward(ex, headers, taken);
+  if (r.outcome == EdgeHook::Forwarded::unreachable) {
+    std::fprintf(stderr, "[serve] cascade: the center cannot take a request: %s\n", r.why.c_str());
+    *failure = r.why;
+    return false;
+  }
+  count_cascade("center", edge_version, r.center_version, confidence);
+  ex.note(str_cat("forwarded=", why));
+  return true;
+}
+
 void ApiServer::handle_generation(HttpExchange& ex, ApiKind kind) {
   const double t_arrival = now_seconds();
-  Engine& engine = *engine_.load();
+  // The request keeps this engine (and its model version) to its end, even if it is replaced.
+  const std::shared_ptr<Engine> engine_ref = engine();
+  Engine& engine = *engine_ref;
   if (draining_) return ex.respond(error_response(error_for_status(503, "the server is shutting down")));
 
   CompletionParams p;
   if (auto e = parse_completion_request(ex.request().body, kind, &p)) return ex.respond(error_response(*e));
+  EdgeHook* const edge = edge_;
+  const std::string version = engine.model_version();
+  const double no_confidence = std::numeric_limits<double>::quiet_NaN();
+  if (edge && !p.model.empty() && p.model != opt_.served_model_name && edge->center_serves(p.model)) {
+    std::string failure;
+    if (!forward_to_center(ex, "model", version, no_confidence, {}, &failure))
+      ex.respond(error_response(error_for_status(
+          503, str_cat("the model '", p.model, "' is served by the center, which cannot be reached: ", failure))));
+    return;
+  }
   std::string prompt = kind == ApiKind::chat ? render_chat(p.messages) : p.prompt_text;
   GenerationRequest greq;
   const TextTokenizer& tok = engine.tokenizer();
@@ -67,6 +109,7 @@ void ApiServer::handle_generation(HttpExchange& ex, ApiKind kind) {
     return ex.respond(error_response(*e));
   uint64_t seq = next_seq_.fetch_add(1);
   if (!p.seed) greq.sampling.seed = opt_.seed + seq;
+  greq.token_probs = edge != nullptr;
   std::vector<std::string> stops = p.stop;
   if (kind == ApiKind::chat) stops.push_back(kChatTurnEnd);
   const int64_t n_prompt = int64_t(greq.prompt.size());
@@ -88,61 +131,111 @@ void ApiServer::handle_generation(HttpExchange& ex, ApiKind kind) {
   // connection under a response still being sent.
   struct Release {
     ApiServer* self;
+    Engine* engine;
     uint64_t id;
-    ~Release() { self->finish_request(id); }
-  } release{this, id};
-  bool shutdown_abort = !register_request(id);
+    ~Release() { self->finish_request(engine, id); }
+  } release{this, &engine, id};
+  bool shutdown_abort = !register_request(&engine, id);
   if (shutdown_abort) engine.abort(id);
   metrics_.counter("loom_prompt_tokens_total", "prompt tokens of admitted requests").inc(double(n_prompt));
 
   const bool chat = kind == ApiKind::chat;
   const std::string rid = str_cat(chat ? "chatcmpl-" : "cmpl-", std::hex, seq, "-", created_);
   const int64_t created = int64_t(std::time(nullptr));
+  const std::string answered_by = opt_.role.empty() ? "serve" : opt_.role;
+  const std::string fingerprint = str_cat("loom-", answered_by, version.empty() ? "" : "-", version);
+  HeaderList identity = {{"X-Loom-Answered-By", answered_by}};
+  if (!version.empty()) identity.emplace_back("X-Loom-Model-Version", version);
   auto chunk = [&](const std::string& text, const char* finish) {
     json choice = {{"index", 0}, {"finish_reason", finish ? json(finish) : json(nullptr)}, {"logprobs", nullptr}};
     if (chat) choice["delta"] = text.empty() && finish ? json::object() : json{{"content", text}};
     else choice["text"] = text;
     return json{{"id", rid}, {"object", chat ? "chat.completion.chunk" : "text_completion"},
-                {"created", created}, {"model", opt_.served_model_name}, {"choices", json::array({choice})}};
+                {"created", created}, {"model", opt_.served_model_name}, {"system_fingerprint", fingerprint},
+                {"choices", json::array({choice})}};
   };
 
   bool client_gone = false;
-  if (p.stream) {
-    client_gone = !ex.start_stream(200, "text/event-stream", {{"Cache-Control", "no-cache"}});
+  double t_abort = 0;
+  auto abort_local = [&] {
+    if (t_abort > 0) return;
+    engine.abort(id);
+    t_abort = now_seconds();
+  };
+  auto begin_stream = [&] {
+    if (!p.stream || client_gone) return;
+    HeaderList headers = identity;
+    headers.emplace_back("Cache-Control", "no-cache");
+    client_gone = !ex.start_stream(200, "text/event-stream", headers);
     if (!client_gone && chat) {
       json first = chunk("", nullptr);
       first["choices"][0]["delta"] = {{"role", "assistant"}, {"content", ""}};
       client_gone = !ex.send_chunk(sse(first));
     }
-    if (client_gone) engine.abort(id);
-  }
+    if (client_gone) abort_local();
+  };
+  // An edge holds its first window of tokens back until it has decided who answers.
+  bool deciding = edge != nullptr;
+  if (!deciding) begin_stream();
 
   TextStream text(tok, stops);
-  std::string body_text;
+  std::string body_text, held;
   int64_t n_generated = 0;
-  double t_last = 0, t_abort = 0;
+  double t_last = 0;
   bool stop_hit = false;
+  double prob_sum = 0, prob_min = 1;
+  int64_t prob_n = 0;
+  double confidence = no_confidence;
   FinishReason engine_finish = FinishReason::none;
   std::string engine_error;  // engine_finish == error: why
   auto& ttft = metrics_.histogram("loom_time_to_first_token_seconds", "time from arrival to the first token", kTtftBuckets);
   auto& itl = metrics_.histogram("loom_inter_token_latency_seconds", "time between consecutive tokens", kItlBuckets);
   auto emit = [&](const std::string& delta) {
     if (delta.empty()) return;
-    if (!p.stream) body_text += delta;
+    if (deciding) held += delta;
+    else if (!p.stream) body_text += delta;
     else if (!client_gone && !ex.send_chunk(sse(chunk(delta, nullptr)))) client_gone = true;
   };
-  while (engine_finish == FinishReason::none) {
+  // The edge's decision: its confidence is the mean probability of the window's tokens.
+  // Returns true when the request has been answered by the center (or refused).
+  auto decide = [&]() -> bool {
+    deciding = false;
+    confidence = prob_n > 0 ? prob_sum / double(prob_n) : 1.0;
+    if (confidence < edge->threshold() && !client_gone && engine_finish != FinishReason::abort) {
+      std::string failure;
+      if (forward_to_center(ex, "confidence", version, confidence, abort_local, &failure)) return true;
+      if (!edge->answer_locally_when_center_down()) {
+        abort_local();
+        ex.respond(error_response(error_for_status(
+            503, str_cat("the edge is not confident enough (", confidence, " < ", edge->threshold(),
+                         ") and the center cannot be reached: ", failure))));
+        return true;
+      }
+      identity.emplace_back("X-Loom-Cascade", "center-unreachable");
+    }
+    count_cascade("edge", version, edge->center_version(), confidence);
+    identity.emplace_back("X-Loom-Confidence", str_cat(confidence));
+    identity.emplace_back("X-Loom-Confidence-Min", str_cat(prob_n > 0 ? prob_min : 1.0));
+    begin_stream();
+    emit(std::exchange(held, {}));
+    return false;
+  };
+  while (true) {
     for (const TokenEvent& ev : channel->wait(opt_.poll_interval_s)) {
       if (ev.token >= 0 && !stop_hit) {
         double t = now_seconds();
         (n_generated == 0 ? ttft : itl).observe(t - (n_generated == 0 ? t_arrival : t_last));
         t_last = t;
         ++n_generated;
+        if (deciding && std::isfinite(ev.prob)) {
+          prob_sum += ev.prob;
+          prob_min = std::min(prob_min, ev.prob);
+          ++prob_n;
+        }
         emit(text.push_token(ev.token));
         if (text.stopped()) {
           stop_hit = true;
-          engine.abort(id);
-          t_abort = now_seconds();
+          abort_local();
         }
       }
       if (ev.finish != FinishReason::none) {
@@ -150,15 +243,21 @@ void ApiServer::handle_generation(HttpExchange& ex, ApiKind kind) {
         engine_error = ev.error;
       }
     }
+    if (deciding && (n_generated >= edge->window_tokens() || engine_finish != FinishReason::none || stop_hit)) {
+      const bool answered_elsewhere = decide();
+      if (answered_elsewhere) {
+        metrics_.histogram("loom_e2e_request_latency_seconds", "time from arrival to the last token", kE2eBuckets)
+            .observe(now_seconds() - t_arrival);
+        return;
+      }
+    }
     if (engine_finish != FinishReason::none) break;
     if (!client_gone && ex.client_gone()) client_gone = true;
-    if (client_gone && t_abort == 0) {
-      engine.abort(id);
-      t_abort = now_seconds();
-    }
+    if (client_gone) abort_local();
     // An engine that never confirms an abort must not pin this thread forever.
     if (t_abort > 0 && now_seconds() - t_abort > 10) break;
   }
+  if (deciding) emit(std::exchange(held, {}));
   metrics_.counter("loom_generation_tokens_total", "tokens generated").inc(double(n_generated));
   metrics_.histogram("loom_e2e_request_latency_seconds", "time from arrival to the last token", kE2eBuckets)
       .observe(now_seconds() - t_arrival);
@@ -179,7 +278,7 @@ void ApiServer::handle_generation(HttpExchange& ex, ApiKind kind) {
   }
   // An error after the stream began goes out as its last event.
   auto answer_error = [&](const ApiError& e) {
-    if (!p.stream) return ex.respond(error_response(e));
+    if (!p.stream || !ex.streaming()) return ex.respond(error_response(e));
     ex.send_chunk("data: " + error_response(e).body + "\n\n");
     ex.end_stream();
   };
@@ -207,8 +306,10 @@ void ApiServer::handle_generation(HttpExchange& ex, ApiKind kind) {
   if (chat) choice["message"] = {{"role", "assistant"}, {"content", body_text}};
   else choice["text"] = body_text;
   HttpResponse r;
+  r.headers = identity;
   r.body = dump({{"id", rid}, {"object", chat ? "chat.completion" : "text_completion"}, {"created", created},
-                 {"model", opt_.served_model_name}, {"choices", json::array({choice})}, {"usage", usage}});
+                 {"model", opt_.served_model_name}, {"system_fingerprint", fingerprint},
+                 {"choices", json::array({choice})}, {"usage", usage}});
   ex.respond(r);
 }
 

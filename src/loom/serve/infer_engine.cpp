@@ -30,6 +30,7 @@ infer::SamplingParams to_infer_params(const GenerationRequest& req, int32_t eos_
   p.top_k = req.sampling.top_k;
   p.max_tokens = req.max_tokens;
   p.seed = req.sampling.seed;
+  p.token_probs = req.token_probs;
   if (eos_token >= 0) p.stop_token_ids.push_back(eos_token);
   return p;
 }
@@ -68,7 +69,7 @@ uint64_t InferEngineAdapter::submit(GenerationRequest req, TokenSink sink) {
                                        sink = it->second;
                                        if (ev.finish != infer::FinishReason::none) live_.erase(it);
                                      }
-                                     sink({ev.token, map_finish(ev.finish), ev.error});
+                                     sink({ev.token, map_finish(ev.finish), ev.error, ev.prob});
                                    });
   live_[id] = std::move(sink);
   cv_.notify_all();
