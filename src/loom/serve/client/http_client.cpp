@@ -82,6 +82,14 @@ void HttpClient::connect() {
   body_done_ = true;
 }
 
+bool HttpClient::drop_if_stale() {
+  if (fd_ < 0) return false;
+  pollfd p{fd_, POLLIN | POLLRDHUP, 0};
+  if (::poll(&p, 1, 0) == 0 && in_.empty()) return false;
+  close();
+  return true;
+}
+
 void HttpClient::close() {
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;

@@ -35,6 +35,9 @@ class HttpClient {
   void connect();  // throws loom::Error; request() connects on demand
   void close();
   bool connected() const { return fd_ >= 0; }
+  // An idle kept-alive connection the server has closed (or sent something unasked on):
+  // readable with nothing requested. Closes it and returns true; false while it is usable.
+  bool drop_if_stale();
 
   ClientResponse request(const std::string& method, const std::string& path, const std::string& body = "",
                          const HeaderList& headers = {});
