@@ -47,6 +47,28 @@ TEST_F(ServeTest, CompletionReturnsTheEngineTokensAndUsage) {
   EXPECT_NE(json::parse(post("/v1/completions", body).body)["choices"][0]["text"], a);
 }
 
+// return_token_ids (an extension): the choice carries the engine's tokens, in a plain answer
+// and in a stream's last chunk; without it there is no such field.
+TEST_F(ServeTest, ReturnTokenIdsGivesTheEngineTokens) {
+  start();
+  json body = {{"model", "fake"}, {"prompt", "hello"}, {"max_tokens", 8}, {"temperature", 0}, {"return_token_ids", true}};
+  const std::vector<int32_t> want = {'h', 'e', 'l', 'l', 'o', 'h', 'e', 'l'};
+  json j = json::parse(post("/v1/completions", body).body);
+  EXPECT_EQ(j["choices"][0]["token_ids"].get<std::vector<int32_t>>(), want);
+  body["stream"] = true;
+  auto c = client();
+  c->start_stream("POST", "/v1/completions", body.dump());
+  json last;
+  while (auto ev = c->next_event())
+    if (*ev != "[DONE]") last = json::parse(*ev);
+  EXPECT_EQ(last["choices"][0]["token_ids"].get<std::vector<int32_t>>(), want);
+  body.erase("return_token_ids");
+  body["stream"] = false;
+  EXPECT_FALSE(json::parse(post("/v1/completions", body).body)["choices"][0].contains("token_ids"));
+  body["return_token_ids"] = "yes";
+  EXPECT_EQ(post("/v1/completions", body).status, 400);
+}
+
 TEST_F(ServeTest, StopStringEndsTheRequestAndAbortsTheEngineSide) {
   start();
   ClientResponse r = post("/v1/completions", {{"model", "fake"}, {"prompt", "hello world"}, {"max_tokens", 40},

@@ -140,6 +140,7 @@ void ApiServer::handle_generation(HttpExchange& ex, ApiKind kind) {
   metrics_.counter("loom_prompt_tokens_total", "prompt tokens of admitted requests").inc(double(n_prompt));
 
   const bool chat = kind == ApiKind::chat;
+  std::vector<int32_t> token_ids;  // p.return_token_ids: every token generated, in the last chunk
   const std::string rid = str_cat(chat ? "chatcmpl-" : "cmpl-", std::hex, seq, "-", created_);
   const int64_t created = int64_t(std::time(nullptr));
   const std::string answered_by = opt_.role.empty() ? "serve" : opt_.role;
@@ -148,6 +149,7 @@ void ApiServer::handle_generation(HttpExchange& ex, ApiKind kind) {
   if (!version.empty()) identity.emplace_back("X-Loom-Model-Version", version);
   auto chunk = [&](const std::string& text, const char* finish) {
     json choice = {{"index", 0}, {"finish_reason", finish ? json(finish) : json(nullptr)}, {"logprobs", nullptr}};
+    if (p.return_token_ids && finish) choice["token_ids"] = token_ids;
     if (chat) choice["delta"] = text.empty() && finish ? json::object() : json{{"content", text}};
     else choice["text"] = text;
     return json{{"id", rid}, {"object", chat ? "chat.completion.chunk" : "text_completion"},
@@ -227,6 +229,7 @@ void ApiServer::handle_generation(HttpExchange& ex, ApiKind kind) {
         (n_generated == 0 ? ttft : itl).observe(t - (n_generated == 0 ? t_arrival : t_last));
         t_last = t;
         ++n_generated;
+        if (p.return_token_ids) token_ids.push_back(ev.token);
         if (deciding && std::isfinite(ev.prob)) {
           prob_sum += ev.prob;
           prob_min = std::min(prob_min, ev.prob);
@@ -303,6 +306,7 @@ void ApiServer::handle_generation(HttpExchange& ex, ApiKind kind) {
     return;
   }
   json choice = {{"index", 0}, {"finish_reason", finish}, {"logprobs", nullptr}};
+  if (p.return_token_ids) choice["token_ids"] = token_ids;
   if (chat) choice["message"] = {{"role", "assistant"}, {"content", body_text}};
   else choice["text"] = body_text;
   HttpResponse r;

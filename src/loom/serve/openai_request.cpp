@@ -225,6 +225,7 @@ std::optional<ApiError> parse_completion_request(std::string_view text, ApiKind 
   if (auto e = get_integer(body, "seed", &out->seed)) return e;
   if (auto e = parse_stop(body, out)) return e;
   if (auto e = get_bool(body, "stream", &out->stream)) return e;
+  if (auto e = get_bool(body, "return_token_ids", &out->return_token_ids)) return e;
   if (const json* so = field(body, "stream_options")) {
     if (!so->is_object()) return invalid_request("stream_options", "'stream_options' must be an object");
     if (!out->stream) return invalid_request("stream_options", "'stream_options' is only allowed with stream=true");

@@ -48,6 +48,9 @@ struct CompletionParams {
   std::vector<std::string> stop;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  // A loom extension (as vLLM's): the answer's token ids in each choice ("token_ids"), so a
+  // client can score exactly the tokens the model chose (text re-tokenized may differ).
+  bool return_token_ids = false;
 };
 
 // Parses the JSON body and checks every field's type and range (nothing model-dependent).
