@@ -43,7 +43,8 @@ const char* const kCascadeHelp =
     "          --center-down local|fail\n"
     "                          when the center cannot be reached: answer locally (default) or 503\n"
     "          --poll-interval S   seconds between manifest polls (default 10)\n"
-    "          --cache-dir DIR     where downloaded models go (default: a temporary directory)\n"
+    "          --cache-dir DIR     where downloaded models go (default: a temporary directory,\n"
+    "                          removed at exit)\n"
     "          --edge-quant auto|int8|int4   weights to download (default auto: int4 on a slow link,\n"
     "                          --int4-below-mbps (50), --int4-above-rtt-ms (200), or when the int8\n"
     "                          model exceeds half of --memory-budget-mb (default: available memory))\n";
@@ -345,7 +346,13 @@ int cmd_serve(const std::vector<std::string>& argv) {
   std::fflush(stdout);
   if (edge) edge->stop();
   server.stop(grace);
-  infer::EngineMetrics m = engine.metrics();
+  if (role == "edge" && !args.has("cache-dir")) {  // the default cache is this process's own
+    std::error_code ec_rm;
+    std::filesystem::remove_all(eo.cache_dir, ec_rm);
+  }
+  // An edge reports the model it ended on (requests served by models it replaced are not in it).
+  const auto last = std::dynamic_pointer_cast<ServedModel>(server.engine());
+  infer::EngineMetrics m = (last ? last->engine() : engine).metrics();
   std::printf("[serve] stopped: %lld requests finished, %lld prompt + %lld generated tokens\n",
               (long long)m.requests_finished, (long long)m.prompt_tokens, (long long)m.generated_tokens);
   if (speculative)

@@ -189,7 +189,7 @@ void Edge::poll_once() {
     if (center_up_ || center_version_.empty())
       std::fprintf(stderr, "[cascade] center %s unreachable: %s\n", opt_.center_url.c_str(), e.what());
     center_up_ = false;
-    center_version_.empty() ? void(center_version_ = "unknown") : void();
+    if (center_version_.empty()) center_version_ = "unknown";
     return;
   }
   const std::string center_tok = m["tokenizer"].value("hash", "");
