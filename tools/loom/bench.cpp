@@ -20,6 +20,8 @@ const std::vector<Benchmark>& benchmarks() {
        bench_pipeline},
       {"chaos", "kills, hangs and corrupt checkpoints against loom launch --max-restarts; bitwise check, goodput", bench_chaos},
       {"checkpoint", "training stall of synchronous vs asynchronous checkpoints (checkpoint.async)", bench_checkpoint},
+      {"cascade", "edge/center cascade over an emulated WAN: latency, center load and quality per threshold",
+       bench_cascade},
       {"moe", "MoE step split (experts, routing, all-to-all) and tokens/s vs the dense model of equal active size",
        bench_moe},
   };

@@ -45,6 +45,7 @@ int bench_pipeline(const std::vector<std::string>& args);
 int bench_moe(const std::vector<std::string>& args);
 int bench_checkpoint(const std::vector<std::string>& args);
 int bench_chaos(const std::vector<std::string>& args);
+int bench_cascade(const std::vector<std::string>& args);
 
 int cmd_launch(const std::vector<std::string>& args);
 // Runs `loom bench <bench> args...` as ranks of `loom launch`, with the --nproc and --hosts

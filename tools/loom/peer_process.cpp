@@ -49,6 +49,26 @@ PeerProcess::~PeerProcess() {
   }
 }
 
+void PeerProcess::terminate(double grace_s) {
+  if (pid_ <= 0) return;
+  kill(pid_, SIGTERM);
+  int status = 0;
+  for (double waited = 0; waited < grace_s; waited += 0.05) {
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return;
+    }
+    usleep(50000);
+  }
+  kill(pid_, SIGKILL);
+  waitpid(pid_, &status, 0);
+  pid_ = -1;
+}
+
+void PeerProcess::signal(int sig) {
+  if (pid_ > 0) kill(pid_, sig);
+}
+
 void PeerProcess::send_line(const std::string& line) {
   std::string s = line + "\n";
   LOOM_CHECK(write(to_child_, s.data(), s.size()) == ssize_t(s.size()), "peer",

@@ -18,6 +18,10 @@ class PeerProcess {
   std::string read_line();
   // Reads lines until one starts with `prefix`; returns the rest of that line.
   std::string read_until(const std::string& prefix);
+  // Asks the child to end (SIGTERM), waits up to `grace_s`, then kills it. Idempotent.
+  void terminate(double grace_s = 10);
+  // Sends a signal (e.g. SIGHUP) to the child.
+  void signal(int sig);
 
  private:
   int pid_ = -1, to_child_ = -1, from_child_ = -1;

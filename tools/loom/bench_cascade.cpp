@@ -1,0 +1,520 @@
+// `loom bench cascade`: an edge/center cascade over an emulated WAN (docs/CASCADE.md). One
+// center and two edges run as `loom serve` processes, on test hosts (scripts/testhosts.sh:
+// network namespaces) when root, else on loopback; the WAN between them is a delay-and-rate
+// relay (serve/client/wan_relay.h). Replays a mixed workload against the center alone, then
+// against the edges for each confidence threshold, scores every answer with the center model,
+// optionally rolls out a new edge model mid-run, and prints SUMMARY {json} last.
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
+
+#include "loom/core/error.h"
+#include "loom/core/stats.h"
+#include "loom/core/timer.h"
+#include "loom/io/file.h"
+#include "loom/io/svg_plot.h"
+#include "loom/serve/client/http_client.h"
+#include "loom/serve/client/wan_relay.h"
+#include "loom/train/checkpoint.h"
+#include "tools/loom/bench_cascade_run.h"
+#include "tools/loom/commands.h"
+#include "tools/loom/inference_model.h"
+#include "tools/loom/peer_process.h"
+
+namespace loom::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+const char* kHelp =
+    "usage: loom bench cascade --center DIR --edge-int8 DIR --edge-int4 DIR [options]\n\n"
+    "An edge/center cascade over an emulated WAN: the center alone, then two edges for each\n"
+    "confidence threshold; latency, center load and answer quality (the center model's log-likelihood\n"
+    "of the answers, and agreement with its own greedy answers). Writes OUT/cascade_sweep.csv and\n"
+    "OUT/cascade_sweep.svg; the last line is SUMMARY {json}.\n"
+    "  --center DIR          the center's checkpoint\n"
+    "  --edge-int8 DIR       the edge model in int8 (a `loom quantize` output; it also starts the edges)\n"
+    "  --edge-int4 DIR       the edge model in int4\n"
+    "  --update-int8 DIR, --update-int4 DIR\n"
+    "                        a newer edge model, published mid-run at the recommended threshold\n"
+    "  --thresholds LIST     confidence thresholds (default 0,0.2,0.3,0.4,0.5,0.6,1; --quick 0,0.5,1)\n"
+    "  --requests N          requests per run (default 60; --quick 12)\n"
+    "  --rate R              Poisson arrivals per second (default 1; --quick 2)\n"
+    "  --max-tokens M        tokens per answer (default 32; --quick 12)\n"
+    "  --window W            tokens the edge's confidence is measured over (default 8)\n"
+    "  --wan DELAY,RATE      the WAN link, one-way delay and rate (default 40ms,20mbit)\n"
+    "  --hosts auto|on|off   test hosts in network namespaces (default auto: when root)\n"
+    "  --center-threads N    the center's compute threads (default 2); edges get --edge-threads (1)\n"
+    "  --out DIR             where the CSV, SVG and edge caches go (default runs/bench-cascade)\n"
+    "  --quick               a CI-sized run\n"
+    "  --seed S              workload and arrivals (default 0)\n";
+
+double parse_seconds(const std::string& s) {
+  if (s.size() > 2 && s.substr(s.size() - 2) == "ms") return std::stod(s.substr(0, s.size() - 2)) / 1e3;
+  if (s.size() > 2 && s.substr(s.size() - 2) == "us") return std::stod(s.substr(0, s.size() - 2)) / 1e6;
+  if (!s.empty() && s.back() == 's') return std::stod(s.substr(0, s.size() - 1));
+  return std::stod(s);
+}
+
+double parse_rate(std::string s) {
+  for (auto& c : s) c = char(std::tolower(c));
+  const std::pair<const char*, double> units[] = {{"gbit", 1e9}, {"mbit", 1e6}, {"kbit", 1e3}, {"bit", 1}};
+  for (const auto& [u, f] : units)
+    if (s.size() > std::strlen(u) && s.substr(s.size() - std::strlen(u)) == u)
+      return std::stod(s.substr(0, s.size() - std::strlen(u))) * f;
+  return std::stod(s);
+}
+
+// Test hosts for the run: `testhosts.sh up 3` when asked (or root, for auto); down at the end.
+class Hosts {
+ public:
+  Hosts(const std::string& mode) {
+    if (mode == "off") return;
+    const std::string script = std::string(LOOM_SOURCE_DIR) + "/scripts/testhosts.sh";
+    if (mode == "auto" && geteuid() != 0) return;
+    const int rc = std::system((script + " up 3 >&2").c_str());
+    if (rc == 0) {
+      script_ = script;
+      return;
+    }
+    if (mode == "on") fail("bench cascade", "--hosts on: `", script, " up 3` failed (exit ", rc, "); run as root or give --hosts off");
+    std::fprintf(stderr, "[bench cascade] test hosts unavailable (testhosts.sh exit %d): running on loopback\n", rc);
+  }
+  ~Hosts() {
+    if (!script_.empty()) std::system((script_ + " down >&2").c_str());
+  }
+  bool up() const { return !script_.empty(); }
+  // Host i (1: center, 2 and 3: edges): its address and the command prefix that runs in it.
+  std::string addr(int i) const { return up() ? str_cat("198.18.0.", 10 + i) : "127.0.0.1"; }
+  std::vector<std::string> prefix(int i) const {
+    return up() ? std::vector<std::string>{"ip", "netns", "exec", str_cat("loomh", i)} : std::vector<std::string>{};
+  }
+  std::string router() const { return up() ? "198.18.0.1" : "127.0.0.1"; }
+
+ private:
+  std::string script_;
+};
+
+struct Server {
+  std::unique_ptr<PeerProcess> proc;
+  std::string url;
+};
+
+Server start_server(std::vector<std::string> argv, const std::string& host) {
+  Server s;
+  argv.insert(argv.end(), {"--host", host, "--port", "0", "--no-access-log"});
+  s.proc = std::make_unique<PeerProcess>(argv);
+  const std::string listening = s.proc->read_until("[serve] listening on http://");
+  const size_t colon = listening.find(':'), space = listening.find(' ');
+  s.url = "http://" + host + ":" + listening.substr(colon + 1, space - colon - 1);
+  s.proc->read_until("[serve] ready");
+  return s;
+}
+
+json get_json(const std::string& url, const std::string& path) {
+  const serve::Url u = serve::parse_url(url);
+  serve::HttpClient c(u.host, u.port, 30);
+  serve::ClientResponse r = c.request("GET", path);
+  LOOM_CHECK(r.status == 200, "bench cascade", "GET ", url, path, " answered ", r.status);
+  return json::parse(r.body);
+}
+
+// Waits until the edge has read the manifest and runs the version its weight choice names.
+void wait_settled(const std::string& edge_url, const std::string& center_url, double timeout_s) {
+  const double deadline = now_seconds() + timeout_s;
+  while (true) {
+    const json st = get_json(edge_url, "/v1/cascade/status");
+    const json m = get_json(center_url, "/v1/cascade/manifest");
+    const std::string choice = st.value("choice", "");
+    if (st.value("polled", false) && !choice.empty() && m["edge_models"].contains(choice) &&
+        m["edge_models"][choice].value("version", "") == st.value("version", ""))
+      return;
+    LOOM_CHECK(now_seconds() < deadline, "bench cascade", "edge ", edge_url, " did not settle on its model within ",
+               timeout_s, " s: ", st.dump());
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+}
+
+struct Row {
+  std::string name;
+  double threshold = std::nan("");
+  int64_t ok = 0, failed = 0, at_edge = 0;
+  double mean = 0, p50 = 0, p99 = 0, duration = 0, center_rps = 0, loglik = 0, quality = 0, agreement = 0;
+  double latency_speedup = 1, load_reduction = 0, quality_ratio = 1;
+};
+
+Row summarize(const std::string& name, double threshold, const std::vector<CascadeAnswer>& answers,
+              const std::vector<CascadePrompt>& prompts, const std::vector<CascadeAnswer>* reference,
+              model::Decoder& center, const serve::TextTokenizer& tok, double duration) {
+  Row r;
+  r.name = name;
+  r.threshold = threshold;
+  std::vector<double> lat;
+  double logprob = 0;
+  int64_t tokens = 0, agree = 0;
+  for (size_t i = 0; i < answers.size(); ++i) {
+    const CascadeAnswer& a = answers[i];
+    if (!a.ok) {
+      ++r.failed;
+      continue;
+    }
+    ++r.ok;
+    lat.push_back(a.latency_s);
+    if (a.answered_by == "edge") ++r.at_edge;
+    const AnswerScore s = score_answer(center, tok, prompts[i].text, a.token_ids);
+    if (std::getenv("LOOM_BENCH_CASCADE_TRACE"))
+      std::fprintf(stderr, "[trace] %s answer %zu: %lld tokens, mean log p %.3f: %s\n", name.c_str(), i,
+                   (long long)s.tokens, s.tokens ? s.logprob / double(s.tokens) : 0.0, a.text.substr(0, 80).c_str());
+    logprob += s.logprob;
+    tokens += s.tokens;
+    if (reference && (*reference)[i].ok && (*reference)[i].text == a.text) ++agree;
+  }
+  if (!lat.empty()) {
+    std::sort(lat.begin(), lat.end());
+    double sum = 0;
+    for (double v : lat) sum += v;
+    r.mean = sum / double(lat.size());
+    r.p50 = lat[lat.size() / 2];
+    r.p99 = lat[std::min(lat.size() - 1, size_t(std::ceil(0.99 * double(lat.size()))) - 1)];
+  }
+  r.duration = duration;
+  r.center_rps = double(r.ok - r.at_edge) / std::max(duration, 1e-9);
+  r.loglik = tokens > 0 ? logprob / double(tokens) : 0;
+  r.quality = tokens > 0 ? std::exp(r.loglik) : 0;
+  r.agreement = r.ok > 0 ? double(agree) / double(r.ok) : 0;
+  return r;
+}
+
+}  // namespace
+
+int bench_cascade(const std::vector<std::string>& argv) {
+  for (const auto& a : argv)
+    if (a == "--help" || a == "-h") {
+      std::printf("%s", kHelp);
+      return 0;
+    }
+  Args args("bench cascade", argv,
+            {{"center", true}, {"edge-int8", true}, {"edge-int4", true}, {"update-int8", true}, {"update-int4", true},
+             {"thresholds", true}, {"requests", true}, {"rate", true}, {"max-tokens", true}, {"window", true},
+             {"wan", true}, {"hosts", true}, {"center-threads", true}, {"edge-threads", true}, {"out", true},
+             {"quick", false}, {"seed", true}});
+  const bool quick = args.has("quick");
+  if (!args.has("center") || !args.has("edge-int8") || !args.has("edge-int4"))
+    throw UsageError(std::string("[bench cascade] --center, --edge-int8 and --edge-int4 are required\n\n") + kHelp);
+  const std::string center_dir = resolve_inference_checkpoint(args.get("center", ""), nullptr);
+  std::vector<double> thresholds;
+  {
+    std::string list = args.get("thresholds", quick ? "0,0.5,1" : "0,0.2,0.3,0.4,0.5,0.6,1");
+    size_t at = 0;
+    while (at <= list.size()) {
+      size_t comma = std::min(list.find(',', at), list.size());
+      double t = -1;
+      try {
+        t = std::stod(list.substr(at, comma - at));
+      } catch (const std::exception&) {
+      }
+      if (!(t >= 0 && t <= 1))
+        throw UsageError(str_cat("[bench cascade] --thresholds ", list, ": each must be a number in [0, 1]"));
+      thresholds.push_back(t);
+      at = comma + 1;
+    }
+  }
+  const int64_t n_requests = args.get_int("requests", quick ? 12 : 60);
+  const double rate = args.get_double("rate", quick ? 2 : 1);
+  const int64_t max_tokens = args.get_int("max-tokens", quick ? 12 : 32);
+  const int64_t window = args.get_int("window", 8);
+  if (n_requests < 2 || rate <= 0 || max_tokens < 1 || window < 1)
+    throw UsageError("[bench cascade] --requests >= 2, --rate > 0, --max-tokens >= 1 and --window >= 1, please");
+  serve::WanLinkOptions link;
+  {
+    const std::string wan = args.get("wan", "40ms,20mbit");
+    const size_t comma = wan.find(',');
+    try {
+      link.delay_s = parse_seconds(wan.substr(0, comma));
+      link.rate_bps = comma == std::string::npos ? 0 : parse_rate(wan.substr(comma + 1));
+    } catch (const std::exception&) {
+      throw UsageError(str_cat("[bench cascade] --wan ", wan, ": expected DELAY[,RATE], e.g. 40ms,20mbit"));
+    }
+  }
+  const std::string hosts_mode = args.get("hosts", "auto");
+  if (hosts_mode != "auto" && hosts_mode != "on" && hosts_mode != "off")
+    throw UsageError("[bench cascade] --hosts must be auto, on or off");
+  const fs::path out = fs::absolute(args.get("out", "runs/bench-cascade"));
+  fs::create_directories(out);
+  const uint64_t seed = uint64_t(args.get_int("seed", 0));
+  const std::string loom = fs::read_symlink("/proc/self/exe").string();
+  const std::string center_threads = std::to_string(args.get_int("center-threads", 2));
+  const std::string edge_threads = std::to_string(args.get_int("edge-threads", 1));
+
+  // The published edge models are links the rollout re-points (then SIGHUP to the center).
+  auto publish = [&](const std::string& variant, const std::string& dir) {
+    const fs::path at = out / ("publish-" + variant);
+    fs::remove(at);
+    fs::create_directory_symlink(fs::absolute(dir), at);
+  };
+  publish("int8", args.get("edge-int8", ""));
+  publish("int4", args.get("edge-int4", ""));
+
+  Hosts hosts(hosts_mode);
+  std::printf("bench cascade: center %s, edges int8 %s / int4 %s; WAN %.0f ms one-way, %.1f Mbit/s (%s); %lld "
+              "requests at %.2f/s, %lld tokens each\n",
+              center_dir.c_str(), args.get("edge-int8", "").c_str(), args.get("edge-int4", "").c_str(),
+              link.delay_s * 1e3, link.rate_bps / 1e6,
+              hosts.up() ? "test hosts loomh1 (center), loomh2 and loomh3 (edges), relay on the bridge" : "loopback",
+              (long long)n_requests, rate, (long long)max_tokens);
+  std::fflush(stdout);
+
+  std::vector<std::string> center_argv = hosts.prefix(1);
+  center_argv.insert(center_argv.end(),
+                     {loom, "serve", "--checkpoint", center_dir, "--role", "center", "--edge-models",
+                      str_cat("int8=", (out / "publish-int8").string(), ",int4=", (out / "publish-int4").string()),
+                      "--served-model-name", "cascade", "--threads", center_threads});
+  Server center = start_server(center_argv, hosts.addr(1));
+  const serve::Url cu = serve::parse_url(center.url);
+  serve::WanRelay relay(hosts.router(), 0, cu.host, cu.port, link);
+  relay.start();
+  const std::string wan_center = str_cat("http://", hosts.router(), ":", relay.port());
+
+  std::vector<CascadePrompt> prompts =
+      cascade_workload(std::string(LOOM_SOURCE_DIR) + "/data/tinyshakespeare/input.txt", n_requests, seed);
+  auto tok = serve::make_text_tokenizer(train::checkpoint_tokenizer(center_dir));
+  {
+    int64_t n_ctx = train::checkpoint_model_config(center_dir).n_ctx;
+    for (const char* e : {"edge-int8", "edge-int4", "update-int8", "update-int4"})
+      if (args.has(e)) n_ctx = std::min(n_ctx, train::checkpoint_model_config(args.get(e, "")).n_ctx);
+    LOOM_CHECK(n_ctx > max_tokens + 8, "bench cascade", "--max-tokens ", max_tokens, " leaves no room for a prompt in ",
+               "the models' context of ", n_ctx, " tokens");
+    fit_prompts(prompts, *tok, n_ctx - max_tokens);
+  }
+  ReplayOptions ro;
+  ro.model = "cascade";
+  ro.max_tokens = max_tokens;
+  ro.rate = rate;
+  ro.seed = seed;
+
+  auto start_edges = [&](double t) {
+    std::vector<Server> edges;
+    for (int h = 2; h <= 3; ++h) {
+      std::vector<std::string> a = hosts.prefix(h);
+      a.insert(a.end(), {loom, "serve", "--checkpoint", args.get("edge-int8", ""), "--role", "edge", "--center",
+                         wan_center, "--confidence-threshold", str_cat(t), "--window", std::to_string(window),
+                         "--poll-interval", "1", "--cache-dir", (out / str_cat("cache-edge", h)).string(),
+                         "--served-model-name", "cascade", "--threads", edge_threads});
+      edges.push_back(start_server(a, hosts.addr(h)));
+    }
+    for (const Server& e : edges) wait_settled(e.url, center.url, 600);
+    return edges;
+  };
+  auto run = [&](const std::vector<std::string>& urls, const std::function<void()>& midway = {}) {
+    ReplayOptions o = ro;
+    o.urls = urls;
+    const double t0 = now_seconds();
+    std::vector<CascadeAnswer> a = replay_cascade(prompts, o, midway);
+    return std::pair{a, now_seconds() - t0};
+  };
+
+  std::printf("center only (over the WAN)...\n");
+  std::fflush(stdout);
+  auto [center_answers, center_s] = run({wan_center});
+  std::vector<std::pair<double, std::pair<std::vector<CascadeAnswer>, double>>> sweep;
+  for (double t : thresholds) {
+    std::printf("cascade at threshold %.2f...\n", t);
+    std::fflush(stdout);
+    std::vector<Server> edges = start_edges(t);
+    sweep.push_back({t, run({edges[0].url, edges[1].url})});
+    for (Server& e : edges) e.proc->terminate();
+  }
+
+  // Score everything with the center model (after the runs: no process competes with them).
+  InferenceModel cm = load_inference_model(center_dir, std::nullopt, nullptr, /*resolved=*/true);
+  std::vector<Row> rows;
+  Row base = summarize("center only", std::nan(""), center_answers, prompts, &center_answers, *cm.model, *tok, center_s);
+  for (auto& [t, res] : sweep) {
+    Row r = summarize("cascade", t, res.first, prompts, &center_answers, *cm.model, *tok, res.second);
+    r.latency_speedup = r.mean > 0 ? base.mean / r.mean : 0;
+    r.load_reduction = base.center_rps > 0 ? 1 - r.center_rps / base.center_rps : 0;
+    r.quality_ratio = base.quality > 0 ? r.quality / base.quality : 0;
+    rows.push_back(r);
+  }
+  // Calibration, from the threshold-0 run (every answer the edge's, with its confidence): the
+  // quality the cascade would keep if the edge answered only its most confident share, ranking by
+  // the window's mean probability or by its minimum.
+  json calibration = json::array();
+  for (auto& [t, res] : sweep) {
+    if (t != 0) continue;
+    std::vector<size_t> idx;
+    std::vector<AnswerScore> edge_s(prompts.size()), center_s(prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i)
+      if (res.first[i].ok && center_answers[i].ok && std::isfinite(res.first[i].confidence)) {
+        idx.push_back(i);
+        edge_s[i] = score_answer(*cm.model, *tok, prompts[i].text, res.first[i].token_ids);
+        center_s[i] = score_answer(*cm.model, *tok, prompts[i].text, center_answers[i].token_ids);
+      }
+    if (idx.empty()) break;
+    std::printf("\nconfidence calibration (the threshold-0 answers): quality ratio if the edge answered only its most "
+                "confident share\n%-10s %24s %24s\n", "at edge", "ranked by mean (T)", "ranked by min (T)");
+    for (double share : {0.25, 0.5, 0.67, 0.75, 0.9}) {
+      json entry = {{"edge_fraction", share}};
+      std::string line = str_cat(int(share * 100), "%");
+      for (const char* rule : {"mean", "min"}) {
+        std::vector<size_t> order = idx;
+        auto conf = [&](size_t i) { return rule[1] == 'e' ? res.first[i].confidence : res.first[i].confidence_min; };
+        std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return conf(a) > conf(b); });
+        const size_t k = size_t(std::lround(share * double(order.size())));
+        double lp = 0, n = 0, base_lp = 0, base_n = 0;
+        for (size_t j = 0; j < order.size(); ++j) {
+          const AnswerScore& s = j < k ? edge_s[order[j]] : center_s[order[j]];
+          lp += s.logprob;
+          n += double(s.tokens);
+          base_lp += center_s[order[j]].logprob;
+          base_n += double(center_s[order[j]].tokens);
+        }
+        const double ratio = n > 0 && base_n > 0 ? std::exp(lp / n - base_lp / base_n) : 0;
+        const double cut = k > 0 ? conf(order[k - 1]) : 1.0;
+        line += str_cat("   ", ratio, " (T ", cut, ")");
+        entry[str_cat("by_", rule)] = {{"quality_ratio", ratio}, {"threshold", cut}};
+      }
+      std::printf("%s\n", line.c_str());
+      calibration.push_back(entry);
+    }
+  }
+
+  // The recommendation: the fastest threshold whose quality is within 5% of the center's;
+  // failing that, the one of best quality.
+  const Row* best = nullptr;
+  for (const Row& r : rows)
+    if (r.failed == 0 && r.quality_ratio >= 0.95 && (!best || r.latency_speedup > best->latency_speedup)) best = &r;
+  for (const Row& r : rows)
+    if (!best || (best->quality_ratio < 0.95 && r.quality_ratio > best->quality_ratio)) best = &r;
+
+  // A model update during a run at that threshold.
+  json rollout = nullptr;
+  if (args.has("update-int8") || args.has("update-int4")) {
+    std::printf("rollout at threshold %.2f: a new edge model published after half the requests...\n", best->threshold);
+    std::fflush(stdout);
+    std::vector<Server> edges = start_edges(best->threshold);
+    const std::string before = get_json(edges[0].url, "/v1/cascade/status").value("version", "");
+    auto [answers, secs] = run({edges[0].url, edges[1].url}, [&] {
+      if (args.has("update-int8")) publish("int8", args.get("update-int8", ""));
+      if (args.has("update-int4")) publish("int4", args.get("update-int4", ""));
+      center.proc->signal(SIGHUP);
+    });
+    // The switch must land: the edges settle on the new version.
+    for (const Server& e : edges) wait_settled(e.url, center.url, 600);
+    const std::string after = get_json(edges[0].url, "/v1/cascade/status").value("version", "");
+    std::map<std::string, int64_t> by_version;
+    int64_t failed = 0, inconsistent = 0;
+    for (const CascadeAnswer& a : answers) {
+      if (!a.ok) {
+        ++failed;
+        continue;
+      }
+      const std::string edge_v = a.answered_by == "edge" ? a.version : a.edge_version;
+      ++by_version[edge_v];
+      if (edge_v != before && edge_v != after) ++inconsistent;
+    }
+    for (Server& e : edges) e.proc->terminate();
+    rollout = {{"threshold", best->threshold}, {"failed", failed}, {"requests", int64_t(answers.size())},
+               {"before", before}, {"after", after}, {"answers_by_edge_version", by_version},
+               {"answers_with_other_versions", inconsistent}, {"seconds", secs}};
+    std::printf("rollout: %lld failed of %zu; edge versions answered: %s; switched %s -> %s\n", (long long)failed,
+                answers.size(), json(by_version).dump().c_str(), before.c_str(), after.c_str());
+  }
+  center.proc->terminate();
+  relay.stop();
+
+  std::printf("\n%-12s %6s %8s %9s %9s %9s %10s %9s %9s %9s %8s\n", "run", "T", "at edge", "mean ms", "p50 ms",
+              "p99 ms", "center/s", "log p/tok", "quality", "q ratio", "agree");
+  auto print_row = [](const Row& r) {
+    std::printf("%-12s %6s %7.0f%% %9.1f %9.1f %9.1f %10.3f %9.3f %9.4f %9.3f %7.0f%%%s\n", r.name.c_str(),
+                std::isnan(r.threshold) ? "-" : str_cat(r.threshold).c_str(),
+                r.ok ? 100.0 * double(r.at_edge) / double(r.ok) : 0.0, r.mean * 1e3, r.p50 * 1e3, r.p99 * 1e3,
+                r.center_rps, r.loglik, r.quality, r.quality_ratio, 100 * r.agreement,
+                r.failed ? str_cat("  (", r.failed, " failed)").c_str() : "");
+  };
+  print_row(base);
+  for (const Row& r : rows) print_row(r);
+  std::set<std::string> reasons;  // each distinct failure once
+  auto note_failures = [&](const std::vector<CascadeAnswer>& answers) {
+    for (const CascadeAnswer& a : answers)
+      if (!a.ok && reasons.insert(a.error).second) std::printf("failure: %s\n", a.error.c_str());
+  };
+  note_failures(center_answers);
+  for (auto& [t, res] : sweep) note_failures(res.first);
+
+  std::string csv =
+      "threshold,edge_fraction,mean_s,p50_s,p99_s,center_rps,loglik_per_token,quality,quality_ratio,agreement,failed\n";
+  auto csv_row = [&](const Row& r) {
+    csv += str_cat(std::isnan(r.threshold) ? std::string("center_only") : str_cat(r.threshold), ",",
+                   r.ok ? double(r.at_edge) / double(r.ok) : 0.0, ",", r.mean, ",", r.p50, ",", r.p99, ",",
+                   r.center_rps, ",", r.loglik, ",", r.quality, ",", r.quality_ratio, ",", r.agreement, ",", r.failed, "\n");
+  };
+  csv_row(base);
+  for (const Row& r : rows) csv_row(r);
+  io::write_file_atomic((out / "cascade_sweep.csv").string(), csv);
+  io::PlotSeries mean_s{"cascade mean", {}, {}, {}, true}, p99_s{"cascade P99", {}, {}, {}, true},
+      load_s{"cascade", {}, {}, {}, true};
+  for (const Row& r : rows) {
+    const std::string label = str_cat("T=", r.threshold);
+    mean_s.x.push_back(r.quality_ratio);
+    mean_s.y.push_back(r.mean * 1e3);
+    mean_s.labels.push_back(label);
+    p99_s.x.push_back(r.quality_ratio);
+    p99_s.y.push_back(r.p99 * 1e3);
+    p99_s.labels.push_back("");
+    load_s.x.push_back(r.quality_ratio);
+    load_s.y.push_back(r.center_rps);
+    load_s.labels.push_back(label);
+  }
+  io::PlotPanel latency{"latency against quality", "quality (center log-likelihood, cascade / center only)",
+                        "latency (ms)", {mean_s, p99_s},
+                        {{"center only mean", base.mean * 1e3}, {"center only P99", base.p99 * 1e3}}};
+  io::PlotPanel load{"center load against quality", "quality (center log-likelihood, cascade / center only)",
+                     "center requests per second", {load_s}, {{"center only", base.center_rps}}};
+  io::write_svg_plot((out / "cascade_sweep.svg").string(),
+                     str_cat("edge/center cascade: WAN ", link.delay_s * 1e3, " ms, ", link.rate_bps / 1e6, " Mbit/s"),
+                     {latency, load});
+  std::printf("\nrecommended threshold %.2f: mean latency %.2fx lower, center load %.0f%% lower, quality ratio "
+              "%.3f, answers equal to the center's %.0f%%\nwrote %s and %s\n",
+              best->threshold, best->latency_speedup, 100 * best->load_reduction, best->quality_ratio,
+              100 * best->agreement, (out / "cascade_sweep.csv").c_str(), (out / "cascade_sweep.svg").c_str());
+
+  json sweep_json = json::array();
+  for (const Row& r : rows)
+    sweep_json.push_back({{"threshold", r.threshold}, {"edge_fraction", r.ok ? double(r.at_edge) / double(r.ok) : 0.0},
+                          {"mean_s", r.mean}, {"p50_s", r.p50}, {"p99_s", r.p99}, {"center_rps", r.center_rps},
+                          {"loglik_per_token", r.loglik}, {"quality_ratio", r.quality_ratio}, {"agreement", r.agreement}, {"failed", r.failed}});
+  int64_t failed = base.failed;
+  for (const Row& r : rows) failed += r.failed;
+  json s = {{"threshold", best->threshold},
+            {"latency_speedup", best->latency_speedup},
+            {"center_load_reduction", best->load_reduction},
+            {"quality_ratio", best->quality_ratio},
+            {"agreement", best->agreement},
+            {"edge_fraction", best->ok ? double(best->at_edge) / double(best->ok) : 0.0},
+            {"center_only", {{"mean_s", base.mean}, {"p50_s", base.p50}, {"p99_s", base.p99}, {"center_rps", base.center_rps},
+                             {"loglik_per_token", base.loglik}}},
+            {"failed", failed},
+            {"hosts", hosts.up() ? "namespaces" : "loopback"},
+            {"wan", {{"delay_s", link.delay_s}, {"rate_bps", link.rate_bps}}},
+            {"requests", n_requests},
+            {"rate", rate},
+            {"sweep", sweep_json},
+            {"calibration", calibration},
+            {"rollout", rollout}};
+  std::printf("SUMMARY %s\n", s.dump().c_str());
+  return failed == 0 && (rollout.is_null() || rollout["failed"] == 0) ? 0 : 1;
+}
+
+}  // namespace loom::cli

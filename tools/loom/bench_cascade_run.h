@@ -1,0 +1,61 @@
+// The pieces of `loom bench cascade` that do not start processes: the workload (Tiny
+// Shakespeare continuations and out-of-distribution text), the timed replay of requests
+// against one or more servers, and the center model's score of the answers.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "loom/model/decoder.h"
+#include "loom/serve/tokenizer.h"
+
+namespace loom::cli {
+
+struct CascadePrompt {
+  std::string text;
+  bool in_distribution = true;
+};
+// n prompts, alternating in- and out-of-distribution: Shakespeare passages of about 120
+// characters from `corpus`'s last tenth (cut at line starts), and modern technical and
+// conversational sentences no Shakespeare model has seen.
+std::vector<CascadePrompt> cascade_workload(const std::string& corpus, int64_t n, uint64_t seed);
+
+// Drops leading words until every prompt is at most max_prompt_tokens tokens.
+void fit_prompts(std::vector<CascadePrompt>& prompts, const serve::TextTokenizer& tok, int64_t max_prompt_tokens);
+
+struct CascadeAnswer {
+  bool ok = false;
+  double latency_s = 0;
+  std::string text, answered_by, version, edge_version, error;
+  std::vector<int32_t> token_ids;  // the tokens the answering model chose
+  // An edge's confidence in its window (X-Loom-Confidence, -Min); NaN when it did not say.
+  double confidence = std::nan(""), confidence_min = std::nan("");
+};
+
+struct ReplayOptions {
+  std::vector<std::string> urls;  // request i goes to urls[i % urls.size()]
+  std::string model;
+  int64_t max_tokens = 32;
+  double rate = 1;                // Poisson arrivals per second
+  uint64_t seed = 0;
+  double timeout_s = 300;
+};
+// Sends every prompt at its arrival time (greedy completions), waits for all answers.
+// `midway` (if set) runs once half the requests have been sent.
+std::vector<CascadeAnswer> replay_cascade(const std::vector<CascadePrompt>& prompts, const ReplayOptions& opt,
+                                          const std::function<void()>& midway = {});
+
+// Sum of the answer tokens' log-probabilities under `center` given the prompt, and their
+// count: the tokens the answering model chose (the same vocabulary: a cascade's edge and center
+// share the tokenizer), after the prompt as the server tokenizes it; the sequence is cut to the
+// model's context.
+struct AnswerScore {
+  double logprob = 0;
+  int64_t tokens = 0;
+};
+AnswerScore score_answer(model::Decoder& center, const serve::TextTokenizer& tok, const std::string& prompt,
+                         const std::vector<int32_t>& answer);
+
+}  // namespace loom::cli
