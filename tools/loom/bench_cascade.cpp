@@ -52,7 +52,7 @@ const char* kHelp =
     "  --requests N          requests per run (default 60; --quick 12)\n"
     "  --rate R              Poisson arrivals per second (default 1; --quick 2)\n"
     "  --max-tokens M        tokens per answer (default 32; --quick 12)\n"
-    "  --window W            tokens the edge's confidence is measured over (default 8)\n"
+    "  --window W            tokens the edge's confidence is measured over (default 16)\n"
     "  --wan DELAY,RATE      the WAN link, one-way delay and rate (default 40ms,20mbit)\n"
     "  --hosts auto|on|off   test hosts in network namespaces (default auto: when root)\n"
     "  --center-threads N    the center's compute threads (default 2); edges get --edge-threads (1)\n"
@@ -233,7 +233,7 @@ int bench_cascade(const std::vector<std::string>& argv) {
   const int64_t n_requests = args.get_int("requests", quick ? 12 : 60);
   const double rate = args.get_double("rate", quick ? 2 : 1);
   const int64_t max_tokens = args.get_int("max-tokens", quick ? 12 : 32);
-  const int64_t window = args.get_int("window", 8);
+  const int64_t window = args.get_int("window", 16);
   if (n_requests < 2 || rate <= 0 || max_tokens < 1 || window < 1)
     throw UsageError("[bench cascade] --requests >= 2, --rate > 0, --max-tokens >= 1 and --window >= 1, please");
   serve::WanLinkOptions link;

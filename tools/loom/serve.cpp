@@ -39,7 +39,7 @@ const char* const kCascadeHelp =
     "          --confidence-threshold T\n"
     "                          answer when the mean probability of the first --window tokens is >= T\n"
     "                          (in [0, 1]; default 0.5), else forward to the center\n"
-    "          --window N      tokens the confidence is measured over (default 8)\n"
+    "          --window N      tokens the confidence is measured over (default 16)\n"
     "          --center-down local|fail\n"
     "                          when the center cannot be reached: answer locally (default) or 503\n"
     "          --poll-interval S   seconds between manifest polls (default 10)\n"
@@ -214,7 +214,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
     eo.center_url = args.get("center", "");
     serve::parse_url(eo.center_url);  // a bad URL fails now, naming it
     eo.threshold = args.get_double("confidence-threshold", 0.5);
-    eo.window = args.get_int("window", 8);
+    eo.window = args.get_int("window", 16);
     const std::string down = args.get("center-down", "local");
     if (down != "local" && down != "fail")
       throw UsageError(str_cat("[serve] --center-down ", down, ": expected local or fail"));

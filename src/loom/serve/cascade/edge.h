@@ -26,7 +26,7 @@ namespace loom::serve::cascade {
 struct EdgeOptions {
   std::string center_url;               // http://host:port of the center
   double threshold = 0.5;               // confidence in [0, 1] at or above which the edge answers
-  int64_t window = 8;                   // tokens the confidence is measured over
+  int64_t window = 16;                  // tokens the confidence is measured over
   bool local_when_center_down = true;   // false: 503 when the edge would forward but cannot
   double poll_interval_s = 10;          // manifest polls
   std::string cache_dir;                // downloaded models, one directory per version hash
