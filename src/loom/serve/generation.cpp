@@ -260,7 +260,10 @@ void ApiServer::handle_generation(HttpExchange& ex, ApiKind kind) {
     // An engine that never confirms an abort must not pin this thread forever.
     if (t_abort > 0 && now_seconds() - t_abort > 10) break;
   }
-  if (deciding) emit(std::exchange(held, {}));
+  if (deciding) {  // left the loop undecided (an abort the engine never confirmed)
+    deciding = false;
+    emit(std::exchange(held, {}));
+  }
   metrics_.counter("loom_generation_tokens_total", "tokens generated").inc(double(n_generated));
   metrics_.histogram("loom_e2e_request_latency_seconds", "time from arrival to the last token", kE2eBuckets)
       .observe(now_seconds() - t_arrival);
