@@ -363,13 +363,20 @@ int bench_cascade(const std::vector<std::string>& argv) {
       }
     if (idx.empty()) break;
     std::printf("\nconfidence calibration (the threshold-0 answers): quality ratio if the edge answered only its most "
-                "confident share\n%-10s %24s %24s\n", "at edge", "ranked by mean (T)", "ranked by min (T)");
+                "confident share\n%-10s %24s %24s %16s\n", "at edge", "ranked by mean (T)", "ranked by min (T)",
+                "best possible");
     for (double share : {0.25, 0.5, 0.67, 0.75, 0.9}) {
       json entry = {{"edge_fraction", share}};
       std::string line = str_cat(int(share * 100), "%");
-      for (const char* rule : {"mean", "min"}) {
+      // "oracle": ranked by what each edge answer actually costs (its per-token log-likelihood
+      // under the center less the center's own answer's), the bound any confidence rule meets.
+      for (const std::string rule : {"mean", "min", "oracle"}) {
         std::vector<size_t> order = idx;
-        auto conf = [&](size_t i) { return rule[1] == 'e' ? res.first[i].confidence : res.first[i].confidence_min; };
+        auto per_token = [](const AnswerScore& a) { return a.tokens ? a.logprob / double(a.tokens) : 0.0; };
+        auto conf = [&](size_t i) {
+          if (rule == "oracle") return per_token(edge_s[i]) - per_token(center_s[i]);
+          return rule == "mean" ? res.first[i].confidence : res.first[i].confidence_min;
+        };
         std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return conf(a) > conf(b); });
         const size_t k = size_t(std::lround(share * double(order.size())));
         double lp = 0, n = 0, base_lp = 0, base_n = 0;
@@ -382,8 +389,13 @@ int bench_cascade(const std::vector<std::string>& argv) {
         }
         const double ratio = n > 0 && base_n > 0 ? std::exp(lp / n - base_lp / base_n) : 0;
         const double cut = k > 0 ? conf(order[k - 1]) : 1.0;
-        line += str_cat("   ", ratio, " (T ", cut, ")");
-        entry[str_cat("by_", rule)] = {{"quality_ratio", ratio}, {"threshold", cut}};
+        if (rule == "oracle") {
+          line += str_cat("   ", ratio);
+          entry["oracle"] = {{"quality_ratio", ratio}};
+        } else {
+          line += str_cat("   ", ratio, " (T ", cut, ")");
+          entry["by_" + rule] = {{"quality_ratio", ratio}, {"threshold", cut}};
+        }
       }
       std::printf("%s\n", line.c_str());
       calibration.push_back(entry);
