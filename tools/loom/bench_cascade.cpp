@@ -22,6 +22,7 @@
 #include "loom/core/timer.h"
 #include "loom/io/file.h"
 #include "loom/io/svg_plot.h"
+#include "loom/serve/client/bench_client.h"
 #include "loom/serve/client/http_client.h"
 #include "loom/serve/client/wan_relay.h"
 #include "loom/train/checkpoint.h"
@@ -154,9 +155,9 @@ struct Row {
   double latency_speedup = 1, load_reduction = 0, quality_ratio = 1;
 };
 
+// The row of one run; its answers are scored (score_answers).
 Row summarize(const std::string& name, double threshold, const std::vector<CascadeAnswer>& answers,
-              const std::vector<CascadePrompt>& prompts, const std::vector<CascadeAnswer>* reference,
-              model::Decoder& center, const serve::TextTokenizer& tok, double duration) {
+              const std::vector<CascadeAnswer>* reference, double duration) {
   Row r;
   r.name = name;
   r.threshold = threshold;
@@ -172,22 +173,14 @@ Row summarize(const std::string& name, double threshold, const std::vector<Casca
     ++r.ok;
     lat.push_back(a.latency_s);
     if (a.answered_by == "edge") ++r.at_edge;
-    const AnswerScore s = score_answer(center, tok, prompts[i].text, a.token_ids);
-    if (std::getenv("LOOM_BENCH_CASCADE_TRACE"))
-      std::fprintf(stderr, "[trace] %s answer %zu: %lld tokens, mean log p %.3f: %s\n", name.c_str(), i,
-                   (long long)s.tokens, s.tokens ? s.logprob / double(s.tokens) : 0.0, a.text.substr(0, 80).c_str());
-    logprob += s.logprob;
-    tokens += s.tokens;
+    logprob += a.score.logprob;
+    tokens += a.score.tokens;
     if (reference && (*reference)[i].ok && (*reference)[i].text == a.text) ++agree;
   }
-  if (!lat.empty()) {
-    std::sort(lat.begin(), lat.end());
-    double sum = 0;
-    for (double v : lat) sum += v;
-    r.mean = sum / double(lat.size());
-    r.p50 = lat[lat.size() / 2];
-    r.p99 = lat[std::min(lat.size() - 1, size_t(std::ceil(0.99 * double(lat.size()))) - 1)];
-  }
+  const serve::LatencyStats l = serve::latency_stats(std::move(lat));
+  r.mean = l.mean;
+  r.p50 = l.p50;
+  r.p99 = l.p99;
   r.duration = duration;
   r.center_rps = double(r.ok - r.at_edge) / std::max(duration, 1e-9);
   r.loglik = tokens > 0 ? logprob / double(tokens) : 0;
@@ -339,9 +332,11 @@ int bench_cascade(const std::vector<std::string>& argv) {
   // Score everything with the center model (after the runs: no process competes with them).
   InferenceModel cm = load_inference_model(center_dir, std::nullopt, nullptr, /*resolved=*/true);
   std::vector<Row> rows;
-  Row base = summarize("center only", std::nan(""), center_answers, prompts, &center_answers, *cm.model, *tok, center_s);
+  score_answers(center_answers, prompts, *cm.model, *tok, "center only");
+  for (auto& [t, res] : sweep) score_answers(res.first, prompts, *cm.model, *tok, str_cat("threshold ", t));
+  Row base = summarize("center only", std::nan(""), center_answers, &center_answers, center_s);
   for (auto& [t, res] : sweep) {
-    Row r = summarize("cascade", t, res.first, prompts, &center_answers, *cm.model, *tok, res.second);
+    Row r = summarize("cascade", t, res.first, &center_answers, res.second);
     r.latency_speedup = r.mean > 0 ? base.mean / r.mean : 0;
     r.load_reduction = base.center_rps > 0 ? 1 - r.center_rps / base.center_rps : 0;
     r.quality_ratio = base.quality > 0 ? r.quality / base.quality : 0;
@@ -354,13 +349,10 @@ int bench_cascade(const std::vector<std::string>& argv) {
   for (auto& [t, res] : sweep) {
     if (t != 0) continue;
     std::vector<size_t> idx;
-    std::vector<AnswerScore> edge_s(prompts.size()), center_s(prompts.size());
     for (size_t i = 0; i < prompts.size(); ++i)
-      if (res.first[i].ok && center_answers[i].ok && std::isfinite(res.first[i].confidence)) {
-        idx.push_back(i);
-        edge_s[i] = score_answer(*cm.model, *tok, prompts[i].text, res.first[i].token_ids);
-        center_s[i] = score_answer(*cm.model, *tok, prompts[i].text, center_answers[i].token_ids);
-      }
+      if (res.first[i].ok && center_answers[i].ok && std::isfinite(res.first[i].confidence)) idx.push_back(i);
+    auto edge_s = [&](size_t i) -> const AnswerScore& { return res.first[i].score; };
+    auto center_score = [&](size_t i) -> const AnswerScore& { return center_answers[i].score; };
     if (idx.empty()) break;
     std::printf("\nconfidence calibration (the threshold-0 answers): quality ratio if the edge answered only its most "
                 "confident share\n%-10s %24s %24s %16s\n", "at edge", "ranked by mean (T)", "ranked by min (T)",
@@ -374,18 +366,18 @@ int bench_cascade(const std::vector<std::string>& argv) {
         std::vector<size_t> order = idx;
         auto per_token = [](const AnswerScore& a) { return a.tokens ? a.logprob / double(a.tokens) : 0.0; };
         auto conf = [&](size_t i) {
-          if (rule == "oracle") return per_token(edge_s[i]) - per_token(center_s[i]);
+          if (rule == "oracle") return per_token(edge_s(i)) - per_token(center_score(i));
           return rule == "mean" ? res.first[i].confidence : res.first[i].confidence_min;
         };
         std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return conf(a) > conf(b); });
         const size_t k = size_t(std::lround(share * double(order.size())));
         double lp = 0, n = 0, base_lp = 0, base_n = 0;
         for (size_t j = 0; j < order.size(); ++j) {
-          const AnswerScore& s = j < k ? edge_s[order[j]] : center_s[order[j]];
+          const AnswerScore& s = j < k ? edge_s(order[j]) : center_score(order[j]);
           lp += s.logprob;
           n += double(s.tokens);
-          base_lp += center_s[order[j]].logprob;
-          base_n += double(center_s[order[j]].tokens);
+          base_lp += center_score(order[j]).logprob;
+          base_n += double(center_score(order[j]).tokens);
         }
         const double ratio = n > 0 && base_n > 0 ? std::exp(lp / n - base_lp / base_n) : 0;
         const double cut = k > 0 ? conf(order[k - 1]) : 1.0;

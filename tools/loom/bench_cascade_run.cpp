@@ -167,4 +167,18 @@ AnswerScore score_answer(model::Decoder& center, const serve::TextTokenizer& tok
   return {-nll, n_valid};
 }
 
+void score_answers(std::vector<CascadeAnswer>& answers, const std::vector<CascadePrompt>& prompts,
+                   model::Decoder& center, const serve::TextTokenizer& tok, const std::string& run_name) {
+  const bool trace = std::getenv("LOOM_BENCH_CASCADE_TRACE") != nullptr;
+  for (size_t i = 0; i < answers.size(); ++i) {
+    CascadeAnswer& a = answers[i];
+    if (!a.ok) continue;
+    a.score = score_answer(center, tok, prompts[i].text, a.token_ids);
+    if (trace)
+      std::fprintf(stderr, "[trace] %s answer %zu: %lld tokens, mean log p %.3f: %s\n", run_name.c_str(), i,
+                   (long long)a.score.tokens, a.score.tokens ? a.score.logprob / double(a.score.tokens) : 0.0,
+                   a.text.substr(0, 80).c_str());
+  }
+}
+
 }  // namespace loom::cli

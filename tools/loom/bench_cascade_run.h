@@ -25,6 +25,11 @@ std::vector<CascadePrompt> cascade_workload(const std::string& corpus, int64_t n
 // Drops leading words until every prompt is at most max_prompt_tokens tokens.
 void fit_prompts(std::vector<CascadePrompt>& prompts, const serve::TextTokenizer& tok, int64_t max_prompt_tokens);
 
+struct AnswerScore {
+  double logprob = 0;
+  int64_t tokens = 0;
+};
+
 struct CascadeAnswer {
   bool ok = false;
   double latency_s = 0;
@@ -32,6 +37,7 @@ struct CascadeAnswer {
   std::vector<int32_t> token_ids;  // the tokens the answering model chose
   // An edge's confidence in its window (X-Loom-Confidence, -Min); NaN when it did not say.
   double confidence = std::nan(""), confidence_min = std::nan("");
+  AnswerScore score;  // score_answers: what the center model makes of token_ids
 };
 
 struct ReplayOptions {
@@ -47,15 +53,13 @@ struct ReplayOptions {
 std::vector<CascadeAnswer> replay_cascade(const std::vector<CascadePrompt>& prompts, const ReplayOptions& opt,
                                           const std::function<void()>& midway = {});
 
-// Sum of the answer tokens' log-probabilities under `center` given the prompt, and their
-// count: the tokens the answering model chose (the same vocabulary: a cascade's edge and center
-// share the tokenizer), after the prompt as the server tokenizes it; the sequence is cut to the
-// model's context.
-struct AnswerScore {
-  double logprob = 0;
-  int64_t tokens = 0;
-};
+// The tokens the answering model chose, after the prompt as the server tokenizes it (a
+// cascade's edge and center share the tokenizer), scored by `center`: the sum of their
+// log-probabilities and their count; the sequence is cut to the model's context.
 AnswerScore score_answer(model::Decoder& center, const serve::TextTokenizer& tok, const std::string& prompt,
                          const std::vector<int32_t>& answer);
+// Fills every answered request's `score` (LOOM_BENCH_CASCADE_TRACE prints each on stderr).
+void score_answers(std::vector<CascadeAnswer>& answers, const std::vector<CascadePrompt>& prompts,
+                   model::Decoder& center, const serve::TextTokenizer& tok, const std::string& run_name);
 
 }  // namespace loom::cli
