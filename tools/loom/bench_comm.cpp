@@ -28,7 +28,7 @@ const char* kHelp =
     "usage: loom bench comm [--nproc N] [--ops all_reduce,reduce_scatter,all_gather,all_to_all]\n"
     "                       [--min-bytes 1K] [--max-bytes 256M] [--iters 20] [--warmup 5]\n"
     "                       [--hosts h1:2,h2:2] [--algorithms ring,tree,hierarchical,auto,mpi]\n"
-    "                       [--calibrate FILE] [--trace DIR]\n\n"
+    "                       [--calibrate FILE]\n\n"
     "Sizes double from --min-bytes to --max-bytes (f32 elements; the total buffer of the op).\n"
     "Ops: all_reduce, reduce_scatter, all_gather, all_to_all, broadcast.\n"
     "--nproc N relaunches through `loom launch --nproc N` unless already under MPI; --hosts\n"
@@ -38,7 +38,7 @@ const char* kHelp =
     "--calibrate FILE measures latency and bandwidth inside and between hosts, the reduction\n"
     "  rate and every algorithm's time over the sizes, and writes the cost model to FILE\n"
     "  (use it with comm.calibration or $LOOM_COMM_CALIBRATION).\n"
-    "--trace DIR writes each rank's comm trace (Chrome/Perfetto JSON) there.\n";
+    "--trace DIR (as on every bench) writes each rank's trace, collectives included (docs/OBSERVABILITY.md).\n";
 
 struct Buffers {
   Tensor in, out;
@@ -255,7 +255,7 @@ int calibrate(const Args& a) {
 int bench_comm(const std::vector<std::string>& args) {
   Args a("bench comm", args,
          {{"nproc", true}, {"hosts", true}, {"ops", true}, {"min-bytes", true}, {"max-bytes", true},
-          {"iters", true}, {"warmup", true}, {"trace", true}, {"algorithms", true}, {"calibrate", true},
+          {"iters", true}, {"warmup", true}, {"algorithms", true}, {"calibrate", true},
           {"help", false}});
   if (a.has("help")) {
     std::printf("%s", kHelp);
@@ -333,12 +333,6 @@ int bench_comm(const std::vector<std::string>& args) {
       }
     }
     peaks.emplace_back(op, peak);
-  }
-  if (a.has("trace")) {
-    std::string path = str_cat(a.get("trace", "."), "/comm_trace_rank", r, ".json");
-    std::ofstream f(path);
-    LOOM_CHECK(f.good(), "bench comm", "cannot write ", path, "; does the --trace directory exist?");
-    comm::write_chrome_trace(world.record(), r, f);
   }
   if (primary) {
     std::ostringstream js;

@@ -22,6 +22,7 @@ const std::vector<Command>& commands() {
       {"generate", cmd_generate},
       {"quantize", cmd_quantize},
       {"eval", cmd_eval},
+      {"trace", cmd_trace},
   };
   return cmds;
 }

@@ -10,6 +10,7 @@
 #include "loom/core/error.h"
 #include "loom/kernels/cpu/blas_core.h"
 #include "tools/loom/commands.h"
+#include "tools/loom/trace.h"
 
 namespace {
 
@@ -17,15 +18,17 @@ void print_usage() {
   std::printf(
       "usage: loom <command> [options]\n\n"
       "commands:\n"
-      "  train         train a model from a YAML config (loom train CONFIG.yaml)\n"
+      "  train         train a model from a YAML config (loom train CONFIG.yaml [--trace DIR])\n"
       "  prepare       tokenize text files into token shards for training\n"
       "  tokenize      encode stdin to token ids (or --decode ids to text)\n"
       "  launch        run N ranks through mpirun: loom launch --nproc N -- train CONFIG.yaml\n"
       "  generate      sample text from a checkpoint (paged-KV inference engine)\n"
       "  quantize      write a bf16/int8/int4 copy of a checkpoint for inference\n"
       "  eval          validation loss and perplexity of a checkpoint (any precision)\n"
-      "  bench         benchmarks: loom bench --help\n"
+      "  report        one HTML page of a training run's metrics: loom report RUN_DIR\n"
+      "  bench         benchmarks: loom bench --help (each also takes --trace DIR)\n"
       "  serve         OpenAI-compatible HTTP server (completions, chat, SSE, /metrics)\n"
+      "  trace         merge the per-rank step traces of --trace DIR: loom trace merge DIR\n"
       "  version       print the build's version and capabilities\n\n"
       "run `loom <command> --help` for a command's options.\n");
 }
@@ -47,7 +50,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 2, argv + argc);
   try {
     for (const auto& c : loom::cli::commands())
-      if (c.name == cmd) return c.run(args);
+      if (c.name == cmd) return loom::cli::run_command(c, args);
     std::fprintf(stderr, "loom: unknown command '%s'\n\n", cmd.c_str());
     print_usage();
     return 2;

@@ -6,8 +6,11 @@
 
 #include "loom/core/error.h"
 #include "loom/core/timer.h"
+#include "loom/core/trace.h"
 
 namespace loom::comm {
+
+using trace::json_escape;
 
 const char* op_state_name(OpState s) {
   switch (s) {
@@ -31,16 +34,26 @@ uint64_t CommRecord::start(const std::string& op, const std::string& group, int6
 
 void CommRecord::finish(uint64_t handle, bool ok) {
   double t = now_seconds();
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = running_.find(handle);
-  if (it == running_.end()) return;
-  CommEvent e = std::move(it->second);
-  running_.erase(it);
-  e.t_end = t;
-  e.state = ok ? OpState::completed : OpState::failed;
-  if (ok) last_ok_[e.group] = e;
-  done_.push_back(std::move(e));
-  while (done_.size() > capacity_) done_.pop_front();
+  const bool tracing = trace::enabled();
+  CommEvent traced;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = running_.find(handle);
+    if (it == running_.end()) return;
+    CommEvent e = std::move(it->second);
+    running_.erase(it);
+    e.t_end = t;
+    e.state = ok ? OpState::completed : OpState::failed;
+    if (ok) last_ok_[e.group] = e;
+    if (tracing) traced = e;
+    done_.push_back(std::move(e));
+    while (done_.size() > capacity_) done_.pop_front();
+  }
+  // Step traces show it on the group's own track: the group's worker thread runs it while
+  // the caller goes on.
+  if (tracing)
+    trace::record_on_track("comm " + traced.group, traced.op, "comm", traced.t_start, traced.t_end,
+                           {{"bytes", traced.bytes}, {"seq", int64_t(traced.seq)}, {"ok", ok ? 1 : 0}});
 }
 
 std::vector<CommEvent> CommRecord::in_flight() const {
@@ -67,28 +80,6 @@ uint64_t CommRecord::total_started() const {
   std::lock_guard<std::mutex> lock(mu_);
   return next_handle_ - 1;
 }
-
-namespace {
-
-// Group names are ours, but a user may pass anything: escape what JSON requires.
-std::string json_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-
-}  // namespace
 
 std::string chrome_trace_events(const CommRecord& record, int rank) {
   std::vector<CommEvent> events = record.finished();

@@ -1,7 +1,8 @@
 // CommRecord: a bounded, thread-safe log of communication operations (what, how many bytes,
 // which group, sequence number, start/end time, state). The watchdog reads the operations
-// in flight; tracing turns the log into Chrome/Perfetto JSON. It never blocks an operation
-// for longer than one short mutex section.
+// in flight; tracing turns the log into Chrome/Perfetto JSON, and while a step trace records
+// (core/trace.h) every finished operation also goes there. It never blocks an operation for
+// longer than one short mutex section.
 #pragma once
 #include <cstdint>
 #include <deque>

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <limits>
 #include <random>
 #include <thread>
 
@@ -16,6 +17,8 @@
 #include "loom/comm/launch.h"
 #include "loom/comm/mpi_backend.h"
 #include "loom/comm/p2p_collectives.h"
+#include "loom/core/timer.h"
+#include "loom/core/trace.h"
 
 namespace loom::comm {
 
@@ -82,6 +85,47 @@ std::vector<int> host_of_world_ranks() {
   return hosts;
 }
 
+// For step traces: this rank's clock against rank 0's (trace::set_clock_offset). Rank 0
+// answers kRounds pings of each rank in turn with its time t0; with the ping sent at t1 and
+// the answer back at t2, offset = t0 - (t1 + t2) / 2, taken from the shortest round trip
+// (its error is at most half of it). Every rank joins when any rank traces, so ranks that
+// disagree cannot leave one another waiting. Plain MPI calls on MPI_COMM_WORLD, before any
+// Group exists.
+void measure_clock_offset() {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  int tracing = trace::enabled() ? 1 : 0;
+  mpi_check(MPI_Allreduce(MPI_IN_PLACE, &tracing, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD), "MPI_Allreduce");
+  if (!tracing || size < 2) return;
+  constexpr int kRounds = 10, kTag = 0;
+  if (rank == 0) {
+    for (int r = 1; r < size; ++r)
+      for (int k = 0; k < kRounds; ++k) {
+        char ping = 0;
+        mpi_check(MPI_Recv(&ping, 1, MPI_CHAR, r, kTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE), "MPI_Recv");
+        const double t0 = now_seconds();
+        mpi_check(MPI_Send(&t0, 1, MPI_DOUBLE, r, kTag, MPI_COMM_WORLD), "MPI_Send");
+      }
+    trace::set_clock_offset(0, 0);
+    return;
+  }
+  double best_rtt = std::numeric_limits<double>::infinity(), best_offset = 0;
+  for (int k = 0; k < kRounds; ++k) {
+    char ping = 0;
+    double t0 = 0;
+    const double t1 = now_seconds();
+    mpi_check(MPI_Send(&ping, 1, MPI_CHAR, 0, kTag, MPI_COMM_WORLD), "MPI_Send");
+    mpi_check(MPI_Recv(&t0, 1, MPI_DOUBLE, 0, kTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE), "MPI_Recv");
+    const double t2 = now_seconds();
+    if (t2 - t1 < best_rtt) {
+      best_rtt = t2 - t1;
+      best_offset = t0 - (t1 + t2) / 2;
+    }
+  }
+  trace::set_clock_offset(best_offset, best_rtt);
+}
+
 std::string option_or_env(const std::string& option, const char* env, const char* fallback) {
   if (!option.empty()) return option;
   const char* v = std::getenv(env);
@@ -119,6 +163,7 @@ World::World(int* argc, char*** argv, WorldOptions opts) {
     }
     mpi_ = true;
     board_ = open_progress_board();
+    measure_clock_offset();
     std::vector<int> hosts = host_of_world_ranks();
     auto world = make_algorithm_backend(make_mpi_world_backend(), hosts, algorithm, model_);
     // Split before the world Group exists, so the world's collective numbers (which the

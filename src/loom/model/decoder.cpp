@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "loom/core/trace.h"
 #include "loom/kernels/ops.h"
 
 namespace loom::model {
@@ -203,6 +204,7 @@ int64_t Decoder::activation_bytes() const {
 }
 
 void Decoder::embed_forward(Slot& s) {
+  trace::Span span("embedding forward", "compute");
   const Tensor wpe =
       cfg_.family == Family::gpt2 ? src_->outer_param("transformer.wpe.weight") : Tensor{};
   const Tensor wte = src_->outer_param(token_table_name(cfg_));
@@ -219,6 +221,7 @@ void Decoder::run_blocks_forward(Slot& s) {
   for (int i = 0; i < n_local(); ++i) {
     BlockActs& a = (s.train_buffers && !checkpointed()) ? s.saved[size_t(i)] : recompute_[0];
     a.moe.times = &moe_times_;
+    trace::Span span("forward block", "compute", {{"layer", first + i}});
     block_forward(cfg_, first + i, with_router_bias(first + i, src_->block_params(first + i, ParamSource::Phase::forward)),
                   s.res[size_t(i)], pos_, a, s.res[size_t(i) + 1], tp_, ep_);
     src_->release_block_params(first + i, ParamSource::Phase::forward);
@@ -318,6 +321,7 @@ double Decoder::stage_forward(int id, const int32_t* tokens, const int32_t* targ
     if (n_valid) *n_valid = 0;
     return 0;
   }
+  trace::Span span("head+loss", "compute");
   final_norm_forward(s);
   // Head and loss, fused with their backward in training: dlnf and the head gradient come out here.
   const Tensor head = src_->outer_param(lm_head_name(cfg_));
@@ -338,6 +342,7 @@ void Decoder::stage_backward(int id, const Tensor& dy) {
   const bool gpt2 = cfg_.family == Family::gpt2;
   using Phase = ParamSource::Phase;
   if (last_stage()) {
+    trace::Span span("final norm backward", "compute");
     if (gpt2)
       ops::layernorm_backward(s.dlnf, s.res.back(), src_->outer_param("transformer.ln_f.weight"),
                               s.lnf_mean, s.lnf_rstd, dres_,
@@ -356,6 +361,7 @@ void Decoder::stage_backward(int id, const Tensor& dy) {
   const int first = layout_.first_layer();
   auto backward_block = [&](int64_t i, BlockActs& acts) {
     const int l = first + int(i);
+    trace::Span span("backward block", "compute", {{"layer", l}});
     {  // the weights' views end before the release, so a ZeRO-3 source can reuse the buffer
       const BlockWeights w = with_router_bias(l, src_->block_params(l, Phase::backward));
       acts.moe.loss_weight = s.grad_scale * double(B_ * T_);
@@ -375,6 +381,7 @@ void Decoder::stage_backward(int id, const Tensor& dy) {
       const int64_t b = g * k, e = std::min(L, b + k);
       for (int64_t i = b; i < e; ++i) {  // recompute the segment from its saved input
         const int l = first + int(i);
+        trace::Span span("recompute block", "compute", {{"layer", l}});
         recompute_[size_t(i - b)].moe.times = &moe_times_;
         block_forward(cfg_, l, with_router_bias(l, src_->block_params(l, Phase::recompute)), s.res[size_t(i)],
                       pos_, recompute_[size_t(i - b)], s.res[size_t(i) + 1], tp_, ep_);
@@ -384,6 +391,7 @@ void Decoder::stage_backward(int id, const Tensor& dy) {
     }
   }
   if (first_stage()) {
+    trace::Span span("embedding backward", "compute");
     const Tensor dwte = src_->outer_grad(token_table_name(cfg_));
     const Tensor dwpe = gpt2 ? src_->outer_grad("transformer.wpe.weight") : Tensor{};
     if (tp_)

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "loom/core/trace.h"
 #include "loom/kernels/cpu/cpu_kernels.h"
 
 namespace loom::optim {
@@ -29,6 +30,7 @@ AdamW::AdamW(const AdamWConfig& cfg, int64_t begin, int64_t end, std::vector<Dec
 }
 
 void AdamW::step(float* p, const float* g, double lr, double grad_scale) {
+  trace::Span span("adamw", "compute", {{"elements", end_ - begin_}});
   ++step_;
   cpu::AdamWParams h{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay, step_, grad_scale};
   float* m = m_.data<float>();
@@ -50,6 +52,7 @@ void AdamW::step(float* p, const float* g, double lr, double grad_scale) {
 }
 
 void AdamW::step_frozen_variance(float* p, double lr, int64_t freeze_step, float max_ratio) {
+  trace::Span span("adamw frozen variance", "compute", {{"elements", end_ - begin_}});
   ++step_;
   const double bc1 = 1.0 - std::pow(cfg_.beta1, double(step_));
   const double bc2 = 1.0 - std::pow(cfg_.beta2, double(std::max<int64_t>(1, freeze_step)));

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "loom/core/timer.h"
+#include "loom/core/trace.h"
 #include "loom/kernels/ops.h"
 #include "loom/optim/schedule.h"
 
@@ -250,10 +251,13 @@ void DataParallel::reduce_scatter_unit(const ParamUnit& u, const Tensor& staging
 }
 
 void DataParallel::retire(Pending& p) {
-  Stopwatch sw;
-  p.work.wait();
-  p.work = comm::Work();  // releases the collective's hold on its buffers
-  wait_s_ += sw.seconds();
+  {
+    trace::Span span("wait grad reduce_scatter", "wait");
+    Stopwatch sw;
+    p.work.wait();
+    p.work = comm::Work();  // releases the collective's hold on its buffers
+    wait_s_ += sw.seconds();
+  }
   float* dst = grad_shard_.data<float>() + p.shard_offset;
   if (p.wire.defined()) {
     widen_bf16(p.chunk_tmp, dst, true);
@@ -275,14 +279,17 @@ void DataParallel::drain(size_t keep) {
 }
 
 void DataParallel::finish_grads() {
-  Stopwatch sw;
-  for (auto& f : inflight_) f.work.wait();
-  for (auto& sp : sparse_) {
-    sp.w_tok.wait();
-    sp.w_pos.wait();
-    sp.w_rows.wait();
+  if (!inflight_.empty() || !sparse_.empty()) {
+    trace::Span span("wait grad all_reduce", "wait");
+    Stopwatch sw;
+    for (auto& f : inflight_) f.work.wait();
+    for (auto& sp : sparse_) {
+      sp.w_tok.wait();
+      sp.w_pos.wait();
+      sp.w_rows.wait();
+    }
+    wait_s_ += sw.seconds();
   }
-  wait_s_ += sw.seconds();
   for (auto& f : inflight_)
     if (f.wire.defined()) {
       widen_bf16(f.wire, f.grads.data<float>(), false);
@@ -311,9 +318,12 @@ Tensor DataParallel::gathered_unit(const ParamUnit& u, int key) {
     launch_gather(u, key);
     it = gathered_.find(key);
   }
-  Stopwatch sw;
-  it->second.work.wait();
-  wait_s_ += sw.seconds();
+  {
+    trace::Span span("wait weight all_gather", "wait");
+    Stopwatch sw;
+    it->second.work.wait();
+    wait_s_ += sw.seconds();
+  }
   ++it->second.users;
   return it->second.buf;
 }
@@ -554,6 +564,7 @@ double DataParallel::grad_norm_sq() {
                                    chunk_size(u));
   }
   Tensor s = Tensor::from_vector<double>({local}, {1});
+  trace::Span span("wait grad norm all_reduce", "wait");
   Stopwatch sw;
   dp_.all_reduce(s);
   wait_s_ += sw.seconds();
@@ -623,6 +634,7 @@ void DataParallel::onebit_step_zero1(double lr) {
 
 void DataParallel::step(double lr) {
   finish_grads();
+  trace::Span span("optimizer", "compute");
   const auto& units = layout_.units();
   if (compressing()) {
     if (opt_.zero_stage == 1) onebit_step_zero1(lr);
@@ -652,6 +664,7 @@ void DataParallel::step(double lr) {
       if (u.size() > 0)
         works.push_back(group_of(u).all_gather_async(chunk_view(model_.params(), u, false),
                                                      model_.params().slice(u.begin, {u.size()})));
+    trace::Span wait("wait weight all_gather", "wait");
     Stopwatch sw;
     for (auto& w : works) w.wait();
     wait_s_ += sw.seconds();

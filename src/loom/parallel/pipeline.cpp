@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "loom/core/timer.h"
+#include "loom/core/trace.h"
 
 namespace loom::parallel {
 
@@ -98,14 +99,20 @@ PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64
       slot[mi] = model_.stage_begin(B, T, true);
       if (!first()) {
         Transfer& in = act_recv_.at(m);
-        in.work.wait();
+        {
+          trace::Span wait("wait recv activation", "wait", {{"micro", m}, {"peer", stage_ - 1}});
+          in.work.wait();
+        }
         model_.stage_input(slot[mi]).copy_from(in.buf.view(model_.stage_input(slot[mi]).shape()));
         pool_.push_back(in.buf);
         act_recv_.erase(m);
       }
       Stopwatch sw;
       int64_t n = 0;
-      st.loss_sum += model_.stage_forward(slot[mi], tok[mi].data(), tgt[mi].data(), grad_scale, &n);
+      {
+        trace::Span span("forward micro-batch", "compute", {{"micro", m}});
+        st.loss_sum += model_.stage_forward(slot[mi], tok[mi].data(), tgt[mi].data(), grad_scale, &n);
+      }
       st.forward_s += sw.seconds();
       st.n_valid += n;
       if (!last()) act_sends_[m] = pp_.send_async(model_.stage_output(slot[mi]), stage_ + 1, tag_of(m, 0));
@@ -116,15 +123,22 @@ PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64
       Tensor dy;
       if (!last()) {
         Transfer& g = grad_recv_.at(m);
-        g.work.wait();
+        {
+          trace::Span wait("wait recv gradient", "wait", {{"micro", m}, {"peer", stage_ + 1}});
+          g.work.wait();
+        }
         dy = g.buf;
         grad_recv_.erase(m);
         // The slot's output must not be overwritten while it is still being sent.
+        trace::Span wait("wait send activation", "wait", {{"micro", m}, {"peer", stage_ + 1}});
         act_sends_.at(m).wait();
         act_sends_.erase(m);
       }
       Stopwatch sw;
-      model_.stage_backward(slot[mi], dy.defined() ? dy.view(model_.stage_output(slot[mi]).shape()) : dy);
+      {
+        trace::Span span("backward micro-batch", "compute", {{"micro", m}});
+        model_.stage_backward(slot[mi], dy.defined() ? dy.view(model_.stage_output(slot[mi]).shape()) : dy);
+      }
       st.backward_s += sw.seconds();
       if (dy.defined()) pool_.push_back(dy);
       if (!first()) {
@@ -138,7 +152,10 @@ PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64
       --live;
     }
   }
-  wait_sends(true);
+  {
+    trace::Span wait("wait pipeline sends", "wait");
+    wait_sends(true);
+  }
   model_.end_pass(true);
   st.busy_s = st.forward_s + st.backward_s;
   st.wall_s = wall.seconds();

@@ -15,6 +15,7 @@
 
 #include "loom/core/threads.h"
 #include "loom/core/timer.h"
+#include "loom/core/trace.h"
 #include "loom/io/file.h"
 #include "loom/kernels/cpu/gemm.h"
 #include "loom/model/memory_estimate.h"
@@ -286,6 +287,7 @@ void Trainer::open_metrics() {
 }
 
 double Trainer::train_step() {
+  trace::Span span("train step", "step", {{"step", step_ + 1}});
   const int64_t T = cfg_.data.seq_len, G = cfg_.data.batch_size;
   const int64_t micro = cfg_.data.micro_batch_size;
   const int64_t per_rank = G / mesh_->data_size();
