@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "loom/model/block.h"
+
 namespace loom::model {
 
 TrainingMemoryEstimate estimate_training_memory(const ModelConfig& cfg, int64_t P, int64_t B,
@@ -41,6 +43,37 @@ double estimate_training_bytes(const ModelConfig& cfg, int64_t P, double B, int6
   const double per_sequence = double(one.activations + one.workspace) - chunk_bytes * double(std::min(chunk, T));
   return double(one.params + one.grads + one.optimizer) + B * per_sequence +
          chunk_bytes * std::min(double(chunk), B * double(T));
+}
+
+SliceActivationBytes estimate_slice_activations(const ModelConfig& cfg, const ModelSlice& slice, int64_t B,
+                                                int64_t T, int interval, int64_t chunk) {
+  const int64_t N = B * T, C = cfg.d_model;
+  const int64_t L = (slice.last_layer < 0 ? cfg.n_layer : slice.last_layer) - slice.first_layer;
+  const BlockDims d = BlockDims::of(cfg, slice.tp, slice.tp_rank);
+  const bool gpt2 = cfg.family == Family::gpt2;
+  const int64_t stats = gpt2 ? 2 : 1, G = gpt2 ? 1 : 2;
+  const int64_t mlp = cfg.dense_mlp_width(d.F);
+  const int64_t E = cfg.moe.num_experts, k = cfg.moe.top_k, Fe = cfg.expert_d_ff();
+  const bool moe = cfg.moe.enabled();
+  // Per token of one block: BlockActs (ln1, qkv, compact qkv, attention out, lse, x_mid, ln2,
+  // fc, act, MoE buffers) and BlockScratch (dln, dqkv, expanded dqkv, datt, dfc, dact, MoE).
+  const int64_t block = C + stats + d.attn_width() + (d.kv_expand ? d.qkv_width() : 0) + d.H * d.D + d.H + C + C +
+                        stats + (G + 1) * mlp + (moe ? 2 * E + 4 * k + k * ((G + 1) * Fe + C) : 0);
+  const int64_t scratch = C + d.qkv_width() + (d.kv_expand ? d.attn_width() : 0) + d.H * d.D + (G + 1) * mlp +
+                          (moe ? E + k * (2 * C + (G + 1) * Fe) : 0);
+  const bool ckpt = interval > 0;
+  SliceActivationBytes b;
+  b.per_slot = 4 * N * (2 + (L + 1) * C + (ckpt ? 0 : L * block) + (slice.has_head ? C + stats + 1 : 0));
+  b.per_slot_workspace = slice.has_head ? 4 * N * C : 0;
+  b.shared = 4 * N * (1 + (ckpt && L > 0 ? std::min<int64_t>(interval, L) * block : 0));
+  b.workspace = 4 * N * (C + scratch);
+  if (slice.has_head) {
+    const int64_t R = std::min(chunk, N);
+    // One rank's logits chunk: the whole vocabulary, or under tp its rows and the vocab-parallel
+    // loss's row maxima and sums.
+    b.workspace += slice.tp == 1 ? 4 * R * cfg.vocab_size : 4 * R * (vocab_rows_per_rank(cfg, slice.tp) + 3);
+  }
+  return b;
 }
 
 double training_flops(const ModelConfig& cfg, int64_t P, int64_t B, int64_t T) {
