@@ -1,0 +1,52 @@
+// A cluster as the planner sees it: how many devices a node has, what one device computes
+// (peak matrix FLOP/s, the fraction of it a product of a given size reaches, memory bandwidth
+// for the elementwise work) and what the links cost (alpha-beta per link class, as comm's
+// cost model). Read from and written to YAML files (configs/clusters/); every number there
+// says where it came from. Pure data and file IO.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "loom/comm/algorithm.h"
+
+namespace loom::plan {
+
+// y(x) through measured points, interpolated linearly in log x and clamped at both ends.
+struct Curve {
+  std::vector<std::pair<double, double>> points;  // ascending x
+  double at(double x) const;
+};
+
+struct DeviceSpec {
+  std::string name;
+  double memory_bytes = 0;       // usable by one rank
+  double peak_fp32_flops = 0;    // dense matrix products, per device
+  double peak_bf16_flops = 0;    // 0: no 16-bit matrix engine (bf16 runs at the fp32 rate)
+  Curve gemm_efficiency;         // fraction of peak reached by one product of x FLOPs
+  double memory_bytes_per_s = 0; // what elementwise kernels stream (read + write)
+  double attention_flops = 0;    // causal attention kernels' rate; 0: at the product curve
+  int threads = 0;               // CPU ranks: threads per rank the figures were measured with
+};
+
+struct Cluster {
+  std::string name;
+  std::string description;
+  std::vector<std::string> sources;  // where the numbers come from
+  int devices_per_node = 1;
+  int max_nodes = 0;                 // 0: any number
+  DeviceSpec device;
+  comm::CostModel links;             // intra: inside a node; inter: a node's link to the others
+  // Fraction of the backward pass that data-parallel gradient reduction can hide behind
+  // (1: all of it, as bucketed overlap allows; lower where communication steals compute).
+  double overlap_fraction = 1.0;
+  std::string path;                  // the file it was read from
+};
+
+// Throws "[plan] FILE: key 'node.devices' ..." naming the file and key on bad input.
+Cluster load_cluster(const std::string& path);
+Cluster parse_cluster(const std::string& yaml_text, const std::string& source);
+std::string cluster_yaml(const Cluster& c);
+
+}  // namespace loom::plan

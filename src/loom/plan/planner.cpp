@@ -1,0 +1,421 @@
+#include "loom/plan/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "loom/core/error.h"
+#include "loom/core/allocator.h"
+#include "loom/model/block.h"
+#include "loom/model/memory_estimate.h"
+#include "loom/model/param_layout.h"
+#include "loom/parallel/data_parallel.h"
+#include "loom/parallel/partition.h"
+
+namespace loom::plan {
+
+std::string Layout::describe() const {
+  std::ostringstream o;
+  o << "dp" << dp << " tp" << tp << " pp" << pp;
+  if (ep > 1) o << " ep" << ep;
+  o << " z" << zero << " mb" << micro_batch << "x" << micro_batches;
+  if (checkpoint) o << " ckpt" << checkpoint;
+  if (pp > 1) o << " " << schedule;
+  return o.str();
+}
+
+namespace {
+
+// Rank r of the mesh (order pp, dp, ep, tp: tp innermost, so a tp group shares a node).
+int64_t rank_of(const Layout& l, int64_t pp_i, int64_t dp_i, int64_t ep_i, int64_t tp_i) {
+  return ((pp_i * l.dp + dp_i) * l.ep + ep_i) * l.tp + tp_i;
+}
+
+comm::Topology topology(const std::vector<int64_t>& ranks, int devices_per_node) {
+  comm::Topology t;
+  for (int64_t r : ranks) t.host_of.push_back(int(r / devices_per_node));
+  return t;
+}
+
+// The fastest of the modelled algorithms (what `auto` picks without measurements).
+double collective_seconds(comm::CollectiveOp op, double bytes, const comm::Topology& topo, const comm::CostModel& m,
+                          const std::string& algorithm = "auto") {
+  if (topo.size() < 2 || bytes <= 0) return 0;
+  double best = -1;
+  std::vector<comm::Algorithm> candidates = {comm::Algorithm::ring, comm::Algorithm::tree, comm::Algorithm::hierarchical};
+  if (algorithm != "auto") candidates = {comm::parse_algorithm(algorithm)};
+  for (comm::Algorithm a : candidates) {
+    const comm::Algorithm run = comm::resolve_algorithm(a, op, int64_t(bytes), topo, m);
+    const double t = comm::predict_seconds(run, op, int64_t(bytes), topo, m);
+    if (t >= 0 && (best < 0 || t < best)) best = t;
+  }
+  return std::max(0.0, best);
+}
+
+double p2p_seconds(double bytes, bool same_node, const Cluster& c) {
+  const comm::LinkCost& l = same_node ? c.links.intra : c.links.inter;
+  return l.alpha_s + bytes * l.beta_s_per_byte;
+}
+
+struct StageWork {
+  double gemm = 0, attention = 0, elementwise = 0;  // per micro-batch, forward + backward
+  double recompute = 0;                             // per micro-batch
+  double tp = 0;                                    // per micro-batch
+  double backward = 0;                              // the backward share of the above
+  double total() const { return gemm + attention + elementwise + recompute + tp; }
+};
+
+double gemm_seconds(double flops, const Cluster& c, bool bf16) {
+  const DeviceSpec& d = c.device;
+  const double peak = bf16 && d.peak_bf16_flops > 0 ? d.peak_bf16_flops : d.peak_fp32_flops;
+  return flops / (peak * std::max(1e-3, d.gemm_efficiency.at(flops)));
+}
+
+StageWork stage_work(const Job& job, const Cluster& c, const Layout& l, const model::ModelSlice& slice) {
+  const StageCounts k = count_stage(job, l, slice);
+  const double bw = c.device.memory_bytes_per_s;
+  StageWork w;
+  double fwd_gemm = 0;
+  for (double f : k.fwd_products) fwd_gemm += gemm_seconds(f, c, job.bf16);
+  const double fwd_att = c.device.attention_flops > 0 ? k.attention_fwd_flops / c.device.attention_flops
+                                                      : gemm_seconds(k.attention_fwd_flops, c, job.bf16);
+  w.gemm = 3 * fwd_gemm;
+  w.attention = 3 * fwd_att;
+  w.elementwise = (k.elem_fwd_bytes + k.elem_bwd_bytes) / bw;
+  // Checkpointing runs every block's forward again in the backward (not embedding or head).
+  if (l.checkpoint > 0) {
+    double block_gemm = 0;
+    for (size_t i = 0; i + (slice.has_head ? 1 : 0) < k.fwd_products.size(); ++i)
+      block_gemm += gemm_seconds(k.fwd_products[i], c, job.bf16);
+    w.recompute = block_gemm + fwd_att + k.elem_fwd_bytes / bw;
+  }
+  if (l.tp > 1) {
+    std::vector<int64_t> members;
+    for (int64_t t = 0; t < l.tp; ++t) members.push_back(rank_of(l, 0, 0, 0, t));
+    const comm::Topology topo = topology(members, c.devices_per_node);
+    w.tp = k.tp_allreduces * collective_seconds(comm::CollectiveOp::all_reduce, k.tp_allreduce_bytes, topo, c.links, job.algorithm);
+  }
+  w.backward = 2 * fwd_gemm + 2 * fwd_att + k.elem_bwd_bytes / bw + w.recompute + w.tp / 2;
+  return w;
+}
+
+}  // namespace
+
+StageCounts count_stage(const Job& job, const Layout& l, const model::ModelSlice& slice) {
+  const model::ModelConfig& cfg = job.model;
+  const double N = double(l.micro_batch * job.seq), T = double(job.seq), C = double(cfg.d_model);
+  const model::BlockDims d = model::BlockDims::of(cfg, l.tp, 0);
+  const double G = cfg.family == model::Family::gpt2 ? 1 : 2;
+  StageCounts k;
+  const int64_t last = slice.last_layer < 0 ? cfg.n_layer : slice.last_layer;
+  k.layers = last - slice.first_layer;
+  for (int64_t layer = slice.first_layer; layer < last; ++layer) {
+    k.fwd_products.push_back(2 * N * C * double(d.qkv_width()));
+    k.fwd_products.push_back(2 * N * double(d.H * d.D) * C);
+    if (cfg.is_moe_layer(layer)) {
+      const double E = double(cfg.moe.num_experts), topk = double(cfg.moe.top_k), Fe = double(cfg.expert_d_ff());
+      k.fwd_products.push_back(2 * N * C * E);  // router
+      // Balanced routing: each local expert gets N top_k / E of every ep rank's tokens.
+      const double rows = N * topk / E * double(l.ep);
+      for (int64_t e = 0; e < cfg.moe.num_experts / l.ep; ++e) {
+        k.fwd_products.push_back(2 * rows * C * G * Fe);
+        k.fwd_products.push_back(2 * rows * Fe * C);
+      }
+      if (cfg.shared_d_ff() > 0) {
+        k.fwd_products.push_back(2 * N * C * G * double(cfg.shared_d_ff()));
+        k.fwd_products.push_back(2 * N * double(cfg.shared_d_ff()) * C);
+      }
+    } else {
+      k.fwd_products.push_back(2 * N * C * G * double(d.F));
+      k.fwd_products.push_back(2 * N * double(d.F) * C);
+    }
+    // Causal attention: QK^T and AV over T/2 keys on average, per local head.
+    k.attention_fwd_flops += 2 * 2 * N * (T / 2) * double(d.D) * double(d.H);
+  }
+  // Elementwise traffic per token and block, in floats: the forward writes what it saves and
+  // reads its inputs (2x the saved activations); the backward reads them and writes and reads
+  // its scratch.
+  const model::ModelSlice one_block{0, 1, false, false, l.tp, 0, l.ep, 0}, no_block{0, 0, false, false, l.tp, 0, l.ep, 0};
+  const auto one = model::estimate_slice_activations(cfg, one_block, 1, 1, 0, 1);
+  const auto none = model::estimate_slice_activations(cfg, no_block, 1, 1, 0, 1);
+  const double block_floats = double(one.per_slot - none.per_slot) / 4;  // saved per token and block
+  const double scratch_floats = double(one.workspace) / 4 - C;           // backward scratch per token
+  const double L = double(k.layers);
+  k.elem_fwd_bytes = L * N * 4 * 2 * block_floats;
+  k.elem_bwd_bytes = L * N * 4 * (block_floats + 2 * scratch_floats);
+  if (slice.has_embedding) k.elem_fwd_bytes += N * 4 * 3 * C, k.elem_bwd_bytes += N * 4 * 2 * C;
+  if (slice.has_head) {
+    const double V = double(l.tp == 1 ? cfg.vocab_size : model::vocab_rows_per_rank(cfg, l.tp));
+    k.fwd_products.push_back(2 * N * C * V);
+    // Softmax over each logits row and its gradient: three passes over the chunk.
+    k.elem_fwd_bytes += N * 4 * 3 * V;
+  }
+  // Tensor parallelism: per block two all-reduces of [N, C] forward and two backward (and the
+  // forward ones again when recomputing); the vocabulary-parallel embedding and head one each.
+  if (l.tp > 1) {
+    k.tp_allreduce_bytes = N * C * 4;
+    k.tp_allreduces = 4 * L + (l.checkpoint > 0 ? 2 * L : 0) + (slice.has_embedding ? 2 : 0) + (slice.has_head ? 2 : 0);
+  }
+  return k;
+}
+
+std::string check_layout(const Job& job, const Cluster& c, const Layout& l) {
+  const model::ModelConfig& cfg = job.model;
+  if (l.dp < 1 || l.tp < 1 || l.pp < 1 || l.ep < 1 || l.micro_batch < 1 || l.micro_batches < 1)
+    return "every dimension must be at least 1";
+  if (l.zero < 0 || l.zero > 3) return str_cat("zero stage ", l.zero, " is not 0-3");
+  if (cfg.n_head % l.tp != 0) return str_cat("tp=", l.tp, " does not divide n_head=", cfg.n_head);
+  if (cfg.d_ff % l.tp != 0) return str_cat("tp=", l.tp, " does not divide d_ff=", cfg.d_ff);
+  if (l.tp > c.devices_per_node) return str_cat("tp=", l.tp, " spans nodes (", c.devices_per_node, " devices each)");
+  if (l.pp > cfg.n_layer) return str_cat("pp=", l.pp, " exceeds n_layer=", cfg.n_layer);
+  if (l.ep > 1 && (!cfg.moe.enabled() || cfg.moe.num_experts % l.ep != 0))
+    return str_cat("ep=", l.ep, " needs a MoE model whose num_experts it divides");
+  if (l.dp * l.micro_batch * l.micro_batches * l.ep != job.global_batch)
+    return str_cat("dp x ep x micro_batch x micro_batches = ", l.dp * l.ep * l.micro_batch * l.micro_batches,
+                   " is not the global batch ", job.global_batch);
+  if (job.seq > cfg.n_ctx) return str_cat("seq ", job.seq, " exceeds n_ctx ", cfg.n_ctx);
+  if (l.schedule != "1f1b" && l.schedule != "gpipe") return "schedule must be 1f1b or gpipe";
+  if (l.pp > 1 && l.zero >= 2) return str_cat("ZeRO-", l.zero, " with pp=", l.pp, " (loom's trainer shards gradients only without pipelining)");
+  return "";
+}
+
+Prediction predict(const Job& job, const Cluster& c, const Layout& l) {
+  Prediction p;
+  p.layout = l;
+  p.why_not = check_layout(job, c, l);
+  if (!p.why_not.empty()) {
+    p.fits = false;
+    return p;
+  }
+  const model::ModelConfig& cfg = job.model;
+  const auto stages = parallel::partition_uniform(int(cfg.n_layer), int(l.pp));
+  const int64_t N = l.micro_batch * job.seq;
+  const double grad_bytes = job.grad_wire_bytes > 0 ? job.grad_wire_bytes : job.bf16 ? 2 : 4;
+  std::vector<StageWork> work;
+  std::vector<double> stage_params;
+  for (int64_t s = 0; s < l.pp; ++s) {
+    model::ModelSlice slice;
+    slice.first_layer = stages[size_t(s)].first_layer;
+    slice.last_layer = stages[size_t(s)].last_layer;
+    slice.has_embedding = s == 0;
+    slice.has_head = s == l.pp - 1;
+    slice.tp = l.tp;
+    slice.ep = l.ep;
+    const model::ParamLayout layout(cfg, 1, slice);
+    int64_t expert_params = 0;
+    for (const auto& pi : layout.params())
+      if (pi.expert >= 0) expert_params += pi.numel();
+    const int64_t dense = layout.num_params() - expert_params;
+    // Dense parameters shard over dp x ep ranks, experts over dp (as the trainer does).
+    auto z = parallel::zero_model_state_bytes(dense, l.zero, int(l.dp * l.ep));
+    const auto ze = parallel::zero_model_state_bytes(expert_params, l.zero, int(l.dp));
+    MemoryPrediction m;
+    m.params = double(z.params + ze.params);
+    m.grads = double(z.grads + ze.grads);
+    m.optimizer = double(z.optimizer + ze.optimizer);
+    const auto a = model::estimate_slice_activations(cfg, slice, l.micro_batch, job.seq, l.checkpoint, job.xent_chunk);
+    // Micro-batches in flight on stage s: 1F1B holds at most pp - s, GPipe all of them.
+    const int64_t in_flight =
+        l.pp == 1 ? 1 : std::min<int64_t>(l.micro_batches, l.schedule == "gpipe" ? l.micro_batches : l.pp - s);
+    m.activations = double(a.activations(in_flight));
+    m.workspace = double(a.workspace_bytes(in_flight));
+    // Communication buffers: pipeline transfer buffers; ZeRO-0/1 bucket staging (two in
+    // flight); ZeRO-2 the embedding and head staging; ZeRO-3 gathered units (embedding, head
+    // and the two blocks around the one computing).
+    const double act_bytes = double(N) * double(cfg.d_model) * 4;
+    if (l.pp > 1) m.comm += 2 * act_bytes;
+    if (l.dp > 1) {
+      double block_unit = 0, embed_unit = 0, head_unit = 0;
+      for (const auto& u : layout.units()) {
+        if (u.layer >= 0 && !u.experts) block_unit = std::max(block_unit, double(u.size()) * 4);
+        if (u.name == "embed") embed_unit = double(u.size()) * 4;
+        if (u.name == "head") head_unit = double(u.size()) * 4;
+      }
+      if (l.zero < 2) {
+        // Gradients reduce in place; bf16 ones through a bucket-sized copy (two in flight).
+        // A stage with both embedding and head and no tp gathers every rank's embedding
+        // gradient rows (tokens, positions, rows) instead of reducing the whole table.
+        if (job.bf16) m.comm += std::min(2 * job.bucket_mb * 1024 * 1024 / 4, double(dense)) * 2;
+        if (slice.has_embedding && slice.has_head && l.tp == 1)
+          m.comm += double(N) * double(l.dp) * double(2 + cfg.d_model) * 4 + double(N) * double(cfg.d_model) * 4;
+      } else if (l.zero == 2) {
+        // Embedding and head staging for the whole step, and the block reductions in flight.
+        m.comm += embed_unit + head_unit + 3 * block_unit;
+      } else {
+        // Gathered units: embedding, head, and the blocks in flight around the computing one.
+        const double L = double(slice.last_layer - slice.first_layer);
+        m.comm += embed_unit + head_unit + (std::min(L, 4.0) + 1) * block_unit;
+      }
+    }
+    p.stage_memory.push_back(m);
+    stage_params.push_back(double(layout.num_params()));
+    work.push_back(stage_work(job, c, l, slice));
+  }
+  for (size_t s = 0; s < p.stage_memory.size(); ++s)
+    if (p.stage_memory[s].total() > p.memory.total()) p.memory = p.stage_memory[s], p.memory_stage = int(s);
+
+  TimePrediction& t = p.time;
+  // Pipeline: the slowest stage runs m micro-batches; the others' fill and drain add the sum
+  // of their per-micro-batch times once (1F1B and GPipe alike).
+  double t_max = 0, t_sum = 0;
+  size_t slow = 0;
+  for (size_t s = 0; s < work.size(); ++s) {
+    double ts = work[s].total();
+    if (l.pp > 1) {
+      const bool same = rank_of(l, int64_t(s), 0, 0, 0) / c.devices_per_node ==
+                        rank_of(l, int64_t(s) + 1, 0, 0, 0) / c.devices_per_node;
+      ts += 2 * p2p_seconds(double(N) * double(cfg.d_model) * 4, same, c);
+    }
+    t_sum += ts;
+    if (ts > t_max) t_max = ts, slow = s;
+  }
+  const StageWork& ws = work[slow];
+  const double m = double(l.micro_batches);
+  t.gemm = m * ws.gemm;
+  t.attention = m * ws.attention;
+  t.elementwise = m * ws.elementwise;
+  t.recompute = m * ws.recompute;
+  t.tp_comm = m * ws.tp;
+  t.pp_p2p = m * (t_max - ws.total());
+  t.bubble = l.pp > 1 ? t_sum - t_max : 0;
+
+  // Data parallelism over the dp group of the slowest stage.
+  std::vector<int64_t> members;
+  for (int64_t d = 0; d < l.dp; ++d) members.push_back(rank_of(l, int64_t(slow), d, 0, 0));
+  const comm::Topology topo = topology(members, c.devices_per_node);
+  const double P = stage_params[slow];
+  using Op = comm::CollectiveOp;
+  double grads = 0, gathers = 0, overlapped = 0;
+  if (l.dp > 1) {
+    // Gradients: ZeRO-0/1 all-reduce once per step (no_sync before the last micro-batch), in
+    // buckets whose last one cannot overlap; ZeRO-2/3 reduce-scatter every micro-batch.
+    const double bucket = std::min(job.bucket_mb * 1024 * 1024 / 4, P);
+    if (l.zero < 2) {
+      grads = collective_seconds(Op::all_reduce, P * grad_bytes, topo, c.links, job.algorithm);
+      const double last = collective_seconds(Op::all_reduce, bucket * grad_bytes, topo, c.links, job.algorithm);
+      overlapped = std::min(grads - last, c.overlap_fraction * ws.backward);
+    } else {
+      const double rs = collective_seconds(Op::reduce_scatter, P * grad_bytes, topo, c.links, job.algorithm);
+      grads = m * rs;
+      overlapped = std::min(grads * (1 - 1 / std::max(1.0, P / bucket)), c.overlap_fraction * m * ws.backward);
+    }
+    if (l.zero == 1 || l.zero == 2) gathers = collective_seconds(Op::all_gather, P * 4, topo, c.links, job.algorithm);
+    if (l.zero == 3) {
+      // Parameters gathered for every micro-batch's forward and backward, prefetched a unit
+      // ahead: hidden behind compute except the first unit.
+      const double g = 2 * m * collective_seconds(Op::all_gather, P * 4, topo, c.links, job.algorithm);
+      const double hide = std::min(g * (1 - 1.0 / double(cfg.n_layer + 2)), c.overlap_fraction * m * ws.total());
+      gathers = g;
+      overlapped += hide;
+    }
+  }
+  t.dp_comm = grads + gathers;
+  t.dp_exposed = std::max(0.0, t.dp_comm - std::max(0.0, overlapped));
+  // Optimizer on the rank's shard: AdamW reads parameters, gradients and both moments and
+  // writes three of them; the gradient norm reads the gradients; zeroing writes them.
+  const double shard = l.zero >= 1 ? P / double(l.dp) : P;
+  const double grads_held = l.zero >= 2 ? P / double(l.dp) : P;
+  t.optimizer = (28 * shard + 4 * grads_held + 4 * P) / c.device.memory_bytes_per_s;
+  t.step = t.gemm + t.attention + t.elementwise + t.recompute + t.tp_comm + t.pp_p2p + t.bubble + t.dp_exposed +
+           t.optimizer;
+
+  p.model_flops = model::training_flops(cfg, model::ParamLayout(cfg).num_params(), job.global_batch, job.seq);
+  p.tokens_per_s = double(job.global_batch * job.seq) / t.step;
+  const double peak = job.bf16 && c.device.peak_bf16_flops > 0 ? c.device.peak_bf16_flops : c.device.peak_fp32_flops;
+  p.mfu = p.model_flops / t.step / (double(l.ranks()) * peak);
+  const double budget = c.device.memory_bytes;
+  if (p.memory.total() > budget) {
+    p.fits = false;
+    p.why_not = str_cat("needs ", format_bytes(int64_t(p.memory.total())), " on stage ", p.memory_stage, ", ",
+                        format_bytes(int64_t(budget)), " per device");
+  }
+  return p;
+}
+
+std::vector<Prediction> search(const Job& job, const Cluster& c, const SearchOptions& opt) {
+  const int64_t devices = int64_t(job.nodes) * c.devices_per_node;
+  std::vector<Prediction> out;
+  auto divisors = [](int64_t n) {
+    std::vector<int64_t> d;
+    for (int64_t i = 1; i <= n; ++i)
+      if (n % i == 0) d.push_back(i);
+    return d;
+  };
+  const int64_t max_ep = job.model.moe.enabled() ? job.model.moe.num_experts : 1;
+  for (int64_t tp : divisors(devices))
+    for (int64_t pp : divisors(devices / tp))
+      for (int64_t ep : divisors(devices / tp / pp)) {
+        if (ep > max_ep) continue;
+        const int64_t dp = devices / tp / pp / ep;
+        if (job.global_batch % (dp * ep) != 0) continue;
+        const int64_t per_rank = job.global_batch / (dp * ep);
+        for (int64_t mb : divisors(per_rank))
+          for (int zero : opt.zero_stages) {
+            if (dp * ep == 1 && zero > 0) continue;  // nothing to shard over
+            for (int ckpt : {0, 1}) {
+              if (ckpt && !opt.allow_checkpointing) continue;
+              for (const std::string& sched : opt.schedules) {
+                if (pp == 1 && sched != opt.schedules.front()) continue;
+                Layout l{dp, tp, pp, ep, zero, mb, per_rank / mb, ckpt, sched};
+                if (!check_layout(job, c, l).empty()) continue;
+                Prediction p = predict(job, c, l);
+                if (p.fits && p.memory.total() > opt.memory_headroom * c.device.memory_bytes) {
+                  p.fits = false;
+                  p.why_not = str_cat("needs ", format_bytes(int64_t(p.memory.total())), ", over ",
+                                      int(opt.memory_headroom * 100), "% of ",
+                                      format_bytes(int64_t(c.device.memory_bytes)));
+                }
+                out.push_back(std::move(p));
+              }
+            }
+          }
+      }
+  std::stable_sort(out.begin(), out.end(), [](const Prediction& a, const Prediction& b) {
+    if (a.fits != b.fits) return a.fits;
+    if (a.fits) return a.time.step < b.time.step;
+    return a.memory.total() < b.memory.total();
+  });
+  return out;
+}
+
+std::string explain(const Job& job, const Cluster& c, const Prediction& p) {
+  const TimePrediction& t = p.time;
+  const Layout& l = p.layout;
+  std::ostringstream o;
+  char line[256];
+  auto row = [&](const char* name, double s, const std::string& why) {
+    std::snprintf(line, sizeof line, "  %-22s %10.2f ms %5.1f%%  %s\n", name, s * 1e3, t.step > 0 ? 100 * s / t.step : 0.0,
+                  why.c_str());
+    o << line;
+  };
+  o << "layout " << l.describe() << " on " << l.ranks() << " devices of " << c.name << " (" << job.nodes << " node"
+    << (job.nodes > 1 ? "s" : "") << " x " << c.devices_per_node << ")\n";
+  o << "step time " << str_cat(t.step * 1e3) << " ms, " << int64_t(p.tokens_per_s) << " tokens/s, MFU "
+    << str_cat(int(1000 * p.mfu) / 10.0) << "%\n";
+  row("matrix products", t.gemm, str_cat("forward + backward (3x forward) of ", l.micro_batches, " micro-batches of ",
+                                         l.micro_batch, " x ", job.seq, " tokens on the slowest stage"));
+  row("attention products", t.attention, "causal QK^T and AV, T/2 keys per query on average");
+  row("elementwise", t.elementwise, str_cat("bytes moved / ", c.device.memory_bytes_per_s / 1e9, " GB/s"));
+  if (t.recompute > 0) row("recomputation", t.recompute, str_cat("checkpoint interval ", l.checkpoint, ": forward again"));
+  if (t.tp_comm > 0) row("tensor-parallel comm", t.tp_comm, str_cat("4 all-reduces of [N, C] per block, tp=", l.tp));
+  if (t.pp_p2p > 0) row("pipeline transfers", t.pp_p2p, "activations forward, gradients backward");
+  if (t.bubble > 0)
+    row("pipeline bubble", t.bubble,
+        str_cat("(p-1)/(m+p-1) = ", int(1000.0 * double(l.pp - 1) / double(l.micro_batches + l.pp - 1)) / 10.0,
+                "% of an ideal pipeline"));
+  if (t.dp_comm > 0)
+    row("data-parallel exposed", t.dp_exposed,
+        str_cat("of ", t.dp_comm * 1e3, " ms of ZeRO-", l.zero, " collectives over dp=", l.dp,
+                "; the rest hides behind backward"));
+  row("optimizer", t.optimizer, l.zero >= 1 ? str_cat("AdamW on a 1/", l.dp, " shard") : std::string("AdamW on all parameters"));
+  const MemoryPrediction& m = p.memory;
+  o << "memory on stage " << p.memory_stage << ": " << format_bytes(int64_t(m.total())) << " of "
+    << format_bytes(int64_t(c.device.memory_bytes)) << " (params " << format_bytes(int64_t(m.params)) << ", grads "
+    << format_bytes(int64_t(m.grads)) << ", optimizer " << format_bytes(int64_t(m.optimizer)) << ", activations "
+    << format_bytes(int64_t(m.activations)) << ", workspace " << format_bytes(int64_t(m.workspace)) << ", comm "
+    << format_bytes(int64_t(m.comm)) << ")\n";
+  return o.str();
+}
+
+}  // namespace loom::plan

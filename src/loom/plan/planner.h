@@ -1,0 +1,111 @@
+// The planner: for a model, a cluster and a global batch, what one training step of a layout
+// (dp, tp, pp, ep, ZeRO stage, micro-batches, activation checkpointing, pipeline schedule)
+// needs in memory per rank, by category, and how long it takes, term by term; and the search
+// over layouts that ranks the ones that fit. Closed forms only: memory from the estimators the
+// trainer's allocations are checked against (model/memory_estimate.h, the ZeRO formulas),
+// compute from each product's FLOPs at the device's efficiency for its size, elementwise work
+// from bytes moved, collectives from comm's alpha-beta model on the rank-to-node placement
+// the mesh makes, the pipeline bubble from the schedule. Nothing here runs a model.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "loom/model/config.h"
+#include "loom/model/param_layout.h"
+#include "loom/plan/cluster.h"
+
+namespace loom::plan {
+
+struct Layout {
+  int64_t dp = 1, tp = 1, pp = 1, ep = 1;
+  int zero = 0;
+  int64_t micro_batch = 1;    // sequences per micro-batch and rank
+  int64_t micro_batches = 1;  // per rank and step (gradient accumulation / pipeline m)
+  int checkpoint = 0;         // model.activation_checkpoint_interval (0: off)
+  std::string schedule = "1f1b";  // 1f1b | gpipe
+  int64_t ranks() const { return dp * tp * pp * ep; }
+  std::string describe() const;  // "dp2 tp1 pp2 z1 mb4x2 ckpt1 1f1b"
+};
+
+struct Job {
+  model::ModelConfig model;
+  int64_t global_batch = 8;  // sequences per step
+  int64_t seq = 256;
+  int nodes = 1;
+  int64_t xent_chunk = 1024;
+  double bucket_mb = 25.0;
+  bool bf16 = false;  // model.precision=bf16: products at the 16-bit rate
+  // Bytes per gradient element on the data-parallel wire: 4 (fp32), 2 (bf16, comm.grad_dtype),
+  // 1/8 (1-bit Adam's signs after its warm-up); 0: bf16's 2 when bf16, else 4.
+  double grad_wire_bytes = 0;
+  // Collectives: "auto" (the fastest of ring, tree and two-level hierarchical, as comm's auto
+  // chooses) or one of them ("ring", "tree", "hierarchical").
+  std::string algorithm = "auto";
+};
+
+struct MemoryPrediction {
+  double params = 0, grads = 0, optimizer = 0, activations = 0, workspace = 0, comm = 0;
+  double total() const { return params + grads + optimizer + activations + workspace + comm; }
+};
+
+// Seconds of one step on the critical rank, by term. step = compute + tp + pp_p2p + bubble
+// + dp_exposed + optimizer (the compute of the slowest stage times the micro-batches it runs).
+struct TimePrediction {
+  double gemm = 0;          // matrix products (forward, backward, recomputation)
+  double attention = 0;     // score and value products
+  double elementwise = 0;   // norms, activations, softmax, residual adds, losses: bytes / bandwidth
+  double recompute = 0;     // of gemm + attention + elementwise: checkpoint recomputation
+  double tp_comm = 0;       // tensor-parallel all-reduces (not overlapped)
+  double pp_p2p = 0;        // pipeline activation/gradient transfers on the critical path
+  double bubble = 0;        // pipeline fill and drain
+  double dp_comm = 0;       // data-parallel collectives' total time
+  double dp_exposed = 0;    // the part not hidden behind backward
+  double optimizer = 0;     // AdamW on the rank's shard, gradient norm, zeroing
+  double step = 0;
+};
+
+struct Prediction {
+  Layout layout;
+  std::vector<MemoryPrediction> stage_memory;  // per pipeline stage (tp rank 0)
+  MemoryPrediction memory;                     // the stage that needs the most
+  int memory_stage = 0;
+  TimePrediction time;
+  double model_flops = 0;  // per step, all ranks (MFU convention: no recomputation)
+  double tokens_per_s = 0;
+  double mfu = 0;          // model FLOP/s over all devices' peak
+  bool fits = true;
+  std::string why_not;     // when !fits or the layout is invalid
+};
+
+// What one micro-batch's forward and backward on one stage (tp rank 0) does, counted: the
+// FLOPs of each forward matrix product (the backward runs two of the same size for each),
+// of the attention score and value products, and the bytes the elementwise kernels move.
+struct StageCounts {
+  std::vector<double> fwd_products;
+  double attention_fwd_flops = 0;
+  double elem_fwd_bytes = 0, elem_bwd_bytes = 0;
+  int64_t layers = 0;
+  double tp_allreduce_bytes = 0;  // each tensor-parallel all-reduce's payload
+  double tp_allreduces = 0;       // per micro-batch, forward and backward
+};
+StageCounts count_stage(const Job& job, const Layout& l, const model::ModelSlice& slice);
+
+// Whether the layout is valid for the job on the cluster ("" when it is; else the reason,
+// e.g. "tp=3 does not divide n_head=8").
+std::string check_layout(const Job& job, const Cluster& cluster, const Layout& l);
+Prediction predict(const Job& job, const Cluster& cluster, const Layout& l);
+
+struct SearchOptions {
+  bool allow_checkpointing = true;
+  std::vector<int> zero_stages = {0, 1, 2, 3};
+  std::vector<std::string> schedules = {"1f1b"};
+  double memory_headroom = 0.9;  // use at most this fraction of device memory
+};
+// Every valid layout on all devices of job.nodes nodes; fitting ones first, fastest first.
+std::vector<Prediction> search(const Job& job, const Cluster& cluster, const SearchOptions& opt = {});
+
+// The top pick's terms, one per line, with the numbers that decide them.
+std::string explain(const Job& job, const Cluster& cluster, const Prediction& p);
+
+}  // namespace loom::plan

@@ -1,0 +1,182 @@
+// The planner's closed forms: cluster files, memory per rank against the estimators it stands
+// on, the pipeline bubble, data-parallel overlap, layout checks and the search order.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "loom/core/error.h"
+#include "loom/model/memory_estimate.h"
+#include "loom/parallel/data_parallel.h"
+#include "loom/plan/planner.h"
+
+namespace loom::plan {
+namespace {
+
+const std::string kClusters = std::string(LOOM_SOURCE_DIR) + "/configs/clusters/";
+
+Cluster small_cluster(int devices = 4) {
+  return parse_cluster(str_cat("name: test\nnode:\n  devices: ", devices,
+                               "\n  device_memory_gib: 16\n  peak_fp32_tflops: 0.1\n  memory_gbps: 20\n"
+                               "  gemm_efficiency: [[0.001, 0.5], [1, 1.0]]\n"
+                               "links:\n  intra: {alpha_us: 5, gbps: 10}\n  inter: {alpha_us: 50, gbps: 1}\n"),
+                       "test.yaml");
+}
+
+Job job_of(const char* preset, int64_t batch, int64_t seq) {
+  Job j;
+  j.model = model::preset(preset);
+  j.global_batch = batch;
+  j.seq = seq;
+  return j;
+}
+
+TEST(Cluster, PublicFilesLoadAndRoundTrip) {
+  for (const char* f : {"dgx-a100-80g.yaml", "dgx-h100.yaml"}) {
+    const Cluster c = load_cluster(kClusters + f);
+    EXPECT_EQ(c.devices_per_node, 8) << f;
+    EXPECT_GT(c.device.peak_bf16_flops, 100e12) << f;
+    EXPECT_FALSE(c.sources.empty()) << f << " must say where its numbers come from";
+    const Cluster again = parse_cluster(cluster_yaml(c), "again");
+    EXPECT_NEAR(again.device.peak_bf16_flops, c.device.peak_bf16_flops, 1e-6 * c.device.peak_bf16_flops);
+    EXPECT_NEAR(again.links.inter.gbps(), c.links.inter.gbps(), 1e-3);
+    EXPECT_EQ(again.device.gemm_efficiency.points.size(), c.device.gemm_efficiency.points.size());
+  }
+}
+
+TEST(Cluster, BadFilesNameTheKey) {
+  try {
+    parse_cluster("name: x\nnode:\n  device_memory_gib: 1\n", "bad.yaml");
+    FAIL() << "accepted a node without devices";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("bad.yaml: missing key 'node.devices'"), std::string::npos) << e.what();
+  }
+  try {
+    parse_cluster("node: {devices: 2, device_memory_gib: 1, peak_fp32_tflops: -1, memory_gbps: 1}\n", "neg.yaml");
+    FAIL() << "accepted a negative peak";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("node.peak_fp32_tflops"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(load_cluster("/nonexistent/cluster.yaml"), Error);
+}
+
+TEST(Cluster, CurveInterpolatesInLogSizeAndClamps) {
+  Curve c{{{1e3, 0.2}, {1e5, 0.6}}};
+  EXPECT_DOUBLE_EQ(c.at(10), 0.2);
+  EXPECT_DOUBLE_EQ(c.at(1e9), 0.6);
+  EXPECT_NEAR(c.at(1e4), 0.4, 1e-12);
+}
+
+TEST(Planner, OneRankMemoryIsTheTrainingEstimate) {
+  const Job j = job_of("gpt2-shakespeare", 8, 128);
+  for (int ckpt : {0, 1}) {
+    Layout l;
+    l.micro_batch = 8;
+    l.checkpoint = ckpt;
+    const Prediction p = predict(j, small_cluster(), l);
+    ASSERT_TRUE(p.fits) << p.why_not;
+    const int64_t P = model::ParamLayout(j.model).num_params();
+    const auto est = model::estimate_training_memory(j.model, P, 8, 128, ckpt, j.xent_chunk);
+    EXPECT_EQ(int64_t(p.memory.total()), est.total()) << "ckpt " << ckpt;
+    EXPECT_EQ(p.memory.comm, 0);
+  }
+}
+
+TEST(Planner, ZeroStagesShardTheStatesAsTheFormulasSay) {
+  const Job j = job_of("gpt2-124m", 4, 64);
+  const int64_t P = model::ParamLayout(j.model).num_params();
+  for (int zero = 0; zero <= 3; ++zero) {
+    Layout l{4, 1, 1, 1, zero, 1, 1, 0, "1f1b"};
+    const Prediction p = predict(j, small_cluster(), l);
+    ASSERT_TRUE(p.why_not.empty()) << p.why_not;
+    const auto z = parallel::zero_model_state_bytes(P, zero, 4);
+    EXPECT_EQ(int64_t(p.memory.params), z.params);
+    EXPECT_EQ(int64_t(p.memory.grads), z.grads);
+    EXPECT_EQ(int64_t(p.memory.optimizer), z.optimizer);
+  }
+}
+
+TEST(Planner, PipelineBubbleOfEqualStagesIsTheScheduleFormula) {
+  // A tiny vocabulary makes the embedding and head negligible, so the stages are equal.
+  Job j = job_of("gpt2-350m", 32, 128);
+  j.model.vocab_size = 16;
+  for (int64_t m : {4, 8, 32}) {
+    Layout l{1, 1, 4, 1, 0, 32 / m, m, 0, "1f1b"};
+    const Prediction p = predict(j, small_cluster(), l);
+    ASSERT_TRUE(p.why_not.empty()) << p.why_not;
+    const TimePrediction& t = p.time;
+    const double busy = t.gemm + t.attention + t.elementwise + t.pp_p2p;
+    const double want = 3.0 / double(m + 3);
+    EXPECT_NEAR(t.bubble / (busy + t.bubble), want, 0.02 * want + 1e-3) << "m=" << m;
+  }
+}
+
+TEST(Planner, OverlapHidesGradientReductionBehindBackward) {
+  const Job j = job_of("gpt2-124m", 4, 128);
+  Cluster c = small_cluster();
+  Layout l{4, 1, 1, 1, 0, 1, 1, 0, "1f1b"};
+  c.overlap_fraction = 0;
+  const Prediction none = predict(j, c, l);
+  EXPECT_NEAR(none.time.dp_exposed, none.time.dp_comm, 1e-12);
+  c.overlap_fraction = 1;
+  const Prediction all = predict(j, c, l);
+  EXPECT_LT(all.time.dp_exposed, 0.5 * all.time.dp_comm);
+  EXPECT_GT(all.time.dp_exposed, 0) << "the last bucket cannot overlap";
+  EXPECT_LT(all.time.step, none.time.step);
+}
+
+TEST(Planner, CrossNodeCollectivesCostMore) {
+  const Job j = job_of("gpt2-124m", 8, 128);
+  Job two = j;
+  two.nodes = 2;
+  Layout l{8, 1, 1, 1, 0, 1, 1, 0, "1f1b"};
+  const Prediction one_node = predict(j, small_cluster(8), l);
+  const Prediction two_nodes = predict(two, small_cluster(4), l);
+  EXPECT_GT(two_nodes.time.dp_comm, 2 * one_node.time.dp_comm);
+}
+
+TEST(Planner, InvalidLayoutsAreRefusedWithTheReason) {
+  const Job j = job_of("gpt2-shakespeare", 8, 128);  // 6 heads, 4 layers
+  EXPECT_EQ(check_layout(j, small_cluster(), Layout{1, 4, 1, 1, 0, 8, 1, 0, "1f1b"}),
+            "tp=4 does not divide n_head=6");
+  EXPECT_EQ(check_layout(j, small_cluster(), Layout{1, 1, 8, 1, 0, 8, 1, 0, "1f1b"}), "pp=8 exceeds n_layer=4");
+  EXPECT_NE(check_layout(j, small_cluster(), Layout{2, 1, 1, 1, 0, 8, 1, 0, "1f1b"}).find("is not the global batch 8"),
+            std::string::npos);
+  EXPECT_EQ(check_layout(j, small_cluster(2), Layout{1, 3, 1, 1, 0, 8, 1, 0, "1f1b"}),
+            "tp=3 spans nodes (2 devices each)");
+}
+
+TEST(Planner, SearchRanksFittingLayoutsByStepTime) {
+  const Job j = job_of("gpt2-124m", 16, 256);
+  const auto ranked = search(j, small_cluster(4));
+  ASSERT_GT(ranked.size(), 10u);
+  bool seen_unfit = false;
+  for (size_t i = 0; i < ranked.size(); ++i) {
+    EXPECT_TRUE(check_layout(j, small_cluster(4), ranked[i].layout).empty());
+    EXPECT_EQ(ranked[i].layout.ranks(), 4);
+    if (!ranked[i].fits) seen_unfit = true;
+    EXPECT_FALSE(seen_unfit && ranked[i].fits) << "a fitting layout after one that does not fit";
+    if (i > 0 && ranked[i].fits) EXPECT_LE(ranked[i - 1].time.step, ranked[i].time.step);
+  }
+  // 1 GiB per device: gpt2-124m's 2 GB of fp32 Adam states fit only sharded (ZeRO-3 over 4).
+  Cluster tight = small_cluster(4);
+  tight.device.memory_bytes = 1.0 * 1024 * 1024 * 1024;
+  for (const auto& p : search(j, tight))
+    if (p.fits) EXPECT_TRUE(p.layout.zero == 3 || p.layout.pp > 1 || p.layout.tp > 1) << p.layout.describe();
+  tight.device.memory_bytes = 64.0 * 1024 * 1024;
+  const auto none = search(j, tight);
+  ASSERT_FALSE(none.empty());
+  EXPECT_FALSE(none.front().fits);
+  EXPECT_NE(none.front().why_not.find("needs"), std::string::npos) << none.front().why_not;
+}
+
+TEST(Planner, ExplainNamesEveryTerm) {
+  Job j = job_of("gpt2-124m", 16, 256);
+  const Prediction p = predict(j, small_cluster(4), Layout{2, 1, 2, 1, 1, 2, 4, 1, "1f1b"});
+  const std::string e = explain(j, small_cluster(4), p);
+  for (const char* term : {"matrix products", "attention", "elementwise", "recomputation", "pipeline bubble",
+                           "data-parallel exposed", "optimizer", "memory on stage"})
+    EXPECT_NE(e.find(term), std::string::npos) << term << " missing from\n" << e;
+}
+
+}  // namespace
+}  // namespace loom::plan
