@@ -23,6 +23,7 @@ const std::vector<Command>& commands() {
       {"quantize", cmd_quantize},
       {"eval", cmd_eval},
       {"trace", cmd_trace},
+      {"plan", cmd_plan},
   };
   return cmds;
 }

@@ -29,6 +29,7 @@ int cmd_serve(const std::vector<std::string>& args);
 int cmd_quantize(const std::vector<std::string>& args);
 int cmd_eval(const std::vector<std::string>& args);
 int cmd_trace(const std::vector<std::string>& args);
+int cmd_plan(const std::vector<std::string>& args);
 
 // `loom bench <what>`: one function per benchmark, listed in bench.cpp.
 struct Benchmark {

@@ -26,6 +26,7 @@ void print_usage() {
       "  quantize      write a bf16/int8/int4 copy of a checkpoint for inference\n"
       "  eval          validation loss and perplexity of a checkpoint (any precision)\n"
       "  report        one HTML page of a training run's metrics: loom report RUN_DIR\n"
+      "  plan          predict memory and step time of training layouts: loom plan --help\n"
       "  bench         benchmarks: loom bench --help (each also takes --trace DIR)\n"
       "  serve         OpenAI-compatible HTTP server (completions, chat, SSE, /metrics)\n"
       "  trace         merge the per-rank step traces of --trace DIR: loom trace merge DIR\n"

@@ -1,0 +1,526 @@
+// `loom plan`: the planner's command line. Ranks the layouts of a model on a cluster
+// (`--top`), predicts one (`--layout`), explains the pick term by term (`--explain`),
+// measures this machine into a cluster file (`--calibrate FILE`), and checks its predictions
+// against training runs of this machine (`--validate [--quick]`).
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <thread>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "loom/core/allocator.h"
+#include "loom/core/error.h"
+#include "loom/core/stats.h"
+#include "loom/core/threads.h"
+#include "loom/core/timer.h"
+#include "loom/io/file.h"
+#include "loom/kernels/cpu/blas_core.h"
+#include "loom/kernels/cpu/gemm.h"
+#include "loom/model/decoder.h"
+#include "loom/plan/planner.h"
+#include "loom/train/train_config.h"
+#include "tools/loom/commands.h"
+
+namespace loom::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+const char* kHelp =
+    "usage: loom plan --model PRESET|CONFIG.yaml --cluster CLUSTER.yaml [--nodes N] --global-batch B\n"
+    "                 --seq T [--top K] [--explain] [--precision fp32|bf16] [--layout SPEC] [--json]\n"
+    "       loom plan --calibrate CLUSTER.yaml [--threads K] [--devices D] [--comm-calibration FILE]\n"
+    "       loom plan --validate [--quick] [--cluster CLUSTER.yaml] [--out DIR]\n\n"
+    "Predicts memory per rank and step time of training layouts (dp, tp, pp, ep, ZeRO stage,\n"
+    "micro-batches, activation checkpointing, pipeline schedule) without running anything.\n"
+    "  --model        a preset (loom's model presets) or a training config whose model: it uses\n"
+    "  --cluster      cluster file (configs/clusters/*.yaml; --calibrate writes one for this machine)\n"
+    "  --nodes        nodes to use (default 1); every device of them gets a rank\n"
+    "  --global-batch sequences per step; --seq tokens per sequence\n"
+    "  --top K        print the K fastest layouts that fit (default 10)\n"
+    "  --explain      the top pick (or --layout) term by term\n"
+    "  --layout SPEC  predict one layout: dp=2,tp=1,pp=2,ep=1,zero=1,mb=2,m=4,ckpt=0,schedule=1f1b\n"
+    "  --gpipe        also consider the GPipe schedule\n"
+    "  --grad-dtype   data-parallel gradients on the wire: fp32, bf16 (default under bf16) or 1bit\n"
+    "                 (1-bit Adam after its warm-up)\n"
+    "  --inter-gbps G override the cluster's inter-node bandwidth (GB/s per node)\n"
+    "  --no-overlap   data-parallel communication does not overlap the backward pass\n"
+    "  --algorithm A  collectives: auto (fastest of ring, tree, hierarchical; default) or ring\n"
+    "  --calibrate F  time matrix products and memory bandwidth with K threads per rank (default 1)\n"
+    "                 and write a cluster file of D devices (default: cores / K)\n"
+    "  --validate     train a set of layouts here (loom train, loom launch) and compare predicted\n"
+    "                 memory and step time with the measured ones; --quick runs four of them.\n"
+    "                 Calibrates first unless --cluster is given.\n"
+    "The last line is SUMMARY {json}.\n";
+
+model::ModelConfig model_of(const std::string& spec) {
+  if (spec.size() > 5 && (spec.ends_with(".yaml") || spec.ends_with(".yml"))) {
+    const train::TrainConfig cfg = train::load_train_config(spec, {"data.dir=unused"});
+    return cfg.model;
+  }
+  return model::preset(spec);
+}
+
+plan::Layout parse_layout(const std::string& spec) {
+  plan::Layout l;
+  std::istringstream in(spec);
+  for (std::string item; std::getline(in, item, ',');) {
+    const auto eq = item.find('=');
+    if (eq == std::string::npos) throw UsageError("[plan] --layout: expected key=value, got '" + item + "'");
+    const std::string k = item.substr(0, eq), v = item.substr(eq + 1);
+    if (k == "schedule") {
+      l.schedule = v;
+      continue;
+    }
+    int64_t n = 0;
+    try {
+      n = std::stoll(v);
+    } catch (...) {
+      throw UsageError("[plan] --layout: " + k + "=" + v + " is not a number");
+    }
+    if (k == "dp") l.dp = n;
+    else if (k == "tp") l.tp = n;
+    else if (k == "pp") l.pp = n;
+    else if (k == "ep") l.ep = n;
+    else if (k == "zero") l.zero = int(n);
+    else if (k == "mb") l.micro_batch = n;
+    else if (k == "m") l.micro_batches = n;
+    else if (k == "ckpt") l.checkpoint = int(n);
+    else throw UsageError("[plan] --layout: unknown key '" + k + "' (dp, tp, pp, ep, zero, mb, m, ckpt, schedule)");
+  }
+  return l;
+}
+
+// ---- calibration --------------------------------------------------------------------------
+
+// Median seconds of `fn` over enough repetitions to take ~`budget_s`.
+template <class F>
+double time_median(F&& fn, double budget_s) {
+  fn();
+  std::vector<double> t;
+  const double start = now_seconds();
+  while (t.size() < 3 || (now_seconds() - start < budget_s && t.size() < 200)) {
+    const double t0 = now_seconds();
+    fn();
+    t.push_back(now_seconds() - t0);
+  }
+  return median(t);
+}
+
+plan::Cluster calibrate(int threads, int devices, const std::string& comm_file, bool verbose) {
+  set_num_threads(threads);
+  plan::Cluster c;
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  c.devices_per_node = devices > 0 ? devices : int(std::max(1u, cores / unsigned(threads)));
+  c.max_nodes = 1;
+  c.name = "this-machine";
+  std::string cpu = "CPU";
+  {
+    std::ifstream f("/proc/cpuinfo");
+    for (std::string line; std::getline(f, line);)
+      if (line.rfind("model name", 0) == 0) {
+        cpu = line.substr(line.find(':') + 2);
+        break;
+      }
+  }
+  c.device.name = str_cat(cpu, ", ", threads, " thread", threads > 1 ? "s" : "", " per rank");
+  c.device.threads = threads;
+  const double mem = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
+  c.device.memory_bytes = mem / double(c.devices_per_node);
+  // Matrix products of transformer shapes ([tokens, in] x [in, out]) at growing sizes; the
+  // rate of the largest is the peak the curve is a fraction of.
+  struct Shape {
+    int64_t m, k, n;
+  };
+  const std::vector<Shape> shapes = {{64, 32, 96},    {128, 64, 192},   {256, 64, 256},   {512, 192, 192},
+                                     {1024, 192, 576}, {1024, 192, 768}, {1024, 768, 768}, {2048, 768, 2304},
+                                     {2048, 768, 3072}, {4096, 1024, 4096}};
+  std::vector<std::pair<double, double>> rates;  // flops, flop/s
+  std::mt19937 g(1);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (const Shape& s : shapes) {
+    std::vector<float> a(size_t(s.m * s.k)), b(size_t(s.k * s.n)), out(size_t(s.m * s.n));
+    for (auto& x : a) x = u(g);
+    for (auto& x : b) x = u(g);
+    const double flops = 2.0 * double(s.m * s.k * s.n);
+    // Forward (x W^T as the linears run) and the two backward products, as training does.
+    const double sec = time_median(
+        [&] {
+          cpu::gemm(false, true, s.m, s.n, s.k, 1.0f, a.data(), s.k, b.data(), s.k, 0.0f, out.data(), s.n);
+        },
+        0.3);
+    rates.emplace_back(flops, flops / sec);
+    if (verbose)
+      std::printf("  product %5lld x %4lld x %4lld: %8.1f GFLOP/s\n", (long long)s.m, (long long)s.k, (long long)s.n,
+                  flops / sec / 1e9);
+  }
+  double peak = 0;
+  for (const auto& r : rates) peak = std::max(peak, r.second);
+  c.device.peak_fp32_flops = peak;
+  for (const auto& [f, r] : rates) c.device.gemm_efficiency.points.emplace_back(f, r / peak);
+  // Memory bandwidth of an elementwise kernel: y = a x + y over 64 MiB vectors.
+  double stream = 0;
+  {
+    const size_t n = size_t(16) << 20;
+    std::vector<float> x(n, 1.0f), y(n, 2.0f);
+    const double sec = time_median(
+        [&] {
+          float* yp = y.data();
+          const float* xp = x.data();
+#pragma omp parallel for schedule(static)
+          for (int64_t i = 0; i < int64_t(n); ++i) yp[i] = 0.5f * xp[i] + yp[i];
+        },
+        0.5);
+    stream = 3.0 * 4.0 * double(n) / sec;
+    c.device.memory_bytes_per_s = stream;
+  }
+  // loom's own attention and elementwise kernels: a reference model's forward and backward at
+  // two sequence lengths of the same token count, minus its matrix products, solved for the
+  // attention rate and the elementwise bandwidth that the planner's counts imply.
+  {
+    const model::ModelConfig ref = model::preset("gpt2-shakespeare");
+    std::vector<std::array<double, 3>> rows;  // attention FLOPs, elementwise bytes, seconds
+    for (auto [B, T] : {std::pair<int64_t, int64_t>{16, 32}, {4, 128}}) {
+      CpuAllocator alloc;
+      model::DecoderOptions opt;
+      model::Decoder m(ref, opt, DType::f32, alloc);
+      m.init_weights(1);
+      std::vector<int32_t> tok(size_t(B * T)), tgt(size_t(B * T));
+      for (size_t i = 0; i < tok.size(); ++i) tok[i] = int32_t(g() % 256), tgt[i] = int32_t(g() % 256);
+      cpu::gemm_clock().on = true;
+      std::vector<double> rest;
+      for (int i = 0; i < 7; ++i) {
+        cpu::gemm_clock().ns = 0;
+        m.zero_grads();
+        const double t0 = now_seconds();
+        m.forward_backward(tok.data(), tgt.data(), B, T, 1.0 / double(B * T));
+        const double total = now_seconds() - t0;
+        if (i > 0) rest.push_back(total - double(cpu::gemm_clock().ns.load()) / 1e9);
+      }
+      cpu::gemm_clock().on = false;
+      plan::Job job;
+      job.model = ref;
+      job.seq = T;
+      job.global_batch = B;
+      plan::Layout l;
+      l.micro_batch = B;
+      const plan::StageCounts k = plan::count_stage(job, l, model::ModelSlice{});
+      rows.push_back({3 * k.attention_fwd_flops, k.elem_fwd_bytes + k.elem_bwd_bytes, median(rest)});
+    }
+    const auto& [a1, e1, n1] = rows[0];
+    const auto& [a2, e2, n2] = rows[1];
+    const double det = a1 * e2 - a2 * e1;
+    const double x = det != 0 ? (n1 * e2 - n2 * e1) / det : -1;  // seconds per attention FLOP
+    const double y = det != 0 ? (a1 * n2 - a2 * n1) / det : -1;  // seconds per elementwise byte
+    if (x > 0 && y > 0) {
+      c.device.attention_flops = 1 / x;
+      c.device.memory_bytes_per_s = 1 / y;
+    } else {  // not separable on this machine: attention at the product rate
+      c.device.memory_bytes_per_s = (e1 + e2) / std::max(1e-9, n1 + n2 - (a1 + a2) / peak);
+    }
+    if (verbose)
+      std::printf("  outside matrix products: %.1f ms at T=32, %.1f ms at T=128 (gpt2-shakespeare, 512 tokens)\n",
+                  n1 * 1e3, n2 * 1e3);
+  }
+  if (verbose)
+    std::printf("  peak %.1f GFLOP/s per rank (%d thread%s), attention %.1f GFLOP/s, elementwise %.1f GB/s\n",
+                peak / 1e9, threads, threads > 1 ? "s" : "", c.device.attention_flops / 1e9,
+                c.device.memory_bytes_per_s / 1e9);
+  // Links: the comm calibration file of `loom bench comm --calibrate` when given, else the
+  // built-in shared-memory estimate (two copies through a shared segment).
+  if (!comm_file.empty()) {
+    const comm::CostModel m = comm::load_cost_model(comm_file);
+    c.links.intra = m.intra;
+    c.links.inter = m.inter;
+    c.links.reduce_s_per_byte = m.reduce_s_per_byte;
+    c.sources.push_back("links from " + comm_file + " (loom bench comm --calibrate)");
+  } else {
+    c.links.intra = {5e-6, 2.0 / stream * 3.0};
+    c.links.reduce_s_per_byte = 3.0 / stream;
+    c.sources.push_back("intra link: shared memory, two copies at the measured bandwidth, 5 us latency");
+  }
+  c.links.inter = comm::CostModel{}.inter;
+  c.description = str_cat("measured by loom plan --calibrate: ", cpu);
+  c.sources.push_back(str_cat("products and bandwidth measured by loom plan --calibrate with ", threads,
+                              " thread(s) per rank, OpenBLAS ", cpu::blas_core(), " kernels"));
+  return c;
+}
+
+// ---- validation ---------------------------------------------------------------------------
+
+struct Case {
+  std::string model;
+  plan::Layout layout;
+  int64_t seq = 128;
+  int steps = 8;
+};
+
+std::vector<Case> validation_cases(bool quick) {
+  using L = plan::Layout;
+  const std::string S = "gpt2-shakespeare";
+  std::vector<Case> all = {
+      {S, L{1, 1, 1, 1, 0, 8, 1, 0, "1f1b"}},   // one process
+      {S, L{2, 1, 1, 1, 0, 8, 1, 0, "1f1b"}},   // dp2 ZeRO-0
+      {S, L{1, 1, 2, 1, 0, 2, 4, 0, "1f1b"}},   // pp2 1F1B, 4 micro-batches
+      {S, L{1, 2, 1, 1, 0, 8, 1, 0, "1f1b"}},   // tp2
+      {S, L{1, 1, 1, 1, 0, 2, 4, 0, "1f1b"}},   // gradient accumulation
+      {S, L{1, 1, 1, 1, 0, 8, 1, 1, "1f1b"}},   // activation checkpointing
+      {S, L{2, 1, 1, 1, 1, 8, 1, 0, "1f1b"}},   // ZeRO-1
+      {S, L{2, 1, 1, 1, 2, 8, 1, 0, "1f1b"}},   // ZeRO-2
+      {S, L{2, 1, 1, 1, 3, 8, 1, 0, "1f1b"}},   // ZeRO-3
+      {S, L{1, 1, 2, 1, 0, 2, 4, 0, "gpipe"}},  // pp2 GPipe
+      {S, L{2, 1, 1, 1, 1, 4, 2, 1, "1f1b"}},   // ZeRO-1, micro-batches, checkpointing
+      {S, L{1, 2, 1, 1, 0, 4, 2, 1, "1f1b"}},   // tp2, micro-batches, checkpointing
+      {"gpt2-124m", L{1, 1, 1, 1, 0, 1, 1, 0, "1f1b"}, 128, 4},
+      {"gpt2-124m", L{2, 1, 1, 1, 2, 1, 1, 0, "1f1b"}, 128, 4},
+  };
+  if (quick) return {all[0], all[1], all[2], all[3]};
+  return all;
+}
+
+struct Measured {
+  double ms = 0;
+  double peak_bytes = 0;
+  bool ok = false;
+  std::string log;
+};
+
+Measured run_case(const Case& k, const std::string& data_dir, const std::string& dir, int threads) {
+  const plan::Layout& l = k.layout;
+  const std::string tag = str_cat(k.model, "-", l.dp, "-", l.tp, "-", l.pp, "-z", l.zero, "-", l.micro_batch, "x",
+                                  l.micro_batches, "-c", l.checkpoint, "-", l.schedule);
+  const std::string metrics = dir + "/" + tag + ".jsonl", log = dir + "/" + tag + ".log";
+  std::ostringstream cmd;
+  cmd << "OMP_NUM_THREADS=" << threads << " OMP_WAIT_POLICY=passive ";
+  const std::string exe = launch_exe();
+  if (l.ranks() > 1) cmd << exe << " launch --nproc " << l.ranks() << " -- ";
+  else cmd << exe << " ";
+  cmd << "train " << LOOM_SOURCE_DIR << "/configs/shakespeare.yaml --set model.preset=" << k.model
+      << " --set data.dir=" << data_dir << " --set data.seq_len=" << k.seq
+      << " --set data.batch_size=" << l.dp * l.micro_batch * l.micro_batches
+      << " --set data.micro_batch_size=" << l.micro_batch << " --set schedule.steps=" << k.steps
+      << " --set schedule.eval_interval=0 --set checkpoint.dir= --set checkpoint.every_steps=0 --set log.every=1 --set log.progress=off"
+      << " --set log.metrics_path=" << metrics << " --set parallel.dp=" << l.dp << " --set parallel.tp=" << l.tp
+      << " --set parallel.pp=" << l.pp << " --set parallel.zero_stage=" << l.zero
+      << " --set parallel.pp_schedule=" << l.schedule << " --set model.activation_checkpoint_interval=" << l.checkpoint
+      << " --set threads=" << threads << " > " << log << " 2>&1";
+  Measured m;
+  m.log = log;
+  const int rc = std::system(cmd.str().c_str());
+  if (rc != 0) return m;
+  std::ifstream f(metrics);
+  std::vector<double> ms;
+  for (std::string line; std::getline(f, line);) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_object() || !j.contains("ms_per_step")) continue;
+    // The first two steps allocate and warm caches.
+    if (j["step"].get<int64_t>() > 2) ms.push_back(j["ms_per_step"].get<double>());
+    m.peak_bytes = j["peak_bytes"].get<double>();
+  }
+  if (ms.empty()) return m;
+  m.ms = median(ms);
+  m.ok = true;
+  return m;
+}
+
+int validate(const Args& a) {
+  const bool quick = a.has("quick");
+  const int threads = int(a.get_int("threads", 1));
+  const std::string out = a.get("out", (fs::temp_directory_path() / str_cat("loom-plan-validate-", getpid())).string());
+  fs::create_directories(out);
+  plan::Cluster cluster;
+  if (a.has("cluster")) {
+    cluster = plan::load_cluster(a.get("cluster", ""));
+  } else {
+    std::printf("calibrating this machine (%d thread%s per rank):\n", threads, threads > 1 ? "s" : "");
+    cluster = calibrate(threads, 0, a.get("comm-calibration", ""), true);
+    io::write_file_atomic(out + "/this-machine.yaml", plan::cluster_yaml(cluster));
+    std::printf("  cluster file: %s/this-machine.yaml\n", out.c_str());
+  }
+  // Tiny Shakespeare as bytes (the byte-vocabulary model) and as GPT-2 tokens (gpt2-124m).
+  auto prepared = [&](const std::string& tokenizer) {
+    const std::string dir = out + "/data-" + tokenizer;
+    if (!fs::exists(dir + "/meta.json")) {
+      const std::string cmd = str_cat(launch_exe(), " prepare --input ", LOOM_SOURCE_DIR,
+                                      "/data/tinyshakespeare/input.txt --tokenizer ", tokenizer, " --out ", dir, " > ",
+                                      out, "/prepare-", tokenizer, ".log 2>&1");
+      LOOM_CHECK(std::system(cmd.c_str()) == 0, "plan", "preparing the validation data failed; see ", out, "/prepare-",
+                 tokenizer, ".log");
+    }
+    return dir;
+  };
+  const auto cases = validation_cases(quick);
+  std::printf("\nvalidating %zu layouts on %s (%d device%s per node); step times are medians after 2 warm-up steps,\n"
+              "memory is rank 0's peak (pipeline stage 0) against the planner's stage 0\n\n",
+              cases.size(), cluster.device.name.c_str(), cluster.devices_per_node,
+              cluster.devices_per_node > 1 ? "s" : "");
+  std::printf("%-18s %-34s %10s %10s %7s %11s %11s %7s\n", "model", "layout", "ms pred", "ms meas", "err", "mem pred",
+              "mem meas", "err");
+  nlohmann::json rows = nlohmann::json::array();
+  double max_mem = 0, max_time = 0;
+  int failed = 0;
+  for (const Case& k : cases) {
+    plan::Job job;
+    job.model = model::preset(k.model);
+    job.seq = k.seq;
+    job.global_batch = k.layout.dp * k.layout.micro_batch * k.layout.micro_batches;
+    job.nodes = 1;
+    if (k.layout.ranks() > cluster.devices_per_node) {
+      std::printf("%-18s %-34s skipped: needs %lld devices, this node has %d\n", k.model.c_str(),
+                  k.layout.describe().c_str(), (long long)k.layout.ranks(), cluster.devices_per_node);
+      continue;
+    }
+    const plan::Prediction p = plan::predict(job, cluster, k.layout);
+    LOOM_CHECK(p.why_not.empty() || p.fits, "plan", "validation layout ", k.layout.describe(), ": ", p.why_not);
+    const Measured m = run_case(k, prepared(job.model.vocab_size == 256 ? "byte" : "gpt2"), out, threads);
+    if (!m.ok) {
+      ++failed;
+      std::printf("%-18s %-34s run failed; see %s\n", k.model.c_str(), k.layout.describe().c_str(), m.log.c_str());
+      continue;
+    }
+    const double pred_ms = p.time.step * 1e3, pred_mem = p.stage_memory.front().total();
+    const double time_err = std::abs(pred_ms - m.ms) / m.ms, mem_err = std::abs(pred_mem - m.peak_bytes) / m.peak_bytes;
+    max_time = std::max(max_time, time_err);
+    max_mem = std::max(max_mem, mem_err);
+    std::printf("%-18s %-34s %10.1f %10.1f %6.1f%% %11s %11s %6.1f%%\n", k.model.c_str(), k.layout.describe().c_str(),
+                pred_ms, m.ms, 100 * time_err, format_bytes(int64_t(pred_mem)).c_str(),
+                format_bytes(int64_t(m.peak_bytes)).c_str(), 100 * mem_err);
+    std::fflush(stdout);
+    rows.push_back({{"model", k.model}, {"layout", k.layout.describe()}, {"predicted_ms", pred_ms},
+                    {"measured_ms", m.ms}, {"time_error", time_err}, {"predicted_bytes", pred_mem},
+                    {"measured_bytes", m.peak_bytes}, {"memory_error", mem_err}});
+  }
+  nlohmann::json s = {{"layouts", rows.size()}, {"failed", failed}, {"max_memory_error", max_mem},
+                      {"max_time_error", max_time}, {"cluster", cluster.device.name}, {"rows", rows}};
+  std::printf("\nmax memory error %.1f%% (target 5%%), max step-time error %.1f%% (target 15%%) over %zu layouts\n",
+              100 * max_mem, 100 * max_time, rows.size());
+  std::printf("SUMMARY %s\n", s.dump().c_str());
+  return failed ? 1 : 0;
+}
+
+void print_prediction_row(const plan::Prediction& p) {
+  std::printf("%-36s %10.1f %12.0f %6.1f%% %11s %s\n", p.layout.describe().c_str(), p.time.step * 1e3,
+              p.tokens_per_s, 100 * p.mfu, format_bytes(int64_t(p.memory.total())).c_str(),
+              p.fits ? "" : ("does not fit: " + p.why_not).c_str());
+}
+
+nlohmann::json prediction_json(const plan::Prediction& p) {
+  const auto& t = p.time;
+  const auto& m = p.memory;
+  return {{"layout", p.layout.describe()}, {"fits", p.fits}, {"why_not", p.why_not},
+          {"step_ms", t.step * 1e3}, {"tokens_per_s", p.tokens_per_s}, {"mfu", p.mfu},
+          {"memory_bytes", m.total()}, {"memory_stage", p.memory_stage},
+          {"terms_ms", {{"gemm", t.gemm * 1e3}, {"attention", t.attention * 1e3}, {"elementwise", t.elementwise * 1e3},
+                        {"recompute", t.recompute * 1e3}, {"tp_comm", t.tp_comm * 1e3}, {"pp_p2p", t.pp_p2p * 1e3},
+                        {"bubble", t.bubble * 1e3}, {"dp_comm", t.dp_comm * 1e3}, {"dp_exposed", t.dp_exposed * 1e3},
+                        {"optimizer", t.optimizer * 1e3}}},
+          {"memory", {{"params", m.params}, {"grads", m.grads}, {"optimizer", m.optimizer},
+                      {"activations", m.activations}, {"workspace", m.workspace}, {"comm", m.comm}}}};
+}
+
+}  // namespace
+
+int cmd_plan(const std::vector<std::string>& argv) {
+  Args a("plan", argv,
+         {{"model", true}, {"cluster", true}, {"nodes", true}, {"global-batch", true}, {"seq", true}, {"top", true},
+          {"explain", false}, {"precision", true}, {"layout", true}, {"gpipe", false}, {"json", false},
+          {"calibrate", true}, {"threads", true}, {"devices", true}, {"comm-calibration", true}, {"validate", false},
+          {"quick", false}, {"out", true}, {"grad-dtype", true}, {"inter-gbps", true}, {"no-overlap", false},
+          {"algorithm", true}, {"help", false}});
+  if (a.has("help")) {
+    std::printf("%s", kHelp);
+    return 0;
+  }
+  if (a.has("calibrate")) {
+    const std::string path = a.get("calibrate", "");
+    const int threads = int(a.get_int("threads", 1));
+    if (threads < 1) throw UsageError("[plan] --threads must be at least 1");
+    std::printf("calibrating with %d thread%s per rank:\n", threads, threads > 1 ? "s" : "");
+    const plan::Cluster c = calibrate(threads, int(a.get_int("devices", 0)), a.get("comm-calibration", ""), true);
+    io::write_file_atomic(path, plan::cluster_yaml(c));
+    std::printf("wrote %s (%d devices per node)\n", path.c_str(), c.devices_per_node);
+    return 0;
+  }
+  if (a.has("validate")) return validate(a);
+  for (const char* k : {"model", "cluster", "global-batch", "seq"})
+    if (!a.has(k)) throw UsageError(str_cat("[plan] --", k, " is required\n\n", kHelp));
+  plan::Job job;
+  job.model = model_of(a.get("model", ""));
+  job.global_batch = a.get_int("global-batch", 8);
+  job.seq = a.get_int("seq", 256);
+  job.nodes = int(a.get_int("nodes", 1));
+  const std::string precision = a.get("precision", "fp32");
+  if (precision != "fp32" && precision != "bf16")
+    throw UsageError("[plan] --precision " + precision + ": expected fp32 or bf16");
+  job.bf16 = precision == "bf16";
+  job.algorithm = a.get("algorithm", "auto");
+  if (job.algorithm != "auto" && job.algorithm != "ring" && job.algorithm != "tree" && job.algorithm != "hierarchical")
+    throw UsageError("[plan] --algorithm " + job.algorithm + ": expected auto, ring, tree or hierarchical");
+  if (a.has("grad-dtype")) {
+    const std::string g = a.get("grad-dtype", "");
+    if (g == "fp32") job.grad_wire_bytes = 4;
+    else if (g == "bf16") job.grad_wire_bytes = 2;
+    else if (g == "1bit") job.grad_wire_bytes = 1.0 / 8;
+    else throw UsageError("[plan] --grad-dtype " + g + ": expected fp32, bf16 or 1bit");
+  }
+  if (job.global_batch < 1 || job.seq < 1 || job.nodes < 1)
+    throw UsageError("[plan] --global-batch, --seq and --nodes must be positive");
+  plan::Cluster cluster = plan::load_cluster(a.get("cluster", ""));
+  if (a.has("inter-gbps")) {
+    const double g = a.get_double("inter-gbps", 0);
+    if (!(g > 0)) throw UsageError("[plan] --inter-gbps must be positive");
+    cluster.links.inter.beta_s_per_byte = 1e-9 / g;
+    cluster.name += str_cat(" (inter-node ", g, " GB/s)");
+  }
+  if (a.has("no-overlap")) cluster.overlap_fraction = 0;
+  if (cluster.max_nodes > 0 && job.nodes > cluster.max_nodes)
+    throw UsageError(str_cat("[plan] --nodes ", job.nodes, ": ", cluster.path, " describes at most ", cluster.max_nodes,
+                             " node(s)"));
+  const int64_t n_params = model::ParamLayout(job.model).num_params();
+  std::printf("plan: %s, %.3g B parameters, global batch %lld x %lld tokens, %d node%s of %s (%d x %s)\n",
+              job.model.summary().c_str(), double(n_params) / 1e9, (long long)job.global_batch, (long long)job.seq,
+              job.nodes, job.nodes > 1 ? "s" : "", cluster.name.c_str(), cluster.devices_per_node,
+              cluster.device.name.c_str());
+  std::vector<plan::Prediction> ranked;
+  if (a.has("layout")) {
+    ranked.push_back(plan::predict(job, cluster, parse_layout(a.get("layout", ""))));
+    if (!ranked.front().fits && ranked.front().time.step == 0)
+      throw UsageError("[plan] --layout " + a.get("layout", "") + ": " + ranked.front().why_not);
+  } else {
+    plan::SearchOptions so;
+    if (a.has("gpipe")) so.schedules = {"1f1b", "gpipe"};
+    ranked = plan::search(job, cluster, so);
+    if (ranked.empty())
+      throw UsageError(str_cat("[plan] no valid layout of ", job.nodes * cluster.devices_per_node,
+                               " devices for global batch ", job.global_batch));
+  }
+  const int64_t top = a.get_int("top", 10);
+  int64_t fitting = 0;
+  for (const auto& p : ranked) fitting += p.fits;
+  std::printf("%zu layouts considered, %lld fit\n\n%-36s %10s %12s %7s %11s\n", ranked.size(), (long long)fitting,
+              "layout", "ms/step", "tokens/s", "MFU", "memory/rank");
+  for (int64_t i = 0; i < int64_t(ranked.size()) && i < top; ++i) print_prediction_row(ranked[size_t(i)]);
+  if (fitting == 0 && !a.has("layout")) {
+    std::printf("\nno layout fits: the smallest needs %s per device; add nodes or use a smaller global batch\n",
+                format_bytes(int64_t(ranked.front().memory.total())).c_str());
+  }
+  if (a.has("explain") && !ranked.empty()) std::printf("\n%s", plan::explain(job, cluster, ranked.front()).c_str());
+  nlohmann::json s = {{"model", job.model.name}, {"params", n_params}, {"cluster", cluster.name},
+                      {"nodes", job.nodes}, {"devices", job.nodes * cluster.devices_per_node},
+                      {"considered", ranked.size()}, {"fit", fitting}};
+  s["top"] = nlohmann::json::array();
+  for (int64_t i = 0; i < int64_t(ranked.size()) && i < top; ++i) s["top"].push_back(prediction_json(ranked[size_t(i)]));
+  std::printf("SUMMARY %s\n", s.dump().c_str());
+  return 0;
+}
+
+}  // namespace loom::cli
