@@ -12,6 +12,8 @@ PACKAGES=(
   libssl-dev                    # SHA-256 (libcrypto) for cascade model versions
   googletest libgtest-dev libgmock-dev
   clang                         # make check: libFuzzer targets (tests/fuzz)
+  chromium                      # tests: loom report's page rendered headless (screenshot check)
+  prometheus                    # tests: a real Prometheus scrapes loom train and loom serve
 )
 
 missing=()

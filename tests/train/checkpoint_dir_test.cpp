@@ -163,6 +163,7 @@ TEST(CheckpointDir, MetricsAfterAResumeHoldEachStepOnceAndMarkTheResume) {
   }
   std::map<int64_t, int> count;
   int markers = 0;
+  std::vector<std::pair<int64_t, bool>> starts;
   std::istringstream in(io::read_file(metrics));
   for (std::string line; std::getline(in, line);) {
     const auto j = nlohmann::json::parse(line);
@@ -173,9 +174,14 @@ TEST(CheckpointDir, MetricsAfterAResumeHoldEachStepOnceAndMarkTheResume) {
       EXPECT_EQ(j["run_id"], checkpoint_run_id(ck + "/step_000003"));
       continue;
     }
+    if (j.value("event", "") == "run_start") {  // one per process, the resumed one at its step
+      starts.push_back({j["step"].get<int64_t>(), j["resumed"].get<bool>()});
+      continue;
+    }
     ++count[j["step"].get<int64_t>()];
   }
   EXPECT_EQ(markers, 1);
+  EXPECT_EQ(starts, (std::vector<std::pair<int64_t, bool>>{{0, false}, {3, true}}));
   EXPECT_EQ(count, (std::map<int64_t, int>{{1, 1}, {2, 1}, {3, 1}, {4, 1}, {5, 1}, {6, 1}}));
 }
 

@@ -7,6 +7,7 @@
 #include "loom/kernels/cpu/blas_core.h"
 #include "loom/kernels/cpu/cpu_kernels.h"
 #include "loom/kernels/cuda/cuda_ops.h"
+#include "loom/train/run_environment.h"
 
 namespace loom::cli {
 
@@ -23,13 +24,14 @@ const std::vector<Command>& commands() {
       {"quantize", cmd_quantize},
       {"eval", cmd_eval},
       {"trace", cmd_trace},
+      {"report", cmd_report},
       {"plan", cmd_plan},
   };
   return cmds;
 }
 
 int cmd_version(const std::vector<std::string>&) {
-  std::printf("loom 0.1.0\ncpu kernels: %s\nBLAS: OpenBLAS, %s kernels\n%s\n", cpu::hot_kernels_isa().c_str(),
+  std::printf("loom %s\ncpu kernels: %s\nBLAS: OpenBLAS, %s kernels\n%s\n", train::kLoomVersion, cpu::hot_kernels_isa().c_str(),
               cpu::blas_core().c_str(), cuda::describe().c_str());
   return 0;
 }

@@ -28,8 +28,9 @@ int cmd_generate(const std::vector<std::string>& args);
 int cmd_serve(const std::vector<std::string>& args);
 int cmd_quantize(const std::vector<std::string>& args);
 int cmd_eval(const std::vector<std::string>& args);
-int cmd_trace(const std::vector<std::string>& args);
 int cmd_plan(const std::vector<std::string>& args);
+int cmd_trace(const std::vector<std::string>& args);
+int cmd_report(const std::vector<std::string>& args);
 
 // `loom bench <what>`: one function per benchmark, listed in bench.cpp.
 struct Benchmark {

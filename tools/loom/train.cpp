@@ -1,13 +1,16 @@
 // `loom train CONFIG.yaml [--set key=value]... [--resume auto|DIR] [--metrics FILE]
-// [--overwrite-checkpoints]`.
+// [--metrics-port P [--metrics-host ADDR]] [--overwrite-checkpoints]`.
 #include <algorithm>
 #include <cstdio>
+#include <memory>
 
 #include <nlohmann/json.hpp>
 
 #include "loom/comm/launch.h"
 #include "loom/comm/world.h"
 #include "loom/parallel/mesh.h"
+#include "loom/serve/http_server.h"
+#include "loom/serve/metrics.h"
 #include "loom/train/dataset_source.h"
 #include "loom/train/trainer.h"
 #include "tools/loom/commands.h"
@@ -18,26 +21,112 @@ namespace {
 
 const char* kHelp =
     "usage: loom train CONFIG.yaml [--set key=value]... [--resume auto|DIR] [--metrics FILE]\n"
-    "                  [--overwrite-checkpoints]\n\n"
+    "                  [--metrics-port P [--metrics-host ADDR]] [--overwrite-checkpoints]\n\n"
     "Trains a model as the YAML config says (see docs/CONFIG.md and configs/).\n"
     "  --set key=value   override a config key, e.g. --set optim.lr=3e-4 (repeatable)\n"
     "  --resume auto     continue from the latest valid checkpoint in checkpoint.dir\n"
     "  --resume DIR      continue from that checkpoint directory\n"
     "  --metrics FILE    JSONL metrics, one object per logged step (= log.metrics_path)\n"
+    "  --metrics-port P  rank 0 serves the logged figures as Prometheus gauges and counters\n"
+    "                    (loom_train_*) at http://ADDR:P/metrics; 0 picks a free port\n"
+    "  --metrics-host ADDR  the address to listen on (default 127.0.0.1)\n"
     "  --overwrite-checkpoints  a run from step 0 deletes the checkpoints already in\n"
     "                    checkpoint.dir (without it, such a run refuses to start)\n"
     "The last line is SUMMARY {json}.\n";
 
+// `--metrics-port`: the trainer's logged figures as Prometheus series on an HTTP endpoint that
+// lives as long as the process. Gauges hold the last logged step's figures; counters only grow.
+class TrainMetricsEndpoint {
+ public:
+  TrainMetricsEndpoint(const std::string& host, int port) {
+    serve::HttpServerOptions o;
+    o.host = host;
+    o.port = port;
+    o.max_connections = 16;
+    o.access_log = false;  // a line per scrape would drown the training log
+    registry_.gauge("loom_train_step", "the last logged training step").set(0);  // before the first step
+    server_ = std::make_unique<serve::HttpServer>(o, [this](serve::HttpExchange& ex) { handle(ex); });
+    try {
+      server_->start();
+    } catch (const Error& e) {
+      fail("train", "--metrics-port ", port, " is not available (", e.what(),
+           "); pick another --metrics-port, or 0 for a free one");
+    }
+  }
+  ~TrainMetricsEndpoint() { server_->stop(); }
+  int port() const { return server_->port(); }
+
+  train::TrainObserver observer() {
+    return {[this](const train::LoggedStep& s) { on_step(s); },
+            [this](int64_t, double v) { registry_.gauge("loom_train_val_loss", "the last validation loss").set(v); }};
+  }
+
+ private:
+  void handle(serve::HttpExchange& ex) {
+    serve::HttpResponse r;
+    if (ex.request().path == "/metrics" && ex.request().method == "GET") {
+      r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+      r.body = registry_.render();
+    } else {
+      r.status = 404;
+      r.content_type = "text/plain";
+      r.body = "loom train serves GET /metrics only\n";
+    }
+    ex.respond(r);
+  }
+
+  // Counters move by what a cumulative count grew since the last logged step.
+  void advance(const char* name, const char* help, int64_t total, int64_t& last) {
+    registry_.counter(name, help).inc(double(std::max<int64_t>(0, total - last)));
+    last = std::max(last, total);
+  }
+
+  void on_step(const train::LoggedStep& s) {
+    auto& r = registry_;
+    r.gauge("loom_train_step", "the last logged training step").set(double(s.step));
+    r.gauge("loom_train_total_steps", "schedule.steps of the run").set(double(s.total_steps));
+    r.gauge("loom_train_loss", "train loss of the last logged step").set(s.loss);
+    r.gauge("loom_train_learning_rate", "learning rate of the last logged step").set(s.lr);
+    r.gauge("loom_train_grad_norm", "global gradient norm before clipping").set(s.grad_norm);
+    r.gauge("loom_train_tokens_per_second", "training throughput over the logging window").set(s.tokens_per_s);
+    r.gauge("loom_train_mfu", "model FLOPs utilisation (0-1) over the logging window").set(s.mfu);
+    r.gauge("loom_train_step_seconds", "mean step time over the logging window").set(s.ms_per_step / 1e3);
+    r.gauge("loom_train_exposed_comm_seconds",
+            "per step, time the training thread waited on communication (mean over the logging window)")
+        .set(s.exposed_comm_ms / 1e3);
+    for (const train::CategoryBytes& c : s.memory) {
+      r.gauge("loom_train_memory_bytes", "rank 0's allocated bytes by category", {{"category", c.category}})
+          .set(double(c.current));
+      r.gauge("loom_train_memory_peak_bytes", "rank 0's peak allocated bytes by category", {{"category", c.category}})
+          .set(double(c.peak));
+    }
+    r.counter("loom_train_tokens_total", "tokens trained by this process").inc(double(s.window_tokens));
+    advance("loom_train_skipped_steps_total", "steps whose update was skipped (overflow, non-finite)",
+            std::max(s.skipped_steps, s.nonfinite_steps), skipped_);
+    advance("loom_train_nonfinite_steps_total", "steps skipped by the non-finite guard", s.nonfinite_steps, nonfinite_);
+    advance("loom_train_rollbacks_total", "loss-spike rollbacks to a checkpoint", s.rollbacks, rollbacks_);
+  }
+
+  serve::MetricsRegistry registry_;
+  std::unique_ptr<serve::HttpServer> server_;
+  int64_t skipped_ = 0, nonfinite_ = 0, rollbacks_ = 0;
+};
+
 }  // namespace
 
 int cmd_train(const std::vector<std::string>& argv) {
-  Args a("train", argv, {{"set", Args::kRepeated}, {"resume", true}, {"metrics", true}, {"overwrite-checkpoints", false},
-                          {"help", false}});
+  Args a("train", argv, {{"set", Args::kRepeated}, {"resume", true}, {"metrics", true}, {"metrics-port", true},
+                          {"metrics-host", true}, {"overwrite-checkpoints", false}, {"help", false}});
   if (a.has("help")) {
     std::printf("%s", kHelp);
     return 0;
   }
   if (a.positional().size() != 1) throw UsageError(std::string("[train] expected one CONFIG.yaml\n\n") + kHelp);
+  const int64_t metrics_port = a.get_int("metrics-port", 0);
+  if (metrics_port < 0 || metrics_port > 65535)
+    throw UsageError(str_cat("[train] --metrics-port must be 0-65535 (0: a free port), got ", metrics_port));
+  if (a.has("metrics-host") && !a.has("metrics-port"))
+    throw UsageError("[train] --metrics-host needs --metrics-port P (0: a free port)");
   std::vector<std::string> sets = a.get_all("set");
   if (a.has("metrics")) sets.push_back("log.metrics_path=" + a.get("metrics", ""));
   // parallel.dp=auto (what `loom launch --min-nproc` passes once it runs on fewer ranks): the
@@ -90,8 +179,16 @@ int cmd_train(const std::vector<std::string>& argv) {
                     parallel::dim_name(d), mesh.group(d).hosts(), parallel::dim_name(d), p.order.c_str(),
                     parallel::dim_name(d));
   const bool main_rank = world.rank() == 0;
-  train::DatasetSource data(cfg, main_rank ? stdout : nullptr);  // one rank reports slow shard checks
   train::TrainerOptions opt;
+  std::unique_ptr<TrainMetricsEndpoint> endpoint;
+  if (main_rank && a.has("metrics-port")) {
+    const std::string host = a.get("metrics-host", "127.0.0.1");
+    endpoint = std::make_unique<TrainMetricsEndpoint>(host, int(metrics_port));
+    opt.observer = endpoint->observer();
+    std::printf("[train] Prometheus metrics on http://%s:%d/metrics\n", host.c_str(), endpoint->port());
+    std::fflush(stdout);
+  }
+  train::DatasetSource data(cfg, main_rank ? stdout : nullptr);  // one rank reports slow shard checks
   opt.resume = a.get("resume", "");
   opt.overwrite_checkpoints = a.has("overwrite-checkpoints");
   opt.mesh = &mesh;

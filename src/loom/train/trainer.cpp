@@ -26,6 +26,7 @@
 #include "loom/train/checkpoint_dir.h"
 #include "loom/train/checkpoint_writer.h"
 #include "loom/train/progress.h"
+#include "loom/train/run_environment.h"
 
 namespace loom::train {
 
@@ -282,8 +283,56 @@ void Trainer::open_metrics() {
     const nlohmann::json mark = {{"event", "resume"}, {"step", step_}, {"run_id", run_id_},
                                  {"checkpoint", last_checkpoint_}, {"dropped_lines", dropped}};
     std::fprintf(metrics_, "%s\n", mark.dump().c_str());
-    std::fflush(metrics_);
   }
+  write_run_start();
+}
+
+// A resumed run appends its own run_start ("resumed": true) after the resume mark, so a report
+// shows every attempt's environment; "step" keeps it when a later resume drops newer steps.
+void Trainer::write_run_start() {
+  const auto& p = cfg_.parallel;
+  // In insertion order, "event" first: the line is read by people too.
+  nlohmann::ordered_json env = nlohmann::ordered_json::object();
+  for (const auto& [name, value] : describe_run_environment()) env[name] = value;
+  const nlohmann::ordered_json j = {
+      {"event", "run_start"}, {"step", step_}, {"run_id", run_id_}, {"resumed", step_ > 0},
+      {"world_size", mesh_->world().size()}, {"layout", layout_desc_},
+      {"parallel", {{"pp", p.pp}, {"dp", p.dp}, {"ep", p.ep}, {"tp", p.tp}, {"zero_stage", p.zero_stage}}},
+      {"config", cfg_.resolved_yaml}, {"environment", env}};
+  std::fprintf(metrics_, "%s\n", j.dump().c_str());
+  std::fflush(metrics_);
+}
+
+void Trainer::write_step_metrics(const LoggedStep& ls) {
+  nlohmann::json j = {{"step", ls.step}, {"loss", ls.loss}, {"lr", ls.lr}, {"grad_norm", ls.grad_norm},
+                      {"tokens_per_s", ls.tokens_per_s}, {"mfu", ls.mfu}, {"ms_per_step", ls.ms_per_step},
+                      {"peak_bytes", ls.peak_bytes}, {"exposed_comm_ms", ls.exposed_comm_ms}};
+  nlohmann::json mem = nlohmann::json::object();
+  for (const CategoryBytes& c : ls.memory) mem[c.category] = {{"current", c.current}, {"peak", c.peak}};
+  j["memory"] = mem;
+  if (scaler_.enabled()) {
+    j["loss_scale"] = scaler_.scale();
+    j["skipped_steps"] = skipped_steps_;
+  }
+  if (nonfinite_steps_ > 0) j["nonfinite_steps"] = nonfinite_steps_;
+  if (rollbacks_ > 0) j["rollbacks"] = rollbacks_;
+  for (const auto& st : moe_stats_) {  // the last step's, per MoE block
+    int64_t mx = 0;
+    for (int64_t l : st.load) mx = std::max(mx, l);
+    j["moe"].push_back({{"layer", st.layer}, {"tokens_per_expert_max", mx},
+                        {"tokens_per_expert_mean", double(st.choices) / double(std::max<size_t>(1, st.load.size()))},
+                        {"load_max_over_mean", st.load_max_over_mean()},
+                        {"dropped_fraction", st.dropped_fraction()}, {"aux_loss", st.aux()},
+                        {"z_loss", st.z()}});
+  }
+  std::fprintf(metrics_, "%s\n", j.dump().c_str());
+  std::fflush(metrics_);
+}
+
+double Trainer::take_exposed_comm_seconds() {
+  double dp = engine_->take_wait_seconds();
+  if (mesh_->data().size() == 1) dp = 0;  // nothing to wait for: what was timed is bookkeeping
+  return dp + (ep_ ? ep_->take_wait_seconds() : 0.0);
 }
 
 double Trainer::train_step() {
@@ -644,6 +693,7 @@ TrainResult Trainer::run() {
     std::fflush(opt_.log);
   }
   TrainResult r;
+  take_exposed_comm_seconds();  // the window starts now
   double last_loss = 0, tok_time = 0;
   int64_t timed_steps = 0;
   double window_start = now_seconds();
@@ -661,6 +711,7 @@ TrainResult Trainer::run() {
       roll_back();
       window_start = now_seconds();
       window_steps = 0;
+      take_exposed_comm_seconds();
       continue;
     }
     const double ms = sw.ms();
@@ -669,42 +720,38 @@ TrainResult Trainer::run() {
     ++window_steps;
     if (main_rank() && (step_ % cfg_.log.every == 0 || step_ == stop)) {
       const double el = now_seconds() - window_start;
-      const double tps = double(tokens_per_step * window_steps) / el;
-      const double mfu = flops_per_step * double(window_steps) / el / 1e9 /
-                         (peak_gflops_ * double(mesh_->world().size()));
-      const int64_t peak = cpu_allocator().snapshot().total.peak;
+      LoggedStep ls;
+      ls.step = step_;
+      ls.total_steps = total;
+      ls.loss = last_loss;
+      ls.lr = lr;
+      ls.grad_norm = last_grad_norm_;
+      ls.window_tokens = tokens_per_step * window_steps;
+      ls.tokens_per_s = double(ls.window_tokens) / el;
+      ls.mfu = flops_per_step * double(window_steps) / el / 1e9 / (peak_gflops_ * double(mesh_->world().size()));
+      ls.ms_per_step = el / double(window_steps) * 1e3;
+      ls.exposed_comm_ms = take_exposed_comm_seconds() / double(window_steps) * 1e3;
+      ls.skipped_steps = skipped_steps_;
+      ls.nonfinite_steps = nonfinite_steps_;
+      ls.rollbacks = rollbacks_;
+      const MemorySnapshot mem = cpu_allocator().snapshot();
+      ls.peak_bytes = mem.total.peak;
+      for (int c = 0; c < kNumMemCategories; ++c)
+        if (mem.by_category[size_t(c)].peak > 0)
+          ls.memory.push_back({mem_category_name(MemCategory(c)), mem.by_category[size_t(c)].current,
+                               mem.by_category[size_t(c)].peak});
       bar.clear();
       std::fprintf(opt_.log,
                    "step %6lld/%lld | loss %.4f | lr %.3e | grad_norm %.3f | %.0f tok/s | mfu %.1f%% "
                    "| %.0f ms/step | peak %s%s%s\n",
-                   (long long)step_, (long long)total, last_loss, lr, last_grad_norm_, tps, 100 * mfu,
-                   el / double(window_steps) * 1e3, format_bytes(peak).c_str(), moe_log().c_str(),
+                   (long long)step_, (long long)total, last_loss, lr, last_grad_norm_, ls.tokens_per_s, 100 * ls.mfu,
+                   ls.ms_per_step, format_bytes(ls.peak_bytes).c_str(), moe_log().c_str(),
                    scaler_.enabled() ? str_cat(" | loss scale ", scaler_.scale(), ", ", skipped_steps_, " skipped").c_str()
                    : nonfinite_steps_ > 0 ? str_cat(" | ", nonfinite_steps_, " non-finite skipped").c_str()
                                           : "");
       std::fflush(opt_.log);
-      if (metrics_) {
-        nlohmann::json j = {{"step", step_}, {"loss", last_loss}, {"lr", lr}, {"grad_norm", last_grad_norm_},
-                            {"tokens_per_s", tps}, {"mfu", mfu}, {"ms_per_step", el / double(window_steps) * 1e3},
-                            {"peak_bytes", peak}};
-        if (scaler_.enabled()) {
-          j["loss_scale"] = scaler_.scale();
-          j["skipped_steps"] = skipped_steps_;
-        }
-        if (nonfinite_steps_ > 0) j["nonfinite_steps"] = nonfinite_steps_;
-        if (rollbacks_ > 0) j["rollbacks"] = rollbacks_;
-        for (const auto& st : moe_stats_) {  // the last step's, per MoE block
-          int64_t mx = 0;
-          for (int64_t l : st.load) mx = std::max(mx, l);
-          j["moe"].push_back({{"layer", st.layer}, {"tokens_per_expert_max", mx},
-                              {"tokens_per_expert_mean", double(st.choices) / double(std::max<size_t>(1, st.load.size()))},
-                              {"load_max_over_mean", st.load_max_over_mean()},
-                              {"dropped_fraction", st.dropped_fraction()}, {"aux_loss", st.aux()},
-                              {"z_loss", st.z()}});
-        }
-        std::fprintf(metrics_, "%s\n", j.dump().c_str());
-        std::fflush(metrics_);
-      }
+      if (metrics_) write_step_metrics(ls);
+      if (opt_.observer.on_step) opt_.observer.on_step(ls);
       window_start = now_seconds();
       window_steps = 0;
     }
@@ -713,7 +760,11 @@ TrainResult Trainer::run() {
       if (main_rank() && v >= 0) {
         bar.clear();
         std::fprintf(opt_.log, "step %6lld/%lld | val_loss %.4f\n", (long long)step_, (long long)total, v);
-        if (metrics_) std::fprintf(metrics_, "%s\n", nlohmann::json({{"step", step_}, {"val_loss", v}}).dump().c_str());
+        if (metrics_) {
+          std::fprintf(metrics_, "%s\n", nlohmann::json({{"step", step_}, {"val_loss", v}}).dump().c_str());
+          std::fflush(metrics_);
+        }
+        if (opt_.observer.on_val_loss) opt_.observer.on_val_loss(step_, v);
       }
     }
     maybe_checkpoint(false);

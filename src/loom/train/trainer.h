@@ -46,6 +46,32 @@ struct TrainResult {
   double checkpoint_write_s = 0;  // asynchronous: the background writes' own time (rank 0)
 };
 
+// Bytes of one allocation category on rank 0 at a logged step.
+struct CategoryBytes {
+  std::string category;  // mem_category_name()
+  int64_t current = 0, peak = 0;
+};
+
+// The figures of one logged step (every log.every steps): what its JSONL line holds, for
+// observers such as `loom train --metrics-port`.
+struct LoggedStep {
+  int64_t step = 0, total_steps = 0;
+  double loss = 0, lr = 0, grad_norm = 0, tokens_per_s = 0, mfu = 0, ms_per_step = 0;
+  // Per step, the mean over the logging window of the time the training thread waited on
+  // gradient collectives (and expert all-to-alls): communication not hidden behind compute.
+  double exposed_comm_ms = 0;
+  int64_t window_tokens = 0;  // tokens trained since the previous logged step
+  int64_t peak_bytes = 0;     // every category together
+  int64_t skipped_steps = 0, nonfinite_steps = 0, rollbacks = 0;
+  std::vector<CategoryBytes> memory;  // the categories with a nonzero peak
+};
+
+// Called on rank 0, on the training thread, after the JSONL line is written; keep them short.
+struct TrainObserver {
+  std::function<void(const LoggedStep&)> on_step;
+  std::function<void(int64_t step, double val_loss)> on_val_loss;
+};
+
 struct TrainerOptions {
   std::string resume;          // "", "auto" or a checkpoint directory
   // A run from step 0 into a checkpoint.dir holding checkpoints removes them instead of
@@ -64,6 +90,7 @@ struct TrainerOptions {
   // non-finite loss; 100: a spike), as a bad batch would make it; gradients are left alone.
   std::vector<std::pair<int64_t, double>> inject_loss_factor_at;
   double peak_gflops = 0;         // MFU denominator; 0: measure an SGEMM at start
+  TrainObserver observer;
 };
 
 class Trainer {
@@ -114,6 +141,11 @@ class Trainer {
   // holds another run's checkpoints, unless overwrite_checkpoints).
   void start_new_run();
   void open_metrics();
+  // The metrics JSONL's run_start line: config, run id, layout and environment.
+  void write_run_start();
+  void write_step_metrics(const LoggedStep& ls);
+  // Seconds the training thread waited on communication since the last call (this rank).
+  double take_exposed_comm_seconds();
   // Refuses, before the first step allocates them, activations that cannot fit in memory.
   void check_fits_in_memory() const;
   bool main_rank() const { return mesh_->rank() == 0; }

@@ -1,0 +1,60 @@
+// A training run's metrics JSONL (what Trainer writes to log.metrics_path) read back as plot
+// series, run starts and events, for `loom report`. Pure: text in, values out; it neither
+// opens files nor renders anything (train/run_report.h does).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace loom::train {
+
+// One quantity against the step; a value may be NaN (a non-finite loss is logged as null).
+struct MetricSeries {
+  explicit MetricSeries(std::string series_name = "") : name(std::move(series_name)) {}
+  std::string name;
+  std::vector<double> step, value;
+  bool empty() const { return step.empty(); }
+};
+
+// A {"event":"run_start"} line: one per process that opened the file (a resume adds one).
+struct RunStart {
+  int64_t step = 0;
+  bool resumed = false;
+  std::string run_id, layout, config;  // config: the resolved YAML
+  int64_t world_size = 1;
+  std::vector<std::pair<std::string, std::string>> environment;  // in the file's order
+};
+
+// A resume or a rollback, for the report's table.
+struct RunEvent {
+  std::string kind;  // "resume" | "rollback"
+  int64_t step = 0;  // the step training continued from
+  std::string detail;
+};
+
+struct RunMetrics {
+  MetricSeries loss{"train loss"}, val_loss{"val loss"}, lr{"learning rate"}, grad_norm{"grad norm"},
+      tokens_per_s{"tokens/s"}, mfu{"MFU"}, exposed_comm_ms{"exposed comm"};
+  // Losses of steps a rollback discarded (the spike and what followed it), kept to be seen.
+  MetricSeries rolled_back_loss{"rolled back"};
+  // Per allocation category in the allocator's order (params, grads, optimizer, activations,
+  // workspace, kv_cache, comm, other; unknown names after): bytes at the logged step, peak.
+  std::vector<MetricSeries> memory_current, memory_peak;
+  std::vector<RunStart> starts;
+  std::vector<RunEvent> events;
+  // The last step line's guard counters (0 when it has none).
+  int64_t skipped_steps = 0, nonfinite_steps = 0, rollbacks = 0;
+  int64_t step_lines = 0;
+  // Lines that could not be used, each "line N: why"; they are skipped.
+  std::vector<std::string> warnings;
+};
+
+// Step lines become points; {"step","val_loss"} lines validation points; "run_start",
+// "resume" and "rollback" lines starts and events. A resume or rollback at step S drops the
+// points after S logged before it (the steps are trained again), so every series runs forward
+// in steps; a rollback keeps the dropped losses in rolled_back_loss. Unknown events and keys
+// are ignored; malformed lines are skipped and named in warnings.
+RunMetrics parse_run_metrics(const std::string& jsonl);
+
+}  // namespace loom::train

@@ -1,0 +1,29 @@
+// The HTML page of `loom report`: a training run's metrics (train/run_metrics.h) as inline
+// SVG charts, tables of resumes, rollbacks and skipped steps, the environment and the config.
+// One self-contained document: inline CSS, no scripts, nothing fetched.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "loom/io/svg_plot.h"
+#include "loom/train/run_metrics.h"
+
+namespace loom::train {
+
+// One chart of the report; series holds only those with at least one point.
+struct ReportChart {
+  std::string id;  // stable, for tests and anchors: loss, lr, grad_norm, tokens_per_s, mfu, memory, exposed_comm
+  io::PlotPanel panel;
+};
+
+// The charts in page order: loss (train, val, rolled back), learning rate, gradient norm,
+// tokens/s, MFU (%), peak memory by category (MiB), exposed communication (ms per step).
+std::vector<ReportChart> report_charts(const RunMetrics& m);
+
+// The whole page. Each chart is an <svg class="chart" data-chart="ID" data-series="N">.
+std::string render_run_report(const RunMetrics& m, const std::string& source);
+
+// "40 steps, loss 5.54 -> 2.31, val loss 2.40, 1 resume, 0 rollbacks" for the command's output.
+std::string run_report_summary(const RunMetrics& m);
+
+}  // namespace loom::train
