@@ -256,7 +256,10 @@ TEST(Trainer, Fp16Learns) {
     return t.run();
   };
   const TrainResult f32 = run("fp32"), f16 = run("fp16");
-  EXPECT_EQ(f16.skipped_steps, 0);
+  // The scale starts at 2^16 and halves at each overflow, so a step may be skipped while it
+  // settles; whether one is depends on the BLAS kernels' rounding (none on a Sapphire Rapids
+  // class Xeon, one on Zen 4). More would mean the scaler misbehaves.
+  EXPECT_LE(f16.skipped_steps, 2);
   EXPECT_NE(f16.final_val_loss, f32.final_val_loss);  // the products were rounded
   // Below the unigram baseline (about 3.3) like f32. At lr 1e-2 and 150 steps two runs whose
   // arithmetic differs in the last bits end up to 5% apart (measured between a -O2 and a
