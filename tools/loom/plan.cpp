@@ -59,7 +59,8 @@ const char* kHelp =
     "                 and write a cluster file of D devices (default: cores / K)\n"
     "  --validate     train a set of layouts here (loom train, loom launch) and compare predicted\n"
     "                 memory and step time with the measured ones; --quick runs four of them.\n"
-    "                 Calibrates first unless --cluster is given.\n"
+    "                 Calibrates first unless --cluster is given; --only TEXT runs the layouts\n"
+    "                 whose model or description (as printed) contains TEXT.\n"
     "The last line is SUMMARY {json}.\n";
 
 model::ModelConfig model_of(const std::string& spec) {
@@ -181,7 +182,7 @@ plan::Cluster calibrate(int threads, int devices, const std::string& comm_file, 
         },
         0.5);
     stream = 3.0 * 4.0 * double(n) / sec;
-    c.device.memory_bytes_per_s = stream;
+    c.device.memory_bytes_per_s = c.device.stream_bytes_per_s = stream;
   }
   // loom's own attention and elementwise kernels: a reference model's forward and backward at
   // two sequence lengths of the same token count, minus its matrix products, solved for the
@@ -189,7 +190,7 @@ plan::Cluster calibrate(int threads, int devices, const std::string& comm_file, 
   {
     const model::ModelConfig ref = model::preset("gpt2-shakespeare");
     std::vector<std::array<double, 3>> rows;  // attention FLOPs, elementwise bytes, seconds
-    for (auto [B, T] : {std::pair<int64_t, int64_t>{16, 32}, {4, 128}}) {
+    for (auto [B, T] : {std::pair<int64_t, int64_t>{32, 16}, {4, 128}}) {
       CpuAllocator alloc;
       model::DecoderOptions opt;
       model::Decoder m(ref, opt, DType::f32, alloc);
@@ -198,7 +199,7 @@ plan::Cluster calibrate(int threads, int devices, const std::string& comm_file, 
       for (size_t i = 0; i < tok.size(); ++i) tok[i] = int32_t(g() % 256), tgt[i] = int32_t(g() % 256);
       cpu::gemm_clock().on = true;
       std::vector<double> rest;
-      for (int i = 0; i < 7; ++i) {
+      for (int i = 0; i < 16; ++i) {
         cpu::gemm_clock().ns = 0;
         m.zero_grads();
         const double t0 = now_seconds();
@@ -221,34 +222,96 @@ plan::Cluster calibrate(int threads, int devices, const std::string& comm_file, 
     const double det = a1 * e2 - a2 * e1;
     const double x = det != 0 ? (n1 * e2 - n2 * e1) / det : -1;  // seconds per attention FLOP
     const double y = det != 0 ? (a1 * n2 - a2 * n1) / det : -1;  // seconds per elementwise byte
-    if (x > 0 && y > 0) {
+    // Attention kernels do not outrun the products; a faster solution is timing noise.
+    if (x > 0 && y > 0 && 1 / x <= peak) {
       c.device.attention_flops = 1 / x;
       c.device.memory_bytes_per_s = 1 / y;
     } else {  // not separable on this machine: attention at the product rate
       c.device.memory_bytes_per_s = (e1 + e2) / std::max(1e-9, n1 + n2 - (a1 + a2) / peak);
     }
     if (verbose)
-      std::printf("  outside matrix products: %.1f ms at T=32, %.1f ms at T=128 (gpt2-shakespeare, 512 tokens)\n",
+      std::printf("  outside matrix products: %.1f ms at T=16, %.1f ms at T=128 (gpt2-shakespeare, 512 tokens)\n",
                   n1 * 1e3, n2 * 1e3);
   }
   if (verbose)
     std::printf("  peak %.1f GFLOP/s per rank (%d thread%s), attention %.1f GFLOP/s, elementwise %.1f GB/s\n",
                 peak / 1e9, threads, threads > 1 ? "s" : "", c.device.attention_flops / 1e9,
                 c.device.memory_bytes_per_s / 1e9);
-  // Links: the comm calibration file of `loom bench comm --calibrate` when given, else the
-  // built-in shared-memory estimate (two copies through a shared segment).
-  if (!comm_file.empty()) {
-    const comm::CostModel m = comm::load_cost_model(comm_file);
+  // Links: the comm calibration file of `loom bench comm --calibrate` when given; else, with two
+  // devices or more, one made now on 2 ranks; else the built-in shared-memory estimate (two
+  // copies through a shared segment).
+  std::string comm_cal = comm_file;
+  if (comm_cal.empty() && c.devices_per_node >= 2) {
+    const std::string path = (fs::temp_directory_path() / str_cat("loom-plan-comm-", getpid(), ".cal")).string();
+    const std::string log = path + ".log";
+    const std::string cmd = str_cat("OMP_NUM_THREADS=", threads, " ", launch_exe(), " bench comm --nproc 2 --calibrate ",
+                                    path, " > ", log, " 2>&1");
+    if (verbose) std::printf("  timing collectives on 2 ranks (loom bench comm --calibrate)\n");
+    if (std::system(cmd.c_str()) == 0) comm_cal = path;
+    else std::printf("  loom bench comm --calibrate failed (see %s); links from the built-in estimate\n", log.c_str());
+  }
+  if (!comm_cal.empty()) {
+    const comm::CostModel m = comm::load_cost_model(comm_cal);
+    c.links.measured = m.measured;
     c.links.intra = m.intra;
     c.links.inter = m.inter;
     c.links.reduce_s_per_byte = m.reduce_s_per_byte;
-    c.sources.push_back("links from " + comm_file + " (loom bench comm --calibrate)");
+    c.sources.push_back(comm_file.empty() ? std::string("links and collective times measured on 2 ranks by loom bench comm --calibrate")
+                                          : "links from " + comm_file + " (loom bench comm --calibrate)");
+    if (comm_file.empty()) {
+      std::error_code ec;
+      fs::remove(comm_cal, ec);
+      fs::remove(comm_cal + ".log", ec);
+    }
   } else {
     c.links.intra = {5e-6, 2.0 / stream * 3.0};
     c.links.reduce_s_per_byte = 3.0 / stream;
     c.sources.push_back("intra link: shared memory, two copies at the measured bandwidth, 5 us latency");
   }
   c.links.inter = comm::CostModel{}.inter;
+  // CPU ranks copy through shared memory with the cores that compute: communication that
+  // overlaps the backward pass still takes its time from it.
+  c.overlap_fraction = 0;
+  c.sources.push_back("overlap_fraction 0: collectives copy with the cores that compute");
+  // Collectives while the ranks compute: a data-parallel step of gpt2-124m on 2 ranks against
+  // the same work without communication (loom bench train), over what the links above predict.
+  if (c.devices_per_node >= 2) {
+    const std::string log = (fs::temp_directory_path() / str_cat("loom-plan-dp-", getpid(), ".log")).string();
+    const std::string cmd =
+        str_cat("OMP_NUM_THREADS=", threads, " OMPI_MCA_mpi_yield_when_idle=1 ", launch_exe(),
+                " bench train --nproc 2 --dp 2 --zero 0 --model gpt2-124m --batch 1 --seq 64 --steps 3 --warmup 1",
+                " --threads ", threads, " > ", log, " 2>&1");
+    if (verbose) std::printf("  timing a data-parallel step on 2 ranks (loom bench train --dp 2, gpt2-124m)\n");
+    double step = 0, alone = 0;
+    if (std::system(cmd.c_str()) == 0) {
+      std::ifstream f(log);
+      for (std::string line; std::getline(f, line);)
+        if (auto at = line.find("SUMMARY "); at != std::string::npos) {
+          const auto j = nlohmann::json::parse(line.substr(at + 8), nullptr, false);
+          if (j.is_object() && j.contains("step_ms")) step = j["step_ms"].get<double>(), alone = j["dp1_step_ms"].get<double>();
+        }
+    }
+    plan::Job job;
+    job.model = model::preset("gpt2-124m");
+    job.seq = 64;
+    job.global_batch = 2;
+    plan::Layout l;
+    l.dp = 2;
+    const double quiet = plan::predict(job, c, l).time.dp_comm * 1e3;
+    if (step > 0 && quiet > 0) {
+      c.comm_under_compute = std::max(1.0, (step - alone) / quiet);
+      if (verbose)
+        std::printf("  dp=2 step %.0f ms, same work alone %.0f ms, collectives predicted %.0f ms on idle cores: x%.2f "
+                    "while computing\n",
+                    step, alone, quiet, c.comm_under_compute);
+      c.sources.push_back(str_cat("comm_under_compute from loom bench train --nproc 2 --dp 2 (gpt2-124m): ", step,
+                                  " ms vs ", alone, " ms alone"));
+      std::error_code ec;
+      fs::remove(log, ec);
+    } else {
+      std::printf("  the data-parallel timing failed (see %s); collectives at their idle rate\n", log.c_str());
+    }
+  }
   c.description = str_cat("measured by loom plan --calibrate: ", cpu);
   c.sources.push_back(str_cat("products and bandwidth measured by loom plan --calibrate with ", threads,
                               " thread(s) per rank, OpenBLAS ", cpu::blas_core(), " kernels"));
@@ -261,7 +324,7 @@ struct Case {
   std::string model;
   plan::Layout layout;
   int64_t seq = 128;
-  int steps = 8;
+  int steps = 12;
 };
 
 std::vector<Case> validation_cases(bool quick) {
@@ -281,6 +344,7 @@ std::vector<Case> validation_cases(bool quick) {
       {S, L{2, 1, 1, 1, 1, 4, 2, 1, "1f1b"}},   // ZeRO-1, micro-batches, checkpointing
       {S, L{1, 2, 1, 1, 0, 4, 2, 1, "1f1b"}},   // tp2, micro-batches, checkpointing
       {"gpt2-124m", L{1, 1, 1, 1, 0, 1, 1, 0, "1f1b"}, 128, 4},
+      {"gpt2-124m", L{2, 1, 1, 1, 0, 1, 1, 0, "1f1b"}, 128, 4},
       {"gpt2-124m", L{2, 1, 1, 1, 2, 1, 1, 0, "1f1b"}, 128, 4},
   };
   if (quick) return {all[0], all[1], all[2], all[3]};
@@ -300,7 +364,9 @@ Measured run_case(const Case& k, const std::string& data_dir, const std::string&
                                   l.micro_batches, "-c", l.checkpoint, "-", l.schedule);
   const std::string metrics = dir + "/" + tag + ".jsonl", log = dir + "/" + tag + ".log";
   std::ostringstream cmd;
-  cmd << "OMP_NUM_THREADS=" << threads << " OMP_WAIT_POLICY=passive ";
+  // Waiting ranks yield their core (the ranks, their comm workers and MPI's progress share the
+  // cores), as the test suite runs them.
+  cmd << "OMP_NUM_THREADS=" << threads << " OMP_WAIT_POLICY=passive OMPI_MCA_mpi_yield_when_idle=1 ";
   const std::string exe = launch_exe();
   if (l.ranks() > 1) cmd << exe << " launch --nproc " << l.ranks() << " -- ";
   else cmd << exe << " ";
@@ -358,7 +424,14 @@ int validate(const Args& a) {
     }
     return dir;
   };
-  const auto cases = validation_cases(quick);
+  auto cases = validation_cases(quick);
+  if (a.has("only")) {  // layouts whose model or description contains the text
+    const std::string only = a.get("only", "");
+    std::erase_if(cases, [&](const Case& k) {
+      return (k.model + " " + k.layout.describe()).find(only) == std::string::npos;
+    });
+    if (cases.empty()) throw UsageError("[plan] --only " + only + ": no validation layout matches");
+  }
   std::printf("\nvalidating %zu layouts on %s (%d device%s per node); step times are medians after 2 warm-up steps,\n"
               "memory is rank 0's peak (pipeline stage 0) against the planner's stage 0\n\n",
               cases.size(), cluster.device.name.c_str(), cluster.devices_per_node,
@@ -435,7 +508,7 @@ int cmd_plan(const std::vector<std::string>& argv) {
           {"explain", false}, {"precision", true}, {"layout", true}, {"gpipe", false}, {"json", false},
           {"calibrate", true}, {"threads", true}, {"devices", true}, {"comm-calibration", true}, {"validate", false},
           {"quick", false}, {"out", true}, {"grad-dtype", true}, {"inter-gbps", true}, {"no-overlap", false},
-          {"algorithm", true}, {"help", false}});
+          {"algorithm", true}, {"only", true}, {"help", false}});
   if (a.has("help")) {
     std::printf("%s", kHelp);
     return 0;

@@ -76,6 +76,7 @@ Cluster parse_cluster(const std::string& text, const std::string& source) {
   d.memory_bytes_per_s = r.number(node, "node.", "memory_gbps", true, 0) * 1e9;
   d.threads = int(r.number(node, "node.", "threads_per_device", false, 0));
   d.attention_flops = r.number(node, "node.", "attention_tflops", false, 0) * 1e12;
+  d.stream_bytes_per_s = r.number(node, "node.", "stream_gbps", false, 0) * 1e9;
   LOOM_CHECK(d.peak_fp32_flops > 0 && d.memory_bytes_per_s > 0 && d.memory_bytes > 0, "plan", source,
              ": node.peak_fp32_tflops, node.memory_gbps and node.device_memory_gib must be positive");
   if (const YAML::Node e = node["gemm_efficiency"]) {
@@ -91,6 +92,7 @@ Cluster parse_cluster(const std::string& text, const std::string& source) {
     std::sort(d.gemm_efficiency.points.begin(), d.gemm_efficiency.points.end());
   }
   c.overlap_fraction = r.number(root, "", "overlap_fraction", false, 1.0);
+  c.comm_under_compute = std::max(1.0, r.number(root, "", "comm_under_compute", false, 1.0));
   const YAML::Node links = root["links"];
   LOOM_CHECK(links && links.IsMap(), "plan", source, ": missing map 'links' (intra, inter)");
   for (const char* cls : {"intra", "inter"}) {
@@ -105,6 +107,23 @@ Cluster parse_cluster(const std::string& text, const std::string& source) {
   }
   const double reduce = r.number(links, "links.", "reduce_gbps", false, d.memory_bytes_per_s / 3 / 1e9);
   c.links.reduce_s_per_byte = 1.0 / (std::max(reduce, 1e-3) * 1e9);
+  // Measured collective times (loom bench comm --calibrate), which `auto` prefers to the model
+  // for the group shapes they cover: [algorithm, op, ranks, hosts, bytes, microseconds].
+  if (const YAML::Node m = links["measured"]) {
+    LOOM_CHECK(m.IsSequence(), "plan", source, ": links.measured must be a list");
+    for (const auto& e : m) {
+      LOOM_CHECK(e.IsSequence() && e.size() == 6, "plan", source,
+                 ": links.measured entries are [algorithm, op, ranks, hosts, bytes, us]");
+      const comm::Algorithm a = comm::parse_algorithm(e[0].as<std::string>());
+      const std::string op = e[1].as<std::string>();
+      comm::CollectiveOp o = comm::CollectiveOp::all_reduce;
+      if (op == "reduce_scatter") o = comm::CollectiveOp::reduce_scatter;
+      else if (op == "all_gather") o = comm::CollectiveOp::all_gather;
+      else LOOM_CHECK(op == "all_reduce", "plan", source, ": links.measured op '", op, "' is not a collective");
+      c.links.measured[comm::CostModel::key(a, o, e[2].as<int>(), e[3].as<int>())][e[4].as<int64_t>()] =
+          e[5].as<double>() * 1e-6;
+    }
+  }
   c.links.calibrated = true;
   c.links.source = source;
   return c;
@@ -141,13 +160,29 @@ std::string cluster_yaml(const Cluster& c) {
     << "  peak_bf16_tflops: " << d.peak_bf16_flops / 1e12 << "\n"
     << "  memory_gbps: " << d.memory_bytes_per_s / 1e9 << "\n"
     << "  attention_tflops: " << d.attention_flops / 1e12 << "\n"
+    << "  stream_gbps: " << d.stream_bytes_per_s / 1e9 << "\n"
     << "  gemm_efficiency:  # [GFLOP of one product, fraction of peak_fp32]\n";
   for (const auto& [x, y] : d.gemm_efficiency.points) o << "    - [" << x / 1e9 << ", " << y << "]\n";
   o << "overlap_fraction: " << c.overlap_fraction << "\n"
+    << "comm_under_compute: " << c.comm_under_compute << "\n"
     << "links:\n"
     << "  intra: {alpha_us: " << c.links.intra.alpha_s * 1e6 << ", gbps: " << c.links.intra.gbps() << "}\n"
     << "  inter: {alpha_us: " << c.links.inter.alpha_s * 1e6 << ", gbps: " << c.links.inter.gbps() << "}\n"
     << "  reduce_gbps: " << 1e-9 / c.links.reduce_s_per_byte << "\n";
+  if (!c.links.measured.empty()) {
+    o << "  measured:  # [algorithm, op, ranks, hosts, bytes, us] from loom bench comm --calibrate\n";
+    for (const auto& [key, times] : c.links.measured) {
+      std::string k = key;  // "ring/all_reduce/2/1"
+      for (char& ch : k)
+        if (ch == '/') ch = ' ';
+      std::istringstream in(k);
+      std::string alg, op;
+      int ranks = 0, hosts = 0;
+      in >> alg >> op >> ranks >> hosts;
+      for (const auto& [bytes, s] : times)
+        o << "    - [" << alg << ", " << op << ", " << ranks << ", " << hosts << ", " << bytes << ", " << s * 1e6 << "]\n";
+    }
+  }
   return o.str();
 }
 

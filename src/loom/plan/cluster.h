@@ -25,7 +25,8 @@ struct DeviceSpec {
   double peak_fp32_flops = 0;    // dense matrix products, per device
   double peak_bf16_flops = 0;    // 0: no 16-bit matrix engine (bf16 runs at the fp32 rate)
   Curve gemm_efficiency;         // fraction of peak reached by one product of x FLOPs
-  double memory_bytes_per_s = 0; // what elementwise kernels stream (read + write)
+  double memory_bytes_per_s = 0; // what the model's elementwise kernels stream (read + write)
+  double stream_bytes_per_s = 0; // a plain streaming kernel (the optimizer); 0: memory_bytes_per_s
   double attention_flops = 0;    // causal attention kernels' rate; 0: at the product curve
   int threads = 0;               // CPU ranks: threads per rank the figures were measured with
 };
@@ -39,8 +40,13 @@ struct Cluster {
   DeviceSpec device;
   comm::CostModel links;             // intra: inside a node; inter: a node's link to the others
   // Fraction of the backward pass that data-parallel gradient reduction can hide behind
-  // (1: all of it, as bucketed overlap allows; lower where communication steals compute).
+  // (1: all of it, as bucketed overlap allows; 0 where communication takes the cores that
+  // compute, as CPU ranks copying through shared memory do).
   double overlap_fraction = 1.0;
+  // How much longer collectives take while the ranks compute than on idle links (>= 1): CPU
+  // ranks copy with the cores and memory bandwidth the compute uses. 1 for GPUs (copy engines
+  // and NICs of their own).
+  double comm_under_compute = 1.0;
   std::string path;                  // the file it was read from
 };
 

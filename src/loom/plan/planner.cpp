@@ -44,18 +44,34 @@ double collective_seconds(comm::CollectiveOp op, double bytes, const comm::Topol
   if (topo.size() < 2 || bytes <= 0) return 0;
   double best = -1;
   std::vector<comm::Algorithm> candidates = {comm::Algorithm::ring, comm::Algorithm::tree, comm::Algorithm::hierarchical};
-  if (algorithm != "auto") candidates = {comm::parse_algorithm(algorithm)};
+  if (algorithm != "auto") {
+    candidates = {comm::parse_algorithm(algorithm)};
+  } else if (m.measured_time(comm::Algorithm::mpi, op, topo.size(), topo.hosts(), int64_t(bytes)) >= 0) {
+    candidates.push_back(comm::Algorithm::mpi);  // measured here: what auto runs on one host
+  }
   for (comm::Algorithm a : candidates) {
     const comm::Algorithm run = comm::resolve_algorithm(a, op, int64_t(bytes), topo, m);
-    const double t = comm::predict_seconds(run, op, int64_t(bytes), topo, m);
+    double t = m.measured_time(run, op, topo.size(), topo.hosts(), int64_t(bytes));
+    if (t < 0) t = comm::predict_seconds(run, op, int64_t(bytes), topo, m);
     if (t >= 0 && (best < 0 || t < best)) best = t;
   }
   return std::max(0.0, best);
 }
 
-double p2p_seconds(double bytes, bool same_node, const Cluster& c) {
-  const comm::LinkCost& l = same_node ? c.links.intra : c.links.inter;
-  return l.alpha_s + bytes * l.beta_s_per_byte;
+// Every rank of a node runs its own group's collective at the same time (the tp ranks of a
+// node each in their own dp group, every stage's ranks sending to the next stage): the node's
+// one link to the others is shared by the groups whose members are on it. `members_here`:
+// how many of the group's members are on one node.
+comm::CostModel shared_links(const Cluster& c, const Layout& l, int64_t members_here) {
+  comm::CostModel m = c.links;
+  const double ranks_here = double(std::min<int64_t>(c.devices_per_node, l.ranks()));
+  m.inter.beta_s_per_byte *= std::max(1.0, ranks_here / double(std::max<int64_t>(1, members_here)));
+  return m;
+}
+
+double p2p_seconds(double bytes, bool same_node, const Cluster& c, const Layout& l) {
+  const comm::LinkCost& link = same_node ? c.links.intra : shared_links(c, l, 1).inter;
+  return link.alpha_s + bytes * link.beta_s_per_byte;
 }
 
 struct StageWork {
@@ -94,7 +110,8 @@ StageWork stage_work(const Job& job, const Cluster& c, const Layout& l, const mo
     std::vector<int64_t> members;
     for (int64_t t = 0; t < l.tp; ++t) members.push_back(rank_of(l, 0, 0, 0, t));
     const comm::Topology topo = topology(members, c.devices_per_node);
-    w.tp = k.tp_allreduces * collective_seconds(comm::CollectiveOp::all_reduce, k.tp_allreduce_bytes, topo, c.links, job.algorithm);
+    w.tp = c.comm_under_compute * k.tp_allreduces *
+           collective_seconds(comm::CollectiveOp::all_reduce, k.tp_allreduce_bytes, topo, c.links, job.algorithm);
   }
   w.backward = 2 * fwd_gemm + 2 * fwd_att + k.elem_bwd_bytes / bw + w.recompute + w.tp / 2;
   return w;
@@ -265,7 +282,7 @@ Prediction predict(const Job& job, const Cluster& c, const Layout& l) {
     if (l.pp > 1) {
       const bool same = rank_of(l, int64_t(s), 0, 0, 0) / c.devices_per_node ==
                         rank_of(l, int64_t(s) + 1, 0, 0, 0) / c.devices_per_node;
-      ts += 2 * p2p_seconds(double(N) * double(cfg.d_model) * 4, same, c);
+      ts += 2 * p2p_seconds(double(N) * double(cfg.d_model) * 4, same, c, l);
     }
     t_sum += ts;
     if (ts > t_max) t_max = ts, slow = s;
@@ -284,6 +301,9 @@ Prediction predict(const Job& job, const Cluster& c, const Layout& l) {
   std::vector<int64_t> members;
   for (int64_t d = 0; d < l.dp; ++d) members.push_back(rank_of(l, int64_t(slow), d, 0, 0));
   const comm::Topology topo = topology(members, c.devices_per_node);
+  int64_t dp_here = 0;
+  for (int h : topo.host_of) dp_here += h == topo.host_of.front();
+  const comm::CostModel links = shared_links(c, l, dp_here);
   const double P = stage_params[slow];
   using Op = comm::CollectiveOp;
   double grads = 0, gathers = 0, overlapped = 0;
@@ -292,31 +312,33 @@ Prediction predict(const Job& job, const Cluster& c, const Layout& l) {
     // buckets whose last one cannot overlap; ZeRO-2/3 reduce-scatter every micro-batch.
     const double bucket = std::min(job.bucket_mb * 1024 * 1024 / 4, P);
     if (l.zero < 2) {
-      grads = collective_seconds(Op::all_reduce, P * grad_bytes, topo, c.links, job.algorithm);
-      const double last = collective_seconds(Op::all_reduce, bucket * grad_bytes, topo, c.links, job.algorithm);
+      grads = collective_seconds(Op::all_reduce, P * grad_bytes, topo, links, job.algorithm);
+      const double last = collective_seconds(Op::all_reduce, bucket * grad_bytes, topo, links, job.algorithm);
       overlapped = std::min(grads - last, c.overlap_fraction * ws.backward);
     } else {
-      const double rs = collective_seconds(Op::reduce_scatter, P * grad_bytes, topo, c.links, job.algorithm);
+      const double rs = collective_seconds(Op::reduce_scatter, P * grad_bytes, topo, links, job.algorithm);
       grads = m * rs;
       overlapped = std::min(grads * (1 - 1 / std::max(1.0, P / bucket)), c.overlap_fraction * m * ws.backward);
     }
-    if (l.zero == 1 || l.zero == 2) gathers = collective_seconds(Op::all_gather, P * 4, topo, c.links, job.algorithm);
+    if (l.zero == 1 || l.zero == 2) gathers = collective_seconds(Op::all_gather, P * 4, topo, links, job.algorithm);
     if (l.zero == 3) {
       // Parameters gathered for every micro-batch's forward and backward, prefetched a unit
       // ahead: hidden behind compute except the first unit.
-      const double g = 2 * m * collective_seconds(Op::all_gather, P * 4, topo, c.links, job.algorithm);
+      const double g = 2 * m * collective_seconds(Op::all_gather, P * 4, topo, links, job.algorithm);
       const double hide = std::min(g * (1 - 1.0 / double(cfg.n_layer + 2)), c.overlap_fraction * m * ws.total());
       gathers = g;
       overlapped += hide;
     }
   }
-  t.dp_comm = grads + gathers;
+  t.dp_comm = c.comm_under_compute * (grads + gathers);
+  overlapped *= c.comm_under_compute;
   t.dp_exposed = std::max(0.0, t.dp_comm - std::max(0.0, overlapped));
   // Optimizer on the rank's shard: AdamW reads parameters, gradients and both moments and
   // writes three of them; the gradient norm reads the gradients; zeroing writes them.
   const double shard = l.zero >= 1 ? P / double(l.dp) : P;
   const double grads_held = l.zero >= 2 ? P / double(l.dp) : P;
-  t.optimizer = (28 * shard + 4 * grads_held + 4 * P) / c.device.memory_bytes_per_s;
+  const double stream = c.device.stream_bytes_per_s > 0 ? c.device.stream_bytes_per_s : c.device.memory_bytes_per_s;
+  t.optimizer = (28 * shard + 4 * grads_held + 4 * P) / stream;
   t.step = t.gemm + t.attention + t.elementwise + t.recompute + t.tp_comm + t.pp_p2p + t.bubble + t.dp_exposed +
            t.optimizer;
 
