@@ -38,7 +38,8 @@ comm::Topology topology(const std::vector<int64_t>& ranks, int devices_per_node)
   return t;
 }
 
-// The fastest of the modelled algorithms (what `auto` picks without measurements).
+// What comm.algorithm auto runs: inside one node MPI's collectives (at their measured time when the
+// cluster has it), otherwise the fastest of the measured and modelled algorithms.
 double collective_seconds(comm::CollectiveOp op, double bytes, const comm::Topology& topo, const comm::CostModel& m,
                           const std::string& algorithm = "auto") {
   if (topo.size() < 2 || bytes <= 0) return 0;
@@ -46,8 +47,12 @@ double collective_seconds(comm::CollectiveOp op, double bytes, const comm::Topol
   std::vector<comm::Algorithm> candidates = {comm::Algorithm::ring, comm::Algorithm::tree, comm::Algorithm::hierarchical};
   if (algorithm != "auto") {
     candidates = {comm::parse_algorithm(algorithm)};
-  } else if (m.measured_time(comm::Algorithm::mpi, op, topo.size(), topo.hosts(), int64_t(bytes)) >= 0) {
-    candidates.push_back(comm::Algorithm::mpi);  // measured here: what auto runs on one host
+  } else if (const double mpi = m.measured_time(comm::Algorithm::mpi, op, topo.size(), topo.hosts(), int64_t(bytes));
+             mpi >= 0) {
+    // Inside one node, comm.algorithm auto without a calibration file runs MPI's own
+    // collectives, as a training run does by default: its measured time.
+    if (topo.hosts() == 1) return mpi;
+    candidates.push_back(comm::Algorithm::mpi);
   }
   for (comm::Algorithm a : candidates) {
     const comm::Algorithm run = comm::resolve_algorithm(a, op, int64_t(bytes), topo, m);
