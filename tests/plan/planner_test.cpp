@@ -134,6 +134,21 @@ TEST(Planner, CrossNodeCollectivesCostMore) {
   EXPECT_GT(two_nodes.time.dp_comm, 2 * one_node.time.dp_comm);
 }
 
+TEST(Planner, ExpertParallelismPaysAllToAllsAndReducesDenseGradientsOverDpTimesEp) {
+  const Job j = job_of("llama-moe-60m", 8, 512);
+  const Prediction one = predict(j, small_cluster(8), Layout{8, 1, 1, 1, 0, 1, 1, 0, "1f1b"});
+  const Prediction ep = predict(j, small_cluster(8), Layout{1, 1, 1, 8, 0, 1, 1, 0, "1f1b"});
+  ASSERT_TRUE(one.why_not.empty() && ep.why_not.empty()) << one.why_not << ep.why_not;
+  EXPECT_EQ(one.time.ep_a2a, 0);
+  EXPECT_GT(ep.time.ep_a2a, 0);
+  // dp=1 x ep=8: the dense parameters still reduce over all 8 ranks.
+  EXPECT_GT(ep.time.dp_comm, 0);
+  // Each rank holds 1 of 8 experts: fewer parameters than every rank holding all 8.
+  EXPECT_LT(ep.memory.params, one.memory.params);
+  const std::string e = explain(j, small_cluster(8), ep);
+  EXPECT_NE(e.find("expert all-to-all"), std::string::npos) << e;
+}
+
 TEST(Planner, InvalidLayoutsAreRefusedWithTheReason) {
   const Job j = job_of("gpt2-shakespeare", 8, 128);  // 6 heads, 4 layers
   EXPECT_EQ(check_layout(j, small_cluster(), Layout{1, 4, 1, 1, 0, 8, 1, 0, "1f1b"}),
@@ -155,13 +170,17 @@ TEST(Planner, SearchRanksFittingLayoutsByStepTime) {
     EXPECT_EQ(ranked[i].layout.ranks(), 4);
     if (!ranked[i].fits) seen_unfit = true;
     EXPECT_FALSE(seen_unfit && ranked[i].fits) << "a fitting layout after one that does not fit";
-    if (i > 0 && ranked[i].fits) EXPECT_LE(ranked[i - 1].time.step, ranked[i].time.step);
+    if (i > 0 && ranked[i].fits) {
+      EXPECT_LE(ranked[i - 1].time.step, ranked[i].time.step);
+    }
   }
   // 1 GiB per device: gpt2-124m's 2 GB of fp32 Adam states fit only sharded (ZeRO-3 over 4).
   Cluster tight = small_cluster(4);
   tight.device.memory_bytes = 1.0 * 1024 * 1024 * 1024;
   for (const auto& p : search(j, tight))
-    if (p.fits) EXPECT_TRUE(p.layout.zero == 3 || p.layout.pp > 1 || p.layout.tp > 1) << p.layout.describe();
+    if (p.fits) {
+      EXPECT_TRUE(p.layout.zero == 3 || p.layout.pp > 1 || p.layout.tp > 1) << p.layout.describe();
+    }
   tight.device.memory_bytes = 64.0 * 1024 * 1024;
   const auto none = search(j, tight);
   ASSERT_FALSE(none.empty());

@@ -519,7 +519,7 @@ nlohmann::json prediction_json(const plan::Prediction& p) {
           {"step_ms", t.step * 1e3}, {"tokens_per_s", p.tokens_per_s}, {"mfu", p.mfu},
           {"memory_bytes", m.total()}, {"memory_stage", p.memory_stage},
           {"terms_ms", {{"gemm", t.gemm * 1e3}, {"attention", t.attention * 1e3}, {"elementwise", t.elementwise * 1e3},
-                        {"recompute", t.recompute * 1e3}, {"tp_comm", t.tp_comm * 1e3}, {"pp_p2p", t.pp_p2p * 1e3},
+                        {"recompute", t.recompute * 1e3}, {"tp_comm", t.tp_comm * 1e3}, {"ep_a2a", t.ep_a2a * 1e3}, {"pp_p2p", t.pp_p2p * 1e3},
                         {"bubble", t.bubble * 1e3}, {"dp_comm", t.dp_comm * 1e3}, {"dp_exposed", t.dp_exposed * 1e3},
                         {"optimizer", t.optimizer * 1e3}}},
           {"memory", {{"params", m.params}, {"grads", m.grads}, {"optimizer", m.optimizer},

@@ -83,8 +83,9 @@ struct StageWork {
   double gemm = 0, attention = 0, elementwise = 0;  // per micro-batch, forward + backward
   double recompute = 0;                             // per micro-batch
   double tp = 0;                                    // per micro-batch
+  double a2a = 0;                                   // per micro-batch
   double backward = 0;                              // the backward share of the above
-  double total() const { return gemm + attention + elementwise + recompute + tp; }
+  double total() const { return gemm + attention + elementwise + recompute + tp + a2a; }
 };
 
 double gemm_seconds(double flops, const Cluster& c, bool bf16) {
@@ -118,7 +119,19 @@ StageWork stage_work(const Job& job, const Cluster& c, const Layout& l, const mo
     w.tp = c.comm_under_compute * k.tp_allreduces *
            collective_seconds(comm::CollectiveOp::all_reduce, k.tp_allreduce_bytes, topo, c.links, job.algorithm);
   }
-  w.backward = 2 * fwd_gemm + 2 * fwd_att + k.elem_bwd_bytes / bw + w.recompute + w.tp / 2;
+  if (l.ep > 1 && k.ep_a2as > 0) {
+    // Pairwise exchange over the ep group: every rank sends each other rank its share.
+    std::vector<int64_t> members;
+    for (int64_t e = 0; e < l.ep; ++e) members.push_back(rank_of(l, 0, 0, e, 0));
+    const comm::Topology topo = topology(members, c.devices_per_node);
+    int64_t here = 0;
+    for (int h : topo.host_of) here += h == topo.host_of.front();
+    const comm::LinkCost link = topo.hosts() > 1 ? shared_links(c, l, here).inter : c.links.intra;
+    const double peers = double(l.ep - 1);
+    w.a2a = c.comm_under_compute * k.ep_a2as *
+            (peers * link.alpha_s + k.ep_a2a_bytes * peers / double(l.ep) * link.beta_s_per_byte);
+  }
+  w.backward = 2 * fwd_gemm + 2 * fwd_att + k.elem_bwd_bytes / bw + w.recompute + w.tp / 2 + w.a2a / 2;
   return w;
 }
 
@@ -147,6 +160,10 @@ StageCounts count_stage(const Job& job, const Layout& l, const model::ModelSlice
       if (cfg.shared_d_ff() > 0) {
         k.fwd_products.push_back(2 * N * C * G * double(cfg.shared_d_ff()));
         k.fwd_products.push_back(2 * N * double(cfg.shared_d_ff()) * C);
+      }
+      if (l.ep > 1) {
+        k.ep_a2a_bytes = N * topk * C * 4;
+        k.ep_a2as += 4 + (l.checkpoint > 0 ? 2 : 0);
       }
     } else {
       k.fwd_products.push_back(2 * N * C * G * double(d.F));
@@ -215,7 +232,7 @@ Prediction predict(const Job& job, const Cluster& c, const Layout& l) {
   const int64_t N = l.micro_batch * job.seq;
   const double grad_bytes = job.grad_wire_bytes > 0 ? job.grad_wire_bytes : job.bf16 ? 2 : 4;
   std::vector<StageWork> work;
-  std::vector<double> stage_params;
+  std::vector<double> stage_params, stage_experts;
   for (int64_t s = 0; s < l.pp; ++s) {
     model::ModelSlice slice;
     slice.first_layer = stages[size_t(s)].first_layer;
@@ -247,7 +264,7 @@ Prediction predict(const Job& job, const Cluster& c, const Layout& l) {
     // and the two blocks around the one computing).
     const double act_bytes = double(N) * double(cfg.d_model) * 4;
     if (l.pp > 1) m.comm += 2 * act_bytes;
-    if (l.dp > 1) {
+    if (l.dp * l.ep > 1) {
       double block_unit = 0, embed_unit = 0, head_unit = 0;
       for (const auto& u : layout.units()) {
         if (u.layer >= 0 && !u.experts) block_unit = std::max(block_unit, double(u.size()) * 4);
@@ -260,7 +277,7 @@ Prediction predict(const Job& job, const Cluster& c, const Layout& l) {
         // gradient rows (tokens, positions, rows) instead of reducing the whole table.
         if (job.bf16) m.comm += std::min(2 * job.bucket_mb * 1024 * 1024 / 4, double(dense)) * 2;
         if (slice.has_embedding && slice.has_head && l.tp == 1)
-          m.comm += double(N) * double(l.dp) * double(2 + cfg.d_model) * 4 + double(N) * double(cfg.d_model) * 4;
+          m.comm += double(N) * double(l.dp * l.ep) * double(2 + cfg.d_model) * 4 + double(N) * double(cfg.d_model) * 4;
       } else if (l.zero == 2) {
         // Embedding and head staging for the whole step, and the block reductions in flight.
         m.comm += embed_unit + head_unit + 3 * block_unit;
@@ -271,7 +288,8 @@ Prediction predict(const Job& job, const Cluster& c, const Layout& l) {
       }
     }
     p.stage_memory.push_back(m);
-    stage_params.push_back(double(layout.num_params()));
+    stage_params.push_back(double(dense));
+    stage_experts.push_back(double(expert_params));
     work.push_back(stage_work(job, c, l, slice));
   }
   for (size_t s = 0; s < p.stage_memory.size(); ++s)
@@ -299,53 +317,60 @@ Prediction predict(const Job& job, const Cluster& c, const Layout& l) {
   t.elementwise = m * ws.elementwise;
   t.recompute = m * ws.recompute;
   t.tp_comm = m * ws.tp;
+  t.ep_a2a = m * ws.a2a;
   t.pp_p2p = m * (t_max - ws.total());
   t.bubble = l.pp > 1 ? t_sum - t_max : 0;
 
-  // Data parallelism over the dp group of the slowest stage.
-  std::vector<int64_t> members;
-  for (int64_t d = 0; d < l.dp; ++d) members.push_back(rank_of(l, int64_t(slow), d, 0, 0));
-  const comm::Topology topo = topology(members, c.devices_per_node);
-  int64_t dp_here = 0;
-  for (int h : topo.host_of) dp_here += h == topo.host_of.front();
-  const comm::CostModel links = shared_links(c, l, dp_here);
-  const double P = stage_params[slow];
+  // Data parallelism on the slowest stage: dense parameters over the dp x ep ranks, a MoE
+  // model's experts over the dp ranks that hold the same ones (as the trainer shards them).
   using Op = comm::CollectiveOp;
   double grads = 0, gathers = 0, overlapped = 0;
-  if (l.dp > 1) {
+  auto data_parallel = [&](double P, int64_t ep_span) {
+    std::vector<int64_t> members;
+    for (int64_t d = 0; d < l.dp; ++d)
+      for (int64_t e = 0; e < ep_span; ++e) members.push_back(rank_of(l, int64_t(slow), d, e, 0));
+    if (members.size() < 2 || P <= 0) return;
+    const comm::Topology topo = topology(members, c.devices_per_node);
+    int64_t here = 0;
+    for (int h : topo.host_of) here += h == topo.host_of.front();
+    const comm::CostModel links = shared_links(c, l, here);
     // Gradients: ZeRO-0/1 all-reduce once per step (no_sync before the last micro-batch), in
     // buckets whose last one cannot overlap; ZeRO-2/3 reduce-scatter every micro-batch.
     const double bucket = std::min(job.bucket_mb * 1024 * 1024 / 4, P);
     if (l.zero < 2) {
-      grads = collective_seconds(Op::all_reduce, P * grad_bytes, topo, links, job.algorithm);
+      const double g = collective_seconds(Op::all_reduce, P * grad_bytes, topo, links, job.algorithm);
       const double last = collective_seconds(Op::all_reduce, bucket * grad_bytes, topo, links, job.algorithm);
-      overlapped = std::min(grads - last, c.overlap_fraction * ws.backward);
+      grads += g;
+      overlapped += std::min(g - last, c.overlap_fraction * ws.backward);
     } else {
-      const double rs = collective_seconds(Op::reduce_scatter, P * grad_bytes, topo, links, job.algorithm);
-      grads = m * rs;
-      overlapped = std::min(grads * (1 - 1 / std::max(1.0, P / bucket)), c.overlap_fraction * m * ws.backward);
+      const double g = m * collective_seconds(Op::reduce_scatter, P * grad_bytes, topo, links, job.algorithm);
+      grads += g;
+      overlapped += std::min(g * (1 - 1 / std::max(1.0, P / bucket)), c.overlap_fraction * m * ws.backward);
     }
-    if (l.zero == 1 || l.zero == 2) gathers = collective_seconds(Op::all_gather, P * 4, topo, links, job.algorithm);
+    if (l.zero == 1 || l.zero == 2) gathers += collective_seconds(Op::all_gather, P * 4, topo, links, job.algorithm);
     if (l.zero == 3) {
       // Parameters gathered for every micro-batch's forward and backward, prefetched a unit
       // ahead: hidden behind compute except the first unit.
       const double g = 2 * m * collective_seconds(Op::all_gather, P * 4, topo, links, job.algorithm);
-      const double hide = std::min(g * (1 - 1.0 / double(cfg.n_layer + 2)), c.overlap_fraction * m * ws.total());
-      gathers = g;
-      overlapped += hide;
+      gathers += g;
+      overlapped += std::min(g * (1 - 1.0 / double(cfg.n_layer + 2)), c.overlap_fraction * m * ws.total());
     }
-  }
+  };
+  data_parallel(stage_params[slow], l.ep);
+  data_parallel(stage_experts[slow], 1);
+  const double P = stage_params[slow] + stage_experts[slow];
   t.dp_comm = c.comm_under_compute * (grads + gathers);
   overlapped *= c.comm_under_compute;
   t.dp_exposed = std::max(0.0, t.dp_comm - std::max(0.0, overlapped));
   // Optimizer on the rank's shard: AdamW reads parameters, gradients and both moments and
   // writes three of them; the gradient norm reads the gradients; zeroing writes them.
-  const double shard = l.zero >= 1 ? P / double(l.dp) : P;
-  const double grads_held = l.zero >= 2 ? P / double(l.dp) : P;
+  const double dense_shard = stage_params[slow] / double(l.dp * l.ep), expert_shard = stage_experts[slow] / double(l.dp);
+  const double shard = l.zero >= 1 ? dense_shard + expert_shard : P;
+  const double grads_held = l.zero >= 2 ? dense_shard + expert_shard : P;
   const double stream = c.device.stream_bytes_per_s > 0 ? c.device.stream_bytes_per_s : c.device.memory_bytes_per_s;
   t.optimizer = (28 * shard + 4 * grads_held + 4 * P) / stream;
-  t.step = t.gemm + t.attention + t.elementwise + t.recompute + t.tp_comm + t.pp_p2p + t.bubble + t.dp_exposed +
-           t.optimizer;
+  t.step = t.gemm + t.attention + t.elementwise + t.recompute + t.tp_comm + t.ep_a2a + t.pp_p2p + t.bubble +
+           t.dp_exposed + t.optimizer;
 
   p.model_flops = model::training_flops(cfg, model::ParamLayout(cfg).num_params(), job.global_batch, job.seq);
   p.tokens_per_s = double(job.global_batch * job.seq) / t.step;
@@ -426,6 +451,8 @@ std::string explain(const Job& job, const Cluster& c, const Prediction& p) {
   row("elementwise", t.elementwise, str_cat("bytes moved / ", c.device.memory_bytes_per_s / 1e9, " GB/s"));
   if (t.recompute > 0) row("recomputation", t.recompute, str_cat("checkpoint interval ", l.checkpoint, ": forward again"));
   if (t.tp_comm > 0) row("tensor-parallel comm", t.tp_comm, str_cat("4 all-reduces of [N, C] per block, tp=", l.tp));
+  if (t.ep_a2a > 0)
+    row("expert all-to-all", t.ep_a2a, str_cat("dispatch and combine, forward and backward, per MoE block, ep=", l.ep));
   if (t.pp_p2p > 0) row("pipeline transfers", t.pp_p2p, "activations forward, gradients backward");
   if (t.bubble > 0)
     row("pipeline bubble", t.bubble,
@@ -434,8 +461,10 @@ std::string explain(const Job& job, const Cluster& c, const Prediction& p) {
   if (t.dp_comm > 0)
     row("data-parallel exposed", t.dp_exposed,
         str_cat("of ", t.dp_comm * 1e3, " ms of ZeRO-", l.zero, " collectives over dp=", l.dp,
+                l.ep > 1 ? str_cat(" (dense parameters over dp x ep=", l.dp * l.ep, ")") : std::string(),
                 "; the rest hides behind backward"));
-  row("optimizer", t.optimizer, l.zero >= 1 ? str_cat("AdamW on a 1/", l.dp, " shard") : std::string("AdamW on all parameters"));
+  row("optimizer", t.optimizer,
+      l.zero >= 1 ? str_cat("AdamW on a 1/", l.dp * l.ep, " shard") : std::string("AdamW on all parameters"));
   const MemoryPrediction& m = p.memory;
   o << "memory on stage " << p.memory_stage << ": " << format_bytes(int64_t(m.total())) << " of "
     << format_bytes(int64_t(c.device.memory_bytes)) << " (params " << format_bytes(int64_t(m.params)) << ", grads "

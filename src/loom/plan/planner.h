@@ -57,6 +57,7 @@ struct TimePrediction {
   double elementwise = 0;   // norms, activations, softmax, residual adds, losses: bytes / bandwidth
   double recompute = 0;     // of gemm + attention + elementwise: checkpoint recomputation
   double tp_comm = 0;       // tensor-parallel all-reduces (not overlapped)
+  double ep_a2a = 0;        // expert parallelism: token dispatch and combine all-to-alls
   double pp_p2p = 0;        // pipeline activation/gradient transfers on the critical path
   double bubble = 0;        // pipeline fill and drain
   double dp_comm = 0;       // data-parallel collectives' total time
@@ -88,6 +89,8 @@ struct StageCounts {
   int64_t layers = 0;
   double tp_allreduce_bytes = 0;  // each tensor-parallel all-reduce's payload
   double tp_allreduces = 0;       // per micro-batch, forward and backward
+  double ep_a2a_bytes = 0;        // each expert all-to-all's payload per rank (routed rows)
+  double ep_a2as = 0;             // per micro-batch: dispatch and combine, forward and backward
 };
 StageCounts count_stage(const Job& job, const Layout& l, const model::ModelSlice& slice);
 
