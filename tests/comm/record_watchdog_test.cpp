@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "loom/comm/record.h"
+#include "loom/core/trace.h"
 #include "loom/comm/watchdog.h"
 #include "loom/core/error.h"
 #include "loom/core/timer.h"
@@ -38,19 +39,24 @@ TEST(CommRecord, KeepsTheNewestFinishedAndEveryRunning) {
   EXPECT_EQ(r.total_started(), 6u);
 }
 
-TEST(CommRecord, ChromeTraceHasOneCompleteEventPerOperation) {
+TEST(CommRecord, FinishedOperationsGoToTheStepTraceOnTheirGroupsTrack) {
   CommRecord r;
+  r.finish(r.start("reduce_scatter", "dp", 64, 1), true);  // before tracing: not recorded
+  trace::start();
   r.finish(r.start("all_gather", "tp", 2048, 7), true);
-  r.start("send", "pp\"x", 8, 1);  // still running; the quote must be escaped
+  r.finish(r.start("send", "pp\"x", 8, 1), false);  // the quote must be escaped
+  r.start("recv", "pp", 8, 2);                      // still running: not in the trace
+  trace::stop();
   std::ostringstream os;
-  write_chrome_trace(r, 3, os);
-  std::string s = os.str();
-  EXPECT_EQ(s.rfind("{\"traceEvents\":[", 0), 0u);
-  EXPECT_NE(s.find("\"name\":\"all_gather\",\"pid\":3"), std::string::npos) << s;
-  EXPECT_NE(s.find("\"seq\":7,\"bytes\":2048,\"state\":\"completed\""), std::string::npos) << s;
-  EXPECT_NE(s.find("\"state\":\"in_flight\""), std::string::npos) << s;
-  EXPECT_NE(s.find("pp\\\"x"), std::string::npos) << s;
-  EXPECT_NE(s.find("\"ph\":\"M\""), std::string::npos) << s;
+  trace::write_json(os, {3, 4, "test"});
+  const std::string s = os.str();
+  EXPECT_EQ(s.find("reduce_scatter"), std::string::npos) << s;
+  EXPECT_EQ(s.find("\"recv\""), std::string::npos) << s;
+  EXPECT_NE(s.find("\"name\":\"all_gather\",\"cat\":\"comm\",\"pid\":3"), std::string::npos) << s;
+  EXPECT_NE(s.find("\"args\":{\"bytes\":2048,\"seq\":7,\"ok\":1}"), std::string::npos) << s;
+  EXPECT_NE(s.find("\"args\":{\"bytes\":8,\"seq\":1,\"ok\":0}"), std::string::npos) << s;
+  EXPECT_NE(s.find("\"name\":\"comm tp\""), std::string::npos) << s;
+  EXPECT_NE(s.find("comm pp\\\"x"), std::string::npos) << s;
 }
 
 TEST(Watchdog, MessageNamesRankGroupOpAndLastCompleted) {

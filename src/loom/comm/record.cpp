@@ -1,16 +1,11 @@
-// The bounded operation log behind tracing and the watchdog, and its Chrome trace export.
+// The bounded operation log behind step traces and the watchdog.
 #include "loom/comm/record.h"
-
-#include <cstdio>
-#include <sstream>
 
 #include "loom/core/error.h"
 #include "loom/core/timer.h"
 #include "loom/core/trace.h"
 
 namespace loom::comm {
-
-using trace::json_escape;
 
 const char* op_state_name(OpState s) {
   switch (s) {
@@ -79,41 +74,6 @@ std::optional<CommEvent> CommRecord::last_completed(const std::string& group) co
 uint64_t CommRecord::total_started() const {
   std::lock_guard<std::mutex> lock(mu_);
   return next_handle_ - 1;
-}
-
-std::string chrome_trace_events(const CommRecord& record, int rank) {
-  std::vector<CommEvent> events = record.finished();
-  double now = now_seconds();
-  for (CommEvent& e : record.in_flight()) {
-    e.t_end = now;  // drawn up to now, marked in_flight
-    events.push_back(std::move(e));
-  }
-  std::map<std::string, int> tids;
-  for (const auto& e : events) tids.emplace(e.group, int(tids.size()) + 1);
-  std::ostringstream os;
-  os.precision(3);
-  os << std::fixed;
-  bool first = true;
-  for (const auto& [group, tid] : tids) {
-    if (!first) os << ",\n";
-    first = false;
-    os << R"({"ph":"M","name":"thread_name","pid":)" << rank << ",\"tid\":" << tid
-       << R"(,"args":{"name":"comm )" << json_escape(group) << "\"}}";
-  }
-  for (const auto& e : events) {
-    if (!first) os << ",\n";
-    first = false;
-    os << "{\"ph\":\"X\",\"cat\":\"comm\",\"name\":\"" << json_escape(e.op) << "\",\"pid\":" << rank
-       << ",\"tid\":" << tids[e.group] << ",\"ts\":" << e.t_start * 1e6
-       << ",\"dur\":" << (e.t_end - e.t_start) * 1e6 << ",\"args\":{\"group\":\""
-       << json_escape(e.group) << "\",\"seq\":" << e.seq << ",\"bytes\":" << e.bytes
-       << ",\"state\":\"" << op_state_name(e.state) << "\"}}";
-  }
-  return os.str();
-}
-
-void write_chrome_trace(const CommRecord& record, int rank, std::ostream& out) {
-  out << "{\"traceEvents\":[\n" << chrome_trace_events(record, rank) << "\n]}\n";
 }
 
 }  // namespace loom::comm

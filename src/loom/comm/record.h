@@ -1,15 +1,14 @@
 // CommRecord: a bounded, thread-safe log of communication operations (what, how many bytes,
 // which group, sequence number, start/end time, state). The watchdog reads the operations
-// in flight; tracing turns the log into Chrome/Perfetto JSON, and while a step trace records
-// (core/trace.h) every finished operation also goes there. It never blocks an operation for
-// longer than one short mutex section.
+// in flight; while a step trace records (core/trace.h, --trace DIR) every finished operation
+// also goes there, with its bytes. It never blocks an operation for longer than one short
+// mutex section.
 #pragma once
 #include <cstdint>
 #include <deque>
 #include <map>
 #include <mutex>
 #include <optional>
-#include <ostream>
 #include <string>
 #include <vector>
 
@@ -57,12 +56,5 @@ class CommRecord {
   std::deque<CommEvent> done_;
   std::map<std::string, CommEvent> last_ok_;  // per group, survives the ring's eviction
 };
-
-// Chrome/Perfetto trace events ("X" complete events, ts/dur in microseconds) for every
-// operation held, one JSON object per element, comma-separated, without the brackets, so
-// callers can merge them with other events. pid is the rank; each group gets its own tid.
-std::string chrome_trace_events(const CommRecord& record, int rank);
-// A complete trace file: {"traceEvents":[...]}.
-void write_chrome_trace(const CommRecord& record, int rank, std::ostream& out);
 
 }  // namespace loom::comm

@@ -8,6 +8,7 @@
 #include "comm/mpi/mpi_world.h"
 #include "loom/comm/record.h"
 #include "loom/core/timer.h"
+#include "loom/core/trace.h"
 
 using namespace loom;
 using namespace loom::comm;
@@ -98,7 +99,9 @@ TEST(MpiRecord, SequenceNumbersAgreeAcrossRanksAndTraceShowsThem) {
   const Group& g = test_world();
   Group sub = g.split(0, g.rank(), "sub");
   for (int i = 0; i < 3; ++i) sub.barrier();
+  trace::start();
   sub.all_reduce(Tensor::zeros({16}, DType::f32));
+  trace::stop();
   auto last = sub.record().last_completed("sub");
   ASSERT_TRUE(last.has_value());
   EXPECT_EQ(last->op, "all_reduce");
@@ -106,8 +109,12 @@ TEST(MpiRecord, SequenceNumbersAgreeAcrossRanksAndTraceShowsThem) {
   g.all_gather(Tensor::from_vector<int64_t>({int64_t(last->seq)}, {1}), seqs);
   for (int i = 0; i < g.size(); ++i) EXPECT_EQ(seqs.data<int64_t>()[i], 4);
   std::ostringstream os;
-  write_chrome_trace(g.record(), g.rank(), os);
-  EXPECT_NE(os.str().find("\"group\":\"sub\",\"seq\":4,\"bytes\":64"), std::string::npos);
+  trace::write_json(os, {g.rank(), g.size(), "test"});
+  EXPECT_NE(os.str().find("\"name\":\"all_reduce\",\"cat\":\"comm\",\"pid\":" + std::to_string(g.rank())),
+            std::string::npos)
+      << os.str();
+  EXPECT_NE(os.str().find("\"args\":{\"bytes\":64,\"seq\":4,\"ok\":1}"), std::string::npos) << os.str();
+  EXPECT_NE(os.str().find("\"name\":\"comm sub\""), std::string::npos) << os.str();
 }
 
 TEST(MpiErrors, SizeMismatchesNameBothSizes) {
