@@ -15,10 +15,12 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <sstream>
 
 #include "loom/comm/launch.h"
 #include "loom/core/error.h"
 #include "loom/core/trace.h"
+#include "loom/io/file.h"
 
 namespace loom::cli {
 
@@ -71,24 +73,17 @@ std::string take_trace_dir(std::vector<std::string>& args) {
   return dir;
 }
 
-// Writes this process's trace to DIR/trace-rank<R>.json (through a temporary name, so a
-// reader never sees half a file) and returns its path.
+// Writes this process's trace to DIR/trace-rank<R>.json (atomically: a reader never sees half
+// a file) and returns its path.
 std::string write_trace_file(const std::string& dir, const std::string& command) {
   const comm::LaunchEnv env = comm::launch_env();
   std::error_code ec;
   fs::create_directories(dir, ec);
   LOOM_CHECK(!ec, "trace", dir, ": cannot create the directory (", ec.message(), ")");
   const std::string path = (fs::path(dir) / str_cat("trace-rank", env.rank, ".json")).string();
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    LOOM_CHECK(out, "trace", tmp, ": cannot write (", std::strerror(errno), ")");
-    trace::write_json(out, {env.rank, env.world_size, command});
-    out.flush();
-    LOOM_CHECK(out, "trace", tmp, ": write failed (disk full?)");
-  }
-  fs::rename(tmp, path, ec);
-  LOOM_CHECK(!ec, "trace", path, ": cannot rename from ", tmp, " (", ec.message(), ")");
+  std::ostringstream out;
+  trace::write_json(out, {env.rank, env.world_size, command});
+  io::write_file_atomic(path, out.str());
   return path;
 }
 
@@ -274,12 +269,7 @@ int trace_merge(const std::vector<std::string>& argv) {
   for (const RankTrace& r : ranks) offsets[std::to_string(r.rank)] = r.offset_us;
   merged["metadata"] = {{"ranks", ranks.size()}, {"clock_offsets_us", offsets}, {"time_origin_us", t0},
                         {"source", dir}};
-  {
-    std::ofstream out(out_path);
-    LOOM_CHECK(out, "trace", out_path, ": cannot write (", std::strerror(errno), ")");
-    out << merged.dump() << "\n";
-    LOOM_CHECK(out, "trace", out_path, ": write failed (disk full?)");
-  }
+  io::write_file_atomic(out_path, merged.dump() + "\n");
 
   std::printf("merged %zu rank%s into %s: %zu events over %.3f ms\n", ranks.size(), ranks.size() == 1 ? "" : "s",
               out_path.c_str(), events.size(), span_us / 1e3);
