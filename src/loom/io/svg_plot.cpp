@@ -1,5 +1,6 @@
-// SVG chart writer for benchmark reports; see svg_plot.h. Text is escaped once, in esc(); every
-// number goes through std::to_chars so the output does not depend on the C locale.
+// SVG chart writer for benchmark reports; see svg_plot.h. Text is escaped once, in
+// xml_escape(); every number goes through std::to_chars so the output does not depend on the
+// C locale.
 #include "loom/io/svg_plot.h"
 
 #include <algorithm>
@@ -26,7 +27,9 @@ constexpr int kMaxTicks = 7;
 constexpr const char* kColours[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
                                     "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
 
-std::string esc(std::string_view s) {
+}  // namespace
+
+std::string xml_escape(std::string_view s) {
   static constexpr std::string_view kSpecial = "&<>\"'";
   static constexpr const char* kEntity[] = {"&amp;", "&lt;", "&gt;", "&quot;", "&apos;"};
   std::string out;
@@ -40,6 +43,8 @@ std::string esc(std::string_view s) {
   }
   return out;
 }
+
+namespace {
 
 // Tick labels: %.4g; coordinates: fixed, 0.1 px.
 std::string tick_label(double v) {
@@ -61,7 +66,7 @@ void line(std::ostringstream& os, double x1, double y1, double x2, double y2,
 }
 void text(std::ostringstream& os, double x, double y, std::string_view attrs,
           std::string_view content) {
-  os << "<text x=\"" << px(x) << "\" y=\"" << px(y) << "\" " << attrs << ">" << esc(content)
+  os << "<text x=\"" << px(x) << "\" y=\"" << px(y) << "\" " << attrs << ">" << xml_escape(content)
      << "</text>\n";
 }
 std::string fill(const char* colour) { return std::string("fill=\"") + colour + "\""; }

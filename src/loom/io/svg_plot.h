@@ -3,6 +3,7 @@
 // legends, per-point labels. Not a general plotting library: linear axes only, no styling knobs.
 #pragma once
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -33,6 +34,10 @@ std::vector<double> nice_ticks(double lo, double hi, int max_ticks);
 // points draws its axes and says "no data". Each panel's legend sits in the inside corner of
 // the plot area that covers the least data. All text is XML-escaped. Throws "[svg] ..." when a
 // series' x, y and labels differ in length.
+// s for XML/HTML text and attribute values: & < > " ' as entities, control characters other
+// than tab and newline (which XML 1.0 forbids) as '?'.
+std::string xml_escape(std::string_view s);
+
 std::string svg_plot(const std::string& title, const std::vector<PlotPanel>& panels);
 
 // svg_plot written atomically to `path`; throws "[svg] cannot write plot <path>: ..." on failure.

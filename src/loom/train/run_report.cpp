@@ -4,24 +4,11 @@
 #include <cstdio>
 #include <sstream>
 
+#include "loom/io/svg_plot.h"
+
 namespace loom::train {
 
 namespace {
-
-std::string html_escape(const std::string& s) {
-  std::string out;
-  out.reserve(s.size());
-  for (char c : s) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
 
 std::string num(double v) {
   if (!std::isfinite(v)) return "n/a";
@@ -76,7 +63,7 @@ std::string chart_svg(const ReportChart& c) {
 }
 
 void table_row(std::ostringstream& os, const std::string& name, const std::string& value) {
-  os << "<tr><th>" << html_escape(name) << "</th><td>" << html_escape(value) << "</td></tr>\n";
+  os << "<tr><th>" << io::xml_escape(name) << "</th><td>" << io::xml_escape(value) << "</td></tr>\n";
 }
 
 constexpr const char* kStyle = R"(body { font-family: sans-serif; margin: 24px; color: #222; background: #fff; }
@@ -124,10 +111,10 @@ std::string render_run_report(const RunMetrics& m, const std::string& source) {
   const std::string run_id = first ? first->run_id : "";
   std::ostringstream os;
   os << "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>loom run report";
-  if (!run_id.empty()) os << ' ' << html_escape(run_id);
+  if (!run_id.empty()) os << ' ' << io::xml_escape(run_id);
   os << "</title>\n<style>\n" << kStyle << "</style>\n</head>\n<body>\n";
-  os << "<h1>loom run report</h1>\n<p class=\"summary\">" << html_escape(run_report_summary(m)) << "<br>from "
-     << html_escape(source) << "</p>\n";
+  os << "<h1>loom run report</h1>\n<p class=\"summary\">" << io::xml_escape(run_report_summary(m)) << "<br>from "
+     << io::xml_escape(source) << "</p>\n";
 
   os << "<table class=\"facts\">\n";
   if (first) {
@@ -152,7 +139,7 @@ std::string render_run_report(const RunMetrics& m, const std::string& source) {
   if (!m.events.empty()) {
     os << "<table class=\"events\">\n<tr><th>event</th><th>step</th><th>detail</th></tr>\n";
     for (const RunEvent& e : m.events)
-      os << "<tr><td>" << html_escape(e.kind) << "</td><td>" << e.step << "</td><td>" << html_escape(e.detail)
+      os << "<tr><td>" << io::xml_escape(e.kind) << "</td><td>" << e.step << "</td><td>" << io::xml_escape(e.detail)
          << "</td></tr>\n";
     os << "</table>\n";
   }
@@ -163,7 +150,7 @@ std::string render_run_report(const RunMetrics& m, const std::string& source) {
   } else {
     os << "<table class=\"memory\">\n<tr><th>category</th><th>current</th><th>peak</th></tr>\n";
     for (size_t k = 0; k < m.memory_peak.size(); ++k)
-      os << "<tr><td>" << html_escape(m.memory_peak[k].name) << "</td><td>"
+      os << "<tr><td>" << io::xml_escape(m.memory_peak[k].name) << "</td><td>"
          << mib(k < m.memory_current.size() ? last_finite(m.memory_current[k]) : NAN) << "</td><td>"
          << mib(last_finite(m.memory_peak[k])) << "</td></tr>\n";
     os << "</table>\n";
@@ -177,10 +164,10 @@ std::string render_run_report(const RunMetrics& m, const std::string& source) {
     os << "</table>\n";
   }
 
-  os << "<h2>Config</h2>\n<pre>" << html_escape(first ? first->config : "not recorded") << "</pre>\n";
+  os << "<h2>Config</h2>\n<pre>" << io::xml_escape(first ? first->config : "not recorded") << "</pre>\n";
   if (!m.warnings.empty()) {
     os << "<h2>Lines skipped</h2>\n<ul class=\"warn\">\n";
-    for (const std::string& w : m.warnings) os << "<li>" << html_escape(w) << "</li>\n";
+    for (const std::string& w : m.warnings) os << "<li>" << io::xml_escape(w) << "</li>\n";
     os << "</ul>\n";
   }
   os << "</body>\n</html>\n";
