@@ -236,6 +236,7 @@ int64_t Engine::add_request(std::vector<int32_t> prompt, const SamplingParams& p
   const int64_t id = next_id_++;
   Request r;
   r.params = params;
+  r.stops = StopStringMatcher(params.stop);
   r.seed = params.seed ? *params.seed : derive_seed(cfg_.seed, id);
   r.callback = std::move(callback);
   r.max_tokens = std::min(params.max_tokens, max_seq_len_ - len);
@@ -318,22 +319,10 @@ void Engine::retire_finished_batch(std::vector<RequestOutput>& done) {
 
 bool Engine::hits_stop_string(Request& r, std::string* which) const {
   // Only the newest token's bytes are decoded: the output's text is the concatenation of its
-  // tokens' bytes, and a match not seen before must end in them, so it lies within the last
-  // longest - 1 bytes kept from earlier tokens plus these. (Decoding the whole output per
-  // token made a long generation quadratic.)
-  size_t longest = 0;
-  for (const auto& s : r.params.stop) longest = std::max(longest, s.size());
-  const std::string text = r.stop_tail + cfg_.detokenizer({r.output.back()});
-  size_t best = std::string::npos;
-  for (const auto& s : r.params.stop) {
-    const size_t at = text.find(s);
-    if (at != std::string::npos && at < best) {
-      best = at;
-      *which = s;
-    }
-  }
-  r.stop_tail = text.substr(text.size() - std::min(text.size(), longest > 0 ? longest - 1 : 0));
-  return best != std::string::npos;
+  // tokens' bytes. (Decoding the whole output per token made a long generation quadratic.)
+  r.stops.push(cfg_.detokenizer({r.output.back()}));
+  if (r.stops.stopped()) *which = r.stops.stop();
+  return r.stops.stopped();
 }
 
 bool Engine::take_token(int64_t id, Request& r, int32_t tok, bool last, std::vector<RequestOutput>& done,

@@ -25,6 +25,7 @@
 #include "loom/infer/sampler.h"
 #include "loom/infer/scheduler.h"
 #include "loom/infer/speculative.h"
+#include "loom/infer/stop_strings.h"
 #include "loom/model/decoder.h"
 
 namespace loom::infer {
@@ -157,7 +158,7 @@ class Engine {
     TokenCallback callback;
     std::vector<int32_t> prompt, output;
     int64_t max_tokens = 0;  // after capping at the context
-    std::string stop_tail;  // the output's last bytes, one fewer than the longest stop string
+    StopStringMatcher stops;  // over the output's decoded bytes
     // Padded static batching: finished, held until the batch ends.
     FinishReason held = FinishReason::none;
     int32_t held_stop_token = -1;

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/infer/stop_strings.h"
 #include "loom/serve/tokenizer.h"
 
 namespace loom::serve {
@@ -18,18 +19,16 @@ class TextStream {
   // The held-back tail at the end of generation (empty after a stop).
   std::string finish();
 
-  bool stopped() const { return stopped_; }
+  bool stopped() const { return stops_.stopped(); }
   const std::string& text() const { return emitted_; }  // everything returned so far
 
  private:
-  std::string take(size_t n);
-  std::string release();
+  std::string emit(std::string s);
 
   const TextTokenizer& tok_;
-  std::vector<std::string> stops_;
+  infer::StopStringMatcher stops_;
   Utf8Assembler utf8_;
-  std::string pending_, emitted_;
-  bool stopped_ = false;
+  std::string emitted_;
 };
 
 // The full completion text for `tokens` as the server would send it (the reference for tests
