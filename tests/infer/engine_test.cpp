@@ -2,9 +2,8 @@
 // grouped by expert per step): greedy output equals dense no-cache decoding
 // with Decoder::logits; requests batched together (preempted by a tiny KV budget, chunked,
 // sharing prefixes, arriving at different steps) produce exactly the tokens each produces
-// alone, also in static batching, compact or padded (finished members computed as padding
-// rows until the batch's longest is done, then all returned on one step); every block returns
-// to the pool. Equality runs in f64: in f32 the BLAS kernels round
+// alone, also in static batching (a batch admitted whole, each member returned as it
+// finishes, nobody admitted until the batch has left); every block returns to the pool. Equality runs in f64: in f32 the BLAS kernels round
 // a row differently with the batch's row count, which would test OpenBLAS, not scheduling.
 #include <gtest/gtest.h>
 
@@ -178,31 +177,20 @@ TEST_P(BatchEqualsAlone, UnderPreemptionChunkingAndSharedPrefixes) {
   EXPECT_GT(mt.prefix_hit_tokens, 0) << "the shared prefixes were meant to hit the cache";
   EXPECT_EQ(mt.kv_blocks_used, 0);
   expect_all_blocks_free(e);
-  // Static batching computes the same tokens, only in a different order; padding rows change
-  // nothing either (here they also give their blocks back to members that need them).
+  // Static batching computes the same tokens, only in a different order.
   tight.mode = BatchingMode::static_batch;
-  for (StaticPolicy policy : {StaticPolicy::compact, StaticPolicy::padded}) {
-    tight.static_policy = policy;
-    Engine st(*m, tight);
-    const auto batched = run_together(st, jobs);
-    for (size_t i = 0; i < jobs.size(); ++i)
-      EXPECT_EQ(batched.at(int(i)).tokens, alone[i]) << static_policy_name(policy) << " job " << i;
-    const EngineMetrics smt = st.metrics();
-    EXPECT_EQ(smt.padding_rows > 0, policy == StaticPolicy::padded) << static_policy_name(policy);
-    if (policy == StaticPolicy::padded) {
-      EXPECT_GT(smt.padding_parked, 0) << "the budget was meant to take padding rows' blocks";
-    }
-    expect_all_blocks_free(st);
-  }
+  Engine st(*m, tight);
+  const auto batched = run_together(st, jobs);
+  for (size_t i = 0; i < jobs.size(); ++i) EXPECT_EQ(batched.at(int(i)).tokens, alone[i]) << "static job " << i;
+  expect_all_blocks_free(st);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, BatchEqualsAlone, kVariants, variant_name);
 
 namespace {
 
-EngineConfig padded_static(EngineConfig c) {
+EngineConfig static_batching(EngineConfig c) {
   c.mode = BatchingMode::static_batch;
-  c.static_policy = StaticPolicy::padded;
   return c;
 }
 
@@ -227,12 +215,13 @@ std::vector<StepOutput> run_all(Engine& e, const std::vector<Job>& jobs,
 
 }  // namespace
 
-class PaddedStatic : public ::testing::TestWithParam<Family> {};
+class StaticBatching : public ::testing::TestWithParam<Family> {};
 
-TEST_P(PaddedStatic, PaddingChangesNoOutputAndABatchFinishesOnOneStep) {
+// Batches of three, {0, 1, 2} then {3, 4}: each member returns as it finishes (job 2 on a stop
+// token), nobody of the second batch starts before the first has left, the outputs are each
+// job's alone, and no row is computed past a member's end.
+TEST_P(StaticBatching, MembersLeaveAsTheyFinishAndTheNextBatchWaits) {
   auto m = make_model(GetParam(), DType::f64);
-  // Batches of three: jobs {0, 1, 2}, then {3, 4}; greedy and seeded sampling; job 2 ends
-  // on a stop token.
   std::vector<Job> jobs;
   const int64_t lens[] = {4, 15, 12, 20, 6};
   for (int i = 0; i < 5; ++i) {
@@ -249,117 +238,31 @@ TEST_P(PaddedStatic, PaddingChangesNoOutputAndABatchFinishesOnOneStep) {
   for (const auto& j : jobs) alone.push_back(Engine(*m, roomy()).run(j.prompt, j.params));
   ASSERT_EQ(alone[2].finish_reason, FinishReason::stop);
 
-  EngineConfig cfg = padded_static(roomy());
+  EngineConfig cfg = static_batching(roomy());
   cfg.max_num_seqs = 3;
   Engine e(*m, cfg);
-  std::map<int64_t, std::vector<TokenEvent>> events;
-  const auto got = run_all(e, jobs, &events);
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    EXPECT_EQ(got[i].out.tokens, alone[i].tokens) << "job " << i;
-    EXPECT_EQ(got[i].out.finish_reason, alone[i].finish_reason) << "job " << i;
-    EXPECT_EQ(got[i].out.stop_token, alone[i].stop_token) << "job " << i;
-    // Its tokens stream as they come; the stream ends with the batch, on a closing event.
-    const auto& ev = events[got[i].out.id];
-    ASSERT_EQ(ev.size(), alone[i].tokens.size() + 1) << "job " << i;
-    for (size_t k = 0; k + 1 < ev.size(); ++k) {
-      EXPECT_EQ(ev[k].token, alone[i].tokens[k]);
-      EXPECT_EQ(ev[k].finish, FinishReason::none);
-    }
-    EXPECT_EQ(ev.back().token, -1);
-    EXPECT_EQ(ev.back().finish, alone[i].finish_reason);
-  }
-  EXPECT_EQ(got[0].step, got[1].step) << "no member returns before the batch ends";
-  EXPECT_EQ(got[0].step, got[2].step);
-  EXPECT_EQ(got[3].step, got[4].step);
-  EXPECT_GT(got[3].step, got[0].step);
-  // Every member computes a row on every step of its batch: its sampled rows (one per token,
-  // and the stop token's), then padding rows until the batch's longest member is done.
-  int64_t padding = 0, decode = 0, steps = 0;
+  const auto got = run_all(e, jobs);
+  // A member samples one token per step of its batch (the stop token too) and returns on the
+  // step of its last; the second batch is admitted on the step after the first one's last
+  // member left.
+  int64_t decode = 0, batch_start = 0;
   for (const std::vector<size_t>& batch : {std::vector<size_t>{0, 1, 2}, {3, 4}}) {
     int64_t longest = 0;
-    std::vector<int64_t> rows;
     for (size_t i : batch) {
-      rows.push_back(int64_t(alone[i].tokens.size()) + (alone[i].stop_token >= 0 ? 1 : 0));
-      longest = std::max(longest, rows.back());
+      EXPECT_EQ(got[i].out.tokens, alone[i].tokens) << "job " << i;
+      EXPECT_EQ(got[i].out.finish_reason, alone[i].finish_reason) << "job " << i;
+      const int64_t rows = int64_t(alone[i].tokens.size()) + (alone[i].stop_token >= 0 ? 1 : 0);
+      EXPECT_EQ(got[i].step, batch_start + rows - 1) << "job " << i << " returns as it finishes";
+      longest = std::max(longest, rows);
+      decode += rows - 1;  // the first token comes from the prefill
     }
-    for (int64_t r : rows) {
-      padding += longest - r;
-      decode += r - 1;  // the first token comes from the prefill
-    }
-    steps += longest;
+    batch_start += longest;
   }
-  const EngineMetrics mt = e.metrics();
-  EXPECT_EQ(mt.padding_rows, padding);
-  EXPECT_EQ(mt.decode_rows, decode);
-  EXPECT_EQ(mt.steps, steps);
-  EXPECT_EQ(mt.padding_parked, 0);
-  EXPECT_EQ(got[3].step, steps - 1) << "each batch takes as many steps as its longest member";
-  expect_all_blocks_free(e);
-
-  // Compact static batching returns each member as it finishes, and computes no padding.
-  cfg.static_policy = StaticPolicy::compact;
-  Engine c(*m, cfg);
-  const auto compact = run_all(c, jobs);
-  for (size_t i = 0; i < jobs.size(); ++i) EXPECT_EQ(compact[i].out.tokens, alone[i].tokens);
-  EXPECT_LT(compact[0].step, compact[1].step);
-  EXPECT_EQ(c.metrics().padding_rows, 0);
-  EXPECT_EQ(c.metrics().decode_rows, decode);
-  expect_all_blocks_free(c);
-}
-
-// A padding row whose sequence reaches the context stops growing (it recomputes its last
-// position): no position past model.n_ctx is ever computed.
-TEST_P(PaddedStatic, PaddingRowsStopAtTheContext) {
-  auto m = make_model(GetParam(), DType::f64);
-  std::vector<Job> jobs(2);
-  jobs[0].prompt = random_tokens(50, 400);
-  jobs[0].params.temperature = 0;
-  jobs[0].params.max_tokens = 5;
-  jobs[1].prompt = random_tokens(3, 401);
-  jobs[1].params.temperature = 0;
-  jobs[1].params.max_tokens = 55;
-  Engine e(*m, padded_static(roomy()));
-  const auto got = run_all(e, jobs);
-  for (size_t i = 0; i < jobs.size(); ++i)
-    EXPECT_EQ(got[i].out.tokens, Engine(*m, roomy()).generate(jobs[i].prompt, jobs[i].params));
-  EXPECT_EQ(got[0].step, got[1].step);
-  EXPECT_EQ(e.metrics().padding_rows, 50);
+  EXPECT_EQ(e.metrics().decode_rows, decode);
   expect_all_blocks_free(e);
 }
 
-// Aborted members leave at once; when the last member still generating is aborted, the
-// batch ends on the next step and the finished ones are returned.
-TEST_P(PaddedStatic, AbortingTheLastGeneratingMemberEndsTheBatch) {
-  auto m = make_model(GetParam(), DType::f64);
-  Engine e(*m, padded_static(roomy()));
-  SamplingParams sp;
-  sp.temperature = 0;
-  sp.max_tokens = 3;
-  const int64_t a = e.add_request(random_tokens(5, 500), sp);
-  sp.max_tokens = 30;
-  const int64_t b = e.add_request(random_tokens(7, 501), sp);
-  const int64_t c = e.add_request(random_tokens(6, 502), sp);
-  for (int i = 0; i < 5; ++i) EXPECT_TRUE(e.step().empty()) << "a is held by the batch";
-  EXPECT_EQ(e.metrics().padding_rows, 2);
-  e.abort(b);
-  auto outs = e.step();
-  ASSERT_EQ(outs.size(), 1u) << "b leaves at once";
-  EXPECT_EQ(outs[0].id, b);
-  EXPECT_EQ(outs[0].finish_reason, FinishReason::abort);
-  EXPECT_TRUE(e.step().empty());
-  e.abort(c);
-  outs = e.step();
-  ASSERT_EQ(outs.size(), 2u) << "c was the last member generating";
-  EXPECT_EQ(outs[0].id, c);
-  EXPECT_EQ(outs[0].finish_reason, FinishReason::abort);
-  EXPECT_EQ(outs[1].id, a);
-  EXPECT_EQ(outs[1].finish_reason, FinishReason::length);
-  EXPECT_EQ(outs[1].tokens.size(), 3u);
-  EXPECT_EQ(e.metrics().steps, 7) << "the batch ended before scheduling another step";
-  expect_all_blocks_free(e);
-}
-
-INSTANTIATE_TEST_SUITE_P(Families, PaddedStatic, ::testing::Values(Family::gpt2, Family::llama));
+INSTANTIATE_TEST_SUITE_P(Families, StaticBatching, ::testing::Values(Family::gpt2, Family::llama));
 
 // TokenEvent::prob, asked for by SamplingParams::token_probs: each streamed token's softmax
 // probability at temperature 1, as dense decoding of the same sequence computes it, for

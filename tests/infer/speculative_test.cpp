@@ -281,10 +281,6 @@ TEST(SpeculativeConfig, BadSettingsAreRefusedNamingTheFix) {
   model::Decoder small(other, model::DecoderOptions{}, DType::f64);
   ec.speculative.draft = &small;
   expect_refused(ec, "the draft's vocabulary has 50 tokens but the target's has 61");
-  ec.speculative.draft = target.get();
-  ec.mode = BatchingMode::static_batch;
-  ec.static_policy = StaticPolicy::padded;
-  expect_refused(ec, "not padded static batching");
 }
 
 TEST(NgramProposer, ProposesTheContinuationOfTheMostRecentLongestMatch) {

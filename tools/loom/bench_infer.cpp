@@ -179,8 +179,6 @@ void print_table(const std::vector<ModeResult>& rs) {
       "%16.0f");
   if (std::any_of(rs.begin(), rs.end(), [](const ModeResult& r) { return r.policy == "padded"; })) {
     row("padding rows computed %", padding_pct, "%16.2f", false);
-    row("padding rows parked", [](const ModeResult& r) { return double(r.padding_parked); },
-        "%16.0f", false);
   }
   row("peak running sequences", [](const ModeResult& r) { return double(r.peak_seqs); }, "%16.0f");
   row("preemptions", [](const ModeResult& r) { return double(r.preemptions); }, "%16.0f");
@@ -394,7 +392,7 @@ int bench_infer(const std::vector<std::string>& argv) {
   const auto work = make_workload(n_req, rate, plen, olen, mc.vocab_size, uint64_t(a.get_int("seed", 1)));
   std::vector<Flavour> flavours;
   auto static_flavour = [](StaticPolicy p, bool both_policies) {
-    const std::string name = infer::static_policy_name(p);
+    const std::string name = static_policy_name(p);
     return Flavour{BatchingMode::static_batch, p, "static-" + name,
                    both_policies ? "static_" + name : "static"};
   };
@@ -455,8 +453,7 @@ int bench_infer(const std::vector<std::string>& argv) {
                   "_peak_kv_blocks\":", r->peak_blocks, ",\"", p, "_kv_unused_at_peak_pct\":",
                   100 * r->frag_at_peak);
     if (r->is_static)
-      js += str_cat(",\"", p, "_padding_rows_pct\":", padding_pct(*r), ",\"", p,
-                    "_padding_rows_parked\":", r->padding_parked);
+      js += str_cat(",\"", p, "_padding_rows_pct\":", padding_pct(*r));
   }
   if (const ModeResult* c = find("continuous")) {
     if (const ModeResult* st = find(chosen_key))

@@ -17,7 +17,18 @@
 namespace loom::cli {
 
 using infer::BatchingMode;
-using infer::StaticPolicy;
+
+// What a static batch does with a member that has finished while others still generate.
+//  compact: it leaves at once (the engine's static batching: its blocks are freed, its result
+//           returned; nobody joins until the whole batch has left).
+//  padded:  the conventional static batch (FasterTransformer, a padded `generate` batch), a
+//           baseline this benchmark keeps beside itself rather than in the engine: it admits a
+//           batch only when the engine is idle, asks every member for the batch's longest
+//           output, counts the tokens past a member's own length as padding rows (computed,
+//           then ignored: their K/V fill its cache like a padded row's), and returns all
+//           members when the batch ends.
+enum class StaticPolicy { compact, padded };
+inline const char* static_policy_name(StaticPolicy p) { return p == StaticPolicy::padded ? "padded" : "compact"; }
 
 // One batching policy under test: the mode, the static policy, and its names.
 struct Flavour {
@@ -42,7 +53,7 @@ struct ModeResult {
   std::string mode, key;
   bool is_static = false;
   std::string policy;  // static: padded or compact
-  int64_t decode_rows = 0, padding_rows = 0, padding_parked = 0;
+  int64_t decode_rows = 0, padding_rows = 0;
   double makespan_s = 0, tokens_per_s = 0, requests_per_s = 0;
   int64_t output_tokens = 0, steps = 0, preemptions = 0;
   std::vector<double> ttft_ms, tpot_ms, e2e_ms;
@@ -62,11 +73,12 @@ class ModeRun {
   ModeRun(const model::Decoder& m, infer::EngineConfig cfg, const Flavour& f,
           const std::vector<WorkItem>& work, double temperature, int64_t max_len)
       : m_(m), cfg_(with_flavour(cfg, f)), e_(m, cfg_), work_(work), temperature_(temperature),
-        max_len_(max_len), times_(work.size()) {
+        max_len_(max_len), times_(work.size()),
+        padded_(f.mode == BatchingMode::static_batch && f.policy == StaticPolicy::padded) {
     r_.mode = f.label;
     r_.key = f.key;
     r_.is_static = f.mode == BatchingMode::static_batch;
-    if (r_.is_static) r_.policy = infer::static_policy_name(f.policy);
+    if (r_.is_static) r_.policy = static_policy_name(f.policy);
   }
   bool done() const { return finished_ == work_.size(); }
   double clock() const { return clock_; }
@@ -77,22 +89,22 @@ class ModeRun {
                    mt.kv_blocks_used, "/", mt.kv_blocks_total);
   }
 
-  // Admits the arrivals due by the clock, then runs one step (or idles to the next arrival).
+  // Admits the arrivals due by the clock (padded: a whole batch, when the engine is idle),
+  // then runs one step (or idles to the next arrival).
   void advance() {
-    for (; next_ < work_.size() && work_[next_].arrival <= clock_; ++next_) {
-      infer::SamplingParams sp;
-      sp.temperature = temperature_;
-      sp.max_tokens = work_[next_].output_len;
-      sp.seed = next_;
-      times_[next_].arrival = work_[next_].arrival;
-      const size_t w = next_;
-      const int64_t id = e_.add_request(work_[next_].prompt, sp, [this, w](const infer::TokenEvent& ev) {
-        if (ev.token < 0) return;
-        ++times_[w].tokens;
-        stepped_.push_back(w);
-      });
-      if (index_of_.size() <= size_t(id)) index_of_.resize(size_t(id) + 1);
-      index_of_[size_t(id)] = w;
+    if (!padded_) {
+      for (; next_ < work_.size() && work_[next_].arrival <= clock_; ++next_) admit(next_, work_[next_].output_len);
+    } else if (!e_.has_unfinished()) {
+      batch_.clear();
+      int64_t longest = 0;
+      for (; next_ < work_.size() && work_[next_].arrival <= clock_ &&
+             int64_t(batch_.size()) < cfg_.max_num_seqs;
+           ++next_) {
+        batch_.push_back(next_);
+        longest = std::max(longest, work_[next_].output_len);
+      }
+      batch_ids_.clear();
+      for (size_t w : batch_) batch_ids_.push_back(admit(w, longest));
     }
     if (!e_.has_unfinished()) {
       clock_ = std::max(clock_, work_[next_].arrival);
@@ -106,17 +118,23 @@ class ModeRun {
       if (times_[w].first < 0) times_[w].first = clock_;
       times_[w].last = clock_;
     }
-    for (const auto& out : outs) {
-      times_[index_of_[size_t(out.id)]].done = clock_;
-      ++finished_;
+    if (!padded_) {
+      for (const auto& out : outs) {
+        times_[index_of_[size_t(out.id)]].done = clock_;
+        ++finished_;
+      }
+    } else if (!e_.has_unfinished()) {  // the batch has ended: all its members return now
+      for (size_t w : batch_) times_[w].done = clock_;
+      finished_ += batch_.size();
     }
     const auto st = e_.scheduler().stats();
     if (st.blocks_used > r_.peak_blocks) {
       r_.peak_blocks = st.blocks_used;
+      const double real = double(st.tokens_cached - padding_cached());  // padding holds no real token
       const double alloc = double(st.slots_allocated);
-      r_.frag_at_peak = alloc > 0 ? double(st.slots_allocated - st.tokens_cached) / alloc : 0;
+      r_.frag_at_peak = alloc > 0 ? (alloc - real) / alloc : 0;
       const double reserved = double(st.num_running * max_len_);
-      r_.contiguous_waste = reserved > 0 ? 1.0 - double(st.tokens_cached) / reserved : 0;
+      r_.contiguous_waste = reserved > 0 ? 1.0 - real / reserved : 0;
     }
     r_.peak_seqs = std::max(r_.peak_seqs, st.num_running);
   }
@@ -137,9 +155,8 @@ class ModeRun {
     r.requests_per_s = double(work_.size()) / r.makespan_s;
     r.steps = mt.steps;
     r.preemptions = mt.num_preemptions;
-    r.decode_rows = mt.decode_rows;
-    r.padding_rows = mt.padding_rows;
-    r.padding_parked = mt.padding_parked;
+    r.decode_rows = mt.decode_rows - padding_rows_;  // each padding token took a decode row
+    r.padding_rows = padding_rows_;
     r.spec_proposed = mt.spec_proposed;
     r.spec_accepted = mt.spec_accepted;
     r.spec_verifications = mt.spec_verifications;
@@ -152,8 +169,43 @@ class ModeRun {
  private:
   static infer::EngineConfig with_flavour(infer::EngineConfig c, const Flavour& f) {
     c.mode = f.mode;
-    c.static_policy = f.policy;
     return c;
+  }
+
+  // Padded: the cached tokens of the batch past its members' own ends (a member's own are its
+  // prompt and its output but the last token, whose K/V nothing reads).
+  int64_t padding_cached() const {
+    int64_t n = 0;
+    for (size_t i = 0; padded_ && i < batch_.size(); ++i) {
+      const size_t w = batch_[i];
+      const int64_t id = batch_ids_[i];
+      if (!e_.scheduler().has(id)) continue;
+      const int64_t own = int64_t(work_[w].prompt.size()) + work_[w].output_len - 1;
+      n += std::max<int64_t>(0, e_.scheduler().num_computed(id) - own);
+    }
+    return n;
+  }
+
+  // Queues work item w, generating `generate` tokens of which its own output_len count (the
+  // rest, under the padded policy, are padding rows).
+  int64_t admit(size_t w, int64_t generate) {
+    infer::SamplingParams sp;
+    sp.temperature = temperature_;
+    sp.max_tokens = generate;
+    sp.seed = w;
+    times_[w].arrival = work_[w].arrival;
+    const int64_t id = e_.add_request(work_[w].prompt, sp, [this, w](const infer::TokenEvent& ev) {
+      if (ev.token < 0) return;
+      if (times_[w].tokens == work_[w].output_len) {
+        ++padding_rows_;
+        return;
+      }
+      ++times_[w].tokens;
+      stepped_.push_back(w);
+    });
+    if (index_of_.size() <= size_t(id)) index_of_.resize(size_t(id) + 1);
+    index_of_[size_t(id)] = w;
+    return id;
   }
   const model::Decoder& m_;
   infer::EngineConfig cfg_;
@@ -164,6 +216,10 @@ class ModeRun {
   std::vector<RequestTimes> times_;
   std::vector<size_t> index_of_;  // engine id -> work index
   std::vector<size_t> stepped_;   // work items that received a token in the current step
+  const bool padded_;              // the padded static policy (see StaticPolicy)
+  std::vector<size_t> batch_;      // padded: the members of the running batch
+  std::vector<int64_t> batch_ids_;  // and their engine ids
+  int64_t padding_rows_ = 0;       // padded: tokens generated past their member's length
   size_t next_ = 0, finished_ = 0;
   double clock_ = 0;
   ModeResult r_;

@@ -68,14 +68,9 @@ Engine::Engine(const model::Decoder& model, const EngineConfig& cfg) : model_(mo
   sc.prefix_caching = cfg.prefix_caching;
   sc.chunked_prefill = cfg.chunked_prefill;
   sc.mode = cfg.mode;
-  sc.static_policy = cfg.static_policy;
-  sc.max_seq_len = max_seq_len_;
   sched_ = std::make_unique<Scheduler>(sc);
   const SpeculativeConfig& spec = cfg.speculative;
   spec.validate(mc, dt);
-  LOOM_CHECK(!spec.enabled() || !padded_static(), "engine",
-             "speculative decoding needs continuous batching or compact static batching, not padded "
-             "static batching");
   // Speculation asks for logits of every proposal and of the token before them.
   const int64_t logit_rows =
       spec.enabled() ? std::min(cfg.max_batched_tokens, cfg.max_num_seqs * (1 + spec.k)) : cfg.max_num_seqs;
@@ -302,21 +297,6 @@ void Engine::finish(int64_t id, FinishReason why, bool end_event,
   --in_flight_;
 }
 
-void Engine::hold(int64_t id, FinishReason why, int32_t stop_token, std::string stop_string) {
-  Request& r = requests_.at(id);
-  r.held = why;
-  r.held_stop_token = stop_token;
-  r.held_stop_string = std::move(stop_string);
-  sched_->pad(id);
-}
-
-void Engine::retire_finished_batch(std::vector<RequestOutput>& done) {
-  for (int64_t id : sched_->finished_batch()) {
-    Request& r = requests_.at(id);
-    finish(id, r.held, true, done, r.held_stop_token, std::move(r.held_stop_string));
-  }
-}
-
 bool Engine::hits_stop_string(Request& r, std::string* which) const {
   // Only the newest token's bytes are decoded: the output's text is the concatenation of its
   // tokens' bytes. (Decoding the whole output per token made a long generation quadratic.)
@@ -327,15 +307,11 @@ bool Engine::hits_stop_string(Request& r, std::string* which) const {
 
 bool Engine::take_token(int64_t id, Request& r, int32_t tok, bool last, std::vector<RequestOutput>& done,
                         double prob) {
-  const bool padded = padded_static();
   const int64_t index = int64_t(r.output.size());
   ++generated_tokens_;
   const auto& stops = r.params.stop_token_ids;
   if (std::find(stops.begin(), stops.end(), tok) != stops.end()) {
-    if (padded)
-      hold(id, FinishReason::stop, tok);
-    else
-      finish(id, FinishReason::stop, true, done, tok);
+    finish(id, FinishReason::stop, true, done, tok);
     return false;
   }
   r.output.push_back(tok);
@@ -346,12 +322,9 @@ bool Engine::take_token(int64_t id, Request& r, int32_t tok, bool last, std::vec
   else if (int64_t(r.output.size()) >= r.max_tokens)
     why = FinishReason::length;
   if (why == FinishReason::none && last) sched_->append_token(id, tok);
-  if (r.callback) r.callback({id, tok, index, padded ? FinishReason::none : why, {}, prob});
+  if (r.callback) r.callback({id, tok, index, why, {}, prob});
   if (why == FinishReason::none) return true;
-  if (padded)
-    hold(id, why, -1, std::move(which));
-  else
-    finish(id, why, false, done, -1, std::move(which));
+  finish(id, why, false, done, -1, std::move(which));
   return false;
 }
 
@@ -479,7 +452,6 @@ void Engine::sample_all(const StepPlan& plan, const Tensor& logits,
   }
   for (size_t j = 0; j < jobs.size(); ++j) {
     const ScheduledSeq& s = *jobs[j].seq;
-    if (s.padding) continue;  // a padding row is sampled like any other; its token is dropped
     const int64_t id = s.seq_id;
     Request& r = requests_.at(id);
     const Verdict& v = verdicts[j];
@@ -512,23 +484,16 @@ std::vector<RequestOutput> Engine::step() {
   LOOM_CHECK(!(closed_ && leader()), "engine", "step() after close(): the followers have been released");
   admit_pending(done);
   if (closed_) return done;  // a follower released by the leader
-  retire_finished_batch(done);  // an abort may have ended a padded batch
   if (proposer_) propose();
   StepPlan plan = sched_->schedule();
   if (!plan.empty()) {
     const Tensor logits = runner_->execute(plan);
     sched_->complete(plan);
-    for (const ScheduledSeq& s : plan.seqs) {
-      if (s.padding)
-        ++padding_rows_;
-      else if (s.sample && s.num_tokens == 1)
-        ++decode_rows_;
-    }
+    for (const ScheduledSeq& s : plan.seqs) decode_rows_ += s.sample && s.num_tokens == 1 ? 1 : 0;
     if (logits.dtype() == DType::f32)
       sample_all<float>(plan, logits, done);
     else
       sample_all<double>(plan, logits, done);
-    retire_finished_batch(done);
     ++steps_;
   }
   publish_metrics();
@@ -550,8 +515,6 @@ void Engine::publish_metrics() {
   metrics_.requests_finished = finished_;
   metrics_.kv_slots_unused = st.slots_allocated - st.tokens_cached;
   metrics_.decode_rows = decode_rows_;
-  metrics_.padding_rows = padding_rows_;
-  metrics_.padding_parked = st.num_parked;
   metrics_.spec_proposed = spec_proposed_;
   metrics_.spec_accepted = spec_accepted_;
   metrics_.spec_verifications = spec_verifications_;

@@ -1,8 +1,7 @@
 // Engine: the inference API. add_request() and abort() may be called from any thread; one
 // loop thread calls step(), which admits new requests, schedules, runs the model, samples,
 // streams each token to the request's callback (on the stepping thread) and retires finished
-// requests (in a padded static batch: all members together, when its longest member is
-// done). Also a blocking generate() for tools that run one request at a time.
+// requests. Also a blocking generate() for tools that run one request at a time.
 // Tensor parallel (EngineConfig::tp, a model holding one tp slice): every rank of the group
 // runs an Engine and they step together. Rank 0 leads: requests and aborts are added there
 // only, and each step first broadcasts what it admits, so every rank schedules, computes and
@@ -50,13 +49,12 @@ struct EngineConfig {
   bool prefix_caching = true;
   bool chunked_prefill = true;
   BatchingMode mode = BatchingMode::continuous;
-  StaticPolicy static_policy = StaticPolicy::compact;  // with mode static_batch (scheduler.h)
   uint64_t seed = 0;          // requests without a seed get one derived from this and their id
   Detokenizer detokenizer;    // needed by stop strings; may be empty otherwise
   // Quantized matrices of the engine's model (QuantizedModel::quantize or a quantized
   // checkpoint), outliving the engine; null: the model's f32 weights.
   const QuantizedModel* quant = nullptr;
-  // Speculative decoding (speculative.h): off by default. Not with padded static batching.
+  // Speculative decoding (speculative.h): off by default.
   SpeculativeConfig speculative;
   // The tensor-parallel group, when the model is a tp slice (its size and rank the slice's);
   // outlives the engine.
@@ -64,9 +62,7 @@ struct EngineConfig {
 };
 
 // One streamed event. token is -1 when the event only ends the stream (a stop token, an
-// abort, the end of a padded static batch); finish is none until the request's last event.
-// In a padded static batch a request's tokens stream as they are sampled, but its stream
-// ends (with a closing event) only when the whole batch ends.
+// abort); finish is none until the request's last event.
 struct TokenEvent {
   int64_t request_id = -1;
   int32_t token = -1;
@@ -99,11 +95,8 @@ struct EngineMetrics {
   int64_t num_preemptions = 0;
   int64_t steps = 0;
   int64_t requests_finished = 0;
-  int64_t kv_slots_unused = 0;   // allocated slots of running sequences holding no real
-                                 // token (padding rows' padding counts as unused)
+  int64_t kv_slots_unused = 0;   // allocated slots of running sequences holding no token
   int64_t decode_rows = 0;       // one-token rows of generating sequences computed
-  int64_t padding_rows = 0;      // rows computed for finished members (padded static)
-  int64_t padding_parked = 0;    // padding rows that gave their blocks back (padded static)
   // Speculative decoding: tokens proposed and scored by the target, how many it accepted,
   // the sequence-steps that verified proposals (each emits accepted + 1 tokens), and the
   // seconds spent proposing.
@@ -159,10 +152,6 @@ class Engine {
     std::vector<int32_t> prompt, output;
     int64_t max_tokens = 0;  // after capping at the context
     StopStringMatcher stops;  // over the output's decoded bytes
-    // Padded static batching: finished, held until the batch ends.
-    FinishReason held = FinishReason::none;
-    int32_t held_stop_token = -1;
-    std::string held_stop_string;
     // Speculative decoding: the proposals handed to the scheduler (and the distributions
     // they were drawn from), the request's current k (0: off, probing when spec_wait steps
     // have passed), and its decayed counts of accepted proposals and of rejections (its
@@ -187,13 +176,6 @@ class Engine {
   // Retires a request; end_event sends the callback a closing event without a token.
   void finish(int64_t id, FinishReason why, bool end_event, std::vector<RequestOutput>& done,
               int32_t stop_token = -1, std::string stop_string = {}, std::string error = {});
-  // Padded static batching: the request has finished; its row stays as padding.
-  void hold(int64_t id, FinishReason why, int32_t stop_token = -1, std::string stop_string = {});
-  // Padded static batching: retires every member once all of them have finished.
-  void retire_finished_batch(std::vector<RequestOutput>& done);
-  bool padded_static() const {
-    return cfg_.mode == BatchingMode::static_batch && cfg_.static_policy == StaticPolicy::padded;
-  }
   bool hits_stop_string(Request& r, std::string* which) const;
   // Speculative decoding: proposals for the decoding sequences that speculate.
   void propose();
@@ -222,7 +204,7 @@ class Engine {
   std::atomic<int64_t> next_id_{0};
   std::atomic<int64_t> in_flight_{0};  // added and not yet finished
   int64_t prompt_tokens_ = 0, generated_tokens_ = 0, steps_ = 0, finished_ = 0;
-  int64_t decode_rows_ = 0, padding_rows_ = 0;
+  int64_t decode_rows_ = 0;
   int64_t spec_proposed_ = 0, spec_accepted_ = 0, spec_verifications_ = 0;
   double spec_propose_s_ = 0;
 };

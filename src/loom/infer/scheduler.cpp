@@ -2,8 +2,6 @@
 // so decodes are never stalled by a long prompt; then waiting sequences FCFS with the token
 // budget left, prompts split into chunks. Out of blocks, the newest running sequence is
 // preempted: its blocks are freed and it is recomputed from its tokens when re-admitted.
-// Padded static batching adds padding rows: scheduled last, with the budget reserved for
-// them, and the first to give blocks back.
 #include "loom/infer/scheduler.h"
 
 #include <algorithm>
@@ -14,10 +12,6 @@ namespace loom::infer {
 
 const char* batching_mode_name(BatchingMode m) {
   return m == BatchingMode::continuous ? "continuous" : "static";
-}
-
-const char* static_policy_name(StaticPolicy p) {
-  return p == StaticPolicy::padded ? "padded" : "compact";
 }
 
 int64_t StepPlan::num_tokens() const {
@@ -90,50 +84,12 @@ void Scheduler::preempt(int64_t id, StepPlan& plan) {
   plan.preempted.push_back(id);
 }
 
-// Takes the blocks of the newest padding row that still holds some (padded static batching
-// only); it is not computed any more. Returns false when there is none.
-bool Scheduler::park_padding_row(StepPlan& plan) {
-  if (!padded()) return false;
-  for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
-    if (!seq(*it).padding) continue;
-    auto freed = kv_.free(*it);  // it stays a member, in neither queue, until the batch ends
-    plan.freed_blocks.insert(plan.freed_blocks.end(), freed.begin(), freed.end());
-    ++num_parked_;
-    running_.erase(std::next(it).base());
-    return true;
-  }
-  return false;
-}
-
-// One row per padding row, after everything else of the step (they never take blocks or
-// budget from a generating member).
-void Scheduler::schedule_padding(StepPlan& plan, int64_t& budget) {
-  for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
-    const int64_t id = running_[i];
-    Seq& s = seq(id);
-    if (!s.padding) continue;
-    const int64_t len = int64_t(s.tokens.size());
-    std::optional<SlotAllocation> a;
-    const bool grow = cfg_.max_seq_len <= 0 || len < cfg_.max_seq_len;
-    if (grow && (a = kv_.allocate_slots(id, s.num_computed, 1))) {
-      s.tokens.push_back(s.tokens.back());
-    } else if ((a = kv_.allocate_slots(id, s.num_computed - 1, 1))) {
-      --s.num_computed;  // recompute the last position in place
-    } else {
-      continue;  // its last block would need a copy and no block is free
-    }
-    emit(plan, id, s.num_computed, 1, std::move(*a)).padding = true;
-    budget -= 1;
-  }
-}
-
 // Returns whether anything was preempted (then nobody new is admitted this step).
 bool Scheduler::schedule_running(StepPlan& plan, int64_t& budget) {
   bool preempted = false;
   for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
     const int64_t id = running_[i];
     Seq& s = seq(id);
-    if (s.padding) continue;  // scheduled last, by schedule_padding
     int64_t n = std::min(int64_t(s.tokens.size()) - s.num_computed, budget);
     if (n <= 0) continue;
     drop_proposals(s, int64_t(s.tokens.size()) - s.num_computed - n);  // past the budget
@@ -142,10 +98,6 @@ bool Scheduler::schedule_running(StepPlan& plan, int64_t& budget) {
       if (s.num_spec > 0) {  // speculation backs off before anyone is preempted
         drop_proposals(s, s.num_spec);
         n = int64_t(s.tokens.size()) - s.num_computed;
-        continue;
-      }
-      if (park_padding_row(plan)) {  // padding rows give their blocks back first
-        i = size_t(std::find(running_.begin(), running_.end(), id) - running_.begin());
         continue;
       }
       const int64_t victim = running_.back();
@@ -180,7 +132,6 @@ void Scheduler::schedule_waiting(StepPlan& plan, int64_t& budget) {
       n = budget;
     }
     auto a = kv_.allocate_slots(id, computed, n, prefix);
-    while (!a && park_padding_row(plan)) a = kv_.allocate_slots(id, computed, n, prefix);
     if (!a) break;  // FCFS: nobody overtakes the head of the queue
     waiting_.pop_front();
     running_.push_back(id);
@@ -196,18 +147,7 @@ StepPlan Scheduler::schedule() {
   plan.freed_blocks = std::move(pending_freed_);
   pending_freed_.clear();
   int64_t budget = cfg_.max_batched_tokens;
-  // Padded static batching: every padding row gets its token of the budget, but a generating
-  // member always gets at least one.
-  int64_t reserve = 0;
-  if (padded())
-    for (int64_t id : running_) reserve += seq(id).padding ? 1 : 0;
-  reserve = std::min(reserve, budget - 1);
-  budget -= reserve;
   if (!schedule_running(plan, budget)) schedule_waiting(plan, budget);
-  if (padded()) {
-    budget += reserve;
-    schedule_padding(plan, budget);
-  }
   // Tables are final now; hand out views of them and of the chunks' tokens.
   for (auto& s : plan.seqs) {
     s.block_table = kv_.block_table(s.seq_id);
@@ -224,7 +164,7 @@ void Scheduler::complete(const StepPlan& plan) {
                " completed a step planned from token ", p.start, " but stands at ",
                s.num_computed);
     s.num_computed += p.num_tokens;
-    if (!s.padding) kv_.cache_full_blocks(p.seq_id, s.tokens, s.num_computed - s.num_spec);
+    kv_.cache_full_blocks(p.seq_id, s.tokens, s.num_computed - s.num_spec);
   }
 }
 
@@ -232,7 +172,7 @@ bool Scheduler::decoding(int64_t id) const {
   auto it = seqs_.find(id);
   if (it == seqs_.end()) return false;
   const Seq& s = it->second;
-  return !s.padding && s.num_spec == 0 && s.num_computed > 0 &&
+  return s.num_spec == 0 && s.num_computed > 0 &&
          s.num_computed + 1 == int64_t(s.tokens.size()) &&
          std::find(running_.begin(), running_.end(), id) != running_.end();
 }
@@ -273,32 +213,6 @@ void Scheduler::finish(int64_t id) {
   static_batch_.erase(id);
 }
 
-void Scheduler::pad(int64_t id) {
-  LOOM_CHECK(padded(), "scheduler", "pad(", id, ") needs static batching with the padded policy");
-  LOOM_CHECK(static_batch_.count(id), "scheduler", "sequence ", id,
-             " is not a member of the current static batch");
-  Seq& s = seq(id);
-  LOOM_CHECK(s.num_computed == int64_t(s.tokens.size()) && s.num_computed > 0, "scheduler",
-             "sequence ", id, " was padded with ", int64_t(s.tokens.size()) - s.num_computed,
-             " tokens still to compute");
-  s.padding = true;
-  s.real_len = s.num_computed;
-}
-
-bool Scheduler::is_padding(int64_t id) const {
-  auto it = seqs_.find(id);
-  return it != seqs_.end() && it->second.padding;
-}
-
-std::vector<int64_t> Scheduler::finished_batch() const {
-  if (!padded() || static_batch_.empty()) return {};
-  for (int64_t id : static_batch_)
-    if (!seqs_.at(id).padding) return {};
-  std::vector<int64_t> ids(static_batch_.begin(), static_batch_.end());
-  std::sort(ids.begin(), ids.end());
-  return ids;
-}
-
 SchedulerStats Scheduler::stats() const {
   SchedulerStats st;
   st.num_running = int64_t(running_.size());
@@ -307,14 +221,10 @@ SchedulerStats Scheduler::stats() const {
   st.blocks_used = kv_.pool().num_used();
   st.num_preemptions = num_preemptions_;
   st.prefix_hit_tokens = prefix_hit_tokens_;
-  st.num_parked = num_parked_;
   for (int64_t id : running_) {
     const Seq& s = seqs_.at(id);
     st.slots_allocated += int64_t(kv_.block_table(id).size()) * cfg_.block_size;
-    const int64_t real = s.padding ? std::min(s.num_computed, s.real_len) : s.num_computed;
-    st.tokens_cached += real;
-    st.num_padding += s.padding ? 1 : 0;
-    st.padding_cached += s.num_computed - real;
+    st.tokens_cached += s.num_computed;
   }
   return st;
 }

@@ -2,8 +2,8 @@
 // max_num_seqs and max_batched_tokens, allocating KV blocks through the KVCacheManager, and
 // returns it all as a plain StepPlan. Continuous (iteration-level) batching with chunked
 // prefill, FCFS admission, and preemption by recomputation; or static batching for
-// comparison, padded (the conventional baseline) or compact. Runs no model: tests drive it
-// as data.
+// comparison (a batch is admitted whole and nobody joins until all of it has left). Runs no
+// model: tests drive it as data.
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -19,17 +19,6 @@ namespace loom::infer {
 enum class BatchingMode { continuous, static_batch };
 const char* batching_mode_name(BatchingMode m);
 
-// What static batching does with a member that has finished while others still generate.
-//  compact: it leaves the batch at once (its blocks are freed, its result is returned), and
-//           later steps compute only the members still generating; nobody joins until the
-//           whole batch has left.
-//  padded:  the conventional static batch (FasterTransformer, a padded `generate` batch): it
-//           keeps its row until the longest member finishes. Each step computes it as a
-//           padding row (its last token again, whose K/V join its cache, logits and sample
-//           discarded); the engine returns all members together when the batch ends.
-enum class StaticPolicy { compact, padded };
-const char* static_policy_name(StaticPolicy p);
-
 struct SchedulerConfig {
   int64_t max_num_seqs = 32;          // sequences in one step
   int64_t max_batched_tokens = 2048;  // tokens computed in one step, all sequences together
@@ -38,8 +27,6 @@ struct SchedulerConfig {
   bool prefix_caching = true;
   bool chunked_prefill = true;  // off: a prompt is admitted only when it fits one step whole
   BatchingMode mode = BatchingMode::continuous;
-  StaticPolicy static_policy = StaticPolicy::compact;  // with mode static_batch
-  int64_t max_seq_len = 0;  // 0: no limit; padding rows do not grow past it (model.n_ctx)
 };
 
 // One sequence's share of a step: compute tokens[start, start + num_tokens).
@@ -48,7 +35,6 @@ struct ScheduledSeq {
   int64_t start = 0;
   int64_t num_tokens = 0;
   bool sample = false;  // the chunk ends at the last token: sample the next one
-  bool padding = false; // a finished member of a padded static batch: computed, then ignored
   // Speculative decoding: the chunk's last num_spec tokens are proposals (propose()); the
   // step needs logits for its last num_spec + 1 tokens, and settle() afterwards.
   int64_t num_spec = 0;
@@ -59,7 +45,7 @@ struct ScheduledSeq {
 
 struct StepPlan {
   std::vector<ScheduledSeq> seqs;     // running order: oldest admission first, then the
-                                      // admissions, then padding rows (padded static)
+                                      // admissions
   std::vector<BlockCopy> copies;      // copy-on-write, to do before the forward
   std::vector<int32_t> freed_blocks;  // released since the previous plan (preemptions,
                                       // finished and aborted sequences)
@@ -75,10 +61,7 @@ struct SchedulerStats {
   int64_t num_preemptions = 0;
   int64_t prefix_hit_tokens = 0;   // prompt tokens served from the prefix cache
   int64_t slots_allocated = 0;     // tokens the running sequences' blocks could hold
-  int64_t tokens_cached = 0;       // tokens whose K/V they hold (padding tokens excluded)
-  int64_t padding_cached = 0;      // padding tokens whose K/V padding rows hold
-  int64_t num_padding = 0;         // running padding rows (padded static batching)
-  int64_t num_parked = 0;          // padding rows that gave their blocks back (see pad())
+  int64_t tokens_cached = 0;       // tokens whose K/V they hold
 };
 
 class Scheduler {
@@ -108,20 +91,6 @@ class Scheduler {
   // rest back (their tokens dropped, blocks past the kept tokens and the next one freed).
   void settle(int64_t seq_id, int64_t num_accepted);
 
-  // Padded static batching only: the sequence has finished generating but keeps its row in
-  // the batch as a padding row. Every later step computes it on one more token (its last
-  // token repeated, whose K/V are appended to its cache: its memory grows like a padded
-  // row's; at max_seq_len, or when no block is free, it recomputes its last position
-  // instead). Padding rows never preempt anyone: when a generating member needs blocks and
-  // none are free, padding rows give theirs back first, newest first, and are not computed
-  // any more ("parked"). Padding tokens are never offered to the prefix cache.
-  void pad(int64_t seq_id);
-  bool is_padding(int64_t seq_id) const;
-  // Padded static batching: when every member of the current batch is a padding row, the
-  // members (by id); the caller finish()es them all, and the next schedule() forms the next
-  // batch. Empty otherwise.
-  std::vector<int64_t> finished_batch() const;
-
   bool has(int64_t seq_id) const { return seqs_.count(seq_id) != 0; }
   bool has_work() const { return !running_.empty() || !waiting_.empty(); }
   const std::vector<int32_t>& tokens(int64_t seq_id) const;
@@ -140,16 +109,9 @@ class Scheduler {
     std::vector<int32_t> tokens;
     int64_t num_computed = 0;
     int64_t preemptions = 0;
-    bool padding = false;  // padded static batching: finished, kept as a padding row
-    int64_t real_len = 0;  // a padding row's tokens before the padding
     int64_t num_spec = 0;  // trailing tokens that are proposals (propose())
   };
   void drop_proposals(Seq& s, int64_t n);
-  bool padded() const {
-    return cfg_.mode == BatchingMode::static_batch && cfg_.static_policy == StaticPolicy::padded;
-  }
-  bool park_padding_row(StepPlan& plan);
-  void schedule_padding(StepPlan& plan, int64_t& budget);
   Seq& seq(int64_t id);
   void preempt(int64_t id, StepPlan& plan);
   bool schedule_running(StepPlan& plan, int64_t& budget);
@@ -165,7 +127,6 @@ class Scheduler {
   std::vector<int32_t> pending_freed_;
   int64_t num_preemptions_ = 0;
   int64_t prefix_hit_tokens_ = 0;
-  int64_t num_parked_ = 0;
 };
 
 }  // namespace loom::infer
