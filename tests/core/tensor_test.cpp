@@ -113,6 +113,13 @@ TEST(Tensor, HostAccessToADeviceTensorIsRefused) {
     EXPECT_NE(std::string(e.what()).find("lives on cuda"), std::string::npos) << e.what();
   }
   EXPECT_THROW((void)t.raw(), Error);
+  try {
+    t.zero();
+    ADD_FAILURE() << "zero() wrote through a cuda tensor's pointer on the host";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("copy zeros from a host tensor with cuda::copy"), std::string::npos)
+        << e.what();
+  }
   EXPECT_NE(t.device_data<float>(), nullptr);  // device code gets its pointer
   EXPECT_THROW((void)t.device_data<int32_t>(), Error);  // the dtype is still checked
   Tensor host = Tensor::zeros({2}, DType::f32);

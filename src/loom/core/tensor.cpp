@@ -142,7 +142,8 @@ void Tensor::copy_from(const Tensor& src) const {
 }
 
 void Tensor::zero() const {
-  LOOM_CHECK(device() == Device::cpu, "tensor", "zero() on a device tensor; use cuda::zero");
+  LOOM_CHECK(device() == Device::cpu, "tensor", "zero() on ", describe(), " on ", device_name(device()),
+             "; copy zeros from a host tensor with cuda::copy");
   if (nbytes()) std::memset(raw(), 0, nbytes());
 }
 
