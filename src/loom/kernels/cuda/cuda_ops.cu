@@ -96,6 +96,9 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Ten
                  (!b.defined() || b.device() == Device::cuda),
              "linear", "mixing host and device tensors: ", x.describe(), ", ", w.describe());
   const int64_t O = w.size(0), I = w.size(1), N = x.numel() / I;
+  // Nothing to write (an empty micro-batch, an expert without tokens); a launch of zero
+  // blocks would fail with "invalid configuration argument".
+  if (N * O == 0) return;
   float beta = 0.0f;
   if (b.defined()) {
     broadcast_rows<<<blocks_for(N * O), 256>>>(b.device_data<float>(), y.device_data<float>(), N, O);
@@ -112,6 +115,7 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Ten
 void gelu_forward(const Tensor& x, const Tensor& y) {
   LOOM_CHECK(x.dtype() == DType::f32 && x.device() == Device::cuda && y.device() == Device::cuda,
              "gelu", "CUDA GELU needs f32 device tensors, got ", x.describe());
+  if (x.numel() == 0) return;  // zero blocks is an invalid launch
   gelu_kernel<<<blocks_for(x.numel()), 256>>>(x.device_data<float>(), y.device_data<float>(), x.numel());
   check(cudaGetLastError(), "gelu_kernel");
 }
