@@ -1,0 +1,75 @@
+// gtest main of the NCCL tests: one rank per GPU (mpiexec -n <GPUs>, or alone as a world of
+// one). Each rank drives the GPU of its rank on the host and joins one NCCL group over the
+// world, which the tests share; ranks other than 0 print only their failures.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+
+#include "cuda/nccl/nccl_world.h"
+#include "loom/comm/nccl.h"
+#include "loom/comm/world.h"
+#include "loom/kernels/cuda/cuda_ops.h"
+
+namespace {
+
+const loom::comm::Group* g_nccl = nullptr;
+std::string g_setup_error;
+
+class FailurePrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit FailurePrinter(int rank) : rank_(rank) {}
+  void OnTestPartResult(const ::testing::TestPartResult& r) override {
+    if (r.failed())
+      std::fprintf(stderr, "[rank %d] %s:%d: %s\n", rank_, r.file_name() ? r.file_name() : "?",
+                   r.line_number(), r.summary());
+  }
+
+ private:
+  int rank_;
+};
+
+}  // namespace
+
+const loom::comm::Group* nccl_world() { return g_nccl; }
+const std::string& nccl_setup_error() { return g_setup_error; }
+
+int main(int argc, char** argv) {
+  using namespace loom;
+  comm::WorldOptions opts;
+  opts.watchdog_timeout_s = 120;  // a desynchronised failing test ends instead of hanging
+  comm::World world(&argc, &argv, opts);
+  ::testing::InitGoogleTest(&argc, argv);
+  if (world.rank() != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new FailurePrinter(world.rank()));
+  }
+  comm::Group nccl;  // invalid until set up
+  int devices = 0;
+  if (cuda::available() && cudaGetDeviceCount(&devices) == cudaSuccess) {
+    const int local = world.host().rank();
+    if (world.host().size() > devices) {
+      g_setup_error = str_cat("[nccl test] ", world.host().size(), " ranks on this host but ", devices,
+                              " GPU(s): NCCL needs one GPU per rank; run mpiexec -n ", devices);
+    } else {
+      try {
+        // The allocator and cuda::copy work on the calling thread's current device.
+        if (cudaSetDevice(local) != cudaSuccess) fail("nccl test", "cudaSetDevice(", local, ") failed");
+        nccl = comm::nccl_group(world.group(), local, "nccl");
+        g_nccl = &nccl;
+        if (world.rank() == 0)
+          std::printf("[nccl test] %s, %d rank(s), %s\n", comm::nccl_describe().c_str(), world.size(),
+                      cuda::describe().c_str());
+      } catch (const Error& e) {
+        // A peer may wait in NCCL's initialisation for this rank: end the whole job.
+        std::fprintf(stderr, "[rank %d] %s\n", world.rank(), e.what());
+        comm::abort_job(1);
+      }
+    }
+  }
+  const int rc = RUN_ALL_TESTS();
+  g_nccl = nullptr;
+  nccl = comm::Group();  // destroyed before the World
+  return rc;
+}
