@@ -74,6 +74,7 @@ class NcclBackend final : public Backend {
   NcclBackend(ncclComm_t comm, int device) : comm_(comm), device_(device) {
     cuda_check(cudaSetDevice(device_), "cudaSetDevice");
     cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    cuda_check(cudaEventCreateWithFlags(&issued_, cudaEventDisableTiming), "cudaEventCreate");
     cuda_check(cudaMalloc(&token_, sizeof(float)), "cudaMalloc");
     nccl_check(ncclCommCount(comm_, &size_), "ncclCommCount");
     nccl_check(ncclCommUserRank(comm_, &rank_), "ncclCommUserRank");
@@ -82,6 +83,7 @@ class NcclBackend final : public Backend {
     cudaSetDevice(device_);
     ncclCommDestroy(comm_);
     cudaFree(token_);
+    cudaEventDestroy(issued_);
     cudaStreamDestroy(stream_);
   }
 
@@ -163,8 +165,15 @@ class NcclBackend final : public Backend {
   }
 
  private:
-  // The worker thread's current device may be another group's.
-  void begin() { cuda_check(cudaSetDevice(device_), "cudaSetDevice"); }
+  // The worker thread's current device may be another group's. The group's stream is
+  // non-blocking, so it must be told to wait for what the caller queued on the default
+  // stream before issuing the operation: kernels writing its input run asynchronously, and
+  // a copy from pageable host memory may still be in flight when cudaMemcpy returns.
+  void begin() {
+    cuda_check(cudaSetDevice(device_), "cudaSetDevice");
+    cuda_check(cudaEventRecord(issued_, cudaStreamLegacy), "cudaEventRecord");
+    cuda_check(cudaStreamWaitEvent(stream_, issued_, 0), "cudaStreamWaitEvent");
+  }
   void finish() { cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
   std::unique_ptr<PendingTransfer> event() {
     cudaEvent_t ev;
@@ -177,6 +186,7 @@ class NcclBackend final : public Backend {
   int device_;
   int rank_ = 0, size_ = 1;
   cudaStream_t stream_ = nullptr;
+  cudaEvent_t issued_ = nullptr;  // the default stream's work before an operation
   float* token_ = nullptr;
 };
 
