@@ -10,24 +10,12 @@
 #include "loom/comm/nccl.h"
 #include "loom/comm/world.h"
 #include "loom/kernels/cuda/cuda_ops.h"
+#include "testing/rank_output.h"
 
 namespace {
 
 const loom::comm::Group* g_nccl = nullptr;
 std::string g_setup_error;
-
-class FailurePrinter : public ::testing::EmptyTestEventListener {
- public:
-  explicit FailurePrinter(int rank) : rank_(rank) {}
-  void OnTestPartResult(const ::testing::TestPartResult& r) override {
-    if (r.failed())
-      std::fprintf(stderr, "[rank %d] %s:%d: %s\n", rank_, r.file_name() ? r.file_name() : "?",
-                   r.line_number(), r.summary());
-  }
-
- private:
-  int rank_;
-};
 
 }  // namespace
 
@@ -40,11 +28,7 @@ int main(int argc, char** argv) {
   opts.watchdog_timeout_s = 120;  // a desynchronised failing test ends instead of hanging
   comm::World world(&argc, &argv, opts);
   ::testing::InitGoogleTest(&argc, argv);
-  if (world.rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new FailurePrinter(world.rank()));
-  }
+  loom::testing::quiet_unless_rank0(world.rank());
   comm::Group nccl;  // invalid until set up
   int devices = 0;
   if (cuda::available() && cudaGetDeviceCount(&devices) == cudaSuccess) {
