@@ -29,27 +29,35 @@ int main(int argc, char** argv) {
   comm::World world(&argc, &argv, opts);
   ::testing::InitGoogleTest(&argc, argv);
   loom::testing::quiet_unless_rank0(world.rank());
-  comm::Group nccl;  // invalid until set up
+  bool ready = false;  // this rank has its GPU
   int devices = 0;
   if (cuda::available() && cudaGetDeviceCount(&devices) == cudaSuccess) {
     const int local = world.host().rank();
-    if (world.host().size() > devices) {
+    if (world.host().size() > devices)
       g_setup_error = str_cat("[nccl test] ", world.host().size(), " ranks on this host but ", devices,
                               " GPU(s): NCCL needs one GPU per rank; run mpiexec -n ", devices);
-    } else {
-      try {
-        // The allocator and cuda::copy work on the calling thread's current device.
-        if (cudaSetDevice(local) != cudaSuccess) fail("nccl test", "cudaSetDevice(", local, ") failed");
-        nccl = comm::nccl_group(world.group(), local, "nccl");
-        g_nccl = &nccl;
-        if (world.rank() == 0)
-          std::printf("[nccl test] %s, %d rank(s), %s\n", comm::nccl_describe().c_str(), world.size(),
-                      cuda::describe().c_str());
-      } catch (const Error& e) {
-        // A peer may wait in NCCL's initialisation for this rank: end the whole job.
-        std::fprintf(stderr, "[rank %d] %s\n", world.rank(), e.what());
-        comm::abort_job(1);
-      }
+    else if (cudaSetDevice(local) != cudaSuccess)  // for the allocator and cuda::copy too
+      g_setup_error = str_cat("[nccl test] cudaSetDevice(", local, ") failed");
+    else
+      ready = true;
+  }
+  // Every rank joins the NCCL group or none does: its initialisation waits for every rank.
+  Tensor all_ready = Tensor::from_vector<int32_t>({ready ? 1 : 0}, {1});
+  world.group().all_reduce(all_ready, comm::ReduceOp::min);
+  if (ready && all_ready.data<int32_t>()[0] == 0)
+    g_setup_error = "[nccl test] another rank has no usable GPU (see its messages); every rank needs one";
+  comm::Group nccl;  // invalid until set up
+  if (all_ready.data<int32_t>()[0] == 1) {
+    try {
+      nccl = comm::nccl_group(world.group(), world.host().rank(), "nccl");
+      g_nccl = &nccl;
+      if (world.rank() == 0)
+        std::printf("[nccl test] %s, %d rank(s), %s\n", comm::nccl_describe().c_str(), world.size(),
+                    cuda::describe().c_str());
+    } catch (const Error& e) {
+      // A peer may wait in NCCL's initialisation for this rank: end the whole job.
+      std::fprintf(stderr, "[rank %d] %s\n", world.rank(), e.what());
+      comm::abort_job(1);
     }
   }
   const int rc = RUN_ALL_TESTS();
