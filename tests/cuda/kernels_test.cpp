@@ -50,9 +50,9 @@ using CudaGelu = GpuTest;
 // different orders (blocking, split-K, FMA). Any such order is within gamma_{I+2} *
 // (sum_k |x_k w_k| + |b|) of the exact value, gamma_n = n u / (1 - n u) (Higham, "Accuracy and
 // Stability of Numerical Algorithms", 2nd ed., 3.1; +2 for the bias add and the beta scaling),
-// so the two differ by at most twice that. TF32 (10-bit mantissa inputs) would break this
-// bound at every shape here, and that is intended: cuda_ops.cu keeps cuBLAS's default math
-// mode, which is FP32.
+// so the two differ by at most twice that. cuda_ops.cu keeps cuBLAS's default math mode,
+// which is FP32; TF32 (10-bit mantissa inputs) would break the bound at the small shapes
+// (its errors partly cancel over long sums), and KeepsFp32PrecisionNotTf32 catches it outright.
 TEST_F(CudaLinear, MatchesCpuWithinFp32SummationBound) {
   const LinearShape shapes[] = {
       {{1, 1}, 1, true},        {{3, 5}, 7, true},        {{17, 33}, 65, false},
