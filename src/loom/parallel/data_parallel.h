@@ -12,6 +12,9 @@
 // chunks tile each. Under expert parallelism the expert units are data-parallel (reduced,
 // sharded, gathered) over `expert_dp`, the ranks holding the same experts, and every other
 // unit over `dp`, all the ranks that see different data.
+// Files: data_parallel.cpp (construction, ParamSource dispatch), data_parallel_buckets.cpp
+// (stages 0/1), _embedding_rows.cpp (0/1, the lookup's rows), _sharded_grads.cpp (2/3),
+// _gathered_params.cpp (3), _optimizer.cpp (step, norm, checkpoint state).
 #pragma once
 #include <deque>
 #include <map>
@@ -138,9 +141,19 @@ class DataParallel final : public model::ParamSource {
     int users = 0;
   };
 
+  // Keys of the per-unit maps (gathered_, staging_of_layer_): a block's unit is keyed by its
+  // layer, the experts of MoE block l by expert_unit_key(l), the outer units by these two.
+  static constexpr int kEmbeddingUnit = -1;
+  static constexpr int kHeadUnit = -2;
+  static constexpr int kExpertUnitBase = 1 << 20;  // above any layer index
+  static int expert_unit_key(int layer) { return kExpertUnitBase + layer; }
+
+  // --- units and buffers (data_parallel.cpp) ---
   const model::ParamUnit& unit_of(int layer) const;
   const model::ParamUnit* expert_unit_of(int layer) const;  // nullptr for dense blocks
   const model::ParamUnit& outer_unit(const std::string& param_name) const;
+  // kEmbeddingUnit or kHeadUnit, for outer_unit()'s result.
+  int outer_unit_key(const model::ParamUnit& u) const;
   size_t index_of(const model::ParamUnit& u) const { return size_t(&u - layout_.units().data()); }
   // The unit's data-parallel group, its size and this rank's place in it.
   const comm::Group& group_of(const model::ParamUnit& u) const { return u.experts ? expert_dp_ : dp_; }
@@ -149,23 +162,44 @@ class DataParallel final : public model::ParamSource {
   int64_t chunk_size(const model::ParamUnit& u) const { return u.size() / n_of(u); }
   int64_t shard_offset(const model::ParamUnit& u) const { return shard_off_[index_of(u)]; }
   Tensor chunk_view(const Tensor& flat_or_shard, const model::ParamUnit& u, bool shard) const;
-  // stage 0/1
-  void unit_ready(size_t unit_index);
-  // stage 2/3
-  Tensor take_staging(int64_t elems);
   // Unit-sized communication buffers (reduce-scatter outputs, gathered weights, bf16 wire copies
-  // of gradients) come back here
-  // instead of to the heap: a fresh multi-megabyte allocation is fresh pages, faulted in and
-  // zeroed by the kernel, a few times per layer per micro-batch otherwise.
+  // of gradients) come back here instead of to the heap: a fresh multi-megabyte allocation is
+  // fresh pages, faulted in and zeroed by the kernel, a few times per layer per micro-batch
+  // otherwise.
   Tensor take_buffer(int64_t elems, DType dt = DType::f32);
   void recycle(Tensor buf);
+
+  // --- stage 0/1: bucketed all-reduce (data_parallel_buckets.cpp) ---
+  void build_buckets();
+  void unit_ready(size_t unit_index);
+  void wait_buckets();  // blocks on the buckets' all-reduces
+  void land_buckets();  // after wait_buckets: bf16 sums widened into the gradients
+
+  // --- stage 0/1: the embedding's rows (data_parallel_embedding_rows.cpp) ---
+  void wait_embedding_rows();  // blocks on the rows' all-gathers
+  void add_embedding_rows();   // after wait_embedding_rows and land_buckets
+
+  // --- stage 2/3: sharded gradients (data_parallel_sharded_grads.cpp) ---
+  model::BlockWeights staged_block_grads(int layer);  // block_grads at stage 2/3
+  void reduce_scatter_block(int layer);               // block_grads_done at stage 2/3
+  void reduce_scatter_outer();                        // outer_grads_done at stage 2/3
+  Tensor take_staging(int64_t elems);
   void reduce_scatter_unit(const model::ParamUnit& u, const Tensor& staging, bool pooled);
   void retire(Pending& p);
   void drain(size_t keep);
-  // stage 3
+
+  // --- stage 3: gathered weights (data_parallel_gathered_params.cpp) ---
+  model::BlockWeights gathered_block_params(int layer, Phase phase);  // block_params at stage 3
+  void release_gathered_block(int layer);                            // release_block_params at 3
+  Tensor gathered_outer_param(const std::string& name);              // outer_param at stage 3
   Tensor gathered_unit(const model::ParamUnit& u, int key);
   void prefetch_after(size_t position);
   void launch_gather(const model::ParamUnit& u, int key);
+  // The order in which the decoder will ask for blocks in a pass (see Decoder::stage_backward).
+  void plan_pass(bool train);  // also starts gathering the outer units and the first block
+  void release_gathered();  // end of a pass: every gathered unit back to the pool
+
+  // --- the optimizer (data_parallel_optimizer.cpp) ---
   double counted_sum_squares(const float* g, int64_t flat0, int64_t n) const;
   // 1-bit Adam after the freeze (step() finishes the bookkeeping): ZeRO-0 sums each unit's
   // momentum estimates compressed; ZeRO-1 sends gradients to the chunks' owners and their
@@ -205,10 +239,10 @@ class DataParallel final : public model::ParamSource {
   std::deque<Pending> pending_;
   std::vector<Tensor> staging_pool_;
   std::vector<Tensor> spare_buffers_;  // take_buffer / recycle; contents undefined
-  std::map<int, Tensor> staging_of_layer_;
+  std::map<int, Tensor> staging_of_layer_;  // by unit key: a block's, its experts'
   Tensor embed_staging_, head_staging_;
   // stage 3
-  std::map<int, Gathered> gathered_;  // key: layer, -1 embed, -2 head
+  std::map<int, Gathered> gathered_;  // by unit key (kEmbeddingUnit, kHeadUnit, layer, ...)
   std::vector<std::pair<int, Phase>> plan_;  // expected block_params requests of this pass
   size_t plan_pos_ = 0;
   double wait_s_ = 0, compress_s_ = 0;
