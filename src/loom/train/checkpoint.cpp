@@ -1,58 +1,25 @@
 #include "loom/train/checkpoint.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <filesystem>
-#include <map>
-#include <optional>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
-#include "loom/io/checksum.h"
+#include "loom/comm/group.h"
+#include "loom/io/checkpoint_files.h"
 #include "loom/io/file.h"
 #include "loom/io/manifest.h"
 #include "loom/io/safetensors.h"
 #include "loom/model/hf_weights.h"
-#include "loom/comm/group.h"
 #include "loom/parallel/model_gather.h"
 #include "loom/train/checkpoint_dir.h"
-#include "loom/train/train_config.h"
 
 namespace loom::train {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-
-namespace {
-
-// 2: layout-independent Adam moments (optimizer.exp_avg*.safetensors); 1: per-rank shards.
-constexpr int kFormatVersion = 2;
-constexpr int kOldestFormatVersion = 1;
-
-std::string rank_str(int r) {
-  char buf[16];
-  std::snprintf(buf, sizeof buf, "%05d", r);
-  return buf;
-}
-
-std::string step_name(int64_t step) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "step_%06lld", (long long)step);
-  return buf;
-}
-
-}  // namespace
-
-int64_t checkpoint_step_of(const std::string& path) {
-  const std::string name = fs::path(path).filename().string();
-  if (name.rfind("step_", 0) != 0 || name.size() <= 5) return -1;
-  for (size_t i = 5; i < name.size(); ++i)
-    if (name[i] < '0' || name[i] > '9') return -1;
-  return std::stoll(name.substr(5));
-}
 
 static int first_failing_rank(const comm::Group& g, bool ok) {
   if (g.size() == 1) return ok ? -1 : 0;
@@ -85,14 +52,41 @@ static void on_every_rank_or_none(const comm::Group& g, const std::string& what,
   throw_unless_ok_everywhere(g, ok, why, what, fix);
 }
 
-// Format 1's per-rank optimizer shards; format 2's per-rank 1-bit Adam error feedback.
-static std::string optimizer_file(int rank) { return str_cat("optimizer.rank", rank_str(rank), ".safetensors"); }
-static std::string onebit_file(int rank) { return str_cat("onebit.rank", rank_str(rank), ".safetensors"); }
-constexpr const char* kExpAvgFile = "optimizer.exp_avg.safetensors";
-constexpr const char* kExpAvgSqFile = "optimizer.exp_avg_sq.safetensors";
+std::optional<std::string> find_latest_valid_checkpoint(const std::string& dir, FILE* log, const VerifyScope& scope,
+                                                        const comm::Group* agree, int64_t max_step) {
+  return find_latest_valid_checkpoint(dir, log, [&](const std::string&) { return scope; }, agree, max_step);
+}
+
+std::optional<std::string> find_latest_valid_checkpoint(
+    const std::string& dir, FILE* log, const std::function<VerifyScope(const std::string&)>& scope_of,
+    const comm::Group* agree, int64_t max_step) {
+  if (!agree || agree->size() == 1) return io::find_latest_valid_checkpoint(dir, log, scope_of, max_step);
+  io::CandidateAgreement a;
+  a.same_candidate = [&](int64_t step) {  // every rank must be looking at the same one (or all at none)
+    Tensor s = Tensor::zeros({2}, DType::f64, MemCategory::comm);
+    s.data<double>()[0] = double(step);
+    s.data<double>()[1] = -double(step);
+    agree->all_reduce(s, comm::ReduceOp::min);
+    const int64_t lo = int64_t(s.data<double>()[0]), hi = -int64_t(s.data<double>()[1]);
+    LOOM_CHECK(lo == hi, "resume", "ranks see different checkpoints in ", dir, " (step ", hi, " on one, ",
+               lo < 0 ? std::string("none") : std::to_string(lo),
+               " on another); checkpoint.dir must be a directory every rank shares");
+  };
+  a.valid_everywhere = [&](bool ok, const std::string& p, std::string* why) {
+    const int bad = first_failing_rank(*agree, ok);
+    if (bad == agree->rank() && bad != 0)  // only rank 0 logs; only this rank knows why
+      std::fprintf(stderr, "[resume] rank %d: %s failed verification: %s\n", bad, p.c_str(), why->c_str());
+    if (bad > 0 && agree->rank() != bad)
+      *why = str_cat("rank ", bad, "'s files failed verification (its reason is in its log)");
+    return bad < 0;
+  };
+  return io::find_latest_valid_checkpoint(dir, log, scope_of, max_step, &a);
+}
+
+VerifyScope checkpoint_load_scope(const comm::Group& world) { return VerifyScope::rank(world.rank()); }
 
 static fs::path tmp_dir_of(const std::string& dir, int64_t step) {
-  return fs::path(dir) / str_cat(".tmp.", step_name(step));
+  return fs::path(dir) / str_cat(".tmp.", io::checkpoint_dir_name(step));
 }
 
 // DIR and an empty DIR/.tmp.step_N (a leftover of an interrupted save of that step is removed).
@@ -187,34 +181,34 @@ CheckpointSnapshot snapshot_checkpoint(int64_t step, const model::Decoder& model
 }
 
 std::string write_checkpoint(const std::string& dir, const CheckpointSnapshot& s, bool tmp_ready) {
-  const fs::path final_dir = fs::path(dir) / step_name(s.step);
+  const fs::path final_dir = fs::path(dir) / io::checkpoint_dir_name(s.step);
   const fs::path tmp = tmp_dir_of(dir, s.step);
   try {
     std::error_code ec;
     if (!tmp_ready) make_tmp_dir(dir, tmp);
     io::ManifestWriter manifest(tmp.string());
     auto record = [&](const std::string& name) { manifest.record(name); };
-    model::save_hf_safetensors(*s.layout, s.weights, (tmp / "model.safetensors").string());
-    record("model.safetensors");
+    model::save_hf_safetensors(*s.layout, s.weights, (tmp / io::kWeightsFile).string());
+    record(io::kWeightsFile);
     // The moments under the weights' names: layout-independent, like the weights.
-    model::save_hf_safetensors(*s.layout, s.exp_avg, (tmp / kExpAvgFile).string());
-    record(kExpAvgFile);
-    model::save_hf_safetensors(*s.layout, s.exp_avg_sq, (tmp / kExpAvgSqFile).string());
-    record(kExpAvgSqFile);
-    io::write_file_atomic((tmp / "config.json").string(), s.config_json);
-    record("config.json");
-    for (int r = 0; r < s.onebit_files; ++r) record(onebit_file(r));
-    io::write_file_atomic((tmp / "trainer_state.json").string(), s.trainer_state_json);
-    record("trainer_state.json");
-    io::write_file_atomic((tmp / "config.yaml").string(), s.config_yaml);
-    record("config.yaml");
-    manifest.write(io::kTrainingCheckpointFormat, kFormatVersion, {{"step", s.step}, {"model", s.model_name}});
+    model::save_hf_safetensors(*s.layout, s.exp_avg, (tmp / io::kExpAvgFile).string());
+    record(io::kExpAvgFile);
+    model::save_hf_safetensors(*s.layout, s.exp_avg_sq, (tmp / io::kExpAvgSqFile).string());
+    record(io::kExpAvgSqFile);
+    io::write_file_atomic((tmp / io::kHfConfigFile).string(), s.config_json);
+    record(io::kHfConfigFile);
+    for (int r = 0; r < s.onebit_files; ++r) record(io::onebit_rank_file(r));
+    io::write_file_atomic((tmp / io::kTrainerStateFile).string(), s.trainer_state_json);
+    record(io::kTrainerStateFile);
+    io::write_file_atomic((tmp / io::kRunConfigFile).string(), s.config_yaml);
+    record(io::kRunConfigFile);
+    manifest.write(io::kTrainingCheckpointFormat, io::kTrainingCheckpointVersion, {{"step", s.step}, {"model", s.model_name}});
     io::fsync_dir(tmp.string());
     fs::remove_all(final_dir, ec);  // an older save of the same step (e.g. after a crash)
     fs::rename(tmp, final_dir, ec);
     LOOM_CHECK(!ec, "checkpoint", "cannot rename ", tmp.string(), " to ", final_dir.string(), ": ", ec.message());
     io::fsync_dir(dir);
-    io::write_file_atomic((fs::path(dir) / "latest").string(), step_name(s.step) + "\n");
+    io::write_file_atomic((fs::path(dir) / "latest").string(), io::checkpoint_dir_name(s.step) + "\n");
   } catch (...) {
     std::error_code ignored;
     fs::remove_all(tmp, ignored);
@@ -230,7 +224,7 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const model::D
   LOOM_CHECK(mp.mesh, "checkpoint", "save_checkpoint needs the run's mesh");
   const comm::Group& g = mp.mesh->world();
   const bool main = g.rank() == 0;
-  const fs::path final_dir = fs::path(dir) / step_name(step);
+  const fs::path final_dir = fs::path(dir) / io::checkpoint_dir_name(step);
   const fs::path tmp = tmp_dir_of(dir, step);
   const CheckpointSnapshot snap = snapshot_checkpoint(step, model, engine, save, mp);
   // Each phase ends with every rank learning whether all of them succeeded (where a barrier
@@ -261,72 +255,13 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const model::D
         w.add(str_cat(units[i].name, ".onebit_worker_error"), engine.onebit()[i]->worker_error());
         w.add(str_cat(units[i].name, ".onebit_server_error"), engine.onebit()[i]->server_error());
       }
-      w.write((tmp / onebit_file(g.rank())).string());
+      w.write((tmp / io::onebit_rank_file(g.rank())).string());
     });
   }
   phase([&] {
     if (main) write_checkpoint(dir, snap, onebit);
   });
   return final_dir.string();
-}
-
-static bool in_scope(const std::string& file, const VerifyScope& scope) {
-  if (scope.all) return true;
-  if (file.starts_with("optimizer.rank") || file.starts_with("onebit.rank")) {
-    for (int r : scope.ranks)
-      if (file == optimizer_file(r) || file == onebit_file(r)) return true;
-    return false;
-  }
-  if (file.starts_with("optimizer.")) return scope.optimizer;
-  return true;
-}
-
-bool verify_checkpoint(const std::string& path, std::string* why, const VerifyScope& scope) {
-  return io::verify_manifest(path, io::kTrainingCheckpointFormat, kFormatVersion, why,
-                             [&](const std::string& name) { return in_scope(name, scope); }, kOldestFormatVersion);
-}
-
-std::optional<std::string> find_latest_valid_checkpoint(const std::string& dir, FILE* log,
-                                                        const VerifyScope& scope,
-                                                        const comm::Group* agree, int64_t max_step) {
-  return find_latest_valid_checkpoint(dir, log, [&](const std::string&) { return scope; }, agree, max_step);
-}
-
-std::string checkpoint_path(const std::string& dir, int64_t step) { return (fs::path(dir) / step_name(step)).string(); }
-
-std::optional<std::string> find_latest_valid_checkpoint(
-    const std::string& dir, FILE* log, const std::function<VerifyScope(const std::string&)>& scope_of,
-    const comm::Group* agree, int64_t max_step) {
-  const bool collective = agree && agree->size() > 1;  // ranks agree on each candidate
-  auto candidates = resume_candidates(dir);
-  if (max_step >= 0)
-    std::erase_if(candidates, [&](const CheckpointEntry& e) { return e.step > max_step; });
-  for (size_t i = 0;; ++i) {
-    const int64_t step = i < candidates.size() ? candidates[i].step : -1;
-    if (collective) {  // every rank must be looking at the same candidate (or all at none)
-      Tensor s = Tensor::zeros({2}, DType::f64, MemCategory::comm);
-      s.data<double>()[0] = double(step);
-      s.data<double>()[1] = -double(step);
-      agree->all_reduce(s, comm::ReduceOp::min);
-      const int64_t lo = int64_t(s.data<double>()[0]), hi = -int64_t(s.data<double>()[1]);
-      LOOM_CHECK(lo == hi, "resume", "ranks see different checkpoints in ", dir, " (step ", hi, " on one, ",
-                 lo < 0 ? std::string("none") : std::to_string(lo),
-                 " on another); checkpoint.dir must be a directory every rank shares");
-    }
-    if (step < 0) return std::nullopt;
-    const std::string p = candidates[i].path;
-    std::string why;
-    bool ok = verify_checkpoint(p, &why, scope_of(p));
-    if (collective) {
-      const int bad = first_failing_rank(*agree, ok);
-      if (bad == agree->rank() && bad != 0)  // only rank 0 logs; only this rank knows why
-        std::fprintf(stderr, "[resume] rank %d: %s failed verification: %s\n", bad, p.c_str(), why.c_str());
-      if (bad > 0 && agree->rank() != bad) why = str_cat("rank ", bad, "'s files failed verification (its reason is in its log)");
-      ok = bad < 0;
-    }
-    if (ok) return p;
-    if (log) std::fprintf(log, "[resume] skipping %s: %s\n", p.c_str(), why.c_str());
-  }
 }
 
 // MoE selection biases (model.moe.bias_update_rate): a checkpoint without them starts them at 0.
@@ -339,18 +274,16 @@ CheckpointMeta load_checkpoint_weights(const std::string& path, model::Decoder& 
   std::string why;
   LOOM_CHECK(verified || verify_checkpoint(path, &why, VerifyScope::weights()), "checkpoint", path,
              " failed verification: ", why);
-  model::load_hf_safetensors(model, (fs::path(path) / "model.safetensors").string());
-  const json state = json::parse(io::read_file((fs::path(path) / "trainer_state.json").string()));
+  model::load_hf_safetensors(model, (fs::path(path) / io::kWeightsFile).string());
+  const json state = json::parse(io::read_file((fs::path(path) / io::kTrainerStateFile).string()));
   restore_router_bias(state, model);
   return {state.at("step").get<int64_t>(), path, "", state.value("run_id", ""), 0, 0, {}};
 }
 
-VerifyScope checkpoint_load_scope(const comm::Group& world) { return VerifyScope::rank(world.rank()); }
-
 // Format 1: each rank's optimizer shard, on the layout that saved it.
 static void load_format1_optimizer(const std::string& path, const model::Decoder& model,
                                    parallel::DataParallel& engine, int rank, int64_t optimizer_steps) {
-  auto f = io::SafetensorsFile::open((fs::path(path) / optimizer_file(rank)).string());
+  auto f = io::SafetensorsFile::open((fs::path(path) / io::optimizer_rank_file(rank)).string());
   const auto& units = model.layout().units();
   for (size_t i = 0; i < units.size(); ++i) {
     auto& a = *engine.optimizers()[i];
@@ -406,7 +339,7 @@ CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model, p
   json state;
   std::string state_error;
   try {
-    state = json::parse(io::read_file((fs::path(path) / "trainer_state.json").string()));
+    state = json::parse(io::read_file((fs::path(path) / io::kTrainerStateFile).string()));
   } catch (const std::exception& e) {
     state_error = e.what();
   }
@@ -422,7 +355,7 @@ CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model, p
   const int64_t optimizer_steps = state.at("optimizer_steps").get<int64_t>();
   const model::ParamLayout& layout = mp.whole_layout ? *mp.whole_layout : model.layout();
   // Weights and moments alike: the whole model on disk, this rank's slice and chunk of it.
-  auto load_whole = [&](const std::string& file, const Tensor& local_flat) {
+  auto load_whole = [&](const char* file, const Tensor& local_flat) {
     const std::string p = (fs::path(path) / file).string();
     if (!mp.whole_layout) {
       model::load_hf_safetensors(model.config(), model.layout(), local_flat, p);
@@ -434,18 +367,18 @@ CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model, p
   };
   on_every_rank_or_none(g, str_cat("loading ", path, " failed"), [&] {
     Tensor flat = Tensor::zeros({model.flat_size()}, DType::f32, MemCategory::workspace);
-    load_whole("model.safetensors", flat);
+    load_whole(io::kWeightsFile, flat);
     engine.load_full_params(flat);
     if (version < 2) {
       load_format1_optimizer(path, model, engine, g.rank(), optimizer_steps);
-      load_onebit_errors(path, optimizer_file(g.rank()), model, engine);
+      load_onebit_errors(path, io::optimizer_rank_file(g.rank()), model, engine);
       return;
     }
     Tensor v = Tensor::zeros({model.flat_size()}, DType::f32, MemCategory::workspace);
-    load_whole(kExpAvgFile, flat);
-    load_whole(kExpAvgSqFile, v);
+    load_whole(io::kExpAvgFile, flat);
+    load_whole(io::kExpAvgSqFile, v);
     engine.load_full_moments(flat, v, optimizer_steps);
-    if (same_layout) load_onebit_errors(path, onebit_file(g.rank()), model, engine);
+    if (same_layout) load_onebit_errors(path, io::onebit_rank_file(g.rank()), model, engine);
   });
   restore_router_bias(state, model);
   CheckpointMeta meta{state.at("step").get<int64_t>(), path, same_layout ? "" : saved, state.value("run_id", ""),
@@ -457,7 +390,7 @@ CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model, p
 }
 
 std::string checkpoint_tokenizer(const std::string& path) {
-  const json state = json::parse(io::read_file((fs::path(path) / "trainer_state.json").string()));
+  const json state = json::parse(io::read_file((fs::path(path) / io::kTrainerStateFile).string()));
   const std::string recorded = state.value("tokenizer", "");
   if (!recorded.empty()) return recorded;
   return checkpoint_model_config(path).vocab_size == 256 ? "byte" : "gpt2";
@@ -479,11 +412,11 @@ std::string resolve_checkpoint(const std::string& dir, FILE* log) {
 
 model::ModelConfig checkpoint_model_config(const std::string& path) {
   // config.json records the exact sizes (a preset named in config.yaml could change later).
-  model::ModelConfig c = model::read_hf_config((fs::path(path) / "config.json").string());
+  model::ModelConfig c = model::read_hf_config((fs::path(path) / io::kHfConfigFile).string());
   // The name users know the model by: the preset it was trained from, when there was one.
   c.name = "custom";
   try {
-    const YAML::Node y = YAML::LoadFile((fs::path(path) / "config.yaml").string());
+    const YAML::Node y = YAML::LoadFile((fs::path(path) / io::kRunConfigFile).string());
     if (y["model"] && y["model"]["preset"]) c.name = y["model"]["preset"].as<std::string>();
   } catch (const YAML::Exception&) {
   }

@@ -7,6 +7,7 @@
 // Written under a temporary name, fsynced, renamed; DIR/latest moves last; the run's last K are
 // kept (checkpoint_dir.h). A loader verifies every checksum before it trusts a checkpoint.
 // Format 1 (before 2026-12-02: per-rank optimizer shards) still resumes on the layout that saved it.
+// What needs no trainer or ranks is io/checkpoint_files.h (names, verification, newest valid).
 #pragma once
 #include <cstdint>
 #include <cstdio>
@@ -17,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "loom/io/checkpoint_files.h"
 #include "loom/model/decoder.h"
 #include "loom/parallel/data_parallel.h"
 #include "loom/parallel/mesh.h"
@@ -96,27 +98,16 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const model::D
 void throw_unless_ok_everywhere(const comm::Group& g, bool ok, const std::string& why, const std::string& what,
                                 const std::string& fix = "");
 
-// Which files' checksums a verification computes. Every listed file's presence and size are
-// always checked; the checksum pass reads the file, so a reader checks only what it will load:
-// the weights and metadata, for a resuming rank the Adam moments and its own files.
-struct VerifyScope {
-  bool all = true;       // every file's checksum
-  bool optimizer = true; // otherwise: the Adam moments (optimizer.exp_avg*.safetensors) too
-  std::vector<int> ranks;  // and these ranks' own files (1-bit Adam errors, format-1 shards)
-  static VerifyScope everything() { return {}; }
-  static VerifyScope weights() { return {false, false, {}}; }
-  static VerifyScope rank(int r) { return {false, true, {r}}; }
-};
+// File names, verification and the newest valid checkpoint of a directory are io's (no ranks).
+using io::checkpoint_path;
+using io::checkpoint_step_of;
+using io::verify_checkpoint;
+using io::VerifyScope;
 
-// Checks the manifest, sizes and checksums (io::verify_manifest). On failure returns false and
-// says why; never throws, so no rank leaves a collective its peers are in.
-bool verify_checkpoint(const std::string& path, std::string* why,
-                       const VerifyScope& scope = VerifyScope::everything());
-
-// The first checkpoint under dir that verifies, in resume_candidates order (the one `latest`
-// names, then highest step first); corrupt ones are reported to `log` and skipped.
-// With `agree`, a collective over that group: a candidate counts as valid only when it verifies
-// on every rank (each checking its own scope), so all ranks pick the same one.
+// io::find_latest_valid_checkpoint (the one `latest` names, then highest step first; corrupt
+// ones are reported to `log` and skipped). With `agree`, a collective over that group: a
+// candidate counts as valid only when it verifies on every rank (each checking its own scope),
+// so all ranks pick the same one.
 // With max_step >= 0, only checkpoints of steps up to it are candidates (a rollback's target).
 std::optional<std::string> find_latest_valid_checkpoint(
     const std::string& dir, FILE* log, const VerifyScope& scope = VerifyScope::everything(),
@@ -136,7 +127,7 @@ CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model,
 // The files load_checkpoint checksums on this rank: everything but other ranks' own files.
 VerifyScope checkpoint_load_scope(const comm::Group& world);
 // Weights only, into a model with a flat parameter buffer (generate, serve, convert); optimizer
-// shards are neither read nor checksummed. `verified`: resolve_checkpoint already did.
+// files are neither read nor checksummed. `verified`: resolve_checkpoint already did.
 CheckpointMeta load_checkpoint_weights(const std::string& path, model::Decoder& model,
                                        bool verified = false);
 
@@ -150,11 +141,5 @@ std::string checkpoint_tokenizer(const std::string& path);
 // loading its weights (load_checkpoint_weights(path, model, /*verified=*/true) then); throws
 // naming the directory when there is none, or the failure when the one given is corrupt.
 std::string resolve_checkpoint(const std::string& dir_or_run, FILE* log = nullptr);
-
-// DIR/step_000123: where a checkpoint of `step` goes.
-std::string checkpoint_path(const std::string& dir, int64_t step);
-
-// Step number of a checkpoint directory name ("…/step_000123" -> 123), -1 if not one.
-int64_t checkpoint_step_of(const std::string& path);
 
 }  // namespace loom::train

@@ -15,33 +15,6 @@ namespace loom::train {
 
 namespace fs = std::filesystem;
 
-std::vector<CheckpointEntry> list_checkpoints(const std::string& dir) {
-  std::vector<CheckpointEntry> out;
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return out;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const int64_t s = checkpoint_step_of(e.path().string());
-    if (s >= 0 && e.is_directory()) out.push_back({s, e.path().string()});
-  }
-  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.step > b.step; });
-  return out;
-}
-
-std::vector<CheckpointEntry> resume_candidates(const std::string& dir) {
-  std::vector<CheckpointEntry> all = list_checkpoints(dir);
-  std::string latest;
-  try {
-    latest = io::read_file((fs::path(dir) / "latest").string());
-  } catch (const std::exception&) {
-    return all;  // no pointer (or an unreadable one): highest step first
-  }
-  while (!latest.empty() && (latest.back() == '\n' || latest.back() == ' ')) latest.pop_back();
-  auto it = std::find_if(all.begin(), all.end(),
-                         [&](const CheckpointEntry& e) { return fs::path(e.path).filename() == latest; });
-  if (it != all.end()) std::rotate(all.begin(), it, it + 1);
-  return all;
-}
-
 std::string new_run_id(const comm::Group& g) {
   Tensor bits = Tensor::zeros({1}, DType::i64, MemCategory::comm);
   if (g.rank() == 0) {

@@ -7,24 +7,18 @@
 #include <string>
 #include <vector>
 
+#include "loom/io/checkpoint_files.h"
+
 namespace loom::comm {
 class Group;
 }
 
 namespace loom::train {
 
-struct CheckpointEntry {
-  int64_t step = 0;
-  std::string path;
-};
-
-// The step_NNNNNN directories under dir, highest step first (none when dir does not exist).
-std::vector<CheckpointEntry> list_checkpoints(const std::string& dir);
-
-// The order a resume tries them in: the one DIR/latest names first (the most recent save, even
-// when a directory resumed from an earlier step still holds higher steps of the abandoned
-// continuation), then the others, highest step first.
-std::vector<CheckpointEntry> resume_candidates(const std::string& dir);
+// The step_NNNNNN directories and the order a resume tries them in are io's (read side).
+using io::CheckpointEntry;
+using io::list_checkpoints;
+using io::resume_candidates;
 
 // A new run's id, 16 hex digits, the same on every rank of `g` (rank 0 draws it).
 std::string new_run_id(const comm::Group& g);
