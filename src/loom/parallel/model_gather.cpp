@@ -38,30 +38,4 @@ void copy_local_range_to_whole(const MeshCoord& c, const model::ParamLayout& loc
   }
 }
 
-namespace {
-template <class T>
-void slice_runs(const model::ParamLayout& whole_layout, const Tensor& whole, const model::ParamLayout& local,
-                const Tensor& local_flat) {
-  const T* src = whole.data<T>();
-  T* dst = local_flat.data<T>();
-  for (const auto& p : local.params()) {
-    const int64_t base = whole_layout.get(p.name).offset;
-    for (const auto& run : local.element_runs(p))
-      std::copy(src + base + run.global, src + base + run.global + run.n, dst + p.offset + run.local);
-  }
-}
-}  // namespace
-
-void slice_whole_params(const model::ParamLayout& whole_layout, const Tensor& whole,
-                        const model::ParamLayout& local, const Tensor& local_flat) {
-  LOOM_CHECK(whole.numel() == whole_layout.total() && local_flat.numel() == local.total(), "parallel",
-             "slice_whole_params: buffers of ", whole.numel(), " and ", local_flat.numel(),
-             " elements for layouts of ", whole_layout.total(), " and ", local.total());
-  local_flat.zero();
-  if (whole.dtype() == DType::f64)
-    slice_runs<double>(whole_layout, whole, local, local_flat);
-  else
-    slice_runs<float>(whole_layout, whole, local, local_flat);
-}
-
 }  // namespace loom::parallel

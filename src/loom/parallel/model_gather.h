@@ -3,6 +3,7 @@
 // read, and what the equivalence tests compare. The whole layout is ParamLayout(cfg, 1).
 #pragma once
 #include "loom/core/tensor.h"
+#include "loom/model/checkpoint_reader.h"
 #include "loom/model/param_layout.h"
 #include "loom/parallel/mesh.h"
 
@@ -21,9 +22,8 @@ void copy_local_to_whole(const MeshCoord& coord, const model::ParamLayout& local
 // holds that range (src[0] is flat element lo): one unit's optimizer state, say.
 void copy_local_range_to_whole(const MeshCoord& coord, const model::ParamLayout& local, const float* src, int64_t lo,
                                int64_t hi, const model::ParamLayout& whole_layout, const Tensor& whole);
-// Fills local_flat (laid out by `local`) with its elements of `whole` (laid out by whole_layout);
-// padding is zero. f32, or f64 (both buffers the same type).
-void slice_whole_params(const model::ParamLayout& whole_layout, const Tensor& whole,
-                        const model::ParamLayout& local, const Tensor& local_flat);
+// A rank's slice taken back out of the whole model: model/checkpoint_reader.h, which readers of
+// checkpoints use without linking parallel.
+using model::slice_whole_params;
 
 }  // namespace loom::parallel

@@ -5,13 +5,13 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
-#include <yaml-cpp/yaml.h>
 
 #include "loom/comm/group.h"
 #include "loom/io/checkpoint_files.h"
 #include "loom/io/file.h"
 #include "loom/io/manifest.h"
 #include "loom/io/safetensors.h"
+#include "loom/model/checkpoint_reader.h"
 #include "loom/model/hf_weights.h"
 #include "loom/parallel/model_gather.h"
 #include "loom/train/checkpoint_dir.h"
@@ -264,20 +264,9 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const model::D
   return final_dir.string();
 }
 
-// MoE selection biases (model.moe.bias_update_rate): a checkpoint without them starts them at 0.
-static void restore_router_bias(const json& state, model::Decoder& model) {
-  if (model.router_bias().defined() && state.contains("router_bias"))
-    model.set_router_bias(state.at("router_bias").get<std::vector<float>>());
-}
-
 CheckpointMeta load_checkpoint_weights(const std::string& path, model::Decoder& model, bool verified) {
-  std::string why;
-  LOOM_CHECK(verified || verify_checkpoint(path, &why, VerifyScope::weights()), "checkpoint", path,
-             " failed verification: ", why);
-  model::load_hf_safetensors(model, (fs::path(path) / io::kWeightsFile).string());
-  const json state = json::parse(io::read_file((fs::path(path) / io::kTrainerStateFile).string()));
-  restore_router_bias(state, model);
-  return {state.at("step").get<int64_t>(), path, "", state.value("run_id", ""), 0, 0, {}};
+  const model::CheckpointWeights w = model::read_checkpoint_weights(path, model, verified);
+  return {w.step, path, "", w.run_id, 0, 0, {}};
 }
 
 // Format 1: each rank's optimizer shard, on the layout that saved it.
@@ -353,17 +342,10 @@ CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model, p
              saved, "; this run has ", mine, ". Format 1 resumes only on the layout that saved it: resume there once "
              "and save again (format 2 loads into any layout)");
   const int64_t optimizer_steps = state.at("optimizer_steps").get<int64_t>();
-  const model::ParamLayout& layout = mp.whole_layout ? *mp.whole_layout : model.layout();
   // Weights and moments alike: the whole model on disk, this rank's slice and chunk of it.
   auto load_whole = [&](const char* file, const Tensor& local_flat) {
-    const std::string p = (fs::path(path) / file).string();
-    if (!mp.whole_layout) {
-      model::load_hf_safetensors(model.config(), model.layout(), local_flat, p);
-      return;
-    }
-    Tensor whole = Tensor::zeros({layout.total()}, DType::f32, MemCategory::workspace);
-    model::load_hf_safetensors(model.config(), layout, whole, p);
-    parallel::slice_whole_params(layout, whole, model.layout(), local_flat);
+    model::read_whole_into_local((fs::path(path) / file).string(), model.config(), model.layout(), local_flat,
+                                 mp.whole_layout);
   };
   on_every_rank_or_none(g, str_cat("loading ", path, " failed"), [&] {
     Tensor flat = Tensor::zeros({model.flat_size()}, DType::f32, MemCategory::workspace);
@@ -380,47 +362,13 @@ CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model, p
     engine.load_full_moments(flat, v, optimizer_steps);
     if (same_layout) load_onebit_errors(path, io::onebit_rank_file(g.rank()), model, engine);
   });
-  restore_router_bias(state, model);
+  model::restore_router_bias(state, model);
   CheckpointMeta meta{state.at("step").get<int64_t>(), path, same_layout ? "" : saved, state.value("run_id", ""),
                       state.value("loss_scale", 0.0), state.value("loss_scale_clean_steps", int64_t(0)), {}};
   if (state.contains("data_position") && state["data_position"].contains("skipped_windows"))
     meta.skipped_windows =
         state["data_position"]["skipped_windows"].get<std::vector<std::pair<int64_t, int64_t>>>();
   return meta;
-}
-
-std::string checkpoint_tokenizer(const std::string& path) {
-  const json state = json::parse(io::read_file((fs::path(path) / io::kTrainerStateFile).string()));
-  const std::string recorded = state.value("tokenizer", "");
-  if (!recorded.empty()) return recorded;
-  return checkpoint_model_config(path).vocab_size == 256 ? "byte" : "gpt2";
-}
-
-std::string resolve_checkpoint(const std::string& dir, FILE* log) {
-  if (fs::exists(fs::path(dir) / "manifest.json")) {
-    std::string why;
-    LOOM_CHECK(verify_checkpoint(dir, &why, VerifyScope::weights()), "checkpoint", dir,
-               " failed verification: ", why);
-    return dir;
-  }
-  LOOM_CHECK(fs::is_directory(dir), "checkpoint", dir, " does not exist");
-  auto found = find_latest_valid_checkpoint(dir, log, VerifyScope::weights());
-  LOOM_CHECK(found.has_value(), "checkpoint", "no valid checkpoint in ", dir,
-             " (expected a step_NNNNNN directory with a manifest.json, or a run directory holding them)");
-  return *found;
-}
-
-model::ModelConfig checkpoint_model_config(const std::string& path) {
-  // config.json records the exact sizes (a preset named in config.yaml could change later).
-  model::ModelConfig c = model::read_hf_config((fs::path(path) / io::kHfConfigFile).string());
-  // The name users know the model by: the preset it was trained from, when there was one.
-  c.name = "custom";
-  try {
-    const YAML::Node y = YAML::LoadFile((fs::path(path) / io::kRunConfigFile).string());
-    if (y["model"] && y["model"]["preset"]) c.name = y["model"]["preset"].as<std::string>();
-  } catch (const YAML::Exception&) {
-  }
-  return c;
 }
 
 }  // namespace loom::train

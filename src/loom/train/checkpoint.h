@@ -7,7 +7,8 @@
 // Written under a temporary name, fsynced, renamed; DIR/latest moves last; the run's last K are
 // kept (checkpoint_dir.h). A loader verifies every checksum before it trusts a checkpoint.
 // Format 1 (before 2026-12-02: per-rank optimizer shards) still resumes on the layout that saved it.
-// What needs no trainer or ranks is io/checkpoint_files.h (names, verification, newest valid).
+// What needs no trainer is io/checkpoint_files.h (names, verification, newest valid) and
+// model/checkpoint_reader.h (weights for inference).
 #pragma once
 #include <cstdint>
 #include <cstdio>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "loom/io/checkpoint_files.h"
+#include "loom/model/checkpoint_reader.h"
 #include "loom/model/decoder.h"
 #include "loom/parallel/data_parallel.h"
 #include "loom/parallel/mesh.h"
@@ -126,20 +128,14 @@ CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model,
                                parallel::DataParallel& engine, const ModelParallelInfo& mp, bool verified = false);
 // The files load_checkpoint checksums on this rank: everything but other ranks' own files.
 VerifyScope checkpoint_load_scope(const comm::Group& world);
-// Weights only, into a model with a flat parameter buffer (generate, serve, convert); optimizer
-// files are neither read nor checksummed. `verified`: resolve_checkpoint already did.
+// Weights only (model::read_checkpoint_weights), into a model with a flat parameter buffer;
+// optimizer files are neither read nor checksummed. `verified`: resolve_checkpoint already did.
 CheckpointMeta load_checkpoint_weights(const std::string& path, model::Decoder& model,
                                        bool verified = false);
 
-// Reads the model config stored in a checkpoint (for generate/serve) and builds the model.
-model::ModelConfig checkpoint_model_config(const std::string& path);
-
-// The tokenizer recorded at training time; for checkpoints that do not say, "byte" for a
-// 256-entry vocabulary, else "gpt2".
-std::string checkpoint_tokenizer(const std::string& path);
-// A checkpoint directory itself, or the newest valid one inside a run directory, verified for
-// loading its weights (load_checkpoint_weights(path, model, /*verified=*/true) then); throws
-// naming the directory when there is none, or the failure when the one given is corrupt.
-std::string resolve_checkpoint(const std::string& dir_or_run, FILE* log = nullptr);
+// What inference reads of a checkpoint: model/checkpoint_reader.h, which needs no train.
+using model::checkpoint_model_config;
+using model::checkpoint_tokenizer;
+using model::resolve_checkpoint;
 
 }  // namespace loom::train
