@@ -7,8 +7,9 @@
 // Written under a temporary name, fsynced, renamed; DIR/latest moves last; the run's last K are
 // kept (checkpoint_dir.h). A loader verifies every checksum before it trusts a checkpoint.
 // Format 1 (before 2026-12-02: per-rank optimizer shards) still resumes on the layout that saved it.
-// What needs no trainer is io/checkpoint_files.h (names, verification, newest valid) and
-// model/checkpoint_reader.h (weights for inference).
+// Files: checkpoint_save.cpp, checkpoint_load.cpp (load, reshard), checkpoint_agreement.cpp
+// (ranks failing and choosing together); what needs no trainer is io/checkpoint_files.h
+// (names, verification, newest valid) and model/checkpoint_reader.h (weights for inference).
 #pragma once
 #include <cstdint>
 #include <cstdio>
