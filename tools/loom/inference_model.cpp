@@ -3,8 +3,7 @@
 #include "loom/core/error.h"
 #include "loom/core/timer.h"
 #include "loom/infer/quant_checkpoint.h"
-#include "loom/parallel/model_gather.h"
-#include "loom/train/checkpoint.h"
+#include "loom/model/checkpoint_reader.h"
 
 namespace loom::cli {
 
@@ -74,7 +73,7 @@ TensorParallel tensor_parallel_from(const Args& a, const std::string& cmd, bool 
 }
 
 std::string resolve_inference_checkpoint(const std::string& dir, FILE* log) {
-  return infer::is_quantized_checkpoint(dir) ? dir : train::resolve_checkpoint(dir, log);
+  return infer::is_quantized_checkpoint(dir) ? dir : model::resolve_checkpoint(dir, log);
 }
 
 InferenceModel random_inference_model(const model::ModelConfig& cfg, uint64_t seed,
@@ -99,21 +98,21 @@ InferenceModel load_inference_model(const std::string& dir, const std::optional<
     m.model = std::move(q.model);
     m.quant = std::move(q.quant);
     m.checkpoint = dir;
-    m.tokenizer = train::checkpoint_tokenizer(dir);
+    m.tokenizer = model::checkpoint_tokenizer(dir);
     return m;
   }
-  m.checkpoint = resolved ? dir : train::resolve_checkpoint(dir, log);
-  const model::ModelConfig cfg = train::checkpoint_model_config(m.checkpoint);
+  m.checkpoint = resolved ? dir : model::resolve_checkpoint(dir, log);
+  const model::ModelConfig cfg = model::checkpoint_model_config(m.checkpoint);
   if (tp) {
     m.model = tp_slice(cfg, *tp);
     model::Decoder whole(cfg, inference_options());
-    train::load_checkpoint_weights(m.checkpoint, whole, /*verified=*/true);  // by resolve_checkpoint
-    parallel::slice_whole_params(whole.layout(), whole.params(), m.model->layout(), m.model->params());
+    model::read_checkpoint_weights(m.checkpoint, whole, /*verified=*/true);  // by resolve_checkpoint
+    model::slice_whole_params(whole.layout(), whole.params(), m.model->layout(), m.model->params());
   } else {
     m.model = std::make_unique<model::Decoder>(cfg, inference_options());
-    train::load_checkpoint_weights(m.checkpoint, *m.model, /*verified=*/true);  // by resolve_checkpoint
+    model::read_checkpoint_weights(m.checkpoint, *m.model, /*verified=*/true);  // by resolve_checkpoint
   }
-  m.tokenizer = train::checkpoint_tokenizer(m.checkpoint);
+  m.tokenizer = model::checkpoint_tokenizer(m.checkpoint);
   if (quant) quantize_on_load(m, *quant, log);
   return m;
 }

@@ -46,7 +46,7 @@ TensorParallel tensor_parallel_from(const Args& a, const std::string& cmd, bool 
 // Resolves `dir` (a checkpoint, a run directory, or a quantized checkpoint), verifies and
 // loads it; `quant` quantizes an f32 checkpoint on load. A quantized checkpoint with a --quant
 // other than its own is refused, naming both. `resolved`: dir is a checkpoint that
-// train::resolve_checkpoint already verified. `tp`: this rank keeps its tensor-parallel slice
+// model::resolve_checkpoint already verified. `tp`: this rank keeps its tensor-parallel slice
 // (f32 checkpoints only; quantized on load after slicing).
 InferenceModel load_inference_model(const std::string& dir, const std::optional<infer::QuantSpec>& quant,
                                     FILE* log, bool resolved = false, const comm::Group* tp = nullptr);

@@ -19,7 +19,7 @@
 #include "loom/serve/cascade/center.h"
 #include "loom/serve/cascade/edge.h"
 #include "loom/serve/infer_engine.h"
-#include "loom/train/checkpoint.h"
+#include "loom/model/checkpoint_reader.h"
 #include "tools/loom/commands.h"
 #include "tools/loom/inference_model.h"
 
@@ -144,13 +144,13 @@ int cmd_serve(const std::vector<std::string>& argv) {
     } catch (const Error& e) {
       fail("serve", "--checkpoint ", given, ": ", e.what());
     }
-    mc = train::checkpoint_model_config(checkpoint);
+    mc = model::checkpoint_model_config(checkpoint);
   } else {
     mc = model::preset(args.get("model", ""));
   }
-  // The tokenizer: given, else the checkpoint's (train::checkpoint_tokenizer), else bytes.
+  // The tokenizer: given, else the checkpoint's (model::checkpoint_tokenizer), else bytes.
   const std::string tok_name =
-      args.get("tokenizer", checkpoint.empty() ? "byte" : train::checkpoint_tokenizer(checkpoint));
+      args.get("tokenizer", checkpoint.empty() ? "byte" : model::checkpoint_tokenizer(checkpoint));
   std::unique_ptr<serve::DataTokenizer> tokenizer = serve::make_text_tokenizer(tok_name, args.get("data-dir", ""));
   if (checkpoint.empty()) mc.vocab_size = tokenizer->vocab_size();
   if (args.has("n-ctx")) {
