@@ -9,6 +9,7 @@ PACKAGES=(
   libopenmpi-dev openmpi-bin    # MPI: multi-process and multi-host communication
   libyaml-cpp-dev               # typed YAML configs
   nlohmann-json3-dev            # JSON (manifests, HTTP API, SUMMARY lines)
+  libcli11-dev                  # the loom tool's typed, self-documenting options
   libssl-dev                    # SHA-256 (libcrypto) for cascade model versions
   googletest libgtest-dev libgmock-dev
   clang                         # make check: libFuzzer targets (tests/fuzz)
