@@ -29,6 +29,9 @@ const std::vector<Benchmark>& benchmarks() {
 }
 
 int cmd_bench(const std::vector<std::string>& args) {
+  std::vector<std::string> names;
+  for (const auto& b : benchmarks()) names.push_back(b.name);
+  if (args.empty() && describe_subcommands(names)) return 0;
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
     std::printf("usage: loom bench <what> [options]\n\n");
     for (const auto& b : benchmarks()) std::printf("  %-10s %s\n", b.name.c_str(), b.help.c_str());

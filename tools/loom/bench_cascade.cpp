@@ -38,29 +38,6 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-const char* kHelp =
-    "usage: loom bench cascade --center DIR --edge-int8 DIR --edge-int4 DIR [options]\n\n"
-    "An edge/center cascade over an emulated WAN: the center alone, then two edges for each\n"
-    "confidence threshold; latency, center load and answer quality (the center model's log-likelihood\n"
-    "of the answers, and agreement with its own greedy answers). Writes OUT/cascade_sweep.csv and\n"
-    "OUT/cascade_sweep.svg; the last line is SUMMARY {json}.\n"
-    "  --center DIR          the center's checkpoint\n"
-    "  --edge-int8 DIR       the edge model in int8 (a `loom quantize` output; it also starts the edges)\n"
-    "  --edge-int4 DIR       the edge model in int4\n"
-    "  --update-int8 DIR, --update-int4 DIR\n"
-    "                        a newer edge model, published mid-run at the recommended threshold\n"
-    "  --thresholds LIST     confidence thresholds (default 0,0.2,0.3,0.4,0.5,0.6,1; --quick 0,0.5,1)\n"
-    "  --requests N          requests per run (default 60; --quick 12)\n"
-    "  --rate R              Poisson arrivals per second (default 1; --quick 2)\n"
-    "  --max-tokens M        tokens per answer (default 32; --quick 12)\n"
-    "  --window W            tokens the edge's confidence is measured over (default 16)\n"
-    "  --wan DELAY,RATE      the WAN link, one-way delay and rate (default 40ms,20mbit)\n"
-    "  --hosts auto|on|off   test hosts in network namespaces (default auto: when root)\n"
-    "  --center-threads N    the center's compute threads (default 2); edges get --edge-threads (1)\n"
-    "  --out DIR             where the CSV, SVG and edge caches go (default runs/bench-cascade)\n"
-    "  --quick               a CI-sized run\n"
-    "  --seed S              workload and arrivals (default 0)\n";
-
 double parse_seconds(const std::string& s) {
   if (s.size() > 2 && s.substr(s.size() - 2) == "ms") return std::stod(s.substr(0, s.size() - 2)) / 1e3;
   if (s.size() > 2 && s.substr(s.size() - 2) == "us") return std::stod(s.substr(0, s.size() - 2)) / 1e6;
@@ -192,23 +169,52 @@ Row summarize(const std::string& name, double threshold, const std::vector<Casca
 }  // namespace
 
 int bench_cascade(const std::vector<std::string>& argv) {
-  for (const auto& a : argv)
-    if (a == "--help" || a == "-h") {
-      std::printf("%s", kHelp);
-      return 0;
-    }
-  Args args("bench cascade", argv,
-            {{"center", true}, {"edge-int8", true}, {"edge-int4", true}, {"update-int8", true}, {"update-int4", true},
-             {"thresholds", true}, {"requests", true}, {"rate", true}, {"max-tokens", true}, {"window", true},
-             {"wan", true}, {"hosts", true}, {"center-threads", true}, {"edge-threads", true}, {"out", true},
-             {"quick", false}, {"seed", true}});
-  const bool quick = args.has("quick");
-  if (!args.has("center") || !args.has("edge-int8") || !args.has("edge-int4"))
-    throw UsageError(std::string("[bench cascade] --center, --edge-int8 and --edge-int4 are required\n\n") + kHelp);
-  const std::string center_dir = resolve_inference_checkpoint(args.get("center", ""), nullptr);
+  auto app = bench_app("cascade",
+                        "An edge/center cascade over an emulated WAN: the center alone, then two edges for each "
+                        "confidence threshold; latency, center load and answer quality (the center model's "
+                        "log-likelihood of the answers, and agreement with its own greedy answers). Writes "
+                        "OUT/cascade_sweep.csv and OUT/cascade_sweep.svg; the last line is SUMMARY {json}.");
+  std::string center_checkpoint, edge_int8, edge_int4, update_int8, update_int4, thresholds_text, wan = "40ms,20mbit",
+                                                                                   hosts_mode = "auto",
+                                                                                   out_dir = "runs/bench-cascade";
+  int64_t requests = 0, max_tokens_opt = 0, window = 16, center_threads_n = 2, edge_threads_n = 1, seed_opt = 0;
+  double rate_opt = 0;
+  bool quick = false;
+  app->add_option("--center", center_checkpoint, "the center's checkpoint")->type_name("DIR")->required();
+  app->add_option("--edge-int8", edge_int8, "the edge model in int8 (a `loom quantize` output; it also starts the edges)")
+      ->type_name("DIR")->required();
+  app->add_option("--edge-int4", edge_int4, "the edge model in int4")->type_name("DIR")->required();
+  app->add_option("--update-int8", update_int8, "a newer int8 edge model, published mid-run at the recommended threshold")
+      ->type_name("DIR");
+  app->add_option("--update-int4", update_int4, "a newer int4 edge model, published mid-run at the recommended threshold")
+      ->type_name("DIR");
+  app->add_option("--thresholds", thresholds_text,
+                  "confidence thresholds, each in [0, 1] (default 0,0.2,0.3,0.4,0.5,0.6,1; --quick 0,0.5,1)")
+      ->type_name("LIST");
+  app->add_option("--requests", requests, "requests per run (default 60; --quick 12)")->type_name("N")
+      ->check(in_range(2, 1e9))->default_str("");
+  app->add_option("--rate", rate_opt, "Poisson arrivals per second (default 1; --quick 2)")->type_name("R")
+      ->check(positive())->default_str("");
+  app->add_option("--max-tokens", max_tokens_opt, "tokens per answer (default 32; --quick 12)")->type_name("M")
+      ->check(positive())->default_str("");
+  app->add_option("--window", window, "tokens the edge's confidence is measured over")->type_name("W")
+      ->check(positive());
+  app->add_option("--wan", wan, "the WAN link, one-way delay and rate")->type_name("DELAY,RATE");
+  app->add_option("--hosts", hosts_mode, "test hosts in network namespaces (auto: when root)")
+      ->check(one_of({"auto", "on", "off"}));
+  app->add_option("--center-threads", center_threads_n, "the center's compute threads")->type_name("N")
+      ->check(positive());
+  app->add_option("--edge-threads", edge_threads_n, "each edge's compute threads")->type_name("N")->check(positive());
+  app->add_option("--out", out_dir, "where the CSV, SVG and edge caches go")->type_name("DIR");
+  app->add_flag("--quick", quick, "a CI-sized run");
+  app->add_option("--seed", seed_opt, "workload and arrivals")->type_name("S");
+  if (auto rc = parse(*app, argv)) return *rc;
+  auto given = [&](const char* name) { return app->count(name) > 0; };
+  const std::string center_dir = resolve_inference_checkpoint(center_checkpoint, nullptr);
   std::vector<double> thresholds;
   {
-    std::string list = args.get("thresholds", quick ? "0,0.5,1" : "0,0.2,0.3,0.4,0.5,0.6,1");
+    const std::string list =
+        !thresholds_text.empty() ? thresholds_text : quick ? "0,0.5,1" : "0,0.2,0.3,0.4,0.5,0.6,1";
     size_t at = 0;
     while (at <= list.size()) {
       size_t comma = std::min(list.find(',', at), list.size());
@@ -223,15 +229,11 @@ int bench_cascade(const std::vector<std::string>& argv) {
       at = comma + 1;
     }
   }
-  const int64_t n_requests = args.get_int("requests", quick ? 12 : 60);
-  const double rate = args.get_double("rate", quick ? 2 : 1);
-  const int64_t max_tokens = args.get_int("max-tokens", quick ? 12 : 32);
-  const int64_t window = args.get_int("window", 16);
-  if (n_requests < 2 || rate <= 0 || max_tokens < 1 || window < 1)
-    throw UsageError("[bench cascade] --requests >= 2, --rate > 0, --max-tokens >= 1 and --window >= 1, please");
+  const int64_t n_requests = given("--requests") ? requests : quick ? 12 : 60;
+  const double rate = given("--rate") ? rate_opt : quick ? 2 : 1;
+  const int64_t max_tokens = given("--max-tokens") ? max_tokens_opt : quick ? 12 : 32;
   serve::WanLinkOptions link;
   {
-    const std::string wan = args.get("wan", "40ms,20mbit");
     const size_t comma = wan.find(',');
     try {
       link.delay_s = parse_seconds(wan.substr(0, comma));
@@ -240,15 +242,12 @@ int bench_cascade(const std::vector<std::string>& argv) {
       throw UsageError(str_cat("[bench cascade] --wan ", wan, ": expected DELAY[,RATE], e.g. 40ms,20mbit"));
     }
   }
-  const std::string hosts_mode = args.get("hosts", "auto");
-  if (hosts_mode != "auto" && hosts_mode != "on" && hosts_mode != "off")
-    throw UsageError("[bench cascade] --hosts must be auto, on or off");
-  const fs::path out = fs::absolute(args.get("out", "runs/bench-cascade"));
+  const fs::path out = fs::absolute(out_dir);
   fs::create_directories(out);
-  const uint64_t seed = uint64_t(args.get_int("seed", 0));
+  const uint64_t seed = uint64_t(seed_opt);
   const std::string loom = fs::read_symlink("/proc/self/exe").string();
-  const std::string center_threads = std::to_string(args.get_int("center-threads", 2));
-  const std::string edge_threads = std::to_string(args.get_int("edge-threads", 1));
+  const std::string center_threads = std::to_string(center_threads_n);
+  const std::string edge_threads = std::to_string(edge_threads_n);
 
   // The published edge models are links the rollout re-points (then SIGHUP to the center).
   auto publish = [&](const std::string& variant, const std::string& dir) {
@@ -256,13 +255,13 @@ int bench_cascade(const std::vector<std::string>& argv) {
     fs::remove(at);
     fs::create_directory_symlink(fs::absolute(dir), at);
   };
-  publish("int8", args.get("edge-int8", ""));
-  publish("int4", args.get("edge-int4", ""));
+  publish("int8", edge_int8);
+  publish("int4", edge_int4);
 
   Hosts hosts(hosts_mode);
   std::printf("bench cascade: center %s, edges int8 %s / int4 %s; WAN %.0f ms one-way, %.1f Mbit/s (%s); %lld "
               "requests at %.2f/s, %lld tokens each\n",
-              center_dir.c_str(), args.get("edge-int8", "").c_str(), args.get("edge-int4", "").c_str(),
+              center_dir.c_str(), edge_int8.c_str(), edge_int4.c_str(),
               link.delay_s * 1e3, link.rate_bps / 1e6,
               hosts.up() ? "test hosts loomh1 (center), loomh2 and loomh3 (edges), relay on the bridge" : "loopback",
               (long long)n_requests, rate, (long long)max_tokens);
@@ -284,8 +283,8 @@ int bench_cascade(const std::vector<std::string>& argv) {
   auto tok = serve::make_text_tokenizer(train::checkpoint_tokenizer(center_dir));
   {
     int64_t n_ctx = train::checkpoint_model_config(center_dir).n_ctx;
-    for (const char* e : {"edge-int8", "edge-int4", "update-int8", "update-int4"})
-      if (args.has(e)) n_ctx = std::min(n_ctx, train::checkpoint_model_config(args.get(e, "")).n_ctx);
+    for (const std::string* e : {&edge_int8, &edge_int4, &update_int8, &update_int4})
+      if (!e->empty()) n_ctx = std::min(n_ctx, train::checkpoint_model_config(*e).n_ctx);
     LOOM_CHECK(n_ctx > max_tokens + 8, "bench cascade", "--max-tokens ", max_tokens, " leaves no room for a prompt in ",
                "the models' context of ", n_ctx, " tokens");
     fit_prompts(prompts, *tok, n_ctx - max_tokens);
@@ -300,7 +299,7 @@ int bench_cascade(const std::vector<std::string>& argv) {
     std::vector<Server> edges;
     for (int h = 2; h <= 3; ++h) {
       std::vector<std::string> a = hosts.prefix(h);
-      a.insert(a.end(), {loom, "serve", "--checkpoint", args.get("edge-int8", ""), "--role", "edge", "--center",
+      a.insert(a.end(), {loom, "serve", "--checkpoint", edge_int8, "--role", "edge", "--center",
                          wan_center, "--confidence-threshold", str_cat(t), "--window", std::to_string(window),
                          "--poll-interval", "1", "--cache-dir", (out / str_cat("cache-edge", h)).string(),
                          "--served-model-name", "cascade", "--threads", edge_threads});
@@ -404,14 +403,14 @@ int bench_cascade(const std::vector<std::string>& argv) {
 
   // A model update during a run at that threshold.
   json rollout = nullptr;
-  if (args.has("update-int8") || args.has("update-int4")) {
+  if (!update_int8.empty() || !update_int4.empty()) {
     std::printf("rollout at threshold %.2f: a new edge model published after half the requests...\n", best->threshold);
     std::fflush(stdout);
     std::vector<Server> edges = start_edges(best->threshold);
     const std::string before = get_json(edges[0].url, "/v1/cascade/status").value("version", "");
     auto [answers, secs] = run({edges[0].url, edges[1].url}, [&] {
-      if (args.has("update-int8")) publish("int8", args.get("update-int8", ""));
-      if (args.has("update-int4")) publish("int4", args.get("update-int4", ""));
+      if (!update_int8.empty()) publish("int8", update_int8);
+      if (!update_int4.empty()) publish("int4", update_int4);
       center.proc->signal(SIGHUP);
     });
     // The switch must land: the edges settle on the new version.

@@ -36,15 +36,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const char* kHelp =
-    "usage: loom bench chaos [--trials N] [--nproc P] [--interval S] [--kinds kill,stop,corrupt]\n"
-    "                        [--timeout S] [--seed K] [--work DIR] [--keep] -- train CONFIG [--set k=v]...\n\n"
-    "Runs the training uninterrupted, then again under loom launch --max-restarts while striking\n"
-    "it N times (default 20), the --kinds in turn: SIGKILL of a random rank, SIGSTOP of one (a\n"
-    "hang), or a corrupted newest checkpoint followed by a kill. Strikes are spread over the run's steps, or come every\n"
-    "S seconds with --interval. The run needs checkpoint.every_steps (or every_minutes) and enough\n"
-    "steps to host the trials. --timeout is the ranks' collective timeout (default 5 s).\n"
-    "The last line is SUMMARY {json} with trials, recovered, bitwise_equal and goodput.\n";
 
 
 // Starts argv with stdout and stderr into one pipe (returned in *out_fd), `tag` in LOOM_CHAOS_TAG.
@@ -139,22 +130,39 @@ std::string last_value_of(const std::vector<std::string>& args, const std::strin
 }  // namespace
 
 int bench_chaos(const std::vector<std::string>& args) {
+  auto app = bench_app("chaos",
+                        "loom bench chaos [options] -- train CONFIG [--set k=v]...: runs the training uninterrupted, "
+                        "then again under loom launch --max-restarts while striking it --trials times, the --kinds "
+                        "in turn: SIGKILL of a random rank, SIGSTOP of one (a hang), or a corrupted newest checkpoint "
+                        "followed by a kill. Strikes are spread over the run's steps, or come every S seconds with "
+                        "--interval. The run needs checkpoint.every_steps (or every_minutes) and enough steps to host "
+                        "the trials. The last line is SUMMARY {json} with trials, recovered, bitwise_equal and "
+                        "goodput.");
+  int trials = 20, nproc = 4;
+  int64_t seed = 1;
+  double interval = 0, timeout = 5;
+  std::string kinds_text = "kill,stop,corrupt", work;
+  bool keep = false;
+  std::vector<std::string> train;
+  app->add_option("--trials", trials, "strikes")->type_name("N")->check(positive());
+  app->add_option("--nproc", nproc, "ranks of the training")->type_name("P")->check(in_range(2, 1 << 20));
+  app->add_option("--interval", interval, "seconds between strikes (0: spread over the run's steps)")
+      ->type_name("S")->check(non_negative());
+  app->add_option("--kinds", kinds_text, "strikes to take turns, of kill, stop, corrupt")->type_name("LIST");
+  app->add_option("--timeout", timeout, "the ranks' collective timeout in seconds")->type_name("S")
+      ->check(positive());
+  app->add_option("--seed", seed, "seeds the strikes")->type_name("K");
+  app->add_option("--work", work, "working directory (default: a new one under /tmp)")->type_name("DIR");
+  app->add_flag("--keep", keep, "keep the runs' checkpoints in the working directory");
+  app->add_option("TRAINING", train, "the training to strike, after --: train CONFIG.yaml [--set k=v]...")
+      ->type_name("ARGS");
+  if (auto rc = parse(*app, args)) return *rc;
   auto sep = std::find(args.begin(), args.end(), "--");
-  std::vector<std::string> own(args.begin(), sep);
-  Args a("bench chaos", own, {{"trials", true}, {"nproc", true}, {"interval", true}, {"kinds", true}, {"timeout", true},
-                              {"seed", true}, {"work", true}, {"keep", false}, {"help", false}});
-  if (a.has("help")) {
-    std::printf("%s", kHelp);
-    return 0;
-  }
-  if (sep == args.end() || sep + 1 == args.end() || *(sep + 1) != "train")
+  if (sep == args.end() || train.size() != size_t(args.end() - sep - 1) || train.empty() || train[0] != "train")
     throw UsageError("[bench] give the training after --, e.g. loom bench chaos --trials 3 -- train CONFIG.yaml");
-  const std::vector<std::string> train(sep + 1, args.end());
-  const int trials = int(a.get_int("trials", 20)), nproc = int(a.get_int("nproc", 4));
-  const double interval = a.get_double("interval", 0), timeout = a.get_double("timeout", 5);
   std::vector<std::string> kinds;
   {
-    std::stringstream ss(a.get("kinds", "kill,stop,corrupt"));
+    std::stringstream ss(kinds_text);
     for (std::string k; std::getline(ss, k, ',');) {
       LOOM_CHECK(k == "kill" || k == "stop" || k == "corrupt", "bench", "--kinds: unknown kind '", k,
                  "' (kill, stop, corrupt)");
@@ -167,8 +175,7 @@ int bench_chaos(const std::vector<std::string>& args) {
   LOOM_CHECK(last_value_of(train, "checkpoint.every_steps").size() || last_value_of(train, "checkpoint.every_minutes").size(),
              "bench", "the training needs --set checkpoint.every_steps=K (or every_minutes): without checkpoints "
              "every restart begins at step 0");
-  std::mt19937_64 rng(uint64_t(a.get_int("seed", 1)));
-  std::string work = a.get("work", "");
+  std::mt19937_64 rng{uint64_t(seed)};
   if (work.empty()) {
     char tmpl[] = "/tmp/loom-chaos-XXXXXX";
     LOOM_CHECK(mkdtemp(tmpl), "bench", "cannot create a directory under /tmp");
@@ -354,7 +361,7 @@ int bench_chaos(const std::vector<std::string>& args) {
                       {"uninterrupted_s", ref_s}, {"struck_s", chaos_s}, {"lost_s", lost},
                       {"hang_detect_s", hang_latency}, {"hangs_named", hang_named_all},
                       {"collective_timeout_s", timeout}, {"work", work}, {"log", trial_log}};
-  if (!a.has("keep")) {
+  if (!keep) {
     std::error_code ec;
     fs::remove_all(work + "/ref", ec);
     fs::remove_all(work + "/chaos", ec);

@@ -18,15 +18,6 @@
 namespace loom::cli {
 namespace {
 
-const char* kHelp =
-    "usage: loom bench checkpoint [--model PRESET] [--steps S] [--every K] [--batch B] [--seq T]\n"
-    "                             [--dir DIR] [--threads N]\n\n"
-    "Trains S steps (default 3 K) of PRESET (default gpt2-124m) on random tokens twice, saving\n"
-    "every K steps (default 20) synchronously, then with checkpoint.async=true, into DIR\n"
-    "(default a temporary directory under /tmp, removed afterwards). Choose K so that a write\n"
-    "fits between two checkpoints; otherwise the async run also waits for the previous write.\n"
-    "The last line is SUMMARY {json} with sync_stall_s and async_stall_s (per checkpoint),\n"
-    "stall_ratio (async / sync) and async_write_s.\n";
 
 class RandomTokens final : public train::BatchSource {
  public:
@@ -49,19 +40,28 @@ class RandomTokens final : public train::BatchSource {
 }  // namespace
 
 int bench_checkpoint(const std::vector<std::string>& args) {
-  Args a("bench checkpoint", args, {{"model", true}, {"steps", true}, {"every", true}, {"batch", true}, {"seq", true},
-                                    {"dir", true}, {"threads", true}, {"help", false}});
-  if (a.has("help")) {
-    std::printf("%s", kHelp);
-    return 0;
-  }
-  const std::string preset = a.get("model", "gpt2-124m");
-  const int64_t every = a.get_int("every", 20), steps = a.get_int("steps", 3 * every);
-  const int64_t B = a.get_int("batch", 1), T = a.get_int("seq", 64);
+  auto app = bench_app("checkpoint",
+                        "Trains --steps steps of --model on random tokens twice, saving every --every steps "
+                        "synchronously, then with checkpoint.async=true, into --dir. Choose --every so that a write "
+                        "fits between two checkpoints; otherwise the async run also waits for the previous write. "
+                        "The last line is SUMMARY {json} with sync_stall_s and async_stall_s (per checkpoint), "
+                        "stall_ratio (async / sync) and async_write_s.");
+  std::string preset = "gpt2-124m", dir;
+  int64_t every = 20, steps = 0, B = 1, T = 64, threads = 0;
+  app->add_option("--model", preset, "model preset")->type_name("PRESET");
+  auto* steps_opt = app->add_option("--steps", steps, "training steps per run (default: 3 x --every)")
+                        ->check(positive())->default_str("");
+  app->add_option("--every", every, "steps between checkpoints")->type_name("K")->check(positive());
+  app->add_option("--batch", B, "sequences per step")->check(positive());
+  app->add_option("--seq", T, "tokens per sequence")->check(positive());
+  app->add_option("--dir", dir, "where checkpoints go (default: a temporary directory under /tmp, removed afterwards)")
+      ->type_name("DIR");
+  auto* threads_opt = app->add_option("--threads", threads, "compute threads")->check(positive())->default_str("");
+  if (auto rc = parse(*app, args)) return *rc;
+  if (!steps_opt->count()) steps = 3 * every;
   LOOM_CHECK(steps >= every && every >= 1, "bench", "--steps must be at least --every (>= 1)");
   namespace fs = std::filesystem;
-  const bool own_dir = !a.has("dir");
-  std::string dir = a.get("dir", "");
+  const bool own_dir = dir.empty();
   if (own_dir) {
     char tmpl[] = "/tmp/loom-bench-checkpoint-XXXXXX";
     LOOM_CHECK(mkdtemp(tmpl), "bench", "cannot create a directory under /tmp");
@@ -74,7 +74,7 @@ int bench_checkpoint(const std::vector<std::string>& args) {
                                      str_cat("checkpoint.every_steps=", every), "checkpoint.keep_last=2",
                                      str_cat("checkpoint.dir=", dir, async ? "/async" : "/sync"),
                                      str_cat("checkpoint.async=", async ? "true" : "false")};
-    if (a.has("threads")) sets.push_back("threads=" + a.get("threads", ""));
+    if (threads_opt->count()) sets.push_back(str_cat("threads=", threads));
     const train::TrainConfig cfg = train::parse_train_config("{}", sets);
     RandomTokens src(cfg.model.vocab_size);
     train::TrainerOptions o;

@@ -24,21 +24,12 @@ namespace loom::cli {
 
 namespace {
 
-const char* kHelp =
-    "usage: loom bench comm [--nproc N] [--ops all_reduce,reduce_scatter,all_gather,all_to_all]\n"
-    "                       [--min-bytes 1K] [--max-bytes 256M] [--iters 20] [--warmup 5]\n"
-    "                       [--hosts h1:2,h2:2] [--algorithms ring,tree,hierarchical,auto,mpi]\n"
-    "                       [--calibrate FILE]\n\n"
-    "Sizes double from --min-bytes to --max-bytes (f32 elements; the total buffer of the op).\n"
-    "Ops: all_reduce, reduce_scatter, all_gather, all_to_all, broadcast.\n"
-    "--nproc N relaunches through `loom launch --nproc N` unless already under MPI; --hosts\n"
-    "  also (test hosts from scripts/testhosts.sh or real ones; --nproc defaults to its slots).\n"
-    "--algorithms runs all_reduce, reduce_scatter and all_gather with each algorithm (default:\n"
-    "  the run's comm algorithm, $LOOM_COMM_ALGORITHM or auto); 'auto' rows name its pick.\n"
-    "--calibrate FILE measures latency and bandwidth inside and between hosts, the reduction\n"
-    "  rate and every algorithm's time over the sizes, and writes the cost model to FILE\n"
-    "  (use it with comm.calibration or $LOOM_COMM_CALIBRATION).\n"
-    "--trace DIR (as on every bench) writes each rank's trace, collectives included (docs/OBSERVABILITY.md).\n";
+// The options; min/max bytes, iters and warmup have other defaults under --calibrate.
+struct CommOptions {
+  int64_t nproc = 0, iters = 0, warmup = 0;
+  std::string hosts, ops = "all_reduce,reduce_scatter,all_gather,all_to_all", min_bytes, max_bytes, algorithms,
+                     calibrate;
+};
 
 struct Buffers {
   Tensor in, out;
@@ -170,11 +161,11 @@ comm::LinkCost measure_link(const comm::Group& g, int peer, int64_t large, int i
   return c;
 }
 
-int calibrate(const Args& a) {
-  const std::string path = a.get("calibrate", "");
-  int64_t min_bytes = comm::parse_byte_size(a.get("min-bytes", "4K"));
-  int64_t max_bytes = comm::parse_byte_size(a.get("max-bytes", "64M"));
-  int iters = int(a.get_int("iters", 10)), warmup = int(a.get_int("warmup", 2));
+int calibrate(const CommOptions& a, const CLI::App& app) {
+  const std::string path = a.calibrate;
+  int64_t min_bytes = comm::parse_byte_size(a.min_bytes.empty() ? "4K" : a.min_bytes);
+  int64_t max_bytes = comm::parse_byte_size(a.max_bytes.empty() ? "64M" : a.max_bytes);
+  int iters = app.count("--iters") ? int(a.iters) : 10, warmup = app.count("--warmup") ? int(a.warmup) : 2;
   if (iters < 1 || warmup < 0 || min_bytes > max_bytes)
     throw UsageError("[bench comm] --calibrate needs --iters >= 1, --warmup >= 0 and --min-bytes <= --max-bytes");
   comm::World world;
@@ -253,33 +244,51 @@ int calibrate(const Args& a) {
 }  // namespace
 
 int bench_comm(const std::vector<std::string>& args) {
-  Args a("bench comm", args,
-         {{"nproc", true}, {"hosts", true}, {"ops", true}, {"min-bytes", true}, {"max-bytes", true},
-          {"iters", true}, {"warmup", true}, {"algorithms", true}, {"calibrate", true},
-          {"help", false}});
-  if (a.has("help")) {
-    std::printf("%s", kHelp);
-    return 0;
-  }
-  if ((a.has("nproc") || a.has("hosts")) && !comm::launch_env().under_mpi) return relaunch_bench("comm", args);
-  if (a.has("calibrate")) return calibrate(a);
-  std::vector<std::string> ops = split_list(a.get("ops", "all_reduce,reduce_scatter,all_gather,all_to_all"));
-  int64_t min_bytes = comm::parse_byte_size(a.get("min-bytes", "1K"));
-  int64_t max_bytes = comm::parse_byte_size(a.get("max-bytes", "256M"));
-  int iters = int(a.get_int("iters", 20)), warmup = int(a.get_int("warmup", 5));
-  if (iters < 1 || warmup < 0) throw UsageError("[bench comm] --iters must be >= 1 and --warmup >= 0");
+  auto app = bench_app("comm",
+                        "Sizes double from --min-bytes to --max-bytes (f32 elements; the total buffer of the op). "
+                        "--nproc N relaunches through `loom launch --nproc N` unless already under MPI; --hosts also "
+                        "(test hosts from scripts/testhosts.sh or real ones; --nproc defaults to its slots). --trace "
+                        "DIR writes each rank's trace, collectives included (docs/OBSERVABILITY.md).");
+  CommOptions a;
+  app->add_option("--nproc", a.nproc, "ranks, through loom launch")->type_name("N")->check(positive())
+      ->default_str("");
+  app->add_option("--hosts", a.hosts, "hosts and ranks per host, through loom launch")->type_name("h1:2,h2:2");
+  app->add_option("--ops", a.ops, "of all_reduce, reduce_scatter, all_gather, all_to_all, broadcast")
+      ->type_name("LIST");
+  app->add_option("--min-bytes", a.min_bytes, "smallest size (default 1K; 4K under --calibrate)")->type_name("SIZE");
+  app->add_option("--max-bytes", a.max_bytes, "largest size (default 256M; 64M under --calibrate)")->type_name("SIZE");
+  app->add_option("--iters", a.iters, "timed iterations per size (default 20; 10 under --calibrate)")
+      ->check(positive())->default_str("");
+  app->add_option("--warmup", a.warmup, "untimed iterations per size (default 5; 2 under --calibrate)")
+      ->check(non_negative())->default_str("");
+  app->add_option("--algorithms", a.algorithms,
+                  "run all_reduce, reduce_scatter and all_gather with each of ring, tree, hierarchical, auto, mpi "
+                  "(default: the run's comm algorithm, $LOOM_COMM_ALGORITHM or auto); 'auto' rows name its pick")
+      ->type_name("LIST");
+  app->add_option("--calibrate", a.calibrate,
+                  "measure latency and bandwidth inside and between hosts, the reduction rate and every algorithm's "
+                  "time over the sizes, and write the cost model to FILE (for comm.calibration or "
+                  "$LOOM_COMM_CALIBRATION)")->type_name("FILE");
+  if (auto rc = parse(*app, args)) return *rc;
+  if ((app->count("--nproc") || app->count("--hosts")) && !comm::launch_env().under_mpi)
+    return relaunch_bench("comm", args);
+  if (!a.calibrate.empty()) return calibrate(a, *app);
+  std::vector<std::string> ops = split_list(a.ops);
+  const std::string min_text = a.min_bytes.empty() ? "1K" : a.min_bytes, max_text = a.max_bytes.empty() ? "256M" : a.max_bytes;
+  int64_t min_bytes = comm::parse_byte_size(min_text);
+  int64_t max_bytes = comm::parse_byte_size(max_text);
+  int iters = app->count("--iters") ? int(a.iters) : 20, warmup = app->count("--warmup") ? int(a.warmup) : 5;
   if (min_bytes > max_bytes)
-    throw UsageError("[bench comm] --min-bytes " + a.get("min-bytes", "") + " exceeds --max-bytes " +
-                     a.get("max-bytes", ""));
+    throw UsageError("[bench comm] --min-bytes " + min_text + " exceeds --max-bytes " + max_text);
 
   comm::World world;
   const comm::Group& g = world.group();
   const int n = g.size(), r = g.rank();
   for (const auto& op : ops) comm::bus_bandwidth_factor(op, n);  // rejects unknown ops early
   std::vector<comm::Algorithm> algorithms;
-  for (const auto& name : split_list(a.get("algorithms", comm::algorithm_name(g.algorithm()))))
+  for (const auto& name : split_list(a.algorithms.empty() ? comm::algorithm_name(g.algorithm()) : a.algorithms))
     algorithms.push_back(comm::parse_algorithm(name));
-  const bool compare = a.has("algorithms");
+  const bool compare = !a.algorithms.empty();
   const int hosts = g.hosts();
   bool primary = r == 0;
   if (primary) {

@@ -29,40 +29,6 @@
 namespace loom::cli {
 namespace {
 
-const char* kUsage =
-    "usage: loom bench infer [--model gpt2-124m | --checkpoint DIR]\n"
-    "        [--mode static|continuous|both|all] [--static padded|compact]\n"
-    "        [--requests N] [--rate R] [--prompt-len DIST] [--output-len DIST]\n"
-    "        [--max-num-seqs N] [--max-batched-tokens N] [--block-size N] [--kv-cache-mb N]\n"
-    "        [--temperature T] [--threads N] [--seed S] [--no-prefix-caching] [--no-batch1]\n"
-    "        [--batch1-tokens N] [--prefill-tokens N] [--quant fp32|bf16|int8|int4 [--group N]\n"
-    "        [--quant-head int8|f32] [--zero-point]]\n"
-    "   or: loom bench infer --peer llama.cpp [--model gpt2-124m | --checkpoint DIR] [--threads N]\n"
-    "        [--precisions fp32,bf16,int8,int4] [--rounds R] [--batch1-tokens N] [--prefill-tokens N]\n"
-    "        [--compare-tokens N] [--compare-prompt TEXT] [--group N] [--quant-head int8|f32]\n"
-    "        [--peer-venv DIR]\n"
-    "   or: loom launch --nproc N -- bench infer --tp N [--model P | --checkpoint DIR] [--threads T]\n"
-    "        [--batch1-tokens N] [--prefill-tokens N] [--quant ...]  (tensor-parallel decode speed)\n"
-    "   or: loom bench infer --speculative SPEC [--model P | --checkpoint DIR] [--data DIR]\n"
-    "        [--workload text|quote|random] [--prompt-len N] [--output-len N] [--batch1-requests N]\n"
-    "        [--requests N] [--low-rate R] [--temperature T] [--max-num-seqs N] [--threads N] [--quant ...]\n"
-    "DIST: N | uniform:A:B | exp:MEAN:MIN:MAX (exponential, clamped). --rate 0: all arrive at once.\n"
-    "--static: the static batching of static/both (default padded: finished members stay in the\n"
-    "batch as padding rows until the longest is done; compact: they leave at once).\n"
-    "--mode all: compact static, padded static and continuous, side by side.\n"
-    "--prefill-tokens N: time one N-token prompt's prefill (prompt processing; default 512, 0: off).\n"
-    "--quant: the block matrices and the head in bf16/int8/int4 (docs/INFERENCE.md); a quantized\n"
-    "checkpoint (loom quantize) is run as it is.\n"
-    "--peer llama.cpp: batch-1 decode and prompt processing beside llama.cpp on the same weights\n"
-    "(GGUF F32, BF16, Q8_0, Q4_0 for fp32, bf16, int8, int4), alternating, and greedy tokens compared at F32.\n"
-    "The peer is PyPI's llama-cpp-python, built once into --peer-venv (default BUILD/peers/llama-venv;\n"
-    "the first run compiles llama.cpp, minutes). GPT-2-family models only. docs/PERFORMANCE.md.\n"
-    "--speculative: speculative against plain decoding, alternating: batch-1 decode of --batch1-requests\n"
-    "prompts (default 6), then --requests (default 16) at a low Poisson rate (--low-rate, default a quarter\n"
-    "of plain batch-1's) and all at once. Prompts: windows of --data DIR/val.bin (text), such a window\n"
-    "followed by its first quarter again (quote), or random tokens (random; the default without --data).\n"
-    "--prompt-len 64 and --output-len 96 are plain numbers here. SPEC as for loom generate:\n";
-
 // A length distribution parsed from the command line.
 struct LengthDist {
   enum Kind { fixed, uniform, exponential } kind = fixed;
@@ -286,79 +252,126 @@ double prefill_tokens_per_s(const model::Decoder& m, const infer::EngineConfig& 
 }
 
 int bench_infer(const std::vector<std::string>& argv) {
-  Args a("bench infer", argv,
-         {{"model", true}, {"checkpoint", true}, {"mode", true}, {"static", true}, {"requests", true},
-          {"rate", true},
-          {"prompt-len", true}, {"output-len", true}, {"max-num-seqs", true},
-          {"max-batched-tokens", true}, {"block-size", true}, {"kv-cache-mb", true},
-          {"temperature", true}, {"threads", true}, {"seed", true}, {"no-prefix-caching", false},
-          {"no-batch1", false}, {"batch1-tokens", true}, {"prefill-tokens", true}, {"quant", true},
-          {"group", true}, {"quant-head", true}, {"zero-point", false}, {"peer", true}, {"peer-venv", true},
-          {"rounds", true}, {"precisions", true}, {"compare-tokens", true}, {"compare-prompt", true},
-          {"speculative", true}, {"data", true}, {"workload", true}, {"batch1-requests", true},
-          {"low-rate", true}, {"tp", true}, {"help", false}});
-  if (a.has("help")) {
-    std::printf("%s%s", kUsage, kSpeculativeHelp);
-    return 0;
-  }
-  if (!a.has("peer"))
+  auto app = bench_app(
+      "infer",
+      "loom bench infer [--model P | --checkpoint DIR] [options]: static vs continuous batching under Poisson load "
+      "and batch-1 decode. --peer llama.cpp: batch-1 decode and prompt processing beside llama.cpp on the same "
+      "weights (GGUF F32, BF16, Q8_0, Q4_0 for fp32, bf16, int8, int4), alternating, and greedy tokens compared at "
+      "F32; the peer is PyPI's llama-cpp-python, built once into --peer-venv (the first run compiles llama.cpp, "
+      "minutes); GPT-2-family models only (docs/PERFORMANCE.md). loom launch --nproc N -- bench infer --tp N: "
+      "tensor-parallel decode speed. --speculative SPEC: speculative against plain decoding, alternating: batch-1 "
+      "decode of --batch1-requests prompts, then --requests at a low Poisson rate (--low-rate) and all at once; "
+      "prompts are windows of --data DIR/val.bin (text), such a window followed by its first quarter again "
+      "(quote), or random tokens (random; the default without --data).");
+  InferBenchOptions a;
+  a.app = app.get();
+  app->add_option("--model", a.model, "model preset, random weights")->type_name("PRESET");
+  app->add_option("--checkpoint", a.checkpoint,
+                  "a training checkpoint or run directory, or a quantized checkpoint (loom quantize), run as it is")
+      ->type_name("DIR");
+  app->add_option("--mode", a.mode, "all: compact static, padded static and continuous, side by side")
+      ->check(one_of({"static", "continuous", "both", "all"}));
+  app->add_option("--static", a.static_policy,
+                  "the static batching of static/both: padded (finished members stay in the batch as padding rows "
+                  "until the longest is done) or compact (they leave at once)")
+      ->check(one_of({"padded", "compact"}));
+  app->add_option("--requests", a.requests, "requests of the load (default 64; --speculative 16, 0: no load runs)")
+      ->type_name("N")->check(non_negative())->default_str("");
+  app->add_option("--rate", a.rate, "Poisson arrivals per second; 0: all at once")->type_name("R")
+      ->check(non_negative());
+  app->add_option("--prompt-len", a.prompt_len,
+                  "prompt tokens: N | uniform:A:B | exp:MEAN:MIN:MAX (exponential, clamped) (default "
+                  "uniform:16:128; --speculative: a plain number, default 64)")->type_name("DIST");
+  app->add_option("--output-len", a.output_len,
+                  "output tokens, as --prompt-len (default uniform:16:256; --speculative 96)")->type_name("DIST");
+  app->add_option("--max-num-seqs", a.max_num_seqs, "sequences stepped together")->type_name("N")->check(positive());
+  app->add_option("--max-batched-tokens", a.max_batched_tokens, "tokens per engine step")->type_name("N")
+      ->check(positive());
+  app->add_option("--block-size", a.block_size, "tokens per KV-cache block")->type_name("N")->check(positive());
+  app->add_option("--kv-cache-mb", a.kv_cache_mb, "KV-cache size in MiB (default 1024; --tp 256)")->type_name("N")
+      ->check(positive())->default_str("");
+  app->add_option("--temperature", a.temperature, "sampling temperature (0: greedy)")->type_name("T")
+      ->check(in_range(0, 2));
+  app->add_option("--threads", a.threads, "compute threads (default 2; --tp 1)")->type_name("N")->check(positive())
+      ->default_str("");
+  app->add_option("--seed", a.seed, "seeds weights, arrivals and prompts")->type_name("S");
+  app->add_flag("--no-prefix-caching", a.no_prefix_caching, "the engine without prefix caching");
+  app->add_flag("--no-batch1", a.no_batch1, "skip the batch-1 decode measurement");
+  app->add_option("--batch1-tokens", a.batch1_tokens, "tokens of the batch-1 decode")->type_name("N")
+      ->check(positive());
+  app->add_option("--prefill-tokens", a.prefill_tokens, "time one N-token prompt's prefill (prompt processing; 0: off)")
+      ->type_name("N")->check(non_negative());
+  add_quant_options(*app, a.quant);
+  add_tensor_parallel_option(*app, a.tp);
+  const std::string peer = "--peer llama.cpp";
+  app->add_option("--peer", a.peer, "run beside llama.cpp")->check(one_of({"llama.cpp"}))->group(peer);
+  app->add_option("--peer-venv", a.peer_venv, "where llama-cpp-python is built (default BUILD/peers/llama-venv)")->type_name("DIR")->group(peer);
+  app->add_option("--rounds", a.rounds, "alternating rounds")->type_name("R")->check(positive())->group(peer);
+  app->add_option("--precisions", a.precisions, "of fp32, bf16, int8, int4")->type_name("LIST")->group(peer);
+  app->add_option("--compare-tokens", a.compare_tokens, "greedy tokens compared at F32")->type_name("N")
+      ->check(non_negative())->group(peer);
+  app->add_option("--compare-prompt", a.compare_prompt, "the prompt of the comparison (default: a fixed text)")
+      ->type_name("TEXT")->group(peer);
+  const std::string spec = "--speculative SPEC";
+  add_speculative_option(*app, a.speculative);
+  app->get_option("--speculative")->group(spec);
+  app->add_option("--data", a.data, "prompts from DIR/val.bin (a `loom prepare` output)")->type_name("DIR")
+      ->group(spec);
+  app->add_option("--workload", a.workload, "prompts (default: text with --data, else random)")
+      ->check(one_of({"text", "quote", "random"}))->group(spec);
+  app->add_option("--batch1-requests", a.batch1_requests, "prompts decoded one at a time")->type_name("N")
+      ->check(positive())->group(spec);
+  app->add_option("--low-rate", a.low_rate, "arrivals per second of the low load (default: a quarter of plain "
+                  "batch-1's)")->type_name("R")->check(positive())->default_str("")->group(spec);
+  if (auto rc = parse(*app, argv)) return *rc;
+  if (!a.given("peer"))
     for (const char* k : {"peer-venv", "rounds", "precisions", "compare-tokens", "compare-prompt"})
-      if (a.has(k)) throw UsageError(str_cat("[bench infer] --", k, " goes with --peer llama.cpp"));
-  if (!a.has("speculative"))
+      if (a.given(k)) throw UsageError(str_cat("[bench infer] --", k, " goes with --peer llama.cpp"));
+  if (!a.given("speculative"))
     for (const char* k : {"data", "workload", "batch1-requests", "low-rate"})
-      if (a.has(k)) throw UsageError(str_cat("[bench infer] --", k, " goes with --speculative"));
-  if (a.get_int("tp", 1) != 1) {
-    if (a.has("peer") || a.has("speculative"))
+      if (a.given(k)) throw UsageError(str_cat("[bench infer] --", k, " goes with --speculative"));
+  if (a.tp != 1) {
+    if (a.given("peer") || a.given("speculative"))
       throw UsageError("[bench infer] --tp measures tensor-parallel decode alone; drop --peer and --speculative");
-    const int threads = int(a.get_int("threads", 1));
+    const int threads = a.given("threads") ? int(a.threads) : 1;
     set_num_threads(threads);
     return bench_infer_tp(a, threads);
   }
-  if (a.has("speculative")) {
-    if (a.has("peer")) throw UsageError("[bench infer] --speculative and --peer are separate benchmarks; give one");
-    const int threads = int(a.get_int("threads", 2));
+  if (a.given("speculative")) {
+    if (a.given("peer")) throw UsageError("[bench infer] --speculative and --peer are separate benchmarks; give one");
+    const int threads = a.given("threads") ? int(a.threads) : 2;
     set_num_threads(threads);
     return bench_infer_speculative(a, threads);
   }
-  const std::string mode = a.get("mode", "both");
-  if (mode != "static" && mode != "continuous" && mode != "both" && mode != "all")
-    throw UsageError("[bench infer] --mode must be static, continuous, both or all, got \"" + mode +
-                     "\"");
-  const std::string static_name = a.get("static", "padded");
-  if (static_name != "padded" && static_name != "compact")
-    throw UsageError("[bench infer] --static must be padded or compact, got \"" + static_name + "\"");
+  const std::string& mode = a.mode;
+  const std::string& static_name = a.static_policy;
   const StaticPolicy policy = static_name == "padded" ? StaticPolicy::padded : StaticPolicy::compact;
-  const int64_t n_req = a.get_int("requests", 64);
-  const double rate = a.get_double("rate", 8.0);
+  const int64_t n_req = a.given("requests") ? a.requests : 64;
+  const double rate = a.rate;
   if (n_req < 1) throw UsageError("[bench infer] --requests must be at least 1");
-  if (rate < 0) throw UsageError("[bench infer] --rate must be >= 0 (0: all at once)");
-  const LengthDist plen = LengthDist::parse("--prompt-len", a.get("prompt-len", "uniform:16:128"));
-  const LengthDist olen = LengthDist::parse("--output-len", a.get("output-len", "uniform:16:256"));
-  const int threads = int(a.get_int("threads", 2));
+  const LengthDist plen = LengthDist::parse("--prompt-len", a.prompt_len.empty() ? "uniform:16:128" : a.prompt_len);
+  const LengthDist olen = LengthDist::parse("--output-len", a.output_len.empty() ? "uniform:16:256" : a.output_len);
+  const int threads = a.given("threads") ? int(a.threads) : 2;
   set_num_threads(threads);
 
   // Weights: a training checkpoint (DIR is one, or holds step_* ones: the newest valid is
   // used), a quantized checkpoint, or a preset with random weights (serving cost does not
   // depend on their values); --quant quantizes the f32 ones on load.
-  const auto quant = quant_spec_from(a);
+  const auto quant = quant_spec_from(a.quant);
   std::string ckpt;
-  if (a.has("checkpoint")) ckpt = resolve_inference_checkpoint(a.get("checkpoint", ""), stderr);
-  const model::ModelConfig mc =
-      ckpt.empty() ? model::preset(a.get("model", "gpt2-124m")) : train::checkpoint_model_config(ckpt);
-  if (!a.has("peer") && plen.max() + olen.max() > mc.n_ctx)
+  if (a.given("checkpoint")) ckpt = resolve_inference_checkpoint(a.checkpoint, stderr);
+  const model::ModelConfig mc = ckpt.empty() ? model::preset(a.model) : train::checkpoint_model_config(ckpt);
+  if (!a.given("peer") && plen.max() + olen.max() > mc.n_ctx)
     throw UsageError(str_cat("[bench infer] the longest prompt (", plen.max(), ") plus the longest output (",
                              olen.max(), ") exceed the context of ", mc.n_ctx, " tokens"));
-  const int64_t prefill = std::min(a.get_int("prefill-tokens", 512), mc.n_ctx - 1);
-  if (prefill < 0) throw UsageError("[bench infer] --prefill-tokens must be >= 0 (0: off)");
+  const int64_t prefill = std::min(a.prefill_tokens, mc.n_ctx - 1);
   infer::EngineConfig cfg;
-  cfg.block_size = a.get_int("block-size", 16);
-  cfg.kv_cache_bytes = a.get_int("kv-cache-mb", 1024) << 20;
-  cfg.max_num_seqs = a.get_int("max-num-seqs", 32);
-  cfg.max_batched_tokens = a.get_int("max-batched-tokens", 2048);
-  cfg.prefix_caching = !a.has("no-prefix-caching");
-  if (a.has("peer")) {
-    if (a.get("peer", "") != "llama.cpp")
-      throw UsageError("[bench infer] --peer: only 'llama.cpp' is supported, got '" + a.get("peer", "") + "'");
+  cfg.block_size = a.block_size;
+  cfg.kv_cache_bytes = (a.given("kv-cache-mb") ? a.kv_cache_mb : 1024) << 20;
+  cfg.max_num_seqs = a.max_num_seqs;
+  cfg.max_batched_tokens = a.max_batched_tokens;
+  cfg.prefix_caching = !a.no_prefix_caching;
+  if (a.given("peer")) {
     if (!ckpt.empty() && infer::is_quantized_checkpoint(ckpt))
       throw UsageError("[bench infer] --peer llama.cpp needs f32 weights to write as GGUF; " + ckpt +
                        " is a quantized checkpoint (give the checkpoint it was made from)");
@@ -367,11 +380,11 @@ int bench_infer(const std::vector<std::string>& argv) {
                 cpu::hot_kernels_isa().c_str());
     return bench_infer_llama_cpp(a, mc, ckpt, cfg, threads, prefill);
   }
-  const InferenceModel im = ckpt.empty() ? random_inference_model(mc, uint64_t(a.get_int("seed", 1)), quant)
+  const InferenceModel im = ckpt.empty() ? random_inference_model(mc, uint64_t(a.seed), quant)
                                          : load_inference_model(ckpt, quant, stderr, /*resolved=*/true);
   const model::Decoder& m = *im.model;
   cfg.quant = im.quant_ptr();
-  const double temperature = a.get_double("temperature", 0.0);
+  const double temperature = a.temperature;
 
   std::printf("bench infer: %s%s, %s, %d threads, kernels %s%s\n", mc.summary().c_str(),
               ckpt.empty() ? " (random weights)" : (" from " + ckpt).c_str(), im.precision().c_str(), threads,
@@ -389,7 +402,7 @@ int bench_infer(const std::vector<std::string>& argv) {
                     : " (finished members leave the batch at once)");
   std::fflush(stdout);
 
-  const auto work = make_workload(n_req, rate, plen, olen, mc.vocab_size, uint64_t(a.get_int("seed", 1)));
+  const auto work = make_workload(n_req, rate, plen, olen, mc.vocab_size, uint64_t(a.seed));
   std::vector<Flavour> flavours;
   auto static_flavour = [](StaticPolicy p, bool both_policies) {
     const std::string name = static_policy_name(p);
@@ -409,8 +422,8 @@ int bench_infer(const std::vector<std::string>& argv) {
   print_table(results);
 
   Batch1 b1;
-  if (!a.has("no-batch1")) {
-    b1 = run_batch1(m, cfg, a.get_int("batch1-tokens", 64));
+  if (!a.no_batch1) {
+    b1 = run_batch1(m, cfg, a.batch1_tokens);
     std::printf("\nbatch-1 decode: %.2f tokens/s; weights read per token %.1f MB; read bandwidth "
                 "%.2f GB/s (1 GiB sum, %d threads) -> bound %.2f tokens/s; achieved %.1f%% "
                 "(median of 5 rounds)\n",

@@ -6,8 +6,29 @@
 #include "loom/infer/engine.h"
 #include "loom/model/decoder.h"
 #include "tools/loom/commands.h"
+#include "tools/loom/inference_model.h"
 
 namespace loom::cli {
+
+// `loom bench infer`'s options (declared in bench_infer.cpp). Its modes (serving, --peer,
+// --tp, --speculative) default some of them differently; `given` says which were given.
+struct InferBenchOptions {
+  std::string model = "gpt2-124m", checkpoint, mode = "both", static_policy = "padded", prompt_len, output_len;
+  int64_t requests = 0, max_num_seqs = 32, max_batched_tokens = 2048, block_size = 16, kv_cache_mb = 0,
+          threads = 0, seed = 1, batch1_tokens = 64, prefill_tokens = 512, tp = 1;
+  double rate = 8.0, temperature = 0.0;
+  bool no_prefix_caching = false, no_batch1 = false;
+  QuantOptions quant;
+  // --peer llama.cpp
+  std::string peer, peer_venv, precisions = "fp32,int8,int4", compare_prompt;
+  int64_t rounds = 3, compare_tokens = 32;
+  // --speculative
+  std::string speculative, data, workload;
+  int64_t batch1_requests = 6;
+  double low_rate = 0;
+  const CLI::App* app = nullptr;
+  bool given(const std::string& name) const { return app && app->count("--" + name) > 0; }
+};
 
 // Sustained read bandwidth in bytes/s: the best of two sums over n floats with the
 // benchmark's threads (weights are read-only while decoding, so reading is the bound).
@@ -38,12 +59,12 @@ double prefill_tokens_per_s(const model::Decoder& m, const infer::EngineConfig& 
 // `bench infer --peer llama.cpp`: loom and llama.cpp on the same weights at fp32/F32,
 // bf16/BF16, int8/Q8_0 and int4/Q4_0, alternating runs, plus greedy tokens compared at F32.
 // `checkpoint` is a resolved f32 checkpoint, or empty for the preset `mc` with random weights.
-int bench_infer_llama_cpp(const Args& a, const model::ModelConfig& mc, const std::string& checkpoint,
+int bench_infer_llama_cpp(const InferBenchOptions& a, const model::ModelConfig& mc, const std::string& checkpoint,
                           const infer::EngineConfig& cfg, int threads, int64_t prefill);
 
 // `bench infer --tp N` under `loom launch --nproc N`: tensor-parallel decode speed.
-int bench_infer_tp(const Args& a, int threads);
+int bench_infer_tp(const InferBenchOptions& a, int threads);
 // `bench infer --speculative SPEC`: speculative against plain decoding (bench_spec.cpp).
-int bench_infer_speculative(const Args& a, int threads);
+int bench_infer_speculative(const InferBenchOptions& a, int threads);
 
 }  // namespace loom::cli

@@ -109,27 +109,27 @@ struct LevelResult {
 
 }  // namespace
 
-int bench_infer_llama_cpp(const Args& a, const model::ModelConfig& mc, const std::string& checkpoint,
+int bench_infer_llama_cpp(const InferBenchOptions& a, const model::ModelConfig& mc, const std::string& checkpoint,
                           const infer::EngineConfig& engine_cfg, int threads, int64_t prefill) {
   if (mc.family != model::Family::gpt2)
     throw UsageError(str_cat("[bench infer] --peer llama.cpp runs GPT-2-family models; ", mc.name, " is ",
                              model::family_name(mc.family), " (use --model gpt2-124m or a GPT-2 checkpoint)"));
-  if (a.has("quant"))
+  if (a.given("quant"))
     throw UsageError("[bench infer] --peer llama.cpp runs every precision itself (fp32/F32, bf16/BF16, "
                      "int8/Q8_0, int4/Q4_0); choose them with --precisions instead of --quant");
-  const std::string venv = a.get("peer-venv", default_venv());
-  const int64_t rounds = a.get_int("rounds", 3), decode_tokens = a.get_int("batch1-tokens", 64);
-  const int64_t compare_tokens = a.get_int("compare-tokens", 32);
+  const std::string venv = a.peer_venv.empty() ? default_venv() : a.peer_venv;
+  const int64_t rounds = a.rounds, decode_tokens = a.batch1_tokens;
+  const int64_t compare_tokens = a.compare_tokens;
   if (rounds < 1 || decode_tokens < 1 || compare_tokens < 0)
     throw UsageError("[bench infer] --rounds and --batch1-tokens must be >= 1, --compare-tokens >= 0");
-  const uint64_t seed = uint64_t(a.get_int("seed", 1));
+  const uint64_t seed = uint64_t(a.seed);
 
   // The precisions: fp32 F32, int8 Q8_0 (its head Q8_0 too), int4 Q4_0 with the head as loom
   // keeps it (int8 by default: Q8_0; --quant-head f32: F32).
-  const bool head_f32 = a.get("quant-head", "int8") == "f32";
+  const bool head_f32 = a.quant.head == "f32";
   std::vector<Level> levels;
   {
-    std::istringstream is(a.get("precisions", "fp32,int8,int4"));
+    std::istringstream is(a.precisions);
     std::string p;
     while (std::getline(is, p, ',')) {
       if (p == "fp32") levels.push_back({"fp32", "F32", "F32"});
@@ -196,9 +196,9 @@ int bench_infer_llama_cpp(const Args& a, const model::ModelConfig& mc, const std
     const Level& l = levels[li];
     const auto spec = l.loom == "fp32"
                           ? std::optional<infer::QuantSpec>()
-                          : infer::parse_quant_spec(l.loom, l.loom == "int4" ? a.get_int("group", -1) : -1,
+                          : infer::parse_quant_spec(l.loom, l.loom == "int4" ? a.quant.group : -1,
                                                     head_f32 ? "f32" : "int8",
-                                                    l.loom == "int4" && a.has("zero-point"));
+                                                    l.loom == "int4" && a.quant.zero_point);
     const InferenceModel im = load(spec);
     cfg.quant = im.quant_ptr();
     infer::Engine e(*im.model, cfg);
@@ -247,7 +247,7 @@ int bench_infer_llama_cpp(const Args& a, const model::ModelConfig& mc, const std
       std::unique_ptr<data::Tokenizer> tok;
       if (!im.tokenizer.empty()) {
         tok = data::make_tokenizer(im.tokenizer);
-        prompt = tok->encode(a.get("compare-prompt", kComparePrompt));
+        prompt = tok->encode(a.given("compare-prompt") ? a.compare_prompt : std::string(kComparePrompt));
         if (prompt.empty())
           throw UsageError("[bench infer] --compare-prompt is empty; give some text to continue");
       }

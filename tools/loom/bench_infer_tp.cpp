@@ -12,24 +12,23 @@
 
 namespace loom::cli {
 
-int bench_infer_tp(const Args& a, int threads) {
-  const TensorParallel tp = tensor_parallel_from(a, "bench infer", /*watchdog=*/true);
-  const auto quant = quant_spec_from(a);
+int bench_infer_tp(const InferBenchOptions& a, int threads) {
+  const TensorParallel tp = tensor_parallel_from(a.tp, "bench infer", /*watchdog=*/true);
+  const auto quant = quant_spec_from(a.quant);
   std::string ckpt;
   FILE* log = tp.leader() ? stderr : nullptr;
-  if (a.has("checkpoint")) ckpt = resolve_inference_checkpoint(a.get("checkpoint", ""), log);
-  const model::ModelConfig mc =
-      ckpt.empty() ? model::preset(a.get("model", "gpt2-124m")) : train::checkpoint_model_config(ckpt);
+  if (a.given("checkpoint")) ckpt = resolve_inference_checkpoint(a.checkpoint, log);
+  const model::ModelConfig mc = ckpt.empty() ? model::preset(a.model) : train::checkpoint_model_config(ckpt);
   const InferenceModel im = ckpt.empty()
-                                ? random_inference_model(mc, uint64_t(a.get_int("seed", 1)), quant, tp.group())
+                                ? random_inference_model(mc, uint64_t(a.seed), quant, tp.group())
                                 : load_inference_model(ckpt, quant, log, true, tp.group());
   infer::EngineConfig cfg;
-  cfg.block_size = a.get_int("block-size", 16);
-  cfg.kv_cache_bytes = a.get_int("kv-cache-mb", 256) << 20;
+  cfg.block_size = a.block_size;
+  cfg.kv_cache_bytes = (a.given("kv-cache-mb") ? a.kv_cache_mb : 256) << 20;
   cfg.quant = im.quant_ptr();
   cfg.tp = tp.group();
-  const int64_t n_tokens = a.get_int("batch1-tokens", 64);
-  const int64_t prefill = std::min(a.get_int("prefill-tokens", 512), mc.n_ctx - 1);
+  const int64_t n_tokens = a.batch1_tokens;
+  const int64_t prefill = std::min(a.prefill_tokens, mc.n_ctx - 1);
   if (!tp.leader()) {
     // The leader's engines, one after the other: batch 1, then the prefill's.
     for (int i = 0; i < (prefill > 0 ? 2 : 1); ++i) {

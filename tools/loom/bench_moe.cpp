@@ -30,20 +30,6 @@
 namespace loom::cli {
 namespace {
 
-const char* kHelp =
-    "usage: loom bench moe [--nproc N --ep E] [--model PRESET] [--batch B] [--seq T] [--steps S]\n"
-    "                      [--warmup W] [--threads K] [--zero Z] [--capacity-factor F] [--aux-loss-coef A]\n\n"
-    "Times MoE training steps on random tokens and the dense model of equal active parameters.\n"
-    "  --model    a MoE preset (default llama-moe-tiny; llama-moe-60m: 8 experts, top-2)\n"
-    "  --batch 4 --seq 128 (per rank; at most the context)  --steps 5 --warmup 1\n"
-    "  --nproc N --ep E  N ranks (via loom launch), experts split over E of them, dp = N / E\n"
-    "  --capacity-factor, --aux-loss-coef  override the preset's model.moe settings\n"
-    "  --checkpoint DIR  the MoE model and weights of a trained checkpoint instead of a preset\n"
-    "             (a trained router's load, not a random one's; the dense peer stays random)\n"
-    "  --data DIR  tokens from DIR/val.bin (loom prepare) instead of random ones\n"
-    "The last line is SUMMARY {json} with a2a_ms, exposed_a2a_ms, tokens_per_s, dense_tokens_per_s\n"
-    "and load_max_over_mean.\n";
-
 struct Timed {
   std::vector<double> step, route, expert, a2a, a2a_exposed, dp_exposed, load, dropped;
 };
@@ -131,34 +117,53 @@ double med(const std::vector<double>& v) { return v.empty() ? 0.0 : median(v); }
 }  // namespace
 
 int bench_moe(const std::vector<std::string>& argv) {
-  Args a("bench moe", argv,
-         {{"model", true}, {"batch", true}, {"seq", true}, {"steps", true}, {"warmup", true}, {"threads", true},
-          {"nproc", true}, {"ep", true}, {"zero", true}, {"capacity-factor", true}, {"aux-loss-coef", true},
-          {"checkpoint", true}, {"data", true}, {"help", false}});
-  if (a.has("help")) {
-    std::printf("%s", kHelp);
-    return 0;
-  }
-  if (a.has("nproc") && !comm::launch_env().under_mpi) return relaunch_bench("moe", argv);
+  auto app = bench_app("moe",
+                        "Times MoE training steps on random tokens and the dense model of equal active parameters. "
+                        "The last line is SUMMARY {json} with a2a_ms, exposed_a2a_ms, tokens_per_s, "
+                        "dense_tokens_per_s and load_max_over_mean.");
+  std::string preset = "llama-moe-tiny", checkpoint_dir, data_dir;
+  int64_t B = 4, T = 0, steps = 5, warmup = 1, threads = 0, nproc = 0, ep = 1;
+  int zero = 0;
+  double capacity_factor = 0, aux_loss_coef = 0;
+  app->add_option("--model", preset, "a MoE preset (llama-moe-60m: 8 experts, top-2)")->type_name("PRESET");
+  app->add_option("--batch", B, "sequences per rank and step")->check(positive());
+  app->add_option("--seq", T, "tokens per sequence (default: 128, at most the context)")->check(positive())
+      ->default_str("");
+  app->add_option("--steps", steps, "timed steps")->check(positive());
+  app->add_option("--warmup", warmup, "untimed steps first")->check(non_negative());
+  app->add_option("--threads", threads, "compute threads per rank")->type_name("K")->check(positive())
+      ->default_str("");
+  app->add_option("--nproc", nproc, "ranks (via loom launch)")->type_name("N")->check(positive())->default_str("");
+  app->add_option("--ep", ep, "experts split over E ranks; dp = N / E")->type_name("E")->check(positive());
+  app->add_option("--zero", zero, "ZeRO stage")->type_name("Z")->check(in_range(0, 3));
+  app->add_option("--capacity-factor", capacity_factor, "override the preset's model.moe.capacity_factor")
+      ->type_name("F")->check(non_negative())->default_str("");
+  app->add_option("--aux-loss-coef", aux_loss_coef, "override the preset's model.moe.router_aux_loss_coef")
+      ->type_name("A")->check(non_negative())->default_str("");
+  app->add_option("--checkpoint", checkpoint_dir,
+                  "the MoE model and weights of a trained checkpoint instead of a preset (a trained router's load, "
+                  "not a random one's; the dense peer stays random)")->type_name("DIR");
+  app->add_option("--data", data_dir, "tokens from DIR/val.bin (loom prepare) instead of random ones")
+      ->type_name("DIR");
+  if (auto rc = parse(*app, argv)) return *rc;
+  auto given = [&](const char* name) { return app->count(name) > 0; };
+  if (given("--nproc") && !comm::launch_env().under_mpi) return relaunch_bench("moe", argv);
   comm::World world;
   const int N = world.size();
-  const int64_t ep = a.get_int("ep", 1);
   if (ep < 1 || N % ep != 0)
     throw UsageError(str_cat("[bench moe] --ep ", ep, " does not divide the ", N, " ranks running (--nproc)"));
-  if (a.has("threads")) set_num_threads(int(a.get_int("threads", 1)));
-  const std::string checkpoint = a.has("checkpoint") ? train::resolve_checkpoint(a.get("checkpoint", "")) : "";
-  model::ModelConfig cfg = checkpoint.empty() ? model::preset(a.get("model", "llama-moe-tiny"))
+  if (given("--threads")) set_num_threads(int(threads));
+  const std::string checkpoint = checkpoint_dir.empty() ? "" : train::resolve_checkpoint(checkpoint_dir);
+  model::ModelConfig cfg = checkpoint.empty() ? model::preset(preset)
                                               : train::checkpoint_model_config(checkpoint);
   if (!cfg.moe.enabled())
     throw UsageError("[bench moe] --model " + cfg.name + " is dense; use a MoE preset (llama-moe-tiny, llama-moe-60m)");
-  if (a.has("capacity-factor")) cfg.moe.capacity_factor = a.get_double("capacity-factor", 0);
-  if (a.has("aux-loss-coef")) cfg.moe.router_aux_loss_coef = a.get_double("aux-loss-coef", 0);
+  if (given("--capacity-factor")) cfg.moe.capacity_factor = capacity_factor;
+  if (given("--aux-loss-coef")) cfg.moe.router_aux_loss_coef = aux_loss_coef;
   cfg.validate();
   model::check_expert_parallel(cfg, ep);
-  const int64_t B = a.get_int("batch", 4), T = a.get_int("seq", std::min<int64_t>(128, cfg.n_ctx));
+  if (!given("--seq")) T = std::min<int64_t>(128, cfg.n_ctx);
   if (T > cfg.n_ctx) throw UsageError(str_cat("[bench moe] --seq ", T, " exceeds the model's context ", cfg.n_ctx));
-  const int64_t steps = std::max<int64_t>(1, a.get_int("steps", 5)), warmup = a.get_int("warmup", 1);
-  const int zero = int(a.get_int("zero", 0));
   if (!checkpoint.empty() && zero >= 3) throw UsageError("[bench moe] --checkpoint needs --zero 0, 1 or 2");
   // The dense model a token costs the same in: one MLP as wide as its top_k experts and the
   // shared ones.
@@ -174,7 +179,6 @@ int bench_moe(const std::vector<std::string>& argv) {
                 cfg.summary().c_str(), N, (long long)dp, (long long)ep, zero, (long long)B, (long long)T, num_threads(),
                 dense.summary().c_str());
   parallel::Mesh moe_mesh(world.group(), parallel::MeshShape(1, dp, ep, 1));
-  const std::string data_dir = a.get("data", "");
   const Timed moe = run(cfg, moe_mesh, world.record(), zero, B, T, warmup, steps, checkpoint, data_dir);
   parallel::Mesh dense_mesh(world.group(), parallel::MeshShape(1, N, 1, 1));
   const Timed den = run(dense, dense_mesh, world.record(), zero, B, T, warmup, steps, "", data_dir);

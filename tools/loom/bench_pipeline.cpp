@@ -26,15 +26,13 @@ namespace loom::cli {
 
 namespace {
 
-const char* kHelp =
-    "usage: loom bench pipeline --nproc P [--micro-batches 1,2,4,8,16] [--schedules gpipe,1f1b]\n"
-    "                           [--layers L] [--d-model C] [--vocab V] [--batch B] [--seq T] [--steps N]\n"
-    "       loom bench pipeline --balance [--model gpt2-124m] [--stages 2,4] [--batch B] [--seq T]\n\n"
-    "Pipeline bubble and activation memory per stage (P ranks via loom launch; a GPT-2-style\n"
-    "model of L blocks, untied head, small vocabulary, so that equal blocks make equal stages;\n"
-    "defaults L=8 C=256 V=512 B=4 T=64 N=5; idle is the median step's), or stage balance of the partitioners (--balance).\n"
-    "  --threads K   OpenMP threads per rank (default 1)\n"
-    "The last line is SUMMARY {json}.\n";
+// The options of both modes; --batch and --seq default differently under --balance.
+struct PipelineOptions {
+  int64_t nproc = 0, layers = 8, d_model = 256, vocab = 512, batch = 0, seq = 0, steps = 5, warmup = 1, threads = 1,
+          reps = 3;
+  std::string micro_batches = "1,2,4,8,16", schedules = "gpipe,1f1b", model = "gpt2-124m", stages = "2,4";
+  bool balance = false;
+};
 
 std::vector<int> int_list(const std::string& s) {
   std::vector<int> out;
@@ -59,11 +57,11 @@ std::vector<double> ms(std::vector<double> seconds) {
   return seconds;
 }
 
-int bench_balance(const Args& a) {
-  const model::ModelConfig cfg = model::preset(a.get("model", "gpt2-124m"));
-  const std::vector<int> stage_counts = int_list(a.get("stages", "2,4"));
-  const int64_t B = a.get_int("batch", 1), T = a.get_int("seq", 256);
-  const int reps = int(a.get_int("reps", 3));
+int bench_balance(const PipelineOptions& a, const CLI::App& app) {
+  const model::ModelConfig cfg = model::preset(a.model);
+  const std::vector<int> stage_counts = int_list(a.stages);
+  const int64_t B = app.count("--batch") ? a.batch : 1, T = app.count("--seq") ? a.seq : 256;
+  const int reps = int(a.reps);
   std::printf("bench pipeline --balance: %s, micro-batch %lld x %lld, %d thread(s)\n",
               cfg.summary().c_str(), (long long)B, (long long)T, num_threads());
   const parallel::PartitionCosts params = parallel::parameter_costs(cfg);
@@ -116,31 +114,48 @@ int bench_balance(const Args& a) {
 }  // namespace
 
 int bench_pipeline(const std::vector<std::string>& argv) {
-  Args a("bench pipeline", argv,
-         {{"nproc", true}, {"micro-batches", true}, {"schedules", true}, {"layers", true}, {"d-model", true}, {"vocab", true},
-          {"batch", true}, {"seq", true}, {"steps", true}, {"warmup", true}, {"threads", true},
-          {"balance", false}, {"model", true}, {"stages", true}, {"reps", true}, {"help", false}});
-  if (a.has("help")) {
-    std::printf("%s", kHelp);
-    return 0;
-  }
-  set_num_threads(int(a.get_int("threads", 1)));
-  if (a.has("balance")) return bench_balance(a);
-  if (a.has("nproc") && !comm::launch_env().under_mpi) return relaunch_bench("pipeline", argv);
+  auto app = bench_app("pipeline",
+                        "loom bench pipeline --nproc P: pipeline bubble and activation memory per stage (P ranks via "
+                        "loom launch; a GPT-2-style model of --layers blocks, untied head, small vocabulary, so that "
+                        "equal blocks make equal stages; idle is the median step's). loom bench pipeline --balance: "
+                        "stage balance of the partitioners. The last line is SUMMARY {json}.");
+  PipelineOptions a;
+  app->add_option("--nproc", a.nproc, "stages, one rank each (via loom launch)")->type_name("P")->check(positive())
+      ->default_str("");
+  app->add_option("--micro-batches", a.micro_batches, "micro-batch counts to run")->type_name("LIST");
+  app->add_option("--schedules", a.schedules, "schedules to run")->type_name("LIST");
+  app->add_option("--layers", a.layers, "blocks of the model")->type_name("L")->check(positive());
+  app->add_option("--d-model", a.d_model, "model width")->type_name("C")->check(positive());
+  app->add_option("--vocab", a.vocab, "vocabulary size")->type_name("V")->check(positive());
+  app->add_option("--batch", a.batch, "sequences per micro-batch (default 4; --balance 1)")->type_name("B")
+      ->check(positive())->default_str("");
+  app->add_option("--seq", a.seq, "tokens per sequence (default 64; --balance 256)")->type_name("T")
+      ->check(positive())->default_str("");
+  app->add_option("--steps", a.steps, "timed steps")->type_name("N")->check(positive());
+  app->add_option("--warmup", a.warmup, "untimed steps first")->check(non_negative());
+  app->add_option("--threads", a.threads, "OpenMP threads per rank")->type_name("K")->check(positive());
+  app->add_flag("--balance", a.balance, "stage balance of the uniform, parameter and profile partitioners");
+  app->add_option("--model", a.model, "--balance: the model preset")->type_name("PRESET");
+  app->add_option("--stages", a.stages, "--balance: stage counts")->type_name("LIST");
+  app->add_option("--reps", a.reps, "--balance: profiling repetitions")->check(positive());
+  if (auto rc = parse(*app, argv)) return *rc;
+  set_num_threads(int(a.threads));
+  if (a.balance) return bench_balance(a, *app);
+  if (app->count("--nproc") && !comm::launch_env().under_mpi) return relaunch_bench("pipeline", argv);
   comm::World world;
   const int p = world.size();
   const bool main = world.rank() == 0;
   model::ModelConfig cfg = model::preset("gpt2-tiny");
   cfg.name = "pipeline-bench";
-  cfg.n_layer = a.get_int("layers", 8);
-  cfg.d_model = a.get_int("d-model", 256);
+  cfg.n_layer = a.layers;
+  cfg.d_model = a.d_model;
   cfg.n_head = cfg.n_kv_head = 4;
   cfg.d_ff = 4 * cfg.d_model;
-  cfg.vocab_size = a.get_int("vocab", 512);
+  cfg.vocab_size = a.vocab;
   cfg.tied_embeddings = false;
-  const int64_t B = a.get_int("batch", 4), T = a.get_int("seq", 64);
+  const int64_t B = app->count("--batch") ? a.batch : 4, T = app->count("--seq") ? a.seq : 64;
   cfg.n_ctx = T;
-  const int64_t steps = std::max<int64_t>(1, a.get_int("steps", 5)), warmup = a.get_int("warmup", 1);
+  const int64_t steps = a.steps, warmup = a.warmup;
   parallel::check_stage_count(int(cfg.n_layer), p);
   const auto ranges = parallel::partition_uniform(int(cfg.n_layer), p);
   parallel::Mesh mesh(world.group(), parallel::MeshShape(p, 1, 1, 1));
@@ -157,8 +172,8 @@ int bench_pipeline(const std::vector<std::string>& argv) {
   if (main)
     std::printf("\n%-6s %4s %8s %10s %10s %10s   %s\n", "sched", "m", "formula", "idle mean", "idle max",
                 "simulated", "per stage: idle% / peak activations");
-  for (const std::string& sched : str_list(a.get("schedules", "gpipe,1f1b")))
-    for (int m : int_list(a.get("micro-batches", "1,2,4,8,16"))) {
+  for (const std::string& sched : str_list(a.schedules))
+    for (int m : int_list(a.micro_batches)) {
       CpuAllocator alloc;  // this configuration's activations alone
       model::DecoderOptions o;
       o.slice = {ranges[size_t(s)].first_layer, ranges[size_t(s)].last_layer, s == 0, s == p - 1};

@@ -2,48 +2,42 @@
 // prints TTFT, inter-token and end-to-end latency percentiles and throughput, then
 // `SUMMARY {json}` as the last line.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <limits>
 
+#include "loom/core/error.h"
 #include "loom/serve/client/bench_client.h"
 #include "tools/loom/commands.h"
 
 namespace loom::cli {
 
 int bench_serve(const std::vector<std::string>& argv) {
-  for (const auto& a : argv)
-    if (a == "--help" || a == "-h") {
-      std::printf(
-          "usage: loom bench serve --url URL [--requests N] [--rate R] [--max-tokens M]\n"
-          "                        [--prompt-len C] [--model NAME] [--api-key KEY] [--seed S]\n\n"
-          "  --url URL         server base, e.g. http://127.0.0.1:8000 (required)\n"
-          "  --requests N      requests to send (default 64)\n"
-          "  --rate R          mean arrivals per second, Poisson; 0 or inf: all at once (default inf)\n"
-          "  --max-tokens M    tokens per completion (default 32)\n"
-          "  --prompt-len C    characters of random prompt text (default 32)\n"
-          "  --model NAME      model to request (default: the first of GET /v1/models)\n"
-          "  --api-key KEY     sent as Authorization: Bearer KEY\n"
-          "  --seed S          seeds arrivals and prompts (default 0)\n");
-      return 0;
-    }
-  Args args("bench serve", argv,
-            {{"url", true}, {"requests", true}, {"rate", true}, {"max-tokens", true}, {"prompt-len", true},
-             {"model", true}, {"api-key", true}, {"seed", true}, {"timeout", true}});
-  if (!args.has("url")) throw UsageError("[bench serve] --url is required, e.g. --url http://127.0.0.1:8000");
+  auto app = bench_app("serve");
   serve::BenchOptions opt;
-  opt.url = args.get("url", "");
-  opt.requests = args.get_int("requests", 64);
-  std::string rate = args.get("rate", "inf");
-  opt.rate = rate == "inf" ? 0.0 : args.get_double("rate", 0);
-  opt.max_tokens = args.get_int("max-tokens", 32);
-  opt.prompt_chars = args.get_int("prompt-len", 32);
-  opt.model = args.get("model", "");
-  opt.api_key = args.get("api-key", "");
-  opt.seed = uint64_t(args.get_int("seed", 0));
-  opt.timeout_s = args.get_double("timeout", 120);
-  if (opt.requests <= 0) throw UsageError("[bench serve] --requests must be positive");
+  opt.requests = 64;
+  opt.max_tokens = 32;
+  opt.prompt_chars = 32;
+  opt.timeout_s = 120;
+  opt.url.clear();  // required
+  double rate = std::numeric_limits<double>::infinity();
+  int64_t seed = 0;
+  app->add_option("--url", opt.url, "server base, e.g. http://127.0.0.1:8000")->required();
+  app->add_option("--requests", opt.requests, "requests to send")->check(positive());
+  app->add_option("--rate", rate, "mean arrivals per second, Poisson; 0 or inf: all at once")->check(non_negative());
+  app->add_option("--max-tokens", opt.max_tokens, "tokens per completion")->check(positive());
+  app->add_option("--prompt-len", opt.prompt_chars, "characters of random prompt text")->type_name("C")
+      ->check(non_negative());
+  app->add_option("--model", opt.model, "model to request (default: the first of GET /v1/models)")->type_name("NAME");
+  app->add_option("--api-key", opt.api_key, "sent as Authorization: Bearer KEY")->type_name("KEY");
+  app->add_option("--seed", seed, "seeds arrivals and prompts");
+  app->add_option("--timeout", opt.timeout_s, "seconds a request may take")->check(positive());
+  if (auto rc = parse(*app, argv)) return *rc;
+  opt.rate = std::isinf(rate) ? 0.0 : rate;
+  opt.seed = uint64_t(seed);
 
   std::printf("bench serve: %lld requests at %s req/s against %s\n", (long long)opt.requests,
-              opt.rate > 0 ? rate.c_str() : "inf", opt.url.c_str());
+              opt.rate > 0 ? str_cat(rate).c_str() : "inf", opt.url.c_str());
   std::fflush(stdout);
   serve::BenchReport r = serve::run_serve_benchmark(opt, [](int64_t done, int64_t total) {
     if (done == total || done % std::max<int64_t>(1, total / 10) == 0) {

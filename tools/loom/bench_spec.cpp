@@ -87,27 +87,40 @@ double tokens_per_forward(int64_t decode_rows, int64_t verifications, int64_t ac
   return forwards > 0 ? double(forwards + accepted) / double(forwards) : 0;
 }
 
+// --prompt-len and --output-len, plain numbers here (`def` when not given).
+int64_t whole_number(const std::string& text, int64_t def) {
+  if (text.empty()) return def;
+  size_t used = 0;
+  int64_t x = 0;
+  try {
+    x = std::stoll(text, &used);
+  } catch (...) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size())
+    throw UsageError("[bench infer] with --speculative, --prompt-len and --output-len must be numbers >= 2, got \"" +
+                     text + "\"");
+  return x;
+}
+
 }  // namespace
 
-int bench_infer_speculative(const Args& a, int threads) {
-  SpeculativeSetup spec = parse_speculative(a.get("speculative", ""), "bench infer");
-  const std::string workload = a.get("workload", a.has("data") ? "text" : "random");
-  if (workload != "text" && workload != "quote" && workload != "random")
-    throw UsageError("[bench infer] --workload must be text, quote or random, got '" + workload + "'");
-  if (workload != "random" && !a.has("data"))
+int bench_infer_speculative(const InferBenchOptions& a, int threads) {
+  SpeculativeSetup spec = parse_speculative(a.speculative, "bench infer");
+  const std::string workload = !a.workload.empty() ? a.workload : a.given("data") ? "text" : "random";
+  if (workload != "random" && !a.given("data"))
     throw UsageError("[bench infer] --workload " + workload + " takes its prompts from --data DIR (a `loom prepare` output)");
-  const int64_t plen = a.get_int("prompt-len", 64), olen = a.get_int("output-len", 96);
-  const int64_t n_b1 = a.get_int("batch1-requests", 6), n_load = a.get_int("requests", 16);
+  const int64_t plen = whole_number(a.prompt_len, 64), olen = whole_number(a.output_len, 96);
+  const int64_t n_b1 = a.batch1_requests, n_load = a.given("requests") ? a.requests : 16;
   if (plen < 2 || olen < 2 || n_b1 < 1 || n_load < 0)
     throw UsageError("[bench infer] with --speculative, --prompt-len and --output-len must be numbers >= 2, "
                      "--batch1-requests >= 1 and --requests >= 0 (0: no load runs)");
-  const double temperature = a.get_double("temperature", 0.0);
-  const uint64_t seed = uint64_t(a.get_int("seed", 1));
-  const auto quant = quant_spec_from(a);
+  const double temperature = a.temperature;
+  const uint64_t seed = uint64_t(a.seed);
+  const auto quant = quant_spec_from(a.quant);
   std::string ckpt;
-  if (a.has("checkpoint")) ckpt = resolve_inference_checkpoint(a.get("checkpoint", ""), stderr);
-  const model::ModelConfig mc =
-      ckpt.empty() ? model::preset(a.get("model", "gpt2-124m")) : train::checkpoint_model_config(ckpt);
+  if (a.given("checkpoint")) ckpt = resolve_inference_checkpoint(a.checkpoint, stderr);
+  const model::ModelConfig mc = ckpt.empty() ? model::preset(a.model) : train::checkpoint_model_config(ckpt);
   if (plen + olen > mc.n_ctx)
     throw UsageError(str_cat("[bench infer] --prompt-len ", plen, " plus --output-len ", olen, " exceed the context of ",
                              mc.n_ctx, " tokens"));
@@ -117,9 +130,9 @@ int bench_infer_speculative(const Args& a, int threads) {
   const model::Decoder& m = *im.model;
 
   infer::EngineConfig plain;
-  plain.kv_cache_bytes = a.get_int("kv-cache-mb", 1024) << 20;
-  plain.max_num_seqs = a.get_int("max-num-seqs", 32);
-  plain.max_batched_tokens = a.get_int("max-batched-tokens", 2048);
+  plain.kv_cache_bytes = (a.given("kv-cache-mb") ? a.kv_cache_mb : 1024) << 20;
+  plain.max_num_seqs = a.max_num_seqs;
+  plain.max_batched_tokens = a.max_batched_tokens;
   plain.quant = im.quant_ptr();
   infer::EngineConfig with = plain;
   with.speculative = spec.config;
@@ -132,7 +145,7 @@ int bench_infer_speculative(const Args& a, int threads) {
                                    ", ", spec.draft->precision(), ")").c_str()
                          : "");
   std::printf("workload: %s prompts of %lld tokens%s, %lld output tokens, temperature %.2f\n", workload.c_str(),
-              (long long)plen, workload == "random" ? "" : (" from " + a.get("data", "") + "/val.bin").c_str(),
+              (long long)plen, workload == "random" ? "" : (" from " + a.data + "/val.bin").c_str(),
               (long long)olen, temperature);
   std::fflush(stdout);
 
@@ -140,7 +153,7 @@ int bench_infer_speculative(const Args& a, int threads) {
   infer::SamplingParams sp;
   sp.temperature = temperature;
   sp.max_tokens = olen;
-  const auto prompts = make_prompts(workload, a.get("data", ""), n_b1, plen, mc.vocab_size, seed);
+  const auto prompts = make_prompts(workload, a.data, n_b1, plen, mc.vocab_size, seed);
   infer::EngineConfig b1p = plain, b1s = with;
   b1p.max_num_seqs = b1s.max_num_seqs = 1;
   infer::Engine ep(m, b1p), es(m, b1s);
@@ -186,8 +199,8 @@ int bench_infer_speculative(const Args& a, int threads) {
   // Served load: a low Poisson rate (a quarter of what plain batch-1 decoding completes),
   // then every request at once.
   if (n_load > 0) {
-    const double low_rate = a.has("low-rate") ? a.get_double("low-rate", 0) : 0.25 * plain_tps / double(olen);
-    const auto load_prompts = make_prompts(workload, a.get("data", ""), n_load, plen, mc.vocab_size, seed + 1000);
+    const double low_rate = a.given("low-rate") ? a.low_rate : 0.25 * plain_tps / double(olen);
+    const auto load_prompts = make_prompts(workload, a.data, n_load, plen, mc.vocab_size, seed + 1000);
     std::printf("\nserved load, %lld requests (continuous batching, max %lld sequences; speculation off above %lld "
                 "running); low: Poisson arrivals at %.3g/s; saturation: all at once\n", (long long)n_load,
                 (long long)plain.max_num_seqs, (long long)spec.config.max_batch, low_rate);

@@ -14,18 +14,14 @@
 namespace loom::cli {
 
 int bench_tokenize(const std::vector<std::string>& argv) {
-  Args args("bench tokenize", argv,
-            {{"tokenizer", true}, {"input", true}, {"repeats", true}, {"data-dir", true}, {"help", false}});
-  const std::string default_input = data::default_data_dir() + "/tinyshakespeare/input.txt";
-  if (args.has("help")) {
-    std::printf("usage: loom bench tokenize [--tokenizer gpt2|byte] [--input FILE] [--repeats 3]\n"
-                "  single-threaded encode/decode MB/s; default input %s\n",
-                default_input.c_str());
-    return 0;
-  }
-  const std::string name = args.get("tokenizer", "gpt2"), path = args.get("input", default_input);
-  const std::string data_dir = args.get("data-dir", "");
-  const int64_t repeats = std::max<int64_t>(1, args.get_int("repeats", 3));
+  auto app = bench_app("tokenize");
+  std::string name = "gpt2", path = data::default_data_dir() + "/tinyshakespeare/input.txt", data_dir;
+  int64_t repeats = 3;
+  app->add_option("--tokenizer", name, "the tokenizer")->check(one_of({"gpt2", "byte"}));
+  app->add_option("--input", path, "the text to encode")->type_name("FILE");
+  app->add_option("--repeats", repeats, "runs, the best counts")->check(positive());
+  app->add_option("--data-dir", data_dir, "folder holding gpt2/encoder.json and gpt2/vocab.bpe")->type_name("DIR");
+  if (auto rc = parse(*app, argv)) return *rc;
   std::ifstream f(path, std::ios::binary);
   LOOM_CHECK(f.good(), "bench tokenize", "cannot read ", path, "; pass --input FILE");
   std::ostringstream ss;

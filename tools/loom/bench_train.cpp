@@ -20,7 +20,7 @@
 #include "loom/model/memory_estimate.h"
 #include "loom/optim/adamw.h"
 #include "loom/optim/schedule.h"
-#include "tools/loom/commands.h"
+#include "tools/loom/bench_train.h"
 #include "tools/loom/peer_process.h"
 
 namespace loom::cli {
@@ -46,65 +46,80 @@ std::vector<optim::DecaySpan> decay_spans(const model::ParamLayout& layout) {
   return spans;
 }
 
-const char* kHelp =
-    "usage: loom bench train [--model PRESET] [--batch B] [--seq T] [--steps N] [--warmup W]\n"
-    "                        [--threads K] [--ckpt INTERVAL] [--precision fp32|bf16] [--peer torch]\n"
-    "                        [--rounds R]\n\n"
-    "Times full training steps (forward, backward, clip, AdamW) on random tokens.\n"
-    "  --model     preset (default gpt2-124m); --batch 4 --seq 256 --steps 10 --warmup 2\n"
-    "  --ckpt      activation checkpoint interval (0 = off)\n"
-    "  --precision model.precision: fp32 (default) or bf16 products (the peer under\n"
-    "              torch.autocast(\"cpu\", dtype=torch.bfloat16))\n"
-    "  --xent-chunk rows of logits per chunk of the fused LM head + loss (default 1024)\n"
-    "  --peer torch  also run bench/peers/torch_gpt2.py (Debian python3-torch) with the same\n"
-    "              model, shapes and threads, alternating R rounds (default 2), and print ratios\n"
-    "Data parallel: --nproc N --dp N [--zero S] [--bucket-mb M] runs N ranks (via loom launch)\n"
-    "              and reports communication time and the part not hidden behind compute;\n"
-    "              --hosts h1:2,h2:2 places them on hosts, --algorithm ring|tree|hierarchical|auto|mpi\n"
-    "              picks the collectives, --optim onebit_adam [--freeze-step K] compresses them.\n"
-    "The last line is SUMMARY {json}.\n";
-
 }  // namespace
 
 int bench_train(const std::vector<std::string>& argv) {
-  // Data-parallel variant (bench_train_dp.cpp, which parses its own options): relaunch under
-  // MPI when asked for N processes.
-  auto given = [&](const char* flag) {
-    for (const auto& s : argv)
-      if (s == flag || s.rfind(std::string(flag) + "=", 0) == 0) return true;
-    return false;
-  };
-  if ((given("--nproc") || given("--hosts")) && !comm::launch_env().under_mpi) return relaunch_bench("train", argv);
-  if (comm::launch_env().under_mpi || given("--dp") || given("--zero")) return bench_train_dp(argv);
-  Args a("bench train", argv,
-         {{"model", true}, {"batch", true}, {"seq", true}, {"steps", true}, {"warmup", true},
-          {"threads", true}, {"ckpt", true}, {"peer", true}, {"rounds", true},
-          {"peer-python", true}, {"xent-chunk", true}, {"precision", true}, {"help", false}});
-  if (a.has("help")) {
-    std::printf("%s", kHelp);
-    return 0;
-  }
-  const std::string preset = a.get("model", "gpt2-124m");
-  const int64_t B = a.get_int("batch", 4), T = a.get_int("seq", 256);
-  const int64_t steps = a.get_int("steps", 10), warmup = a.get_int("warmup", 2);
-  const int ckpt = int(a.get_int("ckpt", 0));
-  const std::string peer = a.get("peer", "");
-  const int64_t rounds = a.get_int("rounds", peer.empty() ? 1 : 2);
-  if (a.has("threads")) set_num_threads(int(a.get_int("threads", 0)));
+  auto app = bench_app("train",
+                        "Times full training steps (forward, backward, clip, AdamW) on random tokens. Data parallel: "
+                        "--nproc N --dp N [--zero S] [--bucket-mb M] runs N ranks (via loom launch) and reports "
+                        "communication time and the part not hidden behind compute. The last line is SUMMARY {json}.");
+  TrainBenchOptions o;
+  app->add_option("--model", o.model, "model preset")->type_name("PRESET");
+  app->add_option("--batch", o.batch, "sequences per step (per rank)")->type_name("B")->check(positive());
+  app->add_option("--seq", o.seq, "tokens per sequence")->type_name("T")->check(positive());
+  app->add_option("--steps", o.steps, "timed steps (default 10; data parallel 5)")->type_name("N")
+      ->check(positive())->default_str("");
+  app->add_option("--warmup", o.warmup, "untimed steps first (default 2; data parallel 1)")->type_name("W")
+      ->check(non_negative())->default_str("");
+  app->add_option("--threads", o.threads, "compute threads (per rank)")->type_name("K")->check(positive())
+      ->default_str("");
+  app->add_option("--precision", o.precision,
+                  "model.precision: bf16 products (the peer under torch.autocast(\"cpu\", dtype=torch.bfloat16))")
+      ->check(one_of({"fp32", "bf16"}));
+  const std::string single = "One process";
+  app->add_option("--ckpt", o.ckpt, "activation checkpoint interval (0: off)")->type_name("INTERVAL")
+      ->check(non_negative())->group(single);
+  app->add_option("--xent-chunk", o.xent_chunk, "rows of logits per chunk of the fused LM head + loss (default 1024)")
+      ->check(positive())->default_str("")->group(single);
+  app->add_option("--peer", o.peer,
+                  "also run bench/peers/torch_gpt2.py (Debian python3-torch) with the same model, shapes and "
+                  "threads, alternating --rounds rounds, and print ratios")
+      ->check(one_of({"torch"}))->group(single);
+  app->add_option("--rounds", o.rounds, "rounds of loom (and the peer) (default 1; 2 with --peer)")->type_name("R")
+      ->check(positive())->default_str("")->group(single);
+  app->add_option("--peer-python", o.peer_python, "the Python that runs the peer")->type_name("PATH")->group(single);
+  const std::string data_parallel = "Data parallel";
+  app->add_option("--nproc", o.nproc, "ranks (via loom launch; default: the --hosts slots)")->type_name("N")
+      ->check(positive())->default_str("")->group(data_parallel);
+  app->add_option("--hosts", o.hosts, "places the ranks on hosts")->type_name("h1:2,h2:2")->group(data_parallel);
+  app->add_option("--dp", o.dp, "data-parallel ranks: all of them")->type_name("N")->check(positive())
+      ->default_str("")->group(data_parallel);
+  app->add_option("--zero", o.zero, "ZeRO stage")->type_name("S")->check(in_range(0, 3))->group(data_parallel);
+  app->add_option("--bucket-mb", o.bucket_mb, "gradient bucket size (MB)")->type_name("M")->check(positive())
+      ->group(data_parallel);
+  app->add_option("--grad-dtype", o.grad_dtype, "gradients on the wire (default: --precision)")
+      ->check(one_of({"fp32", "bf16"}))->group(data_parallel);
+  app->add_option("--algorithm", o.algorithm, "the collectives (default: $LOOM_COMM_ALGORITHM or auto)")
+      ->check(one_of({"ring", "tree", "hierarchical", "auto", "mpi"}))->group(data_parallel);
+  app->add_option("--optim", o.optim, "onebit_adam compresses the gradients after --freeze-step steps")
+      ->check(one_of({"adamw", "onebit_adam"}))->group(data_parallel);
+  app->add_option("--freeze-step", o.freeze_step, "1-bit Adam's full-precision steps (default: --warmup)")
+      ->type_name("K")->check(non_negative())->default_str("")->group(data_parallel);
+  if (auto rc = parse(*app, argv)) return *rc;
+  auto given = [&](const std::string& name) { return app->count("--" + name) > 0; };
+  if ((given("nproc") || given("hosts")) && !comm::launch_env().under_mpi) return relaunch_bench("train", argv);
+  const bool data_parallel_run = comm::launch_env().under_mpi || given("dp") || given("zero");
+  for (const char* name : {"ckpt", "xent-chunk", "peer", "rounds", "peer-python"})
+    if (data_parallel_run && given(name))
+      throw UsageError(str_cat("[bench train] --", name, " applies to one process, not to data parallel runs"));
+  for (const char* name : {"bucket-mb", "grad-dtype", "algorithm", "optim", "freeze-step"})
+    if (!data_parallel_run && given(name))
+      throw UsageError(str_cat("[bench train] --", name, " applies to data parallel runs (--nproc N --dp N)"));
+  if (data_parallel_run) return bench_train_dp(o, *app);
+  const std::string& preset = o.model;
+  const int64_t B = o.batch, T = o.seq;
+  const int64_t steps = given("steps") ? o.steps : 10, warmup = given("warmup") ? o.warmup : 2;
+  const int ckpt = int(o.ckpt);
+  const std::string& peer = o.peer;
+  const int64_t rounds = given("rounds") ? o.rounds : peer.empty() ? 1 : 2;
+  if (given("threads")) set_num_threads(int(o.threads));
   const int threads = num_threads();
-  if (steps < 1 || B < 1 || T < 1 || rounds < 1)
-    throw UsageError("[bench train] --steps, --batch, --seq and --rounds must be positive");
-  if (!peer.empty() && peer != "torch")
-    throw UsageError("[bench train] --peer: only 'torch' is supported, got '" + peer + "'");
-
   model::ModelConfig cfg = model::preset(preset);
-  const std::string precision = a.get("precision", "fp32");
-  if (precision != "fp32" && precision != "bf16")
-    throw UsageError("[bench train] --precision " + precision + ": expected fp32 or bf16");
+  const std::string& precision = o.precision;
   cfg.precision = model::precision_from_name(precision);
   model::DecoderOptions opt;
   opt.activation_checkpoint_interval = ckpt;
-  opt.xent_chunk = a.get_int("xent-chunk", opt.xent_chunk);
+  if (given("xent-chunk")) opt.xent_chunk = o.xent_chunk;
   CpuAllocator alloc;
   model::Decoder m(cfg, opt, DType::f32, alloc);
   m.init_weights(1234);
@@ -144,7 +159,7 @@ int bench_train(const std::vector<std::string>& argv) {
 
   std::unique_ptr<PeerProcess> torch_peer;
   if (!peer.empty()) {
-    const std::string py = a.get("peer-python", "/usr/bin/python3");
+    const std::string& py = o.peer_python;
     const std::string script = std::string(LOOM_SOURCE_DIR) + "/bench/peers/torch_gpt2.py";
     torch_peer = std::make_unique<PeerProcess>(std::vector<std::string>{
         py, script, "--family", model::family_name(cfg.family), "--vocab", std::to_string(cfg.vocab_size),

@@ -24,7 +24,7 @@
 #include "loom/model/memory_estimate.h"
 #include "loom/parallel/data_parallel.h"
 #include "loom/parallel/mesh.h"
-#include "tools/loom/commands.h"
+#include "tools/loom/bench_train.h"
 
 namespace loom::cli {
 
@@ -90,39 +90,28 @@ StepTimes run_steps(const model::ModelConfig& cfg, const comm::Group& dp, const 
 
 }  // namespace
 
-int bench_train_dp(const std::vector<std::string>& argv) {
-  Args a("bench train", argv,
-         {{"model", true}, {"batch", true}, {"seq", true}, {"steps", true}, {"warmup", true},
-          {"threads", true}, {"dp", true}, {"zero", true}, {"bucket-mb", true}, {"nproc", true},
-          {"precision", true}, {"grad-dtype", true}, {"hosts", true}, {"algorithm", true}, {"optim", true},
-          {"freeze-step", true}, {"help", false}});
-  const std::string preset = a.get("model", "gpt2-124m");
-  const int64_t B = a.get_int("batch", 4), T = a.get_int("seq", 256);
-  const int64_t steps = a.get_int("steps", 5), warmup = a.get_int("warmup", 1);
-  const int zero = int(a.get_int("zero", 0));
-  const double bucket_mb = a.get_double("bucket-mb", 25.0);
+int bench_train_dp(const TrainBenchOptions& o, const CLI::App& app) {
+  auto given = [&](const char* name) { return app.count(name) > 0; };
+  const std::string& preset = o.model;
+  const int64_t B = o.batch, T = o.seq;
+  const int64_t steps = given("--steps") ? o.steps : 5, warmup = given("--warmup") ? o.warmup : 1;
+  const int zero = int(o.zero);
+  const double bucket_mb = o.bucket_mb;
   optim::AdamWConfig adam{1e-4, 0.9, 0.95, 1e-8, 0.1};
-  adam.name = a.get("optim", "adamw");
-  if (adam.name != "adamw" && adam.name != "onebit_adam")
-    throw UsageError("[bench train] --optim " + adam.name + ": expected adamw or onebit_adam");
+  adam.name = o.optim;
   // 1-bit Adam: the warm-up steps are its full-precision phase, the timed ones compressed.
-  adam.freeze_step = a.get_int("freeze-step", warmup);
+  adam.freeze_step = given("--freeze-step") ? o.freeze_step : warmup;
   comm::WorldOptions wo;
-  wo.algorithm = a.get("algorithm", "");
+  wo.algorithm = o.algorithm;
   comm::World world(wo);
   const int N = world.size();
-  if (a.has("dp") && a.get_int("dp", N) != N)
-    throw UsageError(str_cat("[bench train] --dp ", a.get_int("dp", N), " but ", N,
-                             " ranks are running; use --nproc ", a.get_int("dp", N)));
-  if (a.has("threads")) set_num_threads(int(a.get_int("threads", 1)));
+  if (given("--dp") && o.dp != N)
+    throw UsageError(str_cat("[bench train] --dp ", o.dp, " but ", N, " ranks are running; use --nproc ", o.dp));
+  if (given("--threads")) set_num_threads(int(o.threads));
   model::ModelConfig cfg = model::preset(preset);
-  const std::string precision = a.get("precision", "fp32");
-  if (precision != "fp32" && precision != "bf16")
-    throw UsageError("[bench train] --precision " + precision + ": expected fp32 or bf16");
+  const std::string& precision = o.precision;
   cfg.precision = model::precision_from_name(precision);
-  const std::string grad_name = a.get("grad-dtype", precision);  // as parallel.grad_dtype's default
-  if (grad_name != "fp32" && grad_name != "bf16")
-    throw UsageError("[bench train] --grad-dtype " + grad_name + ": expected fp32 or bf16");
+  const std::string grad_name = o.grad_dtype.empty() ? precision : o.grad_dtype;  // as parallel.grad_dtype's default
   const DType grad_dtype = grad_name == "bf16" ? DType::bf16 : DType::f32;
   const bool main = world.rank() == 0;
   if (main)

@@ -13,24 +13,26 @@ namespace loom::cli {
 
 const std::vector<Command>& commands() {
   static const std::vector<Command> cmds = {
-      {"bench", cmd_bench},
-      {"serve", cmd_serve},
-      {"launch", cmd_launch},
-      {"version", cmd_version},
-      {"tokenize", cmd_tokenize},
-      {"prepare", cmd_prepare},
-      {"train", cmd_train},
-      {"generate", cmd_generate},
-      {"quantize", cmd_quantize},
-      {"eval", cmd_eval},
-      {"trace", cmd_trace},
-      {"report", cmd_report},
-      {"plan", cmd_plan},
+      {"train", "train a model from a YAML config: loom train CONFIG.yaml", cmd_train},
+      {"prepare", "tokenize text files into token shards for training", cmd_prepare},
+      {"tokenize", "encode stdin to token ids (or --decode ids to text)", cmd_tokenize},
+      {"launch", "run N ranks through mpirun: loom launch --nproc N -- train CONFIG.yaml", cmd_launch},
+      {"generate", "sample text from a checkpoint (paged-KV inference engine)", cmd_generate},
+      {"quantize", "write a bf16/int8/int4 copy of a checkpoint for inference", cmd_quantize},
+      {"eval", "validation loss and perplexity of a checkpoint (any precision)", cmd_eval},
+      {"report", "one HTML page of a training run's metrics: loom report RUN_DIR", cmd_report},
+      {"plan", "predict memory and step time of training layouts", cmd_plan},
+      {"bench", "benchmarks: loom bench --help lists them", cmd_bench},
+      {"serve", "OpenAI-compatible HTTP server (completions, chat, SSE, /metrics)", cmd_serve},
+      {"trace", "merge the per-rank step traces of --trace DIR: loom trace merge DIR", cmd_trace},
+      {"version", "print the build's version and capabilities", cmd_version},
   };
   return cmds;
 }
 
-int cmd_version(const std::vector<std::string>&) {
+int cmd_version(const std::vector<std::string>& args) {
+  auto app = new_app("version", "Prints the build's version, CPU kernels, BLAS and CUDA devices.");
+  if (auto rc = parse(*app, args)) return *rc;
   std::printf("loom %s\ncpu kernels: %s\nBLAS: OpenBLAS, %s kernels\n%s\n", train::kLoomVersion, cpu::hot_kernels_isa().c_str(),
               cpu::blas_core().c_str(), cuda::describe().c_str());
   return 0;
@@ -79,74 +81,6 @@ int relaunch_bench(const std::string& bench, const std::vector<std::string>& arg
   launch.insert(launch.end(), {"--", "bench", bench});
   for (const auto& s : without_options(args, {"--nproc", "--hosts"})) launch.push_back(s);
   return cmd_launch(launch);
-}
-
-Args::Args(const std::string& cmd, const std::vector<std::string>& argv,
-           const std::map<std::string, OptionKind>& spec)
-    : cmd_(cmd) {
-  for (size_t i = 0; i < argv.size(); ++i) {
-    const std::string& a = argv[i];
-    if (a.rfind("--", 0) != 0 || a == "--") {
-      positional_.push_back(a);
-      continue;
-    }
-    std::string key = a.substr(2), value;
-    bool inline_value = false;
-    if (auto eq = key.find('='); eq != std::string::npos) {
-      value = key.substr(eq + 1);
-      key = key.substr(0, eq);
-      inline_value = true;
-    }
-    auto it = spec.find(key);
-    if (it == spec.end()) throw UsageError(str_cat("[", cmd, "] unknown option --", key, " (see loom ", cmd, " --help)"));
-    if (it->second.takes_value && !inline_value) {
-      if (i + 1 >= argv.size()) throw UsageError(str_cat("[", cmd, "] --", key, " needs a value"));
-      value = argv[++i];
-    }
-    if (!it->second.repeatable && values_.count(key)) {
-      const std::string first = values_.find(key)->second;
-      throw UsageError(it->second.takes_value
-                           ? str_cat("[", cmd, "] --", key, " is given twice (\"", first, "\" and \"", value,
-                                     "\"); give it once")
-                           : str_cat("[", cmd, "] --", key, " is given twice; give it once"));
-    }
-    values_.emplace(key, value);
-  }
-}
-
-std::string Args::get(const std::string& k, const std::string& def) const {
-  auto it = values_.find(k);
-  return it == values_.end() ? def : it->second;
-}
-
-std::vector<std::string> Args::get_all(const std::string& k) const {
-  std::vector<std::string> out;
-  for (auto [it, end] = values_.equal_range(k); it != end; ++it) out.push_back(it->second);
-  return out;
-}
-
-int64_t Args::get_int(const std::string& k, int64_t def) const {
-  if (!has(k)) return def;
-  std::string v = get(k, "");
-  try {
-    size_t pos = 0;
-    int64_t x = std::stoll(v, &pos);
-    if (pos == v.size()) return x;
-  } catch (...) {
-  }
-  throw UsageError(str_cat("[", cmd_, "] --", k, ": expected an integer, got \"", v, "\""));
-}
-
-double Args::get_double(const std::string& k, double def) const {
-  if (!has(k)) return def;
-  std::string v = get(k, "");
-  try {
-    size_t pos = 0;
-    double x = std::stod(v, &pos);
-    if (pos == v.size()) return x;
-  } catch (...) {
-  }
-  throw UsageError(str_cat("[", cmd_, "] --", k, ": expected a number, got \"", v, "\""));
 }
 
 }  // namespace loom::cli

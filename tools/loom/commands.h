@@ -1,10 +1,14 @@
-// Registry of loom subcommands and the small argument parser they share.
+// Registry of loom subcommands, and how each declares and parses its options (CLI11).
 #pragma once
 #include <functional>
 #include <map>
+#include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include <CLI/CLI.hpp>
 
 namespace loom::cli {
 
@@ -13,7 +17,7 @@ struct UsageError : std::runtime_error {
 };
 
 struct Command {
-  std::string name;
+  std::string name, help;
   std::function<int(const std::vector<std::string>&)> run;
 };
 const std::vector<Command>& commands();
@@ -39,7 +43,6 @@ struct Benchmark {
 };
 const std::vector<Benchmark>& benchmarks();
 int bench_train(const std::vector<std::string>& args);
-int bench_train_dp(const std::vector<std::string>& args);
 int bench_tokenize(const std::vector<std::string>& args);
 int bench_serve(const std::vector<std::string>& args);
 int bench_comm(const std::vector<std::string>& args);
@@ -57,33 +60,37 @@ int relaunch_bench(const std::string& bench, const std::vector<std::string>& arg
 // The binary `loom launch` starts on every rank: $LOOM_LAUNCH_EXE, else this one.
 std::string launch_exe();
 
-// How an option is given: `false` a flag, `true` one value, Args::kRepeated a value that may
-// be given several times (--set a=1 --set b=2).
-struct OptionKind {
-  bool takes_value = false, repeatable = false;
-  OptionKind(bool value) : takes_value(value) {}  // NOLINT: {"name", true} reads best in specs
-  OptionKind(bool value, bool repeat) : takes_value(value), repeatable(repeat) {}
-};
+// ---- options: every command declares them on a CLI::App ---------------------------------
+//
+//   auto app = new_app("generate", "Streams a continuation of TEXT ...");
+//   app->add_option("--max-tokens", max_tokens, "tokens to generate")->check(positive());
+//   if (auto rc = parse(*app, args)) return *rc;
+//
+// --help then lists exactly what parses, with types, ranges and defaults.
 
-// --key value / --key=value / --flag parsing against a declared option list.
-class Args {
- public:
-  static inline const OptionKind kRepeated{true, true};
-  // spec: option name -> its kind. Unknown options, and an option that is not repeatable
-  // given twice (which value was meant?), throw UsageError naming them.
-  Args(const std::string& cmd, const std::vector<std::string>& argv,
-       const std::map<std::string, OptionKind>& spec);
-  bool has(const std::string& k) const { return values_.count(k) != 0; }
-  std::string get(const std::string& k, const std::string& def) const;
-  std::vector<std::string> get_all(const std::string& k) const;
-  int64_t get_int(const std::string& k, int64_t def) const;
-  double get_double(const std::string& k, double def) const;
-  const std::vector<std::string>& positional() const { return positional_; }
+// The App of `loom <path>` ("generate", "bench train"): -h/--help, defaults shown, and (train
+// and every bench) the --trace DIR that run_command handles (trace.h).
+std::unique_ptr<CLI::App> new_app(const std::string& path, const std::string& description);
+// new_app("bench <name>") with the description benchmarks() gives it, then `details`.
+std::unique_ptr<CLI::App> bench_app(const std::string& name, const std::string& details = "");
 
- private:
-  std::string cmd_;
-  std::multimap<std::string, std::string> values_;
-  std::vector<std::string> positional_;
-};
+// Parses args into app's options. nullopt: run the command; a value: exit with it now, after
+// --help, or in the modes tests/cli/options_test.sh drives: $LOOM_CLI_DESCRIBE=1 prints the
+// declared options (one per line) without parsing, $LOOM_CLI_PARSE_ONLY=1 parses and prints
+// the values. Unknown options, bad values and an option (other than a list) given twice
+// throw UsageError naming the option.
+std::optional<int> parse(CLI::App& app, const std::vector<std::string>& args);
+// `loom`, `loom bench`, `loom trace` under $LOOM_CLI_DESCRIBE=1: their subcommands, so the
+// test walks the registry. False (print nothing) outside that mode.
+bool describe_subcommands(const std::vector<std::string>& names);
+// Whether $LOOM_CLI_DESCRIBE or $LOOM_CLI_PARSE_ONLY is set: parse() will exit before running.
+bool parse_only_mode();
+
+// Checks for numeric options whose error names the value: "must be positive, got 0".
+CLI::Validator positive();      // > 0
+CLI::Validator non_negative();  // >= 0
+CLI::Validator in_range(double lo, double hi);  // lo <= x <= hi
+// One of the names: "--role hub: expected center or edge".
+CLI::Validator one_of(std::vector<std::string> names);
 
 }  // namespace loom::cli

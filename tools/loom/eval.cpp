@@ -19,19 +19,6 @@
 namespace loom::cli {
 
 namespace {
-const char* kHelp =
-    "usage: loom eval --checkpoint DIR --data DIR [--split val] [--seq-len T] [--max-windows N]\n"
-    "                 [--quant fp32|bf16|int8|int4 ...] [--threads N]\n\n"
-    "Mean next-token cross-entropy (nats/token) and perplexity of a checkpoint on the split's\n"
-    "consecutive windows of T tokens, computed by the inference engine's forward.\n"
-    "  --checkpoint DIR  a training checkpoint, a run directory, or a `loom quantize` output\n"
-    "  --data DIR        the output of loom prepare (DIR/<split>.bin)\n"
-    "  --split NAME      val (default) or train\n"
-    "  --seq-len T       window length (default: the model's context)\n"
-    "  --max-windows N   evaluate at most N windows (default: all)\n"
-    "%s"
-    "The last line is SUMMARY {json}.\n";
-
 // -log softmax(row)[target], in double.
 double nll(const float* row, int64_t V, int32_t target) {
   double mx = row[0];
@@ -43,33 +30,34 @@ double nll(const float* row, int64_t V, int32_t target) {
 }  // namespace
 
 int cmd_eval(const std::vector<std::string>& argv) {
-  std::map<std::string, OptionKind> spec = {{"checkpoint", true}, {"data", true},    {"split", true},
-                                            {"seq-len", true},    {"max-windows", true}, {"threads", true},
-                                            {"help", false}};
-  add_quant_options(spec);
-  Args a("eval", argv, spec);
-  if (a.has("help")) {
-    std::printf(kHelp, kQuantHelp);
-    return 0;
-  }
-  if (!a.has("checkpoint") || !a.has("data")) {
-    std::fprintf(stderr, kHelp, kQuantHelp);
-    throw UsageError("[eval] --checkpoint and --data are required");
-  }
-  if (a.has("threads")) set_num_threads(int(a.get_int("threads", 0)));
-  const std::string split = a.get("split", "val");
-  if (split != "val" && split != "train") throw UsageError("[eval] --split " + split + ": expected val or train");
-  InferenceModel m = load_inference_model(a.get("checkpoint", ""), quant_spec_from(a), stderr);
+  auto app = new_app("eval",
+                      "Mean next-token cross-entropy (nats/token) and perplexity of a checkpoint on the split's "
+                      "consecutive windows of T tokens, computed by the inference engine's forward. The last line is "
+                      "SUMMARY {json}.");
+  std::string checkpoint, data_dir, split = "val";
+  int64_t seq_len = 0, max_windows = 0, threads = 0;
+  QuantOptions quant;
+  app->add_option("--checkpoint", checkpoint, "a training checkpoint, a run directory, or a `loom quantize` output")
+      ->type_name("DIR")->required();
+  app->add_option("--data", data_dir, "the output of loom prepare (DIR/<split>.bin)")->type_name("DIR")->required();
+  app->add_option("--split", split, "the split")->check(one_of({"val", "train"}));
+  auto* seq_len_opt = app->add_option("--seq-len", seq_len, "window length (default: the model's context)")
+                          ->type_name("T")->check(positive())->default_str("");
+  app->add_option("--max-windows", max_windows, "evaluate at most N windows (0: all)")->check(non_negative());
+  auto* threads_opt = app->add_option("--threads", threads, "compute threads (default: OMP_NUM_THREADS or all cores)")
+                          ->check(positive())->default_str("");
+  add_quant_options(*app, quant);
+  if (auto rc = parse(*app, argv)) return *rc;
+  if (threads_opt->count()) set_num_threads(int(threads));
+  InferenceModel m = load_inference_model(checkpoint, quant_spec_from(quant), stderr);
   const model::ModelConfig& cfg = m.model->config();
-  const int64_t T = a.get_int("seq-len", cfg.n_ctx);
+  const int64_t T = seq_len_opt->count() ? seq_len : cfg.n_ctx;
   if (T < 1 || T > cfg.n_ctx)
     throw UsageError(str_cat("[eval] --seq-len ", T, ": expected 1 to the model's context of ", cfg.n_ctx));
   data::DatasetOptions dopt;
   dopt.model_vocab = cfg.vocab_size;
-  const data::TokenDataset ds = data::TokenDataset::open_split(a.get("data", ""), split, dopt);
+  const data::TokenDataset ds = data::TokenDataset::open_split(data_dir, split, dopt);
   int64_t windows = ds.eval_windows(T);
-  const int64_t max_windows = a.get_int("max-windows", 0);
-  if (max_windows < 0) throw UsageError("[eval] --max-windows must be positive (0: all)");
   if (max_windows > 0) windows = std::min(windows, max_windows);
 
   const int64_t bs = 16, nb = infer::KVCache::blocks_for_tokens(T, bs);
@@ -78,7 +66,7 @@ int cmd_eval(const std::vector<std::string>& argv) {
   std::vector<int32_t> tok(static_cast<size_t>(T)), tgt(static_cast<size_t>(T)), table(static_cast<size_t>(nb));
   std::iota(table.begin(), table.end(), 0);
   std::fprintf(stderr, "[eval] %s (%s) on %s: %lld windows of %lld tokens\n", m.checkpoint.c_str(),
-               m.precision().c_str(), (a.get("data", "") + "/" + split + ".bin").c_str(), (long long)windows, (long long)T);
+               m.precision().c_str(), (data_dir + "/" + split + ".bin").c_str(), (long long)windows, (long long)T);
   Stopwatch sw;
   double sum = 0;
   int64_t count = 0;

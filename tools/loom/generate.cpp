@@ -18,44 +18,37 @@
 namespace loom::cli {
 
 namespace {
-const char* kHelp =
-    "usage: loom generate --checkpoint DIR --prompt TEXT [--max-tokens N] [--temperature T]\n"
-    "                     [--top-k K] [--top-p P] [--seed S] [--stop STRING]... [--tokenizer NAME]\n\n"
-    "Streams a continuation of TEXT to stdout. DIR is a checkpoint (step_NNNNNN) or a run\n"
-    "directory holding them (the newest valid one is used).\n"
-    "  --max-tokens 200 (>= 1)  --temperature 0.8 (0 to 2; 0: greedy)  --top-k 0 (0 or -1: off)\n"
-    "  --top-p 1.0 (0 < P <= 1)  --seed 0\n"
-    "  --tokenizer       gpt2 or byte (default: the one recorded at training time)\n"
-    "  --no-window       stop at the model's context instead of sliding the window\n"
-    "  --kv-cache-mb M   the most KV cache to use; by default exactly what the prompt and\n"
-    "                    --max-tokens need (at most the model's context)\n"
-    "  --threads N       compute threads (default: OMP_NUM_THREADS or all cores)\n"
-    "  --speculative SPEC  see below; the output is the same as without (greedy: the same tokens)\n"
-    "DIR may also be a `loom quantize` output; an f32 checkpoint is quantized on load with:\n";
-
 // The sampling options, refused with the ranges the server's requests have (infer/sampler.h).
-infer::SamplingParams sampling_options(const Args& a) {
+struct SamplingOptions {
+  int64_t max_tokens = 200, top_k = 0;
+  double temperature = 0.8, top_p = 1.0;
+  std::vector<std::string> stop;
+};
+
+void add_sampling_options(CLI::App& app, SamplingOptions& o) {
+  // Ranges checked by sampling_params, in the words the server's requests get (infer/sampler.h).
+  app.add_option("--max-tokens", o.max_tokens, "tokens to generate, at least 1");
+  app.add_option("--temperature", o.temperature, "0 to 2; 0: greedy");
+  app.add_option("--top-k", o.top_k, "sample from the K likeliest tokens (0 or -1: off)");
+  app.add_option("--top-p", o.top_p, "nucleus sampling, 0 < P <= 1");
+  app.add_option("--stop", o.stop, "stop before this text (repeatable)")->type_name("STRING");
+}
+
+infer::SamplingParams sampling_params(const SamplingOptions& o) {
   infer::SamplingParams sp;
-  sp.max_tokens = a.get_int("max-tokens", 200);
-  sp.temperature = a.get_double("temperature", 0.8);
-  const int64_t top_k = a.get_int("top-k", 0);
-  sp.top_p = a.get_double("top-p", 1.0);
+  sp.max_tokens = o.max_tokens;
+  sp.temperature = o.temperature;
+  sp.top_p = o.top_p;
   for (const std::string& problem :
        {infer::max_tokens_problem(sp.max_tokens, "--max-tokens"),
         infer::temperature_problem(sp.temperature, "--temperature"),
-        infer::top_k_problem(top_k, "--top-k"), infer::top_p_problem(sp.top_p, "--top-p")})
+        infer::top_k_problem(o.top_k, "--top-k"), infer::top_p_problem(sp.top_p, "--top-p")})
     if (!problem.empty()) throw UsageError("[generate] " + problem);
-  sp.top_k = infer::user_top_k(top_k);
-  sp.stop = a.get_all("stop");
+  sp.top_k = infer::user_top_k(o.top_k);
+  sp.stop = o.stop;
   for (const auto& s : sp.stop)
     if (s.empty()) throw UsageError("[generate] --stop must not be empty");
   return sp;
-}
-
-int64_t positive_option(const Args& a, const char* name, const char* unit) {
-  const int64_t v = a.get_int(name, 0);
-  if (v < 1) throw UsageError(str_cat("[generate] --", name, " must be at least 1", unit, ", got ", v));
-  return v;
 }
 
 // Where the non-finite values sit among the model's weights, for the error that follows
@@ -84,39 +77,49 @@ std::string non_finite_weights(const model::Decoder& m, const std::string& check
 }  // namespace
 
 int cmd_generate(const std::vector<std::string>& argv) {
-  std::map<std::string, OptionKind> spec = {
-      {"checkpoint", true}, {"prompt", true}, {"max-tokens", true}, {"temperature", true},
-      {"top-k", true}, {"top-p", true}, {"seed", true}, {"stop", Args::kRepeated}, {"tokenizer", true},
-      {"threads", true}, {"no-window", false}, {"kv-cache-mb", true}, {"speculative", true}, {"tp", true},
-      {"help", false}};
-  add_quant_options(spec);
-  Args a("generate", argv, spec);
-  if (a.has("help")) {
-    std::printf("%s%s%s%s", kHelp, kQuantHelp, kSpeculativeHelp, kTensorParallelHelp);
-    return 0;
-  }
-  if (!a.has("checkpoint")) throw UsageError(std::string("[generate] --checkpoint is required\n\n") + kHelp);
+  auto app = new_app("generate",
+                      "Streams a continuation of the prompt to stdout. DIR is a checkpoint (step_NNNNNN), a run "
+                      "directory holding them (the newest valid one is used), or a `loom quantize` output; an f32 "
+                      "checkpoint is quantized on load with --quant.");
+  std::string checkpoint, prompt, tokenizer, speculative_text;
+  SamplingOptions sampling;
+  int64_t seed = 0, kv_cap_mb = 0, threads = 0, tp_size = 1;
+  bool no_window = false;
+  QuantOptions quant_options;
+  app->add_option("--checkpoint", checkpoint, "the model")->type_name("DIR")->required();
+  app->add_option("--prompt", prompt, "the text to continue")->type_name("TEXT");
+  add_sampling_options(*app, sampling);
+  app->add_option("--seed", seed, "sampling seed: same seed, same output");
+  app->add_option("--tokenizer", tokenizer, "default: the one recorded at training time")
+      ->check(one_of({"gpt2", "byte"}));
+  app->add_flag("--no-window", no_window, "stop at the model's context instead of sliding the window");
+  app->add_option("--kv-cache-mb", kv_cap_mb,
+                  "the most KV cache to use (MiB); by default exactly what the prompt and --max-tokens need (at "
+                  "most the model's context)")->type_name("M")->check(positive())->default_str("");
+  auto* threads_opt = app->add_option("--threads", threads, "compute threads (default: OMP_NUM_THREADS or all cores)")
+                          ->check(positive())->default_str("");
+  add_speculative_option(*app, speculative_text);
+  add_quant_options(*app, quant_options);
+  add_tensor_parallel_option(*app, tp_size);
+  if (auto rc = parse(*app, argv)) return *rc;
   // Every option is checked before the checkpoint is read.
-  infer::SamplingParams sp = sampling_options(a);
-  const uint64_t seed = uint64_t(a.get_int("seed", 0));
-  const bool window = !a.has("no-window");
-  const int64_t kv_cap_mb = a.has("kv-cache-mb") ? positive_option(a, "kv-cache-mb", " (MiB)") : 0;
-  if (a.has("threads")) set_num_threads(int(positive_option(a, "threads", "")));
-  const auto quant = quant_spec_from(a);
+  infer::SamplingParams sp = sampling_params(sampling);
+  const bool window = !no_window;
+  if (threads_opt->count()) set_num_threads(int(threads));
+  const auto quant = quant_spec_from(quant_options);
   std::optional<SpeculativeSetup> speculative;
-  if (a.has("speculative")) speculative = parse_speculative(a.get("speculative", ""), "generate");
+  if (!speculative_text.empty()) speculative = parse_speculative(speculative_text, "generate");
 
-  const TensorParallel tp = tensor_parallel_from(a, "generate", /*watchdog=*/true);
+  const TensorParallel tp = tensor_parallel_from(tp_size, "generate", /*watchdog=*/true);
   FILE* log = tp.leader() ? stderr : nullptr;  // rank 0 prints; the others follow silently
-  const InferenceModel im = load_inference_model(a.get("checkpoint", ""), quant, log, false, tp.group());
+  const InferenceModel im = load_inference_model(checkpoint, quant, log, false, tp.group());
   if (speculative) load_speculative_draft(*speculative, im, log);
   const model::Decoder& m = *im.model;
   const model::ModelConfig& mc = m.config();
   const std::string& path = im.checkpoint;
 
-  const std::string tok_name = a.get("tokenizer", im.tokenizer);
+  const std::string tok_name = tokenizer.empty() ? im.tokenizer : tokenizer;
   auto tok = data::make_tokenizer(tok_name);
-  const std::string prompt = a.get("prompt", "");
   std::vector<int32_t> ids = tok->encode(prompt);
   if (ids.empty() && tok->eot_id()) ids.push_back(*tok->eot_id());
   if (ids.empty()) throw UsageError("[generate] --prompt is empty and this tokenizer has no end-of-text token to start from");

@@ -7,19 +7,19 @@
 
 namespace loom::cli {
 
-const char* const kQuantHelp =
-    "  --quant NAME      fp32 (default), bf16, int8 or int4: the block matrices and the head on load\n"
-    "  --group N         weights per scale (int8 default: one scale per row; int4 default: 64)\n"
-    "  --quant-head H    int8 (default; bf16 under --quant bf16) or f32: the LM head under --quant\n"
-    "  --zero-point      int4 with a zero point per group (asymmetric)\n";
-
-void add_quant_options(std::map<std::string, OptionKind>& spec) {
-  spec.insert({{"quant", true}, {"group", true}, {"quant-head", true}, {"zero-point", false}});
+void add_quant_options(CLI::App& app, QuantOptions& o) {
+  app.add_option("--quant", o.quant, "the block matrices and the head on load")
+      ->check(one_of({"fp32", "bf16", "int8", "int4"}));
+  app.add_option("--group", o.group, "weights per scale (default or 0: int8 one scale per row, int4 64)")
+      ->check(non_negative())
+      ->default_str("");
+  app.add_option("--quant-head", o.head, "the LM head under --quant (int8: bf16 under --quant bf16)")
+      ->check(one_of({"int8", "f32"}));
+  app.add_flag("--zero-point", o.zero_point, "int4 with a zero point per group (asymmetric)");
 }
 
-std::optional<infer::QuantSpec> quant_spec_from(const Args& a) {
-  return infer::parse_quant_spec(a.get("quant", "fp32"), a.get_int("group", -1), a.get("quant-head", "int8"),
-                                 a.has("zero-point"));
+std::optional<infer::QuantSpec> quant_spec_from(const QuantOptions& o) {
+  return infer::parse_quant_spec(o.quant, o.group, o.head, o.zero_point);
 }
 
 std::string InferenceModel::precision() const { return quant ? quant->spec.describe() : "fp32"; }
@@ -53,13 +53,17 @@ std::unique_ptr<model::Decoder> tp_slice(const model::ModelConfig& cfg, const co
 }
 }  // namespace
 
-const char* const kTensorParallelHelp =
-    "  --tp N            tensor-parallel over N processes: run as loom launch --nproc N -- <command> --tp N\n"
-    "                    (rank 0 prints and serves; N must divide the attention and key/value heads)\n";
+void add_tensor_parallel_option(CLI::App& app, int64_t& size) {
+  app.add_option("--tp", size,
+                 "tensor-parallel over N processes: run as loom launch --nproc N -- <command> --tp N (rank 0 "
+                 "prints and serves; N must divide the attention and key/value heads)")
+      ->type_name("N")
+      ->check(positive());
+}
 
-TensorParallel tensor_parallel_from(const Args& a, const std::string& cmd, bool watchdog) {
+TensorParallel tensor_parallel_from(int64_t size, const std::string& cmd, bool watchdog) {
   TensorParallel t;
-  t.size = a.get_int("tp", 1);
+  t.size = size;
   if (t.size < 1) throw UsageError(str_cat("[", cmd, "] --tp must be at least 1, got ", t.size));
   if (t.size == 1) return t;
   comm::WorldOptions wo;
@@ -117,12 +121,15 @@ InferenceModel load_inference_model(const std::string& dir, const std::optional<
   return m;
 }
 
-const char* const kSpeculativeHelp =
-    "  --speculative SPEC   speculative decoding (docs/INFERENCE.md): draft=DIR (a smaller checkpoint\n"
-    "                    with the same tokenizer) or ngram (prompt lookup), then ,k=N (proposals per\n"
-    "                    step, default 4), ,n=N (n-gram size, default 3), ,adaptive=on|off (k follows\n"
-    "                    each request's acceptance; default on), ,max_batch=N (no proposals above N\n"
-    "                    running sequences, default 8; 0: always), ,quant=int8|int4|bf16 (the draft)\n";
+void add_speculative_option(CLI::App& app, std::string& text) {
+  app.add_option("--speculative", text,
+                 "speculative decoding (docs/INFERENCE.md): draft=DIR (a smaller checkpoint with the same "
+                 "tokenizer) or ngram (prompt lookup), then ,k=N (proposals per step, default 4), ,n=N (n-gram "
+                 "size, default 3), ,adaptive=on|off (k follows each request's acceptance; default on), "
+                 ",max_batch=N (no proposals above N running sequences, default 8; 0: always), "
+                 ",quant=int8|int4|bf16 (the draft); the output is the same as without")
+      ->type_name("SPEC");
+}
 
 SpeculativeSetup parse_speculative(const std::string& text, const std::string& cmd) {
   SpeculativeSetup s;

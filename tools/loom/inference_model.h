@@ -15,11 +15,14 @@
 
 namespace loom::cli {
 
-// --quant fp32|int8|int4, --group N, --quant-head int8|f32, --zero-point: the Args spec
-// entries and the help text.
-void add_quant_options(std::map<std::string, OptionKind>& spec);
-extern const char* const kQuantHelp;
-std::optional<infer::QuantSpec> quant_spec_from(const Args& a);
+// --quant fp32|bf16|int8|int4, --group N, --quant-head int8|bf16|f32, --zero-point.
+struct QuantOptions {
+  std::string quant = "fp32", head = "int8";
+  int64_t group = -1;  // -1: the format's default
+  bool zero_point = false;
+};
+void add_quant_options(CLI::App& app, QuantOptions& o);
+std::optional<infer::QuantSpec> quant_spec_from(const QuantOptions& o);
 
 struct InferenceModel {
   std::unique_ptr<model::Decoder> model;
@@ -38,10 +41,11 @@ struct TensorParallel {
   bool leader() const { return !world || world->rank() == 0; }
   int rank() const { return world ? world->rank() : 0; }
 };
-extern const char* const kTensorParallelHelp;
-// Reads --tp (default 1). Above 1 it joins the job (which must have exactly N processes);
-// `watchdog` off for a server, whose followers wait as long as it idles.
-TensorParallel tensor_parallel_from(const Args& a, const std::string& cmd, bool watchdog);
+// Declares --tp N (default 1) into `size`.
+void add_tensor_parallel_option(CLI::App& app, int64_t& size);
+// Above 1, joins the job (which must have exactly `size` processes); `watchdog` off for a
+// server, whose followers wait as long as it idles.
+TensorParallel tensor_parallel_from(int64_t size, const std::string& cmd, bool watchdog);
 
 // Resolves `dir` (a checkpoint, a run directory, or a quantized checkpoint), verifies and
 // loads it; `quant` quantizes an f32 checkpoint on load. A quantized checkpoint with a --quant
@@ -58,8 +62,9 @@ InferenceModel random_inference_model(const model::ModelConfig& cfg, uint64_t se
 // quantized checkpoint as given) and its model config.
 std::string resolve_inference_checkpoint(const std::string& dir, FILE* log);
 
-// --speculative SPEC, shared by generate, serve and bench infer (docs/INFERENCE.md).
-extern const char* const kSpeculativeHelp;
+// --speculative SPEC, shared by generate, serve and bench infer (docs/INFERENCE.md): declared
+// into `text` ("" when not given).
+void add_speculative_option(CLI::App& app, std::string& text);
 struct SpeculativeSetup {
   infer::SpeculativeConfig config;    // config.draft points into `draft` once it is loaded
   std::string draft_dir;              // draft=DIR

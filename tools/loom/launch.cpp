@@ -34,30 +34,6 @@ namespace loom::cli {
 
 namespace {
 
-const char* kLaunchHelp =
-    "usage: loom launch --nproc N [--hosts h1:4,h2:4 | --hostfile F] [--agent CMD] [--net CIDR]\n"
-    "                   [--timeout S] [--mpirun PATH] [--dry-run] -- <loom subcommand and its args>\n\n"
-    "Runs N ranks of this loom binary under mpirun. Each output line is prefixed with its\n"
-    "rank (\"[rank 1] ...\"); rank 0's SUMMARY line is passed through unprefixed, and so is\n"
-    "all of rank 0's standard output for generate and serve (--tp N: the other ranks print none).\n"
-    "  --hosts L     hosts and ranks per host (host:ranks,...); they must add up to --nproc,\n"
-    "                which may then be left out. Test hosts (loomh1..., made by\n"
-    "                scripts/testhosts.sh up N) get their agent and network automatically\n"
-    "  --agent CMD   how mpirun reaches the hosts instead of ssh (mca plm_rsh_agent)\n"
-    "  --net CIDR    the network ranks and daemons talk over, e.g. 10.0.0.0/16\n"
-    "                (mca btl_tcp_if_include and oob_tcp_if_include)\n"
-    "  --timeout S   comm watchdog timeout of the ranks in seconds: sets LOOM_COMM_TIMEOUT,\n"
-    "                which beats a config's parallel.collective_timeout_s (--set beats both)\n"
-    "  --dry-run     print the mpirun command instead of running it\n"
-    "Elastic restarts (docs/FAULT_TOLERANCE.md):\n"
-    "  --max-restarts K  restart a failed attempt up to K times, `train` with --resume auto\n"
-    "  --min-nproc M     when the same rank (or host) fails --drop-after times in a row, go\n"
-    "                    on with fewer ranks, down to M (train gets parallel.dp=auto: the\n"
-    "                    global batch stays, micro-batches grow); default: --nproc (never)\n"
-    "  --drop-after F    failures in a row that drop a rank slot or host (default 2)\n"
-    "  --restart-delay S seconds between a failure and the restart (default 1)\n"
-    "Forwards LOOM_*, OMP_*, PATH and LD_LIBRARY_PATH; LOOM_LAUNCH_EXE runs another binary.\n";
-
 // The child's pid, for forwarding SIGTERM; a signal handler can reach nothing else.
 volatile sig_atomic_t g_child_pid = 0;
 
@@ -368,38 +344,67 @@ std::string launch_exe() {
 }
 
 int cmd_launch(const std::vector<std::string>& args) {
+  auto app = new_app("launch",
+                      "Runs N ranks of this loom binary under mpirun: loom launch --nproc N -- <loom subcommand and "
+                      "its args>. Each output line is prefixed with its rank (\"[rank 1] ...\"); rank 0's SUMMARY "
+                      "line is passed through unprefixed, and so is all of rank 0's standard output for generate "
+                      "and serve (--tp N: the other ranks print none). Forwards LOOM_*, OMP_*, PATH and "
+                      "LD_LIBRARY_PATH; LOOM_LAUNCH_EXE runs another binary. Elastic restarts: "
+                      "docs/FAULT_TOLERANCE.md.");
+  comm::LaunchOptions o;
+  int64_t nproc = 0, max_restarts = 0, min_nproc = 0, drop_after = 2;
+  double timeout = -1, restart_delay = 1.0;
+  const char* mpirun_env = std::getenv("LOOM_MPIRUN");
+  o.mpirun = mpirun_env && *mpirun_env ? mpirun_env : "mpirun";
+  bool dry_run = false;
+  std::vector<std::string> inner;
+  auto* nproc_opt = app->add_option("--nproc", nproc, "ranks to run (default: the --hosts slots)")
+                        ->type_name("N")->check(positive())->default_str("");
+  auto* hosts_opt = app->add_option("--hosts", o.hosts,
+                                    "hosts and ranks per host (host:ranks,...); they must add up to --nproc, which may "
+                                    "then be left out. Test hosts (loomh1..., made by scripts/testhosts.sh up N) get "
+                                    "their agent and network automatically")->type_name("h1:4,h2:4");
+  app->add_option("--hostfile", o.hostfile, "an mpirun hostfile")->type_name("FILE");
+  app->add_option("--agent", o.agent, "how mpirun reaches the hosts instead of ssh (mca plm_rsh_agent)")
+      ->type_name("CMD");
+  app->add_option("--net", o.net,
+                  "the network ranks and daemons talk over, e.g. 10.0.0.0/16 (mca btl_tcp_if_include and "
+                  "oob_tcp_if_include)")->type_name("CIDR");
+  app->add_option("--timeout", timeout,
+                  "comm watchdog timeout of the ranks in seconds: sets LOOM_COMM_TIMEOUT, which beats a config's "
+                  "parallel.collective_timeout_s (--set beats both)")->type_name("S")->default_str("");
+  app->add_option("--mpirun", o.mpirun, "the MPI launcher (default: $LOOM_MPIRUN or mpirun)")->type_name("PATH");
+  app->add_flag("--dry-run", dry_run, "print the mpirun command instead of running it");
+  app->add_option("--max-restarts", max_restarts, "restart a failed attempt up to K times, `train` with --resume auto")
+      ->type_name("K")->check(non_negative());
+  auto* min_nproc_opt =
+      app->add_option("--min-nproc", min_nproc,
+                      "when the same rank (or host) fails --drop-after times in a row, go on with fewer ranks, down "
+                      "to M (train gets parallel.dp=auto: the global batch stays, micro-batches grow); default: "
+                      "--nproc (never)")->type_name("M")->check(positive())->default_str("");
+  app->add_option("--drop-after", drop_after, "failures in a row that drop a rank slot or host")
+      ->type_name("F")->check(positive());
+  app->add_option("--restart-delay", restart_delay, "seconds between a failure and the restart")
+      ->type_name("S")->check(non_negative());
+  app->add_option("COMMAND", inner, "the loom subcommand and its arguments, after --")->type_name("ARGS");
+  if (auto rc = parse(*app, args)) return *rc;
   auto sep = std::find(args.begin(), args.end(), "--");
-  std::vector<std::string> own(args.begin(), sep);
-  Args a("launch", own,
-         {{"nproc", true}, {"hosts", true}, {"hostfile", true}, {"agent", true}, {"net", true},
-          {"timeout", true}, {"mpirun", true}, {"dry-run", false}, {"help", false}, {"max-restarts", true},
-          {"min-nproc", true}, {"drop-after", true}, {"restart-delay", true}});
-  if (a.has("help")) {
-    std::printf("%s", kLaunchHelp);
-    return 0;
-  }
-  if (sep == args.end() || sep + 1 == args.end())
+  const size_t after_sep = sep == args.end() ? 0 : size_t(args.end() - sep - 1);
+  if (inner.size() > after_sep)
+    throw UsageError("[launch] unexpected argument '" + inner[0] + "' before --");
+  if (inner.empty())
     throw UsageError("[launch] give the loom subcommand to run after --, e.g. "
                      "loom launch --nproc 2 -- bench comm");
-  if (!a.has("nproc") && !a.has("hosts"))
+  if (!nproc_opt->count() && !hosts_opt->count())
     throw UsageError("[launch] --nproc N is required (or --hosts h1:2,h2:2, whose ranks add up to N)");
-  if (!a.positional().empty())
-    throw UsageError("[launch] unexpected argument '" + a.positional()[0] + "' before --");
   LOOM_CHECK(!comm::launch_env().under_mpi, "launch",
              "already running under an MPI launcher; run the subcommand directly");
 
-  comm::LaunchOptions o;
-  o.hosts = a.get("hosts", "");
-  o.nproc = a.has("nproc") ? int(a.get_int("nproc", 1)) : comm::slots_in_hosts(o.hosts);
-  o.hostfile = a.get("hostfile", "");
-  o.agent = a.get("agent", "");
-  o.net = a.get("net", "");
+  o.nproc = nproc_opt->count() ? int(nproc) : comm::slots_in_hosts(o.hosts);
   if (!o.hosts.empty()) comm::use_test_hosts(o, test_hosts_up());
-  o.timeout_s = a.get_double("timeout", -1);
-  const char* mpirun_env = std::getenv("LOOM_MPIRUN");
-  o.mpirun = a.get("mpirun", mpirun_env && *mpirun_env ? mpirun_env : "mpirun");
+  o.timeout_s = timeout;
   o.exe = launch_exe();
-  o.args.assign(sep + 1, args.end());
+  o.args = inner;
   g_rank0_stdout_raw = o.args[0] == "generate" || o.args[0] == "serve";
   o.local_cores = int(std::max(1u, std::thread::hardware_concurrency()));
   o.as_root = geteuid() == 0;
@@ -408,7 +413,7 @@ int cmd_launch(const std::vector<std::string>& args) {
     o.env_names.push_back(kv.substr(0, kv.find('=')));
   }
   std::vector<std::string> cmd = comm::mpirun_command(o);
-  if (a.has("dry-run")) {
+  if (dry_run) {
     for (size_t i = 0; i < cmd.size(); ++i)
       std::printf("%s%s", i ? " " : "", shell_quoted(cmd[i]).c_str());
     std::printf("\n");
@@ -417,10 +422,10 @@ int cmd_launch(const std::vector<std::string>& args) {
   std::fflush(stdout);
   std::fflush(stderr);
   ElasticOptions e;
-  e.max_restarts = int(a.get_int("max-restarts", 0));
-  e.min_nproc = int(a.get_int("min-nproc", o.nproc));
-  e.drop_after = int(a.get_int("drop-after", 2));
-  e.delay_s = a.get_double("restart-delay", 1.0);
+  e.max_restarts = int(max_restarts);
+  e.min_nproc = min_nproc_opt->count() ? int(min_nproc) : o.nproc;
+  e.drop_after = int(drop_after);
+  e.delay_s = restart_delay;
   if (e.max_restarts < 0 || e.min_nproc < 1 || e.min_nproc > o.nproc || e.drop_after < 1 || e.delay_s < 0)
     throw UsageError(str_cat("[launch] --max-restarts must be >= 0, --min-nproc within 1..", o.nproc,
                              " (--nproc), --drop-after >= 1 and --restart-delay >= 0"));

@@ -15,23 +15,9 @@
 namespace {
 
 void print_usage() {
-  std::printf(
-      "usage: loom <command> [options]\n\n"
-      "commands:\n"
-      "  train         train a model from a YAML config (loom train CONFIG.yaml [--trace DIR])\n"
-      "  prepare       tokenize text files into token shards for training\n"
-      "  tokenize      encode stdin to token ids (or --decode ids to text)\n"
-      "  launch        run N ranks through mpirun: loom launch --nproc N -- train CONFIG.yaml\n"
-      "  generate      sample text from a checkpoint (paged-KV inference engine)\n"
-      "  quantize      write a bf16/int8/int4 copy of a checkpoint for inference\n"
-      "  eval          validation loss and perplexity of a checkpoint (any precision)\n"
-      "  report        one HTML page of a training run's metrics: loom report RUN_DIR\n"
-      "  plan          predict memory and step time of training layouts: loom plan --help\n"
-      "  bench         benchmarks: loom bench --help (each also takes --trace DIR)\n"
-      "  serve         OpenAI-compatible HTTP server (completions, chat, SSE, /metrics)\n"
-      "  trace         merge the per-rank step traces of --trace DIR: loom trace merge DIR\n"
-      "  version       print the build's version and capabilities\n\n"
-      "run `loom <command> --help` for a command's options.\n");
+  std::printf("usage: loom <command> [options]\n\ncommands:\n");
+  for (const auto& c : loom::cli::commands()) std::printf("  %-12s %s\n", c.name.c_str(), c.help.c_str());
+  std::printf("\nrun `loom <command> --help` for a command's options.\n");
 }
 
 }  // namespace
@@ -43,6 +29,9 @@ int main(int argc, char** argv) {
     setenv("OPENBLAS_CORETYPE", core.c_str(), 1);
     execv("/proc/self/exe", argv);  // returns only on failure: go on with the slow kernels
   }
+  std::vector<std::string> names;
+  for (const auto& c : loom::cli::commands()) names.push_back(c.name);
+  if (argc < 2 && loom::cli::describe_subcommands(names)) return 0;
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
     print_usage();
     return argc < 2 ? 2 : 0;

@@ -35,35 +35,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const char* kHelp =
-    "usage: loom plan --model PRESET|CONFIG.yaml --cluster CLUSTER.yaml [--nodes N] --global-batch B\n"
-    "                 --seq T [--top K] [--explain] [--precision fp32|bf16] [--layout SPEC] [--json]\n"
-    "       loom plan --calibrate CLUSTER.yaml [--threads K] [--devices D] [--comm-calibration FILE]\n"
-    "       loom plan --validate [--quick] [--cluster CLUSTER.yaml] [--out DIR]\n\n"
-    "Predicts memory per rank and step time of training layouts (dp, tp, pp, ep, ZeRO stage,\n"
-    "micro-batches, activation checkpointing, pipeline schedule) without running anything.\n"
-    "  --model        a preset (loom's model presets) or a training config whose model: it uses\n"
-    "  --cluster      cluster file (configs/clusters/*.yaml; --calibrate writes one for this machine)\n"
-    "  --nodes        nodes to use (default 1); every device of them gets a rank\n"
-    "  --global-batch sequences per step; --seq tokens per sequence\n"
-    "  --top K        print the K fastest layouts that fit (default 10)\n"
-    "  --explain      the top pick (or --layout) term by term\n"
-    "  --layout SPEC  predict one layout: dp=2,tp=1,pp=2,ep=1,zero=1,mb=2,m=4,ckpt=0,schedule=1f1b\n"
-    "  --gpipe        also consider the GPipe schedule\n"
-    "  --grad-dtype   data-parallel gradients on the wire: fp32, bf16 (default under bf16) or 1bit\n"
-    "                 (1-bit Adam after its warm-up)\n"
-    "  --inter-gbps G override the cluster's inter-node bandwidth (GB/s per node)\n"
-    "  --no-overlap   data-parallel communication does not overlap the backward pass\n"
-    "  --algorithm A  collectives: auto (fastest of ring, tree, hierarchical; default) or ring\n"
-    "  --calibrate F  time matrix products, memory bandwidth, loom's kernels and collectives with K\n"
-    "                 threads per rank (default 1) and write a cluster file of D devices (default:\n"
-    "                 cores / K), and the collective times to F.comm.cal\n"
-    "  --validate     train a set of layouts here (loom train, loom launch) and compare predicted\n"
-    "                 memory and step time with the measured ones; --quick runs four of them.\n"
-    "                 Calibrates first unless --cluster is given; --only TEXT runs the layouts\n"
-    "                 whose model or description (as printed) contains TEXT; --repeat N runs each\n"
-    "                 N times, round after round, and keeps the faster (default 2, --quick 1).\n"
-    "The last line is SUMMARY {json}.\n";
+// The options of all three modes (plan, --calibrate, --validate).
+struct PlanOptions {
+  std::string model, cluster, precision = "fp32", layout, calibrate, comm_calibration, out, grad_dtype,
+      algorithm = "auto", only;
+  int64_t nodes = 1, global_batch = 8, seq = 256, top = 10, threads = 1, devices = 0, repeat = 2;
+  double inter_gbps = 0;
+  bool explain = false, gpipe = false, json = false, validate = false, quick = false, no_overlap = false;
+};
 
 model::ModelConfig model_of(const std::string& spec) {
   if (spec.size() > 5 && (spec.ends_with(".yaml") || spec.ends_with(".yml"))) {
@@ -408,17 +387,18 @@ Measured run_case(const Case& k, const std::string& data_dir, const std::string&
   return m;
 }
 
-int validate(const Args& a) {
-  const bool quick = a.has("quick");
-  const int threads = int(a.get_int("threads", 1));
-  const std::string out = a.get("out", (fs::temp_directory_path() / str_cat("loom-plan-validate-", getpid())).string());
+int validate(const PlanOptions& a, const CLI::App& app) {
+  const bool quick = a.quick;
+  const int threads = int(a.threads);
+  const std::string out =
+      a.out.empty() ? (fs::temp_directory_path() / str_cat("loom-plan-validate-", getpid())).string() : a.out;
   fs::create_directories(out);
   plan::Cluster cluster;
-  if (a.has("cluster")) {
-    cluster = plan::load_cluster(a.get("cluster", ""));
+  if (!a.cluster.empty()) {
+    cluster = plan::load_cluster(a.cluster);
   } else {
     std::printf("calibrating this machine (%d thread%s per rank):\n", threads, threads > 1 ? "s" : "");
-    cluster = calibrate(threads, 0, a.get("comm-calibration", ""), out + "/comm.cal", true);
+    cluster = calibrate(threads, 0, a.comm_calibration, out + "/comm.cal", true);
     io::write_file_atomic(out + "/this-machine.yaml", plan::cluster_yaml(cluster));
     std::printf("  cluster file: %s/this-machine.yaml\n", out.c_str());
   }
@@ -435,8 +415,8 @@ int validate(const Args& a) {
     return dir;
   };
   auto cases = validation_cases(quick);
-  if (a.has("only")) {  // layouts whose model or description contains the text
-    const std::string only = a.get("only", "");
+  if (!a.only.empty()) {  // layouts whose model or description contains the text
+    const std::string& only = a.only;
     std::erase_if(cases, [&](const Case& k) {
       return (k.model + " " + k.layout.describe()).find(only) == std::string::npos;
     });
@@ -444,8 +424,7 @@ int validate(const Args& a) {
   }
   // Shared machines have slow spells of a minute or more: every layout runs `repeat` times,
   // round after round, and the faster run counts (slowness is never the model's to explain).
-  const int repeat = int(a.get_int("repeat", quick ? 1 : 2));
-  if (repeat < 1) throw UsageError("[plan] --repeat must be at least 1");
+  const int repeat = app.count("--repeat") ? int(a.repeat) : quick ? 1 : 2;
   std::vector<Measured> measured(cases.size());
   for (int r = 0; r < repeat; ++r)
     for (size_t i = 0; i < cases.size(); ++i) {
@@ -529,44 +508,81 @@ nlohmann::json prediction_json(const plan::Prediction& p) {
 }  // namespace
 
 int cmd_plan(const std::vector<std::string>& argv) {
-  Args a("plan", argv,
-         {{"model", true}, {"cluster", true}, {"nodes", true}, {"global-batch", true}, {"seq", true}, {"top", true},
-          {"explain", false}, {"precision", true}, {"layout", true}, {"gpipe", false}, {"json", false},
-          {"calibrate", true}, {"threads", true}, {"devices", true}, {"comm-calibration", true}, {"validate", false},
-          {"quick", false}, {"out", true}, {"grad-dtype", true}, {"inter-gbps", true}, {"no-overlap", false},
-          {"algorithm", true}, {"only", true}, {"repeat", true}, {"help", false}});
-  if (a.has("help")) {
-    std::printf("%s", kHelp);
-    return 0;
-  }
-  if (a.has("calibrate")) {
-    const std::string path = a.get("calibrate", "");
-    const int threads = int(a.get_int("threads", 1));
-    if (threads < 1) throw UsageError("[plan] --threads must be at least 1");
+  auto app = new_app("plan",
+                      "Predicts memory per rank and step time of training layouts (dp, tp, pp, ep, ZeRO stage, "
+                      "micro-batches, activation checkpointing, pipeline schedule) without running anything:\n"
+                      "  loom plan --model PRESET|CONFIG.yaml --cluster CLUSTER.yaml --global-batch B --seq T\n"
+                      "  loom plan --calibrate CLUSTER.yaml [--threads K] [--devices D]\n"
+                      "  loom plan --validate [--quick] [--cluster CLUSTER.yaml] [--out DIR]\n"
+                      "The last line is SUMMARY {json}.");
+  PlanOptions a;
+  app->add_option("--model", a.model, "a preset (loom's model presets) or a training config whose model: it uses")
+      ->type_name("PRESET|CONFIG.yaml");
+  app->add_option("--cluster", a.cluster,
+                  "cluster file (configs/clusters/*.yaml; --calibrate writes one for this machine)")
+      ->type_name("CLUSTER.yaml");
+  app->add_option("--nodes", a.nodes, "nodes to use; every device of them gets a rank")->check(positive());
+  app->add_option("--global-batch", a.global_batch, "sequences per step (required)")
+      ->check(positive())->default_str("");
+  app->add_option("--seq", a.seq, "tokens per sequence (required)")->check(positive())->default_str("");
+  app->add_option("--top", a.top, "print the K fastest layouts that fit")->type_name("K")->check(non_negative());
+  app->add_flag("--explain", a.explain, "the top pick (or --layout) term by term");
+  app->add_option("--precision", a.precision, "model precision")->check(one_of({"fp32", "bf16"}));
+  app->add_option("--layout", a.layout, "predict one layout: dp=2,tp=1,pp=2,ep=1,zero=1,mb=2,m=4,ckpt=0,schedule=1f1b")
+      ->type_name("SPEC");
+  app->add_flag("--gpipe", a.gpipe, "also consider the GPipe schedule");
+  app->add_flag("--json", a.json, "accepted for scripts; the last line is always SUMMARY {json}");
+  app->add_option("--grad-dtype", a.grad_dtype,
+                  "data-parallel gradients on the wire (default: bf16 under bf16, else fp32; 1bit: 1-bit Adam after "
+                  "its warm-up)")->check(one_of({"fp32", "bf16", "1bit"}));
+  app->add_option("--inter-gbps", a.inter_gbps, "override the cluster's inter-node bandwidth (GB/s per node)")
+      ->type_name("G")->check(positive())->default_str("");
+  app->add_flag("--no-overlap", a.no_overlap, "data-parallel communication does not overlap the backward pass");
+  app->add_option("--algorithm", a.algorithm, "collectives: auto (fastest of ring, tree, hierarchical) or one of them")
+      ->check(one_of({"auto", "ring", "tree", "hierarchical"}));
+  app->add_option("--calibrate", a.calibrate,
+                  "time matrix products, memory bandwidth, loom's kernels and collectives with --threads K per rank "
+                  "and write a cluster file of --devices D devices (0: cores / K) to F, the collective times to "
+                  "F.comm.cal")->type_name("F");
+  app->add_option("--threads", a.threads, "threads per rank (--calibrate, --validate)")->type_name("K")
+      ->check(positive());
+  app->add_option("--devices", a.devices, "devices of the calibrated cluster file (0: cores / K)")
+      ->type_name("D")->check(non_negative());
+  app->add_option("--comm-calibration", a.comm_calibration, "reuse these collective times instead of measuring")
+      ->type_name("FILE");
+  app->add_flag("--validate", a.validate,
+                "train a set of layouts here (loom train, loom launch) and compare predicted memory and step time "
+                "with the measured ones; calibrates first unless --cluster is given");
+  app->add_flag("--quick", a.quick, "--validate: four layouts");
+  app->add_option("--out", a.out, "--validate: the working folder (default: a temporary one)")->type_name("DIR");
+  app->add_option("--only", a.only, "--validate: the layouts whose model or description (as printed) contains TEXT")
+      ->type_name("TEXT");
+  app->add_option("--repeat", a.repeat,
+                  "--validate: runs of each layout, round after round, keeping the faster (default 2, --quick 1)")
+      ->type_name("N")->check(positive());
+  if (auto rc = parse(*app, argv)) return *rc;
+  if (!a.calibrate.empty()) {
+    const std::string& path = a.calibrate;
+    const int threads = int(a.threads);
     std::printf("calibrating with %d thread%s per rank:\n", threads, threads > 1 ? "s" : "");
-    const plan::Cluster c =
-        calibrate(threads, int(a.get_int("devices", 0)), a.get("comm-calibration", ""), path + ".comm.cal", true);
+    const plan::Cluster c = calibrate(threads, int(a.devices), a.comm_calibration, path + ".comm.cal", true);
     io::write_file_atomic(path, plan::cluster_yaml(c));
     std::printf("wrote %s (%d devices per node)\n", path.c_str(), c.devices_per_node);
     return 0;
   }
-  if (a.has("validate")) return validate(a);
+  if (a.validate) return validate(a, *app);
   for (const char* k : {"model", "cluster", "global-batch", "seq"})
-    if (!a.has(k)) throw UsageError(str_cat("[plan] --", k, " is required\n\n", kHelp));
+    if (!app->count(str_cat("--", k)))
+      throw UsageError(str_cat("[plan] --", k, " is required (see loom plan --help)"));
   plan::Job job;
-  job.model = model_of(a.get("model", ""));
-  job.global_batch = a.get_int("global-batch", 8);
-  job.seq = a.get_int("seq", 256);
-  job.nodes = int(a.get_int("nodes", 1));
-  const std::string precision = a.get("precision", "fp32");
-  if (precision != "fp32" && precision != "bf16")
-    throw UsageError("[plan] --precision " + precision + ": expected fp32 or bf16");
-  job.bf16 = precision == "bf16";
-  job.algorithm = a.get("algorithm", "auto");
-  if (job.algorithm != "auto" && job.algorithm != "ring" && job.algorithm != "tree" && job.algorithm != "hierarchical")
-    throw UsageError("[plan] --algorithm " + job.algorithm + ": expected auto, ring, tree or hierarchical");
-  if (a.has("grad-dtype")) {
-    const std::string g = a.get("grad-dtype", "");
+  job.model = model_of(a.model);
+  job.global_batch = a.global_batch;
+  job.seq = a.seq;
+  job.nodes = int(a.nodes);
+  job.bf16 = a.precision == "bf16";
+  job.algorithm = a.algorithm;
+  if (!a.grad_dtype.empty()) {
+    const std::string& g = a.grad_dtype;
     if (g == "fp32") job.grad_wire_bytes = 4;
     else if (g == "bf16") job.grad_wire_bytes = 2;
     else if (g == "1bit") job.grad_wire_bytes = 1.0 / 8;
@@ -574,14 +590,13 @@ int cmd_plan(const std::vector<std::string>& argv) {
   }
   if (job.global_batch < 1 || job.seq < 1 || job.nodes < 1)
     throw UsageError("[plan] --global-batch, --seq and --nodes must be positive");
-  plan::Cluster cluster = plan::load_cluster(a.get("cluster", ""));
-  if (a.has("inter-gbps")) {
-    const double g = a.get_double("inter-gbps", 0);
-    if (!(g > 0)) throw UsageError("[plan] --inter-gbps must be positive");
+  plan::Cluster cluster = plan::load_cluster(a.cluster);
+  if (app->count("--inter-gbps")) {
+    const double g = a.inter_gbps;
     cluster.links.inter.beta_s_per_byte = 1e-9 / g;
     cluster.name += str_cat(" (inter-node ", g, " GB/s)");
   }
-  if (a.has("no-overlap")) cluster.overlap_fraction = 0;
+  if (a.no_overlap) cluster.overlap_fraction = 0;
   if (cluster.max_nodes > 0 && job.nodes > cluster.max_nodes)
     throw UsageError(str_cat("[plan] --nodes ", job.nodes, ": ", cluster.path, " describes at most ", cluster.max_nodes,
                              " node(s)"));
@@ -591,29 +606,29 @@ int cmd_plan(const std::vector<std::string>& argv) {
               job.nodes, job.nodes > 1 ? "s" : "", cluster.name.c_str(), cluster.devices_per_node,
               cluster.device.name.c_str());
   std::vector<plan::Prediction> ranked;
-  if (a.has("layout")) {
-    ranked.push_back(plan::predict(job, cluster, parse_layout(a.get("layout", ""))));
+  if (!a.layout.empty()) {
+    ranked.push_back(plan::predict(job, cluster, parse_layout(a.layout)));
     if (!ranked.front().fits && ranked.front().time.step == 0)
-      throw UsageError("[plan] --layout " + a.get("layout", "") + ": " + ranked.front().why_not);
+      throw UsageError("[plan] --layout " + a.layout + ": " + ranked.front().why_not);
   } else {
     plan::SearchOptions so;
-    if (a.has("gpipe")) so.schedules = {"1f1b", "gpipe"};
+    if (a.gpipe) so.schedules = {"1f1b", "gpipe"};
     ranked = plan::search(job, cluster, so);
     if (ranked.empty())
       throw UsageError(str_cat("[plan] no valid layout of ", job.nodes * cluster.devices_per_node,
                                " devices for global batch ", job.global_batch));
   }
-  const int64_t top = a.get_int("top", 10);
+  const int64_t top = a.top;
   int64_t fitting = 0;
   for (const auto& p : ranked) fitting += p.fits;
   std::printf("%zu layouts considered, %lld fit\n\n%-36s %10s %12s %7s %11s\n", ranked.size(), (long long)fitting,
               "layout", "ms/step", "tokens/s", "MFU", "memory/rank");
   for (int64_t i = 0; i < int64_t(ranked.size()) && i < top; ++i) print_prediction_row(ranked[size_t(i)]);
-  if (fitting == 0 && !a.has("layout")) {
+  if (fitting == 0 && a.layout.empty()) {
     std::printf("\nno layout fits: the smallest needs %s per device; add nodes or use a smaller global batch\n",
                 format_bytes(int64_t(ranked.front().memory.total())).c_str());
   }
-  if (a.has("explain") && !ranked.empty()) std::printf("\n%s", plan::explain(job, cluster, ranked.front()).c_str());
+  if (a.explain && !ranked.empty()) std::printf("\n%s", plan::explain(job, cluster, ranked.front()).c_str());
   nlohmann::json s = {{"model", job.model.name}, {"params", n_params}, {"cluster", cluster.name},
                       {"nodes", job.nodes}, {"devices", job.nodes * cluster.devices_per_node},
                       {"considered", ranked.size()}, {"fit", fitting}};

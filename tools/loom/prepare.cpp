@@ -14,14 +14,6 @@
 namespace loom::cli {
 namespace {
 
-const char* kPrepareHelp =
-    "usage: loom prepare --input FILE [--input FILE ...] --out DIR [--tokenizer gpt2|byte]\n"
-    "                    [--val-fraction 0.1] [--force] [--data-dir DIR] [--quiet]\n\n"
-    "  tokenises the inputs (each one a document; gpt2 puts <|endoftext|> before each) and\n"
-    "  writes DIR/train.bin, DIR/val.bin (the last --val-fraction of the tokens) and\n"
-    "  DIR/meta.json. Refuses a non-empty DIR unless --force. Ends with the unigram\n"
-    "  baseline: the validation loss of a model that only knows token frequencies.\n";
-
 void draw_bar(size_t done, size_t total) {
   const double frac = total ? double(done) / double(total) : 1.0;
   const int width = 40, filled = int(frac * width);
@@ -34,25 +26,26 @@ void draw_bar(size_t done, size_t total) {
 }  // namespace
 
 int cmd_prepare(const std::vector<std::string>& argv) {
-  Args args("prepare", argv,
-            {{"input", Args::kRepeated}, {"out", true}, {"tokenizer", true}, {"val-fraction", true}, {"force", false},
-             {"data-dir", true}, {"quiet", false}, {"help", false}});
-  if (args.has("help")) {
-    std::printf("%s", kPrepareHelp);
-    return 0;
-  }
-  if (!args.positional().empty())
-    throw UsageError("[prepare] unexpected argument '" + args.positional()[0] + "'; pass inputs as --input FILE");
+  auto app = new_app("prepare",
+                      "Tokenises the inputs (each one a document; gpt2 puts <|endoftext|> before each) and writes "
+                      "DIR/train.bin, DIR/val.bin (the last --val-fraction of the tokens) and DIR/meta.json. Ends "
+                      "with the unigram baseline: the validation loss of a model that only knows token frequencies.");
   data::PrepareOptions opt;
-  opt.inputs = args.get_all("input");
-  opt.out_dir = args.get("out", "");
-  if (opt.inputs.empty()) throw UsageError("[prepare] no input; pass --input FILE (see loom prepare --help)");
-  if (opt.out_dir.empty()) throw UsageError("[prepare] no output folder; pass --out DIR");
-  opt.tokenizer = args.get("tokenizer", "gpt2");
-  opt.val_fraction = args.get_double("val-fraction", 0.1);
-  opt.force = args.has("force");
-  opt.data_dir = args.get("data-dir", "");
-  const bool bar = !args.has("quiet") && isatty(STDERR_FILENO);
+  opt.tokenizer = "gpt2";
+  opt.val_fraction = 0.1;
+  bool quiet = false;
+  app->add_option("--input", opt.inputs, "a text file, one document (repeatable)")->type_name("FILE")->required();
+  app->add_option("--out", opt.out_dir, "the output folder")->type_name("DIR")->required();
+  app->add_option("--tokenizer", opt.tokenizer, "the tokenizer")->check(one_of({"gpt2", "byte"}));
+  app->add_option("--val-fraction", opt.val_fraction, "the share of tokens, at the end, for val.bin")
+      ->check(in_range(0, 1));
+  app->add_flag("--force", opt.force, "write into a non-empty DIR (refused without it)");
+  app->add_option("--data-dir", opt.data_dir,
+                  "folder holding gpt2/encoder.json and gpt2/vocab.bpe (default: $LOOM_DATA_DIR or the source "
+                  "tree's data/)")->type_name("DIR");
+  app->add_flag("--quiet", quiet, "no progress bar");
+  if (auto rc = parse(*app, argv)) return *rc;
+  const bool bar = !quiet && isatty(STDERR_FILENO);
   size_t last_drawn = 0;
   if (bar)
     opt.progress = [&](size_t done, size_t total) {

@@ -17,16 +17,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const char* kHelp =
-    "usage: loom report RUN_DIR [--out FILE] [--metrics FILE]\n\n"
-    "Writes one self-contained HTML page (inline SVG, no scripts, nothing fetched) of a training\n"
-    "run: train and validation loss, learning rate, gradient norm, tokens/s, MFU, memory by\n"
-    "category, exposed communication, resumes, rollbacks and skipped steps, the environment\n"
-    "and the config. The run's metrics are the JSONL of log.metrics_path (loom train --metrics).\n"
-    "  --metrics FILE    the metrics JSONL (default: RUN_DIR/metrics.jsonl, or the only *.jsonl\n"
-    "                    in RUN_DIR)\n"
-    "  --out FILE        where to write the page (default: RUN_DIR/report.html)\n";
-
 std::string find_metrics(const std::string& run_dir) {
   LOOM_CHECK(fs::is_directory(run_dir), "report", run_dir,
              " is not a directory; give the run's directory (where its metrics JSONL is) or --metrics FILE");
@@ -45,20 +35,25 @@ std::string find_metrics(const std::string& run_dir) {
 }  // namespace
 
 int cmd_report(const std::vector<std::string>& argv) {
-  Args a("report", argv, {{"out", true}, {"metrics", true}, {"help", false}});
-  if (a.has("help")) {
-    std::printf("%s", kHelp);
-    return 0;
-  }
-  if (a.positional().size() != 1) throw UsageError(std::string("[report] expected one RUN_DIR\n\n") + kHelp);
-  const std::string run_dir = a.positional()[0];
-  const std::string metrics = a.has("metrics") ? a.get("metrics", "") : find_metrics(run_dir);
+  auto app = new_app("report",
+                      "Writes one self-contained HTML page (inline SVG, no scripts, nothing fetched) of a training "
+                      "run: train and validation loss, learning rate, gradient norm, tokens/s, MFU, memory by "
+                      "category, exposed communication, resumes, rollbacks and skipped steps, the environment and "
+                      "the config. The run's metrics are the JSONL of log.metrics_path (loom train --metrics).");
+  std::string run_dir, metrics, out;
+  app->add_option("RUN_DIR", run_dir, "the training run's directory")->type_name("DIR")->required();
+  app->add_option("--metrics", metrics,
+                  "the metrics JSONL (default: RUN_DIR/metrics.jsonl, or the only *.jsonl in RUN_DIR)")
+      ->type_name("FILE");
+  app->add_option("--out", out, "where to write the page (default: RUN_DIR/report.html)")->type_name("FILE");
+  if (auto rc = parse(*app, argv)) return *rc;
+  if (metrics.empty()) metrics = find_metrics(run_dir);
   LOOM_CHECK(fs::is_regular_file(metrics), "report", "--metrics ", metrics, ": no such file");
   const train::RunMetrics m = train::parse_run_metrics(io::read_file(metrics));
   for (const std::string& w : m.warnings) std::fprintf(stderr, "[report] warning: %s:%s\n", metrics.c_str(), w.substr(5).c_str());
   LOOM_CHECK(m.step_lines > 0, "report", metrics, ": no step lines (objects with \"step\" and \"loss\"); is it "
              "the JSONL of log.metrics_path (loom train --metrics FILE)?");
-  const std::string out = a.get("out", (fs::path(run_dir) / "report.html").string());
+  if (out.empty()) out = (fs::path(run_dir) / "report.html").string();
   io::write_file_atomic(out, train::render_run_report(m, metrics));
   std::printf("[report] wrote %s: %s\n", out.c_str(), train::run_report_summary(m).c_str());
   return 0;

@@ -27,57 +27,6 @@ namespace loom::cli {
 
 namespace {
 
-const char* const kCascadeHelp =
-    "Edge/center cascade (docs/CASCADE.md):\n"
-    "  --role center|edge      a cascade's center (publishes the edge models) or edge (answers what it is\n"
-    "                          confident about, forwards the rest); default: neither\n"
-    "  --model-version LABEL   the human version of the checkpoint (default: its VERSION file or step)\n"
-    "  center: --edge-models int8=DIR,int4=DIR\n"
-    "                          the small models edges download (`loom quantize` outputs); SIGHUP\n"
-    "                          re-reads them, publishing a new version\n"
-    "  edge:   --center URL    the center, e.g. http://198.18.0.11:8000 (required)\n"
-    "          --confidence-threshold T\n"
-    "                          answer when the mean probability of the first --window tokens is >= T\n"
-    "                          (in [0, 1]; default 0.5), else forward to the center\n"
-    "          --window N      tokens the confidence is measured over (default 16)\n"
-    "          --center-down local|fail\n"
-    "                          when the center cannot be reached: answer locally (default) or 503\n"
-    "          --poll-interval S   seconds between manifest polls (default 10)\n"
-    "          --cache-dir DIR     where downloaded models go (default: a temporary directory,\n"
-    "                          removed at exit)\n"
-    "          --edge-quant auto|int8|int4   weights to download (default auto: int4 on a slow link,\n"
-    "                          --int4-below-mbps (50), --int4-above-rtt-ms (200), or when the int8\n"
-    "                          model exceeds half of --memory-budget-mb (default: available memory))\n";
-
-void print_help() {
-  std::printf(
-      "usage: loom serve (--checkpoint DIR | --model PRESET [--seed S]) [options]\n\n"
-      "  --checkpoint DIR        a checkpoint (DIR/step_N), a run directory (its newest valid one), or\n"
-      "                          a `loom quantize` output\n"
-      "  --model PRESET          random weights of a preset (%s),\n"
-      "                          vocabulary set to the tokenizer's (for tests and benchmarks)\n"
-      "  --seed S                weight seed for --model; also seeds requests without one (default 0)\n"
-      "  --tokenizer NAME        gpt2 or byte (default: byte for --model and 256-token vocabularies,\n"
-      "                          else gpt2)\n"
-      "  --data-dir DIR          where the gpt2 tokenizer files are (default: the data folder)\n"
-      "  --n-ctx N               override the preset's context length\n"
-      "  --host H                address to bind (default 127.0.0.1: loopback only)\n"
-      "  --port P                port (default 8000; 0 picks a free one)\n"
-      "  --api-key KEY           require 'Authorization: Bearer KEY' on /v1/*; the environment\n"
-      "                          variable LOOM_API_KEY does the same without showing the key in ps\n"
-      "  --max-queue N           requests allowed to wait beyond the running batch (default 256); then 429\n"
-      "  --served-model-name S   the name clients pass as 'model' (default: the preset name)\n"
-      "  --max-num-seqs N        sequences stepped together (default 32)\n"
-      "  --kv-cache-mb M         KV-cache size (default 256, or one full-context request if that is more);\n"
-      "                          must hold at least one full-context request\n"
-      "  --max-body-bytes B      largest request body (default 1048576); then 413\n"
-      "  --shutdown-grace S      seconds running requests may finish after SIGTERM (default 10)\n"
-      "  --threads N             compute threads (default: OMP_NUM_THREADS or all cores)\n"
-      "  --no-access-log         no per-request line on stderr (method, path, status, ms, tokens)\n"
-      "%s%s%s%s",
-      "e.g. gpt2-tiny, gpt2-shakespeare", kQuantHelp, kSpeculativeHelp, kTensorParallelHelp, kCascadeHelp);
-}
-
 // A servable model: its weights, the engine stepping them and the server's adapter, owned
 // together so that a cascade edge can replace all three between requests.
 class ServedModel final : public serve::Engine {
@@ -112,77 +61,141 @@ class ServedModel final : public serve::Engine {
 }  // namespace
 
 int cmd_serve(const std::vector<std::string>& argv) {
-  for (const auto& a : argv)
-    if (a == "--help" || a == "-h") {
-      print_help();
-      return 0;
-    }
-  std::map<std::string, OptionKind> spec = {
-      {"checkpoint", true}, {"model", true}, {"seed", true}, {"tokenizer", true}, {"data-dir", true},
-      {"n-ctx", true}, {"host", true},
-      {"port", true}, {"api-key", true}, {"max-queue", true}, {"served-model-name", true},
-      {"max-num-seqs", true}, {"kv-cache-mb", true}, {"max-body-bytes", true},
-      {"shutdown-grace", true}, {"threads", true}, {"no-access-log", false}, {"speculative", true},
-      {"tp", true}, {"role", true}, {"model-version", true}, {"edge-models", true}, {"center", true},
-      {"confidence-threshold", true}, {"window", true}, {"center-down", true}, {"poll-interval", true},
-      {"cache-dir", true}, {"edge-quant", true}, {"int4-below-mbps", true}, {"int4-above-rtt-ms", true},
-      {"memory-budget-mb", true}};
-  add_quant_options(spec);
-  Args args("serve", argv, spec);
-  const auto quant = quant_spec_from(args);
+  auto app = new_app("serve",
+                      "OpenAI-compatible HTTP server (completions, chat, SSE, /metrics) of a checkpoint or of random "
+                      "weights: loom serve (--checkpoint DIR | --model PRESET [--seed S]) [options].");
+  std::string checkpoint_dir, preset, tokenizer_name, data_dir, api_key, served_model_name, speculative_text, role,
+      model_version, edge_models_text, center, center_down = "local", cache_dir, edge_quant = "auto";
+  int64_t seed = 0, n_ctx = 0, port = 8000, max_queue = 256, max_num_seqs = 32, kv_cache_mb = 256,
+          max_body_bytes = 1 << 20, threads = 0, tp_size = 1, window = 16, memory_budget_mb = 0;
+  double shutdown_grace = 10, confidence_threshold = 0.5, poll_interval = 10, int4_below_mbps = 50,
+         int4_above_rtt_ms = 200;
+  bool no_access_log = false;
+  QuantOptions quant_options;
+  serve::ServeOptions opt;
+  opt.http.host = "127.0.0.1";
+  app->add_option("--checkpoint", checkpoint_dir,
+                  "a checkpoint (DIR/step_N), a run directory (its newest valid one), or a `loom quantize` output")
+      ->type_name("DIR");
+  app->add_option("--model", preset,
+                  "random weights of a preset (e.g. gpt2-tiny, gpt2-shakespeare), vocabulary set to the "
+                  "tokenizer's (for tests and benchmarks)")->type_name("PRESET");
+  app->add_option("--seed", seed, "weight seed for --model; also seeds requests without one");
+  app->add_option("--tokenizer", tokenizer_name,
+                  "default: byte for --model and 256-token vocabularies, else gpt2")
+      ->check(one_of({"gpt2", "byte"}));
+  app->add_option("--data-dir", data_dir, "where the gpt2 tokenizer files are (default: the data folder)")
+      ->type_name("DIR");
+  app->add_option("--n-ctx", n_ctx, "override the preset's context length (--model only)")
+      ->check(positive())->default_str("");
+  app->add_option("--host", opt.http.host, "address to bind (127.0.0.1: loopback only)")->type_name("H");
+  app->add_option("--port", port, "port (0 picks a free one)")->check(in_range(0, 65535));
+  app->add_option("--api-key", api_key,
+                  "require 'Authorization: Bearer KEY' on /v1/*; the environment variable LOOM_API_KEY does the "
+                  "same without showing the key in ps")->type_name("KEY");
+  app->add_option("--max-queue", max_queue, "requests allowed to wait beyond the running batch; then 429")
+      ->check(non_negative());
+  app->add_option("--served-model-name", served_model_name, "the name clients pass as 'model' (default: the preset name)")
+      ->type_name("S");
+  app->add_option("--max-num-seqs", max_num_seqs, "sequences stepped together")->check(positive());
+  app->add_option("--kv-cache-mb", kv_cache_mb,
+                  "KV-cache size in MiB (default 256, or one full-context request if that is more); must hold at "
+                  "least one full-context request")->type_name("M")->check(positive());
+  app->add_option("--max-body-bytes", max_body_bytes, "largest request body; then 413")->check(positive());
+  app->add_option("--shutdown-grace", shutdown_grace, "seconds running requests may finish after SIGTERM")
+      ->check(non_negative());
+  app->add_option("--threads", threads, "compute threads (default: OMP_NUM_THREADS or all cores)")
+      ->check(positive())->default_str("");
+  app->add_flag("--no-access-log", no_access_log, "no per-request line on stderr (method, path, status, ms, tokens)");
+  add_speculative_option(*app, speculative_text);
+  add_quant_options(*app, quant_options);
+  add_tensor_parallel_option(*app, tp_size);
+  const std::string cascade = "Edge/center cascade (docs/CASCADE.md)";
+  app->add_option("--role", role,
+                  "a cascade's center (publishes the edge models) or edge (answers what it is confident about, "
+                  "forwards the rest); default: neither")->check(one_of({"center", "edge"}))->group(cascade);
+  app->add_option("--model-version", model_version,
+                  "the human version of the checkpoint (default: its VERSION file or step)")
+      ->type_name("LABEL")->group(cascade);
+  app->add_option("--edge-models", edge_models_text,
+                  "center: the small models edges download (`loom quantize` outputs); SIGHUP re-reads them, "
+                  "publishing a new version")->type_name("int8=DIR,int4=DIR")->group(cascade);
+  app->add_option("--center", center, "edge: the center, e.g. http://198.18.0.11:8000 (required)")
+      ->type_name("URL")->group(cascade);
+  app->add_option("--confidence-threshold", confidence_threshold,
+                  "edge: answer when the mean probability of the first --window tokens is >= T, else forward to "
+                  "the center")->type_name("T")->check(in_range(0, 1))->group(cascade);
+  app->add_option("--window", window, "edge: tokens the confidence is measured over")
+      ->check(positive())->group(cascade);
+  app->add_option("--center-down", center_down,
+                  "edge: when the center cannot be reached, answer locally or 503")
+      ->check(one_of({"local", "fail"}))->group(cascade);
+  app->add_option("--poll-interval", poll_interval, "edge: seconds between manifest polls")
+      ->type_name("S")->check(positive())->group(cascade);
+  app->add_option("--cache-dir", cache_dir,
+                  "edge: where downloaded models go (default: a temporary directory, removed at exit)")
+      ->type_name("DIR")->group(cascade);
+  app->add_option("--edge-quant", edge_quant,
+                  "edge: weights to download (auto: int4 on a slow link, see --int4-below-mbps and "
+                  "--int4-above-rtt-ms, or when the int8 model exceeds half of --memory-budget-mb)")
+      ->check(one_of({"auto", "int8", "int4"}))->group(cascade);
+  app->add_option("--int4-below-mbps", int4_below_mbps, "edge: auto picks int4 below this bandwidth")
+      ->check(non_negative())->group(cascade);
+  app->add_option("--int4-above-rtt-ms", int4_above_rtt_ms, "edge: auto picks int4 above this round trip")
+      ->check(non_negative())->group(cascade);
+  app->add_option("--memory-budget-mb", memory_budget_mb, "edge: the memory models may take (0: available memory)")
+      ->check(non_negative())->group(cascade);
+  if (auto rc = parse(*app, argv)) return *rc;
+  auto given = [&](const std::string& name) { return app->count("--" + name) > 0; };
+  const auto quant = quant_spec_from(quant_options);
   std::optional<SpeculativeSetup> speculative;
-  if (args.has("speculative")) speculative = parse_speculative(args.get("speculative", ""), "serve");
-  if (args.has("checkpoint") == args.has("model"))
+  if (given("speculative")) speculative = parse_speculative(speculative_text, "serve");
+  if (given("checkpoint") == given("model"))
     throw UsageError("[serve] give exactly one of --checkpoint DIR or --model PRESET (see loom serve --help)");
   // The model: a verified checkpoint, or random weights of a preset.
   std::string checkpoint;
   model::ModelConfig mc;
-  if (args.has("checkpoint")) {
-    const std::string given = args.get("checkpoint", "");
+  if (given("checkpoint")) {
+    const std::string& given_dir = checkpoint_dir;
     try {
-      checkpoint = resolve_inference_checkpoint(given, stderr);
+      checkpoint = resolve_inference_checkpoint(given_dir, stderr);
     } catch (const Error& e) {
-      fail("serve", "--checkpoint ", given, ": ", e.what());
+      fail("serve", "--checkpoint ", given_dir, ": ", e.what());
     }
     mc = model::checkpoint_model_config(checkpoint);
   } else {
-    mc = model::preset(args.get("model", ""));
+    mc = model::preset(preset);
   }
   // The tokenizer: given, else the checkpoint's (model::checkpoint_tokenizer), else bytes.
-  const std::string tok_name =
-      args.get("tokenizer", checkpoint.empty() ? "byte" : model::checkpoint_tokenizer(checkpoint));
-  std::unique_ptr<serve::DataTokenizer> tokenizer = serve::make_text_tokenizer(tok_name, args.get("data-dir", ""));
+  const std::string tok_name = given("tokenizer")          ? tokenizer_name
+                               : checkpoint.empty() ? std::string("byte")
+                                                    : model::checkpoint_tokenizer(checkpoint);
+  std::unique_ptr<serve::DataTokenizer> tokenizer = serve::make_text_tokenizer(tok_name, data_dir);
   if (checkpoint.empty()) mc.vocab_size = tokenizer->vocab_size();
-  if (args.has("n-ctx")) {
+  if (given("n-ctx")) {
     if (!checkpoint.empty()) throw UsageError("[serve] --n-ctx applies to --model only (a checkpoint keeps its context)");
-    mc.n_ctx = args.get_int("n-ctx", mc.n_ctx);
+    mc.n_ctx = n_ctx;
   }
   mc.validate();
-  serve::ServeOptions opt;
-  opt.http.host = args.get("host", "127.0.0.1");
-  opt.http.port = int(args.get_int("port", 8000));
-  if (opt.http.port < 0 || opt.http.port > 65535) throw UsageError("[serve] --port must be in [0, 65535]");
-  opt.http.limits.max_body_bytes = size_t(args.get_int("max-body-bytes", 1 << 20));
+  opt.http.port = int(port);
+  opt.http.limits.max_body_bytes = size_t(max_body_bytes);
   const char* env_key = std::getenv("LOOM_API_KEY");
-  if (args.has("api-key") && env_key && *env_key && args.get("api-key", "") != env_key)
+  if (given("api-key") && env_key && *env_key && api_key != env_key)
     throw UsageError("[serve] --api-key and LOOM_API_KEY are both set and differ; give the key once");
-  opt.api_key = args.get("api-key", env_key ? env_key : "");
-  opt.http.access_log = !args.has("no-access-log");
-  opt.max_queue = args.get_int("max-queue", 256);
-  if (opt.max_queue < 0) throw UsageError("[serve] --max-queue must be >= 0");
-  opt.served_model_name = args.get("served-model-name", mc.name);
-  const double grace = args.get_double("shutdown-grace", 10);
+  opt.api_key = given("api-key") ? api_key : env_key ? env_key : "";
+  opt.http.access_log = !no_access_log;
+  opt.max_queue = max_queue;
+  opt.served_model_name = given("served-model-name") ? served_model_name : mc.name;
+  const double grace = shutdown_grace;
   infer::EngineConfig ec;
-  ec.max_num_seqs = args.get_int("max-num-seqs", 32);
-  if (ec.max_num_seqs < 1) throw UsageError("[serve] --max-num-seqs must be at least 1");
+  ec.max_num_seqs = max_num_seqs;
   // The engine admits a request only if the cache can hold a full-context one (serve builds its
   // model in f32). By default the cache grows to that; a size given too small is refused here,
   // before anything is loaded.
   const int64_t full_context_bytes = infer::KVCache::blocks_for_tokens(mc.n_ctx, ec.block_size) *
                                      infer::KVCache::bytes_per_block(mc, ec.block_size, DType::f32);
-  if (args.has("kv-cache-mb")) {
-    const int64_t mb = args.get_int("kv-cache-mb", 0);
-    if (mb < 1) throw UsageError(str_cat("[serve] --kv-cache-mb must be at least 1 (MiB), got ", mb));
+  if (given("kv-cache-mb")) {
+    const int64_t mb = kv_cache_mb;
     ec.kv_cache_bytes = mb << 20;
     if (ec.kv_cache_bytes < full_context_bytes)
       throw UsageError(str_cat("[serve] --kv-cache-mb ", mb, " is too small for one request of the model's full "
@@ -192,45 +205,39 @@ int cmd_serve(const std::vector<std::string>& argv) {
   } else {
     ec.kv_cache_bytes = std::max(int64_t(256) << 20, full_context_bytes);
   }
-  ec.seed = uint64_t(args.get_int("seed", 0));
+  ec.seed = uint64_t(seed);
   opt.seed = ec.seed;
-  if (args.has("threads")) set_num_threads(int(args.get_int("threads", 0)));
+  if (given("threads")) set_num_threads(int(threads));
 
   // The cascade role's options, checked before anything loads.
-  const std::string role = args.get("role", "");
-  if (!role.empty() && role != "center" && role != "edge")
-    throw UsageError(str_cat("[serve] --role ", role, ": expected center or edge"));
   opt.role = role;
   auto only_for = [&](const char* r, std::initializer_list<const char*> names) {
     for (const char* n : names)
-      if (args.has(n) && role != r) throw UsageError(str_cat("[serve] --", n, " applies to --role ", r, " only"));
+      if (given(n) && role != r) throw UsageError(str_cat("[serve] --", n, " applies to --role ", r, " only"));
   };
   only_for("center", {"edge-models"});
   only_for("edge", {"center", "confidence-threshold", "window", "center-down", "poll-interval", "cache-dir",
                     "edge-quant", "int4-below-mbps", "int4-above-rtt-ms", "memory-budget-mb"});
   serve::cascade::EdgeOptions eo;
   if (role == "edge") {
-    if (!args.has("center")) throw UsageError("[serve] --role edge needs --center URL (the center's http://host:port)");
-    eo.center_url = args.get("center", "");
+    if (!given("center")) throw UsageError("[serve] --role edge needs --center URL (the center's http://host:port)");
+    eo.center_url = center;
     serve::parse_url(eo.center_url);  // a bad URL fails now, naming it
-    eo.threshold = args.get_double("confidence-threshold", 0.5);
-    eo.window = args.get_int("window", 16);
-    const std::string down = args.get("center-down", "local");
-    if (down != "local" && down != "fail")
-      throw UsageError(str_cat("[serve] --center-down ", down, ": expected local or fail"));
-    eo.local_when_center_down = down == "local";
-    eo.poll_interval_s = args.get_double("poll-interval", 10);
-    eo.cache_dir = args.get("cache-dir", (std::filesystem::temp_directory_path() /
-                                          str_cat("loom-edge-", ::getpid())).string());
+    eo.threshold = confidence_threshold;
+    eo.window = window;
+    eo.local_when_center_down = center_down == "local";
+    eo.poll_interval_s = poll_interval;
+    eo.cache_dir = given("cache-dir") ? cache_dir
+                                      : (std::filesystem::temp_directory_path() / str_cat("loom-edge-", ::getpid())).string();
     eo.api_key = opt.api_key;
-    eo.quant = args.get("edge-quant", "auto");
-    eo.int4_below_mbps = args.get_double("int4-below-mbps", 50);
-    eo.int4_above_rtt_ms = args.get_double("int4-above-rtt-ms", 200);
-    eo.memory_budget_bytes = args.get_int("memory-budget-mb", 0) << 20;
+    eo.quant = edge_quant;
+    eo.int4_below_mbps = int4_below_mbps;
+    eo.int4_above_rtt_ms = int4_above_rtt_ms;
+    eo.memory_budget_bytes = memory_budget_mb << 20;
     eo.validate();
   }
   std::vector<serve::cascade::EdgeModelSource> edge_models;
-  if (args.has("edge-models")) edge_models = serve::cascade::parse_edge_models(args.get("edge-models", ""));
+  if (given("edge-models")) edge_models = serve::cascade::parse_edge_models(edge_models_text);
 
   // Signals are taken synchronously by this thread (sigwait), so every thread started from
   // here on inherits the blocked mask and no handler runs in the middle of anything.
@@ -244,7 +251,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
 
   // Tensor parallel: the ranks other than 0 load their slice and step with rank 0 until it
   // stops; they bind no port, print nothing and leave the signals (blocked above) to rank 0.
-  const TensorParallel tp = tensor_parallel_from(args, "serve", /*watchdog=*/false);
+  const TensorParallel tp = tensor_parallel_from(tp_size, "serve", /*watchdog=*/false);
   ec.tp = tp.group();
   // Every rank loads its model (its slice) and the draft the same way; rank 0 logs it.
   auto load_model = [&](FILE* log) {
@@ -273,9 +280,9 @@ int cmd_serve(const std::vector<std::string>& argv) {
   serve::cascade::ModelVersion version;
   if (!role.empty())
     version = checkpoint.empty()
-                  ? serve::cascade::ModelVersion{args.get("model-version", str_cat("random-seed", ec.seed)),
+                  ? serve::cascade::ModelVersion{given("model-version") ? model_version : str_cat("random-seed", ec.seed),
                                                  serve::cascade::version_hash(mc.summary(), std::to_string(ec.seed), tok_hash)}
-                  : serve::cascade::checkpoint_version(checkpoint, tok_hash, args.get("model-version", ""));
+                  : serve::cascade::checkpoint_version(checkpoint, tok_hash, model_version);
   std::unique_ptr<serve::cascade::CenterPublisher> publisher;
   if (role == "center") {
     publisher = std::make_unique<serve::cascade::CenterPublisher>(opt.served_model_name, version, tok_name, tok_hash,
@@ -346,7 +353,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
   std::fflush(stdout);
   if (edge) edge->stop();
   server.stop(grace);
-  if (role == "edge" && !args.has("cache-dir")) {  // the default cache is this process's own
+  if (role == "edge" && !given("cache-dir")) {  // the default cache is this process's own
     std::error_code ec_rm;
     std::filesystem::remove_all(eo.cache_dir, ec_rm);
   }

@@ -12,13 +12,6 @@
 namespace loom::cli {
 namespace {
 
-const char* kTokenizeHelp =
-    "usage: loom tokenize [--tokenizer gpt2|byte] [--decode] [--data-dir DIR] < input\n\n"
-    "  encodes stdin (any bytes) to space-separated token ids, one line;\n"
-    "  --decode   reads whitespace-separated ids from stdin and writes their bytes\n"
-    "  --data-dir folder holding gpt2/encoder.json and gpt2/vocab.bpe (default: $LOOM_DATA_DIR or\n"
-    "             the source tree's data/)\n";
-
 std::string read_stdin() {
   std::ios::sync_with_stdio(false);
   std::ostringstream ss;
@@ -49,16 +42,19 @@ std::vector<int32_t> parse_ids(const std::string& text) {
 }  // namespace
 
 int cmd_tokenize(const std::vector<std::string>& argv) {
-  Args args("tokenize", argv, {{"tokenizer", true}, {"decode", false}, {"data-dir", true}, {"help", false}});
-  if (args.has("help")) {
-    std::printf("%s", kTokenizeHelp);
-    return 0;
-  }
-  if (!args.positional().empty())
-    throw UsageError("[tokenize] unexpected argument '" + args.positional()[0] + "'; input comes from stdin");
-  auto tok = data::make_tokenizer(args.get("tokenizer", "gpt2"), args.get("data-dir", ""));
+  auto app = new_app("tokenize", "Encodes stdin (any bytes) to space-separated token ids on one line, or with "
+                                 "--decode the reverse.");
+  std::string tokenizer = "gpt2", data_dir;
+  bool decode = false;
+  app->add_option("--tokenizer", tokenizer, "the tokenizer")->check(one_of({"gpt2", "byte"}));
+  app->add_flag("--decode", decode, "read whitespace-separated ids from stdin and write their bytes");
+  app->add_option("--data-dir", data_dir,
+                  "folder holding gpt2/encoder.json and gpt2/vocab.bpe (default: $LOOM_DATA_DIR or the source "
+                  "tree's data/)")->type_name("DIR");
+  if (auto rc = parse(*app, argv)) return *rc;
+  auto tok = data::make_tokenizer(tokenizer, data_dir);
   const std::string input = read_stdin();
-  if (args.has("decode")) {
+  if (decode) {
     const std::string bytes = tok->decode(parse_ids(input));
     std::fwrite(bytes.data(), 1, bytes.size(), stdout);
     return 0;

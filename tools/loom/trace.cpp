@@ -30,12 +30,6 @@ using nlohmann::json;
 namespace {
 
 constexpr const char* kTraceEnv = "LOOM_TRACE_DIR";
-constexpr const char* kTraceHelp =
-    "\nEvery `loom train` and `loom bench <x>` also takes:\n"
-    "  --trace DIR   write a Chrome/Perfetto trace of this run per rank to DIR/trace-rank<R>.json\n"
-    "                (blocks' forward/backward, optimizer, collectives with bytes, pipeline\n"
-    "                transfers, waits); `loom trace merge DIR` puts the ranks on one timeline\n";
-
 bool is_help(const std::vector<std::string>& args) {
   for (const auto& a : args) {
     if (a == "--") return false;
@@ -101,12 +95,10 @@ void report_written(const std::string& path, const std::string& dir) {
 }  // namespace
 
 int run_command(const Command& c, std::vector<std::string> args) {
+  // --help and the test modes (commands.h) go straight to the command, whose options list
+  // --trace: nothing runs, so nothing is traced.
   if (c.name != "train" && c.name != "bench") return c.run(args);
-  if (is_help(args)) {
-    const int rc = c.run(args);
-    std::printf("%s", kTraceHelp);
-    return rc;
-  }
+  if (is_help(args) || parse_only_mode()) return c.run(args);
   std::string dir = take_trace_dir(args);
   if (dir.empty())
     if (const char* e = std::getenv(kTraceEnv); e && *e) dir = e;
@@ -141,14 +133,6 @@ int run_command(const Command& c, std::vector<std::string> args) {
 // ---- loom trace merge ---------------------------------------------------------------------
 
 namespace {
-
-const char* kTraceUsage =
-    "usage: loom trace merge DIR [--out FILE] [--top N]\n\n"
-    "Puts the per-rank traces DIR/trace-rank<R>.json (written by --trace DIR on loom train or\n"
-    "loom bench) on one timeline: each rank's events shifted onto rank 0's clock by the offset\n"
-    "measured when the job started, one process per rank. Writes DIR/merged.json (or FILE) for\n"
-    "ui.perfetto.dev or chrome://tracing and prints the ranks, event count, time span and the\n"
-    "N event names (default 10) with the most total time.\n";
 
 struct RankTrace {
   int rank = 0;
@@ -210,15 +194,19 @@ std::vector<RankTrace> read_trace_dir(const std::string& dir) {
 }
 
 int trace_merge(const std::vector<std::string>& argv) {
-  Args a("trace merge", argv, {{"out", true}, {"top", true}, {"help", false}});
-  if (a.has("help")) {
-    std::printf("%s", kTraceUsage);
-    return 0;
-  }
-  if (a.positional().size() != 1) throw UsageError(std::string("[trace merge] give one DIR\n\n") + kTraceUsage);
-  const std::string dir = a.positional()[0];
-  const std::string out_path = a.get("out", (fs::path(dir) / "merged.json").string());
-  const int64_t top = a.get_int("top", 10);
+  auto app = new_app("trace merge",
+                      "Puts the per-rank traces DIR/trace-rank<R>.json (written by --trace DIR on loom train or loom "
+                      "bench) on one timeline: each rank's events shifted onto rank 0's clock by the offset measured "
+                      "when the job started, one process per rank. Writes DIR/merged.json (or FILE) for "
+                      "ui.perfetto.dev or chrome://tracing and prints the ranks, event count, time span and the N "
+                      "event names with the most total time.");
+  std::string dir, out_path;
+  int64_t top = 10;
+  app->add_option("DIR", dir, "the --trace directory")->type_name("DIR")->required();
+  app->add_option("--out", out_path, "the merged trace (default: DIR/merged.json)")->type_name("FILE");
+  app->add_option("--top", top, "event names to list by total time")->type_name("N")->check(non_negative());
+  if (auto rc = parse(*app, argv)) return *rc;
+  if (out_path.empty()) out_path = (fs::path(dir) / "merged.json").string();
 
   std::vector<RankTrace> ranks = read_trace_dir(dir);
   // Every rank's events on rank 0's clock, then the earliest at 0.
@@ -294,8 +282,10 @@ int trace_merge(const std::vector<std::string>& argv) {
 }  // namespace
 
 int cmd_trace(const std::vector<std::string>& args) {
+  if (args.empty() && describe_subcommands({"merge"})) return 0;
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
-    std::printf("%s", kTraceUsage);
+    std::printf("usage: loom trace merge DIR [options]\n\n"
+                "  merge   put the per-rank traces of --trace DIR on one timeline (loom trace merge --help)\n");
     return args.empty() ? 2 : 0;
   }
   if (args[0] == "merge") return trace_merge({args.begin() + 1, args.end()});

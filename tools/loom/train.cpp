@@ -1,5 +1,5 @@
 // `loom train CONFIG.yaml [--set key=value]... [--resume auto|DIR] [--metrics FILE]
-// [--metrics-port P [--metrics-host ADDR]] [--overwrite-checkpoints]`.
+// [--metrics-port P [--metrics-host ADDR]] [--overwrite-checkpoints]`; options in cmd_train.
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -18,21 +18,6 @@
 namespace loom::cli {
 
 namespace {
-
-const char* kHelp =
-    "usage: loom train CONFIG.yaml [--set key=value]... [--resume auto|DIR] [--metrics FILE]\n"
-    "                  [--metrics-port P [--metrics-host ADDR]] [--overwrite-checkpoints]\n\n"
-    "Trains a model as the YAML config says (see docs/CONFIG.md and configs/).\n"
-    "  --set key=value   override a config key, e.g. --set optim.lr=3e-4 (repeatable)\n"
-    "  --resume auto     continue from the latest valid checkpoint in checkpoint.dir\n"
-    "  --resume DIR      continue from that checkpoint directory\n"
-    "  --metrics FILE    JSONL metrics, one object per logged step (= log.metrics_path)\n"
-    "  --metrics-port P  rank 0 serves the logged figures as Prometheus gauges and counters\n"
-    "                    (loom_train_*) at http://ADDR:P/metrics; 0 picks a free port\n"
-    "  --metrics-host ADDR  the address to listen on (default 127.0.0.1)\n"
-    "  --overwrite-checkpoints  a run from step 0 deletes the checkpoints already in\n"
-    "                    checkpoint.dir (without it, such a run refuses to start)\n"
-    "The last line is SUMMARY {json}.\n";
 
 // `--metrics-port`: the trainer's logged figures as Prometheus series on an HTTP endpoint that
 // lives as long as the process. Gauges hold the last logged step's figures; counters only grow.
@@ -115,33 +100,45 @@ class TrainMetricsEndpoint {
 }  // namespace
 
 int cmd_train(const std::vector<std::string>& argv) {
-  Args a("train", argv, {{"set", Args::kRepeated}, {"resume", true}, {"metrics", true}, {"metrics-port", true},
-                          {"metrics-host", true}, {"overwrite-checkpoints", false}, {"help", false}});
-  if (a.has("help")) {
-    std::printf("%s", kHelp);
-    return 0;
-  }
-  if (a.positional().size() != 1) throw UsageError(std::string("[train] expected one CONFIG.yaml\n\n") + kHelp);
-  const int64_t metrics_port = a.get_int("metrics-port", 0);
-  if (metrics_port < 0 || metrics_port > 65535)
-    throw UsageError(str_cat("[train] --metrics-port must be 0-65535 (0: a free port), got ", metrics_port));
-  if (a.has("metrics-host") && !a.has("metrics-port"))
+  auto app = new_app("train", "Trains a model as the YAML config says (see docs/CONFIG.md and configs/). "
+                              "The last line is SUMMARY {json}.");
+  std::string config, resume, metrics, metrics_host = "127.0.0.1";
+  std::vector<std::string> sets;
+  int64_t metrics_port = 0;
+  bool overwrite_checkpoints = false;
+  app->add_option("CONFIG", config, "the YAML config")->required()->type_name("FILE");
+  app->add_option("--set", sets, "override a config key, e.g. --set optim.lr=3e-4 (repeatable)")
+      ->type_name("KEY=VALUE");
+  app->add_option("--resume", resume, "auto: continue from the latest valid checkpoint in checkpoint.dir; "
+                                      "DIR: from that checkpoint directory")->type_name("auto|DIR");
+  app->add_option("--metrics", metrics, "JSONL metrics, one object per logged step (= log.metrics_path)")
+      ->type_name("FILE");
+  auto* port_opt = app->add_option("--metrics-port", metrics_port,
+                                   "rank 0 serves the logged figures as Prometheus gauges and counters "
+                                   "(loom_train_*) at http://ADDR:P/metrics; 0 picks a free port")
+                       ->check(in_range(0, 65535));
+  auto* host_opt = app->add_option("--metrics-host", metrics_host, "the address --metrics-port listens on")
+                       ->type_name("ADDR");
+  app->add_flag("--overwrite-checkpoints", overwrite_checkpoints,
+                "a run from step 0 deletes the checkpoints already in checkpoint.dir (without it, such a run "
+                "refuses to start)");
+  if (auto rc = parse(*app, argv)) return *rc;
+  if (host_opt->count() && !port_opt->count())
     throw UsageError("[train] --metrics-host needs --metrics-port P (0: a free port)");
-  std::vector<std::string> sets = a.get_all("set");
-  if (a.has("metrics")) sets.push_back("log.metrics_path=" + a.get("metrics", ""));
+  if (!metrics.empty()) sets.push_back("log.metrics_path=" + metrics);
   // parallel.dp=auto (what `loom launch --min-nproc` passes once it runs on fewer ranks): the
   // launched ranks over pp x ep x tp. data.batch_size is global, so each rank's share grows and
   // gradient accumulation keeps the batch (and the loss curve) as it was.
   if (auto it = std::find(sets.begin(), sets.end(), "parallel.dp=auto"); it != sets.end()) {
     sets.erase(it);
-    const train::TrainConfig probe = train::load_train_config(a.positional()[0], sets);
+    const train::TrainConfig probe = train::load_train_config(config, sets);
     const int64_t per = probe.parallel.pp * probe.parallel.ep * probe.parallel.tp;
     const int ranks = comm::launch_env().world_size;
     LOOM_CHECK(ranks % per == 0, "config", "parallel.dp=auto: ", ranks, " ranks are not a multiple of pp x ep x tp = ",
                per, "; launch a multiple of ", per, " ranks");
     sets.push_back(str_cat("parallel.dp=", ranks / per));
   }
-  train::TrainConfig cfg = train::load_train_config(a.positional()[0], sets);
+  train::TrainConfig cfg = train::load_train_config(config, sets);
   // One process, or one rank of an MPI job (mpirun / loom launch): the World decides.
   comm::WorldOptions wo;
   // The watchdog timeout: --set over LOOM_COMM_TIMEOUT (what `loom launch --timeout` sets)
@@ -181,16 +178,16 @@ int cmd_train(const std::vector<std::string>& argv) {
   const bool main_rank = world.rank() == 0;
   train::TrainerOptions opt;
   std::unique_ptr<TrainMetricsEndpoint> endpoint;
-  if (main_rank && a.has("metrics-port")) {
-    const std::string host = a.get("metrics-host", "127.0.0.1");
+  if (main_rank && port_opt->count()) {
+    const std::string& host = metrics_host;
     endpoint = std::make_unique<TrainMetricsEndpoint>(host, int(metrics_port));
     opt.observer = endpoint->observer();
     std::printf("[train] Prometheus metrics on http://%s:%d/metrics\n", host.c_str(), endpoint->port());
     std::fflush(stdout);
   }
   train::DatasetSource data(cfg, main_rank ? stdout : nullptr);  // one rank reports slow shard checks
-  opt.resume = a.get("resume", "");
-  opt.overwrite_checkpoints = a.has("overwrite-checkpoints");
+  opt.resume = resume;
+  opt.overwrite_checkpoints = overwrite_checkpoints;
   opt.mesh = &mesh;
   FILE* devnull = main_rank ? nullptr : std::fopen("/dev/null", "w");
   if (!main_rank) opt.log = devnull;
