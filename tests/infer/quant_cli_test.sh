@@ -57,7 +57,7 @@ refused "[quantize] --to int3: expected int8, int4 or bf16" "$LOOM" quantize --c
 refused "group" "$LOOM" quantize --checkpoint "$WORK/run" --to int4 --group 50 --out "$WORK/x"
 refused "is already quantized" "$LOOM" quantize --checkpoint "$WORK/q8" --to int4 --out "$WORK/x"
 refused "is already quantized" "$LOOM" generate --checkpoint "$WORK/q8" --quant int4 --prompt "A"
-refused "[quant] --quant int5: expected fp32, bf16, int8 or int4" "$LOOM" generate --checkpoint "$WORK/run" --quant int5 --prompt "A"
+refused "[generate] --quant int5: expected fp32, bf16, int8 or int4" "$LOOM" generate --checkpoint "$WORK/run" --quant int5 --prompt "A"
 refused "bf16 weights have no scales" "$LOOM" quantize --checkpoint "$WORK/run" --to bf16 --group 32 --out "$WORK/x"
 refused "--resume" "$LOOM" train "$SRC/configs/shakespeare.yaml" --set data.dir="$WORK/data" --resume "$WORK/q8"
 echo "quantized inference CLI: ok"
