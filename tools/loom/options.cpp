@@ -143,9 +143,21 @@ std::optional<int> parse(CLI::App& app, const std::vector<std::string>& args) {
     const std::string first = extra.empty() ? std::string("?") : extra[0];
     throw UsageError(str_cat(tag(app), first.rfind("-", 0) == 0 ? " unknown option " : " unexpected argument '",
                              first, first.rfind("-", 0) == 0 ? "" : "'", " (see ", app.get_name(), " --help)"));
+  } catch (const CLI::ConversionError& e) {
+    // "Could not convert: --name = value"
+    const std::string what = e.what(), prefix = "Could not convert: ";
+    const size_t eq = what.find(" = ");
+    if (what.rfind(prefix, 0) != 0 || eq == std::string::npos) throw UsageError(str_cat(tag(app), " ", what));
+    const std::string name = what.substr(prefix.size(), eq - prefix.size()), value = what.substr(eq + 3);
+    const CLI::Option* o = app.get_option_no_throw(name);
+    const bool integer = o && (o->get_type_name().rfind("INT", 0) == 0 || o->get_type_name().rfind("UINT", 0) == 0);
+    throw UsageError(str_cat(tag(app), " ", name, ": expected ", integer ? "an integer" : "a number", ", got \"",
+                             value, "\" (see ", app.get_name(), " --help)"));
   } catch (const CLI::ParseError& e) {
     // CLI11 says "--name: problem"; ours read "[cmd] --name problem".
     std::string what = e.what();
+    if (what.find(" required ") != std::string::npos && what.ends_with(" missing"))  // "--x: 1 required T missing"
+      what = what.substr(0, what.find(':')) + " needs a value";
     if (what.rfind("--", 0) == 0)
       if (auto colon = what.find(": "); colon != std::string::npos) what.erase(colon, 1);
     throw UsageError(str_cat(tag(app), " ", what, " (see ", app.get_name(), " --help)"));
