@@ -231,7 +231,7 @@ CLI::Validator one_of(std::vector<std::string> names) {
       [names, list](std::string& text) -> std::string {
         for (const auto& n : names)
           if (n == text) return std::string();
-        return text + ": expected " + list;
+        return names.size() == 1 ? text + ": only '" + names[0] + "' is supported" : text + ": expected " + list;
       },
       "{" + braces + "}");
 }

@@ -124,7 +124,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
       ->type_name("URL")->group(cascade);
   app->add_option("--confidence-threshold", confidence_threshold,
                   "edge: answer when the mean probability of the first --window tokens is >= T, else forward to "
-                  "the center")->type_name("T")->check(in_range(0, 1))->group(cascade);
+                  "the center; in [0, 1], checked with the other edge options")->type_name("T")->group(cascade);
   app->add_option("--window", window, "edge: tokens the confidence is measured over")
       ->check(positive())->group(cascade);
   app->add_option("--center-down", center_down,
