@@ -59,7 +59,7 @@ TEST(ServeCheckpoint, ServesTheTrainedWeights) {
   const std::string dir = loom::testing::temp_dir("serve_checkpoint");
   const std::string step_dir = train_checkpoint(dir);
   ASSERT_FALSE(step_dir.empty());
-  const model::ModelConfig mc = train::checkpoint_model_config(step_dir);
+  const model::ModelConfig mc = model::checkpoint_model_config(step_dir);
   model::Decoder model(mc);
   train::load_checkpoint_weights(step_dir, model);
   const std::string want = greedy_text(model, "Hello", 20);
@@ -95,7 +95,7 @@ TEST(ServeCheckpoint, SpeculativeServingReturnsThePlainOutputs) {
   const std::string dir = loom::testing::temp_dir("serve_speculative");
   const std::string step_dir = train_checkpoint(dir);
   ASSERT_FALSE(step_dir.empty());
-  const model::ModelConfig mc = train::checkpoint_model_config(step_dir);
+  const model::ModelConfig mc = model::checkpoint_model_config(step_dir);
   model::Decoder model(mc);
   train::load_checkpoint_weights(step_dir, model);
   const std::string want = greedy_text(model, "to be or to be", 16);

@@ -129,7 +129,7 @@ TEST(Checkpoint, CorruptedAndTruncatedCheckpointsAreSkipped) {
   EXPECT_FALSE(verify_checkpoint(ck + "/step_000002", nullptr, VerifyScope::rank(0)));
   EXPECT_FALSE(verify_checkpoint(ck + "/step_000002", nullptr, VerifyScope::rank(1)));
   EXPECT_TRUE(verify_checkpoint(ck + "/step_000002", nullptr, VerifyScope::weights()));
-  EXPECT_EQ(resolve_checkpoint(ck + "/step_000002"), ck + "/step_000002");
+  EXPECT_EQ(model::resolve_checkpoint(ck + "/step_000002"), ck + "/step_000002");
   EXPECT_EQ(load_checkpoint_weights(ck + "/step_000002", t.model()).step, 2);
   // Loading the corrupt one directly is refused with the reason.
   try {

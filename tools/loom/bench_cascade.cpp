@@ -25,7 +25,7 @@
 #include "loom/serve/client/bench_client.h"
 #include "loom/serve/client/http_client.h"
 #include "loom/serve/client/wan_relay.h"
-#include "loom/train/checkpoint.h"
+#include "loom/model/checkpoint_reader.h"
 #include "tools/loom/bench_cascade_run.h"
 #include "tools/loom/commands.h"
 #include "tools/loom/inference_model.h"
@@ -280,11 +280,11 @@ int bench_cascade(const std::vector<std::string>& argv) {
 
   std::vector<CascadePrompt> prompts =
       cascade_workload(std::string(LOOM_SOURCE_DIR) + "/data/tinyshakespeare/input.txt", n_requests, seed);
-  auto tok = serve::make_text_tokenizer(train::checkpoint_tokenizer(center_dir));
+  auto tok = serve::make_text_tokenizer(model::checkpoint_tokenizer(center_dir));
   {
-    int64_t n_ctx = train::checkpoint_model_config(center_dir).n_ctx;
+    int64_t n_ctx = model::checkpoint_model_config(center_dir).n_ctx;
     for (const std::string* e : {&edge_int8, &edge_int4, &update_int8, &update_int4})
-      if (!e->empty()) n_ctx = std::min(n_ctx, train::checkpoint_model_config(*e).n_ctx);
+      if (!e->empty()) n_ctx = std::min(n_ctx, model::checkpoint_model_config(*e).n_ctx);
     LOOM_CHECK(n_ctx > max_tokens + 8, "bench cascade", "--max-tokens ", max_tokens, " leaves no room for a prompt in ",
                "the models' context of ", n_ctx, " tokens");
     fit_prompts(prompts, *tok, n_ctx - max_tokens);

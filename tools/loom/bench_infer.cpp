@@ -20,7 +20,7 @@
 #include "loom/infer/engine.h"
 #include "loom/infer/quant_checkpoint.h"
 #include "loom/kernels/cpu/cpu_kernels.h"
-#include "loom/train/checkpoint.h"
+#include "loom/model/checkpoint_reader.h"
 #include "tools/loom/bench_infer.h"
 #include "tools/loom/bench_serving_run.h"
 #include "tools/loom/commands.h"
@@ -360,7 +360,7 @@ int bench_infer(const std::vector<std::string>& argv) {
   const auto quant = quant_spec_from(a.quant);
   std::string ckpt;
   if (a.given("checkpoint")) ckpt = resolve_inference_checkpoint(a.checkpoint, stderr);
-  const model::ModelConfig mc = ckpt.empty() ? model::preset(a.model) : train::checkpoint_model_config(ckpt);
+  const model::ModelConfig mc = ckpt.empty() ? model::preset(a.model) : model::checkpoint_model_config(ckpt);
   if (!a.given("peer") && plen.max() + olen.max() > mc.n_ctx)
     throw UsageError(str_cat("[bench infer] the longest prompt (", plen.max(), ") plus the longest output (",
                              olen.max(), ") exceed the context of ", mc.n_ctx, " tokens"));

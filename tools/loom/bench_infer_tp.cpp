@@ -6,7 +6,7 @@
 
 #include "loom/core/threads.h"
 #include "loom/kernels/cpu/cpu_kernels.h"
-#include "loom/train/checkpoint.h"
+#include "loom/model/checkpoint_reader.h"
 #include "tools/loom/bench_infer.h"
 #include "tools/loom/inference_model.h"
 
@@ -18,7 +18,7 @@ int bench_infer_tp(const InferBenchOptions& a, int threads) {
   std::string ckpt;
   FILE* log = tp.leader() ? stderr : nullptr;
   if (a.given("checkpoint")) ckpt = resolve_inference_checkpoint(a.checkpoint, log);
-  const model::ModelConfig mc = ckpt.empty() ? model::preset(a.model) : train::checkpoint_model_config(ckpt);
+  const model::ModelConfig mc = ckpt.empty() ? model::preset(a.model) : model::checkpoint_model_config(ckpt);
   const InferenceModel im = ckpt.empty()
                                 ? random_inference_model(mc, uint64_t(a.seed), quant, tp.group())
                                 : load_inference_model(ckpt, quant, log, true, tp.group());

@@ -24,6 +24,7 @@
 #include "loom/parallel/expert_parallel.h"
 #include "loom/parallel/mesh.h"
 #include "loom/parallel/model_gather.h"
+#include "loom/model/checkpoint_reader.h"
 #include "loom/train/checkpoint.h"
 #include "tools/loom/commands.h"
 
@@ -153,9 +154,9 @@ int bench_moe(const std::vector<std::string>& argv) {
   if (ep < 1 || N % ep != 0)
     throw UsageError(str_cat("[bench moe] --ep ", ep, " does not divide the ", N, " ranks running (--nproc)"));
   if (given("--threads")) set_num_threads(int(threads));
-  const std::string checkpoint = checkpoint_dir.empty() ? "" : train::resolve_checkpoint(checkpoint_dir);
+  const std::string checkpoint = checkpoint_dir.empty() ? "" : model::resolve_checkpoint(checkpoint_dir);
   model::ModelConfig cfg = checkpoint.empty() ? model::preset(preset)
-                                              : train::checkpoint_model_config(checkpoint);
+                                              : model::checkpoint_model_config(checkpoint);
   if (!cfg.moe.enabled())
     throw UsageError("[bench moe] --model " + cfg.name + " is dense; use a MoE preset (llama-moe-tiny, llama-moe-60m)");
   if (given("--capacity-factor")) cfg.moe.capacity_factor = capacity_factor;

@@ -11,7 +11,7 @@
 #include "loom/core/threads.h"
 #include "loom/data/dataset.h"
 #include "loom/kernels/cpu/cpu_kernels.h"
-#include "loom/train/checkpoint.h"
+#include "loom/model/checkpoint_reader.h"
 #include "tools/loom/bench_infer.h"
 #include "tools/loom/bench_serving_run.h"
 #include "tools/loom/inference_model.h"
@@ -120,7 +120,7 @@ int bench_infer_speculative(const InferBenchOptions& a, int threads) {
   const auto quant = quant_spec_from(a.quant);
   std::string ckpt;
   if (a.given("checkpoint")) ckpt = resolve_inference_checkpoint(a.checkpoint, stderr);
-  const model::ModelConfig mc = ckpt.empty() ? model::preset(a.model) : train::checkpoint_model_config(ckpt);
+  const model::ModelConfig mc = ckpt.empty() ? model::preset(a.model) : model::checkpoint_model_config(ckpt);
   if (plen + olen > mc.n_ctx)
     throw UsageError(str_cat("[bench infer] --prompt-len ", plen, " plus --output-len ", olen, " exceed the context of ",
                              mc.n_ctx, " tokens"));

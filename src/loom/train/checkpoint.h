@@ -134,9 +134,6 @@ VerifyScope checkpoint_load_scope(const comm::Group& world);
 CheckpointMeta load_checkpoint_weights(const std::string& path, model::Decoder& model,
                                        bool verified = false);
 
-// What inference reads of a checkpoint: model/checkpoint_reader.h, which needs no train.
-using model::checkpoint_model_config;
-using model::checkpoint_tokenizer;
-using model::resolve_checkpoint;
+// What inference reads of a checkpoint is in model/checkpoint_reader.h, which needs no train.
 
 }  // namespace loom::train
