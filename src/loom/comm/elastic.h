@@ -1,6 +1,7 @@
 // The pure parts of `loom launch --max-restarts` (elastic restarts): reading why an attempt
 // failed from mpirun's and the ranks' lines, the arguments a restart runs with, and which
 // ranks or hosts the next attempt drops or takes back. tools/loom/launch.cpp runs the loop.
+// Library loom_comm_mpi (the part of comm that links MPI; src/CMakeLists.txt).
 #pragma once
 #include <optional>
 #include <string>

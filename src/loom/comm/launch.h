@@ -1,6 +1,7 @@
 // Launch-side helpers: where a process sits in a job (from the variables launchers set),
 // and the pure parts of `loom launch` (the mpirun command line, Open MPI's output tags)
 // so they can be tested without starting processes.
+// Library loom_comm_mpi (the part of comm that links MPI; src/CMakeLists.txt).
 #pragma once
 #include <cstdlib>
 #include <functional>

@@ -1,5 +1,6 @@
 // Entry points of the MPI backend used by World (internal to src/loom/comm). Callers must
 // have initialised MPI at MPI_THREAD_MULTIPLE.
+// Library loom_comm_mpi (the part of comm that links MPI; src/CMakeLists.txt).
 #pragma once
 #include <memory>
 

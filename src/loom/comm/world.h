@@ -4,6 +4,7 @@
 // library code then receives as an argument. Without a launcher (no mpirun environment) it
 // is a world of one process without MPI. While a step trace records (core/trace.h), it
 // measures this rank's clock against rank 0's when it starts.
+// Library loom_comm_mpi (the part of comm that links MPI; src/CMakeLists.txt).
 #pragma once
 #include <functional>
 #include <memory>

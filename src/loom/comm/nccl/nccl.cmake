@@ -8,6 +8,6 @@ if(NOT NCCL_INCLUDE_DIR OR NOT NCCL_LIBRARY)
   message(FATAL_ERROR "[cmake] LOOM_WITH_CUDA=ON but NCCL was not found; set NCCL_HOME")
 endif()
 message(STATUS "NCCL: ${NCCL_LIBRARY} (headers ${NCCL_INCLUDE_DIR})")
-loom_module(comm DEPS loom_core MPI::MPI_CXX CUDA::cudart ${NCCL_LIBRARY}
+loom_module(comm DEPS loom_core CUDA::cudart ${NCCL_LIBRARY} EXCLUDE ${LOOM_COMM_MPI_FILES}
             EXTRA_SOURCES ${CMAKE_SOURCE_DIR}/src/loom/comm/nccl/nccl_backend.cpp)
 target_include_directories(loom_comm SYSTEM PRIVATE ${NCCL_INCLUDE_DIR})
