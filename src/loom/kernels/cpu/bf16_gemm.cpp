@@ -1,0 +1,81 @@
+// Whether this process multiplies bf16 products with bf16_gemm (bf16_gemm.h), and the call
+// itself. Built without AVX-512 flags: the kernels are in bf16_gemm_avx512.cpp.
+#include "loom/kernels/cpu/bf16_gemm.h"
+
+#include <cpuid.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "loom/core/error.h"
+#include "loom/kernels/cpu/gemm.h"
+
+namespace loom::cpu {
+
+bool bf16_gemm_runs_here() {
+  static const bool has = [] {
+    __builtin_cpu_init();
+    const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    // Read directly, as not every compiler's __builtin_cpu_supports knows "avx512bf16".
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return avx512 && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
+  }();
+  return has;
+}
+
+namespace {
+
+struct Choice {
+  bool use = false;
+  double ratio = 0;
+};
+
+// Products per second of vdpbf16ps (2 per lane) over vfmadd231ps (1 per lane), one core.
+double measured_rate_ratio() {
+  constexpr int64_t kIters = 100000;  // 10^6 instructions: about 0.3 ms at one per cycle
+  double bf16 = 1e9, fma = 1e9;
+  bf16_gemm_detail::fma_loop_seconds(kIters / 10);  // wake the 512-bit units
+  for (int i = 0; i < 5; ++i) {
+    bf16 = std::min(bf16, bf16_gemm_detail::dpbf16_loop_seconds(kIters));
+    fma = std::min(fma, bf16_gemm_detail::fma_loop_seconds(kIters));
+  }
+  return 2 * fma / bf16;
+}
+
+const Choice& choice() {
+  static const Choice c = [] {
+    Choice ch;
+    if (const char* want = std::getenv("LOOM_BF16_GEMM")) {
+      if (!std::strcmp(want, "off")) return ch;
+      LOOM_CHECK(!std::strcmp(want, "on"), "bf16_gemm", "LOOM_BF16_GEMM='", want, "': expected on or off");
+      LOOM_CHECK(bf16_gemm_runs_here(), "bf16_gemm",
+                 "LOOM_BF16_GEMM=on but this CPU lacks AVX512-BF16; unset it to use SGEMM");
+      ch.use = true;
+      return ch;
+    }
+    if (!bf16_gemm_runs_here()) return ch;
+    ch.ratio = measured_rate_ratio();
+    ch.use = ch.ratio >= 1.5;
+    return ch;
+  }();
+  return c;
+}
+
+}  // namespace
+
+bool bf16_gemm_preferred() { return choice().use; }
+double bf16_fma_rate_ratio() { return choice().ratio; }
+const char* bf16_product_path() {
+  return bf16_gemm_preferred() ? "avx512-bf16 GEMM" : "bf16-rounded f32 x SGEMM";
+}
+
+void bf16_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+               int64_t ldb, float beta, float* C, int64_t ldc) {
+  LOOM_CHECK(bf16_gemm_runs_here(), "bf16_gemm", "this CPU lacks AVX512-BF16; use rounded operands and SGEMM");
+  if (M == 0 || N == 0) return;
+  timed_gemm([&] { bf16_gemm_detail::gemm_avx512(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc); });
+}
+
+}  // namespace loom::cpu
