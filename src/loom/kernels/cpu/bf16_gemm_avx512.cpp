@@ -47,18 +47,48 @@ inline __m512i load16(const float* p, int64_t n) {
   return _mm512_maskz_loadu_epi32(__mmask16((1u << n) - 1), p);
 }
 
-// out[kp] = the bf16 pair (src[2kp], src[2kp+1]) (low half first), zeros past K; writes
-// round_up(K, 32) / 2 entries.
-void row_pairs(const float* src, int64_t K, uint32_t* out) {
+// The bf16 pairs (src[2i], src[2i+1]) for i < 16 (low half first), zeros from src[n] on.
+inline __m512i row_pairs16(const float* src, int64_t n) {
   // Word i of the result is word 2i+1 (a lane's high half) of a:b.
   static const __m512i odd_words = [] {
     alignas(64) uint16_t idx[32];
     for (int i = 0; i < 32; ++i) idx[i] = uint16_t(2 * i + 1);
     return _mm512_load_si512(idx);
   }();
-  for (int64_t k = 0; k < K; k += 32) {
-    const __m512i a = round16(load16(src + k, K - k)), b = round16(load16(src + k + 16, K - k - 16));
-    _mm512_storeu_si512(out + k / 2, _mm512_permutex2var_epi16(a, odd_words, b));
+  const __m512i a = round16(load16(src, n)), b = round16(load16(src + 16, n - 16));
+  return _mm512_permutex2var_epi16(a, odd_words, b);
+}
+
+// out[kp] = the bf16 pair (src[2kp], src[2kp+1]), zeros past K; writes round_up(K, 32) / 2
+// entries.
+void row_pairs(const float* src, int64_t K, uint32_t* out) {
+  for (int64_t k = 0; k < K; k += 32) _mm512_storeu_si512(out + k / 2, row_pairs16(src + k, K - k));
+}
+
+// r[i] lane j becomes r[j] lane i (16 x 16 of 32 bits): interleave pairs, then quads, within
+// 128-bit lanes; then the 4 x 4 of 128-bit lanes.
+inline void transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  // u[4g+q], lane l: column 4l+q of rows 4g..4g+3
+  __m512i u[16];
+  for (int g = 0; g < 16; g += 4) {
+    u[g] = _mm512_unpacklo_epi64(t[g], t[g + 2]);
+    u[g + 1] = _mm512_unpackhi_epi64(t[g], t[g + 2]);
+    u[g + 2] = _mm512_unpacklo_epi64(t[g + 1], t[g + 3]);
+    u[g + 3] = _mm512_unpackhi_epi64(t[g + 1], t[g + 3]);
+  }
+  for (int q = 0; q < 4; ++q) {
+    const __m512i v0 = _mm512_shuffle_i32x4(u[q], u[4 + q], 0x44), v1 = _mm512_shuffle_i32x4(u[q], u[4 + q], 0xee);
+    const __m512i v2 = _mm512_shuffle_i32x4(u[8 + q], u[12 + q], 0x44),
+                  v3 = _mm512_shuffle_i32x4(u[8 + q], u[12 + q], 0xee);
+    r[q] = _mm512_shuffle_i32x4(v0, v2, 0x88);
+    r[4 + q] = _mm512_shuffle_i32x4(v0, v2, 0xdd);
+    r[8 + q] = _mm512_shuffle_i32x4(v1, v3, 0x88);
+    r[12 + q] = _mm512_shuffle_i32x4(v1, v3, 0xdd);
   }
 }
 
@@ -131,21 +161,28 @@ void pack_b_rows(const float* B, int64_t ldb, int64_t N, int64_t K, int64_t KP, 
   }
 }
 
-// B stored transposed (B[n*ldb+k], K contiguous, e.g. a weight W[N,K]) into the same panels.
+// B stored transposed (B[n*ldb+k], K contiguous, e.g. a weight W[N,K]) into the same panels:
+// 16 rows x 16 pairs at a time, transposed in registers (a store per pair, each to another
+// cache line, cost about a sixth of the product at K = 768).
 void pack_b_cols(const float* B, int64_t ldb, int64_t N, int64_t K, int64_t KP, uint32_t* Bp) {
-  thread_local std::vector<uint32_t> row;
-  uint32_t* tmp = grown_row(row, K);
   const int64_t panels = (N + NR - 1) / NR;
 #pragma omp for schedule(static)
   for (int64_t jp = 0; jp < panels; ++jp) {
     uint32_t* dst = Bp + jp * KP * NR;
-    for (int j = 0; j < NR; ++j) {
-      const int64_t n = jp * NR + j;
-      if (n < N) {
-        row_pairs(B + n * ldb, K, tmp);
-        for (int64_t kp = 0; kp < KP; ++kp) dst[kp * NR + j] = tmp[kp];
-      } else {
-        for (int64_t kp = 0; kp < KP; ++kp) dst[kp * NR + j] = 0;
+    for (int j0 = 0; j0 < NR; j0 += 16) {
+      const int64_t n0 = jp * NR + j0;
+      for (int64_t kp0 = 0; kp0 < KP; kp0 += 16) {
+        __m512i r[16];
+        for (int j = 0; j < 16; ++j) {
+          const float* src = B + (n0 + j) * ldb + 2 * kp0;
+          // 16 rows at a time are more streams than the hardware prefetcher follows.
+          __builtin_prefetch(src + 128);
+          __builtin_prefetch(src + 144);
+          r[j] = n0 + j < N ? row_pairs16(src, K - 2 * kp0) : _mm512_setzero_si512();
+        }
+        transpose16(r);
+        const int64_t nq = std::min<int64_t>(16, KP - kp0);
+        for (int q = 0; q < nq; ++q) _mm512_storeu_si512(dst + (kp0 + q) * NR + j0, r[q]);
       }
     }
   }
