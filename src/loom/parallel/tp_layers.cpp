@@ -5,7 +5,7 @@
 #include <cstring>
 #include <limits>
 
-#include "loom/kernels/cpu/gemm.h"
+#include "loom/kernels/cpu/bf16_gemm.h"
 #include "loom/parallel/tp_comm.h"
 
 namespace loom::parallel {
@@ -85,14 +85,15 @@ void TensorParallelLayers::head_xent(const Tensor& x, const Tensor& w, const Ten
   const bool want_grad = dx.defined() || dw.defined();
   const float gs = float(grad_scale);
   const cpu::ProductPrecision prec = cfg_.products();  // rounded as ops::lm_head_xent does
-  const float* xp = cpu::rounded_operand(prec, 0, x.data<float>(), N * C);
-  const float* wp = cpu::rounded_operand(prec, 1, w.data<float>(), V * C);
+  const bool engine = cpu::on_bf16_gemm(prec);         // then bf16_gemm's packing rounds
+  const float* xp = engine ? x.data<float>() : cpu::rounded_operand(prec, 0, x.data<float>(), N * C);
+  const float* wp = engine ? w.data<float>() : cpu::rounded_operand(prec, 1, w.data<float>(), V * C);
   const int32_t* tg = targets.data<int32_t>();
   float* lp = loss.data<float>();
   float* L = logits_.data<float>();
   for (int64_t r0 = 0; r0 < N; r0 += chunk) {
     const int64_t nr = std::min(chunk, N - r0);
-    cpu::gemm(false, true, nr, V, C, 1.0f, xp + r0 * C, C, wp, C, 0.0f, L, V);
+    cpu::product_gemm(engine, false, true, nr, V, C, xp + r0 * C, C, wp, C, 0.0f, L, V);
     float* mx = row_max.data<float>();
     for (int64_t r = 0; r < nr; ++r) {
       float m = std::numeric_limits<float>::lowest();
@@ -131,9 +132,10 @@ void TensorParallelLayers::head_xent(const Tensor& x, const Tensor& w, const Ten
         if (t >= 0 && t < valid) l[t] -= gs;
       }
     }
-    if (want_grad) cpu::round_operand(prec, L, L, nr * V);
-    if (dx.defined()) cpu::gemm(false, false, nr, C, V, 1.0f, L, V, wp, C, 0.0f, dx.data<float>() + r0 * C, C);
-    if (dw.defined()) cpu::gemm(true, false, V, C, nr, 1.0f, L, V, xp + r0 * C, C, 1.0f, dw.data<float>(), C);
+    if (want_grad && !engine) cpu::round_operand(prec, L, L, nr * V);
+    if (dx.defined())
+      cpu::product_gemm(engine, false, false, nr, C, V, L, V, wp, C, 0.0f, dx.data<float>() + r0 * C, C);
+    if (dw.defined()) cpu::product_gemm(engine, true, false, V, C, nr, L, V, xp + r0 * C, C, 1.0f, dw.data<float>(), C);
   }
   // f before the head: the input gradient is the sum of every rank's vocabulary share.
   if (dx.defined()) tp::copy_to_tp_backward(tp_, dx);

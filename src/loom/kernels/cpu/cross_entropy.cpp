@@ -1,13 +1,13 @@
 // LM head fused with softmax cross-entropy, a chunk of rows at a time, so the [N, V] logits
 // never exist at once: per chunk, GEMM to logits, softmax rows in place into dlogits, then
 // the two backward GEMMs. Workspace is chunk * V elements. Under ProductPrecision::bf16/f16 x and
-// W are rounded once per call, dlogits per chunk (in the workspace).
+// W are rounded once per call, dlogits per chunk (in the workspace), unless bf16 products run
+// on bf16_gemm, whose packing rounds.
 #include <algorithm>
 #include <type_traits>
 
-#include "loom/kernels/cpu/rounded_operands.h"
+#include "loom/kernels/cpu/bf16_gemm.h"
 #include "loom/kernels/cpu/cpu_kernels.h"
-#include "loom/kernels/cpu/gemm.h"
 
 namespace loom::cpu {
 
@@ -16,18 +16,21 @@ void lm_head_xent(const T* x, const T* w, const int32_t* targets, T* loss, T* dx
                   int64_t N, int64_t C, int64_t V, double grad_scale, int64_t chunk,
                   T* workspace, ProductPrecision prec) {
   const bool want_grad = dx || dw;
+  const bool engine = std::is_same_v<T, float> && on_bf16_gemm(prec);
   if constexpr (std::is_same_v<T, float>) {
-    x = rounded_operand(prec, 0, x, N * C);
-    w = rounded_operand(prec, 1, w, V * C);
+    if (!engine) {
+      x = rounded_operand(prec, 0, x, N * C);
+      w = rounded_operand(prec, 1, w, V * C);
+    }
   }
   for (int64_t r0 = 0; r0 < N; r0 += chunk) {
     const int64_t nr = std::min(chunk, N - r0);
-    gemm(false, true, nr, V, C, T(1), x + r0 * C, C, w, C, T(0), workspace, V);
+    product_gemm(engine, false, true, nr, V, C, x + r0 * C, C, w, C, T(0), workspace, V);
     xent_rows<T>(workspace, targets + r0, loss + r0, nr, V, grad_scale, want_grad);
     if constexpr (std::is_same_v<T, float>)
-      if (want_grad) round_operand(prec, workspace, workspace, nr * V);
-    if (dx) gemm(false, false, nr, C, V, T(1), workspace, V, w, C, T(0), dx + r0 * C, C);
-    if (dw) gemm(true, false, V, C, nr, T(1), workspace, V, x + r0 * C, C, T(1), dw, C);
+      if (want_grad && !engine) round_operand(prec, workspace, workspace, nr * V);
+    if (dx) product_gemm(engine, false, false, nr, C, V, workspace, V, w, C, T(0), dx + r0 * C, C);
+    if (dw) product_gemm(engine, true, false, V, C, nr, workspace, V, x + r0 * C, C, T(1), dw, C);
   }
 }
 

@@ -1,12 +1,12 @@
 // Linear layer and residual add on the CPU: GEMMs through OpenBLAS (operands rounded to bf16 or
-// fp16 first under ProductPrecision::bf16/f16), bias loops here.
+// fp16 first under ProductPrecision::bf16/f16), or bf16_gemm for bf16 where it is faster
+// (bf16_gemm.h; it rounds while packing); bias loops here.
 #include <algorithm>
 #include <type_traits>
 #include <vector>
 
-#include "loom/kernels/cpu/rounded_operands.h"
+#include "loom/kernels/cpu/bf16_gemm.h"
 #include "loom/kernels/cpu/cpu_kernels.h"
-#include "loom/kernels/cpu/gemm.h"
 
 namespace loom::cpu {
 
@@ -18,28 +18,34 @@ GemmClock& gemm_clock() {
 template <class T>
 void linear_forward(const T* x, const T* w, const T* b, T* y, int64_t N, int64_t I, int64_t O,
                     ProductPrecision prec) {
+  const bool engine = std::is_same_v<T, float> && on_bf16_gemm(prec);
   if constexpr (std::is_same_v<T, float>) {
-    x = rounded_operand(prec, 0, x, N * I);
-    w = rounded_operand(prec, 1, w, O * I);
+    if (!engine) {
+      x = rounded_operand(prec, 0, x, N * I);
+      w = rounded_operand(prec, 1, w, O * I);
+    }
   }
   if (b) {
 #pragma omp parallel for schedule(static) if (N * O > 65536)
     for (int64_t n = 0; n < N; ++n) std::copy(b, b + O, y + n * O);
   }
-  gemm(false, true, N, O, I, T(1), x, I, w, I, b ? T(1) : T(0), y, O);
+  product_gemm(engine, false, true, N, O, I, x, I, w, I, b ? T(1) : T(0), y, O);
 }
 
 template <class T>
 void linear_backward(const T* dy, const T* x, const T* w, T* dx, T* dw, T* db, int64_t N,
                      int64_t I, int64_t O, bool accumulate_dx, ProductPrecision prec) {
   const T* dy_full = dy;  // the bias gradient sums the unrounded dy
+  const bool engine = std::is_same_v<T, float> && on_bf16_gemm(prec);
   if constexpr (std::is_same_v<T, float>) {
-    dy = rounded_operand(prec, 2, dy, N * O);
-    if (dx) w = rounded_operand(prec, 1, w, O * I);
-    if (dw) x = rounded_operand(prec, 0, x, N * I);
+    if (!engine) {
+      dy = rounded_operand(prec, 2, dy, N * O);
+      if (dx) w = rounded_operand(prec, 1, w, O * I);
+      if (dw) x = rounded_operand(prec, 0, x, N * I);
+    }
   }
-  if (dx) gemm(false, false, N, I, O, T(1), dy, O, w, I, accumulate_dx ? T(1) : T(0), dx, I);
-  if (dw) gemm(true, false, O, I, N, T(1), dy, O, x, I, T(1), dw, I);
+  if (dx) product_gemm(engine, false, false, N, I, O, dy, O, w, I, accumulate_dx ? T(1) : T(0), dx, I);
+  if (dw) product_gemm(engine, true, false, O, I, N, dy, O, x, I, T(1), dw, I);
   if (db) {
     // Column sums, split over columns so threads never share an output.
 #pragma omp parallel for schedule(static) if (N * O > 65536)

@@ -2,10 +2,12 @@
 // rounded to the nearest bf16 or fp16 (ties to even) into f32 scratch and multiplied by SGEMM.
 // A 16-bit value has at most 11 significant bits, so the product of two is exact in f32 and the
 // result is that of 16-bit x 16-bit products with f32 accumulation (up to summation order), as
-// a matrix engine computes it. On the CPUs measured (docs/PERFORMANCE.md) this is also the
-// fastest way there for bf16: AVX512-BF16's vdpbf16ps issues at half the FMA rate, and
-// oneDNN's bf16 matmul ran at 0.6x SGEMM. fp16 rounding saturates to infinity beyond 65504,
-// which is what loss scaling watches for.
+// a matrix engine computes it. For bf16 this is the path where vdpbf16ps issues at half the
+// FMA rate or is absent (the Xeons in docs/PERFORMANCE.md, where oneDNN's bf16 matmul also ran
+// at 0.6x SGEMM); where it issues as fast as the FMAs (Zen 4), linear layers and the LM head
+// multiply bf16 products with bf16_gemm (bf16_gemm.h) instead, which rounds the same way while
+// packing. fp16 rounding saturates to infinity beyond 65504, which is what loss scaling
+// watches for.
 #pragma once
 #include <cstdint>
 
