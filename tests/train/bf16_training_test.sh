@@ -19,7 +19,7 @@ train() {
 }
 f32="$(train fp32)"
 b16="$(train bf16)"
-grep -q "bf16 operands rounded in f32 and multiplied by f32 SGEMM" "$WORK/bf16.log" ||
+grep -q "model.precision=bf16 runs its products " "$WORK/bf16.log" ||
   { echo "the bf16 run did not say how its products run:"; head -20 "$WORK/bf16.log"; exit 1; }
 python3 - "$f32" "$b16" <<'PY'
 import sys
