@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "loom/core/stats.h"
+#include "loom/kernels/cpu/bf16_gemm.h"
 #include "loom/kernels/cpu/gemm.h"
 #include "loom/comm/launch.h"
 #include "loom/core/threads.h"
@@ -138,8 +139,7 @@ int bench_train(const std::vector<std::string>& argv) {
               flops / 1e9);
   std::printf("matrix products: %s\n",
               cfg.precision == model::Precision::bf16
-                  ? "bf16 operands (rounded in f32) x f32 SGEMM, f32 accumulation (no bf16 matrix engine in this "
-                    "build)"
+                  ? str_cat(cpu::bf16_product_path(), ", bf16 operands, f32 accumulation").c_str()
                   : "f32 SGEMM");
 
   // Each step's time inside BLAS matrix products (cpu::gemm_clock), to split the step.
