@@ -20,8 +20,8 @@ struct Totals {
   double flops = 0, seconds = 0;
   ~Totals() {
     if (calls)
-      std::fprintf(stderr, "SGEMM-TIME %s calls %ld flops %.3g seconds %.3f GFLOP/s %.1f\n", name, calls,
-                   flops, seconds, flops / seconds * 1e-9);
+      std::fprintf(stderr, "SGEMM-TIME %s calls %ld flops %.3g seconds %.3f GFLOP/s %.1f\n", name, calls, flops,
+                   seconds, flops / seconds * 1e-9);
   }
 };
 Totals cblas_totals{"cblas_sgemm"}, fortran_totals{"sgemm_"};
@@ -51,10 +51,9 @@ void timed(Totals& t, double flops, F&& call) {
 extern "C" {
 
 // CBLAS enums are plain ints at the ABI level.
-void cblas_sgemm(int order, int ta, int tb, int M, int N, int K, float alpha, const float* A, int lda,
-                 const float* B, int ldb, float beta, float* C, int ldc) {
-  using Fn = void (*)(int, int, int, int, int, int, float, const float*, int, const float*, int, float,
-                      float*, int);
+void cblas_sgemm(int order, int ta, int tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
+                 int ldb, float beta, float* C, int ldc) {
+  using Fn = void (*)(int, int, int, int, int, int, float, const float*, int, const float*, int, float, float*, int);
   static const Fn f = reinterpret_cast<Fn>(real("cblas_sgemm"));
   timed(cblas_totals, 2.0 * M * N * K, [&] { f(order, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc); });
 }
@@ -62,8 +61,8 @@ void cblas_sgemm(int order, int ta, int tb, int M, int N, int K, float alpha, co
 void sgemm_(const char* ta, const char* tb, const int* M, const int* N, const int* K, const float* alpha,
             const float* A, const int* lda, const float* B, const int* ldb, const float* beta, float* C,
             const int* ldc) {
-  using Fn = void (*)(const char*, const char*, const int*, const int*, const int*, const float*,
-                      const float*, const int*, const float*, const int*, const float*, float*, const int*);
+  using Fn = void (*)(const char*, const char*, const int*, const int*, const int*, const float*, const float*,
+                      const int*, const float*, const int*, const float*, float*, const int*);
   static const Fn f = reinterpret_cast<Fn>(real("sgemm_"));
   timed(fortran_totals, 2.0 * *M * *N * *K, [&] { f(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc); });
 }

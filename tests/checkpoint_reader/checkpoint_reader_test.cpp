@@ -7,9 +7,9 @@
 // trainer's own checkpoints read the same is tests/parallel/mpi/checkpoint_reader_test.cpp.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <filesystem>
 #include <fstream>
-#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 

@@ -115,12 +115,14 @@ TEST(CostModel, ResolveFallsBackWhereAnAlgorithmCannotRun) {
             Algorithm::ring);
   EXPECT_EQ((resolve_algorithm(Algorithm::tree, CollectiveOp::all_reduce, 1 << 20, Topology{{0, 0, 1}}, m)),
             Algorithm::tree);
-  EXPECT_EQ((resolve_algorithm(Algorithm::ring, CollectiveOp::all_reduce, 8, Topology{std::vector<int>{0}}, m)), Algorithm::mpi);
+  EXPECT_EQ((resolve_algorithm(Algorithm::ring, CollectiveOp::all_reduce, 8, Topology{std::vector<int>{0}}, m)),
+            Algorithm::mpi);
   // Recursive doubling on 3 ranks: one fold in, one step, one fold out.
   CostModel flat;
   flat.intra = {1e-6, 0};
   flat.reduce_s_per_byte = 0;
-  EXPECT_NEAR(predict_seconds(Algorithm::tree, CollectiveOp::all_reduce, 1 << 20, Topology{{0, 0, 0}}, flat), 3e-6, 1e-12);
+  EXPECT_NEAR(predict_seconds(Algorithm::tree, CollectiveOp::all_reduce, 1 << 20, Topology{{0, 0, 0}}, flat), 3e-6,
+              1e-12);
   EXPECT_EQ(parse_algorithm("hierarchical"), Algorithm::hierarchical);
   try {
     parse_algorithm("butterfly");
@@ -133,7 +135,7 @@ TEST(CostModel, ResolveFallsBackWhereAnAlgorithmCannotRun) {
 TEST(CostModel, CalibrationFileRoundTripsAndNamesBadLines) {
   CostModel m = slow_links();
   m.measured[CostModel::key(Algorithm::hierarchical, CollectiveOp::reduce_scatter, 4, 2)] = {{4096, 3e-5},
-                                                                                              {1 << 20, 2e-3}};
+                                                                                             {1 << 20, 2e-3}};
   std::string path = testing::TempDir() + "/loom_calibration.txt";
   save_cost_model(m, path);
   CostModel back = load_cost_model(path);

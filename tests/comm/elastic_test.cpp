@@ -21,8 +21,10 @@ TEST(Elastic, ReadsTheCauseFromMpirunAndWatchdogLines) {
   EXPECT_EQ(e.what, "exit code 3");
 
   FailureCause h;  // a hang: the watchdog's verdict wins over what mpirun says of the abort
-  note_failure_line("[rank 0] [watchdog] rank 0: all_gather #7092 on group world (2.00 KiB) has not completed after "
-                    "5.2 s; last completed: all_gather #7091. Every rank entered it, but rank 1 is now stopped.", h);
+  note_failure_line(
+      "[rank 0] [watchdog] rank 0: all_gather #7092 on group world (2.00 KiB) has not completed after "
+      "5.2 s; last completed: all_gather #7091. Every rank entered it, but rank 1 is now stopped.",
+      h);
   note_failure_line("MPI_ABORT was invoked on rank 0 in communicator MPI_COMM_WORLD with errorcode 124.", h);
   EXPECT_TRUE(h.hang);
   EXPECT_EQ(h.rank, 0);
@@ -43,10 +45,11 @@ TEST(Elastic, ReadsTheCauseFromMpirunAndWatchdogLines) {
 }
 
 TEST(Elastic, RestartsTrainWithResumeAutoAndNeverOverwrites) {
-  const std::vector<std::string> args = {"train", "c.yaml", "--overwrite-checkpoints", "--resume", "ck/step_000010",
-                                         "--set", "parallel.dp=4", "--set", "optim.lr=1e-3"};
-  EXPECT_EQ(restart_args(args, false),
-            (std::vector<std::string>{"train", "c.yaml", "--set", "parallel.dp=4", "--set", "optim.lr=1e-3", "--resume", "auto"}));
+  const std::vector<std::string> args = {"train",         "c.yaml",         "--overwrite-checkpoints",
+                                         "--resume",      "ck/step_000010", "--set",
+                                         "parallel.dp=4", "--set",          "optim.lr=1e-3"};
+  EXPECT_EQ(restart_args(args, false), (std::vector<std::string>{"train", "c.yaml", "--set", "parallel.dp=4", "--set",
+                                                                 "optim.lr=1e-3", "--resume", "auto"}));
   EXPECT_EQ(restart_args(args, true), (std::vector<std::string>{"train", "c.yaml", "--set", "optim.lr=1e-3", "--resume",
                                                                 "auto", "--set", "parallel.dp=auto"}));
   const std::vector<std::string> other = {"bench", "comm", "--resume", "x"};

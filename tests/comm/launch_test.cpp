@@ -39,8 +39,10 @@ TEST(LaunchEnv, ReadsOpenMpiThenTorchrunVariables) {
   EXPECT_FALSE(none.launched());
   EXPECT_EQ(none.world_size, 1);
 
-  LaunchEnv o = launch_env(fake_env({{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"},
-                                     {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"RANK", "9"}}));
+  LaunchEnv o = launch_env(fake_env({{"OMPI_COMM_WORLD_RANK", "3"},
+                                     {"OMPI_COMM_WORLD_SIZE", "4"},
+                                     {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                                     {"RANK", "9"}}));
   EXPECT_TRUE(o.under_mpi);
   EXPECT_EQ(o.rank, 3);
   EXPECT_EQ(o.world_size, 4);

@@ -116,8 +116,7 @@ TEST(ProgressBoard, AFullTableIsReportedAndLeavingFreesALane) {
 TEST(ProcessState, ParsesProcStat) {
   // Field 22 (starttime) is 777; the command name holds a space and a parenthesis.
   auto stat = [](char state, int start) {
-    return str_cat("4242 (lo) om) ", state, " 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 ", start,
-                   " 23 24\n");
+    return str_cat("4242 (lo) om) ", state, " 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 ", start, " 23 24\n");
   };
   EXPECT_EQ(parse_proc_stat(stat('T', 777), 777), ProcessState::stopped);
   EXPECT_EQ(parse_proc_stat(stat('t', 777), 0), ProcessState::stopped);
@@ -174,7 +173,9 @@ TEST(Watchdog, NamesTheRankThatDidNotEnterTheCollective) {
   while (!fired && sw.seconds() < 5) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   ASSERT_TRUE(fired);
   EXPECT_EQ(message, str_cat("[watchdog] rank 0: all_reduce #2 on group world (8 B) has not completed "
-                             "after ", message.substr(message.find("after ") + 6, 3),
+                             "after ",
+                             message.substr(message.find("after ") + 6, 3),
                              " s; last completed: all_reduce #1. Rank 1 did not enter it (its last: "
-                             "all_reduce #1; pid ", getpid(), ", running)."));
+                             "all_reduce #1; pid ",
+                             getpid(), ", running)."));
 }

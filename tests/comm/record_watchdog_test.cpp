@@ -13,10 +13,10 @@
 #include <thread>
 
 #include "loom/comm/record.h"
-#include "loom/core/trace.h"
 #include "loom/comm/watchdog.h"
 #include "loom/core/error.h"
 #include "loom/core/timer.h"
+#include "loom/core/trace.h"
 
 using namespace loom;
 using namespace loom::comm;
@@ -65,8 +65,7 @@ TEST(Watchdog, MessageNamesRankGroupOpAndLastCompleted) {
   EXPECT_EQ(watchdog_message(1, stuck, 3.04, last),
             "[watchdog] rank 1: all_reduce #17 on group dp (4.00 MiB) has not completed after "
             "3.0 s; last completed: all_reduce #16. A peer rank may have died or be stuck.");
-  EXPECT_NE(watchdog_message(0, stuck, 1, std::nullopt).find("last completed: none."),
-            std::string::npos);
+  EXPECT_NE(watchdog_message(0, stuck, 1, std::nullopt).find("last completed: none."), std::string::npos);
 }
 
 TEST(Watchdog, FiresOnceAfterTheTimeoutAndNotBefore) {
@@ -135,36 +134,41 @@ TEST(Watchdog, MessageNamesThePeersThatDidNotEnter) {
             head + " Every rank entered it; the transport is stuck.");
   EXPECT_EQ(msg({peer(1, 17, ProcessState::running, 5), peer(2, 17, ProcessState::stopped, 6)}),
             head + " Every rank entered it, but rank 2 is now stopped (pid 6).");
-  EXPECT_EQ(msg({peer(1, 0, ProcessState::gone, 7), peer(2, 17, ProcessState::unknown, 8),
-                 elsewhere(4), elsewhere(5), elsewhere(6), elsewhere(7)}),
-            head + " Rank 1 did not enter it (its last: none; pid 7, gone). Ranks 4-7 are not on this "
-                   "host; their progress is unknown.");
+  EXPECT_EQ(msg({peer(1, 0, ProcessState::gone, 7), peer(2, 17, ProcessState::unknown, 8), elsewhere(4), elsewhere(5),
+                 elsewhere(6), elsewhere(7)}),
+            head +
+                " Rank 1 did not enter it (its last: none; pid 7, gone). Ranks 4-7 are not on this "
+                "host; their progress is unknown.");
   EXPECT_EQ(msg({peer(1, 16, ProcessState::running, 5), peer(2, 17, ProcessState::stopped, 6),
                  peer(3, 17, ProcessState::gone, 7), elsewhere(5)}),
-            head + " Rank 1 did not enter it (its last: all_reduce #16; pid 5, running). Of those "
-                   "that entered it, rank 2 is now stopped (pid 6) and rank 3 is now gone (pid 7). "
-                   "Rank 5 is not on this host; its progress is unknown.");
+            head +
+                " Rank 1 did not enter it (its last: all_reduce #16; pid 5, running). Of those "
+                "that entered it, rank 2 is now stopped (pid 6) and rank 3 is now gone (pid 7). "
+                "Rank 5 is not on this host; its progress is unknown.");
   EXPECT_EQ(msg({peer(2, 17, ProcessState::stopped, 6), elsewhere(1)}),
-            head + " Every rank on this host entered it, but rank 2 is now stopped (pid 6). Rank 1 "
-                   "is not on this host; its progress is unknown.");
+            head +
+                " Every rank on this host entered it, but rank 2 is now stopped (pid 6). Rank 1 "
+                "is not on this host; its progress is unknown.");
   EXPECT_EQ(msg({peer(1, 17, ProcessState::running, 5), elsewhere(3)}),
-            head + " Every rank on this host entered it. Rank 3 is not on this host; its progress is "
-                   "unknown.");
+            head +
+                " Every rank on this host entered it. Rank 3 is not on this host; its progress is "
+                "unknown.");
   PeerProgress not_joined = peer(1, 0, ProcessState::running, 9);
   not_joined.knows_group = false;
-  EXPECT_EQ(msg({not_joined}),
-            head + " Rank 1 did not enter it (it has not joined group world; pid 9, running).");
+  EXPECT_EQ(msg({not_joined}), head + " Rank 1 did not enter it (it has not joined group world; pid 9, running).");
   not_joined.table_full = true;  // its table overflowed: nothing can be said
-  EXPECT_EQ(msg({not_joined}),
-            head + " Every rank on this host entered it. Rank 1 is not on this host; its progress "
-                   "is unknown.");
+  EXPECT_EQ(msg({not_joined}), head +
+                                   " Every rank on this host entered it. Rank 1 is not on this host; its progress "
+                                   "is unknown.");
 
   // Many behind: eight described, the rest listed.
   std::vector<PeerProgress> many;
   for (int r = 1; r <= 11; ++r) many.push_back(peer(r, 16, ProcessState::running, 100 + r));
   std::string m = msg(many);
   EXPECT_NE(m.find("Rank 8 did not enter it (its last: all_reduce #16; pid 108, running). Nor did "
-                   "ranks 9-11."), std::string::npos) << m;
+                   "ranks 9-11."),
+            std::string::npos)
+      << m;
   EXPECT_EQ(m.find("Rank 9 did"), std::string::npos) << m;
 
   // Point-to-point numbers are per rank: only a stopped or dead peer is worth naming.
@@ -174,8 +178,7 @@ TEST(Watchdog, MessageNamesThePeersThatDidNotEnter) {
   EXPECT_EQ(watchdog_message(2, recv, 3.0, std::nullopt, stopped),
             "[watchdog] rank 2: recv #3 on group pp (64 B) has not completed after 3.0 s; last "
             "completed: none. Rank 1 is now stopped (pid 9).");
-  EXPECT_NE(watchdog_message(2, recv, 3.0, std::nullopt, running)
-                .find("none. A peer rank may have died or be stuck."),
+  EXPECT_NE(watchdog_message(2, recv, 3.0, std::nullopt, running).find("none. A peer rank may have died or be stuck."),
             std::string::npos);
 }
 
@@ -201,9 +204,9 @@ TEST(WatchdogTimeout, CommandLineOverEnvironmentOverConfig) {
       resolve_watchdog_timeout(bad[0] == 's' ? std::optional<double>(2.0) : std::nullopt, bad, 600);
       FAIL() << bad << " accepted";
     } catch (const Error& e) {
-      EXPECT_EQ(std::string(e.what()),
-                str_cat("[comm] LOOM_COMM_TIMEOUT=\"", bad, "\" is not a number of seconds >= 0; set "
-                        "it to e.g. 600 (0 disables the watchdog) or unset it"));
+      EXPECT_EQ(std::string(e.what()), str_cat("[comm] LOOM_COMM_TIMEOUT=\"", bad,
+                                               "\" is not a number of seconds >= 0; set "
+                                               "it to e.g. 600 (0 disables the watchdog) or unset it"));
     }
   }
 }
@@ -228,8 +231,7 @@ TEST(Watchdog, TimeAStoppedProcessSpentStoppedDoesNotCount) {
     record->start("all_reduce", "world", 8, 1);
     char c = 1;
     if (write(ready[1], &c, 1) != 1) _exit(2);
-    while (fired_after < 0 && now_seconds() - t0 < 10)
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    while (fired_after < 0 && now_seconds() - t0 < 10) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     const int tenths = int(std::min(fired_after.load() * 10, 250.0));
     wd.reset();  // its thread ends before the process does (a leak report would set the status)
     _exit(tenths);

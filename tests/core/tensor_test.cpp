@@ -88,7 +88,10 @@ TEST(Rng, ValuesDependOnlyOnIndexNotOnSharding) {
   for (int i = 0; i < 400; ++i) EXPECT_EQ(whole[size_t(i)], a[size_t(i)]);
   for (int i = 0; i < 600; ++i) EXPECT_EQ(whole[size_t(400 + i)], b[size_t(i)]);
   double s = 0, ss = 0;
-  for (float v : whole) { s += v; ss += double(v) * v; }
+  for (float v : whole) {
+    s += v;
+    ss += double(v) * v;
+  }
   EXPECT_NEAR(s / 1000, 0.0, 0.003);
   EXPECT_NEAR(std::sqrt(ss / 1000), 0.02, 0.002);
 }
@@ -120,7 +123,7 @@ TEST(Tensor, HostAccessToADeviceTensorIsRefused) {
     EXPECT_NE(std::string(e.what()).find("copy zeros from a host tensor with cuda::copy"), std::string::npos)
         << e.what();
   }
-  EXPECT_NE(t.device_data<float>(), nullptr);  // device code gets its pointer
+  EXPECT_NE(t.device_data<float>(), nullptr);           // device code gets its pointer
   EXPECT_THROW((void)t.device_data<int32_t>(), Error);  // the dtype is still checked
   Tensor host = Tensor::zeros({2}, DType::f32);
   EXPECT_EQ(host.data<float>(), host.device_data<float>());

@@ -157,6 +157,4 @@ TEST_F(TraceTest, WritesChromeJsonWithRowsThatNest) {
   EXPECT_TRUE(names.count("comm pp (2)"));
 }
 
-TEST(TraceJson, EscapesWhatJsonCannotHold) {
-  EXPECT_EQ(trace::json_escape("a\"b\\c\nd"), "a\\\"b\\\\c\\u000ad");
-}
+TEST(TraceJson, EscapesWhatJsonCannotHold) { EXPECT_EQ(trace::json_escape("a\"b\\c\nd"), "a\\\"b\\\\c\\u000ad"); }

@@ -11,8 +11,8 @@
 #include "testing/errors.h"
 
 using namespace loom;
-using loom::testing::GpuTest;
 using loom::testing::error_of;
+using loom::testing::GpuTest;
 using loom::testing::to_device;
 using loom::testing::to_host;
 
@@ -112,10 +112,8 @@ TEST_F(CudaAllocator, AllocatesDeviceMemoryAndAccountsIt) {
 // would crash on; device code still gets the pointer.
 TEST_F(CudaDevice, HostAccessToADeviceTensorIsRefused) {
   Tensor t = to_device(Tensor::from_vector<float>({1, 2, 3}, {3}));
-  for (auto* access : {+[](const Tensor& x) { (void)x.data<float>(); },
-                       +[](const Tensor& x) { (void)x.raw(); },
-                       +[](const Tensor& x) { (void)x.to_f32_vector(); },
-                       +[](const Tensor& x) { x.fill(1.0); }}) {
+  for (auto* access : {+[](const Tensor& x) { (void)x.data<float>(); }, +[](const Tensor& x) { (void)x.raw(); },
+                       +[](const Tensor& x) { (void)x.to_f32_vector(); }, +[](const Tensor& x) { x.fill(1.0); }}) {
     std::string e = error_of([&] { access(t); });
     EXPECT_NE(e.find("[tensor] f32[3] lives on cuda"), std::string::npos) << e;
   }

@@ -12,8 +12,8 @@
 #include "testing/errors.h"
 
 using namespace loom;
-using loom::testing::GpuTest;
 using loom::testing::error_of;
+using loom::testing::GpuTest;
 using loom::testing::to_device;
 using loom::testing::to_host;
 
@@ -55,10 +55,9 @@ using CudaGelu = GpuTest;
 // (its errors partly cancel over long sums), and KeepsFp32PrecisionNotTf32 catches it outright.
 TEST_F(CudaLinear, MatchesCpuWithinFp32SummationBound) {
   const LinearShape shapes[] = {
-      {{1, 1}, 1, true},        {{3, 5}, 7, true},        {{17, 33}, 65, false},
-      {{64, 128}, 96, true},    {{129, 257}, 255, true},  {{1000, 1}, 3, true},
-      {{2, 1024}, 1, false},    {{2, 3, 31}, 17, true},   {{5}, 9, true},
-      {{300, 768}, 513, true},
+      {{1, 1}, 1, true},       {{3, 5}, 7, true},       {{17, 33}, 65, false}, {{64, 128}, 96, true},
+      {{129, 257}, 255, true}, {{1000, 1}, 3, true},    {{2, 1024}, 1, false}, {{2, 3, 31}, 17, true},
+      {{5}, 9, true},          {{300, 768}, 513, true},
   };
   uint64_t stream = 0;
   for (const LinearShape& s : shapes) {
@@ -141,8 +140,8 @@ TEST_F(CudaLinear, RefusesMixedDevicesAndOtherDtypes) {
 // |v| 2^-22 from t plus 4 ulp of |y| <= |v| from the remaining roundings: |v| 2^-21 in all.
 // The test allows |v| 2^-20.
 TEST_F(CudaGelu, MatchesCpuWithinTanhBound) {
-  const float special[] = {0.0f, -0.0f, 1e-3f, -1e-3f, 1e-30f, 1.0f, -1.0f, 3.0f, -3.0f,
-                           5.0f, -5.0f, 10.0f, -10.0f, 30.0f, -30.0f, 100.0f, -100.0f};
+  const float special[] = {0.0f, -0.0f, 1e-3f, -1e-3f, 1e-30f, 1.0f,   -1.0f,  3.0f,   -3.0f,
+                           5.0f, -5.0f, 10.0f, -10.0f, 30.0f,  -30.0f, 100.0f, -100.0f};
   const int64_t sizes[] = {1, 7, 17, 255, 256, 257, 4097, (int64_t(1) << 20) + 3};
   for (int64_t n : sizes) {
     SCOPED_TRACE("n = " + std::to_string(n));

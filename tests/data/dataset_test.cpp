@@ -147,7 +147,8 @@ TEST(Dataset, HeaderErrorsNameFileAndFix) {
 
   std::string e = open_error("NOTLOOM!" + bytes.substr(8));
   EXPECT_NE(e.find("[data] " + (dir / "bad.bin").string() + " is not a loom token shard (magic 'NOTLOOM!'"),
-            std::string::npos) << e;
+            std::string::npos)
+      << e;
 
   ShardHeader h = parse_shard_header(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(), "x");
   h.version = 2;
@@ -163,13 +164,15 @@ TEST(Dataset, HeaderErrorsNameFileAndFix) {
 
   e = open_error(bytes.substr(0, bytes.size() - 7));
   EXPECT_NE(e.find("bad.bin is truncated: its header promises 1000 tokens (2000 bytes) but only 1993"),
-            std::string::npos) << e;
+            std::string::npos)
+      << e;
   e = open_error(bytes.substr(0, 20));
   EXPECT_NE(e.find("too short"), std::string::npos) << e;
 
   e = error_of([&] { TokenDataset d(good, {.model_vocab = 50257}); });
-  EXPECT_EQ(e, "[data] " + good + " has vocab_size 256 (tokenizer byte) but the model has 50257; "
-               "re-run loom prepare with --tokenizer gpt2");
+  EXPECT_EQ(e, "[data] " + good +
+                   " has vocab_size 256 (tokenizer byte) but the model has 50257; "
+                   "re-run loom prepare with --tokenizer gpt2");
   EXPECT_EQ(error_of([&] { TokenDataset d(good, {.model_vocab = 256}); }), "");
   e = error_of([&] { TokenDataset d((dir / "nowhere.bin").string()); });
   EXPECT_NE(e.find("cannot open"), std::string::npos) << e;
@@ -197,9 +200,10 @@ TEST(Dataset, OutOfRangeIdWithMatchingChecksumIsRefusedAtOpen) {
   const std::string path = make_shard(dir, "val.bin", 2000, 50257, "gpt2");
   testing::write_token_and_reseal(path, 1234, 60000);  // u16 holds it; the vocabulary does not
   std::string e = error_of([&] { TokenDataset d(path); });
-  EXPECT_EQ(e, "[data] " + path + ": token id 60000 at token 1234 (byte offset 2596) is outside the vocabulary "
-               "of 50257 (header vocab_size); its checksum matches, so it was written that way (not by loom "
-               "prepare, or by one with another vocabulary); re-run loom prepare to rebuild it");
+  EXPECT_EQ(e, "[data] " + path +
+                   ": token id 60000 at token 1234 (byte offset 2596) is outside the vocabulary "
+                   "of 50257 (header vocab_size); its checksum matches, so it was written that way (not by loom "
+                   "prepare, or by one with another vocabulary); re-run loom prepare to rebuild it");
 
   // u32 shards too, and the first bad id is the one named.
   const std::string wide = make_shard(dir, "wide.bin", 3000, 70000);
@@ -207,7 +211,8 @@ TEST(Dataset, OutOfRangeIdWithMatchingChecksumIsRefusedAtOpen) {
   testing::write_token_and_reseal(wide, 17, 0xFFFFFFFFu);
   e = error_of([&] { TokenDataset d(wide); });
   EXPECT_NE(e.find(wide + ": token id 4294967295 at token 17 (byte offset 196) is outside the vocabulary of 70000"),
-            std::string::npos) << e;
+            std::string::npos)
+      << e;
 
   // When the checksum fails as well, that is the error, and the bad id is named in it.
   std::string bytes = read_bytes(path);
@@ -227,7 +232,8 @@ TEST(Dataset, FillNamesFileAndOffsetOfABadId) {
   std::vector<int32_t> tok(32), tgt(32);
   std::string e = error_of([&] { d.fill_eval_batch(0, 1, 32, tok.data(), tgt.data()); });
   EXPECT_NE(e.find("[data] " + path + ": token id 300 at token 30 (byte offset 188) is outside the vocabulary of 256"),
-            std::string::npos) << e;
+            std::string::npos)
+      << e;
   EXPECT_NE(e.find("opened without verification or changed on disk since"), std::string::npos) << e;
   e = error_of([&] { d.read(30, 20, tok.data()); });
   EXPECT_NE(e.find(path + ": read of tokens [30, 50) (bytes 188..228) is outside its 40 tokens"), std::string::npos)
@@ -244,9 +250,12 @@ TEST(Dataset, SlowVerificationIsLogged) {
   char buf[512] = {};
   const std::string text(buf, std::fread(buf, 1, sizeof buf - 1, log));
   std::fclose(log);
-  EXPECT_NE(text.find("[data] verifying " + path + ": payload checksum and token ids of 3000 tokens (0.0 MB)...\n"
-                      "[data] verified " + path + " in "),
-            std::string::npos) << text;
+  EXPECT_NE(text.find("[data] verifying " + path +
+                      ": payload checksum and token ids of 3000 tokens (0.0 MB)...\n"
+                      "[data] verified " +
+                      path + " in "),
+            std::string::npos)
+      << text;
   // Quick ones say nothing.
   log = std::tmpfile();
   TokenDataset quiet(path, {.log = log});
@@ -262,7 +271,8 @@ TEST(Dataset, ShortShardsAndBadSlicesAreRefused) {
   EXPECT_NE(e.find("tiny.bin has 10 tokens, fewer than one training window of T+1 = 17"), std::string::npos) << e;
   e = error_of([&] { d.fill_batch(0, 3, 2, 4, 4, buf.data(), buf.data()); });
   EXPECT_NE(e.find("tiny.bin: training sequences [3, 5) at step 0 are outside the global batch of 4"),
-            std::string::npos) << e;
+            std::string::npos)
+      << e;
 }
 
 TEST(Dataset, PadsAllowedForModelVocab) {

@@ -33,12 +33,17 @@ TEST(PreTokenizer, FollowsGpt2Pattern) {
 }
 
 TEST(PreTokenizer, UnicodeClassesAndIllFormedBytes) {
-  EXPECT_EQ(gpt2_pretokenize("caf\xc3\xa9 \xe4\xb8\xad\xe6\x96\x87"), (Pieces{"caf\xc3\xa9", " \xe4\xb8\xad\xe6\x96\x87"}));
+  EXPECT_EQ(gpt2_pretokenize("caf\xc3\xa9 \xe4\xb8\xad\xe6\x96\x87"),
+            (Pieces{"caf\xc3\xa9", " \xe4\xb8\xad\xe6\x96\x87"}));
   // U+3000 (ideographic space) is \s, U+00A0 too; neither is glued to the word like ' ' is.
-  EXPECT_EQ(gpt2_pretokenize("a\xe3\x80\x80" "b"), (Pieces{"a", "\xe3\x80\x80", "b"}));
+  EXPECT_EQ(gpt2_pretokenize("a\xe3\x80\x80"
+                             "b"),
+            (Pieces{"a", "\xe3\x80\x80", "b"}));
   // Ill-formed bytes are "other" characters and join neighbouring punctuation.
   EXPECT_EQ(gpt2_pretokenize("ab\xff\xfe!cd"), (Pieces{"ab", "\xff\xfe!", "cd"}));
-  EXPECT_EQ(gpt2_pretokenize(" \xc3" "x"), (Pieces{" \xc3", "x"}));
+  EXPECT_EQ(gpt2_pretokenize(" \xc3"
+                             "x"),
+            (Pieces{" \xc3", "x"}));
 }
 
 TEST(Unicode, ClassesMatchRegexModule) {
@@ -48,13 +53,13 @@ TEST(Unicode, ClassesMatchRegexModule) {
   EXPECT_EQ(classify('\x0b'), CharClass::kSpace);
   EXPECT_EQ(classify(0x1C), CharClass::kOther);  // str.isspace() says yes, regex's \s says no
   EXPECT_EQ(classify('\''), CharClass::kOther);
-  EXPECT_EQ(classify(0xE9), CharClass::kLetter);     // e acute
-  EXPECT_EQ(classify(0x4E2D), CharClass::kLetter);   // CJK
-  EXPECT_EQ(classify(0x0663), CharClass::kNumber);   // Arabic-Indic three
-  EXPECT_EQ(classify(0x00BD), CharClass::kNumber);   // one half (No)
+  EXPECT_EQ(classify(0xE9), CharClass::kLetter);    // e acute
+  EXPECT_EQ(classify(0x4E2D), CharClass::kLetter);  // CJK
+  EXPECT_EQ(classify(0x0663), CharClass::kNumber);  // Arabic-Indic three
+  EXPECT_EQ(classify(0x00BD), CharClass::kNumber);  // one half (No)
   EXPECT_EQ(classify(0x3000), CharClass::kSpace);
-  EXPECT_EQ(classify(0x1F600), CharClass::kOther);   // emoji
-  EXPECT_EQ(classify(0x0301), CharClass::kOther);    // combining acute (Mn)
+  EXPECT_EQ(classify(0x1F600), CharClass::kOther);  // emoji
+  EXPECT_EQ(classify(0x0301), CharClass::kOther);   // combining acute (Mn)
 }
 
 TEST(Unicode, WellFormedUtf8Only) {
@@ -76,8 +81,9 @@ TEST(Unicode, WellFormedUtf8Only) {
 // letters/spaces/emoji, and bytes that are never valid UTF-8.
 std::string random_text(std::mt19937& g) {
   static const std::vector<std::string> atoms = {
-      "a", "Z", " ", "  ", "\n", "\t", "'", "'s", "'LL", "7", "\xc3\xa9", "\xe4\xb8\xad", "\xe3\x80\x80",
-      "\xf0\x9f\x98\x80", "!", "\xff", "\x80", "\xc3", "\xed\xa0\x80", "\x00", "\xc2\xa0"};
+      "a",  "Z",    " ",    "  ",       "\n",           "\t",           "'",
+      "'s", "'LL",  "7",    "\xc3\xa9", "\xe4\xb8\xad", "\xe3\x80\x80", "\xf0\x9f\x98\x80",
+      "!",  "\xff", "\x80", "\xc3",     "\xed\xa0\x80", "\x00",         "\xc2\xa0"};
   std::uniform_int_distribution<int> len(0, 40), pick(0, int(atoms.size()) - 1), byte(0, 255), coin(0, 3);
   std::string s;
   for (int i = len(g); i > 0; --i) {
@@ -118,15 +124,19 @@ TEST(Tokenizer, IllFormedUtf8RoundTrips) {
 }
 
 TEST(Tokenizer, StreamEqualsWholeEncode) {
-  const std::string text = testing::read_bytes(testing::repo_data_dir() + "/tinyshakespeare/input.txt").substr(0, 20000);
+  const std::string text =
+      testing::read_bytes(testing::repo_data_dir() + "/tinyshakespeare/input.txt").substr(0, 20000);
   std::vector<int32_t> streamed;
   size_t last_done = 0, calls = 0;
-  gpt2().encode_stream(text, [&](std::span<const int32_t> ids, size_t done) {
-    EXPECT_GE(done, last_done);
-    last_done = done;
-    ++calls;
-    streamed.insert(streamed.end(), ids.begin(), ids.end());
-  }, 1000);
+  gpt2().encode_stream(
+      text,
+      [&](std::span<const int32_t> ids, size_t done) {
+        EXPECT_GE(done, last_done);
+        last_done = done;
+        ++calls;
+        streamed.insert(streamed.end(), ids.begin(), ids.end());
+      },
+      1000);
   EXPECT_EQ(streamed, gpt2().encode(text));
   EXPECT_EQ(last_done, text.size());
   EXPECT_GT(calls, 3u);
@@ -134,7 +144,8 @@ TEST(Tokenizer, StreamEqualsWholeEncode) {
 
 TEST(Tokenizer, ConcurrentEncodesAgree) {
   // The second thread may find the word cache busy and encode without it: same ids.
-  const std::string text = testing::read_bytes(testing::repo_data_dir() + "/tinyshakespeare/input.txt").substr(5000, 30000);
+  const std::string text =
+      testing::read_bytes(testing::repo_data_dir() + "/tinyshakespeare/input.txt").substr(5000, 30000);
   std::vector<int32_t> a, b;
   std::thread t([&] { a = gpt2().encode(text); });
   b = gpt2().encode(text);
@@ -147,7 +158,8 @@ TEST(Tokenizer, ByteTokenizerIsIdentity) {
   EXPECT_EQ(t.vocab_size(), 256);
   EXPECT_FALSE(t.eot_id().has_value());
   EXPECT_EQ(t.encode("A\xff"), (std::vector<int32_t>{65, 255}));
-  EXPECT_NE(error_of([&] { t.decode(std::vector<int32_t>{256}); }).find("outside the byte tokenizer"), std::string::npos);
+  EXPECT_NE(error_of([&] { t.decode(std::vector<int32_t>{256}); }).find("outside the byte tokenizer"),
+            std::string::npos);
 }
 
 TEST(Tokenizer, ErrorsNameTheProblem) {

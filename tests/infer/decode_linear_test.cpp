@@ -20,8 +20,7 @@ TEST(DecodeLinear, MatchesBlasLinear) {
           for (auto* v : {&x, &w, &b})
             for (auto& e : *v) e = nd(g);
           std::vector<float> got(static_cast<size_t>(M * O), -1.f);
-          infer::decode_linear(x.data(), w.data(), bias ? b.data() : nullptr, got.data(), M,
-                                    I, O);
+          infer::decode_linear(x.data(), w.data(), bias ? b.data() : nullptr, got.data(), M, I, O);
           Tensor y = Tensor::zeros({M, O}, DType::f32);
           ops::linear_forward(Tensor::from_vector(x, {M, I}), Tensor::from_vector(w, {O, I}),
                               bias ? Tensor::from_vector(b, {O}) : Tensor{}, y);
@@ -38,7 +37,8 @@ TEST(DecodeLinear, ARowsResultDoesNotDependOnTheRowCount) {
   const int64_t I = 50, O = 33, M = infer::kDecodeLinearMaxRows;
   std::mt19937 g(4);
   std::normal_distribution<float> nd(0.f, 1.f);
-  std::vector<float> x(static_cast<size_t>(M * I)), w(static_cast<size_t>(O * I)), all(static_cast<size_t>(M * O)), one(static_cast<size_t>(O));
+  std::vector<float> x(static_cast<size_t>(M * I)), w(static_cast<size_t>(O * I)), all(static_cast<size_t>(M * O)),
+      one(static_cast<size_t>(O));
   for (auto& e : x) e = nd(g);
   for (auto& e : w) e = nd(g);
   infer::decode_linear(x.data(), w.data(), nullptr, all.data(), M, I, O);

@@ -146,7 +146,7 @@ TEST(EngineApi, StopStringsSpanningTokensOfDifferentLengths) {
       if (at + len > text.size()) continue;
       SamplingParams ss = greedy(16);
       ss.stop = {"#", text.substr(at, len)};  // "#" never occurs; the other is the longest
-      size_t k = 1;  // the shortest output prefix whose text contains the stop string
+      size_t k = 1;                           // the shortest output prefix whose text contains the stop string
       while (cfg.detokenizer({ref.begin(), ref.begin() + long(k)}).find(ss.stop[1]) == std::string::npos) ++k;
       const auto out = Engine(*m, cfg).run(prompt, ss);
       EXPECT_EQ(out.finish_reason, FinishReason::stop) << at << "+" << len;
@@ -179,8 +179,7 @@ TEST(EngineApi, BadInputIsRefusedNamingTheProblem) {
 
   SamplingParams p;
   p.temperature = -0.5;
-  EXPECT_NE(error_of([&] { e.add_request({1}, p); }).find("[sampling] temperature"),
-            std::string::npos);
+  EXPECT_NE(error_of([&] { e.add_request({1}, p); }).find("[sampling] temperature"), std::string::npos);
   p = {};
   p.top_p = 0;
   EXPECT_NE(error_of([&] { e.add_request({1}, p); }).find("top_p"), std::string::npos);
@@ -207,8 +206,7 @@ TEST(EngineApi, BadInputIsRefusedNamingTheProblem) {
   cfg = small_config();
   cfg.num_blocks = 0;
   cfg.kv_cache_bytes = 1000;
-  EXPECT_NE(error_of([&] { Engine tiny(*m, cfg); }).find("one full-length sequence"),
-            std::string::npos);
+  EXPECT_NE(error_of([&] { Engine tiny(*m, cfg); }).find("one full-length sequence"), std::string::npos);
 }
 
 TEST(EngineApi, RequestsAndAbortsFromOtherThreadsWhileALoopSteps) {
@@ -229,11 +227,10 @@ TEST(EngineApi, RequestsAndAbortsFromOtherThreadsWhileALoopSteps) {
   });
   std::vector<int64_t> ids;
   for (int i = 0; i < 6; ++i) {
-    ids.push_back(e.add_request(tokens(4 + i, 10 + unsigned(i)), greedy(8),
-                                [&](const TokenEvent& ev) {
-                                  std::lock_guard<std::mutex> lock(mu);
-                                  if (ev.token >= 0) streamed[ev.request_id].push_back(ev.token);
-                                }));
+    ids.push_back(e.add_request(tokens(4 + i, 10 + unsigned(i)), greedy(8), [&](const TokenEvent& ev) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (ev.token >= 0) streamed[ev.request_id].push_back(ev.token);
+    }));
     if (i == 3) e.abort(ids[1]);
   }
   stop = true;

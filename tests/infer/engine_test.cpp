@@ -3,8 +3,8 @@
 // with Decoder::logits; requests batched together (preempted by a tiny KV budget, chunked,
 // sharing prefixes, arriving at different steps) produce exactly the tokens each produces
 // alone, also in static batching (a batch admitted whole, each member returned as it
-// finishes, nobody admitted until the batch has left); every block returns to the pool. Equality runs in f64: in f32 the BLAS kernels round
-// a row differently with the batch's row count, which would test OpenBLAS, not scheduling.
+// finishes, nobody admitted until the batch has left); every block returns to the pool. Equality runs in f64: in f32
+// the BLAS kernels round a row differently with the batch's row count, which would test OpenBLAS, not scheduling.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -16,11 +16,11 @@
 
 using namespace loom;
 using namespace loom::infer;
-using model::Family;
-using fixtures::random_tokens;
-using fixtures::Job;
-using fixtures::run_together;
 using fixtures::expect_all_blocks_free;
+using fixtures::Job;
+using fixtures::random_tokens;
+using fixtures::run_together;
+using model::Family;
 
 namespace {
 
@@ -56,9 +56,8 @@ std::vector<int32_t> dense_greedy(model::Decoder& m, std::vector<int32_t> seq, i
     const std::vector<float> row = logits.to_f32_vector();
     std::vector<double> last(static_cast<size_t>(V));
     for (int64_t v = 0; v < V; ++v)
-      last[size_t(v)] = m.params().dtype() == DType::f64
-                            ? logits.data<double>()[(T - 1) * V + v]
-                            : double(row[size_t((T - 1) * V + v)]);
+      last[size_t(v)] = m.params().dtype() == DType::f64 ? logits.data<double>()[(T - 1) * V + v]
+                                                         : double(row[size_t((T - 1) * V + v)]);
     const int32_t best = int32_t(std::max_element(last.begin(), last.end()) - last.begin());
     out.push_back(best);
     seq.push_back(best);

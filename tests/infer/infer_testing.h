@@ -40,8 +40,8 @@ inline model::ModelConfig tiny_moe_config(model::Family f) {
   return c;
 }
 
-inline std::unique_ptr<model::Decoder> wandering_model(model::Family f, DType dt, uint64_t seed,
-                                                       bool perturb_others, bool moe = false) {
+inline std::unique_ptr<model::Decoder> wandering_model(model::Family f, DType dt, uint64_t seed, bool perturb_others,
+                                                       bool moe = false) {
   auto m = std::make_unique<model::Decoder>(moe ? tiny_moe_config(f) : tiny_config(f), model::DecoderOptions{}, dt);
   m->init_weights(seed);
   std::mt19937 g{unsigned(seed)};

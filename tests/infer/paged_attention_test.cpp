@@ -47,8 +47,8 @@ void check(const Case& c, double tol) {
     for (int64_t b = 0; b < (T_ + bs - 1) / bs; ++b) table.push_back(free_blocks[next_block++]);
     std::vector<int64_t> slots;
     for (int64_t p = 0; p < T_; ++p) slots.push_back(int64_t(table[size_t(p / bs)]) * bs + p % bs);
-    cpu::paged_kv_write<T>(qkv.data() + H * D, qkv.data() + (H + KVH) * D, W, slots.data(), T_,
-                           kc.data(), vc.data(), bs, KVH, D);
+    cpu::paged_kv_write<T>(qkv.data() + H * D, qkv.data() + (H + KVH) * D, W, slots.data(), T_, kc.data(), vc.data(),
+                           bs, KVH, D);
     qkvs.push_back(std::move(qkv));
     dense_out.push_back(std::move(o));
     tables.push_back(std::move(table));
@@ -72,8 +72,8 @@ void check(const Case& c, double tol) {
     }
     if (seqs.empty()) continue;
     std::vector<T> out(size_t(row * H * D), T(-7));
-    cpu::paged_attention_forward<T>(q_rows.data(), W, kc.data(), vc.data(), bs, seqs.data(),
-                                    int64_t(seqs.size()), out.data(), H * D, H, KVH, D);
+    cpu::paged_attention_forward<T>(q_rows.data(), W, kc.data(), vc.data(), bs, seqs.data(), int64_t(seqs.size()),
+                                    out.data(), H * D, H, KVH, D);
     for (size_t k = 0; k < seqs.size(); ++k) {
       const auto [s, p0] = who[k];
       for (int64_t i = 0; i < seqs[k].n_q; ++i)
@@ -105,12 +105,11 @@ TEST(PagedAttention, ChunkingDoesNotChangeAQuerysBits) {
   std::vector<float> kc(static_cast<size_t>(6 * KVH * bs * D)), vc(kc.size());
   std::vector<int64_t> slots;
   for (int64_t p = 0; p < T_; ++p) slots.push_back(int64_t(table[size_t(p / bs)]) * bs + p % bs);
-  cpu::paged_kv_write<float>(qkv.data() + H * D, qkv.data() + (H + KVH) * D, W, slots.data(), T_,
-                             kc.data(), vc.data(), bs, KVH, D);
+  cpu::paged_kv_write<float>(qkv.data() + H * D, qkv.data() + (H + KVH) * D, W, slots.data(), T_, kc.data(), vc.data(),
+                             bs, KVH, D);
   std::vector<float> whole(static_cast<size_t>(T_ * H * D)), piece(whole.size());
   cpu::PagedSeq all{table.data(), 0, T_, 0};
-  cpu::paged_attention_forward<float>(qkv.data(), W, kc.data(), vc.data(), bs, &all, 1,
-                                      whole.data(), H * D, H, KVH, D);
+  cpu::paged_attention_forward<float>(qkv.data(), W, kc.data(), vc.data(), bs, &all, 1, whole.data(), H * D, H, KVH, D);
   for (int64_t p = 0; p < T_; ++p) {  // one query at a time, as decode would
     cpu::PagedSeq one{table.data(), p, 1, 0};
     cpu::paged_attention_forward<float>(qkv.data() + p * W, W, kc.data(), vc.data(), bs, &one, 1,

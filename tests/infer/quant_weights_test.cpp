@@ -11,12 +11,12 @@
 
 #include "infer/infer_testing.h"
 #include "loom/core/error.h"
-#include "testing/errors.h"
 #include "loom/infer/kv_cache.h"
 #include "loom/infer/model_runner.h"
 #include "loom/infer/quant_checkpoint.h"
 #include "loom/infer/quant_weights.h"
 #include "loom/model/hf_weights.h"
+#include "testing/errors.h"
 
 using namespace loom;
 using namespace loom::infer;
@@ -86,9 +86,9 @@ TEST(QuantSpec, ParsesTheCommandLineAndRefusesNonsense) {
 class QuantRunner : public ::testing::TestWithParam<Family> {};
 
 TEST_P(QuantRunner, MatchesTheF32RunnerOnTheDequantizedWeights) {
-  for (const QuantSpec& s : {spec(cpu::QuantFormat::int8, 0), spec(cpu::QuantFormat::int8, 16, false, false),
-                             spec(cpu::QuantFormat::int4, 16), spec(cpu::QuantFormat::int4, 16, true),
-                             spec(cpu::QuantFormat::bf16, 0)}) {
+  for (const QuantSpec& s :
+       {spec(cpu::QuantFormat::int8, 0), spec(cpu::QuantFormat::int8, 16, false, false),
+        spec(cpu::QuantFormat::int4, 16), spec(cpu::QuantFormat::int4, 16, true), spec(cpu::QuantFormat::bf16, 0)}) {
     auto m = fixtures::wandering_model(GetParam(), DType::f32, 5, true);
     const auto original = m->params().to_f32_vector();
     const QuantizedModel q = QuantizedModel::quantize(*m, s);
@@ -124,8 +124,8 @@ TEST(QuantRunner, DecodeReadsThePackedBytes) {
   const model::ModelConfig& c = m->config();
   const int64_t C = c.d_model, F = c.d_ff, V = c.vocab_size;
   const int64_t block = 3 * C * C + C * C + F * C + C * F;
-  const int64_t want = f32 - 4 * (c.n_layer * block + V * C) + c.n_layer * (block / 2 + block / 16 * 4) +
-                       (V * C + V * C / 16 * 4);
+  const int64_t want =
+      f32 - 4 * (c.n_layer * block + V * C) + c.n_layer * (block / 2 + block / 16 * 4) + (V * C + V * C / 16 * 4);
   EXPECT_EQ(i4, want);
   EXPECT_EQ(q.bytes(), c.n_layer * (block / 2 + block / 16 * 4) + V * C + V * C / 16 * 4);
   // bf16: 2 bytes per weight, head included, no scales.
@@ -136,39 +136,39 @@ TEST(QuantRunner, DecodeReadsThePackedBytes) {
 
 TEST(QuantCheckpoint, RoundTripIsBitwiseQuantizeOnLoadAndDamageIsRefused) {
   for (const QuantSpec& s : {spec(cpu::QuantFormat::int4, 16, true), spec(cpu::QuantFormat::bf16, 0)}) {
-  SCOPED_TRACE(s.describe());
-  const fs::path dir = fs::temp_directory_path() / ("loom_quant_ckpt_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir / "src");
-  // A source checkpoint as generate reads it: config.json, model.safetensors, trainer_state.json.
-  auto m = fixtures::wandering_model(Family::llama, DType::f32, 7, true);
-  model::write_hf_config(m->config(), (dir / "src" / "config.json").string());
-  std::ofstream(dir / "src" / "trainer_state.json") << "{\"step\": 3, \"tokenizer\": \"byte\"}";
-  const QuantizedModel q = QuantizedModel::quantize(*m, s);
-  save_quantized_checkpoint((dir / "q").string(), (dir / "src").string(), *m, q);
-  ASSERT_TRUE(is_quantized_checkpoint((dir / "q").string()));
-  EXPECT_FALSE(is_quantized_checkpoint((dir / "src").string()));
-  QuantizedCheckpoint loaded = load_quantized_checkpoint((dir / "q").string());
-  EXPECT_EQ(loaded.quant.spec.describe(), s.describe());
-  EXPECT_EQ(loaded.source, fs::absolute(dir / "src").string());
-  ASSERT_EQ(loaded.model->params().nbytes(), m->params().nbytes());
-  EXPECT_EQ(0, std::memcmp(loaded.model->params().raw(), m->params().raw(), m->params().nbytes()))
-      << "the loaded model's f32 weights differ from the quantized-on-load ones";
-  EXPECT_EQ(loaded.quant.bytes(), q.bytes());
-  const auto prompt = fixtures::random_tokens(9, 23);
-  EXPECT_EQ(last_logits(*loaded.model, &loaded.quant, prompt), last_logits(*m, &q, prompt));
-  // The file holds quantized matrices, not f32 copies of them: well under the f32 model's size
-  // (bf16: half of it for the matrices, plus the f32 norms and position table).
-  const double limit = s.format == cpu::QuantFormat::bf16 ? 0.6 : 0.5;
-  EXPECT_LT(double(fs::file_size(dir / "q" / "quant.safetensors")), limit * double(m->params().nbytes()));
-  // One flipped byte: refused with the file named.
-  {
-    std::fstream f(dir / "q" / "quant.safetensors", std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(-100, std::ios::end);
-    f.put('\x5a');
-  }
-  const std::string e = error_of([&] { load_quantized_checkpoint((dir / "q").string()); });
-  EXPECT_NE(e.find("quant.safetensors checksum"), std::string::npos) << e;
-  fs::remove_all(dir);
+    SCOPED_TRACE(s.describe());
+    const fs::path dir = fs::temp_directory_path() / ("loom_quant_ckpt_" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    fs::create_directories(dir / "src");
+    // A source checkpoint as generate reads it: config.json, model.safetensors, trainer_state.json.
+    auto m = fixtures::wandering_model(Family::llama, DType::f32, 7, true);
+    model::write_hf_config(m->config(), (dir / "src" / "config.json").string());
+    std::ofstream(dir / "src" / "trainer_state.json") << "{\"step\": 3, \"tokenizer\": \"byte\"}";
+    const QuantizedModel q = QuantizedModel::quantize(*m, s);
+    save_quantized_checkpoint((dir / "q").string(), (dir / "src").string(), *m, q);
+    ASSERT_TRUE(is_quantized_checkpoint((dir / "q").string()));
+    EXPECT_FALSE(is_quantized_checkpoint((dir / "src").string()));
+    QuantizedCheckpoint loaded = load_quantized_checkpoint((dir / "q").string());
+    EXPECT_EQ(loaded.quant.spec.describe(), s.describe());
+    EXPECT_EQ(loaded.source, fs::absolute(dir / "src").string());
+    ASSERT_EQ(loaded.model->params().nbytes(), m->params().nbytes());
+    EXPECT_EQ(0, std::memcmp(loaded.model->params().raw(), m->params().raw(), m->params().nbytes()))
+        << "the loaded model's f32 weights differ from the quantized-on-load ones";
+    EXPECT_EQ(loaded.quant.bytes(), q.bytes());
+    const auto prompt = fixtures::random_tokens(9, 23);
+    EXPECT_EQ(last_logits(*loaded.model, &loaded.quant, prompt), last_logits(*m, &q, prompt));
+    // The file holds quantized matrices, not f32 copies of them: well under the f32 model's size
+    // (bf16: half of it for the matrices, plus the f32 norms and position table).
+    const double limit = s.format == cpu::QuantFormat::bf16 ? 0.6 : 0.5;
+    EXPECT_LT(double(fs::file_size(dir / "q" / "quant.safetensors")), limit * double(m->params().nbytes()));
+    // One flipped byte: refused with the file named.
+    {
+      std::fstream f(dir / "q" / "quant.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(-100, std::ios::end);
+      f.put('\x5a');
+    }
+    const std::string e = error_of([&] { load_quantized_checkpoint((dir / "q").string()); });
+    EXPECT_NE(e.find("quant.safetensors checksum"), std::string::npos) << e;
+    fs::remove_all(dir);
   }
 }

@@ -65,13 +65,11 @@ TEST(Sampler, DrawsFollowTheTruncatedSoftmax) {
 
 // Top-p by sorting the whole vocabulary, as the sampler did before it sorted only the nucleus's
 // bands: the same token (only the total's summation order differs, a last-bit effect).
-static int32_t nucleus_by_full_sort(const std::vector<float>& logits, double top_p, double temp,
-                                    float u) {
+static int32_t nucleus_by_full_sort(const std::vector<float>& logits, double top_p, double temp, float u) {
   std::vector<std::pair<float, int32_t>> s;
   for (size_t i = 0; i < logits.size(); ++i) s.push_back({logits[i], int32_t(i)});
-  std::sort(s.begin(), s.end(), [](auto& a, auto& b) {
-    return a.first > b.first || (a.first == b.first && a.second < b.second);
-  });
+  std::sort(s.begin(), s.end(),
+            [](auto& a, auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
   const float mx = s[0].first;
   double total = 0;
   const double inv_t = 1.0 / temp;
@@ -107,8 +105,7 @@ TEST(Sampler, TopPPicksWhatAFullSortPicks) {
       p.temperature = 0.8;
       for (int d = 0; d < 12; ++d) {
         const float u = sampling_draw(11, d);
-        EXPECT_EQ(sample_token(l.data(), int64_t(l.size()), p, u, scratch),
-                  nucleus_by_full_sort(l, top_p, 0.8, u))
+        EXPECT_EQ(sample_token(l.data(), int64_t(l.size()), p, u, scratch), nucleus_by_full_sort(l, top_p, 0.8, u))
             << "spread " << spread << " top_p " << top_p << " draw " << d;
       }
     }

@@ -117,7 +117,7 @@ TEST(Scheduler, WithoutChunkingAPromptWaitsForAWholeStep) {
 
 TEST(Scheduler, AdmissionIsFirstComeFirstServed) {
   Scheduler s(config(6));  // 24 slots
-  s.add(1, prompt(12));   // 3 blocks
+  s.add(1, prompt(12));    // 3 blocks
   finish_step(s, s.schedule());
   s.add(2, prompt(13, 100));  // needs 4 blocks, 3 free: blocked
   s.add(3, prompt(2, 200));   // would fit, but must not overtake 2
@@ -160,8 +160,7 @@ TEST(Scheduler, OutOfBlocksPreemptsTheNewestAndRecomputesIt) {
   EXPECT_EQ(q->start, 4);
   EXPECT_EQ(q->num_tokens, 5);
   EXPECT_TRUE(q->sample);
-  EXPECT_EQ(std::vector<int32_t>(q->tokens.begin(), q->tokens.end()),
-            (std::vector<int32_t>{104, 105, 106, 101, 102}));
+  EXPECT_EQ(std::vector<int32_t>(q->tokens.begin(), q->tokens.end()), (std::vector<int32_t>{104, 105, 106, 101, 102}));
   finish_step(s, p);
   s.finish(2);
   EXPECT_EQ(s.kv().pool().num_free(), 4);
@@ -253,9 +252,9 @@ TEST(Scheduler, AbortedSequencesReturnTheirBlocks) {
   s.add(2, prompt(5));
   finish_step(s, s.schedule());
   s.add(3, prompt(4));
-  s.finish(2);  // running
-  s.finish(3);  // still waiting
-  s.finish(42); // unknown: ignored
+  s.finish(2);   // running
+  s.finish(3);   // still waiting
+  s.finish(42);  // unknown: ignored
   StepPlan p = s.schedule();
   EXPECT_EQ(p.freed_blocks.size(), 2u);
   s.finish(1);

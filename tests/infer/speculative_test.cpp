@@ -16,11 +16,11 @@
 
 using namespace loom;
 using namespace loom::infer;
-using model::Family;
-using fixtures::random_tokens;
-using fixtures::Job;
-using fixtures::run_together;
 using fixtures::expect_all_blocks_free;
+using fixtures::Job;
+using fixtures::random_tokens;
+using fixtures::run_together;
+using model::Family;
 
 namespace {
 
@@ -129,7 +129,7 @@ std::vector<double> exact_distribution(model::Decoder& m, const std::vector<int3
   std::vector<std::pair<double, int32_t>> scratch;
   std::vector<double> p;
   std::function<void(std::vector<int32_t>, int, double, int)> walk = [&](std::vector<int32_t> seq, int depth,
-                                                                           double prob, int code) {
+                                                                         double prob, int code) {
     if (depth == 4) {
       out[size_t(code)] = prob;
       return;
@@ -233,11 +233,11 @@ TEST(SpeculativeSampling, OutputsFollowTheTargetsDistributionExactly) {
       SpecMethod method;
       AcceptRule rule;
     };
-    for (const Run& run : {Run{"plain", SpecMethod::none, AcceptRule::exact},
-                           Run{"draft", SpecMethod::draft, AcceptRule::exact},
-                           Run{"ngram", SpecMethod::ngram, AcceptRule::exact},
-                           Run{"draft accepting every proposal", SpecMethod::draft, AcceptRule::accept_all},
-                           Run{"ngram accepting every proposal", SpecMethod::ngram, AcceptRule::accept_all}}) {
+    for (const Run& run :
+         {Run{"plain", SpecMethod::none, AcceptRule::exact}, Run{"draft", SpecMethod::draft, AcceptRule::exact},
+          Run{"ngram", SpecMethod::ngram, AcceptRule::exact},
+          Run{"draft accepting every proposal", SpecMethod::draft, AcceptRule::accept_all},
+          Run{"ngram accepting every proposal", SpecMethod::ngram, AcceptRule::accept_all}}) {
       EngineConfig ec = base;
       if (run.method != SpecMethod::none) {
         ec.speculative = spec_config(run.method == SpecMethod::draft ? Prop::draft : Prop::ngram, draft.get(), 3);
@@ -249,8 +249,8 @@ TEST(SpeculativeSampling, OutputsFollowTheTargetsDistributionExactly) {
       const auto [stat, dof] = chi_square(counts, p, n);
       const double limit = chi_square_limit(dof);
       if (run.rule == AcceptRule::exact)
-        EXPECT_LT(stat, limit) << run.name << ", setting " << setting << ": chi-square " << stat << " with "
-                               << dof << " degrees of freedom";
+        EXPECT_LT(stat, limit) << run.name << ", setting " << setting << ": chi-square " << stat << " with " << dof
+                               << " degrees of freedom";
       else
         EXPECT_GT(stat, limit) << run.name << ", setting " << setting << " passed the check it was meant to fail";
     }
@@ -291,7 +291,7 @@ TEST(NgramProposer, ProposesTheContinuationOfTheMostRecentLongestMatch) {
   r.k = 4;
   p.propose(std::span<ProposalRequest>(&r, 1));
   EXPECT_EQ(r.proposals, (std::vector<int32_t>{4, 8, 3, 6}));  // "3 6 7" never recurs; "6 7" at 7 does
-  const std::vector<int32_t> loop = {1, 2, 3, 9, 3, 9};  // "3 9" recurs at 2: 3 9 proposed again and again
+  const std::vector<int32_t> loop = {1, 2, 3, 9, 3, 9};        // "3 9" recurs at 2: 3 9 proposed again and again
   r.tokens = loop;
   p.propose(std::span<ProposalRequest>(&r, 1));
   EXPECT_EQ(r.proposals, (std::vector<int32_t>{3, 9, 3, 9}));

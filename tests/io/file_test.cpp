@@ -72,8 +72,7 @@ TEST(AtomicFile, ErrorsNameThePath) {
     io::write_file_atomic(path, "x");
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("/nonexistent_loom_dir/x.bin"), std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("/nonexistent_loom_dir/x.bin"), std::string::npos) << e.what();
   }
   EXPECT_THROW(io::fsync_dir("/nonexistent_loom_dir"), Error);
   EXPECT_THROW(io::read_file("/nonexistent_loom_dir/y"), Error);

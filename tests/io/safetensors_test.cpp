@@ -105,9 +105,8 @@ TEST(Safetensors, OnDiskLayoutIsAlignedAndHoleFree) {
 }
 
 TEST(Safetensors, BorrowedTensorsOutliveTheFileAndNeverWriteIt) {
-  const std::string path =
-      raw_file("loom_st_borrow.safetensors",
-               R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}    )", f32_bytes({1, 2}));
+  const std::string path = raw_file("loom_st_borrow.safetensors",
+                                    R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}    )", f32_bytes({1, 2}));
   Tensor x;
   {
     auto f = io::SafetensorsFile::open(path);
@@ -121,11 +120,10 @@ TEST(Safetensors, BorrowedTensorsOutliveTheFileAndNeverWriteIt) {
 TEST(Safetensors, ReadsUnpaddedHeadersAndCopiesMisalignedTensors) {
   // Another writer may place an F32 at an odd offset and not pad its header.
   std::string data = std::string(1, '\x07') + f32_bytes({3.5f});
-  const std::string path = raw_file(
-      "loom_st_misaligned.safetensors",
-      R"({"__metadata__":{"k":"v"},"b":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},)"
-      R"("a":{"dtype":"F32","shape":[],"data_offsets":[1,5]}})",
-      data);
+  const std::string path = raw_file("loom_st_misaligned.safetensors",
+                                    R"({"__metadata__":{"k":"v"},"b":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},)"
+                                    R"("a":{"dtype":"F32","shape":[],"data_offsets":[1,5]}})",
+                                    data);
   auto f = io::SafetensorsFile::open(path);
   EXPECT_EQ((f.names() == std::vector<std::string>{"a", "b"}), true);
   EXPECT_EQ(f.get("a").data<float>()[0], 3.5f);
@@ -147,20 +145,20 @@ TEST(Safetensors, ValidationErrorsNameTheFileAndTheProblem) {
     std::string header, data, expect;
   };
   const Case cases[] = {
-      {"unknown dtype", R"({"x":{"dtype":"F8_E4M3","shape":[1],"data_offsets":[0,1]}})",
-       std::string(1, '\0'), "has dtype 'F8_E4M3', which loom does not read"},
-      {"size mismatch", R"({"x":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})",
-       std::string(8, '\0'), "is F32[3] = 12 bytes but its data_offsets [0, 8) span 8"},
+      {"unknown dtype", R"({"x":{"dtype":"F8_E4M3","shape":[1],"data_offsets":[0,1]}})", std::string(1, '\0'),
+       "has dtype 'F8_E4M3', which loom does not read"},
+      {"size mismatch", R"({"x":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", std::string(8, '\0'),
+       "is F32[3] = 12 bytes but its data_offsets [0, 8) span 8"},
       {"overlap",
        R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"y":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
        std::string(12, '\0'), "overlap"},
       {"hole",
        R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"y":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
        std::string(12, '\0'), "bytes [4, 8) of the data section belong to no tensor"},
-      {"trailing", R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
-       std::string(10, '\0'), "data section is 10 bytes but the tensors cover 4"},
-      {"reversed", R"({"x":{"dtype":"F32","shape":[0],"data_offsets":[4,0]}})",
-       std::string(4, '\0'), "ending before they begin"},
+      {"trailing", R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", std::string(10, '\0'),
+       "data section is 10 bytes but the tensors cover 4"},
+      {"reversed", R"({"x":{"dtype":"F32","shape":[0],"data_offsets":[4,0]}})", std::string(4, '\0'),
+       "ending before they begin"},
       {"negative dim", R"({"x":{"dtype":"F32","shape":[-1],"data_offsets":[0,0]}})", "",
        "non-integer or negative dimension"},
       {"missing field", R"({"x":{"dtype":"F32","shape":[1]}})", std::string(4, '\0'),
@@ -191,9 +189,8 @@ TEST(Safetensors, ValidationErrorsNameTheFileAndTheProblem) {
 }
 
 TEST(Safetensors, LookupAndWriterErrors) {
-  const std::string path = raw_file(
-      "loom_st_5d.safetensors",
-      R"({"five":{"dtype":"U8","shape":[1,1,1,1,2],"data_offsets":[0,2]}})", "ab");
+  const std::string path =
+      raw_file("loom_st_5d.safetensors", R"({"five":{"dtype":"U8","shape":[1,1,1,1,2],"data_offsets":[0,2]}})", "ab");
   auto f = io::SafetensorsFile::open(path);
   EXPECT_EQ(f.entry("five").numel(), 2);  // listed fine, but no loom Tensor has 5 dims
   EXPECT_THROW(f.get("five"), Error);

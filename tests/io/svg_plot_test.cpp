@@ -75,8 +75,7 @@ Rect plot_area(const std::string& doc) {
 std::vector<std::pair<double, double>> points(const std::string& doc) {
   static const std::regex re("class=\"point\" cx=\"([-0-9.]+)\" cy=\"([-0-9.]+)\"");
   std::vector<std::pair<double, double>> out;
-  for (auto it = std::sregex_iterator(doc.begin(), doc.end(), re); it != std::sregex_iterator();
-       ++it) {
+  for (auto it = std::sregex_iterator(doc.begin(), doc.end(), re); it != std::sregex_iterator(); ++it) {
     out.emplace_back(std::stod((*it)[1]), std::stod((*it)[2]));
   }
   return out;
@@ -95,11 +94,8 @@ void expect_points_inside(const std::string& doc) {
 
 PlotPanel cascade_panel() {
   PlotPanel p{"latency vs quality", "quality (accuracy)", "latency (ms)", {}, {}};
-  p.series.push_back({"cascade",
-                      {0.61, 0.7, 0.78, 0.83},
-                      {4.1, 6.5, 9.0, 14.2},
-                      {"T=0.2", "T=0.4", "T=0.6", "T=0.8"},
-                      true});
+  p.series.push_back(
+      {"cascade", {0.61, 0.7, 0.78, 0.83}, {4.1, 6.5, 9.0, 14.2}, {"T=0.2", "T=0.4", "T=0.6", "T=0.8"}, true});
   p.series.push_back({"edge only", {0.6}, {3.9}, {}, false});
   p.hlines = {{"center only", 15.0}};
   return p;
@@ -186,8 +182,7 @@ TEST(SvgNiceTicks, CoverTheRangeWithNiceEvenSteps) {
       EXPECT_LT(t.back() - step, hi);
       for (size_t i = 1; i < t.size(); ++i) EXPECT_NEAR(t[i] - t[i - 1], step, tol);
       const double mantissa = step / std::pow(10.0, std::floor(std::log10(step)));
-      EXPECT_TRUE(std::abs(mantissa - 1) < 1e-6 || std::abs(mantissa - 2) < 1e-6 ||
-                  std::abs(mantissa - 5) < 1e-6)
+      EXPECT_TRUE(std::abs(mantissa - 1) < 1e-6 || std::abs(mantissa - 2) < 1e-6 || std::abs(mantissa - 5) < 1e-6)
           << step;
     }
   }
@@ -221,9 +216,9 @@ TEST(SvgPlot, LegendAvoidsTheData) {
 }
 
 TEST(SvgPlot, FlatRangesAndASinglePointStillDraw) {
-  for (const PlotSeries& s : {PlotSeries{"one", {0.5}, {7.0}, {}, true},
-                              PlotSeries{"flat", {1, 2, 3}, {2, 2, 2}, {}, true},
-                              PlotSeries{"zero", {0, 0}, {0, 0}, {}, true}}) {
+  for (const PlotSeries& s :
+       {PlotSeries{"one", {0.5}, {7.0}, {}, true}, PlotSeries{"flat", {1, 2, 3}, {2, 2, 2}, {}, true},
+        PlotSeries{"zero", {0, 0}, {0, 0}, {}, true}}) {
     const std::string doc = svg_plot("flat", {PlotPanel{"p", "x", "y", {s}, {}}});
     SCOPED_TRACE(s.name);
     EXPECT_EQ(well_formed_root(doc), "svg");

@@ -25,8 +25,8 @@
 namespace loom::cpu {
 namespace {
 
-#define SKIP_WITHOUT_AVX512_BF16()                                                               \
-  if (!bf16_gemm_runs_here()) {                                                                  \
+#define SKIP_WITHOUT_AVX512_BF16()                                                                \
+  if (!bf16_gemm_runs_here()) {                                                                   \
     GTEST_SKIP() << "this CPU lacks AVX512-BF16 (CPUID.(EAX=7,ECX=1):EAX bit 5): bf16_gemm does " \
                     "not run here, and ProductPrecision::bf16 uses rounded operands and SGEMM";   \
   }
@@ -45,8 +45,8 @@ struct Form {
   bool ta, tb;
 };
 // linear.cpp's three calls: forward y = x W^T, dx = dy W, dW += dy^T x; and the fourth layout.
-constexpr Form kForms[] = {{"forward x W^T", false, true}, {"dx = dy W", false, false},
-                           {"dW = dy^T x", true, false}, {"A^T B^T", true, true}};
+constexpr Form kForms[] = {
+    {"forward x W^T", false, true}, {"dx = dy W", false, false}, {"dW = dy^T x", true, false}, {"A^T B^T", true, true}};
 
 void check_form(const Form& f, int64_t M, int64_t N, int64_t K, bool accumulate) {
   SCOPED_TRACE(testing::Message() << f.name << " M=" << M << " N=" << N << " K=" << K << " accumulate=" << accumulate);
@@ -115,9 +115,9 @@ TEST(Bf16Gemm, PackingRoundsAsRoundToBf16) {
   std::normal_distribution<float> d(0.f, 1.f);
   std::vector<float> a;
   for (int i = 0; i < 4000; ++i) a.push_back(d(g) * std::ldexp(1.f, i % 120 - 60));
-  for (uint32_t bits : {0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x3fffffffu, 0x7f7fffffu, 0xff7fffffu, 0x7f7f7fffu,
-                        0x7f800000u, 0xff800000u, 0x7fc00001u, 0x7f800001u, 0xffa00000u, 0x00800000u, 0x00000000u,
-                        0x80000000u}) {
+  for (uint32_t bits :
+       {0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x3fffffffu, 0x7f7fffffu, 0xff7fffffu, 0x7f7f7fffu, 0x7f800000u,
+        0xff800000u, 0x7fc00001u, 0x7f800001u, 0xffa00000u, 0x00800000u, 0x00000000u, 0x80000000u}) {
     float f;
     std::memcpy(&f, &bits, 4);
     a.push_back(f);
@@ -167,8 +167,11 @@ TEST(Bf16GemmBench, DISABLED_Gpt2Products) {
     int64_t O, I;
   };
   // The LM head's products too (lm_head_xent with its default chunk of 1024 rows), apart.
-  const Linear linears[] = {{"attn.qkv", 2304, 768}, {"attn.proj", 768, 768}, {"mlp.fc", 3072, 768},
-                            {"mlp.proj", 768, 3072}, {"lm_head", 50257, 768}};
+  const Linear linears[] = {{"attn.qkv", 2304, 768},
+                            {"attn.proj", 768, 768},
+                            {"mlp.fc", 3072, 768},
+                            {"mlp.proj", 768, 3072},
+                            {"lm_head", 50257, 768}};
   const int64_t T = 1024, V = 50257;
   std::mt19937 g(7);
   const std::vector<float> x = randn(size_t(T * 3072), g), w = randn(size_t(V * 768), g), dy = randn(size_t(T * V), g);
@@ -205,13 +208,15 @@ TEST(Bf16GemmBench, DISABLED_Gpt2Products) {
       const double flop = 2.0 * double(M * N * K);
       double s[3];
       for (int p = 0; p < 3; ++p) s[p] = median(t[p]), totals[p] += l.O == V ? 0.0 : s[p];
-      std::printf("%-10s %-14s %6lld %6lld %6lld | %8.1f %8.1f %8.1f | %5.2fx %5.2fx\n", l.name, f.name,
-                  (long long)M, (long long)N, (long long)K, flop / s[0] / 1e9, flop / s[1] / 1e9, flop / s[2] / 1e9,
-                  s[0] / s[2], s[1] / s[2]);
+      std::printf("%-10s %-14s %6lld %6lld %6lld | %8.1f %8.1f %8.1f | %5.2fx %5.2fx\n", l.name, f.name, (long long)M,
+                  (long long)N, (long long)K, flop / s[0] / 1e9, flop / s[1] / 1e9, flop / s[2] / 1e9, s[0] / s[2],
+                  s[1] / s[2]);
     }
   }
-  std::printf("a block's 12 products (not the head): SGEMM %.1f ms, rounding + SGEMM %.1f ms, bf16_gemm %.1f ms (%.2fx SGEMM)\n",
-              totals[0] * 1e3, totals[1] * 1e3, totals[2] * 1e3, totals[0] / totals[2]);
+  std::printf(
+      "a block's 12 products (not the head): SGEMM %.1f ms, rounding + SGEMM %.1f ms, bf16_gemm %.1f ms (%.2fx "
+      "SGEMM)\n",
+      totals[0] * 1e3, totals[1] * 1e3, totals[2] * 1e3, totals[0] / totals[2]);
 }
 
 }  // namespace

@@ -21,7 +21,10 @@ TEST_P(LinearGrad, MatchesFiniteDifferences) {
   std::mt19937 g(1);
   Tensor x = randn({N, I}, g), w = randn({O, I}, g), b = bias ? randn({O}, g) : Tensor{};
   Tensor y = Tensor::empty({N, O}, DType::f64), G = randn({N, O}, g);
-  auto loss = [&] { ops::linear_forward(x, w, b, y); return dot(y, G); };
+  auto loss = [&] {
+    ops::linear_forward(x, w, b, y);
+    return dot(y, G);
+  };
   Tensor dx = zeros_like(x), dw = zeros_like(w), db = bias ? zeros_like(b) : Tensor{};
   ops::linear_backward(G, x, w, dx, dw, db);
   expect_grad_close("dx", x, dx, loss);
@@ -39,7 +42,10 @@ TEST(EmbeddingGrad, MatchesFiniteDifferencesWithRepeatedTokens) {
   Tensor pos = Tensor::from_vector<int32_t>({0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 10}, {N});
   Tensor wte = randn({V, C}, g), wpe = randn({P, C}, g), out = Tensor::empty({N, C}, DType::f64);
   Tensor G = randn({N, C}, g);
-  auto loss = [&] { ops::embedding_forward(tok, pos, wte, wpe, out); return dot(out, G); };
+  auto loss = [&] {
+    ops::embedding_forward(tok, pos, wte, wpe, out);
+    return dot(out, G);
+  };
   Tensor dwte = zeros_like(wte), dwpe = zeros_like(wpe);
   ops::embedding_backward(tok, pos, G, dwte, dwpe);
   expect_grad_close("dwte", wte, dwte, loss);
@@ -52,7 +58,10 @@ TEST(LayerNormGrad, MatchesFiniteDifferences) {
     Tensor x = randn({N, C}, g, 2.0), w = randn({C}, g), b = randn({C}, g);
     Tensor y = Tensor::empty({N, C}, DType::f64), mean = Tensor::empty({N}, DType::f64),
            rstd = Tensor::empty({N}, DType::f64), G = randn({N, C}, g);
-    auto loss = [&] { ops::layernorm_forward(x, w, b, y, mean, rstd); return dot(y, G); };
+    auto loss = [&] {
+      ops::layernorm_forward(x, w, b, y, mean, rstd);
+      return dot(y, G);
+    };
     loss();
     Tensor dx = zeros_like(x), dw = zeros_like(w), db = zeros_like(b);
     ops::layernorm_backward(G, x, w, mean, rstd, dx, dw, db);
@@ -66,9 +75,11 @@ TEST(RmsNormGrad, MatchesFiniteDifferences) {
   std::mt19937 g(4);
   const int N = 6, C = 19;
   Tensor x = randn({N, C}, g), w = randn({C}, g);
-  Tensor y = Tensor::empty({N, C}, DType::f64), rstd = Tensor::empty({N}, DType::f64),
-         G = randn({N, C}, g);
-  auto loss = [&] { ops::rmsnorm_forward(x, w, y, rstd); return dot(y, G); };
+  Tensor y = Tensor::empty({N, C}, DType::f64), rstd = Tensor::empty({N}, DType::f64), G = randn({N, C}, g);
+  auto loss = [&] {
+    ops::rmsnorm_forward(x, w, y, rstd);
+    return dot(y, G);
+  };
   loss();
   Tensor dx = zeros_like(x), dw = zeros_like(w);
   ops::rmsnorm_backward(G, x, w, rstd, dx, dw);
@@ -79,7 +90,10 @@ TEST(RmsNormGrad, MatchesFiniteDifferences) {
 TEST(GeluGrad, MatchesFiniteDifferences) {
   std::mt19937 g(5);
   Tensor x = randn({37}, g, 2.0), y = Tensor::empty({37}, DType::f64), G = randn({37}, g);
-  auto loss = [&] { ops::gelu_forward(x, y); return dot(y, G); };
+  auto loss = [&] {
+    ops::gelu_forward(x, y);
+    return dot(y, G);
+  };
   Tensor dx = zeros_like(x);
   ops::gelu_backward(x, G, dx);
   expect_grad_close("dx", x, dx, loss);
@@ -88,9 +102,11 @@ TEST(GeluGrad, MatchesFiniteDifferences) {
 TEST(SwigluGrad, MatchesFiniteDifferences) {
   std::mt19937 g(6);
   const int N = 3, F = 11;
-  Tensor in = randn({N, 2 * F}, g, 2.0), out = Tensor::empty({N, F}, DType::f64),
-         G = randn({N, F}, g);
-  auto loss = [&] { ops::swiglu_forward(in, out); return dot(out, G); };
+  Tensor in = randn({N, 2 * F}, g, 2.0), out = Tensor::empty({N, F}, DType::f64), G = randn({N, F}, g);
+  auto loss = [&] {
+    ops::swiglu_forward(in, out);
+    return dot(out, G);
+  };
   Tensor din = zeros_like(in);
   ops::swiglu_backward(in, G, din);
   expect_grad_close("din", in, din, loss);
@@ -129,8 +145,7 @@ static void dense_attention(const Tensor& qkv, Tensor& out, int64_t H, int64_t K
         double mx = -1e300;
         for (int64_t j = 0; j <= i; ++j) {
           double acc = 0;
-          for (int64_t d = 0; d < D; ++d)
-            acc += p[(b * T + i) * W + h * D + d] * p[(b * T + j) * W + gk * D + d];
+          for (int64_t d = 0; d < D; ++d) acc += p[(b * T + i) * W + h * D + d] * p[(b * T + j) * W + gk * D + d];
           s[size_t(j)] = acc / std::sqrt(double(D));
           mx = std::max(mx, s[size_t(j)]);
         }
@@ -156,9 +171,11 @@ TEST_P(AttentionGrad, MatchesDenseForwardAndFiniteDifferences) {
   Tensor ref = Tensor::empty({B, T, H * D}, DType::f64);
   ops::attention_forward(qkv, out, lse, H, KVH);
   dense_attention(qkv, ref, H, KVH);
-  for (int64_t i = 0; i < out.numel(); ++i)
-    ASSERT_NEAR(out.data<double>()[i], ref.data<double>()[i], 1e-12) << i;
-  auto loss = [&] { ops::attention_forward(qkv, out, lse, H, KVH); return dot(out, G); };
+  for (int64_t i = 0; i < out.numel(); ++i) ASSERT_NEAR(out.data<double>()[i], ref.data<double>()[i], 1e-12) << i;
+  auto loss = [&] {
+    ops::attention_forward(qkv, out, lse, H, KVH);
+    return dot(out, G);
+  };
   loss();
   Tensor dqkv = zeros_like(qkv);
   ops::attention_backward(qkv, out, G, lse, dqkv, H, KVH);

@@ -17,10 +17,9 @@ using loom::cpu::HotKernels;
 std::vector<const HotKernels*> runnable_tables() {
   std::vector<const HotKernels*> t{loom::cpu::hot_kernels_base()};
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-    t.push_back(loom::cpu::hot_kernels_avx2());
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) t.push_back(loom::cpu::hot_kernels_avx2());
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512dq"))
     t.push_back(loom::cpu::hot_kernels_avx512());
   return t;
 }
@@ -47,8 +46,7 @@ TEST_P(AttentionIsa, EveryBuildMatchesDoublePrecision) {
   for (auto& x : qkv) x = n(g);
   for (auto& x : dout) x = n(g);
   loom::cpu::attention_forward<double>(qkv.data(), out.data(), lse.data(), B, T, H, KVH, D);
-  loom::cpu::attention_backward<double>(qkv.data(), out.data(), dout.data(), lse.data(), dqkv.data(), B,
-                                        T, H, KVH, D);
+  loom::cpu::attention_backward<double>(qkv.data(), out.data(), dout.data(), lse.data(), dqkv.data(), B, T, H, KVH, D);
   std::vector<float> fqkv(qkv.begin(), qkv.end()), fdout(dout.begin(), dout.end());
   for (const HotKernels* k : runnable_tables()) {
     SCOPED_TRACE(k->isa);

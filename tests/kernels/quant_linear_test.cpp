@@ -36,15 +36,14 @@ struct QuantMatrix {
   std::vector<int32_t> sums;
   QuantView view;
 
-  QuantMatrix(const std::vector<float>& w, int64_t O, int64_t I, QuantFormat f, int64_t group,
-              bool zero_point) {
+  QuantMatrix(const std::vector<float>& w, int64_t O, int64_t I, QuantFormat f, int64_t group, bool zero_point) {
     const int64_t ng = O * (I / group);
     q.resize(size_t(O * quant_row_bytes(f, I)));
     scales.resize(size_t(ng));
     sums.resize(size_t(ng));
     if (zero_point) zeros.resize(size_t(ng));
-    quantize_weights(w.data(), O, I, f, group, zero_point, q.data(), scales.data(),
-                     zero_point ? zeros.data() : nullptr, sums.data());
+    quantize_weights(w.data(), O, I, f, group, zero_point, q.data(), scales.data(), zero_point ? zeros.data() : nullptr,
+                     sums.data());
     view.format = f;
     view.rows = O, view.cols = I, view.group = group;
     view.q = q.data(), view.scales = scales.data();
@@ -80,9 +79,8 @@ struct Variant {
   bool zero_point;
   const char* name;
 };
-const Variant kVariants[] = {{QuantFormat::int8, false, "int8"},
-                             {QuantFormat::int4, false, "int4"},
-                             {QuantFormat::int4, true, "int4-zp"}};
+const Variant kVariants[] = {
+    {QuantFormat::int8, false, "int8"}, {QuantFormat::int4, false, "int4"}, {QuantFormat::int4, true, "int4-zp"}};
 
 // ---- formats ------------------------------------------------------------------------------
 
@@ -159,7 +157,8 @@ TEST(QuantFormat, PerChannelHasOneScalePerRow) {
     ASSERT_EQ(qm.scales.size(), 5u);
     for (int64_t o = 0; o < 5; ++o) {
       float hi = 0, lo = 0;
-      for (int64_t i = 0; i < 96; ++i) hi = std::max(hi, w[size_t(o * 96 + i)]), lo = std::min(lo, w[size_t(o * 96 + i)]);
+      for (int64_t i = 0; i < 96; ++i)
+        hi = std::max(hi, w[size_t(o * 96 + i)]), lo = std::min(lo, w[size_t(o * 96 + i)]);
       const float want = v.zero_point ? (hi - lo) / 15 : std::max(hi, -lo) / (v.format == QuantFormat::int8 ? 127 : 7);
       EXPECT_FLOAT_EQ(qm.scales[size_t(o)], want) << v.name;
     }
@@ -196,8 +195,8 @@ TEST(QuantFormat, BadGroupsAreRejectedWithTheFix) {
 class QuantLinearPath : public ::testing::TestWithParam<Path> {};
 
 // y = x deq^T + b in f64, and sum |x| |deq| per output (the scale of its rounding error).
-void reference(const std::vector<float>& x, const std::vector<float>& deq, const float* b, int64_t M,
-               int64_t I, int64_t O, std::vector<double>& y, std::vector<double>& mag) {
+void reference(const std::vector<float>& x, const std::vector<float>& deq, const float* b, int64_t M, int64_t I,
+               int64_t O, std::vector<double>& y, std::vector<double>& mag) {
   y.assign(size_t(M * O), 0.0);
   mag.assign(size_t(M * O), 0.0);
   for (int64_t m = 0; m < M; ++m)
@@ -213,8 +212,8 @@ void reference(const std::vector<float>& x, const std::vector<float>& deq, const
 
 // The integer paths' bound: x is rounded to steps of max|x_block| / 127, so each output moves
 // by at most sum over blocks of (step / 2) * sum |deq| over the block.
-std::vector<double> activation_bound(const std::vector<float>& x, const std::vector<float>& deq,
-                                     const QuantView& w, Path p, int64_t M) {
+std::vector<double> activation_bound(const std::vector<float>& x, const std::vector<float>& deq, const QuantView& w,
+                                     Path p, int64_t M) {
   const quant::ActLayout lay = quant::act_layout(w, 32, false);  // blocks are split alike in all layouts
   const int64_t I = w.cols, O = w.rows, G = w.group;
   std::vector<double> out(size_t(M * O), 0.0);
@@ -278,9 +277,10 @@ TEST_P(QuantLinearPath, MatchesTheDequantizedProduct) {
         }
       }
     }
-  std::printf("[ %s ] %d cases: max |err| / sum|x||w| = %.2e, max err / bound = %.2f, "
-              "max |y - ref| / |ref - b| (2-norms) = %.2e\n",
-              quant::path_name(p), cases, worst_rel, worst_of_bound, worst_norm);
+  std::printf(
+      "[ %s ] %d cases: max |err| / sum|x||w| = %.2e, max err / bound = %.2f, "
+      "max |y - ref| / |ref - b| (2-norms) = %.2e\n",
+      quant::path_name(p), cases, worst_rel, worst_of_bound, worst_norm);
 }
 
 // Below the many-rows switch (BLAS on the f32 paths, the repacked kernel on AVX512-VNNI) a
@@ -289,7 +289,9 @@ TEST_P(QuantLinearPath, ARowsResultDoesNotDependOnTheRowCount) {
   const Path p = GetParam();
   std::mt19937 g(8);
   const int64_t I = 256, O = 37;
-  const int64_t M = p == Path::avx512_vnni ? quant::kGemmMinRows - 1 : quant::is_integer_path(p) ? 70 : kQuantBlasMinRows;
+  const int64_t M = p == Path::avx512_vnni      ? quant::kGemmMinRows - 1
+                    : quant::is_integer_path(p) ? 70
+                                                : kQuantBlasMinRows;
   const Variant bf16{QuantFormat::bf16, false, "bf16"};
   std::vector<Variant> variants;
   if (!quant::is_bf16_dot_path(p)) variants.assign(std::begin(kVariants), std::end(kVariants));
@@ -370,7 +372,8 @@ TEST_P(QuantLinearPath, Bf16MatchesTheProductWithRoundedWeights) {
         const std::vector<float> x = randn(size_t(M * I), g);
         std::vector<float> got(size_t(M * O), 1e30f);
         if (quant::is_integer_path(p)) {
-          const std::string e = error_of([&] { quant::quant_linear_with(p, x.data(), qm.view, nullptr, got.data(), M); });
+          const std::string e =
+              error_of([&] { quant::quant_linear_with(p, x.data(), qm.view, nullptr, got.data(), M); });
           EXPECT_NE(e.find("bf16 weights take an f32 or the avx512-bf16 path"), std::string::npos) << e;
           continue;
         }
@@ -388,9 +391,9 @@ TEST(QuantFormat, Bf16RoundsEachWeightToNearestEven) {
   std::mt19937 g(12);
   const int64_t O = 5, I = 48;
   std::vector<float> w = randn(size_t(O * I), g);
-  w[3] = 1.f + 1.f / 256;            // a tie: rounds to the even neighbour, 1
-  w[4] = 1.f + 3.f / 256;            // a tie: rounds up to 1 + 1/64
-  w[5] = -0.f, w[6] = 3.0e38f;       // sign and the top of the range survive
+  w[3] = 1.f + 1.f / 256;       // a tie: rounds to the even neighbour, 1
+  w[4] = 1.f + 3.f / 256;       // a tie: rounds up to 1 + 1/64
+  w[5] = -0.f, w[6] = 3.0e38f;  // sign and the top of the range survive
   const QuantMatrix qm(w, O, I, QuantFormat::bf16, I, false);
   EXPECT_EQ(quant_bytes(QuantFormat::bf16, O, I, I, false), 2 * O * I);
   EXPECT_EQ(int64_t(qm.q.size()), 2 * O * I);
@@ -403,9 +406,12 @@ TEST(QuantFormat, Bf16RoundsEachWeightToNearestEven) {
   EXPECT_EQ(deq[4], 1.f + 1.f / 64);
   EXPECT_TRUE(std::signbit(deq[5]));
   std::vector<uint8_t> q(size_t(2 * O * I));
-  std::string e = error_of([&] { quantize_weights(w.data(), O, I, QuantFormat::bf16, 16, false, q.data(), nullptr, nullptr, nullptr); });
-  EXPECT_NE(e.find("[quant] bf16 weights have no scales, so no groups: pass group=I (48), not 16"), std::string::npos) << e;
-  e = error_of([&] { quantize_weights(w.data(), O, I, QuantFormat::bf16, I, true, q.data(), nullptr, nullptr, nullptr); });
+  std::string e = error_of(
+      [&] { quantize_weights(w.data(), O, I, QuantFormat::bf16, 16, false, q.data(), nullptr, nullptr, nullptr); });
+  EXPECT_NE(e.find("[quant] bf16 weights have no scales, so no groups: pass group=I (48), not 16"), std::string::npos)
+      << e;
+  e = error_of(
+      [&] { quantize_weights(w.data(), O, I, QuantFormat::bf16, I, true, q.data(), nullptr, nullptr, nullptr); });
   EXPECT_NE(e.find("zero points are for int4 only: quantize bf16 without one"), std::string::npos) << e;
 }
 
@@ -426,7 +432,6 @@ TEST(QuantLinear, TakesTheNamedPath) {
   quant::quant_linear_with(quant::default_path(QuantFormat::int4), x.data(), qm.view, nullptr, b.data(), 3);
   EXPECT_EQ(a, b);
 }
-
 
 // ---- benchmark ------------------------------------------------------------------------------
 
@@ -452,20 +457,21 @@ struct BenchMatrix {
   const char* name;
   int64_t O, I, count;  // count: how many a gpt2-124m decode step uses
 };
-constexpr BenchMatrix kGpt2[] = {
-    {"qkv", 2304, 768, 12}, {"proj", 768, 768, 12}, {"fc", 3072, 768, 12}, {"out", 768, 3072, 12}, {"head", 50257, 768, 1}};
+constexpr BenchMatrix kGpt2[] = {{"qkv", 2304, 768, 12},
+                                 {"proj", 768, 768, 12},
+                                 {"fc", 3072, 768, 12},
+                                 {"out", 768, 3072, 12},
+                                 {"head", 50257, 768, 1}};
 struct BenchFormat {
   const char* name;
   QuantFormat format;
   int64_t group;  // 0: one scale per row
   bool zero_point;
 };
-constexpr BenchFormat kBenchFormats[] = {{"int8/ch", QuantFormat::int8, 0, false},
-                                         {"int8/g64", QuantFormat::int8, 64, false},
-                                         {"int4/g64", QuantFormat::int4, 64, false},
-                                         {"int4/g32", QuantFormat::int4, 32, false},
-                                         {"int4zp/g32", QuantFormat::int4, 32, true},
-                                         {"bf16", QuantFormat::bf16, 0, false}};
+constexpr BenchFormat kBenchFormats[] = {
+    {"int8/ch", QuantFormat::int8, 0, false},    {"int8/g64", QuantFormat::int8, 64, false},
+    {"int4/g64", QuantFormat::int4, 64, false},  {"int4/g32", QuantFormat::int4, 32, false},
+    {"int4zp/g32", QuantFormat::int4, 32, true}, {"bf16", QuantFormat::bf16, 0, false}};
 
 // Read bandwidth on the benchmark's threads: the best of three sums over 1 GiB (as `loom bench
 // infer` measures the batch-1 decode bound).
@@ -553,9 +559,12 @@ void gpt2_bench(int64_t M) {
   };
   auto run = [&](const Config& c, size_t j, const float* x, float* y, int64_t M) {
     const BenchMatrix& m = *step[j];
-    if (c.decode_linear) infer::decode_linear(x, f32[j].data(), nullptr, y, M, m.I, m.O);
-    else if (!c.fmt) linear_forward<float>(x, f32[j].data(), nullptr, y, M, m.I, m.O);
-    else quant::quant_linear_with(c.path, x, qm[size_t(c.fmt - kBenchFormats)][j]->view, nullptr, y, M);
+    if (c.decode_linear)
+      infer::decode_linear(x, f32[j].data(), nullptr, y, M, m.I, m.O);
+    else if (!c.fmt)
+      linear_forward<float>(x, f32[j].data(), nullptr, y, M, m.I, m.O);
+    else
+      quant::quant_linear_with(c.path, x, qm[size_t(c.fmt - kBenchFormats)][j]->view, nullptr, y, M);
   };
   std::mt19937 g(5);
 
@@ -580,8 +589,10 @@ void gpt2_bench(int64_t M) {
     }
   const double bw = M == 1 ? std::max(bw_before, read_gbps()) : 0;
   if (M == 1)
-    std::printf("\nM = 1, a whole decode step (median of %d); read bandwidth %.1f GB/s; per kind: ms per "
-                "matrix and GB/s of weights\n", reps, bw);
+    std::printf(
+        "\nM = 1, a whole decode step (median of %d); read bandwidth %.1f GB/s; per kind: ms per "
+        "matrix and GB/s of weights\n",
+        reps, bw);
   else
     std::printf("\nM = 512 (median of %d); per kind: ms and GMAC/s; model: 12 layers + head\n", reps);
   std::printf("%-24s", "config");

@@ -1,8 +1,8 @@
 // 16-bit products (ProductPrecision::bf16/f16, kernels/cpu/rounded_operands.h): the roundings equal
-// the scalar f32_to_bf16 / f32_to_f16 bit for bit (fp16 saturating to infinity); linear forward/backward and the fused LM head + loss equal
-// the f64 products of the rounded operands up to f32 accumulation (the head's backward within
-// the rounding of its f32 dlogits), differ from the f32 path by about the rounding (so the
-// policy is applied), and f64 tensors are refused.
+// the scalar f32_to_bf16 / f32_to_f16 bit for bit (fp16 saturating to infinity); linear forward/backward and the fused
+// LM head + loss equal the f64 products of the rounded operands up to f32 accumulation (the head's backward within the
+// rounding of its f32 dlogits), differ from the f32 path by about the rounding (so the policy is applied), and f64
+// tensors are refused.
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -18,8 +18,7 @@ static std::string error_of(ModelConfig c) {
 TEST(ModelConfig, RejectsImpossibleShapesNamingTheField) {
   ModelConfig c = preset("gpt2-tiny");
   c.n_head = 5;
-  EXPECT_NE(error_of(c).find("model.n_head=5 does not divide model.d_model=32"), std::string::npos)
-      << error_of(c);
+  EXPECT_NE(error_of(c).find("model.n_head=5 does not divide model.d_model=32"), std::string::npos) << error_of(c);
   c = preset("llama-tiny");
   c.n_kv_head = 3;
   EXPECT_NE(error_of(c).find("model.n_kv_head=3 does not divide model.n_head=4"), std::string::npos);
@@ -74,8 +73,7 @@ TEST(ParamLayout, UnitsArePaddedAndShardedInitMatchesWholeInit) {
     init_params(padded, 9, whole.data());
     const int64_t third = padded.total() / 3;
     for (int r = 0; r < 3; ++r)
-      init_params_range(padded, 9, r * third, r == 2 ? padded.total() : (r + 1) * third,
-                        parts.data() + r * third);
+      init_params_range(padded, 9, r * third, r == 2 ? padded.total() : (r + 1) * third, parts.data() + r * third);
     EXPECT_EQ(whole, parts);
     // Same values under their names as without padding.
     std::vector<float> ref(size_t(plain.total()));

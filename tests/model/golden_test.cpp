@@ -55,7 +55,13 @@ struct Golden {
 Golden load_golden(const std::string& family) {
   Golden g{io::SafetensorsFile::open(golden_path(family, "init")),
            io::SafetensorsFile::open(golden_path(family, "grads")),
-           io::SafetensorsFile::open(golden_path(family, "adamw3")), {}, {}, {}, {}, 0, 0};
+           io::SafetensorsFile::open(golden_path(family, "adamw3")),
+           {},
+           {},
+           {},
+           {},
+           0,
+           0};
   const auto c = nlohmann::json::parse(g.init.metadata().at("config"));
   g.cfg.name = "golden-" + family;
   g.cfg.family = family_from_name(c.at("family"));
@@ -108,7 +114,7 @@ void load_params(Decoder& m, const io::SafetensorsFile& f) {
 
 // How far one tensor is from its reference under the policy above.
 struct Closeness {
-  double worst = 0;        // largest |a - b| / tolerance; <= 1 passes
+  double worst = 0;  // largest |a - b| / tolerance; <= 1 passes
   int64_t worst_at = 0, n_past = 0;
   double max_abs_err = 0;  // for the AdamW exception
   std::string detail;
@@ -128,9 +134,8 @@ Closeness closeness(const std::vector<float>& a, const Tensor& ref) {
     if (r > 1) ++c.n_past;
     if (r > c.worst) c.worst = r, c.worst_at = int64_t(i);
   }
-  c.detail = str_cat(c.n_past, " of ", b.size(), " elements past the policy; worst at ",
-                     c.worst_at, ": loom ", a[size_t(c.worst_at)], " vs torch ",
-                     b[size_t(c.worst_at)], " (tensor max |ref| ", max_abs, ")");
+  c.detail = str_cat(c.n_past, " of ", b.size(), " elements past the policy; worst at ", c.worst_at, ": loom ",
+                     a[size_t(c.worst_at)], " vs torch ", b[size_t(c.worst_at)], " (tensor max |ref| ", max_abs, ")");
   return c;
 }
 
@@ -171,8 +176,7 @@ TEST_P(GoldenModel, LossAndEveryGradientMatchPyTorch) {
   m_->zero_grads();
   const double n = double(g_.B * g_.T);  // every target counts: the loss is the plain mean
   int64_t n_valid = 0;
-  const double sum = m_->forward_backward(g_.tokens.data(), g_.targets.data(), g_.B, g_.T,
-                                          1.0 / n, &n_valid);
+  const double sum = m_->forward_backward(g_.tokens.data(), g_.targets.data(), g_.B, g_.T, 1.0 / n, &n_valid);
   ASSERT_EQ(n_valid, g_.B * g_.T);
   const double ref_loss = g_.grads.get("loss").data<double>()[0];
   // The reference loss includes the MoE blocks' router losses (0 for dense models).
@@ -180,8 +184,8 @@ TEST_P(GoldenModel, LossAndEveryGradientMatchPyTorch) {
   double worst = 0;
   for (const auto& p : m_->layout().params())
     worst = std::max(worst, expect_close("grad of " + p.name, m_->grad(p.name), g_.grads.get(p.name)));
-  std::printf("[golden] %s loss %.8f vs %.8f; gradients: worst error/tolerance %.3g\n",
-              tag_.c_str(), sum / n + m_->last_router_loss(), ref_loss, worst);
+  std::printf("[golden] %s loss %.8f vs %.8f; gradients: worst error/tolerance %.3g\n", tag_.c_str(),
+              sum / n + m_->last_router_loss(), ref_loss, worst);
 }
 
 TEST_P(GoldenModel, ParamsAfterThreeAdamWStepsMatchPyTorch) {
@@ -189,8 +193,7 @@ TEST_P(GoldenModel, ParamsAfterThreeAdamWStepsMatchPyTorch) {
   Tensor mom = Tensor::zeros({m.num_params()}, GetParam().dtype);
   Tensor var = Tensor::zeros({m.num_params()}, GetParam().dtype);
   const auto& h = g_.adamw_hyper;
-  cpu::AdamWParams hp{h.at("lr"), h.at("betas")[0], h.at("betas")[1], h.at("eps"),
-                      h.at("weight_decay"), 0};
+  cpu::AdamWParams hp{h.at("lr"), h.at("betas")[0], h.at("betas")[1], h.at("eps"), h.at("weight_decay"), 0};
   const int steps = h.at("steps");
   for (int s = 1; s <= steps; ++s) {
     m.zero_grads();
@@ -199,9 +202,8 @@ TEST_P(GoldenModel, ParamsAfterThreeAdamWStepsMatchPyTorch) {
     // Decay only where ParamInfo::weight_decay says so (matrices and embeddings).
     for (const auto& p : m.layout().params()) {
       const Shape flat{p.numel()};
-      ops::adamw_update(m.params().slice(p.offset, flat), m.grads().slice(p.offset, flat),
-                        mom.slice(p.offset, flat), var.slice(p.offset, flat), hp,
-                        p.weight_decay ? hp.weight_decay : 0.0);
+      ops::adamw_update(m.params().slice(p.offset, flat), m.grads().slice(p.offset, flat), mom.slice(p.offset, flat),
+                        var.slice(p.offset, flat), hp, p.weight_decay ? hp.weight_decay : 0.0);
     }
   }
   const bool f32 = GetParam().dtype == DType::f32;
@@ -221,10 +223,10 @@ TEST_P(GoldenModel, ParamsAfterThreeAdamWStepsMatchPyTorch) {
     n_total += p.numel();
   }
   EXPECT_LE(double(n_past), 0.01 * double(n_total)) << tag_ << ": elements past the policy";
-  std::printf("[golden] %s params after %d AdamW steps: worst error/tolerance %.3g, %lld of %lld "
-              "past the policy, max |error| %.3g (= %.2g lr)\n",
-              tag_.c_str(), steps, worst, (long long)n_past, (long long)n_total, worst_abs,
-              worst_abs / hp.lr);
+  std::printf(
+      "[golden] %s params after %d AdamW steps: worst error/tolerance %.3g, %lld of %lld "
+      "past the policy, max |error| %.3g (= %.2g lr)\n",
+      tag_.c_str(), steps, worst, (long long)n_past, (long long)n_total, worst_abs, worst_abs / hp.lr);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, GoldenModel,
@@ -232,9 +234,7 @@ INSTANTIATE_TEST_SUITE_P(Families, GoldenModel,
                                            Case{"llama", DType::f32}, Case{"llama", DType::f64},
                                            Case{"llama_moe", DType::f32}, Case{"llama_moe", DType::f64},
                                            Case{"gpt2_moe", DType::f32}, Case{"gpt2_moe", DType::f64}),
-                         [](const auto& info) {
-                           return info.param.family + "_" + dtype_name(info.param.dtype);
-                         });
+                         [](const auto& info) { return info.param.family + "_" + dtype_name(info.param.dtype); });
 
 // The golden models through Hugging Face's format and back: identical logits. With
 // LOOM_GOLDEN_HF_EXPORT=<dir> the exports are kept in <dir>/<family> for
@@ -245,8 +245,8 @@ TEST(GoldenHfExport, RoundTripGivesIdenticalLogits) {
     Golden g = load_golden(family);
     Decoder a(g.cfg);
     load_params(a, g.init);
-    const std::string dir = keep ? str_cat(keep, "/", family)
-                                 : str_cat(::testing::TempDir(), "loom_golden_hf_", family);
+    const std::string dir =
+        keep ? str_cat(keep, "/", family) : str_cat(::testing::TempDir(), "loom_golden_hf_", family);
     save_hf_pretrained(a, dir);
     Decoder b(read_hf_config(dir + "/config.json"));
     load_hf_safetensors(b, dir + "/model.safetensors");
@@ -272,7 +272,7 @@ TEST(GoldenFiles, CoverTheFeaturesTheyClaim) {
   EXPECT_GT(llama_moe.cfg.moe.router_z_loss_coef, 0);
   EXPECT_EQ(gpt2_moe.cfg.moe.score, RouterScore::sigmoid);
   EXPECT_GT(gpt2_moe.cfg.moe.capacity_factor, 0);  // tokens dropped
-  EXPECT_EQ(gpt2_moe.cfg.moe.moe_every, 2);          // dense and MoE blocks mixed
+  EXPECT_EQ(gpt2_moe.cfg.moe.moe_every, 2);        // dense and MoE blocks mixed
   for (const Golden* g : {&gpt2, &llama, &llama_moe, &gpt2_moe}) {
     EXPECT_GE(g->cfg.n_layer, 2);
     EXPECT_EQ(g->B, 2);

@@ -61,8 +61,7 @@ void expect_same_config(const ModelConfig& a, const ModelConfig& b) {
 }
 
 // Rewrites a safetensors file through `edit` (name -> new name, "" drops the tensor).
-void rewrite(const std::string& from, const std::string& to,
-             const std::function<std::string(const std::string&)>& edit,
+void rewrite(const std::string& from, const std::string& to, const std::function<std::string(const std::string&)>& edit,
              const std::function<void(io::SafetensorsWriter&)>& extra = nullptr) {
   const auto f = io::SafetensorsFile::open(from);
   io::SafetensorsWriter w;
@@ -103,10 +102,8 @@ TEST_P(HfRoundTrip, DecoderToFilesToDecoderIsExact) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, HfRoundTrip,
-                         ::testing::Values(std::tuple{Family::gpt2, true},
-                                           std::tuple{Family::gpt2, false},
-                                           std::tuple{Family::llama, false},
-                                           std::tuple{Family::llama, true}));
+                         ::testing::Values(std::tuple{Family::gpt2, true}, std::tuple{Family::gpt2, false},
+                                           std::tuple{Family::llama, false}, std::tuple{Family::llama, true}));
 
 TEST(HfWeights, Gpt2Conv1DWeightsAreStoredInOut) {
   Decoder m(small(Family::gpt2, true));
@@ -119,8 +116,7 @@ TEST(HfWeights, Gpt2Conv1DWeightsAreStoredInOut) {
   const Tensor hf_w = f.get(name);
   ASSERT_EQ(hf_w.shape(), (Shape{16, 64}));
   for (int64_t o = 0; o < 64; o += 7)
-    for (int64_t i = 0; i < 16; i += 3)
-      ASSERT_EQ(hf_w.data<float>()[i * 64 + o], loom_w.data<float>()[o * 16 + i]);
+    for (int64_t i = 0; i < 16; i += 3) ASSERT_EQ(hf_w.data<float>()[i * 64 + o], loom_w.data<float>()[o * 16 + i]);
   // Linear layers in LLaMA (nn.Linear) and GPT-2's embeddings keep loom's layout.
   EXPECT_EQ(f.get("transformer.wte.weight").shape(), (Shape{23, 16}));
 }
@@ -144,15 +140,16 @@ TEST(HfWeights, ReadsGpt2ModelCheckpointsWithBuffers) {
   a.init_weights(11);
   const std::string dir = fresh_dir("loom_hf_gpt2model");
   save_hf_safetensors(a, dir + "/full.safetensors");
-  rewrite(dir + "/full.safetensors", dir + "/base.safetensors",
-          [](const std::string& n) { return n.substr(std::string("transformer.").size()); },
-          [](io::SafetensorsWriter& w) {
-            for (int l = 0; l < 2; ++l) {
-              w.add(str_cat("h.", l, ".attn.bias"), Tensor::zeros({1, 1, 16, 16}, DType::f32));
-              w.add(str_cat("h.", l, ".attn.masked_bias"), Tensor::zeros({}, DType::f32));
-            }
-            w.add("lm_head.weight", Tensor::zeros({23, 16}, DType::f32));
-          });
+  rewrite(
+      dir + "/full.safetensors", dir + "/base.safetensors",
+      [](const std::string& n) { return n.substr(std::string("transformer.").size()); },
+      [](io::SafetensorsWriter& w) {
+        for (int l = 0; l < 2; ++l) {
+          w.add(str_cat("h.", l, ".attn.bias"), Tensor::zeros({1, 1, 16, 16}, DType::f32));
+          w.add(str_cat("h.", l, ".attn.masked_bias"), Tensor::zeros({}, DType::f32));
+        }
+        w.add("lm_head.weight", Tensor::zeros({23, 16}, DType::f32));
+      });
   Decoder b(a.config());
   load_hf_safetensors(b, dir + "/base.safetensors");
   EXPECT_EQ(0, std::memcmp(a.params().raw(), b.params().raw(), a.params().nbytes()));
@@ -164,18 +161,17 @@ TEST(HfWeights, ErrorsNameTheTensorAndBothShapes) {
   save_hf_safetensors(gpt2, dir + "/gpt2.safetensors");
 
   // Missing: drop one tensor.
-  rewrite(dir + "/gpt2.safetensors", dir + "/missing.safetensors", [](const std::string& n) {
-    return n == "transformer.h.1.ln_2.bias" ? std::string() : n;
-  });
+  rewrite(dir + "/gpt2.safetensors", dir + "/missing.safetensors",
+          [](const std::string& n) { return n == "transformer.h.1.ln_2.bias" ? std::string() : n; });
   std::string msg = error_of([&] { load_hf_safetensors(gpt2, dir + "/missing.safetensors"); });
   EXPECT_NE(msg.find("[hf] "), std::string::npos) << msg;
   EXPECT_NE(msg.find("missing 1 tensor"), std::string::npos) << msg;
   EXPECT_NE(msg.find("'transformer.h.1.ln_2.bias'"), std::string::npos) << msg;
 
   // Unexpected: an extra tensor.
-  rewrite(dir + "/gpt2.safetensors", dir + "/extra.safetensors",
-          [](const std::string& n) { return n; },
-          [](io::SafetensorsWriter& w) { w.add("transformer.h.9.ln_1.weight", Tensor::zeros({16}, DType::f32)); });
+  rewrite(
+      dir + "/gpt2.safetensors", dir + "/extra.safetensors", [](const std::string& n) { return n; },
+      [](io::SafetensorsWriter& w) { w.add("transformer.h.9.ln_1.weight", Tensor::zeros({16}, DType::f32)); });
   msg = error_of([&] { load_hf_safetensors(gpt2, dir + "/extra.safetensors"); });
   EXPECT_NE(msg.find("unexpected tensor for"), std::string::npos) << msg;
   EXPECT_NE(msg.find("'transformer.h.9.ln_1.weight'"), std::string::npos) << msg;
@@ -185,20 +181,18 @@ TEST(HfWeights, ErrorsNameTheTensorAndBothShapes) {
   wide.d_ff = 32;
   Decoder other(wide);
   msg = error_of([&] { load_hf_safetensors(other, dir + "/gpt2.safetensors"); });
-  EXPECT_NE(msg.find("tensor 'transformer.h.0.mlp.c_fc.bias' has shape [64] but gpt2-tiny"),
-            std::string::npos) << msg;
+  EXPECT_NE(msg.find("tensor 'transformer.h.0.mlp.c_fc.bias' has shape [64] but gpt2-tiny"), std::string::npos) << msg;
   EXPECT_NE(msg.find("d_ff 32, vocab 23, context 16) expects [32]"), std::string::npos) << msg;
   // A Conv1D weight saved in loom's [out, in] layout by mistake gets the layout hint.
-  rewrite(dir + "/gpt2.safetensors", dir + "/notransp.safetensors",
-          [](const std::string& n) { return n == "transformer.h.0.mlp.c_fc.weight" ? std::string() : n; },
-          [](io::SafetensorsWriter& w) {
-            w.add("transformer.h.0.mlp.c_fc.weight", Tensor::zeros({64, 16}, DType::f32));
-          });
+  rewrite(
+      dir + "/gpt2.safetensors", dir + "/notransp.safetensors",
+      [](const std::string& n) { return n == "transformer.h.0.mlp.c_fc.weight" ? std::string() : n; },
+      [](io::SafetensorsWriter& w) {
+        w.add("transformer.h.0.mlp.c_fc.weight", Tensor::zeros({64, 16}, DType::f32));
+      });
   msg = error_of([&] { load_hf_safetensors(gpt2, dir + "/notransp.safetensors"); });
-  EXPECT_NE(msg.find("tensor 'transformer.h.0.mlp.c_fc.weight' has shape [64, 16]"),
-            std::string::npos) << msg;
-  EXPECT_NE(msg.find("expects [16, 64] (Hugging Face's Conv1D layout [in, out])"),
-            std::string::npos) << msg;
+  EXPECT_NE(msg.find("tensor 'transformer.h.0.mlp.c_fc.weight' has shape [64, 16]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("expects [16, 64] (Hugging Face's Conv1D layout [in, out])"), std::string::npos) << msg;
 
   // Wrong family: every name is unexpected and the hint says so.
   Decoder llama(small(Family::llama, false));
@@ -207,16 +201,16 @@ TEST(HfWeights, ErrorsNameTheTensorAndBothShapes) {
 
   // An untied head that is absent gets the tie_word_embeddings hint.
   save_hf_safetensors(llama, dir + "/llama.safetensors");
-  rewrite(dir + "/llama.safetensors", dir + "/nohead.safetensors", [](const std::string& n) {
-    return n == "lm_head.weight" ? std::string() : n;
-  });
+  rewrite(dir + "/llama.safetensors", dir + "/nohead.safetensors",
+          [](const std::string& n) { return n == "lm_head.weight" ? std::string() : n; });
   msg = error_of([&] { load_hf_safetensors(llama, dir + "/nohead.safetensors"); });
   EXPECT_NE(msg.find("tie_word_embeddings"), std::string::npos) << msg;
 
   // Integer tensors are not parameters.
-  rewrite(dir + "/llama.safetensors", dir + "/int.safetensors",
-          [](const std::string& n) { return n == "model.norm.weight" ? std::string() : n; },
-          [](io::SafetensorsWriter& w) { w.add("model.norm.weight", Tensor::zeros({16}, DType::i32)); });
+  rewrite(
+      dir + "/llama.safetensors", dir + "/int.safetensors",
+      [](const std::string& n) { return n == "model.norm.weight" ? std::string() : n; },
+      [](io::SafetensorsWriter& w) { w.add("model.norm.weight", Tensor::zeros({16}, DType::i32)); });
   msg = error_of([&] { load_hf_safetensors(llama, dir + "/int.safetensors"); });
   EXPECT_NE(msg.find("floating point"), std::string::npos) << msg;
 }
@@ -254,13 +248,13 @@ TEST(HfConfig, ReadsRealWorldConfigs) {
 
 TEST(HfConfig, DefaultsFollowTransformers) {
   ModelConfig c = parse_hf_config(
-      R"({"model_type":"gpt2","n_embd":64,"n_layer":2,"n_head":4,"vocab_size":100,"n_inner":null})",
-      "c.json");
+      R"({"model_type":"gpt2","n_embd":64,"n_layer":2,"n_head":4,"vocab_size":100,"n_inner":null})", "c.json");
   EXPECT_EQ(c.d_ff, 256);  // n_inner null: 4 * n_embd
   EXPECT_EQ(c.n_ctx, 1024);
   EXPECT_TRUE(c.tied_embeddings);
   c = parse_hf_config(R"({"model_type":"llama","hidden_size":64,"intermediate_size":96,
-      "num_attention_heads":4,"num_hidden_layers":2,"vocab_size":100})", "c.json");
+      "num_attention_heads":4,"num_hidden_layers":2,"vocab_size":100})",
+                      "c.json");
   EXPECT_EQ(c.n_kv_head, 4);  // absent: multi-head attention
   EXPECT_EQ(c.norm_eps, 1e-6);
   EXPECT_EQ(c.rope_theta, 10000.0);
@@ -278,15 +272,22 @@ TEST(HfConfig, ErrorsNameTheKeyAndTheFix) {
   };
   const Case cases[] = {
       {R"({"model_type":"gpt2","n_layer":2,"n_head":4,"vocab_size":100})", "missing key 'n_embd' (GPT2Config)"},
-      {R"({"model_type":"gpt2","n_embd":"64","n_layer":2,"n_head":4,"vocab_size":100})", "n_embd should be an integer, got \"64\""},
+      {R"({"model_type":"gpt2","n_embd":"64","n_layer":2,"n_head":4,"vocab_size":100})",
+       "n_embd should be an integer, got \"64\""},
       {R"({"model_type":"mistral"})", "model_type \"mistral\" is not supported"},
       {R"({"n_embd":64})", "model_type \"\" is not supported"},
-      {R"({"model_type":"gpt2","n_embd":64,"n_layer":2,"n_head":4,"vocab_size":100,"activation_function":"gelu"})", "activation_function \"gelu\" is not supported"},
-      {R"({"model_type":"gpt2","n_embd":64,"n_layer":2,"n_head":4,"vocab_size":100,"scale_attn_by_inverse_layer_idx":true})", "scale_attn_by_inverse_layer_idx=true is not supported"},
-      {R"({"model_type":"llama","hidden_size":64,"intermediate_size":96,"num_attention_heads":4,"num_hidden_layers":2,"vocab_size":100,"rope_scaling":{"type":"linear","factor":2.0}})", "rope_scaling is not supported"},
-      {R"({"model_type":"llama","hidden_size":64,"intermediate_size":96,"num_attention_heads":4,"num_hidden_layers":2,"vocab_size":100,"attention_bias":true})", "attention_bias=true is not supported"},
-      {R"({"model_type":"llama","hidden_size":64,"intermediate_size":96,"num_attention_heads":4,"num_hidden_layers":2,"vocab_size":100,"hidden_act":"gelu"})", "hidden_act=\"gelu\" is not supported"},
-      {R"({"model_type":"llama","hidden_size":64,"intermediate_size":96,"num_attention_heads":4,"num_hidden_layers":2,"vocab_size":100,"head_dim":32})", "head_dim=32 is not supported"},
+      {R"({"model_type":"gpt2","n_embd":64,"n_layer":2,"n_head":4,"vocab_size":100,"activation_function":"gelu"})",
+       "activation_function \"gelu\" is not supported"},
+      {R"({"model_type":"gpt2","n_embd":64,"n_layer":2,"n_head":4,"vocab_size":100,"scale_attn_by_inverse_layer_idx":true})",
+       "scale_attn_by_inverse_layer_idx=true is not supported"},
+      {R"({"model_type":"llama","hidden_size":64,"intermediate_size":96,"num_attention_heads":4,"num_hidden_layers":2,"vocab_size":100,"rope_scaling":{"type":"linear","factor":2.0}})",
+       "rope_scaling is not supported"},
+      {R"({"model_type":"llama","hidden_size":64,"intermediate_size":96,"num_attention_heads":4,"num_hidden_layers":2,"vocab_size":100,"attention_bias":true})",
+       "attention_bias=true is not supported"},
+      {R"({"model_type":"llama","hidden_size":64,"intermediate_size":96,"num_attention_heads":4,"num_hidden_layers":2,"vocab_size":100,"hidden_act":"gelu"})",
+       "hidden_act=\"gelu\" is not supported"},
+      {R"({"model_type":"llama","hidden_size":64,"intermediate_size":96,"num_attention_heads":4,"num_hidden_layers":2,"vocab_size":100,"head_dim":32})",
+       "head_dim=32 is not supported"},
       {R"({"model_type":"gpt2",)", "not valid JSON"},
   };
   for (const auto& c : cases) {
@@ -298,7 +299,6 @@ TEST(HfConfig, ErrorsNameTheKeyAndTheFix) {
   const std::string msg = error_of([] {
     parse_hf_config(R"({"model_type":"gpt2","n_embd":64,"n_layer":2,"n_head":5,"vocab_size":100})", "c.json");
   });
-  EXPECT_NE(msg.find("[config] model.n_head=5 does not divide model.d_model=64"), std::string::npos)
-      << msg;
+  EXPECT_NE(msg.find("[config] model.n_head=5 does not divide model.d_model=64"), std::string::npos) << msg;
   EXPECT_THROW(read_hf_config("/nonexistent_loom/config.json"), Error);
 }

@@ -28,7 +28,6 @@ ModelConfig tiny(Family f) {
   return c;
 }
 
-
 }  // namespace
 
 class ModelGrad : public ::testing::TestWithParam<std::tuple<Family, int>> {};
@@ -67,8 +66,7 @@ TEST_P(ModelGrad, MatchesFiniteDifferences) {
 
 INSTANTIATE_TEST_SUITE_P(Families, ModelGrad,
                          ::testing::Values(std::tuple{Family::gpt2, 0}, std::tuple{Family::gpt2, 1},
-                                           std::tuple{Family::llama, 0},
-                                           std::tuple{Family::llama, 2}));
+                                           std::tuple{Family::llama, 0}, std::tuple{Family::llama, 2}));
 
 TEST(Checkpointing, GradientsBitwiseEqualAndActivationsHalved) {
   for (Family fam : {Family::gpt2, Family::llama}) {
@@ -98,9 +96,8 @@ TEST(Checkpointing, GradientsBitwiseEqualAndActivationsHalved) {
         EXPECT_EQ(0, std::memcmp(g.data(), ref.data(), g.size() * 4))
             << family_name(fam) << " interval " << interval << ": gradients differ";
         if (interval == 1) {
-          EXPECT_LE(act_peak * 2, bytes_off)
-              << family_name(fam) << ": checkpointing every block kept " << act_peak
-              << " activation bytes vs " << bytes_off << " without";
+          EXPECT_LE(act_peak * 2, bytes_off) << family_name(fam) << ": checkpointing every block kept " << act_peak
+                                             << " activation bytes vs " << bytes_off << " without";
         }
       }
     }

@@ -33,7 +33,6 @@ ModelConfig tiny_moe(Family f) {
   return c;
 }
 
-
 struct MoeCase {
   const char* name;
   Family family;
@@ -139,7 +138,10 @@ TEST(Moe, OneExpertEqualsTheDenseModel) {
       if (pos != std::string::npos) {
         n.replace(pos, gpt2 ? 14 : 27, "mlp.");
         if (!gpt2) {
-          n.replace(n.find("mlp.") + 4, 2, n.find("w1") != std::string::npos ? "gate_proj" : n.find("w3") != std::string::npos ? "up_proj" : "down_proj");
+          n.replace(n.find("mlp.") + 4, 2,
+                    n.find("w1") != std::string::npos   ? "gate_proj"
+                    : n.find("w3") != std::string::npos ? "up_proj"
+                                                        : "down_proj");
         }
       }
       if (a.layout().contains(n)) b.param(p.name).copy_from(a.param(n));
@@ -227,8 +229,7 @@ TEST(Moe, PresetsHaveTheDenseModelsActiveParameters) {
   const int64_t expert = 3 * moe.d_model * moe.expert_d_ff();
   const int64_t router = moe.moe.num_experts * moe.d_model;
   // Active: everything but the E - k experts a token skips, less the router.
-  EXPECT_EQ(lm.num_params() - moe.n_layer * ((moe.moe.num_experts - moe.moe.top_k) * expert + router),
-            ld.num_params());
+  EXPECT_EQ(lm.num_params() - moe.n_layer * ((moe.moe.num_experts - moe.moe.top_k) * expert + router), ld.num_params());
   EXPECT_TRUE(lm.contains("model.layers.3.block_sparse_moe.experts.7.w2.weight"));
   EXPECT_TRUE(lm.contains("model.layers.0.block_sparse_moe.gate.weight"));
 }

@@ -18,7 +18,8 @@ TEST(SliceMemory, StagesAndSlotsMatchTheDecodersAllocations) {
       int first, last;
       bool embed, head;
     };
-    const std::vector<Stage> stages = {{0, L, true, true}, {0, 1, true, false}, {1, L, false, true}, {0, L / 2, true, false}};
+    const std::vector<Stage> stages = {
+        {0, L, true, true}, {0, 1, true, false}, {1, L, false, true}, {0, L / 2, true, false}};
     for (const Stage& st : stages)
       for (int ckpt : {0, 1})
         for (int slots : {1, 3}) {

@@ -36,8 +36,7 @@ TEST(LayoutConfig, RefusesLayoutsThatCannotWork) {
   expect_error({"parallel.tp=3"}, "parallel.tp=3 does not divide model.n_head=4");
   expect_error({"parallel.tp=4", "model.d_ff=130"}, "parallel.tp=4 does not divide model.d_ff=130");
   expect_error({"parallel.pp=3"}, "parallel.pp=3 exceeds model.n_layer=2");
-  expect_error({"parallel.pp=2", "parallel.zero_stage=2"},
-               "parallel.zero_stage=2 with parallel.pp=2 is not supported");
+  expect_error({"parallel.pp=2", "parallel.zero_stage=2"}, "parallel.zero_stage=2 with parallel.pp=2 is not supported");
   expect_error({"parallel.micro_batches=3"}, "parallel.micro_batches=3 does not divide the per-rank batch 8");
   expect_error({"parallel.micro_batches=2", "data.micro_batch_size=2"},
                "data.micro_batch_size=2 and parallel.micro_batches=2 disagree");
@@ -45,9 +44,11 @@ TEST(LayoutConfig, RefusesLayoutsThatCannotWork) {
   expect_error({"parallel.ep=2"}, "parallel.ep=2 needs a Mixture-of-Experts model");
   const std::string moe = "model.moe.num_experts=4";  // GPT-2 experts
   expect_error({moe, "parallel.ep=3"}, "parallel.ep=3 does not divide model.moe.num_experts=4");
-  expect_error({moe, "parallel.ep=2", "parallel.dp=3"}, "data.batch_size=8 is not divisible by parallel.dp x parallel.ep=6");
+  expect_error({moe, "parallel.ep=2", "parallel.dp=3"},
+               "data.batch_size=8 is not divisible by parallel.dp x parallel.ep=6");
   expect_error({moe, "model.moe.top_k=5"}, "model.moe.top_k=5 must be between 1 and model.moe.num_experts=4");
-  expect_error({moe, "parallel.ep=2", "optim.name=onebit_adam"}, "optim.name=onebit_adam with parallel.ep=2 is not supported");
+  expect_error({moe, "parallel.ep=2", "optim.name=onebit_adam"},
+               "optim.name=onebit_adam with parallel.ep=2 is not supported");
   expect_error({moe, "model.moe.score=relu"}, "model.moe.score");
 }
 

@@ -71,7 +71,8 @@ TEST(ModelSlice, LastStageHoldsACopyOfTheTiedTableAndKvHeadsReplicateWhenTpDoesN
     ParamLayout bad(llama, 1, ModelSlice{0, -1, true, true, 3, 0});
     ADD_FAILURE() << "tp=3 should be refused";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("parallel.tp=3 does not divide model.n_head=4"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("parallel.tp=3 does not divide model.n_head=4"), std::string::npos)
+        << e.what();
   }
 }
 
@@ -100,7 +101,8 @@ TEST_P(TwoStages, ChainedStagesMatchTheWholeModel) {
     }
   const double scale = 1.0 / double(M * N);
   std::vector<double> ref;
-  for (int m = 0; m < M; ++m) ref.push_back(whole.forward_backward(tok[size_t(m)].data(), tgt[size_t(m)].data(), B, T, scale));
+  for (int m = 0; m < M; ++m)
+    ref.push_back(whole.forward_backward(tok[size_t(m)].data(), tgt[size_t(m)].data(), B, T, scale));
   // GPipe order on both stages: every forward, then every backward; three slots in flight.
   std::vector<int> id0, id1;
   std::vector<double> got;

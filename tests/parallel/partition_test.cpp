@@ -78,7 +78,7 @@ TEST(Partition, BalancedSplitIsOptimal) {
 TEST(Partition, ParameterCostsOfGpt2Balance4Stages) {
   const PartitionCosts c = parameter_costs(model::preset("gpt2-124m"));
   ASSERT_EQ(c.block.size(), 12u);
-  EXPECT_EQ(c.block[0], 7087872.0);                    // 12 C^2 + 13 C
+  EXPECT_EQ(c.block[0], 7087872.0);                      // 12 C^2 + 13 C
   EXPECT_EQ(c.embedding, double((50257 + 1024) * 768));  // token + position tables
   EXPECT_EQ(c.head, double(2 * 768 + 50257 * 768));      // ln_f + the tied head's copy
   const double uniform = max_over_mean(stage_costs(partition_uniform(12, 4), c));

@@ -26,8 +26,7 @@ TEST(PipelineSchedule, OneFOneBOrderForTwoStages) {
   EXPECT_EQ(show(g[0]), "F0 F1 F2 B0 B1 B2 ");
   EXPECT_EQ(show(g[1]), show(g[0]));
   // Four stages, eight micro-batches: three warm-up forwards on stage 0.
-  EXPECT_EQ(show(one_f_one_b_schedule(4, 8)[0]),
-            "F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7 ");
+  EXPECT_EQ(show(one_f_one_b_schedule(4, 8)[0]), "F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7 ");
 }
 
 TEST(PipelineSchedule, EveryForwardPrecedesItsBackwardAndSchedulesExecute) {
@@ -42,8 +41,10 @@ TEST(PipelineSchedule, EveryForwardPrecedesItsBackwardAndSchedulesExecute) {
           ASSERT_EQ(int(st.size()), 2 * m);
           std::vector<int> seen_f(size_t(m), -1);
           for (int i = 0; i < int(st.size()); ++i) {
-            if (st[size_t(i)].kind == K::forward) seen_f[size_t(st[size_t(i)].micro)] = i;
-            else EXPECT_GE(seen_f[size_t(st[size_t(i)].micro)], 0) << "stage " << s << ": " << show(st);
+            if (st[size_t(i)].kind == K::forward)
+              seen_f[size_t(st[size_t(i)].micro)] = i;
+            else
+              EXPECT_GE(seen_f[size_t(st[size_t(i)].micro)], 0) << "stage " << s << ": " << show(st);
           }
           // Micro-batches enter and leave each stage in order (the executor relies on it).
           int nf = 0, nb = 0;
@@ -90,9 +91,8 @@ TEST(PipelineSchedule, CheckFindsBrokenSchedules) {
   std::vector<StageActions> missing = {{{K::forward, 0}, {K::backward, 0}}};
   EXPECT_NE(check_schedule(missing, 2).find("never runs the forward of micro-batch 1"), std::string::npos);
   // Stage 0 waits for B0 from stage 1, which first wants F1 that stage 0 has not sent.
-  std::vector<StageActions> deadlock = {
-      {{K::forward, 0}, {K::backward, 0}, {K::forward, 1}, {K::backward, 1}},
-      {{K::forward, 1}, {K::backward, 1}, {K::forward, 0}, {K::backward, 0}}};
+  std::vector<StageActions> deadlock = {{{K::forward, 0}, {K::backward, 0}, {K::forward, 1}, {K::backward, 1}},
+                                        {{K::forward, 1}, {K::backward, 1}, {K::forward, 0}, {K::backward, 0}}};
   EXPECT_NE(check_schedule(deadlock, 2).find("deadlock"), std::string::npos);
   EXPECT_THROW(pipe_schedule_from_name("zb"), Error);
   EXPECT_THROW(gpipe_schedule(2, 0), Error);

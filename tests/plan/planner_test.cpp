@@ -151,8 +151,7 @@ TEST(Planner, ExpertParallelismPaysAllToAllsAndReducesDenseGradientsOverDpTimesE
 
 TEST(Planner, InvalidLayoutsAreRefusedWithTheReason) {
   const Job j = job_of("gpt2-shakespeare", 8, 128);  // 6 heads, 4 layers
-  EXPECT_EQ(check_layout(j, small_cluster(), Layout{1, 4, 1, 1, 0, 8, 1, 0, "1f1b"}),
-            "tp=4 does not divide n_head=6");
+  EXPECT_EQ(check_layout(j, small_cluster(), Layout{1, 4, 1, 1, 0, 8, 1, 0, "1f1b"}), "tp=4 does not divide n_head=6");
   EXPECT_EQ(check_layout(j, small_cluster(), Layout{1, 1, 8, 1, 0, 8, 1, 0, "1f1b"}), "pp=8 exceeds n_layer=4");
   EXPECT_NE(check_layout(j, small_cluster(), Layout{2, 1, 1, 1, 0, 8, 1, 0, "1f1b"}).find("is not the global batch 8"),
             std::string::npos);

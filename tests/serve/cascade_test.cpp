@@ -57,8 +57,9 @@ class CascadeTest : public ::testing::Test {
     center_engine_ = std::make_unique<FakeEngine>(eo);
     if (!publisher_)  // kept across restarts: routes taken from it stay valid
       publisher_ = std::make_unique<cascade::CenterPublisher>(
-        "big", ModelVersion{"c1", std::string(64, 'c')}, "byte", tok_hash_,
-        std::vector<cascade::EdgeModelSource>{{"int8", (root_ / "int8").string()}, {"int4", (root_ / "int4").string()}});
+          "big", ModelVersion{"c1", std::string(64, 'c')}, "byte", tok_hash_,
+          std::vector<cascade::EdgeModelSource>{{"int8", (root_ / "int8").string()},
+                                                {"int4", (root_ / "int4").string()}});
     if (extra.empty()) publisher_->publish();
     ServeOptions opt;
     opt.http.port = 0;
@@ -78,8 +79,8 @@ class CascadeTest : public ::testing::Test {
     eo.poll_interval_s = 3600;  // the tests poll by hand
     FakeEngineOptions fo;
     fo.token_prob = scripted_prob;
-    const ModelVersion local{"v1", cascade::version_hash(io::sha256_hex(local_weights),
-                                                          io::sha256_hex(R"({"name":"fake"})"), tok_hash_)};
+    const ModelVersion local{
+        "v1", cascade::version_hash(io::sha256_hex(local_weights), io::sha256_hex(R"({"name":"fake"})"), tok_hash_)};
     fo.version = local.id();
     ServeOptions opt;
     opt.http.port = 0;
@@ -96,9 +97,9 @@ class CascadeTest : public ::testing::Test {
       o.tick_s = tick_s_;
       return std::shared_ptr<Engine>(std::make_shared<FakeEngine>(o));
     };
-    edge_ = std::make_unique<Edge>(eo, tok_hash_, local, loader,
-                                   [this](std::shared_ptr<Engine> e) { edge_server_->set_engine(std::move(e)); },
-                                   &edge_server_->metrics());
+    edge_ = std::make_unique<Edge>(
+        eo, tok_hash_, local, loader, [this](std::shared_ptr<Engine> e) { edge_server_->set_engine(std::move(e)); },
+        &edge_server_->metrics());
     edge_server_->set_edge(edge_.get());
     edge_server_->add_route(edge_->status_route());
     edge_server_->start();
@@ -166,10 +167,12 @@ TEST_F(CascadeTest, ConfidentAnswersStayAtTheEdgeAndTheRestGoToTheCenter) {
   const std::string m = edge_metrics();
   EXPECT_NE(m.find("loom_cascade_requests_total{answered_by=\"edge\",edge_version=\"" + edge_version +
                    "\",center_version=\"c1+cccccccccccc\"} 2"),
-            std::string::npos) << m;
+            std::string::npos)
+      << m;
   EXPECT_NE(m.find("loom_cascade_requests_total{answered_by=\"center\",edge_version=\"" + edge_version +
                    "\",center_version=\"center1\"} 2"),
-            std::string::npos) << m;
+            std::string::npos)
+      << m;
 }
 
 TEST_F(CascadeTest, ARequestForTheCentersModelGoesStraightThere) {
@@ -224,7 +227,8 @@ TEST_F(CascadeTest, AnUpdateIsDownloadedVerifiedAndSwitchedBetweenRequests) {
 
   // A stream started on v2 keeps v2 while v3 is installed under it; the next request gets v3.
   HttpClient c("127.0.0.1", edge_server_->port(), 10);
-  json body = {{"model", "small"}, {"prompt", "easy and long"}, {"max_tokens", 40}, {"temperature", 0}, {"stream", true}};
+  json body = {
+      {"model", "small"}, {"prompt", "easy and long"}, {"max_tokens", 40}, {"temperature", 0}, {"stream", true}};
   ClientResponse head = c.start_stream("POST", "/v1/completions", body.dump());
   EXPECT_EQ(header(head, "x-loom-model-version"), v2);
   write_model(root_ / "int8", "weights-int8-v3", "v3");

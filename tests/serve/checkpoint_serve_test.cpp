@@ -20,9 +20,9 @@
 #include "loom/train/checkpoint.h"
 #include "loom/train/dataset_source.h"
 #include "loom/train/trainer.h"
-#include "train/train_testing.h"
 #include "serve/server_fixture.h"
 #include "serve/server_process.h"
+#include "train/train_testing.h"
 
 namespace loom::serve::testing {
 namespace {
@@ -104,8 +104,7 @@ TEST(ServeCheckpoint, SpeculativeServingReturnsThePlainOutputs) {
     ASSERT_TRUE(proc.wait_ready()) << proc.output();
     EXPECT_NE(proc.output().find("speculative"), std::string::npos) << proc.output();
     HttpClient c("127.0.0.1", proc.port());
-    json body = {{"model", "gpt2-tiny"}, {"prompt", "to be or to be"}, {"max_tokens", 16},
-                 {"temperature", 0}};
+    json body = {{"model", "gpt2-tiny"}, {"prompt", "to be or to be"}, {"max_tokens", 16}, {"temperature", 0}};
     ClientResponse r = c.request("POST", "/v1/completions", body.dump());
     ASSERT_EQ(r.status, 200) << r.body;
     EXPECT_EQ(json::parse(r.body)["choices"][0]["text"], want) << spec;
@@ -162,9 +161,10 @@ TEST(ServeCheckpoint, NanWeightsFailGenerateAndServeRequestsWithTheCause) {
 
   const auto [code, out] = run_loom("generate --checkpoint " + step_dir + " --prompt Hello --max-tokens 5 --threads 1");
   EXPECT_EQ(code, 1) << out;
-  for (const char* part : {"[generate] the model's logits for position 5 (after 5 prompt and 0 generated tokens) are NaN",
-                           "holds 1 non-finite weight (first: 1 of the 32 values of transformer.ln_f.weight)",
-                           "use an earlier checkpoint"})
+  for (const char* part :
+       {"[generate] the model's logits for position 5 (after 5 prompt and 0 generated tokens) are NaN",
+        "holds 1 non-finite weight (first: 1 of the 32 values of transformer.ln_f.weight)",
+        "use an earlier checkpoint"})
     EXPECT_NE(out.find(part), std::string::npos) << part << "\n" << out;
 
   ServerProcess proc({"--checkpoint", step_dir, "--threads", "1", "--kv-cache-mb", "4"});
@@ -177,7 +177,10 @@ TEST(ServeCheckpoint, NanWeightsFailGenerateAndServeRequestsWithTheCause) {
     const json err = json::parse(r.body)["error"];
     EXPECT_EQ(err["type"], "server_error");
     EXPECT_EQ(err["message"].get<std::string>().rfind("the model's logits for position 5 (after 5 prompt and 0 "
-                                                      "generated tokens) are NaN", 0), 0u) << r.body;
+                                                      "generated tokens) are NaN",
+                                                      0),
+              0u)
+        << r.body;
   }
   body["stream"] = true;
   ASSERT_EQ(c.start_stream("POST", "/v1/completions", body.dump()).status, 200);

@@ -9,9 +9,9 @@
 #include <deque>
 #include <functional>
 #include <limits>
-#include <string>
 #include <map>
 #include <mutex>
+#include <string>
 #include <thread>
 
 #include "loom/serve/engine_api.h"
@@ -139,8 +139,8 @@ class FakeEngine final : public Engine {
         int32_t tok = token_at(r.req, r.generated);
         ++r.generated;
         bool done = r.generated >= r.req.max_tokens;
-        const double prob = r.req.token_probs && opt_.token_prob ? opt_.token_prob(r.req)
-                                                                 : std::numeric_limits<double>::quiet_NaN();
+        const double prob =
+            r.req.token_probs && opt_.token_prob ? opt_.token_prob(r.req) : std::numeric_limits<double>::quiet_NaN();
         r.sink({tok, done ? FinishReason::length : FinishReason::none, {}, prob});
         if (done) {
           reqs_.erase(*it);

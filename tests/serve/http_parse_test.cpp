@@ -2,8 +2,8 @@
 #include <gtest/gtest.h>
 
 #include "loom/core/error.h"
-#include "loom/serve/http.h"
 #include "loom/serve/client/http_client.h"
+#include "loom/serve/http.h"
 
 using namespace loom::serve;
 

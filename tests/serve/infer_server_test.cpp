@@ -10,8 +10,8 @@
 #include "loom/infer/engine.h"
 #include "loom/model/decoder.h"
 #include "loom/serve/infer_engine.h"
-#include "serve/load.h"
 #include "sanitized.h"
+#include "serve/load.h"
 #include "serve/server_process.h"
 
 namespace loom::serve::testing {
@@ -122,8 +122,9 @@ TEST_F(ServeInferTest, DisconnectMidStreamFreesTheKvBlocks) {
 }
 
 // The real binary, so that the memory measured is the server's alone.
-const std::vector<std::string> kServeArgs = {"--model", "gpt2-tiny", "--seed", "3", "--served-model-name", "tiny",
-                                             "--max-num-seqs", "16", "--kv-cache-mb", "4", "--threads", "1"};
+const std::vector<std::string> kServeArgs = {
+    "--model",        "gpt2-tiny", "--seed",        "3", "--served-model-name", "tiny",
+    "--max-num-seqs", "16",        "--kv-cache-mb", "4", "--threads",           "1"};
 
 TEST(ServeProcess, SixtyFourStreamingClientsMatchTheOfflineEngine) {
   ServerProcess proc(kServeArgs);
@@ -153,12 +154,11 @@ TEST(ServeProcess, SixtyFourStreamingClientsMatchTheOfflineEngine) {
   };
   add_reference(64, 1, 5000);
   add_reference(64, 4, 0);
-  ExpectedText expected = [&](const std::string& prompt, int, uint64_t seed) {
-    return reference.at({prompt, seed});
-  };
+  ExpectedText expected = [&](const std::string& prompt, int, uint64_t seed) { return reference.at({prompt, seed}); };
   LoadResult warm = run_load(proc.port(), "tiny", 64, 1, 24, 5000, expected);
   ASSERT_EQ(warm.ok, 64) << warm.mismatches << " mismatches, " << warm.server_errors << " 5xx, " << warm.other
-                         << " other\n" << proc.output();
+                         << " other\n"
+                         << proc.output();
   const int64_t rss_warm = proc.resident_bytes();
 
   LoadResult r = run_load(proc.port(), "tiny", 64, 4, 24, 0, expected);
@@ -229,7 +229,8 @@ TEST(ServeProcess, KvCacheTooSmallForOneFullContextRequestIsRefused) {
   EXPECT_EQ(small.stop(0, 20), 2);
   EXPECT_NE(small.output().find("[serve] --kv-cache-mb 1 is too small for one request of the model's full context: "
                                 "4096 tokens (model.n_ctx) need 2.00 MiB of KV cache; give --kv-cache-mb 2 or more"),
-            std::string::npos) << small.output();
+            std::string::npos)
+      << small.output();
   ServerProcess enough({"--model", "gpt2-tiny", "--n-ctx", "4096", "--kv-cache-mb", "4", "--threads", "1"});
   ASSERT_TRUE(enough.wait_ready()) << enough.output();
   const std::string line = "KV cache 4.00 MiB (512 blocks of 16 tokens: 2.0 full-context requests)";

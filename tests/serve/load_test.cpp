@@ -1,11 +1,11 @@
 // Load over loopback against the fake engine: 64 concurrent streaming clients, 256 requests
 // in all; no 5xx and every output equal to the engine's offline output for the same seed.
 // Also the load generator (run_load) the real-engine load test shares.
-#include <fstream>
 #include <unistd.h>
+#include <fstream>
 
-#include "serve/load.h"
 #include "sanitized.h"
+#include "serve/load.h"
 
 namespace loom::serve::testing {
 
@@ -27,8 +27,8 @@ LoadResult run_load(int port, const std::string& model, int clients, int per_cli
       for (int k = 0; k < per_client; ++k) {
         int seed = seed_base + c * per_client + k;
         std::string prompt = "client " + std::to_string(c) + " request " + std::to_string(k);
-        json body = {{"model", model}, {"prompt", prompt}, {"max_tokens", max_tokens}, {"seed", seed},
-                     {"stream", true}};
+        json body = {
+            {"model", model}, {"prompt", prompt}, {"max_tokens", max_tokens}, {"seed", seed}, {"stream", true}};
         try {
           ClientResponse head = http.start_stream("POST", "/v1/completions", body.dump());
           if (head.status >= 500) {
@@ -43,8 +43,10 @@ LoadResult run_load(int port, const std::string& model, int clients, int per_cli
           }
           Stream s = read_stream(http);
           int64_t n = s.chunks.empty() ? -1 : s.chunks.back()["usage"]["completion_tokens"].get<int64_t>();
-          if (s.done && s.text() + "#" + std::to_string(n) == expected(prompt, max_tokens, uint64_t(seed))) ++r.ok;
-          else ++r.mismatches;
+          if (s.done && s.text() + "#" + std::to_string(n) == expected(prompt, max_tokens, uint64_t(seed)))
+            ++r.ok;
+          else
+            ++r.mismatches;
         } catch (const std::exception&) {
           ++r.other;
           http.close();

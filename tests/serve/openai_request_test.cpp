@@ -58,13 +58,19 @@ TEST(ServeOpenAiRequest, EachBadFieldIsNamed) {
       {R"({"model": "m", "prompt": "hi", "echo": true})", "echo"},
       {R"({"model": "m", "prompt": "hi", "logprobs": 3})", "logprobs"},
       {R"({"model": "m", "prompt": "hi", "presence_penalty": 1})", "presence_penalty"},
-      {R"({"model": "m", "prompt": ")" "0123456789012345678901234567890123456789012345678901234567890123" R"("})", "prompt"},
+      {R"({"model": "m", "prompt": ")"
+       "0123456789012345678901234567890123456789012345678901234567890123"
+       R"("})",
+       "prompt"},
       {R"({"model": "m"})", "messages", ApiKind::chat},
       {R"({"model": "m", "messages": []})", "messages", ApiKind::chat},
       {R"({"model": "m", "messages": [{"role": "wizard", "content": "x"}]})", "messages[0].role", ApiKind::chat},
-      {R"({"model": "m", "messages": [{"role": "user", "content": "x"}, {"role": "user"}]})", "messages[1].content", ApiKind::chat},
-      {R"({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]})", "messages[0].content", ApiKind::chat},
-      {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0})", "max_tokens", ApiKind::chat},
+      {R"({"model": "m", "messages": [{"role": "user", "content": "x"}, {"role": "user"}]})", "messages[1].content",
+       ApiKind::chat},
+      {R"({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]})", "messages[0].content",
+       ApiKind::chat},
+      {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0})", "max_tokens",
+       ApiKind::chat},
   };
   for (const auto& c : cases) {
     auto e = check(c.body, c.kind);

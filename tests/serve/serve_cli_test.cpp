@@ -9,8 +9,8 @@
 namespace loom::serve::testing {
 namespace {
 
-const std::vector<std::string> kArgs = {"--model", "gpt2-tiny", "--served-model-name", "tiny", "--kv-cache-mb", "4",
-                                        "--threads", "1"};
+const std::vector<std::string> kArgs = {"--model",       "gpt2-tiny", "--served-model-name", "tiny",
+                                        "--kv-cache-mb", "4",         "--threads",           "1"};
 
 std::string completion() { return R"({"model": "tiny", "prompt": "hi", "max_tokens": 3, "temperature": 0})"; }
 

@@ -24,20 +24,28 @@ std::vector<ErrorCase> error_cases() {
       {"missing prompt", completion(R"({"model": "fake"})"), 400, ir, "prompt"},
       {"missing model", completion(R"({"prompt": "x"})"), 400, ir, "model"},
       {"missing messages", chat(R"({"model": "fake"})"), 400, ir, "messages"},
-      {"wrongly typed max_tokens", completion(R"({"model": "fake", "prompt": "x", "max_tokens": "3"})"), 400, ir, "max_tokens"},
+      {"wrongly typed max_tokens", completion(R"({"model": "fake", "prompt": "x", "max_tokens": "3"})"), 400, ir,
+       "max_tokens"},
       {"wrongly typed stream", completion(R"({"model": "fake", "prompt": "x", "stream": 1})"), 400, ir, "stream"},
-      {"negative max_tokens", completion(R"({"model": "fake", "prompt": "x", "max_tokens": -4})"), 400, ir, "max_tokens"},
-      {"absurd max_tokens", completion(R"({"model": "fake", "prompt": "x", "max_tokens": 99999999999})"), 400, ir, "max_tokens"},
-      {"temperature out of range", completion(R"({"model": "fake", "prompt": "x", "temperature": 3})"), 400, ir, "temperature"},
+      {"negative max_tokens", completion(R"({"model": "fake", "prompt": "x", "max_tokens": -4})"), 400, ir,
+       "max_tokens"},
+      {"absurd max_tokens", completion(R"({"model": "fake", "prompt": "x", "max_tokens": 99999999999})"), 400, ir,
+       "max_tokens"},
+      {"temperature out of range", completion(R"({"model": "fake", "prompt": "x", "temperature": 3})"), 400, ir,
+       "temperature"},
       {"top_p out of range", completion(R"({"model": "fake", "prompt": "x", "top_p": 1.01})"), 400, ir, "top_p"},
-      {"prompt beyond the context", completion(R"({"model": "fake", "prompt": ")" + std::string(300, 'a') + R"("})"), 400, ir, "prompt"},
+      {"prompt beyond the context", completion(R"({"model": "fake", "prompt": ")" + std::string(300, 'a') + R"("})"),
+       400, ir, "prompt"},
       {"unknown model", completion(R"({"model": "gpt-9", "prompt": "x"})"), 400, ir, "model"},
       {"n > 1", chat(R"({"model": "fake", "messages": [{"role": "user", "content": "x"}], "n": 3})"), 400, ir, "n"},
-      {"oversized body", "POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 5000000\r\n\r\n", 413, ir, nullptr},
+      {"oversized body", "POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 5000000\r\n\r\n", 413, ir,
+       nullptr},
       {"unknown route", "GET /v2/everything HTTP/1.1\r\nHost: t\r\n\r\n", 404, "not_found_error", nullptr},
       {"wrong method", "GET /v1/completions HTTP/1.1\r\nHost: t\r\n\r\n", 405, ir, nullptr},
-      {"chunked request body", "POST /v1/completions HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 411, ir, nullptr},
-      {"oversized head", "GET /health HTTP/1.1\r\nHost: t\r\nX-Big: " + std::string(20000, 'b') + "\r\n\r\n", 431, ir, nullptr},
+      {"chunked request body",
+       "POST /v1/completions HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 411, ir, nullptr},
+      {"oversized head", "GET /health HTTP/1.1\r\nHost: t\r\nX-Big: " + std::string(20000, 'b') + "\r\n\r\n", 431, ir,
+       nullptr},
       {"garbage request line", "HELLO\r\n\r\n", 400, ir, nullptr},
       {"unsupported HTTP version", "GET /health HTTP/3.0\r\n\r\n", 505, "server_error", nullptr},
   };
@@ -50,8 +58,10 @@ void expect_error(const ClientResponse& r, const ErrorCase& c) {
   const json& e = j["error"];
   EXPECT_EQ(e["type"], c.type) << c.what;
   EXPECT_TRUE(e["message"].is_string() && !e["message"].get<std::string>().empty()) << c.what;
-  if (c.param) EXPECT_EQ(e["param"], c.param) << c.what << ": " << e["message"];
-  else EXPECT_TRUE(e["param"].is_null()) << c.what << ": " << e["param"];
+  if (c.param)
+    EXPECT_EQ(e["param"], c.param) << c.what << ": " << e["message"];
+  else
+    EXPECT_TRUE(e["param"].is_null()) << c.what << ": " << e["param"];
   EXPECT_TRUE(e.contains("code")) << c.what;
 }
 

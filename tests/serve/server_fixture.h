@@ -58,7 +58,9 @@ class ServeTest : public ::testing::Test {
   ClientResponse post(const std::string& path, const json& body, const HeaderList& h = {}) {
     return client()->request("POST", path, body.dump(), h);
   }
-  ClientResponse get(const std::string& path, const HeaderList& h = {}) { return client()->request("GET", path, "", h); }
+  ClientResponse get(const std::string& path, const HeaderList& h = {}) {
+    return client()->request("GET", path, "", h);
+  }
   ClientResponse raw(const std::string& bytes) {
     auto c = client();
     c->send_raw(bytes);
@@ -70,8 +72,8 @@ class ServeTest : public ::testing::Test {
 };
 
 // The text the fake engine's tokens render to for this prompt and these settings.
-inline std::string expected_text(const std::string& prompt, int64_t max_tokens, double temperature,
-                                 uint64_t seed, const std::vector<std::string>& stops = {}) {
+inline std::string expected_text(const std::string& prompt, int64_t max_tokens, double temperature, uint64_t seed,
+                                 const std::vector<std::string>& stops = {}) {
   GenerationRequest g;
   g.prompt = ByteTokenizer().encode(prompt);
   g.max_tokens = max_tokens;
@@ -105,8 +107,10 @@ inline Stream read_stream(HttpClient& c) {
   Stream s;
   while (auto ev = c.next_event()) {
     EXPECT_FALSE(s.done) << "data after [DONE]";
-    if (*ev == "[DONE]") s.done = true;
-    else s.chunks.push_back(json::parse(*ev));
+    if (*ev == "[DONE]")
+      s.done = true;
+    else
+      s.chunks.push_back(json::parse(*ev));
   }
   return s;
 }

@@ -72,10 +72,13 @@ class ServerProcess {
     const std::string marker = "listening on http://127.0.0.1:";
     while (port_ == 0 && now_seconds() < end) {
       std::string out = output();
-      if (size_t at = out.find(marker); at != std::string::npos && out.find(' ', at + marker.size()) != std::string::npos)
+      if (size_t at = out.find(marker);
+          at != std::string::npos && out.find(' ', at + marker.size()) != std::string::npos)
         port_ = std::stoi(out.substr(at + marker.size()));
-      else if (has_exited()) return false;
-      else std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      else if (has_exited())
+        return false;
+      else
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     while (now_seconds() < end && !has_exited()) {
       try {

@@ -28,8 +28,8 @@ TEST_F(ServeTest, ModelsList) {
 
 TEST_F(ServeTest, CompletionReturnsTheEngineTokensAndUsage) {
   start();
-  ClientResponse r = post("/v1/completions", {{"model", "fake"}, {"prompt", "hello"}, {"max_tokens", 8},
-                                              {"temperature", 0}});
+  ClientResponse r =
+      post("/v1/completions", {{"model", "fake"}, {"prompt", "hello"}, {"max_tokens", 8}, {"temperature", 0}});
   ASSERT_EQ(r.status, 200) << r.body;
   json j = json::parse(r.body);
   EXPECT_EQ(j["object"], "text_completion");
@@ -51,7 +51,8 @@ TEST_F(ServeTest, CompletionReturnsTheEngineTokensAndUsage) {
 // and in a stream's last chunk; without it there is no such field.
 TEST_F(ServeTest, ReturnTokenIdsGivesTheEngineTokens) {
   start();
-  json body = {{"model", "fake"}, {"prompt", "hello"}, {"max_tokens", 8}, {"temperature", 0}, {"return_token_ids", true}};
+  json body = {
+      {"model", "fake"}, {"prompt", "hello"}, {"max_tokens", 8}, {"temperature", 0}, {"return_token_ids", true}};
   const std::vector<int32_t> want = {'h', 'e', 'l', 'l', 'o', 'h', 'e', 'l'};
   json j = json::parse(post("/v1/completions", body).body);
   EXPECT_EQ(j["choices"][0]["token_ids"].get<std::vector<int32_t>>(), want);
@@ -71,8 +72,9 @@ TEST_F(ServeTest, ReturnTokenIdsGivesTheEngineTokens) {
 
 TEST_F(ServeTest, StopStringEndsTheRequestAndAbortsTheEngineSide) {
   start();
-  ClientResponse r = post("/v1/completions", {{"model", "fake"}, {"prompt", "hello world"}, {"max_tokens", 40},
-                                              {"temperature", 0}, {"stop", {"wor", "zzz"}}});
+  ClientResponse r = post(
+      "/v1/completions",
+      {{"model", "fake"}, {"prompt", "hello world"}, {"max_tokens", 40}, {"temperature", 0}, {"stop", {"wor", "zzz"}}});
   ASSERT_EQ(r.status, 200) << r.body;
   json j = json::parse(r.body);
   EXPECT_EQ(j["choices"][0]["text"], "hello ");
@@ -85,15 +87,16 @@ TEST_F(ServeTest, StopStringEndsTheRequestAndAbortsTheEngineSide) {
 TEST_F(ServeTest, ChatUsesTheTemplate) {
   start();
   json msgs = json::array({{{"role", "user"}, {"content", "hi"}}});
-  ClientResponse r = post("/v1/chat/completions", {{"model", "fake"}, {"messages", msgs}, {"max_tokens", 6},
-                                                   {"temperature", 0}});
+  ClientResponse r =
+      post("/v1/chat/completions", {{"model", "fake"}, {"messages", msgs}, {"max_tokens", 6}, {"temperature", 0}});
   ASSERT_EQ(r.status, 200) << r.body;
   json j = json::parse(r.body);
   EXPECT_EQ(j["object"], "chat.completion");
   EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
   // temperature 0 echoes the templated prompt, which starts with "<|im_start|>".
   EXPECT_EQ(j["choices"][0]["message"]["content"], "<|im_s");
-  EXPECT_EQ(j["usage"]["prompt_tokens"], int64_t(std::string("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n").size()));
+  EXPECT_EQ(j["usage"]["prompt_tokens"],
+            int64_t(std::string("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n").size()));
 }
 
 TEST_F(ServeTest, StreamingCompletionSendsChunksThenDone) {
@@ -119,7 +122,7 @@ TEST_F(ServeTest, StreamingChatSendsRoleFirstAndUsageOnRequest) {
   start();
   auto c = client();
   json body = {{"model", "fake"}, {"messages", {{{"role", "user"}, {"content", "x"}}}}, {"max_tokens", 5},
-               {"stream", true}, {"stream_options", {{"include_usage", true}}}, {"temperature", 0}};
+               {"stream", true},  {"stream_options", {{"include_usage", true}}},        {"temperature", 0}};
   ASSERT_EQ(c->start_stream("POST", "/v1/chat/completions", body.dump()).status, 200);
   Stream s = read_stream(*c);
   ASSERT_TRUE(s.done);
@@ -206,13 +209,11 @@ TEST_F(ServeTest, MetricsCountRequestsTokensAndLatencies) {
   EXPECT_EQ(m.header("content-type")->rfind("text/plain; version=0.0.4", 0), 0u);
   const std::string& t = m.body;
   for (const char* line : {"loom_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 1\n",
-                           "loom_requests_total{endpoint=\"other\",status=\"404\"} 1\n",
-                           "loom_prompt_tokens_total 4\n", "loom_generation_tokens_total 5\n",
-                           "loom_time_to_first_token_seconds_count 1\n",
-                           "loom_inter_token_latency_seconds_count 4\n",
-                           "loom_e2e_request_latency_seconds_count 1\n", "loom_num_requests_running 0\n",
-                           "loom_num_requests_waiting 0\n", "loom_kv_cache_usage_ratio 0\n",
-                           "# TYPE loom_time_to_first_token_seconds histogram\n",
+                           "loom_requests_total{endpoint=\"other\",status=\"404\"} 1\n", "loom_prompt_tokens_total 4\n",
+                           "loom_generation_tokens_total 5\n", "loom_time_to_first_token_seconds_count 1\n",
+                           "loom_inter_token_latency_seconds_count 4\n", "loom_e2e_request_latency_seconds_count 1\n",
+                           "loom_num_requests_running 0\n", "loom_num_requests_waiting 0\n",
+                           "loom_kv_cache_usage_ratio 0\n", "# TYPE loom_time_to_first_token_seconds histogram\n",
                            "loom_request_finished_total{finish_reason=\"length\"} 1\n"})
     EXPECT_NE(t.find(line), std::string::npos) << line << "\n" << t;
 }

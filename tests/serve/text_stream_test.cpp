@@ -11,13 +11,13 @@ std::vector<int32_t> bytes(const std::string& s) { return ByteTokenizer().encode
 
 TEST(ServeUtf8Assembler, HoldsSplitCharactersAndReplacesInvalidOnes) {
   Utf8Assembler a;
-  EXPECT_EQ(a.push("h\xC3"), "h");       // first half of 'é' waits
+  EXPECT_EQ(a.push("h\xC3"), "h");  // first half of 'é' waits
   EXPECT_EQ(a.push("\xA9!"), "\xC3\xA9!");
-  EXPECT_EQ(a.push("\xFF"), "\xEF\xBF\xBD");        // never valid
-  EXPECT_EQ(a.push("\xE2\x82"), "");                // two of three bytes of '€'
-  EXPECT_EQ(a.push("x"), "\xEF\xBF\xBDx");          // broken by 'x': one U+FFFD, 'x' kept
+  EXPECT_EQ(a.push("\xFF"), "\xEF\xBF\xBD");  // never valid
+  EXPECT_EQ(a.push("\xE2\x82"), "");          // two of three bytes of '€'
+  EXPECT_EQ(a.push("x"), "\xEF\xBF\xBDx");    // broken by 'x': one U+FFFD, 'x' kept
   EXPECT_EQ(a.push("\xF0\x9F"), "");
-  EXPECT_EQ(a.flush(), "\xEF\xBF\xBD");             // unfinished at the end
+  EXPECT_EQ(a.flush(), "\xEF\xBF\xBD");                                       // unfinished at the end
   EXPECT_EQ(a.push("\xED\xA0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // surrogate: invalid
 }
 

@@ -29,8 +29,8 @@ inline double dot(const Tensor& a, const Tensor& b) {
 // Checks analytic gradient `grad` of scalar `loss()` with respect to `x` by central
 // differences (step h) at up to `max_points` evenly spread elements.
 inline void expect_grad_close(const char* what, const Tensor& x, const Tensor& grad,
-                              const std::function<double()>& loss, double h = 1e-6,
-                              double rtol = 1e-6, double atol = 1e-8, int max_points = 64) {
+                              const std::function<double()>& loss, double h = 1e-6, double rtol = 1e-6,
+                              double atol = 1e-8, int max_points = 64) {
   double* xp = x.data<double>();
   const int64_t n = x.numel();
   const int64_t step = std::max<int64_t>(1, n / max_points);

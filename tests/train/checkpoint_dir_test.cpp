@@ -11,12 +11,12 @@
 #include <nlohmann/json.hpp>
 
 #include "loom/core/error.h"
-#include "testing/errors.h"
 #include "loom/io/file.h"
 #include "loom/train/checkpoint.h"
 #include "loom/train/checkpoint_dir.h"
 #include "loom/train/dataset_source.h"
 #include "loom/train/trainer.h"
+#include "testing/errors.h"
 #include "train/train_testing.h"
 
 using namespace loom;
@@ -151,11 +151,11 @@ TEST(CheckpointDir, MetricsAfterAResumeHoldEachStepOnceAndMarkTheResume) {
   const std::string& ck = w.ck;
   const std::string metrics = w.dir + "/logs/not/yet/metrics.jsonl";  // directories created on open
   Log log;
-  TrainConfig cfg = w.config({"schedule.steps=6", "checkpoint.every_steps=3", "log.every=1",
-                                        "log.metrics_path=" + metrics});
+  TrainConfig cfg =
+      w.config({"schedule.steps=6", "checkpoint.every_steps=3", "log.every=1", "log.metrics_path=" + metrics});
   DatasetSource src(cfg);
   Trainer(cfg, src, options(log.f, "", 5)).run();  // logs steps 1-5, saves 3 and 5
-  fs::remove_all(ck + "/step_000005");              // as if the run died before saving step 5
+  fs::remove_all(ck + "/step_000005");             // as if the run died before saving step 5
   {
     Trainer t(cfg, src, options(log.f, "auto"));
     ASSERT_EQ(t.step(), 3);

@@ -39,8 +39,7 @@ TEST(TrainConfig, WrongTypesNameTheKeyPath) {
   expect_error(kBase, "[config] optim.lr: expected a number, got \"fast\"", {"optim.lr=fast"});
   expect_error(kBase, "schedule.steps: expected an integer, got \"1.5\"", {"schedule.steps=1.5"});
   expect_error(kBase, "schedule.clip.dynamic: expected true or false", {"schedule.clip.dynamic=maybe"});
-  expect_error(kBase, "parallel.pp_schedule: \"zigzag\" is not one of: gpipe, 1f1b",
-               {"parallel.pp_schedule=zigzag"});
+  expect_error(kBase, "parallel.pp_schedule: \"zigzag\" is not one of: gpipe, 1f1b", {"parallel.pp_schedule=zigzag"});
   expect_error(kBase, "model.d_model: expected an integer, got \"a mapping\"", {"model.d_model.x=1"});
 }
 
@@ -55,8 +54,7 @@ TEST(TrainConfig, UnknownKeysAndRangesAreRejected) {
 TEST(TrainConfig, CrossFieldChecks) {
   expect_error("model:\n  preset: gpt2-tiny\n", "data.dir: required");
   expect_error(kBase, "data.batch_size=8 is not divisible by parallel.dp=3", {"parallel.dp=3"});
-  expect_error(kBase, "data.micro_batch_size=3 does not divide the per-rank batch 8",
-               {"data.micro_batch_size=3"});
+  expect_error(kBase, "data.micro_batch_size=3 does not divide the per-rank batch 8", {"data.micro_batch_size=3"});
   expect_error(kBase, "model.n_head=5 does not divide model.d_model=32", {"model.n_head=5"});
   expect_error(kBase, "schedule.min_lr=0.1 exceeds optim.lr=0.01", {"optim.lr=0.01", "schedule.min_lr=0.1"});
   expect_error(kBase, "checkpoint.dir: required when", {"checkpoint.every_steps=10"});
@@ -73,7 +71,8 @@ TEST(TrainConfig, RepeatedKeysAreRefusedNotResolved) {
   // yaml-cpp keeps both entries and returns the first: optim.lr would silently be 1e-3.
   expect_error(std::string(kBase) + "optim:\n  lr: 1e-3\n  lr: 3e-4\n",
                "<string>: optim.lr is given twice (lines 7 and 8); keep one");
-  expect_error(std::string(kBase) + "optim:\n  lr: 1e-3\noptim:\n  beta1: 0.8\n", "optim is given twice (lines 6 and 8)");
+  expect_error(std::string(kBase) + "optim:\n  lr: 1e-3\noptim:\n  beta1: 0.8\n",
+               "optim is given twice (lines 6 and 8)");
   expect_error(kBase, "--set optim.lr is given twice (optim.lr=1 and optim.lr=2); give it once",
                {"optim.lr=1", "optim.lr=2"});
   // One key in the file and once in --set is an override, not a repeat.
@@ -87,13 +86,14 @@ TEST(TrainConfig, PrecisionAndLossScaling) {
   EXPECT_EQ(c.model.products(), cpu::ProductPrecision::bf16);
   ASSERT_EQ(c.warnings.size(), 1u);
   EXPECT_NE(c.warnings[0].find(cpu::bf16_gemm_preferred() ? "runs its products on an AVX512-BF16 GEMM"
-                                                           : "bf16 operands rounded in f32 and multiplied by f32 SGEMM"),
+                                                          : "bf16 operands rounded in f32 and multiplied by f32 SGEMM"),
             std::string::npos)
       << c.warnings[0];
   EXPECT_NE(c.model.summary().find("bf16 products"), std::string::npos) << c.model.summary();
   EXPECT_EQ(c.parallel.grad_dtype, "bf16");  // gradients follow the precision unless told
   EXPECT_EQ(parse_train_config(kBase, {}).parallel.grad_dtype, "fp32");
-  EXPECT_EQ(parse_train_config(kBase, {"model.precision=bf16", "parallel.grad_dtype=fp32"}).parallel.grad_dtype, "fp32");
+  EXPECT_EQ(parse_train_config(kBase, {"model.precision=bf16", "parallel.grad_dtype=fp32"}).parallel.grad_dtype,
+            "fp32");
   expect_error(kBase, "parallel.grad_dtype: \"fp16\" is not one of: fp32, bf16", {"parallel.grad_dtype=fp16"});
   const TrainConfig h = parse_train_config(kBase, {"model.precision=fp16", "optim.loss_scale_window=50"});
   EXPECT_EQ(h.model.products(), cpu::ProductPrecision::f16);

@@ -24,8 +24,12 @@ TEST(DatasetSource, OutOfRangeValIdIsRefusedAtOpen) {
   const std::string val = data + "/val.bin";
   data::testing::write_token_and_reseal(val, 100, 300);  // byte vocabulary: 256 ids
   const std::string e = data::testing::error_of([&] { DatasetSource src(byte_config(data), nullptr); });
-  EXPECT_EQ(e.rfind("[data] " + val + ": token id 300 at token 100 (byte offset 328) is outside the vocabulary "
-                    "of 256 (header vocab_size)", 0), 0u) << e;
+  EXPECT_EQ(e.rfind("[data] " + val +
+                        ": token id 300 at token 100 (byte offset 328) is outside the vocabulary "
+                        "of 256 (header vocab_size)",
+                    0),
+            0u)
+      << e;
 }
 
 TEST(DatasetSource, CorruptTrainShardIsRefusedAtOpen) {

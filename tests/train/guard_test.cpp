@@ -40,7 +40,9 @@ class ShiftedSource : public BatchSource {
   void fill_train(int64_t step, int64_t first, int64_t n, int64_t G, int64_t T, int32_t* tok, int32_t* tgt) override {
     in_.fill_train(step >= from_ ? step + shift_ : step, first, n, G, T, tok, tgt);
   }
-  void fill_val(int64_t i, int64_t B, int64_t T, int32_t* tok, int32_t* tgt) override { in_.fill_val(i, B, T, tok, tgt); }
+  void fill_val(int64_t i, int64_t B, int64_t T, int32_t* tok, int32_t* tgt) override {
+    in_.fill_val(i, B, T, tok, tgt);
+  }
   int64_t vocab_size() const override { return in_.vocab_size(); }
   bool has_val() const override { return in_.has_val(); }
   std::string tokenizer_name() const override { return in_.tokenizer_name(); }
@@ -78,7 +80,8 @@ TEST(Guard, NonFiniteLossSkipsExactlyItsUpdate) {
     EXPECT_NE(std::string(e.what()).find("loss is nan at step 3"), std::string::npos) << e.what();
   }
   // More non-finite steps in a row than guard.max_consecutive_skips stop the run.
-  const TrainConfig two_max = f.config({"schedule.steps=6", "schedule.eval_interval=0", "guard.max_consecutive_skips=2"});
+  const TrainConfig two_max =
+      f.config({"schedule.steps=6", "schedule.eval_interval=0", "guard.max_consecutive_skips=2"});
   o.stop_after_steps = -1;
   const double nan = std::numeric_limits<double>::quiet_NaN();
   o.inject_loss_factor_at = {{2, nan}, {3, nan}, {4, nan}};
@@ -93,9 +96,9 @@ TEST(Guard, NonFiniteLossSkipsExactlyItsUpdate) {
 
 TEST(Guard, LossSpikesRollBackAndSkipTheirBatchesExactly) {
   Fixture f("guard_spike");
-  const std::vector<std::string> sets = {"schedule.steps=16", "schedule.eval_interval=0", "checkpoint.every_steps=4",
-                                         "checkpoint.keep_last=5", "guard.spike_z=4", "guard.spike_window=8",
-                                         "guard.max_spikes=2"};
+  const std::vector<std::string> sets = {
+      "schedule.steps=16", "schedule.eval_interval=0", "checkpoint.every_steps=4", "checkpoint.keep_last=5",
+      "guard.spike_z=4",   "guard.spike_window=8",     "guard.max_spikes=2"};
   const TrainConfig cfg = f.config(sets, "ck");
   DatasetSource src(cfg);
   TrainerOptions o = quiet();
@@ -141,9 +144,11 @@ TEST(AsyncCheckpoint, WritesWhatASynchronousSaveWritesAndResumesExactly) {
   EXPECT_EQ(ra.losses, rb.losses);
   EXPECT_EQ(rb.last_checkpoint, f.dir + "/async/step_000008");
   for (const char* step : {"step_000002", "step_000004", "step_000006", "step_000008"})
-    for (const char* file : {"model.safetensors", "optimizer.exp_avg.safetensors", "optimizer.exp_avg_sq.safetensors"}) {
+    for (const char* file :
+         {"model.safetensors", "optimizer.exp_avg.safetensors", "optimizer.exp_avg_sq.safetensors"}) {
       ASSERT_TRUE(verify_checkpoint(f.dir + "/async/" + step, nullptr)) << step;
-      EXPECT_EQ(io::read_file(f.dir + "/sync/" + step + "/" + file), io::read_file(f.dir + "/async/" + step + "/" + file))
+      EXPECT_EQ(io::read_file(f.dir + "/sync/" + step + "/" + file),
+                io::read_file(f.dir + "/async/" + step + "/" + file))
           << step << "/" << file;
     }
   EXPECT_EQ(io::read_file(f.dir + "/async/latest"), "step_000008\n");

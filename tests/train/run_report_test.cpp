@@ -122,9 +122,9 @@ TEST(RunMetrics, MalformedLinesAreSkippedAndNamedByLineNumber) {
 }
 
 TEST(RunReport, EveryChartIsATaggedSvgWithItsSeriesCount) {
-  const RunMetrics m = parse_run_metrics(kRunStart + step_line(1, 5.0) + step_line(2, 4.0) +
-                                         "{\"step\":2,\"val_loss\":4.5}\n" + step_line(3, 3.0) +
-                                         "{\"step\":3,\"val_loss\":3.5}\n");
+  const RunMetrics m =
+      parse_run_metrics(kRunStart + step_line(1, 5.0) + step_line(2, 4.0) + "{\"step\":2,\"val_loss\":4.5}\n" +
+                        step_line(3, 3.0) + "{\"step\":3,\"val_loss\":3.5}\n");
   const std::string html = render_run_report(m, "run/metrics.jsonl");
   const std::map<std::string, int> want = {{"loss", 2}, {"lr", 1},     {"grad_norm", 1},   {"tokens_per_s", 1},
                                            {"mfu", 1},  {"memory", 2}, {"exposed_comm", 1}};
@@ -165,9 +165,9 @@ TEST(RunReport, TheTrainerLogsRunStartMemoryAndExposedCommAndCallsTheObserver) {
   const std::string dir = loom::testing::temp_dir("run_report_trainer");
   const std::string data = loom::testing::prepare_shakespeare(dir, 20000);
   const std::string metrics = dir + "/metrics.jsonl";
-  const TrainConfig cfg = parse_train_config(loom::testing::tiny_config_yaml(data, ""),
-                                             {"schedule.steps=4", "schedule.eval_interval=2", "log.every=1",
-                                              "log.metrics_path=" + metrics});
+  const TrainConfig cfg = parse_train_config(
+      loom::testing::tiny_config_yaml(data, ""),
+      {"schedule.steps=4", "schedule.eval_interval=2", "log.every=1", "log.metrics_path=" + metrics});
   DatasetSource src(cfg);
   TrainerOptions opt = loom::testing::quiet();
   std::vector<LoggedStep> seen;

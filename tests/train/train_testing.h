@@ -1,9 +1,9 @@
 // Helpers for trainer tests: a prepared byte-level dataset in a temporary directory and a
 // tiny model config around it.
 #pragma once
+#include <unistd.h>
 #include <filesystem>
 #include <fstream>
-#include <unistd.h>
 
 #include <string>
 
@@ -14,8 +14,7 @@
 namespace loom::testing {
 
 // Trainer options for a test run: silent (one /dev/null stream per process), no MFU timing.
-inline train::TrainerOptions quiet_trainer_options(const parallel::Mesh* mesh = nullptr,
-                                                   const std::string& resume = "",
+inline train::TrainerOptions quiet_trainer_options(const parallel::Mesh* mesh = nullptr, const std::string& resume = "",
                                                    int64_t stop = -1) {
   static FILE* const devnull = std::fopen("/dev/null", "w");
   train::TrainerOptions o;
@@ -72,10 +71,14 @@ inline std::string prepare_shakespeare(const std::string& dir, size_t bytes = 60
 
 inline std::string tiny_config_yaml(const std::string& data_dir, const std::string& ckpt_dir) {
   return "model:\n  preset: gpt2-tiny\n  vocab_size: 256\n  n_ctx: 32\n"
-         "data:\n  dir: " + data_dir + "\n  seq_len: 32\n  batch_size: 8\n  micro_batch_size: 4\n"
+         "data:\n  dir: " +
+         data_dir +
+         "\n  seq_len: 32\n  batch_size: 8\n  micro_batch_size: 4\n"
          "optim:\n  lr: 3.0e-3\n"
          "schedule:\n  steps: 20\n  warmup_steps: 4\n  eval_interval: 0\n  eval_batches: 2\n"
-         "checkpoint:\n  dir: " + ckpt_dir + "\n  keep_last: 3\n"
+         "checkpoint:\n  dir: " +
+         ckpt_dir +
+         "\n  keep_last: 3\n"
          "log:\n  every: 1000\n  progress: off\n";
 }
 

@@ -26,8 +26,7 @@ TEST(Trainer, TinyModelLearnsShakespeareBytes) {
   const std::string dir = loom::testing::temp_dir("learn");
   const std::string data = loom::testing::prepare_shakespeare(dir);
   TrainConfig cfg = parse_train_config(loom::testing::tiny_config_yaml(data, ""),
-                                       {"schedule.steps=150", "optim.lr=1e-2", "model.d_model=64",
-                                        "model.d_ff=256"});
+                                       {"schedule.steps=150", "optim.lr=1e-2", "model.d_model=64", "model.d_ff=256"});
   DatasetSource src(cfg);
   Trainer t(cfg, src, quiet());
   TrainResult r = t.run();
@@ -146,8 +145,9 @@ TEST(Trainer, NonFiniteLossStopsNamingTheStep) {
   const std::string dir = loom::testing::temp_dir("nan");
   const std::string data = loom::testing::prepare_shakespeare(dir, 20000);
   for (const bool stop : {true, false}) {
-    TrainConfig cfg = parse_train_config(loom::testing::tiny_config_yaml(data, ""),
-                                         {"schedule.steps=20", stop ? "guard.nonfinite=stop" : "guard.max_consecutive_skips=10"});
+    TrainConfig cfg =
+        parse_train_config(loom::testing::tiny_config_yaml(data, ""),
+                           {"schedule.steps=20", stop ? "guard.nonfinite=stop" : "guard.max_consecutive_skips=10"});
     DatasetSource src(cfg);
     Trainer t(cfg, src, quiet());
     t.model().params().data<float>()[5] = NAN;
@@ -155,7 +155,8 @@ TEST(Trainer, NonFiniteLossStopsNamingTheStep) {
       t.run();
       FAIL() << "a run whose every loss is NaN went on (guard.nonfinite=" << cfg.guard.nonfinite << ")";
     } catch (const Error& e) {
-      const std::string want = stop ? "loss is nan at step 1" : "11 steps in a row had a non-finite loss or gradient norm (the last at step 11";
+      const std::string want = stop ? "loss is nan at step 1"
+                                    : "11 steps in a row had a non-finite loss or gradient norm (the last at step 11";
       EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
     }
   }
@@ -164,10 +165,10 @@ TEST(Trainer, NonFiniteLossStopsNamingTheStep) {
 TEST(Trainer, DemoConfigRunsAFewSteps) {
   const std::string dir = loom::testing::temp_dir("demo");
   const std::string data = loom::testing::prepare_shakespeare(dir, 100000);
-  TrainConfig cfg = load_train_config(std::string(LOOM_SOURCE_DIR) + "/configs/shakespeare.yaml",
-                                      {"data.dir=" + data, "schedule.steps=3", "checkpoint.dir=" + dir + "/ck",
-                                       "log.metrics_path=" + dir + "/metrics.jsonl", "schedule.eval_batches=2",
-                                       "data.batch_size=8"});
+  TrainConfig cfg =
+      load_train_config(std::string(LOOM_SOURCE_DIR) + "/configs/shakespeare.yaml",
+                        {"data.dir=" + data, "schedule.steps=3", "checkpoint.dir=" + dir + "/ck",
+                         "log.metrics_path=" + dir + "/metrics.jsonl", "schedule.eval_batches=2", "data.batch_size=8"});
   DatasetSource src(cfg);
   Trainer t(cfg, src, quiet());
   TrainResult r = t.run();
@@ -196,8 +197,8 @@ TEST(Trainer, Fp16LossScaleSkipsOverflowsHalvesAndGrowsAndResumesExactly) {
   const std::string dir = loom::testing::temp_dir("fp16");
   const std::string data = loom::testing::prepare_shakespeare(dir, 20000);
   const std::string yaml = loom::testing::tiny_config_yaml(data, dir + "/ck");
-  TrainConfig cfg = parse_train_config(
-      yaml, {"schedule.steps=10", "model.precision=fp16", "optim.loss_scale_initial=1024", "optim.loss_scale_window=3"});
+  TrainConfig cfg = parse_train_config(yaml, {"schedule.steps=10", "model.precision=fp16",
+                                              "optim.loss_scale_initial=1024", "optim.loss_scale_window=3"});
   DatasetSource src(cfg);
   TrainerOptions o = quiet();
   o.inject_grad_overflow_at = {3, 4};
@@ -248,9 +249,9 @@ TEST(Trainer, Fp16Learns) {
   const std::string dir = loom::testing::temp_dir("fp16learn");
   const std::string data = loom::testing::prepare_shakespeare(dir);
   auto run = [&](const std::string& precision) {
-    TrainConfig cfg = parse_train_config(loom::testing::tiny_config_yaml(data, ""),
-                                         {"schedule.steps=150", "optim.lr=1e-2", "model.d_model=64", "model.d_ff=256",
-                                          "model.precision=" + precision});
+    TrainConfig cfg = parse_train_config(
+        loom::testing::tiny_config_yaml(data, ""),
+        {"schedule.steps=150", "optim.lr=1e-2", "model.d_model=64", "model.d_ff=256", "model.precision=" + precision});
     DatasetSource src(cfg);
     Trainer t(cfg, src, quiet());
     return t.run();
@@ -290,8 +291,8 @@ TEST(Checkpoint, Format1CheckpointsResumeOnTheirOwnLayout) {
   fs::remove(ck + "/optimizer.exp_avg.safetensors");
   fs::remove(ck + "/optimizer.exp_avg_sq.safetensors");
   io::ManifestWriter m(ck);
-  for (const char* f : {"model.safetensors", "config.json", "optimizer.rank00000.safetensors", "trainer_state.json",
-                        "config.yaml"})
+  for (const char* f :
+       {"model.safetensors", "config.json", "optimizer.rank00000.safetensors", "trainer_state.json", "config.yaml"})
     m.record(f);
   m.write(io::kTrainingCheckpointFormat, 1);
   ASSERT_TRUE(verify_checkpoint(ck, nullptr));
@@ -299,7 +300,8 @@ TEST(Checkpoint, Format1CheckpointsResumeOnTheirOwnLayout) {
   EXPECT_EQ(b.step(), 4);
   EXPECT_EQ(b.model().params().to_f32_vector(), a.model().params().to_f32_vector());
   for (size_t i = 0; i < units.size(); ++i) {
-    EXPECT_EQ(b.engine().optimizers()[i]->exp_avg().to_f32_vector(), a.engine().optimizers()[i]->exp_avg().to_f32_vector());
+    EXPECT_EQ(b.engine().optimizers()[i]->exp_avg().to_f32_vector(),
+              a.engine().optimizers()[i]->exp_avg().to_f32_vector());
     EXPECT_EQ(b.engine().optimizers()[i]->exp_avg_sq().to_f32_vector(),
               a.engine().optimizers()[i]->exp_avg_sq().to_f32_vector());
     EXPECT_EQ(b.engine().optimizers()[i]->step_count(), 4);

@@ -22,10 +22,10 @@
 #include "loom/core/timer.h"
 #include "loom/io/file.h"
 #include "loom/io/svg_plot.h"
+#include "loom/model/checkpoint_reader.h"
 #include "loom/serve/client/bench_client.h"
 #include "loom/serve/client/http_client.h"
 #include "loom/serve/client/wan_relay.h"
-#include "loom/model/checkpoint_reader.h"
 #include "tools/loom/bench_cascade_run.h"
 #include "tools/loom/commands.h"
 #include "tools/loom/inference_model.h"
@@ -66,7 +66,8 @@ class Hosts {
       script_ = script;
       return;
     }
-    if (mode == "on") fail("bench cascade", "--hosts on: `", script, " up 3` failed (exit ", rc, "); run as root or give --hosts off");
+    if (mode == "on")
+      fail("bench cascade", "--hosts on: `", script, " up 3` failed (exit ", rc, "); run as root or give --hosts off");
     std::fprintf(stderr, "[bench cascade] test hosts unavailable (testhosts.sh exit %d): running on loopback\n", rc);
   }
   ~Hosts() {
@@ -170,39 +171,50 @@ Row summarize(const std::string& name, double threshold, const std::vector<Casca
 
 int bench_cascade(const std::vector<std::string>& argv) {
   auto app = bench_app("cascade",
-                        "An edge/center cascade over an emulated WAN: the center alone, then two edges for each "
-                        "confidence threshold; latency, center load and answer quality (the center model's "
-                        "log-likelihood of the answers, and agreement with its own greedy answers). Writes "
-                        "OUT/cascade_sweep.csv and OUT/cascade_sweep.svg; the last line is SUMMARY {json}.");
-  std::string center_checkpoint, edge_int8, edge_int4, update_int8, update_int4, thresholds_text, wan = "40ms,20mbit",
-                                                                                   hosts_mode = "auto",
-                                                                                   out_dir = "runs/bench-cascade";
+                       "An edge/center cascade over an emulated WAN: the center alone, then two edges for each "
+                       "confidence threshold; latency, center load and answer quality (the center model's "
+                       "log-likelihood of the answers, and agreement with its own greedy answers). Writes "
+                       "OUT/cascade_sweep.csv and OUT/cascade_sweep.svg; the last line is SUMMARY {json}.");
+  std::string center_checkpoint, edge_int8, edge_int4, update_int8, update_int4, thresholds_text,
+      wan = "40ms,20mbit", hosts_mode = "auto", out_dir = "runs/bench-cascade";
   int64_t requests = 0, max_tokens_opt = 0, window = 16, center_threads_n = 2, edge_threads_n = 1, seed_opt = 0;
   double rate_opt = 0;
   bool quick = false;
   app->add_option("--center", center_checkpoint, "the center's checkpoint")->type_name("DIR")->required();
-  app->add_option("--edge-int8", edge_int8, "the edge model in int8 (a `loom quantize` output; it also starts the edges)")
-      ->type_name("DIR")->required();
+  app->add_option("--edge-int8", edge_int8,
+                  "the edge model in int8 (a `loom quantize` output; it also starts the edges)")
+      ->type_name("DIR")
+      ->required();
   app->add_option("--edge-int4", edge_int4, "the edge model in int4")->type_name("DIR")->required();
-  app->add_option("--update-int8", update_int8, "a newer int8 edge model, published mid-run at the recommended threshold")
+  app->add_option("--update-int8", update_int8,
+                  "a newer int8 edge model, published mid-run at the recommended threshold")
       ->type_name("DIR");
-  app->add_option("--update-int4", update_int4, "a newer int4 edge model, published mid-run at the recommended threshold")
+  app->add_option("--update-int4", update_int4,
+                  "a newer int4 edge model, published mid-run at the recommended threshold")
       ->type_name("DIR");
   app->add_option("--thresholds", thresholds_text,
                   "confidence thresholds, each in [0, 1] (default 0,0.2,0.3,0.4,0.5,0.6,1; --quick 0,0.5,1)")
       ->type_name("LIST");
-  app->add_option("--requests", requests, "requests per run (default 60; --quick 12)")->type_name("N")
-      ->check(in_range(2, 1e9))->default_str("");
-  app->add_option("--rate", rate_opt, "Poisson arrivals per second (default 1; --quick 2)")->type_name("R")
-      ->check(positive())->default_str("");
-  app->add_option("--max-tokens", max_tokens_opt, "tokens per answer (default 32; --quick 12)")->type_name("M")
-      ->check(positive())->default_str("");
-  app->add_option("--window", window, "tokens the edge's confidence is measured over")->type_name("W")
+  app->add_option("--requests", requests, "requests per run (default 60; --quick 12)")
+      ->type_name("N")
+      ->check(in_range(2, 1e9))
+      ->default_str("");
+  app->add_option("--rate", rate_opt, "Poisson arrivals per second (default 1; --quick 2)")
+      ->type_name("R")
+      ->check(positive())
+      ->default_str("");
+  app->add_option("--max-tokens", max_tokens_opt, "tokens per answer (default 32; --quick 12)")
+      ->type_name("M")
+      ->check(positive())
+      ->default_str("");
+  app->add_option("--window", window, "tokens the edge's confidence is measured over")
+      ->type_name("W")
       ->check(positive());
   app->add_option("--wan", wan, "the WAN link, one-way delay and rate")->type_name("DELAY,RATE");
   app->add_option("--hosts", hosts_mode, "test hosts in network namespaces (auto: when root)")
       ->check(one_of({"auto", "on", "off"}));
-  app->add_option("--center-threads", center_threads_n, "the center's compute threads")->type_name("N")
+  app->add_option("--center-threads", center_threads_n, "the center's compute threads")
+      ->type_name("N")
       ->check(positive());
   app->add_option("--edge-threads", edge_threads_n, "each edge's compute threads")->type_name("N")->check(positive());
   app->add_option("--out", out_dir, "where the CSV, SVG and edge caches go")->type_name("DIR");
@@ -213,8 +225,7 @@ int bench_cascade(const std::vector<std::string>& argv) {
   const std::string center_dir = resolve_inference_checkpoint(center_checkpoint, nullptr);
   std::vector<double> thresholds;
   {
-    const std::string list =
-        !thresholds_text.empty() ? thresholds_text : quick ? "0,0.5,1" : "0,0.2,0.3,0.4,0.5,0.6,1";
+    const std::string list = !thresholds_text.empty() ? thresholds_text : quick ? "0,0.5,1" : "0,0.2,0.3,0.4,0.5,0.6,1";
     size_t at = 0;
     while (at <= list.size()) {
       size_t comma = std::min(list.find(',', at), list.size());
@@ -259,12 +270,12 @@ int bench_cascade(const std::vector<std::string>& argv) {
   publish("int4", edge_int4);
 
   Hosts hosts(hosts_mode);
-  std::printf("bench cascade: center %s, edges int8 %s / int4 %s; WAN %.0f ms one-way, %.1f Mbit/s (%s); %lld "
-              "requests at %.2f/s, %lld tokens each\n",
-              center_dir.c_str(), edge_int8.c_str(), edge_int4.c_str(),
-              link.delay_s * 1e3, link.rate_bps / 1e6,
-              hosts.up() ? "test hosts loomh1 (center), loomh2 and loomh3 (edges), relay on the bridge" : "loopback",
-              (long long)n_requests, rate, (long long)max_tokens);
+  std::printf(
+      "bench cascade: center %s, edges int8 %s / int4 %s; WAN %.0f ms one-way, %.1f Mbit/s (%s); %lld "
+      "requests at %.2f/s, %lld tokens each\n",
+      center_dir.c_str(), edge_int8.c_str(), edge_int4.c_str(), link.delay_s * 1e3, link.rate_bps / 1e6,
+      hosts.up() ? "test hosts loomh1 (center), loomh2 and loomh3 (edges), relay on the bridge" : "loopback",
+      (long long)n_requests, rate, (long long)max_tokens);
   std::fflush(stdout);
 
   std::vector<std::string> center_argv = hosts.prefix(1);
@@ -299,10 +310,26 @@ int bench_cascade(const std::vector<std::string>& argv) {
     std::vector<Server> edges;
     for (int h = 2; h <= 3; ++h) {
       std::vector<std::string> a = hosts.prefix(h);
-      a.insert(a.end(), {loom, "serve", "--checkpoint", edge_int8, "--role", "edge", "--center",
-                         wan_center, "--confidence-threshold", str_cat(t), "--window", std::to_string(window),
-                         "--poll-interval", "1", "--cache-dir", (out / str_cat("cache-edge", h)).string(),
-                         "--served-model-name", "cascade", "--threads", edge_threads});
+      a.insert(a.end(), {loom,
+                         "serve",
+                         "--checkpoint",
+                         edge_int8,
+                         "--role",
+                         "edge",
+                         "--center",
+                         wan_center,
+                         "--confidence-threshold",
+                         str_cat(t),
+                         "--window",
+                         std::to_string(window),
+                         "--poll-interval",
+                         "1",
+                         "--cache-dir",
+                         (out / str_cat("cache-edge", h)).string(),
+                         "--served-model-name",
+                         "cascade",
+                         "--threads",
+                         edge_threads});
       edges.push_back(start_server(a, hosts.addr(h)));
     }
     for (const Server& e : edges) wait_settled(e.url, center.url, 600);
@@ -353,9 +380,10 @@ int bench_cascade(const std::vector<std::string>& argv) {
     auto edge_s = [&](size_t i) -> const AnswerScore& { return res.first[i].score; };
     auto center_score = [&](size_t i) -> const AnswerScore& { return center_answers[i].score; };
     if (idx.empty()) break;
-    std::printf("\nconfidence calibration (the threshold-0 answers): quality ratio if the edge answered only its most "
-                "confident share\n%-10s %24s %24s %16s\n", "at edge", "ranked by mean (T)", "ranked by min (T)",
-                "best possible");
+    std::printf(
+        "\nconfidence calibration (the threshold-0 answers): quality ratio if the edge answered only its most "
+        "confident share\n%-10s %24s %24s %16s\n",
+        "at edge", "ranked by mean (T)", "ranked by min (T)", "best possible");
     for (double share : {0.25, 0.5, 0.67, 0.75, 0.9}) {
       json entry = {{"edge_fraction", share}};
       std::string line = str_cat(int(share * 100), "%");
@@ -428,9 +456,14 @@ int bench_cascade(const std::vector<std::string>& argv) {
       if (edge_v != before && edge_v != after) ++inconsistent;
     }
     for (Server& e : edges) e.proc->terminate();
-    rollout = {{"threshold", best->threshold}, {"failed", failed}, {"requests", int64_t(answers.size())},
-               {"before", before}, {"after", after}, {"answers_by_edge_version", by_version},
-               {"answers_with_other_versions", inconsistent}, {"seconds", secs}};
+    rollout = {{"threshold", best->threshold},
+               {"failed", failed},
+               {"requests", int64_t(answers.size())},
+               {"before", before},
+               {"after", after},
+               {"answers_by_edge_version", by_version},
+               {"answers_with_other_versions", inconsistent},
+               {"seconds", secs}};
     std::printf("rollout: %lld failed of %zu; edge versions answered: %s; switched %s -> %s\n", (long long)failed,
                 answers.size(), json(by_version).dump().c_str(), before.c_str(), after.c_str());
   }
@@ -459,9 +492,10 @@ int bench_cascade(const std::vector<std::string>& argv) {
   std::string csv =
       "threshold,edge_fraction,mean_s,p50_s,p99_s,center_rps,loglik_per_token,quality,quality_ratio,agreement,failed\n";
   auto csv_row = [&](const Row& r) {
-    csv += str_cat(std::isnan(r.threshold) ? std::string("center_only") : str_cat(r.threshold), ",",
-                   r.ok ? double(r.at_edge) / double(r.ok) : 0.0, ",", r.mean, ",", r.p50, ",", r.p99, ",",
-                   r.center_rps, ",", r.loglik, ",", r.quality, ",", r.quality_ratio, ",", r.agreement, ",", r.failed, "\n");
+    csv +=
+        str_cat(std::isnan(r.threshold) ? std::string("center_only") : str_cat(r.threshold), ",",
+                r.ok ? double(r.at_edge) / double(r.ok) : 0.0, ",", r.mean, ",", r.p50, ",", r.p99, ",", r.center_rps,
+                ",", r.loglik, ",", r.quality, ",", r.quality_ratio, ",", r.agreement, ",", r.failed, "\n");
   };
   csv_row(base);
   for (const Row& r : rows) csv_row(r);
@@ -480,24 +514,37 @@ int bench_cascade(const std::vector<std::string>& argv) {
     load_s.y.push_back(r.center_rps);
     load_s.labels.push_back(label);
   }
-  io::PlotPanel latency{"latency against quality", "quality (center log-likelihood, cascade / center only)",
-                        "latency (ms)", {mean_s, p99_s},
+  io::PlotPanel latency{"latency against quality",
+                        "quality (center log-likelihood, cascade / center only)",
+                        "latency (ms)",
+                        {mean_s, p99_s},
                         {{"center only mean", base.mean * 1e3}, {"center only P99", base.p99 * 1e3}}};
-  io::PlotPanel load{"center load against quality", "quality (center log-likelihood, cascade / center only)",
-                     "center requests per second", {load_s}, {{"center only", base.center_rps}}};
+  io::PlotPanel load{"center load against quality",
+                     "quality (center log-likelihood, cascade / center only)",
+                     "center requests per second",
+                     {load_s},
+                     {{"center only", base.center_rps}}};
   io::write_svg_plot((out / "cascade_sweep.svg").string(),
                      str_cat("edge/center cascade: WAN ", link.delay_s * 1e3, " ms, ", link.rate_bps / 1e6, " Mbit/s"),
                      {latency, load});
-  std::printf("\nrecommended threshold %.2f: mean latency %.2fx lower, center load %.0f%% lower, quality ratio "
-              "%.3f, answers equal to the center's %.0f%%\nwrote %s and %s\n",
-              best->threshold, best->latency_speedup, 100 * best->load_reduction, best->quality_ratio,
-              100 * best->agreement, (out / "cascade_sweep.csv").c_str(), (out / "cascade_sweep.svg").c_str());
+  std::printf(
+      "\nrecommended threshold %.2f: mean latency %.2fx lower, center load %.0f%% lower, quality ratio "
+      "%.3f, answers equal to the center's %.0f%%\nwrote %s and %s\n",
+      best->threshold, best->latency_speedup, 100 * best->load_reduction, best->quality_ratio, 100 * best->agreement,
+      (out / "cascade_sweep.csv").c_str(), (out / "cascade_sweep.svg").c_str());
 
   json sweep_json = json::array();
   for (const Row& r : rows)
-    sweep_json.push_back({{"threshold", r.threshold}, {"edge_fraction", r.ok ? double(r.at_edge) / double(r.ok) : 0.0},
-                          {"mean_s", r.mean}, {"p50_s", r.p50}, {"p99_s", r.p99}, {"center_rps", r.center_rps},
-                          {"loglik_per_token", r.loglik}, {"quality_ratio", r.quality_ratio}, {"agreement", r.agreement}, {"failed", r.failed}});
+    sweep_json.push_back({{"threshold", r.threshold},
+                          {"edge_fraction", r.ok ? double(r.at_edge) / double(r.ok) : 0.0},
+                          {"mean_s", r.mean},
+                          {"p50_s", r.p50},
+                          {"p99_s", r.p99},
+                          {"center_rps", r.center_rps},
+                          {"loglik_per_token", r.loglik},
+                          {"quality_ratio", r.quality_ratio},
+                          {"agreement", r.agreement},
+                          {"failed", r.failed}});
   int64_t failed = base.failed;
   for (const Row& r : rows) failed += r.failed;
   json s = {{"threshold", best->threshold},
@@ -506,8 +553,12 @@ int bench_cascade(const std::vector<std::string>& argv) {
             {"quality_ratio", best->quality_ratio},
             {"agreement", best->agreement},
             {"edge_fraction", best->ok ? double(best->at_edge) / double(best->ok) : 0.0},
-            {"center_only", {{"mean_s", base.mean}, {"p50_s", base.p50}, {"p99_s", base.p99}, {"center_rps", base.center_rps},
-                             {"loglik_per_token", base.loglik}}},
+            {"center_only",
+             {{"mean_s", base.mean},
+              {"p50_s", base.p50},
+              {"p99_s", base.p99},
+              {"center_rps", base.center_rps},
+              {"loglik_per_token", base.loglik}}},
             {"failed", failed},
             {"hosts", hosts.up() ? "namespaces" : "loopback"},
             {"wan", {{"delay_s", link.delay_s}, {"rate_bps", link.rate_bps}}},

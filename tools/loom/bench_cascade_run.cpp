@@ -113,16 +113,19 @@ std::vector<CascadeAnswer> replay_cascade(const std::vector<CascadePrompt>& prom
       try {
         const std::string& u = opt.urls[i % opt.urls.size()];
         std::unique_ptr<serve::HttpClient> client = take(u);
-        nlohmann::json body = {{"model", opt.model}, {"prompt", prompts[i].text}, {"max_tokens", opt.max_tokens},
-                               {"temperature", 0}, {"return_token_ids", true}};
+        nlohmann::json body = {{"model", opt.model},
+                               {"prompt", prompts[i].text},
+                               {"max_tokens", opt.max_tokens},
+                               {"temperature", 0},
+                               {"return_token_ids", true}};
         const std::string path = serve::parse_url(u).prefix + "/v1/completions", text = body.dump();
         client->drop_if_stale();
         serve::ClientResponse r = client->request("POST", path, text, {{"Content-Type", "application/json"}});
         if (client->connected()) give_back(u, std::move(client));
         a.latency_s = now_seconds() - start;
         if (std::getenv("LOOM_BENCH_CASCADE_TRACE"))
-          std::fprintf(stderr, "[trace] request %zu at %.3f: %.3f s, status %d, %s\n", i, start - t0, a.latency_s, r.status,
-                       r.header("x-loom-answered-by") ? r.header("x-loom-answered-by")->c_str() : "?");
+          std::fprintf(stderr, "[trace] request %zu at %.3f: %.3f s, status %d, %s\n", i, start - t0, a.latency_s,
+                       r.status, r.header("x-loom-answered-by") ? r.header("x-loom-answered-by")->c_str() : "?");
         auto header = [&](const char* name) { return r.header(name) ? *r.header(name) : std::string(); };
         a.answered_by = header("x-loom-answered-by");
         a.version = header("x-loom-model-version");

@@ -44,7 +44,7 @@ struct ReplayOptions {
   std::vector<std::string> urls;  // request i goes to urls[i % urls.size()]
   std::string model;
   int64_t max_tokens = 32;
-  double rate = 1;                // Poisson arrivals per second
+  double rate = 1;  // Poisson arrivals per second
   uint64_t seed = 0;
   double timeout_s = 300;
 };

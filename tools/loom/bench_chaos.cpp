@@ -19,9 +19,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <regex>
-#include <map>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -35,8 +35,6 @@ namespace loom::cli {
 namespace {
 
 namespace fs = std::filesystem;
-
-
 
 // Starts argv with stdout and stderr into one pipe (returned in *out_fd), `tag` in LOOM_CHAOS_TAG.
 pid_t spawn(const std::vector<std::string>& argv, const std::string& tag, int* out_fd) {
@@ -131,13 +129,13 @@ std::string last_value_of(const std::vector<std::string>& args, const std::strin
 
 int bench_chaos(const std::vector<std::string>& args) {
   auto app = bench_app("chaos",
-                        "loom bench chaos [options] -- train CONFIG [--set k=v]...: runs the training uninterrupted, "
-                        "then again under loom launch --max-restarts while striking it --trials times, the --kinds "
-                        "in turn: SIGKILL of a random rank, SIGSTOP of one (a hang), or a corrupted newest checkpoint "
-                        "followed by a kill. Strikes are spread over the run's steps, or come every S seconds with "
-                        "--interval. The run needs checkpoint.every_steps (or every_minutes) and enough steps to host "
-                        "the trials. The last line is SUMMARY {json} with trials, recovered, bitwise_equal and "
-                        "goodput.");
+                       "loom bench chaos [options] -- train CONFIG [--set k=v]...: runs the training uninterrupted, "
+                       "then again under loom launch --max-restarts while striking it --trials times, the --kinds "
+                       "in turn: SIGKILL of a random rank, SIGSTOP of one (a hang), or a corrupted newest checkpoint "
+                       "followed by a kill. Strikes are spread over the run's steps, or come every S seconds with "
+                       "--interval. The run needs checkpoint.every_steps (or every_minutes) and enough steps to host "
+                       "the trials. The last line is SUMMARY {json} with trials, recovered, bitwise_equal and "
+                       "goodput.");
   int trials = 20, nproc = 4;
   int64_t seed = 1;
   double interval = 0, timeout = 5;
@@ -147,10 +145,10 @@ int bench_chaos(const std::vector<std::string>& args) {
   app->add_option("--trials", trials, "strikes")->type_name("N")->check(positive());
   app->add_option("--nproc", nproc, "ranks of the training")->type_name("P")->check(in_range(2, 1 << 20));
   app->add_option("--interval", interval, "seconds between strikes (0: spread over the run's steps)")
-      ->type_name("S")->check(non_negative());
+      ->type_name("S")
+      ->check(non_negative());
   app->add_option("--kinds", kinds_text, "strikes to take turns, of kill, stop, corrupt")->type_name("LIST");
-  app->add_option("--timeout", timeout, "the ranks' collective timeout in seconds")->type_name("S")
-      ->check(positive());
+  app->add_option("--timeout", timeout, "the ranks' collective timeout in seconds")->type_name("S")->check(positive());
   app->add_option("--seed", seed, "seeds the strikes")->type_name("K");
   app->add_option("--work", work, "working directory (default: a new one under /tmp)")->type_name("DIR");
   app->add_flag("--keep", keep, "keep the runs' checkpoints in the working directory");
@@ -172,9 +170,11 @@ int bench_chaos(const std::vector<std::string>& args) {
   LOOM_CHECK(last_value_of(train, "checkpoint.dir").empty(), "bench",
              "leave checkpoint.dir out: the benchmark puts each run's checkpoints in its --work directory");
   LOOM_CHECK(trials >= 1 && nproc >= 2 && !kinds.empty(), "bench", "--trials >= 1, --nproc >= 2 and some --kinds");
-  LOOM_CHECK(last_value_of(train, "checkpoint.every_steps").size() || last_value_of(train, "checkpoint.every_minutes").size(),
-             "bench", "the training needs --set checkpoint.every_steps=K (or every_minutes): without checkpoints "
-             "every restart begins at step 0");
+  LOOM_CHECK(
+      last_value_of(train, "checkpoint.every_steps").size() || last_value_of(train, "checkpoint.every_minutes").size(),
+      "bench",
+      "the training needs --set checkpoint.every_steps=K (or every_minutes): without checkpoints "
+      "every restart begins at step 0");
   std::mt19937_64 rng{uint64_t(seed)};
   if (work.empty()) {
     char tmpl[] = "/tmp/loom-chaos-XXXXXX";
@@ -190,7 +190,8 @@ int bench_chaos(const std::vector<std::string>& args) {
     v.push_back("--");
     v.insert(v.end(), train.begin(), train.end());
     // Progress lines every step (the strikes and recoveries are timed by them), unless set.
-    for (const std::string& s : {"checkpoint.dir=" + ckdir, std::string("log.every=1"), std::string("log.progress=off")}) {
+    for (const std::string& s :
+         {"checkpoint.dir=" + ckdir, std::string("log.every=1"), std::string("log.progress=off")}) {
       if (s.rfind("checkpoint.dir=", 0) != 0 && !last_value_of(train, s.substr(0, s.find('='))).empty()) continue;
       v.push_back("--set");
       v.push_back(s);
@@ -252,7 +253,8 @@ int bench_chaos(const std::vector<std::string>& args) {
       if (std::regex_search(line, m, lost_re)) lost.push_back(std::stod(m[1]));
     }
     if (line.find("[launch] job finished") == 0) finished = true;
-    if (line.find("[watchdog] rank") != std::string::npos && kind == "stop" && waiting && hang_latency.size() < size_t(kind_count["stop"])) {
+    if (line.find("[watchdog] rank") != std::string::npos && kind == "stop" && waiting &&
+        hang_latency.size() < size_t(kind_count["stop"])) {
       hang_latency.push_back(sw.seconds() - struck_at);
       const bool named = std::regex_search(line, std::regex(R"(\[watchdog\] rank \d+: \S+ #\d+ on group)"));
       hang_named_all = hang_named_all && named;
@@ -316,8 +318,10 @@ int bench_chaos(const std::vector<std::string>& args) {
       waiting = false;
       ++recovered;
       trial_log.back()["recovered_after_s"] = sw.seconds() - struck_at;
-      if (interval > 0) next_at = struck_at + interval;
-      else next_step = done < trials ? std::max(step + 1, target_step(done)) : -1;
+      if (interval > 0)
+        next_at = struck_at + interval;
+      else
+        next_step = done < trials ? std::max(step + 1, target_step(done)) : -1;
     }
     if (waiting && sw.seconds() - struck_at > timeout + 180) {
       std::fprintf(stderr, "[chaos] trial %d did not recover within %.0f s; ending the job\n", done, timeout + 180);
@@ -354,13 +358,25 @@ int bench_chaos(const std::vector<std::string>& args) {
   if (!hang_latency.empty())
     std::printf("hangs detected after %.1f s at most (collective timeout %.1f s), named: %s\n",
                 *std::max_element(hang_latency.begin(), hang_latency.end()), timeout, hang_named_all ? "yes" : "NO");
-  if (kind_count["corrupt"]) std::printf("corrupted checkpoints skipped on resume: %d of %d\n", corrupt_skipped, kind_count["corrupt"]);
-  nlohmann::json s = {{"trials", done}, {"recovered", recovered}, {"bitwise_equal", equal}, {"goodput", goodput},
-                      {"finished", ok_exit}, {"kills", kind_count["kill"]}, {"stops", kind_count["stop"]},
-                      {"corrupts", kind_count["corrupt"]}, {"corrupt_skipped", corrupt_skipped},
-                      {"uninterrupted_s", ref_s}, {"struck_s", chaos_s}, {"lost_s", lost},
-                      {"hang_detect_s", hang_latency}, {"hangs_named", hang_named_all},
-                      {"collective_timeout_s", timeout}, {"work", work}, {"log", trial_log}};
+  if (kind_count["corrupt"])
+    std::printf("corrupted checkpoints skipped on resume: %d of %d\n", corrupt_skipped, kind_count["corrupt"]);
+  nlohmann::json s = {{"trials", done},
+                      {"recovered", recovered},
+                      {"bitwise_equal", equal},
+                      {"goodput", goodput},
+                      {"finished", ok_exit},
+                      {"kills", kind_count["kill"]},
+                      {"stops", kind_count["stop"]},
+                      {"corrupts", kind_count["corrupt"]},
+                      {"corrupt_skipped", corrupt_skipped},
+                      {"uninterrupted_s", ref_s},
+                      {"struck_s", chaos_s},
+                      {"lost_s", lost},
+                      {"hang_detect_s", hang_latency},
+                      {"hangs_named", hang_named_all},
+                      {"collective_timeout_s", timeout},
+                      {"work", work},
+                      {"log", trial_log}};
   if (!keep) {
     std::error_code ec;
     fs::remove_all(work + "/ref", ec);

@@ -18,7 +18,6 @@
 namespace loom::cli {
 namespace {
 
-
 class RandomTokens final : public train::BatchSource {
  public:
   explicit RandomTokens(int64_t vocab) : vocab_(vocab) {}
@@ -29,7 +28,9 @@ class RandomTokens final : public train::BatchSource {
       tgt[i] = int32_t(rng() % uint64_t(vocab_));
     }
   }
-  void fill_val(int64_t i, int64_t B, int64_t T, int32_t* tok, int32_t* tgt) override { fill_train(-1 - i, 0, B, B, T, tok, tgt); }
+  void fill_val(int64_t i, int64_t B, int64_t T, int32_t* tok, int32_t* tgt) override {
+    fill_train(-1 - i, 0, B, B, T, tok, tgt);
+  }
   int64_t vocab_size() const override { return vocab_; }
   bool has_val() const override { return false; }
 
@@ -41,16 +42,17 @@ class RandomTokens final : public train::BatchSource {
 
 int bench_checkpoint(const std::vector<std::string>& args) {
   auto app = bench_app("checkpoint",
-                        "Trains --steps steps of --model on random tokens twice, saving every --every steps "
-                        "synchronously, then with checkpoint.async=true, into --dir. Choose --every so that a write "
-                        "fits between two checkpoints; otherwise the async run also waits for the previous write. "
-                        "The last line is SUMMARY {json} with sync_stall_s and async_stall_s (per checkpoint), "
-                        "stall_ratio (async / sync) and async_write_s.");
+                       "Trains --steps steps of --model on random tokens twice, saving every --every steps "
+                       "synchronously, then with checkpoint.async=true, into --dir. Choose --every so that a write "
+                       "fits between two checkpoints; otherwise the async run also waits for the previous write. "
+                       "The last line is SUMMARY {json} with sync_stall_s and async_stall_s (per checkpoint), "
+                       "stall_ratio (async / sync) and async_write_s.");
   std::string preset = "gpt2-124m", dir;
   int64_t every = 20, steps = 0, B = 1, T = 64, threads = 0;
   app->add_option("--model", preset, "model preset")->type_name("PRESET");
   auto* steps_opt = app->add_option("--steps", steps, "training steps per run (default: 3 x --every)")
-                        ->check(positive())->default_str("");
+                        ->check(positive())
+                        ->default_str("");
   app->add_option("--every", every, "steps between checkpoints")->type_name("K")->check(positive());
   app->add_option("--batch", B, "sequences per step")->check(positive());
   app->add_option("--seq", T, "tokens per sequence")->check(positive());
@@ -68,10 +70,16 @@ int bench_checkpoint(const std::vector<std::string>& args) {
     dir = tmpl;
   }
   auto run = [&](bool async) {
-    std::vector<std::string> sets = {"model.preset=" + preset, "data.dir=unused", str_cat("data.seq_len=", T),
-                                     str_cat("data.batch_size=", B), str_cat("schedule.steps=", steps),
-                                     "schedule.eval_interval=0", "log.every=1000000", "log.progress=off",
-                                     str_cat("checkpoint.every_steps=", every), "checkpoint.keep_last=2",
+    std::vector<std::string> sets = {"model.preset=" + preset,
+                                     "data.dir=unused",
+                                     str_cat("data.seq_len=", T),
+                                     str_cat("data.batch_size=", B),
+                                     str_cat("schedule.steps=", steps),
+                                     "schedule.eval_interval=0",
+                                     "log.every=1000000",
+                                     "log.progress=off",
+                                     str_cat("checkpoint.every_steps=", every),
+                                     "checkpoint.keep_last=2",
                                      str_cat("checkpoint.dir=", dir, async ? "/async" : "/sync"),
                                      str_cat("checkpoint.async=", async ? "true" : "false")};
     if (threads_opt->count()) sets.push_back(str_cat("threads=", threads));
@@ -90,7 +98,8 @@ int bench_checkpoint(const std::vector<std::string>& args) {
   const auto [sync, sync_wall] = run(false);
   const auto [async, async_wall] = run(true);
   if (own_dir) fs::remove_all(dir);
-  const double n_sync = double(std::max<int64_t>(1, sync.checkpoints)), n_async = double(std::max<int64_t>(1, async.checkpoints));
+  const double n_sync = double(std::max<int64_t>(1, sync.checkpoints)),
+               n_async = double(std::max<int64_t>(1, async.checkpoints));
   const double sync_stall = sync.checkpoint_stall_s / n_sync, async_stall = async.checkpoint_stall_s / n_async;
   // Steps: the run's wall time less its checkpoint stalls, per step (the async run's steps share
   // the machine with the background writes).
@@ -103,10 +112,16 @@ int bench_checkpoint(const std::vector<std::string>& args) {
   std::printf("%-34s %11.3fs %11.3fs\n", "step time (stalls excluded)", sync_step, async_step);
   std::printf("%-34s %11.1fs %11.1fs\n", "whole run", sync_wall, async_wall);
   std::printf("async stall / sync stall: %.3f\n", async_stall / sync_stall);
-  const nlohmann::json s = {{"model", preset}, {"checkpoints", sync.checkpoints}, {"sync_stall_s", sync_stall},
-                            {"async_stall_s", async_stall}, {"stall_ratio", async_stall / sync_stall},
-                            {"async_write_s", async.checkpoint_write_s / n_async}, {"sync_step_s", sync_step},
-                            {"async_step_s", async_step}, {"sync_wall_s", sync_wall}, {"async_wall_s", async_wall},
+  const nlohmann::json s = {{"model", preset},
+                            {"checkpoints", sync.checkpoints},
+                            {"sync_stall_s", sync_stall},
+                            {"async_stall_s", async_stall},
+                            {"stall_ratio", async_stall / sync_stall},
+                            {"async_write_s", async.checkpoint_write_s / n_async},
+                            {"sync_step_s", sync_step},
+                            {"async_step_s", async_step},
+                            {"sync_wall_s", sync_wall},
+                            {"async_wall_s", async_wall},
                             {"same_losses", sync.losses == async.losses}};
   std::printf("SUMMARY %s\n", s.dump().c_str());
   return 0;

@@ -13,10 +13,10 @@
 #include <sstream>
 
 #include "loom/comm/algorithm.h"
-#include "loom/core/stats.h"
 #include "loom/comm/bandwidth.h"
 #include "loom/comm/launch.h"
 #include "loom/comm/world.h"
+#include "loom/core/stats.h"
 #include "loom/core/timer.h"
 #include "tools/loom/commands.h"
 
@@ -58,11 +58,16 @@ Buffers make_buffers(const std::string& op, int64_t count, int n, int r) {
 }
 
 void run_op(const comm::Group& g, const std::string& op, const Buffers& b) {
-  if (op == "all_reduce") g.all_reduce(b.in);
-  else if (op == "reduce_scatter") g.reduce_scatter(b.in, b.out);
-  else if (op == "all_gather") g.all_gather(b.in, b.out);
-  else if (op == "all_to_all") g.all_to_all(b.in, b.out);
-  else g.broadcast(b.in, 0);
+  if (op == "all_reduce")
+    g.all_reduce(b.in);
+  else if (op == "reduce_scatter")
+    g.reduce_scatter(b.in, b.out);
+  else if (op == "all_gather")
+    g.all_gather(b.in, b.out);
+  else if (op == "all_to_all")
+    g.all_to_all(b.in, b.out);
+  else
+    g.broadcast(b.in, 0);
 }
 
 // Checks first, middle and last element of the result of one run on fresh buffers.
@@ -72,9 +77,12 @@ bool result_ok(const std::string& op, const Buffers& b, int n) {
   int64_t m = t.numel();
   for (int64_t i : {int64_t(0), m / 2, m - 1}) {
     double want;
-    if (op == "all_reduce" || op == "reduce_scatter") want = n * (n + 1) / 2.0;
-    else if (op == "broadcast") want = 1.0;
-    else want = double(i / (m / n) + 1);  // chunk q came from rank q
+    if (op == "all_reduce" || op == "reduce_scatter")
+      want = n * (n + 1) / 2.0;
+    else if (op == "broadcast")
+      want = 1.0;
+    else
+      want = double(i / (m / n) + 1);  // chunk q came from rank q
     if (p[i] != float(want)) return false;
   }
   return true;
@@ -87,7 +95,6 @@ std::vector<std::string> split_list(const std::string& s) {
     if (!item.empty()) out.push_back(item);
   return out;
 }
-
 
 struct Peak {
   double busbw = 0;
@@ -104,7 +111,7 @@ double time_op(const comm::Group& g, const std::string& op, const Buffers& b, in
     run_op(g, op, b);
     times.data<double>()[i] = sw.seconds();
   }
-  g.set_algorithm(comm::Algorithm::mpi);  // the bookkeeping below is not what is measured
+  g.set_algorithm(comm::Algorithm::mpi);     // the bookkeeping below is not what is measured
   g.all_reduce(times, comm::ReduceOp::max);  // an iteration lasts as long as its slowest rank
   std::vector<double> t(times.data<double>(), times.data<double>() + iters);
   return median(std::move(t));
@@ -210,10 +217,9 @@ int calibrate(const CommOptions& a, const CLI::App& app) {
   // Every algorithm that runs as itself on this group shape (not a fall-back), so `auto`
   // can go by measurement where it has one.
   for (const std::string op : {"all_reduce", "reduce_scatter", "all_gather"}) {
-    for (comm::Algorithm alg : {comm::Algorithm::mpi, comm::Algorithm::ring, comm::Algorithm::tree,
-                                comm::Algorithm::hierarchical}) {
-      if (alg != comm::Algorithm::mpi &&
-          comm::resolve_algorithm(alg, collective_op(op), max_bytes, topo, m) != alg)
+    for (comm::Algorithm alg :
+         {comm::Algorithm::mpi, comm::Algorithm::ring, comm::Algorithm::tree, comm::Algorithm::hierarchical}) {
+      if (alg != comm::Algorithm::mpi && comm::resolve_algorithm(alg, collective_op(op), max_bytes, topo, m) != alg)
         continue;
       for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2) {
         int64_t count = std::max<int64_t>(n, bytes / 4 / n * n);
@@ -231,12 +237,13 @@ int calibrate(const CommOptions& a, const CLI::App& app) {
   }
   if (r == 0) {
     comm::save_cost_model(m, path);
-    std::printf("[bench comm] wrote %s; use it with comm.calibration: %s or LOOM_COMM_CALIBRATION=%s\n",
-                path.c_str(), path.c_str(), path.c_str());
-    std::printf("SUMMARY {\"bench\":\"comm_calibrate\",\"ranks\":%d,\"hosts\":%d,\"intra_alpha_us\":%.3f,"
-                "\"intra_gbps\":%.4f,\"inter_alpha_us\":%.3f,\"inter_gbps\":%.4f,\"reduce_gbps\":%.3f,\"file\":\"%s\"}\n",
-                n, topo.hosts(), m.intra.alpha_s * 1e6, m.intra.gbps(), inter_peer > 0 ? m.inter.alpha_s * 1e6 : 0.0,
-                inter_peer > 0 ? m.inter.gbps() : 0.0, 1e-9 / m.reduce_s_per_byte, path.c_str());
+    std::printf("[bench comm] wrote %s; use it with comm.calibration: %s or LOOM_COMM_CALIBRATION=%s\n", path.c_str(),
+                path.c_str(), path.c_str());
+    std::printf(
+        "SUMMARY {\"bench\":\"comm_calibrate\",\"ranks\":%d,\"hosts\":%d,\"intra_alpha_us\":%.3f,"
+        "\"intra_gbps\":%.4f,\"inter_alpha_us\":%.3f,\"inter_gbps\":%.4f,\"reduce_gbps\":%.3f,\"file\":\"%s\"}\n",
+        n, topo.hosts(), m.intra.alpha_s * 1e6, m.intra.gbps(), inter_peer > 0 ? m.inter.alpha_s * 1e6 : 0.0,
+        inter_peer > 0 ? m.inter.gbps() : 0.0, 1e-9 / m.reduce_s_per_byte, path.c_str());
   }
   return 0;
 }
@@ -245,22 +252,23 @@ int calibrate(const CommOptions& a, const CLI::App& app) {
 
 int bench_comm(const std::vector<std::string>& args) {
   auto app = bench_app("comm",
-                        "Sizes double from --min-bytes to --max-bytes (f32 elements; the total buffer of the op). "
-                        "--nproc N relaunches through `loom launch --nproc N` unless already under MPI; --hosts also "
-                        "(test hosts from scripts/testhosts.sh or real ones; --nproc defaults to its slots). --trace "
-                        "DIR writes each rank's trace, collectives included (docs/OBSERVABILITY.md).");
+                       "Sizes double from --min-bytes to --max-bytes (f32 elements; the total buffer of the op). "
+                       "--nproc N relaunches through `loom launch --nproc N` unless already under MPI; --hosts also "
+                       "(test hosts from scripts/testhosts.sh or real ones; --nproc defaults to its slots). --trace "
+                       "DIR writes each rank's trace, collectives included (docs/OBSERVABILITY.md).");
   CommOptions a;
-  app->add_option("--nproc", a.nproc, "ranks, through loom launch")->type_name("N")->check(positive())
-      ->default_str("");
+  app->add_option("--nproc", a.nproc, "ranks, through loom launch")->type_name("N")->check(positive())->default_str("");
   app->add_option("--hosts", a.hosts, "hosts and ranks per host, through loom launch")->type_name("h1:2,h2:2");
   app->add_option("--ops", a.ops, "of all_reduce, reduce_scatter, all_gather, all_to_all, broadcast")
       ->type_name("LIST");
   app->add_option("--min-bytes", a.min_bytes, "smallest size (default 1K; 4K under --calibrate)")->type_name("SIZE");
   app->add_option("--max-bytes", a.max_bytes, "largest size (default 256M; 64M under --calibrate)")->type_name("SIZE");
   app->add_option("--iters", a.iters, "timed iterations per size (default 20; 10 under --calibrate)")
-      ->check(positive())->default_str("");
+      ->check(positive())
+      ->default_str("");
   app->add_option("--warmup", a.warmup, "untimed iterations per size (default 5; 2 under --calibrate)")
-      ->check(non_negative())->default_str("");
+      ->check(non_negative())
+      ->default_str("");
   app->add_option("--algorithms", a.algorithms,
                   "run all_reduce, reduce_scatter and all_gather with each of ring, tree, hierarchical, auto, mpi "
                   "(default: the run's comm algorithm, $LOOM_COMM_ALGORITHM or auto); 'auto' rows name its pick")
@@ -268,13 +276,15 @@ int bench_comm(const std::vector<std::string>& args) {
   app->add_option("--calibrate", a.calibrate,
                   "measure latency and bandwidth inside and between hosts, the reduction rate and every algorithm's "
                   "time over the sizes, and write the cost model to FILE (for comm.calibration or "
-                  "$LOOM_COMM_CALIBRATION)")->type_name("FILE");
+                  "$LOOM_COMM_CALIBRATION)")
+      ->type_name("FILE");
   if (auto rc = parse(*app, args)) return *rc;
   if ((app->count("--nproc") || app->count("--hosts")) && !comm::launch_env().under_mpi)
     return relaunch_bench("comm", args);
   if (!a.calibrate.empty()) return calibrate(a, *app);
   std::vector<std::string> ops = split_list(a.ops);
-  const std::string min_text = a.min_bytes.empty() ? "1K" : a.min_bytes, max_text = a.max_bytes.empty() ? "256M" : a.max_bytes;
+  const std::string min_text = a.min_bytes.empty() ? "1K" : a.min_bytes,
+                    max_text = a.max_bytes.empty() ? "256M" : a.max_bytes;
   int64_t min_bytes = comm::parse_byte_size(min_text);
   int64_t max_bytes = comm::parse_byte_size(max_text);
   int iters = app->count("--iters") ? int(a.iters) : 20, warmup = app->count("--warmup") ? int(a.warmup) : 5;
@@ -308,7 +318,8 @@ int bench_comm(const std::vector<std::string>& args) {
   for (const auto& op : ops) {
     Peak peak;
     double factor = comm::bus_bandwidth_factor(op, n);
-    std::vector<comm::Algorithm> run = has_algorithms(op) ? algorithms : std::vector<comm::Algorithm>{comm::Algorithm::mpi};
+    std::vector<comm::Algorithm> run =
+        has_algorithms(op) ? algorithms : std::vector<comm::Algorithm>{comm::Algorithm::mpi};
     for (comm::Algorithm alg : run) {
       const std::string alg_name = comm::algorithm_name(alg);
       for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2) {

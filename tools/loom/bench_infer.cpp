@@ -6,15 +6,15 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <random>
 #include <vector>
 
-#include "loom/core/stats.h"
 #include "loom/core/error.h"
+#include "loom/core/stats.h"
 #include "loom/core/threads.h"
 #include "loom/core/timer.h"
 #include "loom/infer/engine.h"
@@ -72,8 +72,8 @@ struct LengthDist {
       d.c = v[2];
       return d;
     }
-    throw UsageError(str_cat("[bench infer] ", opt, " \"", s,
-                             "\": expected N, uniform:A:B or exp:MEAN:MIN:MAX with 1 <= A <= B"));
+    throw UsageError(
+        str_cat("[bench infer] ", opt, " \"", s, "\": expected N, uniform:A:B or exp:MEAN:MIN:MAX with 1 <= A <= B"));
   }
   int64_t sample(std::mt19937_64& g) const {
     if (kind == fixed) return int64_t(a);
@@ -84,8 +84,8 @@ struct LengthDist {
   int64_t max() const { return kind == fixed ? int64_t(a) : kind == uniform ? int64_t(b) : int64_t(c); }
 };
 
-std::vector<WorkItem> make_workload(int64_t n, double rate, const LengthDist& plen,
-                                    const LengthDist& olen, int64_t vocab, uint64_t seed) {
+std::vector<WorkItem> make_workload(int64_t n, double rate, const LengthDist& plen, const LengthDist& olen,
+                                    int64_t vocab, uint64_t seed) {
   std::mt19937_64 g(seed);
   std::vector<WorkItem> w(static_cast<size_t>(n));
   double t = 0;
@@ -109,8 +109,10 @@ void print_table(const std::vector<ModeResult>& rs) {
   const ModeResult* cont = nullptr;
   std::vector<const ModeResult*> statics;
   for (const auto& r : rs) {
-    if (r.is_static) statics.push_back(&r);
-    else cont = &r;
+    if (r.is_static)
+      statics.push_back(&r);
+    else
+      cont = &r;
   }
   if (!cont) statics.clear();
   std::printf("\n%-28s", "metric");
@@ -131,27 +133,40 @@ void print_table(const std::vector<ModeResult>& rs) {
     std::printf("\n");
   };
   const char* f1 = "%16.1f";
-  row("output tokens/s", [](const ModeResult& r) { return r.tokens_per_s; }, f1);
-  row("requests/s", [](const ModeResult& r) { return r.requests_per_s; }, "%16.3f");
-  row("makespan s", [](const ModeResult& r) { return r.makespan_s; }, f1);
+  row(
+      "output tokens/s", [](const ModeResult& r) { return r.tokens_per_s; }, f1);
+  row(
+      "requests/s", [](const ModeResult& r) { return r.requests_per_s; }, "%16.3f");
+  row(
+      "makespan s", [](const ModeResult& r) { return r.makespan_s; }, f1);
   for (double p : {50.0, 90.0, 99.0}) {
     const std::string sp = str_cat(int(p));
-    row(str_cat("TTFT p", sp, " ms").c_str(), [p](const ModeResult& r) { return percentile(r.ttft_ms, p); }, f1);
-    row(str_cat("TPOT p", sp, " ms").c_str(), [p](const ModeResult& r) { return percentile(r.tpot_ms, p); }, f1);
-    row(str_cat("end-to-end p", sp, " ms").c_str(), [p](const ModeResult& r) { return percentile(r.e2e_ms, p); }, f1);
+    row(
+        str_cat("TTFT p", sp, " ms").c_str(), [p](const ModeResult& r) { return percentile(r.ttft_ms, p); }, f1);
+    row(
+        str_cat("TPOT p", sp, " ms").c_str(), [p](const ModeResult& r) { return percentile(r.tpot_ms, p); }, f1);
+    row(
+        str_cat("end-to-end p", sp, " ms").c_str(), [p](const ModeResult& r) { return percentile(r.e2e_ms, p); }, f1);
   }
-  row("steps", [](const ModeResult& r) { return double(r.steps); }, "%16.0f");
-  row("decode rows computed", [](const ModeResult& r) { return double(r.decode_rows + r.padding_rows); },
-      "%16.0f");
+  row(
+      "steps", [](const ModeResult& r) { return double(r.steps); }, "%16.0f");
+  row(
+      "decode rows computed", [](const ModeResult& r) { return double(r.decode_rows + r.padding_rows); }, "%16.0f");
   if (std::any_of(rs.begin(), rs.end(), [](const ModeResult& r) { return r.policy == "padded"; })) {
     row("padding rows computed %", padding_pct, "%16.2f", false);
   }
-  row("peak running sequences", [](const ModeResult& r) { return double(r.peak_seqs); }, "%16.0f");
-  row("preemptions", [](const ModeResult& r) { return double(r.preemptions); }, "%16.0f");
-  row("peak KV blocks", [](const ModeResult& r) { return double(r.peak_blocks); }, "%16.0f");
-  row("peak KV MiB", [](const ModeResult& r) { return r.peak_kv_bytes / 1048576.0; }, f1);
-  row("KV unused at peak %", [](const ModeResult& r) { return 100 * r.frag_at_peak; }, "%16.2f");
-  row("contiguous would waste %", [](const ModeResult& r) { return 100 * r.contiguous_waste; }, "%16.1f");
+  row(
+      "peak running sequences", [](const ModeResult& r) { return double(r.peak_seqs); }, "%16.0f");
+  row(
+      "preemptions", [](const ModeResult& r) { return double(r.preemptions); }, "%16.0f");
+  row(
+      "peak KV blocks", [](const ModeResult& r) { return double(r.peak_blocks); }, "%16.0f");
+  row(
+      "peak KV MiB", [](const ModeResult& r) { return r.peak_kv_bytes / 1048576.0; }, f1);
+  row(
+      "KV unused at peak %", [](const ModeResult& r) { return 100 * r.frag_at_peak; }, "%16.2f");
+  row(
+      "contiguous would waste %", [](const ModeResult& r) { return 100 * r.contiguous_waste; }, "%16.1f");
 }
 
 }  // namespace
@@ -202,7 +217,7 @@ Batch1 run_batch1(const model::Decoder& m, const infer::EngineConfig& cfg, int64
   sp.temperature = 0;
   sp.max_tokens = rounds * per_round + 2;
   e.add_request(prompt, sp);
-  e.step();  // prefill
+  e.step();                                       // prefill
   std::vector<float> buf(size_t(1) << 28, 1.0f);  // 1 GiB
   const double bytes = double(e.weight_bytes_per_token());
   std::vector<Batch1> rs;
@@ -276,53 +291,80 @@ int bench_infer(const std::vector<std::string>& argv) {
                   "until the longest is done) or compact (they leave at once)")
       ->check(one_of({"padded", "compact"}));
   app->add_option("--requests", a.requests, "requests of the load (default 64; --speculative 16, 0: no load runs)")
-      ->type_name("N")->check(non_negative())->default_str("");
-  app->add_option("--rate", a.rate, "Poisson arrivals per second; 0: all at once")->type_name("R")
+      ->type_name("N")
+      ->check(non_negative())
+      ->default_str("");
+  app->add_option("--rate", a.rate, "Poisson arrivals per second; 0: all at once")
+      ->type_name("R")
       ->check(non_negative());
   app->add_option("--prompt-len", a.prompt_len,
                   "prompt tokens: N | uniform:A:B | exp:MEAN:MIN:MAX (exponential, clamped) (default "
-                  "uniform:16:128; --speculative: a plain number, default 64)")->type_name("DIST");
+                  "uniform:16:128; --speculative: a plain number, default 64)")
+      ->type_name("DIST");
   app->add_option("--output-len", a.output_len,
-                  "output tokens, as --prompt-len (default uniform:16:256; --speculative 96)")->type_name("DIST");
+                  "output tokens, as --prompt-len (default uniform:16:256; --speculative 96)")
+      ->type_name("DIST");
   app->add_option("--max-num-seqs", a.max_num_seqs, "sequences stepped together")->type_name("N")->check(positive());
-  app->add_option("--max-batched-tokens", a.max_batched_tokens, "tokens per engine step")->type_name("N")
+  app->add_option("--max-batched-tokens", a.max_batched_tokens, "tokens per engine step")
+      ->type_name("N")
       ->check(positive());
   app->add_option("--block-size", a.block_size, "tokens per KV-cache block")->type_name("N")->check(positive());
-  app->add_option("--kv-cache-mb", a.kv_cache_mb, "KV-cache size in MiB (default 1024; --tp 256)")->type_name("N")
-      ->check(positive())->default_str("");
-  app->add_option("--temperature", a.temperature, "sampling temperature (0: greedy)")->type_name("T")
+  app->add_option("--kv-cache-mb", a.kv_cache_mb, "KV-cache size in MiB (default 1024; --tp 256)")
+      ->type_name("N")
+      ->check(positive())
+      ->default_str("");
+  app->add_option("--temperature", a.temperature, "sampling temperature (0: greedy)")
+      ->type_name("T")
       ->check(in_range(0, 2));
-  app->add_option("--threads", a.threads, "compute threads (default 2; --tp 1)")->type_name("N")->check(positive())
+  app->add_option("--threads", a.threads, "compute threads (default 2; --tp 1)")
+      ->type_name("N")
+      ->check(positive())
       ->default_str("");
   app->add_option("--seed", a.seed, "seeds weights, arrivals and prompts")->type_name("S");
   app->add_flag("--no-prefix-caching", a.no_prefix_caching, "the engine without prefix caching");
   app->add_flag("--no-batch1", a.no_batch1, "skip the batch-1 decode measurement");
-  app->add_option("--batch1-tokens", a.batch1_tokens, "tokens of the batch-1 decode")->type_name("N")
+  app->add_option("--batch1-tokens", a.batch1_tokens, "tokens of the batch-1 decode")
+      ->type_name("N")
       ->check(positive());
   app->add_option("--prefill-tokens", a.prefill_tokens, "time one N-token prompt's prefill (prompt processing; 0: off)")
-      ->type_name("N")->check(non_negative());
+      ->type_name("N")
+      ->check(non_negative());
   add_quant_options(*app, a.quant);
   add_tensor_parallel_option(*app, a.tp);
   const std::string peer = "--peer llama.cpp";
   app->add_option("--peer", a.peer, "run beside llama.cpp")->check(one_of({"llama.cpp"}))->group(peer);
-  app->add_option("--peer-venv", a.peer_venv, "where llama-cpp-python is built (default BUILD/peers/llama-venv)")->type_name("DIR")->group(peer);
+  app->add_option("--peer-venv", a.peer_venv, "where llama-cpp-python is built (default BUILD/peers/llama-venv)")
+      ->type_name("DIR")
+      ->group(peer);
   app->add_option("--rounds", a.rounds, "alternating rounds")->type_name("R")->check(positive())->group(peer);
   app->add_option("--precisions", a.precisions, "of fp32, bf16, int8, int4")->type_name("LIST")->group(peer);
-  app->add_option("--compare-tokens", a.compare_tokens, "greedy tokens compared at F32")->type_name("N")
-      ->check(non_negative())->group(peer);
+  app->add_option("--compare-tokens", a.compare_tokens, "greedy tokens compared at F32")
+      ->type_name("N")
+      ->check(non_negative())
+      ->group(peer);
   app->add_option("--compare-prompt", a.compare_prompt, "the prompt of the comparison (default: a fixed text)")
-      ->type_name("TEXT")->group(peer);
+      ->type_name("TEXT")
+      ->group(peer);
   const std::string spec = "--speculative SPEC";
   add_speculative_option(*app, a.speculative);
   app->get_option("--speculative")->group(spec);
-  app->add_option("--data", a.data, "prompts from DIR/val.bin (a `loom prepare` output)")->type_name("DIR")
+  app->add_option("--data", a.data, "prompts from DIR/val.bin (a `loom prepare` output)")
+      ->type_name("DIR")
       ->group(spec);
   app->add_option("--workload", a.workload, "prompts (default: text with --data, else random)")
-      ->check(one_of({"text", "quote", "random"}))->group(spec);
-  app->add_option("--batch1-requests", a.batch1_requests, "prompts decoded one at a time")->type_name("N")
-      ->check(positive())->group(spec);
-  app->add_option("--low-rate", a.low_rate, "arrivals per second of the low load (default: a quarter of plain "
-                  "batch-1's)")->type_name("R")->check(positive())->default_str("")->group(spec);
+      ->check(one_of({"text", "quote", "random"}))
+      ->group(spec);
+  app->add_option("--batch1-requests", a.batch1_requests, "prompts decoded one at a time")
+      ->type_name("N")
+      ->check(positive())
+      ->group(spec);
+  app->add_option("--low-rate", a.low_rate,
+                  "arrivals per second of the low load (default: a quarter of plain "
+                  "batch-1's)")
+      ->type_name("R")
+      ->check(positive())
+      ->default_str("")
+      ->group(spec);
   if (auto rc = parse(*app, argv)) return *rc;
   if (!a.given("peer"))
     for (const char* k : {"peer-venv", "rounds", "precisions", "compare-tokens", "compare-prompt"})
@@ -390,24 +432,22 @@ int bench_infer(const std::vector<std::string>& argv) {
               ckpt.empty() ? " (random weights)" : (" from " + ckpt).c_str(), im.precision().c_str(), threads,
               cpu::hot_kernels_isa().c_str(),
               im.quant ? (", quantized linears " + cpu::quant_linear_path(im.quant->spec.format)).c_str() : "");
-  std::printf("load: %ld requests, Poisson rate %.2f/s, prompt %s, output %s, temperature %.2f\n",
-              long(n_req), rate, plen.text.c_str(), olen.text.c_str(), temperature);
-  std::printf("engine: max_num_seqs %ld, max_batched_tokens %ld, block %ld, KV cache %s\n",
-              long(cfg.max_num_seqs), long(cfg.max_batched_tokens), long(cfg.block_size),
-              format_bytes(cfg.kv_cache_bytes).c_str());
+  std::printf("load: %ld requests, Poisson rate %.2f/s, prompt %s, output %s, temperature %.2f\n", long(n_req), rate,
+              plen.text.c_str(), olen.text.c_str(), temperature);
+  std::printf("engine: max_num_seqs %ld, max_batched_tokens %ld, block %ld, KV cache %s\n", long(cfg.max_num_seqs),
+              long(cfg.max_batched_tokens), long(cfg.block_size), format_bytes(cfg.kv_cache_bytes).c_str());
   if (mode != "continuous")
     std::printf("static batching: %s%s\n", mode == "all" ? "compact and padded" : static_name.c_str(),
-                mode == "all" ? "" : policy == StaticPolicy::padded
-                    ? " (finished members stay as padding rows until the longest is done)"
-                    : " (finished members leave the batch at once)");
+                mode == "all"                    ? ""
+                : policy == StaticPolicy::padded ? " (finished members stay as padding rows until the longest is done)"
+                                                 : " (finished members leave the batch at once)");
   std::fflush(stdout);
 
   const auto work = make_workload(n_req, rate, plen, olen, mc.vocab_size, uint64_t(a.seed));
   std::vector<Flavour> flavours;
   auto static_flavour = [](StaticPolicy p, bool both_policies) {
     const std::string name = static_policy_name(p);
-    return Flavour{BatchingMode::static_batch, p, "static-" + name,
-                   both_policies ? "static_" + name : "static"};
+    return Flavour{BatchingMode::static_batch, p, "static-" + name, both_policies ? "static_" + name : "static"};
   };
   if (mode == "all") {
     flavours.push_back(static_flavour(StaticPolicy::compact, true));
@@ -416,29 +456,28 @@ int bench_infer(const std::vector<std::string>& argv) {
     flavours.push_back(static_flavour(policy, false));
   }
   if (mode != "static") flavours.push_back({BatchingMode::continuous, policy, "continuous", "continuous"});
-  const std::vector<ModeResult> results =
-      run_side_by_side(m, std::vector<infer::EngineConfig>(flavours.size(), cfg), flavours, work, temperature,
-                       plen.max() + olen.max());
+  const std::vector<ModeResult> results = run_side_by_side(m, std::vector<infer::EngineConfig>(flavours.size(), cfg),
+                                                           flavours, work, temperature, plen.max() + olen.max());
   print_table(results);
 
   Batch1 b1;
   if (!a.no_batch1) {
     b1 = run_batch1(m, cfg, a.batch1_tokens);
-    std::printf("\nbatch-1 decode: %.2f tokens/s; weights read per token %.1f MB; read bandwidth "
-                "%.2f GB/s (1 GiB sum, %d threads) -> bound %.2f tokens/s; achieved %.1f%% "
-                "(median of 5 rounds)\n",
-                b1.tokens_per_s, b1.bytes_per_token / 1e6, b1.bandwidth / 1e9, threads, b1.bound,
-                100 * b1.fraction);
-    std::printf("  against a sum over %.1f MB (the weights' size; cache-resident if they are): %.2f GB/s "
-                "-> bound %.2f tokens/s; achieved %.1f%% (same round)\n",
-                b1.bytes_per_token / 1e6, b1.weights_bandwidth / 1e9, b1.weights_bound,
-                100 * b1.weights_fraction);
+    std::printf(
+        "\nbatch-1 decode: %.2f tokens/s; weights read per token %.1f MB; read bandwidth "
+        "%.2f GB/s (1 GiB sum, %d threads) -> bound %.2f tokens/s; achieved %.1f%% "
+        "(median of 5 rounds)\n",
+        b1.tokens_per_s, b1.bytes_per_token / 1e6, b1.bandwidth / 1e9, threads, b1.bound, 100 * b1.fraction);
+    std::printf(
+        "  against a sum over %.1f MB (the weights' size; cache-resident if they are): %.2f GB/s "
+        "-> bound %.2f tokens/s; achieved %.1f%% (same round)\n",
+        b1.bytes_per_token / 1e6, b1.weights_bandwidth / 1e9, b1.weights_bound, 100 * b1.weights_fraction);
   }
   double prefill_rate = 0;
   if (prefill > 0) {
     prefill_rate = prefill_tokens_per_s(m, cfg, prefill);
-    std::printf("prompt processing: %lld-token prompt at %.1f tokens/s (one step, median of 3)\n",
-                (long long)prefill, prefill_rate);
+    std::printf("prompt processing: %lld-token prompt at %.1f tokens/s (one step, median of 3)\n", (long long)prefill,
+                prefill_rate);
   }
 
   // The static_* keys are the --static flavour's (with all, besides static_compact_* and
@@ -449,24 +488,22 @@ int bench_infer(const std::vector<std::string>& argv) {
     return nullptr;
   };
   const std::string chosen_key = mode == "all" ? "static_" + static_name : "static";
-  std::string js = str_cat("{\"model\":\"", mc.name, "\",\"quant\":\"", im.precision(), "\",\"requests\":", n_req,
-                           ",\"rate\":", rate,
-                           ",\"prompt_len\":\"", plen.text, "\",\"output_len\":\"", olen.text, "\"");
+  std::string js =
+      str_cat("{\"model\":\"", mc.name, "\",\"quant\":\"", im.precision(), "\",\"requests\":", n_req,
+              ",\"rate\":", rate, ",\"prompt_len\":\"", plen.text, "\",\"output_len\":\"", olen.text, "\"");
   if (mode != "continuous") js += str_cat(",\"static_policy\":\"", static_name, "\"");
   std::vector<std::pair<std::string, const ModeResult*>> keyed;
   if (const ModeResult* r = find(chosen_key)) keyed.push_back({"static", r});
   for (const char* key : {"static_compact", "static_padded", "continuous"})
     if (const ModeResult* r = find(key)) keyed.push_back({key, r});
   for (const auto& [p, r] : keyed) {
-    js += str_cat(",\"", p, "_tokens_per_s\":", r->tokens_per_s, ",\"", p, "_requests_per_s\":",
-                  r->requests_per_s, ",\"", p, "_p50_e2e_ms\":", percentile(r->e2e_ms, 50), ",\"",
-                  p, "_p99_e2e_ms\":", percentile(r->e2e_ms, 99), ",\"", p, "_p50_ttft_ms\":",
-                  percentile(r->ttft_ms, 50), ",\"", p, "_p99_ttft_ms\":", percentile(r->ttft_ms, 99),
-                  ",\"", p, "_p50_tpot_ms\":", percentile(r->tpot_ms, 50), ",\"", p,
-                  "_peak_kv_blocks\":", r->peak_blocks, ",\"", p, "_kv_unused_at_peak_pct\":",
-                  100 * r->frag_at_peak);
-    if (r->is_static)
-      js += str_cat(",\"", p, "_padding_rows_pct\":", padding_pct(*r));
+    js += str_cat(",\"", p, "_tokens_per_s\":", r->tokens_per_s, ",\"", p, "_requests_per_s\":", r->requests_per_s,
+                  ",\"", p, "_p50_e2e_ms\":", percentile(r->e2e_ms, 50), ",\"", p,
+                  "_p99_e2e_ms\":", percentile(r->e2e_ms, 99), ",\"", p, "_p50_ttft_ms\":", percentile(r->ttft_ms, 50),
+                  ",\"", p, "_p99_ttft_ms\":", percentile(r->ttft_ms, 99), ",\"", p,
+                  "_p50_tpot_ms\":", percentile(r->tpot_ms, 50), ",\"", p, "_peak_kv_blocks\":", r->peak_blocks, ",\"",
+                  p, "_kv_unused_at_peak_pct\":", 100 * r->frag_at_peak);
+    if (r->is_static) js += str_cat(",\"", p, "_padding_rows_pct\":", padding_pct(*r));
   }
   if (const ModeResult* c = find("continuous")) {
     if (const ModeResult* st = find(chosen_key))
@@ -476,11 +513,10 @@ int bench_infer(const std::vector<std::string>& argv) {
         js += str_cat(",\"throughput_ratio_", key + 7, "\":", c->tokens_per_s / st->tokens_per_s);
   }
   if (b1.tokens_per_s > 0)
-    js += str_cat(",\"batch1_tokens_per_s\":", b1.tokens_per_s, ",\"read_bandwidth_gb_s\":",
-                  b1.bandwidth / 1e9, ",\"batch1_bound_tokens_per_s\":", b1.bound,
-                  ",\"batch1_fraction_of_bound\":", b1.fraction, ",\"weights_read_bandwidth_gb_s\":",
-                  b1.weights_bandwidth / 1e9, ",\"batch1_fraction_of_weights_bound\":",
-                  b1.weights_fraction);
+    js += str_cat(",\"batch1_tokens_per_s\":", b1.tokens_per_s, ",\"read_bandwidth_gb_s\":", b1.bandwidth / 1e9,
+                  ",\"batch1_bound_tokens_per_s\":", b1.bound, ",\"batch1_fraction_of_bound\":", b1.fraction,
+                  ",\"weights_read_bandwidth_gb_s\":", b1.weights_bandwidth / 1e9,
+                  ",\"batch1_fraction_of_weights_bound\":", b1.weights_fraction);
   if (prefill_rate > 0) js += str_cat(",\"prefill_tokens\":", prefill, ",\"prefill_tokens_per_s\":", prefill_rate);
   js += "}";
   std::printf("SUMMARY %s\n", js.c_str());

@@ -14,8 +14,8 @@ namespace loom::cli {
 // --tp, --speculative) default some of them differently; `given` says which were given.
 struct InferBenchOptions {
   std::string model = "gpt2-124m", checkpoint, mode = "both", static_policy = "padded", prompt_len, output_len;
-  int64_t requests = 0, max_num_seqs = 32, max_batched_tokens = 2048, block_size = 16, kv_cache_mb = 0,
-          threads = 0, seed = 1, batch1_tokens = 64, prefill_tokens = 512, tp = 1;
+  int64_t requests = 0, max_num_seqs = 32, max_batched_tokens = 2048, block_size = 16, kv_cache_mb = 0, threads = 0,
+          seed = 1, batch1_tokens = 64, prefill_tokens = 512, tp = 1;
   double rate = 8.0, temperature = 0.0;
   bool no_prefix_caching = false, no_batch1 = false;
   QuantOptions quant;

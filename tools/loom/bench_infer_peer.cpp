@@ -84,10 +84,14 @@ constexpr const char* kComparePrompt = "ROMEO:\nBut soft, what light through yon
 std::string escaped(const std::string& s) {
   std::string o;
   for (unsigned char c : s) {
-    if (c == '\n') o += "\\n";
-    else if (c == '"' || c == '\\') o += str_cat("\\", char(c));
-    else if (c < 0x20) o += str_cat("\\x", "0123456789abcdef"[c >> 4], "0123456789abcdef"[c & 15]);
-    else o += char(c);
+    if (c == '\n')
+      o += "\\n";
+    else if (c == '"' || c == '\\')
+      o += str_cat("\\", char(c));
+    else if (c < 0x20)
+      o += str_cat("\\x", "0123456789abcdef"[c >> 4], "0123456789abcdef"[c & 15]);
+    else
+      o += char(c);
   }
   return o;
 }
@@ -115,8 +119,9 @@ int bench_infer_llama_cpp(const InferBenchOptions& a, const model::ModelConfig& 
     throw UsageError(str_cat("[bench infer] --peer llama.cpp runs GPT-2-family models; ", mc.name, " is ",
                              model::family_name(mc.family), " (use --model gpt2-124m or a GPT-2 checkpoint)"));
   if (a.given("quant"))
-    throw UsageError("[bench infer] --peer llama.cpp runs every precision itself (fp32/F32, bf16/BF16, "
-                     "int8/Q8_0, int4/Q4_0); choose them with --precisions instead of --quant");
+    throw UsageError(
+        "[bench infer] --peer llama.cpp runs every precision itself (fp32/F32, bf16/BF16, "
+        "int8/Q8_0, int4/Q4_0); choose them with --precisions instead of --quant");
   const std::string venv = a.peer_venv.empty() ? default_venv() : a.peer_venv;
   const int64_t rounds = a.rounds, decode_tokens = a.batch1_tokens;
   const int64_t compare_tokens = a.compare_tokens;
@@ -132,10 +137,14 @@ int bench_infer_llama_cpp(const InferBenchOptions& a, const model::ModelConfig& 
     std::istringstream is(a.precisions);
     std::string p;
     while (std::getline(is, p, ',')) {
-      if (p == "fp32") levels.push_back({"fp32", "F32", "F32"});
-      else if (p == "bf16") levels.push_back({"bf16", "BF16", head_f32 ? "F32" : "BF16"});
-      else if (p == "int8") levels.push_back({"int8", "Q8_0", head_f32 ? "F32" : "Q8_0"});
-      else if (p == "int4") levels.push_back({"int4", "Q4_0", head_f32 ? "F32" : "Q8_0"});
+      if (p == "fp32")
+        levels.push_back({"fp32", "F32", "F32"});
+      else if (p == "bf16")
+        levels.push_back({"bf16", "BF16", head_f32 ? "F32" : "BF16"});
+      else if (p == "int8")
+        levels.push_back({"int8", "Q8_0", head_f32 ? "F32" : "Q8_0"});
+      else if (p == "int4")
+        levels.push_back({"int4", "Q4_0", head_f32 ? "F32" : "Q8_0"});
       else
         throw UsageError("[bench infer] --precisions: \"" + p + "\" is not fp32, bf16, int8 or int4 (a comma list)");
     }
@@ -184,10 +193,10 @@ int bench_infer_llama_cpp(const InferBenchOptions& a, const model::ModelConfig& 
   cfg.prefix_caching = false;
   cfg.max_batched_tokens = std::max<int64_t>(cfg.max_batched_tokens, prefill);
   const int64_t P = 16;
-  std::printf("peer: llama.cpp via llama-cpp-python in %s, %d threads, alternating with loom; %lld rounds of "
-              "%lld decode steps after a %lld-token prompt, and one %lld-token prompt\n",
-              venv.c_str(), threads, (long long)rounds, (long long)decode_tokens, (long long)P,
-              (long long)prefill);
+  std::printf(
+      "peer: llama.cpp via llama-cpp-python in %s, %d threads, alternating with loom; %lld rounds of "
+      "%lld decode steps after a %lld-token prompt, and one %lld-token prompt\n",
+      venv.c_str(), threads, (long long)rounds, (long long)decode_tokens, (long long)P, (long long)prefill);
   std::fflush(stdout);
 
   std::vector<LevelResult> results;
@@ -197,8 +206,7 @@ int bench_infer_llama_cpp(const InferBenchOptions& a, const model::ModelConfig& 
     const auto spec = l.loom == "fp32"
                           ? std::optional<infer::QuantSpec>()
                           : infer::parse_quant_spec(l.loom, l.loom == "int4" ? a.quant.group : -1,
-                                                    head_f32 ? "f32" : "int8",
-                                                    l.loom == "int4" && a.quant.zero_point);
+                                                    head_f32 ? "f32" : "int8", l.loom == "int4" && a.quant.zero_point);
     const InferenceModel im = load(spec);
     cfg.quant = im.quant_ptr();
     infer::Engine e(*im.model, cfg);
@@ -237,9 +245,8 @@ int bench_infer_llama_cpp(const InferBenchOptions& a, const model::ModelConfig& 
 
     if (l.loom == "fp32" && compare_tokens > 0) {
       // Greedy tokens against llama.cpp with an F32 KV cache and no flash attention.
-      PeerProcess exact({python, std::string(LOOM_SOURCE_DIR) + "/bench/peers/llama_cpp_peer.py", "--gguf",
-                         ggufs[li], "--threads", std::to_string(threads), "--ctx", std::to_string(mc.n_ctx),
-                         "--exact"});
+      PeerProcess exact({python, std::string(LOOM_SOURCE_DIR) + "/bench/peers/llama_cpp_peer.py", "--gguf", ggufs[li],
+                         "--threads", std::to_string(threads), "--ctx", std::to_string(mc.n_ctx), "--exact"});
       exact.read_until("READY ");
       // A text prompt through the checkpoint's tokenizer (real text gives a less degenerate
       // continuation than the timing runs' token formula, which random weights get).
@@ -248,8 +255,7 @@ int bench_infer_llama_cpp(const InferBenchOptions& a, const model::ModelConfig& 
       if (!im.tokenizer.empty()) {
         tok = data::make_tokenizer(im.tokenizer);
         prompt = tok->encode(a.given("compare-prompt") ? a.compare_prompt : std::string(kComparePrompt));
-        if (prompt.empty())
-          throw UsageError("[bench infer] --compare-prompt is empty; give some text to continue");
+        if (prompt.empty()) throw UsageError("[bench infer] --compare-prompt is empty; give some text to continue");
       }
       infer::SamplingParams sp;
       sp.temperature = 0;
@@ -264,42 +270,45 @@ int bench_infer_llama_cpp(const InferBenchOptions& a, const model::ModelConfig& 
       exact.send_line("quit");
       equal = 0;
       for (size_t i = 0; i < mine.size() && i < theirs.size(); ++i) {
-        if (mine[i] == theirs[i]) ++equal;
-        else if (first_diff < 0) first_diff = int64_t(i);
+        if (mine[i] == theirs[i])
+          ++equal;
+        else if (first_diff < 0)
+          first_diff = int64_t(i);
       }
       if (first_diff < 0 && mine.size() != theirs.size()) first_diff = int64_t(std::min(mine.size(), theirs.size()));
       std::string ms, ts;
       for (int32_t t : mine) ms += str_cat(" ", t);
       for (int32_t t : theirs) ts += str_cat(" ", t);
-      std::printf("greedy tokens at F32 (%lld after a %zu-token prompt): %lld equal%s\n  loom:     %s\n  "
-                  "llama.cpp:%s\n",
-                  (long long)compare_tokens, prompt.size(), (long long)equal,
-                  first_diff < 0 ? ", identical" : str_cat(", first difference at ", first_diff).c_str(),
-                  ms.c_str(), ts.c_str());
+      std::printf(
+          "greedy tokens at F32 (%lld after a %zu-token prompt): %lld equal%s\n  loom:     %s\n  "
+          "llama.cpp:%s\n",
+          (long long)compare_tokens, prompt.size(), (long long)equal,
+          first_diff < 0 ? ", identical" : str_cat(", first difference at ", first_diff).c_str(), ms.c_str(),
+          ts.c_str());
       if (tok)
         std::printf("  as text (%s tokenizer): \"%s\" + \"%s\"\n", im.tokenizer.c_str(),
                     escaped(tok->decode(prompt)).c_str(), escaped(tok->decode(mine)).c_str());
     }
   }
 
-  std::printf("\n%-40s%12s%12s%9s%12s%12s%9s\n", "precision (loom / llama.cpp)", "decode loom", "llama.cpp",
-              "ratio", "prompt loom", "llama.cpp", "ratio");
+  std::printf("\n%-40s%12s%12s%9s%12s%12s%9s\n", "precision (loom / llama.cpp)", "decode loom", "llama.cpp", "ratio",
+              "prompt loom", "llama.cpp", "ratio");
   std::string js = str_cat("{\"model\":\"", mc.name, "\",\"peer\":\"llama.cpp\",\"threads\":", threads,
                            ",\"prefill_tokens\":", prefill, ",\"rounds\":", rounds);
   for (const LevelResult& r : results) {
-    const std::string name = r.loom_precision + " / " + r.level.gguf + (r.level.head != r.level.gguf
-                                                                            ? " (head " + r.level.head + ")"
-                                                                            : "");
+    const std::string name =
+        r.loom_precision + " / " + r.level.gguf + (r.level.head != r.level.gguf ? " (head " + r.level.head + ")" : "");
     std::printf("%-40s%12.1f%12.1f%8.2fx%12.0f%12.0f%8.2fx\n", name.c_str(), r.loom_decode, r.peer_decode,
                 r.loom_decode / r.peer_decode, r.loom_prefill, r.peer_prefill,
                 r.peer_prefill > 0 ? r.loom_prefill / r.peer_prefill : 0.0);
     const std::string k = r.level.loom;
-    js += str_cat(",\"", k, "_batch1_tokens_per_s\":", r.loom_decode, ",\"", k, "_peer_batch1_tokens_per_s\":",
-                  r.peer_decode, ",\"", k, "_batch1_ratio\":", r.loom_decode / r.peer_decode);
+    js += str_cat(",\"", k, "_batch1_tokens_per_s\":", r.loom_decode, ",\"", k,
+                  "_peer_batch1_tokens_per_s\":", r.peer_decode, ",\"", k,
+                  "_batch1_ratio\":", r.loom_decode / r.peer_decode);
     if (prefill > 0)
       js += str_cat(",\"", k, "_prefill_tokens_per_s\":", r.loom_prefill, ",\"", k,
-                    "_peer_prefill_tokens_per_s\":", r.peer_prefill, ",\"", k, "_prefill_ratio\":",
-                    r.loom_prefill / r.peer_prefill);
+                    "_peer_prefill_tokens_per_s\":", r.peer_prefill, ",\"", k,
+                    "_prefill_ratio\":", r.loom_prefill / r.peer_prefill);
   }
   if (equal >= 0)
     js += str_cat(",\"greedy_tokens_compared\":", compare_tokens, ",\"greedy_tokens_equal\":", equal,

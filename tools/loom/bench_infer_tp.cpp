@@ -19,9 +19,8 @@ int bench_infer_tp(const InferBenchOptions& a, int threads) {
   FILE* log = tp.leader() ? stderr : nullptr;
   if (a.given("checkpoint")) ckpt = resolve_inference_checkpoint(a.checkpoint, log);
   const model::ModelConfig mc = ckpt.empty() ? model::preset(a.model) : model::checkpoint_model_config(ckpt);
-  const InferenceModel im = ckpt.empty()
-                                ? random_inference_model(mc, uint64_t(a.seed), quant, tp.group())
-                                : load_inference_model(ckpt, quant, log, true, tp.group());
+  const InferenceModel im = ckpt.empty() ? random_inference_model(mc, uint64_t(a.seed), quant, tp.group())
+                                         : load_inference_model(ckpt, quant, log, true, tp.group());
   infer::EngineConfig cfg;
   cfg.block_size = a.block_size;
   cfg.kv_cache_bytes = (a.given("kv-cache-mb") ? a.kv_cache_mb : 256) << 20;
@@ -41,18 +40,21 @@ int bench_infer_tp(const InferBenchOptions& a, int threads) {
               mc.summary().c_str(), ckpt.empty() ? " (random weights)" : (" from " + ckpt).c_str(),
               im.precision().c_str(), threads, cpu::hot_kernels_isa().c_str());
   const Batch1 b1 = run_batch1(*im.model, cfg, n_tokens);
-  std::printf("batch-1 decode: %.2f tokens/s; this rank's weights read per token %.1f MB (bound %.2f tokens/s at "
-              "%.2f GB/s, achieved %.1f%%)\n", b1.tokens_per_s, b1.bytes_per_token / 1e6, b1.bound, b1.bandwidth / 1e9,
-              100 * b1.fraction);
+  std::printf(
+      "batch-1 decode: %.2f tokens/s; this rank's weights read per token %.1f MB (bound %.2f tokens/s at "
+      "%.2f GB/s, achieved %.1f%%)\n",
+      b1.tokens_per_s, b1.bytes_per_token / 1e6, b1.bound, b1.bandwidth / 1e9, 100 * b1.fraction);
   double prefill_rate = 0;
   if (prefill > 0) {
     prefill_rate = prefill_tokens_per_s(*im.model, cfg, prefill);
     std::printf("prompt processing: %lld-token prompt at %.1f tokens/s (one step, median of 3)\n", (long long)prefill,
                 prefill_rate);
   }
-  std::printf("SUMMARY {\"model\":\"%s\",\"quant\":\"%s\",\"tp\":%lld,\"threads_per_rank\":%d,\"batch1_tokens_per_s\":%g,"
-              "\"batch1_bytes_per_token_per_rank\":%g,\"prefill_tokens_per_s\":%g}\n", mc.name.c_str(),
-              im.precision().c_str(), (long long)tp.size, threads, b1.tokens_per_s, b1.bytes_per_token, prefill_rate);
+  std::printf(
+      "SUMMARY {\"model\":\"%s\",\"quant\":\"%s\",\"tp\":%lld,\"threads_per_rank\":%d,\"batch1_tokens_per_s\":%g,"
+      "\"batch1_bytes_per_token_per_rank\":%g,\"prefill_tokens_per_s\":%g}\n",
+      mc.name.c_str(), im.precision().c_str(), (long long)tp.size, threads, b1.tokens_per_s, b1.bytes_per_token,
+      prefill_rate);
   return 0;
 }
 

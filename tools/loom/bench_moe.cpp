@@ -19,12 +19,12 @@
 #include "loom/core/threads.h"
 #include "loom/core/timer.h"
 #include "loom/data/dataset.h"
+#include "loom/model/checkpoint_reader.h"
 #include "loom/model/decoder.h"
 #include "loom/parallel/data_parallel.h"
 #include "loom/parallel/expert_parallel.h"
 #include "loom/parallel/mesh.h"
 #include "loom/parallel/model_gather.h"
-#include "loom/model/checkpoint_reader.h"
 #include "loom/train/checkpoint.h"
 #include "tools/loom/commands.h"
 
@@ -35,8 +35,8 @@ struct Timed {
   std::vector<double> step, route, expert, a2a, a2a_exposed, dp_exposed, load, dropped;
 };
 
-Timed run(const model::ModelConfig& cfg, const parallel::Mesh& mesh, const comm::CommRecord& rec, int zero,
-          int64_t B, int64_t T, int64_t warmup, int64_t steps, const std::string& checkpoint = "",
+Timed run(const model::ModelConfig& cfg, const parallel::Mesh& mesh, const comm::CommRecord& rec, int zero, int64_t B,
+          int64_t T, int64_t warmup, int64_t steps, const std::string& checkpoint = "",
           const std::string& data_dir = "") {
   const int64_t data = mesh.data_size(), ep = mesh.shape().size(parallel::Dim::ep);
   model::DecoderOptions dopt = parallel::decoder_options_for({}, zero, int(data));
@@ -119,31 +119,36 @@ double med(const std::vector<double>& v) { return v.empty() ? 0.0 : median(v); }
 
 int bench_moe(const std::vector<std::string>& argv) {
   auto app = bench_app("moe",
-                        "Times MoE training steps on random tokens and the dense model of equal active parameters. "
-                        "The last line is SUMMARY {json} with a2a_ms, exposed_a2a_ms, tokens_per_s, "
-                        "dense_tokens_per_s and load_max_over_mean.");
+                       "Times MoE training steps on random tokens and the dense model of equal active parameters. "
+                       "The last line is SUMMARY {json} with a2a_ms, exposed_a2a_ms, tokens_per_s, "
+                       "dense_tokens_per_s and load_max_over_mean.");
   std::string preset = "llama-moe-tiny", checkpoint_dir, data_dir;
   int64_t B = 4, T = 0, steps = 5, warmup = 1, threads = 0, nproc = 0, ep = 1;
   int zero = 0;
   double capacity_factor = 0, aux_loss_coef = 0;
   app->add_option("--model", preset, "a MoE preset (llama-moe-60m: 8 experts, top-2)")->type_name("PRESET");
   app->add_option("--batch", B, "sequences per rank and step")->check(positive());
-  app->add_option("--seq", T, "tokens per sequence (default: 128, at most the context)")->check(positive())
+  app->add_option("--seq", T, "tokens per sequence (default: 128, at most the context)")
+      ->check(positive())
       ->default_str("");
   app->add_option("--steps", steps, "timed steps")->check(positive());
   app->add_option("--warmup", warmup, "untimed steps first")->check(non_negative());
-  app->add_option("--threads", threads, "compute threads per rank")->type_name("K")->check(positive())
-      ->default_str("");
+  app->add_option("--threads", threads, "compute threads per rank")->type_name("K")->check(positive())->default_str("");
   app->add_option("--nproc", nproc, "ranks (via loom launch)")->type_name("N")->check(positive())->default_str("");
   app->add_option("--ep", ep, "experts split over E ranks; dp = N / E")->type_name("E")->check(positive());
   app->add_option("--zero", zero, "ZeRO stage")->type_name("Z")->check(in_range(0, 3));
   app->add_option("--capacity-factor", capacity_factor, "override the preset's model.moe.capacity_factor")
-      ->type_name("F")->check(non_negative())->default_str("");
+      ->type_name("F")
+      ->check(non_negative())
+      ->default_str("");
   app->add_option("--aux-loss-coef", aux_loss_coef, "override the preset's model.moe.router_aux_loss_coef")
-      ->type_name("A")->check(non_negative())->default_str("");
+      ->type_name("A")
+      ->check(non_negative())
+      ->default_str("");
   app->add_option("--checkpoint", checkpoint_dir,
                   "the MoE model and weights of a trained checkpoint instead of a preset (a trained router's load, "
-                  "not a random one's; the dense peer stays random)")->type_name("DIR");
+                  "not a random one's; the dense peer stays random)")
+      ->type_name("DIR");
   app->add_option("--data", data_dir, "tokens from DIR/val.bin (loom prepare) instead of random ones")
       ->type_name("DIR");
   if (auto rc = parse(*app, argv)) return *rc;
@@ -155,8 +160,7 @@ int bench_moe(const std::vector<std::string>& argv) {
     throw UsageError(str_cat("[bench moe] --ep ", ep, " does not divide the ", N, " ranks running (--nproc)"));
   if (given("--threads")) set_num_threads(int(threads));
   const std::string checkpoint = checkpoint_dir.empty() ? "" : model::resolve_checkpoint(checkpoint_dir);
-  model::ModelConfig cfg = checkpoint.empty() ? model::preset(preset)
-                                              : model::checkpoint_model_config(checkpoint);
+  model::ModelConfig cfg = checkpoint.empty() ? model::preset(preset) : model::checkpoint_model_config(checkpoint);
   if (!cfg.moe.enabled())
     throw UsageError("[bench moe] --model " + cfg.name + " is dense; use a MoE preset (llama-moe-tiny, llama-moe-60m)");
   if (given("--capacity-factor")) cfg.moe.capacity_factor = capacity_factor;
@@ -175,10 +179,11 @@ int bench_moe(const std::vector<std::string>& argv) {
   const bool main = world.rank() == 0;
   const int64_t dp = N / ep;
   if (main)
-    std::printf("bench moe: %s\n  %d ranks: dp=%lld x ep=%lld, ZeRO-%d, per-rank batch %lld x %lld, %d thread(s)/rank\n"
-                "  dense peer: %s\n",
-                cfg.summary().c_str(), N, (long long)dp, (long long)ep, zero, (long long)B, (long long)T, num_threads(),
-                dense.summary().c_str());
+    std::printf(
+        "bench moe: %s\n  %d ranks: dp=%lld x ep=%lld, ZeRO-%d, per-rank batch %lld x %lld, %d thread(s)/rank\n"
+        "  dense peer: %s\n",
+        cfg.summary().c_str(), N, (long long)dp, (long long)ep, zero, (long long)B, (long long)T, num_threads(),
+        dense.summary().c_str());
   parallel::Mesh moe_mesh(world.group(), parallel::MeshShape(1, dp, ep, 1));
   const Timed moe = run(cfg, moe_mesh, world.record(), zero, B, T, warmup, steps, checkpoint, data_dir);
   parallel::Mesh dense_mesh(world.group(), parallel::MeshShape(1, N, 1, 1));
@@ -201,15 +206,30 @@ int bench_moe(const std::vector<std::string>& argv) {
               tokens / dense_step * 1e3, step / dense_step);
   std::printf("expert load max/mean %.2f (worst block), dropped %.2f%% of choices (capacity factor %g)\n",
               med(moe.load), 100 * med(moe.dropped), cfg.moe.capacity_factor);
-  if (ep > 1)
-    std::printf("all-to-all exposed: %.1f%% of its time\n", a2a > 0 ? 100 * exposed / a2a : 0.0);
-  nlohmann::json s = {{"model", cfg.name}, {"checkpoint", checkpoint}, {"data", data_dir}, {"ranks", N}, {"dp", dp}, {"ep", ep}, {"zero_stage", zero},
-                      {"batch_per_rank", B}, {"seq", T}, {"threads_per_rank", num_threads()},
-                      {"step_ms", step}, {"expert_ms", expert}, {"route_ms", route}, {"dense_part_ms", rest},
-                      {"a2a_ms", a2a}, {"exposed_a2a_ms", exposed}, {"exposed_dp_ms", dp_exposed},
-                      {"dense_step_ms", dense_step}, {"tokens_per_s", tokens / step * 1e3},
-                      {"dense_tokens_per_s", tokens / dense_step * 1e3}, {"moe_over_dense", step / dense_step},
-                      {"load_max_over_mean", med(moe.load)}, {"dropped_fraction", med(moe.dropped)},
+  if (ep > 1) std::printf("all-to-all exposed: %.1f%% of its time\n", a2a > 0 ? 100 * exposed / a2a : 0.0);
+  nlohmann::json s = {{"model", cfg.name},
+                      {"checkpoint", checkpoint},
+                      {"data", data_dir},
+                      {"ranks", N},
+                      {"dp", dp},
+                      {"ep", ep},
+                      {"zero_stage", zero},
+                      {"batch_per_rank", B},
+                      {"seq", T},
+                      {"threads_per_rank", num_threads()},
+                      {"step_ms", step},
+                      {"expert_ms", expert},
+                      {"route_ms", route},
+                      {"dense_part_ms", rest},
+                      {"a2a_ms", a2a},
+                      {"exposed_a2a_ms", exposed},
+                      {"exposed_dp_ms", dp_exposed},
+                      {"dense_step_ms", dense_step},
+                      {"tokens_per_s", tokens / step * 1e3},
+                      {"dense_tokens_per_s", tokens / dense_step * 1e3},
+                      {"moe_over_dense", step / dense_step},
+                      {"load_max_over_mean", med(moe.load)},
+                      {"dropped_fraction", med(moe.dropped)},
                       {"capacity_factor", cfg.moe.capacity_factor}};
   std::printf("SUMMARY %s\n", s.dump().c_str());
   return 0;

@@ -12,9 +12,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "loom/core/stats.h"
 #include "loom/comm/launch.h"
 #include "loom/comm/world.h"
+#include "loom/core/stats.h"
 #include "loom/core/threads.h"
 #include "loom/model/decoder.h"
 #include "loom/parallel/partition.h"
@@ -62,8 +62,8 @@ int bench_balance(const PipelineOptions& a, const CLI::App& app) {
   const std::vector<int> stage_counts = int_list(a.stages);
   const int64_t B = app.count("--batch") ? a.batch : 1, T = app.count("--seq") ? a.seq : 256;
   const int reps = int(a.reps);
-  std::printf("bench pipeline --balance: %s, micro-batch %lld x %lld, %d thread(s)\n",
-              cfg.summary().c_str(), (long long)B, (long long)T, num_threads());
+  std::printf("bench pipeline --balance: %s, micro-batch %lld x %lld, %d thread(s)\n", cfg.summary().c_str(),
+              (long long)B, (long long)T, num_threads());
   const parallel::PartitionCosts params = parallel::parameter_costs(cfg);
   std::printf("profiling (for the partition) ...\n");
   std::fflush(stdout);
@@ -80,8 +80,8 @@ int bench_balance(const PipelineOptions& a, const CLI::App& app) {
               judge.embedding * 1e3, block_mean * 1e3, judge.head * 1e3, judge.head / block_mean);
   nlohmann::json runs = nlohmann::json::array();
   for (int p : stage_counts) {
-    std::printf("\n%d stages\n%-11s %-32s %-30s %9s %11s\n", p, "partition", "blocks per stage",
-                "stage time ms", "max/mean", "params m/m");
+    std::printf("\n%d stages\n%-11s %-32s %-30s %9s %11s\n", p, "partition", "blocks per stage", "stage time ms",
+                "max/mean", "params m/m");
     nlohmann::json methods = nlohmann::json::object();
     for (const char* name : {"uniform", "parameters", "profile"}) {
       std::vector<parallel::StageRange> r;
@@ -93,20 +93,27 @@ int bench_balance(const PipelineOptions& a, const CLI::App& app) {
       for (double x : t) ts += str_cat(ts.empty() ? "" : " ", int(x * 1e3 + 0.5));
       const double bal = parallel::max_over_mean(t);
       const double pbal = parallel::max_over_mean(parallel::stage_costs(r, params));
-      std::printf("%-11s %-32s %-30s %9.3f %11.3f\n", name, parallel::describe_partition(r).c_str(), ts.c_str(),
-                  bal, pbal);
-      methods[name] = {{"stages", parallel::describe_partition(r)}, {"stage_ms", ms(t)}, {"max_over_mean", bal},
+      std::printf("%-11s %-32s %-30s %9.3f %11.3f\n", name, parallel::describe_partition(r).c_str(), ts.c_str(), bal,
+                  pbal);
+      methods[name] = {{"stages", parallel::describe_partition(r)},
+                       {"stage_ms", ms(t)},
+                       {"max_over_mean", bal},
                        {"param_max_over_mean", pbal}};
     }
     // No partition does better than the last stage holding the head and one block.
-    const double floor = std::max(
-        1.0, (judge.head + *std::min_element(judge.block.begin(), judge.block.end())) / (total / p));
+    const double floor =
+        std::max(1.0, (judge.head + *std::min_element(judge.block.begin(), judge.block.end())) / (total / p));
     std::printf("lower bound for any partition (last stage = head + one block): max/mean >= %.3f\n", floor);
     runs.push_back({{"stages", p}, {"partitions", methods}, {"lower_bound", floor}});
   }
-  nlohmann::json s = {{"model", cfg.name}, {"batch", B}, {"seq", T}, {"threads", num_threads()},
-                      {"embedding_ms", judge.embedding * 1e3}, {"block_ms", block_mean * 1e3},
-                      {"head_ms", judge.head * 1e3}, {"runs", runs}};
+  nlohmann::json s = {{"model", cfg.name},
+                      {"batch", B},
+                      {"seq", T},
+                      {"threads", num_threads()},
+                      {"embedding_ms", judge.embedding * 1e3},
+                      {"block_ms", block_mean * 1e3},
+                      {"head_ms", judge.head * 1e3},
+                      {"runs", runs}};
   std::printf("SUMMARY %s\n", s.dump().c_str());
   return 0;
 }
@@ -115,22 +122,28 @@ int bench_balance(const PipelineOptions& a, const CLI::App& app) {
 
 int bench_pipeline(const std::vector<std::string>& argv) {
   auto app = bench_app("pipeline",
-                        "loom bench pipeline --nproc P: pipeline bubble and activation memory per stage (P ranks via "
-                        "loom launch; a GPT-2-style model of --layers blocks, untied head, small vocabulary, so that "
-                        "equal blocks make equal stages; idle is the median step's). loom bench pipeline --balance: "
-                        "stage balance of the partitioners. The last line is SUMMARY {json}.");
+                       "loom bench pipeline --nproc P: pipeline bubble and activation memory per stage (P ranks via "
+                       "loom launch; a GPT-2-style model of --layers blocks, untied head, small vocabulary, so that "
+                       "equal blocks make equal stages; idle is the median step's). loom bench pipeline --balance: "
+                       "stage balance of the partitioners. The last line is SUMMARY {json}.");
   PipelineOptions a;
-  app->add_option("--nproc", a.nproc, "stages, one rank each (via loom launch)")->type_name("P")->check(positive())
+  app->add_option("--nproc", a.nproc, "stages, one rank each (via loom launch)")
+      ->type_name("P")
+      ->check(positive())
       ->default_str("");
   app->add_option("--micro-batches", a.micro_batches, "micro-batch counts to run")->type_name("LIST");
   app->add_option("--schedules", a.schedules, "schedules to run")->type_name("LIST");
   app->add_option("--layers", a.layers, "blocks of the model")->type_name("L")->check(positive());
   app->add_option("--d-model", a.d_model, "model width")->type_name("C")->check(positive());
   app->add_option("--vocab", a.vocab, "vocabulary size")->type_name("V")->check(positive());
-  app->add_option("--batch", a.batch, "sequences per micro-batch (default 4; --balance 1)")->type_name("B")
-      ->check(positive())->default_str("");
-  app->add_option("--seq", a.seq, "tokens per sequence (default 64; --balance 256)")->type_name("T")
-      ->check(positive())->default_str("");
+  app->add_option("--batch", a.batch, "sequences per micro-batch (default 4; --balance 1)")
+      ->type_name("B")
+      ->check(positive())
+      ->default_str("");
+  app->add_option("--seq", a.seq, "tokens per sequence (default 64; --balance 256)")
+      ->type_name("T")
+      ->check(positive())
+      ->default_str("");
   app->add_option("--steps", a.steps, "timed steps")->type_name("N")->check(positive());
   app->add_option("--warmup", a.warmup, "untimed steps first")->check(non_negative());
   app->add_option("--threads", a.threads, "OpenMP threads per rank")->type_name("K")->check(positive());
@@ -161,17 +174,16 @@ int bench_pipeline(const std::vector<std::string>& argv) {
   parallel::Mesh mesh(world.group(), parallel::MeshShape(p, 1, 1, 1));
   const int s = int(mesh.coord().pp);
   if (main)
-    std::printf("bench pipeline: %s, %d stages %s, micro-batch %lld x %lld, %d thread(s)/rank\n",
-                cfg.summary().c_str(), p, parallel::describe_partition(ranges).c_str(), (long long)B,
-                (long long)T, num_threads());
+    std::printf("bench pipeline: %s, %d stages %s, micro-batch %lld x %lld, %d thread(s)/rank\n", cfg.summary().c_str(),
+                p, parallel::describe_partition(ranges).c_str(), (long long)B, (long long)T, num_threads());
   std::mt19937 g(7);
   std::vector<int32_t> tok(size_t(B * T)), tgt(size_t(B * T));
   for (auto& t : tok) t = int32_t(g() % cfg.vocab_size);
   for (auto& t : tgt) t = int32_t(g() % cfg.vocab_size);
   nlohmann::json rows = nlohmann::json::array();
   if (main)
-    std::printf("\n%-6s %4s %8s %10s %10s %10s   %s\n", "sched", "m", "formula", "idle mean", "idle max",
-                "simulated", "per stage: idle% / peak activations");
+    std::printf("\n%-6s %4s %8s %10s %10s %10s   %s\n", "sched", "m", "formula", "idle mean", "idle max", "simulated",
+                "per stage: idle% / peak activations");
   for (const std::string& sched : str_list(a.schedules))
     for (int m : int_list(a.micro_batches)) {
       CpuAllocator alloc;  // this configuration's activations alone
@@ -185,10 +197,12 @@ int bench_pipeline(const std::vector<std::string>& argv) {
       for (int64_t i = 0; i < warmup + steps; ++i) {
         world.group().barrier();  // every stage starts the step together
         d.zero_grads();
-        const auto st = stage.train_step([&](int, int32_t* t, int32_t* y) {
-          std::copy(tok.begin(), tok.end(), t);
-          std::copy(tgt.begin(), tgt.end(), y);
-        }, B, T, 1.0 / double(B * T * m));
+        const auto st = stage.train_step(
+            [&](int, int32_t* t, int32_t* y) {
+              std::copy(tok.begin(), tok.end(), t);
+              std::copy(tgt.begin(), tgt.end(), y);
+            },
+            B, T, 1.0 / double(B * T * m));
         // The step ends when the slowest stage ends: idle = 1 - busy / that.
         Tensor wall = Tensor::from_vector<double>({st.wall_s}, {1});
         world.group().all_reduce(wall, comm::ReduceOp::max);
@@ -215,26 +229,37 @@ int bench_pipeline(const std::vector<std::string>& argv) {
         tb.push_back(v[4 * k + 2]);
         peaks.push_back(v[4 * k + 3]);
       }
-      const auto sim = parallel::simulate_schedule(
-          parallel::make_schedule(parallel::pipe_schedule_from_name(sched), p, m), tf, tb);
+      const auto sim =
+          parallel::simulate_schedule(parallel::make_schedule(parallel::pipe_schedule_from_name(sched), p, m), tf, tb);
       double sim_mean = 0, mean = 0;
       for (double x : sim.idle_fraction()) sim_mean += x / p;
       for (double x : idles) mean += x / p;
       const double formula = parallel::bubble_fraction(p, m);
       std::string per;
       for (int k = 0; k < p; ++k)
-        per += str_cat(k ? "  " : "", int(100 * idles[size_t(k)] + 0.5), "% / ",
-                       format_bytes(int64_t(peaks[size_t(k)])));
+        per +=
+            str_cat(k ? "  " : "", int(100 * idles[size_t(k)] + 0.5), "% / ", format_bytes(int64_t(peaks[size_t(k)])));
       std::printf("%-6s %4d %7.1f%% %9.1f%% %9.1f%% %9.1f%%   %s\n", sched.c_str(), m, 100 * formula, 100 * mean,
                   100 * *std::max_element(idles.begin(), idles.end()), 100 * sim_mean, per.c_str());
       std::fflush(stdout);
-      rows.push_back({{"schedule", sched}, {"stages", p}, {"micro_batches", m}, {"formula", formula},
-                      {"idle", idles}, {"idle_mean", mean}, {"simulated_idle_mean", sim_mean},
-                      {"forward_ms", ms(tf)}, {"backward_ms", ms(tb)}, {"activation_peak_bytes", peaks}});
+      rows.push_back({{"schedule", sched},
+                      {"stages", p},
+                      {"micro_batches", m},
+                      {"formula", formula},
+                      {"idle", idles},
+                      {"idle_mean", mean},
+                      {"simulated_idle_mean", sim_mean},
+                      {"forward_ms", ms(tf)},
+                      {"backward_ms", ms(tb)},
+                      {"activation_peak_bytes", peaks}});
     }
   if (main) {
-    nlohmann::json s = {{"model", cfg.summary()}, {"stages", p}, {"batch", B}, {"seq", T},
-                        {"threads_per_rank", num_threads()}, {"runs", rows}};
+    nlohmann::json s = {{"model", cfg.summary()},
+                        {"stages", p},
+                        {"batch", B},
+                        {"seq", T},
+                        {"threads_per_rank", num_threads()},
+                        {"runs", rows}};
     std::printf("SUMMARY %s\n", s.dump().c_str());
   }
   return 0;

@@ -26,7 +26,8 @@ int bench_serve(const std::vector<std::string>& argv) {
   app->add_option("--requests", opt.requests, "requests to send")->check(positive());
   app->add_option("--rate", rate, "mean arrivals per second, Poisson; 0 or inf: all at once")->check(non_negative());
   app->add_option("--max-tokens", opt.max_tokens, "tokens per completion")->check(positive());
-  app->add_option("--prompt-len", opt.prompt_chars, "characters of random prompt text")->type_name("C")
+  app->add_option("--prompt-len", opt.prompt_chars, "characters of random prompt text")
+      ->type_name("C")
       ->check(non_negative());
   app->add_option("--model", opt.model, "model to request (default: the first of GET /v1/models)")->type_name("NAME");
   app->add_option("--api-key", opt.api_key, "sent as Authorization: Bearer KEY")->type_name("KEY");
@@ -45,8 +46,8 @@ int bench_serve(const std::vector<std::string>& argv) {
       std::fflush(stdout);
     }
   });
-  std::printf("\nmodel %s: %lld ok, %lld failed in %.2f s\n", r.model.c_str(), (long long)r.ok,
-              (long long)r.failed, r.duration_s);
+  std::printf("\nmodel %s: %lld ok, %lld failed in %.2f s\n", r.model.c_str(), (long long)r.ok, (long long)r.failed,
+              r.duration_s);
   for (const auto& e : r.errors) std::printf("  failure: %s\n", e.c_str());
   std::printf("%-22s %10s %10s %10s %10s\n", "latency (ms)", "mean", "p50", "p99", "max");
   auto row = [](const char* name, const serve::LatencyStats& s) {

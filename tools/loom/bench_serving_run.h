@@ -58,8 +58,8 @@ struct ModeResult {
   int64_t output_tokens = 0, steps = 0, preemptions = 0;
   std::vector<double> ttft_ms, tpot_ms, e2e_ms;
   int64_t peak_blocks = 0, blocks_total = 0, peak_seqs = 0;
-  double frag_at_peak = 0;        // unused slots / allocated slots at peak allocation
-  double contiguous_waste = 0;    // what per-request max-length buffers would waste there
+  double frag_at_peak = 0;      // unused slots / allocated slots at peak allocation
+  double contiguous_waste = 0;  // what per-request max-length buffers would waste there
   double peak_kv_bytes = 0;
   int64_t spec_proposed = 0, spec_accepted = 0, spec_verifications = 0;  // speculative decoding
 };
@@ -70,10 +70,15 @@ struct ModeResult {
 // be interleaved, so load from other processes on a shared machine falls on both alike.
 class ModeRun {
  public:
-  ModeRun(const model::Decoder& m, infer::EngineConfig cfg, const Flavour& f,
-          const std::vector<WorkItem>& work, double temperature, int64_t max_len)
-      : m_(m), cfg_(with_flavour(cfg, f)), e_(m, cfg_), work_(work), temperature_(temperature),
-        max_len_(max_len), times_(work.size()),
+  ModeRun(const model::Decoder& m, infer::EngineConfig cfg, const Flavour& f, const std::vector<WorkItem>& work,
+          double temperature, int64_t max_len)
+      : m_(m),
+        cfg_(with_flavour(cfg, f)),
+        e_(m, cfg_),
+        work_(work),
+        temperature_(temperature),
+        max_len_(max_len),
+        times_(work.size()),
         padded_(f.mode == BatchingMode::static_batch && f.policy == StaticPolicy::padded) {
     r_.mode = f.label;
     r_.key = f.key;
@@ -84,9 +89,8 @@ class ModeRun {
   double clock() const { return clock_; }
   std::string progress() const {
     const auto mt = e_.metrics();
-    return str_cat("[", r_.mode, "] t=", int64_t(clock_), "s done ", finished_, "/", work_.size(),
-                   " running ", mt.num_running, " waiting ", mt.num_waiting, " kv ",
-                   mt.kv_blocks_used, "/", mt.kv_blocks_total);
+    return str_cat("[", r_.mode, "] t=", int64_t(clock_), "s done ", finished_, "/", work_.size(), " running ",
+                   mt.num_running, " waiting ", mt.num_waiting, " kv ", mt.kv_blocks_used, "/", mt.kv_blocks_total);
   }
 
   // Admits the arrivals due by the clock (padded: a whole batch, when the engine is idle),
@@ -97,8 +101,7 @@ class ModeRun {
     } else if (!e_.has_unfinished()) {
       batch_.clear();
       int64_t longest = 0;
-      for (; next_ < work_.size() && work_[next_].arrival <= clock_ &&
-             int64_t(batch_.size()) < cfg_.max_num_seqs;
+      for (; next_ < work_.size() && work_[next_].arrival <= clock_ && int64_t(batch_.size()) < cfg_.max_num_seqs;
            ++next_) {
         batch_.push_back(next_);
         longest = std::max(longest, work_[next_].output_len);
@@ -161,8 +164,8 @@ class ModeRun {
     r.spec_accepted = mt.spec_accepted;
     r.spec_verifications = mt.spec_verifications;
     r.blocks_total = mt.kv_blocks_total;
-    r.peak_kv_bytes = double(r.peak_blocks) * double(infer::KVCache::bytes_per_block(
-                                                  m_.config(), cfg_.block_size, m_.params().dtype()));
+    r.peak_kv_bytes = double(r.peak_blocks) *
+                      double(infer::KVCache::bytes_per_block(m_.config(), cfg_.block_size, m_.params().dtype()));
     return r;
   }
 
@@ -214,12 +217,12 @@ class ModeRun {
   double temperature_;
   int64_t max_len_;
   std::vector<RequestTimes> times_;
-  std::vector<size_t> index_of_;  // engine id -> work index
-  std::vector<size_t> stepped_;   // work items that received a token in the current step
-  const bool padded_;              // the padded static policy (see StaticPolicy)
-  std::vector<size_t> batch_;      // padded: the members of the running batch
+  std::vector<size_t> index_of_;    // engine id -> work index
+  std::vector<size_t> stepped_;     // work items that received a token in the current step
+  const bool padded_;               // the padded static policy (see StaticPolicy)
+  std::vector<size_t> batch_;       // padded: the members of the running batch
   std::vector<int64_t> batch_ids_;  // and their engine ids
-  int64_t padding_rows_ = 0;       // padded: tokens generated past their member's length
+  int64_t padding_rows_ = 0;        // padded: tokens generated past their member's length
   size_t next_ = 0, finished_ = 0;
   double clock_ = 0;
   ModeResult r_;
@@ -228,9 +231,8 @@ class ModeRun {
 // Runs one ModeRun per (config, flavour) side by side, always advancing the one whose clock
 // is behind, with a progress line on stderr every 10 s.
 inline std::vector<ModeResult> run_side_by_side(const model::Decoder& m, const std::vector<infer::EngineConfig>& cfgs,
-                                                const std::vector<Flavour>& flavours,
-                                                const std::vector<WorkItem>& work, double temperature,
-                                                int64_t max_len) {
+                                                const std::vector<Flavour>& flavours, const std::vector<WorkItem>& work,
+                                                double temperature, int64_t max_len) {
   std::vector<std::unique_ptr<ModeRun>> runs;
   for (size_t i = 0; i < flavours.size(); ++i)
     runs.push_back(std::make_unique<ModeRun>(m, cfgs[i], flavours[i], work, temperature, max_len));

@@ -109,12 +109,14 @@ int bench_infer_speculative(const InferBenchOptions& a, int threads) {
   SpeculativeSetup spec = parse_speculative(a.speculative, "bench infer");
   const std::string workload = !a.workload.empty() ? a.workload : a.given("data") ? "text" : "random";
   if (workload != "random" && !a.given("data"))
-    throw UsageError("[bench infer] --workload " + workload + " takes its prompts from --data DIR (a `loom prepare` output)");
+    throw UsageError("[bench infer] --workload " + workload +
+                     " takes its prompts from --data DIR (a `loom prepare` output)");
   const int64_t plen = whole_number(a.prompt_len, 64), olen = whole_number(a.output_len, 96);
   const int64_t n_b1 = a.batch1_requests, n_load = a.given("requests") ? a.requests : 16;
   if (plen < 2 || olen < 2 || n_b1 < 1 || n_load < 0)
-    throw UsageError("[bench infer] with --speculative, --prompt-len and --output-len must be numbers >= 2, "
-                     "--batch1-requests >= 1 and --requests >= 0 (0: no load runs)");
+    throw UsageError(
+        "[bench infer] with --speculative, --prompt-len and --output-len must be numbers >= 2, "
+        "--batch1-requests >= 1 and --requests >= 0 (0: no load runs)");
   const double temperature = a.temperature;
   const uint64_t seed = uint64_t(a.seed);
   const auto quant = quant_spec_from(a.quant);
@@ -122,8 +124,8 @@ int bench_infer_speculative(const InferBenchOptions& a, int threads) {
   if (a.given("checkpoint")) ckpt = resolve_inference_checkpoint(a.checkpoint, stderr);
   const model::ModelConfig mc = ckpt.empty() ? model::preset(a.model) : model::checkpoint_model_config(ckpt);
   if (plen + olen > mc.n_ctx)
-    throw UsageError(str_cat("[bench infer] --prompt-len ", plen, " plus --output-len ", olen, " exceed the context of ",
-                             mc.n_ctx, " tokens"));
+    throw UsageError(str_cat("[bench infer] --prompt-len ", plen, " plus --output-len ", olen,
+                             " exceed the context of ", mc.n_ctx, " tokens"));
   const InferenceModel im =
       ckpt.empty() ? random_inference_model(mc, seed, quant) : load_inference_model(ckpt, quant, stderr, true);
   load_speculative_draft(spec, im, stderr);
@@ -142,11 +144,12 @@ int bench_infer_speculative(const InferBenchOptions& a, int threads) {
               cpu::hot_kernels_isa().c_str());
   std::printf("speculative: %s%s\n", spec.config.describe().c_str(),
               spec.draft ? str_cat(", draft ", spec.draft->checkpoint, " (", spec.draft->model->config().summary(),
-                                   ", ", spec.draft->precision(), ")").c_str()
+                                   ", ", spec.draft->precision(), ")")
+                               .c_str()
                          : "");
   std::printf("workload: %s prompts of %lld tokens%s, %lld output tokens, temperature %.2f\n", workload.c_str(),
-              (long long)plen, workload == "random" ? "" : (" from " + a.data + "/val.bin").c_str(),
-              (long long)olen, temperature);
+              (long long)plen, workload == "random" ? "" : (" from " + a.data + "/val.bin").c_str(), (long long)olen,
+              temperature);
   std::fflush(stdout);
 
   // Batch 1: each prompt decoded plainly and speculatively, in alternating order.
@@ -181,19 +184,21 @@ int bench_infer_speculative(const InferBenchOptions& a, int threads) {
   std::printf("  plain        %8.2f tokens/s\n", plain_tps);
   std::printf("  speculative  %8.2f tokens/s  (%.2fx; median per prompt %.2fx)\n", spec_tps, spec_tps / plain_tps,
               percentile(ratios, 50));
-  std::printf("  acceptance %.1f%% (%lld of %lld proposals), %.2f tokens per target forward, proposing %.1f%% of the "
-              "time\n", 100 * acc, (long long)sm.spec_accepted, (long long)sm.spec_proposed, tpf,
-              100 * sm.spec_propose_s / rs.seconds);
+  std::printf(
+      "  acceptance %.1f%% (%lld of %lld proposals), %.2f tokens per target forward, proposing %.1f%% of the "
+      "time\n",
+      100 * acc, (long long)sm.spec_accepted, (long long)sm.spec_proposed, tpf, 100 * sm.spec_propose_s / rs.seconds);
   if (temperature == 0)
     std::printf("  greedy outputs identical: %lld of %zu%s\n", (long long)same, prompts.size(),
-                same == int64_t(prompts.size()) ? "" : " (f32 rounding differs with the rows per forward; see docs/INFERENCE.md)");
+                same == int64_t(prompts.size())
+                    ? ""
+                    : " (f32 rounding differs with the rows per forward; see docs/INFERENCE.md)");
 
-  std::string js = str_cat("{\"model\":\"", mc.name, "\",\"quant\":\"", im.precision(), "\",\"speculative\":\"",
-                           spec.config.describe(), "\",\"workload\":\"", workload, "\",\"prompt_len\":", plen,
-                           ",\"output_len\":", olen, ",\"temperature\":", temperature,
-                           ",\"plain_tokens_per_s\":", plain_tps, ",\"spec_tokens_per_s\":", spec_tps,
-                           ",\"speedup\":", spec_tps / plain_tps, ",\"acceptance\":", acc,
-                           ",\"tokens_per_forward\":", tpf);
+  std::string js = str_cat(
+      "{\"model\":\"", mc.name, "\",\"quant\":\"", im.precision(), "\",\"speculative\":\"", spec.config.describe(),
+      "\",\"workload\":\"", workload, "\",\"prompt_len\":", plen, ",\"output_len\":", olen,
+      ",\"temperature\":", temperature, ",\"plain_tokens_per_s\":", plain_tps, ",\"spec_tokens_per_s\":", spec_tps,
+      ",\"speedup\":", spec_tps / plain_tps, ",\"acceptance\":", acc, ",\"tokens_per_forward\":", tpf);
   if (temperature == 0) js += str_cat(",\"greedy_identical\":", same, ",\"greedy_compared\":", prompts.size());
 
   // Served load: a low Poisson rate (a quarter of what plain batch-1 decoding completes),
@@ -201,9 +206,10 @@ int bench_infer_speculative(const InferBenchOptions& a, int threads) {
   if (n_load > 0) {
     const double low_rate = a.given("low-rate") ? a.low_rate : 0.25 * plain_tps / double(olen);
     const auto load_prompts = make_prompts(workload, a.data, n_load, plen, mc.vocab_size, seed + 1000);
-    std::printf("\nserved load, %lld requests (continuous batching, max %lld sequences; speculation off above %lld "
-                "running); low: Poisson arrivals at %.3g/s; saturation: all at once\n", (long long)n_load,
-                (long long)plain.max_num_seqs, (long long)spec.config.max_batch, low_rate);
+    std::printf(
+        "\nserved load, %lld requests (continuous batching, max %lld sequences; speculation off above %lld "
+        "running); low: Poisson arrivals at %.3g/s; saturation: all at once\n",
+        (long long)n_load, (long long)plain.max_num_seqs, (long long)spec.config.max_batch, low_rate);
     std::printf("%-12s %-12s %12s %12s %12s %12s %12s\n", "load", "mode", "tokens/s", "p50 e2e ms", "p99 e2e ms",
                 "p50 TPOT ms", "acceptance");
     for (const char* load : {"low", "high"}) {
@@ -217,16 +223,17 @@ int bench_infer_speculative(const InferBenchOptions& a, int threads) {
         work[i].prompt = load_prompts[i];
         work[i].output_len = olen;
       }
-      const auto rs2 = run_side_by_side(
-          m, {plain, with},
-          {Flavour{BatchingMode::continuous, StaticPolicy::padded, "plain", "plain"},
-           Flavour{BatchingMode::continuous, StaticPolicy::padded, "speculative", "spec"}},
-          work, temperature, plen + olen);
+      const auto rs2 =
+          run_side_by_side(m, {plain, with},
+                           {Flavour{BatchingMode::continuous, StaticPolicy::padded, "plain", "plain"},
+                            Flavour{BatchingMode::continuous, StaticPolicy::padded, "speculative", "spec"}},
+                           work, temperature, plen + olen);
       for (const ModeResult& r : rs2)
-        std::printf("%-12s %-12s %12.2f %12.1f %12.1f %12.1f %12s\n",
-                    low ? "low" : "saturation", r.mode.c_str(),
+        std::printf("%-12s %-12s %12.2f %12.1f %12.1f %12.1f %12s\n", low ? "low" : "saturation", r.mode.c_str(),
                     r.tokens_per_s, percentile(r.e2e_ms, 50), percentile(r.e2e_ms, 99), percentile(r.tpot_ms, 50),
-                    r.spec_proposed ? str_cat(int(100.0 * double(r.spec_accepted) / double(r.spec_proposed)), "%").c_str() : "-");
+                    r.spec_proposed
+                        ? str_cat(int(100.0 * double(r.spec_accepted) / double(r.spec_proposed)), "%").c_str()
+                        : "-");
       for (const ModeResult& r : rs2)
         js += str_cat(",\"", load, "_", r.key, "_tokens_per_s\":", r.tokens_per_s, ",\"", load, "_", r.key,
                       "_p50_e2e_ms\":", percentile(r.e2e_ms, 50), ",\"", load, "_", r.key,

@@ -55,10 +55,14 @@ int bench_tokenize(const std::vector<std::string>& argv) {
   std::printf("  encode   %8.2f MB/s  (cold word cache; %.2f MB/s warm)\n", mb / cold_s, mb / warm_s);
   std::printf("  decode   %8.2f MB/s\n", mb / decode_s);
   std::printf("  round trip: %s\n", round_trip ? "exact" : "MISMATCH");
-  nlohmann::json summary = {{"tokenizer", name},           {"input_bytes", text.size()},
-                            {"tokens", ids.size()},        {"encode_mb_per_s", mb / cold_s},
-                            {"encode_warm_mb_per_s", mb / warm_s}, {"decode_mb_per_s", mb / decode_s},
-                            {"load_ms", load_s * 1e3},     {"round_trip", round_trip}};
+  nlohmann::json summary = {{"tokenizer", name},
+                            {"input_bytes", text.size()},
+                            {"tokens", ids.size()},
+                            {"encode_mb_per_s", mb / cold_s},
+                            {"encode_warm_mb_per_s", mb / warm_s},
+                            {"decode_mb_per_s", mb / decode_s},
+                            {"load_ms", load_s * 1e3},
+                            {"round_trip", round_trip}};
   std::printf("SUMMARY %s\n", summary.dump().c_str());
   return round_trip ? 0 : 1;
 }

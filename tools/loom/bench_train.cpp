@@ -10,13 +10,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "loom/core/stats.h"
-#include "loom/kernels/cpu/bf16_gemm.h"
-#include "loom/kernels/cpu/gemm.h"
 #include "loom/comm/launch.h"
+#include "loom/core/stats.h"
 #include "loom/core/threads.h"
 #include "loom/core/timer.h"
+#include "loom/kernels/cpu/bf16_gemm.h"
 #include "loom/kernels/cpu/cpu_kernels.h"
+#include "loom/kernels/cpu/gemm.h"
 #include "loom/model/decoder.h"
 #include "loom/model/memory_estimate.h"
 #include "loom/optim/adamw.h"
@@ -42,8 +42,7 @@ Stats stats_of(std::vector<double> v) {
 
 std::vector<optim::DecaySpan> decay_spans(const model::ParamLayout& layout) {
   std::vector<optim::DecaySpan> spans;
-  for (const auto& p : layout.params())
-    spans.push_back({p.offset, p.offset + p.numel(), p.weight_decay});
+  for (const auto& p : layout.params()) spans.push_back({p.offset, p.offset + p.numel(), p.weight_decay});
   return spans;
 }
 
@@ -51,51 +50,79 @@ std::vector<optim::DecaySpan> decay_spans(const model::ParamLayout& layout) {
 
 int bench_train(const std::vector<std::string>& argv) {
   auto app = bench_app("train",
-                        "Times full training steps (forward, backward, clip, AdamW) on random tokens. Data parallel: "
-                        "--nproc N --dp N [--zero S] [--bucket-mb M] runs N ranks (via loom launch) and reports "
-                        "communication time and the part not hidden behind compute. The last line is SUMMARY {json}.");
+                       "Times full training steps (forward, backward, clip, AdamW) on random tokens. Data parallel: "
+                       "--nproc N --dp N [--zero S] [--bucket-mb M] runs N ranks (via loom launch) and reports "
+                       "communication time and the part not hidden behind compute. The last line is SUMMARY {json}.");
   TrainBenchOptions o;
   app->add_option("--model", o.model, "model preset")->type_name("PRESET");
   app->add_option("--batch", o.batch, "sequences per step (per rank)")->type_name("B")->check(positive());
   app->add_option("--seq", o.seq, "tokens per sequence")->type_name("T")->check(positive());
-  app->add_option("--steps", o.steps, "timed steps (default 10; data parallel 5)")->type_name("N")
-      ->check(positive())->default_str("");
-  app->add_option("--warmup", o.warmup, "untimed steps first (default 2; data parallel 1)")->type_name("W")
-      ->check(non_negative())->default_str("");
-  app->add_option("--threads", o.threads, "compute threads (per rank)")->type_name("K")->check(positive())
+  app->add_option("--steps", o.steps, "timed steps (default 10; data parallel 5)")
+      ->type_name("N")
+      ->check(positive())
+      ->default_str("");
+  app->add_option("--warmup", o.warmup, "untimed steps first (default 2; data parallel 1)")
+      ->type_name("W")
+      ->check(non_negative())
+      ->default_str("");
+  app->add_option("--threads", o.threads, "compute threads (per rank)")
+      ->type_name("K")
+      ->check(positive())
       ->default_str("");
   app->add_option("--precision", o.precision,
                   "model.precision: bf16 products (the peer under torch.autocast(\"cpu\", dtype=torch.bfloat16))")
       ->check(one_of({"fp32", "bf16"}));
   const std::string single = "One process";
-  app->add_option("--ckpt", o.ckpt, "activation checkpoint interval (0: off)")->type_name("INTERVAL")
-      ->check(non_negative())->group(single);
+  app->add_option("--ckpt", o.ckpt, "activation checkpoint interval (0: off)")
+      ->type_name("INTERVAL")
+      ->check(non_negative())
+      ->group(single);
   app->add_option("--xent-chunk", o.xent_chunk, "rows of logits per chunk of the fused LM head + loss (default 1024)")
-      ->check(positive())->default_str("")->group(single);
+      ->check(positive())
+      ->default_str("")
+      ->group(single);
   app->add_option("--peer", o.peer,
                   "also run bench/peers/torch_gpt2.py (Debian python3-torch) with the same model, shapes and "
                   "threads, alternating --rounds rounds, and print ratios")
-      ->check(one_of({"torch"}))->group(single);
-  app->add_option("--rounds", o.rounds, "rounds of loom (and the peer) (default 1; 2 with --peer)")->type_name("R")
-      ->check(positive())->default_str("")->group(single);
+      ->check(one_of({"torch"}))
+      ->group(single);
+  app->add_option("--rounds", o.rounds, "rounds of loom (and the peer) (default 1; 2 with --peer)")
+      ->type_name("R")
+      ->check(positive())
+      ->default_str("")
+      ->group(single);
   app->add_option("--peer-python", o.peer_python, "the Python that runs the peer")->type_name("PATH")->group(single);
   const std::string data_parallel = "Data parallel";
-  app->add_option("--nproc", o.nproc, "ranks (via loom launch; default: the --hosts slots)")->type_name("N")
-      ->check(positive())->default_str("")->group(data_parallel);
+  app->add_option("--nproc", o.nproc, "ranks (via loom launch; default: the --hosts slots)")
+      ->type_name("N")
+      ->check(positive())
+      ->default_str("")
+      ->group(data_parallel);
   app->add_option("--hosts", o.hosts, "places the ranks on hosts")->type_name("h1:2,h2:2")->group(data_parallel);
-  app->add_option("--dp", o.dp, "data-parallel ranks: all of them")->type_name("N")->check(positive())
-      ->default_str("")->group(data_parallel);
+  app->add_option("--dp", o.dp, "data-parallel ranks: all of them")
+      ->type_name("N")
+      ->check(positive())
+      ->default_str("")
+      ->group(data_parallel);
   app->add_option("--zero", o.zero, "ZeRO stage")->type_name("S")->check(in_range(0, 3))->group(data_parallel);
-  app->add_option("--bucket-mb", o.bucket_mb, "gradient bucket size (MB)")->type_name("M")->check(positive())
+  app->add_option("--bucket-mb", o.bucket_mb, "gradient bucket size (MB)")
+      ->type_name("M")
+      ->check(positive())
       ->group(data_parallel);
   app->add_option("--grad-dtype", o.grad_dtype, "gradients on the wire (default: --precision)")
-      ->check(one_of({"fp32", "bf16"}))->group(data_parallel);
+      ->check(one_of({"fp32", "bf16"}))
+      ->group(data_parallel);
   app->add_option("--algorithm", o.algorithm, "the collectives (default: $LOOM_COMM_ALGORITHM or auto)")
-      ->check(one_of({"ring", "tree", "hierarchical", "auto", "mpi"}))->group(data_parallel);
+      ->check(one_of({"ring", "tree", "hierarchical", "auto", "mpi"}))
+      ->group(data_parallel);
   app->add_option("--optim", o.optim, "onebit_adam compresses the gradients after --freeze-step steps")
-      ->check(one_of({"adamw", "onebit_adam"}))->group(data_parallel);
+      ->check(one_of({"adamw", "onebit_adam"}))
+      ->group(data_parallel);
   app->add_option("--freeze-step", o.freeze_step, "1-bit Adam's full-precision steps (default: --warmup)")
-      ->type_name("K")->check(non_negative())->default_str("")->group(data_parallel);
+      ->type_name("K")
+      ->check(non_negative())
+      ->default_str("")
+      ->group(data_parallel);
   if (auto rc = parse(*app, argv)) return *rc;
   auto given = [&](const std::string& name) { return app->count("--" + name) > 0; };
   if ((given("nproc") || given("hosts")) && !comm::launch_env().under_mpi) return relaunch_bench("train", argv);
@@ -133,10 +160,8 @@ int bench_train(const std::vector<std::string>& argv) {
 
   std::printf("bench train: %s, %lld params, batch %lld x %lld tokens, %d threads, kernels %s%s\n",
               cfg.summary().c_str(), (long long)m.num_params(), (long long)B, (long long)T, threads,
-              cpu::hot_kernels_isa().c_str(),
-              ckpt ? str_cat(", checkpoint interval ", ckpt).c_str() : "");
-  std::printf("model FLOPs per step: %.1f GFLOP (6*P*tokens + 6*L*T*C*tokens causal attention)\n",
-              flops / 1e9);
+              cpu::hot_kernels_isa().c_str(), ckpt ? str_cat(", checkpoint interval ", ckpt).c_str() : "");
+  std::printf("model FLOPs per step: %.1f GFLOP (6*P*tokens + 6*L*T*C*tokens causal attention)\n", flops / 1e9);
   std::printf("matrix products: %s\n",
               cfg.precision == model::Precision::bf16
                   ? str_cat(cpu::bf16_product_path(), ", bf16 operands, f32 accumulation").c_str()
@@ -161,13 +186,32 @@ int bench_train(const std::vector<std::string>& argv) {
   if (!peer.empty()) {
     const std::string& py = o.peer_python;
     const std::string script = std::string(LOOM_SOURCE_DIR) + "/bench/peers/torch_gpt2.py";
-    torch_peer = std::make_unique<PeerProcess>(std::vector<std::string>{
-        py, script, "--family", model::family_name(cfg.family), "--vocab", std::to_string(cfg.vocab_size),
-        "--n_ctx", std::to_string(cfg.n_ctx), "--n_layer", std::to_string(cfg.n_layer),
-        "--n_head", std::to_string(cfg.n_head), "--n_kv_head", std::to_string(cfg.n_kv_head),
-        "--d_model", std::to_string(cfg.d_model), "--d_ff", std::to_string(cfg.d_ff),
-        "--batch", std::to_string(B), "--seq", std::to_string(T), "--threads", std::to_string(threads),
-        "--precision", precision});
+    torch_peer = std::make_unique<PeerProcess>(std::vector<std::string>{py,
+                                                                        script,
+                                                                        "--family",
+                                                                        model::family_name(cfg.family),
+                                                                        "--vocab",
+                                                                        std::to_string(cfg.vocab_size),
+                                                                        "--n_ctx",
+                                                                        std::to_string(cfg.n_ctx),
+                                                                        "--n_layer",
+                                                                        std::to_string(cfg.n_layer),
+                                                                        "--n_head",
+                                                                        std::to_string(cfg.n_head),
+                                                                        "--n_kv_head",
+                                                                        std::to_string(cfg.n_kv_head),
+                                                                        "--d_model",
+                                                                        std::to_string(cfg.d_model),
+                                                                        "--d_ff",
+                                                                        std::to_string(cfg.d_ff),
+                                                                        "--batch",
+                                                                        std::to_string(B),
+                                                                        "--seq",
+                                                                        std::to_string(T),
+                                                                        "--threads",
+                                                                        std::to_string(threads),
+                                                                        "--precision",
+                                                                        precision});
     std::string ready = torch_peer->read_until("READY ");
     std::printf("peer: PyTorch eager%s (%s)\n",
                 precision == "bf16" ? " under torch.autocast(\"cpu\", dtype=torch.bfloat16)" : "", ready.c_str());
@@ -203,8 +247,8 @@ int bench_train(const std::vector<std::string>& argv) {
   const Stats ls = stats_of(loom_ms), ps = stats_of(peer_ms);
   const double tokens = double(B * T);
   std::printf("\n%-8s %10s %10s %10s %12s %10s\n", "", "ms median", "min", "max", "tokens/s", "GFLOP/s");
-  std::printf("%-8s %10.1f %10.1f %10.1f %12.1f %10.1f\n", "loom", ls.median, ls.min, ls.max,
-              tokens / ls.median * 1e3, flops / ls.median / 1e6);
+  std::printf("%-8s %10.1f %10.1f %10.1f %12.1f %10.1f\n", "loom", ls.median, ls.min, ls.max, tokens / ls.median * 1e3,
+              flops / ls.median / 1e6);
   if (!peer_ms.empty())
     std::printf("%-8s %10.1f %10.1f %10.1f %12.1f %10.1f\n", "torch", ps.median, ps.min, ps.max,
                 tokens / ps.median * 1e3, flops / ps.median / 1e6);
@@ -214,8 +258,8 @@ int bench_train(const std::vector<std::string>& argv) {
   // by taking the last loom_ms.size()).
   const std::vector<double> gemm_ms(loom_gemm_ms.end() - long(loom_ms.size()), loom_gemm_ms.end());
   const double gemm_med = median(gemm_ms);
-  std::printf("loom's step: %.1f ms in BLAS matrix products (%.1f%%), %.1f ms in everything else (medians)\n",
-              gemm_med, 100 * gemm_med / ls.median, ls.median - gemm_med);
+  std::printf("loom's step: %.1f ms in BLAS matrix products (%.1f%%), %.1f ms in everything else (medians)\n", gemm_med,
+              100 * gemm_med / ls.median, ls.median - gemm_med);
 
   // Memory: measured peaks per category against the closed-form estimate.
   const auto snap = alloc.snapshot();
@@ -232,13 +276,21 @@ int bench_train(const std::vector<std::string>& argv) {
   row("workspace", snap[MemCategory::workspace].peak, est.workspace);
   row("total", snap.total.peak, est.total());
 
-  nlohmann::json s = {{"model", preset}, {"batch", B}, {"seq", T}, {"threads", threads}, {"precision", precision},
-                      {"checkpoint_interval", ckpt}, {"isa", cpu::hot_kernels_isa()},
-                      {"loom_ms_median", ls.median}, {"loom_ms_min", ls.min}, {"loom_ms_max", ls.max},
+  nlohmann::json s = {{"model", preset},
+                      {"batch", B},
+                      {"seq", T},
+                      {"threads", threads},
+                      {"precision", precision},
+                      {"checkpoint_interval", ckpt},
+                      {"isa", cpu::hot_kernels_isa()},
+                      {"loom_ms_median", ls.median},
+                      {"loom_ms_min", ls.min},
+                      {"loom_ms_max", ls.max},
                       {"tokens_per_s", tokens / ls.median * 1e3},
                       {"loom_gemm_ms_median", gemm_med},
                       {"gflops", flops / ls.median / 1e6},
-                      {"peak_bytes", snap.total.peak}, {"estimate_bytes", est.total()},
+                      {"peak_bytes", snap.total.peak},
+                      {"estimate_bytes", est.total()},
                       {"peak_activation_bytes", snap[MemCategory::activations].peak},
                       {"estimate_activation_bytes", est.activations}};
   if (!peer_ms.empty()) {

@@ -1,10 +1,10 @@
 // `loom bench train --nproc N --dp N [--zero S] [--precision fp32|bf16] [--grad-dtype fp32|bf16]
 //  [--hosts h1:2,h2:2] [--algorithm A] [--optim adamw|onebit_adam]`:
 // data-parallel training steps, how much of the communication hides behind computation, and
-// the bytes the dp collectives move per step (halved by bf16 gradients, ~1/30 by 1-bit Adam). Each rank first times the same per-rank
-// work alone (dp=1, no communication) under the same CPU contention, then the dp=N steps.
-// comm_ms sums the dp collectives' durations from the comm record; exposed_comm_ms is the
-// time the training thread spent blocked waiting for them.
+// the bytes the dp collectives move per step (halved by bf16 gradients, ~1/30 by 1-bit Adam). Each rank first times the
+// same per-rank work alone (dp=1, no communication) under the same CPU contention, then the dp=N steps. comm_ms sums
+// the dp collectives' durations from the comm record; exposed_comm_ms is the time the training thread spent blocked
+// waiting for them.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -14,10 +14,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "loom/core/stats.h"
 #include "loom/comm/algorithm.h"
 #include "loom/comm/record.h"
 #include "loom/comm/world.h"
+#include "loom/core/stats.h"
 #include "loom/core/threads.h"
 #include "loom/core/timer.h"
 #include "loom/model/decoder.h"
@@ -35,9 +35,9 @@ struct StepTimes {
   std::map<std::string, std::vector<double>> bytes_by_op;  // per timed step
 };
 
-StepTimes run_steps(const model::ModelConfig& cfg, const comm::Group& dp, const comm::CommRecord& rec,
-                    int zero, double bucket_mb, DType grad_dtype, const optim::AdamWConfig& adam, int64_t B,
-                    int64_t T, int64_t warmup, int64_t steps, int64_t* model_state_bytes = nullptr) {
+StepTimes run_steps(const model::ModelConfig& cfg, const comm::Group& dp, const comm::CommRecord& rec, int zero,
+                    double bucket_mb, DType grad_dtype, const optim::AdamWConfig& adam, int64_t B, int64_t T,
+                    int64_t warmup, int64_t steps, int64_t* model_state_bytes = nullptr) {
   const MemorySnapshot before = cpu_allocator().snapshot();
   model::DecoderOptions dopt = parallel::decoder_options_for({}, zero, dp.size());
   model::Decoder m(cfg, dopt);
@@ -115,14 +115,15 @@ int bench_train_dp(const TrainBenchOptions& o, const CLI::App& app) {
   const DType grad_dtype = grad_name == "bf16" ? DType::bf16 : DType::f32;
   const bool main = world.rank() == 0;
   if (main)
-    std::printf("bench train (data parallel): %s, dp=%d, ZeRO-%d, per-rank batch %lld x %lld, %d threads/rank, bucket %.0f MB, "
-                "gradients on the wire %s\n",
-                cfg.summary().c_str(), N, zero, (long long)B, (long long)T, num_threads(), bucket_mb, grad_name.c_str());
+    std::printf(
+        "bench train (data parallel): %s, dp=%d, ZeRO-%d, per-rank batch %lld x %lld, %d threads/rank, bucket %.0f MB, "
+        "gradients on the wire %s\n",
+        cfg.summary().c_str(), N, zero, (long long)B, (long long)T, num_threads(), bucket_mb, grad_name.c_str());
   const int64_t grad_bytes = model::ParamLayout(cfg).num_params() * 4;
   if (main)
     std::printf("%d ranks on %d host%s; collectives %s (a %s all-reduce runs %s); optimizer %s\n", N,
-                world.group().hosts(), world.group().hosts() > 1 ? "s" : "", comm::algorithm_name(world.group().algorithm()),
-                format_bytes(grad_bytes).c_str(),
+                world.group().hosts(), world.group().hosts() > 1 ? "s" : "",
+                comm::algorithm_name(world.group().algorithm()), format_bytes(grad_bytes).c_str(),
                 comm::algorithm_name(world.group().algorithm_for(comm::CollectiveOp::all_reduce, grad_bytes)),
                 adam.name.c_str());
   // Baseline: the same per-rank work with no communication, all ranks at once.
@@ -144,9 +145,10 @@ int bench_train_dp(const TrainBenchOptions& o, const CLI::App& app) {
   std::printf("%-28s %12.1f\n", "communication (total)", comm_ms);
   std::printf("%-28s %12.1f\n", "communication (exposed)", exposed_ms);
   if (adam.name == "onebit_adam") std::printf("%-28s %12.1f\n", "1-bit compress + decode", compress_ms);
-  std::printf("dp collectives' payload per step and rank: %s (gradients in %s):", format_bytes(int64_t(comm_bytes)).c_str(),
-              grad_name.c_str());
-  for (const auto& [op, v] : dp.bytes_by_op) std::printf(" %s %s", op.c_str(), format_bytes(int64_t(median(v))).c_str());
+  std::printf("dp collectives' payload per step and rank: %s (gradients in %s):",
+              format_bytes(int64_t(comm_bytes)).c_str(), grad_name.c_str());
+  for (const auto& [op, v] : dp.bytes_by_op)
+    std::printf(" %s %s", op.c_str(), format_bytes(int64_t(median(v))).c_str());
   std::printf("\n");
   std::printf("gradient bytes sent per rank per step (wire, %s): %s\n", adam.name.c_str(),
               format_bytes(int64_t(wire_bytes)).c_str());
@@ -156,14 +158,26 @@ int bench_train_dp(const TrainBenchOptions& o, const CLI::App& app) {
               dp_ms > 0 ? 100 * exposed_ms / dp_ms : 0.0, 100 * comm_ms / std::max(1e-9, base_ms + comm_ms));
   std::printf("exposed fraction: %.1f%% of communication; dp=%d step is %.2fx the dp=1 step\n",
               comm_ms > 0 ? 100 * exposed_ms / comm_ms : 0.0, N, base_ms > 0 ? dp_ms / base_ms : 0.0);
-  std::printf("model states per rank (ZeRO-%d): predicted %s, actual %s (params+grads+optimizer)\n",
-              zero, format_bytes(predicted.total()).c_str(), format_bytes(state_bytes).c_str());
-  nlohmann::json s = {{"model", preset}, {"dp", N}, {"zero_stage", zero}, {"batch_per_rank", B}, {"seq", T},
-                      {"threads_per_rank", num_threads()}, {"dp1_step_ms", base_ms}, {"step_ms", dp_ms},
-                      {"comm_ms", comm_ms}, {"exposed_comm_ms", exposed_ms}, {"comm_bytes", comm_bytes},
-                      {"precision", precision}, {"grad_dtype", grad_name}, {"optim", adam.name},
-                      {"hosts", world.group().hosts()}, {"algorithm", comm::algorithm_name(world.group().algorithm())},
-                      {"wire_bytes_per_rank", wire_bytes}, {"compress_ms", compress_ms},
+  std::printf("model states per rank (ZeRO-%d): predicted %s, actual %s (params+grads+optimizer)\n", zero,
+              format_bytes(predicted.total()).c_str(), format_bytes(state_bytes).c_str());
+  nlohmann::json s = {{"model", preset},
+                      {"dp", N},
+                      {"zero_stage", zero},
+                      {"batch_per_rank", B},
+                      {"seq", T},
+                      {"threads_per_rank", num_threads()},
+                      {"dp1_step_ms", base_ms},
+                      {"step_ms", dp_ms},
+                      {"comm_ms", comm_ms},
+                      {"exposed_comm_ms", exposed_ms},
+                      {"comm_bytes", comm_bytes},
+                      {"precision", precision},
+                      {"grad_dtype", grad_name},
+                      {"optim", adam.name},
+                      {"hosts", world.group().hosts()},
+                      {"algorithm", comm::algorithm_name(world.group().algorithm())},
+                      {"wire_bytes_per_rank", wire_bytes},
+                      {"compress_ms", compress_ms},
                       {"comm_share_exposed", dp_ms > 0 ? exposed_ms / dp_ms : 0.0},
                       {"comm_share_unoverlapped", comm_ms / std::max(1e-9, base_ms + comm_ms)},
                       {"exposed_comm_fraction", comm_ms > 0 ? exposed_ms / comm_ms : 0.0},

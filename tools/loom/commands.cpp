@@ -33,16 +33,15 @@ const std::vector<Command>& commands() {
 int cmd_version(const std::vector<std::string>& args) {
   auto app = new_app("version", "Prints the build's version, CPU kernels, BLAS and CUDA devices.");
   if (auto rc = parse(*app, args)) return *rc;
-  std::printf("loom %s\ncpu kernels: %s\nBLAS: OpenBLAS, %s kernels\n%s\n", train::kLoomVersion, cpu::hot_kernels_isa().c_str(),
-              cpu::blas_core().c_str(), cuda::describe().c_str());
+  std::printf("loom %s\ncpu kernels: %s\nBLAS: OpenBLAS, %s kernels\n%s\n", train::kLoomVersion,
+              cpu::hot_kernels_isa().c_str(), cpu::blas_core().c_str(), cuda::describe().c_str());
   return 0;
 }
 
 namespace {
 
 // `args` without the named options (each "--name value" or "--name=value").
-std::vector<std::string> without_options(const std::vector<std::string>& args,
-                                         const std::vector<std::string>& names) {
+std::vector<std::string> without_options(const std::vector<std::string>& args, const std::vector<std::string>& names) {
   std::vector<std::string> out;
   for (size_t i = 0; i < args.size(); ++i) {
     bool drop = false;

@@ -87,8 +87,8 @@ bool describe_subcommands(const std::vector<std::string>& names);
 bool parse_only_mode();
 
 // Checks for numeric options whose error names the value: "must be positive, got 0".
-CLI::Validator positive();      // > 0
-CLI::Validator non_negative();  // >= 0
+CLI::Validator positive();                      // > 0
+CLI::Validator non_negative();                  // >= 0
 CLI::Validator in_range(double lo, double hi);  // lo <= x <= hi
 // One of the names: "--role hub: expected center or edge".
 CLI::Validator one_of(std::vector<std::string> names);

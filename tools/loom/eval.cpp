@@ -31,21 +31,25 @@ double nll(const float* row, int64_t V, int32_t target) {
 
 int cmd_eval(const std::vector<std::string>& argv) {
   auto app = new_app("eval",
-                      "Mean next-token cross-entropy (nats/token) and perplexity of a checkpoint on the split's "
-                      "consecutive windows of T tokens, computed by the inference engine's forward. The last line is "
-                      "SUMMARY {json}.");
+                     "Mean next-token cross-entropy (nats/token) and perplexity of a checkpoint on the split's "
+                     "consecutive windows of T tokens, computed by the inference engine's forward. The last line is "
+                     "SUMMARY {json}.");
   std::string checkpoint, data_dir, split = "val";
   int64_t seq_len = 0, max_windows = 0, threads = 0;
   QuantOptions quant;
   app->add_option("--checkpoint", checkpoint, "a training checkpoint, a run directory, or a `loom quantize` output")
-      ->type_name("DIR")->required();
+      ->type_name("DIR")
+      ->required();
   app->add_option("--data", data_dir, "the output of loom prepare (DIR/<split>.bin)")->type_name("DIR")->required();
   app->add_option("--split", split, "the split")->check(one_of({"val", "train"}));
   auto* seq_len_opt = app->add_option("--seq-len", seq_len, "window length (default: the model's context)")
-                          ->type_name("T")->check(positive())->default_str("");
+                          ->type_name("T")
+                          ->check(positive())
+                          ->default_str("");
   app->add_option("--max-windows", max_windows, "evaluate at most N windows (0: all)")->check(non_negative());
   auto* threads_opt = app->add_option("--threads", threads, "compute threads (default: OMP_NUM_THREADS or all cores)")
-                          ->check(positive())->default_str("");
+                          ->check(positive())
+                          ->default_str("");
   add_quant_options(*app, quant);
   if (auto rc = parse(*app, argv)) return *rc;
   if (threads_opt->count()) set_num_threads(int(threads));
@@ -90,9 +94,15 @@ int cmd_eval(const std::vector<std::string>& argv) {
   const double loss = sum / double(std::max<int64_t>(count, 1)), secs = sw.seconds();
   std::printf("[eval] loss %.4f nats/token, perplexity %.3f over %lld tokens (%.1f s, %.0f tokens/s)\n", loss,
               std::exp(loss), (long long)count, secs, double(count) / secs);
-  nlohmann::json j = {{"checkpoint", m.checkpoint}, {"quant", m.precision()}, {"split", split},
-                      {"loss", loss}, {"perplexity", std::exp(loss)}, {"tokens", count},
-                      {"windows", windows}, {"seq_len", T}, {"seconds", secs}};
+  nlohmann::json j = {{"checkpoint", m.checkpoint},
+                      {"quant", m.precision()},
+                      {"split", split},
+                      {"loss", loss},
+                      {"perplexity", std::exp(loss)},
+                      {"tokens", count},
+                      {"windows", windows},
+                      {"seq_len", T},
+                      {"seconds", secs}};
   std::printf("SUMMARY %s\n", j.dump().c_str());
   return 0;
 }

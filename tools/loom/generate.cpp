@@ -41,8 +41,8 @@ infer::SamplingParams sampling_params(const SamplingOptions& o) {
   sp.top_p = o.top_p;
   for (const std::string& problem :
        {infer::max_tokens_problem(sp.max_tokens, "--max-tokens"),
-        infer::temperature_problem(sp.temperature, "--temperature"),
-        infer::top_k_problem(o.top_k, "--top-k"), infer::top_p_problem(sp.top_p, "--top-p")})
+        infer::temperature_problem(sp.temperature, "--temperature"), infer::top_k_problem(o.top_k, "--top-k"),
+        infer::top_p_problem(sp.top_p, "--top-p")})
     if (!problem.empty()) throw UsageError("[generate] " + problem);
   sp.top_k = infer::user_top_k(o.top_k);
   sp.stop = o.stop;
@@ -60,27 +60,29 @@ std::string non_finite_weights(const model::Decoder& m, const std::string& check
   for (const auto& p : m.layout().params()) {
     int64_t n = 0;
     for (int64_t i = 0; i < p.numel(); ++i) {
-      const double v = flat.dtype() == DType::f64 ? flat.data<double>()[p.offset + i]
-                                                  : double(flat.data<float>()[p.offset + i]);
+      const double v =
+          flat.dtype() == DType::f64 ? flat.data<double>()[p.offset + i] : double(flat.data<float>()[p.offset + i]);
       n += std::isfinite(v) ? 0 : 1;
     }
     if (n > 0 && first.empty()) first = str_cat(n, " of the ", p.numel(), " values of ", p.name);
     bad += n;
   }
   if (bad == 0)
-    return str_cat("every weight of checkpoint ", checkpoint, " is finite, so the forward pass overflowed; "
+    return str_cat("every weight of checkpoint ", checkpoint,
+                   " is finite, so the forward pass overflowed; "
                    "the checkpoint is unstable: use an earlier one of its run");
   return str_cat("checkpoint ", checkpoint, " holds ", bad, " non-finite weight", bad == 1 ? "" : "s",
-                 " (first: ", first, "); it was probably saved after its training diverged: use an earlier "
+                 " (first: ", first,
+                 "); it was probably saved after its training diverged: use an earlier "
                  "checkpoint of the run");
 }
 }  // namespace
 
 int cmd_generate(const std::vector<std::string>& argv) {
   auto app = new_app("generate",
-                      "Streams a continuation of the prompt to stdout. DIR is a checkpoint (step_NNNNNN), a run "
-                      "directory holding them (the newest valid one is used), or a `loom quantize` output; an f32 "
-                      "checkpoint is quantized on load with --quant.");
+                     "Streams a continuation of the prompt to stdout. DIR is a checkpoint (step_NNNNNN), a run "
+                     "directory holding them (the newest valid one is used), or a `loom quantize` output; an f32 "
+                     "checkpoint is quantized on load with --quant.");
   std::string checkpoint, prompt, tokenizer, speculative_text;
   SamplingOptions sampling;
   int64_t seed = 0, kv_cap_mb = 0, threads = 0, tp_size = 1;
@@ -95,9 +97,13 @@ int cmd_generate(const std::vector<std::string>& argv) {
   app->add_flag("--no-window", no_window, "stop at the model's context instead of sliding the window");
   app->add_option("--kv-cache-mb", kv_cap_mb,
                   "the most KV cache to use (MiB); by default exactly what the prompt and --max-tokens need (at "
-                  "most the model's context)")->type_name("M")->check(positive())->default_str("");
+                  "most the model's context)")
+      ->type_name("M")
+      ->check(positive())
+      ->default_str("");
   auto* threads_opt = app->add_option("--threads", threads, "compute threads (default: OMP_NUM_THREADS or all cores)")
-                          ->check(positive())->default_str("");
+                          ->check(positive())
+                          ->default_str("");
   add_speculative_option(*app, speculative_text);
   add_quant_options(*app, quant_options);
   add_tensor_parallel_option(*app, tp_size);
@@ -122,12 +128,13 @@ int cmd_generate(const std::vector<std::string>& argv) {
   auto tok = data::make_tokenizer(tok_name);
   std::vector<int32_t> ids = tok->encode(prompt);
   if (ids.empty() && tok->eot_id()) ids.push_back(*tok->eot_id());
-  if (ids.empty()) throw UsageError("[generate] --prompt is empty and this tokenizer has no end-of-text token to start from");
+  if (ids.empty())
+    throw UsageError("[generate] --prompt is empty and this tokenizer has no end-of-text token to start from");
 
   const int64_t ctx = mc.n_ctx;
   const int64_t n_prompt = int64_t(ids.size());
-  LOOM_CHECK(n_prompt < ctx, "generate", "the prompt is ", n_prompt,
-             " tokens but the model's context is ", ctx, " tokens; shorten the prompt");
+  LOOM_CHECK(n_prompt < ctx, "generate", "the prompt is ", n_prompt, " tokens but the model's context is ", ctx,
+             " tokens; shorten the prompt");
   if (tok->eot_id()) sp.stop_token_ids.push_back(*tok->eot_id());
   sp.validate();
 
@@ -159,7 +166,8 @@ int cmd_generate(const std::vector<std::string>& argv) {
   }
   std::fprintf(stderr, "[generate] %s from %s, %s, tokenizer %s, %zu prompt tokens, KV cache %s%s\n",
                mc.summary().c_str(), path.c_str(), im.precision().c_str(), tok_name.c_str(), ids.size(),
-               format_bytes(kv_bytes).c_str(), tp.size > 1 ? str_cat(", tensor-parallel over ", tp.size, " ranks").c_str() : "");
+               format_bytes(kv_bytes).c_str(),
+               tp.size > 1 ? str_cat(", tensor-parallel over ", tp.size, " ranks").c_str() : "");
   std::fwrite(prompt.data(), 1, prompt.size(), stdout);
   // Each token's bytes as it arrives: decoding is a concatenation of per-token bytes, so the
   // output equals the decoded whole (a character split across tokens completes on the terminal).
@@ -190,9 +198,11 @@ int cmd_generate(const std::vector<std::string>& argv) {
   if (speculative) {
     const infer::EngineMetrics mt = engine.metrics();
     const int64_t forwards = mt.decode_rows + mt.spec_verifications;  // decoding steps of the target
-    std::fprintf(stderr, "[generate] speculative %s: %lld of %lld proposals accepted (%.1f%%), %.2f tokens per "
-                 "target forward\n", ec.speculative.describe().c_str(), (long long)mt.spec_accepted,
-                 (long long)mt.spec_proposed, mt.spec_proposed ? 100.0 * double(mt.spec_accepted) / double(mt.spec_proposed) : 0.0,
+    std::fprintf(stderr,
+                 "[generate] speculative %s: %lld of %lld proposals accepted (%.1f%%), %.2f tokens per "
+                 "target forward\n",
+                 ec.speculative.describe().c_str(), (long long)mt.spec_accepted, (long long)mt.spec_proposed,
+                 mt.spec_proposed ? 100.0 * double(mt.spec_accepted) / double(mt.spec_proposed) : 0.0,
                  forwards ? double(forwards + mt.spec_accepted) / double(forwards) : 0.0);
   }
   return 0;

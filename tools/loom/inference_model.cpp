@@ -71,8 +71,10 @@ TensorParallel tensor_parallel_from(int64_t size, const std::string& cmd, bool w
   t.world = std::make_unique<comm::World>(wo);
   if (t.world->size() != t.size)
     throw UsageError(str_cat("[", cmd, "] --tp ", t.size, " needs ", t.size, " processes, one per slice, but ",
-                             t.world->size(), " ", t.world->size() == 1 ? "is" : "are", " running; start it as "
-                             "loom launch --nproc ", t.size, " -- ", cmd, " ... --tp ", t.size));
+                             t.world->size(), " ", t.world->size() == 1 ? "is" : "are",
+                             " running; start it as "
+                             "loom launch --nproc ",
+                             t.size, " -- ", cmd, " ... --tp ", t.size));
   return t;
 }
 
@@ -93,7 +95,8 @@ InferenceModel load_inference_model(const std::string& dir, const std::optional<
                                     bool resolved, const comm::Group* tp) {
   InferenceModel m;
   if (infer::is_quantized_checkpoint(dir)) {
-    LOOM_CHECK(!tp, "infer", dir, " is a quantized checkpoint; tensor-parallel inference slices an f32 one: give "
+    LOOM_CHECK(!tp, "infer", dir,
+               " is a quantized checkpoint; tensor-parallel inference slices an f32 one: give "
                "the checkpoint it was made from, with --quant to quantize each slice on load");
     infer::QuantizedCheckpoint q = infer::load_quantized_checkpoint(dir);
     LOOM_CHECK(!quant || quant->describe() == q.quant.spec.describe(), "quant", dir, " is already quantized (",
@@ -136,8 +139,9 @@ SpeculativeSetup parse_speculative(const std::string& text, const std::string& c
   s.text = text;
   infer::SpeculativeConfig& c = s.config;
   auto bad = [&](const std::string& why) {
-    return UsageError(str_cat("[", cmd, "] --speculative ", text, ": ", why,
-                              "; expected draft=DIR or ngram, then ,k=N ,n=N ,adaptive=on|off ,max_batch=N ,quant=NAME"));
+    return UsageError(
+        str_cat("[", cmd, "] --speculative ", text, ": ", why,
+                "; expected draft=DIR or ngram, then ,k=N ,n=N ,adaptive=on|off ,max_batch=N ,quant=NAME"));
   };
   auto number = [&](const std::string& key, const std::string& v, int64_t lo) {
     size_t used = 0;
@@ -204,8 +208,10 @@ void load_speculative_draft(SpeculativeSetup& s, const InferenceModel& target, F
              target.tokenizer, "; a draft must share the target's tokenizer");
   const int64_t dp = d.model->num_params(), tp = target.model->num_params();
   if (log && dp >= tp)
-    std::fprintf(log, "[speculative] warning: the draft %s has %lld parameters, not fewer than the target's %lld: "
-                 "proposing will cost more than it saves\n", d.checkpoint.c_str(), (long long)dp, (long long)tp);
+    std::fprintf(log,
+                 "[speculative] warning: the draft %s has %lld parameters, not fewer than the target's %lld: "
+                 "proposing will cost more than it saves\n",
+                 d.checkpoint.c_str(), (long long)dp, (long long)tp);
   s.config.draft = d.model.get();
   s.config.draft_quant = d.quant_ptr();
   if (log)

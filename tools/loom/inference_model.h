@@ -52,8 +52,8 @@ TensorParallel tensor_parallel_from(int64_t size, const std::string& cmd, bool w
 // other than its own is refused, naming both. `resolved`: dir is a checkpoint that
 // model::resolve_checkpoint already verified. `tp`: this rank keeps its tensor-parallel slice
 // (f32 checkpoints only; quantized on load after slicing).
-InferenceModel load_inference_model(const std::string& dir, const std::optional<infer::QuantSpec>& quant,
-                                    FILE* log, bool resolved = false, const comm::Group* tp = nullptr);
+InferenceModel load_inference_model(const std::string& dir, const std::optional<infer::QuantSpec>& quant, FILE* log,
+                                    bool resolved = false, const comm::Group* tp = nullptr);
 // Random weights of `cfg` (benchmarks, tests), quantized when asked; `tp` as above (every
 // slice initialised as the whole model would be).
 InferenceModel random_inference_model(const model::ModelConfig& cfg, uint64_t seed,
@@ -66,11 +66,11 @@ std::string resolve_inference_checkpoint(const std::string& dir, FILE* log);
 // into `text` ("" when not given).
 void add_speculative_option(CLI::App& app, std::string& text);
 struct SpeculativeSetup {
-  infer::SpeculativeConfig config;    // config.draft points into `draft` once it is loaded
-  std::string draft_dir;              // draft=DIR
+  infer::SpeculativeConfig config;              // config.draft points into `draft` once it is loaded
+  std::string draft_dir;                        // draft=DIR
   std::optional<infer::QuantSpec> draft_quant;  // quant=NAME
   std::optional<InferenceModel> draft;
-  std::string text;                   // as given
+  std::string text;  // as given
 };
 // Parses SPEC: "draft=DIR" or "ngram", then comma-separated k=N, n=N (n-gram size; matches
 // fall back to shorter ones down to 1), adaptive=on|off, max_batch=N (0: no limit),

@@ -15,9 +15,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <ctime>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -41,7 +41,6 @@ void forward_signal(int sig) {
   if (g_child_pid > 0) kill(pid_t(g_child_pid), sig);
 }
 
-
 void write_all(int fd, const std::string& s) {
   size_t off = 0;
   while (off < s.size()) {
@@ -59,7 +58,7 @@ struct AttemptWatch {
   double cause_at = -1;            // when the output first told of the failure
   double last_checkpoint_at = -1;  // when a "[checkpoint] step N saved" line was last seen
   int64_t last_checkpoint_step = -1;
-  double first_step_at = -1;       // when the first "step N/M" line was seen
+  double first_step_at = -1;  // when the first "step N/M" line was seen
   // The failure before this attempt: when it happened and the seconds of steps it undid.
   int attempt = 1;
   double failed_at = -1, redo_s = 0;
@@ -133,15 +132,16 @@ int run_relayed(const std::vector<std::string>& cmd) {
     for (const auto& a : cmd) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
     execvp(argv[0], argv.data());
-    std::fprintf(stderr, "[launch] cannot run %s: %s (is Open MPI installed? see --mpirun)\n",
-                 argv[0], std::strerror(errno));
+    std::fprintf(stderr, "[launch] cannot run %s: %s (is Open MPI installed? see --mpirun)\n", argv[0],
+                 std::strerror(errno));
     _exit(127);
   }
   close(out[1]);
   close(err[1]);
   g_child_pid = pid;
   // Ctrl-C reaches mpirun through the terminal; SIGTERM sent to us is passed on.
-  struct sigaction ign {}, fwd {};
+  struct sigaction ign {
+  }, fwd{};
   ign.sa_handler = SIG_IGN;
   fwd.sa_handler = forward_signal;
   sigaction(SIGINT, &ign, nullptr);
@@ -191,7 +191,7 @@ int run_relayed(const std::vector<std::string>& cmd) {
 // An argument as a POSIX shell reads it back, so a printed command can be pasted.
 std::string shell_quoted(const std::string& s) {
   if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                         "0123456789_-+=/.,:@%") == std::string::npos)
+                                        "0123456789_-+=/.,:@%") == std::string::npos)
     return s;
   std::string q = "'";
   for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
@@ -208,8 +208,8 @@ std::optional<comm::TestHosts> test_hosts_up() {
   text << in.rdbuf();
   comm::TestHosts t = comm::parse_test_hosts(text.str(), path);
   for (const auto& h : t.hosts)
-    LOOM_CHECK(std::filesystem::exists("/run/netns/" + h), "launch", "test host ", h, " is listed in ",
-               path, " but its network namespace is gone; run scripts/testhosts.sh up N again");
+    LOOM_CHECK(std::filesystem::exists("/run/netns/" + h), "launch", "test host ", h, " is listed in ", path,
+               " but its network namespace is gone; run scripts/testhosts.sh up N again");
   return t;
 }
 
@@ -271,15 +271,15 @@ int run_elastic(comm::LaunchOptions o, const ElasticOptions& e) {
       return rc;
     }
     if (restarts >= e.max_restarts) {
-      say(str_cat("attempt ", attempt, " failed after ", seconds(now - w.start), ": ", cause, "; no restarts left (--max-restarts ",
-                  e.max_restarts, ")"));
+      say(str_cat("attempt ", attempt, " failed after ", seconds(now - w.start), ": ", cause,
+                  "; no restarts left (--max-restarts ", e.max_restarts, ")"));
       return rc;
     }
     ++restarts;
     failed_at = now;
     say(str_cat("attempt ", attempt, " failed after ", seconds(now - w.start), ": ", cause, "; ",
-                w.last_checkpoint_step >= 0 ? str_cat("its last checkpoint (step ", w.last_checkpoint_step, ") was reported ",
-                                                      seconds(redo_s), " before it")
+                w.last_checkpoint_step >= 0 ? str_cat("its last checkpoint (step ", w.last_checkpoint_step,
+                                                      ") was reported ", seconds(redo_s), " before it")
                                             : std::string("it saved no checkpoint"),
                 "; restart ", restarts, " of ", e.max_restarts, " with --resume auto"));
     // The same rank slot (or host) failing again and again: go on without it.
@@ -292,8 +292,8 @@ int run_elastic(comm::LaunchOptions o, const ElasticOptions& e) {
       if (!active.empty() && active.size() > 1) {
         auto it = std::find_if(active.begin(), active.end(), [&](const comm::HostSlots& h) { return h.host == host; });
         if (it != active.end() && o.nproc - it->slots >= e.min_nproc) {
-          say(str_cat("host ", host, " failed ", streak, " times in a row: going on without it, on ", o.nproc - it->slots,
-                      " ranks (train: parallel.dp=auto keeps the global batch)"));
+          say(str_cat("host ", host, " failed ", streak, " times in a row: going on without it, on ",
+                      o.nproc - it->slots, " ranks (train: parallel.dp=auto keeps the global batch)"));
           dropped.push_back(*it);
           dropped_at.push_back(restarts);
           active.erase(it);
@@ -301,8 +301,8 @@ int run_elastic(comm::LaunchOptions o, const ElasticOptions& e) {
       } else if (active.empty()) {
         const int n = comm::shrink_nproc(o.nproc, e.min_nproc);
         if (n > 0) {
-          say(str_cat("rank ", w.cause.rank, " failed ", streak, " times in a row: going on with ", n, " ranks instead of ",
-                      o.nproc, " (train: parallel.dp=auto keeps the global batch)"));
+          say(str_cat("rank ", w.cause.rank, " failed ", streak, " times in a row: going on with ", n,
+                      " ranks instead of ", o.nproc, " (train: parallel.dp=auto keeps the global batch)"));
           o.nproc = n;
         }
       }
@@ -345,12 +345,12 @@ std::string launch_exe() {
 
 int cmd_launch(const std::vector<std::string>& args) {
   auto app = new_app("launch",
-                      "Runs N ranks of this loom binary under mpirun: loom launch --nproc N -- <loom subcommand and "
-                      "its args>. Each output line is prefixed with its rank (\"[rank 1] ...\"); rank 0's SUMMARY "
-                      "line is passed through unprefixed, and so is all of rank 0's standard output for generate "
-                      "and serve (--tp N: the other ranks print none). Forwards LOOM_*, OMP_*, PATH and "
-                      "LD_LIBRARY_PATH; LOOM_LAUNCH_EXE runs another binary. Elastic restarts: "
-                      "docs/FAULT_TOLERANCE.md.");
+                     "Runs N ranks of this loom binary under mpirun: loom launch --nproc N -- <loom subcommand and "
+                     "its args>. Each output line is prefixed with its rank (\"[rank 1] ...\"); rank 0's SUMMARY "
+                     "line is passed through unprefixed, and so is all of rank 0's standard output for generate "
+                     "and serve (--tp N: the other ranks print none). Forwards LOOM_*, OMP_*, PATH and "
+                     "LD_LIBRARY_PATH; LOOM_LAUNCH_EXE runs another binary. Elastic restarts: "
+                     "docs/FAULT_TOLERANCE.md.");
   comm::LaunchOptions o;
   int64_t nproc = 0, max_restarts = 0, min_nproc = 0, drop_after = 2;
   double timeout = -1, restart_delay = 1.0;
@@ -359,42 +359,54 @@ int cmd_launch(const std::vector<std::string>& args) {
   bool dry_run = false;
   std::vector<std::string> inner;
   auto* nproc_opt = app->add_option("--nproc", nproc, "ranks to run (default: the --hosts slots)")
-                        ->type_name("N")->check(positive())->default_str("");
+                        ->type_name("N")
+                        ->check(positive())
+                        ->default_str("");
   auto* hosts_opt = app->add_option("--hosts", o.hosts,
                                     "hosts and ranks per host (host:ranks,...); they must add up to --nproc, which may "
                                     "then be left out. Test hosts (loomh1..., made by scripts/testhosts.sh up N) get "
-                                    "their agent and network automatically")->type_name("h1:4,h2:4");
+                                    "their agent and network automatically")
+                        ->type_name("h1:4,h2:4");
   app->add_option("--hostfile", o.hostfile, "an mpirun hostfile")->type_name("FILE");
   app->add_option("--agent", o.agent, "how mpirun reaches the hosts instead of ssh (mca plm_rsh_agent)")
       ->type_name("CMD");
   app->add_option("--net", o.net,
                   "the network ranks and daemons talk over, e.g. 10.0.0.0/16 (mca btl_tcp_if_include and "
-                  "oob_tcp_if_include)")->type_name("CIDR");
+                  "oob_tcp_if_include)")
+      ->type_name("CIDR");
   app->add_option("--timeout", timeout,
                   "comm watchdog timeout of the ranks in seconds: sets LOOM_COMM_TIMEOUT, which beats a config's "
-                  "parallel.collective_timeout_s (--set beats both)")->type_name("S")->default_str("");
+                  "parallel.collective_timeout_s (--set beats both)")
+      ->type_name("S")
+      ->default_str("");
   app->add_option("--mpirun", o.mpirun, "the MPI launcher (default: $LOOM_MPIRUN or mpirun)")->type_name("PATH");
   app->add_flag("--dry-run", dry_run, "print the mpirun command instead of running it");
   app->add_option("--max-restarts", max_restarts, "restart a failed attempt up to K times, `train` with --resume auto")
-      ->type_name("K")->check(non_negative());
+      ->type_name("K")
+      ->check(non_negative());
   auto* min_nproc_opt =
       app->add_option("--min-nproc", min_nproc,
                       "when the same rank (or host) fails --drop-after times in a row, go on with fewer ranks, down "
                       "to M (train gets parallel.dp=auto: the global batch stays, micro-batches grow); default: "
-                      "--nproc (never)")->type_name("M")->check(positive())->default_str("");
+                      "--nproc (never)")
+          ->type_name("M")
+          ->check(positive())
+          ->default_str("");
   app->add_option("--drop-after", drop_after, "failures in a row that drop a rank slot or host")
-      ->type_name("F")->check(positive());
+      ->type_name("F")
+      ->check(positive());
   app->add_option("--restart-delay", restart_delay, "seconds between a failure and the restart")
-      ->type_name("S")->check(non_negative());
+      ->type_name("S")
+      ->check(non_negative());
   app->add_option("COMMAND", inner, "the loom subcommand and its arguments, after --")->type_name("ARGS");
   if (auto rc = parse(*app, args)) return *rc;
   auto sep = std::find(args.begin(), args.end(), "--");
   const size_t after_sep = sep == args.end() ? 0 : size_t(args.end() - sep - 1);
-  if (inner.size() > after_sep)
-    throw UsageError("[launch] unexpected argument '" + inner[0] + "' before --");
+  if (inner.size() > after_sep) throw UsageError("[launch] unexpected argument '" + inner[0] + "' before --");
   if (inner.empty())
-    throw UsageError("[launch] give the loom subcommand to run after --, e.g. "
-                     "loom launch --nproc 2 -- bench comm");
+    throw UsageError(
+        "[launch] give the loom subcommand to run after --, e.g. "
+        "loom launch --nproc 2 -- bench comm");
   if (!nproc_opt->count() && !hosts_opt->count())
     throw UsageError("[launch] --nproc N is required (or --hosts h1:2,h2:2, whose ranks add up to N)");
   LOOM_CHECK(!comm::launch_env().under_mpi, "launch",
@@ -414,8 +426,7 @@ int cmd_launch(const std::vector<std::string>& args) {
   }
   std::vector<std::string> cmd = comm::mpirun_command(o);
   if (dry_run) {
-    for (size_t i = 0; i < cmd.size(); ++i)
-      std::printf("%s%s", i ? " " : "", shell_quoted(cmd[i]).c_str());
+    for (size_t i = 0; i < cmd.size(); ++i) std::printf("%s%s", i ? " " : "", shell_quoted(cmd[i]).c_str());
     std::printf("\n");
     return 0;
   }

@@ -1,8 +1,8 @@
 // The loom command-line tool: one binary, a subcommand per job. main() is the only place
 // that turns errors into exit codes.
+#include <unistd.h>
 #include <cstdio>
 #include <cstring>
-#include <unistd.h>
 #include <exception>
 #include <string>
 #include <vector>

@@ -36,11 +36,11 @@ void describe(const CLI::App& app) {
   std::printf("loom-cli-options\t%s\n", app.get_name().c_str());
   for (const CLI::Option* o : app.get_options()) {
     if (o->get_name() == "--help") continue;
-    const char* kind = o->get_positional() ? "positional"
+    const char* kind = o->get_positional()          ? "positional"
                        : o->get_expected_max() == 0 ? "flag"
                        : o->get_expected_max() > 1  ? "list"
                                                     : "value";
-    const std::string name = o->get_positional()    ? o->get_name(true)
+    const std::string name = o->get_positional()       ? o->get_name(true)
                              : o->get_lnames().empty() ? "-" + o->get_snames().at(0)
                                                        : "--" + o->get_lnames()[0];
     const std::string type = o->get_type_name(), def = o->get_default_str();
@@ -141,8 +141,8 @@ std::optional<int> parse(CLI::App& app, const std::vector<std::string>& args) {
   } catch (const CLI::ExtrasError&) {
     const std::vector<std::string> extra = app.remaining();
     const std::string first = extra.empty() ? std::string("?") : extra[0];
-    throw UsageError(str_cat(tag(app), first.rfind("-", 0) == 0 ? " unknown option " : " unexpected argument '",
-                             first, first.rfind("-", 0) == 0 ? "" : "'", " (see ", app.get_name(), " --help)"));
+    throw UsageError(str_cat(tag(app), first.rfind("-", 0) == 0 ? " unknown option " : " unexpected argument '", first,
+                             first.rfind("-", 0) == 0 ? "" : "'", " (see ", app.get_name(), " --help)"));
   } catch (const CLI::ConversionError& e) {
     // "Could not convert: --name = value"
     const std::string what = e.what(), prefix = "Could not convert: ";
@@ -151,8 +151,8 @@ std::optional<int> parse(CLI::App& app, const std::vector<std::string>& args) {
     const std::string name = what.substr(prefix.size(), eq - prefix.size()), value = what.substr(eq + 3);
     const CLI::Option* o = app.get_option_no_throw(name);
     const bool integer = o && (o->get_type_name().rfind("INT", 0) == 0 || o->get_type_name().rfind("UINT", 0) == 0);
-    throw UsageError(str_cat(tag(app), " ", name, ": expected ", integer ? "an integer" : "a number", ", got \"",
-                             value, "\" (see ", app.get_name(), " --help)"));
+    throw UsageError(str_cat(tag(app), " ", name, ": expected ", integer ? "an integer" : "a number", ", got \"", value,
+                             "\" (see ", app.get_name(), " --help)"));
   } catch (const CLI::ParseError& e) {
     // CLI11 says "--name: problem"; ours read "[cmd] --name problem".
     std::string what = e.what();
@@ -166,10 +166,10 @@ std::optional<int> parse(CLI::App& app, const std::vector<std::string>& args) {
     if (o->get_positional() || o->get_expected_max() > 1 || o->count() < 2) continue;
     const std::string name = o->get_name(false, true);
     const auto& r = o->results();
-    throw UsageError(o->get_expected_max() == 0 || r.size() < 2
-                         ? str_cat(tag(app), " ", name, " is given twice; give it once")
-                         : str_cat(tag(app), " ", name, " is given twice (\"", r[0], "\" and \"", r[1],
-                                   "\"); give it once"));
+    throw UsageError(
+        o->get_expected_max() == 0 || r.size() < 2
+            ? str_cat(tag(app), " ", name, " is given twice; give it once")
+            : str_cat(tag(app), " ", name, " is given twice (\"", r[0], "\" and \"", r[1], "\"); give it once"));
   }
   if (env_on("LOOM_CLI_PARSE_ONLY")) {
     std::printf("loom-cli-parsed\t%s\n%s", app.get_name().c_str(), app.config_to_str(true, false).c_str());

@@ -71,8 +71,8 @@ void PeerProcess::signal(int sig) {
 
 void PeerProcess::send_line(const std::string& line) {
   std::string s = line + "\n";
-  LOOM_CHECK(write(to_child_, s.data(), s.size()) == ssize_t(s.size()), "peer",
-             "cannot write to ", what_, " (it exited?)");
+  LOOM_CHECK(write(to_child_, s.data(), s.size()) == ssize_t(s.size()), "peer", "cannot write to ", what_,
+             " (it exited?)");
 }
 
 std::string PeerProcess::read_line() {

@@ -2,6 +2,7 @@
 // (`--top`), predicts one (`--layout`), explains the pick term by term (`--explain`),
 // measures this machine into a cluster file (`--calibrate FILE`), and checks its predictions
 // against training runs of this machine (`--validate [--quick]`).
+#include <unistd.h>
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -13,7 +14,6 @@
 #include <random>
 #include <sstream>
 #include <thread>
-#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -38,7 +38,7 @@ namespace fs = std::filesystem;
 // The options of all three modes (plan, --calibrate, --validate).
 struct PlanOptions {
   std::string model, cluster, precision = "fp32", layout, calibrate, comm_calibration, out, grad_dtype,
-      algorithm = "auto", only;
+                              algorithm = "auto", only;
   int64_t nodes = 1, global_batch = 8, seq = 256, top = 10, threads = 1, devices = 0, repeat = 2;
   double inter_gbps = 0;
   bool explain = false, gpipe = false, json = false, validate = false, quick = false, no_overlap = false;
@@ -69,15 +69,24 @@ plan::Layout parse_layout(const std::string& spec) {
     } catch (...) {
       throw UsageError("[plan] --layout: " + k + "=" + v + " is not a number");
     }
-    if (k == "dp") l.dp = n;
-    else if (k == "tp") l.tp = n;
-    else if (k == "pp") l.pp = n;
-    else if (k == "ep") l.ep = n;
-    else if (k == "zero") l.zero = int(n);
-    else if (k == "mb") l.micro_batch = n;
-    else if (k == "m") l.micro_batches = n;
-    else if (k == "ckpt") l.checkpoint = int(n);
-    else throw UsageError("[plan] --layout: unknown key '" + k + "' (dp, tp, pp, ep, zero, mb, m, ckpt, schedule)");
+    if (k == "dp")
+      l.dp = n;
+    else if (k == "tp")
+      l.tp = n;
+    else if (k == "pp")
+      l.pp = n;
+    else if (k == "ep")
+      l.ep = n;
+    else if (k == "zero")
+      l.zero = int(n);
+    else if (k == "mb")
+      l.micro_batch = n;
+    else if (k == "m")
+      l.micro_batches = n;
+    else if (k == "ckpt")
+      l.checkpoint = int(n);
+    else
+      throw UsageError("[plan] --layout: unknown key '" + k + "' (dp, tp, pp, ep, zero, mb, m, ckpt, schedule)");
   }
   return l;
 }
@@ -127,8 +136,8 @@ plan::Cluster calibrate(int threads, int devices, const std::string& comm_file, 
   struct Shape {
     int64_t m, k, n;
   };
-  const std::vector<Shape> shapes = {{64, 32, 96},    {128, 64, 192},   {256, 64, 256},   {512, 192, 192},
-                                     {1024, 192, 576}, {1024, 192, 768}, {1024, 768, 768}, {2048, 768, 2304},
+  const std::vector<Shape> shapes = {{64, 32, 96},      {128, 64, 192},    {256, 64, 256},   {512, 192, 192},
+                                     {1024, 192, 576},  {1024, 192, 768},  {1024, 768, 768}, {2048, 768, 2304},
                                      {2048, 768, 3072}, {4096, 1024, 4096}};
   std::vector<std::pair<double, double>> rates;  // flops, flop/s
   std::mt19937 g(1);
@@ -140,10 +149,7 @@ plan::Cluster calibrate(int threads, int devices, const std::string& comm_file, 
     const double flops = 2.0 * double(s.m * s.k * s.n);
     // Forward (x W^T as the linears run) and the two backward products, as training does.
     const double sec = time_median(
-        [&] {
-          cpu::gemm(false, true, s.m, s.n, s.k, 1.0f, a.data(), s.k, b.data(), s.k, 0.0f, out.data(), s.n);
-        },
-        0.3);
+        [&] { cpu::gemm(false, true, s.m, s.n, s.k, 1.0f, a.data(), s.k, b.data(), s.k, 0.0f, out.data(), s.n); }, 0.3);
     rates.emplace_back(flops, flops / sec);
     if (verbose)
       std::printf("  product %5lld x %4lld x %4lld: %8.1f GFLOP/s\n", (long long)s.m, (long long)s.k, (long long)s.n,
@@ -229,11 +235,13 @@ plan::Cluster calibrate(int threads, int devices, const std::string& comm_file, 
   if (comm_cal.empty() && c.devices_per_node >= 2) {
     const std::string path = comm_out;
     const std::string log = path + ".log";
-    const std::string cmd = str_cat("OMP_NUM_THREADS=", threads, " ", launch_exe(), " bench comm --nproc 2 --calibrate ",
-                                    path, " > ", log, " 2>&1");
+    const std::string cmd = str_cat("OMP_NUM_THREADS=", threads, " ", launch_exe(),
+                                    " bench comm --nproc 2 --calibrate ", path, " > ", log, " 2>&1");
     if (verbose) std::printf("  timing collectives on 2 ranks (loom bench comm --calibrate)\n");
-    if (std::system(cmd.c_str()) == 0) comm_cal = path;
-    else std::printf("  loom bench comm --calibrate failed (see %s); links from the built-in estimate\n", log.c_str());
+    if (std::system(cmd.c_str()) == 0)
+      comm_cal = path;
+    else
+      std::printf("  loom bench comm --calibrate failed (see %s); links from the built-in estimate\n", log.c_str());
   }
   if (!comm_cal.empty()) {
     const comm::CostModel m = comm::load_cost_model(comm_cal);
@@ -241,15 +249,17 @@ plan::Cluster calibrate(int threads, int devices, const std::string& comm_file, 
     c.links.intra = m.intra;
     c.links.inter = m.inter;
     c.links.reduce_s_per_byte = m.reduce_s_per_byte;
-    c.sources.push_back(comm_file.empty() ? std::string("links and collective times measured on 2 ranks by loom bench comm --calibrate")
-                                          : "links from " + comm_file + " (loom bench comm --calibrate)");
+    c.sources.push_back(
+        comm_file.empty() ? std::string("links and collective times measured on 2 ranks by loom bench comm --calibrate")
+                          : "links from " + comm_file + " (loom bench comm --calibrate)");
     if (comm_file.empty()) {
       std::error_code ec;
       fs::remove(comm_cal + ".log", ec);
       if (verbose)
-        std::printf("  collective times in %s (comm.calibration for loom train: auto then also weighs loom's\n"
-                    "  own algorithms against MPI's)\n",
-                    comm_cal.c_str());
+        std::printf(
+            "  collective times in %s (comm.calibration for loom train: auto then also weighs loom's\n"
+            "  own algorithms against MPI's)\n",
+            comm_cal.c_str());
     }
   } else {
     c.links.intra = {5e-6, 2.0 / stream * 3.0};
@@ -276,7 +286,8 @@ plan::Cluster calibrate(int threads, int devices, const std::string& comm_file, 
       for (std::string line; std::getline(f, line);)
         if (auto at = line.find("SUMMARY "); at != std::string::npos) {
           const auto j = nlohmann::json::parse(line.substr(at + 8), nullptr, false);
-          if (j.is_object() && j.contains("step_ms")) step = j["step_ms"].get<double>(), alone = j["dp1_step_ms"].get<double>();
+          if (j.is_object() && j.contains("step_ms"))
+            step = j["step_ms"].get<double>(), alone = j["dp1_step_ms"].get<double>();
         }
     }
     plan::Job job;
@@ -289,9 +300,10 @@ plan::Cluster calibrate(int threads, int devices, const std::string& comm_file, 
     if (step > 0 && quiet > 0) {
       c.comm_under_compute = std::max(1.0, (step - alone) / quiet);
       if (verbose)
-        std::printf("  dp=2 step %.0f ms, same work alone %.0f ms, collectives predicted %.0f ms on idle cores: x%.2f "
-                    "while computing\n",
-                    step, alone, quiet, c.comm_under_compute);
+        std::printf(
+            "  dp=2 step %.0f ms, same work alone %.0f ms, collectives predicted %.0f ms on idle cores: x%.2f "
+            "while computing\n",
+            step, alone, quiet, c.comm_under_compute);
       c.sources.push_back(str_cat("comm_under_compute from loom bench train --nproc 2 --dp 2 (gpt2-124m): ", step,
                                   " ms vs ", alone, " ms alone"));
       std::error_code ec;
@@ -356,13 +368,16 @@ Measured run_case(const Case& k, const std::string& data_dir, const std::string&
   // cores), as the test suite runs them.
   cmd << "OMP_NUM_THREADS=" << threads << " OMP_WAIT_POLICY=passive OMPI_MCA_mpi_yield_when_idle=1 ";
   const std::string exe = launch_exe();
-  if (l.ranks() > 1) cmd << exe << " launch --nproc " << l.ranks() << " -- ";
-  else cmd << exe << " ";
+  if (l.ranks() > 1)
+    cmd << exe << " launch --nproc " << l.ranks() << " -- ";
+  else
+    cmd << exe << " ";
   cmd << "train " << LOOM_SOURCE_DIR << "/configs/shakespeare.yaml --set model.preset=" << k.model
       << " --set data.dir=" << data_dir << " --set data.seq_len=" << k.seq
       << " --set data.batch_size=" << l.dp * l.micro_batch * l.micro_batches
       << " --set data.micro_batch_size=" << l.micro_batch << " --set schedule.steps=" << k.steps
-      << " --set schedule.eval_interval=0 --set checkpoint.dir= --set checkpoint.every_steps=0 --set log.every=1 --set log.progress=off"
+      << " --set schedule.eval_interval=0 --set checkpoint.dir= --set checkpoint.every_steps=0 --set log.every=1 --set "
+         "log.progress=off"
       << " --set log.metrics_path=" << metrics << " --set parallel.dp=" << l.dp << " --set parallel.tp=" << l.tp
       << " --set parallel.pp=" << l.pp << " --set parallel.zero_stage=" << l.zero
       << " --set parallel.pp_schedule=" << l.schedule << " --set model.activation_checkpoint_interval=" << l.checkpoint
@@ -406,9 +421,9 @@ int validate(const PlanOptions& a, const CLI::App& app) {
   auto prepared = [&](const std::string& tokenizer) {
     const std::string dir = out + "/data-" + tokenizer;
     if (!fs::exists(dir + "/meta.json")) {
-      const std::string cmd = str_cat(launch_exe(), " prepare --input ", LOOM_SOURCE_DIR,
-                                      "/data/tinyshakespeare/input.txt --tokenizer ", tokenizer, " --out ", dir, " > ",
-                                      out, "/prepare-", tokenizer, ".log 2>&1");
+      const std::string cmd =
+          str_cat(launch_exe(), " prepare --input ", LOOM_SOURCE_DIR, "/data/tinyshakespeare/input.txt --tokenizer ",
+                  tokenizer, " --out ", dir, " > ", out, "/prepare-", tokenizer, ".log 2>&1");
       LOOM_CHECK(std::system(cmd.c_str()) == 0, "plan", "preparing the validation data failed; see ", out, "/prepare-",
                  tokenizer, ".log");
     }
@@ -417,9 +432,8 @@ int validate(const PlanOptions& a, const CLI::App& app) {
   auto cases = validation_cases(quick);
   if (!a.only.empty()) {  // layouts whose model or description contains the text
     const std::string& only = a.only;
-    std::erase_if(cases, [&](const Case& k) {
-      return (k.model + " " + k.layout.describe()).find(only) == std::string::npos;
-    });
+    std::erase_if(cases,
+                  [&](const Case& k) { return (k.model + " " + k.layout.describe()).find(only) == std::string::npos; });
     if (cases.empty()) throw UsageError("[plan] --only " + only + ": no validation layout matches");
   }
   // Shared machines have slow spells of a minute or more: every layout runs `repeat` times,
@@ -436,10 +450,11 @@ int validate(const PlanOptions& a, const CLI::App& app) {
       std::fflush(stdout);
       if (!measured[i].ok || (m.ok && m.ms < measured[i].ms)) measured[i] = m;
     }
-  std::printf("\nvalidating %zu layouts on %s (%d device%s per node); step times are medians after 2 warm-up steps\n"
-              "(the faster of %d runs), memory is rank 0's peak (pipeline stage 0) against the planner's stage 0\n\n",
-              cases.size(), cluster.device.name.c_str(), cluster.devices_per_node,
-              cluster.devices_per_node > 1 ? "s" : "", repeat);
+  std::printf(
+      "\nvalidating %zu layouts on %s (%d device%s per node); step times are medians after 2 warm-up steps\n"
+      "(the faster of %d runs), memory is rank 0's peak (pipeline stage 0) against the planner's stage 0\n\n",
+      cases.size(), cluster.device.name.c_str(), cluster.devices_per_node, cluster.devices_per_node > 1 ? "s" : "",
+      repeat);
   std::printf("%-18s %-34s %10s %10s %7s %11s %11s %7s\n", "model", "layout", "ms pred", "ms meas", "err", "mem pred",
               "mem meas", "err");
   nlohmann::json rows = nlohmann::json::array();
@@ -473,12 +488,18 @@ int validate(const PlanOptions& a, const CLI::App& app) {
                 pred_ms, m.ms, 100 * time_err, format_bytes(int64_t(pred_mem)).c_str(),
                 format_bytes(int64_t(m.peak_bytes)).c_str(), 100 * mem_err);
     std::fflush(stdout);
-    rows.push_back({{"model", k.model}, {"layout", k.layout.describe()}, {"predicted_ms", pred_ms},
-                    {"measured_ms", m.ms}, {"time_error", time_err}, {"predicted_bytes", pred_mem},
-                    {"measured_bytes", m.peak_bytes}, {"memory_error", mem_err}});
+    rows.push_back({{"model", k.model},
+                    {"layout", k.layout.describe()},
+                    {"predicted_ms", pred_ms},
+                    {"measured_ms", m.ms},
+                    {"time_error", time_err},
+                    {"predicted_bytes", pred_mem},
+                    {"measured_bytes", m.peak_bytes},
+                    {"memory_error", mem_err}});
   }
-  nlohmann::json s = {{"layouts", rows.size()}, {"failed", failed}, {"max_memory_error", max_mem},
-                      {"max_time_error", max_time}, {"cluster", cluster.device.name}, {"rows", rows}};
+  nlohmann::json s = {{"layouts", rows.size()},         {"failed", failed},
+                      {"max_memory_error", max_mem},    {"max_time_error", max_time},
+                      {"cluster", cluster.device.name}, {"rows", rows}};
   std::printf("\nmax memory error %.1f%% (target 5%%), max step-time error %.1f%% (target 15%%) over %zu layouts\n",
               100 * max_mem, 100 * max_time, rows.size());
   std::printf("SUMMARY %s\n", s.dump().c_str());
@@ -486,35 +507,53 @@ int validate(const PlanOptions& a, const CLI::App& app) {
 }
 
 void print_prediction_row(const plan::Prediction& p) {
-  std::printf("%-36s %10.1f %12.0f %6.1f%% %11s %s\n", p.layout.describe().c_str(), p.time.step * 1e3,
-              p.tokens_per_s, 100 * p.mfu, format_bytes(int64_t(p.memory.total())).c_str(),
+  std::printf("%-36s %10.1f %12.0f %6.1f%% %11s %s\n", p.layout.describe().c_str(), p.time.step * 1e3, p.tokens_per_s,
+              100 * p.mfu, format_bytes(int64_t(p.memory.total())).c_str(),
               p.fits ? "" : ("does not fit: " + p.why_not).c_str());
 }
 
 nlohmann::json prediction_json(const plan::Prediction& p) {
   const auto& t = p.time;
   const auto& m = p.memory;
-  return {{"layout", p.layout.describe()}, {"fits", p.fits}, {"why_not", p.why_not},
-          {"step_ms", t.step * 1e3}, {"tokens_per_s", p.tokens_per_s}, {"mfu", p.mfu},
-          {"memory_bytes", m.total()}, {"memory_stage", p.memory_stage},
-          {"terms_ms", {{"gemm", t.gemm * 1e3}, {"attention", t.attention * 1e3}, {"elementwise", t.elementwise * 1e3},
-                        {"recompute", t.recompute * 1e3}, {"tp_comm", t.tp_comm * 1e3}, {"ep_a2a", t.ep_a2a * 1e3}, {"pp_p2p", t.pp_p2p * 1e3},
-                        {"bubble", t.bubble * 1e3}, {"dp_comm", t.dp_comm * 1e3}, {"dp_exposed", t.dp_exposed * 1e3},
-                        {"optimizer", t.optimizer * 1e3}}},
-          {"memory", {{"params", m.params}, {"grads", m.grads}, {"optimizer", m.optimizer},
-                      {"activations", m.activations}, {"workspace", m.workspace}, {"comm", m.comm}}}};
+  return {{"layout", p.layout.describe()},
+          {"fits", p.fits},
+          {"why_not", p.why_not},
+          {"step_ms", t.step * 1e3},
+          {"tokens_per_s", p.tokens_per_s},
+          {"mfu", p.mfu},
+          {"memory_bytes", m.total()},
+          {"memory_stage", p.memory_stage},
+          {"terms_ms",
+           {{"gemm", t.gemm * 1e3},
+            {"attention", t.attention * 1e3},
+            {"elementwise", t.elementwise * 1e3},
+            {"recompute", t.recompute * 1e3},
+            {"tp_comm", t.tp_comm * 1e3},
+            {"ep_a2a", t.ep_a2a * 1e3},
+            {"pp_p2p", t.pp_p2p * 1e3},
+            {"bubble", t.bubble * 1e3},
+            {"dp_comm", t.dp_comm * 1e3},
+            {"dp_exposed", t.dp_exposed * 1e3},
+            {"optimizer", t.optimizer * 1e3}}},
+          {"memory",
+           {{"params", m.params},
+            {"grads", m.grads},
+            {"optimizer", m.optimizer},
+            {"activations", m.activations},
+            {"workspace", m.workspace},
+            {"comm", m.comm}}}};
 }
 
 }  // namespace
 
 int cmd_plan(const std::vector<std::string>& argv) {
   auto app = new_app("plan",
-                      "Predicts memory per rank and step time of training layouts (dp, tp, pp, ep, ZeRO stage, "
-                      "micro-batches, activation checkpointing, pipeline schedule) without running anything:\n"
-                      "  loom plan --model PRESET|CONFIG.yaml --cluster CLUSTER.yaml --global-batch B --seq T\n"
-                      "  loom plan --calibrate CLUSTER.yaml [--threads K] [--devices D]\n"
-                      "  loom plan --validate [--quick] [--cluster CLUSTER.yaml] [--out DIR]\n"
-                      "The last line is SUMMARY {json}.");
+                     "Predicts memory per rank and step time of training layouts (dp, tp, pp, ep, ZeRO stage, "
+                     "micro-batches, activation checkpointing, pipeline schedule) without running anything:\n"
+                     "  loom plan --model PRESET|CONFIG.yaml --cluster CLUSTER.yaml --global-batch B --seq T\n"
+                     "  loom plan --calibrate CLUSTER.yaml [--threads K] [--devices D]\n"
+                     "  loom plan --validate [--quick] [--cluster CLUSTER.yaml] [--out DIR]\n"
+                     "The last line is SUMMARY {json}.");
   PlanOptions a;
   app->add_option("--model", a.model, "a preset (loom's model presets) or a training config whose model: it uses")
       ->type_name("PRESET|CONFIG.yaml");
@@ -523,7 +562,8 @@ int cmd_plan(const std::vector<std::string>& argv) {
       ->type_name("CLUSTER.yaml");
   app->add_option("--nodes", a.nodes, "nodes to use; every device of them gets a rank")->check(positive());
   app->add_option("--global-batch", a.global_batch, "sequences per step (required)")
-      ->check(positive())->default_str("");
+      ->check(positive())
+      ->default_str("");
   app->add_option("--seq", a.seq, "tokens per sequence (required)")->check(positive())->default_str("");
   app->add_option("--top", a.top, "print the K fastest layouts that fit")->type_name("K")->check(non_negative());
   app->add_flag("--explain", a.explain, "the top pick (or --layout) term by term");
@@ -534,20 +574,26 @@ int cmd_plan(const std::vector<std::string>& argv) {
   app->add_flag("--json", a.json, "accepted for scripts; the last line is always SUMMARY {json}");
   app->add_option("--grad-dtype", a.grad_dtype,
                   "data-parallel gradients on the wire (default: bf16 under bf16, else fp32; 1bit: 1-bit Adam after "
-                  "its warm-up)")->check(one_of({"fp32", "bf16", "1bit"}));
+                  "its warm-up)")
+      ->check(one_of({"fp32", "bf16", "1bit"}));
   app->add_option("--inter-gbps", a.inter_gbps, "override the cluster's inter-node bandwidth (GB/s per node)")
-      ->type_name("G")->check(positive())->default_str("");
+      ->type_name("G")
+      ->check(positive())
+      ->default_str("");
   app->add_flag("--no-overlap", a.no_overlap, "data-parallel communication does not overlap the backward pass");
   app->add_option("--algorithm", a.algorithm, "collectives: auto (fastest of ring, tree, hierarchical) or one of them")
       ->check(one_of({"auto", "ring", "tree", "hierarchical"}));
   app->add_option("--calibrate", a.calibrate,
                   "time matrix products, memory bandwidth, loom's kernels and collectives with --threads K per rank "
                   "and write a cluster file of --devices D devices (0: cores / K) to F, the collective times to "
-                  "F.comm.cal")->type_name("F");
-  app->add_option("--threads", a.threads, "threads per rank (--calibrate, --validate)")->type_name("K")
+                  "F.comm.cal")
+      ->type_name("F");
+  app->add_option("--threads", a.threads, "threads per rank (--calibrate, --validate)")
+      ->type_name("K")
       ->check(positive());
   app->add_option("--devices", a.devices, "devices of the calibrated cluster file (0: cores / K)")
-      ->type_name("D")->check(non_negative());
+      ->type_name("D")
+      ->check(non_negative());
   app->add_option("--comm-calibration", a.comm_calibration, "reuse these collective times instead of measuring")
       ->type_name("FILE");
   app->add_flag("--validate", a.validate,
@@ -559,7 +605,8 @@ int cmd_plan(const std::vector<std::string>& argv) {
       ->type_name("TEXT");
   app->add_option("--repeat", a.repeat,
                   "--validate: runs of each layout, round after round, keeping the faster (default 2, --quick 1)")
-      ->type_name("N")->check(positive());
+      ->type_name("N")
+      ->check(positive());
   if (auto rc = parse(*app, argv)) return *rc;
   if (!a.calibrate.empty()) {
     const std::string& path = a.calibrate;
@@ -572,8 +619,7 @@ int cmd_plan(const std::vector<std::string>& argv) {
   }
   if (a.validate) return validate(a, *app);
   for (const char* k : {"model", "cluster", "global-batch", "seq"})
-    if (!app->count(str_cat("--", k)))
-      throw UsageError(str_cat("[plan] --", k, " is required (see loom plan --help)"));
+    if (!app->count(str_cat("--", k))) throw UsageError(str_cat("[plan] --", k, " is required (see loom plan --help)"));
   plan::Job job;
   job.model = model_of(a.model);
   job.global_batch = a.global_batch;
@@ -583,10 +629,14 @@ int cmd_plan(const std::vector<std::string>& argv) {
   job.algorithm = a.algorithm;
   if (!a.grad_dtype.empty()) {
     const std::string& g = a.grad_dtype;
-    if (g == "fp32") job.grad_wire_bytes = 4;
-    else if (g == "bf16") job.grad_wire_bytes = 2;
-    else if (g == "1bit") job.grad_wire_bytes = 1.0 / 8;
-    else throw UsageError("[plan] --grad-dtype " + g + ": expected fp32, bf16 or 1bit");
+    if (g == "fp32")
+      job.grad_wire_bytes = 4;
+    else if (g == "bf16")
+      job.grad_wire_bytes = 2;
+    else if (g == "1bit")
+      job.grad_wire_bytes = 1.0 / 8;
+    else
+      throw UsageError("[plan] --grad-dtype " + g + ": expected fp32, bf16 or 1bit");
   }
   if (job.global_batch < 1 || job.seq < 1 || job.nodes < 1)
     throw UsageError("[plan] --global-batch, --seq and --nodes must be positive");
@@ -629,11 +679,16 @@ int cmd_plan(const std::vector<std::string>& argv) {
                 format_bytes(int64_t(ranked.front().memory.total())).c_str());
   }
   if (a.explain && !ranked.empty()) std::printf("\n%s", plan::explain(job, cluster, ranked.front()).c_str());
-  nlohmann::json s = {{"model", job.model.name}, {"params", n_params}, {"cluster", cluster.name},
-                      {"nodes", job.nodes}, {"devices", job.nodes * cluster.devices_per_node},
-                      {"considered", ranked.size()}, {"fit", fitting}};
+  nlohmann::json s = {{"model", job.model.name},
+                      {"params", n_params},
+                      {"cluster", cluster.name},
+                      {"nodes", job.nodes},
+                      {"devices", job.nodes * cluster.devices_per_node},
+                      {"considered", ranked.size()},
+                      {"fit", fitting}};
   s["top"] = nlohmann::json::array();
-  for (int64_t i = 0; i < int64_t(ranked.size()) && i < top; ++i) s["top"].push_back(prediction_json(ranked[size_t(i)]));
+  for (int64_t i = 0; i < int64_t(ranked.size()) && i < top; ++i)
+    s["top"].push_back(prediction_json(ranked[size_t(i)]));
   std::printf("SUMMARY %s\n", s.dump().c_str());
   return 0;
 }

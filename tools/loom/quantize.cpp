@@ -15,20 +15,21 @@ namespace loom::cli {
 
 int cmd_quantize(const std::vector<std::string>& argv) {
   auto app = new_app("quantize",
-                      "Writes DIR2, a checkpoint whose block matrices (and LM head) are int8 or int4 with one f32 "
-                      "scale per group of weights, or bf16; loom generate, serve, eval and bench infer load it with "
-                      "--checkpoint DIR2. Embeddings, norms and biases stay f32. Layout: docs/INFERENCE.md. The last "
-                      "line is SUMMARY {json}.");
+                     "Writes DIR2, a checkpoint whose block matrices (and LM head) are int8 or int4 with one f32 "
+                     "scale per group of weights, or bf16; loom generate, serve, eval and bench infer load it with "
+                     "--checkpoint DIR2. Embeddings, norms and biases stay f32. Layout: docs/INFERENCE.md. The last "
+                     "line is SUMMARY {json}.");
   std::string src, out;
   QuantOptions q;
   q.quant.clear();
   app->add_option("--checkpoint", src, "a training checkpoint, or a run directory (its newest valid one)")
-      ->type_name("DIR")->required();
+      ->type_name("DIR")
+      ->required();
   app->add_option("--to", q.quant, "the format")->check(one_of({"int8", "int4", "bf16"}))->required();
   app->add_option("--group", q.group, "weights per scale (default or 0: int8 one scale per row, int4 64)")
-      ->check(non_negative())->default_str("");
-  app->add_option("--quant-head", q.head, "the LM head (int8: bf16 under --to bf16)")
-      ->check(one_of({"int8", "f32"}));
+      ->check(non_negative())
+      ->default_str("");
+  app->add_option("--quant-head", q.head, "the LM head (int8: bf16 under --to bf16)")->check(one_of({"int8", "f32"}));
   app->add_flag("--zero-point", q.zero_point, "int4 with a zero point per group (asymmetric)");
   app->add_option("--out", out, "the quantized checkpoint (replaced if it exists)")->type_name("DIR2")->required();
   if (auto rc = parse(*app, argv)) return *rc;
@@ -46,8 +47,9 @@ int cmd_quantize(const std::vector<std::string>& argv) {
   std::printf("[quantize] %s -> %s: %s; matrices %.1f MB, checkpoint %.1f MB (f32 weights %.1f MB), %.1f s\n",
               m.checkpoint.c_str(), out.c_str(), spec->describe().c_str(), double(qm.bytes()) / 1e6,
               double(out_bytes) / 1e6, double(f32_bytes) / 1e6, sw.seconds());
-  nlohmann::json s = {{"source", m.checkpoint}, {"out", out}, {"quant", spec->describe()},
-                      {"matrix_bytes", qm.bytes()}, {"checkpoint_bytes", out_bytes}, {"f32_weight_bytes", f32_bytes}};
+  nlohmann::json s = {{"source", m.checkpoint},        {"out", out},
+                      {"quant", spec->describe()},     {"matrix_bytes", qm.bytes()},
+                      {"checkpoint_bytes", out_bytes}, {"f32_weight_bytes", f32_bytes}};
   std::printf("SUMMARY %s\n", s.dump().c_str());
   return 0;
 }

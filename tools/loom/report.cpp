@@ -36,10 +36,10 @@ std::string find_metrics(const std::string& run_dir) {
 
 int cmd_report(const std::vector<std::string>& argv) {
   auto app = new_app("report",
-                      "Writes one self-contained HTML page (inline SVG, no scripts, nothing fetched) of a training "
-                      "run: train and validation loss, learning rate, gradient norm, tokens/s, MFU, memory by "
-                      "category, exposed communication, resumes, rollbacks and skipped steps, the environment and "
-                      "the config. The run's metrics are the JSONL of log.metrics_path (loom train --metrics).");
+                     "Writes one self-contained HTML page (inline SVG, no scripts, nothing fetched) of a training "
+                     "run: train and validation loss, learning rate, gradient norm, tokens/s, MFU, memory by "
+                     "category, exposed communication, resumes, rollbacks and skipped steps, the environment and "
+                     "the config. The run's metrics are the JSONL of log.metrics_path (loom train --metrics).");
   std::string run_dir, metrics, out;
   app->add_option("RUN_DIR", run_dir, "the training run's directory")->type_name("DIR")->required();
   app->add_option("--metrics", metrics,
@@ -50,8 +50,10 @@ int cmd_report(const std::vector<std::string>& argv) {
   if (metrics.empty()) metrics = find_metrics(run_dir);
   LOOM_CHECK(fs::is_regular_file(metrics), "report", "--metrics ", metrics, ": no such file");
   const train::RunMetrics m = train::parse_run_metrics(io::read_file(metrics));
-  for (const std::string& w : m.warnings) std::fprintf(stderr, "[report] warning: %s:%s\n", metrics.c_str(), w.substr(5).c_str());
-  LOOM_CHECK(m.step_lines > 0, "report", metrics, ": no step lines (objects with \"step\" and \"loss\"); is it "
+  for (const std::string& w : m.warnings)
+    std::fprintf(stderr, "[report] warning: %s:%s\n", metrics.c_str(), w.substr(5).c_str());
+  LOOM_CHECK(m.step_lines > 0, "report", metrics,
+             ": no step lines (objects with \"step\" and \"loss\"); is it "
              "the JSONL of log.metrics_path (loom train --metrics FILE)?");
   if (out.empty()) out = (fs::path(run_dir) / "report.html").string();
   io::write_file_atomic(out, train::render_run_report(m, metrics));

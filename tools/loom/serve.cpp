@@ -4,9 +4,9 @@
 // the rest are aborted, and the process exits 0.
 #include <algorithm>
 #include <csignal>
-#include <filesystem>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <optional>
 
@@ -14,12 +14,12 @@
 #include "loom/core/error.h"
 #include "loom/core/threads.h"
 #include "loom/infer/engine.h"
+#include "loom/model/checkpoint_reader.h"
 #include "loom/model/decoder.h"
 #include "loom/serve/api_server.h"
 #include "loom/serve/cascade/center.h"
 #include "loom/serve/cascade/edge.h"
 #include "loom/serve/infer_engine.h"
-#include "loom/model/checkpoint_reader.h"
 #include "tools/loom/commands.h"
 #include "tools/loom/inference_model.h"
 
@@ -32,7 +32,10 @@ namespace {
 class ServedModel final : public serve::Engine {
  public:
   ServedModel(InferenceModel im, infer::EngineConfig ec, const serve::TextTokenizer& tok, std::string version)
-      : im_(std::move(im)), ec_(with_quant(std::move(ec), im_)), engine_(*im_.model, ec_), adapter_(engine_, tok),
+      : im_(std::move(im)),
+        ec_(with_quant(std::move(ec), im_)),
+        engine_(*im_.model, ec_),
+        adapter_(engine_, tok),
         version_(std::move(version)) {}
   const serve::TextTokenizer& tokenizer() const override { return adapter_.tokenizer(); }
   int64_t context_length() const override { return adapter_.context_length(); }
@@ -62,8 +65,8 @@ class ServedModel final : public serve::Engine {
 
 int cmd_serve(const std::vector<std::string>& argv) {
   auto app = new_app("serve",
-                      "OpenAI-compatible HTTP server (completions, chat, SSE, /metrics) of a checkpoint or of random "
-                      "weights: loom serve (--checkpoint DIR | --model PRESET [--seed S]) [options].");
+                     "OpenAI-compatible HTTP server (completions, chat, SSE, /metrics) of a checkpoint or of random "
+                     "weights: loom serve (--checkpoint DIR | --model PRESET [--seed S]) [options].");
   std::string checkpoint_dir, preset, tokenizer_name, data_dir, api_key, served_model_name, speculative_text, role,
       model_version, edge_models_text, center, center_down = "local", cache_dir, edge_quant = "auto";
   int64_t seed = 0, n_ctx = 0, port = 8000, max_queue = 256, max_num_seqs = 32, kv_cache_mb = 256,
@@ -79,33 +82,39 @@ int cmd_serve(const std::vector<std::string>& argv) {
       ->type_name("DIR");
   app->add_option("--model", preset,
                   "random weights of a preset (e.g. gpt2-tiny, gpt2-shakespeare), vocabulary set to the "
-                  "tokenizer's (for tests and benchmarks)")->type_name("PRESET");
+                  "tokenizer's (for tests and benchmarks)")
+      ->type_name("PRESET");
   app->add_option("--seed", seed, "weight seed for --model; also seeds requests without one");
-  app->add_option("--tokenizer", tokenizer_name,
-                  "default: byte for --model and 256-token vocabularies, else gpt2")
+  app->add_option("--tokenizer", tokenizer_name, "default: byte for --model and 256-token vocabularies, else gpt2")
       ->check(one_of({"gpt2", "byte"}));
   app->add_option("--data-dir", data_dir, "where the gpt2 tokenizer files are (default: the data folder)")
       ->type_name("DIR");
   app->add_option("--n-ctx", n_ctx, "override the preset's context length (--model only)")
-      ->check(positive())->default_str("");
+      ->check(positive())
+      ->default_str("");
   app->add_option("--host", opt.http.host, "address to bind (127.0.0.1: loopback only)")->type_name("H");
   app->add_option("--port", port, "port (0 picks a free one)")->check(in_range(0, 65535));
   app->add_option("--api-key", api_key,
                   "require 'Authorization: Bearer KEY' on /v1/*; the environment variable LOOM_API_KEY does the "
-                  "same without showing the key in ps")->type_name("KEY");
+                  "same without showing the key in ps")
+      ->type_name("KEY");
   app->add_option("--max-queue", max_queue, "requests allowed to wait beyond the running batch; then 429")
       ->check(non_negative());
-  app->add_option("--served-model-name", served_model_name, "the name clients pass as 'model' (default: the preset name)")
+  app->add_option("--served-model-name", served_model_name,
+                  "the name clients pass as 'model' (default: the preset name)")
       ->type_name("S");
   app->add_option("--max-num-seqs", max_num_seqs, "sequences stepped together")->check(positive());
   app->add_option("--kv-cache-mb", kv_cache_mb,
                   "KV-cache size in MiB (default 256, or one full-context request if that is more); must hold at "
-                  "least one full-context request")->type_name("M")->check(positive());
+                  "least one full-context request")
+      ->type_name("M")
+      ->check(positive());
   app->add_option("--max-body-bytes", max_body_bytes, "largest request body; then 413")->check(positive());
   app->add_option("--shutdown-grace", shutdown_grace, "seconds running requests may finish after SIGTERM")
       ->check(non_negative());
   app->add_option("--threads", threads, "compute threads (default: OMP_NUM_THREADS or all cores)")
-      ->check(positive())->default_str("");
+      ->check(positive())
+      ->default_str("");
   app->add_flag("--no-access-log", no_access_log, "no per-request line on stderr (method, path, status, ms, tokens)");
   add_speculative_option(*app, speculative_text);
   add_quant_options(*app, quant_options);
@@ -113,38 +122,54 @@ int cmd_serve(const std::vector<std::string>& argv) {
   const std::string cascade = "Edge/center cascade (docs/CASCADE.md)";
   app->add_option("--role", role,
                   "a cascade's center (publishes the edge models) or edge (answers what it is confident about, "
-                  "forwards the rest); default: neither")->check(one_of({"center", "edge"}))->group(cascade);
+                  "forwards the rest); default: neither")
+      ->check(one_of({"center", "edge"}))
+      ->group(cascade);
   app->add_option("--model-version", model_version,
                   "the human version of the checkpoint (default: its VERSION file or step)")
-      ->type_name("LABEL")->group(cascade);
+      ->type_name("LABEL")
+      ->group(cascade);
   app->add_option("--edge-models", edge_models_text,
                   "center: the small models edges download (`loom quantize` outputs); SIGHUP re-reads them, "
-                  "publishing a new version")->type_name("int8=DIR,int4=DIR")->group(cascade);
+                  "publishing a new version")
+      ->type_name("int8=DIR,int4=DIR")
+      ->group(cascade);
   app->add_option("--center", center, "edge: the center, e.g. http://198.18.0.11:8000 (required)")
-      ->type_name("URL")->group(cascade);
+      ->type_name("URL")
+      ->group(cascade);
   app->add_option("--confidence-threshold", confidence_threshold,
                   "edge: answer when the mean probability of the first --window tokens is >= T, else forward to "
-                  "the center; in [0, 1], checked with the other edge options")->type_name("T")->group(cascade);
+                  "the center; in [0, 1], checked with the other edge options")
+      ->type_name("T")
+      ->group(cascade);
   app->add_option("--window", window, "edge: tokens the confidence is measured over")
-      ->check(positive())->group(cascade);
-  app->add_option("--center-down", center_down,
-                  "edge: when the center cannot be reached, answer locally or 503")
-      ->check(one_of({"local", "fail"}))->group(cascade);
+      ->check(positive())
+      ->group(cascade);
+  app->add_option("--center-down", center_down, "edge: when the center cannot be reached, answer locally or 503")
+      ->check(one_of({"local", "fail"}))
+      ->group(cascade);
   app->add_option("--poll-interval", poll_interval, "edge: seconds between manifest polls")
-      ->type_name("S")->check(positive())->group(cascade);
+      ->type_name("S")
+      ->check(positive())
+      ->group(cascade);
   app->add_option("--cache-dir", cache_dir,
                   "edge: where downloaded models go (default: a temporary directory, removed at exit)")
-      ->type_name("DIR")->group(cascade);
+      ->type_name("DIR")
+      ->group(cascade);
   app->add_option("--edge-quant", edge_quant,
                   "edge: weights to download (auto: int4 on a slow link, see --int4-below-mbps and "
                   "--int4-above-rtt-ms, or when the int8 model exceeds half of --memory-budget-mb)")
-      ->check(one_of({"auto", "int8", "int4"}))->group(cascade);
+      ->check(one_of({"auto", "int8", "int4"}))
+      ->group(cascade);
   app->add_option("--int4-below-mbps", int4_below_mbps, "edge: auto picks int4 below this bandwidth")
-      ->check(non_negative())->group(cascade);
+      ->check(non_negative())
+      ->group(cascade);
   app->add_option("--int4-above-rtt-ms", int4_above_rtt_ms, "edge: auto picks int4 above this round trip")
-      ->check(non_negative())->group(cascade);
+      ->check(non_negative())
+      ->group(cascade);
   app->add_option("--memory-budget-mb", memory_budget_mb, "edge: the memory models may take (0: available memory)")
-      ->check(non_negative())->group(cascade);
+      ->check(non_negative())
+      ->group(cascade);
   if (auto rc = parse(*app, argv)) return *rc;
   auto given = [&](const std::string& name) { return app->count("--" + name) > 0; };
   const auto quant = quant_spec_from(quant_options);
@@ -167,13 +192,14 @@ int cmd_serve(const std::vector<std::string>& argv) {
     mc = model::preset(preset);
   }
   // The tokenizer: given, else the checkpoint's (model::checkpoint_tokenizer), else bytes.
-  const std::string tok_name = given("tokenizer")          ? tokenizer_name
+  const std::string tok_name = given("tokenizer")   ? tokenizer_name
                                : checkpoint.empty() ? std::string("byte")
                                                     : model::checkpoint_tokenizer(checkpoint);
   std::unique_ptr<serve::DataTokenizer> tokenizer = serve::make_text_tokenizer(tok_name, data_dir);
   if (checkpoint.empty()) mc.vocab_size = tokenizer->vocab_size();
   if (given("n-ctx")) {
-    if (!checkpoint.empty()) throw UsageError("[serve] --n-ctx applies to --model only (a checkpoint keeps its context)");
+    if (!checkpoint.empty())
+      throw UsageError("[serve] --n-ctx applies to --model only (a checkpoint keeps its context)");
     mc.n_ctx = n_ctx;
   }
   mc.validate();
@@ -198,8 +224,10 @@ int cmd_serve(const std::vector<std::string>& argv) {
     const int64_t mb = kv_cache_mb;
     ec.kv_cache_bytes = mb << 20;
     if (ec.kv_cache_bytes < full_context_bytes)
-      throw UsageError(str_cat("[serve] --kv-cache-mb ", mb, " is too small for one request of the model's full "
-                               "context: ", mc.n_ctx, " tokens (model.n_ctx) need ", format_bytes(full_context_bytes),
+      throw UsageError(str_cat("[serve] --kv-cache-mb ", mb,
+                               " is too small for one request of the model's full "
+                               "context: ",
+                               mc.n_ctx, " tokens (model.n_ctx) need ", format_bytes(full_context_bytes),
                                " of KV cache; give --kv-cache-mb ", (full_context_bytes + (1 << 20) - 1) >> 20,
                                " or more"));
   } else {
@@ -227,8 +255,9 @@ int cmd_serve(const std::vector<std::string>& argv) {
     eo.window = window;
     eo.local_when_center_down = center_down == "local";
     eo.poll_interval_s = poll_interval;
-    eo.cache_dir = given("cache-dir") ? cache_dir
-                                      : (std::filesystem::temp_directory_path() / str_cat("loom-edge-", ::getpid())).string();
+    eo.cache_dir = given("cache-dir")
+                       ? cache_dir
+                       : (std::filesystem::temp_directory_path() / str_cat("loom-edge-", ::getpid())).string();
     eo.api_key = opt.api_key;
     eo.quant = edge_quant;
     eo.int4_below_mbps = int4_below_mbps;
@@ -279,10 +308,12 @@ int cmd_serve(const std::vector<std::string>& argv) {
   const std::string tok_hash = role.empty() ? "" : serve::cascade::tokenizer_hash(*tokenizer);
   serve::cascade::ModelVersion version;
   if (!role.empty())
-    version = checkpoint.empty()
-                  ? serve::cascade::ModelVersion{given("model-version") ? model_version : str_cat("random-seed", ec.seed),
-                                                 serve::cascade::version_hash(mc.summary(), std::to_string(ec.seed), tok_hash)}
-                  : serve::cascade::checkpoint_version(checkpoint, tok_hash, model_version);
+    version =
+        checkpoint.empty()
+            ? serve::cascade::ModelVersion{given("model-version") ? model_version : str_cat("random-seed", ec.seed),
+                                           serve::cascade::version_hash(mc.summary(), std::to_string(ec.seed),
+                                                                        tok_hash)}
+            : serve::cascade::checkpoint_version(checkpoint, tok_hash, model_version);
   std::unique_ptr<serve::cascade::CenterPublisher> publisher;
   if (role == "center") {
     publisher = std::make_unique<serve::cascade::CenterPublisher>(opt.served_model_name, version, tok_name, tok_hash,
@@ -298,9 +329,9 @@ int cmd_serve(const std::vector<std::string>& argv) {
       return std::make_shared<ServedModel>(load_inference_model(dir, std::nullopt, stderr, /*resolved=*/true), ec,
                                            *tokenizer, v.id());
     };
-    edge = std::make_unique<serve::cascade::Edge>(eo, tok_hash, version, load_downloaded,
-                                                  [&](std::shared_ptr<serve::Engine> e) { server.set_engine(std::move(e)); },
-                                                  &server.metrics());
+    edge = std::make_unique<serve::cascade::Edge>(
+        eo, tok_hash, version, load_downloaded,
+        [&](std::shared_ptr<serve::Engine> e) { server.set_engine(std::move(e)); }, &server.metrics());
     server.set_edge(edge.get());
     server.add_route(edge->status_route());
   }
@@ -317,15 +348,15 @@ int cmd_serve(const std::vector<std::string>& argv) {
   infer::Engine& engine = served->engine();
   server.set_engine(served);
   const int64_t full_context_blocks = infer::KVCache::blocks_for_tokens(mc.n_ctx, engine.kv_cache().block_size());
-  std::printf("[serve] ready: model '%s' (%s), context %lld, KV cache %s (%lld blocks of %lld tokens: %.1f "
-              "full-context requests), max %lld running + %lld queued%s%s%s\n",
-              opt.served_model_name.c_str(), im.precision().c_str(), (long long)mc.n_ctx,
-              format_bytes(engine.kv_cache().bytes()).c_str(),
-              (long long)engine.kv_cache().num_blocks(), (long long)engine.kv_cache().block_size(),
-              double(engine.kv_cache().num_blocks()) / double(full_context_blocks), (long long)ec.max_num_seqs,
-              (long long)opt.max_queue, opt.api_key.empty() ? "" : ", API key required",
-              speculative ? (", speculative " + ec.speculative.describe()).c_str() : "",
-              tp.size > 1 ? str_cat(", tensor-parallel over ", tp.size, " ranks").c_str() : "");
+  std::printf(
+      "[serve] ready: model '%s' (%s), context %lld, KV cache %s (%lld blocks of %lld tokens: %.1f "
+      "full-context requests), max %lld running + %lld queued%s%s%s\n",
+      opt.served_model_name.c_str(), im.precision().c_str(), (long long)mc.n_ctx,
+      format_bytes(engine.kv_cache().bytes()).c_str(), (long long)engine.kv_cache().num_blocks(),
+      (long long)engine.kv_cache().block_size(), double(engine.kv_cache().num_blocks()) / double(full_context_blocks),
+      (long long)ec.max_num_seqs, (long long)opt.max_queue, opt.api_key.empty() ? "" : ", API key required",
+      speculative ? (", speculative " + ec.speculative.describe()).c_str() : "",
+      tp.size > 1 ? str_cat(", tensor-parallel over ", tp.size, " ranks").c_str() : "");
   if (role == "center")
     std::printf("[serve] cascade center %s: manifest at /v1/cascade/manifest offers %zu edge model(s)\n",
                 version.id().c_str(), edge_models.size());
@@ -342,7 +373,8 @@ int cmd_serve(const std::vector<std::string>& argv) {
     if (sig != SIGHUP) break;
     try {  // a center re-reads its edge models
       publisher->publish();
-      std::printf("[serve] SIGHUP: republished the edge models: %s\n", publisher->manifest()["edge_models"].dump().c_str());
+      std::printf("[serve] SIGHUP: republished the edge models: %s\n",
+                  publisher->manifest()["edge_models"].dump().c_str());
     } catch (const std::exception& e) {
       std::printf("[serve] SIGHUP: the edge models were not republished (the previous manifest stays): %s\n", e.what());
     }

@@ -32,8 +32,8 @@ std::vector<int32_t> parse_ids(const std::string& text) {
       pos = 0;
     }
     if (pos != word.size() || v < 0 || v > INT32_MAX)
-      throw UsageError(str_cat("[tokenize] --decode expects non-negative integer ids; word ", ids.size() + 1,
-                               " is \"", word, "\""));
+      throw UsageError(
+          str_cat("[tokenize] --decode expects non-negative integer ids; word ", ids.size() + 1, " is \"", word, "\""));
     ids.push_back(int32_t(v));
   }
   return ids;
@@ -42,15 +42,17 @@ std::vector<int32_t> parse_ids(const std::string& text) {
 }  // namespace
 
 int cmd_tokenize(const std::vector<std::string>& argv) {
-  auto app = new_app("tokenize", "Encodes stdin (any bytes) to space-separated token ids on one line, or with "
-                                 "--decode the reverse.");
+  auto app = new_app("tokenize",
+                     "Encodes stdin (any bytes) to space-separated token ids on one line, or with "
+                     "--decode the reverse.");
   std::string tokenizer = "gpt2", data_dir;
   bool decode = false;
   app->add_option("--tokenizer", tokenizer, "the tokenizer")->check(one_of({"gpt2", "byte"}));
   app->add_flag("--decode", decode, "read whitespace-separated ids from stdin and write their bytes");
   app->add_option("--data-dir", data_dir,
                   "folder holding gpt2/encoder.json and gpt2/vocab.bpe (default: $LOOM_DATA_DIR or the source "
-                  "tree's data/)")->type_name("DIR");
+                  "tree's data/)")
+      ->type_name("DIR");
   if (auto rc = parse(*app, argv)) return *rc;
   auto tok = data::make_tokenizer(tokenizer, data_dir);
   const std::string input = read_stdin();

@@ -84,12 +84,12 @@ std::string write_trace_file(const std::string& dir, const std::string& command)
 void report_written(const std::string& path, const std::string& dir) {
   const uint64_t dropped = trace::dropped();
   if (dropped > 0)
-    std::fprintf(stderr, "[trace] %s: %llu events dropped over the cap of %zu; trace fewer steps\n",
-                 path.c_str(), static_cast<unsigned long long>(dropped), trace::kDefaultMaxEvents);
+    std::fprintf(stderr, "[trace] %s: %llu events dropped over the cap of %zu; trace fewer steps\n", path.c_str(),
+                 static_cast<unsigned long long>(dropped), trace::kDefaultMaxEvents);
   if (comm::launch_env().is_primary())
-    std::printf("[trace] wrote %s (%zu events)%s; `loom trace merge %s` puts all ranks on one timeline\n",
-                path.c_str(), trace::event_count(),
-                comm::launch_env().world_size > 1 ? ", every rank its own file" : "", dir.c_str());
+    std::printf("[trace] wrote %s (%zu events)%s; `loom trace merge %s` puts all ranks on one timeline\n", path.c_str(),
+                trace::event_count(), comm::launch_env().world_size > 1 ? ", every rank its own file" : "",
+                dir.c_str());
 }
 
 }  // namespace
@@ -152,8 +152,8 @@ RankTrace read_rank_trace(const fs::path& file, int rank_in_name) {
   } catch (const json::exception& e) {
     fail("trace", t.path, ": not valid JSON (", e.what(), "); was it written completely?");
   }
-  LOOM_CHECK(t.doc.is_object() && t.doc.contains("traceEvents") && t.doc["traceEvents"].is_array(), "trace",
-             t.path, ": not a trace file (no traceEvents)");
+  LOOM_CHECK(t.doc.is_object() && t.doc.contains("traceEvents") && t.doc["traceEvents"].is_array(), "trace", t.path,
+             ": not a trace file (no traceEvents)");
   t.rank = rank_in_name;
   if (t.doc.contains("metadata") && t.doc["metadata"].is_object()) {
     const json& m = t.doc["metadata"];
@@ -171,8 +171,8 @@ RankTrace read_rank_trace(const fs::path& file, int rank_in_name) {
     LOOM_CHECK(e.is_object() && e.contains("ph") && e["ph"].is_string(), "trace", t.path,
                ": an event without \"ph\": ", e.dump().substr(0, 120));
     if (e["ph"] != "M")
-      LOOM_CHECK(e.contains("ts") && e["ts"].is_number(), "trace", t.path, ": an event without a numeric \"ts\": ",
-                 e.dump().substr(0, 120));
+      LOOM_CHECK(e.contains("ts") && e["ts"].is_number(), "trace", t.path,
+                 ": an event without a numeric \"ts\": ", e.dump().substr(0, 120));
   }
   return t;
 }
@@ -187,19 +187,19 @@ std::vector<RankTrace> read_trace_dir(const std::string& dir) {
     if (!entry.is_regular_file() || !std::regex_match(file, m, name)) continue;
     out.push_back(read_rank_trace(entry.path(), std::stoi(m[1].str())));
   }
-  LOOM_CHECK(!out.empty(), "trace", dir,
-             ": no trace-rank<R>.json files; write them with --trace ", dir, " on loom train or loom bench");
+  LOOM_CHECK(!out.empty(), "trace", dir, ": no trace-rank<R>.json files; write them with --trace ", dir,
+             " on loom train or loom bench");
   std::sort(out.begin(), out.end(), [](const RankTrace& a, const RankTrace& b) { return a.rank < b.rank; });
   return out;
 }
 
 int trace_merge(const std::vector<std::string>& argv) {
   auto app = new_app("trace merge",
-                      "Puts the per-rank traces DIR/trace-rank<R>.json (written by --trace DIR on loom train or loom "
-                      "bench) on one timeline: each rank's events shifted onto rank 0's clock by the offset measured "
-                      "when the job started, one process per rank. Writes DIR/merged.json (or FILE) for "
-                      "ui.perfetto.dev or chrome://tracing and prints the ranks, event count, time span and the N "
-                      "event names with the most total time.");
+                     "Puts the per-rank traces DIR/trace-rank<R>.json (written by --trace DIR on loom train or loom "
+                     "bench) on one timeline: each rank's events shifted onto rank 0's clock by the offset measured "
+                     "when the job started, one process per rank. Writes DIR/merged.json (or FILE) for "
+                     "ui.perfetto.dev or chrome://tracing and prints the ranks, event count, time span and the N "
+                     "event names with the most total time.");
   std::string dir, out_path;
   int64_t top = 10;
   app->add_option("DIR", dir, "the --trace directory")->type_name("DIR")->required();
@@ -225,10 +225,13 @@ int trace_merge(const std::vector<std::string>& argv) {
         events.push_back(std::move(e));
       }
     }
-    meta.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", r.rank}, {"tid", 0},
+    meta.push_back({{"ph", "M"},
+                    {"name", "process_name"},
+                    {"pid", r.rank},
+                    {"tid", 0},
                     {"args", {{"name", str_cat("rank ", r.rank)}}}});
-    meta.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", r.rank}, {"tid", 0},
-                    {"args", {{"sort_index", r.rank}}}});
+    meta.push_back(
+        {{"ph", "M"}, {"name", "process_sort_index"}, {"pid", r.rank}, {"tid", 0}, {"args", {{"sort_index", r.rank}}}});
   }
   if (!std::isfinite(t0)) t0 = 0;
   for (json& e : events) e["ts"] = std::round((e["ts"].get<double>() - t0) * 1e3) / 1e3;
@@ -255,8 +258,8 @@ int trace_merge(const std::vector<std::string>& argv) {
   merged["displayTimeUnit"] = "ms";
   json offsets = json::object();
   for (const RankTrace& r : ranks) offsets[std::to_string(r.rank)] = r.offset_us;
-  merged["metadata"] = {{"ranks", ranks.size()}, {"clock_offsets_us", offsets}, {"time_origin_us", t0},
-                        {"source", dir}};
+  merged["metadata"] = {
+      {"ranks", ranks.size()}, {"clock_offsets_us", offsets}, {"time_origin_us", t0}, {"source", dir}};
   io::write_file_atomic(out_path, merged.dump() + "\n");
 
   std::printf("merged %zu rank%s into %s: %zu events over %.3f ms\n", ranks.size(), ranks.size() == 1 ? "" : "s",
@@ -274,8 +277,8 @@ int trace_merge(const std::vector<std::string>& argv) {
   std::sort(by_time.begin(), by_time.end(), [](const auto& x, const auto& y) { return x.second.us > y.second.us; });
   std::printf("top events by total time (all ranks):\n");
   for (size_t i = 0; i < by_time.size() && int64_t(i) < top; ++i)
-    std::printf("  %-28s %8lld x %10.3f ms\n", by_time[i].first.c_str(), static_cast<long long>(by_time[i].second.count),
-                by_time[i].second.us / 1e3);
+    std::printf("  %-28s %8lld x %10.3f ms\n", by_time[i].first.c_str(),
+                static_cast<long long>(by_time[i].second.count), by_time[i].second.us / 1e3);
   return 0;
 }
 
@@ -284,8 +287,9 @@ int trace_merge(const std::vector<std::string>& argv) {
 int cmd_trace(const std::vector<std::string>& args) {
   if (args.empty() && describe_subcommands({"merge"})) return 0;
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
-    std::printf("usage: loom trace merge DIR [options]\n\n"
-                "  merge   put the per-rank traces of --trace DIR on one timeline (loom trace merge --help)\n");
+    std::printf(
+        "usage: loom trace merge DIR [options]\n\n"
+        "  merge   put the per-rank traces of --trace DIR on one timeline (loom trace merge --help)\n");
     return args.empty() ? 2 : 0;
   }
   if (args[0] == "merge") return trace_merge({args.begin() + 1, args.end()});

@@ -100,8 +100,9 @@ class TrainMetricsEndpoint {
 }  // namespace
 
 int cmd_train(const std::vector<std::string>& argv) {
-  auto app = new_app("train", "Trains a model as the YAML config says (see docs/CONFIG.md and configs/). "
-                              "The last line is SUMMARY {json}.");
+  auto app = new_app("train",
+                     "Trains a model as the YAML config says (see docs/CONFIG.md and configs/). "
+                     "The last line is SUMMARY {json}.");
   std::string config, resume, metrics, metrics_host = "127.0.0.1";
   std::vector<std::string> sets;
   int64_t metrics_port = 0;
@@ -109,16 +110,18 @@ int cmd_train(const std::vector<std::string>& argv) {
   app->add_option("CONFIG", config, "the YAML config")->required()->type_name("FILE");
   app->add_option("--set", sets, "override a config key, e.g. --set optim.lr=3e-4 (repeatable)")
       ->type_name("KEY=VALUE");
-  app->add_option("--resume", resume, "auto: continue from the latest valid checkpoint in checkpoint.dir; "
-                                      "DIR: from that checkpoint directory")->type_name("auto|DIR");
+  app->add_option("--resume", resume,
+                  "auto: continue from the latest valid checkpoint in checkpoint.dir; "
+                  "DIR: from that checkpoint directory")
+      ->type_name("auto|DIR");
   app->add_option("--metrics", metrics, "JSONL metrics, one object per logged step (= log.metrics_path)")
       ->type_name("FILE");
   auto* port_opt = app->add_option("--metrics-port", metrics_port,
                                    "rank 0 serves the logged figures as Prometheus gauges and counters "
                                    "(loom_train_*) at http://ADDR:P/metrics; 0 picks a free port")
                        ->check(in_range(0, 65535));
-  auto* host_opt = app->add_option("--metrics-host", metrics_host, "the address --metrics-port listens on")
-                       ->type_name("ADDR");
+  auto* host_opt =
+      app->add_option("--metrics-host", metrics_host, "the address --metrics-port listens on")->type_name("ADDR");
   app->add_flag("--overwrite-checkpoints", overwrite_checkpoints,
                 "a run from step 0 deletes the checkpoints already in checkpoint.dir (without it, such a run "
                 "refuses to start)");
@@ -134,8 +137,8 @@ int cmd_train(const std::vector<std::string>& argv) {
     const train::TrainConfig probe = train::load_train_config(config, sets);
     const int64_t per = probe.parallel.pp * probe.parallel.ep * probe.parallel.tp;
     const int ranks = comm::launch_env().world_size;
-    LOOM_CHECK(ranks % per == 0, "config", "parallel.dp=auto: ", ranks, " ranks are not a multiple of pp x ep x tp = ",
-               per, "; launch a multiple of ", per, " ranks");
+    LOOM_CHECK(ranks % per == 0, "config", "parallel.dp=auto: ", ranks,
+               " ranks are not a multiple of pp x ep x tp = ", per, "; launch a multiple of ", per, " ranks");
     sets.push_back(str_cat("parallel.dp=", ranks / per));
   }
   train::TrainConfig cfg = train::load_train_config(config, sets);
@@ -161,8 +164,8 @@ int cmd_train(const std::vector<std::string>& argv) {
     std::printf("[train] collective timeout %s (from %s)\n", value.c_str(), from.c_str());
     if (world.size() > 1)
       std::printf("[train] %d ranks on %d host%s; collectives: %s (cost model: %s)\n", world.size(),
-                  world.group().hosts(), world.group().hosts() > 1 ? "s" : "", comm::algorithm_name(world.group().algorithm()),
-                  world.cost_model().source.c_str());
+                  world.group().hosts(), world.group().hosts() > 1 ? "s" : "",
+                  comm::algorithm_name(world.group().algorithm()), world.cost_model().source.c_str());
     std::fflush(stdout);
   }
   const auto& p = cfg.parallel;
@@ -170,11 +173,12 @@ int cmd_train(const std::vector<std::string>& argv) {
   if (world.rank() == 0 && world.group().hosts() > 1)
     for (parallel::Dim d : {parallel::Dim::tp, parallel::Dim::ep})
       if (mesh.group(d).hosts() > 1)
-        std::printf("[train] warning: the %s group of rank 0 spans %d hosts, so its per-layer collectives cross the "
-                    "link between hosts; put %s innermost in parallel.order (%s) and keep parallel.%s within one "
-                    "host's ranks\n",
-                    parallel::dim_name(d), mesh.group(d).hosts(), parallel::dim_name(d), p.order.c_str(),
-                    parallel::dim_name(d));
+        std::printf(
+            "[train] warning: the %s group of rank 0 spans %d hosts, so its per-layer collectives cross the "
+            "link between hosts; put %s innermost in parallel.order (%s) and keep parallel.%s within one "
+            "host's ranks\n",
+            parallel::dim_name(d), mesh.group(d).hosts(), parallel::dim_name(d), p.order.c_str(),
+            parallel::dim_name(d));
   const bool main_rank = world.rank() == 0;
   train::TrainerOptions opt;
   std::unique_ptr<TrainMetricsEndpoint> endpoint;
@@ -198,12 +202,17 @@ int cmd_train(const std::vector<std::string>& argv) {
   }
   if (devnull) std::fclose(devnull);
   if (!main_rank) return 0;
-  nlohmann::json s = {{"steps", r.steps}, {"final_train_loss", r.final_train_loss},
-                      {"final_val_loss", r.final_val_loss < 0 ? nlohmann::json(nullptr) : nlohmann::json(r.final_val_loss)},
-                      {"tokens_per_s", r.tokens_per_s}, {"peak_bytes", r.peak_bytes},
-                      {"checkpoint", r.last_checkpoint}, {"skipped_steps", r.skipped_steps},
-                      {"nonfinite_steps", r.nonfinite_steps}, {"rollbacks", r.rollbacks},
-                      {"checkpoint_stall_s", r.checkpoint_stall_s}};
+  nlohmann::json s = {
+      {"steps", r.steps},
+      {"final_train_loss", r.final_train_loss},
+      {"final_val_loss", r.final_val_loss < 0 ? nlohmann::json(nullptr) : nlohmann::json(r.final_val_loss)},
+      {"tokens_per_s", r.tokens_per_s},
+      {"peak_bytes", r.peak_bytes},
+      {"checkpoint", r.last_checkpoint},
+      {"skipped_steps", r.skipped_steps},
+      {"nonfinite_steps", r.nonfinite_steps},
+      {"rollbacks", r.rollbacks},
+      {"checkpoint_stall_s", r.checkpoint_stall_s}};
   std::printf("SUMMARY %s\n", s.dump().c_str());
   return 0;
 }

@@ -24,8 +24,8 @@ const char* algorithm_name(Algorithm a) {
 }
 
 Algorithm parse_algorithm(const std::string& text) {
-  for (Algorithm a : {Algorithm::auto_select, Algorithm::ring, Algorithm::tree, Algorithm::hierarchical,
-                      Algorithm::mpi})
+  for (Algorithm a :
+       {Algorithm::auto_select, Algorithm::ring, Algorithm::tree, Algorithm::hierarchical, Algorithm::mpi})
     if (text == algorithm_name(a)) return a;
   fail("comm", "comm.algorithm '", text, "' is not one of auto, ring, tree, hierarchical, mpi");
 }
@@ -128,15 +128,16 @@ Links links_of(const CostModel& m) { return {m.intra, m.inter, m.reduce_s_per_by
 // One synchronous exchange step of a group: every rank sends `msg` bytes to a peer given by
 // `peer_of`, all at once; the step lasts as long as its slowest link. Flows leaving one
 // host share that host's link.
-double step_time(const Topology& topo, const Links& m, double msg, bool reduces,
-                 const std::vector<int>& peer_of) {
+double step_time(const Topology& topo, const Links& m, double msg, bool reduces, const std::vector<int>& peer_of) {
   std::map<int, int> crossing;  // host -> flows leaving it
   bool any_intra = false;
   for (int r = 0; r < topo.size(); ++r) {
     int p = peer_of[size_t(r)];
     if (p < 0 || p == r) continue;
-    if (topo.host_of[size_t(p)] != topo.host_of[size_t(r)]) ++crossing[topo.host_of[size_t(r)]];
-    else any_intra = true;
+    if (topo.host_of[size_t(p)] != topo.host_of[size_t(r)])
+      ++crossing[topo.host_of[size_t(r)]];
+    else
+      any_intra = true;
   }
   double t = 0;
   if (any_intra) t = m.intra.alpha_s + msg * m.intra.beta_s_per_byte;
@@ -238,8 +239,7 @@ double hierarchical_time(CollectiveOp op, double s, const Topology& topo, const 
 
 }  // namespace
 
-double predict_seconds(Algorithm a, CollectiveOp op, int64_t bytes, const Topology& topo,
-                       const CostModel& m) {
+double predict_seconds(Algorithm a, CollectiveOp op, int64_t bytes, const Topology& topo, const CostModel& m) {
   const double s = double(bytes);
   switch (a) {
     case Algorithm::ring: return ring_time(op, s, topo, links_of(m));
@@ -278,8 +278,7 @@ Algorithm resolve_algorithm(Algorithm requested, CollectiveOp op, int64_t bytes,
                             const CostModel& m) {
   if (topo.size() < 2) return Algorithm::mpi;
   Algorithm a = requested == Algorithm::auto_select ? choose_algorithm(op, bytes, topo, m) : requested;
-  if (a == Algorithm::hierarchical && (topo.hosts() < 2 || topo.uniform_local_size() < 2))
-    a = Algorithm::ring;
+  if (a == Algorithm::hierarchical && (topo.hosts() < 2 || topo.uniform_local_size() < 2)) a = Algorithm::ring;
   if (a == Algorithm::tree && op != CollectiveOp::all_reduce && !is_pow2(topo.size())) a = Algorithm::ring;
   return a;
 }
@@ -296,8 +295,7 @@ CostModel load_cost_model(const std::string& path) {
   std::string line;
   int lineno = 0;
   auto positive = [&](double v, const std::string& key) {
-    LOOM_CHECK(std::isfinite(v) && v > 0, "comm", path, ":", lineno, ": ", key, " ", v,
-               " must be a positive number");
+    LOOM_CHECK(std::isfinite(v) && v > 0, "comm", path, ":", lineno, ": ", key, " ", v, " must be a positive number");
     return v;
   };
   while (std::getline(f, line)) {
@@ -315,20 +313,29 @@ CostModel load_cost_model(const std::string& path) {
                  ": expected 'time <algorithm> <op> <ranks> <hosts> <bytes> <microseconds>'");
       const Algorithm a = parse_algorithm(alg);
       CollectiveOp c;
-      if (op == "all_reduce") c = CollectiveOp::all_reduce;
-      else if (op == "reduce_scatter") c = CollectiveOp::reduce_scatter;
-      else if (op == "all_gather") c = CollectiveOp::all_gather;
-      else fail("comm", path, ":", lineno, ": op '", op, "' is not all_reduce, reduce_scatter or all_gather");
+      if (op == "all_reduce")
+        c = CollectiveOp::all_reduce;
+      else if (op == "reduce_scatter")
+        c = CollectiveOp::reduce_scatter;
+      else if (op == "all_gather")
+        c = CollectiveOp::all_gather;
+      else
+        fail("comm", path, ":", lineno, ": op '", op, "' is not all_reduce, reduce_scatter or all_gather");
       m.measured[CostModel::key(a, c, ranks, hosts)][bytes] = positive(us, "time") * 1e-6;
       continue;
     }
     double v = 0;
     LOOM_CHECK(bool(in >> v), "comm", path, ":", lineno, ": '", key, "' needs a number");
-    if (key == "intra_alpha_us") m.intra.alpha_s = positive(v, key) * 1e-6;
-    else if (key == "intra_gbps") m.intra.beta_s_per_byte = 1e-9 / positive(v, key);
-    else if (key == "inter_alpha_us") m.inter.alpha_s = positive(v, key) * 1e-6;
-    else if (key == "inter_gbps") m.inter.beta_s_per_byte = 1e-9 / positive(v, key);
-    else if (key == "reduce_gbps") m.reduce_s_per_byte = 1e-9 / positive(v, key);
+    if (key == "intra_alpha_us")
+      m.intra.alpha_s = positive(v, key) * 1e-6;
+    else if (key == "intra_gbps")
+      m.intra.beta_s_per_byte = 1e-9 / positive(v, key);
+    else if (key == "inter_alpha_us")
+      m.inter.alpha_s = positive(v, key) * 1e-6;
+    else if (key == "inter_gbps")
+      m.inter.beta_s_per_byte = 1e-9 / positive(v, key);
+    else if (key == "reduce_gbps")
+      m.reduce_s_per_byte = 1e-9 / positive(v, key);
     else
       fail("comm", path, ":", lineno, ": unknown key '", key,
            "' (intra_alpha_us, intra_gbps, inter_alpha_us, inter_gbps, reduce_gbps, time)");

@@ -54,8 +54,8 @@ struct LinkCost {
 // algorithms on a given group shape (the MPI library's cannot be modelled at all: they
 // depend on its tuning).
 struct CostModel {
-  LinkCost intra{5e-6, 1.0 / 8e9};    // ranks on one host (shared memory)
-  LinkCost inter{50e-6, 1.0 / 1e9};   // ranks on different hosts (one link per host)
+  LinkCost intra{5e-6, 1.0 / 8e9};       // ranks on one host (shared memory)
+  LinkCost inter{50e-6, 1.0 / 1e9};      // ranks on different hosts (one link per host)
   double reduce_s_per_byte = 1.0 / 4e9;  // reading two operands and writing one
   bool calibrated = false;
   std::string source = "built-in defaults";
@@ -72,8 +72,7 @@ struct CostModel {
 // when unknown) for a collective over `bytes` (the full buffer: all-reduce's tensor,
 // reduce-scatter's input, all-gather's output). Ranks of a host share its one link to the
 // other hosts, so flows that cross hosts at once divide its bandwidth.
-double predict_seconds(Algorithm a, CollectiveOp op, int64_t bytes, const Topology& topo,
-                       const CostModel& m);
+double predict_seconds(Algorithm a, CollectiveOp op, int64_t bytes, const Topology& topo, const CostModel& m);
 
 // What `auto` runs: the candidate with the least expected time, measured where the model
 // holds a measurement for this group shape and size range, modelled otherwise. One host

@@ -34,8 +34,8 @@ class Backend {
   virtual void all_gather(const Tensor& in, const Tensor& out) = 0;
   virtual void broadcast(const Tensor& t, int root) = 0;
   virtual void all_to_all(const Tensor& in, const Tensor& out) = 0;
-  virtual void all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_counts,
-                            const Tensor& out, const std::vector<int64_t>& recv_counts) = 0;
+  virtual void all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_counts, const Tensor& out,
+                            const std::vector<int64_t>& recv_counts) = 0;
   virtual void barrier() = 0;
   virtual std::unique_ptr<PendingTransfer> post_send(const Tensor& t, int dst, int tag) = 0;
   virtual std::unique_ptr<PendingTransfer> post_recv(const Tensor& t, int src, int tag) = 0;
@@ -52,17 +52,15 @@ class Backend {
   virtual void use_algorithm(Algorithm) {}
   virtual Algorithm algorithm() const { return Algorithm::mpi; }
   // What a collective over `bytes` runs under `requested` (auto and fallbacks resolved).
-  virtual Algorithm resolve(Algorithm /*requested*/, CollectiveOp, int64_t /*bytes*/) const {
-    return Algorithm::mpi;
-  }
+  virtual Algorithm resolve(Algorithm /*requested*/, CollectiveOp, int64_t /*bytes*/) const { return Algorithm::mpi; }
   // Host id of each member, by group rank; empty when unknown (taken as one host).
   virtual std::vector<int> host_of() const { return {}; }
 };
 
 // Wraps a backend in a Group with its own worker thread, recording into `record` and, when
 // `board` is given, posting its collectives' progress there.
-Group make_group(std::unique_ptr<Backend> backend, const std::string& name,
-                 std::shared_ptr<CommRecord> record, std::shared_ptr<ProgressBoard> board = nullptr);
+Group make_group(std::unique_ptr<Backend> backend, const std::string& name, std::shared_ptr<CommRecord> record,
+                 std::shared_ptr<ProgressBoard> board = nullptr);
 
 std::unique_ptr<Backend> make_single_backend();
 // The record `g` writes to, for a group built beside it (e.g. a NCCL group).

@@ -23,10 +23,14 @@ int64_t parse_byte_size(const std::string& text) {
   long long v = std::strtoll(text.c_str(), &end, 10);
   int64_t mult = 1;
   std::string suffix = end ? end : "";
-  if (suffix == "K" || suffix == "k" || suffix == "KiB") mult = int64_t(1) << 10;
-  else if (suffix == "M" || suffix == "MiB") mult = int64_t(1) << 20;
-  else if (suffix == "G" || suffix == "GiB") mult = int64_t(1) << 30;
-  else if (!suffix.empty() && suffix != "B") mult = 0;
+  if (suffix == "K" || suffix == "k" || suffix == "KiB")
+    mult = int64_t(1) << 10;
+  else if (suffix == "M" || suffix == "MiB")
+    mult = int64_t(1) << 20;
+  else if (suffix == "G" || suffix == "GiB")
+    mult = int64_t(1) << 30;
+  else if (!suffix.empty() && suffix != "B")
+    mult = 0;
   LOOM_CHECK(end != text.c_str() && v > 0 && mult > 0, "comm", "'", text,
              "' is not a byte size; use e.g. 4096, 1K, 256M or 2G");
   return int64_t(v) * mult;

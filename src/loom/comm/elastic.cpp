@@ -33,7 +33,8 @@ void note_failure_line(const std::string& raw, FailureCause& cause) {
   }
   static const std::regex abort_re(R"(MPI_ABORT was invoked on rank (\d+) in communicator \S+ with errorcode (\d+))");
   if (std::regex_search(line, m, abort_re)) {
-    if (cause.what.empty()) cause = {std::atoi(m[1].str().c_str()), str_cat("called MPI_Abort with code ", m[2].str()), false};
+    if (cause.what.empty())
+      cause = {std::atoi(m[1].str().c_str()), str_cat("called MPI_Abort with code ", m[2].str()), false};
     return;
   }
   static const std::regex process(R"(Process name: \[\[\d+,\d+\],(\d+)\])");

@@ -11,10 +11,10 @@ namespace loom::comm {
 
 // Why an attempt ended, as far as its output says: the first rank to fail and how.
 struct FailureCause {
-  int rank = -1;          // -1: not named
-  std::string what;       // "exited on signal 9 (Killed)", "exit code 3", or the watchdog's verdict
-  bool hang = false;      // the watchdog ended it (a collective did not complete)
-  bool permanent = false; // a configuration or usage error: a restart would fail the same way
+  int rank = -1;           // -1: not named
+  std::string what;        // "exited on signal 9 (Killed)", "exit code 3", or the watchdog's verdict
+  bool hang = false;       // the watchdog ended it (a collective did not complete)
+  bool permanent = false;  // a configuration or usage error: a restart would fail the same way
 };
 
 // Folds one output line (a rank's text or mpirun's own) into `cause`. Recognises the watchdog's

@@ -19,43 +19,40 @@ const char* reduce_op_name(ReduceOp op) {
 }
 
 bool is_host_comm_dtype(DType t) {
-  return t == DType::f32 || t == DType::f64 || t == DType::bf16 || t == DType::i32 || t == DType::i64 ||
-         t == DType::u8;
+  return t == DType::f32 || t == DType::f64 || t == DType::bf16 || t == DType::i32 || t == DType::i64 || t == DType::u8;
 }
 
 namespace {
 
 void check_tensor(const GroupImpl& g, const char* op, const Tensor& t, const char* what) {
   LOOM_CHECK(t.defined(), "comm", op, ": ", what, " is undefined");
-  LOOM_CHECK(t.device() == g.device, "comm", op, ": ", what, " is on ", device_name(t.device()),
-             " but group '", g.name, "' uses the ", g.backend_name, " backend, which takes ",
-             device_name(g.device), " tensors");
-  LOOM_CHECK(g.backend().supports(t.dtype()), "comm", op, ": ", what, " is ", dtype_name(t.dtype()),
-             "; the ", g.backend_name, " backend supports ", kHostCommDtypes);
+  LOOM_CHECK(t.device() == g.device, "comm", op, ": ", what, " is on ", device_name(t.device()), " but group '", g.name,
+             "' uses the ", g.backend_name, " backend, which takes ", device_name(g.device), " tensors");
+  LOOM_CHECK(g.backend().supports(t.dtype()), "comm", op, ": ", what, " is ", dtype_name(t.dtype()), "; the ",
+             g.backend_name, " backend supports ", kHostCommDtypes);
 }
 
 void check_same_dtype(const char* op, const Tensor& in, const Tensor& out) {
-  LOOM_CHECK(in.dtype() == out.dtype(), "comm", op, ": input is ", dtype_name(in.dtype()),
-             " but output is ", dtype_name(out.dtype()), "; both must have one dtype");
+  LOOM_CHECK(in.dtype() == out.dtype(), "comm", op, ": input is ", dtype_name(in.dtype()), " but output is ",
+             dtype_name(out.dtype()), "; both must have one dtype");
 }
 
 void check_peer(const GroupImpl& g, const char* op, const char* role, int peer) {
-  LOOM_CHECK(peer >= 0 && peer < g.size, "comm", op, ": ", role, " ", peer,
-             " is not a rank of group '", g.name, "' (ranks 0..", g.size - 1, ")");
+  LOOM_CHECK(peer >= 0 && peer < g.size, "comm", op, ": ", role, " ", peer, " is not a rank of group '", g.name,
+             "' (ranks 0..", g.size - 1, ")");
 }
 
-void check_counts(const GroupImpl& g, const char* op, const char* what,
-                  const std::vector<int64_t>& counts, const Tensor& t, const char* tensor_role) {
-  LOOM_CHECK(int64_t(counts.size()) == g.size, "comm", op, ": ", what, " has ", counts.size(),
-             " entries but group '", g.name, "' has ", g.size, " ranks");
+void check_counts(const GroupImpl& g, const char* op, const char* what, const std::vector<int64_t>& counts,
+                  const Tensor& t, const char* tensor_role) {
+  LOOM_CHECK(int64_t(counts.size()) == g.size, "comm", op, ": ", what, " has ", counts.size(), " entries but group '",
+             g.name, "' has ", g.size, " ranks");
   int64_t total = 0;
   for (size_t i = 0; i < counts.size(); ++i) {
-    LOOM_CHECK(counts[i] >= 0, "comm", op, ": ", what, "[", i, "] is ", counts[i],
-               "; counts must be >= 0");
+    LOOM_CHECK(counts[i] >= 0, "comm", op, ": ", what, "[", i, "] is ", counts[i], "; counts must be >= 0");
     total += counts[i];
   }
-  LOOM_CHECK(total <= t.numel(), "comm", op, ": ", what, " sum to ", total, " elements but the ",
-             tensor_role, " has only ", t.numel());
+  LOOM_CHECK(total <= t.numel(), "comm", op, ": ", what, " sum to ", total, " elements but the ", tensor_role,
+             " has only ", t.numel());
 }
 
 }  // namespace
@@ -90,11 +87,10 @@ Work Group::reduce_scatter_async(const Tensor& in, const Tensor& out, ReduceOp o
   LOOM_CHECK(in.numel() == g.size * out.numel(), "comm", "reduce_scatter: input has ", in.numel(),
              " elements but group '", g.name, "' has ", g.size, " ranks and the output ", out.numel(),
              ", so the input needs ", g.size * out.numel(), " (", g.size, " x ", out.numel(), ")");
-  return g.submit("reduce_scatter", int64_t(in.nbytes()),
-                  [in, out, op, a = g.algorithm.load()](Backend& b) {
-                    b.use_algorithm(a);
-                    b.reduce_scatter(in, out, op);
-                  });
+  return g.submit("reduce_scatter", int64_t(in.nbytes()), [in, out, op, a = g.algorithm.load()](Backend& b) {
+    b.use_algorithm(a);
+    b.reduce_scatter(in, out, op);
+  });
 }
 
 Work Group::all_gather_async(const Tensor& in, const Tensor& out) const {
@@ -124,8 +120,7 @@ Work Group::send_async(const Tensor& t, int dst, int tag) const {
   check_peer(g, "send", "dst", dst);
   LOOM_CHECK(dst != g.rank, "comm", "send: dst ", dst, " is this rank; copy the tensor instead");
   LOOM_CHECK(tag >= 0, "comm", "send: tag ", tag, " is negative; tags must be >= 0");
-  return g.submit_transfer("send", int64_t(t.nbytes()),
-                           [t, dst, tag](Backend& b) { return b.post_send(t, dst, tag); });
+  return g.submit_transfer("send", int64_t(t.nbytes()), [t, dst, tag](Backend& b) { return b.post_send(t, dst, tag); });
 }
 
 Work Group::recv_async(const Tensor& t, int src, int tag) const {
@@ -134,8 +129,7 @@ Work Group::recv_async(const Tensor& t, int src, int tag) const {
   check_peer(g, "recv", "src", src);
   LOOM_CHECK(src != g.rank, "comm", "recv: src ", src, " is this rank; copy the tensor instead");
   LOOM_CHECK(tag >= 0, "comm", "recv: tag ", tag, " is negative; tags must be >= 0");
-  return g.submit_transfer("recv", int64_t(t.nbytes()),
-                           [t, src, tag](Backend& b) { return b.post_recv(t, src, tag); });
+  return g.submit_transfer("recv", int64_t(t.nbytes()), [t, src, tag](Backend& b) { return b.post_recv(t, src, tag); });
 }
 
 Work Group::all_to_all_async(const Tensor& in, const Tensor& out) const {
@@ -143,16 +137,16 @@ Work Group::all_to_all_async(const Tensor& in, const Tensor& out) const {
   check_tensor(g, "all_to_all", in, "input");
   check_tensor(g, "all_to_all", out, "output");
   check_same_dtype("all_to_all", in, out);
-  LOOM_CHECK(in.numel() == out.numel(), "comm", "all_to_all: input has ", in.numel(),
-             " elements but output has ", out.numel(), "; they must be equal");
+  LOOM_CHECK(in.numel() == out.numel(), "comm", "all_to_all: input has ", in.numel(), " elements but output has ",
+             out.numel(), "; they must be equal");
   LOOM_CHECK(in.numel() % g.size == 0, "comm", "all_to_all: input has ", in.numel(),
              " elements, not a multiple of group '", g.name, "' size ", g.size,
              " (equal chunks; use all_to_all_v for uneven ones)");
   return g.submit("all_to_all", int64_t(in.nbytes()), [in, out](Backend& b) { b.all_to_all(in, out); });
 }
 
-Work Group::all_to_all_v_async(const Tensor& in, const std::vector<int64_t>& send_counts,
-                               const Tensor& out, const std::vector<int64_t>& recv_counts) const {
+Work Group::all_to_all_v_async(const Tensor& in, const std::vector<int64_t>& send_counts, const Tensor& out,
+                               const std::vector<int64_t>& recv_counts) const {
   const GroupImpl& g = impl("all_to_all_v");
   check_tensor(g, "all_to_all_v", in, "input");
   check_tensor(g, "all_to_all_v", out, "output");
@@ -192,9 +186,9 @@ Group Group::split(int color, int key, const std::string& name) const {
   const GroupImpl& g = impl("split");
   auto result = std::make_shared<std::unique_ptr<Backend>>();
   g.submit("split", 0, [result, color, key, a = g.algorithm.load()](Backend& b) {
-    b.use_algorithm(a);
-    *result = b.split(color, key);
-  }).wait();
+     b.use_algorithm(a);
+     *result = b.split(color, key);
+   }).wait();
   if (!*result) return Group();
   std::string n = name.empty() ? str_cat(g.name, ".", color) : name;
   return make_group(std::move(*result), n, g.record, g.board);

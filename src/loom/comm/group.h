@@ -64,8 +64,8 @@ class Group {
   // Equal chunks: chunk j of `in` goes to rank j; chunk i of `out` comes from rank i.
   Work all_to_all_async(const Tensor& in, const Tensor& out) const;
   // Counts in elements, one per rank; chunks are packed back to back in rank order.
-  Work all_to_all_v_async(const Tensor& in, const std::vector<int64_t>& send_counts,
-                          const Tensor& out, const std::vector<int64_t>& recv_counts) const;
+  Work all_to_all_v_async(const Tensor& in, const std::vector<int64_t>& send_counts, const Tensor& out,
+                          const std::vector<int64_t>& recv_counts) const;
   Work barrier_async() const;
 
   // Blocking forms: the async form followed by wait().

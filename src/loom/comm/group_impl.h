@@ -30,7 +30,7 @@ struct GroupWorker {
     std::string op;
     int64_t bytes = 0;
     uint64_t seq = 0;
-    std::function<void(Backend&)> run;                                // collectives
+    std::function<void(Backend&)> run;                               // collectives
     std::function<std::unique_ptr<PendingTransfer>(Backend&)> post;  // send/recv
     std::shared_ptr<WorkState> work;
   };

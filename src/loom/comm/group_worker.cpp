@@ -32,8 +32,7 @@ bool Work::test() const {
 
 namespace {
 
-std::exception_ptr with_context(const std::exception& e, const std::string& label,
-                                const std::string& group) {
+std::exception_ptr with_context(const std::exception& e, const std::string& label, const std::string& group) {
   return std::make_exception_ptr(Error(str_cat(e.what(), " (", label, " on group '", group, "')")));
 }
 
@@ -198,10 +197,9 @@ Work GroupImpl::submit_transfer(const char* op, int64_t bytes,
   return enqueue(std::move(t));
 }
 
-Group make_group(std::unique_ptr<Backend> backend, const std::string& name,
-                 std::shared_ptr<CommRecord> record, std::shared_ptr<ProgressBoard> board) {
-  return Group(
-      std::make_shared<GroupImpl>(std::move(backend), name, std::move(record), std::move(board)));
+Group make_group(std::unique_ptr<Backend> backend, const std::string& name, std::shared_ptr<CommRecord> record,
+                 std::shared_ptr<ProgressBoard> board) {
+  return Group(std::make_shared<GroupImpl>(std::move(backend), name, std::move(record), std::move(board)));
 }
 
 }  // namespace loom::comm

@@ -40,8 +40,8 @@ std::vector<HostSlots> parse_hosts(const std::string& hosts) {
       if (colon != std::string::npos) {
         char* end = nullptr;
         long v = std::strtol(h.c_str() + colon + 1, &end, 10);
-        LOOM_CHECK(colon > 0 && end && *end == '\0' && v > 0 && v <= 1 << 20, "launch",
-                   "--hosts entry '", h, "' should be host or host:slots with slots > 0");
+        LOOM_CHECK(colon > 0 && end && *end == '\0' && v > 0 && v <= 1 << 20, "launch", "--hosts entry '", h,
+                   "' should be host or host:slots with slots > 0");
         hs = {h.substr(0, colon), int(v)};
       }
       out.push_back(std::move(hs));
@@ -73,8 +73,8 @@ LaunchEnv launch_env(const EnvLookup& get) {
     bool mpi;
   };
   static const Source sources[] = {
-      {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-       "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_*", true},
+      {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+       "OMPI_COMM_WORLD_*", true},
       {"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "PMI_*", true},
       {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "RANK/WORLD_SIZE", false},
   };
@@ -82,10 +82,9 @@ LaunchEnv launch_env(const EnvLookup& get) {
     int rank = 0, size = 1;
     bool has_rank = read_int(get, s.rank, &rank), has_size = read_int(get, s.size, &size);
     if (!has_rank && !has_size) continue;
-    LOOM_CHECK(has_rank && has_size, "launch", has_rank ? s.rank : s.size, " is set but ",
-               has_rank ? s.size : s.rank, " is not; a launcher sets both");
-    LOOM_CHECK(size >= 1 && rank < size, "launch", s.rank, "=", rank, " is not below ", s.size, "=",
-               size);
+    LOOM_CHECK(has_rank && has_size, "launch", has_rank ? s.rank : s.size, " is set but ", has_rank ? s.size : s.rank,
+               " is not; a launcher sets both");
+    LOOM_CHECK(size >= 1 && rank < size, "launch", s.rank, "=", rank, " is not below ", s.size, "=", size);
     e.rank = rank;
     e.world_size = size;
     e.local_rank = rank;
@@ -100,8 +99,7 @@ LaunchEnv launch_env(const EnvLookup& get) {
 }
 
 bool is_forwarded_env(const std::string& name) {
-  return name.rfind("LOOM_", 0) == 0 || name.rfind("OMP_", 0) == 0 || name == "PATH" ||
-         name == "LD_LIBRARY_PATH";
+  return name.rfind("LOOM_", 0) == 0 || name.rfind("OMP_", 0) == 0 || name == "PATH" || name == "LD_LIBRARY_PATH";
 }
 
 int slots_in_hosts(const std::string& hosts) {
@@ -118,8 +116,7 @@ std::vector<std::string> host_names(const std::string& hosts) {
 
 std::vector<std::string> mpirun_command(const LaunchOptions& o) {
   LOOM_CHECK(o.nproc >= 1, "launch", "--nproc ", o.nproc, " must be at least 1");
-  LOOM_CHECK(o.hosts.empty() || o.hostfile.empty(), "launch",
-             "give either --hosts or --hostfile, not both");
+  LOOM_CHECK(o.hosts.empty() || o.hostfile.empty(), "launch", "give either --hosts or --hostfile, not both");
   LOOM_CHECK(!o.exe.empty(), "launch", "no executable to launch");
   std::vector<std::string> cmd = {o.mpirun, "-np", std::to_string(o.nproc)};
   int slots = o.local_cores;
@@ -127,8 +124,8 @@ std::vector<std::string> mpirun_command(const LaunchOptions& o) {
     // mpirun would silently pack fewer ranks onto the first hosts, or stack extra ones on
     // top: either way not the layout the list describes.
     slots = slots_in_hosts(o.hosts);
-    LOOM_CHECK(slots == o.nproc, "launch", "--hosts ", o.hosts, " has ", slots,
-               " slots but --nproc is ", o.nproc, "; give each host the number of ranks it should ",
+    LOOM_CHECK(slots == o.nproc, "launch", "--hosts ", o.hosts, " has ", slots, " slots but --nproc is ", o.nproc,
+               "; give each host the number of ranks it should ",
                "run (host:ranks) so that they add up to --nproc, or leave --nproc out");
     cmd.insert(cmd.end(), {"--host", o.hosts});
   } else if (!o.hostfile.empty()) {
@@ -193,8 +190,7 @@ TestHosts parse_test_hosts(const std::string& text, const std::string& path) {
     }
   }
   const char* missing = !has_hosts ? "hosts" : t.agent.empty() ? "agent" : t.net.empty() ? "net" : nullptr;
-  LOOM_CHECK(!missing, "launch", path, " has no '", missing,
-             "=' line; recreate it with scripts/testhosts.sh up N");
+  LOOM_CHECK(!missing, "launch", path, " has no '", missing, "=' line; recreate it with scripts/testhosts.sh up N");
   return t;
 }
 
@@ -202,8 +198,7 @@ void use_test_hosts(LaunchOptions& o, const std::optional<TestHosts>& up) {
   if (o.hosts.empty()) return;
   std::vector<std::string> names = host_names(o.hosts), test, other;
   for (const auto& n : names) {
-    bool is_test = up ? std::find(up->hosts.begin(), up->hosts.end(), n) != up->hosts.end()
-                      : looks_like_test_host(n);
+    bool is_test = up ? std::find(up->hosts.begin(), up->hosts.end(), n) != up->hosts.end() : looks_like_test_host(n);
     (is_test ? test : other).push_back(n);
   }
   if (test.empty()) return;  // real hosts: mpirun's ssh, or the agent given
@@ -214,12 +209,12 @@ void use_test_hosts(LaunchOptions& o, const std::optional<TestHosts>& up) {
       hosts_needed = std::max(hosts_needed, std::strtol(n.c_str() + std::strlen(kTestHostPrefix), nullptr, 10));
   LOOM_CHECK(up, "launch", "--hosts names ", joined(test, ", "),
              test.size() > 1 ? ", which look like test hosts" : ", which looks like a test host",
-             ", but none are up (no ", kTestHostsStatePath,
-             "); create them with scripts/testhosts.sh up ", hosts_needed, " (as root)");
+             ", but none are up (no ", kTestHostsStatePath, "); create them with scripts/testhosts.sh up ",
+             hosts_needed, " (as root)");
   if (!other.empty()) {
     const bool test_like = looks_like_test_host(other[0]);
-    fail("launch", "--hosts ", o.hosts, ": ", joined(other, ", "), other.size() > 1 ? " are" : " is",
-         " not ", test_like ? "up" : "a test host", " (test hosts up: ", joined(up->hosts, " "), "); ",
+    fail("launch", "--hosts ", o.hosts, ": ", joined(other, ", "), other.size() > 1 ? " are" : " is", " not ",
+         test_like ? "up" : "a test host", " (test hosts up: ", joined(up->hosts, " "), "); ",
          test_like ? str_cat("bring them up with scripts/testhosts.sh up ", hosts_needed)
                    : std::string("use only test hosts"),
          ", or list real hosts only");

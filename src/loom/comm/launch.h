@@ -30,17 +30,17 @@ LaunchEnv launch_env(const EnvLookup& getenv_fn = [](const char* n) { return std
 
 struct LaunchOptions {
   int nproc = 1;
-  std::string hosts;     // "h1:4,h2:4" (mpirun --host); its slots must add up to nproc
-  std::string hostfile;  // mpirun --hostfile
-  std::string agent;     // how mpirun starts its daemons on the hosts (plm_rsh_agent; ssh)
-  std::string net;       // CIDR the ranks and daemons talk over (btl/oob_tcp_if_include)
+  std::string hosts;        // "h1:4,h2:4" (mpirun --host); its slots must add up to nproc
+  std::string hostfile;     // mpirun --hostfile
+  std::string agent;        // how mpirun starts its daemons on the hosts (plm_rsh_agent; ssh)
+  std::string net;          // CIDR the ranks and daemons talk over (btl/oob_tcp_if_include)
   bool test_hosts = false;  // namespace hosts: shared memory inside a host, TCP between
-  double timeout_s = -1;  // > 0: the ranks' watchdog timeout (LOOM_COMM_TIMEOUT)
+  double timeout_s = -1;    // > 0: the ranks' watchdog timeout (LOOM_COMM_TIMEOUT)
   std::string mpirun = "mpirun";
-  std::string exe;                // the binary every rank runs
-  std::vector<std::string> args;  // its arguments
-  int local_cores = 1;            // cores of this machine, for --oversubscribe
-  bool as_root = false;           // add --allow-run-as-root
+  std::string exe;                     // the binary every rank runs
+  std::vector<std::string> args;       // its arguments
+  int local_cores = 1;                 // cores of this machine, for --oversubscribe
+  bool as_root = false;                // add --allow-run-as-root
   std::vector<std::string> env_names;  // variables set here; the forwarded ones get -x
 };
 

@@ -58,7 +58,8 @@ MPI_Op mpi_op(ReduceOp op, DType t) {
     return bf16_sum_op();
   }
   switch (op) {
-    case ReduceOp::sum: case ReduceOp::avg: return MPI_SUM;
+    case ReduceOp::sum:
+    case ReduceOp::avg: return MPI_SUM;
     case ReduceOp::max: return MPI_MAX;
     case ReduceOp::min: return MPI_MIN;
   }
@@ -66,8 +67,8 @@ MPI_Op mpi_op(ReduceOp op, DType t) {
 }
 
 int int_count(int64_t n, const char* op) {
-  LOOM_CHECK(n <= INT_MAX, "comm", op, ": ", n, " elements per rank exceed MPI's int count (",
-             INT_MAX, "); split the tensor into smaller pieces");
+  LOOM_CHECK(n <= INT_MAX, "comm", op, ": ", n, " elements per rank exceed MPI's int count (", INT_MAX,
+             "); split the tensor into smaller pieces");
   return int(n);
 }
 
@@ -94,8 +95,8 @@ class MpiTransfer final : public PendingTransfer {
     if (flag && expect_ >= 0) {  // a receive: a shorter message is a protocol error
       int got = 0;
       MPI_Get_count(&st, type_, &got);
-      LOOM_CHECK(got == expect_, "comm", "recv: rank ", peer_, " sent ", got,
-                 " elements but the tensor holds ", expect_, "; both sides must agree on the size");
+      LOOM_CHECK(got == expect_, "comm", "recv: rank ", peer_, " sent ", got, " elements but the tensor holds ",
+                 expect_, "; both sides must agree on the size");
     }
     return flag != 0;
   }
@@ -141,8 +142,8 @@ class MpiBackend final : public Backend {
     size_t es = dtype_size(t.dtype());
     for (int64_t off = 0; off < t.numel(); off += kChunk) {
       int n = int(std::min(kChunk, t.numel() - off));
-      mpi_check(MPI_Allreduce(MPI_IN_PLACE, p + size_t(off) * es, n, mpi_type(t.dtype()),
-                              mpi_op(op, t.dtype()), comm_), "MPI_Allreduce");
+      mpi_check(MPI_Allreduce(MPI_IN_PLACE, p + size_t(off) * es, n, mpi_type(t.dtype()), mpi_op(op, t.dtype()), comm_),
+                "MPI_Allreduce");
     }
     if (op == ReduceOp::avg) divide_in_place(t, size_);
   }
@@ -159,13 +160,13 @@ class MpiBackend final : public Backend {
     int n = int_count(in.numel(), "all_gather");
     auto* mine = static_cast<char*>(out.raw()) + size_t(rank_) * in.nbytes();
     if (in.raw() == mine) {  // in-place: the input is already chunk `rank` of the output
-      mpi_check(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out.raw(), n, mpi_type(in.dtype()),
-                              comm_), "MPI_Allgather");
+      mpi_check(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out.raw(), n, mpi_type(in.dtype()), comm_),
+                "MPI_Allgather");
       return;
     }
     Tensor src = separate_input(in, out);
-    mpi_check(MPI_Allgather(src.raw(), n, mpi_type(in.dtype()), out.raw(), n, mpi_type(in.dtype()),
-                            comm_), "MPI_Allgather");
+    mpi_check(MPI_Allgather(src.raw(), n, mpi_type(in.dtype()), out.raw(), n, mpi_type(in.dtype()), comm_),
+              "MPI_Allgather");
   }
 
   void broadcast(const Tensor& t, int root) override {
@@ -180,8 +181,8 @@ class MpiBackend final : public Backend {
   void all_to_all(const Tensor& in, const Tensor& out) override {
     int n = int_count(in.numel() / size_, "all_to_all");
     Tensor src = separate_input(in, out);
-    mpi_check(MPI_Alltoall(src.raw(), n, mpi_type(in.dtype()), out.raw(), n, mpi_type(in.dtype()),
-                           comm_), "MPI_Alltoall");
+    mpi_check(MPI_Alltoall(src.raw(), n, mpi_type(in.dtype()), out.raw(), n, mpi_type(in.dtype()), comm_),
+              "MPI_Alltoall");
   }
 
   void all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_counts, const Tensor& out,
@@ -199,23 +200,23 @@ class MpiBackend final : public Backend {
     }
     Tensor src = separate_input(in, out);
     MPI_Datatype type = mpi_type(in.dtype());
-    mpi_check(MPI_Alltoallv(src.raw(), sc.data(), sd.data(), type, out.raw(), rc.data(), rd.data(),
-                            type, comm_), "MPI_Alltoallv");
+    mpi_check(MPI_Alltoallv(src.raw(), sc.data(), sd.data(), type, out.raw(), rc.data(), rd.data(), type, comm_),
+              "MPI_Alltoallv");
   }
 
   void barrier() override { mpi_check(MPI_Barrier(comm_), "MPI_Barrier"); }
 
   std::unique_ptr<PendingTransfer> post_send(const Tensor& t, int dst, int tag) override {
     MPI_Request req;
-    mpi_check(MPI_Isend(t.raw(), int_count(t.numel(), "send"), mpi_type(t.dtype()), dst, tag, comm_,
-                        &req), "MPI_Isend");
+    mpi_check(MPI_Isend(t.raw(), int_count(t.numel(), "send"), mpi_type(t.dtype()), dst, tag, comm_, &req),
+              "MPI_Isend");
     return std::make_unique<MpiTransfer>(req, -1, mpi_type(t.dtype()), dst);
   }
 
   std::unique_ptr<PendingTransfer> post_recv(const Tensor& t, int src, int tag) override {
     MPI_Request req;
-    mpi_check(MPI_Irecv(t.raw(), int_count(t.numel(), "recv"), mpi_type(t.dtype()), src, tag, comm_,
-                        &req), "MPI_Irecv");
+    mpi_check(MPI_Irecv(t.raw(), int_count(t.numel(), "recv"), mpi_type(t.dtype()), src, tag, comm_, &req),
+              "MPI_Irecv");
     return std::make_unique<MpiTransfer>(req, t.numel(), mpi_type(t.dtype()), src);
   }
 

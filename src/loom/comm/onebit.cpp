@@ -14,9 +14,7 @@
 
 namespace loom::comm {
 
-int64_t onebit_message_bytes(int64_t n) {
-  return 4 * ((n + kOneBitBlock - 1) / kOneBitBlock) + n / 8;
-}
+int64_t onebit_message_bytes(int64_t n) { return 4 * ((n + kOneBitBlock - 1) / kOneBitBlock) + n / 8; }
 
 namespace {
 

@@ -21,7 +21,8 @@ namespace {
 template <class T>
 void reduce_typed(T* d, const T* s, int64_t n, ReduceOp op) {
   switch (op) {
-    case ReduceOp::sum: case ReduceOp::avg:
+    case ReduceOp::sum:
+    case ReduceOp::avg:
       for (int64_t i = 0; i < n; ++i) d[i] = T(d[i] + s[i]);
       break;
     case ReduceOp::max:
@@ -119,8 +120,7 @@ class Peers {
 
 // Ring reduce-scatter in place: afterwards span me() of `buf` holds the reduction over all
 // members of that span. `tmp` holds at least the largest span.
-void ring_reduce_scatter(Peers& p, const Tensor& buf, const std::vector<Span>& spans, ReduceOp op,
-                         const Tensor& tmp) {
+void ring_reduce_scatter(Peers& p, const Tensor& buf, const std::vector<Span>& spans, ReduceOp op, const Tensor& tmp) {
   const int n = p.size(), me = p.me();
   for (int s = 0; s < n - 1; ++s) {
     const Span& out = spans[size_t((me - s - 1 + 2 * n) % n)];
@@ -135,8 +135,8 @@ void ring_reduce_scatter(Peers& p, const Tensor& buf, const std::vector<Span>& s
 void ring_all_gather(Peers& p, const Tensor& buf, const std::vector<Span>& spans) {
   const int n = p.size(), me = p.me();
   for (int s = 0; s < n - 1; ++s)
-    p.exchange(piece(buf, spans[size_t((me - s + n) % n)]), me + 1,
-               piece(buf, spans[size_t((me - s - 1 + 2 * n) % n)]), me - 1);
+    p.exchange(piece(buf, spans[size_t((me - s + n) % n)]), me + 1, piece(buf, spans[size_t((me - s - 1 + 2 * n) % n)]),
+               me - 1);
 }
 
 void ring_all_reduce(Peers& p, const Tensor& buf, ReduceOp op, const Tensor& tmp) {
@@ -174,8 +174,7 @@ void tree_all_reduce(Peers& p, const Tensor& buf, ReduceOp op, const Tensor& tmp
 
 // Recursive halving over equal spans (power-of-two members): afterwards span me() of `buf`
 // holds its reduction.
-void tree_reduce_scatter(Peers& p, const Tensor& buf, const std::vector<Span>& spans, ReduceOp op,
-                         const Tensor& tmp) {
+void tree_reduce_scatter(Peers& p, const Tensor& buf, const std::vector<Span>& spans, ReduceOp op, const Tensor& tmp) {
   const int me = p.me();
   int lo = 0, hi = p.size();
   for (int mask = p.size() / 2; mask >= 1; mask /= 2) {
@@ -183,8 +182,8 @@ void tree_reduce_scatter(Peers& p, const Tensor& buf, const std::vector<Span>& s
     const bool upper = (me & mask) != 0;
     const int keep_lo = upper ? mid : lo, keep_hi = upper ? hi : mid;
     const int send_lo = upper ? lo : mid;
-    Span keep{spans[size_t(keep_lo)].off, spans[size_t(keep_hi - 1)].off + spans[size_t(keep_hi - 1)].n -
-                                              spans[size_t(keep_lo)].off};
+    Span keep{spans[size_t(keep_lo)].off,
+              spans[size_t(keep_hi - 1)].off + spans[size_t(keep_hi - 1)].n - spans[size_t(keep_lo)].off};
     Span give{spans[size_t(send_lo)].off, keep.n};
     Tensor got = tmp.slice(0, {keep.n});
     p.exchange(piece(buf, give), me ^ mask, got, me ^ mask);
@@ -215,7 +214,9 @@ class AlgorithmBackend final : public Backend {
  public:
   AlgorithmBackend(std::unique_ptr<Backend> transport, std::vector<int> host_of_world, Algorithm a,
                    std::shared_ptr<const CostModel> model)
-      : transport_(std::move(transport)), host_of_world_(std::move(host_of_world)), algorithm_(a),
+      : transport_(std::move(transport)),
+        host_of_world_(std::move(host_of_world)),
+        algorithm_(a),
         model_(std::move(model)) {
     std::vector<int> wr = transport_->world_ranks();
     for (int r = 0; r < transport_->size(); ++r) {
@@ -263,8 +264,10 @@ class AlgorithmBackend final : public Backend {
       hierarchical_all_reduce(buf, op);
     } else {
       Peers p(*net_, all_, rank());
-      if (a == Algorithm::tree) tree_all_reduce(p, buf, op, scratch(buf.numel(), t.dtype()));
-      else ring_all_reduce(p, buf, op, scratch(buf.numel() / size() + 1, t.dtype()));
+      if (a == Algorithm::tree)
+        tree_all_reduce(p, buf, op, scratch(buf.numel(), t.dtype()));
+      else
+        ring_all_reduce(p, buf, op, scratch(buf.numel() / size() + 1, t.dtype()));
     }
     if (op == ReduceOp::avg) divide_in_place(t, size());
   }
@@ -288,8 +291,10 @@ class AlgorithmBackend final : public Backend {
       work.copy_from(in.view({in.numel()}));
       Peers p(*net_, all_, rank());
       std::vector<Span> spans = equal_spans(0, c, size());
-      if (a == Algorithm::tree) tree_reduce_scatter(p, work, spans, op, tmp);
-      else ring_reduce_scatter(p, work, spans, op, tmp);
+      if (a == Algorithm::tree)
+        tree_reduce_scatter(p, work, spans, op, tmp);
+      else
+        ring_reduce_scatter(p, work, spans, op, tmp);
       out.view({c}).copy_from(work.slice(int64_t(rank()) * c, {c}));
     }
     if (op == ReduceOp::avg) divide_in_place(out, size());
@@ -314,8 +319,10 @@ class AlgorithmBackend final : public Backend {
     if (mine.raw() != in.raw()) mine.copy_from(in.view({c}));
     Peers p(*net_, all_, rank());
     std::vector<Span> spans = equal_spans(0, c, size());
-    if (a == Algorithm::tree) tree_all_gather(p, flat, spans);
-    else ring_all_gather(p, flat, spans);
+    if (a == Algorithm::tree)
+      tree_all_gather(p, flat, spans);
+    else
+      ring_all_gather(p, flat, spans);
   }
 
   void broadcast(const Tensor& t, int root) override { transport_->broadcast(t, root); }
@@ -379,7 +386,7 @@ class AlgorithmBackend final : public Backend {
   std::vector<int> host_of_world_;
   Topology topo_;
   std::vector<int> all_, local_, cross_;  // all members; this host's; one per host with our local index
-  std::vector<int64_t> slot_;            // rank r's chunk position when chunks go by local index, then host
+  std::vector<int64_t> slot_;             // rank r's chunk position when chunks go by local index, then host
   Algorithm algorithm_;
   std::shared_ptr<const CostModel> model_;
   Tensor scratch_, work_;
@@ -389,9 +396,8 @@ class AlgorithmBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_algorithm_backend(std::unique_ptr<Backend> transport,
-                                                std::vector<int> host_of_world_rank, Algorithm algorithm,
-                                                std::shared_ptr<const CostModel> model) {
+std::unique_ptr<Backend> make_algorithm_backend(std::unique_ptr<Backend> transport, std::vector<int> host_of_world_rank,
+                                                Algorithm algorithm, std::shared_ptr<const CostModel> model) {
   return std::make_unique<AlgorithmBackend>(std::move(transport), std::move(host_of_world_rank), algorithm,
                                             std::move(model));
 }

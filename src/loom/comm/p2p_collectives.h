@@ -15,8 +15,7 @@ namespace loom::comm {
 // Collective over `transport`'s members (it creates the private communicator).
 // `host_of_world_rank`: the host id of every world rank; `algorithm`: what this group runs
 // until Backend::use_algorithm says otherwise. Groups split from the result inherit both.
-std::unique_ptr<Backend> make_algorithm_backend(std::unique_ptr<Backend> transport,
-                                                std::vector<int> host_of_world_rank, Algorithm algorithm,
-                                                std::shared_ptr<const CostModel> model);
+std::unique_ptr<Backend> make_algorithm_backend(std::unique_ptr<Backend> transport, std::vector<int> host_of_world_rank,
+                                                Algorithm algorithm, std::shared_ptr<const CostModel> model);
 
 }  // namespace loom::comm

@@ -23,9 +23,9 @@ namespace {
 constexpr uint64_t kMagic = 0x3162702d6d6f6f6cULL;  // "loom-pb1", little-endian
 constexpr uint64_t kUnknownOp = 255;
 // The operations a Group records, by code (the low byte of a lane's started/completed word).
-constexpr const char* kOpNames[] = {"",           "all_reduce", "reduce_scatter", "all_gather",
-                                    "broadcast",  "all_to_all", "all_to_all_v",   "barrier",
-                                    "split",      "send",       "recv"};
+constexpr const char* kOpNames[] = {"",           "all_reduce",   "reduce_scatter", "all_gather", "broadcast",
+                                    "all_to_all", "all_to_all_v", "barrier",        "split",      "send",
+                                    "recv"};
 
 uint64_t op_code(const std::string& op) {
   for (uint64_t i = 1; i < std::size(kOpNames); ++i)
@@ -33,9 +33,7 @@ uint64_t op_code(const std::string& op) {
   return kUnknownOp;
 }
 
-std::string op_name(uint64_t code) {
-  return code < std::size(kOpNames) ? kOpNames[code] : "operation";
-}
+std::string op_name(uint64_t code) { return code < std::size(kOpNames) ? kOpNames[code] : "operation"; }
 
 static_assert(std::atomic_ref<uint64_t>::is_always_lock_free,
               "the board is shared between processes, so its words must be lock-free");
@@ -132,13 +130,12 @@ ProcessState process_state(int64_t pid, uint64_t expected_start) {
 
 size_t ProgressBoard::bytes_for(int world_size) { return sizeof(Slot) * size_t(world_size); }
 
-ProgressBoard::ProgressBoard(std::shared_ptr<void> memory, int world_size, int rank,
-                             const ProcessIdentity& self)
+ProgressBoard::ProgressBoard(std::shared_ptr<void> memory, int world_size, int rank, const ProcessIdentity& self)
     : memory_(std::move(memory)), world_size_(world_size), rank_(rank), host_(self.host) {
-  LOOM_CHECK(memory_ != nullptr && world_size >= 1 && rank >= 0 && rank < world_size, "comm",
-             "progress board: rank ", rank, " of ", world_size, " needs memory for every rank");
-  LOOM_CHECK(reinterpret_cast<uintptr_t>(memory_.get()) % alignof(Slot) == 0, "comm",
-             "progress board: memory is not ", alignof(Slot), "-byte aligned");
+  LOOM_CHECK(memory_ != nullptr && world_size >= 1 && rank >= 0 && rank < world_size, "comm", "progress board: rank ",
+             rank, " of ", world_size, " needs memory for every rank");
+  LOOM_CHECK(reinterpret_cast<uintptr_t>(memory_.get()) % alignof(Slot) == 0, "comm", "progress board: memory is not ",
+             alignof(Slot), "-byte aligned");
   Slot& s = slot(rank_);
   store(s.pid, uint64_t(self.pid));
   store(s.host, self.host);
@@ -146,12 +143,9 @@ ProgressBoard::ProgressBoard(std::shared_ptr<void> memory, int world_size, int r
   store(s.magic, kMagic, std::memory_order_release);
 }
 
-ProgressBoard::Slot& ProgressBoard::slot(int rank) const {
-  return static_cast<Slot*>(memory_.get())[rank];
-}
+ProgressBoard::Slot& ProgressBoard::slot(int rank) const { return static_cast<Slot*>(memory_.get())[rank]; }
 
-ProgressBoard::Lane ProgressBoard::join(const std::string& group_name,
-                                        const std::vector<int>& world_ranks) {
+ProgressBoard::Lane ProgressBoard::join(const std::string& group_name, const std::vector<int>& world_ranks) {
   bool member = false;
   for (int r : world_ranks) member = member || r == rank_;
   if (!member) return {};
@@ -178,8 +172,7 @@ ProgressBoard::Lane ProgressBoard::join(const std::string& group_name,
 void ProgressBoard::leave(const Lane& lane) {
   std::lock_guard<std::mutex> lock(mu_);
   members_.erase(lane.key);
-  if (lane.index >= 0 && lane.index < kLanes)
-    store(slot(rank_).lanes[lane.index].key, 0, std::memory_order_release);
+  if (lane.index >= 0 && lane.index < kLanes) store(slot(rank_).lanes[lane.index].key, 0, std::memory_order_release);
 }
 
 void ProgressBoard::started(int lane, const std::string& op, uint64_t seq) {
@@ -231,16 +224,14 @@ std::shared_ptr<void> map_shared_memory(const std::string& name, size_t bytes) {
   int fd = shm_open(name.c_str(), O_CREAT | O_RDWR, 0600);
   if (fd >= 0) {
     // Every rank sets the same size, so the order of their calls does not matter.
-    void* p = ftruncate(fd, off_t(bytes)) == 0
-                  ? mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
-                  : MAP_FAILED;
+    void* p =
+        ftruncate(fd, off_t(bytes)) == 0 ? mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
     close(fd);
     if (p != MAP_FAILED) return std::shared_ptr<void>(p, [bytes](void* q) { munmap(q, bytes); });
   }
   // No shared memory (no /dev/shm, a full one): peers will read this rank as unknown.
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  LOOM_CHECK(p != MAP_FAILED, "comm", "cannot map ", bytes, " bytes for the progress board: ",
-             std::strerror(errno));
+  LOOM_CHECK(p != MAP_FAILED, "comm", "cannot map ", bytes, " bytes for the progress board: ", std::strerror(errno));
   return std::shared_ptr<void>(p, [bytes](void* q) { munmap(q, bytes); });
 }
 

@@ -32,13 +32,13 @@ ProcessState process_state(int64_t pid, uint64_t expected_start);
 
 // What the board says about one member of a group.
 struct PeerProgress {
-  int rank = 0;              // world rank
-  bool visible = false;      // its slot is written: it shares this host's memory
-  bool knows_group = false;  // it has joined the group (so its last_started is meaningful)
-  bool table_full = false;   // it ran out of lanes, so a missing group says nothing
+  int rank = 0;                 // world rank
+  bool visible = false;         // its slot is written: it shares this host's memory
+  bool knows_group = false;     // it has joined the group (so its last_started is meaningful)
+  bool table_full = false;      // it ran out of lanes, so a missing group says nothing
   std::string last_started_op;  // "" when it started nothing on the group
   uint64_t last_started_seq = 0;
-  int64_t pid = 0;           // 0 when not visible
+  int64_t pid = 0;                               // 0 when not visible
   ProcessState process = ProcessState::unknown;  // read from /proc for ranks on this host
 };
 
@@ -83,7 +83,7 @@ class ProgressBoard {
   std::shared_ptr<void> memory_;
   int world_size_, rank_;
   uint64_t host_;
-  mutable std::mutex mu_;                       // guards the two maps (joins and the watchdog)
+  mutable std::mutex mu_;                         // guards the two maps (joins and the watchdog)
   std::map<uint64_t, std::vector<int>> members_;  // by key, the groups joined now
   std::map<uint64_t, uint64_t> joined_before_;    // by name-and-members hash
 };

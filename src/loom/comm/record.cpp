@@ -18,8 +18,8 @@ const char* op_state_name(OpState s) {
 
 std::string op_label(const std::string& op, uint64_t seq) { return str_cat(op, " #", seq); }
 
-uint64_t CommRecord::start(const std::string& op, const std::string& group, int64_t bytes,
-                           uint64_t seq, uint64_t group_key) {
+uint64_t CommRecord::start(const std::string& op, const std::string& group, int64_t bytes, uint64_t seq,
+                           uint64_t group_key) {
   CommEvent e{op, group, bytes, seq, now_seconds(), 0.0, OpState::in_flight, group_key};
   std::lock_guard<std::mutex> lock(mu_);
   uint64_t h = next_handle_++;

@@ -36,8 +36,7 @@ class CommRecord {
   explicit CommRecord(size_t capacity = 4096) : capacity_(capacity ? capacity : 1) {}
 
   // Marks an operation as started now; returns the handle for finish().
-  uint64_t start(const std::string& op, const std::string& group, int64_t bytes, uint64_t seq,
-                 uint64_t group_key = 0);
+  uint64_t start(const std::string& op, const std::string& group, int64_t bytes, uint64_t seq, uint64_t group_key = 0);
   void finish(uint64_t handle, bool ok);
 
   // Operations still running, oldest first.

@@ -25,8 +25,7 @@ class SingleBackend final : public Backend {
   void all_to_all(const Tensor& in, const Tensor& out) override { copy(in, out); }
   void all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_counts, const Tensor& out,
                     const std::vector<int64_t>&) override {
-    if (send_counts[0] > 0)
-      std::memmove(out.raw(), in.raw(), size_t(send_counts[0]) * dtype_size(in.dtype()));
+    if (send_counts[0] > 0) std::memmove(out.raw(), in.raw(), size_t(send_counts[0]) * dtype_size(in.dtype()));
   }
   void barrier() override {}
   // The Group rejects peers other than rank 0 and rank 0 is this process: unreachable.

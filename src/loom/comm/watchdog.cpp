@@ -14,14 +14,13 @@
 
 namespace loom::comm {
 
-TimeoutChoice resolve_watchdog_timeout(std::optional<double> command_line, const char* env_value,
-                                       double config_value) {
+TimeoutChoice resolve_watchdog_timeout(std::optional<double> command_line, const char* env_value, double config_value) {
   std::optional<double> from_env;
   if (env_value && *env_value) {  // checked even when the command line decides: it is a mistake
     char* end = nullptr;
     double s = std::strtod(env_value, &end);
-    LOOM_CHECK(end != env_value && *end == '\0' && std::isfinite(s) && s >= 0, "comm",
-               "LOOM_COMM_TIMEOUT=\"", env_value,
+    LOOM_CHECK(end != env_value && *end == '\0' && std::isfinite(s) && s >= 0, "comm", "LOOM_COMM_TIMEOUT=\"",
+               env_value,
                "\" is not a number of seconds >= 0; set it to e.g. 600 (0 disables the watchdog) "
                "or unset it");
     from_env = s;
@@ -66,9 +65,7 @@ std::string pid_and_state(const PeerProgress& p) {
   return s;
 }
 
-bool halted(const PeerProgress& p) {
-  return p.process == ProcessState::stopped || p.process == ProcessState::gone;
-}
+bool halted(const PeerProgress& p) { return p.process == ProcessState::stopped || p.process == ProcessState::gone; }
 
 // What the board says about the group's other members, as sentences that start with a space.
 std::string peers_sentences(const CommEvent& stuck, const std::vector<PeerProgress>& peers) {
@@ -119,9 +116,8 @@ std::string peers_sentences(const CommEvent& stuck, const std::vector<PeerProgre
     if (!halted_list.empty()) s += str_cat(" Of those that entered it, ", halted_list, ".");
   }
   if (!unknown.empty())
-    s += str_cat(" ", capitalized(rank_list(unknown)), unknown.size() == 1 ? " is" : " are",
-                 " not on this host; ", unknown.size() == 1 ? "its" : "their",
-                 " progress is unknown.");
+    s += str_cat(" ", capitalized(rank_list(unknown)), unknown.size() == 1 ? " is" : " are", " not on this host; ",
+                 unknown.size() == 1 ? "its" : "their", " progress is unknown.");
   return s;
 }
 
@@ -133,11 +129,10 @@ std::string watchdog_message(int rank, const CommEvent& stuck, double waited_s,
   char waited[32];
   std::snprintf(waited, sizeof waited, "%.1f", waited_s);
   std::string last = last_completed ? op_label(last_completed->op, last_completed->seq) : "none";
-  std::string who = peers ? peers_sentences(stuck, *peers)
-                          : std::string(" A peer rank may have died or be stuck.");
-  return str_cat("[watchdog] rank ", rank, ": ", op_label(stuck.op, stuck.seq), " on group ",
-                 stuck.group, " (", format_bytes(stuck.bytes), ") has not completed after ", waited,
-                 " s; last completed: ", last, ".", who);
+  std::string who = peers ? peers_sentences(stuck, *peers) : std::string(" A peer rank may have died or be stuck.");
+  return str_cat("[watchdog] rank ", rank, ": ", op_label(stuck.op, stuck.seq), " on group ", stuck.group, " (",
+                 format_bytes(stuck.bytes), ") has not completed after ", waited, " s; last completed: ", last, ".",
+                 who);
 }
 
 Watchdog::Watchdog(std::shared_ptr<const CommRecord> record, int rank, WatchdogOptions opts)
@@ -188,8 +183,7 @@ void Watchdog::loop(double created) {
     fired_ = true;
     std::optional<std::vector<PeerProgress>> peers;
     if (opts_.board) peers = opts_.board->peers(stuck.group_key);
-    std::string msg =
-        watchdog_message(rank_, stuck, waited, record_->last_completed(stuck.group), peers);
+    std::string msg = watchdog_message(rank_, stuck, waited, record_->last_completed(stuck.group), peers);
     lock.unlock();
     opts_.on_timeout(msg);
     return;  // fire once: the action normally ends the process

@@ -38,8 +38,7 @@ struct TimeoutChoice {
 // `env_value` is LOOM_COMM_TIMEOUT's value (null or "" when unset); throws naming the
 // variable and the fix when it is not a number of seconds >= 0 (0 disables the watchdog),
 // even when the command line decides.
-TimeoutChoice resolve_watchdog_timeout(std::optional<double> command_line, const char* env_value,
-                                       double config_value);
+TimeoutChoice resolve_watchdog_timeout(std::optional<double> command_line, const char* env_value, double config_value);
 
 // resolve_watchdog_timeout(nullopt, getenv("LOOM_COMM_TIMEOUT"), fallback).seconds.
 double watchdog_timeout_from_env(double fallback);

@@ -49,12 +49,11 @@ std::shared_ptr<ProgressBoard> open_progress_board() {
   char name[64] = {};
   if (rank == 0) {
     std::random_device rd;
-    std::snprintf(name, sizeof name, "/loom-progress-%ld-%08x%08x", long(getpid()), unsigned(rd()),
-                  unsigned(rd()));
+    std::snprintf(name, sizeof name, "/loom-progress-%ld-%08x%08x", long(getpid()), unsigned(rd()), unsigned(rd()));
   }
   mpi_check(MPI_Bcast(name, int(sizeof name), MPI_CHAR, 0, MPI_COMM_WORLD), "MPI_Bcast");
-  auto board = std::make_shared<ProgressBoard>(map_shared_memory(name, ProgressBoard::bytes_for(size)),
-                                               size, rank, ProcessIdentity::self());
+  auto board = std::make_shared<ProgressBoard>(map_shared_memory(name, ProgressBoard::bytes_for(size)), size, rank,
+                                               ProcessIdentity::self());
   mpi_check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
   unlink_shared_memory(name);  // every rank: on each host the first one removes it
   return board;
@@ -70,8 +69,7 @@ std::vector<int> host_of_world_ranks() {
   if (const char* v = std::getenv("LOOM_COMM_RANKS_PER_HOST"); v && *v) {
     char* end = nullptr;
     long k = std::strtol(v, &end, 10);
-    LOOM_CHECK(end && *end == '\0' && k >= 1, "comm", "LOOM_COMM_RANKS_PER_HOST=\"", v,
-               "\" is not a positive integer");
+    LOOM_CHECK(end && *end == '\0' && k >= 1, "comm", "LOOM_COMM_RANKS_PER_HOST=\"", v, "\" is not a positive integer");
     for (int r = 0; r < size; ++r) hosts[size_t(r)] = int(r / k);
     return hosts;
   }
@@ -136,12 +134,12 @@ std::string option_or_env(const std::string& option, const char* env, const char
 
 World::World(int* argc, char*** argv, WorldOptions opts) {
   LaunchEnv env = launch_env();
-  bool want_mpi = opts.backend == WorldBackend::mpi ||
-                  (opts.backend == WorldBackend::auto_detect && env.under_mpi);
-  LOOM_CHECK(want_mpi || opts.backend == WorldBackend::single || env.world_size == 1, "comm",
-             env.source, " says this is rank ", env.rank, " of ", env.world_size,
+  bool want_mpi = opts.backend == WorldBackend::mpi || (opts.backend == WorldBackend::auto_detect && env.under_mpi);
+  LOOM_CHECK(want_mpi || opts.backend == WorldBackend::single || env.world_size == 1, "comm", env.source,
+             " says this is rank ", env.rank, " of ", env.world_size,
              ", but the process was not started by an MPI launcher; start it with "
-             "`loom launch --nproc ", env.world_size, " -- ...` or mpirun");
+             "`loom launch --nproc ",
+             env.world_size, " -- ...` or mpirun");
   timeout_s_ = opts.watchdog_timeout_s < 0 ? watchdog_timeout_from_env(600) : opts.watchdog_timeout_s;
   record_ = std::make_shared<CommRecord>(opts.record_capacity);
   Algorithm algorithm = parse_algorithm(option_or_env(opts.algorithm, "LOOM_COMM_ALGORITHM", "auto"));
@@ -156,8 +154,8 @@ World::World(int* argc, char*** argv, WorldOptions opts) {
     mpi_check(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
     if (provided < MPI_THREAD_MULTIPLE) {
       MPI_Finalize();
-      fail("comm", "the MPI library provides thread level ", provided,
-           " but loom needs MPI_THREAD_MULTIPLE (", int(MPI_THREAD_MULTIPLE),
+      fail("comm", "the MPI library provides thread level ", provided, " but loom needs MPI_THREAD_MULTIPLE (",
+           int(MPI_THREAD_MULTIPLE),
            ") for its per-group worker threads; use an MPI built with thread support "
            "(Open MPI: --enable-mpi-thread-multiple)");
     }

@@ -52,8 +52,8 @@ void* CpuAllocator::allocate(size_t bytes, MemCategory cat) {
   size_t rounded = (bytes + 63) / 64 * 64;
   if (rounded == 0) rounded = 64;
   void* p = std::aligned_alloc(64, rounded);
-  if (!p) fail("alloc", "out of host memory allocating ", format_bytes(int64_t(bytes)), " for ",
-               mem_category_name(cat));
+  if (!p)
+    fail("alloc", "out of host memory allocating ", format_bytes(int64_t(bytes)), " for ", mem_category_name(cat));
   record_alloc(bytes, cat);
   return p;
 }
@@ -86,7 +86,10 @@ std::string format_bytes(int64_t bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   double v = double(bytes);
   int u = 0;
-  while ((v >= 1024.0 || v <= -1024.0) && u < 4) { v /= 1024.0; ++u; }
+  while ((v >= 1024.0 || v <= -1024.0) && u < 4) {
+    v /= 1024.0;
+    ++u;
+  }
   char buf[32];
   std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", v, units[u]);
   return buf;

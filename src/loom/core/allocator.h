@@ -12,9 +12,7 @@ namespace loom {
 
 enum class Device : uint8_t { cpu, cuda };
 
-enum class MemCategory : uint8_t {
-  params, grads, optimizer, activations, workspace, kv_cache, comm, other
-};
+enum class MemCategory : uint8_t { params, grads, optimizer, activations, workspace, kv_cache, comm, other };
 inline constexpr int kNumMemCategories = 8;
 const char* mem_category_name(MemCategory c);
 

@@ -6,10 +6,14 @@ namespace loom {
 
 size_t dtype_size(DType t) {
   switch (t) {
-    case DType::f64: case DType::i64: return 8;
-    case DType::f32: case DType::i32: return 4;
-    case DType::bf16: case DType::f16: return 2;
-    case DType::i8: case DType::u8: return 1;
+    case DType::f64:
+    case DType::i64: return 8;
+    case DType::f32:
+    case DType::i32: return 4;
+    case DType::bf16:
+    case DType::f16: return 2;
+    case DType::i8:
+    case DType::u8: return 1;
   }
   return 0;
 }
@@ -52,7 +56,10 @@ float f16_to_f32(f16_t v) {
       u = sign;
     } else {  // subnormal: normalise
       int e = -1;
-      do { ++e; man <<= 1; } while ((man & 0x400u) == 0);
+      do {
+        ++e;
+        man <<= 1;
+      } while ((man & 0x400u) == 0);
       u = sign | (uint32_t(127 - 15 - e) << 23) | ((man & 0x3ffu) << 13);
     }
   } else if (exp == 31) {

@@ -39,7 +39,7 @@ template <class... A>
 }  // namespace loom
 
 // LOOM_CHECK(cond, "op", "message parts", ...): throws "[op] message parts" when cond is false.
-#define LOOM_CHECK(cond, where, ...)            \
-  do {                                          \
+#define LOOM_CHECK(cond, where, ...)               \
+  do {                                             \
     if (!(cond)) ::loom::fail(where, __VA_ARGS__); \
   } while (0)

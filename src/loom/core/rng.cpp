@@ -46,11 +46,9 @@ double normal01(uint64_t seed, uint64_t stream, uint64_t index) {
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
 }
 
-void fill_normal(float* out, int64_t n, uint64_t seed, uint64_t stream, uint64_t first,
-                 float mean, float std) {
+void fill_normal(float* out, int64_t n, uint64_t seed, uint64_t stream, uint64_t first, float mean, float std) {
 #pragma omp parallel for schedule(static) if (n > 65536)
-  for (int64_t i = 0; i < n; ++i)
-    out[i] = mean + std * float(normal01(seed, stream, first + uint64_t(i)));
+  for (int64_t i = 0; i < n; ++i) out[i] = mean + std * float(normal01(seed, stream, first + uint64_t(i)));
 }
 
 uint64_t CounterRng::next_u64() {

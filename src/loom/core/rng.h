@@ -28,8 +28,7 @@ float uniform01(uint64_t seed, uint64_t stream, uint64_t index);
 double normal01(uint64_t seed, uint64_t stream, uint64_t index);
 
 // out[i] = mean + std * normal01(seed, stream, first_index + i).
-void fill_normal(float* out, int64_t n, uint64_t seed, uint64_t stream, uint64_t first_index,
-                 float mean, float std);
+void fill_normal(float* out, int64_t n, uint64_t seed, uint64_t stream, uint64_t first_index, float mean, float std);
 
 // A small sequential generator over the counter-based stream: draw k uses index k.
 class CounterRng {

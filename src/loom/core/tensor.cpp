@@ -8,8 +8,7 @@ namespace loom {
 const char* device_name(Device d) { return d == Device::cpu ? "cpu" : "cuda"; }
 
 Shape::Shape(std::initializer_list<int64_t> dims) {
-  LOOM_CHECK(dims.size() <= size_t(kMaxDims), "shape", "at most ", kMaxDims, " dimensions, got ",
-             dims.size());
+  LOOM_CHECK(dims.size() <= size_t(kMaxDims), "shape", "at most ", kMaxDims, " dimensions, got ", dims.size());
   for (int64_t d : dims) {
     LOOM_CHECK(d >= 0, "shape", "negative dimension ", d);
     d_[size_t(n_++)] = d;
@@ -17,8 +16,7 @@ Shape::Shape(std::initializer_list<int64_t> dims) {
 }
 
 Shape::Shape(const std::vector<int64_t>& dims) {
-  LOOM_CHECK(dims.size() <= size_t(kMaxDims), "shape", "at most ", kMaxDims, " dimensions, got ",
-             dims.size());
+  LOOM_CHECK(dims.size() <= size_t(kMaxDims), "shape", "at most ", kMaxDims, " dimensions, got ", dims.size());
   for (int64_t d : dims) {
     LOOM_CHECK(d >= 0, "shape", "negative dimension ", d);
     d_[size_t(n_++)] = d;
@@ -102,8 +100,8 @@ void* Tensor::device_raw() const {
 }
 
 Tensor Tensor::view(const Shape& shape) const {
-  LOOM_CHECK(shape.numel() == numel(), "view", "cannot view ", describe(), " as ", shape.str(),
-             " (", numel(), " vs ", shape.numel(), " elements)");
+  LOOM_CHECK(shape.numel() == numel(), "view", "cannot view ", describe(), " as ", shape.str(), " (", numel(), " vs ",
+             shape.numel(), " elements)");
   Tensor t = *this;
   t.shape_ = shape;
   return t;
@@ -119,8 +117,8 @@ Tensor Tensor::slice(int64_t offset, const Shape& shape) const {
 }
 
 Tensor Tensor::narrow0(int64_t start, int64_t len) const {
-  LOOM_CHECK(ndim() >= 1 && start >= 0 && len >= 0 && start + len <= shape_[0], "narrow",
-             "rows [", start, ", ", start + len, ") out of range for ", describe());
+  LOOM_CHECK(ndim() >= 1 && start >= 0 && len >= 0 && start + len <= shape_[0], "narrow", "rows [", start, ", ",
+             start + len, ") out of range for ", describe());
   Shape s = shape_;
   s[0] = len;
   int64_t row = ndim() ? numel() / std::max<int64_t>(shape_[0], 1) : 1;
@@ -136,8 +134,8 @@ Tensor Tensor::clone(MemCategory cat) const {
 void Tensor::copy_from(const Tensor& src) const {
   LOOM_CHECK(device() == Device::cpu && src.device() == Device::cpu, "copy",
              "host copy of a device tensor; use cuda::copy for ", src.describe(), " -> ", describe());
-  LOOM_CHECK(src.dtype() == dtype_ && src.numel() == numel(), "copy", "cannot copy ",
-             src.describe(), " into ", describe());
+  LOOM_CHECK(src.dtype() == dtype_ && src.numel() == numel(), "copy", "cannot copy ", src.describe(), " into ",
+             describe());
   if (nbytes()) std::memmove(raw(), src.raw(), nbytes());
 }
 
@@ -150,11 +148,31 @@ void Tensor::zero() const {
 void Tensor::fill(double value) const {
   int64_t n = numel();
   switch (dtype_) {
-    case DType::f32: { float* p = data<float>(); for (int64_t i = 0; i < n; ++i) p[i] = float(value); break; }
-    case DType::f64: { double* p = data<double>(); for (int64_t i = 0; i < n; ++i) p[i] = value; break; }
-    case DType::i32: { int32_t* p = data<int32_t>(); for (int64_t i = 0; i < n; ++i) p[i] = int32_t(value); break; }
-    case DType::bf16: { auto* p = data<bf16_t>(); for (int64_t i = 0; i < n; ++i) p[i] = f32_to_bf16(float(value)); break; }
-    case DType::f16: { auto* p = data<f16_t>(); for (int64_t i = 0; i < n; ++i) p[i] = f32_to_f16(float(value)); break; }
+    case DType::f32: {
+      float* p = data<float>();
+      for (int64_t i = 0; i < n; ++i) p[i] = float(value);
+      break;
+    }
+    case DType::f64: {
+      double* p = data<double>();
+      for (int64_t i = 0; i < n; ++i) p[i] = value;
+      break;
+    }
+    case DType::i32: {
+      int32_t* p = data<int32_t>();
+      for (int64_t i = 0; i < n; ++i) p[i] = int32_t(value);
+      break;
+    }
+    case DType::bf16: {
+      auto* p = data<bf16_t>();
+      for (int64_t i = 0; i < n; ++i) p[i] = f32_to_bf16(float(value));
+      break;
+    }
+    case DType::f16: {
+      auto* p = data<f16_t>();
+      for (int64_t i = 0; i < n; ++i) p[i] = f32_to_f16(float(value));
+      break;
+    }
     default: fail("fill", "unsupported dtype ", dtype_name(dtype_));
   }
 }
@@ -164,9 +182,15 @@ std::vector<float> Tensor::to_f32_vector() const {
   std::vector<float> out(static_cast<size_t>(n));
   switch (dtype_) {
     case DType::f32: std::memcpy(out.data(), raw(), size_t(n) * 4); break;
-    case DType::f64: for (int64_t i = 0; i < n; ++i) out[size_t(i)] = float(data<double>()[i]); break;
-    case DType::bf16: for (int64_t i = 0; i < n; ++i) out[size_t(i)] = bf16_to_f32(data<bf16_t>()[i]); break;
-    case DType::f16: for (int64_t i = 0; i < n; ++i) out[size_t(i)] = f16_to_f32(data<f16_t>()[i]); break;
+    case DType::f64:
+      for (int64_t i = 0; i < n; ++i) out[size_t(i)] = float(data<double>()[i]);
+      break;
+    case DType::bf16:
+      for (int64_t i = 0; i < n; ++i) out[size_t(i)] = bf16_to_f32(data<bf16_t>()[i]);
+      break;
+    case DType::f16:
+      for (int64_t i = 0; i < n; ++i) out[size_t(i)] = f16_to_f32(data<f16_t>()[i]);
+      break;
     default: fail("tensor", "to_f32_vector: ", dtype_name(dtype_), " is not a float dtype");
   }
   return out;
@@ -176,8 +200,6 @@ void Tensor::check_dtype(DType want, const char* where) const {
   LOOM_CHECK(dtype_ == want, where, "expected dtype ", dtype_name(want), ", got ", describe());
 }
 
-std::string Tensor::describe() const {
-  return std::string(dtype_name(dtype_)) + shape_.str();
-}
+std::string Tensor::describe() const { return std::string(dtype_name(dtype_)) + shape_.str(); }
 
 }  // namespace loom

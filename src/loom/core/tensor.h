@@ -43,7 +43,7 @@ struct Storage {
   size_t bytes = 0;
   MemCategory category = MemCategory::other;
   Device device = Device::cpu;
-  Allocator* allocator = nullptr;  // null: borrowed, not freed here
+  Allocator* allocator = nullptr;    // null: borrowed, not freed here
   std::shared_ptr<void> keep_alive;  // for borrowed memory
   ~Storage();
 };
@@ -57,11 +57,9 @@ class Tensor {
   static Tensor zeros(const Shape& shape, DType dtype, MemCategory cat = MemCategory::other,
                       Allocator& alloc = cpu_allocator());
   // Wraps memory owned elsewhere; keep_alive holds its owner.
-  static Tensor borrow(void* data, const Shape& shape, DType dtype,
-                       std::shared_ptr<void> keep_alive = nullptr);
+  static Tensor borrow(void* data, const Shape& shape, DType dtype, std::shared_ptr<void> keep_alive = nullptr);
   template <class T>
-  static Tensor from_vector(const std::vector<T>& v, const Shape& shape,
-                            MemCategory cat = MemCategory::other);
+  static Tensor from_vector(const std::vector<T>& v, const Shape& shape, MemCategory cat = MemCategory::other);
 
   bool defined() const { return storage_ != nullptr; }
   // No other tensor (view or copy) shares this one's storage: safe to hand the memory on.
@@ -102,7 +100,7 @@ class Tensor {
   Tensor clone(MemCategory cat = MemCategory::other) const;
   void copy_from(const Tensor& src) const;  // same dtype and numel
   void zero() const;
-  void fill(double value) const;  // floating dtypes and i32
+  void fill(double value) const;             // floating dtypes and i32
   std::vector<float> to_f32_vector() const;  // any float dtype
 
   void check_dtype(DType want, const char* where) const;
@@ -117,8 +115,8 @@ class Tensor {
 
 template <class T>
 Tensor Tensor::from_vector(const std::vector<T>& v, const Shape& shape, MemCategory cat) {
-  LOOM_CHECK(int64_t(v.size()) == shape.numel(), "tensor", "from_vector: ", v.size(),
-             " values for shape ", shape.str());
+  LOOM_CHECK(int64_t(v.size()) == shape.numel(), "tensor", "from_vector: ", v.size(), " values for shape ",
+             shape.str());
   Tensor t = empty(shape, dtype_of<T>(), cat);
   if (!v.empty()) std::memcpy(t.raw(), v.data(), v.size() * sizeof(T));
   return t;

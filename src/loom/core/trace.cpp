@@ -49,8 +49,8 @@ int track_id_locked(Recorder& r, std::string_view name) {
   return id;
 }
 
-void append(int tid, bool on_track, std::string_view track, std::string_view name,
-            const char* category, double start_s, double end_s, const Arg* args, size_t n_args) {
+void append(int tid, bool on_track, std::string_view track, std::string_view name, const char* category, double start_s,
+            double end_s, const Arg* args, size_t n_args) {
   Event e;
   e.name = std::string(name);
   e.category = category;
@@ -92,8 +92,8 @@ void record(std::string_view name, const char* category, double start_s, double 
   append(this_thread_id(), false, {}, name, category, start_s, end_s, args.begin(), args.size());
 }
 
-void record_on_track(std::string_view track, std::string_view name, const char* category,
-                     double start_s, double end_s, std::initializer_list<Arg> args) {
+void record_on_track(std::string_view track, std::string_view name, const char* category, double start_s, double end_s,
+                     std::initializer_list<Arg> args) {
   if (!enabled()) return;
   append(0, true, track, name, category, start_s, end_s, args.begin(), args.size());
 }
@@ -221,19 +221,18 @@ void write_json(std::ostream& out, const FileInfo& info) {
     first = false;
   };
   sep();
-  out << R"({"ph":"M","name":"process_name","pid":)" << pid << R"(,"tid":0,"args":{"name":"rank )" << pid
-      << "\"}}";
+  out << R"({"ph":"M","name":"process_name","pid":)" << pid << R"(,"tid":0,"args":{"name":"rank )" << pid << "\"}}";
   for (const auto& [key, tid] : out_tid) {
     auto it = names.find(key.first);
     std::string name = it != names.end() ? it->second : "thread " + std::to_string(key.first);
     if (key.second > 0) name += " (" + std::to_string(key.second + 1) + ")";
     sep();
-    out << R"({"ph":"M","name":"thread_name","pid":)" << pid << ",\"tid\":" << tid
-        << R"(,"args":{"name":")" << json_escape(name) << "\"}}";
+    out << R"({"ph":"M","name":"thread_name","pid":)" << pid << ",\"tid\":" << tid << R"(,"args":{"name":")"
+        << json_escape(name) << "\"}}";
     sep();
     // Rows of one thread or track stay together, threads before tracks.
-    out << R"({"ph":"M","name":"thread_sort_index","pid":)" << pid << ",\"tid\":" << tid
-        << R"(,"args":{"sort_index":)" << int64_t(key.first) * 100 + key.second << "}}";
+    out << R"({"ph":"M","name":"thread_sort_index","pid":)" << pid << ",\"tid\":" << tid << R"(,"args":{"sort_index":)"
+        << int64_t(key.first) * 100 + key.second << "}}";
   }
   for (size_t i : order) {
     const Event& e = ev[i];
@@ -253,8 +252,8 @@ void write_json(std::ostream& out, const FileInfo& info) {
                 rtt_s < 0 ? -1.0 : rtt_s * 1e6);
   out << "\n],\n\"displayTimeUnit\":\"ms\",\n\"metadata\":{\"rank\":" << info.rank
       << ",\"world_size\":" << info.world_size << "," << buf << ",\"events\":" << ev.size()
-      << ",\"dropped\":" << n_dropped << ",\"clock\":\"steady\",\"command\":\""
-      << json_escape(info.command) << "\"}}\n";
+      << ",\"dropped\":" << n_dropped << ",\"clock\":\"steady\",\"command\":\"" << json_escape(info.command)
+      << "\"}}\n";
 }
 
 }  // namespace loom::trace

@@ -53,8 +53,8 @@ void stop();
 void record(std::string_view name, const char* category, double start_s, double end_s,
             std::initializer_list<Arg> args = {});
 // The same on a named track (e.g. "comm dp" for work a group's worker thread does).
-void record_on_track(std::string_view track, std::string_view name, const char* category,
-                     double start_s, double end_s, std::initializer_list<Arg> args = {});
+void record_on_track(std::string_view track, std::string_view name, const char* category, double start_s, double end_s,
+                     std::initializer_list<Arg> args = {});
 
 // This process's clock against rank 0's, measured when the job starts (comm::World):
 // rank 0's clock = this clock + offset_s; rtt_s is the round trip of the sample used.

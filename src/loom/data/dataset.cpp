@@ -55,8 +55,7 @@ TokenDataset::TokenDataset(const std::string& path, const DatasetOptions& opt)
   if (opt.verify) verify(opt.log, opt.log_after_s);
 }
 
-TokenDataset TokenDataset::open_split(const std::string& dir, const std::string& split,
-                                      const DatasetOptions& opt) {
+TokenDataset TokenDataset::open_split(const std::string& dir, const std::string& split, const DatasetOptions& opt) {
   return TokenDataset((std::filesystem::path(dir) / (split + ".bin")).string(), opt);
 }
 
@@ -69,9 +68,8 @@ int32_t TokenDataset::token(int64_t i) const {
 }
 
 void TokenDataset::read(int64_t first, int64_t n, int32_t* out) const {
-  LOOM_CHECK(first >= 0 && n >= 0 && first + n <= size(), "data", label(), ": read of tokens [", first, ", ",
-             first + n, ") (bytes ", byte_offset(first), "..", byte_offset(first + n), ") is outside its ", size(),
-             " tokens");
+  LOOM_CHECK(first >= 0 && n >= 0 && first + n <= size(), "data", label(), ": read of tokens [", first, ", ", first + n,
+             ") (bytes ", byte_offset(first), "..", byte_offset(first + n), ") is outside its ", size(), " tokens");
   const unsigned char* p = file_->data() + byte_offset(first);
   uint32_t largest = 0;
   if (header_.token_bytes == 2) {
@@ -141,8 +139,8 @@ void TokenDataset::verify(std::FILE* log, double log_after_s) const {
   if (sum != header_.checksum) {
     std::string also;
     if (bad_index >= 0)
-      also = str_cat("; among the damage, token id ", uint32_t(token(bad_index)), " at token ", bad_index, " (byte offset ",
-                     byte_offset(bad_index), ") is outside the vocabulary of ", header_.vocab_size);
+      also = str_cat("; among the damage, token id ", uint32_t(token(bad_index)), " at token ", bad_index,
+                     " (byte offset ", byte_offset(bad_index), ") is outside the vocabulary of ", header_.vocab_size);
     fail("data", label(), ": payload checksum ", hex64(sum), " (FNV-1a 64 of the ", total, " bytes from offset ",
          kShardHeaderBytes, ") differs from the header's ", hex64(header_.checksum), also,
          "; the file is corrupted; re-run loom prepare to rebuild it");
@@ -163,11 +161,11 @@ void TokenDataset::check_vocab(int64_t model_vocab) const {
   } else if (model_vocab >= 256 && model_vocab <= 1024) {
     fix = "re-run loom prepare with --tokenizer byte";
   } else {
-    fix = str_cat("re-run loom prepare with a tokenizer of ", model_vocab,
-                  " tokens or set the model's vocab_size to ", v);
+    fix = str_cat("re-run loom prepare with a tokenizer of ", model_vocab, " tokens or set the model's vocab_size to ",
+                  v);
   }
-  fail("data", label(), " has vocab_size ", v, " (tokenizer ", header_.tokenizer, ") but the model has ",
-       model_vocab, "; ", fix);
+  fail("data", label(), " has vocab_size ", v, " (tokenizer ", header_.tokenizer, ") but the model has ", model_vocab,
+       "; ", fix);
 }
 
 void TokenDataset::check_window(int64_t T, const char* what) const {
@@ -192,8 +190,8 @@ void TokenDataset::copy_window(int64_t start, int64_t T, int32_t* tokens, int32_
 void TokenDataset::fill_batch(int64_t step, int64_t first_seq, int64_t n_seqs, int64_t global_batch, int64_t T,
                               int32_t* tokens, int32_t* targets) const {
   check_window(T, "training");
-  LOOM_CHECK(step >= 0 && first_seq >= 0 && n_seqs >= 0 && first_seq + n_seqs <= global_batch, "data",
-             label(), ": training sequences [", first_seq, ", ", first_seq + n_seqs, ") at step ", step,
+  LOOM_CHECK(step >= 0 && first_seq >= 0 && n_seqs >= 0 && first_seq + n_seqs <= global_batch, "data", label(),
+             ": training sequences [", first_seq, ", ", first_seq + n_seqs, ") at step ", step,
              " are outside the global batch of ", global_batch);
   for (int64_t r = 0; r < n_seqs; ++r)
     copy_window(window_start(step, first_seq + r, global_batch, T), T, tokens + r * T, targets + r * T);

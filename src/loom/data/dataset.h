@@ -8,8 +8,8 @@
 #include <memory>
 #include <string>
 
-#include "loom/io/file.h"
 #include "loom/data/shard_format.h"
+#include "loom/io/file.h"
 
 namespace loom::data {
 
@@ -27,8 +27,7 @@ class TokenDataset {
   // error names the file, and the token and byte offset where there is one.
   explicit TokenDataset(const std::string& path, const DatasetOptions& opt = {});
   // <dir>/<split>.bin, e.g. open_split("out/shakespeare", "train").
-  static TokenDataset open_split(const std::string& dir, const std::string& split,
-                                 const DatasetOptions& opt = {});
+  static TokenDataset open_split(const std::string& dir, const std::string& split, const DatasetOptions& opt = {});
 
   const ShardHeader& header() const { return header_; }
   const std::string& path() const { return file_->path(); }
@@ -52,8 +51,8 @@ class TokenDataset {
   // Rows [first_seq, first_seq + n_seqs) of the global batch at `step`: tokens[r*T + t] is
   // the window's t-th token and targets[r*T + t] the (t+1)-th. Rank r of W data-parallel
   // ranks passes first_seq = r * global_batch / W.
-  void fill_batch(int64_t step, int64_t first_seq, int64_t n_seqs, int64_t global_batch, int64_t T,
-                  int32_t* tokens, int32_t* targets) const;
+  void fill_batch(int64_t step, int64_t first_seq, int64_t n_seqs, int64_t global_batch, int64_t T, int32_t* tokens,
+                  int32_t* targets) const;
 
   // Validation: non-overlapping windows start at 0, T, 2T, ...; batch `index` takes windows
   // index*B .. index*B + B - 1, wrapping around after the last.

@@ -140,8 +140,7 @@ struct Gpt2Tokenizer::Impl {
 
   void load(const std::string& dir);
   void bpe(std::string_view word, std::vector<int32_t>& out, BpeScratch& s) const;
-  void encode_word(std::string_view word, std::vector<int32_t>& out, BpeScratch& s,
-                   bool use_cache) const;
+  void encode_word(std::string_view word, std::vector<int32_t>& out, BpeScratch& s, bool use_cache) const;
 };
 
 void Gpt2Tokenizer::Impl::load(const std::string& dir) {
@@ -163,8 +162,8 @@ void Gpt2Tokenizer::Impl::load(const std::string& dir) {
   for (auto it = enc.begin(); it != enc.end(); ++it) {
     LOOM_CHECK(it.value().is_number_integer(), "tokenizer", enc_path, ": id of '", it.key(), "' is not an integer");
     const int64_t id = it.value().get<int64_t>();
-    LOOM_CHECK(id >= 0 && id < int64_t(enc.size()) && !seen[size_t(id)], "tokenizer", enc_path,
-               ": ids must be 0..", enc.size() - 1, " each once; '", it.key(), "' has ", id);
+    LOOM_CHECK(id >= 0 && id < int64_t(enc.size()) && !seen[size_t(id)], "tokenizer", enc_path, ": ids must be 0..",
+               enc.size() - 1, " each once; '", it.key(), "' has ", id);
     seen[size_t(id)] = true;
     if (unmap_token(it.key(), table, &raw)) {
       token_bytes[size_t(id)] = raw;
@@ -188,14 +187,14 @@ void Gpt2Tokenizer::Impl::load(const std::string& dir) {
     ++line_no;
     if (line.empty() || line.rfind("#version", 0) == 0) continue;
     const size_t sp = line.find(' ');
-    LOOM_CHECK(sp != std::string::npos && sp > 0 && sp + 1 < line.size(), "tokenizer", bpe_path,
-               " line ", line_no, ": expected two tokens separated by a space");
+    LOOM_CHECK(sp != std::string::npos && sp > 0 && sp + 1 < line.size(), "tokenizer", bpe_path, " line ", line_no,
+               ": expected two tokens separated by a space");
     std::string left, right;
     LOOM_CHECK(unmap_token(line.substr(0, sp), table, &left) && unmap_token(line.substr(sp + 1), table, &right),
                "tokenizer", bpe_path, " line ", line_no, ": not in GPT-2's byte alphabet");
     auto il = id_of.find(left), ir = id_of.find(right), im = id_of.find(left + right);
-    LOOM_CHECK(il != id_of.end() && ir != id_of.end() && im != id_of.end(), "tokenizer", bpe_path,
-               " line ", line_no, ": merge '", line, "' uses a token missing from encoder.json");
+    LOOM_CHECK(il != id_of.end() && ir != id_of.end() && im != id_of.end(), "tokenizer", bpe_path, " line ", line_no,
+               ": merge '", line, "' uses a token missing from encoder.json");
     if (merges.insert(il->second, ir->second, int32_t(n_merges), im->second)) ++n_merges;
   }
   LOOM_CHECK(n_merges > 0, "tokenizer", bpe_path, " holds no merges");
@@ -206,7 +205,8 @@ void Gpt2Tokenizer::Impl::bpe(std::string_view word, std::vector<int32_t>& out, 
   const int32_t n = int32_t(word.size());
   s.syms.resize(size_t(n));
   s.heap.clear();
-  for (int32_t i = 0; i < n; ++i) s.syms[size_t(i)] = {byte_id[uint8_t(word[size_t(i)])], i - 1, i + 1 < n ? i + 1 : -1};
+  for (int32_t i = 0; i < n; ++i)
+    s.syms[size_t(i)] = {byte_id[uint8_t(word[size_t(i)])], i - 1, i + 1 < n ? i + 1 : -1};
   auto push_pair = [&](int32_t left_pos) {
     if (left_pos < 0) return;
     const int32_t right_pos = s.syms[size_t(left_pos)].next;
@@ -246,8 +246,8 @@ void Gpt2Tokenizer::Impl::bpe(std::string_view word, std::vector<int32_t>& out, 
   for (int32_t i = 0; i >= 0; i = s.syms[size_t(i)].next) out.push_back(s.syms[size_t(i)].id);
 }
 
-void Gpt2Tokenizer::Impl::encode_word(std::string_view word, std::vector<int32_t>& out,
-                                      BpeScratch& s, bool use_cache) const {
+void Gpt2Tokenizer::Impl::encode_word(std::string_view word, std::vector<int32_t>& out, BpeScratch& s,
+                                      bool use_cache) const {
   if (word.size() == 1) {
     out.push_back(byte_id[uint8_t(word[0])]);
     return;
@@ -288,8 +288,7 @@ void Gpt2Tokenizer::encode_append(std::string_view bytes, std::vector<int32_t>& 
   while (pt.next(&word)) impl_->encode_word(word, out, scratch, lock.owns_lock());
 }
 
-void Gpt2Tokenizer::encode_stream(std::string_view bytes, const TokenSink& sink,
-                                  size_t flush_tokens) const {
+void Gpt2Tokenizer::encode_stream(std::string_view bytes, const TokenSink& sink, size_t flush_tokens) const {
   std::unique_lock<std::mutex> lock(impl_->cache_mu, std::try_to_lock);
   BpeScratch scratch;
   Gpt2PreTokenizer pt(bytes);

@@ -19,8 +19,7 @@ class Gpt2Tokenizer final : public Tokenizer {
   int32_t vocab_size() const override;
   std::optional<int32_t> eot_id() const override;
   void encode_append(std::string_view bytes, std::vector<int32_t>& out) const override;
-  void encode_stream(std::string_view bytes, const TokenSink& sink,
-                     size_t flush_tokens) const override;
+  void encode_stream(std::string_view bytes, const TokenSink& sink, size_t flush_tokens) const override;
   std::string decode(std::span<const int32_t> ids) const override;
 
   // The bytes one id stands for.

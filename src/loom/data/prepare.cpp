@@ -11,10 +11,10 @@
 #include "loom/core/error.h"
 #include "loom/core/timer.h"
 #include "loom/data/dataset.h"
-#include "loom/io/file.h"
 #include "loom/data/shard_format.h"
 #include "loom/data/tokenizer.h"
 #include "loom/data/unicode.h"
+#include "loom/io/file.h"
 
 namespace loom::data {
 namespace fs = std::filesystem;
@@ -28,10 +28,9 @@ std::vector<std::shared_ptr<const io::MappedFile>> open_inputs(const PrepareOpti
     auto f = io::MappedFile::open(path, "prepare", "check the --input path");
     LOOM_CHECK(f->size() > 0, "prepare", path, " is empty; give a text file with content");
     const double garbage = garbage_fraction(f->data(), f->data() + f->size());
-    LOOM_CHECK(garbage <= opt.max_garbage_fraction, "prepare", path, " looks binary, not text: ",
-               std::fixed, std::setprecision(1), 100.0 * garbage,
-               "% of its bytes are NUL/control bytes or invalid UTF-8 (limit ", 100.0 * opt.max_garbage_fraction,
-               "%); give a UTF-8 text file");
+    LOOM_CHECK(garbage <= opt.max_garbage_fraction, "prepare", path, " looks binary, not text: ", std::fixed,
+               std::setprecision(1), 100.0 * garbage, "% of its bytes are NUL/control bytes or invalid UTF-8 (limit ",
+               100.0 * opt.max_garbage_fraction, "%); give a UTF-8 text file");
     files.push_back(std::move(f));
   }
   return files;
@@ -46,8 +45,8 @@ void check_out_dir(const PrepareOptions& opt) {
              " already exists and is not empty; pass --force to overwrite its shards, or choose another --out");
 }
 
-void write_meta(const PrepareOptions& opt, const PrepareResult& r, const ShardHeader& train,
-                const ShardHeader& val, std::optional<int32_t> eot) {
+void write_meta(const PrepareOptions& opt, const PrepareResult& r, const ShardHeader& train, const ShardHeader& val,
+                std::optional<int32_t> eot) {
   nlohmann::json meta = {
       {"format", "loom token shards"},
       {"format_version", kShardVersion},
@@ -58,8 +57,8 @@ void write_meta(const PrepareOptions& opt, const PrepareResult& r, const ShardHe
       {"val_fraction", opt.val_fraction},
       {"train", {{"file", "train.bin"}, {"tokens", train.n_tokens}, {"fnv1a64", train.checksum}}},
       {"val", {{"file", "val.bin"}, {"tokens", val.n_tokens}, {"fnv1a64", val.checksum}}},
-      {"unigram_val_nats", std::isfinite(r.unigram_val_nats) ? nlohmann::json(r.unigram_val_nats)
-                                                             : nlohmann::json(nullptr)},
+      {"unigram_val_nats",
+       std::isfinite(r.unigram_val_nats) ? nlohmann::json(r.unigram_val_nats) : nlohmann::json(nullptr)},
   };
   nlohmann::json sources = nlohmann::json::array();
   for (const auto& s : r.sources) sources.push_back({{"path", s.path}, {"bytes", s.bytes}, {"tokens", s.tokens}});

@@ -14,9 +14,9 @@ struct PrepareOptions {
   std::vector<std::string> inputs;
   std::string tokenizer = "gpt2";
   std::string out_dir;
-  std::string data_dir;             // tokenizer files; empty: default_data_dir()
-  double val_fraction = 0.1;        // in [0, 1)
-  bool force = false;               // overwrite shards in an existing, non-empty out_dir
+  std::string data_dir;       // tokenizer files; empty: default_data_dir()
+  double val_fraction = 0.1;  // in [0, 1)
+  bool force = false;         // overwrite shards in an existing, non-empty out_dir
   double max_garbage_fraction = 0.3;
   // Called now and then with (input bytes tokenised so far, total input bytes).
   std::function<void(size_t, size_t)> progress;

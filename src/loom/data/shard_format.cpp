@@ -65,16 +65,16 @@ void write_shard_header(const ShardHeader& h, unsigned char out[kShardHeaderByte
 
 ShardHeader parse_shard_header(const unsigned char* p, size_t file_bytes, const std::string& name) {
   const char* fix = "re-run loom prepare to rebuild it";
-  LOOM_CHECK(file_bytes >= kShardHeaderBytes, "data", name, " is ", file_bytes,
-             " bytes, too short for the ", kShardHeaderBytes, "-byte token shard header; ", fix);
-  LOOM_CHECK(std::memcmp(p, kShardMagic, 8) == 0, "data", name, " is not a loom token shard (magic '",
-             printable(p, 8), "', expected '", kShardMagic, "'); point the loader at loom prepare's output");
+  LOOM_CHECK(file_bytes >= kShardHeaderBytes, "data", name, " is ", file_bytes, " bytes, too short for the ",
+             kShardHeaderBytes, "-byte token shard header; ", fix);
+  LOOM_CHECK(std::memcmp(p, kShardMagic, 8) == 0, "data", name, " is not a loom token shard (magic '", printable(p, 8),
+             "', expected '", kShardMagic, "'); point the loader at loom prepare's output");
   ShardHeader h;
   h.version = get<uint32_t>(p, 8);
   LOOM_CHECK(h.version == kShardVersion, "data", name, " has shard format version ", h.version,
              " but this loom reads version ", kShardVersion, "; ", fix, " with this loom");
-  LOOM_CHECK(get<uint32_t>(p, 12) == kShardHeaderBytes && get<uint64_t>(p, 120) == fnv1a64(p, 120), "data",
-             name, " has a corrupt header (header checksum mismatch); ", fix);
+  LOOM_CHECK(get<uint32_t>(p, 12) == kShardHeaderBytes && get<uint64_t>(p, 120) == fnv1a64(p, 120), "data", name,
+             " has a corrupt header (header checksum mismatch); ", fix);
   h.token_bytes = get<uint32_t>(p, 16);
   h.vocab_size = get<uint32_t>(p, 20);
   h.eot_id = get<uint32_t>(p, 24);
@@ -84,12 +84,11 @@ ShardHeader parse_shard_header(const unsigned char* p, size_t file_bytes, const 
   h.split = fixed_string(p + 80, 8);
   LOOM_CHECK(h.token_bytes == 2 || h.token_bytes == 4, "data", name, " stores ", h.token_bytes,
              "-byte tokens; only 2 (u16) and 4 (u32) exist; ", fix);
-  LOOM_CHECK(h.vocab_size > 0 && (h.token_bytes == 4 || h.vocab_size <= 65536), "data", name,
-             " has vocab_size ", h.vocab_size, ", which does not fit its ", h.token_bytes, "-byte tokens; ", fix);
+  LOOM_CHECK(h.vocab_size > 0 && (h.token_bytes == 4 || h.vocab_size <= 65536), "data", name, " has vocab_size ",
+             h.vocab_size, ", which does not fit its ", h.token_bytes, "-byte tokens; ", fix);
   const uint64_t payload = file_bytes - kShardHeaderBytes;
-  LOOM_CHECK(h.n_tokens <= payload / h.token_bytes, "data", name, " is truncated: its header promises ",
-             h.n_tokens, " tokens (", h.n_tokens * h.token_bytes, " bytes) but only ", payload,
-             " payload bytes are there; ", fix);
+  LOOM_CHECK(h.n_tokens <= payload / h.token_bytes, "data", name, " is truncated: its header promises ", h.n_tokens,
+             " tokens (", h.n_tokens * h.token_bytes, " bytes) but only ", payload, " payload bytes are there; ", fix);
   LOOM_CHECK(payload == h.n_tokens * h.token_bytes, "data", name, " has ", payload - h.n_tokens * h.token_bytes,
              " stray bytes after its ", h.n_tokens, " tokens; ", fix);
   return h;
@@ -119,8 +118,8 @@ void ShardWriter::append(std::span<const int32_t> ids) {
   auto* out = reinterpret_cast<unsigned char*>(buf_.data());
   for (size_t i = 0; i < ids.size(); ++i) {
     const int32_t id = ids[i];
-    LOOM_CHECK(id >= 0 && uint32_t(id) < header_.vocab_size, "prepare", "token id ", id,
-               " outside the vocabulary of ", header_.vocab_size);
+    LOOM_CHECK(id >= 0 && uint32_t(id) < header_.vocab_size, "prepare", "token id ", id, " outside the vocabulary of ",
+               header_.vocab_size);
     if (tb == 2) {
       put<uint16_t>(out, 2 * i, uint16_t(id));
     } else {
@@ -136,8 +135,8 @@ void ShardWriter::append(std::span<const int32_t> ids) {
 ShardHeader ShardWriter::finish() {
   unsigned char head[kShardHeaderBytes];
   write_shard_header(header_, head);
-  const bool ok = std::fseek(f_, 0, SEEK_SET) == 0 && std::fwrite(head, 1, sizeof head, f_) == sizeof head &&
-                  std::fflush(f_) == 0;
+  const bool ok =
+      std::fseek(f_, 0, SEEK_SET) == 0 && std::fwrite(head, 1, sizeof head, f_) == sizeof head && std::fflush(f_) == 0;
   const int closed = std::fclose(f_);
   f_ = nullptr;
   if (!ok || closed != 0) {

@@ -16,13 +16,13 @@ inline constexpr uint32_t kNoEot = 0xFFFFFFFFu;
 
 struct ShardHeader {
   uint32_t version = kShardVersion;
-  uint32_t token_bytes = 2;   // 2: u16 tokens, 4: u32 tokens
+  uint32_t token_bytes = 2;  // 2: u16 tokens, 4: u32 tokens
   uint32_t vocab_size = 0;
   uint32_t eot_id = kNoEot;
   uint64_t n_tokens = 0;
-  uint64_t checksum = 0;      // FNV-1a 64 of the payload bytes (TokenDataset checks it on open)
-  std::string tokenizer;      // at most 31 bytes
-  std::string split;          // "train" / "val"; at most 7 bytes
+  uint64_t checksum = 0;  // FNV-1a 64 of the payload bytes (TokenDataset checks it on open)
+  std::string tokenizer;  // at most 31 bytes
+  std::string split;      // "train" / "val"; at most 7 bytes
 };
 
 // FNV-1a 64 (Fowler-Noll-Vo); pass the previous value as `h` to continue a running hash.

@@ -14,8 +14,7 @@
 
 namespace loom::data {
 
-void Tokenizer::encode_stream(std::string_view bytes, const TokenSink& sink,
-                              size_t flush_tokens) const {
+void Tokenizer::encode_stream(std::string_view bytes, const TokenSink& sink, size_t flush_tokens) const {
   (void)flush_tokens;
   std::vector<int32_t> ids = encode(bytes);
   sink(ids, bytes.size());
@@ -27,8 +26,7 @@ void ByteTokenizer::encode_append(std::string_view bytes, std::vector<int32_t>& 
   for (size_t i = 0; i < bytes.size(); ++i) out[base + i] = int32_t(static_cast<unsigned char>(bytes[i]));
 }
 
-void ByteTokenizer::encode_stream(std::string_view bytes, const TokenSink& sink,
-                                  size_t flush_tokens) const {
+void ByteTokenizer::encode_stream(std::string_view bytes, const TokenSink& sink, size_t flush_tokens) const {
   const size_t step = flush_tokens == 0 ? bytes.size() : flush_tokens;
   std::vector<int32_t> ids;
   size_t done = 0;

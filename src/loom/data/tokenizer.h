@@ -47,8 +47,7 @@ class ByteTokenizer final : public Tokenizer {
   std::string name() const override { return "byte"; }
   int32_t vocab_size() const override { return 256; }
   void encode_append(std::string_view bytes, std::vector<int32_t>& out) const override;
-  void encode_stream(std::string_view bytes, const TokenSink& sink,
-                     size_t flush_tokens) const override;
+  void encode_stream(std::string_view bytes, const TokenSink& sink, size_t flush_tokens) const override;
   std::string decode(std::span<const int32_t> ids) const override;
 };
 

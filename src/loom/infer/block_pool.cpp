@@ -27,23 +27,31 @@ BlockPool::BlockPool(int64_t num_blocks, int64_t block_size)
       next_(size_t(num_blocks), -1) {
   LOOM_CHECK(num_blocks > 0, "kv", "the KV cache needs at least one block, got ", num_blocks);
   LOOM_CHECK(block_size > 0, "kv", "block_size must be positive, got ", block_size);
-  LOOM_CHECK(num_blocks < (int64_t(1) << 31), "kv", "num_blocks=", num_blocks,
-             " does not fit 32-bit block ids");
+  LOOM_CHECK(num_blocks < (int64_t(1) << 31), "kv", "num_blocks=", num_blocks, " does not fit 32-bit block ids");
   for (int32_t b = 0; b < int32_t(num_blocks); ++b) queue_push_back(b);
 }
 
 void BlockPool::queue_push_back(int32_t b) {
   prev_[size_t(b)] = tail_;
   next_[size_t(b)] = -1;
-  if (tail_ >= 0) next_[size_t(tail_)] = b; else head_ = b;
+  if (tail_ >= 0)
+    next_[size_t(tail_)] = b;
+  else
+    head_ = b;
   tail_ = b;
   ++free_count_;
 }
 
 void BlockPool::queue_remove(int32_t b) {
   const int32_t p = prev_[size_t(b)], n = next_[size_t(b)];
-  if (p >= 0) next_[size_t(p)] = n; else head_ = n;
-  if (n >= 0) prev_[size_t(n)] = p; else tail_ = p;
+  if (p >= 0)
+    next_[size_t(p)] = n;
+  else
+    head_ = n;
+  if (n >= 0)
+    prev_[size_t(n)] = p;
+  else
+    tail_ = p;
   prev_[size_t(b)] = next_[size_t(b)] = -1;
   --free_count_;
 }
@@ -78,19 +86,16 @@ void BlockPool::decref(int32_t b) {
   if (--ref_[size_t(b)] == 0) queue_push_back(b);
 }
 
-std::optional<int32_t> BlockPool::lookup(uint64_t hash, uint64_t parent_hash,
-                                         std::span<const int32_t> tokens) const {
+std::optional<int32_t> BlockPool::lookup(uint64_t hash, uint64_t parent_hash, std::span<const int32_t> tokens) const {
   auto it = cache_.find(hash);
   if (it == cache_.end()) return std::nullopt;
   const Meta& m = meta_[size_t(it->second)];
-  if (m.parent != parent_hash || !std::equal(tokens.begin(), tokens.end(), m.tokens.begin(),
-                                             m.tokens.end()))
+  if (m.parent != parent_hash || !std::equal(tokens.begin(), tokens.end(), m.tokens.begin(), m.tokens.end()))
     return std::nullopt;
   return it->second;
 }
 
-void BlockPool::cache(int32_t b, uint64_t hash, uint64_t parent_hash,
-                      std::span<const int32_t> tokens) {
+void BlockPool::cache(int32_t b, uint64_t hash, uint64_t parent_hash, std::span<const int32_t> tokens) {
   if (meta_[size_t(b)].cached || cache_.count(hash)) return;
   Meta& m = meta_[size_t(b)];
   m.cached = true;

@@ -37,8 +37,7 @@ class BlockPool {
   int32_t ref_count(int32_t block) const { return ref_[size_t(block)]; }
 
   // The cached block with this content, if any.
-  std::optional<int32_t> lookup(uint64_t hash, uint64_t parent_hash,
-                                std::span<const int32_t> tokens) const;
+  std::optional<int32_t> lookup(uint64_t hash, uint64_t parent_hash, std::span<const int32_t> tokens) const;
   // Registers a full, computed block. No-op when an equal block is already cached.
   void cache(int32_t block, uint64_t hash, uint64_t parent_hash, std::span<const int32_t> tokens);
   bool is_cached(int32_t block) const { return meta_[size_t(block)].cached; }

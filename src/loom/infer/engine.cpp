@@ -32,33 +32,30 @@ uint64_t derive_seed(uint64_t engine_seed, int64_t id) {
 Engine::Engine(const model::Decoder& model, const EngineConfig& cfg) : model_(model), cfg_(cfg) {
   const model::ModelConfig& mc = model.config();
   LOOM_CHECK(cfg.block_size > 0, "engine", "block_size must be positive, got ", cfg.block_size);
-  LOOM_CHECK(cfg.max_num_seqs > 0, "engine", "max_num_seqs must be positive, got ",
-             cfg.max_num_seqs);
-  LOOM_CHECK(cfg.max_batched_tokens > 0, "engine", "max_batched_tokens must be positive, got ",
-             cfg.max_batched_tokens);
+  LOOM_CHECK(cfg.max_num_seqs > 0, "engine", "max_num_seqs must be positive, got ", cfg.max_num_seqs);
+  LOOM_CHECK(cfg.max_batched_tokens > 0, "engine", "max_batched_tokens must be positive, got ", cfg.max_batched_tokens);
   LOOM_CHECK(cfg.chunked_prefill || cfg.max_batched_tokens >= mc.n_ctx, "engine",
              "max_batched_tokens=", cfg.max_batched_tokens, " is below model.n_ctx=", mc.n_ctx,
              ": without chunked prefill a long prompt could never run; enable chunked_prefill "
              "or raise max_batched_tokens");
-  LOOM_CHECK(cfg.max_seq_len >= 0 && cfg.max_seq_len <= mc.n_ctx, "engine", "max_seq_len=",
-             cfg.max_seq_len, " must lie in [1, model.n_ctx=", mc.n_ctx, "] (0: model.n_ctx)");
+  LOOM_CHECK(cfg.max_seq_len >= 0 && cfg.max_seq_len <= mc.n_ctx, "engine", "max_seq_len=", cfg.max_seq_len,
+             " must lie in [1, model.n_ctx=", mc.n_ctx, "] (0: model.n_ctx)");
   max_seq_len_ = cfg.max_seq_len > 0 ? cfg.max_seq_len : mc.n_ctx;
   const DType dt = model.params().dtype();
   const model::ModelConfig kv = ModelRunner::kv_cache_config(model);  // this rank's kv heads
   if (model.layout().slice().tp > 1) {
-    LOOM_CHECK(cfg.tp && cfg.tp->size() == model.layout().slice().tp, "engine", "the model is a tensor-parallel slice of ",
-               model.layout().slice().tp, " ranks; give the engine that tp group (EngineConfig::tp)");
+    LOOM_CHECK(cfg.tp && cfg.tp->size() == model.layout().slice().tp, "engine",
+               "the model is a tensor-parallel slice of ", model.layout().slice().tp,
+               " ranks; give the engine that tp group (EngineConfig::tp)");
     tp_ = cfg.tp;
   }
   const int64_t bpb = KVCache::bytes_per_block(kv, cfg.block_size, dt);
   const int64_t num_blocks = cfg.num_blocks > 0 ? cfg.num_blocks : cfg.kv_cache_bytes / bpb;
   const int64_t need = KVCache::blocks_for_tokens(max_seq_len_, cfg.block_size);
-  LOOM_CHECK(num_blocks >= need, "engine", "the KV cache holds ", num_blocks, " blocks of ",
-             cfg.block_size, " tokens (", format_bytes(num_blocks * bpb),
-             ") but one full-length sequence of ", cfg.max_seq_len > 0 ? "max_seq_len=" : "model.n_ctx=",
-             max_seq_len_, " tokens needs ", need,
-             " blocks; raise the KV cache to at least ", format_bytes(need * bpb), " (",
-             need, " blocks)");
+  LOOM_CHECK(num_blocks >= need, "engine", "the KV cache holds ", num_blocks, " blocks of ", cfg.block_size,
+             " tokens (", format_bytes(num_blocks * bpb), ") but one full-length sequence of ",
+             cfg.max_seq_len > 0 ? "max_seq_len=" : "model.n_ctx=", max_seq_len_, " tokens needs ", need,
+             " blocks; raise the KV cache to at least ", format_bytes(need * bpb), " (", need, " blocks)");
   cache_ = std::make_unique<KVCache>(kv, num_blocks, cfg.block_size, dt);
   SchedulerConfig sc;
   sc.max_num_seqs = cfg.max_num_seqs;
@@ -77,8 +74,9 @@ Engine::Engine(const model::Decoder& model, const EngineConfig& cfg) : model_(mo
   runner_ = std::make_unique<ModelRunner>(model, *cache_, cfg.max_batched_tokens, cfg.max_num_seqs, cfg.quant,
                                           std::max(logit_rows, cfg.max_num_seqs), tp_);
   // The draft's cache holds whatever the target's does, and each sequence's proposals.
-  proposer_ = make_proposer(spec, num_blocks + cfg.max_num_seqs * (KVCache::blocks_for_tokens(spec.k, cfg.block_size) + 1),
-                            cfg.block_size, cfg.max_batched_tokens, cfg.max_num_seqs);
+  proposer_ =
+      make_proposer(spec, num_blocks + cfg.max_num_seqs * (KVCache::blocks_for_tokens(spec.k, cfg.block_size) + 1),
+                    cfg.block_size, cfg.max_batched_tokens, cfg.max_num_seqs);
   publish_metrics();
 }
 
@@ -105,11 +103,13 @@ namespace {
 // The intake as bytes, for the broadcast to the followers.
 struct Writer {
   std::vector<uint8_t> b;
-  template <class T> void put(const T& v) {
+  template <class T>
+  void put(const T& v) {
     const auto* p = reinterpret_cast<const uint8_t*>(&v);
     b.insert(b.end(), p, p + sizeof(T));
   }
-  template <class T> void put_vec(const std::vector<T>& v) {
+  template <class T>
+  void put_vec(const std::vector<T>& v) {
     put(int64_t(v.size()));
     const auto* p = reinterpret_cast<const uint8_t*>(v.data());
     b.insert(b.end(), p, p + v.size() * sizeof(T));
@@ -118,13 +118,15 @@ struct Writer {
 };
 struct Reader {
   const uint8_t* p;
-  template <class T> T get() {
+  template <class T>
+  T get() {
     T v;
     std::memcpy(&v, p, sizeof(T));
     p += sizeof(T);
     return v;
   }
-  template <class T> std::vector<T> get_vec() {
+  template <class T>
+  std::vector<T> get_vec() {
     std::vector<T> v(size_t(get<int64_t>()));
     std::memcpy(v.data(), p, v.size() * sizeof(T));
     p += v.size() * sizeof(T);
@@ -144,7 +146,8 @@ void Engine::share_from_leader(std::vector<uint8_t>& bytes) const {
   Tensor body = Tensor::empty({head.data<int64_t>()[0]}, DType::u8, MemCategory::comm);
   if (leader()) std::memcpy(body.raw(), bytes.data(), bytes.size());
   tp_->broadcast(body, 0);
-  if (!leader()) bytes.assign(static_cast<const uint8_t*>(body.raw()), static_cast<const uint8_t*>(body.raw()) + body.numel());
+  if (!leader())
+    bytes.assign(static_cast<const uint8_t*>(body.raw()), static_cast<const uint8_t*>(body.raw()) + body.numel());
 }
 
 bool Engine::sync_intake(std::vector<Pending>& intake, std::vector<int64_t>& aborts, bool closing) {
@@ -203,8 +206,7 @@ bool Engine::sync_intake(std::vector<Pending>& intake, std::vector<int64_t>& abo
   return !closed_;
 }
 
-int64_t Engine::add_request(std::vector<int32_t> prompt, const SamplingParams& params,
-                            TokenCallback callback) {
+int64_t Engine::add_request(std::vector<int32_t> prompt, const SamplingParams& params, TokenCallback callback) {
   LOOM_CHECK(leader(), "engine", "requests of a tensor-parallel engine are added on rank 0, which leads; rank ",
              tp_ ? tp_->rank() : 0, " follows it (follow())");
   LOOM_CHECK(!closed_, "engine", "the engine was closed; no more requests");
@@ -212,19 +214,16 @@ int64_t Engine::add_request(std::vector<int32_t> prompt, const SamplingParams& p
   const model::ModelConfig& mc = model_.config();
   const int64_t len = int64_t(prompt.size());
   LOOM_CHECK(len > 0, "engine", "the prompt is empty; give at least one token");
-  LOOM_CHECK(len <= mc.n_ctx, "engine", "the prompt has ", len,
-             " tokens, longer than the model's context of ", mc.n_ctx,
-             " tokens (model.n_ctx); shorten it (prompts are never truncated)");
-  LOOM_CHECK(len < mc.n_ctx, "engine", "the prompt has ", len,
-             " tokens, which fills the model's context of ", mc.n_ctx,
+  LOOM_CHECK(len <= mc.n_ctx, "engine", "the prompt has ", len, " tokens, longer than the model's context of ",
+             mc.n_ctx, " tokens (model.n_ctx); shorten it (prompts are never truncated)");
+  LOOM_CHECK(len < mc.n_ctx, "engine", "the prompt has ", len, " tokens, which fills the model's context of ", mc.n_ctx,
              " tokens (model.n_ctx) and leaves no room to generate; shorten it");
-  LOOM_CHECK(len < max_seq_len_, "engine", "the prompt has ", len, " tokens, which fills this engine's ",
-             max_seq_len_, "-token sequences (EngineConfig::max_seq_len) and leaves no room to generate; "
+  LOOM_CHECK(len < max_seq_len_, "engine", "the prompt has ", len, " tokens, which fills this engine's ", max_seq_len_,
+             "-token sequences (EngineConfig::max_seq_len) and leaves no room to generate; "
              "shorten it or raise max_seq_len");
   for (int64_t i = 0; i < len; ++i)
-    LOOM_CHECK(prompt[size_t(i)] >= 0 && prompt[size_t(i)] < mc.vocab_size, "engine",
-               "prompt token ", prompt[size_t(i)], " at position ", i,
-               " is outside the vocabulary [0, ", mc.vocab_size, ")");
+    LOOM_CHECK(prompt[size_t(i)] >= 0 && prompt[size_t(i)] < mc.vocab_size, "engine", "prompt token ",
+               prompt[size_t(i)], " at position ", i, " is outside the vocabulary [0, ", mc.vocab_size, ")");
   LOOM_CHECK(params.stop.empty() || cfg_.detokenizer, "sampling",
              "stop strings need a detokenizer: set EngineConfig::detokenizer (or use "
              "stop_token_ids)");
@@ -273,13 +272,11 @@ void Engine::admit_pending(std::vector<RequestOutput>& done) {
     if (requests_.count(id)) finish(id, FinishReason::abort, true, done);
 }
 
-void Engine::finish(int64_t id, FinishReason why, bool end_event,
-                    std::vector<RequestOutput>& done, int32_t stop_token,
+void Engine::finish(int64_t id, FinishReason why, bool end_event, std::vector<RequestOutput>& done, int32_t stop_token,
                     std::string stop_string, std::string error) {
   auto it = requests_.find(id);
   Request& r = it->second;
-  if (end_event && r.callback)
-    r.callback({id, -1, int64_t(r.output.size()), why, error});
+  if (end_event && r.callback) r.callback({id, -1, int64_t(r.output.size()), why, error});
   RequestOutput out;
   out.id = id;
   out.prompt = std::move(r.prompt);
@@ -305,8 +302,7 @@ bool Engine::hits_stop_string(Request& r, std::string* which) const {
   return r.stops.stopped();
 }
 
-bool Engine::take_token(int64_t id, Request& r, int32_t tok, bool last, std::vector<RequestOutput>& done,
-                        double prob) {
+bool Engine::take_token(int64_t id, Request& r, int32_t tok, bool last, std::vector<RequestOutput>& done, double prob) {
   const int64_t index = int64_t(r.output.size());
   ++generated_tokens_;
   const auto& stops = r.params.stop_token_ids;
@@ -365,7 +361,8 @@ void Engine::propose() {
     if (r.spec_k == 0 && --r.spec_wait > 0) continue;  // adapt_k turned it off; probe now and then
     const std::vector<int32_t>& toks = sched_->tokens(id);
     const int64_t out = int64_t(r.output.size());
-    const int64_t k = std::min({std::max<int64_t>(r.spec_k, 1), r.max_tokens - out - 1, max_seq_len_ - int64_t(toks.size())});
+    const int64_t k =
+        std::min({std::max<int64_t>(r.spec_k, 1), r.max_tokens - out - 1, max_seq_len_ - int64_t(toks.size())});
     if (k < 1) continue;
     ProposalRequest q;
     q.id = id;
@@ -409,8 +406,7 @@ void Engine::propose() {
 }
 
 template <class T>
-void Engine::sample_all(const StepPlan& plan, const Tensor& logits,
-                        std::vector<RequestOutput>& done) {
+void Engine::sample_all(const StepPlan& plan, const Tensor& logits, std::vector<RequestOutput>& done) {
   const int64_t V = model_.config().vocab_size;
   const T* rows = logits.numel() ? logits.data<T>() : nullptr;
   // First every sequence's tokens, in parallel: a draw is a pure function of the rows'
@@ -442,9 +438,9 @@ void Engine::sample_all(const StepPlan& plan, const Tensor& logits,
       verdicts[j] = tok == kNonFiniteLogits ? Verdict{{}, 0, 0} : Verdict{{tok}, 0, -1};
     } else {
       const std::span<const double> q(r.proposal_q);
-      verdicts[j] = verify_proposals<T>(at, V, r.params, r.seed, index,
-                                        std::span<const int32_t>(r.proposals).first(size_t(m)),
-                                        q.empty() ? q : q.first(size_t(m * V)), rule);
+      verdicts[j] =
+          verify_proposals<T>(at, V, r.params, r.seed, index, std::span<const int32_t>(r.proposals).first(size_t(m)),
+                              q.empty() ? q : q.first(size_t(m * V)), rule);
     }
     if (r.params.token_probs && verdicts[j].bad_row < 0)
       for (size_t t = 0; t < verdicts[j].tokens.size(); ++t)
@@ -522,16 +518,15 @@ void Engine::publish_metrics() {
   metrics_.draft_kv_blocks_used = proposer_ ? proposer_->blocks_used() : 0;
 }
 
-RequestOutput Engine::run(const std::vector<int32_t>& prompt, const SamplingParams& params,
-                          TokenCallback callback) {
+RequestOutput Engine::run(const std::vector<int32_t>& prompt, const SamplingParams& params, TokenCallback callback) {
   const int64_t id = add_request(prompt, params, std::move(callback));
   for (;;)
     for (auto& out : step())
       if (out.id == id) return std::move(out);
 }
 
-std::vector<int32_t> Engine::generate(const std::vector<int32_t>& prompt,
-                                      const SamplingParams& params, TokenCallback callback) {
+std::vector<int32_t> Engine::generate(const std::vector<int32_t>& prompt, const SamplingParams& params,
+                                      TokenCallback callback) {
   RequestOutput out = run(prompt, params, std::move(callback));
   if (out.finish_reason == FinishReason::error) fail("engine", out.error);
   return std::move(out.tokens);

@@ -39,7 +39,7 @@ using Detokenizer = std::function<std::string(const std::vector<int32_t>&)>;
 
 struct EngineConfig {
   int64_t block_size = 16;
-  int64_t num_blocks = 0;                  // 0: as many as kv_cache_bytes holds
+  int64_t num_blocks = 0;  // 0: as many as kv_cache_bytes holds
   int64_t kv_cache_bytes = int64_t(512) << 20;
   // Tokens of one sequence (prompt + output) at most; 0: model.n_ctx. The cache must hold one
   // such sequence; outputs stop there (finish reason length) as they would at the context.
@@ -49,8 +49,8 @@ struct EngineConfig {
   bool prefix_caching = true;
   bool chunked_prefill = true;
   BatchingMode mode = BatchingMode::continuous;
-  uint64_t seed = 0;          // requests without a seed get one derived from this and their id
-  Detokenizer detokenizer;    // needed by stop strings; may be empty otherwise
+  uint64_t seed = 0;        // requests without a seed get one derived from this and their id
+  Detokenizer detokenizer;  // needed by stop strings; may be empty otherwise
   // Quantized matrices of the engine's model (QuantizedModel::quantize or a quantized
   // checkpoint), outliving the engine; null: the model's f32 weights.
   const QuantizedModel* quant = nullptr;
@@ -78,8 +78,8 @@ struct RequestOutput {
   int64_t id = -1;
   std::vector<int32_t> prompt, tokens;
   FinishReason finish_reason = FinishReason::none;
-  int32_t stop_token = -1;   // the stop token that ended it, if one did
-  std::string stop_string;   // the stop string that ended it, if one did
+  int32_t stop_token = -1;  // the stop token that ended it, if one did
+  std::string stop_string;  // the stop string that ended it, if one did
   // finish_reason == error: what went wrong, without a "[where]" prefix, e.g. "the model's
   // logits for position 12 (after 12 prompt and 0 generated tokens) are NaN: ...".
   std::string error;
@@ -89,14 +89,14 @@ struct RequestOutput {
 struct EngineMetrics {
   int64_t num_running = 0, num_waiting = 0;
   int64_t kv_blocks_used = 0, kv_blocks_total = 0;
-  int64_t prompt_tokens = 0;     // prompt tokens of admitted requests
-  int64_t generated_tokens = 0;  // tokens sampled
-  int64_t prefix_hit_tokens = 0; // prompt tokens whose K/V came from the prefix cache
+  int64_t prompt_tokens = 0;      // prompt tokens of admitted requests
+  int64_t generated_tokens = 0;   // tokens sampled
+  int64_t prefix_hit_tokens = 0;  // prompt tokens whose K/V came from the prefix cache
   int64_t num_preemptions = 0;
   int64_t steps = 0;
   int64_t requests_finished = 0;
-  int64_t kv_slots_unused = 0;   // allocated slots of running sequences holding no token
-  int64_t decode_rows = 0;       // one-token rows of generating sequences computed
+  int64_t kv_slots_unused = 0;  // allocated slots of running sequences holding no token
+  int64_t decode_rows = 0;      // one-token rows of generating sequences computed
   // Speculative decoding: tokens proposed and scored by the target, how many it accepted,
   // the sequence-steps that verified proposals (each emits accepted + 1 tokens), and the
   // seconds spent proposing.
@@ -112,8 +112,7 @@ class Engine {
   ~Engine();
 
   // Validates (throws "[engine] ..." or "[sampling] ..." naming the problem) and queues.
-  int64_t add_request(std::vector<int32_t> prompt, const SamplingParams& params,
-                      TokenCallback callback = {});
+  int64_t add_request(std::vector<int32_t> prompt, const SamplingParams& params, TokenCallback callback = {});
   // Ends a request at the next step (no-op for unknown or finished ids).
   void abort(int64_t id);
   // One scheduling step; returns the requests that finished (or were aborted) in it.
@@ -125,8 +124,7 @@ class Engine {
   // requests finishing meanwhile are dropped). Not for use while another thread steps.
   // run() returns a failed request's output (finish_reason error, with the reason);
   // generate() throws it as "[engine] ...".
-  RequestOutput run(const std::vector<int32_t>& prompt, const SamplingParams& params,
-                    TokenCallback callback = {});
+  RequestOutput run(const std::vector<int32_t>& prompt, const SamplingParams& params, TokenCallback callback = {});
   std::vector<int32_t> generate(const std::vector<int32_t>& prompt, const SamplingParams& params,
                                 TokenCallback callback = {});
 
@@ -150,7 +148,7 @@ class Engine {
     uint64_t seed = 0;
     TokenCallback callback;
     std::vector<int32_t> prompt, output;
-    int64_t max_tokens = 0;  // after capping at the context
+    int64_t max_tokens = 0;   // after capping at the context
     StopStringMatcher stops;  // over the output's decoded bytes
     // Speculative decoding: the proposals handed to the scheduler (and the distributions
     // they were drawn from), the request's current k (0: off, probing when spec_wait steps
@@ -171,11 +169,11 @@ class Engine {
   bool sync_intake(std::vector<Pending>& intake, std::vector<int64_t>& aborts, bool closing);
   // Tensor parallel: the leader's bytes reach every rank (the followers' are replaced).
   void share_from_leader(std::vector<uint8_t>& bytes) const;
-  template <class T> void sample_all(const StepPlan& plan, const Tensor& logits,
-                                     std::vector<RequestOutput>& done);
+  template <class T>
+  void sample_all(const StepPlan& plan, const Tensor& logits, std::vector<RequestOutput>& done);
   // Retires a request; end_event sends the callback a closing event without a token.
-  void finish(int64_t id, FinishReason why, bool end_event, std::vector<RequestOutput>& done,
-              int32_t stop_token = -1, std::string stop_string = {}, std::string error = {});
+  void finish(int64_t id, FinishReason why, bool end_event, std::vector<RequestOutput>& done, int32_t stop_token = -1,
+              std::string stop_string = {}, std::string error = {});
   bool hits_stop_string(Request& r, std::string* which) const;
   // Speculative decoding: proposals for the decoding sequences that speculate.
   void propose();

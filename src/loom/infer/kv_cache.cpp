@@ -6,14 +6,13 @@
 
 namespace loom::infer {
 
-KVCache::KVCache(const model::ModelConfig& cfg, int64_t num_blocks, int64_t block_size,
-                 DType dtype, Allocator& alloc)
+KVCache::KVCache(const model::ModelConfig& cfg, int64_t num_blocks, int64_t block_size, DType dtype, Allocator& alloc)
     : num_blocks_(num_blocks),
       block_size_(block_size),
       block_elems_(cfg.n_kv_head * block_size * cfg.head_dim()),
       dtype_(dtype) {
-  LOOM_CHECK(dtype == DType::f32 || dtype == DType::f64, "kv",
-             "the KV cache supports f32 (and f64 for checks), got ", dtype_name(dtype));
+  LOOM_CHECK(dtype == DType::f32 || dtype == DType::f64, "kv", "the KV cache supports f32 (and f64 for checks), got ",
+             dtype_name(dtype));
   const Shape shape{num_blocks, cfg.n_kv_head, block_size, cfg.head_dim()};
   for (int64_t l = 0; l < cfg.n_layer; ++l) {
     k_.push_back(Tensor::zeros(shape, dtype, MemCategory::kv_cache, alloc));
@@ -21,10 +20,8 @@ KVCache::KVCache(const model::ModelConfig& cfg, int64_t num_blocks, int64_t bloc
   }
 }
 
-int64_t KVCache::bytes_per_block(const model::ModelConfig& cfg, int64_t block_size,
-                                 DType dtype) {
-  return 2 * cfg.n_layer * cfg.n_kv_head * block_size * cfg.head_dim() *
-         int64_t(dtype_size(dtype));
+int64_t KVCache::bytes_per_block(const model::ModelConfig& cfg, int64_t block_size, DType dtype) {
+  return 2 * cfg.n_layer * cfg.n_kv_head * block_size * cfg.head_dim() * int64_t(dtype_size(dtype));
 }
 
 int64_t KVCache::bytes() const {

@@ -8,8 +8,7 @@ namespace loom::infer {
 KVCacheManager::KVCacheManager(int64_t num_blocks, int64_t block_size, bool prefix_caching)
     : pool_(num_blocks, block_size), prefix_caching_(prefix_caching) {}
 
-void KVCacheManager::extend_hashes(SeqKV& s, std::span<const int32_t> tokens,
-                                   int64_t n_blocks) const {
+void KVCacheManager::extend_hashes(SeqKV& s, std::span<const int32_t> tokens, int64_t n_blocks) const {
   const int64_t bs = block_size();
   while (int64_t(s.hashes.size()) < n_blocks) {
     const int64_t i = int64_t(s.hashes.size());
@@ -18,8 +17,7 @@ void KVCacheManager::extend_hashes(SeqKV& s, std::span<const int32_t> tokens,
   }
 }
 
-std::vector<int32_t> KVCacheManager::find_cached_prefix(int64_t seq,
-                                                        std::span<const int32_t> tokens) {
+std::vector<int32_t> KVCacheManager::find_cached_prefix(int64_t seq, std::span<const int32_t> tokens) {
   std::vector<int32_t> hit;
   if (!prefix_caching_) return hit;
   const int64_t bs = block_size(), full = int64_t(tokens.size()) / bs;
@@ -61,17 +59,15 @@ int64_t KVCacheManager::blocks_needed(int64_t seq, int64_t num_computed, int64_t
   return taken;
 }
 
-std::optional<SlotAllocation> KVCacheManager::allocate_slots(int64_t seq, int64_t num_computed,
-                                                             int64_t num_new,
+std::optional<SlotAllocation> KVCacheManager::allocate_slots(int64_t seq, int64_t num_computed, int64_t num_new,
                                                              std::span<const int32_t> prefix) {
   if (blocks_needed(seq, num_computed, num_new, prefix) > pool_.num_free()) return std::nullopt;
   const int64_t bs = block_size();
   SeqKV& s = seqs_[seq];
   SlotAllocation out;
   if (s.table.empty() && !prefix.empty()) {
-    LOOM_CHECK(num_computed <= int64_t(prefix.size()) * bs, "kv", "sequence ", seq,
-               " starts at token ", num_computed, " beyond its cached prefix of ",
-               prefix.size() * size_t(bs), " tokens");
+    LOOM_CHECK(num_computed <= int64_t(prefix.size()) * bs, "kv", "sequence ", seq, " starts at token ", num_computed,
+               " beyond its cached prefix of ", prefix.size() * size_t(bs), " tokens");
     for (int32_t b : prefix) {
       pool_.incref(b);
       s.table.push_back(b);
@@ -98,8 +94,7 @@ std::optional<SlotAllocation> KVCacheManager::allocate_slots(int64_t seq, int64_
   return out;
 }
 
-void KVCacheManager::cache_full_blocks(int64_t seq, std::span<const int32_t> tokens,
-                                       int64_t num_computed) {
+void KVCacheManager::cache_full_blocks(int64_t seq, std::span<const int32_t> tokens, int64_t num_computed) {
   if (!prefix_caching_) return;
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return;
@@ -109,8 +104,7 @@ void KVCacheManager::cache_full_blocks(int64_t seq, std::span<const int32_t> tok
   extend_hashes(s, tokens, full);
   for (int64_t i = s.num_cached_blocks; i < full; ++i) {
     const uint64_t parent = i == 0 ? kNoParent : s.hashes[size_t(i - 1)];
-    pool_.cache(s.table[size_t(i)], s.hashes[size_t(i)], parent,
-                tokens.subspan(size_t(i * bs), size_t(bs)));
+    pool_.cache(s.table[size_t(i)], s.hashes[size_t(i)], parent, tokens.subspan(size_t(i * bs), size_t(bs)));
   }
   s.num_cached_blocks = std::max(s.num_cached_blocks, full);
 }

@@ -40,12 +40,10 @@ class KVCacheManager {
   // without blocks first adopts `prefix` (from find_cached_prefix; num_computed must lie
   // within it). A block about to be written that is shared or cached is copied first.
   // Returns nullopt, changing nothing, when the pool is short of free blocks.
-  std::optional<SlotAllocation> allocate_slots(int64_t seq, int64_t num_computed,
-                                               int64_t num_new,
+  std::optional<SlotAllocation> allocate_slots(int64_t seq, int64_t num_computed, int64_t num_new,
                                                std::span<const int32_t> prefix = {});
   // Blocks the allocation above would take from the free queue.
-  int64_t blocks_needed(int64_t seq, int64_t num_computed, int64_t num_new,
-                        std::span<const int32_t> prefix = {}) const;
+  int64_t blocks_needed(int64_t seq, int64_t num_computed, int64_t num_new, std::span<const int32_t> prefix = {}) const;
 
   // Offers seq's full blocks among its first num_computed tokens to the prefix cache.
   void cache_full_blocks(int64_t seq, std::span<const int32_t> tokens, int64_t num_computed);
@@ -65,8 +63,8 @@ class KVCacheManager {
  private:
   struct SeqKV {
     std::vector<int32_t> table;
-    std::vector<uint64_t> hashes;  // of the full blocks of its tokens seen so far
-    int64_t num_cached_blocks = 0; // leading blocks already offered to the cache
+    std::vector<uint64_t> hashes;   // of the full blocks of its tokens seen so far
+    int64_t num_cached_blocks = 0;  // leading blocks already offered to the cache
   };
   void extend_hashes(SeqKV& s, std::span<const int32_t> tokens, int64_t n_blocks) const;
   bool needs_copy(int32_t block) const;

@@ -30,11 +30,16 @@ void ModelRunner::linear(const Tensor& x, const Tensor& w, const QuantizedMatrix
   }
 }
 
-ModelRunner::ModelRunner(const model::Decoder& model, KVCache& cache, int64_t max_tokens,
-                         int64_t max_seqs, const QuantizedModel* quant, int64_t max_logit_rows,
-                         const comm::Group* tp, Allocator& alloc)
-    : model_(model), cfg_(model.config()), cache_(cache), quant_(quant), tp_(tp),
-      max_tokens_(max_tokens), max_seqs_(max_seqs), max_logit_rows_(max_logit_rows > 0 ? max_logit_rows : max_seqs) {
+ModelRunner::ModelRunner(const model::Decoder& model, KVCache& cache, int64_t max_tokens, int64_t max_seqs,
+                         const QuantizedModel* quant, int64_t max_logit_rows, const comm::Group* tp, Allocator& alloc)
+    : model_(model),
+      cfg_(model.config()),
+      cache_(cache),
+      quant_(quant),
+      tp_(tp),
+      max_tokens_(max_tokens),
+      max_seqs_(max_seqs),
+      max_logit_rows_(max_logit_rows > 0 ? max_logit_rows : max_seqs) {
   const model::ModelConfig kv = kv_cache_config(model);  // checks the split
   tp_size_ = model.layout().slice().tp;
   tp_rank_ = model.layout().slice().tp_rank;
@@ -61,8 +66,8 @@ ModelRunner::ModelRunner(const model::Decoder& model, KVCache& cache, int64_t ma
   head_ = model.param(model::lm_head_name(cfg_));
 
   const DType dt = model.params().dtype();
-  LOOM_CHECK(dt == cache.dtype(), "runner", "model dtype ", dtype_name(dt),
-             " differs from the KV cache's ", dtype_name(cache.dtype()));
+  LOOM_CHECK(dt == cache.dtype(), "runner", "model dtype ", dtype_name(dt), " differs from the KV cache's ",
+             dtype_name(cache.dtype()));
   LOOM_CHECK(!quant || (dt == DType::f32 && int64_t(quant->blocks.size()) == cfg_.n_layer), "runner",
              "quantized weights need an f32 model with one quantized block per layer");
   const int64_t N = max_tokens, C = cfg_.d_model, D = cfg_.head_dim(), F = F_;
@@ -106,10 +111,12 @@ model::ModelConfig ModelRunner::kv_cache_config(const model::Decoder& model) {
   if (sl.tp == 1) return c;
   LOOM_CHECK(!c.moe.enabled(), "infer", "tensor-parallel inference of a Mixture-of-Experts model (", c.name,
              ") is not supported; serve it on one rank (--tp 1)");
-  LOOM_CHECK(c.n_kv_head % sl.tp == 0, "infer", "tensor-parallel size ", sl.tp, " does not divide model.n_kv_head=", c.n_kv_head,
+  LOOM_CHECK(c.n_kv_head % sl.tp == 0, "infer", "tensor-parallel size ", sl.tp,
+             " does not divide model.n_kv_head=", c.n_kv_head,
              ": the KV cache is split by key/value heads; use a tp that divides ", c.n_kv_head);
-  LOOM_CHECK(sl.first_layer == 0 && (sl.last_layer < 0 || sl.last_layer == c.n_layer) && sl.has_embedding &&
-                 sl.has_head, "infer", "inference needs every layer on each tensor-parallel rank (no pipeline stages)");
+  LOOM_CHECK(
+      sl.first_layer == 0 && (sl.last_layer < 0 || sl.last_layer == c.n_layer) && sl.has_embedding && sl.has_head,
+      "infer", "inference needs every layer on each tensor-parallel rank (no pipeline stages)");
   c.n_kv_head /= sl.tp;
   return c;
 }
@@ -172,7 +179,7 @@ int64_t ModelRunner::weight_bytes_per_token() const {
   b -= int64_t(wte_.nbytes()) - row;  // the input embedding reads one row
   if (wpe_.defined()) b -= int64_t(wpe_.nbytes()) - row;
   if (cfg_.tied_embeddings) b += int64_t(head_.nbytes());  // the head reads the table in full
-  if (cfg_.moe.enabled())  // one token reads its top_k experts of each MoE block
+  if (cfg_.moe.enabled())                                  // one token reads its top_k experts of each MoE block
     b -= cfg_.num_moe_layers() * (cfg_.moe.num_experts - cfg_.moe.top_k) * cfg_.expert_params() * es;
   if (!quant_) return b;
   for (int l = 0; l < int(cfg_.n_layer); ++l) {  // quantized matrices: packed bytes, not f32
@@ -212,8 +219,8 @@ void ModelRunner::run_layers(int64_t N) {
     T* vc = cache_.v(l).data<T>();
     const T* q = qkv.data<T>();
     cpu::paged_kv_write<T>(q + H * D, q + (H + KVH) * D, W, slots_.data(), N, kc, vc, bs, KVH, D);
-    cpu::paged_attention_forward<T>(q, W, kc, vc, bs, pseqs_.data(), int64_t(pseqs_.size()),
-                                    att.data<T>(), H * D, H, KVH, D);
+    cpu::paged_attention_forward<T>(q, W, kc, vc, bs, pseqs_.data(), int64_t(pseqs_.size()), att.data<T>(), H * D, H,
+                                    KVH, D);
     linear(att, w.proj_w, qb ? &qb->proj : nullptr, bias_owner ? w.proj_b : Tensor{}, x_mid);
     all_reduce(x_mid);
     ops::add_inplace(x_mid, x);
@@ -273,27 +280,32 @@ int64_t ModelRunner::run_plan(const StepPlan& plan) {
     embed_vocab_parallel<float>(N);
   else
     embed_vocab_parallel<double>(N);
-  if (f32) run_layers<float>(N); else run_layers<double>(N);
+  if (f32)
+    run_layers<float>(N);
+  else
+    run_layers<double>(N);
   return N;
 }
 
 Tensor ModelRunner::execute(const StepPlan& plan) {
   const int64_t S = logit_rows(plan);
-  LOOM_CHECK(S <= max_logit_rows_, "runner", "plan asks for ", S, " rows of logits, more than the ",
-             max_logit_rows_, " the runner was sized for");
+  LOOM_CHECK(S <= max_logit_rows_, "runner", "plan asks for ", S, " rows of logits, more than the ", max_logit_rows_,
+             " the runner was sized for");
   if (run_plan(plan) == 0 || S == 0) return logits_.narrow0(0, 0);
   // Only the rows that sample go through the final norm and the head.
   const size_t row_bytes = size_t(cfg_.d_model) * dtype_size(x_.dtype());
   const char* xb = static_cast<const char*>(x_.raw());
   char* xsb = static_cast<char*>(xs_.raw());
   for (int64_t i = 0; i < S; ++i)
-    std::memcpy(xsb + size_t(i) * row_bytes, xb + size_t(sample_rows_[size_t(i)]) * row_bytes,
-                row_bytes);
+    std::memcpy(xsb + size_t(i) * row_bytes, xb + size_t(sample_rows_[size_t(i)]) * row_bytes, row_bytes);
   const Tensor logits = logits_.narrow0(0, S);
   norm_and_head(xs_.narrow0(0, S), lnf_.narrow0(0, S), lnf_mean_.narrow0(0, S), lnf_rstd_.narrow0(0, S),
                 tp_size_ > 1 ? local_logits_.narrow0(0, S) : logits);
   if (tp_size_ > 1) {
-    if (x_.dtype() == DType::f32) gather_logits<float>(S); else gather_logits<double>(S);
+    if (x_.dtype() == DType::f32)
+      gather_logits<float>(S);
+    else
+      gather_logits<double>(S);
   }
   return logits;
 }

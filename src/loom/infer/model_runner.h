@@ -32,8 +32,8 @@ class ModelRunner {
   // tp: the tensor-parallel group when the model is a tp slice (its size and rank those of
   // the slice); the cache then holds this rank's n_kv_head / tp heads (kv_cache_config).
   ModelRunner(const model::Decoder& model, KVCache& cache, int64_t max_tokens, int64_t max_seqs,
-              const QuantizedModel* quant = nullptr, int64_t max_logit_rows = 0,
-              const comm::Group* tp = nullptr, Allocator& alloc = cpu_allocator());
+              const QuantizedModel* quant = nullptr, int64_t max_logit_rows = 0, const comm::Group* tp = nullptr,
+              Allocator& alloc = cpu_allocator());
 
   // The config a KV cache for this model's slice is built with: n_kv_head / tp heads. Throws
   // "[infer] ..." when tp does not divide the heads or the model cannot be split.
@@ -55,9 +55,12 @@ class ModelRunner {
   int64_t weight_bytes_per_token() const;
 
  private:
-  template <class T> void run_layers(int64_t N);
-  template <class T> void embed_vocab_parallel(int64_t N);
-  template <class T> void gather_logits(int64_t S);
+  template <class T>
+  void run_layers(int64_t N);
+  template <class T>
+  void embed_vocab_parallel(int64_t N);
+  template <class T>
+  void gather_logits(int64_t S);
   void all_reduce(const Tensor& t) const;
   // Fills the token, position and slot tables from the plan, embeds and runs every block;
   // x_ then holds the last layer's output of every token. Returns the plan's token count.
@@ -74,17 +77,17 @@ class ModelRunner {
   const QuantizedModel* quant_;
   const comm::Group* tp_;
   int64_t tp_size_ = 1, tp_rank_ = 0;
-  int64_t H_, KVH_, F_;      // this rank's attention heads, kv heads and MLP width
-  int64_t vocab_rows_ = 0;   // tp: this rank's rows of the token table and head
+  int64_t H_, KVH_, F_;             // this rank's attention heads, kv heads and MLP width
+  int64_t vocab_rows_ = 0;          // tp: this rank's rows of the token table and head
   Tensor local_logits_, gathered_;  // tp: [rows, vocab_rows_] and [tp, rows, vocab_rows_]
   int64_t max_tokens_, max_seqs_, max_logit_rows_;
   std::vector<model::BlockWeights> w_;
   Tensor wte_, wpe_, lnf_w_, lnf_b_, head_;
   // Activations for up to max_tokens rows (views of the first N rows are used per step).
   Tensor tok_, pos_, x_, ln_, mean_, rstd_, qkv_, att_, x_mid_, fc_, act_;
-  model::MoeActs moe_;  // MoE blocks' routing and expert buffers (MoE models)
+  model::MoeActs moe_;                              // MoE blocks' routing and expert buffers (MoE models)
   Tensor xs_, lnf_, lnf_mean_, lnf_rstd_, logits_;  // the rows that need logits only
-  Tensor all_logits_;  // execute_all_rows: [max_tokens, V]
+  Tensor all_logits_;                               // execute_all_rows: [max_tokens, V]
   std::vector<int64_t> slots_;
   std::vector<cpu::PagedSeq> pseqs_;
   std::vector<int64_t> sample_rows_;

@@ -109,8 +109,10 @@ void save_quantized_checkpoint(const std::string& out_dir, const std::string& so
   }
   LOOM_CHECK(fs::exists(tmp / "config.json"), "quant", source_dir, " has no config.json; quantize a loom checkpoint");
   manifest.write(io::kQuantizedCheckpointFormat, kVersion,
-                 {{"quant", quant.spec.describe()}, {"model", model.config().name},
-                  {"source", fs::absolute(source_dir).string()}, {"source_model_crc32c", crc}});
+                 {{"quant", quant.spec.describe()},
+                  {"model", model.config().name},
+                  {"source", fs::absolute(source_dir).string()},
+                  {"source_model_crc32c", crc}});
   io::fsync_dir(tmp.string());
   fs::remove_all(out_dir, ec);
   fs::rename(tmp, out_dir, ec);
@@ -123,8 +125,8 @@ bool is_quantized_checkpoint(const std::string& dir) {
 
 QuantizedCheckpoint load_quantized_checkpoint(const std::string& dir) {
   std::string why;
-  LOOM_CHECK(io::verify_manifest(dir, io::kQuantizedCheckpointFormat, kVersion, &why), "quant", dir, " failed verification: ", why,
-             "; run loom quantize again");
+  LOOM_CHECK(io::verify_manifest(dir, io::kQuantizedCheckpointFormat, kVersion, &why), "quant", dir,
+             " failed verification: ", why, "; run loom quantize again");
   const auto file = io::SafetensorsFile::open((fs::path(dir) / kWeights).string());
   const auto& meta = file.metadata();
   auto meta_of = [&](const std::string& k) {
@@ -148,8 +150,8 @@ QuantizedCheckpoint load_quantized_checkpoint(const std::string& dir) {
   for (const auto& n : ms) {
     QuantizedMatrix& x = *n.matrix;
     const std::string fmt = meta_of(n.name + ".format");
-    LOOM_CHECK(fmt == "int8" || fmt == "int4" || fmt == "bf16", "quant", file.path(), ": ", n.name,
-               " has format ", fmt, ", expected int8, int4 or bf16");
+    LOOM_CHECK(fmt == "int8" || fmt == "int4" || fmt == "bf16", "quant", file.path(), ": ", n.name, " has format ", fmt,
+               ", expected int8, int4 or bf16");
     x.format = fmt == "int8" ? cpu::QuantFormat::int8 : fmt == "int4" ? cpu::QuantFormat::int4 : cpu::QuantFormat::bf16;
     x.rows = n.target.size(0);
     x.cols = n.target.size(1);

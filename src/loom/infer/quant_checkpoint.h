@@ -21,8 +21,8 @@ namespace loom::infer {
 
 // Writes out_dir (replacing it) from a model already passed through QuantizedModel::quantize
 // and the training checkpoint it was loaded from.
-void save_quantized_checkpoint(const std::string& out_dir, const std::string& source_dir,
-                               const model::Decoder& model, const QuantizedModel& quant);
+void save_quantized_checkpoint(const std::string& out_dir, const std::string& source_dir, const model::Decoder& model,
+                               const QuantizedModel& quant);
 
 // True when dir holds a quantized checkpoint's manifest.
 bool is_quantized_checkpoint(const std::string& dir);
@@ -30,8 +30,8 @@ bool is_quantized_checkpoint(const std::string& dir);
 struct QuantizedCheckpoint {
   std::unique_ptr<model::Decoder> model;  // f32; the quantized matrices hold their dequantized values
   QuantizedModel quant;
-  std::string source;        // the training checkpoint it was made from
-  std::string source_crc32c; // of that checkpoint's model.safetensors
+  std::string source;         // the training checkpoint it was made from
+  std::string source_crc32c;  // of that checkpoint's model.safetensors
 };
 // Verifies every checksum, then builds the model from config.json and fills it. Throws
 // "[quant] DIR ..." naming the file and the fix.

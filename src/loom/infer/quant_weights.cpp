@@ -80,8 +80,8 @@ QuantizedMatrix QuantizedMatrix::quantize(const Tensor& w, cpu::QuantFormat f, i
 }
 
 void QuantizedMatrix::dequantize_into(const Tensor& out) const {
-  LOOM_CHECK(out.dtype() == DType::f32 && out.numel() == rows * cols, "quant", "dequantize_into needs an f32 [",
-             rows, ", ", cols, "] tensor, got ", out.describe());
+  LOOM_CHECK(out.dtype() == DType::f32 && out.numel() == rows * cols, "quant", "dequantize_into needs an f32 [", rows,
+             ", ", cols, "] tensor, got ", out.describe());
   cpu::dequantize_weights(view(), out.data<float>());
 }
 

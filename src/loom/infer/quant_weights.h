@@ -29,8 +29,8 @@ struct QuantSpec {
 // per channel, int4 64; not for bf16), --quant-head int8|f32 (int8 means the head in the body's
 // format for bf16) and --zero-point. nullopt for fp32. Throws "[quant] ..." naming the option
 // and the accepted values.
-std::optional<QuantSpec> parse_quant_spec(const std::string& name, int64_t group = -1,
-                                          const std::string& head = "int8", bool zero_point = false);
+std::optional<QuantSpec> parse_quant_spec(const std::string& name, int64_t group = -1, const std::string& head = "int8",
+                                          bool zero_point = false);
 
 // One quantized [rows, cols] matrix: its packed weights (u8; bf16 [rows, cols] for bf16),
 // scales (none for bf16) and (int4 with a zero point) zeros, owned as tensors
@@ -61,7 +61,7 @@ struct QuantizedModel {
   // the weights a quantized checkpoint holds: quantizing on load and loading `loom quantize`'s
   // output give the same outputs. The model must be whole (no tensor or pipeline slice), f32.
   static QuantizedModel quantize(model::Decoder& model, const QuantSpec& spec);
-  int64_t bytes() const;  // of the quantized matrices
+  int64_t bytes() const;                 // of the quantized matrices
   cpu::QuantFormat head_format() const;  // the head's, when spec.head
 };
 

@@ -21,10 +21,8 @@ void SamplingParams::validate() const {
   LOOM_CHECK(top_k >= 0, "sampling", "top_k must be >= 0 (0 disables it), got ", top_k);
   LOOM_CHECK(top_p > 0.0 && top_p <= 1.0, "sampling", "top_p must lie in (0, 1], got ", top_p);
   LOOM_CHECK(max_tokens >= 1, "sampling", "max_tokens must be at least 1, got ", max_tokens);
-  for (const auto& s : stop)
-    LOOM_CHECK(!s.empty(), "sampling", "stop strings must not be empty");
-  for (int32_t t : stop_token_ids)
-    LOOM_CHECK(t >= 0, "sampling", "stop_token_ids must be token IDs >= 0, got ", t);
+  for (const auto& s : stop) LOOM_CHECK(!s.empty(), "sampling", "stop strings must not be empty");
+  for (int32_t t : stop_token_ids) LOOM_CHECK(t >= 0, "sampling", "stop_token_ids must be token IDs >= 0, got ", t);
 }
 
 std::string temperature_problem(double t, std::string_view name) {
@@ -47,9 +45,7 @@ std::string max_tokens_problem(int64_t n, std::string_view name) {
   return str_cat(name, " must be at least 1, got ", n);
 }
 
-float sampling_draw(uint64_t seed, int64_t index) {
-  return uniform01(seed, kSamplingStream, uint64_t(index));
-}
+float sampling_draw(uint64_t seed, int64_t index) { return uniform01(seed, kSamplingStream, uint64_t(index)); }
 
 namespace {
 
@@ -159,7 +155,8 @@ int32_t sample_nucleus(const T* logits, int64_t V, const SamplingParams& p, floa
   // falls short (sums in another order), the next round takes every token.
   const double target = p.top_p * total;
   int last = 0;
-  for (double m = mass[0]; last < kBands - 1 && m < target * (1 + 1e-9); m += mass[++last]) {}
+  for (double m = mass[0]; last < kBands - 1 && m < target * (1 + 1e-9); m += mass[++last]) {
+  }
   for (int round = 0; round < 2; ++round, last = kBands - 1) {
     size_t n = 0;
     for (int64_t i = 0; i < V; ++i)

@@ -13,10 +13,10 @@
 namespace loom::infer {
 
 struct SamplingParams {
-  double temperature = 1.0;  // 0: greedy
-  int64_t top_k = 0;         // 0: no limit
-  double top_p = 1.0;        // in (0, 1]
-  int64_t max_tokens = 16;   // tokens to generate at most
+  double temperature = 1.0;             // 0: greedy
+  int64_t top_k = 0;                    // 0: no limit
+  double top_p = 1.0;                   // in (0, 1]
+  int64_t max_tokens = 16;              // tokens to generate at most
   std::vector<int32_t> stop_token_ids;  // end the output (the stop token is not part of it)
   std::vector<std::string> stop;        // end once the detokenised output contains one
   std::optional<uint64_t> seed;         // unset: the engine derives one from its own seed
@@ -39,7 +39,7 @@ struct SamplingParams {
 // the caller's users spell it ("'top_p'" in a request body, "--top-p" on the command line).
 std::string temperature_problem(double temperature, std::string_view name);  // [0, 2]
 std::string top_p_problem(double top_p, std::string_view name);              // (0, 1]
-std::string top_k_problem(int64_t top_k, std::string_view name);  // >= 1, or 0 / -1: no limit
+std::string top_k_problem(int64_t top_k, std::string_view name);             // >= 1, or 0 / -1: no limit
 std::string max_tokens_problem(int64_t max_tokens, std::string_view name);   // >= 1
 // A user's top_k as SamplingParams takes it (-1, like 0, means no limit).
 inline int64_t user_top_k(int64_t top_k) { return top_k > 0 ? top_k : 0; }

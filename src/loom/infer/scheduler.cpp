@@ -10,9 +10,7 @@
 
 namespace loom::infer {
 
-const char* batching_mode_name(BatchingMode m) {
-  return m == BatchingMode::continuous ? "continuous" : "static";
-}
+const char* batching_mode_name(BatchingMode m) { return m == BatchingMode::continuous ? "continuous" : "static"; }
 
 int64_t StepPlan::num_tokens() const {
   int64_t n = 0;
@@ -26,10 +24,8 @@ int64_t StepPlan::num_sampled() const {
   return n;
 }
 
-Scheduler::Scheduler(const SchedulerConfig& cfg)
-    : cfg_(cfg), kv_(cfg.num_blocks, cfg.block_size, cfg.prefix_caching) {
-  LOOM_CHECK(cfg.max_num_seqs > 0, "scheduler", "max_num_seqs must be positive, got ",
-             cfg.max_num_seqs);
+Scheduler::Scheduler(const SchedulerConfig& cfg) : cfg_(cfg), kv_(cfg.num_blocks, cfg.block_size, cfg.prefix_caching) {
+  LOOM_CHECK(cfg.max_num_seqs > 0, "scheduler", "max_num_seqs must be positive, got ", cfg.max_num_seqs);
   LOOM_CHECK(cfg.max_batched_tokens > 0, "scheduler", "max_batched_tokens must be positive, got ",
              cfg.max_batched_tokens);
 }
@@ -51,8 +47,7 @@ const std::vector<int32_t>& Scheduler::tokens(int64_t id) const { return seqs_.a
 int64_t Scheduler::num_computed(int64_t id) const { return seqs_.at(id).num_computed; }
 int64_t Scheduler::num_preemptions(int64_t id) const { return seqs_.at(id).preemptions; }
 
-ScheduledSeq& Scheduler::emit(StepPlan& plan, int64_t id, int64_t start, int64_t n,
-                              SlotAllocation&& a) {
+ScheduledSeq& Scheduler::emit(StepPlan& plan, int64_t id, int64_t start, int64_t n, SlotAllocation&& a) {
   ScheduledSeq s;
   s.seq_id = id;
   s.start = start;
@@ -115,8 +110,7 @@ bool Scheduler::schedule_running(StepPlan& plan, int64_t& budget) {
 void Scheduler::schedule_waiting(StepPlan& plan, int64_t& budget) {
   const bool is_static = cfg_.mode == BatchingMode::static_batch;
   if (is_static && static_batch_.empty())
-    for (size_t i = 0; i < waiting_.size() && int64_t(i) < cfg_.max_num_seqs; ++i)
-      static_batch_.insert(waiting_[i]);
+    for (size_t i = 0; i < waiting_.size() && int64_t(i) < cfg_.max_num_seqs; ++i) static_batch_.insert(waiting_[i]);
   const int64_t bs = cfg_.block_size;
   while (!waiting_.empty() && int64_t(running_.size()) < cfg_.max_num_seqs && budget > 0) {
     const int64_t id = waiting_.front();
@@ -151,8 +145,7 @@ StepPlan Scheduler::schedule() {
   // Tables are final now; hand out views of them and of the chunks' tokens.
   for (auto& s : plan.seqs) {
     s.block_table = kv_.block_table(s.seq_id);
-    s.tokens = std::span<const int32_t>(seq(s.seq_id).tokens)
-                   .subspan(size_t(s.start), size_t(s.num_tokens));
+    s.tokens = std::span<const int32_t>(seq(s.seq_id).tokens).subspan(size_t(s.start), size_t(s.num_tokens));
   }
   return plan;
 }
@@ -160,9 +153,8 @@ StepPlan Scheduler::schedule() {
 void Scheduler::complete(const StepPlan& plan) {
   for (const auto& p : plan.seqs) {
     Seq& s = seq(p.seq_id);
-    LOOM_CHECK(s.num_computed == p.start, "scheduler", "sequence ", p.seq_id,
-               " completed a step planned from token ", p.start, " but stands at ",
-               s.num_computed);
+    LOOM_CHECK(s.num_computed == p.start, "scheduler", "sequence ", p.seq_id, " completed a step planned from token ",
+               p.start, " but stands at ", s.num_computed);
     s.num_computed += p.num_tokens;
     kv_.cache_full_blocks(p.seq_id, s.tokens, s.num_computed - s.num_spec);
   }
@@ -172,8 +164,7 @@ bool Scheduler::decoding(int64_t id) const {
   auto it = seqs_.find(id);
   if (it == seqs_.end()) return false;
   const Seq& s = it->second;
-  return s.num_spec == 0 && s.num_computed > 0 &&
-         s.num_computed + 1 == int64_t(s.tokens.size()) &&
+  return s.num_spec == 0 && s.num_computed > 0 && s.num_computed + 1 == int64_t(s.tokens.size()) &&
          std::find(running_.begin(), running_.end(), id) != running_.end();
 }
 
@@ -187,8 +178,8 @@ void Scheduler::propose(int64_t id, std::span<const int32_t> proposals) {
 
 void Scheduler::settle(int64_t id, int64_t num_accepted) {
   Seq& s = seq(id);
-  LOOM_CHECK(num_accepted >= 0 && num_accepted <= s.num_spec, "scheduler", "sequence ", id, " accepted ",
-             num_accepted, " of its ", s.num_spec, " proposals");
+  LOOM_CHECK(num_accepted >= 0 && num_accepted <= s.num_spec, "scheduler", "sequence ", id, " accepted ", num_accepted,
+             " of its ", s.num_spec, " proposals");
   LOOM_CHECK(s.num_computed == int64_t(s.tokens.size()), "scheduler", "sequence ", id,
              " settled its proposals before they were computed");
   drop_proposals(s, s.num_spec - num_accepted);
@@ -203,10 +194,8 @@ void Scheduler::append_token(int64_t id, int32_t token) { seq(id).tokens.push_ba
 
 void Scheduler::finish(int64_t id) {
   if (!seqs_.count(id)) return;
-  if (auto it = std::find(running_.begin(), running_.end(), id); it != running_.end())
-    running_.erase(it);
-  if (auto it = std::find(waiting_.begin(), waiting_.end(), id); it != waiting_.end())
-    waiting_.erase(it);
+  if (auto it = std::find(running_.begin(), running_.end(), id); it != running_.end()) running_.erase(it);
+  if (auto it = std::find(waiting_.begin(), waiting_.end(), id); it != waiting_.end()) waiting_.erase(it);
   auto freed = kv_.release(id);
   pending_freed_.insert(pending_freed_.end(), freed.begin(), freed.end());
   seqs_.erase(id);

@@ -59,9 +59,9 @@ struct SchedulerStats {
   int64_t num_running = 0, num_waiting = 0;
   int64_t blocks_used = 0, blocks_total = 0;
   int64_t num_preemptions = 0;
-  int64_t prefix_hit_tokens = 0;   // prompt tokens served from the prefix cache
-  int64_t slots_allocated = 0;     // tokens the running sequences' blocks could hold
-  int64_t tokens_cached = 0;       // tokens whose K/V they hold
+  int64_t prefix_hit_tokens = 0;  // prompt tokens served from the prefix cache
+  int64_t slots_allocated = 0;    // tokens the running sequences' blocks could hold
+  int64_t tokens_cached = 0;      // tokens whose K/V they hold
 };
 
 class Scheduler {
@@ -96,9 +96,7 @@ class Scheduler {
   const std::vector<int32_t>& tokens(int64_t seq_id) const;
   int64_t num_computed(int64_t seq_id) const;
   int64_t num_preemptions(int64_t seq_id) const;
-  const std::vector<int32_t>& block_table(int64_t seq_id) const {
-    return kv_.block_table(seq_id);
-  }
+  const std::vector<int32_t>& block_table(int64_t seq_id) const { return kv_.block_table(seq_id); }
   const std::vector<int64_t>& running() const { return running_; }
   const std::deque<int64_t>& waiting() const { return waiting_; }
   const KVCacheManager& kv() const { return kv_; }

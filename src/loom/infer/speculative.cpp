@@ -28,8 +28,8 @@ void SpeculativeConfig::validate(const model::ModelConfig& target, DType target_
   LOOM_CHECK(k >= 1, "speculative", "k=", k, " must be at least 1 (proposals per step)");
   LOOM_CHECK(max_batch >= 0, "speculative", "max_batch=", max_batch, " must be >= 0 (0: no limit)");
   if (method == SpecMethod::ngram) {
-    LOOM_CHECK(ngram_min >= 1 && ngram_max >= ngram_min, "speculative", "n-gram sizes n=", ngram_max,
-               " (down to ", ngram_min, ") must satisfy n >= ", ngram_min, " >= 1");
+    LOOM_CHECK(ngram_min >= 1 && ngram_max >= ngram_min, "speculative", "n-gram sizes n=", ngram_max, " (down to ",
+               ngram_min, ") must satisfy n >= ", ngram_min, " >= 1");
     return;
   }
   LOOM_CHECK(draft, "speculative", "method draft needs a draft model (draft=DIR)");
@@ -74,7 +74,9 @@ void NgramProposer::propose(std::span<ProposalRequest> reqs) {
 
 DraftProposer::DraftProposer(const model::Decoder& draft, const QuantizedModel* quant, int64_t num_blocks,
                              int64_t block_size, int64_t max_tokens, int64_t max_seqs)
-    : draft_(draft), max_tokens_(max_tokens), max_seqs_(max_seqs),
+    : draft_(draft),
+      max_tokens_(max_tokens),
+      max_seqs_(max_seqs),
       kv_(num_blocks, block_size, /*prefix_caching=*/false),
       cache_(draft.config(), num_blocks, block_size, draft.params().dtype()),
       runner_(draft, cache_, max_tokens, max_seqs, quant) {}
@@ -114,8 +116,8 @@ void DraftProposer::propose(std::span<ProposalRequest> reqs) {
     if (r.k <= 0) continue;
     State& s = states_[r.id];
     // K/V stay valid for the longest common prefix of what the draft saw and the sequence now.
-    const size_t keep = size_t(std::mismatch(s.seen.begin(), s.seen.end(), r.tokens.begin(), r.tokens.end()).first -
-                               s.seen.begin());
+    const size_t keep =
+        size_t(std::mismatch(s.seen.begin(), s.seen.end(), r.tokens.begin(), r.tokens.end()).first - s.seen.begin());
     s.seen.resize(std::min(keep, size_t(len - 1)));  // the last token is always computed
     kv_.truncate(r.id, int64_t(s.seen.size()));
     work[i].assign(r.tokens.begin(), r.tokens.end());
@@ -184,8 +186,7 @@ std::unique_ptr<Proposer> make_proposer(const SpeculativeConfig& cfg, int64_t nu
   switch (cfg.method) {
     case SpecMethod::ngram: return std::make_unique<NgramProposer>(cfg.ngram_max, cfg.ngram_min);
     case SpecMethod::draft:
-      return std::make_unique<DraftProposer>(*cfg.draft, cfg.draft_quant, num_blocks, block_size, max_tokens,
-                                             max_seqs);
+      return std::make_unique<DraftProposer>(*cfg.draft, cfg.draft_quant, num_blocks, block_size, max_tokens, max_seqs);
     default: return nullptr;
   }
 }

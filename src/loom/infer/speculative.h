@@ -40,8 +40,8 @@ struct SpeculativeConfig {
   // No proposals in a step where more sequences than this decode: a large batch is
   // compute-bound, and scoring proposals there costs more than it saves. 0: no limit.
   int64_t max_batch = 8;
-  const model::Decoder* draft = nullptr;           // SpecMethod::draft; outlives the engine
-  const QuantizedModel* draft_quant = nullptr;     // its quantized matrices, or null
+  const model::Decoder* draft = nullptr;        // SpecMethod::draft; outlives the engine
+  const QuantizedModel* draft_quant = nullptr;  // its quantized matrices, or null
   AcceptRule rule = AcceptRule::exact;
   bool enabled() const { return method != SpecMethod::none; }
   // Throws "[speculative] ..." naming the problem: k < 1, n-gram bounds, a missing draft, a
@@ -57,8 +57,8 @@ struct ProposalRequest {
   int64_t k = 0;                    // proposals wanted, at most
   const SamplingParams* params = nullptr;
   uint64_t seed = 0;
-  int64_t index = 0;                // output position of the first proposal
-  std::vector<int32_t> proposals;   // out
+  int64_t index = 0;               // output position of the first proposal
+  std::vector<int32_t> proposals;  // out
   // out: for each proposal, the distribution it was drawn from (V values each); empty when
   // proposals are certain (n-gram, greedy drafts), which the rule treats as q(d) = 1.
   std::vector<double> q;
@@ -91,8 +91,8 @@ class NgramProposer : public Proposer {
 // batched draft forward at a time.
 class DraftProposer : public Proposer {
  public:
-  DraftProposer(const model::Decoder& draft, const QuantizedModel* quant, int64_t num_blocks,
-                int64_t block_size, int64_t max_tokens, int64_t max_seqs);
+  DraftProposer(const model::Decoder& draft, const QuantizedModel* quant, int64_t num_blocks, int64_t block_size,
+                int64_t max_tokens, int64_t max_seqs);
   void propose(std::span<ProposalRequest> reqs) override;
   void release(int64_t id) override;
   int64_t blocks_used() const override { return kv_.pool().num_used(); }
@@ -116,7 +116,7 @@ std::unique_ptr<Proposer> make_proposer(const SpeculativeConfig& cfg, int64_t nu
 struct Verdict {
   std::vector<int32_t> tokens;  // the accepted proposals, then one token of the target's
   int64_t accepted = 0;
-  int64_t bad_row = -1;         // >= 0: that row's logits cannot be sampled; tokens is empty
+  int64_t bad_row = -1;  // >= 0: that row's logits cannot be sampled; tokens is empty
 };
 
 // rows: the target's logits for the sequence's last token and its proposals, [m + 1, V] for m

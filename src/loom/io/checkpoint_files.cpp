@@ -81,17 +81,16 @@ static bool in_scope(const std::string& file, const VerifyScope& scope) {
 }
 
 bool verify_checkpoint(const std::string& path, std::string* why, const VerifyScope& scope) {
-  return verify_manifest(path, kTrainingCheckpointFormat, kTrainingCheckpointVersion, why,
-                         [&](const std::string& name) { return in_scope(name, scope); },
-                         kOldestTrainingCheckpointVersion);
+  return verify_manifest(
+      path, kTrainingCheckpointFormat, kTrainingCheckpointVersion, why,
+      [&](const std::string& name) { return in_scope(name, scope); }, kOldestTrainingCheckpointVersion);
 }
 
-std::optional<std::string> find_latest_valid_checkpoint(
-    const std::string& dir, FILE* log, const std::function<VerifyScope(const std::string&)>& scope_of,
-    int64_t max_step, const CandidateAgreement* agree) {
+std::optional<std::string> find_latest_valid_checkpoint(const std::string& dir, FILE* log,
+                                                        const std::function<VerifyScope(const std::string&)>& scope_of,
+                                                        int64_t max_step, const CandidateAgreement* agree) {
   auto candidates = resume_candidates(dir);
-  if (max_step >= 0)
-    std::erase_if(candidates, [&](const CheckpointEntry& e) { return e.step > max_step; });
+  if (max_step >= 0) std::erase_if(candidates, [&](const CheckpointEntry& e) { return e.step > max_step; });
   for (size_t i = 0;; ++i) {
     const int64_t step = i < candidates.size() ? candidates[i].step : -1;
     if (agree) agree->same_candidate(step);

@@ -18,10 +18,10 @@ inline constexpr int kTrainingCheckpointVersion = 2;
 inline constexpr int kOldestTrainingCheckpointVersion = 1;
 
 // The files of DIR/step_NNNNNN.
-inline constexpr const char* kWeightsFile = "model.safetensors";    // the whole model, HF names
-inline constexpr const char* kHfConfigFile = "config.json";         // the model's exact sizes
+inline constexpr const char* kWeightsFile = "model.safetensors";  // the whole model, HF names
+inline constexpr const char* kHfConfigFile = "config.json";       // the model's exact sizes
 inline constexpr const char* kTrainerStateFile = "trainer_state.json";
-inline constexpr const char* kRunConfigFile = "config.yaml";        // the resolved run config
+inline constexpr const char* kRunConfigFile = "config.yaml";  // the resolved run config
 inline constexpr const char* kExpAvgFile = "optimizer.exp_avg.safetensors";
 inline constexpr const char* kExpAvgSqFile = "optimizer.exp_avg_sq.safetensors";
 // Format 1's per-rank optimizer shards; format 2's per-rank 1-bit Adam error feedback.
@@ -50,8 +50,8 @@ std::vector<CheckpointEntry> resume_candidates(const std::string& dir);
 // always checked; the checksum pass reads the file, so a reader checks only what it will load:
 // the weights and metadata, for a resuming rank the Adam moments and its own files.
 struct VerifyScope {
-  bool all = true;       // every file's checksum
-  bool optimizer = true; // otherwise: the Adam moments (optimizer.exp_avg*.safetensors) too
+  bool all = true;         // every file's checksum
+  bool optimizer = true;   // otherwise: the Adam moments (optimizer.exp_avg*.safetensors) too
   std::vector<int> ranks;  // and these ranks' own files (1-bit Adam errors, format-1 shards)
   static VerifyScope everything() { return {}; }
   static VerifyScope weights() { return {false, false, {}}; }
@@ -60,8 +60,7 @@ struct VerifyScope {
 
 // Checks the manifest, sizes and checksums (verify_manifest). On failure returns false and
 // says why; never throws, so no rank leaves a collective its peers are in.
-bool verify_checkpoint(const std::string& path, std::string* why,
-                       const VerifyScope& scope = VerifyScope::everything());
+bool verify_checkpoint(const std::string& path, std::string* why, const VerifyScope& scope = VerifyScope::everything());
 
 // How ranks searching one directory together agree on each candidate (train supplies it over
 // a process group; without it the search is this process's alone).
@@ -77,8 +76,9 @@ struct CandidateAgreement {
 // The first checkpoint under dir that verifies, in resume_candidates order, each with
 // scope_of(its path); damaged ones are reported to `log` ("[resume] skipping ...") and skipped.
 // With max_step >= 0, only checkpoints of steps up to it are candidates (a rollback's target).
-std::optional<std::string> find_latest_valid_checkpoint(
-    const std::string& dir, FILE* log, const std::function<VerifyScope(const std::string&)>& scope_of,
-    int64_t max_step = -1, const CandidateAgreement* agree = nullptr);
+std::optional<std::string> find_latest_valid_checkpoint(const std::string& dir, FILE* log,
+                                                        const std::function<VerifyScope(const std::string&)>& scope_of,
+                                                        int64_t max_step = -1,
+                                                        const CandidateAgreement* agree = nullptr);
 
 }  // namespace loom::io

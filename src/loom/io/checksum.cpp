@@ -51,17 +51,16 @@ uint32_t extend_table(uint32_t crc, const unsigned char* p, size_t n) {
   }
   for (; n >= 8; n -= 8, p += 8) {
     const uint32_t lo = load_le32(p) ^ crc, hi = load_le32(p + 4);
-    crc = kTables[7][lo & 0xffu] ^ kTables[6][(lo >> 8) & 0xffu] ^
-          kTables[5][(lo >> 16) & 0xffu] ^ kTables[4][lo >> 24] ^ kTables[3][hi & 0xffu] ^
-          kTables[2][(hi >> 8) & 0xffu] ^ kTables[1][(hi >> 16) & 0xffu] ^ kTables[0][hi >> 24];
+    crc = kTables[7][lo & 0xffu] ^ kTables[6][(lo >> 8) & 0xffu] ^ kTables[5][(lo >> 16) & 0xffu] ^
+          kTables[4][lo >> 24] ^ kTables[3][hi & 0xffu] ^ kTables[2][(hi >> 8) & 0xffu] ^
+          kTables[1][(hi >> 16) & 0xffu] ^ kTables[0][hi >> 24];
   }
   while (n--) crc = (crc >> 8) ^ kTables[0][(crc ^ *p++) & 0xffu];
   return crc;
 }
 
 #if defined(__x86_64__)
-__attribute__((target("sse4.2"))) uint32_t extend_sse42(uint32_t crc, const unsigned char* p,
-                                                         size_t n) {
+__attribute__((target("sse4.2"))) uint32_t extend_sse42(uint32_t crc, const unsigned char* p, size_t n) {
   while (n && (reinterpret_cast<uintptr_t>(p) & 7u)) {
     crc = _mm_crc32_u8(crc, *p++);
     --n;
@@ -83,9 +82,7 @@ bool have_sse42() {
 }
 #else
 bool have_sse42() { return false; }
-uint32_t extend_sse42(uint32_t crc, const unsigned char* p, size_t n) {
-  return extend_table(crc, p, n);
-}
+uint32_t extend_sse42(uint32_t crc, const unsigned char* p, size_t n) { return extend_table(crc, p, n); }
 #endif
 
 }  // namespace
@@ -131,9 +128,12 @@ uint32_t crc32c_from_hex(std::string_view hex) {
   uint32_t v = 0;
   for (char ch : hex) {
     int d = -1;
-    if (ch >= '0' && ch <= '9') d = ch - '0';
-    else if (ch >= 'a' && ch <= 'f') d = ch - 'a' + 10;
-    else if (ch >= 'A' && ch <= 'F') d = ch - 'A' + 10;
+    if (ch >= '0' && ch <= '9')
+      d = ch - '0';
+    else if (ch >= 'a' && ch <= 'f')
+      d = ch - 'a' + 10;
+    else if (ch >= 'A' && ch <= 'F')
+      d = ch - 'A' + 10;
     LOOM_CHECK(d >= 0, "io", "checksum '", hex, "' should be 8 hex digits");
     v = (v << 4) | uint32_t(d);
   }

@@ -61,8 +61,7 @@ void AtomicFileWriter::commit() {
   const int fd = fd_;
   fd_ = -1;
   if (::close(fd) != 0) fail("io", tmp_, ": close failed: ", os_error());
-  if (::rename(tmp_.c_str(), path_.c_str()) != 0)
-    fail("io", "cannot rename ", tmp_, " to ", path_, ": ", os_error());
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) fail("io", "cannot rename ", tmp_, " to ", path_, ": ", os_error());
   committed_ = true;
   fsync_dir(parent_dir(path_));
 }
@@ -96,8 +95,8 @@ std::string read_file(const std::string& path) {
   return out;
 }
 
-std::shared_ptr<const MappedFile> MappedFile::open(const std::string& path, const char* where,
-                                                   const std::string& fix, bool writable) {
+std::shared_ptr<const MappedFile> MappedFile::open(const std::string& path, const char* where, const std::string& fix,
+                                                   bool writable) {
   const std::string then = fix.empty() ? "" : "; " + fix;
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail(where, "cannot open ", path, ": ", os_error(), then);

@@ -52,7 +52,8 @@ bool verify_manifest(const std::string& dir, const std::string& format, int vers
     return fail_with(str_cat("manifest.json unreadable: ", e.what()));
   }
   try {
-    if (manifest.value("format", "") != format) return fail_with(str_cat("manifest.json is not a ", format, " manifest"));
+    if (manifest.value("format", "") != format)
+      return fail_with(str_cat("manifest.json is not a ", format, " manifest"));
     const int v = manifest.value("version", 0);
     if (v > version || v < (oldest_version > 0 ? oldest_version : version))
       return fail_with(str_cat("manifest version ", v, ", expected ",

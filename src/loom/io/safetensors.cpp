@@ -20,9 +20,8 @@ struct DTypeName {
   DType dtype;
   const char* name;
 };
-constexpr DTypeName kDTypes[] = {{DType::f32, "F32"}, {DType::f64, "F64"}, {DType::bf16, "BF16"},
-                                 {DType::f16, "F16"}, {DType::i32, "I32"}, {DType::i64, "I64"},
-                                 {DType::i8, "I8"},   {DType::u8, "U8"}};
+constexpr DTypeName kDTypes[] = {{DType::f32, "F32"}, {DType::f64, "F64"}, {DType::bf16, "BF16"}, {DType::f16, "F16"},
+                                 {DType::i32, "I32"}, {DType::i64, "I64"}, {DType::i8, "I8"},     {DType::u8, "U8"}};
 
 std::string supported_list() {
   std::string s;
@@ -71,34 +70,30 @@ std::string SafetensorsEntry::shape_str() const {
 // ---- writer ------------------------------------------------------------------------------
 
 void SafetensorsWriter::check_new_name(const std::string& name) const {
-  LOOM_CHECK(!name.empty() && name != "__metadata__", "safetensors", "tensor name '", name,
-             "' is reserved or empty");
-  for (const auto& it : items_)
-    LOOM_CHECK(it.name != name, "safetensors", "tensor '", name, "' added twice");
+  LOOM_CHECK(!name.empty() && name != "__metadata__", "safetensors", "tensor name '", name, "' is reserved or empty");
+  for (const auto& it : items_) LOOM_CHECK(it.name != name, "safetensors", "tensor '", name, "' added twice");
 }
 
 void SafetensorsWriter::add(const std::string& name, const Tensor& t) {
   check_new_name(name);
   LOOM_CHECK(t.defined(), "safetensors", "tensor '", name, "' is undefined");
-  LOOM_CHECK(t.device() == Device::cpu, "safetensors", "tensor '", name, "' lives on ",
-             device_name(t.device()), "; copy it to the host before saving");
+  LOOM_CHECK(t.device() == Device::cpu, "safetensors", "tensor '", name, "' lives on ", device_name(t.device()),
+             "; copy it to the host before saving");
   safetensors_dtype_name(t.dtype());  // throws for dtypes the format cannot name
   items_.push_back({name, t.dtype(), t.shape().to_vector(), t, {}});
 }
 
-void SafetensorsWriter::add(const std::string& name, DType dtype,
-                            const std::vector<int64_t>& shape, const void* bytes, size_t n_bytes) {
+void SafetensorsWriter::add(const std::string& name, DType dtype, const std::vector<int64_t>& shape, const void* bytes,
+                            size_t n_bytes) {
   check_new_name(name);
   uint64_t want = 0;
-  LOOM_CHECK(byte_size(shape, dtype, &want) && want == n_bytes, "safetensors", "tensor '", name,
-             "': ", n_bytes, " bytes given for ", dtype_name(dtype), " shape of ", want, " bytes");
+  LOOM_CHECK(byte_size(shape, dtype, &want) && want == n_bytes, "safetensors", "tensor '", name, "': ", n_bytes,
+             " bytes given for ", dtype_name(dtype), " shape of ", want, " bytes");
   safetensors_dtype_name(dtype);
   items_.push_back({name, dtype, shape, {}, std::string(static_cast<const char*>(bytes), n_bytes)});
 }
 
-void SafetensorsWriter::set_metadata(const std::string& key, const std::string& value) {
-  metadata_[key] = value;
-}
+void SafetensorsWriter::set_metadata(const std::string& key, const std::string& value) { metadata_[key] = value; }
 
 uint32_t SafetensorsWriter::write(const std::string& path) const {
   // Largest elements first keeps every tensor aligned to its element size without padding
@@ -114,9 +109,8 @@ uint32_t SafetensorsWriter::write(const std::string& path) const {
   uint64_t offset = 0;
   for (const Item* it : order) {
     const uint64_t n = it->tensor.defined() ? it->tensor.nbytes() : it->owned.size();
-    header[it->name] = {{"dtype", safetensors_dtype_name(it->dtype)},
-                        {"shape", it->shape},
-                        {"data_offsets", {offset, offset + n}}};
+    header[it->name] = {
+        {"dtype", safetensors_dtype_name(it->dtype)}, {"shape", it->shape}, {"data_offsets", {offset, offset + n}}};
     offset += n;
   }
   std::string text = header.dump();
@@ -149,10 +143,8 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= uint64_t(f.map_->data()[i]) << (8 * i);
   if (n > kMaxHeaderBytes)
-    bad("header length ", n, " is implausible (limit ", kMaxHeaderBytes,
-        "); not a safetensors file or a damaged one");
-  if (n > size - 8)
-    bad("header length ", n, " runs past the end of the ", size, "-byte file (file truncated?)");
+    bad("header length ", n, " is implausible (limit ", kMaxHeaderBytes, "); not a safetensors file or a damaged one");
+  if (n > size - 8) bad("header length ", n, " runs past the end of the ", size, "-byte file (file truncated?)");
   const char* text = reinterpret_cast<const char*>(f.map_->data() + 8);
   if (n == 0 || text[0] != '{') bad("header does not start with '{' (not a safetensors file?)");
   nlohmann::json header;
@@ -178,8 +170,7 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
     }
     SafetensorsEntry e;
     e.name = name;
-    if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") ||
-        !v.contains("data_offsets"))
+    if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets"))
       bad("tensor '", name, "' lacks dtype, shape or data_offsets");
     if (!v["dtype"].is_string()) bad("tensor '", name, "': dtype is not a string");
     const std::string dt = v["dtype"].get<std::string>();
@@ -187,25 +178,25 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
     for (const auto& d : kDTypes)
       if (dt == d.name) e.dtype = d.dtype, known = true;
     if (!known)
-      bad("tensor '", name, "' has dtype '", dt, "', which loom does not read (supported: ",
-          supported_list(), ")");
+      bad("tensor '", name, "' has dtype '", dt, "', which loom does not read (supported: ", supported_list(), ")");
     if (!v["shape"].is_array()) bad("tensor '", name, "': shape is not an array");
     for (const auto& d : v["shape"]) {
-      if (!d.is_number_unsigned()) bad("tensor '", name, "': shape ", v["shape"].dump(), " holds a non-integer or negative dimension");
+      if (!d.is_number_unsigned())
+        bad("tensor '", name, "': shape ", v["shape"].dump(), " holds a non-integer or negative dimension");
       e.shape.push_back(d.get<int64_t>());
     }
     const auto& off = v["data_offsets"];
-    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
-        !off[1].is_number_unsigned())
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
       bad("tensor '", name, "': data_offsets ", off.dump(), " is not a pair of byte offsets");
     e.begin = off[0].get<uint64_t>();
     e.end = off[1].get<uint64_t>();
-    if (e.end < e.begin) bad("tensor '", name, "' has data_offsets ", range_str(e.begin, e.end), " ending before they begin");
+    if (e.end < e.begin)
+      bad("tensor '", name, "' has data_offsets ", range_str(e.begin, e.end), " ending before they begin");
     uint64_t want = 0;
     if (!byte_size(e.shape, e.dtype, &want)) bad("tensor '", name, "': shape ", e.shape_str(), " overflows");
     if (e.end > data_size)
-      bad("tensor '", name, "' has data_offsets ", range_str(e.begin, e.end), " but the data section is ",
-          data_size, " bytes (file truncated?)");
+      bad("tensor '", name, "' has data_offsets ", range_str(e.begin, e.end), " but the data section is ", data_size,
+          " bytes (file truncated?)");
     if (e.end - e.begin != want)
       bad("tensor '", name, "' is ", dt, e.shape_str(), " = ", want, " bytes but its data_offsets ",
           range_str(e.begin, e.end), " span ", e.end - e.begin);
@@ -215,17 +206,15 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   // The format requires the tensors to tile the data section exactly: no overlap, no holes.
   std::vector<const SafetensorsEntry*> by_offset;
   for (const auto& e : f.entries_) by_offset.push_back(&e);
-  std::sort(by_offset.begin(), by_offset.end(), [](const auto* a, const auto* b) {
-    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
-  });
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](const auto* a, const auto* b) { return a->begin != b->begin ? a->begin < b->begin : a->end < b->end; });
   uint64_t covered = 0;
   const SafetensorsEntry* prev = nullptr;
   for (const auto* e : by_offset) {
     if (e->begin < covered)
       bad("tensors '", prev->name, "' ", range_str(prev->begin, prev->end), " and '", e->name, "' ",
           range_str(e->begin, e->end), " overlap");
-    if (e->begin > covered)
-      bad("bytes ", range_str(covered, e->begin), " of the data section belong to no tensor");
+    if (e->begin > covered) bad("bytes ", range_str(covered, e->begin), " of the data section belong to no tensor");
     covered = e->end;
     prev = e;
   }
@@ -233,8 +222,7 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
     bad("the data section is ", data_size, " bytes but the tensors cover ", covered,
         " (trailing bytes: file damaged or written by a broken tool)");
 
-  std::sort(f.entries_.begin(), f.entries_.end(),
-            [](const auto& a, const auto& b) { return a.name < b.name; });
+  std::sort(f.entries_.begin(), f.entries_.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
   for (size_t i = 0; i < f.entries_.size(); ++i) f.index_[f.entries_[i].name] = i;
   return f;
 }
@@ -248,15 +236,14 @@ std::vector<std::string> SafetensorsFile::names() const {
 const SafetensorsEntry& SafetensorsFile::entry(const std::string& name) const {
   auto it = index_.find(name);
   if (it == index_.end())
-    fail("safetensors", path(), ": no tensor named '", name, "' (the file holds ",
-         entries_.size(), " tensors)");
+    fail("safetensors", path(), ": no tensor named '", name, "' (the file holds ", entries_.size(), " tensors)");
   return entries_[it->second];
 }
 
 Tensor SafetensorsFile::get(const std::string& name) const {
   const SafetensorsEntry& e = entry(name);
-  LOOM_CHECK(int(e.shape.size()) <= Shape::kMaxDims, "safetensors", path(), ": tensor '", name,
-             "' has ", e.shape.size(), " dimensions; loom tensors hold at most ", Shape::kMaxDims);
+  LOOM_CHECK(int(e.shape.size()) <= Shape::kMaxDims, "safetensors", path(), ": tensor '", name, "' has ",
+             e.shape.size(), " dimensions; loom tensors hold at most ", Shape::kMaxDims);
   const Shape shape(e.shape);
   const unsigned char* p = data(e);
   if (reinterpret_cast<uintptr_t>(p) % dtype_size(e.dtype) != 0) {

@@ -22,7 +22,7 @@ DType safetensors_dtype_from_name(const std::string& name);
 struct SafetensorsEntry {
   std::string name;
   DType dtype = DType::f32;
-  std::vector<int64_t> shape;  // any rank; get() needs <= Shape::kMaxDims
+  std::vector<int64_t> shape;   // any rank; get() needs <= Shape::kMaxDims
   uint64_t begin = 0, end = 0;  // byte range within the data section
   int64_t numel() const;
   std::string shape_str() const;  // "[2, 3]"
@@ -35,8 +35,7 @@ class SafetensorsWriter {
   // Shares t's storage (no copy): the bytes written are those t holds when write() runs.
   void add(const std::string& name, const Tensor& t);
   // Copies `bytes`, which must be numel(shape) * dtype_size(dtype) long.
-  void add(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
-           const void* bytes, size_t n_bytes);
+  void add(const std::string& name, DType dtype, const std::vector<int64_t>& shape, const void* bytes, size_t n_bytes);
   void set_metadata(const std::string& key, const std::string& value);
   size_t size() const { return items_.size(); }
   // Writes to "<path>.tmp.<pid>" and renames; returns the file's CRC32C.

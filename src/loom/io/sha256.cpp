@@ -17,7 +17,8 @@ namespace {
 class Sha256 {
  public:
   Sha256() : ctx_(EVP_MD_CTX_new(), EVP_MD_CTX_free) {
-    LOOM_CHECK(ctx_ && EVP_DigestInit_ex(ctx_.get(), EVP_sha256(), nullptr) == 1, "io", "SHA-256 is unavailable in libcrypto");
+    LOOM_CHECK(ctx_ && EVP_DigestInit_ex(ctx_.get(), EVP_sha256(), nullptr) == 1, "io",
+               "SHA-256 is unavailable in libcrypto");
   }
   void update(const void* data, size_t n) { EVP_DigestUpdate(ctx_.get(), data, n); }
   std::string hex() {

@@ -59,15 +59,12 @@ std::string px(double v) {
 }
 
 // <line> and <text> in panel pixels; `attrs` is written as is, `content` escaped.
-void line(std::ostringstream& os, double x1, double y1, double x2, double y2,
-          std::string_view attrs) {
-  os << "<line x1=\"" << px(x1) << "\" y1=\"" << px(y1) << "\" x2=\"" << px(x2) << "\" y2=\""
-     << px(y2) << "\" " << attrs << "/>\n";
+void line(std::ostringstream& os, double x1, double y1, double x2, double y2, std::string_view attrs) {
+  os << "<line x1=\"" << px(x1) << "\" y1=\"" << px(y1) << "\" x2=\"" << px(x2) << "\" y2=\"" << px(y2) << "\" "
+     << attrs << "/>\n";
 }
-void text(std::ostringstream& os, double x, double y, std::string_view attrs,
-          std::string_view content) {
-  os << "<text x=\"" << px(x) << "\" y=\"" << px(y) << "\" " << attrs << ">" << xml_escape(content)
-     << "</text>\n";
+void text(std::ostringstream& os, double x, double y, std::string_view attrs, std::string_view content) {
+  os << "<text x=\"" << px(x) << "\" y=\"" << px(y) << "\" " << attrs << ">" << xml_escape(content) << "</text>\n";
 }
 std::string fill(const char* colour) { return std::string("fill=\"") + colour + "\""; }
 
@@ -92,16 +89,13 @@ Axis make_axis(double lo, double hi) {
   return a;
 }
 
-bool finite_point(const PlotSeries& s, size_t i) {
-  return std::isfinite(s.x[i]) && std::isfinite(s.y[i]);
-}
+bool finite_point(const PlotSeries& s, size_t i) { return std::isfinite(s.x[i]) && std::isfinite(s.y[i]); }
 
 void check_series(const PlotPanel& p, const PlotSeries& s) {
-  LOOM_CHECK(s.x.size() == s.y.size(), "svg", "panel '", p.title, "' series '", s.name, "': x has ",
-             s.x.size(), " values but y has ", s.y.size(), "; give one y per x");
-  LOOM_CHECK(s.labels.empty() || s.labels.size() == s.x.size(), "svg", "panel '", p.title,
-             "' series '", s.name, "': ", s.labels.size(), " labels for ", s.x.size(),
-             " points; give one label per point or none");
+  LOOM_CHECK(s.x.size() == s.y.size(), "svg", "panel '", p.title, "' series '", s.name, "': x has ", s.x.size(),
+             " values but y has ", s.y.size(), "; give one y per x");
+  LOOM_CHECK(s.labels.empty() || s.labels.size() == s.x.size(), "svg", "panel '", p.title, "' series '", s.name,
+             "': ", s.labels.size(), " labels for ", s.x.size(), " points; give one label per point or none");
 }
 
 // The legend goes in the inside corner of the plot area with the least ink (pixels carrying
@@ -115,21 +109,19 @@ void draw_legend(std::ostringstream& os, const std::vector<PlotSeries>& series,
   const double right = kLeft + kPlotW - w - 6, bottom = kTop + kPlotH - h - 6;
   double lx = 0, ly = 0;
   size_t least = SIZE_MAX;
-  for (auto [cx, cy] :
-       {std::pair{right, kTop + 6}, {kLeft + 6, kTop + 6}, {right, bottom}, {kLeft + 6, bottom}}) {
+  for (auto [cx, cy] : {std::pair{right, kTop + 6}, {kLeft + 6, kTop + 6}, {right, bottom}, {kLeft + 6, bottom}}) {
     const size_t n = size_t(std::count_if(ink.begin(), ink.end(), [&](auto q) {
       return q.first > cx - 4 && q.first < cx + w + 4 && q.second > cy - 4 && q.second < cy + h + 4;
     }));
     if (n < least) least = n, lx = cx, ly = cy;
   }
-  os << "<rect class=\"legend\" x=\"" << px(lx) << "\" y=\"" << px(ly) << "\" width=\"" << px(w)
-     << "\" height=\"" << px(h) << "\" fill=\"white\" fill-opacity=\"0.85\" stroke=\"#ccc\"/>\n";
+  os << "<rect class=\"legend\" x=\"" << px(lx) << "\" y=\"" << px(ly) << "\" width=\"" << px(w) << "\" height=\""
+     << px(h) << "\" fill=\"white\" fill-opacity=\"0.85\" stroke=\"#ccc\"/>\n";
   for (size_t k = 0; k < series.size(); ++k) {
     const char* colour = kColours[k % std::size(kColours)];
     const double cy = ly + 12 + 16 * double(k);
     line(os, lx + 6, cy, lx + 24, cy, str_cat("stroke=\"", colour, "\" stroke-width=\"2\""));
-    os << "<circle cx=\"" << px(lx + 15) << "\" cy=\"" << px(cy) << "\" r=\"3\" " << fill(colour)
-       << "/>\n";
+    os << "<circle cx=\"" << px(lx + 15) << "\" cy=\"" << px(cy) << "\" r=\"3\" " << fill(colour) << "/>\n";
     text(os, lx + 30, cy, "dy=\"4\" font-size=\"11\"", series[k].name);
   }
 }
@@ -154,8 +146,7 @@ void draw_panel(std::ostringstream& os, const PlotPanel& p, double ox, double oy
   // Pixels that carry ink, for draw_legend; lines and text are sampled along their length.
   std::vector<std::pair<double, double>> ink;
   auto ink_line = [&](double x0, double y0, double x1, double y1) {
-    for (int t = 0; t <= 16; ++t)
-      ink.emplace_back(x0 + (x1 - x0) * t / 16, y0 + (y1 - y0) * t / 16);
+    for (int t = 0; t <= 16; ++t) ink.emplace_back(x0 + (x1 - x0) * t / 16, y0 + (y1 - y0) * t / 16);
   };
 
   os << "<g transform=\"translate(" << px(ox) << " " << px(oy) << ")\">\n";
@@ -168,8 +159,8 @@ void draw_panel(std::ostringstream& os, const PlotPanel& p, double ox, double oy
     line(os, left, Y(t), right, Y(t), "stroke=\"#e0e0e0\"");
     text(os, left - 6, Y(t), "dy=\"4\" text-anchor=\"end\" font-size=\"11\"", tick_label(t));
   }
-  os << "<rect class=\"plot-area\" x=\"" << px(left) << "\" y=\"" << px(top) << "\" width=\""
-     << px(kPlotW) << "\" height=\"" << px(kPlotH) << "\" fill=\"none\" stroke=\"#333\"/>\n";
+  os << "<rect class=\"plot-area\" x=\"" << px(left) << "\" y=\"" << px(top) << "\" width=\"" << px(kPlotW)
+     << "\" height=\"" << px(kPlotH) << "\" fill=\"none\" stroke=\"#333\"/>\n";
   text(os, left + kPlotW / 2, kPanelH - 10, "text-anchor=\"middle\" font-size=\"12\"", p.x_label);
   const double mid_y = top + kPlotH / 2;
   text(os, 16, mid_y,
@@ -203,8 +194,8 @@ void draw_panel(std::ostringstream& os, const PlotPanel& p, double ox, double oy
     }
     for (size_t i : drawn) {
       const double cx = X(s.x[i]), cy = Y(s.y[i]);
-      os << "<circle class=\"point\" cx=\"" << px(cx) << "\" cy=\"" << px(cy) << "\" r=\"3.5\" "
-         << fill(colour) << "/>\n";
+      os << "<circle class=\"point\" cx=\"" << px(cx) << "\" cy=\"" << px(cy) << "\" r=\"3.5\" " << fill(colour)
+         << "/>\n";
       ink.emplace_back(cx, cy);
       if (s.labels.empty() || s.labels[i].empty()) continue;
       text(os, cx + 5, cy - 5, "font-size=\"10\" " + fill(colour), s.labels[i]);
@@ -212,8 +203,7 @@ void draw_panel(std::ostringstream& os, const PlotPanel& p, double ox, double oy
     }
   }
   if (!any_point) {
-    text(os, left + kPlotW / 2, top + kPlotH / 2,
-         "text-anchor=\"middle\" font-size=\"14\" fill=\"#888\"", "no data");
+    text(os, left + kPlotW / 2, top + kPlotH / 2, "text-anchor=\"middle\" font-size=\"14\" fill=\"#888\"", "no data");
   }
   draw_legend(os, p.series, ink);
   os << "</g>\n";
@@ -223,8 +213,7 @@ void draw_panel(std::ostringstream& os, const PlotPanel& p, double ox, double oy
 
 std::vector<double> nice_ticks(double lo, double hi, int max_ticks) {
   LOOM_CHECK(std::isfinite(lo) && std::isfinite(hi) && lo < hi && std::isfinite(hi - lo), "svg",
-             "nice_ticks needs a finite range lo < hi, got [", lo, ", ", hi,
-             "]; pad a flat range first");
+             "nice_ticks needs a finite range lo < hi, got [", lo, ", ", hi, "]; pad a flat range first");
   LOOM_CHECK(max_ticks >= 3, "svg", "nice_ticks needs max_ticks >= 3, got ", max_ticks);
   // No step below span / (max_ticks - 1) can fit, so start in its decade and take the first
   // 1/2/5 step that does; a step as wide as the range fits in 3 ticks, so the loop ends.
@@ -251,24 +240,21 @@ std::string svg_plot(const std::string& title, const std::vector<PlotPanel>& pan
   const double width = kPanelW * double(std::max<size_t>(1, panels.size()));
   const double height = kTitleH + kPanelH;
   std::ostringstream os;
-  os << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << px(width) << "\" height=\""
-     << px(height) << "\" viewBox=\"0 0 " << px(width) << " " << px(height)
+  os << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << px(width) << "\" height=\"" << px(height)
+     << "\" viewBox=\"0 0 " << px(width) << " " << px(height)
      << "\" font-family=\"sans-serif\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
   text(os, width / 2, 24, "text-anchor=\"middle\" font-size=\"16\" font-weight=\"bold\"", title);
-  for (size_t k = 0; k < panels.size(); ++k)
-    draw_panel(os, panels[k], kPanelW * double(k), kTitleH);
+  for (size_t k = 0; k < panels.size(); ++k) draw_panel(os, panels[k], kPanelW * double(k), kTitleH);
   os << "</svg>\n";
   return os.str();
 }
 
-void write_svg_plot(const std::string& path, const std::string& title,
-                    const std::vector<PlotPanel>& panels) {
+void write_svg_plot(const std::string& path, const std::string& title, const std::vector<PlotPanel>& panels) {
   const std::string doc = svg_plot(title, panels);
   try {
     write_file_atomic(path, doc);
   } catch (const Error& e) {
-    fail("svg", "cannot write plot ", path, ": ", e.what(),
-         "; check that the directory exists and is writable");
+    fail("svg", "cannot write plot ", path, ": ", e.what(), "; check that the directory exists and is writable");
   }
 }
 

@@ -13,7 +13,7 @@ struct PlotSeries {
   std::string name;                 // legend entry
   std::vector<double> x, y;         // same length; points with a non-finite x or y are skipped
   std::vector<std::string> labels;  // empty, or one short label per point drawn beside it
-  bool line = true;  // join the drawn points in the given order, besides marking them
+  bool line = true;                 // join the drawn points in the given order, besides marking them
 };
 
 struct PlotPanel {
@@ -41,7 +41,6 @@ std::string xml_escape(std::string_view s);
 std::string svg_plot(const std::string& title, const std::vector<PlotPanel>& panels);
 
 // svg_plot written atomically to `path`; throws "[svg] cannot write plot <path>: ..." on failure.
-void write_svg_plot(const std::string& path, const std::string& title,
-                    const std::vector<PlotPanel>& panels);
+void write_svg_plot(const std::string& path, const std::string& title, const std::vector<PlotPanel>& panels);
 
 }  // namespace loom::io

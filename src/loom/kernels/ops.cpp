@@ -18,8 +18,7 @@ void dispatch_float(const char* op, DType dt, F&& f) {
 void same_dtype(const char* op, const Tensor& ref, std::initializer_list<const Tensor*> ts) {
   for (const Tensor* t : ts)
     if (t->defined())
-      LOOM_CHECK(t->dtype() == ref.dtype(), op, "dtype mismatch: ", ref.describe(), " vs ",
-                 t->describe());
+      LOOM_CHECK(t->dtype() == ref.dtype(), op, "dtype mismatch: ", ref.describe(), " vs ", t->describe());
 }
 
 void want_shape(const char* op, const char* name, const Tensor& t, const Shape& s) {
@@ -29,8 +28,8 @@ void want_shape(const char* op, const char* name, const Tensor& t, const Shape& 
 
 void want_numel(const char* op, const char* name, const Tensor& t, int64_t n) {
   LOOM_CHECK(t.defined(), op, name, " is undefined");
-  LOOM_CHECK(t.numel() == n, op, name, " has shape ", t.shape().str(), " (", t.numel(),
-             " elements), expected ", n, " elements");
+  LOOM_CHECK(t.numel() == n, op, name, " has shape ", t.shape().str(), " (", t.numel(), " elements), expected ", n,
+             " elements");
 }
 
 bool on_cuda(std::initializer_list<const Tensor*> ts) {
@@ -39,7 +38,10 @@ bool on_cuda(std::initializer_list<const Tensor*> ts) {
   return any;
 }
 
-template <class T> T* ptr(const Tensor& t) { return t.defined() ? t.data<T>() : nullptr; }
+template <class T>
+T* ptr(const Tensor& t) {
+  return t.defined() ? t.data<T>() : nullptr;
+}
 
 int64_t rows_of(const Tensor& t) { return t.ndim() <= 1 ? 1 : t.numel() / t.size(-1); }
 
@@ -50,13 +52,12 @@ void check_precision(const char* op, const Tensor& t, ProductPrecision prec) {
 
 }  // namespace
 
-void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
-                    ProductPrecision prec) {
+void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y, ProductPrecision prec) {
   const char* op = "linear";
   LOOM_CHECK(w.ndim() == 2, op, "weight must be 2-D [out, in], got ", w.describe());
   const int64_t O = w.size(0), I = w.size(1);
-  LOOM_CHECK(x.ndim() >= 1 && x.size(-1) == I, op, "input ", x.shape().str(),
-             " does not match weight ", w.shape().str(), " (last dim must be ", I, ")");
+  LOOM_CHECK(x.ndim() >= 1 && x.size(-1) == I, op, "input ", x.shape().str(), " does not match weight ",
+             w.shape().str(), " (last dim must be ", I, ")");
   const int64_t N = rows_of(x);
   want_numel(op, "output", y, N * O);
   if (b.defined()) want_shape(op, "bias", b, {O});
@@ -68,8 +69,8 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Ten
   });
 }
 
-void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& dx,
-                     const Tensor& dw, const Tensor& db, bool accumulate_dx, ProductPrecision prec) {
+void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& dx, const Tensor& dw,
+                     const Tensor& db, bool accumulate_dx, ProductPrecision prec) {
   const char* op = "linear_backward";
   LOOM_CHECK(w.ndim() == 2, op, "weight must be 2-D [out, in], got ", w.describe());
   const int64_t O = w.size(0), I = w.size(1);
@@ -82,13 +83,12 @@ void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const T
   same_dtype(op, x, {&dy, &w, &dx, &dw, &db});
   check_precision(op, x, prec);
   dispatch_float(op, x.dtype(), [&]<class T>() {
-    cpu::linear_backward<T>(dy.data<T>(), x.data<T>(), w.data<T>(), ptr<T>(dx), ptr<T>(dw),
-                            ptr<T>(db), N, I, O, accumulate_dx, prec);
+    cpu::linear_backward<T>(dy.data<T>(), x.data<T>(), w.data<T>(), ptr<T>(dx), ptr<T>(dw), ptr<T>(db), N, I, O,
+                            accumulate_dx, prec);
   });
 }
 
-void embedding_forward(const Tensor& tok, const Tensor& pos, const Tensor& wte, const Tensor& wpe,
-                       const Tensor& out) {
+void embedding_forward(const Tensor& tok, const Tensor& pos, const Tensor& wte, const Tensor& wpe, const Tensor& out) {
   const char* op = "embedding";
   tok.check_dtype(DType::i32, op);
   const int64_t N = tok.numel(), C = wte.size(-1), V = wte.size(0);
@@ -101,36 +101,35 @@ void embedding_forward(const Tensor& tok, const Tensor& pos, const Tensor& wte, 
   }
   const int32_t* t = tok.data<int32_t>();
   for (int64_t i = 0; i < N; ++i)
-    LOOM_CHECK(t[i] >= 0 && t[i] < V, op, "token id ", t[i], " at position ", i,
-               " is outside the vocabulary [0, ", V, ")");
+    LOOM_CHECK(t[i] >= 0 && t[i] < V, op, "token id ", t[i], " at position ", i, " is outside the vocabulary [0, ", V,
+               ")");
   if (wpe.defined()) {
     const int32_t* p = pos.data<int32_t>();
     for (int64_t i = 0; i < N; ++i)
-      LOOM_CHECK(p[i] >= 0 && p[i] < wpe.size(0), op, "position ", p[i], " is outside [0, ",
-                 wpe.size(0), "): the sequence is longer than the model's context");
+      LOOM_CHECK(p[i] >= 0 && p[i] < wpe.size(0), op, "position ", p[i], " is outside [0, ", wpe.size(0),
+                 "): the sequence is longer than the model's context");
   }
   same_dtype(op, wte, {&wpe, &out});
   dispatch_float(op, wte.dtype(), [&]<class T>() {
-    cpu::embedding_forward<T>(t, wpe.defined() ? pos.data<int32_t>() : nullptr, wte.data<T>(),
-                              ptr<T>(wpe), out.data<T>(), N, C);
+    cpu::embedding_forward<T>(t, wpe.defined() ? pos.data<int32_t>() : nullptr, wte.data<T>(), ptr<T>(wpe),
+                              out.data<T>(), N, C);
   });
 }
 
-void embedding_backward(const Tensor& tok, const Tensor& pos, const Tensor& dout,
-                        const Tensor& dwte, const Tensor& dwpe) {
+void embedding_backward(const Tensor& tok, const Tensor& pos, const Tensor& dout, const Tensor& dwte,
+                        const Tensor& dwpe) {
   const char* op = "embedding_backward";
   const int64_t N = tok.numel(), C = dwte.size(-1);
   want_numel(op, "grad output", dout, N * C);
   same_dtype(op, dout, {&dwte, &dwpe});
   dispatch_float(op, dout.dtype(), [&]<class T>() {
-    cpu::embedding_backward<T>(tok.data<int32_t>(), dwpe.defined() ? pos.data<int32_t>() : nullptr,
-                               dout.data<T>(), dwte.data<T>(), ptr<T>(dwpe), N, C, dwte.size(0),
-                               dwpe.defined() ? dwpe.size(0) : 0);
+    cpu::embedding_backward<T>(tok.data<int32_t>(), dwpe.defined() ? pos.data<int32_t>() : nullptr, dout.data<T>(),
+                               dwte.data<T>(), ptr<T>(dwpe), N, C, dwte.size(0), dwpe.defined() ? dwpe.size(0) : 0);
   });
 }
 
-void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
-                       const Tensor& mean, const Tensor& rstd, double eps) {
+void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y, const Tensor& mean,
+                       const Tensor& rstd, double eps) {
   const char* op = "layernorm";
   const int64_t C = x.size(-1), N = rows_of(x);
   want_shape(op, "weight", w, {C});
@@ -140,14 +139,13 @@ void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, const 
   want_numel(op, "rstd", rstd, N);
   same_dtype(op, x, {&w, &b, &y, &mean, &rstd});
   dispatch_float(op, x.dtype(), [&]<class T>() {
-    cpu::layernorm_forward<T>(x.data<T>(), w.data<T>(), ptr<T>(b), y.data<T>(), mean.data<T>(),
-                              rstd.data<T>(), N, C, eps);
+    cpu::layernorm_forward<T>(x.data<T>(), w.data<T>(), ptr<T>(b), y.data<T>(), mean.data<T>(), rstd.data<T>(), N, C,
+                              eps);
   });
 }
 
-void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
-                        const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db,
-                        bool accumulate_dx) {
+void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                        const Tensor& dx, const Tensor& dw, const Tensor& db, bool accumulate_dx) {
   const char* op = "layernorm_backward";
   const int64_t C = x.size(-1), N = rows_of(x);
   want_numel(op, "grad output", dy, N * C);
@@ -156,14 +154,12 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, cons
   if (db.defined()) want_shape(op, "grad bias", db, {C});
   same_dtype(op, x, {&dy, &w, &mean, &rstd, &dx, &dw, &db});
   dispatch_float(op, x.dtype(), [&]<class T>() {
-    cpu::layernorm_backward<T>(dy.data<T>(), x.data<T>(), w.data<T>(), mean.data<T>(),
-                               rstd.data<T>(), ptr<T>(dx), ptr<T>(dw), ptr<T>(db), N, C,
-                               accumulate_dx);
+    cpu::layernorm_backward<T>(dy.data<T>(), x.data<T>(), w.data<T>(), mean.data<T>(), rstd.data<T>(), ptr<T>(dx),
+                               ptr<T>(dw), ptr<T>(db), N, C, accumulate_dx);
   });
 }
 
-void rmsnorm_forward(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd,
-                     double eps) {
+void rmsnorm_forward(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd, double eps) {
   const char* op = "rmsnorm";
   const int64_t C = x.size(-1), N = rows_of(x);
   want_shape(op, "weight", w, {C});
@@ -175,8 +171,8 @@ void rmsnorm_forward(const Tensor& x, const Tensor& w, const Tensor& y, const Te
   });
 }
 
-void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
-                      const Tensor& dx, const Tensor& dw, bool accumulate_dx) {
+void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
+                      const Tensor& dw, bool accumulate_dx) {
   const char* op = "rmsnorm_backward";
   const int64_t C = x.size(-1), N = rows_of(x);
   want_numel(op, "grad output", dy, N * C);
@@ -184,8 +180,8 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const 
   if (dw.defined()) want_shape(op, "grad weight", dw, {C});
   same_dtype(op, x, {&dy, &w, &rstd, &dx, &dw});
   dispatch_float(op, x.dtype(), [&]<class T>() {
-    cpu::rmsnorm_backward<T>(dy.data<T>(), x.data<T>(), w.data<T>(), rstd.data<T>(), ptr<T>(dx),
-                             ptr<T>(dw), N, C, accumulate_dx);
+    cpu::rmsnorm_backward<T>(dy.data<T>(), x.data<T>(), w.data<T>(), rstd.data<T>(), ptr<T>(dx), ptr<T>(dw), N, C,
+                             accumulate_dx);
   });
 }
 
@@ -193,28 +189,24 @@ void gelu_forward(const Tensor& x, const Tensor& y) {
   want_numel("gelu", "output", y, x.numel());
   same_dtype("gelu", x, {&y});
   if (on_cuda({&x, &y})) return cuda::gelu_forward(x, y);
-  dispatch_float("gelu", x.dtype(),
-                 [&]<class T>() { cpu::gelu_forward<T>(x.data<T>(), y.data<T>(), x.numel()); });
+  dispatch_float("gelu", x.dtype(), [&]<class T>() { cpu::gelu_forward<T>(x.data<T>(), y.data<T>(), x.numel()); });
 }
 
 void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   want_numel("gelu_backward", "grad output", dy, x.numel());
   want_numel("gelu_backward", "grad input", dx, x.numel());
   same_dtype("gelu_backward", x, {&dy, &dx});
-  dispatch_float("gelu_backward", x.dtype(), [&]<class T>() {
-    cpu::gelu_backward<T>(x.data<T>(), dy.data<T>(), dx.data<T>(), x.numel());
-  });
+  dispatch_float("gelu_backward", x.dtype(),
+                 [&]<class T>() { cpu::gelu_backward<T>(x.data<T>(), dy.data<T>(), dx.data<T>(), x.numel()); });
 }
 
 void swiglu_forward(const Tensor& in, const Tensor& out) {
   const char* op = "swiglu";
-  LOOM_CHECK(in.size(-1) % 2 == 0, op, "input last dim must be even ([gate | up]), got ",
-             in.shape().str());
+  LOOM_CHECK(in.size(-1) % 2 == 0, op, "input last dim must be even ([gate | up]), got ", in.shape().str());
   const int64_t F = in.size(-1) / 2, N = rows_of(in);
   want_numel(op, "output", out, N * F);
   same_dtype(op, in, {&out});
-  dispatch_float(op, in.dtype(),
-                 [&]<class T>() { cpu::swiglu_forward<T>(in.data<T>(), out.data<T>(), N, F); });
+  dispatch_float(op, in.dtype(), [&]<class T>() { cpu::swiglu_forward<T>(in.data<T>(), out.data<T>(), N, F); });
 }
 
 void swiglu_backward(const Tensor& in, const Tensor& dout, const Tensor& din) {
@@ -223,35 +215,31 @@ void swiglu_backward(const Tensor& in, const Tensor& dout, const Tensor& din) {
   want_numel(op, "grad output", dout, N * F);
   want_numel(op, "grad input", din, N * 2 * F);
   same_dtype(op, in, {&dout, &din});
-  dispatch_float(op, in.dtype(), [&]<class T>() {
-    cpu::swiglu_backward<T>(in.data<T>(), dout.data<T>(), din.data<T>(), N, F);
-  });
+  dispatch_float(op, in.dtype(),
+                 [&]<class T>() { cpu::swiglu_backward<T>(in.data<T>(), dout.data<T>(), din.data<T>(), N, F); });
 }
 
 void add_forward(const Tensor& a, const Tensor& b, const Tensor& out) {
-  LOOM_CHECK(a.numel() == b.numel() && a.numel() == out.numel(), "add", "shape mismatch: ",
-             a.shape().str(), " + ", b.shape().str(), " -> ", out.shape().str());
+  LOOM_CHECK(a.numel() == b.numel() && a.numel() == out.numel(), "add", "shape mismatch: ", a.shape().str(), " + ",
+             b.shape().str(), " -> ", out.shape().str());
   same_dtype("add", a, {&b, &out});
-  dispatch_float("add", a.dtype(), [&]<class T>() {
-    cpu::add_forward<T>(a.data<T>(), b.data<T>(), out.data<T>(), a.numel());
-  });
+  dispatch_float("add", a.dtype(),
+                 [&]<class T>() { cpu::add_forward<T>(a.data<T>(), b.data<T>(), out.data<T>(), a.numel()); });
 }
 
 void add_inplace(const Tensor& acc, const Tensor& x) {
-  LOOM_CHECK(acc.numel() == x.numel(), "add", "shape mismatch: ", acc.shape().str(), " += ",
-             x.shape().str());
+  LOOM_CHECK(acc.numel() == x.numel(), "add", "shape mismatch: ", acc.shape().str(), " += ", x.shape().str());
   same_dtype("add", acc, {&x});
-  dispatch_float("add", acc.dtype(),
-                 [&]<class T>() { cpu::add_inplace<T>(acc.data<T>(), x.data<T>(), acc.numel()); });
+  dispatch_float("add", acc.dtype(), [&]<class T>() { cpu::add_inplace<T>(acc.data<T>(), x.data<T>(), acc.numel()); });
 }
 
-void rope_apply(const Tensor& x, int64_t col0, int64_t n_heads, int64_t D, const Tensor& pos,
-                double theta, bool inverse) {
+void rope_apply(const Tensor& x, int64_t col0, int64_t n_heads, int64_t D, const Tensor& pos, double theta,
+                bool inverse) {
   const char* op = "rope";
   LOOM_CHECK(D % 2 == 0, op, "head dim ", D, " must be even");
   const int64_t W = x.size(-1), N = rows_of(x);
-  LOOM_CHECK(col0 >= 0 && col0 + n_heads * D <= W, op, "heads [", col0, ", ", col0 + n_heads * D,
-             ") exceed row width ", W, " of ", x.shape().str());
+  LOOM_CHECK(col0 >= 0 && col0 + n_heads * D <= W, op, "heads [", col0, ", ", col0 + n_heads * D, ") exceed row width ",
+             W, " of ", x.shape().str());
   pos.check_dtype(DType::i32, op);
   want_numel(op, "positions", pos, N);
   dispatch_float(op, x.dtype(), [&]<class T>() {
@@ -259,12 +247,10 @@ void rope_apply(const Tensor& x, int64_t col0, int64_t n_heads, int64_t D, const
   });
 }
 
-static void check_attention(const char* op, const Tensor& qkv, const Tensor& out,
-                            const Tensor& lse, int64_t H, int64_t KVH, int64_t& B, int64_t& T,
-                            int64_t& D) {
+static void check_attention(const char* op, const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t H,
+                            int64_t KVH, int64_t& B, int64_t& T, int64_t& D) {
   LOOM_CHECK(qkv.ndim() == 3, op, "qkv must be [B, T, (H + 2 KVH) D], got ", qkv.describe());
-  LOOM_CHECK(H > 0 && KVH > 0 && H % KVH == 0, op, "n_head=", H,
-             " must be a positive multiple of n_kv_head=", KVH);
+  LOOM_CHECK(H > 0 && KVH > 0 && H % KVH == 0, op, "n_head=", H, " must be a positive multiple of n_kv_head=", KVH);
   B = qkv.size(0);
   T = qkv.size(1);
   LOOM_CHECK(qkv.size(2) % (H + 2 * KVH) == 0, op, "qkv width ", qkv.size(2),
@@ -275,8 +261,7 @@ static void check_attention(const char* op, const Tensor& qkv, const Tensor& out
   same_dtype(op, qkv, {&out, &lse});
 }
 
-void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t H,
-                       int64_t KVH) {
+void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t H, int64_t KVH) {
   int64_t B, T, D;
   check_attention("attention", qkv, out, lse, H, KVH, B, T, D);
   dispatch_float("attention", qkv.dtype(), [&]<class T_>() {
@@ -284,57 +269,53 @@ void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, 
   });
 }
 
-void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout,
-                        const Tensor& lse, const Tensor& dqkv, int64_t H, int64_t KVH) {
+void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout, const Tensor& lse, const Tensor& dqkv,
+                        int64_t H, int64_t KVH) {
   int64_t B, T, D;
   check_attention("attention_backward", qkv, out, lse, H, KVH, B, T, D);
   want_shape("attention_backward", "grad output", dout, out.shape());
   want_shape("attention_backward", "grad qkv", dqkv, qkv.shape());
   same_dtype("attention_backward", qkv, {&dout, &dqkv});
   dispatch_float("attention_backward", qkv.dtype(), [&]<class T_>() {
-    cpu::attention_backward<T_>(qkv.data<T_>(), out.data<T_>(), dout.data<T_>(), lse.data<T_>(),
-                                dqkv.data<T_>(), B, T, H, KVH, D);
+    cpu::attention_backward<T_>(qkv.data<T_>(), out.data<T_>(), dout.data<T_>(), lse.data<T_>(), dqkv.data<T_>(), B, T,
+                                H, KVH, D);
   });
 }
 
-void lm_head_xent(const Tensor& x, const Tensor& w, const Tensor& targets, const Tensor& loss,
-                  const Tensor& dx, const Tensor& dw, double grad_scale, int64_t chunk,
-                  const Tensor& workspace, ProductPrecision prec) {
+void lm_head_xent(const Tensor& x, const Tensor& w, const Tensor& targets, const Tensor& loss, const Tensor& dx,
+                  const Tensor& dw, double grad_scale, int64_t chunk, const Tensor& workspace, ProductPrecision prec) {
   const char* op = "cross_entropy";
   LOOM_CHECK(w.ndim() == 2, op, "head weight must be [V, C], got ", w.describe());
   const int64_t V = w.size(0), C = w.size(1), N = rows_of(x);
-  LOOM_CHECK(x.size(-1) == C, op, "hidden ", x.shape().str(), " does not match head ",
-             w.shape().str());
+  LOOM_CHECK(x.size(-1) == C, op, "hidden ", x.shape().str(), " does not match head ", w.shape().str());
   targets.check_dtype(DType::i32, op);
   want_numel(op, "targets", targets, N);
   want_numel(op, "loss", loss, N);
   if (dx.defined()) want_numel(op, "grad input", dx, N * C);
   if (dw.defined()) want_shape(op, "grad head", dw, w.shape());
   LOOM_CHECK(chunk > 0, op, "chunk must be positive, got ", chunk);
-  LOOM_CHECK(workspace.numel() >= std::min(chunk, N) * V, op, "workspace of ",
-             workspace.numel(), " elements is smaller than chunk * V = ", std::min(chunk, N) * V);
+  LOOM_CHECK(workspace.numel() >= std::min(chunk, N) * V, op, "workspace of ", workspace.numel(),
+             " elements is smaller than chunk * V = ", std::min(chunk, N) * V);
   const int32_t* t = targets.data<int32_t>();
   for (int64_t i = 0; i < N; ++i)
-    LOOM_CHECK(t[i] < V, op, "target ", t[i], " at row ", i, " is outside the vocabulary [0, ",
-               V, ")");
+    LOOM_CHECK(t[i] < V, op, "target ", t[i], " at row ", i, " is outside the vocabulary [0, ", V, ")");
   same_dtype(op, x, {&w, &loss, &dx, &dw, &workspace});
   check_precision(op, x, prec);
   dispatch_float(op, x.dtype(), [&]<class T>() {
-    cpu::lm_head_xent<T>(x.data<T>(), w.data<T>(), t, loss.data<T>(), ptr<T>(dx), ptr<T>(dw), N,
-                         C, V, grad_scale, chunk, workspace.data<T>(), prec);
+    cpu::lm_head_xent<T>(x.data<T>(), w.data<T>(), t, loss.data<T>(), ptr<T>(dx), ptr<T>(dw), N, C, V, grad_scale,
+                         chunk, workspace.data<T>(), prec);
   });
 }
 
-void adamw_update(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
-                  const cpu::AdamWParams& h, double weight_decay) {
+void adamw_update(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const cpu::AdamWParams& h,
+                  double weight_decay) {
   const char* op = "adamw";
   want_numel(op, "grad", g, p.numel());
   want_numel(op, "exp_avg", m, p.numel());
   want_numel(op, "exp_avg_sq", v, p.numel());
   same_dtype(op, p, {&g, &m, &v});
   dispatch_float(op, p.dtype(), [&]<class T>() {
-    cpu::adamw_update<T>(p.data<T>(), g.data<T>(), m.data<T>(), v.data<T>(), p.numel(), h,
-                         weight_decay);
+    cpu::adamw_update<T>(p.data<T>(), g.data<T>(), m.data<T>(), v.data<T>(), p.numel(), h, weight_decay);
   });
 }
 

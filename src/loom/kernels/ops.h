@@ -14,25 +14,21 @@ using cpu::ProductPrecision;
 // y[N,O] = x[N,I] w[O,I]^T + b[O]
 void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
                     ProductPrecision prec = ProductPrecision::f32);
-void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& dx,
-                     const Tensor& dw, const Tensor& db, bool accumulate_dx = false,
-                     ProductPrecision prec = ProductPrecision::f32);
+void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& dx, const Tensor& dw,
+                     const Tensor& db, bool accumulate_dx = false, ProductPrecision prec = ProductPrecision::f32);
 
 // out[N,C] = wte[tok] + wpe[pos]; tok, pos: i32[N]; wpe may be undefined.
-void embedding_forward(const Tensor& tok, const Tensor& pos, const Tensor& wte, const Tensor& wpe,
-                       const Tensor& out);
-void embedding_backward(const Tensor& tok, const Tensor& pos, const Tensor& dout,
-                        const Tensor& dwte, const Tensor& dwpe);
+void embedding_forward(const Tensor& tok, const Tensor& pos, const Tensor& wte, const Tensor& wpe, const Tensor& out);
+void embedding_backward(const Tensor& tok, const Tensor& pos, const Tensor& dout, const Tensor& dwte,
+                        const Tensor& dwpe);
 
-void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
-                       const Tensor& mean, const Tensor& rstd, double eps = 1e-5);
-void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
-                        const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db,
-                        bool accumulate_dx = false);
-void rmsnorm_forward(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd,
-                     double eps = 1e-5);
-void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
-                      const Tensor& dx, const Tensor& dw, bool accumulate_dx = false);
+void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y, const Tensor& mean,
+                       const Tensor& rstd, double eps = 1e-5);
+void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                        const Tensor& dx, const Tensor& dw, const Tensor& db, bool accumulate_dx = false);
+void rmsnorm_forward(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd, double eps = 1e-5);
+void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
+                      const Tensor& dw, bool accumulate_dx = false);
 
 void gelu_forward(const Tensor& x, const Tensor& y);
 void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx);
@@ -43,22 +39,21 @@ void add_forward(const Tensor& a, const Tensor& b, const Tensor& out);
 void add_inplace(const Tensor& acc, const Tensor& x);
 
 // x[N, W] rows; heads [col0/D, col0/D + n_heads) rotated by pos[N] (i32).
-void rope_apply(const Tensor& x, int64_t col0, int64_t n_heads, int64_t head_dim,
-                const Tensor& pos, double theta, bool inverse);
+void rope_apply(const Tensor& x, int64_t col0, int64_t n_heads, int64_t head_dim, const Tensor& pos, double theta,
+                bool inverse);
 
 // qkv[B, T, (H + 2 KVH) D], out[B, T, H D], lse[B, H, T]
-void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t n_head,
-                       int64_t n_kv_head);
-void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout,
-                        const Tensor& lse, const Tensor& dqkv, int64_t n_head, int64_t n_kv_head);
+void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t n_head, int64_t n_kv_head);
+void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout, const Tensor& lse, const Tensor& dqkv,
+                        int64_t n_head, int64_t n_kv_head);
 
 // x[N, C], w[V, C], targets i32[N] (negative = ignored), loss[N]; dx/dw optional (fused
 // backward with dlogits scaled by grad_scale). workspace holds at least chunk * V elements.
-void lm_head_xent(const Tensor& x, const Tensor& w, const Tensor& targets, const Tensor& loss,
-                  const Tensor& dx, const Tensor& dw, double grad_scale, int64_t chunk,
-                  const Tensor& workspace, ProductPrecision prec = ProductPrecision::f32);
+void lm_head_xent(const Tensor& x, const Tensor& w, const Tensor& targets, const Tensor& loss, const Tensor& dx,
+                  const Tensor& dw, double grad_scale, int64_t chunk, const Tensor& workspace,
+                  ProductPrecision prec = ProductPrecision::f32);
 
-void adamw_update(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
-                  const cpu::AdamWParams& h, double weight_decay);
+void adamw_update(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const cpu::AdamWParams& h,
+                  double weight_decay);
 
 }  // namespace loom::ops

@@ -39,8 +39,8 @@ static Tensor& slot_of(BlockWeights& w, const BlockParamSpec& spec) {
   fail("params", "unknown block slot ", int(spec.slot), " of ", spec.suffix);
 }
 
-BlockWeights block_weights(const ModelConfig& cfg, const ParamLayout& layout, const Tensor& flat,
-                           int l, int64_t base, const Tensor& expert_flat, int64_t expert_base) {
+BlockWeights block_weights(const ModelConfig& cfg, const ParamLayout& layout, const Tensor& flat, int l, int64_t base,
+                           const Tensor& expert_flat, int64_t expert_base) {
   // Each slot is one parameter, or consecutive adjacent ones bound as one fused view spanning
   // their rows (q|k|v, gate|up, w1|w3).
   const std::string p = layout.block_prefix(l);
@@ -64,8 +64,9 @@ BlockWeights block_weights(const ModelConfig& cfg, const ParamLayout& layout, co
     }
     const Shape fused = first.shape.ndim() == 1 ? Shape{rows} : Shape{rows, first.shape[1]};
     const bool own_buffer = specs[i].expert >= 0 && expert_flat.defined();
-    slot_of(w, specs[i]) = (own_buffer ? expert_flat : flat)
-                               .slice(first.offset - (own_buffer ? expert_base : base), j == i + 1 ? first.shape : fused);
+    slot_of(w, specs[i]) =
+        (own_buffer ? expert_flat : flat)
+            .slice(first.offset - (own_buffer ? expert_base : base), j == i + 1 ? first.shape : fused);
     i = j;
   }
   return w;
@@ -85,8 +86,8 @@ BlockDims BlockDims::of(const ModelConfig& cfg, int64_t tp, int64_t rank) {
   return d;
 }
 
-BlockActs BlockActs::allocate(const ModelConfig& cfg, int64_t B, int64_t T, DType dt,
-                              Allocator& alloc, const BlockDims& d) {
+BlockActs BlockActs::allocate(const ModelConfig& cfg, int64_t B, int64_t T, DType dt, Allocator& alloc,
+                              const BlockDims& d) {
   const int64_t N = B * T, C = d.C, D = d.D, H = d.H, F = d.F;
   const auto cat = MemCategory::activations;
   const bool gpt2 = cfg.family == Family::gpt2;
@@ -114,14 +115,14 @@ BlockActs BlockActs::allocate(const ModelConfig& cfg, int64_t B, int64_t T, DTyp
 
 int64_t BlockActs::bytes() const {
   int64_t b = 0;
-  for (const Tensor* t : {&ln1, &ln1_mean, &ln1_rstd, &qkv, &qkv_compact, &att, &lse, &x_mid, &ln2,
-                          &ln2_mean, &ln2_rstd, &fc, &act})
+  for (const Tensor* t :
+       {&ln1, &ln1_mean, &ln1_rstd, &qkv, &qkv_compact, &att, &lse, &x_mid, &ln2, &ln2_mean, &ln2_rstd, &fc, &act})
     if (t->defined()) b += int64_t(t->nbytes());
   return b + moe.bytes();
 }
 
-BlockScratch BlockScratch::allocate(const ModelConfig& cfg, int64_t B, int64_t T, DType dt,
-                                    Allocator& alloc, const BlockDims& d) {
+BlockScratch BlockScratch::allocate(const ModelConfig& cfg, int64_t B, int64_t T, DType dt, Allocator& alloc,
+                                    const BlockDims& d) {
   const int64_t N = B * T, C = d.C, F = d.F;
   const auto cat = MemCategory::workspace;
   BlockScratch s;
@@ -178,9 +179,8 @@ void expand_kv(const BlockDims& d, const Tensor& compact, const Tensor& expanded
 
 }  // namespace
 
-void block_forward(const ModelConfig& cfg, int layer, const BlockWeights& w, const Tensor& x_in,
-                   const Tensor& pos, BlockActs& a, const Tensor& x_out, TensorParallelOps* tp,
-                   ExpertParallelOps* ep) {
+void block_forward(const ModelConfig& cfg, int layer, const BlockWeights& w, const Tensor& x_in, const Tensor& pos,
+                   BlockActs& a, const Tensor& x_out, TensorParallelOps* tp, ExpertParallelOps* ep) {
   const bool gpt2 = cfg.family == Family::gpt2;
   const BlockDims& d = a.dims;
   const int64_t H = d.H, KVH = d.KVH, D = d.D;
@@ -215,7 +215,10 @@ void block_forward(const ModelConfig& cfg, int layer, const BlockWeights& w, con
       const int64_t Fs = cfg.shared_d_ff();
       const Tensor fc = a.fc.slice(0, {N, gpt2 ? Fs : 2 * Fs}), act = a.act.slice(0, {N, Fs});
       ops::linear_forward(a.ln2, w.fc_w, w.fc_b, fc, prec);
-      if (gpt2) ops::gelu_forward(fc, act); else ops::swiglu_forward(fc, act);
+      if (gpt2)
+        ops::gelu_forward(fc, act);
+      else
+        ops::swiglu_forward(fc, act);
       ops::linear_forward(act, w.out_w, w.out_b, x_out, prec);
     }
     moe_combine(cfg, w, a.moe, x_out, /*accumulate=*/shared, ep);
@@ -235,8 +238,8 @@ void block_forward(const ModelConfig& cfg, int layer, const BlockWeights& w, con
 }
 
 void block_backward(const ModelConfig& cfg, int layer, const BlockWeights& w, const BlockWeights& gw,
-                    const Tensor& x_in, const Tensor& pos, BlockActs& a, BlockScratch& s,
-                    const Tensor& dres, TensorParallelOps* tp, ExpertParallelOps* ep) {
+                    const Tensor& x_in, const Tensor& pos, BlockActs& a, BlockScratch& s, const Tensor& dres,
+                    TensorParallelOps* tp, ExpertParallelOps* ep) {
   const bool gpt2 = cfg.family == Family::gpt2;
   const BlockDims& d = a.dims;
   const int64_t H = d.H, KVH = d.KVH, D = d.D;
@@ -262,8 +265,8 @@ void block_backward(const ModelConfig& cfg, int layer, const BlockWeights& w, co
   else if (tp)
     tp->column_parallel_input_grad(s.dln);
   if (gpt2)
-    ops::layernorm_backward(s.dln, a.x_mid, w.ln2_w, a.ln2_mean, a.ln2_rstd, dres, gw.ln2_w,
-                            gw.ln2_b, /*accumulate_dx=*/true);
+    ops::layernorm_backward(s.dln, a.x_mid, w.ln2_w, a.ln2_mean, a.ln2_rstd, dres, gw.ln2_w, gw.ln2_b,
+                            /*accumulate_dx=*/true);
   else
     ops::rmsnorm_backward(s.dln, a.x_mid, w.ln2_w, a.ln2_rstd, dres, gw.ln2_w, true);
   // Attention branch: x_mid = x_in + proj(attention(qkv(norm1(x_in)))).
@@ -278,8 +281,7 @@ void block_backward(const ModelConfig& cfg, int layer, const BlockWeights& w, co
   ops::linear_backward(s.dqkv, a.ln1, w.qkv_w, s.dln, gw.qkv_w, gw.qkv_b, false, prec);
   if (tp) tp->column_parallel_input_grad(s.dln);
   if (gpt2)
-    ops::layernorm_backward(s.dln, x_in, w.ln1_w, a.ln1_mean, a.ln1_rstd, dres, gw.ln1_w,
-                            gw.ln1_b, true);
+    ops::layernorm_backward(s.dln, x_in, w.ln1_w, a.ln1_mean, a.ln1_rstd, dres, gw.ln1_w, gw.ln1_b, true);
   else
     ops::rmsnorm_backward(s.dln, x_in, w.ln1_w, a.ln1_rstd, dres, gw.ln1_w, true);
 }

@@ -36,9 +36,8 @@ struct BlockWeights {
 // begin: a buffer holding just that unit, e.g. gathered weights or staged gradients). A MoE
 // block's routed experts bind to `expert_flat` from `expert_base` on when it is given (their
 // own unit's buffer), else to `flat`.
-BlockWeights block_weights(const ModelConfig& cfg, const ParamLayout& layout, const Tensor& flat,
-                           int layer, int64_t base = 0, const Tensor& expert_flat = {},
-                           int64_t expert_base = 0);
+BlockWeights block_weights(const ModelConfig& cfg, const ParamLayout& layout, const Tensor& flat, int layer,
+                           int64_t base = 0, const Tensor& expert_flat = {}, int64_t expert_base = 0);
 
 // A rank's share of one block: its query heads, the kv heads in its fused projection and its
 // MLP columns. One process: the whole block.
@@ -50,7 +49,7 @@ struct BlockDims {
                            // on one copy of its kv head per local query head
   bool bias_owner = true;  // adds the row-parallel output biases (once across the tp group)
   static BlockDims of(const ModelConfig& cfg, int64_t tp = 1, int64_t tp_rank = 0);
-  int64_t qkv_width() const { return (H + 2 * KVH) * D; }        // fused projection output
+  int64_t qkv_width() const { return (H + 2 * KVH) * D; }                       // fused projection output
   int64_t attn_width() const { return (kv_expand ? 3 * H : H + 2 * KVH) * D; }  // attention input
 };
 
@@ -65,13 +64,13 @@ class TensorParallelOps {
   // g, after a row-parallel linear: all-reduce of the partial outputs, identity backward.
   virtual void row_parallel_output(const Tensor& y) = 0;
   // out[N, C] = wte[tok] (+ wpe[pos]) with this rank's vocabulary rows of wte.
-  virtual void embedding_forward(const Tensor& tok, const Tensor& pos, const Tensor& wte,
-                                 const Tensor& wpe, const Tensor& out) = 0;
-  virtual void embedding_backward(const Tensor& tok, const Tensor& pos, const Tensor& dout,
-                                  const Tensor& dwte, const Tensor& dwpe) = 0;
+  virtual void embedding_forward(const Tensor& tok, const Tensor& pos, const Tensor& wte, const Tensor& wpe,
+                                 const Tensor& out) = 0;
+  virtual void embedding_backward(const Tensor& tok, const Tensor& pos, const Tensor& dout, const Tensor& dwte,
+                                  const Tensor& dwpe) = 0;
   // ops::lm_head_xent's contract with w this rank's vocabulary rows of the head.
-  virtual void head_xent(const Tensor& x, const Tensor& w, const Tensor& targets, const Tensor& loss,
-                         const Tensor& dx, const Tensor& dw, double grad_scale, int64_t chunk) = 0;
+  virtual void head_xent(const Tensor& x, const Tensor& w, const Tensor& targets, const Tensor& loss, const Tensor& dx,
+                         const Tensor& dw, double grad_scale, int64_t chunk) = 0;
 };
 
 // What forward keeps for backward, for N = B*T rows.
@@ -83,11 +82,11 @@ struct BlockActs {
   Tensor att, lse;                 // attention output [B, T, H D] and log-sum-exp [B, H, T]
   Tensor x_mid;                    // residual after attention
   Tensor ln2, ln2_mean, ln2_rstd;
-  Tensor fc;                       // MLP pre-activation: [N, F] (GPT-2) or [N, 2F] gate|up
-  Tensor act;                      // MLP activation [N, F]
-  MoeActs moe;                     // MoE blocks' router and experts (MoE models only)
-  static BlockActs allocate(const ModelConfig& cfg, int64_t B, int64_t T, DType dt,
-                            Allocator& alloc, const BlockDims& dims);
+  Tensor fc;    // MLP pre-activation: [N, F] (GPT-2) or [N, 2F] gate|up
+  Tensor act;   // MLP activation [N, F]
+  MoeActs moe;  // MoE blocks' router and experts (MoE models only)
+  static BlockActs allocate(const ModelConfig& cfg, int64_t B, int64_t T, DType dt, Allocator& alloc,
+                            const BlockDims& dims);
   static BlockActs allocate(const ModelConfig& cfg, int64_t B, int64_t T, DType dt, Allocator& alloc) {
     return allocate(cfg, B, T, dt, alloc, BlockDims::of(cfg));
   }
@@ -99,8 +98,8 @@ struct BlockScratch {
   Tensor dln, dqkv, datt, dfc, dact;
   Tensor dqkv_expanded;  // kv_expand only
   MoeScratch moe;        // MoE models only
-  static BlockScratch allocate(const ModelConfig& cfg, int64_t B, int64_t T, DType dt,
-                               Allocator& alloc, const BlockDims& dims);
+  static BlockScratch allocate(const ModelConfig& cfg, int64_t B, int64_t T, DType dt, Allocator& alloc,
+                               const BlockDims& dims);
   static BlockScratch allocate(const ModelConfig& cfg, int64_t B, int64_t T, DType dt, Allocator& alloc) {
     return allocate(cfg, B, T, dt, alloc, BlockDims::of(cfg));
   }
@@ -108,14 +107,13 @@ struct BlockScratch {
 
 // x_out = block(x_in) for block `layer`. pos: i32[B*T] positions (RoPE). The shares come from
 // a.dims; tp is needed when they are a tensor-parallel slice.
-void block_forward(const ModelConfig& cfg, int layer, const BlockWeights& w, const Tensor& x_in,
-                   const Tensor& pos, BlockActs& a, const Tensor& x_out,
-                   TensorParallelOps* tp = nullptr, ExpertParallelOps* ep = nullptr);
+void block_forward(const ModelConfig& cfg, int layer, const BlockWeights& w, const Tensor& x_in, const Tensor& pos,
+                   BlockActs& a, const Tensor& x_out, TensorParallelOps* tp = nullptr, ExpertParallelOps* ep = nullptr);
 
 // On entry dres holds dLoss/d(x_out); on return dLoss/d(x_in). Parameter gradients
 // accumulate into gw.
 void block_backward(const ModelConfig& cfg, int layer, const BlockWeights& w, const BlockWeights& gw,
-                    const Tensor& x_in, const Tensor& pos, BlockActs& a, BlockScratch& s,
-                    const Tensor& dres, TensorParallelOps* tp = nullptr, ExpertParallelOps* ep = nullptr);
+                    const Tensor& x_in, const Tensor& pos, BlockActs& a, BlockScratch& s, const Tensor& dres,
+                    TensorParallelOps* tp = nullptr, ExpertParallelOps* ep = nullptr);
 
 }  // namespace loom::model

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <filesystem>
 
-#include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
+#include <nlohmann/json.hpp>
 
 #include "loom/core/error.h"
 #include "loom/io/checkpoint_files.h"
@@ -52,7 +52,8 @@ std::string resolve_checkpoint(const std::string& dir, FILE* log) {
     return dir;
   }
   LOOM_CHECK(fs::is_directory(dir), "checkpoint", dir, " does not exist");
-  auto found = io::find_latest_valid_checkpoint(dir, log, [](const std::string&) { return io::VerifyScope::weights(); });
+  auto found =
+      io::find_latest_valid_checkpoint(dir, log, [](const std::string&) { return io::VerifyScope::weights(); });
   LOOM_CHECK(found.has_value(), "checkpoint", "no valid checkpoint in ", dir,
              " (expected a step_NNNNNN directory with a manifest.json, or a run directory holding them)");
   return *found;
@@ -101,8 +102,8 @@ void slice_runs(const ParamLayout& whole_layout, const Tensor& whole, const Para
 void slice_whole_params(const ParamLayout& whole_layout, const Tensor& whole, const ParamLayout& local,
                         const Tensor& local_flat) {
   LOOM_CHECK(whole.numel() == whole_layout.total() && local_flat.numel() == local.total(), "parallel",
-             "slice_whole_params: buffers of ", whole.numel(), " and ", local_flat.numel(),
-             " elements for layouts of ", whole_layout.total(), " and ", local.total());
+             "slice_whole_params: buffers of ", whole.numel(), " and ", local_flat.numel(), " elements for layouts of ",
+             whole_layout.total(), " and ", local.total());
   local_flat.zero();
   if (whole.dtype() == DType::f64)
     slice_runs<double>(whole_layout, whole, local, local_flat);

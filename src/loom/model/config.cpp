@@ -47,16 +47,14 @@ void ModelConfig::validate() const {
   positive("n_kv_head", n_kv_head);
   positive("d_model", d_model);
   positive("d_ff", d_ff);
-  LOOM_CHECK(d_model % n_head == 0, "config", "model.n_head=", n_head,
-             " does not divide model.d_model=", d_model, "; pick n_head among the divisors of ",
-             d_model);
+  LOOM_CHECK(d_model % n_head == 0, "config", "model.n_head=", n_head, " does not divide model.d_model=", d_model,
+             "; pick n_head among the divisors of ", d_model);
   LOOM_CHECK(n_head % n_kv_head == 0, "config", "model.n_kv_head=", n_kv_head,
              " does not divide model.n_head=", n_head);
-  LOOM_CHECK(head_dim() % 2 == 0 || family == Family::gpt2, "config",
-             "model.d_model / model.n_head = ", head_dim(), " must be even for RoPE");
-  LOOM_CHECK(family == Family::llama || n_kv_head == n_head, "config", "model.n_kv_head=",
-             n_kv_head, " differs from model.n_head=", n_head,
-             ": grouped-query attention needs model.family=llama");
+  LOOM_CHECK(head_dim() % 2 == 0 || family == Family::gpt2, "config", "model.d_model / model.n_head = ", head_dim(),
+             " must be even for RoPE");
+  LOOM_CHECK(family == Family::llama || n_kv_head == n_head, "config", "model.n_kv_head=", n_kv_head,
+             " differs from model.n_head=", n_head, ": grouped-query attention needs model.family=llama");
   LOOM_CHECK(norm_eps > 0, "config", "model.norm_eps must be positive, got ", norm_eps);
   LOOM_CHECK(vocab_size < (int64_t(1) << 31), "config", "model.vocab_size=", vocab_size,
              " does not fit 32-bit token ids");
@@ -71,22 +69,20 @@ void ModelConfig::validate() const {
              moe.num_shared_experts);
   LOOM_CHECK(moe.expert_d_ff >= 0, "config", "model.moe.expert_d_ff must be >= 0 (0: model.d_ff), got ",
              moe.expert_d_ff);
-  LOOM_CHECK(moe.moe_every >= 1 && moe.moe_every <= n_layer, "config", "model.moe.moe_every=",
-             moe.moe_every, " must be between 1 and model.n_layer=", n_layer,
-             " (blocks moe_every-1, 2*moe_every-1, ... are MoE)");
+  LOOM_CHECK(moe.moe_every >= 1 && moe.moe_every <= n_layer, "config", "model.moe.moe_every=", moe.moe_every,
+             " must be between 1 and model.n_layer=", n_layer, " (blocks moe_every-1, 2*moe_every-1, ... are MoE)");
   LOOM_CHECK(moe.capacity_factor == 0 || moe.capacity_factor >= 1.0 / double(moe.num_experts), "config",
              "model.moe.capacity_factor=", moe.capacity_factor,
              " leaves experts room for almost no token; use 0 (dropless) or a value near 1.25");
-  LOOM_CHECK(moe.router_aux_loss_coef >= 0 && moe.router_z_loss_coef >= 0 && moe.bias_update_rate >= 0,
-             "config", "model.moe.router_aux_loss_coef, router_z_loss_coef and bias_update_rate must be >= 0");
+  LOOM_CHECK(moe.router_aux_loss_coef >= 0 && moe.router_z_loss_coef >= 0 && moe.bias_update_rate >= 0, "config",
+             "model.moe.router_aux_loss_coef, router_z_loss_coef and bias_update_rate must be >= 0");
 }
 
 std::string ModelConfig::summary() const {
-  return str_cat(name, " (", family_name(family), ": ", n_layer, " layers, d_model ", d_model,
-                 ", ", n_head, " heads", n_kv_head != n_head ? str_cat("/", n_kv_head, " kv") : "",
-                 ", d_ff ", d_ff, ", vocab ", vocab_size, ", context ", n_ctx,
-                 moe.enabled() ? str_cat(", MoE ", moe.num_experts, " experts top-", moe.top_k, " d_ff ",
-                                         expert_d_ff(),
+  return str_cat(name, " (", family_name(family), ": ", n_layer, " layers, d_model ", d_model, ", ", n_head, " heads",
+                 n_kv_head != n_head ? str_cat("/", n_kv_head, " kv") : "", ", d_ff ", d_ff, ", vocab ", vocab_size,
+                 ", context ", n_ctx,
+                 moe.enabled() ? str_cat(", MoE ", moe.num_experts, " experts top-", moe.top_k, " d_ff ", expert_d_ff(),
                                          moe.num_shared_experts ? str_cat(" +", moe.num_shared_experts, " shared") : "",
                                          moe.moe_every > 1 ? str_cat(" every ", moe.moe_every, " blocks") : "")
                                : "",
@@ -107,8 +103,8 @@ static ModelConfig gpt2(const char* name, int64_t L, int64_t C, int64_t H, int64
   return c;
 }
 
-static ModelConfig llama(const char* name, int64_t L, int64_t C, int64_t H, int64_t KVH, int64_t F,
-                         int64_t V, int64_t ctx) {
+static ModelConfig llama(const char* name, int64_t L, int64_t C, int64_t H, int64_t KVH, int64_t F, int64_t V,
+                         int64_t ctx) {
   ModelConfig c;
   c.name = name;
   c.family = Family::llama;
@@ -148,8 +144,8 @@ ModelConfig preset(const std::string& name) {
 }
 
 std::vector<std::string> preset_names() {
-  return {"gpt2-124m", "gpt2-350m", "gpt2-tiny", "gpt2-shakespeare", "llama-tiny", "llama-60m",
-          "llama-moe-tiny", "llama-moe-60m"};
+  return {"gpt2-124m",  "gpt2-350m", "gpt2-tiny",      "gpt2-shakespeare",
+          "llama-tiny", "llama-60m", "llama-moe-tiny", "llama-moe-60m"};
 }
 
 }  // namespace loom::model

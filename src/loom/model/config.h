@@ -61,12 +61,12 @@ struct ModelConfig {
   std::string name = "custom";
   Family family = Family::gpt2;
   int64_t vocab_size = 50257;
-  int64_t n_ctx = 1024;     // maximum sequence length
+  int64_t n_ctx = 1024;  // maximum sequence length
   int64_t n_layer = 12;
   int64_t n_head = 12;
-  int64_t n_kv_head = 12;   // < n_head: grouped-query attention
+  int64_t n_kv_head = 12;  // < n_head: grouped-query attention
   int64_t d_model = 768;
-  int64_t d_ff = 3072;      // MLP hidden size
+  int64_t d_ff = 3072;  // MLP hidden size
   double norm_eps = 1e-5;
   double rope_theta = 10000.0;
   bool tied_embeddings = true;
@@ -74,9 +74,7 @@ struct ModelConfig {
   MoeConfig moe;
 
   // Whether block `layer` is a Mixture-of-Experts block.
-  bool is_moe_layer(int64_t layer) const {
-    return moe.enabled() && (layer + 1) % moe.moe_every == 0;
-  }
+  bool is_moe_layer(int64_t layer) const { return moe.enabled() && (layer + 1) % moe.moe_every == 0; }
   int64_t expert_d_ff() const { return moe.expert_d_ff > 0 ? moe.expert_d_ff : d_ff; }
   int64_t shared_d_ff() const { return moe.num_shared_experts * expert_d_ff(); }
   int64_t num_moe_layers() const { return moe.enabled() ? n_layer / moe.moe_every : 0; }

@@ -8,8 +8,8 @@
 
 namespace loom::model {
 
-void ParamSource::embedding_backward(const Tensor& tokens, const Tensor& pos, const Tensor& dres,
-                                     const Tensor& dwte, const Tensor& dwpe) {
+void ParamSource::embedding_backward(const Tensor& tokens, const Tensor& pos, const Tensor& dres, const Tensor& dwte,
+                                     const Tensor& dwpe) {
   ops::embedding_backward(tokens, pos, dres, dwte, dwpe);
 }
 
@@ -17,8 +17,7 @@ namespace {
 // The default ParamSource: views of the decoder's flat buffers.
 class FlatParamSource final : public ParamSource {
  public:
-  FlatParamSource(const ModelConfig& cfg, const ParamLayout& layout, const Tensor& params,
-                  const Tensor& grads)
+  FlatParamSource(const ModelConfig& cfg, const ParamLayout& layout, const Tensor& params, const Tensor& grads)
       : layout_(layout), params_(params), grads_(grads) {
     for (int l = layout.first_layer(); l < layout.last_layer(); ++l) {
       if (params.defined()) w_.push_back(block_weights(cfg, layout, params, l));
@@ -60,10 +59,8 @@ Decoder::Decoder(const ModelConfig& cfg, const DecoderOptions& opt, DType dtype,
   LOOM_CHECK(layout_.slice().tp == 1 || dtype == DType::f32 || !opt.allocate_flat_grads, "model",
              "tensor-parallel training runs in f32 only, got ", dtype_name(dtype));
   set_options(opt);
-  if (opt.allocate_flat_params)
-    params_ = Tensor::zeros({layout_.total()}, dtype, MemCategory::params, alloc);
-  if (opt.allocate_flat_grads)
-    grads_ = Tensor::zeros({layout_.total()}, dtype, MemCategory::grads, alloc);
+  if (opt.allocate_flat_params) params_ = Tensor::zeros({layout_.total()}, dtype, MemCategory::params, alloc);
+  if (opt.allocate_flat_grads) grads_ = Tensor::zeros({layout_.total()}, dtype, MemCategory::grads, alloc);
   default_src_ = std::make_unique<FlatParamSource>(cfg_, layout_, params_, grads_);
   src_ = default_src_.get();
   reset_moe_stats();
@@ -73,10 +70,8 @@ Decoder::Decoder(const ModelConfig& cfg, const DecoderOptions& opt, DType dtype,
 
 void Decoder::set_options(const DecoderOptions& opt) {
   LOOM_CHECK(opt.activation_checkpoint_interval >= 0, "config",
-             "model.activation_checkpoint_interval must be >= 0, got ",
-             opt.activation_checkpoint_interval);
-  LOOM_CHECK(opt.xent_chunk > 0, "config", "model.xent_chunk must be positive, got ",
-             opt.xent_chunk);
+             "model.activation_checkpoint_interval must be >= 0, got ", opt.activation_checkpoint_interval);
+  LOOM_CHECK(opt.xent_chunk > 0, "config", "model.xent_chunk must be positive, got ", opt.xent_chunk);
   const bool changed = opt.activation_checkpoint_interval != opt_.activation_checkpoint_interval;
   opt_ = opt;
   if (changed) B_ = T_ = 0;  // buffers are laid out for the old setting
@@ -105,14 +100,12 @@ void Decoder::init_weights(uint64_t seed) {
 }
 
 void Decoder::ensure_buffers(int64_t B, int64_t T, bool train) {
-  LOOM_CHECK(B > 0 && T > 0, "model", "batch and sequence length must be positive, got B=", B,
-             " T=", T);
-  LOOM_CHECK(T <= cfg_.n_ctx, "model", "sequence length ", T, " exceeds the context of ",
-             cfg_.n_ctx, " (model.n_ctx)");
+  LOOM_CHECK(B > 0 && T > 0, "model", "batch and sequence length must be positive, got B=", B, " T=", T);
+  LOOM_CHECK(T <= cfg_.n_ctx, "model", "sequence length ", T, " exceeds the context of ", cfg_.n_ctx, " (model.n_ctx)");
   if (B == B_ && T == T_ && (train_buffers_ || !train)) return;
   for (const auto& s : slots_)
-    LOOM_CHECK(!s.busy, "model", "micro-batch shape changed to B=", B, " T=", T,
-               " while micro-batches of B=", B_, " T=", T_, " are in flight");
+    LOOM_CHECK(!s.busy, "model", "micro-batch shape changed to B=", B, " T=", T, " while micro-batches of B=", B_,
+               " T=", T_, " are in flight");
   const int64_t N = B * T, L = n_local();
   const auto act = MemCategory::activations, work = MemCategory::workspace;
   // Free the old buffers first so peaks reflect one set at a time.
@@ -126,8 +119,7 @@ void Decoder::ensure_buffers(int64_t B, int64_t T, bool train) {
   const int64_t seg = checkpointed() ? std::min<int64_t>(opt_.activation_checkpoint_interval, L) : 1;
   if (L > 0)
     for (int64_t i = 0; i < (train ? seg : 1); ++i)
-      if (!train || checkpointed())
-        recompute_.push_back(BlockActs::allocate(cfg_, B, T, dtype_, alloc_, dims_));
+      if (!train || checkpointed()) recompute_.push_back(BlockActs::allocate(cfg_, B, T, dtype_, alloc_, dims_));
   if (last_stage() && !tp_)
     ce_work_ = Tensor::empty({std::min(opt_.xent_chunk, N) * cfg_.vocab_size}, dtype_, work, alloc_);
   if (train) {
@@ -173,8 +165,8 @@ int Decoder::stage_begin(int64_t B, int64_t T, bool train) {
 }
 
 Decoder::Slot& Decoder::slot(int id) {
-  LOOM_CHECK(id >= 0 && size_t(id) < slots_.size() && slots_[size_t(id)].busy, "model",
-             "micro-batch slot ", id, " is not in flight");
+  LOOM_CHECK(id >= 0 && size_t(id) < slots_.size() && slots_[size_t(id)].busy, "model", "micro-batch slot ", id,
+             " is not in flight");
   return slots_[size_t(id)];
 }
 
@@ -205,8 +197,7 @@ int64_t Decoder::activation_bytes() const {
 
 void Decoder::embed_forward(Slot& s) {
   trace::Span span("embedding forward", "compute");
-  const Tensor wpe =
-      cfg_.family == Family::gpt2 ? src_->outer_param("transformer.wpe.weight") : Tensor{};
+  const Tensor wpe = cfg_.family == Family::gpt2 ? src_->outer_param("transformer.wpe.weight") : Tensor{};
   const Tensor wte = src_->outer_param(token_table_name(cfg_));
   if (tp_)
     tp_->embedding_forward(s.tokens, pos_, wte, wpe, s.res[0]);
@@ -222,7 +213,8 @@ void Decoder::run_blocks_forward(Slot& s) {
     BlockActs& a = (s.train_buffers && !checkpointed()) ? s.saved[size_t(i)] : recompute_[0];
     a.moe.times = &moe_times_;
     trace::Span span("forward block", "compute", {{"layer", first + i}});
-    block_forward(cfg_, first + i, with_router_bias(first + i, src_->block_params(first + i, ParamSource::Phase::forward)),
+    block_forward(cfg_, first + i,
+                  with_router_bias(first + i, src_->block_params(first + i, ParamSource::Phase::forward)),
                   s.res[size_t(i)], pos_, a, s.res[size_t(i) + 1], tp_, ep_);
     src_->release_block_params(first + i, ParamSource::Phase::forward);
     if (cfg_.is_moe_layer(first + i)) record_moe(first + i, a.moe, s);
@@ -254,14 +246,12 @@ void Decoder::record_moe(int layer, const MoeActs& a, Slot& s) {
   ++st.forwards;
 }
 
-void Decoder::reset_moe_stats() {
-  moe_stats_.assign(size_t(cfg_.num_moe_layers()), MoeLayerStats{});
-}
+void Decoder::reset_moe_stats() { moe_stats_.assign(size_t(cfg_.num_moe_layers()), MoeLayerStats{}); }
 
 void Decoder::set_router_bias(const std::vector<float>& b) {
-  LOOM_CHECK(router_bias_.defined() && int64_t(b.size()) == router_bias_.numel(), "model",
-             "router bias of ", b.size(), " values for a model with ",
-             router_bias_.defined() ? router_bias_.numel() : 0, " (model.moe.bias_update_rate > 0 and the same experts)");
+  LOOM_CHECK(router_bias_.defined() && int64_t(b.size()) == router_bias_.numel(), "model", "router bias of ", b.size(),
+             " values for a model with ", router_bias_.defined() ? router_bias_.numel() : 0,
+             " (model.moe.bias_update_rate > 0 and the same experts)");
   std::copy(b.begin(), b.end(), router_bias_.data<float>());
 }
 
@@ -286,9 +276,8 @@ void Decoder::update_router_bias(const std::vector<MoeLayerStats>& stats, double
 void Decoder::final_norm_forward(Slot& s) {
   const Tensor& x = s.res.back();
   if (cfg_.family == Family::gpt2)
-    ops::layernorm_forward(x, src_->outer_param("transformer.ln_f.weight"),
-                           src_->outer_param("transformer.ln_f.bias"), s.lnf, s.lnf_mean,
-                           s.lnf_rstd, cfg_.norm_eps);
+    ops::layernorm_forward(x, src_->outer_param("transformer.ln_f.weight"), src_->outer_param("transformer.ln_f.bias"),
+                           s.lnf, s.lnf_mean, s.lnf_rstd, cfg_.norm_eps);
   else
     ops::rmsnorm_forward(x, src_->outer_param("model.norm.weight"), s.lnf, s.lnf_rstd, cfg_.norm_eps);
 }
@@ -306,8 +295,8 @@ double Decoder::count_and_sum(const Slot& s, int64_t N, int64_t* n_valid) {
   return sum;
 }
 
-double Decoder::stage_forward(int id, const int32_t* tokens, const int32_t* targets,
-                              double grad_scale, int64_t* n_valid) {
+double Decoder::stage_forward(int id, const int32_t* tokens, const int32_t* targets, double grad_scale,
+                              int64_t* n_valid) {
   Slot& s = slot(id);
   const int64_t N = B_ * T_;
   std::memcpy(s.tokens.raw(), tokens, size_t(N) * 4);
@@ -329,33 +318,30 @@ double Decoder::stage_forward(int id, const int32_t* tokens, const int32_t* targ
   if (tp_)
     tp_->head_xent(s.lnf, head, s.targets, s.losses, s.dlnf, dhead, grad_scale, opt_.xent_chunk);
   else
-    ops::lm_head_xent(s.lnf, head, s.targets, s.losses, s.dlnf, dhead, grad_scale, opt_.xent_chunk,
-                      ce_work_, cfg_.products());
+    ops::lm_head_xent(s.lnf, head, s.targets, s.losses, s.dlnf, dhead, grad_scale, opt_.xent_chunk, ce_work_,
+                      cfg_.products());
   last_losses_ = s.losses;
   return count_and_sum(s, N, n_valid);
 }
 
 void Decoder::stage_backward(int id, const Tensor& dy) {
   Slot& s = slot(id);
-  LOOM_CHECK(s.train, "model", "stage_backward on micro-batch slot ", id,
-             " whose forward was an evaluation");
+  LOOM_CHECK(s.train, "model", "stage_backward on micro-batch slot ", id, " whose forward was an evaluation");
   const bool gpt2 = cfg_.family == Family::gpt2;
   using Phase = ParamSource::Phase;
   if (last_stage()) {
     trace::Span span("final norm backward", "compute");
     if (gpt2)
-      ops::layernorm_backward(s.dlnf, s.res.back(), src_->outer_param("transformer.ln_f.weight"),
-                              s.lnf_mean, s.lnf_rstd, dres_,
-                              src_->outer_grad("transformer.ln_f.weight"),
+      ops::layernorm_backward(s.dlnf, s.res.back(), src_->outer_param("transformer.ln_f.weight"), s.lnf_mean,
+                              s.lnf_rstd, dres_, src_->outer_grad("transformer.ln_f.weight"),
                               src_->outer_grad("transformer.ln_f.bias"));
     else
-      ops::rmsnorm_backward(s.dlnf, s.res.back(), src_->outer_param("model.norm.weight"), s.lnf_rstd,
-                            dres_, src_->outer_grad("model.norm.weight"));
+      ops::rmsnorm_backward(s.dlnf, s.res.back(), src_->outer_param("model.norm.weight"), s.lnf_rstd, dres_,
+                            src_->outer_grad("model.norm.weight"));
     src_->head_grads_done();
   } else {
     LOOM_CHECK(dy.defined() && dy.numel() == dres_.numel(), "model",
-               "stage_backward needs the gradient of the stage output, [", B_ * T_, ", ",
-               cfg_.d_model, "]");
+               "stage_backward needs the gradient of the stage output, [", B_ * T_, ", ", cfg_.d_model, "]");
     dres_.copy_from(dy);
   }
   const int first = layout_.first_layer();
@@ -383,8 +369,8 @@ void Decoder::stage_backward(int id, const Tensor& dy) {
         const int l = first + int(i);
         trace::Span span("recompute block", "compute", {{"layer", l}});
         recompute_[size_t(i - b)].moe.times = &moe_times_;
-        block_forward(cfg_, l, with_router_bias(l, src_->block_params(l, Phase::recompute)), s.res[size_t(i)],
-                      pos_, recompute_[size_t(i - b)], s.res[size_t(i) + 1], tp_, ep_);
+        block_forward(cfg_, l, with_router_bias(l, src_->block_params(l, Phase::recompute)), s.res[size_t(i)], pos_,
+                      recompute_[size_t(i - b)], s.res[size_t(i) + 1], tp_, ep_);
         src_->release_block_params(l, Phase::recompute);
       }
       for (int64_t i = e - 1; i >= b; --i) backward_block(i, recompute_[size_t(i - b)]);
@@ -403,8 +389,7 @@ void Decoder::stage_backward(int id, const Tensor& dy) {
   s.busy = false;
 }
 
-double Decoder::forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
-                        int64_t* n_valid) {
+double Decoder::forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T, int64_t* n_valid) {
   LOOM_CHECK(first_stage() && last_stage(), "model",
              "forward() runs the whole model; a pipeline stage runs through stage_forward()");
   const int id = stage_begin(B, T, false);
@@ -417,8 +402,8 @@ double Decoder::forward(const int32_t* tokens, const int32_t* targets, int64_t B
 
 void Decoder::logits(const int32_t* tokens, int64_t B, int64_t T, const Tensor& out) {
   LOOM_CHECK(layout_.whole_model(), "model", "logits() needs the whole model on one rank");
-  LOOM_CHECK(out.numel() == B * T * cfg_.vocab_size, "model", "logits output ", out.describe(),
-             " should hold ", B, "*", T, "*", cfg_.vocab_size, " values");
+  LOOM_CHECK(out.numel() == B * T * cfg_.vocab_size, "model", "logits output ", out.describe(), " should hold ", B, "*",
+             T, "*", cfg_.vocab_size, " values");
   std::vector<int32_t> no_targets(size_t(B * T), -1);
   const int id = stage_begin(B, T, false);
   src_->pass_begin(false);
@@ -428,8 +413,8 @@ void Decoder::logits(const int32_t* tokens, int64_t B, int64_t T, const Tensor& 
   src_->pass_end(false);
 }
 
-double Decoder::forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B,
-                                 int64_t T, double grad_scale, int64_t* n_valid) {
+double Decoder::forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T, double grad_scale,
+                                 int64_t* n_valid) {
   LOOM_CHECK(first_stage() && last_stage(), "model",
              "forward_backward() runs the whole model; a pipeline stage runs through stage_forward()");
   const int id = stage_begin(B, T, true);

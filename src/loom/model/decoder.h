@@ -37,8 +37,8 @@ class ParamSource {
   virtual void head_grads_done() {}
   // Adds the embedding lookup's gradient (rows of dres at tokens / positions) to dwte / dwpe.
   // The default does it densely here; an engine may instead send the few rows involved.
-  virtual void embedding_backward(const Tensor& tokens, const Tensor& pos, const Tensor& dres,
-                                  const Tensor& dwte, const Tensor& dwpe);
+  virtual void embedding_backward(const Tensor& tokens, const Tensor& pos, const Tensor& dres, const Tensor& dwte,
+                                  const Tensor& dwpe);
   // Brackets of one forward (+ backward) pass.
   virtual void pass_begin(bool /*train*/) {}
   virtual void pass_end(bool /*train*/) {}
@@ -61,15 +61,15 @@ struct DecoderOptions {
 
 class Decoder {
  public:
-  explicit Decoder(const ModelConfig& cfg, const DecoderOptions& opt = {},
-                   DType dtype = DType::f32, Allocator& alloc = cpu_allocator());
+  explicit Decoder(const ModelConfig& cfg, const DecoderOptions& opt = {}, DType dtype = DType::f32,
+                   Allocator& alloc = cpu_allocator());
 
   const ModelConfig& config() const { return cfg_; }
   const ParamLayout& layout() const { return layout_; }
   const DecoderOptions& options() const { return opt_; }
   void set_options(const DecoderOptions& opt);
   int64_t num_params() const { return layout_.num_params(); }  // parameters, no padding
-  int64_t flat_size() const { return layout_.total(); }      // flat buffer length
+  int64_t flat_size() const { return layout_.total(); }        // flat buffer length
 
   const Tensor& params() const { return params_; }  // flat [P]
   const Tensor& grads() const { return grads_; }    // flat [P]
@@ -91,11 +91,10 @@ class Decoder {
   // Training step on one micro-batch: tokens and targets are [B, T] (targets < 0 ignored).
   // Parameter gradients accumulate as grad_scale * d(sum of token losses). Returns the sum of
   // token losses; *n_valid receives the number of counted targets.
-  double forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
-                          double grad_scale, int64_t* n_valid = nullptr);
+  double forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T, double grad_scale,
+                          int64_t* n_valid = nullptr);
   // Loss only (no gradients). Same return convention.
-  double forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
-                 int64_t* n_valid = nullptr);
+  double forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T, int64_t* n_valid = nullptr);
   // Logits [B, T, V] for every position (evaluation and tests).
   void logits(const int32_t* tokens, int64_t B, int64_t T, const Tensor& out);
 
@@ -160,13 +159,13 @@ class Decoder {
   // One micro-batch's activations, kept from its forward to its backward.
   struct Slot {
     Tensor tokens, targets;
-    std::vector<Tensor> res;       // res[i]: input of the stage's block i; res.back(): output
-    std::vector<BlockActs> saved;  // per block when not checkpointed
+    std::vector<Tensor> res;                       // res[i]: input of the stage's block i; res.back(): output
+    std::vector<BlockActs> saved;                  // per block when not checkpointed
     Tensor lnf, lnf_mean, lnf_rstd, losses, dlnf;  // the head (last stage)
-    double grad_scale = 0;       // of this micro-batch's training forward
-    double router_loss = 0;      // the MoE blocks' weighted router losses
-    bool train_buffers = false;  // holds what backward needs
-    bool train = false, busy = false;  // the current micro-batch: training or evaluation
+    double grad_scale = 0;                         // of this micro-batch's training forward
+    double router_loss = 0;                        // the MoE blocks' weighted router losses
+    bool train_buffers = false;                    // holds what backward needs
+    bool train = false, busy = false;              // the current micro-batch: training or evaluation
   };
   void ensure_buffers(int64_t B, int64_t T, bool train);
   Slot& slot(int id);

@@ -91,47 +91,40 @@ namespace {
 // Typed access to config.json keys with errors that name the file and the key.
 class ConfigReader {
  public:
-  ConfigReader(const json& j, std::string source, const char* cls)
-      : j_(j), src_(std::move(source)), cls_(cls) {}
+  ConfigReader(const json& j, std::string source, const char* cls) : j_(j), src_(std::move(source)), cls_(cls) {}
 
   bool has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
   int64_t integer(const char* key) const {
     need(key);
-    LOOM_CHECK(j_[key].is_number_integer(), "hf", src_, ": ", key, " should be an integer, got ",
-               j_[key].dump());
+    LOOM_CHECK(j_[key].is_number_integer(), "hf", src_, ": ", key, " should be an integer, got ", j_[key].dump());
     return j_[key].get<int64_t>();
   }
   int64_t integer(const char* key, int64_t dflt) const { return has(key) ? integer(key) : dflt; }
   double number(const char* key, double dflt) const {
     if (!has(key)) return dflt;
-    LOOM_CHECK(j_[key].is_number(), "hf", src_, ": ", key, " should be a number, got ",
-               j_[key].dump());
+    LOOM_CHECK(j_[key].is_number(), "hf", src_, ": ", key, " should be a number, got ", j_[key].dump());
     return j_[key].get<double>();
   }
   bool boolean(const char* key, bool dflt) const {
     if (!has(key)) return dflt;
-    LOOM_CHECK(j_[key].is_boolean(), "hf", src_, ": ", key, " should be true or false, got ",
-               j_[key].dump());
+    LOOM_CHECK(j_[key].is_boolean(), "hf", src_, ": ", key, " should be true or false, got ", j_[key].dump());
     return j_[key].get<bool>();
   }
   std::string text(const char* key, const std::string& dflt) const {
     if (!has(key)) return dflt;
-    LOOM_CHECK(j_[key].is_string(), "hf", src_, ": ", key, " should be a string, got ",
-               j_[key].dump());
+    LOOM_CHECK(j_[key].is_string(), "hf", src_, ": ", key, " should be a string, got ", j_[key].dump());
     return j_[key].get<std::string>();
   }
   // A setting loom does not implement must hold the value loom's math assumes.
   template <class V>
   void require(const char* key, const V& want, const V& got, const char* why) const {
-    LOOM_CHECK(got == want, "hf", src_, ": ", key, "=", json(got).dump(), " is not supported (",
-               why, "); loom computes ", key, "=", json(want).dump());
+    LOOM_CHECK(got == want, "hf", src_, ": ", key, "=", json(got).dump(), " is not supported (", why,
+               "); loom computes ", key, "=", json(want).dump());
   }
   const std::string& source() const { return src_; }
 
  private:
-  void need(const char* key) const {
-    LOOM_CHECK(has(key), "hf", src_, ": missing key '", key, "' (", cls_, ")");
-  }
+  void need(const char* key) const { LOOM_CHECK(has(key), "hf", src_, ": missing key '", key, "' (", cls_, ")"); }
   const json& j_;
   std::string src_;
   const char* cls_;
@@ -150,15 +143,14 @@ ModelConfig parse_gpt2(const ConfigReader& r) {
   c.tied_embeddings = r.boolean("tie_word_embeddings", true);
   const std::string act = r.text("activation_function", "gelu_new");
   // All three are the tanh approximation; "gelu" is the exact erf form, which loom lacks.
-  LOOM_CHECK(act == "gelu_new" || act == "gelu_pytorch_tanh" || act == "gelu_fast", "hf",
-             r.source(), ": activation_function \"", act,
+  LOOM_CHECK(act == "gelu_new" || act == "gelu_pytorch_tanh" || act == "gelu_fast", "hf", r.source(),
+             ": activation_function \"", act,
              "\" is not supported; loom's GPT-2 uses the tanh approximation (\"gelu_new\")");
   r.require("scale_attn_weights", true, r.boolean("scale_attn_weights", true),
             "attention scores are always divided by sqrt(head_dim)");
-  r.require("scale_attn_by_inverse_layer_idx", false,
-            r.boolean("scale_attn_by_inverse_layer_idx", false), "no per-layer score scaling");
-  r.require("reorder_and_upcast_attn", false, r.boolean("reorder_and_upcast_attn", false),
-            "no reordered attention");
+  r.require("scale_attn_by_inverse_layer_idx", false, r.boolean("scale_attn_by_inverse_layer_idx", false),
+            "no per-layer score scaling");
+  r.require("reorder_and_upcast_attn", false, r.boolean("reorder_and_upcast_attn", false), "no reordered attention");
   return c;
 }
 
@@ -219,7 +211,8 @@ ModelConfig parse_hf_config(const std::string& json_text, const std::string& sou
   else if (type == "mixtral")
     c = parse_mixtral(ConfigReader(j, source, "MixtralConfig"));
   else
-    fail("hf", source, ": model_type \"", type, "\" is not supported (loom reads \"gpt2\", "
+    fail("hf", source, ": model_type \"", type,
+         "\" is not supported (loom reads \"gpt2\", "
          "\"llama\" and \"mixtral\")");
   if (j.contains("loom_moe")) {
     LOOM_CHECK(j["loom_moe"].is_object(), "hf", source, ": loom_moe should be an object");
@@ -247,9 +240,7 @@ void write_hf_config(const ModelConfig& cfg, const std::string& path) {
   io::write_file_atomic(path, hf_config_json(cfg));
 }
 
-ModelConfig read_hf_config(const std::string& path) {
-  return parse_hf_config(io::read_file(path), path);
-}
+ModelConfig read_hf_config(const std::string& path) { return parse_hf_config(io::read_file(path), path); }
 
 // ---- model.safetensors -------------------------------------------------------------------
 
@@ -266,15 +257,23 @@ void with_float_type(DType t, const char* what, F&& f) {
   }
 }
 
-template <class T> double to_double(T v) {
-  if constexpr (std::is_same_v<T, bf16_t>) return bf16_to_f32(v);
-  else if constexpr (std::is_same_v<T, f16_t>) return f16_to_f32(v);
-  else return double(v);
+template <class T>
+double to_double(T v) {
+  if constexpr (std::is_same_v<T, bf16_t>)
+    return bf16_to_f32(v);
+  else if constexpr (std::is_same_v<T, f16_t>)
+    return f16_to_f32(v);
+  else
+    return double(v);
 }
-template <class T> T from_double(double v) {
-  if constexpr (std::is_same_v<T, bf16_t>) return f32_to_bf16(float(v));
-  else if constexpr (std::is_same_v<T, f16_t>) return f32_to_f16(float(v));
-  else return T(v);
+template <class T>
+T from_double(double v) {
+  if constexpr (std::is_same_v<T, bf16_t>)
+    return f32_to_bf16(float(v));
+  else if constexpr (std::is_same_v<T, f16_t>)
+    return f32_to_f16(float(v));
+  else
+    return T(v);
 }
 
 // dst = src converted, transposing a [R, C] src into [C, R] when `transpose`.
@@ -297,9 +296,7 @@ void convert(const Tensor& src, const Tensor& dst, bool transpose, const std::st
   });
 }
 
-Shape hf_shape(const ParamInfo& p) {
-  return p.hf_transposed ? Shape{p.shape[1], p.shape[0]} : p.shape;
-}
+Shape hf_shape(const ParamInfo& p) { return p.hf_transposed ? Shape{p.shape[1], p.shape[0]} : p.shape; }
 
 const char* token_table(const ModelConfig& c) {
   return c.family == Family::gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight";
@@ -311,8 +308,7 @@ bool ignorable(const ModelConfig& cfg, const std::string& name) {
     const std::string s = suffix;
     return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
   };
-  if (cfg.family == Family::gpt2 && (ends_with(".attn.bias") || ends_with(".attn.masked_bias")))
-    return true;
+  if (cfg.family == Family::gpt2 && (ends_with(".attn.bias") || ends_with(".attn.masked_bias"))) return true;
   if (ends_with(".rotary_emb.inv_freq")) return true;
   return cfg.tied_embeddings && name == "lm_head.weight";
 }
@@ -330,11 +326,9 @@ void save_hf_safetensors(const Decoder& m, const std::string& path, DType dtype)
   save_hf_safetensors(m.layout(), m.params(), path, dtype);
 }
 
-void save_hf_safetensors(const ParamLayout& layout, const Tensor& flat, const std::string& path,
-                         DType dtype) {
-  LOOM_CHECK(dtype == DType::f32 || dtype == DType::f64 || dtype == DType::bf16 ||
-                 dtype == DType::f16,
-             "hf", "cannot save parameters as ", dtype_name(dtype), " (use f32, f64, bf16, f16)");
+void save_hf_safetensors(const ParamLayout& layout, const Tensor& flat, const std::string& path, DType dtype) {
+  LOOM_CHECK(dtype == DType::f32 || dtype == DType::f64 || dtype == DType::bf16 || dtype == DType::f16, "hf",
+             "cannot save parameters as ", dtype_name(dtype), " (use f32, f64, bf16, f16)");
   io::SafetensorsWriter w;
   for (const auto& p : layout.params()) {
     const Tensor src = flat.slice(p.offset, p.shape);
@@ -362,8 +356,7 @@ void load_hf_safetensors(const ModelConfig& cfg, const ParamLayout& layout, cons
   for (const auto& e : f.entries()) {
     std::string name = e.name;
     // GPT2Model checkpoints (e.g. the original "gpt2" upload) omit the "transformer." prefix.
-    if (!layout.contains(name) && cfg.family == Family::gpt2 &&
-        layout.contains("transformer." + name))
+    if (!layout.contains(name) && cfg.family == Family::gpt2 && layout.contains("transformer." + name))
       name = "transformer." + name;
     if (!layout.contains(name)) {
       if (!ignorable(cfg, e.name)) unexpected.push_back(e.name);
@@ -371,27 +364,25 @@ void load_hf_safetensors(const ModelConfig& cfg, const ParamLayout& layout, cons
     }
     const ParamInfo& p = layout.get(name);
     const Shape want = hf_shape(p);
-    LOOM_CHECK(e.shape == want.to_vector(), "hf", path, ": tensor '", e.name, "' has shape ",
-               e.shape_str(), " but ", cfg.summary(), " expects ", want.str(),
+    LOOM_CHECK(e.shape == want.to_vector(), "hf", path, ": tensor '", e.name, "' has shape ", e.shape_str(), " but ",
+               cfg.summary(), " expects ", want.str(),
                p.hf_transposed ? " (Hugging Face's Conv1D layout [in, out])" : "");
     LOOM_CHECK(seen.insert(name).second, "hf", path, ": parameter '", name,
                "' appears twice (with and without the 'transformer.' prefix)");
-    convert(f.get(e.name), flat.slice(p.offset, p.shape), p.hf_transposed,
-            str_cat(path, ": tensor '", e.name, "'"));
+    convert(f.get(e.name), flat.slice(p.offset, p.shape), p.hf_transposed, str_cat(path, ": tensor '", e.name, "'"));
   }
   LOOM_CHECK(unexpected.empty(), "hf", path, ": ", unexpected.size(), " unexpected tensor",
-             unexpected.size() == 1 ? "" : "s", " for ", cfg.summary(), ": ",
-             name_list(unexpected), " (wrong model family or config.json?)");
+             unexpected.size() == 1 ? "" : "s", " for ", cfg.summary(), ": ", name_list(unexpected),
+             " (wrong model family or config.json?)");
   std::vector<std::string> missing;
   for (const auto& p : layout.params())
     if (!seen.count(p.name)) missing.push_back(p.name);
-  LOOM_CHECK(missing.empty(), "hf", path, ": missing ", missing.size(), " tensor",
-             missing.size() == 1 ? "" : "s", " that ", cfg.summary(), " needs: ",
-             name_list(missing),
-             !cfg.tied_embeddings && std::count(missing.begin(), missing.end(), "lm_head.weight")
-                 ? str_cat(" (an untied head; if the checkpoint ties it to ", token_table(cfg),
-                           ", set tie_word_embeddings)")
-                 : std::string());
+  LOOM_CHECK(
+      missing.empty(), "hf", path, ": missing ", missing.size(), " tensor", missing.size() == 1 ? "" : "s", " that ",
+      cfg.summary(), " needs: ", name_list(missing),
+      !cfg.tied_embeddings && std::count(missing.begin(), missing.end(), "lm_head.weight")
+          ? str_cat(" (an untied head; if the checkpoint ties it to ", token_table(cfg), ", set tie_word_embeddings)")
+          : std::string());
 }
 
 void save_hf_pretrained(const Decoder& m, const std::string& dir, DType dtype) {

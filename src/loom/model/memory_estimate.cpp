@@ -6,13 +6,13 @@
 
 namespace loom::model {
 
-TrainingMemoryEstimate estimate_training_memory(const ModelConfig& cfg, int64_t P, int64_t B,
-                                                int64_t T, int interval, int64_t chunk) {
+TrainingMemoryEstimate estimate_training_memory(const ModelConfig& cfg, int64_t P, int64_t B, int64_t T, int interval,
+                                                int64_t chunk) {
   const int64_t N = B * T, C = cfg.d_model, L = cfg.n_layer, H = cfg.n_head;
   const int64_t D = cfg.head_dim(), F = cfg.d_ff, W = (H + 2 * cfg.n_kv_head) * D;
   const bool gpt2 = cfg.family == Family::gpt2;
-  const int64_t stats = gpt2 ? 2 : 1;           // mean+rstd or rstd per norm
-  const int64_t G = gpt2 ? 1 : 2;               // fc outputs per hidden unit (gate|up)
+  const int64_t stats = gpt2 ? 2 : 1;  // mean+rstd or rstd per norm
+  const int64_t G = gpt2 ? 1 : 2;      // fc outputs per hidden unit (gate|up)
   // The dense MLP buffers serve dense blocks and shared experts (BlockActs::allocate).
   const int64_t mlp = (G + 1) * cfg.dense_mlp_width(F);  // fc (+gate) and activation
   // MoE buffers in every block's set: logits and scores, four per-choice index/weight arrays,
@@ -26,17 +26,17 @@ TrainingMemoryEstimate estimate_training_memory(const ModelConfig& cfg, int64_t 
   TrainingMemoryEstimate e;
   e.params = e.grads = 4 * P;
   e.optimizer = 8 * P;
-  e.activations = 4 * N * (sets * per_block + (L + 1) * C  // saved blocks, residual stream
-                           + C + stats + 1                  // final norm and token losses
-                           + 3);                            // tokens, targets, positions (i32)
-  e.workspace = 4 * (std::min(chunk, N) * cfg.vocab_size     // logits chunk
-                     + N * (2 * C                            // dlnf, dres
+  e.activations = 4 * N *
+                  (sets * per_block + (L + 1) * C                   // saved blocks, residual stream
+                   + C + stats + 1                                  // final norm and token losses
+                   + 3);                                            // tokens, targets, positions (i32)
+  e.workspace = 4 * (std::min(chunk, N) * cfg.vocab_size            // logits chunk
+                     + N * (2 * C                                   // dlnf, dres
                             + C + W + H * D + mlp + moe_scratch));  // block scratch
   return e;
 }
 
-double estimate_training_bytes(const ModelConfig& cfg, int64_t P, double B, int64_t T, int interval,
-                               int64_t chunk) {
+double estimate_training_bytes(const ModelConfig& cfg, int64_t P, double B, int64_t T, int interval, int64_t chunk) {
   // Every term is linear in the tokens B*T except the logits chunk, min(chunk, B*T) rows.
   const TrainingMemoryEstimate one = estimate_training_memory(cfg, P, 1, T, interval, chunk);
   const double chunk_bytes = 4.0 * double(cfg.vocab_size);
@@ -45,8 +45,8 @@ double estimate_training_bytes(const ModelConfig& cfg, int64_t P, double B, int6
          chunk_bytes * std::min(double(chunk), B * double(T));
 }
 
-SliceActivationBytes estimate_slice_activations(const ModelConfig& cfg, const ModelSlice& slice, int64_t B,
-                                                int64_t T, int interval, int64_t chunk) {
+SliceActivationBytes estimate_slice_activations(const ModelConfig& cfg, const ModelSlice& slice, int64_t B, int64_t T,
+                                                int interval, int64_t chunk) {
   const int64_t N = B * T, C = cfg.d_model;
   const int64_t L = (slice.last_layer < 0 ? cfg.n_layer : slice.last_layer) - slice.first_layer;
   const BlockDims d = BlockDims::of(cfg, slice.tp, slice.tp_rank);
@@ -85,11 +85,10 @@ double training_flops(const ModelConfig& cfg, int64_t P, int64_t B, int64_t T) {
   if (!cfg.tied_embeddings) matmul_params -= double(cfg.vocab_size * cfg.d_model);
   // A MoE token multiplies by its top_k experts only (the router counts).
   if (cfg.moe.enabled()) {
-    matmul_params -= double(cfg.num_moe_layers()) * double(cfg.moe.num_experts - cfg.moe.top_k) *
-                     double(cfg.expert_params());
+    matmul_params -=
+        double(cfg.num_moe_layers()) * double(cfg.moe.num_experts - cfg.moe.top_k) * double(cfg.expert_params());
   }
-  return 6.0 * matmul_params * tokens +
-         6.0 * double(cfg.n_layer) * double(T) * double(cfg.d_model) * tokens;
+  return 6.0 * matmul_params * tokens + 6.0 * double(cfg.n_layer) * double(T) * double(cfg.d_model) * tokens;
 }
 
 }  // namespace loom::model

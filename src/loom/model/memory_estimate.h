@@ -17,14 +17,13 @@ struct TrainingMemoryEstimate {
 };
 
 // n_params: total parameter count; checkpoint_interval as in DecoderOptions.
-TrainingMemoryEstimate estimate_training_memory(const ModelConfig& cfg, int64_t n_params,
-                                                int64_t B, int64_t T, int checkpoint_interval,
-                                                int64_t xent_chunk);
+TrainingMemoryEstimate estimate_training_memory(const ModelConfig& cfg, int64_t n_params, int64_t B, int64_t T,
+                                                int checkpoint_interval, int64_t xent_chunk);
 
 // The same estimate's total in double precision, for any micro-batch size B (a B*T that
 // overflows int64 included): what a configuration would need before anything is allocated.
-double estimate_training_bytes(const ModelConfig& cfg, int64_t n_params, double B, int64_t T,
-                               int checkpoint_interval, int64_t xent_chunk);
+double estimate_training_bytes(const ModelConfig& cfg, int64_t n_params, double B, int64_t T, int checkpoint_interval,
+                               int64_t xent_chunk);
 
 // What one rank's decoder slice (a pipeline stage's blocks, a tensor-parallel share of heads
 // and d_ff, embedding and head where the slice has them) allocates to train micro-batches of
@@ -38,8 +37,8 @@ struct SliceActivationBytes {
   int64_t activations(int64_t slots) const { return shared + slots * per_slot; }
   int64_t workspace_bytes(int64_t slots) const { return workspace + slots * per_slot_workspace; }
 };
-SliceActivationBytes estimate_slice_activations(const ModelConfig& cfg, const ModelSlice& slice, int64_t B,
-                                                int64_t T, int checkpoint_interval, int64_t xent_chunk);
+SliceActivationBytes estimate_slice_activations(const ModelConfig& cfg, const ModelSlice& slice, int64_t B, int64_t T,
+                                                int checkpoint_interval, int64_t xent_chunk);
 
 // Model FLOPs of one training step on B*T tokens: 6 * (params that multiply) per token plus
 // causal attention 6 * n_layer * T * d_model per token (forward 2x, backward 4x of the

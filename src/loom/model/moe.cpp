@@ -155,9 +155,7 @@ void route(const ModelConfig& cfg, const BlockWeights& w, int64_t N, MoeActs& a)
   // Loads and capacity: first choices of every token before second choices (GShard's priority).
   std::fill(a.load.begin(), a.load.end(), 0);
   for (int64_t c = 0; c < N * k; ++c) ++a.load[size_t(topk[c])];
-  const int64_t cap = m.capacity_factor > 0
-                          ? int64_t(std::ceil(m.capacity_factor * double(N * k) / double(E)))
-                          : N * k;
+  const int64_t cap = m.capacity_factor > 0 ? int64_t(std::ceil(m.capacity_factor * double(N * k) / double(E))) : N * k;
   std::vector<int64_t> kept(static_cast<size_t>(E), 0);
   int32_t* row_of = a.row_of.data<int32_t>();
   a.dropped = 0;
@@ -187,15 +185,13 @@ void route(const ModelConfig& cfg, const BlockWeights& w, int64_t N, MoeActs& a)
   // Balance loss E * sum_i f_i P_i: f_i the fraction of choices routed to i, P_i the mean
   // probability (for sigmoid scores, normalised per token) of i.
   double aux = 0;
-  for (int64_t e = 0; e < E; ++e)
-    aux += double(a.load[size_t(e)]) / double(N * k) * p_sum[size_t(e)] / double(N);
+  for (int64_t e = 0; e < E; ++e) aux += double(a.load[size_t(e)]) / double(N * k) * p_sum[size_t(e)] / double(N);
   a.aux = double(E) * aux;
   a.z = z_sum / double(N);
 }
 
 template <class T>
-void router_backward(const ModelConfig& cfg, int64_t N, const MoeActs& a, const std::vector<T>& dgate,
-                     T* dz) {
+void router_backward(const ModelConfig& cfg, int64_t N, const MoeActs& a, const std::vector<T>& dgate, T* dz) {
   const MoeConfig& m = cfg.moe;
   const int64_t E = m.num_experts, k = m.top_k;
   const T* z = a.logits.data<T>();
@@ -216,8 +212,7 @@ void router_backward(const ModelConfig& cfg, int64_t N, const MoeActs& a, const 
       S += double(st[topk[t * k + j]]);
       gdg += double(gates[t * k + j]) * double(dgate[size_t(t * k + j)]);
     }
-    for (int64_t j = 0; j < k; ++j)
-      ds[size_t(topk[t * k + j])] += (double(dgate[size_t(t * k + j)]) - gdg) / S;
+    for (int64_t j = 0; j < k; ++j) ds[size_t(topk[t * k + j])] += (double(dgate[size_t(t * k + j)]) - gdg) / S;
     double ssum = 0;
     for (int64_t e = 0; e < E; ++e) ssum += double(st[e]);
     if (w_aux != 0) {
@@ -243,8 +238,7 @@ void router_backward(const ModelConfig& cfg, int64_t N, const MoeActs& a, const 
       double sum = 0;
       for (int64_t e = 0; e < E; ++e) sum += std::exp(double(zt[e]) - mx);
       const double lse = mx + std::log(sum);
-      for (int64_t e = 0; e < E; ++e)
-        dzt[e] += T(w_z * 2.0 * lse * std::exp(double(zt[e]) - lse) / double(N));
+      for (int64_t e = 0; e < E; ++e) dzt[e] += T(w_z * 2.0 * lse * std::exp(double(zt[e]) - lse) / double(N));
     }
   }
 }
@@ -272,19 +266,25 @@ void permute_rows(const T* src, T* dst, int64_t C, const std::vector<int32_t>& p
 }
 
 // One expert's MLP over n rows: fc, activation, out (out may alias rows).
-void expert_forward(const ExpertWeights& ew, const Tensor& rows, const Tensor& fc, const Tensor& act,
-                    const Tensor& out, bool gelu, ops::ProductPrecision prec) {
+void expert_forward(const ExpertWeights& ew, const Tensor& rows, const Tensor& fc, const Tensor& act, const Tensor& out,
+                    bool gelu, ops::ProductPrecision prec) {
   ops::linear_forward(rows, ew.fc_w, ew.fc_b, fc, prec);
-  if (gelu) ops::gelu_forward(fc, act); else ops::swiglu_forward(fc, act);
+  if (gelu)
+    ops::gelu_forward(fc, act);
+  else
+    ops::swiglu_forward(fc, act);
   ops::linear_forward(act, ew.out_w, ew.out_b, out, prec);
 }
 
 // Its backward: dout -> weight gradients and, into drows (may alias dout), the rows' gradient.
 void expert_backward(const ExpertWeights& ew, const ExpertWeights& gew, const Tensor& rows, const Tensor& fc,
-                     const Tensor& act, const Tensor& dout, const Tensor& dfc, const Tensor& dact,
-                     const Tensor& drows, bool gelu, ops::ProductPrecision prec) {
+                     const Tensor& act, const Tensor& dout, const Tensor& dfc, const Tensor& dact, const Tensor& drows,
+                     bool gelu, ops::ProductPrecision prec) {
   ops::linear_backward(dout, act, ew.out_w, dact, gew.out_w, gew.out_b, false, prec);
-  if (gelu) ops::gelu_backward(fc, dact, dfc); else ops::swiglu_backward(fc, dact, dfc);
+  if (gelu)
+    ops::gelu_backward(fc, dact, dfc);
+  else
+    ops::swiglu_backward(fc, dact, dfc);
   ops::linear_backward(dfc, rows, ew.fc_w, drows, gew.fc_w, gew.fc_b, false, prec);
 }
 
@@ -298,14 +298,13 @@ struct Timed {  // adds the scope's seconds to *out (when out is set)
 };
 
 template <class T>
-void dispatch_impl(const ModelConfig& cfg, const BlockWeights& w, const Tensor& x, MoeActs& a,
-                   ExpertParallelOps* ep) {
+void dispatch_impl(const ModelConfig& cfg, const BlockWeights& w, const Tensor& x, MoeActs& a, ExpertParallelOps* ep) {
   Timed timed(a.times ? &a.times->route_s : nullptr);
   const int64_t N = x.size(0), C = cfg.d_model, E = cfg.moe.num_experts, k = cfg.moe.top_k;
   const int64_t P = distributed(ep) ? ep->size() : 1, El = E / P;
   LOOM_CHECK(N <= a.logits.size(0), "moe", N, " tokens but buffers for ", a.logits.size(0));
-  LOOM_CHECK(int64_t(w.experts.size()) == El, "moe", "the block has ", w.experts.size(),
-             " experts bound, expected ", El, " (", E, " over ep=", P, ")");
+  LOOM_CHECK(int64_t(w.experts.size()) == El, "moe", "the block has ", w.experts.size(), " experts bound, expected ",
+             El, " (", E, " over ep=", P, ")");
   a.tokens = N;
   ops::linear_forward(x, w.router_w, {}, a.logits.slice(0, {N, E}));
   route<T>(cfg, w, N, a);
@@ -389,8 +388,8 @@ void combine_impl(const ModelConfig& cfg, const BlockWeights& w, MoeActs& a, con
       const int64_t r0 = a.offsets[size_t(e)], n = a.offsets[size_t(e) + 1] - r0;
       if (n == 0) continue;
       const Tensor rows = a.eout.slice(r0 * C, {n, C});
-      expert_forward(w.experts[size_t(e)], rows, a.fc.slice(r0 * G * F, {n, G * F}), a.act.slice(r0 * F, {n, F}),
-                     rows, gelu, prec);
+      expert_forward(w.experts[size_t(e)], rows, a.fc.slice(r0 * G * F, {n, G * F}), a.act.slice(r0 * F, {n, F}), rows,
+                     gelu, prec);
     }
   } else {
     const int64_t R = int64_t(a.perm.size());
@@ -410,8 +409,7 @@ void combine_impl(const ModelConfig& cfg, const BlockWeights& w, MoeActs& a, con
     ep->wait_rows();
   }
   Timed timed(a.times ? &a.times->route_s : nullptr);
-  cpu::moe_combine<T>(a.eout.data<T>(), C, a.row_of.data<int32_t>(), a.gates.data<T>(), N, k, accumulate,
-                      y.data<T>());
+  cpu::moe_combine<T>(a.eout.data<T>(), C, a.row_of.data<int32_t>(), a.gates.data<T>(), N, k, accumulate, y.data<T>());
 }
 
 template <class T>
@@ -423,8 +421,7 @@ void backward_dispatch_impl(const ModelConfig& cfg, MoeActs& a, MoeScratch& s, c
   const int64_t A = a.offsets[size_t(E)];
   cpu::moe_gate_grads<T>(dy.data<T>(), a.eout.data<T>(), C, a.row_of.data<int32_t>(), N, k, s.dgate.data<T>());
   // Each kept row's output gradient, gate-weighted, grouped like the forward's rows.
-  cpu::moe_gather_rows<T>(dy.data<T>(), C, a.choice_of.data<int32_t>(), k, a.gates.data<T>(), A,
-                          s.dout.data<T>());
+  cpu::moe_gather_rows<T>(dy.data<T>(), C, a.choice_of.data<int32_t>(), k, a.gates.data<T>(), A, s.dout.data<T>());
   if (!distributed(ep)) return;
   const int64_t R = int64_t(a.perm.size());
   const Tensor recv = sized(s.ep_recv, R, C, dy.dtype(), MemCategory::workspace);
@@ -432,9 +429,8 @@ void backward_dispatch_impl(const ModelConfig& cfg, MoeActs& a, MoeScratch& s, c
 }
 
 template <class T>
-void backward_combine_impl(const ModelConfig& cfg, const BlockWeights& w, const BlockWeights& gw,
-                           const Tensor& x, MoeActs& a, MoeScratch& s, const Tensor& dx, bool accumulate_dx,
-                           ExpertParallelOps* ep) {
+void backward_combine_impl(const ModelConfig& cfg, const BlockWeights& w, const BlockWeights& gw, const Tensor& x,
+                           MoeActs& a, MoeScratch& s, const Tensor& dx, bool accumulate_dx, ExpertParallelOps* ep) {
   const int64_t N = a.tokens, C = cfg.d_model, E = cfg.moe.num_experts, k = cfg.moe.top_k;
   const int64_t F = cfg.expert_d_ff(), G = cfg.family == Family::gpt2 ? 1 : 2;
   const ops::ProductPrecision prec = cfg.products();
@@ -481,39 +477,44 @@ void backward_combine_impl(const ModelConfig& cfg, const BlockWeights& w, const 
 
 }  // namespace
 
-void moe_dispatch(const ModelConfig& cfg, const BlockWeights& w, const Tensor& x, MoeActs& a,
-                  ExpertParallelOps* ep) {
-  if (x.dtype() == DType::f32) dispatch_impl<float>(cfg, w, x, a, ep); else dispatch_impl<double>(cfg, w, x, a, ep);
+void moe_dispatch(const ModelConfig& cfg, const BlockWeights& w, const Tensor& x, MoeActs& a, ExpertParallelOps* ep) {
+  if (x.dtype() == DType::f32)
+    dispatch_impl<float>(cfg, w, x, a, ep);
+  else
+    dispatch_impl<double>(cfg, w, x, a, ep);
 }
 
 void moe_combine(const ModelConfig& cfg, const BlockWeights& w, MoeActs& a, const Tensor& y, bool accumulate,
                  ExpertParallelOps* ep) {
-  if (y.dtype() == DType::f32) combine_impl<float>(cfg, w, a, y, accumulate, ep);
-  else combine_impl<double>(cfg, w, a, y, accumulate, ep);
+  if (y.dtype() == DType::f32)
+    combine_impl<float>(cfg, w, a, y, accumulate, ep);
+  else
+    combine_impl<double>(cfg, w, a, y, accumulate, ep);
 }
 
-void moe_forward(const ModelConfig& cfg, const BlockWeights& w, const Tensor& x, MoeActs& a,
-                 const Tensor& y, bool accumulate, ExpertParallelOps* ep) {
+void moe_forward(const ModelConfig& cfg, const BlockWeights& w, const Tensor& x, MoeActs& a, const Tensor& y,
+                 bool accumulate, ExpertParallelOps* ep) {
   moe_dispatch(cfg, w, x, a, ep);
   moe_combine(cfg, w, a, y, accumulate, ep);
 }
 
-void moe_backward_dispatch(const ModelConfig& cfg, MoeActs& a, MoeScratch& s, const Tensor& dy,
-                           ExpertParallelOps* ep) {
-  if (dy.dtype() == DType::f32) backward_dispatch_impl<float>(cfg, a, s, dy, ep);
-  else backward_dispatch_impl<double>(cfg, a, s, dy, ep);
+void moe_backward_dispatch(const ModelConfig& cfg, MoeActs& a, MoeScratch& s, const Tensor& dy, ExpertParallelOps* ep) {
+  if (dy.dtype() == DType::f32)
+    backward_dispatch_impl<float>(cfg, a, s, dy, ep);
+  else
+    backward_dispatch_impl<double>(cfg, a, s, dy, ep);
 }
 
-void moe_backward_combine(const ModelConfig& cfg, const BlockWeights& w, const BlockWeights& gw,
-                          const Tensor& x, MoeActs& a, MoeScratch& s, const Tensor& dx, bool accumulate_dx,
-                          ExpertParallelOps* ep) {
-  if (dx.dtype() == DType::f32) backward_combine_impl<float>(cfg, w, gw, x, a, s, dx, accumulate_dx, ep);
-  else backward_combine_impl<double>(cfg, w, gw, x, a, s, dx, accumulate_dx, ep);
+void moe_backward_combine(const ModelConfig& cfg, const BlockWeights& w, const BlockWeights& gw, const Tensor& x,
+                          MoeActs& a, MoeScratch& s, const Tensor& dx, bool accumulate_dx, ExpertParallelOps* ep) {
+  if (dx.dtype() == DType::f32)
+    backward_combine_impl<float>(cfg, w, gw, x, a, s, dx, accumulate_dx, ep);
+  else
+    backward_combine_impl<double>(cfg, w, gw, x, a, s, dx, accumulate_dx, ep);
 }
 
-void moe_backward(const ModelConfig& cfg, const BlockWeights& w, const BlockWeights& gw,
-                  const Tensor& x, MoeActs& a, MoeScratch& s, const Tensor& dy, const Tensor& dx,
-                  bool accumulate_dx, ExpertParallelOps* ep) {
+void moe_backward(const ModelConfig& cfg, const BlockWeights& w, const BlockWeights& gw, const Tensor& x, MoeActs& a,
+                  MoeScratch& s, const Tensor& dy, const Tensor& dx, bool accumulate_dx, ExpertParallelOps* ep) {
   moe_backward_dispatch(cfg, a, s, dy, ep);
   moe_backward_combine(cfg, w, gw, x, a, s, dx, accumulate_dx, ep);
 }

@@ -41,15 +41,15 @@ struct MoeTimes {
 
 // What a MoE forward keeps for its backward (and reports), for up to N tokens.
 struct MoeActs {
-  int64_t tokens = 0;  // rows of the last forward
-  Tensor logits;   // [N, E] router logits
-  Tensor scores;   // [N, E] softmax or sigmoid of the logits
-  Tensor topk;     // i32 [N, k] chosen experts, in descending biased score
-  Tensor gates;    // [N, k] normalised weights of the chosen experts
-  Tensor row_of;   // i32 [N, k] row of each choice in the grouped buffers; -1: dropped
-  Tensor choice_of;  // i32 [N*k] choice (token * k + j) of each grouped row
-  Tensor fc, act;  // [N*k, Fe or 2 Fe] and [N*k, Fe]: the experts' MLP, rows grouped by expert
-  Tensor eout;     // [N*k, C] each row's expert output (before its weight)
+  int64_t tokens = 0;            // rows of the last forward
+  Tensor logits;                 // [N, E] router logits
+  Tensor scores;                 // [N, E] softmax or sigmoid of the logits
+  Tensor topk;                   // i32 [N, k] chosen experts, in descending biased score
+  Tensor gates;                  // [N, k] normalised weights of the chosen experts
+  Tensor row_of;                 // i32 [N, k] row of each choice in the grouped buffers; -1: dropped
+  Tensor choice_of;              // i32 [N*k] choice (token * k + j) of each grouped row
+  Tensor fc, act;                // [N*k, Fe or 2 Fe] and [N*k, Fe]: the experts' MLP, rows grouped by expert
+  Tensor eout;                   // [N*k, C] each row's expert output (before its weight)
   std::vector<int64_t> offsets;  // E+1: expert e's rows are [offsets[e], offsets[e+1])
   std::vector<int64_t> load;     // E: tokens routed to each expert (before capacity)
   int64_t dropped = 0;           // choices over capacity
@@ -70,11 +70,11 @@ struct MoeActs {
 
 // Backward temporaries, shared by all MoE blocks.
 struct MoeScratch {
-  Tensor rows;    // [N*k, C] gathered inputs, then each row's input gradient
-  Tensor dout;    // [N*k, C] weighted output gradient per row
+  Tensor rows;  // [N*k, C] gathered inputs, then each row's input gradient
+  Tensor dout;  // [N*k, C] weighted output gradient per row
   Tensor dfc, dact;
-  Tensor dlogits; // [N, E]
-  Tensor dgate;   // [N * k]
+  Tensor dlogits;                         // [N, E]
+  Tensor dgate;                           // [N * k]
   Tensor ep_recv, ep_d, ep_dfc, ep_dact;  // expert parallelism, sized per call
   static MoeScratch allocate(const ModelConfig& cfg, int64_t N, DType dt, Allocator& alloc);
 };
@@ -87,28 +87,28 @@ struct MoeScratch {
 // their outputs back and adds them up.
 void moe_dispatch(const ModelConfig& cfg, const BlockWeights& w, const Tensor& x, MoeActs& a,
                   ExpertParallelOps* ep = nullptr);
-void moe_combine(const ModelConfig& cfg, const BlockWeights& w, MoeActs& a, const Tensor& y,
-                 bool accumulate, ExpertParallelOps* ep = nullptr);
+void moe_combine(const ModelConfig& cfg, const BlockWeights& w, MoeActs& a, const Tensor& y, bool accumulate,
+                 ExpertParallelOps* ep = nullptr);
 // Both halves at once.
-void moe_forward(const ModelConfig& cfg, const BlockWeights& w, const Tensor& x, MoeActs& a,
-                 const Tensor& y, bool accumulate = false, ExpertParallelOps* ep = nullptr);
+void moe_forward(const ModelConfig& cfg, const BlockWeights& w, const Tensor& x, MoeActs& a, const Tensor& y,
+                 bool accumulate = false, ExpertParallelOps* ep = nullptr);
 
 // dy: gradient of y. Writes (accumulate_dx: adds) the gradient of x to dx, and accumulates into
 // gw's router and experts, including the router losses' gradient weighted by a.loss_weight.
 // Also in two halves around the caller's work (the shared experts' backward).
 void moe_backward_dispatch(const ModelConfig& cfg, MoeActs& a, MoeScratch& s, const Tensor& dy,
                            ExpertParallelOps* ep = nullptr);
-void moe_backward_combine(const ModelConfig& cfg, const BlockWeights& w, const BlockWeights& gw,
-                          const Tensor& x, MoeActs& a, MoeScratch& s, const Tensor& dx, bool accumulate_dx,
+void moe_backward_combine(const ModelConfig& cfg, const BlockWeights& w, const BlockWeights& gw, const Tensor& x,
+                          MoeActs& a, MoeScratch& s, const Tensor& dx, bool accumulate_dx,
                           ExpertParallelOps* ep = nullptr);
-void moe_backward(const ModelConfig& cfg, const BlockWeights& w, const BlockWeights& gw,
-                  const Tensor& x, MoeActs& a, MoeScratch& s, const Tensor& dy, const Tensor& dx,
-                  bool accumulate_dx, ExpertParallelOps* ep = nullptr);
+void moe_backward(const ModelConfig& cfg, const BlockWeights& w, const BlockWeights& gw, const Tensor& x, MoeActs& a,
+                  MoeScratch& s, const Tensor& dy, const Tensor& dx, bool accumulate_dx,
+                  ExpertParallelOps* ep = nullptr);
 
 // Router statistics of the MoE layers over some forwards (a training step's micro-batches).
 struct MoeLayerStats {
   int layer = -1;
-  std::vector<int64_t> load;  // tokens routed per expert
+  std::vector<int64_t> load;         // tokens routed per expert
   int64_t choices = 0, dropped = 0;  // tokens * top_k, and those over capacity
   double aux_sum = 0, z_sum = 0;     // summed over forwards
   int64_t forwards = 0;

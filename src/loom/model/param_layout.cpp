@@ -15,25 +15,24 @@ const char* lm_head_name(const ModelConfig& cfg) {
 
 void check_tensor_parallel(const ModelConfig& cfg, int64_t tp, const char* setting) {
   LOOM_CHECK(tp >= 1, "config", setting, "=", tp, " must be at least 1");
-  LOOM_CHECK(cfg.n_head % tp == 0, "config", setting, "=", tp, " does not divide model.n_head=",
-             cfg.n_head, ": attention is split by heads; use a tp that divides ", cfg.n_head);
-  LOOM_CHECK(cfg.d_ff % tp == 0, "config", setting, "=", tp, " does not divide model.d_ff=",
-             cfg.d_ff, ": the MLP is split along its hidden dimension; use a tp that divides ", cfg.d_ff);
+  LOOM_CHECK(cfg.n_head % tp == 0, "config", setting, "=", tp, " does not divide model.n_head=", cfg.n_head,
+             ": attention is split by heads; use a tp that divides ", cfg.n_head);
+  LOOM_CHECK(cfg.d_ff % tp == 0, "config", setting, "=", tp, " does not divide model.d_ff=", cfg.d_ff,
+             ": the MLP is split along its hidden dimension; use a tp that divides ", cfg.d_ff);
 }
 
 void check_expert_parallel(const ModelConfig& cfg, int64_t ep) {
   LOOM_CHECK(ep >= 1, "config", "parallel.ep=", ep, " must be at least 1");
   if (ep == 1) return;
-  LOOM_CHECK(cfg.moe.enabled(), "config", "parallel.ep=", ep, " needs a Mixture-of-Experts model (model.moe.num_experts > 0); ",
-             "model ", cfg.name, " is dense: use parallel.ep=1");
-  LOOM_CHECK(cfg.moe.num_experts % ep == 0, "config", "parallel.ep=", ep, " does not divide model.moe.num_experts=",
-             cfg.moe.num_experts, ": every ep rank holds the same number of experts; use an ep that divides ",
-             cfg.moe.num_experts);
+  LOOM_CHECK(cfg.moe.enabled(), "config", "parallel.ep=", ep,
+             " needs a Mixture-of-Experts model (model.moe.num_experts > 0); ", "model ", cfg.name,
+             " is dense: use parallel.ep=1");
+  LOOM_CHECK(cfg.moe.num_experts % ep == 0, "config", "parallel.ep=", ep,
+             " does not divide model.moe.num_experts=", cfg.moe.num_experts,
+             ": every ep rank holds the same number of experts; use an ep that divides ", cfg.moe.num_experts);
 }
 
-int64_t vocab_rows_per_rank(const ModelConfig& cfg, int64_t tp) {
-  return (cfg.vocab_size + tp - 1) / tp;
-}
+int64_t vocab_rows_per_rank(const ModelConfig& cfg, int64_t tp) { return (cfg.vocab_size + tp - 1) / tp; }
 
 namespace {
 constexpr int kRows = 0, kCols = 1, kNone = -1;
@@ -42,8 +41,8 @@ constexpr int kRows = 0, kCols = 1, kNone = -1;
 // gate_proj, up_proj, down_proj, or Mixtral's w1, w3, w2 for experts), bound to the dense or
 // shared slots or, with expert >= 0, to that expert's slots. split: Megatron's column/row
 // split (the dense MLP); experts and shared experts are not split.
-void add_mlp_specs(std::vector<BlockParamSpec>& out, const ModelConfig& cfg, const std::string& prefix,
-                   int64_t F, bool split, int expert) {
+void add_mlp_specs(std::vector<BlockParamSpec>& out, const ModelConfig& cfg, const std::string& prefix, int64_t F,
+                   bool split, int expert) {
   using S = BlockSlot;
   const int64_t C = cfg.d_model;
   const Init N = Init::normal, Z = Init::zeros;
@@ -60,9 +59,39 @@ void add_mlp_specs(std::vector<BlockParamSpec>& out, const ModelConfig& cfg, con
   }
   // gate, up adjacent: the fused [2 F, C] projection feeding SwiGLU.
   const bool mixtral = e;  // Mixtral's experts: w1 gate, w3 up, w2 down
-  out.push_back({prefix + (mixtral ? "w1.weight" : "gate_proj.weight"), {F, C}, fc_w, N, false, true, false, rows, 1, false, expert});
-  out.push_back({prefix + (mixtral ? "w3.weight" : "up_proj.weight"), {F, C}, fc_w, N, false, true, false, rows, 1, false, expert});
-  out.push_back({prefix + (mixtral ? "w2.weight" : "down_proj.weight"), {C, F}, out_w, N, true, true, false, cols, 1, false, expert});
+  out.push_back({prefix + (mixtral ? "w1.weight" : "gate_proj.weight"),
+                 {F, C},
+                 fc_w,
+                 N,
+                 false,
+                 true,
+                 false,
+                 rows,
+                 1,
+                 false,
+                 expert});
+  out.push_back({prefix + (mixtral ? "w3.weight" : "up_proj.weight"),
+                 {F, C},
+                 fc_w,
+                 N,
+                 false,
+                 true,
+                 false,
+                 rows,
+                 1,
+                 false,
+                 expert});
+  out.push_back({prefix + (mixtral ? "w2.weight" : "down_proj.weight"),
+                 {C, F},
+                 out_w,
+                 N,
+                 true,
+                 true,
+                 false,
+                 cols,
+                 1,
+                 false,
+                 expert});
 }
 }  // namespace
 
@@ -104,10 +133,17 @@ std::vector<BlockParamSpec> block_param_specs(const ModelConfig& cfg, int layer)
     return specs;
   }
   const bool gpt2 = cfg.family == Family::gpt2;
-  specs.push_back({mlp + (gpt2 ? "router.weight" : "gate.weight"), {cfg.moe.num_experts, C}, S::router_w, N,
-                   false, true, false, none, 1, false});
-  if (cfg.moe.num_shared_experts > 0)
-    add_mlp_specs(specs, cfg, mlp + "shared_experts.", cfg.shared_d_ff(), false, -1);
+  specs.push_back({mlp + (gpt2 ? "router.weight" : "gate.weight"),
+                   {cfg.moe.num_experts, C},
+                   S::router_w,
+                   N,
+                   false,
+                   true,
+                   false,
+                   none,
+                   1,
+                   false});
+  if (cfg.moe.num_shared_experts > 0) add_mlp_specs(specs, cfg, mlp + "shared_experts.", cfg.shared_d_ff(), false, -1);
   for (int64_t e = 0; e < cfg.moe.num_experts; ++e)
     add_mlp_specs(specs, cfg, str_cat(mlp, "experts.", e, "."), cfg.expert_d_ff(), false, int(e));
   return specs;
@@ -118,12 +154,11 @@ ParamLayout::ParamLayout(const ModelConfig& cfg, int64_t unit_align, const Model
   cfg.validate();
   LOOM_CHECK(unit_align >= 1, "params", "unit_align must be >= 1, got ", unit_align);
   if (slice_.last_layer < 0) slice_.last_layer = int(cfg.n_layer);
-  LOOM_CHECK(slice_.first_layer >= 0 && slice_.first_layer <= slice_.last_layer &&
-                 slice_.last_layer <= cfg.n_layer,
-             "params", "blocks [", slice_.first_layer, ", ", slice_.last_layer,
-             ") are not a range of the model's ", cfg.n_layer, " blocks");
-  LOOM_CHECK(slice_.tp_rank >= 0 && slice_.tp_rank < slice_.tp, "params", "tp rank ",
-             slice_.tp_rank, " outside tp=", slice_.tp);
+  LOOM_CHECK(slice_.first_layer >= 0 && slice_.first_layer <= slice_.last_layer && slice_.last_layer <= cfg.n_layer,
+             "params", "blocks [", slice_.first_layer, ", ", slice_.last_layer, ") are not a range of the model's ",
+             cfg.n_layer, " blocks");
+  LOOM_CHECK(slice_.tp_rank >= 0 && slice_.tp_rank < slice_.tp, "params", "tp rank ", slice_.tp_rank,
+             " outside tp=", slice_.tp);
   check_tensor_parallel(cfg, slice_.tp);
   const int64_t C = cfg.d_model, V = cfg.vocab_size, KVH = cfg.n_kv_head;
   // GPT-2 scales the residual projections by 1/sqrt(2 L) (Radford et al. 2019, section 2.3).
@@ -139,8 +174,8 @@ ParamLayout::ParamLayout(const ModelConfig& cfg, int64_t unit_align, const Model
   }
   close_unit("embed", -1);
   const bool split_kv = KVH % slice_.tp == 0;
-  LOOM_CHECK(slice_.ep >= 1 && slice_.ep_rank >= 0 && slice_.ep_rank < slice_.ep, "params", "ep rank ",
-             slice_.ep_rank, " outside ep=", slice_.ep);
+  LOOM_CHECK(slice_.ep >= 1 && slice_.ep_rank >= 0 && slice_.ep_rank < slice_.ep, "params", "ep rank ", slice_.ep_rank,
+             " outside ep=", slice_.ep);
   check_expert_parallel(cfg, slice_.ep);
   const int64_t e0 = slice_.first_expert(cfg), e1 = e0 + slice_.local_experts(cfg);
   for (int l = slice_.first_layer; l < slice_.last_layer; ++l) {
@@ -180,13 +215,13 @@ ParamLayout::ParamLayout(const ModelConfig& cfg, int64_t unit_align, const Model
 }
 
 bool ParamLayout::whole_model() const {
-  return slice_.first_layer == 0 && slice_.last_layer == cfg_.n_layer && slice_.has_embedding &&
-         slice_.has_head && slice_.tp == 1 && slice_.ep == 1;
+  return slice_.first_layer == 0 && slice_.last_layer == cfg_.n_layer && slice_.has_embedding && slice_.has_head &&
+         slice_.tp == 1 && slice_.ep == 1;
 }
 
 size_t ParamLayout::block_unit_index(int layer) const {
-  LOOM_CHECK(has_block(layer), "params", "block ", layer, " is not in this slice of ", cfg_.name,
-             " (blocks ", slice_.first_layer, "..", slice_.last_layer - 1, ")");
+  LOOM_CHECK(has_block(layer), "params", "block ", layer, " is not in this slice of ", cfg_.name, " (blocks ",
+             slice_.first_layer, "..", slice_.last_layer - 1, ")");
   return size_t(block_unit_[size_t(layer - slice_.first_layer)]);
 }
 
@@ -214,8 +249,8 @@ std::vector<ElementRun> ParamLayout::element_runs(const ParamInfo& p) const {
   return out;
 }
 
-ParamInfo& ParamLayout::add(const std::string& name, Shape full, int layer, Init init, float std,
-                            bool decay, bool transposed, int split, int parts) {
+ParamInfo& ParamLayout::add(const std::string& name, Shape full, int layer, Init init, float std, bool decay,
+                            bool transposed, int split, int parts) {
   const int64_t tp = slice_.tp;
   if (tp == 1) split = -1;
   Shape shape = full;
@@ -269,12 +304,10 @@ std::pair<int64_t, int64_t> ParamLayout::block_range(int layer) const {
 }
 
 std::string ParamLayout::block_prefix(int l) const {
-  return cfg_.family == Family::gpt2 ? str_cat("transformer.h.", l, ".")
-                                     : str_cat("model.layers.", l, ".");
+  return cfg_.family == Family::gpt2 ? str_cat("transformer.h.", l, ".") : str_cat("model.layers.", l, ".");
 }
 
-void init_params_range(const ParamLayout& layout, uint64_t seed, int64_t begin, int64_t end,
-                       float* out) {
+void init_params_range(const ParamLayout& layout, uint64_t seed, int64_t begin, int64_t end, float* out) {
   std::fill(out, out + (end - begin), 0.0f);
   for (const auto& p : layout.params()) {
     if (p.offset >= end || p.offset + p.numel() <= begin) continue;
@@ -287,8 +320,7 @@ void init_params_range(const ParamLayout& layout, uint64_t seed, int64_t begin, 
         case Init::zeros: std::fill(dst, dst + (e - b), 0.0f); break;
         case Init::ones: std::fill(dst, dst + (e - b), 1.0f); break;
         case Init::normal:
-          fill_normal(dst, e - b, seed, hash_name(p.name), uint64_t(run.global + (b - lo)), 0.0f,
-                      p.init_std);
+          fill_normal(dst, e - b, seed, hash_name(p.name), uint64_t(run.global + (b - lo)), 0.0f, p.init_std);
           break;
       }
     }

@@ -53,12 +53,12 @@ int64_t vocab_rows_per_rank(const ModelConfig& cfg, int64_t tp);
 struct ParamInfo {
   std::string name;
   Shape shape;
-  int64_t offset = 0;     // elements into the flat buffer
-  int layer = -1;         // block index, -1 outside blocks
+  int64_t offset = 0;  // elements into the flat buffer
+  int layer = -1;      // block index, -1 outside blocks
   Init init = Init::normal;
   float init_std = 0.02f;
-  bool weight_decay = false;  // 2-D weights decay; biases and norm gains do not
-  bool hf_transposed = false; // stored [out, in] where Hugging Face stores [in, out]
+  bool weight_decay = false;   // 2-D weights decay; biases and norm gains do not
+  bool hf_transposed = false;  // stored [out, in] where Hugging Face stores [in, out]
   // Tensor parallelism. The whole parameter is full_shape ([out, in] like shape); split_dim 0:
   // this rank holds rows (the output features; the token table's vocabulary rows), taken
   // separately from each of split_parts equal row blocks (GPT-2's fused q|k|v: 3); 1: columns
@@ -97,8 +97,23 @@ struct ParamUnit {
 // The roles of a block's parameters: the BlockWeights members (model/block.h) they bind to.
 // MoE blocks: fc_*/out_* are the shared experts, router_w the router, e_* expert `expert`'s MLP.
 enum class BlockSlot : uint8_t {
-  ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, out_w, out_b,
-  router_w, e_fc_w, e_fc_b, e_out_w, e_out_b
+  ln1_w,
+  ln1_b,
+  qkv_w,
+  qkv_b,
+  proj_w,
+  proj_b,
+  ln2_w,
+  ln2_b,
+  fc_w,
+  fc_b,
+  out_w,
+  out_b,
+  router_w,
+  e_fc_w,
+  e_fc_b,
+  e_out_w,
+  e_out_b
 };
 
 // One parameter of a block, as ParamLayout creates it and block_weights binds it; the one list
@@ -106,17 +121,17 @@ enum class BlockSlot : uint8_t {
 // consecutive and adjacent in the layout, and bind as one fused view (LLaMA's q|k|v and
 // gate|up, a Mixtral expert's w1|w3).
 struct BlockParamSpec {
-  std::string suffix;     // the name after block_prefix(l), e.g. "attn.c_attn.weight"
-  Shape shape;            // whole (unsplit) shape, [out, in] for linear weights
+  std::string suffix;  // the name after block_prefix(l), e.g. "attn.c_attn.weight"
+  Shape shape;         // whole (unsplit) shape, [out, in] for linear weights
   BlockSlot slot;
   Init init;
-  bool residual_proj;     // normal init scaled by 1/sqrt(2 L) (GPT-2's residual projections)
-  bool decay;             // weight decay (2-D weights)
-  bool hf_transposed;     // GPT-2 Conv1D: Hugging Face stores it [in, out]
-  int split;              // tensor parallel: 0 rows (column-parallel), 1 columns, -1 replicated
-  int parts;              // row blocks split separately (GPT-2's fused q|k|v: 3)
-  bool kv;                // a LLaMA k/v projection: replicated unless tp divides n_kv_head
-  int expert = -1;        // routed expert index (slots e_*)
+  bool residual_proj;  // normal init scaled by 1/sqrt(2 L) (GPT-2's residual projections)
+  bool decay;          // weight decay (2-D weights)
+  bool hf_transposed;  // GPT-2 Conv1D: Hugging Face stores it [in, out]
+  int split;           // tensor parallel: 0 rows (column-parallel), 1 columns, -1 replicated
+  int parts;           // row blocks split separately (GPT-2's fused q|k|v: 3)
+  bool kv;             // a LLaMA k/v projection: replicated unless tp divides n_kv_head
+  int expert = -1;     // routed expert index (slots e_*)
 };
 // Block `layer`'s parameters. MoE blocks (cfg.is_moe_layer) hold, instead of the dense MLP, the
 // router, the shared experts (as one MLP of width num_shared * expert_d_ff) and each expert's
@@ -135,7 +150,7 @@ class ParamLayout {
 
   const ModelConfig& config() const { return cfg_; }
   const std::vector<ParamInfo>& params() const { return params_; }
-  int64_t total() const { return total_; }  // including unit padding
+  int64_t total() const { return total_; }          // including unit padding
   int64_t num_params() const { return n_params_; }  // without padding
   const std::vector<ParamUnit>& units() const { return units_; }
   const ParamUnit& block_unit(int layer) const { return units_.at(block_unit_index(layer)); }
@@ -176,7 +191,6 @@ class ParamLayout {
 void init_params(const ParamLayout& layout, uint64_t seed, float* params);
 // The same values for flat indices [begin, end) only, written to out[0 .. end - begin)
 // (padding is zero): what a rank holding one shard initialises.
-void init_params_range(const ParamLayout& layout, uint64_t seed, int64_t begin, int64_t end,
-                       float* out);
+void init_params_range(const ParamLayout& layout, uint64_t seed, int64_t begin, int64_t end, float* out);
 
 }  // namespace loom::model

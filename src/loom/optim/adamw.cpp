@@ -8,18 +8,14 @@
 
 namespace loom::optim {
 
-AdamW::AdamW(const AdamWConfig& cfg, int64_t begin, int64_t end, std::vector<DecaySpan> spans,
-             Allocator& alloc)
+AdamW::AdamW(const AdamWConfig& cfg, int64_t begin, int64_t end, std::vector<DecaySpan> spans, Allocator& alloc)
     : cfg_(cfg), begin_(begin), end_(end) {
   LOOM_CHECK(begin >= 0 && end >= begin, "adamw", "bad range [", begin, ", ", end, ")");
   LOOM_CHECK(cfg.lr >= 0, "config", "optim.lr must be >= 0, got ", cfg.lr);
-  LOOM_CHECK(cfg.beta1 >= 0 && cfg.beta1 < 1, "config", "optim.beta1 must be in [0, 1), got ",
-             cfg.beta1);
-  LOOM_CHECK(cfg.beta2 >= 0 && cfg.beta2 < 1, "config", "optim.beta2 must be in [0, 1), got ",
-             cfg.beta2);
+  LOOM_CHECK(cfg.beta1 >= 0 && cfg.beta1 < 1, "config", "optim.beta1 must be in [0, 1), got ", cfg.beta1);
+  LOOM_CHECK(cfg.beta2 >= 0 && cfg.beta2 < 1, "config", "optim.beta2 must be in [0, 1), got ", cfg.beta2);
   LOOM_CHECK(cfg.eps > 0, "config", "optim.eps must be positive, got ", cfg.eps);
-  LOOM_CHECK(cfg.weight_decay >= 0, "config", "optim.weight_decay must be >= 0, got ",
-             cfg.weight_decay);
+  LOOM_CHECK(cfg.weight_decay >= 0, "config", "optim.weight_decay must be >= 0, got ", cfg.weight_decay);
   std::sort(spans.begin(), spans.end(), [](auto& a, auto& b) { return a.begin < b.begin; });
   for (const auto& s : spans) {
     const int64_t b = std::max(s.begin, begin), e = std::min(s.end, end);
@@ -42,8 +38,7 @@ void AdamW::step(float* p, const float* g, double lr, double grad_scale) {
       cpu::adamw_update<float>(p + (covered - begin_), g + (covered - begin_), m + (covered - begin_),
                                v + (covered - begin_), s.begin - covered, h, 0.0);
     const int64_t o = s.begin - begin_;
-    cpu::adamw_update<float>(p + o, g + o, m + o, v + o, s.end - s.begin, h,
-                             s.decay ? cfg_.weight_decay : 0.0);
+    cpu::adamw_update<float>(p + o, g + o, m + o, v + o, s.end - s.begin, h, s.decay ? cfg_.weight_decay : 0.0);
     covered = s.end;
   }
   if (covered < end_)

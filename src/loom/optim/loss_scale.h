@@ -9,9 +9,9 @@
 namespace loom::optim {
 
 struct LossScaleConfig {
-  bool dynamic = false;   // off: scale 1, nothing skipped
-  double initial = 65536; // 2^16
-  int64_t window = 1000;  // clean steps before the scale doubles
+  bool dynamic = false;    // off: scale 1, nothing skipped
+  double initial = 65536;  // 2^16
+  int64_t window = 1000;   // clean steps before the scale doubles
 };
 
 class LossScaler {

@@ -14,8 +14,7 @@ using model::BlockWeights;
 using model::ParamUnit;
 
 model::DecoderOptions decoder_options_for(model::DecoderOptions base, int zero_stage, int dp_size) {
-  LOOM_CHECK(zero_stage >= 0 && zero_stage <= 3, "config", "parallel.zero_stage=", zero_stage,
-             " must be 0, 1, 2 or 3");
+  LOOM_CHECK(zero_stage >= 0 && zero_stage <= 3, "config", "parallel.zero_stage=", zero_stage, " must be 0, 1, 2 or 3");
   base.unit_align = dp_size;
   base.allocate_flat_grads = zero_stage < 2;
   base.allocate_flat_params = zero_stage < 3;
@@ -32,9 +31,17 @@ ModelStateBytes zero_model_state_bytes(int64_t P, int stage, int N) {
 
 DataParallel::DataParallel(model::Decoder& model, comm::Group dp, const optim::AdamWConfig& adam,
                            const DataParallelOptions& opt, uint64_t init_seed, comm::Group expert_dp)
-    : model_(model), cfg_(model.config()), layout_(model.layout()), dp_(std::move(dp)),
-      expert_dp_(expert_dp.valid() ? std::move(expert_dp) : dp_), opt_(opt), n_(dp_.size()), r_(dp_.rank()),
-      en_(expert_dp_.size()), er_(expert_dp_.rank()), adam_cfg_(adam) {
+    : model_(model),
+      cfg_(model.config()),
+      layout_(model.layout()),
+      dp_(std::move(dp)),
+      expert_dp_(expert_dp.valid() ? std::move(expert_dp) : dp_),
+      opt_(opt),
+      n_(dp_.size()),
+      r_(dp_.rank()),
+      en_(expert_dp_.size()),
+      er_(expert_dp_.rank()),
+      adam_cfg_(adam) {
   const auto& mo = model.options();
   LOOM_CHECK(mo.unit_align % n_ == 0, "zero", "the model's unit_align=", mo.unit_align,
              " is not a multiple of the dp size ", n_, "; build it with decoder_options_for()");
@@ -75,8 +82,7 @@ DataParallel::DataParallel(model::Decoder& model, comm::Group dp, const optim::A
     param_shard_ = Tensor::zeros({shard}, DType::f32, MemCategory::params);
     for (const auto& u : units)
       model::init_params_range(layout_, init_seed, u.begin + r_of(u) * chunk_size(u),
-                               u.begin + (r_of(u) + 1) * chunk_size(u),
-                               param_shard_.data<float>() + shard_offset(u));
+                               u.begin + (r_of(u) + 1) * chunk_size(u), param_shard_.data<float>() + shard_offset(u));
   }
   build_buckets();
   // The embedding-row path (data_parallel_embedding_rows.cpp) needs the whole model here.
@@ -142,8 +148,7 @@ void DataParallel::recycle(Tensor buf) {
   for (const auto& u : layout_.units())
     if (u.layer >= 0) limit = std::max(limit, 2 * u.size());
   // A buffer something still views (a caller's weights, a collective's handle) is left alone.
-  if (buf.sole_owner() && spare_buffers_.size() < kMaxSpares && held <= limit)
-    spare_buffers_.push_back(std::move(buf));
+  if (buf.sole_owner() && spare_buffers_.size() < kMaxSpares && held <= limit) spare_buffers_.push_back(std::move(buf));
 }
 
 int DataParallel::outer_unit_key(const ParamUnit& u) const {

@@ -52,8 +52,8 @@ class DataParallel final : public model::ParamSource {
  public:
   // `model` must have been built with decoder_options_for(...). For stage 3 the weights are
   // initialised here from `init_seed` (each rank its chunks); otherwise call init on the model.
-  DataParallel(model::Decoder& model, comm::Group dp, const optim::AdamWConfig& adam,
-               const DataParallelOptions& opt, uint64_t init_seed, comm::Group expert_dp = {});
+  DataParallel(model::Decoder& model, comm::Group dp, const optim::AdamWConfig& adam, const DataParallelOptions& opt,
+               uint64_t init_seed, comm::Group expert_dp = {});
   ~DataParallel() override;
 
   // --- one optimizer step -----------------------------------------------------------------
@@ -122,8 +122,8 @@ class DataParallel final : public model::ParamSource {
   Tensor outer_grad(const std::string& name) override;
   void outer_grads_done() override;
   void head_grads_done() override;
-  void embedding_backward(const Tensor& tokens, const Tensor& pos, const Tensor& dres,
-                          const Tensor& dwte, const Tensor& dwpe) override;
+  void embedding_backward(const Tensor& tokens, const Tensor& pos, const Tensor& dres, const Tensor& dwte,
+                          const Tensor& dwpe) override;
   void pass_begin(bool train) override;
   void pass_end(bool train) override;
 
@@ -133,7 +133,7 @@ class DataParallel final : public model::ParamSource {
     Tensor staging, chunk_tmp;  // stage 2/3: reduce-scatter output, added into the shard
     Tensor wire;                // bf16 on the wire: the staging's bf16 copy (chunk_tmp is bf16)
     int64_t shard_offset = 0;
-    bool pooled = false;        // staging returns to the block staging pool
+    bool pooled = false;  // staging returns to the block staging pool
   };
   struct Gathered {
     Tensor buf;
@@ -190,14 +190,14 @@ class DataParallel final : public model::ParamSource {
 
   // --- stage 3: gathered weights (data_parallel_gathered_params.cpp) ---
   model::BlockWeights gathered_block_params(int layer, Phase phase);  // block_params at stage 3
-  void release_gathered_block(int layer);                            // release_block_params at 3
-  Tensor gathered_outer_param(const std::string& name);              // outer_param at stage 3
+  void release_gathered_block(int layer);                             // release_block_params at 3
+  Tensor gathered_outer_param(const std::string& name);               // outer_param at stage 3
   Tensor gathered_unit(const model::ParamUnit& u, int key);
   void prefetch_after(size_t position);
   void launch_gather(const model::ParamUnit& u, int key);
   // The order in which the decoder will ask for blocks in a pass (see Decoder::stage_backward).
   void plan_pass(bool train);  // also starts gathering the outer units and the first block
-  void release_gathered();  // end of a pass: every gathered unit back to the pool
+  void release_gathered();     // end of a pass: every gathered unit back to the pool
 
   // --- the optimizer (data_parallel_optimizer.cpp) ---
   double counted_sum_squares(const float* g, int64_t flat0, int64_t n) const;
@@ -212,7 +212,7 @@ class DataParallel final : public model::ParamSource {
   const model::ParamLayout& layout_;
   comm::Group dp_, expert_dp_;
   DataParallelOptions opt_;
-  int n_, r_, en_, er_;  // the dp and expert-dp groups' sizes and this rank's places
+  int n_, r_, en_, er_;             // the dp and expert-dp groups' sizes and this rank's places
   std::vector<int64_t> shard_off_;  // per unit: where its chunk sits in the shard buffers
   bool sync_ = true;
   std::vector<std::unique_ptr<optim::AdamW>> adam_;
@@ -238,11 +238,11 @@ class DataParallel final : public model::ParamSource {
   Tensor grad_shard_, param_shard_;
   std::deque<Pending> pending_;
   std::vector<Tensor> staging_pool_;
-  std::vector<Tensor> spare_buffers_;  // take_buffer / recycle; contents undefined
+  std::vector<Tensor> spare_buffers_;       // take_buffer / recycle; contents undefined
   std::map<int, Tensor> staging_of_layer_;  // by unit key: a block's, its experts'
   Tensor embed_staging_, head_staging_;
   // stage 3
-  std::map<int, Gathered> gathered_;  // by unit key (kEmbeddingUnit, kHeadUnit, layer, ...)
+  std::map<int, Gathered> gathered_;         // by unit key (kEmbeddingUnit, kHeadUnit, layer, ...)
   std::vector<std::pair<int, Phase>> plan_;  // expected block_params requests of this pass
   size_t plan_pos_ = 0;
   double wait_s_ = 0, compress_s_ = 0;

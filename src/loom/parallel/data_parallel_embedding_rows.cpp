@@ -16,8 +16,8 @@ void DataParallel::head_grads_done() {
   outer_fired_ = true;
 }
 
-void DataParallel::embedding_backward(const Tensor& tokens, const Tensor& pos, const Tensor& dres,
-                                      const Tensor& dwte, const Tensor& dwpe) {
+void DataParallel::embedding_backward(const Tensor& tokens, const Tensor& pos, const Tensor& dres, const Tensor& dwte,
+                                      const Tensor& dwpe) {
   if (!outer_fired_) return model::ParamSource::embedding_backward(tokens, pos, dres, dwte, dwpe);
   // Every rank gathers every rank's (token, position, row) and adds them all, in rank order,
   // after the dense all-reduce has landed (finish_grads), so replicas stay identical.
@@ -46,8 +46,7 @@ void DataParallel::wait_embedding_rows() {
 }
 
 void DataParallel::add_embedding_rows() {
-  for (auto& sp : sparse_)
-    ops::embedding_backward(sp.tokens, sp.pos, sp.rows, sp.dwte, sp.dwpe);
+  for (auto& sp : sparse_) ops::embedding_backward(sp.tokens, sp.pos, sp.rows, sp.dwte, sp.dwpe);
   sparse_.clear();
 }
 

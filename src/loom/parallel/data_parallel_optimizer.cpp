@@ -49,8 +49,7 @@ double DataParallel::grad_norm_sq() {
     // between the dp group's expert-parallel ranks and repeat over each expert-dp group.
     if (en_ == n_) return counted_sum_squares(model_.grads().data<float>(), 0, model_.grads().numel());
     for (const auto& u : layout_.units())
-      local += counted_sum_squares(model_.grads().data<float>() + u.begin, u.begin, u.size()) /
-               double(n_of(u));
+      local += counted_sum_squares(model_.grads().data<float>() + u.begin, u.begin, u.size()) / double(n_of(u));
   } else {
     for (const auto& u : layout_.units())
       local += counted_sum_squares(grad_shard_.data<float>() + shard_offset(u), u.begin + r_of(u) * chunk_size(u),
@@ -130,8 +129,10 @@ void DataParallel::step(double lr) {
   trace::Span span("optimizer", "compute");
   const auto& units = layout_.units();
   if (compressing()) {
-    if (opt_.zero_stage == 1) onebit_step_zero1(lr);
-    else onebit_step_zero0(lr);
+    if (opt_.zero_stage == 1)
+      onebit_step_zero1(lr);
+    else
+      onebit_step_zero0(lr);
     grad_scale_ = 1.0;
     last_wire_bytes_ = wire_bytes_;
     wire_bytes_ = 0;

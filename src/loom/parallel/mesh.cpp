@@ -10,8 +10,7 @@ Mesh::Mesh(const comm::Group& world, const MeshShape& shape) : world_(world), sh
       groups_[size_t(d)] = world;  // the whole world: no split needed
       continue;
     }
-    groups_[size_t(d)] = world.split(int(shape_.group_color(world.rank(), d)), int(coord_[d]),
-                                     dim_name(d));
+    groups_[size_t(d)] = world.split(int(shape_.group_color(world.rank(), d)), int(coord_[d]), dim_name(d));
   }
   if (shape_.size(Dim::ep) == 1) {
     data_ = groups_[size_t(Dim::dp)];

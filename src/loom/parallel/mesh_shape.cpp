@@ -61,19 +61,17 @@ MeshOrder parse_mesh_order(const std::string& text) {
 MeshShape::MeshShape(int64_t pp, int64_t dp, int64_t ep, int64_t tp, MeshOrder order)
     : sizes_{pp, dp, ep, tp}, order_(order) {
   for (int i = 0; i < 4; ++i)
-    LOOM_CHECK(sizes_[size_t(i)] >= 1, "mesh", "parallel.", dim_name(Dim(i)), "=",
-               sizes_[size_t(i)], " must be at least 1");
+    LOOM_CHECK(sizes_[size_t(i)] >= 1, "mesh", "parallel.", dim_name(Dim(i)), "=", sizes_[size_t(i)],
+               " must be at least 1");
 }
 
 void MeshShape::check_world_size(int64_t world) const {
-  LOOM_CHECK(world == world_size(), "mesh", "world size ", world, " does not match ", describe(),
-             " = ", world_size(), "; launch ", world_size(), " processes or change parallel.* so that ",
-             "pp x dp x ep x tp = ", world);
+  LOOM_CHECK(world == world_size(), "mesh", "world size ", world, " does not match ", describe(), " = ", world_size(),
+             "; launch ", world_size(), " processes or change parallel.* so that ", "pp x dp x ep x tp = ", world);
 }
 
 MeshCoord MeshShape::coord(int64_t rank) const {
-  LOOM_CHECK(rank >= 0 && rank < world_size(), "mesh", "rank ", rank, " outside world of ",
-             world_size());
+  LOOM_CHECK(rank >= 0 && rank < world_size(), "mesh", "rank ", rank, " outside world of ", world_size());
   MeshCoord c;
   for (int i = 3; i >= 0; --i) {  // innermost first
     const Dim d = order_[size_t(i)];

@@ -12,8 +12,7 @@ PartitionMethod partition_method_from_name(const std::string& name) {
   if (name == "uniform") return PartitionMethod::uniform;
   if (name == "parameters") return PartitionMethod::parameters;
   if (name == "profile") return PartitionMethod::profile;
-  fail("config", "parallel.pp_partition: expected \"uniform\", \"parameters\" or \"profile\", got \"",
-       name, "\"");
+  fail("config", "parallel.pp_partition: expected \"uniform\", \"parameters\" or \"profile\", got \"", name, "\"");
 }
 
 void check_stage_count(int n_layer, int stages) {
@@ -40,8 +39,7 @@ std::vector<StageRange> partition_balanced(const PartitionCosts& c, int p) {
   std::vector<double> prefix(size_t(L) + 1, 0.0);
   for (int l = 0; l < L; ++l) prefix[size_t(l) + 1] = prefix[size_t(l)] + c.block[size_t(l)];
   auto cost = [&](int k, int i, int j) {  // stage k owning blocks [i, j)
-    return prefix[size_t(j)] - prefix[size_t(i)] + (k == 0 ? c.embedding : 0.0) +
-           (k == p - 1 ? c.head : 0.0);
+    return prefix[size_t(j)] - prefix[size_t(i)] + (k == 0 ? c.embedding : 0.0) + (k == p - 1 ? c.head : 0.0);
   };
   constexpr double kInf = std::numeric_limits<double>::infinity();
   // best[k][j]: smallest possible largest cost when stages 0..k own blocks [0, j).

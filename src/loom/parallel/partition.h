@@ -13,9 +13,7 @@ namespace loom::parallel {
 struct StageRange {
   int first_layer = 0, last_layer = 0;  // blocks [first_layer, last_layer)
   int num_layers() const { return last_layer - first_layer; }
-  bool operator==(const StageRange& o) const {
-    return first_layer == o.first_layer && last_layer == o.last_layer;
-  }
+  bool operator==(const StageRange& o) const { return first_layer == o.first_layer && last_layer == o.last_layer; }
 };
 
 enum class PartitionMethod { uniform, parameters, profile };

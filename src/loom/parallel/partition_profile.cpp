@@ -12,8 +12,7 @@ namespace loom::parallel {
 namespace {
 
 // One piece as a pipeline stage of its own: forward + backward of one micro-batch.
-double time_piece(const model::ModelConfig& cfg, const model::ModelSlice& slice, int64_t B, int64_t T,
-                  int reps) {
+double time_piece(const model::ModelConfig& cfg, const model::ModelSlice& slice, int64_t B, int64_t T, int reps) {
   model::DecoderOptions o;
   o.slice = slice;
   model::Decoder d(cfg, o);

@@ -15,18 +15,14 @@ int tag_of(int micro, int kind) { return micro * 2 + kind; }
 }  // namespace
 
 PipelineStage::PipelineStage(model::Decoder& model, const Mesh& mesh, const PipelineOptions& opt)
-    : model_(model),
-      pp_(mesh.pp()),
-      opt_(opt),
-      stage_(int(mesh.coord().pp)),
-      stages_(int(mesh.shape().size(Dim::pp))) {
+    : model_(model), pp_(mesh.pp()), opt_(opt), stage_(int(mesh.coord().pp)), stages_(int(mesh.shape().size(Dim::pp))) {
   LOOM_CHECK(opt.micro_batches >= 1 && opt.micro_batches <= kMaxMicroBatches, "pipeline",
              "parallel.micro_batches=", opt.micro_batches, " must be between 1 and ", kMaxMicroBatches);
   schedule_ = make_schedule(opt.schedule, stages_, opt.micro_batches);
   const auto& slice = model.layout().slice();
-  LOOM_CHECK(slice.has_embedding == first() && slice.has_head == last(), "pipeline", "stage ",
-             stage_, " of ", stages_, " was built with has_embedding=", slice.has_embedding,
-             " has_head=", slice.has_head, "; the first stage holds the embeddings, the last the head");
+  LOOM_CHECK(slice.has_embedding == first() && slice.has_head == last(), "pipeline", "stage ", stage_, " of ", stages_,
+             " was built with has_embedding=", slice.has_embedding, " has_head=", slice.has_head,
+             "; the first stage holds the embeddings, the last the head");
   if (model.config().tied_embeddings && stages_ > 1) {
     // Every rank takes part in the split; the first and last stage of each pipeline pair up.
     MeshCoord c = mesh.coord();
@@ -73,8 +69,7 @@ void PipelineStage::wait_sends(bool all) {
   }
 }
 
-PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64_t T,
-                                            double grad_scale,
+PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64_t T, double grad_scale,
                                             const std::function<void(int)>& before_backward) {
   using Kind = PipeAction::Kind;
   Stopwatch wall;
@@ -162,8 +157,8 @@ PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64
   return st;
 }
 
-std::vector<std::pair<double, int64_t>> PipelineStage::evaluate(const FillFn& fill, int micro_batches,
-                                                               int64_t B, int64_t T) {
+std::vector<std::pair<double, int64_t>> PipelineStage::evaluate(const FillFn& fill, int micro_batches, int64_t B,
+                                                                int64_t T) {
   const int64_t N = B * T;
   n_elems_ = N * model_.config().d_model;
   std::vector<int32_t> tok(static_cast<size_t>(N)), tgt(static_cast<size_t>(N));

@@ -23,12 +23,12 @@ struct PipelineOptions {
 
 // What one step did on this stage.
 struct PipelineStepStats {
-  double loss_sum = 0;   // last stage: sum of token losses; elsewhere 0
-  int64_t n_valid = 0;   // last stage: counted targets
-  double wall_s = 0;     // the whole step on this stage
-  double busy_s = 0;     // inside stage forward/backward (computation, incl. TP collectives)
+  double loss_sum = 0;                   // last stage: sum of token losses; elsewhere 0
+  int64_t n_valid = 0;                   // last stage: counted targets
+  double wall_s = 0;                     // the whole step on this stage
+  double busy_s = 0;                     // inside stage forward/backward (computation, incl. TP collectives)
   double forward_s = 0, backward_s = 0;  // busy_s split by action kind
-  int max_in_flight = 0;  // micro-batches whose forward ran and backward had not
+  int max_in_flight = 0;                 // micro-batches whose forward ran and backward had not
 };
 
 class PipelineStage {
@@ -46,8 +46,7 @@ class PipelineStage {
                                const std::function<void(int)>& before_backward = {});
   // Forward only, micro-batch after micro-batch; per micro-batch the loss sum and counted
   // targets (the last stage's; zeros elsewhere).
-  std::vector<std::pair<double, int64_t>> evaluate(const FillFn& fill, int micro_batches, int64_t B,
-                                                   int64_t T);
+  std::vector<std::pair<double, int64_t>> evaluate(const FillFn& fill, int micro_batches, int64_t B, int64_t T);
 
   // After the data-parallel reduction: the first and last stages each add the other's
   // gradient of the tied token table (a no-op without tied embeddings or with one stage).
@@ -73,10 +72,10 @@ class PipelineStage {
   PipelineOptions opt_;
   int stage_, stages_;
   std::vector<StageActions> schedule_;
-  std::vector<Tensor> pool_;                       // free [N, C] transfer buffers
-  std::map<int, Transfer> act_recv_, grad_recv_;   // posted receives by micro-batch
-  std::vector<Transfer> grad_sends_;               // gradient sends in flight (own buffers)
-  std::map<int, comm::Work> act_sends_;            // activation sends (from the slot's output)
+  std::vector<Tensor> pool_;                      // free [N, C] transfer buffers
+  std::map<int, Transfer> act_recv_, grad_recv_;  // posted receives by micro-batch
+  std::vector<Transfer> grad_sends_;              // gradient sends in flight (own buffers)
+  std::map<int, comm::Work> act_sends_;           // activation sends (from the slot's output)
   int64_t n_elems_ = 0;
 };
 

@@ -15,9 +15,7 @@ PipeSchedule pipe_schedule_from_name(const std::string& name) {
   fail("config", "parallel.pp_schedule: expected \"gpipe\" or \"1f1b\", got \"", name, "\"");
 }
 
-const char* pipe_schedule_name(PipeSchedule s) {
-  return s == PipeSchedule::gpipe ? "gpipe" : "1f1b";
-}
+const char* pipe_schedule_name(PipeSchedule s) { return s == PipeSchedule::gpipe ? "gpipe" : "1f1b"; }
 
 static void check_sizes(int p, int m) {
   LOOM_CHECK(p >= 1, "pipeline", "a pipeline needs at least one stage, got ", p);
@@ -67,8 +65,8 @@ int max_in_flight(const StageActions& actions) {
 Timeline simulate_schedule(const std::vector<StageActions>& sched, const std::vector<double>& tf,
                            const std::vector<double>& tb) {
   const size_t p = sched.size();
-  LOOM_CHECK(tf.size() == p && tb.size() == p, "pipeline", "simulate_schedule: ", p,
-             " stages but ", tf.size(), " forward and ", tb.size(), " backward times");
+  LOOM_CHECK(tf.size() == p && tb.size() == p, "pipeline", "simulate_schedule: ", p, " stages but ", tf.size(),
+             " forward and ", tb.size(), " backward times");
   constexpr double kNever = std::numeric_limits<double>::infinity();
   int m = 0;
   for (const auto& st : sched)
@@ -105,8 +103,7 @@ Timeline simulate_schedule(const std::vector<StageActions>& sched, const std::ve
         progressed = true;
       }
     }
-    LOOM_CHECK(progressed, "pipeline", "the schedule deadlocks: every stage waits for an action ",
-               "that cannot run");
+    LOOM_CHECK(progressed, "pipeline", "the schedule deadlocks: every stage waits for an action ", "that cannot run");
   }
   for (double c : clock) t.makespan = std::max(t.makespan, c);
   return t;
@@ -122,8 +119,7 @@ std::string check_schedule(const std::vector<StageActions>& sched, int m) {
   for (size_t s = 0; s < sched.size(); ++s) {
     std::vector<int> fwd(size_t(m), 0), bwd(size_t(m), 0);
     for (const auto& a : sched[s]) {
-      if (a.micro < 0 || a.micro >= m)
-        return str_cat("stage ", s, " names micro-batch ", a.micro, " of ", m);
+      if (a.micro < 0 || a.micro >= m) return str_cat("stage ", s, " names micro-batch ", a.micro, " of ", m);
       const size_t i = size_t(a.micro);
       if (a.kind == Kind::forward) {
         if (fwd[i]++) return str_cat("stage ", s, " runs forward ", a.micro, " twice");
@@ -134,12 +130,10 @@ std::string check_schedule(const std::vector<StageActions>& sched, int m) {
     }
     for (int i = 0; i < m; ++i)
       if (!fwd[size_t(i)] || !bwd[size_t(i)])
-        return str_cat("stage ", s, " never runs the ", fwd[size_t(i)] ? "backward" : "forward",
-                       " of micro-batch ", i);
+        return str_cat("stage ", s, " never runs the ", fwd[size_t(i)] ? "backward" : "forward", " of micro-batch ", i);
   }
   try {
-    simulate_schedule(sched, std::vector<double>(sched.size(), 1.0),
-                      std::vector<double>(sched.size(), 2.0));
+    simulate_schedule(sched, std::vector<double>(sched.size(), 1.0), std::vector<double>(sched.size(), 2.0));
   } catch (const Error& e) {
     return e.what();
   }

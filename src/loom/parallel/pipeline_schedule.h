@@ -43,13 +43,12 @@ int max_in_flight(const StageActions& actions);
 // Communication is free. Times are per action of each stage (forward_time[s], backward_time[s]).
 struct Timeline {
   double makespan = 0;
-  std::vector<double> busy;  // per stage: seconds computing
+  std::vector<double> busy;                   // per stage: seconds computing
   std::vector<double> idle_fraction() const;  // (makespan - busy) / makespan per stage
   // Start time of every action, per stage, in schedule order.
   std::vector<std::vector<double>> start;
 };
-Timeline simulate_schedule(const std::vector<StageActions>& schedule,
-                           const std::vector<double>& forward_time,
+Timeline simulate_schedule(const std::vector<StageActions>& schedule, const std::vector<double>& forward_time,
                            const std::vector<double>& backward_time);
 
 // The idle fraction of GPipe and 1F1B with equal stages: (p - 1) / (m + p - 1).

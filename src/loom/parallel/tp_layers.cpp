@@ -10,16 +10,13 @@
 
 namespace loom::parallel {
 
-TensorParallelLayers::TensorParallelLayers(const comm::Group& tp, const model::ModelConfig& cfg)
-    : tp_(tp), cfg_(cfg) {
+TensorParallelLayers::TensorParallelLayers(const comm::Group& tp, const model::ModelConfig& cfg) : tp_(tp), cfg_(cfg) {
   model::check_tensor_parallel(cfg, tp.size());
   rows_ = model::vocab_rows_per_rank(cfg, tp.size());
   first_row_ = int64_t(tp.rank()) * rows_;
 }
 
-void TensorParallelLayers::column_parallel_input_grad(const Tensor& dx) {
-  tp::copy_to_tp_backward(tp_, dx);
-}
+void TensorParallelLayers::column_parallel_input_grad(const Tensor& dx) { tp::copy_to_tp_backward(tp_, dx); }
 
 void TensorParallelLayers::row_parallel_output(const Tensor& y) { tp::reduce_from_tp_forward(tp_, y); }
 
@@ -27,12 +24,12 @@ static void check_f32(const Tensor& t, const char* what) {
   LOOM_CHECK(!t.defined() || t.dtype() == DType::f32, "tp", what, " must be f32, got ", t.describe());
 }
 
-void TensorParallelLayers::embedding_forward(const Tensor& tok, const Tensor& pos, const Tensor& wte,
-                                             const Tensor& wpe, const Tensor& out) {
+void TensorParallelLayers::embedding_forward(const Tensor& tok, const Tensor& pos, const Tensor& wte, const Tensor& wpe,
+                                             const Tensor& out) {
   check_f32(out, "embedding output");
   const int64_t N = tok.numel(), C = cfg_.d_model;
-  LOOM_CHECK(wte.numel() == rows_ * C && out.numel() == N * C, "tp", "embedding: table ",
-             wte.describe(), " and output ", out.describe(), " do not fit ", rows_, " rows of ", C);
+  LOOM_CHECK(wte.numel() == rows_ * C && out.numel() == N * C, "tp", "embedding: table ", wte.describe(),
+             " and output ", out.describe(), " do not fit ", rows_, " rows of ", C);
   const int32_t* t = tok.data<int32_t>();
   const int32_t* p = pos.data<int32_t>();
   const float* table = wte.data<float>();
@@ -70,9 +67,8 @@ void TensorParallelLayers::embedding_backward(const Tensor& tok, const Tensor& p
   }
 }
 
-void TensorParallelLayers::head_xent(const Tensor& x, const Tensor& w, const Tensor& targets,
-                                     const Tensor& loss, const Tensor& dx, const Tensor& dw,
-                                     double grad_scale, int64_t chunk) {
+void TensorParallelLayers::head_xent(const Tensor& x, const Tensor& w, const Tensor& targets, const Tensor& loss,
+                                     const Tensor& dx, const Tensor& dw, double grad_scale, int64_t chunk) {
   check_f32(x, "head input");
   const int64_t C = cfg_.d_model, N = x.numel() / C, V = rows_;
   LOOM_CHECK(w.numel() == V * C, "tp", "head weight ", w.describe(), " is not ", V, " rows of ", C);
@@ -141,8 +137,7 @@ void TensorParallelLayers::head_xent(const Tensor& x, const Tensor& w, const Ten
   if (dx.defined()) tp::copy_to_tp_backward(tp_, dx);
 }
 
-void TensorParallelLayers::sum_partial_grads(const model::ParamLayout& layout,
-                                             const DataParallel& engine) const {
+void TensorParallelLayers::sum_partial_grads(const model::ParamLayout& layout, const DataParallel& engine) const {
   for (const auto& p : layout.params())
     if (p.tp_grad_partial)
       for (const Tensor& g : engine.held_grads(p.offset, p.offset + p.numel())) tp_.all_reduce(g);

@@ -22,8 +22,8 @@ class TensorParallelLayers final : public model::TensorParallelOps {
                          const Tensor& out) override;
   void embedding_backward(const Tensor& tok, const Tensor& pos, const Tensor& dout, const Tensor& dwte,
                           const Tensor& dwpe) override;
-  void head_xent(const Tensor& x, const Tensor& w, const Tensor& targets, const Tensor& loss,
-                 const Tensor& dx, const Tensor& dw, double grad_scale, int64_t chunk) override;
+  void head_xent(const Tensor& x, const Tensor& w, const Tensor& targets, const Tensor& loss, const Tensor& dx,
+                 const Tensor& dw, double grad_scale, int64_t chunk) override;
 
   // After the data-parallel reduction: sums over the tp group the gradients that each rank
   // holds only a part of (ParamInfo::tp_grad_partial), wherever the engine keeps them.

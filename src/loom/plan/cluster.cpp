@@ -41,8 +41,8 @@ struct Reader {
     } catch (const YAML::Exception&) {
       fail("plan", source, ": key '", path, key, "' is not a number");
     }
-    LOOM_CHECK(std::isfinite(v) && v >= 0, "plan", source, ": key '", path, key, "' must be a non-negative number, got ",
-               v);
+    LOOM_CHECK(std::isfinite(v) && v >= 0, "plan", source, ": key '", path, key,
+               "' must be a non-negative number, got ", v);
     return v;
   }
 };
@@ -117,9 +117,12 @@ Cluster parse_cluster(const std::string& text, const std::string& source) {
       const comm::Algorithm a = comm::parse_algorithm(e[0].as<std::string>());
       const std::string op = e[1].as<std::string>();
       comm::CollectiveOp o = comm::CollectiveOp::all_reduce;
-      if (op == "reduce_scatter") o = comm::CollectiveOp::reduce_scatter;
-      else if (op == "all_gather") o = comm::CollectiveOp::all_gather;
-      else LOOM_CHECK(op == "all_reduce", "plan", source, ": links.measured op '", op, "' is not a collective");
+      if (op == "reduce_scatter")
+        o = comm::CollectiveOp::reduce_scatter;
+      else if (op == "all_gather")
+        o = comm::CollectiveOp::all_gather;
+      else
+        LOOM_CHECK(op == "all_reduce", "plan", source, ": links.measured op '", op, "' is not a collective");
       c.links.measured[comm::CostModel::key(a, o, e[2].as<int>(), e[3].as<int>())][e[4].as<int64_t>()] =
           e[5].as<double>() * 1e-6;
     }
@@ -180,7 +183,8 @@ std::string cluster_yaml(const Cluster& c) {
       int ranks = 0, hosts = 0;
       in >> alg >> op >> ranks >> hosts;
       for (const auto& [bytes, s] : times)
-        o << "    - [" << alg << ", " << op << ", " << ranks << ", " << hosts << ", " << bytes << ", " << s * 1e6 << "]\n";
+        o << "    - [" << alg << ", " << op << ", " << ranks << ", " << hosts << ", " << bytes << ", " << s * 1e6
+          << "]\n";
     }
   }
   return o.str();

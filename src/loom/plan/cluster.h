@@ -21,14 +21,14 @@ struct Curve {
 
 struct DeviceSpec {
   std::string name;
-  double memory_bytes = 0;       // usable by one rank
-  double peak_fp32_flops = 0;    // dense matrix products, per device
-  double peak_bf16_flops = 0;    // 0: no 16-bit matrix engine (bf16 runs at the fp32 rate)
-  Curve gemm_efficiency;         // fraction of peak reached by one product of x FLOPs
-  double memory_bytes_per_s = 0; // what the model's elementwise kernels stream (read + write)
-  double stream_bytes_per_s = 0; // a plain streaming kernel (the optimizer); 0: memory_bytes_per_s
-  double attention_flops = 0;    // causal attention kernels' rate; 0: at the product curve
-  int threads = 0;               // CPU ranks: threads per rank the figures were measured with
+  double memory_bytes = 0;        // usable by one rank
+  double peak_fp32_flops = 0;     // dense matrix products, per device
+  double peak_bf16_flops = 0;     // 0: no 16-bit matrix engine (bf16 runs at the fp32 rate)
+  Curve gemm_efficiency;          // fraction of peak reached by one product of x FLOPs
+  double memory_bytes_per_s = 0;  // what the model's elementwise kernels stream (read + write)
+  double stream_bytes_per_s = 0;  // a plain streaming kernel (the optimizer); 0: memory_bytes_per_s
+  double attention_flops = 0;     // causal attention kernels' rate; 0: at the product curve
+  int threads = 0;                // CPU ranks: threads per rank the figures were measured with
 };
 
 struct Cluster {
@@ -36,9 +36,9 @@ struct Cluster {
   std::string description;
   std::vector<std::string> sources;  // where the numbers come from
   int devices_per_node = 1;
-  int max_nodes = 0;                 // 0: any number
+  int max_nodes = 0;  // 0: any number
   DeviceSpec device;
-  comm::CostModel links;             // intra: inside a node; inter: a node's link to the others
+  comm::CostModel links;  // intra: inside a node; inter: a node's link to the others
   // Fraction of the backward pass that data-parallel gradient reduction can hide behind
   // (1: all of it, as bucketed overlap allows; 0 where communication takes the cores that
   // compute, as CPU ranks copying through shared memory do).
@@ -47,7 +47,7 @@ struct Cluster {
   // ranks copy with the cores and memory bandwidth the compute uses. 1 for GPUs (copy engines
   // and NICs of their own).
   double comm_under_compute = 1.0;
-  std::string path;                  // the file it was read from
+  std::string path;  // the file it was read from
 };
 
 // Throws "[plan] FILE: key 'node.devices' ..." naming the file and key on bad input.

@@ -5,8 +5,8 @@
 #include <cstdio>
 #include <sstream>
 
-#include "loom/core/error.h"
 #include "loom/core/allocator.h"
+#include "loom/core/error.h"
 #include "loom/model/block.h"
 #include "loom/model/memory_estimate.h"
 #include "loom/model/param_layout.h"
@@ -44,7 +44,8 @@ double collective_seconds(comm::CollectiveOp op, double bytes, const comm::Topol
                           const std::string& algorithm = "auto") {
   if (topo.size() < 2 || bytes <= 0) return 0;
   double best = -1;
-  std::vector<comm::Algorithm> candidates = {comm::Algorithm::ring, comm::Algorithm::tree, comm::Algorithm::hierarchical};
+  std::vector<comm::Algorithm> candidates = {comm::Algorithm::ring, comm::Algorithm::tree,
+                                             comm::Algorithm::hierarchical};
   if (algorithm != "auto") {
     candidates = {comm::parse_algorithm(algorithm)};
   } else if (const double mpi = m.measured_time(comm::Algorithm::mpi, op, topo.size(), topo.hosts(), int64_t(bytes));
@@ -175,7 +176,8 @@ StageCounts count_stage(const Job& job, const Layout& l, const model::ModelSlice
   // Elementwise traffic per token and block, in floats: the forward writes what it saves and
   // reads its inputs (2x the saved activations); the backward reads them and writes and reads
   // its scratch.
-  const model::ModelSlice one_block{0, 1, false, false, l.tp, 0, l.ep, 0}, no_block{0, 0, false, false, l.tp, 0, l.ep, 0};
+  const model::ModelSlice one_block{0, 1, false, false, l.tp, 0, l.ep, 0},
+      no_block{0, 0, false, false, l.tp, 0, l.ep, 0};
   const auto one = model::estimate_slice_activations(cfg, one_block, 1, 1, 0, 1);
   const auto none = model::estimate_slice_activations(cfg, no_block, 1, 1, 0, 1);
   const double block_floats = double(one.per_slot - none.per_slot) / 4;  // saved per token and block
@@ -215,7 +217,8 @@ std::string check_layout(const Job& job, const Cluster& c, const Layout& l) {
                    " is not the global batch ", job.global_batch);
   if (job.seq > cfg.n_ctx) return str_cat("seq ", job.seq, " exceeds n_ctx ", cfg.n_ctx);
   if (l.schedule != "1f1b" && l.schedule != "gpipe") return "schedule must be 1f1b or gpipe";
-  if (l.pp > 1 && l.zero >= 2) return str_cat("ZeRO-", l.zero, " with pp=", l.pp, " (loom's trainer shards gradients only without pipelining)");
+  if (l.pp > 1 && l.zero >= 2)
+    return str_cat("ZeRO-", l.zero, " with pp=", l.pp, " (loom's trainer shards gradients only without pipelining)");
   return "";
 }
 
@@ -364,7 +367,8 @@ Prediction predict(const Job& job, const Cluster& c, const Layout& l) {
   t.dp_exposed = std::max(0.0, t.dp_comm - std::max(0.0, overlapped));
   // Optimizer on the rank's shard: AdamW reads parameters, gradients and both moments and
   // writes three of them; the gradient norm reads the gradients; zeroing writes them.
-  const double dense_shard = stage_params[slow] / double(l.dp * l.ep), expert_shard = stage_experts[slow] / double(l.dp);
+  const double dense_shard = stage_params[slow] / double(l.dp * l.ep),
+               expert_shard = stage_experts[slow] / double(l.dp);
   const double shard = l.zero >= 1 ? dense_shard + expert_shard : P;
   const double grads_held = l.zero >= 2 ? dense_shard + expert_shard : P;
   const double stream = c.device.stream_bytes_per_s > 0 ? c.device.stream_bytes_per_s : c.device.memory_bytes_per_s;
@@ -414,9 +418,9 @@ std::vector<Prediction> search(const Job& job, const Cluster& c, const SearchOpt
                 Prediction p = predict(job, c, l);
                 if (p.fits && p.memory.total() > opt.memory_headroom * c.device.memory_bytes) {
                   p.fits = false;
-                  p.why_not = str_cat("needs ", format_bytes(int64_t(p.memory.total())), ", over ",
-                                      int(opt.memory_headroom * 100), "% of ",
-                                      format_bytes(int64_t(c.device.memory_bytes)));
+                  p.why_not =
+                      str_cat("needs ", format_bytes(int64_t(p.memory.total())), ", over ",
+                              int(opt.memory_headroom * 100), "% of ", format_bytes(int64_t(c.device.memory_bytes)));
                 }
                 out.push_back(std::move(p));
               }
@@ -437,19 +441,21 @@ std::string explain(const Job& job, const Cluster& c, const Prediction& p) {
   std::ostringstream o;
   char line[256];
   auto row = [&](const char* name, double s, const std::string& why) {
-    std::snprintf(line, sizeof line, "  %-22s %10.2f ms %5.1f%%  %s\n", name, s * 1e3, t.step > 0 ? 100 * s / t.step : 0.0,
-                  why.c_str());
+    std::snprintf(line, sizeof line, "  %-22s %10.2f ms %5.1f%%  %s\n", name, s * 1e3,
+                  t.step > 0 ? 100 * s / t.step : 0.0, why.c_str());
     o << line;
   };
   o << "layout " << l.describe() << " on " << l.ranks() << " devices of " << c.name << " (" << job.nodes << " node"
     << (job.nodes > 1 ? "s" : "") << " x " << c.devices_per_node << ")\n";
   o << "step time " << str_cat(t.step * 1e3) << " ms, " << int64_t(p.tokens_per_s) << " tokens/s, MFU "
     << str_cat(int(1000 * p.mfu) / 10.0) << "%\n";
-  row("matrix products", t.gemm, str_cat("forward + backward (3x forward) of ", l.micro_batches, " micro-batches of ",
-                                         l.micro_batch, " x ", job.seq, " tokens on the slowest stage"));
+  row("matrix products", t.gemm,
+      str_cat("forward + backward (3x forward) of ", l.micro_batches, " micro-batches of ", l.micro_batch, " x ",
+              job.seq, " tokens on the slowest stage"));
   row("attention products", t.attention, "causal QK^T and AV, T/2 keys per query on average");
   row("elementwise", t.elementwise, str_cat("bytes moved / ", c.device.memory_bytes_per_s / 1e9, " GB/s"));
-  if (t.recompute > 0) row("recomputation", t.recompute, str_cat("checkpoint interval ", l.checkpoint, ": forward again"));
+  if (t.recompute > 0)
+    row("recomputation", t.recompute, str_cat("checkpoint interval ", l.checkpoint, ": forward again"));
   if (t.tp_comm > 0) row("tensor-parallel comm", t.tp_comm, str_cat("4 all-reduces of [N, C] per block, tp=", l.tp));
   if (t.ep_a2a > 0)
     row("expert all-to-all", t.ep_a2a, str_cat("dispatch and combine, forward and backward, per MoE block, ep=", l.ep));

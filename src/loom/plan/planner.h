@@ -20,9 +20,9 @@ namespace loom::plan {
 struct Layout {
   int64_t dp = 1, tp = 1, pp = 1, ep = 1;
   int zero = 0;
-  int64_t micro_batch = 1;    // sequences per micro-batch and rank
-  int64_t micro_batches = 1;  // per rank and step (gradient accumulation / pipeline m)
-  int checkpoint = 0;         // model.activation_checkpoint_interval (0: off)
+  int64_t micro_batch = 1;        // sequences per micro-batch and rank
+  int64_t micro_batches = 1;      // per rank and step (gradient accumulation / pipeline m)
+  int checkpoint = 0;             // model.activation_checkpoint_interval (0: off)
   std::string schedule = "1f1b";  // 1f1b | gpipe
   int64_t ranks() const { return dp * tp * pp * ep; }
   std::string describe() const;  // "dp2 tp1 pp2 z1 mb4x2 ckpt1 1f1b"
@@ -52,17 +52,17 @@ struct MemoryPrediction {
 // Seconds of one step on the critical rank, by term. step = compute + tp + pp_p2p + bubble
 // + dp_exposed + optimizer (the compute of the slowest stage times the micro-batches it runs).
 struct TimePrediction {
-  double gemm = 0;          // matrix products (forward, backward, recomputation)
-  double attention = 0;     // score and value products
-  double elementwise = 0;   // norms, activations, softmax, residual adds, losses: bytes / bandwidth
-  double recompute = 0;     // of gemm + attention + elementwise: checkpoint recomputation
-  double tp_comm = 0;       // tensor-parallel all-reduces (not overlapped)
-  double ep_a2a = 0;        // expert parallelism: token dispatch and combine all-to-alls
-  double pp_p2p = 0;        // pipeline activation/gradient transfers on the critical path
-  double bubble = 0;        // pipeline fill and drain
-  double dp_comm = 0;       // data-parallel collectives' total time
-  double dp_exposed = 0;    // the part not hidden behind backward
-  double optimizer = 0;     // AdamW on the rank's shard, gradient norm, zeroing
+  double gemm = 0;         // matrix products (forward, backward, recomputation)
+  double attention = 0;    // score and value products
+  double elementwise = 0;  // norms, activations, softmax, residual adds, losses: bytes / bandwidth
+  double recompute = 0;    // of gemm + attention + elementwise: checkpoint recomputation
+  double tp_comm = 0;      // tensor-parallel all-reduces (not overlapped)
+  double ep_a2a = 0;       // expert parallelism: token dispatch and combine all-to-alls
+  double pp_p2p = 0;       // pipeline activation/gradient transfers on the critical path
+  double bubble = 0;       // pipeline fill and drain
+  double dp_comm = 0;      // data-parallel collectives' total time
+  double dp_exposed = 0;   // the part not hidden behind backward
+  double optimizer = 0;    // AdamW on the rank's shard, gradient norm, zeroing
   double step = 0;
 };
 
@@ -74,9 +74,9 @@ struct Prediction {
   TimePrediction time;
   double model_flops = 0;  // per step, all ranks (MFU convention: no recomputation)
   double tokens_per_s = 0;
-  double mfu = 0;          // model FLOP/s over all devices' peak
+  double mfu = 0;  // model FLOP/s over all devices' peak
   bool fits = true;
-  std::string why_not;     // when !fits or the layout is invalid
+  std::string why_not;  // when !fits or the layout is invalid
 };
 
 // What one micro-batch's forward and backward on one stage (tp rank 0) does, counted: the

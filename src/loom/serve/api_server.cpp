@@ -15,13 +15,16 @@ using nlohmann::json;
 
 ApiServer::ApiServer(ServeOptions opt)
     : opt_(std::move(opt)),
-      http_(opt_.http, [this](HttpExchange& ex) { handle(ex); },
-            [this](int status, const std::string& message) {
-              metrics_.counter("loom_requests_total", "HTTP requests by endpoint and status",
-                               {{"endpoint", "other"}, {"status", std::to_string(status)}}).inc();
-              HttpResponse r = error_response(error_for_status(status, message));
-              return r;
-            }) {
+      http_(
+          opt_.http, [this](HttpExchange& ex) { handle(ex); },
+          [this](int status, const std::string& message) {
+            metrics_
+                .counter("loom_requests_total", "HTTP requests by endpoint and status",
+                         {{"endpoint", "other"}, {"status", std::to_string(status)}})
+                .inc();
+            HttpResponse r = error_response(error_for_status(status, message));
+            return r;
+          }) {
   LOOM_CHECK(opt_.max_queue >= 0, "serve", "--max-queue must be >= 0, got ", opt_.max_queue);
   LOOM_CHECK(!opt_.served_model_name.empty(), "serve", "--served-model-name must not be empty");
 }
@@ -33,7 +36,9 @@ void ApiServer::start() {
   http_.start();
 }
 
-void ApiServer::set_engine(Engine* engine) { set_engine(std::shared_ptr<Engine>(engine, [](Engine*) {})); }
+void ApiServer::set_engine(Engine* engine) {
+  set_engine(std::shared_ptr<Engine>(engine, [](Engine*) {}));
+}
 
 void ApiServer::set_engine(std::shared_ptr<Engine> engine) {
   std::lock_guard<std::mutex> lock(engine_mu_);
@@ -53,7 +58,8 @@ bool ApiServer::authorized(const HttpRequest& req) const {
   const std::string& want = opt_.api_key;
   // Compare in time independent of where the first difference is.
   unsigned diff = unsigned(given.size() != want.size());
-  for (size_t i = 0; i < want.size(); ++i) diff |= unsigned(uint8_t(i < given.size() ? given[i] : 0) ^ uint8_t(want[i]));
+  for (size_t i = 0; i < want.size(); ++i)
+    diff |= unsigned(uint8_t(i < given.size() ? given[i] : 0) ^ uint8_t(want[i]));
   return diff == 0;
 }
 
@@ -62,8 +68,10 @@ void ApiServer::handle(HttpExchange& ex) {
   // /metrics) sees it; finish() covers an exchange that ended without them (client gone).
   std::string endpoint = "other";
   ex.on_finish([&](int status) {
-    metrics_.counter("loom_requests_total", "HTTP requests by endpoint and status",
-                     {{"endpoint", endpoint}, {"status", std::to_string(status)}}).inc();
+    metrics_
+        .counter("loom_requests_total", "HTTP requests by endpoint and status",
+                 {{"endpoint", endpoint}, {"status", std::to_string(status)}})
+        .inc();
   });
   dispatch(ex, &endpoint);
   ex.finish();
@@ -76,8 +84,11 @@ void ApiServer::dispatch(HttpExchange& ex, std::string* endpoint) {
     const char* path;
     const char* method;
   };
-  static constexpr Route routes[] = {{"/health", "GET"}, {"/metrics", "GET"}, {"/v1/models", "GET"},
-                                     {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"}};
+  static constexpr Route routes[] = {{"/health", "GET"},
+                                     {"/metrics", "GET"},
+                                     {"/v1/models", "GET"},
+                                     {"/v1/completions", "POST"},
+                                     {"/v1/chat/completions", "POST"}};
   const Route* route = nullptr;
   for (const Route& r : routes)
     if (path == r.path) route = &r;
@@ -99,8 +110,8 @@ void ApiServer::dispatch(HttpExchange& ex, std::string* endpoint) {
   }
   if (path.rfind("/v1/", 0) == 0 && !authorized(req)) {
     bool missing = req.header("authorization") == nullptr;
-    HttpResponse r = error_response(error_for_status(
-        401, missing ? "missing API key: send 'Authorization: Bearer <key>'" : "incorrect API key"));
+    HttpResponse r = error_response(
+        error_for_status(401, missing ? "missing API key: send 'Authorization: Bearer <key>'" : "incorrect API key"));
     r.headers.emplace_back("WWW-Authenticate", "Bearer");
     ex.respond(r);
     return;
@@ -131,8 +142,11 @@ void ApiServer::dispatch(HttpExchange& ex, std::string* endpoint) {
 
 HttpResponse ApiServer::models_response(const std::string* only) const {
   const std::shared_ptr<Engine> engine = this->engine();
-  json model = {{"id", opt_.served_model_name}, {"object", "model"}, {"created", created_},
-                {"owned_by", "loom"}, {"max_model_len", engine->context_length()}};
+  json model = {{"id", opt_.served_model_name},
+                {"object", "model"},
+                {"created", created_},
+                {"owned_by", "loom"},
+                {"max_model_len", engine->context_length()}};
   if (only && *only != opt_.served_model_name)
     return error_response(error_for_status(404, str_cat("the model '", *only, "' does not exist")));
   HttpResponse r;
@@ -151,7 +165,8 @@ std::string ApiServer::render_metrics() {
     metrics_.gauge("loom_kv_cache_blocks_total", "KV-cache blocks in the pool").set(double(s.kv_blocks_total));
     metrics_.gauge("loom_spec_decode_proposed_tokens", "speculative decoding: tokens proposed and scored so far")
         .set(double(s.spec_proposed));
-    metrics_.gauge("loom_spec_decode_accepted_tokens", "speculative decoding: proposed tokens the model accepted so far")
+    metrics_
+        .gauge("loom_spec_decode_accepted_tokens", "speculative decoding: proposed tokens the model accepted so far")
         .set(double(s.spec_accepted));
   }
   metrics_.gauge("loom_num_requests_in_flight", "generation requests admitted by the server")

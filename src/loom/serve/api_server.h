@@ -5,9 +5,9 @@
 // an EdgeHook whether to answer or forward (edge_hook.h). It never loads a model.
 #pragma once
 #include <atomic>
+#include <cstdint>
 #include <functional>
 #include <memory>
-#include <cstdint>
 #include <mutex>
 #include <set>
 #include <string>
@@ -24,8 +24,8 @@ namespace loom::serve {
 
 struct ServeOptions {
   HttpServerOptions http;
-  std::string api_key;            // empty: no authentication
-  int64_t max_queue = 256;        // requests allowed to wait beyond the engine's max_running()
+  std::string api_key;      // empty: no authentication
+  int64_t max_queue = 256;  // requests allowed to wait beyond the engine's max_running()
   std::string served_model_name = "loom";
   double poll_interval_s = 0.02;  // how often a waiting request checks for a gone client
   uint64_t seed = 0;              // seeds requests that bring none (request k gets seed + k)
@@ -79,10 +79,10 @@ class ApiServer {
   void dispatch(HttpExchange& ex, std::string* endpoint);
   void handle_generation(HttpExchange& ex, ApiKind kind);
   // An edge hands the request to the center; false when it could not (nothing was written).
-  bool forward_to_center(HttpExchange& ex, const std::string& why, const std::string& edge_version,
-                         double confidence, const std::function<void()>& taken, std::string* failure);
-  void count_cascade(const std::string& answered_by, const std::string& edge_version,
-                     const std::string& center_version, double confidence);
+  bool forward_to_center(HttpExchange& ex, const std::string& why, const std::string& edge_version, double confidence,
+                         const std::function<void()>& taken, std::string* failure);
+  void count_cascade(const std::string& answered_by, const std::string& edge_version, const std::string& center_version,
+                     double confidence);
   bool authorized(const HttpRequest& req) const;
   HttpResponse models_response(const std::string* only) const;
   std::string render_metrics();
@@ -103,7 +103,7 @@ class ApiServer {
   int64_t created_ = 0;  // unix time of start, reported as the model's `created`
   std::mutex active_mu_;
   std::set<std::pair<Engine*, uint64_t>> active_;  // (engine, id) of requests being served
-  bool aborting_all_ = false;  // under active_mu_
+  bool aborting_all_ = false;                      // under active_mu_
   bool stopped_ = false;
 };
 

@@ -26,7 +26,7 @@ struct GenerationRequest {
   std::vector<int32_t> prompt;  // non-empty, every id < vocab size
   int64_t max_tokens = 16;      // >= 1; prompt.size() + max_tokens <= context_length()
   SamplingParams sampling;
-  bool token_probs = false;     // report each token's probability (TokenEvent::prob)
+  bool token_probs = false;  // report each token's probability (TokenEvent::prob)
 };
 
 // One step of a request's life. Tokens arrive in order; exactly one event carries a
@@ -34,7 +34,7 @@ struct GenerationRequest {
 struct TokenEvent {
   int32_t token = -1;  // -1: no token in this event
   FinishReason finish = FinishReason::none;
-  std::string error;   // finish == error: what went wrong, for the client
+  std::string error;  // finish == error: what went wrong, for the client
   // GenerationRequest::token_probs: the token's probability under the model (NaN otherwise).
   double prob = std::numeric_limits<double>::quiet_NaN();
 };

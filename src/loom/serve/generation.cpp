@@ -4,9 +4,9 @@
 #include <algorithm>
 #include <cmath>
 #include <condition_variable>
-#include <limits>
 #include <cstdio>
 #include <ctime>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "loom/core/error.h"
@@ -21,12 +21,12 @@ using nlohmann::json;
 
 namespace {
 
-const std::vector<double> kTtftBuckets = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25,
-                                          0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0};
-const std::vector<double> kItlBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15,
-                                         0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5};
-const std::vector<double> kE2eBuckets = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-                                         15.0, 20.0, 30.0, 40.0, 50.0, 60.0};
+const std::vector<double> kTtftBuckets = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,
+                                          0.25,  0.5,   0.75, 1.0,  2.5,  5.0,  7.5,  10.0};
+const std::vector<double> kItlBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1,
+                                         0.15,  0.2,    0.3,   0.4,  0.5,   0.75, 1.0,   2.5};
+const std::vector<double> kE2eBuckets = {0.01, 0.025, 0.05, 0.1,  0.25, 0.5,  1.0,  2.5,
+                                         5.0,  10.0,  15.0, 20.0, 30.0, 40.0, 50.0, 60.0};
 
 // Events from the engine thread to the request's thread.
 class EventChannel {
@@ -58,12 +58,14 @@ std::string sse(const json& j) { return "data: " + dump(j) + "\n\n"; }
 
 void ApiServer::count_cascade(const std::string& answered_by, const std::string& edge_version,
                               const std::string& center_version, double confidence) {
-  metrics_.counter("loom_cascade_requests_total", "cascade requests by who answered and the version pair",
-                   {{"answered_by", answered_by}, {"edge_version", edge_version}, {"center_version", center_version}})
+  metrics_
+      .counter("loom_cascade_requests_total", "cascade requests by who answered and the version pair",
+               {{"answered_by", answered_by}, {"edge_version", edge_version}, {"center_version", center_version}})
       .inc();
   if (std::isfinite(confidence))
-    metrics_.histogram("loom_cascade_confidence", "the edge's confidence in its first window of tokens",
-                       {0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0})
+    metrics_
+        .histogram("loom_cascade_confidence", "the edge's confidence in its first window of tokens",
+                   {0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0})
         .observe(confidence);
 }
 
@@ -115,9 +117,9 @@ void ApiServer::handle_generation(HttpExchange& ex, ApiKind kind) {
   const int64_t n_prompt = int64_t(greq.prompt.size());
 
   if (!admit(engine))
-    return ex.respond(error_response(error_for_status(
-        429, str_cat("the server is at capacity (", engine.max_running(), " running + ", opt_.max_queue,
-                     " queued); retry later"))));
+    return ex.respond(
+        error_response(error_for_status(429, str_cat("the server is at capacity (", engine.max_running(), " running + ",
+                                                     opt_.max_queue, " queued); retry later"))));
 
   auto channel = std::make_shared<EventChannel>();
   uint64_t id = 0;
@@ -150,10 +152,15 @@ void ApiServer::handle_generation(HttpExchange& ex, ApiKind kind) {
   auto chunk = [&](const std::string& text, const char* finish) {
     json choice = {{"index", 0}, {"finish_reason", finish ? json(finish) : json(nullptr)}, {"logprobs", nullptr}};
     if (p.return_token_ids && finish) choice["token_ids"] = token_ids;
-    if (chat) choice["delta"] = text.empty() && finish ? json::object() : json{{"content", text}};
-    else choice["text"] = text;
-    return json{{"id", rid}, {"object", chat ? "chat.completion.chunk" : "text_completion"},
-                {"created", created}, {"model", opt_.served_model_name}, {"system_fingerprint", fingerprint},
+    if (chat)
+      choice["delta"] = text.empty() && finish ? json::object() : json{{"content", text}};
+    else
+      choice["text"] = text;
+    return json{{"id", rid},
+                {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                {"created", created},
+                {"model", opt_.served_model_name},
+                {"system_fingerprint", fingerprint},
                 {"choices", json::array({choice})}};
   };
 
@@ -190,13 +197,17 @@ void ApiServer::handle_generation(HttpExchange& ex, ApiKind kind) {
   double confidence = no_confidence;
   FinishReason engine_finish = FinishReason::none;
   std::string engine_error;  // engine_finish == error: why
-  auto& ttft = metrics_.histogram("loom_time_to_first_token_seconds", "time from arrival to the first token", kTtftBuckets);
+  auto& ttft =
+      metrics_.histogram("loom_time_to_first_token_seconds", "time from arrival to the first token", kTtftBuckets);
   auto& itl = metrics_.histogram("loom_inter_token_latency_seconds", "time between consecutive tokens", kItlBuckets);
   auto emit = [&](const std::string& delta) {
     if (delta.empty()) return;
-    if (deciding) held += delta;
-    else if (!p.stream) body_text += delta;
-    else if (!client_gone && !ex.send_chunk(sse(chunk(delta, nullptr)))) client_gone = true;
+    if (deciding)
+      held += delta;
+    else if (!p.stream)
+      body_text += delta;
+    else if (!client_gone && !ex.send_chunk(sse(chunk(delta, nullptr))))
+      client_gone = true;
   };
   // The edge's decision: its confidence is the mean probability of the window's tokens.
   // Returns true when the request has been answered by the center (or refused).
@@ -208,9 +219,9 @@ void ApiServer::handle_generation(HttpExchange& ex, ApiKind kind) {
       if (forward_to_center(ex, "confidence", version, confidence, abort_local, &failure)) return true;
       if (!edge->answer_locally_when_center_down()) {
         abort_local();
-        ex.respond(error_response(error_for_status(
-            503, str_cat("the edge is not confident enough (", confidence, " < ", edge->threshold(),
-                         ") and the center cannot be reached: ", failure))));
+        ex.respond(error_response(
+            error_for_status(503, str_cat("the edge is not confident enough (", confidence, " < ", edge->threshold(),
+                                          ") and the center cannot be reached: ", failure))));
         return true;
       }
       identity.emplace_back("X-Loom-Cascade", "center-unreachable");
@@ -270,12 +281,13 @@ void ApiServer::handle_generation(HttpExchange& ex, ApiKind kind) {
 
   // A stop string seen first makes the response complete, whatever the engine said after it.
   const bool failed = !stop_hit && engine_finish == FinishReason::error;
-  const bool aborted = !stop_hit && !failed && engine_finish != FinishReason::stop &&
-                       engine_finish != FinishReason::length;
+  const bool aborted =
+      !stop_hit && !failed && engine_finish != FinishReason::stop && engine_finish != FinishReason::length;
   const char* finish = stop_hit || engine_finish == FinishReason::stop ? "stop" : "length";
   const char* outcome = failed ? "error" : aborted ? (client_gone ? "client_gone" : "abort") : finish;
-  metrics_.counter("loom_request_finished_total", "finished generation requests by reason",
-                   {{"finish_reason", outcome}}).inc();
+  metrics_
+      .counter("loom_request_finished_total", "finished generation requests by reason", {{"finish_reason", outcome}})
+      .inc();
   if (failed) std::fprintf(stderr, "[serve] %s failed: %s\n", rid.c_str(), engine_error.c_str());
   ex.note(str_cat("id=", rid, " tokens=", n_prompt, "+", n_generated, " finish=", outcome));
   if (client_gone) {
@@ -292,8 +304,8 @@ void ApiServer::handle_generation(HttpExchange& ex, ApiKind kind) {
   if (aborted)
     return answer_error(error_for_status(503, "the request was aborted because the server is shutting down"));
   emit(text.finish());
-  json usage = {{"prompt_tokens", n_prompt}, {"completion_tokens", n_generated},
-                {"total_tokens", n_prompt + n_generated}};
+  json usage = {
+      {"prompt_tokens", n_prompt}, {"completion_tokens", n_generated}, {"total_tokens", n_prompt + n_generated}};
   if (p.stream) {
     json last = chunk("", finish);
     last["usage"] = usage;
@@ -310,13 +322,19 @@ void ApiServer::handle_generation(HttpExchange& ex, ApiKind kind) {
   }
   json choice = {{"index", 0}, {"finish_reason", finish}, {"logprobs", nullptr}};
   if (p.return_token_ids) choice["token_ids"] = token_ids;
-  if (chat) choice["message"] = {{"role", "assistant"}, {"content", body_text}};
-  else choice["text"] = body_text;
+  if (chat)
+    choice["message"] = {{"role", "assistant"}, {"content", body_text}};
+  else
+    choice["text"] = body_text;
   HttpResponse r;
   r.headers = identity;
-  r.body = dump({{"id", rid}, {"object", chat ? "chat.completion" : "text_completion"}, {"created", created},
-                 {"model", opt_.served_model_name}, {"system_fingerprint", fingerprint},
-                 {"choices", json::array({choice})}, {"usage", usage}});
+  r.body = dump({{"id", rid},
+                 {"object", chat ? "chat.completion" : "text_completion"},
+                 {"created", created},
+                 {"model", opt_.served_model_name},
+                 {"system_fingerprint", fingerprint},
+                 {"choices", json::array({choice})},
+                 {"usage", usage}});
   ex.respond(r);
 }
 

@@ -63,8 +63,7 @@ bool has_token(std::string_view list, std::string_view token) {
 
 }  // namespace
 
-std::optional<HttpRequest> parse_request_head(std::string_view head, const HttpLimits& limits,
-                                              HttpError* err) {
+std::optional<HttpRequest> parse_request_head(std::string_view head, const HttpLimits& limits, HttpError* err) {
   HttpRequest req;
   std::vector<std::string_view> lines;
   size_t pos = 0;
@@ -144,8 +143,10 @@ std::optional<HttpRequest> parse_request_head(std::string_view head, const HttpL
     } else if (lname == "transfer-encoding") {
       return refuse(err, 411, "chunked request bodies are not supported; send Content-Length");
     } else if (lname == "connection") {
-      if (has_token(value, "close")) req.keep_alive = false;
-      else if (has_token(value, "keep-alive")) req.keep_alive = true;
+      if (has_token(value, "close"))
+        req.keep_alive = false;
+      else if (has_token(value, "keep-alive"))
+        req.keep_alive = true;
     } else if (lname == "host") {
       ++hosts;
     } else if (lname == "expect") {
@@ -159,8 +160,9 @@ std::optional<HttpRequest> parse_request_head(std::string_view head, const HttpL
   if (hosts > 1 || (hosts == 0 && req.minor_version == 1))
     return refuse(err, 400, hosts ? "more than one Host header" : "an HTTP/1.1 request needs a Host header");
   if (size_t(req.content_length) > limits.max_body_bytes)
-    return refuse(err, 413, str_cat("request body of ", req.content_length, " bytes exceeds the limit of ",
-                                    limits.max_body_bytes, " bytes"));
+    return refuse(err, 413,
+                  str_cat("request body of ", req.content_length, " bytes exceeds the limit of ", limits.max_body_bytes,
+                          " bytes"));
   return req;
 }
 
@@ -186,8 +188,8 @@ const char* status_reason(int status) {
   return "Unknown";
 }
 
-std::string response_head(int status, std::string_view content_type, int64_t content_length,
-                          bool close, const HeaderList& extra) {
+std::string response_head(int status, std::string_view content_type, int64_t content_length, bool close,
+                          const HeaderList& extra) {
   char date[64];
   std::time_t t = std::time(nullptr);
   std::tm tm{};
@@ -195,8 +197,10 @@ std::string response_head(int status, std::string_view content_type, int64_t con
   std::strftime(date, sizeof date, "%a, %d %b %Y %H:%M:%S GMT", &tm);
   std::string h = str_cat("HTTP/1.1 ", status, " ", status_reason(status), "\r\nServer: loom\r\nDate: ", date, "\r\n");
   if (!content_type.empty()) h += str_cat("Content-Type: ", content_type, "\r\n");
-  if (content_length >= 0) h += str_cat("Content-Length: ", content_length, "\r\n");
-  else if (content_length == kChunked) h += "Transfer-Encoding: chunked\r\n";
+  if (content_length >= 0)
+    h += str_cat("Content-Length: ", content_length, "\r\n");
+  else if (content_length == kChunked)
+    h += "Transfer-Encoding: chunked\r\n";
   h += close ? "Connection: close\r\n" : "Connection: keep-alive\r\n";
   for (const auto& [k, v] : extra) h += str_cat(k, ": ", v, "\r\n");
   h += "\r\n";

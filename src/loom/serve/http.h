@@ -50,8 +50,7 @@ struct HttpError {
 // Parses the request line and headers in `head` (everything before the blank line, CRLF or
 // LF line ends). Checks Content-Length against limits.max_body_bytes (413) and refuses
 // Transfer-Encoding request bodies (411). Returns nullopt and fills `err` on failure.
-std::optional<HttpRequest> parse_request_head(std::string_view head, const HttpLimits& limits,
-                                              HttpError* err);
+std::optional<HttpRequest> parse_request_head(std::string_view head, const HttpLimits& limits, HttpError* err);
 
 // Where the head ends in `buf`: the offset just past the blank line, or npos.
 size_t find_head_end(std::string_view buf);
@@ -61,8 +60,8 @@ const char* status_reason(int status);
 // Status line and headers (ending with the blank line). content_length >= 0, or one of:
 inline constexpr int64_t kChunked = -1;     // Transfer-Encoding: chunked
 inline constexpr int64_t kUntilClose = -2;  // no length: the body ends when the connection closes
-std::string response_head(int status, std::string_view content_type, int64_t content_length,
-                          bool close, const HeaderList& extra);
+std::string response_head(int status, std::string_view content_type, int64_t content_length, bool close,
+                          const HeaderList& extra);
 
 std::string to_lower(std::string_view s);
 

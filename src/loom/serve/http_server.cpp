@@ -32,10 +32,10 @@
 namespace loom::serve {
 
 namespace {
-constexpr double kLingerS = 2.0;     // a lingering close waits this long for the client's FIN
-constexpr double kStopReadS = 1.0;   // after stop() begins: the most a request under way, or
-                                     // a lingering close, may still take
-constexpr double kStopDrainS = 3.0;  // stop() shuts down whatever is still open after this
+constexpr double kLingerS = 2.0;                   // a lingering close waits this long for the client's FIN
+constexpr double kStopReadS = 1.0;                 // after stop() begins: the most a request under way, or
+                                                   // a lingering close, may still take
+constexpr double kStopDrainS = 3.0;                // stop() shuts down whatever is still open after this
 constexpr size_t kLingerBytes = size_t(64) << 20;  // a lingering close drops at most this
 }  // namespace
 
@@ -292,7 +292,8 @@ void Connection::run() {
         log_access(ex, started);
         return;  // a stream broke half-way: the connection's state is unknown
       }
-      ex.respond(server_.render_error(500, str_cat("internal server error (error id ", id, "; the server log has the cause)")));
+      ex.respond(server_.render_error(
+          500, str_cat("internal server error (error id ", id, "; the server log has the cause)")));
     }
     log_access(ex, started);
     if (!ex.keeps_connection()) return;
@@ -431,7 +432,9 @@ void HttpServer::serve_connection(int fd) {
   }
 }
 
-std::string HttpServer::next_error_id() { return str_cat(std::hex, (uint64_t(::getpid()) << 32) | uint64_t(++errors_)); }
+std::string HttpServer::next_error_id() {
+  return str_cat(std::hex, (uint64_t(::getpid()) << 32) | uint64_t(++errors_));
+}
 
 bool HttpServer::evict_oldest_waiting() {
   std::lock_guard<std::mutex> lock(mu_);
@@ -482,8 +485,10 @@ void HttpServer::stop_accepting() {
   ::fcntl(listen_fd_, F_SETFL, ::fcntl(listen_fd_, F_GETFL) | O_NONBLOCK);
   for (;;) {
     int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd >= 0) serve_connection(fd);
-    else if (errno != EINTR && errno != ECONNABORTED) break;
+    if (fd >= 0)
+      serve_connection(fd);
+    else if (errno != EINTR && errno != ECONNABORTED)
+      break;
   }
   ::close(listen_fd_);
 }

@@ -108,7 +108,7 @@ class HttpServer {
   void handle(HttpExchange& ex);
   HttpResponse render_error(int status, const std::string& message) const;
   bool draining() const { return draining_.load(); }
-  std::string next_error_id();  // for a 500's log line and body
+  std::string next_error_id();              // for a 500's log line and body
   int stop_fd() const { return stop_fd_; }  // readable once stop() has begun
 
  private:

@@ -35,8 +35,7 @@ infer::SamplingParams to_infer_params(const GenerationRequest& req, int32_t eos_
   return p;
 }
 
-InferEngineAdapter::InferEngineAdapter(infer::Engine& engine, const TextTokenizer& tok)
-    : engine_(engine), tok_(tok) {
+InferEngineAdapter::InferEngineAdapter(infer::Engine& engine, const TextTokenizer& tok) : engine_(engine), tok_(tok) {
   LOOM_CHECK(tok.vocab_size() <= engine.model_config().vocab_size, "serve", "the tokenizer's vocabulary (",
              tok.vocab_size(), ") is larger than the model's (model.vocab_size=", engine.model_config().vocab_size,
              "); use a matching tokenizer or model");
@@ -117,8 +116,7 @@ void InferEngineAdapter::loop() {
     {
       std::unique_lock<std::mutex> lock(mu_);
       // The timeout covers aborts, which do not notify us.
-      cv_.wait_for(lock, std::chrono::milliseconds(20),
-                   [&] { return quit_ || (failure_.empty() && !live_.empty()); });
+      cv_.wait_for(lock, std::chrono::milliseconds(20), [&] { return quit_ || (failure_.empty() && !live_.empty()); });
       if (quit_) return;
       if (!failure_.empty() || !engine_.has_unfinished()) continue;
     }

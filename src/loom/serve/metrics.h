@@ -56,8 +56,8 @@ class MetricsRegistry {
   // registry's life. A name is bound to one type and help text on first use.
   Counter& counter(const std::string& name, const std::string& help, const Labels& labels = {});
   Gauge& gauge(const std::string& name, const std::string& help, const Labels& labels = {});
-  Histogram& histogram(const std::string& name, const std::string& help,
-                       const std::vector<double>& bounds, const Labels& labels = {});
+  Histogram& histogram(const std::string& name, const std::string& help, const std::vector<double>& bounds,
+                       const Labels& labels = {});
   std::string render() const;
 
  private:

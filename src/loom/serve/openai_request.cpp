@@ -23,10 +23,16 @@ ApiError error_for_status(int status, std::string message) {
   e.status = status;
   e.message = std::move(message);
   switch (status) {
-    case 401: e.type = "authentication_error"; e.code = "invalid_api_key"; break;
+    case 401:
+      e.type = "authentication_error";
+      e.code = "invalid_api_key";
+      break;
     case 404: e.type = "not_found_error"; break;
     case 413: e.code = "request_too_large"; break;
-    case 429: e.type = "rate_limit_error"; e.code = "queue_full"; break;
+    case 429:
+      e.type = "rate_limit_error";
+      e.code = "queue_full";
+      break;
     case 503: e.type = "service_unavailable"; break;
     default:
       if (status >= 500) e.type = "server_error";
@@ -35,7 +41,8 @@ ApiError error_for_status(int status, std::string message) {
 }
 
 HttpResponse error_response(const ApiError& e) {
-  json err = {{"message", e.message}, {"type", e.type},
+  json err = {{"message", e.message},
+              {"type", e.type},
               {"param", e.param.empty() ? json(nullptr) : json(e.param)},
               {"code", e.code.empty() ? json(nullptr) : json(e.code)}};
   HttpResponse r;
@@ -145,7 +152,8 @@ std::optional<ApiError> parse_messages(const json& body, CompletionParams* out) 
     std::string r = role->get<std::string>();
     if (r == "developer") r = "system";
     if (r != "system" && r != "user" && r != "assistant")
-      return invalid_request(where + ".role", str_cat("'", where, ".role' must be system, user or assistant, got '", r, "'"));
+      return invalid_request(where + ".role",
+                             str_cat("'", where, ".role' must be system, user or assistant, got '", r, "'"));
     ChatMessage msg{r, ""};
     const json* c = field(m, "content");
     if (c && c->is_string()) {
@@ -155,11 +163,13 @@ std::optional<ApiError> parse_messages(const json& body, CompletionParams* out) 
         const json* type = part.is_object() ? field(part, "type") : nullptr;
         const json* text = part.is_object() ? field(part, "text") : nullptr;
         if (!type || *type != "text" || !text || !text->is_string())
-          return invalid_request(where + ".content", "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported");
+          return invalid_request(where + ".content",
+                                 "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported");
         msg.content += text->get<std::string>();
       }
     } else if (c || r != "assistant") {
-      return invalid_request(where + ".content", str_cat("'", where, ".content' must be a string or an array of text parts"));
+      return invalid_request(where + ".content",
+                             str_cat("'", where, ".content' must be a string or an array of text parts"));
     }
     out->messages.push_back(std::move(msg));
   }
@@ -209,7 +219,8 @@ std::optional<ApiError> parse_completion_request(std::string_view text, ApiKind 
     return invalid_request(param, problem);
   };
   auto quoted = [](const char* name) { return str_cat("'", name, "'"); };
-  const char* max_name = kind == ApiKind::chat && field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  const char* max_name =
+      kind == ApiKind::chat && field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
   if (auto e = get_integer(body, max_name, &out->max_tokens)) return e;
   if (out->max_tokens)
     if (auto e = refuse_if(max_name, infer::max_tokens_problem(*out->max_tokens, quoted(max_name)))) return e;
@@ -238,10 +249,11 @@ std::optional<ApiError> parse_completion_request(std::string_view text, ApiKind 
 }
 
 std::optional<ApiError> build_generation_request(const CompletionParams& p, const std::string& served_model,
-                                                 const TextTokenizer& tok, int64_t ctx,
-                                                 const std::string& prompt, GenerationRequest* out) {
+                                                 const TextTokenizer& tok, int64_t ctx, const std::string& prompt,
+                                                 GenerationRequest* out) {
   if (p.model != served_model)
-    return invalid_request("model", str_cat("the model '", p.model, "' does not exist; this server serves '", served_model, "'"));
+    return invalid_request(
+        "model", str_cat("the model '", p.model, "' does not exist; this server serves '", served_model, "'"));
   out->prompt = p.prompt_is_ids ? p.prompt_ids : tok.encode(prompt);
   const char* pname = p.kind == ApiKind::chat ? "messages" : "prompt";
   int64_t n = int64_t(out->prompt.size());
@@ -255,9 +267,9 @@ std::optional<ApiError> build_generation_request(const CompletionParams& p, cons
   const char* max_name = "max_tokens";
   if (p.max_tokens) {
     if (*p.max_tokens > ctx - n)
-      return invalid_request(max_name, str_cat("max_tokens=", *p.max_tokens, " plus the prompt's ", n,
-                                               " tokens exceeds the model's context of ", ctx,
-                                               " tokens; ask for at most ", ctx - n));
+      return invalid_request(
+          max_name, str_cat("max_tokens=", *p.max_tokens, " plus the prompt's ", n,
+                            " tokens exceeds the model's context of ", ctx, " tokens; ask for at most ", ctx - n));
     out->max_tokens = *p.max_tokens;
   } else {
     out->max_tokens = p.kind == ApiKind::chat ? ctx - n : std::min<int64_t>(16, ctx - n);

@@ -54,8 +54,7 @@ struct CompletionParams {
 };
 
 // Parses the JSON body and checks every field's type and range (nothing model-dependent).
-std::optional<ApiError> parse_completion_request(std::string_view body, ApiKind kind,
-                                                 CompletionParams* out);
+std::optional<ApiError> parse_completion_request(std::string_view body, ApiKind kind, CompletionParams* out);
 
 // Checks the parts that depend on the served model (name, context length, vocabulary),
 // tokenizes, and fills the engine request. `prompt` must already hold the prompt text

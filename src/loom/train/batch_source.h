@@ -11,8 +11,8 @@ class BatchSource {
   virtual ~BatchSource() = default;
   // Rows [first_seq, first_seq + n_seqs) of the global batch of `global_batch` sequences
   // at `step`: T inputs and T targets (inputs shifted by one) per row.
-  virtual void fill_train(int64_t step, int64_t first_seq, int64_t n_seqs, int64_t global_batch,
-                          int64_t T, int32_t* tokens, int32_t* targets) = 0;
+  virtual void fill_train(int64_t step, int64_t first_seq, int64_t n_seqs, int64_t global_batch, int64_t T,
+                          int32_t* tokens, int32_t* targets) = 0;
   // Validation batch `index` (deterministic walk over the validation split).
   virtual void fill_val(int64_t index, int64_t B, int64_t T, int32_t* tokens, int32_t* targets) = 0;
   virtual int64_t vocab_size() const = 0;

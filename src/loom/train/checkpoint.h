@@ -14,8 +14,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -44,7 +44,7 @@ struct SaveOptions {
   std::string config_yaml;  // the resolved config
   int64_t keep_last = 3;
   std::string tokenizer;
-  std::string run_id;  // the run this checkpoint continues; pruning touches only its checkpoints
+  std::string run_id;     // the run this checkpoint continues; pruning touches only its checkpoints
   double loss_scale = 0;  // fp16's dynamic loss scaler (0: none), so a resume continues it exactly
   int64_t loss_scale_clean_steps = 0;
   // Batches a loss-spike rollback skipped: (from step, count) pairs; step s trains on batch s plus
@@ -58,7 +58,7 @@ struct SaveOptions {
 struct ModelParallelInfo {
   const parallel::Mesh* mesh = nullptr;              // the run's rank grid (required)
   const model::ParamLayout* whole_layout = nullptr;  // ParamLayout(cfg, 1) under tp, pp or ep
-  std::string layout;  // mesh and stages, e.g. "pp=2 x dp=1 x ep=1 x tp=2, stages [0,1) [1,2)"
+  std::string layout;               // mesh and stages, e.g. "pp=2 x dp=1 x ep=1 x tp=2, stages [0,1) [1,2)"
   bool data_parallel_only = false;  // pp = tp = ep = 1: every rank holds the whole model
 };
 
@@ -79,9 +79,9 @@ struct CheckpointSnapshot {
 // stages, ep ranks) and the Adam moments (from ZeRO chunks likewise) into the whole model's
 // layout on rank 0. `reuse`: a previous snapshot whose rank-0 buffers are filled again when the
 // sizes match (no fresh pages per checkpoint).
-CheckpointSnapshot snapshot_checkpoint(int64_t step, const model::Decoder& model,
-                                       const parallel::DataParallel& engine, const SaveOptions& save,
-                                       const ModelParallelInfo& mp, CheckpointSnapshot* reuse = nullptr);
+CheckpointSnapshot snapshot_checkpoint(int64_t step, const model::Decoder& model, const parallel::DataParallel& engine,
+                                       const SaveOptions& save, const ModelParallelInfo& mp,
+                                       CheckpointSnapshot* reuse = nullptr);
 // Rank 0 only: writes a snapshot as DIR/step_N (temporary name, fsync, manifest, rename, latest,
 // pruning). Throws on failure after removing the partial directory; the previous checkpoints,
 // latest included, are untouched. `tmp_ready`: the temporary directory exists already (other
@@ -92,8 +92,7 @@ std::string write_checkpoint(const std::string& dir, const CheckpointSnapshot& s
 // failure on any rank (disk full, permissions) fails every rank with one message and leaves the
 // previous checkpoints intact. Returns the final directory.
 std::string save_checkpoint(const std::string& dir, int64_t step, const model::Decoder& model,
-                            const parallel::DataParallel& engine, const SaveOptions& save,
-                            const ModelParallelInfo& mp);
+                            const parallel::DataParallel& engine, const SaveOptions& save, const ModelParallelInfo& mp);
 
 // Throws on every rank of g when `ok` is false on any (collective), so that none goes on into
 // collectives its peers never reach: the first failing rank with its own reason `why`, the
@@ -112,27 +111,26 @@ using io::VerifyScope;
 // candidate counts as valid only when it verifies on every rank (each checking its own scope),
 // so all ranks pick the same one.
 // With max_step >= 0, only checkpoints of steps up to it are candidates (a rollback's target).
-std::optional<std::string> find_latest_valid_checkpoint(
-    const std::string& dir, FILE* log, const VerifyScope& scope = VerifyScope::everything(),
-    const comm::Group* agree = nullptr, int64_t max_step = -1);
+std::optional<std::string> find_latest_valid_checkpoint(const std::string& dir, FILE* log,
+                                                        const VerifyScope& scope = VerifyScope::everything(),
+                                                        const comm::Group* agree = nullptr, int64_t max_step = -1);
 // The same with a scope per candidate (checkpoint_load_scope: the files a resume would read).
-std::optional<std::string> find_latest_valid_checkpoint(
-    const std::string& dir, FILE* log, const std::function<VerifyScope(const std::string&)>& scope_of,
-    const comm::Group* agree = nullptr, int64_t max_step = -1);
+std::optional<std::string> find_latest_valid_checkpoint(const std::string& dir, FILE* log,
+                                                        const std::function<VerifyScope(const std::string&)>& scope_of,
+                                                        const comm::Group* agree = nullptr, int64_t max_step = -1);
 
 // Verifies (unless `verified`: the caller just did, e.g. with find_latest_valid_checkpoint),
 // then loads this rank's slice of the weights and its chunk of the Adam moments into the engine,
 // whatever layout saved them (CheckpointMeta::resharded_from then names it). 1-bit Adam's error
 // feedback comes back only on the layout that saved it (elsewhere it restarts at zero). A format-1
 // checkpoint resumes only on the layout that saved it.
-CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model,
-                               parallel::DataParallel& engine, const ModelParallelInfo& mp, bool verified = false);
+CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model, parallel::DataParallel& engine,
+                               const ModelParallelInfo& mp, bool verified = false);
 // The files load_checkpoint checksums on this rank: everything but other ranks' own files.
 VerifyScope checkpoint_load_scope(const comm::Group& world);
 // Weights only (model::read_checkpoint_weights), into a model with a flat parameter buffer;
 // optimizer files are neither read nor checksummed. `verified`: resolve_checkpoint already did.
-CheckpointMeta load_checkpoint_weights(const std::string& path, model::Decoder& model,
-                                       bool verified = false);
+CheckpointMeta load_checkpoint_weights(const std::string& path, model::Decoder& model, bool verified = false);
 
 // What inference reads of a checkpoint is in model/checkpoint_reader.h, which needs no train.
 

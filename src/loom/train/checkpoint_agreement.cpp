@@ -24,12 +24,13 @@ void throw_unless_ok_everywhere(const comm::Group& g, bool ok, const std::string
 
 std::optional<std::string> find_latest_valid_checkpoint(const std::string& dir, FILE* log, const VerifyScope& scope,
                                                         const comm::Group* agree, int64_t max_step) {
-  return find_latest_valid_checkpoint(dir, log, [&](const std::string&) { return scope; }, agree, max_step);
+  return find_latest_valid_checkpoint(
+      dir, log, [&](const std::string&) { return scope; }, agree, max_step);
 }
 
-std::optional<std::string> find_latest_valid_checkpoint(
-    const std::string& dir, FILE* log, const std::function<VerifyScope(const std::string&)>& scope_of,
-    const comm::Group* agree, int64_t max_step) {
+std::optional<std::string> find_latest_valid_checkpoint(const std::string& dir, FILE* log,
+                                                        const std::function<VerifyScope(const std::string&)>& scope_of,
+                                                        const comm::Group* agree, int64_t max_step) {
   if (!agree || agree->size() == 1) return io::find_latest_valid_checkpoint(dir, log, scope_of, max_step);
   io::CandidateAgreement a;
   a.same_candidate = [&](int64_t step) {  // every rank must be looking at the same one (or all at none)

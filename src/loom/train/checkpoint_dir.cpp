@@ -36,8 +36,8 @@ std::string checkpoint_run_id(const std::string& path) {
   }
 }
 
-std::vector<std::string> prune_checkpoints(const std::string& dir, const std::string& run_id,
-                                           int64_t saved_step, int64_t keep_last) {
+std::vector<std::string> prune_checkpoints(const std::string& dir, const std::string& run_id, int64_t saved_step,
+                                           int64_t keep_last) {
   std::vector<std::string> removed;
   if (run_id.empty()) return removed;
   int64_t kept = 0;

@@ -25,8 +25,8 @@ CheckpointMeta load_checkpoint_weights(const std::string& path, model::Decoder& 
 }
 
 // Format 1: each rank's optimizer shard, on the layout that saved it.
-static void load_format1_optimizer(const std::string& path, const model::Decoder& model,
-                                   parallel::DataParallel& engine, int rank, int64_t optimizer_steps) {
+static void load_format1_optimizer(const std::string& path, const model::Decoder& model, parallel::DataParallel& engine,
+                                   int rank, int64_t optimizer_steps) {
   auto f = io::SafetensorsFile::open((fs::path(path) / io::optimizer_rank_file(rank)).string());
   const auto& units = model.layout().units();
   for (size_t i = 0; i < units.size(); ++i) {
@@ -93,8 +93,9 @@ CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model, p
   const std::string mine = layout_with_stage(mp.layout, engine.group().size(), engine.zero_stage());
   const bool same_layout = saved == mine;
   const int version = io::manifest_version(path);
-  LOOM_CHECK(version >= 2 || same_layout, "checkpoint", path, " is a format-1 checkpoint (per-rank optimizer shards) saved with ",
-             saved, "; this run has ", mine, ". Format 1 resumes only on the layout that saved it: resume there once "
+  LOOM_CHECK(version >= 2 || same_layout, "checkpoint", path,
+             " is a format-1 checkpoint (per-rank optimizer shards) saved with ", saved, "; this run has ", mine,
+             ". Format 1 resumes only on the layout that saved it: resume there once "
              "and save again (format 2 loads into any layout)");
   const int64_t optimizer_steps = state.at("optimizer_steps").get<int64_t>();
   // Weights and moments alike: the whole model on disk, this rank's slice and chunk of it.
@@ -118,11 +119,15 @@ CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model, p
     if (same_layout) load_onebit_errors(path, io::onebit_rank_file(g.rank()), model, engine);
   });
   model::restore_router_bias(state, model);
-  CheckpointMeta meta{state.at("step").get<int64_t>(), path, same_layout ? "" : saved, state.value("run_id", ""),
-                      state.value("loss_scale", 0.0), state.value("loss_scale_clean_steps", int64_t(0)), {}};
+  CheckpointMeta meta{state.at("step").get<int64_t>(),
+                      path,
+                      same_layout ? "" : saved,
+                      state.value("run_id", ""),
+                      state.value("loss_scale", 0.0),
+                      state.value("loss_scale_clean_steps", int64_t(0)),
+                      {}};
   if (state.contains("data_position") && state["data_position"].contains("skipped_windows"))
-    meta.skipped_windows =
-        state["data_position"]["skipped_windows"].get<std::vector<std::pair<int64_t, int64_t>>>();
+    meta.skipped_windows = state["data_position"]["skipped_windows"].get<std::vector<std::pair<int64_t, int64_t>>>();
   return meta;
 }
 

@@ -40,17 +40,19 @@ static Tensor reuse_or_new(const Tensor& t, int64_t n) {
   return Tensor::zeros({n}, DType::f32, MemCategory::workspace);
 }
 
-CheckpointSnapshot snapshot_checkpoint(int64_t step, const model::Decoder& model,
-                                       const parallel::DataParallel& engine, const SaveOptions& save,
-                                       const ModelParallelInfo& mp, CheckpointSnapshot* reuse) {
+CheckpointSnapshot snapshot_checkpoint(int64_t step, const model::Decoder& model, const parallel::DataParallel& engine,
+                                       const SaveOptions& save, const ModelParallelInfo& mp,
+                                       CheckpointSnapshot* reuse) {
   LOOM_CHECK(mp.mesh, "checkpoint", "snapshot_checkpoint needs the run's mesh");
   const parallel::Mesh& mesh = *mp.mesh;
   const bool main = mesh.world().rank() == 0;
   const model::ParamLayout& local = model.layout();
   CheckpointSnapshot s;
   s.step = step;
-  if (reuse && reuse->layout) s.layout = reuse->layout;
-  else s.layout = std::make_shared<const model::ParamLayout>(model.config(), 1);
+  if (reuse && reuse->layout)
+    s.layout = reuse->layout;
+  else
+    s.layout = std::make_shared<const model::ParamLayout>(model.config(), 1);
   const int64_t n = s.layout->total();
   // This rank's full slice: weights (gathered from ZeRO-3 chunks) and moments (from ZeRO chunks).
   Tensor w = model.params();
@@ -97,10 +99,14 @@ CheckpointSnapshot snapshot_checkpoint(int64_t step, const model::Decoder& model
   s.keep_last = save.keep_last;
   s.run_id = save.run_id;
   s.onebit_files = engine.onebit().empty() ? 0 : mesh.world().size();
-  json state = {{"step", step}, {"optimizer_steps", engine.optimizer_steps()},
-                {"dp_size", engine.group().size()}, {"zero_stage", engine.zero_stage()},
-                {"layout", mp.layout}, {"data_parallel_only", mp.data_parallel_only},
-                {"tokenizer", save.tokenizer}, {"run_id", save.run_id},
+  json state = {{"step", step},
+                {"optimizer_steps", engine.optimizer_steps()},
+                {"dp_size", engine.group().size()},
+                {"zero_stage", engine.zero_stage()},
+                {"layout", mp.layout},
+                {"data_parallel_only", mp.data_parallel_only},
+                {"tokenizer", save.tokenizer},
+                {"run_id", save.run_id},
                 // Batches are a pure function of (data.seed, step): the step is the position.
                 {"data_position", {{"step", step}, {"skipped_windows", save.skipped_windows}}}};
   if (save.loss_scale > 0) {
@@ -137,7 +143,8 @@ std::string write_checkpoint(const std::string& dir, const CheckpointSnapshot& s
     record(io::kTrainerStateFile);
     io::write_file_atomic((tmp / io::kRunConfigFile).string(), s.config_yaml);
     record(io::kRunConfigFile);
-    manifest.write(io::kTrainingCheckpointFormat, io::kTrainingCheckpointVersion, {{"step", s.step}, {"model", s.model_name}});
+    manifest.write(io::kTrainingCheckpointFormat, io::kTrainingCheckpointVersion,
+                   {{"step", s.step}, {"model", s.model_name}});
     io::fsync_dir(tmp.string());
     fs::remove_all(final_dir, ec);  // an older save of the same step (e.g. after a crash)
     fs::rename(tmp, final_dir, ec);

@@ -18,9 +18,9 @@ class CheckpointWriter {
   struct Result {
     int64_t step = 0;
     bool ok = true;
-    std::string path;   // the checkpoint directory when ok
-    std::string error;  // why not, otherwise
-    double seconds = 0; // the write's duration on its thread
+    std::string path;    // the checkpoint directory when ok
+    std::string error;   // why not, otherwise
+    double seconds = 0;  // the write's duration on its thread
   };
   CheckpointWriter() = default;
   CheckpointWriter(const CheckpointWriter&) = delete;

@@ -27,17 +27,15 @@ std::string scalar_text(const YAML::Node& n) {
 
 ConfigReader::ConfigReader(YAML::Node root) : root_(std::move(root)) {
   if (!root_ || root_.IsNull()) root_ = YAML::Node(YAML::NodeType::Map);
-  LOOM_CHECK(root_.IsMap(), "config", "the top level must be a mapping of sections, got ",
-             scalar_text(root_));
+  LOOM_CHECK(root_.IsMap(), "config", "the top level must be a mapping of sections, got ", scalar_text(root_));
 }
 
 void ConfigReader::apply_override(YAML::Node& root, const std::string& assignment) {
   const auto eq = assignment.find('=');
-  LOOM_CHECK(eq != std::string::npos && eq > 0, "config",
-             "--set expects key=value (e.g. optim.lr=3e-4), got \"", assignment, "\"");
+  LOOM_CHECK(eq != std::string::npos && eq > 0, "config", "--set expects key=value (e.g. optim.lr=3e-4), got \"",
+             assignment, "\"");
   const auto parts = split_path(assignment.substr(0, eq));
-  for (const auto& p : parts)
-    LOOM_CHECK(!p.empty(), "config", "--set ", assignment, ": empty key component");
+  for (const auto& p : parts) LOOM_CHECK(!p.empty(), "config", "--set ", assignment, ": empty key component");
   YAML::Node value;
   try {
     value = YAML::Load(assignment.substr(eq + 1));
@@ -196,9 +194,9 @@ void ConfigReader::reject_unknown() const {
       if (!known_.count(path)) {
         std::string siblings;
         for (const auto& k : known_) {
-          const bool child = prefix.empty() ? k.find('.') == std::string::npos
-                                            : k.rfind(prefix + ".", 0) == 0 &&
-                                                  k.find('.', prefix.size() + 1) == std::string::npos;
+          const bool child = prefix.empty()
+                                 ? k.find('.') == std::string::npos
+                                 : k.rfind(prefix + ".", 0) == 0 && k.find('.', prefix.size() + 1) == std::string::npos;
           if (child) siblings += (siblings.empty() ? "" : ", ") + k.substr(prefix.empty() ? 0 : prefix.size() + 1);
         }
         fail("config", path, ": unknown key", siblings.empty() ? "" : " (known keys here: " + siblings + ")");

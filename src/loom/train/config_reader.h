@@ -26,8 +26,7 @@ class ConfigReader {
   double number(const std::string& path, double def, double lo, double hi);
   int64_t integer(const std::string& path, int64_t def, int64_t lo, int64_t hi);
   bool boolean(const std::string& path, bool def);
-  std::string string(const std::string& path, const std::string& def,
-                     const std::vector<std::string>& choices = {});
+  std::string string(const std::string& path, const std::string& def, const std::vector<std::string>& choices = {});
   // Marks a section as known (for sections read by another component).
   void known(const std::string& path);
   // Throws "[config] a.b: unknown key (known keys: ...)" for any key nobody read.

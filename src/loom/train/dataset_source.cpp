@@ -12,8 +12,8 @@ DatasetSource::DatasetSource(const TrainConfig& cfg, std::FILE* log) {
   o.seed = cfg.data.seed;
   o.log = log;
   LOOM_CHECK(std::filesystem::exists(std::filesystem::path(cfg.data.dir) / "train.bin"), "data",
-             "data.dir=", cfg.data.dir, " has no train.bin; run `loom prepare --input FILE --out ",
-             cfg.data.dir, "` first");
+             "data.dir=", cfg.data.dir, " has no train.bin; run `loom prepare --input FILE --out ", cfg.data.dir,
+             "` first");
   train_ = std::make_unique<data::TokenDataset>(data::TokenDataset::open_split(cfg.data.dir, "train", o));
   if (std::filesystem::exists(std::filesystem::path(cfg.data.dir) / "val.bin"))
     val_ = std::make_unique<data::TokenDataset>(data::TokenDataset::open_split(cfg.data.dir, "val", o));
@@ -25,8 +25,8 @@ DatasetSource::DatasetSource(const TrainConfig& cfg, std::FILE* log) {
   }
 }
 
-void DatasetSource::fill_train(int64_t step, int64_t first, int64_t n, int64_t global, int64_t T,
-                               int32_t* tok, int32_t* tgt) {
+void DatasetSource::fill_train(int64_t step, int64_t first, int64_t n, int64_t global, int64_t T, int32_t* tok,
+                               int32_t* tgt) {
   train_->fill_batch(step, first, n, global, T, tok, tgt);
 }
 

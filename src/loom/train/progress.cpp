@@ -8,8 +8,7 @@
 
 namespace loom::train {
 
-ProgressBar::ProgressBar(int64_t total, bool enabled)
-    : total_(total), enabled_(enabled), start_(now_seconds()) {}
+ProgressBar::ProgressBar(int64_t total, bool enabled) : total_(total), enabled_(enabled), start_(now_seconds()) {}
 
 bool ProgressBar::stderr_is_terminal() { return isatty(2) != 0; }
 
@@ -32,9 +31,8 @@ void ProgressBar::update(int64_t done, const std::string& status) {
   std::string bar(size_t(fill), '#');
   bar += std::string(size_t(width - fill), '.');
   const double eta = done > 0 ? el / double(done) * double(total_ - done) : 0.0;
-  std::fprintf(stderr, "\r\033[K[%s] %lld/%lld %s | elapsed %s | ETA %s", bar.c_str(),
-               (long long)done, (long long)total_, status.c_str(), format_duration(el).c_str(),
-               format_duration(eta).c_str());
+  std::fprintf(stderr, "\r\033[K[%s] %lld/%lld %s | elapsed %s | ETA %s", bar.c_str(), (long long)done,
+               (long long)total_, status.c_str(), format_duration(el).c_str(), format_duration(eta).c_str());
   std::fflush(stderr);
   drawn_ = true;
 }

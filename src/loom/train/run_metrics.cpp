@@ -80,9 +80,12 @@ void add(MetricSeries& s, double step, double v) {
 
 void read_step_line(const json& j, double step, RunMetrics& m) {
   static constexpr std::pair<const char*, MetricSeries RunMetrics::*> kFields[] = {
-      {"loss", &RunMetrics::loss},         {"lr", &RunMetrics::lr},
-      {"grad_norm", &RunMetrics::grad_norm}, {"tokens_per_s", &RunMetrics::tokens_per_s},
-      {"mfu", &RunMetrics::mfu},           {"exposed_comm_ms", &RunMetrics::exposed_comm_ms}};
+      {"loss", &RunMetrics::loss},
+      {"lr", &RunMetrics::lr},
+      {"grad_norm", &RunMetrics::grad_norm},
+      {"tokens_per_s", &RunMetrics::tokens_per_s},
+      {"mfu", &RunMetrics::mfu},
+      {"exposed_comm_ms", &RunMetrics::exposed_comm_ms}};
   // Checked before anything is added, so a bad line adds nothing.
   double values[std::size(kFields)];
   bool present[std::size(kFields)];
@@ -115,7 +118,8 @@ RunStart read_run_start(const json& j, int64_t step) {
   s.config = string_or(j, "config");
   s.world_size = j.value("world_size", int64_t(1));
   if (const auto env = j.find("environment"); env != j.end() && env->is_object())
-    for (const auto& [k, v] : env->items()) s.environment.emplace_back(k, v.is_string() ? v.get<std::string>() : v.dump());
+    for (const auto& [k, v] : env->items())
+      s.environment.emplace_back(k, v.is_string() ? v.get<std::string>() : v.dump());
   return s;
 }
 

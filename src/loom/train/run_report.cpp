@@ -57,8 +57,8 @@ std::string chart_svg(const ReportChart& c) {
   std::string svg = io::svg_plot("", {c.panel});
   const std::string xmlns = " xmlns=\"http://www.w3.org/2000/svg\"";
   if (const size_t at = svg.find(xmlns); at != std::string::npos) svg.erase(at, xmlns.size());
-  const std::string tag = "<svg class=\"chart\" data-chart=\"" + c.id + "\" data-series=\"" +
-                          std::to_string(c.panel.series.size()) + "\"";
+  const std::string tag =
+      "<svg class=\"chart\" data-chart=\"" + c.id + "\" data-series=\"" + std::to_string(c.panel.series.size()) + "\"";
   return tag + svg.substr(4);  // after "<svg"
 }
 
@@ -134,8 +134,8 @@ std::string render_run_report(const RunMetrics& m, const std::string& source) {
 
   os << "<h2>Restarts and guards</h2>\n";
   const int64_t skipped = std::max(m.skipped_steps, m.nonfinite_steps);
-  os << "<p>" << m.events.size() << " resumes and rollbacks; " << skipped << " skipped steps ("
-     << m.nonfinite_steps << " non-finite)</p>\n";
+  os << "<p>" << m.events.size() << " resumes and rollbacks; " << skipped << " skipped steps (" << m.nonfinite_steps
+     << " non-finite)</p>\n";
   if (!m.events.empty()) {
     os << "<table class=\"events\">\n<tr><th>event</th><th>step</th><th>detail</th></tr>\n";
     for (const RunEvent& e : m.events)

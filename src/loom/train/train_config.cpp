@@ -27,9 +27,13 @@ model::ModelConfig read_model(ConfigReader& r) {
   m.n_ctx = r.integer("model.n_ctx", m.n_ctx, 1, 1 << 20);
   m.n_layer = r.integer("model.n_layer", m.n_layer, 1, 4096);
   m.n_head = r.integer("model.n_head", m.n_head, 1, 4096);
-  m.n_kv_head = r.integer("model.n_kv_head", r.has("model.n_head") && !r.has("model.n_kv_head") ? m.n_head : m.n_kv_head, 1, 4096);
+  m.n_kv_head = r.integer("model.n_kv_head",
+                          r.has("model.n_head") && !r.has("model.n_kv_head") ? m.n_head : m.n_kv_head, 1, 4096);
   m.d_model = r.integer("model.d_model", m.d_model, 1, 1 << 20);
-  m.d_ff = r.integer("model.d_ff", r.has("model.d_model") && !r.has("model.d_ff") && m.family == model::Family::gpt2 ? 4 * m.d_model : m.d_ff, 1, 1 << 22);
+  m.d_ff = r.integer(
+      "model.d_ff",
+      r.has("model.d_model") && !r.has("model.d_ff") && m.family == model::Family::gpt2 ? 4 * m.d_model : m.d_ff, 1,
+      1 << 22);
   m.norm_eps = r.number("model.norm_eps", m.norm_eps, 1e-12, 1.0);
   m.rope_theta = r.number("model.rope_theta", m.rope_theta, 1.0, 1e9);
   m.tied_embeddings = r.boolean("model.tied_embeddings", m.tied_embeddings);
@@ -110,8 +114,8 @@ TrainConfig parse_train_config(const std::string& text, const std::vector<std::s
   c.checkpoint.every_minutes = r.number("checkpoint.every_minutes", 0, 0, 1e7);
   c.checkpoint.keep_last = r.integer("checkpoint.keep_last", 3, 1, 1000000);
   c.checkpoint.async = r.boolean("checkpoint.async", false);
-  LOOM_CHECK(!c.checkpoint.dir.empty() || (c.checkpoint.every_steps == 0 && c.checkpoint.every_minutes == 0),
-             "config", "checkpoint.dir: required when checkpoint.every_steps or every_minutes is set");
+  LOOM_CHECK(!c.checkpoint.dir.empty() || (c.checkpoint.every_steps == 0 && c.checkpoint.every_minutes == 0), "config",
+             "checkpoint.dir: required when checkpoint.every_steps or every_minutes is set");
 
   c.guard.nonfinite = r.string("guard.nonfinite", "skip", {"skip", "stop"});
   c.guard.max_consecutive_skips = r.integer("guard.max_consecutive_skips", 10, 0, kMaxI);
@@ -131,8 +135,8 @@ TrainConfig parse_train_config(const std::string& text, const std::vector<std::s
   c.parallel.ep = r.integer("parallel.ep", 1, 1, 1 << 12);
   c.parallel.zero_stage = r.integer("parallel.zero_stage", 0, 0, 3);
   c.parallel.bucket_mb = r.number("parallel.bucket_mb", 25.0, 0.001, 1e6);
-  c.parallel.grad_dtype = r.string("parallel.grad_dtype", c.model.precision == model::Precision::bf16 ? "bf16" : "fp32",
-                                   {"fp32", "bf16"});
+  c.parallel.grad_dtype =
+      r.string("parallel.grad_dtype", c.model.precision == model::Precision::bf16 ? "bf16" : "fp32", {"fp32", "bf16"});
   c.parallel.pp_schedule = r.string("parallel.pp_schedule", "1f1b", {"gpipe", "1f1b"});
   c.parallel.pp_partition = r.string("parallel.pp_partition", "uniform", {"uniform", "parameters", "profile"});
   c.parallel.micro_batches = r.integer("parallel.micro_batches", 0, 0, kMaxI);
@@ -152,24 +156,22 @@ TrainConfig parse_train_config(const std::string& text, const std::vector<std::s
   // Every dp x ep rank sees its own share of the batch.
   const int64_t dp = c.parallel.dp * ep;
   const std::string dp_name = ep > 1 ? str_cat("parallel.dp x parallel.ep=", dp) : str_cat("parallel.dp=", dp);
-  LOOM_CHECK(c.data.batch_size % dp == 0, "config", "data.batch_size=", c.data.batch_size,
-             " is not divisible by ", dp_name);
+  LOOM_CHECK(c.data.batch_size % dp == 0, "config", "data.batch_size=", c.data.batch_size, " is not divisible by ",
+             dp_name);
   const int64_t per_rank = c.data.batch_size / dp;
   if (c.parallel.micro_batches > 0) {  // micro-batches named: they set the micro-batch size
     const int64_t m = c.parallel.micro_batches;
-    LOOM_CHECK(per_rank % m == 0, "config", "parallel.micro_batches=", m,
-               " does not divide the per-rank batch ", per_rank, " (data.batch_size=",
-               c.data.batch_size, " / ", dp_name, ")");
+    LOOM_CHECK(per_rank % m == 0, "config", "parallel.micro_batches=", m, " does not divide the per-rank batch ",
+               per_rank, " (data.batch_size=", c.data.batch_size, " / ", dp_name, ")");
     LOOM_CHECK(c.data.micro_batch_size == 0 || c.data.micro_batch_size * m == per_rank, "config",
-               "data.micro_batch_size=", c.data.micro_batch_size, " and parallel.micro_batches=", m,
-               " disagree: ", m, " micro-batches of the per-rank batch ", per_rank, " hold ",
-               per_rank / m, " sequences each; set only one of them");
+               "data.micro_batch_size=", c.data.micro_batch_size, " and parallel.micro_batches=", m, " disagree: ", m,
+               " micro-batches of the per-rank batch ", per_rank, " hold ", per_rank / m,
+               " sequences each; set only one of them");
     c.data.micro_batch_size = per_rank / m;
   }
   const int64_t micro = c.data.micro_batch_size ? c.data.micro_batch_size : per_rank;
-  LOOM_CHECK(per_rank % micro == 0, "config", "data.micro_batch_size=", micro,
-             " does not divide the per-rank batch ", per_rank, " (data.batch_size=",
-             c.data.batch_size, " / ", dp_name, ")");
+  LOOM_CHECK(per_rank % micro == 0, "config", "data.micro_batch_size=", micro, " does not divide the per-rank batch ",
+             per_rank, " (data.batch_size=", c.data.batch_size, " / ", dp_name, ")");
   c.data.micro_batch_size = micro;
   c.parallel.micro_batches = per_rank / micro;
 
@@ -178,8 +180,8 @@ TrainConfig parse_train_config(const std::string& text, const std::vector<std::s
   LOOM_CHECK(ep == 1 || c.optim.name != "onebit_adam", "config", "optim.name=onebit_adam with parallel.ep=", ep,
              " is not supported (its compressed exchange covers one data-parallel group); use optim.name=adamw");
   parallel::check_stage_count(int(c.model.n_layer), int(pp));
-  LOOM_CHECK(pp == 1 || c.parallel.zero_stage <= 1, "config", "parallel.zero_stage=",
-             c.parallel.zero_stage, " with parallel.pp=", pp, " is not supported: ZeRO-2/3 reduce ",
+  LOOM_CHECK(pp == 1 || c.parallel.zero_stage <= 1, "config", "parallel.zero_stage=", c.parallel.zero_stage,
+             " with parallel.pp=", pp, " is not supported: ZeRO-2/3 reduce ",
              "and gather per forward/backward pass, which a pipeline interleaves across micro-batches; ",
              "use parallel.zero_stage=0 or 1 with pipelines");
   LOOM_CHECK(c.optim.name != "onebit_adam" || c.parallel.zero_stage <= 1, "config",
@@ -197,10 +199,9 @@ TrainConfig parse_train_config(const std::string& text, const std::vector<std::s
   const int64_t m = c.parallel.micro_batches;
   if (pp > 1 && m < pp)
     c.warnings.push_back(str_cat(
-        "parallel.micro_batches=", m, " is below parallel.pp=", pp, ": every stage idles for (p-1)/(m+p-1) = ",
-        pp - 1, "/", m + pp - 1, " = ", int(100.0 * parallel::bubble_fraction(int(pp), int(m)) + 0.5),
-        "% of each step (the pipeline bubble); use at least ", pp, " micro-batches (e.g. ",
-        4 * pp, ")"));
+        "parallel.micro_batches=", m, " is below parallel.pp=", pp, ": every stage idles for (p-1)/(m+p-1) = ", pp - 1,
+        "/", m + pp - 1, " = ", int(100.0 * parallel::bubble_fraction(int(pp), int(m)) + 0.5),
+        "% of each step (the pipeline bubble); use at least ", pp, " micro-batches (e.g. ", 4 * pp, ")"));
   if (c.model.precision == model::Precision::bf16)
     c.warnings.push_back(
         cpu::bf16_gemm_preferred()
@@ -212,10 +213,10 @@ TrainConfig parse_train_config(const std::string& text, const std::vector<std::s
               "SGEMM: bf16 numerics at f32 speed and memory (this CPU has no bf16 instructions faster than "
               "its FMAs, and AMX is not used, docs/PERFORMANCE.md)");
   if (c.model.precision == model::Precision::fp16)
-    c.warnings.push_back(str_cat(
-        "model.precision=fp16 runs its products as fp16 operands rounded in f32 and multiplied by f32 SGEMM "
-        "(fp16 numerics at f32 speed), with dynamic loss scaling from ", c.loss_scale.initial, " (window ",
-        c.loss_scale.window, " steps)"));
+    c.warnings.push_back(
+        str_cat("model.precision=fp16 runs its products as fp16 operands rounded in f32 and multiplied by f32 SGEMM "
+                "(fp16 numerics at f32 speed), with dynamic loss scaling from ",
+                c.loss_scale.initial, " (window ", c.loss_scale.window, " steps)"));
 
   YAML::Emitter out;
   out << root;

@@ -14,9 +14,9 @@
 namespace loom::train {
 
 struct DataConfig {
-  std::string dir;          // output of `loom prepare`
+  std::string dir;  // output of `loom prepare`
   int64_t seq_len = 256;
-  int64_t batch_size = 16;  // global batch, in sequences
+  int64_t batch_size = 16;       // global batch, in sequences
   int64_t micro_batch_size = 0;  // per rank; 0 = the whole per-rank batch at once
   uint64_t seed = 1;
 };
@@ -29,11 +29,11 @@ struct ScheduleConfig {
   bool clip_dynamic = false;   // max(1, 10 (1 - step/total)) instead of clip_max_norm
   int64_t eval_interval = 100;
   int64_t eval_batches = 10;
-  uint64_t seed = 1337;        // weight initialisation
+  uint64_t seed = 1337;  // weight initialisation
 };
 
 struct CheckpointConfig {
-  std::string dir;            // empty: no checkpoints
+  std::string dir;  // empty: no checkpoints
   int64_t every_steps = 0;
   double every_minutes = 0;
   int64_t keep_last = 3;
@@ -58,7 +58,7 @@ struct GuardConfig {
 
 struct LogConfig {
   int64_t every = 10;
-  std::string metrics_path;   // JSONL, one object per logged step
+  std::string metrics_path;       // JSONL, one object per logged step
   std::string progress = "auto";  // auto | on | off
 };
 

@@ -66,21 +66,29 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
     for (const auto& w : cfg_.warnings) std::fprintf(opt_.log, "[warning] %s\n", w.c_str());
   const auto& p = cfg_.parallel;
   const parallel::MeshShape& shape = mesh_->shape();
-  for (auto [d, want] : {std::pair{parallel::Dim::pp, p.pp}, {parallel::Dim::dp, p.dp},
-                         {parallel::Dim::ep, p.ep}, {parallel::Dim::tp, p.tp}})
-    LOOM_CHECK(shape.size(d) == want, "config", "parallel.", parallel::dim_name(d), "=", want,
-               " but the mesh has ", parallel::dim_name(d), "=", shape.size(d), " (", shape.describe(),
+  for (auto [d, want] : {std::pair{parallel::Dim::pp, p.pp},
+                         {parallel::Dim::dp, p.dp},
+                         {parallel::Dim::ep, p.ep},
+                         {parallel::Dim::tp, p.tp}})
+    LOOM_CHECK(shape.size(d) == want, "config", "parallel.", parallel::dim_name(d), "=", want, " but the mesh has ",
+               parallel::dim_name(d), "=", shape.size(d), " (", shape.describe(),
                "); launch pp x dp x ep x tp = ", p.pp * p.dp * p.ep * p.tp, " processes");
-  LOOM_CHECK(data_.vocab_size() <= cfg_.model.vocab_size, "train", "the data's vocabulary (",
-             data_.vocab_size(), " tokens) does not fit model.vocab_size=", cfg_.model.vocab_size,
-             "; set model.vocab_size to at least ", data_.vocab_size());
+  LOOM_CHECK(data_.vocab_size() <= cfg_.model.vocab_size, "train", "the data's vocabulary (", data_.vocab_size(),
+             " tokens) does not fit model.vocab_size=", cfg_.model.vocab_size, "; set model.vocab_size to at least ",
+             data_.vocab_size());
   // Ranks that see different data: dp x ep (each ep rank routes its own tokens).
   const int stage = int(p.zero_stage), dp = int(p.dp * p.ep);
   const int pp_rank = int(mesh_->coord().pp);
   stages_ = partition_stages();
   model::DecoderOptions dopt = parallel::decoder_options_for(cfg_.decoder, stage, dp);
-  dopt.slice = {stages_[size_t(pp_rank)].first_layer, stages_[size_t(pp_rank)].last_layer, pp_rank == 0,
-                pp_rank == int(p.pp) - 1, p.tp, mesh_->coord().tp, p.ep, mesh_->coord().ep};
+  dopt.slice = {stages_[size_t(pp_rank)].first_layer,
+                stages_[size_t(pp_rank)].last_layer,
+                pp_rank == 0,
+                pp_rank == int(p.pp) - 1,
+                p.tp,
+                mesh_->coord().tp,
+                p.ep,
+                mesh_->coord().ep};
   model_ = std::make_unique<model::Decoder>(cfg_.model, dopt);
   if (p.tp > 1) {
     tp_ = std::make_unique<parallel::TensorParallelLayers>(mesh_->tp(), cfg_.model);
@@ -92,7 +100,8 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
   }
   if (stage < 3) model_->init_weights(cfg_.schedule.seed);
   engine_ = std::make_unique<parallel::DataParallel>(
-      *model_, mesh_->data(), cfg_.optim, parallel::DataParallelOptions{stage, p.bucket_mb, p.grad_dtype == "bf16" ? DType::bf16 : DType::f32},
+      *model_, mesh_->data(), cfg_.optim,
+      parallel::DataParallelOptions{stage, p.bucket_mb, p.grad_dtype == "bf16" ? DType::bf16 : DType::f32},
       cfg_.schedule.seed, mesh_->dp());
   // The gradient norm counts every parameter once across the model-parallel ranks.
   std::vector<std::pair<int64_t, int64_t>> skip;
@@ -123,8 +132,9 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
 Trainer::~Trainer() {
   if (writer_ && writer_->pending()) {  // a background write in flight completes (or fails) first
     const auto r = writer_->wait();
-    if (r && !r->ok) std::fprintf(opt_.log, "[checkpoint] background save of step %lld failed: %s\n",
-                                  (long long)r->step, r->error.c_str());
+    if (r && !r->ok)
+      std::fprintf(opt_.log, "[checkpoint] background save of step %lld failed: %s\n", (long long)r->step,
+                   r->error.c_str());
   }
   engine_.reset();
   if (metrics_) std::fclose(metrics_);
@@ -180,14 +190,12 @@ void Trainer::resume_from(const std::string& spec) {
   std::string path = spec;
   FILE* log = main_rank() ? opt_.log : nullptr;
   if (spec == "auto") {
-    LOOM_CHECK(!cfg_.checkpoint.dir.empty(), "train",
-               "--resume auto needs checkpoint.dir in the config");
-    auto found = find_latest_valid_checkpoint(cfg_.checkpoint.dir, log, checkpoint_load_scope(mesh_->world()),
-                                              &mesh_->world());
+    LOOM_CHECK(!cfg_.checkpoint.dir.empty(), "train", "--resume auto needs checkpoint.dir in the config");
+    auto found =
+        find_latest_valid_checkpoint(cfg_.checkpoint.dir, log, checkpoint_load_scope(mesh_->world()), &mesh_->world());
     if (!found) {
       if (log)
-        std::fprintf(log, "[resume] no valid checkpoint in %s; starting from step 0\n",
-                     cfg_.checkpoint.dir.c_str());
+        std::fprintf(log, "[resume] no valid checkpoint in %s; starting from step 0\n", cfg_.checkpoint.dir.c_str());
       return;
     }
     path = *found;
@@ -206,26 +214,27 @@ void Trainer::resume_from(const std::string& spec) {
   if (meta.resharded_from.empty())
     std::fprintf(log, "[resume] resumed %s from %s at step %lld\n", run.c_str(), path.c_str(), (long long)step_);
   else
-    std::fprintf(log, "[resume] resumed %s from %s at step %lld, resharded from %s to %s zero_stage=%d\n",
-                 run.c_str(), path.c_str(), (long long)step_, meta.resharded_from.c_str(), layout_desc_.c_str(),
+    std::fprintf(log, "[resume] resumed %s from %s at step %lld, resharded from %s to %s zero_stage=%d\n", run.c_str(),
+                 path.c_str(), (long long)step_, meta.resharded_from.c_str(), layout_desc_.c_str(),
                  engine_->zero_stage());
 }
 
 void Trainer::check_fits_in_memory() const {
   const auto& p = cfg_.parallel;
-  const double states = double(parallel::zero_model_state_bytes(model_->num_params(), int(p.zero_stage), int(p.dp * p.ep)).total());
+  const double states =
+      double(parallel::zero_model_state_bytes(model_->num_params(), int(p.zero_stage), int(p.dp * p.ep)).total());
   // The whole model's activations for one micro-batch, split over the model-parallel ranks.
-  const double activations = model::estimate_training_bytes(cfg_.model, 0, double(cfg_.data.micro_batch_size),
-                                                            cfg_.data.seq_len, cfg_.decoder.activation_checkpoint_interval,
-                                                            cfg_.decoder.xent_chunk) /
-                             double(p.pp * p.tp);
+  const double activations =
+      model::estimate_training_bytes(cfg_.model, 0, double(cfg_.data.micro_batch_size), cfg_.data.seq_len,
+                                     cfg_.decoder.activation_checkpoint_interval, cfg_.decoder.xent_chunk) /
+      double(p.pp * p.tp);
   const double machine = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
   const auto bytes = [](double b) { return format_bytes(int64_t(std::min(b, 9e18))); };
   LOOM_CHECK(states + activations <= machine, "train", "micro-batches of ", cfg_.data.micro_batch_size,
-             " sequences (data.micro_batch_size, or the per-rank batch when unset) of data.seq_len=",
-             cfg_.data.seq_len, " tokens need about ", bytes(activations),
-             " of activations per rank besides ", bytes(states), " of model states, more than this machine's ",
-             bytes(machine), " of memory; lower data.micro_batch_size (gradient accumulation keeps data.batch_size), "
+             " sequences (data.micro_batch_size, or the per-rank batch when unset) of data.seq_len=", cfg_.data.seq_len,
+             " tokens need about ", bytes(activations), " of activations per rank besides ", bytes(states),
+             " of model states, more than this machine's ", bytes(machine),
+             " of memory; lower data.micro_batch_size (gradient accumulation keeps data.batch_size), "
              "data.seq_len, or set model.activation_checkpoint_interval");
 }
 
@@ -280,8 +289,11 @@ void Trainer::open_metrics() {
   metrics_ = std::fopen(path.c_str(), step_ > 0 ? "a" : "w");
   LOOM_CHECK(metrics_, "train", "cannot open log.metrics_path=", path, ": ", std::strerror(errno));
   if (step_ > 0) {
-    const nlohmann::json mark = {{"event", "resume"}, {"step", step_}, {"run_id", run_id_},
-                                 {"checkpoint", last_checkpoint_}, {"dropped_lines", dropped}};
+    const nlohmann::json mark = {{"event", "resume"},
+                                 {"step", step_},
+                                 {"run_id", run_id_},
+                                 {"checkpoint", last_checkpoint_},
+                                 {"dropped_lines", dropped}};
     std::fprintf(metrics_, "%s\n", mark.dump().c_str());
   }
   write_run_start();
@@ -295,18 +307,29 @@ void Trainer::write_run_start() {
   nlohmann::ordered_json env = nlohmann::ordered_json::object();
   for (const auto& [name, value] : describe_run_environment()) env[name] = value;
   const nlohmann::ordered_json j = {
-      {"event", "run_start"}, {"step", step_}, {"run_id", run_id_}, {"resumed", step_ > 0},
-      {"world_size", mesh_->world().size()}, {"layout", layout_desc_},
+      {"event", "run_start"},
+      {"step", step_},
+      {"run_id", run_id_},
+      {"resumed", step_ > 0},
+      {"world_size", mesh_->world().size()},
+      {"layout", layout_desc_},
       {"parallel", {{"pp", p.pp}, {"dp", p.dp}, {"ep", p.ep}, {"tp", p.tp}, {"zero_stage", p.zero_stage}}},
-      {"config", cfg_.resolved_yaml}, {"environment", env}};
+      {"config", cfg_.resolved_yaml},
+      {"environment", env}};
   std::fprintf(metrics_, "%s\n", j.dump().c_str());
   std::fflush(metrics_);
 }
 
 void Trainer::write_step_metrics(const LoggedStep& ls) {
-  nlohmann::json j = {{"step", ls.step}, {"loss", ls.loss}, {"lr", ls.lr}, {"grad_norm", ls.grad_norm},
-                      {"tokens_per_s", ls.tokens_per_s}, {"mfu", ls.mfu}, {"ms_per_step", ls.ms_per_step},
-                      {"peak_bytes", ls.peak_bytes}, {"exposed_comm_ms", ls.exposed_comm_ms}};
+  nlohmann::json j = {{"step", ls.step},
+                      {"loss", ls.loss},
+                      {"lr", ls.lr},
+                      {"grad_norm", ls.grad_norm},
+                      {"tokens_per_s", ls.tokens_per_s},
+                      {"mfu", ls.mfu},
+                      {"ms_per_step", ls.ms_per_step},
+                      {"peak_bytes", ls.peak_bytes},
+                      {"exposed_comm_ms", ls.exposed_comm_ms}};
   nlohmann::json mem = nlohmann::json::object();
   for (const CategoryBytes& c : ls.memory) mem[c.category] = {{"current", c.current}, {"peak", c.peak}};
   j["memory"] = mem;
@@ -319,10 +342,12 @@ void Trainer::write_step_metrics(const LoggedStep& ls) {
   for (const auto& st : moe_stats_) {  // the last step's, per MoE block
     int64_t mx = 0;
     for (int64_t l : st.load) mx = std::max(mx, l);
-    j["moe"].push_back({{"layer", st.layer}, {"tokens_per_expert_max", mx},
+    j["moe"].push_back({{"layer", st.layer},
+                        {"tokens_per_expert_max", mx},
                         {"tokens_per_expert_mean", double(st.choices) / double(std::max<size_t>(1, st.load.size()))},
                         {"load_max_over_mean", st.load_max_over_mean()},
-                        {"dropped_fraction", st.dropped_fraction()}, {"aux_loss", st.aux()},
+                        {"dropped_fraction", st.dropped_fraction()},
+                        {"aux_loss", st.aux()},
                         {"z_loss", st.z()}});
   }
   std::fprintf(metrics_, "%s\n", j.dump().c_str());
@@ -347,8 +372,8 @@ double Trainer::train_step() {
   // until they are unscaled below.
   const double loss_scale = scaler_.scale();
   last_step_scale_ = loss_scale;
-  const bool inject = mesh_->world().rank() == 0 && std::count(opt_.inject_grad_overflow_at.begin(),
-                                                               opt_.inject_grad_overflow_at.end(), step_ + 1);
+  const bool inject = mesh_->world().rank() == 0 &&
+                      std::count(opt_.inject_grad_overflow_at.begin(), opt_.inject_grad_overflow_at.end(), step_ + 1);
   const double grad_scale = inject ? std::numeric_limits<double>::infinity() : loss_scale / double(G * T);
   double loss_sum = 0;
   int64_t count = 0;
@@ -389,7 +414,8 @@ double Trainer::train_step() {
   // is a NaN everywhere): every rank takes the same decision without another collective.
   const bool loss_ok = std::isfinite(loss), norm_ok = std::isfinite(scaled_norm);
   if (!loss_ok || (!norm_ok && !scaler_.enabled())) {
-    const std::string what = loss_ok ? str_cat("gradient norm is ", scaled_norm / loss_scale) : str_cat("loss is ", loss);
+    const std::string what =
+        loss_ok ? str_cat("gradient norm is ", scaled_norm / loss_scale) : str_cat("loss is ", loss);
     LOOM_CHECK(cfg_.guard.nonfinite == "skip", "train", what, " at step ", step_ + 1,
                ": training diverged (lower optim.lr or enable schedule.clip; guard.nonfinite=skip skips such steps)");
     ++nonfinite_steps_;
@@ -398,7 +424,8 @@ double Trainer::train_step() {
     LOOM_CHECK(consecutive_nonfinite_ <= cfg_.guard.max_consecutive_skips, "train", consecutive_nonfinite_,
                " steps in a row had a non-finite loss or gradient norm (the last at step ", step_ + 1, ": ", what,
                "): training diverged; lower optim.lr, enable schedule.clip, or resume from an earlier checkpoint "
-               "(guard.max_consecutive_skips=", cfg_.guard.max_consecutive_skips, ")");
+               "(guard.max_consecutive_skips=",
+               cfg_.guard.max_consecutive_skips, ")");
     if (main_rank())
       std::fprintf(opt_.log, "[guard] step %lld: %s; update skipped on every rank (%lld in a row, %lld in all)\n",
                    (long long)step_ + 1, what.c_str(), (long long)consecutive_nonfinite_, (long long)nonfinite_steps_);
@@ -411,7 +438,8 @@ double Trainer::train_step() {
       // Overflow: no update on any rank, the scale halves, the data moves on.
       ++skipped_steps_;
       if (main_rank())
-        std::fprintf(opt_.log, "[loss-scale] step %lld: gradients overflowed at scale %g; update skipped, scale now %g\n",
+        std::fprintf(opt_.log,
+                     "[loss-scale] step %lld: gradients overflowed at scale %g; update skipped, scale now %g\n",
                      (long long)step_ + 1, loss_scale, scaler_.scale());
       ++step_;
       return loss;
@@ -423,8 +451,7 @@ double Trainer::train_step() {
   double max_norm = cfg_.schedule.clip_max_norm;
   if (cfg_.schedule.clip_dynamic) max_norm = optim::dynamic_clip_threshold(step_, cfg_.schedule.steps);
   if (max_norm > 0 && norm > max_norm) engine_->scale_grads(float(max_norm / norm));
-  optim::LrSchedule sched{cfg_.optim.lr, cfg_.schedule.min_lr, cfg_.schedule.warmup_steps,
-                          cfg_.schedule.steps};
+  optim::LrSchedule sched{cfg_.optim.lr, cfg_.schedule.min_lr, cfg_.schedule.warmup_steps, cfg_.schedule.steps};
   engine_->step(sched.lr_at(step_));
   if (cfg_.model.moe.bias_update_rate > 0) model_->update_router_bias(moe_stats_, cfg_.model.moe.bias_update_rate);
   ++step_;
@@ -491,8 +518,8 @@ double Trainer::evaluate() {
 void Trainer::maybe_checkpoint(bool force) {
   if (cfg_.checkpoint.dir.empty()) return;
   const bool by_steps = cfg_.checkpoint.every_steps > 0 && step_ % cfg_.checkpoint.every_steps == 0;
-  bool by_time = cfg_.checkpoint.every_minutes > 0 &&
-                 now_seconds() - last_checkpoint_time_ >= cfg_.checkpoint.every_minutes * 60;
+  bool by_time =
+      cfg_.checkpoint.every_minutes > 0 && now_seconds() - last_checkpoint_time_ >= cfg_.checkpoint.every_minutes * 60;
   if (cfg_.checkpoint.every_minutes > 0 && mesh_->world().size() > 1) {
     // Clocks differ between ranks; saving is collective, so rank 0's clock decides for all.
     Tensor flag = Tensor::from_vector<int32_t>({by_time ? 1 : 0}, {1});
@@ -502,8 +529,13 @@ void Trainer::maybe_checkpoint(bool force) {
   if (!(force || by_steps || by_time)) return;
   if (last_checkpoint_.size() && checkpoint_step_of(last_checkpoint_) == step_) return;
   if (async_pending_ && async_step_ == step_) return;
-  const SaveOptions save{cfg_.resolved_yaml, cfg_.checkpoint.keep_last, data_.tokenizer_name(), run_id_,
-                         scaler_.enabled() ? scaler_.scale() : 0.0, scaler_.clean_steps(), skipped_windows_};
+  const SaveOptions save{cfg_.resolved_yaml,
+                         cfg_.checkpoint.keep_last,
+                         data_.tokenizer_name(),
+                         run_id_,
+                         scaler_.enabled() ? scaler_.scale() : 0.0,
+                         scaler_.clean_steps(),
+                         skipped_windows_};
   Stopwatch sw;
   if (!cfg_.checkpoint.async) {
     last_checkpoint_ = save_checkpoint(cfg_.checkpoint.dir, step_, *model_, *engine_, save, model_parallel_info());
@@ -528,7 +560,9 @@ void Trainer::maybe_checkpoint(bool force) {
   if (main_rank())
     std::fprintf(opt_.log, "[checkpoint] step %lld: state copied in %.2f s%s; writing in the background\n",
                  (long long)step_, sw.seconds() - waited,
-                 waited > 0.05 ? str_cat(" (after waiting ", int(waited * 10) / 10.0, " s for the previous write)").c_str() : "");
+                 waited > 0.05
+                     ? str_cat(" (after waiting ", int(waited * 10) / 10.0, " s for the previous write)").c_str()
+                     : "");
   last_checkpoint_time_ = now_seconds();
 }
 
@@ -545,10 +579,11 @@ void Trainer::finish_async_checkpoint(bool wait) {
   if (state == 0) return;
   async_pending_ = false;
   const std::string path = checkpoint_path(cfg_.checkpoint.dir, async_step_);
-  throw_unless_ok_everywhere(mesh_->world(), state == 1, r ? r->error : "",
-                             str_cat("saving step ", async_step_, " to ", path, " in the background failed"),
-                             str_cat("; the earlier checkpoints in ", cfg_.checkpoint.dir,
-                                     " are untouched: free space there or set another checkpoint.dir, then --resume auto"));
+  throw_unless_ok_everywhere(
+      mesh_->world(), state == 1, r ? r->error : "",
+      str_cat("saving step ", async_step_, " to ", path, " in the background failed"),
+      str_cat("; the earlier checkpoints in ", cfg_.checkpoint.dir,
+              " are untouched: free space there or set another checkpoint.dir, then --resume auto"));
   last_checkpoint_ = path;
   if (r) checkpoint_write_s_ += r->seconds;
   if (main_rank())
@@ -589,7 +624,8 @@ bool Trainer::spike_detected(double loss) {
   if (spikes_in_row_ == 0) first_spike_step_ = step_;  // step_ is the 1-based number of the step just done
   ++spikes_in_row_;
   if (main_rank())
-    std::fprintf(opt_.log, "[guard] step %lld: loss %.4f is %.1f standard deviations above the mean %.4f of the last %zu "
+    std::fprintf(opt_.log,
+                 "[guard] step %lld: loss %.4f is %.1f standard deviations above the mean %.4f of the last %zu "
                  "steps (spike %lld of guard.max_spikes=%lld in a row)\n",
                  (long long)step_, loss, (loss - mean) / sd, mean, loss_window_.size(), (long long)spikes_in_row_,
                  (long long)cfg_.guard.max_spikes);
@@ -605,8 +641,9 @@ void Trainer::roll_back() {
   const auto found = find_latest_valid_checkpoint(cfg_.checkpoint.dir, log, checkpoint_load_scope(mesh_->world()),
                                                   &mesh_->world(), first - 1);
   if (!found) {
-    if (log) std::fprintf(log, "[guard] no checkpoint from before step %lld to roll back to; training goes on\n",
-                          (long long)first);
+    if (log)
+      std::fprintf(log, "[guard] no checkpoint from before step %lld to roll back to; training goes on\n",
+                   (long long)first);
     return;
   }
   const CheckpointMeta meta = load_checkpoint(*found, *model_, *engine_, model_parallel_info(), /*verified=*/true);
@@ -618,7 +655,8 @@ void Trainer::roll_back() {
         std::error_code ec;
         fs::remove_all(e.path, ec);
       }
-    io::write_file_atomic((fs::path(cfg_.checkpoint.dir) / "latest").string(), fs::path(*found).filename().string() + "\n");
+    io::write_file_atomic((fs::path(cfg_.checkpoint.dir) / "latest").string(),
+                          fs::path(*found).filename().string() + "\n");
   }
   step_ = meta.step;
   last_checkpoint_ = *found;
@@ -634,8 +672,11 @@ void Trainer::roll_back() {
     std::fflush(log);
   }
   if (metrics_) {
-    const nlohmann::json j = {{"event", "rollback"}, {"step", step_}, {"checkpoint", *found},
-                              {"skipped_from_step", first}, {"skipped_steps", last - first + 1}};
+    const nlohmann::json j = {{"event", "rollback"},
+                              {"step", step_},
+                              {"checkpoint", *found},
+                              {"skipped_from_step", first},
+                              {"skipped_steps", last - first + 1}};
     std::fprintf(metrics_, "%s\n", j.dump().c_str());
     std::fflush(metrics_);
   }
@@ -646,17 +687,17 @@ TrainResult Trainer::run() {
   const int64_t stop = opt_.stop_after_steps >= 0 ? std::min(total, opt_.stop_after_steps) : total;
   const int64_t tokens_per_step = cfg_.data.batch_size * cfg_.data.seq_len;
   const int64_t whole_params = full_layout().num_params();  // the whole model's, on every layout
-  const double flops_per_step = model::training_flops(cfg_.model, whole_params, cfg_.data.batch_size,
-                                                      cfg_.data.seq_len);
-  const bool bar_on = main_rank() &&
-                      (cfg_.log.progress == "on" ||
-                       (cfg_.log.progress == "auto" && ProgressBar::stderr_is_terminal()));
+  const double flops_per_step =
+      model::training_flops(cfg_.model, whole_params, cfg_.data.batch_size, cfg_.data.seq_len);
+  const bool bar_on =
+      main_rank() && (cfg_.log.progress == "on" || (cfg_.log.progress == "auto" && ProgressBar::stderr_is_terminal()));
   ProgressBar bar(total, bar_on);
   if (main_rank()) {
     std::fprintf(opt_.log, "[train] model %s, %lld parameters\n", cfg_.model.summary().c_str(),
                  (long long)whole_params);
     if (whole_layout_)
-      std::fprintf(opt_.log, "[train] layout %s (%s partition), %s schedule, %lld micro-batches; %lld parameters on rank 0\n",
+      std::fprintf(opt_.log,
+                   "[train] layout %s (%s partition), %s schedule, %lld micro-batches; %lld parameters on rank 0\n",
                    layout_desc_.c_str(), cfg_.parallel.pp_partition.c_str(), cfg_.parallel.pp_schedule.c_str(),
                    (long long)cfg_.parallel.micro_batches, (long long)model_->num_params());
     std::fprintf(opt_.log,
@@ -664,8 +705,8 @@ TrainResult Trainer::run() {
                  "(warmup %lld, cosine to %.3g)\n",
                  (long long)total, (long long)cfg_.data.batch_size, (long long)cfg_.data.seq_len,
                  (long long)cfg_.data.micro_batch_size, cfg_.optim.lr,
-                 (long long)optim::LrSchedule{cfg_.optim.lr, cfg_.schedule.min_lr,
-                                              cfg_.schedule.warmup_steps, total}.resolved_warmup(),
+                 (long long)optim::LrSchedule{cfg_.optim.lr, cfg_.schedule.min_lr, cfg_.schedule.warmup_steps, total}
+                     .resolved_warmup(),
                  cfg_.schedule.min_lr);
     // Dense parameters are sharded over the dp x ep ranks, a MoE block's experts over dp.
     int64_t expert_params = 0;
@@ -679,17 +720,15 @@ TrainResult Trainer::run() {
     pred.grads += pred_experts.grads;
     pred.optimizer += pred_experts.optimizer;
     const auto snap = cpu_allocator().snapshot();
-    const int64_t actual = snap[MemCategory::params].current + snap[MemCategory::grads].current +
-                           snap[MemCategory::optimizer].current;
+    const int64_t actual =
+        snap[MemCategory::params].current + snap[MemCategory::grads].current + snap[MemCategory::optimizer].current;
     std::fprintf(opt_.log,
                  "[train] model states per rank (dp=%lld%s, ZeRO-%lld): predicted %s (params %s, grads "
                  "%s, optimizer %s), actual %s\n",
-                 (long long)cfg_.parallel.dp,
-                 cfg_.parallel.ep > 1 ? str_cat(" x ep=", cfg_.parallel.ep).c_str() : "",
-                 (long long)cfg_.parallel.zero_stage,
-                 format_bytes(pred.total()).c_str(), format_bytes(pred.params).c_str(),
-                 format_bytes(pred.grads).c_str(), format_bytes(pred.optimizer).c_str(),
-                 format_bytes(actual).c_str());
+                 (long long)cfg_.parallel.dp, cfg_.parallel.ep > 1 ? str_cat(" x ep=", cfg_.parallel.ep).c_str() : "",
+                 (long long)cfg_.parallel.zero_stage, format_bytes(pred.total()).c_str(),
+                 format_bytes(pred.params).c_str(), format_bytes(pred.grads).c_str(),
+                 format_bytes(pred.optimizer).c_str(), format_bytes(actual).c_str());
     std::fflush(opt_.log);
   }
   TrainResult r;
@@ -700,8 +739,8 @@ TrainResult Trainer::run() {
   int64_t window_steps = 0;
   while (step_ < stop) {
     Stopwatch sw;
-    const double lr = optim::LrSchedule{cfg_.optim.lr, cfg_.schedule.min_lr,
-                                        cfg_.schedule.warmup_steps, total}.lr_at(step_);
+    const double lr =
+        optim::LrSchedule{cfg_.optim.lr, cfg_.schedule.min_lr, cfg_.schedule.warmup_steps, total}.lr_at(step_);
     const int64_t skipped_before = skipped_steps_;
     last_loss = train_step();
     r.losses.push_back(last_loss);
@@ -738,15 +777,16 @@ TrainResult Trainer::run() {
       ls.peak_bytes = mem.total.peak;
       for (int c = 0; c < kNumMemCategories; ++c)
         if (mem.by_category[size_t(c)].peak > 0)
-          ls.memory.push_back({mem_category_name(MemCategory(c)), mem.by_category[size_t(c)].current,
-                               mem.by_category[size_t(c)].peak});
+          ls.memory.push_back(
+              {mem_category_name(MemCategory(c)), mem.by_category[size_t(c)].current, mem.by_category[size_t(c)].peak});
       bar.clear();
       std::fprintf(opt_.log,
                    "step %6lld/%lld | loss %.4f | lr %.3e | grad_norm %.3f | %.0f tok/s | mfu %.1f%% "
                    "| %.0f ms/step | peak %s%s%s\n",
                    (long long)step_, (long long)total, last_loss, lr, last_grad_norm_, ls.tokens_per_s, 100 * ls.mfu,
                    ls.ms_per_step, format_bytes(ls.peak_bytes).c_str(), moe_log().c_str(),
-                   scaler_.enabled() ? str_cat(" | loss scale ", scaler_.scale(), ", ", skipped_steps_, " skipped").c_str()
+                   scaler_.enabled()
+                       ? str_cat(" | loss scale ", scaler_.scale(), ", ", skipped_steps_, " skipped").c_str()
                    : nonfinite_steps_ > 0 ? str_cat(" | ", nonfinite_steps_, " non-finite skipped").c_str()
                                           : "");
       std::fflush(opt_.log);

@@ -19,22 +19,22 @@
 #include "loom/parallel/expert_parallel.h"
 #include "loom/parallel/mesh.h"
 #include "loom/parallel/partition.h"
-#include "loom/train/checkpoint.h"
 #include "loom/parallel/pipeline.h"
 #include "loom/parallel/tp_layers.h"
 #include "loom/train/batch_source.h"
+#include "loom/train/checkpoint.h"
 #include "loom/train/train_config.h"
 
 namespace loom::train {
 
 struct TrainResult {
-  int64_t steps = 0;          // steps completed (including resumed ones)
+  int64_t steps = 0;  // steps completed (including resumed ones)
   double final_train_loss = 0;
-  double final_val_loss = -1; // -1: no validation data
+  double final_val_loss = -1;  // -1: no validation data
   double tokens_per_s = 0;
   int64_t peak_bytes = 0;
   std::string last_checkpoint;
-  std::vector<double> losses;  // train loss of every step this run executed
+  std::vector<double> losses;       // train loss of every step this run executed
   std::vector<double> loss_scales;  // with loss scaling: the scale each executed step ran at
   int64_t skipped_steps = 0;        // steps whose update was skipped (gradient overflow, non-finite)
   int64_t nonfinite_steps = 0;      // of those, skipped by the non-finite guard (guard.nonfinite)
@@ -73,7 +73,7 @@ struct TrainObserver {
 };
 
 struct TrainerOptions {
-  std::string resume;          // "", "auto" or a checkpoint directory
+  std::string resume;  // "", "auto" or a checkpoint directory
   // A run from step 0 into a checkpoint.dir holding checkpoints removes them instead of
   // refusing to start.
   bool overwrite_checkpoints = false;
@@ -89,7 +89,7 @@ struct TrainerOptions {
   // Tests: steps (1-based) whose loss on world rank 0 is multiplied by the factor (NaN: a
   // non-finite loss; 100: a spike), as a bad batch would make it; gradients are left alone.
   std::vector<std::pair<int64_t, double>> inject_loss_factor_at;
-  double peak_gflops = 0;         // MFU denominator; 0: measure an SGEMM at start
+  double peak_gflops = 0;  // MFU denominator; 0: measure an SGEMM at start
   TrainObserver observer;
 };
 
@@ -174,7 +174,7 @@ class Trainer {
   double last_step_scale_ = 1;  // the loss scale the last step ran at
   FILE* metrics_ = nullptr;
   std::unique_ptr<class CheckpointWriter> writer_;  // checkpoint.async, rank 0
-  bool async_pending_ = false;  // every rank: a background write was started and not yet settled
+  bool async_pending_ = false;                      // every rank: a background write was started and not yet settled
   int64_t async_step_ = -1;
   // Guards.
   double checkpoint_stall_s_ = 0;
@@ -186,7 +186,7 @@ class Trainer {
   int64_t spikes_in_row_ = 0, first_spike_step_ = -1;
   std::vector<std::pair<int64_t, int64_t>> skipped_windows_;
   std::vector<model::MoeLayerStats> moe_stats_;  // the last step's, over every rank
-  double peak_gflops_ = 0;  // measured SGEMM rate, for the MFU estimate
+  double peak_gflops_ = 0;                       // measured SGEMM rate, for the MFU estimate
 };
 
 }  // namespace loom::train

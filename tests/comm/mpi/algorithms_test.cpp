@@ -19,8 +19,7 @@ using namespace loom::comm;
 
 namespace {
 
-const Algorithm kAlgorithms[] = {Algorithm::ring, Algorithm::tree, Algorithm::hierarchical,
-                                 Algorithm::auto_select};
+const Algorithm kAlgorithms[] = {Algorithm::ring, Algorithm::tree, Algorithm::hierarchical, Algorithm::auto_select};
 
 // A group of its own, so the algorithm set here does not leak into other tests (a split is
 // collective: every rank makes it at the same point of the same test).
@@ -101,8 +100,8 @@ TEST(CollectiveAlgorithms, IntegerDataMatchesMpiBitwiseForEveryDtypeOpAndSize) {
       for (int64_t chunk : {int64_t(1), int64_t(5), int64_t(1000)}) {
         Results want = run_all(g, Algorithm::mpi, t, chunk, op, true, int(chunk));
         for (Algorithm a : kAlgorithms) {
-          SCOPED_TRACE(testing::Message() << algorithm_name(a) << " " << dtype_name(t) << " "
-                                          << reduce_op_name(op) << " chunk " << chunk);
+          SCOPED_TRACE(testing::Message()
+                       << algorithm_name(a) << " " << dtype_name(t) << " " << reduce_op_name(op) << " chunk " << chunk);
           Results got = run_all(g, a, t, chunk, op, true, int(chunk));
           EXPECT_TRUE(same_bytes(got.all_reduce, want.all_reduce)) << "all_reduce";
           EXPECT_TRUE(same_bytes(got.reduce_scatter, want.reduce_scatter)) << "reduce_scatter";

@@ -38,8 +38,7 @@ void check_all_reduce(const Group& g) {
         case ReduceOp::avg: want = (n * (n + 1) / 2.0 + double(n * i)) / n; break;
       }
       if (!std::is_floating_point_v<T>) want = std::floor(want);  // integer avg truncates
-      EXPECT_EQ(double(t.data<T>()[i]), want)
-          << dtype_name(t.dtype()) << " " << reduce_op_name(op) << " element " << i;
+      EXPECT_EQ(double(t.data<T>()[i]), want) << dtype_name(t.dtype()) << " " << reduce_op_name(op) << " element " << i;
     }
   }
 }
@@ -72,8 +71,7 @@ TEST(MpiGroup, ReduceScatterGivesRankItsChunk) {
   Tensor in = iota_tensor<double>(n * m, 100.0 * r);  // in[j] = 100 r + j
   Tensor out = Tensor::zeros({m}, DType::f64);
   g.reduce_scatter(in, out);
-  for (int64_t k = 0; k < m; ++k)
-    EXPECT_EQ(out.data<double>()[k], 100.0 * n * (n - 1) / 2 + double(n * (r * m + k)));
+  for (int64_t k = 0; k < m; ++k) EXPECT_EQ(out.data<double>()[k], 100.0 * n * (n - 1) / 2 + double(n * (r * m + k)));
   g.reduce_scatter(in, out, ReduceOp::avg);
   EXPECT_DOUBLE_EQ(out.data<double>()[0], 100.0 * (n - 1) / 2 + double(r * m));
   // Output aliasing the input (chunk 0) is handled by a private copy.

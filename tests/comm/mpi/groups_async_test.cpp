@@ -87,8 +87,8 @@ TEST(MpiSplit, TwoByTwoGridRowsAndColumns) {
   Work wb = col.all_reduce_async(b);
   wa.wait();
   wb.wait();
-  EXPECT_EQ(a.data<float>()[0], r < 2 ? 1.0f : 5.0f);       // {0,1} and {2,3}
-  EXPECT_EQ(b.data<float>()[0], r % 2 ? 4.0f : 2.0f);       // {0,2} and {1,3}
+  EXPECT_EQ(a.data<float>()[0], r < 2 ? 1.0f : 5.0f);  // {0,1} and {2,3}
+  EXPECT_EQ(b.data<float>()[0], r % 2 ? 4.0f : 2.0f);  // {0,2} and {1,3}
   Tensor gathered = Tensor::zeros({2}, DType::f32);
   col.all_gather(Tensor::from_vector<float>({float(r)}, {1}), gathered);
   EXPECT_EQ(gathered.data<float>()[0], float(r % 2));
@@ -126,8 +126,10 @@ TEST(MpiErrors, SizeMismatchesNameBothSizes) {
     FAIL() << "no error";
   } catch (const Error& e) {
     std::string s = e.what();
-    EXPECT_NE(s.find(str_cat("input has ", n * 3 + 1, " elements but group 'world' has ", n,
-                             " ranks and the output 3")), std::string::npos) << s;
+    EXPECT_NE(
+        s.find(str_cat("input has ", n * 3 + 1, " elements but group 'world' has ", n, " ranks and the output 3")),
+        std::string::npos)
+        << s;
   }
   // A receive whose tensor is larger than the message fails on the receiving rank only.
   if (g.rank() == 0) g.send(Tensor::zeros({3}, DType::f32), 1, 9);
@@ -136,8 +138,8 @@ TEST(MpiErrors, SizeMismatchesNameBothSizes) {
       g.recv(Tensor::zeros({4}, DType::f32), 0, 9);
       FAIL() << "no error";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("recv: rank 0 sent 3 elements but the tensor holds 4"),
-                std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("recv: rank 0 sent 3 elements but the tensor holds 4"), std::string::npos)
+          << e.what();
     }
   }
   g.barrier();

@@ -39,11 +39,16 @@ std::vector<double> values(int64_t n, int rank, double (*f)(int, int64_t)) {
 // Unit roundoff of a float dtype's sum; NCCL's avg scales each input by 1/n before summing.
 template <class T>
 double unit_roundoff() {
-  if constexpr (std::is_same_v<T, bf16_t>) return 0x1p-8;
-  else if constexpr (std::is_same_v<T, f16_t>) return 0x1p-11;
-  else if constexpr (std::is_same_v<T, float>) return 0x1p-24;
-  else if constexpr (std::is_same_v<T, double>) return 0x1p-53;
-  else return 0;
+  if constexpr (std::is_same_v<T, bf16_t>)
+    return 0x1p-8;
+  else if constexpr (std::is_same_v<T, f16_t>)
+    return 0x1p-11;
+  else if constexpr (std::is_same_v<T, float>)
+    return 0x1p-24;
+  else if constexpr (std::is_same_v<T, double>)
+    return 0x1p-53;
+  else
+    return 0;
 }
 
 double reduce_expected(ReduceOp op, int n, int64_t i, bool integer) {
@@ -304,7 +309,6 @@ TEST_F(NcclTest, CollectivesWaitForKernelsIssuedBeforeThem) {
 
 TEST_F(NcclTest, RefusesHostTensors) {
   std::string e = error_of([&] { g().all_reduce(Tensor::zeros({4}, DType::f32)); });
-  EXPECT_NE(e.find("is on cpu but group 'nccl' uses the nccl backend, which takes cuda tensors"),
-            std::string::npos)
+  EXPECT_NE(e.find("is on cpu but group 'nccl' uses the nccl backend, which takes cuda tensors"), std::string::npos)
       << e;
 }

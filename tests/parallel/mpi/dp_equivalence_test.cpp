@@ -17,12 +17,12 @@
 #include <fstream>
 
 #include "comm/mpi/mpi_world.h"
-#include "parallel/mpi/weights_close.h"
-#include "parallel/mpi/synthetic_source.h"
-#include "train/train_testing.h"
 #include "loom/core/timer.h"
 #include "loom/parallel/mesh.h"
 #include "loom/train/trainer.h"
+#include "parallel/mpi/synthetic_source.h"
+#include "parallel/mpi/weights_close.h"
+#include "train/train_testing.h"
 
 using namespace loom;
 using namespace loom::train;
@@ -38,23 +38,31 @@ struct TrainRun {
   std::vector<float> weights;
 };
 
-TrainConfig make_config(const std::string& preset, int dp, int zero, int64_t micro, int ckpt,
-                        int64_t steps, const std::string& ckpt_dir = "", const std::string& precision = "fp32") {
-  std::vector<std::string> sets = {
-      "model.preset=" + preset, "model.activation_checkpoint_interval=" + std::to_string(ckpt),
-      "model.precision=" + precision,
-      "data.dir=unused", "data.seq_len=16", "data.batch_size=8",
-      "data.micro_batch_size=" + std::to_string(micro), "optim.lr=3e-3",
-      "schedule.steps=" + std::to_string(steps), "schedule.warmup_steps=2",
-      "schedule.eval_interval=0", "schedule.eval_batches=4", "log.every=1000", "log.progress=off",
-      "parallel.dp=" + std::to_string(dp), "parallel.zero_stage=" + std::to_string(zero),
-      "parallel.bucket_mb=0.01"};
+TrainConfig make_config(const std::string& preset, int dp, int zero, int64_t micro, int ckpt, int64_t steps,
+                        const std::string& ckpt_dir = "", const std::string& precision = "fp32") {
+  std::vector<std::string> sets = {"model.preset=" + preset,
+                                   "model.activation_checkpoint_interval=" + std::to_string(ckpt),
+                                   "model.precision=" + precision,
+                                   "data.dir=unused",
+                                   "data.seq_len=16",
+                                   "data.batch_size=8",
+                                   "data.micro_batch_size=" + std::to_string(micro),
+                                   "optim.lr=3e-3",
+                                   "schedule.steps=" + std::to_string(steps),
+                                   "schedule.warmup_steps=2",
+                                   "schedule.eval_interval=0",
+                                   "schedule.eval_batches=4",
+                                   "log.every=1000",
+                                   "log.progress=off",
+                                   "parallel.dp=" + std::to_string(dp),
+                                   "parallel.zero_stage=" + std::to_string(zero),
+                                   "parallel.bucket_mb=0.01"};
   if (!ckpt_dir.empty()) sets.push_back("checkpoint.dir=" + ckpt_dir);
   return parse_train_config("{}", sets);
 }
 
 TrainRun run_training(const TrainConfig& cfg, const parallel::Mesh* mesh, const std::string& resume = "",
-          int64_t stop = -1) {
+                      int64_t stop = -1) {
   SyntheticSource src(cfg.model.vocab_size);
   const TrainerOptions o = loom::testing::quiet_trainer_options(mesh, resume, stop);
   Trainer t(cfg, src, o);
@@ -71,8 +79,7 @@ void expect_close(const TrainRun& a, const TrainRun& ref, const model::ParamLayo
   ASSERT_EQ(a.losses.size(), ref.losses.size()) << what;
   const double rel = bf16 ? loom::testing::kBf16LossTolerance : 1e-5;
   for (size_t i = 0; i < a.losses.size(); ++i)
-    EXPECT_NEAR(a.losses[i], ref.losses[i], rel * std::abs(ref.losses[i]) + 2e-7)
-        << what << ": loss at step " << i + 1;
+    EXPECT_NEAR(a.losses[i], ref.losses[i], rel * std::abs(ref.losses[i]) + 2e-7) << what << ": loss at step " << i + 1;
   loom::testing::expect_weights_close(a.weights, dist_layout, ref.weights, ref_layout, 3e-3,
                                       double(steps > 0 ? steps : int64_t(a.losses.size())), what,
                                       bf16 ? loom::testing::bf16_weight_tolerance() : loom::testing::WeightTolerance{});
@@ -88,9 +95,8 @@ void expect_close(const TrainRun& a, const TrainRun& ref, const model::ParamLayo
 // checkpointing, 2 and 4 ranks) and in mp_equivalence_test.cpp (tp, pp and 3D layouts on 2-8
 // ranks), and for fp16 in DataParallelFp16 below: losses within 9.3e-5 relative (f32: within
 // 1e-5); weights beyond 0.2 lr for at most 0.91% of the elements, none beyond 6.1% of lr * steps
-// (with f32 gradients on the wire: at most 0.26% beyond 0.05 lr, none beyond 4.3%). The bf16 tolerances: losses 5e-4 relative, at
-// most 3% of the weights beyond 1e-5 relative + 0.2 lr, none beyond 15% of lr * steps
-// (weights_close.h).
+// (with f32 gradients on the wire: at most 0.26% beyond 0.05 lr, none beyond 4.3%). The bf16 tolerances: losses 5e-4
+// relative, at most 3% of the weights beyond 1e-5 relative + 0.2 lr, none beyond 15% of lr * steps (weights_close.h).
 class DataParallelEquivalence : public ::testing::TestWithParam<std::tuple<const char*, const char*>> {};
 
 TEST_P(DataParallelEquivalence, EveryZeroStageMatchesOneProcess) {
@@ -107,8 +113,9 @@ TEST_P(DataParallelEquivalence, EveryZeroStageMatchesOneProcess) {
     for (int zero = 0; zero <= 3; ++zero)
       for (int64_t micro : {int64_t(8 / N), int64_t(8 / N / 2)}) {  // one micro-batch, or two
         if (micro < 1) continue;
-        const std::string what = preset + " " + precision + " dp=" + std::to_string(N) + " zero=" +
-                                 std::to_string(zero) + " micro=" + std::to_string(micro) + " ckpt=" + std::to_string(ckpt);
+        const std::string what = preset + " " + precision + " dp=" + std::to_string(N) +
+                                 " zero=" + std::to_string(zero) + " micro=" + std::to_string(micro) +
+                                 " ckpt=" + std::to_string(ckpt);
         const TrainRun r = run_training(make_config(preset, N, zero, micro, ckpt, steps, "", precision), &mesh);
         expect_close(r, ref, dist_layout, ref_layout, what, -1, precision == "bf16");
       }
@@ -116,7 +123,8 @@ TEST_P(DataParallelEquivalence, EveryZeroStageMatchesOneProcess) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, DataParallelEquivalence,
-                         ::testing::Combine(::testing::Values("gpt2-tiny", "llama-tiny"), ::testing::Values("fp32", "bf16")),
+                         ::testing::Combine(::testing::Values("gpt2-tiny", "llama-tiny"),
+                                            ::testing::Values("fp32", "bf16")),
                          [](const auto& info) {
                            std::string n = std::string(std::get<0>(info.param)) + "_" + std::get<1>(info.param);
                            for (char& c : n)
@@ -134,7 +142,7 @@ TEST(DataParallelResume, Zero3ResumesExactlyOnTheSameLayout) {
     const TrainConfig cfg = make_config("llama-tiny", N, 3, 8 / N, 0, 10, dir, precision);
     const TrainRun straight =
         run_training(make_config("llama-tiny", N, 3, 8 / N, 0, 10, dir + "/straight", precision), &mesh);
-    run_training(cfg, &mesh, "", 5);                  // 5 steps, checkpoint
+    run_training(cfg, &mesh, "", 5);                            // 5 steps, checkpoint
     const TrainRun resumed = run_training(cfg, &mesh, "auto");  // the other 5
     ASSERT_EQ(resumed.losses.size(), 5u);
     for (size_t i = 0; i < 5; ++i)
@@ -174,15 +182,16 @@ TEST(DataParallelResume, ReshardsAcrossDpSizeAndZeroStage) {
   // dp=N with ZeRO-2.
   run_training(make_config("gpt2-tiny", 1, 0, 8, 0, 10, mine + "/b"), nullptr, "", 5);
   world.barrier();
-  expect_close(run_training(make_config("gpt2-tiny", N, 2, micro, 0, 10, base + "/b2"), &mesh, base + "/rank0/b/step_000005"),
-               ref, dist, one, "one process -> dp=N ZeRO-2", 10);
+  expect_close(
+      run_training(make_config("gpt2-tiny", N, 2, micro, 0, 10, base + "/b2"), &mesh, base + "/rank0/b/step_000005"),
+      ref, dist, one, "one process -> dp=N ZeRO-2", 10);
   if (N == 4) {  // dp=4 -> dp=2: each half of the world resumes alone, into its own directory
     const comm::Group half = world.split(world.rank() / 2, world.rank() % 2);
     parallel::Mesh half_mesh(half, parallel::MeshShape(1, 2, 1, 1));
     const model::ParamLayout dist2(one_cfg.model, 2);
     const std::string out = base + "/half" + std::to_string(world.rank() / 2);
-    expect_close(run_training(make_config("gpt2-tiny", 2, 3, 4, 0, 10, out), &half_mesh, base + "/a/step_000005"),
-                 ref, dist2, one, "dp=4 ZeRO-1 -> dp=2 ZeRO-3", 10);
+    expect_close(run_training(make_config("gpt2-tiny", 2, 3, 4, 0, 10, out), &half_mesh, base + "/a/step_000005"), ref,
+                 dist2, one, "dp=4 ZeRO-1 -> dp=2 ZeRO-3", 10);
   }
   // A one-process resume of step 5 reads the Adam moments; with them damaged, --resume auto must
   // fall back to step 4 (it verifies what the resume reads, not only the weights).
@@ -210,7 +219,7 @@ TEST(DataParallelResume, EveryRankSkipsACheckpointWithOneCorruptRankFile) {
   cfg.optim.freeze_step = 2;
   cfg.checkpoint.every_steps = 2;
   run_training(cfg, &mesh);  // checkpoints after steps 2, 4 and 6
-  if (world.rank() == 0) {  // one byte of the last rank's error file of step 6, size unchanged
+  if (world.rank() == 0) {   // one byte of the last rank's error file of step 6, size unchanged
     char name[64];
     std::snprintf(name, sizeof name, "/step_000006/onebit.rank%05d.safetensors", N - 1);
     // EXPECT, not ASSERT: the other ranks wait at the barrier below.

@@ -22,12 +22,12 @@
 #include <sstream>
 
 #include "comm/mpi/mpi_world.h"
-#include "parallel/mpi/weights_close.h"
 #include "loom/model/hf_weights.h"
 #include "loom/parallel/mesh.h"
 #include "loom/train/checkpoint.h"
 #include "loom/train/trainer.h"
 #include "parallel/mpi/synthetic_source.h"
+#include "parallel/mpi/weights_close.h"
 #include "train/train_testing.h"
 
 using namespace loom;
@@ -104,17 +104,28 @@ const std::vector<Layout>& layouts() {
 }
 
 TrainConfig make_config(const Layout& l, int64_t steps, const std::string& ckpt_dir = "") {
-  std::vector<std::string> sets = {
-      "model.preset=" + std::string(l.preset), "model.activation_checkpoint_interval=" + std::to_string(l.ckpt),
-      "model.precision=" + std::string(l.precision),
-      "data.dir=unused", "data.seq_len=16", "data.batch_size=8", "optim.lr=3e-3",
-      "schedule.steps=" + std::to_string(steps), "schedule.warmup_steps=2",
-      "schedule.eval_interval=0", "schedule.eval_batches=4", "log.every=1000", "log.progress=off",
-      "parallel.dp=" + std::to_string(l.dp), "parallel.tp=" + std::to_string(l.tp),
-      "parallel.pp=" + std::to_string(l.pp), "parallel.pp_schedule=" + std::string(l.schedule),
-      "parallel.zero_stage=" + std::to_string(l.zero), "parallel.micro_batches=" + std::to_string(l.micro_batches),
-      "parallel.pp_partition=" + std::string(l.partition), "parallel.ep=" + std::to_string(l.ep),
-      "parallel.bucket_mb=0.01"};
+  std::vector<std::string> sets = {"model.preset=" + std::string(l.preset),
+                                   "model.activation_checkpoint_interval=" + std::to_string(l.ckpt),
+                                   "model.precision=" + std::string(l.precision),
+                                   "data.dir=unused",
+                                   "data.seq_len=16",
+                                   "data.batch_size=8",
+                                   "optim.lr=3e-3",
+                                   "schedule.steps=" + std::to_string(steps),
+                                   "schedule.warmup_steps=2",
+                                   "schedule.eval_interval=0",
+                                   "schedule.eval_batches=4",
+                                   "log.every=1000",
+                                   "log.progress=off",
+                                   "parallel.dp=" + std::to_string(l.dp),
+                                   "parallel.tp=" + std::to_string(l.tp),
+                                   "parallel.pp=" + std::to_string(l.pp),
+                                   "parallel.pp_schedule=" + std::string(l.schedule),
+                                   "parallel.zero_stage=" + std::to_string(l.zero),
+                                   "parallel.micro_batches=" + std::to_string(l.micro_batches),
+                                   "parallel.pp_partition=" + std::string(l.partition),
+                                   "parallel.ep=" + std::to_string(l.ep),
+                                   "parallel.bucket_mb=0.01"};
   std::istringstream extra(l.extra);
   for (std::string kv; extra >> kv;) sets.push_back(kv);
   if (!ckpt_dir.empty()) sets.push_back("checkpoint.dir=" + ckpt_dir);
@@ -153,11 +164,10 @@ void expect_close(const TrainRun& a, const TrainRun& ref, const std::string& wha
   ASSERT_EQ(a.losses.size(), ref.losses.size()) << what;
   const double rel = bf16 ? loom::testing::kBf16LossTolerance : 1e-5;
   for (size_t i = 0; i < a.losses.size(); ++i)
-    EXPECT_NEAR(a.losses[i], ref.losses[i], rel * std::abs(ref.losses[i]) + 2e-7)
-        << what << ": loss at step " << i + 1;
+    EXPECT_NEAR(a.losses[i], ref.losses[i], rel * std::abs(ref.losses[i]) + 2e-7) << what << ": loss at step " << i + 1;
   EXPECT_NEAR(a.val_loss, ref.val_loss, rel * std::abs(ref.val_loss)) << what << ": validation loss";
-  loom::testing::expect_weights_close(a.weights, *a.layout, ref.weights, *ref.layout, 3e-3,
-                                      double(a.losses.size()), what,
+  loom::testing::expect_weights_close(a.weights, *a.layout, ref.weights, *ref.layout, 3e-3, double(a.losses.size()),
+                                      what,
                                       bf16 ? loom::testing::bf16_weight_tolerance() : loom::testing::WeightTolerance{});
 }
 
@@ -228,8 +238,8 @@ void expect_reshard(const Layout& a_in, const Layout& b_in, const std::string& b
   const Layout& real = is_one_process(a_in) ? b_in : a_in;
   auto resolve = [&](const Layout& l) {
     if (!is_one_process(l)) return l;
-    return Layout{real.preset, 1, 1, 1, "1f1b", 0, real.dp * real.ep * real.micro_batches, real.ckpt,
-                  "uniform", "fp32", 1, real.extra};
+    return Layout{real.preset, 1,         1,      1, "1f1b",    0, real.dp * real.ep * real.micro_batches,
+                  real.ckpt,   "uniform", "fp32", 1, real.extra};
   };
   const Layout a = resolve(a_in), b = resolve(b_in);
   const std::string what = str_cat(describe(a), " -> ", describe(b));
@@ -255,7 +265,8 @@ void expect_reshard(const Layout& a_in, const Layout& b_in, const std::string& b
     const CheckpointSnapshot s = snapshot_checkpoint(5, t.model(), t.engine(), {}, t.model_parallel_info());
     if (s.weights.defined()) {  // rank 0 of b
       EXPECT_EQ(s.weights.to_f32_vector(), whole_from_file(b_cfg.model, saved + "/model.safetensors")) << what;
-      EXPECT_EQ(s.exp_avg.to_f32_vector(), whole_from_file(b_cfg.model, saved + "/optimizer.exp_avg.safetensors")) << what;
+      EXPECT_EQ(s.exp_avg.to_f32_vector(), whole_from_file(b_cfg.model, saved + "/optimizer.exp_avg.safetensors"))
+          << what;
       EXPECT_EQ(s.exp_avg_sq.to_f32_vector(), whole_from_file(b_cfg.model, saved + "/optimizer.exp_avg_sq.safetensors"))
           << what;
     }
@@ -308,7 +319,7 @@ TEST(ModelParallelResume, ThreeDimensionalRunResumesExactlyOnTheSameLayout) {
   }
   world.barrier();
   const TrainRun straight = run_training(make_config(l, 10, dir + "_straight"), &mesh);
-  run_training(make_config(l, 10, dir), &mesh, "", 5);                     // 5 steps, checkpoint
+  run_training(make_config(l, 10, dir), &mesh, "", 5);                            // 5 steps, checkpoint
   const TrainRun resumed = run_training(make_config(l, 10, dir), &mesh, "auto");  // the other 5
   ASSERT_EQ(resumed.losses.size(), 5u);
   for (size_t i = 0; i < 5; ++i) EXPECT_EQ(resumed.losses[i], straight.losses[5 + i]) << "step " << 6 + i;
@@ -320,7 +331,17 @@ TEST(ModelParallelResume, ExpertParallelRunResumesExactlyAndItsWeightsLoadInOneP
   if (world.size() != 4) GTEST_SKIP() << "needs dp=2 x ep=2 = 4 ranks";
   // ZeRO-3 shards dense units over all 4 ranks and each expert unit over its 2 holders; the
   // balancing bias moves every step and must come back too.
-  const Layout l{"llama-moe-tiny", 1, 2, 1, "1f1b", 3, 1, 0, "uniform", "fp32", 2,
+  const Layout l{"llama-moe-tiny",
+                 1,
+                 2,
+                 1,
+                 "1f1b",
+                 3,
+                 1,
+                 0,
+                 "uniform",
+                 "fp32",
+                 2,
                  "model.moe.bias_update_rate=0.01 model.moe.capacity_factor=1.25 model.moe.num_shared_experts=1"};
   parallel::Mesh mesh(world, parallel::MeshShape(1, 2, 2, 1));
   const std::string dir = (std::filesystem::temp_directory_path() / "loom_ep_resume").string();
@@ -359,18 +380,18 @@ TEST(ModelParallelResume, CheckpointsReshardAcrossEveryLayout) {
   std::vector<std::pair<Layout, Layout>> transitions;
   if (N == 2) {
     transitions = {
-        {{"llama-tiny", 1, 1, 2, "1f1b", 0, 2, 0}, {"llama-tiny", 2, 1, 1, "1f1b", 0, 2, 0}},    // tp=2 -> pp=2
-        {{"gpt2-tiny", 2, 1, 1, "gpipe", 0, 4, 0}, {"gpt2-tiny", 1, 2, 1, "1f1b", 3, 2, 0}},    // pp=2 -> dp=2 ZeRO-3
-        {{"llama-moe-tiny", 1, 1, 1, "1f1b", 0, 2, 0, "uniform", "fp32", 2},                    // ep=2 -> dp=2 ZeRO-1
+        {{"llama-tiny", 1, 1, 2, "1f1b", 0, 2, 0}, {"llama-tiny", 2, 1, 1, "1f1b", 0, 2, 0}},  // tp=2 -> pp=2
+        {{"gpt2-tiny", 2, 1, 1, "gpipe", 0, 4, 0}, {"gpt2-tiny", 1, 2, 1, "1f1b", 3, 2, 0}},   // pp=2 -> dp=2 ZeRO-3
+        {{"llama-moe-tiny", 1, 1, 1, "1f1b", 0, 2, 0, "uniform", "fp32", 2},                   // ep=2 -> dp=2 ZeRO-1
          {"llama-moe-tiny", 1, 2, 1, "1f1b", 1, 2, 0}},
-        {{"llama-tiny", 1, 1, 2, "1f1b", 0, 2, 0}, kOneProcess},                                 // tp=2 -> one process
+        {{"llama-tiny", 1, 1, 2, "1f1b", 0, 2, 0}, kOneProcess},  // tp=2 -> one process
     };
   } else if (N == 4) {
     transitions = {
         {{"llama-tiny", 2, 2, 1, "gpipe", 1, 2, 1, "parameters"}, {"llama-tiny", 1, 1, 4, "1f1b", 0, 4, 0}},
         {{"llama-moe-tiny", 1, 2, 1, "1f1b", 3, 1, 1, "uniform", "fp32", 2, kSharedExpert},
          {"llama-moe-tiny", 1, 1, 2, "1f1b", 0, 2, 0, "uniform", "fp32", 2, kSharedExpert}},  // dp2 x ep2 -> tp2 x ep2
-        {kOneProcess, {"gpt2-tiny", 2, 1, 2, "1f1b", 0, 4, 1}},                                // one process -> pp2 x tp2
+        {kOneProcess, {"gpt2-tiny", 2, 1, 2, "1f1b", 0, 4, 1}},  // one process -> pp2 x tp2
     };
   } else if (N == 8) {
     transitions = {
@@ -391,7 +412,7 @@ TEST(ModelParallelErrors, LayoutNotMatchingTheWorldIsRefusedWithTheArithmetic) {
     parallel::Mesh mesh(world, parallel::MeshShape(2, N, 1, 1));
     ADD_FAILURE() << "pp=2 x dp=" << N << " on " << N << " ranks should be refused";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(str_cat("world size ", N, " does not match pp=2 x dp=", N)),
-              std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(str_cat("world size ", N, " does not match pp=2 x dp=", N)), std::string::npos)
+        << e.what();
   }
 }

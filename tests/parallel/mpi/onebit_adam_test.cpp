@@ -8,10 +8,10 @@
 #include <filesystem>
 
 #include "comm/mpi/mpi_world.h"
-#include "parallel/mpi/synthetic_source.h"
-#include "train/train_testing.h"
 #include "loom/parallel/mesh.h"
 #include "loom/train/trainer.h"
+#include "parallel/mpi/synthetic_source.h"
+#include "train/train_testing.h"
 
 using namespace loom;
 using namespace loom::train;
@@ -22,12 +22,22 @@ using loom::testing::shared_empty_dir;
 
 TrainConfig onebit_config(int dp, const std::string& optim, int64_t freeze, int64_t steps,
                           const std::string& ckpt_dir = "", int zero = 0) {
-  std::vector<std::string> sets = {
-      "model.preset=gpt2-tiny", "data.dir=unused", "data.seq_len=16", "data.batch_size=8",
-      "data.micro_batch_size=" + std::to_string(8 / dp), "optim.lr=3e-3", "optim.name=" + optim,
-      "optim.freeze_step=" + std::to_string(freeze), "schedule.steps=" + std::to_string(steps),
-      "schedule.warmup_steps=2", "schedule.eval_interval=0", "log.every=1000", "log.progress=off",
-      "parallel.dp=" + std::to_string(dp), "parallel.zero_stage=" + std::to_string(zero), "parallel.bucket_mb=0.01"};
+  std::vector<std::string> sets = {"model.preset=gpt2-tiny",
+                                   "data.dir=unused",
+                                   "data.seq_len=16",
+                                   "data.batch_size=8",
+                                   "data.micro_batch_size=" + std::to_string(8 / dp),
+                                   "optim.lr=3e-3",
+                                   "optim.name=" + optim,
+                                   "optim.freeze_step=" + std::to_string(freeze),
+                                   "schedule.steps=" + std::to_string(steps),
+                                   "schedule.warmup_steps=2",
+                                   "schedule.eval_interval=0",
+                                   "log.every=1000",
+                                   "log.progress=off",
+                                   "parallel.dp=" + std::to_string(dp),
+                                   "parallel.zero_stage=" + std::to_string(zero),
+                                   "parallel.bucket_mb=0.01"};
   if (!ckpt_dir.empty()) sets.push_back("checkpoint.dir=" + ckpt_dir);
   return parse_train_config("{}", sets);
 }
@@ -38,7 +48,8 @@ struct OneBitRun {
   int64_t last_wire_bytes = 0;
 };
 
-OneBitRun train_run(const TrainConfig& cfg, const parallel::Mesh& mesh, const std::string& resume = "", int64_t stop = -1) {
+OneBitRun train_run(const TrainConfig& cfg, const parallel::Mesh& mesh, const std::string& resume = "",
+                    int64_t stop = -1) {
   loom::testing::SyntheticSource src(cfg.model.vocab_size);
   Trainer t(cfg, src, loom::testing::quiet_trainer_options(&mesh, resume, stop));
   OneBitRun r;

@@ -2,8 +2,8 @@
 // sequence, position), so any split of the global batch (data-parallel shards, pipeline
 // micro-batches) sees the same data as the single process.
 #pragma once
-#include "train/train_testing.h"
 #include <cstdint>
+#include "train/train_testing.h"
 
 #include <cstdio>
 #include <filesystem>
@@ -17,8 +17,7 @@ namespace loom::testing {
 class SyntheticSource final : public train::BatchSource {
  public:
   explicit SyntheticSource(int64_t vocab) : vocab_(vocab) {}
-  void fill_train(int64_t step, int64_t first, int64_t n, int64_t, int64_t T, int32_t* tok,
-                  int32_t* tgt) override {
+  void fill_train(int64_t step, int64_t first, int64_t n, int64_t, int64_t T, int32_t* tok, int32_t* tgt) override {
     for (int64_t r = 0; r < n; ++r)
       for (int64_t t = 0; t <= T; ++t) {
         const uint64_t h = (uint64_t(step) * 1000003u + uint64_t(first + r) * 7919u + uint64_t(t) * 31u) % 9973u;
@@ -36,7 +35,6 @@ class SyntheticSource final : public train::BatchSource {
  private:
   int64_t vocab_;
 };
-
 
 // A temporary directory every rank uses, emptied by rank 0 before anyone writes. Named per rank
 // count: ctest may run the 2- and 4-rank suites at once.

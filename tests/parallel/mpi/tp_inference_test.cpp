@@ -16,9 +16,9 @@
 
 using namespace loom;
 using namespace loom::infer;
+using fixtures::Job;
 using fixtures::random_tokens;
 using model::Family;
-using fixtures::Job;
 
 namespace {
 
@@ -105,7 +105,8 @@ TEST(ModelParallelInference, TensorParallelEnginesEqualOneProcess) {
     EXPECT_FALSE(e.has_unfinished()) << "rank " << world.rank();
     if (world.rank() != 0) continue;
     EXPECT_GT(e.metrics().num_preemptions, 0) << "the tight KV budget was meant to force preemptions";
-    EXPECT_GT(e.metrics().spec_accepted, 0) << e.metrics().spec_proposed << " proposed, " << e.metrics().spec_verifications << " verifications";
+    EXPECT_GT(e.metrics().spec_accepted, 0)
+        << e.metrics().spec_proposed << " proposed, " << e.metrics().spec_verifications << " verifications";
     Engine one(*whole, tight());
     const auto want = run(one, js);
     ASSERT_EQ(got.size(), js.size());

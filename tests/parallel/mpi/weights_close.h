@@ -29,9 +29,8 @@ inline WeightTolerance bf16_weight_tolerance() { return {0.2, 0.03, 0.15}; }
 inline constexpr double kBf16LossTolerance = 5e-4;
 
 inline void expect_weights_close(const std::vector<float>& a, const model::ParamLayout& a_layout,
-                                 const std::vector<float>& ref, const model::ParamLayout& ref_layout,
-                                 double lr, double steps, const std::string& what,
-                                 const WeightTolerance& tol = {}) {
+                                 const std::vector<float>& ref, const model::ParamLayout& ref_layout, double lr,
+                                 double steps, const std::string& what, const WeightTolerance& tol = {}) {
   int64_t over = 0, total = 0;
   double worst = 0;
   for (const auto& p : ref_layout.params()) {

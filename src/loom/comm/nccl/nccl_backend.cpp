@@ -20,8 +20,7 @@ void cuda_check(cudaError_t e, const char* what) {
 }
 
 void nccl_check(ncclResult_t r, const char* what) {
-  if (r != ncclSuccess)
-    fail("comm", what, " failed: ", ncclGetErrorString(r), " (NCCL_DEBUG=WARN shows more)");
+  if (r != ncclSuccess) fail("comm", what, " failed: ", ncclGetErrorString(r), " (NCCL_DEBUG=WARN shows more)");
 }
 
 ncclDataType_t nccl_type(DType t) {
@@ -96,25 +95,29 @@ class NcclBackend final : public Backend {
   void all_reduce(const Tensor& t, ReduceOp op) override {
     begin();
     nccl_check(ncclAllReduce(t.device_raw(), t.device_raw(), size_t(t.numel()), nccl_type(t.dtype()), nccl_op(op),
-                             comm_, stream_), "ncclAllReduce");
+                             comm_, stream_),
+               "ncclAllReduce");
     finish();
   }
   void reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op) override {
     begin();
     nccl_check(ncclReduceScatter(in.device_raw(), out.device_raw(), size_t(out.numel()), nccl_type(in.dtype()),
-                                 nccl_op(op), comm_, stream_), "ncclReduceScatter");
+                                 nccl_op(op), comm_, stream_),
+               "ncclReduceScatter");
     finish();
   }
   void all_gather(const Tensor& in, const Tensor& out) override {
     begin();
-    nccl_check(ncclAllGather(in.device_raw(), out.device_raw(), size_t(in.numel()), nccl_type(in.dtype()), comm_,
-                             stream_), "ncclAllGather");
+    nccl_check(
+        ncclAllGather(in.device_raw(), out.device_raw(), size_t(in.numel()), nccl_type(in.dtype()), comm_, stream_),
+        "ncclAllGather");
     finish();
   }
   void broadcast(const Tensor& t, int root) override {
     begin();
-    nccl_check(ncclBroadcast(t.device_raw(), t.device_raw(), size_t(t.numel()), nccl_type(t.dtype()), root, comm_,
-                             stream_), "ncclBroadcast");
+    nccl_check(
+        ncclBroadcast(t.device_raw(), t.device_raw(), size_t(t.numel()), nccl_type(t.dtype()), root, comm_, stream_),
+        "ncclBroadcast");
     finish();
   }
   void all_to_all(const Tensor& in, const Tensor& out) override {
@@ -145,21 +148,18 @@ class NcclBackend final : public Backend {
   }
   std::unique_ptr<PendingTransfer> post_send(const Tensor& t, int dst, int) override {
     begin();
-    nccl_check(ncclSend(t.device_raw(), size_t(t.numel()), nccl_type(t.dtype()), dst, comm_, stream_),
-               "ncclSend");
+    nccl_check(ncclSend(t.device_raw(), size_t(t.numel()), nccl_type(t.dtype()), dst, comm_, stream_), "ncclSend");
     return event();
   }
   std::unique_ptr<PendingTransfer> post_recv(const Tensor& t, int src, int) override {
     begin();
-    nccl_check(ncclRecv(t.device_raw(), size_t(t.numel()), nccl_type(t.dtype()), src, comm_, stream_),
-               "ncclRecv");
+    nccl_check(ncclRecv(t.device_raw(), size_t(t.numel()), nccl_type(t.dtype()), src, comm_, stream_), "ncclRecv");
     return event();
   }
   std::unique_ptr<Backend> split(int color, int key) override {
     begin();
     ncclComm_t sub = nullptr;
-    nccl_check(ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &sub, nullptr),
-               "ncclCommSplit");
+    nccl_check(ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &sub, nullptr), "ncclCommSplit");
     if (!sub) return nullptr;
     return std::make_unique<NcclBackend>(sub, device_);
   }

@@ -21,8 +21,8 @@ typedef float v16 __attribute__((vector_size(64)));
 // the scalar tail of I is added. Every output's arithmetic is the same whatever MT, OT, M or
 // the output's position, so a row's result does not depend on the batch around it.
 template <int MT, int OT>
-[[gnu::always_inline]] inline void tile(const float* x, const float* w, const float* b, float* y,
-                                        int64_t I, int64_t O, int64_t o) {
+[[gnu::always_inline]] inline void tile(const float* x, const float* w, const float* b, float* y, int64_t I, int64_t O,
+                                        int64_t o) {
   v16 acc[MT][OT];
   for (int m = 0; m < MT; ++m)
     for (int t = 0; t < OT; ++t) acc[m][t] = v16{};
@@ -49,9 +49,8 @@ template <int MT, int OT>
 // Outputs [o0, o1) for MT input rows: 16 / MT outputs at a time (enough independent
 // accumulators to keep the FMA units busy when MT is small), then one.
 template <int MT>
-[[gnu::always_inline]] inline void rows_tile(const float* x, const float* w, const float* b,
-                                             float* y, int64_t I, int64_t O, int64_t o0,
-                                             int64_t o1) {
+[[gnu::always_inline]] inline void rows_tile(const float* x, const float* w, const float* b, float* y, int64_t I,
+                                             int64_t O, int64_t o0, int64_t o1) {
   constexpr int OT = MT >= 4 ? 4 : 8;
   int64_t o = o0;
   for (; o + OT <= o1; o += OT) tile<MT, OT>(x, w, b, y, I, O, o);
@@ -61,9 +60,8 @@ template <int MT>
 // Output rows [o0, o1) for all M input rows, in tiles of at most MaxMT rows (the W rows of the
 // range stay in L2 between tiles). MaxMT x 4 accumulators must fit the vector registers.
 template <int MaxMT>
-[[gnu::always_inline]] inline void run_rows(const float* x, const float* w, const float* b,
-                                            float* y, int64_t M, int64_t I, int64_t O,
-                                            int64_t o0, int64_t o1) {
+[[gnu::always_inline]] inline void run_rows(const float* x, const float* w, const float* b, float* y, int64_t M,
+                                            int64_t I, int64_t O, int64_t o0, int64_t o1) {
   int64_t m = 0;
   if constexpr (MaxMT >= 4)
     for (; m + 4 <= M; m += 4) rows_tile<4>(x + m * I, w, b, y + m * O, I, O, o0, o1);
@@ -73,21 +71,18 @@ template <int MaxMT>
 
 // One function per instruction set. The OpenMP region stays outside them: GCC outlines a
 // parallel region's body into a function of its own that would not inherit the target.
-using Fn = void (*)(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t,
-                    int64_t, int64_t);
+using Fn = void (*)(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t);
 
-[[gnu::target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,prefer-vector-width=512")]]
-void rows_avx512(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t I,
-                 int64_t O, int64_t o0, int64_t o1) {
+[[gnu::target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,prefer-vector-width=512")]] void rows_avx512(
+    const float* x, const float* w, const float* b, float* y, int64_t M, int64_t I, int64_t O, int64_t o0, int64_t o1) {
   run_rows<4>(x, w, b, y, M, I, O, o0, o1);
 }
-[[gnu::target("avx2,fma")]]
-void rows_avx2(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t I,
-               int64_t O, int64_t o0, int64_t o1) {
+[[gnu::target("avx2,fma")]] void rows_avx2(const float* x, const float* w, const float* b, float* y, int64_t M,
+                                           int64_t I, int64_t O, int64_t o0, int64_t o1) {
   run_rows<2>(x, w, b, y, M, I, O, o0, o1);
 }
-void rows_base(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t I,
-               int64_t O, int64_t o0, int64_t o1) {
+void rows_base(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t I, int64_t O, int64_t o0,
+               int64_t o1) {
   run_rows<2>(x, w, b, y, M, I, O, o0, o1);
 }
 
@@ -101,8 +96,7 @@ Fn pick() {
 
 }  // namespace
 
-void decode_linear(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t I,
-                   int64_t O) {
+void decode_linear(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t I, int64_t O) {
   static const Fn rows = pick();
   // Output rows per work item, handed out dynamically: on a shared machine a thread that gets
   // less CPU time then does less of the work instead of holding the other at the barrier.

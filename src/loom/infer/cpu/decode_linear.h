@@ -15,7 +15,6 @@ namespace loom::infer {
 // until M is in the hundreds).
 inline constexpr int64_t kDecodeLinearMaxRows = 64;
 
-void decode_linear(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t I,
-                   int64_t O);
+void decode_linear(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t I, int64_t O);
 
 }  // namespace loom::infer

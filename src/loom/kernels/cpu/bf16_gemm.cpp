@@ -67,9 +67,7 @@ const Choice& choice() {
 
 bool bf16_gemm_preferred() { return choice().use; }
 double bf16_fma_rate_ratio() { return choice().ratio; }
-const char* bf16_product_path() {
-  return bf16_gemm_preferred() ? "avx512-bf16 GEMM" : "bf16-rounded f32 x SGEMM";
-}
+const char* bf16_product_path() { return bf16_gemm_preferred() ? "avx512-bf16 GEMM" : "bf16-rounded f32 x SGEMM"; }
 
 void bf16_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
                int64_t ldb, float beta, float* C, int64_t ldc) {

@@ -33,14 +33,14 @@ double bf16_fma_rate_ratio();
 // C[M,N] = bf16(op(A))[M,K] * bf16(op(B))[K,N] + beta * C, row-major f32 with leading
 // dimensions, as cblas_sgemm with alpha = 1; beta is 0 or 1. Requires bf16_gemm_runs_here().
 // Parallel over the OpenMP threads (loom::set_num_threads).
-void bf16_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
-               const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+void bf16_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+               int64_t ldb, float beta, float* C, int64_t ldc);
 
 // C = op(A) op(B) + beta C on bf16_gemm when `engine` (f32 only; see on_bf16_gemm), else
 // through BLAS (gemm.h) on the operands as given.
 template <class T>
-void product_gemm(bool engine, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda,
-                  const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
+void product_gemm(bool engine, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B,
+                  int64_t ldb, T beta, T* C, int64_t ldc) {
   if constexpr (std::is_same_v<T, float>)
     if (engine) return bf16_gemm(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
   gemm(ta, tb, M, N, K, T(1), A, lda, B, ldb, beta, C, ldc);
@@ -48,8 +48,8 @@ void product_gemm(bool engine, bool ta, bool tb, int64_t M, int64_t N, int64_t K
 
 namespace bf16_gemm_detail {
 // Implemented in bf16_gemm_avx512.cpp (compiled for AVX512-BF16); call only where it runs.
-void gemm_avx512(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
-                 const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+void gemm_avx512(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+                 int64_t ldb, float beta, float* C, int64_t ldc);
 // Seconds for `iters` rounds of 10 independent vdpbf16ps (or vfmadd231ps) zmm.
 double dpbf16_loop_seconds(int64_t iters);
 double fma_loop_seconds(int64_t iters);

@@ -21,11 +21,11 @@
 namespace loom::cpu::bf16_gemm_detail {
 namespace {
 
-constexpr int MR = 6;          // rows of C per microkernel call
-constexpr int NR = 64;         // columns of C per microkernel call (4 zmm)
-constexpr int64_t KCP = 128;   // K pairs per block: a B micro-panel is KCP x 256 B = 32 KiB
-constexpr int64_t MC = 96;     // rows of C per tile (a multiple of MR): A block 48 KiB
-constexpr int64_t NC = 256;    // columns of C per tile (a multiple of NR)
+constexpr int MR = 6;                // rows of C per microkernel call
+constexpr int NR = 64;               // columns of C per microkernel call (4 zmm)
+constexpr int64_t KCP = 128;         // K pairs per block: a B micro-panel is KCP x 256 B = 32 KiB
+constexpr int64_t MC = 96;           // rows of C per tile (a multiple of MR): A block 48 KiB
+constexpr int64_t NC = 256;          // columns of C per tile (a multiple of NR)
 constexpr int64_t kChunkM = 8 * MR;  // rows of a transposed A packed per step (3 zmm)
 
 // 16 floats rounded to bf16 exactly as round_to_bf16 (rounded_operands.cpp): nearest, ties to
@@ -188,11 +188,13 @@ void pack_b_cols(const float* B, int64_t ldb, int64_t N, int64_t K, int64_t KP, 
   }
 }
 
-inline __mmask16 lanes(int64_t n) { return n >= 16 ? __mmask16(0xffff) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1); }
+inline __mmask16 lanes(int64_t n) {
+  return n >= 16 ? __mmask16(0xffff) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
+}
 
 // C[mr, nv] (+)= a[kps pairs][MR] * b[kps pairs][NR]; a and b zero-padded to MR and NR.
-[[gnu::always_inline]] inline void microkernel(int64_t kps, const uint32_t* a, const uint32_t* b, float* c,
-                                               int64_t ldc, int mr, int64_t nv, bool load_c) {
+[[gnu::always_inline]] inline void microkernel(int64_t kps, const uint32_t* a, const uint32_t* b, float* c, int64_t ldc,
+                                               int mr, int64_t nv, bool load_c) {
   __m512 acc[MR][4];
 #pragma GCC unroll 6
   for (int r = 0; r < MR; ++r)
@@ -281,7 +283,7 @@ void gemm_avx512(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float*
   uint32_t* Ap = packed_buffer(0, panels_m * MR * KP);
   uint32_t* Bp = packed_buffer(1, panels_n * NR * KP);
   // One parallel region: the packing loops end in barriers, then the tiles are shared.
-#pragma omp parallel if (M * N * std::max<int64_t>(K, 1) > (int64_t(1) << 18))
+#pragma omp parallel if (M * N * std::max <int64_t>(K, 1) > (int64_t(1) << 18))
   {
     if (ta)
       pack_a_cols(A, lda, M, K, KP, Ap);

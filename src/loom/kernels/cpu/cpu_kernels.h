@@ -16,77 +16,79 @@ void linear_forward(const T* x, const T* w, const T* b, T* y, int64_t N, int64_t
                     ProductPrecision prec = ProductPrecision::f32);
 // dx[N,I] (= or +=) dy W; dw[O,I] += dy^T x; db[O] += colsum(dy). Null outputs are skipped.
 template <class T>
-void linear_backward(const T* dy, const T* x, const T* w, T* dx, T* dw, T* db, int64_t N,
-                     int64_t I, int64_t O, bool accumulate_dx,
-                     ProductPrecision prec = ProductPrecision::f32);
+void linear_backward(const T* dy, const T* x, const T* w, T* dx, T* dw, T* db, int64_t N, int64_t I, int64_t O,
+                     bool accumulate_dx, ProductPrecision prec = ProductPrecision::f32);
 
 // ---- embedding: out[n] = wte[tok[n]] + wpe[pos[n]] (wpe may be null) --------------------
 template <class T>
-void embedding_forward(const int32_t* tok, const int32_t* pos, const T* wte, const T* wpe, T* out,
-                       int64_t N, int64_t C);
+void embedding_forward(const int32_t* tok, const int32_t* pos, const T* wte, const T* wpe, T* out, int64_t N,
+                       int64_t C);
 template <class T>
-void embedding_backward(const int32_t* tok, const int32_t* pos, const T* dout, T* dwte, T* dwpe,
-                        int64_t N, int64_t C, int64_t V, int64_t P);
+void embedding_backward(const int32_t* tok, const int32_t* pos, const T* dout, T* dwte, T* dwpe, int64_t N, int64_t C,
+                        int64_t V, int64_t P);
 
 // ---- LayerNorm / RMSNorm over the last dimension ---------------------------------------
 template <class T>
-void layernorm_forward(const T* x, const T* w, const T* b, T* y, T* mean, T* rstd, int64_t N,
-                       int64_t C, double eps);
+void layernorm_forward(const T* x, const T* w, const T* b, T* y, T* mean, T* rstd, int64_t N, int64_t C, double eps);
 template <class T>
-void layernorm_backward(const T* dy, const T* x, const T* w, const T* mean, const T* rstd, T* dx,
-                        T* dw, T* db, int64_t N, int64_t C, bool accumulate_dx);
+void layernorm_backward(const T* dy, const T* x, const T* w, const T* mean, const T* rstd, T* dx, T* dw, T* db,
+                        int64_t N, int64_t C, bool accumulate_dx);
 template <class T>
 void rmsnorm_forward(const T* x, const T* w, T* y, T* rstd, int64_t N, int64_t C, double eps);
 template <class T>
-void rmsnorm_backward(const T* dy, const T* x, const T* w, const T* rstd, T* dx, T* dw, int64_t N,
-                      int64_t C, bool accumulate_dx);
+void rmsnorm_backward(const T* dy, const T* x, const T* w, const T* rstd, T* dx, T* dw, int64_t N, int64_t C,
+                      bool accumulate_dx);
 
 // ---- activations ------------------------------------------------------------------------
 // GELU, tanh approximation (Hendrycks & Gimpel 2016, as in GPT-2).
-template <class T> void gelu_forward(const T* x, T* y, int64_t n);
-template <class T> void gelu_backward(const T* x, const T* dy, T* dx, int64_t n);
+template <class T>
+void gelu_forward(const T* x, T* y, int64_t n);
+template <class T>
+void gelu_backward(const T* x, const T* dy, T* dx, int64_t n);
 // SwiGLU (Shazeer 2020): in[N, 2F] = [gate | up], out[N, F] = silu(gate) * up.
-template <class T> void swiglu_forward(const T* in, T* out, int64_t N, int64_t F);
-template <class T> void swiglu_backward(const T* in, const T* dout, T* din, int64_t N, int64_t F);
+template <class T>
+void swiglu_forward(const T* in, T* out, int64_t N, int64_t F);
+template <class T>
+void swiglu_backward(const T* in, const T* dout, T* din, int64_t N, int64_t F);
 // out = a + b (residual). Backward is the identity into both branches (callers add).
-template <class T> void add_forward(const T* a, const T* b, T* out, int64_t n);
-template <class T> void add_inplace(T* acc, const T* x, int64_t n);
+template <class T>
+void add_forward(const T* a, const T* b, T* out, int64_t n);
+template <class T>
+void add_inplace(T* acc, const T* x, int64_t n);
 
 // ---- RoPE (Su et al. 2021), rotate-half convention as in Hugging Face LLaMA ------------
 // Rotates n_heads heads of size D starting at column col0 of each of `rows` rows (row stride
 // `stride`) by position pos[row]. inverse=true applies the transpose (the backward).
 template <class T>
-void rope_apply(T* x, int64_t rows, int64_t stride, int64_t col0, int64_t n_heads, int64_t D,
-                const int32_t* pos, double theta, bool inverse);
+void rope_apply(T* x, int64_t rows, int64_t stride, int64_t col0, int64_t n_heads, int64_t D, const int32_t* pos,
+                double theta, bool inverse);
 
 // ---- causal self-attention, tiled with an online softmax (FlashAttention-2 style) ------
 // qkv[B,T,(H+2KVH)*D] holds q | k | v heads; out[B,T,H*D]; lse[B,H,T] (log-sum-exp per row,
 // the only softmax state backward keeps).
 template <class T>
-void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t Tn, int64_t H,
-                       int64_t KVH, int64_t D);
+void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t Tn, int64_t H, int64_t KVH, int64_t D);
 // dqkv is overwritten.
 template <class T>
-void attention_backward(const T* qkv, const T* out, const T* dout, const T* lse, T* dqkv,
-                        int64_t B, int64_t Tn, int64_t H, int64_t KVH, int64_t D);
+void attention_backward(const T* qkv, const T* out, const T* dout, const T* lse, T* dqkv, int64_t B, int64_t Tn,
+                        int64_t H, int64_t KVH, int64_t D);
 
 // ---- LM head + softmax cross-entropy, chunked over rows --------------------------------
 // For row chunks of at most `chunk` rows: logits = x W^T (a [chunk, V] workspace), loss[n] =
 // logsumexp - logit[target]; targets < 0 are ignored (loss 0). When dx/dw are non-null also
 // dlogits = grad_scale * (softmax - onehot), dx = dlogits W (overwrite), dw += dlogits^T x.
 template <class T>
-void lm_head_xent(const T* x, const T* w, const int32_t* targets, T* loss, T* dx, T* dw,
-                  int64_t N, int64_t C, int64_t V, double grad_scale, int64_t chunk,
-                  T* workspace, ProductPrecision prec = ProductPrecision::f32);
+void lm_head_xent(const T* x, const T* w, const int32_t* targets, T* loss, T* dx, T* dw, int64_t N, int64_t C,
+                  int64_t V, double grad_scale, int64_t chunk, T* workspace,
+                  ProductPrecision prec = ProductPrecision::f32);
 // Softmax cross-entropy on given logits rows (no head): loss and (optional) dlogits in place.
 template <class T>
-void xent_rows(T* logits, const int32_t* targets, T* loss, int64_t rows, int64_t V,
-               double grad_scale, bool want_grad);
+void xent_rows(T* logits, const int32_t* targets, T* loss, int64_t rows, int64_t V, double grad_scale, bool want_grad);
 
 // ---- AdamW (Loshchilov & Hutter 2019): decoupled weight decay, bias correction ---------
 struct AdamWParams {
   double lr, beta1, beta2, eps, weight_decay;
-  int64_t step;  // 1-based, after increment
+  int64_t step;             // 1-based, after increment
   double grad_scale = 1.0;  // gradients are multiplied by this first (clipping, fused)
 };
 template <class T>

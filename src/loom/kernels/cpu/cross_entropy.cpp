@@ -12,9 +12,8 @@
 namespace loom::cpu {
 
 template <class T>
-void lm_head_xent(const T* x, const T* w, const int32_t* targets, T* loss, T* dx, T* dw,
-                  int64_t N, int64_t C, int64_t V, double grad_scale, int64_t chunk,
-                  T* workspace, ProductPrecision prec) {
+void lm_head_xent(const T* x, const T* w, const int32_t* targets, T* loss, T* dx, T* dw, int64_t N, int64_t C,
+                  int64_t V, double grad_scale, int64_t chunk, T* workspace, ProductPrecision prec) {
   const bool want_grad = dx || dw;
   const bool engine = std::is_same_v<T, float> && on_bf16_gemm(prec);
   if constexpr (std::is_same_v<T, float>) {
@@ -34,11 +33,9 @@ void lm_head_xent(const T* x, const T* w, const int32_t* targets, T* loss, T* dx
   }
 }
 
-template void lm_head_xent<float>(const float*, const float*, const int32_t*, float*, float*,
-                                  float*, int64_t, int64_t, int64_t, double, int64_t, float*,
-                                  ProductPrecision);
-template void lm_head_xent<double>(const double*, const double*, const int32_t*, double*, double*,
-                                   double*, int64_t, int64_t, int64_t, double, int64_t, double*,
-                                   ProductPrecision);
+template void lm_head_xent<float>(const float*, const float*, const int32_t*, float*, float*, float*, int64_t, int64_t,
+                                  int64_t, double, int64_t, float*, ProductPrecision);
+template void lm_head_xent<double>(const double*, const double*, const int32_t*, double*, double*, double*, int64_t,
+                                   int64_t, int64_t, double, int64_t, double*, ProductPrecision);
 
 }  // namespace loom::cpu

@@ -38,30 +38,35 @@ const HotKernels& hot_kernels() {
 
 std::string hot_kernels_isa() { return hot_kernels().isa; }
 
-template <> void attention_forward<float>(const float* qkv, float* out, float* lse, int64_t B,
-                                          int64_t Tn, int64_t H, int64_t KVH, int64_t D) {
+template <>
+void attention_forward<float>(const float* qkv, float* out, float* lse, int64_t B, int64_t Tn, int64_t H, int64_t KVH,
+                              int64_t D) {
   hot_kernels().attention_forward(qkv, out, lse, B, Tn, H, KVH, D);
 }
-template <> void attention_backward<float>(const float* qkv, const float* out, const float* dout,
-                                           const float* lse, float* dqkv, int64_t B, int64_t Tn,
-                                           int64_t H, int64_t KVH, int64_t D) {
+template <>
+void attention_backward<float>(const float* qkv, const float* out, const float* dout, const float* lse, float* dqkv,
+                               int64_t B, int64_t Tn, int64_t H, int64_t KVH, int64_t D) {
   hot_kernels().attention_backward(qkv, out, dout, lse, dqkv, B, Tn, H, KVH, D);
 }
-template <> void gelu_forward<float>(const float* x, float* y, int64_t n) {
+template <>
+void gelu_forward<float>(const float* x, float* y, int64_t n) {
   hot_kernels().gelu_forward(x, y, n);
 }
-template <> void gelu_backward<float>(const float* x, const float* dy, float* dx, int64_t n) {
+template <>
+void gelu_backward<float>(const float* x, const float* dy, float* dx, int64_t n) {
   hot_kernels().gelu_backward(x, dy, dx, n);
 }
-template <> void swiglu_forward<float>(const float* in, float* out, int64_t N, int64_t F) {
+template <>
+void swiglu_forward<float>(const float* in, float* out, int64_t N, int64_t F) {
   hot_kernels().swiglu_forward(in, out, N, F);
 }
-template <> void swiglu_backward<float>(const float* in, const float* dout, float* din, int64_t N,
-                                        int64_t F) {
+template <>
+void swiglu_backward<float>(const float* in, const float* dout, float* din, int64_t N, int64_t F) {
   hot_kernels().swiglu_backward(in, dout, din, N, F);
 }
-template <> void xent_rows<float>(float* logits, const int32_t* targets, float* loss, int64_t rows,
-                                  int64_t V, double grad_scale, bool want_grad) {
+template <>
+void xent_rows<float>(float* logits, const int32_t* targets, float* loss, int64_t rows, int64_t V, double grad_scale,
+                      bool want_grad) {
   hot_kernels().xent_rows(logits, targets, loss, rows, V, grad_scale, want_grad);
 }
 

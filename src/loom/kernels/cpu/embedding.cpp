@@ -6,8 +6,8 @@
 namespace loom::cpu {
 
 template <class T>
-void embedding_forward(const int32_t* tok, const int32_t* pos, const T* wte, const T* wpe, T* out,
-                       int64_t N, int64_t C) {
+void embedding_forward(const int32_t* tok, const int32_t* pos, const T* wte, const T* wpe, T* out, int64_t N,
+                       int64_t C) {
 #pragma omp parallel for schedule(static) if (N * C > 65536)
   for (int64_t n = 0; n < N; ++n) {
     const T* e = wte + int64_t(tok[n]) * C;
@@ -24,8 +24,8 @@ void embedding_forward(const int32_t* tok, const int32_t* pos, const T* wte, con
 // Rows are processed in order within each column block, so the sum order (and thus the
 // result) is independent of the thread count; threads own disjoint column blocks.
 template <class T>
-void embedding_backward(const int32_t* tok, const int32_t* pos, const T* dout, T* dwte, T* dwpe,
-                        int64_t N, int64_t C, int64_t, int64_t) {
+void embedding_backward(const int32_t* tok, const int32_t* pos, const T* dout, T* dwte, T* dwpe, int64_t N, int64_t C,
+                        int64_t, int64_t) {
   constexpr int64_t kCols = 64;
 #pragma omp parallel for schedule(static) if (N * C > 65536)
   for (int64_t c0 = 0; c0 < C; c0 += kCols) {
@@ -44,11 +44,10 @@ void embedding_backward(const int32_t* tok, const int32_t* pos, const T* dout, T
   }
 }
 
-#define INSTANTIATE(T)                                                                          \
-  template void embedding_forward<T>(const int32_t*, const int32_t*, const T*, const T*, T*,     \
-                                     int64_t, int64_t);                                        \
-  template void embedding_backward<T>(const int32_t*, const int32_t*, const T*, T*, T*, int64_t, \
-                                      int64_t, int64_t, int64_t);
+#define INSTANTIATE(T)                                                                                             \
+  template void embedding_forward<T>(const int32_t*, const int32_t*, const T*, const T*, T*, int64_t, int64_t);    \
+  template void embedding_backward<T>(const int32_t*, const int32_t*, const T*, T*, T*, int64_t, int64_t, int64_t, \
+                                      int64_t);
 INSTANTIATE(float)
 INSTANTIATE(double)
 #undef INSTANTIATE

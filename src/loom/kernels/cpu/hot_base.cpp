@@ -11,28 +11,35 @@ LOOM_HOT_TABLE(base)
 
 // f64 instantiations (gradient checks) use the portable build only.
 namespace loom::cpu {
-template <> void attention_forward<double>(const double* qkv, double* out, double* lse, int64_t B,
-                                           int64_t Tn, int64_t H, int64_t KVH, int64_t D) {
+template <>
+void attention_forward<double>(const double* qkv, double* out, double* lse, int64_t B, int64_t Tn, int64_t H,
+                               int64_t KVH, int64_t D) {
   base::attention_forward<double>(qkv, out, lse, B, Tn, H, KVH, D);
 }
-template <> void attention_backward<double>(const double* qkv, const double* out, const double* dout,
-                                            const double* lse, double* dqkv, int64_t B, int64_t Tn,
-                                            int64_t H, int64_t KVH, int64_t D) {
+template <>
+void attention_backward<double>(const double* qkv, const double* out, const double* dout, const double* lse,
+                                double* dqkv, int64_t B, int64_t Tn, int64_t H, int64_t KVH, int64_t D) {
   base::attention_backward<double>(qkv, out, dout, lse, dqkv, B, Tn, H, KVH, D);
 }
-template <> void gelu_forward<double>(const double* x, double* y, int64_t n) { base::gelu_forward(x, y, n); }
-template <> void gelu_backward<double>(const double* x, const double* dy, double* dx, int64_t n) {
+template <>
+void gelu_forward<double>(const double* x, double* y, int64_t n) {
+  base::gelu_forward(x, y, n);
+}
+template <>
+void gelu_backward<double>(const double* x, const double* dy, double* dx, int64_t n) {
   base::gelu_backward(x, dy, dx, n);
 }
-template <> void swiglu_forward<double>(const double* in, double* out, int64_t N, int64_t F) {
+template <>
+void swiglu_forward<double>(const double* in, double* out, int64_t N, int64_t F) {
   base::swiglu_forward(in, out, N, F);
 }
-template <> void swiglu_backward<double>(const double* in, const double* dout, double* din, int64_t N,
-                                         int64_t F) {
+template <>
+void swiglu_backward<double>(const double* in, const double* dout, double* din, int64_t N, int64_t F) {
   base::swiglu_backward(in, dout, din, N, F);
 }
-template <> void xent_rows<double>(double* logits, const int32_t* targets, double* loss, int64_t rows,
-                                   int64_t V, double grad_scale, bool want_grad) {
+template <>
+void xent_rows<double>(double* logits, const int32_t* targets, double* loss, int64_t rows, int64_t V, double grad_scale,
+                       bool want_grad) {
   base::xent_rows(logits, targets, loss, rows, V, grad_scale, want_grad);
 }
 }  // namespace loom::cpu

@@ -97,8 +97,7 @@ void swiglu_backward(const T* in, const T* dout, T* din, int64_t N, int64_t F) {
 }
 
 template <class T>
-void xent_rows(T* logits, const int32_t* targets, T* loss, int64_t rows, int64_t V,
-               double grad_scale, bool want_grad) {
+void xent_rows(T* logits, const int32_t* targets, T* loss, int64_t rows, int64_t V, double grad_scale, bool want_grad) {
   const T gs = T(grad_scale);
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
@@ -140,14 +139,21 @@ constexpr int kVecBytes = 16;
 // Elements of T per vector register.
 template <class T>
 constexpr int64_t kLanes = kVecBytes / int64_t(sizeof(T));
-template <class T> struct VecOf;
-template <> struct VecOf<float> { typedef float type __attribute__((vector_size(kVecBytes), aligned(4))); };
-template <> struct VecOf<double> { typedef double type __attribute__((vector_size(kVecBytes), aligned(8))); };
+template <class T>
+struct VecOf;
+template <>
+struct VecOf<float> {
+  typedef float type __attribute__((vector_size(kVecBytes), aligned(4)));
+};
+template <>
+struct VecOf<double> {
+  typedef double type __attribute__((vector_size(kVecBytes), aligned(8)));
+};
 
 // Columns [c0, N) of rows4, one at a time (head sizes that are not a multiple of the chunk).
 template <class T, bool Acc, bool TA>
-[[gnu::noinline]] void rows4_tail(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t K, T* C,
-                                  int64_t ldc, int64_t c0, int64_t N) {
+[[gnu::noinline]] void rows4_tail(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t K, T* C, int64_t ldc,
+                                  int64_t c0, int64_t N) {
   for (int r = 0; r < 4; ++r)
     for (int64_t c = c0; c < N; ++c) {
       T a = Acc ? C[r * ldc + c] : T(0);
@@ -160,8 +166,8 @@ template <class T, bool Acc, bool TA>
 // A(r, k) = A[r*lda + k], or A[k*lda + r] when TA (A stored transposed):
 // 4 x NV accumulators stay in registers while k streams through.
 template <class T, bool Acc, int NV, bool TA>
-[[gnu::always_inline]] inline void rows4_chunk(const T* A, int64_t lda, const T* B, int64_t ldb,
-                                               int64_t K, T* C, int64_t ldc, int64_t c0) {
+[[gnu::always_inline]] inline void rows4_chunk(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t K, T* C,
+                                               int64_t ldc, int64_t c0) {
   using V = typename VecOf<T>::type;
   constexpr int64_t W = kLanes<T>;
   V acc[4][NV];
@@ -169,8 +175,10 @@ template <class T, bool Acc, int NV, bool TA>
   for (int r = 0; r < 4; ++r)
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) {
-      if constexpr (Acc) acc[r][v] = *reinterpret_cast<const V*>(C + r * ldc + c0 + v * W);
-      else acc[r][v] = V{};
+      if constexpr (Acc)
+        acc[r][v] = *reinterpret_cast<const V*>(C + r * ldc + c0 + v * W);
+      else
+        acc[r][v] = V{};
     }
   const int64_t rs = TA ? 1 : lda, ks = TA ? lda : 1;  // strides of A's rows and of k
   const T* a = A;
@@ -198,8 +206,7 @@ template <class T, bool Acc, int NV, bool TA>
 // rows4_chunk). Acc = false overwrites C. Columns go in chunks of NV vectors, then single
 // vectors, then one at a time.
 template <class T, bool Acc, bool TA = false>
-inline void rows4(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t K, T* C, int64_t ldc,
-                  int64_t N) {
+inline void rows4(const T* A, int64_t lda, const T* B, int64_t ldb, int64_t K, T* C, int64_t ldc, int64_t N) {
   constexpr int64_t W = kLanes<T>;
   // 4 x 4 accumulators need AVX-512's 32 vector registers; with 16 (AVX2, SSE) 4 x 2 fit.
   constexpr int NV = kVecBytes == 64 ? 4 : 2;
@@ -228,15 +235,14 @@ inline void pack_transposed(const T* src, int64_t stride, int64_t Tn, int64_t Tp
 inline int64_t round4(int64_t n) { return (n + 3) / 4 * 4; }
 
 template <class T>
-void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t Tn, int64_t H,
-                       int64_t KVH, int64_t D) {
+void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t Tn, int64_t H, int64_t KVH, int64_t D) {
   const int64_t stride = (H + 2 * KVH) * D, ostride = H * D, group = H / KVH;
   const T scale = T(1.0 / std::sqrt(double(D)));
   const int64_t Tp = (Tn + kTile - 1) / kTile * kTile;
 #pragma omp parallel
   {
-    std::vector<T> Kt(size_t(D * Tp)), Qs(size_t(kTile * D)), S(size_t(kTile * kTile)),
-        O(size_t(kTile * D)), m(kTile), l(kTile);
+    std::vector<T> Kt(size_t(D * Tp)), Qs(size_t(kTile * D)), S(size_t(kTile * kTile)), O(size_t(kTile * D)), m(kTile),
+        l(kTile);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t w = 0; w < B * H; ++w) {
       const int64_t b = w / H, h = w % H, g = h / group;
@@ -258,8 +264,9 @@ void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t Tn, int6
           // Rows r0..r0+3 see min(nk, q0 + r0 + 4 - k0) keys of this tile.
           for (int64_t r0 = 0; r0 < nq4; r0 += 4) {
             const int64_t kk = std::min(nk, q0 + r0 + 4 - k0);
-            if (kk > 0) rows4<T, false>(&Qs[size_t(r0 * D)], D, Kt.data() + k0, Tp, D,
-                                        &S[size_t(r0 * kTile)], kTile, tile_cols<T>(kk));
+            if (kk > 0)
+              rows4<T, false>(&Qs[size_t(r0 * D)], D, Kt.data() + k0, Tp, D, &S[size_t(r0 * kTile)], kTile,
+                              tile_cols<T>(kk));
           }
           for (int64_t i = 0; i < nq4; ++i) {
             T* sp = &S[size_t(i * kTile)];
@@ -284,8 +291,8 @@ void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t Tn, int6
           }
           for (int64_t r0 = 0; r0 < nq4; r0 += 4) {
             const int64_t kk = std::min(nk, q0 + r0 + 4 - k0);
-            if (kk > 0) rows4<T, true>(&S[size_t(r0 * kTile)], kTile, Vrows + k0 * stride, stride, kk,
-                                       &O[size_t(r0 * D)], D, D);
+            if (kk > 0)
+              rows4<T, true>(&S[size_t(r0 * kTile)], kTile, Vrows + k0 * stride, stride, kk, &O[size_t(r0 * D)], D, D);
           }
         }
         for (int64_t i = 0; i < nq; ++i) {
@@ -303,8 +310,8 @@ void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t Tn, int6
 // recompute S = Q K^T from the saved log-sum-exp, P = exp(S - lse), dP = dO V^T,
 // dS = P (dP - rowsum(dO * O)); then dQ += dS K, dK += dS^T Q, dV += P^T dO.
 template <class T>
-void attention_backward(const T* qkv, const T* out, const T* dout, const T* lse, T* dqkv,
-                        int64_t B, int64_t Tn, int64_t H, int64_t KVH, int64_t D) {
+void attention_backward(const T* qkv, const T* out, const T* dout, const T* lse, T* dqkv, int64_t B, int64_t Tn,
+                        int64_t H, int64_t KVH, int64_t D) {
   const int64_t stride = (H + 2 * KVH) * D, ostride = H * D, group = H / KVH;
   const T scale = T(1.0 / std::sqrt(double(D)));
   const int64_t Tp = (Tn + kTile - 1) / kTile * kTile;
@@ -352,10 +359,10 @@ void attention_backward(const T* qkv, const T* out, const T* dout, const T* lse,
             for (int64_t r0 = 0; r0 < nq4; r0 += 4) {
               const int64_t kk = std::min(nk, q0 + r0 + 4 - k0);
               if (kk <= 0) continue;
-              rows4<T, false>(&Qs[size_t(r0 * D)], D, Kt.data() + k0, Tp, D, &P[size_t(r0 * kTile)],
-                              kTile, tile_cols<T>(kk));
-              rows4<T, false>(&dOs[size_t(r0 * D)], D, Vt.data() + k0, Tp, D,
-                              &dS[size_t(r0 * kTile)], kTile, tile_cols<T>(kk));
+              rows4<T, false>(&Qs[size_t(r0 * D)], D, Kt.data() + k0, Tp, D, &P[size_t(r0 * kTile)], kTile,
+                              tile_cols<T>(kk));
+              rows4<T, false>(&dOs[size_t(r0 * D)], D, Vt.data() + k0, Tp, D, &dS[size_t(r0 * kTile)], kTile,
+                              tile_cols<T>(kk));
             }
             for (int64_t i = 0; i < nq4; ++i) {
               T* pi = &P[size_t(i * kTile)];
@@ -377,8 +384,9 @@ void attention_backward(const T* qkv, const T* out, const T* dout, const T* lse,
             }
             for (int64_t r0 = 0; r0 < nq4; r0 += 4) {
               const int64_t kk = std::min(nk, q0 + r0 + 4 - k0);
-              if (kk > 0) rows4<T, true>(&dS[size_t(r0 * kTile)], kTile, Krows + k0 * stride, stride,
-                                         kk, &dQ[size_t(r0 * D)], D, D);
+              if (kk > 0)
+                rows4<T, true>(&dS[size_t(r0 * kTile)], kTile, Krows + k0 * stride, stride, kk, &dQ[size_t(r0 * D)], D,
+                               D);
             }
             // dK and dV read dS and P transposed (column j0..j0+3 of the tile as rows). Keys
             // j0..j0+3 are seen by query rows from max(0, k0 + j0 - q0) on.

@@ -7,8 +7,8 @@ namespace loom::cpu {
 struct HotKernels {
   const char* isa;
   void (*attention_forward)(const float*, float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t);
-  void (*attention_backward)(const float*, const float*, const float*, const float*, float*, int64_t,
-                             int64_t, int64_t, int64_t, int64_t);
+  void (*attention_backward)(const float*, const float*, const float*, const float*, float*, int64_t, int64_t, int64_t,
+                             int64_t, int64_t);
   void (*gelu_forward)(const float*, float*, int64_t);
   void (*gelu_backward)(const float*, const float*, float*, int64_t);
   void (*swiglu_forward)(const float*, float*, int64_t, int64_t);
@@ -23,15 +23,15 @@ const HotKernels* hot_kernels_avx512();
 
 }  // namespace loom::cpu
 
-#define LOOM_HOT_TABLE(ns)                                                                 \
-  const HotKernels* hot_kernels_##ns() {                                                   \
-    static const HotKernels k{#ns,                                                         \
-                              &ns::attention_forward<float>,                               \
-                              &ns::attention_backward<float>,                              \
-                              &ns::gelu_forward<float>,                                    \
-                              &ns::gelu_backward<float>,                                   \
-                              &ns::swiglu_forward<float>,                                  \
-                              &ns::swiglu_backward<float>,                                 \
-                              &ns::xent_rows<float>};                                      \
-    return &k;                                                                             \
+#define LOOM_HOT_TABLE(ns)                                    \
+  const HotKernels* hot_kernels_##ns() {                      \
+    static const HotKernels k{#ns,                            \
+                              &ns::attention_forward<float>,  \
+                              &ns::attention_backward<float>, \
+                              &ns::gelu_forward<float>,       \
+                              &ns::gelu_backward<float>,      \
+                              &ns::swiglu_forward<float>,     \
+                              &ns::swiglu_backward<float>,    \
+                              &ns::xent_rows<float>};         \
+    return &k;                                                \
   }

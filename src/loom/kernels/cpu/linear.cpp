@@ -16,8 +16,7 @@ GemmClock& gemm_clock() {
 }
 
 template <class T>
-void linear_forward(const T* x, const T* w, const T* b, T* y, int64_t N, int64_t I, int64_t O,
-                    ProductPrecision prec) {
+void linear_forward(const T* x, const T* w, const T* b, T* y, int64_t N, int64_t I, int64_t O, ProductPrecision prec) {
   const bool engine = std::is_same_v<T, float> && on_bf16_gemm(prec);
   if constexpr (std::is_same_v<T, float>) {
     if (!engine) {
@@ -33,8 +32,8 @@ void linear_forward(const T* x, const T* w, const T* b, T* y, int64_t N, int64_t
 }
 
 template <class T>
-void linear_backward(const T* dy, const T* x, const T* w, T* dx, T* dw, T* db, int64_t N,
-                     int64_t I, int64_t O, bool accumulate_dx, ProductPrecision prec) {
+void linear_backward(const T* dy, const T* x, const T* w, T* dx, T* dw, T* db, int64_t N, int64_t I, int64_t O,
+                     bool accumulate_dx, ProductPrecision prec) {
   const T* dy_full = dy;  // the bias gradient sums the unrounded dy
   const bool engine = std::is_same_v<T, float> && on_bf16_gemm(prec);
   if constexpr (std::is_same_v<T, float>) {
@@ -71,12 +70,11 @@ void add_inplace(T* acc, const T* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) acc[i] += x[i];
 }
 
-#define INSTANTIATE(T)                                                                       \
-  template void linear_forward<T>(const T*, const T*, const T*, T*, int64_t, int64_t, int64_t,  \
-                                  ProductPrecision);                                          \
-  template void linear_backward<T>(const T*, const T*, const T*, T*, T*, T*, int64_t, int64_t, \
-                                   int64_t, bool, ProductPrecision);                          \
-  template void add_forward<T>(const T*, const T*, T*, int64_t);                             \
+#define INSTANTIATE(T)                                                                                            \
+  template void linear_forward<T>(const T*, const T*, const T*, T*, int64_t, int64_t, int64_t, ProductPrecision); \
+  template void linear_backward<T>(const T*, const T*, const T*, T*, T*, T*, int64_t, int64_t, int64_t, bool,     \
+                                   ProductPrecision);                                                             \
+  template void add_forward<T>(const T*, const T*, T*, int64_t);                                                  \
   template void add_inplace<T>(T*, const T*, int64_t);
 INSTANTIATE(float)
 INSTANTIATE(double)

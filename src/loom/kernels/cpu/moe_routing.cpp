@@ -5,8 +5,7 @@
 namespace loom::cpu {
 
 template <class T>
-void moe_gather_rows(const T* x, int64_t C, const int32_t* choice_of, int64_t k, const T* scale,
-                     int64_t n, T* out) {
+void moe_gather_rows(const T* x, int64_t C, const int32_t* choice_of, int64_t k, const T* scale, int64_t n, T* out) {
 #pragma omp parallel for schedule(static) if (n * C > 32768)
   for (int64_t r = 0; r < n; ++r) {
     const int64_t c = choice_of[r];
@@ -22,8 +21,8 @@ void moe_gather_rows(const T* x, int64_t C, const int32_t* choice_of, int64_t k,
 }
 
 template <class T>
-void moe_combine(const T* rows, int64_t C, const int32_t* row_of, const T* gates, int64_t N,
-                 int64_t k, bool accumulate, T* y) {
+void moe_combine(const T* rows, int64_t C, const int32_t* row_of, const T* gates, int64_t N, int64_t k, bool accumulate,
+                 T* y) {
 #pragma omp parallel for schedule(static) if (N * C > 32768)
   for (int64_t t = 0; t < N; ++t) {
     T* dst = y + t * C;
@@ -39,8 +38,7 @@ void moe_combine(const T* rows, int64_t C, const int32_t* row_of, const T* gates
 }
 
 template <class T>
-void moe_gate_grads(const T* dy, const T* rows, int64_t C, const int32_t* row_of, int64_t N,
-                    int64_t k, T* dgate) {
+void moe_gate_grads(const T* dy, const T* rows, int64_t C, const int32_t* row_of, int64_t N, int64_t k, T* dgate) {
 #pragma omp parallel for schedule(static) if (N * C > 32768)
   for (int64_t t = 0; t < N; ++t)
     for (int64_t j = 0; j < k; ++j) {
@@ -55,11 +53,9 @@ void moe_gate_grads(const T* dy, const T* rows, int64_t C, const int32_t* row_of
     }
 }
 
-#define LOOM_MOE_INSTANTIATE(T)                                                                   \
-  template void moe_gather_rows<T>(const T*, int64_t, const int32_t*, int64_t, const T*, int64_t, \
-                                   T*);                                                           \
-  template void moe_combine<T>(const T*, int64_t, const int32_t*, const T*, int64_t, int64_t,     \
-                               bool, T*);                                                         \
+#define LOOM_MOE_INSTANTIATE(T)                                                                          \
+  template void moe_gather_rows<T>(const T*, int64_t, const int32_t*, int64_t, const T*, int64_t, T*);   \
+  template void moe_combine<T>(const T*, int64_t, const int32_t*, const T*, int64_t, int64_t, bool, T*); \
   template void moe_gate_grads<T>(const T*, const T*, int64_t, const int32_t*, int64_t, int64_t, T*);
 LOOM_MOE_INSTANTIATE(float)
 LOOM_MOE_INSTANTIATE(double)

@@ -10,18 +10,16 @@ namespace loom::cpu {
 
 // out[r] = (scale ? scale[choice_of[r]] : 1) * x[choice_of[r] / k], r < n, rows of C.
 template <class T>
-void moe_gather_rows(const T* x, int64_t C, const int32_t* choice_of, int64_t k, const T* scale,
-                     int64_t n, T* out);
+void moe_gather_rows(const T* x, int64_t C, const int32_t* choice_of, int64_t k, const T* scale, int64_t n, T* out);
 
 // y[t] (+)= sum over j < k with row_of[t k + j] >= 0 of (gates ? gates[t k + j] : 1) *
 // rows[row_of[t k + j]], t < N. accumulate = false overwrites y.
 template <class T>
-void moe_combine(const T* rows, int64_t C, const int32_t* row_of, const T* gates, int64_t N,
-                 int64_t k, bool accumulate, T* y);
+void moe_combine(const T* rows, int64_t C, const int32_t* row_of, const T* gates, int64_t N, int64_t k, bool accumulate,
+                 T* y);
 
 // dgate[t k + j] = dot(dy[t], rows[row_of[t k + j]]), 0 for dropped choices.
 template <class T>
-void moe_gate_grads(const T* dy, const T* rows, int64_t C, const int32_t* row_of, int64_t N,
-                    int64_t k, T* dgate);
+void moe_gate_grads(const T* dy, const T* rows, int64_t C, const int32_t* row_of, int64_t N, int64_t k, T* dgate);
 
 }  // namespace loom::cpu

@@ -25,8 +25,7 @@ inline double sum8(int64_t C, F term) {
 }  // namespace
 
 template <class T>
-void layernorm_forward(const T* x, const T* w, const T* b, T* y, T* mean, T* rstd, int64_t N,
-                       int64_t C, double eps) {
+void layernorm_forward(const T* x, const T* w, const T* b, T* y, T* mean, T* rstd, int64_t N, int64_t C, double eps) {
 #pragma omp parallel for schedule(static) if (N * C > 16384)
   for (int64_t n = 0; n < N; ++n) {
     const T* xr = x + n * C;
@@ -45,8 +44,8 @@ void layernorm_forward(const T* x, const T* w, const T* b, T* y, T* mean, T* rst
 }
 
 template <class T>
-void layernorm_backward(const T* dy, const T* x, const T* w, const T* mean, const T* rstd, T* dx,
-                        T* dw, T* db, int64_t N, int64_t C, bool accumulate_dx) {
+void layernorm_backward(const T* dy, const T* x, const T* w, const T* mean, const T* rstd, T* dx, T* dw, T* db,
+                        int64_t N, int64_t C, bool accumulate_dx) {
   if (dx) {
 #pragma omp parallel for schedule(static) if (N * C > 16384)
     for (int64_t n = 0; n < N; ++n) {
@@ -56,9 +55,7 @@ void layernorm_backward(const T* dy, const T* x, const T* w, const T* mean, cons
       // g = dy * w, xhat = (x - m) r. Two passes over the row (it is in L1): one pass with
       // both sums' sixteen f64 accumulators spills on the baseline build and runs 45% slower.
       const double sum_g = sum8(C, [&](int64_t c) { return double(dyr[c]) * double(w[c]); });
-      const double sum_gx = sum8(C, [&](int64_t c) {
-        return double(dyr[c]) * double(w[c]) * double((xr[c] - m) * r);
-      });
+      const double sum_gx = sum8(C, [&](int64_t c) { return double(dyr[c]) * double(w[c]) * double((xr[c] - m) * r); });
       const T mg = T(sum_g / double(C)), mgx = T(sum_gx / double(C));
       T* dxr = dx + n * C;
       for (int64_t c = 0; c < C; ++c) {
@@ -105,16 +102,15 @@ void rmsnorm_forward(const T* x, const T* w, T* y, T* rstd, int64_t N, int64_t C
 }
 
 template <class T>
-void rmsnorm_backward(const T* dy, const T* x, const T* w, const T* rstd, T* dx, T* dw, int64_t N,
-                      int64_t C, bool accumulate_dx) {
+void rmsnorm_backward(const T* dy, const T* x, const T* w, const T* rstd, T* dx, T* dw, int64_t N, int64_t C,
+                      bool accumulate_dx) {
   if (dx) {
 #pragma omp parallel for schedule(static) if (N * C > 16384)
     for (int64_t n = 0; n < N; ++n) {
       const T* dyr = dy + n * C;
       const T* xr = x + n * C;
       const T r = rstd[n];
-      const double sum_gx =
-          sum8(C, [&](int64_t c) { return double(dyr[c]) * double(w[c]) * double(xr[c]); });
+      const double sum_gx = sum8(C, [&](int64_t c) { return double(dyr[c]) * double(w[c]) * double(xr[c]); });
       const T k = T(sum_gx / double(C)) * r * r;
       T* dxr = dx + n * C;
       for (int64_t c = 0; c < C; ++c) {
@@ -136,14 +132,12 @@ void rmsnorm_backward(const T* dy, const T* x, const T* w, const T* rstd, T* dx,
   }
 }
 
-#define INSTANTIATE(T)                                                                           \
-  template void layernorm_forward<T>(const T*, const T*, const T*, T*, T*, T*, int64_t, int64_t, \
-                                     double);                                                   \
-  template void layernorm_backward<T>(const T*, const T*, const T*, const T*, const T*, T*, T*,  \
-                                      T*, int64_t, int64_t, bool);                              \
-  template void rmsnorm_forward<T>(const T*, const T*, T*, T*, int64_t, int64_t, double);         \
-  template void rmsnorm_backward<T>(const T*, const T*, const T*, const T*, T*, T*, int64_t,      \
-                                    int64_t, bool);
+#define INSTANTIATE(T)                                                                                                \
+  template void layernorm_forward<T>(const T*, const T*, const T*, T*, T*, T*, int64_t, int64_t, double);             \
+  template void layernorm_backward<T>(const T*, const T*, const T*, const T*, const T*, T*, T*, T*, int64_t, int64_t, \
+                                      bool);                                                                          \
+  template void rmsnorm_forward<T>(const T*, const T*, T*, T*, int64_t, int64_t, double);                             \
+  template void rmsnorm_backward<T>(const T*, const T*, const T*, const T*, T*, T*, int64_t, int64_t, bool);
 INSTANTIATE(float)
 INSTANTIATE(double)
 #undef INSTANTIATE

@@ -118,9 +118,8 @@ template <class T>
 // correction + sum over j (in order) of p[j] * v[j]. The arithmetic of a row does not depend on
 // the tile, the chunking of its sequence or the other rows, so prefill and decode agree.
 template <class T>
-[[gnu::always_inline]] inline void attend_item(const T* q, const T* k_cache, const T* v_cache,
-                                               const PagedSeq& sq, int64_t g, int64_t i0,
-                                               int64_t i1, T* out, const ItemArgs& a,
+[[gnu::always_inline]] inline void attend_item(const T* q, const T* k_cache, const T* v_cache, const PagedSeq& sq,
+                                               int64_t g, int64_t i0, int64_t i1, T* out, const ItemArgs& a,
                                                Scratch<T>& w) {
   const int64_t D = a.D, bs = a.block_size, group = a.H / a.KVH, nq = i1 - i0;
   const int64_t bw = (bs + kW - 1) / kW * kW, R = nq * group;
@@ -195,17 +194,15 @@ template <class T>
     }
 }
 
-using ItemFn = void (*)(const float*, const float*, const float*, const PagedSeq&, int64_t,
-                        int64_t, int64_t, float*, const ItemArgs&, Scratch<float>&);
+using ItemFn = void (*)(const float*, const float*, const float*, const PagedSeq&, int64_t, int64_t, int64_t, float*,
+                        const ItemArgs&, Scratch<float>&);
 
-#define LOOM_PAGED_ITEM(name, attr)                                                          \
-  attr void name(const float* q, const float* k, const float* v, const PagedSeq& sq,         \
-                 int64_t g, int64_t i0, int64_t i1, float* out, const ItemArgs& a,           \
-                 Scratch<float>& w) {                                                        \
-    attend_item<float>(q, k, v, sq, g, i0, i1, out, a, w);                                   \
+#define LOOM_PAGED_ITEM(name, attr)                                                                         \
+  attr void name(const float* q, const float* k, const float* v, const PagedSeq& sq, int64_t g, int64_t i0, \
+                 int64_t i1, float* out, const ItemArgs& a, Scratch<float>& w) {                            \
+    attend_item<float>(q, k, v, sq, g, i0, i1, out, a, w);                                                  \
   }
-LOOM_PAGED_ITEM(item_avx512,
-                [[gnu::target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,prefer-vector-width=512")]])
+LOOM_PAGED_ITEM(item_avx512, [[gnu::target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,prefer-vector-width=512")]])
 LOOM_PAGED_ITEM(item_avx2, [[gnu::target("avx2,fma")]])
 LOOM_PAGED_ITEM(item_base, )
 #undef LOOM_PAGED_ITEM
@@ -219,8 +216,8 @@ ItemFn pick_item_f32() {
 }
 
 template <class T>
-void run_items(const T* q, const T* k_cache, const T* v_cache, const PagedSeq* seqs,
-               int64_t n_seqs, T* out, const ItemArgs& a) {
+void run_items(const T* q, const T* k_cache, const T* v_cache, const PagedSeq* seqs, int64_t n_seqs, T* out,
+               const ItemArgs& a) {
   // Flatten (sequence, KV head, query tile) into one index space for the thread team.
   std::vector<int64_t> first(size_t(n_seqs) + 1, 0);
   for (int64_t s = 0; s < n_seqs; ++s)
@@ -256,16 +253,16 @@ void run_items(const T* q, const T* k_cache, const T* v_cache, const PagedSeq* s
 }  // namespace
 
 template <class T>
-void paged_attention_forward(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache,
-                             int64_t block_size, const PagedSeq* seqs, int64_t n_seqs, T* out,
-                             int64_t out_stride, int64_t H, int64_t KVH, int64_t D) {
+void paged_attention_forward(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache, int64_t block_size,
+                             const PagedSeq* seqs, int64_t n_seqs, T* out, int64_t out_stride, int64_t H, int64_t KVH,
+                             int64_t D) {
   const ItemArgs a{q_stride, out_stride, block_size, H, KVH, D};
   run_items<T>(q, k_cache, v_cache, seqs, n_seqs, out, a);
 }
 
 template <class T>
-void paged_kv_write(const T* k, const T* v, int64_t stride, const int64_t* slots, int64_t rows,
-                    T* k_cache, T* v_cache, int64_t block_size, int64_t KVH, int64_t D) {
+void paged_kv_write(const T* k, const T* v, int64_t stride, const int64_t* slots, int64_t rows, T* k_cache, T* v_cache,
+                    int64_t block_size, int64_t KVH, int64_t D) {
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t blk = slots[r] / block_size, off = slots[r] % block_size;
     for (int64_t g = 0; g < KVH; ++g) {
@@ -277,19 +274,17 @@ void paged_kv_write(const T* k, const T* v, int64_t stride, const int64_t* slots
 }
 
 template <class T>
-void paged_block_copy(T* cache, const int32_t* src, const int32_t* dst, int64_t n,
-                      int64_t block_elems) {
+void paged_block_copy(T* cache, const int32_t* src, const int32_t* dst, int64_t n, int64_t block_elems) {
   for (int64_t i = 0; i < n; ++i)
     std::memcpy(cache + int64_t(dst[i]) * block_elems, cache + int64_t(src[i]) * block_elems,
                 size_t(block_elems) * sizeof(T));
 }
 
-#define INSTANTIATE(T)                                                                        \
-  template void paged_attention_forward<T>(const T*, int64_t, const T*, const T*, int64_t,    \
-                                           const PagedSeq*, int64_t, T*, int64_t, int64_t,    \
-                                           int64_t, int64_t);                                 \
-  template void paged_kv_write<T>(const T*, const T*, int64_t, const int64_t*, int64_t, T*,   \
-                                  T*, int64_t, int64_t, int64_t);                             \
+#define INSTANTIATE(T)                                                                                               \
+  template void paged_attention_forward<T>(const T*, int64_t, const T*, const T*, int64_t, const PagedSeq*, int64_t, \
+                                           T*, int64_t, int64_t, int64_t, int64_t);                                  \
+  template void paged_kv_write<T>(const T*, const T*, int64_t, const int64_t*, int64_t, T*, T*, int64_t, int64_t,    \
+                                  int64_t);                                                                          \
   template void paged_block_copy<T>(T*, const int32_t*, const int32_t*, int64_t, int64_t);
 INSTANTIATE(float)
 INSTANTIATE(double)

@@ -19,19 +19,18 @@ struct PagedSeq {
 // q: rows of stride q_stride holding H heads of D (head h at column h*D); out likewise with
 // stride out_stride. Query head h reads key/value head h / (H / KVH) (grouped-query).
 template <class T>
-void paged_attention_forward(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache,
-                             int64_t block_size, const PagedSeq* seqs, int64_t n_seqs, T* out,
-                             int64_t out_stride, int64_t H, int64_t KVH, int64_t D);
+void paged_attention_forward(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache, int64_t block_size,
+                             const PagedSeq* seqs, int64_t n_seqs, T* out, int64_t out_stride, int64_t H, int64_t KVH,
+                             int64_t D);
 
 // Scatters rows: for row r, k[r*stride .. + KVH*D) and v likewise go to cache slot slots[r]
 // (= block * block_size + offset).
 template <class T>
-void paged_kv_write(const T* k, const T* v, int64_t stride, const int64_t* slots, int64_t rows,
-                    T* k_cache, T* v_cache, int64_t block_size, int64_t KVH, int64_t D);
+void paged_kv_write(const T* k, const T* v, int64_t stride, const int64_t* slots, int64_t rows, T* k_cache, T* v_cache,
+                    int64_t block_size, int64_t KVH, int64_t D);
 
 // Copies whole blocks (copy-on-write): for each i, block dst[i] = block src[i].
 template <class T>
-void paged_block_copy(T* cache, const int32_t* src, const int32_t* dst, int64_t n,
-                      int64_t block_elems);
+void paged_block_copy(T* cache, const int32_t* src, const int32_t* dst, int64_t n, int64_t block_elems);
 
 }  // namespace loom::cpu

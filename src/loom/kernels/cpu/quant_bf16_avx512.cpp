@@ -20,8 +20,8 @@ namespace {
 // OT rows of W (their outputs o..o+OT-1) against MT rows of xb, 32 columns at a time; a tail
 // of I % 32 columns by masked loads (zeros add nothing).
 template <int MT, int OT>
-[[gnu::always_inline]] inline void tile(const uint16_t* xb, const QuantView& w, const float* b, float* y,
-                                        int64_t m0, int64_t o) {
+[[gnu::always_inline]] inline void tile(const uint16_t* xb, const QuantView& w, const float* b, float* y, int64_t m0,
+                                        int64_t o) {
   const int64_t I = w.cols, O = w.rows;
   const uint16_t* wt = reinterpret_cast<const uint16_t*>(w.q) + o * I;
   __m512 acc[MT][OT];
@@ -40,19 +40,17 @@ template <int MT, int OT>
       for (int m = 0; m < MT; ++m) {
         const uint16_t* xr = xb + (m0 + m) * I + i;
         const __m512i xv = part ? _mm512_maskz_loadu_epi16(mask, xr) : _mm512_loadu_si512(xr);
-        for (int t = 0; t < OT; ++t)
-          acc[m][t] = _mm512_dpbf16_ps(acc[m][t], (__m512bh)xv, (__m512bh)wv[t]);
+        for (int t = 0; t < OT; ++t) acc[m][t] = _mm512_dpbf16_ps(acc[m][t], (__m512bh)xv, (__m512bh)wv[t]);
       }
     }
   }
   for (int m = 0; m < MT; ++m)
-    for (int t = 0; t < OT; ++t)
-      y[(m0 + m) * O + o + t] = _mm512_reduce_add_ps(acc[m][t]) + (b ? b[o + t] : 0.f);
+    for (int t = 0; t < OT; ++t) y[(m0 + m) * O + o + t] = _mm512_reduce_add_ps(acc[m][t]) + (b ? b[o + t] : 0.f);
 }
 
 template <int MT>
-[[gnu::always_inline]] inline void outs(const uint16_t* xb, const QuantView& w, const float* b, float* y,
-                                        int64_t m0, int64_t o0, int64_t o1) {
+[[gnu::always_inline]] inline void outs(const uint16_t* xb, const QuantView& w, const float* b, float* y, int64_t m0,
+                                        int64_t o0, int64_t o1) {
   constexpr int OT = MT == 1 ? 8 : 4;
   int64_t o = o0;
   for (; o + OT <= o1; o += OT) tile<MT, OT>(xb, w, b, y, m0, o);

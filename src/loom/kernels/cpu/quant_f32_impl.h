@@ -17,11 +17,9 @@ enum class Kind { i8, i4_symmetric, i4_zero_point, bf16 };
 // int4: the low and high nibbles of 16 bytes interleaved back into column order, then
 // (nibble ^ 8) - 8 sign-extends (symmetric) or nibble - zero (zero point), all in SSE2.
 template <Kind K>
-[[gnu::always_inline]] inline void dequantize_cols(const uint8_t* src, float s, int z, int64_t n,
-                                                   float* out) {
+[[gnu::always_inline]] inline void dequantize_cols(const uint8_t* src, float s, int z, int64_t n, float* out) {
   if constexpr (K == Kind::i8) {
-    for (int64_t k = 0; k < n; k += 16)
-      to_f32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + k)), s, out + k);
+    for (int64_t k = 0; k < n; k += 16) to_f32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + k)), s, out + k);
   } else {
     const __m128i low = _mm_set1_epi8(0x0F), flip = _mm_set1_epi8(K == Kind::i4_symmetric ? 8 : 0);
     const __m128i zero = _mm_set1_epi8(int8_t(z));
@@ -50,8 +48,8 @@ typedef float v16 __attribute__((vector_size(64)));
 constexpr int64_t kSpan = 256;
 
 template <Kind K, int MT, int OT>
-[[gnu::always_inline]] inline void f32_tile(const float* x, const QuantView& w, const float* b,
-                                            float* y, int64_t m0, int64_t o) {
+[[gnu::always_inline]] inline void f32_tile(const float* x, const QuantView& w, const float* b, float* y, int64_t m0,
+                                            int64_t o) {
   const int64_t I = w.cols, O = w.rows, G = w.group, ng = I / G;
   const int64_t wrow = K == Kind::i8 ? I : I / 2;
   alignas(64) float wb[OT][kSpan];
@@ -94,8 +92,8 @@ template <Kind K, int MT, int OT>
 // the high half), so the tile streams W as decode_linear streams f32 rows: OT rows of 2I bytes,
 // 16 columns at a time. I must be a multiple of 16.
 template <int MT, int OT>
-[[gnu::always_inline]] inline void bf16_tile(const float* x, const QuantView& w, const float* b,
-                                             float* y, int64_t m0, int64_t o) {
+[[gnu::always_inline]] inline void bf16_tile(const float* x, const QuantView& w, const float* b, float* y, int64_t m0,
+                                             int64_t o) {
   const int64_t I = w.cols, O = w.rows, wrow = 2 * I;
   const uint8_t* wt = w.q + o * wrow;
   v16 acc[MT][OT];
@@ -122,8 +120,8 @@ template <int MT, int OT>
 }
 
 template <Kind K, int MT, int OT>
-[[gnu::always_inline]] inline void f32_outs(const float* x, const QuantView& w, const float* b,
-                                            float* y, int64_t m0, int64_t o0, int64_t o1) {
+[[gnu::always_inline]] inline void f32_outs(const float* x, const QuantView& w, const float* b, float* y, int64_t m0,
+                                            int64_t o0, int64_t o1) {
   int64_t o = o0;
   if constexpr (K == Kind::bf16) {
     constexpr int BT = MT == 1 ? 2 * OT : OT;  // decode: more rows in flight, as decode_linear
@@ -136,8 +134,7 @@ template <Kind K, int MT, int OT>
 }
 
 template <Kind K, int MaxMT, int OT>
-void f32_rows_kind(const float* x, const QuantView& w, const float* b, float* y, int64_t M,
-                   int64_t o0, int64_t o1) {
+void f32_rows_kind(const float* x, const QuantView& w, const float* b, float* y, int64_t M, int64_t o0, int64_t o1) {
   int64_t m = 0;
   if constexpr (MaxMT >= 4)
     for (; m + 4 <= M; m += 4) f32_outs<K, 4, OT>(x, w, b, y, m, o0, o1);
@@ -146,8 +143,7 @@ void f32_rows_kind(const float* x, const QuantView& w, const float* b, float* y,
 }
 
 template <int MaxMT, int OT>
-void f32_rows(const float* x, const QuantView& w, const float* b, float* y, int64_t M, int64_t o0,
-              int64_t o1) {
+void f32_rows(const float* x, const QuantView& w, const float* b, float* y, int64_t M, int64_t o0, int64_t o1) {
   if (w.group % 16 != 0)
     f32_rows_any_group(x, w, b, y, M, o0, o1);
   else if (w.format == QuantFormat::bf16)

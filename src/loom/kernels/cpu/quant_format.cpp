@@ -27,15 +27,14 @@ namespace quant {
 
 void check_shape(QuantFormat f, int64_t O, int64_t I, int64_t group, bool zero_point) {
   const char* name = quant_format_name(f);
-  LOOM_CHECK(O >= 0 && I > 0, "quant", name, " weights of ", O, " x ", I,
-             ": need at least one input column");
+  LOOM_CHECK(O >= 0 && I > 0, "quant", name, " weights of ", O, " x ", I, ": need at least one input column");
   LOOM_CHECK(group > 0 && I % group == 0, "quant", "group=", group, " does not divide I=", I,
              ": use a group that divides the input width (e.g. 32, 64, 128), or group=I for one "
              "scale per output row");
-  LOOM_CHECK(f != QuantFormat::int4 || group % 2 == 0, "quant", "int4 packs two weights per byte ",
-             "but group=", group, " is odd: use an even group (e.g. 32, 64, 128)");
-  LOOM_CHECK(f == QuantFormat::int4 || !zero_point, "quant",
-             "zero points are for int4 only: quantize ", name, " without one (zero_point=false)");
+  LOOM_CHECK(f != QuantFormat::int4 || group % 2 == 0, "quant", "int4 packs two weights per byte ", "but group=", group,
+             " is odd: use an even group (e.g. 32, 64, 128)");
+  LOOM_CHECK(f == QuantFormat::int4 || !zero_point, "quant", "zero points are for int4 only: quantize ", name,
+             " without one (zero_point=false)");
   LOOM_CHECK(f != QuantFormat::bf16 || group == I, "quant", "bf16 weights have no scales, so no ",
              "groups: pass group=I (", I, "), not ", group);
 }
@@ -50,9 +49,8 @@ int64_t quant_bytes(QuantFormat f, int64_t O, int64_t I, int64_t group, bool zer
   return packed + groups * int64_t(sizeof(float)) + (zero_point ? groups : 0);
 }
 
-void quantize_weights(const float* w, int64_t O, int64_t I, QuantFormat f, int64_t group,
-                      bool zero_point, uint8_t* q, float* scales, uint8_t* zeros,
-                      int32_t* group_sums) {
+void quantize_weights(const float* w, int64_t O, int64_t I, QuantFormat f, int64_t group, bool zero_point, uint8_t* q,
+                      float* scales, uint8_t* zeros, int32_t* group_sums) {
   quant::check_shape(f, O, I, group, zero_point);
   if (f == QuantFormat::bf16) {
 #pragma omp parallel for schedule(static) if (O * I > (1 << 20))
@@ -87,8 +85,7 @@ void quantize_weights(const float* w, int64_t O, int64_t I, QuantFormat f, int64
       if (zero_point) zeros[o * ng + g] = uint8_t(zero);
       int32_t sum = 0;
       for (int64_t i = 0; i < group; ++i) {
-        const int v = scale > 0 ? std::clamp(int(std::nearbyint(src[i] / scale)) + zero, qmin, qmax)
-                                : zero;
+        const int v = scale > 0 ? std::clamp(int(std::nearbyint(src[i] / scale)) + zero, qmin, qmax) : zero;
         sum += v - zero;
         const int64_t col = g * group + i;
         if (f == QuantFormat::int8) {

@@ -56,8 +56,7 @@ T* grown(std::vector<T>& v, int64_t n) {
 }
 
 // Many rows on AVX512-VNNI: W repacked into panels of outputs (quant_vnni_gemm.cpp).
-void int_gemm(const float* x, const QuantView& w, const ActLayout& lay, const float* b, float* y,
-              int64_t M) {
+void int_gemm(const float* x, const QuantView& w, const ActLayout& lay, const float* b, float* y, int64_t M) {
   thread_local std::vector<uint8_t> xa;
   thread_local std::vector<float> sx;
   const int64_t I = w.cols;
@@ -132,9 +131,7 @@ void bf16_dot_linear(const float* x, const QuantView& w, const float* b, float* 
 
 void f32_linear(Path p, const float* x, const QuantView& w, const float* b, float* y, int64_t M) {
   if (M > kQuantBlasMinRows) return blas_linear(x, w, b, y, M);
-  const F32RowsFn rows = p == Path::avx512_f32 ? f32_rows_avx512
-                         : p == Path::avx2_f32 ? f32_rows_avx2
-                                               : f32_rows_base;
+  const F32RowsFn rows = p == Path::avx512_f32 ? f32_rows_avx512 : p == Path::avx2_f32 ? f32_rows_avx2 : f32_rows_base;
   const int64_t O = w.rows;
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t c = 0; c < (O + kRowChunk - 1) / kRowChunk; ++c)
@@ -170,8 +167,8 @@ bool path_runs_here(Path p) {
 
 std::vector<Path> runnable_paths() {
   std::vector<Path> out;
-  for (Path p : {Path::base_f32, Path::avx2_f32, Path::avx512_f32, Path::avx_vnni, Path::avx512_vnni,
-                 Path::avx512_bf16})
+  for (Path p :
+       {Path::base_f32, Path::avx2_f32, Path::avx512_f32, Path::avx_vnni, Path::avx512_vnni, Path::avx512_bf16})
     if (path_runs_here(p)) out.push_back(p);
   return out;
 }
@@ -201,8 +198,8 @@ ActLayout act_layout(const QuantView& w, int64_t chunk, bool stepped_ok) {
   const int64_t chunk_cols = w.format == QuantFormat::int8 ? chunk : 2 * chunk;
   l.step = std::max(l.block, chunk_cols);
   l.blocks_per_step = l.step / l.block;
-  l.stepped = stepped_ok && (l.block == 32 || l.block == 64 || l.block == 128) &&
-              G % l.block == 0 && l.step % chunk_cols == 0 && I % l.step == 0;
+  l.stepped = stepped_ok && (l.block == 32 || l.block == 64 || l.block == 128) && G % l.block == 0 &&
+              l.step % chunk_cols == 0 && I % l.step == 0;
   if (l.stepped) {
     l.step_bytes = l.step + 2 * chunk;
     l.row_bytes = I / l.step * l.step_bytes;
@@ -218,8 +215,7 @@ ActLayout act_layout(const QuantView& w, int64_t chunk, bool stepped_ok) {
   return l;
 }
 
-void quant_linear_with(Path p, const float* x, const QuantView& w, const float* b, float* y,
-                       int64_t M) {
+void quant_linear_with(Path p, const float* x, const QuantView& w, const float* b, float* y, int64_t M) {
   check_view(w);
   LOOM_CHECK(path_runs_here(p), "quant", "path ", path_name(p), " needs instructions this CPU lacks");
   LOOM_CHECK(!is_integer_path(p) || w.format != QuantFormat::bf16, "quant", "path ", path_name(p),
@@ -238,8 +234,7 @@ void quant_linear_with(Path p, const float* x, const QuantView& w, const float* 
 }  // namespace quant
 
 void quant_linear(const float* x, const QuantView& w, const float* b, float* y, int64_t M) {
-  static const quant::Path paths[3] = {quant::default_path(QuantFormat::int8),
-                                       quant::default_path(QuantFormat::int4),
+  static const quant::Path paths[3] = {quant::default_path(QuantFormat::int8), quant::default_path(QuantFormat::int4),
                                        quant::default_path(QuantFormat::bf16)};
   quant::quant_linear_with(paths[size_t(w.format)], x, w, b, y, M);
 }

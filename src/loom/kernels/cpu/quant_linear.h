@@ -49,9 +49,8 @@ int64_t quant_bytes(QuantFormat f, int64_t O, int64_t I, int64_t group, bool zer
 // (when zero_point) and group_sums when group_sums != nullptr. Throws loom::Error "[quant] ..." when group does not
 // divide I, for int4 with an odd group, for int8 or bf16 with a zero point, and for bf16 with a
 // group other than I.
-void quantize_weights(const float* w, int64_t O, int64_t I, QuantFormat f, int64_t group,
-                      bool zero_point, uint8_t* q, float* scales, uint8_t* zeros,
-                      int32_t* group_sums);
+void quantize_weights(const float* w, int64_t O, int64_t I, QuantFormat f, int64_t group, bool zero_point, uint8_t* q,
+                      float* scales, uint8_t* zeros, int32_t* group_sums);
 void dequantize_weights(const QuantView& w, float* out);  // out[O, I] f32
 
 // y[M, O] = x[M, I] W^T + b (b may be null), any M. OpenMP threads over output rows. Scratch

@@ -15,8 +15,8 @@ namespace loom::cpu::quant {
 
 // Any group: one dequantized row at a time, dotted with every x row in order (groups that are
 // not whole multiples of 16 columns: tests' odd shapes).
-void f32_rows_any_group(const float* x, const QuantView& w, const float* b, float* y, int64_t M,
-                        int64_t o0, int64_t o1) {
+void f32_rows_any_group(const float* x, const QuantView& w, const float* b, float* y, int64_t M, int64_t o0,
+                        int64_t o1) {
   thread_local std::vector<float> row;
   const int64_t I = w.cols, O = w.rows;
   if (int64_t(row.size()) < I) row.resize(size_t(I));
@@ -53,8 +53,7 @@ typedef float v16 __attribute__((vector_size(64)));
 #include "loom/kernels/cpu/quant_f32_impl.h"
 #undef LOOM_QUANT_ISA
 namespace loom::cpu::quant {
-void f32_rows_avx512(const float* x, const QuantView& w, const float* b, float* y, int64_t M,
-                     int64_t o0, int64_t o1) {
+void f32_rows_avx512(const float* x, const QuantView& w, const float* b, float* y, int64_t M, int64_t o0, int64_t o1) {
   avx512::f32_rows<4, 4>(x, w, b, y, M, o0, o1);
 }
 }  // namespace loom::cpu::quant
@@ -67,8 +66,7 @@ namespace loom::cpu::quant::avx2 {
 [[gnu::always_inline]] inline void to_f32(__m128i v, float s, float* out) {
   const __m256 sv = _mm256_set1_ps(s);
   _mm256_store_ps(out, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), sv));
-  _mm256_store_ps(out + 8,
-                  _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(v, v))), sv));
+  _mm256_store_ps(out + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(v, v))), sv));
 }
 typedef float v16 __attribute__((vector_size(64)));
 [[gnu::always_inline]] inline void load_bf16x16(v16* v, const uint8_t* p) {
@@ -84,8 +82,7 @@ typedef float v16 __attribute__((vector_size(64)));
 #include "loom/kernels/cpu/quant_f32_impl.h"
 #undef LOOM_QUANT_ISA
 namespace loom::cpu::quant {
-void f32_rows_avx2(const float* x, const QuantView& w, const float* b, float* y, int64_t M,
-                   int64_t o0, int64_t o1) {
+void f32_rows_avx2(const float* x, const QuantView& w, const float* b, float* y, int64_t M, int64_t o0, int64_t o1) {
   avx2::f32_rows<2, 2>(x, w, b, y, M, o0, o1);
 }
 }  // namespace loom::cpu::quant
@@ -118,8 +115,7 @@ typedef float v16 __attribute__((vector_size(64)));
 #include "loom/kernels/cpu/quant_f32_impl.h"
 #undef LOOM_QUANT_ISA
 namespace loom::cpu::quant {
-void f32_rows_base(const float* x, const QuantView& w, const float* b, float* y, int64_t M,
-                   int64_t o0, int64_t o1) {
+void f32_rows_base(const float* x, const QuantView& w, const float* b, float* y, int64_t M, int64_t o0, int64_t o1) {
   base::f32_rows<2, 2>(x, w, b, y, M, o0, o1);
 }
 }  // namespace loom::cpu::quant

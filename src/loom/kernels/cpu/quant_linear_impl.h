@@ -11,9 +11,9 @@ namespace loom::cpu::quant {
 
 enum class Path : uint8_t { base_f32, avx2_f32, avx512_f32, avx_vnni, avx512_vnni, avx512_bf16 };
 const char* path_name(Path p);
-bool path_runs_here(Path p);        // this CPU has the path's instructions
+bool path_runs_here(Path p);         // this CPU has the path's instructions
 std::vector<Path> runnable_paths();  // every path for which path_runs_here
-Path default_path(QuantFormat f);   // the fastest runnable path, honouring LOOM_ISA
+Path default_path(QuantFormat f);    // the fastest runnable path, honouring LOOM_ISA
 inline bool is_integer_path(Path p) { return p == Path::avx_vnni || p == Path::avx512_vnni; }
 // AVX512-BF16 dot products: bf16 weights only, with x rounded to bf16 (up to kQuantBlasMinRows
 // rows; above, W is widened for BLAS as on the f32 paths).
@@ -27,15 +27,14 @@ inline bool is_bf16_dot_path(Path p) { return p == Path::avx512_bf16; }
 // the 49 matrices of a decode step, int4 g64): 5.9 -> 4.0 ms per step; one core streaming
 // the head from DRAM: 6.1 -> 11.4 GB/s. 16 KiB, or prefetching into L2 only, was no better.
 // always_inline: GCC deems a prefetch free of side effects and drops calls it did not inline.
-[[gnu::always_inline]] inline void prefetch_next_tile(const uint8_t* tile, int64_t tile_bytes,
-                                                   int64_t from, int64_t to) {
+[[gnu::always_inline]] inline void prefetch_next_tile(const uint8_t* tile, int64_t tile_bytes, int64_t from,
+                                                      int64_t to) {
   const uint8_t* next = tile + tile_bytes + 4096;
   for (int64_t k = from & ~int64_t(63); k < to; k += 64) __builtin_prefetch(next + k, 0, 3);
 }
 
 // quant_linear on a given path.
-void quant_linear_with(Path p, const float* x, const QuantView& w, const float* b, float* y,
-                       int64_t M);
+void quant_linear_with(Path p, const float* x, const QuantView& w, const float* b, float* y, int64_t M);
 
 void check_shape(QuantFormat f, int64_t O, int64_t I, int64_t group, bool zero_point);
 void check_view(const QuantView& w);
@@ -53,8 +52,8 @@ void dequantize_row(const QuantView& w, int64_t o, float* out);  // out[I]
 //  - generic (any shape): blocks of whole zero-padded chunks, with scales and sums in the
 //    separate arrays of QuantActs.
 struct ActLayout {
-  int64_t chunk = 0;             // bytes per vector register (64 zmm, 32 ymm)
-  int64_t block = 0;             // columns per block
+  int64_t chunk = 0;  // bytes per vector register (64 zmm, 32 ymm)
+  int64_t block = 0;  // columns per block
   bool stepped = false;
   int64_t step = 0;              // stepped: columns per step
   int64_t blocks_per_step = 0;   // stepped: 1, 2 or 4
@@ -63,7 +62,7 @@ struct ActLayout {
   int64_t block_bytes = 0;       // generic: whole chunks of a full block
   int64_t group_bytes = 0;       // generic
   int64_t row_bytes = 0;
-  int64_t row_blocks = 0;        // generic
+  int64_t row_blocks = 0;  // generic
 };
 // chunk: the vector bytes of the kernel; stepped_ok: whether it has stepped kernels.
 ActLayout act_layout(const QuantView& w, int64_t chunk, bool stepped_ok = true);
@@ -76,23 +75,20 @@ struct QuantActs {
 };
 
 // Quantizes rows [m0, m1) of x[M, I] into the layout (buffers sized for all M rows).
-using QuantizeActsFn = void (*)(const float* x, const QuantView& w, const ActLayout& lay,
-                                int8_t* q, float* scale, int32_t* sum, int64_t m0, int64_t m1);
+using QuantizeActsFn = void (*)(const float* x, const QuantView& w, const ActLayout& lay, int8_t* q, float* scale,
+                                int32_t* sum, int64_t m0, int64_t m1);
 // Outputs [o0, o1) of y[M, O] for all M rows (the OpenMP region stays with the caller: GCC
 // outlines a parallel region's body into a function that would not inherit the target).
-using IntRowsFn = void (*)(const QuantActs& a, const QuantView& w, const float* b, float* y,
-                           int64_t M, int64_t o0, int64_t o1);
-using F32RowsFn = void (*)(const float* x, const QuantView& w, const float* b, float* y,
-                           int64_t M, int64_t o0, int64_t o1);
+using IntRowsFn = void (*)(const QuantActs& a, const QuantView& w, const float* b, float* y, int64_t M, int64_t o0,
+                           int64_t o1);
+using F32RowsFn = void (*)(const float* x, const QuantView& w, const float* b, float* y, int64_t M, int64_t o0,
+                           int64_t o1);
 
-void quantize_acts_avx512(const float*, const QuantView&, const ActLayout&, int8_t*, float*,
-                          int32_t*, int64_t, int64_t);
-void quantize_acts_avx2(const float*, const QuantView&, const ActLayout&, int8_t*, float*,
-                        int32_t*, int64_t, int64_t);
-void int_rows_avx512(const QuantActs&, const QuantView&, const float*, float*, int64_t, int64_t,
-                     int64_t);
-void int_rows_avx2(const QuantActs&, const QuantView&, const float*, float*, int64_t, int64_t,
-                   int64_t);
+void quantize_acts_avx512(const float*, const QuantView&, const ActLayout&, int8_t*, float*, int32_t*, int64_t,
+                          int64_t);
+void quantize_acts_avx2(const float*, const QuantView&, const ActLayout&, int8_t*, float*, int32_t*, int64_t, int64_t);
+void int_rows_avx512(const QuantActs&, const QuantView&, const float*, float*, int64_t, int64_t, int64_t);
+void int_rows_avx2(const QuantActs&, const QuantView&, const float*, float*, int64_t, int64_t, int64_t);
 // The many-rows kernel of AVX512-VNNI (quant_vnni_gemm.cpp): x as u8 (x + 128) [M, I] with
 // scales [M, I / block]; W packed per work item of 48 output rows. Used from kGemmMinRows rows
 // (measured on one core for 2304 x 768: the two kernels cross between 8 and 12 rows, where
@@ -100,25 +96,21 @@ void int_rows_avx2(const QuantActs&, const QuantView&, const float*, float*, int
 // It quantizes x exactly as the few-rows kernels do, so results differ only in f32 rounding.
 inline constexpr int64_t kGemmMinRows = 16;
 bool gemm_fits(const QuantView& w, const ActLayout& lay);
-void gemm_quantize_acts_avx512(const float* x, const QuantView& w, const ActLayout& lay, uint8_t* xa,
-                               float* sx, int64_t m0, int64_t m1);
+void gemm_quantize_acts_avx512(const float* x, const QuantView& w, const ActLayout& lay, uint8_t* xa, float* sx,
+                               int64_t m0, int64_t m1);
 int64_t gemm_items(const QuantView& w);
-void gemm_panels_avx512(const uint8_t* xa, const float* sx, const QuantView& w, const ActLayout& lay,
-                        const float* b, float* y, int64_t M, int64_t item);
+void gemm_panels_avx512(const uint8_t* xa, const float* sx, const QuantView& w, const ActLayout& lay, const float* b,
+                        float* y, int64_t M, int64_t item);
 
-void f32_rows_avx512(const float*, const QuantView&, const float*, float*, int64_t, int64_t,
-                     int64_t);
-void f32_rows_avx2(const float*, const QuantView&, const float*, float*, int64_t, int64_t,
-                   int64_t);
-void f32_rows_base(const float*, const QuantView&, const float*, float*, int64_t, int64_t,
-                   int64_t);
+void f32_rows_avx512(const float*, const QuantView&, const float*, float*, int64_t, int64_t, int64_t);
+void f32_rows_avx2(const float*, const QuantView&, const float*, float*, int64_t, int64_t, int64_t);
+void f32_rows_base(const float*, const QuantView&, const float*, float*, int64_t, int64_t, int64_t);
 // AVX512-BF16 (quant_bf16_avx512.cpp): x[n] rounded to bf16, and outputs [o0, o1) of bf16
 // weights for all M rows of the rounded x.
 void bf16_acts_avx512(const float* x, int64_t n, uint16_t* out);
-void bf16_rows_avx512(const uint16_t* xb, const QuantView& w, const float* b, float* y, int64_t M,
-                      int64_t o0, int64_t o1);
+void bf16_rows_avx512(const uint16_t* xb, const QuantView& w, const float* b, float* y, int64_t M, int64_t o0,
+                      int64_t o1);
 // Any group, one dequantized row at a time (the f32 kernels' fallback for odd groups).
-void f32_rows_any_group(const float*, const QuantView&, const float*, float*, int64_t, int64_t,
-                        int64_t);
+void f32_rows_any_group(const float*, const QuantView&, const float*, float*, int64_t, int64_t, int64_t);
 
 }  // namespace loom::cpu::quant

@@ -43,13 +43,13 @@ struct Ymm : YmmCommon {
 
 namespace loom::cpu::quant {
 
-void quantize_acts_avx2(const float* x, const QuantView& w, const ActLayout& lay, int8_t* q,
-                        float* scale, int32_t* sum, int64_t m0, int64_t m1) {
+void quantize_acts_avx2(const float* x, const QuantView& w, const ActLayout& lay, int8_t* q, float* scale, int32_t* sum,
+                        int64_t m0, int64_t m1) {
   avx2::quantize_acts(x, w, lay, q, scale, sum, m0, m1);
 }
 
-void int_rows_avx2(const QuantActs& a, const QuantView& w, const float* b, float* y, int64_t M,
-                   int64_t o0, int64_t o1) {
+void int_rows_avx2(const QuantActs& a, const QuantView& w, const float* b, float* y, int64_t M, int64_t o0,
+                   int64_t o1) {
   avx2::int_rows<avx2::Ymm>(a, w, b, y, M, o0, o1);
 }
 

@@ -32,17 +32,13 @@ struct Zmm {
   using F = __m512;
   using H = __m256i;
   static I load(const void* p) { return _mm512_loadu_si512(p); }
-  static I load_part(const void* p, int64_t n) {
-    return _mm512_maskz_loadu_epi8(_cvtu64_mask64(~0ull >> (64 - n)), p);
-  }
+  static I load_part(const void* p, int64_t n) { return _mm512_maskz_loadu_epi8(_cvtu64_mask64(~0ull >> (64 - n)), p); }
   static H load_half(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
   static H load_half_part(const void* p, int64_t n) {
     return _mm256_maskz_loadu_epi8(_cvtu32_mask32(~0u >> (32 - n)), p);
   }
   // [h, h >> 4]: low nibbles (even columns) then high nibbles (odd columns), before masking.
-  static I spread(H h) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(h), _mm256_srli_epi16(h, 4), 1);
-  }
+  static I spread(H h) { return _mm512_inserti64x4(_mm512_castsi256_si512(h), _mm256_srli_epi16(h, 4), 1); }
   static I bytes(int8_t v) { return _mm512_set1_epi8(v); }
   static I and_(I a, I b) { return _mm512_and_si512(a, b); }
   static I xor_(I a, I b) { return _mm512_xor_si512(a, b); }
@@ -70,8 +66,10 @@ struct Zmm {
   static F expand_u8(const uint8_t* p, int n, I idx) {
     if (n == 1) return _mm512_set1_ps(float(*p));
     uint32_t bits = 0;  // n is 2 or 4; constant sizes keep memcpy inline
-    if (n == 2) std::memcpy(&bits, p, 2);
-    else std::memcpy(&bits, p, 4);
+    if (n == 2)
+      std::memcpy(&bits, p, 2);
+    else
+      std::memcpy(&bits, p, 4);
     const __m512i z = _mm512_cvtepu8_epi32(_mm_cvtsi32_si128(int(bits)));
     return _mm512_cvtepi32_ps(_mm512_permutexvar_epi32(idx, z));
   }
@@ -85,9 +83,7 @@ struct Ymm : YmmCommon {
   static constexpr int64_t C = 32;
   static constexpr int max_rows = 4;
   static constexpr int out_tile(int mt) { return mt >= 4 ? 2 : 4; }
-  static I load_part(const void* p, int64_t n) {
-    return _mm256_maskz_loadu_epi8(_cvtu32_mask32(~0u >> (32 - n)), p);
-  }
+  static I load_part(const void* p, int64_t n) { return _mm256_maskz_loadu_epi8(_cvtu32_mask32(~0u >> (32 - n)), p); }
   static H load_half_part(const void* p, int64_t n) {
     return _mm_maskz_loadu_epi8(_cvtu32_mask16(0xFFFFu >> (16 - n)), p);
   }
@@ -103,13 +99,13 @@ struct Ymm : YmmCommon {
 
 namespace loom::cpu::quant {
 
-void quantize_acts_avx512(const float* x, const QuantView& w, const ActLayout& lay, int8_t* q,
-                          float* scale, int32_t* sum, int64_t m0, int64_t m1) {
+void quantize_acts_avx512(const float* x, const QuantView& w, const ActLayout& lay, int8_t* q, float* scale,
+                          int32_t* sum, int64_t m0, int64_t m1) {
   avx512::quantize_acts(x, w, lay, q, scale, sum, m0, m1);
 }
 
-void int_rows_avx512(const QuantActs& a, const QuantView& w, const float* b, float* y, int64_t M,
-                     int64_t o0, int64_t o1) {
+void int_rows_avx512(const QuantActs& a, const QuantView& w, const float* b, float* y, int64_t M, int64_t o0,
+                     int64_t o1) {
   if (a.lay.chunk == avx512::Zmm::C)
     avx512::int_rows<avx512::Zmm>(a, w, b, y, M, o0, o1);
   else

@@ -39,9 +39,8 @@ struct PanelLayout {
 // Weights of 16 rows (lanes past `rows` are zero) for columns [k, k + 4) of every lane, as
 // int8 in [-127, 127], from a 32-bit gather of each row's bytes.
 template <bool Int4, bool ZeroPoint>
-[[gnu::always_inline]] inline __m512i gather_quad(const uint8_t* q, const __m512i row_off,
-                                                  __mmask16 valid, int64_t k, __m512i zero_bytes,
-                                                  bool high) {
+[[gnu::always_inline]] inline __m512i gather_quad(const uint8_t* q, const __m512i row_off, __mmask16 valid, int64_t k,
+                                                  __m512i zero_bytes, bool high) {
   if constexpr (!Int4) {
     return _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, row_off, q + k, 1);
   } else {
@@ -82,8 +81,8 @@ void pack_panel(const QuantView& w, const ActLayout& L, int64_t o0, const PanelL
       if constexpr (ZeroPoint) z[j] = w.zeros[(o0 + j) * ng + g];
     }
     // each lane's zero point in all 4 of its bytes
-    const __m512i zero_bytes = _mm512_mullo_epi32(_mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(z))),
-                                                  _mm512_set1_epi32(0x01010101));
+    const __m512i zero_bytes = _mm512_mullo_epi32(
+        _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(z))), _mm512_set1_epi32(0x01010101));
     __m512i sum = _mm512_setzero_si512();
     for (int64_t k = k0; k < k0 + L.block; k += 4) {
       const __m512i v = gather_quad<Int4, ZeroPoint>(q, row_off, valid, k, zero_bytes, (k & 7) != 0);
@@ -97,10 +96,9 @@ void pack_panel(const QuantView& w, const ActLayout& L, int64_t o0, const PanelL
 
 // Rows [m0, m0 + MR) x panels [0, NP) of one work item.
 template <int MR, int NP>
-[[gnu::always_inline]] inline void panel_tile(const uint8_t* xa, const float* sx, const ActLayout& L,
-                                              int64_t I, const uint8_t* const* panels,
-                                              const PanelLayout& P, float* y, int64_t O, int64_t o0,
-                                              const float* b, int64_t m0) {
+[[gnu::always_inline]] inline void panel_tile(const uint8_t* xa, const float* sx, const ActLayout& L, int64_t I,
+                                              const uint8_t* const* panels, const PanelLayout& P, float* y, int64_t O,
+                                              int64_t o0, const float* b, int64_t m0) {
   __m512 acc[MR][NP];
   for (int m = 0; m < MR; ++m)
     for (int p = 0; p < NP; ++p) acc[m][p] = _mm512_setzero_ps();
@@ -150,8 +148,8 @@ bool gemm_fits(const QuantView& w, const ActLayout& L) {
   return (L.block == 32 || L.block == 64 || L.block == 128) && w.group % L.block == 0;
 }
 
-void gemm_quantize_acts_avx512(const float* x, const QuantView& w, const ActLayout& L, uint8_t* xa,
-                               float* sx, int64_t m0, int64_t m1) {
+void gemm_quantize_acts_avx512(const float* x, const QuantView& w, const ActLayout& L, uint8_t* xa, float* sx,
+                               int64_t m0, int64_t m1) {
   const int64_t I = w.cols, blocks = I / L.block;
   // Blocks are whole vectors (32, 64 or 128 floats; gemm_fits).
   const __m512 sign = _mm512_set1_ps(-0.0f);
@@ -160,7 +158,8 @@ void gemm_quantize_acts_avx512(const float* x, const QuantView& w, const ActLayo
     for (int64_t blk = 0; blk < blocks; ++blk) {
       const float* src = x + m * I + blk * L.block;
       __m512 vmax = _mm512_setzero_ps();
-      for (int64_t i = 0; i < L.block; i += 16) vmax = _mm512_max_ps(vmax, _mm512_andnot_ps(sign, _mm512_loadu_ps(src + i)));
+      for (int64_t i = 0; i < L.block; i += 16)
+        vmax = _mm512_max_ps(vmax, _mm512_andnot_ps(sign, _mm512_loadu_ps(src + i)));
       const float amax = _mm512_reduce_max_ps(vmax);
       sx[m * blocks + blk] = amax / 127.f;
       const __m512 inv = _mm512_set1_ps(amax > 0 ? 127.f / amax : 0.f);
@@ -172,8 +171,8 @@ void gemm_quantize_acts_avx512(const float* x, const QuantView& w, const ActLayo
     }
 }
 
-void gemm_panels_avx512(const uint8_t* xa, const float* sx, const QuantView& w, const ActLayout& L,
-                        const float* b, float* y, int64_t M, int64_t item) {
+void gemm_panels_avx512(const uint8_t* xa, const float* sx, const QuantView& w, const ActLayout& L, const float* b,
+                        float* y, int64_t M, int64_t item) {
   const int64_t I = w.cols, O = w.rows;
   const PanelLayout P{I / 4, I / L.block};
   const int64_t o0 = item * kPanels * kLanes;
@@ -184,14 +183,20 @@ void gemm_panels_avx512(const uint8_t* xa, const float* sx, const QuantView& w, 
   for (int p = 0; p < np; ++p) {
     uint8_t* out = buf.data() + p * P.bytes();
     const int64_t po = o0 + p * kLanes;
-    if (w.format == QuantFormat::int8) pack_panel<false, false>(w, L, po, P, out);
-    else if (w.zeros) pack_panel<true, true>(w, L, po, P, out);
-    else pack_panel<true, false>(w, L, po, P, out);
+    if (w.format == QuantFormat::int8)
+      pack_panel<false, false>(w, L, po, P, out);
+    else if (w.zeros)
+      pack_panel<true, true>(w, L, po, P, out);
+    else
+      pack_panel<true, false>(w, L, po, P, out);
     panels[p] = out;
   }
-  if (np == 3) panel_rows<3>(xa, sx, L, I, panels, P, y, O, o0, b, M);
-  else if (np == 2) panel_rows<2>(xa, sx, L, I, panels, P, y, O, o0, b, M);
-  else panel_rows<1>(xa, sx, L, I, panels, P, y, O, o0, b, M);
+  if (np == 3)
+    panel_rows<3>(xa, sx, L, I, panels, P, y, O, o0, b, M);
+  else if (np == 2)
+    panel_rows<2>(xa, sx, L, I, panels, P, y, O, o0, b, M);
+  else
+    panel_rows<1>(xa, sx, L, I, panels, P, y, O, o0, b, M);
 }
 
 int64_t gemm_items(const QuantView& w) { return (w.rows + kPanels * kLanes - 1) / (kPanels * kLanes); }

@@ -22,13 +22,11 @@ namespace loom::cpu::quant::LOOM_QUANT_ISA {
 // ---- activations ------------------------------------------------------------------------
 
 // Round to nearest even for |v| < 2^22 (the f32 mantissa trick; vectorises without SSE4.1).
-[[gnu::always_inline]] inline int32_t round_i32(float v) {
-  return int32_t((v + 12582912.0f) - 12582912.0f);
-}
+[[gnu::always_inline]] inline int32_t round_i32(float v) { return int32_t((v + 12582912.0f) - 12582912.0f); }
 
 template <bool Int4>
-[[gnu::always_inline]] inline void quantize_block(const float* x, int64_t len, int64_t C,
-                                                  int8_t* dst, float* scale, int32_t* sum) {
+[[gnu::always_inline]] inline void quantize_block(const float* x, int64_t len, int64_t C, int8_t* dst, float* scale,
+                                                  int32_t* sum) {
   float amax16[16] = {};
   int64_t i = 0;
   for (; i + 16 <= len; i += 16)
@@ -63,16 +61,16 @@ template <bool Int4>
 }
 
 template <bool Int4>
-inline void quantize_acts_rows(const float* x, const QuantView& w, const ActLayout& lay,
-                               int8_t* q, float* scale, int32_t* sum, int64_t m0, int64_t m1) {
+inline void quantize_acts_rows(const float* x, const QuantView& w, const ActLayout& lay, int8_t* q, float* scale,
+                               int32_t* sum, int64_t m0, int64_t m1) {
   const int64_t I = w.cols, G = w.group, ng = I / G;
   for (int64_t m = m0; m < m1; ++m)
     for (int64_t g = 0; g < ng; ++g)
       for (int64_t kb = 0; kb < lay.blocks_per_group; ++kb) {
         const int64_t col0 = g * G + kb * lay.block, blk = m * lay.row_blocks + g * lay.blocks_per_group + kb;
         quantize_block<Int4>(x + m * I + col0, std::min(lay.block, G - kb * lay.block), lay.chunk,
-                             q + m * lay.row_bytes + g * lay.group_bytes + kb * lay.block_bytes,
-                             scale + blk, sum + blk);
+                             q + m * lay.row_bytes + g * lay.group_bytes + kb * lay.block_bytes, scale + blk,
+                             sum + blk);
       }
 }
 
@@ -89,8 +87,7 @@ inline void quantize_steps_row(const float* x, const QuantView& w, const ActLayo
     for (int64_t b = 0; b < nbs; ++b) {
       float scale;
       int32_t sum;
-      quantize_block<false>(x + s * L.step + b * L.block, L.block, L.block, natural + b * L.block,
-                            &scale, &sum);
+      quantize_block<false>(x + s * L.step + b * L.block, L.block, L.block, natural + b * L.block, &scale, &sum);
       for (int64_t l = 0; l < per_block; ++l) scales[b * per_block + l] = scale;
       if (w.zeros) {
         const float f = float(sum);
@@ -114,13 +111,15 @@ inline void quantize_steps_row(const float* x, const QuantView& w, const ActLayo
   }
 }
 
-inline void quantize_acts(const float* x, const QuantView& w, const ActLayout& lay, int8_t* q,
-                          float* scale, int32_t* sum, int64_t m0, int64_t m1) {
+inline void quantize_acts(const float* x, const QuantView& w, const ActLayout& lay, int8_t* q, float* scale,
+                          int32_t* sum, int64_t m0, int64_t m1) {
   const bool int4 = w.format == QuantFormat::int4;
   if (lay.stepped) {
     for (int64_t m = m0; m < m1; ++m) {
-      if (int4) quantize_steps_row<true>(x + m * w.cols, w, lay, q + m * lay.row_bytes);
-      else quantize_steps_row<false>(x + m * w.cols, w, lay, q + m * lay.row_bytes);
+      if (int4)
+        quantize_steps_row<true>(x + m * w.cols, w, lay, q + m * lay.row_bytes);
+      else
+        quantize_steps_row<false>(x + m * w.cols, w, lay, q + m * lay.row_bytes);
     }
   } else if (int4) {
     quantize_acts_rows<true>(x, w, lay, q, scale, sum, m0, m1);
@@ -135,23 +134,24 @@ enum class Kind { i8, i4_symmetric, i4_zero_point };
 
 // The unsigned weights of columns [col, col + n) of a row (n == V::C unless Tail).
 template <class V, Kind K, bool Tail>
-[[gnu::always_inline]] inline typename V::I load_weights(const uint8_t* row, int64_t col, int64_t n,
-                                                         typename V::I low, typename V::I flip) {
+[[gnu::always_inline]] inline typename V::I load_weights(const uint8_t* row, int64_t col, int64_t n, typename V::I low,
+                                                         typename V::I flip) {
   if constexpr (K == Kind::i8) {
     return V::xor_(Tail ? V::load_part(row + col, n) : V::load(row + col), flip);
   } else {
     const auto h = Tail ? V::load_half_part(row + col / 2, n / 2) : V::load_half(row + col / 2);
-    if constexpr (K == Kind::i4_symmetric) return V::and_xor(V::spread(h), low, flip);
-    else return V::and_(V::spread(h), low);
+    if constexpr (K == Kind::i4_symmetric)
+      return V::and_xor(V::spread(h), low, flip);
+    else
+      return V::and_(V::spread(h), low);
   }
 }
 
 // One chunk of MT activation rows x OT weight rows into the int32 accumulators.
 template <class V, Kind K, int MT, int OT, bool Tail>
 [[gnu::always_inline]] inline void dot_chunk(typename V::I (&d)[MT][OT], const int8_t* const (&xr)[MT],
-                                             const uint8_t* const (&wr)[OT], int64_t xoff,
-                                             int64_t col, int64_t n, typename V::I low,
-                                             typename V::I flip) {
+                                             const uint8_t* const (&wr)[OT], int64_t xoff, int64_t col, int64_t n,
+                                             typename V::I low, typename V::I flip) {
   typename V::I xv[MT];
   for (int m = 0; m < MT; ++m) xv[m] = V::load(xr[m] + xoff);
   for (int t = 0; t < OT; ++t) {
@@ -163,8 +163,8 @@ template <class V, Kind K, int MT, int OT, bool Tail>
 // Outputs o..o+OT-1 of activation rows m0..m0+MT-1. Each output's arithmetic is the same
 // whatever MT, OT or its position, so a row's result does not depend on M.
 template <class V, Kind K, int MT, int OT>
-[[gnu::always_inline]] inline void int_tile(const QuantActs& a, const QuantView& w, const float* b,
-                                            float* y, int64_t m0, int64_t o) {
+[[gnu::always_inline]] inline void int_tile(const QuantActs& a, const QuantView& w, const float* b, float* y,
+                                            int64_t m0, int64_t o) {
   using I = typename V::I;
   using F = typename V::F;
   constexpr int64_t C = V::C;
@@ -194,16 +194,14 @@ template <class V, Kind K, int MT, int OT>
       I d[MT][OT];
       for (int m = 0; m < MT; ++m) {
         if constexpr (K == Kind::i4_zero_point) {
-          for (int t = 0; t < OT; ++t)
-            d[m][t] = V::lane0(-int32_t(w.zeros[(o + t) * ng + g]) * sumx[m][blk]);
+          for (int t = 0; t < OT; ++t) d[m][t] = V::lane0(-int32_t(w.zeros[(o + t) * ng + g]) * sumx[m][blk]);
         } else {
           const I c = V::lane0(-z_const * sumx[m][blk]);
           for (int t = 0; t < OT; ++t) d[m][t] = c;
         }
       }
       int64_t c = 0;
-      for (; c + C <= len; c += C)
-        dot_chunk<V, K, MT, OT, false>(d, xr, wr, xoff + c, col0 + c, C, low, flip);
+      for (; c + C <= len; c += C) dot_chunk<V, K, MT, OT, false>(d, xr, wr, xoff + c, col0 + c, C, low, flip);
       if (c < len) dot_chunk<V, K, MT, OT, true>(d, xr, wr, xoff + c, col0 + c, len - c, low, flip);
       for (int m = 0; m < MT; ++m)
         for (int t = 0; t < OT; ++t)
@@ -211,13 +209,12 @@ template <class V, Kind K, int MT, int OT>
     }
   }
   for (int m = 0; m < MT; ++m)
-    for (int t = 0; t < OT; ++t)
-      y[(m0 + m) * O + o + t] = V::hsum(acc[m][t]) + (b ? b[o + t] : 0.f);
+    for (int t = 0; t < OT; ++t) y[(m0 + m) * O + o + t] = V::hsum(acc[m][t]) + (b ? b[o + t] : 0.f);
 }
 
 template <class V, Kind K, int MT>
-[[gnu::always_inline]] inline void int_outs(const QuantActs& a, const QuantView& w, const float* b,
-                                            float* y, int64_t m0, int64_t o0, int64_t o1) {
+[[gnu::always_inline]] inline void int_outs(const QuantActs& a, const QuantView& w, const float* b, float* y,
+                                            int64_t m0, int64_t o0, int64_t o1) {
   constexpr int OT = V::out_tile(MT);
   int64_t o = o0;
   for (; o + OT <= o1; o += OT) int_tile<V, K, MT, OT>(a, w, b, y, m0, o);
@@ -227,8 +224,8 @@ template <class V, Kind K, int MT>
 // Outputs [o0, o1) for all M rows, in row tiles of at most V::max_rows (the range's weight rows
 // stay in cache between row tiles).
 template <class V, Kind K>
-void int_rows_kind(const QuantActs& a, const QuantView& w, const float* b, float* y, int64_t M,
-                   int64_t o0, int64_t o1) {
+void int_rows_kind(const QuantActs& a, const QuantView& w, const float* b, float* y, int64_t M, int64_t o0,
+                   int64_t o1) {
   int64_t m = 0;
   if constexpr (V::max_rows >= 4)
     for (; m + 4 <= M; m += 4) int_outs<V, K, 4>(a, w, b, y, m, o0, o1);
@@ -244,8 +241,8 @@ void int_rows_kind(const QuantActs& a, const QuantView& w, const float* b, float
 // blocks (up to 4) are scaled together by per-lane scale vectors and converted to f32 once.
 
 template <class V, Kind K, int CH, int MT, int OT, bool PerRow>
-[[gnu::always_inline]] inline void step_tile(const QuantActs& a, const QuantView& w, const float* b,
-                                             float* y, int64_t m0, int64_t o, typename V::I lane_block) {
+[[gnu::always_inline]] inline void step_tile(const QuantActs& a, const QuantView& w, const float* b, float* y,
+                                             int64_t m0, int64_t o, typename V::I lane_block) {
   using I = typename V::I;
   using F = typename V::F;
   constexpr int64_t C = V::C;
@@ -271,8 +268,7 @@ template <class V, Kind K, int CH, int MT, int OT, bool PerRow>
     }
     // This step's share of the next tile's bytes (see prefetch_next_tile).
     constexpr int64_t bytes_per_col_x2 = K == Kind::i8 ? 2 : 1;
-    prefetch_next_tile(wr[0], OT * wrow, OT * col * bytes_per_col_x2 / 2,
-                       OT * (col + L.step) * bytes_per_col_x2 / 2);
+    prefetch_next_tile(wr[0], OT * wrow, OT * col * bytes_per_col_x2 / 2, OT * (col + L.step) * bytes_per_col_x2 / 2);
     for (int64_t c = 0; c < CH * chunk_cols; c += chunk_cols) {  // unrolled: CH is 1, 2 or 4
       if constexpr (K == Kind::i8) {
         I xv[MT];
@@ -317,9 +313,8 @@ template <class V, Kind K, int CH, int MT, int OT, bool PerRow>
 }
 
 template <class V, Kind K, int CH, bool PerRow, int MT>
-[[gnu::always_inline]] inline void step_outs(const QuantActs& a, const QuantView& w, const float* b,
-                                             float* y, int64_t m0, int64_t o0, int64_t o1,
-                                             typename V::I lane_block) {
+[[gnu::always_inline]] inline void step_outs(const QuantActs& a, const QuantView& w, const float* b, float* y,
+                                             int64_t m0, int64_t o0, int64_t o1, typename V::I lane_block) {
   constexpr int OT = V::out_tile(MT);
   int64_t o = o0;
   for (; o + OT <= o1; o += OT) step_tile<V, K, CH, MT, OT, PerRow>(a, w, b, y, m0, o, lane_block);
@@ -328,8 +323,8 @@ template <class V, Kind K, int CH, bool PerRow, int MT>
 
 // CH: vectors per step (a block of 128 columns spans 2 or 4 of them, smaller blocks share one).
 template <class V, Kind K, int CH, bool PerRow>
-void step_rows_kind(const QuantActs& a, const QuantView& w, const float* b, float* y, int64_t M,
-                    int64_t o0, int64_t o1) {
+void step_rows_kind(const QuantActs& a, const QuantView& w, const float* b, float* y, int64_t M, int64_t o0,
+                    int64_t o1) {
   const typename V::I lane_block = V::lane_blocks(V::C / 4 / a.lay.blocks_per_step);
   int64_t m = 0;
   if constexpr (V::max_rows >= 4)
@@ -339,8 +334,7 @@ void step_rows_kind(const QuantActs& a, const QuantView& w, const float* b, floa
 }
 
 template <class V, Kind K>
-void step_rows(const QuantActs& a, const QuantView& w, const float* b, float* y, int64_t M,
-               int64_t o0, int64_t o1) {
+void step_rows(const QuantActs& a, const QuantView& w, const float* b, float* y, int64_t M, int64_t o0, int64_t o1) {
   constexpr int64_t chunk_cols = K == Kind::i8 ? V::C : 2 * V::C;
   // One scale per row: the scale multiplies the sum once at the end.
   const bool per_row = w.group == w.cols && a.lay.blocks_per_step == 1;
@@ -358,8 +352,7 @@ void step_rows(const QuantActs& a, const QuantView& w, const float* b, float* y,
 }
 
 template <class V>
-void int_rows(const QuantActs& a, const QuantView& w, const float* b, float* y, int64_t M,
-              int64_t o0, int64_t o1) {
+void int_rows(const QuantActs& a, const QuantView& w, const float* b, float* y, int64_t M, int64_t o0, int64_t o1) {
   if (a.lay.stepped) {
     if (w.format == QuantFormat::int8)
       step_rows<V, Kind::i8>(a, w, b, y, M, o0, o1);

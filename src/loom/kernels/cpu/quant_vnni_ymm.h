@@ -11,9 +11,7 @@ struct YmmCommon {
   using H = __m128i;
   static I load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
   static H load_half(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
-  static I spread(H h) {
-    return _mm256_inserti128_si256(_mm256_castsi128_si256(h), _mm_srli_epi16(h, 4), 1);
-  }
+  static I spread(H h) { return _mm256_inserti128_si256(_mm256_castsi128_si256(h), _mm_srli_epi16(h, 4), 1); }
   static I bytes(int8_t v) { return _mm256_set1_epi8(v); }
   static I and_(I a, I b) { return _mm256_and_si256(a, b); }
   static I xor_(I a, I b) { return _mm256_xor_si256(a, b); }
@@ -38,8 +36,10 @@ struct YmmCommon {
   static F expand_u8(const uint8_t* p, int n, I idx) {
     if (n == 1) return _mm256_set1_ps(float(*p));
     uint32_t bits = 0;  // n is 2 or 4; constant sizes keep memcpy inline
-    if (n == 2) std::memcpy(&bits, p, 2);
-    else std::memcpy(&bits, p, 4);
+    if (n == 2)
+      std::memcpy(&bits, p, 2);
+    else
+      std::memcpy(&bits, p, 4);
     const __m256i z = _mm256_cvtepu8_epi32(_mm_cvtsi32_si128(int(bits)));
     return _mm256_cvtepi32_ps(_mm256_permutevar8x32_epi32(z, idx));
   }

@@ -8,8 +8,8 @@
 namespace loom::cpu {
 
 template <class T>
-void rope_apply(T* x, int64_t rows, int64_t stride, int64_t col0, int64_t n_heads, int64_t D,
-                const int32_t* pos, double theta, bool inverse) {
+void rope_apply(T* x, int64_t rows, int64_t stride, int64_t col0, int64_t n_heads, int64_t D, const int32_t* pos,
+                double theta, bool inverse) {
   const int64_t half = D / 2;
   std::vector<double> inv_freq(static_cast<size_t>(half));
   for (int64_t i = 0; i < half; ++i) inv_freq[size_t(i)] = std::pow(theta, -double(2 * i) / double(D));
@@ -37,9 +37,7 @@ void rope_apply(T* x, int64_t rows, int64_t stride, int64_t col0, int64_t n_head
   }
 }
 
-template void rope_apply<float>(float*, int64_t, int64_t, int64_t, int64_t, int64_t, const int32_t*,
-                                double, bool);
-template void rope_apply<double>(double*, int64_t, int64_t, int64_t, int64_t, int64_t,
-                                 const int32_t*, double, bool);
+template void rope_apply<float>(float*, int64_t, int64_t, int64_t, int64_t, int64_t, const int32_t*, double, bool);
+template void rope_apply<double>(double*, int64_t, int64_t, int64_t, int64_t, int64_t, const int32_t*, double, bool);
 
 }  // namespace loom::cpu

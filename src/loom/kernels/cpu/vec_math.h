@@ -26,13 +26,29 @@ inline float exp_f32(float x) {
   return p * std::bit_cast<float>((ni + 127) << 23);
 }
 
-template <class T> inline T vexp(T x);
-template <> inline float vexp<float>(float x) { return exp_f32(x); }
-template <> inline double vexp<double>(double x) { return std::exp(x); }
+template <class T>
+inline T vexp(T x);
+template <>
+inline float vexp<float>(float x) {
+  return exp_f32(x);
+}
+template <>
+inline double vexp<double>(double x) {
+  return std::exp(x);
+}
 
-template <class T> inline T vtanh(T x) { return T(1) - T(2) / (vexp<T>(T(2) * x) + T(1)); }
-template <> inline double vtanh<double>(double x) { return std::tanh(x); }
+template <class T>
+inline T vtanh(T x) {
+  return T(1) - T(2) / (vexp<T>(T(2) * x) + T(1));
+}
+template <>
+inline double vtanh<double>(double x) {
+  return std::tanh(x);
+}
 
-template <class T> inline T vsigmoid(T x) { return T(1) / (T(1) + vexp<T>(-x)); }
+template <class T>
+inline T vsigmoid(T x) {
+  return T(1) / (T(1) + vexp<T>(-x));
+}
 
 }  // namespace loom::cpu

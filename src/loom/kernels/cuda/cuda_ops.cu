@@ -107,14 +107,14 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Ten
   }
   // Row-major y[N,O] = x[N,I] w[O,I]^T is column-major y^T[O,N] = w^T[O,I] x^T[I,N].
   const float alpha = 1.0f;
-  check(cublasSgemm(blas(), CUBLAS_OP_T, CUBLAS_OP_N, int(O), int(N), int(I), &alpha, w.device_data<float>(),
-                    int(I), x.device_data<float>(), int(I), &beta, y.device_data<float>(), int(O)),
+  check(cublasSgemm(blas(), CUBLAS_OP_T, CUBLAS_OP_N, int(O), int(N), int(I), &alpha, w.device_data<float>(), int(I),
+                    x.device_data<float>(), int(I), &beta, y.device_data<float>(), int(O)),
         "cublasSgemm");
 }
 
 void gelu_forward(const Tensor& x, const Tensor& y) {
-  LOOM_CHECK(x.dtype() == DType::f32 && x.device() == Device::cuda && y.device() == Device::cuda,
-             "gelu", "CUDA GELU needs f32 device tensors, got ", x.describe());
+  LOOM_CHECK(x.dtype() == DType::f32 && x.device() == Device::cuda && y.device() == Device::cuda, "gelu",
+             "CUDA GELU needs f32 device tensors, got ", x.describe());
   if (x.numel() == 0) return;  // zero blocks is an invalid launch
   gelu_kernel<<<blocks_for(x.numel()), 256>>>(x.device_data<float>(), y.device_data<float>(), x.numel());
   check(cudaGetLastError(), "gelu_kernel");

@@ -24,7 +24,7 @@ std::vector<EdgeModelSource> parse_edge_models(const std::string& spec) {
     const size_t eq = item.find('=');
     if (eq == std::string::npos || eq == 0 || eq + 1 == item.size())
       fail("serve", "--edge-models '", spec, "': expected VARIANT=DIR[,VARIANT=DIR], e.g. ",
-                               "int8=runs/edge-int8,int4=runs/edge-int4");
+           "int8=runs/edge-int8,int4=runs/edge-int4");
     EdgeModelSource s{item.substr(0, eq), item.substr(eq + 1)};
     if (s.variant != "int8" && s.variant != "int4")
       fail("serve", "--edge-models: variant '", s.variant, "' is not int8 or int4");
@@ -38,8 +38,11 @@ std::vector<EdgeModelSource> parse_edge_models(const std::string& spec) {
 
 CenterPublisher::CenterPublisher(std::string model_name, ModelVersion center, std::string tokenizer_name,
                                  std::string tokenizer_sha256, std::vector<EdgeModelSource> sources)
-    : model_name_(std::move(model_name)), tokenizer_name_(std::move(tokenizer_name)),
-      tokenizer_sha256_(std::move(tokenizer_sha256)), center_(std::move(center)), sources_(std::move(sources)) {}
+    : model_name_(std::move(model_name)),
+      tokenizer_name_(std::move(tokenizer_name)),
+      tokenizer_sha256_(std::move(tokenizer_sha256)),
+      center_(std::move(center)),
+      sources_(std::move(sources)) {}
 
 void CenterPublisher::publish() {
   json edge_models = json::object();
@@ -63,24 +66,24 @@ void CenterPublisher::publish() {
     LOOM_CHECK(!config_sha.empty(), "cascade", "edge model ", s.variant, " at ", s.dir, " has no config.json");
     std::sort(pub.files.begin(), pub.files.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
     const ModelVersion v = checkpoint_version(pub.dir, tokenizer_sha256_);
-    LOOM_CHECK(v.hash == version_hash(weights_sha, config_sha, tokenizer_sha256_), "cascade", "edge model ",
-               s.variant, " at ", s.dir, " changed while it was being published; publish again");
+    LOOM_CHECK(v.hash == version_hash(weights_sha, config_sha, tokenizer_sha256_), "cascade", "edge model ", s.variant,
+               " at ", s.dir, " changed while it was being published; publish again");
     json files = json::array();
     int64_t total = 0;
     for (const auto& f : pub.files) {
       files.push_back({{"name", f.name}, {"bytes", f.bytes}, {"sha256", f.sha256}});
       total += f.bytes;
     }
-    edge_models[s.variant] = {{"version", v.id()}, {"label", v.label}, {"hash", v.hash},
-                              {"bytes", total}, {"files", files}};
+    edge_models[s.variant] = {
+        {"version", v.id()}, {"label", v.label}, {"hash", v.hash}, {"bytes", total}, {"files", files}};
     found[v.hash] = std::move(pub);
   }
-  json m = {{"format", "loom-cascade-manifest"},
-            {"center", {{"model", model_name_}, {"version", center_.id()}, {"label", center_.label},
-                        {"hash", center_.hash}}},
-            {"tokenizer", {{"name", tokenizer_name_}, {"hash", tokenizer_sha256_}}},
-            {"edge_models", edge_models},
-            {"published", int64_t(std::time(nullptr))}};
+  json m = {
+      {"format", "loom-cascade-manifest"},
+      {"center", {{"model", model_name_}, {"version", center_.id()}, {"label", center_.label}, {"hash", center_.hash}}},
+      {"tokenizer", {{"name", tokenizer_name_}, {"hash", tokenizer_sha256_}}},
+      {"edge_models", edge_models},
+      {"published", int64_t(std::time(nullptr))}};
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& [hash, pub] : found) published_[hash] = std::move(pub);
   manifest_ = std::move(m);
@@ -121,7 +124,8 @@ void CenterPublisher::serve_file(HttpExchange& ex) {
         }
   }
   if (path.empty())
-    return ex.respond(error_response(error_for_status(404, str_cat("no published file ", rest, "; see GET /v1/cascade/manifest"))));
+    return ex.respond(
+        error_response(error_for_status(404, str_cat("no published file ", rest, "; see GET /v1/cascade/manifest"))));
   std::ifstream in(path, std::ios::binary);
   if (!in) return ex.respond(error_response(error_for_status(500, str_cat("cannot read the published file ", name))));
   if (!ex.start_stream(200, "application/octet-stream", {{"X-Loom-File-Bytes", std::to_string(bytes)}})) return;

@@ -30,8 +30,8 @@ struct PublishedFile {
 
 class CenterPublisher {
  public:
-  CenterPublisher(std::string model_name, ModelVersion center, std::string tokenizer_name,
-                  std::string tokenizer_sha256, std::vector<EdgeModelSource> sources);
+  CenterPublisher(std::string model_name, ModelVersion center, std::string tokenizer_name, std::string tokenizer_sha256,
+                  std::vector<EdgeModelSource> sources);
   // (Re)reads every source directory and hashes its files: the manifest then offers what they
   // hold now. Versions published before stay downloadable, so an edge in the middle of a
   // download finishes it. Throws "[cascade] ..." naming the directory; the manifest is then

@@ -42,7 +42,7 @@ HeaderList relayed_headers(const ClientResponse& r) {
 void EdgeOptions::validate() const {
   if (!(threshold >= 0 && threshold <= 1))
     fail("serve", "--confidence-threshold ", threshold, " is outside [0, 1]: 0 answers every ",
-                             "request at the edge, 1 forwards all but certain ones");
+         "request at the edge, 1 forwards all but certain ones");
   if (window < 1) fail("serve", "--window ", window, " must be at least 1 token");
   if (!(poll_interval_s > 0)) fail("serve", "--poll-interval must be > 0 seconds");
   if (quant != "auto" && quant != "int8" && quant != "int4")
@@ -80,8 +80,13 @@ QuantChoice choose_quant(const EdgeOptions& opt, const LinkEstimate& link, int64
 
 Edge::Edge(EdgeOptions opt, std::string tokenizer_sha256, ModelVersion local, EngineLoader load,
            EngineInstaller install, MetricsRegistry* metrics)
-    : opt_(std::move(opt)), center_(parse_url(opt_.center_url)), tokenizer_sha256_(std::move(tokenizer_sha256)),
-      load_(std::move(load)), install_(std::move(install)), metrics_(metrics), current_(std::move(local)) {
+    : opt_(std::move(opt)),
+      center_(parse_url(opt_.center_url)),
+      tokenizer_sha256_(std::move(tokenizer_sha256)),
+      load_(std::move(load)),
+      install_(std::move(install)),
+      metrics_(metrics),
+      current_(std::move(local)) {
   opt_.validate();
   LOOM_CHECK(!opt_.cache_dir.empty(), "serve", "the edge needs a --cache-dir for downloaded models");
   poll_client_ = std::make_unique<HttpClient>(center_.host, center_.port, std::min(opt_.timeout_s, 30.0));
@@ -106,17 +111,22 @@ void Edge::loop() {
   while (true) {
     poll_once();
     std::unique_lock<std::mutex> lock(stop_mu_);
-    if (stop_cv_.wait_for(lock, std::chrono::duration<double>(opt_.poll_interval_s), [&] { return stopping_; }))
-      return;
+    if (stop_cv_.wait_for(lock, std::chrono::duration<double>(opt_.poll_interval_s), [&] { return stopping_; })) return;
   }
 }
 
 json Edge::status() const {
   std::lock_guard<std::mutex> lock(mu_);
   auto num = [](double v) { return std::isfinite(v) ? json(v) : json(nullptr); };
-  return {{"version", current_.id()}, {"variant", current_variant_}, {"choice", last_choice_}, {"choice_why", last_why_},
-          {"center_version", center_version_}, {"center_up", center_up_}, {"tokenizer_mismatch", tokenizer_mismatch_},
-          {"polled", polled_}, {"link", {{"rtt_s", num(link_.rtt_s)}, {"bandwidth_bps", num(link_.bandwidth_bps)}}}};
+  return {{"version", current_.id()},
+          {"variant", current_variant_},
+          {"choice", last_choice_},
+          {"choice_why", last_why_},
+          {"center_version", center_version_},
+          {"center_up", center_up_},
+          {"tokenizer_mismatch", tokenizer_mismatch_},
+          {"polled", polled_},
+          {"link", {{"rtt_s", num(link_.rtt_s)}, {"bandwidth_bps", num(link_.bandwidth_bps)}}}};
 }
 
 ServeOptions::Route Edge::status_route() {
@@ -180,7 +190,8 @@ void Edge::poll_once() {
                "loom-cascade-manifest; is --center a loom serve --role center?");
     std::lock_guard<std::mutex> lock(mu_);
     link_.rtt_s = std::isfinite(link_.rtt_s) ? 0.7 * link_.rtt_s + 0.3 * rtt : rtt;
-    metrics_->gauge("loom_cascade_link_rtt_seconds", "the edge's estimate of its round trip to the center").set(link_.rtt_s);
+    metrics_->gauge("loom_cascade_link_rtt_seconds", "the edge's estimate of its round trip to the center")
+        .set(link_.rtt_s);
     if (!center_up_) std::fprintf(stderr, "[cascade] center %s reachable\n", opt_.center_url.c_str());
     center_up_ = true;
   } catch (const std::exception& e) {
@@ -197,7 +208,8 @@ void Edge::poll_once() {
     std::lock_guard<std::mutex> lock(mu_);
     const bool mismatch = center_tok != tokenizer_sha256_;
     if (mismatch && !tokenizer_mismatch_)
-      std::fprintf(stderr, "[cascade] the center's tokenizer (%s, %.12s) differs from the edge's (%.12s): this edge "
+      std::fprintf(stderr,
+                   "[cascade] the center's tokenizer (%s, %.12s) differs from the edge's (%.12s): this edge "
                    "will not forward to it or take its models; give both the same tokenizer\n",
                    m["tokenizer"].value("name", "?").c_str(), center_tok.c_str(), tokenizer_sha256_.c_str());
     tokenizer_mismatch_ = mismatch;
@@ -240,7 +252,8 @@ void Edge::poll_once() {
 void Edge::refuse(const std::string& hash, const std::string& id, const std::string& why) {
   std::lock_guard<std::mutex> lock(mu_);
   refused_.insert(hash);
-  std::fprintf(stderr, "[cascade] refused edge model %s: %s; keeping %s\n", id.c_str(), why.c_str(), current_.id().c_str());
+  std::fprintf(stderr, "[cascade] refused edge model %s: %s; keeping %s\n", id.c_str(), why.c_str(),
+               current_.id().c_str());
   metrics_->counter("loom_cascade_model_updates_total", "edge model updates by result", {{"result", "refused"}}).inc();
 }
 
@@ -267,9 +280,10 @@ void Edge::update(const json& target, const std::string& variant) {
         note_bandwidth(double(r.body.size()), file_sw.seconds());
         const std::string got = io::sha256_hex(r.body);
         if (int64_t(r.body.size()) != f.value("bytes", int64_t(-1)) || got != want)
-          return refuse(hash, id, str_cat("file ", name, " has ", r.body.size(), " bytes with SHA-256 ", got.substr(0, 12),
-                                          ", the manifest says ", f.value("bytes", int64_t(-1)), " bytes with ",
-                                          want.substr(0, 12)));
+          return refuse(
+              hash, id,
+              str_cat("file ", name, " has ", r.body.size(), " bytes with SHA-256 ", got.substr(0, 12),
+                      ", the manifest says ", f.value("bytes", int64_t(-1)), " bytes with ", want.substr(0, 12)));
         io::write_file_atomic((partial / name).string(), r.body);
         total += int64_t(r.body.size());
         if (name == "config.json") config_sha = got;
@@ -277,8 +291,9 @@ void Edge::update(const json& target, const std::string& variant) {
       }
       const std::string rebuilt = version_hash(weights_sha, config_sha, tokenizer_sha256_);
       if (rebuilt != hash)
-        return refuse(hash, id, str_cat("its files hash to version ", rebuilt.substr(0, 12),
-                                        ", not the manifest's ", hash.substr(0, 12)));
+        return refuse(
+            hash, id,
+            str_cat("its files hash to version ", rebuilt.substr(0, 12), ", not the manifest's ", hash.substr(0, 12)));
       io::write_file_atomic((partial / ".verified").string(), id + "\n");
       fs::remove_all(dir);
       fs::rename(partial, dir);
@@ -299,12 +314,14 @@ void Edge::update(const json& target, const std::string& variant) {
   }
   install_(std::move(engine));
   std::lock_guard<std::mutex> lock(mu_);
-  std::fprintf(stderr, "[cascade] switched to edge model %s (%s, %.1f MB downloaded in %.1f s, loaded in %.1f s), was %s\n",
+  std::fprintf(stderr,
+               "[cascade] switched to edge model %s (%s, %.1f MB downloaded in %.1f s, loaded in %.1f s), was %s\n",
                version.id().c_str(), variant.c_str(), double(total) / 1e6, download_s, sw.seconds() - download_s,
                current_.id().c_str());
   current_ = version;
   current_variant_ = variant;
-  metrics_->counter("loom_cascade_model_updates_total", "edge model updates by result", {{"result", "installed"}}).inc();
+  metrics_->counter("loom_cascade_model_updates_total", "edge model updates by result", {{"result", "installed"}})
+      .inc();
 }
 
 std::unique_ptr<HttpClient> Edge::take_client() {
@@ -324,7 +341,8 @@ EdgeHook::ForwardResult Edge::forward(HttpExchange& ex, const HeaderList& header
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (tokenizer_mismatch_)
-      return {Forwarded::unreachable, "the center's tokenizer differs from the edge's; the edge never forwards to it", ""};
+      return {Forwarded::unreachable, "the center's tokenizer differs from the edge's; the edge never forwards to it",
+              ""};
   }
   const HttpRequest& req = ex.request();
   // The center answers with its own model, whichever model of the cascade the client named.
@@ -357,8 +375,8 @@ EdgeHook::ForwardResult Edge::forward(HttpExchange& ex, const HeaderList& header
   ClientResponse head;
   for (int attempt = 0;; ++attempt) {
     try {
-      head = stream ? client->start_stream("POST", req.target, body, out)
-                    : client->request("POST", req.target, body, out);
+      head =
+          stream ? client->start_stream("POST", req.target, body, out) : client->request("POST", req.target, body, out);
       break;
     } catch (const std::exception& e) {
       client->close();
@@ -375,7 +393,8 @@ EdgeHook::ForwardResult Edge::forward(HttpExchange& ex, const HeaderList& header
   }
   HeaderList relay = relayed_headers(head);
   relay.insert(relay.end(), headers.begin(), headers.end());
-  ForwardResult result{Forwarded::done, "", head.header("x-loom-model-version") ? *head.header("x-loom-model-version") : ""};
+  ForwardResult result{Forwarded::done, "",
+                       head.header("x-loom-model-version") ? *head.header("x-loom-model-version") : ""};
   if (!stream) {
     HttpResponse r;
     r.status = head.status;
@@ -399,8 +418,9 @@ EdgeHook::ForwardResult Edge::forward(HttpExchange& ex, const HeaderList& header
     ex.end_stream();
     keep_client(std::move(client));
   } catch (const std::exception& e) {
-    ex.send_chunk("data: " + error_response(error_for_status(502, str_cat("the center failed mid-stream: ", e.what()))).body +
-                  "\n\n");
+    ex.send_chunk(
+        "data: " + error_response(error_for_status(502, str_cat("the center failed mid-stream: ", e.what()))).body +
+        "\n\n");
     ex.end_stream();
   }
   return result;

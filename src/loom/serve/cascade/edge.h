@@ -24,21 +24,21 @@
 namespace loom::serve::cascade {
 
 struct EdgeOptions {
-  std::string center_url;               // http://host:port of the center
-  double threshold = 0.5;               // confidence in [0, 1] at or above which the edge answers
-  int64_t window = 16;                  // tokens the confidence is measured over
-  bool local_when_center_down = true;   // false: 503 when the edge would forward but cannot
-  double poll_interval_s = 10;          // manifest polls
-  std::string cache_dir;                // downloaded models, one directory per version hash
-  std::string api_key;                  // sent to the center when the client sent none
-  double timeout_s = 300;               // a forward's or a download's socket timeout
+  std::string center_url;              // http://host:port of the center
+  double threshold = 0.5;              // confidence in [0, 1] at or above which the edge answers
+  int64_t window = 16;                 // tokens the confidence is measured over
+  bool local_when_center_down = true;  // false: 503 when the edge would forward but cannot
+  double poll_interval_s = 10;         // manifest polls
+  std::string cache_dir;               // downloaded models, one directory per version hash
+  std::string api_key;                 // sent to the center when the client sent none
+  double timeout_s = 300;              // a forward's or a download's socket timeout
   // Adaptive weights: "auto" picks int4 when the link is slower than int4_below_mbps, its
   // round trip longer than int4_above_rtt_ms, or the int8 model larger than half the memory
   // budget; "int8"/"int4" fix the choice.
   std::string quant = "auto";
   double int4_below_mbps = 50;
   double int4_above_rtt_ms = 200;
-  int64_t memory_budget_bytes = 0;      // 0: the machine's MemAvailable
+  int64_t memory_budget_bytes = 0;  // 0: the machine's MemAvailable
   // Throws "[serve] --<option> ..." naming a bad value.
   void validate() const;
 };
@@ -63,8 +63,8 @@ using EngineInstaller = std::function<void(std::shared_ptr<Engine>)>;
 class Edge final : public EdgeHook {
  public:
   // `local`: the version of the model the edge starts with. `metrics` must outlive the edge.
-  Edge(EdgeOptions opt, std::string tokenizer_sha256, ModelVersion local, EngineLoader load,
-       EngineInstaller install, MetricsRegistry* metrics);
+  Edge(EdgeOptions opt, std::string tokenizer_sha256, ModelVersion local, EngineLoader load, EngineInstaller install,
+       MetricsRegistry* metrics);
   ~Edge() override;
   void start();      // polls now, then every poll_interval_s, on its own thread
   void stop();       // idempotent; waits for a download in flight to end
@@ -110,7 +110,7 @@ class Edge final : public EdgeHook {
   std::string center_version_, center_model_;
   bool center_up_ = false, tokenizer_mismatch_ = false;
   std::string last_choice_, last_why_;
-  bool polled_ = false;  // a manifest has been read at least once
+  bool polled_ = false;            // a manifest has been read at least once
   std::set<std::string> refused_;  // version hashes that failed verification or loading
 
   std::mutex pool_mu_;

@@ -26,7 +26,8 @@ std::string tokenizer_hash(const TextTokenizer& tok) {
 std::string weights_file(const std::string& dir) {
   for (const char* name : {"quant.safetensors", "model.safetensors"})
     if (fs::is_regular_file(fs::path(dir) / name)) return name;
-  fail("cascade", dir, " has neither quant.safetensors nor model.safetensors; give a checkpoint directory "
+  fail("cascade", dir,
+       " has neither quant.safetensors nor model.safetensors; give a checkpoint directory "
        "(DIR/step_N) or a `loom quantize` output");
 }
 
@@ -52,8 +53,7 @@ std::string label_of(const std::string& dir) {
 
 }  // namespace
 
-ModelVersion checkpoint_version(const std::string& dir, const std::string& tokenizer_sha256,
-                                const std::string& label) {
+ModelVersion checkpoint_version(const std::string& dir, const std::string& tokenizer_sha256, const std::string& label) {
   const std::string weights = io::sha256_file((fs::path(dir) / weights_file(dir)).string());
   const std::string config = io::sha256_file((fs::path(dir) / "config.json").string());
   return {label.empty() ? label_of(dir) : label, version_hash(weights, config, tokenizer_sha256)};

@@ -10,8 +10,8 @@
 #include <random>
 #include <thread>
 
-#include "loom/core/stats.h"
 #include "loom/core/error.h"
+#include "loom/core/stats.h"
 #include "loom/core/timer.h"
 #include "loom/serve/client/http_client.h"
 
@@ -83,8 +83,10 @@ void one_request(const Url& url, const BenchOptions& opt, const std::string& mod
       if (!choices.is_array() || choices.empty()) continue;
       const json& text = choices[0]["text"];
       if (!text.is_string() || text.get<std::string>().empty()) continue;
-      if (t_last == 0) s->ttft = t - s->t_start;
-      else s->gaps.push_back(t - t_last);
+      if (t_last == 0)
+        s->ttft = t - s->t_start;
+      else
+        s->gaps.push_back(t - t_last);
       t_last = t;
     }
     s->t_end = now_seconds();
@@ -176,15 +178,28 @@ BenchReport run_serve_benchmark(const BenchOptions& opt, const std::function<voi
 
 std::string bench_summary_json(const BenchOptions& opt, const BenchReport& r) {
   auto ms = [](const LatencyStats& s) {
-    return json{{"count", s.count}, {"mean_ms", s.mean * 1e3}, {"p50_ms", s.p50 * 1e3},
-                {"p99_ms", s.p99 * 1e3}, {"max_ms", s.max * 1e3}};
+    return json{{"count", s.count},
+                {"mean_ms", s.mean * 1e3},
+                {"p50_ms", s.p50 * 1e3},
+                {"p99_ms", s.p99 * 1e3},
+                {"max_ms", s.max * 1e3}};
   };
-  json j = {{"bench", "serve"}, {"url", opt.url}, {"model", r.model}, {"requests", opt.requests},
-            {"rate", opt.rate > 0 ? json(opt.rate) : json("inf")}, {"max_tokens", opt.max_tokens},
-            {"prompt_chars", opt.prompt_chars}, {"ok", r.ok}, {"failed", r.failed},
-            {"ttft", ms(r.ttft)}, {"itl", ms(r.itl)}, {"e2e", ms(r.e2e)},
-            {"duration_s", r.duration_s}, {"request_throughput", r.request_throughput},
-            {"output_tokens", r.output_tokens}, {"output_throughput_tok_s", r.output_throughput}};
+  json j = {{"bench", "serve"},
+            {"url", opt.url},
+            {"model", r.model},
+            {"requests", opt.requests},
+            {"rate", opt.rate > 0 ? json(opt.rate) : json("inf")},
+            {"max_tokens", opt.max_tokens},
+            {"prompt_chars", opt.prompt_chars},
+            {"ok", r.ok},
+            {"failed", r.failed},
+            {"ttft", ms(r.ttft)},
+            {"itl", ms(r.itl)},
+            {"e2e", ms(r.e2e)},
+            {"duration_s", r.duration_s},
+            {"request_throughput", r.request_throughput},
+            {"output_tokens", r.output_tokens},
+            {"output_throughput_tok_s", r.output_throughput}};
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 

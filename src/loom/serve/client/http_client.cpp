@@ -18,8 +18,10 @@ namespace loom::serve {
 Url parse_url(const std::string& url) {
   Url u;
   std::string rest = url;
-  if (rest.rfind("http://", 0) == 0) rest = rest.substr(7);
-  else if (rest.find("://") != std::string::npos) fail("url", url, ": only http:// URLs are supported");
+  if (rest.rfind("http://", 0) == 0)
+    rest = rest.substr(7);
+  else if (rest.find("://") != std::string::npos)
+    fail("url", url, ": only http:// URLs are supported");
   size_t slash = rest.find('/');
   std::string hostport = rest.substr(0, slash);
   if (slash != std::string::npos) u.prefix = rest.substr(slash);
@@ -188,7 +190,8 @@ std::string HttpClient::read_body_piece() {
     std::string size_line = read_line();
     size_t n = std::stoul(size_line, nullptr, 16);
     if (n == 0) {
-      while (!read_line().empty()) {}  // trailers
+      while (!read_line().empty()) {
+      }  // trailers
       body_done_ = true;
     } else {
       out = read_exact(n);
@@ -236,8 +239,8 @@ ClientResponse HttpClient::request(const std::string& method, const std::string&
   return read_response();
 }
 
-ClientResponse HttpClient::start_stream(const std::string& method, const std::string& path,
-                                        const std::string& body, const HeaderList& headers) {
+ClientResponse HttpClient::start_stream(const std::string& method, const std::string& path, const std::string& body,
+                                        const HeaderList& headers) {
   if (fd_ < 0 || !body_done_) connect();
   send_raw(build(method, path, body, headers));
   return read_head();

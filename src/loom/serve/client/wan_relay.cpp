@@ -106,8 +106,7 @@ WanRelay::WanRelay(std::string listen_host, int listen_port, std::string target_
   check_link(link);
   LOOM_CHECK(listen_port >= 0 && listen_port <= 65535, "wan-relay", "listen port ", listen_port,
              " must be in 0..65535 (0: a free port)");
-  LOOM_CHECK(target_port > 0 && target_port <= 65535, "wan-relay", "target port ", target_port,
-             " must be in 1..65535");
+  LOOM_CHECK(target_port > 0 && target_port <= 65535, "wan-relay", "target port ", target_port, " must be in 1..65535");
 }
 
 WanRelay::~WanRelay() { stop(); }
@@ -227,7 +226,8 @@ int WanRelay::connect_target() {
     if (err == EINPROGRESS) {
       Clock::time_point deadline = Clock::now() + kConnectTimeout;
       pollfd p{fd, POLLOUT, 0};
-      while (!stopping_ && Clock::now() < deadline && poll_until(&p, 1, deadline) == 0) {}
+      while (!stopping_ && Clock::now() < deadline && poll_until(&p, 1, deadline) == 0) {
+      }
       socklen_t elen = sizeof err;
       if (!(p.revents & (POLLOUT | POLLERR | POLLHUP)) || ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &elen) != 0)
         err = ETIMEDOUT;

@@ -38,8 +38,7 @@ class WanRelay {
 
   // Listens on listen_host:listen_port (0: a free port) and relays every accepted connection to
   // target_host:target_port through the emulated link. Throws loom::Error on bad options.
-  WanRelay(std::string listen_host, int listen_port, std::string target_host, int target_port,
-           WanLinkOptions link);
+  WanRelay(std::string listen_host, int listen_port, std::string target_host, int target_port, WanLinkOptions link);
   ~WanRelay();  // stop()
   WanRelay(const WanRelay&) = delete;
   WanRelay& operator=(const WanRelay&) = delete;
@@ -72,7 +71,7 @@ class WanRelay {
   void accept_loop();
   void reap_finished();  // joins connections whose threads are done; caller holds conns_mu_
   void run_connection(Connection& c);
-  int connect_target();  // a connected non-blocking socket, or -1 (refused, timeout, stop)
+  int connect_target();               // a connected non-blocking socket, or -1 (refused, timeout, stop)
   void pump(Connection& c, bool up);  // relays one direction until EOF was delivered or failure
 
   const std::string listen_host_, target_host_;
