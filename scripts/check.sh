@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# `make check`: the checking builds, each in its own tree beside `build/`.
+# `make check`: the format check, then the checking builds, each in its own tree beside `build/`.
+#   0. format: every tracked C++ file as clang-format formats it with .clang-format (Debian 12's
+#      clang-format 14; apply with `git ls-files '*.h' '*.cpp' '*.cu' | xargs clang-format -i`).
 #   1. build-asan: AddressSanitizer + UndefinedBehaviorSanitizer (GCC); the unit suites.
 #   2. build-tsan: ThreadSanitizer (GCC); the comm, infer and serve suites.
 #   3. build-fuzz: clang with libFuzzer; every target in tests/fuzz for FUZZ_SECONDS each
 #      (default 30), starting from its seed corpus (new inputs go to a scratch copy).
 # Any sanitizer report or fuzzer crash fails the check; a crash's input is kept under
-# build-fuzz/crashes/ to become a regression test. CHECK_ONLY=asan|tsan|fuzz runs one part.
+# build-fuzz/crashes/ to become a regression test. CHECK_ONLY=format|asan|tsan|fuzz runs one part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=${JOBS:-$(nproc)}
@@ -35,6 +37,20 @@ run_suites() {  # label, bin dir, env..., -- binaries...
     fi
   done
 }
+
+if [ -z "$only" ] || [ "$only" = format ]; then
+  if ! command -v clang-format >/dev/null; then
+    failed+=("format: clang-format is not installed (scripts/install-deps.sh installs it)")
+  else
+    echo "[check] format: $(clang-format --version | head -1)"
+    unformatted=$(git ls-files '*.h' '*.cpp' '*.cu' | xargs clang-format --dry-run 2>&1 |
+                  sed -n 's/^\([^:]*\):[0-9]*:[0-9]*: .*clang-format-violations.*/\1/p' | sort -u)
+    if [ -n "$unformatted" ]; then
+      echo "$unformatted" | sed 's/^/  not formatted: /'
+      failed+=("format: $(echo "$unformatted" | wc -l) files differ from .clang-format (apply: git ls-files '*.h' '*.cpp' '*.cu' | xargs clang-format -i)")
+    fi
+  fi
+fi
 
 if [ -z "$only" ] || [ "$only" = asan ]; then
   echo "[check] AddressSanitizer + UndefinedBehaviorSanitizer build (build-asan)"
@@ -91,4 +107,4 @@ if [ ${#failed[@]} -gt 0 ]; then
   printf '  %s\n' "${failed[@]}"
   exit 1
 fi
-echo "[check] all clean: no sanitizer reports, no fuzzer crashes"
+echo "[check] all clean${only:+ ($only)}: format, sanitizers and fuzzers as run"
