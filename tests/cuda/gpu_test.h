@@ -42,26 +42,6 @@ inline Tensor to_host(const Tensor& dev) {
   return h;
 }
 
-// Element conversions for typed tests over every dtype, the 16-bit floats included.
-template <class T>
-T from_double(double v) {
-  if constexpr (std::is_same_v<T, bf16_t>)
-    return f32_to_bf16(float(v));
-  else if constexpr (std::is_same_v<T, f16_t>)
-    return f32_to_f16(float(v));
-  else
-    return T(v);
-}
-template <class T>
-double to_double(T v) {
-  if constexpr (std::is_same_v<T, bf16_t>)
-    return double(bf16_to_f32(v));
-  else if constexpr (std::is_same_v<T, f16_t>)
-    return double(f16_to_f32(v));
-  else
-    return double(v);
-}
-
 template <class T>
 Tensor device_vector(const std::vector<double>& values) {
   std::vector<T> v;

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 namespace loom {
 
@@ -71,6 +72,26 @@ constexpr DType dtype_of<int8_t>() {
 template <>
 constexpr DType dtype_of<uint8_t>() {
   return DType::u8;
+}
+
+// One element of any dtype to and from double, through f32 for the 16-bit floats.
+template <class T>
+double to_double(T v) {
+  if constexpr (std::is_same_v<T, bf16_t>)
+    return bf16_to_f32(v);
+  else if constexpr (std::is_same_v<T, f16_t>)
+    return f16_to_f32(v);
+  else
+    return double(v);
+}
+template <class T>
+T from_double(double v) {
+  if constexpr (std::is_same_v<T, bf16_t>)
+    return f32_to_bf16(float(v));
+  else if constexpr (std::is_same_v<T, f16_t>)
+    return f32_to_f16(float(v));
+  else
+    return T(v);
 }
 
 }  // namespace loom

@@ -257,25 +257,6 @@ void with_float_type(DType t, const char* what, F&& f) {
   }
 }
 
-template <class T>
-double to_double(T v) {
-  if constexpr (std::is_same_v<T, bf16_t>)
-    return bf16_to_f32(v);
-  else if constexpr (std::is_same_v<T, f16_t>)
-    return f16_to_f32(v);
-  else
-    return double(v);
-}
-template <class T>
-T from_double(double v) {
-  if constexpr (std::is_same_v<T, bf16_t>)
-    return f32_to_bf16(float(v));
-  else if constexpr (std::is_same_v<T, f16_t>)
-    return f32_to_f16(float(v));
-  else
-    return T(v);
-}
-
 // dst = src converted, transposing a [R, C] src into [C, R] when `transpose`.
 void convert(const Tensor& src, const Tensor& dst, bool transpose, const std::string& what) {
   with_float_type(src.dtype(), what.c_str(), [&](auto s_tag) {
