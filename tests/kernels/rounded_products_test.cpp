@@ -103,6 +103,28 @@ TEST(RoundToF16, MatchesTheScalarConversionAndSaturates) {
   EXPECT_TRUE(std::isinf(out[v.size() - 1]) && out[v.size() - 1] < 0);
 }
 
+TEST(RoundToF16, MatchesTheScalarConversionBitForBitOverTheWholeRange) {
+  // Every 997th bit pattern (all exponents, both signs, NaNs and infinities) and the edges of
+  // the branches: the smallest normal f16, subnormal and normal ties, the rounding into
+  // infinity.
+  std::vector<uint32_t> bits;
+  for (uint64_t b = 0; b <= 0xffffffffu; b += 997) bits.push_back(uint32_t(b));
+  for (uint32_t e : {0x38800000u, 0x387fffffu, 0x33000000u, 0x33000001u, 0x32ffffffu, 0x33c00000u, 0x3f801000u,
+                     0x3f803000u, 0x3f800fffu, 0x477fe000u, 0x477fefffu, 0x477ff000u, 0x7f800000u, 0x7f800001u,
+                     0x7fffffffu, 0x00000001u, 0x80000000u})
+    for (uint32_t s : {0u, 0x80000000u}) bits.push_back(e | s);
+  std::vector<float> v(bits.size()), out(bits.size());
+  std::memcpy(v.data(), bits.data(), bits.size() * 4);
+  cpu::round_to_f16(v.data(), out.data(), int64_t(v.size()));
+  for (size_t i = 0; i < v.size(); ++i) {
+    const float want_f = f16_to_f32(f32_to_f16(v[i]));
+    uint32_t got, want;
+    std::memcpy(&got, &out[i], 4);
+    std::memcpy(&want, &want_f, 4);
+    ASSERT_EQ(got, want) << std::hex << "input bits 0x" << bits[i];
+  }
+}
+
 TEST(LinearF16, ForwardIsTheProductOfFp16RoundedOperands) {
   std::mt19937 g(6);
   const int64_t N = 13, I = 40, O = 21;
