@@ -112,6 +112,9 @@ int bench_train(const std::vector<std::string>& argv) {
   app->add_option("--grad-dtype", o.grad_dtype, "gradients on the wire (default: --precision)")
       ->check(one_of({"fp32", "bf16"}))
       ->group(data_parallel);
+  app->add_option("--gather-dtype", o.gather_dtype, "ZeRO-1..3 weight all-gathers (default: --precision)")
+      ->check(one_of({"fp32", "bf16", "fp16"}))
+      ->group(data_parallel);
   app->add_option("--algorithm", o.algorithm, "the collectives (default: $LOOM_COMM_ALGORITHM or auto)")
       ->check(one_of({"ring", "tree", "hierarchical", "auto", "mpi"}))
       ->group(data_parallel);

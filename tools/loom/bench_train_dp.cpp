@@ -24,6 +24,7 @@
 #include "loom/model/memory_estimate.h"
 #include "loom/parallel/data_parallel.h"
 #include "loom/parallel/mesh.h"
+#include "loom/train/train_config.h"
 #include "tools/loom/bench_train.h"
 
 namespace loom::cli {
@@ -35,14 +36,15 @@ struct StepTimes {
   std::map<std::string, std::vector<double>> bytes_by_op;  // per timed step
 };
 
-StepTimes run_steps(const model::ModelConfig& cfg, const comm::Group& dp, const comm::CommRecord& rec, int zero,
-                    double bucket_mb, DType grad_dtype, const optim::AdamWConfig& adam, int64_t B, int64_t T,
+StepTimes run_steps(const model::ModelConfig& cfg, const comm::Group& dp, const comm::CommRecord& rec,
+                    const parallel::DataParallelOptions& dpo, const optim::AdamWConfig& adam, int64_t B, int64_t T,
                     int64_t warmup, int64_t steps, int64_t* model_state_bytes = nullptr) {
   const MemorySnapshot before = cpu_allocator().snapshot();
+  const int zero = dpo.zero_stage;
   model::DecoderOptions dopt = parallel::decoder_options_for({}, zero, dp.size());
   model::Decoder m(cfg, dopt);
   if (zero < 3) m.init_weights(1234);
-  parallel::DataParallel engine(m, dp, adam, {zero, bucket_mb, grad_dtype}, 1234);
+  parallel::DataParallel engine(m, dp, adam, dpo, 1234);
   if (model_state_bytes) {
     const MemorySnapshot after = cpu_allocator().snapshot();
     *model_state_bytes = 0;
@@ -113,12 +115,16 @@ int bench_train_dp(const TrainBenchOptions& o, const CLI::App& app) {
   cfg.precision = model::precision_from_name(precision);
   const std::string grad_name = o.grad_dtype.empty() ? precision : o.grad_dtype;  // as parallel.grad_dtype's default
   const DType grad_dtype = grad_name == "bf16" ? DType::bf16 : DType::f32;
+  const std::string gather_name = o.gather_dtype.empty() ? precision : o.gather_dtype;  // parallel.gather_dtype's
+  const DType gather_dtype = zero == 0 ? DType::f32 : train::wire_dtype(gather_name);
+  parallel::check_gather_dtype(gather_dtype, cfg.precision);
   const bool main = world.rank() == 0;
   if (main)
     std::printf(
         "bench train (data parallel): %s, dp=%d, ZeRO-%d, per-rank batch %lld x %lld, %d threads/rank, bucket %.0f MB, "
-        "gradients on the wire %s\n",
-        cfg.summary().c_str(), N, zero, (long long)B, (long long)T, num_threads(), bucket_mb, grad_name.c_str());
+        "gradients on the wire %s, weight all-gathers %s\n",
+        cfg.summary().c_str(), N, zero, (long long)B, (long long)T, num_threads(), bucket_mb, grad_name.c_str(),
+        zero == 0 ? "none" : gather_name.c_str());
   const int64_t grad_bytes = model::ParamLayout(cfg).num_params() * 4;
   if (main)
     std::printf("%d ranks on %d host%s; collectives %s (a %s all-reduce runs %s); optimizer %s\n", N,
@@ -128,11 +134,11 @@ int bench_train_dp(const TrainBenchOptions& o, const CLI::App& app) {
                 adam.name.c_str());
   // Baseline: the same per-rank work with no communication, all ranks at once.
   comm::Group alone = comm::Group::single("alone");
-  const StepTimes base = run_steps(cfg, alone, world.record(), 0, bucket_mb, grad_dtype, adam, B, T, warmup, steps);
+  const StepTimes base = run_steps(cfg, alone, world.record(), {0, bucket_mb, grad_dtype}, adam, B, T, warmup, steps);
   parallel::Mesh mesh(world.group(), parallel::MeshShape(1, N, 1, 1));
   int64_t state_bytes = 0;
-  const StepTimes dp =
-      run_steps(cfg, mesh.dp(), world.record(), zero, bucket_mb, grad_dtype, adam, B, T, warmup, steps, &state_bytes);
+  const StepTimes dp = run_steps(cfg, mesh.dp(), world.record(), {zero, bucket_mb, grad_dtype, gather_dtype}, adam, B,
+                                 T, warmup, steps, &state_bytes);
   const auto predicted = parallel::zero_model_state_bytes(model::ParamLayout(cfg).num_params(), zero, N);
   // Rank 0 reports; medians over its steps (ranks are synchronised by the collectives).
   const double base_ms = median(base.step_ms), dp_ms = median(dp.step_ms);
@@ -150,8 +156,8 @@ int bench_train_dp(const TrainBenchOptions& o, const CLI::App& app) {
   for (const auto& [op, v] : dp.bytes_by_op)
     std::printf(" %s %s", op.c_str(), format_bytes(int64_t(median(v))).c_str());
   std::printf("\n");
-  std::printf("gradient bytes sent per rank per step (wire, %s): %s\n", adam.name.c_str(),
-              format_bytes(int64_t(wire_bytes)).c_str());
+  std::printf("bytes sent per rank per step (wire, %s; gradients%s): %s\n", adam.name.c_str(),
+              zero > 0 ? " and weight all-gathers" : "", format_bytes(int64_t(wire_bytes)).c_str());
   // The communication share of the step: exposed / step; without overlap it would be
   // comm / (compute + comm).
   std::printf("communication share of the step: %.1f%% exposed (%.1f%% if none overlapped)\n",
@@ -173,6 +179,7 @@ int bench_train_dp(const TrainBenchOptions& o, const CLI::App& app) {
                       {"comm_bytes", comm_bytes},
                       {"precision", precision},
                       {"grad_dtype", grad_name},
+                      {"gather_dtype", zero == 0 ? "none" : gather_name},
                       {"optim", adam.name},
                       {"hosts", world.group().hosts()},
                       {"algorithm", comm::algorithm_name(world.group().algorithm())},

@@ -187,6 +187,9 @@ ParamLayout::ParamLayout(const ModelConfig& cfg, int64_t unit_align, const Model
       ParamInfo& pi = add(p + b.suffix, b.shape, l, b.init, init_std, b.decay, b.hf_transposed, split, b.parts);
       if (b.kv) pi.tp_grad_partial = pi.tp_replicated;  // each rank's query heads see all kv heads
       pi.expert = b.expert;
+      using S = BlockSlot;
+      pi.product_operand = b.slot == S::qkv_w || b.slot == S::proj_w || b.slot == S::fc_w || b.slot == S::out_w ||
+                           b.slot == S::e_fc_w || b.slot == S::e_out_w;
     };
     for (const BlockParamSpec& b : specs)
       if (b.expert < 0) add_spec(b);
@@ -207,9 +210,11 @@ ParamLayout::ParamLayout(const ModelConfig& cfg, int64_t unit_align, const Model
       add("model.norm.weight", {C}, -1, Init::ones, 0, false);
     }
     if (!cfg.tied_embeddings)
-      add("lm_head.weight", {V, C}, -1, Init::normal, std, true, false, rows);
-    else if (!slice_.has_embedding)
-      add(table, {V, C}, -1, Init::normal, std, true, false, rows).tied_copy = true;
+      add("lm_head.weight", {V, C}, -1, Init::normal, std, true, false, rows).product_operand = true;
+    else if (!slice_.has_embedding) {
+      ParamInfo& copy = add(table, {V, C}, -1, Init::normal, std, true, false, rows);
+      copy.tied_copy = copy.product_operand = true;  // the head's operand only: no lookup here
+    }
   }
   close_unit("head", -1);
 }

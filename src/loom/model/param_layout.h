@@ -72,6 +72,11 @@ struct ParamInfo {
                                  // n_kv_head): the gradients are summed over the tp group
   bool tied_copy = false;        // the last stage's copy of the tied token table
   int expert = -1;               // a routed expert's parameter: its expert index
+  // Read by forward and backward only as the weight operand of a matrix product, which under
+  // 16-bit precision rounds it to 16 bits first (linear and head weights; not the router, whose
+  // product is f32, nor lookup tables, norms and biases). A 16-bit copy of it is then exact for
+  // training: ZeRO gathers it in 16 bits.
+  bool product_operand = false;
   int64_t numel() const { return shape.numel(); }
 };
 

@@ -55,6 +55,10 @@ DataParallel::DataParallel(model::Decoder& model, comm::Group dp, const optim::A
   LOOM_CHECK(n_ % en_ == 0, "zero", "the expert data-parallel group (", en_, " ranks) does not divide the dp group (",
              n_, ")");
   if (n_ == 1) opt_.grad_dtype = DType::f32;  // nothing crosses a wire: no rounding either
+  check_gather_dtype(opt_.gather_dtype, cfg_.precision);
+  // Stage 0 gathers nothing. 1-bit Adam's ZeRO-1 step adds each weight change to every rank's
+  // copy, which must then be the same fp32 values everywhere.
+  if (opt_.zero_stage == 0 || adam.name == "onebit_adam") opt_.gather_dtype = DType::f32;
   std::vector<optim::DecaySpan> spans;
   for (const auto& p : layout_.params()) spans.push_back({p.offset, p.offset + p.numel(), p.weight_decay});
   const auto& units = layout_.units();
@@ -85,6 +89,7 @@ DataParallel::DataParallel(model::Decoder& model, comm::Group dp, const optim::A
                                u.begin + (r_of(u) + 1) * chunk_size(u), param_shard_.data<float>() + shard_offset(u));
   }
   build_buckets();
+  build_wire_units();
   // The embedding-row path (data_parallel_embedding_rows.cpp) needs the whole model here.
   const auto& sl = layout_.slice();
   early_outer_ = opt_.zero_stage < 2 && n_ > 1 && sl.has_embedding && sl.has_head && sl.tp == 1 &&

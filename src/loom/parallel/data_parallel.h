@@ -14,7 +14,8 @@
 // unit over `dp`, all the ranks that see different data.
 // Files: data_parallel.cpp (construction, ParamSource dispatch), data_parallel_buckets.cpp
 // (stages 0/1), _embedding_rows.cpp (0/1, the lookup's rows), _sharded_grads.cpp (2/3),
-// _gathered_params.cpp (3), _optimizer.cpp (step, norm, checkpoint state).
+// _gathered_params.cpp (3), _weight_wire.cpp (16-bit weight all-gathers, 1-3), _optimizer.cpp
+// (step, norm, checkpoint state).
 #pragma once
 #include <deque>
 #include <map>
@@ -35,10 +36,21 @@ struct DataParallelOptions {
   // bucket or staged unit is rounded to bf16, summed in bf16 with every partial sum rounded, and
   // widened back into the f32 gradients).
   DType grad_dtype = DType::f32;
+  // The weights' type in ZeRO's all-gathers (parallel.gather_dtype): f32, or the 16-bit type
+  // the model's products round to (bf16 under model.precision bf16, f16 under fp16). Then the
+  // product operands (ParamInfo::product_operand) travel in 16 bits and everything else (norms,
+  // biases, lookup tables, the router) in f32, so every rank computes exactly what it would with
+  // f32 gathers, for a little over half the bytes. Stages 1-2 then keep the fp32 masters of the
+  // rank's own chunks only; the rest of the flat buffer holds the 16-bit values.
+  DType gather_dtype = DType::f32;
 };
 
 // Decoder options a given layout needs (unit alignment, which flat buffers to allocate).
 model::DecoderOptions decoder_options_for(model::DecoderOptions base, int zero_stage, int dp_size);
+
+// Throws "[config] parallel.gather_dtype=bf16 needs model.precision=bf16 ..." unless `gather`
+// is f32 or the 16-bit type `precision`'s products round to.
+void check_gather_dtype(DType gather, model::Precision precision);
 
 // Model-state bytes per rank predicted by the ZeRO formulas (fp32 Adam: 4 + 4 + 8 bytes per
 // parameter; stage 1: 8P + 8P/N; 2: 4P + 12P/N; 3: 16P/N). Padding excluded.
@@ -67,8 +79,9 @@ class DataParallel final : public model::ParamSource {
   // 1-bit Adam's per-unit compressed all-reduces (error-feedback state for checkpoints);
   // empty for AdamW.
   const std::vector<std::unique_ptr<comm::OneBitAllReduce>>& onebit() const { return onebit_; }
-  // Bytes this rank sent for gradients (or 1-bit momenta) in the last step, counted as
-  // wire bytes: a ring all-reduce sends 2(n-1)/n of the buffer.
+  // Bytes this rank sent in the last step for gradients (or 1-bit momenta) and weight
+  // all-gathers (stages 1-3), counted as wire bytes: a ring all-reduce sends 2(n-1)/n of the
+  // buffer, a reduce-scatter or all-gather (n-1)/n.
   int64_t last_step_wire_bytes() const { return last_wire_bytes_; }
   // Waits for outstanding communication: afterwards the (local part of the) gradients are
   // the sum over ranks.
@@ -94,8 +107,13 @@ class DataParallel final : public model::ParamSource {
   // Stage 3: the rank's weight chunks, concatenated in unit order (chunk of unit u at
   // u.begin / N). Other stages: undefined (the model's flat buffer holds the weights).
   const Tensor& param_shard() const { return param_shard_; }
-  // Copies every unit's full weights into `flat` (length flat_size) on every rank (stage 3
-  // gathers; others copy).
+  // True when the model's flat buffer holds the fp32 master of every weight (stage 0, and
+  // stages 1-2 with f32 gathers); otherwise read the weights with gather_full_params.
+  bool params_are_masters() const {
+    return opt_.zero_stage == 0 || (opt_.zero_stage < 3 && opt_.gather_dtype == DType::f32);
+  }
+  // Copies every unit's full fp32 weights into `flat` (length flat_size) on every rank (stage
+  // 3, and stages 1-2 with 16-bit gathers, all-gather the owners' chunks; otherwise a copy).
   void gather_full_params(const Tensor& flat) const;
   // Takes the weights from a full flat buffer (stage 3 keeps only its chunks).
   void load_full_params(const Tensor& flat);
@@ -138,7 +156,21 @@ class DataParallel final : public model::ParamSource {
   struct Gathered {
     Tensor buf;
     comm::Work work;
+    Tensor wire;  // 16-bit gathers: what arrives, unpacked into buf once the gather is done
     int users = 0;
+  };
+  // How one unit travels in a 16-bit weight all-gather: each rank's chunk as runs of product
+  // operands (16 bits) and of other elements (f32, exact), packed into a slot of `slot_elems`
+  // 2-byte elements: the 16-bit values first (n16, padded to the largest rank's count and to an
+  // even count), then the f32 values (n32 of them, likewise padded).
+  struct WireRun {
+    int64_t offset, n;  // within the chunk
+    bool rounded;
+  };
+  struct WireUnit {
+    std::vector<std::vector<WireRun>> runs;  // per rank of the unit's group
+    int64_t n16 = 0, n32 = 0;
+    int64_t slot_elems() const { return n16 + 2 * n32; }
   };
 
   // Keys of the per-unit maps (gathered_, staging_of_layer_): a block's unit is keyed by its
@@ -188,6 +220,20 @@ class DataParallel final : public model::ParamSource {
   void retire(Pending& p);
   void drain(size_t keep);
 
+  // --- 16-bit weight all-gathers (data_parallel_weight_wire.cpp) ---
+  bool sixteen_bit_gathers() const { return opt_.gather_dtype != DType::f32; }
+  void build_wire_units();
+  // Packs this rank's chunk of u (its fp32 values) into its slot of `wire` (group size slots).
+  void pack_chunk(const model::ParamUnit& u, const float* chunk, const Tensor& wire) const;
+  // Unpacks every slot of `wire` but `skip_rank`'s into the unit's whole buffer.
+  void unpack_unit(const model::ParamUnit& u, const Tensor& wire, float* unit, int skip_rank) const;
+  // Starts gathering u's weights from this rank's chunk into `out` (the whole unit); with
+  // 16-bit gathers `wire` receives them and finish_unit_gather unpacks.
+  comm::Work start_unit_gather(const model::ParamUnit& u, const Tensor& chunk, const Tensor& out, Tensor& wire);
+  // in_place: `out` holds this rank's chunk already (stages 1-2: its fp32 master, kept).
+  void finish_unit_gather(const model::ParamUnit& u, Tensor& wire, const Tensor& out, bool in_place);
+  int64_t gather_wire_bytes(const model::ParamUnit& u) const;  // this rank's bytes sent
+
   // --- stage 3: gathered weights (data_parallel_gathered_params.cpp) ---
   model::BlockWeights gathered_block_params(int layer, Phase phase);  // block_params at stage 3
   void release_gathered_block(int layer);                             // release_block_params at 3
@@ -198,6 +244,8 @@ class DataParallel final : public model::ParamSource {
   // The order in which the decoder will ask for blocks in a pass (see Decoder::stage_backward).
   void plan_pass(bool train);  // also starts gathering the outer units and the first block
   void release_gathered();     // end of a pass: every gathered unit back to the pool
+  void wait_gathered(const model::ParamUnit& u, Gathered& g);  // its weights are in g.buf after
+  void drop_gathered(Gathered& g);                             // waits, buffers back to the pool
 
   // --- the optimizer (data_parallel_optimizer.cpp) ---
   double counted_sum_squares(const float* g, int64_t flat0, int64_t n) const;
@@ -258,6 +306,7 @@ class DataParallel final : public model::ParamSource {
   };
   std::vector<SparseRows> sparse_;
   std::vector<std::pair<int64_t, int64_t>> norm_skip_;  // sorted flat ranges
+  std::vector<WireUnit> wire_units_;                    // per unit; 16-bit gathers only
 };
 
 }  // namespace loom::parallel

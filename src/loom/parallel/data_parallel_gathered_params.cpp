@@ -14,7 +14,8 @@ using model::ParamUnit;
 void DataParallel::launch_gather(const ParamUnit& u, int key) {
   Gathered g;
   g.buf = take_buffer(u.size());
-  g.work = group_of(u).all_gather_async(chunk_view(param_shard_, u, true), g.buf);
+  g.work = start_unit_gather(u, chunk_view(param_shard_, u, true), g.buf, g.wire);
+  wire_bytes_ += gather_wire_bytes(u);
   gathered_[key] = std::move(g);
 }
 
@@ -30,8 +31,20 @@ Tensor DataParallel::gathered_unit(const ParamUnit& u, int key) {
     it->second.work.wait();
     wait_s_ += sw.seconds();
   }
+  finish_unit_gather(u, it->second.wire, it->second.buf, false);
   ++it->second.users;
   return it->second.buf;
+}
+
+void DataParallel::wait_gathered(const ParamUnit& u, Gathered& g) {
+  g.work.wait();
+  finish_unit_gather(u, g.wire, g.buf, false);
+}
+
+void DataParallel::drop_gathered(Gathered& g) {
+  g.work.wait();
+  if (g.wire.defined()) recycle(std::move(g.wire));
+  recycle(std::move(g.buf));
 }
 
 void DataParallel::prefetch_after(size_t pos) {
@@ -58,8 +71,7 @@ void DataParallel::release_gathered_block(int layer) {
     auto it = gathered_.find(key);
     if (it == gathered_.end() || --it->second.users > 0) continue;
     if (!needed_next) {
-      it->second.work.wait();
-      recycle(std::move(it->second.buf));
+      drop_gathered(it->second);
       gathered_.erase(it);
     }
   }
@@ -70,7 +82,7 @@ Tensor DataParallel::gathered_outer_param(const std::string& name) {
   const ParamUnit& u = outer_unit(name);
   auto it = gathered_.find(outer_unit_key(u));
   LOOM_CHECK(it != gathered_.end(), "zero", "weights of ", u.name, " used outside a pass");
-  it->second.work.wait();
+  wait_gathered(u, it->second);
   return it->second.buf.slice(p.offset - u.begin, p.shape);
 }
 
@@ -99,10 +111,7 @@ void DataParallel::plan_pass(bool train) {
 }
 
 void DataParallel::release_gathered() {
-  for (auto& [key, g] : gathered_) {
-    g.work.wait();
-    recycle(std::move(g.buf));
-  }
+  for (auto& [key, g] : gathered_) drop_gathered(g);
   gathered_.clear();
   plan_.clear();
   plan_pos_ = 0;

@@ -150,18 +150,23 @@ void DataParallel::step(double lr) {
   last_wire_bytes_ = wire_bytes_;
   wire_bytes_ = 0;
   if (opt_.zero_stage == 1 || opt_.zero_stage == 2) {
-    std::vector<comm::Work> works;
-    for (const auto& u : units)
-      if (u.size() > 0)  // a pipeline stage's missing embedding or head unit is empty
-        last_wire_bytes_ += (n_of(u) - 1) * chunk_size(u) * 4;  // our chunk to every other rank
-    for (const auto& u : units)
-      if (u.size() > 0)
-        works.push_back(group_of(u).all_gather_async(chunk_view(model_.params(), u, false),
-                                                     model_.params().slice(u.begin, {u.size()})));
-    trace::Span wait("wait weight all_gather", "wait");
-    Stopwatch sw;
-    for (auto& w : works) w.wait();
-    wait_s_ += sw.seconds();
+    std::vector<comm::Work> works(units.size());
+    std::vector<Tensor> wires(units.size());
+    for (size_t i = 0; i < units.size(); ++i) {
+      const ParamUnit& u = units[i];
+      if (u.size() == 0) continue;               // a pipeline stage's missing embedding or head unit
+      last_wire_bytes_ += gather_wire_bytes(u);  // our chunk to every other rank
+      works[i] = start_unit_gather(u, chunk_view(model_.params(), u, false), model_.params().slice(u.begin, {u.size()}),
+                                   wires[i]);
+    }
+    {
+      trace::Span wait("wait weight all_gather", "wait");
+      Stopwatch sw;
+      for (auto& w : works) w.wait();
+      wait_s_ += sw.seconds();
+    }
+    for (size_t i = 0; i < units.size(); ++i)
+      finish_unit_gather(units[i], wires[i], model_.params().slice(units[i].begin, {units[i].size()}), true);
   }
 }
 
@@ -180,12 +185,16 @@ double DataParallel::take_compress_seconds() {
 int64_t DataParallel::optimizer_steps() const { return adam_.front()->step_count(); }
 
 void DataParallel::gather_full_params(const Tensor& flat) const {
-  if (opt_.zero_stage < 3) {
+  if (params_are_masters()) {
     if (flat.raw() != model_.params().raw()) flat.copy_from(model_.params());
     return;
   }
+  // The owners' fp32 chunks: the model's buffer (stages 1-2) or the shards (3).
+  const bool shard = opt_.zero_stage >= 3;
   for (const auto& u : layout_.units())
-    group_of(u).all_gather(chunk_view(param_shard_, u, true), flat.slice(u.begin, {u.size()}));
+    if (u.size() > 0)
+      group_of(u).all_gather(chunk_view(shard ? param_shard_ : model_.params(), u, shard),
+                             flat.slice(u.begin, {u.size()}));
 }
 
 void DataParallel::load_full_params(const Tensor& flat) {

@@ -65,6 +65,7 @@ void DataParallel::reduce_scatter_unit(const ParamUnit& u, const Tensor& staging
   p.pooled = pooled;
   p.shard_offset = shard_offset(u);
   p.chunk_tmp = take_buffer(chunk_size(u), opt_.grad_dtype);
+  wire_bytes_ += (n_of(u) - 1) * chunk_size(u) * int64_t(dtype_size(opt_.grad_dtype));  // the others' chunks
   if (opt_.grad_dtype == DType::bf16) {
     p.wire = take_buffer(staging.numel(), DType::bf16);
     detail::narrow_to_bf16(staging, p.wire);

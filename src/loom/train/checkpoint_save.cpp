@@ -54,9 +54,10 @@ CheckpointSnapshot snapshot_checkpoint(int64_t step, const model::Decoder& model
   else
     s.layout = std::make_shared<const model::ParamLayout>(model.config(), 1);
   const int64_t n = s.layout->total();
-  // This rank's full slice: weights (gathered from ZeRO-3 chunks) and moments (from ZeRO chunks).
+  // This rank's full slice: weights (the owners' fp32 chunks under ZeRO-3 or 16-bit gathers) and moments (from ZeRO
+  // chunks).
   Tensor w = model.params();
-  if (engine.zero_stage() >= 3) {
+  if (!engine.params_are_masters()) {
     w = Tensor::zeros({model.flat_size()}, DType::f32, MemCategory::workspace);
     engine.gather_full_params(w);
   }

@@ -6,6 +6,7 @@
 
 #include "loom/kernels/cpu/bf16_gemm.h"
 #include "loom/model/param_layout.h"
+#include "loom/parallel/data_parallel.h"
 #include "loom/parallel/mesh_shape.h"
 #include "loom/parallel/partition.h"
 #include "loom/parallel/pipeline_schedule.h"
@@ -55,6 +56,10 @@ model::ModelConfig read_model(ConfigReader& r) {
   return m;
 }
 }  // namespace
+
+DType wire_dtype(const std::string& name) {
+  return name == "bf16" ? DType::bf16 : name == "fp16" ? DType::f16 : DType::f32;
+}
 
 TrainConfig parse_train_config(const std::string& text, const std::vector<std::string>& sets,
                                const std::string& source) {
@@ -137,6 +142,9 @@ TrainConfig parse_train_config(const std::string& text, const std::vector<std::s
   c.parallel.bucket_mb = r.number("parallel.bucket_mb", 25.0, 0.001, 1e6);
   c.parallel.grad_dtype =
       r.string("parallel.grad_dtype", c.model.precision == model::Precision::bf16 ? "bf16" : "fp32", {"fp32", "bf16"});
+  c.parallel.gather_dtype =
+      r.string("parallel.gather_dtype", model::precision_name(c.model.precision), {"fp32", "bf16", "fp16"});
+  parallel::check_gather_dtype(wire_dtype(c.parallel.gather_dtype), c.model.precision);
   c.parallel.pp_schedule = r.string("parallel.pp_schedule", "1f1b", {"gpipe", "1f1b"});
   c.parallel.pp_partition = r.string("parallel.pp_partition", "uniform", {"uniform", "parameters", "profile"});
   c.parallel.micro_batches = r.integer("parallel.micro_batches", 0, 0, kMaxI);

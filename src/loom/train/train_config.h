@@ -62,6 +62,9 @@ struct LogConfig {
   std::string progress = "auto";  // auto | on | off
 };
 
+// "fp32", "bf16", "fp16" as the DType of that width (parallel.grad_dtype, parallel.gather_dtype).
+DType wire_dtype(const std::string& name);
+
 struct ParallelConfig {
   int64_t dp = 1, tp = 1, pp = 1, ep = 1;
   int64_t zero_stage = 0;
@@ -69,6 +72,10 @@ struct ParallelConfig {
   // Data-parallel gradients on the wire: "fp32" or "bf16" (half the bytes); the default is
   // model.precision's (bf16 under bf16 training).
   std::string grad_dtype = "fp32";
+  // ZeRO's weight all-gathers (stages 1-3): "fp32", or model.precision's 16-bit type (the
+  // default under bf16/fp16 training): the products' weights in 16 bits, exact (see
+  // DataParallelOptions::gather_dtype).
+  std::string gather_dtype = "fp32";
   std::string pp_schedule = "1f1b";
   std::string pp_partition = "uniform";
   // Micro-batches per rank and step (the pipeline schedule's m; gradient accumulation steps).

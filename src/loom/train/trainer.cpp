@@ -101,7 +101,7 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
   if (stage < 3) model_->init_weights(cfg_.schedule.seed);
   engine_ = std::make_unique<parallel::DataParallel>(
       *model_, mesh_->data(), cfg_.optim,
-      parallel::DataParallelOptions{stage, p.bucket_mb, p.grad_dtype == "bf16" ? DType::bf16 : DType::f32},
+      parallel::DataParallelOptions{stage, p.bucket_mb, wire_dtype(p.grad_dtype), wire_dtype(p.gather_dtype)},
       cfg_.schedule.seed, mesh_->dp());
   // The gradient norm counts every parameter once across the model-parallel ranks.
   std::vector<std::pair<int64_t, int64_t>> skip;
@@ -173,7 +173,7 @@ void Trainer::reduce_over_model_parallel(const Tensor& t, bool over_tp) {
 
 Tensor Trainer::full_params() {
   Tensor local = model_->params();
-  if (engine_->zero_stage() >= 3) {
+  if (!engine_->params_are_masters()) {
     local = Tensor::zeros({model_->flat_size()}, DType::f32, MemCategory::workspace);
     engine_->gather_full_params(local);
   }

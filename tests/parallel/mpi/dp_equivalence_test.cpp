@@ -318,3 +318,64 @@ TEST(DataParallelFp16, AnOverflowOnOneRankSkipsTheStepOnEveryRank) {
   for (int zero = 0; zero <= 3; ++zero)
     expect_close(run(N, zero, &mesh), ref, dist_layout, ref_layout, "fp16 zero=" + std::to_string(zero), 11, true);
 }
+
+// parallel.gather_dtype (default: model.precision's 16-bit type): ZeRO's weight all-gathers send
+// the products' weights in 16 bits and norms, biases, lookup tables and the router in f32. The
+// products round their weights to that type anyway, so the run is bitwise the run with f32
+// gathers (a misclassified norm gain or router weight breaks that), for fewer bytes; checkpoints
+// and full_params still read the fp32 masters.
+TEST(DataParallel16BitGathers, AreBitwiseExactAndSendFewerBytes) {
+  const comm::Group& world = test_world();
+  const int N = world.size();
+  if (N == 1) GTEST_SKIP() << "needs 2 or more ranks";
+  parallel::Mesh mesh(world, parallel::MeshShape(1, N, 1, 1));
+  for (const std::string preset : {"gpt2-tiny", "llama-moe-tiny"})
+    for (const std::string precision : {"bf16", "fp16"})
+      for (int zero = 1; zero <= 3; ++zero) {
+        const std::string what = preset + " " + precision + " ZeRO-" + std::to_string(zero);
+        TrainRun runs[2];
+        double bytes[2] = {0, 0};
+        for (int k = 0; k < 2; ++k) {
+          TrainConfig cfg = make_config(preset, N, zero, 8 / N, zero == 2 ? 1 : 0, 4, "", precision);
+          ASSERT_EQ(cfg.parallel.gather_dtype, precision) << "the default follows model.precision";
+          if (k == 0) cfg.parallel.gather_dtype = "fp32";
+          SyntheticSource src(cfg.model.vocab_size);
+          Trainer t(cfg, src, loom::testing::quiet_trainer_options(&mesh));
+          const double t0 = now_seconds();
+          runs[k].losses = t.run().losses;
+          const double t1 = now_seconds();
+          runs[k].weights = t.full_params().to_f32_vector();
+          // The steps' gathers: weights, and at stage 1 the embedding rows (f32 either way).
+          for (const auto& e : world.record().finished())
+            if (e.t_start >= t0 && e.t_start < t1 && e.op == "all_gather" && e.bytes > 64) bytes[k] += double(e.bytes);
+        }
+        EXPECT_EQ(runs[1].losses, runs[0].losses) << what << ": losses differ from f32 gathers";
+        EXPECT_TRUE(runs[1].weights == runs[0].weights) << what << ": fp32 masters differ from f32 gathers";
+        EXPECT_GT(bytes[0], 0) << what;
+        // These tiny models' tables and norms are a third of their weights; stage 1 also gathers
+        // the embedding rows.
+        EXPECT_LT(bytes[1], (zero == 3 ? 0.7 : 0.85) * bytes[0])
+            << what << ": 16-bit gathers " << bytes[1] << " bytes, f32 " << bytes[0];
+        EXPECT_GE(bytes[1], 0.5 * bytes[0]) << what;
+        if (world.rank() == 0)
+          std::printf("[gathers] %s: all_gather bytes 16-bit/f32 = %.3f\n", what.c_str(), bytes[1] / bytes[0]);
+      }
+}
+
+TEST(DataParallel16BitGathers, NeedTheMatchingPrecision) {
+  try {
+    parse_train_config(
+        "{}", {"model.preset=gpt2-tiny", "data.dir=unused", "model.precision=fp32", "parallel.gather_dtype=bf16"});
+    FAIL() << "bf16 gathers under fp32 products were accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.gather_dtype=bf16 needs model.precision=bf16"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(parse_train_config("{}", {"model.preset=gpt2-tiny", "data.dir=unused", "model.precision=bf16",
+                                         "parallel.gather_dtype=fp16"}),
+               Error);
+  EXPECT_EQ(parse_train_config("{}", {"model.preset=gpt2-tiny", "data.dir=unused", "model.precision=bf16",
+                                      "parallel.gather_dtype=fp32"})
+                .parallel.gather_dtype,
+            "fp32");
+}

@@ -1,0 +1,150 @@
+// DataParallel's 16-bit weight all-gathers (parallel.gather_dtype bf16 or fp16): ZeRO-3's
+// gathers before use and the stage 1-2 gathers after the optimizer step send the product
+// operands of each chunk in the 16-bit type the products round them to, and every other element
+// in f32, so the weights every rank computes with are those of an f32 gather.
+#include <algorithm>
+#include <cstring>
+
+#include "loom/parallel/data_parallel.h"
+
+namespace loom::parallel {
+
+using model::ParamUnit;
+
+void check_gather_dtype(DType gather, model::Precision precision) {
+  if (gather == DType::f32) return;
+  const DType products = precision == model::Precision::bf16   ? DType::bf16
+                         : precision == model::Precision::fp16 ? DType::f16
+                                                               : DType::f32;
+  LOOM_CHECK(gather == DType::bf16 || gather == DType::f16, "config",
+             "parallel.gather_dtype must be fp32, bf16 or fp16, got ", dtype_name(gather));
+  LOOM_CHECK(gather == products, "config", "parallel.gather_dtype=", gather == DType::bf16 ? "bf16" : "fp16",
+             " needs model.precision=", gather == DType::bf16 ? "bf16" : "fp16", " (it is ",
+             model::precision_name(precision),
+             "): 16-bit weights are exact only where every product rounds its weights to that type; use "
+             "parallel.gather_dtype=fp32");
+}
+
+void DataParallel::build_wire_units() {
+  wire_units_.clear();
+  if (!sixteen_bit_gathers()) return;
+  for (const ParamUnit& u : layout_.units()) {
+    WireUnit w;
+    const int n = n_of(u);
+    const int64_t cs = chunk_size(u);
+    // The unit's exact (f32) ranges, relative to its start; the rest (product operands and the
+    // padding, which is zero) travels rounded.
+    std::vector<std::pair<int64_t, int64_t>> exact;
+    for (const auto& p : layout_.params()) {
+      if (p.offset < u.begin || p.offset >= u.end || p.product_operand || p.numel() == 0) continue;
+      const int64_t b = p.offset - u.begin, e = b + p.numel();
+      if (!exact.empty() && exact.back().second == b)
+        exact.back().second = e;
+      else
+        exact.push_back({b, e});
+    }
+    w.runs.resize(size_t(n));
+    for (int q = 0; q < n; ++q) {
+      const int64_t c0 = q * cs, c1 = c0 + cs;
+      int64_t pos = c0, n16 = 0, n32 = 0;
+      auto& runs = w.runs[size_t(q)];
+      for (const auto& [b, e] : exact) {
+        if (e <= c0 || b >= c1) continue;
+        const int64_t eb = std::max(b, c0), ee = std::min(e, c1);
+        if (eb > pos) {
+          runs.push_back({pos - c0, eb - pos, true});
+          n16 += eb - pos;
+        }
+        runs.push_back({eb - c0, ee - eb, false});
+        n32 += ee - eb;
+        pos = ee;
+      }
+      if (pos < c1) {
+        runs.push_back({pos - c0, c1 - pos, true});
+        n16 += c1 - pos;
+      }
+      w.n16 = std::max(w.n16, n16);
+      w.n32 = std::max(w.n32, n32);
+    }
+    w.n16 += w.n16 & 1;  // keeps the f32 values 4-byte aligned
+    wire_units_.push_back(std::move(w));
+  }
+}
+
+namespace {
+
+inline uint16_t narrow16(float x, bool bf16) { return bf16 ? f32_to_bf16(x).bits : f32_to_f16(x).bits; }
+inline float widen16(uint16_t v, bool bf16) { return bf16 ? bf16_to_f32(bf16_t{v}) : f16_to_f32(f16_t{v}); }
+
+}  // namespace
+
+void DataParallel::pack_chunk(const ParamUnit& u, const float* chunk, const Tensor& wire) const {
+  const WireUnit& w = wire_units_[index_of(u)];
+  const bool bf16 = opt_.gather_dtype == DType::bf16;
+  uint16_t* slot = reinterpret_cast<uint16_t*>(wire.data<bf16_t>()) + int64_t(r_of(u)) * w.slot_elems();
+  float* exact = reinterpret_cast<float*>(slot + w.n16);
+  int64_t i16 = 0, i32 = 0;
+  for (const WireRun& run : w.runs[size_t(r_of(u))]) {
+    const float* src = chunk + run.offset;
+    if (run.rounded) {
+      uint16_t* dst = slot + i16;
+#pragma omp parallel for schedule(static) if (run.n > (1 << 18))
+      for (int64_t j = 0; j < run.n; ++j) dst[j] = narrow16(src[j], bf16);
+      i16 += run.n;
+    } else {
+      std::memcpy(exact + i32, src, size_t(run.n) * sizeof(float));
+      i32 += run.n;
+    }
+  }
+  std::fill(slot + i16, slot + w.n16, uint16_t(0));  // padding: sent, never read
+  std::fill(exact + i32, exact + w.n32, 0.f);
+}
+
+void DataParallel::unpack_unit(const ParamUnit& u, const Tensor& wire, float* unit, int skip_rank) const {
+  const WireUnit& w = wire_units_[index_of(u)];
+  const bool bf16 = opt_.gather_dtype == DType::bf16;
+  const int64_t cs = chunk_size(u);
+  const uint16_t* base = reinterpret_cast<const uint16_t*>(wire.data<bf16_t>());
+  for (int q = 0; q < n_of(u); ++q) {
+    if (q == skip_rank) continue;
+    const uint16_t* slot = base + int64_t(q) * w.slot_elems();
+    const float* exact = reinterpret_cast<const float*>(slot + w.n16);
+    int64_t i16 = 0, i32 = 0;
+    for (const WireRun& run : w.runs[size_t(q)]) {
+      float* dst = unit + q * cs + run.offset;
+      if (run.rounded) {
+        const uint16_t* src = slot + i16;
+#pragma omp parallel for schedule(static) if (run.n > (1 << 18))
+        for (int64_t j = 0; j < run.n; ++j) dst[j] = widen16(src[j], bf16);
+        i16 += run.n;
+      } else {
+        std::memcpy(dst, exact + i32, size_t(run.n) * sizeof(float));
+        i32 += run.n;
+      }
+    }
+  }
+}
+
+comm::Work DataParallel::start_unit_gather(const ParamUnit& u, const Tensor& chunk, const Tensor& out, Tensor& wire) {
+  if (!sixteen_bit_gathers()) return group_of(u).all_gather_async(chunk, out);
+  const int64_t e = wire_units_[index_of(u)].slot_elems();
+  wire = take_buffer(n_of(u) * e, DType::bf16);  // 2-byte elements: bf16 or f16 bits, and f32 halves
+  pack_chunk(u, chunk.data<float>(), wire);
+  return group_of(u).all_gather_async(wire.slice(r_of(u) * e, {e}), wire);
+}
+
+void DataParallel::finish_unit_gather(const ParamUnit& u, Tensor& wire, const Tensor& out, bool in_place) {
+  if (!wire.defined()) return;
+  // In place (stages 1-2), this rank's own chunk keeps its fp32 master.
+  unpack_unit(u, wire, out.data<float>(), in_place ? r_of(u) : -1);
+  recycle(std::move(wire));
+  wire = Tensor();
+}
+
+int64_t DataParallel::gather_wire_bytes(const ParamUnit& u) const {
+  const int64_t others = n_of(u) - 1;
+  if (!sixteen_bit_gathers()) return others * chunk_size(u) * 4;
+  return others * wire_units_[index_of(u)].slot_elems() * 2;
+}
+
+}  // namespace loom::parallel
