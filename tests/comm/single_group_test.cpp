@@ -90,9 +90,13 @@ TEST(SingleGroup, BadInputNamesTheSizes) {
   e = error_of([&] { g.send(in, 0); });
   EXPECT_TRUE(contains(e, "send: dst 0 is this rank")) << e;
 
+  e = error_of([&] { g.all_reduce(Tensor::zeros({2}, DType::i8)); });
+  EXPECT_TRUE(contains(e, "tensor is i8")) << e;
+  EXPECT_TRUE(contains(e, "f32, f64, bf16 (sum and avg), f16 (moved, not reduced), i32, i64, u8")) << e;
   e = error_of([&] { g.all_reduce(Tensor::zeros({2}, DType::f16)); });
-  EXPECT_TRUE(contains(e, "tensor is f16")) << e;
-  EXPECT_TRUE(contains(e, "f32, f64, bf16 (sum and avg), i32, i64, u8")) << e;
+  EXPECT_TRUE(contains(e, "all_reduce: tensor is f16, which host backends move")) << e;
+  e = error_of([&] { g.reduce_scatter(Tensor::zeros({2}, DType::f16), Tensor::zeros({2}, DType::f16)); });
+  EXPECT_TRUE(contains(e, "reduce_scatter: tensor is f16")) << e;
 
   e = error_of([&] { g.all_reduce(Tensor()); });
   EXPECT_TRUE(contains(e, "all_reduce: tensor is undefined")) << e;

@@ -68,7 +68,7 @@ std::shared_ptr<CommRecord> shared_record(const Group& g);
 
 // The element types every CPU backend moves and reduces: f32, f64, i32, i64, u8.
 bool is_host_comm_dtype(DType t);
-inline constexpr const char* kHostCommDtypes = "f32, f64, bf16 (sum and avg), i32, i64, u8";
+inline constexpr const char* kHostCommDtypes = "f32, f64, bf16 (sum and avg), f16 (moved, not reduced), i32, i64, u8";
 
 // Divides every element by n (the avg of ReduceOp::avg after a sum); CPU tensors.
 void divide_in_place(const Tensor& t, int n);

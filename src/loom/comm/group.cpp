@@ -19,7 +19,8 @@ const char* reduce_op_name(ReduceOp op) {
 }
 
 bool is_host_comm_dtype(DType t) {
-  return t == DType::f32 || t == DType::f64 || t == DType::bf16 || t == DType::i32 || t == DType::i64 || t == DType::u8;
+  return t == DType::f32 || t == DType::f64 || t == DType::bf16 || t == DType::f16 || t == DType::i32 ||
+         t == DType::i64 || t == DType::u8;
 }
 
 namespace {
@@ -30,6 +31,13 @@ void check_tensor(const GroupImpl& g, const char* op, const Tensor& t, const cha
              "' uses the ", g.backend_name, " backend, which takes ", device_name(g.device), " tensors");
   LOOM_CHECK(g.backend().supports(t.dtype()), "comm", op, ": ", what, " is ", dtype_name(t.dtype()), "; the ",
              g.backend_name, " backend supports ", kHostCommDtypes);
+}
+
+// Host backends move f16 as bits but have no f16 arithmetic.
+void check_reducible(const GroupImpl& g, const char* op, const Tensor& t) {
+  LOOM_CHECK(t.dtype() != DType::f16 || g.device != Device::cpu, "comm", op,
+             ": tensor is f16, which host backends move (send, recv, all-gather, broadcast, all-to-all) but do not "
+             "reduce; reduce in f32 or bf16");
 }
 
 void check_same_dtype(const char* op, const Tensor& in, const Tensor& out) {
@@ -73,6 +81,7 @@ std::shared_ptr<CommRecord> shared_record(const Group& g) { return g.impl("recor
 Work Group::all_reduce_async(const Tensor& t, ReduceOp op) const {
   const GroupImpl& g = impl("all_reduce");
   check_tensor(g, "all_reduce", t, "tensor");
+  check_reducible(g, "all_reduce", t);
   return g.submit("all_reduce", int64_t(t.nbytes()), [t, op, a = g.algorithm.load()](Backend& b) {
     b.use_algorithm(a);
     b.all_reduce(t, op);
@@ -84,6 +93,7 @@ Work Group::reduce_scatter_async(const Tensor& in, const Tensor& out, ReduceOp o
   check_tensor(g, "reduce_scatter", in, "input");
   check_tensor(g, "reduce_scatter", out, "output");
   check_same_dtype("reduce_scatter", in, out);
+  check_reducible(g, "reduce_scatter", in);
   LOOM_CHECK(in.numel() == g.size * out.numel(), "comm", "reduce_scatter: input has ", in.numel(),
              " elements but group '", g.name, "' has ", g.size, " ranks and the output ", out.numel(),
              ", so the input needs ", g.size * out.numel(), " (", g.size, " x ", out.numel(), ")");

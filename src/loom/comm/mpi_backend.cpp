@@ -30,6 +30,7 @@ MPI_Datatype mpi_type(DType t) {
     case DType::i64: return MPI_INT64_T;
     case DType::u8: return MPI_UINT8_T;
     case DType::bf16: return MPI_UINT16_T;  // moved as bits; sums through bf16_sum_op()
+    case DType::f16: return MPI_UINT16_T;   // moved as bits; not reduced (mpi_op refuses)
     default: fail("comm", "mpi: dtype ", dtype_name(t), " is not supported");
   }
 }
@@ -52,6 +53,8 @@ MPI_Op bf16_sum_op() {
 }
 
 MPI_Op mpi_op(ReduceOp op, DType t) {
+  LOOM_CHECK(t != DType::f16, "comm", "mpi: f16 tensors are moved (send, recv, all-gather, broadcast), not reduced; ",
+             "reduce in f32 or bf16");
   if (t == DType::bf16) {
     LOOM_CHECK(op == ReduceOp::sum || op == ReduceOp::avg, "comm", "mpi: bf16 reductions are sum and avg, not ",
                reduce_op_name(op));

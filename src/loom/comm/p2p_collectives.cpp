@@ -208,6 +208,7 @@ void tree_all_gather(Peers& p, const Tensor& buf, const std::vector<Span>& spans
 void check_reducible(DType t, ReduceOp op) {
   LOOM_CHECK(t != DType::bf16 || op == ReduceOp::sum || op == ReduceOp::avg, "comm",
              "bf16 reductions are sum and avg, not ", reduce_op_name(op));
+  LOOM_CHECK(t != DType::f16, "comm", "f16 tensors are moved, not reduced; reduce in f32 or bf16");
 }
 
 class AlgorithmBackend final : public Backend {

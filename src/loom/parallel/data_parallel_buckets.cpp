@@ -4,7 +4,7 @@
 #include <algorithm>
 
 #include "loom/parallel/data_parallel.h"
-#include "loom/parallel/data_parallel_internal.h"
+#include "loom/parallel/wire_dtype.h"
 
 namespace loom::parallel {
 
@@ -49,7 +49,7 @@ void DataParallel::unit_ready(size_t ui) {
     wire_bytes_ += 2 * (n - 1) * ((end - begin) * int64_t(dtype_size(opt_.grad_dtype)) / n);
     if (opt_.grad_dtype == DType::bf16) {
       Tensor wire = take_buffer(end - begin, DType::bf16);
-      detail::narrow_to_bf16(grads, wire);
+      detail::narrow_to_16(grads, wire);
       inflight_.push_back({g.all_reduce_async(wire), wire, grads});
     } else {
       inflight_.push_back({g.all_reduce_async(grads), {}, {}});
@@ -65,7 +65,7 @@ void DataParallel::wait_buckets() {
 void DataParallel::land_buckets() {
   for (auto& f : inflight_)
     if (f.wire.defined()) {
-      detail::widen_bf16(f.wire, f.grads.data<float>(), false);
+      detail::widen_16(f.wire, f.grads.data<float>(), false);
       f.work = comm::Work();  // releases the collective's hold on the buffer
       recycle(std::move(f.wire));
     }

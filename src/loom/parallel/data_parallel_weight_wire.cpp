@@ -81,7 +81,7 @@ inline float widen16(uint16_t v, bool bf16) { return bf16 ? bf16_to_f32(bf16_t{v
 void DataParallel::pack_chunk(const ParamUnit& u, const float* chunk, const Tensor& wire) const {
   const WireUnit& w = wire_units_[index_of(u)];
   const bool bf16 = opt_.gather_dtype == DType::bf16;
-  uint16_t* slot = reinterpret_cast<uint16_t*>(wire.data<bf16_t>()) + int64_t(r_of(u)) * w.slot_elems();
+  uint16_t* slot = static_cast<uint16_t*>(wire.raw()) + int64_t(r_of(u)) * w.slot_elems();
   float* exact = reinterpret_cast<float*>(slot + w.n16);
   int64_t i16 = 0, i32 = 0;
   for (const WireRun& run : w.runs[size_t(r_of(u))]) {
@@ -104,7 +104,7 @@ void DataParallel::unpack_unit(const ParamUnit& u, const Tensor& wire, float* un
   const WireUnit& w = wire_units_[index_of(u)];
   const bool bf16 = opt_.gather_dtype == DType::bf16;
   const int64_t cs = chunk_size(u);
-  const uint16_t* base = reinterpret_cast<const uint16_t*>(wire.data<bf16_t>());
+  const uint16_t* base = static_cast<const uint16_t*>(wire.raw());
   for (int q = 0; q < n_of(u); ++q) {
     if (q == skip_rank) continue;
     const uint16_t* slot = base + int64_t(q) * w.slot_elems();
@@ -128,7 +128,7 @@ void DataParallel::unpack_unit(const ParamUnit& u, const Tensor& wire, float* un
 comm::Work DataParallel::start_unit_gather(const ParamUnit& u, const Tensor& chunk, const Tensor& out, Tensor& wire) {
   if (!sixteen_bit_gathers()) return group_of(u).all_gather_async(chunk, out);
   const int64_t e = wire_units_[index_of(u)].slot_elems();
-  wire = take_buffer(n_of(u) * e, DType::bf16);  // 2-byte elements: bf16 or f16 bits, and f32 halves
+  wire = take_buffer(n_of(u) * e, opt_.gather_dtype);  // 2-byte elements; an f32 value takes two
   pack_chunk(u, chunk.data<float>(), wire);
   return group_of(u).all_gather_async(wire.slice(r_of(u) * e, {e}), wire);
 }

@@ -4,6 +4,7 @@
 
 #include "loom/core/timer.h"
 #include "loom/core/trace.h"
+#include "loom/parallel/wire_dtype.h"
 
 namespace loom::parallel {
 
@@ -35,19 +36,35 @@ PipelineStage::PipelineStage(model::Decoder& model, const Mesh& mesh, const Pipe
   }
 }
 
-Tensor PipelineStage::take_buffer(int64_t n) {
+Tensor PipelineStage::take_buffer(int64_t n, DType dt) {
   for (size_t i = 0; i < pool_.size(); ++i)
-    if (pool_[i].numel() == n) {
+    if (pool_[i].numel() == n && pool_[i].dtype() == dt) {
       Tensor t = pool_[i];
       pool_.erase(pool_.begin() + long(i));
       return t;
     }
-  return Tensor::empty({n}, DType::f32, MemCategory::comm);
+  return Tensor::empty({n}, dt, MemCategory::comm);
+}
+
+void PipelineStage::land(const Tensor& wire, const Tensor& dst) {
+  if (narrow())
+    detail::widen_16(wire, dst.data<float>(), false);
+  else
+    dst.copy_from(wire.view(dst.shape()));
+}
+
+Tensor PipelineStage::pack(const Tensor& src) {
+  Tensor buf = wire_buffer();
+  if (narrow())
+    detail::narrow_to_16(src.view({src.numel()}), buf);
+  else
+    buf.view(src.shape()).copy_from(src);
+  return buf;
 }
 
 void PipelineStage::post_recv(std::map<int, Transfer>& into, int micro, int peer, int kind) {
   Transfer t;
-  t.buf = take_buffer(n_elems_);
+  t.buf = wire_buffer();
   t.work = pp_.recv_async(t.buf, peer, tag_of(micro, kind));
   into[micro] = std::move(t);
 }
@@ -64,7 +81,10 @@ void PipelineStage::wait_sends(bool all) {
     }
   }
   if (all) {
-    for (auto& [m, w] : act_sends_) w.wait();
+    for (auto& [m, t] : act_sends_) {
+      t.work.wait();
+      if (t.buf.defined()) pool_.push_back(t.buf);
+    }
     act_sends_.clear();
   }
 }
@@ -98,7 +118,7 @@ PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64
           trace::Span wait("wait recv activation", "wait", {{"micro", m}, {"peer", stage_ - 1}});
           in.work.wait();
         }
-        model_.stage_input(slot[mi]).copy_from(in.buf.view(model_.stage_input(slot[mi]).shape()));
+        land(in.buf, model_.stage_input(slot[mi]));
         pool_.push_back(in.buf);
         act_recv_.erase(m);
       }
@@ -110,7 +130,13 @@ PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64
       }
       st.forward_s += sw.seconds();
       st.n_valid += n;
-      if (!last()) act_sends_[m] = pp_.send_async(model_.stage_output(slot[mi]), stage_ + 1, tag_of(m, 0));
+      if (!last()) {
+        Transfer out;
+        if (narrow()) out.buf = pack(model_.stage_output(slot[mi]));
+        out.work =
+            pp_.send_async(out.buf.defined() ? out.buf : model_.stage_output(slot[mi]), stage_ + 1, tag_of(m, 0));
+        act_sends_[m] = std::move(out);
+      }
       st.max_in_flight = std::max(st.max_in_flight, ++live);
     } else {
       if (!last() && m + 1 < M) post_recv(grad_recv_, m + 1, stage_ + 1, 1);
@@ -122,11 +148,19 @@ PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64
           trace::Span wait("wait recv gradient", "wait", {{"micro", m}, {"peer", stage_ + 1}});
           g.work.wait();
         }
-        dy = g.buf;
+        if (narrow()) {
+          dy = take_buffer(n_elems_, DType::f32);
+          detail::widen_16(g.buf, dy.data<float>(), false);
+          pool_.push_back(g.buf);
+        } else {
+          dy = g.buf;
+        }
         grad_recv_.erase(m);
         // The slot's output must not be overwritten while it is still being sent.
         trace::Span wait("wait send activation", "wait", {{"micro", m}, {"peer", stage_ + 1}});
-        act_sends_.at(m).wait();
+        Transfer& sent = act_sends_.at(m);
+        sent.work.wait();
+        if (sent.buf.defined()) pool_.push_back(sent.buf);
         act_sends_.erase(m);
       }
       Stopwatch sw;
@@ -138,8 +172,7 @@ PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64
       if (dy.defined()) pool_.push_back(dy);
       if (!first()) {
         Transfer out;
-        out.buf = take_buffer(n_elems_);
-        out.buf.view(model_.stage_input_grad().shape()).copy_from(model_.stage_input_grad());
+        out.buf = pack(model_.stage_input_grad());
         out.work = pp_.send_async(out.buf, stage_ - 1, tag_of(m, 1));
         grad_sends_.push_back(std::move(out));
         wait_sends(false);
@@ -167,11 +200,20 @@ std::vector<std::pair<double, int64_t>> PipelineStage::evaluate(const FillFn& fi
   for (int m = 0; m < micro_batches; ++m) {
     fill(m, tok.data(), tgt.data());
     const int id = model_.stage_begin(B, T, false);
-    if (!first()) pp_.recv(model_.stage_input(id), stage_ - 1, tag_of(m, 0));
+    if (!first()) {
+      Tensor in = wire_buffer();
+      pp_.recv(in, stage_ - 1, tag_of(m, 0));
+      land(in, model_.stage_input(id));
+      pool_.push_back(in);
+    }
     int64_t n = 0;
     const double sum = model_.stage_forward(id, tok.data(), tgt.data(), 1.0, &n);
     out.push_back({sum, n});
-    if (!last()) pp_.send(model_.stage_output(id), stage_ + 1, tag_of(m, 0));
+    if (!last()) {
+      Tensor sent = pack(model_.stage_output(id));
+      pp_.send(sent, stage_ + 1, tag_of(m, 0));
+      pool_.push_back(sent);
+    }
     model_.stage_release(id);
   }
   model_.end_pass(false);

@@ -19,6 +19,10 @@ namespace loom::parallel {
 struct PipelineOptions {
   PipeSchedule schedule = PipeSchedule::one_f_one_b;
   int micro_batches = 1;
+  // The activations sent to the next stage and the gradients sent back (parallel.pp_dtype):
+  // f32, or bf16/f16 (half the bytes; each is rounded to nearest even before it leaves and
+  // widened to f32 on arrival, so the next stage starts from the rounded residual stream).
+  DType wire_dtype = DType::f32;
 };
 
 // What one step did on this stage.
@@ -63,7 +67,13 @@ class PipelineStage {
     Tensor buf;
     comm::Work work;
   };
-  Tensor take_buffer(int64_t n);
+  Tensor take_buffer(int64_t n, DType dt);
+  Tensor wire_buffer() { return take_buffer(n_elems_, opt_.wire_dtype); }
+  bool narrow() const { return opt_.wire_dtype != DType::f32; }
+  // dst (f32) = a transfer buffer's values (widened from the wire type).
+  void land(const Tensor& wire, const Tensor& dst);
+  // A wire buffer holding src (narrowed to the wire type).
+  Tensor pack(const Tensor& src);
   void post_recv(std::map<int, Transfer>& into, int micro, int peer, int kind);
   void wait_sends(bool all);
 
@@ -75,7 +85,8 @@ class PipelineStage {
   std::vector<Tensor> pool_;                      // free [N, C] transfer buffers
   std::map<int, Transfer> act_recv_, grad_recv_;  // posted receives by micro-batch
   std::vector<Transfer> grad_sends_;              // gradient sends in flight (own buffers)
-  std::map<int, comm::Work> act_sends_;           // activation sends (from the slot's output)
+  // Activation sends: f32 straight from the slot's output (buf undefined), or a narrowed copy.
+  std::map<int, Transfer> act_sends_;
   int64_t n_elems_ = 0;
 };
 

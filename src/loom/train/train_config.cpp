@@ -145,6 +145,8 @@ TrainConfig parse_train_config(const std::string& text, const std::vector<std::s
   c.parallel.gather_dtype =
       r.string("parallel.gather_dtype", model::precision_name(c.model.precision), {"fp32", "bf16", "fp16"});
   parallel::check_gather_dtype(wire_dtype(c.parallel.gather_dtype), c.model.precision);
+  c.parallel.pp_dtype =
+      r.string("parallel.pp_dtype", model::precision_name(c.model.precision), {"fp32", "bf16", "fp16"});
   c.parallel.pp_schedule = r.string("parallel.pp_schedule", "1f1b", {"gpipe", "1f1b"});
   c.parallel.pp_partition = r.string("parallel.pp_partition", "uniform", {"uniform", "parameters", "profile"});
   c.parallel.micro_batches = r.integer("parallel.micro_batches", 0, 0, kMaxI);

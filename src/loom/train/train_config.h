@@ -76,6 +76,9 @@ struct ParallelConfig {
   // default under bf16/fp16 training): the products' weights in 16 bits, exact (see
   // DataParallelOptions::gather_dtype).
   std::string gather_dtype = "fp32";
+  // Pipeline activations and their gradients between stages: "fp32", "bf16" or "fp16" (half
+  // the bytes, rounded); the default is model.precision's.
+  std::string pp_dtype = "fp32";
   std::string pp_schedule = "1f1b";
   std::string pp_partition = "uniform";
   // Micro-batches per rank and step (the pipeline schedule's m; gradient accumulation steps).

@@ -115,6 +115,36 @@ TEST(MpiGroup, Bf16SumsRoundEachPartialSumAndMaxIsRefused) {
   EXPECT_NE(e.find("bf16 reductions are sum and avg, not max"), std::string::npos) << e;
 }
 
+// f16 (pipeline activations and ZeRO weight gathers under fp16) moves as bits: all-gather and
+// send/recv carry every pattern, NaNs and infinities included; reductions are refused on every
+// rank before anything is sent.
+TEST(MpiGroup, F16MovesBitExactAndIsNotReduced) {
+  const Group& g = test_world();
+  const int n = g.size(), r = g.rank();
+  const int64_t m = 5;
+  Tensor in = Tensor::empty({m}, DType::f16), out = Tensor::empty({n * m}, DType::f16);
+  auto bits = [](int rank, int64_t i) { return uint16_t(0x7c00u + uint32_t(rank) * 977u + uint32_t(i) * 4099u); };
+  for (int64_t i = 0; i < m; ++i) in.data<f16_t>()[i].bits = bits(r, i);
+  g.all_gather(in, out);
+  for (int q = 0; q < n; ++q)
+    for (int64_t i = 0; i < m; ++i) ASSERT_EQ(out.data<f16_t>()[q * m + i].bits, bits(q, i)) << q << " " << i;
+  if (n >= 2 && r < 2) {
+    Tensor got = Tensor::empty({m}, DType::f16);
+    if (r == 0) g.send(in, 1);
+    if (r == 1) {
+      g.recv(got, 0);
+      for (int64_t i = 0; i < m; ++i) EXPECT_EQ(got.data<f16_t>()[i].bits, bits(0, i)) << i;
+    }
+  }
+  std::string e;
+  try {
+    g.all_reduce(in);
+  } catch (const Error& x) {
+    e = x.what();
+  }
+  EXPECT_NE(e.find("tensor is f16, which host backends move"), std::string::npos) << e;
+}
+
 TEST(MpiGroup, AllGatherOutOfPlaceAndInPlace) {
   const Group& g = test_world();
   const int n = g.size(), r = g.rank();

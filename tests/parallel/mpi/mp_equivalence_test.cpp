@@ -22,6 +22,7 @@
 #include <sstream>
 
 #include "comm/mpi/mpi_world.h"
+#include "loom/core/timer.h"
 #include "loom/model/hf_weights.h"
 #include "loom/parallel/mesh.h"
 #include "loom/train/checkpoint.h"
@@ -154,7 +155,13 @@ TrainRun run_training(const TrainConfig& cfg, const parallel::Mesh* mesh, const 
     r.val_loss = res.final_val_loss;
     r.weights = t.full_params().to_f32_vector();
     r.layout = std::make_unique<model::ParamLayout>(t.full_layout());
-    if (t.model().params().defined()) r.local = t.model().params().to_f32_vector();  // not under ZeRO-3
+    if (t.engine().params_are_masters()) {
+      r.local = t.model().params().to_f32_vector();
+    } else if (t.model().params().defined()) {  // ZeRO-1/2 with 16-bit gathers: the owners' masters
+      Tensor masters = Tensor::zeros({t.model().flat_size()}, DType::f32);
+      t.engine().gather_full_params(masters);
+      r.local = masters.to_f32_vector();
+    }  // not under ZeRO-3
     r.local_layout = std::make_unique<model::ParamLayout>(t.model().layout());
   }
   return r;
@@ -403,6 +410,35 @@ TEST(ModelParallelResume, CheckpointsReshardAcrossEveryLayout) {
   if (transitions.empty()) GTEST_SKIP() << "no transitions for " << N << " ranks";
   for (size_t i = 0; i < transitions.size(); ++i)
     expect_reshard(transitions[i].first, transitions[i].second, str_cat(base, "/t", i));
+}
+
+// parallel.pp_dtype (default: model.precision's): activations and their gradients cross the
+// stage boundary in 16 bits. Half the bytes of every send, exactly; the next stage starts from
+// the rounded residual stream, so the run moves (it must: the rounding happened) but stays within
+// the bf16 tolerance of the f32-wire run.
+TEST(ModelParallelPipelineWire, SixteenBitActivationsHalveTheSendsWithinTheBf16Tolerance) {
+  const comm::Group& world = test_world();
+  if (world.size() != 2) GTEST_SKIP() << "needs pp=2 = 2 ranks";
+  parallel::Mesh mesh(world, parallel::MeshShape(2, 1, 1, 1));
+  for (const char* precision : {"bf16", "fp16"}) {
+    const Layout l{"llama-tiny", 2, 1, 1, "1f1b", 0, 4, 1, "uniform", precision};
+    TrainRun runs[2];
+    double bytes[2] = {0, 0};
+    for (int k = 0; k < 2; ++k) {
+      TrainConfig cfg = make_config(l, 20);
+      ASSERT_EQ(cfg.parallel.pp_dtype, precision) << "the default follows model.precision";
+      if (k == 0) cfg.parallel.pp_dtype = "fp32";
+      const double t0 = now_seconds();
+      runs[k] = run_training(cfg, &mesh);
+      for (const auto& e : world.record().finished())
+        if (e.t_start >= t0 && e.op == "send") bytes[k] += double(e.bytes);
+    }
+    const std::string what = str_cat("pp=2 ", precision);
+    EXPECT_GT(bytes[0], 0) << what;
+    EXPECT_EQ(bytes[1] * 2, bytes[0]) << what << ": sends of " << bytes[1] << " bytes, f32 " << bytes[0];
+    EXPECT_NE(runs[1].losses, runs[0].losses) << what << ": the 16-bit wire changed nothing";
+    expect_close(runs[1], runs[0], what, true);
+  }
 }
 
 TEST(ModelParallelErrors, LayoutNotMatchingTheWorldIsRefusedWithTheArithmetic) {
