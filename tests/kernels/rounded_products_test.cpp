@@ -125,6 +125,36 @@ TEST(RoundToF16, MatchesTheScalarConversionBitForBitOverTheWholeRange) {
   }
 }
 
+// The 16-bit storage conversions against the scalar ones: narrowing over the same sweep of f32
+// patterns, widening over all 65536 16-bit patterns, bit for bit.
+TEST(Storage16, NarrowAndWidenMatchTheScalarConversionsBitForBit) {
+  std::vector<uint32_t> bits;
+  for (uint64_t b = 0; b <= 0xffffffffu; b += 997) bits.push_back(uint32_t(b));
+  for (uint32_t e : {0x38800000u, 0x387fffffu, 0x33000000u, 0x33000001u, 0x477fe000u, 0x477ff000u, 0x7f800000u,
+                     0x7f800001u, 0x7fffffffu, 0x3f808000u, 0x3f818000u, 0x7f7fffffu, 0x00000001u})
+    for (uint32_t sg : {0u, 0x80000000u}) bits.push_back(e | sg);
+  std::vector<float> v(bits.size());
+  std::memcpy(v.data(), bits.data(), bits.size() * 4);
+  std::vector<uint16_t> h(v.size());
+  cpu::narrow_to_16(true, v.data(), h.data(), int64_t(v.size()));
+  for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(h[i], f32_to_bf16(v[i]).bits) << std::hex << "bf16 of 0x" << bits[i];
+  cpu::narrow_to_16(false, v.data(), h.data(), int64_t(v.size()));
+  for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(h[i], f32_to_f16(v[i]).bits) << std::hex << "f16 of 0x" << bits[i];
+  std::vector<uint16_t> all(65536);
+  for (uint32_t i = 0; i < 65536; ++i) all[i] = uint16_t(i);
+  std::vector<float> w(all.size());
+  for (const bool bf16 : {true, false}) {
+    cpu::widen_from_16(bf16, all.data(), w.data(), int64_t(all.size()));
+    for (uint32_t i = 0; i < 65536; ++i) {
+      const float want_f = bf16 ? bf16_to_f32(bf16_t{uint16_t(i)}) : f16_to_f32(f16_t{uint16_t(i)});
+      uint32_t got, want;
+      std::memcpy(&got, &w[i], 4);
+      std::memcpy(&want, &want_f, 4);
+      ASSERT_EQ(got, want) << std::hex << (bf16 ? "bf16 0x" : "f16 0x") << i;
+    }
+  }
+}
+
 TEST(LinearF16, ForwardIsTheProductOfFp16RoundedOperands) {
   std::mt19937 g(6);
   const int64_t N = 13, I = 40, O = 21;

@@ -233,6 +233,27 @@ void add_inplace(const Tensor& acc, const Tensor& x) {
   dispatch_float("add", acc.dtype(), [&]<class T>() { cpu::add_inplace<T>(acc.data<T>(), x.data<T>(), acc.numel()); });
 }
 
+namespace {
+void check_16(const char* op, const Tensor& f32, const Tensor& h) {
+  LOOM_CHECK(f32.numel() == h.numel(), op, "element counts differ: ", f32.describe(), " and ", h.describe());
+  LOOM_CHECK(f32.dtype() == DType::f32 && (h.dtype() == DType::bf16 || h.dtype() == DType::f16), op,
+             "converts f32 and bf16/f16, got ", f32.describe(), " and ", h.describe());
+  LOOM_CHECK(f32.device() == Device::cpu && h.device() == Device::cpu, op, "runs on the CPU, got ", f32.describe(),
+             " and ", h.describe());
+}
+}  // namespace
+
+void narrow_to_16(const Tensor& src, const Tensor& dst) {
+  check_16("narrow", src, dst);
+  cpu::narrow_to_16(dst.dtype() == DType::bf16, src.data<float>(), static_cast<uint16_t*>(dst.raw()), src.numel());
+}
+
+void widen_from_16(const Tensor& src, const Tensor& dst) {
+  check_16("widen", dst, src);
+  cpu::widen_from_16(src.dtype() == DType::bf16, static_cast<const uint16_t*>(src.raw()), dst.data<float>(),
+                     src.numel());
+}
+
 void rope_apply(const Tensor& x, int64_t col0, int64_t n_heads, int64_t D, const Tensor& pos, double theta,
                 bool inverse) {
   const char* op = "rope";

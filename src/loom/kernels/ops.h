@@ -37,6 +37,9 @@ void swiglu_forward(const Tensor& in, const Tensor& out);
 void swiglu_backward(const Tensor& in, const Tensor& dout, const Tensor& din);
 void add_forward(const Tensor& a, const Tensor& b, const Tensor& out);
 void add_inplace(const Tensor& acc, const Tensor& x);
+// dst (bf16 or f16) = src (f32) rounded to nearest even; widen: dst (f32) = src exactly. CPU.
+void narrow_to_16(const Tensor& src, const Tensor& dst);
+void widen_from_16(const Tensor& src, const Tensor& dst);
 
 // x[N, W] rows; heads [col0/D, col0/D + n_heads) rotated by pos[N] (i32).
 void rope_apply(const Tensor& x, int64_t col0, int64_t n_heads, int64_t head_dim, const Tensor& pos, double theta,

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "loom/kernels/cpu/rounded_operands.h"
 #include "loom/parallel/data_parallel.h"
 
 namespace loom::parallel {
@@ -71,13 +72,6 @@ void DataParallel::build_wire_units() {
   }
 }
 
-namespace {
-
-inline uint16_t narrow16(float x, bool bf16) { return bf16 ? f32_to_bf16(x).bits : f32_to_f16(x).bits; }
-inline float widen16(uint16_t v, bool bf16) { return bf16 ? bf16_to_f32(bf16_t{v}) : f16_to_f32(f16_t{v}); }
-
-}  // namespace
-
 void DataParallel::pack_chunk(const ParamUnit& u, const float* chunk, const Tensor& wire) const {
   const WireUnit& w = wire_units_[index_of(u)];
   const bool bf16 = opt_.gather_dtype == DType::bf16;
@@ -87,9 +81,7 @@ void DataParallel::pack_chunk(const ParamUnit& u, const float* chunk, const Tens
   for (const WireRun& run : w.runs[size_t(r_of(u))]) {
     const float* src = chunk + run.offset;
     if (run.rounded) {
-      uint16_t* dst = slot + i16;
-#pragma omp parallel for schedule(static) if (run.n > (1 << 18))
-      for (int64_t j = 0; j < run.n; ++j) dst[j] = narrow16(src[j], bf16);
+      cpu::narrow_to_16(bf16, src, slot + i16, run.n);
       i16 += run.n;
     } else {
       std::memcpy(exact + i32, src, size_t(run.n) * sizeof(float));
@@ -113,9 +105,7 @@ void DataParallel::unpack_unit(const ParamUnit& u, const Tensor& wire, float* un
     for (const WireRun& run : w.runs[size_t(q)]) {
       float* dst = unit + q * cs + run.offset;
       if (run.rounded) {
-        const uint16_t* src = slot + i16;
-#pragma omp parallel for schedule(static) if (run.n > (1 << 18))
-        for (int64_t j = 0; j < run.n; ++j) dst[j] = widen16(src[j], bf16);
+        cpu::widen_from_16(bf16, slot + i16, dst, run.n);
         i16 += run.n;
       } else {
         std::memcpy(dst, exact + i32, size_t(run.n) * sizeof(float));

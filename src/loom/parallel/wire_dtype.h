@@ -5,6 +5,7 @@
 #include "loom/core/dtype.h"
 #include "loom/core/error.h"
 #include "loom/core/tensor.h"
+#include "loom/kernels/cpu/rounded_operands.h"
 
 namespace loom::parallel::detail {
 
@@ -12,32 +13,19 @@ namespace loom::parallel::detail {
 inline void narrow_to_16(const Tensor& src, const Tensor& dst) {
   LOOM_CHECK(src.numel() == dst.numel() && (dst.dtype() == DType::bf16 || dst.dtype() == DType::f16), "wire",
              "narrowing ", src.describe(), " into ", dst.describe());
-  const float* s = src.data<float>();
-  const int64_t n = src.numel();
-  if (dst.dtype() == DType::bf16) {
-    bf16_t* d = dst.data<bf16_t>();
-#pragma omp parallel for schedule(static) if (n > (1 << 18))
-    for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(s[i]);
-  } else {
-    f16_t* d = dst.data<f16_t>();
-#pragma omp parallel for schedule(static) if (n > (1 << 16))
-    for (int64_t i = 0; i < n; ++i) d[i] = f32_to_f16(s[i]);
-  }
+  cpu::narrow_to_16(dst.dtype() == DType::bf16, src.data<float>(), static_cast<uint16_t*>(dst.raw()), src.numel());
 }
 
 // dst (f32) = or += the 16-bit values of src (bf16 or f16).
 inline void widen_16(const Tensor& src, float* dst, bool add) {
+  LOOM_CHECK(src.dtype() == DType::bf16 || src.dtype() == DType::f16, "wire", "widening ", src.describe(),
+             ": not a 16-bit float");
   const int64_t n = src.numel();
-  if (src.dtype() == DType::bf16) {
-    const bf16_t* s = src.data<bf16_t>();
-#pragma omp parallel for schedule(static) if (n > (1 << 18))
-    for (int64_t i = 0; i < n; ++i) dst[i] = (add ? dst[i] : 0.f) + bf16_to_f32(s[i]);
-  } else {
-    LOOM_CHECK(src.dtype() == DType::f16, "wire", "widening ", src.describe(), ": not a 16-bit float");
-    const f16_t* s = src.data<f16_t>();
+  const bool bf16 = src.dtype() == DType::bf16;
+  if (!add) return cpu::widen_from_16(bf16, static_cast<const uint16_t*>(src.raw()), dst, n);
+  const uint16_t* s = static_cast<const uint16_t*>(src.raw());
 #pragma omp parallel for schedule(static) if (n > (1 << 16))
-    for (int64_t i = 0; i < n; ++i) dst[i] = (add ? dst[i] : 0.f) + f16_to_f32(s[i]);
-  }
+  for (int64_t i = 0; i < n; ++i) dst[i] += bf16 ? bf16_to_f32(bf16_t{s[i]}) : f16_to_f32(f16_t{s[i]});
 }
 
 }  // namespace loom::parallel::detail

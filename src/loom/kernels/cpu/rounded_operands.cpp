@@ -48,6 +48,60 @@ void round_to_f16(const float* in, float* out, int64_t n) {
   }
 }
 
+void narrow_to_16(bool bf16, const float* in, uint16_t* out, int64_t n) {
+  if (bf16) {
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+    for (int64_t i = 0; i < n; ++i) {
+      uint32_t u;
+      std::memcpy(&u, in + i, 4);
+      const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+      const uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+      out[i] = uint16_t(nan ? (u >> 16) | 0x40u : r);
+    }
+    return;
+  }
+  // round_to_f16's rounding, then the bits: normal values rebias the exponent (f32's 113 is
+  // fp16's 1), subnormals are the multiple of 2^-24 they were rounded to.
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, in + i, 4);
+    const uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    uint32_t normal = (a + 0xfffu + ((a >> 13) & 1u)) & 0xffffe000u;
+    normal = normal > 0x477fe000u ? 0x7c00u : (normal - 0x38000000u) >> 13;
+    float mag;
+    std::memcpy(&mag, &a, 4);
+    const uint32_t sub = uint32_t(((mag + 0.5f) - 0.5f) * 16777216.f);
+    const uint32_t h = a > 0x7f800000u ? 0x7e00u : a == 0x7f800000u ? 0x7c00u : a < 0x38800000u ? sub : normal;
+    out[i] = uint16_t(sign | h);
+  }
+}
+
+void widen_from_16(bool bf16, const uint16_t* in, float* out, int64_t n) {
+  if (bf16) {
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t u = uint32_t(in[i]) << 16;
+      std::memcpy(out + i, &u, 4);
+    }
+    return;
+  }
+  // The magnitude's bits shifted into f32 position and scaled by 2^112 rebias normal and
+  // subnormal values alike; infinities and NaNs keep an all-ones exponent.
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t h = in[i], bits = (h & 0x7fffu) << 13;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    f *= 0x1p112f;
+    uint32_t v;
+    std::memcpy(&v, &f, 4);
+    v = (h & 0x7c00u) == 0x7c00u ? bits | 0x7f800000u : v;
+    v |= (h & 0x8000u) << 16;
+    std::memcpy(out + i, &v, 4);
+  }
+}
+
 void round_operand(ProductPrecision p, const float* in, float* out, int64_t n) {
   if (p == ProductPrecision::bf16)
     round_to_bf16(in, out, n);

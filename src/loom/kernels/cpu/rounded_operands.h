@@ -21,6 +21,12 @@ const char* product_precision_name(ProductPrecision p);  // "f32", "bf16", "f16"
 void round_to_bf16(const float* in, float* out, int64_t n);
 // out[i] = in[i] rounded to the nearest fp16 (subnormals kept, beyond 65504: infinity).
 void round_to_f16(const float* in, float* out, int64_t n);
+// Storage in 16 bits (saved activations, wire buffers): out[i] = the bf16 (bf16 == true) or fp16
+// bit pattern of in[i], rounded as round_to_bf16 / round_to_f16 round (bit-exact with
+// f32_to_bf16 / f32_to_f16); and back, exactly.
+void narrow_to_16(bool bf16, const float* in, uint16_t* out, int64_t n);
+void widen_from_16(bool bf16, const uint16_t* in, float* out, int64_t n);
+
 // round_to_bf16 or round_to_f16 (f32: a copy, or nothing in place).
 void round_operand(ProductPrecision p, const float* in, float* out, int64_t n);
 
