@@ -21,6 +21,7 @@
 #include "loom/model/memory_estimate.h"
 #include "loom/optim/adamw.h"
 #include "loom/optim/schedule.h"
+#include "loom/train/train_config.h"
 #include "tools/loom/bench_train.h"
 #include "tools/loom/peer_process.h"
 
@@ -76,6 +77,10 @@ int bench_train(const std::vector<std::string>& argv) {
   app->add_option("--ckpt", o.ckpt, "activation checkpoint interval (0: off)")
       ->type_name("INTERVAL")
       ->check(non_negative())
+      ->group(single);
+  app->add_option("--activation-dtype", o.activation_dtype,
+                  "model.activation_dtype: what forward keeps for backward (default: --precision)")
+      ->check(one_of({"fp32", "bf16", "fp16"}))
       ->group(single);
   app->add_option("--xent-chunk", o.xent_chunk, "rows of logits per chunk of the fused LM head + loss (default 1024)")
       ->check(positive())
@@ -148,6 +153,8 @@ int bench_train(const std::vector<std::string>& argv) {
   model::ModelConfig cfg = model::preset(preset);
   const std::string& precision = o.precision;
   cfg.precision = model::precision_from_name(precision);
+  const std::string act_name = o.activation_dtype.empty() ? precision : o.activation_dtype;
+  cfg.activation_dtype = train::wire_dtype(act_name);
   model::DecoderOptions opt;
   opt.activation_checkpoint_interval = ckpt;
   if (given("xent-chunk")) opt.xent_chunk = o.xent_chunk;
@@ -165,10 +172,11 @@ int bench_train(const std::vector<std::string>& argv) {
               cfg.summary().c_str(), (long long)m.num_params(), (long long)B, (long long)T, threads,
               cpu::hot_kernels_isa().c_str(), ckpt ? str_cat(", checkpoint interval ", ckpt).c_str() : "");
   std::printf("model FLOPs per step: %.1f GFLOP (6*P*tokens + 6*L*T*C*tokens causal attention)\n", flops / 1e9);
-  std::printf("matrix products: %s\n",
+  std::printf("matrix products: %s; activations saved for backward in %s\n",
               cfg.precision == model::Precision::bf16
                   ? str_cat(cpu::bf16_product_path(), ", bf16 operands, f32 accumulation").c_str()
-                  : "f32 SGEMM");
+                  : "f32 SGEMM",
+              ckpt ? "f32 (checkpointed block inputs)" : act_name.c_str());
 
   // Each step's time inside BLAS matrix products (cpu::gemm_clock), to split the step.
   std::vector<double> loom_gemm_ms;
@@ -285,6 +293,7 @@ int bench_train(const std::vector<std::string>& argv) {
                       {"threads", threads},
                       {"precision", precision},
                       {"checkpoint_interval", ckpt},
+                      {"activation_dtype", ckpt ? "fp32" : act_name},
                       {"isa", cpu::hot_kernels_isa()},
                       {"loom_ms_median", ls.median},
                       {"loom_ms_min", ls.min},

@@ -86,31 +86,78 @@ BlockDims BlockDims::of(const ModelConfig& cfg, int64_t tp, int64_t rank) {
   return d;
 }
 
-BlockActs BlockActs::allocate(const ModelConfig& cfg, int64_t B, int64_t T, DType dt, Allocator& alloc,
-                              const BlockDims& d) {
+namespace {
+// `big`: the type of the fields the stored form keeps in 16 bits (ln1, qkv, att, ln2, fc, act);
+// `dt` the rest's. qkv_compact only in a working set.
+BlockActs allocate_acts(const ModelConfig& cfg, int64_t B, int64_t T, DType dt, DType big, bool working,
+                        Allocator& alloc, const BlockDims& d) {
   const int64_t N = B * T, C = d.C, D = d.D, H = d.H, F = d.F;
   const auto cat = MemCategory::activations;
   const bool gpt2 = cfg.family == Family::gpt2;
   BlockActs a;
   a.dims = d;
-  a.ln1 = Tensor::empty({N, C}, dt, cat, alloc);
+  a.ln1 = Tensor::empty({N, C}, big, cat, alloc);
   if (gpt2) a.ln1_mean = Tensor::empty({N}, dt, cat, alloc);
   a.ln1_rstd = Tensor::empty({N}, dt, cat, alloc);
-  a.qkv = Tensor::empty({B, T, d.attn_width()}, dt, cat, alloc);
-  if (d.kv_expand) a.qkv_compact = Tensor::empty({B, T, d.qkv_width()}, dt, cat, alloc);
-  a.att = Tensor::empty({B, T, H * D}, dt, cat, alloc);
+  a.qkv = Tensor::empty({B, T, d.attn_width()}, big, cat, alloc);
+  if (d.kv_expand && working) a.qkv_compact = Tensor::empty({B, T, d.qkv_width()}, dt, cat, alloc);
+  a.att = Tensor::empty({B, T, H * D}, big, cat, alloc);
   a.lse = Tensor::empty({B, H, T}, dt, cat, alloc);
   a.x_mid = Tensor::empty({N, C}, dt, cat, alloc);
-  a.ln2 = Tensor::empty({N, C}, dt, cat, alloc);
+  a.ln2 = Tensor::empty({N, C}, big, cat, alloc);
   if (gpt2) a.ln2_mean = Tensor::empty({N}, dt, cat, alloc);
   a.ln2_rstd = Tensor::empty({N}, dt, cat, alloc);
   const int64_t mlp = cfg.dense_mlp_width(F);
   if (mlp > 0) {
-    a.fc = Tensor::empty({N, gpt2 ? mlp : 2 * mlp}, dt, cat, alloc);
-    a.act = Tensor::empty({N, mlp}, dt, cat, alloc);
+    a.fc = Tensor::empty({N, gpt2 ? mlp : 2 * mlp}, big, cat, alloc);
+    a.act = Tensor::empty({N, mlp}, big, cat, alloc);
   }
   if (cfg.moe.enabled()) a.moe = MoeActs::allocate(cfg, N, dt, alloc);
   return a;
+}
+}  // namespace
+
+BlockActs BlockActs::allocate(const ModelConfig& cfg, int64_t B, int64_t T, DType dt, Allocator& alloc,
+                              const BlockDims& d) {
+  return allocate_acts(cfg, B, T, dt, dt, true, alloc, d);
+}
+
+BlockActs BlockActs::allocate_stored(const ModelConfig& cfg, int64_t B, int64_t T, DType dt16, Allocator& alloc,
+                                     const BlockDims& d) {
+  LOOM_CHECK(dt16 == DType::bf16 || dt16 == DType::f16, "model", "stored activations are bf16 or f16, not ",
+             dtype_name(dt16));
+  return allocate_acts(cfg, B, T, DType::f32, dt16, false, alloc, d);
+}
+
+namespace {
+// The fields stored in 16 bits, and those whose f32 buffers trade places.
+template <class F>
+void for_stored_fields(BlockActs& work, BlockActs& stored, F&& narrow_or_widen) {
+  narrow_or_widen(work.ln1, stored.ln1);
+  narrow_or_widen(work.qkv, stored.qkv);
+  narrow_or_widen(work.att, stored.att);
+  narrow_or_widen(work.ln2, stored.ln2);
+  if (stored.fc.defined()) {
+    narrow_or_widen(work.fc, stored.fc);
+    narrow_or_widen(work.act, stored.act);
+  }
+  for (auto [w, s] : {std::pair{&work.ln1_mean, &stored.ln1_mean},
+                      {&work.ln1_rstd, &stored.ln1_rstd},
+                      {&work.lse, &stored.lse},
+                      {&work.x_mid, &stored.x_mid},
+                      {&work.ln2_mean, &stored.ln2_mean},
+                      {&work.ln2_rstd, &stored.ln2_rstd}})
+    std::swap(*w, *s);
+  std::swap(work.moe, stored.moe);
+}
+}  // namespace
+
+void stash_activations(BlockActs& work, BlockActs& stored) {
+  for_stored_fields(work, stored, [](const Tensor& w, const Tensor& s) { ops::narrow_to_16(w, s); });
+}
+
+void unstash_activations(BlockActs& stored, BlockActs& work) {
+  for_stored_fields(work, stored, [](const Tensor& w, const Tensor& s) { ops::widen_from_16(s, w); });
 }
 
 int64_t BlockActs::bytes() const {

@@ -90,8 +90,19 @@ struct BlockActs {
   static BlockActs allocate(const ModelConfig& cfg, int64_t B, int64_t T, DType dt, Allocator& alloc) {
     return allocate(cfg, B, T, dt, alloc, BlockDims::of(cfg));
   }
+  // The stored form of a block's activations under model.activation_dtype = `dt16` (bf16 or
+  // f16): ln1, qkv, att, ln2, fc and act in dt16, no qkv_compact (backward reads qkv only), the
+  // rest f32. Filled by stash_activations from a working set allocate() made.
+  static BlockActs allocate_stored(const ModelConfig& cfg, int64_t B, int64_t T, DType dt16, Allocator& alloc,
+                                   const BlockDims& dims);
   int64_t bytes() const;
 };
+
+// After block_forward into `work`: its 16-bit fields are narrowed into `stored`, and its f32
+// ones (statistics, lse, x_mid, the MoE buffers) trade places with stored's, so nothing large
+// is copied. unstash_activations is the way back, before block_backward from `work`.
+void stash_activations(BlockActs& work, BlockActs& stored);
+void unstash_activations(BlockActs& stored, BlockActs& work);
 
 // Backward temporaries shared by all blocks.
 struct BlockScratch {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/core/dtype.h"
 #include "loom/kernels/cpu/rounded_operands.h"
 
 namespace loom::model {
@@ -71,6 +72,13 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   bool tied_embeddings = true;
   Precision precision = Precision::fp32;  // a compute policy: not part of config.json
+  // What training keeps for backward between a block's forward and its backward
+  // (model.activation_dtype; a compute policy too): f32, or bf16/f16, which stores the normed
+  // inputs, q|k|v, the attention output and the MLP's pre-activation and activation in 16 bits
+  // (the statistics, the log-sum-exp, the residual stream and MoE buffers stay f32). Blocks run
+  // in an f32 working set and backward reads the stored values widened. Not with activation
+  // checkpointing, whose saved block inputs are the residual stream.
+  DType activation_dtype = DType::f32;
   MoeConfig moe;
 
   // Whether block `layer` is a Mixture-of-Experts block.

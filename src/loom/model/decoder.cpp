@@ -119,7 +119,8 @@ void Decoder::ensure_buffers(int64_t B, int64_t T, bool train) {
   const int64_t seg = checkpointed() ? std::min<int64_t>(opt_.activation_checkpoint_interval, L) : 1;
   if (L > 0)
     for (int64_t i = 0; i < (train ? seg : 1); ++i)
-      if (!train || checkpointed()) recompute_.push_back(BlockActs::allocate(cfg_, B, T, dtype_, alloc_, dims_));
+      if (!train || checkpointed() || stores_16bit())
+        recompute_.push_back(BlockActs::allocate(cfg_, B, T, dtype_, alloc_, dims_));
   if (last_stage() && !tp_)
     ce_work_ = Tensor::empty({std::min(opt_.xent_chunk, N) * cfg_.vocab_size}, dtype_, work, alloc_);
   if (train) {
@@ -152,7 +153,9 @@ int Decoder::stage_begin(int64_t B, int64_t T, bool train) {
   s.targets = Tensor::empty({N}, DType::i32, act, alloc_);
   for (int64_t l = 0; l <= L; ++l) s.res.push_back(Tensor::empty({N, C}, dtype_, act, alloc_));
   if (train && !checkpointed())
-    for (int64_t l = 0; l < L; ++l) s.saved.push_back(BlockActs::allocate(cfg_, B, T, dtype_, alloc_, dims_));
+    for (int64_t l = 0; l < L; ++l)
+      s.saved.push_back(stores_16bit() ? BlockActs::allocate_stored(cfg_, B, T, cfg_.activation_dtype, alloc_, dims_)
+                                       : BlockActs::allocate(cfg_, B, T, dtype_, alloc_, dims_));
   if (last_stage()) {
     s.lnf = Tensor::empty({N, C}, dtype_, act, alloc_);
     if (cfg_.family == Family::gpt2) s.lnf_mean = Tensor::empty({N}, dtype_, act, alloc_);
@@ -206,11 +209,13 @@ void Decoder::embed_forward(Slot& s) {
 }
 
 // Forward through the stage's blocks. In training without checkpointing each block keeps its
-// own activations; otherwise they go to a reusable set (recomputed later when training).
+// own activations (in 16 bits: computed in the working set, then stashed); otherwise they go to
+// a reusable set (recomputed later when training).
 void Decoder::run_blocks_forward(Slot& s) {
   const int first = layout_.first_layer();
+  const bool stash = s.train_buffers && stores_16bit();
   for (int i = 0; i < n_local(); ++i) {
-    BlockActs& a = (s.train_buffers && !checkpointed()) ? s.saved[size_t(i)] : recompute_[0];
+    BlockActs& a = (s.train_buffers && !checkpointed() && !stash) ? s.saved[size_t(i)] : recompute_[0];
     a.moe.times = &moe_times_;
     trace::Span span("forward block", "compute", {{"layer", first + i}});
     block_forward(cfg_, first + i,
@@ -218,6 +223,7 @@ void Decoder::run_blocks_forward(Slot& s) {
                   s.res[size_t(i)], pos_, a, s.res[size_t(i) + 1], tp_, ep_);
     src_->release_block_params(first + i, ParamSource::Phase::forward);
     if (cfg_.is_moe_layer(first + i)) record_moe(first + i, a.moe, s);
+    if (stash && s.train) stash_activations(a, s.saved[size_t(i)]);
   }
 }
 
@@ -358,7 +364,12 @@ void Decoder::stage_backward(int id, const Tensor& dy) {
     src_->block_grads_done(l);
   };
   const int64_t L = n_local();
-  if (!checkpointed()) {
+  if (stores_16bit()) {
+    for (int64_t i = L - 1; i >= 0; --i) {
+      unstash_activations(s.saved[size_t(i)], recompute_[0]);
+      backward_block(i, recompute_[0]);
+    }
+  } else if (!checkpointed()) {
     for (int64_t i = L - 1; i >= 0; --i) backward_block(i, s.saved[size_t(i)]);
   } else {
     const int64_t k = opt_.activation_checkpoint_interval;

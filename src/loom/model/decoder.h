@@ -160,7 +160,7 @@ class Decoder {
   struct Slot {
     Tensor tokens, targets;
     std::vector<Tensor> res;                       // res[i]: input of the stage's block i; res.back(): output
-    std::vector<BlockActs> saved;                  // per block when not checkpointed
+    std::vector<BlockActs> saved;                  // per block when not checkpointed (16-bit: stored form)
     Tensor lnf, lnf_mean, lnf_rstd, losses, dlnf;  // the head (last stage)
     double grad_scale = 0;                         // of this micro-batch's training forward
     double router_loss = 0;                        // the MoE blocks' weighted router losses
@@ -175,6 +175,9 @@ class Decoder {
   void final_norm_forward(Slot& s);
   double count_and_sum(const Slot& s, int64_t N, int64_t* n_valid);
   bool checkpointed() const { return opt_.activation_checkpoint_interval > 0; }
+  // Training keeps each block's activations in 16 bits (ModelConfig::activation_dtype) and runs
+  // blocks in the working set recompute_[0].
+  bool stores_16bit() const { return !checkpointed() && dtype_ == DType::f32 && cfg_.activation_dtype != DType::f32; }
   BlockWeights with_router_bias(int layer, BlockWeights w) const;
   void record_moe(int layer, const MoeActs& a, Slot& s);
   bool first_stage() const { return layout_.slice().has_embedding; }

@@ -6,6 +6,11 @@
 
 namespace loom::model {
 
+namespace {
+// Whether training stores block activations in 16 bits (Decoder::stores_16bit).
+bool stored_16bit(const ModelConfig& cfg, int interval) { return interval <= 0 && cfg.activation_dtype != DType::f32; }
+}  // namespace
+
 TrainingMemoryEstimate estimate_training_memory(const ModelConfig& cfg, int64_t P, int64_t B, int64_t T, int interval,
                                                 int64_t chunk) {
   const int64_t N = B * T, C = cfg.d_model, L = cfg.n_layer, H = cfg.n_head;
@@ -26,10 +31,15 @@ TrainingMemoryEstimate estimate_training_memory(const ModelConfig& cfg, int64_t 
   TrainingMemoryEstimate e;
   e.params = e.grads = 4 * P;
   e.optimizer = 8 * P;
-  e.activations = 4 * N *
-                  (sets * per_block + (L + 1) * C                   // saved blocks, residual stream
-                   + C + stats + 1                                  // final norm and token losses
-                   + 3);                                            // tokens, targets, positions (i32)
+  // 16-bit saved activations: ln1, qkv, att, ln2 and the MLP's in 16 bits per block, the rest in
+  // f32, and one f32 working set the blocks run in.
+  const int64_t big = C + W + H * D + C + mlp, small = per_block - big;
+  const int64_t blocks =
+      stored_16bit(cfg, interval) ? L * N * (2 * big + 4 * small) + 4 * N * per_block : 4 * N * sets * per_block;
+  e.activations = blocks + 4 * N *
+                               ((L + 1) * C                         // residual stream
+                                + C + stats + 1                     // final norm and token losses
+                                + 3);                               // tokens, targets, positions (i32)
   e.workspace = 4 * (std::min(chunk, N) * cfg.vocab_size            // logits chunk
                      + N * (2 * C                                   // dlnf, dres
                             + C + W + H * D + mlp + moe_scratch));  // block scratch
@@ -61,11 +71,17 @@ SliceActivationBytes estimate_slice_activations(const ModelConfig& cfg, const Mo
                         stats + (G + 1) * mlp + (moe ? 2 * E + 4 * k + k * ((G + 1) * Fe + C) : 0);
   const int64_t scratch = C + d.qkv_width() + (d.kv_expand ? d.attn_width() : 0) + d.H * d.D + (G + 1) * mlp +
                           (moe ? E + k * (2 * C + (G + 1) * Fe) : 0);
-  const bool ckpt = interval > 0;
+  const bool ckpt = interval > 0, stored16 = stored_16bit(cfg, interval);
+  // 16-bit saved activations (BlockActs::allocate_stored): ln1, qkv, att, ln2 and the MLP's in
+  // 16 bits, no compact q|k|v, the rest f32; the blocks run in one shared f32 working set.
+  const int64_t big = C + d.attn_width() + d.H * d.D + C + (G + 1) * mlp;
+  const int64_t small = block - big - (d.kv_expand ? d.qkv_width() : 0);
+  const int64_t saved = ckpt ? 0 : stored16 ? L * N * (2 * big + 4 * small) : 4 * N * L * block;
   SliceActivationBytes b;
-  b.per_slot = 4 * N * (2 + (L + 1) * C + (ckpt ? 0 : L * block) + (slice.has_head ? C + stats + 1 : 0));
+  b.per_slot = saved + 4 * N * (2 + (L + 1) * C + (slice.has_head ? C + stats + 1 : 0));
   b.per_slot_workspace = slice.has_head ? 4 * N * C : 0;
-  b.shared = 4 * N * (1 + (ckpt && L > 0 ? std::min<int64_t>(interval, L) * block : 0));
+  const int64_t working = ckpt && L > 0 ? std::min<int64_t>(interval, L) : stored16 && L > 0 ? 1 : 0;
+  b.shared = 4 * N * (1 + working * block);
   b.workspace = 4 * N * (C + scratch);
   if (slice.has_head) {
     const int64_t R = std::min(chunk, N);

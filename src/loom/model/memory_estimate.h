@@ -32,7 +32,8 @@ double estimate_training_bytes(const ModelConfig& cfg, int64_t n_params, double 
 struct SliceActivationBytes {
   int64_t per_slot = 0;            // activations: tokens, targets, residual stream, saved blocks, head
   int64_t per_slot_workspace = 0;  // the head's input gradient (last stage)
-  int64_t shared = 0;              // activations: positions and checkpoint recomputation sets
+  int64_t shared = 0;              // activations: positions, checkpoint recomputation sets or the
+                                   // 16-bit activations' working set
   int64_t workspace = 0;           // backward scratch, residual gradient, logits chunk
   int64_t activations(int64_t slots) const { return shared + slots * per_slot; }
   int64_t workspace_bytes(int64_t slots) const { return workspace + slots * per_slot_workspace; }
