@@ -178,13 +178,21 @@ StageCounts count_stage(const Job& job, const Layout& l, const model::ModelSlice
   // its scratch.
   const model::ModelSlice one_block{0, 1, false, false, l.tp, 0, l.ep, 0},
       no_block{0, 0, false, false, l.tp, 0, l.ep, 0};
-  const auto one = model::estimate_slice_activations(cfg, one_block, 1, 1, 0, 1);
-  const auto none = model::estimate_slice_activations(cfg, no_block, 1, 1, 0, 1);
+  // Counted as f32; 16-bit saved activations (model.activation_dtype) add their narrowing after
+  // forward and widening before backward, 6 bytes each way per stored element.
+  model::ModelConfig f32 = cfg;
+  f32.activation_dtype = DType::f32;
+  const auto one = model::estimate_slice_activations(f32, one_block, 1, 1, 0, 1);
+  const auto none = model::estimate_slice_activations(f32, no_block, 1, 1, 0, 1);
   const double block_floats = double(one.per_slot - none.per_slot) / 4;  // saved per token and block
   const double scratch_floats = double(one.workspace) / 4 - C;           // backward scratch per token
+  const double stored16 =
+      l.checkpoint > 0
+          ? 0
+          : double(one.per_slot - model::estimate_slice_activations(cfg, one_block, 1, 1, 0, 1).per_slot) / 2;
   const double L = double(k.layers);
-  k.elem_fwd_bytes = L * N * 4 * 2 * block_floats;
-  k.elem_bwd_bytes = L * N * 4 * (block_floats + 2 * scratch_floats);
+  k.elem_fwd_bytes = L * N * (4 * 2 * block_floats + 6 * stored16);
+  k.elem_bwd_bytes = L * N * (4 * (block_floats + 2 * scratch_floats) + 6 * stored16);
   if (slice.has_embedding) k.elem_fwd_bytes += N * 4 * 3 * C, k.elem_bwd_bytes += N * 4 * 2 * C;
   if (slice.has_head) {
     const double V = double(l.tp == 1 ? cfg.vocab_size : model::vocab_rows_per_rank(cfg, l.tp));
@@ -235,7 +243,7 @@ Prediction predict(const Job& job, const Cluster& c, const Layout& l) {
   const int64_t N = l.micro_batch * job.seq;
   const double grad_bytes = job.grad_wire_bytes > 0 ? job.grad_wire_bytes : job.bf16 ? 2 : 4;
   std::vector<StageWork> work;
-  std::vector<double> stage_params, stage_experts;
+  std::vector<double> stage_params, stage_experts, gather_bytes;
   for (int64_t s = 0; s < l.pp; ++s) {
     model::ModelSlice slice;
     slice.first_layer = stages[size_t(s)].first_layer;
@@ -245,9 +253,15 @@ Prediction predict(const Job& job, const Cluster& c, const Layout& l) {
     slice.tp = l.tp;
     slice.ep = l.ep;
     const model::ParamLayout layout(cfg, 1, slice);
-    int64_t expert_params = 0;
-    for (const auto& pi : layout.params())
+    int64_t expert_params = 0, product = 0;
+    for (const auto& pi : layout.params()) {
       if (pi.expert >= 0) expert_params += pi.numel();
+      if (pi.product_operand) product += pi.numel();
+    }
+    // ZeRO's weight all-gathers under bf16 (parallel.gather_dtype): product weights in 2 bytes,
+    // tables, norms and biases in 4.
+    gather_bytes.push_back(job.bf16 ? 4.0 - 2.0 * double(product) / double(std::max<int64_t>(1, layout.num_params()))
+                                    : 4.0);
     const int64_t dense = layout.num_params() - expert_params;
     // Dense parameters shard over dp x ep ranks, experts over dp (as the trainer does).
     auto z = parallel::zero_model_state_bytes(dense, l.zero, int(l.dp * l.ep));
@@ -308,7 +322,7 @@ Prediction predict(const Job& job, const Cluster& c, const Layout& l) {
     if (l.pp > 1) {
       const bool same = rank_of(l, int64_t(s), 0, 0, 0) / c.devices_per_node ==
                         rank_of(l, int64_t(s) + 1, 0, 0, 0) / c.devices_per_node;
-      ts += 2 * p2p_seconds(double(N) * double(cfg.d_model) * 4, same, c, l);
+      ts += 2 * p2p_seconds(double(N) * double(cfg.d_model) * (job.bf16 ? 2 : 4), same, c, l);  // parallel.pp_dtype
     }
     t_sum += ts;
     if (ts > t_max) t_max = ts, slow = s;
@@ -350,11 +364,12 @@ Prediction predict(const Job& job, const Cluster& c, const Layout& l) {
       grads += g;
       overlapped += std::min(g * (1 - 1 / std::max(1.0, P / bucket)), c.overlap_fraction * m * ws.backward);
     }
-    if (l.zero == 1 || l.zero == 2) gathers += collective_seconds(Op::all_gather, P * 4, topo, links, job.algorithm);
+    const double wb = gather_bytes[slow];
+    if (l.zero == 1 || l.zero == 2) gathers += collective_seconds(Op::all_gather, P * wb, topo, links, job.algorithm);
     if (l.zero == 3) {
       // Parameters gathered for every micro-batch's forward and backward, prefetched a unit
       // ahead: hidden behind compute except the first unit.
-      const double g = 2 * m * collective_seconds(Op::all_gather, P * 4, topo, links, job.algorithm);
+      const double g = 2 * m * collective_seconds(Op::all_gather, P * wb, topo, links, job.algorithm);
       gathers += g;
       overlapped += std::min(g * (1 - 1.0 / double(cfg.n_layer + 2)), c.overlap_fraction * m * ws.total());
     }

@@ -35,7 +35,9 @@ struct Job {
   int nodes = 1;
   int64_t xent_chunk = 1024;
   double bucket_mb = 25.0;
-  bool bf16 = false;  // model.precision=bf16: products at the 16-bit rate
+  // model.precision=bf16: products at the 16-bit rate, ZeRO gathers and pipeline transfers in
+  // 16 bits (their defaults); model.activation_dtype is the model's own setting.
+  bool bf16 = false;
   // Bytes per gradient element on the data-parallel wire: 4 (fp32), 2 (bf16, comm.grad_dtype),
   // 1/8 (1-bit Adam's signs after its warm-up); 0: bf16's 2 when bf16, else 4.
   double grad_wire_bytes = 0;
