@@ -39,8 +39,8 @@ model::ModelConfig read_model(ConfigReader& r) {
   m.rope_theta = r.number("model.rope_theta", m.rope_theta, 1.0, 1e9);
   m.tied_embeddings = r.boolean("model.tied_embeddings", m.tied_embeddings);
   m.precision = model::precision_from_name(r.string("model.precision", "fp32", {"fp32", "bf16", "fp16"}));
-  m.activation_dtype = wire_dtype(
-      r.string("model.activation_dtype", model::precision_name(m.precision), {"fp32", "bf16", "fp16"}));
+  m.activation_dtype =
+      wire_dtype(r.string("model.activation_dtype", model::precision_name(m.precision), {"fp32", "bf16", "fp16"}));
   model::MoeConfig& e = m.moe;
   e.num_experts = r.integer("model.moe.num_experts", e.num_experts, 0, 1 << 16);
   e.top_k = r.integer("model.moe.top_k", e.top_k, 1, 1 << 16);
