@@ -73,14 +73,13 @@ int bench_train(const std::vector<std::string>& argv) {
   app->add_option("--precision", o.precision,
                   "model.precision: bf16 products (the peer under torch.autocast(\"cpu\", dtype=torch.bfloat16))")
       ->check(one_of({"fp32", "bf16"}));
+  app->add_option("--activation-dtype", o.activation_dtype,
+                  "model.activation_dtype: what forward keeps for backward (default: --precision)")
+      ->check(one_of({"fp32", "bf16", "fp16"}));
   const std::string single = "One process";
   app->add_option("--ckpt", o.ckpt, "activation checkpoint interval (0: off)")
       ->type_name("INTERVAL")
       ->check(non_negative())
-      ->group(single);
-  app->add_option("--activation-dtype", o.activation_dtype,
-                  "model.activation_dtype: what forward keeps for backward (default: --precision)")
-      ->check(one_of({"fp32", "bf16", "fp16"}))
       ->group(single);
   app->add_option("--xent-chunk", o.xent_chunk, "rows of logits per chunk of the fused LM head + loss (default 1024)")
       ->check(positive())

@@ -113,6 +113,7 @@ int bench_train_dp(const TrainBenchOptions& o, const CLI::App& app) {
   model::ModelConfig cfg = model::preset(preset);
   const std::string& precision = o.precision;
   cfg.precision = model::precision_from_name(precision);
+  cfg.activation_dtype = train::wire_dtype(o.activation_dtype.empty() ? precision : o.activation_dtype);
   const std::string grad_name = o.grad_dtype.empty() ? precision : o.grad_dtype;  // as parallel.grad_dtype's default
   const DType grad_dtype = grad_name == "bf16" ? DType::bf16 : DType::f32;
   const std::string gather_name = o.gather_dtype.empty() ? precision : o.gather_dtype;  // parallel.gather_dtype's
