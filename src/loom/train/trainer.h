@@ -89,7 +89,7 @@ struct TrainerOptions {
   // Tests: steps (1-based) whose loss on world rank 0 is multiplied by the factor (NaN: a
   // non-finite loss; 100: a spike), as a bad batch would make it; gradients are left alone.
   std::vector<std::pair<int64_t, double>> inject_loss_factor_at;
-  double peak_gflops = 0;  // MFU denominator; 0: measure an SGEMM at start
+  double peak_gflops = 0;  // MFU denominator; 0: measure the products' GEMM at start
   TrainObserver observer;
 };
 
@@ -186,7 +186,7 @@ class Trainer {
   int64_t spikes_in_row_ = 0, first_spike_step_ = -1;
   std::vector<std::pair<int64_t, int64_t>> skipped_windows_;
   std::vector<model::MoeLayerStats> moe_stats_;  // the last step's, over every rank
-  double peak_gflops_ = 0;                       // measured SGEMM rate, for the MFU estimate
+  double peak_gflops_ = 0;                       // measured GEMM rate, for the MFU estimate
 };
 
 }  // namespace loom::train
