@@ -37,10 +37,9 @@ namespace {
 
 // The denominator of the MFU estimate (model FLOPs / time / this): the matrix-product rate of a
 // product large enough for OpenBLAS to reach its full rate on every thread (a 384-wide one ran
-// at half of it with two threads, and the demo then logged an MFU over 100%). About 0.1 s.
-// The rate of the engine the run's products use: SGEMM, or under bf16 the AVX512-BF16 GEMM
-// where it is chosen (about twice SGEMM's on Zen 4, so an SGEMM denominator would put MFU
-// above 100%).
+// at half of it with two threads, and the demo then logged an MFU over 100%), on the engine the
+// run's products use: SGEMM, or under bf16 the AVX512-BF16 GEMM where it is chosen (about twice
+// SGEMM's rate on Zen 4). About 0.1 s.
 double measure_gemm_gflops(bool bf16_engine) {
   const int64_t n = 1024;
   std::vector<float> a(size_t(n * n), 0.5f), b(size_t(n * n), 0.25f), c(size_t(n * n));
@@ -196,39 +195,6 @@ Tensor Trainer::full_params() {
 ModelParallelInfo Trainer::model_parallel_info() const {
   const auto& p = cfg_.parallel;
   return {mesh_, whole_layout_.get(), layout_desc_, p.pp == 1 && p.tp == 1 && p.ep == 1};
-}
-
-void Trainer::resume_from(const std::string& spec) {
-  std::string path = spec;
-  FILE* log = main_rank() ? opt_.log : nullptr;
-  if (spec == "auto") {
-    LOOM_CHECK(!cfg_.checkpoint.dir.empty(), "train", "--resume auto needs checkpoint.dir in the config");
-    auto found =
-        find_latest_valid_checkpoint(cfg_.checkpoint.dir, log, checkpoint_load_scope(mesh_->world()), &mesh_->world());
-    if (!found) {
-      if (log)
-        std::fprintf(log, "[resume] no valid checkpoint in %s; starting from step 0\n", cfg_.checkpoint.dir.c_str());
-      return;
-    }
-    path = *found;
-  }
-  const CheckpointMeta meta =
-      load_checkpoint(path, *model_, *engine_, model_parallel_info(), /*verified=*/spec == "auto");
-  step_ = meta.step;
-  last_checkpoint_ = path;
-  skipped_windows_ = meta.skipped_windows;
-  if (scaler_.enabled() && meta.loss_scale > 0) scaler_.restore(meta.loss_scale, meta.loss_scale_clean_steps);
-  run_id_ = meta.run_id.empty() ? new_run_id(mesh_->world()) : meta.run_id;
-  if (!log) return;
-  const std::string run = meta.run_id.empty()
-                              ? str_cat("a run saved before run ids were recorded, continued as run ", run_id_)
-                              : str_cat("run ", run_id_);
-  if (meta.resharded_from.empty())
-    std::fprintf(log, "[resume] resumed %s from %s at step %lld\n", run.c_str(), path.c_str(), (long long)step_);
-  else
-    std::fprintf(log, "[resume] resumed %s from %s at step %lld, resharded from %s to %s zero_stage=%d\n", run.c_str(),
-                 path.c_str(), (long long)step_, meta.resharded_from.c_str(), layout_desc_.c_str(),
-                 engine_->zero_stage());
 }
 
 void Trainer::check_fits_in_memory() const {
@@ -525,82 +491,6 @@ double Trainer::evaluate() {
   reduce_over_model_parallel(totals, false);
   mesh_->data().all_reduce(totals);
   return totals.data<double>()[0] / std::max(1.0, totals.data<double>()[1]);
-}
-
-void Trainer::maybe_checkpoint(bool force) {
-  if (cfg_.checkpoint.dir.empty()) return;
-  const bool by_steps = cfg_.checkpoint.every_steps > 0 && step_ % cfg_.checkpoint.every_steps == 0;
-  bool by_time =
-      cfg_.checkpoint.every_minutes > 0 && now_seconds() - last_checkpoint_time_ >= cfg_.checkpoint.every_minutes * 60;
-  if (cfg_.checkpoint.every_minutes > 0 && mesh_->world().size() > 1) {
-    // Clocks differ between ranks; saving is collective, so rank 0's clock decides for all.
-    Tensor flag = Tensor::from_vector<int32_t>({by_time ? 1 : 0}, {1});
-    mesh_->world().broadcast(flag, 0);
-    by_time = flag.data<int32_t>()[0] != 0;
-  }
-  if (!(force || by_steps || by_time)) return;
-  if (last_checkpoint_.size() && checkpoint_step_of(last_checkpoint_) == step_) return;
-  if (async_pending_ && async_step_ == step_) return;
-  const SaveOptions save{cfg_.resolved_yaml,
-                         cfg_.checkpoint.keep_last,
-                         data_.tokenizer_name(),
-                         run_id_,
-                         scaler_.enabled() ? scaler_.scale() : 0.0,
-                         scaler_.clean_steps(),
-                         skipped_windows_};
-  Stopwatch sw;
-  if (!cfg_.checkpoint.async) {
-    last_checkpoint_ = save_checkpoint(cfg_.checkpoint.dir, step_, *model_, *engine_, save, model_parallel_info());
-    checkpoint_stall_s_ += sw.seconds();
-    ++checkpoints_;
-    if (main_rank())
-      std::fprintf(opt_.log, "[checkpoint] step %lld saved to %s (%.1f s)\n", (long long)step_,
-                   last_checkpoint_.c_str(), sw.seconds());
-    last_checkpoint_time_ = now_seconds();
-    return;
-  }
-  finish_async_checkpoint(/*wait=*/true);  // at most one write in flight
-  const double waited = sw.seconds();
-  if (main_rank() && !writer_) writer_ = std::make_unique<CheckpointWriter>();
-  CheckpointSnapshot snap = snapshot_checkpoint(step_, *model_, *engine_, save, model_parallel_info(),
-                                                main_rank() ? writer_->spare() : nullptr);
-  if (main_rank()) writer_->start(cfg_.checkpoint.dir, std::move(snap));
-  async_pending_ = true;
-  async_step_ = step_;
-  checkpoint_stall_s_ += sw.seconds();
-  ++checkpoints_;
-  if (main_rank())
-    std::fprintf(opt_.log, "[checkpoint] step %lld: state copied in %.2f s%s; writing in the background\n",
-                 (long long)step_, sw.seconds() - waited,
-                 waited > 0.05
-                     ? str_cat(" (after waiting ", int(waited * 10) / 10.0, " s for the previous write)").c_str()
-                     : "");
-  last_checkpoint_time_ = now_seconds();
-}
-
-void Trainer::finish_async_checkpoint(bool wait) {
-  if (!async_pending_) return;
-  std::optional<CheckpointWriter::Result> r;
-  if (main_rank() && writer_) r = wait ? writer_->wait() : writer_->poll();
-  int state = !main_rank() ? 0 : !r ? 0 : r->ok ? 1 : 2;  // running, written, failed
-  if (mesh_->world().size() > 1) {
-    Tensor flag = Tensor::from_vector<int32_t>({state}, {1});
-    mesh_->world().broadcast(flag, 0);
-    state = flag.data<int32_t>()[0];
-  }
-  if (state == 0) return;
-  async_pending_ = false;
-  const std::string path = checkpoint_path(cfg_.checkpoint.dir, async_step_);
-  throw_unless_ok_everywhere(
-      mesh_->world(), state == 1, r ? r->error : "",
-      str_cat("saving step ", async_step_, " to ", path, " in the background failed"),
-      str_cat("; the earlier checkpoints in ", cfg_.checkpoint.dir,
-              " are untouched: free space there or set another checkpoint.dir, then --resume auto"));
-  last_checkpoint_ = path;
-  if (r) checkpoint_write_s_ += r->seconds;
-  if (main_rank())
-    std::fprintf(opt_.log, "[checkpoint] step %lld saved to %s (%.1f s in the background)\n", (long long)async_step_,
-                 path.c_str(), r ? r->seconds : 0.0);
 }
 
 int64_t Trainer::batch_of(int64_t step) const {

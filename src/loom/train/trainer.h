@@ -5,6 +5,8 @@
 // Parallel layouts: data parallelism (ZeRO 0-3) through the DataParallel engine, tensor
 // parallelism through TensorParallelLayers, pipeline parallelism through PipelineStage, on the
 // mesh pp x dp x tp; alone, each is a no-op.
+// Files: trainer.cpp (construction, the step, evaluation, guards, the run loop),
+// trainer_checkpoints.cpp (resume, periodic and background saves).
 #pragma once
 #include <cstdio>
 #include <functional>
