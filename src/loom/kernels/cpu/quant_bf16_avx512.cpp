@@ -1,9 +1,7 @@
 // bf16 weights on AVX512-BF16 for few rows: x rounded to bf16 once per call, then each
 // vdpbf16ps multiplies 32 weights of a row with 32 activations and adds the pairs into 16 f32
 // lanes, one instruction per 64 bytes of W as the f32 kernel has per 64 bytes of f32 weights
-// (widening bf16 to f32 first costs three). Rows are W's own layout: nothing is repacked. One
-// activation row (decode) reads one weight row at a time: on Zen 4 eight rows in flight per
-// thread ran at 17-19 GB/s and one at 26-28 (docs/PERFORMANCE.md).
+// (widening bf16 to f32 first costs three). Rows are W's own layout: nothing is repacked.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -50,37 +48,13 @@ template <int MT, int OT>
     for (int t = 0; t < OT; ++t) y[(m0 + m) * O + o + t] = _mm512_reduce_add_ps(acc[m][t]) + (b ? b[o + t] : 0.f);
 }
 
-// One row of W against one row of xb: four accumulators over consecutive 32-column blocks, so
-// the additions do not wait on each other.
-[[gnu::always_inline]] inline void row1(const uint16_t* xb, const QuantView& w, const float* b, float* y, int64_t m0,
-                                        int64_t o) {
-  const int64_t I = w.cols, O = w.rows;
-  const uint16_t* wr = reinterpret_cast<const uint16_t*>(w.q) + o * I;
-  const uint16_t* xr = xb + m0 * I;
-  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-  prefetch_next_tile(reinterpret_cast<const uint8_t*>(wr), 2 * I, 0, 2 * I);
-  int64_t i = 0;
-  for (; i + 128 <= I; i += 128)
-    for (int a = 0; a < 4; ++a)
-      acc[a] = _mm512_dpbf16_ps(acc[a], (__m512bh)_mm512_loadu_si512(xr + i + 32 * a),
-                                (__m512bh)_mm512_loadu_si512(wr + i + 32 * a));
-  for (; i < I; i += 32) {
-    const __mmask32 mask = _cvtu32_mask32(I - i >= 32 ? ~0u : ~0u >> (32 - (I - i)));
-    acc[0] = _mm512_dpbf16_ps(acc[0], (__m512bh)_mm512_maskz_loadu_epi16(mask, xr + i),
-                              (__m512bh)_mm512_maskz_loadu_epi16(mask, wr + i));
-  }
-  const __m512 sum = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
-  y[m0 * O + o] = _mm512_reduce_add_ps(sum) + (b ? b[o] : 0.f);
-}
-
 template <int MT>
 [[gnu::always_inline]] inline void outs(const uint16_t* xb, const QuantView& w, const float* b, float* y, int64_t m0,
                                         int64_t o0, int64_t o1) {
-  if constexpr (MT == 1) {
-    for (int64_t o = o0; o < o1; ++o) row1(xb, w, b, y, m0, o);
-    return;
-  }
-  constexpr int OT = 4;
+  // One activation row (decode) reads one weight row at a time: on Zen 4 eight rows in flight per
+  // thread read 17-19 GB/s and one 26-28 (docs/PERFORMANCE.md). Every tile sums a row's blocks
+  // in the same order, so a row's result does not depend on how many rows the call has.
+  constexpr int OT = MT == 1 ? 1 : 4;
   int64_t o = o0;
   for (; o + OT <= o1; o += OT) tile<MT, OT>(xb, w, b, y, m0, o);
   for (; o < o1; ++o) tile<MT, 1>(xb, w, b, y, m0, o);
