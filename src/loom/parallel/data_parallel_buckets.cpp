@@ -3,8 +3,8 @@
 // last gradient. Not the embedding's lookup rows (data_parallel_embedding_rows.cpp).
 #include <algorithm>
 
+#include "loom/kernels/ops.h"
 #include "loom/parallel/data_parallel.h"
-#include "loom/parallel/wire_dtype.h"
 
 namespace loom::parallel {
 
@@ -49,7 +49,7 @@ void DataParallel::unit_ready(size_t ui) {
     wire_bytes_ += 2 * (n - 1) * ((end - begin) * int64_t(dtype_size(opt_.grad_dtype)) / n);
     if (opt_.grad_dtype == DType::bf16) {
       Tensor wire = take_buffer(end - begin, DType::bf16);
-      detail::narrow_to_16(grads, wire);
+      ops::narrow_to_16(grads, wire);
       inflight_.push_back({g.all_reduce_async(wire), wire, grads});
     } else {
       inflight_.push_back({g.all_reduce_async(grads), {}, {}});
@@ -65,7 +65,7 @@ void DataParallel::wait_buckets() {
 void DataParallel::land_buckets() {
   for (auto& f : inflight_)
     if (f.wire.defined()) {
-      detail::widen_16(f.wire, f.grads.data<float>(), false);
+      ops::widen_from_16(f.wire, f.grads);
       f.work = comm::Work();  // releases the collective's hold on the buffer
       recycle(std::move(f.wire));
     }

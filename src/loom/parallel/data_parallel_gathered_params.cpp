@@ -25,19 +25,18 @@ Tensor DataParallel::gathered_unit(const ParamUnit& u, int key) {
     launch_gather(u, key);
     it = gathered_.find(key);
   }
-  {
-    trace::Span span("wait weight all_gather", "wait");
-    Stopwatch sw;
-    it->second.work.wait();
-    wait_s_ += sw.seconds();
-  }
-  finish_unit_gather(u, it->second.wire, it->second.buf, false);
+  wait_gathered(u, it->second);
   ++it->second.users;
   return it->second.buf;
 }
 
 void DataParallel::wait_gathered(const ParamUnit& u, Gathered& g) {
-  g.work.wait();
+  {
+    trace::Span span("wait weight all_gather", "wait");
+    Stopwatch sw;
+    g.work.wait();
+    wait_s_ += sw.seconds();
+  }
   finish_unit_gather(u, g.wire, g.buf, false);
 }
 

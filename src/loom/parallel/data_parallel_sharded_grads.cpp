@@ -5,8 +5,8 @@
 
 #include "loom/core/timer.h"
 #include "loom/core/trace.h"
+#include "loom/kernels/ops.h"
 #include "loom/parallel/data_parallel.h"
-#include "loom/parallel/wire_dtype.h"
 
 namespace loom::parallel {
 
@@ -68,7 +68,7 @@ void DataParallel::reduce_scatter_unit(const ParamUnit& u, const Tensor& staging
   wire_bytes_ += (n_of(u) - 1) * chunk_size(u) * int64_t(dtype_size(opt_.grad_dtype));  // the others' chunks
   if (opt_.grad_dtype == DType::bf16) {
     p.wire = take_buffer(staging.numel(), DType::bf16);
-    detail::narrow_to_16(staging, p.wire);
+    ops::narrow_to_16(staging, p.wire);
     p.work = group_of(u).reduce_scatter_async(p.wire, p.chunk_tmp);
   } else {
     p.work = group_of(u).reduce_scatter_async(staging, p.chunk_tmp);
@@ -85,8 +85,11 @@ void DataParallel::retire(Pending& p) {
     wait_s_ += sw.seconds();
   }
   float* dst = grad_shard_.data<float>() + p.shard_offset;
-  if (p.wire.defined()) {
-    detail::widen_16(p.chunk_tmp, dst, true);
+  if (p.wire.defined()) {  // the bf16 sums, added widened
+    const bf16_t* src = p.chunk_tmp.data<bf16_t>();
+    const int64_t n = p.chunk_tmp.numel();
+#pragma omp parallel for schedule(static) if (n > (1 << 18))
+    for (int64_t i = 0; i < n; ++i) dst[i] += bf16_to_f32(src[i]);
     recycle(std::move(p.wire));
   } else {
     const float* src = p.chunk_tmp.data<float>();

@@ -4,7 +4,7 @@
 
 #include "loom/core/timer.h"
 #include "loom/core/trace.h"
-#include "loom/parallel/wire_dtype.h"
+#include "loom/kernels/ops.h"
 
 namespace loom::parallel {
 
@@ -48,7 +48,7 @@ Tensor PipelineStage::take_buffer(int64_t n, DType dt) {
 
 void PipelineStage::land(const Tensor& wire, const Tensor& dst) {
   if (narrow())
-    detail::widen_16(wire, dst.data<float>(), false);
+    ops::widen_from_16(wire, dst);
   else
     dst.copy_from(wire.view(dst.shape()));
 }
@@ -56,7 +56,7 @@ void PipelineStage::land(const Tensor& wire, const Tensor& dst) {
 Tensor PipelineStage::pack(const Tensor& src) {
   Tensor buf = wire_buffer();
   if (narrow())
-    detail::narrow_to_16(src.view({src.numel()}), buf);
+    ops::narrow_to_16(src, buf);
   else
     buf.view(src.shape()).copy_from(src);
   return buf;
@@ -150,7 +150,7 @@ PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64
         }
         if (narrow()) {
           dy = take_buffer(n_elems_, DType::f32);
-          detail::widen_16(g.buf, dy.data<float>(), false);
+          ops::widen_from_16(g.buf, dy);
           pool_.push_back(g.buf);
         } else {
           dy = g.buf;
