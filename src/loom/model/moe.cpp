@@ -348,31 +348,61 @@ void dispatch_impl(const ModelConfig& cfg, const BlockWeights& w, const Tensor& 
   a.local_offsets[size_t(El)] = m;
 }
 
-// The owner's side of an exchange: runs run(j, r0, n) on expert j's expert-major rows
-// [r0, r0 + n) of `rows` in two passes. First the rank's own rows, which sit first in each
-// expert's range and are copied from `own` (the rank's grouped send buffer), while the
-// exchange runs; then, after waiting for it, the other ranks' rows, taken from `received`
-// (packed by source).
-template <class T, class Run>
-void on_local_rows(ExpertParallelOps* ep, const MoeActs& a, int64_t C, const T* own, T* received, T* rows,
-                   double* seconds, Run run) {
+// The owner's side of an exchange. Each local expert's rows are expert-major: first the rows
+// this rank routed to itself, copied from `own` (its grouped send buffer) and needing no
+// exchange, then the other ranks' rows, taken from `received` (packed by source) once the
+// exchange is done.
+template <class T>
+void copy_own_rows(ExpertParallelOps* ep, const MoeActs& a, int64_t C, const T* own, T* rows) {
   const int64_t El = int64_t(a.local_offsets.size()) - 1, me = ep->rank();
-  auto own_rows = [&](int64_t j) { return a.recv_counts[size_t(me * El + j)]; };
-  {
-    Timed timed(seconds);
-    for (int64_t j = 0; j < El; ++j) {
-      const int64_t r0 = a.local_offsets[size_t(j)], n = own_rows(j);
-      std::copy_n(own + a.offsets[size_t(me * El + j)] * C, n * C, rows + r0 * C);
-      if (n > 0) run(j, r0, n);
-    }
+  for (int64_t j = 0; j < El; ++j)
+    std::copy_n(own + a.offsets[size_t(me * El + j)] * C, a.recv_counts[size_t(me * El + j)] * C,
+                rows + a.local_offsets[size_t(j)] * C);
+}
+
+int64_t own_rows(ExpertParallelOps* ep, const MoeActs& a, int64_t j) {
+  const int64_t El = int64_t(a.local_offsets.size()) - 1;
+  return a.recv_counts[size_t(ep->rank() * El + j)];
+}
+
+// The return exchange: the results of the other ranks' rows (expert-major in `others`) go back
+// to their sources, packed into `send` by destination, and land in `dest` (the grouped layout
+// of the dispatch's send buffer). This rank's own rows do not travel: finish_return copies them
+// into place, so they may still be computed while the exchange runs.
+template <class T>
+void start_return(ExpertParallelOps* ep, const MoeActs& a, int64_t C, const T* others, const Tensor& send,
+                  const Tensor& dest) {
+  const int64_t me = ep->rank(), R = int64_t(a.perm.size()), n_self = a.recv_rows[size_t(me)];
+  int64_t own_begin = 0;
+  for (int64_t q = 0; q < me; ++q) own_begin += a.recv_rows[size_t(q)];
+  const int64_t own_end = own_begin + n_self;
+  T* out = send.data<T>();
+#pragma omp parallel for schedule(static) if (R * C > 32768)
+  for (int64_t m = 0; m < R; ++m) {
+    int64_t p = a.perm[size_t(m)];
+    if (p >= own_begin && p < own_end) continue;
+    if (p >= own_end) p -= n_self;
+    std::copy_n(others + m * C, C, out + p * C);
   }
+  std::vector<int64_t> send_rows = a.recv_rows, recv_rows = a.send_rows;
+  send_rows[size_t(me)] = 0;
+  recv_rows[size_t(me)] = 0;
+  const int64_t A = a.offsets.back();
+  ep->start_rows(send.slice(0, {R - n_self, C}), send_rows, dest.slice(0, {A - n_self, C}), recv_rows);
+}
+
+// Waits for the return exchange, moves the rows of the sources after this rank to their place
+// (the exchange packed them n_self rows early) and copies this rank's own rows' results (first
+// in each local expert's range of `own`) into theirs.
+template <class T>
+void finish_return(ExpertParallelOps* ep, const MoeActs& a, int64_t C, const T* own, T* dest) {
   ep->wait_rows();
-  Timed timed(seconds);
-  for (int64_t j = 0; j < El; ++j) {
-    const int64_t r0 = a.local_offsets[size_t(j)] + own_rows(j), r1 = a.local_offsets[size_t(j) + 1];
-    permute_rows<T>(received, rows, C, a.perm, false, r0, r1);
-    if (r1 > r0) run(j, r0, r1 - r0);
-  }
+  const int64_t El = int64_t(a.local_offsets.size()) - 1, me = ep->rank();
+  const int64_t n_self = a.send_rows[size_t(me)], own_at = a.offsets[size_t(me * El)], A = a.offsets.back();
+  std::copy_backward(dest + own_at * C, dest + (A - n_self) * C, dest + A * C);
+  for (int64_t j = 0; j < El; ++j)
+    std::copy_n(own + a.local_offsets[size_t(j)] * C, own_rows(ep, a, j) * C,
+                dest + a.offsets[size_t(me * El + j)] * C);
 }
 
 template <class T>
@@ -397,16 +427,35 @@ void combine_impl(const ModelConfig& cfg, const BlockWeights& w, MoeActs& a, con
     const auto cat = MemCategory::activations;
     const Tensor x = sized(a.ep_x, R, C, dt, cat), fc = sized(a.ep_fc, R, G * F, dt, cat);
     const Tensor act = sized(a.ep_act, R, F, dt, cat), out = sized(a.ep_out, R, C, dt, cat);
-    // The inputs stay in x (backward needs them); the outputs go back from out.
-    on_local_rows<T>(ep, a, C, a.eout.data<T>(), a.ep_recv.data<T>(), x.data<T>(),
-                     a.times ? &a.times->expert_s : nullptr, [&](int64_t j, int64_t r0, int64_t n) {
-                       expert_forward(w.experts[size_t(j)], x.slice(r0 * C, {n, C}), fc.slice(r0 * G * F, {n, G * F}),
-                                      act.slice(r0 * F, {n, F}), out.slice(r0 * C, {n, C}), gelu, prec);
-                     });
-    permute_rows<T>(out.data<T>(), a.ep_recv.data<T>(), C, a.perm, true);
-    const int64_t A = a.offsets[size_t(E)];
-    ep->start_rows(a.ep_recv.slice(0, {R, C}), a.recv_rows, a.eout.slice(0, {A, C}), a.send_rows);
+    // The inputs stay in x (backward needs them). Half of this rank's own rows run while the
+    // dispatch is in flight, the other half while the results travel back.
+    double* expert_s = a.times ? &a.times->expert_s : nullptr;
+    auto run = [&](int64_t j, int64_t r0, int64_t n) {
+      if (n > 0)
+        expert_forward(w.experts[size_t(j)], x.slice(r0 * C, {n, C}), fc.slice(r0 * G * F, {n, G * F}),
+                       act.slice(r0 * F, {n, F}), out.slice(r0 * C, {n, C}), gelu, prec);
+    };
+    const int64_t El = int64_t(a.local_offsets.size()) - 1;
+    {
+      Timed timed(expert_s);
+      copy_own_rows<T>(ep, a, C, a.eout.data<T>(), x.data<T>());
+      for (int64_t j = 0; j < El; ++j) run(j, a.local_offsets[size_t(j)], (own_rows(ep, a, j) + 1) / 2);
+    }
     ep->wait_rows();
+    {
+      Timed timed(expert_s);
+      for (int64_t j = 0; j < El; ++j) {
+        const int64_t r0 = a.local_offsets[size_t(j)] + own_rows(ep, a, j), r1 = a.local_offsets[size_t(j) + 1];
+        permute_rows<T>(a.ep_recv.data<T>(), x.data<T>(), C, a.perm, false, r0, r1);
+        run(j, r0, r1 - r0);
+      }
+      start_return<T>(ep, a, C, out.data<T>(), a.ep_recv, a.eout);
+      for (int64_t j = 0; j < El; ++j) {
+        const int64_t n = own_rows(ep, a, j), h = (n + 1) / 2;
+        run(j, a.local_offsets[size_t(j)] + h, n - h);
+      }
+    }
+    finish_return<T>(ep, a, C, out.data<T>(), a.eout.data<T>());
   }
   Timed timed(a.times ? &a.times->route_s : nullptr);
   cpu::moe_combine<T>(a.eout.data<T>(), C, a.row_of.data<int32_t>(), a.gates.data<T>(), N, k, accumulate, y.data<T>());
@@ -436,7 +485,6 @@ void backward_combine_impl(const ModelConfig& cfg, const BlockWeights& w, const 
   const ops::ProductPrecision prec = cfg.products();
   const bool gelu = G == 1;
   LOOM_CHECK(x.size(0) == N, "moe", "backward over ", x.size(0), " rows after a forward over ", N);
-  const int64_t A = a.offsets[size_t(E)];
   if (!distributed(ep)) {
     Timed timed(a.times ? &a.times->expert_s : nullptr);
     const int32_t* choice_of = a.choice_of.data<int32_t>();
@@ -455,17 +503,56 @@ void backward_combine_impl(const ModelConfig& cfg, const BlockWeights& w, const 
     const auto cat = MemCategory::workspace;
     const Tensor d = sized(s.ep_d, R, C, dt, cat), dfc = sized(s.ep_dfc, R, G * F, dt, cat);
     const Tensor dact = sized(s.ep_dact, R, F, dt, cat);
-    // d holds each row's output gradient, then (in place) its input gradient.
-    on_local_rows<T>(ep, a, C, s.dout.data<T>(), s.ep_recv.data<T>(), d.data<T>(),
-                     a.times ? &a.times->expert_s : nullptr, [&](int64_t j, int64_t r0, int64_t n) {
-                       const Tensor dj = d.slice(r0 * C, {n, C});
-                       expert_backward(w.experts[size_t(j)], gw.experts[size_t(j)], a.ep_x.slice(r0 * C, {n, C}),
-                                       a.ep_fc.slice(r0 * G * F, {n, G * F}), a.ep_act.slice(r0 * F, {n, F}), dj,
-                                       dfc.slice(r0 * G * F, {n, G * F}), dact.slice(r0 * F, {n, F}), dj, gelu, prec);
-                     });
-    permute_rows<T>(d.data<T>(), s.ep_recv.data<T>(), C, a.perm, true);
-    ep->start_rows(s.ep_recv.slice(0, {R, C}), a.recv_rows, s.dout.slice(0, {A, C}), a.send_rows);
+    // d holds each row's output gradient; this rank's own rows (in flight: the dispatch) then
+    // their input gradient in place. The other ranks' rows' input gradients go to dx and back
+    // to their sources first; their weight gradients are computed while those travel.
+    const Tensor dx_others = sized(s.ep_dx, R, C, dt, cat);
+    double* expert_s = a.times ? &a.times->expert_s : nullptr;
+    const int64_t El = int64_t(a.local_offsets.size()) - 1;
+    auto rows_of = [&](const Tensor& t, int64_t width, int64_t r0, int64_t n) {
+      return t.slice(r0 * width, {n, width});
+    };
+    {
+      Timed timed(expert_s);
+      copy_own_rows<T>(ep, a, C, s.dout.data<T>(), d.data<T>());
+      for (int64_t j = 0; j < El; ++j) {
+        const int64_t r0 = a.local_offsets[size_t(j)], n = own_rows(ep, a, j);
+        if (n == 0) continue;
+        const Tensor dj = rows_of(d, C, r0, n);
+        expert_backward(w.experts[size_t(j)], gw.experts[size_t(j)], rows_of(a.ep_x, C, r0, n),
+                        rows_of(a.ep_fc, G * F, r0, n), rows_of(a.ep_act, F, r0, n), dj, rows_of(dfc, G * F, r0, n),
+                        rows_of(dact, F, r0, n), dj, gelu, prec);
+      }
+    }
     ep->wait_rows();
+    {
+      Timed timed(expert_s);
+      for (int64_t j = 0; j < El; ++j) {
+        const int64_t r0 = a.local_offsets[size_t(j)] + own_rows(ep, a, j), n = a.local_offsets[size_t(j) + 1] - r0;
+        permute_rows<T>(s.ep_recv.data<T>(), d.data<T>(), C, a.perm, false, r0, r0 + n);
+        if (n == 0) continue;
+        const ExpertWeights& ew = w.experts[size_t(j)];
+        ops::linear_backward(rows_of(d, C, r0, n), rows_of(a.ep_act, F, r0, n), ew.out_w, rows_of(dact, F, r0, n), {},
+                             {}, false, prec);
+        if (gelu)
+          ops::gelu_backward(rows_of(a.ep_fc, G * F, r0, n), rows_of(dact, F, r0, n), rows_of(dfc, G * F, r0, n));
+        else
+          ops::swiglu_backward(rows_of(a.ep_fc, G * F, r0, n), rows_of(dact, F, r0, n), rows_of(dfc, G * F, r0, n));
+        ops::linear_backward(rows_of(dfc, G * F, r0, n), rows_of(a.ep_x, C, r0, n), ew.fc_w,
+                             rows_of(dx_others, C, r0, n), {}, {}, false, prec);
+      }
+      start_return<T>(ep, a, C, dx_others.data<T>(), s.ep_recv, s.dout);
+      for (int64_t j = 0; j < El; ++j) {
+        const int64_t r0 = a.local_offsets[size_t(j)] + own_rows(ep, a, j), n = a.local_offsets[size_t(j) + 1] - r0;
+        if (n == 0) continue;
+        const ExpertWeights &ew = w.experts[size_t(j)], &gew = gw.experts[size_t(j)];
+        ops::linear_backward(rows_of(d, C, r0, n), rows_of(a.ep_act, F, r0, n), ew.out_w, {}, gew.out_w, gew.out_b,
+                             false, prec);
+        ops::linear_backward(rows_of(dfc, G * F, r0, n), rows_of(a.ep_x, C, r0, n), ew.fc_w, {}, gew.fc_w, gew.fc_b,
+                             false, prec);
+      }
+    }
+    finish_return<T>(ep, a, C, d.data<T>(), s.dout.data<T>());
   }
   Timed timed(a.times ? &a.times->route_s : nullptr);
   cpu::moe_combine<T>(s.dout.data<T>(), C, a.row_of.data<int32_t>(), nullptr, N, k, accumulate_dx, dx.data<T>());

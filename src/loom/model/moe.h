@@ -75,7 +75,7 @@ struct MoeScratch {
   Tensor dfc, dact;
   Tensor dlogits;                         // [N, E]
   Tensor dgate;                           // [N * k]
-  Tensor ep_recv, ep_d, ep_dfc, ep_dact;  // expert parallelism, sized per call
+  Tensor ep_recv, ep_d, ep_dfc, ep_dact, ep_dx;  // expert parallelism, sized per call
   static MoeScratch allocate(const ModelConfig& cfg, int64_t N, DType dt, Allocator& alloc);
 };
 
