@@ -90,6 +90,22 @@ TEST(Trainer, MoeResumeIsExactWithItsBalancingBias) {
                                      "model.moe.router_z_loss_coef=0.001"});
 }
 
+// One config file serves a MoE model and its dense peer (model.preset=llama-60m on
+// configs/llama-moe-60m-shakespeare.yaml): a dense model ignores the model.moe keys.
+TEST(Trainer, DenseModelIgnoresTheMoeKeys) {
+  const std::string dir = loom::testing::temp_dir("dense_moe_keys");
+  const std::string data = loom::testing::prepare_shakespeare(dir, 20000);
+  TrainConfig cfg =
+      parse_train_config(loom::testing::tiny_config_yaml(data, ""),
+                         {"schedule.steps=3", "model.moe.bias_update_rate=0.01", "model.moe.capacity_factor=1.25"});
+  ASSERT_FALSE(cfg.model.moe.enabled());
+  DatasetSource src(cfg);
+  Trainer t(cfg, src, quiet());
+  TrainResult r = t.run();
+  EXPECT_EQ(r.losses.size(), 3u);
+  EXPECT_FALSE(t.model().router_bias().defined());
+}
+
 TEST(Checkpoint, CorruptedAndTruncatedCheckpointsAreSkipped) {
   const std::string dir = loom::testing::temp_dir("corrupt");
   const std::string data = loom::testing::prepare_shakespeare(dir, 20000);

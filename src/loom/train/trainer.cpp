@@ -431,7 +431,10 @@ double Trainer::train_step() {
   if (max_norm > 0 && norm > max_norm) engine_->scale_grads(float(max_norm / norm));
   optim::LrSchedule sched{cfg_.optim.lr, cfg_.schedule.min_lr, cfg_.schedule.warmup_steps, cfg_.schedule.steps};
   engine_->step(sched.lr_at(step_));
-  if (cfg_.model.moe.bias_update_rate > 0) model_->update_router_bias(moe_stats_, cfg_.model.moe.bias_update_rate);
+  // A dense model ignores the model.moe keys, the balancing bias's rate among them (so one
+  // config file serves a MoE model and, with a dense preset, its dense peer).
+  if (cfg_.model.moe.enabled() && cfg_.model.moe.bias_update_rate > 0)
+    model_->update_router_bias(moe_stats_, cfg_.model.moe.bias_update_rate);
   ++step_;
   return loss;
 }
