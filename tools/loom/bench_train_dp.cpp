@@ -123,9 +123,9 @@ int bench_train_dp(const TrainBenchOptions& o, const CLI::App& app) {
   if (main)
     std::printf(
         "bench train (data parallel): %s, dp=%d, ZeRO-%d, per-rank batch %lld x %lld, %d threads/rank, bucket %.0f MB, "
-        "gradients on the wire %s, weight all-gathers %s\n",
+        "gradients on the wire %s, weight all-gathers %s, saved activations %s\n",
         cfg.summary().c_str(), N, zero, (long long)B, (long long)T, num_threads(), bucket_mb, grad_name.c_str(),
-        zero == 0 ? "none" : gather_name.c_str());
+        zero == 0 ? "none" : gather_name.c_str(), dtype_name(cfg.activation_dtype));
   const int64_t grad_bytes = model::ParamLayout(cfg).num_params() * 4;
   if (main)
     std::printf("%d ranks on %d host%s; collectives %s (a %s all-reduce runs %s); optimizer %s\n", N,
@@ -181,6 +181,7 @@ int bench_train_dp(const TrainBenchOptions& o, const CLI::App& app) {
                       {"precision", precision},
                       {"grad_dtype", grad_name},
                       {"gather_dtype", zero == 0 ? "none" : gather_name},
+                      {"activation_dtype", dtype_name(cfg.activation_dtype)},
                       {"optim", adam.name},
                       {"hosts", world.group().hosts()},
                       {"algorithm", comm::algorithm_name(world.group().algorithm())},
