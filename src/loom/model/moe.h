@@ -73,8 +73,8 @@ struct MoeScratch {
   Tensor rows;  // [N*k, C] gathered inputs, then each row's input gradient
   Tensor dout;  // [N*k, C] weighted output gradient per row
   Tensor dfc, dact;
-  Tensor dlogits;                         // [N, E]
-  Tensor dgate;                           // [N * k]
+  Tensor dlogits;                                // [N, E]
+  Tensor dgate;                                  // [N * k]
   Tensor ep_recv, ep_d, ep_dfc, ep_dact, ep_dx;  // expert parallelism, sized per call
   static MoeScratch allocate(const ModelConfig& cfg, int64_t N, DType dt, Allocator& alloc);
 };
