@@ -58,7 +58,11 @@ void AdamW::step_frozen_variance(float* p, double lr, int64_t freeze_step, float
     const float decay = float(1.0 - lr * wd);
 #pragma omp parallel for schedule(static) if (e - b > 65536)
     for (int64_t i = b - begin_; i < e - begin_; ++i) {
-      float r = m[i] / (std::sqrt(v[i]) * inv_sqrt_bc2 + eps);  // times step_size = lr / bc1
+      // v == 0: no gradient ever reached this element before the freeze (the lookup rows of
+      // tokens not yet seen). Its momentum now is the compression's sign noise, which
+      // divided by eps alone would throw the weight arbitrarily far: it keeps still, as
+      // under AdamW, apart from the decay.
+      float r = v[i] > 0 ? m[i] / (std::sqrt(v[i]) * inv_sqrt_bc2 + eps) : 0.f;  // times lr / bc1
       if (max_ratio > 0) r = std::clamp(r, -max_ratio * float(bc1), max_ratio * float(bc1));
       p[i] = p[i] * decay - step_size * r;
     }

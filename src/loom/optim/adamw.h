@@ -42,6 +42,7 @@ class AdamW {
   // 1-bit Adam after the freeze: the moment buffer already holds this step's (averaged)
   // momentum; the variance stays as it was at `freeze_step`, bias correction included.
   // max_ratio > 0 bounds each element's |m_hat / (sqrt(v_hat) + eps)|, the step in units of lr.
+  // Elements whose frozen variance is 0 (never had a gradient) only decay.
   void step_frozen_variance(float* p, double lr, int64_t freeze_step, float max_ratio = 0);
 
   int64_t begin() const { return begin_; }
