@@ -624,6 +624,12 @@ TrainResult Trainer::run() {
     pred.params += pred_experts.params;
     pred.grads += pred_experts.grads;
     pred.optimizer += pred_experts.optimizer;
+    if (cfg_.optim.name == "onebit_adam" && cfg_.parallel.dp > 1) {
+      // 1-bit Adam's error feedback: a worker error per parameter and a server error per
+      // parameter of the rank's chunk (docs/DISTRIBUTED.md).
+      const int64_t P = model_->num_params();
+      pred.optimizer += 4 * (P + P / cfg_.parallel.dp);
+    }
     const auto snap = cpu_allocator().snapshot();
     const int64_t actual =
         snap[MemCategory::params].current + snap[MemCategory::grads].current + snap[MemCategory::optimizer].current;
