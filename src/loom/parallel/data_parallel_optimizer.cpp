@@ -79,7 +79,10 @@ void DataParallel::onebit_step_zero0(double lr) {
     wait_s_ += onebit_[i]->last_comm_seconds();
     compress_s_ += onebit_[i]->last_compute_seconds();
     wire_bytes_ += onebit_[i]->wire_bytes();
-    adam_[i]->step_frozen_variance(model_.params().data<float>() + adam_[i]->begin(), lr, adam_cfg_.freeze_step);
+    // Bounded at 2 lr per element, as ZeRO-1's step below: a parameter whose gradients were
+    // tiny until the freeze (the token-table rows of rare tokens) has a tiny v, and the sign
+    // noise of the compressed momentum over sqrt(v) would step it far every step.
+    adam_[i]->step_frozen_variance(model_.params().data<float>() + adam_[i]->begin(), lr, adam_cfg_.freeze_step, 2.f);
   }
 }
 

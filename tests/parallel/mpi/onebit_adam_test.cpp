@@ -87,18 +87,19 @@ TEST_P(DataParallelOneBitAdam, AfterTheFreezeSendsUnderATenthAndStillLearns) {
   EXPECT_LE(double(onebit.last_wire_bytes), 0.1 * double(adam.last_wire_bytes))
       << "ZeRO-" << zero << ": 1-bit " << onebit.last_wire_bytes << " bytes, AdamW " << adam.last_wire_bytes;
   // It learns after the freeze, and stays near AdamW: the mean loss of the last 10 steps
-  // within 7.5% of AdamW's. Measured (deterministic), ZeRO-0: 1-bit 1.1% (2 ranks) and 6.1%
-  // (4 ranks) above AdamW; the same with the error feedback removed 8.8% and 9.1%; exact
-  // momentum all-reduces with the frozen variance within 5%. ZeRO-1: -0.2% (2 ranks), 4.5% (4).
-  // Synthetic data and a freeze after 10 steps are hard on it; the Tiny Shakespeare
-  // comparison is in docs/PERFORMANCE.md.
+  // within 8% of AdamW's. Measured (deterministic), ZeRO-0: 1-bit 3.5% (2 ranks) and 7.5%
+  // (4 ranks) above AdamW with its step bounded at 2 lr, 1.1% and 6.1% unbounded (which a
+  // large vocabulary's rare tokens make diverge: docs/DISTRIBUTED.md); with the error feedback
+  // removed 8.8% and 9.1% (unbounded); exact momentum all-reduces with the frozen variance
+  // within 5%. ZeRO-1: -0.1% (2 ranks), 4.5% (4). Synthetic data and a freeze after 10 steps
+  // are hard on it; the Tiny Shakespeare comparison is in docs/PERFORMANCE.md.
   auto tail_mean = [](const std::vector<double>& l) {
     double s = 0;
     for (size_t i = l.size() - 10; i < l.size(); ++i) s += l[i];
     return s / 10;
   };
   EXPECT_LT(tail_mean(onebit.losses), onebit.losses[size_t(freeze)] * 0.95);
-  EXPECT_NEAR(tail_mean(onebit.losses), tail_mean(adam.losses), 0.075 * tail_mean(adam.losses)) << "ZeRO-" << zero;
+  EXPECT_NEAR(tail_mean(onebit.losses), tail_mean(adam.losses), 0.08 * tail_mean(adam.losses)) << "ZeRO-" << zero;
   // Every replica holds the same weights (the compressed collectives' results are the same
   // bytes everywhere): rank 0's broadcast equals each rank's own.
   Tensor mine = Tensor::from_vector(onebit.weights, {int64_t(onebit.weights.size())});
