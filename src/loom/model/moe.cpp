@@ -276,16 +276,26 @@ void expert_forward(const ExpertWeights& ew, const Tensor& rows, const Tensor& f
   ops::linear_forward(act, ew.out_w, ew.out_b, out, prec);
 }
 
-// Its backward: dout -> weight gradients and, into drows (may alias dout), the rows' gradient.
-void expert_backward(const ExpertWeights& ew, const ExpertWeights& gew, const Tensor& rows, const Tensor& fc,
+// Its backward: dout -> weight gradients (added into *gew; none when gew is null) and, into
+// drows (may alias dout unless gew is null), the rows' gradient.
+void expert_backward(const ExpertWeights& ew, const ExpertWeights* gew, const Tensor& rows, const Tensor& fc,
                      const Tensor& act, const Tensor& dout, const Tensor& dfc, const Tensor& dact, const Tensor& drows,
                      bool gelu, ops::ProductPrecision prec) {
-  ops::linear_backward(dout, act, ew.out_w, dact, gew.out_w, gew.out_b, false, prec);
+  const Tensor none;
+  ops::linear_backward(dout, act, ew.out_w, dact, gew ? gew->out_w : none, gew ? gew->out_b : none, false, prec);
   if (gelu)
     ops::gelu_backward(fc, dact, dfc);
   else
     ops::swiglu_backward(fc, dact, dfc);
-  ops::linear_backward(dfc, rows, ew.fc_w, drows, gew.fc_w, gew.fc_b, false, prec);
+  ops::linear_backward(dfc, rows, ew.fc_w, drows, gew ? gew->fc_w : none, gew ? gew->fc_b : none, false, prec);
+}
+
+// The weight gradients expert_backward(ew, nullptr, ...) left out, from its dout and dfc: the
+// same products, so the same values.
+void expert_weight_grads(const ExpertWeights& ew, const ExpertWeights& gew, const Tensor& rows, const Tensor& act,
+                         const Tensor& dout, const Tensor& dfc, ops::ProductPrecision prec) {
+  ops::linear_backward(dout, act, ew.out_w, {}, gew.out_w, gew.out_b, false, prec);
+  ops::linear_backward(dfc, rows, ew.fc_w, {}, gew.fc_w, gew.fc_b, false, prec);
 }
 
 struct Timed {  // adds the scope's seconds to *out (when out is set)
@@ -493,7 +503,7 @@ void backward_combine_impl(const ModelConfig& cfg, const BlockWeights& w, const 
       if (n == 0) continue;
       const Tensor rows = s.rows.slice(r0 * C, {n, C}), dout = s.dout.slice(r0 * C, {n, C});
       cpu::moe_gather_rows<T>(x.data<T>(), C, choice_of + r0, k, nullptr, n, rows.data<T>());
-      expert_backward(w.experts[size_t(e)], gw.experts[size_t(e)], rows, a.fc.slice(r0 * G * F, {n, G * F}),
+      expert_backward(w.experts[size_t(e)], &gw.experts[size_t(e)], rows, a.fc.slice(r0 * G * F, {n, G * F}),
                       a.act.slice(r0 * F, {n, F}), dout, s.dfc.slice(r0 * G * F, {n, G * F}),
                       s.dact.slice(r0 * F, {n, F}), dout, gelu, prec);
     }
@@ -519,7 +529,7 @@ void backward_combine_impl(const ModelConfig& cfg, const BlockWeights& w, const 
         const int64_t r0 = a.local_offsets[size_t(j)], n = own_rows(ep, a, j);
         if (n == 0) continue;
         const Tensor dj = rows_of(d, C, r0, n);
-        expert_backward(w.experts[size_t(j)], gw.experts[size_t(j)], rows_of(a.ep_x, C, r0, n),
+        expert_backward(w.experts[size_t(j)], &gw.experts[size_t(j)], rows_of(a.ep_x, C, r0, n),
                         rows_of(a.ep_fc, G * F, r0, n), rows_of(a.ep_act, F, r0, n), dj, rows_of(dfc, G * F, r0, n),
                         rows_of(dact, F, r0, n), dj, gelu, prec);
       }
@@ -531,25 +541,16 @@ void backward_combine_impl(const ModelConfig& cfg, const BlockWeights& w, const 
         const int64_t r0 = a.local_offsets[size_t(j)] + own_rows(ep, a, j), n = a.local_offsets[size_t(j) + 1] - r0;
         permute_rows<T>(s.ep_recv.data<T>(), d.data<T>(), C, a.perm, false, r0, r0 + n);
         if (n == 0) continue;
-        const ExpertWeights& ew = w.experts[size_t(j)];
-        ops::linear_backward(rows_of(d, C, r0, n), rows_of(a.ep_act, F, r0, n), ew.out_w, rows_of(dact, F, r0, n), {},
-                             {}, false, prec);
-        if (gelu)
-          ops::gelu_backward(rows_of(a.ep_fc, G * F, r0, n), rows_of(dact, F, r0, n), rows_of(dfc, G * F, r0, n));
-        else
-          ops::swiglu_backward(rows_of(a.ep_fc, G * F, r0, n), rows_of(dact, F, r0, n), rows_of(dfc, G * F, r0, n));
-        ops::linear_backward(rows_of(dfc, G * F, r0, n), rows_of(a.ep_x, C, r0, n), ew.fc_w,
-                             rows_of(dx_others, C, r0, n), {}, {}, false, prec);
+        expert_backward(w.experts[size_t(j)], nullptr, rows_of(a.ep_x, C, r0, n), rows_of(a.ep_fc, G * F, r0, n),
+                        rows_of(a.ep_act, F, r0, n), rows_of(d, C, r0, n), rows_of(dfc, G * F, r0, n),
+                        rows_of(dact, F, r0, n), rows_of(dx_others, C, r0, n), gelu, prec);
       }
       start_return<T>(ep, a, C, dx_others.data<T>(), s.ep_recv, s.dout);
       for (int64_t j = 0; j < El; ++j) {
         const int64_t r0 = a.local_offsets[size_t(j)] + own_rows(ep, a, j), n = a.local_offsets[size_t(j) + 1] - r0;
         if (n == 0) continue;
-        const ExpertWeights &ew = w.experts[size_t(j)], &gew = gw.experts[size_t(j)];
-        ops::linear_backward(rows_of(d, C, r0, n), rows_of(a.ep_act, F, r0, n), ew.out_w, {}, gew.out_w, gew.out_b,
-                             false, prec);
-        ops::linear_backward(rows_of(dfc, G * F, r0, n), rows_of(a.ep_x, C, r0, n), ew.fc_w, {}, gew.fc_w, gew.fc_b,
-                             false, prec);
+        expert_weight_grads(w.experts[size_t(j)], gw.experts[size_t(j)], rows_of(a.ep_x, C, r0, n),
+                            rows_of(a.ep_act, F, r0, n), rows_of(d, C, r0, n), rows_of(dfc, G * F, r0, n), prec);
       }
     }
     finish_return<T>(ep, a, C, d.data<T>(), s.dout.data<T>());
