@@ -126,7 +126,7 @@ int bench_train_dp(const TrainBenchOptions& o, const CLI::App& app) {
         "gradients on the wire %s, weight all-gathers %s, saved activations %s\n",
         cfg.summary().c_str(), N, zero, (long long)B, (long long)T, num_threads(), bucket_mb, grad_name.c_str(),
         zero == 0 ? "none" : gather_name.c_str(), dtype_name(cfg.activation_dtype));
-  const int64_t grad_bytes = model::ParamLayout(cfg).num_params() * 4;
+  const int64_t n_params = model::ParamLayout(cfg).num_params(), grad_bytes = n_params * 4;
   if (main)
     std::printf("%d ranks on %d host%s; collectives %s (a %s all-reduce runs %s); optimizer %s\n", N,
                 world.group().hosts(), world.group().hosts() > 1 ? "s" : "",
@@ -140,7 +140,8 @@ int bench_train_dp(const TrainBenchOptions& o, const CLI::App& app) {
   int64_t state_bytes = 0;
   const StepTimes dp = run_steps(cfg, mesh.dp(), world.record(), {zero, bucket_mb, grad_dtype, gather_dtype}, adam, B,
                                  T, warmup, steps, &state_bytes);
-  const auto predicted = parallel::zero_model_state_bytes(model::ParamLayout(cfg).num_params(), zero, N);
+  auto predicted = parallel::zero_model_state_bytes(n_params, zero, N);
+  if (adam.name == "onebit_adam") predicted.optimizer += parallel::onebit_error_bytes(n_params, N);
   // Rank 0 reports; medians over its steps (ranks are synchronised by the collectives).
   const double base_ms = median(base.step_ms), dp_ms = median(dp.step_ms);
   const double comm_ms = median(dp.comm_ms), exposed_ms = median(dp.exposed_ms), comm_bytes = median(dp.comm_bytes);

@@ -29,6 +29,8 @@ ModelStateBytes zero_model_state_bytes(int64_t P, int stage, int N) {
   return b;
 }
 
+int64_t onebit_error_bytes(int64_t P, int N) { return N > 1 ? 4 * (P + P / N) : 0; }
+
 DataParallel::DataParallel(model::Decoder& model, comm::Group dp, const optim::AdamWConfig& adam,
                            const DataParallelOptions& opt, uint64_t init_seed, comm::Group expert_dp)
     : model_(model),

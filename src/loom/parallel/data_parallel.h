@@ -59,6 +59,10 @@ struct ModelStateBytes {
   int64_t total() const { return params + grads + optimizer; }
 };
 ModelStateBytes zero_model_state_bytes(int64_t n_params, int zero_stage, int dp_size);
+// 1-bit Adam's error feedback per rank (optim.name=onebit_adam, dp_size > 1; optimizer state on
+// top of the ZeRO formulas): a worker error per parameter and a server error per parameter of
+// the rank's chunk, f32. Padding excluded.
+int64_t onebit_error_bytes(int64_t n_params, int dp_size);
 
 class DataParallel final : public model::ParamSource {
  public:

@@ -200,7 +200,8 @@ ModelParallelInfo Trainer::model_parallel_info() const {
 void Trainer::check_fits_in_memory() const {
   const auto& p = cfg_.parallel;
   const double states =
-      double(parallel::zero_model_state_bytes(model_->num_params(), int(p.zero_stage), int(p.dp * p.ep)).total());
+      double(parallel::zero_model_state_bytes(model_->num_params(), int(p.zero_stage), int(p.dp * p.ep)).total() +
+             (cfg_.optim.name == "onebit_adam" ? parallel::onebit_error_bytes(model_->num_params(), int(p.dp)) : 0));
   // The whole model's activations for one micro-batch, split over the model-parallel ranks.
   const double activations =
       model::estimate_training_bytes(cfg_.model, 0, double(cfg_.data.micro_batch_size), cfg_.data.seq_len,
@@ -624,12 +625,8 @@ TrainResult Trainer::run() {
     pred.params += pred_experts.params;
     pred.grads += pred_experts.grads;
     pred.optimizer += pred_experts.optimizer;
-    if (cfg_.optim.name == "onebit_adam" && cfg_.parallel.dp > 1) {
-      // 1-bit Adam's error feedback: a worker error per parameter and a server error per
-      // parameter of the rank's chunk (docs/DISTRIBUTED.md).
-      const int64_t P = model_->num_params();
-      pred.optimizer += 4 * (P + P / cfg_.parallel.dp);
-    }
+    if (cfg_.optim.name == "onebit_adam")
+      pred.optimizer += parallel::onebit_error_bytes(model_->num_params(), int(cfg_.parallel.dp));
     const auto snap = cpu_allocator().snapshot();
     const int64_t actual =
         snap[MemCategory::params].current + snap[MemCategory::grads].current + snap[MemCategory::optimizer].current;
