@@ -1,13 +1,15 @@
 // Mixture-of-Experts blocks: gradients of the whole model against finite differences in f64
 // (router, gates, experts, shared experts, both router losses, softmax and sigmoid scores,
 // capacity drops, dense and MoE blocks mixed, checkpointing), a one-expert MoE equal to the
-// dense model, routing statistics and capacity, the balancing bias, and the config's refusals.
+// dense model, routing statistics and capacity, the balancing bias, leading dense blocks
+// (first_dense), and the config's refusals.
 #include <gtest/gtest.h>
 
 #include <memory>
 #include <random>
 
 #include "loom/model/decoder.h"
+#include "loom/model/hf_weights.h"
 #include "loom/model/memory_estimate.h"
 #include "testing/gradcheck.h"
 #include "testing/random_batch.h"
@@ -218,6 +220,13 @@ TEST(Moe, ConfigRefusals) {
   };
   refuses([](ModelConfig& c) { c.moe.top_k = 5; }, "model.moe.top_k=5");
   refuses([](ModelConfig& c) { c.moe.moe_every = 3; }, "model.moe.moe_every=3");
+  refuses([](ModelConfig& c) { c.moe.first_dense = 2; }, "model.moe.first_dense=2");
+  refuses(
+      [](ModelConfig& c) {
+        c.moe.first_dense = 1;
+        c.moe.moe_every = 2;
+      },
+      "model.moe.moe_every=2");
   refuses([](ModelConfig& c) { c.moe.num_experts = -1; }, "model.moe.num_experts");
   refuses([](ModelConfig& c) { c.moe.capacity_factor = 0.1; }, "model.moe.capacity_factor");
 }
@@ -234,14 +243,46 @@ TEST(Moe, PresetsHaveTheDenseModelsActiveParameters) {
   EXPECT_TRUE(lm.contains("model.layers.0.block_sparse_moe.gate.weight"));
 }
 
+TEST(Moe, FirstDenseBlocksPrecedeTheMoeBlocks) {
+  ModelConfig cfg = preset("llama-moe-60m");
+  cfg.moe.first_dense = 1;
+  cfg.moe.moe_every = 2;
+  cfg.validate();
+  std::vector<int> moe_layers;
+  for (int l = 0; l < cfg.n_layer; ++l)
+    if (cfg.is_moe_layer(l)) moe_layers.push_back(l);
+  EXPECT_EQ(moe_layers, (std::vector<int>{2, 4, 6}));
+  ASSERT_EQ(cfg.num_moe_layers(), 3);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(cfg.moe_layer(i), moe_layers[size_t(i)]);
+    EXPECT_EQ(cfg.moe_index(moe_layers[size_t(i)]), i);
+  }
+  EXPECT_EQ(cfg.dense_mlp_width(cfg.d_ff), cfg.d_ff);
+  const ParamLayout layout(cfg);
+  EXPECT_TRUE(layout.contains("model.layers.0.mlp.gate_proj.weight"));
+  EXPECT_FALSE(layout.contains("model.layers.1.block_sparse_moe.gate.weight"));
+  EXPECT_TRUE(layout.contains("model.layers.2.block_sparse_moe.experts.7.w2.weight"));
+  // config.json carries it, so an exported checkpoint builds the same blocks.
+  const ModelConfig back = parse_hf_config(hf_config_json(cfg), "test");
+  EXPECT_EQ(back.moe.first_dense, 1);
+  EXPECT_EQ(back.moe.moe_every, 2);
+  // Every block but the first MoE: 1 dense block, 7 MoE ones.
+  cfg.moe.moe_every = 1;
+  EXPECT_EQ(cfg.num_moe_layers(), 7);
+  EXPECT_FALSE(cfg.is_moe_layer(0));
+  EXPECT_TRUE(cfg.is_moe_layer(1));
+  EXPECT_EQ(cfg.moe_layer(0), 1);
+}
+
 TEST(Moe, MemoryEstimateMatchesTheDecodersBuffers) {
   // The closed form (model/memory_estimate) against the buffers the decoder holds, for dense,
   // all-MoE and mixed models with shared experts, with and without checkpointing.
-  for (int variant = 0; variant < 4; ++variant) {
+  for (int variant = 0; variant < 5; ++variant) {
     ModelConfig cfg = tiny_moe(Family::llama);
     if (variant == 0) cfg.moe = {};
     if (variant >= 2) cfg.moe.num_shared_experts = 2;
     if (variant == 3) cfg.moe.moe_every = 2;
+    if (variant == 4) cfg.moe.first_dense = 1;
     for (int ckpt : {0, 1}) {
       DecoderOptions opt;
       opt.activation_checkpoint_interval = ckpt;

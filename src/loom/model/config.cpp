@@ -69,8 +69,12 @@ void ModelConfig::validate() const {
              moe.num_shared_experts);
   LOOM_CHECK(moe.expert_d_ff >= 0, "config", "model.moe.expert_d_ff must be >= 0 (0: model.d_ff), got ",
              moe.expert_d_ff);
-  LOOM_CHECK(moe.moe_every >= 1 && moe.moe_every <= n_layer, "config", "model.moe.moe_every=", moe.moe_every,
-             " must be between 1 and model.n_layer=", n_layer, " (blocks moe_every-1, 2*moe_every-1, ... are MoE)");
+  LOOM_CHECK(moe.first_dense >= 0 && moe.first_dense < n_layer, "config", "model.moe.first_dense=", moe.first_dense,
+             " must be between 0 and model.n_layer-1=", n_layer - 1, " (the first first_dense blocks are dense)");
+  LOOM_CHECK(moe.moe_every >= 1 && moe.moe_every <= n_layer - moe.first_dense, "config",
+             "model.moe.moe_every=", moe.moe_every,
+             " must be between 1 and model.n_layer - model.moe.first_dense=", n_layer - moe.first_dense,
+             " (blocks first_dense + moe_every-1, first_dense + 2*moe_every-1, ... are MoE)");
   LOOM_CHECK(moe.capacity_factor == 0 || moe.capacity_factor >= 1.0 / double(moe.num_experts), "config",
              "model.moe.capacity_factor=", moe.capacity_factor,
              " leaves experts room for almost no token; use 0 (dropless) or a value near 1.25");
@@ -84,7 +88,8 @@ std::string ModelConfig::summary() const {
                  ", context ", n_ctx,
                  moe.enabled() ? str_cat(", MoE ", moe.num_experts, " experts top-", moe.top_k, " d_ff ", expert_d_ff(),
                                          moe.num_shared_experts ? str_cat(" +", moe.num_shared_experts, " shared") : "",
-                                         moe.moe_every > 1 ? str_cat(" every ", moe.moe_every, " blocks") : "")
+                                         moe.moe_every > 1 ? str_cat(" every ", moe.moe_every, " blocks") : "",
+                                         moe.first_dense > 0 ? str_cat(" after ", moe.first_dense, " dense") : "")
                                : "",
                  precision == Precision::fp32 ? "" : str_cat(", ", precision_name(precision), " products"), ")");
 }

@@ -36,14 +36,17 @@ RouterScore router_score_from_name(const std::string& s);  // throws "[config] m
 // A MoE block replaces the dense MLP by a router and num_experts expert MLPs of width
 // expert_d_ff (the family's MLP: GELU for GPT-2, SwiGLU for LLaMA); each token runs top_k of
 // them, weighted by its normalised router scores, plus the num_shared_experts that every token
-// runs (DeepSeek-MoE). moe_every = N makes blocks N-1, 2N-1, ... MoE and leaves the others
-// dense (Qwen2-MoE's decoder_sparse_step); 1: every block.
+// runs (DeepSeek-MoE). The first first_dense blocks stay dense (DeepSeek-MoE/V3's
+// first_k_dense_replace: the first block's routing balances slowest); after them moe_every = N
+// makes every N-th block MoE, blocks first_dense + N-1, first_dense + 2N-1, ..., and leaves the
+// others dense (Qwen2-MoE's decoder_sparse_step); 1: every block.
 struct MoeConfig {
   int64_t num_experts = 0;  // 0: a dense model
   int64_t top_k = 2;
   int64_t num_shared_experts = 0;
   int64_t expert_d_ff = 0;  // 0: model.d_ff
   int64_t moe_every = 1;
+  int64_t first_dense = 0;
   // Per expert and micro-batch, at most ceil(capacity_factor * tokens * top_k / num_experts)
   // tokens; later ones are dropped (their expert output is zero, the residual passes). 0: none
   // dropped (dropless).
@@ -82,13 +85,15 @@ struct ModelConfig {
   MoeConfig moe;
 
   // Whether block `layer` is a Mixture-of-Experts block.
-  bool is_moe_layer(int64_t layer) const { return moe.enabled() && (layer + 1) % moe.moe_every == 0; }
+  bool is_moe_layer(int64_t layer) const {
+    return moe.enabled() && layer >= moe.first_dense && (layer - moe.first_dense + 1) % moe.moe_every == 0;
+  }
   int64_t expert_d_ff() const { return moe.expert_d_ff > 0 ? moe.expert_d_ff : d_ff; }
   int64_t shared_d_ff() const { return moe.num_shared_experts * expert_d_ff(); }
-  int64_t num_moe_layers() const { return moe.enabled() ? n_layer / moe.moe_every : 0; }
+  int64_t num_moe_layers() const { return moe.enabled() ? (n_layer - moe.first_dense) / moe.moe_every : 0; }
   // A MoE block's index among the MoE blocks, and back.
-  int64_t moe_index(int64_t layer) const { return (layer + 1) / moe.moe_every - 1; }
-  int moe_layer(int64_t index) const { return int((index + 1) * moe.moe_every - 1); }
+  int64_t moe_index(int64_t layer) const { return (layer - moe.first_dense + 1) / moe.moe_every - 1; }
+  int moe_layer(int64_t index) const { return int(moe.first_dense + (index + 1) * moe.moe_every - 1); }
   // Parameters of one routed expert's MLP (GPT-2's with its biases).
   int64_t expert_params() const {
     const int64_t C = d_model, F = expert_d_ff();
@@ -97,7 +102,7 @@ struct ModelConfig {
   // Width of the buffers the dense MLP path needs: the dense blocks' (dense_f, a tp share of
   // d_ff) and the MoE blocks' shared experts'; 0 when neither exists.
   int64_t dense_mlp_width(int64_t dense_f) const {
-    const bool dense_blocks = !moe.enabled() || moe.moe_every > 1;
+    const bool dense_blocks = !moe.enabled() || moe.moe_every > 1 || moe.first_dense > 0;
     return std::max(dense_blocks ? dense_f : 0, moe.enabled() ? shared_d_ff() : 0);
   }
 

@@ -77,6 +77,7 @@ std::string hf_config_json(const ModelConfig& cfg) {
                      {"dense_d_ff", cfg.d_ff},
                      {"num_shared_experts", m.num_shared_experts},
                      {"moe_every", m.moe_every},
+                     {"first_dense", m.first_dense},
                      {"capacity_factor", m.capacity_factor},
                      {"router_aux_loss_coef", m.router_aux_loss_coef},
                      {"router_z_loss_coef", m.router_z_loss_coef},
@@ -224,6 +225,7 @@ ModelConfig parse_hf_config(const std::string& json_text, const std::string& sou
     c.d_ff = r.integer("dense_d_ff", c.d_ff);
     m.num_shared_experts = r.integer("num_shared_experts", 0);
     m.moe_every = r.integer("moe_every", 1);
+    m.first_dense = r.integer("first_dense", 0);
     m.capacity_factor = r.number("capacity_factor", 0);
     m.router_aux_loss_coef = r.number("router_aux_loss_coef", m.router_aux_loss_coef);
     m.router_z_loss_coef = r.number("router_z_loss_coef", 0);

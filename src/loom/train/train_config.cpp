@@ -47,6 +47,7 @@ model::ModelConfig read_model(ConfigReader& r) {
   e.num_shared_experts = r.integer("model.moe.num_shared_experts", e.num_shared_experts, 0, 1 << 10);
   e.expert_d_ff = r.integer("model.moe.expert_d_ff", e.expert_d_ff, 0, 1 << 22);
   e.moe_every = r.integer("model.moe.moe_every", e.moe_every, 1, 4096);
+  e.first_dense = r.integer("model.moe.first_dense", e.first_dense, 0, 4096);
   e.capacity_factor = r.number("model.moe.capacity_factor", e.capacity_factor, 0, 1e6);
   e.router_aux_loss_coef = r.number("model.moe.router_aux_loss_coef", e.router_aux_loss_coef, 0, 1e3);
   e.router_z_loss_coef = r.number("model.moe.router_z_loss_coef", e.router_z_loss_coef, 0, 1e3);
