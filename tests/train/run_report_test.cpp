@@ -144,6 +144,49 @@ TEST(RunReport, EveryChartIsATaggedSvgWithItsSeriesCount) {
   EXPECT_EQ(run_report_summary(m), "3 steps, loss 5 -> 3, val loss 3.5, 0 resumes, 0 rollbacks");
 }
 
+TEST(RunMetrics, MoeLoadsPoolOverAWindowAndRewindOnResume) {
+  // Two MoE blocks; block 3's tokens split 30/10 then 10/30: each step is 1.5, pooled 1.0.
+  const auto moe = [](int64_t a0, int64_t a1, int64_t b0, int64_t b1) {
+    const auto block = [](int layer, int64_t x, int64_t y) {
+      const double load = double(std::max(x, y)) * 2 / double(x + y);
+      return "{\"layer\":" + std::to_string(layer) + ",\"load_max_over_mean\":" + std::to_string(load) +
+             ",\"dropped_fraction\":0.01,\"tokens_per_expert\":[" + std::to_string(x) + "," + std::to_string(y) + "]}";
+    };
+    return ",\"moe\":[" + block(3, b0, b1) + "," + block(1, a0, a1) + "]";
+  };
+  const std::string lines = step_line(10, 5.0, moe(20, 20, 30, 10)) + step_line(20, 4.0, moe(20, 20, 10, 30)) +
+                            step_line(30, 3.0, moe(40, 0, 40, 0)) +
+                            R"({"event":"resume","step":20,"run_id":"r2","checkpoint":"c/step_20"})"
+                            "\n" +
+                            step_line(30, 3.5, moe(24, 16, 20, 20));
+  const RunMetrics m = parse_run_metrics(lines);
+  EXPECT_TRUE(m.warnings.empty());
+  ASSERT_EQ(m.moe.size(), 2u);
+  EXPECT_EQ(m.moe[0].layer, 1);  // layer order, whatever the line's order
+  EXPECT_EQ(m.moe[1].layer, 3);
+  EXPECT_EQ(m.moe_worst_load.value, (std::vector<double>{1.5, 1.5, 1.2}));  // step 30 re-logged after the resume
+  EXPECT_NEAR(m.moe_mean_load.value[2], 1.1, 1e-9);
+  const std::vector<MoeWindowLoad> all = moe_window_loads(m, 0);
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[1].steps, 3);
+  EXPECT_DOUBLE_EQ(all[1].median_step_load, 1.5);
+  EXPECT_DOUBLE_EQ(all[1].worst_step_load, 1.5);
+  EXPECT_DOUBLE_EQ(all[1].pooled_load, 60.0 * 2 / 120);  // experts 60 and 60
+  EXPECT_NEAR(all[0].pooled_load, 64.0 * 2 / 120, 1e-12);
+  EXPECT_NEAR(all[0].dropped, 0.01, 1e-12);
+  const std::vector<MoeWindowLoad> late = moe_window_loads(m, 15);
+  EXPECT_EQ(late[1].steps, 2);
+  EXPECT_DOUBLE_EQ(late[1].pooled_load, 50.0 * 2 / 80);
+  // The report has the two MoE charts and the table; a malformed "moe" skips the line.
+  const std::string html = render_run_report(m, "x");
+  EXPECT_NE(html.find("data-chart=\"moe_load\" data-series=\"2\""), std::string::npos);
+  EXPECT_NE(html.find("data-chart=\"moe_dropped\" data-series=\"2\""), std::string::npos);
+  EXPECT_NE(html.find("<h2>Expert load after step 15</h2>"), std::string::npos);
+  const RunMetrics bad = parse_run_metrics(step_line(1, 2.0, ",\"moe\":[{\"layer\":\"x\"}]"));
+  EXPECT_EQ(bad.step_lines, 0);
+  EXPECT_EQ(bad.warnings.size(), 1u);
+}
+
 TEST(RunReport, ChartsWithoutDataSayZeroSeries) {
   const RunMetrics m = parse_run_metrics("{\"step\":1,\"loss\":2}\n");  // an old file: loss only
   for (const ReportChart& c : report_charts(m)) EXPECT_EQ(c.panel.series.size(), c.id == "loss" ? 1u : 0u) << c.id;

@@ -78,6 +78,59 @@ void add(MetricSeries& s, double step, double v) {
   s.value.push_back(v);
 }
 
+struct MoePoint {
+  int64_t layer;
+  double load, dropped;
+  std::vector<int64_t> tokens;
+};
+
+// The line's "moe" array, checked whole before anything is added.
+std::vector<MoePoint> read_moe(const json& j) {
+  std::vector<MoePoint> pts;
+  const auto it = j.find("moe");
+  if (it == j.end()) return pts;
+  if (!it->is_array()) throw std::runtime_error("\"moe\" is not an array");
+  for (const json& b : *it) {
+    MoePoint p{};
+    if (!b.is_object() || !b.value("layer", json()).is_number_integer() || !number_at(b, "load_max_over_mean", p.load))
+      throw std::runtime_error("\"moe\" entries need an integer \"layer\" and \"load_max_over_mean\"");
+    p.layer = b["layer"].get<int64_t>();
+    if (!number_at(b, "dropped_fraction", p.dropped)) p.dropped = kNaN;
+    if (const auto t = b.find("tokens_per_expert"); t != b.end()) {
+      if (!t->is_array()) throw std::runtime_error("\"moe\".tokens_per_expert is not an array");
+      for (const json& v : *t) {
+        if (!v.is_number_integer()) throw std::runtime_error("\"moe\".tokens_per_expert holds a non-integer");
+        p.tokens.push_back(v.get<int64_t>());
+      }
+    }
+    pts.push_back(std::move(p));
+  }
+  return pts;
+}
+
+void add_moe(const std::vector<MoePoint>& pts, double step, RunMetrics& m) {
+  if (pts.empty()) return;
+  double worst = 0, sum = 0;
+  for (const MoePoint& p : pts) {
+    auto b = std::find_if(m.moe.begin(), m.moe.end(), [&](const MoeBlockSeries& s) { return s.layer == p.layer; });
+    if (b == m.moe.end()) {
+      MoeBlockSeries s;
+      s.layer = p.layer;
+      b = m.moe.insert(
+          std::upper_bound(m.moe.begin(), m.moe.end(), s,
+                           [](const MoeBlockSeries& x, const MoeBlockSeries& y) { return x.layer < y.layer; }),
+          std::move(s));
+    }
+    add(b->load, step, p.load);
+    add(b->dropped, step, p.dropped);
+    if (!p.tokens.empty()) b->tokens.emplace_back(step, p.tokens);
+    worst = std::max(worst, p.load);
+    sum += p.load;
+  }
+  add(m.moe_worst_load, step, worst);
+  add(m.moe_mean_load, step, sum / double(pts.size()));
+}
+
 void read_step_line(const json& j, double step, RunMetrics& m) {
   static constexpr std::pair<const char*, MetricSeries RunMetrics::*> kFields[] = {
       {"loss", &RunMetrics::loss},
@@ -96,6 +149,7 @@ void read_step_line(const json& j, double step, RunMetrics& m) {
     for (const auto& [cat, v] : mem->items())
       if (!v.is_object() || !v.value("current", json()).is_number() || !v.value("peak", json()).is_number())
         throw std::runtime_error("\"memory\"." + cat + " is not {\"current\": bytes, \"peak\": bytes}");
+  const std::vector<MoePoint> moe = read_moe(j);
   for (size_t k = 0; k < std::size(kFields); ++k)
     if (present[k]) add(m.*kFields[k].second, step, values[k]);
   if (mem != j.end())
@@ -103,6 +157,7 @@ void read_step_line(const json& j, double step, RunMetrics& m) {
       add(series_named(m.memory_current, cat), step, v["current"].get<double>());
       add(series_named(m.memory_peak, cat), step, v["peak"].get<double>());
     }
+  add_moe(moe, step, m);
   m.skipped_steps = j.value("skipped_steps", int64_t(0));
   m.nonfinite_steps = j.value("nonfinite_steps", int64_t(0));
   m.rollbacks = j.value("rollbacks", int64_t(0));
@@ -130,10 +185,57 @@ size_t rewind_to(RunMetrics& m, double step, bool keep_losses) {
     drop_after(*s, step);
   for (auto* v : {&m.memory_current, &m.memory_peak})
     for (auto& s : *v) drop_after(s, step);
+  drop_after(m.moe_worst_load, step);
+  drop_after(m.moe_mean_load, step);
+  for (MoeBlockSeries& b : m.moe) {
+    drop_after(b.load, step);
+    drop_after(b.dropped, step);
+    std::erase_if(b.tokens, [&](const auto& t) { return t.first > step; });
+  }
   return n;
 }
 
+double median(std::vector<double> v) {
+  if (v.empty()) return kNaN;
+  std::sort(v.begin(), v.end());
+  const size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
+}
+
 }  // namespace
+
+std::vector<MoeWindowLoad> moe_window_loads(const RunMetrics& m, double after_step) {
+  std::vector<MoeWindowLoad> out;
+  for (const MoeBlockSeries& b : m.moe) {
+    MoeWindowLoad w;
+    w.layer = b.layer;
+    std::vector<double> loads;
+    double dropped = 0;
+    for (size_t i = 0; i < b.load.step.size(); ++i) {
+      if (b.load.step[i] <= after_step) continue;
+      loads.push_back(b.load.value[i]);
+      w.worst_step_load = std::max(w.worst_step_load, b.load.value[i]);
+      dropped += std::isfinite(b.dropped.value[i]) ? b.dropped.value[i] : 0.0;
+    }
+    w.steps = int64_t(loads.size());
+    w.median_step_load = median(loads);
+    w.dropped = loads.empty() ? kNaN : dropped / double(loads.size());
+    std::vector<int64_t> pooled;
+    for (const auto& [step, tokens] : b.tokens) {
+      if (step <= after_step) continue;
+      if (pooled.size() < tokens.size()) pooled.resize(tokens.size(), 0);
+      for (size_t e = 0; e < tokens.size(); ++e) pooled[e] += tokens[e];
+    }
+    int64_t sum = 0, mx = 0;
+    for (int64_t t : pooled) {
+      sum += t;
+      mx = std::max(mx, t);
+    }
+    w.pooled_load = sum ? double(mx) * double(pooled.size()) / double(sum) : kNaN;
+    out.push_back(w);
+  }
+  return out;
+}
 
 RunMetrics parse_run_metrics(const std::string& jsonl) {
   RunMetrics m;

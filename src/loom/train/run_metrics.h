@@ -33,6 +33,14 @@ struct RunEvent {
   std::string detail;
 };
 
+// One Mixture-of-Experts block's router statistics at the logged steps (the step lines' "moe").
+struct MoeBlockSeries {
+  int64_t layer = -1;
+  MetricSeries load{"load max/mean"}, dropped{"dropped fraction"};
+  // Tokens routed to each expert at a logged step (tokens_per_expert; absent in older files).
+  std::vector<std::pair<double, std::vector<int64_t>>> tokens;
+};
+
 struct RunMetrics {
   MetricSeries loss{"train loss"}, val_loss{"val loss"}, lr{"learning rate"}, grad_norm{"grad norm"},
       tokens_per_s{"tokens/s"}, mfu{"MFU"}, exposed_comm_ms{"exposed comm"};
@@ -41,6 +49,9 @@ struct RunMetrics {
   // Per allocation category in the allocator's order (params, grads, optimizer, activations,
   // workspace, kv_cache, comm, other; unknown names after): bytes at the logged step, peak.
   std::vector<MetricSeries> memory_current, memory_peak;
+  // MoE runs: per block in layer order, and per step the worst block's and the mean load.
+  std::vector<MoeBlockSeries> moe;
+  MetricSeries moe_worst_load{"worst block"}, moe_mean_load{"mean over blocks"};
   std::vector<RunStart> starts;
   std::vector<RunEvent> events;
   // The last step line's guard counters (0 when it has none).
@@ -56,5 +67,14 @@ struct RunMetrics {
 // in steps; a rollback keeps the dropped losses in rolled_back_loss. Unknown events and keys
 // are ignored; malformed lines are skipped and named in warnings.
 RunMetrics parse_run_metrics(const std::string& jsonl);
+
+// A MoE block's load over the logged steps after `after_step`: the median and the largest of
+// those steps' max/mean, the max/mean of their tokens pooled per expert (NaN without
+// tokens_per_expert), and the mean dropped fraction. One entry per block in m.moe.
+struct MoeWindowLoad {
+  int64_t layer = -1, steps = 0;
+  double median_step_load = 0, worst_step_load = 0, pooled_load = 0, dropped = 0;
+};
+std::vector<MoeWindowLoad> moe_window_loads(const RunMetrics& m, double after_step);
 
 }  // namespace loom::train

@@ -92,6 +92,17 @@ std::vector<ReportChart> report_charts(const RunMetrics& m) {
   charts.push_back(chart("mfu", "model FLOPs utilisation", "MFU (%)", {plot_series(m.mfu, 100)}));
   charts.push_back(chart("memory", "peak memory by category (rank 0)", "MiB", std::move(memory)));
   charts.push_back(chart("exposed_comm", "exposed communication", "ms per step", {plot_series(m.exposed_comm_ms)}));
+  if (!m.moe.empty()) {
+    charts.push_back(chart("moe_load", "expert load (max/mean of a step's tokens)", "max/mean",
+                           {plot_series(m.moe_worst_load), plot_series(m.moe_mean_load)}));
+    std::vector<io::PlotSeries> dropped;
+    for (const MoeBlockSeries& b : m.moe) {
+      io::PlotSeries p = plot_series(b.dropped, 100);
+      p.name = "block " + std::to_string(b.layer);
+      dropped.push_back(std::move(p));
+    }
+    charts.push_back(chart("moe_dropped", "dropped choices per MoE block", "% of choices", std::move(dropped)));
+  }
   return charts;
 }
 
@@ -153,6 +164,21 @@ std::string render_run_report(const RunMetrics& m, const std::string& source) {
       os << "<tr><td>" << io::xml_escape(m.memory_peak[k].name) << "</td><td>"
          << mib(k < m.memory_current.size() ? last_finite(m.memory_current[k]) : NAN) << "</td><td>"
          << mib(last_finite(m.memory_peak[k])) << "</td></tr>\n";
+    os << "</table>\n";
+  }
+
+  if (!m.moe.empty()) {
+    // The second half of the logged steps: past the routers' early imbalance in most runs.
+    const double half = double(last_step(m)) / 2;
+    os << "<h2>Expert load after step " << num(half) << "</h2>\n"
+       << "<p>Per MoE block over the logged steps after half the run: the median and the worst step's load "
+          "max/mean (one step's tokens), the load of those steps' tokens pooled, and the mean dropped share of "
+          "choices.</p>\n<table class=\"moe\">\n<tr><th>block</th><th>steps</th><th>median step</th>"
+          "<th>worst step</th><th>pooled</th><th>dropped</th></tr>\n";
+    for (const MoeWindowLoad& w : moe_window_loads(m, half))
+      os << "<tr><td>" << w.layer << "</td><td>" << w.steps << "</td><td>" << num(w.median_step_load) << "</td><td>"
+         << num(w.worst_step_load) << "</td><td>" << num(w.pooled_load) << "</td><td>" << num(100 * w.dropped)
+         << "%</td></tr>\n";
     os << "</table>\n";
   }
 

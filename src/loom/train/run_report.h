@@ -12,12 +12,15 @@ namespace loom::train {
 
 // One chart of the report; series holds only those with at least one point.
 struct ReportChart {
-  std::string id;  // stable, for tests and anchors: loss, lr, grad_norm, tokens_per_s, mfu, memory, exposed_comm
+  // Stable, for tests and anchors: loss, lr, grad_norm, tokens_per_s, mfu, memory, exposed_comm,
+  // and for MoE runs moe_load, moe_dropped.
+  std::string id;
   io::PlotPanel panel;
 };
 
 // The charts in page order: loss (train, val, rolled back), learning rate, gradient norm,
-// tokens/s, MFU (%), peak memory by category (MiB), exposed communication (ms per step).
+// tokens/s, MFU (%), peak memory by category (MiB), exposed communication (ms per step); for
+// MoE runs the expert load (worst block, mean over blocks) and each block's dropped choices (%).
 std::vector<ReportChart> report_charts(const RunMetrics& m);
 
 // The whole page. Each chart is an <svg class="chart" data-chart="ID" data-series="N">.

@@ -322,6 +322,7 @@ void Trainer::write_step_metrics(const LoggedStep& ls) {
     int64_t mx = 0;
     for (int64_t l : st.load) mx = std::max(mx, l);
     j["moe"].push_back({{"layer", st.layer},
+                        {"tokens_per_expert", st.load},
                         {"tokens_per_expert_max", mx},
                         {"tokens_per_expert_mean", double(st.choices) / double(std::max<size_t>(1, st.load.size()))},
                         {"load_max_over_mean", st.load_max_over_mean()},
