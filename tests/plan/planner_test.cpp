@@ -95,6 +95,20 @@ TEST(Planner, ZeroStagesShardTheStatesAsTheFormulasSay) {
   }
 }
 
+TEST(Planner, OneBitAdamAddsItsErrorBuffersAndKeepsToZeroOneWithoutEp) {
+  Job j = job_of("gpt2-124m", 4, 64);
+  j.grad_wire_bytes = 1.0 / 8;
+  const int64_t P = model::ParamLayout(j.model).num_params();
+  for (int zero = 0; zero <= 1; ++zero) {
+    const Prediction p = predict(j, small_cluster(), Layout{4, 1, 1, 1, zero, 1, 1, 0, "1f1b"});
+    ASSERT_TRUE(p.why_not.empty()) << p.why_not;
+    const auto z = parallel::zero_model_state_bytes(P, zero, 4);
+    EXPECT_EQ(int64_t(p.memory.optimizer), z.optimizer + parallel::onebit_error_bytes(P, 4));
+  }
+  EXPECT_EQ(check_layout(j, small_cluster(), Layout{4, 1, 1, 1, 2, 1, 1, 0, "1f1b"}),
+            "1-bit Adam with ZeRO-2 (loom's trainer runs it at ZeRO 0-1 without expert parallelism)");
+}
+
 TEST(Planner, PipelineBubbleOfEqualStagesIsTheScheduleFormula) {
   // A tiny vocabulary makes the embedding and head negligible, so the stages are equal.
   Job j = job_of("gpt2-350m", 32, 128);

@@ -227,6 +227,9 @@ std::string check_layout(const Job& job, const Cluster& c, const Layout& l) {
   if (l.schedule != "1f1b" && l.schedule != "gpipe") return "schedule must be 1f1b or gpipe";
   if (l.pp > 1 && l.zero >= 2)
     return str_cat("ZeRO-", l.zero, " with pp=", l.pp, " (loom's trainer shards gradients only without pipelining)");
+  if (job.onebit() && (l.zero >= 2 || l.ep > 1))
+    return str_cat("1-bit Adam with ", l.ep > 1 ? str_cat("ep=", l.ep) : str_cat("ZeRO-", l.zero),
+                   " (loom's trainer runs it at ZeRO 0-1 without expert parallelism)");
   return "";
 }
 
@@ -270,6 +273,8 @@ Prediction predict(const Job& job, const Cluster& c, const Layout& l) {
     m.params = double(z.params + ze.params);
     m.grads = double(z.grads + ze.grads);
     m.optimizer = double(z.optimizer + ze.optimizer);
+    // 1-bit Adam's error feedback: a worker error per parameter, a server error per chunk.
+    if (job.onebit() && l.dp > 1) m.optimizer += double(parallel::onebit_error_bytes(layout.num_params(), int(l.dp)));
     const auto a = model::estimate_slice_activations(cfg, slice, l.micro_batch, job.seq, l.checkpoint, job.xent_chunk);
     // Micro-batches in flight on stage s: 1F1B holds at most pp - s, GPipe all of them.
     const int64_t in_flight =

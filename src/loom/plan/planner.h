@@ -41,6 +41,7 @@ struct Job {
   // Bytes per gradient element on the data-parallel wire: 4 (fp32), 2 (bf16, comm.grad_dtype),
   // 1/8 (1-bit Adam's signs after its warm-up); 0: bf16's 2 when bf16, else 4.
   double grad_wire_bytes = 0;
+  bool onebit() const { return grad_wire_bytes > 0 && grad_wire_bytes < 1; }
   // Collectives: "auto" (the fastest of ring, tree and two-level hierarchical, as comm's auto
   // chooses) or one of them ("ring", "tree", "hierarchical").
   std::string algorithm = "auto";
