@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <numeric>
 #include <random>
 #include <set>
 
@@ -120,6 +121,41 @@ TEST(ModelRunner, F32LogitsMatchDenseThroughPrefillAndDecode) {
     }
     EXPECT_EQ(int64_t(seq.size()), 11 + 7);
   }
+}
+
+// The runner's per-expert token counts (what `loom eval` reports) are the router's choices:
+// those of the training forward on the same tokens, top_k per token.
+TEST(ModelRunner, MoeExpertLoadCountsTheRoutersChoices) {
+  auto m = make_model(Variant{Family::llama, true}, DType::f32);
+  const model::ModelConfig& cfg = m->config();
+  const int64_t T = 12;
+  const auto tok = random_tokens(int(T), 21);
+  std::vector<int32_t> tgt(tok.begin() + 1, tok.end());
+  tgt.push_back(0);
+  KVCache cache(cfg, 8, 4, DType::f32);
+  ModelRunner runner(*m, cache, T, 1);
+  const std::vector<int32_t> table = {0, 1, 2};
+  StepPlan plan;
+  ScheduledSeq s;
+  s.num_tokens = T;
+  s.tokens = tok;
+  s.block_table = table;
+  plan.seqs.push_back(s);
+  runner.execute_all_rows(plan);
+  m->reset_moe_stats();
+  m->forward_backward(tok.data(), tgt.data(), 1, T, 1.0);
+  ASSERT_EQ(int64_t(runner.expert_load().size()), cfg.num_moe_layers());
+  ASSERT_GT(cfg.num_moe_layers(), 0);
+  for (size_t i = 0; i < runner.expert_load().size(); ++i) {
+    const std::vector<int64_t>& load = runner.expert_load()[i];
+    EXPECT_EQ(load, m->moe_stats()[i].load) << "MoE block " << i;
+    EXPECT_EQ(std::accumulate(load.begin(), load.end(), int64_t(0)), T * cfg.moe.top_k);
+  }
+  runner.execute_all_rows(plan);  // counts add up until reset
+  EXPECT_EQ(std::accumulate(runner.expert_load()[0].begin(), runner.expert_load()[0].end(), int64_t(0)),
+            2 * T * cfg.moe.top_k);
+  runner.reset_expert_load();
+  for (const auto& load : runner.expert_load()) EXPECT_EQ(std::accumulate(load.begin(), load.end(), int64_t(0)), 0);
 }
 
 namespace {

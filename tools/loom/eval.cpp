@@ -1,6 +1,8 @@
 // `loom eval --checkpoint DIR --data DIR [--split val] [--seq-len T] [--max-windows N]
 // [--quant ...]`: the model's mean next-token loss and perplexity on prepared token shards,
-// through the inference runner (so quantized weights are judged as they are served).
+// through the inference runner (so quantized weights are judged as they are served); for MoE
+// models also the routers' load over the split.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <numeric>
@@ -33,7 +35,8 @@ int cmd_eval(const std::vector<std::string>& argv) {
   auto app = new_app("eval",
                      "Mean next-token cross-entropy (nats/token) and perplexity of a checkpoint on the split's "
                      "consecutive windows of T tokens, computed by the inference engine's forward. The last line is "
-                     "SUMMARY {json}.");
+                     "SUMMARY {json}. For MoE models also each MoE block's expert load (max/mean of the tokens "
+                     "routed to each expert) over the split.");
   std::string checkpoint, data_dir, split = "val";
   int64_t seq_len = 0, max_windows = 0, threads = 0;
   QuantOptions quant;
@@ -103,6 +106,27 @@ int cmd_eval(const std::vector<std::string>& argv) {
                       {"windows", windows},
                       {"seq_len", T},
                       {"seconds", secs}};
+  if (cfg.moe.enabled()) {
+    // The router's load over the whole split: per MoE block, max/mean of the tokens per expert.
+    std::string line;
+    double worst = 0;
+    nlohmann::json blocks = nlohmann::json::array();
+    for (size_t i = 0; i < runner.expert_load().size(); ++i) {
+      const std::vector<int64_t>& load = runner.expert_load()[i];
+      int64_t sum = 0, mx = 0;
+      for (int64_t t : load) {
+        sum += t;
+        mx = std::max(mx, t);
+      }
+      const double r = sum ? double(mx) * double(load.size()) / double(sum) : 0.0;
+      worst = std::max(worst, r);
+      line += str_cat(i ? ", " : "", cfg.moe_layer(int64_t(i)), ": ", std::round(r * 100) / 100);
+      blocks.push_back({{"layer", cfg.moe_layer(int64_t(i))}, {"load_max_over_mean", r}, {"tokens_per_expert", load}});
+    }
+    std::printf("[eval] expert load max/mean over the split by MoE block: %s (worst %.2f)\n", line.c_str(), worst);
+    j["moe"] = blocks;
+    j["moe_worst_load"] = worst;
+  }
   std::printf("SUMMARY %s\n", j.dump().c_str());
   return 0;
 }

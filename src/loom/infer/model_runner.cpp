@@ -89,6 +89,7 @@ ModelRunner::ModelRunner(const model::Decoder& model, KVCache& cache, int64_t ma
   if (cfg_.moe.enabled()) {
     LOOM_CHECK(!quant, "runner", "quantized weights of MoE models are not supported; serve ", cfg_.name, " in fp32");
     moe_ = model::MoeActs::allocate(cfg_, N, dt, alloc);
+    reset_expert_load();
   }
   const int64_t S = max_logit_rows_;
   xs_ = Tensor::empty({S, C}, dt, cat, alloc);
@@ -172,6 +173,10 @@ int64_t ModelRunner::logit_rows(const StepPlan& plan) {
   return n;
 }
 
+void ModelRunner::reset_expert_load() {
+  expert_load_.assign(size_t(cfg_.num_moe_layers()), std::vector<int64_t>(size_t(cfg_.moe.num_experts), 0));
+}
+
 int64_t ModelRunner::weight_bytes_per_token() const {
   const int64_t es = int64_t(dtype_size(model_.params().dtype()));
   const int64_t row = cfg_.d_model * es;
@@ -242,7 +247,11 @@ void ModelRunner::run_layers(int64_t N) {
       linear(act, w.out_w, qb ? &qb->out : nullptr, bias_owner ? w.out_b : Tensor{}, x);
       all_reduce(x);  // MoE models run on one rank (kv_cache_config)
     }
-    if (moe) model::moe_forward(cfg_, w, ln, moe_, x, /*accumulate=*/w.fc_w.defined());
+    if (moe) {
+      model::moe_forward(cfg_, w, ln, moe_, x, /*accumulate=*/w.fc_w.defined());
+      std::vector<int64_t>& load = expert_load_[size_t(cfg_.moe_index(l))];
+      for (size_t e = 0; e < load.size(); ++e) load[e] += moe_.load[e];
+    }
     ops::add_inplace(x, x_mid);
   }
 }

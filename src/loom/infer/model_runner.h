@@ -50,6 +50,12 @@ class ModelRunner {
   // buffer is allocated on the first call.
   Tensor execute_all_rows(const StepPlan& plan);
 
+  // MoE models: the tokens each MoE block has routed to each expert (with the balancing bias,
+  // dropless) since construction or reset_expert_load, in MoE-block order (model::ModelConfig::
+  // moe_layer); `loom eval` reports them as the router's load over a split.
+  const std::vector<std::vector<int64_t>>& expert_load() const { return expert_load_; }
+  void reset_expert_load();
+
   // Weight bytes one decode step reads at batch 1 (every matrix once, quantized ones in their
   // packed form with scales, one embedding row).
   int64_t weight_bytes_per_token() const;
@@ -86,6 +92,7 @@ class ModelRunner {
   // Activations for up to max_tokens rows (views of the first N rows are used per step).
   Tensor tok_, pos_, x_, ln_, mean_, rstd_, qkv_, att_, x_mid_, fc_, act_;
   model::MoeActs moe_;                              // MoE blocks' routing and expert buffers (MoE models)
+  std::vector<std::vector<int64_t>> expert_load_;   // per MoE block and expert
   Tensor xs_, lnf_, lnf_mean_, lnf_rstd_, logits_;  // the rows that need logits only
   Tensor all_logits_;                               // execute_all_rows: [max_tokens, V]
   std::vector<int64_t> slots_;
