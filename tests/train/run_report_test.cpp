@@ -182,6 +182,7 @@ TEST(RunMetrics, MoeLoadsPoolOverAWindowAndRewindOnResume) {
   EXPECT_NE(html.find("data-chart=\"moe_load\" data-series=\"2\""), std::string::npos);
   EXPECT_NE(html.find("data-chart=\"moe_dropped\" data-series=\"2\""), std::string::npos);
   EXPECT_NE(html.find("<h2>Expert load after step 15</h2>"), std::string::npos);
+  EXPECT_NE(render_run_report(m, "x", 0).find("<h2>Expert load after step 0</h2>"), std::string::npos);
   const RunMetrics bad = parse_run_metrics(step_line(1, 2.0, ",\"moe\":[{\"layer\":\"x\"}]"));
   EXPECT_EQ(bad.step_lines, 0);
   EXPECT_EQ(bad.warnings.size(), 1u);

@@ -46,6 +46,12 @@ int cmd_report(const std::vector<std::string>& argv) {
                   "the metrics JSONL (default: RUN_DIR/metrics.jsonl, or the only *.jsonl in RUN_DIR)")
       ->type_name("FILE");
   app->add_option("--out", out, "where to write the page (default: RUN_DIR/report.html)")->type_name("FILE");
+  double moe_after = -1;
+  app->add_option("--moe-after", moe_after,
+                  "MoE runs: the expert-load table covers the logged steps after STEP (default: half the run)")
+      ->type_name("STEP")
+      ->check(non_negative())
+      ->default_str("");
   if (auto rc = parse(*app, argv)) return *rc;
   if (metrics.empty()) metrics = find_metrics(run_dir);
   LOOM_CHECK(fs::is_regular_file(metrics), "report", "--metrics ", metrics, ": no such file");
@@ -56,7 +62,7 @@ int cmd_report(const std::vector<std::string>& argv) {
              ": no step lines (objects with \"step\" and \"loss\"); is it "
              "the JSONL of log.metrics_path (loom train --metrics FILE)?");
   if (out.empty()) out = (fs::path(run_dir) / "report.html").string();
-  io::write_file_atomic(out, train::render_run_report(m, metrics));
+  io::write_file_atomic(out, train::render_run_report(m, metrics, moe_after));
   std::printf("[report] wrote %s: %s\n", out.c_str(), train::run_report_summary(m).c_str());
   return 0;
 }

@@ -117,7 +117,7 @@ std::string run_report_summary(const RunMetrics& m) {
   return os.str();
 }
 
-std::string render_run_report(const RunMetrics& m, const std::string& source) {
+std::string render_run_report(const RunMetrics& m, const std::string& source, double moe_after) {
   const RunStart* first = m.starts.empty() ? nullptr : &m.starts.front();
   const std::string run_id = first ? first->run_id : "";
   std::ostringstream os;
@@ -168,14 +168,14 @@ std::string render_run_report(const RunMetrics& m, const std::string& source) {
   }
 
   if (!m.moe.empty()) {
-    // The second half of the logged steps: past the routers' early imbalance in most runs.
-    const double half = double(last_step(m)) / 2;
-    os << "<h2>Expert load after step " << num(half) << "</h2>\n"
-       << "<p>Per MoE block over the logged steps after half the run: the median and the worst step's load "
+    // By default the second half of the logged steps: past the routers' early imbalance.
+    const double after = moe_after >= 0 ? moe_after : double(last_step(m)) / 2;
+    os << "<h2>Expert load after step " << num(after) << "</h2>\n"
+       << "<p>Per MoE block over the logged steps after that one: the median and the worst step's load "
           "max/mean (one step's tokens), the load of those steps' tokens pooled, and the mean dropped share of "
           "choices.</p>\n<table class=\"moe\">\n<tr><th>block</th><th>steps</th><th>median step</th>"
           "<th>worst step</th><th>pooled</th><th>dropped</th></tr>\n";
-    for (const MoeWindowLoad& w : moe_window_loads(m, half))
+    for (const MoeWindowLoad& w : moe_window_loads(m, after))
       os << "<tr><td>" << w.layer << "</td><td>" << w.steps << "</td><td>" << num(w.median_step_load) << "</td><td>"
          << num(w.worst_step_load) << "</td><td>" << num(w.pooled_load) << "</td><td>" << num(100 * w.dropped)
          << "%</td></tr>\n";

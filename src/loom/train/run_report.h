@@ -23,8 +23,10 @@ struct ReportChart {
 // MoE runs the expert load (worst block, mean over blocks) and each block's dropped choices (%).
 std::vector<ReportChart> report_charts(const RunMetrics& m);
 
-// The whole page. Each chart is an <svg class="chart" data-chart="ID" data-series="N">.
-std::string render_run_report(const RunMetrics& m, const std::string& source);
+// The whole page. Each chart is an <svg class="chart" data-chart="ID" data-series="N">. The
+// expert-load table of a MoE run covers the logged steps after `moe_after` (negative: half the
+// last step).
+std::string render_run_report(const RunMetrics& m, const std::string& source, double moe_after = -1);
 
 // "40 steps, loss 5.54 -> 2.31, val loss 2.40, 1 resume, 0 rollbacks" for the command's output.
 std::string run_report_summary(const RunMetrics& m);
