@@ -95,10 +95,9 @@ TEST(Trainer, MoeResumeIsExactWithItsBalancingBias) {
 TEST(Trainer, DenseModelIgnoresTheMoeKeys) {
   const std::string dir = loom::testing::temp_dir("dense_moe_keys");
   const std::string data = loom::testing::prepare_shakespeare(dir, 20000);
-  TrainConfig cfg =
-      parse_train_config(loom::testing::tiny_config_yaml(data, ""),
-                         {"schedule.steps=3", "model.moe.bias_update_rate=0.01", "model.moe.capacity_factor=1.25",
-                          "model.moe.first_dense=1"});
+  TrainConfig cfg = parse_train_config(loom::testing::tiny_config_yaml(data, ""),
+                                       {"schedule.steps=3", "model.moe.bias_update_rate=0.01",
+                                        "model.moe.capacity_factor=1.25", "model.moe.first_dense=1"});
   ASSERT_FALSE(cfg.model.moe.enabled());
   DatasetSource src(cfg);
   Trainer t(cfg, src, quiet());
