@@ -15,6 +15,7 @@
 #include "loom/data/dataset.h"
 #include "loom/infer/kv_cache.h"
 #include "loom/infer/model_runner.h"
+#include "loom/model/moe.h"
 #include "tools/loom/commands.h"
 #include "tools/loom/inference_model.h"
 
@@ -112,16 +113,13 @@ int cmd_eval(const std::vector<std::string>& argv) {
     double worst = 0;
     nlohmann::json blocks = nlohmann::json::array();
     for (size_t i = 0; i < runner.expert_load().size(); ++i) {
-      const std::vector<int64_t>& load = runner.expert_load()[i];
-      int64_t sum = 0, mx = 0;
-      for (int64_t t : load) {
-        sum += t;
-        mx = std::max(mx, t);
-      }
-      const double r = sum ? double(mx) * double(load.size()) / double(sum) : 0.0;
+      model::MoeLayerStats st;
+      st.load = runner.expert_load()[i];
+      const double r = st.load_max_over_mean();
       worst = std::max(worst, r);
       line += str_cat(i ? ", " : "", cfg.moe_layer(int64_t(i)), ": ", std::round(r * 100) / 100);
-      blocks.push_back({{"layer", cfg.moe_layer(int64_t(i))}, {"load_max_over_mean", r}, {"tokens_per_expert", load}});
+      blocks.push_back(
+          {{"layer", cfg.moe_layer(int64_t(i))}, {"load_max_over_mean", r}, {"tokens_per_expert", st.load}});
     }
     std::printf("[eval] expert load max/mean over the split by MoE block: %s (worst %.2f)\n", line.c_str(), worst);
     j["moe"] = blocks;

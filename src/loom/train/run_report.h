@@ -1,5 +1,6 @@
 // The HTML page of `loom report`: a training run's metrics (train/run_metrics.h) as inline
-// SVG charts, tables of resumes, rollbacks and skipped steps, the environment and the config.
+// SVG charts, tables of resumes, rollbacks and skipped steps, MoE runs' expert load, the
+// environment and the config.
 // One self-contained document: inline CSS, no scripts, nothing fetched.
 #pragma once
 #include <string>
