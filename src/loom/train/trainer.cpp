@@ -615,6 +615,9 @@ TrainResult Trainer::run() {
                  (long long)optim::LrSchedule{cfg_.optim.lr, cfg_.schedule.min_lr, cfg_.schedule.warmup_steps, total}
                      .resolved_warmup(),
                  cfg_.schedule.min_lr);
+    if (opt_.peak_gflops <= 0)
+      std::fprintf(opt_.log, "[train] MFU: model FLOPs over %.0f GFLOP/s per rank, the %s rate measured now\n",
+                   peak_gflops_, cpu::on_bf16_gemm(cfg_.model.products()) ? "bf16 GEMM" : "SGEMM");
     // Dense parameters are sharded over the dp x ep ranks, a MoE block's experts over dp.
     int64_t expert_params = 0;
     for (const auto& pi : model_->layout().params())
@@ -689,6 +692,14 @@ TrainResult Trainer::run() {
           ls.memory.push_back(
               {mem_category_name(MemCategory(c)), mem.by_category[size_t(c)].current, mem.by_category[size_t(c)].peak});
       bar.clear();
+      if (ls.mfu > 1.05 && !mfu_warned_ && opt_.peak_gflops <= 0) {
+        mfu_warned_ = true;
+        std::fprintf(opt_.log,
+                     "[train] warning: MFU %.0f%% is over 100%%: the %.0f GFLOP/s measured at start-up was low, "
+                     "most likely because other processes used the cores then; this run's MFU figures are "
+                     "inflated by as much\n",
+                     100 * ls.mfu, peak_gflops_);
+      }
       std::fprintf(opt_.log,
                    "step %6lld/%lld | loss %.4f | lr %.3e | grad_norm %.3f | %.0f tok/s | mfu %.1f%% "
                    "| %.0f ms/step | peak %s%s%s\n",

@@ -189,6 +189,7 @@ class Trainer {
   std::vector<std::pair<int64_t, int64_t>> skipped_windows_;
   std::vector<model::MoeLayerStats> moe_stats_;  // the last step's, over every rank
   double peak_gflops_ = 0;                       // measured GEMM rate, for the MFU estimate
+  bool mfu_warned_ = false;                      // the log said once that MFU exceeded 100%
 };
 
 }  // namespace loom::train
