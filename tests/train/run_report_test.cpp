@@ -1,11 +1,14 @@
 // The run report's pure parts (train/run_metrics.h, run_report.h): JSONL lines into series,
 // resumes and rollbacks rewinding them, malformed lines named by number, one tagged <svg> per
-// chart with its series count and nothing fetched; and the trainer's side: run_start, memory
-// by category and exposed communication in the JSONL, the observer called per logged step.
+// chart with its series count and nothing fetched, MoE loads pooled over windows; and the
+// trainer's side: run_start, memory by category, exposed communication and every step's expert
+// load in the JSONL, the observer called per logged step.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
+#include <numeric>
 #include <regex>
 #include <sstream>
 
@@ -243,4 +246,45 @@ TEST(RunReport, TheTrainerLogsRunStartMemoryAndExposedCommAndCallsTheObserver) {
   EXPECT_EQ(m.exposed_comm_ms.value, (std::vector<double>{0, 0, 0, 0}));
   EXPECT_EQ(m.memory_peak.size(), seen[3].memory.size());
   EXPECT_EQ(m.val_loss.step, (std::vector<double>{2}));
+}
+
+// A MoE run logs each block's tokens per expert for the logged step and summed over the steps
+// since the previous log, which the report pools.
+TEST(RunReport, TheTrainerLogsEveryStepsExpertLoadBetweenLogs) {
+  const std::string dir = loom::testing::temp_dir("run_report_moe");
+  const std::string data = loom::testing::prepare_shakespeare(dir, 20000);
+  const std::string metrics = dir + "/metrics.jsonl";
+  const TrainConfig cfg = parse_train_config(loom::testing::tiny_config_yaml(data, ""),
+                                             {"model.preset=llama-moe-tiny", "model.vocab_size=256", "model.n_ctx=32",
+                                              "schedule.steps=5", "log.every=2", "log.metrics_path=" + metrics});
+  DatasetSource src(cfg);
+  Trainer(cfg, src, loom::testing::quiet()).run();
+  std::istringstream in(io::read_file(metrics));
+  const int64_t per_step = cfg.data.batch_size * cfg.data.seq_len * cfg.model.moe.top_k;
+  std::vector<int64_t> window_steps;
+  std::map<int64_t, std::vector<int64_t>> pooled;  // by layer, over the whole run
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (!j.contains("moe")) continue;
+    const int64_t n = j["moe_window_steps"].get<int64_t>();
+    window_steps.push_back(n);
+    for (const auto& b : j["moe"]) {
+      const auto step = b["tokens_per_expert"].get<std::vector<int64_t>>();
+      const auto window = b["tokens_per_expert_window"].get<std::vector<int64_t>>();
+      EXPECT_EQ(std::accumulate(step.begin(), step.end(), int64_t(0)), per_step);
+      EXPECT_EQ(std::accumulate(window.begin(), window.end(), int64_t(0)), n * per_step);
+      for (size_t e = 0; e < window.size(); ++e) EXPECT_GE(window[e], step[e]);  // the window ends with the step
+      auto& p = pooled[b["layer"].get<int64_t>()];
+      p.resize(window.size(), 0);
+      for (size_t e = 0; e < window.size(); ++e) p[e] += window[e];
+    }
+  }
+  EXPECT_EQ(window_steps, (std::vector<int64_t>{2, 2, 1}));  // steps 1-2, 3-4, 5
+  const RunMetrics m = parse_run_metrics(io::read_file(metrics));
+  ASSERT_EQ(m.moe.size(), pooled.size());
+  for (const MoeWindowLoad& w : moe_window_loads(m, 0)) {
+    const std::vector<int64_t>& p = pooled[w.layer];
+    const int64_t mx = *std::max_element(p.begin(), p.end());
+    EXPECT_DOUBLE_EQ(w.pooled_load, double(mx) * double(p.size()) / (5.0 * double(per_step)));
+  }
 }

@@ -80,9 +80,22 @@ void add(MetricSeries& s, double step, double v) {
 
 struct MoePoint {
   int64_t layer;
-  double load, dropped;
-  std::vector<int64_t> tokens;
+  double load, dropped, window_dropped;
+  std::vector<int64_t> tokens, window_tokens;
 };
+
+// b[key] as token counts (empty when absent).
+std::vector<int64_t> counts_at(const json& b, const char* key) {
+  std::vector<int64_t> out;
+  const auto t = b.find(key);
+  if (t == b.end()) return out;
+  if (!t->is_array()) throw std::runtime_error(std::string("\"moe\".") + key + " is not an array");
+  for (const json& v : *t) {
+    if (!v.is_number_integer()) throw std::runtime_error(std::string("\"moe\".") + key + " holds a non-integer");
+    out.push_back(v.get<int64_t>());
+  }
+  return out;
+}
 
 // The line's "moe" array, checked whole before anything is added.
 std::vector<MoePoint> read_moe(const json& j) {
@@ -96,13 +109,9 @@ std::vector<MoePoint> read_moe(const json& j) {
       throw std::runtime_error("\"moe\" entries need an integer \"layer\" and \"load_max_over_mean\"");
     p.layer = b["layer"].get<int64_t>();
     if (!number_at(b, "dropped_fraction", p.dropped)) p.dropped = kNaN;
-    if (const auto t = b.find("tokens_per_expert"); t != b.end()) {
-      if (!t->is_array()) throw std::runtime_error("\"moe\".tokens_per_expert is not an array");
-      for (const json& v : *t) {
-        if (!v.is_number_integer()) throw std::runtime_error("\"moe\".tokens_per_expert holds a non-integer");
-        p.tokens.push_back(v.get<int64_t>());
-      }
-    }
+    if (!number_at(b, "window_dropped_fraction", p.window_dropped)) p.window_dropped = kNaN;
+    p.tokens = counts_at(b, "tokens_per_expert");
+    p.window_tokens = counts_at(b, "tokens_per_expert_window");
     pts.push_back(std::move(p));
   }
   return pts;
@@ -124,6 +133,10 @@ void add_moe(const std::vector<MoePoint>& pts, double step, RunMetrics& m) {
     add(b->load, step, p.load);
     add(b->dropped, step, p.dropped);
     if (!p.tokens.empty()) b->tokens.emplace_back(step, p.tokens);
+    if (!p.window_tokens.empty()) {
+      b->window_tokens.emplace_back(step, p.window_tokens);
+      add(b->window_dropped, step, p.window_dropped);
+    }
     worst = std::max(worst, p.load);
     sum += p.load;
   }
@@ -190,7 +203,9 @@ size_t rewind_to(RunMetrics& m, double step, bool keep_losses) {
   for (MoeBlockSeries& b : m.moe) {
     drop_after(b.load, step);
     drop_after(b.dropped, step);
+    drop_after(b.window_dropped, step);
     std::erase_if(b.tokens, [&](const auto& t) { return t.first > step; });
+    std::erase_if(b.window_tokens, [&](const auto& t) { return t.first > step; });
   }
   return n;
 }
@@ -220,8 +235,20 @@ std::vector<MoeWindowLoad> moe_window_loads(const RunMetrics& m, double after_st
     w.steps = int64_t(loads.size());
     w.median_step_load = median(loads);
     w.dropped = loads.empty() ? kNaN : dropped / double(loads.size());
+    // Whole windows when the file has them: every step's tokens, not every log.every-th.
+    const bool windows = !b.window_tokens.empty();
+    if (windows) {
+      double sum = 0;
+      int64_t n = 0;
+      for (size_t i = 0; i < b.window_dropped.step.size(); ++i)
+        if (b.window_dropped.step[i] > after_step && std::isfinite(b.window_dropped.value[i])) {
+          sum += b.window_dropped.value[i];
+          ++n;
+        }
+      if (n) w.dropped = sum / double(n);
+    }
     std::vector<int64_t> pooled;
-    for (const auto& [step, tokens] : b.tokens) {
+    for (const auto& [step, tokens] : windows ? b.window_tokens : b.tokens) {
       if (step <= after_step) continue;
       if (pooled.size() < tokens.size()) pooled.resize(tokens.size(), 0);
       for (size_t e = 0; e < tokens.size(); ++e) pooled[e] += tokens[e];

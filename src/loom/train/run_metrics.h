@@ -37,8 +37,11 @@ struct RunEvent {
 struct MoeBlockSeries {
   int64_t layer = -1;
   MetricSeries load{"load max/mean"}, dropped{"dropped fraction"};
-  // Tokens routed to each expert at a logged step (tokens_per_expert; absent in older files).
-  std::vector<std::pair<double, std::vector<int64_t>>> tokens;
+  // Tokens routed to each expert at a logged step (tokens_per_expert), and over all the steps
+  // since the previous logged one (tokens_per_expert_window), with their dropped fraction
+  // (window_dropped_fraction); absent in older files.
+  std::vector<std::pair<double, std::vector<int64_t>>> tokens, window_tokens;
+  MetricSeries window_dropped{"dropped fraction since the last log"};
 };
 
 struct RunMetrics {
@@ -69,8 +72,10 @@ struct RunMetrics {
 RunMetrics parse_run_metrics(const std::string& jsonl);
 
 // A MoE block's load over the logged steps after `after_step`: the median and the largest of
-// those steps' max/mean, the max/mean of their tokens pooled per expert (NaN without
-// tokens_per_expert), and the mean dropped fraction. One entry per block in m.moe.
+// those steps' max/mean, the max/mean of the tokens pooled per expert over the logging windows
+// that end after it (every step when the file has tokens_per_expert_window, else the logged
+// steps' tokens_per_expert; NaN with neither), and the mean dropped fraction (of the windows,
+// else of the logged steps). One entry per block in m.moe.
 struct MoeWindowLoad {
   int64_t layer = -1, steps = 0;
   double median_step_load = 0, worst_step_load = 0, pooled_load = 0, dropped = 0;

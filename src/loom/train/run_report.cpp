@@ -172,7 +172,8 @@ std::string render_run_report(const RunMetrics& m, const std::string& source, do
     const double after = moe_after >= 0 ? moe_after : double(last_step(m)) / 2;
     os << "<h2>Expert load after step " << num(after) << "</h2>\n"
        << "<p>Per MoE block over the logged steps after that one: the median and the worst step's load "
-          "max/mean (one step's tokens), the load of those steps' tokens pooled, and the mean dropped share of "
+          "max/mean (one step's tokens), the load of all their tokens pooled per expert (every step's where the "
+          "metrics have tokens_per_expert_window), and the mean dropped share of "
           "choices.</p>\n<table class=\"moe\">\n<tr><th>block</th><th>steps</th><th>median step</th>"
           "<th>worst step</th><th>pooled</th><th>dropped</th></tr>\n";
     for (const MoeWindowLoad& w : moe_window_loads(m, after))

@@ -318,11 +318,14 @@ void Trainer::write_step_metrics(const LoggedStep& ls) {
   }
   if (nonfinite_steps_ > 0) j["nonfinite_steps"] = nonfinite_steps_;
   if (rollbacks_ > 0) j["rollbacks"] = rollbacks_;
-  for (const auto& st : moe_stats_) {  // the last step's, per MoE block
+  for (size_t i = 0; i < moe_stats_.size(); ++i) {  // the last step's, per MoE block
+    const model::MoeLayerStats& st = moe_stats_[i];
     int64_t mx = 0;
     for (int64_t l : st.load) mx = std::max(mx, l);
     j["moe"].push_back({{"layer", st.layer},
                         {"tokens_per_expert", st.load},
+                        {"tokens_per_expert_window", i < moe_window_.size() ? moe_window_[i].load : st.load},
+                        {"window_dropped_fraction", i < moe_window_.size() ? moe_window_[i].dropped_fraction() : 0.0},
                         {"tokens_per_expert_max", mx},
                         {"tokens_per_expert_mean", double(st.choices) / double(std::max<size_t>(1, st.load.size()))},
                         {"load_max_over_mean", st.load_max_over_mean()},
@@ -330,6 +333,7 @@ void Trainer::write_step_metrics(const LoggedStep& ls) {
                         {"aux_loss", st.aux()},
                         {"z_loss", st.z()}});
   }
+  if (!moe_stats_.empty()) j["moe_window_steps"] = moe_window_steps_;
   std::fprintf(metrics_, "%s\n", j.dump().c_str());
   std::fflush(metrics_);
 }
@@ -451,6 +455,17 @@ void Trainer::reduce_moe_stats() {
   reduce_over_model_parallel(t, false);
   mesh_->data().all_reduce(t);
   model::unpack_moe_stats(cfg_.model, t.data<double>(), moe_stats_);
+  if (moe_window_.size() != moe_stats_.size()) moe_window_.assign(moe_stats_.size(), {});
+  for (size_t i = 0; i < moe_stats_.size(); ++i) {
+    model::MoeLayerStats& w = moe_window_[i];
+    const model::MoeLayerStats& st = moe_stats_[i];
+    w.layer = st.layer;
+    w.load.resize(st.load.size(), 0);
+    for (size_t e = 0; e < st.load.size(); ++e) w.load[e] += st.load[e];
+    w.choices += st.choices;
+    w.dropped += st.dropped;
+  }
+  ++moe_window_steps_;
 }
 
 std::string Trainer::moe_log() const {
@@ -714,6 +729,8 @@ TrainResult Trainer::run() {
       if (opt_.observer.on_step) opt_.observer.on_step(ls);
       window_start = now_seconds();
       window_steps = 0;
+      moe_window_.clear();
+      moe_window_steps_ = 0;
     }
     if (cfg_.schedule.eval_interval > 0 && step_ % cfg_.schedule.eval_interval == 0 && step_ < stop) {
       const double v = evaluate();

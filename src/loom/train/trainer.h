@@ -188,8 +188,11 @@ class Trainer {
   int64_t spikes_in_row_ = 0, first_spike_step_ = -1;
   std::vector<std::pair<int64_t, int64_t>> skipped_windows_;
   std::vector<model::MoeLayerStats> moe_stats_;  // the last step's, over every rank
-  double peak_gflops_ = 0;                       // measured GEMM rate, for the MFU estimate
-  bool mfu_warned_ = false;                      // the log said once that MFU exceeded 100%
+  // moe_stats_'s loads, choices and drops summed over the steps since the last logged one.
+  std::vector<model::MoeLayerStats> moe_window_;
+  int64_t moe_window_steps_ = 0;
+  double peak_gflops_ = 0;   // measured GEMM rate, for the MFU estimate
+  bool mfu_warned_ = false;  // the log said once that MFU exceeded 100%
 };
 
 }  // namespace loom::train
