@@ -197,11 +197,25 @@ ModelParallelInfo Trainer::model_parallel_info() const {
   return {mesh_, whole_layout_.get(), layout_desc_, p.pp == 1 && p.tp == 1 && p.ep == 1};
 }
 
+parallel::ModelStateBytes Trainer::predicted_model_states() const {
+  // Dense parameters are sharded over the dp x ep ranks, a MoE block's experts over dp.
+  const auto& p = cfg_.parallel;
+  int64_t expert_params = 0;
+  for (const auto& pi : model_->layout().params())
+    if (pi.expert >= 0) expert_params += pi.numel();
+  const int zs = int(p.zero_stage);
+  auto pred = parallel::zero_model_state_bytes(model_->num_params() - expert_params, zs, int(p.dp * p.ep));
+  const auto pred_experts = parallel::zero_model_state_bytes(expert_params, zs, int(p.dp));
+  pred.params += pred_experts.params;
+  pred.grads += pred_experts.grads;
+  pred.optimizer += pred_experts.optimizer;
+  if (cfg_.optim.name == "onebit_adam") pred.optimizer += parallel::onebit_error_bytes(model_->num_params(), int(p.dp));
+  return pred;
+}
+
 void Trainer::check_fits_in_memory() const {
   const auto& p = cfg_.parallel;
-  const double states =
-      double(parallel::zero_model_state_bytes(model_->num_params(), int(p.zero_stage), int(p.dp * p.ep)).total() +
-             (cfg_.optim.name == "onebit_adam" ? parallel::onebit_error_bytes(model_->num_params(), int(p.dp)) : 0));
+  const double states = double(predicted_model_states().total());
   // The whole model's activations for one micro-batch, split over the model-parallel ranks.
   const double activations =
       model::estimate_training_bytes(cfg_.model, 0, double(cfg_.data.micro_batch_size), cfg_.data.seq_len,
@@ -633,19 +647,7 @@ TrainResult Trainer::run() {
     if (opt_.peak_gflops <= 0)
       std::fprintf(opt_.log, "[train] MFU: model FLOPs over %.0f GFLOP/s per rank, the %s rate measured now\n",
                    peak_gflops_, cpu::on_bf16_gemm(cfg_.model.products()) ? "bf16 GEMM" : "SGEMM");
-    // Dense parameters are sharded over the dp x ep ranks, a MoE block's experts over dp.
-    int64_t expert_params = 0;
-    for (const auto& pi : model_->layout().params())
-      if (pi.expert >= 0) expert_params += pi.numel();
-    const int zs = int(cfg_.parallel.zero_stage);
-    auto pred = parallel::zero_model_state_bytes(model_->num_params() - expert_params, zs,
-                                                 int(cfg_.parallel.dp * cfg_.parallel.ep));
-    const auto pred_experts = parallel::zero_model_state_bytes(expert_params, zs, int(cfg_.parallel.dp));
-    pred.params += pred_experts.params;
-    pred.grads += pred_experts.grads;
-    pred.optimizer += pred_experts.optimizer;
-    if (cfg_.optim.name == "onebit_adam")
-      pred.optimizer += parallel::onebit_error_bytes(model_->num_params(), int(cfg_.parallel.dp));
+    const parallel::ModelStateBytes pred = predicted_model_states();
     const auto snap = cpu_allocator().snapshot();
     const int64_t actual =
         snap[MemCategory::params].current + snap[MemCategory::grads].current + snap[MemCategory::optimizer].current;
