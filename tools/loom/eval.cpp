@@ -113,13 +113,11 @@ int cmd_eval(const std::vector<std::string>& argv) {
     double worst = 0;
     nlohmann::json blocks = nlohmann::json::array();
     for (size_t i = 0; i < runner.expert_load().size(); ++i) {
-      model::MoeLayerStats st;
-      st.load = runner.expert_load()[i];
-      const double r = st.load_max_over_mean();
+      const std::vector<int64_t>& load = runner.expert_load()[i];
+      const double r = model::load_max_over_mean(load);
       worst = std::max(worst, r);
       line += str_cat(i ? ", " : "", cfg.moe_layer(int64_t(i)), ": ", std::round(r * 100) / 100);
-      blocks.push_back(
-          {{"layer", cfg.moe_layer(int64_t(i))}, {"load_max_over_mean", r}, {"tokens_per_expert", st.load}});
+      blocks.push_back({{"layer", cfg.moe_layer(int64_t(i))}, {"load_max_over_mean", r}, {"tokens_per_expert", load}});
     }
     std::printf("[eval] expert load max/mean over the split by MoE block: %s (worst %.2f)\n", line.c_str(), worst);
     j["moe"] = blocks;

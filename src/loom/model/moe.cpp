@@ -49,14 +49,26 @@ MoeScratch MoeScratch::allocate(const ModelConfig& cfg, int64_t N, DType dt, All
   return s;
 }
 
-double MoeLayerStats::load_max_over_mean() const {
-  if (load.empty()) return 0;
+double load_max_over_mean(const std::vector<int64_t>& load) {
   int64_t sum = 0, mx = 0;
   for (int64_t l : load) {
     sum += l;
     mx = std::max(mx, l);
   }
   return sum ? double(mx) * double(load.size()) / double(sum) : 0.0;
+}
+
+double MoeLayerStats::load_max_over_mean() const { return model::load_max_over_mean(load); }
+
+void MoeLayerStats::add(const MoeLayerStats& o) {
+  layer = o.layer;
+  load.resize(std::max(load.size(), o.load.size()), 0);
+  for (size_t e = 0; e < o.load.size(); ++e) load[e] += o.load[e];
+  choices += o.choices;
+  dropped += o.dropped;
+  aux_sum += o.aux_sum;
+  z_sum += o.z_sum;
+  forwards += o.forwards;
 }
 
 std::vector<double> pack_moe_stats(const ModelConfig& cfg, const std::vector<MoeLayerStats>& stats) {

@@ -105,6 +105,9 @@ void moe_backward(const ModelConfig& cfg, const BlockWeights& w, const BlockWeig
                   MoeScratch& s, const Tensor& dy, const Tensor& dx, bool accumulate_dx,
                   ExpertParallelOps* ep = nullptr);
 
+// max/mean over experts of the tokens routed to each (1 when even; 0 when none were routed).
+double load_max_over_mean(const std::vector<int64_t>& tokens_per_expert);
+
 // Router statistics of the MoE layers over some forwards (a training step's micro-batches).
 struct MoeLayerStats {
   int layer = -1;
@@ -113,6 +116,8 @@ struct MoeLayerStats {
   double aux_sum = 0, z_sum = 0;     // summed over forwards
   int64_t forwards = 0;
   double load_max_over_mean() const;
+  // Adds another forward's (or step's) statistics: loads, choices, drops and the loss sums.
+  void add(const MoeLayerStats& o);
   double dropped_fraction() const { return choices ? double(dropped) / double(choices) : 0.0; }
   double aux() const { return forwards ? aux_sum / double(forwards) : 0.0; }
   double z() const { return forwards ? z_sum / double(forwards) : 0.0; }

@@ -8,6 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "loom/model/moe.h"
+
 namespace loom::train {
 
 namespace {
@@ -253,12 +255,8 @@ std::vector<MoeWindowLoad> moe_window_loads(const RunMetrics& m, double after_st
       if (pooled.size() < tokens.size()) pooled.resize(tokens.size(), 0);
       for (size_t e = 0; e < tokens.size(); ++e) pooled[e] += tokens[e];
     }
-    int64_t sum = 0, mx = 0;
-    for (int64_t t : pooled) {
-      sum += t;
-      mx = std::max(mx, t);
-    }
-    w.pooled_load = sum ? double(mx) * double(pooled.size()) / double(sum) : kNaN;
+    const double pooled_load = model::load_max_over_mean(pooled);
+    w.pooled_load = pooled_load > 0 ? pooled_load : kNaN;
     out.push_back(w);
   }
   return out;

@@ -338,8 +338,8 @@ void Trainer::write_step_metrics(const LoggedStep& ls) {
     for (int64_t l : st.load) mx = std::max(mx, l);
     j["moe"].push_back({{"layer", st.layer},
                         {"tokens_per_expert", st.load},
-                        {"tokens_per_expert_window", i < moe_window_.size() ? moe_window_[i].load : st.load},
-                        {"window_dropped_fraction", i < moe_window_.size() ? moe_window_[i].dropped_fraction() : 0.0},
+                        {"tokens_per_expert_window", moe_window_[i].load},
+                        {"window_dropped_fraction", moe_window_[i].dropped_fraction()},
                         {"tokens_per_expert_max", mx},
                         {"tokens_per_expert_mean", double(st.choices) / double(std::max<size_t>(1, st.load.size()))},
                         {"load_max_over_mean", st.load_max_over_mean()},
@@ -469,16 +469,9 @@ void Trainer::reduce_moe_stats() {
   reduce_over_model_parallel(t, false);
   mesh_->data().all_reduce(t);
   model::unpack_moe_stats(cfg_.model, t.data<double>(), moe_stats_);
-  if (moe_window_.size() != moe_stats_.size()) moe_window_.assign(moe_stats_.size(), {});
-  for (size_t i = 0; i < moe_stats_.size(); ++i) {
-    model::MoeLayerStats& w = moe_window_[i];
-    const model::MoeLayerStats& st = moe_stats_[i];
-    w.layer = st.layer;
-    w.load.resize(st.load.size(), 0);
-    for (size_t e = 0; e < st.load.size(); ++e) w.load[e] += st.load[e];
-    w.choices += st.choices;
-    w.dropped += st.dropped;
-  }
+  if (!main_rank()) return;  // the window is for the metrics, which rank 0 writes
+  if (moe_window_.empty()) moe_window_.assign(moe_stats_.size(), {});
+  for (size_t i = 0; i < moe_stats_.size(); ++i) moe_window_[i].add(moe_stats_[i]);
   ++moe_window_steps_;
 }
 
