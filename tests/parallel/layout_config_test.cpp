@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include "loom/core/error.h"
+#include "loom/model/param_layout.h"
+#include "loom/parallel/data_parallel.h"
 #include "loom/train/train_config.h"
 #include "loom/train/trainer.h"
 
@@ -87,4 +89,35 @@ TEST(LayoutConfig, TrainerRefusesALayoutTheMeshDoesNotHave) {
     EXPECT_NE(std::string(e.what()).find("launch pp x dp x ep x tp = 4 processes"), std::string::npos) << e.what();
   }
   std::fclose(o.log);
+}
+
+// parallel.weight_replica: ZeRO-1/2 with 16-bit gathers keep the 16-bit replica and the owned
+// fp32 masters where they take fewer bytes than a whole fp32 copy (auto), or as told.
+TEST(LayoutConfig, WeightReplicaWhereItTakesFewerBytesOrWhereForced) {
+  expect_error({"model.precision=bf16", "parallel.zero_stage=0", "parallel.weight_replica=on"},
+               "parallel.weight_replica=on needs parallel.zero_stage 1 or 2");
+  expect_error({"model.precision=bf16", "parallel.zero_stage=1", "parallel.gather_dtype=fp32",
+                "parallel.weight_replica=on"},
+               "the gathers are fp32");
+  expect_error({"model.precision=bf16", "parallel.zero_stage=3", "parallel.weight_replica=on"}, "zero_stage=3");
+  expect_error({"parallel.weight_replica=yes"}, "parallel.weight_replica");
+  EXPECT_EQ(error_of({"model.precision=bf16", "parallel.zero_stage=2", "parallel.weight_replica=on"}), "");
+
+  using R = parallel::DataParallelOptions::Replica;
+  const model::ModelConfig gpt2 = model::preset("gpt2-124m");
+  auto keeps = [&](int zero, int n, R r, DType gather = DType::bf16, const std::string& optim = "adamw") {
+    return parallel::keeps_weight_replica({zero, 25, DType::bf16, gather, r}, optim, model::ParamLayout(gpt2, n), n, n);
+  };
+  // GPT-2's tied token table (31% of the weights) stays f32: 2 x 0.69 + 4 x 0.31 + 4/N bytes
+  // per parameter against 4 is more at N=2, less from N=3.
+  EXPECT_FALSE(keeps(1, 2, R::auto_choice));
+  EXPECT_TRUE(keeps(1, 3, R::auto_choice));
+  EXPECT_TRUE(keeps(2, 8, R::auto_choice));
+  EXPECT_TRUE(keeps(1, 2, R::on));
+  EXPECT_FALSE(keeps(1, 8, R::off));
+  EXPECT_FALSE(keeps(3, 8, R::auto_choice));                     // stage 3 shards the weights anyway
+  EXPECT_FALSE(keeps(0, 8, R::auto_choice));                     // stage 0 gathers nothing
+  EXPECT_FALSE(keeps(1, 8, R::auto_choice, DType::f32));         // f32 gathers
+  EXPECT_FALSE(keeps(1, 8, R::auto_choice, DType::bf16, "onebit_adam"));  // 1-bit Adam gathers f32
+  EXPECT_THROW(keeps(1, 8, R::on, DType::bf16, "onebit_adam"), Error);
 }

@@ -95,6 +95,32 @@ TEST(Planner, ZeroStagesShardTheStatesAsTheFormulasSay) {
   }
 }
 
+// Under bf16, ZeRO-1/2 keep the 16-bit weight replica and the owned fp32 masters where that
+// takes fewer bytes than a whole fp32 copy, as the trainer does (parallel.weight_replica=auto).
+TEST(Planner, Bf16ZeroOneAndTwoKeepTheWeightReplicaWhereItIsSmaller) {
+  Job j = job_of("gpt2-124m", 4, 64);
+  j.bf16 = true;
+  const model::ParamLayout layout(j.model);
+  const int64_t P = layout.num_params();
+  int64_t product = 0;
+  for (const auto& p : layout.params())
+    if (p.product_operand) product += p.numel();
+  for (int zero = 1; zero <= 2; ++zero) {
+    const Prediction four = predict(j, small_cluster(), Layout{4, 1, 1, 1, zero, 1, 1, 0, "1f1b"});
+    ASSERT_TRUE(four.why_not.empty()) << four.why_not;
+    const auto z = parallel::zero_model_state_bytes(P, zero, 4, product);
+    EXPECT_EQ(int64_t(four.memory.params), 2 * product + 4 * (P - product)) << zero;
+    EXPECT_EQ(int64_t(four.memory.params), z.params) << zero;
+    EXPECT_EQ(int64_t(four.memory.optimizer), 12 * P / 4) << zero;
+    EXPECT_EQ(int64_t(four.memory.grads), zero == 1 ? 4 * P : P) << zero;
+    // Two ranks: GPT-2's f32 token table makes the replica and masters larger than 4P.
+    const Prediction two = predict(j, small_cluster(), Layout{2, 1, 1, 1, zero, 2, 1, 0, "1f1b"});
+    ASSERT_TRUE(two.why_not.empty()) << two.why_not;
+    EXPECT_EQ(int64_t(two.memory.params), 4 * P) << zero;
+    EXPECT_EQ(int64_t(two.memory.optimizer), 8 * P / 2) << zero;
+  }
+}
+
 TEST(Planner, OneBitAdamAddsItsErrorBuffersAndKeepsToZeroOneWithoutEp) {
   Job j = job_of("gpt2-124m", 4, 64);
   j.grad_wire_bytes = 1.0 / 8;

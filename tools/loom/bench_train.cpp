@@ -119,6 +119,11 @@ int bench_train(const std::vector<std::string>& argv) {
   app->add_option("--gather-dtype", o.gather_dtype, "ZeRO-1..3 weight all-gathers (default: --precision)")
       ->check(one_of({"fp32", "bf16", "fp16"}))
       ->group(data_parallel);
+  app->add_option("--weight-replica", o.weight_replica,
+                  "ZeRO-1/2 with 16-bit gathers: keep the weights as the 16-bit replica and the owned fp32 masters "
+                  "(parallel.weight_replica; auto: where that takes fewer bytes)")
+      ->check(one_of({"auto", "on", "off"}))
+      ->group(data_parallel);
   app->add_option("--algorithm", o.algorithm, "the collectives (default: $LOOM_COMM_ALGORITHM or auto)")
       ->check(one_of({"ring", "tree", "hierarchical", "auto", "mpi"}))
       ->group(data_parallel);

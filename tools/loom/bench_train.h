@@ -17,6 +17,7 @@ struct TrainBenchOptions {
   int64_t nproc = 0, dp = 0, zero = 0, freeze_step = 0;  // freeze_step: --warmup
   double bucket_mb = 25.0;
   std::string hosts, grad_dtype, gather_dtype, activation_dtype, algorithm, optim = "adamw";
+  std::string weight_replica = "auto";
 };
 
 // Data-parallel steps over the ranks of this MPI job; `app` says which options were given.

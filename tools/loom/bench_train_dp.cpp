@@ -41,9 +41,11 @@ StepTimes run_steps(const model::ModelConfig& cfg, const comm::Group& dp, const 
                     int64_t warmup, int64_t steps, int64_t* model_state_bytes = nullptr) {
   const MemorySnapshot before = cpu_allocator().snapshot();
   const int zero = dpo.zero_stage;
-  model::DecoderOptions dopt = parallel::decoder_options_for({}, zero, dp.size());
+  const bool replica = parallel::keeps_weight_replica(dpo, adam.name, model::ParamLayout(cfg, dp.size()), dp.size(),
+                                                      dp.size());
+  model::DecoderOptions dopt = parallel::decoder_options_for({}, zero, dp.size(), replica);
   model::Decoder m(cfg, dopt);
-  if (zero < 3) m.init_weights(1234);
+  if (dopt.allocate_flat_params) m.init_weights(1234);
   parallel::DataParallel engine(m, dp, adam, dpo, 1234);
   if (model_state_bytes) {
     const MemorySnapshot after = cpu_allocator().snapshot();
@@ -138,9 +140,17 @@ int bench_train_dp(const TrainBenchOptions& o, const CLI::App& app) {
   const StepTimes base = run_steps(cfg, alone, world.record(), {0, bucket_mb, grad_dtype}, adam, B, T, warmup, steps);
   parallel::Mesh mesh(world.group(), parallel::MeshShape(1, N, 1, 1));
   int64_t state_bytes = 0;
-  const StepTimes dp = run_steps(cfg, mesh.dp(), world.record(), {zero, bucket_mb, grad_dtype, gather_dtype}, adam, B,
+  const parallel::DataParallelOptions dpo{zero, bucket_mb, grad_dtype, gather_dtype,
+                                          parallel::weight_replica_from_name(o.weight_replica)};
+  const StepTimes dp = run_steps(cfg, mesh.dp(), world.record(), dpo, adam, B,
                                  T, warmup, steps, &state_bytes);
-  auto predicted = parallel::zero_model_state_bytes(n_params, zero, N);
+  // Stages 1-2 with 16-bit gathers keep the 16-bit weight replica: product weights take 2 bytes.
+  const model::ParamLayout layout(cfg, N);
+  const bool replica = parallel::keeps_weight_replica(dpo, adam.name, layout, N, N);
+  int64_t product = 0;
+  for (const auto& p : layout.params())
+    if (replica && p.product_operand) product += p.numel();
+  auto predicted = parallel::zero_model_state_bytes(n_params, zero, N, product);
   if (adam.name == "onebit_adam") predicted.optimizer += parallel::onebit_error_bytes(n_params, N);
   // Rank 0 reports; medians over its steps (ranks are synchronised by the collectives).
   const double base_ms = median(base.step_ms), dp_ms = median(dp.step_ms);
@@ -166,7 +176,8 @@ int bench_train_dp(const TrainBenchOptions& o, const CLI::App& app) {
               dp_ms > 0 ? 100 * exposed_ms / dp_ms : 0.0, 100 * comm_ms / std::max(1e-9, base_ms + comm_ms));
   std::printf("exposed fraction: %.1f%% of communication; dp=%d step is %.2fx the dp=1 step\n",
               comm_ms > 0 ? 100 * exposed_ms / comm_ms : 0.0, N, base_ms > 0 ? dp_ms / base_ms : 0.0);
-  std::printf("model states per rank (ZeRO-%d): predicted %s, actual %s (params+grads+optimizer)\n", zero,
+  std::printf("model states per rank (ZeRO-%d%s): predicted %s, actual %s (params+grads+optimizer)\n", zero,
+              replica ? str_cat(", ", gather_name, " weights and fp32 masters").c_str() : "",
               format_bytes(predicted.total()).c_str(), format_bytes(state_bytes).c_str());
   nlohmann::json s = {{"model", preset},
                       {"dp", N},
@@ -182,6 +193,7 @@ int bench_train_dp(const TrainBenchOptions& o, const CLI::App& app) {
                       {"precision", precision},
                       {"grad_dtype", grad_name},
                       {"gather_dtype", zero == 0 ? "none" : gather_name},
+                      {"weight_replica", replica},
                       {"activation_dtype", dtype_name(cfg.activation_dtype)},
                       {"optim", adam.name},
                       {"hosts", world.group().hosts()},

@@ -13,19 +13,64 @@ namespace loom::parallel {
 using model::BlockWeights;
 using model::ParamUnit;
 
-model::DecoderOptions decoder_options_for(model::DecoderOptions base, int zero_stage, int dp_size) {
+DType effective_gather_dtype(const DataParallelOptions& opt, const std::string& optim_name) {
+  return opt.zero_stage == 0 || optim_name == "onebit_adam" ? DType::f32 : opt.gather_dtype;
+}
+
+static bool replica_possible(const DataParallelOptions& opt, const std::string& optim_name) {
+  return (opt.zero_stage == 1 || opt.zero_stage == 2) && effective_gather_dtype(opt, optim_name) != DType::f32;
+}
+
+void check_weight_replica(const DataParallelOptions& opt, const std::string& optim_name) {
+  const DType g = effective_gather_dtype(opt, optim_name);
+  LOOM_CHECK(opt.weight_replica != DataParallelOptions::Replica::on || replica_possible(opt, optim_name), "config",
+             "parallel.weight_replica=on needs parallel.zero_stage 1 or 2 and 16-bit weight all-gathers "
+             "(parallel.gather_dtype bf16 or fp16; 1-bit Adam gathers fp32), but zero_stage=",
+             opt.zero_stage, " and the gathers are ", g == DType::f32 ? "fp32" : g == DType::bf16 ? "bf16" : "fp16",
+             "; use parallel.weight_replica=auto");
+}
+
+bool keeps_weight_replica(const DataParallelOptions& opt, const std::string& optim_name,
+                          const model::ParamLayout& layout, int dp_size, int expert_dp_size) {
+  using R = DataParallelOptions::Replica;
+  check_weight_replica(opt, optim_name);
+  if (!replica_possible(opt, optim_name) || opt.weight_replica == R::off) return false;
+  if (opt.weight_replica == R::on) return true;
+  double replica = 0, fp32_copy = 0;
+  for (const auto& p : layout.params()) {
+    const double n = double(p.numel());
+    replica += (p.product_operand ? 2 : 4) * n + 4 * n / (p.expert >= 0 ? expert_dp_size : dp_size);
+    fp32_copy += 4 * n;
+  }
+  return replica < fp32_copy;
+}
+
+DataParallelOptions::Replica weight_replica_from_name(const std::string& name) {
+  using R = DataParallelOptions::Replica;
+  if (name == "auto") return R::auto_choice;
+  if (name == "on") return R::on;
+  LOOM_CHECK(name == "off", "config", "parallel.weight_replica must be auto, on or off, got '", name, "'");
+  return R::off;
+}
+
+model::DecoderOptions decoder_options_for(model::DecoderOptions base, int zero_stage, int dp_size,
+                                          bool weight_replica) {
   LOOM_CHECK(zero_stage >= 0 && zero_stage <= 3, "config", "parallel.zero_stage=", zero_stage, " must be 0, 1, 2 or 3");
   base.unit_align = dp_size;
   base.allocate_flat_grads = zero_stage < 2;
-  base.allocate_flat_params = zero_stage < 3;
+  base.allocate_flat_params = zero_stage < 3 && !weight_replica;
   return base;
 }
 
-ModelStateBytes zero_model_state_bytes(int64_t P, int stage, int N) {
+ModelStateBytes zero_model_state_bytes(int64_t P, int stage, int N, int64_t replica16) {
   ModelStateBytes b;
   b.params = stage >= 3 ? 4 * P / N : 4 * P;
   b.grads = stage >= 2 ? 4 * P / N : 4 * P;
   b.optimizer = stage >= 1 ? 8 * P / N : 8 * P;
+  if (replica16 > 0 && (stage == 1 || stage == 2)) {
+    b.params = 2 * replica16 + 4 * (P - replica16);
+    b.optimizer = 12 * P / N;
+  }
   return b;
 }
 
@@ -49,8 +94,6 @@ DataParallel::DataParallel(model::Decoder& model, comm::Group dp, const optim::A
              " is not a multiple of the dp size ", n_, "; build it with decoder_options_for()");
   LOOM_CHECK(opt_.zero_stage >= 2 || mo.allocate_flat_grads, "zero", "stage ", opt_.zero_stage,
              " needs the model's flat gradient buffer");
-  LOOM_CHECK(opt_.zero_stage >= 3 || mo.allocate_flat_params, "zero", "stage ", opt_.zero_stage,
-             " needs the model's flat parameter buffer");
   LOOM_CHECK(opt_.bucket_mb > 0, "config", "parallel.bucket_mb must be positive");
   LOOM_CHECK(opt_.grad_dtype == DType::f32 || opt_.grad_dtype == DType::bf16, "config",
              "parallel.grad_dtype must be fp32 or bf16, got ", dtype_name(opt_.grad_dtype));
@@ -58,9 +101,13 @@ DataParallel::DataParallel(model::Decoder& model, comm::Group dp, const optim::A
              n_, ")");
   if (n_ == 1) opt_.grad_dtype = DType::f32;  // nothing crosses a wire: no rounding either
   check_gather_dtype(opt_.gather_dtype, cfg_.precision);
-  // Stage 0 gathers nothing. 1-bit Adam's ZeRO-1 step adds each weight change to every rank's
-  // copy, which must then be the same fp32 values everywhere.
-  if (opt_.zero_stage == 0 || adam.name == "onebit_adam") opt_.gather_dtype = DType::f32;
+  opt_.gather_dtype = effective_gather_dtype(opt_, adam.name);
+  // The caller chose the replica (keeps_weight_replica) by building the model without its flat
+  // parameter buffer.
+  replica_ = opt_.zero_stage < 3 && !mo.allocate_flat_params;
+  LOOM_CHECK(!replica_ || (opt_.zero_stage >= 1 && sixteen_bit_gathers()), "zero", "stage ", opt_.zero_stage,
+             " without the model's flat parameter buffer needs 16-bit weight all-gathers (the weight replica); "
+             "build the model with decoder_options_for(..., keeps_weight_replica(...))");
   std::vector<optim::DecaySpan> spans;
   for (const auto& p : layout_.params()) spans.push_back({p.offset, p.offset + p.numel(), p.weight_decay});
   const auto& units = layout_.units();
@@ -84,14 +131,21 @@ DataParallel::DataParallel(model::Decoder& model, comm::Group dp, const optim::A
     for (const auto& u : units) onebit_.push_back(std::make_unique<comm::OneBitAllReduce>(dp_, u.size()));
   }
   if (opt_.zero_stage >= 2) grad_shard_ = Tensor::zeros({shard}, DType::f32, MemCategory::grads);
-  if (opt_.zero_stage >= 3) {
-    param_shard_ = Tensor::zeros({shard}, DType::f32, MemCategory::params);
+  if (serves_units()) {
+    // The masters are the optimizer's under mixed-precision ZeRO-1/2, the weights at stage 3.
+    param_shard_ = Tensor::zeros({shard}, DType::f32, replica_ ? MemCategory::optimizer : MemCategory::params);
     for (const auto& u : units)
       model::init_params_range(layout_, init_seed, u.begin + r_of(u) * chunk_size(u),
                                u.begin + (r_of(u) + 1) * chunk_size(u), param_shard_.data<float>() + shard_offset(u));
   }
   build_buckets();
   build_wire_units();
+  if (replica_) {
+    for (const auto& u : units)
+      replicas_.push_back(
+          Tensor::empty({n_of(u) * wire_units_[index_of(u)].slot_elems()}, opt_.gather_dtype, MemCategory::params));
+    refresh_replica();
+  }
   // The embedding-row path (data_parallel_embedding_rows.cpp) needs the whole model here.
   const auto& sl = layout_.slice();
   early_outer_ = opt_.zero_stage < 2 && n_ > 1 && sl.has_embedding && sl.has_head && sl.tp == 1 &&
@@ -178,12 +232,12 @@ void DataParallel::finish_grads() {
 // ---- ParamSource: each request to its stage's path -------------------------------------
 
 BlockWeights DataParallel::block_params(int layer, Phase phase) {
-  if (opt_.zero_stage < 3) return model::block_weights(cfg_, layout_, model_.params(), layer);
+  if (!serves_units()) return model::block_weights(cfg_, layout_, model_.params(), layer);
   return gathered_block_params(layer, phase);
 }
 
 void DataParallel::release_block_params(int layer, Phase) {
-  if (opt_.zero_stage >= 3) release_gathered_block(layer);
+  if (serves_units()) release_gathered_block(layer);
 }
 
 BlockWeights DataParallel::block_grads(int layer) {
@@ -199,7 +253,7 @@ void DataParallel::block_grads_done(int layer) {
 }
 
 Tensor DataParallel::outer_param(const std::string& name) {
-  if (opt_.zero_stage >= 3) return gathered_outer_param(name);
+  if (serves_units()) return gathered_outer_param(name);
   const auto& p = layout_.get(name);
   return model_.params().slice(p.offset, p.shape);
 }
@@ -229,11 +283,11 @@ void DataParallel::pass_begin(bool train) {
     embed_staging_ = Tensor::zeros({units.front().size()}, DType::f32, MemCategory::comm);
     head_staging_ = Tensor::zeros({units.back().size()}, DType::f32, MemCategory::comm);
   }
-  if (opt_.zero_stage >= 3) plan_pass(train);
+  if (serves_units()) plan_pass(train);
 }
 
 void DataParallel::pass_end(bool) {
-  if (opt_.zero_stage >= 3) release_gathered();
+  if (serves_units()) release_gathered();
 }
 
 }  // namespace loom::parallel

@@ -8,6 +8,12 @@
 //            scattered into the rank's gradient chunk as soon as the unit is done (P_os+g).
 //   stage 3: also weights: only chunks are stored; each unit is all-gathered just before use
 //            (the next one prefetched while the current one computes) and freed after (P_os+g+p).
+// With 16-bit weight all-gathers (gather_dtype bf16 or fp16) stages 1-2 keep no fp32 copy of
+// the whole model: each rank holds the fp32 masters of its chunks beside the Adam moments, and
+// every unit as it arrived from the last all-gather (the "replica": product operands in 16 bits,
+// the rest in f32), widened into a unit buffer just before use and freed after, as stage 3
+// serves its gathered units (mixed-precision ZeRO: 2 bytes per product weight, 12 per owned
+// parameter).
 // Units are the layout's (embed, block i, experts i for MoE blocks, head), padded so N equal
 // chunks tile each. Under expert parallelism the expert units are data-parallel (reduced,
 // sharded, gathered) over `expert_dp`, the ranks holding the same experts, and every other
@@ -40,13 +46,36 @@ struct DataParallelOptions {
   // the model's products round to (bf16 under model.precision bf16, f16 under fp16). Then the
   // product operands (ParamInfo::product_operand) travel in 16 bits and everything else (norms,
   // biases, lookup tables, the router) in f32, so every rank computes exactly what it would with
-  // f32 gathers, for a little over half the bytes. Stages 1-2 then keep the fp32 masters of the
-  // rank's own chunks only; the rest of the flat buffer holds the 16-bit values.
+  // f32 gathers, for a little over half the bytes.
   DType gather_dtype = DType::f32;
+  // Stages 1-2 with 16-bit gathers (parallel.weight_replica): keep the weights as the gathered
+  // 16-bit replica and the fp32 masters of the rank's own chunks only (on), or the whole fp32
+  // copy (off); auto: the replica where it takes fewer bytes (keeps_weight_replica).
+  enum class Replica { auto_choice, on, off } weight_replica = Replica::auto_choice;
 };
 
-// Decoder options a given layout needs (unit alignment, which flat buffers to allocate).
-model::DecoderOptions decoder_options_for(model::DecoderOptions base, int zero_stage, int dp_size);
+// The weights' type in ZeRO's all-gathers once the layout's rules apply: stage 0 gathers
+// nothing, and 1-bit Adam's ZeRO-1 step adds each weight change to every rank's copy, which must
+// then be the same fp32 values everywhere.
+DType effective_gather_dtype(const DataParallelOptions& opt, const std::string& optim_name);
+// Whether stages 1-2 keep the 16-bit weight replica for a model laid out as `layout` (its units
+// sharded over `dp_size` ranks, the expert units over `expert_dp_size`); the model then has no
+// flat parameter buffer. Needs 16-bit gathers (throws for weight_replica=on without them); auto
+// keeps it where the replica (2 bytes per product weight, 4 per other) and the owned fp32
+// masters (4 bytes per parameter over the unit's group) take fewer bytes than the fp32 copy of
+// every weight: on 3 or more ranks, for most models.
+bool keeps_weight_replica(const DataParallelOptions& opt, const std::string& optim_name,
+                          const model::ParamLayout& layout, int dp_size, int expert_dp_size);
+// Throws "[config] parallel.weight_replica=on needs parallel.zero_stage 1 or 2 and 16-bit ..."
+// where the replica cannot be kept.
+void check_weight_replica(const DataParallelOptions& opt, const std::string& optim_name);
+// "auto", "on", "off" (parallel.weight_replica).
+DataParallelOptions::Replica weight_replica_from_name(const std::string& name);
+
+// Decoder options a given layout needs (unit alignment, which flat buffers to allocate);
+// `weight_replica` is keeps_weight_replica's answer.
+model::DecoderOptions decoder_options_for(model::DecoderOptions base, int zero_stage, int dp_size,
+                                          bool weight_replica = false);
 
 // Throws "[config] parallel.gather_dtype=bf16 needs model.precision=bf16 ..." unless `gather`
 // is f32 or the 16-bit type `precision`'s products round to.
@@ -54,11 +83,17 @@ void check_gather_dtype(DType gather, model::Precision precision);
 
 // Model-state bytes per rank predicted by the ZeRO formulas (fp32 Adam: 4 + 4 + 8 bytes per
 // parameter; stage 1: 8P + 8P/N; 2: 4P + 12P/N; 3: 16P/N). Padding excluded.
+// `replica16` > 0: stages 1-2 keep the weight replica (keeps_weight_replica), of which that many
+// parameters (the product operands) are 16-bit and the rest f32, and the fp32 masters of the
+// rank's chunks count with the optimizer: weights 2P16 + 4(P - P16), gradients (fp32, so
+// micro-batches accumulate exactly) 4P at stage 1 and 4P/N at 2, optimizer 12P/N. With every
+// weight a product operand that is Megatron-LM's distributed optimizer's bf16 accounting:
+// 6P + 12P/N at stage 1, 2P + 16P/N at 2.
 struct ModelStateBytes {
   int64_t params = 0, grads = 0, optimizer = 0;
   int64_t total() const { return params + grads + optimizer; }
 };
-ModelStateBytes zero_model_state_bytes(int64_t n_params, int zero_stage, int dp_size);
+ModelStateBytes zero_model_state_bytes(int64_t n_params, int zero_stage, int dp_size, int64_t replica16 = 0);
 // 1-bit Adam's error feedback per rank (optim.name=onebit_adam, dp_size > 1; optimizer state on
 // top of the ZeRO formulas): a worker error per parameter and a server error per parameter of
 // the rank's chunk, f32. Padding excluded.
@@ -108,14 +143,13 @@ class DataParallel final : public model::ParamSource {
   const comm::Group& group() const { return dp_; }
   // Owned ranges [begin, end) of the flat buffer with their optimizer (one per unit).
   const std::vector<std::unique_ptr<optim::AdamW>>& optimizers() const { return adam_; }
-  // Stage 3: the rank's weight chunks, concatenated in unit order (chunk of unit u at
-  // u.begin / N). Other stages: undefined (the model's flat buffer holds the weights).
+  // Stage 3, and stages 1-2 with the weight replica: the rank's fp32 weight chunks,
+  // concatenated in unit order (chunk of unit u at u.begin / N). Other stages: undefined (the
+  // model's flat buffer holds the weights).
   const Tensor& param_shard() const { return param_shard_; }
   // True when the model's flat buffer holds the fp32 master of every weight (stage 0, and
   // stages 1-2 with f32 gathers); otherwise read the weights with gather_full_params.
-  bool params_are_masters() const {
-    return opt_.zero_stage == 0 || (opt_.zero_stage < 3 && opt_.gather_dtype == DType::f32);
-  }
+  bool params_are_masters() const { return opt_.zero_stage < 3 && !replica_; }
   // Copies every unit's full fp32 weights into `flat` (length flat_size) on every rank (stage
   // 3, and stages 1-2 with 16-bit gathers, all-gather the owners' chunks; otherwise a copy).
   void gather_full_params(const Tensor& flat) const;
@@ -162,6 +196,7 @@ class DataParallel final : public model::ParamSource {
     comm::Work work;
     Tensor wire;  // 16-bit gathers: what arrives, unpacked into buf once the gather is done
     int users = 0;
+    bool borrowed = false;  // buf views the replica of a unit without 16-bit values: not pooled
   };
   // How one unit travels in a 16-bit weight all-gather: each rank's chunk as runs of product
   // operands (16 bits) and of other elements (f32, exact), packed into a slot of `slot_elems`
@@ -226,16 +261,22 @@ class DataParallel final : public model::ParamSource {
 
   // --- 16-bit weight all-gathers (data_parallel_weight_wire.cpp) ---
   bool sixteen_bit_gathers() const { return opt_.gather_dtype != DType::f32; }
+  // Units are served as stage 3 serves them: gathered (stage 3) or widened from the replica.
+  bool serves_units() const { return opt_.zero_stage >= 3 || replica_; }
   void build_wire_units();
-  // Packs this rank's chunk of u (its fp32 values) into its slot of `wire` (group size slots).
-  void pack_chunk(const model::ParamUnit& u, const float* chunk, const Tensor& wire) const;
-  // Unpacks every slot of `wire` but `skip_rank`'s into the unit's whole buffer.
-  void unpack_unit(const model::ParamUnit& u, const Tensor& wire, float* unit, int skip_rank) const;
-  // Starts gathering u's weights from this rank's chunk into `out` (the whole unit); with
-  // 16-bit gathers `wire` receives them and finish_unit_gather unpacks.
+  // Packs rank q's chunk of u (its fp32 values) into q's slot of `wire` (group size slots).
+  void pack_chunk(const model::ParamUnit& u, const float* chunk, const Tensor& wire, int q) const;
+  // Stages 1-2 with the replica: each rank's fp32 chunk packed into its slot and all-gathered
+  // (at construction and after each optimizer step).
+  void refresh_replica();
+  // Every slot packed here from whole weights (load_full_params: no communication).
+  void load_replica(const Tensor& flat);
+  // Unpacks every slot of `wire` into the unit's whole buffer.
+  void unpack_unit(const model::ParamUnit& u, const Tensor& wire, float* unit) const;
+  // Starts gathering u's weights from this rank's chunk into `out` (the whole unit; stage 3);
+  // with 16-bit gathers `wire` receives them and finish_unit_gather unpacks.
   comm::Work start_unit_gather(const model::ParamUnit& u, const Tensor& chunk, const Tensor& out, Tensor& wire);
-  // in_place: `out` holds this rank's chunk already (stages 1-2: its fp32 master, kept).
-  void finish_unit_gather(const model::ParamUnit& u, Tensor& wire, const Tensor& out, bool in_place);
+  void finish_unit_gather(const model::ParamUnit& u, Tensor& wire, const Tensor& out);
   int64_t gather_wire_bytes(const model::ParamUnit& u) const;  // this rank's bytes sent
 
   // --- stage 3: gathered weights (data_parallel_gathered_params.cpp) ---
@@ -311,6 +352,10 @@ class DataParallel final : public model::ParamSource {
   std::vector<SparseRows> sparse_;
   std::vector<std::pair<int64_t, int64_t>> norm_skip_;  // sorted flat ranges
   std::vector<WireUnit> wire_units_;                    // per unit; 16-bit gathers only
+  // Stages 1-2 with 16-bit gathers: per unit, every rank's slot as the last all-gather left it
+  // (params); param_shard_ then holds the owned fp32 masters (optimizer).
+  bool replica_ = false;
+  std::vector<Tensor> replicas_;
 };
 
 }  // namespace loom::parallel

@@ -1,6 +1,7 @@
 // DataParallel at ZeRO stage 3: only weight chunks are stored; each unit is all-gathered just
 // before use, the next one prefetched in the order the decoder will ask (plan_pass) while the
-// current one computes, and freed after.
+// current one computes, and freed after. Stages 1-2 with the 16-bit weight replica serve their
+// units the same way, widened from the replica instead of gathered.
 #include <algorithm>
 
 #include "loom/core/timer.h"
@@ -13,9 +14,20 @@ using model::ParamUnit;
 
 void DataParallel::launch_gather(const ParamUnit& u, int key) {
   Gathered g;
-  g.buf = take_buffer(u.size());
-  g.work = start_unit_gather(u, chunk_view(param_shard_, u, true), g.buf, g.wire);
-  wire_bytes_ += gather_wire_bytes(u);
+  const WireUnit* w = replica_ ? &wire_units_[index_of(u)] : nullptr;
+  if (w && w->n16 == 0 && w->n32 == chunk_size(u)) {
+    // Nothing rounded (an embedding unit): the replica's slots are the unit's f32 chunks in order.
+    g.buf = Tensor::borrow(replicas_[index_of(u)].raw(), {u.size()}, DType::f32);
+    g.borrowed = true;
+  } else if (w) {
+    trace::Span span("widen weights", "compute");
+    g.buf = take_buffer(u.size());
+    unpack_unit(u, replicas_[index_of(u)], g.buf.data<float>());
+  } else {
+    g.buf = take_buffer(u.size());
+    g.work = start_unit_gather(u, chunk_view(param_shard_, u, true), g.buf, g.wire);
+    wire_bytes_ += gather_wire_bytes(u);
+  }
   gathered_[key] = std::move(g);
 }
 
@@ -31,19 +43,20 @@ Tensor DataParallel::gathered_unit(const ParamUnit& u, int key) {
 }
 
 void DataParallel::wait_gathered(const ParamUnit& u, Gathered& g) {
+  if (replica_) return;  // widened when launched
   {
     trace::Span span("wait weight all_gather", "wait");
     Stopwatch sw;
     g.work.wait();
     wait_s_ += sw.seconds();
   }
-  finish_unit_gather(u, g.wire, g.buf, false);
+  finish_unit_gather(u, g.wire, g.buf);
 }
 
 void DataParallel::drop_gathered(Gathered& g) {
   g.work.wait();
   if (g.wire.defined()) recycle(std::move(g.wire));
-  recycle(std::move(g.buf));
+  if (!g.borrowed) recycle(std::move(g.buf));
 }
 
 void DataParallel::prefetch_after(size_t pos) {

@@ -143,8 +143,8 @@ void DataParallel::step(double lr) {
   }
   for (size_t i = 0; i < units.size(); ++i) {
     const ParamUnit& u = units[i];
-    float* p = opt_.zero_stage < 3 ? model_.params().data<float>() + adam_[i]->begin()
-                                   : param_shard_.data<float>() + shard_offset(u);
+    float* p = serves_units() ? param_shard_.data<float>() + shard_offset(u)
+                              : model_.params().data<float>() + adam_[i]->begin();
     const float* g = opt_.zero_stage < 2 ? model_.grads().data<float>() + adam_[i]->begin()
                                          : grad_shard_.data<float>() + shard_offset(u);
     adam_[i]->step(p, g, lr, grad_scale_);
@@ -152,25 +152,21 @@ void DataParallel::step(double lr) {
   grad_scale_ = 1.0;
   last_wire_bytes_ = wire_bytes_;
   wire_bytes_ = 0;
-  if (opt_.zero_stage == 1 || opt_.zero_stage == 2) {
-    std::vector<comm::Work> works(units.size());
-    std::vector<Tensor> wires(units.size());
-    for (size_t i = 0; i < units.size(); ++i) {
-      const ParamUnit& u = units[i];
-      if (u.size() == 0) continue;               // a pipeline stage's missing embedding or head unit
-      last_wire_bytes_ += gather_wire_bytes(u);  // our chunk to every other rank
-      works[i] = start_unit_gather(u, chunk_view(model_.params(), u, false), model_.params().slice(u.begin, {u.size()}),
-                                   wires[i]);
-    }
-    {
-      trace::Span wait("wait weight all_gather", "wait");
-      Stopwatch sw;
-      for (auto& w : works) w.wait();
-      wait_s_ += sw.seconds();
-    }
-    for (size_t i = 0; i < units.size(); ++i)
-      finish_unit_gather(units[i], wires[i], model_.params().slice(units[i].begin, {units[i].size()}), true);
+  if (opt_.zero_stage != 1 && opt_.zero_stage != 2) return;
+  // Our chunk to every other rank: into the 16-bit replica, or in place in the flat buffer.
+  for (const auto& u : units) last_wire_bytes_ += u.size() > 0 ? gather_wire_bytes(u) : 0;
+  if (replica_) return refresh_replica();
+  std::vector<comm::Work> works(units.size());
+  for (size_t i = 0; i < units.size(); ++i) {
+    const ParamUnit& u = units[i];
+    if (u.size() == 0) continue;  // a pipeline stage's missing embedding or head unit
+    works[i] = group_of(u).all_gather_async(chunk_view(model_.params(), u, false),
+                                            model_.params().slice(u.begin, {u.size()}));
   }
+  trace::Span wait("wait weight all_gather", "wait");
+  Stopwatch sw;
+  for (auto& w : works) w.wait();
+  wait_s_ += sw.seconds();
 }
 
 double DataParallel::take_wait_seconds() {
@@ -192,21 +188,19 @@ void DataParallel::gather_full_params(const Tensor& flat) const {
     if (flat.raw() != model_.params().raw()) flat.copy_from(model_.params());
     return;
   }
-  // The owners' fp32 chunks: the model's buffer (stages 1-2) or the shards (3).
-  const bool shard = opt_.zero_stage >= 3;
+  // The owners' fp32 chunks.
   for (const auto& u : layout_.units())
-    if (u.size() > 0)
-      group_of(u).all_gather(chunk_view(shard ? param_shard_ : model_.params(), u, shard),
-                             flat.slice(u.begin, {u.size()}));
+    if (u.size() > 0) group_of(u).all_gather(chunk_view(param_shard_, u, true), flat.slice(u.begin, {u.size()}));
 }
 
 void DataParallel::load_full_params(const Tensor& flat) {
-  if (opt_.zero_stage < 3) {
+  if (params_are_masters()) {
     if (flat.raw() != model_.params().raw()) model_.params().copy_from(flat);
     return;
   }
   for (const auto& u : layout_.units())
     chunk_view(param_shard_, u, true).copy_from(flat.slice(u.begin + r_of(u) * chunk_size(u), {chunk_size(u)}));
+  if (replica_) load_replica(flat);
 }
 
 void DataParallel::gather_full_moments(const Tensor& exp_avg, const Tensor& exp_avg_sq) const {

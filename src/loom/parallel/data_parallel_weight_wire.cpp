@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "loom/core/timer.h"
+#include "loom/core/trace.h"
 #include "loom/kernels/cpu/rounded_operands.h"
 #include "loom/parallel/data_parallel.h"
 
@@ -72,13 +74,13 @@ void DataParallel::build_wire_units() {
   }
 }
 
-void DataParallel::pack_chunk(const ParamUnit& u, const float* chunk, const Tensor& wire) const {
+void DataParallel::pack_chunk(const ParamUnit& u, const float* chunk, const Tensor& wire, int q) const {
   const WireUnit& w = wire_units_[index_of(u)];
   const bool bf16 = opt_.gather_dtype == DType::bf16;
-  uint16_t* slot = static_cast<uint16_t*>(wire.raw()) + int64_t(r_of(u)) * w.slot_elems();
+  uint16_t* slot = static_cast<uint16_t*>(wire.raw()) + int64_t(q) * w.slot_elems();
   float* exact = reinterpret_cast<float*>(slot + w.n16);
   int64_t i16 = 0, i32 = 0;
-  for (const WireRun& run : w.runs[size_t(r_of(u))]) {
+  for (const WireRun& run : w.runs[size_t(q)]) {
     const float* src = chunk + run.offset;
     if (run.rounded) {
       cpu::narrow_to_16(bf16, src, slot + i16, run.n);
@@ -92,26 +94,44 @@ void DataParallel::pack_chunk(const ParamUnit& u, const float* chunk, const Tens
   std::fill(exact + i32, exact + w.n32, 0.f);
 }
 
-void DataParallel::unpack_unit(const ParamUnit& u, const Tensor& wire, float* unit, int skip_rank) const {
+void DataParallel::unpack_unit(const ParamUnit& u, const Tensor& wire, float* unit) const {
   const WireUnit& w = wire_units_[index_of(u)];
   const bool bf16 = opt_.gather_dtype == DType::bf16;
   const int64_t cs = chunk_size(u);
   const uint16_t* base = static_cast<const uint16_t*>(wire.raw());
+  // Pieces of at most kPiece elements, spread over the threads: stages 1-2 widen every unit
+  // from the replica before each use, on the step's critical path.
+  constexpr int64_t kPiece = 1 << 15;
+  struct Piece {
+    const void* src;
+    float* dst;
+    int64_t n;
+    bool rounded;
+  };
+  std::vector<Piece> pieces;
   for (int q = 0; q < n_of(u); ++q) {
-    if (q == skip_rank) continue;
     const uint16_t* slot = base + int64_t(q) * w.slot_elems();
     const float* exact = reinterpret_cast<const float*>(slot + w.n16);
     int64_t i16 = 0, i32 = 0;
     for (const WireRun& run : w.runs[size_t(q)]) {
       float* dst = unit + q * cs + run.offset;
-      if (run.rounded) {
-        cpu::widen_from_16(bf16, slot + i16, dst, run.n);
-        i16 += run.n;
-      } else {
-        std::memcpy(dst, exact + i32, size_t(run.n) * sizeof(float));
-        i32 += run.n;
+      for (int64_t j = 0; j < run.n; j += kPiece) {
+        const int64_t n = std::min(kPiece, run.n - j);
+        if (run.rounded)
+          pieces.push_back({slot + i16 + j, dst + j, n, true});
+        else
+          pieces.push_back({exact + i32 + j, dst + j, n, false});
       }
+      (run.rounded ? i16 : i32) += run.n;
     }
+  }
+#pragma omp parallel for schedule(static) if (pieces.size() > 4)
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const Piece& p = pieces[i];
+    if (p.rounded)
+      cpu::widen_from_16(bf16, static_cast<const uint16_t*>(p.src), p.dst, p.n);
+    else
+      std::memcpy(p.dst, p.src, size_t(p.n) * sizeof(float));
   }
 }
 
@@ -119,14 +139,35 @@ comm::Work DataParallel::start_unit_gather(const ParamUnit& u, const Tensor& chu
   if (!sixteen_bit_gathers()) return group_of(u).all_gather_async(chunk, out);
   const int64_t e = wire_units_[index_of(u)].slot_elems();
   wire = take_buffer(n_of(u) * e, opt_.gather_dtype);  // 2-byte elements; an f32 value takes two
-  pack_chunk(u, chunk.data<float>(), wire);
+  pack_chunk(u, chunk.data<float>(), wire, r_of(u));
   return group_of(u).all_gather_async(wire.slice(r_of(u) * e, {e}), wire);
 }
 
-void DataParallel::finish_unit_gather(const ParamUnit& u, Tensor& wire, const Tensor& out, bool in_place) {
+void DataParallel::refresh_replica() {
+  const auto& units = layout_.units();
+  std::vector<comm::Work> works(units.size());
+  for (size_t i = 0; i < units.size(); ++i) {
+    const ParamUnit& u = units[i];
+    if (u.size() == 0) continue;  // a pipeline stage's missing embedding or head unit
+    const int64_t e = wire_units_[i].slot_elems();
+    pack_chunk(u, chunk_view(param_shard_, u, true).data<float>(), replicas_[i], r_of(u));
+    works[i] = group_of(u).all_gather_async(replicas_[i].slice(r_of(u) * e, {e}), replicas_[i]);
+  }
+  trace::Span wait("wait weight all_gather", "wait");
+  Stopwatch sw;
+  for (auto& w : works) w.wait();
+  wait_s_ += sw.seconds();
+}
+
+void DataParallel::load_replica(const Tensor& flat) {
+  for (const auto& u : layout_.units())
+    for (int q = 0; q < n_of(u); ++q)
+      pack_chunk(u, flat.data<float>() + u.begin + q * chunk_size(u), replicas_[index_of(u)], q);
+}
+
+void DataParallel::finish_unit_gather(const ParamUnit& u, Tensor& wire, const Tensor& out) {
   if (!wire.defined()) return;
-  // In place (stages 1-2), this rank's own chunk keeps its fp32 master.
-  unpack_unit(u, wire, out.data<float>(), in_place ? r_of(u) : -1);
+  unpack_unit(u, wire, out.data<float>());
   recycle(std::move(wire));
   wire = Tensor();
 }

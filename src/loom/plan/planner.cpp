@@ -256,19 +256,26 @@ Prediction predict(const Job& job, const Cluster& c, const Layout& l) {
     slice.tp = l.tp;
     slice.ep = l.ep;
     const model::ParamLayout layout(cfg, 1, slice);
-    int64_t expert_params = 0, product = 0;
+    int64_t expert_params = 0, product = 0, expert_product = 0;
     for (const auto& pi : layout.params()) {
       if (pi.expert >= 0) expert_params += pi.numel();
-      if (pi.product_operand) product += pi.numel();
+      if (pi.product_operand) (pi.expert >= 0 ? expert_product : product) += pi.numel();
     }
+    // ZeRO-1/2 under bf16 keep the 16-bit weight replica and the owned fp32 masters where that
+    // takes fewer bytes (parallel.weight_replica=auto, as the trainer decides).
+    const parallel::DataParallelOptions dpo{int(l.zero), job.bucket_mb, DType::f32,
+                                            job.bf16 ? DType::bf16 : DType::f32};
+    const bool replica = parallel::keeps_weight_replica(dpo, job.onebit() ? "onebit_adam" : "adamw", layout,
+                                                        int(l.dp * l.ep), int(l.dp));
     // ZeRO's weight all-gathers under bf16 (parallel.gather_dtype): product weights in 2 bytes,
     // tables, norms and biases in 4.
-    gather_bytes.push_back(job.bf16 ? 4.0 - 2.0 * double(product) / double(std::max<int64_t>(1, layout.num_params()))
+    gather_bytes.push_back(job.bf16 ? 4.0 - 2.0 * double(product + expert_product) /
+                                              double(std::max<int64_t>(1, layout.num_params()))
                                     : 4.0);
     const int64_t dense = layout.num_params() - expert_params;
     // Dense parameters shard over dp x ep ranks, experts over dp (as the trainer does).
-    auto z = parallel::zero_model_state_bytes(dense, l.zero, int(l.dp * l.ep));
-    const auto ze = parallel::zero_model_state_bytes(expert_params, l.zero, int(l.dp));
+    auto z = parallel::zero_model_state_bytes(dense, l.zero, int(l.dp * l.ep), replica ? product : 0);
+    const auto ze = parallel::zero_model_state_bytes(expert_params, l.zero, int(l.dp), replica ? expert_product : 0);
     MemoryPrediction m;
     m.params = double(z.params + ze.params);
     m.grads = double(z.grads + ze.grads);
@@ -308,6 +315,9 @@ Prediction predict(const Job& job, const Cluster& c, const Layout& l) {
         const double L = double(slice.last_layer - slice.first_layer);
         m.comm += embed_unit + head_unit + (std::min(L, 4.0) + 1) * block_unit;
       }
+      // The replica's units widened for use: the head, the computing block and the next one (a
+      // unit without 16-bit weights, the embedding's, is read in place).
+      if (replica) m.comm += head_unit + 2 * block_unit;
     }
     p.stage_memory.push_back(m);
     stage_params.push_back(double(dense));

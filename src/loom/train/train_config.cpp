@@ -148,6 +148,7 @@ TrainConfig parse_train_config(const std::string& text, const std::vector<std::s
   c.parallel.gather_dtype =
       r.string("parallel.gather_dtype", model::precision_name(c.model.precision), {"fp32", "bf16", "fp16"});
   parallel::check_gather_dtype(wire_dtype(c.parallel.gather_dtype), c.model.precision);
+  c.parallel.weight_replica = r.string("parallel.weight_replica", "auto", {"auto", "on", "off"});
   c.parallel.pp_dtype =
       r.string("parallel.pp_dtype", model::precision_name(c.model.precision), {"fp32", "bf16", "fp16"});
   c.parallel.pp_schedule = r.string("parallel.pp_schedule", "1f1b", {"gpipe", "1f1b"});
@@ -201,6 +202,10 @@ TrainConfig parse_train_config(const std::string& text, const std::vector<std::s
              "optim.name=onebit_adam with parallel.zero_stage=", c.parallel.zero_stage,
              " is not supported: ZeRO-2/3 reduce-scatter gradients during backward, which 1-bit Adam "
              "replaces by its compressed exchange after it; use parallel.zero_stage 0 or 1");
+  if (c.parallel.weight_replica == "on")  // the same refusal the trainer would give, before any work
+    parallel::check_weight_replica({int(c.parallel.zero_stage), c.parallel.bucket_mb, DType::f32,
+                                    wire_dtype(c.parallel.gather_dtype), parallel::DataParallelOptions::Replica::on},
+                                   c.optim.name);
   LOOM_CHECK(!c.checkpoint.async || c.optim.name != "onebit_adam", "config",
              "checkpoint.async=true with optim.name=onebit_adam is not supported (each rank's error feedback is "
              "written by that rank, synchronously); set checkpoint.async=false");

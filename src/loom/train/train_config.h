@@ -76,6 +76,9 @@ struct ParallelConfig {
   // default under bf16/fp16 training): the products' weights in 16 bits, exact (see
   // DataParallelOptions::gather_dtype).
   std::string gather_dtype = "fp32";
+  // Stages 1-2 with 16-bit gathers: "auto", "on" or "off": keep the weights as the gathered
+  // 16-bit replica and only the owned fp32 masters (DataParallelOptions::weight_replica).
+  std::string weight_replica = "auto";
   // Pipeline activations and their gradients between stages: "fp32", "bf16" or "fp16" (half
   // the bytes, rounded); the default is model.precision's.
   std::string pp_dtype = "fp32";

@@ -89,15 +89,20 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
   const int stage = int(p.zero_stage), dp = int(p.dp * p.ep);
   const int pp_rank = int(mesh_->coord().pp);
   stages_ = partition_stages();
-  model::DecoderOptions dopt = parallel::decoder_options_for(cfg_.decoder, stage, dp);
-  dopt.slice = {stages_[size_t(pp_rank)].first_layer,
-                stages_[size_t(pp_rank)].last_layer,
-                pp_rank == 0,
-                pp_rank == int(p.pp) - 1,
-                p.tp,
-                mesh_->coord().tp,
-                p.ep,
-                mesh_->coord().ep};
+  const parallel::DataParallelOptions dpo{stage, p.bucket_mb, wire_dtype(p.grad_dtype), wire_dtype(p.gather_dtype),
+                                          parallel::weight_replica_from_name(p.weight_replica)};
+  const model::ModelSlice slice{stages_[size_t(pp_rank)].first_layer,
+                                stages_[size_t(pp_rank)].last_layer,
+                                pp_rank == 0,
+                                pp_rank == int(p.pp) - 1,
+                                p.tp,
+                                mesh_->coord().tp,
+                                p.ep,
+                                mesh_->coord().ep};
+  const bool replica = parallel::keeps_weight_replica(dpo, cfg_.optim.name, model::ParamLayout(cfg_.model, dp, slice),
+                                                      dp, int(p.dp));
+  model::DecoderOptions dopt = parallel::decoder_options_for(cfg_.decoder, stage, dp, replica);
+  dopt.slice = slice;
   model_ = std::make_unique<model::Decoder>(cfg_.model, dopt);
   if (p.tp > 1) {
     tp_ = std::make_unique<parallel::TensorParallelLayers>(mesh_->tp(), cfg_.model);
@@ -107,11 +112,16 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
     ep_ = std::make_unique<parallel::ExpertParallelExchange>(mesh_->ep());
     model_->set_expert_parallel(ep_.get());
   }
-  if (stage < 3) model_->init_weights(cfg_.schedule.seed);
-  engine_ = std::make_unique<parallel::DataParallel>(
-      *model_, mesh_->data(), cfg_.optim,
-      parallel::DataParallelOptions{stage, p.bucket_mb, wire_dtype(p.grad_dtype), wire_dtype(p.gather_dtype)},
-      cfg_.schedule.seed, mesh_->dp());
+  if (dopt.allocate_flat_params) model_->init_weights(cfg_.schedule.seed);  // else DataParallel inits its chunks
+  engine_ = std::make_unique<parallel::DataParallel>(*model_, mesh_->data(), cfg_.optim, dpo, cfg_.schedule.seed,
+                                                     mesh_->dp());
+  if (main_rank() && (stage == 1 || stage == 2) && p.weight_replica == "auto" &&
+      parallel::effective_gather_dtype(dpo, cfg_.optim.name) != DType::f32)
+    std::fprintf(opt_.log, "[train] weights: %s (parallel.weight_replica=auto%s)\n",
+                 replica ? str_cat("the gathered ", p.gather_dtype, " replica and this rank's fp32 masters").c_str()
+                         : "a whole fp32 copy",
+                 replica ? "" : str_cat(": at dp=", dp, " the ", p.gather_dtype,
+                                        " replica and the owned masters would take more bytes; =on forces it").c_str());
   // The gradient norm counts every parameter once across the model-parallel ranks.
   std::vector<std::pair<int64_t, int64_t>> skip;
   for (const auto& pi : model_->layout().params())
@@ -200,12 +210,16 @@ ModelParallelInfo Trainer::model_parallel_info() const {
 parallel::ModelStateBytes Trainer::predicted_model_states() const {
   // Dense parameters are sharded over the dp x ep ranks, a MoE block's experts over dp.
   const auto& p = cfg_.parallel;
-  int64_t expert_params = 0;
-  for (const auto& pi : model_->layout().params())
+  // With the 16-bit weight replica (stages 1-2), the product operands' weights take 2 bytes.
+  const bool replica = !engine_->params_are_masters() && engine_->zero_stage() < 3;
+  int64_t expert_params = 0, product = 0, expert_product = 0;
+  for (const auto& pi : model_->layout().params()) {
     if (pi.expert >= 0) expert_params += pi.numel();
+    if (replica && pi.product_operand) (pi.expert >= 0 ? expert_product : product) += pi.numel();
+  }
   const int zs = int(p.zero_stage);
-  auto pred = parallel::zero_model_state_bytes(model_->num_params() - expert_params, zs, int(p.dp * p.ep));
-  const auto pred_experts = parallel::zero_model_state_bytes(expert_params, zs, int(p.dp));
+  auto pred = parallel::zero_model_state_bytes(model_->num_params() - expert_params, zs, int(p.dp * p.ep), product);
+  const auto pred_experts = parallel::zero_model_state_bytes(expert_params, zs, int(p.dp), expert_product);
   pred.params += pred_experts.params;
   pred.grads += pred_experts.grads;
   pred.optimizer += pred_experts.optimizer;
@@ -645,10 +659,14 @@ TrainResult Trainer::run() {
     const int64_t actual =
         snap[MemCategory::params].current + snap[MemCategory::grads].current + snap[MemCategory::optimizer].current;
     std::fprintf(opt_.log,
-                 "[train] model states per rank (dp=%lld%s, ZeRO-%lld): predicted %s (params %s, grads "
+                 "[train] model states per rank (dp=%lld%s, ZeRO-%lld%s): predicted %s (params %s, grads "
                  "%s, optimizer %s), actual %s\n",
                  (long long)cfg_.parallel.dp, cfg_.parallel.ep > 1 ? str_cat(" x ep=", cfg_.parallel.ep).c_str() : "",
-                 (long long)cfg_.parallel.zero_stage, format_bytes(pred.total()).c_str(),
+                 (long long)cfg_.parallel.zero_stage,
+                 !engine_->params_are_masters() && engine_->zero_stage() < 3
+                     ? str_cat(", ", cfg_.parallel.gather_dtype, " weights, fp32 masters with the optimizer").c_str()
+                     : "",
+                 format_bytes(pred.total()).c_str(),
                  format_bytes(pred.params).c_str(), format_bytes(pred.grads).c_str(),
                  format_bytes(pred.optimizer).c_str(), format_bytes(actual).c_str());
     std::fflush(opt_.log);

@@ -132,22 +132,27 @@ INSTANTIATE_TEST_SUITE_P(Families, DataParallelEquivalence,
                            return n;
                          });
 
-// In bf16 too: the checkpoint holds the f32 masters and moments the bf16 products round from.
-TEST(DataParallelResume, Zero3ResumesExactlyOnTheSameLayout) {
+// The layouts that keep no whole fp32 copy of the weights: ZeRO-3, and in bf16 ZeRO-1 and -2
+// with their 16-bit weight replica. The checkpoint holds the f32 masters and moments the bf16
+// products round from, and a resume rebuilds the replica from them.
+TEST(DataParallelResume, ShardedMastersResumeExactlyOnTheSameLayout) {
   const comm::Group& world = test_world();
   const int N = world.size();
   parallel::Mesh mesh(world, parallel::MeshShape(1, N, 1, 1));
-  for (const std::string precision : {"fp32", "bf16"}) {
-    const std::string dir = shared_empty_dir(world, "loom_dp_resume_" + precision);
-    const TrainConfig cfg = make_config("llama-tiny", N, 3, 8 / N, 0, 10, dir, precision);
-    const TrainRun straight =
-        run_training(make_config("llama-tiny", N, 3, 8 / N, 0, 10, dir + "/straight", precision), &mesh);
+  for (const auto& [precision, zero] : std::vector<std::pair<std::string, int>>{
+           {"fp32", 3}, {"bf16", 3}, {"bf16", 1}, {"bf16", 2}}) {
+    const std::string what = precision + " ZeRO-" + std::to_string(zero);
+    const std::string dir = shared_empty_dir(world, "loom_dp_resume_" + precision + std::to_string(zero));
+    TrainConfig cfg = make_config("llama-tiny", N, zero, 8 / N, 0, 10, dir, precision);
+    if (zero < 3) cfg.parallel.weight_replica = "on";
+    TrainConfig straight_cfg = cfg;
+    straight_cfg.checkpoint.dir = dir + "/straight";
+    const TrainRun straight = run_training(straight_cfg, &mesh);
     run_training(cfg, &mesh, "", 5);                            // 5 steps, checkpoint
     const TrainRun resumed = run_training(cfg, &mesh, "auto");  // the other 5
     ASSERT_EQ(resumed.losses.size(), 5u);
-    for (size_t i = 0; i < 5; ++i)
-      EXPECT_EQ(resumed.losses[i], straight.losses[5 + i]) << precision << " step " << 6 + i;
-    EXPECT_EQ(resumed.weights, straight.weights) << precision << ": weights differ bitwise after resume";
+    for (size_t i = 0; i < 5; ++i) EXPECT_EQ(resumed.losses[i], straight.losses[5 + i]) << what << " step " << 6 + i;
+    EXPECT_EQ(resumed.weights, straight.weights) << what << ": weights differ bitwise after resume";
   }
 }
 
@@ -247,25 +252,40 @@ TEST(DataParallelMemory, ModelStatesFollowTheZeroFormulas) {
   const comm::Group& world = test_world();
   const int N = world.size();
   parallel::Mesh mesh(world, parallel::MeshShape(1, N, 1, 1));
-  for (int zero = 0; zero <= 3; ++zero) {
-    TrainConfig cfg = make_config("gpt2-tiny", N, zero, 8 / N, 0, 1);
-    cfg.model.d_model = 64;  // large enough that unit padding is noise
-    cfg.model.d_ff = 256;
-    SyntheticSource src(cfg.model.vocab_size);
-    const TrainerOptions o = loom::testing::quiet_trainer_options(&mesh);
-    const MemorySnapshot before = cpu_allocator().snapshot();
-    {
-      Trainer t(cfg, src, o);
-      t.run();  // a step allocates whatever the step needs
-      const MemorySnapshot after = cpu_allocator().snapshot();
-      const auto want = parallel::zero_model_state_bytes(t.model().num_params(), zero, N);
-      auto delta = [&](MemCategory c) { return double(after[c].current - before[c].current); };
-      EXPECT_NEAR(delta(MemCategory::params), double(want.params), 0.05 * double(want.params)) << "zero " << zero;
-      EXPECT_NEAR(delta(MemCategory::grads), double(want.grads), 0.05 * double(want.grads)) << "zero " << zero;
-      EXPECT_NEAR(delta(MemCategory::optimizer), double(want.optimizer), 0.05 * double(want.optimizer))
-          << "zero " << zero;
+  // fp32, and bf16 whose stages 1-2 (on 2 or more ranks) keep the 16-bit weight replica: the
+  // product weights in 2 bytes, the tables, norms and biases in 4, the fp32 masters of the
+  // rank's chunks with the optimizer.
+  for (const std::string precision : {"fp32", "bf16"})
+    for (int zero = 0; zero <= 3; ++zero) {
+      TrainConfig cfg = make_config("gpt2-tiny", N, zero, 8 / N, 0, 1, "", precision);
+      cfg.model.d_model = 64;  // large enough that unit padding is noise
+      cfg.model.d_ff = 256;
+      if (precision == "bf16" && (zero == 1 || zero == 2)) cfg.parallel.weight_replica = "on";
+      SyntheticSource src(cfg.model.vocab_size);
+      const TrainerOptions o = loom::testing::quiet_trainer_options(&mesh);
+      const MemorySnapshot before = cpu_allocator().snapshot();
+      {
+        Trainer t(cfg, src, o);
+        t.run();  // a step allocates whatever the step needs
+        const MemorySnapshot after = cpu_allocator().snapshot();
+        const bool replica = precision == "bf16" && (zero == 1 || zero == 2);
+        EXPECT_EQ(t.engine().params_are_masters(), zero == 0 || (zero < 3 && !replica)) << precision << " " << zero;
+        int64_t product = 0;
+        for (const auto& p : t.model().layout().params())
+          if (replica && p.product_operand) product += p.numel();
+        const auto want = parallel::zero_model_state_bytes(t.model().num_params(), zero, N, product);
+        const std::string what = precision + " ZeRO-" + std::to_string(zero);
+        auto delta = [&](MemCategory c) { return double(after[c].current - before[c].current); };
+        EXPECT_NEAR(delta(MemCategory::params), double(want.params), 0.05 * double(want.params)) << what;
+        EXPECT_NEAR(delta(MemCategory::grads), double(want.grads), 0.05 * double(want.grads)) << what;
+        EXPECT_NEAR(delta(MemCategory::optimizer), double(want.optimizer), 0.05 * double(want.optimizer)) << what;
+        if (replica) {  // the replica's weights: under the fp32 4P, above 2P (the tables stay f32)
+          const double P = double(t.model().num_params());
+          EXPECT_LT(delta(MemCategory::params), 3.5 * P) << what;
+          EXPECT_GT(delta(MemCategory::params), 2.0 * P) << what;
+        }
+      }
     }
-  }
 }
 
 // parallel.grad_dtype=bf16 (the default under model.precision=bf16) halves the bytes of the
@@ -339,8 +359,10 @@ TEST(DataParallel16BitGathers, AreBitwiseExactAndSendFewerBytes) {
           TrainConfig cfg = make_config(preset, N, zero, 8 / N, zero == 2 ? 1 : 0, 4, "", precision);
           ASSERT_EQ(cfg.parallel.gather_dtype, precision) << "the default follows model.precision";
           if (k == 0) cfg.parallel.gather_dtype = "fp32";
+          if (k == 1 && zero < 3) cfg.parallel.weight_replica = "on";  // auto would keep fp32 copies here
           SyntheticSource src(cfg.model.vocab_size);
           Trainer t(cfg, src, loom::testing::quiet_trainer_options(&mesh));
+          EXPECT_EQ(t.engine().params_are_masters(), k == 0 && zero < 3) << what;
           const double t0 = now_seconds();
           runs[k].losses = t.run().losses;
           const double t1 = now_seconds();
@@ -360,6 +382,33 @@ TEST(DataParallel16BitGathers, AreBitwiseExactAndSendFewerBytes) {
         if (world.rank() == 0)
           std::printf("[gathers] %s: all_gather bytes 16-bit/f32 = %.3f\n", what.c_str(), bytes[1] / bytes[0]);
       }
+}
+
+// Under expert parallelism the experts' units are gathered (and, at stages 1-2, kept as the
+// 16-bit replica) over the expert data-parallel group, the dense units over dp x ep: still the
+// f32 gathers' training bit for bit. With 2 ranks the experts' group is one rank.
+TEST(DataParallel16BitGathers, AreBitwiseExactUnderExpertParallelism) {
+  const comm::Group& world = test_world();
+  const int N = world.size();
+  if (N % 2) GTEST_SKIP() << "needs an even number of ranks";
+  parallel::Mesh mesh(world, parallel::MeshShape(1, N / 2, 2, 1));
+  for (int zero = 1; zero <= 3; ++zero) {
+    const std::string what = "llama-moe-tiny bf16 dp=" + std::to_string(N / 2) + " ep=2 ZeRO-" + std::to_string(zero);
+    TrainRun runs[2];
+    for (int k = 0; k < 2; ++k) {
+      TrainConfig cfg = make_config("llama-moe-tiny", N / 2, zero, 8 / N, 0, 4, "", "bf16");
+      cfg.parallel.ep = 2;
+      if (k == 0) cfg.parallel.gather_dtype = "fp32";
+      if (k == 1 && zero < 3) cfg.parallel.weight_replica = "on";
+      SyntheticSource src(cfg.model.vocab_size);
+      Trainer t(cfg, src, loom::testing::quiet_trainer_options(&mesh));
+      EXPECT_EQ(t.engine().params_are_masters(), k == 0 && zero < 3) << what;
+      runs[k].losses = t.run().losses;
+      runs[k].weights = t.full_params().to_f32_vector();
+    }
+    EXPECT_EQ(runs[1].losses, runs[0].losses) << what << ": losses differ from f32 gathers";
+    EXPECT_TRUE(runs[1].weights == runs[0].weights) << what << ": fp32 masters differ from f32 gathers";
+  }
 }
 
 TEST(DataParallel16BitGathers, NeedTheMatchingPrecision) {

@@ -46,11 +46,15 @@ struct Layout {
   const char* precision = "fp32";
   int ep = 1;
   const char* extra = "";  // more config overrides, separated by spaces
+  // ZeRO-1/2 keep the weights as the 16-bit replica and the owned fp32 masters
+  // (parallel.weight_replica=on; the one-process reference has no replica).
+  bool replica = false;
 };
 
 std::string describe(const Layout& l) {
   return str_cat(l.preset, " pp=", l.pp, " dp=", l.dp, " ep=", l.ep, " tp=", l.tp, " ", l.schedule, " zero=", l.zero,
-                 " m=", l.micro_batches, " ckpt=", l.ckpt, " ", l.partition, " ", l.precision, " ", l.extra);
+                 " m=", l.micro_batches, " ckpt=", l.ckpt, " ", l.partition, " ", l.precision, " ", l.extra,
+                 l.replica ? " replica" : "");
 }
 
 // MoE layouts: llama-moe-tiny (4 experts, top-2, dropless), and with a shared expert, GPT-2
@@ -82,11 +86,13 @@ const std::vector<Layout>& layouts() {
       {"gpt2-tiny", 1, 2, 2, "1f1b", 3, 2, 1, "uniform", "bf16"},
       {"llama-tiny", 2, 2, 1, "gpipe", 0, 2, 1, "uniform", "bf16"},
       {"llama-tiny", 1, 1, 4, "1f1b", 0, 2, 0, "uniform", "bf16"},  // kv heads expanded, 16-bit activations
+      {"gpt2-tiny", 2, 2, 1, "1f1b", 1, 2, 0, "uniform", "bf16", 1, "", true},  // tied copy in the replica
       // 8 ranks: dp=2 x tp=2 x pp=2.
       {"gpt2-tiny", 2, 2, 2, "1f1b", 1, 2, 1},
       {"llama-tiny", 2, 2, 2, "gpipe", 0, 2, 0},
       {"llama-tiny", 1, 2, 4, "1f1b", 2, 2, 0},  // ZeRO-2, replicated kv heads summed in shards
       {"llama-tiny", 2, 2, 2, "gpipe", 0, 2, 0, "uniform", "bf16"},
+      {"llama-tiny", 1, 2, 4, "1f1b", 2, 2, 0, "uniform", "bf16", 1, "", true},  // ZeRO-2 replica of tp slices
       // Mixture of Experts. 2 ranks: dp=2 with ZeRO-3 (expert units of their own, ep=1); ep=2
       // alone and with ZeRO-3 (dense units sharded over both ranks, experts not at all).
       {"llama-moe-tiny", 1, 2, 1, "1f1b", 3, 2, 1, "uniform", "fp32", 1, kSharedExpert},
@@ -130,6 +136,7 @@ TrainConfig make_config(const Layout& l, int64_t steps, const std::string& ckpt_
                                    "parallel.bucket_mb=0.01"};
   std::istringstream extra(l.extra);
   for (std::string kv; extra >> kv;) sets.push_back(kv);
+  if (l.replica) sets.push_back("parallel.weight_replica=on");
   if (!ckpt_dir.empty()) sets.push_back("checkpoint.dir=" + ckpt_dir);
   return parse_train_config("{}", sets);
 }
