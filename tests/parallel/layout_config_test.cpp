@@ -96,9 +96,9 @@ TEST(LayoutConfig, TrainerRefusesALayoutTheMeshDoesNotHave) {
 TEST(LayoutConfig, WeightReplicaWhereItTakesFewerBytesOrWhereForced) {
   expect_error({"model.precision=bf16", "parallel.zero_stage=0", "parallel.weight_replica=on"},
                "parallel.weight_replica=on needs parallel.zero_stage 1 or 2");
-  expect_error({"model.precision=bf16", "parallel.zero_stage=1", "parallel.gather_dtype=fp32",
-                "parallel.weight_replica=on"},
-               "the gathers are fp32");
+  expect_error(
+      {"model.precision=bf16", "parallel.zero_stage=1", "parallel.gather_dtype=fp32", "parallel.weight_replica=on"},
+      "the gathers are fp32");
   expect_error({"model.precision=bf16", "parallel.zero_stage=3", "parallel.weight_replica=on"}, "zero_stage=3");
   expect_error({"parallel.weight_replica=yes"}, "parallel.weight_replica");
   EXPECT_EQ(error_of({"model.precision=bf16", "parallel.zero_stage=2", "parallel.weight_replica=on"}), "");
@@ -115,9 +115,9 @@ TEST(LayoutConfig, WeightReplicaWhereItTakesFewerBytesOrWhereForced) {
   EXPECT_TRUE(keeps(2, 8, R::auto_choice));
   EXPECT_TRUE(keeps(1, 2, R::on));
   EXPECT_FALSE(keeps(1, 8, R::off));
-  EXPECT_FALSE(keeps(3, 8, R::auto_choice));                     // stage 3 shards the weights anyway
-  EXPECT_FALSE(keeps(0, 8, R::auto_choice));                     // stage 0 gathers nothing
-  EXPECT_FALSE(keeps(1, 8, R::auto_choice, DType::f32));         // f32 gathers
+  EXPECT_FALSE(keeps(3, 8, R::auto_choice));                              // stage 3 shards the weights anyway
+  EXPECT_FALSE(keeps(0, 8, R::auto_choice));                              // stage 0 gathers nothing
+  EXPECT_FALSE(keeps(1, 8, R::auto_choice, DType::f32));                  // f32 gathers
   EXPECT_FALSE(keeps(1, 8, R::auto_choice, DType::bf16, "onebit_adam"));  // 1-bit Adam gathers f32
   EXPECT_THROW(keeps(1, 8, R::on, DType::bf16, "onebit_adam"), Error);
 }

@@ -41,8 +41,8 @@ StepTimes run_steps(const model::ModelConfig& cfg, const comm::Group& dp, const 
                     int64_t warmup, int64_t steps, int64_t* model_state_bytes = nullptr) {
   const MemorySnapshot before = cpu_allocator().snapshot();
   const int zero = dpo.zero_stage;
-  const bool replica = parallel::keeps_weight_replica(dpo, adam.name, model::ParamLayout(cfg, dp.size()), dp.size(),
-                                                      dp.size());
+  const bool replica =
+      parallel::keeps_weight_replica(dpo, adam.name, model::ParamLayout(cfg, dp.size()), dp.size(), dp.size());
   model::DecoderOptions dopt = parallel::decoder_options_for({}, zero, dp.size(), replica);
   model::Decoder m(cfg, dopt);
   if (dopt.allocate_flat_params) m.init_weights(1234);
@@ -142,8 +142,7 @@ int bench_train_dp(const TrainBenchOptions& o, const CLI::App& app) {
   int64_t state_bytes = 0;
   const parallel::DataParallelOptions dpo{zero, bucket_mb, grad_dtype, gather_dtype,
                                           parallel::weight_replica_from_name(o.weight_replica)};
-  const StepTimes dp = run_steps(cfg, mesh.dp(), world.record(), dpo, adam, B,
-                                 T, warmup, steps, &state_bytes);
+  const StepTimes dp = run_steps(cfg, mesh.dp(), world.record(), dpo, adam, B, T, warmup, steps, &state_bytes);
   // Stages 1-2 with 16-bit gathers keep the 16-bit weight replica: product weights take 2 bytes.
   const model::ParamLayout layout(cfg, N);
   const bool replica = parallel::keeps_weight_replica(dpo, adam.name, layout, N, N);

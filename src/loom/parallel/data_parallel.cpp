@@ -26,7 +26,10 @@ void check_weight_replica(const DataParallelOptions& opt, const std::string& opt
   LOOM_CHECK(opt.weight_replica != DataParallelOptions::Replica::on || replica_possible(opt, optim_name), "config",
              "parallel.weight_replica=on needs parallel.zero_stage 1 or 2 and 16-bit weight all-gathers "
              "(parallel.gather_dtype bf16 or fp16; 1-bit Adam gathers fp32), but zero_stage=",
-             opt.zero_stage, " and the gathers are ", g == DType::f32 ? "fp32" : g == DType::bf16 ? "bf16" : "fp16",
+             opt.zero_stage, " and the gathers are ",
+             g == DType::f32    ? "fp32"
+             : g == DType::bf16 ? "bf16"
+                                : "fp16",
              "; use parallel.weight_replica=auto");
 }
 

@@ -160,8 +160,8 @@ void DataParallel::step(double lr) {
   for (size_t i = 0; i < units.size(); ++i) {
     const ParamUnit& u = units[i];
     if (u.size() == 0) continue;  // a pipeline stage's missing embedding or head unit
-    works[i] = group_of(u).all_gather_async(chunk_view(model_.params(), u, false),
-                                            model_.params().slice(u.begin, {u.size()}));
+    works[i] =
+        group_of(u).all_gather_async(chunk_view(model_.params(), u, false), model_.params().slice(u.begin, {u.size()}));
   }
   trace::Span wait("wait weight all_gather", "wait");
   Stopwatch sw;

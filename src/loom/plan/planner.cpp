@@ -270,7 +270,7 @@ Prediction predict(const Job& job, const Cluster& c, const Layout& l) {
     // ZeRO's weight all-gathers under bf16 (parallel.gather_dtype): product weights in 2 bytes,
     // tables, norms and biases in 4.
     gather_bytes.push_back(job.bf16 ? 4.0 - 2.0 * double(product + expert_product) /
-                                              double(std::max<int64_t>(1, layout.num_params()))
+                                                double(std::max<int64_t>(1, layout.num_params()))
                                     : 4.0);
     const int64_t dense = layout.num_params() - expert_params;
     // Dense parameters shard over dp x ep ranks, experts over dp (as the trainer does).

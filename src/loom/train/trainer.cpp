@@ -99,8 +99,8 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
                                 mesh_->coord().tp,
                                 p.ep,
                                 mesh_->coord().ep};
-  const bool replica = parallel::keeps_weight_replica(dpo, cfg_.optim.name, model::ParamLayout(cfg_.model, dp, slice),
-                                                      dp, int(p.dp));
+  const bool replica =
+      parallel::keeps_weight_replica(dpo, cfg_.optim.name, model::ParamLayout(cfg_.model, dp, slice), dp, int(p.dp));
   model::DecoderOptions dopt = parallel::decoder_options_for(cfg_.decoder, stage, dp, replica);
   dopt.slice = slice;
   model_ = std::make_unique<model::Decoder>(cfg_.model, dopt);
@@ -120,8 +120,10 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
     std::fprintf(opt_.log, "[train] weights: %s (parallel.weight_replica=auto%s)\n",
                  replica ? str_cat("the gathered ", p.gather_dtype, " replica and this rank's fp32 masters").c_str()
                          : "a whole fp32 copy",
-                 replica ? "" : str_cat(": at dp=", dp, " the ", p.gather_dtype,
-                                        " replica and the owned masters would take more bytes; =on forces it").c_str());
+                 replica ? ""
+                         : str_cat(": at dp=", dp, " the ", p.gather_dtype,
+                                   " replica and the owned masters would take more bytes; =on forces it")
+                               .c_str());
   // The gradient norm counts every parameter once across the model-parallel ranks.
   std::vector<std::pair<int64_t, int64_t>> skip;
   for (const auto& pi : model_->layout().params())
@@ -666,9 +668,8 @@ TrainResult Trainer::run() {
                  !engine_->params_are_masters() && engine_->zero_stage() < 3
                      ? str_cat(", ", cfg_.parallel.gather_dtype, " weights, fp32 masters with the optimizer").c_str()
                      : "",
-                 format_bytes(pred.total()).c_str(),
-                 format_bytes(pred.params).c_str(), format_bytes(pred.grads).c_str(),
-                 format_bytes(pred.optimizer).c_str(), format_bytes(actual).c_str());
+                 format_bytes(pred.total()).c_str(), format_bytes(pred.params).c_str(),
+                 format_bytes(pred.grads).c_str(), format_bytes(pred.optimizer).c_str(), format_bytes(actual).c_str());
     std::fflush(opt_.log);
   }
   TrainResult r;

@@ -139,8 +139,8 @@ TEST(DataParallelResume, ShardedMastersResumeExactlyOnTheSameLayout) {
   const comm::Group& world = test_world();
   const int N = world.size();
   parallel::Mesh mesh(world, parallel::MeshShape(1, N, 1, 1));
-  for (const auto& [precision, zero] : std::vector<std::pair<std::string, int>>{
-           {"fp32", 3}, {"bf16", 3}, {"bf16", 1}, {"bf16", 2}}) {
+  for (const auto& [precision, zero] :
+       std::vector<std::pair<std::string, int>>{{"fp32", 3}, {"bf16", 3}, {"bf16", 1}, {"bf16", 2}}) {
     const std::string what = precision + " ZeRO-" + std::to_string(zero);
     const std::string dir = shared_empty_dir(world, "loom_dp_resume_" + precision + std::to_string(zero));
     TrainConfig cfg = make_config("llama-tiny", N, zero, 8 / N, 0, 10, dir, precision);

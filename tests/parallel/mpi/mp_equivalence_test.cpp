@@ -85,7 +85,7 @@ const std::vector<Layout>& layouts() {
       {"llama-tiny", 1, 2, 2, "1f1b", 2, 1, 0},  // ZeRO-2
       {"gpt2-tiny", 1, 2, 2, "1f1b", 3, 2, 1, "uniform", "bf16"},
       {"llama-tiny", 2, 2, 1, "gpipe", 0, 2, 1, "uniform", "bf16"},
-      {"llama-tiny", 1, 1, 4, "1f1b", 0, 2, 0, "uniform", "bf16"},  // kv heads expanded, 16-bit activations
+      {"llama-tiny", 1, 1, 4, "1f1b", 0, 2, 0, "uniform", "bf16"},              // kv heads expanded, 16-bit activations
       {"gpt2-tiny", 2, 2, 1, "1f1b", 1, 2, 0, "uniform", "bf16", 1, "", true},  // tied copy in the replica
       // 8 ranks: dp=2 x tp=2 x pp=2.
       {"gpt2-tiny", 2, 2, 2, "1f1b", 1, 2, 1},
