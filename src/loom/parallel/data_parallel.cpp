@@ -70,7 +70,7 @@ ModelStateBytes zero_model_state_bytes(int64_t P, int stage, int N, int64_t repl
   b.params = stage >= 3 ? 4 * P / N : 4 * P;
   b.grads = stage >= 2 ? 4 * P / N : 4 * P;
   b.optimizer = stage >= 1 ? 8 * P / N : 8 * P;
-  if (replica16 > 0 && (stage == 1 || stage == 2)) {
+  if (replica16 >= 0 && (stage == 1 || stage == 2)) {
     b.params = 2 * replica16 + 4 * (P - replica16);
     b.optimizer = 12 * P / N;
   }
@@ -109,8 +109,10 @@ DataParallel::DataParallel(model::Decoder& model, comm::Group dp, const optim::A
   // parameter buffer.
   replica_ = opt_.zero_stage < 3 && !mo.allocate_flat_params;
   LOOM_CHECK(!replica_ || (opt_.zero_stage >= 1 && sixteen_bit_gathers()), "zero", "stage ", opt_.zero_stage,
-             " without the model's flat parameter buffer needs 16-bit weight all-gathers (the weight replica); "
-             "build the model with decoder_options_for(..., keeps_weight_replica(...))");
+             opt_.zero_stage == 0 ? " needs the model's flat parameter buffer"
+                                  : " without the model's flat parameter buffer needs 16-bit weight all-gathers (the "
+                                    "weight replica)",
+             "; build the model with decoder_options_for(..., keeps_weight_replica(...))");
   std::vector<optim::DecaySpan> spans;
   for (const auto& p : layout_.params()) spans.push_back({p.offset, p.offset + p.numel(), p.weight_decay});
   const auto& units = layout_.units();

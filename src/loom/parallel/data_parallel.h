@@ -83,7 +83,7 @@ void check_gather_dtype(DType gather, model::Precision precision);
 
 // Model-state bytes per rank predicted by the ZeRO formulas (fp32 Adam: 4 + 4 + 8 bytes per
 // parameter; stage 1: 8P + 8P/N; 2: 4P + 12P/N; 3: 16P/N). Padding excluded.
-// `replica16` > 0: stages 1-2 keep the weight replica (keeps_weight_replica), of which that many
+// `replica16` >= 0: stages 1-2 keep the weight replica (keeps_weight_replica), of which that many
 // parameters (the product operands) are 16-bit and the rest f32, and the fp32 masters of the
 // rank's chunks count with the optimizer: weights 2P16 + 4(P - P16), gradients (fp32, so
 // micro-batches accumulate exactly) 4P at stage 1 and 4P/N at 2, optimizer 12P/N. With every
@@ -93,7 +93,7 @@ struct ModelStateBytes {
   int64_t params = 0, grads = 0, optimizer = 0;
   int64_t total() const { return params + grads + optimizer; }
 };
-ModelStateBytes zero_model_state_bytes(int64_t n_params, int zero_stage, int dp_size, int64_t replica16 = 0);
+ModelStateBytes zero_model_state_bytes(int64_t n_params, int zero_stage, int dp_size, int64_t replica16 = -1);
 // 1-bit Adam's error feedback per rank (optim.name=onebit_adam, dp_size > 1; optimizer state on
 // top of the ZeRO formulas): a worker error per parameter and a server error per parameter of
 // the rank's chunk, f32. Padding excluded.
@@ -101,8 +101,9 @@ int64_t onebit_error_bytes(int64_t n_params, int dp_size);
 
 class DataParallel final : public model::ParamSource {
  public:
-  // `model` must have been built with decoder_options_for(...). For stage 3 the weights are
-  // initialised here from `init_seed` (each rank its chunks); otherwise call init on the model.
+  // `model` must have been built with decoder_options_for(...). For stage 3 and the weight
+  // replica (a model without its flat parameter buffer) the weights are initialised here from
+  // `init_seed` (each rank its chunks); otherwise call init on the model.
   DataParallel(model::Decoder& model, comm::Group dp, const optim::AdamWConfig& adam, const DataParallelOptions& opt,
                uint64_t init_seed, comm::Group expert_dp = {});
   ~DataParallel() override;
@@ -149,7 +150,11 @@ class DataParallel final : public model::ParamSource {
   const Tensor& param_shard() const { return param_shard_; }
   // True when the model's flat buffer holds the fp32 master of every weight (stage 0, and
   // stages 1-2 with f32 gathers); otherwise read the weights with gather_full_params.
-  bool params_are_masters() const { return opt_.zero_stage < 3 && !replica_; }
+  bool params_are_masters() const {
+    return opt_.zero_stage == 0 || (opt_.zero_stage < 3 && !sixteen_bit_gathers());
+  }
+  // Stages 1-2 keep the 16-bit weight replica and no flat parameter buffer (weight_replica).
+  bool keeps_replica() const { return replica_; }
   // Copies every unit's full fp32 weights into `flat` (length flat_size) on every rank (stage
   // 3, and stages 1-2 with 16-bit gathers, all-gather the owners' chunks; otherwise a copy).
   void gather_full_params(const Tensor& flat) const;
@@ -271,12 +276,14 @@ class DataParallel final : public model::ParamSource {
   void refresh_replica();
   // Every slot packed here from whole weights (load_full_params: no communication).
   void load_replica(const Tensor& flat);
-  // Unpacks every slot of `wire` into the unit's whole buffer.
-  void unpack_unit(const model::ParamUnit& u, const Tensor& wire, float* unit) const;
-  // Starts gathering u's weights from this rank's chunk into `out` (the whole unit; stage 3);
-  // with 16-bit gathers `wire` receives them and finish_unit_gather unpacks.
+  // Unpacks every slot of `wire` but `skip_rank`'s into the unit's whole buffer.
+  void unpack_unit(const model::ParamUnit& u, const Tensor& wire, float* unit, int skip_rank = -1) const;
+  // Starts gathering u's weights from this rank's chunk into `out` (the whole unit); with
+  // 16-bit gathers `wire` receives them and finish_unit_gather unpacks.
   comm::Work start_unit_gather(const model::ParamUnit& u, const Tensor& chunk, const Tensor& out, Tensor& wire);
-  void finish_unit_gather(const model::ParamUnit& u, Tensor& wire, const Tensor& out);
+  // in_place: `out` holds this rank's chunk already (stages 1-2 without the replica: its fp32
+  // master, kept).
+  void finish_unit_gather(const model::ParamUnit& u, Tensor& wire, const Tensor& out, bool in_place);
   int64_t gather_wire_bytes(const model::ParamUnit& u) const;  // this rank's bytes sent
 
   // --- stage 3: gathered weights (data_parallel_gathered_params.cpp) ---

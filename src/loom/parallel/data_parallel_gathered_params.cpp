@@ -50,7 +50,7 @@ void DataParallel::wait_gathered(const ParamUnit& u, Gathered& g) {
     g.work.wait();
     wait_s_ += sw.seconds();
   }
-  finish_unit_gather(u, g.wire, g.buf);
+  finish_unit_gather(u, g.wire, g.buf, false);
 }
 
 void DataParallel::drop_gathered(Gathered& g) {
@@ -60,7 +60,9 @@ void DataParallel::drop_gathered(Gathered& g) {
 }
 
 void DataParallel::prefetch_after(size_t pos) {
-  if (pos >= plan_.size()) return;
+  // Widening from the replica runs on this thread: ahead of time it would only hold one more
+  // unit, with nothing to overlap.
+  if (replica_ || pos >= plan_.size()) return;
   const int next = plan_[pos].first;
   if (!gathered_.count(next)) launch_gather(unit_of(next), next);
   if (const ParamUnit* e = expert_unit_of(next); e && !gathered_.count(expert_unit_key(next)))

@@ -153,20 +153,26 @@ void DataParallel::step(double lr) {
   last_wire_bytes_ = wire_bytes_;
   wire_bytes_ = 0;
   if (opt_.zero_stage != 1 && opt_.zero_stage != 2) return;
-  // Our chunk to every other rank: into the 16-bit replica, or in place in the flat buffer.
+  // Our chunk to every other rank: into the 16-bit replica, or into the flat buffer (16-bit
+  // gathers widen the other ranks' chunks there and keep this rank's fp32 master).
   for (const auto& u : units) last_wire_bytes_ += u.size() > 0 ? gather_wire_bytes(u) : 0;
   if (replica_) return refresh_replica();
   std::vector<comm::Work> works(units.size());
+  std::vector<Tensor> wires(units.size());
   for (size_t i = 0; i < units.size(); ++i) {
     const ParamUnit& u = units[i];
     if (u.size() == 0) continue;  // a pipeline stage's missing embedding or head unit
-    works[i] =
-        group_of(u).all_gather_async(chunk_view(model_.params(), u, false), model_.params().slice(u.begin, {u.size()}));
+    works[i] = start_unit_gather(u, chunk_view(model_.params(), u, false), model_.params().slice(u.begin, {u.size()}),
+                                 wires[i]);
   }
-  trace::Span wait("wait weight all_gather", "wait");
-  Stopwatch sw;
-  for (auto& w : works) w.wait();
-  wait_s_ += sw.seconds();
+  {
+    trace::Span wait("wait weight all_gather", "wait");
+    Stopwatch sw;
+    for (auto& w : works) w.wait();
+    wait_s_ += sw.seconds();
+  }
+  for (size_t i = 0; i < units.size(); ++i)
+    finish_unit_gather(units[i], wires[i], model_.params().slice(units[i].begin, {units[i].size()}), true);
 }
 
 double DataParallel::take_wait_seconds() {
@@ -188,13 +194,16 @@ void DataParallel::gather_full_params(const Tensor& flat) const {
     if (flat.raw() != model_.params().raw()) flat.copy_from(model_.params());
     return;
   }
-  // The owners' fp32 chunks.
+  // The owners' fp32 chunks: the shards (stage 3, the replica) or the model's buffer.
+  const bool shard = serves_units();
   for (const auto& u : layout_.units())
-    if (u.size() > 0) group_of(u).all_gather(chunk_view(param_shard_, u, true), flat.slice(u.begin, {u.size()}));
+    if (u.size() > 0)
+      group_of(u).all_gather(chunk_view(shard ? param_shard_ : model_.params(), u, shard),
+                             flat.slice(u.begin, {u.size()}));
 }
 
 void DataParallel::load_full_params(const Tensor& flat) {
-  if (params_are_masters()) {
+  if (!serves_units()) {
     if (flat.raw() != model_.params().raw()) model_.params().copy_from(flat);
     return;
   }

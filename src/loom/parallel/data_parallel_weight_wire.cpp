@@ -36,16 +36,21 @@ void DataParallel::build_wire_units() {
     const int n = n_of(u);
     const int64_t cs = chunk_size(u);
     // The unit's exact (f32) ranges, relative to its start; the rest (product operands and the
-    // padding, which is zero) travels rounded.
+    // padding, which is zero) travels rounded. A unit without product operands (an embedding
+    // unit) is exact throughout, padding included, so its slots are its f32 chunks in order.
     std::vector<std::pair<int64_t, int64_t>> exact;
+    bool any_rounded = false;
     for (const auto& p : layout_.params()) {
-      if (p.offset < u.begin || p.offset >= u.end || p.product_operand || p.numel() == 0) continue;
+      if (p.offset < u.begin || p.offset >= u.end || p.numel() == 0) continue;
+      any_rounded |= p.product_operand;
+      if (p.product_operand) continue;
       const int64_t b = p.offset - u.begin, e = b + p.numel();
       if (!exact.empty() && exact.back().second == b)
         exact.back().second = e;
       else
         exact.push_back({b, e});
     }
+    if (!any_rounded && u.size() > 0) exact = {{0, u.size()}};
     w.runs.resize(size_t(n));
     for (int q = 0; q < n; ++q) {
       const int64_t c0 = q * cs, c1 = c0 + cs;
@@ -94,7 +99,7 @@ void DataParallel::pack_chunk(const ParamUnit& u, const float* chunk, const Tens
   std::fill(exact + i32, exact + w.n32, 0.f);
 }
 
-void DataParallel::unpack_unit(const ParamUnit& u, const Tensor& wire, float* unit) const {
+void DataParallel::unpack_unit(const ParamUnit& u, const Tensor& wire, float* unit, int skip_rank) const {
   const WireUnit& w = wire_units_[index_of(u)];
   const bool bf16 = opt_.gather_dtype == DType::bf16;
   const int64_t cs = chunk_size(u);
@@ -110,6 +115,7 @@ void DataParallel::unpack_unit(const ParamUnit& u, const Tensor& wire, float* un
   };
   std::vector<Piece> pieces;
   for (int q = 0; q < n_of(u); ++q) {
+    if (q == skip_rank) continue;
     const uint16_t* slot = base + int64_t(q) * w.slot_elems();
     const float* exact = reinterpret_cast<const float*>(slot + w.n16);
     int64_t i16 = 0, i32 = 0;
@@ -165,9 +171,10 @@ void DataParallel::load_replica(const Tensor& flat) {
       pack_chunk(u, flat.data<float>() + u.begin + q * chunk_size(u), replicas_[index_of(u)], q);
 }
 
-void DataParallel::finish_unit_gather(const ParamUnit& u, Tensor& wire, const Tensor& out) {
+void DataParallel::finish_unit_gather(const ParamUnit& u, Tensor& wire, const Tensor& out, bool in_place) {
   if (!wire.defined()) return;
-  unpack_unit(u, wire, out.data<float>());
+  // In place (stages 1-2 without the replica), this rank's own chunk keeps its fp32 master.
+  unpack_unit(u, wire, out.data<float>(), in_place ? r_of(u) : -1);
   recycle(std::move(wire));
   wire = Tensor();
 }

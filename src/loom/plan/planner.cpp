@@ -274,8 +274,8 @@ Prediction predict(const Job& job, const Cluster& c, const Layout& l) {
                                     : 4.0);
     const int64_t dense = layout.num_params() - expert_params;
     // Dense parameters shard over dp x ep ranks, experts over dp (as the trainer does).
-    auto z = parallel::zero_model_state_bytes(dense, l.zero, int(l.dp * l.ep), replica ? product : 0);
-    const auto ze = parallel::zero_model_state_bytes(expert_params, l.zero, int(l.dp), replica ? expert_product : 0);
+    auto z = parallel::zero_model_state_bytes(dense, l.zero, int(l.dp * l.ep), replica ? product : -1);
+    const auto ze = parallel::zero_model_state_bytes(expert_params, l.zero, int(l.dp), replica ? expert_product : -1);
     MemoryPrediction m;
     m.params = double(z.params + ze.params);
     m.grads = double(z.grads + ze.grads);
@@ -294,9 +294,10 @@ Prediction predict(const Job& job, const Cluster& c, const Layout& l) {
     const double act_bytes = double(N) * double(cfg.d_model) * 4;
     if (l.pp > 1) m.comm += 2 * act_bytes;
     if (l.dp * l.ep > 1) {
-      double block_unit = 0, embed_unit = 0, head_unit = 0;
+      double block_unit = 0, embed_unit = 0, head_unit = 0, expert_unit = 0;
       for (const auto& u : layout.units()) {
         if (u.layer >= 0 && !u.experts) block_unit = std::max(block_unit, double(u.size()) * 4);
+        if (u.experts) expert_unit = std::max(expert_unit, double(u.size()) * 4);
         if (u.name == "embed") embed_unit = double(u.size()) * 4;
         if (u.name == "head") head_unit = double(u.size()) * 4;
       }
@@ -315,9 +316,9 @@ Prediction predict(const Job& job, const Cluster& c, const Layout& l) {
         const double L = double(slice.last_layer - slice.first_layer);
         m.comm += embed_unit + head_unit + (std::min(L, 4.0) + 1) * block_unit;
       }
-      // The replica's units widened for use: the head, the computing block and the next one (a
-      // unit without 16-bit weights, the embedding's, is read in place).
-      if (replica) m.comm += head_unit + 2 * block_unit;
+      // The replica's units widened for use: the head and the computing block with its experts
+      // (a unit without 16-bit weights, the embedding's, is read in place).
+      if (replica) m.comm += head_unit + block_unit + expert_unit;
     }
     p.stage_memory.push_back(m);
     stage_params.push_back(double(dense));

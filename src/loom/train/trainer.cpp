@@ -117,7 +117,8 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
                                                      mesh_->dp());
   if (main_rank() && (stage == 1 || stage == 2) && p.weight_replica == "auto" &&
       parallel::effective_gather_dtype(dpo, cfg_.optim.name) != DType::f32)
-    std::fprintf(opt_.log, "[train] weights: %s (parallel.weight_replica=auto%s)\n",
+    std::fprintf(opt_.log, "[train] weights%s: %s (parallel.weight_replica=auto%s)\n",
+                 p.pp > 1 ? " of the first pipeline stage" : "",
                  replica ? str_cat("the gathered ", p.gather_dtype, " replica and this rank's fp32 masters").c_str()
                          : "a whole fp32 copy",
                  replica ? ""
@@ -213,15 +214,17 @@ parallel::ModelStateBytes Trainer::predicted_model_states() const {
   // Dense parameters are sharded over the dp x ep ranks, a MoE block's experts over dp.
   const auto& p = cfg_.parallel;
   // With the 16-bit weight replica (stages 1-2), the product operands' weights take 2 bytes.
-  const bool replica = !engine_->params_are_masters() && engine_->zero_stage() < 3;
+  const bool replica = engine_->keeps_replica();
   int64_t expert_params = 0, product = 0, expert_product = 0;
   for (const auto& pi : model_->layout().params()) {
     if (pi.expert >= 0) expert_params += pi.numel();
     if (replica && pi.product_operand) (pi.expert >= 0 ? expert_product : product) += pi.numel();
   }
   const int zs = int(p.zero_stage);
-  auto pred = parallel::zero_model_state_bytes(model_->num_params() - expert_params, zs, int(p.dp * p.ep), product);
-  const auto pred_experts = parallel::zero_model_state_bytes(expert_params, zs, int(p.dp), expert_product);
+  auto pred = parallel::zero_model_state_bytes(model_->num_params() - expert_params, zs, int(p.dp * p.ep),
+                                               replica ? product : -1);
+  const auto pred_experts =
+      parallel::zero_model_state_bytes(expert_params, zs, int(p.dp), replica ? expert_product : -1);
   pred.params += pred_experts.params;
   pred.grads += pred_experts.grads;
   pred.optimizer += pred_experts.optimizer;
@@ -665,7 +668,7 @@ TrainResult Trainer::run() {
                  "%s, optimizer %s), actual %s\n",
                  (long long)cfg_.parallel.dp, cfg_.parallel.ep > 1 ? str_cat(" x ep=", cfg_.parallel.ep).c_str() : "",
                  (long long)cfg_.parallel.zero_stage,
-                 !engine_->params_are_masters() && engine_->zero_stage() < 3
+                 engine_->keeps_replica()
                      ? str_cat(", ", cfg_.parallel.gather_dtype, " weights, fp32 masters with the optimizer").c_str()
                      : "",
                  format_bytes(pred.total()).c_str(), format_bytes(pred.params).c_str(),

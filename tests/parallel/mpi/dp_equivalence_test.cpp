@@ -269,11 +269,11 @@ TEST(DataParallelMemory, ModelStatesFollowTheZeroFormulas) {
         t.run();  // a step allocates whatever the step needs
         const MemorySnapshot after = cpu_allocator().snapshot();
         const bool replica = precision == "bf16" && (zero == 1 || zero == 2);
-        EXPECT_EQ(t.engine().params_are_masters(), zero == 0 || (zero < 3 && !replica)) << precision << " " << zero;
+        EXPECT_EQ(t.engine().keeps_replica(), replica) << precision << " " << zero;
         int64_t product = 0;
         for (const auto& p : t.model().layout().params())
           if (replica && p.product_operand) product += p.numel();
-        const auto want = parallel::zero_model_state_bytes(t.model().num_params(), zero, N, product);
+        const auto want = parallel::zero_model_state_bytes(t.model().num_params(), zero, N, replica ? product : -1);
         const std::string what = precision + " ZeRO-" + std::to_string(zero);
         auto delta = [&](MemCategory c) { return double(after[c].current - before[c].current); };
         EXPECT_NEAR(delta(MemCategory::params), double(want.params), 0.05 * double(want.params)) << what;
@@ -353,16 +353,20 @@ TEST(DataParallel16BitGathers, AreBitwiseExactAndSendFewerBytes) {
     for (const std::string precision : {"bf16", "fp16"})
       for (int zero = 1; zero <= 3; ++zero) {
         const std::string what = preset + " " + precision + " ZeRO-" + std::to_string(zero);
-        TrainRun runs[2];
-        double bytes[2] = {0, 0};
-        for (int k = 0; k < 2; ++k) {
+        // f32 gathers; 16-bit gathers (at stages 1-2 into the 16-bit weight replica); and at
+        // stages 1-2, 16-bit gathers widened into the fp32 copy (weight_replica=off).
+        TrainRun runs[3];
+        double bytes[3] = {0, 0, 0};
+        const int kinds = zero < 3 ? 3 : 2;
+        for (int k = 0; k < kinds; ++k) {
           TrainConfig cfg = make_config(preset, N, zero, 8 / N, zero == 2 ? 1 : 0, 4, "", precision);
           ASSERT_EQ(cfg.parallel.gather_dtype, precision) << "the default follows model.precision";
           if (k == 0) cfg.parallel.gather_dtype = "fp32";
-          if (k == 1 && zero < 3) cfg.parallel.weight_replica = "on";  // auto would keep fp32 copies here
+          if (zero < 3) cfg.parallel.weight_replica = k == 1 ? "on" : "off";  // auto keeps fp32 copies at dp=2
           SyntheticSource src(cfg.model.vocab_size);
           Trainer t(cfg, src, loom::testing::quiet_trainer_options(&mesh));
-          EXPECT_EQ(t.engine().params_are_masters(), k == 0 && zero < 3) << what;
+          EXPECT_EQ(t.engine().params_are_masters(), k == 0 && zero < 3) << what << " kind " << k;
+          EXPECT_EQ(t.engine().keeps_replica(), k == 1 && zero < 3) << what << " kind " << k;
           const double t0 = now_seconds();
           runs[k].losses = t.run().losses;
           const double t1 = now_seconds();
@@ -371,8 +375,12 @@ TEST(DataParallel16BitGathers, AreBitwiseExactAndSendFewerBytes) {
           for (const auto& e : world.record().finished())
             if (e.t_start >= t0 && e.t_start < t1 && e.op == "all_gather" && e.bytes > 64) bytes[k] += double(e.bytes);
         }
-        EXPECT_EQ(runs[1].losses, runs[0].losses) << what << ": losses differ from f32 gathers";
-        EXPECT_TRUE(runs[1].weights == runs[0].weights) << what << ": fp32 masters differ from f32 gathers";
+        for (int k = 1; k < kinds; ++k) {
+          const std::string how = what + (k == 1 ? " (16-bit" : " (16-bit, fp32 copy") + ")";
+          EXPECT_EQ(runs[k].losses, runs[0].losses) << how << ": losses differ from f32 gathers";
+          EXPECT_TRUE(runs[k].weights == runs[0].weights) << how << ": fp32 masters differ from f32 gathers";
+        }
+        if (kinds == 3) EXPECT_EQ(bytes[2], bytes[1]) << what << ": the replica and the fp32 copy gather alike";
         EXPECT_GT(bytes[0], 0) << what;
         // These tiny models' tables and norms are a third of their weights; stage 1 also gathers
         // the embedding rows.

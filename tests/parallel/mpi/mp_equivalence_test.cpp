@@ -165,7 +165,7 @@ TrainRun run_training(const TrainConfig& cfg, const parallel::Mesh* mesh, const 
     r.layout = std::make_unique<model::ParamLayout>(t.full_layout());
     if (t.engine().params_are_masters()) {
       r.local = t.model().params().to_f32_vector();
-    } else if (t.model().params().defined()) {  // ZeRO-1/2 with 16-bit gathers: the owners' masters
+    } else if (t.engine().zero_stage() < 3) {  // ZeRO-1/2 with 16-bit gathers: the owners' masters
       Tensor masters = Tensor::zeros({t.model().flat_size()}, DType::f32);
       t.engine().gather_full_params(masters);
       r.local = masters.to_f32_vector();
