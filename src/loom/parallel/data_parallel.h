@@ -150,9 +150,7 @@ class DataParallel final : public model::ParamSource {
   const Tensor& param_shard() const { return param_shard_; }
   // True when the model's flat buffer holds the fp32 master of every weight (stage 0, and
   // stages 1-2 with f32 gathers); otherwise read the weights with gather_full_params.
-  bool params_are_masters() const {
-    return opt_.zero_stage == 0 || (opt_.zero_stage < 3 && !sixteen_bit_gathers());
-  }
+  bool params_are_masters() const { return opt_.zero_stage == 0 || (opt_.zero_stage < 3 && !sixteen_bit_gathers()); }
   // Stages 1-2 keep the 16-bit weight replica and no flat parameter buffer (weight_replica).
   bool keeps_replica() const { return replica_; }
   // Copies every unit's full fp32 weights into `flat` (length flat_size) on every rank (stage
