@@ -146,10 +146,7 @@ int bench_train_dp(const TrainBenchOptions& o, const CLI::App& app) {
   // Stages 1-2 with 16-bit gathers keep the 16-bit weight replica: product weights take 2 bytes.
   const model::ParamLayout layout(cfg, N);
   const bool replica = parallel::keeps_weight_replica(dpo, adam.name, layout, N, N);
-  int64_t product = 0;
-  for (const auto& p : layout.params())
-    if (replica && p.product_operand) product += p.numel();
-  auto predicted = parallel::zero_model_state_bytes(n_params, zero, N, replica ? product : -1);
+  auto predicted = parallel::layout_model_state_bytes(layout, zero, N, N, replica);
   if (adam.name == "onebit_adam") predicted.optimizer += parallel::onebit_error_bytes(n_params, N);
   // Rank 0 reports; medians over its steps (ranks are synchronised by the collectives).
   const double base_ms = median(base.step_ms), dp_ms = median(dp.step_ms);

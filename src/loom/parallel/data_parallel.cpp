@@ -77,6 +77,21 @@ ModelStateBytes zero_model_state_bytes(int64_t P, int stage, int N, int64_t repl
   return b;
 }
 
+ModelStateBytes layout_model_state_bytes(const model::ParamLayout& layout, int stage, int dp_size, int expert_dp_size,
+                                         bool replica) {
+  int64_t dense = 0, experts = 0, dense16 = 0, experts16 = 0;
+  for (const auto& p : layout.params()) {
+    (p.expert >= 0 ? experts : dense) += p.numel();
+    if (p.product_operand) (p.expert >= 0 ? experts16 : dense16) += p.numel();
+  }
+  ModelStateBytes b = zero_model_state_bytes(dense, stage, dp_size, replica ? dense16 : -1);
+  const ModelStateBytes e = zero_model_state_bytes(experts, stage, expert_dp_size, replica ? experts16 : -1);
+  b.params += e.params;
+  b.grads += e.grads;
+  b.optimizer += e.optimizer;
+  return b;
+}
+
 int64_t onebit_error_bytes(int64_t P, int N) { return N > 1 ? 4 * (P + P / N) : 0; }
 
 DataParallel::DataParallel(model::Decoder& model, comm::Group dp, const optim::AdamWConfig& adam,

@@ -94,6 +94,11 @@ struct ModelStateBytes {
   int64_t total() const { return params + grads + optimizer; }
 };
 ModelStateBytes zero_model_state_bytes(int64_t n_params, int zero_stage, int dp_size, int64_t replica16 = -1);
+// The same for a model laid out as `layout`: its dense parameters sharded over `dp_size` ranks,
+// its experts over `expert_dp_size`, and with the replica (keeps_weight_replica) its product
+// weights in 16 bits.
+ModelStateBytes layout_model_state_bytes(const model::ParamLayout& layout, int zero_stage, int dp_size,
+                                         int expert_dp_size, bool replica);
 // 1-bit Adam's error feedback per rank (optim.name=onebit_adam, dp_size > 1; optimizer state on
 // top of the ZeRO formulas): a worker error per parameter and a server error per parameter of
 // the rank's chunk, f32. Padding excluded.

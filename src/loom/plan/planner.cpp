@@ -256,10 +256,10 @@ Prediction predict(const Job& job, const Cluster& c, const Layout& l) {
     slice.tp = l.tp;
     slice.ep = l.ep;
     const model::ParamLayout layout(cfg, 1, slice);
-    int64_t expert_params = 0, product = 0, expert_product = 0;
+    int64_t expert_params = 0, product = 0;
     for (const auto& pi : layout.params()) {
       if (pi.expert >= 0) expert_params += pi.numel();
-      if (pi.product_operand) (pi.expert >= 0 ? expert_product : product) += pi.numel();
+      if (pi.product_operand) product += pi.numel();
     }
     // ZeRO-1/2 under bf16 keep the 16-bit weight replica and the owned fp32 masters where that
     // takes fewer bytes (parallel.weight_replica=auto, as the trainer decides).
@@ -269,17 +269,15 @@ Prediction predict(const Job& job, const Cluster& c, const Layout& l) {
                                                         int(l.dp * l.ep), int(l.dp));
     // ZeRO's weight all-gathers under bf16 (parallel.gather_dtype): product weights in 2 bytes,
     // tables, norms and biases in 4.
-    gather_bytes.push_back(job.bf16 ? 4.0 - 2.0 * double(product + expert_product) /
-                                                double(std::max<int64_t>(1, layout.num_params()))
+    gather_bytes.push_back(job.bf16 ? 4.0 - 2.0 * double(product) / double(std::max<int64_t>(1, layout.num_params()))
                                     : 4.0);
     const int64_t dense = layout.num_params() - expert_params;
     // Dense parameters shard over dp x ep ranks, experts over dp (as the trainer does).
-    auto z = parallel::zero_model_state_bytes(dense, l.zero, int(l.dp * l.ep), replica ? product : -1);
-    const auto ze = parallel::zero_model_state_bytes(expert_params, l.zero, int(l.dp), replica ? expert_product : -1);
+    const auto z = parallel::layout_model_state_bytes(layout, int(l.zero), int(l.dp * l.ep), int(l.dp), replica);
     MemoryPrediction m;
-    m.params = double(z.params + ze.params);
-    m.grads = double(z.grads + ze.grads);
-    m.optimizer = double(z.optimizer + ze.optimizer);
+    m.params = double(z.params);
+    m.grads = double(z.grads);
+    m.optimizer = double(z.optimizer);
     // 1-bit Adam's error feedback: a worker error per parameter, a server error per chunk.
     if (job.onebit() && l.dp > 1) m.optimizer += double(parallel::onebit_error_bytes(layout.num_params(), int(l.dp)));
     const auto a = model::estimate_slice_activations(cfg, slice, l.micro_batch, job.seq, l.checkpoint, job.xent_chunk);

@@ -213,21 +213,8 @@ ModelParallelInfo Trainer::model_parallel_info() const {
 parallel::ModelStateBytes Trainer::predicted_model_states() const {
   // Dense parameters are sharded over the dp x ep ranks, a MoE block's experts over dp.
   const auto& p = cfg_.parallel;
-  // With the 16-bit weight replica (stages 1-2), the product operands' weights take 2 bytes.
-  const bool replica = engine_->keeps_replica();
-  int64_t expert_params = 0, product = 0, expert_product = 0;
-  for (const auto& pi : model_->layout().params()) {
-    if (pi.expert >= 0) expert_params += pi.numel();
-    if (replica && pi.product_operand) (pi.expert >= 0 ? expert_product : product) += pi.numel();
-  }
-  const int zs = int(p.zero_stage);
-  auto pred = parallel::zero_model_state_bytes(model_->num_params() - expert_params, zs, int(p.dp * p.ep),
-                                               replica ? product : -1);
-  const auto pred_experts =
-      parallel::zero_model_state_bytes(expert_params, zs, int(p.dp), replica ? expert_product : -1);
-  pred.params += pred_experts.params;
-  pred.grads += pred_experts.grads;
-  pred.optimizer += pred_experts.optimizer;
+  auto pred = parallel::layout_model_state_bytes(model_->layout(), int(p.zero_stage), int(p.dp * p.ep), int(p.dp),
+                                                 engine_->keeps_replica());
   if (cfg_.optim.name == "onebit_adam") pred.optimizer += parallel::onebit_error_bytes(model_->num_params(), int(p.dp));
   return pred;
 }
