@@ -17,13 +17,14 @@ DType effective_gather_dtype(const DataParallelOptions& opt, const std::string& 
   return opt.zero_stage == 0 || optim_name == "onebit_adam" ? DType::f32 : opt.gather_dtype;
 }
 
-static bool replica_possible(const DataParallelOptions& opt, const std::string& optim_name) {
+bool weight_replica_possible(const DataParallelOptions& opt, const std::string& optim_name) {
   return (opt.zero_stage == 1 || opt.zero_stage == 2) && effective_gather_dtype(opt, optim_name) != DType::f32;
 }
 
 void check_weight_replica(const DataParallelOptions& opt, const std::string& optim_name) {
   const DType g = effective_gather_dtype(opt, optim_name);
-  LOOM_CHECK(opt.weight_replica != DataParallelOptions::Replica::on || replica_possible(opt, optim_name), "config",
+  LOOM_CHECK(opt.weight_replica != DataParallelOptions::Replica::on || weight_replica_possible(opt, optim_name),
+             "config",
              "parallel.weight_replica=on needs parallel.zero_stage 1 or 2 and 16-bit weight all-gathers "
              "(parallel.gather_dtype bf16 or fp16; 1-bit Adam gathers fp32), but zero_stage=",
              opt.zero_stage, " and the gathers are ",
@@ -37,7 +38,7 @@ bool keeps_weight_replica(const DataParallelOptions& opt, const std::string& opt
                           const model::ParamLayout& layout, int dp_size, int expert_dp_size) {
   using R = DataParallelOptions::Replica;
   check_weight_replica(opt, optim_name);
-  if (!replica_possible(opt, optim_name) || opt.weight_replica == R::off) return false;
+  if (!weight_replica_possible(opt, optim_name) || opt.weight_replica == R::off) return false;
   if (opt.weight_replica == R::on) return true;
   double replica = 0, fp32_copy = 0;
   for (const auto& p : layout.params()) {
@@ -123,7 +124,7 @@ DataParallel::DataParallel(model::Decoder& model, comm::Group dp, const optim::A
   // The caller chose the replica (keeps_weight_replica) by building the model without its flat
   // parameter buffer.
   replica_ = opt_.zero_stage < 3 && !mo.allocate_flat_params;
-  LOOM_CHECK(!replica_ || (opt_.zero_stage >= 1 && sixteen_bit_gathers()), "zero", "stage ", opt_.zero_stage,
+  LOOM_CHECK(!replica_ || weight_replica_possible(opt_, adam.name), "zero", "stage ", opt_.zero_stage,
              opt_.zero_stage == 0 ? " needs the model's flat parameter buffer"
                                   : " without the model's flat parameter buffer needs 16-bit weight all-gathers (the "
                                     "weight replica)",

@@ -66,6 +66,8 @@ DType effective_gather_dtype(const DataParallelOptions& opt, const std::string& 
 // every weight: on 3 or more ranks, for most models.
 bool keeps_weight_replica(const DataParallelOptions& opt, const std::string& optim_name,
                           const model::ParamLayout& layout, int dp_size, int expert_dp_size);
+// Whether the replica can be kept at all: stages 1-2 with 16-bit gathers in effect.
+bool weight_replica_possible(const DataParallelOptions& opt, const std::string& optim_name);
 // Throws "[config] parallel.weight_replica=on needs parallel.zero_stage 1 or 2 and 16-bit ..."
 // where the replica cannot be kept.
 void check_weight_replica(const DataParallelOptions& opt, const std::string& optim_name);

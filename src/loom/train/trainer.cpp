@@ -115,8 +115,7 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
   if (dopt.allocate_flat_params) model_->init_weights(cfg_.schedule.seed);  // else DataParallel inits its chunks
   engine_ = std::make_unique<parallel::DataParallel>(*model_, mesh_->data(), cfg_.optim, dpo, cfg_.schedule.seed,
                                                      mesh_->dp());
-  if (main_rank() && (stage == 1 || stage == 2) && p.weight_replica == "auto" &&
-      parallel::effective_gather_dtype(dpo, cfg_.optim.name) != DType::f32)
+  if (main_rank() && p.weight_replica == "auto" && parallel::weight_replica_possible(dpo, cfg_.optim.name))
     std::fprintf(opt_.log, "[train] weights%s: %s (parallel.weight_replica=auto%s)\n",
                  p.pp > 1 ? " of the first pipeline stage" : "",
                  replica ? str_cat("the gathered ", p.gather_dtype, " replica and this rank's fp32 masters").c_str()

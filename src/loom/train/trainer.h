@@ -148,10 +148,10 @@ class Trainer {
   void write_step_metrics(const LoggedStep& ls);
   // Seconds the training thread waited on communication since the last call (this rank).
   double take_exposed_comm_seconds();
-  // Refuses, before the first step allocates them, activations that cannot fit in memory.
   // Model-state bytes per rank by the ZeRO formulas (and 1-bit Adam's error buffers), for the
   // start-up line and check_fits_in_memory.
   parallel::ModelStateBytes predicted_model_states() const;
+  // Refuses, before the first step allocates them, activations that cannot fit in memory.
   void check_fits_in_memory() const;
   bool main_rank() const { return mesh_->rank() == 0; }
 
