@@ -1,0 +1,42 @@
+// Added tokens (special tokens such as <|im_start|>, and user-added words) and how
+// `tokenizers` finds them in text before anything else runs: leftmost-longest matches, with
+// the single_word, lstrip and rstrip options. Encoding the text between them is the caller's.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace loom::data {
+
+struct AddedToken {
+  std::string content;
+  int32_t id = 0;
+  bool special = false;      // a control token: never printed, and plain encode treats it as text
+  bool lstrip = false;       // swallows whitespace on its left
+  bool rstrip = false;       // swallows whitespace on its right
+  bool single_word = false;  // matches only between non-word characters
+  bool normalized = false;   // matched in normalized text instead of the raw input
+};
+
+class AddedTokenMatcher {
+ public:
+  AddedTokenMatcher() = default;
+  // `tokens` are matched by `match_text` (content, or its normalized form), in the same order.
+  AddedTokenMatcher(std::vector<AddedToken> tokens, std::vector<std::string> match_text);
+  bool empty() const { return tokens_.empty(); }
+
+  // Cuts `text` into pieces, in order: (piece, nullopt) for text to encode and
+  // (matched span, id) for an added token. Special tokens are ignored unless `with_special`.
+  void split(std::string_view text, bool with_special,
+             const std::function<void(std::string_view piece, std::optional<int32_t> id)>& emit) const;
+
+ private:
+  std::vector<AddedToken> tokens_;
+  std::vector<std::string> match_;
+  std::vector<std::vector<int32_t>> by_first_byte_;  // token indices, longest match text first
+};
+
+}  // namespace loom::data
