@@ -333,35 +333,44 @@ void load_hf_safetensors(Decoder& m, const std::string& path) {
 
 void load_hf_safetensors(const ModelConfig& cfg, const ParamLayout& layout, const Tensor& flat,
                          const std::string& path) {
-  const io::SafetensorsFile f = io::SafetensorsFile::open(path);
+  load_hf_safetensors(cfg, layout, flat, std::vector<std::string>{path});
+}
+
+void load_hf_safetensors(const ModelConfig& cfg, const ParamLayout& layout, const Tensor& flat,
+                         const std::vector<std::string>& files) {
+  LOOM_CHECK(!files.empty(), "hf", "no safetensors file to load");
+  const std::string where = files.size() == 1 ? files[0] : str_cat(files[0], " and ", files.size() - 1, " more");
   std::set<std::string> seen;
   std::vector<std::string> unexpected;
-  for (const auto& e : f.entries()) {
-    std::string name = e.name;
-    // GPT2Model checkpoints (e.g. the original "gpt2" upload) omit the "transformer." prefix.
-    if (!layout.contains(name) && cfg.family == Family::gpt2 && layout.contains("transformer." + name))
-      name = "transformer." + name;
-    if (!layout.contains(name)) {
-      if (!ignorable(cfg, e.name)) unexpected.push_back(e.name);
-      continue;
+  for (const std::string& path : files) {
+    const io::SafetensorsFile f = io::SafetensorsFile::open(path);
+    for (const auto& e : f.entries()) {
+      std::string name = e.name;
+      // GPT2Model checkpoints (e.g. the original "gpt2" upload) omit the "transformer." prefix.
+      if (!layout.contains(name) && cfg.family == Family::gpt2 && layout.contains("transformer." + name))
+        name = "transformer." + name;
+      if (!layout.contains(name)) {
+        if (!ignorable(cfg, e.name)) unexpected.push_back(e.name);
+        continue;
+      }
+      const ParamInfo& p = layout.get(name);
+      const Shape want = hf_shape(p);
+      LOOM_CHECK(e.shape == want.to_vector(), "hf", path, ": tensor '", e.name, "' has shape ", e.shape_str(), " but ",
+                 cfg.summary(), " expects ", want.str(),
+                 p.hf_transposed ? " (Hugging Face's Conv1D layout [in, out])" : "");
+      LOOM_CHECK(seen.insert(name).second, "hf", path, ": parameter '", name,
+                 "' appears twice (in two shards, or with and without the 'transformer.' prefix)");
+      convert(f.get(e.name), flat.slice(p.offset, p.shape), p.hf_transposed, str_cat(path, ": tensor '", e.name, "'"));
     }
-    const ParamInfo& p = layout.get(name);
-    const Shape want = hf_shape(p);
-    LOOM_CHECK(e.shape == want.to_vector(), "hf", path, ": tensor '", e.name, "' has shape ", e.shape_str(), " but ",
-               cfg.summary(), " expects ", want.str(),
-               p.hf_transposed ? " (Hugging Face's Conv1D layout [in, out])" : "");
-    LOOM_CHECK(seen.insert(name).second, "hf", path, ": parameter '", name,
-               "' appears twice (with and without the 'transformer.' prefix)");
-    convert(f.get(e.name), flat.slice(p.offset, p.shape), p.hf_transposed, str_cat(path, ": tensor '", e.name, "'"));
   }
-  LOOM_CHECK(unexpected.empty(), "hf", path, ": ", unexpected.size(), " unexpected tensor",
+  LOOM_CHECK(unexpected.empty(), "hf", where, ": ", unexpected.size(), " unexpected tensor",
              unexpected.size() == 1 ? "" : "s", " for ", cfg.summary(), ": ", name_list(unexpected),
              " (wrong model family or config.json?)");
   std::vector<std::string> missing;
   for (const auto& p : layout.params())
     if (!seen.count(p.name)) missing.push_back(p.name);
   LOOM_CHECK(
-      missing.empty(), "hf", path, ": missing ", missing.size(), " tensor", missing.size() == 1 ? "" : "s", " that ",
+      missing.empty(), "hf", where, ": missing ", missing.size(), " tensor", missing.size() == 1 ? "" : "s", " that ",
       cfg.summary(), " needs: ", name_list(missing),
       !cfg.tied_embeddings && std::count(missing.begin(), missing.end(), "lm_head.weight")
           ? str_cat(" (an untied head; if the checkpoint ties it to ", token_table(cfg), ", set tie_word_embeddings)")

@@ -3,6 +3,7 @@
 // (GPT2Config, LlamaConfig). The safetensors format itself lives in io/; this file only maps.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "loom/core/dtype.h"
 #include "loom/model/config.h"
@@ -33,6 +34,10 @@ void save_hf_safetensors(const ParamLayout& layout, const Tensor& flat, const st
                          DType dtype = DType::f32);
 void load_hf_safetensors(const ModelConfig& cfg, const ParamLayout& layout, const Tensor& flat,
                          const std::string& path);
+// The same over the shards of one checkpoint (model-00001-of-00002.safetensors, ...): every
+// parameter in exactly one of them.
+void load_hf_safetensors(const ModelConfig& cfg, const ParamLayout& layout, const Tensor& flat,
+                         const std::vector<std::string>& files);
 
 // dir/config.json + dir/model.safetensors, what from_pretrained(dir) reads.
 void save_hf_pretrained(const Decoder& m, const std::string& dir, DType dtype = DType::f32);

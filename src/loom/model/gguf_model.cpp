@@ -1,0 +1,206 @@
+#include "loom/model/gguf_model.h"
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <set>
+#include <vector>
+
+#include "loom/core/error.h"
+#include "loom/core/timer.h"
+#include "loom/io/gguf_quants.h"
+#include "loom/model/param_layout.h"
+
+namespace loom::model {
+
+namespace {
+
+std::string key(const std::string& arch, const char* k) { return arch + "." + k; }
+
+// llama.cpp's converter reorders each head's rows of q and k so that its RoPE, which rotates
+// adjacent pairs (2i, 2i+1), computes what Hugging Face's rotate-half RoPE computes on pairs
+// (i, i + D/2): HF row h*D + s*D/2 + i is stored as row h*D + 2i + s. This undoes it.
+void unpermute_rope_rows(const float* src, float* dst, int64_t heads, int64_t D, int64_t cols) {
+  const int64_t half = D / 2;
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t s = 0; s < 2; ++s)
+      for (int64_t i = 0; i < half; ++i)
+        std::memcpy(dst + (h * D + s * half + i) * cols, src + (h * D + 2 * i + s) * cols,
+                    size_t(cols) * sizeof(float));
+}
+
+// The HF name of a llama.cpp tensor name, or "" when it has none.
+std::string hf_name(const ModelConfig& cfg, const std::string& g) {
+  const bool gpt2 = cfg.family == Family::gpt2;
+  if (g == "token_embd.weight") return gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight";
+  if (g == "position_embd.weight" && gpt2) return "transformer.wpe.weight";
+  if (g == "output_norm.weight") return gpt2 ? "transformer.ln_f.weight" : "model.norm.weight";
+  if (g == "output_norm.bias" && gpt2) return "transformer.ln_f.bias";
+  if (g == "output.weight") return "lm_head.weight";
+  if (g.rfind("blk.", 0) != 0) return "";
+  const size_t dot = g.find('.', 4);
+  if (dot == std::string::npos) return "";
+  const std::string layer = g.substr(4, dot - 4), rest = g.substr(dot + 1);
+  if (layer.empty() || layer.find_first_not_of("0123456789") != std::string::npos) return "";
+  if (gpt2) {
+    static const std::pair<const char*, const char*> kGpt2[] = {
+        {"attn_norm.weight", "ln_1.weight"},          {"attn_norm.bias", "ln_1.bias"},
+        {"attn_qkv.weight", "attn.c_attn.weight"},    {"attn_qkv.bias", "attn.c_attn.bias"},
+        {"attn_output.weight", "attn.c_proj.weight"}, {"attn_output.bias", "attn.c_proj.bias"},
+        {"ffn_norm.weight", "ln_2.weight"},           {"ffn_norm.bias", "ln_2.bias"},
+        {"ffn_up.weight", "mlp.c_fc.weight"},         {"ffn_up.bias", "mlp.c_fc.bias"},
+        {"ffn_down.weight", "mlp.c_proj.weight"},     {"ffn_down.bias", "mlp.c_proj.bias"},
+    };
+    for (const auto& [from, to] : kGpt2)
+      if (rest == from) return str_cat("transformer.h.", layer, ".", to);
+    return "";
+  }
+  static const std::pair<const char*, const char*> kLlama[] = {
+      {"attn_norm.weight", "input_layernorm.weight"},    {"attn_q.weight", "self_attn.q_proj.weight"},
+      {"attn_k.weight", "self_attn.k_proj.weight"},      {"attn_v.weight", "self_attn.v_proj.weight"},
+      {"attn_output.weight", "self_attn.o_proj.weight"}, {"ffn_norm.weight", "post_attention_layernorm.weight"},
+      {"ffn_gate.weight", "mlp.gate_proj.weight"},       {"ffn_up.weight", "mlp.up_proj.weight"},
+      {"ffn_down.weight", "mlp.down_proj.weight"},
+  };
+  for (const auto& [from, to] : kLlama)
+    if (rest == from) return str_cat("model.layers.", layer, ".", to);
+  return "";
+}
+
+// Keys whose presence means the model computes something loom does not.
+void refuse_unsupported(const io::GgufFile& g, const std::string& arch, int64_t head_dim) {
+  const std::string scaling = g.get_string(key(arch, "rope.scaling.type"), "none");
+  LOOM_CHECK(scaling == "none", "gguf", g.path(), ": ", key(arch, "rope.scaling.type"), " is '", scaling,
+             "'; loom applies plain RoPE and would compute a different model");
+  LOOM_CHECK(!g.contains("rope_freqs.weight"), "gguf", g.path(),
+             ": tensor rope_freqs.weight (Llama 3.1-style rope scaling) is not supported yet; loom would "
+             "compute a different model");
+  const int64_t rot = g.get_int(key(arch, "rope.dimension_count"), head_dim);
+  LOOM_CHECK(rot == head_dim, "gguf", g.path(), ": ", key(arch, "rope.dimension_count"), "=", rot,
+             " rotates part of each head of ", head_dim, "; loom rotates whole heads");
+  const int64_t experts = g.get_int(key(arch, "expert_count"), 0);
+  LOOM_CHECK(experts == 0, "gguf", g.path(), ": ", key(arch, "expert_count"), "=", experts,
+             ": Mixture-of-Experts GGUF models are not supported yet; convert the Hugging Face checkpoint instead");
+}
+
+}  // namespace
+
+bool is_gguf_file(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return false;
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return false;
+  char magic[4] = {};
+  const size_t n = std::fread(magic, 1, 4, f);
+  std::fclose(f);
+  return n == 4 && std::memcmp(magic, "GGUF", 4) == 0;
+}
+
+std::string gguf_model_name(const io::GgufFile& g) {
+  const std::string name = g.get_string("general.name", "");
+  return name.empty() ? std::filesystem::path(g.path()).stem().string() : name;
+}
+
+ModelConfig gguf_model_config(const io::GgufFile& g) {
+  const std::string arch = g.get_string("general.architecture");
+  ModelConfig c;
+  if (arch == "llama") {
+    c.family = Family::llama;
+  } else if (arch == "gpt2") {
+    c.family = Family::gpt2;
+  } else {
+    fail("gguf", g.path(), ": general.architecture '", arch,
+         "' is not supported (loom runs 'llama' and 'gpt2' GGUF files); for other families convert the "
+         "Hugging Face checkpoint where loom supports it");
+  }
+  c.name = gguf_model_name(g);
+  c.d_model = g.get_int(key(arch, "embedding_length"));
+  c.n_layer = g.get_int(key(arch, "block_count"));
+  c.d_ff = g.get_int(key(arch, "feed_forward_length"));
+  c.n_head = g.get_int(key(arch, "attention.head_count"));
+  c.n_kv_head = g.get_int(key(arch, "attention.head_count_kv"), c.n_head);
+  c.n_ctx = g.get_int(key(arch, "context_length"));
+  if (c.family == Family::llama) {
+    c.norm_eps = g.get_float(key(arch, "attention.layer_norm_rms_epsilon"));
+    c.rope_theta = g.get_float(key(arch, "rope.freq_base"), 10000.0);
+  } else {
+    c.norm_eps = g.get_float(key(arch, "attention.layer_norm_epsilon"));
+  }
+  LOOM_CHECK(g.contains("token_embd.weight"), "gguf", g.path(), ": tensor token_embd.weight is missing");
+  const io::GgufTensor& table = g.tensor("token_embd.weight");
+  LOOM_CHECK(table.ne.size() == 2, "gguf", g.path(), ": token_embd.weight has shape ", table.shape_str(),
+             ", expected [embedding_length, vocab]");
+  c.vocab_size = g.get_int(key(arch, "vocab_size"), table.ne[1]);
+  c.tied_embeddings = !g.contains("output.weight");
+  LOOM_CHECK(c.n_head > 0 && c.d_model % c.n_head == 0, "gguf", g.path(), ": ", key(arch, "attention.head_count"), "=",
+             c.n_head, " does not divide ", key(arch, "embedding_length"), "=", c.d_model);
+  refuse_unsupported(g, arch, c.d_model / c.n_head);
+  c.validate();
+  return c;
+}
+
+std::string GgufLoadReport::describe() const {
+  std::string s;
+  for (const auto& [type, n] : tensors_by_type) s += str_cat(s.empty() ? "" : ", ", type, " x", n);
+  return str_cat(s, quantized_elements ? " (quantized tensors dequantized to f32)" : "");
+}
+
+GgufLoadReport load_gguf_weights(const io::GgufFile& g, Decoder& m) {
+  Stopwatch sw;
+  const ModelConfig& cfg = m.config();
+  const ParamLayout& layout = m.layout();
+  const Tensor& flat = m.params();
+  LOOM_CHECK(flat.dtype() == DType::f32, "gguf", "the model's parameters must be f32 to load ", g.path());
+  LOOM_CHECK(m.options().slice.tp == 1 && m.options().slice.ep == 1 && m.options().slice.first_layer == 0, "gguf",
+             "load ", g.path(), " into the whole model, then take a slice of it");
+  GgufLoadReport report;
+  std::set<std::string> seen;
+  std::vector<std::string> unexpected;
+  std::vector<float> buf;
+  for (const io::GgufTensor& t : g.tensors()) {
+    const std::string name = hf_name(cfg, t.name);
+    if (name.empty() || !layout.contains(name)) {
+      unexpected.push_back(t.name);
+      continue;
+    }
+    const ParamInfo& p = layout.get(name);
+    const std::vector<int64_t> want = p.shape.to_vector();
+    LOOM_CHECK(t.torch_shape() == want, "gguf", g.path(), ": tensor '", t.name, "' has ggml shape ", t.shape_str(),
+               " but ", cfg.summary(), " expects ", p.shape.str(), " (", name, ")");
+    LOOM_CHECK(io::ggml_type_supported(t.type), "gguf", g.path(), ": tensor '", t.name, "' is ",
+               io::ggml_type_name(t.type),
+               ", a type loom cannot dequantize yet; re-quantize the model to Q8_0, Q4_K or F16");
+    float* dst = flat.data<float>() + p.offset;
+    const bool permuted = cfg.family == Family::llama &&
+                          (name.ends_with("self_attn.q_proj.weight") || name.ends_with("self_attn.k_proj.weight"));
+    if (permuted) {
+      buf.resize(size_t(t.numel()));
+      io::dequantize(t.type, g.data(t), buf.data(), t.numel());
+      const int64_t heads = name.ends_with("q_proj.weight") ? cfg.n_head : cfg.n_kv_head;
+      unpermute_rope_rows(buf.data(), dst, heads, cfg.head_dim(), cfg.d_model);
+    } else {
+      io::dequantize(t.type, g.data(t), dst, t.numel());
+    }
+    seen.insert(name);
+    report.tensors_by_type[io::ggml_type_name(t.type)] += 1;
+    report.elements += t.numel();
+    if (t.type != io::GgmlType::f32) report.quantized_elements += t.numel();
+  }
+  auto list = [](const std::vector<std::string>& v) {
+    std::string s;
+    for (size_t i = 0; i < v.size() && i < 5; ++i) s += str_cat(i ? ", '" : "'", v[i], "'");
+    return v.size() > 5 ? str_cat(s, " and ", v.size() - 5, " more") : s;
+  };
+  LOOM_CHECK(unexpected.empty(), "gguf", g.path(), ": ", unexpected.size(), " tensor",
+             unexpected.size() == 1 ? "" : "s", " that ", cfg.summary(), " has no place for: ", list(unexpected),
+             " (an architecture variant loom does not run)");
+  std::vector<std::string> missing;
+  for (const auto& p : layout.params())
+    if (!seen.count(p.name)) missing.push_back(p.name);
+  LOOM_CHECK(missing.empty(), "gguf", g.path(), ": missing ", missing.size(), " tensor", missing.size() == 1 ? "" : "s",
+             " that ", cfg.summary(), " needs: ", list(missing));
+  report.seconds = sw.seconds();
+  return report;
+}
+
+}  // namespace loom::model

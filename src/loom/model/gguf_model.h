@@ -1,0 +1,43 @@
+// A model from a GGUF file (llama.cpp's format): its architecture keys mapped onto ModelConfig,
+// and its tensors, dequantized to f32 where they are quantized, copied into a Decoder under
+// Hugging Face's names. The container is io/gguf.h and the block formats io/gguf_quants.h;
+// this file knows the architectures (llama, gpt2) and llama.cpp's tensor names and layouts.
+// The tokenizer the file embeds is data/gguf_tokenizer.h's.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "loom/io/gguf.h"
+#include "loom/model/config.h"
+#include "loom/model/decoder.h"
+
+namespace loom::model {
+
+// Whether `path` is a regular file that starts with the GGUF magic.
+bool is_gguf_file(const std::string& path);
+
+// The model config the file's metadata describes. Architectures: "llama" (LLaMA, Mistral-style
+// and SmolLM, Llama 3 without rope scaling) and "gpt2". Anything loom would compute differently
+// (rope scaling, partial rotary dimensions, an unknown architecture) is refused naming the key.
+ModelConfig gguf_model_config(const io::GgufFile& g);
+
+// What load_gguf_weights read: tensors per ggml type, for the start-up line.
+struct GgufLoadReport {
+  std::map<std::string, int64_t> tensors_by_type;  // "Q4_1" -> 210
+  int64_t quantized_elements = 0, elements = 0;
+  double seconds = 0;
+  // "Q4_1 x210, Q8_0 x1, F32 x61 dequantized to f32"
+  std::string describe() const;
+};
+
+// Copies every tensor of `g` into `m` (the whole model, f32 parameters): quantized tensors
+// dequantized exactly as llama.cpp's reference does, the q and k projections of llama
+// permuted back from llama.cpp's interleaved-pair RoPE order to the rotate-half order loom (and
+// Hugging Face) use. A missing, unexpected or misshapen tensor is an error naming it.
+GgufLoadReport load_gguf_weights(const io::GgufFile& g, Decoder& m);
+
+// The model's name for logs and the API: general.name, else the file's stem.
+std::string gguf_model_name(const io::GgufFile& g);
+
+}  // namespace loom::model
