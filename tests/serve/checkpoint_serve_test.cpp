@@ -52,7 +52,7 @@ std::string greedy_text(const model::Decoder& m, const std::string& prompt, int6
   infer::EngineConfig ec;
   ec.kv_cache_bytes = 4 << 20;
   infer::Engine offline(m, ec);
-  return render_completion(tok, offline.generate(g.prompt, to_infer_params(g, -1)), {});
+  return render_completion(tok, offline.generate(g.prompt, to_infer_params(g, {})), {});
 }
 
 TEST(ServeCheckpoint, ServesTheTrainedWeights) {

@@ -148,7 +148,7 @@ TEST(ServeProcess, SixtyFourStreamingClientsMatchTheOfflineEngine) {
         g.prompt = tok.encode(prompt);
         g.max_tokens = 24;
         g.sampling.seed = uint64_t(seed_base + c * per_client + k);
-        std::vector<int32_t> out = offline.generate(g.prompt, to_infer_params(g, -1));
+        std::vector<int32_t> out = offline.generate(g.prompt, to_infer_params(g, {}));
         reference[{prompt, g.sampling.seed}] = render_completion(tok, out, {}) + "#" + std::to_string(out.size());
       }
   };

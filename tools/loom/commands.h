@@ -29,6 +29,7 @@ int cmd_tokenize(const std::vector<std::string>& args);
 int cmd_prepare(const std::vector<std::string>& args);
 int cmd_train(const std::vector<std::string>& args);
 int cmd_generate(const std::vector<std::string>& args);
+int cmd_chat(const std::vector<std::string>& args);
 int cmd_serve(const std::vector<std::string>& args);
 int cmd_quantize(const std::vector<std::string>& args);
 int cmd_eval(const std::vector<std::string>& args);

@@ -1,5 +1,7 @@
-// `loom generate --checkpoint DIR --prompt TEXT`: streams a continuation of the prompt from a
-// trained model, on the inference engine (paged KV cache). Same seed, same output. Outputs
+// `loom generate --model PATH --prompt TEXT [--chat]`: streams a continuation of the prompt (or,
+// with --chat, the model's reply to it as a user message, through the model's chat template)
+// from a trained checkpoint, a GGUF file or a Hugging Face directory, on the inference engine
+// (paged KV cache). Same seed, same output. Outputs
 // longer than the model's context continue over a sliding window: when the context is full,
 // generation restarts from the last half-context of tokens (as nanoGPT-style samplers crop).
 #include <algorithm>
@@ -12,6 +14,7 @@
 #include "loom/core/threads.h"
 #include "loom/data/tokenizer.h"
 #include "loom/infer/engine.h"
+#include "loom/serve/chat_template.h"
 #include "tools/loom/commands.h"
 #include "tools/loom/inference_model.h"
 
@@ -80,19 +83,25 @@ std::string non_finite_weights(const model::Decoder& m, const std::string& check
 
 int cmd_generate(const std::vector<std::string>& argv) {
   auto app = new_app("generate",
-                     "Streams a continuation of the prompt to stdout. DIR is a checkpoint (step_NNNNNN), a run "
-                     "directory holding them (the newest valid one is used), or a `loom quantize` output; an f32 "
-                     "checkpoint is quantized on load with --quant.");
-  std::string checkpoint, prompt, tokenizer, speculative_text;
+                     "Streams a continuation of the prompt to stdout (with --chat: the model's reply). PATH is a "
+                     "GGUF file, a Hugging Face directory, a checkpoint (step_NNNNNN), a run directory holding them "
+                     "(the newest valid one is used), or a `loom quantize` output; f32 weights are quantized on load "
+                     "with --quant.");
+  std::string checkpoint, prompt, tokenizer, speculative_text, system_prompt;
+  bool chat = false;
   SamplingOptions sampling;
   int64_t seed = 0, kv_cap_mb = 0, threads = 0, tp_size = 1;
   bool no_window = false;
   QuantOptions quant_options;
-  app->add_option("--checkpoint", checkpoint, "the model")->type_name("DIR")->required();
-  app->add_option("--prompt", prompt, "the text to continue")->type_name("TEXT");
+  app->add_option("--model,--checkpoint", checkpoint, "the model")->type_name("PATH")->required();
+  app->add_option("--prompt", prompt, "the text to continue (with --chat: the user's message)")->type_name("TEXT");
+  app->add_flag("--chat", chat,
+                "send the prompt as a user message through the model's chat template (ChatML for models without "
+                "one) and print the reply");
+  app->add_option("--system", system_prompt, "with --chat: a system message first")->type_name("TEXT");
   add_sampling_options(*app, sampling);
   app->add_option("--seed", seed, "sampling seed: same seed, same output");
-  app->add_option("--tokenizer", tokenizer, "default: the one recorded at training time")
+  app->add_option("--tokenizer", tokenizer, "default: the model's own, or the one recorded at training time")
       ->check(one_of({"gpt2", "byte"}));
   app->add_flag("--no-window", no_window, "stop at the model's context instead of sliding the window");
   app->add_option("--kv-cache-mb", kv_cap_mb,
@@ -126,7 +135,23 @@ int cmd_generate(const std::vector<std::string>& argv) {
 
   const std::string tok_name = tokenizer.empty() ? im.tokenizer : tokenizer;
   auto tok = data::make_tokenizer(tok_name);
-  std::vector<int32_t> ids = tok->encode(prompt);
+  if (!system_prompt.empty() && !chat) throw UsageError("[generate] --system goes with --chat");
+  std::vector<int32_t> ids;
+  std::shared_ptr<const serve::ChatFormat> format;
+  if (chat) {
+    format = im.chat_template.empty() ? serve::ChatFormat::chatml()
+                                      : serve::ChatFormat::from_template(im.chat_template, im.chat_template_source,
+                                                                         im.bos_token, im.eos_token);
+    std::vector<serve::ChatMessage> messages;
+    if (!system_prompt.empty()) messages.push_back({"system", system_prompt});
+    messages.push_back({"user", prompt});
+    const std::string text = format->render(messages);
+    ids = format->special_tokens() ? tok->encode_special(text) : tok->encode(text);
+    for (const std::string& s : format->stop_strings()) sp.stop.push_back(s);
+  } else {
+    ids = tok->encode(prompt);
+    if (tok->add_bos() && tok->bos_id()) ids.insert(ids.begin(), *tok->bos_id());
+  }
   if (ids.empty() && tok->eot_id()) ids.push_back(*tok->eot_id());
   if (ids.empty())
     throw UsageError("[generate] --prompt is empty and this tokenizer has no end-of-text token to start from");
@@ -135,7 +160,7 @@ int cmd_generate(const std::vector<std::string>& argv) {
   const int64_t n_prompt = int64_t(ids.size());
   LOOM_CHECK(n_prompt < ctx, "generate", "the prompt is ", n_prompt, " tokens but the model's context is ", ctx,
              " tokens; shorten the prompt");
-  if (tok->eot_id()) sp.stop_token_ids.push_back(*tok->eot_id());
+  sp.stop_token_ids = end_token_ids(im.end_ids, im.end_tokens, *tok);
   sp.validate();
 
   // The KV cache holds the one sequence generated: the prompt and the tokens asked for, or the
@@ -164,11 +189,12 @@ int cmd_generate(const std::vector<std::string>& argv) {
     engine.follow();
     return 0;
   }
-  std::fprintf(stderr, "[generate] %s from %s, %s, tokenizer %s, %zu prompt tokens, KV cache %s%s\n",
-               mc.summary().c_str(), path.c_str(), im.precision().c_str(), tok_name.c_str(), ids.size(),
+  std::fprintf(stderr, "[generate] %s from %s, %s, tokenizer %s%s, %zu prompt tokens, KV cache %s%s\n",
+               mc.summary().c_str(), path.c_str(), im.precision().c_str(), tok_name.c_str(),
+               format ? (", chat format " + format->describe()).c_str() : "", ids.size(),
                format_bytes(kv_bytes).c_str(),
                tp.size > 1 ? str_cat(", tensor-parallel over ", tp.size, " ranks").c_str() : "");
-  std::fwrite(prompt.data(), 1, prompt.size(), stdout);
+  if (!chat) std::fwrite(prompt.data(), 1, prompt.size(), stdout);
   // Each token's bytes as it arrives: decoding is a concatenation of per-token bytes, so the
   // output equals the decoded whole (a character split across tokens completes on the terminal).
   std::vector<int32_t> context = ids;
@@ -178,7 +204,7 @@ int cmd_generate(const std::vector<std::string>& argv) {
     rp.seed = seed + uint64_t(round);  // each window its own, reproducible stream
     const infer::RequestOutput r = engine.run(context, rp, [&](const infer::TokenEvent& e) {
       if (e.token < 0) return;
-      const std::string bytes = tok->decode(std::span<const int32_t>(&e.token, 1));
+      const std::string bytes = tok->decode_skip_special(std::span<const int32_t>(&e.token, 1));
       std::fwrite(bytes.data(), 1, bytes.size(), stdout);
       std::fflush(stdout);
     });

@@ -1,5 +1,8 @@
 #include "tools/loom/inference_model.h"
 
+#include <algorithm>
+#include <filesystem>
+
 #include "loom/core/error.h"
 #include "loom/core/timer.h"
 #include "loom/infer/quant_checkpoint.h"
@@ -34,7 +37,44 @@ void quantize_on_load(InferenceModel& m, const infer::QuantSpec& spec, FILE* log
                  double(m.quant->bytes()) / 1e6, cpu::quant_linear_path(spec.format).c_str(), sw.seconds());
 }
 
-model::DecoderOptions inference_options(const comm::Group* tp = nullptr) {
+model::DecoderOptions inference_options(const comm::Group* tp = nullptr);
+std::unique_ptr<model::Decoder> tp_slice(const model::ModelConfig& cfg, const comm::Group& tp);
+
+// A GGUF file or a Hugging Face directory: its card, then its weights (whole, or this rank's
+// tensor-parallel slice of them), quantized on load when asked.
+InferenceModel load_foreign_model(const std::string& path, const std::optional<infer::QuantSpec>& quant, FILE* log,
+                                  const comm::Group* tp) {
+  InferenceModel m;
+  const model::ModelCard card = model::read_model_card(path);
+  m.checkpoint = path;
+  m.format = card.format;
+  m.name = card.name;
+  m.tokenizer = card.tokenizer;
+  m.chat_template = card.chat_template;
+  m.chat_template_source = card.chat_template_source;
+  m.bos_token = card.bos_token;
+  m.eos_token = card.eos_token;
+  m.end_ids = card.end_ids;
+  m.end_tokens = card.end_tokens;
+  std::string how;
+  if (tp) {
+    m.model = tp_slice(card.config, *tp);
+    model::Decoder whole(card.config, inference_options());
+    how = model::load_model_weights(path, card, whole);
+    model::slice_whole_params(whole.layout(), whole.params(), m.model->layout(), m.model->params());
+  } else {
+    m.model = std::make_unique<model::Decoder>(card.config, inference_options());
+    how = model::load_model_weights(path, card, *m.model);
+  }
+  if (log)
+    std::fprintf(log, "[model] %s (%s): %s, %.1fM parameters; weights %s\n", m.name.c_str(),
+                 model::model_format_name(card.format), card.config.summary().c_str(),
+                 double(m.model->num_params()) / 1e6, how.c_str());
+  if (quant) quantize_on_load(m, *quant, log);
+  return m;
+}
+
+model::DecoderOptions inference_options(const comm::Group* tp) {
   model::DecoderOptions opt;
   opt.allocate_flat_grads = false;  // inference only
   if (tp) {
@@ -52,6 +92,19 @@ std::unique_ptr<model::Decoder> tp_slice(const model::ModelConfig& cfg, const co
   return m;
 }
 }  // namespace
+
+std::vector<int32_t> end_token_ids(const std::vector<int32_t>& ids, const std::vector<std::string>& texts,
+                                   const data::Tokenizer& tok) {
+  std::vector<int32_t> out;
+  auto add = [&](int32_t id) {
+    if (id >= 0 && id < tok.vocab_size() && std::find(out.begin(), out.end(), id) == out.end()) out.push_back(id);
+  };
+  for (int32_t id : ids) add(id);
+  for (const std::string& t : texts)
+    if (const auto id = tok.token_id(t)) add(*id);
+  if (const auto eos = tok.eos_id()) add(*eos);
+  return out;
+}
 
 void add_tensor_parallel_option(CLI::App& app, int64_t& size) {
   app.add_option("--tp", size,
@@ -79,7 +132,8 @@ TensorParallel tensor_parallel_from(int64_t size, const std::string& cmd, bool w
 }
 
 std::string resolve_inference_checkpoint(const std::string& dir, FILE* log) {
-  return infer::is_quantized_checkpoint(dir) ? dir : model::resolve_checkpoint(dir, log);
+  if (infer::is_quantized_checkpoint(dir) || model::model_format(dir) != model::ModelFormat::loom) return dir;
+  return model::resolve_checkpoint(dir, log);
 }
 
 InferenceModel random_inference_model(const model::ModelConfig& cfg, uint64_t seed,
@@ -108,7 +162,9 @@ InferenceModel load_inference_model(const std::string& dir, const std::optional<
     m.tokenizer = model::checkpoint_tokenizer(dir);
     return m;
   }
+  if (model::model_format(dir) != model::ModelFormat::loom) return load_foreign_model(dir, quant, log, tp);
   m.checkpoint = resolved ? dir : model::resolve_checkpoint(dir, log);
+  m.name = std::filesystem::path(m.checkpoint).lexically_normal().filename().string();
   const model::ModelConfig cfg = model::checkpoint_model_config(m.checkpoint);
   if (tp) {
     m.model = tp_slice(cfg, *tp);

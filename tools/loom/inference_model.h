@@ -8,9 +8,11 @@
 #include <string>
 
 #include "loom/comm/world.h"
+#include "loom/data/tokenizer.h"
 #include "loom/infer/quant_weights.h"
 #include "loom/infer/speculative.h"
 #include "loom/model/decoder.h"
+#include "loom/model/model_source.h"
 #include "tools/loom/commands.h"
 
 namespace loom::cli {
@@ -27,11 +29,25 @@ std::optional<infer::QuantSpec> quant_spec_from(const QuantOptions& o);
 struct InferenceModel {
   std::unique_ptr<model::Decoder> model;
   std::optional<infer::QuantizedModel> quant;
-  std::string checkpoint;  // the directory the weights came from
-  std::string tokenizer;   // as recorded at training time
+  std::string checkpoint;  // the checkpoint directory, GGUF file or Hugging Face directory
+  // What data::make_tokenizer opens: the name recorded at training time ("gpt2", "byte"), or
+  // the GGUF file or Hugging Face directory the model came from.
+  std::string tokenizer;
+  // Of a GGUF file or Hugging Face directory: where it came from, its name, chat template and
+  // end tokens (model::ModelCard); a loom checkpoint has the checkpoint's name and none.
+  model::ModelFormat format = model::ModelFormat::loom;
+  std::string name;
+  std::string chat_template, chat_template_source, bos_token, eos_token;
+  std::vector<int32_t> end_ids;
+  std::vector<std::string> end_tokens;
   const infer::QuantizedModel* quant_ptr() const { return quant ? &*quant : nullptr; }
   std::string precision() const;  // "fp32", or QuantSpec::describe()
 };
+
+// The ids that end a reply: `ids`, the ids of `texts` in `tok`'s vocabulary (texts it lacks are
+// skipped), and the tokenizer's own eos.
+std::vector<int32_t> end_token_ids(const std::vector<int32_t>& ids, const std::vector<std::string>& texts,
+                                   const data::Tokenizer& tok);
 
 // --tp N: tensor-parallel inference over the N processes of `loom launch --nproc N`.
 struct TensorParallel {
@@ -47,11 +63,11 @@ void add_tensor_parallel_option(CLI::App& app, int64_t& size);
 // server, whose followers wait as long as it idles.
 TensorParallel tensor_parallel_from(int64_t size, const std::string& cmd, bool watchdog);
 
-// Resolves `dir` (a checkpoint, a run directory, or a quantized checkpoint), verifies and
-// loads it; `quant` quantizes an f32 checkpoint on load. A quantized checkpoint with a --quant
-// other than its own is refused, naming both. `resolved`: dir is a checkpoint that
-// model::resolve_checkpoint already verified. `tp`: this rank keeps its tensor-parallel slice
-// (f32 checkpoints only; quantized on load after slicing).
+// Resolves `dir` (a checkpoint, a run directory, a quantized checkpoint, a GGUF file or a
+// Hugging Face directory), verifies and loads it (foreign weights dequantized to f32); `quant` quantizes an f32
+// checkpoint on load. A quantized checkpoint with a --quant other than its own is refused, naming both. `resolved`: dir
+// is a checkpoint that model::resolve_checkpoint already verified. `tp`: this rank keeps its tensor-parallel slice (f32
+// checkpoints only; quantized on load after slicing).
 InferenceModel load_inference_model(const std::string& dir, const std::optional<infer::QuantSpec>& quant, FILE* log,
                                     bool resolved = false, const comm::Group* tp = nullptr);
 // Random weights of `cfg` (benchmarks, tests), quantized when asked; `tp` as above (every

@@ -13,12 +13,15 @@
 #include "loom/core/allocator.h"
 #include "loom/core/error.h"
 #include "loom/core/threads.h"
+#include "loom/data/tokenizer.h"
 #include "loom/infer/engine.h"
+#include "loom/infer/quant_checkpoint.h"
 #include "loom/model/checkpoint_reader.h"
 #include "loom/model/decoder.h"
 #include "loom/serve/api_server.h"
 #include "loom/serve/cascade/center.h"
 #include "loom/serve/cascade/edge.h"
+#include "loom/serve/chat_template.h"
 #include "loom/serve/infer_engine.h"
 #include "tools/loom/commands.h"
 #include "tools/loom/inference_model.h"
@@ -31,12 +34,14 @@ namespace {
 // together so that a cascade edge can replace all three between requests.
 class ServedModel final : public serve::Engine {
  public:
-  ServedModel(InferenceModel im, infer::EngineConfig ec, const serve::TextTokenizer& tok, std::string version)
+  ServedModel(InferenceModel im, infer::EngineConfig ec, const serve::TextTokenizer& tok, std::string version,
+              std::shared_ptr<const serve::ChatFormat> chat)
       : im_(std::move(im)),
         ec_(with_quant(std::move(ec), im_)),
         engine_(*im_.model, ec_),
         adapter_(engine_, tok),
-        version_(std::move(version)) {}
+        version_(std::move(version)),
+        chat_(std::move(chat)) {}
   const serve::TextTokenizer& tokenizer() const override { return adapter_.tokenizer(); }
   int64_t context_length() const override { return adapter_.context_length(); }
   int64_t max_running() const override { return adapter_.max_running(); }
@@ -46,6 +51,7 @@ class ServedModel final : public serve::Engine {
   void abort(uint64_t id) override { adapter_.abort(id); }
   serve::EngineStats stats() const override { return adapter_.stats(); }
   std::string model_version() const override { return version_; }
+  std::shared_ptr<const serve::ChatFormat> chat_format() const override { return chat_; }
   const InferenceModel& model() const { return im_; }
   infer::Engine& engine() { return engine_; }
 
@@ -59,6 +65,7 @@ class ServedModel final : public serve::Engine {
   infer::Engine engine_;
   serve::InferEngineAdapter adapter_;
   std::string version_;
+  std::shared_ptr<const serve::ChatFormat> chat_;
 };
 
 }  // namespace
@@ -81,9 +88,10 @@ int cmd_serve(const std::vector<std::string>& argv) {
                   "a checkpoint (DIR/step_N), a run directory (its newest valid one), or a `loom quantize` output")
       ->type_name("DIR");
   app->add_option("--model", preset,
-                  "random weights of a preset (e.g. gpt2-tiny, gpt2-shakespeare), vocabulary set to the "
-                  "tokenizer's (for tests and benchmarks)")
-      ->type_name("PRESET");
+                  "a model on disk (a GGUF file, a Hugging Face directory, a checkpoint), or random weights of a "
+                  "preset (e.g. gpt2-tiny, gpt2-shakespeare) with the vocabulary set to the tokenizer's (for tests "
+                  "and benchmarks)")
+      ->type_name("PATH|PRESET");
   app->add_option("--seed", seed, "weight seed for --model; also seeds requests without one");
   app->add_option("--tokenizer", tokenizer_name, "default: byte for --model and 256-token vocabularies, else gpt2")
       ->check(one_of({"gpt2", "byte"}));
@@ -176,26 +184,43 @@ int cmd_serve(const std::vector<std::string>& argv) {
   std::optional<SpeculativeSetup> speculative;
   if (given("speculative")) speculative = parse_speculative(speculative_text, "serve");
   if (given("checkpoint") == given("model"))
-    throw UsageError("[serve] give exactly one of --checkpoint DIR or --model PRESET (see loom serve --help)");
-  // The model: a verified checkpoint, or random weights of a preset.
+    throw UsageError("[serve] give exactly one of --checkpoint DIR or --model PATH|PRESET (see loom serve --help)");
+  // --model names a model on disk (a GGUF file, a Hugging Face directory, a checkpoint) or a preset.
+  const bool model_path = given("model") && std::filesystem::exists(preset);
+  if (model_path) checkpoint_dir = preset;
+  // The model: a verified checkpoint, a foreign model's card, or random weights of a preset.
   std::string checkpoint;
   model::ModelConfig mc;
-  if (given("checkpoint")) {
+  std::optional<model::ModelCard> card;
+  if (given("checkpoint") || model_path) {
     const std::string& given_dir = checkpoint_dir;
+    const char* flag = model_path ? "--model " : "--checkpoint ";
     try {
       checkpoint = resolve_inference_checkpoint(given_dir, stderr);
+      if (!infer::is_quantized_checkpoint(checkpoint) && model::model_format(checkpoint) != model::ModelFormat::loom)
+        card = model::read_model_card(checkpoint);
+      mc = card ? card->config : model::checkpoint_model_config(checkpoint);
     } catch (const Error& e) {
-      fail("serve", "--checkpoint ", given_dir, ": ", e.what());
+      fail("serve", flag, given_dir, ": ", e.what());
     }
-    mc = model::checkpoint_model_config(checkpoint);
   } else {
     mc = model::preset(preset);
   }
-  // The tokenizer: given, else the checkpoint's (model::checkpoint_tokenizer), else bytes.
+  // The tokenizer: given, else the model's own or the one its checkpoint recorded, else bytes.
   const std::string tok_name = given("tokenizer")   ? tokenizer_name
+                               : card               ? card->tokenizer
                                : checkpoint.empty() ? std::string("byte")
                                                     : model::checkpoint_tokenizer(checkpoint);
-  std::unique_ptr<serve::DataTokenizer> tokenizer = serve::make_text_tokenizer(tok_name, data_dir);
+  std::unique_ptr<data::Tokenizer> data_tok = data::make_tokenizer(tok_name, data_dir);
+  std::vector<int32_t> end_ids;
+  if (card) end_ids = end_token_ids(card->end_ids, card->end_tokens, *data_tok);
+  auto tokenizer = std::make_unique<serve::DataTokenizer>(std::move(data_tok), end_ids);
+  // The chat template: the model's own, checked now so that a bad one fails before listening.
+  const std::shared_ptr<const serve::ChatFormat> chat =
+      card && !card->chat_template.empty()
+          ? serve::ChatFormat::from_template(card->chat_template, card->chat_template_source, card->bos_token,
+                                             card->eos_token)
+          : serve::ChatFormat::chatml();
   if (checkpoint.empty()) mc.vocab_size = tokenizer->vocab_size();
   if (given("n-ctx")) {
     if (!checkpoint.empty())
@@ -211,7 +236,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
   opt.api_key = given("api-key") ? api_key : env_key ? env_key : "";
   opt.http.access_log = !no_access_log;
   opt.max_queue = max_queue;
-  opt.served_model_name = given("served-model-name") ? served_model_name : mc.name;
+  opt.served_model_name = given("served-model-name") ? served_model_name : card ? card->name : mc.name;
   const double grace = shutdown_grace;
   infer::EngineConfig ec;
   ec.max_num_seqs = max_num_seqs;
@@ -327,7 +352,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
   if (role == "edge") {
     auto load_downloaded = [&](const std::string& dir, const serve::cascade::ModelVersion& v) {
       return std::make_shared<ServedModel>(load_inference_model(dir, std::nullopt, stderr, /*resolved=*/true), ec,
-                                           *tokenizer, v.id());
+                                           *tokenizer, v.id(), chat);
     };
     edge = std::make_unique<serve::cascade::Edge>(
         eo, tok_hash, version, load_downloaded,
@@ -336,14 +361,15 @@ int cmd_serve(const std::vector<std::string>& argv) {
     server.add_route(edge->status_route());
   }
   server.start();
-  std::printf("[serve] listening on http://%s:%d (loading %s from %s, tokenizer %s)\n", opt.http.host.c_str(),
-              server.port(), mc.summary().c_str(), checkpoint.empty() ? "random weights" : checkpoint.c_str(),
-              tok_name.c_str());
+  std::printf("[serve] listening on http://%s:%d (loading %s from %s, tokenizer %s, chat format %s)\n",
+              opt.http.host.c_str(), server.port(), mc.summary().c_str(),
+              checkpoint.empty() ? "random weights" : checkpoint.c_str(), tok_name.c_str(), chat->describe().c_str());
   std::fflush(stdout);
 
   InferenceModel loaded = load_model(stderr);
   configure(loaded, stderr);
-  auto served = std::make_shared<ServedModel>(std::move(loaded), ec, *tokenizer, role.empty() ? "" : version.id());
+  auto served =
+      std::make_shared<ServedModel>(std::move(loaded), ec, *tokenizer, role.empty() ? "" : version.id(), chat);
   const InferenceModel& im = served->model();
   infer::Engine& engine = served->engine();
   server.set_engine(served);

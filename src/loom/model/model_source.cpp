@@ -46,7 +46,7 @@ ModelCard gguf_card(const std::string& path) {
   ModelCard c;
   c.format = ModelFormat::gguf;
   c.config = gguf_model_config(g);
-  c.name = gguf_model_name(g);
+  c.name = fs::path(path).stem().string();  // what the user named, as vLLM and Ollama serve it
   c.tokenizer = path;
   c.chat_template = g.get_string("tokenizer.chat_template", "");
   c.chat_template_source = path + ":tokenizer.chat_template";

@@ -24,7 +24,7 @@ ModelFormat model_format(const std::string& path);
 struct ModelCard {
   ModelFormat format = ModelFormat::loom;
   ModelConfig config;
-  std::string name;       // general.name, the directory's name, ...
+  std::string name;       // the GGUF file's stem or the directory's name: what /v1/models serves
   std::string tokenizer;  // what data::make_tokenizer opens: the GGUF file or the directory
   std::string chat_template;
   std::string chat_template_source;  // where the template came from, for errors

@@ -5,12 +5,15 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "loom/serve/tokenizer.h"
 
 namespace loom::serve {
+
+class ChatFormat;  // chat_template.h
 
 // error: the engine could not go on with the request (TokenEvent::error says why).
 enum class FinishReason { none, stop, length, abort, error };
@@ -67,6 +70,8 @@ class Engine {
   // The model's version ("" when it has none): a cascade's checkpoint version (serve/cascade),
   // reported in system_fingerprint and X-Loom-Model-Version.
   virtual std::string model_version() const { return ""; }
+  // How chat requests become a prompt: the model's own template, or ChatML (the default).
+  virtual std::shared_ptr<const ChatFormat> chat_format() const;
 };
 
 }  // namespace loom::serve

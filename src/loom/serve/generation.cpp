@@ -104,16 +104,26 @@ void ApiServer::handle_generation(HttpExchange& ex, ApiKind kind) {
           503, str_cat("the model '", p.model, "' is served by the center, which cannot be reached: ", failure))));
     return;
   }
-  std::string prompt = kind == ApiKind::chat ? render_chat(p.messages) : p.prompt_text;
+  const std::shared_ptr<const ChatFormat> format = engine.chat_format();
+  std::string prompt = p.prompt_text;
+  if (kind == ApiKind::chat) {
+    try {
+      prompt = format->render(p.messages);
+    } catch (const Error& e) {  // the template refused the conversation (raise_exception)
+      return ex.respond(error_response(invalid_request("messages", e.what())));
+    }
+  }
   GenerationRequest greq;
   const TextTokenizer& tok = engine.tokenizer();
-  if (auto e = build_generation_request(p, opt_.served_model_name, tok, engine.context_length(), prompt, &greq))
+  if (auto e = build_generation_request(p, opt_.served_model_name, tok, engine.context_length(), prompt, &greq,
+                                        kind == ApiKind::chat && format->special_tokens()))
     return ex.respond(error_response(*e));
   uint64_t seq = next_seq_.fetch_add(1);
   if (!p.seed) greq.sampling.seed = opt_.seed + seq;
   greq.token_probs = edge != nullptr;
   std::vector<std::string> stops = p.stop;
-  if (kind == ApiKind::chat) stops.push_back(kChatTurnEnd);
+  if (kind == ApiKind::chat)
+    for (const std::string& s : format->stop_strings()) stops.push_back(s);
   const int64_t n_prompt = int64_t(greq.prompt.size());
 
   if (!admit(engine))

@@ -23,7 +23,7 @@ FinishReason map_finish(infer::FinishReason r) {
 }
 }  // namespace
 
-infer::SamplingParams to_infer_params(const GenerationRequest& req, int32_t eos_token) {
+infer::SamplingParams to_infer_params(const GenerationRequest& req, const std::vector<int32_t>& end_tokens) {
   infer::SamplingParams p;
   p.temperature = req.sampling.temperature;
   p.top_p = req.sampling.top_p;
@@ -31,7 +31,7 @@ infer::SamplingParams to_infer_params(const GenerationRequest& req, int32_t eos_
   p.max_tokens = req.max_tokens;
   p.seed = req.sampling.seed;
   p.token_probs = req.token_probs;
-  if (eos_token >= 0) p.stop_token_ids.push_back(eos_token);
+  p.stop_token_ids = end_tokens;
   return p;
 }
 
@@ -58,7 +58,7 @@ uint64_t InferEngineAdapter::submit(GenerationRequest req, TokenSink sink) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!failure_.empty()) fail("serve", "the engine stopped after an error: ", failure_);
   // Under mu_, so the id is in live_ before the stepping thread can deliver its first event.
-  int64_t id = engine_.add_request(std::move(req.prompt), to_infer_params(req, tok_.eos_token()),
+  int64_t id = engine_.add_request(std::move(req.prompt), to_infer_params(req, tok_.end_tokens()),
                                    [this](const infer::TokenEvent& ev) {
                                      TokenSink sink;
                                      {

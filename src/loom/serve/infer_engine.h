@@ -46,6 +46,6 @@ class InferEngineAdapter final : public Engine {
 
 // infer's sampling parameters for a server request (no stop strings: the server applies
 // those to the text; the end-of-text token, if any, stops generation).
-infer::SamplingParams to_infer_params(const GenerationRequest& req, int32_t eos_token);
+infer::SamplingParams to_infer_params(const GenerationRequest& req, const std::vector<int32_t>& end_tokens);
 
 }  // namespace loom::serve

@@ -250,11 +250,11 @@ std::optional<ApiError> parse_completion_request(std::string_view text, ApiKind 
 
 std::optional<ApiError> build_generation_request(const CompletionParams& p, const std::string& served_model,
                                                  const TextTokenizer& tok, int64_t ctx, const std::string& prompt,
-                                                 GenerationRequest* out) {
+                                                 GenerationRequest* out, bool special_tokens) {
   if (p.model != served_model)
     return invalid_request(
         "model", str_cat("the model '", p.model, "' does not exist; this server serves '", served_model, "'"));
-  out->prompt = p.prompt_is_ids ? p.prompt_ids : tok.encode(prompt);
+  out->prompt = p.prompt_is_ids ? p.prompt_ids : special_tokens ? tok.encode_special(prompt) : tok.encode(prompt);
   const char* pname = p.kind == ApiKind::chat ? "messages" : "prompt";
   int64_t n = int64_t(out->prompt.size());
   if (n == 0) return invalid_request(pname, "the prompt is empty");

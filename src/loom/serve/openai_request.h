@@ -59,9 +59,11 @@ std::optional<ApiError> parse_completion_request(std::string_view body, ApiKind 
 // Checks the parts that depend on the served model (name, context length, vocabulary),
 // tokenizes, and fills the engine request. `prompt` must already hold the prompt text
 // (the chat template applied for chat). Completions default to 16 new tokens, chat to the
-// rest of the context.
+// rest of the context. `special_tokens`: the prompt's special-token texts are those tokens (a
+// model's own chat template rendered it).
 std::optional<ApiError> build_generation_request(const CompletionParams& p, const std::string& served_model,
                                                  const TextTokenizer& tok, int64_t context_length,
-                                                 const std::string& prompt, GenerationRequest* out);
+                                                 const std::string& prompt, GenerationRequest* out,
+                                                 bool special_tokens = false);
 
 }  // namespace loom::serve

@@ -1,35 +1,48 @@
 // The server's view of loom::data tokenizers and the incremental UTF-8 assembler.
 #include "loom/serve/tokenizer.h"
 
+#include <algorithm>
+
 #include "loom/core/error.h"
 #include "loom/data/tokenizer.h"
 
 namespace loom::serve {
 
-DataTokenizer::DataTokenizer(std::unique_ptr<data::Tokenizer> tok) : tok_(std::move(tok)) {
+DataTokenizer::DataTokenizer(std::unique_ptr<data::Tokenizer> tok, std::vector<int32_t> end_ids)
+    : tok_(std::move(tok)) {
   LOOM_CHECK(tok_ != nullptr, "tokenizer", "no tokenizer given");
+  if (const auto eos = tok_->eos_id()) end_ids_.push_back(*eos);
+  for (int32_t id : end_ids) {
+    LOOM_CHECK(id >= 0 && id < tok_->vocab_size(), "tokenizer", "end token id ", id, " is outside the ", tok_->name(),
+               " vocabulary [0, ", tok_->vocab_size(), ")");
+    if (std::find(end_ids_.begin(), end_ids_.end(), id) == end_ids_.end()) end_ids_.push_back(id);
+  }
 }
 
 DataTokenizer::~DataTokenizer() = default;
 
 std::vector<int32_t> DataTokenizer::encode(std::string_view text) const { return tok_->encode(text); }
 
+std::vector<int32_t> DataTokenizer::encode_special(std::string_view text) const { return tok_->encode_special(text); }
+
 std::string DataTokenizer::token_bytes(int32_t id) const {
   LOOM_CHECK(id >= 0 && id < tok_->vocab_size(), "tokenizer", "token id ", id, " is outside the ", tok_->name(),
              " vocabulary [0, ", tok_->vocab_size(), ")");
+  if (tok_->is_special(id)) return "";
   return tok_->decode(std::span<const int32_t>(&id, 1));
 }
 
 int64_t DataTokenizer::vocab_size() const { return tok_->vocab_size(); }
 
-int32_t DataTokenizer::eos_token() const { return tok_->eot_id().value_or(-1); }
+int32_t DataTokenizer::eos_token() const { return tok_->eos_id().value_or(-1); }
 
 std::string DataTokenizer::name() const { return tok_->name(); }
 
 ByteTokenizer::ByteTokenizer() : DataTokenizer(std::make_unique<data::ByteTokenizer>()) {}
 
-std::unique_ptr<DataTokenizer> make_text_tokenizer(const std::string& name, const std::string& data_dir) {
-  return std::make_unique<DataTokenizer>(data::make_tokenizer(name, data_dir));
+std::unique_ptr<DataTokenizer> make_text_tokenizer(const std::string& name, const std::string& data_dir,
+                                                   const std::vector<int32_t>& end_ids) {
+  return std::make_unique<DataTokenizer>(data::make_tokenizer(name, data_dir), end_ids);
 }
 
 namespace {

@@ -23,21 +23,35 @@ class TextTokenizer {
   virtual int64_t vocab_size() const = 0;
   // The end-of-text token that ends generation with finish_reason "stop"; -1: none.
   virtual int32_t eos_token() const { return -1; }
+  // Every token that ends generation with finish_reason "stop": eos_token() and the model's other
+  // end tokens (a GGUF's end-of-turn, generation_config.json's list).
+  virtual std::vector<int32_t> end_tokens() const {
+    return eos_token() >= 0 ? std::vector<int32_t>{eos_token()} : std::vector<int32_t>{};
+  }
+  // Like encode, but the texts of added and special tokens ("<|im_start|>") become their ids:
+  // for prompts rendered by a model's own chat template.
+  virtual std::vector<int32_t> encode_special(std::string_view text) const { return encode(text); }
 };
 
-// Any loom::data tokenizer; its end-of-text id (GPT-2's <|endoftext|>) ends generation.
+// Any loom::data tokenizer; its end-of-text id (GPT-2's <|endoftext|>, a model's eos) and the
+// `end_ids` given end generation. Control tokens (is_special) stand for no text: their bytes are
+// empty, so a reply never shows them.
 class DataTokenizer : public TextTokenizer {
  public:
-  explicit DataTokenizer(std::unique_ptr<data::Tokenizer> tok);
+  explicit DataTokenizer(std::unique_ptr<data::Tokenizer> tok, std::vector<int32_t> end_ids = {});
   ~DataTokenizer() override;
   std::vector<int32_t> encode(std::string_view text) const override;
+  std::vector<int32_t> encode_special(std::string_view text) const override;
   std::string token_bytes(int32_t id) const override;
   int64_t vocab_size() const override;
   int32_t eos_token() const override;
+  std::vector<int32_t> end_tokens() const override { return end_ids_; }
   std::string name() const;
+  const data::Tokenizer& tokenizer() const { return *tok_; }
 
  private:
   std::unique_ptr<data::Tokenizer> tok_;
+  std::vector<int32_t> end_ids_;
 };
 
 // ids = bytes, vocabulary 256, no end-of-text token (for models with random weights).
@@ -46,8 +60,10 @@ class ByteTokenizer final : public DataTokenizer {
   ByteTokenizer();
 };
 
-// "gpt2" or "byte" (see data::make_tokenizer); data_dir empty: the default data folder.
-std::unique_ptr<DataTokenizer> make_text_tokenizer(const std::string& name, const std::string& data_dir = "");
+// "gpt2", "byte", or a model's tokenizer path (see data::make_tokenizer); data_dir empty: the
+// default data folder. `end_ids`: the model's end tokens besides the tokenizer's eos.
+std::unique_ptr<DataTokenizer> make_text_tokenizer(const std::string& name, const std::string& data_dir = "",
+                                                   const std::vector<int32_t>& end_ids = {});
 
 // Accepts arbitrary bytes, returns only complete, valid UTF-8; malformed sequences become
 // U+FFFD so the JSON we emit is always valid. Bytes of an unfinished character wait for
