@@ -217,8 +217,8 @@ void ModelRunner::run_layers(int64_t N) {
       ops::rmsnorm_forward(x, w.ln1_w, ln, rstd, cfg_.norm_eps);
     linear(ln, w.qkv_w, qb ? &qb->qkv : nullptr, w.qkv_b, qkv);
     if (!gpt2) {
-      ops::rope_apply(qkv, 0, H, D, pos, cfg_.rope_theta, false);
-      ops::rope_apply(qkv, H * D, KVH, D, pos, cfg_.rope_theta, false);
+      ops::rope_apply(qkv, 0, H, D, pos, cfg_.rope_inv_freq(), false);
+      ops::rope_apply(qkv, H * D, KVH, D, pos, cfg_.rope_inv_freq(), false);
     }
     T* kc = cache_.k(l).data<T>();
     T* vc = cache_.v(l).data<T>();

@@ -268,6 +268,21 @@ void rope_apply(const Tensor& x, int64_t col0, int64_t n_heads, int64_t D, const
   });
 }
 
+void rope_apply(const Tensor& x, int64_t col0, int64_t n_heads, int64_t D, const Tensor& pos,
+                const std::vector<double>& inv_freq, bool inverse) {
+  const char* op = "rope";
+  LOOM_CHECK(D % 2 == 0, op, "head dim ", D, " must be even");
+  LOOM_CHECK(int64_t(inv_freq.size()) == D / 2, op, inv_freq.size(), " inverse frequencies for head dim ", D);
+  const int64_t W = x.size(-1), N = rows_of(x);
+  LOOM_CHECK(col0 >= 0 && col0 + n_heads * D <= W, op, "heads [", col0, ", ", col0 + n_heads * D, ") exceed row width ",
+             W, " of ", x.shape().str());
+  pos.check_dtype(DType::i32, op);
+  want_numel(op, "positions", pos, N);
+  dispatch_float(op, x.dtype(), [&]<class T>() {
+    cpu::rope_apply<T>(x.data<T>(), N, W, col0, n_heads, D, pos.data<int32_t>(), inv_freq.data(), inverse);
+  });
+}
+
 static void check_attention(const char* op, const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t H,
                             int64_t KVH, int64_t& B, int64_t& T, int64_t& D) {
   LOOM_CHECK(qkv.ndim() == 3, op, "qkv must be [B, T, (H + 2 KVH) D], got ", qkv.describe());

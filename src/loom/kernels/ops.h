@@ -4,6 +4,7 @@
 // products of linear layers and the LM head take a ProductPrecision: bf16 (f16) rounds their
 // operands to bf16 (fp16) and accumulates in f32 (f32 tensors, CPU; kernels/cpu/rounded_operands.h).
 #pragma once
+#include <vector>
 #include "loom/core/tensor.h"
 #include "loom/kernels/cpu/cpu_kernels.h"
 
@@ -44,6 +45,9 @@ void widen_from_16(const Tensor& src, const Tensor& dst);
 // x[N, W] rows; heads [col0/D, col0/D + n_heads) rotated by pos[N] (i32).
 void rope_apply(const Tensor& x, int64_t col0, int64_t n_heads, int64_t head_dim, const Tensor& pos, double theta,
                 bool inverse);
+// The same with each rotated pair's inverse frequency given (head_dim/2 of them).
+void rope_apply(const Tensor& x, int64_t col0, int64_t n_heads, int64_t head_dim, const Tensor& pos,
+                const std::vector<double>& inv_freq, bool inverse);
 
 // qkv[B, T, (H + 2 KVH) D], out[B, T, H D], lse[B, H, T]
 void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t n_head, int64_t n_kv_head);

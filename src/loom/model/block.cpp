@@ -239,8 +239,8 @@ void block_forward(const ModelConfig& cfg, int layer, const BlockWeights& w, con
   const ops::ProductPrecision prec = cfg.products();
   ops::linear_forward(a.ln1, w.qkv_w, w.qkv_b, qkv, prec);
   if (!gpt2) {
-    ops::rope_apply(qkv, 0, H, D, pos, cfg.rope_theta, false);
-    ops::rope_apply(qkv, H * D, KVH, D, pos, cfg.rope_theta, false);
+    ops::rope_apply(qkv, 0, H, D, pos, cfg.rope_inv_freq(), false);
+    ops::rope_apply(qkv, H * D, KVH, D, pos, cfg.rope_inv_freq(), false);
   }
   if (d.kv_expand) expand_kv(d, a.qkv_compact, a.qkv, false);
   ops::attention_forward(a.qkv, a.att, a.lse, H, d.kv_expand ? H : KVH);
@@ -322,8 +322,8 @@ void block_backward(const ModelConfig& cfg, int layer, const BlockWeights& w, co
                           d.kv_expand ? H : KVH);
   if (d.kv_expand) expand_kv(d, s.dqkv, s.dqkv_expanded, true);
   if (!gpt2) {
-    ops::rope_apply(s.dqkv, 0, H, D, pos, cfg.rope_theta, true);
-    ops::rope_apply(s.dqkv, H * D, KVH, D, pos, cfg.rope_theta, true);
+    ops::rope_apply(s.dqkv, 0, H, D, pos, cfg.rope_inv_freq(), true);
+    ops::rope_apply(s.dqkv, H * D, KVH, D, pos, cfg.rope_inv_freq(), true);
   }
   ops::linear_backward(s.dqkv, a.ln1, w.qkv_w, s.dln, gw.qkv_w, gw.qkv_b, false, prec);
   if (tp) tp->column_parallel_input_grad(s.dln);

@@ -1,5 +1,7 @@
 #include "loom/model/config.h"
 
+#include <cmath>
+
 #include "loom/core/error.h"
 
 namespace loom::model {
@@ -36,6 +38,48 @@ RouterScore router_score_from_name(const std::string& s) {
   fail("config", "model.moe.score: expected \"softmax\" or \"sigmoid\", got \"", s, "\"");
 }
 
+std::string RopeScaling::describe() const {
+  switch (type) {
+    case Type::none: return "none";
+    case Type::linear: return str_cat("linear (factor ", factor, ")");
+    case Type::llama3:
+      return str_cat("llama3 (factor ", factor, ", low ", low_freq_factor, ", high ", high_freq_factor, ", original ",
+                     original_max_position, ")");
+    case Type::factors: return str_cat("per-frequency factors (", freq_factors.size(), ")");
+  }
+  return "?";
+}
+
+std::vector<double> ModelConfig::rope_inv_freq() const {
+  const int64_t D = head_dim(), half = D / 2;
+  std::vector<double> f(size_t(std::max<int64_t>(half, 0)));
+  const double pi = 3.14159265358979323846;
+  for (int64_t i = 0; i < half; ++i) {
+    double x = std::pow(rope_theta, -double(2 * i) / double(D));
+    switch (rope_scaling.type) {
+      case RopeScaling::Type::none: break;
+      case RopeScaling::Type::linear: x /= rope_scaling.factor; break;
+      case RopeScaling::Type::factors: x /= rope_scaling.freq_factors[size_t(i)]; break;
+      case RopeScaling::Type::llama3: {
+        // Meta's reference (llama-models, apply_scaling): compare each wavelength with the
+        // original context divided by the low and high frequency factors.
+        const RopeScaling& r = rope_scaling;
+        const double old = double(r.original_max_position), wavelen = 2 * pi / x;
+        const double low_wavelen = old / r.low_freq_factor, high_wavelen = old / r.high_freq_factor;
+        if (wavelen > low_wavelen) {
+          x /= r.factor;
+        } else if (wavelen >= high_wavelen) {
+          const double smooth = (old / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+          x = (1 - smooth) * x / r.factor + smooth * x;
+        }
+        break;
+      }
+    }
+    f[size_t(i)] = x;
+  }
+  return f;
+}
+
 void ModelConfig::validate() const {
   auto positive = [](const char* field, int64_t v) {
     LOOM_CHECK(v > 0, "config", "model.", field, " must be positive, got ", v);
@@ -56,6 +100,23 @@ void ModelConfig::validate() const {
   LOOM_CHECK(family == Family::llama || n_kv_head == n_head, "config", "model.n_kv_head=", n_kv_head,
              " differs from model.n_head=", n_head, ": grouped-query attention needs model.family=llama");
   LOOM_CHECK(norm_eps > 0, "config", "model.norm_eps must be positive, got ", norm_eps);
+  LOOM_CHECK(!qkv_bias || family == Family::llama, "config",
+             "q/k/v biases (Qwen2's) are a LLaMA-family option; GPT-2 has biases everywhere already");
+  if (rope_scaling.enabled()) {
+    const RopeScaling& r = rope_scaling;
+    LOOM_CHECK(family == Family::llama, "config", "rope_scaling applies to RoPE models (model.family=llama)");
+    LOOM_CHECK(r.type == RopeScaling::Type::factors || r.factor >= 1, "config",
+               "rope_scaling factor must be >= 1, got ", r.factor);
+    LOOM_CHECK(r.type != RopeScaling::Type::llama3 ||
+                   (r.high_freq_factor > r.low_freq_factor && r.low_freq_factor > 0 && r.original_max_position > 0),
+               "config",
+               "llama3 rope_scaling needs high_freq_factor > low_freq_factor > 0 and a positive "
+               "original_max_position_embeddings, got ",
+               r.describe());
+    LOOM_CHECK(r.type != RopeScaling::Type::factors || int64_t(r.freq_factors.size()) == head_dim() / 2, "config",
+               "rope frequency factors: ", r.freq_factors.size(), " given, the head needs ", head_dim() / 2);
+    for (double x : r.freq_factors) LOOM_CHECK(x > 0, "config", "rope frequency factors must be positive, got ", x);
+  }
   LOOM_CHECK(vocab_size < (int64_t(1) << 31), "config", "model.vocab_size=", vocab_size,
              " does not fit 32-bit token ids");
   if (!moe.enabled()) {
@@ -85,7 +146,8 @@ void ModelConfig::validate() const {
 std::string ModelConfig::summary() const {
   return str_cat(name, " (", family_name(family), ": ", n_layer, " layers, d_model ", d_model, ", ", n_head, " heads",
                  n_kv_head != n_head ? str_cat("/", n_kv_head, " kv") : "", ", d_ff ", d_ff, ", vocab ", vocab_size,
-                 ", context ", n_ctx,
+                 ", context ", n_ctx, qkv_bias ? ", q/k/v biases" : "",
+                 rope_scaling.enabled() ? ", rope scaling " + rope_scaling.describe() : "",
                  moe.enabled() ? str_cat(", MoE ", moe.num_experts, " experts top-", moe.top_k, " d_ff ", expert_d_ff(),
                                          moe.num_shared_experts ? str_cat(" +", moe.num_shared_experts, " shared") : "",
                                          moe.moe_every > 1 ? str_cat(" every ", moe.moe_every, " blocks") : "",

@@ -61,6 +61,24 @@ struct MoeConfig {
   bool enabled() const { return num_experts > 0; }
 };
 
+// How RoPE's frequencies are stretched for contexts past the training length. none: plain RoPE
+// (inverse frequency theta^(-2i/D)); linear: every frequency divided by `factor` (positions
+// interpolated, Chen et al. 2023); llama3: Meta's Llama 3.1 rule, low frequencies divided by
+// `factor`, high ones kept, a smooth blend between (wavelengths measured against
+// original_max_position / low_freq_factor and / high_freq_factor); factors: each frequency
+// divided by its own factor (a GGUF's rope_freqs tensor, which llama.cpp's converter computes
+// from the llama3 rule).
+struct RopeScaling {
+  enum class Type { none, linear, llama3, factors };
+  Type type = Type::none;
+  double factor = 1.0;
+  double low_freq_factor = 1.0, high_freq_factor = 4.0;
+  int64_t original_max_position = 8192;
+  std::vector<double> freq_factors;  // Type::factors: D/2 divisors
+  bool enabled() const { return type != Type::none; }
+  std::string describe() const;  // "llama3 (factor 32, low 1, high 4, original 8192)"
+};
+
 struct ModelConfig {
   std::string name = "custom";
   Family family = Family::gpt2;
@@ -73,6 +91,10 @@ struct ModelConfig {
   int64_t d_ff = 3072;  // MLP hidden size
   double norm_eps = 1e-5;
   double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  // Biases on the q, k and v projections of a LLaMA-family block (Qwen2); GPT-2 has biases on
+  // every linear anyway.
+  bool qkv_bias = false;
   bool tied_embeddings = true;
   Precision precision = Precision::fp32;  // a compute policy: not part of config.json
   // What training keeps for backward between a block's forward and its backward
@@ -107,6 +129,8 @@ struct ModelConfig {
   }
 
   int64_t head_dim() const { return d_model / n_head; }
+  // RoPE's inverse frequency of each of the head_dim/2 rotated pairs, rope_scaling applied.
+  std::vector<double> rope_inv_freq() const;
   bool has_bias() const { return family == Family::gpt2; }
   cpu::ProductPrecision products() const {
     return precision == Precision::bf16   ? cpu::ProductPrecision::bf16

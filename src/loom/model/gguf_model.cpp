@@ -56,10 +56,17 @@ std::string hf_name(const ModelConfig& cfg, const std::string& g) {
     return "";
   }
   static const std::pair<const char*, const char*> kLlama[] = {
-      {"attn_norm.weight", "input_layernorm.weight"},    {"attn_q.weight", "self_attn.q_proj.weight"},
-      {"attn_k.weight", "self_attn.k_proj.weight"},      {"attn_v.weight", "self_attn.v_proj.weight"},
-      {"attn_output.weight", "self_attn.o_proj.weight"}, {"ffn_norm.weight", "post_attention_layernorm.weight"},
-      {"ffn_gate.weight", "mlp.gate_proj.weight"},       {"ffn_up.weight", "mlp.up_proj.weight"},
+      {"attn_norm.weight", "input_layernorm.weight"},
+      {"attn_q.weight", "self_attn.q_proj.weight"},
+      {"attn_k.weight", "self_attn.k_proj.weight"},
+      {"attn_v.weight", "self_attn.v_proj.weight"},
+      {"attn_q.bias", "self_attn.q_proj.bias"},
+      {"attn_k.bias", "self_attn.k_proj.bias"},
+      {"attn_v.bias", "self_attn.v_proj.bias"},
+      {"attn_output.weight", "self_attn.o_proj.weight"},
+      {"ffn_norm.weight", "post_attention_layernorm.weight"},
+      {"ffn_gate.weight", "mlp.gate_proj.weight"},
+      {"ffn_up.weight", "mlp.up_proj.weight"},
       {"ffn_down.weight", "mlp.down_proj.weight"},
   };
   for (const auto& [from, to] : kLlama)
@@ -67,14 +74,33 @@ std::string hf_name(const ModelConfig& cfg, const std::string& g) {
   return "";
 }
 
-// Keys whose presence means the model computes something loom does not.
+// RoPE's scaling from the metadata, or the per-frequency divisors of a rope_freqs tensor (what
+// llama.cpp's converter writes for Llama 3.1's rule); what loom would compute differently is
+// refused naming the key.
+RopeScaling gguf_rope_scaling(const io::GgufFile& g, const std::string& arch, int64_t head_dim) {
+  RopeScaling r;
+  const std::string type = g.get_string(key(arch, "rope.scaling.type"), "none");
+  if (type == "linear") {
+    r.type = RopeScaling::Type::linear;
+    r.factor = g.get_float(key(arch, "rope.scaling.factor"));
+  } else {
+    LOOM_CHECK(type == "none", "gguf", g.path(), ": ", key(arch, "rope.scaling.type"), " is '", type,
+               "'; loom applies plain, linear and Llama 3 RoPE scaling and would compute a different model");
+  }
+  if (g.contains("rope_freqs.weight")) {
+    const io::GgufTensor& t = g.tensor("rope_freqs.weight");
+    LOOM_CHECK(t.type == io::GgmlType::f32 && t.numel() == head_dim / 2 && !r.enabled(), "gguf", g.path(),
+               ": rope_freqs.weight is ", io::ggml_type_name(t.type), " ", t.shape_str(), "; expected F32 [",
+               head_dim / 2, "] and no other scaling");
+    std::vector<float> f(size_t(t.numel()));
+    std::memcpy(f.data(), g.data(t), f.size() * sizeof(float));
+    r.type = RopeScaling::Type::factors;
+    r.freq_factors.assign(f.begin(), f.end());
+  }
+  return r;
+}
+
 void refuse_unsupported(const io::GgufFile& g, const std::string& arch, int64_t head_dim) {
-  const std::string scaling = g.get_string(key(arch, "rope.scaling.type"), "none");
-  LOOM_CHECK(scaling == "none", "gguf", g.path(), ": ", key(arch, "rope.scaling.type"), " is '", scaling,
-             "'; loom applies plain RoPE and would compute a different model");
-  LOOM_CHECK(!g.contains("rope_freqs.weight"), "gguf", g.path(),
-             ": tensor rope_freqs.weight (Llama 3.1-style rope scaling) is not supported yet; loom would "
-             "compute a different model");
   const int64_t rot = g.get_int(key(arch, "rope.dimension_count"), head_dim);
   LOOM_CHECK(rot == head_dim, "gguf", g.path(), ": ", key(arch, "rope.dimension_count"), "=", rot,
              " rotates part of each head of ", head_dim, "; loom rotates whole heads");
@@ -104,13 +130,14 @@ std::string gguf_model_name(const io::GgufFile& g) {
 ModelConfig gguf_model_config(const io::GgufFile& g) {
   const std::string arch = g.get_string("general.architecture");
   ModelConfig c;
-  if (arch == "llama") {
+  if (arch == "llama" || arch == "qwen2") {
     c.family = Family::llama;
+    c.qkv_bias = g.contains("blk.0.attn_q.bias");
   } else if (arch == "gpt2") {
     c.family = Family::gpt2;
   } else {
     fail("gguf", g.path(), ": general.architecture '", arch,
-         "' is not supported (loom runs 'llama' and 'gpt2' GGUF files); for other families convert the "
+         "' is not supported (loom runs 'llama', 'qwen2' and 'gpt2' GGUF files); for other families convert the "
          "Hugging Face checkpoint where loom supports it");
   }
   c.name = gguf_model_name(g);
@@ -135,6 +162,7 @@ ModelConfig gguf_model_config(const io::GgufFile& g) {
   LOOM_CHECK(c.n_head > 0 && c.d_model % c.n_head == 0, "gguf", g.path(), ": ", key(arch, "attention.head_count"), "=",
              c.n_head, " does not divide ", key(arch, "embedding_length"), "=", c.d_model);
   refuse_unsupported(g, arch, c.d_model / c.n_head);
+  if (c.family == Family::llama) c.rope_scaling = gguf_rope_scaling(g, arch, c.d_model / c.n_head);
   c.validate();
   return c;
 }
@@ -157,7 +185,11 @@ GgufLoadReport load_gguf_weights(const io::GgufFile& g, Decoder& m) {
   std::set<std::string> seen;
   std::vector<std::string> unexpected;
   std::vector<float> buf;
+  // llama.cpp permutes q and k rows for its adjacent-pair RoPE only in the 'llama' architecture;
+  // Qwen2 files keep Hugging Face's order (llama.cpp rotates halves there).
+  const bool permuted_arch = g.get_string("general.architecture") == "llama";
   for (const io::GgufTensor& t : g.tensors()) {
+    if (t.name == "rope_freqs.weight") continue;  // in the config (gguf_model_config)
     const std::string name = hf_name(cfg, t.name);
     if (name.empty() || !layout.contains(name)) {
       unexpected.push_back(t.name);
@@ -171,8 +203,8 @@ GgufLoadReport load_gguf_weights(const io::GgufFile& g, Decoder& m) {
                io::ggml_type_name(t.type),
                ", a type loom cannot dequantize yet; re-quantize the model to Q8_0, Q4_K or F16");
     float* dst = flat.data<float>() + p.offset;
-    const bool permuted = cfg.family == Family::llama &&
-                          (name.ends_with("self_attn.q_proj.weight") || name.ends_with("self_attn.k_proj.weight"));
+    const bool permuted =
+        permuted_arch && (name.ends_with("self_attn.q_proj.weight") || name.ends_with("self_attn.k_proj.weight"));
     if (permuted) {
       buf.resize(size_t(t.numel()));
       io::dequantize(t.type, g.data(t), buf.data(), t.numel());

@@ -1,7 +1,7 @@
 // A model from a GGUF file (llama.cpp's format): its architecture keys mapped onto ModelConfig,
 // and its tensors, dequantized to f32 where they are quantized, copied into a Decoder under
 // Hugging Face's names. The container is io/gguf.h and the block formats io/gguf_quants.h;
-// this file knows the architectures (llama, gpt2) and llama.cpp's tensor names and layouts.
+// this file knows the architectures (llama, qwen2, gpt2) and llama.cpp's tensor names and layouts.
 // The tokenizer the file embeds is data/gguf_tokenizer.h's.
 #pragma once
 #include <cstdint>
@@ -17,9 +17,10 @@ namespace loom::model {
 // Whether `path` is a regular file that starts with the GGUF magic.
 bool is_gguf_file(const std::string& path);
 
-// The model config the file's metadata describes. Architectures: "llama" (LLaMA, Mistral-style
-// and SmolLM, Llama 3 without rope scaling) and "gpt2". Anything loom would compute differently
-// (rope scaling, partial rotary dimensions, an unknown architecture) is refused naming the key.
+// The model config the file's metadata describes. Architectures: "llama" (LLaMA, Mistral-style,
+// SmolLM, Llama 3.x with its rope_freqs), "qwen2" (q/k/v biases) and "gpt2". Anything loom would
+// compute differently (yarn scaling, partial rotary dimensions, experts, an unknown
+// architecture) is refused naming the key.
 ModelConfig gguf_model_config(const io::GgufFile& g);
 
 // What load_gguf_weights read: tensors per ggml type, for the start-up line.

@@ -15,6 +15,10 @@ namespace loom::model {
 
 using nlohmann::json;
 
+namespace {
+json rope_scaling_json(const RopeScaling& s);
+}
+
 // ---- config.json -------------------------------------------------------------------------
 
 std::string hf_config_json(const ModelConfig& cfg) {
@@ -48,12 +52,21 @@ std::string hf_config_json(const ModelConfig& cfg) {
          {"max_position_embeddings", cfg.n_ctx},
          {"rms_norm_eps", cfg.norm_eps},
          {"rope_theta", cfg.rope_theta},
-         {"rope_scaling", nullptr},
+         {"rope_scaling", rope_scaling_json(cfg.rope_scaling)},
          {"hidden_act", "silu"},
          {"attention_bias", false},
          {"mlp_bias", false},
          {"tie_word_embeddings", cfg.tied_embeddings},
          {"torch_dtype", "float32"}};
+    if (cfg.qkv_bias) {
+      LOOM_CHECK(!cfg.moe.enabled(), "hf", "q/k/v biases with experts have no config.json form");
+      j["architectures"] = {"Qwen2ForCausalLM"};
+      j["model_type"] = "qwen2";
+      j.erase("attention_bias");
+      j.erase("mlp_bias");
+      j.erase("head_dim");
+      j["use_sliding_window"] = false;
+    }
   }
   if (cfg.moe.enabled()) {
     const MoeConfig& m = cfg.moe;
@@ -123,6 +136,10 @@ class ConfigReader {
                "); loom computes ", key, "=", json(want).dump());
   }
   const std::string& source() const { return src_; }
+  const json& raw(const char* key) const {
+    need(key);
+    return j_[key];
+  }
 
  private:
   void need(const char* key) const { LOOM_CHECK(has(key), "hf", src_, ": missing key '", key, "' (", cls_, ")"); }
@@ -155,6 +172,60 @@ ModelConfig parse_gpt2(const ConfigReader& r) {
   return c;
 }
 
+// rope_scaling: null, or {"rope_type" (older files: "type"): "linear" | "llama3", "factor", ...}.
+RopeScaling parse_rope_scaling(const ConfigReader& r) {
+  RopeScaling s;
+  if (!r.has("rope_scaling")) return s;
+  const json& j = r.raw("rope_scaling");
+  LOOM_CHECK(j.is_object(), "hf", r.source(), ": rope_scaling should be an object or null, got ", j.dump());
+  const ConfigReader k(j, r.source() + " rope_scaling", "rope_scaling");
+  const std::string type = k.text("rope_type", k.text("type", ""));
+  if (type == "default") return s;
+  if (type == "linear") {
+    s.type = RopeScaling::Type::linear;
+  } else if (type == "llama3") {
+    s.type = RopeScaling::Type::llama3;
+    s.low_freq_factor = k.number("low_freq_factor", 1.0);
+    s.high_freq_factor = k.number("high_freq_factor", 4.0);
+    s.original_max_position = k.integer("original_max_position_embeddings", 8192);
+  } else {
+    fail("hf", r.source(), ": rope_scaling type \"", type,
+         "\" is not supported (loom applies \"linear\" and \"llama3\"); loom would compute a different model");
+  }
+  LOOM_CHECK(k.has("factor"), "hf", r.source(), ": rope_scaling has no factor");
+  s.factor = k.number("factor", 1.0);
+  return s;
+}
+
+json rope_scaling_json(const RopeScaling& s) {
+  switch (s.type) {
+    case RopeScaling::Type::none: return nullptr;
+    case RopeScaling::Type::linear: return {{"rope_type", "linear"}, {"factor", s.factor}};
+    case RopeScaling::Type::llama3:
+      return {{"rope_type", "llama3"},
+              {"factor", s.factor},
+              {"low_freq_factor", s.low_freq_factor},
+              {"high_freq_factor", s.high_freq_factor},
+              {"original_max_position_embeddings", s.original_max_position}};
+    case RopeScaling::Type::factors: break;
+  }
+  fail("hf",
+       "per-frequency RoPE factors (a GGUF's rope_freqs) have no config.json form; convert the Hugging Face "
+       "checkpoint instead");
+}
+
+ModelConfig parse_llama(const ConfigReader& r);
+
+// Qwen2 (Qwen2ForCausalLM): LLaMA blocks with biases on q, k and v.
+ModelConfig parse_qwen2(const ConfigReader& r) {
+  ModelConfig c = parse_llama(r);
+  c.qkv_bias = true;
+  if (r.boolean("use_sliding_window", false))
+    r.require("sliding_window", c.n_ctx, r.integer("sliding_window", c.n_ctx),
+              "a sliding window shorter than the context; loom attends to the whole context");
+  return c;
+}
+
 ModelConfig parse_llama(const ConfigReader& r) {
   ModelConfig c;
   c.family = Family::llama;
@@ -169,11 +240,10 @@ ModelConfig parse_llama(const ConfigReader& r) {
   c.rope_theta = r.number("rope_theta", 10000.0);
   c.tied_embeddings = r.boolean("tie_word_embeddings", false);
   r.require("hidden_act", std::string("silu"), r.text("hidden_act", "silu"), "SwiGLU uses SiLU");
-  r.require("attention_bias", false, r.boolean("attention_bias", false), "no biases");
+  if (r.text("model_type", "llama") != "qwen2")
+    r.require("attention_bias", false, r.boolean("attention_bias", false), "no biases");
   r.require("mlp_bias", false, r.boolean("mlp_bias", false), "no biases");
-  LOOM_CHECK(!r.has("rope_scaling"), "hf", r.source(),
-             ": rope_scaling is not supported (loom applies plain RoPE); remove it or use a "
-             "model trained without it");
+  c.rope_scaling = parse_rope_scaling(r);
   if (r.has("head_dim") && c.n_head > 0)
     r.require("head_dim", c.d_model / c.n_head, r.integer("head_dim"),
               "head_dim must be hidden_size / num_attention_heads");
@@ -211,10 +281,12 @@ ModelConfig parse_hf_config(const std::string& json_text, const std::string& sou
     c = parse_llama(ConfigReader(j, source, "LlamaConfig"));
   else if (type == "mixtral")
     c = parse_mixtral(ConfigReader(j, source, "MixtralConfig"));
+  else if (type == "qwen2")
+    c = parse_qwen2(ConfigReader(j, source, "Qwen2Config"));
   else
     fail("hf", source, ": model_type \"", type,
          "\" is not supported (loom reads \"gpt2\", "
-         "\"llama\" and \"mixtral\")");
+         "\"llama\", \"qwen2\" and \"mixtral\")");
   if (j.contains("loom_moe")) {
     LOOM_CHECK(j["loom_moe"].is_object(), "hf", source, ": loom_moe should be an object");
     const ConfigReader r(j["loom_moe"], source + " loom_moe", "loom MoE");

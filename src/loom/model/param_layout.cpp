@@ -123,9 +123,14 @@ std::vector<BlockParamSpec> block_param_specs(const ModelConfig& cfg, int layer)
         {"self_attn.q_proj.weight", {H * D, C}, S::qkv_w, N, false, true, false, rows, 1, false},
         {"self_attn.k_proj.weight", {KVH * D, C}, S::qkv_w, N, false, true, false, rows, 1, true},
         {"self_attn.v_proj.weight", {KVH * D, C}, S::qkv_w, N, false, true, false, rows, 1, true},
-        {"self_attn.o_proj.weight", {C, H * D}, S::proj_w, N, true, true, false, cols, 1, false},
-        {"post_attention_layernorm.weight", {C}, S::ln2_w, O, false, false, false, none, 1, false},
     };
+    if (cfg.qkv_bias) {  // Qwen2: q, k, v biases, adjacent like their weights
+      specs.push_back({"self_attn.q_proj.bias", {H * D}, S::qkv_b, Z, false, false, false, rows, 1, false});
+      specs.push_back({"self_attn.k_proj.bias", {KVH * D}, S::qkv_b, Z, false, false, false, rows, 1, true});
+      specs.push_back({"self_attn.v_proj.bias", {KVH * D}, S::qkv_b, Z, false, false, false, rows, 1, true});
+    }
+    specs.push_back({"self_attn.o_proj.weight", {C, H * D}, S::proj_w, N, true, true, false, cols, 1, false});
+    specs.push_back({"post_attention_layernorm.weight", {C}, S::ln2_w, O, false, false, false, none, 1, false});
     mlp = cfg.is_moe_layer(layer) ? "block_sparse_moe." : "mlp.";
   }
   if (!cfg.is_moe_layer(layer)) {

@@ -62,6 +62,10 @@ void add_inplace(T* acc, const T* x, int64_t n);
 template <class T>
 void rope_apply(T* x, int64_t rows, int64_t stride, int64_t col0, int64_t n_heads, int64_t D, const int32_t* pos,
                 double theta, bool inverse);
+// The same with each pair's inverse frequency given (D/2 of them): scaled RoPE.
+template <class T>
+void rope_apply(T* x, int64_t rows, int64_t stride, int64_t col0, int64_t n_heads, int64_t D, const int32_t* pos,
+                const double* inv_freq, bool inverse);
 
 // ---- causal self-attention, tiled with an online softmax (FlashAttention-2 style) ------
 // qkv[B,T,(H+2KVH)*D] holds q | k | v heads; out[B,T,H*D]; lse[B,H,T] (log-sum-exp per row,
