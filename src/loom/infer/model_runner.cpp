@@ -52,7 +52,8 @@ ModelRunner::ModelRunner(const model::Decoder& model, KVCache& cache, int64_t ma
   KVH_ = kv.n_kv_head;
   F_ = cfg_.d_ff / tp_size_;
   if (tp_size_ > 1) vocab_rows_ = model::vocab_rows_per_rank(cfg_, tp_size_);
-  const bool gpt2 = cfg_.family == Family::gpt2;
+  const model::FamilyTraits traits = cfg_.traits();
+  const bool learned_positions = traits.position == model::PositionKind::learned;
   // A token's experts must not depend on which other requests share its step.
   cfg_.moe.capacity_factor = 0;
   for (int l = 0; l < int(cfg_.n_layer); ++l) {
@@ -60,9 +61,9 @@ ModelRunner::ModelRunner(const model::Decoder& model, KVCache& cache, int64_t ma
     w_.back().router_bias = model.router_bias_of(l);  // DeepSeek-V3's selection bias, if any
   }
   wte_ = model.param(model::token_table_name(cfg_));
-  if (gpt2) wpe_ = model.param("transformer.wpe.weight");
-  lnf_w_ = model.param(gpt2 ? "transformer.ln_f.weight" : "model.norm.weight");
-  if (gpt2) lnf_b_ = model.param("transformer.ln_f.bias");
+  if (learned_positions) wpe_ = model.param(model::position_table_name(cfg_));
+  lnf_w_ = model.param(model::final_norm_name(cfg_, "weight"));
+  if (traits.linear_biases) lnf_b_ = model.param(model::final_norm_name(cfg_, "bias"));
   head_ = model.param(model::lm_head_name(cfg_));
 
   const DType dt = model.params().dtype();
@@ -84,7 +85,7 @@ ModelRunner::ModelRunner(const model::Decoder& model, KVCache& cache, int64_t ma
   x_mid_ = Tensor::empty({N, C}, dt, cat, alloc);
   // The dense MLP buffers serve dense blocks and MoE blocks' shared experts.
   const int64_t Fm = std::max<int64_t>(cfg_.dense_mlp_width(F), 1);
-  fc_ = Tensor::empty({N, gpt2 ? Fm : 2 * Fm}, dt, cat, alloc);
+  fc_ = Tensor::empty({N, traits.mlp_fan_out() * Fm}, dt, cat, alloc);
   act_ = Tensor::empty({N, Fm}, dt, cat, alloc);
   if (cfg_.moe.enabled()) {
     LOOM_CHECK(!quant, "runner", "quantized weights of MoE models are not supported; serve ", cfg_.name, " in fp32");
@@ -199,27 +200,21 @@ int64_t ModelRunner::weight_bytes_per_token() const {
 
 template <class T>
 void ModelRunner::run_layers(int64_t N) {
-  const bool gpt2 = cfg_.family == Family::gpt2;
+  const model::FamilyTraits t = cfg_.traits();
   const int64_t H = H_, KVH = KVH_, D = cfg_.head_dim();
   const int64_t W = (H + 2 * KVH) * D, bs = cache_.block_size();
   const bool bias_owner = tp_rank_ == 0;  // row-parallel biases are added once, before the sum
   const Tensor x = x_.narrow0(0, N), ln = ln_.narrow0(0, N), mean = mean_.narrow0(0, N);
   const Tensor rstd = rstd_.narrow0(0, N), qkv = qkv_.narrow0(0, N), att = att_.narrow0(0, N);
   const Tensor x_mid = x_mid_.narrow0(0, N);
-  const int64_t Fd = F_, Fs = cfg_.moe.enabled() ? cfg_.shared_d_ff() : 0, G = gpt2 ? 1 : 2;
+  const int64_t Fd = F_, Fs = cfg_.moe.enabled() ? cfg_.shared_d_ff() : 0, G = t.mlp_fan_out();
   const Tensor pos = pos_.narrow0(0, N);
   for (int l = 0; l < int(cfg_.n_layer); ++l) {
     const model::BlockWeights& w = w_[size_t(l)];
     const QuantizedModel::Block* qb = quant_ ? &quant_->blocks[size_t(l)] : nullptr;
-    if (gpt2)
-      ops::layernorm_forward(x, w.ln1_w, w.ln1_b, ln, mean, rstd, cfg_.norm_eps);
-    else
-      ops::rmsnorm_forward(x, w.ln1_w, ln, rstd, cfg_.norm_eps);
+    model::norm_forward(t, x, w.ln1_w, w.ln1_b, ln, mean, rstd, cfg_.norm_eps);
     linear(ln, w.qkv_w, qb ? &qb->qkv : nullptr, w.qkv_b, qkv);
-    if (!gpt2) {
-      ops::rope_apply(qkv, 0, H, D, pos, cfg_.rope_inv_freq(), false);
-      ops::rope_apply(qkv, H * D, KVH, D, pos, cfg_.rope_inv_freq(), false);
-    }
+    model::rope_qk(cfg_, qkv, H, KVH, pos, false);
     T* kc = cache_.k(l).data<T>();
     T* vc = cache_.v(l).data<T>();
     const T* q = qkv.data<T>();
@@ -229,10 +224,7 @@ void ModelRunner::run_layers(int64_t N) {
     linear(att, w.proj_w, qb ? &qb->proj : nullptr, bias_owner ? w.proj_b : Tensor{}, x_mid);
     all_reduce(x_mid);
     ops::add_inplace(x_mid, x);
-    if (gpt2)
-      ops::layernorm_forward(x_mid, w.ln2_w, w.ln2_b, ln, mean, rstd, cfg_.norm_eps);
-    else
-      ops::rmsnorm_forward(x_mid, w.ln2_w, ln, rstd, cfg_.norm_eps);
+    model::norm_forward(t, x_mid, w.ln2_w, w.ln2_b, ln, mean, rstd, cfg_.norm_eps);
     // x is free again: x_mid holds the residual. A MoE block's shared experts write x and its
     // routed experts add to it.
     const bool moe = cfg_.is_moe_layer(l);
@@ -240,10 +232,7 @@ void ModelRunner::run_layers(int64_t N) {
       const int64_t F = moe ? Fs : Fd;
       const Tensor fc = fc_.slice(0, {N, G * F}), act = act_.slice(0, {N, F});
       linear(ln, w.fc_w, qb ? &qb->fc : nullptr, w.fc_b, fc);
-      if (gpt2)
-        ops::gelu_forward(fc, act);
-      else
-        ops::swiglu_forward(fc, act);
+      model::activation_forward(t, fc, act);
       linear(act, w.out_w, qb ? &qb->out : nullptr, bias_owner ? w.out_b : Tensor{}, x);
       all_reduce(x);  // MoE models run on one rank (kv_cache_config)
     }
@@ -321,10 +310,7 @@ Tensor ModelRunner::execute(const StepPlan& plan) {
 
 void ModelRunner::norm_and_head(const Tensor& x, const Tensor& ln, const Tensor& mean, const Tensor& rstd,
                                 const Tensor& logits) const {
-  if (cfg_.family == Family::gpt2)
-    ops::layernorm_forward(x, lnf_w_, lnf_b_, ln, mean, rstd, cfg_.norm_eps);
-  else
-    ops::rmsnorm_forward(x, lnf_w_, ln, rstd, cfg_.norm_eps);
+  model::norm_forward(cfg_.traits(), x, lnf_w_, lnf_b_, ln, mean, rstd, cfg_.norm_eps);
   linear(ln, head_, quant_ && quant_->head ? &*quant_->head : nullptr, {}, logits);
 }
 

@@ -86,6 +86,44 @@ BlockDims BlockDims::of(const ModelConfig& cfg, int64_t tp, int64_t rank) {
   return d;
 }
 
+void norm_forward(const FamilyTraits& t, const Tensor& x, const Tensor& g, const Tensor& b, const Tensor& out,
+                  const Tensor& mean, const Tensor& rstd, double eps) {
+  if (t.norm == NormKind::layer_norm)
+    ops::layernorm_forward(x, g, b, out, mean, rstd, eps);
+  else
+    ops::rmsnorm_forward(x, g, out, rstd, eps);
+}
+
+void norm_backward(const FamilyTraits& t, const Tensor& dy, const Tensor& x, const Tensor& g, const Tensor& mean,
+                   const Tensor& rstd, const Tensor& dx, const Tensor& dg, const Tensor& db, bool accumulate_dx) {
+  if (t.norm == NormKind::layer_norm)
+    ops::layernorm_backward(dy, x, g, mean, rstd, dx, dg, db, accumulate_dx);
+  else
+    ops::rmsnorm_backward(dy, x, g, rstd, dx, dg, accumulate_dx);
+}
+
+void activation_forward(const FamilyTraits& t, const Tensor& fc, const Tensor& act) {
+  if (t.mlp == MlpKind::gelu)
+    ops::gelu_forward(fc, act);
+  else
+    ops::swiglu_forward(fc, act);
+}
+
+void activation_backward(const FamilyTraits& t, const Tensor& fc, const Tensor& dact, const Tensor& dfc) {
+  if (t.mlp == MlpKind::gelu)
+    ops::gelu_backward(fc, dact, dfc);
+  else
+    ops::swiglu_backward(fc, dact, dfc);
+}
+
+void rope_qk(const ModelConfig& cfg, const Tensor& qkv, int64_t H, int64_t KVH, const Tensor& pos, bool inverse) {
+  if (cfg.traits().position != PositionKind::rope) return;
+  const int64_t D = cfg.head_dim();
+  const std::vector<double> inv_freq = cfg.rope_inv_freq();
+  ops::rope_apply(qkv, 0, H, D, pos, inv_freq, inverse);
+  ops::rope_apply(qkv, H * D, KVH, D, pos, inv_freq, inverse);
+}
+
 namespace {
 // `big`: the type of the fields the stored form keeps in 16 bits (ln1, qkv, att, ln2, fc, act);
 // `dt` the rest's. qkv_compact only in a working set.
@@ -93,11 +131,12 @@ BlockActs allocate_acts(const ModelConfig& cfg, int64_t B, int64_t T, DType dt, 
                         Allocator& alloc, const BlockDims& d) {
   const int64_t N = B * T, C = d.C, D = d.D, H = d.H, F = d.F;
   const auto cat = MemCategory::activations;
-  const bool gpt2 = cfg.family == Family::gpt2;
+  const FamilyTraits t = cfg.traits();
+  const bool layer_norm = t.norm == NormKind::layer_norm;
   BlockActs a;
   a.dims = d;
   a.ln1 = Tensor::empty({N, C}, big, cat, alloc);
-  if (gpt2) a.ln1_mean = Tensor::empty({N}, dt, cat, alloc);
+  if (layer_norm) a.ln1_mean = Tensor::empty({N}, dt, cat, alloc);
   a.ln1_rstd = Tensor::empty({N}, dt, cat, alloc);
   a.qkv = Tensor::empty({B, T, d.attn_width()}, big, cat, alloc);
   if (d.kv_expand && working) a.qkv_compact = Tensor::empty({B, T, d.qkv_width()}, dt, cat, alloc);
@@ -105,11 +144,11 @@ BlockActs allocate_acts(const ModelConfig& cfg, int64_t B, int64_t T, DType dt, 
   a.lse = Tensor::empty({B, H, T}, dt, cat, alloc);
   a.x_mid = Tensor::empty({N, C}, dt, cat, alloc);
   a.ln2 = Tensor::empty({N, C}, big, cat, alloc);
-  if (gpt2) a.ln2_mean = Tensor::empty({N}, dt, cat, alloc);
+  if (layer_norm) a.ln2_mean = Tensor::empty({N}, dt, cat, alloc);
   a.ln2_rstd = Tensor::empty({N}, dt, cat, alloc);
   const int64_t mlp = cfg.dense_mlp_width(F);
   if (mlp > 0) {
-    a.fc = Tensor::empty({N, gpt2 ? mlp : 2 * mlp}, big, cat, alloc);
+    a.fc = Tensor::empty({N, t.mlp_fan_out() * mlp}, big, cat, alloc);
     a.act = Tensor::empty({N, mlp}, big, cat, alloc);
   }
   if (cfg.moe.enabled()) a.moe = MoeActs::allocate(cfg, N, dt, alloc);
@@ -179,7 +218,7 @@ BlockScratch BlockScratch::allocate(const ModelConfig& cfg, int64_t B, int64_t T
   s.datt = Tensor::empty({B, T, d.H * d.D}, dt, cat, alloc);
   const int64_t mlp = cfg.dense_mlp_width(F);
   if (mlp > 0) {
-    s.dfc = Tensor::empty({N, cfg.family == Family::gpt2 ? mlp : 2 * mlp}, dt, cat, alloc);
+    s.dfc = Tensor::empty({N, cfg.traits().mlp_fan_out() * mlp}, dt, cat, alloc);
     s.dact = Tensor::empty({N, mlp}, dt, cat, alloc);
   }
   if (cfg.moe.enabled()) s.moe = MoeScratch::allocate(cfg, N, dt, alloc);
@@ -228,29 +267,20 @@ void expand_kv(const BlockDims& d, const Tensor& compact, const Tensor& expanded
 
 void block_forward(const ModelConfig& cfg, int layer, const BlockWeights& w, const Tensor& x_in, const Tensor& pos,
                    BlockActs& a, const Tensor& x_out, TensorParallelOps* tp, ExpertParallelOps* ep) {
-  const bool gpt2 = cfg.family == Family::gpt2;
+  const FamilyTraits t = cfg.traits();
   const BlockDims& d = a.dims;
-  const int64_t H = d.H, KVH = d.KVH, D = d.D;
-  if (gpt2)
-    ops::layernorm_forward(x_in, w.ln1_w, w.ln1_b, a.ln1, a.ln1_mean, a.ln1_rstd, cfg.norm_eps);
-  else
-    ops::rmsnorm_forward(x_in, w.ln1_w, a.ln1, a.ln1_rstd, cfg.norm_eps);
+  const int64_t H = d.H, KVH = d.KVH, D = d.D, G = t.mlp_fan_out();
+  norm_forward(t, x_in, w.ln1_w, w.ln1_b, a.ln1, a.ln1_mean, a.ln1_rstd, cfg.norm_eps);
   const Tensor& qkv = d.kv_expand ? a.qkv_compact : a.qkv;
   const ops::ProductPrecision prec = cfg.products();
   ops::linear_forward(a.ln1, w.qkv_w, w.qkv_b, qkv, prec);
-  if (!gpt2) {
-    ops::rope_apply(qkv, 0, H, D, pos, cfg.rope_inv_freq(), false);
-    ops::rope_apply(qkv, H * D, KVH, D, pos, cfg.rope_inv_freq(), false);
-  }
+  rope_qk(cfg, qkv, H, KVH, pos, false);
   if (d.kv_expand) expand_kv(d, a.qkv_compact, a.qkv, false);
   ops::attention_forward(a.qkv, a.att, a.lse, H, d.kv_expand ? H : KVH);
   ops::linear_forward(a.att, w.proj_w, d.bias_owner ? w.proj_b : Tensor{}, a.x_mid, prec);
   if (tp) tp->row_parallel_output(a.x_mid);
   ops::add_inplace(a.x_mid, x_in);
-  if (gpt2)
-    ops::layernorm_forward(a.x_mid, w.ln2_w, w.ln2_b, a.ln2, a.ln2_mean, a.ln2_rstd, cfg.norm_eps);
-  else
-    ops::rmsnorm_forward(a.x_mid, w.ln2_w, a.ln2, a.ln2_rstd, cfg.norm_eps);
+  norm_forward(t, a.x_mid, w.ln2_w, w.ln2_b, a.ln2, a.ln2_mean, a.ln2_rstd, cfg.norm_eps);
   const int64_t N = a.ln2.size(0);
   if (cfg.is_moe_layer(layer)) {
     // Router and experts are whole on every tp rank: no tp communication here. The shared
@@ -260,12 +290,9 @@ void block_forward(const ModelConfig& cfg, int layer, const BlockWeights& w, con
     moe_dispatch(cfg, w, a.ln2, a.moe, ep);
     if (shared) {
       const int64_t Fs = cfg.shared_d_ff();
-      const Tensor fc = a.fc.slice(0, {N, gpt2 ? Fs : 2 * Fs}), act = a.act.slice(0, {N, Fs});
+      const Tensor fc = a.fc.slice(0, {N, G * Fs}), act = a.act.slice(0, {N, Fs});
       ops::linear_forward(a.ln2, w.fc_w, w.fc_b, fc, prec);
-      if (gpt2)
-        ops::gelu_forward(fc, act);
-      else
-        ops::swiglu_forward(fc, act);
+      activation_forward(t, fc, act);
       ops::linear_forward(act, w.out_w, w.out_b, x_out, prec);
     }
     moe_combine(cfg, w, a.moe, x_out, /*accumulate=*/shared, ep);
@@ -273,12 +300,9 @@ void block_forward(const ModelConfig& cfg, int layer, const BlockWeights& w, con
     return;
   }
   const int64_t F = d.F;
-  const Tensor fc = a.fc.slice(0, {N, gpt2 ? F : 2 * F}), act = a.act.slice(0, {N, F});
+  const Tensor fc = a.fc.slice(0, {N, G * F}), act = a.act.slice(0, {N, F});
   ops::linear_forward(a.ln2, w.fc_w, w.fc_b, fc, prec);
-  if (gpt2)
-    ops::gelu_forward(fc, act);
-  else
-    ops::swiglu_forward(fc, act);
+  activation_forward(t, fc, act);
   ops::linear_forward(act, w.out_w, d.bias_owner ? w.out_b : Tensor{}, x_out, prec);
   if (tp) tp->row_parallel_output(x_out);
   ops::add_inplace(x_out, a.x_mid);
@@ -287,7 +311,7 @@ void block_forward(const ModelConfig& cfg, int layer, const BlockWeights& w, con
 void block_backward(const ModelConfig& cfg, int layer, const BlockWeights& w, const BlockWeights& gw,
                     const Tensor& x_in, const Tensor& pos, BlockActs& a, BlockScratch& s, const Tensor& dres,
                     TensorParallelOps* tp, ExpertParallelOps* ep) {
-  const bool gpt2 = cfg.family == Family::gpt2;
+  const FamilyTraits t = cfg.traits();
   const BlockDims& d = a.dims;
   const int64_t H = d.H, KVH = d.KVH, D = d.D;
   const ops::ProductPrecision prec = cfg.products();
@@ -297,40 +321,27 @@ void block_backward(const ModelConfig& cfg, int layer, const BlockWeights& w, co
   const bool moe = cfg.is_moe_layer(layer);
   if (moe) moe_backward_dispatch(cfg, a.moe, s.moe, dres, ep);  // in flight during the shared experts'
   if (!moe || w.fc_w.defined()) {
-    const int64_t F = moe ? cfg.shared_d_ff() : d.F, G = gpt2 ? 1 : 2;
+    const int64_t F = moe ? cfg.shared_d_ff() : d.F, G = t.mlp_fan_out();
     const Tensor fc = a.fc.slice(0, {N, G * F}), act = a.act.slice(0, {N, F});
     const Tensor dfc = s.dfc.slice(0, {N, G * F}), dact = s.dact.slice(0, {N, F});
     ops::linear_backward(dres, act, w.out_w, dact, gw.out_w, gw.out_b, false, prec);
-    if (gpt2)
-      ops::gelu_backward(fc, dact, dfc);
-    else
-      ops::swiglu_backward(fc, dact, dfc);
+    activation_backward(t, fc, dact, dfc);
     ops::linear_backward(dfc, a.ln2, w.fc_w, s.dln, gw.fc_w, gw.fc_b, false, prec);
   }
   if (moe)
     moe_backward_combine(cfg, w, gw, a.ln2, a.moe, s.moe, s.dln, /*accumulate_dx=*/w.fc_w.defined(), ep);
   else if (tp)
     tp->column_parallel_input_grad(s.dln);
-  if (gpt2)
-    ops::layernorm_backward(s.dln, a.x_mid, w.ln2_w, a.ln2_mean, a.ln2_rstd, dres, gw.ln2_w, gw.ln2_b,
-                            /*accumulate_dx=*/true);
-  else
-    ops::rmsnorm_backward(s.dln, a.x_mid, w.ln2_w, a.ln2_rstd, dres, gw.ln2_w, true);
+  norm_backward(t, s.dln, a.x_mid, w.ln2_w, a.ln2_mean, a.ln2_rstd, dres, gw.ln2_w, gw.ln2_b, /*accumulate_dx=*/true);
   // Attention branch: x_mid = x_in + proj(attention(qkv(norm1(x_in)))).
   ops::linear_backward(dres, a.att, w.proj_w, s.datt, gw.proj_w, gw.proj_b, false, prec);
   ops::attention_backward(a.qkv, a.att, s.datt, a.lse, d.kv_expand ? s.dqkv_expanded : s.dqkv, H,
                           d.kv_expand ? H : KVH);
   if (d.kv_expand) expand_kv(d, s.dqkv, s.dqkv_expanded, true);
-  if (!gpt2) {
-    ops::rope_apply(s.dqkv, 0, H, D, pos, cfg.rope_inv_freq(), true);
-    ops::rope_apply(s.dqkv, H * D, KVH, D, pos, cfg.rope_inv_freq(), true);
-  }
+  rope_qk(cfg, s.dqkv, H, KVH, pos, true);
   ops::linear_backward(s.dqkv, a.ln1, w.qkv_w, s.dln, gw.qkv_w, gw.qkv_b, false, prec);
   if (tp) tp->column_parallel_input_grad(s.dln);
-  if (gpt2)
-    ops::layernorm_backward(s.dln, x_in, w.ln1_w, a.ln1_mean, a.ln1_rstd, dres, gw.ln1_w, gw.ln1_b, true);
-  else
-    ops::rmsnorm_backward(s.dln, x_in, w.ln1_w, a.ln1_rstd, dres, gw.ln1_w, true);
+  norm_backward(t, s.dln, x_in, w.ln1_w, a.ln1_mean, a.ln1_rstd, dres, gw.ln1_w, gw.ln1_b, true);
 }
 
 }  // namespace loom::model

@@ -116,6 +116,19 @@ struct BlockScratch {
   }
 };
 
+// The family's pieces (FamilyTraits), shared by the training block, the decoder's final norm and
+// the inference runner so that each is written once. norm: LayerNorm (b and mean used) or RMSNorm;
+// the backward writes or accumulates into dx. activation: GELU of fc, or SwiGLU of fc = gate|up.
+void norm_forward(const FamilyTraits& t, const Tensor& x, const Tensor& g, const Tensor& b, const Tensor& out,
+                  const Tensor& mean, const Tensor& rstd, double eps);
+void norm_backward(const FamilyTraits& t, const Tensor& dy, const Tensor& x, const Tensor& g, const Tensor& mean,
+                   const Tensor& rstd, const Tensor& dx, const Tensor& dg, const Tensor& db, bool accumulate_dx);
+void activation_forward(const FamilyTraits& t, const Tensor& fc, const Tensor& act);
+void activation_backward(const FamilyTraits& t, const Tensor& fc, const Tensor& dact, const Tensor& dfc);
+// RoPE on the q and k heads of qkv rows ([N, (H + 2 KVH) D]); inverse: the backward. Nothing for
+// families without RoPE.
+void rope_qk(const ModelConfig& cfg, const Tensor& qkv, int64_t H, int64_t KVH, const Tensor& pos, bool inverse);
+
 // x_out = block(x_in) for block `layer`. pos: i32[B*T] positions (RoPE). The shares come from
 // a.dims; tp is needed when they are a tensor-parallel slice.
 void block_forward(const ModelConfig& cfg, int layer, const BlockWeights& w, const Tensor& x_in, const Tensor& pos,

@@ -38,6 +38,19 @@ RouterScore router_score_from_name(const std::string& s) {
   fail("config", "model.moe.score: expected \"softmax\" or \"sigmoid\", got \"", s, "\"");
 }
 
+FamilyTraits ModelConfig::traits() const {
+  FamilyTraits t;
+  if (family == Family::gpt2) {
+    t.norm = NormKind::layer_norm;
+    t.mlp = MlpKind::gelu;
+    t.position = PositionKind::learned;
+    t.linear_biases = t.qkv_bias = true;
+  } else {
+    t.qkv_bias = qkv_bias;
+  }
+  return t;
+}
+
 std::string RopeScaling::describe() const {
   switch (type) {
     case Type::none: return "none";

@@ -17,6 +17,24 @@ enum class Family { gpt2, llama };
 const char* family_name(Family f);
 Family family_from_name(const std::string& s);  // throws "[config] model.family: ..."
 
+// What a family computes, as data: the block, the decoder, the inference runner and the memory
+// estimates read these, never the family's name, which only chooses parameter names and file
+// formats (hf_weights, gguf_model, param_layout's names).
+enum class NormKind { layer_norm, rms_norm };  // LayerNorm (gain and shift) or RMSNorm (gain)
+enum class MlpKind { gelu, swiglu };           // GELU (tanh) of one projection, or SiLU(gate) * up
+enum class PositionKind { learned, rope };     // a position table added to the embeddings, or RoPE
+struct FamilyTraits {
+  NormKind norm = NormKind::rms_norm;
+  MlpKind mlp = MlpKind::swiglu;
+  PositionKind position = PositionKind::rope;
+  bool linear_biases = false;  // every linear and norm has a bias (GPT-2)
+  bool qkv_bias = false;       // the q, k and v projections have biases (GPT-2, Qwen2)
+  // fc outputs per hidden unit: 2 for SwiGLU's gate|up.
+  int64_t mlp_fan_out() const { return mlp == MlpKind::swiglu ? 2 : 1; }
+  // Per-row statistics a norm keeps for backward: LayerNorm's mean and rstd, RMSNorm's rstd.
+  int64_t norm_stats() const { return norm == NormKind::layer_norm ? 2 : 1; }
+};
+
 // Training's compute precision (model.precision). bf16: the matrix products of every linear layer
 // and of the LM head round their operands (weights, activations, output gradients) to bf16 and
 // accumulate in f32; master weights, gradients, optimizer state, norms, softmax, attention and
@@ -129,9 +147,10 @@ struct ModelConfig {
   }
 
   int64_t head_dim() const { return d_model / n_head; }
+  FamilyTraits traits() const;
   // RoPE's inverse frequency of each of the head_dim/2 rotated pairs, rope_scaling applied.
   std::vector<double> rope_inv_freq() const;
-  bool has_bias() const { return family == Family::gpt2; }
+  bool has_bias() const { return traits().linear_biases; }
   cpu::ProductPrecision products() const {
     return precision == Precision::bf16   ? cpu::ProductPrecision::bf16
            : precision == Precision::fp16 ? cpu::ProductPrecision::f16

@@ -158,7 +158,7 @@ int Decoder::stage_begin(int64_t B, int64_t T, bool train) {
                                        : BlockActs::allocate(cfg_, B, T, dtype_, alloc_, dims_));
   if (last_stage()) {
     s.lnf = Tensor::empty({N, C}, dtype_, act, alloc_);
-    if (cfg_.family == Family::gpt2) s.lnf_mean = Tensor::empty({N}, dtype_, act, alloc_);
+    if (cfg_.traits().norm == NormKind::layer_norm) s.lnf_mean = Tensor::empty({N}, dtype_, act, alloc_);
     s.lnf_rstd = Tensor::empty({N}, dtype_, act, alloc_);
     s.losses = Tensor::empty({N}, dtype_, act, alloc_);
     if (train) s.dlnf = Tensor::empty({N, C}, dtype_, MemCategory::workspace, alloc_);
@@ -200,7 +200,8 @@ int64_t Decoder::activation_bytes() const {
 
 void Decoder::embed_forward(Slot& s) {
   trace::Span span("embedding forward", "compute");
-  const Tensor wpe = cfg_.family == Family::gpt2 ? src_->outer_param("transformer.wpe.weight") : Tensor{};
+  const bool learned = cfg_.traits().position == PositionKind::learned;
+  const Tensor wpe = learned ? src_->outer_param(position_table_name(cfg_)) : Tensor{};
   const Tensor wte = src_->outer_param(token_table_name(cfg_));
   if (tp_)
     tp_->embedding_forward(s.tokens, pos_, wte, wpe, s.res[0]);
@@ -280,12 +281,10 @@ void Decoder::update_router_bias(const std::vector<MoeLayerStats>& stats, double
 }
 
 void Decoder::final_norm_forward(Slot& s) {
-  const Tensor& x = s.res.back();
-  if (cfg_.family == Family::gpt2)
-    ops::layernorm_forward(x, src_->outer_param("transformer.ln_f.weight"), src_->outer_param("transformer.ln_f.bias"),
-                           s.lnf, s.lnf_mean, s.lnf_rstd, cfg_.norm_eps);
-  else
-    ops::rmsnorm_forward(x, src_->outer_param("model.norm.weight"), s.lnf, s.lnf_rstd, cfg_.norm_eps);
+  const FamilyTraits t = cfg_.traits();
+  const Tensor b = t.linear_biases ? src_->outer_param(final_norm_name(cfg_, "bias")) : Tensor{};
+  norm_forward(t, s.res.back(), src_->outer_param(final_norm_name(cfg_, "weight")), b, s.lnf, s.lnf_mean, s.lnf_rstd,
+               cfg_.norm_eps);
 }
 
 double Decoder::count_and_sum(const Slot& s, int64_t N, int64_t* n_valid) {
@@ -333,17 +332,14 @@ double Decoder::stage_forward(int id, const int32_t* tokens, const int32_t* targ
 void Decoder::stage_backward(int id, const Tensor& dy) {
   Slot& s = slot(id);
   LOOM_CHECK(s.train, "model", "stage_backward on micro-batch slot ", id, " whose forward was an evaluation");
-  const bool gpt2 = cfg_.family == Family::gpt2;
+  const FamilyTraits t = cfg_.traits();
   using Phase = ParamSource::Phase;
   if (last_stage()) {
     trace::Span span("final norm backward", "compute");
-    if (gpt2)
-      ops::layernorm_backward(s.dlnf, s.res.back(), src_->outer_param("transformer.ln_f.weight"), s.lnf_mean,
-                              s.lnf_rstd, dres_, src_->outer_grad("transformer.ln_f.weight"),
-                              src_->outer_grad("transformer.ln_f.bias"));
-    else
-      ops::rmsnorm_backward(s.dlnf, s.res.back(), src_->outer_param("model.norm.weight"), s.lnf_rstd, dres_,
-                            src_->outer_grad("model.norm.weight"));
+    const std::string g = final_norm_name(cfg_, "weight");
+    norm_backward(t, s.dlnf, s.res.back(), src_->outer_param(g), s.lnf_mean, s.lnf_rstd, dres_, src_->outer_grad(g),
+                  t.linear_biases ? src_->outer_grad(final_norm_name(cfg_, "bias")) : Tensor{},
+                  /*accumulate_dx=*/false);
     src_->head_grads_done();
   } else {
     LOOM_CHECK(dy.defined() && dy.numel() == dres_.numel(), "model",
@@ -390,7 +386,7 @@ void Decoder::stage_backward(int id, const Tensor& dy) {
   if (first_stage()) {
     trace::Span span("embedding backward", "compute");
     const Tensor dwte = src_->outer_grad(token_table_name(cfg_));
-    const Tensor dwpe = gpt2 ? src_->outer_grad("transformer.wpe.weight") : Tensor{};
+    const Tensor dwpe = t.position == PositionKind::learned ? src_->outer_grad(position_table_name(cfg_)) : Tensor{};
     if (tp_)
       tp_->embedding_backward(s.tokens, pos_, dres_, dwte, dwpe);
     else

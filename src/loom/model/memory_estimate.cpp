@@ -15,9 +15,9 @@ TrainingMemoryEstimate estimate_training_memory(const ModelConfig& cfg, int64_t 
                                                 int64_t chunk) {
   const int64_t N = B * T, C = cfg.d_model, L = cfg.n_layer, H = cfg.n_head;
   const int64_t D = cfg.head_dim(), F = cfg.d_ff, W = (H + 2 * cfg.n_kv_head) * D;
-  const bool gpt2 = cfg.family == Family::gpt2;
-  const int64_t stats = gpt2 ? 2 : 1;  // mean+rstd or rstd per norm
-  const int64_t G = gpt2 ? 1 : 2;      // fc outputs per hidden unit (gate|up)
+  const FamilyTraits t = cfg.traits();
+  const int64_t stats = t.norm_stats();  // mean+rstd or rstd per norm
+  const int64_t G = t.mlp_fan_out();     // fc outputs per hidden unit (gate|up)
   // The dense MLP buffers serve dense blocks and shared experts (BlockActs::allocate).
   const int64_t mlp = (G + 1) * cfg.dense_mlp_width(F);  // fc (+gate) and activation
   // MoE buffers in every block's set: logits and scores, four per-choice index/weight arrays,
@@ -60,8 +60,8 @@ SliceActivationBytes estimate_slice_activations(const ModelConfig& cfg, const Mo
   const int64_t N = B * T, C = cfg.d_model;
   const int64_t L = (slice.last_layer < 0 ? cfg.n_layer : slice.last_layer) - slice.first_layer;
   const BlockDims d = BlockDims::of(cfg, slice.tp, slice.tp_rank);
-  const bool gpt2 = cfg.family == Family::gpt2;
-  const int64_t stats = gpt2 ? 2 : 1, G = gpt2 ? 1 : 2;
+  const FamilyTraits t = cfg.traits();
+  const int64_t stats = t.norm_stats(), G = t.mlp_fan_out();
   const int64_t mlp = cfg.dense_mlp_width(d.F);
   const int64_t E = cfg.moe.num_experts, k = cfg.moe.top_k, Fe = cfg.expert_d_ff();
   const bool moe = cfg.moe.enabled();
@@ -97,7 +97,7 @@ double training_flops(const ModelConfig& cfg, int64_t P, int64_t B, int64_t T) {
   // Lookup tables do no multiplications: the position table, and the token table unless
   // it doubles as the (tied) head.
   double matmul_params = double(P);
-  if (cfg.family == Family::gpt2) matmul_params -= double(cfg.n_ctx * cfg.d_model);
+  if (cfg.traits().position == PositionKind::learned) matmul_params -= double(cfg.n_ctx * cfg.d_model);
   if (!cfg.tied_embeddings) matmul_params -= double(cfg.vocab_size * cfg.d_model);
   // A MoE token multiplies by its top_k experts only (the router counts).
   if (cfg.moe.enabled()) {

@@ -12,7 +12,7 @@ namespace loom::model {
 
 MoeActs MoeActs::allocate(const ModelConfig& cfg, int64_t N, DType dt, Allocator& alloc, MemCategory cat) {
   const int64_t E = cfg.moe.num_experts, k = cfg.moe.top_k, C = cfg.d_model, F = cfg.expert_d_ff();
-  const int64_t G = cfg.family == Family::gpt2 ? 1 : 2;
+  const int64_t G = cfg.traits().mlp_fan_out();
   MoeActs a;
   a.logits = Tensor::empty({N, E}, dt, cat, alloc);
   a.scores = Tensor::empty({N, E}, dt, cat, alloc);
@@ -37,7 +37,7 @@ int64_t MoeActs::bytes() const {
 
 MoeScratch MoeScratch::allocate(const ModelConfig& cfg, int64_t N, DType dt, Allocator& alloc) {
   const int64_t E = cfg.moe.num_experts, k = cfg.moe.top_k, C = cfg.d_model, F = cfg.expert_d_ff();
-  const int64_t G = cfg.family == Family::gpt2 ? 1 : 2;
+  const int64_t G = cfg.traits().mlp_fan_out();
   const auto cat = MemCategory::workspace;
   MoeScratch s;
   s.rows = Tensor::empty({N * k, C}, dt, cat, alloc);
@@ -431,7 +431,7 @@ template <class T>
 void combine_impl(const ModelConfig& cfg, const BlockWeights& w, MoeActs& a, const Tensor& y, bool accumulate,
                   ExpertParallelOps* ep) {
   const int64_t N = a.tokens, C = cfg.d_model, E = cfg.moe.num_experts, k = cfg.moe.top_k;
-  const int64_t F = cfg.expert_d_ff(), G = cfg.family == Family::gpt2 ? 1 : 2;
+  const int64_t F = cfg.expert_d_ff(), G = cfg.traits().mlp_fan_out();
   const ops::ProductPrecision prec = cfg.products();
   const bool gelu = G == 1;
   if (!distributed(ep)) {
@@ -503,7 +503,7 @@ template <class T>
 void backward_combine_impl(const ModelConfig& cfg, const BlockWeights& w, const BlockWeights& gw, const Tensor& x,
                            MoeActs& a, MoeScratch& s, const Tensor& dx, bool accumulate_dx, ExpertParallelOps* ep) {
   const int64_t N = a.tokens, C = cfg.d_model, E = cfg.moe.num_experts, k = cfg.moe.top_k;
-  const int64_t F = cfg.expert_d_ff(), G = cfg.family == Family::gpt2 ? 1 : 2;
+  const int64_t F = cfg.expert_d_ff(), G = cfg.traits().mlp_fan_out();
   const ops::ProductPrecision prec = cfg.products();
   const bool gelu = G == 1;
   LOOM_CHECK(x.size(0) == N, "moe", "backward over ", x.size(0), " rows after a forward over ", N);

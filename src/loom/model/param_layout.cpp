@@ -13,6 +13,15 @@ const char* lm_head_name(const ModelConfig& cfg) {
   return cfg.tied_embeddings ? token_table_name(cfg) : "lm_head.weight";
 }
 
+const char* position_table_name(const ModelConfig& cfg) {
+  LOOM_CHECK(cfg.traits().position == PositionKind::learned, "params", cfg.name, " has no position table");
+  return "transformer.wpe.weight";
+}
+
+std::string final_norm_name(const ModelConfig& cfg, const char* part) {
+  return str_cat(cfg.family == Family::gpt2 ? "transformer.ln_f." : "model.norm.", part);
+}
+
 void check_tensor_parallel(const ModelConfig& cfg, int64_t tp, const char* setting) {
   LOOM_CHECK(tp >= 1, "config", setting, "=", tp, " must be at least 1");
   LOOM_CHECK(cfg.n_head % tp == 0, "config", setting, "=", tp, " does not divide model.n_head=", cfg.n_head,

@@ -46,6 +46,10 @@ void check_expert_parallel(const ModelConfig& cfg, int64_t ep);
 // Hugging Face names of the token table and of the LM head (the table itself when tied).
 const char* token_table_name(const ModelConfig& cfg);
 const char* lm_head_name(const ModelConfig& cfg);
+// The learned position table (families with PositionKind::learned) and the final norm's gain
+// ("weight") or shift ("bias").
+const char* position_table_name(const ModelConfig& cfg);
+std::string final_norm_name(const ModelConfig& cfg, const char* part);
 // Rows of the token table (and untied head) each tp rank holds: ceil(vocab / tp). The rows
 // past the vocabulary on the last rank are padding: zero, and masked out of the loss.
 int64_t vocab_rows_per_rank(const ModelConfig& cfg, int64_t tp);
