@@ -20,6 +20,7 @@ const std::vector<Command>& commands() {
       {"generate", "sample text from a model: a GGUF file, a Hugging Face directory or a checkpoint", cmd_generate},
       {"chat", "interactive chat with a model in the terminal: loom chat --model PATH", cmd_chat},
       {"quantize", "write a bf16/int8/int4 copy of a checkpoint for inference", cmd_quantize},
+      {"convert", "write a GGUF file or a Hugging Face directory as a loom checkpoint", cmd_convert},
       {"eval", "loss and perplexity of a model on prepared tokens or a text (any precision)", cmd_eval},
       {"report", "one HTML page of a training run's metrics: loom report RUN_DIR", cmd_report},
       {"plan", "predict memory and step time of training layouts", cmd_plan},

@@ -42,6 +42,20 @@ std::unique_ptr<model::Decoder> tp_slice(const model::ModelConfig& cfg, const co
 
 // A GGUF file or a Hugging Face directory: its card, then its weights (whole, or this rank's
 // tensor-parallel slice of them), quantized on load when asked.
+// A checkpoint's own chat files (one `loom convert` wrote carries its model's template and end
+// tokens); none for checkpoints loom trained.
+void read_checkpoint_chat(InferenceModel& m) {
+  model::ModelCard c;
+  c.config = m.model->config();
+  model::read_chat_files(m.checkpoint, c);
+  m.chat_template = c.chat_template;
+  m.chat_template_source = c.chat_template_source;
+  m.bos_token = c.bos_token;
+  m.eos_token = c.eos_token;
+  m.end_ids = c.end_ids;
+  m.end_tokens = c.end_tokens;
+}
+
 InferenceModel load_foreign_model(const std::string& path, const std::optional<infer::QuantSpec>& quant, FILE* log,
                                   const comm::Group* tp) {
   InferenceModel m;
@@ -159,7 +173,9 @@ InferenceModel load_inference_model(const std::string& dir, const std::optional<
     m.model = std::move(q.model);
     m.quant = std::move(q.quant);
     m.checkpoint = dir;
+    m.name = std::filesystem::path(dir).lexically_normal().filename().string();
     m.tokenizer = model::checkpoint_tokenizer(dir);
+    read_checkpoint_chat(m);
     return m;
   }
   if (model::model_format(dir) != model::ModelFormat::loom) return load_foreign_model(dir, quant, log, tp);
@@ -176,6 +192,7 @@ InferenceModel load_inference_model(const std::string& dir, const std::optional<
     model::read_checkpoint_weights(m.checkpoint, *m.model, /*verified=*/true);  // by resolve_checkpoint
   }
   m.tokenizer = model::checkpoint_tokenizer(m.checkpoint);
+  read_checkpoint_chat(m);
   if (quant) quantize_on_load(m, *quant, log);
   return m;
 }

@@ -8,6 +8,7 @@
 #include "loom/core/error.h"
 #include "loom/core/timer.h"
 #include "loom/infer/quant_checkpoint.h"
+#include "loom/model/model_source.h"
 #include "tools/loom/commands.h"
 #include "tools/loom/inference_model.h"
 
@@ -36,6 +37,10 @@ int cmd_quantize(const std::vector<std::string>& argv) {
   const auto spec = quant_spec_from(q);
   LOOM_CHECK(!infer::is_quantized_checkpoint(src), "quantize", src,
              " is already quantized; quantize the training checkpoint it came from");
+  if (const auto format = model::model_format(src); format != model::ModelFormat::loom)
+    throw UsageError(str_cat("[quantize] ", src, " is a ", model::model_format_name(format),
+                             " model; quantize it on load with --quant (generate, serve, eval, chat), or write it as a "
+                             "loom checkpoint with `loom convert` and quantize that"));
   Stopwatch sw;
   InferenceModel m = load_inference_model(src, std::nullopt, stderr);
   const int64_t f32_bytes = m.model->num_params() * 4;

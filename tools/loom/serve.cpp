@@ -213,13 +213,21 @@ int cmd_serve(const std::vector<std::string>& argv) {
                                                     : model::checkpoint_tokenizer(checkpoint);
   std::unique_ptr<data::Tokenizer> data_tok = data::make_tokenizer(tok_name, data_dir);
   std::vector<int32_t> end_ids;
-  if (card) end_ids = end_token_ids(card->end_ids, card->end_tokens, *data_tok);
+  // The chat files: the foreign model's, or those a converted checkpoint carries.
+  model::ModelCard chat_card;
+  if (card) {
+    chat_card = *card;
+  } else if (!checkpoint.empty()) {
+    chat_card.config = mc;
+    model::read_chat_files(checkpoint, chat_card);
+  }
+  end_ids = end_token_ids(chat_card.end_ids, chat_card.end_tokens, *data_tok);
   auto tokenizer = std::make_unique<serve::DataTokenizer>(std::move(data_tok), end_ids);
   // The chat template: the model's own, checked now so that a bad one fails before listening.
   const std::shared_ptr<const serve::ChatFormat> chat =
-      card && !card->chat_template.empty()
-          ? serve::ChatFormat::from_template(card->chat_template, card->chat_template_source, card->bos_token,
-                                             card->eos_token)
+      !chat_card.chat_template.empty()
+          ? serve::ChatFormat::from_template(chat_card.chat_template, chat_card.chat_template_source,
+                                             chat_card.bos_token, chat_card.eos_token)
           : serve::ChatFormat::chatml();
   if (checkpoint.empty()) mc.vocab_size = tokenizer->vocab_size();
   if (given("n-ctx")) {

@@ -100,7 +100,11 @@ void save_quantized_checkpoint(const std::string& out_dir, const std::string& so
   w.write((tmp / kWeights).string());
   io::ManifestWriter manifest(tmp.string());
   manifest.record(kWeights);
-  for (const char* f : {"config.json", "config.yaml", "trainer_state.json"}) {
+  // The model files, and a converted model's own tokenizer and chat files (trainer_state.json
+  // names them relative to the checkpoint).
+  for (const char* f :
+       {"config.json", "config.yaml", "trainer_state.json", "tokenizer.json", "tokenizer.gguf", "tokenizer_config.json",
+        "generation_config.json", "special_tokens_map.json", "chat_template.jinja"}) {
     const fs::path from = fs::path(source_dir) / f;
     if (!fs::exists(from)) continue;
     fs::copy_file(from, tmp / f, fs::copy_options::overwrite_existing, ec);

@@ -40,6 +40,10 @@ ModelConfig checkpoint_model_config(const std::string& path) {
 std::string checkpoint_tokenizer(const std::string& path) {
   const json state = read_trainer_state(path);
   const std::string recorded = state.value("tokenizer", "");
+  // A name (gpt2, byte), an absolute path, or a path relative to the checkpoint (a converted
+  // model's own tokenizer files, which travel with it).
+  if (!recorded.empty() && recorded != "gpt2" && recorded != "byte" && fs::path(recorded).is_relative())
+    return (fs::path(path) / recorded).lexically_normal().string();
   if (!recorded.empty()) return recorded;
   return checkpoint_model_config(path).vocab_size == 256 ? "byte" : "gpt2";
 }

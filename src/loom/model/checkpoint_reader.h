@@ -23,8 +23,9 @@ namespace loom::model {
 // was trained from when config.yaml names one, else "custom".
 ModelConfig checkpoint_model_config(const std::string& path);
 
-// The tokenizer recorded at training time; for checkpoints that do not say, "byte" for a
-// 256-entry vocabulary, else "gpt2".
+// The tokenizer recorded at training time ("gpt2", "byte", or a path: one relative to the
+// checkpoint, as `loom convert` records the model's own tokenizer files, comes back joined to
+// it); for checkpoints that do not say, "byte" for a 256-entry vocabulary, else "gpt2".
 std::string checkpoint_tokenizer(const std::string& path);
 
 // A checkpoint directory itself, or the newest valid one inside a run directory (damaged ones

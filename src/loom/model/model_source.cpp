@@ -63,6 +63,14 @@ ModelCard gguf_card(const std::string& path) {
   return c;
 }
 
+// One id or a list of them (generation_config.json's eos_token_id).
+void add_end_ids(ModelCard& c, const json& v) {
+  if (v.is_number_integer()) add_end_id(c, v.get<int64_t>());
+  if (v.is_array())
+    for (const json& x : v)
+      if (x.is_number_integer()) add_end_id(c, x.get<int64_t>());
+}
+
 ModelCard hf_card(const std::string& dir) {
   const fs::path d(dir);
   ModelCard c;
@@ -73,38 +81,8 @@ ModelCard hf_card(const std::string& dir) {
   if (c.name.empty()) c.name = fs::absolute(d).parent_path().filename().string();
   c.config.name = c.name;
   c.tokenizer = dir;
-  if (fs::exists(d / "tokenizer_config.json")) {
-    const json tc = read_json(d / "tokenizer_config.json");
-    if (tc.contains("bos_token")) c.bos_token = token_text(tc["bos_token"]);
-    if (tc.contains("eos_token")) c.eos_token = token_text(tc["eos_token"]);
-    if (tc.contains("chat_template")) {
-      const json& t = tc["chat_template"];
-      if (t.is_string()) {
-        c.chat_template = t.get<std::string>();
-      } else if (t.is_array()) {  // named templates: [{"name": "default", "template": ...}, ...]
-        for (const json& item : t)
-          if (item.value("name", "") == "default" && item.contains("template"))
-            c.chat_template = item["template"].get<std::string>();
-      }
-      c.chat_template_source = (d / "tokenizer_config.json").string() + ":chat_template";
-    }
-  }
-  if (c.chat_template.empty() && fs::exists(d / "chat_template.jinja")) {
-    c.chat_template = io::read_file((d / "chat_template.jinja").string());
-    c.chat_template_source = (d / "chat_template.jinja").string();
-  }
-  auto add_ids = [&](const json& v) {
-    if (v.is_number_integer()) add_end_id(c, v.get<int64_t>());
-    if (v.is_array())
-      for (const json& x : v)
-        if (x.is_number_integer()) add_end_id(c, x.get<int64_t>());
-  };
-  if (fs::exists(d / "generation_config.json")) {
-    const json gc = read_json(d / "generation_config.json");
-    if (gc.contains("eos_token_id")) add_ids(gc["eos_token_id"]);
-  }
-  if (cfg.contains("eos_token_id")) add_ids(cfg["eos_token_id"]);
-  if (!c.eos_token.empty()) c.end_tokens.push_back(c.eos_token);
+  read_chat_files(dir, c);
+  if (cfg.contains("eos_token_id")) add_end_ids(c, cfg["eos_token_id"]);
   return c;
 }
 
@@ -136,6 +114,36 @@ std::vector<std::string> hf_weight_files(const fs::path& d) {
 }
 
 }  // namespace
+
+void read_chat_files(const std::string& dir, ModelCard& c) {
+  const fs::path d(dir);
+  if (fs::exists(d / "tokenizer_config.json")) {
+    const json tc = read_json(d / "tokenizer_config.json");
+    if (tc.contains("bos_token")) c.bos_token = token_text(tc["bos_token"]);
+    if (tc.contains("eos_token")) c.eos_token = token_text(tc["eos_token"]);
+    if (tc.contains("chat_template")) {
+      const json& t = tc["chat_template"];
+      if (t.is_string()) {
+        c.chat_template = t.get<std::string>();
+      } else if (t.is_array()) {  // named templates: [{"name": "default", "template": ...}, ...]
+        for (const json& item : t)
+          if (item.value("name", "") == "default" && item.contains("template"))
+            c.chat_template = item["template"].get<std::string>();
+      }
+      c.chat_template_source = (d / "tokenizer_config.json").string() + ":chat_template";
+    }
+  }
+  if (c.chat_template.empty() && fs::exists(d / "chat_template.jinja")) {
+    c.chat_template = io::read_file((d / "chat_template.jinja").string());
+    c.chat_template_source = (d / "chat_template.jinja").string();
+  }
+  if (fs::exists(d / "generation_config.json")) {
+    const json gc = read_json(d / "generation_config.json");
+    if (gc.contains("eos_token_id")) add_end_ids(c, gc["eos_token_id"]);
+  }
+  if (!c.eos_token.empty() && std::find(c.end_tokens.begin(), c.end_tokens.end(), c.eos_token) == c.end_tokens.end())
+    c.end_tokens.push_back(c.eos_token);
+}
 
 const char* model_format_name(ModelFormat f) {
   switch (f) {

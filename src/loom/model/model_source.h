@@ -38,6 +38,11 @@ struct ModelCard {
 // The card of a GGUF file or a Hugging Face directory (not of a loom checkpoint).
 ModelCard read_model_card(const std::string& path);
 
+// The chat files a directory may hold (a Hugging Face directory, or a checkpoint `loom convert`
+// wrote): tokenizer_config.json's chat template, bos and eos tokens, chat_template.jinja,
+// generation_config.json's end ids; what is absent stays as it is in `c`.
+void read_chat_files(const std::string& dir, ModelCard& c);
+
 // Loads the weights of a GGUF file or a Hugging Face directory (model.safetensors, or the
 // shards model.safetensors.index.json lists) into `m`, the whole model in f32; returns a
 // phrase for the start-up line ("Q4_1 x210, Q8_0 x1, F32 x61 dequantized to f32 in 1.2 s").

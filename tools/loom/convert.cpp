@@ -1,0 +1,190 @@
+// `loom convert --model PATH --out DIR [--dtype f32|bf16]`: a GGUF file or a Hugging Face
+// directory written as a loom checkpoint that generate, eval, serve, chat and quantize load with
+// --checkpoint DIR. It holds what model/checkpoint_reader.h reads (manifest.json,
+// model.safetensors, config.json, trainer_state.json naming the tokenizer) and the tokenizer
+// itself; it is not a training checkpoint to resume (no optimizer state). docs/MODELS.md.
+#include <cstdio>
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "loom/core/error.h"
+#include "loom/core/timer.h"
+#include "loom/io/checkpoint_files.h"
+#include "loom/io/file.h"
+#include "loom/io/gguf.h"
+#include "loom/io/manifest.h"
+#include "loom/model/hf_weights.h"
+#include "loom/model/model_source.h"
+#include "tools/loom/commands.h"
+
+namespace loom::cli {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// A Hugging Face directory's tokenizer files, copied as they are: make_tokenizer opens the
+// directory (tokenizer.json, tokenizer_config.json), and the chat template and end tokens stay
+// where readers of Hugging Face directories look for them.
+constexpr const char* kHfTokenizerFiles[] = {"tokenizer.json",
+                                             "tokenizer_config.json",
+                                             "special_tokens_map.json",
+                                             "generation_config.json",
+                                             "chat_template.jinja",
+                                             "vocab.json",
+                                             "merges.txt",
+                                             "tokenizer.model"};
+// A GGUF's vocabulary: a GGUF file with the source's tokenizer.* metadata and no tensors, which
+// make_tokenizer reads exactly as it reads the source.
+constexpr const char* kGgufTokenizerFile = "tokenizer.gguf";
+
+// Puts the tokenizer of `source` into `tmp` (renamed to `final_dir` later), appending the files
+// written to `files`; returns what the checkpoint records as its tokenizer.
+std::string carry_tokenizer(const std::string& source, const model::ModelCard& card, const fs::path& tmp,
+                            const fs::path& final_dir, std::vector<std::string>& files) {
+  if (card.format == model::ModelFormat::hf) {
+    for (const char* f : kHfTokenizerFiles) {
+      if (!fs::exists(fs::path(source) / f)) continue;
+      fs::copy_file(fs::path(source) / f, tmp / f, fs::copy_options::overwrite_existing);
+      files.push_back(f);
+    }
+    if (!fs::exists(tmp / "tokenizer.json"))
+      std::fprintf(stderr,
+                   "[convert] warning: %s has no tokenizer.json; the checkpoint names itself as its tokenizer, "
+                   "so loading a tokenizer from it fails until one is added\n",
+                   source.c_str());
+    return ".";  // the checkpoint itself (checkpoint_tokenizer joins it to the directory)
+  }
+  const io::GgufFile g = io::GgufFile::open(source);
+  if (!g.has("tokenizer.ggml.model")) {
+    std::fprintf(stderr, "[convert] warning: %s carries no tokenizer; the checkpoint names the GGUF file instead\n",
+                 source.c_str());
+    return fs::absolute(source).string();
+  }
+  io::GgufWriter w;
+  w.set("general.architecture", g.value("general.architecture"));
+  w.set("general.name", io::gguf_string(card.name));
+  for (const auto& [key, value] : g.metadata())
+    if (key.rfind("tokenizer.", 0) == 0) w.set(key, value);
+  w.write((tmp / kGgufTokenizerFile).string());
+  files.push_back(kGgufTokenizerFile);
+  // The chat template and end tokens also where a Hugging Face directory keeps them.
+  json tc = json::object();
+  if (!card.chat_template.empty()) tc["chat_template"] = card.chat_template;
+  if (!card.bos_token.empty()) tc["bos_token"] = card.bos_token;
+  if (!card.eos_token.empty()) tc["eos_token"] = card.eos_token;
+  io::write_file_atomic((tmp / "tokenizer_config.json").string(), tc.dump(2));
+  files.push_back("tokenizer_config.json");
+  if (!card.end_ids.empty()) {
+    io::write_file_atomic((tmp / "generation_config.json").string(), json({{"eos_token_id", card.end_ids}}).dump(2));
+    files.push_back("generation_config.json");
+  }
+  return kGgufTokenizerFile;  // relative to the checkpoint, so that it moves with it
+}
+
+// --out as an absolute path without a trailing separator; refuses to replace anything but a
+// loom checkpoint or an empty directory.
+fs::path output_dir(const std::string& out) {
+  fs::path d = fs::absolute(out).lexically_normal();
+  if (d.filename().empty()) d = d.parent_path();
+  std::error_code ec;
+  if (!fs::exists(d, ec)) return d;
+  const std::string format = io::manifest_format(d.string());
+  const bool replaceable = format == io::kTrainingCheckpointFormat || format == io::kQuantizedCheckpointFormat ||
+                           (fs::is_directory(d, ec) && fs::is_empty(d, ec));
+  if (!replaceable)
+    throw UsageError(str_cat("[convert] --out ", out,
+                             " exists and is not a loom checkpoint; give a new directory (convert replaces only an "
+                             "earlier checkpoint)"));
+  return d;
+}
+
+}  // namespace
+
+int cmd_convert(const std::vector<std::string>& argv) {
+  auto app = new_app("convert",
+                     "Writes DIR, a loom checkpoint of a GGUF file (weights dequantized) or a Hugging Face directory "
+                     "(model.safetensors or its shards), with the model's tokenizer and chat template inside it; loom "
+                     "generate, eval, serve, chat and quantize load it with --checkpoint DIR. The last line is "
+                     "SUMMARY {json}.");
+  std::string src, out, dtype = "f32";
+  app->add_option("--model", src, "a GGUF file or a Hugging Face directory")->type_name("PATH")->required();
+  app->add_option("--out", out, "the checkpoint (an earlier checkpoint there is replaced)")
+      ->type_name("DIR")
+      ->required();
+  app->add_option("--dtype", dtype, "the weights as stored (bf16 halves the file; loaded as f32)")
+      ->check(one_of({"f32", "bf16"}));
+  if (auto rc = parse(*app, argv)) return *rc;
+  Stopwatch sw;
+  const model::ModelFormat format = model::model_format(src);
+  if (format == model::ModelFormat::loom)
+    throw UsageError(str_cat(
+        "[convert] ", src, " is a loom checkpoint already; load it as it is, or use loom quantize for a smaller copy"));
+  const fs::path final_dir = output_dir(out);
+  const model::ModelCard card = model::read_model_card(src);
+  // Before the weights: a config that has no config.json form (a GGUF's per-frequency RoPE
+  // factors) is refused here, naming what to convert instead.
+  const std::string config_json = model::hf_config_json(card.config);
+  model::DecoderOptions opt;
+  opt.allocate_flat_grads = false;
+  model::Decoder m(card.config, opt);
+  const std::string how = model::load_model_weights(src, card, m);
+  std::fprintf(stderr, "[convert] %s (%s): %s, %.1fM parameters; weights %s\n", card.name.c_str(),
+               model::model_format_name(format), card.config.summary().c_str(), double(m.num_params()) / 1e6,
+               how.c_str());
+
+  const fs::path tmp = final_dir.string() + ".tmp";
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  LOOM_CHECK(!ec, "convert", "cannot create ", tmp.string(), ": ", ec.message());
+  std::string tokenizer;
+  try {
+    std::vector<std::string> files = {io::kWeightsFile, io::kHfConfigFile};
+    model::save_hf_safetensors(m, (tmp / io::kWeightsFile).string(), dtype == "bf16" ? DType::bf16 : DType::f32);
+    io::write_file_atomic((tmp / io::kHfConfigFile).string(), config_json);
+    tokenizer = carry_tokenizer(src, card, tmp, final_dir, files);
+    const json source = {{"path", fs::absolute(src).lexically_normal().string()},
+                         {"format", model::model_format_name(format)}};
+    // What checkpoint_reader.h reads: the step and the tokenizer (relative to the checkpoint,
+    // whose files `loom quantize` copies along).
+    const json state = {{"step", 0}, {"tokenizer", tokenizer}, {"run_id", ""}, {"converted_from", source}};
+    io::write_file_atomic((tmp / io::kTrainerStateFile).string(), state.dump(2));
+    files.push_back(io::kTrainerStateFile);
+    io::ManifestWriter manifest(tmp.string());
+    for (const std::string& f : files) manifest.record(f);
+    manifest.write(io::kTrainingCheckpointFormat, io::kTrainingCheckpointVersion,
+                   {{"step", 0}, {"model", card.name}, {"converted_from", source}});
+    io::fsync_dir(tmp.string());
+    fs::remove_all(final_dir, ec);
+    fs::rename(tmp, final_dir, ec);
+    LOOM_CHECK(!ec, "convert", "cannot rename ", tmp.string(), " to ", final_dir.string(), ": ", ec.message());
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  std::string why;
+  LOOM_CHECK(io::verify_checkpoint(final_dir.string(), &why), "convert", final_dir.string(),
+             " failed verification after writing: ", why);
+  int64_t bytes = 0;
+  for (const auto& e : fs::directory_iterator(final_dir))
+    if (e.is_regular_file()) bytes += int64_t(e.file_size());
+  std::printf("[convert] %s -> %s: %s weights, checkpoint %.1f MB, tokenizer %s%s, %.1f s\n", src.c_str(),
+              final_dir.string().c_str(), dtype.c_str(), double(bytes) / 1e6, tokenizer.c_str(),
+              card.chat_template.empty() ? "" : ", chat template kept", sw.seconds());
+  const json s = {{"source", src},
+                  {"format", model::model_format_name(format)},
+                  {"out", final_dir.string()},
+                  {"dtype", dtype},
+                  {"params", m.num_params()},
+                  {"checkpoint_bytes", bytes},
+                  {"tokenizer", tokenizer},
+                  {"chat_template", !card.chat_template.empty()},
+                  {"seconds", sw.seconds()}};
+  std::printf("SUMMARY %s\n", s.dump().c_str());
+  return 0;
+}
+
+}  // namespace loom::cli
