@@ -16,6 +16,7 @@ const std::vector<Command>& commands() {
       {"train", "train a model from a YAML config: loom train CONFIG.yaml", cmd_train},
       {"prepare", "tokenize text files into token shards for training", cmd_prepare},
       {"tokenize", "encode stdin to token ids (or --decode ids to text)", cmd_tokenize},
+      {"chat-template", "print the prompt a chat template makes of messages (or its ids)", cmd_chat_template},
       {"launch", "run N ranks through mpirun: loom launch --nproc N -- train CONFIG.yaml", cmd_launch},
       {"generate", "sample text from a model: a GGUF file, a Hugging Face directory or a checkpoint", cmd_generate},
       {"chat", "interactive chat with a model in the terminal: loom chat --model PATH", cmd_chat},

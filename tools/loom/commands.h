@@ -26,6 +26,7 @@ int cmd_bench(const std::vector<std::string>& args);
 int cmd_launch(const std::vector<std::string>& args);
 int cmd_version(const std::vector<std::string>& args);
 int cmd_tokenize(const std::vector<std::string>& args);
+int cmd_chat_template(const std::vector<std::string>& args);
 int cmd_prepare(const std::vector<std::string>& args);
 int cmd_train(const std::vector<std::string>& args);
 int cmd_generate(const std::vector<std::string>& args);

@@ -5,10 +5,24 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 
 #include "loom/core/error.h"
 
 namespace loom::cli {
+
+std::string peer_venv_dir(const std::string& name) {
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return "build/peers/" + name;
+  return (exe.parent_path().parent_path() / "peers" / name).string();
+}
+
+std::string shell_quoted(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
 
 PeerProcess::PeerProcess(const std::vector<std::string>& argv) {
   int in[2], out[2];

@@ -6,6 +6,12 @@
 
 namespace loom::cli {
 
+// BUILD/peers/NAME for the binary BUILD/bin/loom: a peer's private venv lives beside the build
+// that uses it (build/peers/NAME when /proc/self/exe cannot be read).
+std::string peer_venv_dir(const std::string& name);
+// `s` quoted for a POSIX shell command line (std::system).
+std::string shell_quoted(const std::string& s);
+
 class PeerProcess {
  public:
   explicit PeerProcess(const std::vector<std::string>& argv);
