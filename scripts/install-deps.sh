@@ -13,6 +13,8 @@ PACKAGES=(
   libssl-dev                    # SHA-256 (libcrypto) for cascade model versions
   googletest libgtest-dev libgmock-dev
   clang                         # make check: libFuzzer targets (tests/fuzz)
+  libclang-rt-dev               # make check: libFuzzer and the sanitizer runtimes for clang (only
+                                # recommended by clang, so --no-install-recommends skips it)
   clang-format                  # make check: the code's format (.clang-format)
   chromium                      # tests: loom report's page rendered headless (screenshot check)
   prometheus                    # tests: a real Prometheus scrapes loom train and loom serve

@@ -110,7 +110,7 @@ void draw_legend(std::ostringstream& os, const std::vector<PlotSeries>& series,
   double lx = 0, ly = 0;
   size_t least = SIZE_MAX;
   for (auto [cx, cy] : {std::pair{right, kTop + 6}, {kLeft + 6, kTop + 6}, {right, bottom}, {kLeft + 6, bottom}}) {
-    const size_t n = size_t(std::count_if(ink.begin(), ink.end(), [&](auto q) {
+    const size_t n = size_t(std::count_if(ink.begin(), ink.end(), [cx = cx, cy = cy, w, h](auto q) {
       return q.first > cx - 4 && q.first < cx + w + 4 && q.second > cy - 4 && q.second < cy + h + 4;
     }));
     if (n < least) least = n, lx = cx, ly = cy;
