@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <string>
 #include <thread>
 
 #include "loom/core/timer.h"
@@ -32,6 +33,19 @@ std::vector<json> complete_events(const json& doc) {
   for (const json& e : doc.at("traceEvents"))
     if (e.at("ph") == "X") out.push_back(e);
   return out;
+}
+
+// The first pair of one row's events (sorted by start) that overlap without nesting, as text;
+// empty when every event starts after each earlier one ends or ends inside it (1e-3 us slack).
+std::string first_unnested(const std::vector<json>& row) {
+  for (size_t i = 1; i < row.size(); ++i) {
+    const double s = row[i].at("ts"), e = s + row[i].at("dur").get<double>();
+    for (size_t j = 0; j < i; ++j) {
+      const double ps = row[j].at("ts"), pe = ps + row[j].at("dur").get<double>();
+      if (!(s >= pe - 1e-3 || (s >= ps && e <= pe + 1e-3))) return row[i].dump() + " overlaps " + row[j].dump();
+    }
+  }
+  return "";
 }
 
 }  // namespace
@@ -133,16 +147,7 @@ TEST_F(TraceTest, WritesChromeJsonWithRowsThatNest) {
   }
   // The thread's two spans share a row; the overlapping recv gets a row of its own.
   EXPECT_EQ(by_tid.size(), 3u);
-  for (const auto& [tid, row] : by_tid)  // every row nests: each event ends before or inside the previous
-    for (size_t i = 1; i < row.size(); ++i) {
-      const double s = row[i].at("ts"), e = s + row[i].at("dur").get<double>();
-      bool ok = false;
-      for (size_t j = 0; j < i; ++j) {
-        const double ps = row[j].at("ts"), pe = ps + row[j].at("dur").get<double>();
-        ok = ok || s >= pe || (s >= ps && e <= pe + 1e-3);
-      }
-      EXPECT_TRUE(ok) << row[i].dump();
-    }
+  for (const auto& [tid, row] : by_tid) EXPECT_EQ(first_unnested(row), "") << "row " << tid;
   bool saw_bytes = false;
   for (const json& e : ev)
     if (e.at("name") == "send \"x\"") saw_bytes = e.at("args").at("bytes") == 64;
@@ -155,6 +160,15 @@ TEST_F(TraceTest, WritesChromeJsonWithRowsThatNest) {
   EXPECT_TRUE(names.count("main"));
   EXPECT_TRUE(names.count("comm pp"));
   EXPECT_TRUE(names.count("comm pp (2)"));
+}
+
+// The nesting check above rejects a row where an event overlaps one earlier event partially,
+// even when it starts after another (a check that ORs over earlier events would accept it).
+TEST(TraceJson, NestingCheckRejectsAPartialOverlap) {
+  auto ev = [](double ts, double dur) { return json{{"ts", ts}, {"dur", dur}}; };
+  EXPECT_EQ(first_unnested({ev(0, 6000), ev(1000, 1000), ev(5000, 1000)}), "");
+  EXPECT_EQ(first_unnested({ev(0, 6000), ev(6000, 3000)}), "");
+  EXPECT_NE(first_unnested({ev(0, 6000), ev(1000, 1000), ev(3000, 6000)}), "");
 }
 
 TEST(TraceJson, EscapesWhatJsonCannotHold) { EXPECT_EQ(trace::json_escape("a\"b\\c\nd"), "a\\\"b\\\\c\\u000ad"); }

@@ -1,8 +1,12 @@
 // Every config error path names the key path and the problem before any work starts.
 #include <gtest/gtest.h>
 
+#include <string>
+#include <utility>
+
 #include "loom/core/error.h"
 #include "loom/kernels/cpu/bf16_gemm.h"
+#include "loom/optim/schedule.h"
 #include "loom/train/train_config.h"
 
 using namespace loom;
@@ -62,9 +66,19 @@ TEST(TrainConfig, CrossFieldChecks) {
   expect_error("a: [1, 2", "not valid YAML");
 }
 
+// Unset, schedule.warmup_steps resolves to min(10000, 10% of schedule.steps): 100 of 1,000
+// steps, and 10,000 (not 100,000) of 1,000,000, with the learning rate reaching its peak at the
+// warmup's last step. The schedule is built from the config as the trainer builds it.
 TEST(LrSchedule, DefaultWarmupIsTenPercentCappedAtTenThousand) {
-  TrainConfig c = parse_train_config(kBase, {"schedule.steps=1000"});
-  EXPECT_EQ(c.schedule.warmup_steps, -1);
+  for (const auto& [steps, warmup] : {std::pair<int64_t, int64_t>{1000, 100}, {1000000, 10000}}) {
+    const TrainConfig c = parse_train_config(kBase, {"schedule.steps=" + std::to_string(steps), "optim.lr=1e-3"});
+    EXPECT_EQ(c.schedule.warmup_steps, -1);
+    const optim::LrSchedule sched{c.optim.lr, c.schedule.min_lr, c.schedule.warmup_steps, c.schedule.steps};
+    EXPECT_EQ(sched.resolved_warmup(), warmup) << steps << " steps";
+    EXPECT_DOUBLE_EQ(sched.lr_at(0), 1e-3 / double(warmup)) << steps << " steps";
+    EXPECT_DOUBLE_EQ(sched.lr_at(warmup / 2 - 1), 0.5e-3) << steps << " steps";
+    EXPECT_DOUBLE_EQ(sched.lr_at(warmup - 1), 1e-3) << steps << " steps";
+  }
 }
 
 TEST(TrainConfig, RepeatedKeysAreRefusedNotResolved) {

@@ -21,12 +21,14 @@ c="$(gen 8)"
 [ "${a:0:6}" = "ROMEO:" ] || { echo "output does not start with the prompt: $a"; exit 1; }
 [ "$a" = "$b" ] || { echo "same seed, different output:"; echo "$a"; echo "$b"; exit 1; }
 [ "$a" != "$c" ] || { echo "different seeds gave the same output: $a"; exit 1; }
-# A prompt longer than the context is refused with both numbers.
+# A prompt longer than the context is refused (an error, exit 1) with both numbers: the
+# prompt's 400 tokens and the model's context of 128.
 long="$(head -c 400 "$WORK/in.txt")"
-if out="$("$LOOM" generate --checkpoint "$WORK/run" --prompt "$long" 2>&1)"; then
-  echo "a 400-token prompt on a 128-token model was accepted"; exit 1
-fi
-echo "$out" | grep -q "400" || { echo "refusal does not name the prompt length: $out"; exit 1; }
+rc=0
+out="$("$LOOM" generate --checkpoint "$WORK/run" --prompt "$long" 2>&1)" || rc=$?
+[ "$rc" = 1 ] || { echo "a 400-token prompt on a 128-token model exited $rc, expected 1: $out"; exit 1; }
+want="[generate] the prompt is 400 tokens but the model's context is 128 tokens; shorten the prompt"
+case "$out" in *"$want"*) ;; *) echo "refusal does not name both numbers; expected \"$want\" in: $out"; exit 1 ;; esac
 # refused CHECKPOINT EXPECTED OPTIONS...: a usage error (exit 2) that says EXPECTED.
 refused() {
   local ckpt="$1" want="$2" out rc=0
