@@ -37,7 +37,7 @@ refused "k=0 must be at least 1" gen2 --speculative ngram,k=0
 refused "it must start with draft=DIR or ngram" gen2 --speculative eagle
 refused "'n=3' is not an option of draft" gen2 --speculative "draft=$WORK/draft,n=3"
 refused "the draft's vocabulary has 300 tokens but the target's has 256" gen2 --speculative "draft=$WORK/wide"
-refused "[speculative] the draft (draft=$WORK/nothing-here): [checkpoint]" gen2 --speculative "draft=$WORK/nothing-here"
+refused "[speculative] the draft (draft=$WORK/nothing-here): [model] $WORK/nothing-here does not exist" gen2 --speculative "draft=$WORK/nothing-here"
 # A draft larger than its target is allowed, with a warning.
 "$LOOM" generate --checkpoint "$WORK/draft" --prompt "A" --max-tokens 4 --speculative "draft=$WORK/target" \
   > /dev/null 2> "$WORK/warn.err"
