@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """llama.cpp peer for `loom bench infer --peer llama.cpp`, through PyPI's llama-cpp-python.
 
-  llama_cpp_peer.py --gguf FILE --threads N [--ctx N] [--exact]
+  llama_cpp_peer.py --gguf FILE --threads N [--ctx N] [--exact] [--logits-all]
 
 Serves the benchmark over stdin/stdout so its runs alternate with loom's in one invocation:
   prints `READY <system info>` once the model is loaded; then, per command line,
@@ -9,10 +9,15 @@ Serves the benchmark over stdin/stdout so its runs alternate with loom's in one 
                  `DECODE <tokens/s, median over the N steps>`;
   `prefill P`    one P-token prompt in one batch; prints `PREFILL <tokens/s>`;
   `greedy N t1 t2 ...` prompt t1..tk, then N greedy tokens; prints `TOKENS id id ...`;
+  `nll N t0 .. t(N-1) [tN]` (needs --logits-all) one window of N input tokens from an empty
+                 cache, each scored against the token after it; prints `NLL <sum> <count>`, the
+                 sum of -log softmax(logits)[next] in float64, as `loom eval` computes it;
   `quit` (or end of input) exits.
 Prompts for decode/prefill are the same token formulas loom's benchmark uses, so both sides
 see the same ids. --exact runs an F32 KV cache with flash attention off (for comparing
 greedy tokens with loom); otherwise llama.cpp's defaults for this API (F16 KV cache).
+--logits-all keeps the logits of every position (for `nll`; it slows prompts, so the timing
+runs go without it).
 """
 import argparse
 import contextlib
@@ -53,12 +58,13 @@ def main():
     p.add_argument("--threads", type=int, required=True)
     p.add_argument("--ctx", type=int, default=1024)
     p.add_argument("--exact", action="store_true")
+    p.add_argument("--logits-all", action="store_true")
     a = p.parse_args()
     keep = quiet_logs()
     kw = dict(type_k=0, type_v=0, flash_attn=False) if a.exact else {}
     with contextlib.redirect_stderr(io.StringIO()):  # the binding's own chatter (metadata, chat format)
         llm = Llama(model_path=a.gguf, n_ctx=a.ctx, n_batch=a.ctx, n_ubatch=a.ctx, n_threads=a.threads,
-                    n_threads_batch=a.threads, verbose=True, **kw)
+                    n_threads_batch=a.threads, logits_all=a.logits_all, verbose=True, **kw)
     vocab = llm.n_vocab()
 
     def argmax_last():
@@ -108,6 +114,21 @@ def main():
                 if i + 1 < N:
                     llm.eval([out[-1]])
             print("TOKENS " + " ".join(map(str, out)), flush=True)
+        elif cmd[0] == "nll":
+            N, toks = int(cmd[1]), [int(x) for x in cmd[2:]]
+            if not a.logits_all or not 0 < N <= len(toks) <= N + 1 or N > a.ctx:
+                sys.exit(f"[peer llama.cpp] nll needs --logits-all and 1 to {a.ctx} inputs plus at most one "
+                         f"target; got N={N} and {len(toks)} ids")
+            llm.reset()
+            llm.eval(toks[:N])
+            logits = np.asarray(llm.scores[:N], dtype=np.float64)
+            total, count = 0.0, 0
+            for i in range(min(N, len(toks) - 1)):
+                row = logits[i]
+                mx = row.max()
+                total += mx + np.log(np.exp(row - mx).sum()) - row[toks[i + 1]]
+                count += 1
+            print(f"NLL {float(total)!r} {count}", flush=True)
         else:
             print(f"ERROR unknown command {cmd[0]!r}", flush=True)
     llm.close()

@@ -4,7 +4,8 @@
 # llama-cpp-python compiles llama.cpp, about 5 minutes on 2 cores) a tiny GPT-2 trained for a
 # few steps is written as GGUF F32/Q8_0/Q4_0, both engines run every precision, and loom's
 # greedy tokens must equal llama.cpp's at F32 token for token. Skips (exit 77, "SKIPPED:")
-# only when the peer cannot be installed (no python3 venv, no network to PyPI).
+# only when the peer cannot be installed (no python3 venv, no network to PyPI). A GGUF file
+# run as it is: llama_cpp_peer_gguf_test.sh.
 # usage: llama_cpp_peer_test.sh LOOM_BINARY SOURCE_DIR BUILD_DIR
 set -euo pipefail
 LOOM="$1"
@@ -26,18 +27,11 @@ expect_error "runs GPT-2-family models" --peer llama.cpp --model llama-tiny --pe
 expect_error "choose them with --precisions" --peer llama.cpp --model gpt2-tiny --quant int8 --peer-venv "$WORK/none"
 expect_error "is not fp32, bf16, int8 or int4" --peer llama.cpp --model gpt2-tiny --precisions fp16 --peer-venv "$WORK/none"
 expect_error "goes with --peer llama.cpp" --model gpt2-tiny --rounds 2
+expect_error "goes with --peer llama.cpp" --model gpt2-tiny --ppl-text "$SRC/README.md"
+expect_error "needs a model with a tokenizer" --peer llama.cpp --model gpt2-tiny --ppl-text "$SRC/README.md" --peer-venv "$WORK/none"
 
-if [ ! -f "$VENV"/.loom-peer-ready-* ] 2>/dev/null; then
-  command -v python3 >/dev/null || { echo "SKIPPED: python3 is not installed"; exit 77; }
-  python3 -c 'import venv, ensurepip' 2>/dev/null || { echo "SKIPPED: python3 venv/ensurepip missing (apt-get install python3-venv)"; exit 77; }
-  echo "building the llama.cpp peer into $VENV (about 5 minutes on 2 cores)"
-  if ! timeout 1500 bash "$SRC/bench/peers/setup_llama_cpp.sh" "$VENV"; then
-    if ! timeout 20 "$VENV/bin/pip" download --no-deps -q -d "$WORK/probe" "gguf==0.19.0" >/dev/null 2>&1; then
-      echo "SKIPPED: PyPI is not reachable, so llama-cpp-python cannot be installed"; exit 77
-    fi
-    echo "building the llama.cpp peer failed although PyPI is reachable"; exit 1
-  fi
-fi
+. "$SRC/tests/infer/llama_cpp_peer_venv.sh"
+ensure_llama_peer "$VENV" "$SRC" "$WORK"
 
 head -c 60000 "$SRC/data/tinyshakespeare/input.txt" > "$WORK/in.txt"
 "$LOOM" prepare --input "$WORK/in.txt" --tokenizer byte --out "$WORK/data" > /dev/null
@@ -46,7 +40,8 @@ head -c 60000 "$SRC/data/tinyshakespeare/input.txt" > "$WORK/in.txt"
   --set log.metrics_path="$WORK/m.jsonl" --set log.progress=off > /dev/null
 
 "$LOOM" bench infer --peer llama.cpp --checkpoint "$WORK/run" --threads 2 --rounds 1 --batch1-tokens 8 \
-  --prefill-tokens 64 --compare-tokens 48 --peer-venv "$VENV" > "$WORK/bench.log" 2> "$WORK/bench.err" ||
+  --prefill-tokens 64 --compare-tokens 48 --ppl-text "$WORK/in.txt" --ppl-seq-len 64 --ppl-max-windows 2 \
+  --peer-venv "$VENV" > "$WORK/bench.log" 2> "$WORK/bench.err" ||
   { cat "$WORK/bench.log" "$WORK/bench.err"; exit 1; }
 cat "$WORK/bench.log"
 grep '^SUMMARY' "$WORK/bench.log" | sed 's/^SUMMARY //' > "$WORK/summary.json"
@@ -62,8 +57,13 @@ n, eq = s.get("greedy_tokens_compared"), s.get("greedy_tokens_equal")
 if n != 48 or eq != n:
     bad.append(f"greedy tokens differ from llama.cpp at F32: {eq} of {n} equal, "
                f"first difference at {s.get('greedy_first_difference')}")
+# Perplexity: the same F32 weights and ids on both sides, so the same figure to rounding.
+fp32, peer = s.get("fp32_ppl", 0), s.get("peer_ppl", 0)
+if not (fp32 > 0 and peer > 0 and abs(fp32 / peer - 1) < 1e-3 and s.get("ppl_tokens") == 128):
+    bad.append(f"perplexity at F32: loom {fp32}, llama.cpp {peer} over {s.get('ppl_tokens')} tokens; "
+               "expected equal within 0.1% over 128")
 if bad:
     sys.exit("\n".join(bad))
-print("llama.cpp peer: all precisions ran; 48 greedy tokens equal at F32")
+print(f"llama.cpp peer: all precisions ran; 48 greedy tokens equal at F32; perplexity {fp32:.4f} / {peer:.4f}")
 PY
 [ -z "$(ls -d "$BUILD"/peers/run-* 2>/dev/null)" ] || { echo "bench infer left its GGUF files behind"; exit 1; }

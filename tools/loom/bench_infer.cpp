@@ -21,6 +21,7 @@
 #include "loom/infer/quant_checkpoint.h"
 #include "loom/kernels/cpu/cpu_kernels.h"
 #include "loom/model/checkpoint_reader.h"
+#include "loom/model/model_source.h"
 #include "tools/loom/bench_infer.h"
 #include "tools/loom/bench_serving_run.h"
 #include "tools/loom/commands.h"
@@ -269,21 +270,26 @@ double prefill_tokens_per_s(const model::Decoder& m, const infer::EngineConfig& 
 int bench_infer(const std::vector<std::string>& argv) {
   auto app = bench_app(
       "infer",
-      "loom bench infer [--model P | --checkpoint DIR] [options]: static vs continuous batching under Poisson load "
-      "and batch-1 decode. --peer llama.cpp: batch-1 decode and prompt processing beside llama.cpp on the same "
-      "weights (GGUF F32, BF16, Q8_0, Q4_0 for fp32, bf16, int8, int4), alternating, and greedy tokens compared at "
-      "F32; the peer is PyPI's llama-cpp-python, built once into --peer-venv (the first run compiles llama.cpp, "
-      "minutes); GPT-2-family models only (docs/PERFORMANCE.md). loom launch --nproc N -- bench infer --tp N: "
+      "loom bench infer [--model PRESET|PATH | --checkpoint PATH] [options]: static vs continuous batching under "
+      "Poisson load and batch-1 decode. --peer llama.cpp: batch-1 decode and prompt processing beside llama.cpp on "
+      "the same weights, alternating: a GPT-2 preset or checkpoint written as GGUF F32, BF16, Q8_0, Q4_0 for fp32, "
+      "bf16, int8, int4 (greedy tokens compared at F32), or a GGUF file (--model X.gguf) that llama.cpp runs as it "
+      "is beside each of loom's precisions; --ppl-text FILE adds perplexity on both sides over the same token ids; "
+      "the peer is PyPI's llama-cpp-python, built once into --peer-venv (the first run compiles llama.cpp, "
+      "minutes; docs/PERFORMANCE.md). loom launch --nproc N -- bench infer --tp N: "
       "tensor-parallel decode speed. --speculative SPEC: speculative against plain decoding, alternating: batch-1 "
       "decode of --batch1-requests prompts, then --requests at a low Poisson rate (--low-rate) and all at once; "
       "prompts are windows of --data DIR/val.bin (text), such a window followed by its first quarter again "
       "(quote), or random tokens (random; the default without --data).");
   InferBenchOptions a;
   a.app = app.get();
-  app->add_option("--model", a.model, "model preset, random weights")->type_name("PRESET");
+  app->add_option("--model", a.model,
+                  "a model preset (random weights), or a path as --checkpoint takes (a GGUF file, ...)")
+      ->type_name("PRESET|PATH");
   app->add_option("--checkpoint", a.checkpoint,
-                  "a training checkpoint or run directory, or a quantized checkpoint (loom quantize), run as it is")
-      ->type_name("DIR");
+                  "a training checkpoint or run directory, a quantized checkpoint (loom quantize), a GGUF file or a "
+                  "Hugging Face directory")
+      ->type_name("PATH");
   app->add_option("--mode", a.mode, "all: compact static, padded static and continuous, side by side")
       ->check(one_of({"static", "continuous", "both", "all"}));
   app->add_option("--static", a.static_policy,
@@ -345,6 +351,19 @@ int bench_infer(const std::vector<std::string>& argv) {
   app->add_option("--compare-prompt", a.compare_prompt, "the prompt of the comparison (default: a fixed text)")
       ->type_name("TEXT")
       ->group(peer);
+  app->add_option("--ppl-text", a.ppl_text,
+                  "perplexity of this text on both sides (loom at each precision, llama.cpp on its GGUF), "
+                  "tokenized by the model's tokenizer, in windows as loom eval --text")
+      ->type_name("FILE")
+      ->group(peer);
+  app->add_option("--ppl-seq-len", a.ppl_seq_len, "tokens per perplexity window")
+      ->type_name("T")
+      ->check(positive())
+      ->group(peer);
+  app->add_option("--ppl-max-windows", a.ppl_max_windows, "score at most N windows (0: all)")
+      ->type_name("N")
+      ->check(non_negative())
+      ->group(peer);
   const std::string spec = "--speculative SPEC";
   add_speculative_option(*app, a.speculative);
   app->get_option("--speculative")->group(spec);
@@ -367,7 +386,8 @@ int bench_infer(const std::vector<std::string>& argv) {
       ->group(spec);
   if (auto rc = parse(*app, argv)) return *rc;
   if (!a.given("peer"))
-    for (const char* k : {"peer-venv", "rounds", "precisions", "compare-tokens", "compare-prompt"})
+    for (const char* k : {"peer-venv", "rounds", "precisions", "compare-tokens", "compare-prompt", "ppl-text",
+                          "ppl-seq-len", "ppl-max-windows"})
       if (a.given(k)) throw UsageError(str_cat("[bench infer] --", k, " goes with --peer llama.cpp"));
   if (!a.given("speculative"))
     for (const char* k : {"data", "workload", "batch1-requests", "low-rate"})
@@ -397,12 +417,24 @@ int bench_infer(const std::vector<std::string>& argv) {
   set_num_threads(threads);
 
   // Weights: a training checkpoint (DIR is one, or holds step_* ones: the newest valid is
-  // used), a quantized checkpoint, or a preset with random weights (serving cost does not
-  // depend on their values); --quant quantizes the f32 ones on load.
-  const auto quant = quant_spec_from(a.quant);
+  // used), a quantized checkpoint, a GGUF file or Hugging Face directory, or a preset with
+  // random weights (serving cost does not depend on their values); --quant quantizes the f32
+  // ones on load. --model takes a path too: a name that is no preset is one.
+  // (--peer makes its own precisions from --precisions, --group and --zero-point.)
+  const auto quant = a.given("peer") ? std::nullopt : quant_spec_from(a.quant);
+  std::string path = a.checkpoint;
+  if (!a.given("checkpoint")) {
+    const auto presets = model::preset_names();
+    if (std::find(presets.begin(), presets.end(), a.model) == presets.end() && std::filesystem::exists(a.model))
+      path = a.model;
+  }
   std::string ckpt;
-  if (a.given("checkpoint")) ckpt = resolve_inference_checkpoint(a.checkpoint, stderr);
-  const model::ModelConfig mc = ckpt.empty() ? model::preset(a.model) : model::checkpoint_model_config(ckpt);
+  if (!path.empty()) ckpt = resolve_inference_checkpoint(path, stderr);
+  const bool foreign =
+      !ckpt.empty() && !infer::is_quantized_checkpoint(ckpt) && model::model_format(ckpt) != model::ModelFormat::loom;
+  const model::ModelConfig mc = ckpt.empty() ? model::preset(a.model)
+                                : foreign    ? model::read_model_card(ckpt).config
+                                             : model::checkpoint_model_config(ckpt);
   if (!a.given("peer") && plen.max() + olen.max() > mc.n_ctx)
     throw UsageError(str_cat("[bench infer] the longest prompt (", plen.max(), ") plus the longest output (",
                              olen.max(), ") exceed the context of ", mc.n_ctx, " tokens"));

@@ -2,11 +2,14 @@
 // benchmark (bench_infer.cpp) and its llama.cpp side-by-side run (bench_infer_peer.cpp).
 #pragma once
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "loom/infer/engine.h"
 #include "loom/model/decoder.h"
 #include "tools/loom/commands.h"
 #include "tools/loom/inference_model.h"
+#include "tools/loom/peer_process.h"
 
 namespace loom::cli {
 
@@ -20,8 +23,8 @@ struct InferBenchOptions {
   bool no_prefix_caching = false, no_batch1 = false;
   QuantOptions quant;
   // --peer llama.cpp
-  std::string peer, peer_venv, precisions = "fp32,int8,int4", compare_prompt;
-  int64_t rounds = 3, compare_tokens = 32;
+  std::string peer, peer_venv, precisions = "fp32,int8,int4", compare_prompt, ppl_text;
+  int64_t rounds = 3, compare_tokens = 32, ppl_seq_len = 512, ppl_max_windows = 0;
   // --speculative
   std::string speculative, data, workload;
   int64_t batch1_requests = 6;
@@ -56,11 +59,33 @@ double time_prefill(infer::Engine& e, int64_t vocab, int64_t P, int rep);
 // The median of 3 such prompts on an engine of its own (one sequence, no prefix caching).
 double prefill_tokens_per_s(const model::Decoder& m, const infer::EngineConfig& cfg, int64_t P);
 
-// `bench infer --peer llama.cpp`: loom and llama.cpp on the same weights at fp32/F32,
-// bf16/BF16, int8/Q8_0 and int4/Q4_0, alternating runs, plus greedy tokens compared at F32.
-// `checkpoint` is a resolved f32 checkpoint, or empty for the preset `mc` with random weights.
+// `bench infer --peer llama.cpp`: loom and llama.cpp on the same weights, alternating runs.
+// `checkpoint` is a resolved f32 checkpoint or a Hugging Face directory (exported as GGUF at
+// fp32/F32, bf16/BF16, int8/Q8_0 and int4/Q4_0; greedy tokens must match at F32), a GGUF file
+// (llama.cpp runs the file itself at every precision of loom's), or empty for the preset `mc`
+// with random weights. --ppl-text adds perplexity on both sides (bench_infer_ppl.cpp).
 int bench_infer_llama_cpp(const InferBenchOptions& a, const model::ModelConfig& mc, const std::string& checkpoint,
                           const infer::EngineConfig& cfg, int threads, int64_t prefill);
+
+// Perplexity beside llama.cpp: consecutive windows of T tokens over `ids`, as `loom eval`
+// scores a text (each input's target is the next token; the last window may be shorter), the
+// first `max_windows` of them (0: all).
+struct PplWindows {
+  std::vector<int32_t> ids;
+  int64_t T = 0, windows = 0;
+  PplWindows(std::vector<int32_t> ids, int64_t T, int64_t max_windows);
+  int64_t length(int64_t w) const;  // inputs of window w
+  int64_t scored() const;           // tokens with a target, over all windows
+};
+struct Perplexity {
+  double nll_sum = 0;  // nats, float64
+  int64_t tokens = 0;
+  double loss() const { return tokens ? nll_sum / double(tokens) : 0; }
+  double ppl() const;
+};
+Perplexity loom_perplexity(const InferenceModel& im, const PplWindows& w);
+// The peer (llama_cpp_peer.py --logits-all) scores the same windows, in float64 as loom does.
+Perplexity peer_perplexity(PeerProcess& peer, const PplWindows& w);
 
 // `bench infer --tp N` under `loom launch --nproc N`: tensor-parallel decode speed.
 int bench_infer_tp(const InferBenchOptions& a, int threads);
