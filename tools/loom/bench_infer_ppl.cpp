@@ -12,20 +12,9 @@
 #include "loom/infer/kv_cache.h"
 #include "loom/infer/model_runner.h"
 #include "tools/loom/bench_infer.h"
+#include "tools/loom/token_nll.h"
 
 namespace loom::cli {
-namespace {
-
-// -log softmax(row)[target] in float64, as `loom eval` computes it.
-double token_nll(const float* row, int64_t V, int32_t target) {
-  double mx = row[0];
-  for (int64_t v = 1; v < V; ++v) mx = std::max(mx, double(row[v]));
-  double sum = 0;
-  for (int64_t v = 0; v < V; ++v) sum += std::exp(double(row[v]) - mx);
-  return mx + std::log(sum) - double(row[target]);
-}
-
-}  // namespace
 
 PplWindows::PplWindows(std::vector<int32_t> ids_in, int64_t T_in, int64_t max_windows)
     : ids(std::move(ids_in)), T(T_in) {

@@ -23,12 +23,11 @@
 #include "loom/model/moe.h"
 #include "tools/loom/commands.h"
 #include "tools/loom/inference_model.h"
+#include "tools/loom/token_nll.h"
 
 namespace loom::cli {
 
-namespace {
-// -log softmax(row)[target], in double.
-double nll(const float* row, int64_t V, int32_t target) {
+double token_nll(const float* row, int64_t V, int32_t target) {
   double mx = row[0];
   for (int64_t v = 1; v < V; ++v) mx = std::max(mx, double(row[v]));
   double sum = 0;
@@ -36,6 +35,7 @@ double nll(const float* row, int64_t V, int32_t target) {
   return mx + std::log(sum) - double(row[target]);
 }
 
+namespace {
 // Consecutive windows of up to T inputs over a token list; each input's target is the next
 // token, and the list's last token (which has none) is an input of the last window when it
 // fits, so that --logits-out covers every token of a short list.
@@ -172,7 +172,7 @@ int cmd_eval(const std::vector<std::string>& argv) {
                                                          size_t(n * cfg.vocab_size) * sizeof(float)));
     for (int64_t i = 0; i < n; ++i) {
       if (tgt[size_t(i)] < 0) continue;  // the list's last token: no next one to score
-      sum += nll(logits.data<float>() + i * cfg.vocab_size, cfg.vocab_size, tgt[size_t(i)]);
+      sum += token_nll(logits.data<float>() + i * cfg.vocab_size, cfg.vocab_size, tgt[size_t(i)]);
       ++count;
     }
     LOOM_CHECK(std::isfinite(sum), "eval", "the loss is not finite after window ", w,

@@ -44,16 +44,20 @@ std::unique_ptr<model::Decoder> tp_slice(const model::ModelConfig& cfg, const co
 // tensor-parallel slice of them), quantized on load when asked.
 // A checkpoint's own chat files (one `loom convert` wrote carries its model's template and end
 // tokens); none for checkpoints loom trained.
-void read_checkpoint_chat(InferenceModel& m) {
-  model::ModelCard c;
-  c.config = m.model->config();
-  model::read_chat_files(m.checkpoint, c);
+void take_chat(InferenceModel& m, const model::ModelCard& c) {
   m.chat_template = c.chat_template;
   m.chat_template_source = c.chat_template_source;
   m.bos_token = c.bos_token;
   m.eos_token = c.eos_token;
   m.end_ids = c.end_ids;
   m.end_tokens = c.end_tokens;
+}
+
+void read_checkpoint_chat(InferenceModel& m) {
+  model::ModelCard c;
+  c.config = m.model->config();
+  model::read_chat_files(m.checkpoint, c);
+  take_chat(m, c);
 }
 
 InferenceModel load_foreign_model(const std::string& path, const std::optional<infer::QuantSpec>& quant, FILE* log,
@@ -64,12 +68,7 @@ InferenceModel load_foreign_model(const std::string& path, const std::optional<i
   m.format = card.format;
   m.name = card.name;
   m.tokenizer = card.tokenizer;
-  m.chat_template = card.chat_template;
-  m.chat_template_source = card.chat_template_source;
-  m.bos_token = card.bos_token;
-  m.eos_token = card.eos_token;
-  m.end_ids = card.end_ids;
-  m.end_tokens = card.end_tokens;
+  take_chat(m, card);
   std::string how;
   if (tp) {
     m.model = tp_slice(card.config, *tp);

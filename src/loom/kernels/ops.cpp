@@ -1,5 +1,7 @@
 #include "loom/kernels/ops.h"
 
+#include <cmath>
+
 #include "loom/kernels/cuda/cuda_ops.h"
 
 namespace loom::ops {
@@ -256,16 +258,10 @@ void widen_from_16(const Tensor& src, const Tensor& dst) {
 
 void rope_apply(const Tensor& x, int64_t col0, int64_t n_heads, int64_t D, const Tensor& pos, double theta,
                 bool inverse) {
-  const char* op = "rope";
-  LOOM_CHECK(D % 2 == 0, op, "head dim ", D, " must be even");
-  const int64_t W = x.size(-1), N = rows_of(x);
-  LOOM_CHECK(col0 >= 0 && col0 + n_heads * D <= W, op, "heads [", col0, ", ", col0 + n_heads * D, ") exceed row width ",
-             W, " of ", x.shape().str());
-  pos.check_dtype(DType::i32, op);
-  want_numel(op, "positions", pos, N);
-  dispatch_float(op, x.dtype(), [&]<class T>() {
-    cpu::rope_apply<T>(x.data<T>(), N, W, col0, n_heads, D, pos.data<int32_t>(), theta, inverse);
-  });
+  LOOM_CHECK(D % 2 == 0, "rope", "head dim ", D, " must be even");
+  std::vector<double> inv_freq(static_cast<size_t>(D / 2));
+  for (int64_t i = 0; i < D / 2; ++i) inv_freq[size_t(i)] = std::pow(theta, -double(2 * i) / double(D));
+  rope_apply(x, col0, n_heads, D, pos, inv_freq, inverse);
 }
 
 void rope_apply(const Tensor& x, int64_t col0, int64_t n_heads, int64_t D, const Tensor& pos,
