@@ -3,6 +3,7 @@
 // F32, F16 and Q8_0, read back into a fresh Decoder: F32 exactly (parameters and logits), the
 // others to the dequantized values. Then the refusals, each naming the key or tensor at fault.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -55,7 +56,12 @@ void randomize(Decoder& m, uint64_t seed) {
   for (int64_t i = 0; i < m.flat_size(); ++i) p[i] += noise(rng);
 }
 
-std::string temp_path(const std::string& name) { return (fs::path(::testing::TempDir()) / name).string(); }
+// ctest runs each test in its own process, two at a time: the process id keeps their files apart.
+std::string temp_path(const std::string& name) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("gguf-model-test-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  return (dir / name).string();
+}
 
 std::string write_gguf(const Decoder& m, const std::string& name, const GgufFixture& f = {}) {
   const std::string path = temp_path(name);
