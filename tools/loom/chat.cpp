@@ -60,9 +60,7 @@ int cmd_chat(const std::vector<std::string>& argv) {
   const model::ModelConfig& mc = im.model->config();
   auto tok = data::make_tokenizer(im.tokenizer);
   const auto format =
-      im.chat_template.empty()
-          ? serve::ChatFormat::chatml()
-          : serve::ChatFormat::from_template(im.chat_template, im.chat_template_source, im.bos_token, im.eos_token);
+      serve::ChatFormat::for_model(im.chat_template, im.chat_template_source, im.bos_token, im.eos_token);
   infer::SamplingParams base;
   base.temperature = temperature;
   base.top_p = top_p;

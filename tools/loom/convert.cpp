@@ -25,17 +25,6 @@ using nlohmann::json;
 
 namespace {
 
-// A Hugging Face directory's tokenizer files, copied as they are: make_tokenizer opens the
-// directory (tokenizer.json, tokenizer_config.json), and the chat template and end tokens stay
-// where readers of Hugging Face directories look for them.
-constexpr const char* kHfTokenizerFiles[] = {"tokenizer.json",
-                                             "tokenizer_config.json",
-                                             "special_tokens_map.json",
-                                             "generation_config.json",
-                                             "chat_template.jinja",
-                                             "vocab.json",
-                                             "merges.txt",
-                                             "tokenizer.model"};
 // A GGUF's vocabulary: a GGUF file with the source's tokenizer.* metadata and no tensors, which
 // make_tokenizer reads exactly as it reads the source.
 constexpr const char* kGgufTokenizerFile = "tokenizer.gguf";
@@ -43,9 +32,11 @@ constexpr const char* kGgufTokenizerFile = "tokenizer.gguf";
 // Puts the tokenizer of `source` into `tmp` (renamed to `final_dir` later), appending the files
 // written to `files`; returns what the checkpoint records as its tokenizer.
 std::string carry_tokenizer(const std::string& source, const model::ModelCard& card, const fs::path& tmp,
-                            const fs::path& final_dir, std::vector<std::string>& files) {
+                            std::vector<std::string>& files) {
   if (card.format == model::ModelFormat::hf) {
-    for (const char* f : kHfTokenizerFiles) {
+    // Copied as they are: make_tokenizer opens the directory (tokenizer.json and its config), and
+    // the chat template and end tokens stay where readers of Hugging Face directories look.
+    for (const char* f : io::kTokenizerFiles) {
       if (!fs::exists(fs::path(source) / f)) continue;
       fs::copy_file(fs::path(source) / f, tmp / f, fs::copy_options::overwrite_existing);
       files.push_back(f);
@@ -57,7 +48,7 @@ std::string carry_tokenizer(const std::string& source, const model::ModelCard& c
                    source.c_str());
     return ".";  // the checkpoint itself (checkpoint_tokenizer joins it to the directory)
   }
-  const io::GgufFile g = io::GgufFile::open(source);
+  const io::GgufFile& g = *card.gguf;  // read_model_card opened and checked it
   if (!g.has("tokenizer.ggml.model")) {
     std::fprintf(stderr, "[convert] warning: %s carries no tokenizer; the checkpoint names the GGUF file instead\n",
                  source.c_str());
@@ -145,7 +136,7 @@ int cmd_convert(const std::vector<std::string>& argv) {
     std::vector<std::string> files = {io::kWeightsFile, io::kHfConfigFile};
     model::save_hf_safetensors(m, (tmp / io::kWeightsFile).string(), dtype == "bf16" ? DType::bf16 : DType::f32);
     io::write_file_atomic((tmp / io::kHfConfigFile).string(), config_json);
-    tokenizer = carry_tokenizer(src, card, tmp, final_dir, files);
+    tokenizer = carry_tokenizer(src, card, tmp, files);
     const json source = {{"path", fs::absolute(src).lexically_normal().string()},
                          {"format", model::model_format_name(format)}};
     // What checkpoint_reader.h reads: the step and the tokenizer (relative to the checkpoint,

@@ -139,9 +139,7 @@ int cmd_generate(const std::vector<std::string>& argv) {
   std::vector<int32_t> ids;
   std::shared_ptr<const serve::ChatFormat> format;
   if (chat) {
-    format = im.chat_template.empty() ? serve::ChatFormat::chatml()
-                                      : serve::ChatFormat::from_template(im.chat_template, im.chat_template_source,
-                                                                         im.bos_token, im.eos_token);
+    format = serve::ChatFormat::for_model(im.chat_template, im.chat_template_source, im.bos_token, im.eos_token);
     std::vector<serve::ChatMessage> messages;
     if (!system_prompt.empty()) messages.push_back({"system", system_prompt});
     messages.push_back({"user", prompt});

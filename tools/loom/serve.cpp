@@ -224,11 +224,8 @@ int cmd_serve(const std::vector<std::string>& argv) {
   end_ids = end_token_ids(chat_card.end_ids, chat_card.end_tokens, *data_tok);
   auto tokenizer = std::make_unique<serve::DataTokenizer>(std::move(data_tok), end_ids);
   // The chat template: the model's own, checked now so that a bad one fails before listening.
-  const std::shared_ptr<const serve::ChatFormat> chat =
-      !chat_card.chat_template.empty()
-          ? serve::ChatFormat::from_template(chat_card.chat_template, chat_card.chat_template_source,
-                                             chat_card.bos_token, chat_card.eos_token)
-          : serve::ChatFormat::chatml();
+  const std::shared_ptr<const serve::ChatFormat> chat = serve::ChatFormat::for_model(
+      chat_card.chat_template, chat_card.chat_template_source, chat_card.bos_token, chat_card.eos_token);
   if (checkpoint.empty()) mc.vocab_size = tokenizer->vocab_size();
   if (given("n-ctx")) {
     if (!checkpoint.empty())

@@ -62,6 +62,7 @@ ModelRunner::ModelRunner(const model::Decoder& model, KVCache& cache, int64_t ma
   }
   wte_ = model.param(model::token_table_name(cfg_));
   if (learned_positions) wpe_ = model.param(model::position_table_name(cfg_));
+  if (traits.position == model::PositionKind::rope) rope_inv_freq_ = cfg_.rope_inv_freq();
   lnf_w_ = model.param(model::final_norm_name(cfg_, "weight"));
   if (traits.linear_biases) lnf_b_ = model.param(model::final_norm_name(cfg_, "bias"));
   head_ = model.param(model::lm_head_name(cfg_));
@@ -214,7 +215,7 @@ void ModelRunner::run_layers(int64_t N) {
     const QuantizedModel::Block* qb = quant_ ? &quant_->blocks[size_t(l)] : nullptr;
     model::norm_forward(t, x, w.ln1_w, w.ln1_b, ln, mean, rstd, cfg_.norm_eps);
     linear(ln, w.qkv_w, qb ? &qb->qkv : nullptr, w.qkv_b, qkv);
-    model::rope_qk(cfg_, qkv, H, KVH, pos, false);
+    model::rope_qk(rope_inv_freq_, qkv, H, KVH, D, pos, false);
     T* kc = cache_.k(l).data<T>();
     T* vc = cache_.v(l).data<T>();
     const T* q = qkv.data<T>();

@@ -1,12 +1,15 @@
 #include "loom/infer/quant_checkpoint.h"
 
 #include <filesystem>
+#include <iterator>
 #include <map>
 #include <type_traits>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "loom/core/error.h"
+#include "loom/io/checkpoint_files.h"
 #include "loom/io/file.h"
 #include "loom/io/manifest.h"
 #include "loom/io/safetensors.h"
@@ -102,9 +105,9 @@ void save_quantized_checkpoint(const std::string& out_dir, const std::string& so
   manifest.record(kWeights);
   // The model files, and a converted model's own tokenizer and chat files (trainer_state.json
   // names them relative to the checkpoint).
-  for (const char* f :
-       {"config.json", "config.yaml", "trainer_state.json", "tokenizer.json", "tokenizer.gguf", "tokenizer_config.json",
-        "generation_config.json", "special_tokens_map.json", "chat_template.jinja"}) {
+  std::vector<const char*> carried = {"config.json", "config.yaml", "trainer_state.json"};
+  carried.insert(carried.end(), std::begin(io::kTokenizerFiles), std::end(io::kTokenizerFiles));
+  for (const char* f : carried) {
     const fs::path from = fs::path(source_dir) / f;
     if (!fs::exists(from)) continue;
     fs::copy_file(from, tmp / f, fs::copy_options::overwrite_existing, ec);

@@ -21,6 +21,17 @@ inline constexpr int kOldestTrainingCheckpointVersion = 1;
 inline constexpr const char* kWeightsFile = "model.safetensors";  // the whole model, HF names
 inline constexpr const char* kHfConfigFile = "config.json";       // the model's exact sizes
 inline constexpr const char* kTrainerStateFile = "trainer_state.json";
+// A model's own tokenizer and chat files, which `loom convert` copies into a checkpoint (a GGUF's
+// vocabulary as tokenizer.gguf) and `loom quantize` copies along; absent ones are skipped.
+inline constexpr const char* kTokenizerFiles[] = {"tokenizer.json",
+                                                  "tokenizer.gguf",
+                                                  "tokenizer_config.json",
+                                                  "special_tokens_map.json",
+                                                  "generation_config.json",
+                                                  "chat_template.jinja",
+                                                  "vocab.json",
+                                                  "merges.txt",
+                                                  "tokenizer.model"};
 inline constexpr const char* kRunConfigFile = "config.yaml";  // the resolved run config
 inline constexpr const char* kExpAvgFile = "optimizer.exp_avg.safetensors";
 inline constexpr const char* kExpAvgSqFile = "optimizer.exp_avg_sq.safetensors";

@@ -76,6 +76,7 @@ BlockDims BlockDims::of(const ModelConfig& cfg, int64_t tp, int64_t rank) {
   BlockDims d;
   d.C = cfg.d_model;
   d.D = cfg.head_dim();
+  if (cfg.traits().position == PositionKind::rope) d.rope_inv_freq = cfg.rope_inv_freq();
   d.H = cfg.n_head / tp;
   d.F = cfg.d_ff / tp;
   d.group = cfg.n_head / cfg.n_kv_head;
@@ -116,10 +117,9 @@ void activation_backward(const FamilyTraits& t, const Tensor& fc, const Tensor& 
     ops::swiglu_backward(fc, dact, dfc);
 }
 
-void rope_qk(const ModelConfig& cfg, const Tensor& qkv, int64_t H, int64_t KVH, const Tensor& pos, bool inverse) {
-  if (cfg.traits().position != PositionKind::rope) return;
-  const int64_t D = cfg.head_dim();
-  const std::vector<double> inv_freq = cfg.rope_inv_freq();
+void rope_qk(const std::vector<double>& inv_freq, const Tensor& qkv, int64_t H, int64_t KVH, int64_t D,
+             const Tensor& pos, bool inverse) {
+  if (inv_freq.empty()) return;
   ops::rope_apply(qkv, 0, H, D, pos, inv_freq, inverse);
   ops::rope_apply(qkv, H * D, KVH, D, pos, inv_freq, inverse);
 }
@@ -274,7 +274,7 @@ void block_forward(const ModelConfig& cfg, int layer, const BlockWeights& w, con
   const Tensor& qkv = d.kv_expand ? a.qkv_compact : a.qkv;
   const ops::ProductPrecision prec = cfg.products();
   ops::linear_forward(a.ln1, w.qkv_w, w.qkv_b, qkv, prec);
-  rope_qk(cfg, qkv, H, KVH, pos, false);
+  rope_qk(d.rope_inv_freq, qkv, H, KVH, D, pos, false);
   if (d.kv_expand) expand_kv(d, a.qkv_compact, a.qkv, false);
   ops::attention_forward(a.qkv, a.att, a.lse, H, d.kv_expand ? H : KVH);
   ops::linear_forward(a.att, w.proj_w, d.bias_owner ? w.proj_b : Tensor{}, a.x_mid, prec);
@@ -338,7 +338,7 @@ void block_backward(const ModelConfig& cfg, int layer, const BlockWeights& w, co
   ops::attention_backward(a.qkv, a.att, s.datt, a.lse, d.kv_expand ? s.dqkv_expanded : s.dqkv, H,
                           d.kv_expand ? H : KVH);
   if (d.kv_expand) expand_kv(d, s.dqkv, s.dqkv_expanded, true);
-  rope_qk(cfg, s.dqkv, H, KVH, pos, true);
+  rope_qk(d.rope_inv_freq, s.dqkv, H, KVH, D, pos, true);
   ops::linear_backward(s.dqkv, a.ln1, w.qkv_w, s.dln, gw.qkv_w, gw.qkv_b, false, prec);
   if (tp) tp->column_parallel_input_grad(s.dln);
   norm_backward(t, s.dln, x_in, w.ln1_w, a.ln1_mean, a.ln1_rstd, dres, gw.ln1_w, gw.ln1_b, true);

@@ -48,6 +48,9 @@ struct BlockDims {
   bool kv_expand = false;  // all kv heads held (tp does not divide n_kv_head): attention runs
                            // on one copy of its kv head per local query head
   bool bias_owner = true;  // adds the row-parallel output biases (once across the tp group)
+  // RoPE's inverse frequency per rotated pair (ModelConfig::rope_inv_freq), computed once here;
+  // empty for families without RoPE.
+  std::vector<double> rope_inv_freq;
   static BlockDims of(const ModelConfig& cfg, int64_t tp = 1, int64_t tp_rank = 0);
   int64_t qkv_width() const { return (H + 2 * KVH) * D; }                       // fused projection output
   int64_t attn_width() const { return (kv_expand ? 3 * H : H + 2 * KVH) * D; }  // attention input
@@ -125,9 +128,10 @@ void norm_backward(const FamilyTraits& t, const Tensor& dy, const Tensor& x, con
                    const Tensor& rstd, const Tensor& dx, const Tensor& dg, const Tensor& db, bool accumulate_dx);
 void activation_forward(const FamilyTraits& t, const Tensor& fc, const Tensor& act);
 void activation_backward(const FamilyTraits& t, const Tensor& fc, const Tensor& dact, const Tensor& dfc);
-// RoPE on the q and k heads of qkv rows ([N, (H + 2 KVH) D]); inverse: the backward. Nothing for
-// families without RoPE.
-void rope_qk(const ModelConfig& cfg, const Tensor& qkv, int64_t H, int64_t KVH, const Tensor& pos, bool inverse);
+// RoPE on the q and k heads of qkv rows ([N, (H + 2 KVH) D]) with the given inverse frequencies
+// (BlockDims::rope_inv_freq); inverse: the backward. Nothing when inv_freq is empty (no RoPE).
+void rope_qk(const std::vector<double>& inv_freq, const Tensor& qkv, int64_t H, int64_t KVH, int64_t D,
+             const Tensor& pos, bool inverse);
 
 // x_out = block(x_in) for block `layer`. pos: i32[B*T] positions (RoPE). The shares come from
 // a.dims; tp is needed when they are a tensor-parallel slice.

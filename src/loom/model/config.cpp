@@ -44,9 +44,7 @@ FamilyTraits ModelConfig::traits() const {
     t.norm = NormKind::layer_norm;
     t.mlp = MlpKind::gelu;
     t.position = PositionKind::learned;
-    t.linear_biases = t.qkv_bias = true;
-  } else {
-    t.qkv_bias = qkv_bias;
+    t.linear_biases = true;
   }
   return t;
 }

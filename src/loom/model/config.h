@@ -27,8 +27,8 @@ struct FamilyTraits {
   NormKind norm = NormKind::rms_norm;
   MlpKind mlp = MlpKind::swiglu;
   PositionKind position = PositionKind::rope;
-  bool linear_biases = false;  // every linear and norm has a bias (GPT-2)
-  bool qkv_bias = false;       // the q, k and v projections have biases (GPT-2, Qwen2)
+  bool linear_biases = false;  // every linear and norm has a bias (GPT-2); Qwen2's q/k/v biases
+                               // are ModelConfig::qkv_bias
   // fc outputs per hidden unit: 2 for SwiGLU's gate|up.
   int64_t mlp_fan_out() const { return mlp == MlpKind::swiglu ? 2 : 1; }
   // Per-row statistics a norm keeps for backward: LayerNorm's mean and rstd, RMSNorm's rstd.

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 
 #include "loom/core/error.h"
@@ -42,19 +43,21 @@ void add_end_id(ModelCard& c, int64_t id) {
 }
 
 ModelCard gguf_card(const std::string& path) {
-  const io::GgufFile g = io::GgufFile::open(path);
   ModelCard c;
+  c.gguf = std::make_shared<const io::GgufFile>(io::GgufFile::open(path));
+  const io::GgufFile& g = *c.gguf;
   c.format = ModelFormat::gguf;
   c.config = gguf_model_config(g);
   c.name = fs::path(path).stem().string();  // what the user named, as vLLM and Ollama serve it
   c.tokenizer = path;
   c.chat_template = g.get_string("tokenizer.chat_template", "");
   c.chat_template_source = path + ":tokenizer.chat_template";
-  std::vector<std::string> tokens;
-  if (g.has("tokenizer.ggml.tokens")) tokens = g.get_strings("tokenizer.ggml.tokens");
+  // Two entries of the vocabulary, read where they are rather than copying all of it.
+  const io::GgufValue* tokens = g.find("tokenizer.ggml.tokens");
   auto text_of = [&](const char* key) {
     const int64_t id = g.get_int(key, -1);
-    return id >= 0 && id < int64_t(tokens.size()) ? tokens[size_t(id)] : std::string();
+    const bool known = tokens && tokens->type == io::GgufType::array && id >= 0 && id < int64_t(tokens->items.size());
+    return known ? tokens->items[size_t(id)].s : std::string();
   };
   c.bos_token = text_of("tokenizer.ggml.bos_token_id");
   c.eos_token = text_of("tokenizer.ggml.eos_token_id");
@@ -181,7 +184,8 @@ ModelCard read_model_card(const std::string& path) {
 std::string load_model_weights(const std::string& path, const ModelCard& card, Decoder& m) {
   Stopwatch sw;
   if (card.format == ModelFormat::gguf) {
-    const io::GgufFile g = io::GgufFile::open(path);
+    std::optional<io::GgufFile> opened;  // a card made by hand has no file open
+    const io::GgufFile& g = card.gguf ? *card.gguf : opened.emplace(io::GgufFile::open(path));
     const GgufLoadReport r = load_gguf_weights(g, m);
     return str_cat(r.describe(), " in ", std::round(sw.seconds() * 100) / 100, " s");
   }

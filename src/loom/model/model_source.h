@@ -5,9 +5,11 @@
 // they are and what they hold, so model/ stays below data/.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "loom/io/gguf.h"
 #include "loom/model/config.h"
 #include "loom/model/decoder.h"
 
@@ -33,6 +35,9 @@ struct ModelCard {
   // eos_token_id (one or a list), the tokenizer config's eos token.
   std::vector<int32_t> end_ids;
   std::vector<std::string> end_tokens;  // texts of end tokens whose id only the tokenizer knows
+  // The GGUF file the card was read from, already validated: load_model_weights reads its
+  // tensors without opening and parsing the file again.
+  std::shared_ptr<const io::GgufFile> gguf;
 };
 
 // The card of a GGUF file or a Hugging Face directory (not of a loom checkpoint).

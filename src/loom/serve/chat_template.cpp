@@ -6,10 +6,10 @@
 
 namespace loom::serve {
 
-std::string render_chat(const std::vector<ChatMessage>& messages) {
+std::string render_chat(const std::vector<ChatMessage>& messages, bool add_generation_prompt) {
   std::string out;
   for (const auto& m : messages) out += "<|im_start|>" + m.role + "\n" + m.content + kChatTurnEnd + "\n";
-  return out + "<|im_start|>assistant\n";
+  return add_generation_prompt ? out + "<|im_start|>assistant\n" : out;
 }
 
 ChatFormat::~ChatFormat() = default;
@@ -36,13 +36,14 @@ std::shared_ptr<const ChatFormat> ChatFormat::from_template(const std::string& s
   return c;
 }
 
+std::shared_ptr<const ChatFormat> ChatFormat::for_model(const std::string& source, const std::string& source_name,
+                                                        const std::string& bos_token, const std::string& eos_token) {
+  return source.empty() ? chatml() : from_template(source, source_name, bos_token, eos_token);
+}
+
 std::string ChatFormat::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
                                const nlohmann::json& extra) const {
-  if (!tmpl_) {
-    std::string out;
-    for (const auto& m : messages) out += "<|im_start|>" + m.role + "\n" + m.content + kChatTurnEnd + "\n";
-    return add_generation_prompt ? out + "<|im_start|>assistant\n" : out;
-  }
+  if (!tmpl_) return render_chat(messages, add_generation_prompt);
   nlohmann::ordered_json vars = nlohmann::ordered_json::object();
   nlohmann::ordered_json list = nlohmann::ordered_json::array();
   for (const auto& m : messages) list.push_back({{"role", m.role}, {"content", m.content}});

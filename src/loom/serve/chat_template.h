@@ -19,8 +19,9 @@ namespace loom::serve {
 
 inline constexpr const char* kChatTurnEnd = "<|im_end|>";
 
-// "<|im_start|>{role}\n{content}<|im_end|>\n" per message, then "<|im_start|>assistant\n".
-std::string render_chat(const std::vector<ChatMessage>& messages);
+// "<|im_start|>{role}\n{content}<|im_end|>\n" per message, then (add_generation_prompt)
+// "<|im_start|>assistant\n".
+std::string render_chat(const std::vector<ChatMessage>& messages, bool add_generation_prompt = true);
 
 class ChatFormat {
  public:
@@ -31,6 +32,9 @@ class ChatFormat {
   // what the interpreter lacks, throws here naming `source_name`.
   static std::shared_ptr<const ChatFormat> from_template(const std::string& source, const std::string& source_name,
                                                          const std::string& bos_token, const std::string& eos_token);
+  // A model's format: its template, or ChatML when it has none (`source` empty).
+  static std::shared_ptr<const ChatFormat> for_model(const std::string& source, const std::string& source_name,
+                                                     const std::string& bos_token, const std::string& eos_token);
   ~ChatFormat();
 
   // The prompt. `extra` holds more template variables (tools, documents, ...), an object or null.

@@ -59,10 +59,7 @@ void add_inplace(T* acc, const T* x, int64_t n);
 // ---- RoPE (Su et al. 2021), rotate-half convention as in Hugging Face LLaMA ------------
 // Rotates n_heads heads of size D starting at column col0 of each of `rows` rows (row stride
 // `stride`) by position pos[row]. inverse=true applies the transpose (the backward).
-template <class T>
-void rope_apply(T* x, int64_t rows, int64_t stride, int64_t col0, int64_t n_heads, int64_t D, const int32_t* pos,
-                double theta, bool inverse);
-// The same with each pair's inverse frequency given (D/2 of them): scaled RoPE.
+// inv_freq: each pair's inverse frequency (D/2 of them; plain RoPE: theta^(-2i/D)).
 template <class T>
 void rope_apply(T* x, int64_t rows, int64_t stride, int64_t col0, int64_t n_heads, int64_t D, const int32_t* pos,
                 const double* inv_freq, bool inverse);

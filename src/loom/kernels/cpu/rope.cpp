@@ -10,14 +10,6 @@ namespace loom::cpu {
 
 template <class T>
 void rope_apply(T* x, int64_t rows, int64_t stride, int64_t col0, int64_t n_heads, int64_t D, const int32_t* pos,
-                double theta, bool inverse) {
-  std::vector<double> inv_freq(static_cast<size_t>(D / 2));
-  for (int64_t i = 0; i < D / 2; ++i) inv_freq[size_t(i)] = std::pow(theta, -double(2 * i) / double(D));
-  rope_apply(x, rows, stride, col0, n_heads, D, pos, inv_freq.data(), inverse);
-}
-
-template <class T>
-void rope_apply(T* x, int64_t rows, int64_t stride, int64_t col0, int64_t n_heads, int64_t D, const int32_t* pos,
                 const double* inv_freq, bool inverse) {
   const int64_t half = D / 2;
   const double sign = inverse ? -1.0 : 1.0;
@@ -44,8 +36,6 @@ void rope_apply(T* x, int64_t rows, int64_t stride, int64_t col0, int64_t n_head
   }
 }
 
-template void rope_apply<float>(float*, int64_t, int64_t, int64_t, int64_t, int64_t, const int32_t*, double, bool);
-template void rope_apply<double>(double*, int64_t, int64_t, int64_t, int64_t, int64_t, const int32_t*, double, bool);
 template void rope_apply<float>(float*, int64_t, int64_t, int64_t, int64_t, int64_t, const int32_t*, const double*,
                                 bool);
 template void rope_apply<double>(double*, int64_t, int64_t, int64_t, int64_t, int64_t, const int32_t*, const double*,
