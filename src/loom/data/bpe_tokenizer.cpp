@@ -30,13 +30,7 @@ struct ByteAlphabet {
     for (int b = 0; b < 256; ++b) {
       const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
       const uint32_t cp = printable ? uint32_t(b) : uint32_t(256 + extra++);
-      std::string& s = to_char[b];
-      if (cp < 0x80) {
-        s.push_back(char(cp));
-      } else {
-        s.push_back(char(0xC0 | (cp >> 6)));
-        s.push_back(char(0x80 | (cp & 0x3F)));
-      }
+      append_utf8(to_char[b], cp);
       from_cp[cp] = uint8_t(b);
     }
   }
@@ -81,8 +75,10 @@ struct BpeModel::Impl {
   struct Merge {
     int32_t rank, merged;
   };
-  IdMap by_text;  // vocabulary as written
-  IdMap by_key;   // what words are matched against: raw bytes in byte-level mode
+  IdMap by_text;    // vocabulary as written
+  IdMap raw_bytes;  // byte-level mode: each token's raw bytes, what words are matched against
+  // What words are matched against: the raw bytes in byte-level mode, else the vocabulary.
+  const IdMap& by_key(bool byte_level) const { return byte_level ? raw_bytes : by_text; }
   int32_t byte_symbol[256];
   int32_t fallback[256];  // <0xNN>
   std::unordered_map<uint64_t, Merge, PairHash> merges;
@@ -105,9 +101,8 @@ BpeModel::BpeModel(std::vector<std::string> tokens, const std::vector<std::pair<
     const std::string& t = tokens_[id];
     if (t.empty()) continue;
     m.by_text.emplace(t, int32_t(id));
-    if (options_.byte_level && byte_level_unmap(t, &raw)) m.by_key.emplace(raw, int32_t(id));
+    if (options_.byte_level && byte_level_unmap(t, &raw)) m.raw_bytes.emplace(raw, int32_t(id));
   }
-  if (!options_.byte_level) m.by_key = m.by_text;
   for (int b = 0; b < 256; ++b) {
     m.byte_symbol[b] = -1;
     if (options_.byte_level) {
@@ -150,7 +145,8 @@ void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out, Scr
   if (word.empty()) return;
   const Impl& m = *impl_;
   if (options_.ignore_merges) {
-    if (auto it = m.by_key.find(word); it != m.by_key.end()) {
+    const IdMap& keys = m.by_key(options_.byte_level);
+    if (auto it = keys.find(word); it != keys.end()) {
       out.push_back(it->second);
       return;
     }
@@ -204,7 +200,8 @@ void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out, Scr
       uint32_t cp = 0;
       const int len = std::max(1, utf8_sequence_length(p, end, &cp));
       const std::string_view ch(reinterpret_cast<const char*>(p), size_t(len));
-      if (auto it = m.by_key.find(ch); it != m.by_key.end()) {
+      const IdMap& keys = m.by_key(options_.byte_level);
+      if (auto it = keys.find(ch); it != keys.end()) {
         add_known(it->second);
       } else {
         add_missing(ch);

@@ -5,6 +5,7 @@
 
 #include "loom/core/error.h"
 #include "loom/data/jinja_text.h"
+#include "loom/data/unicode.h"
 
 namespace loom::data::jinja {
 namespace {

@@ -13,7 +13,6 @@ std::vector<size_t> code_point_offsets(std::string_view s);
 size_t code_point_count(std::string_view s);
 // Decodes the code point at `pos` (ill-formed bytes decode as themselves); sets `len`.
 uint32_t decode_at(std::string_view s, size_t pos, int& len);
-void append_utf8(std::string& out, uint32_t cp);
 
 // Python's str.isspace for one code point.
 bool is_py_space(uint32_t cp);

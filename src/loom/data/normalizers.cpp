@@ -56,24 +56,6 @@ uint32_t compose_pair(uint32_t a, uint32_t b) {
   return (it != end && it->first == a && it->second == b) ? it->composite : 0;
 }
 
-void put_utf8(uint32_t cp, std::string& out) {
-  if (cp < 0x80) {
-    out.push_back(char(cp));
-  } else if (cp < 0x800) {
-    out.push_back(char(0xC0 | (cp >> 6)));
-    out.push_back(char(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out.push_back(char(0xE0 | (cp >> 12)));
-    out.push_back(char(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(char(0x80 | (cp & 0x3F)));
-  } else {
-    out.push_back(char(0xF0 | (cp >> 18)));
-    out.push_back(char(0x80 | ((cp >> 12) & 0x3F)));
-    out.push_back(char(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(char(0x80 | (cp & 0x3F)));
-  }
-}
-
 // NFC of a run of well-formed code points.
 void nfc_run(std::vector<uint32_t>& cps, std::vector<uint32_t>& d, std::string& out) {
   d.clear();
@@ -112,7 +94,7 @@ void nfc_run(std::vector<uint32_t>& cps, std::vector<uint32_t>& d, std::string& 
     }
     res.push_back(c);
   }
-  for (uint32_t cp : res) put_utf8(cp, out);
+  for (uint32_t cp : res) append_utf8(out, cp);
 }
 
 }  // namespace

@@ -237,15 +237,6 @@ std::optional<SplitRegex> recognize_split_regex(std::string_view pattern) {
   return std::nullopt;
 }
 
-const char* split_regex_name(SplitRegex r) {
-  switch (r) {
-    case SplitRegex::kGpt2: return "gpt2";
-    case SplitRegex::kLlama3: return "llama3";
-    case SplitRegex::kQwen2: return "qwen2";
-  }
-  return "?";
-}
-
 size_t split_regex_match_end(SplitRegex r, std::string_view text, size_t pos) {
   switch (r) {
     case SplitRegex::kGpt2: {

@@ -21,7 +21,6 @@ enum class SplitRegex { kGpt2, kLlama3, kQwen2 };
 
 // The pattern a tokenizer.json Split names, when it is one of the above written exactly.
 std::optional<SplitRegex> recognize_split_regex(std::string_view pattern);
-const char* split_regex_name(SplitRegex r);
 
 // End (byte offset) of the match of `r` that starts at `pos` < text.size(). The patterns match
 // every non-empty remainder, so the pieces tile the text.

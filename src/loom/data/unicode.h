@@ -4,6 +4,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace loom::data {
 
@@ -28,6 +29,25 @@ struct Utf8Char {
   int len;
   CharClass cls;
 };
+
+// Appends code point cp (at most U+10FFFF) encoded as UTF-8.
+inline void append_utf8(std::string& out, uint32_t cp) {
+  if (cp < 0x80) {
+    out += char(cp);
+  } else if (cp < 0x800) {
+    out += char(0xC0 | (cp >> 6));
+    out += char(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    out += char(0xE0 | (cp >> 12));
+    out += char(0x80 | ((cp >> 6) & 0x3F));
+    out += char(0x80 | (cp & 0x3F));
+  } else {
+    out += char(0xF0 | (cp >> 18));
+    out += char(0x80 | ((cp >> 12) & 0x3F));
+    out += char(0x80 | ((cp >> 6) & 0x3F));
+    out += char(0x80 | (cp & 0x3F));
+  }
+}
 
 // Length of the well-formed UTF-8 sequence (Unicode Table 3-7) starting at p, or 0 when the
 // byte at p does not start one (then it is an ill-formed byte standing alone). Needs p < end.
