@@ -199,9 +199,10 @@ void dequant_q6_k(const uint8_t* s, float* d) {
   }
 }
 
+// Each type's block sizes are template arguments of its loop; find_type checks them once against
+// gguf.h's table (ggml_block_shape), the one the reader sizes tensors by. Names: ggml_type_name.
 struct TypeInfo {
   GgmlType type;
-  const char* name;
   int64_t block_elems;
   int64_t block_bytes;
   void (*dequant)(const uint8_t* src, float* dst, int64_t n_blocks);
@@ -215,43 +216,38 @@ void dequant_blocks(const uint8_t* src, float* dst, int64_t n_blocks) {
 }
 
 template <Block kBlock, int64_t kElems, int64_t kBytes>
-constexpr TypeInfo info(GgmlType t, const char* name) {
-  return {t, name, kElems, kBytes, &dequant_blocks<kBlock, kElems, kBytes>};
+constexpr TypeInfo info(GgmlType t) {
+  return {t, kElems, kBytes, &dequant_blocks<kBlock, kElems, kBytes>};
 }
 
 constexpr TypeInfo kTypes[] = {
-    info<dequant_f32, 1, 4>(GgmlType::f32, "F32"),        info<dequant_f16, 1, 2>(GgmlType::f16, "F16"),
-    info<dequant_bf16, 1, 2>(GgmlType::bf16, "BF16"),     info<dequant_f64, 1, 8>(GgmlType::f64, "F64"),
-    info<dequant_q8_0, 32, 34>(GgmlType::q8_0, "Q8_0"),   info<dequant_q4_0, 32, 18>(GgmlType::q4_0, "Q4_0"),
-    info<dequant_q4_1, 32, 20>(GgmlType::q4_1, "Q4_1"),   info<dequant_q5_0, 32, 22>(GgmlType::q5_0, "Q5_0"),
-    info<dequant_q5_1, 32, 24>(GgmlType::q5_1, "Q5_1"),   info<dequant_q2_k, 256, 84>(GgmlType::q2_k, "Q2_K"),
-    info<dequant_q3_k, 256, 110>(GgmlType::q3_k, "Q3_K"), info<dequant_q4_k, 256, 144>(GgmlType::q4_k, "Q4_K"),
-    info<dequant_q5_k, 256, 176>(GgmlType::q5_k, "Q5_K"), info<dequant_q6_k, 256, 210>(GgmlType::q6_k, "Q6_K"),
+    info<dequant_f32, 1, 4>(GgmlType::f32),       info<dequant_f16, 1, 2>(GgmlType::f16),
+    info<dequant_bf16, 1, 2>(GgmlType::bf16),     info<dequant_f64, 1, 8>(GgmlType::f64),
+    info<dequant_q8_0, 32, 34>(GgmlType::q8_0),   info<dequant_q4_0, 32, 18>(GgmlType::q4_0),
+    info<dequant_q4_1, 32, 20>(GgmlType::q4_1),   info<dequant_q5_0, 32, 22>(GgmlType::q5_0),
+    info<dequant_q5_1, 32, 24>(GgmlType::q5_1),   info<dequant_q2_k, 256, 84>(GgmlType::q2_k),
+    info<dequant_q3_k, 256, 110>(GgmlType::q3_k), info<dequant_q4_k, 256, 144>(GgmlType::q4_k),
+    info<dequant_q5_k, 256, 176>(GgmlType::q5_k), info<dequant_q6_k, 256, 210>(GgmlType::q6_k),
 };
 
 const TypeInfo* find_type(GgmlType t) {
+  static const bool agree = [] {
+    for (const TypeInfo& i : kTypes) {
+      int64_t elems = 0, bytes = 0;
+      LOOM_CHECK(ggml_block_shape(i.type, &elems, &bytes) && elems == i.block_elems && bytes == i.block_bytes, "gguf",
+                 "the dequantizer of ", ggml_type_name(i.type), " and gguf.h disagree on its block shape");
+    }
+    return true;
+  }();
+  (void)agree;
   for (const TypeInfo& i : kTypes)
     if (i.type == t) return &i;
   return nullptr;
 }
 
-// Names of types loom cannot convert, for messages (ggml's numbering).
-std::string type_name(GgmlType t) {
-  if (const TypeInfo* i = find_type(t)) return i->name;
-  switch (t) {
-    case GgmlType::q8_1: return "Q8_1";
-    case GgmlType::q8_k: return "Q8_K";
-    case GgmlType::i8: return "I8";
-    case GgmlType::i16: return "I16";
-    case GgmlType::i32: return "I32";
-    case GgmlType::i64: return "I64";
-    default: return str_cat("type ", uint32_t(t));
-  }
-}
-
 std::string supported_names() {
   std::string s;
-  for (const TypeInfo& i : kTypes) s += (s.empty() ? "" : ", ") + std::string(i.name);
+  for (const TypeInfo& i : kTypes) s += (s.empty() ? "" : ", ") + ggml_type_name(i.type);
   return s;
 }
 
@@ -347,35 +343,34 @@ bool ggml_type_supported(GgmlType t) { return find_type(t) != nullptr; }
 void dequantize(GgmlType t, const void* src, float* dst, int64_t n) {
   const TypeInfo* ti = find_type(t);
   if (!ti)
-    fail("gguf", "tensor type ", type_name(t), " is not supported (supported: ", supported_names(),
+    fail("gguf", "tensor type ", ggml_type_name(t), " is not supported (supported: ", supported_names(),
          "); convert the model to one of these, e.g. with llama.cpp's llama-quantize");
   if (n < 0 || n % ti->block_elems != 0)
-    fail("gguf", ti->name, " stores blocks of ", ti->block_elems, " elements, so ", n,
+    fail("gguf", ggml_type_name(t), " stores blocks of ", ti->block_elems, " elements, so ", n,
          " elements cannot be dequantized; the tensor's row length must be a multiple of ", ti->block_elems);
   ti->dequant(static_cast<const uint8_t*>(src), dst, n / ti->block_elems);
 }
 
 std::string quantize(GgmlType t, const float* src, int64_t n) {
   void (*block)(const float*, uint8_t*) = nullptr;
-  int64_t block_bytes = 0;
   switch (t) {
-    case GgmlType::q8_0: block = quant_q8_0, block_bytes = 34; break;
-    case GgmlType::q4_0: block = quant_q4_0, block_bytes = 18; break;
-    case GgmlType::q4_1: block = quant_q4_1, block_bytes = 20; break;
-    case GgmlType::q5_0: block = quant_q5_0, block_bytes = 22; break;
-    case GgmlType::q5_1: block = quant_q5_1, block_bytes = 24; break;
+    case GgmlType::q8_0: block = quant_q8_0; break;
+    case GgmlType::q4_0: block = quant_q4_0; break;
+    case GgmlType::q4_1: block = quant_q4_1; break;
+    case GgmlType::q5_0: block = quant_q5_0; break;
+    case GgmlType::q5_1: block = quant_q5_1; break;
     case GgmlType::f32:
     case GgmlType::f16:
     case GgmlType::bf16: break;
     default:
-      fail("gguf", "quantizing to ", type_name(t),
+      fail("gguf", "quantizing to ", ggml_type_name(t),
            " is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1); "
            "choose one of these");
   }
   const int64_t block_elems = block ? 32 : 1;
   if (n < 0 || n % block_elems != 0)
-    fail("gguf", "quantizing ", n, " elements to ", type_name(t), ": the count must be a multiple of ", block_elems,
-         ", the type's block size");
+    fail("gguf", "quantizing ", n, " elements to ", ggml_type_name(t), ": the count must be a multiple of ",
+         block_elems, ", the type's block size");
   if (t == GgmlType::f32) return std::string(reinterpret_cast<const char*>(src), size_t(n) * 4);
   std::string out;
   if (!block) {  // F16 / BF16: round to nearest even, as numpy's astype and ggml do
@@ -386,6 +381,8 @@ std::string quantize(GgmlType t, const float* src, int64_t n) {
     }
     return out;
   }
+  int64_t block_bytes = 0, elems = 0;
+  ggml_block_shape(t, &elems, &block_bytes);
   out.resize(size_t(n / 32 * block_bytes));
   auto* dst = reinterpret_cast<uint8_t*>(out.data());
   for (int64_t b = 0; b < n / 32; ++b) block(src + b * 32, dst + b * block_bytes);
