@@ -31,24 +31,28 @@ using quant::Path;
 
 // A quantized matrix with its storage.
 struct QuantMatrix {
-  std::vector<uint8_t> q, zeros;
-  std::vector<float> scales;
-  std::vector<int32_t> sums;
+  std::vector<uint8_t> q;
+  std::vector<float> scales, offsets;
   QuantView view;
 
-  QuantMatrix(const std::vector<float>& w, int64_t O, int64_t I, QuantFormat f, int64_t group, bool zero_point) {
+  // free_offsets (asymmetric int4): each group's offset then moves by up to half a step, as
+  // GGUF's Q4_1 offsets (a group's minimum) do, so they are not -scale * an integer.
+  QuantMatrix(const std::vector<float>& w, int64_t O, int64_t I, QuantFormat f, int64_t group, bool zero_point,
+              bool free_offsets = false) {
     const int64_t ng = O * (I / group);
     q.resize(size_t(O * quant_row_bytes(f, I)));
     scales.resize(size_t(ng));
-    sums.resize(size_t(ng));
-    if (zero_point) zeros.resize(size_t(ng));
-    quantize_weights(w.data(), O, I, f, group, zero_point, q.data(), scales.data(), zero_point ? zeros.data() : nullptr,
-                     sums.data());
+    if (zero_point) offsets.resize(size_t(ng));
+    quantize_weights(w.data(), O, I, f, group, zero_point, q.data(), scales.data(),
+                     zero_point ? offsets.data() : nullptr);
     view.format = f;
     view.rows = O, view.cols = I, view.group = group;
     view.q = q.data(), view.scales = scales.data();
-    view.zeros = zero_point ? zeros.data() : nullptr;
-    view.group_sums = sums.data();
+    view.offsets = zero_point ? offsets.data() : nullptr;
+    std::mt19937 g(99);
+    std::uniform_real_distribution<float> shift(-0.5f, 0.5f);
+    if (free_offsets)
+      for (size_t k = 0; k < offsets.size(); ++k) offsets[k] += shift(g) * scales[k];
   }
   std::vector<float> dequantized() const {
     std::vector<float> out(size_t(view.rows * view.cols));
@@ -78,13 +82,19 @@ struct Variant {
   QuantFormat format;
   bool zero_point;
   const char* name;
+  bool free_offsets = false;
 };
 const Variant kVariants[] = {
     {QuantFormat::int8, false, "int8"}, {QuantFormat::int4, false, "int4"}, {QuantFormat::int4, true, "int4-zp"}};
+// The products also take offsets that are not -scale * an integer (GGUF's Q4_1).
+const Variant kProductVariants[] = {{QuantFormat::int8, false, "int8"},
+                                    {QuantFormat::int4, false, "int4"},
+                                    {QuantFormat::int4, true, "int4-zp"},
+                                    {QuantFormat::int4, true, "int4-offsets", true}};
 
 // ---- formats ------------------------------------------------------------------------------
 
-TEST(QuantFormat, DequantizedWithinHalfAStepAndGroupSumsMatch) {
+TEST(QuantFormat, DequantizedWithinHalfAStepAndZeroPointsAreIntegers) {
   std::mt19937 g(1);
   const int64_t O = 9;
   for (const Variant& v : kVariants)
@@ -93,21 +103,21 @@ TEST(QuantFormat, DequantizedWithinHalfAStepAndGroupSumsMatch) {
       const std::vector<float> w = randn(size_t(O * I), g);
       const QuantMatrix qm(w, O, I, v.format, group, v.zero_point);
       EXPECT_EQ(quant_bytes(v.format, O, I, group, v.zero_point),
-                int64_t(qm.q.size() + qm.scales.size() * 4 + qm.zeros.size()));
+                int64_t(qm.q.size() + qm.scales.size() * 4 + qm.offsets.size() * 4));
       const std::vector<float> deq = qm.dequantized();
       const int64_t ng = I / group;
       for (int64_t o = 0; o < O; ++o)
         for (int64_t k = 0; k < ng; ++k) {
           const float s = qm.scales[size_t(o * ng + k)];
-          int64_t sum = 0;
           for (int64_t i = k * group; i < (k + 1) * group; ++i) {
             const size_t at = size_t(o * I + i);
             ASSERT_LE(std::fabs(w[at] - deq[at]), s * 0.5f * (1 + 1e-5f)) << "o=" << o << " i=" << i;
-            sum += std::lround(deq[at] / s);
           }
-          EXPECT_EQ(qm.sums[size_t(o * ng + k)], sum);
-          if (v.zero_point) {
-            EXPECT_LE(qm.zeros[size_t(o * ng + k)], 15);
+          if (v.zero_point) {  // the offset is -s * z for an integer z in [0, 15]
+            const float z = -qm.offsets[size_t(o * ng + k)] / s;
+            EXPECT_NEAR(z, std::nearbyint(z), 1e-5f);
+            EXPECT_GE(std::nearbyint(z), 0);
+            EXPECT_LE(std::nearbyint(z), 15);
           }
         }
     }
@@ -132,7 +142,7 @@ TEST(QuantFormat, ZeroPointRoundTripIsExact) {
     }
   const QuantMatrix qm(w, O, I, QuantFormat::int4, group, true);
   const std::vector<float> deq = qm.dequantized();
-  for (size_t k = 0; k < want_z.size(); ++k) EXPECT_EQ(qm.zeros[k], want_z[k]) << k;
+  for (size_t k = 0; k < want_z.size(); ++k) EXPECT_FLOAT_EQ(qm.offsets[k], -0.25f * float(want_z[k])) << k;
   for (size_t i = 0; i < w.size(); ++i) EXPECT_NEAR(deq[i], w[i], 1e-6) << i;
 }
 
@@ -167,10 +177,10 @@ TEST(QuantFormat, PerChannelHasOneScalePerRow) {
 
 TEST(QuantFormat, BadGroupsAreRejectedWithTheFix) {
   std::vector<float> w(768);
-  std::vector<uint8_t> q(768), z(768);
-  std::vector<float> s(768);
+  std::vector<uint8_t> q(768);
+  std::vector<float> s(768), z(768);
   auto quantize = [&](QuantFormat f, int64_t I, int64_t group, bool zp) {
-    return error_of([&] { quantize_weights(w.data(), 1, I, f, group, zp, q.data(), s.data(), z.data(), nullptr); });
+    return error_of([&] { quantize_weights(w.data(), 1, I, f, group, zp, q.data(), s.data(), z.data()); });
   };
   std::string e = quantize(QuantFormat::int8, 768, 40, false);
   EXPECT_NE(e.find("[quant] group=40 does not divide I=768"), std::string::npos) << e;
@@ -246,12 +256,12 @@ TEST_P(QuantLinearPath, MatchesTheDequantizedProduct) {
                                                 {384, 128}, {384, 384}, {448, 448}, {512, 256}};
   double worst_rel = 0, worst_of_bound = 0, worst_norm = 0;
   int cases = 0;
-  for (const Variant& v : kVariants)
+  for (const Variant& v : kProductVariants)
     for (auto [I, group] : shapes) {
       if (v.format == QuantFormat::int4 && group % 2) continue;
       for (int64_t O : {1, 7, 33, 130}) {
         const std::vector<float> w = randn(size_t(O * I), g), bias = randn(size_t(O), g);
-        const QuantMatrix qm(w, O, I, v.format, group, v.zero_point);
+        const QuantMatrix qm(w, O, I, v.format, group, v.zero_point, v.free_offsets);
         const std::vector<float> deq = qm.dequantized();
         for (int64_t M : {1, 2, 3, 5, 17, 64, 65, 200}) {
           const bool with_bias = (M + O) % 2 == 1;
@@ -294,10 +304,11 @@ TEST_P(QuantLinearPath, ARowsResultDoesNotDependOnTheRowCount) {
                                                 : kQuantBlasMinRows;
   const Variant bf16{QuantFormat::bf16, false, "bf16"};
   std::vector<Variant> variants;
-  if (!quant::is_bf16_dot_path(p)) variants.assign(std::begin(kVariants), std::end(kVariants));
+  if (!quant::is_bf16_dot_path(p)) variants.assign(std::begin(kProductVariants), std::end(kProductVariants));
   if (!quant::is_integer_path(p)) variants.push_back(bf16);
   for (const Variant& v : variants) {
-    const QuantMatrix qm(randn(size_t(O * I), g), O, I, v.format, v.format == QuantFormat::bf16 ? I : 64, v.zero_point);
+    const QuantMatrix qm(randn(size_t(O * I), g), O, I, v.format, v.format == QuantFormat::bf16 ? I : 64, v.zero_point,
+                         v.free_offsets);
     const std::vector<float> x = randn(size_t(M * I), g);
     std::vector<float> all(static_cast<size_t>(M * O)), one(static_cast<size_t>(O));
     quant::quant_linear_with(p, x.data(), qm.view, nullptr, all.data(), M);
@@ -311,11 +322,11 @@ TEST_P(QuantLinearPath, ARowsResultDoesNotDependOnTheRowCount) {
 // The fast (stepped) layout must cover the shapes models use, or the timings do not apply.
 TEST(QuantLinear, Gpt2ShapesTakeTheSteppedKernels) {
   for (int64_t I : {768, 3072})
-    for (const Variant& v : kVariants)
+    for (const Variant& v : kProductVariants)
       for (int64_t group : {int64_t(32), int64_t(64), int64_t(128), I}) {
         QuantView w;
         w.format = v.format, w.rows = 8, w.cols = I, w.group = group;
-        if (v.zero_point) w.zeros = reinterpret_cast<const uint8_t*>(&w);  // only tested for null
+        if (v.zero_point) w.offsets = reinterpret_cast<const float*>(&w);  // only tested for null
         for (int64_t chunk : {32, 64})
           EXPECT_TRUE(quant::act_layout(w, chunk).stepped)
               << v.name << " I=" << I << " group=" << group << " chunk=" << chunk;
@@ -329,9 +340,9 @@ TEST_P(QuantLinearPath, ManyRowsAgreeWithSingleRowsToRounding) {
   std::mt19937 g(10);
   const int64_t M = 200;
   for (auto [I, O] : {std::pair<int64_t, int64_t>{256, 37}, {768, 130}})
-    for (const Variant& v : kVariants)
+    for (const Variant& v : kProductVariants)
       for (int64_t group : {int64_t(32), int64_t(64), I}) {
-        const QuantMatrix qm(randn(size_t(O * I), g), O, I, v.format, group, v.zero_point);
+        const QuantMatrix qm(randn(size_t(O * I), g), O, I, v.format, group, v.zero_point, v.free_offsets);
         const std::vector<float> x = randn(size_t(M * I), g), bias = randn(size_t(O), g);
         const std::vector<float> deq = qm.dequantized();
         std::vector<float> all(static_cast<size_t>(M * O)), one(static_cast<size_t>(O));
@@ -339,8 +350,17 @@ TEST_P(QuantLinearPath, ManyRowsAgreeWithSingleRowsToRounding) {
         for (int64_t m = 0; m < M; m += 7) {
           quant::quant_linear_with(p, x.data() + m * I, qm.view, bias.data(), one.data(), 1);
           for (int64_t o = 0; o < O; ++o) {
+            // The few-rows kernels convert per-lane sums of unsigned weights u = v + z (z = 128
+            // for int8, 8 for int4; the nibble itself with offsets) to f32 before the shift
+            // z * sum(x) (or the offset's term) comes back off, so their f32 terms are bounded by
+            // sum |x| (|w| + shift), shift = z * scale or |offset|, not by sum |x w|.
             double mag = std::fabs(bias[size_t(o)]);
-            for (int64_t i = 0; i < I; ++i) mag += std::fabs(double(x[size_t(m * I + i)]) * deq[size_t(o * I + i)]);
+            for (int64_t i = 0; i < I; ++i) {
+              const size_t k = size_t(o * (I / group) + i / group);
+              const double shift = v.zero_point ? std::fabs(qm.offsets[k])
+                                                : qm.scales[k] * (v.format == QuantFormat::int8 ? 128 : 8);
+              mag += std::fabs(double(x[size_t(m * I + i)])) * (std::fabs(deq[size_t(o * I + i)]) + shift);
+            }
             ASSERT_NEAR(all[size_t(m * O + o)], one[size_t(o)], 2e-6 * mag)
                 << v.name << " I=" << I << " group=" << group << " row " << m << " output " << o;
           }
@@ -406,12 +426,11 @@ TEST(QuantFormat, Bf16RoundsEachWeightToNearestEven) {
   EXPECT_EQ(deq[4], 1.f + 1.f / 64);
   EXPECT_TRUE(std::signbit(deq[5]));
   std::vector<uint8_t> q(size_t(2 * O * I));
-  std::string e = error_of(
-      [&] { quantize_weights(w.data(), O, I, QuantFormat::bf16, 16, false, q.data(), nullptr, nullptr, nullptr); });
+  std::string e =
+      error_of([&] { quantize_weights(w.data(), O, I, QuantFormat::bf16, 16, false, q.data(), nullptr, nullptr); });
   EXPECT_NE(e.find("[quant] bf16 weights have no scales, so no groups: pass group=I (48), not 16"), std::string::npos)
       << e;
-  e = error_of(
-      [&] { quantize_weights(w.data(), O, I, QuantFormat::bf16, I, true, q.data(), nullptr, nullptr, nullptr); });
+  e = error_of([&] { quantize_weights(w.data(), O, I, QuantFormat::bf16, I, true, q.data(), nullptr, nullptr); });
   EXPECT_NE(e.find("zero points are for int4 only: quantize bf16 without one"), std::string::npos) << e;
 }
 

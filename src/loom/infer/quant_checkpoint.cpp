@@ -91,7 +91,7 @@ void save_quantized_checkpoint(const std::string& out_dir, const std::string& so
   for (const auto& m : ms) {
     w.add(m.name + ".q", m.matrix->q);
     if (m.matrix->scales.defined()) w.add(m.name + ".scales", m.matrix->scales);
-    if (m.matrix->zeros.defined()) w.add(m.name + ".zeros", m.matrix->zeros);
+    if (m.matrix->offsets.defined()) w.add(m.name + ".offsets", m.matrix->offsets);
     w.set_metadata(m.name + ".format", cpu::quant_format_name(m.matrix->format));
     w.set_metadata(m.name + ".group", std::to_string(m.matrix->group));
   }
@@ -179,7 +179,14 @@ QuantizedCheckpoint load_quantized_checkpoint(const std::string& dir) {
       x.q = get(".q", DType::u8, {x.rows, cpu::quant_row_bytes(x.format, x.cols)});
       x.scales = get(".scales", DType::f32, {x.rows, x.cols / x.group});
     }
-    if (file.contains(n.name + ".zeros")) x.zeros = get(".zeros", DType::u8, {x.rows, x.cols / x.group});
+    if (file.contains(n.name + ".offsets")) {
+      x.offsets = get(".offsets", DType::f32, {x.rows, x.cols / x.group});
+    } else if (file.contains(n.name + ".zeros")) {  // integer zero points z: offset -scale * z
+      const Tensor z = get(".zeros", DType::u8, {x.rows, x.cols / x.group});
+      x.offsets = Tensor::empty({x.rows, x.cols / x.group}, DType::f32, MemCategory::params);
+      for (int64_t k = 0; k < z.numel(); ++k)
+        x.offsets.data<float>()[k] = -x.scales.data<float>()[k] * float(z.data<uint8_t>()[k]);
+    }
     x.dequantize_into(n.target);
   }
   for (const model::ParamInfo& p : m.layout().params()) {
@@ -191,7 +198,7 @@ QuantizedCheckpoint load_quantized_checkpoint(const std::string& dir) {
   }
   q.spec.format = q.blocks.empty() ? cpu::QuantFormat::int8 : q.blocks[0].qkv.format;
   q.spec.group = q.blocks.empty() || q.blocks[0].qkv.group == q.blocks[0].qkv.cols ? 0 : q.blocks[0].qkv.group;
-  q.spec.zero_point = !q.blocks.empty() && q.blocks[0].qkv.zeros.defined();
+  q.spec.zero_point = !q.blocks.empty() && q.blocks[0].qkv.offsets.defined();
   q.spec.head = q.head.has_value();
   return out;
 }

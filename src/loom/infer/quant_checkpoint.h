@@ -5,7 +5,9 @@
 //                      "<prefix>qkv", "proj", "fc", "out", or "head"): NAME.q (u8, packed as
 //                      kernels/cpu/quant_linear.h says; bf16 [rows, cols] for bf16), NAME.scales
 //                      (f32 [rows, cols/group]; none for bf16),
-//                      NAME.zeros (u8, int4 with a zero point); metadata: the QuantSpec, the
+//                      NAME.offsets (f32 [rows, cols/group], asymmetric int4; checkpoints
+//                      written before offsets hold NAME.zeros, u8 zero points z, read as
+//                      offsets -scale * z); metadata: the QuantSpec, the
 //                      model's name and the source checkpoint with its weights' CRC32C
 //   config.json, config.yaml, trainer_state.json   copied from the source checkpoint
 //   manifest.json      format "loom-quantized-checkpoint", each file's size and CRC32C

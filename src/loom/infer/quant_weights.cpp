@@ -51,12 +51,12 @@ cpu::QuantView QuantizedMatrix::view() const {
   v.group = group;
   v.q = static_cast<const uint8_t*>(q.raw());
   v.scales = scales.defined() ? scales.data<float>() : nullptr;
-  v.zeros = zeros.defined() ? zeros.data<uint8_t>() : nullptr;
+  v.offsets = offsets.defined() ? offsets.data<float>() : nullptr;
   return v;
 }
 
 int64_t QuantizedMatrix::bytes() const {
-  return int64_t(q.nbytes() + (scales.defined() ? scales.nbytes() : 0) + (zeros.defined() ? zeros.nbytes() : 0));
+  return int64_t(q.nbytes() + (scales.defined() ? scales.nbytes() : 0) + (offsets.defined() ? offsets.nbytes() : 0));
 }
 
 QuantizedMatrix QuantizedMatrix::quantize(const Tensor& w, cpu::QuantFormat f, int64_t group, bool zero_point) {
@@ -72,10 +72,9 @@ QuantizedMatrix QuantizedMatrix::quantize(const Tensor& w, cpu::QuantFormat f, i
   m.q = bf16 ? Tensor::empty({m.rows, m.cols}, DType::bf16, MemCategory::params)
              : Tensor::empty({m.rows, cpu::quant_row_bytes(f, m.cols)}, DType::u8, MemCategory::params);
   if (!bf16) m.scales = Tensor::empty({m.rows, groups}, DType::f32, MemCategory::params);
-  if (zero_point) m.zeros = Tensor::empty({m.rows, groups}, DType::u8, MemCategory::params);
+  if (zero_point) m.offsets = Tensor::empty({m.rows, groups}, DType::f32, MemCategory::params);
   cpu::quantize_weights(w.data<float>(), m.rows, m.cols, f, m.group, zero_point, static_cast<uint8_t*>(m.q.raw()),
-                        bf16 ? nullptr : m.scales.data<float>(), zero_point ? m.zeros.data<uint8_t>() : nullptr,
-                        nullptr);
+                        bf16 ? nullptr : m.scales.data<float>(), zero_point ? m.offsets.data<float>() : nullptr);
   return m;
 }
 

@@ -17,9 +17,9 @@ namespace loom::infer {
 
 struct QuantSpec {
   cpu::QuantFormat format = cpu::QuantFormat::int8;
-  int64_t group = 0;        // weights per scale along a row; 0: one scale per row (per channel)
-  bool zero_point = false;  // int4 only: w = scale * (q - zero)
-  bool head = true;         // the LM head too (int8 with the same group rule, or bf16 for bf16)
+  int64_t group = 0;           // weights per scale along a row; 0: one scale per row (per channel)
+  bool zero_point = false;     // int4 only: asymmetric, w = scale * q + offset (offset = -scale * zero)
+  bool head = true;            // the LM head too (int8 with the same group rule, or bf16 for bf16)
   // "int8 per-channel", "int4 g64 zero-point", "bf16", each with " head int8" (" head bf16") or
   // " head f32".
   std::string describe() const;
@@ -33,12 +33,12 @@ std::optional<QuantSpec> parse_quant_spec(const std::string& name, int64_t group
                                           bool zero_point = false);
 
 // One quantized [rows, cols] matrix: its packed weights (u8; bf16 [rows, cols] for bf16),
-// scales (none for bf16) and (int4 with a zero point) zeros, owned as tensors
+// scales (none for bf16) and (asymmetric int4) offsets, owned as tensors
 // (MemCategory::params).
 struct QuantizedMatrix {
   cpu::QuantFormat format = cpu::QuantFormat::int8;
   int64_t rows = 0, cols = 0, group = 0;
-  Tensor q, scales, zeros;
+  Tensor q, scales, offsets;
   cpu::QuantView view() const;
   int64_t bytes() const;
   // Quantizes w [rows, cols] (f32); group 0 means cols.

@@ -11,30 +11,34 @@
 
 namespace loom::cpu::quant::LOOM_QUANT_ISA {
 
-enum class Kind { i8, i4_symmetric, i4_zero_point, bf16 };
+enum class Kind { i8, i4_symmetric, i4_offset, bf16 };
 
 // n (a multiple of 16) columns of a weight row from their packed bytes, dequantized into out.
 // int4: the low and high nibbles of 16 bytes interleaved back into column order, then
-// (nibble ^ 8) - 8 sign-extends (symmetric) or nibble - zero (zero point), all in SSE2.
+// (nibble ^ 8) - 8 sign-extends (symmetric, in SSE2) or the group's offset is added to
+// scale * nibble (asymmetric).
 template <Kind K>
-[[gnu::always_inline]] inline void dequantize_cols(const uint8_t* src, float s, int z, int64_t n, float* out) {
+[[gnu::always_inline]] inline void dequantize_cols(const uint8_t* src, float s, float off, int64_t n, float* out) {
   if constexpr (K == Kind::i8) {
     for (int64_t k = 0; k < n; k += 16) to_f32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + k)), s, out + k);
   } else {
-    const __m128i low = _mm_set1_epi8(0x0F), flip = _mm_set1_epi8(K == Kind::i4_symmetric ? 8 : 0);
-    const __m128i zero = _mm_set1_epi8(int8_t(z));
+    const __m128i low = _mm_set1_epi8(0x0F);
+    const __m128i flip = _mm_set1_epi8(K == Kind::i4_symmetric ? 8 : 0);
+    const __m128i sub = _mm_set1_epi8(K == Kind::i4_symmetric ? 8 : 0);
     int64_t k = 0;
     for (; k + 32 <= n; k += 32) {
       const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + k / 2));
       const __m128i lo = _mm_and_si128(p, low), hi = _mm_and_si128(_mm_srli_epi16(p, 4), low);
-      to_f32(_mm_sub_epi8(_mm_xor_si128(_mm_unpacklo_epi8(lo, hi), flip), zero), s, out + k);
-      to_f32(_mm_sub_epi8(_mm_xor_si128(_mm_unpackhi_epi8(lo, hi), flip), zero), s, out + k + 16);
+      to_f32(_mm_sub_epi8(_mm_xor_si128(_mm_unpacklo_epi8(lo, hi), flip), sub), s, out + k);
+      to_f32(_mm_sub_epi8(_mm_xor_si128(_mm_unpackhi_epi8(lo, hi), flip), sub), s, out + k + 16);
     }
     if (k < n) {
       const __m128i p = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + k / 2));
       const __m128i lo = _mm_and_si128(p, low), hi = _mm_and_si128(_mm_srli_epi16(p, 4), low);
-      to_f32(_mm_sub_epi8(_mm_xor_si128(_mm_unpacklo_epi8(lo, hi), flip), zero), s, out + k);
+      to_f32(_mm_sub_epi8(_mm_xor_si128(_mm_unpacklo_epi8(lo, hi), flip), sub), s, out + k);
     }
+    if constexpr (K == Kind::i4_offset)
+      for (int64_t i = 0; i < n; ++i) out[i] += off;
   }
 }
 
@@ -66,8 +70,8 @@ template <Kind K, int MT, int OT>
       for (int64_t i = i0, g = g0; i < i0 + span; ++g) {
         const int64_t n = std::min((g + 1) * G, i0 + span) - i;
         const float s = w.scales[(o + t) * ng + g];
-        const int z = K == Kind::i4_zero_point ? w.zeros[(o + t) * ng + g] : K == Kind::i8 ? 0 : 8;
-        dequantize_cols<K>(w.q + (o + t) * wrow + (K == Kind::i8 ? i : i / 2), s, z, n, wb[t] + (i - i0));
+        const float off = K == Kind::i4_offset ? w.offsets[(o + t) * ng + g] : 0.f;
+        dequantize_cols<K>(w.q + (o + t) * wrow + (K == Kind::i8 ? i : i / 2), s, off, n, wb[t] + (i - i0));
         i += n;
       }
     for (int64_t k = 0; k < span; k += 16)
@@ -150,8 +154,8 @@ void f32_rows(const float* x, const QuantView& w, const float* b, float* y, int6
     f32_rows_kind<Kind::bf16, MaxMT, OT>(x, w, b, y, M, o0, o1);
   else if (w.format == QuantFormat::int8)
     f32_rows_kind<Kind::i8, MaxMT, OT>(x, w, b, y, M, o0, o1);
-  else if (w.zeros)
-    f32_rows_kind<Kind::i4_zero_point, MaxMT, OT>(x, w, b, y, M, o0, o1);
+  else if (w.offsets)
+    f32_rows_kind<Kind::i4_offset, MaxMT, OT>(x, w, b, y, M, o0, o1);
   else
     f32_rows_kind<Kind::i4_symmetric, MaxMT, OT>(x, w, b, y, M, o0, o1);
 }

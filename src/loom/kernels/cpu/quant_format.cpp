@@ -46,11 +46,11 @@ int64_t quant_bytes(QuantFormat f, int64_t O, int64_t I, int64_t group, bool zer
   const int64_t packed = O * quant_row_bytes(f, I);
   if (f == QuantFormat::bf16) return packed;
   const int64_t groups = O * (I / group);
-  return packed + groups * int64_t(sizeof(float)) + (zero_point ? groups : 0);
+  return packed + groups * int64_t(sizeof(float)) * (zero_point ? 2 : 1);
 }
 
 void quantize_weights(const float* w, int64_t O, int64_t I, QuantFormat f, int64_t group, bool zero_point, uint8_t* q,
-                      float* scales, uint8_t* zeros, int32_t* group_sums) {
+                      float* scales, float* offsets) {
   quant::check_shape(f, O, I, group, zero_point);
   if (f == QuantFormat::bf16) {
 #pragma omp parallel for schedule(static) if (O * I > (1 << 20))
@@ -82,11 +82,9 @@ void quantize_weights(const float* w, int64_t O, int64_t I, QuantFormat f, int64
         qmin = -levels, qmax = levels;
       }
       scales[o * ng + g] = scale;
-      if (zero_point) zeros[o * ng + g] = uint8_t(zero);
-      int32_t sum = 0;
+      if (zero_point) offsets[o * ng + g] = -scale * float(zero);
       for (int64_t i = 0; i < group; ++i) {
         const int v = scale > 0 ? std::clamp(int(std::nearbyint(src[i] / scale)) + zero, qmin, qmax) : zero;
-        sum += v - zero;
         const int64_t col = g * group + i;
         if (f == QuantFormat::int8) {
           q[o * I + col] = uint8_t(int8_t(v));
@@ -96,7 +94,6 @@ void quantize_weights(const float* w, int64_t O, int64_t I, QuantFormat f, int64
           byte = col % 2 == 0 ? nib : uint8_t((byte & 0x0F) | (nib << 4));
         }
       }
-      if (group_sums) group_sums[o * ng + g] = sum;
     }
   }
 }
@@ -111,7 +108,7 @@ void dequantize_weights(const QuantView& w, float* out) {
 namespace quant {
 
 void check_view(const QuantView& w) {
-  check_shape(w.format, w.rows, w.cols, w.group, w.zeros != nullptr);
+  check_shape(w.format, w.rows, w.cols, w.group, w.offsets != nullptr);
   LOOM_CHECK(w.q && (w.scales || w.format == QuantFormat::bf16), "quant", quant_format_name(w.format),
              " weights: the view has no packed weights or scales (set QuantView::q and ::scales)");
 }
@@ -129,7 +126,7 @@ void dequantize_row(const QuantView& w, int64_t o, float* out) {
   }
   for (int64_t g = 0; g < ng; ++g) {
     const float s = w.scales[o * ng + g];
-    const int z = w.zeros ? w.zeros[o * ng + g] : 0;
+    const float off = w.offsets ? w.offsets[o * ng + g] : 0.f;
     for (int64_t i = g * G; i < (g + 1) * G; ++i) {
       int v;
       if (w.format == QuantFormat::int8) {
@@ -137,9 +134,9 @@ void dequantize_row(const QuantView& w, int64_t o, float* out) {
       } else {
         const uint8_t byte = w.q[o * (I / 2) + i / 2];
         const int nib = i % 2 == 0 ? byte & 0xF : byte >> 4;
-        v = w.zeros ? nib - z : (nib ^ 8) - 8;  // sign-extend the nibble
+        v = w.offsets ? nib : (nib ^ 8) - 8;  // sign-extend the nibble
       }
-      out[i] = s * float(v);
+      out[i] = w.offsets ? s * float(v) + off : s * float(v);  // (no + 0: it would turn -0 into +0)
     }
   }
 }

@@ -58,14 +58,15 @@ T* grown(std::vector<T>& v, int64_t n) {
 // Many rows on AVX512-VNNI: W repacked into panels of outputs (quant_vnni_gemm.cpp).
 void int_gemm(const float* x, const QuantView& w, const ActLayout& lay, const float* b, float* y, int64_t M) {
   thread_local std::vector<uint8_t> xa;
-  thread_local std::vector<float> sx;
+  thread_local std::vector<float> sx, sums;
   const int64_t I = w.cols;
   uint8_t* xq = grown(xa, M * I);
   float* sq = grown(sx, M * (I / lay.block));
+  float* su = grown(sums, M * (I / lay.block));
 #pragma omp parallel for schedule(static)
-  for (int64_t m = 0; m < M; ++m) gemm_quantize_acts_avx512(x, w, lay, xq, sq, m, m + 1);
+  for (int64_t m = 0; m < M; ++m) gemm_quantize_acts_avx512(x, w, lay, xq, sq, su, m, m + 1);
 #pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t item = 0; item < gemm_items(w); ++item) gemm_panels_avx512(xq, sq, w, lay, b, y, M, item);
+  for (int64_t item = 0; item < gemm_items(w); ++item) gemm_panels_avx512(xq, sq, su, w, lay, b, y, M, item);
 }
 
 void int_linear(Path p, const float* x, const QuantView& w, const float* b, float* y, int64_t M) {

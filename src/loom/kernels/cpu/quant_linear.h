@@ -15,11 +15,12 @@ const char* quant_format_name(QuantFormat f);  // "int8", "int4", "bf16"
 
 // Storage, row-major per output row o (W is [O, I], y = x W^T + b):
 //  int8: q[o*I + i] is int8_t stored in a uint8_t buffer (two's complement), in [-127, 127].
-//  int4: two weights per byte, q[o*(I/2) + i/2], column i even in the low nibble; without a
-//        zero point each nibble is a signed value in [-8, 7] stored as (v & 0xF); with a zero
-//        point each nibble is unsigned [0, 15] and w = scale * (nibble - zero).
+//  int4: two weights per byte, q[o*(I/2) + i/2], column i even in the low nibble; without
+//        offsets each nibble is a signed value in [-8, 7] stored as (v & 0xF) and
+//        w = scale * v; with offsets (asymmetric int4) each nibble is unsigned [0, 15] and
+//        w = scale * nibble + offset, one f32 offset per group (GGUF's Q4_1 is this form).
 //  bf16: q[2*(o*I + i)] holds the little-endian bits of bfloat16 weight (o, i); no scales.
-//  scales: f32 [O, I/group]; zeros (int4 with zero point only): uint8 [O, I/group], in [0, 15].
+//  scales: f32 [O, I/group]; offsets (asymmetric int4 only): f32 [O, I/group].
 //  group: weights per scale along I; group == I means one scale per output row (per-channel),
 //  and bf16's group is always I. I must be a multiple of group, and for int4 group must be
 //  even (so I is even).
@@ -29,28 +30,26 @@ struct QuantView {
   int64_t rows = 0, cols = 0, group = 0;  // O, I, group
   const uint8_t* q = nullptr;
   const float* scales = nullptr;
-  const uint8_t* zeros = nullptr;       // int4 with zero point, else null
-  const int32_t* group_sums = nullptr;  // optional per-(row, group) sum of the integer weights
-                                        // (minus zero), O*(I/group); the kernels do not need it
+  const float* offsets = nullptr;  // asymmetric int4, else null
 };
 
 // Bytes of one row of packed weights: I (int8), I/2 (int4), 2I (bf16).
 int64_t quant_row_bytes(QuantFormat f, int64_t I);
-// Bytes of the packed weights, scales and zeros of an O x I matrix. Throws as quantize_weights
+// Bytes of the packed weights, scales and offsets of an O x I matrix. Throws as quantize_weights
 // does for a group that does not fit.
 int64_t quant_bytes(QuantFormat f, int64_t O, int64_t I, int64_t group, bool zero_point);
 
 // Quantizes w[O, I], rounding to nearest (ties to even). Symmetric: scale = max|w| / 127 (int8)
 // or / 7 (int4); a group of zeros gets scale 0. With a zero point (int4 only): the range is the
-// group's [min, max] widened to contain 0 (so the zero is an integer in [0, 15] and 0 is exact),
-// scale = (max - min) / 15, zero = round(-min / scale). Every element then satisfies
-// |w - dequantized| <= scale / 2. bf16: each weight rounded to nearest even (scales, zeros and
-// group_sums untouched; |w - dequantized| <= 2^-8 |w|). Writes q (layout above), scales, zeros
-// (when zero_point) and group_sums when group_sums != nullptr. Throws loom::Error "[quant] ..." when group does not
-// divide I, for int4 with an odd group, for int8 or bf16 with a zero point, and for bf16 with a
-// group other than I.
+// group's [min, max] widened to contain 0 (so the zero is an integer z in [0, 15] and 0 is
+// exact), scale = (max - min) / 15, z = round(-min / scale), stored as the offset -scale * z.
+// Every element then satisfies |w - dequantized| <= scale / 2 (plus an f32 rounding of the
+// offset). bf16: each weight rounded to nearest even (scales and offsets untouched;
+// |w - dequantized| <= 2^-8 |w|). Writes q (layout above), scales and offsets (when
+// zero_point). Throws loom::Error "[quant] ..." when group does not divide I, for int4 with an
+// odd group, for int8 or bf16 with a zero point, and for bf16 with a group other than I.
 void quantize_weights(const float* w, int64_t O, int64_t I, QuantFormat f, int64_t group, bool zero_point, uint8_t* q,
-                      float* scales, uint8_t* zeros, int32_t* group_sums);
+                      float* scales, float* offsets);
 void dequantize_weights(const QuantView& w, float* out);  // out[O, I] f32
 
 // y[M, O] = x[M, I] W^T + b (b may be null), any M. OpenMP threads over output rows. Scratch

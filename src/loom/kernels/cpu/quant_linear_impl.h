@@ -42,13 +42,14 @@ void dequantize_row(const QuantView& w, int64_t o, float* out);  // out[I]
 
 // The integer kernels read x quantized to int8 per row and block: blocks of `block` columns
 // (a block never spans two weight groups), each with scale = max|x| / 127 and the sum of its
-// int8 values (the kernels feed unsigned weights u = w + z to vpdpbusd and subtract z * sum).
+// int8 values (the kernels feed unsigned weights u = w + z to vpdpbusd and subtract z * sum,
+// or add offset * sum for asymmetric int4).
 // For int4 each vector of x holds a chunk's even columns and the next its odd ones, the order
 // in which the kernels unpack low and high nibbles. Two layouts:
 //  - stepped (blocks of 32, 64 or 128 columns that tile I into steps of whole vectors): per
 //    step of `step` columns, the step's x bytes, then one vector of per-lane scales (lane k
 //    holds its block's scale) and one of per-lane corrections (the first lane of each block
-//    holds -z * sum for int8 and symmetric int4, or sum as f32 for int4 with zero points);
+//    holds -z * sum for int8 and symmetric int4, or sum as f32 for asymmetric int4);
 //  - generic (any shape): blocks of whole zero-padded chunks, with scales and sums in the
 //    separate arrays of QuantActs.
 struct ActLayout {
@@ -90,17 +91,17 @@ void quantize_acts_avx2(const float*, const QuantView&, const ActLayout&, int8_t
 void int_rows_avx512(const QuantActs&, const QuantView&, const float*, float*, int64_t, int64_t, int64_t);
 void int_rows_avx2(const QuantActs&, const QuantView&, const float*, float*, int64_t, int64_t, int64_t);
 // The many-rows kernel of AVX512-VNNI (quant_vnni_gemm.cpp): x as u8 (x + 128) [M, I] with
-// scales [M, I / block]; W packed per work item of 48 output rows. Used from kGemmMinRows rows
-// (measured on one core for 2304 x 768: the two kernels cross between 8 and 12 rows, where
-// repacking W costs about what the few-rows kernel loses; at 24 rows this one is 1.6-1.8x).
-// It quantizes x exactly as the few-rows kernels do, so results differ only in f32 rounding.
+// scales and the int8 values' sums [M, I / block]; W packed per work item of 48 output rows. Used from kGemmMinRows
+// rows (measured on one core for 2304 x 768: the two kernels cross between 8 and 12 rows, where repacking W costs about
+// what the few-rows kernel loses; at 24 rows this one is 1.6-1.8x). It quantizes x exactly as the few-rows kernels do,
+// so results differ only in f32 rounding.
 inline constexpr int64_t kGemmMinRows = 16;
 bool gemm_fits(const QuantView& w, const ActLayout& lay);
 void gemm_quantize_acts_avx512(const float* x, const QuantView& w, const ActLayout& lay, uint8_t* xa, float* sx,
-                               int64_t m0, int64_t m1);
+                               float* sums, int64_t m0, int64_t m1);
 int64_t gemm_items(const QuantView& w);
-void gemm_panels_avx512(const uint8_t* xa, const float* sx, const QuantView& w, const ActLayout& lay, const float* b,
-                        float* y, int64_t M, int64_t item);
+void gemm_panels_avx512(const uint8_t* xa, const float* sx, const float* sums, const QuantView& w, const ActLayout& lay,
+                        const float* b, float* y, int64_t M, int64_t item);
 
 void f32_rows_avx512(const float*, const QuantView&, const float*, float*, int64_t, int64_t, int64_t);
 void f32_rows_avx2(const float*, const QuantView&, const float*, float*, int64_t, int64_t, int64_t);

@@ -63,16 +63,6 @@ struct Zmm {
     const __m128 v = n == 2 ? _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(p))) : _mm_loadu_ps(p);
     return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(v));
   }
-  static F expand_u8(const uint8_t* p, int n, I idx) {
-    if (n == 1) return _mm512_set1_ps(float(*p));
-    uint32_t bits = 0;  // n is 2 or 4; constant sizes keep memcpy inline
-    if (n == 2)
-      std::memcpy(&bits, p, 2);
-    else
-      std::memcpy(&bits, p, 4);
-    const __m512i z = _mm512_cvtepu8_epi32(_mm_cvtsi32_si128(int(bits)));
-    return _mm512_cvtepi32_ps(_mm512_permutexvar_epi32(idx, z));
-  }
   static F fzero() { return _mm512_setzero_ps(); }
   static F set1(float v) { return _mm512_set1_ps(v); }
   static F fma_i(I d, F s, F acc) { return _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), s, acc); }

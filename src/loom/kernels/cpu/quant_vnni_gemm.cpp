@@ -6,6 +6,7 @@
 //
 // vpdpbusd wants one unsigned operand: the activations are stored as x + 128 (u8) and each
 // block's accumulator starts at -128 * (sum of the block's weights), counted while packing.
+// Asymmetric int4 packs its nibbles as they are and adds offset * sum(x) per block in f32.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -30,17 +31,20 @@ constexpr int kMR = 4;      // activation rows per register tile
 constexpr int kPanels = 3;  // panels per register tile (and per work item)
 
 // One panel: for each group of 4 columns, 16 lanes x 4 int8 weights; then per block the 16
-// outputs' scales and accumulator starts.
+// outputs' scales, then their accumulator starts, then (asymmetric int4) their offsets.
 struct PanelLayout {
   int64_t quads, blocks;
-  int64_t bytes() const { return quads * 64 + blocks * 128; }
+  int64_t bytes() const { return quads * 64 + blocks * 192; }
+  int64_t scales_at() const { return quads * 64; }
+  int64_t starts_at() const { return quads * 64 + blocks * 64; }
+  int64_t offsets_at() const { return quads * 64 + blocks * 128; }
 };
 
 // Weights of 16 rows (lanes past `rows` are zero) for columns [k, k + 4) of every lane, as
-// int8 in [-127, 127], from a 32-bit gather of each row's bytes.
-template <bool Int4, bool ZeroPoint>
+// int8 (nibbles as they are for asymmetric int4), from a 32-bit gather of each row's bytes.
+template <bool Int4, bool Offset>
 [[gnu::always_inline]] inline __m512i gather_quad(const uint8_t* q, const __m512i row_off, __mmask16 valid, int64_t k,
-                                                  __m512i zero_bytes, bool high) {
+                                                  bool high) {
   if constexpr (!Int4) {
     return _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, row_off, q + k, 1);
   } else {
@@ -53,7 +57,7 @@ template <bool Int4, bool ZeroPoint>
     v = _mm512_or_si512(v, _mm512_and_si512(_mm512_slli_epi32(h, 4), _mm512_set1_epi32(0x0F00)));
     v = _mm512_or_si512(v, _mm512_and_si512(_mm512_slli_epi32(h, 8), _mm512_set1_epi32(0x0F0000)));
     v = _mm512_or_si512(v, _mm512_and_si512(_mm512_slli_epi32(h, 12), _mm512_set1_epi32(0x0F000000)));
-    if constexpr (ZeroPoint) return _mm512_sub_epi8(v, zero_bytes);
+    if constexpr (Offset) return v;
     // symmetric: (nibble ^ 8) - 8
     const __m512i eight = _mm512_set1_epi8(8);
     return _mm512_sub_epi8(_mm512_xor_si512(v, eight), eight);
@@ -61,7 +65,7 @@ template <bool Int4, bool ZeroPoint>
 }
 
 // Packs panel rows [o0, o0 + 16) of W.
-template <bool Int4, bool ZeroPoint>
+template <bool Int4, bool Offset>
 void pack_panel(const QuantView& w, const ActLayout& L, int64_t o0, const PanelLayout& P, uint8_t* out) {
   const int64_t I = w.cols, G = w.group, ng = I / G, wrow = Int4 ? I / 2 : I;
   const int64_t rows = std::min<int64_t>(kLanes, w.rows - o0);
@@ -70,35 +74,33 @@ void pack_panel(const QuantView& w, const ActLayout& L, int64_t o0, const PanelL
                                              _mm512_set1_epi32(int32_t(wrow)));
   const uint8_t* q = w.q + o0 * wrow;
   const __m512i ones = _mm512_set1_epi8(1);
-  float* scales = reinterpret_cast<float*>(out + P.quads * 64);
-  int32_t* starts = reinterpret_cast<int32_t*>(out + P.quads * 64 + P.blocks * 64);
+  float* scales = reinterpret_cast<float*>(out + P.scales_at());
+  int32_t* starts = reinterpret_cast<int32_t*>(out + P.starts_at());
+  float* offsets = reinterpret_cast<float*>(out + P.offsets_at());
   for (int64_t blk = 0; blk < P.blocks; ++blk) {
     const int64_t k0 = blk * L.block, g = k0 / G;
-    alignas(64) float s[kLanes] = {};
-    alignas(64) uint8_t z[kLanes] = {};
+    alignas(64) float s[kLanes] = {}, off[kLanes] = {};
     for (int64_t j = 0; j < rows; ++j) {
       s[j] = w.scales[(o0 + j) * ng + g];
-      if constexpr (ZeroPoint) z[j] = w.zeros[(o0 + j) * ng + g];
+      if constexpr (Offset) off[j] = w.offsets[(o0 + j) * ng + g];
     }
-    // each lane's zero point in all 4 of its bytes
-    const __m512i zero_bytes = _mm512_mullo_epi32(
-        _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(z))), _mm512_set1_epi32(0x01010101));
     __m512i sum = _mm512_setzero_si512();
     for (int64_t k = k0; k < k0 + L.block; k += 4) {
-      const __m512i v = gather_quad<Int4, ZeroPoint>(q, row_off, valid, k, zero_bytes, (k & 7) != 0);
+      const __m512i v = gather_quad<Int4, Offset>(q, row_off, valid, k, (k & 7) != 0);
       _mm512_storeu_si512(out + k / 4 * 64, v);
       sum = _mm512_dpbusd_epi32(sum, ones, v);
     }
     _mm512_storeu_ps(scales + blk * kLanes, _mm512_load_ps(s));
+    if constexpr (Offset) _mm512_storeu_ps(offsets + blk * kLanes, _mm512_load_ps(off));
     _mm512_storeu_si512(starts + blk * kLanes, _mm512_mullo_epi32(sum, _mm512_set1_epi32(-128)));
   }
 }
 
 // Rows [m0, m0 + MR) x panels [0, NP) of one work item.
-template <int MR, int NP>
-[[gnu::always_inline]] inline void panel_tile(const uint8_t* xa, const float* sx, const ActLayout& L, int64_t I,
-                                              const uint8_t* const* panels, const PanelLayout& P, float* y, int64_t O,
-                                              int64_t o0, const float* b, int64_t m0) {
+template <int MR, int NP, bool Offset>
+[[gnu::always_inline]] inline void panel_tile(const uint8_t* xa, const float* sx, const float* sums, const ActLayout& L,
+                                              int64_t I, const uint8_t* const* panels, const PanelLayout& P, float* y,
+                                              int64_t O, int64_t o0, const float* b, int64_t m0) {
   __m512 acc[MR][NP];
   for (int m = 0; m < MR; ++m)
     for (int p = 0; p < NP; ++p) acc[m][p] = _mm512_setzero_ps();
@@ -106,7 +108,7 @@ template <int MR, int NP>
   for (int64_t blk = 0; blk < P.blocks; ++blk) {
     __m512i d[MR][NP];
     for (int p = 0; p < NP; ++p) {
-      const __m512i start = _mm512_loadu_si512(panels[p] + P.quads * 64 + P.blocks * 64 + blk * 64);
+      const __m512i start = _mm512_loadu_si512(panels[p] + P.starts_at() + blk * 64);
       for (int m = 0; m < MR; ++m) d[m][p] = start;
     }
     for (int64_t kq = blk * per_block; kq < (blk + 1) * per_block; ++kq) {
@@ -120,10 +122,15 @@ template <int MR, int NP>
       }
     }
     for (int p = 0; p < NP; ++p) {
-      const __m512 sw = _mm512_loadu_ps(reinterpret_cast<const float*>(panels[p] + P.quads * 64) + blk * kLanes);
-      for (int m = 0; m < MR; ++m)
-        acc[m][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d[m][p]),
-                                    _mm512_mul_ps(sw, _mm512_set1_ps(sx[(m0 + m) * P.blocks + blk])), acc[m][p]);
+      const __m512 sw = _mm512_loadu_ps(reinterpret_cast<const float*>(panels[p] + P.scales_at()) + blk * kLanes);
+      for (int m = 0; m < MR; ++m) {
+        const float sxm = sx[(m0 + m) * P.blocks + blk];
+        acc[m][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d[m][p]), _mm512_mul_ps(sw, _mm512_set1_ps(sxm)), acc[m][p]);
+        if constexpr (Offset) {  // plus offset * sum(x)
+          const __m512 off = _mm512_loadu_ps(reinterpret_cast<const float*>(panels[p] + P.offsets_at()) + blk * kLanes);
+          acc[m][p] = _mm512_fmadd_ps(off, _mm512_set1_ps(sxm * sums[(m0 + m) * P.blocks + blk]), acc[m][p]);
+        }
+      }
     }
   }
   for (int p = 0; p < NP; ++p) {
@@ -134,12 +141,25 @@ template <int MR, int NP>
   }
 }
 
-template <int NP>
-void panel_rows(const uint8_t* xa, const float* sx, const ActLayout& L, int64_t I, const uint8_t* const* panels,
-                const PanelLayout& P, float* y, int64_t O, int64_t o0, const float* b, int64_t M) {
+template <int NP, bool Offset>
+void panel_rows(const uint8_t* xa, const float* sx, const float* sums, const ActLayout& L, int64_t I,
+                const uint8_t* const* panels, const PanelLayout& P, float* y, int64_t O, int64_t o0, const float* b,
+                int64_t M) {
   int64_t m = 0;
-  for (; m + kMR <= M; m += kMR) panel_tile<kMR, NP>(xa, sx, L, I, panels, P, y, O, o0, b, m);
-  for (; m < M; ++m) panel_tile<1, NP>(xa, sx, L, I, panels, P, y, O, o0, b, m);
+  for (; m + kMR <= M; m += kMR) panel_tile<kMR, NP, Offset>(xa, sx, sums, L, I, panels, P, y, O, o0, b, m);
+  for (; m < M; ++m) panel_tile<1, NP, Offset>(xa, sx, sums, L, I, panels, P, y, O, o0, b, m);
+}
+
+template <bool Offset>
+void panel_rows_any(int np, const uint8_t* xa, const float* sx, const float* sums, const ActLayout& L, int64_t I,
+                    const uint8_t* const* panels, const PanelLayout& P, float* y, int64_t O, int64_t o0, const float* b,
+                    int64_t M) {
+  if (np == 3)
+    panel_rows<3, Offset>(xa, sx, sums, L, I, panels, P, y, O, o0, b, M);
+  else if (np == 2)
+    panel_rows<2, Offset>(xa, sx, sums, L, I, panels, P, y, O, o0, b, M);
+  else
+    panel_rows<1, Offset>(xa, sx, sums, L, I, panels, P, y, O, o0, b, M);
 }
 
 }  // namespace
@@ -149,7 +169,7 @@ bool gemm_fits(const QuantView& w, const ActLayout& L) {
 }
 
 void gemm_quantize_acts_avx512(const float* x, const QuantView& w, const ActLayout& L, uint8_t* xa, float* sx,
-                               int64_t m0, int64_t m1) {
+                               float* sums, int64_t m0, int64_t m1) {
   const int64_t I = w.cols, blocks = I / L.block;
   // Blocks are whole vectors (32, 64 or 128 floats; gemm_fits).
   const __m512 sign = _mm512_set1_ps(-0.0f);
@@ -164,15 +184,18 @@ void gemm_quantize_acts_avx512(const float* x, const QuantView& w, const ActLayo
       sx[m * blocks + blk] = amax / 127.f;
       const __m512 inv = _mm512_set1_ps(amax > 0 ? 127.f / amax : 0.f);
       uint8_t* dst = xa + m * I + blk * L.block;
+      __m512i total = _mm512_setzero_si512();
       for (int64_t i = 0; i < L.block; i += 16) {  // round to nearest even (MXCSR default), then + 128
-        const __m512i v = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(src + i), inv)), offset);
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm512_cvtepi32_epi8(v));
+        const __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(src + i), inv));
+        total = _mm512_add_epi32(total, r);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm512_cvtepi32_epi8(_mm512_add_epi32(r, offset)));
       }
+      sums[m * blocks + blk] = float(_mm512_reduce_add_epi32(total));
     }
 }
 
-void gemm_panels_avx512(const uint8_t* xa, const float* sx, const QuantView& w, const ActLayout& L, const float* b,
-                        float* y, int64_t M, int64_t item) {
+void gemm_panels_avx512(const uint8_t* xa, const float* sx, const float* sums, const QuantView& w, const ActLayout& L,
+                        const float* b, float* y, int64_t M, int64_t item) {
   const int64_t I = w.cols, O = w.rows;
   const PanelLayout P{I / 4, I / L.block};
   const int64_t o0 = item * kPanels * kLanes;
@@ -185,18 +208,16 @@ void gemm_panels_avx512(const uint8_t* xa, const float* sx, const QuantView& w, 
     const int64_t po = o0 + p * kLanes;
     if (w.format == QuantFormat::int8)
       pack_panel<false, false>(w, L, po, P, out);
-    else if (w.zeros)
+    else if (w.offsets)
       pack_panel<true, true>(w, L, po, P, out);
     else
       pack_panel<true, false>(w, L, po, P, out);
     panels[p] = out;
   }
-  if (np == 3)
-    panel_rows<3>(xa, sx, L, I, panels, P, y, O, o0, b, M);
-  else if (np == 2)
-    panel_rows<2>(xa, sx, L, I, panels, P, y, O, o0, b, M);
+  if (w.offsets)
+    panel_rows_any<true>(np, xa, sx, sums, L, I, panels, P, y, O, o0, b, M);
   else
-    panel_rows<1>(xa, sx, L, I, panels, P, y, O, o0, b, M);
+    panel_rows_any<false>(np, xa, sx, sums, L, I, panels, P, y, O, o0, b, M);
 }
 
 int64_t gemm_items(const QuantView& w) { return (w.rows + kPanels * kLanes - 1) / (kPanels * kLanes); }

@@ -5,11 +5,11 @@
 //
 // vpdpbusd multiplies unsigned by signed bytes. The signed int8 activations are the signed
 // operand and the weights are made unsigned: u = w + 128 for int8 (w ^ 0x80), u = v + 8 for
-// symmetric int4 (nibble ^ 8), u = nibble for int4 with a zero point z. Then
-// sum (u - z) x = sum u x - z sum x: each block's accumulator starts at -z * sum(x) in its
-// first lane, or, with per-group zero points, z * sum(x) is subtracted after the conversion
-// to f32 (the block sums come with the quantized activations), so no weight sums are needed.
-// Block results are converted to f32 and scaled by (activation scale x weight scale).
+// symmetric int4 (nibble ^ 8). Then sum (u - z) x = sum u x - z sum x: each block's
+// accumulator starts at -z * sum(x) in its first lane. Asymmetric int4 multiplies the nibbles
+// as they are, and its group offset adds offset * sum(x) in f32 after the conversion (the
+// block sums come with the quantized activations), so no weight sums are needed. Block
+// results are converted to f32 and scaled by (activation scale x weight scale).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -21,8 +21,11 @@ namespace loom::cpu::quant::LOOM_QUANT_ISA {
 
 // ---- activations ------------------------------------------------------------------------
 
-// Round to nearest even for |v| < 2^22 (the f32 mantissa trick; vectorises without SSE4.1).
-[[gnu::always_inline]] inline int32_t round_i32(float v) { return int32_t((v + 12582912.0f) - 12582912.0f); }
+// Round to nearest even (vroundps). Not the mantissa trick (v + 1.5 * 2^23) - 1.5 * 2^23: GCC
+// contracts x * inv + 1.5 * 2^23 into one FMA, which rounds the exact product instead of the
+// f32 one, so near ties a value lands one step away from the many-rows kernel's
+// (gemm_quantize_acts_avx512), and a row's result would depend on the batch around it.
+[[gnu::always_inline]] inline int32_t round_i32(float v) { return int32_t(std::nearbyint(v)); }
 
 template <bool Int4>
 [[gnu::always_inline]] inline void quantize_block(const float* x, int64_t len, int64_t C, int8_t* dst, float* scale,
@@ -89,7 +92,7 @@ inline void quantize_steps_row(const float* x, const QuantView& w, const ActLayo
       int32_t sum;
       quantize_block<false>(x + s * L.step + b * L.block, L.block, L.block, natural + b * L.block, &scale, &sum);
       for (int64_t l = 0; l < per_block; ++l) scales[b * per_block + l] = scale;
-      if (w.zeros) {
+      if (w.offsets) {
         const float f = float(sum);
         std::memcpy(&corr[b * per_block], &f, 4);
       } else {
@@ -130,7 +133,7 @@ inline void quantize_acts(const float* x, const QuantView& w, const ActLayout& l
 
 // ---- products ---------------------------------------------------------------------------
 
-enum class Kind { i8, i4_symmetric, i4_zero_point };
+enum class Kind { i8, i4_symmetric, i4_offset };
 
 // The unsigned weights of columns [col, col + n) of a row (n == V::C unless Tail).
 template <class V, Kind K, bool Tail>
@@ -184,6 +187,7 @@ template <class V, Kind K, int MT, int OT>
   const uint8_t* wr[OT];
   for (int t = 0; t < OT; ++t) wr[t] = w.q + (o + t) * wrow;
   F acc[MT][OT];
+  float offset_terms[MT][OT] = {};  // asymmetric int4: sum over blocks of offset * sum(x)
   for (int m = 0; m < MT; ++m)
     for (int t = 0; t < OT; ++t) acc[m][t] = V::fzero();
   for (int64_t g = 0; g < ng; ++g) {
@@ -193,8 +197,11 @@ template <class V, Kind K, int MT, int OT>
       const int64_t xoff = g * L.group_bytes + kb * L.block_bytes;
       I d[MT][OT];
       for (int m = 0; m < MT; ++m) {
-        if constexpr (K == Kind::i4_zero_point) {
-          for (int t = 0; t < OT; ++t) d[m][t] = V::lane0(-int32_t(w.zeros[(o + t) * ng + g]) * sumx[m][blk]);
+        if constexpr (K == Kind::i4_offset) {
+          for (int t = 0; t < OT; ++t) {
+            d[m][t] = V::izero();
+            offset_terms[m][t] += w.offsets[(o + t) * ng + g] * (sx[m][blk] * float(sumx[m][blk]));
+          }
         } else {
           const I c = V::lane0(-z_const * sumx[m][blk]);
           for (int t = 0; t < OT; ++t) d[m][t] = c;
@@ -209,7 +216,8 @@ template <class V, Kind K, int MT, int OT>
     }
   }
   for (int m = 0; m < MT; ++m)
-    for (int t = 0; t < OT; ++t) y[(m0 + m) * O + o + t] = V::hsum(acc[m][t]) + (b ? b[o + t] : 0.f);
+    for (int t = 0; t < OT; ++t)
+      y[(m0 + m) * O + o + t] = V::hsum(acc[m][t]) + offset_terms[m][t] + (b ? b[o + t] : 0.f);
 }
 
 template <class V, Kind K, int MT>
@@ -263,7 +271,7 @@ template <class V, Kind K, int CH, int MT, int OT, bool PerRow>
     const int64_t xs = s * L.step_bytes, col = s * L.step;
     I d[MT][OT];
     for (int m = 0; m < MT; ++m) {
-      const I init = K == Kind::i4_zero_point ? V::izero() : V::load(xr[m] + xs + L.step + C);
+      const I init = K == Kind::i4_offset ? V::izero() : V::load(xr[m] + xs + L.step + C);
       for (int t = 0; t < OT; ++t) d[m][t] = init;
     }
     // This step's share of the next tile's bytes (see prefetch_next_tile).
@@ -293,15 +301,14 @@ template <class V, Kind K, int CH, int MT, int OT, bool PerRow>
     }
     const int64_t g0 = col / G;  // the step's first group (its only one when blocks are 128)
     for (int t = 0; t < OT; ++t) {
-      F sw, zf;
+      F sw, off;
       if constexpr (!PerRow) sw = V::expand(w.scales + (o + t) * ng + g0, nbs, lane_block);
-      if constexpr (K == Kind::i4_zero_point) zf = V::expand_u8(w.zeros + (o + t) * ng + g0, nbs, lane_block);
+      if constexpr (K == Kind::i4_offset) off = V::expand(w.offsets + (o + t) * ng + g0, nbs, lane_block);
       for (int m = 0; m < MT; ++m) {
         const F sx = V::loadf(xr[m] + xs + L.step);
-        F f = V::cvt(d[m][t]);
-        if constexpr (K == Kind::i4_zero_point)  // minus z * sum(x)
-          f = V::fnmadd(zf, V::loadf(xr[m] + xs + L.step + C), f);
-        acc[m][t] = V::fma(f, PerRow ? sx : V::mul(sx, sw), acc[m][t]);
+        acc[m][t] = V::fma(V::cvt(d[m][t]), PerRow ? sx : V::mul(sx, sw), acc[m][t]);
+        if constexpr (K == Kind::i4_offset)  // plus offset * sum(x): the block's sum is in its first lane
+          acc[m][t] = V::fma(off, V::mul(sx, V::loadf(xr[m] + xs + L.step + C)), acc[m][t]);
       }
     }
   }
@@ -336,8 +343,8 @@ void step_rows_kind(const QuantActs& a, const QuantView& w, const float* b, floa
 template <class V, Kind K>
 void step_rows(const QuantActs& a, const QuantView& w, const float* b, float* y, int64_t M, int64_t o0, int64_t o1) {
   constexpr int64_t chunk_cols = K == Kind::i8 ? V::C : 2 * V::C;
-  // One scale per row: the scale multiplies the sum once at the end.
-  const bool per_row = w.group == w.cols && a.lay.blocks_per_step == 1;
+  // One scale per row: the scale multiplies the sum once at the end (not the offsets' terms).
+  const bool per_row = w.group == w.cols && a.lay.blocks_per_step == 1 && K != Kind::i4_offset;
   switch (a.lay.step / chunk_cols) {
     case 1:
       return per_row ? step_rows_kind<V, K, 1, true>(a, w, b, y, M, o0, o1)
@@ -356,16 +363,16 @@ void int_rows(const QuantActs& a, const QuantView& w, const float* b, float* y, 
   if (a.lay.stepped) {
     if (w.format == QuantFormat::int8)
       step_rows<V, Kind::i8>(a, w, b, y, M, o0, o1);
-    else if (w.zeros)
-      step_rows<V, Kind::i4_zero_point>(a, w, b, y, M, o0, o1);
+    else if (w.offsets)
+      step_rows<V, Kind::i4_offset>(a, w, b, y, M, o0, o1);
     else
       step_rows<V, Kind::i4_symmetric>(a, w, b, y, M, o0, o1);
     return;
   }
   if (w.format == QuantFormat::int8)
     int_rows_kind<V, Kind::i8>(a, w, b, y, M, o0, o1);
-  else if (w.zeros)
-    int_rows_kind<V, Kind::i4_zero_point>(a, w, b, y, M, o0, o1);
+  else if (w.offsets)
+    int_rows_kind<V, Kind::i4_offset>(a, w, b, y, M, o0, o1);
   else
     int_rows_kind<V, Kind::i4_symmetric>(a, w, b, y, M, o0, o1);
 }

@@ -33,16 +33,6 @@ struct YmmCommon {
     const __m128 v = n == 2 ? _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(p))) : _mm_loadu_ps(p);
     return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(v), idx);
   }
-  static F expand_u8(const uint8_t* p, int n, I idx) {
-    if (n == 1) return _mm256_set1_ps(float(*p));
-    uint32_t bits = 0;  // n is 2 or 4; constant sizes keep memcpy inline
-    if (n == 2)
-      std::memcpy(&bits, p, 2);
-    else
-      std::memcpy(&bits, p, 4);
-    const __m256i z = _mm256_cvtepu8_epi32(_mm_cvtsi32_si128(int(bits)));
-    return _mm256_cvtepi32_ps(_mm256_permutevar8x32_epi32(z, idx));
-  }
   static F fzero() { return _mm256_setzero_ps(); }
   static F set1(float v) { return _mm256_set1_ps(v); }
   static F fma_i(I d, F s, F acc) { return _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), s, acc); }
