@@ -308,8 +308,8 @@ int bench_infer_llama_cpp(const InferBenchOptions& a, const model::ModelConfig& 
       venv.c_str(), threads, (long long)rounds, (long long)decode_tokens, (long long)P, (long long)prefill);
   if (file)
     std::printf(
-        "peer weights: %s as it is, in every row: %s (head %s); loom dequantizes it to f32, then "
-        "quantizes on load per row\n",
+        "peer weights: %s as it is, in every row: %s (head %s); loom keeps its Q8_0/Q4_0/Q4_1 blocks "
+        "where the row's format holds them and quantizes the rest from f32 (its [quant] line says which)\n",
         checkpoint.c_str(), fw.detail.c_str(), fw.head.c_str());
   std::fflush(stdout);
 

@@ -28,13 +28,18 @@ std::optional<infer::QuantSpec> quant_spec_from(const QuantOptions& o) {
 std::string InferenceModel::precision() const { return quant ? quant->spec.describe() : "fp32"; }
 
 namespace {
-void quantize_on_load(InferenceModel& m, const infer::QuantSpec& spec, FILE* log) {
+// gguf: the file the model was loaded from (whole, not a tensor-parallel slice), whose Q8_0,
+// Q4_0 and Q4_1 blocks are kept as they are where the spec's format holds them.
+void quantize_on_load(InferenceModel& m, const infer::QuantSpec& spec, FILE* log, const io::GgufFile* gguf = nullptr) {
   Stopwatch sw;
-  m.quant = infer::QuantizedModel::quantize(*m.model, spec);
+  std::string how;
+  m.quant = gguf ? infer::QuantizedModel::from_gguf(*m.model, *gguf, spec, &how)
+                 : infer::QuantizedModel::quantize(*m.model, spec);
   if (log)
-    std::fprintf(log, "[quant] %s: %s, matrices %.1f MB, kernels %s (%.2f s)\n",
+    std::fprintf(log, "[quant] %s: %s, matrices %.1f MB, kernels %s (%.2f s)%s%s\n",
                  m.checkpoint.empty() ? "random weights" : m.checkpoint.c_str(), spec.describe().c_str(),
-                 double(m.quant->bytes()) / 1e6, cpu::quant_linear_path(spec.format).c_str(), sw.seconds());
+                 double(m.quant->bytes()) / 1e6, cpu::quant_linear_path(spec.format).c_str(), sw.seconds(),
+                 how.empty() ? "" : "; ", how.c_str());
 }
 
 model::DecoderOptions inference_options(const comm::Group* tp = nullptr);
@@ -83,7 +88,11 @@ InferenceModel load_foreign_model(const std::string& path, const std::optional<i
     std::fprintf(log, "[model] %s (%s): %s, %.1fM parameters; weights %s\n", m.name.c_str(),
                  model::model_format_name(card.format), card.config.summary().c_str(),
                  double(m.model->num_params()) / 1e6, how.c_str());
-  if (quant) quantize_on_load(m, *quant, log);
+  if (!quant) return m;
+  infer::QuantSpec spec = *quant;
+  if (card.format == model::ModelFormat::gguf && spec.default_group && spec.format != cpu::QuantFormat::bf16)
+    spec.group = 32;  // GGUF's block: Q8_0, Q4_0 and Q4_1 weights stay as they are
+  quantize_on_load(m, spec, log, card.format == model::ModelFormat::gguf && !tp ? card.gguf.get() : nullptr);
   return m;
 }
 

@@ -40,6 +40,7 @@ std::optional<QuantSpec> parse_quant_spec(const std::string& name, int64_t group
   }
   s.zero_point = zero_point;
   s.head = head == "int8";
+  s.default_group = group == -1;
   return s;
 }
 

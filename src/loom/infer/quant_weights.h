@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "loom/core/tensor.h"
+#include "loom/io/gguf.h"
 #include "loom/kernels/cpu/quant_linear.h"
 #include "loom/model/decoder.h"
 
@@ -20,6 +21,7 @@ struct QuantSpec {
   int64_t group = 0;           // weights per scale along a row; 0: one scale per row (per channel)
   bool zero_point = false;     // int4 only: asymmetric, w = scale * q + offset (offset = -scale * zero)
   bool head = true;            // the LM head too (int8 with the same group rule, or bf16 for bf16)
+  bool default_group = false;  // no group was asked for: `group` is the format's default
   // "int8 per-channel", "int4 g64 zero-point", "bf16", each with " head int8" (" head bf16") or
   // " head f32".
   std::string describe() const;
@@ -61,6 +63,13 @@ struct QuantizedModel {
   // the weights a quantized checkpoint holds: quantizing on load and loading `loom quantize`'s
   // output give the same outputs. The model must be whole (no tensor or pipeline slice), f32.
   static QuantizedModel quantize(model::Decoder& model, const QuantSpec& spec);
+  // The same for a model load_gguf_weights filled from `g`, but a matrix whose blocks in the
+  // file loom's format holds exactly is taken from them with no round trip through f32: Q8_0
+  // as int8, Q4_0 as int4 and Q4_1 as int4 with offsets, when the spec's format is that one
+  // and its group 32 (GGUF's block). The rest are quantized from the dequantized weights, as
+  // `quantize` does. `how` (when not null) gets what was kept and what was requantized.
+  static QuantizedModel from_gguf(model::Decoder& model, const io::GgufFile& g, const QuantSpec& spec,
+                                  std::string* how = nullptr);
   int64_t bytes() const;                 // of the quantized matrices
   cpu::QuantFormat head_format() const;  // the head's, when spec.head
 };

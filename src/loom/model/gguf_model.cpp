@@ -17,18 +17,6 @@ namespace {
 
 std::string key(const std::string& arch, const char* k) { return arch + "." + k; }
 
-// llama.cpp's converter reorders each head's rows of q and k so that its RoPE, which rotates
-// adjacent pairs (2i, 2i+1), computes what Hugging Face's rotate-half RoPE computes on pairs
-// (i, i + D/2): HF row h*D + s*D/2 + i is stored as row h*D + 2i + s. This undoes it.
-void unpermute_rope_rows(const float* src, float* dst, int64_t heads, int64_t D, int64_t cols) {
-  const int64_t half = D / 2;
-  for (int64_t h = 0; h < heads; ++h)
-    for (int64_t s = 0; s < 2; ++s)
-      for (int64_t i = 0; i < half; ++i)
-        std::memcpy(dst + (h * D + s * half + i) * cols, src + (h * D + 2 * i + s) * cols,
-                    size_t(cols) * sizeof(float));
-}
-
 // The HF name of a llama.cpp tensor name, or "" when it has none.
 std::string hf_name(const ModelConfig& cfg, const std::string& g) {
   const bool gpt2 = cfg.family == Family::gpt2;
@@ -173,18 +161,19 @@ std::string GgufLoadReport::describe() const {
   return str_cat(s, quantized_elements ? " (quantized tensors dequantized to f32)" : "");
 }
 
-GgufLoadReport load_gguf_weights(const io::GgufFile& g, Decoder& m) {
-  Stopwatch sw;
-  const ModelConfig& cfg = m.config();
-  const ParamLayout& layout = m.layout();
-  const Tensor& flat = m.params();
-  LOOM_CHECK(flat.dtype() == DType::f32, "gguf", "the model's parameters must be f32 to load ", g.path());
-  LOOM_CHECK(m.options().slice.tp == 1 && m.options().slice.ep == 1 && m.options().slice.first_layer == 0, "gguf",
-             "load ", g.path(), " into the whole model, then take a slice of it");
-  GgufLoadReport report;
-  std::set<std::string> seen;
+// llama.cpp's converter reorders each head's rows of q and k so that its RoPE, which rotates
+// adjacent pairs (2i, 2i+1), computes what Hugging Face's rotate-half RoPE computes on pairs
+// (i, i + D/2): HF row h*D + s*D/2 + i is stored as row h*D + 2i + s.
+int64_t GgufSource::source_row(int64_t r) const {
+  if (rope_heads == 0) return r;
+  const int64_t h = r / head_dim, within = r % head_dim, half = head_dim / 2;
+  return h * head_dim + 2 * (within % half) + within / half;
+}
+
+std::map<std::string, GgufSource> gguf_sources(const io::GgufFile& g, const ModelConfig& cfg) {
+  const ParamLayout layout(cfg);
+  std::map<std::string, GgufSource> out;
   std::vector<std::string> unexpected;
-  std::vector<float> buf;
   // llama.cpp permutes q and k rows for its adjacent-pair RoPE only in the 'llama' architecture;
   // Qwen2 files keep Hugging Face's order (llama.cpp rotates halves there).
   const bool permuted_arch = g.get_string("general.architecture") == "llama";
@@ -196,27 +185,18 @@ GgufLoadReport load_gguf_weights(const io::GgufFile& g, Decoder& m) {
       continue;
     }
     const ParamInfo& p = layout.get(name);
-    const std::vector<int64_t> want = p.shape.to_vector();
-    LOOM_CHECK(t.torch_shape() == want, "gguf", g.path(), ": tensor '", t.name, "' has ggml shape ", t.shape_str(),
-               " but ", cfg.summary(), " expects ", p.shape.str(), " (", name, ")");
+    LOOM_CHECK(t.torch_shape() == p.shape.to_vector(), "gguf", g.path(), ": tensor '", t.name, "' has ggml shape ",
+               t.shape_str(), " but ", cfg.summary(), " expects ", p.shape.str(), " (", name, ")");
     LOOM_CHECK(io::ggml_type_supported(t.type), "gguf", g.path(), ": tensor '", t.name, "' is ",
                io::ggml_type_name(t.type),
                ", a type loom cannot dequantize yet; re-quantize the model to Q8_0, Q4_K or F16");
-    float* dst = flat.data<float>() + p.offset;
-    const bool permuted =
-        permuted_arch && (name.ends_with("self_attn.q_proj.weight") || name.ends_with("self_attn.k_proj.weight"));
-    if (permuted) {
-      buf.resize(size_t(t.numel()));
-      io::dequantize(t.type, g.data(t), buf.data(), t.numel());
-      const int64_t heads = name.ends_with("q_proj.weight") ? cfg.n_head : cfg.n_kv_head;
-      unpermute_rope_rows(buf.data(), dst, heads, cfg.head_dim(), cfg.d_model);
-    } else {
-      io::dequantize(t.type, g.data(t), dst, t.numel());
+    GgufSource src;
+    src.tensor = &t;
+    if (permuted_arch && (name.ends_with("self_attn.q_proj.weight") || name.ends_with("self_attn.k_proj.weight"))) {
+      src.rope_heads = name.ends_with("q_proj.weight") ? cfg.n_head : cfg.n_kv_head;
+      src.head_dim = cfg.head_dim();
     }
-    seen.insert(name);
-    report.tensors_by_type[io::ggml_type_name(t.type)] += 1;
-    report.elements += t.numel();
-    if (t.type != io::GgmlType::f32) report.quantized_elements += t.numel();
+    out[name] = src;
   }
   auto list = [](const std::vector<std::string>& v) {
     std::string s;
@@ -228,9 +208,38 @@ GgufLoadReport load_gguf_weights(const io::GgufFile& g, Decoder& m) {
              " (an architecture variant loom does not run)");
   std::vector<std::string> missing;
   for (const auto& p : layout.params())
-    if (!seen.count(p.name)) missing.push_back(p.name);
+    if (!out.count(p.name)) missing.push_back(p.name);
   LOOM_CHECK(missing.empty(), "gguf", g.path(), ": missing ", missing.size(), " tensor", missing.size() == 1 ? "" : "s",
              " that ", cfg.summary(), " needs: ", list(missing));
+  return out;
+}
+
+GgufLoadReport load_gguf_weights(const io::GgufFile& g, Decoder& m) {
+  Stopwatch sw;
+  const ModelConfig& cfg = m.config();
+  const ParamLayout& layout = m.layout();
+  const Tensor& flat = m.params();
+  LOOM_CHECK(flat.dtype() == DType::f32, "gguf", "the model's parameters must be f32 to load ", g.path());
+  LOOM_CHECK(m.options().slice.tp == 1 && m.options().slice.ep == 1 && m.options().slice.first_layer == 0, "gguf",
+             "load ", g.path(), " into the whole model, then take a slice of it");
+  GgufLoadReport report;
+  std::vector<float> buf;
+  for (const auto& [name, src] : gguf_sources(g, cfg)) {
+    const io::GgufTensor& t = *src.tensor;
+    float* dst = flat.data<float>() + layout.get(name).offset;
+    if (src.rope_heads > 0) {
+      buf.resize(size_t(t.numel()));
+      io::dequantize(t.type, g.data(t), buf.data(), t.numel());
+      const int64_t cols = t.ne[0];
+      for (int64_t r = 0; r < t.numel() / cols; ++r)
+        std::memcpy(dst + r * cols, buf.data() + src.source_row(r) * cols, size_t(cols) * sizeof(float));
+    } else {
+      io::dequantize(t.type, g.data(t), dst, t.numel());
+    }
+    report.tensors_by_type[io::ggml_type_name(t.type)] += 1;
+    report.elements += t.numel();
+    if (t.type != io::GgmlType::f32) report.quantized_elements += t.numel();
+  }
   report.seconds = sw.seconds();
   return report;
 }

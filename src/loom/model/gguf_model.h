@@ -32,6 +32,21 @@ struct GgufLoadReport {
   std::string describe() const;
 };
 
+// Where a parameter of the model comes from in the file: its GGUF tensor, and for the q and k
+// projections of the 'llama' architecture the head layout whose rows llama.cpp permuted for
+// its interleaved-pair RoPE (row r of the parameter is row source_row(r) of the tensor).
+struct GgufSource {
+  const io::GgufTensor* tensor = nullptr;
+  int64_t rope_heads = 0;  // > 0: rows permuted per head of head_dim rows
+  int64_t head_dim = 0;
+  int64_t source_row(int64_t r) const;
+};
+
+// The source of every parameter of `cfg` (the whole model) by its Hugging Face name, checked:
+// a tensor with no place in the model, a missing one, a shape that differs or a type loom
+// cannot dequantize is an error naming it.
+std::map<std::string, GgufSource> gguf_sources(const io::GgufFile& g, const ModelConfig& cfg);
+
 // Copies every tensor of `g` into `m` (the whole model, f32 parameters): quantized tensors
 // dequantized exactly as llama.cpp's reference does, the q and k projections of llama
 // permuted back from llama.cpp's interleaved-pair RoPE order to the rotate-half order loom (and
