@@ -11,16 +11,13 @@
 #include <unordered_map>
 
 #include "loom/core/error.h"
+#include "loom/data/string_map.h"
 #include "loom/data/unicode.h"
 
 namespace loom::data {
 namespace {
 
-struct StringHash {
-  using is_transparent = void;
-  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-};
-using IdMap = std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>>;
+using IdMap = StringMap<int32_t>;
 
 struct ByteAlphabet {
   std::string to_char[256];
@@ -71,6 +68,23 @@ bool byte_level_unmap(std::string_view s, std::string* out) {
   return true;
 }
 
+std::string byte_fallback_name(uint8_t b) {
+  char name[8];
+  std::snprintf(name, sizeof(name), "<0x%02X>", b);
+  return name;
+}
+
+std::optional<uint8_t> byte_fallback_value(std::string_view s) {
+  auto hex = [](char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  if (s.size() != 6 || s.substr(0, 3) != "<0x" || s[5] != '>' || hex(s[3]) < 0 || hex(s[4]) < 0) return std::nullopt;
+  return uint8_t(hex(s[3]) * 16 + hex(s[4]));
+}
+
 struct BpeModel::Impl {
   struct Merge {
     int32_t rank, merged;
@@ -83,7 +97,7 @@ struct BpeModel::Impl {
   int32_t fallback[256];  // <0xNN>
   std::unordered_map<uint64_t, Merge, PairHash> merges;
   mutable std::mutex cache_mu;
-  mutable std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> cache;
+  mutable StringMap<std::vector<int32_t>> cache;
 
   const Merge* find_merge(int32_t a, int32_t b) const {
     auto it = merges.find(pair_key(a, b));
@@ -108,9 +122,7 @@ BpeModel::BpeModel(std::vector<std::string> tokens, const std::vector<std::pair<
     if (options_.byte_level) {
       if (auto it = m.by_text.find(byte_level_char(uint8_t(b))); it != m.by_text.end()) m.byte_symbol[b] = it->second;
     }
-    char name[8];
-    std::snprintf(name, sizeof(name), "<0x%02X>", b);
-    auto it = m.by_text.find(std::string_view(name));
+    auto it = m.by_text.find(byte_fallback_name(uint8_t(b)));
     m.fallback[b] = it == m.by_text.end() ? -1 : it->second;
   }
   if (options_.unk_id) {

@@ -32,6 +32,11 @@ const std::string& byte_level_char(uint8_t b);
 // The raw bytes of a byte-alphabet string; false when a character is outside the alphabet.
 bool byte_level_unmap(std::string_view s, std::string* out);
 
+// "<0x0A>" for byte 10: the token byte fallback gives a byte (SentencePiece's byte pieces).
+std::string byte_fallback_name(uint8_t b);
+// The byte a "<0xNN>" token stands for (either case of hex digit), if `s` is one.
+std::optional<uint8_t> byte_fallback_value(std::string_view s);
+
 class BpeModel {
  public:
   // tokens[id] is the vocabulary string of id (holes are empty and never produced); merges are

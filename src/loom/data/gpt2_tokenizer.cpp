@@ -14,6 +14,7 @@
 
 #include "loom/core/error.h"
 #include "loom/data/pretokenize.h"
+#include "loom/data/string_map.h"
 
 namespace loom::data {
 namespace {
@@ -104,11 +105,6 @@ class PairTable {
   size_t mask_ = 0;
 };
 
-struct StringHash {
-  using is_transparent = void;
-  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-};
-
 // Reused buffers of the merge loop, so a word allocates nothing once they have grown.
 struct BpeScratch {
   struct Sym {
@@ -136,7 +132,7 @@ struct Gpt2Tokenizer::Impl {
   int64_t n_merges = 0;
   std::optional<int32_t> eot;
   mutable std::mutex cache_mu;
-  mutable std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> cache;
+  mutable StringMap<std::vector<int32_t>> cache;
 
   void load(const std::string& dir);
   void bpe(std::string_view word, std::vector<int32_t>& out, BpeScratch& s) const;

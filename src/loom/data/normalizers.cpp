@@ -131,6 +131,19 @@ void nfc_append(std::string_view text, std::string& out) {
   flush();
 }
 
+std::string replace_all(std::string_view text, std::string_view from, std::string_view to) {
+  if (from.empty()) return std::string(text);
+  std::string out;
+  size_t at = 0;
+  for (size_t f = text.find(from); f != std::string_view::npos; f = text.find(from, at)) {
+    out.append(text, at, f - at);
+    out += to;
+    at = f + from.size();
+  }
+  out.append(text, at);
+  return out;
+}
+
 std::string Normalizer::apply(std::string_view text) const {
   std::string cur(text), next;
   for (const NormalizerStep& s : steps_) {
@@ -143,19 +156,7 @@ std::string Normalizer::apply(std::string_view text) const {
       case NormalizerStep::Kind::kPrepend:
         if (!cur.empty()) cur.insert(0, s.content);
         break;
-      case NormalizerStep::Kind::kReplace: {
-        if (s.pattern.empty()) break;
-        next.clear();
-        size_t at = 0;
-        for (size_t f = cur.find(s.pattern); f != std::string::npos; f = cur.find(s.pattern, at)) {
-          next.append(cur, at, f - at);
-          next += s.content;
-          at = f + s.pattern.size();
-        }
-        next.append(cur, at);
-        cur.swap(next);
-        break;
-      }
+      case NormalizerStep::Kind::kReplace: cur = replace_all(cur, s.pattern, s.content); break;
     }
   }
   return cur;

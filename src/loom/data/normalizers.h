@@ -38,6 +38,10 @@ struct NormalizerStep {
   std::string content;  // kPrepend: the prefix; kReplace: the replacement
 };
 
+// `text` with every non-overlapping occurrence of `from` (left to right) replaced by `to`;
+// an empty `from` replaces nothing.
+std::string replace_all(std::string_view text, std::string_view from, std::string_view to);
+
 // The steps in order. Prepend applies only to non-empty text, as in `tokenizers`.
 class Normalizer {
  public:

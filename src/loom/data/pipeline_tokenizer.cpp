@@ -14,26 +14,6 @@ namespace {
 
 bool fuses(DecodeStep::Kind k) { return k == DecodeStep::Kind::kByteLevel || k == DecodeStep::Kind::kFuse; }
 
-void replace_all(std::string& s, const std::string& from, const std::string& to) {
-  if (from.empty()) return;
-  std::string out;
-  size_t at = 0;
-  for (size_t f = s.find(from); f != std::string::npos; f = s.find(from, at)) {
-    out.append(s, at, f - at);
-    out += to;
-    at = f + from.size();
-  }
-  out.append(s, at);
-  s.swap(out);
-}
-
-int hex_digit(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
 // Length of the UTF-8 character ending at s.size() (1 for an ill-formed byte).
 size_t last_char_len(const std::string& s) {
   size_t n = 1;
@@ -58,15 +38,15 @@ void apply_step(const DecodeStep& step, std::vector<std::string>& toks) {
     }
     case K::kByteFallback:
       for (std::string& t : toks) {
-        if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' && hex_digit(t[3]) >= 0 && hex_digit(t[4]) >= 0)
-          t = std::string(1, char(hex_digit(t[3]) * 16 + hex_digit(t[4])));
+        if (const auto b = byte_fallback_value(t)) t = std::string(1, char(*b));
       }
       return;
     case K::kReplace:
-      for (std::string& t : toks) replace_all(t, step.pattern, step.content);
+      for (std::string& t : toks) t = replace_all(t, step.pattern, step.content);
       return;
     case K::kMetaspace:
-      for (size_t i = 0; i < toks.size(); ++i) replace_all(toks[i], step.content, i == 0 && step.prepend ? "" : " ");
+      for (size_t i = 0; i < toks.size(); ++i)
+        toks[i] = replace_all(toks[i], step.content, i == 0 && step.prepend ? "" : " ");
       return;
     case K::kStrip:
       for (std::string& t : toks) {
