@@ -1,6 +1,7 @@
-// Added tokens (special tokens such as <|im_start|>, and user-added words) and how
-// `tokenizers` finds them in text before anything else runs: leftmost-longest matches, with
-// the single_word, lstrip and rstrip options. Encoding the text between them is the caller's.
+// Added tokens (special tokens such as <|im_start|>, and user-added words) and how they are
+// found in text before anything else runs: leftmost-longest as `tokenizers` does (with the
+// single_word, lstrip and rstrip options), or longest token first as llama.cpp does. Encoding
+// the text between them is the caller's.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -21,11 +22,23 @@ struct AddedToken {
   bool normalized = false;   // matched in normalized text instead of the raw input
 };
 
+// Which match wins where the texts of added tokens overlap in the input.
+enum class AddedTokenOrder {
+  // tokenizers' added_vocabulary.rs: scan left to right, at the first position where a token
+  // matches take the longest there, go on after it.
+  kLeftmostLongest,
+  // llama.cpp's tokenizer_st_partition: the longest token (ties: the earlier in `tokens`) cuts
+  // every remaining piece of text at its leftmost non-overlapping occurrences, then the next
+  // longest cuts what is left. No single_word, lstrip or rstrip here.
+  kLongestFirst,
+};
+
 class AddedTokenMatcher {
  public:
   AddedTokenMatcher() = default;
   // `tokens` are matched by `match_text` (content, or its normalized form), in the same order.
-  AddedTokenMatcher(std::vector<AddedToken> tokens, std::vector<std::string> match_text);
+  AddedTokenMatcher(std::vector<AddedToken> tokens, std::vector<std::string> match_text,
+                    AddedTokenOrder order = AddedTokenOrder::kLeftmostLongest);
   bool empty() const { return tokens_.empty(); }
 
   // Cuts `text` into pieces, in order: (piece, nullopt) for text to encode and
@@ -34,6 +47,10 @@ class AddedTokenMatcher {
              const std::function<void(std::string_view piece, std::optional<int32_t> id)>& emit) const;
 
  private:
+  void split_longest_first(std::string_view text, bool with_special,
+                           const std::function<void(std::string_view, std::optional<int32_t>)>& emit) const;
+
+  AddedTokenOrder order_ = AddedTokenOrder::kLeftmostLongest;
   std::vector<AddedToken> tokens_;
   std::vector<std::string> match_;
   std::vector<std::vector<int32_t>> by_first_byte_;  // token indices, longest match text first
