@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # `loom tokenize --tokenizer PATH` and `loom chat-template` end to end against golden files made
-# by Hugging Face `tokenizers` and Python's jinja2 (tests/golden/hf_tokenizers/make_cli_golden.py,
-# tests/golden/smollm2/make_chat_golden.py); every run's exit status is checked, not only its
+# by Hugging Face `tokenizers`, llama.cpp and Python's jinja2 (tests/golden/hf_tokenizers/
+# make_cli_golden.py, tests/golden/gguf_spm/make_golden.py, tests/golden/smollm2/
+# make_chat_golden.py); every run's exit status is checked, not only its
 # output. The smollm2_* cases need SmolLM2's GGUF (scripts/fetch-test-model.sh) and skip
 # (exit 77) when it cannot be had.
 # usage: tokenizer_cli_test.sh CASE LOOM SOURCE_DIR
-#   CASE: tokenize_llama3 | smollm2_text | smollm2_ids | template_file | template_raises
+#   CASE: tokenize_llama3 | tokenize_spm_gguf | smollm2_text | smollm2_ids | template_file | template_raises
 set -uo pipefail
 CASE=${1:?usage: tokenizer_cli_test.sh CASE LOOM SOURCE_DIR}
 LOOM=${2:?usage: tokenizer_cli_test.sh CASE LOOM SOURCE_DIR}
@@ -49,6 +50,16 @@ case $CASE in
     STDIN=$L3/cli_special_like.ids expect 0 "$L3/cli_special_like.decoded.txt" \
       tokenize --tokenizer "$L3/tokenizer.json" --decode
     STDIN=$L3/cli_special_like.txt expect 1 - tokenize --tokenizer "$WORK/missing.json"
+    ;;
+  tokenize_spm_gguf)
+    S=$G/gguf_spm
+    STDIN=$S/cli_special_like.txt expect 0 "$S/cli_special_like.plain.ids" tokenize --tokenizer "$S/vocab.gguf"
+    STDIN=$S/cli_special_like.txt expect 0 "$S/cli_special_like.ids" \
+      tokenize --tokenizer "$S/vocab.gguf" --special --add-bos
+    STDIN=$S/cli_special_like.ids expect 0 "$S/cli_special_like.decoded.txt" \
+      tokenize --tokenizer "$S/vocab.gguf" --decode
+    STDIN=$S/cli_special_like.ids expect 0 "$S/cli_special_like.decoded_special.txt" \
+      tokenize --tokenizer "$S/vocab.gguf" --decode --special
     ;;
   smollm2_text)
     model

@@ -1,7 +1,8 @@
 // Tokenizers: text bytes <-> token ids. GPT-2's byte-level BPE (gpt2_tokenizer.h), a byte
 // tokenizer (id = byte value), and the tokenizers of downloaded models: Hugging Face
 // tokenizer.json (hf_tokenizer.h) and GGUF metadata (gguf_tokenizer.h), exact against HF
-// `tokenizers`. GPT-2 and byte round-trip any byte string: decode(encode(x)) == x.
+// `tokenizers`, or against llama.cpp for SentencePiece-style GGUF vocabularies
+// (spm_tokenizer.h). GPT-2 and byte round-trip any byte string: decode(encode(x)) == x.
 #pragma once
 #include <cstdint>
 #include <functional>
