@@ -1,8 +1,9 @@
-// The batched forward over a StepPlan, layer by layer. Each layer: norm, fused QKV linear,
-// RoPE (LLaMA), K/V scattered into the cache, paged attention per sequence, projection and
-// residual, norm, MLP and residual, the same op sequence as model::block_forward. MoE blocks
-// route the step's tokens and run each chosen expert once over all its rows (model/moe.h), so
-// an expert's weights are read once per step however many sequences chose it.
+// The batched forward over a StepPlan, layer by layer, each layer model::block_forward (the
+// one written for training too) with the runner's parts: f32 or quantized linears, K/V
+// scattered into the cache and paged attention per sequence, the serving tp group's
+// all-reduce. MoE blocks route the step's tokens and run each chosen expert once over all its
+// rows (model/moe.h), so an expert's weights are read once per step however many sequences
+// chose it.
 #include "loom/infer/model_runner.h"
 
 #include <algorithm>
@@ -200,49 +201,62 @@ int64_t ModelRunner::weight_bytes_per_token() const {
 }
 
 template <class T>
-void ModelRunner::run_layers(int64_t N) {
-  const model::FamilyTraits t = cfg_.traits();
-  const int64_t H = H_, KVH = KVH_, D = cfg_.head_dim();
-  const int64_t W = (H + 2 * KVH) * D, bs = cache_.block_size();
-  const bool bias_owner = tp_rank_ == 0;  // row-parallel biases are added once, before the sum
-  const Tensor x = x_.narrow0(0, N), ln = ln_.narrow0(0, N), mean = mean_.narrow0(0, N);
-  const Tensor rstd = rstd_.narrow0(0, N), qkv = qkv_.narrow0(0, N), att = att_.narrow0(0, N);
-  const Tensor x_mid = x_mid_.narrow0(0, N);
-  const int64_t Fd = F_, Fs = cfg_.moe.enabled() ? cfg_.shared_d_ff() : 0, G = t.mlp_fan_out();
-  const Tensor pos = pos_.narrow0(0, N);
-  for (int l = 0; l < int(cfg_.n_layer); ++l) {
-    const model::BlockWeights& w = w_[size_t(l)];
-    const QuantizedModel::Block* qb = quant_ ? &quant_->blocks[size_t(l)] : nullptr;
-    model::norm_forward(t, x, w.ln1_w, w.ln1_b, ln, mean, rstd, cfg_.norm_eps);
-    linear(ln, w.qkv_w, qb ? &qb->qkv : nullptr, w.qkv_b, qkv);
-    model::rope_qk(rope_inv_freq_, qkv, H, KVH, D, pos, false);
-    T* kc = cache_.k(l).data<T>();
-    T* vc = cache_.v(l).data<T>();
+class ModelRunner::ForwardOps : public model::BlockForwardOps {
+ public:
+  ForwardOps(ModelRunner& r, int64_t N) : r_(r), N_(N) {}
+  void linear(Linear which, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) override {
+    const QuantizedModel::Block* q = r_.quant_ ? &r_.quant_->blocks[size_t(layer_)] : nullptr;
+    const QuantizedMatrix* m = !q                      ? nullptr
+                               : which == Linear::qkv  ? &q->qkv
+                               : which == Linear::proj ? &q->proj
+                               : which == Linear::fc   ? &q->fc
+                                                       : &q->out;
+    r_.linear(x, w, m, b, y);
+  }
+  void attention(int layer, const Tensor& qkv, const Tensor& att) override {
+    const int64_t H = r_.H_, KVH = r_.KVH_, D = r_.cfg_.head_dim(), W = (H + 2 * KVH) * D;
+    const int64_t bs = r_.cache_.block_size();
+    T* kc = r_.cache_.k(layer).data<T>();
+    T* vc = r_.cache_.v(layer).data<T>();
     const T* q = qkv.data<T>();
-    cpu::paged_kv_write<T>(q + H * D, q + (H + KVH) * D, W, slots_.data(), N, kc, vc, bs, KVH, D);
-    cpu::paged_attention_forward<T>(q, W, kc, vc, bs, pseqs_.data(), int64_t(pseqs_.size()), att.data<T>(), H * D, H,
-                                    KVH, D);
-    linear(att, w.proj_w, qb ? &qb->proj : nullptr, bias_owner ? w.proj_b : Tensor{}, x_mid);
-    all_reduce(x_mid);
-    ops::add_inplace(x_mid, x);
-    model::norm_forward(t, x_mid, w.ln2_w, w.ln2_b, ln, mean, rstd, cfg_.norm_eps);
-    // x is free again: x_mid holds the residual. A MoE block's shared experts write x and its
-    // routed experts add to it.
-    const bool moe = cfg_.is_moe_layer(l);
-    if (!moe || w.fc_w.defined()) {
-      const int64_t F = moe ? Fs : Fd;
-      const Tensor fc = fc_.slice(0, {N, G * F}), act = act_.slice(0, {N, F});
-      linear(ln, w.fc_w, qb ? &qb->fc : nullptr, w.fc_b, fc);
-      model::activation_forward(t, fc, act);
-      linear(act, w.out_w, qb ? &qb->out : nullptr, bias_owner ? w.out_b : Tensor{}, x);
-      all_reduce(x);  // MoE models run on one rank (kv_cache_config)
-    }
-    if (moe) {
-      model::moe_forward(cfg_, w, ln, moe_, x, /*accumulate=*/w.fc_w.defined());
-      std::vector<int64_t>& load = expert_load_[size_t(cfg_.moe_index(l))];
-      for (size_t e = 0; e < load.size(); ++e) load[e] += moe_.load[e];
-    }
-    ops::add_inplace(x, x_mid);
+    cpu::paged_kv_write<T>(q + H * D, q + (H + KVH) * D, W, r_.slots_.data(), N_, kc, vc, bs, KVH, D);
+    cpu::paged_attention_forward<T>(q, W, kc, vc, bs, r_.pseqs_.data(), int64_t(r_.pseqs_.size()), att.data<T>(), H * D,
+                                    H, KVH, D);
+  }
+  void row_parallel_output(const Tensor& y) override { r_.all_reduce(y); }
+  void moe_begin(int, const model::BlockWeights&, const Tensor& ln2) override { ln2_ = ln2; }
+  void moe_end(int layer, const model::BlockWeights& w, const Tensor& x_out, bool accumulate) override {
+    model::moe_forward(r_.cfg_, w, ln2_, r_.moe_, x_out, accumulate);  // MoE models run on one rank
+    std::vector<int64_t>& load = r_.expert_load_[size_t(r_.cfg_.moe_index(layer))];
+    for (size_t e = 0; e < load.size(); ++e) load[e] += r_.moe_.load[e];
+  }
+  int layer_ = 0;  // the block whose quantized matrices linear() takes
+
+ private:
+  ModelRunner& r_;
+  int64_t N_;
+  Tensor ln2_;
+};
+
+template <class T>
+void ModelRunner::run_layers(int64_t N) {
+  model::BlockDims d;
+  d.C = cfg_.d_model;
+  d.H = H_;
+  d.KVH = KVH_;
+  d.D = cfg_.head_dim();
+  d.F = F_;
+  d.bias_owner = tp_rank_ == 0;  // row-parallel biases are added once, before the sum
+  d.rope_inv_freq = rope_inv_freq_;
+  // One norm buffer serves both norms of a block: the first's output is consumed by then.
+  const Tensor ln = ln_.narrow0(0, N), mean = mean_.narrow0(0, N), rstd = rstd_.narrow0(0, N);
+  const model::BlockForwardBuffers b{
+      ln, mean, rstd, qkv_.narrow0(0, N), att_.narrow0(0, N), x_mid_.narrow0(0, N), ln, mean, rstd, fc_, act_};
+  const Tensor x = x_.narrow0(0, N), pos = pos_.narrow0(0, N);
+  ForwardOps<T> ops(*this, N);
+  for (int l = 0; l < int(cfg_.n_layer); ++l) {
+    ops.layer_ = l;
+    model::block_forward(cfg_, l, w_[size_t(l)], d, x, pos, b, ops, x);
   }
 }
 

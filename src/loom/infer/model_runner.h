@@ -62,6 +62,8 @@ class ModelRunner {
 
  private:
   template <class T>
+  class ForwardOps;  // the runner's parts of model::block_forward (model_runner.cpp)
+  template <class T>
   void run_layers(int64_t N);
   template <class T>
   void embed_vocab_parallel(int64_t N);

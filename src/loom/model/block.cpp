@@ -265,47 +265,79 @@ void expand_kv(const BlockDims& d, const Tensor& compact, const Tensor& expanded
 
 }  // namespace
 
+void block_forward(const ModelConfig& cfg, int layer, const BlockWeights& w, const BlockDims& d, const Tensor& x_in,
+                   const Tensor& pos, const BlockForwardBuffers& b, BlockForwardOps& parts, const Tensor& x_out) {
+  using L = BlockForwardOps::Linear;
+  const FamilyTraits t = cfg.traits();
+  const int64_t G = t.mlp_fan_out();
+  norm_forward(t, x_in, w.ln1_w, w.ln1_b, b.ln1, b.ln1_mean, b.ln1_rstd, cfg.norm_eps);
+  parts.linear(L::qkv, b.ln1, w.qkv_w, w.qkv_b, b.qkv);
+  rope_qk(d.rope_inv_freq, b.qkv, d.H, d.KVH, d.D, pos, false);
+  parts.attention(layer, b.qkv, b.att);
+  parts.linear(L::proj, b.att, w.proj_w, d.bias_owner ? w.proj_b : Tensor{}, b.x_mid);
+  parts.row_parallel_output(b.x_mid);
+  ops::add_inplace(b.x_mid, x_in);
+  norm_forward(t, b.x_mid, w.ln2_w, w.ln2_b, b.ln2, b.ln2_mean, b.ln2_rstd, cfg.norm_eps);
+  const int64_t N = b.ln2.size(0);
+  // A MoE block's router and experts are whole on every tp rank: its MLP has no tp
+  // communication, and its shared experts' bias is added on every rank.
+  const bool moe = cfg.is_moe_layer(layer), shared = moe && w.fc_w.defined();
+  if (moe) parts.moe_begin(layer, w, b.ln2);
+  if (!moe || shared) {
+    const int64_t F = moe ? cfg.shared_d_ff() : d.F;
+    const Tensor fc = b.fc.slice(0, {N, G * F}), act = b.act.slice(0, {N, F});
+    parts.linear(L::fc, b.ln2, w.fc_w, w.fc_b, fc);
+    activation_forward(t, fc, act);
+    parts.linear(L::out, act, w.out_w, moe || d.bias_owner ? w.out_b : Tensor{}, x_out);
+    if (!moe) parts.row_parallel_output(x_out);
+  }
+  if (moe) parts.moe_end(layer, w, x_out, /*accumulate=*/shared);
+  ops::add_inplace(x_out, b.x_mid);
+}
+
+namespace {
+
+// Training's parts: linears in the model's product precision; dense causal attention saving
+// the log-sum-exp (on one copy of the kv heads per query head under kv_expand); tp and
+// expert-parallel communication through the parallel layers' hooks.
+class TrainingForwardOps : public BlockForwardOps {
+ public:
+  TrainingForwardOps(const ModelConfig& cfg, BlockActs& a, TensorParallelOps* tp, ExpertParallelOps* ep)
+      : cfg_(cfg), a_(a), tp_(tp), ep_(ep), prec_(cfg.products()) {}
+  void linear(Linear, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) override {
+    ops::linear_forward(x, w, b, y, prec_);
+  }
+  void attention(int, const Tensor&, const Tensor& att) override {
+    const BlockDims& d = a_.dims;
+    if (d.kv_expand) expand_kv(d, a_.qkv_compact, a_.qkv, false);
+    ops::attention_forward(a_.qkv, att, a_.lse, d.H, d.kv_expand ? d.H : d.KVH);
+  }
+  void row_parallel_output(const Tensor& y) override {
+    if (tp_) tp_->row_parallel_output(y);
+  }
+  void moe_begin(int, const BlockWeights& w, const Tensor& ln2) override { moe_dispatch(cfg_, w, ln2, a_.moe, ep_); }
+  void moe_end(int, const BlockWeights& w, const Tensor& x_out, bool accumulate) override {
+    moe_combine(cfg_, w, a_.moe, x_out, accumulate, ep_);
+  }
+
+ private:
+  const ModelConfig& cfg_;
+  BlockActs& a_;
+  TensorParallelOps* tp_;
+  ExpertParallelOps* ep_;
+  ops::ProductPrecision prec_;
+};
+
+}  // namespace
+
 void block_forward(const ModelConfig& cfg, int layer, const BlockWeights& w, const Tensor& x_in, const Tensor& pos,
                    BlockActs& a, const Tensor& x_out, TensorParallelOps* tp, ExpertParallelOps* ep) {
-  const FamilyTraits t = cfg.traits();
   const BlockDims& d = a.dims;
-  const int64_t H = d.H, KVH = d.KVH, D = d.D, G = t.mlp_fan_out();
-  norm_forward(t, x_in, w.ln1_w, w.ln1_b, a.ln1, a.ln1_mean, a.ln1_rstd, cfg.norm_eps);
-  const Tensor& qkv = d.kv_expand ? a.qkv_compact : a.qkv;
-  const ops::ProductPrecision prec = cfg.products();
-  ops::linear_forward(a.ln1, w.qkv_w, w.qkv_b, qkv, prec);
-  rope_qk(d.rope_inv_freq, qkv, H, KVH, D, pos, false);
-  if (d.kv_expand) expand_kv(d, a.qkv_compact, a.qkv, false);
-  ops::attention_forward(a.qkv, a.att, a.lse, H, d.kv_expand ? H : KVH);
-  ops::linear_forward(a.att, w.proj_w, d.bias_owner ? w.proj_b : Tensor{}, a.x_mid, prec);
-  if (tp) tp->row_parallel_output(a.x_mid);
-  ops::add_inplace(a.x_mid, x_in);
-  norm_forward(t, a.x_mid, w.ln2_w, w.ln2_b, a.ln2, a.ln2_mean, a.ln2_rstd, cfg.norm_eps);
-  const int64_t N = a.ln2.size(0);
-  if (cfg.is_moe_layer(layer)) {
-    // Router and experts are whole on every tp rank: no tp communication here. The shared
-    // experts (one MLP of their summed width) write x_out, the routed experts add to it.
-    // Under expert parallelism they run while the tokens travel to their experts.
-    const bool shared = w.fc_w.defined();
-    moe_dispatch(cfg, w, a.ln2, a.moe, ep);
-    if (shared) {
-      const int64_t Fs = cfg.shared_d_ff();
-      const Tensor fc = a.fc.slice(0, {N, G * Fs}), act = a.act.slice(0, {N, Fs});
-      ops::linear_forward(a.ln2, w.fc_w, w.fc_b, fc, prec);
-      activation_forward(t, fc, act);
-      ops::linear_forward(act, w.out_w, w.out_b, x_out, prec);
-    }
-    moe_combine(cfg, w, a.moe, x_out, /*accumulate=*/shared, ep);
-    ops::add_inplace(x_out, a.x_mid);
-    return;
-  }
-  const int64_t F = d.F;
-  const Tensor fc = a.fc.slice(0, {N, G * F}), act = a.act.slice(0, {N, F});
-  ops::linear_forward(a.ln2, w.fc_w, w.fc_b, fc, prec);
-  activation_forward(t, fc, act);
-  ops::linear_forward(act, w.out_w, d.bias_owner ? w.out_b : Tensor{}, x_out, prec);
-  if (tp) tp->row_parallel_output(x_out);
-  ops::add_inplace(x_out, a.x_mid);
+  BlockForwardBuffers b{a.ln1,      a.ln1_mean, a.ln1_rstd, d.kv_expand ? a.qkv_compact : a.qkv,
+                        a.att,      a.x_mid,    a.ln2,      a.ln2_mean,
+                        a.ln2_rstd, a.fc,       a.act};
+  TrainingForwardOps parts(cfg, a, tp, ep);
+  block_forward(cfg, layer, w, d, x_in, pos, b, parts, x_out);
 }
 
 void block_backward(const ModelConfig& cfg, int layer, const BlockWeights& w, const BlockWeights& gw,

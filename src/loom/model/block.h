@@ -133,8 +133,45 @@ void activation_backward(const FamilyTraits& t, const Tensor& fc, const Tensor& 
 void rope_qk(const std::vector<double>& inv_freq, const Tensor& qkv, int64_t H, int64_t KVH, int64_t D,
              const Tensor& pos, bool inverse);
 
-// x_out = block(x_in) for block `layer`. pos: i32[B*T] positions (RoPE). The shares come from
-// a.dims; tp is needed when they are a tensor-parallel slice.
+// The parts of a block's forward that training and inference do differently; the sequence of
+// steps around them (block_forward below) is written once. Training: linears in the model's
+// product precision, dense causal attention over the batch (saving what backward needs), the
+// tp group's all-reduce and expert-parallel exchanges. Inference (infer/model_runner): f32 or
+// quantized linears, paged attention over the KV cache, the serving tp group's all-reduce.
+class BlockForwardOps {
+ public:
+  enum class Linear { qkv, proj, fc, out };
+  virtual ~BlockForwardOps() = default;
+  // y = x w^T + b (b may be undefined) for the block's matrix `which`.
+  virtual void linear(Linear which, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) = 0;
+  // att = attention of the q rows of qkv (RoPE applied) over the keys and values in it.
+  virtual void attention(int layer, const Tensor& qkv, const Tensor& att) = 0;
+  // After a row-parallel linear of a tensor-parallel slice: the sum of the ranks' partial y.
+  virtual void row_parallel_output(const Tensor& y) = 0;
+  // A MoE block's routed experts: begun once ln2 is known (before the shared experts, so that
+  // expert-parallel exchanges overlap them) and ended into x_out, adding to it when the shared
+  // experts wrote it (accumulate).
+  virtual void moe_begin(int layer, const BlockWeights& w, const Tensor& ln2) = 0;
+  virtual void moe_end(int layer, const BlockWeights& w, const Tensor& x_out, bool accumulate) = 0;
+};
+
+// The tensors one block's forward writes, N rows each. ln1 and ln2 (and their statistics) may
+// be the same tensors: the first norm's output is consumed before the second runs. qkv is the
+// fused projection's output ([N, (H + 2 KVH) D]); fc and act are at least as wide as the dense
+// MLP or the shared experts ([N, G F], [N, F]) and are sliced to it.
+struct BlockForwardBuffers {
+  Tensor ln1, ln1_mean, ln1_rstd, qkv, att, x_mid, ln2, ln2_mean, ln2_rstd, fc, act;
+};
+
+// x_out = block(x_in) for block `layer` (x_out may be x_in): norm, fused q|k|v, RoPE, attention,
+// projection (+ bias on the bias owner), residual; norm, MLP (dense, or shared experts plus
+// routed ones), residual. d: this rank's heads, MLP width, bias ownership and RoPE frequencies.
+void block_forward(const ModelConfig& cfg, int layer, const BlockWeights& w, const BlockDims& d, const Tensor& x_in,
+                   const Tensor& pos, const BlockForwardBuffers& b, BlockForwardOps& parts, const Tensor& x_out);
+
+// Training's forward: x_out = block(x_in) for block `layer`, saving into `a` what
+// block_backward needs. pos: i32[B*T] positions (RoPE). The shares come from a.dims; tp is
+// needed when they are a tensor-parallel slice.
 void block_forward(const ModelConfig& cfg, int layer, const BlockWeights& w, const Tensor& x_in, const Tensor& pos,
                    BlockActs& a, const Tensor& x_out, TensorParallelOps* tp = nullptr, ExpertParallelOps* ep = nullptr);
 
