@@ -253,7 +253,7 @@ TEST_P(QuantLinearPath, MatchesTheDequantizedProduct) {
   // groups that are not whole vectors (8, 40) and one scale per row (group == I).
   const std::pair<int64_t, int64_t> shapes[] = {{96, 32},   {96, 96},   {160, 32},  {160, 160}, {200, 40},
                                                 {200, 8},   {200, 200}, {256, 32},  {256, 64},  {384, 64},
-                                                {384, 128}, {384, 384}, {448, 448}, {512, 256}};
+                                                {384, 128}, {384, 384}, {448, 448}, {512, 256}, {576, 32}};
   double worst_rel = 0, worst_of_bound = 0, worst_norm = 0;
   int cases = 0;
   for (const Variant& v : kProductVariants)
