@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The llama.cpp peer of `loom bench infer` on a real GGUF file run as it is: SmolLM2-135M-Instruct
 # (Llama architecture, Q4_1; scripts/fetch-test-model.sh fetches it into a cache). llama.cpp runs
-# the file, loom dequantizes it (fp32) and quantizes it on load (int8, int4); a few decode
-# tokens, one short prompt, and one perplexity window on the same token ids on both sides. Every
-# figure must be positive and finite, and loom fp32's perplexity within 2% of llama.cpp's on the
-# Q4_1 file. Skips (exit 77, "SKIPPED:") when the model or the peer cannot be had.
+# the file, loom dequantizes it (fp32) or keeps its blocks where its format holds them (int8:
+# the Q8_0 head; int4: every Q4_1 matrix); a few decode tokens, one short prompt, and one
+# perplexity window on the same token ids on both sides. Every figure must be positive and
+# finite, loom fp32's perplexity within 2% of llama.cpp's on the Q4_1 file, int8's within 1% and
+# int4's within 3% of loom fp32's. Skips (exit 77, "SKIPPED:") when the model or the peer cannot be had.
 # usage: llama_cpp_peer_gguf_test.sh LOOM_BINARY SOURCE_DIR BUILD_DIR
 set -euo pipefail
 LOOM="$1"
@@ -28,6 +29,9 @@ tail -c 20000 "$SRC/data/tinyshakespeare/input.txt" > "$WORK/val.txt"
   --prefill-tokens 64 --compare-tokens 8 --ppl-text "$WORK/val.txt" --ppl-seq-len 128 --ppl-max-windows 1 \
   --peer-venv "$VENV" > "$WORK/bench.log" 2> "$WORK/bench.err" || { cat "$WORK/bench.log" "$WORK/bench.err"; exit 1; }
 cat "$WORK/bench.log"
+# int4 runs the file's Q4_1 blocks and Q8_0 head as they are, not requantized copies.
+grep -q "int4 g32 head int8.*kept from the file's blocks: Q4_1 x210, Q8_0 x1$" "$WORK/bench.log" "$WORK/bench.err" ||
+  { cat "$WORK/bench.err"; echo "expected int4 to keep the file's Q4_1 x210 and Q8_0 x1 blocks"; exit 1; }
 grep '^SUMMARY' "$WORK/bench.log" | sed 's/^SUMMARY //' > "$WORK/summary.json"
 python3 - "$WORK/summary.json" <<'PY'
 import json, math, sys
@@ -52,6 +56,12 @@ if n != 8 or not isinstance(eq, int) or not 0 <= eq <= n:
 if not bad and abs(s["fp32_ppl"] / s["peer_ppl"] - 1) > 0.02:
     bad.append(f"loom fp32 perplexity {s['fp32_ppl']:.4f} is not within 2% of llama.cpp's {s['peer_ppl']:.4f} "
                "on the same file and tokens")
+# #37's targets for the quantized models against loom fp32: int8 within 1%, int4 (the file's
+# Q4_1 blocks kept as they are) within 3%.
+for p, tol in (("int8", 0.01), ("int4", 0.03)):
+    if not bad and abs(s[f"{p}_ppl"] / s["fp32_ppl"] - 1) > tol:
+        bad.append(f"loom {p} perplexity {s[f'{p}_ppl']:.4f} is not within {tol:.0%} of loom fp32's "
+                   f"{s['fp32_ppl']:.4f}")
 if bad:
     sys.exit("\n".join(bad))
 print(f"llama.cpp peer on the GGUF file: all precisions ran; perplexity loom fp32 {s['fp32_ppl']:.4f}, "
