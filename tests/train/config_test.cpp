@@ -5,7 +5,6 @@
 #include <utility>
 
 #include "loom/core/error.h"
-#include "loom/kernels/cpu/bf16_gemm.h"
 #include "loom/optim/schedule.h"
 #include "loom/train/train_config.h"
 
@@ -98,11 +97,9 @@ TEST(TrainConfig, PrecisionAndLossScaling) {
   const TrainConfig c = parse_train_config(kBase, {"model.precision=bf16"});
   EXPECT_EQ(c.model.precision, model::Precision::bf16);
   EXPECT_EQ(c.model.products(), cpu::ProductPrecision::bf16);
-  ASSERT_EQ(c.warnings.size(), 1u);
-  EXPECT_NE(c.warnings[0].find(cpu::bf16_gemm_preferred() ? "runs its products on an AVX512-BF16 GEMM"
-                                                          : "bf16 operands rounded in f32 and multiplied by f32 SGEMM"),
-            std::string::npos)
-      << c.warnings[0];
+  // How the products run depends on the CPU, so the trainer says it at start
+  // (bf16_training_test.sh), not the configuration.
+  EXPECT_TRUE(c.warnings.empty()) << c.warnings[0];
   EXPECT_NE(c.model.summary().find("bf16 products"), std::string::npos) << c.model.summary();
   EXPECT_EQ(c.parallel.grad_dtype, "bf16");  // gradients follow the precision unless told
   EXPECT_EQ(parse_train_config(kBase, {}).parallel.grad_dtype, "fp32");

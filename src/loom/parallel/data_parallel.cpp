@@ -13,27 +13,6 @@ namespace loom::parallel {
 using model::BlockWeights;
 using model::ParamUnit;
 
-DType effective_gather_dtype(const DataParallelOptions& opt, const std::string& optim_name) {
-  return opt.zero_stage == 0 || optim_name == "onebit_adam" ? DType::f32 : opt.gather_dtype;
-}
-
-bool weight_replica_possible(const DataParallelOptions& opt, const std::string& optim_name) {
-  return (opt.zero_stage == 1 || opt.zero_stage == 2) && effective_gather_dtype(opt, optim_name) != DType::f32;
-}
-
-void check_weight_replica(const DataParallelOptions& opt, const std::string& optim_name) {
-  const DType g = effective_gather_dtype(opt, optim_name);
-  LOOM_CHECK(opt.weight_replica != DataParallelOptions::Replica::on || weight_replica_possible(opt, optim_name),
-             "config",
-             "parallel.weight_replica=on needs parallel.zero_stage 1 or 2 and 16-bit weight all-gathers "
-             "(parallel.gather_dtype bf16 or fp16; 1-bit Adam gathers fp32), but zero_stage=",
-             opt.zero_stage, " and the gathers are ",
-             g == DType::f32    ? "fp32"
-             : g == DType::bf16 ? "bf16"
-                                : "fp16",
-             "; use parallel.weight_replica=auto");
-}
-
 bool keeps_weight_replica(const DataParallelOptions& opt, const std::string& optim_name,
                           const model::ParamLayout& layout, int dp_size, int expert_dp_size) {
   using R = DataParallelOptions::Replica;
@@ -47,14 +26,6 @@ bool keeps_weight_replica(const DataParallelOptions& opt, const std::string& opt
     fp32_copy += 4 * n;
   }
   return replica < fp32_copy;
-}
-
-DataParallelOptions::Replica weight_replica_from_name(const std::string& name) {
-  using R = DataParallelOptions::Replica;
-  if (name == "auto") return R::auto_choice;
-  if (name == "on") return R::on;
-  LOOM_CHECK(name == "off", "config", "parallel.weight_replica must be auto, on or off, got '", name, "'");
-  return R::off;
 }
 
 model::DecoderOptions decoder_options_for(model::DecoderOptions base, int zero_stage, int dp_size,

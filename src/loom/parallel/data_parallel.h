@@ -21,7 +21,8 @@
 // Files: data_parallel.cpp (construction, ParamSource dispatch), data_parallel_buckets.cpp
 // (stages 0/1), _embedding_rows.cpp (0/1, the lookup's rows), _sharded_grads.cpp (2/3),
 // _gathered_params.cpp (3), _weight_wire.cpp (16-bit weight all-gathers, 1-3), _optimizer.cpp
-// (step, norm, checkpoint state).
+// (step, norm, checkpoint state); the options and their configuration rules in
+// data_parallel_options.h.
 #pragma once
 #include <deque>
 #include <map>
@@ -32,32 +33,10 @@
 #include "loom/comm/onebit.h"
 #include "loom/model/decoder.h"
 #include "loom/optim/adamw.h"
+#include "loom/parallel/data_parallel_options.h"
 
 namespace loom::parallel {
 
-struct DataParallelOptions {
-  int zero_stage = 0;
-  double bucket_mb = 25.0;
-  // The gradients' type on the wire (parallel.grad_dtype): f32, or bf16 (half the bytes; each
-  // bucket or staged unit is rounded to bf16, summed in bf16 with every partial sum rounded, and
-  // widened back into the f32 gradients).
-  DType grad_dtype = DType::f32;
-  // The weights' type in ZeRO's all-gathers (parallel.gather_dtype): f32, or the 16-bit type
-  // the model's products round to (bf16 under model.precision bf16, f16 under fp16). Then the
-  // product operands (ParamInfo::product_operand) travel in 16 bits and everything else (norms,
-  // biases, lookup tables, the router) in f32, so every rank computes exactly what it would with
-  // f32 gathers, for a little over half the bytes.
-  DType gather_dtype = DType::f32;
-  // Stages 1-2 with 16-bit gathers (parallel.weight_replica): keep the weights as the gathered
-  // 16-bit replica and the fp32 masters of the rank's own chunks only (on), or the whole fp32
-  // copy (off); auto: the replica where it takes fewer bytes (keeps_weight_replica).
-  enum class Replica { auto_choice, on, off } weight_replica = Replica::auto_choice;
-};
-
-// The weights' type in ZeRO's all-gathers once the layout's rules apply: stage 0 gathers
-// nothing, and 1-bit Adam's ZeRO-1 step adds each weight change to every rank's copy, which must
-// then be the same fp32 values everywhere.
-DType effective_gather_dtype(const DataParallelOptions& opt, const std::string& optim_name);
 // Whether stages 1-2 keep the 16-bit weight replica for a model laid out as `layout` (its units
 // sharded over `dp_size` ranks, the expert units over `expert_dp_size`); the model then has no
 // flat parameter buffer. Needs 16-bit gathers (throws for weight_replica=on without them); auto
@@ -66,22 +45,10 @@ DType effective_gather_dtype(const DataParallelOptions& opt, const std::string& 
 // every weight: on 3 or more ranks, for most models.
 bool keeps_weight_replica(const DataParallelOptions& opt, const std::string& optim_name,
                           const model::ParamLayout& layout, int dp_size, int expert_dp_size);
-// Whether the replica can be kept at all: stages 1-2 with 16-bit gathers in effect.
-bool weight_replica_possible(const DataParallelOptions& opt, const std::string& optim_name);
-// Throws "[config] parallel.weight_replica=on needs parallel.zero_stage 1 or 2 and 16-bit ..."
-// where the replica cannot be kept.
-void check_weight_replica(const DataParallelOptions& opt, const std::string& optim_name);
-// "auto", "on", "off" (parallel.weight_replica).
-DataParallelOptions::Replica weight_replica_from_name(const std::string& name);
-
 // Decoder options a given layout needs (unit alignment, which flat buffers to allocate);
 // `weight_replica` is keeps_weight_replica's answer.
 model::DecoderOptions decoder_options_for(model::DecoderOptions base, int zero_stage, int dp_size,
                                           bool weight_replica = false);
-
-// Throws "[config] parallel.gather_dtype=bf16 needs model.precision=bf16 ..." unless `gather`
-// is f32 or the 16-bit type `precision`'s products round to.
-void check_gather_dtype(DType gather, model::Precision precision);
 
 // Model-state bytes per rank predicted by the ZeRO formulas (fp32 Adam: 4 + 4 + 8 bytes per
 // parameter; stage 1: 8P + 8P/N; 2: 4P + 12P/N; 3: 16P/N). Padding excluded.

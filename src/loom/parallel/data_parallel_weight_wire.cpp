@@ -14,20 +14,6 @@ namespace loom::parallel {
 
 using model::ParamUnit;
 
-void check_gather_dtype(DType gather, model::Precision precision) {
-  if (gather == DType::f32) return;
-  const DType products = precision == model::Precision::bf16   ? DType::bf16
-                         : precision == model::Precision::fp16 ? DType::f16
-                                                               : DType::f32;
-  LOOM_CHECK(gather == DType::bf16 || gather == DType::f16, "config",
-             "parallel.gather_dtype must be fp32, bf16 or fp16, got ", dtype_name(gather));
-  LOOM_CHECK(gather == products, "config", "parallel.gather_dtype=", gather == DType::bf16 ? "bf16" : "fp16",
-             " needs model.precision=", gather == DType::bf16 ? "bf16" : "fp16", " (it is ",
-             model::precision_name(precision),
-             "): 16-bit weights are exact only where every product rounds its weights to that type; use "
-             "parallel.gather_dtype=fp32");
-}
-
 void DataParallel::build_wire_units() {
   wire_units_.clear();
   if (!sixteen_bit_gathers()) return;

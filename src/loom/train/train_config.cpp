@@ -4,9 +4,8 @@
 #include <limits>
 #include <sstream>
 
-#include "loom/kernels/cpu/bf16_gemm.h"
 #include "loom/model/param_layout.h"
-#include "loom/parallel/data_parallel.h"
+#include "loom/parallel/data_parallel_options.h"
 #include "loom/parallel/mesh_shape.h"
 #include "loom/parallel/partition.h"
 #include "loom/parallel/pipeline_schedule.h"
@@ -220,16 +219,6 @@ TrainConfig parse_train_config(const std::string& text, const std::vector<std::s
         "parallel.micro_batches=", m, " is below parallel.pp=", pp, ": every stage idles for (p-1)/(m+p-1) = ", pp - 1,
         "/", m + pp - 1, " = ", int(100.0 * parallel::bubble_fraction(int(pp), int(m)) + 0.5),
         "% of each step (the pipeline bubble); use at least ", pp, " micro-batches (e.g. ", 4 * pp, ")"));
-  if (c.model.precision == model::Precision::bf16)
-    c.warnings.push_back(
-        cpu::bf16_gemm_preferred()
-            ? "model.precision=bf16 runs its products on an AVX512-BF16 GEMM: bf16 operands (rounded while "
-              "packing) multiplied by vdpbf16ps, which on this CPU does twice the multiplies per second of "
-              "f32 FMAs, with f32 accumulation (LOOM_BF16_GEMM=off: rounded operands and SGEMM instead, "
-              "docs/PERFORMANCE.md)"
-            : "model.precision=bf16 runs its products as bf16 operands rounded in f32 and multiplied by f32 "
-              "SGEMM: bf16 numerics at f32 speed and memory (this CPU has no bf16 instructions faster than "
-              "its FMAs, and AMX is not used, docs/PERFORMANCE.md)");
   if (c.model.precision == model::Precision::fp16)
     c.warnings.push_back(
         str_cat("model.precision=fp16 runs its products as fp16 operands rounded in f32 and multiplied by f32 SGEMM "

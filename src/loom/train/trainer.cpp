@@ -60,6 +60,19 @@ double measure_gemm_gflops(bool bf16_engine) {
   return best;
 }
 
+// How bf16 products run on this CPU, said at start as a warning: the configuration does not
+// decide it (bf16_gemm_preferred measures the CPU), so parsing one leaves it to the run.
+const char* bf16_products_note() {
+  return cpu::bf16_gemm_preferred()
+             ? "model.precision=bf16 runs its products on an AVX512-BF16 GEMM: bf16 operands (rounded while "
+               "packing) multiplied by vdpbf16ps, which on this CPU does twice the multiplies per second of "
+               "f32 FMAs, with f32 accumulation (LOOM_BF16_GEMM=off: rounded operands and SGEMM instead, "
+               "docs/PERFORMANCE.md)"
+             : "model.precision=bf16 runs its products as bf16 operands rounded in f32 and multiplied by f32 "
+               "SGEMM: bf16 numerics at f32 speed and memory (this CPU has no bf16 instructions faster than "
+               "its FMAs, and AMX is not used, docs/PERFORMANCE.md)";
+}
+
 }  // namespace
 
 Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions& opt)
@@ -71,8 +84,10 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
     own_mesh_ = std::make_unique<parallel::Mesh>(comm::Group::single(), parallel::MeshShape(1, 1, 1, 1));
     mesh_ = own_mesh_.get();
   }
-  if (main_rank())
+  if (main_rank()) {
     for (const auto& w : cfg_.warnings) std::fprintf(opt_.log, "[warning] %s\n", w.c_str());
+    if (cfg_.model.precision == model::Precision::bf16) std::fprintf(opt_.log, "[warning] %s\n", bf16_products_note());
+  }
   const auto& p = cfg_.parallel;
   const parallel::MeshShape& shape = mesh_->shape();
   for (auto [d, want] : {std::pair{parallel::Dim::pp, p.pp},

@@ -1,0 +1,51 @@
+// The configuration rules of data_parallel_options.h.
+#include "loom/parallel/data_parallel_options.h"
+
+#include "loom/core/error.h"
+
+namespace loom::parallel {
+
+DType effective_gather_dtype(const DataParallelOptions& opt, const std::string& optim_name) {
+  return opt.zero_stage == 0 || optim_name == "onebit_adam" ? DType::f32 : opt.gather_dtype;
+}
+
+bool weight_replica_possible(const DataParallelOptions& opt, const std::string& optim_name) {
+  return (opt.zero_stage == 1 || opt.zero_stage == 2) && effective_gather_dtype(opt, optim_name) != DType::f32;
+}
+
+void check_weight_replica(const DataParallelOptions& opt, const std::string& optim_name) {
+  const DType g = effective_gather_dtype(opt, optim_name);
+  LOOM_CHECK(opt.weight_replica != DataParallelOptions::Replica::on || weight_replica_possible(opt, optim_name),
+             "config",
+             "parallel.weight_replica=on needs parallel.zero_stage 1 or 2 and 16-bit weight all-gathers "
+             "(parallel.gather_dtype bf16 or fp16; 1-bit Adam gathers fp32), but zero_stage=",
+             opt.zero_stage, " and the gathers are ",
+             g == DType::f32    ? "fp32"
+             : g == DType::bf16 ? "bf16"
+                                : "fp16",
+             "; use parallel.weight_replica=auto");
+}
+
+DataParallelOptions::Replica weight_replica_from_name(const std::string& name) {
+  using R = DataParallelOptions::Replica;
+  if (name == "auto") return R::auto_choice;
+  if (name == "on") return R::on;
+  LOOM_CHECK(name == "off", "config", "parallel.weight_replica must be auto, on or off, got '", name, "'");
+  return R::off;
+}
+
+void check_gather_dtype(DType gather, model::Precision precision) {
+  if (gather == DType::f32) return;
+  const DType products = precision == model::Precision::bf16   ? DType::bf16
+                         : precision == model::Precision::fp16 ? DType::f16
+                                                               : DType::f32;
+  LOOM_CHECK(gather == DType::bf16 || gather == DType::f16, "config",
+             "parallel.gather_dtype must be fp32, bf16 or fp16, got ", dtype_name(gather));
+  LOOM_CHECK(gather == products, "config", "parallel.gather_dtype=", gather == DType::bf16 ? "bf16" : "fp16",
+             " needs model.precision=", gather == DType::bf16 ? "bf16" : "fp16", " (it is ",
+             model::precision_name(precision),
+             "): 16-bit weights are exact only where every product rounds its weights to that type; use "
+             "parallel.gather_dtype=fp32");
+}
+
+}  // namespace loom::parallel
