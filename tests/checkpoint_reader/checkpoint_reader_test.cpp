@@ -10,6 +10,8 @@
 #include <unistd.h>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -141,20 +143,61 @@ TEST(CheckpointReader, WeightsConfigAndTokenizerComeBackAsSaved) {
   EXPECT_EQ(model::checkpoint_tokenizer(write_checkpoint(dir, 8, 8, "gpt2")), "gpt2");
 }
 
+// Rank 1 of tp=2 of a GPT-2 small enough to write out: d_model 4, 2 heads, d_ff 8, vocab 5, 3
+// positions, one block. Whole element i holds i + 1, so each expected value below names the
+// whole element it must come from, by Megatron-LM's split (Shoeybi et al. 2019, section 3):
+// column-parallel weights (c_attn's q, k and v each, c_fc) and their biases by output rows,
+// row-parallel weights (both c_proj) by input columns, the rest whole. The token table holds
+// rows ceil(5 / 2) = 3 per rank, the last of rank 1 padding (0).
 TEST(CheckpointReader, SliceOfTheWholeModelIsTheSameElements) {
-  const model::ModelConfig cfg = tiny();
+  model::ModelConfig cfg = model::preset("gpt2-tiny");
+  cfg.n_layer = 1;
+  cfg.d_model = 4;
+  cfg.n_head = cfg.n_kv_head = 2;
+  cfg.d_ff = 8;
+  cfg.vocab_size = 5;
+  cfg.n_ctx = 3;
   model::Decoder whole(cfg);
-  whole.init_weights(3);
+  ASSERT_EQ(whole.layout().num_params(), 212);
+  float* w = whole.params().data<float>();
+  for (int64_t i = 0; i < 212; ++i) w[i] = float(i + 1);
   model::DecoderOptions o;
   o.allocate_flat_grads = false;
   o.slice.tp = 2;
   o.slice.tp_rank = 1;
   model::Decoder half(cfg, o);
   model::slice_whole_params(whole.layout(), whole.params(), half.layout(), half.params());
-  for (const auto& p : half.layout().params())
-    for (const auto& run : half.layout().element_runs(p))
-      for (int64_t i = 0; i < run.n; i += 7)
-        ASSERT_EQ(half.params().data<float>()[p.offset + run.local + i],
-                  whole.params().data<float>()[whole.layout().get(p.name).offset + run.global + i])
-            << p.name;
+
+  const std::map<std::string, std::vector<float>> expected = {
+      // whole [5, 4] at 0: rows 3 and 4, then a padding row
+      {"transformer.wte.weight", {13, 14, 15, 16, 17, 18, 19, 20, 0, 0, 0, 0}},
+      {"transformer.wpe.weight", {21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32}},
+      {"transformer.h.0.ln_1.weight", {33, 34, 35, 36}},
+      {"transformer.h.0.ln_1.bias", {37, 38, 39, 40}},
+      // whole [12, 4] at 40, q rows 0-3, k 4-7, v 8-11: rows 2, 3, 6, 7, 10, 11
+      {"transformer.h.0.attn.c_attn.weight",
+       {49, 50, 51, 52, 53, 54, 55, 56, 65, 66, 67, 68, 69, 70, 71, 72, 81, 82, 83, 84, 85, 86, 87, 88}},
+      {"transformer.h.0.attn.c_attn.bias", {91, 92, 95, 96, 99, 100}},  // whole [12] at 88
+      // whole [4, 4] at 100: columns 2 and 3 of each row
+      {"transformer.h.0.attn.c_proj.weight", {103, 104, 107, 108, 111, 112, 115, 116}},
+      {"transformer.h.0.attn.c_proj.bias", {117, 118, 119, 120}},
+      {"transformer.h.0.ln_2.weight", {121, 122, 123, 124}},
+      {"transformer.h.0.ln_2.bias", {125, 126, 127, 128}},
+      // whole [8, 4] at 128: rows 4-7
+      {"transformer.h.0.mlp.c_fc.weight",
+       {145, 146, 147, 148, 149, 150, 151, 152, 153, 154, 155, 156, 157, 158, 159, 160}},
+      {"transformer.h.0.mlp.c_fc.bias", {165, 166, 167, 168}},  // whole [8] at 160
+      // whole [4, 8] at 168: columns 4-7 of each row
+      {"transformer.h.0.mlp.c_proj.weight",
+       {173, 174, 175, 176, 181, 182, 183, 184, 189, 190, 191, 192, 197, 198, 199, 200}},
+      {"transformer.h.0.mlp.c_proj.bias", {201, 202, 203, 204}},
+      {"transformer.ln_f.weight", {205, 206, 207, 208}},
+      {"transformer.ln_f.bias", {209, 210, 211, 212}},
+  };
+  ASSERT_EQ(half.layout().params().size(), expected.size());
+  for (const auto& p : half.layout().params()) {
+    ASSERT_TRUE(expected.count(p.name)) << p.name;
+    const float* got = half.params().data<float>() + p.offset;
+    EXPECT_EQ(std::vector<float>(got, got + p.numel()), expected.at(p.name)) << p.name;
+  }
 }
