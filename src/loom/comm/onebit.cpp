@@ -103,6 +103,7 @@ int64_t OneBitAllReduce::wire_bytes() const {
 void OneBitAllReduce::compress_and_exchange(const float* x) {
   const int N = g_.size();
   float* w = work_.data<float>();
+  if (!feedback_) worker_error_.zero();
   float* we = worker_error_.data<float>();
   // Chunk q of x (c elements) goes to row q of the work buffer (cb, zero-padded).
 #pragma omp parallel for schedule(static) if (N * cb_ > (int64_t(1) << 18))
@@ -131,6 +132,7 @@ float* OneBitAllReduce::received_sum() {
 void OneBitAllReduce::gather_and_decode(float* s, float* y, bool add) {
   // Compress our chunk s (cb elements) with the server error, all-gather, decode every chunk.
   Tensor mine = gathered_.slice(int64_t(g_.rank()) * msg_, {msg_});
+  if (!feedback_) server_error_.zero();
   float* se = server_error_.data<float>();
   for (int64_t o = 0; o < cb_; ++o) s[o] += se[o];
   onebit_compress(s, cb_, mine.data<uint8_t>(), se);

@@ -42,6 +42,9 @@ class OneBitAllReduce {
   double last_comm_seconds() const { return comm_s_; }
   double last_compute_seconds() const { return compute_s_; }
   const Tensor& server_error() const { return server_error_; }
+  // Tests: off drops what compression loses instead of carrying it into the next call, the
+  // contrast that shows the feedback matters (onebit_adam_test.cpp).
+  void set_error_feedback(bool on) { feedback_ = on; }
 
  private:
   int64_t valid(int q) const;  // elements of chunk q inside [0, n)
@@ -54,6 +57,7 @@ class OneBitAllReduce {
   Tensor worker_error_, server_error_;
   Tensor work_, send_, recv_, gathered_, chunk_;
   double comm_s_ = 0, compute_s_ = 0;
+  bool feedback_ = true;
 };
 
 // Elements per scale. One scale per chunk would make a LayerNorm gain's momentum (about 1)

@@ -1,6 +1,7 @@
 // 1-bit Adam (optim.name=onebit_adam) under mpiexec: the warm-up is AdamW exactly; after the
 // freeze each step sends under a tenth of AdamW's gradient bytes, the replicas stay
-// bitwise identical, training keeps learning, and a checkpoint (which holds every rank's
+// bitwise identical, training keeps learning, the error feedback keeps the weights near AdamW's
+// (a run without it does not), and a checkpoint (which holds every rank's
 // error-feedback buffers) resumes exactly.
 #include <gtest/gtest.h>
 
@@ -49,9 +50,10 @@ struct OneBitRun {
 };
 
 OneBitRun train_run(const TrainConfig& cfg, const parallel::Mesh& mesh, const std::string& resume = "",
-                    int64_t stop = -1) {
+                    int64_t stop = -1, bool error_feedback = true) {
   loom::testing::SyntheticSource src(cfg.model.vocab_size);
   Trainer t(cfg, src, loom::testing::quiet_trainer_options(&mesh, resume, stop));
+  for (const auto& exchange : t.engine().onebit()) exchange->set_error_feedback(error_feedback);
   OneBitRun r;
   r.losses = t.run().losses;
   r.weights = t.full_params().to_f32_vector();
@@ -82,24 +84,41 @@ TEST_P(DataParallelOneBitAdam, AfterTheFreezeSendsUnderATenthAndStillLearns) {
   const int64_t steps = 40, freeze = 10;
   const OneBitRun adam = train_run(onebit_config(N, "adamw", freeze, steps, "", zero), mesh);
   const OneBitRun onebit = train_run(onebit_config(N, "onebit_adam", freeze, steps, "", zero), mesh);
+  const OneBitRun lossy =  // the same without the error feedback
+      train_run(onebit_config(N, "onebit_adam", freeze, steps, "", zero), mesh, "", -1, /*error_feedback=*/false);
   ASSERT_EQ(onebit.losses.size(), size_t(steps));
   EXPECT_GT(adam.last_wire_bytes, 0);
   EXPECT_LE(double(onebit.last_wire_bytes), 0.1 * double(adam.last_wire_bytes))
       << "ZeRO-" << zero << ": 1-bit " << onebit.last_wire_bytes << " bytes, AdamW " << adam.last_wire_bytes;
-  // It learns after the freeze, and stays near AdamW: the mean loss of the last 10 steps
-  // within 8% of AdamW's. Measured (deterministic), ZeRO-0: 1-bit 3.5% (2 ranks) and 7.5%
-  // (4 ranks) above AdamW with its step bounded at 2 lr, 1.1% and 6.1% unbounded (which a
-  // large vocabulary's rare tokens make diverge: docs/DISTRIBUTED.md); with the error feedback
-  // removed 8.8% and 9.1% (unbounded); exact momentum all-reduces with the frozen variance
-  // within 5%. ZeRO-1: -0.1% (2 ranks), 4.5% (4). Synthetic data and a freeze after 10 steps
-  // are hard on it; the Tiny Shakespeare comparison is in docs/PERFORMANCE.md.
+  // It learns after the freeze, and does not drift far from AdamW: the mean loss of the last
+  // 10 steps within 10% of AdamW's (measured, deterministic: ZeRO-0 3.6% above on 2 ranks,
+  // 7.6% on 4; ZeRO-1 -0.2% and 4.6%). A guard against divergence only: the loss does not show
+  // the error feedback (without it ZeRO-1 ends 8-13% *below* AdamW).
   auto tail_mean = [](const std::vector<double>& l) {
     double s = 0;
     for (size_t i = l.size() - 10; i < l.size(); ++i) s += l[i];
     return s / 10;
   };
   EXPECT_LT(tail_mean(onebit.losses), onebit.losses[size_t(freeze)] * 0.95);
-  EXPECT_NEAR(tail_mean(onebit.losses), tail_mean(adam.losses), 0.08 * tail_mean(adam.losses)) << "ZeRO-" << zero;
+  EXPECT_NEAR(tail_mean(onebit.losses), tail_mean(adam.losses), 0.1 * tail_mean(adam.losses)) << "ZeRO-" << zero;
+  // The error feedback: what compression drops is carried into the next step, so the sum of the
+  // applied updates stays within one step's residual of the exact one and the weights follow
+  // AdamW's path; dropped instead, the losses add up over the 30 compressed steps. Relative
+  // distance ||w - w_adamw|| / ||w_adamw||, measured on 2 and 4 ranks: ZeRO-0 0.09-0.10 with
+  // the feedback, 0.38-0.39 without; ZeRO-1 0.07-0.08 with, 0.17-0.20 without. The bound sits
+  // between, and the run without the feedback must break it.
+  auto distance = [&](const std::vector<float>& w) {
+    double d = 0, n = 0;
+    for (size_t i = 0; i < w.size(); ++i) {
+      d += (double(w[i]) - adam.weights[i]) * (double(w[i]) - adam.weights[i]);
+      n += double(adam.weights[i]) * adam.weights[i];
+    }
+    return std::sqrt(d / n);
+  };
+  const double bound = zero == 0 ? 0.2 : 0.12;
+  EXPECT_LT(distance(onebit.weights), bound) << "ZeRO-" << zero << " on " << N << " ranks";
+  EXPECT_GT(distance(lossy.weights), bound)
+      << "ZeRO-" << zero << " on " << N << " ranks: the bound passes a run without error feedback";
   // Every replica holds the same weights (the compressed collectives' results are the same
   // bytes everywhere): rank 0's broadcast equals each rank's own.
   Tensor mine = Tensor::from_vector(onebit.weights, {int64_t(onebit.weights.size())});
