@@ -2,9 +2,11 @@
 # The comm watchdog across processes: 3 ranks under mpiexec, the last one stalls or dies
 # before all_reduce #2. The others must end the job (non-zero) within the 3 s timeout plus a
 # margin, say which collective hung and name rank 2 as the one that did not enter it.
-#   watchdog_test.sh stall|kill|kill-mpirun <comm_test_child>
+#   watchdog_test.sh stall|kill|mpirun-teardown <comm_test_child>
 # kill: mpirun is told not to react to the death itself (as when a host vanishes), so only
-# the watchdog can end the job. kill-mpirun: mpirun's own teardown, which is faster.
+# the watchdog can end the job. mpirun-teardown checks no watchdog: rank 2 dies and mpirun's
+# own teardown must end the job, naming rank 2, with the watchdog's timeout set far out
+# (30 s) so that it cannot be what ended it, and no watchdog line in the output.
 set -u
 mode=$1
 child=$2
@@ -14,8 +16,10 @@ margin_s=15
 extra=()
 child_mode=$mode
 case $mode in
+  stall) ;;
   kill) extra=(--mca orte_abort_on_non_zero_status 0) ;;
-  kill-mpirun) child_mode=kill ;;
+  mpirun-teardown) child_mode=kill timeout_s=30 ;;
+  *) echo "watchdog_test.sh: mode '$mode' is not stall, kill or mpirun-teardown"; exit 2 ;;
 esac
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
@@ -29,8 +33,12 @@ cat "$out"
 fail() { echo "FAIL: $*"; exit 1; }
 [ "$rc" -ne 0 ] || fail "the job exited 0"
 [ "$rc" -ne 124 ] || [ "$elapsed_ms" -lt 60000 ] || fail "the job hung until the test's timeout"
-[ "$elapsed_ms" -lt $(( (timeout_s + margin_s) * 1000 )) ] || fail "took ${elapsed_ms} ms"
-if [ "$mode" != kill-mpirun ]; then
+if [ "$mode" = mpirun-teardown ]; then
+  [ "$elapsed_ms" -lt $(( timeout_s * 1000 )) ] || fail "took ${elapsed_ms} ms, past the watchdog's ${timeout_s} s"
+  ! grep -q '^\[watchdog\]' "$out" || fail "the watchdog acted; mpirun's teardown was to end the job"
+  grep -qE 'process rank 2 .* exited on signal 9' "$out" || fail "mpirun did not name rank 2's death"
+else
+  [ "$elapsed_ms" -lt $(( (timeout_s + margin_s) * 1000 )) ] || fail "took ${elapsed_ms} ms"
   [ "$elapsed_ms" -ge $(( timeout_s * 1000 )) ] || fail "ended before the watchdog timeout"
   # The stalled rank sleeps (running); the killed one is gone once mpirun has reaped it.
   state='running'
