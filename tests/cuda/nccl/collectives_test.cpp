@@ -1,9 +1,9 @@
 // The NCCL backend's collectives on CUDA tensors against their arithmetic on rank-dependent
-// data, for any number of ranks (one per GPU; a group of one still runs every NCCL call):
-// every dtype and reduction, sizes from 1 element to past NCCL's chunking, in-place
-// all-gather, every broadcast root, uneven all_to_all_v, async overlap, split, send/recv
-// pairs with two ranks or more, ordering after kernels still running, and the errors for
-// host tensors.
+// data, for any number of ranks (one per GPU): every dtype and reduction, sizes from 1 element
+// to past NCCL's chunking, in-place all-gather, every broadcast root, uneven all_to_all_v, async
+// overlap, split, send/recv pairs with two ranks or more, ordering after kernels still running,
+// and the errors for host tensors. A group of one still runs every NCCL call but verifies no
+// reduction (every op returns its one input; main.cpp says so): that takes 2 GPUs or more.
 #include <gtest/gtest.h>
 
 #include <algorithm>

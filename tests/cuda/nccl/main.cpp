@@ -51,9 +51,15 @@ int main(int argc, char** argv) {
     try {
       nccl = comm::nccl_group(world.group(), world.host().rank(), "nccl");
       g_nccl = &nccl;
-      if (world.rank() == 0)
+      if (world.rank() == 0) {
         std::printf("[nccl test] %s, %d rank(s), %s\n", comm::nccl_describe().c_str(), world.size(),
                     cuda::describe().c_str());
+        if (world.size() == 1)
+          std::printf(
+              "[nccl test] one rank: sum, max, min and avg of one input are that input, so this run "
+              "checks the NCCL calls, dtypes and sizes but verifies no reduction (that needs 2 GPUs or "
+              "more: mpiexec -n <GPUs>, as scripts/gpu-check.sh runs it)\n");
+      }
     } catch (const Error& e) {
       // A peer may wait in NCCL's initialisation for this rank: end the whole job.
       std::fprintf(stderr, "[rank %d] %s\n", world.rank(), e.what());
