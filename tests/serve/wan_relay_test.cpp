@@ -258,30 +258,50 @@ TEST(WanRelay, StopClosesIdleConnectionsPromptly) {
 
 // A target that never reads: the relay must stop reading too, so the client's sends stall
 // once the kernel buffers and the relay's bounded queue are full, instead of growing forever.
+// Checked on the relay's own counters (read - delivered = queued), not on how long the sender
+// went without progress: a relay thread starved of CPU also stalls the sender, without ever
+// filling its queue, and must not pass.
 TEST(WanRelay, BackpressuresAFastSender) {
   std::atomic<bool> release{false};
   TestServer server([&](int) {
     while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   });
+  struct Release {  // the server's handler returns however the test ends (a failed ASSERT too)
+    std::atomic<bool>& flag;
+    ~Release() { flag = true; }
+  } release_on_exit{release};
   WanRelay relay("127.0.0.1", 0, "127.0.0.1", server.port(), {.delay_s = 0, .rate_bps = 0});
   relay.start();
   int fd = connect_local(relay.port());
   const std::string block(1 << 16, 'x');
-  const size_t limit = size_t{128} << 20;  // far above socket buffers (a few MiB here) + 4 MiB queue
+  const auto queued = [&] {
+    const WanRelay::Stats s = relay.stats();
+    return size_t(s.read_up - s.bytes_up);
+  };
   size_t accepted = 0;
-  Clock::time_point t0 = Clock::now(), progress = t0;
-  while (accepted < limit && since(t0) < 5 && since(progress) < 0.3) {
-    ssize_t n = ::send(fd, block.data(), block.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n > 0) {
-      accepted += static_cast<size_t>(n);
-      progress = Clock::now();
-    } else {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  auto send_for = [&](double seconds, bool until_full) {
+    const Clock::time_point t0 = Clock::now();
+    while (since(t0) < seconds && !(until_full && queued() >= WanRelay::kMaxQueuedBytes)) {
+      const ssize_t n = ::send(fd, block.data(), block.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n > 0)
+        accepted += size_t(n);
+      else
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
+  };
+  // The relay reads until its queue for the connection is full (the deadline only ends a test
+  // whose relay never gets there)...
+  send_for(30, /*until_full=*/true);
+  ASSERT_GE(queued(), WanRelay::kMaxQueuedBytes)
+      << "the relay did not fill its queue (" << queued() << " bytes, " << accepted << " sent)";
+  // ...then reads no more than a chunk past the bound, however long the sender keeps at it.
+  const size_t sent_when_full = accepted;
+  for (int i = 0; i < 5; ++i) {
+    send_for(0.1, /*until_full=*/false);
+    ASSERT_LT(queued(), WanRelay::kMaxQueuedBytes + WanRelay::kChunkBytes) << "the relay buffers without bound";
   }
-  EXPECT_LT(accepted, limit) << "the relay buffers without bound";
-  EXPECT_GE(since(progress), 0.3) << "the sender never stalled";
-  release = true;
+  // The sender stalled: what it sent after the queue filled fits the socket buffers (a few MiB).
+  EXPECT_LT(accepted - sent_when_full, size_t{32} << 20) << "the sender never stalled";
   ::close(fd);
 }
 

@@ -125,7 +125,8 @@ WanLinkOptions WanRelay::link() const {
 int WanRelay::port() const { return port_; }
 
 WanRelay::Stats WanRelay::stats() const {
-  return Stats{connections_.load(), refused_.load(), bytes_up_.load(), bytes_down_.load()};
+  return Stats{connections_.load(), refused_.load(), bytes_up_.load(),
+               bytes_down_.load(),  read_up_.load(), read_down_.load()};
 }
 
 void WanRelay::start() {
@@ -267,6 +268,7 @@ void WanRelay::pump(Connection& c, bool up) {
   const int src = up ? c.client_fd : c.target_fd, dst = up ? c.target_fd : c.client_fd;
   LinkDirection& dir = up ? up_ : down_;
   std::atomic<int64_t>& delivered = up ? bytes_up_ : bytes_down_;
+  std::atomic<int64_t>& read_total = up ? read_up_ : read_down_;
   std::deque<Chunk> queue;
   size_t queued = 0;  // bytes read and not yet written
   bool src_eof = false;
@@ -321,6 +323,7 @@ void WanRelay::pump(Connection& c, bool up) {
     ch.eof = n == 0;
     src_eof = ch.eof;
     ch.bytes.assign(buf.data(), buf.data() + n);
+    read_total += n;
     Clock::time_point sent_at;  // end of transmission
     {
       std::lock_guard lock(dir.mu);

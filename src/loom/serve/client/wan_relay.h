@@ -51,6 +51,7 @@ class WanRelay {
     int64_t connections = 0;               // accepted (not refused), reachable target or not
     int64_t refused = 0;                   // closed on accept: kMaxConnections reached
     int64_t bytes_up = 0, bytes_down = 0;  // delivered; up: client -> target
+    int64_t read_up = 0, read_down = 0;    // read from the sender; minus delivered: queued here
   };
   Stats stats() const;
   // Changes delay and rate for data read from now on (thread-safe). Order within a connection
@@ -90,7 +91,7 @@ class WanRelay {
 
   std::mutex conns_mu_;  // guards conns_ and the descriptors in each Connection
   std::list<std::unique_ptr<Connection>> conns_;
-  std::atomic<int64_t> connections_{0}, refused_{0}, bytes_up_{0}, bytes_down_{0};
+  std::atomic<int64_t> connections_{0}, refused_{0}, bytes_up_{0}, bytes_down_{0}, read_up_{0}, read_down_{0};
 };
 
 }  // namespace loom::serve
