@@ -1,0 +1,29 @@
+// Which kernel builds this CPU's run of the suite leaves untested, said once as a skip: the
+// ISA tests (isa_agreement_test, quant_linear_test) instantiate only the builds the CPU runs,
+// so without this an AVX2 machine would pass them silently with its AVX-512 paths unrun, and an
+// AVX-512 machine without AVX-VNNI its AVX-VNNI path. docs/TESTING.md has the CPU classes.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "loom/kernels/cpu/quant_linear_impl.h"
+
+namespace {
+
+using loom::cpu::quant::Path;
+
+TEST(KernelPaths, NamesTheBuildsThisCpuDoesNotRun) {
+  __builtin_cpu_init();
+  std::string untested;
+  auto add = [&](const std::string& what) { untested += (untested.empty() ? "" : ", ") + what; };
+  if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) add("hot kernels avx2 (needs AVX2+FMA)");
+  if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512dq")))
+    add("hot kernels avx512 (needs AVX-512 F/BW/VL/DQ)");
+  for (int p = 0; p <= int(Path::avx512_bf16); ++p)
+    if (!loom::cpu::quant::path_runs_here(Path(p)))
+      add(std::string("quant linear ") + loom::cpu::quant::path_name(Path(p)));
+  if (!untested.empty()) GTEST_SKIP() << "not tested on this CPU: " << untested;
+}
+
+}  // namespace
