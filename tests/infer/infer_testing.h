@@ -9,6 +9,9 @@
 #include <vector>
 
 #include "loom/infer/engine.h"
+#include "loom/infer/kv_cache.h"
+#include "loom/infer/model_runner.h"
+#include "loom/infer/quant_weights.h"
 #include "loom/model/decoder.h"
 
 namespace loom::infer::fixtures {
@@ -117,6 +120,26 @@ inline void expect_all_blocks_free(const Engine& e) {
   EXPECT_EQ(e.scheduler().kv().num_sequences(), 0);
   EXPECT_EQ(e.metrics().draft_kv_blocks_used, 0);
   EXPECT_FALSE(e.has_unfinished());
+}
+
+// Logits of the last token of `prompt` through a runner over `model` (and `quant`).
+inline std::vector<float> last_logits(const model::Decoder& model, const QuantizedModel* quant,
+                                      const std::vector<int32_t>& prompt) {
+  const int64_t T = int64_t(prompt.size()), bs = 4, nb = KVCache::blocks_for_tokens(T, bs);
+  KVCache cache(model.config(), nb, bs, DType::f32);
+  ModelRunner runner(model, cache, T, 1, quant);
+  std::vector<int32_t> table(static_cast<size_t>(nb));
+  for (size_t i = 0; i < table.size(); ++i) table[i] = int32_t(i);
+  StepPlan plan;
+  ScheduledSeq s;
+  s.seq_id = 0;
+  s.num_tokens = T;
+  s.sample = true;
+  s.tokens = prompt;
+  s.block_table = table;
+  plan.seqs.push_back(s);
+  const Tensor logits = runner.execute(plan);
+  return std::vector<float>(logits.data<float>(), logits.data<float>() + model.config().vocab_size);
 }
 
 }  // namespace loom::infer::fixtures

@@ -44,6 +44,8 @@ model::ModelConfig tiny() {
   return c;
 }
 
+const std::vector<int32_t> kPrompt = {3, 17, 0, 39, 25, 8, 8, 12, 30, 1, 22, 5};
+
 struct Loaded {
   std::unique_ptr<io::GgufFile> file;
   std::unique_ptr<model::Decoder> model;
@@ -94,26 +96,6 @@ int64_t differing_outside_head(const model::Decoder& m, const std::vector<float>
   a.erase(a.begin() + at, a.begin() + at + head.numel());
   b.erase(b.begin() + at, b.begin() + at + head.numel());
   return differing(a, b);
-}
-
-// Logits of the last token of a fixed prompt through a runner over `model` (and `quant`).
-std::vector<float> last_logits(const model::Decoder& model, const QuantizedModel* quant) {
-  const std::vector<int32_t> prompt = {3, 17, 0, 39, 25, 8, 8, 12, 30, 1, 22, 5};
-  const int64_t T = int64_t(prompt.size()), bs = 4, nb = KVCache::blocks_for_tokens(T, bs);
-  KVCache cache(model.config(), nb, bs, DType::f32);
-  ModelRunner runner(model, cache, T, 1, quant);
-  StepPlan plan;
-  ScheduledSeq s;
-  s.seq_id = 0;
-  s.num_tokens = T;
-  s.sample = true;
-  s.tokens = prompt;
-  std::vector<int32_t> table(static_cast<size_t>(nb));
-  for (size_t b = 0; b < table.size(); ++b) table[b] = int32_t(b);
-  s.block_table = table;
-  plan.seqs.push_back(s);
-  const Tensor logits = runner.execute(plan);
-  return {logits.data<float>(), logits.data<float>() + model.config().vocab_size};
 }
 
 }  // namespace
@@ -175,7 +157,8 @@ TEST(QuantFromGguf, TheRunnerOnKeptBlocksMatchesF32OnTheFilesWeights) {
     QuantSpec s = spec(format, 32);
     s.head = false;  // the head stays f32, so every matrix the runner quantizes is a kept one
     const QuantizedModel q = QuantizedModel::from_gguf(*l.model, *l.file, s);
-    const std::vector<float> want = last_logits(*l.model, nullptr), got = last_logits(*l.model, &q);
+    const std::vector<float> want = fixtures::last_logits(*l.model, nullptr, kPrompt),
+                             got = fixtures::last_logits(*l.model, &q, kPrompt);
     float diff = 0, scale = 0;
     for (size_t i = 0; i < want.size(); ++i) {
       diff = std::max(diff, std::fabs(want[i] - got[i]));

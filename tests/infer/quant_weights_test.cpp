@@ -26,26 +26,6 @@ using loom::testing::error_of;
 
 namespace {
 
-// Logits of the last token of `prompt` through a runner over `model` (and `quant`).
-std::vector<float> last_logits(const model::Decoder& model, const QuantizedModel* quant,
-                               const std::vector<int32_t>& prompt) {
-  const int64_t T = int64_t(prompt.size()), bs = 4, nb = KVCache::blocks_for_tokens(T, bs);
-  KVCache cache(model.config(), nb, bs, DType::f32);
-  ModelRunner runner(model, cache, T, 1, quant);
-  std::vector<int32_t> table(static_cast<size_t>(nb));
-  for (size_t i = 0; i < table.size(); ++i) table[i] = int32_t(i);
-  StepPlan plan;
-  ScheduledSeq s;
-  s.seq_id = 0;
-  s.num_tokens = T;
-  s.sample = true;
-  s.tokens = prompt;
-  s.block_table = table;
-  plan.seqs.push_back(s);
-  const Tensor logits = runner.execute(plan);
-  return std::vector<float>(logits.data<float>(), logits.data<float>() + model.config().vocab_size);
-}
-
 QuantSpec spec(cpu::QuantFormat f, int64_t group, bool zero_point = false, bool head = true) {
   QuantSpec s;
   s.format = f;
@@ -100,8 +80,8 @@ TEST_P(QuantRunner, MatchesTheF32RunnerOnTheDequantizedWeights) {
     ASSERT_EQ(q.blocks.size(), 2u);
     EXPECT_EQ(q.head.has_value(), s.head);
     const auto prompt = fixtures::random_tokens(11, 17);
-    const auto want = last_logits(*m, nullptr, prompt);  // f32 kernels, dequantized weights
-    const auto got = last_logits(*m, &q, prompt);        // quantized kernels
+    const auto want = fixtures::last_logits(*m, nullptr, prompt);  // f32 kernels, dequantized weights
+    const auto got = fixtures::last_logits(*m, &q, prompt);        // quantized kernels
     double err = 0, scale = 0;
     for (size_t v = 0; v < want.size(); ++v) {
       err = std::max(err, double(std::fabs(got[v] - want[v])));
@@ -122,7 +102,7 @@ TEST_P(QuantRunner, MatchesTheF32RunnerOnTheDequantizedWeights) {
       // quantization (what a runner that skipped the dequantized copy would compute) are 9-34%
       // off at 4 bits.
       auto before = fixtures::wandering_model(GetParam(), DType::f32, 5, true);
-      const auto unrounded = last_logits(*before, nullptr, prompt);
+      const auto unrounded = fixtures::last_logits(*before, nullptr, prompt);
       double off = 0;
       for (size_t v = 0; v < want.size(); ++v) off = std::max(off, double(std::fabs(got[v] - unrounded[v])));
       EXPECT_GT(off, 2 * bound * scale) << s.describe();
@@ -174,7 +154,7 @@ TEST(QuantCheckpoint, RoundTripIsBitwiseQuantizeOnLoadAndDamageIsRefused) {
         << "the loaded model's f32 weights differ from the quantized-on-load ones";
     EXPECT_EQ(loaded.quant.bytes(), q.bytes());
     const auto prompt = fixtures::random_tokens(9, 23);
-    EXPECT_EQ(last_logits(*loaded.model, &loaded.quant, prompt), last_logits(*m, &q, prompt));
+    EXPECT_EQ(fixtures::last_logits(*loaded.model, &loaded.quant, prompt), fixtures::last_logits(*m, &q, prompt));
     // The file holds quantized matrices, not f32 copies of them: well under the f32 model's size
     // (bf16: half of it for the matrices, plus the f32 norms and position table).
     const double limit = s.format == cpu::QuantFormat::bf16 ? 0.6 : 0.5;
