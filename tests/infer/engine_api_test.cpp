@@ -155,6 +155,29 @@ TEST(EngineApi, StopStringsSpanningTokensOfDifferentLengths) {
     }
 }
 
+TEST(EngineApi, StopStringsSeeTheSpacesADecoderDropsFromAFirstToken) {
+  // Token t is spelled " " + a letter, and the first token of whatever is decoded loses its
+  // space, as SentencePiece decodes: the output's text has spaces only between tokens, which
+  // decoding one token at a time never shows.
+  auto m = make_model();
+  const auto prompt = tokens(6, 4);
+  const auto ref = Engine(*m, small_config()).generate(prompt, greedy(12));
+  auto cfg = small_config();
+  cfg.detokenizer = [](const std::vector<int32_t>& t) {
+    std::string s;
+    for (int32_t x : t) s += std::string(" ") + char('a' + x % 26);
+    return s.empty() ? s : s.substr(1);
+  };
+  const std::string text = cfg.detokenizer(ref);
+  SamplingParams ss = greedy(12);
+  ss.stop = {text.substr(5, 4)};                         // " x y": the spaces before the 4th and 5th tokens
+  const size_t k = (text.find(ss.stop[0]) + 4 + 1) / 2;  // tokens up to the one completing it
+  const auto out = Engine(*m, cfg).run(prompt, ss);
+  EXPECT_EQ(out.finish_reason, FinishReason::stop);
+  EXPECT_EQ(out.stop_string, ss.stop[0]);
+  EXPECT_EQ(out.tokens, std::vector<int32_t>(ref.begin(), ref.begin() + long(k)));
+}
+
 TEST(EngineApi, OutputIsCappedAtTheContext) {
   auto m = make_model();
   Engine e(*m, small_config());

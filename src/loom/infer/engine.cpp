@@ -231,6 +231,7 @@ int64_t Engine::add_request(std::vector<int32_t> prompt, const SamplingParams& p
   Request r;
   r.params = params;
   r.stops = StopStringMatcher(params.stop);
+  if (r.stops.active()) r.text = DecodeStream(cfg_.detokenizer);
   r.seed = params.seed ? *params.seed : derive_seed(cfg_.seed, id);
   r.callback = std::move(callback);
   r.max_tokens = std::min(params.max_tokens, max_seq_len_ - len);
@@ -295,9 +296,8 @@ void Engine::finish(int64_t id, FinishReason why, bool end_event, std::vector<Re
 }
 
 bool Engine::hits_stop_string(Request& r, std::string* which) const {
-  // Only the newest token's bytes are decoded: the output's text is the concatenation of its
-  // tokens' bytes. (Decoding the whole output per token made a long generation quadratic.)
-  r.stops.push(cfg_.detokenizer({r.output.back()}));
+  // A short window of the output is decoded per token, not all of it (decode_stream.h).
+  r.stops.push(r.text.push(r.output.back()));
   if (r.stops.stopped()) *which = r.stops.stop();
   return r.stops.stopped();
 }
@@ -313,7 +313,7 @@ bool Engine::take_token(int64_t id, Request& r, int32_t tok, bool last, std::vec
   r.output.push_back(tok);
   std::string which;
   FinishReason why = FinishReason::none;
-  if (!r.params.stop.empty() && hits_stop_string(r, &which))
+  if (r.stops.active() && hits_stop_string(r, &which))
     why = FinishReason::stop;
   else if (int64_t(r.output.size()) >= r.max_tokens)
     why = FinishReason::length;

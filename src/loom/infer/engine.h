@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "loom/infer/decode_stream.h"
 #include "loom/infer/kv_cache.h"
 #include "loom/infer/model_runner.h"
 #include "loom/infer/quant_weights.h"
@@ -33,10 +34,6 @@ namespace loom::infer {
 enum class FinishReason { none, stop, length, abort, error };
 const char* finish_reason_name(FinishReason r);
 
-// The bytes of a token sequence; the bytes of a sequence must be the concatenation of its
-// tokens' bytes (true of loom's tokenizers), as stop strings are matched token by token.
-using Detokenizer = std::function<std::string(const std::vector<int32_t>&)>;
-
 struct EngineConfig {
   int64_t block_size = 16;
   int64_t num_blocks = 0;  // 0: as many as kv_cache_bytes holds
@@ -49,8 +46,10 @@ struct EngineConfig {
   bool prefix_caching = true;
   bool chunked_prefill = true;
   BatchingMode mode = BatchingMode::continuous;
-  uint64_t seed = 0;        // requests without a seed get one derived from this and their id
-  Detokenizer detokenizer;  // needed by stop strings; may be empty otherwise
+  uint64_t seed = 0;  // requests without a seed get one derived from this and their id
+  // The bytes of a token sequence, for stop strings (matched in the output's text decoded on
+  // its own, piece by piece as decode_stream.h does); may be empty otherwise.
+  Detokenizer detokenizer;
   // Quantized matrices of the engine's model (QuantizedModel::quantize or a quantized
   // checkpoint), outliving the engine; null: the model's f32 weights.
   const QuantizedModel* quant = nullptr;
@@ -149,7 +148,8 @@ class Engine {
     TokenCallback callback;
     std::vector<int32_t> prompt, output;
     int64_t max_tokens = 0;   // after capping at the context
-    StopStringMatcher stops;  // over the output's decoded bytes
+    DecodeStream text;        // the output's bytes, when there are stop strings
+    StopStringMatcher stops;  // over those bytes
     // Speculative decoding: the proposals handed to the scheduler (and the distributions
     // they were drawn from), the request's current k (0: off, probing when spec_wait steps
     // have passed), and its decayed counts of accepted proposals and of rejections (its

@@ -1,7 +1,7 @@
-// Stop strings over text that arrives a piece at a time (a generation's tokens, decoded one
-// by one): where the first of them occurs, and which of the text so far can no longer become
-// part of one. The engine stops generating with it; the server cuts the text it sends with
-// it. Knows nothing of tokens or UTF-8: callers feed bytes.
+// Stop strings over text that arrives a piece at a time (a generation's tokens, decoded as they
+// come by decode_stream.h): where the first of them occurs, and which of the text so far can
+// no longer become part of one. The engine stops generating with it; the server cuts the text
+// it sends with it. Knows nothing of tokens or UTF-8: callers feed bytes.
 #pragma once
 #include <string>
 #include <string_view>
