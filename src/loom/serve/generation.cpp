@@ -131,6 +131,9 @@ void ApiServer::handle_generation(HttpExchange& ex, ApiKind kind) {
         error_response(error_for_status(429, str_cat("the server is at capacity (", engine.max_running(), " running + ",
                                                      opt_.max_queue, " queued); retry later"))));
 
+  // A completion continues its prompt; a chat reply is a message of its own (text_stream.h).
+  TextStream text(tok, stops,
+                  kind == ApiKind::completion ? std::span<const int32_t>(greq.prompt) : std::span<const int32_t>());
   auto channel = std::make_shared<EventChannel>();
   uint64_t id = 0;
   try {
@@ -197,7 +200,6 @@ void ApiServer::handle_generation(HttpExchange& ex, ApiKind kind) {
   bool deciding = edge != nullptr;
   if (!deciding) begin_stream();
 
-  TextStream text(tok, stops);
   std::string body_text, held;
   int64_t n_generated = 0;
   double t_last = 0;

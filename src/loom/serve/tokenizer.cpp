@@ -32,6 +32,8 @@ std::string DataTokenizer::token_bytes(int32_t id) const {
   return tok_->decode(std::span<const int32_t>(&id, 1));
 }
 
+std::string DataTokenizer::decode(std::span<const int32_t> ids) const { return tok_->decode_skip_special(ids); }
+
 int64_t DataTokenizer::vocab_size() const { return tok_->vocab_size(); }
 
 int32_t DataTokenizer::eos_token() const { return tok_->eos_id().value_or(-1); }

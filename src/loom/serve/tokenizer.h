@@ -1,9 +1,10 @@
-// Text <-> token ids as the server sees them (TextTokenizer: per-token bytes for streaming),
-// implemented over loom::data's tokenizers (GPT-2 BPE, byte), and the incremental UTF-8
-// assembly that turns a stream of token bytes into valid text deltas.
+// Text <-> token ids as the server sees them (TextTokenizer: the text of a reply's ids),
+// implemented over loom::data's tokenizers (GPT-2 BPE, byte, models' own), and the incremental
+// UTF-8 assembly that turns a stream of decoded bytes into valid text deltas.
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -20,6 +21,10 @@ class TextTokenizer {
   virtual std::vector<int32_t> encode(std::string_view text) const = 0;
   // The raw bytes one token stands for (possibly part of a UTF-8 character).
   virtual std::string token_bytes(int32_t id) const = 0;
+  // The bytes of `ids` decoded together, as a reply shows them (control tokens print nothing).
+  // Not always the concatenation of their token_bytes: SentencePiece-style decoders drop the
+  // first token's leading space, so streams decode windows (serve/text_stream.h).
+  virtual std::string decode(std::span<const int32_t> ids) const = 0;
   virtual int64_t vocab_size() const = 0;
   // The end-of-text token that ends generation with finish_reason "stop"; -1: none.
   virtual int32_t eos_token() const { return -1; }
@@ -43,6 +48,7 @@ class DataTokenizer : public TextTokenizer {
   std::vector<int32_t> encode(std::string_view text) const override;
   std::vector<int32_t> encode_special(std::string_view text) const override;
   std::string token_bytes(int32_t id) const override;
+  std::string decode(std::span<const int32_t> ids) const override;
   int64_t vocab_size() const override;
   int32_t eos_token() const override;
   std::vector<int32_t> end_tokens() const override { return end_ids_; }
