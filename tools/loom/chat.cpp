@@ -15,6 +15,7 @@
 #include "loom/data/tokenizer.h"
 #include "loom/infer/engine.h"
 #include "loom/serve/chat_template.h"
+#include "loom/serve/text_stream.h"
 #include "loom/serve/tokenizer.h"
 #include "tools/loom/commands.h"
 #include "tools/loom/inference_model.h"
@@ -58,14 +59,15 @@ int cmd_chat(const std::vector<std::string>& argv) {
 
   const InferenceModel im = load_inference_model(model_path, quant_spec_from(quant_options), stderr);
   const model::ModelConfig& mc = im.model->config();
-  auto tok = data::make_tokenizer(im.tokenizer);
+  const std::unique_ptr<serve::DataTokenizer> text_tok = serve::make_text_tokenizer(im.tokenizer);
+  const data::Tokenizer& tok = text_tok->tokenizer();
   const auto format =
       serve::ChatFormat::for_model(im.chat_template, im.chat_template_source, im.bos_token, im.eos_token);
   infer::SamplingParams base;
   base.temperature = temperature;
   base.top_p = top_p;
   base.top_k = infer::user_top_k(top_k);
-  base.stop_token_ids = end_token_ids(im.end_ids, im.end_tokens, *tok);
+  base.stop_token_ids = end_token_ids(im.end_ids, im.end_tokens, tok);
   base.stop = format->stop_strings();
 
   // One sequence at a time over the model's whole context (or what 512 MiB of KV cache holds).
@@ -76,7 +78,7 @@ int cmd_chat(const std::vector<std::string>& argv) {
   ec.num_blocks = std::min(infer::KVCache::blocks_for_tokens(mc.n_ctx, ec.block_size),
                            std::max<int64_t>(1, (int64_t(512) << 20) / block_bytes));
   ec.max_seq_len = std::min(mc.n_ctx, ec.num_blocks * ec.block_size);
-  ec.detokenizer = [&](const std::vector<int32_t>& v) { return tok->decode_skip_special(v); };
+  ec.detokenizer = [&](const std::vector<int32_t>& v) { return tok.decode_skip_special(v); };
   ec.quant = im.quant_ptr();
   infer::Engine engine(*im.model, ec);
 
@@ -110,7 +112,7 @@ int cmd_chat(const std::vector<std::string>& argv) {
     std::vector<int32_t> ids;
     try {
       const std::string prompt = format->render(history);
-      ids = format->special_tokens() ? tok->encode_special(prompt) : tok->encode(prompt);
+      ids = format->special_tokens() ? tok.encode_special(prompt) : tok.encode(prompt);
     } catch (const Error& e) {
       history.pop_back();
       std::printf("[the chat template refused this conversation: %s]\n", e.what());
@@ -125,26 +127,26 @@ int cmd_chat(const std::vector<std::string>& argv) {
     infer::SamplingParams sp = base;
     sp.max_tokens = std::min<int64_t>(max_tokens, ec.max_seq_len - int64_t(ids.size()));
     sp.seed = uint64_t(seed) + uint64_t(turn);
-    std::string reply;
-    const infer::RequestOutput r = engine.run(ids, sp, [&](const infer::TokenEvent& e) {
-      if (e.token < 0) return;
-      const std::string bytes = tok->decode_skip_special(std::span<const int32_t>(&e.token, 1));
-      reply += bytes;
-      std::fwrite(bytes.data(), 1, bytes.size(), stdout);
+    // The reply as a message of its own, cut before a stop string (serve/text_stream.h).
+    serve::TextStream reply(*text_tok, sp.stop);
+    auto print = [](const std::string& s) {
+      std::fwrite(s.data(), 1, s.size(), stdout);
       std::fflush(stdout);
+    };
+    const infer::RequestOutput r = engine.run(ids, sp, [&](const infer::TokenEvent& e) {
+      if (e.token < 0 || reply.stopped()) return;
+      print(reply.push_token(e.token));
+      if (reply.stopped()) engine.abort(e.request_id);
     });
+    print(reply.finish());
     std::printf("\n");
     if (r.finish_reason == infer::FinishReason::error) {
       history.pop_back();
       std::printf("[generation failed: %s]\n", r.error.c_str());
       continue;
     }
-    // The reply as the model wrote it, less a stop string that ended it.
-    for (const std::string& s : sp.stop)
-      if (reply.size() >= s.size() && reply.compare(reply.size() - s.size(), s.size(), s) == 0)
-        reply.resize(reply.size() - s.size());
-    history.push_back({"assistant", reply});
-    if (r.finish_reason == infer::FinishReason::length)
+    history.push_back({"assistant", reply.text()});
+    if (r.finish_reason == infer::FinishReason::length && !reply.stopped())
       std::printf("[the reply stopped at --max-tokens %lld]\n", (long long)max_tokens);
     std::fflush(stdout);
   }

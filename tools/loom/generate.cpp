@@ -15,6 +15,8 @@
 #include "loom/data/tokenizer.h"
 #include "loom/infer/engine.h"
 #include "loom/serve/chat_template.h"
+#include "loom/serve/text_stream.h"
+#include "loom/serve/tokenizer.h"
 #include "tools/loom/commands.h"
 #include "tools/loom/inference_model.h"
 
@@ -134,7 +136,8 @@ int cmd_generate(const std::vector<std::string>& argv) {
   const std::string& path = im.checkpoint;
 
   const std::string tok_name = tokenizer.empty() ? im.tokenizer : tokenizer;
-  auto tok = data::make_tokenizer(tok_name);
+  const std::unique_ptr<serve::DataTokenizer> text_tok = serve::make_text_tokenizer(tok_name);
+  const data::Tokenizer& tok = text_tok->tokenizer();
   if (!system_prompt.empty() && !chat) throw UsageError("[generate] --system goes with --chat");
   std::vector<int32_t> ids;
   std::shared_ptr<const serve::ChatFormat> format;
@@ -144,13 +147,13 @@ int cmd_generate(const std::vector<std::string>& argv) {
     if (!system_prompt.empty()) messages.push_back({"system", system_prompt});
     messages.push_back({"user", prompt});
     const std::string text = format->render(messages);
-    ids = format->special_tokens() ? tok->encode_special(text) : tok->encode(text);
+    ids = format->special_tokens() ? tok.encode_special(text) : tok.encode(text);
     for (const std::string& s : format->stop_strings()) sp.stop.push_back(s);
   } else {
-    ids = tok->encode(prompt);
-    if (tok->add_bos() && tok->bos_id()) ids.insert(ids.begin(), *tok->bos_id());
+    ids = tok.encode(prompt);
+    if (tok.add_bos() && tok.bos_id()) ids.insert(ids.begin(), *tok.bos_id());
   }
-  if (ids.empty() && tok->eot_id()) ids.push_back(*tok->eot_id());
+  if (ids.empty() && tok.eot_id()) ids.push_back(*tok.eot_id());
   if (ids.empty())
     throw UsageError("[generate] --prompt is empty and this tokenizer has no end-of-text token to start from");
 
@@ -158,7 +161,7 @@ int cmd_generate(const std::vector<std::string>& argv) {
   const int64_t n_prompt = int64_t(ids.size());
   LOOM_CHECK(n_prompt < ctx, "generate", "the prompt is ", n_prompt, " tokens but the model's context is ", ctx,
              " tokens; shorten the prompt");
-  sp.stop_token_ids = end_token_ids(im.end_ids, im.end_tokens, *tok);
+  sp.stop_token_ids = end_token_ids(im.end_ids, im.end_tokens, tok);
   sp.validate();
 
   // The KV cache holds the one sequence generated: the prompt and the tokens asked for, or the
@@ -175,7 +178,7 @@ int cmd_generate(const std::vector<std::string>& argv) {
                              ", at most the model's context of ", ctx, ") need ", format_bytes(kv_bytes),
                              " of KV cache; give --kv-cache-mb ", need_mb, " or more, or lower --max-tokens"));
   }
-  ec.detokenizer = [&](const std::vector<int32_t>& v) { return tok->decode(v); };
+  ec.detokenizer = [&](const std::vector<int32_t>& v) { return tok.decode(v); };
   ec.quant = im.quant_ptr();
   if (speculative) {
     ec.speculative = speculative->config;
@@ -193,31 +196,38 @@ int cmd_generate(const std::vector<std::string>& argv) {
                format_bytes(kv_bytes).c_str(),
                tp.size > 1 ? str_cat(", tensor-parallel over ", tp.size, " ranks").c_str() : "");
   if (!chat) std::fwrite(prompt.data(), 1, prompt.size(), stdout);
-  // Each token's bytes as it arrives: decoding is a concatenation of per-token bytes, so the
-  // output equals the decoded whole (a character split across tokens completes on the terminal).
+  // The text as it grows, equal to decoding all the tokens at once: a continuation follows the
+  // prompt, a reply reads on its own (serve/text_stream.h). Cut before a stop string, which ends
+  // generation when the engine's own matching has not.
+  serve::TextStream text(*text_tok, sp.stop, chat ? std::span<const int32_t>() : std::span<const int32_t>(ids));
+  auto print = [](const std::string& s) {
+    std::fwrite(s.data(), 1, s.size(), stdout);
+    std::fflush(stdout);
+  };
   std::vector<int32_t> context = ids;
   for (int64_t round = 0, remaining = sp.max_tokens; remaining > 0; ++round) {
     infer::SamplingParams rp = sp;
     rp.max_tokens = std::min<int64_t>(remaining, ctx - int64_t(context.size()));
     rp.seed = seed + uint64_t(round);  // each window its own, reproducible stream
     const infer::RequestOutput r = engine.run(context, rp, [&](const infer::TokenEvent& e) {
-      if (e.token < 0) return;
-      const std::string bytes = tok->decode_skip_special(std::span<const int32_t>(&e.token, 1));
-      std::fwrite(bytes.data(), 1, bytes.size(), stdout);
-      std::fflush(stdout);
+      if (e.token < 0 || text.stopped()) return;
+      print(text.push_token(e.token));
+      if (text.stopped()) engine.abort(e.request_id);
     });
     if (r.finish_reason == infer::FinishReason::error) {
       engine.close();
+      print(text.finish());
       std::printf("\n");
       std::fflush(stdout);
       fail("generate", r.error, "; ", non_finite_weights(m, path));
     }
     remaining -= int64_t(r.tokens.size());
-    if (r.finish_reason != infer::FinishReason::length || !window) break;
+    if (r.finish_reason != infer::FinishReason::length || !window || text.stopped()) break;
     context.insert(context.end(), r.tokens.begin(), r.tokens.end());
     context.erase(context.begin(), context.end() - std::min<int64_t>(int64_t(context.size()), ctx / 2));
   }
   engine.close();
+  print(text.finish());
   std::printf("\n");
   if (speculative) {
     const infer::EngineMetrics mt = engine.metrics();
