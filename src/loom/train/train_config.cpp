@@ -37,6 +37,7 @@ model::ModelConfig read_model(ConfigReader& r) {
   m.norm_eps = r.number("model.norm_eps", m.norm_eps, 1e-12, 1.0);
   m.rope_theta = r.number("model.rope_theta", m.rope_theta, 1.0, 1e9);
   m.tied_embeddings = r.boolean("model.tied_embeddings", m.tied_embeddings);
+  m.qkv_bias = r.boolean("model.qkv_bias", m.qkv_bias);
   m.precision = model::precision_from_name(r.string("model.precision", "fp32", {"fp32", "bf16", "fp16"}));
   m.activation_dtype =
       wire_dtype(r.string("model.activation_dtype", model::precision_name(m.precision), {"fp32", "bf16", "fp16"}));

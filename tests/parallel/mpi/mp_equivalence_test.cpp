@@ -75,6 +75,7 @@ const std::vector<Layout>& layouts() {
       {"llama-tiny", 2, 1, 1, "1f1b", 0, 1, 0},  // fewer micro-batches than stages
       {"gpt2-tiny", 1, 1, 2, "1f1b", 0, 2, 0, "uniform", "bf16"},
       {"llama-tiny", 2, 1, 1, "1f1b", 0, 4, 1, "uniform", "bf16"},
+      {"llama-tiny", 1, 1, 2, "1f1b", 0, 2, 0, "uniform", "fp32", 1, "model.qkv_bias=true"},  // Qwen2's biases
       // 4 ranks: pp=2 x dp=2 (ZeRO-0 and -1); tp=2 x pp=2; tp=4 (LLaMA's 2 kv heads replicated).
       {"gpt2-tiny", 2, 2, 1, "1f1b", 1, 2, 0},
       {"llama-tiny", 2, 2, 1, "gpipe", 0, 2, 1, "parameters"},
@@ -85,7 +86,8 @@ const std::vector<Layout>& layouts() {
       {"llama-tiny", 1, 2, 2, "1f1b", 2, 1, 0},  // ZeRO-2
       {"gpt2-tiny", 1, 2, 2, "1f1b", 3, 2, 1, "uniform", "bf16"},
       {"llama-tiny", 2, 2, 1, "gpipe", 0, 2, 1, "uniform", "bf16"},
-      {"llama-tiny", 1, 1, 4, "1f1b", 0, 2, 0, "uniform", "bf16"},              // kv heads expanded, 16-bit activations
+      {"llama-tiny", 1, 1, 4, "1f1b", 0, 2, 0, "uniform", "bf16"},  // kv heads expanded, 16-bit activations
+      {"llama-tiny", 1, 1, 4, "1f1b", 0, 2, 0, "uniform", "fp32", 1, "model.qkv_bias=true"},  // replicated k/v biases
       {"gpt2-tiny", 2, 2, 1, "1f1b", 1, 2, 0, "uniform", "bf16", 1, "", true},  // tied copy in the replica
       // 8 ranks: dp=2 x tp=2 x pp=2.
       {"gpt2-tiny", 2, 2, 2, "1f1b", 1, 2, 1},
