@@ -1,8 +1,9 @@
-// A Decoder written as a GGUF file laid out the way llama.cpp's converter lays one out: llama.*
-// or gpt2.* metadata, llama.cpp's tensor names, ggml dims (ne = the torch shape reversed), llama's
-// q and k rows permuted into llama.cpp's interleaved-pair RoPE order, matrices in a chosen type
-// and 1-D tensors in F32. Written independently of model/gguf_model.cpp, which reads it back;
-// used by tests/model and by the write_test_gguf helper of the convert CLI test.
+// A Decoder written as a GGUF file laid out the way llama.cpp's converter lays one out: llama.*,
+// qwen2.* or gpt2.* metadata, llama.cpp's tensor names, ggml dims (ne = the torch shape reversed),
+// llama's q and k rows permuted into llama.cpp's interleaved-pair RoPE order (qwen2 keeps Hugging
+// Face's order, since llama.cpp rotates halves there), matrices in a chosen type and 1-D tensors in F32. Written
+// independently of model/gguf_model.cpp, which reads it back; used by tests/model and by the write_test_gguf helper of
+// the convert CLI test.
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -21,6 +22,9 @@ struct GgufFixture {
   io::GgmlType matrix_type = io::GgmlType::f32;  // 2-D tensors; 1-D ones stay F32
   bool tokenizer = false;  // a byte-level vocabulary (256 bytes, then <|endoftext|>): vocab_size must be 257
   std::string chat_template;
+  // general.architecture: "" for the family's own ("llama" or "gpt2"); "qwen2" for a llama-family
+  // model (with or without q/k/v biases) written as llama.cpp writes Qwen2.
+  std::string arch;
   // Called for every tensor before it is added: may rename it, change its dims (its bytes stay)
   // or return false to leave it out.
   std::function<bool(std::string& name, std::vector<int64_t>& ne)> edit;
@@ -49,7 +53,8 @@ inline std::string gguf_name_of(const model::ModelConfig& cfg, const std::string
       {"self_attn.k_proj.weight", "attn_k.weight"},      {"self_attn.v_proj.weight", "attn_v.weight"},
       {"self_attn.o_proj.weight", "attn_output.weight"}, {"post_attention_layernorm.weight", "ffn_norm.weight"},
       {"mlp.gate_proj.weight", "ffn_gate.weight"},       {"mlp.up_proj.weight", "ffn_up.weight"},
-      {"mlp.down_proj.weight", "ffn_down.weight"},
+      {"mlp.down_proj.weight", "ffn_down.weight"},       {"self_attn.q_proj.bias", "attn_q.bias"},
+      {"self_attn.k_proj.bias", "attn_k.bias"},          {"self_attn.v_proj.bias", "attn_v.bias"},
   };
   static const std::pair<const char*, const char*> kGpt2[] = {
       {"ln_1.weight", "attn_norm.weight"},          {"ln_1.bias", "attn_norm.bias"},
@@ -107,7 +112,9 @@ inline std::vector<std::string> byte_level_alphabet() {
 inline io::GgufWriter gguf_writer_of(const model::Decoder& m, const GgufFixture& f = {}) {
   const model::ModelConfig& cfg = m.config();
   const bool gpt2 = cfg.family == model::Family::gpt2;
-  const std::string arch = gpt2 ? "gpt2" : "llama";
+  const std::string arch = !f.arch.empty() ? f.arch : gpt2 ? "gpt2" : "llama";
+  LOOM_CHECK(gpt2 ? arch == "gpt2" : arch == "llama" || arch == "qwen2", "test", "a ", model::family_name(cfg.family),
+             " model cannot be written as architecture '", arch, "'");
   auto key = [&](const char* k) { return arch + "." + k; };
   io::GgufWriter w;
   w.set("general.architecture", io::gguf_string(arch));
@@ -149,7 +156,7 @@ inline io::GgufWriter gguf_writer_of(const model::Decoder& m, const GgufFixture&
     std::vector<int64_t> ne(shape.rbegin(), shape.rend());
     const Tensor t = m.param(p.name);
     const float* data = t.data<float>();
-    const bool permuted = !gpt2 && (name.ends_with("attn_q.weight") || name.ends_with("attn_k.weight"));
+    const bool permuted = arch == "llama" && (name.ends_with("attn_q.weight") || name.ends_with("attn_k.weight"));
     if (permuted) {
       buf.resize(size_t(t.numel()));
       const int64_t heads = name.ends_with("attn_q.weight") ? cfg.n_head : cfg.n_kv_head;
