@@ -12,11 +12,11 @@
 #include "loom/core/timer.h"
 #include "loom/io/checkpoint_files.h"
 #include "loom/io/file.h"
-#include "loom/io/gguf.h"
 #include "loom/io/manifest.h"
 #include "loom/model/hf_weights.h"
 #include "loom/model/model_source.h"
 #include "tools/loom/commands.h"
+#include "tools/loom/model_card_files.h"
 
 namespace loom::cli {
 
@@ -24,56 +24,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
-
-// A GGUF's vocabulary: a GGUF file with the source's tokenizer.* metadata and no tensors, which
-// make_tokenizer reads exactly as it reads the source.
-constexpr const char* kGgufTokenizerFile = "tokenizer.gguf";
-
-// Puts the tokenizer of `source` into `tmp` (renamed to `final_dir` later), appending the files
-// written to `files`; returns what the checkpoint records as its tokenizer.
-std::string carry_tokenizer(const std::string& source, const model::ModelCard& card, const fs::path& tmp,
-                            std::vector<std::string>& files) {
-  if (card.format == model::ModelFormat::hf) {
-    // Copied as they are: make_tokenizer opens the directory (tokenizer.json and its config), and
-    // the chat template and end tokens stay where readers of Hugging Face directories look.
-    for (const char* f : io::kTokenizerFiles) {
-      if (!fs::exists(fs::path(source) / f)) continue;
-      fs::copy_file(fs::path(source) / f, tmp / f, fs::copy_options::overwrite_existing);
-      files.push_back(f);
-    }
-    if (!fs::exists(tmp / "tokenizer.json"))
-      std::fprintf(stderr,
-                   "[convert] warning: %s has no tokenizer.json; the checkpoint names itself as its tokenizer, "
-                   "so loading a tokenizer from it fails until one is added\n",
-                   source.c_str());
-    return ".";  // the checkpoint itself (checkpoint_tokenizer joins it to the directory)
-  }
-  const io::GgufFile& g = *card.gguf;  // read_model_card opened and checked it
-  if (!g.has("tokenizer.ggml.model")) {
-    std::fprintf(stderr, "[convert] warning: %s carries no tokenizer; the checkpoint names the GGUF file instead\n",
-                 source.c_str());
-    return fs::absolute(source).string();
-  }
-  io::GgufWriter w;
-  w.set("general.architecture", g.value("general.architecture"));
-  w.set("general.name", io::gguf_string(card.name));
-  for (const auto& [key, value] : g.metadata())
-    if (key.rfind("tokenizer.", 0) == 0) w.set(key, value);
-  w.write((tmp / kGgufTokenizerFile).string());
-  files.push_back(kGgufTokenizerFile);
-  // The chat template and end tokens also where a Hugging Face directory keeps them.
-  json tc = json::object();
-  if (!card.chat_template.empty()) tc["chat_template"] = card.chat_template;
-  if (!card.bos_token.empty()) tc["bos_token"] = card.bos_token;
-  if (!card.eos_token.empty()) tc["eos_token"] = card.eos_token;
-  io::write_file_atomic((tmp / "tokenizer_config.json").string(), tc.dump(2));
-  files.push_back("tokenizer_config.json");
-  if (!card.end_ids.empty()) {
-    io::write_file_atomic((tmp / "generation_config.json").string(), json({{"eos_token_id", card.end_ids}}).dump(2));
-    files.push_back("generation_config.json");
-  }
-  return kGgufTokenizerFile;  // relative to the checkpoint, so that it moves with it
-}
 
 // --out as an absolute path without a trailing separator; refuses to replace anything but a
 // loom checkpoint or an empty directory.
@@ -116,8 +66,8 @@ int cmd_convert(const std::vector<std::string>& argv) {
   const fs::path final_dir = output_dir(out);
   const model::ModelCard card = model::read_model_card(src);
   // Before the weights: a config that has no config.json form (a GGUF's per-frequency RoPE
-  // factors) is refused here, naming what to convert instead.
-  const std::string config_json = model::hf_config_json(card.config);
+  // factors) is refused here, naming what to convert instead; write_card_files writes it.
+  (void)model::hf_config_json(card.config);
   model::DecoderOptions opt;
   opt.allocate_flat_grads = false;
   model::Decoder m(card.config, opt);
@@ -133,21 +83,15 @@ int cmd_convert(const std::vector<std::string>& argv) {
   LOOM_CHECK(!ec, "convert", "cannot create ", tmp.string(), ": ", ec.message());
   std::string tokenizer;
   try {
-    std::vector<std::string> files = {io::kWeightsFile, io::kHfConfigFile};
     model::save_hf_safetensors(m, (tmp / io::kWeightsFile).string(), dtype == "bf16" ? DType::bf16 : DType::f32);
-    io::write_file_atomic((tmp / io::kHfConfigFile).string(), config_json);
-    tokenizer = carry_tokenizer(src, card, tmp, files);
-    const json source = {{"path", fs::absolute(src).lexically_normal().string()},
-                         {"format", model::model_format_name(format)}};
-    // What checkpoint_reader.h reads: the step and the tokenizer (relative to the checkpoint,
-    // whose files `loom quantize` copies along).
-    const json state = {{"step", 0}, {"tokenizer", tokenizer}, {"run_id", ""}, {"converted_from", source}};
-    io::write_file_atomic((tmp / io::kTrainerStateFile).string(), state.dump(2));
-    files.push_back(io::kTrainerStateFile);
+    const CardFiles card_files = write_card_files(src, card, tmp);
+    tokenizer = card_files.tokenizer;
+    std::vector<std::string> files = {io::kWeightsFile};
+    files.insert(files.end(), card_files.files.begin(), card_files.files.end());
     io::ManifestWriter manifest(tmp.string());
     for (const std::string& f : files) manifest.record(f);
     manifest.write(io::kTrainingCheckpointFormat, io::kTrainingCheckpointVersion,
-                   {{"step", 0}, {"model", card.name}, {"converted_from", source}});
+                   {{"step", 0}, {"model", card.name}, {"converted_from", card_files.converted_from}});
     io::fsync_dir(tmp.string());
     fs::remove_all(final_dir, ec);
     fs::rename(tmp, final_dir, ec);
