@@ -7,6 +7,7 @@
 #include "loom/core/timer.h"
 #include "loom/infer/quant_checkpoint.h"
 #include "loom/model/checkpoint_reader.h"
+#include "tools/loom/model_card_files.h"
 
 namespace loom::cli {
 
@@ -202,6 +203,33 @@ InferenceModel load_inference_model(const std::string& dir, const std::optional<
   m.tokenizer = model::checkpoint_tokenizer(m.checkpoint);
   read_checkpoint_chat(m);
   if (quant) quantize_on_load(m, *quant, log);
+  return m;
+}
+
+InferenceModel write_quantized_checkpoint(const std::string& src, const infer::QuantSpec& spec, const std::string& out,
+                                          FILE* log) {
+  LOOM_CHECK(!infer::is_quantized_checkpoint(src), "quantize", src,
+             " is already quantized; quantize the checkpoint or model it came from");
+  InferenceModel m = load_inference_model(src, spec, log);
+  if (m.format == model::ModelFormat::loom) {
+    infer::save_quantized_checkpoint(out, m.checkpoint, *m.model, *m.quant);
+    return m;
+  }
+  // A foreign model has no checkpoint directory to copy config.json and the tokenizer from:
+  // they are written to one beside `out` first, and removed after.
+  const std::filesystem::path card_dir = std::filesystem::absolute(out).lexically_normal().string() + ".card";
+  std::error_code ec;
+  std::filesystem::remove_all(card_dir, ec);
+  std::filesystem::create_directories(card_dir, ec);
+  LOOM_CHECK(!ec, "quantize", "cannot create ", card_dir.string(), ": ", ec.message());
+  try {
+    write_card_files(src, model::read_model_card(src), card_dir);
+    infer::save_quantized_checkpoint(out, card_dir.string(), *m.model, *m.quant);
+  } catch (...) {
+    std::filesystem::remove_all(card_dir, ec);
+    throw;
+  }
+  std::filesystem::remove_all(card_dir, ec);
   return m;
 }
 

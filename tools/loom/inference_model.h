@@ -70,6 +70,13 @@ TensorParallel tensor_parallel_from(int64_t size, const std::string& cmd, bool w
 // checkpoints only; quantized on load after slicing).
 InferenceModel load_inference_model(const std::string& dir, const std::optional<infer::QuantSpec>& quant, FILE* log,
                                     bool resolved = false, const comm::Group* tp = nullptr);
+// Writes `out` (replacing it), a quantized checkpoint of `src` (a training checkpoint or run
+// directory, a GGUF file or a Hugging Face directory) as load_inference_model loads it under
+// `spec`: a GGUF's Q8_0/Q4_0/Q4_1 blocks stay as they are where the format holds them. A foreign
+// model's config, tokenizer and chat files go along (model_card_files.h), so the checkpoint
+// stands alone, as a cascade's edges need it. Returns the model as loaded.
+InferenceModel write_quantized_checkpoint(const std::string& src, const infer::QuantSpec& spec, const std::string& out,
+                                          FILE* log);
 // Random weights of `cfg` (benchmarks, tests), quantized when asked; `tp` as above (every
 // slice initialised as the whole model would be).
 InferenceModel random_inference_model(const model::ModelConfig& cfg, uint64_t seed,
