@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "loom/core/error.h"
 #include "loom/io/file.h"
@@ -53,10 +54,27 @@ std::string label_of(const std::string& dir) {
 
 }  // namespace
 
-ModelVersion checkpoint_version(const std::string& dir, const std::string& tokenizer_sha256, const std::string& label) {
-  const std::string weights = io::sha256_file((fs::path(dir) / weights_file(dir)).string());
-  const std::string config = io::sha256_file((fs::path(dir) / "config.json").string());
-  return {label.empty() ? label_of(dir) : label, version_hash(weights, config, tokenizer_sha256)};
+ModelVersion checkpoint_version(const std::string& path, const std::string& tokenizer_sha256,
+                                const std::string& label) {
+  if (fs::is_regular_file(path)) {  // a GGUF file: weights, config and vocabulary in one
+    const std::string file = io::sha256_file(path);
+    return {label.empty() ? fs::path(path).stem().string() : label, version_hash(file, file, tokenizer_sha256)};
+  }
+  const fs::path dir(path);
+  std::string weights;
+  if (fs::is_regular_file(dir / "model.safetensors.index.json") && !fs::exists(dir / "model.safetensors")) {
+    // Hugging Face shards: the index and each shard it names, in name order.
+    const auto index = nlohmann::json::parse(io::read_file((dir / "model.safetensors.index.json").string()));
+    std::set<std::string> shards;
+    for (const auto& [tensor, shard] : index.at("weight_map").items()) shards.insert(shard.get<std::string>());
+    std::string digests = io::sha256_file((dir / "model.safetensors.index.json").string());
+    for (const std::string& s : shards) digests += "\n" + s + " " + io::sha256_file((dir / s).string());
+    weights = io::sha256_hex(digests);
+  } else {
+    weights = io::sha256_file((dir / weights_file(path)).string());
+  }
+  const std::string config = io::sha256_file((dir / "config.json").string());
+  return {label.empty() ? label_of(path) : label, version_hash(weights, config, tokenizer_sha256)};
 }
 
 }  // namespace loom::serve::cascade

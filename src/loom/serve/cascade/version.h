@@ -27,8 +27,9 @@ std::string weights_file(const std::string& dir);
 std::string version_hash(const std::string& weights_sha256, const std::string& config_sha256,
                          const std::string& tokenizer_sha256);
 
-// Hashes the checkpoint's weights and config.json. label "" reads it from the checkpoint.
-ModelVersion checkpoint_version(const std::string& dir, const std::string& tokenizer_sha256,
+// Hashes the weights and config.json of a checkpoint (or a Hugging Face directory, its shards
+// too), or a GGUF file whole. label "" reads it from the checkpoint (a GGUF: the file's stem).
+ModelVersion checkpoint_version(const std::string& path, const std::string& tokenizer_sha256,
                                 const std::string& label = "");
 
 }  // namespace loom::serve::cascade
