@@ -1,9 +1,10 @@
 // `loom bench cascade`: an edge/center cascade over an emulated WAN (docs/CASCADE.md). One
 // center and two edges run as `loom serve` processes, on test hosts (scripts/testhosts.sh:
 // network namespaces) when root, else on loopback; the WAN between them is a delay-and-rate
-// relay (serve/client/wan_relay.h). Replays a mixed workload against the center alone, then
-// against the edges for each confidence threshold, scores every answer with the center model,
-// optionally rolls out a new edge model mid-run, and prints SUMMARY {json} last.
+// relay (serve/client/wan_relay.h). Replays a workload (chat questions through the model's own
+// template, or Tiny Shakespeare and modern text) against the center alone, then against the
+// edges for each confidence threshold, scores every answer with the center model, optionally
+// rolls out a new edge model mid-run, and prints SUMMARY {json} last.
 #include <signal.h>
 #include <unistd.h>
 
@@ -20,9 +21,11 @@
 #include "loom/core/error.h"
 #include "loom/core/stats.h"
 #include "loom/core/timer.h"
+#include "loom/infer/quant_checkpoint.h"
 #include "loom/io/file.h"
 #include "loom/io/svg_plot.h"
 #include "loom/model/checkpoint_reader.h"
+#include "loom/serve/chat_template.h"
 #include "loom/serve/client/bench_client.h"
 #include "loom/serve/client/http_client.h"
 #include "loom/serve/client/wan_relay.h"
@@ -167,6 +170,27 @@ Row summarize(const std::string& name, double threshold, const std::vector<Casca
   return r;
 }
 
+// An edge model as the edges download it: a quantized checkpoint as given, or a model path (a
+// GGUF file, a Hugging Face directory, a loom checkpoint) quantized to `variant` into out/name
+// the way `loom quantize` does it.
+std::string edge_model_dir(const std::string& option, const std::string& given, const std::string& variant,
+                           int64_t group, const fs::path& out, const std::string& name) {
+  if (infer::is_quantized_checkpoint(given)) return given;
+  const fs::path dir = out / name;
+  try {
+    const InferenceModel m =
+        write_quantized_checkpoint(given, *infer::parse_quant_spec(variant, group), dir.string(), stderr);
+    std::fprintf(stderr, "[bench cascade] %s %s: quantized to %s into %s\n", option.c_str(), given.c_str(),
+                 m.precision().c_str(), dir.c_str());
+  } catch (const Error& e) {
+    fail("bench cascade", option, " ", given, ": ", e.what(),
+         "; give a `loom quantize` output or a model path (a GGUF file, a Hugging Face directory, a loom "
+         "checkpoint) to quantize to ",
+         variant);
+  }
+  return dir.string();
+}
+
 }  // namespace
 
 int bench_cascade(const std::vector<std::string>& argv) {
@@ -176,22 +200,41 @@ int bench_cascade(const std::vector<std::string>& argv) {
                        "log-likelihood of the answers, and agreement with its own greedy answers). Writes "
                        "OUT/cascade_sweep.csv and OUT/cascade_sweep.svg; the last line is SUMMARY {json}.");
   std::string center_checkpoint, edge_int8, edge_int4, update_int8, update_int4, thresholds_text,
-      wan = "40ms,20mbit", hosts_mode = "auto", out_dir = "runs/bench-cascade";
-  int64_t requests = 0, max_tokens_opt = 0, window = 16, center_threads_n = 2, edge_threads_n = 1, seed_opt = 0;
+      wan = "40ms,20mbit", hosts_mode = "auto", out_dir = "runs/bench-cascade", workload = "auto";
+  int64_t requests = 0, max_tokens_opt = 0, edge_group = -1, window = 16, center_threads_n = 2, edge_threads_n = 1,
+          seed_opt = 0;
   double rate_opt = 0;
   bool quick = false;
-  app->add_option("--center", center_checkpoint, "the center's checkpoint")->type_name("DIR")->required();
-  app->add_option("--edge-int8", edge_int8,
-                  "the edge model in int8 (a `loom quantize` output; it also starts the edges)")
-      ->type_name("DIR")
+  app->add_option("--center", center_checkpoint,
+                  "the center's model, in f32: a checkpoint or run directory, a GGUF file or a Hugging Face "
+                  "directory")
+      ->type_name("PATH")
       ->required();
-  app->add_option("--edge-int4", edge_int4, "the edge model in int4")->type_name("DIR")->required();
+  auto edge_help = [](const char* variant) {
+    return str_cat("the edge model in ", variant, ": a `loom quantize` output, or a model path (as --center) that the ",
+                   "bench quantizes to ", variant, " into OUT/edge-", variant,
+                   " as `loom quantize` does (a GGUF's Q8_0/Q4_1 blocks kept)");
+  };
+  app->add_option("--edge-int8", edge_int8, edge_help("int8") + "; the edges start on it")
+      ->type_name("PATH")
+      ->required();
+  app->add_option("--edge-int4", edge_int4, edge_help("int4"))->type_name("PATH")->required();
   app->add_option("--update-int8", update_int8,
-                  "a newer int8 edge model, published mid-run at the recommended threshold")
-      ->type_name("DIR");
+                  "a newer int8 edge model (as --edge-int8), published mid-run at the recommended threshold")
+      ->type_name("PATH");
   app->add_option("--update-int4", update_int4,
-                  "a newer int4 edge model, published mid-run at the recommended threshold")
-      ->type_name("DIR");
+                  "a newer int4 edge model (as --edge-int4), published mid-run at the recommended threshold")
+      ->type_name("PATH");
+  app->add_option("--edge-group", edge_group,
+                  "weights per scale of the edge models the bench quantizes (default: the format's; a GGUF's 32, "
+                  "which keeps its blocks)")
+      ->type_name("N")
+      ->check(non_negative())
+      ->default_str("");
+  app->add_option("--workload", workload,
+                  "chat: data/chat/questions.txt through the center model's chat template; text: Tiny Shakespeare "
+                  "and modern text to continue; auto: chat when the model has a template")
+      ->check(one_of({"auto", "chat", "text"}));
   app->add_option("--thresholds", thresholds_text,
                   "confidence thresholds, each in [0, 1] (default 0,0.2,0.3,0.4,0.5,0.6,1; --quick 0,0.5,1)")
       ->type_name("LIST");
@@ -222,7 +265,12 @@ int bench_cascade(const std::vector<std::string>& argv) {
   app->add_option("--seed", seed_opt, "workload and arrivals")->type_name("S");
   if (auto rc = parse(*app, argv)) return *rc;
   auto given = [&](const char* name) { return app->count(name) > 0; };
-  const std::string center_dir = resolve_inference_checkpoint(center_checkpoint, nullptr);
+  std::string center_dir;
+  try {
+    center_dir = resolve_inference_checkpoint(center_checkpoint, nullptr);
+  } catch (const Error& e) {
+    fail("bench cascade", "--center ", center_checkpoint, ": ", e.what());
+  }
   std::vector<double> thresholds;
   {
     const std::string list = !thresholds_text.empty() ? thresholds_text : quick ? "0,0.5,1" : "0,0.2,0.3,0.4,0.5,0.6,1";
@@ -256,6 +304,16 @@ int bench_cascade(const std::vector<std::string>& argv) {
   const fs::path out = fs::absolute(out_dir);
   fs::create_directories(out);
   const uint64_t seed = uint64_t(seed_opt);
+  edge_int8 = edge_model_dir("--edge-int8", edge_int8, "int8", edge_group, out, "edge-int8");
+  edge_int4 = edge_model_dir("--edge-int4", edge_int4, "int4", edge_group, out, "edge-int4");
+  if (!update_int8.empty())
+    update_int8 = edge_model_dir("--update-int8", update_int8, "int8", edge_group, out, "update-int8");
+  if (!update_int4.empty())
+    update_int4 = edge_model_dir("--update-int4", update_int4, "int4", edge_group, out, "update-int4");
+  // The center model, in this process: its tokenizer and chat template shape the workload, and
+  // after the runs it scores every answer.
+  InferenceModel cm = load_inference_model(center_dir, std::nullopt, nullptr, /*resolved=*/true);
+  const bool chat = workload == "chat" || (workload == "auto" && !cm.chat_template.empty());
   const std::string loom = fs::read_symlink("/proc/self/exe").string();
   const std::string center_threads = std::to_string(center_threads_n);
   const std::string edge_threads = std::to_string(edge_threads_n);
@@ -272,10 +330,12 @@ int bench_cascade(const std::vector<std::string>& argv) {
   Hosts hosts(hosts_mode);
   std::printf(
       "bench cascade: center %s, edges int8 %s / int4 %s; WAN %.0f ms one-way, %.1f Mbit/s (%s); %lld "
-      "requests at %.2f/s, %lld tokens each\n",
+      "requests at %.2f/s, at most %lld tokens each, %s\n",
       center_dir.c_str(), edge_int8.c_str(), edge_int4.c_str(), link.delay_s * 1e3, link.rate_bps / 1e6,
       hosts.up() ? "test hosts loomh1 (center), loomh2 and loomh3 (edges), relay on the bridge" : "loopback",
-      (long long)n_requests, rate, (long long)max_tokens);
+      (long long)n_requests, rate, (long long)max_tokens,
+      chat ? "chat questions (data/chat/questions.txt) through /v1/chat/completions"
+           : "Tiny Shakespeare and modern text through /v1/completions");
   std::fflush(stdout);
 
   std::vector<std::string> center_argv = hosts.prefix(1);
@@ -289,16 +349,20 @@ int bench_cascade(const std::vector<std::string>& argv) {
   relay.start();
   const std::string wan_center = str_cat("http://", hosts.router(), ":", relay.port());
 
-  std::vector<CascadePrompt> prompts =
-      cascade_workload(std::string(LOOM_SOURCE_DIR) + "/data/tinyshakespeare/input.txt", n_requests, seed);
-  auto tok = serve::make_text_tokenizer(model::checkpoint_tokenizer(center_dir));
+  const std::string data = std::string(LOOM_SOURCE_DIR) + "/data/";
+  std::vector<CascadePrompt> prompts = chat ? chat_workload(data + "chat/questions.txt", n_requests, seed)
+                                            : cascade_workload(data + "tinyshakespeare/input.txt", n_requests, seed);
+  auto tok = serve::make_text_tokenizer(cm.tokenizer);
   {
-    int64_t n_ctx = model::checkpoint_model_config(center_dir).n_ctx;
+    int64_t n_ctx = cm.model->config().n_ctx;
     for (const std::string* e : {&edge_int8, &edge_int4, &update_int8, &update_int4})
       if (!e->empty()) n_ctx = std::min(n_ctx, model::checkpoint_model_config(*e).n_ctx);
     LOOM_CHECK(n_ctx > max_tokens + 8, "bench cascade", "--max-tokens ", max_tokens, " leaves no room for a prompt in ",
                "the models' context of ", n_ctx, " tokens");
-    fit_prompts(prompts, *tok, n_ctx - max_tokens);
+    // As the center renders a chat request: the model's own template, or ChatML.
+    const auto format =
+        serve::ChatFormat::for_model(cm.chat_template, cm.chat_template_source, cm.bos_token, cm.eos_token);
+    prepare_prompts(prompts, *tok, *format, n_ctx - max_tokens);
   }
   ReplayOptions ro;
   ro.model = "cascade";
@@ -356,10 +420,9 @@ int bench_cascade(const std::vector<std::string>& argv) {
   }
 
   // Score everything with the center model (after the runs: no process competes with them).
-  InferenceModel cm = load_inference_model(center_dir, std::nullopt, nullptr, /*resolved=*/true);
   std::vector<Row> rows;
-  score_answers(center_answers, prompts, *cm.model, *tok, "center only");
-  for (auto& [t, res] : sweep) score_answers(res.first, prompts, *cm.model, *tok, str_cat("threshold ", t));
+  score_answers(center_answers, prompts, *cm.model, "center only");
+  for (auto& [t, res] : sweep) score_answers(res.first, prompts, *cm.model, str_cat("threshold ", t));
   Row base = summarize("center only", std::nan(""), center_answers, &center_answers, center_s);
   for (auto& [t, res] : sweep) {
     Row r = summarize("cascade", t, res.first, &center_answers, res.second);
@@ -561,6 +624,7 @@ int bench_cascade(const std::vector<std::string>& argv) {
               {"loglik_per_token", base.loglik}}},
             {"failed", failed},
             {"hosts", hosts.up() ? "namespaces" : "loopback"},
+            {"workload", chat ? "chat" : "text"},
             {"wan", {{"delay_s", link.delay_s}, {"rate_bps", link.rate_bps}}},
             {"requests", n_requests},
             {"rate", rate},

@@ -48,7 +48,7 @@ std::vector<CascadePrompt> cascade_workload(const std::string& corpus, int64_t n
   const size_t n_ood = std::size(kOutOfDistribution);
   for (int64_t i = 0; i < n; ++i) {
     if (i % 2 == 1) {
-      out.push_back({kOutOfDistribution[(size_t(i) / 2 + seed) % n_ood], false});
+      out.push_back({kOutOfDistribution[(size_t(i) / 2 + seed) % n_ood], false, false, {}});
       continue;
     }
     size_t at = held_out + size_t(rng() % (text.size() - held_out - 400));
@@ -57,17 +57,48 @@ std::vector<CascadePrompt> cascade_workload(const std::string& corpus, int64_t n
     std::string p = text.substr(at, 120);
     const size_t cut = p.find_last_of(" \n");
     if (cut != std::string::npos && cut > 60) p = p.substr(0, cut);
-    out.push_back({p, true});
+    out.push_back({p, true, false, {}});
   }
   return out;
 }
 
-void fit_prompts(std::vector<CascadePrompt>& prompts, const serve::TextTokenizer& tok, int64_t max_prompt_tokens) {
-  for (CascadePrompt& p : prompts)
+std::vector<CascadePrompt> chat_workload(const std::string& questions, int64_t n, uint64_t seed) {
+  std::vector<std::string> lines;
+  {
+    const std::string text = io::read_file(questions);
+    size_t at = 0;
+    while (at < text.size()) {
+      size_t end = text.find('\n', at);
+      if (end == std::string::npos) end = text.size();
+      if (end > at) lines.push_back(text.substr(at, end - at));
+      at = end + 1;
+    }
+  }
+  LOOM_CHECK(!lines.empty(), "bench cascade", questions, " holds no questions (one a line)");
+  std::mt19937_64 rng(seed);
+  std::shuffle(lines.begin(), lines.end(), rng);
+  std::vector<CascadePrompt> out;
+  for (int64_t i = 0; i < n; ++i) out.push_back({lines[size_t(i) % lines.size()], true, true, {}});
+  return out;
+}
+
+void prepare_prompts(std::vector<CascadePrompt>& prompts, const serve::TextTokenizer& tok,
+                     const serve::ChatFormat& chat, int64_t max_prompt_tokens) {
+  for (CascadePrompt& p : prompts) {
+    if (p.chat) {
+      const std::string text = chat.render({{"user", p.text}});
+      p.ids = chat.special_tokens() ? tok.encode_special(text) : tok.encode(text);
+      LOOM_CHECK(int64_t(p.ids.size()) <= max_prompt_tokens, "bench cascade", "the chat prompt '", p.text, "' is ",
+                 p.ids.size(), " tokens through the template, more than the ", max_prompt_tokens,
+                 " the context leaves after --max-tokens; lower --max-tokens");
+      continue;
+    }
     while (int64_t(tok.encode(p.text).size()) > max_prompt_tokens) {
       const size_t space = p.text.find(' ', 1);
       p.text = space == std::string::npos ? p.text.substr(p.text.size() / 2) : p.text.substr(space + 1);
     }
+    p.ids = tok.encode(p.text);
+  }
 }
 
 std::vector<CascadeAnswer> replay_cascade(const std::vector<CascadePrompt>& prompts, const ReplayOptions& opt,
@@ -113,12 +144,15 @@ std::vector<CascadeAnswer> replay_cascade(const std::vector<CascadePrompt>& prom
       try {
         const std::string& u = opt.urls[i % opt.urls.size()];
         std::unique_ptr<serve::HttpClient> client = take(u);
-        nlohmann::json body = {{"model", opt.model},
-                               {"prompt", prompts[i].text},
-                               {"max_tokens", opt.max_tokens},
-                               {"temperature", 0},
-                               {"return_token_ids", true}};
-        const std::string path = serve::parse_url(u).prefix + "/v1/completions", text = body.dump();
+        const bool chat = prompts[i].chat;
+        nlohmann::json body = {
+            {"model", opt.model}, {"max_tokens", opt.max_tokens}, {"temperature", 0}, {"return_token_ids", true}};
+        if (chat)
+          body["messages"] = nlohmann::json::array({{{"role", "user"}, {"content", prompts[i].text}}});
+        else
+          body["prompt"] = prompts[i].text;
+        const std::string path = serve::parse_url(u).prefix + (chat ? "/v1/chat/completions" : "/v1/completions"),
+                          text = body.dump();
         client->drop_if_stale();
         serve::ClientResponse r = client->request("POST", path, text, {{"Content-Type", "application/json"}});
         if (client->connected()) give_back(u, std::move(client));
@@ -137,7 +171,7 @@ std::vector<CascadeAnswer> replay_cascade(const std::vector<CascadePrompt>& prom
           return;
         }
         const nlohmann::json choice = nlohmann::json::parse(r.body)["choices"][0];
-        a.text = choice["text"].get<std::string>();
+        a.text = chat ? choice["message"]["content"].get<std::string>() : choice["text"].get<std::string>();
         a.token_ids = choice.value("token_ids", std::vector<int32_t>{});
         a.ok = true;
       } catch (const std::exception& e) {
@@ -150,10 +184,9 @@ std::vector<CascadeAnswer> replay_cascade(const std::vector<CascadePrompt>& prom
   return answers;
 }
 
-AnswerScore score_answer(model::Decoder& center, const serve::TextTokenizer& tok, const std::string& prompt,
-                         const std::vector<int32_t>& ans) {
-  std::vector<int32_t> ids = tok.encode(prompt);
+AnswerScore score_answer(model::Decoder& center, const std::vector<int32_t>& prompt, const std::vector<int32_t>& ans) {
   if (ans.empty()) return {};
+  std::vector<int32_t> ids = prompt;
   const int64_t n_ctx = center.config().n_ctx;
   const size_t n_prompt = ids.size();
   ids.insert(ids.end(), ans.begin(), ans.end());
@@ -171,12 +204,12 @@ AnswerScore score_answer(model::Decoder& center, const serve::TextTokenizer& tok
 }
 
 void score_answers(std::vector<CascadeAnswer>& answers, const std::vector<CascadePrompt>& prompts,
-                   model::Decoder& center, const serve::TextTokenizer& tok, const std::string& run_name) {
+                   model::Decoder& center, const std::string& run_name) {
   const bool trace = std::getenv("LOOM_BENCH_CASCADE_TRACE") != nullptr;
   for (size_t i = 0; i < answers.size(); ++i) {
     CascadeAnswer& a = answers[i];
     if (!a.ok) continue;
-    a.score = score_answer(center, tok, prompts[i].text, a.token_ids);
+    a.score = score_answer(center, prompts[i].ids, a.token_ids);
     if (trace)
       std::fprintf(stderr, "[trace] %s answer %zu: %lld tokens, mean log p %.3f: %s\n", run_name.c_str(), i,
                    (long long)a.score.tokens, a.score.tokens ? a.score.logprob / double(a.score.tokens) : 0.0,

@@ -1,6 +1,7 @@
-// The pieces of `loom bench cascade` that do not start processes: the workload (Tiny
-// Shakespeare continuations and out-of-distribution text), the timed replay of requests
-// against one or more servers, and the center model's score of the answers.
+// The pieces of `loom bench cascade` that do not start processes: the workload (chat questions
+// through the model's template, or Tiny Shakespeare continuations and out-of-distribution text),
+// the timed replay of requests against one or more servers, and the center model's score of the
+// answers.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -9,21 +10,30 @@
 #include <vector>
 
 #include "loom/model/decoder.h"
+#include "loom/serve/chat_template.h"
 #include "loom/serve/tokenizer.h"
 
 namespace loom::cli {
 
 struct CascadePrompt {
-  std::string text;
+  std::string text;  // the text to continue, or (chat) the user's message
   bool in_distribution = true;
+  bool chat = false;         // sent to /v1/chat/completions as one user message
+  std::vector<int32_t> ids;  // prepare_prompts: the prompt as the server tokenizes it
 };
 // n prompts, alternating in- and out-of-distribution: Shakespeare passages of about 120
 // characters from `corpus`'s last tenth (cut at line starts), and modern technical and
 // conversational sentences no Shakespeare model has seen.
 std::vector<CascadePrompt> cascade_workload(const std::string& corpus, int64_t n, uint64_t seed);
+// n chat prompts: the lines of `questions` (data/chat/questions.txt) in an order `seed` shuffles,
+// repeated when n exceeds them.
+std::vector<CascadePrompt> chat_workload(const std::string& questions, int64_t n, uint64_t seed);
 
-// Drops leading words until every prompt is at most max_prompt_tokens tokens.
-void fit_prompts(std::vector<CascadePrompt>& prompts, const serve::TextTokenizer& tok, int64_t max_prompt_tokens);
+// Fills every prompt's ids: a chat prompt rendered through `chat` (the model's template) as the
+// server renders it, a text prompt cut (leading words dropped) to max_prompt_tokens. A chat
+// prompt longer than that is an error naming it.
+void prepare_prompts(std::vector<CascadePrompt>& prompts, const serve::TextTokenizer& tok,
+                     const serve::ChatFormat& chat, int64_t max_prompt_tokens);
 
 struct AnswerScore {
   double logprob = 0;
@@ -53,13 +63,13 @@ struct ReplayOptions {
 std::vector<CascadeAnswer> replay_cascade(const std::vector<CascadePrompt>& prompts, const ReplayOptions& opt,
                                           const std::function<void()>& midway = {});
 
-// The tokens the answering model chose, after the prompt as the server tokenizes it (a
-// cascade's edge and center share the tokenizer), scored by `center`: the sum of their
-// log-probabilities and their count; the sequence is cut to the model's context.
-AnswerScore score_answer(model::Decoder& center, const serve::TextTokenizer& tok, const std::string& prompt,
+// The tokens the answering model chose, after the prompt's ids (a cascade's edge and center share
+// the tokenizer), scored by `center`: the sum of their log-probabilities and their count; the
+// sequence is cut to the model's context.
+AnswerScore score_answer(model::Decoder& center, const std::vector<int32_t>& prompt,
                          const std::vector<int32_t>& answer);
 // Fills every answered request's `score` (LOOM_BENCH_CASCADE_TRACE prints each on stderr).
 void score_answers(std::vector<CascadeAnswer>& answers, const std::vector<CascadePrompt>& prompts,
-                   model::Decoder& center, const serve::TextTokenizer& tok, const std::string& run_name);
+                   model::Decoder& center, const std::string& run_name);
 
 }  // namespace loom::cli
