@@ -200,7 +200,7 @@ int bench_cascade(const std::vector<std::string>& argv) {
                        "log-likelihood of the answers, and agreement with its own greedy answers). Writes "
                        "OUT/cascade_sweep.csv and OUT/cascade_sweep.svg; the last line is SUMMARY {json}.");
   std::string center_checkpoint, edge_int8, edge_int4, update_int8, update_int4, thresholds_text,
-      wan = "40ms,20mbit", hosts_mode = "auto", out_dir = "runs/bench-cascade", workload = "auto";
+      wan = "40ms,20mbit", hosts_mode = "auto", out_dir = "runs/bench-cascade", workload = "auto", edge_quant = "auto";
   int64_t requests = 0, max_tokens_opt = 0, edge_group = -1, window = 16, center_threads_n = 2, edge_threads_n = 1,
           seed_opt = 0;
   double rate_opt = 0;
@@ -231,6 +231,9 @@ int bench_cascade(const std::vector<std::string>& argv) {
       ->type_name("N")
       ->check(non_negative())
       ->default_str("");
+  app->add_option("--edge-quant", edge_quant,
+                  "the weights the edges download (loom serve --edge-quant; auto: int4 on a slow link)")
+      ->check(one_of({"auto", "int8", "int4"}));
   app->add_option("--workload", workload,
                   "chat: data/chat/questions.txt through the center model's chat template; text: Tiny Shakespeare "
                   "and modern text to continue; auto: chat when the model has a template")
@@ -392,6 +395,8 @@ int bench_cascade(const std::vector<std::string>& argv) {
                          (out / str_cat("cache-edge", h)).string(),
                          "--served-model-name",
                          "cascade",
+                         "--edge-quant",
+                         edge_quant,
                          "--threads",
                          edge_threads});
       edges.push_back(start_server(a, hosts.addr(h)));
@@ -421,8 +426,9 @@ int bench_cascade(const std::vector<std::string>& argv) {
 
   // Score everything with the center model (after the runs: no process competes with them).
   std::vector<Row> rows;
-  score_answers(center_answers, prompts, *cm.model, "center only");
-  for (auto& [t, res] : sweep) score_answers(res.first, prompts, *cm.model, str_cat("threshold ", t));
+  ScoreCache scored;
+  score_answers(center_answers, prompts, *cm.model, "center only", scored);
+  for (auto& [t, res] : sweep) score_answers(res.first, prompts, *cm.model, str_cat("threshold ", t), scored);
   Row base = summarize("center only", std::nan(""), center_answers, &center_answers, center_s);
   for (auto& [t, res] : sweep) {
     Row r = summarize("cascade", t, res.first, &center_answers, res.second);

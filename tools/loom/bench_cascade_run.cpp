@@ -204,12 +204,14 @@ AnswerScore score_answer(model::Decoder& center, const std::vector<int32_t>& pro
 }
 
 void score_answers(std::vector<CascadeAnswer>& answers, const std::vector<CascadePrompt>& prompts,
-                   model::Decoder& center, const std::string& run_name) {
+                   model::Decoder& center, const std::string& run_name, ScoreCache& cache) {
   const bool trace = std::getenv("LOOM_BENCH_CASCADE_TRACE") != nullptr;
   for (size_t i = 0; i < answers.size(); ++i) {
     CascadeAnswer& a = answers[i];
     if (!a.ok) continue;
-    a.score = score_answer(center, prompts[i].ids, a.token_ids);
+    auto [at, fresh] = cache.try_emplace({i, a.token_ids});
+    if (fresh) at->second = score_answer(center, prompts[i].ids, a.token_ids);
+    a.score = at->second;
     if (trace)
       std::fprintf(stderr, "[trace] %s answer %zu: %lld tokens, mean log p %.3f: %s\n", run_name.c_str(), i,
                    (long long)a.score.tokens, a.score.tokens ? a.score.logprob / double(a.score.tokens) : 0.0,

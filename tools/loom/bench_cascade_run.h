@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -68,8 +69,11 @@ std::vector<CascadeAnswer> replay_cascade(const std::vector<CascadePrompt>& prom
 // sequence is cut to the model's context.
 AnswerScore score_answer(model::Decoder& center, const std::vector<int32_t>& prompt,
                          const std::vector<int32_t>& answer);
+// Answers already scored, by prompt index and answer tokens: runs at different thresholds
+// repeat most answers (the center's, and the edge's greedy ones).
+using ScoreCache = std::map<std::pair<size_t, std::vector<int32_t>>, AnswerScore>;
 // Fills every answered request's `score` (LOOM_BENCH_CASCADE_TRACE prints each on stderr).
 void score_answers(std::vector<CascadeAnswer>& answers, const std::vector<CascadePrompt>& prompts,
-                   model::Decoder& center, const std::string& run_name);
+                   model::Decoder& center, const std::string& run_name, ScoreCache& cache);
 
 }  // namespace loom::cli
