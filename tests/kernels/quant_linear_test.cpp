@@ -357,8 +357,8 @@ TEST_P(QuantLinearPath, ManyRowsAgreeWithSingleRowsToRounding) {
             double mag = std::fabs(bias[size_t(o)]);
             for (int64_t i = 0; i < I; ++i) {
               const size_t k = size_t(o * (I / group) + i / group);
-              const double shift = v.zero_point ? std::fabs(qm.offsets[k])
-                                                : qm.scales[k] * (v.format == QuantFormat::int8 ? 128 : 8);
+              const double shift =
+                  v.zero_point ? std::fabs(qm.offsets[k]) : qm.scales[k] * (v.format == QuantFormat::int8 ? 128 : 8);
               mag += std::fabs(double(x[size_t(m * I + i)])) * (std::fabs(deq[size_t(o * I + i)]) + shift);
             }
             ASSERT_NEAR(all[size_t(m * O + o)], one[size_t(o)], 2e-6 * mag)
