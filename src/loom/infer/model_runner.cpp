@@ -63,7 +63,13 @@ ModelRunner::ModelRunner(const model::Decoder& model, KVCache& cache, int64_t ma
   }
   wte_ = model.param(model::token_table_name(cfg_));
   if (learned_positions) wpe_ = model.param(model::position_table_name(cfg_));
-  if (traits.position == model::PositionKind::rope) rope_inv_freq_ = cfg_.rope_inv_freq();
+  dims_.C = cfg_.d_model;
+  dims_.H = H_;
+  dims_.KVH = KVH_;
+  dims_.D = cfg_.head_dim();
+  dims_.F = F_;
+  dims_.bias_owner = tp_rank_ == 0;  // row-parallel biases are added once, before the sum
+  if (traits.position == model::PositionKind::rope) dims_.rope_inv_freq = cfg_.rope_inv_freq();
   lnf_w_ = model.param(model::final_norm_name(cfg_, "weight"));
   if (traits.linear_biases) lnf_b_ = model.param(model::final_norm_name(cfg_, "bias"));
   head_ = model.param(model::lm_head_name(cfg_));
@@ -240,14 +246,6 @@ class ModelRunner::ForwardOps : public model::BlockForwardOps {
 
 template <class T>
 void ModelRunner::run_layers(int64_t N) {
-  model::BlockDims d;
-  d.C = cfg_.d_model;
-  d.H = H_;
-  d.KVH = KVH_;
-  d.D = cfg_.head_dim();
-  d.F = F_;
-  d.bias_owner = tp_rank_ == 0;  // row-parallel biases are added once, before the sum
-  d.rope_inv_freq = rope_inv_freq_;
   // One norm buffer serves both norms of a block: the first's output is consumed by then.
   const Tensor ln = ln_.narrow0(0, N), mean = mean_.narrow0(0, N), rstd = rstd_.narrow0(0, N);
   const model::BlockForwardBuffers b{
@@ -256,7 +254,7 @@ void ModelRunner::run_layers(int64_t N) {
   ForwardOps<T> ops(*this, N);
   for (int l = 0; l < int(cfg_.n_layer); ++l) {
     ops.layer_ = l;
-    model::block_forward(cfg_, l, w_[size_t(l)], d, x, pos, b, ops, x);
+    model::block_forward(cfg_, l, w_[size_t(l)], dims_, x, pos, b, ops, x);
   }
 }
 

@@ -91,7 +91,7 @@ class ModelRunner {
   int64_t max_tokens_, max_seqs_, max_logit_rows_;
   std::vector<model::BlockWeights> w_;
   Tensor wte_, wpe_, lnf_w_, lnf_b_, head_;
-  std::vector<double> rope_inv_freq_;  // computed once; empty without RoPE
+  model::BlockDims dims_;  // this rank's share of a block, RoPE frequencies computed once
   // Activations for up to max_tokens rows (views of the first N rows are used per step).
   Tensor tok_, pos_, x_, ln_, mean_, rstd_, qkv_, att_, x_mid_, fc_, act_;
   model::MoeActs moe_;                              // MoE blocks' routing and expert buffers (MoE models)

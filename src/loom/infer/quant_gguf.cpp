@@ -13,22 +13,14 @@
 namespace loom::infer {
 namespace {
 
-constexpr int64_t kBlock = 32;  // weights per Q8_0/Q4_0/Q4_1 block
+// Blocks of 32 weights. Q8_0: fp16 d, 32 int8 q (d q). Q4_0: fp16 d, 16 bytes of nibbles
+// (d (q - 8)). Q4_1: fp16 d, fp16 m, 16 bytes of nibbles (d q + m).
+constexpr int64_t kBlock = 32;
 
 float half(const uint8_t* p) {
   f16_t h;
   std::memcpy(&h.bits, p, 2);
   return f16_to_f32(h);
-}
-
-// Bytes per block of the types this file moves.
-int64_t block_bytes(io::GgmlType t) {
-  switch (t) {
-    case io::GgmlType::q8_0: return 34;  // fp16 d, 32 x int8
-    case io::GgmlType::q4_0: return 18;  // fp16 d, 16 bytes of nibbles (value d * (q - 8))
-    case io::GgmlType::q4_1: return 20;  // fp16 d, fp16 m, 16 bytes of nibbles (value d * q + m)
-    default: return 0;
-  }
 }
 
 // Whether the blocks of type t hold weights that format f with groups of 32 represents exactly.
@@ -48,7 +40,9 @@ struct Part {
 // -8 d and the unsigned nibble; into one without, the nibble ^ 8 (the signed value q - 8).
 void move_row(const io::GgufFile& g, const Part& p, int64_t r, QuantizedMatrix& m) {
   const io::GgufTensor& t = *p.src.tensor;
-  const int64_t cols = m.cols, nb = cols / kBlock, bb = block_bytes(t.type);
+  int64_t elems = 0, bb = 0;
+  io::ggml_block_shape(t.type, &elems, &bb);  // Q8_0 34 bytes, Q4_0 18, Q4_1 20 per 32 weights
+  const int64_t cols = m.cols, nb = cols / kBlock;
   const uint8_t* row = g.data(t) + p.src.source_row(r) * nb * bb;
   const int64_t o = p.row0 + r;
   float* scales = m.scales.data<float>() + o * nb;
@@ -80,11 +74,6 @@ void move_row(const io::GgufFile& g, const Part& p, int64_t r, QuantizedMatrix& 
 
 QuantizedModel QuantizedModel::from_gguf(model::Decoder& model, const io::GgufFile& g, const QuantSpec& spec,
                                          std::string* how) {
-  LOOM_CHECK(model.layout().whole_model() && model.params().dtype() == DType::f32, "quant",
-             "quantization needs the whole model in f32 on one process");
-  LOOM_CHECK(!model.config().moe.enabled(), "quant", "model ", model.config().name,
-             " has Mixture-of-Experts blocks, whose experts have no quantized kernels yet; serve it in "
-             "fp32 (drop --quant)");
   const model::ParamLayout& layout = model.layout();
   const std::map<std::string, model::GgufSource> sources = model::gguf_sources(g, model.config());
   const float* flat = model.params().data<float>();
@@ -125,17 +114,9 @@ QuantizedModel QuantizedModel::from_gguf(model::Decoder& model, const io::GgufFi
         kept[io::ggml_type_name(p.src.tensor->type)] += 1;
       }
     }
-    m.dequantize_into(w);  // every path (the tied table's embedding rows too) sees these values
     return m;
   };
-  QuantizedModel qm;
-  qm.spec = spec;
-  for (int l = 0; l < int(model.config().n_layer); ++l) {
-    const BlockMatrices b = block_matrices(model, l);
-    qm.blocks.push_back({one(b.qkv, spec.format, spec.zero_point), one(b.proj, spec.format, spec.zero_point),
-                         one(b.fc, spec.format, spec.zero_point), one(b.out, spec.format, spec.zero_point)});
-  }
-  if (spec.head) qm.head = one(head_matrix(model), qm.head_format(), false);
+  QuantizedModel qm = assemble(model, spec, one);
   if (how) {
     auto list = [](const std::map<std::string, int>& by_type) {
       std::string s;

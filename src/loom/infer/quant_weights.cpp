@@ -92,7 +92,7 @@ BlockMatrices block_matrices(const model::Decoder& model, int layer) {
 
 Tensor head_matrix(const model::Decoder& model) { return model.param(model::lm_head_name(model.config())); }
 
-QuantizedModel QuantizedModel::quantize(model::Decoder& model, const QuantSpec& spec) {
+QuantizedModel QuantizedModel::assemble(model::Decoder& model, const QuantSpec& spec, const MakeMatrix& make) {
   LOOM_CHECK(model.layout().whole_model() && model.params().dtype() == DType::f32, "quant",
              "quantization needs the whole model in f32 on one process");
   LOOM_CHECK(!model.config().moe.enabled(), "quant", "model ", model.config().name,
@@ -101,8 +101,8 @@ QuantizedModel QuantizedModel::quantize(model::Decoder& model, const QuantSpec& 
   QuantizedModel qm;
   qm.spec = spec;
   auto one = [&](const Tensor& w, cpu::QuantFormat f, bool zero_point) {
-    QuantizedMatrix m = QuantizedMatrix::quantize(w, f, spec.group, zero_point);
-    m.dequantize_into(w);
+    QuantizedMatrix m = make(w, f, zero_point);
+    m.dequantize_into(w);  // every path (a tied table's embedding rows too) sees these values
     return m;
   };
   for (int l = 0; l < int(model.config().n_layer); ++l) {
@@ -114,6 +114,12 @@ QuantizedModel QuantizedModel::quantize(model::Decoder& model, const QuantSpec& 
   // GPT-2 and the most sensitive to rounding (docs/INFERENCE.md has both measured).
   if (spec.head) qm.head = one(head_matrix(model), qm.head_format(), false);
   return qm;
+}
+
+QuantizedModel QuantizedModel::quantize(model::Decoder& model, const QuantSpec& spec) {
+  return assemble(model, spec, [&](const Tensor& w, cpu::QuantFormat f, bool zero_point) {
+    return QuantizedMatrix::quantize(w, f, spec.group, zero_point);
+  });
 }
 
 cpu::QuantFormat QuantizedModel::head_format() const {

@@ -5,6 +5,7 @@
 // position embeddings, norms and biases stay f32. Not for training: nothing here has a backward.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -72,6 +73,13 @@ struct QuantizedModel {
                                   std::string* how = nullptr);
   int64_t bytes() const;                 // of the quantized matrices
   cpu::QuantFormat head_format() const;  // the head's, when spec.head
+
+ private:
+  // The model's matrices by role, each made by `make` from its f32 weights, format and zero
+  // point flag, then written back dequantized into the model; quantize and from_gguf differ
+  // only in `make`.
+  using MakeMatrix = std::function<QuantizedMatrix(const Tensor& w, cpu::QuantFormat f, bool zero_point)>;
+  static QuantizedModel assemble(model::Decoder& model, const QuantSpec& spec, const MakeMatrix& make);
 };
 
 // The matrices a block's roles name in the model (the views runner and quantizer share).
