@@ -293,6 +293,60 @@ TEST_P(QuantLinearPath, MatchesTheDequantizedProduct) {
       quant::path_name(p), cases, worst_rel, worst_of_bound, worst_norm);
 }
 
+// The largest products the integer formats hold: int8 weights of +-127 and -128 (GGUF's Q8_0
+// can store it), int4 nibbles of 7 and -8 (or 0 and 15 with offsets), each against an
+// activation of the same sign quantized to +-127, so every partial sum is as large as it gets.
+// x is +-1, which the activation quantization keeps exactly, so the kernel must give the
+// dequantized product to f32 rounding; a 16-bit pair sum that saturates (AVX2's vpmaddubsw on
+// w + 128) is off by thousands of steps.
+TEST_P(QuantLinearPath, ExtremeProductsDoNotSaturate) {
+  const Path p = GetParam();
+  if (quant::is_bf16_dot_path(p)) GTEST_SKIP() << "bf16 weights only";
+  const int64_t O = 6, M = 3;
+  for (const Variant& v : kVariants)
+    for (auto [I, group] : {std::pair<int64_t, int64_t>{256, 32}, {256, 256}, {200, 40}}) {
+      SCOPED_TRACE(std::string(v.name) + " I=" + std::to_string(I) + " group=" + std::to_string(group));
+      const int64_t ng = I / group;
+      std::vector<uint8_t> q(size_t(O * quant_row_bytes(v.format, I)));
+      std::vector<float> scales(size_t(O * ng)), offsets(v.zero_point ? size_t(O * ng) : 0), w(size_t(O * I));
+      for (size_t k = 0; k < scales.size(); ++k) scales[k] = 0.01f * float(1 + k % 5);
+      for (size_t k = 0; k < offsets.size(); ++k) offsets[k] = -8 * scales[k];
+      for (int64_t o = 0; o < O; ++o)
+        for (int64_t i = 0; i < I; ++i) {
+          const bool neg = (i / 3 + o) % 2 == 1;  // runs of three of each sign
+          int32_t n;                              // the stored integer
+          if (v.format == QuantFormat::int8)
+            n = neg ? (i % 2 ? -128 : -127) : 127;
+          else
+            n = v.zero_point ? (neg ? 0 : 15) : (neg ? -8 : 7);
+          const float s = scales[size_t(o * ng + i / group)];
+          w[size_t(o * I + i)] = s * float(n) + (v.zero_point ? offsets[size_t(o * ng + i / group)] : 0.f);
+          if (v.format == QuantFormat::int8) {
+            q[size_t(o * I + i)] = uint8_t(int8_t(n));
+          } else {
+            uint8_t& byte = q[size_t(o * (I / 2) + i / 2)];
+            byte = uint8_t(byte | (uint8_t(n & 0xF) << (i % 2 ? 4 : 0)));
+          }
+        }
+      QuantView view;
+      view.format = v.format, view.rows = O, view.cols = I, view.group = group;
+      view.q = q.data(), view.scales = scales.data(), view.offsets = v.zero_point ? offsets.data() : nullptr;
+      std::vector<float> x(size_t(M * I)), y(size_t(M * O));
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t i = 0; i < I; ++i) x[size_t(m * I + i)] = w[size_t((m % O) * I + i)] < 0 ? -1.f : 1.f;
+      quant::quant_linear_with(p, x.data(), view, nullptr, y.data(), M);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t o = 0; o < O; ++o) {
+          double want = 0, mag = 0;
+          for (int64_t i = 0; i < I; ++i) {
+            want += double(x[size_t(m * I + i)]) * w[size_t(o * I + i)];
+            mag += std::fabs(w[size_t(o * I + i)]);
+          }
+          ASSERT_NEAR(y[size_t(m * O + o)], want, 1e-5 * mag) << "row " << m << " output " << o;
+        }
+    }
+}
+
 // Below the many-rows switch (BLAS on the f32 paths, the repacked kernel on AVX512-VNNI) a
 // row's output is bitwise the same whatever the batch around it.
 TEST_P(QuantLinearPath, ARowsResultDoesNotDependOnTheRowCount) {
@@ -553,7 +607,8 @@ void gpt2_bench(int64_t M) {
       if (f.format != QuantFormat::bf16 && quant::is_bf16_dot_path(p)) continue;
       const Config c{std::string(f.name) + " " + quant::path_name(p), &f, p, false};
       if (p != Path::base_f32) decode.push_back(c);
-      if (p == Path::avx512_vnni || p == Path::avx_vnni || p == Path::avx512_f32) prompt.push_back(c);
+      if (p == Path::avx512_vnni || p == Path::avx_vnni || p == Path::avx2_int || p == Path::avx512_f32)
+        prompt.push_back(c);
     }
 
   // Weights: every matrix of the model, f32 and in each format.

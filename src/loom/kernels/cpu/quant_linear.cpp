@@ -1,10 +1,12 @@
 // quant_linear: checks the view, picks the path for this CPU, quantizes the activations for
 // the integer-dot paths, and spreads output rows over OpenMP threads. The kernels live in
-// quant_vnni_avx512/avx2.cpp (integer dot products, few rows), quant_vnni_gemm.cpp (AVX512-VNNI,
+// quant_vnni_avx512/avx2.cpp and quant_int_avx2.cpp (integer dot products, few rows), quant_vnni_gemm.cpp (AVX512-VNNI,
 // many rows) and quant_linear_f32.cpp (f32 dequantization); the formats in quant_format.cpp.
 #include <cpuid.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <optional>
 #include <vector>
 
 #include "loom/core/error.h"
@@ -25,6 +27,9 @@ constexpr int64_t kRowChunk = 64;
 constexpr int64_t kMaxActBlock = 128;
 // W rows dequantized per BLAS call on the f32 paths for many input rows.
 constexpr int64_t kBlasRows = 128;
+
+constexpr Path kAllPaths[] = {Path::base_f32, Path::avx2_f32,    Path::avx512_f32, Path::avx2_int,
+                              Path::avx_vnni, Path::avx512_vnni, Path::avx512_bf16};
 
 struct CpuFeatures {
   bool avx2 = false, avx512 = false, avx512_vnni = false, avx_vnni = false, avx512_bf16 = false;
@@ -80,8 +85,12 @@ void int_linear(Path p, const float* x, const QuantView& w, const float* b, floa
     const ActLayout wide = act_layout(w, 64);
     if (wide.stepped || (!lay.stepped && wide.block >= 64)) lay = wide;
   }
-  const QuantizeActsFn quantize = p == Path::avx512_vnni ? quantize_acts_avx512 : quantize_acts_avx2;
-  const IntRowsFn rows = p == Path::avx512_vnni ? int_rows_avx512 : int_rows_avx2;
+  const QuantizeActsFn quantize = p == Path::avx512_vnni ? quantize_acts_avx512
+                                  : p == Path::avx_vnni  ? quantize_acts_avx2
+                                                         : quantize_acts_avx2i;
+  const IntRowsFn rows = p == Path::avx512_vnni ? int_rows_avx512
+                         : p == Path::avx_vnni  ? int_rows_avx2
+                                                : int_rows_avx2i;
   // The calling thread's buffers: the OpenMP threads below only read them.
   thread_local std::vector<int8_t> q;
   thread_local std::vector<float> scale;
@@ -146,6 +155,7 @@ const char* path_name(Path p) {
     case Path::base_f32: return "base-f32";
     case Path::avx2_f32: return "avx2-f32";
     case Path::avx512_f32: return "avx512-f32";
+    case Path::avx2_int: return "avx2-int";
     case Path::avx_vnni: return "avx-vnni";
     case Path::avx512_vnni: return "avx512-vnni";
     case Path::avx512_bf16: return "avx512-bf16";
@@ -159,6 +169,7 @@ bool path_runs_here(Path p) {
     case Path::base_f32: return true;
     case Path::avx2_f32: return f.avx2;
     case Path::avx512_f32: return f.avx512;
+    case Path::avx2_int: return f.avx2;
     case Path::avx_vnni: return f.avx_vnni;
     case Path::avx512_vnni: return f.avx512_vnni;
     case Path::avx512_bf16: return f.avx512_bf16;
@@ -168,11 +179,30 @@ bool path_runs_here(Path p) {
 
 std::vector<Path> runnable_paths() {
   std::vector<Path> out;
-  for (Path p :
-       {Path::base_f32, Path::avx2_f32, Path::avx512_f32, Path::avx_vnni, Path::avx512_vnni, Path::avx512_bf16})
+  for (Path p : kAllPaths)
     if (path_runs_here(p)) out.push_back(p);
   return out;
 }
+
+namespace {
+
+// LOOM_QUANT_PATH, checked once: a path for int8/int4 weights that this CPU runs.
+std::optional<Path> forced_integer_path() {
+  const char* want = std::getenv("LOOM_QUANT_PATH");
+  if (!want || !*want) return std::nullopt;
+  std::string names;
+  for (Path p : kAllPaths) {
+    if (p == Path::avx512_bf16) continue;
+    if (want == std::string(path_name(p))) {
+      LOOM_CHECK(path_runs_here(p), "quant", "LOOM_QUANT_PATH=", want, " needs instructions this CPU lacks");
+      return p;
+    }
+    names += std::string(names.empty() ? "" : ", ") + path_name(p);
+  }
+  fail("quant", "LOOM_QUANT_PATH='", want, "': expected one of ", names);
+}
+
+}  // namespace
 
 Path default_path(QuantFormat format) {
   // The instruction set the f32 kernels were given (CPU features, or LOOM_ISA). bf16 weights
@@ -185,8 +215,10 @@ Path default_path(QuantFormat format) {
     return isa == "avx512" ? (f.avx512_bf16 ? Path::avx512_bf16 : Path::avx512_f32)
            : isa == "avx2" ? Path::avx2_f32
                            : Path::base_f32;
+  static const std::optional<Path> forced = forced_integer_path();
+  if (forced) return *forced;
   if (isa == "avx512") return f.avx512_vnni ? Path::avx512_vnni : Path::avx512_f32;
-  if (isa == "avx2") return f.avx_vnni ? Path::avx_vnni : Path::avx2_f32;
+  if (isa == "avx2") return f.avx_vnni ? Path::avx_vnni : Path::avx2_int;
   return Path::base_f32;
 }
 

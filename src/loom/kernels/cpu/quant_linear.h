@@ -60,10 +60,12 @@ void dequantize_weights(const QuantView& w, float* out);  // out[O, I] f32
 // many-rows kernel) or above kQuantBlasMinRows (f32 paths: BLAS) it differs by f32 rounding.
 void quant_linear(const float* x, const QuantView& w, const float* b, float* y, int64_t M);
 
-// The path quant_linear takes on this CPU for this format, honouring LOOM_ISA=base|avx2|avx512:
-// "avx512-vnni" or "avx-vnni" (int8/int4: integer dot products on activations quantized to int8
-// per row and block of at most 128 columns), "avx512-f32", "avx2-f32" or "base-f32" (W
-// dequantized to f32 in registers; BLAS on dequantized blocks for M > kQuantBlasMinRows).
+// The path quant_linear takes on this CPU for this format, honouring LOOM_ISA=base|avx2|avx512
+// and, for int8/int4, LOOM_QUANT_PATH=<one of these names>: "avx512-vnni", "avx-vnni" or
+// "avx2-int" (int8/int4: integer dot products on activations quantized to int8 per row and
+// block of at most 128 columns; vpdpbusd, or AVX2's vpmaddubsw), "avx512-bf16" (bf16 weights),
+// "avx512-f32", "avx2-f32" or "base-f32" (W dequantized to f32 in registers; BLAS on
+// dequantized blocks for M > kQuantBlasMinRows).
 std::string quant_linear_path(QuantFormat f);
 
 // Rows above which the f32 paths dequantize W in blocks and call BLAS.

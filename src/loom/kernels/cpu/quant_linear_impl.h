@@ -9,12 +9,14 @@
 
 namespace loom::cpu::quant {
 
-enum class Path : uint8_t { base_f32, avx2_f32, avx512_f32, avx_vnni, avx512_vnni, avx512_bf16 };
+enum class Path : uint8_t { base_f32, avx2_f32, avx512_f32, avx2_int, avx_vnni, avx512_vnni, avx512_bf16 };
 const char* path_name(Path p);
 bool path_runs_here(Path p);         // this CPU has the path's instructions
 std::vector<Path> runnable_paths();  // every path for which path_runs_here
-Path default_path(QuantFormat f);    // the fastest runnable path, honouring LOOM_ISA
-inline bool is_integer_path(Path p) { return p == Path::avx_vnni || p == Path::avx512_vnni; }
+// The fastest runnable path, honouring LOOM_ISA, and for int8/int4 LOOM_QUANT_PATH (a path
+// name; it must run here and multiply integer weights).
+Path default_path(QuantFormat f);
+inline bool is_integer_path(Path p) { return p == Path::avx2_int || p == Path::avx_vnni || p == Path::avx512_vnni; }
 // AVX512-BF16 dot products: bf16 weights only, with x rounded to bf16 (up to kQuantBlasMinRows
 // rows; above, W is widened for BLAS as on the f32 paths).
 inline bool is_bf16_dot_path(Path p) { return p == Path::avx512_bf16; }
@@ -90,6 +92,10 @@ void quantize_acts_avx512(const float*, const QuantView&, const ActLayout&, int8
 void quantize_acts_avx2(const float*, const QuantView&, const ActLayout&, int8_t*, float*, int32_t*, int64_t, int64_t);
 void int_rows_avx512(const QuantActs&, const QuantView&, const float*, float*, int64_t, int64_t, int64_t);
 void int_rows_avx2(const QuantActs&, const QuantView&, const float*, float*, int64_t, int64_t, int64_t);
+// AVX2 without VNNI (quant_int_avx2.cpp): the same layout as AVX-VNNI's except that int8
+// weights keep their sign (no -128 * sum correction).
+void quantize_acts_avx2i(const float*, const QuantView&, const ActLayout&, int8_t*, float*, int32_t*, int64_t, int64_t);
+void int_rows_avx2i(const QuantActs&, const QuantView&, const float*, float*, int64_t, int64_t, int64_t);
 // The many-rows kernel of AVX512-VNNI (quant_vnni_gemm.cpp): x as u8 (x + 128) [M, I] with
 // scales and the int8 values' sums [M, I / block]; W packed per work item of 48 output rows. Used from kGemmMinRows
 // rows (measured on one core for 2304 x 768: the two kernels cross between 8 and 12 rows, where repacking W costs about

@@ -17,22 +17,11 @@ namespace loom::cpu::quant::avx2 {
 
 #include "loom/kernels/cpu/quant_vnni_ymm.h"
 
-struct Ymm : YmmCommon {
-  static constexpr int64_t C = 32;
+struct Ymm : YmmAvx2 {
   static constexpr int max_rows = 2;  // 16 registers: 2 x 4 int and float accumulators
   static constexpr int out_tile(int) { return 4; }
-  static I load_part(const void* p, int64_t n) {
-    alignas(32) uint8_t buf[32] = {};
-    std::memcpy(buf, p, size_t(n));
-    return _mm256_load_si256(reinterpret_cast<const __m256i*>(buf));
-  }
-  static H load_half_part(const void* p, int64_t n) {
-    alignas(16) uint8_t buf[16] = {};
-    std::memcpy(buf, p, size_t(n));
-    return _mm_load_si128(reinterpret_cast<const __m128i*>(buf));
-  }
-  static I and_xor(I a, I b, I c) { return _mm256_xor_si256(_mm256_and_si256(a, b), c); }
   static I dot(I acc, I u, I x) { return _mm256_dpbusd_avx_epi32(acc, u, x); }
+  static I dot2(I acc, I u1, I x1, I u2, I x2) { return dot(dot(acc, u1, x1), u2, x2); }
 };
 
 }  // namespace loom::cpu::quant::avx2
@@ -45,7 +34,7 @@ namespace loom::cpu::quant {
 
 void quantize_acts_avx2(const float* x, const QuantView& w, const ActLayout& lay, int8_t* q, float* scale, int32_t* sum,
                         int64_t m0, int64_t m1) {
-  avx2::quantize_acts(x, w, lay, q, scale, sum, m0, m1);
+  avx2::quantize_acts<avx2::Ymm>(x, w, lay, q, scale, sum, m0, m1);
 }
 
 void int_rows_avx2(const QuantActs& a, const QuantView& w, const float* b, float* y, int64_t M, int64_t o0,

@@ -24,6 +24,7 @@ namespace loom::cpu::quant::avx512 {
 constexpr int kAndXor = (0xF0 & 0xCC) ^ 0xAA;
 
 struct Zmm {
+  static constexpr bool signed_i8 = false;
   static constexpr int64_t C = 64;
   // 2 x 4 (8 int32 and 8 f32 accumulators) or 1 x 8; 4 x 2 spilled and ran 30% slower.
   static constexpr int max_rows = 2;
@@ -44,6 +45,7 @@ struct Zmm {
   static I xor_(I a, I b) { return _mm512_xor_si512(a, b); }
   static I and_xor(I a, I b, I c) { return _mm512_ternarylogic_epi32(a, b, c, kAndXor); }
   static I dot(I acc, I u, I x) { return _mm512_dpbusd_epi32(acc, u, x); }
+  static I dot2(I acc, I u1, I x1, I u2, I x2) { return dot(dot(acc, u1, x1), u2, x2); }
   static I lane0(int32_t v) { return _mm512_zextsi128_si512(_mm_cvtsi32_si128(v)); }
   static I izero() { return _mm512_setzero_si512(); }
   static I srli4(I v) { return _mm512_srli_epi16(v, 4); }
@@ -79,6 +81,7 @@ struct Ymm : YmmCommon {
   }
   static I and_xor(I a, I b, I c) { return _mm256_ternarylogic_epi32(a, b, c, kAndXor); }
   static I dot(I acc, I u, I x) { return _mm256_dpbusd_epi32(acc, u, x); }
+  static I dot2(I acc, I u1, I x1, I u2, I x2) { return dot(dot(acc, u1, x1), u2, x2); }
 };
 
 }  // namespace loom::cpu::quant::avx512
@@ -91,7 +94,7 @@ namespace loom::cpu::quant {
 
 void quantize_acts_avx512(const float* x, const QuantView& w, const ActLayout& lay, int8_t* q, float* scale,
                           int32_t* sum, int64_t m0, int64_t m1) {
-  avx512::quantize_acts(x, w, lay, q, scale, sum, m0, m1);
+  avx512::quantize_acts<avx512::Zmm>(x, w, lay, q, scale, sum, m0, m1);
 }
 
 void int_rows_avx512(const QuantActs& a, const QuantView& w, const float* b, float* y, int64_t M, int64_t o0,

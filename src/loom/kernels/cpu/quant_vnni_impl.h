@@ -1,12 +1,15 @@
 // The integer-dot kernels of quant_linear, written once over a vector traits type V and
-// compiled per instruction set by quant_vnni_avx512.cpp (zmm and ymm, AVX512-VNNI) and
-// quant_vnni_avx2.cpp (ymm, AVX-VNNI), each of which includes this file inside its
-// `#pragma GCC target` region with LOOM_QUANT_ISA naming the namespace. Included nowhere else.
+// compiled per instruction set by quant_vnni_avx512.cpp (zmm and ymm, AVX512-VNNI),
+// quant_vnni_avx2.cpp (ymm, AVX-VNNI) and quant_int_avx2.cpp (ymm, AVX2 without VNNI), each of
+// which includes this file inside its `#pragma GCC target` region with LOOM_QUANT_ISA naming
+// the namespace. Included nowhere else.
 //
 // vpdpbusd multiplies unsigned by signed bytes. The signed int8 activations are the signed
 // operand and the weights are made unsigned: u = w + 128 for int8 (w ^ 0x80), u = v + 8 for
 // symmetric int4 (nibble ^ 8). Then sum (u - z) x = sum u x - z sum x: each block's
-// accumulator starts at -z * sum(x) in its first lane. Asymmetric int4 multiplies the nibbles
+// accumulator starts at -z * sum(x) in its first lane. AVX2's vpmaddubsw (V::signed_i8)
+// saturates its 16-bit pair sums, which 255 * 127 * 2 would exceed, so there int8 weights stay
+// signed (z = 0) and V::dot_s8 moves their signs onto the activations. Asymmetric int4 multiplies the nibbles
 // as they are, and its group offset adds offset * sum(x) in f32 after the conversion (the
 // block sums come with the quantized activations), so no weight sums are needed. Block
 // results are converted to f32 and scaled by (activation scale x weight scale).
@@ -79,10 +82,10 @@ inline void quantize_acts_rows(const float* x, const QuantView& w, const ActLayo
 
 // The stepped layout of one row (see ActLayout).
 template <bool Int4>
-inline void quantize_steps_row(const float* x, const QuantView& w, const ActLayout& L, int8_t* row) {
+inline void quantize_steps_row(const float* x, const QuantView& w, const ActLayout& L, int32_t z8, int8_t* row) {
   const int64_t C = L.chunk, lanes = C / 4, chunk_cols = Int4 ? 2 * C : C;
   const int64_t nbs = L.blocks_per_step, per_block = lanes / nbs;
-  const int32_t z = w.format == QuantFormat::int8 ? 128 : 8;
+  const int32_t z = w.format == QuantFormat::int8 ? z8 : 8;
   for (int64_t s = 0; s < w.cols / L.step; ++s) {
     int8_t natural[128];
     float scales[16];
@@ -114,15 +117,20 @@ inline void quantize_steps_row(const float* x, const QuantView& w, const ActLayo
   }
 }
 
+// The zero point of int8 weights as the dot product sees them (see the top of this file).
+template <class V>
+constexpr int32_t kZ8 = V::signed_i8 ? 0 : 128;
+
+template <class V>
 inline void quantize_acts(const float* x, const QuantView& w, const ActLayout& lay, int8_t* q, float* scale,
                           int32_t* sum, int64_t m0, int64_t m1) {
   const bool int4 = w.format == QuantFormat::int4;
   if (lay.stepped) {
     for (int64_t m = m0; m < m1; ++m) {
       if (int4)
-        quantize_steps_row<true>(x + m * w.cols, w, lay, q + m * lay.row_bytes);
+        quantize_steps_row<true>(x + m * w.cols, w, lay, kZ8<V>, q + m * lay.row_bytes);
       else
-        quantize_steps_row<false>(x + m * w.cols, w, lay, q + m * lay.row_bytes);
+        quantize_steps_row<false>(x + m * w.cols, w, lay, kZ8<V>, q + m * lay.row_bytes);
     }
   } else if (int4) {
     quantize_acts_rows<true>(x, w, lay, q, scale, sum, m0, m1);
@@ -135,12 +143,17 @@ inline void quantize_acts(const float* x, const QuantView& w, const ActLayout& l
 
 enum class Kind { i8, i4_symmetric, i4_offset };
 
-// The unsigned weights of columns [col, col + n) of a row (n == V::C unless Tail).
+// The weights of columns [col, col + n) of a row (n == V::C unless Tail) as the dot product
+// takes them: unsigned, or signed int8 where V::signed_i8.
 template <class V, Kind K, bool Tail>
 [[gnu::always_inline]] inline typename V::I load_weights(const uint8_t* row, int64_t col, int64_t n, typename V::I low,
                                                          typename V::I flip) {
   if constexpr (K == Kind::i8) {
-    return V::xor_(Tail ? V::load_part(row + col, n) : V::load(row + col), flip);
+    const typename V::I w = Tail ? V::load_part(row + col, n) : V::load(row + col);
+    if constexpr (V::signed_i8)
+      return w;
+    else
+      return V::xor_(w, flip);
   } else {
     const auto h = Tail ? V::load_half_part(row + col / 2, n / 2) : V::load_half(row + col / 2);
     if constexpr (K == Kind::i4_symmetric)
@@ -148,6 +161,15 @@ template <class V, Kind K, bool Tail>
     else
       return V::and_(V::spread(h), low);
   }
+}
+
+// acc + the dot products of 4-byte groups of weights u (from load_weights) and activations x.
+template <class V, Kind K>
+[[gnu::always_inline]] inline typename V::I dot_w(typename V::I acc, typename V::I u, typename V::I x) {
+  if constexpr (K == Kind::i8 && V::signed_i8)
+    return V::dot_s8(acc, u, x);
+  else
+    return V::dot(acc, u, x);
 }
 
 // One chunk of MT activation rows x OT weight rows into the int32 accumulators.
@@ -159,7 +181,7 @@ template <class V, Kind K, int MT, int OT, bool Tail>
   for (int m = 0; m < MT; ++m) xv[m] = V::load(xr[m] + xoff);
   for (int t = 0; t < OT; ++t) {
     const typename V::I u = load_weights<V, K, Tail>(wr[t], col, n, low, flip);
-    for (int m = 0; m < MT; ++m) d[m][t] = V::dot(d[m][t], u, xv[m]);
+    for (int m = 0; m < MT; ++m) d[m][t] = dot_w<V, K>(d[m][t], u, xv[m]);
   }
 }
 
@@ -171,7 +193,7 @@ template <class V, Kind K, int MT, int OT>
   using I = typename V::I;
   using F = typename V::F;
   constexpr int64_t C = V::C;
-  constexpr int32_t z_const = K == Kind::i8 ? 128 : 8;
+  constexpr int32_t z_const = K == Kind::i8 ? kZ8<V> : 8;
   const ActLayout& L = a.lay;
   const int64_t O = w.rows, G = w.group, ng = w.cols / G;
   const int64_t wrow = K == Kind::i8 ? w.cols : w.cols / 2;
@@ -282,8 +304,8 @@ template <class V, Kind K, int CH, int MT, int OT, bool PerRow>
         I xv[MT];
         for (int m = 0; m < MT; ++m) xv[m] = V::load(xr[m] + xs + c);
         for (int t = 0; t < OT; ++t) {
-          const I u = V::xor_(V::load(wr[t] + col + c), flip);
-          for (int m = 0; m < MT; ++m) d[m][t] = V::dot(d[m][t], u, xv[m]);
+          const I u = load_weights<V, K, false>(wr[t], col + c, C, low, flip);
+          for (int m = 0; m < MT; ++m) d[m][t] = dot_w<V, K>(d[m][t], u, xv[m]);
         }
       } else {
         I xe[MT], xo[MT];
@@ -295,7 +317,7 @@ template <class V, Kind K, int CH, int MT, int OT, bool PerRow>
             lo = V::and_xor(p, low, flip), hi = V::and_xor(V::srli4(p), low, flip);
           else
             lo = V::and_(p, low), hi = V::and_(V::srli4(p), low);
-          for (int m = 0; m < MT; ++m) d[m][t] = V::dot(V::dot(d[m][t], lo, xe[m]), hi, xo[m]);
+          for (int m = 0; m < MT; ++m) d[m][t] = V::dot2(d[m][t], lo, xe[m], hi, xo[m]);
         }
       }
     }

@@ -1,11 +1,14 @@
 // The part of the 256-bit (ymm) operations of quant_vnni_impl.h that AVX-VNNI and
 // AVX512-VNNI share: types, full loads, nibble spreading, integer bit operations and the whole
-// float side. Included inside each ISA's namespace, under its target pragma (both enable AVX2
+// float side. Included inside each ISA's namespace, under its target pragma (all enable AVX2
 // and FMA); each file's Ymm adds what differs: partial loads (copies vs byte masks),
-// and_xor (two ops vs ternarylogic), the dot product (VEX vs EVEX vpdpbusd) and its tiling.
+// and_xor (two ops vs ternarylogic), the dot product (VEX or EVEX vpdpbusd, or AVX2's
+// vpmaddubsw + vpmaddwd) and its tiling.
 #pragma once
 
 struct YmmCommon {
+  // int8 weights reach the dot product unsigned (w + 128) unless a traits type says otherwise.
+  static constexpr bool signed_i8 = false;
   using I = __m256i;
   using F = __m256;
   using H = __m128i;
@@ -41,4 +44,20 @@ struct YmmCommon {
     const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
     return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
   }
+};
+
+// What AVX2 without AVX-512 has for the parts AVX-512 does with byte masks and vpternlog.
+struct YmmAvx2 : YmmCommon {
+  static constexpr int64_t C = 32;
+  static I load_part(const void* p, int64_t n) {
+    alignas(32) uint8_t buf[32] = {};
+    std::memcpy(buf, p, size_t(n));
+    return _mm256_load_si256(reinterpret_cast<const __m256i*>(buf));
+  }
+  static H load_half_part(const void* p, int64_t n) {
+    alignas(16) uint8_t buf[16] = {};
+    std::memcpy(buf, p, size_t(n));
+    return _mm_load_si128(reinterpret_cast<const __m128i*>(buf));
+  }
+  static I and_xor(I a, I b, I c) { return _mm256_xor_si256(_mm256_and_si256(a, b), c); }
 };
