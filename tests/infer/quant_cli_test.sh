@@ -53,6 +53,17 @@ out="$("$LOOM" bench infer --checkpoint "$WORK/q4" --mode continuous --requests 
 [ "$(echo "$out" | field quant)" = "int4 g32 head int8" ] || { echo "bench infer SUMMARY lacks the quant: $out"; exit 1; }
 echo "$out" | field prefill_tokens_per_s > /dev/null
 
+# Every integer path this CPU runs gives the same model to activation rounding, and says so.
+for path in avx2-int avx-vnni avx512-vnni; do
+  log="$(LOOM_QUANT_PATH=$path "$LOOM" bench infer --checkpoint "$WORK/q4" --mode continuous --requests 1 --rate 0 \
+    --prompt-len 8 --output-len 2 --no-batch1 2>&1)" || {
+    grep -q "needs instructions this CPU lacks" <<<"$log" && { echo "$path: not on this CPU"; continue; }
+    echo "LOOM_QUANT_PATH=$path failed:"; echo "$log"; exit 1; }
+  grep -q "quantized linears $path" <<<"$log" || { echo "LOOM_QUANT_PATH=$path: the path is not printed:"; echo "$log"; exit 1; }
+  p4="$(LOOM_QUANT_PATH=$path ev --checkpoint "$WORK/q4")"
+  python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); print(f'int4 g32 eval loss on $path {a:.4f}'); assert abs(a / b - 1) < 2e-3, (a, b)" "$p4" "$i4"
+done
+refused "LOOM_QUANT_PATH='avx9': expected one of base-f32, avx2-f32" env LOOM_QUANT_PATH=avx9 "$LOOM" generate --checkpoint "$WORK/q4" --prompt "A"
 refused "[quantize] --to int3: expected int8, int4 or bf16" "$LOOM" quantize --checkpoint "$WORK/run" --to int3 --out "$WORK/x"
 refused "group" "$LOOM" quantize --checkpoint "$WORK/run" --to int4 --group 50 --out "$WORK/x"
 refused "is already quantized" "$LOOM" quantize --checkpoint "$WORK/q8" --to int4 --out "$WORK/x"
