@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -642,7 +643,24 @@ void gpt2_bench(int64_t M) {
   };
   std::mt19937 g(5);
 
-  const std::vector<Config>& configs = M == 1 ? decode : prompt;
+  // QUANT_BENCH_ONLY=a,b keeps the configs whose names contain one of the comma-separated words.
+  std::vector<Config> configs = M == 1 ? decode : prompt;
+  if (const char* only = std::getenv("QUANT_BENCH_ONLY"); only && *only) {
+    std::vector<Config> kept;
+    for (const Config& c : configs) {
+      std::string words = only;
+      for (size_t at = 0; at != std::string::npos;) {
+        const size_t comma = words.find(',', at);
+        const std::string word = words.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+        if (!word.empty() && c.name.find(word) != std::string::npos) {
+          kept.push_back(c);
+          break;
+        }
+        at = comma == std::string::npos ? comma : comma + 1;
+      }
+    }
+    configs = kept;
+  }
   const std::vector<float> x = randn(size_t(M * 3072), g);
   std::vector<float> y(size_t(M * 50257));
   // seconds[config][matrix kind], one entry per repetition
