@@ -348,15 +348,15 @@ TEST_P(QuantLinearPath, ExtremeProductsDoNotSaturate) {
     }
 }
 
-// Below the many-rows switch (BLAS on the f32 paths, the repacked kernel on AVX512-VNNI) a
+// Below the many-rows switch (BLAS on the f32 paths, the repacked kernels on the integer ones) a
 // row's output is bitwise the same whatever the batch around it.
 TEST_P(QuantLinearPath, ARowsResultDoesNotDependOnTheRowCount) {
   const Path p = GetParam();
   std::mt19937 g(8);
   const int64_t I = 256, O = 37;
-  const int64_t M = p == Path::avx512_vnni      ? quant::kGemmMinRows - 1
-                    : quant::is_integer_path(p) ? 70
-                                                : kQuantBlasMinRows;
+  const int64_t M = p == Path::avx512_vnni                       ? quant::kGemmMinRows - 1
+                    : p == Path::avx2_int || p == Path::avx_vnni ? quant::kYmmGemmMinRows - 1
+                                                                 : kQuantBlasMinRows;
   const Variant bf16{QuantFormat::bf16, false, "bf16"};
   std::vector<Variant> variants;
   if (!quant::is_bf16_dot_path(p)) variants.assign(std::begin(kProductVariants), std::end(kProductVariants));

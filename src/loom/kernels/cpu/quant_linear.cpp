@@ -74,10 +74,30 @@ void int_gemm(const float* x, const QuantView& w, const ActLayout& lay, const fl
   for (int64_t item = 0; item < gemm_items(w); ++item) gemm_panels_avx512(xq, sq, su, w, lay, b, y, M, item);
 }
 
+// Many rows on AVX2 (with or without AVX-VNNI): W repacked into panels (quant_gemm_ymm.h).
+void ymm_int_gemm(Path p, const float* x, const QuantView& w, const ActLayout& lay, const float* b, float* y,
+                  int64_t M) {
+  thread_local std::vector<int8_t> xa;
+  thread_local std::vector<float> sx, sxsum;
+  const int64_t I = w.cols;
+  int8_t* xq = grown(xa, M * I);
+  float* sq = grown(sx, M * (I / 32));
+  float* ss = grown(sxsum, M * (I / 32));
+#pragma omp parallel for schedule(static)
+  for (int64_t m = 0; m < M; ++m) ymm_gemm_quantize_acts(x, w, lay, xq, sq, ss, m, m + 1);
+  const auto item = p == Path::avx_vnni ? ymm_gemm_item_avx_vnni : ymm_gemm_item_avx2i;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t it = 0; it < ymm_gemm_items(w); ++it) item(xq, sq, ss, w, b, y, M, it);
+}
+
 void int_linear(Path p, const float* x, const QuantView& w, const float* b, float* y, int64_t M) {
   if (p == Path::avx512_vnni && M >= kGemmMinRows) {
     const ActLayout lay = act_layout(w, 64);
     if (gemm_fits(w, lay)) return int_gemm(x, w, lay, b, y, M);
+  }
+  if ((p == Path::avx2_int || p == Path::avx_vnni) && M >= kYmmGemmMinRows) {
+    const ActLayout lay = act_layout(w, 32);
+    if (gemm_fits(w, lay)) return ymm_int_gemm(p, x, w, lay, b, y, M);
   }
   // zmm where the shape allows (AVX512-VNNI also has ymm kernels), stepped where it can.
   ActLayout lay = act_layout(w, 32);

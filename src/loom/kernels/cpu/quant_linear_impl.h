@@ -109,6 +109,19 @@ int64_t gemm_items(const QuantView& w);
 void gemm_panels_avx512(const uint8_t* xa, const float* sx, const float* sums, const QuantView& w, const ActLayout& lay,
                         const float* b, float* y, int64_t M, int64_t item);
 
+// The many-rows kernel of the AVX2 integer paths (quant_gemm_ymm.h): x quantized [M, I] as the
+// few-rows kernels quantize it, with each 32-column sub-block's activation scale and scale x
+// sum [M, I / 32]; W packed per work item of 32 outputs. Used from kYmmGemmMinRows rows where
+// gemm_fits.
+inline constexpr int64_t kYmmGemmMinRows = 16;
+void ymm_gemm_quantize_acts(const float* x, const QuantView& w, const ActLayout& lay, int8_t* xq, float* sx,
+                            float* sxsum, int64_t m0, int64_t m1);
+int64_t ymm_gemm_items(const QuantView& w);
+void ymm_gemm_item_avx2i(const int8_t* xq, const float* sx, const float* sxsum, const QuantView& w, const float* b,
+                         float* y, int64_t M, int64_t item);
+void ymm_gemm_item_avx_vnni(const int8_t* xq, const float* sx, const float* sxsum, const QuantView& w, const float* b,
+                            float* y, int64_t M, int64_t item);
+
 void f32_rows_avx512(const float*, const QuantView&, const float*, float*, int64_t, int64_t, int64_t);
 void f32_rows_avx2(const float*, const QuantView&, const float*, float*, int64_t, int64_t, int64_t);
 void f32_rows_base(const float*, const QuantView&, const float*, float*, int64_t, int64_t, int64_t);

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "loom/kernels/cpu/quant_linear_impl.h"
 
@@ -24,6 +25,17 @@ struct Ymm : YmmAvx2 {
   static I dot2(I acc, I u1, I x1, I u2, I x2) { return dot(dot(acc, u1, x1), u2, x2); }
 };
 
+// The many-rows kernel's products (quant_gemm_ymm.h).
+struct GemmDot {
+  using I = __m256i;
+  using Acc = __m256i;
+  static Acc u4(Acc a, I u, I x) { return _mm256_dpbusd_avx_epi32(a, u, x); }
+  static Acc s8(Acc a, I abs_w, I signed_x) { return _mm256_dpbusd_avx_epi32(a, abs_w, signed_x); }
+  static I finish(Acc a, bool) { return a; }
+};
+
+#include "loom/kernels/cpu/quant_gemm_ymm.h"
+
 }  // namespace loom::cpu::quant::avx2
 
 #define LOOM_QUANT_ISA avx2
@@ -40,6 +52,11 @@ void quantize_acts_avx2(const float* x, const QuantView& w, const ActLayout& lay
 void int_rows_avx2(const QuantActs& a, const QuantView& w, const float* b, float* y, int64_t M, int64_t o0,
                    int64_t o1) {
   avx2::int_rows<avx2::Ymm>(a, w, b, y, M, o0, o1);
+}
+
+void ymm_gemm_item_avx_vnni(const int8_t* xq, const float* sx, const float* sxsum, const QuantView& w, const float* b,
+                            float* y, int64_t M, int64_t item) {
+  avx2::ymm_gemm::item<avx2::GemmDot>(xq, sx, sxsum, w, b, y, M, item);
 }
 
 }  // namespace loom::cpu::quant
