@@ -7,6 +7,7 @@
 
 #include "loom/core/error.h"
 #include "loom/infer/cpu/decode_linear.h"
+#include "loom/kernels/cpu/cpu_kernels.h"
 #include "loom/kernels/ops.h"
 
 using namespace loom;
@@ -55,7 +56,7 @@ TEST_P(DecodeLinearIsa, ARowsResultDoesNotDependOnTheRowCount) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Runnable, DecodeLinearIsa, ::testing::ValuesIn(infer::decode_linear_isas()),
+INSTANTIATE_TEST_SUITE_P(Runnable, DecodeLinearIsa, ::testing::ValuesIn(cpu::isas_here()),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 TEST(DecodeLinear, RefusesAnInstructionSetThisCpuLacks) {

@@ -6,8 +6,11 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <string>
+#include <type_traits>
 #include <vector>
 
+#include "loom/kernels/cpu/cpu_kernels.h"
 #include "loom/kernels/cpu/paged_attention.h"
 #include "loom/kernels/ops.h"
 
@@ -19,8 +22,9 @@ struct Case {
   int64_t H, KVH, D, bs;
 };
 
+// isa: the f32 build to run (empty: the default one; f64 has one build).
 template <class T>
-void check(const Case& c, double tol) {
+void check(const Case& c, double tol, const std::string& isa = "") {
   const int64_t H = c.H, KVH = c.KVH, D = c.D, bs = c.bs, W = (H + 2 * KVH) * D;
   const std::vector<int64_t> lens{37, 1, 16, 50};
   const int64_t n_blocks = 64;
@@ -72,8 +76,14 @@ void check(const Case& c, double tol) {
     }
     if (seqs.empty()) continue;
     std::vector<T> out(size_t(row * H * D), T(-7));
-    cpu::paged_attention_forward<T>(q_rows.data(), W, kc.data(), vc.data(), bs, seqs.data(), int64_t(seqs.size()),
-                                    out.data(), H * D, H, KVH, D);
+    const bool on_isa = std::is_same_v<T, float> && !isa.empty();
+    if constexpr (std::is_same_v<T, float>)
+      if (on_isa)
+        cpu::paged_attention_forward_on(isa, q_rows.data(), W, kc.data(), vc.data(), bs, seqs.data(),
+                                        int64_t(seqs.size()), out.data(), H * D, H, KVH, D);
+    if (!on_isa)
+      cpu::paged_attention_forward<T>(q_rows.data(), W, kc.data(), vc.data(), bs, seqs.data(), int64_t(seqs.size()),
+                                      out.data(), H * D, H, KVH, D);
     for (size_t k = 0; k < seqs.size(); ++k) {
       const auto [s, p0] = who[k];
       for (int64_t i = 0; i < seqs[k].n_q; ++i)
@@ -90,6 +100,16 @@ void check(const Case& c, double tol) {
 
 TEST(PagedAttention, MatchesDenseMultiHeadF32) { check<float>({4, 4, 16, 4}, 2e-5); }
 TEST(PagedAttention, MatchesDenseGroupedQueryF32) { check<float>({4, 2, 8, 16}, 2e-5); }
+// Every instruction-set build this CPU runs, with head sizes that take the vector paths of
+// every register width (64: 4 vectors of 16 lanes; 24: 3 of 8, 6 of 4) and their tails.
+class PagedAttentionIsa : public ::testing::TestWithParam<std::string> {};
+TEST_P(PagedAttentionIsa, MatchesDense) {
+  for (const Case& c : {Case{4, 4, 16, 4}, Case{4, 2, 8, 16}, Case{2, 1, 64, 16}, Case{3, 3, 24, 8}, Case{2, 2, 40, 4}})
+    check<float>(c, 2e-5, GetParam());
+}
+INSTANTIATE_TEST_SUITE_P(Runnable, PagedAttentionIsa, ::testing::ValuesIn(cpu::isas_here()),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
 TEST(PagedAttention, MatchesDenseMultiHeadF64) { check<double>({3, 3, 8, 16}, 1e-12); }
 TEST(PagedAttention, MatchesDenseGroupedQueryF64) { check<double>({6, 2, 4, 4}, 1e-12); }
 

@@ -132,7 +132,9 @@ TEST(QuantFromGguf, Q4_0AndQ8_0BlocksAreKeptBitForBit) {
                            int8 ? "" : "; quantized from the dequantized weights: Q4_0 x1"));
     EXPECT_FALSE(q.blocks[0].qkv.offsets.defined()) << "Q4_0 is symmetric int4";
     EXPECT_EQ(differing_outside_head(*l.model, file_values), 0);
-    if (int8) EXPECT_EQ(differing(file_values, params_of(*l.model)), 0) << "the head too";
+    if (int8) {
+      EXPECT_EQ(differing(file_values, params_of(*l.model)), 0) << "the head too";
+    }
   }
 }
 

@@ -6,7 +6,6 @@
 #pragma once
 #include <cstdint>
 #include <string>
-#include <vector>
 
 namespace loom::infer {
 
@@ -19,9 +18,8 @@ inline constexpr int64_t kDecodeLinearMaxRows = 64;
 
 void decode_linear(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t I, int64_t O);
 
-// The instruction-set builds this CPU runs ("base", then "avx2", "avx512"), and decode_linear
-// on one of them (for tests and comparisons; throws for one this CPU lacks).
-std::vector<std::string> decode_linear_isas();
+// decode_linear on one of the instruction-set builds cpu::isas_here() names (for tests and
+// comparisons; throws for one this CPU lacks).
 void decode_linear_on(const std::string& isa, const float* x, const float* w, const float* b, float* y, int64_t M,
                       int64_t I, int64_t O);
 

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "loom/kernels/cpu/rounded_operands.h"
 
@@ -97,5 +98,8 @@ void adamw_update(T* p, const T* g, T* m, T* v, int64_t n, const AdamWParams& h,
 
 // Name of the instruction set the f32 hot kernels dispatched to ("avx512", "avx2", "base").
 std::string hot_kernels_isa();
+// The instruction-set builds this CPU runs: "base", then "avx2" (AVX2 + FMA) and "avx512"
+// (F, BW, VL, DQ) where present. Kernels with per-ISA builds test each of these.
+std::vector<std::string> isas_here();
 
 }  // namespace loom::cpu

@@ -2,6 +2,8 @@
 // the portable build. LOOM_ISA=base|avx2|avx512 overrides (for comparisons and debugging).
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "loom/core/error.h"
 #include "loom/kernels/cpu/cpu_kernels.h"
@@ -9,11 +11,27 @@
 
 namespace loom::cpu {
 
-static const HotKernels* pick_hot_kernels() {
+static bool cpu_has_avx2() {
   __builtin_cpu_init();
-  const bool has512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  const bool has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+static bool cpu_has_avx512() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+}
+
+std::vector<std::string> isas_here() {
+  std::vector<std::string> out{"base"};
+  if (cpu_has_avx2()) out.push_back("avx2");
+  if (cpu_has_avx512()) out.push_back("avx512");
+  return out;
+}
+
+static const HotKernels* pick_hot_kernels() {
+  const bool has512 = cpu_has_avx512();
+  const bool has2 = cpu_has_avx2();
   if (const char* want = std::getenv("LOOM_ISA")) {
     if (!std::strcmp(want, "base")) return hot_kernels_base();
     if (!std::strcmp(want, "avx2")) {

@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "loom/core/error.h"
 #include "loom/kernels/cpu/cpu_kernels.h"
 #include "loom/kernels/cpu/vec_math.h"
 
@@ -25,9 +26,12 @@ struct ItemArgs {
   int64_t q_stride, out_stride, block_size, H, KVH, D;
 };
 
-// Keys are scored kW at a time: one vector of kW lanes per query row (kW = 16 is one zmm of
-// f32), accumulated over d, for kRows rows at once (independent chains that share each load of
-// the transposed keys), so no horizontal sum is needed per key.
+// Keys are scored W at a time: one vector of W lanes per query row, accumulated over d, for
+// kRows rows at once (independent chains that share each load of the transposed keys), so no
+// horizontal sum is needed per key. W is one register of f32: 16 (zmm) on AVX-512, 8 (ymm)
+// on AVX2, 4 (xmm) in the portable build; 8 rows of 16 lanes would be all 16 ymm registers,
+// which left AVX2 slower than the portable build. Scratch rows are padded to kW, a multiple of
+// every W; the f64 reference build takes kW.
 constexpr int64_t kW = 16;
 constexpr int64_t kRows = 8;
 
@@ -50,47 +54,48 @@ struct Scratch {
 // vector argument or return (what -Wpsabi warns about) never applies.
 #pragma GCC diagnostic ignored "-Wpsabi"
 
-// kW lanes of T as one GCC vector (a zmm for f32 under AVX-512; split on narrower targets),
+// W lanes of T as one GCC vector (a zmm or ymm of f32; split on narrower targets),
 // so that accumulators stay in registers.
-template <class T>
+// Loads and stores are plain dereferences of a copy of the type aligned as T: through memcpy,
+// GCC kept the AVX2 build's vectors on the stack (3x slower than the portable build).
+template <class T, int W>
 struct Lanes {
-  typedef T type __attribute__((vector_size(kW * sizeof(T))));
+  typedef T type __attribute__((vector_size(W * sizeof(T))));
+  typedef T unaligned __attribute__((vector_size(W * sizeof(T)), aligned(alignof(T)), may_alias));
 };
-template <class T>
-using Vec = typename Lanes<T>::type;
-template <class T>
-[[gnu::always_inline]] inline Vec<T> vload(const T* p) {
-  Vec<T> v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
+template <class T, int W>
+using Vec = typename Lanes<T, W>::type;
+template <class T, int W>
+[[gnu::always_inline]] inline Vec<T, W> vload(const T* p) {
+  return *reinterpret_cast<const typename Lanes<T, W>::unaligned*>(p);
 }
-template <class T>
-[[gnu::always_inline]] inline void vstore(T* p, const Vec<T>& v) {
-  std::memcpy(p, &v, sizeof v);
+template <class T, int W>
+[[gnu::always_inline]] inline void vstore(T* p, const Vec<T, W>& v) {
+  *reinterpret_cast<typename Lanes<T, W>::unaligned*>(p) = v;
 }
 
-// acc[0, DC*kW) = acc * corr + sum over j < nj (in order) of p[j] * v[j]; the DC vectors of
+// acc[0, DC*W) = acc * corr + sum over j < nj (in order) of p[j] * v[j]; the DC vectors of
 // acc stay in registers over j (independent chains, one per vector).
-template <class T, int DC>
+template <class T, int W, int DC>
 [[gnu::always_inline]] inline void pv_fixed(T* acc, T corr, const T* p, const T* v, int64_t D, int64_t nj) {
-  Vec<T> av[DC];
+  Vec<T, W> av[DC];
 #pragma GCC unroll 8
-  for (int c = 0; c < DC; ++c) av[c] = vload(acc + c * kW) * corr;
+  for (int c = 0; c < DC; ++c) av[c] = vload<T, W>(acc + c * W) * corr;
   for (int64_t j = 0; j < nj; ++j) {
     const T pj = p[j];
     const T* vj = v + j * D;
 #pragma GCC unroll 8
-    for (int c = 0; c < DC; ++c) av[c] += pj * vload(vj + c * kW);
+    for (int c = 0; c < DC; ++c) av[c] += pj * vload<T, W>(vj + c * W);
   }
 #pragma GCC unroll 8
-  for (int c = 0; c < DC; ++c) vstore(acc + c * kW, av[c]);
+  for (int c = 0; c < DC; ++c) vstore<T, W>(acc + c * W, av[c]);
 }
 
-template <class T>
+template <class T, int W>
 [[gnu::always_inline]] inline void pv(T* acc, T corr, const T* p, const T* v, int64_t D, int64_t nj) {
   int64_t d0 = 0;
-  for (; d0 + 4 * kW <= D; d0 += 4 * kW) pv_fixed<T, 4>(acc + d0, corr, p, v + d0, D, nj);
-  for (; d0 + kW <= D; d0 += kW) pv_fixed<T, 1>(acc + d0, corr, p, v + d0, D, nj);
+  for (; d0 + 4 * W <= D; d0 += 4 * W) pv_fixed<T, W, 4>(acc + d0, corr, p, v + d0, D, nj);
+  for (; d0 + W <= D; d0 += W) pv_fixed<T, W, 1>(acc + d0, corr, p, v + d0, D, nj);
   for (; d0 < D; ++d0) {
     T x = acc[d0] * corr;
     for (int64_t j = 0; j < nj; ++j) x += p[j] * v[j * D + d0];
@@ -98,26 +103,26 @@ template <class T>
   }
 }
 
-// Scores of kRows query rows against kW keys (lanes) of the transposed block: for each row,
+// Scores of kRows query rows against W keys (lanes) of the transposed block: for each row,
 // s[t] = sum over d (in order) of q[d] * kt[d][t]. Rows past the real ones repeat the last.
-template <class T>
+template <class T, int W>
 [[gnu::always_inline]] inline void score_rows(const T* const* qr, const T* kt, int64_t bw, int64_t D, T* s,
                                               int64_t s_stride) {
-  Vec<T> sv[kRows] = {};
+  Vec<T, W> sv[kRows] = {};
   for (int64_t d = 0; d < D; ++d) {
-    const Vec<T> kd = vload(kt + d * bw);
+    const Vec<T, W> kd = vload<T, W>(kt + d * bw);
 #pragma GCC unroll 8
     for (int u = 0; u < kRows; ++u) sv[u] += qr[u][d] * kd;
   }
 #pragma GCC unroll 8
-  for (int u = 0; u < kRows; ++u) vstore(s + u * s_stride, sv[u]);
+  for (int u = 0; u < kRows; ++u) vstore<T, W>(s + u * s_stride, sv[u]);
 }
 
 // Each query row walks the key blocks in order with its own online-softmax state: scores of a
 // block as s[j] = sum over d (in order) of q[d] * k[j][d], its exponentials, then acc = acc *
 // correction + sum over j (in order) of p[j] * v[j]. The arithmetic of a row does not depend on
 // the tile, the chunking of its sequence or the other rows, so prefill and decode agree.
-template <class T>
+template <class T, int W>
 [[gnu::always_inline]] inline void attend_item(const T* q, const T* k_cache, const T* v_cache, const PagedSeq& sq,
                                                int64_t g, int64_t i0, int64_t i1, T* out, const ItemArgs& a,
                                                Scratch<T>& w) {
@@ -151,36 +156,36 @@ template <class T>
       if (nj_max <= 0) continue;
       const T* qr[kRows];
       for (int64_t u = 0; u < kRows; ++u) qr[u] = &w.qs[size_t((r0 + std::min(u, rn - 1)) * D)];
-      for (int64_t c = 0; c * kW < nj_max; ++c) score_rows<T>(qr, kt + c * kW, bw, D, w.s.data() + c * kW, bw);
+      for (int64_t c = 0; c * W < nj_max; ++c) score_rows<T, W>(qr, kt + c * W, bw, D, w.s.data() + c * W, bw);
       for (int64_t u = 0; u < rn; ++u) {
         const int64_t r = r0 + u, nj = keys_in_block(r, kb);
         if (nj <= 0) continue;
         // Max, exponentials and their sum lane-wise over whole vectors (lanes past nj: -big,
         // then 0), the lanes summed last: the same for this row in any tile.
         T* s = w.s.data() + u * bw;
-        const int64_t nw = (nj + kW - 1) / kW * kW;
+        const int64_t nw = (nj + W - 1) / W * W;
         for (int64_t j = nj; j < nw; ++j) s[j] = T(kNegBig);
         const T mold = w.m[size_t(r)];
-        T lane[kW];
-        for (int t = 0; t < kW; ++t) lane[t] = mold;
-        for (int64_t c = 0; c < nw; c += kW)
-          for (int t = 0; t < kW; ++t) lane[t] = s[c + t] > lane[t] ? s[c + t] : lane[t];
+        T lane[W];
+        for (int t = 0; t < W; ++t) lane[t] = mold;
+        for (int64_t c = 0; c < nw; c += W)
+          for (int t = 0; t < W; ++t) lane[t] = s[c + t] > lane[t] ? s[c + t] : lane[t];
         T mx = lane[0];
-        for (int t = 1; t < kW; ++t) mx = lane[t] > mx ? lane[t] : mx;
+        for (int t = 1; t < W; ++t) mx = lane[t] > mx ? lane[t] : mx;
         const T corr = vexp<T>(mold - mx);
-        for (int t = 0; t < kW; ++t) lane[t] = 0;
-        for (int64_t c = 0; c < nw; c += kW)
-          for (int t = 0; t < kW; ++t) {
+        for (int t = 0; t < W; ++t) lane[t] = 0;
+        for (int64_t c = 0; c < nw; c += W)
+          for (int t = 0; t < W; ++t) {
             const T x = vexp<T>(s[c + t] - mx);
             const T e = c + t < nj ? x : T(0);
             s[c + t] = e;
             lane[t] += e;
           }
         T sum = 0;
-        for (int t = 0; t < kW; ++t) sum += lane[t];
+        for (int t = 0; t < W; ++t) sum += lane[t];
         w.l[size_t(r)] = w.l[size_t(r)] * corr + sum;
         w.m[size_t(r)] = mx;
-        pv<T>(&w.acc[size_t(r * D)], corr, s, vblk, D, nj);
+        pv<T, W>(&w.acc[size_t(r * D)], corr, s, vblk, D, nj);
       }
     }
   }
@@ -197,36 +202,35 @@ template <class T>
 using ItemFn = void (*)(const float*, const float*, const float*, const PagedSeq&, int64_t, int64_t, int64_t, float*,
                         const ItemArgs&, Scratch<float>&);
 
-#define LOOM_PAGED_ITEM(name, attr)                                                                         \
+#define LOOM_PAGED_ITEM(name, attr, W)                                                                      \
   attr void name(const float* q, const float* k, const float* v, const PagedSeq& sq, int64_t g, int64_t i0, \
                  int64_t i1, float* out, const ItemArgs& a, Scratch<float>& w) {                            \
-    attend_item<float>(q, k, v, sq, g, i0, i1, out, a, w);                                                  \
+    attend_item<float, W>(q, k, v, sq, g, i0, i1, out, a, w);                                               \
   }
-LOOM_PAGED_ITEM(item_avx512, [[gnu::target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,prefer-vector-width=512")]])
-LOOM_PAGED_ITEM(item_avx2, [[gnu::target("avx2,fma")]])
-LOOM_PAGED_ITEM(item_base, )
+LOOM_PAGED_ITEM(item_avx512, [[gnu::target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,prefer-vector-width=512")]], 16)
+LOOM_PAGED_ITEM(item_avx2, [[gnu::target("avx2,fma")]], 8)
+LOOM_PAGED_ITEM(item_base, , 4)
 #undef LOOM_PAGED_ITEM
 
-// The instruction set the hot kernels were given (CPU features, or LOOM_ISA).
-ItemFn pick_item_f32() {
-  const std::string isa = hot_kernels_isa();
+ItemFn item_for(const std::string& isa) {
   if (isa == "avx512") return item_avx512;
   if (isa == "avx2") return item_avx2;
   return item_base;
 }
 
+// f32_item: the f32 build to run (null: the one the hot kernels were given, by CPU features or
+// LOOM_ISA).
 template <class T>
 void run_items(const T* q, const T* k_cache, const T* v_cache, const PagedSeq* seqs, int64_t n_seqs, T* out,
-               const ItemArgs& a) {
+               const ItemArgs& a, [[maybe_unused]] ItemFn f32_item = nullptr) {
   // Flatten (sequence, KV head, query tile) into one index space for the thread team.
   std::vector<int64_t> first(size_t(n_seqs) + 1, 0);
   for (int64_t s = 0; s < n_seqs; ++s)
     first[size_t(s) + 1] = first[size_t(s)] + a.KVH * ((seqs[s].n_q + kQueryTile - 1) / kQueryTile);
   const int64_t n_items = first.back();
-  [[maybe_unused]] ItemFn f32_item = nullptr;
   if constexpr (std::is_same_v<T, float>) {
-    static const ItemFn picked = pick_item_f32();
-    f32_item = picked;
+    static const ItemFn picked = item_for(hot_kernels_isa());
+    if (!f32_item) f32_item = picked;
   }
 #pragma omp parallel if (n_items > 1)
   {
@@ -245,7 +249,7 @@ void run_items(const T* q, const T* k_cache, const T* v_cache, const PagedSeq* s
       if constexpr (std::is_same_v<T, float>)
         f32_item(q, k_cache, v_cache, seqs[s], g, i0, i1, out, a, w);
       else
-        attend_item<T>(q, k_cache, v_cache, seqs[s], g, i0, i1, out, a, w);
+        attend_item<T, kW>(q, k_cache, v_cache, seqs[s], g, i0, i1, out, a, w);
     }
   }
 }
@@ -258,6 +262,16 @@ void paged_attention_forward(const T* q, int64_t q_stride, const T* k_cache, con
                              int64_t D) {
   const ItemArgs a{q_stride, out_stride, block_size, H, KVH, D};
   run_items<T>(q, k_cache, v_cache, seqs, n_seqs, out, a);
+}
+
+void paged_attention_forward_on(const std::string& isa, const float* q, int64_t q_stride, const float* k_cache,
+                                const float* v_cache, int64_t block_size, const PagedSeq* seqs, int64_t n_seqs,
+                                float* out, int64_t out_stride, int64_t H, int64_t KVH, int64_t D) {
+  const std::vector<std::string> here = isas_here();
+  LOOM_CHECK(std::find(here.begin(), here.end(), isa) != here.end(), "paged_attention", "instruction set '", isa,
+             "' does not run on this CPU");
+  const ItemArgs a{q_stride, out_stride, block_size, H, KVH, D};
+  run_items<float>(q, k_cache, v_cache, seqs, n_seqs, out, a, item_for(isa));
 }
 
 template <class T>

@@ -4,6 +4,7 @@
 // [num_blocks, KVH, block_size, D]. Pointer level, like cpu_kernels.h: no argument checks.
 #pragma once
 #include <cstdint>
+#include <string>
 
 namespace loom::cpu {
 
@@ -22,6 +23,12 @@ template <class T>
 void paged_attention_forward(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache, int64_t block_size,
                              const PagedSeq* seqs, int64_t n_seqs, T* out, int64_t out_stride, int64_t H, int64_t KVH,
                              int64_t D);
+
+// The f32 forward on a given instruction-set build (one of cpu::isas_here(); throws for one
+// this CPU lacks): for tests and comparisons.
+void paged_attention_forward_on(const std::string& isa, const float* q, int64_t q_stride, const float* k_cache,
+                                const float* v_cache, int64_t block_size, const PagedSeq* seqs, int64_t n_seqs,
+                                float* out, int64_t out_stride, int64_t H, int64_t KVH, int64_t D);
 
 // Scatters rows: for row r, k[r*stride .. + KVH*D) and v likewise go to cache slot slots[r]
 // (= block * block_size + offset).
