@@ -1,15 +1,43 @@
 #!/usr/bin/env bash
 # Builds the llama.cpp peer for `loom bench infer --peer llama.cpp`: a private Python venv
 # holding PyPI's llama-cpp-python (an sdist whose build compiles its bundled llama.cpp for
-# this CPU), gguf (to write loom's weights as GGUF) and numpy. Nothing outside VENV is
-# touched; a second call with the venv complete returns at once.
-#   usage: setup_llama_cpp.sh VENV_DIR
+# an ISA), gguf (to write loom's weights as GGUF) and numpy. Nothing outside VENV is touched;
+# a second call with the venv complete returns at once.
+#   usage: setup_llama_cpp.sh VENV_DIR [native|avx2]
+# ISA native (the default) builds for this CPU (-march=native: AVX-512, VNNI, AMX where
+# present); avx2 builds for an AVX2-only x86 CPU (Zen 3, Intel client cores before AVX-VNNI):
+# AVX2, FMA, F16C, BMI2, with AVX-512, AVX-VNNI and AMX off, whatever this CPU has. Each ISA
+# keeps its own stamp, so one venv never holds the other's build.
 set -euo pipefail
-venv=${1:?usage: setup_llama_cpp.sh VENV_DIR}
+usage="usage: setup_llama_cpp.sh VENV_DIR [native|avx2]"
+venv=${1:?$usage}
+isa=${2:-native}
 llama_version=0.3.36
 gguf_version=0.19.0
-stamp="$venv/.loom-peer-ready-$llama_version-$gguf_version"
+# The flag names are ggml's (vendor/llama.cpp/ggml/CMakeLists.txt of the 0.3.36 sdist).
+case $isa in
+  native) stamp_isa="" ; ggml_isa="-DGGML_NATIVE=ON" ;;
+  avx2) stamp_isa="avx2-"
+    ggml_isa="-DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+    ggml_isa+=" -DGGML_BMI2=ON -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF"
+    ggml_isa+=" -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF"
+    ggml_isa+=" -DGGML_AMX_BF16=OFF" ;;
+  *) echo "[peer llama.cpp] ISA \"$isa\" is not native or avx2; $usage" >&2; exit 2 ;;
+esac
+stamp="$venv/.loom-peer-ready-$stamp_isa$llama_version-$gguf_version"
 if [[ -f $stamp ]]; then exit 0; fi
+# A complete build for the other ISA is not replaced silently: it took minutes, and a
+# benchmark pointed at this directory expects that ISA.
+for other in "$venv"/.loom-peer-ready-*; do
+  if [[ -f $other ]]; then
+    case ${other##*/.loom-peer-ready-} in avx2-*) other_isa=avx2 ;; *) other_isa=native ;; esac
+    if [[ $other_isa != "$isa" ]]; then
+      echo "[peer llama.cpp] $venv holds the $other_isa build; give another directory for $isa" \
+           "(loom bench infer's default for avx2 is BUILD/peers/llama-venv-avx2), or remove it" >&2
+      exit 2
+    fi
+  fi
+done
 
 python=""
 for p in /usr/bin/python3 python3; do
@@ -28,7 +56,7 @@ for tool in cmake c++; do
   fi
 done
 
-echo "[peer llama.cpp] building llama-cpp-python $llama_version (compiles llama.cpp for this CPU," \
+echo "[peer llama.cpp] building llama-cpp-python $llama_version (compiles llama.cpp for ISA $isa," \
      "about 4-8 minutes on 2 cores; reused afterwards) into $venv" >&2
 rm -rf "$venv"
 "$python" -m venv "$venv"
@@ -38,14 +66,15 @@ if ! "$venv/bin/pip" install --disable-pip-version-check -q "numpy<3" "gguf==$gg
   echo "[peer llama.cpp] pip could not install gguf/numpy from PyPI (see $log)" >&2
   exit 2
 fi
-# GGML_NATIVE builds for the host's ISA (AVX-512, VNNI, AMX where present); no multimodal.
-if ! CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DLLAMA_CURL=OFF" \
+# No multimodal. --no-cache-dir: pip's cache of locally built wheels is keyed by the sdist,
+# not by CMAKE_ARGS, so it would hand one ISA's build to the other.
+if ! CMAKE_ARGS="$ggml_isa -DLLAVA_BUILD=OFF -DLLAMA_CURL=OFF" \
      CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
-     "$venv/bin/pip" install --disable-pip-version-check -q --no-binary llama-cpp-python \
+     "$venv/bin/pip" install --disable-pip-version-check -q --no-cache-dir --no-binary llama-cpp-python \
      "llama-cpp-python==$llama_version" >>"$log" 2>&1; then
   tail -30 "$log" >&2
   echo "[peer llama.cpp] building llama-cpp-python failed (see $log)" >&2
   exit 2
 fi
 touch "$stamp"
-echo "[peer llama.cpp] ready: $venv" >&2
+echo "[peer llama.cpp] ready ($isa): $venv" >&2
