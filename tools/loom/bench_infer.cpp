@@ -339,7 +339,16 @@ int bench_infer(const std::vector<std::string>& argv) {
   add_tensor_parallel_option(*app, a.tp);
   const std::string peer = "--peer llama.cpp";
   app->add_option("--peer", a.peer, "run beside llama.cpp")->check(one_of({"llama.cpp"}))->group(peer);
-  app->add_option("--peer-venv", a.peer_venv, "where llama-cpp-python is built (default BUILD/peers/llama-venv)")
+  std::string peer_isa = "native";
+  app->add_option("--peer-isa", peer_isa,
+                  "the instruction set llama.cpp is built for: native (this CPU's, -march=native) or avx2 (AVX2, "
+                  "FMA, F16C; no AVX-512, AVX-VNNI or AMX: an AVX2-only CPU such as Zen 3; run loom with "
+                  "LOOM_ISA=avx2 beside it)")
+      ->check(one_of({"native", "avx2"}))
+      ->group(peer);
+  app->add_option("--peer-venv", a.peer_venv,
+                  "where llama-cpp-python is built (default BUILD/peers/llama-venv, with --peer-isa avx2 "
+                  "BUILD/peers/llama-venv-avx2)")
       ->type_name("DIR")
       ->group(peer);
   app->add_option("--rounds", a.rounds, "alternating rounds")->type_name("R")->check(positive())->group(peer);
@@ -385,9 +394,10 @@ int bench_infer(const std::vector<std::string>& argv) {
       ->default_str("")
       ->group(spec);
   if (auto rc = parse(*app, argv)) return *rc;
+  a.peer_isa = peer_isa == "avx2" ? PeerIsa::avx2 : PeerIsa::native;
   if (!a.given("peer"))
-    for (const char* k : {"peer-venv", "rounds", "precisions", "compare-tokens", "compare-prompt", "ppl-text",
-                          "ppl-seq-len", "ppl-max-windows"})
+    for (const char* k : {"peer-isa", "peer-venv", "rounds", "precisions", "compare-tokens", "compare-prompt",
+                          "ppl-text", "ppl-seq-len", "ppl-max-windows"})
       if (a.given(k)) throw UsageError(str_cat("[bench infer] --", k, " goes with --peer llama.cpp"));
   if (!a.given("speculative"))
     for (const char* k : {"data", "workload", "batch1-requests", "low-rate"})

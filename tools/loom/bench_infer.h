@@ -13,6 +13,11 @@
 
 namespace loom::cli {
 
+// The instruction set the llama.cpp peer is compiled for (bench/peers/setup_llama_cpp.sh's
+// second argument): this CPU's own (-march=native), or AVX2 only as on a Zen 3 even where this
+// CPU has more, to compare with loom under LOOM_ISA=avx2.
+enum class PeerIsa { native, avx2 };
+
 // `loom bench infer`'s options (declared in bench_infer.cpp). Its modes (serving, --peer,
 // --tp, --speculative) default some of them differently; `given` says which were given.
 struct InferBenchOptions {
@@ -25,6 +30,7 @@ struct InferBenchOptions {
   // --peer llama.cpp
   std::string peer, peer_venv, precisions = "fp32,int8,int4", compare_prompt, ppl_text;
   int64_t rounds = 3, compare_tokens = 32, ppl_seq_len = 512, ppl_max_windows = 0;
+  PeerIsa peer_isa = PeerIsa::native;
   // --speculative
   std::string speculative, data, workload;
   int64_t batch1_requests = 6;

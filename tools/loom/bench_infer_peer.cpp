@@ -6,7 +6,9 @@
 // dequantized (fp32) and quantized on load; greedy tokens are then only counted. Batch-1
 // decode and prompt processing alternate between the two in every round (a shared machine's
 // load falls on both alike); greedy tokens run with llama.cpp's KV cache in F32 and flash
-// attention off. Perplexity on both sides: bench_infer_ppl.cpp.
+// attention off. --peer-isa avx2 builds llama.cpp for AVX2 only (a separate venv), to compare
+// with loom under LOOM_ISA=avx2 as on an AVX2-only CPU. Perplexity on both sides:
+// bench_infer_ppl.cpp.
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,6 +28,7 @@
 #include "loom/io/file.h"
 #include "loom/io/gguf.h"
 #include "loom/kernels/cpu/cpu_kernels.h"
+#include "loom/kernels/cpu/quant_linear.h"
 #include "loom/model/hf_weights.h"
 #include "tools/loom/bench_infer.h"
 #include "tools/loom/inference_model.h"
@@ -36,12 +39,36 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// build/bin/loom -> build/peers/llama-venv: the peer lives beside the build that uses it.
-std::string default_venv() {
+const char* isa_name(PeerIsa isa) { return isa == PeerIsa::avx2 ? "avx2" : "native"; }
+
+// build/bin/loom -> build/peers/llama-venv (llama-venv-avx2 for --peer-isa avx2): the peer
+// lives beside the build that uses it, one venv per ISA.
+std::string default_venv(PeerIsa isa) {
+  const std::string name = isa == PeerIsa::avx2 ? "llama-venv-avx2" : "llama-venv";
   std::error_code ec;
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (ec) return "build/peers/llama-venv";
-  return (exe.parent_path().parent_path() / "peers" / "llama-venv").string();
+  if (ec) return "build/peers/" + name;
+  return (exe.parent_path().parent_path() / "peers" / name).string();
+}
+
+// The instructions beyond AVX2+FMA+F16C that a loom kernel name implies ("AVX-512",
+// "AVX-VNNI"), or "" when an AVX2-only CPU runs it: hot kernels avx512/avx2/base, quantized
+// linears avx512-vnni, avx512-f32, avx512-bf16, avx-vnni, avx2-f32, base-f32.
+std::string beyond_avx2(const std::string& kernel) {
+  if (kernel.rfind("avx512", 0) == 0) return "AVX-512";
+  if (kernel.find("vnni") != std::string::npos) return "AVX-VNNI";
+  if (kernel.find("amx") != std::string::npos) return "AMX";
+  return "";
+}
+
+// llama.cpp's system info lists the CPU features it was compiled with ("AVX2 = 1 | ..."); an
+// avx2 peer listing wider ones is a venv built otherwise (by hand, or an older script).
+void check_peer_isa(PeerIsa isa, const std::string& ready, const std::string& venv) {
+  if (isa != PeerIsa::avx2) return;
+  for (const char* wide : {"AVX512", "AVX_VNNI", "AMX"})
+    if (ready.find(wide) != std::string::npos)
+      throw Error(str_cat("[bench infer] --peer-isa avx2, but llama.cpp in ", venv, " was built with ", wide,
+                          " (its system info: ", ready, "); remove that directory and run again to rebuild it"));
 }
 
 std::string quoted(const std::string& s) {
@@ -155,7 +182,7 @@ double read_number(PeerProcess& p, const std::string& prefix) {
 
 struct LevelResult {
   Level level;
-  std::string loom_precision;
+  std::string loom_precision, loom_linears;  // loom_linears: the quantized linears' path, "" at fp32
   double loom_decode = 0, peer_decode = 0, loom_prefill = 0, peer_prefill = 0;
   std::optional<Perplexity> ppl;
 };
@@ -208,7 +235,7 @@ int bench_infer_llama_cpp(const InferBenchOptions& a, const model::ModelConfig& 
     throw UsageError(
         "[bench infer] --peer llama.cpp runs every precision itself (fp32/F32, bf16/BF16, "
         "int8/Q8_0, int4/Q4_0); choose them with --precisions instead of --quant");
-  const std::string venv = a.peer_venv.empty() ? default_venv() : a.peer_venv;
+  const std::string venv = a.peer_venv.empty() ? default_venv(a.peer_isa) : a.peer_venv;
   const int64_t rounds = a.rounds, decode_tokens = a.batch1_tokens;
   const int64_t compare_tokens = a.compare_tokens;
   if (rounds < 1 || decode_tokens < 1 || compare_tokens < 0)
@@ -253,8 +280,24 @@ int bench_infer_llama_cpp(const InferBenchOptions& a, const model::ModelConfig& 
     if (levels.empty()) throw UsageError("[bench infer] --precisions names no precision");
   }
 
+  auto level_spec = [&](const Level& l) {
+    return l.loom == "fp32"
+               ? std::optional<infer::QuantSpec>()
+               : infer::parse_quant_spec(l.loom, l.loom == "int4" ? a.quant.group : -1, head_f32 ? "f32" : "int8",
+                                         l.loom == "int4" && a.quant.zero_point);
+  };
+  // loom's kernels per level: the f32 ones (attention, norms, fp32 linears) and the quantized
+  // linears' path, as LOOM_ISA and the CPU choose them.
+  const std::string loom_isa = cpu::hot_kernels_isa();
+  std::vector<std::string> loom_linears;  // "" at fp32
+  for (const Level& l : levels) {
+    const auto spec = level_spec(l);
+    loom_linears.push_back(spec ? cpu::quant_linear_path(spec->format) : "");
+  }
+
   const std::string setup = std::string(LOOM_SOURCE_DIR) + "/bench/peers/setup_llama_cpp.sh";
-  run_step("bash " + quoted(setup) + " " + quoted(venv), "building the llama.cpp peer (" + setup + ")");
+  run_step(str_cat("bash ", quoted(setup), " ", quoted(venv), " ", isa_name(a.peer_isa)),
+           str_cat("building the llama.cpp peer for ISA ", isa_name(a.peer_isa), " (", setup, ")"));
   const std::string python = venv + "/bin/python";
   const std::string peer_script = std::string(LOOM_SOURCE_DIR) + "/bench/peers/llama_cpp_peer.py";
 
@@ -303,9 +346,39 @@ int bench_infer_llama_cpp(const InferBenchOptions& a, const model::ModelConfig& 
   const int64_t P = 16;
   const int64_t timing_ctx = peer_context(mc, std::max(P + decode_tokens + 1, prefill + 1));
   std::printf(
-      "peer: llama.cpp via llama-cpp-python in %s, %d threads, alternating with loom; %lld rounds of "
-      "%lld decode steps after a %lld-token prompt, and one %lld-token prompt\n",
+      "peer: llama.cpp via llama-cpp-python built for %s in %s, %d threads, alternating with loom; %lld rounds "
+      "of %lld decode steps after a %lld-token prompt, and one %lld-token prompt\n",
+      a.peer_isa == PeerIsa::avx2 ? "AVX2 (--peer-isa avx2: AVX2, FMA, F16C; no AVX-512, AVX-VNNI or AMX)"
+                                  : "this CPU (--peer-isa native: -march=native)",
       venv.c_str(), threads, (long long)rounds, (long long)decode_tokens, (long long)P, (long long)prefill);
+  if (a.peer_isa == PeerIsa::avx2) {
+    // Like for like means loom within the peer's instructions too.
+    std::string wider;
+    if (const std::string w = beyond_avx2(loom_isa); !w.empty()) wider = str_cat("kernels ", loom_isa, " (", w, ")");
+    std::map<std::string, std::string> levels_by_path;  // "avx-vnni" -> "int8, int4"
+    for (size_t li = 0; li < levels.size(); ++li)
+      if (!beyond_avx2(loom_linears[li]).empty()) {
+        std::string& names = levels_by_path[loom_linears[li]];
+        names += str_cat(names.empty() ? "" : ", ", levels[li].loom);
+      }
+    for (const auto& [path, names] : levels_by_path)
+      wider += str_cat(wider.empty() ? "" : "; ", names, " linears ", path, " (", beyond_avx2(path), ")");
+    if (!beyond_avx2(loom_isa).empty())
+      std::printf(
+          "note: loom runs wider instructions than the peer's AVX2 build: %s; run with LOOM_ISA=avx2 "
+          "(LOOM_ISA=avx2 loom bench infer --peer llama.cpp --peer-isa avx2 ...) to compare like for like\n",
+          wider.c_str());
+    else if (!wider.empty())  // LOOM_ISA=avx2 keeps AVX-VNNI where the CPU has it
+      std::printf(
+          "note: loom's %s: instructions this CPU has but the peer's AVX2 build, and an AVX2-only CPU such as "
+          "Zen 3, lack; LOOM_ISA=avx2 does not turn them off, so these rows are not like for like\n",
+          wider.c_str());
+  } else if (const char* forced = std::getenv("LOOM_ISA"); forced && loom_isa != "avx512") {
+    std::printf(
+        "note: loom's kernels are held to LOOM_ISA=%s (%s) while the peer is built for all of this CPU's "
+        "instructions; add --peer-isa avx2 to compare like for like\n",
+        forced, loom_isa.c_str());
+  }
   if (file)
     std::printf(
         "peer weights: %s as it is, in every row: %s (head %s); loom keeps its Q8_0/Q4_0/Q4_1 blocks "
@@ -318,20 +391,26 @@ int bench_infer_llama_cpp(const InferBenchOptions& a, const model::ModelConfig& 
   std::optional<PplWindows> windows;
   for (size_t li = 0; li < levels.size(); ++li) {
     const Level& l = levels[li];
-    const auto spec = l.loom == "fp32"
-                          ? std::optional<infer::QuantSpec>()
-                          : infer::parse_quant_spec(l.loom, l.loom == "int4" ? a.quant.group : -1,
-                                                    head_f32 ? "f32" : "int8", l.loom == "int4" && a.quant.zero_point);
-    const InferenceModel im = load(spec);
+    const InferenceModel im = load(level_spec(l));
     cfg.quant = im.quant_ptr();
     infer::Engine e(*im.model, cfg);
     PeerProcess peer({python, peer_script, "--gguf", ggufs[li], "--threads", std::to_string(threads), "--ctx",
                       std::to_string(timing_ctx)});
     const std::string ready = peer.read_until("READY ");
-    if (li == 0) std::printf("peer: %s\n", ready.c_str());
+    if (li == 0) {
+      std::printf("peer: %s\n", ready.c_str());
+      check_peer_isa(a.peer_isa, ready, venv);
+    }
     LevelResult r;
     r.level = l;
     r.loom_precision = im.precision();
+    r.loom_linears = loom_linears[li];
+    if (r.loom_linears.empty())
+      std::printf("  loom %s: kernels %s; llama.cpp %s\n", r.loom_precision.c_str(), loom_isa.c_str(),
+                  l.peer_name().c_str());
+    else
+      std::printf("  loom %s: quantized linears %s, other kernels %s; llama.cpp %s\n", r.loom_precision.c_str(),
+                  r.loom_linears.c_str(), loom_isa.c_str(), l.peer_name().c_str());
     std::vector<double> ld, pd, lp, pp;
     loom_decode_rate(e, mc.vocab_size, P, 4);  // warm-up: first touches of weights and caches
     peer.send_line(str_cat("decode ", P, " 4"));
@@ -432,7 +511,8 @@ int bench_infer_llama_cpp(const InferBenchOptions& a, const model::ModelConfig& 
   std::printf("\n%-44s%12s%12s%9s%12s%12s%9s\n", ("precision (loom / " + peer_head + ")").c_str(), "decode loom",
               "llama.cpp", "ratio", "prompt loom", "llama.cpp", "ratio");
   std::string js = str_cat("{\"model\":\"", mc.name, "\",\"peer\":\"llama.cpp\",\"threads\":", threads,
-                           ",\"prefill_tokens\":", prefill, ",\"rounds\":", rounds);
+                           ",\"prefill_tokens\":", prefill, ",\"rounds\":", rounds, ",\"peer_isa\":\"",
+                           isa_name(a.peer_isa), "\",\"loom_isa\":\"", loom_isa, "\"");
   if (file)
     js += str_cat(",\"peer_weights\":\"", fw.main, " file\",\"peer_weights_detail\":\"", fw.detail, "\",\"gguf\":\"",
                   escaped(checkpoint), "\"");
@@ -442,6 +522,7 @@ int bench_infer_llama_cpp(const InferBenchOptions& a, const model::ModelConfig& 
                 r.loom_decode / r.peer_decode, r.loom_prefill, r.peer_prefill,
                 r.peer_prefill > 0 ? r.loom_prefill / r.peer_prefill : 0.0);
     const std::string k = r.level.loom;
+    if (!r.loom_linears.empty()) js += str_cat(",\"", k, "_loom_linears\":\"", r.loom_linears, "\"");
     js += str_cat(",\"", k, "_batch1_tokens_per_s\":", r.loom_decode, ",\"", k,
                   "_peer_batch1_tokens_per_s\":", r.peer_decode, ",\"", k,
                   "_batch1_ratio\":", r.loom_decode / r.peer_decode);
