@@ -366,12 +366,13 @@ int bench_infer_llama_cpp(const InferBenchOptions& a, const model::ModelConfig& 
     if (!beyond_avx2(loom_isa).empty())
       std::printf(
           "note: loom runs wider instructions than the peer's AVX2 build: %s; run with LOOM_ISA=avx2 "
-          "(LOOM_ISA=avx2 loom bench infer --peer llama.cpp --peer-isa avx2 ...) to compare like for like\n",
+          "LOOM_QUANT_PATH=avx2-int (LOOM_ISA=avx2 LOOM_QUANT_PATH=avx2-int loom bench infer --peer llama.cpp "
+          "--peer-isa avx2 ...) to compare like for like\n",
           wider.c_str());
-    else if (!wider.empty())  // LOOM_ISA=avx2 keeps AVX-VNNI where the CPU has it
+    else if (!wider.empty())  // LOOM_ISA=avx2 keeps AVX-VNNI where the CPU has it; LOOM_QUANT_PATH does not
       std::printf(
           "note: loom's %s: instructions this CPU has but the peer's AVX2 build, and an AVX2-only CPU such as "
-          "Zen 3, lack; LOOM_ISA=avx2 does not turn them off, so these rows are not like for like\n",
+          "Zen 3, lack; add LOOM_QUANT_PATH=avx2-int to compare like for like\n",
           wider.c_str());
   } else if (const char* forced = std::getenv("LOOM_ISA"); forced && loom_isa != "avx512") {
     std::printf(
