@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "loom/core/error.h"
+#include "loom/kernels/cpu/cpu_kernels.h"
 #include "loom/kernels/cpu/gemm.h"
 
 namespace loom::cpu {
@@ -56,6 +57,8 @@ const Choice& choice() {
       return ch;
     }
     if (!bf16_gemm_runs_here()) return ch;
+    // LOOM_ISA below avx512 holds every kernel to that instruction set, this one included.
+    if (hot_kernels_isa() != "avx512") return ch;
     ch.ratio = measured_rate_ratio();
     ch.use = ch.ratio >= 1.5;
     return ch;

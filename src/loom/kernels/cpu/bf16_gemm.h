@@ -16,7 +16,8 @@ bool bf16_gemm_runs_here();
 
 // Whether ProductPrecision::bf16 products go through bf16_gemm (else: rounded operands and
 // SGEMM). Decided once per process: LOOM_BF16_GEMM=on|off forces it (on needs
-// bf16_gemm_runs_here); otherwise it is on when the CPU has the instructions and one core
+// bf16_gemm_runs_here); otherwise it is on when the CPU has the instructions, the hot kernels
+// run AVX-512 (not held below it by LOOM_ISA), and one core
 // issues vdpbf16ps at >= 1.5x the multiply-adds per second of vfmadd231ps (a register-only
 // loop of about a millisecond, the fastest of 5 tries each): 2x on Zen 4, 1x on the Xeons with
 // AVX512-BF16 measured (docs/PERFORMANCE.md), where SGEMM is faster.
