@@ -4,6 +4,8 @@
 #include <cmath>
 #include <vector>
 
+#include "loom/core/isa_target.h"
+
 namespace loom::optim {
 
 int64_t LrSchedule::resolved_warmup() const {
@@ -28,7 +30,7 @@ namespace {
 // One block's sum of squares in f64 over eight interleaved partial sums; compiled for AVX-512,
 // AVX2 and the baseline, picked at load time (the parallel loop stays outside: GCC outlines an
 // OpenMP region into a function that would not inherit the target). Same result on each.
-__attribute__((target_clones("avx512f", "avx2", "default"))) double block_sum_squares(const float* g, int64_t n) {
+LOOM_TARGET_CLONES_X86 double block_sum_squares(const float* g, int64_t n) {
   double acc[8] = {};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)

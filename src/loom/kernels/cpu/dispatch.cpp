@@ -1,5 +1,6 @@
 // Run-time choice of the f32 hot kernels: AVX-512 where the CPU has it, else AVX2+FMA, else
-// the portable build. LOOM_ISA=base|avx2|avx512 overrides (for comparisons and debugging).
+// the portable build (the only one off x86: on aarch64 it is vectorised for NEON). LOOM_ISA=base|avx2|avx512
+// overrides (for comparisons and debugging).
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -12,14 +13,22 @@
 namespace loom::cpu {
 
 static bool cpu_has_avx2() {
+#if defined(__x86_64__)
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
 }
 
 static bool cpu_has_avx512() {
+#if defined(__x86_64__)
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+#else
+  return false;
+#endif
 }
 
 std::vector<std::string> isas_here() {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "loom/core/error.h"
+#include "loom/core/isa_target.h"
 #include "loom/kernels/cpu/cpu_kernels.h"
 #include "loom/kernels/cpu/vec_math.h"
 
@@ -207,8 +208,8 @@ using ItemFn = void (*)(const float*, const float*, const float*, const PagedSeq
                  int64_t i1, float* out, const ItemArgs& a, Scratch<float>& w) {                            \
     attend_item<float, W>(q, k, v, sq, g, i0, i1, out, a, w);                                               \
   }
-LOOM_PAGED_ITEM(item_avx512, [[gnu::target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,prefer-vector-width=512")]], 16)
-LOOM_PAGED_ITEM(item_avx2, [[gnu::target("avx2,fma")]], 8)
+LOOM_PAGED_ITEM(item_avx512, LOOM_TARGET_AVX512, 16)
+LOOM_PAGED_ITEM(item_avx2, LOOM_TARGET_AVX2, 8)
 LOOM_PAGED_ITEM(item_base, , 4)
 #undef LOOM_PAGED_ITEM
 

@@ -1,8 +1,8 @@
 // The f32 kernels of quant_linear, written once and compiled per instruction set:
-// quant_linear_f32.cpp includes this file three times, in `#pragma GCC target` regions, with
-// LOOM_QUANT_ISA naming the namespace, to_f32() (16 int8 values times a scale, as f32, to a
-// 64-byte aligned buffer) and load_bf16x16() (16 bf16 values from 32 bytes, widened to f32 in a
-// register) defined before. Included nowhere else.
+// quant_linear_f32.cpp (the baseline) and quant_f32_avx2/avx512.cpp (in `#pragma GCC target`
+// regions) include this file with LOOM_QUANT_ISA naming the namespace, and load_bf16x16() (16
+// bf16 values from 32 bytes, widened to f32 in a register) and, on x86, to_f32() (16 int8 values
+// times a scale, as f32, to a 64-byte aligned buffer) defined before. Included nowhere else.
 //
 // 64 columns of a few weight rows at a time are dequantized into a buffer in L1 and
 // multiplied with the f32 activations in register tiles of rows x outputs, as decode_linear
@@ -19,6 +19,20 @@ enum class Kind { i8, i4_symmetric, i4_offset, bf16 };
 // scale * nibble (asymmetric).
 template <Kind K>
 [[gnu::always_inline]] inline void dequantize_cols(const uint8_t* src, float s, float off, int64_t n, float* out) {
+#if !defined(__x86_64__)
+  // The same values in plain loops, which GCC vectorises for the target (NEON on aarch64).
+  if constexpr (K == Kind::i8) {
+    for (int64_t k = 0; k < n; ++k) out[k] = float(int8_t(src[k])) * s;
+  } else {
+    for (int64_t j = 0; j < n / 2; ++j) {
+      const int lo = src[j] & 0x0F, hi = src[j] >> 4;
+      out[2 * j] = float(K == Kind::i4_symmetric ? (lo ^ 8) - 8 : lo) * s;
+      out[2 * j + 1] = float(K == Kind::i4_symmetric ? (hi ^ 8) - 8 : hi) * s;
+    }
+    if constexpr (K == Kind::i4_offset)
+      for (int64_t i = 0; i < n; ++i) out[i] += off;
+  }
+#else
   if constexpr (K == Kind::i8) {
     for (int64_t k = 0; k < n; k += 16) to_f32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + k)), s, out + k);
   } else {
@@ -40,6 +54,7 @@ template <Kind K>
     if constexpr (K == Kind::i4_offset)
       for (int64_t i = 0; i < n; ++i) out[i] += off;
   }
+#endif
 }
 
 typedef float v16 __attribute__((vector_size(64)));

@@ -2,7 +2,9 @@
 // the integer-dot paths, and spreads output rows over OpenMP threads. The kernels live in
 // quant_vnni_avx512/avx2.cpp and quant_int_avx2.cpp (integer dot products, few rows), quant_vnni_gemm.cpp (AVX512-VNNI,
 // many rows) and quant_linear_f32.cpp (f32 dequantization); the formats in quant_format.cpp.
+#if defined(__x86_64__)
 #include <cpuid.h>
+#endif
 
 #include <algorithm>
 #include <cstdlib>
@@ -37,8 +39,9 @@ struct CpuFeatures {
 
 const CpuFeatures& cpu_features() {
   static const CpuFeatures f = [] {
-    __builtin_cpu_init();
     CpuFeatures c;
+#if defined(__x86_64__)
+    __builtin_cpu_init();
     c.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     c.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
@@ -49,6 +52,7 @@ const CpuFeatures& cpu_features() {
     const bool leaf = __get_cpuid_count(7, 1, &a, &b, &cx, &d);
     c.avx_vnni = c.avx2 && leaf && (a & (1u << 4));
     c.avx512_bf16 = c.avx512 && leaf && (a & (1u << 5));
+#endif  // elsewhere none: base-f32 (kernels/no_x86 stands in for the x86 kernels)
     return c;
   }();
   return f;

@@ -1,8 +1,11 @@
-// The f32 paths of quant_linear for few rows (quant_f32_impl.h) compiled for AVX-512, AVX2
-// and the x86-64 baseline. Only the int8 -> f32 and bf16 -> f32 widening differ between them:
-// GCC's generic vectors and its vectoriser turn them scalar or split in these loops, so they
-// are written per set here.
+// The f32 paths of quant_linear for few rows (quant_f32_impl.h) compiled for the target's
+// baseline (SSE2 on x86-64, where quant_f32_avx2/avx512.cpp add the wider sets; NEON through
+// GCC's vectoriser elsewhere), and the kernel for groups of any size. On x86 the int8 -> f32
+// and bf16 -> f32 widening is written in SSE2: GCC's generic vectors and its vectoriser turn
+// it scalar or split in these loops.
+#if defined(__x86_64__)
 #include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cstdint>
@@ -32,63 +35,8 @@ void f32_rows_any_group(const float* x, const QuantView& w, const float* b, floa
 
 }  // namespace loom::cpu::quant
 
-#pragma GCC push_options
-// GCC 12 reports its own _mm512_undefined_* placeholders inside the intrinsics as maybe
-// uninitialized once they are inlined here.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,prefer-vector-width=512")
-namespace loom::cpu::quant::avx512 {
-[[gnu::always_inline]] inline void to_f32(__m128i v, float s, float* out) {
-  _mm512_store_ps(out, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)), _mm512_set1_ps(s)));
-}
-typedef float v16 __attribute__((vector_size(64)));
-// bf16 is the top half of an f32: zero-extend each 16-bit value and shift it up.
-[[gnu::always_inline]] inline void load_bf16x16(v16* v, const uint8_t* p) {
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  *v = (v16)_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16);
-}
-}  // namespace loom::cpu::quant::avx512
-#define LOOM_QUANT_ISA avx512
-#include "loom/kernels/cpu/quant_f32_impl.h"
-#undef LOOM_QUANT_ISA
-namespace loom::cpu::quant {
-void f32_rows_avx512(const float* x, const QuantView& w, const float* b, float* y, int64_t M, int64_t o0, int64_t o1) {
-  avx512::f32_rows<4, 4>(x, w, b, y, M, o0, o1);
-}
-}  // namespace loom::cpu::quant
-#pragma GCC diagnostic pop
-#pragma GCC pop_options
-
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-namespace loom::cpu::quant::avx2 {
-[[gnu::always_inline]] inline void to_f32(__m128i v, float s, float* out) {
-  const __m256 sv = _mm256_set1_ps(s);
-  _mm256_store_ps(out, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), sv));
-  _mm256_store_ps(out + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(v, v))), sv));
-}
-typedef float v16 __attribute__((vector_size(64)));
-[[gnu::always_inline]] inline void load_bf16x16(v16* v, const uint8_t* p) {
-  __m256 half[2];
-  for (int h = 0; h < 2; ++h) {
-    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * h));
-    half[h] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(x), 16));
-  }
-  std::memcpy(v, half, sizeof(*v));
-}
-}  // namespace loom::cpu::quant::avx2
-#define LOOM_QUANT_ISA avx2
-#include "loom/kernels/cpu/quant_f32_impl.h"
-#undef LOOM_QUANT_ISA
-namespace loom::cpu::quant {
-void f32_rows_avx2(const float* x, const QuantView& w, const float* b, float* y, int64_t M, int64_t o0, int64_t o1) {
-  avx2::f32_rows<2, 2>(x, w, b, y, M, o0, o1);
-}
-}  // namespace loom::cpu::quant
-#pragma GCC pop_options
-
 namespace loom::cpu::quant::base {
+#if defined(__x86_64__)
 // SSE2: each byte to the top of a 32-bit lane, then an arithmetic shift sign-extends it.
 [[gnu::always_inline]] inline void to_f32(__m128i v, float s, float* out) {
   const __m128 sv = _mm_set1_ps(s);
@@ -110,6 +58,16 @@ typedef float v16 __attribute__((vector_size(64)));
   }
   std::memcpy(v, q, sizeof(*v));
 }
+#else
+typedef float v16 __attribute__((vector_size(64)));
+[[gnu::always_inline]] inline void load_bf16x16(v16* v, const uint8_t* p) {
+  uint16_t h[16];
+  uint32_t u[16];
+  std::memcpy(h, p, sizeof h);
+  for (int k = 0; k < 16; ++k) u[k] = uint32_t(h[k]) << 16;
+  std::memcpy(v, u, sizeof u);
+}
+#endif
 }  // namespace loom::cpu::quant::base
 #define LOOM_QUANT_ISA base
 #include "loom/kernels/cpu/quant_f32_impl.h"
