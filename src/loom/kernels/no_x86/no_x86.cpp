@@ -32,6 +32,26 @@ void int_rows_avx512(const QuantActs&, const QuantView&, const float*, float*, i
 void int_rows_avx2(const QuantActs&, const QuantView&, const float*, float*, int64_t, int64_t, int64_t) {
   no_x86("int_rows_avx2");
 }
+void quantize_acts_avx2i(const float*, const QuantView&, const ActLayout&, int8_t*, float*, int32_t*, int64_t,
+                         int64_t) {
+  no_x86("quantize_acts_avx2i");
+}
+void int_rows_avx2i(const QuantActs&, const QuantView&, const float*, float*, int64_t, int64_t, int64_t) {
+  no_x86("int_rows_avx2i");
+}
+void ymm_gemm_quantize_acts(const float*, const QuantView&, const ActLayout&, int8_t*, float*, float*, int64_t,
+                            int64_t) {
+  no_x86("ymm_gemm_quantize_acts");
+}
+int64_t ymm_gemm_items(const QuantView&) { no_x86("ymm_gemm_items"); }
+void ymm_gemm_item_avx2i(const int8_t*, const float*, const float*, const QuantView&, const float*, float*, int64_t,
+                         int64_t) {
+  no_x86("ymm_gemm_item_avx2i");
+}
+void ymm_gemm_item_avx_vnni(const int8_t*, const float*, const float*, const QuantView&, const float*, float*, int64_t,
+                            int64_t) {
+  no_x86("ymm_gemm_item_avx_vnni");
+}
 bool gemm_fits(const QuantView&, const ActLayout&) { return false; }
 void gemm_quantize_acts_avx512(const float*, const QuantView&, const ActLayout&, uint8_t*, float*, float*, int64_t,
                                int64_t) {
