@@ -16,14 +16,11 @@ namespace loom::cpu::quant::avx2 {
   _mm256_store_ps(out, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), sv));
   _mm256_store_ps(out + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(v, v))), sv));
 }
-typedef float v16 __attribute__((vector_size(64)));
-[[gnu::always_inline]] inline void load_bf16x16(v16* v, const uint8_t* p) {
-  __m256 half[2];
-  for (int h = 0; h < 2; ++h) {
-    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * h));
-    half[h] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(x), 16));
-  }
-  std::memcpy(v, half, sizeof(*v));
+typedef float vf __attribute__((vector_size(32)));
+// bf16 is the top half of an f32: zero-extend each 16-bit value and shift it up.
+[[gnu::always_inline]] inline void load_bf16(vf* v, const uint8_t* p) {
+  const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  *v = (vf)_mm256_slli_epi32(_mm256_cvtepu16_epi32(x), 16);
 }
 }  // namespace loom::cpu::quant::avx2
 #define LOOM_QUANT_ISA avx2
@@ -31,7 +28,7 @@ typedef float v16 __attribute__((vector_size(64)));
 #undef LOOM_QUANT_ISA
 namespace loom::cpu::quant {
 void f32_rows_avx2(const float* x, const QuantView& w, const float* b, float* y, int64_t M, int64_t o0, int64_t o1) {
-  avx2::f32_rows<2, 2>(x, w, b, y, M, o0, o1);
+  avx2::f32_rows<2, 4>(x, w, b, y, M, o0, o1);
 }
 }  // namespace loom::cpu::quant
 #pragma GCC pop_options

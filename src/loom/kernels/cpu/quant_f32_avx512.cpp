@@ -19,11 +19,11 @@ namespace loom::cpu::quant::avx512 {
 [[gnu::always_inline]] inline void to_f32(__m128i v, float s, float* out) {
   _mm512_store_ps(out, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)), _mm512_set1_ps(s)));
 }
-typedef float v16 __attribute__((vector_size(64)));
+typedef float vf __attribute__((vector_size(64)));
 // bf16 is the top half of an f32: zero-extend each 16-bit value and shift it up.
-[[gnu::always_inline]] inline void load_bf16x16(v16* v, const uint8_t* p) {
+[[gnu::always_inline]] inline void load_bf16(vf* v, const uint8_t* p) {
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  *v = (v16)_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16);
+  *v = (vf)_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16);
 }
 }  // namespace loom::cpu::quant::avx512
 #define LOOM_QUANT_ISA avx512

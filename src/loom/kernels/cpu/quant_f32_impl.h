@@ -1,8 +1,10 @@
 // The f32 kernels of quant_linear, written once and compiled per instruction set:
 // quant_linear_f32.cpp (the baseline) and quant_f32_avx2/avx512.cpp (in `#pragma GCC target`
-// regions) include this file with LOOM_QUANT_ISA naming the namespace, and load_bf16x16() (16
-// bf16 values from 32 bytes, widened to f32 in a register) and, on x86, to_f32() (16 int8 values
-// times a scale, as f32, to a 64-byte aligned buffer) defined before. Included nowhere else.
+// regions) include this file with LOOM_QUANT_ISA naming the namespace, and defined before it:
+// vf, one vector register of floats (16 lanes under AVX-512, 8 under AVX2, 4 in the baseline:
+// wider generic vectors than the registers made GCC keep them on the stack), load_bf16() (one
+// vf of bf16 values widened to f32 in a register) and, on x86, to_f32() (16 int8 values times a
+// scale, as f32, to a 64-byte aligned buffer). Included nowhere else.
 //
 // 64 columns of a few weight rows at a time are dequantized into a buffer in L1 and
 // multiplied with the f32 activations in register tiles of rows x outputs, as decode_linear
@@ -57,9 +59,12 @@ template <Kind K>
 #endif
 }
 
-typedef float v16 __attribute__((vector_size(64)));
+constexpr int kL = int(sizeof(vf) / sizeof(float));  // lanes
+typedef float vfu __attribute__((vector_size(sizeof(vf)), aligned(4), may_alias));
 
-[[gnu::always_inline]] inline void load16(v16* v, const float* p) { std::memcpy(v, p, sizeof(*v)); }
+// A dereference, not memcpy: through memcpy into an array element GCC kept the AVX2 build's
+// vectors on the stack.
+[[gnu::always_inline]] inline void loadv(vf* v, const float* p) { *v = *reinterpret_cast<const vfu*>(p); }
 
 // Outputs o..o+OT-1 of rows m0..m0+MT-1, kSpan columns at a time: OT rows of W dequantized
 // into the buffer, then multiplied with MT rows of x. Whole spans keep the buffer's stores
@@ -72,9 +77,9 @@ template <Kind K, int MT, int OT>
   const int64_t I = w.cols, O = w.rows, G = w.group, ng = I / G;
   const int64_t wrow = K == Kind::i8 ? I : I / 2;
   alignas(64) float wb[OT][kSpan];
-  v16 acc[MT][OT];
+  vf acc[MT][OT];
   for (int m = 0; m < MT; ++m)
-    for (int t = 0; t < OT; ++t) acc[m][t] = v16{};
+    for (int t = 0; t < OT; ++t) acc[m][t] = vf{};
   for (int64_t i0 = 0; i0 < I; i0 += kSpan) {
     const int64_t span = std::min(kSpan, I - i0);
     constexpr int64_t bytes_per_col_x2 = K == Kind::i8 ? 2 : 1;
@@ -89,12 +94,12 @@ template <Kind K, int MT, int OT>
         dequantize_cols<K>(w.q + (o + t) * wrow + (K == Kind::i8 ? i : i / 2), s, off, n, wb[t] + (i - i0));
         i += n;
       }
-    for (int64_t k = 0; k < span; k += 16)
+    for (int64_t k = 0; k < span; k += kL)
       for (int t = 0; t < OT; ++t) {
-        v16 wv, xv;
-        load16(&wv, wb[t] + k);
+        vf wv, xv;
+        loadv(&wv, wb[t] + k);
         for (int m = 0; m < MT; ++m) {
-          load16(&xv, x + (m0 + m) * I + i0 + k);
+          loadv(&xv, x + (m0 + m) * I + i0 + k);
           acc[m][t] += wv * xv;
         }
       }
@@ -102,30 +107,30 @@ template <Kind K, int MT, int OT>
   for (int m = 0; m < MT; ++m)
     for (int t = 0; t < OT; ++t) {
       float sum = 0;
-      for (int k = 0; k < 16; ++k) sum += acc[m][t][k];
+      for (int k = 0; k < kL; ++k) sum += acc[m][t][k];
       y[(m0 + m) * O + o + t] = sum + (b ? b[o + t] : 0.f);
     }
 }
 
-// bf16 weights need no buffer: 16 of them widen to f32 in registers (zero-extend, shift into
-// the high half), so the tile streams W as decode_linear streams f32 rows: OT rows of 2I bytes,
-// 16 columns at a time. I must be a multiple of 16.
+// bf16 weights need no buffer: a vector of them widens to f32 in registers (zero-extend, shift
+// into the high half), so the tile streams W as decode_linear streams f32 rows: OT rows of 2I
+// bytes, kL columns at a time. I must be a multiple of 16.
 template <int MT, int OT>
 [[gnu::always_inline]] inline void bf16_tile(const float* x, const QuantView& w, const float* b, float* y, int64_t m0,
                                              int64_t o) {
   const int64_t I = w.cols, O = w.rows, wrow = 2 * I;
   const uint8_t* wt = w.q + o * wrow;
-  v16 acc[MT][OT];
+  vf acc[MT][OT];
   for (int m = 0; m < MT; ++m)
-    for (int t = 0; t < OT; ++t) acc[m][t] = v16{};
+    for (int t = 0; t < OT; ++t) acc[m][t] = vf{};
   for (int64_t i0 = 0; i0 < I; i0 += kSpan) {
     const int64_t span = std::min(kSpan, I - i0);
     prefetch_next_tile(wt, OT * wrow, OT * i0 * 2, OT * (i0 + span) * 2);
-    for (int64_t i = i0; i < i0 + span; i += 16) {
-      v16 wv[OT], xv;
-      for (int t = 0; t < OT; ++t) load_bf16x16(&wv[t], wt + t * wrow + 2 * i);
+    for (int64_t i = i0; i < i0 + span; i += kL) {
+      vf wv[OT], xv;
+      for (int t = 0; t < OT; ++t) load_bf16(&wv[t], wt + t * wrow + 2 * i);
       for (int m = 0; m < MT; ++m) {
-        load16(&xv, x + (m0 + m) * I + i);
+        loadv(&xv, x + (m0 + m) * I + i);
         for (int t = 0; t < OT; ++t) acc[m][t] += wv[t] * xv;
       }
     }
@@ -133,7 +138,7 @@ template <int MT, int OT>
   for (int m = 0; m < MT; ++m)
     for (int t = 0; t < OT; ++t) {
       float sum = 0;
-      for (int k = 0; k < 16; ++k) sum += acc[m][t][k];
+      for (int k = 0; k < kL; ++k) sum += acc[m][t][k];
       y[(m0 + m) * O + o + t] = sum + (b ? b[o + t] : 0.f);
     }
 }

@@ -46,25 +46,19 @@ namespace loom::cpu::quant::base {
   _mm_store_ps(out + 8, _mm_mul_ps(_mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpacklo_epi16(z, hi), 24)), sv));
   _mm_store_ps(out + 12, _mm_mul_ps(_mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpackhi_epi16(z, hi), 24)), sv));
 }
-typedef float v16 __attribute__((vector_size(64)));
+typedef float vf __attribute__((vector_size(16)));
 // SSE2: interleaving a zero below each 16-bit value puts its bits in the top half of a lane.
-[[gnu::always_inline]] inline void load_bf16x16(v16* v, const uint8_t* p) {
-  const __m128i z = _mm_setzero_si128();
-  __m128i q[4];
-  for (int h = 0; h < 2; ++h) {
-    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * h));
-    q[2 * h] = _mm_unpacklo_epi16(z, x);
-    q[2 * h + 1] = _mm_unpackhi_epi16(z, x);
-  }
-  std::memcpy(v, q, sizeof(*v));
+[[gnu::always_inline]] inline void load_bf16(vf* v, const uint8_t* p) {
+  const __m128i x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  *v = (vf)_mm_unpacklo_epi16(_mm_setzero_si128(), x);
 }
 #else
-typedef float v16 __attribute__((vector_size(64)));
-[[gnu::always_inline]] inline void load_bf16x16(v16* v, const uint8_t* p) {
-  uint16_t h[16];
-  uint32_t u[16];
+typedef float vf __attribute__((vector_size(16)));
+[[gnu::always_inline]] inline void load_bf16(vf* v, const uint8_t* p) {
+  uint16_t h[4];
+  uint32_t u[4];
   std::memcpy(h, p, sizeof h);
-  for (int k = 0; k < 16; ++k) u[k] = uint32_t(h[k]) << 16;
+  for (int k = 0; k < 4; ++k) u[k] = uint32_t(h[k]) << 16;
   std::memcpy(v, u, sizeof u);
 }
 #endif
