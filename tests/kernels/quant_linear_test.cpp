@@ -382,7 +382,7 @@ TEST(QuantLinear, Gpt2ShapesTakeTheSteppedKernels) {
         QuantView w;
         w.format = v.format, w.rows = 8, w.cols = I, w.group = group;
         if (v.zero_point) w.offsets = reinterpret_cast<const float*>(&w);  // only tested for null
-        for (int64_t chunk : {32, 64})
+        for (int64_t chunk : {16, 32, 64})
           EXPECT_TRUE(quant::act_layout(w, chunk).stepped)
               << v.name << " I=" << I << " group=" << group << " chunk=" << chunk;
       }
@@ -495,8 +495,12 @@ TEST(QuantLinear, TakesTheNamedPath) {
     bool found = false;
     for (Path p : quant::runnable_paths()) found |= name == quant::path_name(p);
     EXPECT_TRUE(found) << name;
-    // The f32 kernels' instruction set (LOOM_ISA) decides the family.
-    EXPECT_EQ(name.rfind(hot_kernels_isa() == "avx2" ? "avx" : hot_kernels_isa(), 0), 0u) << name;
+    // The f32 kernels' instruction set (LOOM_ISA) decides the family; on aarch64 (isa base)
+    // int8/int4 take sdot where the CPU has it.
+    const std::string isa = hot_kernels_isa();
+    const bool sdot = f != QuantFormat::bf16 && quant::path_runs_here(Path::neon_dot);
+    const std::string family = isa == "avx2" ? "avx" : isa == "base" && sdot ? "neon" : isa;
+    EXPECT_EQ(name.rfind(family, 0), 0u) << name;
   }
   std::mt19937 g(9);
   const QuantMatrix qm(randn(64 * 128, g), 64, 128, QuantFormat::int4, 32, false);
@@ -608,8 +612,7 @@ void gpt2_bench(int64_t M) {
       if (f.format != QuantFormat::bf16 && quant::is_bf16_dot_path(p)) continue;
       const Config c{std::string(f.name) + " " + quant::path_name(p), &f, p, false};
       if (p != Path::base_f32) decode.push_back(c);
-      if (p == Path::avx512_vnni || p == Path::avx_vnni || p == Path::avx2_int || p == Path::avx512_f32)
-        prompt.push_back(c);
+      if (quant::is_integer_path(p) || p == Path::avx512_f32) prompt.push_back(c);
     }
 
   // Weights: every matrix of the model, f32 and in each format.

@@ -1,9 +1,15 @@
 // quant_linear: checks the view, picks the path for this CPU, quantizes the activations for
 // the integer-dot paths, and spreads output rows over OpenMP threads. The kernels live in
 // quant_vnni_avx512/avx2.cpp and quant_int_avx2.cpp (integer dot products, few rows), quant_vnni_gemm.cpp (AVX512-VNNI,
-// many rows) and quant_linear_f32.cpp (f32 dequantization); the formats in quant_format.cpp.
+// many rows), quant_int_neon.cpp (aarch64's sdot, any rows) and quant_linear_f32.cpp (f32 dequantization); the formats
+// in quant_format.cpp.
 #if defined(__x86_64__)
 #include <cpuid.h>
+#elif defined(__aarch64__)
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1 << 20)  // the Linux arm64 ABI's bit; older libc headers lack the name
+#endif
 #endif
 
 #include <algorithm>
@@ -30,11 +36,12 @@ constexpr int64_t kMaxActBlock = 128;
 // W rows dequantized per BLAS call on the f32 paths for many input rows.
 constexpr int64_t kBlasRows = 128;
 
-constexpr Path kAllPaths[] = {Path::base_f32, Path::avx2_f32,    Path::avx512_f32, Path::avx2_int,
-                              Path::avx_vnni, Path::avx512_vnni, Path::avx512_bf16};
+constexpr Path kAllPaths[] = {Path::base_f32, Path::avx2_f32,    Path::avx512_f32,  Path::avx2_int,
+                              Path::avx_vnni, Path::avx512_vnni, Path::avx512_bf16, Path::neon_dot};
 
 struct CpuFeatures {
   bool avx2 = false, avx512 = false, avx512_vnni = false, avx_vnni = false, avx512_bf16 = false;
+  bool neon_dot = false;  // aarch64 with the dot-product extension (sdot)
 };
 
 const CpuFeatures& cpu_features() {
@@ -52,7 +59,9 @@ const CpuFeatures& cpu_features() {
     const bool leaf = __get_cpuid_count(7, 1, &a, &b, &cx, &d);
     c.avx_vnni = c.avx2 && leaf && (a & (1u << 4));
     c.avx512_bf16 = c.avx512 && leaf && (a & (1u << 5));
-#endif  // elsewhere none: base-f32 (kernels/no_x86 stands in for the x86 kernels)
+#elif defined(__aarch64__)
+    c.neon_dot = (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
+#endif  // kernels/no_x86 and kernels/no_arm stand in for the kernels of the other architecture
     return c;
   }();
   return f;
@@ -103,17 +112,20 @@ void int_linear(Path p, const float* x, const QuantView& w, const float* b, floa
     const ActLayout lay = act_layout(w, 32);
     if (gemm_fits(w, lay)) return ymm_int_gemm(p, x, w, lay, b, y, M);
   }
-  // zmm where the shape allows (AVX512-VNNI also has ymm kernels), stepped where it can.
-  ActLayout lay = act_layout(w, 32);
+  // zmm where the shape allows (AVX512-VNNI also has ymm kernels), stepped where it can; NEON
+  // has one kernel for any M (its few-rows one: no repacked many-rows kernel yet).
+  ActLayout lay = act_layout(w, p == Path::neon_dot ? 16 : 32);
   if (p == Path::avx512_vnni) {
     const ActLayout wide = act_layout(w, 64);
     if (wide.stepped || (!lay.stepped && wide.block >= 64)) lay = wide;
   }
   const QuantizeActsFn quantize = p == Path::avx512_vnni ? quantize_acts_avx512
                                   : p == Path::avx_vnni  ? quantize_acts_avx2
+                                  : p == Path::neon_dot  ? quantize_acts_neon
                                                          : quantize_acts_avx2i;
   const IntRowsFn rows = p == Path::avx512_vnni ? int_rows_avx512
                          : p == Path::avx_vnni  ? int_rows_avx2
+                         : p == Path::neon_dot  ? int_rows_neon
                                                 : int_rows_avx2i;
   // The calling thread's buffers: the OpenMP threads below only read them.
   thread_local std::vector<int8_t> q;
@@ -183,6 +195,7 @@ const char* path_name(Path p) {
     case Path::avx_vnni: return "avx-vnni";
     case Path::avx512_vnni: return "avx512-vnni";
     case Path::avx512_bf16: return "avx512-bf16";
+    case Path::neon_dot: return "neon-dot";
   }
   return "?";
 }
@@ -197,6 +210,7 @@ bool path_runs_here(Path p) {
     case Path::avx_vnni: return f.avx_vnni;
     case Path::avx512_vnni: return f.avx512_vnni;
     case Path::avx512_bf16: return f.avx512_bf16;
+    case Path::neon_dot: return f.neon_dot;
   }
   return false;
 }
@@ -243,7 +257,8 @@ Path default_path(QuantFormat format) {
   if (forced) return *forced;
   if (isa == "avx512") return f.avx512_vnni ? Path::avx512_vnni : Path::avx512_f32;
   if (isa == "avx2") return f.avx_vnni ? Path::avx_vnni : Path::avx2_int;
-  return Path::base_f32;
+  // aarch64: LOOM_ISA names x86 builds only; LOOM_QUANT_PATH=base-f32 turns sdot off.
+  return f.neon_dot ? Path::neon_dot : Path::base_f32;
 }
 
 ActLayout act_layout(const QuantView& w, int64_t chunk, bool stepped_ok) {

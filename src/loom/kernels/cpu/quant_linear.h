@@ -1,8 +1,9 @@
 // Weight-only quantized linear layers for inference: int8 and int4 weights with f32 scales per
 // group of inputs, and bf16 weights (no scales), y[M,O] = x[M,I] W[O,I]^T + b. On CPUs with
-// VNNI the activations are quantized to int8 per row and block on the fly and the int8/int4
-// products are integer dot products; elsewhere, and always for bf16, W is widened to f32 in
-// registers (few rows) or in blocks for BLAS (many rows), so bf16 rounds only the weights.
+// VNNI or aarch64's dot-product extension the activations are quantized to int8 per row and
+// block on the fly and the int8/int4 products are integer dot products; elsewhere, and always
+// for bf16, W is widened to f32 in registers (few rows) or in blocks for BLAS (many rows), so
+// bf16 rounds only the weights.
 // Formats and their storage only; checkpoints and the model runner live in infer/.
 #pragma once
 #include <cstdint>
@@ -63,7 +64,8 @@ void quant_linear(const float* x, const QuantView& w, const float* b, float* y, 
 // The path quant_linear takes on this CPU for this format, honouring LOOM_ISA=base|avx2|avx512
 // and, for int8/int4, LOOM_QUANT_PATH=<one of these names>: "avx512-vnni", "avx-vnni" or
 // "avx2-int" (int8/int4: integer dot products on activations quantized to int8 per row and
-// block of at most 128 columns; vpdpbusd, or AVX2's vpmaddubsw), "avx512-bf16" (bf16 weights),
+// block of at most 128 columns; vpdpbusd, or AVX2's vpmaddubsw), "neon-dot" (the same on aarch64
+// with the dot-product extension: sdot, at any M), "avx512-bf16" (bf16 weights),
 // "avx512-f32", "avx2-f32" or "base-f32" (W dequantized to f32 in registers; BLAS on
 // dequantized blocks for M > kQuantBlasMinRows).
 std::string quant_linear_path(QuantFormat f);

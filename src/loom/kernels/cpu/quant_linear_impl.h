@@ -9,14 +9,17 @@
 
 namespace loom::cpu::quant {
 
-enum class Path : uint8_t { base_f32, avx2_f32, avx512_f32, avx2_int, avx_vnni, avx512_vnni, avx512_bf16 };
+// x86 paths, then aarch64's: neon_dot (integer dot products with sdot, FEAT_DotProd).
+enum class Path : uint8_t { base_f32, avx2_f32, avx512_f32, avx2_int, avx_vnni, avx512_vnni, avx512_bf16, neon_dot };
 const char* path_name(Path p);
 bool path_runs_here(Path p);         // this CPU has the path's instructions
 std::vector<Path> runnable_paths();  // every path for which path_runs_here
 // The fastest runnable path, honouring LOOM_ISA, and for int8/int4 LOOM_QUANT_PATH (a path
 // name; it must run here and multiply integer weights).
 Path default_path(QuantFormat f);
-inline bool is_integer_path(Path p) { return p == Path::avx2_int || p == Path::avx_vnni || p == Path::avx512_vnni; }
+inline bool is_integer_path(Path p) {
+  return p == Path::avx2_int || p == Path::avx_vnni || p == Path::avx512_vnni || p == Path::neon_dot;
+}
 // AVX512-BF16 dot products: bf16 weights only, with x rounded to bf16 (up to kQuantBlasMinRows
 // rows; above, W is widened for BLAS as on the f32 paths).
 inline bool is_bf16_dot_path(Path p) { return p == Path::avx512_bf16; }
@@ -55,7 +58,7 @@ void dequantize_row(const QuantView& w, int64_t o, float* out);  // out[I]
 //  - generic (any shape): blocks of whole zero-padded chunks, with scales and sums in the
 //    separate arrays of QuantActs.
 struct ActLayout {
-  int64_t chunk = 0;  // bytes per vector register (64 zmm, 32 ymm)
+  int64_t chunk = 0;  // bytes per vector register (64 zmm, 32 ymm, 16 NEON)
   int64_t block = 0;  // columns per block
   bool stepped = false;
   int64_t step = 0;              // stepped: columns per step
@@ -96,6 +99,11 @@ void int_rows_avx2(const QuantActs&, const QuantView&, const float*, float*, int
 // weights keep their sign (no -128 * sum correction).
 void quantize_acts_avx2i(const float*, const QuantView&, const ActLayout&, int8_t*, float*, int32_t*, int64_t, int64_t);
 void int_rows_avx2i(const QuantActs&, const QuantView&, const float*, float*, int64_t, int64_t, int64_t);
+// aarch64 with the dot-product extension (quant_int_neon.cpp, sdot on 16-byte vectors): int8
+// weights signed as on avx2-int; one kernel for any number of rows. kernels/no_arm/no_arm.cpp
+// stands in for these elsewhere.
+void quantize_acts_neon(const float*, const QuantView&, const ActLayout&, int8_t*, float*, int32_t*, int64_t, int64_t);
+void int_rows_neon(const QuantActs&, const QuantView&, const float*, float*, int64_t, int64_t, int64_t);
 // The many-rows kernel of AVX512-VNNI (quant_vnni_gemm.cpp): x as u8 (x + 128) [M, I] with
 // scales and the int8 values' sums [M, I / block]; W packed per work item of 48 output rows. Used from kGemmMinRows
 // rows (measured on one core for 2304 x 768: the two kernels cross between 8 and 12 rows, where repacking W costs about

@@ -1,6 +1,7 @@
 // The integer-dot kernels of quant_linear, written once over a vector traits type V and
 // compiled per instruction set by quant_vnni_avx512.cpp (zmm and ymm, AVX512-VNNI),
-// quant_vnni_avx2.cpp (ymm, AVX-VNNI) and quant_int_avx2.cpp (ymm, AVX2 without VNNI), each of
+// quant_vnni_avx2.cpp (ymm, AVX-VNNI), quant_int_avx2.cpp (ymm, AVX2 without VNNI) and
+// quant_int_neon.cpp (128-bit NEON registers, aarch64's sdot: signed x signed), each of
 // which includes this file inside its `#pragma GCC target` region with LOOM_QUANT_ISA naming
 // the namespace. Included nowhere else.
 //
@@ -299,7 +300,7 @@ template <class V, Kind K, int CH, int MT, int OT, bool PerRow>
     // This step's share of the next tile's bytes (see prefetch_next_tile).
     constexpr int64_t bytes_per_col_x2 = K == Kind::i8 ? 2 : 1;
     prefetch_next_tile(wr[0], OT * wrow, OT * col * bytes_per_col_x2 / 2, OT * (col + L.step) * bytes_per_col_x2 / 2);
-    for (int64_t c = 0; c < CH * chunk_cols; c += chunk_cols) {  // unrolled: CH is 1, 2 or 4
+    for (int64_t c = 0; c < CH * chunk_cols; c += chunk_cols) {  // unrolled: CH is 1, 2, 4 or 8
       if constexpr (K == Kind::i8) {
         I xv[MT];
         for (int m = 0; m < MT; ++m) xv[m] = V::load(xr[m] + xs + c);
@@ -350,7 +351,7 @@ template <class V, Kind K, int CH, bool PerRow, int MT>
   for (; o < o1; ++o) step_tile<V, K, CH, MT, 1, PerRow>(a, w, b, y, m0, o, lane_block);
 }
 
-// CH: vectors per step (a block of 128 columns spans 2 or 4 of them, smaller blocks share one).
+// CH: vectors per step (a block of 128 columns spans 2, 4 or 8 of them, smaller blocks share one).
 template <class V, Kind K, int CH, bool PerRow>
 void step_rows_kind(const QuantActs& a, const QuantView& w, const float* b, float* y, int64_t M, int64_t o0,
                     int64_t o1) {
@@ -374,9 +375,13 @@ void step_rows(const QuantActs& a, const QuantView& w, const float* b, float* y,
     case 2:
       return per_row ? step_rows_kind<V, K, 2, true>(a, w, b, y, M, o0, o1)
                      : step_rows_kind<V, K, 2, false>(a, w, b, y, M, o0, o1);
-    default:
+    case 4:
       return per_row ? step_rows_kind<V, K, 4, true>(a, w, b, y, M, o0, o1)
                      : step_rows_kind<V, K, 4, false>(a, w, b, y, M, o0, o1);
+    default:  // 8: int8 blocks of 128 columns in 16-byte vectors (NEON), at most 4 elsewhere
+      if constexpr (V::C == 16)
+        return per_row ? step_rows_kind<V, K, 8, true>(a, w, b, y, M, o0, o1)
+                       : step_rows_kind<V, K, 8, false>(a, w, b, y, M, o0, o1);
   }
 }
 
