@@ -45,7 +45,7 @@ cmake --build build-aarch64 -j "$JOBS" --target "${targets[@]}"
 echo "[aarch64] running the suites under $(qemu-aarch64 --version | head -1): ctest -L '^($LABELS)\$'"
 # Emulated, tests take tens of times their native time: a longer timeout. Left out by default
 # (AARCH64_EXCLUDE='' runs it): the statistical test of speculative sampling, thousands of sampled
-# decodes that take over 6 minutes under qemu; it checks the acceptance rule, not a kernel, and
+# decodes that take about 2 minutes under qemu; it checks the acceptance rule, not a kernel, and
 # runs in the native suite.
 EXCLUDE=${AARCH64_EXCLUDE-^SpeculativeSampling\.OutputsFollowTheTargetsDistributionExactly\$}
 cd build-aarch64 && ctest -L "^($LABELS)\$" ${EXCLUDE:+-E "$EXCLUDE"} -j "$JOBS" --timeout 600 --output-on-failure
