@@ -7,6 +7,7 @@
 #include <tuple>
 #include <vector>
 
+#include "loom/core/cpu_features.h"
 #include "loom/kernels/cpu/cpu_kernels.h"
 #include "loom/kernels/cpu/hot_table.h"
 
@@ -17,11 +18,8 @@ using loom::cpu::HotKernels;
 std::vector<const HotKernels*> runnable_tables() {
   std::vector<const HotKernels*> t{loom::cpu::hot_kernels_base()};
 #if defined(__x86_64__)  // elsewhere the base build is the only one
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) t.push_back(loom::cpu::hot_kernels_avx2());
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-      __builtin_cpu_supports("avx512dq"))
-    t.push_back(loom::cpu::hot_kernels_avx512());
+  if (loom::cpu_features().avx2) t.push_back(loom::cpu::hot_kernels_avx2());
+  if (loom::cpu_features().avx512) t.push_back(loom::cpu::hot_kernels_avx512());
 #endif
   return t;
 }

@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "loom/core/cpu_features.h"
 #include "loom/kernels/cpu/quant_linear_impl.h"
 
 namespace {
@@ -22,13 +23,10 @@ TEST(KernelPaths, NamesTheBuildsThisCpuDoesNotRun) {
   GTEST_SKIP() << "built for a CPU other than x86-64 and aarch64: its kernel builds (hot kernels avx2/avx512, quant "
                   "linear paths other than base-f32) are not compiled, and the portable ones are tested";
 #else
-  __builtin_cpu_init();
   std::string untested;
   auto add = [&](const std::string& what) { untested += (untested.empty() ? "" : ", ") + what; };
-  if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) add("hot kernels avx2 (needs AVX2+FMA)");
-  if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-        __builtin_cpu_supports("avx512dq")))
-    add("hot kernels avx512 (needs AVX-512 F/BW/VL/DQ)");
+  if (!loom::cpu_features().avx2) add("hot kernels avx2 (needs AVX2+FMA)");
+  if (!loom::cpu_features().avx512) add("hot kernels avx512 (needs AVX-512 F/BW/VL/DQ)");
   for (int p = 0; p <= int(Path::avx512_bf16); ++p)  // the x86 paths (neon_dot is aarch64's)
     if (!loom::cpu::quant::path_runs_here(Path(p)))
       add(std::string("quant linear ") + loom::cpu::quant::path_name(Path(p)));

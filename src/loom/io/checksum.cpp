@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include "loom/core/cpu_features.h"
 #include "loom/core/error.h"
 
 #if defined(__x86_64__)
@@ -76,10 +77,7 @@ __attribute__((target("sse4.2"))) uint32_t extend_sse42(uint32_t crc, const unsi
   return crc;
 }
 
-bool have_sse42() {
-  static const bool has = __builtin_cpu_supports("sse4.2");
-  return has;
-}
+bool have_sse42() { return cpu_features().sse42; }
 #else
 bool have_sse42() { return false; }
 uint32_t extend_sse42(uint32_t crc, const unsigned char* p, size_t n) { return extend_table(crc, p, n); }

@@ -2,35 +2,18 @@
 // itself. Built without AVX-512 flags: the kernels are in bf16_gemm_avx512.cpp.
 #include "loom/kernels/cpu/bf16_gemm.h"
 
-#if defined(__x86_64__)
-#include <cpuid.h>
-#endif
-
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
+#include "loom/core/cpu_features.h"
 #include "loom/core/error.h"
 #include "loom/kernels/cpu/cpu_kernels.h"
 #include "loom/kernels/cpu/gemm.h"
 
 namespace loom::cpu {
 
-bool bf16_gemm_runs_here() {
-  static const bool has = [] {
-#if !defined(__x86_64__)
-    return false;
-#else
-    __builtin_cpu_init();
-    const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-    // Read directly, as not every compiler's __builtin_cpu_supports knows "avx512bf16".
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    return avx512 && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
-#endif
-  }();
-  return has;
-}
+bool bf16_gemm_runs_here() { return cpu_features().avx512_bf16; }
 
 namespace {
 

@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "loom/core/cpu_features.h"
+
 namespace loom::cpu {
 
 std::string blas_core() {
@@ -19,13 +21,8 @@ std::string blas_core_fix() {
                        core == "Nehalem" || core == "Atom" || core == "Katmai" || core == "Coppermine" ||
                        core == "Northwood" || core == "Banias";
   if (!generic) return "";
-#if defined(__x86_64__)
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-      __builtin_cpu_supports("avx512dq"))
-    return "SkylakeX";
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
-#endif
+  if (cpu_features().avx512) return "SkylakeX";
+  if (cpu_features().avx2) return "Haswell";
   return "";
 }
 

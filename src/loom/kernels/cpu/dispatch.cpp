@@ -6,41 +6,23 @@
 #include <string>
 #include <vector>
 
+#include "loom/core/cpu_features.h"
 #include "loom/core/error.h"
 #include "loom/kernels/cpu/cpu_kernels.h"
 #include "loom/kernels/cpu/hot_table.h"
 
 namespace loom::cpu {
 
-static bool cpu_has_avx2() {
-#if defined(__x86_64__)
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-  return false;
-#endif
-}
-
-static bool cpu_has_avx512() {
-#if defined(__x86_64__)
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-#else
-  return false;
-#endif
-}
-
 std::vector<std::string> isas_here() {
   std::vector<std::string> out{"base"};
-  if (cpu_has_avx2()) out.push_back("avx2");
-  if (cpu_has_avx512()) out.push_back("avx512");
+  if (cpu_features().avx2) out.push_back("avx2");
+  if (cpu_features().avx512) out.push_back("avx512");
   return out;
 }
 
 static const HotKernels* pick_hot_kernels() {
-  const bool has512 = cpu_has_avx512();
-  const bool has2 = cpu_has_avx2();
+  const bool has512 = cpu_features().avx512;
+  const bool has2 = cpu_features().avx2;
   if (const char* want = std::getenv("LOOM_ISA")) {
     if (!std::strcmp(want, "base")) return hot_kernels_base();
     if (!std::strcmp(want, "avx2")) {

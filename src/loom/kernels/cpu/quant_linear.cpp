@@ -3,20 +3,13 @@
 // quant_vnni_avx512/avx2.cpp and quant_int_avx2.cpp (integer dot products, few rows), quant_vnni_gemm.cpp (AVX512-VNNI,
 // many rows), quant_int_neon.cpp (aarch64's sdot, any rows) and quant_linear_f32.cpp (f32 dequantization); the formats
 // in quant_format.cpp.
-#if defined(__x86_64__)
-#include <cpuid.h>
-#elif defined(__aarch64__)
-#include <sys/auxv.h>
-#ifndef HWCAP_ASIMDDP
-#define HWCAP_ASIMDDP (1 << 20)  // the Linux arm64 ABI's bit; older libc headers lack the name
-#endif
-#endif
 
 #include <algorithm>
 #include <cstdlib>
 #include <optional>
 #include <vector>
 
+#include "loom/core/cpu_features.h"
 #include "loom/core/error.h"
 #include "loom/kernels/cpu/cpu_kernels.h"
 #include "loom/kernels/cpu/gemm.h"
@@ -38,34 +31,6 @@ constexpr int64_t kBlasRows = 128;
 
 constexpr Path kAllPaths[] = {Path::base_f32, Path::avx2_f32,    Path::avx512_f32,  Path::avx2_int,
                               Path::avx_vnni, Path::avx512_vnni, Path::avx512_bf16, Path::neon_dot};
-
-struct CpuFeatures {
-  bool avx2 = false, avx512 = false, avx512_vnni = false, avx_vnni = false, avx512_bf16 = false;
-  bool neon_dot = false;  // aarch64 with the dot-product extension (sdot)
-};
-
-const CpuFeatures& cpu_features() {
-  static const CpuFeatures f = [] {
-    CpuFeatures c;
-#if defined(__x86_64__)
-    __builtin_cpu_init();
-    c.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    c.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-    c.avx512_vnni = c.avx512 && __builtin_cpu_supports("avx512vnni");
-    // AVX-VNNI and AVX512-BF16 are CPUID.(EAX=7,ECX=1):EAX bits 4 and 5; read directly, as not
-    // every compiler's __builtin_cpu_supports knows their names (clang 14 does not).
-    unsigned a = 0, b = 0, cx = 0, d = 0;
-    const bool leaf = __get_cpuid_count(7, 1, &a, &b, &cx, &d);
-    c.avx_vnni = c.avx2 && leaf && (a & (1u << 4));
-    c.avx512_bf16 = c.avx512 && leaf && (a & (1u << 5));
-#elif defined(__aarch64__)
-    c.neon_dot = (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
-#endif  // kernels/no_x86 and kernels/no_arm stand in for the kernels of the other architecture
-    return c;
-  }();
-  return f;
-}
 
 template <class T>
 T* grown(std::vector<T>& v, int64_t n) {
