@@ -54,6 +54,27 @@ TEST(TrainConfig, UnknownKeysAndRangesAreRejected) {
   expect_error(kBase, "data.seq_len: 65 is out of range [1, 64]", {"data.seq_len=65"});
 }
 
+// Nine nested levels of ten aliases would be 10^9 nodes to walk: refused at the first alias,
+// with its line, in well under a second.
+TEST(TrainConfig, YamlAliasesAreRefusedWithTheirLine) {
+  std::string bomb = std::string(kBase) + "x0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n";
+  for (int k = 1; k <= 9; ++k) {
+    bomb += "x" + std::to_string(k) + ": &a" + std::to_string(k) + " [";
+    for (int j = 0; j < 10; ++j) bomb += std::string(j ? ", " : "") + "*a" + std::to_string(k - 1);
+    bomb += "]\n";
+  }
+  expect_error(bomb, "[config] <string>:7: YAML aliases (*name) are not accepted");
+  expect_error(std::string(kBase) + "optim: &o\n  lr: 1e-3\nschedule: *o\n", ":8: YAML aliases");
+  EXPECT_EQ(error_of(std::string(kBase) + "optim: &o\n  lr: 1e-3\n"), "");  // an anchor alone is harmless
+}
+
+TEST(TrainConfig, WireDtypesAreNamedOrRefused) {
+  EXPECT_EQ(wire_dtype("bf16"), DType::bf16);
+  EXPECT_EQ(wire_dtype("fp16"), DType::f16);
+  EXPECT_EQ(wire_dtype("fp32"), DType::f32);
+  EXPECT_THROW(wire_dtype("fp8"), Error);  // not fp32 by default
+}
+
 TEST(TrainConfig, CrossFieldChecks) {
   expect_error("model:\n  preset: gpt2-tiny\n", "data.dir: required");
   expect_error(kBase, "data.batch_size=8 is not divisible by parallel.dp=3", {"parallel.dp=3"});

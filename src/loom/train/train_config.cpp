@@ -61,11 +61,15 @@ model::ModelConfig read_model(ConfigReader& r) {
 }  // namespace
 
 DType wire_dtype(const std::string& name) {
-  return name == "bf16" ? DType::bf16 : name == "fp16" ? DType::f16 : DType::f32;
+  if (name == "fp32") return DType::f32;
+  if (name == "bf16") return DType::bf16;
+  if (name == "fp16") return DType::f16;
+  fail("config", "dtype '", name, "': expected fp32, bf16 or fp16");
 }
 
 TrainConfig parse_train_config(const std::string& text, const std::vector<std::string>& sets,
                                const std::string& source) {
+  ConfigReader::reject_aliases(text, source);
   YAML::Node root;
   try {
     root = YAML::Load(text);
