@@ -77,9 +77,7 @@ void decode_linear(const float* x, const float* w, const float* b, float* y, int
 
 void decode_linear_on(const std::string& isa, const float* x, const float* w, const float* b, float* y, int64_t M,
                       int64_t I, int64_t O) {
-  const std::vector<std::string> here = cpu::isas_here();
-  LOOM_CHECK(std::find(here.begin(), here.end(), isa) != here.end(), "decode_linear", "instruction set '", isa,
-             "' does not run on this CPU");
+  cpu::check_isa_runs_here(isa, "decode_linear");
   run(build(isa), x, w, b, y, M, I, O);
 }
 

@@ -101,5 +101,7 @@ std::string hot_kernels_isa();
 // The instruction-set builds this CPU runs: "base", then "avx2" (AVX2 + FMA) and "avx512"
 // (F, BW, VL, DQ) where present. Kernels with per-ISA builds test each of these.
 std::vector<std::string> isas_here();
+// Throws "[who] instruction set 'isa' does not run on this CPU" unless isa is one of isas_here().
+void check_isa_runs_here(const std::string& isa, const char* who);
 
 }  // namespace loom::cpu

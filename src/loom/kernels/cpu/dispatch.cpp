@@ -1,6 +1,7 @@
 // Run-time choice of the f32 hot kernels: AVX-512 where the CPU has it, else AVX2+FMA, else
 // the portable build (the only one off x86: on aarch64 it is vectorised for NEON). LOOM_ISA=base|avx2|avx512
 // overrides (for comparisons and debugging).
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -18,6 +19,12 @@ std::vector<std::string> isas_here() {
   if (cpu_features().avx2) out.push_back("avx2");
   if (cpu_features().avx512) out.push_back("avx512");
   return out;
+}
+
+void check_isa_runs_here(const std::string& isa, const char* who) {
+  const std::vector<std::string> here = isas_here();
+  LOOM_CHECK(std::find(here.begin(), here.end(), isa) != here.end(), who, "instruction set '", isa,
+             "' does not run on this CPU");
 }
 
 static const HotKernels* pick_hot_kernels() {

@@ -268,9 +268,7 @@ void paged_attention_forward(const T* q, int64_t q_stride, const T* k_cache, con
 void paged_attention_forward_on(const std::string& isa, const float* q, int64_t q_stride, const float* k_cache,
                                 const float* v_cache, int64_t block_size, const PagedSeq* seqs, int64_t n_seqs,
                                 float* out, int64_t out_stride, int64_t H, int64_t KVH, int64_t D) {
-  const std::vector<std::string> here = isas_here();
-  LOOM_CHECK(std::find(here.begin(), here.end(), isa) != here.end(), "paged_attention", "instruction set '", isa,
-             "' does not run on this CPU");
+  check_isa_runs_here(isa, "paged_attention");
   const ItemArgs a{q_stride, out_stride, block_size, H, KVH, D};
   run_items<float>(q, k_cache, v_cache, seqs, n_seqs, out, a, item_for(isa));
 }
