@@ -3,7 +3,7 @@ BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 CTEST_ARGS ?=
 
-.PHONY: deps configure build test check demo bench clean
+.PHONY: deps configure build test test-all check demo bench clean
 
 deps:
 	@bash scripts/install-deps.sh
@@ -15,7 +15,13 @@ build: configure
 	@cmake --build $(BUILD_DIR) -j $(JOBS)
 	@echo "[build] CLI at $(BUILD_DIR)/bin/loom"
 
+# Every test but those labelled `peer` (they install llama.cpp, a numpy reference or the openai
+# client into venvs: minutes, and the package index); `make test-all` (CI) runs those too.
+# Labels: docs/TESTING.md.
 test: build
+	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) -LE peer $(CTEST_ARGS)
+
+test-all: build
 	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
 
 # Sanitizer builds (ASan+UBSan, TSan) of the suites and the fuzz targets: scripts/check.sh.
