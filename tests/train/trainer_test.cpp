@@ -10,7 +10,6 @@
 #include "loom/io/file.h"
 #include "loom/io/manifest.h"
 #include "loom/io/safetensors.h"
-#include "loom/optim/schedule.h"
 #include "loom/train/checkpoint.h"
 #include "loom/train/dataset_source.h"
 #include "loom/train/trainer.h"
@@ -192,18 +191,6 @@ TEST(Trainer, DemoConfigRunsAFewSteps) {
   EXPECT_TRUE(std::isfinite(r.final_train_loss));
   EXPECT_TRUE(fs::exists(dir + "/ck/step_000003/model.safetensors"));
   EXPECT_TRUE(fs::exists(dir + "/metrics.jsonl"));
-}
-
-TEST(LrSchedule, WarmupThenCosineToMinLr) {
-  optim::LrSchedule s{1.0, 0.1, -1, 1000};
-  EXPECT_EQ(s.resolved_warmup(), 100);
-  EXPECT_DOUBLE_EQ(s.lr_at(0), 0.01);
-  EXPECT_DOUBLE_EQ(s.lr_at(99), 1.0);
-  EXPECT_NEAR(s.lr_at(550), 0.55, 1e-9);
-  EXPECT_NEAR(s.lr_at(999), 0.1, 1e-4);
-  EXPECT_EQ((optim::LrSchedule{1.0, 0.1, -1, 500000}).resolved_warmup(), 10000);
-  EXPECT_DOUBLE_EQ(optim::dynamic_clip_threshold(0, 100), 10.0);
-  EXPECT_DOUBLE_EQ(optim::dynamic_clip_threshold(95, 100), 1.0);
 }
 
 // fp16 with dynamic loss scaling: an injected overflow skips the update (the weights after the
