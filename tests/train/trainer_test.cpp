@@ -66,9 +66,9 @@ void expect_exact_resume(const std::string& name, std::vector<std::string> sets)
   const Tensor& pb = second.model().params();
   ASSERT_EQ(pa.nbytes(), pb.nbytes());
   EXPECT_EQ(0, std::memcmp(pa.raw(), pb.raw(), pa.nbytes())) << "final weights differ bitwise";
-  for (size_t u = 0; u < straight.engine().optimizers().size(); ++u) {
-    const Tensor& va = straight.engine().optimizers()[u]->exp_avg_sq();
-    const Tensor& vb = second.engine().optimizers()[u]->exp_avg_sq();
+  for (size_t u = 0; u < straight.data_parallel().optimizers().size(); ++u) {
+    const Tensor& va = straight.data_parallel().optimizers()[u]->exp_avg_sq();
+    const Tensor& vb = second.data_parallel().optimizers()[u]->exp_avg_sq();
     EXPECT_EQ(0, std::memcmp(va.raw(), vb.raw(), va.nbytes())) << "optimizer unit " << u;
   }
   const Tensor& ba = straight.model().router_bias();
@@ -290,8 +290,8 @@ TEST(Checkpoint, Format1CheckpointsResumeOnTheirOwnLayout) {
   io::SafetensorsWriter w;
   const auto& units = a.model().layout().units();
   for (size_t i = 0; i < units.size(); ++i) {
-    w.add(units[i].name + ".exp_avg", a.engine().optimizers()[i]->exp_avg());
-    w.add(units[i].name + ".exp_avg_sq", a.engine().optimizers()[i]->exp_avg_sq());
+    w.add(units[i].name + ".exp_avg", a.data_parallel().optimizers()[i]->exp_avg());
+    w.add(units[i].name + ".exp_avg_sq", a.data_parallel().optimizers()[i]->exp_avg_sq());
   }
   w.write(ck + "/optimizer.rank00000.safetensors");
   fs::remove(ck + "/optimizer.exp_avg.safetensors");
@@ -306,11 +306,11 @@ TEST(Checkpoint, Format1CheckpointsResumeOnTheirOwnLayout) {
   EXPECT_EQ(b.step(), 4);
   EXPECT_EQ(b.model().params().to_f32_vector(), a.model().params().to_f32_vector());
   for (size_t i = 0; i < units.size(); ++i) {
-    EXPECT_EQ(b.engine().optimizers()[i]->exp_avg().to_f32_vector(),
-              a.engine().optimizers()[i]->exp_avg().to_f32_vector());
-    EXPECT_EQ(b.engine().optimizers()[i]->exp_avg_sq().to_f32_vector(),
-              a.engine().optimizers()[i]->exp_avg_sq().to_f32_vector());
-    EXPECT_EQ(b.engine().optimizers()[i]->step_count(), 4);
+    EXPECT_EQ(b.data_parallel().optimizers()[i]->exp_avg().to_f32_vector(),
+              a.data_parallel().optimizers()[i]->exp_avg().to_f32_vector());
+    EXPECT_EQ(b.data_parallel().optimizers()[i]->exp_avg_sq().to_f32_vector(),
+              a.data_parallel().optimizers()[i]->exp_avg_sq().to_f32_vector());
+    EXPECT_EQ(b.data_parallel().optimizers()[i]->step_count(), 4);
   }
   TrainConfig other = cfg;
   other.parallel.zero_stage = 1;

@@ -36,10 +36,10 @@ namespace fs = std::filesystem;
 namespace {
 
 // The denominator of the MFU estimate (model FLOPs / time / this): the matrix-product rate of a
-// product large enough for OpenBLAS to reach its full rate on every thread (a 384-wide one ran
-// at half of it with two threads, and the demo then logged an MFU over 100%), on the engine the
-// run's products use: SGEMM, or under bf16 the AVX512-BF16 GEMM where it is chosen (about twice
-// SGEMM's rate on Zen 4). About 0.1 s.
+// product large enough for OpenBLAS to reach its full rate on every thread (a smaller one
+// understates the rate, and MFU would then exceed 100%), on the engine the run's products use:
+// SGEMM, or under bf16 the AVX512-BF16 GEMM where it is chosen (about twice SGEMM's rate on
+// Zen 4). About 0.1 s.
 double measure_gemm_gflops(bool bf16_engine) {
   const int64_t n = 1024;
   std::vector<float> a(size_t(n * n), 0.5f), b(size_t(n * n), 0.25f), c(size_t(n * n));
@@ -128,8 +128,8 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
     model_->set_expert_parallel(ep_.get());
   }
   if (dopt.allocate_flat_params) model_->init_weights(cfg_.schedule.seed);  // else DataParallel inits its chunks
-  engine_ = std::make_unique<parallel::DataParallel>(*model_, mesh_->data(), cfg_.optim, dpo, cfg_.schedule.seed,
-                                                     mesh_->dp());
+  data_parallel_ = std::make_unique<parallel::DataParallel>(*model_, mesh_->data(), cfg_.optim, dpo, cfg_.schedule.seed,
+                                                            mesh_->dp());
   if (main_rank() && p.weight_replica == "auto" && parallel::weight_replica_possible(dpo, cfg_.optim.name))
     std::fprintf(opt_.log, "[train] weights%s: %s (parallel.weight_replica=auto%s)\n",
                  p.pp > 1 ? " of the first pipeline stage" : "",
@@ -144,7 +144,7 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
   for (const auto& pi : model_->layout().params())
     if (pi.tied_copy || (pi.tp_replicated && mesh_->coord().tp != 0))
       skip.push_back({pi.offset, pi.offset + pi.numel()});
-  engine_->set_norm_skip(skip);
+  data_parallel_->set_norm_skip(skip);
   if (p.pp > 1)
     pipe_ = std::make_unique<parallel::PipelineStage>(
         *model_, *mesh_,
@@ -174,7 +174,7 @@ Trainer::~Trainer() {
       std::fprintf(opt_.log, "[checkpoint] background save of step %lld failed: %s\n", (long long)r->step,
                    r->error.c_str());
   }
-  engine_.reset();
+  data_parallel_.reset();
   if (metrics_) std::fclose(metrics_);
 }
 
@@ -211,9 +211,9 @@ void Trainer::reduce_over_model_parallel(const Tensor& t, bool over_tp) {
 
 Tensor Trainer::full_params() {
   Tensor local = model_->params();
-  if (!engine_->params_are_masters()) {
+  if (!data_parallel_->params_are_masters()) {
     local = Tensor::zeros({model_->flat_size()}, DType::f32, MemCategory::workspace);
-    engine_->gather_full_params(local);
+    data_parallel_->gather_full_params(local);
   }
   if (!whole_layout_) return local;
   return parallel::gather_whole_params(*mesh_, model_->layout(), local);
@@ -228,7 +228,7 @@ parallel::ModelStateBytes Trainer::predicted_model_states() const {
   // Dense parameters are sharded over the dp x ep ranks, a MoE block's experts over dp.
   const auto& p = cfg_.parallel;
   auto pred = parallel::layout_model_state_bytes(model_->layout(), int(p.zero_stage), int(p.dp * p.ep), int(p.dp),
-                                                 engine_->keeps_replica());
+                                                 data_parallel_->keeps_replica());
   if (cfg_.optim.name == "onebit_adam") pred.optimizer += parallel::onebit_error_bytes(model_->num_params(), int(p.dp));
   return pred;
 }
@@ -373,7 +373,7 @@ void Trainer::write_step_metrics(const LoggedStep& ls) {
 }
 
 double Trainer::take_exposed_comm_seconds() {
-  double dp = engine_->take_wait_seconds();
+  double dp = data_parallel_->take_wait_seconds();
   if (mesh_->data().size() == 1) dp = 0;  // nothing to wait for: what was timed is bookkeeping
   return dp + (ep_ ? ep_->take_wait_seconds() : 0.0);
 }
@@ -384,7 +384,7 @@ double Trainer::train_step() {
   const int64_t micro = cfg_.data.micro_batch_size;
   const int64_t per_rank = G / mesh_->data_size();
   const int64_t first = mesh_->data_index() * per_rank;  // this rank's share of the global batch
-  engine_->zero_grads();
+  data_parallel_->zero_grads();
   model_->reset_moe_stats();
   // The mean over the global batch, times the loss scale (fp16): gradients are scale x too large
   // until they are unscaled below.
@@ -397,18 +397,18 @@ double Trainer::train_step() {
   int64_t count = 0;
   if (pipe_) {
     const int M = int(cfg_.parallel.micro_batches);
-    pipe_stats_ = pipe_->train_step(
+    const parallel::PipelineStepStats stats = pipe_->train_step(
         [&](int m, int32_t* tok, int32_t* tgt) {
           data_.fill_train(batch_of(step_), first + m * micro, micro, G, T, tok, tgt);
         },
-        micro, T, grad_scale, [&](int m) { engine_->set_sync(m == M - 1); });
-    loss_sum = pipe_stats_.loss_sum;
-    count = pipe_stats_.n_valid;
+        micro, T, grad_scale, [&](int m) { data_parallel_->set_sync(m == M - 1); });
+    loss_sum = stats.loss_sum;
+    count = stats.n_valid;
   } else {
     std::vector<int32_t> tok(size_t(micro * T)), tgt(size_t(micro * T));
     for (int64_t m0 = 0; m0 < per_rank; m0 += micro) {
       data_.fill_train(batch_of(step_), first + m0, micro, G, T, tok.data(), tgt.data());
-      engine_->set_sync(m0 + micro >= per_rank);  // only the last micro-batch communicates
+      data_parallel_->set_sync(m0 + micro >= per_rank);  // only the last micro-batch communicates
       int64_t n = 0;
       loss_sum += model_->forward_backward(tok.data(), tgt.data(), micro, T, grad_scale, &n);
       count += n;
@@ -417,15 +417,15 @@ double Trainer::train_step() {
   if (mesh_->world().rank() == 0)
     for (const auto& [at, factor] : opt_.inject_loss_factor_at)
       if (at == step_ + 1) loss_sum *= factor;
-  engine_->finish_grads();
+  data_parallel_->finish_grads();
   reduce_moe_stats();
   if (pipe_) pipe_->sync_tied_grads(model_->grads());
-  if (tp_) tp_->sum_partial_grads(model_->layout(), *engine_);
+  if (tp_) tp_->sum_partial_grads(model_->layout(), *data_parallel_);
   Tensor totals = Tensor::from_vector<double>({loss_sum, double(count)}, {2});
   reduce_over_model_parallel(totals, false);  // the last stage's loss, same on every tp rank
   mesh_->data().all_reduce(totals);
   const double loss = totals.data<double>()[0] / std::max(1.0, totals.data<double>()[1]);
-  Tensor norm_sq = Tensor::from_vector<double>({engine_->grad_norm_sq()}, {1});
+  Tensor norm_sq = Tensor::from_vector<double>({data_parallel_->grad_norm_sq()}, {1});
   reduce_over_model_parallel(norm_sq, true);
   const double scaled_norm = std::sqrt(norm_sq.data<double>()[0]);  // the same on every rank
   // The loss and the norm are the same on every rank (summed over all of them, so a NaN anywhere
@@ -462,15 +462,15 @@ double Trainer::train_step() {
       ++step_;
       return loss;
     }
-    engine_->scale_grads(float(1.0 / loss_scale));
+    data_parallel_->scale_grads(float(1.0 / loss_scale));
   }
   const double norm = scaled_norm / loss_scale;
   last_grad_norm_ = norm;
   double max_norm = cfg_.schedule.clip_max_norm;
   if (cfg_.schedule.clip_dynamic) max_norm = optim::dynamic_clip_threshold(step_, cfg_.schedule.steps);
-  if (max_norm > 0 && norm > max_norm) engine_->scale_grads(float(max_norm / norm));
+  if (max_norm > 0 && norm > max_norm) data_parallel_->scale_grads(float(max_norm / norm));
   optim::LrSchedule sched{cfg_.optim.lr, cfg_.schedule.min_lr, cfg_.schedule.warmup_steps, cfg_.schedule.steps};
-  engine_->step(sched.lr_at(step_));
+  data_parallel_->step(sched.lr_at(step_));
   // A dense model ignores the model.moe keys, the balancing bias's rate among them (so one
   // config file serves a MoE model and, with a dense preset, its dense peer).
   if (cfg_.model.moe.enabled() && cfg_.model.moe.bias_update_rate > 0)
@@ -595,7 +595,8 @@ void Trainer::roll_back() {
                    (long long)first);
     return;
   }
-  const CheckpointMeta meta = load_checkpoint(*found, *model_, *engine_, model_parallel_info(), /*verified=*/true);
+  const CheckpointMeta meta =
+      load_checkpoint(*found, *model_, *data_parallel_, model_parallel_info(), /*verified=*/true);
   if (main_rank()) {
     // Checkpoints this run saved after the target come from the spiking trajectory: a resume
     // must not pick them (the run saves those steps again as it goes).
@@ -669,7 +670,7 @@ TrainResult Trainer::run() {
                  "%s, optimizer %s), actual %s\n",
                  (long long)cfg_.parallel.dp, cfg_.parallel.ep > 1 ? str_cat(" x ep=", cfg_.parallel.ep).c_str() : "",
                  (long long)cfg_.parallel.zero_stage,
-                 engine_->keeps_replica()
+                 data_parallel_->keeps_replica()
                      ? str_cat(", ", cfg_.parallel.gather_dtype, " weights, fp32 masters with the optimizer").c_str()
                      : "",
                  format_bytes(pred.total()).c_str(), format_bytes(pred.params).c_str(),

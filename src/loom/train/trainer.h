@@ -2,7 +2,7 @@
 // or dynamic threshold), warmup + cosine LR, AdamW, periodic validation, logging (lines,
 // JSONL metrics, a progress bar), guards (non-finite steps skipped, loss spikes rolled back),
 // synchronous or asynchronous checkpoints and exact resume on any layout.
-// Parallel layouts: data parallelism (ZeRO 0-3) through the DataParallel engine, tensor
+// Parallel layouts: data parallelism (ZeRO 0-3) through parallel::DataParallel, tensor
 // parallelism through TensorParallelLayers, pipeline parallelism through PipelineStage, on the
 // mesh pp x dp x tp; alone, each is a no-op.
 // Files: trainer.cpp (construction, the step, evaluation, guards, the run loop),
@@ -104,16 +104,14 @@ class Trainer {
   model::Decoder& model() { return *model_; }
   // The expert-parallel exchange (parallel.ep > 1), else nullptr.
   parallel::ExpertParallelExchange* expert_parallel() { return ep_.get(); }
-  parallel::DataParallel& engine() { return *engine_; }
+  // Data parallelism (ZeRO 0-3) over the dp group: the gradients, the optimizer and its state.
+  parallel::DataParallel& data_parallel() { return *data_parallel_; }
   // The full weights as one flat buffer in full_layout() (gathered under ZeRO-3 and across
   // model-parallel ranks; collective then).
   Tensor full_params();
   // The model's own layout (data parallelism only) or, under tensor or pipeline parallelism,
   // the whole model's (ParamLayout(cfg, 1)).
   const model::ParamLayout& full_layout() const { return whole_layout_ ? *whole_layout_ : model_->layout(); }
-  // Pipeline statistics of the last training step (pp > 1).
-  const parallel::PipelineStepStats& last_pipeline_stats() const { return pipe_stats_; }
-  const std::vector<parallel::StageRange>& stage_ranges() const { return stages_; }
   int64_t step() const { return step_; }
   // What checkpoints record and check of this run's layout (data_parallel_only: pp = tp = ep = 1).
   ModelParallelInfo model_parallel_info() const;
@@ -123,7 +121,6 @@ class Trainer {
   double train_step();  // returns the mean train loss of the step
   std::vector<parallel::StageRange> partition_stages();
   void reduce_over_model_parallel(const Tensor& t, bool over_tp);
-  void log_step(double loss, double grad_norm, double lr, double step_ms);
   // The step's MoE router statistics summed over the data-parallel (and pipeline) ranks into
   // moe_stats_; the balancing bias moves from them when enabled.
   void reduce_moe_stats();
@@ -161,14 +158,13 @@ class Trainer {
   std::unique_ptr<parallel::Mesh> own_mesh_;
   const parallel::Mesh* mesh_;
   std::unique_ptr<model::Decoder> model_;
-  std::unique_ptr<parallel::DataParallel> engine_;
+  std::unique_ptr<parallel::DataParallel> data_parallel_;
   std::unique_ptr<parallel::TensorParallelLayers> tp_;
   std::unique_ptr<parallel::ExpertParallelExchange> ep_;
   std::unique_ptr<parallel::PipelineStage> pipe_;
   std::unique_ptr<model::ParamLayout> whole_layout_;  // tp or pp > 1
   std::vector<parallel::StageRange> stages_;
   std::string layout_desc_;  // the mesh and the stages: a checkpoint resumes on the same ones
-  parallel::PipelineStepStats pipe_stats_;
   int64_t step_ = 0;
   double last_grad_norm_ = 0;
   double last_checkpoint_time_ = 0;

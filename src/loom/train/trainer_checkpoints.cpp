@@ -26,7 +26,7 @@ void Trainer::resume_from(const std::string& spec) {
     path = *found;
   }
   const CheckpointMeta meta =
-      load_checkpoint(path, *model_, *engine_, model_parallel_info(), /*verified=*/spec == "auto");
+      load_checkpoint(path, *model_, *data_parallel_, model_parallel_info(), /*verified=*/spec == "auto");
   step_ = meta.step;
   last_checkpoint_ = path;
   skipped_windows_ = meta.skipped_windows;
@@ -41,7 +41,7 @@ void Trainer::resume_from(const std::string& spec) {
   else
     std::fprintf(log, "[resume] resumed %s from %s at step %lld, resharded from %s to %s zero_stage=%d\n", run.c_str(),
                  path.c_str(), (long long)step_, meta.resharded_from.c_str(), layout_desc_.c_str(),
-                 engine_->zero_stage());
+                 data_parallel_->zero_stage());
 }
 
 void Trainer::maybe_checkpoint(bool force) {
@@ -67,7 +67,8 @@ void Trainer::maybe_checkpoint(bool force) {
                          skipped_windows_};
   Stopwatch sw;
   if (!cfg_.checkpoint.async) {
-    last_checkpoint_ = save_checkpoint(cfg_.checkpoint.dir, step_, *model_, *engine_, save, model_parallel_info());
+    last_checkpoint_ =
+        save_checkpoint(cfg_.checkpoint.dir, step_, *model_, *data_parallel_, save, model_parallel_info());
     checkpoint_stall_s_ += sw.seconds();
     ++checkpoints_;
     if (main_rank())
@@ -79,7 +80,7 @@ void Trainer::maybe_checkpoint(bool force) {
   finish_async_checkpoint(/*wait=*/true);  // at most one write in flight
   const double waited = sw.seconds();
   if (main_rank() && !writer_) writer_ = std::make_unique<CheckpointWriter>();
-  CheckpointSnapshot snap = snapshot_checkpoint(step_, *model_, *engine_, save, model_parallel_info(),
+  CheckpointSnapshot snap = snapshot_checkpoint(step_, *model_, *data_parallel_, save, model_parallel_info(),
                                                 main_rank() ? writer_->spare() : nullptr);
   if (main_rank()) writer_->start(cfg_.checkpoint.dir, std::move(snap));
   async_pending_ = true;

@@ -269,7 +269,7 @@ TEST(DataParallelMemory, ModelStatesFollowTheZeroFormulas) {
         t.run();  // a step allocates whatever the step needs
         const MemorySnapshot after = cpu_allocator().snapshot();
         const bool replica = precision == "bf16" && (zero == 1 || zero == 2);
-        EXPECT_EQ(t.engine().keeps_replica(), replica) << precision << " " << zero;
+        EXPECT_EQ(t.data_parallel().keeps_replica(), replica) << precision << " " << zero;
         int64_t product = 0;
         for (const auto& p : t.model().layout().params())
           if (replica && p.product_operand) product += p.numel();
@@ -365,8 +365,8 @@ TEST(DataParallel16BitGathers, AreBitwiseExactAndSendFewerBytes) {
           if (zero < 3) cfg.parallel.weight_replica = k == 1 ? "on" : "off";  // auto keeps fp32 copies at dp=2
           SyntheticSource src(cfg.model.vocab_size);
           Trainer t(cfg, src, loom::testing::quiet_trainer_options(&mesh));
-          EXPECT_EQ(t.engine().params_are_masters(), k == 0 && zero < 3) << what << " kind " << k;
-          EXPECT_EQ(t.engine().keeps_replica(), k == 1 && zero < 3) << what << " kind " << k;
+          EXPECT_EQ(t.data_parallel().params_are_masters(), k == 0 && zero < 3) << what << " kind " << k;
+          EXPECT_EQ(t.data_parallel().keeps_replica(), k == 1 && zero < 3) << what << " kind " << k;
           const double t0 = now_seconds();
           runs[k].losses = t.run().losses;
           const double t1 = now_seconds();
@@ -410,7 +410,7 @@ TEST(DataParallel16BitGathers, AreBitwiseExactUnderExpertParallelism) {
       if (k == 1 && zero < 3) cfg.parallel.weight_replica = "on";
       SyntheticSource src(cfg.model.vocab_size);
       Trainer t(cfg, src, loom::testing::quiet_trainer_options(&mesh));
-      EXPECT_EQ(t.engine().params_are_masters(), k == 0 && zero < 3) << what;
+      EXPECT_EQ(t.data_parallel().params_are_masters(), k == 0 && zero < 3) << what;
       runs[k].losses = t.run().losses;
       runs[k].weights = t.full_params().to_f32_vector();
     }

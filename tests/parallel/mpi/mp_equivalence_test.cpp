@@ -165,11 +165,11 @@ TrainRun run_training(const TrainConfig& cfg, const parallel::Mesh* mesh, const 
     r.val_loss = res.final_val_loss;
     r.weights = t.full_params().to_f32_vector();
     r.layout = std::make_unique<model::ParamLayout>(t.full_layout());
-    if (t.engine().params_are_masters()) {
+    if (t.data_parallel().params_are_masters()) {
       r.local = t.model().params().to_f32_vector();
-    } else if (t.engine().zero_stage() < 3) {  // ZeRO-1/2 with 16-bit gathers: the owners' masters
+    } else if (t.data_parallel().zero_stage() < 3) {  // ZeRO-1/2 with 16-bit gathers: the owners' masters
       Tensor masters = Tensor::zeros({t.model().flat_size()}, DType::f32);
-      t.engine().gather_full_params(masters);
+      t.data_parallel().gather_full_params(masters);
       r.local = masters.to_f32_vector();
     }  // not under ZeRO-3
     r.local_layout = std::make_unique<model::ParamLayout>(t.model().layout());
@@ -279,7 +279,7 @@ void expect_reshard(const Layout& a_in, const Layout& b_in, const std::string& b
     SyntheticSource src(b_cfg.model.vocab_size);
     Trainer t(b_cfg, src, loom::testing::quiet_trainer_options(mesh_b ? &*mesh_b : nullptr, saved, -1));
     ASSERT_EQ(t.step(), 5) << what;
-    const CheckpointSnapshot s = snapshot_checkpoint(5, t.model(), t.engine(), {}, t.model_parallel_info());
+    const CheckpointSnapshot s = snapshot_checkpoint(5, t.model(), t.data_parallel(), {}, t.model_parallel_info());
     if (s.weights.defined()) {  // rank 0 of b
       EXPECT_EQ(s.weights.to_f32_vector(), whole_from_file(b_cfg.model, saved + "/model.safetensors")) << what;
       EXPECT_EQ(s.exp_avg.to_f32_vector(), whole_from_file(b_cfg.model, saved + "/optimizer.exp_avg.safetensors"))

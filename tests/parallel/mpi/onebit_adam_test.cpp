@@ -53,11 +53,11 @@ OneBitRun train_run(const TrainConfig& cfg, const parallel::Mesh& mesh, const st
                     int64_t stop = -1, bool error_feedback = true) {
   loom::testing::SyntheticSource src(cfg.model.vocab_size);
   Trainer t(cfg, src, loom::testing::quiet_trainer_options(&mesh, resume, stop));
-  for (const auto& exchange : t.engine().onebit()) exchange->set_error_feedback(error_feedback);
+  for (const auto& exchange : t.data_parallel().onebit()) exchange->set_error_feedback(error_feedback);
   OneBitRun r;
   r.losses = t.run().losses;
   r.weights = t.full_params().to_f32_vector();
-  r.last_wire_bytes = t.engine().last_step_wire_bytes();
+  r.last_wire_bytes = t.data_parallel().last_step_wire_bytes();
   return r;
 }
 
