@@ -105,8 +105,10 @@ TEST(LayoutConfig, WeightReplicaWhereItTakesFewerBytesOrWhereForced) {
 
   using R = parallel::DataParallelOptions::Replica;
   const model::ModelConfig gpt2 = model::preset("gpt2-124m");
-  auto keeps = [&](int zero, int n, R r, DType gather = DType::bf16, const std::string& optim = "adamw") {
-    return parallel::keeps_weight_replica({zero, 25, DType::bf16, gather, r}, optim, model::ParamLayout(gpt2, n), n, n);
+  auto keeps = [&](int zero, int n, R r, DType gather = DType::bf16,
+                   optim::OptimizerKind optimizer = optim::OptimizerKind::adamw) {
+    return parallel::keeps_weight_replica({zero, 25, DType::bf16, gather, r}, optimizer, model::ParamLayout(gpt2, n), n,
+                                          n);
   };
   // GPT-2's tied token table (31% of the weights) stays f32: 2 x 0.69 + 4 x 0.31 + 4/N bytes
   // per parameter against 4 is more at N=2, less from N=3.
@@ -115,9 +117,9 @@ TEST(LayoutConfig, WeightReplicaWhereItTakesFewerBytesOrWhereForced) {
   EXPECT_TRUE(keeps(2, 8, R::auto_choice));
   EXPECT_TRUE(keeps(1, 2, R::on));
   EXPECT_FALSE(keeps(1, 8, R::off));
-  EXPECT_FALSE(keeps(3, 8, R::auto_choice));                              // stage 3 shards the weights anyway
-  EXPECT_FALSE(keeps(0, 8, R::auto_choice));                              // stage 0 gathers nothing
-  EXPECT_FALSE(keeps(1, 8, R::auto_choice, DType::f32));                  // f32 gathers
-  EXPECT_FALSE(keeps(1, 8, R::auto_choice, DType::bf16, "onebit_adam"));  // 1-bit Adam gathers f32
-  EXPECT_THROW(keeps(1, 8, R::on, DType::bf16, "onebit_adam"), Error);
+  EXPECT_FALSE(keeps(3, 8, R::auto_choice));              // stage 3 shards the weights anyway
+  EXPECT_FALSE(keeps(0, 8, R::auto_choice));              // stage 0 gathers nothing
+  EXPECT_FALSE(keeps(1, 8, R::auto_choice, DType::f32));  // f32 gathers
+  EXPECT_FALSE(keeps(1, 8, R::auto_choice, DType::bf16, optim::OptimizerKind::onebit_adam));  // 1-bit Adam gathers f32
+  EXPECT_THROW(keeps(1, 8, R::on, DType::bf16, optim::OptimizerKind::onebit_adam), Error);
 }

@@ -122,10 +122,10 @@ TEST(TrainConfig, PrecisionAndLossScaling) {
   // (bf16_training_test.sh), not the configuration.
   EXPECT_TRUE(c.warnings.empty()) << c.warnings[0];
   EXPECT_NE(c.model.summary().find("bf16 products"), std::string::npos) << c.model.summary();
-  EXPECT_EQ(c.parallel.grad_dtype, "bf16");  // gradients follow the precision unless told
-  EXPECT_EQ(parse_train_config(kBase, {}).parallel.grad_dtype, "fp32");
+  EXPECT_EQ(c.parallel.grad_dtype, DType::bf16);  // gradients follow the precision unless told
+  EXPECT_EQ(parse_train_config(kBase, {}).parallel.grad_dtype, DType::f32);
   EXPECT_EQ(parse_train_config(kBase, {"model.precision=bf16", "parallel.grad_dtype=fp32"}).parallel.grad_dtype,
-            "fp32");
+            DType::f32);
   expect_error(kBase, "parallel.grad_dtype: \"fp16\" is not one of: fp32, bf16", {"parallel.grad_dtype=fp16"});
   const TrainConfig h = parse_train_config(kBase, {"model.precision=fp16", "optim.loss_scale_window=50"});
   EXPECT_EQ(h.model.products(), cpu::ProductPrecision::f16);

@@ -39,16 +39,22 @@ Timed run(const model::ModelConfig& cfg, const parallel::Mesh& mesh, const comm:
           int64_t T, int64_t warmup, int64_t steps, const std::string& checkpoint = "",
           const std::string& data_dir = "") {
   const int64_t data = mesh.data_size(), ep = mesh.shape().size(parallel::Dim::ep);
-  model::DecoderOptions dopt = parallel::decoder_options_for({}, zero, int(data));
-  dopt.slice.ep = ep;
-  dopt.slice.ep_rank = mesh.coord().ep;
+  model::ModelSlice slice;
+  slice.ep = ep;
+  slice.ep_rank = mesh.coord().ep;
+  const auto ranks = parallel::DataParallelRanks::of_mesh(mesh.shape().size(parallel::Dim::dp), ep);
+  const optim::AdamWConfig adam{1e-4, 0.9, 0.95, 1e-8, 0.1};
+  const parallel::DataParallelPlan plan = parallel::plan_data_parallel(
+      {zero, 25.0, DType::f32}, adam.kind, model::ParamLayout(cfg, ranks.dp_size, slice), ranks);
+  model::DecoderOptions dopt = plan.decoder_options({});
+  dopt.slice = slice;
   model::Decoder m(cfg, dopt);
   std::unique_ptr<parallel::ExpertParallelExchange> exchange;
   if (ep > 1) {
     exchange = std::make_unique<parallel::ExpertParallelExchange>(mesh.ep());
     m.set_expert_parallel(exchange.get());
   }
-  if (zero < 3) m.init_weights(1234);
+  if (dopt.allocate_flat_params) m.init_weights(1234);
   if (!checkpoint.empty()) {  // this rank's slice of the trained weights (and balancing bias)
     model::Decoder whole(cfg);
     train::load_checkpoint_weights(checkpoint, whole);
@@ -58,8 +64,7 @@ Timed run(const model::ModelConfig& cfg, const parallel::Mesh& mesh, const comm:
       m.set_router_bias(std::vector<float>(b.data<float>(), b.data<float>() + b.numel()));
     }
   }
-  const optim::AdamWConfig adam{1e-4, 0.9, 0.95, 1e-8, 0.1};
-  parallel::DataParallel engine(m, mesh.data(), adam, {zero, 25.0, DType::f32}, 1234, mesh.dp());
+  parallel::DataParallel engine(m, mesh.data(), adam, plan.options, 1234, mesh.dp());
   std::mt19937 g(1 + unsigned(mesh.data_index()));
   std::vector<int32_t> tok(size_t(B * T)), tgt(size_t(B * T));
   for (auto& t : tok) t = int32_t(g() % cfg.vocab_size);

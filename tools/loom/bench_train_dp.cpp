@@ -37,16 +37,13 @@ struct StepTimes {
 };
 
 StepTimes run_steps(const model::ModelConfig& cfg, const comm::Group& dp, const comm::CommRecord& rec,
-                    const parallel::DataParallelOptions& dpo, const optim::AdamWConfig& adam, int64_t B, int64_t T,
+                    const parallel::DataParallelPlan& plan, const optim::AdamWConfig& adam, int64_t B, int64_t T,
                     int64_t warmup, int64_t steps, int64_t* model_state_bytes = nullptr) {
   const MemorySnapshot before = cpu_allocator().snapshot();
-  const int zero = dpo.zero_stage;
-  const bool replica =
-      parallel::keeps_weight_replica(dpo, adam.name, model::ParamLayout(cfg, dp.size()), dp.size(), dp.size());
-  model::DecoderOptions dopt = parallel::decoder_options_for({}, zero, dp.size(), replica);
+  model::DecoderOptions dopt = plan.decoder_options({});
   model::Decoder m(cfg, dopt);
   if (dopt.allocate_flat_params) m.init_weights(1234);
-  parallel::DataParallel engine(m, dp, adam, dpo, 1234);
+  parallel::DataParallel engine(m, dp, adam, plan.options, 1234);
   if (model_state_bytes) {
     const MemorySnapshot after = cpu_allocator().snapshot();
     *model_state_bytes = 0;
@@ -102,7 +99,7 @@ int bench_train_dp(const TrainBenchOptions& o, const CLI::App& app) {
   const int zero = int(o.zero);
   const double bucket_mb = o.bucket_mb;
   optim::AdamWConfig adam{1e-4, 0.9, 0.95, 1e-8, 0.1};
-  adam.name = o.optim;
+  adam.kind = optim::optimizer_from_name(o.optim);
   // 1-bit Adam: the warm-up steps are its full-precision phase, the timed ones compressed.
   adam.freeze_step = given("--freeze-step") ? o.freeze_step : warmup;
   comm::WorldOptions wo;
@@ -134,20 +131,22 @@ int bench_train_dp(const TrainBenchOptions& o, const CLI::App& app) {
                 world.group().hosts(), world.group().hosts() > 1 ? "s" : "",
                 comm::algorithm_name(world.group().algorithm()), format_bytes(grad_bytes).c_str(),
                 comm::algorithm_name(world.group().algorithm_for(comm::CollectiveOp::all_reduce, grad_bytes)),
-                adam.name.c_str());
+                optim::optimizer_name(adam.kind));
   // Baseline: the same per-rank work with no communication, all ranks at once.
   comm::Group alone = comm::Group::single("alone");
-  const StepTimes base = run_steps(cfg, alone, world.record(), {0, bucket_mb, grad_dtype}, adam, B, T, warmup, steps);
+  const StepTimes base =
+      run_steps(cfg, alone, world.record(),
+                parallel::plan_data_parallel({0, bucket_mb, grad_dtype}, adam.kind, model::ParamLayout(cfg, 1), {}),
+                adam, B, T, warmup, steps);
   parallel::Mesh mesh(world.group(), parallel::MeshShape(1, N, 1, 1));
   int64_t state_bytes = 0;
-  const parallel::DataParallelOptions dpo{zero, bucket_mb, grad_dtype, gather_dtype,
-                                          parallel::weight_replica_from_name(o.weight_replica)};
-  const StepTimes dp = run_steps(cfg, mesh.dp(), world.record(), dpo, adam, B, T, warmup, steps, &state_bytes);
   // Stages 1-2 with 16-bit gathers keep the 16-bit weight replica: product weights take 2 bytes.
-  const model::ParamLayout layout(cfg, N);
-  const bool replica = parallel::keeps_weight_replica(dpo, adam.name, layout, N, N);
-  auto predicted = parallel::layout_model_state_bytes(layout, zero, N, N, replica);
-  if (adam.name == "onebit_adam") predicted.optimizer += parallel::onebit_error_bytes(n_params, N);
+  const parallel::DataParallelPlan plan = parallel::plan_data_parallel(
+      {zero, bucket_mb, grad_dtype, gather_dtype, parallel::weight_replica_from_name(o.weight_replica)}, adam.kind,
+      model::ParamLayout(cfg, N), {N, N});
+  const StepTimes dp = run_steps(cfg, mesh.dp(), world.record(), plan, adam, B, T, warmup, steps, &state_bytes);
+  const bool replica = plan.weight_replica;
+  const parallel::ModelStateBytes& predicted = plan.model_states;
   // Rank 0 reports; medians over its steps (ranks are synchronised by the collectives).
   const double base_ms = median(base.step_ms), dp_ms = median(dp.step_ms);
   const double comm_ms = median(dp.comm_ms), exposed_ms = median(dp.exposed_ms), comm_bytes = median(dp.comm_bytes);
@@ -158,13 +157,14 @@ int bench_train_dp(const TrainBenchOptions& o, const CLI::App& app) {
   std::printf("%-28s %12.1f\n", str_cat("step, dp=", N).c_str(), dp_ms);
   std::printf("%-28s %12.1f\n", "communication (total)", comm_ms);
   std::printf("%-28s %12.1f\n", "communication (exposed)", exposed_ms);
-  if (adam.name == "onebit_adam") std::printf("%-28s %12.1f\n", "1-bit compress + decode", compress_ms);
+  if (adam.kind == optim::OptimizerKind::onebit_adam)
+    std::printf("%-28s %12.1f\n", "1-bit compress + decode", compress_ms);
   std::printf("dp collectives' payload per step and rank: %s (gradients in %s):",
               format_bytes(int64_t(comm_bytes)).c_str(), grad_name.c_str());
   for (const auto& [op, v] : dp.bytes_by_op)
     std::printf(" %s %s", op.c_str(), format_bytes(int64_t(median(v))).c_str());
   std::printf("\n");
-  std::printf("bytes sent per rank per step (wire, %s; gradients%s): %s\n", adam.name.c_str(),
+  std::printf("bytes sent per rank per step (wire, %s; gradients%s): %s\n", optim::optimizer_name(adam.kind),
               zero > 0 ? " and weight all-gathers" : "", format_bytes(int64_t(wire_bytes)).c_str());
   // The communication share of the step: exposed / step; without overlap it would be
   // comm / (compute + comm).
@@ -191,7 +191,7 @@ int bench_train_dp(const TrainBenchOptions& o, const CLI::App& app) {
                       {"gather_dtype", zero == 0 ? "none" : gather_name},
                       {"weight_replica", replica},
                       {"activation_dtype", dtype_name(cfg.activation_dtype)},
-                      {"optim", adam.name},
+                      {"optim", optim::optimizer_name(adam.kind)},
                       {"hosts", world.group().hosts()},
                       {"algorithm", comm::algorithm_name(world.group().algorithm())},
                       {"wire_bytes_per_rank", wire_bytes},

@@ -13,59 +13,6 @@ namespace loom::parallel {
 using model::BlockWeights;
 using model::ParamUnit;
 
-bool keeps_weight_replica(const DataParallelOptions& opt, const std::string& optim_name,
-                          const model::ParamLayout& layout, int dp_size, int expert_dp_size) {
-  using R = DataParallelOptions::Replica;
-  check_weight_replica(opt, optim_name);
-  if (!weight_replica_possible(opt, optim_name) || opt.weight_replica == R::off) return false;
-  if (opt.weight_replica == R::on) return true;
-  double replica = 0, fp32_copy = 0;
-  for (const auto& p : layout.params()) {
-    const double n = double(p.numel());
-    replica += (p.product_operand ? 2 : 4) * n + 4 * n / (p.expert >= 0 ? expert_dp_size : dp_size);
-    fp32_copy += 4 * n;
-  }
-  return replica < fp32_copy;
-}
-
-model::DecoderOptions decoder_options_for(model::DecoderOptions base, int zero_stage, int dp_size,
-                                          bool weight_replica) {
-  LOOM_CHECK(zero_stage >= 0 && zero_stage <= 3, "config", "parallel.zero_stage=", zero_stage, " must be 0, 1, 2 or 3");
-  base.unit_align = dp_size;
-  base.allocate_flat_grads = zero_stage < 2;
-  base.allocate_flat_params = zero_stage < 3 && !weight_replica;
-  return base;
-}
-
-ModelStateBytes zero_model_state_bytes(int64_t P, int stage, int N, int64_t replica16) {
-  ModelStateBytes b;
-  b.params = stage >= 3 ? 4 * P / N : 4 * P;
-  b.grads = stage >= 2 ? 4 * P / N : 4 * P;
-  b.optimizer = stage >= 1 ? 8 * P / N : 8 * P;
-  if (replica16 >= 0 && (stage == 1 || stage == 2)) {
-    b.params = 2 * replica16 + 4 * (P - replica16);
-    b.optimizer = 12 * P / N;
-  }
-  return b;
-}
-
-ModelStateBytes layout_model_state_bytes(const model::ParamLayout& layout, int stage, int dp_size, int expert_dp_size,
-                                         bool replica) {
-  int64_t dense = 0, experts = 0, dense16 = 0, experts16 = 0;
-  for (const auto& p : layout.params()) {
-    (p.expert >= 0 ? experts : dense) += p.numel();
-    if (p.product_operand) (p.expert >= 0 ? experts16 : dense16) += p.numel();
-  }
-  ModelStateBytes b = zero_model_state_bytes(dense, stage, dp_size, replica ? dense16 : -1);
-  const ModelStateBytes e = zero_model_state_bytes(experts, stage, expert_dp_size, replica ? experts16 : -1);
-  b.params += e.params;
-  b.grads += e.grads;
-  b.optimizer += e.optimizer;
-  return b;
-}
-
-int64_t onebit_error_bytes(int64_t P, int N) { return N > 1 ? 4 * (P + P / N) : 0; }
-
 DataParallel::DataParallel(model::Decoder& model, comm::Group dp, const optim::AdamWConfig& adam,
                            const DataParallelOptions& opt, uint64_t init_seed, comm::Group expert_dp)
     : model_(model),
@@ -91,11 +38,11 @@ DataParallel::DataParallel(model::Decoder& model, comm::Group dp, const optim::A
              n_, ")");
   if (n_ == 1) opt_.grad_dtype = DType::f32;  // nothing crosses a wire: no rounding either
   check_gather_dtype(opt_.gather_dtype, cfg_.precision);
-  opt_.gather_dtype = effective_gather_dtype(opt_, adam.name);
+  opt_.gather_dtype = effective_gather_dtype(opt_, adam.kind);
   // The caller chose the replica (keeps_weight_replica) by building the model without its flat
   // parameter buffer.
   replica_ = opt_.zero_stage < 3 && !mo.allocate_flat_params;
-  LOOM_CHECK(!replica_ || weight_replica_possible(opt_, adam.name), "zero", "stage ", opt_.zero_stage,
+  LOOM_CHECK(!replica_ || weight_replica_possible(opt_, adam.kind), "zero", "stage ", opt_.zero_stage,
              opt_.zero_stage == 0 ? " needs the model's flat parameter buffer"
                                   : " without the model's flat parameter buffer needs 16-bit weight all-gathers (the "
                                     "weight replica)",
@@ -113,9 +60,7 @@ DataParallel::DataParallel(model::Decoder& model, comm::Group dp, const optim::A
     const int64_t e = opt_.zero_stage == 0 ? u.end : b + chunk_size(u);
     adam_.push_back(std::make_unique<optim::AdamW>(adam, b, e, spans));
   }
-  LOOM_CHECK(adam.name == "adamw" || adam.name == "onebit_adam", "config", "optim.name '", adam.name,
-             "' is not adamw or onebit_adam");
-  if (adam.name == "onebit_adam" && n_ > 1) {
+  if (adam.kind == optim::OptimizerKind::onebit_adam && n_ > 1) {
     LOOM_CHECK(opt_.zero_stage <= 1, "config", "optim.name=onebit_adam needs parallel.zero_stage 0 or 1, got ",
                opt_.zero_stage);
     LOOM_CHECK(en_ == n_, "config", "optim.name=onebit_adam with expert parallelism (parallel.ep > 1) is not ",

@@ -6,8 +6,21 @@
 
 #include "loom/core/dtype.h"
 #include "loom/model/config.h"
+#include "loom/optim/adamw.h"
 
 namespace loom::parallel {
+
+// parallel.weight_replica: stages 1-2 with 16-bit gathers keep the weights as the gathered
+// 16-bit replica and the fp32 masters of the rank's own chunks only (on), or the whole fp32 copy
+// (off); auto: the replica where it takes fewer bytes (keeps_weight_replica).
+enum class WeightReplica { auto_choice, on, off };
+// "auto", "on", "off"; the inverse throws "[config] parallel.weight_replica must be ...".
+const char* weight_replica_name(WeightReplica r);
+WeightReplica weight_replica_from_name(const std::string& name);
+
+// "fp32", "bf16", "fp16": a wire type as the configuration names it (parallel.grad_dtype,
+// parallel.gather_dtype).
+const char* wire_dtype_name(DType t);
 
 struct DataParallelOptions {
   int zero_stage = 0;
@@ -22,23 +35,19 @@ struct DataParallelOptions {
   // biases, lookup tables, the router) in f32, so every rank computes exactly what it would with
   // f32 gathers, for a little over half the bytes.
   DType gather_dtype = DType::f32;
-  // Stages 1-2 with 16-bit gathers (parallel.weight_replica): keep the weights as the gathered
-  // 16-bit replica and the fp32 masters of the rank's own chunks only (on), or the whole fp32
-  // copy (off); auto: the replica where it takes fewer bytes (keeps_weight_replica).
-  enum class Replica { auto_choice, on, off } weight_replica = Replica::auto_choice;
+  using Replica = WeightReplica;
+  WeightReplica weight_replica = WeightReplica::auto_choice;
 };
 
 // The weights' type in ZeRO's all-gathers once the layout's rules apply: stage 0 gathers
 // nothing, and 1-bit Adam's ZeRO-1 step adds each weight change to every rank's copy, which must
 // then be the same fp32 values everywhere.
-DType effective_gather_dtype(const DataParallelOptions& opt, const std::string& optim_name);
+DType effective_gather_dtype(const DataParallelOptions& opt, optim::OptimizerKind optimizer);
 // Whether the replica can be kept at all: stages 1-2 with 16-bit gathers in effect.
-bool weight_replica_possible(const DataParallelOptions& opt, const std::string& optim_name);
+bool weight_replica_possible(const DataParallelOptions& opt, optim::OptimizerKind optimizer);
 // Throws "[config] parallel.weight_replica=on needs parallel.zero_stage 1 or 2 and 16-bit ..."
 // where the replica cannot be kept.
-void check_weight_replica(const DataParallelOptions& opt, const std::string& optim_name);
-// "auto", "on", "off" (parallel.weight_replica).
-DataParallelOptions::Replica weight_replica_from_name(const std::string& name);
+void check_weight_replica(const DataParallelOptions& opt, optim::OptimizerKind optimizer);
 
 // Throws "[config] parallel.gather_dtype=bf16 needs model.precision=bf16 ..." unless `gather`
 // is f32 or the 16-bit type `precision`'s products round to.

@@ -10,7 +10,7 @@
 #include "loom/model/block.h"
 #include "loom/model/memory_estimate.h"
 #include "loom/model/param_layout.h"
-#include "loom/parallel/data_parallel.h"
+#include "loom/parallel/data_parallel_plan.h"
 #include "loom/parallel/partition.h"
 
 namespace loom::plan {
@@ -262,24 +262,22 @@ Prediction predict(const Job& job, const Cluster& c, const Layout& l) {
       if (pi.product_operand) product += pi.numel();
     }
     // ZeRO-1/2 under bf16 keep the 16-bit weight replica and the owned fp32 masters where that
-    // takes fewer bytes (parallel.weight_replica=auto, as the trainer decides).
-    const parallel::DataParallelOptions dpo{int(l.zero), job.bucket_mb, DType::f32,
-                                            job.bf16 ? DType::bf16 : DType::f32};
-    const bool replica = parallel::keeps_weight_replica(dpo, job.onebit() ? "onebit_adam" : "adamw", layout,
-                                                        int(l.dp * l.ep), int(l.dp));
+    // takes fewer bytes (parallel.weight_replica=auto), as the trainer decides: the same plan.
+    const parallel::DataParallelPlan dp_plan =
+        parallel::plan_data_parallel({int(l.zero), job.bucket_mb, DType::f32, job.bf16 ? DType::bf16 : DType::f32},
+                                     job.onebit() ? optim::OptimizerKind::onebit_adam : optim::OptimizerKind::adamw,
+                                     layout, parallel::DataParallelRanks::of_mesh(l.dp, l.ep));
     // ZeRO's weight all-gathers under bf16 (parallel.gather_dtype): product weights in 2 bytes,
     // tables, norms and biases in 4.
     gather_bytes.push_back(job.bf16 ? 4.0 - 2.0 * double(product) / double(std::max<int64_t>(1, layout.num_params()))
                                     : 4.0);
     const int64_t dense = layout.num_params() - expert_params;
-    // Dense parameters shard over dp x ep ranks, experts over dp (as the trainer does).
-    const auto z = parallel::layout_model_state_bytes(layout, int(l.zero), int(l.dp * l.ep), int(l.dp), replica);
+    // Dense parameters shard over dp x ep ranks, experts over dp; 1-bit Adam's error feedback
+    // counts with the optimizer.
     MemoryPrediction m;
-    m.params = double(z.params);
-    m.grads = double(z.grads);
-    m.optimizer = double(z.optimizer);
-    // 1-bit Adam's error feedback: a worker error per parameter, a server error per chunk.
-    if (job.onebit() && l.dp > 1) m.optimizer += double(parallel::onebit_error_bytes(layout.num_params(), int(l.dp)));
+    m.params = double(dp_plan.model_states.params);
+    m.grads = double(dp_plan.model_states.grads);
+    m.optimizer = double(dp_plan.model_states.optimizer);
     const auto a = model::estimate_slice_activations(cfg, slice, l.micro_batch, job.seq, l.checkpoint, job.xent_chunk);
     // Micro-batches in flight on stage s: 1F1B holds at most pp - s, GPipe all of them.
     const int64_t in_flight =
@@ -316,7 +314,7 @@ Prediction predict(const Job& job, const Cluster& c, const Layout& l) {
       }
       // The replica's units widened for use: the head and the computing block with its experts
       // (a unit without 16-bit weights, the embedding's, is read in place).
-      if (replica) m.comm += head_unit + block_unit + expert_unit;
+      if (dp_plan.weight_replica) m.comm += head_unit + block_unit + expert_unit;
     }
     p.stage_memory.push_back(m);
     stage_params.push_back(double(dense));

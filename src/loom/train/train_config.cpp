@@ -98,7 +98,7 @@ TrainConfig parse_train_config(const std::string& text, const std::vector<std::s
   c.optim.beta2 = r.number("optim.beta2", 0.95, 0, 0.99999999);
   c.optim.eps = r.number("optim.eps", 1e-8, 1e-30, 1);
   c.optim.weight_decay = r.number("optim.weight_decay", 0.1, 0, 10);
-  c.optim.name = r.string("optim.name", "adamw", {"adamw", "onebit_adam"});
+  c.optim.kind = optim::optimizer_from_name(r.string("optim.name", "adamw", {"adamw", "onebit_adam"}));
   c.optim.freeze_step = r.integer("optim.freeze_step", 100, 1, int64_t(1) << 40);
   const bool fp16 = c.model.precision == model::Precision::fp16;
   const std::string scaling = r.string("optim.loss_scale", fp16 ? "dynamic" : "off", {"dynamic", "off"});
@@ -147,12 +147,13 @@ TrainConfig parse_train_config(const std::string& text, const std::vector<std::s
   c.parallel.ep = r.integer("parallel.ep", 1, 1, 1 << 12);
   c.parallel.zero_stage = r.integer("parallel.zero_stage", 0, 0, 3);
   c.parallel.bucket_mb = r.number("parallel.bucket_mb", 25.0, 0.001, 1e6);
-  c.parallel.grad_dtype =
-      r.string("parallel.grad_dtype", c.model.precision == model::Precision::bf16 ? "bf16" : "fp32", {"fp32", "bf16"});
+  c.parallel.grad_dtype = wire_dtype(
+      r.string("parallel.grad_dtype", c.model.precision == model::Precision::bf16 ? "bf16" : "fp32", {"fp32", "bf16"}));
   c.parallel.gather_dtype =
-      r.string("parallel.gather_dtype", model::precision_name(c.model.precision), {"fp32", "bf16", "fp16"});
-  parallel::check_gather_dtype(wire_dtype(c.parallel.gather_dtype), c.model.precision);
-  c.parallel.weight_replica = r.string("parallel.weight_replica", "auto", {"auto", "on", "off"});
+      wire_dtype(r.string("parallel.gather_dtype", model::precision_name(c.model.precision), {"fp32", "bf16", "fp16"}));
+  parallel::check_gather_dtype(c.parallel.gather_dtype, c.model.precision);
+  c.parallel.weight_replica =
+      parallel::weight_replica_from_name(r.string("parallel.weight_replica", "auto", {"auto", "on", "off"}));
   c.parallel.pp_dtype =
       r.string("parallel.pp_dtype", model::precision_name(c.model.precision), {"fp32", "bf16", "fp16"});
   c.parallel.pp_schedule = r.string("parallel.pp_schedule", "1f1b", {"gpipe", "1f1b"});
@@ -193,29 +194,30 @@ TrainConfig parse_train_config(const std::string& text, const std::vector<std::s
   c.data.micro_batch_size = micro;
   c.parallel.micro_batches = per_rank / micro;
 
+  const bool onebit = c.optim.kind == optim::OptimizerKind::onebit_adam;
   // Model-parallel layouts, refused before any work with the numbers in the message.
   model::check_tensor_parallel(c.model, tp);
-  LOOM_CHECK(ep == 1 || c.optim.name != "onebit_adam", "config", "optim.name=onebit_adam with parallel.ep=", ep,
+  LOOM_CHECK(ep == 1 || !onebit, "config", "optim.name=onebit_adam with parallel.ep=", ep,
              " is not supported (its compressed exchange covers one data-parallel group); use optim.name=adamw");
   parallel::check_stage_count(int(c.model.n_layer), int(pp));
   LOOM_CHECK(pp == 1 || c.parallel.zero_stage <= 1, "config", "parallel.zero_stage=", c.parallel.zero_stage,
              " with parallel.pp=", pp, " is not supported: ZeRO-2/3 reduce ",
              "and gather per forward/backward pass, which a pipeline interleaves across micro-batches; ",
              "use parallel.zero_stage=0 or 1 with pipelines");
-  LOOM_CHECK(c.optim.name != "onebit_adam" || c.parallel.zero_stage <= 1, "config",
+  LOOM_CHECK(!onebit || c.parallel.zero_stage <= 1, "config",
              "optim.name=onebit_adam with parallel.zero_stage=", c.parallel.zero_stage,
              " is not supported: ZeRO-2/3 reduce-scatter gradients during backward, which 1-bit Adam "
              "replaces by its compressed exchange after it; use parallel.zero_stage 0 or 1");
-  if (c.parallel.weight_replica == "on")  // the same refusal the trainer would give, before any work
+  if (c.parallel.weight_replica == parallel::WeightReplica::on)  // the trainer's refusal, before any work
     parallel::check_weight_replica({int(c.parallel.zero_stage), c.parallel.bucket_mb, DType::f32,
-                                    wire_dtype(c.parallel.gather_dtype), parallel::DataParallelOptions::Replica::on},
-                                   c.optim.name);
-  LOOM_CHECK(!c.checkpoint.async || c.optim.name != "onebit_adam", "config",
+                                    c.parallel.gather_dtype, parallel::WeightReplica::on},
+                                   c.optim.kind);
+  LOOM_CHECK(!c.checkpoint.async || !onebit, "config",
              "checkpoint.async=true with optim.name=onebit_adam is not supported (each rank's error feedback is "
              "written by that rank, synchronously); set checkpoint.async=false");
-  if (c.optim.name == "onebit_adam" && dp == 1)
+  if (onebit && dp == 1)
     c.warnings.push_back("optim.name=onebit_adam with parallel.dp=1 has nothing to compress: it runs as AdamW");
-  if (c.optim.name == "onebit_adam" && c.optim.freeze_step >= c.schedule.steps)
+  if (onebit && c.optim.freeze_step >= c.schedule.steps)
     c.warnings.push_back(str_cat("optim.freeze_step=", c.optim.freeze_step, " is not below schedule.steps=",
                                  c.schedule.steps, ": the whole run is 1-bit Adam's full-precision warm-up"));
   const int64_t m = c.parallel.micro_batches;

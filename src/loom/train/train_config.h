@@ -10,6 +10,7 @@
 #include "loom/model/decoder.h"
 #include "loom/optim/adamw.h"
 #include "loom/optim/loss_scale.h"
+#include "loom/parallel/data_parallel_options.h"
 
 namespace loom::train {
 
@@ -69,16 +70,16 @@ struct ParallelConfig {
   int64_t dp = 1, tp = 1, pp = 1, ep = 1;
   int64_t zero_stage = 0;
   double bucket_mb = 25.0;
-  // Data-parallel gradients on the wire: "fp32" or "bf16" (half the bytes); the default is
+  // Data-parallel gradients on the wire: f32 or bf16 (half the bytes); the default is
   // model.precision's (bf16 under bf16 training).
-  std::string grad_dtype = "fp32";
-  // ZeRO's weight all-gathers (stages 1-3): "fp32", or model.precision's 16-bit type (the
-  // default under bf16/fp16 training): the products' weights in 16 bits, exact (see
+  DType grad_dtype = DType::f32;
+  // ZeRO's weight all-gathers (stages 1-3): f32, or model.precision's 16-bit type (the default
+  // under bf16/fp16 training): the products' weights in 16 bits, exact (see
   // DataParallelOptions::gather_dtype).
-  std::string gather_dtype = "fp32";
-  // Stages 1-2 with 16-bit gathers: "auto", "on" or "off": keep the weights as the gathered
-  // 16-bit replica and only the owned fp32 masters (DataParallelOptions::weight_replica).
-  std::string weight_replica = "auto";
+  DType gather_dtype = DType::f32;
+  // Stages 1-2 with 16-bit gathers: keep the weights as the gathered 16-bit replica and only
+  // the owned fp32 masters (DataParallelOptions::weight_replica).
+  parallel::WeightReplica weight_replica = parallel::WeightReplica::auto_choice;
   // Pipeline activations and their gradients between stages: "fp32", "bf16" or "fp16" (half
   // the bytes, rounded); the default is model.precision's.
   std::string pp_dtype = "fp32";

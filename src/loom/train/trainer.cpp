@@ -101,11 +101,9 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
              " tokens) does not fit model.vocab_size=", cfg_.model.vocab_size, "; set model.vocab_size to at least ",
              data_.vocab_size());
   // Ranks that see different data: dp x ep (each ep rank routes its own tokens).
-  const int stage = int(p.zero_stage), dp = int(p.dp * p.ep);
+  const auto ranks = parallel::DataParallelRanks::of_mesh(p.dp, p.ep);
   const int pp_rank = int(mesh_->coord().pp);
   stages_ = partition_stages();
-  const parallel::DataParallelOptions dpo{stage, p.bucket_mb, wire_dtype(p.grad_dtype), wire_dtype(p.gather_dtype),
-                                          parallel::weight_replica_from_name(p.weight_replica)};
   const model::ModelSlice slice{stages_[size_t(pp_rank)].first_layer,
                                 stages_[size_t(pp_rank)].last_layer,
                                 pp_rank == 0,
@@ -114,9 +112,11 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
                                 mesh_->coord().tp,
                                 p.ep,
                                 mesh_->coord().ep};
-  const bool replica =
-      parallel::keeps_weight_replica(dpo, cfg_.optim.name, model::ParamLayout(cfg_.model, dp, slice), dp, int(p.dp));
-  model::DecoderOptions dopt = parallel::decoder_options_for(cfg_.decoder, stage, dp, replica);
+  dp_plan_ =
+      parallel::plan_data_parallel({int(p.zero_stage), p.bucket_mb, p.grad_dtype, p.gather_dtype, p.weight_replica},
+                                   cfg_.optim.kind, model::ParamLayout(cfg_.model, ranks.dp_size, slice), ranks);
+  const bool replica = dp_plan_.weight_replica;
+  model::DecoderOptions dopt = dp_plan_.decoder_options(cfg_.decoder);
   dopt.slice = slice;
   model_ = std::make_unique<model::Decoder>(cfg_.model, dopt);
   if (p.tp > 1) {
@@ -128,15 +128,18 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
     model_->set_expert_parallel(ep_.get());
   }
   if (dopt.allocate_flat_params) model_->init_weights(cfg_.schedule.seed);  // else DataParallel inits its chunks
-  data_parallel_ = std::make_unique<parallel::DataParallel>(*model_, mesh_->data(), cfg_.optim, dpo, cfg_.schedule.seed,
-                                                            mesh_->dp());
-  if (main_rank() && p.weight_replica == "auto" && parallel::weight_replica_possible(dpo, cfg_.optim.name))
+  data_parallel_ = std::make_unique<parallel::DataParallel>(*model_, mesh_->data(), cfg_.optim, dp_plan_.options,
+                                                            cfg_.schedule.seed, mesh_->dp());
+  if (main_rank() && p.weight_replica == parallel::WeightReplica::auto_choice &&
+      parallel::weight_replica_possible(dp_plan_.options, cfg_.optim.kind))
     std::fprintf(opt_.log, "[train] weights%s: %s (parallel.weight_replica=auto%s)\n",
                  p.pp > 1 ? " of the first pipeline stage" : "",
-                 replica ? str_cat("the gathered ", p.gather_dtype, " replica and this rank's fp32 masters").c_str()
+                 replica ? str_cat("the gathered ", parallel::wire_dtype_name(p.gather_dtype),
+                                   " replica and this rank's fp32 masters")
+                               .c_str()
                          : "a whole fp32 copy",
                  replica ? ""
-                         : str_cat(": at dp=", dp, " the ", p.gather_dtype,
+                         : str_cat(": at dp=", ranks.dp_size, " the ", parallel::wire_dtype_name(p.gather_dtype),
                                    " replica and the owned masters would take more bytes; =on forces it")
                                .c_str());
   // The gradient norm counts every parameter once across the model-parallel ranks.
@@ -224,18 +227,9 @@ ModelParallelInfo Trainer::model_parallel_info() const {
   return {mesh_, whole_layout_.get(), layout_desc_, p.pp == 1 && p.tp == 1 && p.ep == 1};
 }
 
-parallel::ModelStateBytes Trainer::predicted_model_states() const {
-  // Dense parameters are sharded over the dp x ep ranks, a MoE block's experts over dp.
-  const auto& p = cfg_.parallel;
-  auto pred = parallel::layout_model_state_bytes(model_->layout(), int(p.zero_stage), int(p.dp * p.ep), int(p.dp),
-                                                 data_parallel_->keeps_replica());
-  if (cfg_.optim.name == "onebit_adam") pred.optimizer += parallel::onebit_error_bytes(model_->num_params(), int(p.dp));
-  return pred;
-}
-
 void Trainer::check_fits_in_memory() const {
   const auto& p = cfg_.parallel;
-  const double states = double(predicted_model_states().total());
+  const double states = double(dp_plan_.model_states.total());
   // The whole model's activations for one micro-batch, split over the model-parallel ranks.
   const double activations =
       model::estimate_training_bytes(cfg_.model, 0, double(cfg_.data.micro_batch_size), cfg_.data.seq_len,
@@ -661,7 +655,7 @@ TrainResult Trainer::run() {
     if (opt_.peak_gflops <= 0)
       std::fprintf(opt_.log, "[train] MFU: model FLOPs over %.0f GFLOP/s per rank, the %s rate measured now\n",
                    peak_gflops_, cpu::on_bf16_gemm(cfg_.model.products()) ? "bf16 GEMM" : "SGEMM");
-    const parallel::ModelStateBytes pred = predicted_model_states();
+    const parallel::ModelStateBytes pred = dp_plan_.model_states;
     const auto snap = cpu_allocator().snapshot();
     const int64_t actual =
         snap[MemCategory::params].current + snap[MemCategory::grads].current + snap[MemCategory::optimizer].current;
@@ -670,9 +664,10 @@ TrainResult Trainer::run() {
                  "%s, optimizer %s), actual %s\n",
                  (long long)cfg_.parallel.dp, cfg_.parallel.ep > 1 ? str_cat(" x ep=", cfg_.parallel.ep).c_str() : "",
                  (long long)cfg_.parallel.zero_stage,
-                 data_parallel_->keeps_replica()
-                     ? str_cat(", ", cfg_.parallel.gather_dtype, " weights, fp32 masters with the optimizer").c_str()
-                     : "",
+                 data_parallel_->keeps_replica() ? str_cat(", ", parallel::wire_dtype_name(cfg_.parallel.gather_dtype),
+                                                           " weights, fp32 masters with the optimizer")
+                                                       .c_str()
+                                                 : "",
                  format_bytes(pred.total()).c_str(), format_bytes(pred.params).c_str(),
                  format_bytes(pred.grads).c_str(), format_bytes(pred.optimizer).c_str(), format_bytes(actual).c_str());
     std::fflush(opt_.log);

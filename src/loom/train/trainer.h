@@ -145,9 +145,6 @@ class Trainer {
   void write_step_metrics(const LoggedStep& ls);
   // Seconds the training thread waited on communication since the last call (this rank).
   double take_exposed_comm_seconds();
-  // Model-state bytes per rank by the ZeRO formulas (and 1-bit Adam's error buffers), for the
-  // start-up line and check_fits_in_memory.
-  parallel::ModelStateBytes predicted_model_states() const;
   // Refuses, before the first step allocates them, activations that cannot fit in memory.
   void check_fits_in_memory() const;
   bool main_rank() const { return mesh_->rank() == 0; }
@@ -158,6 +155,9 @@ class Trainer {
   std::unique_ptr<parallel::Mesh> own_mesh_;
   const parallel::Mesh* mesh_;
   std::unique_ptr<model::Decoder> model_;
+  // The data-parallel choices for this layout and their predicted model-state bytes per rank
+  // (the start-up line, check_fits_in_memory).
+  parallel::DataParallelPlan dp_plan_;
   std::unique_ptr<parallel::DataParallel> data_parallel_;
   std::unique_ptr<parallel::TensorParallelLayers> tp_;
   std::unique_ptr<parallel::ExpertParallelExchange> ep_;

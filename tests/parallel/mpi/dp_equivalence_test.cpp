@@ -144,7 +144,7 @@ TEST(DataParallelResume, ShardedMastersResumeExactlyOnTheSameLayout) {
     const std::string what = precision + " ZeRO-" + std::to_string(zero);
     const std::string dir = shared_empty_dir(world, "loom_dp_resume_" + precision + std::to_string(zero));
     TrainConfig cfg = make_config("llama-tiny", N, zero, 8 / N, 0, 10, dir, precision);
-    if (zero < 3) cfg.parallel.weight_replica = "on";
+    if (zero < 3) cfg.parallel.weight_replica = parallel::WeightReplica::on;
     TrainConfig straight_cfg = cfg;
     straight_cfg.checkpoint.dir = dir + "/straight";
     const TrainRun straight = run_training(straight_cfg, &mesh);
@@ -220,7 +220,7 @@ TEST(DataParallelResume, EveryRankSkipsACheckpointWithOneCorruptRankFile) {
   parallel::Mesh mesh(world, parallel::MeshShape(1, N, 1, 1));
   const std::string dir = shared_empty_dir(world, "loom_dp_resume_corrupt");
   TrainConfig cfg = make_config("gpt2-tiny", N, 1, 8 / N, 0, 6, dir);
-  cfg.optim.name = "onebit_adam";  // the optimizer whose state has a per-rank part
+  cfg.optim.kind = optim::OptimizerKind::onebit_adam;  // the optimizer whose state has a per-rank part
   cfg.optim.freeze_step = 2;
   cfg.checkpoint.every_steps = 2;
   run_training(cfg, &mesh);  // checkpoints after steps 2, 4 and 6
@@ -260,7 +260,7 @@ TEST(DataParallelMemory, ModelStatesFollowTheZeroFormulas) {
       TrainConfig cfg = make_config("gpt2-tiny", N, zero, 8 / N, 0, 1, "", precision);
       cfg.model.d_model = 64;  // large enough that unit padding is noise
       cfg.model.d_ff = 256;
-      if (precision == "bf16" && (zero == 1 || zero == 2)) cfg.parallel.weight_replica = "on";
+      if (precision == "bf16" && (zero == 1 || zero == 2)) cfg.parallel.weight_replica = parallel::WeightReplica::on;
       SyntheticSource src(cfg.model.vocab_size);
       const TrainerOptions o = loom::testing::quiet_trainer_options(&mesh);
       const MemorySnapshot before = cpu_allocator().snapshot();
@@ -360,9 +360,11 @@ TEST(DataParallel16BitGathers, AreBitwiseExactAndSendFewerBytes) {
         const int kinds = zero < 3 ? 3 : 2;
         for (int k = 0; k < kinds; ++k) {
           TrainConfig cfg = make_config(preset, N, zero, 8 / N, zero == 2 ? 1 : 0, 4, "", precision);
-          ASSERT_EQ(cfg.parallel.gather_dtype, precision) << "the default follows model.precision";
-          if (k == 0) cfg.parallel.gather_dtype = "fp32";
-          if (zero < 3) cfg.parallel.weight_replica = k == 1 ? "on" : "off";  // auto keeps fp32 copies at dp=2
+          ASSERT_EQ(cfg.parallel.gather_dtype, wire_dtype(precision)) << "the default follows model.precision";
+          if (k == 0) cfg.parallel.gather_dtype = DType::f32;
+          if (zero < 3)
+            cfg.parallel.weight_replica =
+                k == 1 ? parallel::WeightReplica::on : parallel::WeightReplica::off;  // auto keeps fp32 copies at dp=2
           SyntheticSource src(cfg.model.vocab_size);
           Trainer t(cfg, src, loom::testing::quiet_trainer_options(&mesh));
           EXPECT_EQ(t.data_parallel().params_are_masters(), k == 0 && zero < 3) << what << " kind " << k;
@@ -406,8 +408,8 @@ TEST(DataParallel16BitGathers, AreBitwiseExactUnderExpertParallelism) {
     for (int k = 0; k < 2; ++k) {
       TrainConfig cfg = make_config("llama-moe-tiny", N / 2, zero, 8 / N, 0, 4, "", "bf16");
       cfg.parallel.ep = 2;
-      if (k == 0) cfg.parallel.gather_dtype = "fp32";
-      if (k == 1 && zero < 3) cfg.parallel.weight_replica = "on";
+      if (k == 0) cfg.parallel.gather_dtype = DType::f32;
+      if (k == 1 && zero < 3) cfg.parallel.weight_replica = parallel::WeightReplica::on;
       SyntheticSource src(cfg.model.vocab_size);
       Trainer t(cfg, src, loom::testing::quiet_trainer_options(&mesh));
       EXPECT_EQ(t.data_parallel().params_are_masters(), k == 0 && zero < 3) << what;
@@ -434,5 +436,5 @@ TEST(DataParallel16BitGathers, NeedTheMatchingPrecision) {
   EXPECT_EQ(parse_train_config("{}", {"model.preset=gpt2-tiny", "data.dir=unused", "model.precision=bf16",
                                       "parallel.gather_dtype=fp32"})
                 .parallel.gather_dtype,
-            "fp32");
+            DType::f32);
 }
