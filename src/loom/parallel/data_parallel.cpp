@@ -65,7 +65,9 @@ DataParallel::DataParallel(model::Decoder& model, comm::Group dp, const optim::A
                opt_.zero_stage);
     LOOM_CHECK(en_ == n_, "config", "optim.name=onebit_adam with expert parallelism (parallel.ep > 1) is not ",
                "supported; use optim.name=adamw");
-    for (const auto& u : units) onebit_.push_back(std::make_unique<comm::OneBitAllReduce>(dp_, u.size()));
+    std::vector<int64_t> sizes;
+    for (const auto& u : units) sizes.push_back(u.size());
+    onebit_ = std::make_unique<optim::OneBitAdam>(dp_, adam, sizes);
   }
   if (opt_.zero_stage >= 2) grad_shard_ = Tensor::zeros({shard}, DType::f32, MemCategory::grads);
   if (serves_units()) {

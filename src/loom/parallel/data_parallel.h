@@ -30,9 +30,9 @@
 #include <vector>
 
 #include "loom/comm/group.h"
-#include "loom/comm/onebit.h"
 #include "loom/model/decoder.h"
 #include "loom/optim/adamw.h"
+#include "loom/optim/onebit_adam.h"
 #include "loom/parallel/data_parallel_plan.h"
 
 namespace loom::parallel {
@@ -53,10 +53,10 @@ class DataParallel final : public model::ParamSource {
   void set_sync(bool sync) { sync_ = sync && !compressing(); }
   // 1-bit Adam (optim.name=onebit_adam) past its warm-up: gradients stay local, the variance
   // is frozen and step() averages the momentum by the compressed all-reduce.
-  bool compressing() const { return !onebit_.empty() && optimizer_steps() >= adam_cfg_.freeze_step; }
+  bool compressing() const { return onebit_ && onebit_->compressing(optimizer_steps()); }
   // 1-bit Adam's per-unit compressed all-reduces (error-feedback state for checkpoints);
   // empty for AdamW.
-  const std::vector<std::unique_ptr<comm::OneBitAllReduce>>& onebit() const { return onebit_; }
+  const std::vector<std::unique_ptr<comm::OneBitAllReduce>>& onebit() const;
   // Bytes this rank sent in the last step for gradients (or 1-bit momenta) and weight
   // all-gathers (stages 1-3), counted as wire bytes: a ring all-reduce sends 2(n-1)/n of the
   // buffer, a reduce-scatter or all-gather (n-1)/n.
@@ -237,11 +237,8 @@ class DataParallel final : public model::ParamSource {
 
   // --- the optimizer (data_parallel_optimizer.cpp) ---
   double counted_sum_squares(const float* g, int64_t flat0, int64_t n) const;
-  // 1-bit Adam after the freeze (step() finishes the bookkeeping): ZeRO-0 sums each unit's
-  // momentum estimates compressed; ZeRO-1 sends gradients to the chunks' owners and their
-  // weight changes back.
-  void onebit_step_zero0(double lr);
-  void onebit_step_zero1(double lr);
+  // 1-bit Adam after the freeze: each unit's compressed step (OneBitAdam).
+  void onebit_step(double lr);
 
   model::Decoder& model_;
   const model::ModelConfig cfg_;
@@ -253,7 +250,7 @@ class DataParallel final : public model::ParamSource {
   bool sync_ = true;
   std::vector<std::unique_ptr<optim::AdamW>> adam_;
   optim::AdamWConfig adam_cfg_;
-  std::vector<std::unique_ptr<comm::OneBitAllReduce>> onebit_;  // per unit; 1-bit Adam only
+  std::unique_ptr<optim::OneBitAdam> onebit_;  // 1-bit Adam with dp > 1 only
   int64_t wire_bytes_ = 0, last_wire_bytes_ = 0;
 
   // stage 0/1 buckets: unit index ranges, in backward order; a bucket fires when all its

@@ -63,68 +63,31 @@ double DataParallel::grad_norm_sq() {
   return s.data<double>()[0];
 }
 
-void DataParallel::onebit_step_zero0(double lr) {
-  const auto& units = layout_.units();
-  // Each rank's momentum estimate b1 m / n + (1 - b1) g (its gradient is its share of the
-  // sum over ranks), summed over ranks by the 1-bit all-reduce, is the new momentum.
-  const float b1 = float(adam_cfg_.beta1), gs = float(grad_scale_), inv_n = 1.f / float(n_);
-  for (size_t i = 0; i < units.size(); ++i) {
-    if (units[i].size() == 0) continue;
-    float* m = adam_[i]->exp_avg().data<float>();
-    const float* g = model_.grads().data<float>() + adam_[i]->begin();
-    const int64_t n = adam_[i]->end() - adam_[i]->begin();
-#pragma omp parallel for schedule(static) if (n > 65536)
-    for (int64_t j = 0; j < n; ++j) m[j] = b1 * m[j] * inv_n + (1.f - b1) * g[j] * gs;
-    onebit_[i]->sum(m);
-    wait_s_ += onebit_[i]->last_comm_seconds();
-    compress_s_ += onebit_[i]->last_compute_seconds();
-    wire_bytes_ += onebit_[i]->wire_bytes();
-    // Bounded at 2 lr per element, as ZeRO-1's step below: a parameter whose gradients were
-    // tiny until the freeze (the token-table rows of rare tokens) has a tiny v, and the sign
-    // noise of the compressed momentum over sqrt(v) would step it far every step.
-    adam_[i]->step_frozen_variance(model_.params().data<float>() + adam_[i]->begin(), lr, adam_cfg_.freeze_step, 2.f);
-  }
+const std::vector<std::unique_ptr<comm::OneBitAllReduce>>& DataParallel::onebit() const {
+  static const std::vector<std::unique_ptr<comm::OneBitAllReduce>> none;
+  return onebit_ ? onebit_->exchanges() : none;
 }
 
-void DataParallel::onebit_step_zero1(double lr) {
+void DataParallel::onebit_step(double lr) {
   const auto& units = layout_.units();
-  // ZeRO-1: the owner of each chunk gets the compressed sum of the ranks' gradients for
-  // it, updates its momentum (exact) and weights with the frozen variance, and sends the
-  // weight change compressed to everyone, itself included, so every copy stays identical.
-  const float b1 = float(adam_cfg_.beta1), gs = float(grad_scale_);
+  const float gs = float(grad_scale_);
+  float* params = model_.params().data<float>();
+  const float* grads = model_.grads().data<float>();
   for (size_t i = 0; i < units.size(); ++i) {
     const ParamUnit& u = units[i];
     if (u.size() == 0) continue;
-    auto& a = *adam_[i];
-    const int64_t c = a.end() - a.begin();
-    Tensor scaled = take_buffer(u.size()), ghat = take_buffer(c), next = take_buffer(c);
-    const float* g = model_.grads().data<float>() + u.begin;
-    float* x = scaled.data<float>();
-#pragma omp parallel for schedule(static) if (u.size() > 65536)
-    for (int64_t j = 0; j < u.size(); ++j) x[j] = g[j] * gs;
-    onebit_[i]->reduce_to_owner(x, ghat.data<float>());
-    wait_s_ += onebit_[i]->last_comm_seconds();
-    compress_s_ += onebit_[i]->last_compute_seconds();
-    float* m = a.exp_avg().data<float>();
-    const float* gh = ghat.data<float>();
-    for (int64_t j = 0; j < c; ++j) m[j] = b1 * m[j] + (1.f - b1) * gh[j];
-    float* p = model_.params().data<float>() + a.begin();
-    float* d = next.data<float>();
-    std::copy_n(p, c, d);
-    // A parameter whose gradient was ~0 until the freeze has v ~ 0, and the sign noise of
-    // its compressed gradient divided by sqrt(v) makes a huge step; compressed with its
-    // block it would set the whole block's scale. Bounding the step at 2 lr (Adam's own
-    // steps are about lr) keeps one such element from wiping out its 1023 neighbours.
-    a.step_frozen_variance(d, lr, adam_cfg_.freeze_step, 2.f);
-    for (int64_t j = 0; j < c; ++j) d[j] -= p[j];  // the change this step
-    onebit_[i]->all_gather_add(d, model_.params().data<float>() + u.begin);
-    wait_s_ += onebit_[i]->last_comm_seconds();
-    compress_s_ += onebit_[i]->last_compute_seconds();
-    wire_bytes_ += onebit_[i]->wire_bytes();
-    recycle(std::move(scaled));
-    recycle(std::move(ghat));
-    recycle(std::move(next));
+    optim::AdamW& a = *adam_[i];
+    // ZeRO-0 averages each unit's momentum; ZeRO-1 sends gradients to the chunks' owners and
+    // their weight changes back.
+    if (opt_.zero_stage == 1)
+      onebit_->step_owner(i, a, u.begin, params + u.begin, grads + u.begin, gs, lr);
+    else
+      onebit_->step_replicated(i, a, params + a.begin(), grads + a.begin(), gs, lr);
   }
+  const optim::OneBitAdam::Totals t = onebit_->take_totals();
+  wait_s_ += t.comm_s;
+  compress_s_ += t.compute_s;
+  wire_bytes_ += t.wire_bytes;
 }
 
 void DataParallel::step(double lr) {
@@ -132,10 +95,7 @@ void DataParallel::step(double lr) {
   trace::Span span("optimizer", "compute");
   const auto& units = layout_.units();
   if (compressing()) {
-    if (opt_.zero_stage == 1)
-      onebit_step_zero1(lr);
-    else
-      onebit_step_zero0(lr);
+    onebit_step(lr);
     grad_scale_ = 1.0;
     last_wire_bytes_ = wire_bytes_;
     wire_bytes_ = 0;
