@@ -1,14 +1,10 @@
+// The Trainer's construction (mesh, model, tensor, pipeline and data parallelism), one training
+// step, evaluation and the run loop; the rest of the class is in trainer_*.cpp (see trainer.h).
 #include "loom/train/trainer.h"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
-#include <cstring>
-#include <filesystem>
 #include <limits>
-#include <sstream>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -16,22 +12,16 @@
 #include "loom/core/threads.h"
 #include "loom/core/timer.h"
 #include "loom/core/trace.h"
-#include "loom/io/file.h"
 #include "loom/kernels/cpu/bf16_gemm.h"
 #include "loom/kernels/cpu/gemm.h"
 #include "loom/model/memory_estimate.h"
 #include "loom/optim/schedule.h"
 #include "loom/parallel/model_gather.h"
-#include "loom/parallel/partition_profile.h"
 #include "loom/train/checkpoint.h"
-#include "loom/train/checkpoint_dir.h"
 #include "loom/train/checkpoint_writer.h"
 #include "loom/train/progress.h"
-#include "loom/train/run_environment.h"
 
 namespace loom::train {
-
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -181,31 +171,6 @@ Trainer::~Trainer() {
   if (metrics_) std::fclose(metrics_);
 }
 
-std::vector<parallel::StageRange> Trainer::partition_stages() {
-  const int L = int(cfg_.model.n_layer), pp = int(cfg_.parallel.pp);
-  switch (parallel::partition_method_from_name(cfg_.parallel.pp_partition)) {
-    case parallel::PartitionMethod::uniform: return parallel::partition_uniform(L, pp);
-    case parallel::PartitionMethod::parameters:
-      return parallel::partition_balanced(parallel::parameter_costs(cfg_.model), pp);
-    case parallel::PartitionMethod::profile: break;
-  }
-  if (pp == 1) return parallel::partition_uniform(L, 1);
-  // Timed on rank 0 only (the others would compete for its cores), then shared.
-  Tensor costs = Tensor::zeros({L + 2}, DType::f64, MemCategory::workspace);
-  if (main_rank()) {
-    const auto c = parallel::profile_costs(cfg_.model, cfg_.data.micro_batch_size, cfg_.data.seq_len);
-    for (int l = 0; l < L; ++l) costs.data<double>()[l] = c.block[size_t(l)];
-    costs.data<double>()[L] = c.embedding;
-    costs.data<double>()[L + 1] = c.head;
-  }
-  mesh_->world().broadcast(costs, 0);
-  parallel::PartitionCosts c;
-  c.block.assign(costs.data<double>(), costs.data<double>() + L);
-  c.embedding = costs.data<double>()[L];
-  c.head = costs.data<double>()[L + 1];
-  return parallel::partition_balanced(c, pp);
-}
-
 // Sums t over the pipeline stages (and, when over_tp, the tensor-parallel ranks).
 void Trainer::reduce_over_model_parallel(const Tensor& t, bool over_tp) {
   if (cfg_.parallel.pp > 1) mesh_->pp().all_reduce(t);
@@ -225,145 +190,6 @@ Tensor Trainer::full_params() {
 ModelParallelInfo Trainer::model_parallel_info() const {
   const auto& p = cfg_.parallel;
   return {mesh_, whole_layout_.get(), layout_desc_, p.pp == 1 && p.tp == 1 && p.ep == 1};
-}
-
-void Trainer::check_fits_in_memory() const {
-  const auto& p = cfg_.parallel;
-  const double states = double(dp_plan_.model_states.total());
-  // The whole model's activations for one micro-batch, split over the model-parallel ranks.
-  const double activations =
-      model::estimate_training_bytes(cfg_.model, 0, double(cfg_.data.micro_batch_size), cfg_.data.seq_len,
-                                     cfg_.decoder.activation_checkpoint_interval, cfg_.decoder.xent_chunk) /
-      double(p.pp * p.tp);
-  const double machine = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
-  const auto bytes = [](double b) { return format_bytes(int64_t(std::min(b, 9e18))); };
-  LOOM_CHECK(states + activations <= machine, "train", "micro-batches of ", cfg_.data.micro_batch_size,
-             " sequences (data.micro_batch_size, or the per-rank batch when unset) of data.seq_len=", cfg_.data.seq_len,
-             " tokens need about ", bytes(activations), " of activations per rank besides ", bytes(states),
-             " of model states, more than this machine's ", bytes(machine),
-             " of memory; lower data.micro_batch_size (gradient accumulation keeps data.batch_size), "
-             "data.seq_len, or set model.activation_checkpoint_interval");
-}
-
-void Trainer::start_new_run() {
-  run_id_ = new_run_id(mesh_->world());
-  if (cfg_.checkpoint.dir.empty()) return;
-  std::string why;
-  std::vector<std::string> removed;
-  if (main_rank()) {
-    try {
-      removed = claim_checkpoint_dir(cfg_.checkpoint.dir, opt_.overwrite_checkpoints);
-    } catch (const Error& e) {
-      why = e.what();
-    }
-  }
-  Tensor refused = Tensor::from_vector<int32_t>({why.empty() ? 0 : 1}, {1});
-  if (mesh_->world().size() > 1) mesh_->world().broadcast(refused, 0);
-  if (refused.data<int32_t>()[0] != 0) {
-    if (main_rank()) throw Error(why);
-    fail("checkpoint", "rank 0 refused checkpoint.dir=", cfg_.checkpoint.dir, " (its reason is in its log)");
-  }
-  if (main_rank() && !removed.empty())
-    std::fprintf(opt_.log, "[checkpoint] --overwrite-checkpoints: removed %zu entries of %s\n", removed.size(),
-                 cfg_.checkpoint.dir.c_str());
-  if (main_rank())
-    std::fprintf(opt_.log, "[train] run %s, checkpoints in %s\n", run_id_.c_str(), cfg_.checkpoint.dir.c_str());
-}
-
-// The JSONL metrics: a new run truncates the file. A resumed one drops the lines of steps after
-// the one it resumes at (a previous attempt logged them before it failed; they are replayed
-// now) and appends a resume marker, so every step appears once and plots stay right.
-void Trainer::open_metrics() {
-  const std::string& path = cfg_.log.metrics_path;
-  const fs::path parent = fs::path(path).parent_path();
-  std::error_code ec;
-  if (!parent.empty()) fs::create_directories(parent, ec);
-  LOOM_CHECK(!ec, "train", "log.metrics_path=", path, ": cannot create ", parent.string(), ": ", ec.message());
-  int64_t dropped = 0;
-  if (step_ > 0 && fs::exists(path)) {
-    std::string kept;
-    std::istringstream in(io::read_file(path));
-    for (std::string line; std::getline(in, line);) {
-      const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-      if (j.is_object() && j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() > step_) {
-        ++dropped;
-        continue;
-      }
-      kept += line + "\n";
-    }
-    io::write_file_atomic(path, kept);
-  }
-  metrics_ = std::fopen(path.c_str(), step_ > 0 ? "a" : "w");
-  LOOM_CHECK(metrics_, "train", "cannot open log.metrics_path=", path, ": ", std::strerror(errno));
-  if (step_ > 0) {
-    const nlohmann::json mark = {{"event", "resume"},
-                                 {"step", step_},
-                                 {"run_id", run_id_},
-                                 {"checkpoint", last_checkpoint_},
-                                 {"dropped_lines", dropped}};
-    std::fprintf(metrics_, "%s\n", mark.dump().c_str());
-  }
-  write_run_start();
-}
-
-// A resumed run appends its own run_start ("resumed": true) after the resume mark, so a report
-// shows every attempt's environment; "step" keeps it when a later resume drops newer steps.
-void Trainer::write_run_start() {
-  const auto& p = cfg_.parallel;
-  // In insertion order, "event" first: the line is read by people too.
-  nlohmann::ordered_json env = nlohmann::ordered_json::object();
-  for (const auto& [name, value] : describe_run_environment()) env[name] = value;
-  const nlohmann::ordered_json j = {
-      {"event", "run_start"},
-      {"step", step_},
-      {"run_id", run_id_},
-      {"resumed", step_ > 0},
-      {"world_size", mesh_->world().size()},
-      {"layout", layout_desc_},
-      {"parallel", {{"pp", p.pp}, {"dp", p.dp}, {"ep", p.ep}, {"tp", p.tp}, {"zero_stage", p.zero_stage}}},
-      {"config", cfg_.resolved_yaml},
-      {"environment", env}};
-  std::fprintf(metrics_, "%s\n", j.dump().c_str());
-  std::fflush(metrics_);
-}
-
-void Trainer::write_step_metrics(const LoggedStep& ls) {
-  nlohmann::json j = {{"step", ls.step},
-                      {"loss", ls.loss},
-                      {"lr", ls.lr},
-                      {"grad_norm", ls.grad_norm},
-                      {"tokens_per_s", ls.tokens_per_s},
-                      {"mfu", ls.mfu},
-                      {"ms_per_step", ls.ms_per_step},
-                      {"peak_bytes", ls.peak_bytes},
-                      {"exposed_comm_ms", ls.exposed_comm_ms}};
-  nlohmann::json mem = nlohmann::json::object();
-  for (const CategoryBytes& c : ls.memory) mem[c.category] = {{"current", c.current}, {"peak", c.peak}};
-  j["memory"] = mem;
-  if (scaler_.enabled()) {
-    j["loss_scale"] = scaler_.scale();
-    j["skipped_steps"] = skipped_steps_;
-  }
-  if (nonfinite_steps_ > 0) j["nonfinite_steps"] = nonfinite_steps_;
-  if (rollbacks_ > 0) j["rollbacks"] = rollbacks_;
-  for (size_t i = 0; i < moe_stats_.size(); ++i) {  // the last step's, per MoE block
-    const model::MoeLayerStats& st = moe_stats_[i];
-    int64_t mx = 0;
-    for (int64_t l : st.load) mx = std::max(mx, l);
-    j["moe"].push_back({{"layer", st.layer},
-                        {"tokens_per_expert", st.load},
-                        {"tokens_per_expert_window", moe_window_[i].load},
-                        {"window_dropped_fraction", moe_window_[i].dropped_fraction()},
-                        {"tokens_per_expert_max", mx},
-                        {"tokens_per_expert_mean", double(st.choices) / double(std::max<size_t>(1, st.load.size()))},
-                        {"load_max_over_mean", st.load_max_over_mean()},
-                        {"dropped_fraction", st.dropped_fraction()},
-                        {"aux_loss", st.aux()},
-                        {"z_loss", st.z()}});
-  }
-  if (!moe_stats_.empty()) j["moe_window_steps"] = moe_window_steps_;
-  std::fprintf(metrics_, "%s\n", j.dump().c_str());
-  std::fflush(metrics_);
 }
 
 double Trainer::take_exposed_comm_seconds() {
@@ -473,31 +299,6 @@ double Trainer::train_step() {
   return loss;
 }
 
-void Trainer::reduce_moe_stats() {
-  if (!cfg_.model.moe.enabled()) return;
-  moe_stats_ = model_->moe_stats();
-  // Each block's statistics live on its pipeline stage, identical on every tp rank; dp and ep
-  // ranks route different tokens.
-  const std::vector<double> v = model::pack_moe_stats(cfg_.model, moe_stats_);
-  Tensor t = Tensor::from_vector<double>(v, {int64_t(v.size())});
-  reduce_over_model_parallel(t, false);
-  mesh_->data().all_reduce(t);
-  model::unpack_moe_stats(cfg_.model, t.data<double>(), moe_stats_);
-  if (!main_rank()) return;  // the window is for the metrics, which rank 0 writes
-  if (moe_window_.empty()) moe_window_.assign(moe_stats_.size(), {});
-  for (size_t i = 0; i < moe_stats_.size(); ++i) moe_window_[i].add(moe_stats_[i]);
-  ++moe_window_steps_;
-}
-
-std::string Trainer::moe_log() const {
-  if (moe_stats_.empty()) return "";
-  const model::MoeSummary s = model::summarize_moe_stats(moe_stats_);
-  char buf[128];
-  std::snprintf(buf, sizeof buf, " | moe load max/mean %.2f, dropped %.2f%%, aux %.3f", s.worst_load,
-                100.0 * s.dropped_fraction, s.aux);
-  return buf;
-}
-
 double Trainer::evaluate() {
   if (!data_.has_val()) return -1;
   const int64_t T = cfg_.data.seq_len, B = cfg_.data.micro_batch_size;
@@ -534,98 +335,6 @@ double Trainer::evaluate() {
   return totals.data<double>()[0] / std::max(1.0, totals.data<double>()[1]);
 }
 
-int64_t Trainer::batch_of(int64_t step) const {
-  int64_t b = step;
-  for (const auto& [from, count] : skipped_windows_)
-    if (from <= step) b += count;
-  return b;
-}
-
-bool Trainer::spike_detected(double loss) {
-  const size_t W = size_t(cfg_.guard.spike_window);
-  bool spike = false;
-  double mean = 0, sd = 0;
-  if (loss_window_.size() >= std::max<size_t>(4, W / 2)) {  // enough history to judge
-    for (double l : loss_window_) mean += l;
-    mean /= double(loss_window_.size());
-    for (double l : loss_window_) sd += (l - mean) * (l - mean);
-    sd = std::sqrt(sd / double(loss_window_.size() - 1));
-    // A floor on the spread: a flat stretch of the curve must not turn noise into spikes.
-    sd = std::max(sd, 1e-3 * std::abs(mean));
-    spike = (loss - mean) / sd > cfg_.guard.spike_z;
-  }
-  if (!spike) {
-    if (loss_window_.size() < W) {
-      loss_window_.push_back(loss);
-    } else {
-      loss_window_[loss_window_next_] = loss;
-      loss_window_next_ = (loss_window_next_ + 1) % W;
-    }
-    spikes_in_row_ = 0;
-    return false;
-  }
-  if (spikes_in_row_ == 0) first_spike_step_ = step_;  // step_ is the 1-based number of the step just done
-  ++spikes_in_row_;
-  if (main_rank())
-    std::fprintf(opt_.log,
-                 "[guard] step %lld: loss %.4f is %.1f standard deviations above the mean %.4f of the last %zu "
-                 "steps (spike %lld of guard.max_spikes=%lld in a row)\n",
-                 (long long)step_, loss, (loss - mean) / sd, mean, loss_window_.size(), (long long)spikes_in_row_,
-                 (long long)cfg_.guard.max_spikes);
-  return spikes_in_row_ >= cfg_.guard.max_spikes;
-}
-
-void Trainer::roll_back() {
-  finish_async_checkpoint(/*wait=*/true);
-  const int64_t first = first_spike_step_, last = step_;
-  spikes_in_row_ = 0;
-  FILE* log = main_rank() ? opt_.log : nullptr;
-  // The newest checkpoint from before the first spike's update.
-  const auto found = find_latest_valid_checkpoint(cfg_.checkpoint.dir, log, checkpoint_load_scope(mesh_->world()),
-                                                  &mesh_->world(), first - 1);
-  if (!found) {
-    if (log)
-      std::fprintf(log, "[guard] no checkpoint from before step %lld to roll back to; training goes on\n",
-                   (long long)first);
-    return;
-  }
-  const CheckpointMeta meta =
-      load_checkpoint(*found, *model_, *data_parallel_, model_parallel_info(), /*verified=*/true);
-  if (main_rank()) {
-    // Checkpoints this run saved after the target come from the spiking trajectory: a resume
-    // must not pick them (the run saves those steps again as it goes).
-    for (const CheckpointEntry& e : list_checkpoints(cfg_.checkpoint.dir))
-      if (e.step > meta.step && checkpoint_run_id(e.path) == run_id_) {
-        std::error_code ec;
-        fs::remove_all(e.path, ec);
-      }
-    io::write_file_atomic((fs::path(cfg_.checkpoint.dir) / "latest").string(),
-                          fs::path(*found).filename().string() + "\n");
-  }
-  step_ = meta.step;
-  last_checkpoint_ = *found;
-  if (scaler_.enabled() && meta.loss_scale > 0) scaler_.restore(meta.loss_scale, meta.loss_scale_clean_steps);
-  // Steps first..last (1-based) trained on the batches that spiked: skip them from step `first` on.
-  skipped_windows_.push_back({first - 1, last - first + 1});
-  loss_window_.clear();
-  loss_window_next_ = 0;
-  ++rollbacks_;
-  if (log) {
-    std::fprintf(log, "[guard] rolled back to step %lld (%s); the batches of steps %lld-%lld are skipped\n",
-                 (long long)step_, found->c_str(), (long long)first, (long long)last);
-    std::fflush(log);
-  }
-  if (metrics_) {
-    const nlohmann::json j = {{"event", "rollback"},
-                              {"step", step_},
-                              {"checkpoint", *found},
-                              {"skipped_from_step", first},
-                              {"skipped_steps", last - first + 1}};
-    std::fprintf(metrics_, "%s\n", j.dump().c_str());
-    std::fflush(metrics_);
-  }
-}
-
 TrainResult Trainer::run() {
   const int64_t total = cfg_.schedule.steps;
   const int64_t stop = opt_.stop_after_steps >= 0 ? std::min(total, opt_.stop_after_steps) : total;
@@ -636,42 +345,7 @@ TrainResult Trainer::run() {
   const bool bar_on =
       main_rank() && (cfg_.log.progress == "on" || (cfg_.log.progress == "auto" && ProgressBar::stderr_is_terminal()));
   ProgressBar bar(total, bar_on);
-  if (main_rank()) {
-    std::fprintf(opt_.log, "[train] model %s, %lld parameters\n", cfg_.model.summary().c_str(),
-                 (long long)whole_params);
-    if (whole_layout_)
-      std::fprintf(opt_.log,
-                   "[train] layout %s (%s partition), %s schedule, %lld micro-batches; %lld parameters on rank 0\n",
-                   layout_desc_.c_str(), cfg_.parallel.pp_partition.c_str(), cfg_.parallel.pp_schedule.c_str(),
-                   (long long)cfg_.parallel.micro_batches, (long long)model_->num_params());
-    std::fprintf(opt_.log,
-                 "[train] %lld steps of %lld sequences x %lld tokens (micro-batch %lld), lr %.3g "
-                 "(warmup %lld, cosine to %.3g)\n",
-                 (long long)total, (long long)cfg_.data.batch_size, (long long)cfg_.data.seq_len,
-                 (long long)cfg_.data.micro_batch_size, cfg_.optim.lr,
-                 (long long)optim::LrSchedule{cfg_.optim.lr, cfg_.schedule.min_lr, cfg_.schedule.warmup_steps, total}
-                     .resolved_warmup(),
-                 cfg_.schedule.min_lr);
-    if (opt_.peak_gflops <= 0)
-      std::fprintf(opt_.log, "[train] MFU: model FLOPs over %.0f GFLOP/s per rank, the %s rate measured now\n",
-                   peak_gflops_, cpu::on_bf16_gemm(cfg_.model.products()) ? "bf16 GEMM" : "SGEMM");
-    const parallel::ModelStateBytes pred = dp_plan_.model_states;
-    const auto snap = cpu_allocator().snapshot();
-    const int64_t actual =
-        snap[MemCategory::params].current + snap[MemCategory::grads].current + snap[MemCategory::optimizer].current;
-    std::fprintf(opt_.log,
-                 "[train] model states per rank (dp=%lld%s, ZeRO-%lld%s): predicted %s (params %s, grads "
-                 "%s, optimizer %s), actual %s\n",
-                 (long long)cfg_.parallel.dp, cfg_.parallel.ep > 1 ? str_cat(" x ep=", cfg_.parallel.ep).c_str() : "",
-                 (long long)cfg_.parallel.zero_stage,
-                 data_parallel_->keeps_replica() ? str_cat(", ", parallel::wire_dtype_name(cfg_.parallel.gather_dtype),
-                                                           " weights, fp32 masters with the optimizer")
-                                                       .c_str()
-                                                 : "",
-                 format_bytes(pred.total()).c_str(), format_bytes(pred.params).c_str(),
-                 format_bytes(pred.grads).c_str(), format_bytes(pred.optimizer).c_str(), format_bytes(actual).c_str());
-    std::fflush(opt_.log);
-  }
+  if (main_rank()) log_run_start(whole_params);
   TrainResult r;
   take_exposed_comm_seconds();  // the window starts now
   double last_loss = 0, tok_time = 0;
@@ -699,52 +373,10 @@ TrainResult Trainer::run() {
     ++timed_steps;
     ++window_steps;
     if (main_rank() && (step_ % cfg_.log.every == 0 || step_ == stop)) {
-      const double el = now_seconds() - window_start;
-      LoggedStep ls;
-      ls.step = step_;
-      ls.total_steps = total;
-      ls.loss = last_loss;
-      ls.lr = lr;
-      ls.grad_norm = last_grad_norm_;
-      ls.window_tokens = tokens_per_step * window_steps;
-      ls.tokens_per_s = double(ls.window_tokens) / el;
-      ls.mfu = flops_per_step * double(window_steps) / el / 1e9 / (peak_gflops_ * double(mesh_->world().size()));
-      ls.ms_per_step = el / double(window_steps) * 1e3;
-      ls.exposed_comm_ms = take_exposed_comm_seconds() / double(window_steps) * 1e3;
-      ls.skipped_steps = skipped_steps_;
-      ls.nonfinite_steps = nonfinite_steps_;
-      ls.rollbacks = rollbacks_;
-      const MemorySnapshot mem = cpu_allocator().snapshot();
-      ls.peak_bytes = mem.total.peak;
-      for (int c = 0; c < kNumMemCategories; ++c)
-        if (mem.by_category[size_t(c)].peak > 0)
-          ls.memory.push_back(
-              {mem_category_name(MemCategory(c)), mem.by_category[size_t(c)].current, mem.by_category[size_t(c)].peak});
       bar.clear();
-      if (ls.mfu > 1.05 && !mfu_warned_ && opt_.peak_gflops <= 0) {
-        mfu_warned_ = true;
-        std::fprintf(opt_.log,
-                     "[train] warning: MFU %.0f%% is over 100%%: the %.0f GFLOP/s measured at start-up was low, "
-                     "most likely because other processes used the cores then; this run's MFU figures are "
-                     "inflated by as much\n",
-                     100 * ls.mfu, peak_gflops_);
-      }
-      std::fprintf(opt_.log,
-                   "step %6lld/%lld | loss %.4f | lr %.3e | grad_norm %.3f | %.0f tok/s | mfu %.1f%% "
-                   "| %.0f ms/step | peak %s%s%s\n",
-                   (long long)step_, (long long)total, last_loss, lr, last_grad_norm_, ls.tokens_per_s, 100 * ls.mfu,
-                   ls.ms_per_step, format_bytes(ls.peak_bytes).c_str(), moe_log().c_str(),
-                   scaler_.enabled()
-                       ? str_cat(" | loss scale ", scaler_.scale(), ", ", skipped_steps_, " skipped").c_str()
-                   : nonfinite_steps_ > 0 ? str_cat(" | ", nonfinite_steps_, " non-finite skipped").c_str()
-                                          : "");
-      std::fflush(opt_.log);
-      if (metrics_) write_step_metrics(ls);
-      if (opt_.observer.on_step) opt_.observer.on_step(ls);
+      log_step(last_loss, lr, now_seconds() - window_start, window_steps, flops_per_step);
       window_start = now_seconds();
       window_steps = 0;
-      moe_window_.clear();
-      moe_window_steps_ = 0;
     }
     if (cfg_.schedule.eval_interval > 0 && step_ % cfg_.schedule.eval_interval == 0 && step_ < stop) {
       const double v = evaluate();

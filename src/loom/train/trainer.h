@@ -5,7 +5,9 @@
 // Parallel layouts: data parallelism (ZeRO 0-3) through parallel::DataParallel, tensor
 // parallelism through TensorParallelLayers, pipeline parallelism through PipelineStage, on the
 // mesh pp x dp x tp; alone, each is a no-op.
-// Files: trainer.cpp (construction, the step, evaluation, guards, the run loop),
+// Files: trainer.cpp (construction, the step, evaluation, the run loop), trainer_start.cpp
+// (stage partition, memory check, a new run's checkpoint directory), trainer_report.cpp (log
+// lines, JSONL metrics, MoE statistics), trainer_guards.cpp (loss spikes and roll-back),
 // trainer_checkpoints.cpp (resume, periodic and background saves).
 #pragma once
 #include <cstdio>
@@ -143,6 +145,11 @@ class Trainer {
   // The metrics JSONL's run_start line: config, run id, layout and environment.
   void write_run_start();
   void write_step_metrics(const LoggedStep& ls);
+  // rank 0's start-up lines (model, layout, schedule, MFU denominator, model-state bytes).
+  void log_run_start(int64_t whole_params);
+  // rank 0's step line, metrics line and observer call for the `window_steps` steps of the last
+  // `elapsed_s` seconds.
+  void log_step(double last_loss, double lr, double elapsed_s, int64_t window_steps, double flops_per_step);
   // Seconds the training thread waited on communication since the last call (this rank).
   double take_exposed_comm_seconds();
   // Refuses, before the first step allocates them, activations that cannot fit in memory.
