@@ -69,7 +69,10 @@ DataParallel::DataParallel(model::Decoder& model, comm::Group dp, const optim::A
     for (const auto& u : units) sizes.push_back(u.size());
     onebit_ = std::make_unique<optim::OneBitAdam>(dp_, adam, sizes);
   }
-  if (opt_.zero_stage >= 2) grad_shard_ = Tensor::zeros({shard}, DType::f32, MemCategory::grads);
+  if (opt_.zero_stage >= 2)
+    grad_sync_ = std::make_unique<ShardedReduceScatter>(*this, shard);
+  else
+    grad_sync_ = std::make_unique<BucketedAllReduce>(*this);
   if (serves_units()) {
     // The masters are the optimizer's under mixed-precision ZeRO-1/2, the weights at stage 3.
     param_shard_ = Tensor::zeros({shard}, DType::f32, replica_ ? MemCategory::optimizer : MemCategory::params);
@@ -77,7 +80,6 @@ DataParallel::DataParallel(model::Decoder& model, comm::Group dp, const optim::A
       model::init_params_range(layout_, init_seed, u.begin + r_of(u) * chunk_size(u),
                                u.begin + (r_of(u) + 1) * chunk_size(u), param_shard_.data<float>() + shard_offset(u));
   }
-  build_buckets();
   build_wire_units();
   if (replica_) {
     for (const auto& u : units)
@@ -85,10 +87,6 @@ DataParallel::DataParallel(model::Decoder& model, comm::Group dp, const optim::A
           Tensor::empty({n_of(u) * wire_units_[index_of(u)].slot_elems()}, opt_.gather_dtype, MemCategory::params));
     refresh_replica();
   }
-  // The embedding-row path (data_parallel_embedding_rows.cpp) needs the whole model here.
-  const auto& sl = layout_.slice();
-  early_outer_ = opt_.zero_stage < 2 && n_ > 1 && sl.has_embedding && sl.has_head && sl.tp == 1 &&
-                 units.front().size() > 0 && units.back().size() > 0;
   model_.set_param_source(this);
 }
 
@@ -121,10 +119,7 @@ Tensor DataParallel::chunk_view(const Tensor& t, const ParamUnit& u, bool shard)
 void DataParallel::zero_grads() {
   finish_grads();
   grad_scale_ = 1.0;
-  if (opt_.zero_stage < 2)
-    model_.zero_grads();
-  else
-    grad_shard_.zero();
+  grad_sync_->zero();
 }
 
 Tensor DataParallel::take_buffer(int64_t elems, DType dt) {
@@ -155,18 +150,9 @@ int DataParallel::outer_unit_key(const ParamUnit& u) const {
   return &u == &layout_.units().front() ? kEmbeddingUnit : kHeadUnit;
 }
 
-void DataParallel::finish_grads() {
-  if (!inflight_.empty() || !sparse_.empty()) {
-    trace::Span span("wait grad all_reduce", "wait");
-    Stopwatch sw;
-    wait_buckets();
-    wait_embedding_rows();
-    wait_s_ += sw.seconds();
-  }
-  land_buckets();
-  add_embedding_rows();
-  drain(0);
-}
+void DataParallel::finish_grads() { grad_sync_->finish(); }
+
+std::vector<Tensor> DataParallel::held_grads(int64_t begin, int64_t end) const { return grad_sync_->held(begin, end); }
 
 // ---- ParamSource: each request to its stage's path -------------------------------------
 
@@ -179,17 +165,9 @@ void DataParallel::release_block_params(int layer, Phase) {
   if (serves_units()) release_gathered_block(layer);
 }
 
-BlockWeights DataParallel::block_grads(int layer) {
-  if (opt_.zero_stage < 2) return model::block_weights(cfg_, layout_, model_.grads(), layer);
-  return staged_block_grads(layer);
-}
+BlockWeights DataParallel::block_grads(int layer) { return grad_sync_->block_grads(layer); }
 
-void DataParallel::block_grads_done(int layer) {
-  if (opt_.zero_stage >= 2) return reduce_scatter_block(layer);
-  if (!sync_) return;
-  if (const ParamUnit* e = expert_unit_of(layer)) unit_ready(index_of(*e));
-  unit_ready(layout_.block_unit_index(layer));
-}
+void DataParallel::block_grads_done(int layer) { grad_sync_->block_grads_done(layer, sync_); }
 
 Tensor DataParallel::outer_param(const std::string& name) {
   if (serves_units()) return gathered_outer_param(name);
@@ -197,31 +175,20 @@ Tensor DataParallel::outer_param(const std::string& name) {
   return model_.params().slice(p.offset, p.shape);
 }
 
-Tensor DataParallel::outer_grad(const std::string& name) {
-  const auto& p = layout_.get(name);
-  if (opt_.zero_stage < 2) return model_.grads().slice(p.offset, p.shape);
-  const ParamUnit& u = outer_unit(name);
-  const Tensor& staging = outer_unit_key(u) == kEmbeddingUnit ? embed_staging_ : head_staging_;
-  LOOM_CHECK(staging.defined(), "zero", "gradients of ", u.name, " used outside a training pass");
-  return staging.slice(p.offset - u.begin, p.shape);
-}
+Tensor DataParallel::outer_grad(const std::string& name) { return grad_sync_->outer_grad(name); }
 
-void DataParallel::outer_grads_done() {
-  if (opt_.zero_stage >= 2) return reduce_scatter_outer();
-  const auto& units = layout_.units();
-  if (sync_ && !outer_fired_) {  // not sent early by head_grads_done
-    unit_ready(units.size() - 1);
-    unit_ready(0);
-  }
-  outer_fired_ = false;
+void DataParallel::outer_grads_done() { grad_sync_->outer_grads_done(sync_); }
+
+void DataParallel::head_grads_done() { grad_sync_->head_grads_done(sync_); }
+
+void DataParallel::embedding_backward(const Tensor& tokens, const Tensor& pos, const Tensor& dres, const Tensor& dwte,
+                                      const Tensor& dwpe) {
+  if (!grad_sync_->embedding_backward(tokens, pos, dres, dwte, dwpe))
+    model::ParamSource::embedding_backward(tokens, pos, dres, dwte, dwpe);
 }
 
 void DataParallel::pass_begin(bool train) {
-  const auto& units = layout_.units();
-  if (opt_.zero_stage >= 2 && train) {
-    embed_staging_ = Tensor::zeros({units.front().size()}, DType::f32, MemCategory::comm);
-    head_staging_ = Tensor::zeros({units.back().size()}, DType::f32, MemCategory::comm);
-  }
+  grad_sync_->pass_begin(train);
   if (serves_units()) plan_pass(train);
 }
 

@@ -18,11 +18,14 @@
 // chunks tile each. Under expert parallelism the expert units are data-parallel (reduced,
 // sharded, gathered) over `expert_dp`, the ranks holding the same experts, and every other
 // unit over `dp`, all the ranks that see different data.
-// Files: data_parallel.cpp (construction, ParamSource dispatch), data_parallel_buckets.cpp
-// (stages 0/1), _embedding_rows.cpp (0/1, the lookup's rows), _sharded_grads.cpp (2/3),
-// _gathered_params.cpp (3), _weight_wire.cpp (16-bit weight all-gathers, 1-3), _optimizer.cpp
-// (step, norm, checkpoint state); the options and their configuration rules in
-// data_parallel_options.h.
+// Gradients are synchronised by one strategy chosen at construction (data_parallel_grad_sync.h:
+// BucketedAllReduce for stages 0-1, ShardedReduceScatter for 2-3); 1-bit Adam's compressed
+// steps are optim::OneBitAdam's; what a configuration builds is plan_data_parallel's choice.
+// Files: data_parallel.cpp (construction, ParamSource dispatch), data_parallel_buckets.cpp and
+// _embedding_rows.cpp (BucketedAllReduce), _sharded_grads.cpp (ShardedReduceScatter),
+// _gathered_params.cpp (3, and the replica's units), _weight_wire.cpp (16-bit weight
+// all-gathers, 1-3), _optimizer.cpp (step, norm, checkpoint state); data_parallel_plan.h and
+// data_parallel_options.h (the choices and the configuration rules).
 #pragma once
 #include <deque>
 #include <map>
@@ -33,11 +36,16 @@
 #include "loom/model/decoder.h"
 #include "loom/optim/adamw.h"
 #include "loom/optim/onebit_adam.h"
+#include "loom/parallel/data_parallel_grad_sync.h"
 #include "loom/parallel/data_parallel_plan.h"
 
 namespace loom::parallel {
 
 class DataParallel final : public model::ParamSource {
+  // The gradient strategies share the unit geometry, the buffer pool and the counters.
+  friend class BucketedAllReduce;
+  friend class ShardedReduceScatter;
+
  public:
   // `model` must have been built with decoder_options_for(...). For stage 3 and the weight
   // replica (a model without its flat parameter buffer) the weights are initialised here from
@@ -125,13 +133,6 @@ class DataParallel final : public model::ParamSource {
   void pass_end(bool train) override;
 
  private:
-  struct Pending {  // an asynchronous gradient reduction and what to do when it completes
-    comm::Work work;
-    Tensor staging, chunk_tmp;  // stage 2/3: reduce-scatter output, added into the shard
-    Tensor wire;                // bf16 on the wire: the staging's bf16 copy (chunk_tmp is bf16)
-    int64_t shard_offset = 0;
-    bool pooled = false;  // staging returns to the block staging pool
-  };
   struct Gathered {
     Tensor buf;
     comm::Work work;
@@ -181,24 +182,8 @@ class DataParallel final : public model::ParamSource {
   Tensor take_buffer(int64_t elems, DType dt = DType::f32);
   void recycle(Tensor buf);
 
-  // --- stage 0/1: bucketed all-reduce (data_parallel_buckets.cpp) ---
-  void build_buckets();
-  void unit_ready(size_t unit_index);
-  void wait_buckets();  // blocks on the buckets' all-reduces
-  void land_buckets();  // after wait_buckets: bf16 sums widened into the gradients
-
-  // --- stage 0/1: the embedding's rows (data_parallel_embedding_rows.cpp) ---
-  void wait_embedding_rows();  // blocks on the rows' all-gathers
-  void add_embedding_rows();   // after wait_embedding_rows and land_buckets
-
-  // --- stage 2/3: sharded gradients (data_parallel_sharded_grads.cpp) ---
-  model::BlockWeights staged_block_grads(int layer);  // block_grads at stage 2/3
-  void reduce_scatter_block(int layer);               // block_grads_done at stage 2/3
-  void reduce_scatter_outer();                        // outer_grads_done at stage 2/3
-  Tensor take_staging(int64_t elems);
-  void reduce_scatter_unit(const model::ParamUnit& u, const Tensor& staging, bool pooled);
-  void retire(Pending& p);
-  void drain(size_t keep);
+  // Squared norm: `local` summed over the dp group (waited for, counted as waiting).
+  double sum_over_dp(double local);
 
   // --- 16-bit weight all-gathers (data_parallel_weight_wire.cpp) ---
   bool sixteen_bit_gathers() const { return opt_.gather_dtype != DType::f32; }
@@ -253,43 +238,15 @@ class DataParallel final : public model::ParamSource {
   std::unique_ptr<optim::OneBitAdam> onebit_;  // 1-bit Adam with dp > 1 only
   int64_t wire_bytes_ = 0, last_wire_bytes_ = 0;
 
-  // stage 0/1 buckets: unit index ranges, in backward order; a bucket fires when all its
-  // units are done.
-  struct Bucket {
-    size_t first_unit, last_unit;  // inclusive, layout order
-    int remaining = 0;
-  };
-  std::vector<Bucket> buckets_;
-  std::vector<int> bucket_of_unit_;
-  struct Inflight {  // a bucket's all-reduce; with bf16 on the wire, where its sum goes back to
-    comm::Work work;
-    Tensor wire, grads;
-  };
-  std::vector<Inflight> inflight_;
-
-  // stage 2/3
-  Tensor grad_shard_, param_shard_;
-  std::deque<Pending> pending_;
-  std::vector<Tensor> staging_pool_;
-  std::vector<Tensor> spare_buffers_;       // take_buffer / recycle; contents undefined
-  std::map<int, Tensor> staging_of_layer_;  // by unit key: a block's, its experts'
-  Tensor embed_staging_, head_staging_;
+  std::unique_ptr<GradSync> grad_sync_;  // BucketedAllReduce (stages 0-1) or ShardedReduceScatter (2-3)
+  Tensor param_shard_;                   // stage 3, and the replica's masters
+  std::vector<Tensor> spare_buffers_;    // take_buffer / recycle; contents undefined
   // stage 3
   std::map<int, Gathered> gathered_;         // by unit key (kEmbeddingUnit, kHeadUnit, layer, ...)
   std::vector<std::pair<int, Phase>> plan_;  // expected block_params requests of this pass
   size_t plan_pos_ = 0;
   double wait_s_ = 0, compress_s_ = 0;
   double grad_scale_ = 1.0;
-  // Stage 0/1 with the whole model on this rank: the embedding and head units are reduced as
-  // soon as the head's gradients exist, and the lookup's gradient travels as the batch's rows.
-  bool early_outer_ = false;
-  bool outer_fired_ = false;  // this pass launched them already
-  struct SparseRows {
-    Tensor tokens, pos, rows;  // gathered from every rank
-    comm::Work w_tok, w_pos, w_rows;
-    Tensor dwte, dwpe;
-  };
-  std::vector<SparseRows> sparse_;
   std::vector<std::pair<int64_t, int64_t>> norm_skip_;  // sorted flat ranges
   std::vector<WireUnit> wire_units_;                    // per unit; 16-bit gathers only
   // Stages 1-2 with 16-bit gathers: per unit, every rank's slot as the last all-gather left it

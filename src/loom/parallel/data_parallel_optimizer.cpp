@@ -43,18 +43,10 @@ double DataParallel::grad_norm_sq() {
     dp_.all_reduce(s);
     return s.data<double>()[0] * n_;
   }
-  double local = 0;
-  if (opt_.zero_stage < 2) {
-    // Every rank of the dp group holds the same reduced dense gradients; expert units differ
-    // between the dp group's expert-parallel ranks and repeat over each expert-dp group.
-    if (en_ == n_) return counted_sum_squares(model_.grads().data<float>(), 0, model_.grads().numel());
-    for (const auto& u : layout_.units())
-      local += counted_sum_squares(model_.grads().data<float>() + u.begin, u.begin, u.size()) / double(n_of(u));
-  } else {
-    for (const auto& u : layout_.units())
-      local += counted_sum_squares(grad_shard_.data<float>() + shard_offset(u), u.begin + r_of(u) * chunk_size(u),
-                                   chunk_size(u));
-  }
+  return grad_sync_->norm_sq();
+}
+
+double DataParallel::sum_over_dp(double local) {
   Tensor s = Tensor::from_vector<double>({local}, {1});
   trace::Span span("wait grad norm all_reduce", "wait");
   Stopwatch sw;
@@ -105,9 +97,7 @@ void DataParallel::step(double lr) {
     const ParamUnit& u = units[i];
     float* p = serves_units() ? param_shard_.data<float>() + shard_offset(u)
                               : model_.params().data<float>() + adam_[i]->begin();
-    const float* g = opt_.zero_stage < 2 ? model_.grads().data<float>() + adam_[i]->begin()
-                                         : grad_shard_.data<float>() + shard_offset(u);
-    adam_[i]->step(p, g, lr, grad_scale_);
+    adam_[i]->step(p, grad_sync_->unit_grads(u, adam_[i]->begin()), lr, grad_scale_);
   }
   grad_scale_ = 1.0;
   last_wire_bytes_ = wire_bytes_;
