@@ -55,11 +55,9 @@ DataParallel::DataParallel(model::Decoder& model, comm::Group dp, const optim::A
     shard_off_.push_back(shard);
     shard += chunk_size(u);
   }
-  for (const auto& u : units) {
-    const int64_t b = opt_.zero_stage == 0 ? u.begin : u.begin + r_of(u) * chunk_size(u);
-    const int64_t e = opt_.zero_stage == 0 ? u.end : b + chunk_size(u);
-    adam_.push_back(std::make_unique<optim::AdamW>(adam, b, e, spans));
-  }
+  std::vector<optim::ShardedAdamW::Unit> optimizer_units;
+  for (const auto& u : units) optimizer_units.push_back({u.begin, u.size(), group_of(u)});
+  optimizer_ = std::make_unique<optim::ShardedAdamW>(adam, std::move(optimizer_units), opt_.zero_stage >= 1, spans);
   if (adam.kind == optim::OptimizerKind::onebit_adam && n_ > 1) {
     LOOM_CHECK(opt_.zero_stage <= 1, "config", "optim.name=onebit_adam needs parallel.zero_stage 0 or 1, got ",
                opt_.zero_stage);

@@ -36,6 +36,7 @@
 #include "loom/model/decoder.h"
 #include "loom/optim/adamw.h"
 #include "loom/optim/onebit_adam.h"
+#include "loom/optim/sharded_adamw.h"
 #include "loom/parallel/data_parallel_grad_sync.h"
 #include "loom/parallel/data_parallel_plan.h"
 
@@ -89,7 +90,7 @@ class DataParallel final : public model::ParamSource {
   int zero_stage() const { return opt_.zero_stage; }
   const comm::Group& group() const { return dp_; }
   // Owned ranges [begin, end) of the flat buffer with their optimizer (one per unit).
-  const std::vector<std::unique_ptr<optim::AdamW>>& optimizers() const { return adam_; }
+  const std::vector<std::unique_ptr<optim::AdamW>>& optimizers() const { return optimizer_->per_unit(); }
   // Stage 3, and stages 1-2 with the weight replica: the rank's fp32 weight chunks,
   // concatenated in unit order (chunk of unit u at u.begin / N). Other stages: undefined (the
   // model's flat buffer holds the weights).
@@ -233,7 +234,7 @@ class DataParallel final : public model::ParamSource {
   int n_, r_, en_, er_;             // the dp and expert-dp groups' sizes and this rank's places
   std::vector<int64_t> shard_off_;  // per unit: where its chunk sits in the shard buffers
   bool sync_ = true;
-  std::vector<std::unique_ptr<optim::AdamW>> adam_;
+  std::unique_ptr<optim::ShardedAdamW> optimizer_;  // AdamW on the owned ranges (sharded at stages 1-3)
   optim::AdamWConfig adam_cfg_;
   std::unique_ptr<optim::OneBitAdam> onebit_;  // 1-bit Adam with dp > 1 only
   int64_t wire_bytes_ = 0, last_wire_bytes_ = 0;

@@ -68,7 +68,7 @@ void DataParallel::onebit_step(double lr) {
   for (size_t i = 0; i < units.size(); ++i) {
     const ParamUnit& u = units[i];
     if (u.size() == 0) continue;
-    optim::AdamW& a = *adam_[i];
+    optim::AdamW& a = optimizer_->unit(i);
     // ZeRO-0 averages each unit's momentum; ZeRO-1 sends gradients to the chunks' owners and
     // their weight changes back.
     if (opt_.zero_stage == 1)
@@ -95,9 +95,10 @@ void DataParallel::step(double lr) {
   }
   for (size_t i = 0; i < units.size(); ++i) {
     const ParamUnit& u = units[i];
-    float* p = serves_units() ? param_shard_.data<float>() + shard_offset(u)
-                              : model_.params().data<float>() + adam_[i]->begin();
-    adam_[i]->step(p, grad_sync_->unit_grads(u, adam_[i]->begin()), lr, grad_scale_);
+    optim::AdamW& a = optimizer_->unit(i);
+    float* p =
+        serves_units() ? param_shard_.data<float>() + shard_offset(u) : model_.params().data<float>() + a.begin();
+    a.step(p, grad_sync_->unit_grads(u, a.begin()), lr, grad_scale_);
   }
   grad_scale_ = 1.0;
   last_wire_bytes_ = wire_bytes_;
@@ -137,7 +138,7 @@ double DataParallel::take_compress_seconds() {
   return s;
 }
 
-int64_t DataParallel::optimizer_steps() const { return adam_.front()->step_count(); }
+int64_t DataParallel::optimizer_steps() const { return optimizer_->step_count(); }
 
 void DataParallel::gather_full_params(const Tensor& flat) const {
   if (params_are_masters()) {
@@ -163,28 +164,11 @@ void DataParallel::load_full_params(const Tensor& flat) {
 }
 
 void DataParallel::gather_full_moments(const Tensor& exp_avg, const Tensor& exp_avg_sq) const {
-  exp_avg.zero();
-  exp_avg_sq.zero();
-  const auto& units = layout_.units();
-  for (size_t i = 0; i < units.size(); ++i) {
-    const auto& u = units[i];
-    const optim::AdamW& a = *adam_[i];
-    if (opt_.zero_stage == 0) {
-      exp_avg.slice(u.begin, {u.size()}).copy_from(a.exp_avg());
-      exp_avg_sq.slice(u.begin, {u.size()}).copy_from(a.exp_avg_sq());
-    } else {
-      group_of(u).all_gather(a.exp_avg(), exp_avg.slice(u.begin, {u.size()}));
-      group_of(u).all_gather(a.exp_avg_sq(), exp_avg_sq.slice(u.begin, {u.size()}));
-    }
-  }
+  optimizer_->gather_full_moments(exp_avg, exp_avg_sq);
 }
 
 void DataParallel::load_full_moments(const Tensor& exp_avg, const Tensor& exp_avg_sq, int64_t optimizer_steps) {
-  for (const auto& a : adam_) {
-    a->exp_avg().copy_from(exp_avg.slice(a->begin(), {a->end() - a->begin()}));
-    a->exp_avg_sq().copy_from(exp_avg_sq.slice(a->begin(), {a->end() - a->begin()}));
-    a->set_step_count(optimizer_steps);
-  }
+  optimizer_->load_full_moments(exp_avg, exp_avg_sq, optimizer_steps);
 }
 
 }  // namespace loom::parallel

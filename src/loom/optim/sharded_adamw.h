@@ -1,0 +1,40 @@
+// AdamW over the units of a flat parameter buffer, each rank owning one range of every unit: the
+// whole unit (unsharded), or its 1/N chunk over the unit's group (ZeRO stages 1-3, the optimizer
+// states partitioned: Rajbhandari et al. 2020, P_os). Owns the owned ranges' moments; checkpoints
+// read and write whole moments, all-gathered from (or cut back into) the owners' ranges.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "loom/comm/group.h"
+#include "loom/optim/adamw.h"
+
+namespace loom::optim {
+
+class ShardedAdamW {
+ public:
+  struct Unit {
+    int64_t begin = 0, size = 0;  // the unit's flat range; size a multiple of the group's size
+    comm::Group group;            // the ranks that share the unit's chunks
+  };
+  // sharded: this rank owns chunk group.rank() of every unit; otherwise every unit whole.
+  ShardedAdamW(const AdamWConfig& cfg, std::vector<Unit> units, bool sharded, const std::vector<DecaySpan>& spans);
+
+  // The AdamW of unit i, over the range this rank owns.
+  AdamW& unit(size_t i) { return *adam_[i]; }
+  const std::vector<std::unique_ptr<AdamW>>& per_unit() const { return adam_; }
+  int64_t step_count() const { return adam_.front()->step_count(); }
+  // Every unit's whole moments into `exp_avg` and `exp_avg_sq` (laid out like the flat buffer) on
+  // every rank; collective over the units' groups when sharded.
+  void gather_full_moments(const Tensor& exp_avg, const Tensor& exp_avg_sq) const;
+  // This rank's ranges from whole moments, and the step count bias correction continues from.
+  void load_full_moments(const Tensor& exp_avg, const Tensor& exp_avg_sq, int64_t step_count);
+
+ private:
+  std::vector<Unit> units_;
+  bool sharded_;
+  std::vector<std::unique_ptr<AdamW>> adam_;  // per unit
+};
+
+}  // namespace loom::optim
