@@ -19,14 +19,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (e->status < 400 || e->message.empty()) __builtin_trap();
       continue;
     }
-    if (p.temperature < 0 || p.temperature > 2 || !(p.top_p > 0 && p.top_p <= 1)) __builtin_trap();
+    if (p.sampling.temperature < 0 || p.sampling.temperature > 2 || !(p.sampling.top_p > 0 && p.sampling.top_p <= 1))
+      __builtin_trap();
     const std::string prompt = kind == ApiKind::chat ? render_chat(p.messages) : p.prompt_text;
     GenerationRequest g;
     if (auto e = build_generation_request(p, p.model, tok, 64, prompt, &g)) {
       if (e->status < 400 || e->message.empty()) __builtin_trap();
       continue;
     }
-    if (g.prompt.empty() || g.max_tokens < 1 || int64_t(g.prompt.size()) + g.max_tokens > 64) __builtin_trap();
+    if (g.prompt.empty() || g.sampling.max_tokens < 1 || int64_t(g.prompt.size()) + g.sampling.max_tokens > 64)
+      __builtin_trap();
     for (int32_t id : g.prompt)
       if (id < 0 || id >= 256) __builtin_trap();
   }

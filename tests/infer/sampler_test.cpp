@@ -8,6 +8,7 @@
 #include <random>
 
 #include "loom/infer/sampler.h"
+#include "loom/infer/wire.h"
 #include "loom/kernels/cpu/vec_math.h"
 
 using namespace loom::infer;
@@ -218,4 +219,36 @@ TEST(Sampler, UserRangesAreSharedAndNamedAsTheCallerSpellsThem) {
   EXPECT_EQ(user_top_k(5), 5);
   EXPECT_EQ(max_tokens_problem(1, "--max-tokens"), "");
   EXPECT_EQ(max_tokens_problem(0, "--max-tokens"), "--max-tokens must be at least 1, got 0");
+}
+
+// The tensor-parallel broadcast's serializer carries every field: each is set away from its
+// default, and the bindings name them all, so a new field fails to compile here until it is
+// given a value below (and in write/read_sampling_params).
+TEST(SamplingParams, SerializerRoundTripsEveryField) {
+  SamplingParams p;
+  auto& [temperature, top_k, top_p, max_tokens, stop_token_ids, stop, seed, speculate, token_probs] = p;
+  temperature = 0.7;
+  top_k = 5;
+  top_p = 0.9;
+  max_tokens = 33;
+  stop_token_ids = {2, 7};
+  stop = {"###", "", "end"};
+  seed = 0xfeedfacecafebeefull;
+  speculate = false;
+  token_probs = true;
+  EXPECT_NE(p, SamplingParams{});
+  ByteWriter w;
+  write_sampling_params(w, p);
+  w.put(int32_t(42));  // what follows the params is read from the right place
+  ByteReader r(w.bytes());
+  EXPECT_EQ(read_sampling_params(r), p);
+  EXPECT_EQ(r.get<int32_t>(), 42);
+  EXPECT_TRUE(r.done());
+
+  SamplingParams plain;  // the defaults, an unset seed among them
+  ByteWriter w2;
+  write_sampling_params(w2, plain);
+  ByteReader r2(w2.bytes());
+  EXPECT_EQ(read_sampling_params(r2), plain);
+  EXPECT_THROW(r2.get<uint8_t>(), loom::Error);  // nothing past the end
 }

@@ -47,7 +47,7 @@ std::string greedy_text(const model::Decoder& m, const std::string& prompt, int6
   ByteTokenizer tok;
   GenerationRequest g;
   g.prompt = tok.encode(prompt);
-  g.max_tokens = max_tokens;
+  g.sampling.max_tokens = max_tokens;
   g.sampling.temperature = 0;
   infer::EngineConfig ec;
   ec.kv_cache_bytes = 4 << 20;

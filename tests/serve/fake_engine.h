@@ -90,7 +90,7 @@ class FakeEngine final : public Engine {
   // The tokens this engine produces for `req` when nothing interrupts it (the "offline" run).
   static std::vector<int32_t> reference(const GenerationRequest& req) {
     std::vector<int32_t> out;
-    for (int64_t i = 0; i < req.max_tokens; ++i) out.push_back(token_at(req, i));
+    for (int64_t i = 0; i < req.sampling.max_tokens; ++i) out.push_back(token_at(req, i));
     return out;
   }
 
@@ -104,7 +104,7 @@ class FakeEngine final : public Engine {
 
   static int32_t token_at(const GenerationRequest& r, int64_t i) {
     if (r.sampling.temperature == 0) return r.prompt[size_t(i) % r.prompt.size()];
-    uint64_t h = r.sampling.seed * 0x9E3779B97F4A7C15ull + uint64_t(i);
+    uint64_t h = r.sampling.seed.value_or(0) * 0x9E3779B97F4A7C15ull + uint64_t(i);
     for (int32_t t : r.prompt) h = (h ^ uint64_t(t)) * 0x100000001B3ull;
     h ^= h >> 29;
     h *= 0xBF58476D1CE4E5B9ull;
@@ -138,9 +138,9 @@ class FakeEngine final : public Engine {
         Req& r = reqs_.at(*it);
         int32_t tok = token_at(r.req, r.generated);
         ++r.generated;
-        bool done = r.generated >= r.req.max_tokens;
-        const double prob =
-            r.req.token_probs && opt_.token_prob ? opt_.token_prob(r.req) : std::numeric_limits<double>::quiet_NaN();
+        bool done = r.generated >= r.req.sampling.max_tokens;
+        const double prob = r.req.sampling.token_probs && opt_.token_prob ? opt_.token_prob(r.req)
+                                                                          : std::numeric_limits<double>::quiet_NaN();
         r.sink({tok, done ? FinishReason::length : FinishReason::none, {}, prob});
         if (done) {
           reqs_.erase(*it);

@@ -146,10 +146,10 @@ TEST(ServeProcess, SixtyFourStreamingClientsMatchTheOfflineEngine) {
         GenerationRequest g;
         std::string prompt = "client " + std::to_string(c) + " request " + std::to_string(k);
         g.prompt = tok.encode(prompt);
-        g.max_tokens = 24;
+        g.sampling.max_tokens = 24;
         g.sampling.seed = uint64_t(seed_base + c * per_client + k);
         std::vector<int32_t> out = offline.generate(g.prompt, to_infer_params(g, {}));
-        reference[{prompt, g.sampling.seed}] = render_completion(tok, out, {}) + "#" + std::to_string(out.size());
+        reference[{prompt, *g.sampling.seed}] = render_completion(tok, out, {}) + "#" + std::to_string(out.size());
       }
   };
   add_reference(64, 1, 5000);

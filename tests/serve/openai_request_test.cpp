@@ -93,20 +93,20 @@ TEST(ServeOpenAiRequest, GoodRequestsFillTheEngineRequest) {
   GenerationRequest g;
   ASSERT_FALSE(build_generation_request(p, "m", tok, 64, p.prompt_text, &g));
   EXPECT_EQ(g.prompt, (std::vector<int32_t>{'a', 'b', 'c'}));
-  EXPECT_EQ(g.max_tokens, 5);
+  EXPECT_EQ(g.sampling.max_tokens, 5);
   EXPECT_DOUBLE_EQ(g.sampling.temperature, 0.5);
   EXPECT_DOUBLE_EQ(g.sampling.top_p, 0.9);
   EXPECT_EQ(g.sampling.top_k, 7);
   EXPECT_EQ(g.sampling.seed, 42u);
   EXPECT_TRUE(p.stream);
   EXPECT_TRUE(p.include_usage);
-  EXPECT_EQ(p.stop, std::vector<std::string>{"x"});
+  EXPECT_EQ(p.sampling.stop, std::vector<std::string>{"x"});
 
   // Defaults: 16 new tokens for completions (clamped to the context), the rest of it for chat.
   CompletionParams q;
   ASSERT_FALSE(parse_completion_request(R"({"model": "m", "prompt": [1, 2, 3]})", ApiKind::completion, &q));
   ASSERT_FALSE(build_generation_request(q, "m", tok, 10, "", &g));
-  EXPECT_EQ(g.max_tokens, 7);
+  EXPECT_EQ(g.sampling.max_tokens, 7);
   CompletionParams c;
   ASSERT_FALSE(parse_completion_request(
       R"({"model": "m", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}]})",
@@ -114,7 +114,7 @@ TEST(ServeOpenAiRequest, GoodRequestsFillTheEngineRequest) {
   std::string prompt = render_chat(c.messages);
   EXPECT_EQ(prompt, "<|im_start|>system\ns<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
   ASSERT_FALSE(build_generation_request(c, "m", tok, 100, prompt, &g));
-  EXPECT_EQ(g.max_tokens, 100 - int64_t(prompt.size()));
+  EXPECT_EQ(g.sampling.max_tokens, 100 - int64_t(prompt.size()));
 }
 
 TEST(ServeOpenAiRequest, ErrorObjectShape) {

@@ -76,7 +76,7 @@ inline std::string expected_text(const std::string& prompt, int64_t max_tokens, 
                                  const std::vector<std::string>& stops = {}) {
   GenerationRequest g;
   g.prompt = ByteTokenizer().encode(prompt);
-  g.max_tokens = max_tokens;
+  g.sampling.max_tokens = max_tokens;
   g.sampling.temperature = temperature;
   g.sampling.seed = seed;
   return render_completion(ByteTokenizer(), FakeEngine::reference(g), stops);

@@ -4,12 +4,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <type_traits>
 
 #include "loom/core/error.h"
 #include "loom/core/rng.h"
 #include "loom/core/timer.h"
+#include "loom/infer/wire.h"
 
 namespace loom::infer {
 
@@ -85,125 +85,6 @@ Engine::~Engine() {
     close();
   } catch (...) {
   }
-}
-
-void Engine::follow() {
-  LOOM_CHECK(!leader(), "engine", "follow() is for the ranks other than 0 of a tensor-parallel engine");
-  while (!closed_) step();
-}
-
-void Engine::close() {
-  if (!tp_ || closed_ || !leader()) return;
-  std::vector<Pending> none;
-  std::vector<int64_t> no_aborts;
-  sync_intake(none, no_aborts, /*closing=*/true);
-}
-
-namespace {
-// The intake as bytes, for the broadcast to the followers.
-struct Writer {
-  std::vector<uint8_t> b;
-  template <class T>
-  void put(const T& v) {
-    const auto* p = reinterpret_cast<const uint8_t*>(&v);
-    b.insert(b.end(), p, p + sizeof(T));
-  }
-  template <class T>
-  void put_vec(const std::vector<T>& v) {
-    put(int64_t(v.size()));
-    const auto* p = reinterpret_cast<const uint8_t*>(v.data());
-    b.insert(b.end(), p, p + v.size() * sizeof(T));
-  }
-  void put_str(const std::string& s) { put_vec(std::vector<char>(s.begin(), s.end())); }
-};
-struct Reader {
-  const uint8_t* p;
-  template <class T>
-  T get() {
-    T v;
-    std::memcpy(&v, p, sizeof(T));
-    p += sizeof(T);
-    return v;
-  }
-  template <class T>
-  std::vector<T> get_vec() {
-    std::vector<T> v(size_t(get<int64_t>()));
-    std::memcpy(v.data(), p, v.size() * sizeof(T));
-    p += v.size() * sizeof(T);
-    return v;
-  }
-  std::string get_str() {
-    const auto v = get_vec<char>();
-    return std::string(v.begin(), v.end());
-  }
-};
-}  // namespace
-
-void Engine::share_from_leader(std::vector<uint8_t>& bytes) const {
-  Tensor head = Tensor::empty({1}, DType::i64, MemCategory::comm);
-  if (leader()) head.data<int64_t>()[0] = int64_t(bytes.size());
-  tp_->broadcast(head, 0);
-  Tensor body = Tensor::empty({head.data<int64_t>()[0]}, DType::u8, MemCategory::comm);
-  if (leader()) std::memcpy(body.raw(), bytes.data(), bytes.size());
-  tp_->broadcast(body, 0);
-  if (!leader())
-    bytes.assign(static_cast<const uint8_t*>(body.raw()), static_cast<const uint8_t*>(body.raw()) + body.numel());
-}
-
-bool Engine::sync_intake(std::vector<Pending>& intake, std::vector<int64_t>& aborts, bool closing) {
-  Writer w;
-  if (leader()) {
-    w.put(uint8_t(closing));
-    w.put(int64_t(intake.size()));
-    for (const Pending& p : intake) {
-      const Request& r = p.req;
-      const SamplingParams& sp = r.params;
-      w.put(p.id);
-      w.put(r.seed);
-      w.put(r.max_tokens);
-      w.put(r.spec_k);
-      w.put_vec(r.prompt);
-      w.put(sp.temperature);
-      w.put(sp.top_k);
-      w.put(sp.top_p);
-      w.put(sp.max_tokens);
-      w.put(uint8_t(sp.speculate));
-      w.put_vec(sp.stop_token_ids);
-      w.put(int64_t(sp.stop.size()));
-      for (const auto& str : sp.stop) w.put_str(str);
-    }
-    w.put_vec(aborts);
-  }
-  share_from_leader(w.b);
-  Reader rd{w.b.data()};
-  closing = rd.get<uint8_t>() != 0;
-  if (!leader()) {
-    const int64_t n = rd.get<int64_t>();
-    for (int64_t i = 0; i < n; ++i) {
-      Pending p;
-      Request& r = p.req;
-      p.id = rd.get<int64_t>();
-      r.seed = rd.get<uint64_t>();
-      r.max_tokens = rd.get<int64_t>();
-      r.spec_k = rd.get<int64_t>();
-      r.prompt = rd.get_vec<int32_t>();
-      SamplingParams& sp = r.params;
-      sp.temperature = rd.get<double>();
-      sp.top_k = rd.get<int64_t>();
-      sp.top_p = rd.get<double>();
-      sp.max_tokens = rd.get<int64_t>();
-      sp.speculate = rd.get<uint8_t>() != 0;
-      sp.stop_token_ids = rd.get_vec<int32_t>();
-      const int64_t ns = rd.get<int64_t>();
-      for (int64_t k = 0; k < ns; ++k) sp.stop.push_back(rd.get_str());
-      sp.seed = r.seed;
-      intake.push_back(std::move(p));
-      ++in_flight_;
-    }
-    aborts = rd.get_vec<int64_t>();
-  }
-  if (closing) closed_ = true;
-  return !closed_;
 }
 
 int64_t Engine::add_request(std::vector<int32_t> prompt, const SamplingParams& params, TokenCallback callback) {
@@ -381,14 +262,14 @@ void Engine::propose() {
   Stopwatch sw;
   if (!from_leader || leader()) proposer_->propose(reqs);
   if (from_leader) {
-    Writer w;
+    ByteWriter w;
     if (leader())
       for (const ProposalRequest& q : reqs) {
         w.put_vec(q.proposals);
         w.put_vec(q.q);
       }
-    share_from_leader(w.b);
-    Reader rd{w.b.data()};
+    share_from_leader(w.bytes());
+    ByteReader rd(w.bytes());
     if (!leader())
       for (ProposalRequest& q : reqs) {
         q.proposals = rd.get_vec<int32_t>();

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "loom/infer/decode_stream.h"
+#include "loom/infer/finish_reason.h"
 #include "loom/infer/kv_cache.h"
 #include "loom/infer/model_runner.h"
 #include "loom/infer/quant_weights.h"
@@ -29,10 +30,6 @@
 #include "loom/model/decoder.h"
 
 namespace loom::infer {
-
-// error: the request could not go on (its logits were not finite); RequestOutput::error says why.
-enum class FinishReason { none, stop, length, abort, error };
-const char* finish_reason_name(FinishReason r);
 
 struct EngineConfig {
   int64_t block_size = 16;

@@ -8,12 +8,47 @@
 
 #include "loom/core/error.h"
 #include "loom/core/rng.h"
+#include "loom/infer/wire.h"
 #include "loom/kernels/cpu/vec_math.h"
 
 namespace loom::infer {
 
 // Stream id of sampling draws ("sampling" hashed), apart from any parameter-init stream.
 static constexpr uint64_t kSamplingStream = 0x73616d706c696e67ull;
+
+void write_sampling_params(ByteWriter& w, const SamplingParams& p) {
+  // The bindings name every field: one more field in SamplingParams is a compile error here.
+  const auto& [temperature, top_k, top_p, max_tokens, stop_token_ids, stop, seed, speculate, token_probs] = p;
+  w.put(temperature);
+  w.put(top_k);
+  w.put(top_p);
+  w.put(max_tokens);
+  w.put_vec(stop_token_ids);
+  w.put(int64_t(stop.size()));
+  for (const std::string& s : stop) w.put_str(s);
+  w.put(uint8_t(seed.has_value()));
+  w.put(seed.value_or(0));
+  w.put(uint8_t(speculate));
+  w.put(uint8_t(token_probs));
+}
+
+SamplingParams read_sampling_params(ByteReader& r) {
+  SamplingParams p;
+  auto& [temperature, top_k, top_p, max_tokens, stop_token_ids, stop, seed, speculate, token_probs] = p;
+  temperature = r.get<double>();
+  top_k = r.get<int64_t>();
+  top_p = r.get<double>();
+  max_tokens = r.get<int64_t>();
+  stop_token_ids = r.get_vec<int32_t>();
+  const int64_t n_stop = r.get<int64_t>();
+  for (int64_t i = 0; i < n_stop; ++i) stop.push_back(r.get_str());
+  const bool has_seed = r.get<uint8_t>() != 0;
+  const uint64_t seed_value = r.get<uint64_t>();
+  if (has_seed) seed = seed_value;
+  speculate = r.get<uint8_t>() != 0;
+  token_probs = r.get<uint8_t>() != 0;
+  return p;
+}
 
 void SamplingParams::validate() const {
   LOOM_CHECK(std::isfinite(temperature) && temperature >= 0.0, "sampling",

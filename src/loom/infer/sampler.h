@@ -12,6 +12,11 @@
 
 namespace loom::infer {
 
+class ByteWriter;  // wire.h
+class ByteReader;
+
+// One request's sampling and stopping, from the HTTP request (serve/openai_request.h) or the
+// command line to the sampler.
 struct SamplingParams {
   double temperature = 1.0;             // 0: greedy
   int64_t top_k = 0;                    // 0: no limit
@@ -31,7 +36,13 @@ struct SamplingParams {
   // Throws "[sampling] <parameter> ..." naming the bad parameter.
   void validate() const;
   bool greedy() const { return temperature == 0.0; }
+  bool operator==(const SamplingParams&) const = default;
 };
+
+// Every field, for a tensor-parallel leader's broadcast (engine_tp.cpp); a field added to
+// SamplingParams fails to compile here until it is written and read.
+void write_sampling_params(ByteWriter& w, const SamplingParams& p);
+SamplingParams read_sampling_params(ByteReader& r);
 
 // The ranges users may give, shared by the server's request fields and `loom generate`'s
 // options so that both refuse the same values (the engine itself accepts any temperature >= 0

@@ -9,27 +9,24 @@
 #include <string>
 #include <vector>
 
+#include "loom/infer/finish_reason.h"
+#include "loom/infer/sampler.h"
 #include "loom/serve/tokenizer.h"
 
 namespace loom::serve {
 
 class ChatFormat;  // chat_template.h
 
-// error: the engine could not go on with the request (TokenEvent::error says why).
-enum class FinishReason { none, stop, length, abort, error };
-
-struct SamplingParams {
-  double temperature = 1.0;  // 0: greedy
-  double top_p = 1.0;        // (0, 1]
-  int64_t top_k = 0;         // 0: off
-  uint64_t seed = 0;         // the same seed and prompt give the same tokens
-};
+// The request types are infer's: the server speaks them from the HTTP parser to the engine.
+using infer::FinishReason;  // error: the engine could not go on (TokenEvent::error says why)
+using infer::SamplingParams;
 
 struct GenerationRequest {
   std::vector<int32_t> prompt;  // non-empty, every id < vocab size
-  int64_t max_tokens = 16;      // >= 1; prompt.size() + max_tokens <= context_length()
+  // sampling.max_tokens >= 1 and prompt.size() + max_tokens <= context_length();
+  // sampling.token_probs: report each token's probability (TokenEvent::prob). The server
+  // applies sampling.stop to the text itself; an engine need not.
   SamplingParams sampling;
-  bool token_probs = false;  // report each token's probability (TokenEvent::prob)
 };
 
 // One step of a request's life. Tokens arrive in order; exactly one event carries a
@@ -38,7 +35,7 @@ struct TokenEvent {
   int32_t token = -1;  // -1: no token in this event
   FinishReason finish = FinishReason::none;
   std::string error;  // finish == error: what went wrong, for the client
-  // GenerationRequest::token_probs: the token's probability under the model (NaN otherwise).
+  // SamplingParams::token_probs: the token's probability under the model (NaN otherwise).
   double prob = std::numeric_limits<double>::quiet_NaN();
 };
 // Called from the engine's thread; must be quick and must not call back into the engine.

@@ -119,9 +119,9 @@ void ApiServer::handle_generation(HttpExchange& ex, ApiKind kind) {
                                         kind == ApiKind::chat && format->special_tokens()))
     return ex.respond(error_response(*e));
   uint64_t seq = next_seq_.fetch_add(1);
-  if (!p.seed) greq.sampling.seed = opt_.seed + seq;
-  greq.token_probs = edge != nullptr;
-  std::vector<std::string> stops = p.stop;
+  if (!greq.sampling.seed) greq.sampling.seed = opt_.seed + seq;
+  greq.sampling.token_probs = edge != nullptr;
+  std::vector<std::string> stops = greq.sampling.stop;
   if (kind == ApiKind::chat)
     for (const std::string& s : format->stop_strings()) stops.push_back(s);
   const int64_t n_prompt = int64_t(greq.prompt.size());

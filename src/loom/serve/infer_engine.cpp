@@ -10,27 +10,9 @@
 
 namespace loom::serve {
 
-namespace {
-FinishReason map_finish(infer::FinishReason r) {
-  switch (r) {
-    case infer::FinishReason::stop: return FinishReason::stop;
-    case infer::FinishReason::length: return FinishReason::length;
-    case infer::FinishReason::abort: return FinishReason::abort;
-    case infer::FinishReason::error: return FinishReason::error;
-    case infer::FinishReason::none: break;
-  }
-  return FinishReason::none;
-}
-}  // namespace
-
 infer::SamplingParams to_infer_params(const GenerationRequest& req, const std::vector<int32_t>& end_tokens) {
-  infer::SamplingParams p;
-  p.temperature = req.sampling.temperature;
-  p.top_p = req.sampling.top_p;
-  p.top_k = req.sampling.top_k;
-  p.max_tokens = req.max_tokens;
-  p.seed = req.sampling.seed;
-  p.token_probs = req.token_probs;
+  infer::SamplingParams p = req.sampling;
+  p.stop.clear();
   p.stop_token_ids = end_tokens;
   return p;
 }
@@ -68,7 +50,7 @@ uint64_t InferEngineAdapter::submit(GenerationRequest req, TokenSink sink) {
                                        sink = it->second;
                                        if (ev.finish != infer::FinishReason::none) live_.erase(it);
                                      }
-                                     sink({ev.token, map_finish(ev.finish), ev.error, ev.prob});
+                                     sink({ev.token, ev.finish, ev.error, ev.prob});
                                    });
   live_[id] = std::move(sink);
   cv_.notify_all();

@@ -1,6 +1,6 @@
 // Puts loom::infer::Engine behind the server's Engine interface: owns the thread that steps
-// the engine while it has work (and sleeps when it has none), maps sampling parameters and
-// events, and fails requests cleanly instead of crashing if a step ever throws.
+// the engine while it has work (and sleeps when it has none), relays its events, and fails requests cleanly instead of
+// crashing if a step ever throws.
 #pragma once
 #include <condition_variable>
 #include <map>
@@ -44,8 +44,8 @@ class InferEngineAdapter final : public Engine {
   std::thread thread_;
 };
 
-// infer's sampling parameters for a server request (no stop strings: the server applies
-// those to the text; the end-of-text token, if any, stops generation).
+// What the engine is given for a server request: its sampling without the stop strings (the
+// server applies those to the text), stopping at the tokenizer's end tokens.
 infer::SamplingParams to_infer_params(const GenerationRequest& req, const std::vector<int32_t>& end_tokens);
 
 }  // namespace loom::serve

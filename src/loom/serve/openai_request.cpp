@@ -193,7 +193,7 @@ std::optional<ApiError> parse_stop(const json& body, CompletionParams* out) {
   }
   for (const auto& s : stops)
     if (s.empty()) return invalid_request("stop", "stop sequences must not be empty");
-  out->stop = std::move(stops);
+  out->sampling.stop = std::move(stops);
   return std::nullopt;
 }
 
@@ -224,16 +224,19 @@ std::optional<ApiError> parse_completion_request(std::string_view text, ApiKind 
   if (auto e = get_integer(body, max_name, &out->max_tokens)) return e;
   if (out->max_tokens)
     if (auto e = refuse_if(max_name, infer::max_tokens_problem(*out->max_tokens, quoted(max_name)))) return e;
-  if (auto e = get_number(body, "temperature", -HUGE_VAL, HUGE_VAL, &out->temperature)) return e;
-  if (auto e = refuse_if("temperature", infer::temperature_problem(out->temperature, quoted("temperature")))) return e;
-  if (auto e = get_number(body, "top_p", -HUGE_VAL, HUGE_VAL, &out->top_p)) return e;
-  if (auto e = refuse_if("top_p", infer::top_p_problem(out->top_p, quoted("top_p")))) return e;
+  SamplingParams& sp = out->sampling;
+  if (auto e = get_number(body, "temperature", -HUGE_VAL, HUGE_VAL, &sp.temperature)) return e;
+  if (auto e = refuse_if("temperature", infer::temperature_problem(sp.temperature, quoted("temperature")))) return e;
+  if (auto e = get_number(body, "top_p", -HUGE_VAL, HUGE_VAL, &sp.top_p)) return e;
+  if (auto e = refuse_if("top_p", infer::top_p_problem(sp.top_p, quoted("top_p")))) return e;
   std::optional<int64_t> top_k;
   if (auto e = get_integer(body, "top_k", &top_k)) return e;
   if (top_k)
     if (auto e = refuse_if("top_k", infer::top_k_problem(*top_k, quoted("top_k")))) return e;
-  out->top_k = infer::user_top_k(top_k.value_or(0));
-  if (auto e = get_integer(body, "seed", &out->seed)) return e;
+  sp.top_k = infer::user_top_k(top_k.value_or(0));
+  std::optional<int64_t> seed;
+  if (auto e = get_integer(body, "seed", &seed)) return e;
+  if (seed) sp.seed = uint64_t(*seed);
   if (auto e = parse_stop(body, out)) return e;
   if (auto e = get_bool(body, "stream", &out->stream)) return e;
   if (auto e = get_bool(body, "return_token_ids", &out->return_token_ids)) return e;
@@ -264,20 +267,17 @@ std::optional<ApiError> build_generation_request(const CompletionParams& p, cons
   if (n >= ctx)
     return invalid_request(pname, str_cat("the prompt has ", n, " tokens but the model's context is ", ctx,
                                           " tokens, leaving no room to generate; shorten it"));
+  out->sampling = p.sampling;
   const char* max_name = "max_tokens";
   if (p.max_tokens) {
     if (*p.max_tokens > ctx - n)
       return invalid_request(
           max_name, str_cat("max_tokens=", *p.max_tokens, " plus the prompt's ", n,
                             " tokens exceeds the model's context of ", ctx, " tokens; ask for at most ", ctx - n));
-    out->max_tokens = *p.max_tokens;
+    out->sampling.max_tokens = *p.max_tokens;
   } else {
-    out->max_tokens = p.kind == ApiKind::chat ? ctx - n : std::min<int64_t>(16, ctx - n);
+    out->sampling.max_tokens = p.kind == ApiKind::chat ? ctx - n : std::min<int64_t>(16, ctx - n);
   }
-  out->sampling.temperature = p.temperature;
-  out->sampling.top_p = p.top_p;
-  out->sampling.top_k = p.top_k;
-  if (p.seed) out->sampling.seed = uint64_t(*p.seed);
   return std::nullopt;
 }
 

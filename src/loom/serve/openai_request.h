@@ -40,12 +40,11 @@ struct CompletionParams {
   std::vector<int32_t> prompt_ids;  // ... or as token ids (prompt_is_ids)
   bool prompt_is_ids = false;
   std::vector<ChatMessage> messages;  // chat
+  // The user's limit (max_tokens or max_completion_tokens); absent, build_generation_request
+  // picks one from the context and sets sampling.max_tokens.
   std::optional<int64_t> max_tokens;
-  double temperature = 1.0;
-  double top_p = 1.0;
-  int64_t top_k = 0;
-  std::optional<int64_t> seed;
-  std::vector<std::string> stop;
+  // temperature, top_p, top_k (0: off), seed (absent: the server seeds it), stop.
+  SamplingParams sampling;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   // A loom extension (as vLLM's): the answer's token ids in each choice ("token_ids"), so a
