@@ -31,14 +31,14 @@ void ModelRunner::linear(const Tensor& x, const Tensor& w, const QuantizedMatrix
   }
 }
 
-ModelRunner::ModelRunner(const model::Decoder& model, KVCache& cache, int64_t max_tokens, int64_t max_seqs,
+ModelRunner::ModelRunner(const model::Decoder& model, KVCache& cache, int64_t max_batched_tokens, int64_t max_seqs,
                          const QuantizedModel* quant, int64_t max_logit_rows, const comm::Group* tp, Allocator& alloc)
     : model_(model),
       cfg_(model.config()),
       cache_(cache),
       quant_(quant),
       tp_(tp),
-      max_tokens_(max_tokens),
+      max_batched_tokens_(max_batched_tokens),
       max_seqs_(max_seqs),
       max_logit_rows_(max_logit_rows > 0 ? max_logit_rows : max_seqs) {
   const model::ModelConfig kv = kv_cache_config(model);  // checks the split
@@ -79,7 +79,7 @@ ModelRunner::ModelRunner(const model::Decoder& model, KVCache& cache, int64_t ma
              dtype_name(cache.dtype()));
   LOOM_CHECK(!quant || (dt == DType::f32 && int64_t(quant->blocks.size()) == cfg_.n_layer), "runner",
              "quantized weights need an f32 model with one quantized block per layer");
-  const int64_t N = max_tokens, C = cfg_.d_model, D = cfg_.head_dim(), F = F_;
+  const int64_t N = max_batched_tokens, C = cfg_.d_model, D = cfg_.head_dim(), F = F_;
   const int64_t W = (H_ + 2 * KVH_) * D;
   const auto cat = MemCategory::activations;
   tok_ = Tensor::empty({N}, DType::i32, cat, alloc);
@@ -260,7 +260,7 @@ void ModelRunner::run_layers(int64_t N) {
 
 int64_t ModelRunner::run_plan(const StepPlan& plan) {
   const int64_t N = plan.num_tokens();
-  LOOM_CHECK(N <= max_tokens_, "runner", "plan has ", N, " tokens, more than the ", max_tokens_,
+  LOOM_CHECK(N <= max_batched_tokens_, "runner", "plan has ", N, " tokens, more than the ", max_batched_tokens_,
              " the runner was sized for (max_batched_tokens)");
   LOOM_CHECK(int64_t(plan.seqs.size()) <= max_seqs_, "runner", "plan has ", plan.seqs.size(),
              " sequences, more than the ", max_seqs_, " the runner was sized for (max_num_seqs)");
@@ -331,7 +331,7 @@ Tensor ModelRunner::execute_all_rows(const StepPlan& plan) {
   LOOM_CHECK(x_.dtype() == DType::f32, "runner", "execute_all_rows needs an f32 model");
   LOOM_CHECK(tp_size_ == 1, "runner", "execute_all_rows runs on one rank (no tensor parallelism)");
   if (!all_logits_.defined())
-    all_logits_ = Tensor::empty({max_tokens_, cfg_.vocab_size}, DType::f32, MemCategory::activations);
+    all_logits_ = Tensor::empty({max_batched_tokens_, cfg_.vocab_size}, DType::f32, MemCategory::activations);
   const int64_t N = run_plan(plan);
   if (N == 0) return all_logits_.narrow0(0, 0);
   // Every row through the final norm (into ln_, free after the last block) and the head.

@@ -24,14 +24,14 @@ namespace loom::infer {
 
 class ModelRunner {
  public:
-  // max_tokens and max_seqs bound what one plan may hold (the scheduler's budgets); buffers
+  // max_batched_tokens and max_seqs bound what one plan may hold (the scheduler's budgets); buffers
   // are allocated once here, never per step.
   // quant: quantized matrices of the same model (outlives the runner), or null for f32.
   // max_logit_rows: rows of logits one plan may ask for (0: max_seqs; speculative decoding
   // asks for num_spec + 1 per sequence).
   // tp: the tensor-parallel group when the model is a tp slice (its size and rank those of
   // the slice); the cache then holds this rank's n_kv_head / tp heads (kv_cache_config).
-  ModelRunner(const model::Decoder& model, KVCache& cache, int64_t max_tokens, int64_t max_seqs,
+  ModelRunner(const model::Decoder& model, KVCache& cache, int64_t max_batched_tokens, int64_t max_seqs,
               const QuantizedModel* quant = nullptr, int64_t max_logit_rows = 0, const comm::Group* tp = nullptr,
               Allocator& alloc = cpu_allocator());
 
@@ -88,16 +88,16 @@ class ModelRunner {
   int64_t H_, KVH_, F_;             // this rank's attention heads, kv heads and MLP width
   int64_t vocab_rows_ = 0;          // tp: this rank's rows of the token table and head
   Tensor local_logits_, gathered_;  // tp: [rows, vocab_rows_] and [tp, rows, vocab_rows_]
-  int64_t max_tokens_, max_seqs_, max_logit_rows_;
+  int64_t max_batched_tokens_, max_seqs_, max_logit_rows_;
   std::vector<model::BlockWeights> w_;
   Tensor wte_, wpe_, lnf_w_, lnf_b_, head_;
   model::BlockDims dims_;  // this rank's share of a block, RoPE frequencies computed once
-  // Activations for up to max_tokens rows (views of the first N rows are used per step).
+  // Activations for up to max_batched_tokens rows (views of the first N rows are used per step).
   Tensor tok_, pos_, x_, ln_, mean_, rstd_, qkv_, att_, x_mid_, fc_, act_;
   model::MoeActs moe_;                              // MoE blocks' routing and expert buffers (MoE models)
   std::vector<std::vector<int64_t>> expert_load_;   // per MoE block and expert
   Tensor xs_, lnf_, lnf_mean_, lnf_rstd_, logits_;  // the rows that need logits only
-  Tensor all_logits_;                               // execute_all_rows: [max_tokens, V]
+  Tensor all_logits_;                               // execute_all_rows: [max_batched_tokens, V]
   std::vector<int64_t> slots_;
   std::vector<cpu::PagedSeq> pseqs_;
   std::vector<int64_t> sample_rows_;

@@ -73,13 +73,13 @@ void NgramProposer::propose(std::span<ProposalRequest> reqs) {
 }
 
 DraftProposer::DraftProposer(const model::Decoder& draft, const QuantizedModel* quant, int64_t num_blocks,
-                             int64_t block_size, int64_t max_tokens, int64_t max_seqs)
+                             int64_t block_size, int64_t max_batched_tokens, int64_t max_seqs)
     : draft_(draft),
-      max_tokens_(max_tokens),
+      max_batched_tokens_(max_batched_tokens),
       max_seqs_(max_seqs),
       kv_(num_blocks, block_size, /*prefix_caching=*/false),
       cache_(draft.config(), num_blocks, block_size, draft.params().dtype()),
-      runner_(draft, cache_, max_tokens, max_seqs, quant) {}
+      runner_(draft, cache_, max_batched_tokens, max_seqs, quant) {}
 
 void DraftProposer::release(int64_t id) {
   kv_.release(id);
@@ -130,7 +130,7 @@ void DraftProposer::propose(std::span<ProposalRequest> reqs) {
     // One batched draft forward: each active sequence computes what it lacks, up to the budget.
     StepPlan plan;
     std::vector<size_t> who;
-    int64_t budget = max_tokens_;
+    int64_t budget = max_batched_tokens_;
     for (size_t i = 0; i < reqs.size() && budget > 0 && int64_t(plan.seqs.size()) < max_seqs_; ++i) {
       if (!active[i]) continue;
       State& s = states_[reqs[i].id];
@@ -182,11 +182,12 @@ void DraftProposer::propose(std::span<ProposalRequest> reqs) {
 }
 
 std::unique_ptr<Proposer> make_proposer(const SpeculativeConfig& cfg, int64_t num_blocks, int64_t block_size,
-                                        int64_t max_tokens, int64_t max_seqs) {
+                                        int64_t max_batched_tokens, int64_t max_seqs) {
   switch (cfg.method) {
     case SpecMethod::ngram: return std::make_unique<NgramProposer>(cfg.ngram_max, cfg.ngram_min);
     case SpecMethod::draft:
-      return std::make_unique<DraftProposer>(*cfg.draft, cfg.draft_quant, num_blocks, block_size, max_tokens, max_seqs);
+      return std::make_unique<DraftProposer>(*cfg.draft, cfg.draft_quant, num_blocks, block_size, max_batched_tokens,
+                                             max_seqs);
     default: return nullptr;
   }
 }

@@ -87,12 +87,12 @@ class NgramProposer : public Proposer {
 
 // Runs the draft over its own paged cache (no prefix caching): each call first brings every
 // sequence's draft K/V up to date (a new sequence's prompt is prefilled in chunks of
-// max_tokens; positions the target rejected are recomputed), then proposes k tokens one
+// max_batched_tokens; positions the target rejected are recomputed), then proposes k tokens one
 // batched draft forward at a time.
 class DraftProposer : public Proposer {
  public:
   DraftProposer(const model::Decoder& draft, const QuantizedModel* quant, int64_t num_blocks, int64_t block_size,
-                int64_t max_tokens, int64_t max_seqs);
+                int64_t max_batched_tokens, int64_t max_seqs);
   void propose(std::span<ProposalRequest> reqs) override;
   void release(int64_t id) override;
   int64_t blocks_used() const override { return kv_.pool().num_used(); }
@@ -102,7 +102,7 @@ class DraftProposer : public Proposer {
     std::vector<int32_t> seen;  // tokens whose K/V the draft cache holds, in order
   };
   const model::Decoder& draft_;
-  int64_t max_tokens_, max_seqs_;
+  int64_t max_batched_tokens_, max_seqs_;
   KVCacheManager kv_;
   KVCache cache_;
   ModelRunner runner_;
@@ -110,7 +110,7 @@ class DraftProposer : public Proposer {
 };
 
 std::unique_ptr<Proposer> make_proposer(const SpeculativeConfig& cfg, int64_t num_blocks, int64_t block_size,
-                                        int64_t max_tokens, int64_t max_seqs);
+                                        int64_t max_batched_tokens, int64_t max_seqs);
 
 // The outcome of verifying one sequence's proposals.
 struct Verdict {
