@@ -11,7 +11,7 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace loom::serve;
-  static const ByteTokenizer tok;
+  static const ByteTextTokenizer tok;
   const std::string_view body(reinterpret_cast<const char*>(data), size);
   for (ApiKind kind : {ApiKind::completion, ApiKind::chat}) {
     CompletionParams p;

@@ -39,7 +39,7 @@ class CascadeTest : public ::testing::Test {
     fs::remove_all(root_);
     write_model(root_ / "int8", "weights-int8-v1", "v1");
     write_model(root_ / "int4", "weights-int4-v1", "v1");
-    tok_hash_ = cascade::tokenizer_hash(ByteTokenizer());
+    tok_hash_ = cascade::tokenizer_hash(ByteTextTokenizer());
   }
   void TearDown() override {
     if (edge_) edge_->stop();

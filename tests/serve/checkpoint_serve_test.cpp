@@ -44,7 +44,7 @@ std::string train_checkpoint(const std::string& dir) {
 
 // The greedy completion of `prompt` by an offline engine on model m, as the server renders it.
 std::string greedy_text(const model::Decoder& m, const std::string& prompt, int64_t max_tokens) {
-  ByteTokenizer tok;
+  ByteTextTokenizer tok;
   GenerationRequest g;
   g.prompt = tok.encode(prompt);
   g.sampling.max_tokens = max_tokens;

@@ -46,7 +46,7 @@ class FakeEngine final : public Engine {
   std::string model_version() const override { return opt_.version; }
   int64_t max_running() const override { return opt_.max_running; }
 
-  uint64_t submit(GenerationRequest req, TokenSink sink) override {
+  uint64_t submit(GenerationRequest req, TokenEventSink sink) override {
     std::lock_guard<std::mutex> lock(mu_);
     uint64_t id = next_id_++;
     reqs_[id] = Req{std::move(req), std::move(sink), 0, false};
@@ -97,7 +97,7 @@ class FakeEngine final : public Engine {
  private:
   struct Req {
     GenerationRequest req;
-    TokenSink sink;
+    TokenEventSink sink;
     int64_t generated;
     bool abort;
   };
@@ -154,7 +154,7 @@ class FakeEngine final : public Engine {
   }
 
   FakeEngineOptions opt_;
-  ByteTokenizer tok_;
+  ByteTextTokenizer tok_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::map<uint64_t, Req> reqs_;

@@ -41,7 +41,7 @@ class GatedEngine final : public Engine {
   const TextTokenizer& tokenizer() const override { return inner_.tokenizer(); }
   int64_t context_length() const override { return inner_.context_length(); }
   int64_t max_running() const override { return inner_.max_running(); }
-  uint64_t submit(GenerationRequest req, TokenSink sink) override {
+  uint64_t submit(GenerationRequest req, TokenEventSink sink) override {
     auto seen = std::make_shared<int>(0);
     return inner_.submit(std::move(req), [this, sink, seen](const TokenEvent& ev) {
       sink(ev);
@@ -92,7 +92,7 @@ class ServeInferTest : public ::testing::Test {
   }
   int64_t blocks_used() const { return engine_->metrics().kv_blocks_used; }
 
-  ByteTokenizer tok_;
+  ByteTextTokenizer tok_;
   std::unique_ptr<model::Decoder> model_;
   std::unique_ptr<infer::Engine> engine_;
   std::unique_ptr<InferEngineAdapter> adapter_;
@@ -138,7 +138,7 @@ TEST(ServeProcess, SixtyFourStreamingClientsMatchTheOfflineEngine) {
   infer::EngineConfig ec;
   ec.kv_cache_bytes = 4 << 20;
   infer::Engine offline(model, ec);
-  ByteTokenizer tok;
+  ByteTextTokenizer tok;
   std::map<std::pair<std::string, uint64_t>, std::string> reference;
   auto add_reference = [&](int clients, int per_client, int seed_base) {
     for (int c = 0; c < clients; ++c)

@@ -11,7 +11,7 @@ namespace {
 std::optional<ApiError> check(const std::string& body, ApiKind kind = ApiKind::completion, int64_t ctx = 64) {
   CompletionParams p;
   if (auto e = parse_completion_request(body, kind, &p)) return e;
-  ByteTokenizer tok;
+  ByteTextTokenizer tok;
   GenerationRequest g;
   std::string prompt = kind == ApiKind::chat ? render_chat(p.messages) : p.prompt_text;
   return build_generation_request(p, "m", tok, ctx, prompt, &g);
@@ -89,7 +89,7 @@ TEST(ServeOpenAiRequest, GoodRequestsFillTheEngineRequest) {
           "top_k": 7, "seed": 42, "stop": ["x"], "stream": true, "n": 1, "logprobs": null,
           "stream_options": {"include_usage": true}, "user": "ignored"})",
       ApiKind::completion, &p));
-  ByteTokenizer tok;
+  ByteTextTokenizer tok;
   GenerationRequest g;
   ASSERT_FALSE(build_generation_request(p, "m", tok, 64, p.prompt_text, &g));
   EXPECT_EQ(g.prompt, (std::vector<int32_t>{'a', 'b', 'c'}));

@@ -75,11 +75,11 @@ class ServeTest : public ::testing::Test {
 inline std::string expected_text(const std::string& prompt, int64_t max_tokens, double temperature, uint64_t seed,
                                  const std::vector<std::string>& stops = {}) {
   GenerationRequest g;
-  g.prompt = ByteTokenizer().encode(prompt);
+  g.prompt = ByteTextTokenizer().encode(prompt);
   g.sampling.max_tokens = max_tokens;
   g.sampling.temperature = temperature;
   g.sampling.seed = seed;
-  return render_completion(ByteTokenizer(), FakeEngine::reference(g), stops);
+  return render_completion(ByteTextTokenizer(), FakeEngine::reference(g), stops);
 }
 
 // A POST request as bytes, with a correct Content-Length.

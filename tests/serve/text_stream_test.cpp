@@ -6,7 +6,7 @@
 using namespace loom::serve;
 
 namespace {
-std::vector<int32_t> bytes(const std::string& s) { return ByteTokenizer().encode(s); }
+std::vector<int32_t> bytes(const std::string& s) { return ByteTextTokenizer().encode(s); }
 }  // namespace
 
 TEST(ServeUtf8Assembler, HoldsSplitCharactersAndReplacesInvalidOnes) {
@@ -22,7 +22,7 @@ TEST(ServeUtf8Assembler, HoldsSplitCharactersAndReplacesInvalidOnes) {
 }
 
 TEST(ServeTextStream, NoStopsPassesEverythingThrough) {
-  ByteTokenizer tok;
+  ByteTextTokenizer tok;
   TextStream ts(tok, {});
   std::string out;
   for (int32_t t : bytes("hello")) out += ts.push_token(t);
@@ -32,7 +32,7 @@ TEST(ServeTextStream, NoStopsPassesEverythingThrough) {
 }
 
 TEST(ServeTextStream, CutsAtTheFirstStopAndHoldsPossiblePrefixes) {
-  ByteTokenizer tok;
+  ByteTextTokenizer tok;
   TextStream ts(tok, {"wor", "xyz"});
   std::vector<std::string> deltas;
   for (int32_t t : bytes("hello world")) {
@@ -49,7 +49,7 @@ TEST(ServeTextStream, CutsAtTheFirstStopAndHoldsPossiblePrefixes) {
 }
 
 TEST(ServeTextStream, ReleasesAHeldPrefixThatDidNotBecomeAStop) {
-  ByteTokenizer tok;
+  ByteTextTokenizer tok;
   TextStream ts(tok, {"abc"});
   EXPECT_EQ(ts.push_token('a'), "");
   EXPECT_EQ(ts.push_token('b'), "");
@@ -60,7 +60,7 @@ TEST(ServeTextStream, ReleasesAHeldPrefixThatDidNotBecomeAStop) {
 }
 
 TEST(ServeTextStream, RenderCompletionMatchesStreaming) {
-  ByteTokenizer tok;
+  ByteTextTokenizer tok;
   bool stopped = false;
   EXPECT_EQ(render_completion(tok, bytes("one two three"), {"thr"}, &stopped), "one two ");
   EXPECT_TRUE(stopped);

@@ -45,7 +45,7 @@ class ServedModel final : public serve::Engine {
   const serve::TextTokenizer& tokenizer() const override { return adapter_.tokenizer(); }
   int64_t context_length() const override { return adapter_.context_length(); }
   int64_t max_running() const override { return adapter_.max_running(); }
-  uint64_t submit(serve::GenerationRequest req, serve::TokenSink sink) override {
+  uint64_t submit(serve::GenerationRequest req, serve::TokenEventSink sink) override {
     return adapter_.submit(std::move(req), std::move(sink));
   }
   void abort(uint64_t id) override { adapter_.abort(id); }

@@ -39,7 +39,7 @@ struct TokenEvent {
   double prob = std::numeric_limits<double>::quiet_NaN();
 };
 // Called from the engine's thread; must be quick and must not call back into the engine.
-using TokenSink = std::function<void(const TokenEvent&)>;
+using TokenEventSink = std::function<void(const TokenEvent&)>;
 
 struct EngineStats {
   int64_t running = 0;  // sequences being stepped
@@ -59,7 +59,7 @@ class Engine {
   // queue bound before answering 429.
   virtual int64_t max_running() const = 0;
   // Thread-safe. Returns the request's id; `sink` receives its events until the final one.
-  virtual uint64_t submit(GenerationRequest req, TokenSink sink) = 0;
+  virtual uint64_t submit(GenerationRequest req, TokenEventSink sink) = 0;
   // Thread-safe; unknown or finished ids are ignored. An aborted request still gets its final
   // event (FinishReason::abort) once its KV blocks are freed.
   virtual void abort(uint64_t id) = 0;

@@ -36,13 +36,13 @@ InferEngineAdapter::~InferEngineAdapter() {
 int64_t InferEngineAdapter::context_length() const { return engine_.max_seq_len(); }
 int64_t InferEngineAdapter::max_running() const { return engine_.config().max_num_seqs; }
 
-uint64_t InferEngineAdapter::submit(GenerationRequest req, TokenSink sink) {
+uint64_t InferEngineAdapter::submit(GenerationRequest req, TokenEventSink sink) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!failure_.empty()) fail("serve", "the engine stopped after an error: ", failure_);
   // Under mu_, so the id is in live_ before the stepping thread can deliver its first event.
   int64_t id = engine_.add_request(std::move(req.prompt), to_infer_params(req, tok_.end_tokens()),
                                    [this](const infer::TokenEvent& ev) {
-                                     TokenSink sink;
+                                     TokenEventSink sink;
                                      {
                                        std::lock_guard<std::mutex> l(mu_);
                                        auto it = live_.find(ev.request_id);
@@ -82,7 +82,7 @@ void InferEngineAdapter::fail_all(const std::string& why) {
   static std::atomic<uint64_t> failures{0};
   const std::string id = str_cat("engine-", ::getpid(), "-", ++failures);
   const std::string told = str_cat("the inference engine failed (error id ", id, "; the server log has the cause)");
-  std::map<int64_t, TokenSink> live;
+  std::map<int64_t, TokenEventSink> live;
   {
     std::lock_guard<std::mutex> lock(mu_);
     failure_ = told;

@@ -23,7 +23,7 @@ class InferEngineAdapter final : public Engine {
   const TextTokenizer& tokenizer() const override { return tok_; }
   int64_t context_length() const override;
   int64_t max_running() const override;
-  uint64_t submit(GenerationRequest req, TokenSink sink) override;
+  uint64_t submit(GenerationRequest req, TokenEventSink sink) override;
   void abort(uint64_t id) override;
   EngineStats stats() const override;
 
@@ -38,7 +38,7 @@ class InferEngineAdapter final : public Engine {
   const TextTokenizer& tok_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::map<int64_t, TokenSink> live_;  // requests without their final event yet
+  std::map<int64_t, TokenEventSink> live_;  // requests without their final event yet
   std::string failure_;
   bool quit_ = false;
   std::thread thread_;

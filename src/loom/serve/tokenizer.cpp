@@ -40,7 +40,7 @@ int32_t DataTokenizer::eos_token() const { return tok_->eos_id().value_or(-1); }
 
 std::string DataTokenizer::name() const { return tok_->name(); }
 
-ByteTokenizer::ByteTokenizer() : DataTokenizer(std::make_unique<data::ByteTokenizer>()) {}
+ByteTextTokenizer::ByteTextTokenizer() : DataTokenizer(std::make_unique<data::ByteTokenizer>()) {}
 
 std::unique_ptr<DataTokenizer> make_text_tokenizer(const std::string& name, const std::string& data_dir,
                                                    const std::vector<int32_t>& end_ids) {

@@ -60,10 +60,11 @@ class DataTokenizer : public TextTokenizer {
   std::vector<int32_t> end_ids_;
 };
 
-// ids = bytes, vocabulary 256, no end-of-text token (for models with random weights).
-class ByteTokenizer final : public DataTokenizer {
+// data::ByteTokenizer as a TextTokenizer: ids = bytes, vocabulary 256, no end-of-text token
+// (for models with random weights).
+class ByteTextTokenizer final : public DataTokenizer {
  public:
-  ByteTokenizer();
+  ByteTextTokenizer();
 };
 
 // "gpt2", "byte", or a model's tokenizer path (see data::make_tokenizer); data_dir empty: the
