@@ -78,11 +78,6 @@ class ApiServer {
   void handle(HttpExchange& ex);
   void dispatch(HttpExchange& ex, std::string* endpoint);
   void handle_generation(HttpExchange& ex, ApiKind kind);
-  // An edge hands the request to the center; false when it could not (nothing was written).
-  bool forward_to_center(HttpExchange& ex, const std::string& why, const std::string& edge_version, double confidence,
-                         const std::function<void()>& taken, std::string* failure);
-  void count_cascade(const std::string& answered_by, const std::string& edge_version, const std::string& center_version,
-                     double confidence);
   bool authorized(const HttpRequest& req) const;
   HttpResponse models_response(const std::string* only) const;
   std::string render_metrics();

@@ -1,9 +1,10 @@
 // What the API server asks of an edge of an edge/center cascade (serve/cascade implements it,
-// docs/CASCADE.md): how many tokens to generate before deciding, the confidence threshold, and
-// how to hand a request to the center. The server keeps the decision itself (generation.cpp).
+// docs/CASCADE.md): how many tokens to hold back, and then who answers. The confidence rule,
+// the forwarding and the cascade's metrics are the cascade's; the server relays and asks.
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 
 #include "loom/serve/http_server.h"
@@ -14,28 +15,21 @@ class EdgeHook {
  public:
   virtual ~EdgeHook() = default;
   // Tokens the edge generates (and holds back) before it decides; a shorter answer decides at
-  // its end. The confidence is the mean probability of these tokens under the edge's model.
+  // its end.
   virtual int64_t window_tokens() const = 0;
-  // The edge answers at or above this confidence (in [0, 1]) and forwards below it.
-  virtual double threshold() const = 0;
-  // A request names `model`, which this server does not serve: true when the center does.
-  virtual bool center_serves(const std::string& model) const = 0;
+  // A request names `model`, which this server does not serve. True: the request has been
+  // answered (by the center, or 503 when the center serves the model but cannot be reached);
+  // false: the center does not serve it either.
+  virtual bool route_model(HttpExchange& ex, const std::string& model, const std::string& edge_version) = 0;
 
-  enum class Forwarded { done, unreachable };
-  struct ForwardResult {
-    Forwarded outcome = Forwarded::unreachable;
-    std::string why;             // unreachable: what failed, for the log and a 503
-    std::string center_version;  // done: the version that answered (its X-Loom-Model-Version)
-  };
-  // Sends ex's request to the center and relays the center's answer on ex, adding `headers`.
-  // `taken` runs once the center has the request (the edge then stops its own generation).
-  // unreachable: nothing was written on ex.
-  virtual ForwardResult forward(HttpExchange& ex, const HeaderList& headers, const std::function<void()>& taken) = 0;
-  // When the center cannot take a request: true answers with the edge's own tokens (and says
-  // so in X-Loom-Cascade), false answers 503.
-  virtual bool answer_locally_when_center_down() const = 0;
-  // The center's version as last seen (for the metrics of requests the edge answers).
-  virtual std::string center_version() const = 0;
+  enum class Verdict { answer_here, answered_elsewhere };
+  // After the window: `probs` are its tokens' probabilities under the edge's model (the model
+  // `edge_version`). may_forward: false once the client is gone or the request was aborted.
+  // answered_elsewhere: ex has been answered (the center's reply relayed, or 503), and
+  // `stop_local` ran before that; answer_here: the edge answers, adding `headers` to its reply.
+  virtual Verdict decide(HttpExchange& ex, std::span<const double> probs, bool may_forward,
+                         const std::string& edge_version, const std::function<void()>& stop_local,
+                         HeaderList* headers) = 0;
 };
 
 }  // namespace loom::serve

@@ -337,7 +337,7 @@ void Edge::keep_client(std::unique_ptr<HttpClient> c) {
   if (c->connected() && pool_.size() < 64) pool_.push_back(std::move(c));
 }
 
-EdgeHook::ForwardResult Edge::forward(HttpExchange& ex, const HeaderList& headers, const std::function<void()>& taken) {
+Edge::ForwardResult Edge::forward(HttpExchange& ex, const HeaderList& headers, const std::function<void()>& taken) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (tokenizer_mismatch_)

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -79,15 +80,34 @@ class Edge final : public EdgeHook {
   LinkEstimate link() const;
   bool center_usable() const;
 
-  // EdgeHook
+  // A request naming `model` goes to the center when the center serves it.
+  bool center_serves(const std::string& model) const;
+  // The center's version as last seen (for the metrics of requests the edge answers).
+  std::string center_version() const;
+
+  // EdgeHook (edge_decision.cpp)
   int64_t window_tokens() const override { return opt_.window; }
-  double threshold() const override { return opt_.threshold; }
-  bool center_serves(const std::string& model) const override;
-  ForwardResult forward(HttpExchange& ex, const HeaderList& headers, const std::function<void()>& taken) override;
-  bool answer_locally_when_center_down() const override { return opt_.local_when_center_down; }
-  std::string center_version() const override;
+  bool route_model(HttpExchange& ex, const std::string& model, const std::string& edge_version) override;
+  Verdict decide(HttpExchange& ex, std::span<const double> probs, bool may_forward, const std::string& edge_version,
+                 const std::function<void()>& stop_local, HeaderList* headers) override;
 
  private:
+  enum class Forwarded { done, unreachable };
+  struct ForwardResult {
+    Forwarded outcome = Forwarded::unreachable;
+    std::string why;             // unreachable: what failed, for the log and a 503
+    std::string center_version;  // done: the version that answered (its X-Loom-Model-Version)
+  };
+  // Sends ex's request to the center and relays the center's answer on ex, adding `headers`.
+  // `taken` runs once the center has the request (the edge then stops its own generation).
+  // unreachable: nothing was written on ex.
+  ForwardResult forward(HttpExchange& ex, const HeaderList& headers, const std::function<void()>& taken);
+  // forward() for a reason (`why`: "model" or "confidence"), counted and noted in the access
+  // log; false when the center could not take it (`failure` says why; nothing was written).
+  bool forward_to_center(HttpExchange& ex, const std::string& why, const std::string& edge_version, double confidence,
+                         const std::function<void()>& taken, std::string* failure);
+  void count_answer(const std::string& answered_by, const std::string& edge_version, const std::string& center_version,
+                    double confidence);
   void loop();
   void update(const nlohmann::json& target, const std::string& variant);
   void refuse(const std::string& hash, const std::string& id, const std::string& why);
