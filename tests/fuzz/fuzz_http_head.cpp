@@ -5,10 +5,10 @@
 #include <cstdint>
 #include <string_view>
 
-#include "loom/serve/http.h"
+#include "loom/net/http.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  using namespace loom::serve;
+  using namespace loom::net;
   std::string_view buf(reinterpret_cast<const char*>(data), size);
   // The server strips empty lines before a request, then looks for the head's end.
   const size_t lead = buf.find_first_not_of("\r\n");

@@ -249,8 +249,8 @@ TEST_F(CascadeTest, AManifestWithABadHashIsRefusedAndTheOldModelKept) {
   // A center whose manifest lies about one file's hash, then about the version's hash.
   json manifest;
   std::mutex mu;
-  auto serve_manifest = [&](HttpExchange& ex) {
-    HttpResponse r;
+  auto serve_manifest = [&](net::HttpExchange& ex) {
+    net::HttpResponse r;
     std::lock_guard<std::mutex> lock(mu);
     r.body = manifest.dump();
     ex.respond(r);
@@ -284,9 +284,9 @@ TEST_F(CascadeTest, AManifestWithABadHashIsRefusedAndTheOldModelKept) {
     manifest = real;
     manifest["edge_models"]["int8"]["hash"] = std::string(64, 'a');
   }
-  routes[1].handle = [&](HttpExchange& ex) {
+  routes[1].handle = [&](net::HttpExchange& ex) {
     const std::string name = ex.request().path.substr(ex.request().path.rfind('/') + 1);
-    HttpResponse r;
+    net::HttpResponse r;
     r.body = io::read_file((root_ / "int8" / name).string());
     ex.respond(r);
   };
@@ -305,8 +305,8 @@ TEST_F(CascadeTest, AnEdgeNeverForwardsToACenterWithAnotherTokenizer) {
   json m = publisher_->manifest();
   m["tokenizer"]["hash"] = std::string(64, 'f');
   std::vector<ServeOptions::Route> routes = publisher_->routes();
-  routes[0].handle = [m](HttpExchange& ex) {
-    HttpResponse r;
+  routes[0].handle = [m](net::HttpExchange& ex) {
+    net::HttpResponse r;
     r.body = m.dump();
     ex.respond(r);
   };

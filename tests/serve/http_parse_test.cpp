@@ -2,21 +2,22 @@
 #include <gtest/gtest.h>
 
 #include "loom/core/error.h"
+#include "loom/net/http.h"
 #include "loom/serve/client/http_client.h"
-#include "loom/serve/http.h"
 
 using namespace loom::serve;
+namespace net = loom::net;
 
 namespace {
-std::optional<HttpRequest> parse(const std::string& head, HttpError* err, size_t max_body = 1000) {
-  HttpLimits lim;
+std::optional<net::HttpRequest> parse(const std::string& head, net::HttpError* err, size_t max_body = 1000) {
+  net::HttpLimits lim;
   lim.max_body_bytes = max_body;
-  return parse_request_head(head, lim, err);
+  return net::parse_request_head(head, lim, err);
 }
 }  // namespace
 
 TEST(ServeHttpParse, RequestLineHeadersAndQuery) {
-  HttpError err;
+  net::HttpError err;
   auto r = parse("POST /v1/completions?x=1 HTTP/1.1\r\nHost: a\r\nContent-Length: 12\r\nX-Thing:  v  \r\n", &err);
   ASSERT_TRUE(r) << err.message;
   EXPECT_EQ(r->method, "POST");
@@ -29,7 +30,7 @@ TEST(ServeHttpParse, RequestLineHeadersAndQuery) {
 }
 
 TEST(ServeHttpParse, ConnectionSemanticsPerVersion) {
-  HttpError err;
+  net::HttpError err;
   EXPECT_FALSE(parse("GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n", &err)->keep_alive);
   EXPECT_FALSE(parse("GET / HTTP/1.0\r\n", &err)->keep_alive);
   EXPECT_TRUE(parse("GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n", &err)->keep_alive);
@@ -61,17 +62,17 @@ TEST(ServeHttpParse, RefusalsCarryTheRightStatus) {
       {"GET http:///x HTTP/1.1\r\nHost: t\r\n", 400},
   };
   for (const auto& c : cases) {
-    HttpError err;
+    net::HttpError err;
     EXPECT_FALSE(parse(c.head, &err)) << c.head;
     EXPECT_EQ(err.status, c.status) << c.head;
     EXPECT_FALSE(err.message.empty());
   }
-  HttpError err;
+  net::HttpError err;
   EXPECT_TRUE(parse("POST /x HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n", &err));
 }
 
 TEST(ServeHttpParse, AbsoluteFormTargetsAndHostRules) {
-  HttpError err;
+  net::HttpError err;
   auto r = parse("GET http://example.test:8000/v1/models?x=1 HTTP/1.1\r\nHost: example.test:8000\r\n", &err);
   ASSERT_TRUE(r) << err.message;
   EXPECT_EQ(r->path, "/v1/models");
@@ -85,19 +86,19 @@ TEST(ServeHttpParse, AbsoluteFormTargetsAndHostRules) {
 }
 
 TEST(ServeHttpParse, HeadEndWithCrlfOrLf) {
-  EXPECT_EQ(find_head_end("GET / HTTP/1.1\r\nA: b\r\n\r\nbody"), 24u);
-  EXPECT_EQ(find_head_end("GET / HTTP/1.1\nA: b\n\nbody"), 21u);
-  EXPECT_EQ(find_head_end("GET / HTTP/1.1\r\nA: b\r\n"), std::string::npos);
+  EXPECT_EQ(net::find_head_end("GET / HTTP/1.1\r\nA: b\r\n\r\nbody"), 24u);
+  EXPECT_EQ(net::find_head_end("GET / HTTP/1.1\nA: b\n\nbody"), 21u);
+  EXPECT_EQ(net::find_head_end("GET / HTTP/1.1\r\nA: b\r\n"), std::string::npos);
 }
 
 TEST(ServeHttpParse, ResponseHead) {
-  std::string h = response_head(404, "application/json", 7, true, {{"X-A", "1"}});
+  std::string h = net::response_head(404, "application/json", 7, true, {{"X-A", "1"}});
   EXPECT_EQ(h.rfind("HTTP/1.1 404 Not Found\r\n", 0), 0u);
   EXPECT_NE(h.find("Content-Length: 7\r\n"), std::string::npos);
   EXPECT_NE(h.find("Connection: close\r\n"), std::string::npos);
   EXPECT_NE(h.find("X-A: 1\r\n"), std::string::npos);
   EXPECT_EQ(h.substr(h.size() - 4), "\r\n\r\n");
-  std::string chunked = response_head(200, "text/event-stream", -1, false, {});
+  std::string chunked = net::response_head(200, "text/event-stream", -1, false, {});
   EXPECT_NE(chunked.find("Transfer-Encoding: chunked\r\n"), std::string::npos);
   EXPECT_EQ(chunked.find("Content-Length"), std::string::npos);
 }

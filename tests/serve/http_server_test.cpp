@@ -9,22 +9,22 @@
 #include <vector>
 
 #include "loom/core/timer.h"
+#include "loom/net/http_server.h"
 #include "loom/serve/client/http_client.h"
-#include "loom/serve/http_server.h"
 
 namespace loom::serve {
 namespace {
 
 class HttpServerTest : public ::testing::Test {
  protected:
-  void start(HttpServerOptions opt = {}) {
+  void start(net::HttpServerOptions opt = {}) {
     opt.host = "127.0.0.1";
     opt.port = 0;
-    server_ = std::make_unique<HttpServer>(opt, [](HttpExchange& ex) {
+    server_ = std::make_unique<net::HttpServer>(opt, [](net::HttpExchange& ex) {
       const std::string& path = ex.request().path;
       if (path == "/throw") throw std::runtime_error("secret detail of the failure");
       if (path == "/silent") return;  // no response at all
-      HttpResponse r;
+      net::HttpResponse r;
       r.content_type = "text/plain";
       r.body = "ok " + path;
       ex.note("tokens=3+4");
@@ -38,11 +38,11 @@ class HttpServerTest : public ::testing::Test {
   void TearDown() override {
     if (server_) server_->stop();
   }
-  std::unique_ptr<HttpServer> server_;
+  std::unique_ptr<net::HttpServer> server_;
 };
 
 TEST_F(HttpServerTest, SlowClientsFillingTheServerDoNotLockOthersOut) {
-  HttpServerOptions opt;
+  net::HttpServerOptions opt;
   opt.max_connections = 8;
   opt.read_timeout_s = 30;  // the slow heads would hold their slots for this long
   start(opt);
@@ -65,16 +65,16 @@ TEST_F(HttpServerTest, SlowClientsFillingTheServerDoNotLockOthersOut) {
 
 TEST_F(HttpServerTest, AFullServerOfBusyConnectionsStillRefusesWith503) {
   // Connections whose requests are being handled are never evicted.
-  HttpServerOptions opt;
+  net::HttpServerOptions opt;
   opt.max_connections = 2;
   std::atomic<int> inside{0};
   std::atomic<bool> release{false};
   opt.host = "127.0.0.1";
   opt.port = 0;
-  server_ = std::make_unique<HttpServer>(opt, [&](HttpExchange& ex) {
+  server_ = std::make_unique<net::HttpServer>(opt, [&](net::HttpExchange& ex) {
     ++inside;
     while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    HttpResponse r;
+    net::HttpResponse r;
     r.body = "done";
     ex.respond(r);
   });
@@ -135,7 +135,7 @@ TEST_F(HttpServerTest, AccessLogHasOneLinePerRequestUnlessOff) {
   EXPECT_NE(log.find(" ms tokens=3+4"), std::string::npos) << log;
   server_->stop();
 
-  HttpServerOptions quiet;
+  net::HttpServerOptions quiet;
   quiet.access_log = false;
   start(quiet);
   ::testing::internal::CaptureStderr();

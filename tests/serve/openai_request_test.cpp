@@ -5,6 +5,7 @@
 #include "loom/serve/openai_request.h"
 
 using namespace loom::serve;
+namespace net = loom::net;
 
 namespace {
 
@@ -118,7 +119,7 @@ TEST(ServeOpenAiRequest, GoodRequestsFillTheEngineRequest) {
 }
 
 TEST(ServeOpenAiRequest, ErrorObjectShape) {
-  HttpResponse r = error_response(invalid_request("top_p", "bad"));
+  net::HttpResponse r = error_response(invalid_request("top_p", "bad"));
   EXPECT_EQ(r.status, 400);
   EXPECT_EQ(r.body, R"({"error":{"code":null,"message":"bad","param":"top_p","type":"invalid_request_error"}})");
   EXPECT_EQ(error_for_status(401, "x").type, "authentication_error");

@@ -55,10 +55,10 @@ class ServeTest : public ::testing::Test {
   std::unique_ptr<HttpClient> client(double timeout_s = 10) {
     return std::make_unique<HttpClient>("127.0.0.1", server_->port(), timeout_s);
   }
-  ClientResponse post(const std::string& path, const json& body, const HeaderList& h = {}) {
+  ClientResponse post(const std::string& path, const json& body, const net::HeaderList& h = {}) {
     return client()->request("POST", path, body.dump(), h);
   }
-  ClientResponse get(const std::string& path, const HeaderList& h = {}) {
+  ClientResponse get(const std::string& path, const net::HeaderList& h = {}) {
     return client()->request("GET", path, "", h);
   }
   ClientResponse raw(const std::string& bytes) {

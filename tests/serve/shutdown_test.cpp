@@ -59,7 +59,7 @@ class RawRequest {
   static std::optional<std::string> complete(const std::string& in) {
     size_t head = in.find("\r\n\r\n");
     if (head == std::string::npos) return std::nullopt;
-    std::string lower = to_lower(in.substr(0, head));
+    std::string lower = net::to_lower(in.substr(0, head));
     size_t cl = lower.find("content-length:");
     if (cl == std::string::npos) return "no content-length: " + in.substr(0, head);
     if (in.size() < head + 4 + std::stoul(lower.substr(cl + 15))) return std::nullopt;

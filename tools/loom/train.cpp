@@ -8,9 +8,9 @@
 
 #include "loom/comm/launch.h"
 #include "loom/comm/world.h"
+#include "loom/net/http_server.h"
+#include "loom/net/metrics.h"
 #include "loom/parallel/mesh.h"
-#include "loom/serve/http_server.h"
-#include "loom/serve/metrics.h"
 #include "loom/train/dataset_source.h"
 #include "loom/train/trainer.h"
 #include "tools/loom/commands.h"
@@ -24,13 +24,13 @@ namespace {
 class TrainMetricsEndpoint {
  public:
   TrainMetricsEndpoint(const std::string& host, int port) {
-    serve::HttpServerOptions o;
+    net::HttpServerOptions o;
     o.host = host;
     o.port = port;
     o.max_connections = 16;
     o.access_log = false;  // a line per scrape would drown the training log
     registry_.gauge("loom_train_step", "the last logged training step").set(0);  // before the first step
-    server_ = std::make_unique<serve::HttpServer>(o, [this](serve::HttpExchange& ex) { handle(ex); });
+    server_ = std::make_unique<net::HttpServer>(o, [this](net::HttpExchange& ex) { handle(ex); });
     try {
       server_->start();
     } catch (const Error& e) {
@@ -47,8 +47,8 @@ class TrainMetricsEndpoint {
   }
 
  private:
-  void handle(serve::HttpExchange& ex) {
-    serve::HttpResponse r;
+  void handle(net::HttpExchange& ex) {
+    net::HttpResponse r;
     if (ex.request().path == "/metrics" && ex.request().method == "GET") {
       r.content_type = "text/plain; version=0.0.4; charset=utf-8";
       r.body = registry_.render();
@@ -92,8 +92,8 @@ class TrainMetricsEndpoint {
     advance("loom_train_rollbacks_total", "loss-spike rollbacks to a checkpoint", s.rollbacks, rollbacks_);
   }
 
-  serve::MetricsRegistry registry_;
-  std::unique_ptr<serve::HttpServer> server_;
+  net::MetricsRegistry registry_;
+  std::unique_ptr<net::HttpServer> server_;
   int64_t skipped_ = 0, nonfinite_ = 0, rollbacks_ = 0;
 };
 

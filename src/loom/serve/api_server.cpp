@@ -16,13 +16,13 @@ using nlohmann::json;
 ApiServer::ApiServer(ServeOptions opt)
     : opt_(std::move(opt)),
       http_(
-          opt_.http, [this](HttpExchange& ex) { handle(ex); },
+          opt_.http, [this](net::HttpExchange& ex) { handle(ex); },
           [this](int status, const std::string& message) {
             metrics_
                 .counter("loom_requests_total", "HTTP requests by endpoint and status",
                          {{"endpoint", "other"}, {"status", std::to_string(status)}})
                 .inc();
-            HttpResponse r = error_response(error_for_status(status, message));
+            net::HttpResponse r = error_response(error_for_status(status, message));
             return r;
           }) {
   LOOM_CHECK(opt_.max_queue >= 0, "serve", "--max-queue must be >= 0, got ", opt_.max_queue);
@@ -50,10 +50,10 @@ std::shared_ptr<Engine> ApiServer::engine() const {
   return engine_;
 }
 
-bool ApiServer::authorized(const HttpRequest& req) const {
+bool ApiServer::authorized(const net::HttpRequest& req) const {
   if (opt_.api_key.empty()) return true;
   const std::string* h = req.header("authorization");
-  if (!h || h->size() < 7 || to_lower(h->substr(0, 7)) != "bearer ") return false;
+  if (!h || h->size() < 7 || net::to_lower(h->substr(0, 7)) != "bearer ") return false;
   std::string_view given = std::string_view(*h).substr(7);
   const std::string& want = opt_.api_key;
   // Compare in time independent of where the first difference is.
@@ -63,7 +63,7 @@ bool ApiServer::authorized(const HttpRequest& req) const {
   return diff == 0;
 }
 
-void ApiServer::handle(HttpExchange& ex) {
+void ApiServer::handle(net::HttpExchange& ex) {
   // Counted before the response's last bytes leave, so that a client's next request (e.g. for
   // /metrics) sees it; finish() covers an exchange that ended without them (client gone).
   std::string endpoint = "other";
@@ -77,8 +77,8 @@ void ApiServer::handle(HttpExchange& ex) {
   ex.finish();
 }
 
-void ApiServer::dispatch(HttpExchange& ex, std::string* endpoint) {
-  const HttpRequest& req = ex.request();
+void ApiServer::dispatch(net::HttpExchange& ex, std::string* endpoint) {
+  const net::HttpRequest& req = ex.request();
   const std::string& path = req.path;
   struct Route {
     const char* path;
@@ -103,14 +103,15 @@ void ApiServer::dispatch(HttpExchange& ex, std::string* endpoint) {
   *endpoint = extra ? extra->prefix : route ? route->path : "/v1/models/{id}";
   const char* method = extra ? extra->method.c_str() : route ? route->method : "GET";
   if (req.method != method) {
-    HttpResponse r = error_response(error_for_status(405, str_cat(path, " accepts ", method, ", not ", req.method)));
+    net::HttpResponse r =
+        error_response(error_for_status(405, str_cat(path, " accepts ", method, ", not ", req.method)));
     r.headers.emplace_back("Allow", method);
     ex.respond(r);
     return;
   }
   if (path.rfind("/v1/", 0) == 0 && !authorized(req)) {
     bool missing = req.header("authorization") == nullptr;
-    HttpResponse r = error_response(
+    net::HttpResponse r = error_response(
         error_for_status(401, missing ? "missing API key: send 'Authorization: Bearer <key>'" : "incorrect API key"));
     r.headers.emplace_back("WWW-Authenticate", "Bearer");
     ex.respond(r);
@@ -119,12 +120,12 @@ void ApiServer::dispatch(HttpExchange& ex, std::string* endpoint) {
   if (extra) return extra->handle(ex);
   const std::shared_ptr<Engine> engine = this->engine();
   if (path == "/health") {
-    HttpResponse r;
+    net::HttpResponse r;
     r.status = engine ? 200 : 503;
     r.body = engine ? R"({"status":"ok"})" : R"({"status":"loading"})";
     ex.respond(r);
   } else if (path == "/metrics") {
-    HttpResponse r;
+    net::HttpResponse r;
     r.content_type = "text/plain; version=0.0.4; charset=utf-8";
     r.body = render_metrics();
     ex.respond(r);
@@ -140,7 +141,7 @@ void ApiServer::dispatch(HttpExchange& ex, std::string* endpoint) {
   }
 }
 
-HttpResponse ApiServer::models_response(const std::string* only) const {
+net::HttpResponse ApiServer::models_response(const std::string* only) const {
   const std::shared_ptr<Engine> engine = this->engine();
   json model = {{"id", opt_.served_model_name},
                 {"object", "model"},
@@ -149,7 +150,7 @@ HttpResponse ApiServer::models_response(const std::string* only) const {
                 {"max_model_len", engine->context_length()}};
   if (only && *only != opt_.served_model_name)
     return error_response(error_for_status(404, str_cat("the model '", *only, "' does not exist")));
-  HttpResponse r;
+  net::HttpResponse r;
   r.body = only ? model.dump() : json{{"object", "list"}, {"data", json::array({model})}}.dump();
   return r;
 }

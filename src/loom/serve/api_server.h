@@ -14,16 +14,16 @@
 #include <utility>
 #include <vector>
 
+#include "loom/net/http_server.h"
+#include "loom/net/metrics.h"
 #include "loom/serve/edge_hook.h"
 #include "loom/serve/engine_api.h"
-#include "loom/serve/http_server.h"
-#include "loom/serve/metrics.h"
 #include "loom/serve/openai_request.h"
 
 namespace loom::serve {
 
 struct ServeOptions {
-  HttpServerOptions http;
+  net::HttpServerOptions http;
   std::string api_key;      // empty: no authentication
   int64_t max_queue = 256;  // requests allowed to wait beyond the engine's max_running()
   std::string served_model_name = "loom";
@@ -36,7 +36,7 @@ struct ServeOptions {
   // path starts with `prefix` goes to `handle` (after the API-key check for /v1/ paths).
   struct Route {
     std::string prefix, method;
-    std::function<void(HttpExchange&)> handle;
+    std::function<void(net::HttpExchange&)> handle;
   };
   std::vector<Route> routes;
 };
@@ -70,16 +70,16 @@ class ApiServer {
   // Idempotent.
   void stop(double grace_s);
 
-  MetricsRegistry& metrics() { return metrics_; }
+  net::MetricsRegistry& metrics() { return metrics_; }
   int64_t in_flight() const { return in_flight_.load(); }
   const ServeOptions& options() const { return opt_; }
 
  private:
-  void handle(HttpExchange& ex);
-  void dispatch(HttpExchange& ex, std::string* endpoint);
-  void handle_generation(HttpExchange& ex, ApiKind kind);
-  bool authorized(const HttpRequest& req) const;
-  HttpResponse models_response(const std::string* only) const;
+  void handle(net::HttpExchange& ex);
+  void dispatch(net::HttpExchange& ex, std::string* endpoint);
+  void handle_generation(net::HttpExchange& ex, ApiKind kind);
+  bool authorized(const net::HttpRequest& req) const;
+  net::HttpResponse models_response(const std::string* only) const;
   std::string render_metrics();
   // Admission: true if a slot was taken (release with finish_request()).
   bool admit(Engine& engine);
@@ -88,8 +88,8 @@ class ApiServer {
 
   ServeOptions opt_;
   EdgeHook* edge_ = nullptr;
-  MetricsRegistry metrics_;
-  HttpServer http_;
+  net::MetricsRegistry metrics_;
+  net::HttpServer http_;
   mutable std::mutex engine_mu_;
   std::shared_ptr<Engine> engine_;  // under engine_mu_
   std::atomic<bool> draining_{false};

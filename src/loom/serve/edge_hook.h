@@ -7,7 +7,7 @@
 #include <span>
 #include <string>
 
-#include "loom/serve/http_server.h"
+#include "loom/net/http_server.h"
 
 namespace loom::serve {
 
@@ -20,16 +20,16 @@ class EdgeHook {
   // A request names `model`, which this server does not serve. True: the request has been
   // answered (by the center, or 503 when the center serves the model but cannot be reached);
   // false: the center does not serve it either.
-  virtual bool route_model(HttpExchange& ex, const std::string& model, const std::string& edge_version) = 0;
+  virtual bool route_model(net::HttpExchange& ex, const std::string& model, const std::string& edge_version) = 0;
 
   enum class Verdict { answer_here, answered_elsewhere };
   // After the window: `probs` are its tokens' probabilities under the edge's model (the model
   // `edge_version`). may_forward: false once the client is gone or the request was aborted.
   // answered_elsewhere: ex has been answered (the center's reply relayed, or 503), and
   // `stop_local` ran before that; answer_here: the edge answers, adding `headers` to its reply.
-  virtual Verdict decide(HttpExchange& ex, std::span<const double> probs, bool may_forward,
+  virtual Verdict decide(net::HttpExchange& ex, std::span<const double> probs, bool may_forward,
                          const std::string& edge_version, const std::function<void()>& stop_local,
-                         HeaderList* headers) = 0;
+                         net::HeaderList* headers) = 0;
 };
 
 }  // namespace loom::serve

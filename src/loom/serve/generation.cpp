@@ -13,7 +13,7 @@
 
 namespace loom::serve {
 
-void ApiServer::handle_generation(HttpExchange& ex, ApiKind kind) {
+void ApiServer::handle_generation(net::HttpExchange& ex, ApiKind kind) {
   const double t_arrival = now_seconds();
   // The request keeps this engine (and its model version) to its end, even if it is replaced.
   const std::shared_ptr<Engine> engine_ref = engine();

@@ -40,8 +40,8 @@ std::vector<TokenEvent> EventChannel::wait(double seconds) {
   return std::exchange(events_, {});
 }
 
-GenerationStream::GenerationStream(HttpExchange& ex, Engine& engine, std::shared_ptr<EventChannel> events,
-                                   TextStream& text, ResponseWriter& writer, MetricsRegistry& metrics,
+GenerationStream::GenerationStream(net::HttpExchange& ex, Engine& engine, std::shared_ptr<EventChannel> events,
+                                   TextStream& text, ResponseWriter& writer, net::MetricsRegistry& metrics,
                                    StreamSetup setup)
     : ex_(ex),
       engine_(engine),

@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "loom/net/metrics.h"
 #include "loom/serve/edge_hook.h"
 #include "loom/serve/engine_api.h"
-#include "loom/serve/metrics.h"
 #include "loom/serve/response_writer.h"
 #include "loom/serve/text_stream.h"
 
@@ -41,14 +41,14 @@ struct StreamSetup {
   bool return_token_ids = false;  // the answer lists the tokens generated
   bool stream = false;            // server-sent events (else one JSON body)
   std::string edge_version;       // the engine's model version (an edge reports it)
-  HeaderList headers;             // X-Loom-* identity of the answer
+  net::HeaderList headers;        // X-Loom-* identity of the answer
   EdgeHook* edge = nullptr;       // set on a cascade edge
 };
 
 class GenerationStream {
  public:
-  GenerationStream(HttpExchange& ex, Engine& engine, std::shared_ptr<EventChannel> events, TextStream& text,
-                   ResponseWriter& writer, MetricsRegistry& metrics, StreamSetup setup);
+  GenerationStream(net::HttpExchange& ex, Engine& engine, std::shared_ptr<EventChannel> events, TextStream& text,
+                   ResponseWriter& writer, net::MetricsRegistry& metrics, StreamSetup setup);
   // Relays the request to its end and answers it (or leaves a gone client).
   void run();
 
@@ -61,15 +61,15 @@ class GenerationStream {
   void abort_engine();
   void conclude();  // metrics, log line and the answer's end
 
-  HttpExchange& ex_;
+  net::HttpExchange& ex_;
   Engine& engine_;
   std::shared_ptr<EventChannel> events_;
   TextStream& text_;
   ResponseWriter& writer_;
-  MetricsRegistry& metrics_;
+  net::MetricsRegistry& metrics_;
   StreamSetup s_;
-  Histogram& ttft_;
-  Histogram& itl_;
+  net::Histogram& ttft_;
+  net::Histogram& itl_;
 
   bool deciding_ = false;             // an edge holds its first window back
   std::string held_;                  // the window's text meanwhile

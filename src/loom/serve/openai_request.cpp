@@ -40,12 +40,12 @@ ApiError error_for_status(int status, std::string message) {
   return e;
 }
 
-HttpResponse error_response(const ApiError& e) {
+net::HttpResponse error_response(const ApiError& e) {
   json err = {{"message", e.message},
               {"type", e.type},
               {"param", e.param.empty() ? json(nullptr) : json(e.param)},
               {"code", e.code.empty() ? json(nullptr) : json(e.code)}};
-  HttpResponse r;
+  net::HttpResponse r;
   r.status = e.status;
   r.body = json{{"error", err}}.dump(-1, ' ', false, json::error_handler_t::replace);
   return r;

@@ -8,8 +8,8 @@
 #include <string_view>
 #include <vector>
 
+#include "loom/net/http.h"
 #include "loom/serve/engine_api.h"
-#include "loom/serve/http.h"
 
 namespace loom::serve {
 
@@ -22,7 +22,7 @@ struct ApiError {
   std::string code;   // empty: null
 };
 ApiError invalid_request(std::string param, std::string message);
-HttpResponse error_response(const ApiError& e);
+net::HttpResponse error_response(const ApiError& e);
 // The error for a status the HTTP layer produces by itself (404, 413, 431, ...).
 ApiError error_for_status(int status, std::string message);
 

@@ -34,11 +34,11 @@ json envelope(const ResponseIdentity& id, const char* object, json choice) {
 // an optional usage-only chunk (stream_options.include_usage), and [DONE].
 class SseWriter final : public ResponseWriter {
  public:
-  SseWriter(HttpExchange& ex, const CompletionParams& p, ResponseIdentity id)
+  SseWriter(net::HttpExchange& ex, const CompletionParams& p, ResponseIdentity id)
       : ex_(ex), chat_(p.kind == ApiKind::chat), include_usage_(p.include_usage), id_(std::move(id)) {}
 
-  bool begin(const HeaderList& headers) override {
-    HeaderList h = headers;
+  bool begin(const net::HeaderList& headers) override {
+    net::HeaderList h = headers;
     h.emplace_back("Cache-Control", "no-cache");
     if (!ex_.start_stream(200, "text/event-stream", h)) return false;
     if (!chat_) return true;
@@ -77,7 +77,7 @@ class SseWriter final : public ResponseWriter {
     return envelope(id_, chat_ ? "chat.completion.chunk" : "text_completion", std::move(choice));
   }
 
-  HttpExchange& ex_;
+  net::HttpExchange& ex_;
   const bool chat_, include_usage_;
   const ResponseIdentity id_;
 };
@@ -85,10 +85,10 @@ class SseWriter final : public ResponseWriter {
 // One JSON body once the answer is complete.
 class JsonWriter final : public ResponseWriter {
  public:
-  JsonWriter(HttpExchange& ex, const CompletionParams& p, ResponseIdentity id)
+  JsonWriter(net::HttpExchange& ex, const CompletionParams& p, ResponseIdentity id)
       : ex_(ex), chat_(p.kind == ApiKind::chat), id_(std::move(id)) {}
 
-  bool begin(const HeaderList& headers) override {
+  bool begin(const net::HeaderList& headers) override {
     headers_ = headers;
     return true;
   }
@@ -105,7 +105,7 @@ class JsonWriter final : public ResponseWriter {
       choice["text"] = text_;
     json body = envelope(id_, chat_ ? "chat.completion" : "text_completion", std::move(choice));
     body["usage"] = usage_json(usage);
-    HttpResponse r;
+    net::HttpResponse r;
     r.headers = headers_;
     r.body = dump(body);
     ex_.respond(r);
@@ -113,16 +113,16 @@ class JsonWriter final : public ResponseWriter {
   void fail(const ApiError& e) override { ex_.respond(error_response(e)); }
 
  private:
-  HttpExchange& ex_;
+  net::HttpExchange& ex_;
   const bool chat_;
   const ResponseIdentity id_;
-  HeaderList headers_;
+  net::HeaderList headers_;
   std::string text_;
 };
 
 }  // namespace
 
-std::unique_ptr<ResponseWriter> make_response_writer(HttpExchange& ex, const CompletionParams& p,
+std::unique_ptr<ResponseWriter> make_response_writer(net::HttpExchange& ex, const CompletionParams& p,
                                                      ResponseIdentity identity) {
   if (p.stream) return std::make_unique<SseWriter>(ex, p, std::move(identity));
   return std::make_unique<JsonWriter>(ex, p, std::move(identity));

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "loom/serve/http_server.h"
+#include "loom/net/http_server.h"
 #include "loom/serve/openai_request.h"
 
 namespace loom::serve {
@@ -30,7 +30,7 @@ class ResponseWriter {
   virtual ~ResponseWriter() = default;
   // The response's head with `headers` (a stream sends it now; a JSON body keeps them for the
   // end). False: the client is gone.
-  virtual bool begin(const HeaderList& headers) = 0;
+  virtual bool begin(const net::HeaderList& headers) = 0;
   // A piece of the answer's text. False: the client is gone.
   virtual bool text(const std::string& delta) = 0;
   // The answer ends with finish_reason ("stop" or "length"); token_ids (every token generated)
@@ -41,7 +41,7 @@ class ResponseWriter {
 };
 
 // A stream (server-sent events) when `p.stream`, else one JSON body; in p.kind's format.
-std::unique_ptr<ResponseWriter> make_response_writer(HttpExchange& ex, const CompletionParams& p,
+std::unique_ptr<ResponseWriter> make_response_writer(net::HttpExchange& ex, const CompletionParams& p,
                                                      ResponseIdentity identity);
 
 }  // namespace loom::serve

@@ -96,17 +96,17 @@ json CenterPublisher::manifest() const {
 
 std::vector<ServeOptions::Route> CenterPublisher::routes() {
   return {{"/v1/cascade/manifest", "GET",
-           [this](HttpExchange& ex) {
-             HttpResponse r;
+           [this](net::HttpExchange& ex) {
+             net::HttpResponse r;
              r.headers.emplace_back("Cache-Control", "no-cache");
              r.body = manifest().dump();
              ex.respond(r);
            }},
-          {"/v1/cascade/files/", "GET", [this](HttpExchange& ex) { serve_file(ex); }},
-          {"/v1/cascade/probe", "GET", [this](HttpExchange& ex) { serve_probe(ex); }}};
+          {"/v1/cascade/files/", "GET", [this](net::HttpExchange& ex) { serve_file(ex); }},
+          {"/v1/cascade/probe", "GET", [this](net::HttpExchange& ex) { serve_probe(ex); }}};
 }
 
-void CenterPublisher::serve_file(HttpExchange& ex) {
+void CenterPublisher::serve_file(net::HttpExchange& ex) {
   // /v1/cascade/files/<hash>/<name>: only names the manifest lists, so no path leaves the directory.
   const std::string rest = ex.request().path.substr(std::string("/v1/cascade/files/").size());
   const size_t slash = rest.find('/');
@@ -138,7 +138,7 @@ void CenterPublisher::serve_file(HttpExchange& ex) {
   ex.end_stream();
 }
 
-void CenterPublisher::serve_probe(HttpExchange& ex) {
+void CenterPublisher::serve_probe(net::HttpExchange& ex) {
   const std::string& q = ex.request().query;
   int64_t n = 1 << 20;
   if (q.rfind("bytes=", 0) == 0) {
@@ -150,7 +150,7 @@ void CenterPublisher::serve_probe(HttpExchange& ex) {
   }
   if (n < 1 || n > (int64_t(16) << 20))
     return ex.respond(error_response(error_for_status(400, "probe: bytes must be in [1, 16777216]")));
-  HttpResponse r;
+  net::HttpResponse r;
   r.content_type = "application/octet-stream";
   r.body.assign(size_t(n), 'x');
   ex.respond(r);

@@ -42,8 +42,8 @@ class CenterPublisher {
   std::vector<ServeOptions::Route> routes();
 
  private:
-  void serve_file(HttpExchange& ex);
-  void serve_probe(HttpExchange& ex);
+  void serve_file(net::HttpExchange& ex);
+  void serve_probe(net::HttpExchange& ex);
 
   const std::string model_name_, tokenizer_name_, tokenizer_sha256_;
   const ModelVersion center_;

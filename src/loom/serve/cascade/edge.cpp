@@ -29,8 +29,8 @@ int64_t mem_available_bytes() {
 }
 
 // The center's identity headers, relayed with their usual spelling.
-HeaderList relayed_headers(const ClientResponse& r) {
-  HeaderList out;
+net::HeaderList relayed_headers(const ClientResponse& r) {
+  net::HeaderList out;
   for (const auto& [name, canonical] : {std::pair{"x-loom-answered-by", "X-Loom-Answered-By"},
                                         std::pair{"x-loom-model-version", "X-Loom-Model-Version"}})
     if (const std::string* v = r.header(name)) out.emplace_back(canonical, *v);
@@ -79,7 +79,7 @@ QuantChoice choose_quant(const EdgeOptions& opt, const LinkEstimate& link, int64
 }
 
 Edge::Edge(EdgeOptions opt, std::string tokenizer_sha256, ModelVersion local, EngineLoader load,
-           EngineInstaller install, MetricsRegistry* metrics)
+           EngineInstaller install, net::MetricsRegistry* metrics)
     : opt_(std::move(opt)),
       center_(parse_url(opt_.center_url)),
       tokenizer_sha256_(std::move(tokenizer_sha256)),
@@ -130,8 +130,8 @@ json Edge::status() const {
 }
 
 ServeOptions::Route Edge::status_route() {
-  return {"/v1/cascade/status", "GET", [this](HttpExchange& ex) {
-            HttpResponse r;
+  return {"/v1/cascade/status", "GET", [this](net::HttpExchange& ex) {
+            net::HttpResponse r;
             r.body = status().dump();
             ex.respond(r);
           }};
@@ -162,7 +162,7 @@ bool Edge::center_serves(const std::string& model) const {
   return !center_model_.empty() && model == center_model_;
 }
 
-HeaderList Edge::auth(const HttpRequest* req) const {
+net::HeaderList Edge::auth(const net::HttpRequest* req) const {
   if (req)
     if (const std::string* h = req->header("authorization")) return {{"Authorization", *h}};
   if (!opt_.api_key.empty()) return {{"Authorization", "Bearer " + opt_.api_key}};
@@ -337,14 +337,15 @@ void Edge::keep_client(std::unique_ptr<HttpClient> c) {
   if (c->connected() && pool_.size() < 64) pool_.push_back(std::move(c));
 }
 
-Edge::ForwardResult Edge::forward(HttpExchange& ex, const HeaderList& headers, const std::function<void()>& taken) {
+Edge::ForwardResult Edge::forward(net::HttpExchange& ex, const net::HeaderList& headers,
+                                  const std::function<void()>& taken) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (tokenizer_mismatch_)
       return {Forwarded::unreachable, "the center's tokenizer differs from the edge's; the edge never forwards to it",
               ""};
   }
-  const HttpRequest& req = ex.request();
+  const net::HttpRequest& req = ex.request();
   // The center answers with its own model, whichever model of the cascade the client named.
   bool stream = false;
   std::string body = req.body;
@@ -358,7 +359,7 @@ Edge::ForwardResult Edge::forward(HttpExchange& ex, const HeaderList& headers, c
     }
   } catch (const std::exception&) {
   }
-  HeaderList out = auth(&req);
+  net::HeaderList out = auth(&req);
   out.emplace_back("Content-Type", "application/json");
   std::unique_ptr<HttpClient> client = take_client();
   client->drop_if_stale();
@@ -391,12 +392,12 @@ Edge::ForwardResult Edge::forward(HttpExchange& ex, const HeaderList& headers, c
       return {Forwarded::done, "", ""};
     }
   }
-  HeaderList relay = relayed_headers(head);
+  net::HeaderList relay = relayed_headers(head);
   relay.insert(relay.end(), headers.begin(), headers.end());
   ForwardResult result{Forwarded::done, "",
                        head.header("x-loom-model-version") ? *head.header("x-loom-model-version") : ""};
   if (!stream) {
-    HttpResponse r;
+    net::HttpResponse r;
     r.status = head.status;
     if (const std::string* ct = head.header("content-type")) r.content_type = *ct;
     r.headers = relay;

@@ -15,12 +15,12 @@
 #include <thread>
 #include <vector>
 
+#include "loom/net/metrics.h"
 #include "loom/serve/api_server.h"
 #include "loom/serve/cascade/version.h"
 #include "loom/serve/client/http_client.h"
 #include "loom/serve/edge_hook.h"
 #include "loom/serve/engine_api.h"
-#include "loom/serve/metrics.h"
 
 namespace loom::serve::cascade {
 
@@ -65,7 +65,7 @@ class Edge final : public EdgeHook {
  public:
   // `local`: the version of the model the edge starts with. `metrics` must outlive the edge.
   Edge(EdgeOptions opt, std::string tokenizer_sha256, ModelVersion local, EngineLoader load, EngineInstaller install,
-       MetricsRegistry* metrics);
+       net::MetricsRegistry* metrics);
   ~Edge() override;
   void start();      // polls now, then every poll_interval_s, on its own thread
   void stop();       // idempotent; waits for a download in flight to end
@@ -87,9 +87,10 @@ class Edge final : public EdgeHook {
 
   // EdgeHook (edge_decision.cpp)
   int64_t window_tokens() const override { return opt_.window; }
-  bool route_model(HttpExchange& ex, const std::string& model, const std::string& edge_version) override;
-  Verdict decide(HttpExchange& ex, std::span<const double> probs, bool may_forward, const std::string& edge_version,
-                 const std::function<void()>& stop_local, HeaderList* headers) override;
+  bool route_model(net::HttpExchange& ex, const std::string& model, const std::string& edge_version) override;
+  Verdict decide(net::HttpExchange& ex, std::span<const double> probs, bool may_forward,
+                 const std::string& edge_version, const std::function<void()>& stop_local,
+                 net::HeaderList* headers) override;
 
  private:
   enum class Forwarded { done, unreachable };
@@ -101,11 +102,12 @@ class Edge final : public EdgeHook {
   // Sends ex's request to the center and relays the center's answer on ex, adding `headers`.
   // `taken` runs once the center has the request (the edge then stops its own generation).
   // unreachable: nothing was written on ex.
-  ForwardResult forward(HttpExchange& ex, const HeaderList& headers, const std::function<void()>& taken);
+  ForwardResult forward(net::HttpExchange& ex, const net::HeaderList& headers, const std::function<void()>& taken);
   // forward() for a reason (`why`: "model" or "confidence"), counted and noted in the access
-  // log; false when the center could not take it (`failure` says why; nothing was written).
-  bool forward_to_center(HttpExchange& ex, const std::string& why, const std::string& edge_version, double confidence,
-                         const std::function<void()>& taken, std::string* failure);
+  // log; false when the center could not take it (`failure` says why; nothing was
+  // written).
+  bool forward_to_center(net::HttpExchange& ex, const std::string& why, const std::string& edge_version,
+                         double confidence, const std::function<void()>& taken, std::string* failure);
   void count_answer(const std::string& answered_by, const std::string& edge_version, const std::string& center_version,
                     double confidence);
   void loop();
@@ -113,7 +115,7 @@ class Edge final : public EdgeHook {
   void refuse(const std::string& hash, const std::string& id, const std::string& why);
   std::unique_ptr<HttpClient> take_client();
   void keep_client(std::unique_ptr<HttpClient> c);
-  HeaderList auth(const HttpRequest* req) const;
+  net::HeaderList auth(const net::HttpRequest* req) const;
   void note_bandwidth(double bytes, double seconds);
 
   const EdgeOptions opt_;
@@ -121,7 +123,7 @@ class Edge final : public EdgeHook {
   const std::string tokenizer_sha256_;
   EngineLoader load_;
   EngineInstaller install_;
-  MetricsRegistry* metrics_;
+  net::MetricsRegistry* metrics_;
 
   mutable std::mutex mu_;
   ModelVersion current_;

@@ -25,9 +25,9 @@ void Edge::count_answer(const std::string& answered_by, const std::string& edge_
         .observe(confidence);
 }
 
-bool Edge::forward_to_center(HttpExchange& ex, const std::string& why, const std::string& edge_version,
+bool Edge::forward_to_center(net::HttpExchange& ex, const std::string& why, const std::string& edge_version,
                              double confidence, const std::function<void()>& taken, std::string* failure) {
-  HeaderList headers = {{"X-Loom-Forwarded-Because", why}};
+  net::HeaderList headers = {{"X-Loom-Forwarded-Because", why}};
   if (!edge_version.empty()) headers.emplace_back("X-Loom-Edge-Version", edge_version);
   if (std::isfinite(confidence)) headers.emplace_back("X-Loom-Confidence", str_cat(confidence));
   ForwardResult r = forward(ex, headers, taken);
@@ -41,7 +41,7 @@ bool Edge::forward_to_center(HttpExchange& ex, const std::string& why, const std
   return true;
 }
 
-bool Edge::route_model(HttpExchange& ex, const std::string& model, const std::string& edge_version) {
+bool Edge::route_model(net::HttpExchange& ex, const std::string& model, const std::string& edge_version) {
   if (model.empty() || !center_serves(model)) return false;
   std::string failure;
   if (!forward_to_center(ex, "model", edge_version, std::numeric_limits<double>::quiet_NaN(), {}, &failure))
@@ -50,9 +50,9 @@ bool Edge::route_model(HttpExchange& ex, const std::string& model, const std::st
   return true;
 }
 
-EdgeHook::Verdict Edge::decide(HttpExchange& ex, std::span<const double> probs, bool may_forward,
+EdgeHook::Verdict Edge::decide(net::HttpExchange& ex, std::span<const double> probs, bool may_forward,
                                const std::string& edge_version, const std::function<void()>& stop_local,
-                               HeaderList* headers) {
+                               net::HeaderList* headers) {
   double sum = 0, least = 1;
   for (double p : probs) {
     sum += p;

@@ -43,7 +43,7 @@ struct Sample {
   int64_t output_tokens = 0, prompt_tokens = 0;
 };
 
-HeaderList auth(const std::string& key) {
+net::HeaderList auth(const std::string& key) {
   if (key.empty()) return {};
   return {{"Authorization", "Bearer " + key}};
 }

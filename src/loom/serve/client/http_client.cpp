@@ -153,15 +153,15 @@ ClientResponse HttpClient::read_head() {
       if (colon == std::string::npos) continue;
       std::string v = line.substr(colon + 1);
       while (!v.empty() && v.front() == ' ') v.erase(0, 1);
-      r.headers.emplace_back(to_lower(line.substr(0, colon)), v);
+      r.headers.emplace_back(net::to_lower(line.substr(0, colon)), v);
     }
     if (r.status != 100) break;  // interim response: the real one follows
   }
   const std::string* te = r.header("transfer-encoding");
   const std::string* cl = r.header("content-length");
   const std::string* conn = r.header("connection");
-  close_after_ = conn && to_lower(*conn) == "close";
-  if (te && to_lower(*te).find("chunked") != std::string::npos) {
+  close_after_ = conn && net::to_lower(*conn) == "close";
+  if (te && net::to_lower(*te).find("chunked") != std::string::npos) {
     mode_ = BodyMode::chunked;
   } else if (cl) {
     mode_ = BodyMode::length;
@@ -220,12 +220,12 @@ ClientResponse HttpClient::read_response() {
 }
 
 std::string HttpClient::build(const std::string& method, const std::string& path, const std::string& body,
-                              const HeaderList& headers) const {
+                              const net::HeaderList& headers) const {
   std::string msg = str_cat(method, " ", path, " HTTP/1.1\r\nHost: ", host_, ":", port_, "\r\n");
   bool has_type = false;
   for (const auto& [k, v] : headers) {
     msg += str_cat(k, ": ", v, "\r\n");
-    if (to_lower(k) == "content-type") has_type = true;
+    if (net::to_lower(k) == "content-type") has_type = true;
   }
   if (!body.empty() && !has_type) msg += "Content-Type: application/json\r\n";
   if (!body.empty() || method == "POST") msg += str_cat("Content-Length: ", body.size(), "\r\n");
@@ -233,14 +233,14 @@ std::string HttpClient::build(const std::string& method, const std::string& path
 }
 
 ClientResponse HttpClient::request(const std::string& method, const std::string& path, const std::string& body,
-                                   const HeaderList& headers) {
+                                   const net::HeaderList& headers) {
   if (fd_ < 0 || !body_done_) connect();
   send_raw(build(method, path, body, headers));
   return read_response();
 }
 
 ClientResponse HttpClient::start_stream(const std::string& method, const std::string& path, const std::string& body,
-                                        const HeaderList& headers) {
+                                        const net::HeaderList& headers) {
   if (fd_ < 0 || !body_done_) connect();
   send_raw(build(method, path, body, headers));
   return read_head();

@@ -6,7 +6,7 @@
 #include <string>
 #include <string_view>
 
-#include "loom/serve/http.h"
+#include "loom/net/http.h"
 
 namespace loom::serve {
 
@@ -20,7 +20,7 @@ Url parse_url(const std::string& url);  // throws loom::Error naming the URL
 
 struct ClientResponse {
   int status = 0;
-  HeaderList headers;  // names lower-cased
+  net::HeaderList headers;  // names lower-cased
   std::string body;
   const std::string* header(std::string_view name) const;
 };
@@ -40,7 +40,7 @@ class HttpClient {
   bool drop_if_stale();
 
   ClientResponse request(const std::string& method, const std::string& path, const std::string& body = "",
-                         const HeaderList& headers = {});
+                         const net::HeaderList& headers = {});
   // Sends exactly these bytes (for tests of malformed requests), then read_response().
   void send_raw(std::string_view bytes);
   ClientResponse read_response();
@@ -51,7 +51,7 @@ class HttpClient {
   // Sends a request and reads only the response head; then next_event() yields each SSE
   // `data:` payload ("[DONE]" included) until the body ends (nullopt).
   ClientResponse start_stream(const std::string& method, const std::string& path, const std::string& body,
-                              const HeaderList& headers = {});
+                              const net::HeaderList& headers = {});
   std::optional<std::string> next_event();
 
  private:
@@ -63,7 +63,7 @@ class HttpClient {
   // Next piece of the decoded body; empty at its end.
   std::string read_body_piece();
   std::string build(const std::string& method, const std::string& path, const std::string& body,
-                    const HeaderList& headers) const;
+                    const net::HeaderList& headers) const;
 
   std::string host_;
   int port_;

@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-namespace loom::serve {
+namespace loom::net {
 
 using Labels = std::vector<std::pair<std::string, std::string>>;
 
@@ -77,4 +77,4 @@ class MetricsRegistry {
 
 std::string format_metric_value(double v);
 
-}  // namespace loom::serve
+}  // namespace loom::net

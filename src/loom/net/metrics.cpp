@@ -1,12 +1,12 @@
 // Prometheus text exposition (https://prometheus.io/docs/instrumenting/exposition_formats/).
-#include "loom/serve/metrics.h"
+#include "loom/net/metrics.h"
 
 #include <cmath>
 #include <cstdio>
 
 #include "loom/core/error.h"
 
-namespace loom::serve {
+namespace loom::net {
 
 Histogram::Histogram(std::vector<double> upper_bounds)
     : bounds_(std::move(upper_bounds)), buckets_(new std::atomic<uint64_t>[bounds_.size() + 1]) {
@@ -130,4 +130,4 @@ std::string MetricsRegistry::render() const {
   return out;
 }
 
-}  // namespace loom::serve
+}  // namespace loom::net

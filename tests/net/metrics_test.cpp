@@ -2,11 +2,11 @@
 #include <gtest/gtest.h>
 
 #include "loom/core/error.h"
-#include "loom/serve/metrics.h"
+#include "loom/net/metrics.h"
 
-using namespace loom::serve;
+using namespace loom::net;
 
-TEST(ServeMetrics, RendersExpositionFormat) {
+TEST(NetMetrics, RendersExpositionFormat) {
   MetricsRegistry m;
   m.counter("loom_requests_total", "requests", {{"endpoint", "/v1/x"}, {"status", "200"}}).inc();
   m.counter("loom_requests_total", "requests", {{"endpoint", "/v1/x"}, {"status", "200"}}).inc(2);
@@ -29,7 +29,7 @@ TEST(ServeMetrics, RendersExpositionFormat) {
   EXPECT_NE(text.find("loom_lat_seconds_count 4\n"), std::string::npos);
 }
 
-TEST(ServeMetrics, ATypeClashIsAnError) {
+TEST(NetMetrics, ATypeClashIsAnError) {
   MetricsRegistry m;
   m.counter("x_total", "x");
   EXPECT_THROW(m.gauge("x_total", "x"), loom::Error);

@@ -1,11 +1,11 @@
 // HTTP/1.1 request head parsing and response serialization (RFC 9112).
-#include "loom/serve/http.h"
+#include "loom/net/http.h"
 
 #include <ctime>
 
 #include "loom/core/error.h"
 
-namespace loom::serve {
+namespace loom::net {
 
 std::string to_lower(std::string_view s) {
   std::string out(s);
@@ -207,4 +207,4 @@ std::string response_head(int status, std::string_view content_type, int64_t con
   return h;
 }
 
-}  // namespace loom::serve
+}  // namespace loom::net

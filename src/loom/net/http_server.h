@@ -12,9 +12,9 @@
 #include <string>
 #include <thread>
 
-#include "loom/serve/http.h"
+#include "loom/net/http.h"
 
-namespace loom::serve {
+namespace loom::net {
 
 struct HttpServerOptions {
   std::string host = "127.0.0.1";
@@ -132,4 +132,4 @@ class HttpServer {
   std::list<std::unique_ptr<Slot>> slots_;
 };
 
-}  // namespace loom::serve
+}  // namespace loom::net

@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-namespace loom::serve {
+namespace loom::net {
 
 using HeaderList = std::vector<std::pair<std::string, std::string>>;
 
@@ -65,4 +65,4 @@ std::string response_head(int status, std::string_view content_type, int64_t con
 
 std::string to_lower(std::string_view s);
 
-}  // namespace loom::serve
+}  // namespace loom::net
