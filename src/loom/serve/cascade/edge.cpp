@@ -338,7 +338,8 @@ void Edge::keep_client(std::unique_ptr<HttpClient> c) {
 }
 
 Edge::ForwardResult Edge::forward(net::HttpExchange& ex, const net::HeaderList& headers,
-                                  const std::function<void()>& taken) {
+                                  const std::function<void()>& taken,
+                                  const std::function<void(const std::string& center_version)>& answering) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (tokenizer_mismatch_)
@@ -388,6 +389,7 @@ Edge::ForwardResult Edge::forward(net::HttpExchange& ex, const net::HeaderList& 
         } catch (const std::exception&) {
         }
       }
+      answering("");
       ex.respond(error_response(error_for_status(502, str_cat("the center failed during the request: ", e.what()))));
       return {Forwarded::done, "", ""};
     }
@@ -396,6 +398,7 @@ Edge::ForwardResult Edge::forward(net::HttpExchange& ex, const net::HeaderList& 
   relay.insert(relay.end(), headers.begin(), headers.end());
   ForwardResult result{Forwarded::done, "",
                        head.header("x-loom-model-version") ? *head.header("x-loom-model-version") : ""};
+  answering(result.center_version);
   if (!stream) {
     net::HttpResponse r;
     r.status = head.status;

@@ -100,11 +100,13 @@ class Edge final : public EdgeHook {
     std::string center_version;  // done: the version that answered (its X-Loom-Model-Version)
   };
   // Sends ex's request to the center and relays the center's answer on ex, adding `headers`.
-  // `taken` runs once the center has the request (the edge then stops its own generation).
-  // unreachable: nothing was written on ex.
-  ForwardResult forward(net::HttpExchange& ex, const net::HeaderList& headers, const std::function<void()>& taken);
-  // forward() for a reason (`why`: "model" or "confidence"), counted and noted in the access
-  // log; false when the center could not take it (`failure` says why; nothing was
+  // `taken` runs once the center has the request (the edge then stops its own generation);
+  // `answering` just before the center's answer (or a 502 for its failure) goes out on ex, with
+  // the version that answered ("" for a 502). unreachable: nothing was written on ex.
+  ForwardResult forward(net::HttpExchange& ex, const net::HeaderList& headers, const std::function<void()>& taken,
+                        const std::function<void(const std::string& center_version)>& answering);
+  // forward() for a reason (`why`: "model" or "confidence"), counted before the client sees
+  // the answer and noted in the access log; false when the center could not take it (`failure` says why; nothing was
   // written).
   bool forward_to_center(net::HttpExchange& ex, const std::string& why, const std::string& edge_version,
                          double confidence, const std::function<void()>& taken, std::string* failure);

@@ -30,14 +30,15 @@ bool Edge::forward_to_center(net::HttpExchange& ex, const std::string& why, cons
   net::HeaderList headers = {{"X-Loom-Forwarded-Because", why}};
   if (!edge_version.empty()) headers.emplace_back("X-Loom-Edge-Version", edge_version);
   if (std::isfinite(confidence)) headers.emplace_back("X-Loom-Confidence", str_cat(confidence));
-  ForwardResult r = forward(ex, headers, taken);
+  ForwardResult r = forward(ex, headers, taken, [&](const std::string& center_version) {
+    count_answer("center", edge_version, center_version, confidence);
+    ex.note(str_cat("forwarded=", why));
+  });
   if (r.outcome == Forwarded::unreachable) {
     std::fprintf(stderr, "[serve] cascade: the center cannot take a request: %s\n", r.why.c_str());
     *failure = r.why;
     return false;
   }
-  count_answer("center", edge_version, r.center_version, confidence);
-  ex.note(str_cat("forwarded=", why));
   return true;
 }
 
