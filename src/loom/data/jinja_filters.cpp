@@ -16,12 +16,6 @@
 namespace loom::data::jinja {
 namespace {
 
-const char* const kFilters[] = {
-    "abs",    "attr",       "capitalize", "count",   "d",      "default", "dictsort", "e",          "escape", "first",
-    "float",  "indent",     "int",        "items",   "join",   "last",    "length",   "list",       "lower",  "map",
-    "reject", "rejectattr", "replace",    "reverse", "round",  "safe",    "select",   "selectattr", "sort",   "string",
-    "sum",    "title",      "tojson",     "trim",    "unique", "upper",   "wordcount"};
-
 bool arg_bool(const CallArgs& a, size_t i, const char* name, bool def) {
   const Value* v = find_arg(a, i, name);
   return v ? v->truthy() : def;
@@ -51,13 +45,13 @@ Value sort_key(const Value& v, bool case_sensitive) {
   return !case_sensitive && v.is_string() ? Value::string(ascii_lower(v.s)) : v;
 }
 
-Value tojson(Renderer& r, const Value& v, const CallArgs& a) {
+Value tojson(Renderer& r, const Value& v, CallArgs& a) {
   JsonStyle st;
   const bool ensure_ascii = arg_bool(a, 0, "ensure_ascii", false);
   if (const Value* ind = find_arg(a, 1, "indent"); ind && !ind->is_none()) {
     if (!ind->is_integer()) r.error("tojson(indent=...) expects an integer");
     st.indent = int(std::clamp<int64_t>(ind->i, 0, 64));
-    st.item_sep = ",";
+    st.item_sep = std::string(1, ',');  // a plain "," trips GCC 12 -Wrestrict (PR105329)
   }
   if (const Value* sep = find_arg(a, 2, "separators"); sep && !sep->is_none()) {
     if (!sep->is_sequence() || sep->list->size() != 2 || !(*sep->list)[0].is_string() || !(*sep->list)[1].is_string())
@@ -125,7 +119,7 @@ Value to_float(const Value& v, const Value& def) {
   return def;
 }
 
-Value round_value(Renderer& r, const Value& v, const CallArgs& a) {
+Value round_value(Renderer& r, const Value& v, CallArgs& a) {
   if (!v.is_number()) r.error(std::string("round expects a number, got '") + type_name(v) + "'");
   const Value* pv = find_arg(a, 0, "precision");
   const int64_t prec = pv && pv->is_integer() ? std::clamp<int64_t>(pv->i, -20, 20) : 0;
@@ -212,177 +206,232 @@ Value sorted_items(Renderer& r, List items, const CallArgs& a) {
   return Value::make_list(std::move(out));
 }
 
+Value default_value(Renderer&, const Value& v, CallArgs& a) {
+  const bool boolean = arg_bool(a, 1, "boolean", false);
+  const Value* def = find_arg(a, 0, "default_value");
+  if (v.is_undefined() || (boolean && !v.truthy())) return def ? *def : Value::string("");
+  return v;
+}
+
+Value items(Renderer& r, const Value& v, CallArgs&) {
+  if (v.is_undefined()) return Value::make_list();
+  if (!v.is_mapping()) r.error(std::string("items expects a mapping, got '") + type_name(v) + "'");
+  List out;
+  for (const auto& kv : *v.dict) out.push_back(Value::tuple({kv.first, kv.second}));
+  return Value::make_list(std::move(out));
+}
+
+Value length(Renderer& r, const Value& v, CallArgs&) {
+  if (v.is_string()) return Value::integer(int64_t(code_point_count(v.s)));
+  if (v.is_sequence()) return Value::integer(int64_t(v.list->size()));
+  if (v.is_mapping()) return Value::integer(int64_t(v.dict->size()));
+  if (v.is_undefined()) return Value::integer(0);
+  r.error(std::string("object of type '") + type_name(v) + "' has no len()");
+}
+
+Value first_or_last(Renderer& r, const Value& v, bool first) {
+  List items = r.iterate(v);
+  if (items.empty()) return Value::undefined(first ? "no first item" : "no last item");
+  return first ? items.front() : items.back();
+}
+
+Value reversed(Renderer& r, const Value& v, CallArgs&) {
+  if (v.is_string()) {
+    List chars = r.iterate(v);
+    std::string out;
+    for (auto it = chars.rbegin(); it != chars.rend(); ++it) out += it->s;
+    return Value::string(std::move(out));
+  }
+  List items = r.iterate(v);
+  std::reverse(items.begin(), items.end());
+  return Value::make_list(std::move(items));
+}
+
+Value join(Renderer& r, const Value& v, CallArgs& a) {
+  const Value* sep = find_arg(a, 0, "d");
+  const Value* attr = find_arg(a, 1, "attribute");
+  std::string out;
+  bool first = true;
+  for (const auto& it : r.iterate(v)) {
+    if (!first) out += sep ? py_str(*sep) : "";
+    out += py_str(attr ? attr_path(r, it, py_str(*attr)) : it);
+    first = false;
+    if (out.size() > r.options().max_output_bytes) break;
+  }
+  return r.checked_string(std::move(out));
+}
+
+Value map_items(Renderer& r, const Value& v, CallArgs& a) {
+  List out;
+  if (const Value* attr = find_arg(a, 99, "attribute")) {
+    const Value* def = find_arg(a, 99, "default");
+    for (const auto& it : r.iterate(v)) {
+      Value x = attr_path(r, it, py_str(*attr));
+      out.push_back(x.is_undefined() && def ? *def : x);
+    }
+  } else {
+    if (a.pos.empty() || !a.pos[0].is_string()) r.error("map expects a filter name or attribute=");
+    const std::string name = a.pos[0].s;
+    if (!is_known_filter(name)) r.error("unsupported filter '" + name + "' in map");
+    for (const auto& it : r.iterate(v)) {
+      CallArgs rest;
+      rest.pos.assign(a.pos.begin() + 1, a.pos.end());
+      rest.kw = a.kw;
+      out.push_back(apply_filter(r, name, it, rest));
+    }
+  }
+  return Value::make_list(std::move(out));
+}
+
+Value dictsort(Renderer& r, const Value& v, CallArgs& a) {
+  if (!v.is_mapping()) r.error("dictsort expects a mapping");
+  const bool cs = arg_bool(a, 0, "case_sensitive", false);
+  const Value* by = find_arg(a, 1, "by");
+  const size_t pos = by && by->is_string() && by->s == "value" ? 1 : 0;
+  const bool reverse = arg_bool(a, 2, "reverse", false);
+  List items;
+  for (const auto& kv : *v.dict) items.push_back(Value::tuple({kv.first, kv.second}));
+  const std::string where = r.template_name();
+  std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
+    const Value kx = sort_key((*x.list)[pos], cs), ky = sort_key((*y.list)[pos], cs);
+    return reverse ? py_less(ky, kx, where) : py_less(kx, ky, where);
+  });
+  return Value::make_list(std::move(items));
+}
+
+Value unique(Renderer& r, const Value& v, CallArgs& a) {
+  const bool cs = arg_bool(a, 0, "case_sensitive", false);
+  const Value* attr = find_arg(a, 1, "attribute");
+  List out, seen;
+  for (const auto& it : r.iterate(v)) {
+    const Value key = sort_key(attr ? attr_path(r, it, py_str(*attr)) : it, cs);
+    if (std::none_of(seen.begin(), seen.end(), [&](const Value& s) { return py_equal(s, key); }))
+      seen.push_back(key), out.push_back(it);
+  }
+  return Value::make_list(std::move(out));
+}
+
+Value sum(Renderer& r, const Value& v, CallArgs& a) {
+  const Value* attr = find_arg(a, 0, "attribute");
+  const Value* start = find_arg(a, 1, "start");
+  Value acc = start ? *start : Value::integer(0);
+  for (const auto& it : r.iterate(v)) {
+    acc = r.arith("+", acc, attr ? attr_path(r, it, py_str(*attr)) : it);
+  }
+  return acc;
+}
+
+Value absolute(Renderer& r, const Value& v, CallArgs&) {
+  if (v.kind == Value::Kind::kFloat) return Value::real(std::fabs(v.f));
+  if (v.is_number()) return Value::integer(std::llabs(v.kind == Value::Kind::kBool ? v.b : v.i));
+  r.error(std::string("bad operand type for abs(): '") + type_name(v) + "'");
+}
+
+// Matches of Python's \w+: letters, digits and '_'.
+Value wordcount(Renderer&, const Value& v, CallArgs&) {
+  const std::string text = py_str(v);
+  int64_t n = 0;
+  bool in_word = false;
+  for (size_t p = 0; p < text.size();) {
+    int len = 1;
+    const uint32_t cp = decode_at(text, p, len);
+    p += size_t(len);
+    const CharClass cls = classify(cp);
+    const bool w = cp == '_' || cls == CharClass::kLetter || cls == CharClass::kNumber;
+    n += w && !in_word;
+    in_word = w;
+  }
+  return Value::integer(n);
+}
+
+Value trim(Renderer&, const Value& v, CallArgs& a) {
+  const std::string s = py_str(v);
+  const Value* chars = find_arg(a, 0, "chars");
+  return Value::string(chars && chars->is_string() ? py_strip_chars(s, chars->s, true, true) : py_strip(s, true, true));
+}
+
+// jinja2 capitalises after whitespace and -([{<, and lowercases the rest.
+Value title(Renderer&, const Value& v, CallArgs&) {
+  std::string out;
+  bool start = true;
+  for (char c : py_str(v)) {
+    out += start ? ascii_upper({&c, 1}) : ascii_lower({&c, 1});
+    start = std::isspace(static_cast<unsigned char>(c)) || c == '-' || c == '(' || c == '{' || c == '[' || c == '<';
+  }
+  return Value::string(std::move(out));
+}
+
+Value replace(Renderer& r, const Value& v, CallArgs& a) {
+  if (a.pos.size() < 2) r.error("replace expects (old, new[, count])");
+  const Value* count = find_arg(a, 2, "count");
+  return r.checked_string(
+      py_replace(py_str(v), py_str(a.pos[0]), py_str(a.pos[1]), count && count->is_integer() ? count->i : -1));
+}
+
+using FilterFn = Value (*)(Renderer&, const Value&, CallArgs&);
+struct Filter {
+  const char* name;
+  FilterFn apply;
+};
+
+// Every filter the parser accepts after `|`, by name.
+const Filter kFilters[] = {
+    {"abs", absolute},
+    {"attr",
+     [](Renderer& r, const Value& v, CallArgs& a) { return r.get_attr(v, a.pos.empty() ? "" : py_str(a.pos[0])); }},
+    {"capitalize", [](Renderer&, const Value& v, CallArgs&) { return Value::string(py_capitalize(py_str(v))); }},
+    {"count", length},
+    {"d", default_value},
+    {"default", default_value},
+    {"dictsort", dictsort},
+    {"e", [](Renderer&, const Value& v, CallArgs&) { return Value::string(html_escape(py_str(v))); }},
+    {"escape", [](Renderer&, const Value& v, CallArgs&) { return Value::string(html_escape(py_str(v))); }},
+    {"first", [](Renderer& r, const Value& v, CallArgs&) { return first_or_last(r, v, true); }},
+    {"float",
+     [](Renderer&, const Value& v, CallArgs& a) {
+       return to_float(v, find_arg(a, 0, "default") ? *find_arg(a, 0, "default") : Value::real(0));
+     }},
+    {"indent", [](Renderer& r, const Value& v, CallArgs& a) { return r.checked_string(indent_text(py_str(v), a)); }},
+    {"int",
+     [](Renderer&, const Value& v, CallArgs& a) {
+       return to_int(v, find_arg(a, 0, "default") ? *find_arg(a, 0, "default") : Value::integer(0));
+     }},
+    {"items", items},
+    {"join", join},
+    {"last", [](Renderer& r, const Value& v, CallArgs&) { return first_or_last(r, v, false); }},
+    {"length", length},
+    {"list", [](Renderer& r, const Value& v, CallArgs&) { return Value::make_list(r.iterate(v)); }},
+    {"lower", [](Renderer&, const Value& v, CallArgs&) { return Value::string(ascii_lower(py_str(v))); }},
+    {"map", map_items},
+    {"reject", [](Renderer& r, const Value& v, CallArgs& a) { return select_items(r, v, a, false, false); }},
+    {"rejectattr", [](Renderer& r, const Value& v, CallArgs& a) { return select_items(r, v, a, true, false); }},
+    {"replace", replace},
+    {"reverse", reversed},
+    {"round", round_value},
+    {"safe", [](Renderer&, const Value& v, CallArgs&) { return v; }},
+    {"select", [](Renderer& r, const Value& v, CallArgs& a) { return select_items(r, v, a, false, true); }},
+    {"selectattr", [](Renderer& r, const Value& v, CallArgs& a) { return select_items(r, v, a, true, true); }},
+    {"sort", [](Renderer& r, const Value& v, CallArgs& a) { return sorted_items(r, r.iterate(v), a); }},
+    {"string", [](Renderer&, const Value& v, CallArgs&) { return Value::string(py_str(v)); }},
+    {"sum", sum},
+    {"title", title},
+    {"tojson", tojson},
+    {"trim", trim},
+    {"unique", unique},
+    {"upper", [](Renderer&, const Value& v, CallArgs&) { return Value::string(ascii_upper(py_str(v))); }},
+    {"wordcount", wordcount},
+};
+
 }  // namespace
 
 bool is_known_filter(const std::string& name) {
-  return std::any_of(std::begin(kFilters), std::end(kFilters), [&](const char* f) { return name == f; });
+  return std::any_of(std::begin(kFilters), std::end(kFilters), [&](const Filter& f) { return name == f.name; });
 }
 
-Value apply_filter(Renderer& r, const std::string& f, Value v, CallArgs& a) {
-  if (f == "default" || f == "d") {
-    const bool boolean = arg_bool(a, 1, "boolean", false);
-    const Value* def = find_arg(a, 0, "default_value");
-    if (v.is_undefined() || (boolean && !v.truthy())) return def ? *def : Value::string("");
-    return v;
-  }
-  if (f == "tojson") return tojson(r, v, a);
-  if (f == "items") {
-    if (v.is_undefined()) return Value::make_list();
-    if (!v.is_mapping()) r.error(std::string("items expects a mapping, got '") + type_name(v) + "'");
-    List out;
-    for (const auto& kv : *v.dict) out.push_back(Value::tuple({kv.first, kv.second}));
-    return Value::make_list(std::move(out));
-  }
-  if (f == "length" || f == "count") {
-    if (v.is_string()) return Value::integer(int64_t(code_point_count(v.s)));
-    if (v.is_sequence()) return Value::integer(int64_t(v.list->size()));
-    if (v.is_mapping()) return Value::integer(int64_t(v.dict->size()));
-    if (v.is_undefined()) return Value::integer(0);
-    r.error(std::string("object of type '") + type_name(v) + "' has no len()");
-  }
-  if (f == "string") return Value::string(py_str(v));
-  if (f == "safe") return v;
-  if (f == "attr") return r.get_attr(v, a.pos.empty() ? "" : py_str(a.pos[0]));
-  if (f == "list") return Value::make_list(r.iterate(v));
-  if (f == "first" || f == "last") {
-    List items = r.iterate(v);
-    if (items.empty()) return Value::undefined(f == "first" ? "no first item" : "no last item");
-    return f == "first" ? items.front() : items.back();
-  }
-  if (f == "reverse") {
-    if (v.is_string()) {
-      List chars = r.iterate(v);
-      std::string out;
-      for (auto it = chars.rbegin(); it != chars.rend(); ++it) out += it->s;
-      return Value::string(std::move(out));
-    }
-    List items = r.iterate(v);
-    std::reverse(items.begin(), items.end());
-    return Value::make_list(std::move(items));
-  }
-  if (f == "join") {
-    const Value* sep = find_arg(a, 0, "d");
-    const Value* attr = find_arg(a, 1, "attribute");
-    std::string out;
-    bool first = true;
-    for (const auto& it : r.iterate(v)) {
-      if (!first) out += sep ? py_str(*sep) : "";
-      out += py_str(attr ? attr_path(r, it, py_str(*attr)) : it);
-      first = false;
-      if (out.size() > r.options().max_output_bytes) break;
-    }
-    return r.checked_string(std::move(out));
-  }
-  if (f == "map") {
-    List out;
-    if (const Value* attr = find_arg(a, 99, "attribute")) {
-      const Value* def = find_arg(a, 99, "default");
-      for (const auto& it : r.iterate(v)) {
-        Value x = attr_path(r, it, py_str(*attr));
-        out.push_back(x.is_undefined() && def ? *def : x);
-      }
-    } else {
-      if (a.pos.empty() || !a.pos[0].is_string()) r.error("map expects a filter name or attribute=");
-      const std::string name = a.pos[0].s;
-      if (!is_known_filter(name)) r.error("unsupported filter '" + name + "' in map");
-      for (const auto& it : r.iterate(v)) {
-        CallArgs rest;
-        rest.pos.assign(a.pos.begin() + 1, a.pos.end());
-        rest.kw = a.kw;
-        out.push_back(apply_filter(r, name, it, rest));
-      }
-    }
-    return Value::make_list(std::move(out));
-  }
-  if (f == "select" || f == "reject") return select_items(r, v, a, false, f == "select");
-  if (f == "selectattr" || f == "rejectattr") return select_items(r, v, a, true, f == "selectattr");
-  if (f == "sort") return sorted_items(r, r.iterate(v), a);
-  if (f == "dictsort") {
-    if (!v.is_mapping()) r.error("dictsort expects a mapping");
-    const bool cs = arg_bool(a, 0, "case_sensitive", false);
-    const Value* by = find_arg(a, 1, "by");
-    const size_t pos = by && by->is_string() && by->s == "value" ? 1 : 0;
-    const bool reverse = arg_bool(a, 2, "reverse", false);
-    List items;
-    for (const auto& kv : *v.dict) items.push_back(Value::tuple({kv.first, kv.second}));
-    const std::string where = r.template_name();
-    std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
-      const Value kx = sort_key((*x.list)[pos], cs), ky = sort_key((*y.list)[pos], cs);
-      return reverse ? py_less(ky, kx, where) : py_less(kx, ky, where);
-    });
-    return Value::make_list(std::move(items));
-  }
-  if (f == "unique") {
-    const bool cs = arg_bool(a, 0, "case_sensitive", false);
-    const Value* attr = find_arg(a, 1, "attribute");
-    List out, seen;
-    for (const auto& it : r.iterate(v)) {
-      const Value key = sort_key(attr ? attr_path(r, it, py_str(*attr)) : it, cs);
-      if (std::none_of(seen.begin(), seen.end(), [&](const Value& s) { return py_equal(s, key); }))
-        seen.push_back(key), out.push_back(it);
-    }
-    return Value::make_list(std::move(out));
-  }
-  if (f == "sum") {
-    const Value* attr = find_arg(a, 0, "attribute");
-    const Value* start = find_arg(a, 1, "start");
-    Value acc = start ? *start : Value::integer(0);
-    for (const auto& it : r.iterate(v)) {
-      acc = r.arith("+", acc, attr ? attr_path(r, it, py_str(*attr)) : it);
-    }
-    return acc;
-  }
-  if (f == "int") return to_int(v, find_arg(a, 0, "default") ? *find_arg(a, 0, "default") : Value::integer(0));
-  if (f == "float") return to_float(v, find_arg(a, 0, "default") ? *find_arg(a, 0, "default") : Value::real(0));
-  if (f == "abs") {
-    if (v.kind == Value::Kind::kFloat) return Value::real(std::fabs(v.f));
-    if (v.is_number()) return Value::integer(std::llabs(v.kind == Value::Kind::kBool ? v.b : v.i));
-    r.error(std::string("bad operand type for abs(): '") + type_name(v) + "'");
-  }
-  if (f == "round") return round_value(r, v, a);
-  if (f == "escape" || f == "e") return Value::string(html_escape(py_str(v)));
-  if (f == "wordcount") {  // matches of Python's \w+: letters, digits and '_'
-    const std::string text = py_str(v);
-    int64_t n = 0;
-    bool in_word = false;
-    for (size_t p = 0; p < text.size();) {
-      int len = 1;
-      const uint32_t cp = decode_at(text, p, len);
-      p += size_t(len);
-      const CharClass cls = classify(cp);
-      const bool w = cp == '_' || cls == CharClass::kLetter || cls == CharClass::kNumber;
-      n += w && !in_word;
-      in_word = w;
-    }
-    return Value::integer(n);
-  }
-  // The rest take and give strings.
-  const std::string s = py_str(v);
-  if (f == "trim") {
-    const Value* chars = find_arg(a, 0, "chars");
-    return Value::string(chars && chars->is_string() ? py_strip_chars(s, chars->s, true, true)
-                                                     : py_strip(s, true, true));
-  }
-  if (f == "upper") return Value::string(ascii_upper(s));
-  if (f == "lower") return Value::string(ascii_lower(s));
-  if (f == "capitalize") return Value::string(py_capitalize(s));
-  if (f == "title") {  // jinja2 capitalises after whitespace and -([{<, and lowercases the rest
-    std::string out;
-    bool start = true;
-    for (char c : s) {
-      out += start ? ascii_upper({&c, 1}) : ascii_lower({&c, 1});
-      start = std::isspace(static_cast<unsigned char>(c)) || c == '-' || c == '(' || c == '{' || c == '[' || c == '<';
-    }
-    return Value::string(std::move(out));
-  }
-  if (f == "replace") {
-    if (a.pos.size() < 2) r.error("replace expects (old, new[, count])");
-    const Value* count = find_arg(a, 2, "count");
-    return r.checked_string(
-        py_replace(s, py_str(a.pos[0]), py_str(a.pos[1]), count && count->is_integer() ? count->i : -1));
-  }
-  if (f == "indent") return r.checked_string(indent_text(s, a));
-  r.error("unsupported filter '" + f + "'");
+Value apply_filter(Renderer& r, const std::string& name, Value v, CallArgs& a) {
+  for (const Filter& f : kFilters)
+    if (name == f.name) return f.apply(r, v, a);
+  r.error("unsupported filter '" + name + "'");
 }
 
 }  // namespace loom::data::jinja
