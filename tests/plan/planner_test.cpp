@@ -2,6 +2,7 @@
 // on, the pipeline bubble, data-parallel overlap, layout checks and the search order.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 
 #include "loom/core/error.h"
@@ -56,6 +57,28 @@ TEST(Cluster, BadFilesNameTheKey) {
     EXPECT_NE(std::string(e.what()).find("node.peak_fp32_tflops"), std::string::npos) << e.what();
   }
   EXPECT_THROW(load_cluster("/nonexistent/cluster.yaml"), Error);
+}
+
+// Nine nested levels of ten aliases would be 10^9 nodes to walk: refused at the first alias,
+// naming the file and line, long before any expansion.
+TEST(Cluster, YamlAliasesAreRefusedWithTheirLine) {
+  std::string bomb = "name: bomb\na0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n";
+  for (int k = 1; k <= 9; ++k) {
+    bomb += "a" + std::to_string(k) + ": &a" + std::to_string(k) + " [";
+    for (int j = 0; j < 10; ++j) bomb += std::string(j ? ", " : "") + "*a" + std::to_string(k - 1);
+    bomb += "]\n";
+  }
+  bomb += "node: {devices: 2, device_memory_gib: 1, peak_fp32_tflops: 1, memory_gbps: 1}\n";
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    parse_cluster(bomb, "bomb.yaml");
+    FAIL() << "accepted a cluster file with aliases";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[plan] bomb.yaml:3: YAML aliases (*name) are not accepted"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 5.0);
 }
 
 TEST(Cluster, CurveInterpolatesInLogSizeAndClamps) {

@@ -8,6 +8,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "loom/core/error.h"
+#include "loom/io/yaml_aliases.h"
 
 namespace loom::plan {
 
@@ -50,6 +51,7 @@ struct Reader {
 }  // namespace
 
 Cluster parse_cluster(const std::string& text, const std::string& source) {
+  io::reject_yaml_aliases(text, source, "plan", "a cluster file");
   YAML::Node root;
   try {
     root = YAML::Load(text);

@@ -1,8 +1,5 @@
 #include "loom/train/config_reader.h"
 
-#include <yaml-cpp/eventhandler.h>
-#include <yaml-cpp/parser.h>
-
 #include <cmath>
 #include <map>
 #include <sstream>
@@ -57,43 +54,6 @@ void ConfigReader::apply_override(YAML::Node& root, const std::string& assignmen
     chain.push_back(next);
   }
   chain.back()[parts.back()] = value;
-}
-
-namespace {
-// Fails at the first alias (*name) of a YAML text: loom configs have no use for them, and
-// nested aliases expand exponentially (nine levels of ten make a billion nodes to walk).
-class AliasRefuser : public YAML::EventHandler {
- public:
-  explicit AliasRefuser(const std::string& source) : source_(source) {}
-  void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override {
-    fail("config", source_, ":", mark.line + 1,
-         ": YAML aliases (*name) are not accepted in a loom config; write the "
-         "value out where it is used");
-  }
-  void OnDocumentStart(const YAML::Mark&) override {}
-  void OnDocumentEnd() override {}
-  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
-  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t, const std::string&) override {}
-  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
-  void OnSequenceEnd() override {}
-  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
-  void OnMapEnd() override {}
-
- private:
-  const std::string& source_;
-};
-}  // namespace
-
-void ConfigReader::reject_aliases(const std::string& text, const std::string& source) {
-  std::istringstream in(text);
-  YAML::Parser parser(in);
-  AliasRefuser handler(source);
-  try {
-    while (parser.HandleNextDocument(handler)) {
-    }
-  } catch (const YAML::Exception&) {
-    // Malformed YAML: YAML::Load reports it with its own message.
-  }
 }
 
 void ConfigReader::reject_duplicate_keys(const YAML::Node& root, const std::string& source) {

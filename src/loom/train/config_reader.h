@@ -20,9 +20,6 @@ class ConfigReader {
   // Throws naming the key path and both lines when a mapping repeats a key (yaml-cpp would
   // silently use the first), and when two --set assignments name the same key.
   static void reject_duplicate_keys(const YAML::Node& root, const std::string& source);
-  // Refuses YAML aliases (*name) in the text, naming source and line: nested ones expand
-  // exponentially when the tree is walked.
-  static void reject_aliases(const std::string& text, const std::string& source);
   static void reject_duplicate_overrides(const std::vector<std::string>& assignments);
 
   bool has(const std::string& path) const;

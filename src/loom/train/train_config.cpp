@@ -4,6 +4,7 @@
 #include <limits>
 #include <sstream>
 
+#include "loom/io/yaml_aliases.h"
 #include "loom/model/param_layout.h"
 #include "loom/parallel/data_parallel_options.h"
 #include "loom/parallel/mesh_shape.h"
@@ -69,7 +70,7 @@ DType wire_dtype(const std::string& name) {
 
 TrainConfig parse_train_config(const std::string& text, const std::vector<std::string>& sets,
                                const std::string& source) {
-  ConfigReader::reject_aliases(text, source);
+  io::reject_yaml_aliases(text, source, "config", "a loom config");
   YAML::Node root;
   try {
     root = YAML::Load(text);
