@@ -168,7 +168,7 @@ TEST(Trainer, NonFiniteLossStopsNamingTheStep) {
     t.model().params().data<float>()[5] = NAN;
     try {
       t.run();
-      FAIL() << "a run whose every loss is NaN went on (guard.nonfinite=" << cfg.guard.nonfinite << ")";
+      FAIL() << "a run whose every loss is NaN went on (guard.nonfinite=" << nonfinite_name(cfg.guard.nonfinite) << ")";
     } catch (const Error& e) {
       const std::string want = stop ? "loss is nan at step 1"
                                     : "11 steps in a row had a non-finite loss or gradient norm (the last at step 11";

@@ -153,7 +153,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   const comm::TimeoutChoice timeout =
       comm::resolve_watchdog_timeout(set_timeout, std::getenv("LOOM_COMM_TIMEOUT"), config_timeout);
   wo.watchdog_timeout_s = timeout.seconds;
-  wo.algorithm = cfg.comm.algorithm;
+  if (cfg.comm.algorithm) wo.algorithm = comm::algorithm_name(*cfg.comm.algorithm);
   wo.calibration = cfg.comm.calibration;
   comm::World world(wo);
   if (world.rank() == 0) {

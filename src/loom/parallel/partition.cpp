@@ -15,6 +15,15 @@ PartitionMethod partition_method_from_name(const std::string& name) {
   fail("config", "parallel.pp_partition: expected \"uniform\", \"parameters\" or \"profile\", got \"", name, "\"");
 }
 
+const char* partition_method_name(PartitionMethod m) {
+  switch (m) {
+    case PartitionMethod::uniform: return "uniform";
+    case PartitionMethod::parameters: return "parameters";
+    case PartitionMethod::profile: return "profile";
+  }
+  return "?";
+}
+
 void check_stage_count(int n_layer, int stages) {
   LOOM_CHECK(stages >= 1, "config", "parallel.pp=", stages, " must be at least 1");
   LOOM_CHECK(stages <= n_layer, "config", "parallel.pp=", stages, " exceeds model.n_layer=", n_layer,

@@ -19,6 +19,7 @@ struct StageRange {
 enum class PartitionMethod { uniform, parameters, profile };
 // "uniform", "parameters" or "profile"; throws "[config] parallel.pp_partition: ..." otherwise.
 PartitionMethod partition_method_from_name(const std::string& name);
+const char* partition_method_name(PartitionMethod m);  // "uniform", "parameters", "profile"
 
 // What each piece costs, in any unit (parameters, seconds): every block, and what the first
 // and the last stage carry besides their blocks.

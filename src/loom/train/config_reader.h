@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace loom::train {
@@ -27,6 +28,21 @@ class ConfigReader {
   int64_t integer(const std::string& path, int64_t def, int64_t lo, int64_t hi);
   bool boolean(const std::string& path, bool def);
   std::string string(const std::string& path, const std::string& def, const std::vector<std::string>& choices = {});
+  // A value from a closed set, returned as its enum: `names` pairs each accepted spelling with
+  // its value; any other spelling is refused with the list.
+  template <class E>
+  E choice(const std::string& path, E def, const std::vector<std::pair<std::string, E>>& names) {
+    std::string def_name;
+    std::vector<std::string> spellings;
+    for (const auto& [name, value] : names) {
+      spellings.push_back(name);
+      if (value == def) def_name = name;
+    }
+    const std::string v = string(path, def_name, spellings);
+    for (const auto& [name, value] : names)
+      if (name == v) return value;
+    return def;
+  }
   // Marks a section as known (for sections read by another component).
   void known(const std::string& path);
   // Throws "[config] a.b: unknown key (known keys: ...)" for any key nobody read.

@@ -14,6 +14,13 @@
 
 namespace loom::train {
 
+DType wire_dtype(const std::string& name) {
+  if (name == "fp32") return DType::f32;
+  if (name == "bf16") return DType::bf16;
+  if (name == "fp16") return DType::f16;
+  fail("config", "dtype '", name, "': expected fp32, bf16 or fp16");
+}
+
 namespace {
 constexpr int64_t kMaxI = std::numeric_limits<int64_t>::max();
 constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -59,41 +66,25 @@ model::ModelConfig read_model(ConfigReader& r) {
   m.validate();
   return m;
 }
-}  // namespace
 
-DType wire_dtype(const std::string& name) {
-  if (name == "fp32") return DType::f32;
-  if (name == "bf16") return DType::bf16;
-  if (name == "fp16") return DType::f16;
-  fail("config", "dtype '", name, "': expected fp32, bf16 or fp16");
-}
-
-TrainConfig parse_train_config(const std::string& text, const std::vector<std::string>& sets,
-                               const std::string& source) {
-  io::reject_yaml_aliases(text, source, "config", "a loom config");
-  YAML::Node root;
-  try {
-    root = YAML::Load(text);
-  } catch (const YAML::Exception& e) {
-    fail("config", source, ": not valid YAML: ", e.what());
-  }
-  ConfigReader::reject_duplicate_keys(root, source);
-  ConfigReader::reject_duplicate_overrides(sets);
-  for (const auto& s : sets) ConfigReader::apply_override(root, s);
-  ConfigReader r(root);
-  TrainConfig c;
+void read_model_section(ConfigReader& r, TrainConfig& c) {
   c.model = read_model(r);
   c.decoder.activation_checkpoint_interval =
       int(r.integer("model.activation_checkpoint_interval", 0, 0, c.model.n_layer));
   c.decoder.xent_chunk = r.integer("model.xent_chunk", 1024, 1, 1 << 20);
+}
 
+void read_data(ConfigReader& r, TrainConfig& c) {
   c.data.dir = r.string("data.dir", "");
   LOOM_CHECK(!c.data.dir.empty(), "config", "data.dir: required (a directory written by loom prepare)");
   c.data.seq_len = r.integer("data.seq_len", 256, 1, c.model.n_ctx);
   c.data.batch_size = r.integer("data.batch_size", 16, 1, kMaxI);
   c.data.micro_batch_size = r.integer("data.micro_batch_size", 0, 0, kMaxI);
   c.data.seed = uint64_t(r.integer("data.seed", 1, 0, kMaxI));
+}
 
+// optim.* and its loss scaling.
+void read_optim(ConfigReader& r, TrainConfig& c) {
   c.optim.lr = r.number("optim.lr", 6e-4, 0, 10);
   c.optim.beta1 = r.number("optim.beta1", 0.9, 0, 0.999999);
   c.optim.beta2 = r.number("optim.beta2", 0.95, 0, 0.99999999);
@@ -110,7 +101,9 @@ TrainConfig parse_train_config(const std::string& text, const std::vector<std::s
              "fp16 gradients underflow without loss scaling (or train in bf16, which needs none)");
   LOOM_CHECK(fp16 || !c.loss_scale.dynamic, "config", "optim.loss_scale=dynamic is for model.precision=fp16; ",
              "model.precision=", model::precision_name(c.model.precision), " needs no loss scaling");
+}
 
+void read_schedule(ConfigReader& r, TrainConfig& c) {
   c.schedule.steps = r.integer("schedule.steps", 1000, 1, kMaxI);
   c.schedule.warmup_steps = r.integer("schedule.warmup_steps", -1, -1, kMaxI);
   c.schedule.min_lr = r.number("schedule.min_lr", c.optim.lr * 0.1, 0, 10);
@@ -121,7 +114,10 @@ TrainConfig parse_train_config(const std::string& text, const std::vector<std::s
   c.schedule.seed = uint64_t(r.integer("schedule.seed", 1337, 0, kMaxI));
   LOOM_CHECK(c.schedule.min_lr <= c.optim.lr, "config", "schedule.min_lr=", c.schedule.min_lr,
              " exceeds optim.lr=", c.optim.lr);
+}
 
+// checkpoint.*, guard.* (whose rollbacks need checkpoints) and log.*.
+void read_checkpoint_guard_log(ConfigReader& r, TrainConfig& c) {
   c.checkpoint.dir = r.string("checkpoint.dir", "");
   c.checkpoint.every_steps = r.integer("checkpoint.every_steps", 0, 0, kMaxI);
   c.checkpoint.every_minutes = r.number("checkpoint.every_minutes", 0, 0, 1e7);
@@ -130,7 +126,8 @@ TrainConfig parse_train_config(const std::string& text, const std::vector<std::s
   LOOM_CHECK(!c.checkpoint.dir.empty() || (c.checkpoint.every_steps == 0 && c.checkpoint.every_minutes == 0), "config",
              "checkpoint.dir: required when checkpoint.every_steps or every_minutes is set");
 
-  c.guard.nonfinite = r.string("guard.nonfinite", "skip", {"skip", "stop"});
+  c.guard.nonfinite =
+      r.choice("guard.nonfinite", NonFinite::skip, {{"skip", NonFinite::skip}, {"stop", NonFinite::stop}});
   c.guard.max_consecutive_skips = r.integer("guard.max_consecutive_skips", 10, 0, kMaxI);
   c.guard.spike_z = r.number("guard.spike_z", 0, 0, 1e6);
   c.guard.spike_window = r.integer("guard.spike_window", 50, 4, 1000000);
@@ -140,8 +137,11 @@ TrainConfig parse_train_config(const std::string& text, const std::vector<std::s
 
   c.log.every = r.integer("log.every", 10, 1, kMaxI);
   c.log.metrics_path = r.string("log.metrics_path", "");
-  c.log.progress = r.string("log.progress", "auto", {"auto", "on", "off"});
+  c.log.progress = r.choice("log.progress", Progress::auto_detect,
+                            {{"auto", Progress::auto_detect}, {"on", Progress::on}, {"off", Progress::off}});
+}
 
+void read_parallel(ConfigReader& r, TrainConfig& c) {
   c.parallel.dp = r.integer("parallel.dp", 1, 1, 1 << 20);
   c.parallel.tp = r.integer("parallel.tp", 1, 1, 1 << 12);
   c.parallel.pp = r.integer("parallel.pp", 1, 1, 1 << 12);
@@ -157,20 +157,26 @@ TrainConfig parse_train_config(const std::string& text, const std::vector<std::s
       parallel::weight_replica_from_name(r.string("parallel.weight_replica", "auto", {"auto", "on", "off"}));
   c.parallel.pp_dtype =
       r.string("parallel.pp_dtype", model::precision_name(c.model.precision), {"fp32", "bf16", "fp16"});
-  c.parallel.pp_schedule = r.string("parallel.pp_schedule", "1f1b", {"gpipe", "1f1b"});
-  c.parallel.pp_partition = r.string("parallel.pp_partition", "uniform", {"uniform", "parameters", "profile"});
+  c.parallel.pp_schedule =
+      parallel::pipe_schedule_from_name(r.string("parallel.pp_schedule", "1f1b", {"gpipe", "1f1b"}));
+  c.parallel.pp_partition = parallel::partition_method_from_name(
+      r.string("parallel.pp_partition", "uniform", {"uniform", "parameters", "profile"}));
   c.parallel.micro_batches = r.integer("parallel.micro_batches", 0, 0, kMaxI);
   c.parallel.collective_timeout_s = r.number("parallel.collective_timeout_s", 600, 0.1, 1e7);
   c.parallel.order = r.string("parallel.order", "pp,dp,ep,tp");
   parallel::parse_mesh_order(c.parallel.order);  // refuses a malformed order before any work
+}
 
+void read_comm(ConfigReader& r, TrainConfig& c) {
   // Unset: comm::World takes $LOOM_COMM_ALGORITHM / $LOOM_COMM_CALIBRATION, else its defaults.
-  c.comm.algorithm = r.string("comm.algorithm", "", {"auto", "ring", "tree", "hierarchical", "mpi"});
+  const std::string algorithm = r.string("comm.algorithm", "", {"auto", "ring", "tree", "hierarchical", "mpi"});
+  if (!algorithm.empty()) c.comm.algorithm = comm::parse_algorithm(algorithm);
   c.comm.calibration = r.string("comm.calibration", "");
+}
 
-  c.threads = r.integer("threads", 0, 0, 4096);
-  r.reject_unknown();
-
+// The batch split into micro-batches, and the layouts refused (or warned about) before any
+// work, with the numbers in the message.
+void check_parallel_layout(TrainConfig& c) {
   const int64_t pp = c.parallel.pp, tp = c.parallel.tp, ep = c.parallel.ep;
   model::check_expert_parallel(c.model, ep);
   // Every dp x ep rank sees its own share of the batch.
@@ -232,6 +238,35 @@ TrainConfig parse_train_config(const std::string& text, const std::vector<std::s
         str_cat("model.precision=fp16 runs its products as fp16 operands rounded in f32 and multiplied by f32 SGEMM "
                 "(fp16 numerics at f32 speed), with dynamic loss scaling from ",
                 c.loss_scale.initial, " (window ", c.loss_scale.window, " steps)"));
+}
+}  // namespace
+
+const char* nonfinite_name(NonFinite n) { return n == NonFinite::stop ? "stop" : "skip"; }
+
+TrainConfig parse_train_config(const std::string& text, const std::vector<std::string>& sets,
+                               const std::string& source) {
+  io::reject_yaml_aliases(text, source, "config", "a loom config");
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    fail("config", source, ": not valid YAML: ", e.what());
+  }
+  ConfigReader::reject_duplicate_keys(root, source);
+  ConfigReader::reject_duplicate_overrides(sets);
+  for (const auto& s : sets) ConfigReader::apply_override(root, s);
+  ConfigReader r(root);
+  TrainConfig c;
+  read_model_section(r, c);
+  read_data(r, c);
+  read_optim(r, c);
+  read_schedule(r, c);
+  read_checkpoint_guard_log(r, c);
+  read_parallel(r, c);
+  read_comm(r, c);
+  c.threads = r.integer("threads", 0, 0, 4096);
+  r.reject_unknown();
+  check_parallel_layout(c);
 
   YAML::Emitter out;
   out << root;

@@ -3,14 +3,18 @@
 // validated before any work; docs/CONFIG.md is the reference for every key.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "loom/comm/algorithm.h"
 #include "loom/model/config.h"
 #include "loom/model/decoder.h"
 #include "loom/optim/adamw.h"
 #include "loom/optim/loss_scale.h"
 #include "loom/parallel/data_parallel_options.h"
+#include "loom/parallel/partition.h"
+#include "loom/parallel/pipeline_schedule.h"
 
 namespace loom::train {
 
@@ -43,11 +47,14 @@ struct CheckpointConfig {
   bool async = false;
 };
 
+// guard.nonfinite: skip: a non-finite loss or gradient norm skips the update on every rank;
+// stop: the run stops with the diagnosis.
+enum class NonFinite { skip, stop };
+const char* nonfinite_name(NonFinite n);  // "skip", "stop"
+
 // What a step does with a non-finite or spiking loss (docs/FAULT_TOLERANCE.md).
 struct GuardConfig {
-  // "skip": a non-finite loss or gradient norm skips the update on every rank; "stop": the run
-  // stops with the diagnosis.
-  std::string nonfinite = "skip";
+  NonFinite nonfinite = NonFinite::skip;
   int64_t max_consecutive_skips = 10;  // more non-finite steps in a row than this stop the run
   // A loss more than spike_z standard deviations above the mean of the last spike_window
   // accepted steps is a spike; max_spikes in a row roll back to the newest checkpoint before
@@ -57,10 +64,13 @@ struct GuardConfig {
   int64_t max_spikes = 3;
 };
 
+// log.progress: the progress bar always, never, or (auto) when stderr is a terminal.
+enum class Progress { auto_detect, on, off };
+
 struct LogConfig {
   int64_t every = 10;
-  std::string metrics_path;       // JSONL, one object per logged step
-  std::string progress = "auto";  // auto | on | off
+  std::string metrics_path;  // JSONL, one object per logged step
+  Progress progress = Progress::auto_detect;
 };
 
 // "fp32", "bf16", "fp16" as the DType of that width (parallel.grad_dtype, parallel.gather_dtype).
@@ -83,8 +93,8 @@ struct ParallelConfig {
   // Pipeline activations and their gradients between stages: "fp32", "bf16" or "fp16" (half
   // the bytes, rounded); the default is model.precision's.
   std::string pp_dtype = "fp32";
-  std::string pp_schedule = "1f1b";
-  std::string pp_partition = "uniform";
+  parallel::PipeSchedule pp_schedule = parallel::PipeSchedule::one_f_one_b;
+  parallel::PartitionMethod pp_partition = parallel::PartitionMethod::uniform;
   // Micro-batches per rank and step (the pipeline schedule's m; gradient accumulation steps).
   // 0 in the file: per-rank batch / data.micro_batch_size. Always resolved after parsing.
   int64_t micro_batches = 0;
@@ -96,9 +106,9 @@ struct ParallelConfig {
 
 // How collectives run (docs/DISTRIBUTED.md, "Collective algorithms").
 struct CommConfig {
-  // auto | ring | tree | hierarchical | mpi; empty: comm::World's default
+  // auto | ring | tree | hierarchical | mpi; unset: comm::World's default
   // ($LOOM_COMM_ALGORITHM, else auto).
-  std::string algorithm;
+  std::optional<comm::Algorithm> algorithm;
   // A cost-model file from `loom bench comm --calibrate`; empty: $LOOM_COMM_CALIBRATION.
   std::string calibration;
 };

@@ -140,9 +140,7 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
   data_parallel_->set_norm_skip(skip);
   if (p.pp > 1)
     pipe_ = std::make_unique<parallel::PipelineStage>(
-        *model_, *mesh_,
-        parallel::PipelineOptions{parallel::pipe_schedule_from_name(p.pp_schedule), int(p.micro_batches),
-                                  wire_dtype(p.pp_dtype)});
+        *model_, *mesh_, parallel::PipelineOptions{p.pp_schedule, int(p.micro_batches), wire_dtype(p.pp_dtype)});
   if (p.pp > 1 || p.tp > 1 || p.ep > 1) whole_layout_ = std::make_unique<model::ParamLayout>(cfg_.model, 1);
   check_fits_in_memory();
   layout_desc_ = str_cat(shape.describe(), ", stages ", parallel::describe_partition(stages_));
@@ -254,7 +252,7 @@ double Trainer::train_step() {
   if (!loss_ok || (!norm_ok && !scaler_.enabled())) {
     const std::string what =
         loss_ok ? str_cat("gradient norm is ", scaled_norm / loss_scale) : str_cat("loss is ", loss);
-    LOOM_CHECK(cfg_.guard.nonfinite == "skip", "train", what, " at step ", step_ + 1,
+    LOOM_CHECK(cfg_.guard.nonfinite == NonFinite::skip, "train", what, " at step ", step_ + 1,
                ": training diverged (lower optim.lr or enable schedule.clip; guard.nonfinite=skip skips such steps)");
     ++nonfinite_steps_;
     ++skipped_steps_;
@@ -343,7 +341,8 @@ TrainResult Trainer::run() {
   const double flops_per_step =
       model::training_flops(cfg_.model, whole_params, cfg_.data.batch_size, cfg_.data.seq_len);
   const bool bar_on =
-      main_rank() && (cfg_.log.progress == "on" || (cfg_.log.progress == "auto" && ProgressBar::stderr_is_terminal()));
+      main_rank() && (cfg_.log.progress == Progress::on ||
+                      (cfg_.log.progress == Progress::auto_detect && ProgressBar::stderr_is_terminal()));
   ProgressBar bar(total, bar_on);
   if (main_rank()) log_run_start(whole_params);
   TrainResult r;

@@ -27,8 +27,9 @@ void Trainer::log_run_start(int64_t whole_params) {
   if (whole_layout_)
     std::fprintf(opt_.log,
                  "[train] layout %s (%s partition), %s schedule, %lld micro-batches; %lld parameters on rank 0\n",
-                 layout_desc_.c_str(), cfg_.parallel.pp_partition.c_str(), cfg_.parallel.pp_schedule.c_str(),
-                 (long long)cfg_.parallel.micro_batches, (long long)model_->num_params());
+                 layout_desc_.c_str(), parallel::partition_method_name(cfg_.parallel.pp_partition),
+                 parallel::pipe_schedule_name(cfg_.parallel.pp_schedule), (long long)cfg_.parallel.micro_batches,
+                 (long long)model_->num_params());
   std::fprintf(opt_.log,
                "[train] %lld steps of %lld sequences x %lld tokens (micro-batch %lld), lr %.3g "
                "(warmup %lld, cosine to %.3g)\n",

@@ -14,7 +14,7 @@ namespace loom::train {
 
 std::vector<parallel::StageRange> Trainer::partition_stages() {
   const int L = int(cfg_.model.n_layer), pp = int(cfg_.parallel.pp);
-  switch (parallel::partition_method_from_name(cfg_.parallel.pp_partition)) {
+  switch (cfg_.parallel.pp_partition) {
     case parallel::PartitionMethod::uniform: return parallel::partition_uniform(L, pp);
     case parallel::PartitionMethod::parameters:
       return parallel::partition_balanced(parallel::parameter_costs(cfg_.model), pp);
