@@ -627,7 +627,7 @@ int cmd_plan(const std::vector<std::string>& argv) {
   job.nodes = int(a.nodes);
   job.bf16 = a.precision == "bf16";
   if (job.bf16) job.model.activation_dtype = DType::bf16;  // model.activation_dtype's default, as loom train
-  job.algorithm = a.algorithm;
+  job.algorithm = comm::parse_algorithm(a.algorithm);
   if (!a.grad_dtype.empty()) {
     const std::string& g = a.grad_dtype;
     if (g == "fp32")

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <sstream>
 
 #include "loom/core/allocator.h"
@@ -41,13 +40,13 @@ comm::Topology topology(const std::vector<int64_t>& ranks, int devices_per_node)
 // What comm.algorithm auto runs: inside one node MPI's collectives (at their measured time when the
 // cluster has it), otherwise the fastest of the measured and modelled algorithms.
 double collective_seconds(comm::CollectiveOp op, double bytes, const comm::Topology& topo, const comm::CostModel& m,
-                          const std::string& algorithm = "auto") {
+                          comm::Algorithm algorithm = comm::Algorithm::auto_select) {
   if (topo.size() < 2 || bytes <= 0) return 0;
   double best = -1;
   std::vector<comm::Algorithm> candidates = {comm::Algorithm::ring, comm::Algorithm::tree,
                                              comm::Algorithm::hierarchical};
-  if (algorithm != "auto") {
-    candidates = {comm::parse_algorithm(algorithm)};
+  if (algorithm != comm::Algorithm::auto_select) {
+    candidates = {algorithm};
   } else if (const double mpi = m.measured_time(comm::Algorithm::mpi, op, topo.size(), topo.hosts(), int64_t(bytes));
              mpi >= 0) {
     // Inside one node, comm.algorithm auto without a calibration file runs MPI's own
@@ -233,6 +232,130 @@ std::string check_layout(const Job& job, const Cluster& c, const Layout& l) {
   return "";
 }
 
+namespace {
+
+// Communication buffers of one stage: pipeline transfer buffers; ZeRO-0/1 bucket staging (two
+// in flight); ZeRO-2 the embedding and head staging; ZeRO-3 gathered units (embedding, head
+// and the two blocks around the one computing).
+double comm_buffer_bytes(const Job& job, const Layout& l, const model::ModelSlice& slice,
+                         const model::ParamLayout& layout, int64_t N, int64_t dense, bool replica) {
+  const model::ModelConfig& cfg = job.model;
+  double bytes = 0;
+  const double act_bytes = double(N) * double(cfg.d_model) * 4;
+  if (l.pp > 1) bytes += 2 * act_bytes;
+  if (l.dp * l.ep > 1) {
+    double block_unit = 0, embed_unit = 0, head_unit = 0, expert_unit = 0;
+    for (const auto& u : layout.units()) {
+      if (u.layer >= 0 && !u.experts) block_unit = std::max(block_unit, double(u.size()) * 4);
+      if (u.experts) expert_unit = std::max(expert_unit, double(u.size()) * 4);
+      if (u.name == "embed") embed_unit = double(u.size()) * 4;
+      if (u.name == "head") head_unit = double(u.size()) * 4;
+    }
+    if (l.zero < 2) {
+      // Gradients reduce in place; bf16 ones through a bucket-sized copy (two in flight).
+      // A stage with both embedding and head and no tp gathers every rank's embedding
+      // gradient rows (tokens, positions, rows) instead of reducing the whole table.
+      if (job.bf16) bytes += std::min(2 * job.bucket_mb * 1024 * 1024 / 4, double(dense)) * 2;
+      if (slice.has_embedding && slice.has_head && l.tp == 1)
+        bytes += double(N) * double(l.dp * l.ep) * double(2 + cfg.d_model) * 4 + double(N) * double(cfg.d_model) * 4;
+    } else if (l.zero == 2) {
+      // Embedding and head staging for the whole step, and the block reductions in flight.
+      bytes += embed_unit + head_unit + 3 * block_unit;
+    } else {
+      // Gathered units: embedding, head, and the blocks in flight around the computing one.
+      const double L = double(slice.last_layer - slice.first_layer);
+      bytes += embed_unit + head_unit + (std::min(L, 4.0) + 1) * block_unit;
+    }
+    // The replica's units widened for use: the head and the computing block with its experts
+    // (a unit without 16-bit weights, the embedding's, is read in place).
+    if (replica) bytes += head_unit + block_unit + expert_unit;
+  }
+  return bytes;
+}
+
+// Pipeline: the slowest stage runs m micro-batches; the others' fill and drain add the sum
+// of their per-micro-batch times once (1F1B and GPipe alike). Fills t's compute, tp, ep and
+// pipeline terms; returns the slowest stage.
+size_t pipeline_time(const Job& job, const Cluster& c, const Layout& l, const std::vector<StageWork>& work,
+                     TimePrediction& t) {
+  const model::ModelConfig& cfg = job.model;
+  const int64_t N = l.micro_batch * job.seq;
+  double t_max = 0, t_sum = 0;
+  size_t slow = 0;
+  for (size_t s = 0; s < work.size(); ++s) {
+    double ts = work[s].total();
+    if (l.pp > 1) {
+      const bool same = rank_of(l, int64_t(s), 0, 0, 0) / c.devices_per_node ==
+                        rank_of(l, int64_t(s) + 1, 0, 0, 0) / c.devices_per_node;
+      ts += 2 * p2p_seconds(double(N) * double(cfg.d_model) * (job.bf16 ? 2 : 4), same, c, l);  // parallel.pp_dtype
+    }
+    t_sum += ts;
+    if (ts > t_max) t_max = ts, slow = s;
+  }
+  const StageWork& ws = work[slow];
+  const double m = double(l.micro_batches);
+  t.gemm = m * ws.gemm;
+  t.attention = m * ws.attention;
+  t.elementwise = m * ws.elementwise;
+  t.recompute = m * ws.recompute;
+  t.tp_comm = m * ws.tp;
+  t.ep_a2a = m * ws.a2a;
+  t.pp_p2p = m * (t_max - ws.total());
+  t.bubble = l.pp > 1 ? t_sum - t_max : 0;
+  return slow;
+}
+
+// Data parallelism on the slowest stage: dense parameters over the dp x ep ranks, a MoE
+// model's experts over the dp ranks that hold the same ones (as the trainer shards them).
+// Fills t.dp_comm and t.dp_exposed.
+void data_parallel_time(const Job& job, const Cluster& c, const Layout& l, size_t slow, const StageWork& ws,
+                        double grad_bytes, double dense_params, double expert_params, double gather_bytes,
+                        TimePrediction& t) {
+  const model::ModelConfig& cfg = job.model;
+  const double m = double(l.micro_batches);
+  using Op = comm::CollectiveOp;
+  double grads = 0, gathers = 0, overlapped = 0;
+  auto data_parallel = [&](double P, int64_t ep_span) {
+    std::vector<int64_t> members;
+    for (int64_t d = 0; d < l.dp; ++d)
+      for (int64_t e = 0; e < ep_span; ++e) members.push_back(rank_of(l, int64_t(slow), d, e, 0));
+    if (members.size() < 2 || P <= 0) return;
+    const comm::Topology topo = topology(members, c.devices_per_node);
+    int64_t here = 0;
+    for (int h : topo.host_of) here += h == topo.host_of.front();
+    const comm::CostModel links = shared_links(c, l, here);
+    // Gradients: ZeRO-0/1 all-reduce once per step (no_sync before the last micro-batch), in
+    // buckets whose last one cannot overlap; ZeRO-2/3 reduce-scatter every micro-batch.
+    const double bucket = std::min(job.bucket_mb * 1024 * 1024 / 4, P);
+    if (l.zero < 2) {
+      const double g = collective_seconds(Op::all_reduce, P * grad_bytes, topo, links, job.algorithm);
+      const double last = collective_seconds(Op::all_reduce, bucket * grad_bytes, topo, links, job.algorithm);
+      grads += g;
+      overlapped += std::min(g - last, c.overlap_fraction * ws.backward);
+    } else {
+      const double g = m * collective_seconds(Op::reduce_scatter, P * grad_bytes, topo, links, job.algorithm);
+      grads += g;
+      overlapped += std::min(g * (1 - 1 / std::max(1.0, P / bucket)), c.overlap_fraction * m * ws.backward);
+    }
+    if (l.zero == 1 || l.zero == 2)
+      gathers += collective_seconds(Op::all_gather, P * gather_bytes, topo, links, job.algorithm);
+    if (l.zero == 3) {
+      // Parameters gathered for every micro-batch's forward and backward, prefetched a unit
+      // ahead: hidden behind compute except the first unit.
+      const double g = 2 * m * collective_seconds(Op::all_gather, P * gather_bytes, topo, links, job.algorithm);
+      gathers += g;
+      overlapped += std::min(g * (1 - 1.0 / double(cfg.n_layer + 2)), c.overlap_fraction * m * ws.total());
+    }
+  };
+  data_parallel(dense_params, l.ep);
+  data_parallel(expert_params, 1);
+  t.dp_comm = c.comm_under_compute * (grads + gathers);
+  overlapped *= c.comm_under_compute;
+  t.dp_exposed = std::max(0.0, t.dp_comm - std::max(0.0, overlapped));
+}
+
+}  // namespace
+
 Prediction predict(const Job& job, const Cluster& c, const Layout& l) {
   Prediction p;
   p.layout = l;
@@ -284,38 +407,7 @@ Prediction predict(const Job& job, const Cluster& c, const Layout& l) {
         l.pp == 1 ? 1 : std::min<int64_t>(l.micro_batches, l.schedule == "gpipe" ? l.micro_batches : l.pp - s);
     m.activations = double(a.activations(in_flight));
     m.workspace = double(a.workspace_bytes(in_flight));
-    // Communication buffers: pipeline transfer buffers; ZeRO-0/1 bucket staging (two in
-    // flight); ZeRO-2 the embedding and head staging; ZeRO-3 gathered units (embedding, head
-    // and the two blocks around the one computing).
-    const double act_bytes = double(N) * double(cfg.d_model) * 4;
-    if (l.pp > 1) m.comm += 2 * act_bytes;
-    if (l.dp * l.ep > 1) {
-      double block_unit = 0, embed_unit = 0, head_unit = 0, expert_unit = 0;
-      for (const auto& u : layout.units()) {
-        if (u.layer >= 0 && !u.experts) block_unit = std::max(block_unit, double(u.size()) * 4);
-        if (u.experts) expert_unit = std::max(expert_unit, double(u.size()) * 4);
-        if (u.name == "embed") embed_unit = double(u.size()) * 4;
-        if (u.name == "head") head_unit = double(u.size()) * 4;
-      }
-      if (l.zero < 2) {
-        // Gradients reduce in place; bf16 ones through a bucket-sized copy (two in flight).
-        // A stage with both embedding and head and no tp gathers every rank's embedding
-        // gradient rows (tokens, positions, rows) instead of reducing the whole table.
-        if (job.bf16) m.comm += std::min(2 * job.bucket_mb * 1024 * 1024 / 4, double(dense)) * 2;
-        if (slice.has_embedding && slice.has_head && l.tp == 1)
-          m.comm += double(N) * double(l.dp * l.ep) * double(2 + cfg.d_model) * 4 + double(N) * double(cfg.d_model) * 4;
-      } else if (l.zero == 2) {
-        // Embedding and head staging for the whole step, and the block reductions in flight.
-        m.comm += embed_unit + head_unit + 3 * block_unit;
-      } else {
-        // Gathered units: embedding, head, and the blocks in flight around the computing one.
-        const double L = double(slice.last_layer - slice.first_layer);
-        m.comm += embed_unit + head_unit + (std::min(L, 4.0) + 1) * block_unit;
-      }
-      // The replica's units widened for use: the head and the computing block with its experts
-      // (a unit without 16-bit weights, the embedding's, is read in place).
-      if (dp_plan.weight_replica) m.comm += head_unit + block_unit + expert_unit;
-    }
+    m.comm = comm_buffer_bytes(job, l, slice, layout, N, dense, dp_plan.weight_replica);
     p.stage_memory.push_back(m);
     stage_params.push_back(double(dense));
     stage_experts.push_back(double(expert_params));
@@ -325,73 +417,11 @@ Prediction predict(const Job& job, const Cluster& c, const Layout& l) {
     if (p.stage_memory[s].total() > p.memory.total()) p.memory = p.stage_memory[s], p.memory_stage = int(s);
 
   TimePrediction& t = p.time;
-  // Pipeline: the slowest stage runs m micro-batches; the others' fill and drain add the sum
-  // of their per-micro-batch times once (1F1B and GPipe alike).
-  double t_max = 0, t_sum = 0;
-  size_t slow = 0;
-  for (size_t s = 0; s < work.size(); ++s) {
-    double ts = work[s].total();
-    if (l.pp > 1) {
-      const bool same = rank_of(l, int64_t(s), 0, 0, 0) / c.devices_per_node ==
-                        rank_of(l, int64_t(s) + 1, 0, 0, 0) / c.devices_per_node;
-      ts += 2 * p2p_seconds(double(N) * double(cfg.d_model) * (job.bf16 ? 2 : 4), same, c, l);  // parallel.pp_dtype
-    }
-    t_sum += ts;
-    if (ts > t_max) t_max = ts, slow = s;
-  }
+  const size_t slow = pipeline_time(job, c, l, work, t);
   const StageWork& ws = work[slow];
-  const double m = double(l.micro_batches);
-  t.gemm = m * ws.gemm;
-  t.attention = m * ws.attention;
-  t.elementwise = m * ws.elementwise;
-  t.recompute = m * ws.recompute;
-  t.tp_comm = m * ws.tp;
-  t.ep_a2a = m * ws.a2a;
-  t.pp_p2p = m * (t_max - ws.total());
-  t.bubble = l.pp > 1 ? t_sum - t_max : 0;
 
-  // Data parallelism on the slowest stage: dense parameters over the dp x ep ranks, a MoE
-  // model's experts over the dp ranks that hold the same ones (as the trainer shards them).
-  using Op = comm::CollectiveOp;
-  double grads = 0, gathers = 0, overlapped = 0;
-  auto data_parallel = [&](double P, int64_t ep_span) {
-    std::vector<int64_t> members;
-    for (int64_t d = 0; d < l.dp; ++d)
-      for (int64_t e = 0; e < ep_span; ++e) members.push_back(rank_of(l, int64_t(slow), d, e, 0));
-    if (members.size() < 2 || P <= 0) return;
-    const comm::Topology topo = topology(members, c.devices_per_node);
-    int64_t here = 0;
-    for (int h : topo.host_of) here += h == topo.host_of.front();
-    const comm::CostModel links = shared_links(c, l, here);
-    // Gradients: ZeRO-0/1 all-reduce once per step (no_sync before the last micro-batch), in
-    // buckets whose last one cannot overlap; ZeRO-2/3 reduce-scatter every micro-batch.
-    const double bucket = std::min(job.bucket_mb * 1024 * 1024 / 4, P);
-    if (l.zero < 2) {
-      const double g = collective_seconds(Op::all_reduce, P * grad_bytes, topo, links, job.algorithm);
-      const double last = collective_seconds(Op::all_reduce, bucket * grad_bytes, topo, links, job.algorithm);
-      grads += g;
-      overlapped += std::min(g - last, c.overlap_fraction * ws.backward);
-    } else {
-      const double g = m * collective_seconds(Op::reduce_scatter, P * grad_bytes, topo, links, job.algorithm);
-      grads += g;
-      overlapped += std::min(g * (1 - 1 / std::max(1.0, P / bucket)), c.overlap_fraction * m * ws.backward);
-    }
-    const double wb = gather_bytes[slow];
-    if (l.zero == 1 || l.zero == 2) gathers += collective_seconds(Op::all_gather, P * wb, topo, links, job.algorithm);
-    if (l.zero == 3) {
-      // Parameters gathered for every micro-batch's forward and backward, prefetched a unit
-      // ahead: hidden behind compute except the first unit.
-      const double g = 2 * m * collective_seconds(Op::all_gather, P * wb, topo, links, job.algorithm);
-      gathers += g;
-      overlapped += std::min(g * (1 - 1.0 / double(cfg.n_layer + 2)), c.overlap_fraction * m * ws.total());
-    }
-  };
-  data_parallel(stage_params[slow], l.ep);
-  data_parallel(stage_experts[slow], 1);
+  data_parallel_time(job, c, l, slow, ws, grad_bytes, stage_params[slow], stage_experts[slow], gather_bytes[slow], t);
   const double P = stage_params[slow] + stage_experts[slow];
-  t.dp_comm = c.comm_under_compute * (grads + gathers);
-  overlapped *= c.comm_under_compute;
-  t.dp_exposed = std::max(0.0, t.dp_comm - std::max(0.0, overlapped));
   // Optimizer on the rank's shard: AdamW reads parameters, gradients and both moments and
   // writes three of them; the gradient norm reads the gradients; zeroing writes them.
   const double dense_shard = stage_params[slow] / double(l.dp * l.ep),
@@ -460,51 +490,6 @@ std::vector<Prediction> search(const Job& job, const Cluster& c, const SearchOpt
     return a.memory.total() < b.memory.total();
   });
   return out;
-}
-
-std::string explain(const Job& job, const Cluster& c, const Prediction& p) {
-  const TimePrediction& t = p.time;
-  const Layout& l = p.layout;
-  std::ostringstream o;
-  char line[256];
-  auto row = [&](const char* name, double s, const std::string& why) {
-    std::snprintf(line, sizeof line, "  %-22s %10.2f ms %5.1f%%  %s\n", name, s * 1e3,
-                  t.step > 0 ? 100 * s / t.step : 0.0, why.c_str());
-    o << line;
-  };
-  o << "layout " << l.describe() << " on " << l.ranks() << " devices of " << c.name << " (" << job.nodes << " node"
-    << (job.nodes > 1 ? "s" : "") << " x " << c.devices_per_node << ")\n";
-  o << "step time " << str_cat(t.step * 1e3) << " ms, " << int64_t(p.tokens_per_s) << " tokens/s, MFU "
-    << str_cat(int(1000 * p.mfu) / 10.0) << "%\n";
-  row("matrix products", t.gemm,
-      str_cat("forward + backward (3x forward) of ", l.micro_batches, " micro-batches of ", l.micro_batch, " x ",
-              job.seq, " tokens on the slowest stage"));
-  row("attention products", t.attention, "causal QK^T and AV, T/2 keys per query on average");
-  row("elementwise", t.elementwise, str_cat("bytes moved / ", c.device.memory_bytes_per_s / 1e9, " GB/s"));
-  if (t.recompute > 0)
-    row("recomputation", t.recompute, str_cat("checkpoint interval ", l.checkpoint, ": forward again"));
-  if (t.tp_comm > 0) row("tensor-parallel comm", t.tp_comm, str_cat("4 all-reduces of [N, C] per block, tp=", l.tp));
-  if (t.ep_a2a > 0)
-    row("expert all-to-all", t.ep_a2a, str_cat("dispatch and combine, forward and backward, per MoE block, ep=", l.ep));
-  if (t.pp_p2p > 0) row("pipeline transfers", t.pp_p2p, "activations forward, gradients backward");
-  if (t.bubble > 0)
-    row("pipeline bubble", t.bubble,
-        str_cat("(p-1)/(m+p-1) = ", int(1000.0 * double(l.pp - 1) / double(l.micro_batches + l.pp - 1)) / 10.0,
-                "% of an ideal pipeline"));
-  if (t.dp_comm > 0)
-    row("data-parallel exposed", t.dp_exposed,
-        str_cat("of ", t.dp_comm * 1e3, " ms of ZeRO-", l.zero, " collectives over dp=", l.dp,
-                l.ep > 1 ? str_cat(" (dense parameters over dp x ep=", l.dp * l.ep, ")") : std::string(),
-                "; the rest hides behind backward"));
-  row("optimizer", t.optimizer,
-      l.zero >= 1 ? str_cat("AdamW on a 1/", l.dp * l.ep, " shard") : std::string("AdamW on all parameters"));
-  const MemoryPrediction& m = p.memory;
-  o << "memory on stage " << p.memory_stage << ": " << format_bytes(int64_t(m.total())) << " of "
-    << format_bytes(int64_t(c.device.memory_bytes)) << " (params " << format_bytes(int64_t(m.params)) << ", grads "
-    << format_bytes(int64_t(m.grads)) << ", optimizer " << format_bytes(int64_t(m.optimizer)) << ", activations "
-    << format_bytes(int64_t(m.activations)) << ", workspace " << format_bytes(int64_t(m.workspace)) << ", comm "
-    << format_bytes(int64_t(m.comm)) << ")\n";
-  return o.str();
 }
 
 }  // namespace loom::plan

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/comm/algorithm.h"
 #include "loom/model/config.h"
 #include "loom/model/param_layout.h"
 #include "loom/plan/cluster.h"
@@ -42,9 +43,9 @@ struct Job {
   // 1/8 (1-bit Adam's signs after its warm-up); 0: bf16's 2 when bf16, else 4.
   double grad_wire_bytes = 0;
   bool onebit() const { return grad_wire_bytes > 0 && grad_wire_bytes < 1; }
-  // Collectives: "auto" (the fastest of ring, tree and two-level hierarchical, as comm's auto
-  // chooses) or one of them ("ring", "tree", "hierarchical").
-  std::string algorithm = "auto";
+  // Collectives: auto_select (the fastest of ring, tree and two-level hierarchical, as comm's
+  // auto chooses) or one of them.
+  comm::Algorithm algorithm = comm::Algorithm::auto_select;
 };
 
 struct MemoryPrediction {
