@@ -19,8 +19,8 @@
 #include "loom/core/dtype.h"
 #include "loom/core/error.h"
 #include "loom/core/threads.h"
-#include "loom/infer/cpu/decode_linear.h"
 #include "loom/kernels/cpu/cpu_kernels.h"
+#include "loom/kernels/cpu/decode_linear.h"
 #include "loom/kernels/cpu/gemm.h"
 #include "loom/kernels/cpu/quant_linear.h"
 #include "loom/kernels/cpu/quant_linear_impl.h"
@@ -638,7 +638,7 @@ void gpt2_bench(int64_t M) {
   auto run = [&](const Config& c, size_t j, const float* x, float* y, int64_t M) {
     const BenchMatrix& m = *step[j];
     if (c.decode_linear)
-      infer::decode_linear(x, f32[j].data(), nullptr, y, M, m.I, m.O);
+      cpu::decode_linear(x, f32[j].data(), nullptr, y, M, m.I, m.O);
     else if (!c.fmt)
       linear_forward<float>(x, f32[j].data(), nullptr, y, M, m.I, m.O);
     else

@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "loom/infer/cpu/decode_linear.h"
+#include "loom/kernels/cpu/decode_linear.h"
 #include "loom/kernels/ops.h"
 
 namespace loom::infer {
@@ -23,9 +23,9 @@ void ModelRunner::linear(const Tensor& x, const Tensor& w, const QuantizedMatrix
   const int64_t M = x.size(0);
   if (q) {
     cpu::quant_linear(x.data<float>(), q->view(), b.defined() ? b.data<float>() : nullptr, y.data<float>(), M);
-  } else if (x.dtype() == DType::f32 && M <= kDecodeLinearMaxRows) {
-    decode_linear(x.data<float>(), w.data<float>(), b.defined() ? b.data<float>() : nullptr, y.data<float>(), M,
-                  w.size(1), w.size(0));
+  } else if (x.dtype() == DType::f32 && M <= cpu::kDecodeLinearMaxRows) {
+    cpu::decode_linear(x.data<float>(), w.data<float>(), b.defined() ? b.data<float>() : nullptr, y.data<float>(), M,
+                       w.size(1), w.size(0));
   } else {
     ops::linear_forward(x, w, b, y);
   }

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-namespace loom::infer {
+namespace loom::cpu {
 
 // Rows at or below this go through decode_linear; more are left to BLAS. Measured for
 // gpt2-124m's layers on 2 AVX-512 cores (all 49 matrices of one step, quiet machine): 16 rows
@@ -23,4 +23,4 @@ void decode_linear(const float* x, const float* w, const float* b, float* y, int
 void decode_linear_on(const std::string& isa, const float* x, const float* w, const float* b, float* y, int64_t M,
                       int64_t I, int64_t O);
 
-}  // namespace loom::infer
+}  // namespace loom::cpu

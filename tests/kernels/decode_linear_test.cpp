@@ -6,8 +6,8 @@
 #include <random>
 
 #include "loom/core/error.h"
-#include "loom/infer/cpu/decode_linear.h"
 #include "loom/kernels/cpu/cpu_kernels.h"
+#include "loom/kernels/cpu/decode_linear.h"
 #include "loom/kernels/ops.h"
 
 using namespace loom;
@@ -21,13 +21,13 @@ TEST_P(DecodeLinearIsa, MatchesBlasLinear) {
   std::normal_distribution<float> nd(0.f, 1.f);
   for (int64_t I : {5, 8, 16, 37, 96}) {
     for (int64_t O : {1, 7, 130}) {
-      for (int64_t M = 1; M <= infer::kDecodeLinearMaxRows; ++M) {
+      for (int64_t M = 1; M <= cpu::kDecodeLinearMaxRows; ++M) {
         for (bool bias : {false, true}) {
           std::vector<float> x(static_cast<size_t>(M * I)), w(static_cast<size_t>(O * I)), b(static_cast<size_t>(O));
           for (auto* v : {&x, &w, &b})
             for (auto& e : *v) e = nd(g);
           std::vector<float> got(static_cast<size_t>(M * O), -1.f);
-          infer::decode_linear_on(isa, x.data(), w.data(), bias ? b.data() : nullptr, got.data(), M, I, O);
+          cpu::decode_linear_on(isa, x.data(), w.data(), bias ? b.data() : nullptr, got.data(), M, I, O);
           Tensor y = Tensor::zeros({M, O}, DType::f32);
           ops::linear_forward(Tensor::from_vector(x, {M, I}), Tensor::from_vector(w, {O, I}),
                               bias ? Tensor::from_vector(b, {O}) : Tensor{}, y);
@@ -42,16 +42,16 @@ TEST_P(DecodeLinearIsa, MatchesBlasLinear) {
 
 TEST_P(DecodeLinearIsa, ARowsResultDoesNotDependOnTheRowCount) {
   const std::string isa = GetParam();
-  const int64_t I = 50, O = 33, M = infer::kDecodeLinearMaxRows;
+  const int64_t I = 50, O = 33, M = cpu::kDecodeLinearMaxRows;
   std::mt19937 g(4);
   std::normal_distribution<float> nd(0.f, 1.f);
   std::vector<float> x(static_cast<size_t>(M * I)), w(static_cast<size_t>(O * I)), all(static_cast<size_t>(M * O)),
       one(static_cast<size_t>(O));
   for (auto& e : x) e = nd(g);
   for (auto& e : w) e = nd(g);
-  infer::decode_linear_on(isa, x.data(), w.data(), nullptr, all.data(), M, I, O);
+  cpu::decode_linear_on(isa, x.data(), w.data(), nullptr, all.data(), M, I, O);
   for (int64_t m = 0; m < M; ++m) {
-    infer::decode_linear_on(isa, x.data() + m * I, w.data(), nullptr, one.data(), 1, I, O);
+    cpu::decode_linear_on(isa, x.data() + m * I, w.data(), nullptr, one.data(), 1, I, O);
     EXPECT_TRUE(std::equal(one.begin(), one.end(), all.begin() + m * O)) << "row " << m;
   }
 }
@@ -61,5 +61,5 @@ INSTANTIATE_TEST_SUITE_P(Runnable, DecodeLinearIsa, ::testing::ValuesIn(cpu::isa
 
 TEST(DecodeLinear, RefusesAnInstructionSetThisCpuLacks) {
   float x = 1, w = 1, y = 0;
-  EXPECT_THROW(infer::decode_linear_on("sse9", &x, &w, nullptr, &y, 1, 1, 1), Error);
+  EXPECT_THROW(cpu::decode_linear_on("sse9", &x, &w, nullptr, &y, 1, 1, 1), Error);
 }

@@ -1,7 +1,7 @@
 // decode_linear: threads take 64-row ranges of W and stream each once for all M inputs, in
 // register tiles of up to 4 input rows x 4 outputs (16 FMAs per 8 vector loads) on AVX-512's
 // 32 registers, 2 x 4 or 1 x 8 on AVX2's 16.
-#include "loom/infer/cpu/decode_linear.h"
+#include "loom/kernels/cpu/decode_linear.h"
 
 #include <algorithm>
 #include <cstring>
@@ -10,7 +10,7 @@
 #include "loom/core/error.h"
 #include "loom/kernels/cpu/cpu_kernels.h"
 
-namespace loom::infer {
+namespace loom::cpu {
 namespace {
 
 // One function per instruction set. The OpenMP region stays outside them: GCC outlines a
@@ -21,7 +21,7 @@ using Fn = void (*)(const float*, const float*, const float*, float*, int64_t, i
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,prefer-vector-width=512")
 namespace avx512 {
-#include "loom/infer/cpu/decode_linear_tiles.h"
+#include "loom/kernels/cpu/decode_linear_tiles.h"
 void rows(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t I, int64_t O, int64_t o0,
           int64_t o1) {
   run_rows<v16, 32>(x, w, b, y, M, I, O, o0, o1);
@@ -32,7 +32,7 @@ void rows(const float* x, const float* w, const float* b, float* y, int64_t M, i
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 namespace avx2 {
-#include "loom/infer/cpu/decode_linear_tiles.h"
+#include "loom/kernels/cpu/decode_linear_tiles.h"
 void rows(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t I, int64_t O, int64_t o0,
           int64_t o1) {
   run_rows<v8, 16>(x, w, b, y, M, I, O, o0, o1);
@@ -42,7 +42,7 @@ void rows(const float* x, const float* w, const float* b, float* y, int64_t M, i
 #endif
 
 namespace base {
-#include "loom/infer/cpu/decode_linear_tiles.h"
+#include "loom/kernels/cpu/decode_linear_tiles.h"
 void rows(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t I, int64_t O, int64_t o0,
           int64_t o1) {
   run_rows<v8, 16>(x, w, b, y, M, I, O, o0, o1);
@@ -81,4 +81,4 @@ void decode_linear_on(const std::string& isa, const float* x, const float* w, co
   run(build(isa), x, w, b, y, M, I, O);
 }
 
-}  // namespace loom::infer
+}  // namespace loom::cpu
