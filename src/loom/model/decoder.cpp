@@ -112,7 +112,7 @@ void Decoder::ensure_buffers(int64_t B, int64_t T, bool train) {
   slots_.clear();
   recompute_.clear();
   scratch_ = {};
-  dres_ = ce_work_ = last_losses_ = {};
+  dres_ = ce_work_ = {};
   pos_ = Tensor::empty({N}, DType::i32, act, alloc_);
   int32_t* pos = pos_.data<int32_t>();
   for (int64_t n = 0; n < N; ++n) pos[n] = int32_t(n % T);
@@ -325,7 +325,6 @@ double Decoder::stage_forward(int id, const int32_t* tokens, const int32_t* targ
   else
     ops::lm_head_xent(s.lnf, head, s.targets, s.losses, s.dlnf, dhead, grad_scale, opt_.xent_chunk, ce_work_,
                       cfg_.products());
-  last_losses_ = s.losses;
   return count_and_sum(s, N, n_valid);
 }
 

@@ -86,7 +86,6 @@ class Decoder {
   void set_tensor_parallel(TensorParallelOps* tp) { tp_ = tp; }
   // The expert-parallel exchange (required when options().slice.ep > 1). Not owned.
   void set_expert_parallel(ExpertParallelOps* ep) { ep_ = ep; }
-  const BlockDims& block_dims() const { return dims_; }
 
   // Training step on one micro-batch: tokens and targets are [B, T] (targets < 0 ignored).
   // Parameter gradients accumulate as grad_scale * d(sum of token losses). Returns the sum of
@@ -97,9 +96,6 @@ class Decoder {
   double forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T, int64_t* n_valid = nullptr);
   // Logits [B, T, V] for every position (evaluation and tests).
   void logits(const int32_t* tokens, int64_t B, int64_t T, const Tensor& out);
-
-  // Per-token losses of the last forward, [B*T] (the last stage's).
-  const Tensor& token_losses() const { return last_losses_; }
 
   // ---- Mixture of Experts -------------------------------------------------------------------
   // The router losses of the last micro-batch's forward over this stage's MoE blocks,
@@ -202,7 +198,7 @@ class Decoder {
   std::vector<Slot> slots_;
   Tensor pos_;
   std::vector<BlockActs> recompute_;  // checkpointed segment (or evaluation) activations
-  Tensor dres_, ce_work_, last_losses_;
+  Tensor dres_, ce_work_;
   Tensor router_bias_;
   double last_router_loss_ = 0;
   std::vector<MoeLayerStats> moe_stats_;
