@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "loom/core/cpu_features.h"
 #include "loom/io/file.h"
 #include "loom/train/dataset_source.h"
 #include "loom/train/run_environment.h"

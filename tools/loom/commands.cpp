@@ -3,9 +3,15 @@
 #include <cstdio>
 
 #include "loom/comm/launch.h"
+#include "loom/core/cpu_features.h"
 #include "loom/core/error.h"
+#include "loom/io/checksum.h"
+#include "loom/kernels/cpu/bf16_gemm.h"
 #include "loom/kernels/cpu/blas_core.h"
 #include "loom/kernels/cpu/cpu_kernels.h"
+#include "loom/kernels/cpu/decode_linear.h"
+#include "loom/kernels/cpu/paged_attention.h"
+#include "loom/kernels/cpu/quant_linear.h"
 #include "loom/kernels/cuda/cuda_ops.h"
 #include "loom/train/run_environment.h"
 
@@ -34,10 +40,28 @@ const std::vector<Command>& commands() {
 }
 
 int cmd_version(const std::vector<std::string>& args) {
-  auto app = new_app("version", "Prints the build's version, CPU kernels, BLAS and CUDA devices.");
+  auto app = new_app("version",
+                     "Prints the build's version, the CPU and its features, the kernel each operation runs here "
+                     "(LOOM_ISA and LOOM_QUANT_PATH change them), BLAS and CUDA devices.");
   if (auto rc = parse(*app, args)) return *rc;
-  std::printf("loom %s\ncpu kernels: %s\nBLAS: OpenBLAS, %s kernels\n%s\n", train::kLoomVersion,
-              cpu::hot_kernels_isa().c_str(), cpu::blas_core().c_str(), cuda::describe().c_str());
+  const std::string& model = cpu_model_name();
+  std::printf("loom %s\ncpu: %s\ncpu features: %s\ncpu kernels: %s\nBLAS: OpenBLAS, %s kernels\n", train::kLoomVersion,
+              model.empty() ? "unknown" : model.c_str(), cpu_feature_names(cpu_features()).c_str(),
+              cpu::hot_kernels_isa().c_str(), cpu::blas_core().c_str());
+  // Each from the selection function the operation itself calls.
+  const std::pair<const char*, std::string> kernels[] = {
+      {"f32 GEMM", "OpenBLAS " + cpu::blas_core()},
+      {"bf16 GEMM", cpu::bf16_product_path()},
+      {"int8 linear", cpu::quant_linear_path(cpu::QuantFormat::int8)},
+      {"int4 linear", cpu::quant_linear_path(cpu::QuantFormat::int4)},
+      {"bf16 linear", cpu::quant_linear_path(cpu::QuantFormat::bf16)},
+      {"decode_linear", cpu::decode_linear_isa()},
+      {"paged attention", cpu::paged_attention_isa()},
+      {"checksum", std::string("crc32c ") + io::crc32c_impl()},
+  };
+  for (const auto& [op, kernel] : kernels)
+    std::printf("kernel %-16s %s\n", (std::string(op) + ":").c_str(), kernel.c_str());
+  std::printf("%s\n", cuda::describe().c_str());
   return 0;
 }
 

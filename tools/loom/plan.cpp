@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "loom/core/allocator.h"
+#include "loom/core/cpu_features.h"
 #include "loom/core/error.h"
 #include "loom/core/stats.h"
 #include "loom/core/threads.h"
@@ -118,15 +119,7 @@ plan::Cluster calibrate(int threads, int devices, const std::string& comm_file, 
   c.devices_per_node = devices > 0 ? devices : int(std::max(1u, cores / unsigned(threads)));
   c.max_nodes = 1;
   c.name = "this-machine";
-  std::string cpu = "CPU";
-  {
-    std::ifstream f("/proc/cpuinfo");
-    for (std::string line; std::getline(f, line);)
-      if (line.rfind("model name", 0) == 0) {
-        cpu = line.substr(line.find(':') + 2);
-        break;
-      }
-  }
+  const std::string cpu = cpu_model_name().empty() ? "CPU" : cpu_model_name();
   c.device.name = str_cat(cpu, ", ", threads, " thread", threads > 1 ? "s" : "", " per rank");
   c.device.threads = threads;
   const double mem = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));

@@ -9,6 +9,9 @@
 #endif
 #endif
 
+#include <fstream>
+#include <sstream>
+
 namespace loom {
 
 const CpuFeatures& cpu_features() {
@@ -33,6 +36,42 @@ const CpuFeatures& cpu_features() {
     return c;
   }();
   return f;
+}
+
+std::string cpu_feature_names(const CpuFeatures& f) {
+  const std::pair<bool, const char*> named[] = {{f.sse42, "sse4.2"},
+                                                {f.avx2, "avx2"},
+                                                {f.avx512, "avx512"},
+                                                {f.avx512_vnni, "avx512-vnni"},
+                                                {f.avx512_bf16, "avx512-bf16"},
+                                                {f.avx_vnni, "avx-vnni"},
+                                                {f.neon_dot, "neon-dot"}};
+  std::string out;
+  for (const auto& [present, name] : named)
+    if (present) out += (out.empty() ? "" : " ") + std::string(name);
+  return out.empty() ? "none" : out;
+}
+
+std::string cpu_model_from_cpuinfo(const std::string& cpuinfo) {
+  std::istringstream in(cpuinfo);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    const size_t start = line.find_first_not_of(" \t", colon + 1);
+    return start == std::string::npos ? "" : line.substr(start);
+  }
+  return "";
+}
+
+const std::string& cpu_model_name() {
+  static const std::string name = [] {
+    std::ifstream f("/proc/cpuinfo");
+    std::stringstream text;
+    text << f.rdbuf();
+    return cpu_model_from_cpuinfo(text.str());
+  }();
+  return name;
 }
 
 }  // namespace loom

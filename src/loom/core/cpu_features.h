@@ -3,6 +3,7 @@
 // OpenBLAS core fix, CRC32C). On another architecture the x86 fields are false, and aarch64's
 // dot-product extension is read from the kernel's hardware capabilities.
 #pragma once
+#include <string>
 
 namespace loom {
 
@@ -17,5 +18,13 @@ struct CpuFeatures {
 };
 
 const CpuFeatures& cpu_features();
+// The features that are present, by name, space-separated ("sse4.2 avx2 avx512 avx512-vnni
+// avx512-bf16 avx-vnni neon-dot"); "none" when none is.
+std::string cpu_feature_names(const CpuFeatures& f);
+
+// This machine's CPU model ("model name" in /proc/cpuinfo), read once; "" where it is not given.
+const std::string& cpu_model_name();
+// The "model name" of the first processor in a /proc/cpuinfo text; "" when there is none.
+std::string cpu_model_from_cpuinfo(const std::string& cpuinfo);
 
 }  // namespace loom

@@ -3,35 +3,19 @@
 #include <unistd.h>
 
 #include <ctime>
-#include <fstream>
-#include <sstream>
 #include <thread>
 
+#include "loom/core/cpu_features.h"
 #include "loom/core/threads.h"
 #include "loom/kernels/cpu/blas_core.h"
 #include "loom/kernels/cpu/cpu_kernels.h"
 
 namespace loom::train {
 
-std::string cpu_model_from_cpuinfo(const std::string& cpuinfo) {
-  std::istringstream in(cpuinfo);
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("model name", 0) != 0) continue;
-    const size_t colon = line.find(':');
-    if (colon == std::string::npos) continue;
-    const size_t start = line.find_first_not_of(" \t", colon + 1);
-    return start == std::string::npos ? "" : line.substr(start);
-  }
-  return "";
-}
-
 RunEnvironment describe_run_environment() {
   char host[256] = {};
   if (gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
-  std::ifstream f("/proc/cpuinfo");
-  std::stringstream cpuinfo;
-  cpuinfo << f.rdbuf();
-  const std::string model = cpu_model_from_cpuinfo(cpuinfo.str());
+  const std::string& model = cpu_model_name();
   char when[32] = {};
   const std::time_t now = std::time(nullptr);
   std::tm utc{};

@@ -16,7 +16,4 @@ using RunEnvironment = std::vector<std::pair<std::string, std::string>>;
 // hostname, cpu_model, cpu_cores, isa, blas, threads, loom_version, start_time (UTC, ISO 8601).
 RunEnvironment describe_run_environment();
 
-// The "model name" of the first processor in a /proc/cpuinfo text; "" when there is none.
-std::string cpu_model_from_cpuinfo(const std::string& cpuinfo);
-
 }  // namespace loom::train

@@ -69,9 +69,10 @@ void run(Fn rows, const float* x, const float* w, const float* b, float* y, int6
 
 }  // namespace
 
+std::string decode_linear_isa() { return hot_kernels_isa(); }
+
 void decode_linear(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t I, int64_t O) {
-  // The instruction set the CPU kernels were given (CPU features, or LOOM_ISA).
-  static const Fn rows = build(cpu::hot_kernels_isa());
+  static const Fn rows = build(decode_linear_isa());
   run(rows, x, w, b, y, M, I, O);
 }
 

@@ -17,6 +17,8 @@ namespace loom::cpu {
 inline constexpr int64_t kDecodeLinearMaxRows = 64;
 
 void decode_linear(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t I, int64_t O);
+// The instruction-set build decode_linear runs: the hot kernels' (CPU features, or LOOM_ISA).
+std::string decode_linear_isa();
 
 // decode_linear on one of the instruction-set builds cpu::isas_here() names (for tests and
 // comparisons; throws for one this CPU lacks).

@@ -213,6 +213,12 @@ LOOM_PAGED_ITEM(item_avx2, LOOM_TARGET_AVX2, 8)
 LOOM_PAGED_ITEM(item_base, , 4)
 #undef LOOM_PAGED_ITEM
 
+}  // namespace
+
+std::string paged_attention_isa() { return hot_kernels_isa(); }
+
+namespace {
+
 ItemFn item_for(const std::string& isa) {
   if (isa == "avx512") return item_avx512;
   if (isa == "avx2") return item_avx2;
@@ -230,7 +236,7 @@ void run_items(const T* q, const T* k_cache, const T* v_cache, const PagedSeq* s
     first[size_t(s) + 1] = first[size_t(s)] + a.KVH * ((seqs[s].n_q + kQueryTile - 1) / kQueryTile);
   const int64_t n_items = first.back();
   if constexpr (std::is_same_v<T, float>) {
-    static const ItemFn picked = item_for(hot_kernels_isa());
+    static const ItemFn picked = item_for(paged_attention_isa());
     if (!f32_item) f32_item = picked;
   }
 #pragma omp parallel if (n_items > 1)

@@ -24,6 +24,9 @@ void paged_attention_forward(const T* q, int64_t q_stride, const T* k_cache, con
                              const PagedSeq* seqs, int64_t n_seqs, T* out, int64_t out_stride, int64_t H, int64_t KVH,
                              int64_t D);
 
+// The instruction-set build the f32 forward runs: the hot kernels' (CPU features, or LOOM_ISA).
+std::string paged_attention_isa();
+
 // The f32 forward on a given instruction-set build (one of cpu::isas_here(); throws for one
 // this CPU lacks): for tests and comparisons.
 void paged_attention_forward_on(const std::string& isa, const float* q, int64_t q_stride, const float* k_cache,
