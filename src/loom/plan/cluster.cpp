@@ -8,7 +8,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "loom/core/error.h"
-#include "loom/io/yaml_aliases.h"
+#include "loom/io/yaml_load.h"
 
 namespace loom::plan {
 
@@ -51,13 +51,7 @@ struct Reader {
 }  // namespace
 
 Cluster parse_cluster(const std::string& text, const std::string& source) {
-  io::reject_yaml_aliases(text, source, "plan", "a cluster file");
-  YAML::Node root;
-  try {
-    root = YAML::Load(text);
-  } catch (const YAML::Exception& e) {
-    fail("plan", source, ": not YAML: ", e.what());
-  }
+  const YAML::Node root = io::load_yaml(text, source, "plan", "a cluster file");
   LOOM_CHECK(root.IsMap(), "plan", source, ": expected a map with name, node, links");
   const Reader r{source};
   Cluster c;

@@ -4,7 +4,7 @@
 #include <limits>
 #include <sstream>
 
-#include "loom/io/yaml_aliases.h"
+#include "loom/io/yaml_load.h"
 #include "loom/model/param_layout.h"
 #include "loom/parallel/data_parallel_options.h"
 #include "loom/parallel/mesh_shape.h"
@@ -245,13 +245,7 @@ const char* nonfinite_name(NonFinite n) { return n == NonFinite::stop ? "stop" :
 
 TrainConfig parse_train_config(const std::string& text, const std::vector<std::string>& sets,
                                const std::string& source) {
-  io::reject_yaml_aliases(text, source, "config", "a loom config");
-  YAML::Node root;
-  try {
-    root = YAML::Load(text);
-  } catch (const YAML::Exception& e) {
-    fail("config", source, ": not valid YAML: ", e.what());
-  }
+  YAML::Node root = io::load_yaml(text, source, "config", "a loom config");
   ConfigReader::reject_duplicate_keys(root, source);
   ConfigReader::reject_duplicate_overrides(sets);
   for (const auto& s : sets) ConfigReader::apply_override(root, s);

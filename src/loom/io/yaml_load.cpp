@@ -1,4 +1,4 @@
-#include "loom/io/yaml_aliases.h"
+#include "loom/io/yaml_load.h"
 
 #include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/exceptions.h>
@@ -37,7 +37,7 @@ class AliasRefuser : public YAML::EventHandler {
 };
 }  // namespace
 
-void reject_yaml_aliases(const std::string& text, const std::string& source, const char* tag, const char* what) {
+YAML::Node load_yaml(const std::string& text, const std::string& source, const char* tag, const char* what) {
   std::istringstream in(text);
   YAML::Parser parser(in);
   AliasRefuser handler(source, tag, what);
@@ -45,7 +45,12 @@ void reject_yaml_aliases(const std::string& text, const std::string& source, con
     while (parser.HandleNextDocument(handler)) {
     }
   } catch (const YAML::Exception&) {
-    // Malformed YAML: the loader reports it with its own message.
+    // Malformed YAML: YAML::Load below reports it.
+  }
+  try {
+    return YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    fail(tag, source, ": not valid YAML: ", e.what());
   }
 }
 
