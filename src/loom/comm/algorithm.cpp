@@ -8,35 +8,31 @@
 #include <set>
 #include <sstream>
 
+#include "loom/core/enum_names.h"
 #include "loom/core/error.h"
 
 namespace loom::comm {
 
-const char* algorithm_name(Algorithm a) {
-  switch (a) {
-    case Algorithm::auto_select: return "auto";
-    case Algorithm::ring: return "ring";
-    case Algorithm::tree: return "tree";
-    case Algorithm::hierarchical: return "hierarchical";
-    case Algorithm::mpi: return "mpi";
-  }
-  return "?";
-}
+namespace {
+constexpr EnumName<Algorithm> kAlgorithmNames[] = {{Algorithm::auto_select, "auto"},
+                                                   {Algorithm::ring, "ring"},
+                                                   {Algorithm::tree, "tree"},
+                                                   {Algorithm::hierarchical, "hierarchical"},
+                                                   {Algorithm::mpi, "mpi"}};
+}  // namespace
 
 Algorithm parse_algorithm(const std::string& text) {
-  for (Algorithm a :
-       {Algorithm::auto_select, Algorithm::ring, Algorithm::tree, Algorithm::hierarchical, Algorithm::mpi})
-    if (text == algorithm_name(a)) return a;
+  if (const auto a = enum_from_name(kAlgorithmNames, text)) return *a;
   fail("comm", "comm.algorithm '", text, "' is not one of auto, ring, tree, hierarchical, mpi");
 }
 
+const char* algorithm_name(Algorithm a) { return enum_name(kAlgorithmNames, a); }
+
 const char* collective_op_name(CollectiveOp op) {
-  switch (op) {
-    case CollectiveOp::all_reduce: return "all_reduce";
-    case CollectiveOp::reduce_scatter: return "reduce_scatter";
-    case CollectiveOp::all_gather: return "all_gather";
-  }
-  return "?";
+  static constexpr EnumName<CollectiveOp> kNames[] = {{CollectiveOp::all_reduce, "all_reduce"},
+                                                      {CollectiveOp::reduce_scatter, "reduce_scatter"},
+                                                      {CollectiveOp::all_gather, "all_gather"}};
+  return enum_name(kNames, op);
 }
 
 // --- Topology ---------------------------------------------------------------------------

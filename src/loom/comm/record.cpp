@@ -1,6 +1,7 @@
 // The bounded operation log behind step traces and the watchdog.
 #include "loom/comm/record.h"
 
+#include "loom/core/enum_names.h"
 #include "loom/core/error.h"
 #include "loom/core/timer.h"
 #include "loom/core/trace.h"
@@ -8,12 +9,9 @@
 namespace loom::comm {
 
 const char* op_state_name(OpState s) {
-  switch (s) {
-    case OpState::in_flight: return "in_flight";
-    case OpState::completed: return "completed";
-    case OpState::failed: return "failed";
-  }
-  return "?";
+  static constexpr EnumName<OpState> kNames[] = {
+      {OpState::in_flight, "in_flight"}, {OpState::completed, "completed"}, {OpState::failed, "failed"}};
+  return enum_name(kNames, s);
 }
 
 std::string op_label(const std::string& op, uint64_t seq) { return str_cat(op, " #", seq); }

@@ -4,22 +4,18 @@
 #include <cstdlib>
 #include <new>
 
+#include "loom/core/enum_names.h"
 #include "loom/core/error.h"
 
 namespace loom {
 
 const char* mem_category_name(MemCategory c) {
-  switch (c) {
-    case MemCategory::params: return "params";
-    case MemCategory::grads: return "grads";
-    case MemCategory::optimizer: return "optimizer";
-    case MemCategory::activations: return "activations";
-    case MemCategory::workspace: return "workspace";
-    case MemCategory::kv_cache: return "kv_cache";
-    case MemCategory::comm: return "comm";
-    case MemCategory::other: return "other";
-  }
-  return "?";
+  static constexpr EnumName<MemCategory> kNames[] = {
+      {MemCategory::params, "params"},       {MemCategory::grads, "grads"},
+      {MemCategory::optimizer, "optimizer"}, {MemCategory::activations, "activations"},
+      {MemCategory::workspace, "workspace"}, {MemCategory::kv_cache, "kv_cache"},
+      {MemCategory::comm, "comm"},           {MemCategory::other, "other"}};
+  return enum_name(kNames, c);
 }
 
 MemorySnapshot Allocator::snapshot() const {

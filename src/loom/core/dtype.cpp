@@ -1,5 +1,6 @@
 #include "loom/core/dtype.h"
 
+#include "loom/core/enum_names.h"
 #include "loom/core/error.h"
 
 namespace loom {
@@ -18,29 +19,21 @@ size_t dtype_size(DType t) {
   return 0;
 }
 
-const char* dtype_name(DType t) {
-  switch (t) {
-    case DType::f32: return "f32";
-    case DType::f64: return "f64";
-    case DType::bf16: return "bf16";
-    case DType::f16: return "f16";
-    case DType::i32: return "i32";
-    case DType::i64: return "i64";
-    case DType::i8: return "i8";
-    case DType::u8: return "u8";
-  }
-  return "?";
-}
+namespace {
+// Each dtype's printed name first, then the long and the safetensors spellings accepted too.
+constexpr EnumName<DType> kDTypeNames[] = {
+    {DType::f32, "f32"},     {DType::f64, "f64"},     {DType::bf16, "bf16"},     {DType::f16, "f16"},
+    {DType::i32, "i32"},     {DType::i64, "i64"},     {DType::i8, "i8"},         {DType::u8, "u8"},
+    {DType::f32, "float32"}, {DType::f64, "float64"}, {DType::bf16, "bfloat16"}, {DType::f16, "float16"},
+    {DType::i32, "int32"},   {DType::i64, "int64"},   {DType::i8, "int8"},       {DType::u8, "uint8"},
+    {DType::f32, "F32"},     {DType::f64, "F64"},     {DType::bf16, "BF16"},     {DType::f16, "F16"},
+    {DType::i32, "I32"},     {DType::i64, "I64"},     {DType::i8, "I8"},         {DType::u8, "U8"}};
+}  // namespace
+
+const char* dtype_name(DType t) { return enum_name(kDTypeNames, t); }
 
 DType dtype_from_name(const std::string& n) {
-  if (n == "f32" || n == "float32" || n == "F32") return DType::f32;
-  if (n == "f64" || n == "float64" || n == "F64") return DType::f64;
-  if (n == "bf16" || n == "bfloat16" || n == "BF16") return DType::bf16;
-  if (n == "f16" || n == "float16" || n == "F16") return DType::f16;
-  if (n == "i32" || n == "int32" || n == "I32") return DType::i32;
-  if (n == "i64" || n == "int64" || n == "I64") return DType::i64;
-  if (n == "i8" || n == "int8" || n == "I8") return DType::i8;
-  if (n == "u8" || n == "uint8" || n == "U8") return DType::u8;
+  if (const auto t = enum_from_name(kDTypeNames, n)) return *t;
   fail("dtype", "unknown dtype '", n, "' (expected f32, f64, bf16, f16, i32, i64, i8 or u8)");
 }
 

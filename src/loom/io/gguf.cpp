@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "loom/core/enum_names.h"
 #include "loom/core/error.h"
 
 namespace loom::io {
@@ -124,22 +125,12 @@ GgufValue read_value(Cursor& c, GgufType type, const std::string& path, const st
 }  // namespace
 
 const char* gguf_type_name(GgufType t) {
-  switch (t) {
-    case GgufType::u8: return "uint8";
-    case GgufType::i8: return "int8";
-    case GgufType::u16: return "uint16";
-    case GgufType::i16: return "int16";
-    case GgufType::u32: return "uint32";
-    case GgufType::i32: return "int32";
-    case GgufType::f32: return "float32";
-    case GgufType::boolean: return "bool";
-    case GgufType::string: return "string";
-    case GgufType::array: return "array";
-    case GgufType::u64: return "uint64";
-    case GgufType::i64: return "int64";
-    case GgufType::f64: return "float64";
-  }
-  return "unknown";
+  static constexpr EnumName<GgufType> kNames[] = {
+      {GgufType::u8, "uint8"},      {GgufType::i8, "int8"},     {GgufType::u16, "uint16"},  {GgufType::i16, "int16"},
+      {GgufType::u32, "uint32"},    {GgufType::i32, "int32"},   {GgufType::f32, "float32"}, {GgufType::boolean, "bool"},
+      {GgufType::string, "string"}, {GgufType::array, "array"}, {GgufType::u64, "uint64"},  {GgufType::i64, "int64"},
+      {GgufType::f64, "float64"}};
+  return enum_name(kNames, t, "unknown");
 }
 
 bool GgufValue::is_integer() const {

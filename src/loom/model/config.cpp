@@ -2,39 +2,41 @@
 
 #include <cmath>
 
+#include "loom/core/enum_names.h"
 #include "loom/core/error.h"
 
 namespace loom::model {
 
-const char* family_name(Family f) { return f == Family::gpt2 ? "gpt2" : "llama"; }
+namespace {
+constexpr EnumName<Family> kFamilyNames[] = {{Family::gpt2, "gpt2"}, {Family::llama, "llama"}};
+// The first name of each is the one printed; f32 and f16 are accepted as well.
+constexpr EnumName<Precision> kPrecisionNames[] = {{Precision::fp32, "fp32"},
+                                                   {Precision::bf16, "bf16"},
+                                                   {Precision::fp16, "fp16"},
+                                                   {Precision::fp32, "f32"},
+                                                   {Precision::fp16, "f16"}};
+constexpr EnumName<RouterScore> kRouterScoreNames[] = {{RouterScore::softmax, "softmax"},
+                                                       {RouterScore::sigmoid, "sigmoid"}};
+}  // namespace
+
+const char* family_name(Family f) { return enum_name(kFamilyNames, f); }
 
 Family family_from_name(const std::string& s) {
-  if (s == "gpt2") return Family::gpt2;
-  if (s == "llama") return Family::llama;
+  if (const auto f = enum_from_name(kFamilyNames, s)) return *f;
   fail("config", "model.family: expected \"gpt2\" or \"llama\", got \"", s, "\"");
 }
 
-const char* precision_name(Precision p) {
-  switch (p) {
-    case Precision::fp32: return "fp32";
-    case Precision::bf16: return "bf16";
-    case Precision::fp16: return "fp16";
-  }
-  return "?";
-}
+const char* precision_name(Precision p) { return enum_name(kPrecisionNames, p); }
 
 Precision precision_from_name(const std::string& s) {
-  if (s == "fp32" || s == "f32") return Precision::fp32;
-  if (s == "bf16") return Precision::bf16;
-  if (s == "fp16" || s == "f16") return Precision::fp16;
+  if (const auto p = enum_from_name(kPrecisionNames, s)) return *p;
   fail("config", "model.precision: expected fp32, bf16 or fp16, got \"", s, "\"");
 }
 
-const char* router_score_name(RouterScore s) { return s == RouterScore::softmax ? "softmax" : "sigmoid"; }
+const char* router_score_name(RouterScore s) { return enum_name(kRouterScoreNames, s); }
 
 RouterScore router_score_from_name(const std::string& s) {
-  if (s == "softmax") return RouterScore::softmax;
-  if (s == "sigmoid") return RouterScore::sigmoid;
+  if (const auto r = enum_from_name(kRouterScoreNames, s)) return *r;
   fail("config", "model.moe.score: expected \"softmax\" or \"sigmoid\", got \"", s, "\"");
 }
 

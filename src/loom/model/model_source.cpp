@@ -7,6 +7,7 @@
 #include <optional>
 #include <set>
 
+#include "loom/core/enum_names.h"
 #include "loom/core/error.h"
 #include "loom/core/timer.h"
 #include "loom/io/file.h"
@@ -149,12 +150,9 @@ void read_chat_files(const std::string& dir, ModelCard& c) {
 }
 
 const char* model_format_name(ModelFormat f) {
-  switch (f) {
-    case ModelFormat::loom: return "loom checkpoint";
-    case ModelFormat::gguf: return "GGUF";
-    case ModelFormat::hf: return "Hugging Face";
-  }
-  return "?";
+  static constexpr EnumName<ModelFormat> kNames[] = {
+      {ModelFormat::loom, "loom checkpoint"}, {ModelFormat::gguf, "GGUF"}, {ModelFormat::hf, "Hugging Face"}};
+  return enum_name(kNames, f);
 }
 
 ModelFormat model_format(const std::string& path) {

@@ -4,6 +4,7 @@
 #include <limits>
 #include <sstream>
 
+#include "loom/core/enum_names.h"
 #include "loom/io/yaml_load.h"
 #include "loom/model/param_layout.h"
 #include "loom/parallel/data_parallel_options.h"
@@ -15,9 +16,8 @@
 namespace loom::train {
 
 DType wire_dtype(const std::string& name) {
-  if (name == "fp32") return DType::f32;
-  if (name == "bf16") return DType::bf16;
-  if (name == "fp16") return DType::f16;
+  static constexpr EnumName<DType> kNames[] = {{DType::f32, "fp32"}, {DType::bf16, "bf16"}, {DType::f16, "fp16"}};
+  if (const auto t = enum_from_name(kNames, name)) return *t;
   fail("config", "dtype '", name, "': expected fp32, bf16 or fp16");
 }
 

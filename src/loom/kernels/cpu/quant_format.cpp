@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "loom/core/dtype.h"
+#include "loom/core/enum_names.h"
 #include "loom/core/error.h"
 #include "loom/kernels/cpu/quant_linear.h"
 #include "loom/kernels/cpu/quant_linear_impl.h"
@@ -11,12 +12,9 @@
 namespace loom::cpu {
 
 const char* quant_format_name(QuantFormat f) {
-  switch (f) {
-    case QuantFormat::int8: return "int8";
-    case QuantFormat::int4: return "int4";
-    case QuantFormat::bf16: return "bf16";
-  }
-  return "?";
+  static constexpr EnumName<QuantFormat> kNames[] = {
+      {QuantFormat::int8, "int8"}, {QuantFormat::int4, "int4"}, {QuantFormat::bf16, "bf16"}};
+  return enum_name(kNames, f);
 }
 
 int64_t quant_row_bytes(QuantFormat f, int64_t I) {
