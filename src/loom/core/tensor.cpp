@@ -1,5 +1,6 @@
 #include "loom/core/tensor.h"
 
+#include <algorithm>
 #include <cstring>
 #include <sstream>
 
@@ -146,33 +147,13 @@ void Tensor::zero() const {
 }
 
 void Tensor::fill(double value) const {
-  int64_t n = numel();
+  const size_t n = size_t(numel());
   switch (dtype_) {
-    case DType::f32: {
-      float* p = data<float>();
-      for (int64_t i = 0; i < n; ++i) p[i] = float(value);
-      break;
-    }
-    case DType::f64: {
-      double* p = data<double>();
-      for (int64_t i = 0; i < n; ++i) p[i] = value;
-      break;
-    }
-    case DType::i32: {
-      int32_t* p = data<int32_t>();
-      for (int64_t i = 0; i < n; ++i) p[i] = int32_t(value);
-      break;
-    }
-    case DType::bf16: {
-      auto* p = data<bf16_t>();
-      for (int64_t i = 0; i < n; ++i) p[i] = f32_to_bf16(float(value));
-      break;
-    }
-    case DType::f16: {
-      auto* p = data<f16_t>();
-      for (int64_t i = 0; i < n; ++i) p[i] = f32_to_f16(float(value));
-      break;
-    }
+    case DType::f32: std::fill_n(data<float>(), n, float(value)); break;
+    case DType::f64: std::fill_n(data<double>(), n, value); break;
+    case DType::i32: std::fill_n(data<int32_t>(), n, int32_t(value)); break;
+    case DType::bf16: std::fill_n(data<bf16_t>(), n, f32_to_bf16(float(value))); break;
+    case DType::f16: std::fill_n(data<f16_t>(), n, f32_to_f16(float(value))); break;
     default: fail("fill", "unsupported dtype ", dtype_name(dtype_));
   }
 }

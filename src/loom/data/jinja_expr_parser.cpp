@@ -43,23 +43,18 @@ ExprPtr ExprParser::binary(const std::string& op, ExprPtr a, ExprPtr b, int line
   return e;
 }
 
-ExprPtr ExprParser::parse_or() {
-  ExprPtr e = parse_and();
-  while (at_name("or")) {
+ExprPtr ExprParser::parse_left_assoc(const char* op, ExprPtr (ExprParser::*next)()) {
+  ExprPtr e = (this->*next)();
+  while (at_name(op)) {
     const int line = t_[p_++].line;
-    e = binary("or", std::move(e), parse_and(), line);
+    e = binary(op, std::move(e), (this->*next)(), line);
   }
   return e;
 }
 
-ExprPtr ExprParser::parse_and() {
-  ExprPtr e = parse_not();
-  while (at_name("and")) {
-    const int line = t_[p_++].line;
-    e = binary("and", std::move(e), parse_not(), line);
-  }
-  return e;
-}
+ExprPtr ExprParser::parse_or() { return parse_left_assoc("or", &ExprParser::parse_and); }
+
+ExprPtr ExprParser::parse_and() { return parse_left_assoc("and", &ExprParser::parse_not); }
 
 ExprPtr ExprParser::parse_not() {
   if (at_name("not")) {

@@ -80,6 +80,8 @@ class ExprParser {
 
  private:
   ExprPtr binary(const std::string& op, ExprPtr a, ExprPtr b, int line);
+  // `next (op next)*`, left-associative: the boolean operators' levels.
+  ExprPtr parse_left_assoc(const char* op, ExprPtr (ExprParser::*next)());
   ExprPtr parse_or();
   ExprPtr parse_and();
   ExprPtr parse_not();

@@ -7,7 +7,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <stdexcept>
+#include <utility>
 
 #include "loom/data/jinja_render.h"
 #include "loom/data/jinja_text.h"
@@ -136,17 +138,18 @@ Value round_value(Renderer& r, const Value& v, CallArgs& a) {
   return Value::real(std::strtod(buf, nullptr));
 }
 
+// jinja2's escape (markupsafe): & < > " ' as entities.
 std::string html_escape(const std::string& s) {
+  static constexpr std::pair<char, const char*> kEntities[] = {
+      {'&', "&amp;"}, {'<', "&lt;"}, {'>', "&gt;"}, {'"', "&#34;"}, {'\'', "&#39;"}};
   std::string out;
   for (char c : s) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&#34;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
-    }
+    const auto* e =
+        std::find_if(std::begin(kEntities), std::end(kEntities), [c](const auto& x) { return x.first == c; });
+    if (e != std::end(kEntities))
+      out += e->second;
+    else
+      out += c;
   }
   return out;
 }

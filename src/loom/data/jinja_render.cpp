@@ -66,6 +66,19 @@ Renderer::Flow Renderer::exec(const Body& body, std::string& out) {
   return Flow::kNormal;
 }
 
+Value Renderer::apply_filter_chain(const Expr* outermost, Value v) {
+  std::vector<const Expr*> chain;
+  for (const Expr* e = outermost; e; e = e->args[0].get()) chain.push_back(e);
+  for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+    CallArgs args;
+    for (size_t k = 1; k < (*it)->args.size(); ++k) args.pos.push_back(eval(*(*it)->args[k]));
+    for (const auto& kw : (*it)->kwargs) args.kw.emplace_back(kw.first, eval(*kw.second));
+    line_ = (*it)->line;
+    v = filter((*it)->name, std::move(v), args);
+  }
+  return v;
+}
+
 Renderer::Flow Renderer::exec_stmt(const Stmt& s, std::string& out) {
   line_ = s.line;
   if (++steps_ > opt_.max_steps)
@@ -83,18 +96,7 @@ Renderer::Flow Renderer::exec_stmt(const Stmt& s, std::string& out) {
       std::string body;
       exec(s.body, body);
       Value v = Value::string(std::move(body));
-      if (s.expr) {
-        // The chain was parsed on a null operand: apply it, innermost first.
-        std::vector<const Expr*> chain;
-        for (const Expr* f = s.expr.get(); f; f = f->args[0].get()) chain.push_back(f);
-        for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
-          CallArgs args;
-          for (size_t k = 1; k < (*it)->args.size(); ++k) args.pos.push_back(eval(*(*it)->args[k]));
-          for (const auto& kw : (*it)->kwargs) args.kw.emplace_back(kw.first, eval(*kw.second));
-          line_ = (*it)->line;
-          v = filter((*it)->name, std::move(v), args);
-        }
-      }
+      if (s.expr) v = apply_filter_chain(s.expr.get(), std::move(v));
       assign(s.targets[0], std::move(v));
       return Flow::kNormal;
     }
@@ -104,17 +106,7 @@ Renderer::Flow Renderer::exec_stmt(const Stmt& s, std::string& out) {
     case StmtKind::kFilterBlock: {
       std::string body;
       const Flow f = exec(s.body, body);
-      std::vector<const Expr*> chain;
-      for (const Expr* e = s.expr.get(); e; e = e->args[0].get()) chain.push_back(e);
-      Value v = Value::string(std::move(body));
-      for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
-        CallArgs args;
-        for (size_t k = 1; k < (*it)->args.size(); ++k) args.pos.push_back(eval(*(*it)->args[k]));
-        for (const auto& kw : (*it)->kwargs) args.kw.emplace_back(kw.first, eval(*kw.second));
-        line_ = (*it)->line;
-        v = filter((*it)->name, std::move(v), args);
-      }
-      emit(out, py_str(v));
+      emit(out, py_str(apply_filter_chain(s.expr.get(), Value::string(std::move(body)))));
       return f;
     }
     case StmtKind::kScope: return exec(s.body, out);

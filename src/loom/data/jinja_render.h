@@ -49,6 +49,9 @@ class Renderer {
   Flow exec(const Body& body, std::string& out);
   Flow exec_stmt(const Stmt& s, std::string& out);
   Flow exec_for(const Stmt& s, std::string& out);
+  // A `{% set x | f | g %}` or `{% filter f | g %}` chain (parsed on a null operand, outermost
+  // first) applied to v, innermost first.
+  Value apply_filter_chain(const Expr* outermost, Value v);
   void exec_set(const Stmt& s);
   Value make_macro(const Stmt& s);
   Value eval(const Expr& e);

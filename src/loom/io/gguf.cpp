@@ -332,26 +332,32 @@ std::vector<std::string> GgufFile::get_strings(const std::string& key) const {
   return out;
 }
 
-std::vector<int64_t> GgufFile::get_ints(const std::string& key) const {
-  const GgufValue& v = value(key);
+namespace {
+// The elements of array `v` (key `key`) converted by `get`, when `elem_ok` accepts a value of
+// the array's element type; otherwise the error that names `what` was expected.
+template <class T, class ElemOk, class Get>
+std::vector<T> numeric_array(const std::string& path, const std::string& key, const GgufValue& v, const char* what,
+                             ElemOk elem_ok, Get get) {
   GgufValue probe;
   probe.type = v.elem_type;
-  if (v.type != GgufType::array || !probe.is_integer()) wrong_kind(path(), key, v, "an array of integers");
-  std::vector<int64_t> out;
+  if (v.type != GgufType::array || !elem_ok(probe)) wrong_kind(path, key, v, what);
+  std::vector<T> out;
   out.reserve(v.items.size());
-  for (const auto& x : v.items) out.push_back(x.i);
+  for (const auto& x : v.items) out.push_back(get(x));
   return out;
+}
+}  // namespace
+
+std::vector<int64_t> GgufFile::get_ints(const std::string& key) const {
+  return numeric_array<int64_t>(
+      path(), key, value(key), "an array of integers", [](const GgufValue& p) { return p.is_integer(); },
+      [](const GgufValue& x) { return x.i; });
 }
 
 std::vector<double> GgufFile::get_floats(const std::string& key) const {
-  const GgufValue& v = value(key);
-  GgufValue probe;
-  probe.type = v.elem_type;
-  if (v.type != GgufType::array || !probe.is_number()) wrong_kind(path(), key, v, "an array of numbers");
-  std::vector<double> out;
-  out.reserve(v.items.size());
-  for (const auto& x : v.items) out.push_back(x.is_integer() ? double(x.i) : x.f);
-  return out;
+  return numeric_array<double>(
+      path(), key, value(key), "an array of numbers", [](const GgufValue& p) { return p.is_number(); },
+      [](const GgufValue& x) { return x.is_integer() ? double(x.i) : x.f; });
 }
 
 const GgufTensor& GgufFile::tensor(const std::string& name) const {

@@ -68,39 +68,12 @@ void add_mlp_specs(std::vector<BlockParamSpec>& out, const ModelConfig& cfg, con
   }
   // gate, up adjacent: the fused [2 F, C] projection feeding SwiGLU.
   const bool mixtral = e;  // Mixtral's experts: w1 gate, w3 up, w2 down
-  out.push_back({prefix + (mixtral ? "w1.weight" : "gate_proj.weight"),
-                 {F, C},
-                 fc_w,
-                 N,
-                 false,
-                 true,
-                 false,
-                 rows,
-                 1,
-                 false,
-                 expert});
-  out.push_back({prefix + (mixtral ? "w3.weight" : "up_proj.weight"),
-                 {F, C},
-                 fc_w,
-                 N,
-                 false,
-                 true,
-                 false,
-                 rows,
-                 1,
-                 false,
-                 expert});
-  out.push_back({prefix + (mixtral ? "w2.weight" : "down_proj.weight"),
-                 {C, F},
-                 out_w,
-                 N,
-                 true,
-                 true,
-                 false,
-                 cols,
-                 1,
-                 false,
-                 expert});
+  const char* gate = mixtral ? "w1.weight" : "gate_proj.weight";
+  const char* up = mixtral ? "w3.weight" : "up_proj.weight";
+  const char* down = mixtral ? "w2.weight" : "down_proj.weight";
+  out.push_back({prefix + gate, {F, C}, fc_w, N, false, true, false, rows, 1, false, expert});
+  out.push_back({prefix + up, {F, C}, fc_w, N, false, true, false, rows, 1, false, expert});
+  out.push_back({prefix + down, {C, F}, out_w, N, true, true, false, cols, 1, false, expert});
 }
 }  // namespace
 

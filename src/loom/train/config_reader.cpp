@@ -112,44 +112,42 @@ bool ConfigReader::has(const std::string& path) const {
   return n && !n.IsNull();
 }
 
-double ConfigReader::number(const std::string& path, double def, double lo, double hi) {
-  mark(path);
-  YAML::Node n = find(path);
-  if (!n || n.IsNull()) return def;
-  double v = 0;
+namespace {
+// The scalar at `path` as T (parsed whole by `parse`, e.g. std::stod), within [lo, hi]; `what`
+// names the expected kind in the error.
+template <class T, class Parse>
+T read_scalar(const std::string& path, const YAML::Node& n, T lo, T hi, const char* what, Parse parse) {
+  T v = 0;
   bool ok = n.IsScalar();
   if (ok) {
     try {
       size_t pos = 0;
-      v = std::stod(n.Scalar(), &pos);
-      ok = pos == n.Scalar().size() && std::isfinite(v);
+      v = parse(n.Scalar(), &pos);
+      ok = pos == n.Scalar().size() && std::isfinite(double(v));
     } catch (...) {
       ok = false;
     }
   }
-  LOOM_CHECK(ok, "config", path, ": expected a number, got \"", scalar_text(n), "\"");
+  LOOM_CHECK(ok, "config", path, ": expected ", what, ", got \"", scalar_text(n), "\"");
   LOOM_CHECK(v >= lo && v <= hi, "config", path, ": ", v, " is out of range [", lo, ", ", hi, "]");
   return v;
+}
+}  // namespace
+
+double ConfigReader::number(const std::string& path, double def, double lo, double hi) {
+  mark(path);
+  YAML::Node n = find(path);
+  if (!n || n.IsNull()) return def;
+  return read_scalar<double>(path, n, lo, hi, "a number",
+                             [](const std::string& s, size_t* pos) { return std::stod(s, pos); });
 }
 
 int64_t ConfigReader::integer(const std::string& path, int64_t def, int64_t lo, int64_t hi) {
   mark(path);
   YAML::Node n = find(path);
   if (!n || n.IsNull()) return def;
-  int64_t v = 0;
-  bool ok = n.IsScalar();
-  if (ok) {
-    try {
-      size_t pos = 0;
-      v = std::stoll(n.Scalar(), &pos);
-      ok = pos == n.Scalar().size();
-    } catch (...) {
-      ok = false;
-    }
-  }
-  LOOM_CHECK(ok, "config", path, ": expected an integer, got \"", scalar_text(n), "\"");
-  LOOM_CHECK(v >= lo && v <= hi, "config", path, ": ", v, " is out of range [", lo, ", ", hi, "]");
-  return v;
+  return read_scalar<int64_t>(path, n, lo, hi, "an integer",
+                              [](const std::string& s, size_t* pos) { return int64_t(std::stoll(s, pos)); });
 }
 
 bool ConfigReader::boolean(const std::string& path, bool def) {

@@ -17,15 +17,19 @@ namespace {
 // parallel region's body into a function of its own that would not inherit the target.
 using Fn = void (*)(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t);
 
+// Each build's Fn: the tiles' run_rows on vector type V with REGS vector registers.
+#define LOOM_DECODE_ROWS(V, REGS)                                                                                  \
+  void rows(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t I, int64_t O, int64_t o0, \
+            int64_t o1) {                                                                                          \
+    run_rows<V, REGS>(x, w, b, y, M, I, O, o0, o1);                                                                \
+  }
+
 #if defined(__x86_64__)
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,prefer-vector-width=512")
 namespace avx512 {
 #include "loom/kernels/cpu/decode_linear_tiles.h"
-void rows(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t I, int64_t O, int64_t o0,
-          int64_t o1) {
-  run_rows<v16, 32>(x, w, b, y, M, I, O, o0, o1);
-}
+LOOM_DECODE_ROWS(v16, 32)
 }  // namespace avx512
 #pragma GCC pop_options
 
@@ -33,21 +37,16 @@ void rows(const float* x, const float* w, const float* b, float* y, int64_t M, i
 #pragma GCC target("avx2,fma")
 namespace avx2 {
 #include "loom/kernels/cpu/decode_linear_tiles.h"
-void rows(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t I, int64_t O, int64_t o0,
-          int64_t o1) {
-  run_rows<v8, 16>(x, w, b, y, M, I, O, o0, o1);
-}
+LOOM_DECODE_ROWS(v8, 16)
 }  // namespace avx2
 #pragma GCC pop_options
 #endif
 
 namespace base {
 #include "loom/kernels/cpu/decode_linear_tiles.h"
-void rows(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t I, int64_t O, int64_t o0,
-          int64_t o1) {
-  run_rows<v8, 16>(x, w, b, y, M, I, O, o0, o1);
-}
+LOOM_DECODE_ROWS(v8, 16)
 }  // namespace base
+#undef LOOM_DECODE_ROWS
 
 Fn build(const std::string& isa) {
 #if defined(__x86_64__)

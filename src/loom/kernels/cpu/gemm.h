@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <type_traits>
 
 namespace loom::cpu {
 
@@ -27,22 +28,28 @@ inline void timed_gemm(F&& call) {
                  std::memory_order_relaxed);
 }
 
+template <class T>
+void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
+               int64_t ldb, T beta, T* C, int64_t ldc) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "BLAS GEMM is f32 or f64");
+  if (M == 0 || N == 0) return;
+  const CBLAS_TRANSPOSE opa = ta ? CblasTrans : CblasNoTrans, opb = tb ? CblasTrans : CblasNoTrans;
+  timed_gemm([&] {
+    if constexpr (std::is_same_v<T, float>)
+      cblas_sgemm(CblasRowMajor, opa, opb, int(M), int(N), int(K), alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
+    else
+      cblas_dgemm(CblasRowMajor, opa, opb, int(M), int(N), int(K), alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
+  });
+}
+
 // C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C, row-major with leading dimensions.
 inline void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
                  const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  if (M == 0 || N == 0) return;
-  timed_gemm([&] {
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M), int(N), int(K),
-                alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
-  });
+  blas_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 inline void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A, int64_t lda,
                  const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
-  if (M == 0 || N == 0) return;
-  timed_gemm([&] {
-    cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M), int(N), int(K),
-                alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
-  });
+  blas_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 }  // namespace loom::cpu
