@@ -1,6 +1,6 @@
 // DataParallel's construction and its model::ParamSource side: which units a rank holds, the
-// pool of communication buffers, and each request of the decoder dispatched to the ZeRO stage's
-// path (data_parallel_buckets.cpp, _embedding_rows, _sharded_grads, _gathered_params, _optimizer).
+// pool of communication buffers, the choice of strategies, and each request of the decoder
+// passed to its gradient strategy (GradSync) or weight source (WeightSource).
 #include "loom/parallel/data_parallel.h"
 
 #include <algorithm>
@@ -41,8 +41,8 @@ DataParallel::DataParallel(model::Decoder& model, comm::Group dp, const optim::A
   opt_.gather_dtype = effective_gather_dtype(opt_, adam.kind);
   // The caller chose the replica (keeps_weight_replica) by building the model without its flat
   // parameter buffer.
-  replica_ = opt_.zero_stage < 3 && !mo.allocate_flat_params;
-  LOOM_CHECK(!replica_ || weight_replica_possible(opt_, adam.kind), "zero", "stage ", opt_.zero_stage,
+  const bool replica = opt_.zero_stage < 3 && !mo.allocate_flat_params;
+  LOOM_CHECK(!replica || weight_replica_possible(opt_, adam.kind), "zero", "stage ", opt_.zero_stage,
              opt_.zero_stage == 0 ? " needs the model's flat parameter buffer"
                                   : " without the model's flat parameter buffer needs 16-bit weight all-gathers (the "
                                     "weight replica)",
@@ -71,20 +71,13 @@ DataParallel::DataParallel(model::Decoder& model, comm::Group dp, const optim::A
     grad_sync_ = std::make_unique<ShardedReduceScatter>(*this, shard);
   else
     grad_sync_ = std::make_unique<BucketedAllReduce>(*this);
-  if (serves_units()) {
-    // The masters are the optimizer's under mixed-precision ZeRO-1/2, the weights at stage 3.
-    param_shard_ = Tensor::zeros({shard}, DType::f32, replica_ ? MemCategory::optimizer : MemCategory::params);
-    for (const auto& u : units)
-      model::init_params_range(layout_, init_seed, u.begin + r_of(u) * chunk_size(u),
-                               u.begin + (r_of(u) + 1) * chunk_size(u), param_shard_.data<float>() + shard_offset(u));
-  }
-  build_wire_units();
-  if (replica_) {
-    for (const auto& u : units)
-      replicas_.push_back(
-          Tensor::empty({n_of(u) * wire_units_[index_of(u)].slot_elems()}, opt_.gather_dtype, MemCategory::params));
-    refresh_replica();
-  }
+  build_wire_units();  // before the weight source: the replica packs its slots at construction
+  if (opt_.zero_stage >= 3)
+    weights_ = std::make_unique<GatheredWeights>(*this, shard, init_seed);
+  else if (replica)
+    weights_ = std::make_unique<ReplicaWeights>(*this, shard, init_seed);
+  else
+    weights_ = std::make_unique<FullWeights>(*this, opt_.zero_stage >= 1);
   model_.set_param_source(this);
 }
 
@@ -152,26 +145,17 @@ void DataParallel::finish_grads() { grad_sync_->finish(); }
 
 std::vector<Tensor> DataParallel::held_grads(int64_t begin, int64_t end) const { return grad_sync_->held(begin, end); }
 
-// ---- ParamSource: each request to its stage's path -------------------------------------
+// ---- ParamSource: each request to its strategy -------------------------------------------
 
-BlockWeights DataParallel::block_params(int layer, Phase phase) {
-  if (!serves_units()) return model::block_weights(cfg_, layout_, model_.params(), layer);
-  return gathered_block_params(layer, phase);
-}
+BlockWeights DataParallel::block_params(int layer, Phase phase) { return weights_->block_params(layer, phase); }
 
-void DataParallel::release_block_params(int layer, Phase) {
-  if (serves_units()) release_gathered_block(layer);
-}
+void DataParallel::release_block_params(int layer, Phase) { weights_->release_block_params(layer); }
 
 BlockWeights DataParallel::block_grads(int layer) { return grad_sync_->block_grads(layer); }
 
 void DataParallel::block_grads_done(int layer) { grad_sync_->block_grads_done(layer, sync_); }
 
-Tensor DataParallel::outer_param(const std::string& name) {
-  if (serves_units()) return gathered_outer_param(name);
-  const auto& p = layout_.get(name);
-  return model_.params().slice(p.offset, p.shape);
-}
+Tensor DataParallel::outer_param(const std::string& name) { return weights_->outer_param(name); }
 
 Tensor DataParallel::outer_grad(const std::string& name) { return grad_sync_->outer_grad(name); }
 
@@ -187,11 +171,9 @@ void DataParallel::embedding_backward(const Tensor& tokens, const Tensor& pos, c
 
 void DataParallel::pass_begin(bool train) {
   grad_sync_->pass_begin(train);
-  if (serves_units()) plan_pass(train);
+  weights_->pass_begin(train);
 }
 
-void DataParallel::pass_end(bool) {
-  if (serves_units()) release_gathered();
-}
+void DataParallel::pass_end(bool) { weights_->pass_end(); }
 
 }  // namespace loom::parallel

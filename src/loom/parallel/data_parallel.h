@@ -19,13 +19,15 @@
 // sharded, gathered) over `expert_dp`, the ranks holding the same experts, and every other
 // unit over `dp`, all the ranks that see different data.
 // Gradients are synchronised by one strategy chosen at construction (data_parallel_grad_sync.h:
-// BucketedAllReduce for stages 0-1, ShardedReduceScatter for 2-3); 1-bit Adam's compressed
-// steps are optim::OneBitAdam's; what a configuration builds is plan_data_parallel's choice.
+// BucketedAllReduce for stages 0-1, ShardedReduceScatter for 2-3), and the weights come from
+// another (data_parallel_weight_source.h: FullWeights, ReplicaWeights, GatheredWeights); 1-bit
+// Adam's compressed steps are optim::OneBitAdam's; what a configuration builds is
+// plan_data_parallel's choice.
 // Files: data_parallel.cpp (construction, ParamSource dispatch), data_parallel_buckets.cpp and
 // _embedding_rows.cpp (BucketedAllReduce), _sharded_grads.cpp (ShardedReduceScatter),
-// _gathered_params.cpp (3, and the replica's units), _weight_wire.cpp (16-bit weight
-// all-gathers, 1-3), _optimizer.cpp (step, norm, checkpoint state); data_parallel_plan.h and
-// data_parallel_options.h (the choices and the configuration rules).
+// _weight_source.cpp and _served_weights.cpp (the weight sources), _weight_wire.cpp (16-bit
+// weight all-gathers, 1-3), _optimizer.cpp (step, norm, checkpoint state); data_parallel_plan.h
+// and data_parallel_options.h (the choices and the configuration rules).
 #pragma once
 #include <deque>
 #include <map>
@@ -39,13 +41,18 @@
 #include "loom/optim/sharded_adamw.h"
 #include "loom/parallel/data_parallel_grad_sync.h"
 #include "loom/parallel/data_parallel_plan.h"
+#include "loom/parallel/data_parallel_weight_source.h"
 
 namespace loom::parallel {
 
 class DataParallel final : public model::ParamSource {
-  // The gradient strategies share the unit geometry, the buffer pool and the counters.
+  // The strategies share the unit geometry, the buffer pool and the counters.
   friend class BucketedAllReduce;
   friend class ShardedReduceScatter;
+  friend class FullWeights;
+  friend class ServedWeights;
+  friend class ReplicaWeights;
+  friend class GatheredWeights;
 
  public:
   // `model` must have been built with decoder_options_for(...). For stage 3 and the weight
@@ -91,20 +98,16 @@ class DataParallel final : public model::ParamSource {
   const comm::Group& group() const { return dp_; }
   // Owned ranges [begin, end) of the flat buffer with their optimizer (one per unit).
   const std::vector<std::unique_ptr<optim::AdamW>>& optimizers() const { return optimizer_->per_unit(); }
-  // Stage 3, and stages 1-2 with the weight replica: the rank's fp32 weight chunks,
-  // concatenated in unit order (chunk of unit u at u.begin / N). Other stages: undefined (the
-  // model's flat buffer holds the weights).
-  const Tensor& param_shard() const { return param_shard_; }
   // True when the model's flat buffer holds the fp32 master of every weight (stage 0, and
   // stages 1-2 with f32 gathers); otherwise read the weights with gather_full_params.
-  bool params_are_masters() const { return opt_.zero_stage == 0 || (opt_.zero_stage < 3 && !sixteen_bit_gathers()); }
+  bool params_are_masters() const { return weights_->params_are_masters(); }
   // Stages 1-2 keep the 16-bit weight replica and no flat parameter buffer (weight_replica).
-  bool keeps_replica() const { return replica_; }
+  bool keeps_replica() const { return dynamic_cast<const ReplicaWeights*>(weights_.get()) != nullptr; }
   // Copies every unit's full fp32 weights into `flat` (length flat_size) on every rank (stage
   // 3, and stages 1-2 with 16-bit gathers, all-gather the owners' chunks; otherwise a copy).
-  void gather_full_params(const Tensor& flat) const;
+  void gather_full_params(const Tensor& flat) const { weights_->gather_full(flat); }
   // Takes the weights from a full flat buffer (stage 3 keeps only its chunks).
-  void load_full_params(const Tensor& flat);
+  void load_full_params(const Tensor& flat) { weights_->load_full(flat); }
   // Every unit's whole Adam moments into `exp_avg` and `exp_avg_sq` (flat_size each, laid out
   // like the weights; padding zero) on every rank: stages 1-3 all-gather the chunks.
   void gather_full_moments(const Tensor& exp_avg, const Tensor& exp_avg_sq) const;
@@ -134,13 +137,6 @@ class DataParallel final : public model::ParamSource {
   void pass_end(bool train) override;
 
  private:
-  struct Gathered {
-    Tensor buf;
-    comm::Work work;
-    Tensor wire;  // 16-bit gathers: what arrives, unpacked into buf once the gather is done
-    int users = 0;
-    bool borrowed = false;  // buf views the replica of a unit without 16-bit values: not pooled
-  };
   // How one unit travels in a 16-bit weight all-gather: each rank's chunk as runs of product
   // operands (16 bits) and of other elements (f32, exact), packed into a slot of `slot_elems`
   // 2-byte elements: the 16-bit values first (n16, padded to the largest rank's count and to an
@@ -155,7 +151,7 @@ class DataParallel final : public model::ParamSource {
     int64_t slot_elems() const { return n16 + 2 * n32; }
   };
 
-  // Keys of the per-unit maps (gathered_, staging_of_layer_): a block's unit is keyed by its
+  // Keys of the per-unit maps (served units, staging_of_layer_): a block's unit is keyed by its
   // layer, the experts of MoE block l by expert_unit_key(l), the outer units by these two.
   static constexpr int kEmbeddingUnit = -1;
   static constexpr int kHeadUnit = -2;
@@ -188,16 +184,9 @@ class DataParallel final : public model::ParamSource {
 
   // --- 16-bit weight all-gathers (data_parallel_weight_wire.cpp) ---
   bool sixteen_bit_gathers() const { return opt_.gather_dtype != DType::f32; }
-  // Units are served as stage 3 serves them: gathered (stage 3) or widened from the replica.
-  bool serves_units() const { return opt_.zero_stage >= 3 || replica_; }
   void build_wire_units();
   // Packs rank q's chunk of u (its fp32 values) into q's slot of `wire` (group size slots).
   void pack_chunk(const model::ParamUnit& u, const float* chunk, const Tensor& wire, int q) const;
-  // Stages 1-2 with the replica: each rank's fp32 chunk packed into its slot and all-gathered
-  // (at construction and after each optimizer step).
-  void refresh_replica();
-  // Every slot packed here from whole weights (load_full_params: no communication).
-  void load_replica(const Tensor& flat);
   // Unpacks every slot of `wire` but `skip_rank`'s into the unit's whole buffer.
   void unpack_unit(const model::ParamUnit& u, const Tensor& wire, float* unit, int skip_rank = -1) const;
   // Starts gathering u's weights from this rank's chunk into `out` (the whole unit); with
@@ -207,19 +196,6 @@ class DataParallel final : public model::ParamSource {
   // master, kept).
   void finish_unit_gather(const model::ParamUnit& u, Tensor& wire, const Tensor& out, bool in_place);
   int64_t gather_wire_bytes(const model::ParamUnit& u) const;  // this rank's bytes sent
-
-  // --- stage 3: gathered weights (data_parallel_gathered_params.cpp) ---
-  model::BlockWeights gathered_block_params(int layer, Phase phase);  // block_params at stage 3
-  void release_gathered_block(int layer);                             // release_block_params at 3
-  Tensor gathered_outer_param(const std::string& name);               // outer_param at stage 3
-  Tensor gathered_unit(const model::ParamUnit& u, int key);
-  void prefetch_after(size_t position);
-  void launch_gather(const model::ParamUnit& u, int key);
-  // The order in which the decoder will ask for blocks in a pass (see Decoder::stage_backward).
-  void plan_pass(bool train);  // also starts gathering the outer units and the first block
-  void release_gathered();     // end of a pass: every gathered unit back to the pool
-  void wait_gathered(const model::ParamUnit& u, Gathered& g);  // its weights are in g.buf after
-  void drop_gathered(Gathered& g);                             // waits, buffers back to the pool
 
   // --- the optimizer (data_parallel_optimizer.cpp) ---
   double counted_sum_squares(const float* g, int64_t flat0, int64_t n) const;
@@ -239,21 +215,13 @@ class DataParallel final : public model::ParamSource {
   std::unique_ptr<optim::OneBitAdam> onebit_;  // 1-bit Adam with dp > 1 only
   int64_t wire_bytes_ = 0, last_wire_bytes_ = 0;
 
-  std::unique_ptr<GradSync> grad_sync_;  // BucketedAllReduce (stages 0-1) or ShardedReduceScatter (2-3)
-  Tensor param_shard_;                   // stage 3, and the replica's masters
-  std::vector<Tensor> spare_buffers_;    // take_buffer / recycle; contents undefined
-  // stage 3
-  std::map<int, Gathered> gathered_;         // by unit key (kEmbeddingUnit, kHeadUnit, layer, ...)
-  std::vector<std::pair<int, Phase>> plan_;  // expected block_params requests of this pass
-  size_t plan_pos_ = 0;
+  std::unique_ptr<GradSync> grad_sync_;    // BucketedAllReduce (stages 0-1) or ShardedReduceScatter (2-3)
+  std::unique_ptr<WeightSource> weights_;  // FullWeights, ReplicaWeights (1-2) or GatheredWeights (3)
+  std::vector<Tensor> spare_buffers_;      // take_buffer / recycle; contents undefined
   double wait_s_ = 0, compress_s_ = 0;
   double grad_scale_ = 1.0;
   std::vector<std::pair<int64_t, int64_t>> norm_skip_;  // sorted flat ranges
   std::vector<WireUnit> wire_units_;                    // per unit; 16-bit gathers only
-  // Stages 1-2 with 16-bit gathers: per unit, every rank's slot as the last all-gather left it
-  // (params); param_shard_ then holds the owned fp32 masters (optimizer).
-  bool replica_ = false;
-  std::vector<Tensor> replicas_;
 };
 
 }  // namespace loom::parallel

@@ -1,6 +1,6 @@
 // DataParallel's optimizer step and the state checkpoints read and write: AdamW (or 1-bit
-// Adam past its warm-up) on this rank's ranges, the global gradient norm, the weights'
-// all-gather after the step at stages 1-2, and whole weights and moments gathered or taken back.
+// Adam past its warm-up) on this rank's ranges, the global gradient norm, the weight source's
+// refresh after the step, and whole moments gathered or taken back.
 #include <algorithm>
 
 #include "loom/core/timer.h"
@@ -96,34 +96,12 @@ void DataParallel::step(double lr) {
   for (size_t i = 0; i < units.size(); ++i) {
     const ParamUnit& u = units[i];
     optim::AdamW& a = optimizer_->unit(i);
-    float* p =
-        serves_units() ? param_shard_.data<float>() + shard_offset(u) : model_.params().data<float>() + a.begin();
-    a.step(p, grad_sync_->unit_grads(u, a.begin()), lr, grad_scale_);
+    a.step(weights_->masters(u, a.begin()), grad_sync_->unit_grads(u, a.begin()), lr, grad_scale_);
   }
   grad_scale_ = 1.0;
-  last_wire_bytes_ = wire_bytes_;
+  const int64_t refreshed = weights_->refresh();  // the updated chunks to the other ranks
+  last_wire_bytes_ = wire_bytes_ + refreshed;
   wire_bytes_ = 0;
-  if (opt_.zero_stage != 1 && opt_.zero_stage != 2) return;
-  // Our chunk to every other rank: into the 16-bit replica, or into the flat buffer (16-bit
-  // gathers widen the other ranks' chunks there and keep this rank's fp32 master).
-  for (const auto& u : units) last_wire_bytes_ += u.size() > 0 ? gather_wire_bytes(u) : 0;
-  if (replica_) return refresh_replica();
-  std::vector<comm::Work> works(units.size());
-  std::vector<Tensor> wires(units.size());
-  for (size_t i = 0; i < units.size(); ++i) {
-    const ParamUnit& u = units[i];
-    if (u.size() == 0) continue;  // a pipeline stage's missing embedding or head unit
-    works[i] = start_unit_gather(u, chunk_view(model_.params(), u, false), model_.params().slice(u.begin, {u.size()}),
-                                 wires[i]);
-  }
-  {
-    trace::Span wait("wait weight all_gather", "wait");
-    Stopwatch sw;
-    for (auto& w : works) w.wait();
-    wait_s_ += sw.seconds();
-  }
-  for (size_t i = 0; i < units.size(); ++i)
-    finish_unit_gather(units[i], wires[i], model_.params().slice(units[i].begin, {units[i].size()}), true);
 }
 
 double DataParallel::take_wait_seconds() {
@@ -139,29 +117,6 @@ double DataParallel::take_compress_seconds() {
 }
 
 int64_t DataParallel::optimizer_steps() const { return optimizer_->step_count(); }
-
-void DataParallel::gather_full_params(const Tensor& flat) const {
-  if (params_are_masters()) {
-    if (flat.raw() != model_.params().raw()) flat.copy_from(model_.params());
-    return;
-  }
-  // The owners' fp32 chunks: the shards (stage 3, the replica) or the model's buffer.
-  const bool shard = serves_units();
-  for (const auto& u : layout_.units())
-    if (u.size() > 0)
-      group_of(u).all_gather(chunk_view(shard ? param_shard_ : model_.params(), u, shard),
-                             flat.slice(u.begin, {u.size()}));
-}
-
-void DataParallel::load_full_params(const Tensor& flat) {
-  if (!serves_units()) {
-    if (flat.raw() != model_.params().raw()) model_.params().copy_from(flat);
-    return;
-  }
-  for (const auto& u : layout_.units())
-    chunk_view(param_shard_, u, true).copy_from(flat.slice(u.begin + r_of(u) * chunk_size(u), {chunk_size(u)}));
-  if (replica_) load_replica(flat);
-}
 
 void DataParallel::gather_full_moments(const Tensor& exp_avg, const Tensor& exp_avg_sq) const {
   optimizer_->gather_full_moments(exp_avg, exp_avg_sq);

@@ -135,28 +135,6 @@ comm::Work DataParallel::start_unit_gather(const ParamUnit& u, const Tensor& chu
   return group_of(u).all_gather_async(wire.slice(r_of(u) * e, {e}), wire);
 }
 
-void DataParallel::refresh_replica() {
-  const auto& units = layout_.units();
-  std::vector<comm::Work> works(units.size());
-  for (size_t i = 0; i < units.size(); ++i) {
-    const ParamUnit& u = units[i];
-    if (u.size() == 0) continue;  // a pipeline stage's missing embedding or head unit
-    const int64_t e = wire_units_[i].slot_elems();
-    pack_chunk(u, chunk_view(param_shard_, u, true).data<float>(), replicas_[i], r_of(u));
-    works[i] = group_of(u).all_gather_async(replicas_[i].slice(r_of(u) * e, {e}), replicas_[i]);
-  }
-  trace::Span wait("wait weight all_gather", "wait");
-  Stopwatch sw;
-  for (auto& w : works) w.wait();
-  wait_s_ += sw.seconds();
-}
-
-void DataParallel::load_replica(const Tensor& flat) {
-  for (const auto& u : layout_.units())
-    for (int q = 0; q < n_of(u); ++q)
-      pack_chunk(u, flat.data<float>() + u.begin + q * chunk_size(u), replicas_[index_of(u)], q);
-}
-
 void DataParallel::finish_unit_gather(const ParamUnit& u, Tensor& wire, const Tensor& out, bool in_place) {
   if (!wire.defined()) return;
   // In place (stages 1-2 without the replica), this rank's own chunk keeps its fp32 master.
