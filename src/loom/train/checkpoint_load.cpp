@@ -25,12 +25,12 @@ CheckpointMeta load_checkpoint_weights(const std::string& path, model::Decoder& 
 }
 
 // Format 1: each rank's optimizer shard, on the layout that saved it.
-static void load_format1_optimizer(const std::string& path, const model::Decoder& model, parallel::DataParallel& engine,
-                                   int rank, int64_t optimizer_steps) {
+static void load_format1_optimizer(const std::string& path, const model::Decoder& model,
+                                   parallel::DataParallel& data_parallel, int rank, int64_t optimizer_steps) {
   auto f = io::SafetensorsFile::open((fs::path(path) / io::optimizer_rank_file(rank)).string());
   const auto& units = model.layout().units();
   for (size_t i = 0; i < units.size(); ++i) {
-    auto& a = *engine.optimizers()[i];
+    auto& a = *data_parallel.optimizers()[i];
     Tensor m = f.get(str_cat(units[i].name, ".exp_avg")), v = f.get(str_cat(units[i].name, ".exp_avg_sq"));
     LOOM_CHECK(m.numel() == a.exp_avg().numel(), "checkpoint", path, ": ", units[i].name, " optimizer state has ",
                m.numel(), " elements, this run expects ", a.exp_avg().numel());
@@ -43,8 +43,8 @@ static void load_format1_optimizer(const std::string& path, const model::Decoder
 // 1-bit Adam's error feedback of this rank, when the file exists (a run that was AdamW has none:
 // the errors start at zero).
 static void load_onebit_errors(const std::string& path, const std::string& file, const model::Decoder& model,
-                               parallel::DataParallel& engine) {
-  if (engine.onebit().empty() || !fs::exists(fs::path(path) / file)) return;
+                               parallel::DataParallel& data_parallel) {
+  if (data_parallel.onebit().empty() || !fs::exists(fs::path(path) / file)) return;
   auto f = io::SafetensorsFile::open((fs::path(path) / file).string());
   const std::vector<std::string> names = f.names();
   auto load = [&](const std::string& name, const Tensor& into) {
@@ -56,8 +56,8 @@ static void load_onebit_errors(const std::string& path, const std::string& file,
   };
   const auto& units = model.layout().units();
   for (size_t i = 0; i < units.size(); ++i) {
-    load(str_cat(units[i].name, ".onebit_worker_error"), engine.onebit()[i]->worker_error());
-    load(str_cat(units[i].name, ".onebit_server_error"), engine.onebit()[i]->server_error());
+    load(str_cat(units[i].name, ".onebit_worker_error"), data_parallel.onebit()[i]->worker_error());
+    load(str_cat(units[i].name, ".onebit_server_error"), data_parallel.onebit()[i]->server_error());
   }
 }
 
@@ -66,7 +66,7 @@ static std::string layout_with_stage(const std::string& layout, int dp, int stag
   return str_cat(layout.empty() ? str_cat("dp=", dp) : layout, " zero_stage=", stage);
 }
 
-CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model, parallel::DataParallel& engine,
+CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model, parallel::DataParallel& data_parallel,
                                const ModelParallelInfo& mp, bool verified) {
   LOOM_CHECK(mp.mesh, "checkpoint", "load_checkpoint needs the run's mesh");
   const comm::Group& g = mp.mesh->world();
@@ -90,7 +90,7 @@ CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model, p
   throw_unless_ok_everywhere(g, state_error.empty(), state_error, path + ": trainer_state.json is unreadable");
   const int saved_dp = state.value("dp_size", 1), saved_stage = state.value("zero_stage", 0);
   const std::string saved = layout_with_stage(state.value("layout", ""), saved_dp, saved_stage);
-  const std::string mine = layout_with_stage(mp.layout, engine.group().size(), engine.zero_stage());
+  const std::string mine = layout_with_stage(mp.layout, data_parallel.group().size(), data_parallel.zero_stage());
   const bool same_layout = saved == mine;
   const int version = io::manifest_version(path);
   LOOM_CHECK(version >= 2 || same_layout, "checkpoint", path,
@@ -106,17 +106,17 @@ CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model, p
   on_every_rank_or_none(g, str_cat("loading ", path, " failed"), [&] {
     Tensor flat = Tensor::zeros({model.flat_size()}, DType::f32, MemCategory::workspace);
     load_whole(io::kWeightsFile, flat);
-    engine.load_full_params(flat);
+    data_parallel.load_full_params(flat);
     if (version < 2) {
-      load_format1_optimizer(path, model, engine, g.rank(), optimizer_steps);
-      load_onebit_errors(path, io::optimizer_rank_file(g.rank()), model, engine);
+      load_format1_optimizer(path, model, data_parallel, g.rank(), optimizer_steps);
+      load_onebit_errors(path, io::optimizer_rank_file(g.rank()), model, data_parallel);
       return;
     }
     Tensor v = Tensor::zeros({model.flat_size()}, DType::f32, MemCategory::workspace);
     load_whole(io::kExpAvgFile, flat);
     load_whole(io::kExpAvgSqFile, v);
-    engine.load_full_moments(flat, v, optimizer_steps);
-    if (same_layout) load_onebit_errors(path, io::onebit_rank_file(g.rank()), model, engine);
+    data_parallel.load_full_moments(flat, v, optimizer_steps);
+    if (same_layout) load_onebit_errors(path, io::onebit_rank_file(g.rank()), model, data_parallel);
   });
   model::restore_router_bias(state, model);
   CheckpointMeta meta{state.at("step").get<int64_t>(),

@@ -40,9 +40,9 @@ static Tensor reuse_or_new(const Tensor& t, int64_t n) {
   return Tensor::zeros({n}, DType::f32, MemCategory::workspace);
 }
 
-CheckpointSnapshot snapshot_checkpoint(int64_t step, const model::Decoder& model, const parallel::DataParallel& engine,
-                                       const SaveOptions& save, const ModelParallelInfo& mp,
-                                       CheckpointSnapshot* reuse) {
+CheckpointSnapshot snapshot_checkpoint(int64_t step, const model::Decoder& model,
+                                       const parallel::DataParallel& data_parallel, const SaveOptions& save,
+                                       const ModelParallelInfo& mp, CheckpointSnapshot* reuse) {
   LOOM_CHECK(mp.mesh, "checkpoint", "snapshot_checkpoint needs the run's mesh");
   const parallel::Mesh& mesh = *mp.mesh;
   const bool main = mesh.world().rank() == 0;
@@ -57,18 +57,18 @@ CheckpointSnapshot snapshot_checkpoint(int64_t step, const model::Decoder& model
   // This rank's full slice: weights (the owners' fp32 chunks under ZeRO-3 or 16-bit gathers) and moments (from ZeRO
   // chunks).
   Tensor w = model.params();
-  if (!engine.params_are_masters()) {
+  if (!data_parallel.params_are_masters()) {
     w = Tensor::zeros({model.flat_size()}, DType::f32, MemCategory::workspace);
-    engine.gather_full_params(w);
+    data_parallel.gather_full_params(w);
   }
   // Every rank holds its whole moments under ZeRO-0, so rank 0 copies them straight from the
   // optimizer (no flat intermediate: the copy is what an asynchronous save stalls training for).
-  const bool direct = engine.zero_stage() == 0 && !mp.whole_layout;
+  const bool direct = data_parallel.zero_stage() == 0 && !mp.whole_layout;
   Tensor m, v;
   if (!direct) {
     m = Tensor::zeros({model.flat_size()}, DType::f32, MemCategory::workspace);
     v = Tensor::zeros({model.flat_size()}, DType::f32, MemCategory::workspace);
-    engine.gather_full_moments(m, v);
+    data_parallel.gather_full_moments(m, v);
   }
   if (mp.whole_layout) {  // model-parallel slices: summed into the whole on every rank
     s.weights = parallel::gather_whole_params(mesh, local, w);
@@ -82,7 +82,7 @@ CheckpointSnapshot snapshot_checkpoint(int64_t step, const model::Decoder& model
     const parallel::MeshCoord origin;
     parallel::copy_local_to_whole(origin, local, w, *s.layout, s.weights);
     if (direct) {
-      for (const auto& a : engine.optimizers()) {
+      for (const auto& a : data_parallel.optimizers()) {
         parallel::copy_local_range_to_whole(origin, local, a->exp_avg().data<float>(), a->begin(), a->end(), *s.layout,
                                             s.exp_avg);
         parallel::copy_local_range_to_whole(origin, local, a->exp_avg_sq().data<float>(), a->begin(), a->end(),
@@ -99,11 +99,11 @@ CheckpointSnapshot snapshot_checkpoint(int64_t step, const model::Decoder& model
   s.model_name = model.config().name;
   s.keep_last = save.keep_last;
   s.run_id = save.run_id;
-  s.onebit_files = engine.onebit().empty() ? 0 : mesh.world().size();
+  s.onebit_files = data_parallel.onebit().empty() ? 0 : mesh.world().size();
   json state = {{"step", step},
-                {"optimizer_steps", engine.optimizer_steps()},
-                {"dp_size", engine.group().size()},
-                {"zero_stage", engine.zero_stage()},
+                {"optimizer_steps", data_parallel.optimizer_steps()},
+                {"dp_size", data_parallel.group().size()},
+                {"zero_stage", data_parallel.zero_stage()},
                 {"layout", mp.layout},
                 {"data_parallel_only", mp.data_parallel_only},
                 {"tokenizer", save.tokenizer},
@@ -162,14 +162,14 @@ std::string write_checkpoint(const std::string& dir, const CheckpointSnapshot& s
 }
 
 std::string save_checkpoint(const std::string& dir, int64_t step, const model::Decoder& model,
-                            const parallel::DataParallel& engine, const SaveOptions& save,
+                            const parallel::DataParallel& data_parallel, const SaveOptions& save,
                             const ModelParallelInfo& mp) {
   LOOM_CHECK(mp.mesh, "checkpoint", "save_checkpoint needs the run's mesh");
   const comm::Group& g = mp.mesh->world();
   const bool main = g.rank() == 0;
   const fs::path final_dir = fs::path(dir) / io::checkpoint_dir_name(step);
   const fs::path tmp = tmp_dir_of(dir, step);
-  const CheckpointSnapshot snap = snapshot_checkpoint(step, model, engine, save, mp);
+  const CheckpointSnapshot snap = snapshot_checkpoint(step, model, data_parallel, save, mp);
   // Each phase ends with every rank learning whether all of them succeeded (where a barrier
   // would leave the others waiting for a rank that failed): a failure anywhere (disk full,
   // permissions) fails every rank at once, the partial save is removed, and the previous
@@ -186,7 +186,7 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const model::D
       throw;
     }
   };
-  const bool onebit = !engine.onebit().empty();
+  const bool onebit = !data_parallel.onebit().empty();
   if (onebit) {  // every rank writes its own error feedback into the temporary directory
     phase([&] {
       if (main) make_tmp_dir(dir, tmp);
@@ -195,8 +195,8 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const model::D
       io::SafetensorsWriter w;
       const auto& units = model.layout().units();
       for (size_t i = 0; i < units.size(); ++i) {
-        w.add(str_cat(units[i].name, ".onebit_worker_error"), engine.onebit()[i]->worker_error());
-        w.add(str_cat(units[i].name, ".onebit_server_error"), engine.onebit()[i]->server_error());
+        w.add(str_cat(units[i].name, ".onebit_worker_error"), data_parallel.onebit()[i]->worker_error());
+        w.add(str_cat(units[i].name, ".onebit_server_error"), data_parallel.onebit()[i]->server_error());
       }
       w.write((tmp / io::onebit_rank_file(g.rank())).string());
     });
