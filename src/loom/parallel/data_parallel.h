@@ -29,8 +29,6 @@
 // weight all-gathers, 1-3), _optimizer.cpp (step, norm, checkpoint state); data_parallel_plan.h
 // and data_parallel_options.h (the choices and the configuration rules).
 #pragma once
-#include <deque>
-#include <map>
 #include <memory>
 #include <vector>
 
