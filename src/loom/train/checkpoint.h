@@ -53,7 +53,7 @@ struct SaveOptions {
 };
 
 // Where a rank's state sits when the model itself is split (tensor or pipeline parallelism).
-// Defaults: data parallelism only (the engine's dp group is every rank; the weights are laid
+// Defaults: data parallelism only (the data-parallel group is every rank; the weights are laid
 // out by the model's layout).
 struct ModelParallelInfo {
   const parallel::Mesh* mesh = nullptr;              // the run's rank grid (required)
@@ -79,9 +79,9 @@ struct CheckpointSnapshot {
 // stages, ep ranks) and the Adam moments (from ZeRO chunks likewise) into the whole model's
 // layout on rank 0. `reuse`: a previous snapshot whose rank-0 buffers are filled again when the
 // sizes match (no fresh pages per checkpoint).
-CheckpointSnapshot snapshot_checkpoint(int64_t step, const model::Decoder& model, const parallel::DataParallel& engine,
-                                       const SaveOptions& save, const ModelParallelInfo& mp,
-                                       CheckpointSnapshot* reuse = nullptr);
+CheckpointSnapshot snapshot_checkpoint(int64_t step, const model::Decoder& model,
+                                       const parallel::DataParallel& data_parallel, const SaveOptions& save,
+                                       const ModelParallelInfo& mp, CheckpointSnapshot* reuse = nullptr);
 // Rank 0 only: writes a snapshot as DIR/step_N (temporary name, fsync, manifest, rename, latest,
 // pruning). Throws on failure after removing the partial directory; the previous checkpoints,
 // latest included, are untouched. `tmp_ready`: the temporary directory exists already (other
@@ -92,7 +92,8 @@ std::string write_checkpoint(const std::string& dir, const CheckpointSnapshot& s
 // failure on any rank (disk full, permissions) fails every rank with one message and leaves the
 // previous checkpoints intact. Returns the final directory.
 std::string save_checkpoint(const std::string& dir, int64_t step, const model::Decoder& model,
-                            const parallel::DataParallel& engine, const SaveOptions& save, const ModelParallelInfo& mp);
+                            const parallel::DataParallel& data_parallel, const SaveOptions& save,
+                            const ModelParallelInfo& mp);
 
 // Throws on every rank of g when `ok` is false on any (collective), so that none goes on into
 // collectives its peers never reach: the first failing rank with its own reason `why`, the
@@ -120,11 +121,11 @@ std::optional<std::string> find_latest_valid_checkpoint(const std::string& dir, 
                                                         const comm::Group* agree = nullptr, int64_t max_step = -1);
 
 // Verifies (unless `verified`: the caller just did, e.g. with find_latest_valid_checkpoint),
-// then loads this rank's slice of the weights and its chunk of the Adam moments into the engine,
+// then loads this rank's slice of the weights and its chunk of the Adam moments into the data-parallel object,
 // whatever layout saved them (CheckpointMeta::resharded_from then names it). 1-bit Adam's error
 // feedback comes back only on the layout that saved it (elsewhere it restarts at zero). A format-1
 // checkpoint resumes only on the layout that saved it.
-CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model, parallel::DataParallel& engine,
+CheckpointMeta load_checkpoint(const std::string& path, model::Decoder& model, parallel::DataParallel& data_parallel,
                                const ModelParallelInfo& mp, bool verified = false);
 // The files load_checkpoint checksums on this rank: everything but other ranks' own files.
 VerifyScope checkpoint_load_scope(const comm::Group& world);
