@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Hugging Face `tokenizers` as the peer of `loom bench tokenize`, driven line by line over
-stdin/stdout (tools/loom/peer_process.h) so that its runs alternate with loom's:
+stdin/stdout (bench/loom/peer_process.h) so that its runs alternate with loom's:
 
   encode        a fresh tokenizer (loading untimed), then encode(text) twice, one thread:
                 answers "TIMES <first s> <second s> <tokens>"

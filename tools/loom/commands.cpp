@@ -2,7 +2,6 @@
 
 #include <cstdio>
 
-#include "loom/comm/launch.h"
 #include "loom/core/cpu_features.h"
 #include "loom/core/error.h"
 #include "loom/io/checksum.h"
@@ -63,50 +62,6 @@ int cmd_version(const std::vector<std::string>& args) {
     std::printf("kernel %-16s %s\n", (std::string(op) + ":").c_str(), kernel.c_str());
   std::printf("%s\n", cuda::describe().c_str());
   return 0;
-}
-
-namespace {
-
-// `args` without the named options (each "--name value" or "--name=value").
-std::vector<std::string> without_options(const std::vector<std::string>& args, const std::vector<std::string>& names) {
-  std::vector<std::string> out;
-  for (size_t i = 0; i < args.size(); ++i) {
-    bool drop = false;
-    for (const auto& n : names) {
-      if (args[i] == n) {
-        ++i;  // and its value
-        drop = true;
-      } else if (args[i].rfind(n + "=", 0) == 0) {
-        drop = true;
-      }
-      if (drop) break;
-    }
-    if (!drop) out.push_back(args[i]);
-  }
-  return out;
-}
-
-// The value of option `name` in args ("--name value" or "--name=value"), or "".
-std::string option_value(const std::vector<std::string>& args, const std::string& name) {
-  std::string v;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == name && i + 1 < args.size()) v = args[i + 1];
-    if (args[i].rfind(name + "=", 0) == 0) v = args[i].substr(name.size() + 1);
-  }
-  return v;
-}
-
-}  // namespace
-
-int relaunch_bench(const std::string& bench, const std::vector<std::string>& args) {
-  const std::string hosts = option_value(args, "--hosts");
-  std::string nproc = option_value(args, "--nproc");
-  if (nproc.empty()) nproc = std::to_string(comm::slots_in_hosts(hosts));
-  std::vector<std::string> launch = {"--nproc", nproc};
-  if (!hosts.empty()) launch.insert(launch.end(), {"--hosts", hosts});
-  launch.insert(launch.end(), {"--", "bench", bench});
-  for (const auto& s : without_options(args, {"--nproc", "--hosts"})) launch.push_back(s);
-  return cmd_launch(launch);
 }
 
 }  // namespace loom::cli

@@ -22,6 +22,7 @@ struct Command {
 };
 const std::vector<Command>& commands();
 
+// `loom bench <what>`: dispatches to the benchmarks of bench/ (bench/loom/bench.h).
 int cmd_bench(const std::vector<std::string>& args);
 int cmd_launch(const std::vector<std::string>& args);
 int cmd_version(const std::vector<std::string>& args);
@@ -39,27 +40,6 @@ int cmd_plan(const std::vector<std::string>& args);
 int cmd_trace(const std::vector<std::string>& args);
 int cmd_report(const std::vector<std::string>& args);
 
-// `loom bench <what>`: one function per benchmark, listed in bench.cpp.
-struct Benchmark {
-  std::string name, help;
-  std::function<int(const std::vector<std::string>&)> run;
-};
-const std::vector<Benchmark>& benchmarks();
-int bench_train(const std::vector<std::string>& args);
-int bench_tokenize(const std::vector<std::string>& args);
-int bench_serve(const std::vector<std::string>& args);
-int bench_comm(const std::vector<std::string>& args);
-int bench_infer(const std::vector<std::string>& args);
-int bench_pipeline(const std::vector<std::string>& args);
-int bench_moe(const std::vector<std::string>& args);
-int bench_checkpoint(const std::vector<std::string>& args);
-int bench_chaos(const std::vector<std::string>& args);
-int bench_cascade(const std::vector<std::string>& args);
-
-int cmd_launch(const std::vector<std::string>& args);
-// Runs `loom bench <bench> args...` as ranks of `loom launch`, with the --nproc and --hosts
-// of args (--nproc defaults to the hosts' slots); every other option passes through.
-int relaunch_bench(const std::string& bench, const std::vector<std::string>& args);
 // The binary `loom launch` starts on every rank: $LOOM_LAUNCH_EXE, else this one.
 std::string launch_exe();
 
@@ -74,8 +54,6 @@ std::string launch_exe();
 // The App of `loom <path>` ("generate", "bench train"): -h/--help, defaults shown, and (train
 // and every bench) the --trace DIR that run_command handles (trace.h).
 std::unique_ptr<CLI::App> new_app(const std::string& path, const std::string& description);
-// new_app("bench <name>") with the description benchmarks() gives it, then `details`.
-std::unique_ptr<CLI::App> bench_app(const std::string& name, const std::string& details = "");
 
 // Parses args into app's options. nullopt: run the command; a value: exit with it now, after
 // --help, or in the modes tests/cli/options_test.sh drives: $LOOM_CLI_DESCRIBE=1 prints the

@@ -115,14 +115,6 @@ std::unique_ptr<CLI::App> new_app(const std::string& path, const std::string& de
   return app;
 }
 
-std::unique_ptr<CLI::App> bench_app(const std::string& name, const std::string& details) {
-  std::string description;
-  for (const Benchmark& b : benchmarks())
-    if (b.name == name) description = b.help + ".";
-  if (!details.empty()) description += (description.empty() ? "" : "\n") + details;
-  return new_app("bench " + name, description);
-}
-
 std::optional<int> parse(CLI::App& app, const std::vector<std::string>& args) {
   if (env_on("LOOM_CLI_DESCRIBE")) {
     describe(app);

@@ -6,9 +6,9 @@
 #include <cstdio>
 #include <limits>
 
+#include "bench/loom/bench.h"
 #include "loom/core/error.h"
 #include "loom/serve/client/bench_client.h"
-#include "tools/loom/commands.h"
 
 namespace loom::cli {
 

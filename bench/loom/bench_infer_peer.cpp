@@ -20,6 +20,8 @@
 #include <sstream>
 #include <vector>
 
+#include "bench/loom/bench_infer.h"
+#include "bench/loom/peer_process.h"
 #include "loom/core/error.h"
 #include "loom/core/stats.h"
 #include "loom/core/timer.h"
@@ -30,9 +32,7 @@
 #include "loom/kernels/cpu/cpu_kernels.h"
 #include "loom/kernels/cpu/quant_linear.h"
 #include "loom/model/hf_weights.h"
-#include "tools/loom/bench_infer.h"
 #include "tools/loom/inference_model.h"
-#include "tools/loom/peer_process.h"
 
 namespace loom::cli {
 namespace {

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/loom/bench.h"
 #include "loom/comm/launch.h"
 #include "loom/comm/record.h"
 #include "loom/comm/world.h"
@@ -26,7 +27,6 @@
 #include "loom/parallel/mesh.h"
 #include "loom/parallel/model_gather.h"
 #include "loom/train/checkpoint.h"
-#include "tools/loom/commands.h"
 
 namespace loom::cli {
 namespace {

@@ -8,10 +8,10 @@
 #include <span>
 #include <sstream>
 
+#include "bench/loom/bench_infer.h"
 #include "loom/core/error.h"
 #include "loom/infer/kv_cache.h"
 #include "loom/infer/model_runner.h"
-#include "tools/loom/bench_infer.h"
 #include "tools/loom/token_nll.h"
 
 namespace loom::cli {

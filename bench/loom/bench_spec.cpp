@@ -7,13 +7,13 @@
 #include <cstdio>
 #include <random>
 
+#include "bench/loom/bench_infer.h"
+#include "bench/loom/bench_serving_run.h"
 #include "loom/core/stats.h"
 #include "loom/core/threads.h"
 #include "loom/data/dataset.h"
 #include "loom/kernels/cpu/cpu_kernels.h"
 #include "loom/model/checkpoint_reader.h"
-#include "tools/loom/bench_infer.h"
-#include "tools/loom/bench_serving_run.h"
 #include "tools/loom/inference_model.h"
 
 namespace loom::cli {

@@ -18,6 +18,9 @@
 #include <set>
 #include <thread>
 
+#include "bench/loom/bench.h"
+#include "bench/loom/bench_cascade_run.h"
+#include "bench/loom/peer_process.h"
 #include "loom/core/error.h"
 #include "loom/core/stats.h"
 #include "loom/core/timer.h"
@@ -29,10 +32,7 @@
 #include "loom/serve/client/bench_client.h"
 #include "loom/serve/client/http_client.h"
 #include "loom/serve/client/wan_relay.h"
-#include "tools/loom/bench_cascade_run.h"
-#include "tools/loom/commands.h"
 #include "tools/loom/inference_model.h"
-#include "tools/loom/peer_process.h"
 
 namespace loom::cli {
 

@@ -1,4 +1,4 @@
-#include "tools/loom/bench_cascade_run.h"
+#include "bench/loom/bench_cascade_run.h"
 
 #include <algorithm>
 #include <chrono>

@@ -13,6 +13,9 @@
 #include <random>
 #include <vector>
 
+#include "bench/loom/bench.h"
+#include "bench/loom/bench_infer.h"
+#include "bench/loom/bench_serving_run.h"
 #include "loom/core/error.h"
 #include "loom/core/stats.h"
 #include "loom/core/threads.h"
@@ -22,9 +25,6 @@
 #include "loom/kernels/cpu/cpu_kernels.h"
 #include "loom/model/checkpoint_reader.h"
 #include "loom/model/model_source.h"
-#include "tools/loom/bench_infer.h"
-#include "tools/loom/bench_serving_run.h"
-#include "tools/loom/commands.h"
 #include "tools/loom/inference_model.h"
 
 namespace loom::cli {

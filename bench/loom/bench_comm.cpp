@@ -12,13 +12,13 @@
 #include <map>
 #include <sstream>
 
+#include "bench/loom/bench.h"
 #include "loom/comm/algorithm.h"
 #include "loom/comm/bandwidth.h"
 #include "loom/comm/launch.h"
 #include "loom/comm/world.h"
 #include "loom/core/stats.h"
 #include "loom/core/timer.h"
-#include "tools/loom/commands.h"
 
 namespace loom::cli {
 

@@ -1,4 +1,4 @@
-#include "tools/loom/peer_process.h"
+#include "bench/loom/peer_process.h"
 
 #include <signal.h>
 #include <sys/wait.h>

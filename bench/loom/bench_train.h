@@ -3,7 +3,7 @@
 #pragma once
 #include <string>
 
-#include "tools/loom/commands.h"
+#include "bench/loom/bench.h"
 
 namespace loom::cli {
 

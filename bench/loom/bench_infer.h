@@ -5,11 +5,11 @@
 #include <string>
 #include <vector>
 
+#include "bench/loom/bench.h"
+#include "bench/loom/peer_process.h"
 #include "loom/infer/engine.h"
 #include "loom/model/decoder.h"
-#include "tools/loom/commands.h"
 #include "tools/loom/inference_model.h"
-#include "tools/loom/peer_process.h"
 
 namespace loom::cli {
 

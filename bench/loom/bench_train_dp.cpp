@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/loom/bench_train.h"
 #include "loom/comm/algorithm.h"
 #include "loom/comm/record.h"
 #include "loom/comm/world.h"
@@ -25,7 +26,6 @@
 #include "loom/parallel/data_parallel.h"
 #include "loom/parallel/mesh.h"
 #include "loom/train/train_config.h"
-#include "tools/loom/bench_train.h"
 
 namespace loom::cli {
 

@@ -11,9 +11,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/loom/bench.h"
 #include "loom/core/timer.h"
 #include "loom/train/trainer.h"
-#include "tools/loom/commands.h"
 
 namespace loom::cli {
 namespace {

@@ -26,10 +26,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/loom/bench.h"
 #include "loom/core/stats.h"
 #include "loom/core/timer.h"
 #include "loom/io/file.h"
-#include "tools/loom/commands.h"
 
 namespace loom::cli {
 namespace {

@@ -4,10 +4,10 @@
 // one-process `bench infer` measures them, so the two runs compare directly.
 #include <cstdio>
 
+#include "bench/loom/bench_infer.h"
 #include "loom/core/threads.h"
 #include "loom/kernels/cpu/cpu_kernels.h"
 #include "loom/model/checkpoint_reader.h"
-#include "tools/loom/bench_infer.h"
 #include "tools/loom/inference_model.h"
 
 namespace loom::cli {

@@ -14,12 +14,12 @@
 
 #include <unistd.h>
 
+#include "bench/loom/bench.h"
+#include "bench/loom/peer_process.h"
 #include "loom/core/error.h"
 #include "loom/core/stats.h"
 #include "loom/core/timer.h"
 #include "loom/data/tokenizer.h"
-#include "tools/loom/commands.h"
-#include "tools/loom/peer_process.h"
 
 namespace loom::cli {
 namespace {

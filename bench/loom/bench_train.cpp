@@ -10,6 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/loom/bench_train.h"
+#include "bench/loom/peer_process.h"
 #include "loom/comm/launch.h"
 #include "loom/core/stats.h"
 #include "loom/core/threads.h"
@@ -22,8 +24,6 @@
 #include "loom/optim/adamw.h"
 #include "loom/optim/schedule.h"
 #include "loom/train/train_config.h"
-#include "tools/loom/bench_train.h"
-#include "tools/loom/peer_process.h"
 
 namespace loom::cli {
 namespace {

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/loom/bench.h"
 #include "loom/comm/launch.h"
 #include "loom/comm/world.h"
 #include "loom/core/stats.h"
@@ -20,7 +21,6 @@
 #include "loom/parallel/partition.h"
 #include "loom/parallel/partition_profile.h"
 #include "loom/parallel/pipeline.h"
-#include "tools/loom/commands.h"
 
 namespace loom::cli {
 

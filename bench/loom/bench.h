@@ -1,0 +1,34 @@
+// The benchmarks behind `loom bench <what>` (the loom_bench library): their registry, one entry
+// function per benchmark, and the helpers every benchmark's options use. The loom tool's
+// options and commands they build on are in tools/loom/commands.h; nothing there depends on this.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tools/loom/commands.h"
+
+namespace loom::cli {
+
+// One benchmark: its name after `loom bench`, a line of help, and its entry (args after the name).
+using Benchmark = Command;
+const std::vector<Benchmark>& benchmarks();  // listed in bench.cpp
+int bench_train(const std::vector<std::string>& args);
+int bench_tokenize(const std::vector<std::string>& args);
+int bench_serve(const std::vector<std::string>& args);
+int bench_comm(const std::vector<std::string>& args);
+int bench_infer(const std::vector<std::string>& args);
+int bench_pipeline(const std::vector<std::string>& args);
+int bench_moe(const std::vector<std::string>& args);
+int bench_checkpoint(const std::vector<std::string>& args);
+int bench_chaos(const std::vector<std::string>& args);
+int bench_cascade(const std::vector<std::string>& args);
+
+// new_app("bench <name>") with the description benchmarks() gives it, then `details`.
+std::unique_ptr<CLI::App> bench_app(const std::string& name, const std::string& details = "");
+
+// Runs `loom bench <bench> args...` as ranks of `loom launch`, with the --nproc and --hosts
+// of args (--nproc defaults to the hosts' slots); every other option passes through.
+int relaunch_bench(const std::string& bench, const std::vector<std::string>& args);
+
+}  // namespace loom::cli
