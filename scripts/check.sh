@@ -64,22 +64,23 @@ if [ -z "$only" ] || [ "$only" = asan ]; then
   echo "[check] AddressSanitizer + UndefinedBehaviorSanitizer build (build-asan)"
   configure build-asan -DLOOM_SANITIZE=address,undefined
   cmake --build build-asan -j "$JOBS" --target test_core test_io test_net test_data test_model test_kernels test_infer \
-    test_serve test_train test_parallel test_comm loom
+    test_serve test_bench test_train test_parallel test_comm loom
   run_suites asan build-asan/bin OMP_NUM_THREADS=2 OMP_WAIT_POLICY=passive \
     "ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1" \
     "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1" -- \
-    test_core test_io test_net test_data test_model test_kernels test_infer test_serve test_train test_parallel test_comm
+    test_core test_io test_net test_data test_model test_kernels test_infer test_serve test_bench test_train \
+    test_parallel test_comm
 fi
 
 if [ -z "$only" ] || [ "$only" = tsan ]; then
   echo "[check] ThreadSanitizer build (build-tsan)"
   configure build-tsan -DLOOM_SANITIZE=thread
-  cmake --build build-tsan -j "$JOBS" --target test_comm test_infer test_serve loom
+  cmake --build build-tsan -j "$JOBS" --target test_comm test_infer test_serve test_bench loom
   # One OpenMP thread: GCC's libgomp is not instrumented, so its worker handoffs would read as
   # races; the threads under test here are the server's, the engine loop's and the watchdog's.
   run_suites tsan build-tsan/bin OMP_NUM_THREADS=1 \
     "TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/sanitizers/tsan.supp" -- \
-    test_comm test_infer test_serve
+    test_comm test_infer test_serve test_bench
 fi
 
 if [ "$only" = sanitizer-trees ]; then

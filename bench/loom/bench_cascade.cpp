@@ -1,7 +1,7 @@
 // `loom bench cascade`: an edge/center cascade over an emulated WAN (docs/CASCADE.md). One
 // center and two edges run as `loom serve` processes, on test hosts (scripts/testhosts.sh:
 // network namespaces) when root, else on loopback; the WAN between them is a delay-and-rate
-// relay (serve/client/wan_relay.h). Replays a workload (chat questions through the model's own
+// relay (bench/loom/wan_relay.h). Replays a workload (chat questions through the model's own
 // template, or Tiny Shakespeare and modern text) against the center alone, then against the
 // edges for each confidence threshold, scores every answer with the center model, optionally
 // rolls out a new edge model mid-run, and prints SUMMARY {json} last.
@@ -20,7 +20,9 @@
 
 #include "bench/loom/bench.h"
 #include "bench/loom/bench_cascade_run.h"
+#include "bench/loom/load_client.h"
 #include "bench/loom/peer_process.h"
+#include "bench/loom/wan_relay.h"
 #include "loom/core/error.h"
 #include "loom/core/stats.h"
 #include "loom/core/timer.h"
@@ -29,9 +31,7 @@
 #include "loom/io/svg_plot.h"
 #include "loom/model/checkpoint_reader.h"
 #include "loom/serve/chat_template.h"
-#include "loom/serve/client/bench_client.h"
 #include "loom/serve/client/http_client.h"
-#include "loom/serve/client/wan_relay.h"
 #include "tools/loom/inference_model.h"
 
 namespace loom::cli {
@@ -158,7 +158,7 @@ Row summarize(const std::string& name, double threshold, const std::vector<Casca
     tokens += a.score.tokens;
     if (reference && (*reference)[i].ok && (*reference)[i].text == a.text) ++agree;
   }
-  const serve::LatencyStats l = serve::latency_stats(std::move(lat));
+  const bench::LatencyStats l = bench::latency_stats(std::move(lat));
   r.mean = l.mean;
   r.p50 = l.p50;
   r.p99 = l.p99;
@@ -294,7 +294,7 @@ int bench_cascade(const std::vector<std::string>& argv) {
   const int64_t n_requests = given("--requests") ? requests : quick ? 12 : 60;
   const double rate = given("--rate") ? rate_opt : quick ? 2 : 1;
   const int64_t max_tokens = given("--max-tokens") ? max_tokens_opt : quick ? 12 : 32;
-  serve::WanLinkOptions link;
+  bench::WanLinkOptions link;
   {
     const size_t comma = wan.find(',');
     try {
@@ -348,7 +348,7 @@ int bench_cascade(const std::vector<std::string>& argv) {
                       "--served-model-name", "cascade", "--threads", center_threads});
   Server center = start_server(center_argv, hosts.addr(1));
   const serve::Url cu = serve::parse_url(center.url);
-  serve::WanRelay relay(hosts.router(), 0, cu.host, cu.port, link);
+  bench::WanRelay relay(hosts.router(), 0, cu.host, cu.port, link);
   relay.start();
   const std::string wan_center = str_cat("http://", hosts.router(), ":", relay.port());
 

@@ -7,14 +7,14 @@
 #include <limits>
 
 #include "bench/loom/bench.h"
+#include "bench/loom/load_client.h"
 #include "loom/core/error.h"
-#include "loom/serve/client/bench_client.h"
 
 namespace loom::cli {
 
 int bench_serve(const std::vector<std::string>& argv) {
   auto app = bench_app("serve");
-  serve::BenchOptions opt;
+  bench::BenchOptions opt;
   opt.requests = 64;
   opt.max_tokens = 32;
   opt.prompt_chars = 32;
@@ -40,7 +40,7 @@ int bench_serve(const std::vector<std::string>& argv) {
   std::printf("bench serve: %lld requests at %s req/s against %s\n", (long long)opt.requests,
               opt.rate > 0 ? str_cat(rate).c_str() : "inf", opt.url.c_str());
   std::fflush(stdout);
-  serve::BenchReport r = serve::run_serve_benchmark(opt, [](int64_t done, int64_t total) {
+  bench::BenchReport r = bench::run_serve_benchmark(opt, [](int64_t done, int64_t total) {
     if (done == total || done % std::max<int64_t>(1, total / 10) == 0) {
       std::printf("  %lld/%lld done\n", (long long)done, (long long)total);
       std::fflush(stdout);
@@ -50,7 +50,7 @@ int bench_serve(const std::vector<std::string>& argv) {
               r.duration_s);
   for (const auto& e : r.errors) std::printf("  failure: %s\n", e.c_str());
   std::printf("%-22s %10s %10s %10s %10s\n", "latency (ms)", "mean", "p50", "p99", "max");
-  auto row = [](const char* name, const serve::LatencyStats& s) {
+  auto row = [](const char* name, const bench::LatencyStats& s) {
     std::printf("%-22s %10.2f %10.2f %10.2f %10.2f\n", name, s.mean * 1e3, s.p50 * 1e3, s.p99 * 1e3, s.max * 1e3);
   };
   row("time to first token", r.ttft);
@@ -58,7 +58,7 @@ int bench_serve(const std::vector<std::string>& argv) {
   row("end to end", r.e2e);
   std::printf("throughput: %.2f req/s, %.1f output tok/s (%lld output tokens)\n", r.request_throughput,
               r.output_throughput, (long long)r.output_tokens);
-  std::printf("SUMMARY %s\n", serve::bench_summary_json(opt, r).c_str());
+  std::printf("SUMMARY %s\n", bench::bench_summary_json(opt, r).c_str());
   return r.failed == 0 ? 0 : 1;
 }
 

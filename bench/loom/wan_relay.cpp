@@ -4,7 +4,7 @@
 // polls its source, its destination and the clock, so it also sees stop() within kPollSlice.
 // Descriptors are closed only under conns_mu_, and stop() shuts them down under it, so it never
 // touches a descriptor number that was already reused.
-#include "loom/serve/client/wan_relay.h"
+#include "bench/loom/wan_relay.h"
 
 #include <netdb.h>
 #include <netinet/in.h>
@@ -21,7 +21,7 @@
 
 #include "loom/core/error.h"
 
-namespace loom::serve {
+namespace loom::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -338,4 +338,4 @@ void WanRelay::pump(Connection& c, bool up) {
   }
 }
 
-}  // namespace loom::serve
+}  // namespace loom::bench

@@ -1,9 +1,16 @@
-// The `loom bench serve` load generator against the in-process server and fake engine.
-#include "loom/serve/client/bench_client.h"
+// The load client of `loom bench serve` against the in-process server and fake engine.
+#include "bench/loom/load_client.h"
 #include "serve/server_fixture.h"
 
 namespace loom::serve::testing {
 namespace {
+
+using bench::bench_summary_json;
+using bench::BenchOptions;
+using bench::BenchReport;
+using bench::latency_stats;
+using bench::LatencyStats;
+using bench::run_serve_benchmark;
 
 TEST(ServeBenchClient, Percentiles) {
   std::vector<double> v;

@@ -1,6 +1,6 @@
 // The emulated WAN link: bytes intact, delay and handshake round trip, shared rate limit,
 // EOF propagation, prompt stop() and an unreachable target, all over 127.0.0.1.
-#include "loom/serve/client/wan_relay.h"
+#include "bench/loom/wan_relay.h"
 
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -20,7 +20,7 @@
 
 #include "loom/core/error.h"
 
-namespace loom::serve::testing {
+namespace loom::bench::testing {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -340,4 +340,4 @@ TEST(WanRelay, ReportsBadOptionsAndBusyPorts) {
 }
 
 }  // namespace
-}  // namespace loom::serve::testing
+}  // namespace loom::bench::testing

@@ -1,13 +1,13 @@
-// Load generator for `loom bench serve`: requests arrive as a Poisson process at a given
-// rate against a running server; each streams a completion and records time to first
-// token, inter-token gaps and end-to-end latency. Pure client: knows only the HTTP API.
+// Load client of `loom bench serve` and `loom bench cascade`: requests arrive as a Poisson
+// process at a given rate against a running server; each streams a completion and records time
+// to first token, inter-token gaps and end-to-end latency. Pure client: knows only the HTTP API.
 #pragma once
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
 
-namespace loom::serve {
+namespace loom::bench {
 
 struct BenchOptions {
   std::string url = "http://127.0.0.1:8000";
@@ -42,4 +42,4 @@ BenchReport run_serve_benchmark(const BenchOptions& opt, const std::function<voi
 
 std::string bench_summary_json(const BenchOptions& opt, const BenchReport& r);
 
-}  // namespace loom::serve
+}  // namespace loom::bench

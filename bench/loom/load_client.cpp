@@ -1,5 +1,5 @@
-// Poisson-arrival load generator for a running server (see bench_client.h).
-#include "loom/serve/client/bench_client.h"
+// Poisson-arrival load client for a running server (see load_client.h).
+#include "bench/loom/load_client.h"
 
 #include <algorithm>
 #include <atomic>
@@ -15,7 +15,12 @@
 #include "loom/core/timer.h"
 #include "loom/serve/client/http_client.h"
 
-namespace loom::serve {
+namespace loom::bench {
+
+using serve::ClientResponse;
+using serve::HttpClient;
+using serve::parse_url;
+using serve::Url;
 
 using nlohmann::json;
 
@@ -203,4 +208,4 @@ std::string bench_summary_json(const BenchOptions& opt, const BenchReport& r) {
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-}  // namespace loom::serve
+}  // namespace loom::bench

@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-namespace loom::serve {
+namespace loom::bench {
 
 struct WanLinkOptions {
   double delay_s = 0.040;  // one-way propagation delay, each direction
@@ -94,4 +94,4 @@ class WanRelay {
   std::atomic<int64_t> connections_{0}, refused_{0}, bytes_up_{0}, bytes_down_{0}, read_up_{0}, read_down_{0};
 };
 
-}  // namespace loom::serve
+}  // namespace loom::bench
