@@ -3,8 +3,10 @@
 #include "bench/loom/bench.h"
 
 #include <cstdio>
+#include <cstdlib>
 
 #include "loom/comm/launch.h"
+#include "loom/core/error.h"
 
 namespace loom::cli {
 
@@ -48,6 +50,12 @@ std::unique_ptr<CLI::App> bench_app(const std::string& name, const std::string& 
     if (b.name == name) description = b.help + ".";
   if (!details.empty()) description += (description.empty() ? "" : "\n") + details;
   return new_app("bench " + name, description);
+}
+
+std::string new_temp_dir(const std::string& prefix) {
+  std::string path = "/tmp/" + prefix + "-XXXXXX";
+  LOOM_CHECK(mkdtemp(path.data()), "bench", "cannot create a directory under /tmp");
+  return path;
 }
 
 namespace {

@@ -27,6 +27,9 @@ int bench_cascade(const std::vector<std::string>& args);
 // new_app("bench <name>") with the description benchmarks() gives it, then `details`.
 std::unique_ptr<CLI::App> bench_app(const std::string& name, const std::string& details = "");
 
+// A new, empty directory /tmp/PREFIX-XXXXXX (mkdtemp) for a benchmark's runs; throws when it cannot.
+std::string new_temp_dir(const std::string& prefix);
+
 // Runs `loom bench <bench> args...` as ranks of `loom launch`, with the --nproc and --hosts
 // of args (--nproc defaults to the hosts' slots); every other option passes through.
 int relaunch_bench(const std::string& bench, const std::vector<std::string>& args);

@@ -27,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/loom/bench.h"
+#include "bench/loom/peer_process.h"
 #include "loom/core/stats.h"
 #include "loom/core/timer.h"
 #include "loom/io/file.h"
@@ -49,12 +50,7 @@ pid_t spawn(const std::vector<std::string>& argv, const std::string& tag, int* o
     close(p[0]);
     close(p[1]);
     setenv("LOOM_CHAOS_TAG", tag.c_str(), 1);
-    std::vector<char*> a;
-    for (const auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
-    a.push_back(nullptr);
-    execv(a[0], a.data());
-    std::fprintf(stderr, "[bench] cannot run %s: %s\n", a[0], std::strerror(errno));
-    _exit(127);
+    exec_or_exit(argv, "bench", /*search_path=*/false);
   }
   close(p[1]);
   *out_fd = p[0];
@@ -176,11 +172,7 @@ int bench_chaos(const std::vector<std::string>& args) {
       "the training needs --set checkpoint.every_steps=K (or every_minutes): without checkpoints "
       "every restart begins at step 0");
   std::mt19937_64 rng{uint64_t(seed)};
-  if (work.empty()) {
-    char tmpl[] = "/tmp/loom-chaos-XXXXXX";
-    LOOM_CHECK(mkdtemp(tmpl), "bench", "cannot create a directory under /tmp");
-    work = tmpl;
-  }
+  if (work.empty()) work = new_temp_dir("loom-chaos");
   fs::create_directories(work);
   const std::string exe = launch_exe();
   const std::string tag = str_cat(getpid(), "-", rng() % 1000000);

@@ -64,11 +64,7 @@ int bench_checkpoint(const std::vector<std::string>& args) {
   LOOM_CHECK(steps >= every && every >= 1, "bench", "--steps must be at least --every (>= 1)");
   namespace fs = std::filesystem;
   const bool own_dir = dir.empty();
-  if (own_dir) {
-    char tmpl[] = "/tmp/loom-bench-checkpoint-XXXXXX";
-    LOOM_CHECK(mkdtemp(tmpl), "bench", "cannot create a directory under /tmp");
-    dir = tmpl;
-  }
+  if (own_dir) dir = new_temp_dir("loom-bench-checkpoint");
   auto run = [&](bool async) {
     std::vector<std::string> sets = {"model.preset=" + preset,
                                      "data.dir=unused",

@@ -172,6 +172,14 @@ void print_table(const std::vector<ModeResult>& rs) {
 
 }  // namespace
 
+InferenceModel bench_model(const std::string& ckpt, const model::ModelConfig& mc, uint64_t seed,
+                           const std::optional<infer::QuantSpec>& quant, FILE* log, const comm::Group* tp) {
+  return ckpt.empty() ? random_inference_model(mc, seed, quant, tp)
+                      : load_inference_model(ckpt, quant, log, /*resolved=*/true, tp);
+}
+
+std::string weights_origin(const std::string& ckpt) { return ckpt.empty() ? " (random weights)" : " from " + ckpt; }
+
 double measure_read_bandwidth(const float* buf, int64_t n) {
   double best = 0;
   volatile double sink = 0;
@@ -460,19 +468,16 @@ int bench_infer(const std::vector<std::string>& argv) {
       throw UsageError("[bench infer] --peer llama.cpp needs f32 weights to write as GGUF; " + ckpt +
                        " is a quantized checkpoint (give the checkpoint it was made from)");
     std::printf("bench infer --peer llama.cpp: %s%s, %d threads, kernels %s\n", mc.summary().c_str(),
-                ckpt.empty() ? " (random weights)" : (" from " + ckpt).c_str(), threads,
-                cpu::hot_kernels_isa().c_str());
+                weights_origin(ckpt).c_str(), threads, cpu::hot_kernels_isa().c_str());
     return bench_infer_llama_cpp(a, mc, ckpt, cfg, threads, prefill);
   }
-  const InferenceModel im = ckpt.empty() ? random_inference_model(mc, uint64_t(a.seed), quant)
-                                         : load_inference_model(ckpt, quant, stderr, /*resolved=*/true);
+  const InferenceModel im = bench_model(ckpt, mc, uint64_t(a.seed), quant, stderr);
   const model::Decoder& m = *im.model;
   cfg.quant = im.quant_ptr();
   const double temperature = a.temperature;
 
-  std::printf("bench infer: %s%s, %s, %d threads, kernels %s%s\n", mc.summary().c_str(),
-              ckpt.empty() ? " (random weights)" : (" from " + ckpt).c_str(), im.precision().c_str(), threads,
-              cpu::hot_kernels_isa().c_str(),
+  std::printf("bench infer: %s%s, %s, %d threads, kernels %s%s\n", mc.summary().c_str(), weights_origin(ckpt).c_str(),
+              im.precision().c_str(), threads, cpu::hot_kernels_isa().c_str(),
               im.quant ? (", quantized linears " + cpu::quant_linear_path(im.quant->spec.format)).c_str() : "");
   std::printf("load: %ld requests, Poisson rate %.2f/s, prompt %s, output %s, temperature %.2f\n", long(n_req), rate,
               plen.text.c_str(), olen.text.c_str(), temperature);

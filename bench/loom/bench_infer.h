@@ -2,6 +2,8 @@
 // benchmark (bench_infer.cpp) and its llama.cpp side-by-side run (bench_infer_peer.cpp).
 #pragma once
 #include <cstdint>
+#include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +40,14 @@ struct InferBenchOptions {
   const CLI::App* app = nullptr;
   bool given(const std::string& name) const { return app && app->count("--" + name) > 0; }
 };
+
+// The model a run measures: the resolved checkpoint `ckpt` (loaded as load_inference_model loads
+// it), or when empty `mc` with random weights from `seed`; quantized as `quant` asks, and this
+// rank's slice when `tp` is given.
+InferenceModel bench_model(const std::string& ckpt, const model::ModelConfig& mc, uint64_t seed,
+                           const std::optional<infer::QuantSpec>& quant, FILE* log, const comm::Group* tp = nullptr);
+// Where bench_model's weights come from, for a run's first line: " from CKPT" or " (random weights)".
+std::string weights_origin(const std::string& ckpt);
 
 // Sustained read bandwidth in bytes/s: the best of two sums over n floats with the
 // benchmark's threads (weights are read-only while decoding, so reading is the bound).

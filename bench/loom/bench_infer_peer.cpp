@@ -314,10 +314,7 @@ int bench_infer_llama_cpp(const InferBenchOptions& a, const model::ModelConfig& 
         fs::remove_all(p, ec);
     }
   } cleanup{work};
-  auto load = [&](const std::optional<infer::QuantSpec>& q) {
-    return checkpoint.empty() ? random_inference_model(mc, seed, q)
-                              : load_inference_model(checkpoint, q, stderr, /*resolved=*/true);
-  };
+  auto load = [&](const std::optional<infer::QuantSpec>& q) { return bench_model(checkpoint, mc, seed, q, stderr); };
   std::vector<std::string> ggufs;
   if (file) {
     ggufs.assign(levels.size(), checkpoint);

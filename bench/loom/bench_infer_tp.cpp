@@ -19,8 +19,7 @@ int bench_infer_tp(const InferBenchOptions& a, int threads) {
   FILE* log = tp.leader() ? stderr : nullptr;
   if (a.given("checkpoint")) ckpt = resolve_inference_checkpoint(a.checkpoint, log);
   const model::ModelConfig mc = ckpt.empty() ? model::preset(a.model) : model::checkpoint_model_config(ckpt);
-  const InferenceModel im = ckpt.empty() ? random_inference_model(mc, uint64_t(a.seed), quant, tp.group())
-                                         : load_inference_model(ckpt, quant, log, true, tp.group());
+  const InferenceModel im = bench_model(ckpt, mc, uint64_t(a.seed), quant, log, tp.group());
   infer::EngineConfig cfg;
   cfg.block_size = a.block_size;
   cfg.kv_cache_bytes = (a.given("kv-cache-mb") ? a.kv_cache_mb : 256) << 20;
@@ -37,8 +36,8 @@ int bench_infer_tp(const InferBenchOptions& a, int threads) {
     return 0;
   }
   std::printf("bench infer --tp %lld: %s%s, %s, %d threads per rank, kernels %s\n", (long long)tp.size,
-              mc.summary().c_str(), ckpt.empty() ? " (random weights)" : (" from " + ckpt).c_str(),
-              im.precision().c_str(), threads, cpu::hot_kernels_isa().c_str());
+              mc.summary().c_str(), weights_origin(ckpt).c_str(), im.precision().c_str(), threads,
+              cpu::hot_kernels_isa().c_str());
   const Batch1 b1 = run_batch1(*im.model, cfg, n_tokens);
   std::printf(
       "batch-1 decode: %.2f tokens/s; this rank's weights read per token %.1f MB (bound %.2f tokens/s at "

@@ -126,8 +126,7 @@ int bench_infer_speculative(const InferBenchOptions& a, int threads) {
   if (plen + olen > mc.n_ctx)
     throw UsageError(str_cat("[bench infer] --prompt-len ", plen, " plus --output-len ", olen,
                              " exceed the context of ", mc.n_ctx, " tokens"));
-  const InferenceModel im =
-      ckpt.empty() ? random_inference_model(mc, seed, quant) : load_inference_model(ckpt, quant, stderr, true);
+  const InferenceModel im = bench_model(ckpt, mc, seed, quant, stderr);
   load_speculative_draft(spec, im, stderr);
   const model::Decoder& m = *im.model;
 
@@ -140,8 +139,7 @@ int bench_infer_speculative(const InferBenchOptions& a, int threads) {
   with.speculative = spec.config;
 
   std::printf("bench infer --speculative: %s%s, %s, %d threads, kernels %s\n", mc.summary().c_str(),
-              ckpt.empty() ? " (random weights)" : (" from " + ckpt).c_str(), im.precision().c_str(), threads,
-              cpu::hot_kernels_isa().c_str());
+              weights_origin(ckpt).c_str(), im.precision().c_str(), threads, cpu::hot_kernels_isa().c_str());
   std::printf("speculative: %s%s\n", spec.config.describe().c_str(),
               spec.draft ? str_cat(", draft ", spec.draft->checkpoint, " (", spec.draft->model->config().summary(),
                                    ", ", spec.draft->precision(), ")")

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 
@@ -24,6 +25,18 @@ std::string shell_quoted(const std::string& s) {
   return q + "'";
 }
 
+void exec_or_exit(const std::vector<std::string>& argv, const char* tag, bool search_path) {
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  if (search_path)
+    execvp(args[0], args.data());
+  else
+    execv(args[0], args.data());
+  std::fprintf(stderr, "[%s] cannot run %s: %s\n", tag, args[0], std::strerror(errno));
+  _exit(127);
+}
+
 PeerProcess::PeerProcess(const std::vector<std::string>& argv) {
   int in[2], out[2];
   LOOM_CHECK(pipe(in) == 0 && pipe(out) == 0, "peer", "pipe failed: ", std::strerror(errno));
@@ -36,12 +49,7 @@ PeerProcess::PeerProcess(const std::vector<std::string>& argv) {
     dup2(out[1], 1);
     close(in[1]);
     close(out[0]);
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execvp(args[0], args.data());
-    std::fprintf(stderr, "[peer] cannot run %s: %s\n", args[0], std::strerror(errno));
-    _exit(127);
+    exec_or_exit(argv, "peer", /*search_path=*/true);
   }
   close(in[0]);
   close(out[1]);

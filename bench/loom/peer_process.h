@@ -12,6 +12,10 @@ std::string peer_venv_dir(const std::string& name);
 // `s` quoted for a POSIX shell command line (std::system).
 std::string shell_quoted(const std::string& s);
 
+// In a forked child: becomes argv (argv[0] looked up in PATH when `search_path`), or says
+// "[tag] cannot run ARGV0: why" on stderr and exits with 127, as a shell does.
+[[noreturn]] void exec_or_exit(const std::vector<std::string>& argv, const char* tag, bool search_path);
+
 class PeerProcess {
  public:
   explicit PeerProcess(const std::vector<std::string>& argv);
