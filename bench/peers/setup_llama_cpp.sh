@@ -39,16 +39,8 @@ for other in "$venv"/.loom-peer-ready-*; do
   fi
 done
 
-python=""
-for p in /usr/bin/python3 python3; do
-  if command -v "$p" >/dev/null && "$p" -c 'import venv, ensurepip' 2>/dev/null; then
-    python=$p; break
-  fi
-done
-if [[ -z $python ]]; then
-  echo "[peer llama.cpp] needs python3 with venv and ensurepip (Debian: apt-get install python3-venv)" >&2
-  exit 2
-fi
+source "$(dirname "${BASH_SOURCE[0]}")/venv_python.sh"
+python=$(python_with_venv "peer llama.cpp")
 for tool in cmake c++; do
   if ! command -v $tool >/dev/null; then
     echo "[peer llama.cpp] needs $tool to compile llama.cpp (Debian: apt-get install cmake g++)" >&2

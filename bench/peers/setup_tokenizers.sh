@@ -10,16 +10,8 @@ gguf_version=0.19.0
 stamp="$venv/.loom-peer-ready-$tokenizers_version-$gguf_version"
 if [[ -f $stamp ]]; then exit 0; fi
 
-python=""
-for p in /usr/bin/python3 python3; do
-  if command -v "$p" >/dev/null && "$p" -c 'import venv, ensurepip' 2>/dev/null; then
-    python=$p; break
-  fi
-done
-if [[ -z $python ]]; then
-  echo "[peer tokenizers] needs python3 with venv and ensurepip (Debian: apt-get install python3-venv)" >&2
-  exit 2
-fi
+source "$(dirname "${BASH_SOURCE[0]}")/venv_python.sh"
+python=$(python_with_venv "peer tokenizers")
 echo "[peer tokenizers] installing tokenizers $tokenizers_version into $venv (once)" >&2
 rm -rf "$venv"
 if ! out=$("$python" -m venv "$venv" 2>&1); then
