@@ -27,6 +27,17 @@ int bench_cascade(const std::vector<std::string>& args);
 // new_app("bench <name>") with the description benchmarks() gives it, then `details`.
 std::unique_ptr<CLI::App> bench_app(const std::string& name, const std::string& details = "");
 
+// An option whose default the run picks (its help says which, e.g. "default 60; --quick 12"), so
+// --help shows none and count() tells a given value from it: add_option(name, value, help),
+// then type_name(type) unless empty, check(check) and an empty default_str.
+template <class T>
+CLI::Option* add_run_default_option(CLI::App& app, const std::string& name, T& value, const std::string& help,
+                                    const std::string& type, const CLI::Validator& check) {
+  CLI::Option* o = app.add_option(name, value, help);
+  if (!type.empty()) o->type_name(type);
+  return o->check(check)->default_str("");
+}
+
 // A new, empty directory /tmp/PREFIX-XXXXXX (mkdtemp) for a benchmark's runs; throws when it cannot.
 std::string new_temp_dir(const std::string& prefix);
 

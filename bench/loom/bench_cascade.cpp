@@ -225,12 +225,11 @@ int bench_cascade(const std::vector<std::string>& argv) {
   app->add_option("--update-int4", update_int4,
                   "a newer int4 edge model (as --edge-int4), published mid-run at the recommended threshold")
       ->type_name("PATH");
-  app->add_option("--edge-group", edge_group,
-                  "weights per scale of the edge models the bench quantizes (default: the format's; a GGUF's 32, "
-                  "which keeps its blocks)")
-      ->type_name("N")
-      ->check(non_negative())
-      ->default_str("");
+  add_run_default_option(
+      *app, "--edge-group", edge_group,
+      "weights per scale of the edge models the bench quantizes (default: the format's; a GGUF's 32, "
+      "which keeps its blocks)",
+      "N", non_negative());
   app->add_option("--edge-quant", edge_quant,
                   "the weights the edges download (loom serve --edge-quant; auto: int4 on a slow link)")
       ->check(one_of({"auto", "int8", "int4"}));
@@ -241,18 +240,12 @@ int bench_cascade(const std::vector<std::string>& argv) {
   app->add_option("--thresholds", thresholds_text,
                   "confidence thresholds, each in [0, 1] (default 0,0.2,0.3,0.4,0.5,0.6,1; --quick 0,0.5,1)")
       ->type_name("LIST");
-  app->add_option("--requests", requests, "requests per run (default 60; --quick 12)")
-      ->type_name("N")
-      ->check(in_range(2, 1e9))
-      ->default_str("");
-  app->add_option("--rate", rate_opt, "Poisson arrivals per second (default 1; --quick 2)")
-      ->type_name("R")
-      ->check(positive())
-      ->default_str("");
-  app->add_option("--max-tokens", max_tokens_opt, "tokens per answer (default 32; --quick 12)")
-      ->type_name("M")
-      ->check(positive())
-      ->default_str("");
+  add_run_default_option(*app, "--requests", requests, "requests per run (default 60; --quick 12)", "N",
+                         in_range(2, 1e9));
+  add_run_default_option(*app, "--rate", rate_opt, "Poisson arrivals per second (default 1; --quick 2)", "R",
+                         positive());
+  add_run_default_option(*app, "--max-tokens", max_tokens_opt, "tokens per answer (default 32; --quick 12)", "M",
+                         positive());
   app->add_option("--window", window, "tokens the edge's confidence is measured over")
       ->type_name("W")
       ->check(positive());

@@ -50,15 +50,14 @@ int bench_checkpoint(const std::vector<std::string>& args) {
   std::string preset = "gpt2-124m", dir;
   int64_t every = 20, steps = 0, B = 1, T = 64, threads = 0;
   app->add_option("--model", preset, "model preset")->type_name("PRESET");
-  auto* steps_opt = app->add_option("--steps", steps, "training steps per run (default: 3 x --every)")
-                        ->check(positive())
-                        ->default_str("");
+  auto* steps_opt =
+      add_run_default_option(*app, "--steps", steps, "training steps per run (default: 3 x --every)", "", positive());
   app->add_option("--every", every, "steps between checkpoints")->type_name("K")->check(positive());
   app->add_option("--batch", B, "sequences per step")->check(positive());
   app->add_option("--seq", T, "tokens per sequence")->check(positive());
   app->add_option("--dir", dir, "where checkpoints go (default: a temporary directory under /tmp, removed afterwards)")
       ->type_name("DIR");
-  auto* threads_opt = app->add_option("--threads", threads, "compute threads")->check(positive())->default_str("");
+  auto* threads_opt = add_run_default_option(*app, "--threads", threads, "compute threads", "", positive());
   if (auto rc = parse(*app, args)) return *rc;
   if (!steps_opt->count()) steps = 3 * every;
   LOOM_CHECK(steps >= every && every >= 1, "bench", "--steps must be at least --every (>= 1)");

@@ -257,18 +257,16 @@ int bench_comm(const std::vector<std::string>& args) {
                        "(test hosts from scripts/testhosts.sh or real ones; --nproc defaults to its slots). --trace "
                        "DIR writes each rank's trace, collectives included (docs/OBSERVABILITY.md).");
   CommOptions a;
-  app->add_option("--nproc", a.nproc, "ranks, through loom launch")->type_name("N")->check(positive())->default_str("");
+  add_run_default_option(*app, "--nproc", a.nproc, "ranks, through loom launch", "N", positive());
   app->add_option("--hosts", a.hosts, "hosts and ranks per host, through loom launch")->type_name("h1:2,h2:2");
   app->add_option("--ops", a.ops, "of all_reduce, reduce_scatter, all_gather, all_to_all, broadcast")
       ->type_name("LIST");
   app->add_option("--min-bytes", a.min_bytes, "smallest size (default 1K; 4K under --calibrate)")->type_name("SIZE");
   app->add_option("--max-bytes", a.max_bytes, "largest size (default 256M; 64M under --calibrate)")->type_name("SIZE");
-  app->add_option("--iters", a.iters, "timed iterations per size (default 20; 10 under --calibrate)")
-      ->check(positive())
-      ->default_str("");
-  app->add_option("--warmup", a.warmup, "untimed iterations per size (default 5; 2 under --calibrate)")
-      ->check(non_negative())
-      ->default_str("");
+  add_run_default_option(*app, "--iters", a.iters, "timed iterations per size (default 20; 10 under --calibrate)", "",
+                         positive());
+  add_run_default_option(*app, "--warmup", a.warmup, "untimed iterations per size (default 5; 2 under --calibrate)", "",
+                         non_negative());
   app->add_option("--algorithms", a.algorithms,
                   "run all_reduce, reduce_scatter and all_gather with each of ring, tree, hierarchical, auto, mpi "
                   "(default: the run's comm algorithm, $LOOM_COMM_ALGORITHM or auto); 'auto' rows name its pick")

@@ -304,10 +304,8 @@ int bench_infer(const std::vector<std::string>& argv) {
                   "the static batching of static/both: padded (finished members stay in the batch as padding rows "
                   "until the longest is done) or compact (they leave at once)")
       ->check(one_of({"padded", "compact"}));
-  app->add_option("--requests", a.requests, "requests of the load (default 64; --speculative 16, 0: no load runs)")
-      ->type_name("N")
-      ->check(non_negative())
-      ->default_str("");
+  add_run_default_option(*app, "--requests", a.requests,
+                         "requests of the load (default 64; --speculative 16, 0: no load runs)", "N", non_negative());
   app->add_option("--rate", a.rate, "Poisson arrivals per second; 0: all at once")
       ->type_name("R")
       ->check(non_negative());
@@ -323,17 +321,12 @@ int bench_infer(const std::vector<std::string>& argv) {
       ->type_name("N")
       ->check(positive());
   app->add_option("--block-size", a.block_size, "tokens per KV-cache block")->type_name("N")->check(positive());
-  app->add_option("--kv-cache-mb", a.kv_cache_mb, "KV-cache size in MiB (default 1024; --tp 256)")
-      ->type_name("N")
-      ->check(positive())
-      ->default_str("");
+  add_run_default_option(*app, "--kv-cache-mb", a.kv_cache_mb, "KV-cache size in MiB (default 1024; --tp 256)", "N",
+                         positive());
   app->add_option("--temperature", a.temperature, "sampling temperature (0: greedy)")
       ->type_name("T")
       ->check(in_range(0, 2));
-  app->add_option("--threads", a.threads, "compute threads (default 2; --tp 1)")
-      ->type_name("N")
-      ->check(positive())
-      ->default_str("");
+  add_run_default_option(*app, "--threads", a.threads, "compute threads (default 2; --tp 1)", "N", positive());
   app->add_option("--seed", a.seed, "seeds weights, arrivals and prompts")->type_name("S");
   app->add_flag("--no-prefix-caching", a.no_prefix_caching, "the engine without prefix caching");
   app->add_flag("--no-batch1", a.no_batch1, "skip the batch-1 decode measurement");
@@ -394,12 +387,10 @@ int bench_infer(const std::vector<std::string>& argv) {
       ->type_name("N")
       ->check(positive())
       ->group(spec);
-  app->add_option("--low-rate", a.low_rate,
-                  "arrivals per second of the low load (default: a quarter of plain "
-                  "batch-1's)")
-      ->type_name("R")
-      ->check(positive())
-      ->default_str("")
+  add_run_default_option(*app, "--low-rate", a.low_rate,
+                         "arrivals per second of the low load (default: a quarter of plain "
+                         "batch-1's)",
+                         "R", positive())
       ->group(spec);
   if (auto rc = parse(*app, argv)) return *rc;
   a.peer_isa = peer_isa == "avx2" ? PeerIsa::avx2 : PeerIsa::native;

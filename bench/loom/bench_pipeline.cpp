@@ -127,23 +127,15 @@ int bench_pipeline(const std::vector<std::string>& argv) {
                        "equal blocks make equal stages; idle is the median step's). loom bench pipeline --balance: "
                        "stage balance of the partitioners. The last line is SUMMARY {json}.");
   PipelineOptions a;
-  app->add_option("--nproc", a.nproc, "stages, one rank each (via loom launch)")
-      ->type_name("P")
-      ->check(positive())
-      ->default_str("");
+  add_run_default_option(*app, "--nproc", a.nproc, "stages, one rank each (via loom launch)", "P", positive());
   app->add_option("--micro-batches", a.micro_batches, "micro-batch counts to run")->type_name("LIST");
   app->add_option("--schedules", a.schedules, "schedules to run")->type_name("LIST");
   app->add_option("--layers", a.layers, "blocks of the model")->type_name("L")->check(positive());
   app->add_option("--d-model", a.d_model, "model width")->type_name("C")->check(positive());
   app->add_option("--vocab", a.vocab, "vocabulary size")->type_name("V")->check(positive());
-  app->add_option("--batch", a.batch, "sequences per micro-batch (default 4; --balance 1)")
-      ->type_name("B")
-      ->check(positive())
-      ->default_str("");
-  app->add_option("--seq", a.seq, "tokens per sequence (default 64; --balance 256)")
-      ->type_name("T")
-      ->check(positive())
-      ->default_str("");
+  add_run_default_option(*app, "--batch", a.batch, "sequences per micro-batch (default 4; --balance 1)", "B",
+                         positive());
+  add_run_default_option(*app, "--seq", a.seq, "tokens per sequence (default 64; --balance 256)", "T", positive());
   app->add_option("--steps", a.steps, "timed steps")->type_name("N")->check(positive());
   app->add_option("--warmup", a.warmup, "untimed steps first")->check(non_negative());
   app->add_option("--threads", a.threads, "OpenMP threads per rank")->type_name("K")->check(positive());
