@@ -50,6 +50,14 @@ void check_peer(const GroupImpl& g, const char* op, const char* role, int peer) 
              "' (ranks 0..", g.size - 1, ")");
 }
 
+// A point-to-point transfer's arguments: the tensor, another rank of the group, a tag >= 0.
+void check_transfer(const GroupImpl& g, const char* op, const Tensor& t, const char* role, int peer, int tag) {
+  check_tensor(g, op, t, "tensor");
+  check_peer(g, op, role, peer);
+  LOOM_CHECK(peer != g.rank, "comm", op, ": ", role, " ", peer, " is this rank; copy the tensor instead");
+  LOOM_CHECK(tag >= 0, "comm", op, ": tag ", tag, " is negative; tags must be >= 0");
+}
+
 void check_counts(const GroupImpl& g, const char* op, const char* what, const std::vector<int64_t>& counts,
                   const Tensor& t, const char* tensor_role) {
   LOOM_CHECK(int64_t(counts.size()) == g.size, "comm", op, ": ", what, " has ", counts.size(), " entries but group '",
@@ -126,19 +134,13 @@ Work Group::broadcast_async(const Tensor& t, int root) const {
 
 Work Group::send_async(const Tensor& t, int dst, int tag) const {
   const GroupImpl& g = impl("send");
-  check_tensor(g, "send", t, "tensor");
-  check_peer(g, "send", "dst", dst);
-  LOOM_CHECK(dst != g.rank, "comm", "send: dst ", dst, " is this rank; copy the tensor instead");
-  LOOM_CHECK(tag >= 0, "comm", "send: tag ", tag, " is negative; tags must be >= 0");
+  check_transfer(g, "send", t, "dst", dst, tag);
   return g.submit_transfer("send", int64_t(t.nbytes()), [t, dst, tag](Backend& b) { return b.post_send(t, dst, tag); });
 }
 
 Work Group::recv_async(const Tensor& t, int src, int tag) const {
   const GroupImpl& g = impl("recv");
-  check_tensor(g, "recv", t, "tensor");
-  check_peer(g, "recv", "src", src);
-  LOOM_CHECK(src != g.rank, "comm", "recv: src ", src, " is this rank; copy the tensor instead");
-  LOOM_CHECK(tag >= 0, "comm", "recv: tag ", tag, " is negative; tags must be >= 0");
+  check_transfer(g, "recv", t, "src", src, tag);
   return g.submit_transfer("recv", int64_t(t.nbytes()), [t, src, tag](Backend& b) { return b.post_recv(t, src, tag); });
 }
 
