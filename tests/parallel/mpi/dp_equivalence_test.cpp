@@ -382,7 +382,9 @@ TEST(DataParallel16BitGathers, AreBitwiseExactAndSendFewerBytes) {
           EXPECT_EQ(runs[k].losses, runs[0].losses) << how << ": losses differ from f32 gathers";
           EXPECT_TRUE(runs[k].weights == runs[0].weights) << how << ": fp32 masters differ from f32 gathers";
         }
-        if (kinds == 3) EXPECT_EQ(bytes[2], bytes[1]) << what << ": the replica and the fp32 copy gather alike";
+        if (kinds == 3) {
+          EXPECT_EQ(bytes[2], bytes[1]) << what << ": the replica and the fp32 copy gather alike";
+        }
         EXPECT_GT(bytes[0], 0) << what;
         // These tiny models' tables and norms are a third of their weights; stage 1 also gathers
         // the embedding rows.
