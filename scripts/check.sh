@@ -64,11 +64,11 @@ if [ -z "$only" ] || [ "$only" = asan ]; then
   echo "[check] AddressSanitizer + UndefinedBehaviorSanitizer build (build-asan)"
   configure build-asan -DLOOM_SANITIZE=address,undefined
   cmake --build build-asan -j "$JOBS" --target test_core test_io test_net test_data test_model test_kernels test_infer \
-    test_serve test_bench test_train test_parallel test_comm loom
+    test_serve test_bench test_optim test_train test_parallel test_comm loom
   run_suites asan build-asan/bin OMP_NUM_THREADS=2 OMP_WAIT_POLICY=passive \
     "ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1" \
     "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1" -- \
-    test_core test_io test_net test_data test_model test_kernels test_infer test_serve test_bench test_train \
+    test_core test_io test_net test_data test_model test_kernels test_infer test_serve test_bench test_optim test_train \
     test_parallel test_comm
 fi
 
