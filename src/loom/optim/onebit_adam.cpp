@@ -17,11 +17,6 @@ void OneBitAdam::count(const comm::OneBitAllReduce& x, bool sent) {
   if (sent) totals_.wire_bytes += x.wire_bytes();
 }
 
-float* OneBitAdam::scratch(Tensor& t, int64_t n) {
-  if (!t.defined() || t.numel() < n) t = Tensor::empty({n}, DType::f32, MemCategory::comm);
-  return t.data<float>();
-}
-
 OneBitAdam::Totals OneBitAdam::take_totals() { return std::exchange(totals_, Totals{}); }
 
 void OneBitAdam::step_replicated(size_t unit, AdamW& adam, float* params, const float* grads, float grad_scale,
@@ -43,9 +38,14 @@ void OneBitAdam::step_owner(size_t unit, AdamW& adam, int64_t unit_begin, float*
                             float grad_scale, double lr) {
   comm::OneBitAllReduce& x = *exchanges_[unit];
   const int64_t size = x.size(), c = adam.end() - adam.begin();
-  float* scaled = scratch(scaled_, size);
-  float* ghat = scratch(ghat_, c);
-  float* next = scratch(next_, c);
+  // Working buffers for this unit only: kept between steps, the largest unit's (the embedding or
+  // the head) would sit beside the model states for the whole run, unaccounted for.
+  Tensor scaled_t = Tensor::empty({size}, DType::f32, MemCategory::comm);
+  Tensor ghat_t = Tensor::empty({c}, DType::f32, MemCategory::comm);
+  Tensor next_t = Tensor::empty({c}, DType::f32, MemCategory::comm);
+  float* scaled = scaled_t.data<float>();
+  float* ghat = ghat_t.data<float>();
+  float* next = next_t.data<float>();
 #pragma omp parallel for schedule(static) if (size > 65536)
   for (int64_t j = 0; j < size; ++j) scaled[j] = unit_grads[j] * grad_scale;
   x.reduce_to_owner(scaled, ghat);

@@ -44,13 +44,11 @@ class OneBitAdam {
 
  private:
   void count(const comm::OneBitAllReduce& x, bool sent);
-  float* scratch(Tensor& t, int64_t n);  // t, grown to at least n elements
 
   AdamWConfig cfg_;
   int n_;  // ranks
   std::vector<std::unique_ptr<comm::OneBitAllReduce>> exchanges_;
   Totals totals_;
-  Tensor scaled_, ghat_, next_;  // step_owner's working buffers (category comm), kept between steps
 };
 
 }  // namespace loom::optim
