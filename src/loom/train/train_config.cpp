@@ -156,7 +156,7 @@ void read_parallel(ConfigReader& r, TrainConfig& c) {
   c.parallel.weight_replica =
       parallel::weight_replica_from_name(r.string("parallel.weight_replica", "auto", {"auto", "on", "off"}));
   c.parallel.pp_dtype =
-      r.string("parallel.pp_dtype", model::precision_name(c.model.precision), {"fp32", "bf16", "fp16"});
+      wire_dtype(r.string("parallel.pp_dtype", model::precision_name(c.model.precision), {"fp32", "bf16", "fp16"}));
   c.parallel.pp_schedule =
       parallel::pipe_schedule_from_name(r.string("parallel.pp_schedule", "1f1b", {"gpipe", "1f1b"}));
   c.parallel.pp_partition = parallel::partition_method_from_name(

@@ -92,7 +92,7 @@ struct ParallelConfig {
   parallel::WeightReplica weight_replica = parallel::WeightReplica::auto_choice;
   // Pipeline activations and their gradients between stages: "fp32", "bf16" or "fp16" (half
   // the bytes, rounded); the default is model.precision's.
-  std::string pp_dtype = "fp32";
+  DType pp_dtype = DType::f32;
   parallel::PipeSchedule pp_schedule = parallel::PipeSchedule::one_f_one_b;
   parallel::PartitionMethod pp_partition = parallel::PartitionMethod::uniform;
   // Micro-batches per rank and step (the pipeline schedule's m; gradient accumulation steps).

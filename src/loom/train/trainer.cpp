@@ -140,7 +140,7 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
   data_parallel_->set_norm_skip(skip);
   if (p.pp > 1)
     pipe_ = std::make_unique<parallel::PipelineStage>(
-        *model_, *mesh_, parallel::PipelineOptions{p.pp_schedule, int(p.micro_batches), wire_dtype(p.pp_dtype)});
+        *model_, *mesh_, parallel::PipelineOptions{p.pp_schedule, int(p.micro_batches), p.pp_dtype});
   if (p.pp > 1 || p.tp > 1 || p.ep > 1) whole_layout_ = std::make_unique<model::ParamLayout>(cfg_.model, 1);
   check_fits_in_memory();
   layout_desc_ = str_cat(shape.describe(), ", stages ", parallel::describe_partition(stages_));

@@ -436,8 +436,8 @@ TEST(ModelParallelPipelineWire, SixteenBitActivationsHalveTheSendsWithinTheBf16T
     double bytes[2] = {0, 0};
     for (int k = 0; k < 2; ++k) {
       TrainConfig cfg = make_config(l, 20);
-      ASSERT_EQ(cfg.parallel.pp_dtype, precision) << "the default follows model.precision";
-      if (k == 0) cfg.parallel.pp_dtype = "fp32";
+      ASSERT_EQ(cfg.parallel.pp_dtype, wire_dtype(precision)) << "the default follows model.precision";
+      if (k == 0) cfg.parallel.pp_dtype = DType::f32;
       const double t0 = now_seconds();
       runs[k] = run_training(cfg, &mesh);
       for (const auto& e : world.record().finished())
