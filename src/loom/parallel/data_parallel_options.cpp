@@ -1,13 +1,18 @@
 // The configuration rules of data_parallel_options.h.
 #include "loom/parallel/data_parallel_options.h"
 
+#include "loom/core/enum_names.h"
 #include "loom/core/error.h"
 
 namespace loom::parallel {
 
-const char* wire_dtype_name(DType t) {
-  return t == DType::f32 ? "fp32" : t == DType::bf16 ? "bf16" : t == DType::f16 ? "fp16" : dtype_name(t);
-}
+namespace {
+constexpr EnumName<DType> kWireDtypeNames[] = {{DType::f32, "fp32"}, {DType::bf16, "bf16"}, {DType::f16, "fp16"}};
+}  // namespace
+
+const char* wire_dtype_name(DType t) { return enum_name(kWireDtypeNames, t, dtype_name(t)); }
+
+std::optional<DType> wire_dtype_from_name(std::string_view name) { return enum_from_name(kWireDtypeNames, name); }
 
 DType effective_gather_dtype(const DataParallelOptions& opt, optim::OptimizerKind optimizer) {
   return opt.zero_stage == 0 || optimizer == optim::OptimizerKind::onebit_adam ? DType::f32 : opt.gather_dtype;

@@ -2,7 +2,9 @@
 // gather types a precision allows, when the weight replica is possible), apart from
 // DataParallel itself so that parsing a configuration needs neither a model nor a group.
 #pragma once
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "loom/core/dtype.h"
 #include "loom/model/config.h"
@@ -21,6 +23,8 @@ WeightReplica weight_replica_from_name(const std::string& name);
 // "fp32", "bf16", "fp16": a wire type as the configuration names it (parallel.grad_dtype,
 // parallel.gather_dtype).
 const char* wire_dtype_name(DType t);
+// The DType a wire type's name stands for; nullopt for any other name.
+std::optional<DType> wire_dtype_from_name(std::string_view name);
 
 struct DataParallelOptions {
   int zero_stage = 0;

@@ -4,7 +4,6 @@
 #include <limits>
 #include <sstream>
 
-#include "loom/core/enum_names.h"
 #include "loom/io/yaml_load.h"
 #include "loom/model/param_layout.h"
 #include "loom/parallel/data_parallel_options.h"
@@ -16,8 +15,7 @@
 namespace loom::train {
 
 DType wire_dtype(const std::string& name) {
-  static constexpr EnumName<DType> kNames[] = {{DType::f32, "fp32"}, {DType::bf16, "bf16"}, {DType::f16, "fp16"}};
-  if (const auto t = enum_from_name(kNames, name)) return *t;
+  if (const auto t = parallel::wire_dtype_from_name(name)) return *t;
   fail("config", "dtype '", name, "': expected fp32, bf16 or fp16");
 }
 
