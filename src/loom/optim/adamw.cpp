@@ -8,14 +8,6 @@
 
 namespace loom::optim {
 
-const char* optimizer_name(OptimizerKind kind) { return kind == OptimizerKind::onebit_adam ? "onebit_adam" : "adamw"; }
-
-OptimizerKind optimizer_from_name(const std::string& name) {
-  if (name == "onebit_adam") return OptimizerKind::onebit_adam;
-  LOOM_CHECK(name == "adamw", "config", "optim.name '", name, "' is not adamw or onebit_adam");
-  return OptimizerKind::adamw;
-}
-
 AdamW::AdamW(const AdamWConfig& cfg, int64_t begin, int64_t end, std::vector<DecaySpan> spans, Allocator& alloc)
     : cfg_(cfg), begin_(begin), end_(end) {
   LOOM_CHECK(begin >= 0 && end >= begin, "adamw", "bad range [", begin, ", ", end, ")");

@@ -7,17 +7,9 @@
 #include <vector>
 
 #include "loom/core/tensor.h"
+#include "loom/optim/optimizer_kind.h"
 
 namespace loom::optim {
-
-// Which optimizer runs (optim.name): AdamW, or 1-bit Adam: AdamW for `freeze_step` steps, then
-// the variance frozen and the momentum averaged over data-parallel ranks by a 1-bit compressed
-// all-reduce (comm/onebit.h; DataParallel drives it).
-enum class OptimizerKind { adamw, onebit_adam };
-// "adamw", "onebit_adam" (the names optim.name takes).
-const char* optimizer_name(OptimizerKind kind);
-// The inverse; throws "[config] optim.name 'x' is not adamw or onebit_adam".
-OptimizerKind optimizer_from_name(const std::string& name);
 
 struct AdamWConfig {
   double lr = 6e-4;  // peak learning rate (the schedule scales it per step)
