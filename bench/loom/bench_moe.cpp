@@ -42,7 +42,7 @@ Timed run(const model::ModelConfig& cfg, const parallel::Mesh& mesh, const comm:
   model::ModelSlice slice;
   slice.ep = ep;
   slice.ep_rank = mesh.coord().ep;
-  const auto ranks = parallel::DataParallelRanks::of_mesh(mesh.shape().size(parallel::Dim::dp), ep);
+  const auto ranks = parallel::Layout{.dp = mesh.shape().size(parallel::Dim::dp), .ep = ep}.data_parallel_ranks();
   const optim::AdamWConfig adam{1e-4, 0.9, 0.95, 1e-8, 0.1};
   const parallel::DataParallelPlan plan = parallel::plan_data_parallel(
       {zero, 25.0, DType::f32}, adam.kind, model::ParamLayout(cfg, ranks.dp_size, slice), ranks);

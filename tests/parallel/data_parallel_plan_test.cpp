@@ -32,7 +32,7 @@ TEST(DataParallelPlan, DecidesTheReplicaTheDecoderOptionsAndTheBytesOnce) {
   EXPECT_EQ(onebit.model_states.optimizer, plain.optimizer + parallel::onebit_error_bytes(layout.num_params(), 8));
 
   // Dense units shard over dp x ep ranks, expert units over dp.
-  const auto ranks = parallel::DataParallelRanks::of_mesh(2, 4);
+  const auto ranks = parallel::Layout{.dp = 2, .ep = 4}.data_parallel_ranks();
   EXPECT_EQ(ranks.dp_size, 8);
   EXPECT_EQ(ranks.expert_dp_size, 2);
 }

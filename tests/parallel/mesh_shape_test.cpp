@@ -3,6 +3,7 @@
 #include <set>
 
 #include "loom/core/error.h"
+#include "loom/parallel/layout.h"
 #include "loom/parallel/mesh_shape.h"
 
 using namespace loom;
@@ -57,4 +58,17 @@ TEST(MeshShape, OrderPutsAnotherDimensionInnermost) {
       EXPECT_NE(std::string(e.what()).find("must name pp, dp, ep and tp once each"), std::string::npos) << e.what();
     }
   }
+}
+
+// The layout the trainer reads from parallel.* and the planner searches over makes the mesh
+// (with its order) and says how many ranks share the dense and the expert parameters.
+TEST(Layout, MakesItsMeshAndDataParallelRanks) {
+  Layout l{.dp = 2, .tp = 4, .pp = 3, .ep = 5, .order = parse_mesh_order("tp,pp,ep,dp")};
+  EXPECT_EQ(l.ranks(), 120);
+  EXPECT_EQ(l.mesh().describe(), "pp=3 x dp=2 x ep=5 x tp=4 (order tp,pp,ep,dp)");
+  EXPECT_EQ(l.mesh().group_ranks(1, Dim::dp), (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(l.data_parallel_ranks().dp_size, 10);  // dense parameters: every rank of other data
+  EXPECT_EQ(l.data_parallel_ranks().expert_dp_size, 2);
+  EXPECT_EQ(mesh_order_name(l.order), "tp,pp,ep,dp");
+  EXPECT_EQ(mesh_order_name(Layout{}.order), "pp,dp,ep,tp");
 }

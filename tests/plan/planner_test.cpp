@@ -115,7 +115,7 @@ TEST(Planner, ZeroStagesShardTheStatesAsTheFormulasSay) {
   };
   const Expected expected[] = {{4 * P, 4 * P, 8 * P}, {4 * P, 4 * P, 2 * P}, {4 * P, P, 2 * P}, {P, P, 2 * P}};
   for (int zero = 0; zero <= 3; ++zero) {
-    Layout l{4, 1, 1, 1, zero, 1, 1, 0, "1f1b"};
+    Layout l = Layout::of(4, 1, 1, 1, zero, 1, 1);
     const Prediction p = predict(j, small_cluster(), l);
     ASSERT_TRUE(p.why_not.empty()) << p.why_not;
     EXPECT_EQ(int64_t(p.memory.params), expected[zero].params) << "ZeRO-" << zero;
@@ -135,13 +135,13 @@ TEST(Planner, Bf16ZeroOneAndTwoKeepTheWeightReplicaWhereItIsSmaller) {
   for (const auto& p : layout.params())
     if (p.product_operand) product += p.numel();
   for (int zero = 1; zero <= 2; ++zero) {
-    const Prediction four = predict(j, small_cluster(), Layout{4, 1, 1, 1, zero, 1, 1, 0, "1f1b"});
+    const Prediction four = predict(j, small_cluster(), Layout::of(4, 1, 1, 1, zero, 1, 1));
     ASSERT_TRUE(four.why_not.empty()) << four.why_not;
     EXPECT_EQ(int64_t(four.memory.params), 2 * product + 4 * (P - product)) << zero;
     EXPECT_EQ(int64_t(four.memory.optimizer), 12 * P / 4) << zero;
     EXPECT_EQ(int64_t(four.memory.grads), zero == 1 ? 4 * P : P) << zero;
     // Two ranks: GPT-2's f32 token table makes the replica and masters larger than 4P.
-    const Prediction two = predict(j, small_cluster(), Layout{2, 1, 1, 1, zero, 2, 1, 0, "1f1b"});
+    const Prediction two = predict(j, small_cluster(), Layout::of(2, 1, 1, 1, zero, 2, 1));
     ASSERT_TRUE(two.why_not.empty()) << two.why_not;
     EXPECT_EQ(int64_t(two.memory.params), 4 * P) << zero;
     EXPECT_EQ(int64_t(two.memory.optimizer), 8 * P / 2) << zero;
@@ -158,11 +158,11 @@ TEST(Planner, OneBitAdamAddsItsErrorBuffersAndKeepsToZeroOneWithoutEp) {
   // reduces, a quarter of it (P bytes), on top of Adam's moments: 8P unsharded, 8P/4 under ZeRO-1.
   const int64_t expected_optimizer[] = {8 * P + 4 * P + P, 2 * P + 4 * P + P};
   for (int zero = 0; zero <= 1; ++zero) {
-    const Prediction p = predict(j, small_cluster(), Layout{4, 1, 1, 1, zero, 1, 1, 0, "1f1b"});
+    const Prediction p = predict(j, small_cluster(), Layout::of(4, 1, 1, 1, zero, 1, 1));
     ASSERT_TRUE(p.why_not.empty()) << p.why_not;
     EXPECT_EQ(int64_t(p.memory.optimizer), expected_optimizer[zero]) << "ZeRO-" << zero;
   }
-  EXPECT_EQ(check_layout(j, small_cluster(), Layout{4, 1, 1, 1, 2, 1, 1, 0, "1f1b"}),
+  EXPECT_EQ(check_layout(j, small_cluster(), Layout::of(4, 1, 1, 1, 2, 1, 1)),
             "1-bit Adam with ZeRO-2 (loom's trainer runs it at ZeRO 0-1 without expert parallelism)");
 }
 
@@ -171,7 +171,7 @@ TEST(Planner, PipelineBubbleOfEqualStagesIsTheScheduleFormula) {
   Job j = job_of("gpt2-350m", 32, 128);
   j.model.vocab_size = 16;
   for (int64_t m : {4, 8, 32}) {
-    Layout l{1, 1, 4, 1, 0, 32 / m, m, 0, "1f1b"};
+    Layout l = Layout::of(1, 1, 4, 1, 0, 32 / m, m);
     const Prediction p = predict(j, small_cluster(), l);
     ASSERT_TRUE(p.why_not.empty()) << p.why_not;
     const TimePrediction& t = p.time;
@@ -184,7 +184,7 @@ TEST(Planner, PipelineBubbleOfEqualStagesIsTheScheduleFormula) {
 TEST(Planner, OverlapHidesGradientReductionBehindBackward) {
   const Job j = job_of("gpt2-124m", 4, 128);
   Cluster c = small_cluster();
-  Layout l{4, 1, 1, 1, 0, 1, 1, 0, "1f1b"};
+  Layout l = Layout::of(4, 1, 1, 1, 0, 1, 1);
   c.overlap_fraction = 0;
   const Prediction none = predict(j, c, l);
   EXPECT_NEAR(none.time.dp_exposed, none.time.dp_comm, 1e-12);
@@ -199,7 +199,7 @@ TEST(Planner, CrossNodeCollectivesCostMore) {
   const Job j = job_of("gpt2-124m", 8, 128);
   Job two = j;
   two.nodes = 2;
-  Layout l{8, 1, 1, 1, 0, 1, 1, 0, "1f1b"};
+  Layout l = Layout::of(8, 1, 1, 1, 0, 1, 1);
   const Prediction one_node = predict(j, small_cluster(8), l);
   const Prediction two_nodes = predict(two, small_cluster(4), l);
   EXPECT_GT(two_nodes.time.dp_comm, 2 * one_node.time.dp_comm);
@@ -207,8 +207,8 @@ TEST(Planner, CrossNodeCollectivesCostMore) {
 
 TEST(Planner, ExpertParallelismPaysAllToAllsAndReducesDenseGradientsOverDpTimesEp) {
   const Job j = job_of("llama-moe-60m", 8, 512);
-  const Prediction one = predict(j, small_cluster(8), Layout{8, 1, 1, 1, 0, 1, 1, 0, "1f1b"});
-  const Prediction ep = predict(j, small_cluster(8), Layout{1, 1, 1, 8, 0, 1, 1, 0, "1f1b"});
+  const Prediction one = predict(j, small_cluster(8), Layout::of(8, 1, 1, 1, 0, 1, 1));
+  const Prediction ep = predict(j, small_cluster(8), Layout::of(1, 1, 1, 8, 0, 1, 1));
   ASSERT_TRUE(one.why_not.empty() && ep.why_not.empty()) << one.why_not << ep.why_not;
   EXPECT_EQ(one.time.ep_a2a, 0);
   EXPECT_GT(ep.time.ep_a2a, 0);
@@ -222,12 +222,11 @@ TEST(Planner, ExpertParallelismPaysAllToAllsAndReducesDenseGradientsOverDpTimesE
 
 TEST(Planner, InvalidLayoutsAreRefusedWithTheReason) {
   const Job j = job_of("gpt2-shakespeare", 8, 128);  // 6 heads, 4 layers
-  EXPECT_EQ(check_layout(j, small_cluster(), Layout{1, 4, 1, 1, 0, 8, 1, 0, "1f1b"}), "tp=4 does not divide n_head=6");
-  EXPECT_EQ(check_layout(j, small_cluster(), Layout{1, 1, 8, 1, 0, 8, 1, 0, "1f1b"}), "pp=8 exceeds n_layer=4");
-  EXPECT_NE(check_layout(j, small_cluster(), Layout{2, 1, 1, 1, 0, 8, 1, 0, "1f1b"}).find("is not the global batch 8"),
+  EXPECT_EQ(check_layout(j, small_cluster(), Layout::of(1, 4, 1, 1, 0, 8, 1)), "tp=4 does not divide n_head=6");
+  EXPECT_EQ(check_layout(j, small_cluster(), Layout::of(1, 1, 8, 1, 0, 8, 1)), "pp=8 exceeds n_layer=4");
+  EXPECT_NE(check_layout(j, small_cluster(), Layout::of(2, 1, 1, 1, 0, 8, 1)).find("is not the global batch 8"),
             std::string::npos);
-  EXPECT_EQ(check_layout(j, small_cluster(2), Layout{1, 3, 1, 1, 0, 8, 1, 0, "1f1b"}),
-            "tp=3 spans nodes (2 devices each)");
+  EXPECT_EQ(check_layout(j, small_cluster(2), Layout::of(1, 3, 1, 1, 0, 8, 1)), "tp=3 spans nodes (2 devices each)");
 }
 
 TEST(Planner, SearchRanksFittingLayoutsByStepTime) {
@@ -249,7 +248,7 @@ TEST(Planner, SearchRanksFittingLayoutsByStepTime) {
   tight.device.memory_bytes = 1.0 * 1024 * 1024 * 1024;
   for (const auto& p : search(j, tight))
     if (p.fits) {
-      EXPECT_TRUE(p.layout.zero == 3 || p.layout.pp > 1 || p.layout.tp > 1) << p.layout.describe();
+      EXPECT_TRUE(p.layout.zero_stage == 3 || p.layout.pp > 1 || p.layout.tp > 1) << p.layout.describe();
     }
   tight.device.memory_bytes = 64.0 * 1024 * 1024;
   const auto none = search(j, tight);
@@ -260,7 +259,7 @@ TEST(Planner, SearchRanksFittingLayoutsByStepTime) {
 
 TEST(Planner, ExplainNamesEveryTerm) {
   Job j = job_of("gpt2-124m", 16, 256);
-  const Prediction p = predict(j, small_cluster(4), Layout{2, 1, 2, 1, 1, 2, 4, 1, "1f1b"});
+  const Prediction p = predict(j, small_cluster(4), Layout::of(2, 1, 2, 1, 1, 2, 4, 1));
   const std::string e = explain(j, small_cluster(4), p);
   for (const char* term : {"matrix products", "attention", "elementwise", "recomputation", "pipeline bubble",
                            "data-parallel exposed", "optimizer", "memory on stage"})

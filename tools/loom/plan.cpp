@@ -61,7 +61,8 @@ plan::Layout parse_layout(const std::string& spec) {
     if (eq == std::string::npos) throw UsageError("[plan] --layout: expected key=value, got '" + item + "'");
     const std::string k = item.substr(0, eq), v = item.substr(eq + 1);
     if (k == "schedule") {
-      l.schedule = v;
+      if (v != "1f1b" && v != "gpipe") throw UsageError("[plan] --layout: schedule=" + v + " is not 1f1b or gpipe");
+      l.pp_schedule = parallel::pipe_schedule_from_name(v);
       continue;
     }
     int64_t n = 0;
@@ -79,7 +80,7 @@ plan::Layout parse_layout(const std::string& spec) {
     else if (k == "ep")
       l.ep = n;
     else if (k == "zero")
-      l.zero = int(n);
+      l.zero_stage = int(n);
     else if (k == "mb")
       l.micro_batch = n;
     else if (k == "m")
@@ -324,21 +325,21 @@ std::vector<Case> validation_cases(bool quick) {
   using L = plan::Layout;
   const std::string S = "gpt2-shakespeare";
   std::vector<Case> all = {
-      {S, L{1, 1, 1, 1, 0, 8, 1, 0, "1f1b"}},   // one process
-      {S, L{2, 1, 1, 1, 0, 8, 1, 0, "1f1b"}},   // dp2 ZeRO-0
-      {S, L{1, 1, 2, 1, 0, 2, 4, 0, "1f1b"}},   // pp2 1F1B, 4 micro-batches
-      {S, L{1, 2, 1, 1, 0, 8, 1, 0, "1f1b"}},   // tp2
-      {S, L{1, 1, 1, 1, 0, 2, 4, 0, "1f1b"}},   // gradient accumulation
-      {S, L{1, 1, 1, 1, 0, 8, 1, 1, "1f1b"}},   // activation checkpointing
-      {S, L{2, 1, 1, 1, 1, 8, 1, 0, "1f1b"}},   // ZeRO-1
-      {S, L{2, 1, 1, 1, 2, 8, 1, 0, "1f1b"}},   // ZeRO-2
-      {S, L{2, 1, 1, 1, 3, 8, 1, 0, "1f1b"}},   // ZeRO-3
-      {S, L{1, 1, 2, 1, 0, 2, 4, 0, "gpipe"}},  // pp2 GPipe
-      {S, L{2, 1, 1, 1, 1, 4, 2, 1, "1f1b"}},   // ZeRO-1, micro-batches, checkpointing
-      {S, L{1, 2, 1, 1, 0, 4, 2, 1, "1f1b"}},   // tp2, micro-batches, checkpointing
-      {"gpt2-124m", L{1, 1, 1, 1, 0, 1, 1, 0, "1f1b"}, 128, 4},
-      {"gpt2-124m", L{2, 1, 1, 1, 0, 1, 1, 0, "1f1b"}, 128, 4},
-      {"gpt2-124m", L{2, 1, 1, 1, 2, 1, 1, 0, "1f1b"}, 128, 4},
+      {S, L::of(1, 1, 1, 1, 0, 8, 1)},                                    // one process
+      {S, L::of(2, 1, 1, 1, 0, 8, 1)},                                    // dp2 ZeRO-0
+      {S, L::of(1, 1, 2, 1, 0, 2, 4)},                                    // pp2 1F1B, 4 micro-batches
+      {S, L::of(1, 2, 1, 1, 0, 8, 1)},                                    // tp2
+      {S, L::of(1, 1, 1, 1, 0, 2, 4)},                                    // gradient accumulation
+      {S, L::of(1, 1, 1, 1, 0, 8, 1, 1)},                                 // activation checkpointing
+      {S, L::of(2, 1, 1, 1, 1, 8, 1)},                                    // ZeRO-1
+      {S, L::of(2, 1, 1, 1, 2, 8, 1)},                                    // ZeRO-2
+      {S, L::of(2, 1, 1, 1, 3, 8, 1)},                                    // ZeRO-3
+      {S, L::of(1, 1, 2, 1, 0, 2, 4, 0, parallel::PipeSchedule::gpipe)},  // pp2 GPipe
+      {S, L::of(2, 1, 1, 1, 1, 4, 2, 1)},                                 // ZeRO-1, micro-batches, checkpointing
+      {S, L::of(1, 2, 1, 1, 0, 4, 2, 1)},                                 // tp2, micro-batches, checkpointing
+      {"gpt2-124m", L::of(1, 1, 1, 1, 0, 1, 1), 128, 4},
+      {"gpt2-124m", L::of(2, 1, 1, 1, 0, 1, 1), 128, 4},
+      {"gpt2-124m", L::of(2, 1, 1, 1, 2, 1, 1), 128, 4},
   };
   if (quick) return {all[0], all[1], all[2], all[3]};
   return all;
@@ -353,8 +354,9 @@ struct Measured {
 
 Measured run_case(const Case& k, const std::string& data_dir, const std::string& dir, int threads) {
   const plan::Layout& l = k.layout;
-  const std::string tag = str_cat(k.model, "-", l.dp, "-", l.tp, "-", l.pp, "-z", l.zero, "-", l.micro_batch, "x",
-                                  l.micro_batches, "-c", l.checkpoint, "-", l.schedule);
+  const std::string tag =
+      str_cat(k.model, "-", l.dp, "-", l.tp, "-", l.pp, "-z", l.zero_stage, "-", l.micro_batch, "x", l.micro_batches,
+              "-c", l.checkpoint, "-", parallel::pipe_schedule_name(l.pp_schedule));
   const std::string metrics = dir + "/" + tag + ".jsonl", log = dir + "/" + tag + ".log";
   std::ostringstream cmd;
   // Waiting ranks yield their core (the ranks, their comm workers and MPI's progress share the
@@ -372,9 +374,9 @@ Measured run_case(const Case& k, const std::string& data_dir, const std::string&
       << " --set schedule.eval_interval=0 --set checkpoint.dir= --set checkpoint.every_steps=0 --set log.every=1 --set "
          "log.progress=off"
       << " --set log.metrics_path=" << metrics << " --set parallel.dp=" << l.dp << " --set parallel.tp=" << l.tp
-      << " --set parallel.pp=" << l.pp << " --set parallel.zero_stage=" << l.zero
-      << " --set parallel.pp_schedule=" << l.schedule << " --set model.activation_checkpoint_interval=" << l.checkpoint
-      << " --set threads=" << threads;
+      << " --set parallel.pp=" << l.pp << " --set parallel.zero_stage=" << l.zero_stage
+      << " --set parallel.pp_schedule=" << parallel::pipe_schedule_name(l.pp_schedule)
+      << " --set model.activation_checkpoint_interval=" << l.checkpoint << " --set threads=" << threads;
   cmd << " > " << log << " 2>&1";
   Measured m;
   m.log = log;
@@ -656,7 +658,7 @@ int cmd_plan(const std::vector<std::string>& argv) {
       throw UsageError("[plan] --layout " + a.layout + ": " + ranked.front().why_not);
   } else {
     plan::SearchOptions so;
-    if (a.gpipe) so.schedules = {"1f1b", "gpipe"};
+    if (a.gpipe) so.schedules = {parallel::PipeSchedule::one_f_one_b, parallel::PipeSchedule::gpipe};
     ranked = plan::search(job, cluster, so);
     if (ranked.empty())
       throw UsageError(str_cat("[plan] no valid layout of ", job.nodes * cluster.devices_per_node,

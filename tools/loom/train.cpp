@@ -169,7 +169,7 @@ int cmd_train(const std::vector<std::string>& argv) {
     std::fflush(stdout);
   }
   const auto& p = cfg.parallel;
-  parallel::Mesh mesh(world.group(), parallel::MeshShape(p.pp, p.dp, p.ep, p.tp, parallel::parse_mesh_order(p.order)));
+  parallel::Mesh mesh(world.group(), p.mesh());
   if (world.rank() == 0 && world.group().hosts() > 1)
     for (parallel::Dim d : {parallel::Dim::tp, parallel::Dim::ep})
       if (mesh.group(d).hosts() > 1)
@@ -177,8 +177,8 @@ int cmd_train(const std::vector<std::string>& argv) {
             "[train] warning: the %s group of rank 0 spans %d hosts, so its per-layer collectives cross the "
             "link between hosts; put %s innermost in parallel.order (%s) and keep parallel.%s within one "
             "host's ranks\n",
-            parallel::dim_name(d), mesh.group(d).hosts(), parallel::dim_name(d), p.order.c_str(),
-            parallel::dim_name(d));
+            parallel::dim_name(d), mesh.group(d).hosts(), parallel::dim_name(d),
+            parallel::mesh_order_name(p.order).c_str(), parallel::dim_name(d));
   const bool main_rank = world.rank() == 0;
   train::TrainerOptions opt;
   std::unique_ptr<TrainMetricsEndpoint> endpoint;

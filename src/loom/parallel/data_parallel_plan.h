@@ -9,17 +9,9 @@
 #include "loom/model/param_layout.h"
 #include "loom/optim/adamw.h"
 #include "loom/parallel/data_parallel_options.h"
+#include "loom/parallel/layout.h"
 
 namespace loom::parallel {
-
-// How many ranks share a model's units: dense parameters are sharded over `dp_size` ranks (all
-// those that see different data: dp x ep), the experts of MoE blocks over `expert_dp_size` (the
-// dp ranks holding the same experts).
-struct DataParallelRanks {
-  int dp_size = 1, expert_dp_size = 1;
-  // From the mesh's sizes (parallel.dp, parallel.ep).
-  static DataParallelRanks of_mesh(int64_t dp, int64_t ep) { return {int(dp * ep), int(dp)}; }
-};
 
 // Whether stages 1-2 keep the 16-bit weight replica for a model laid out as `layout` (its units
 // sharded over `dp_size` ranks, the expert units over `expert_dp_size`); the model then has no

@@ -104,10 +104,12 @@ int64_t MeshShape::group_color(int64_t rank, Dim d) const {
 
 std::string MeshShape::describe() const {
   std::string s = str_cat("pp=", sizes_[0], " x dp=", sizes_[1], " x ep=", sizes_[2], " x tp=", sizes_[3]);
-  if (order_ != kDefaultMeshOrder)
-    s += str_cat(" (order ", dim_name(order_[0]), ",", dim_name(order_[1]), ",", dim_name(order_[2]), ",",
-                 dim_name(order_[3]), ")");
+  if (order_ != kDefaultMeshOrder) s += str_cat(" (order ", mesh_order_name(order_), ")");
   return s;
+}
+
+std::string mesh_order_name(const MeshOrder& order) {
+  return str_cat(dim_name(order[0]), ",", dim_name(order[1]), ",", dim_name(order[2]), ",", dim_name(order[3]));
 }
 
 }  // namespace loom::parallel

@@ -24,6 +24,8 @@ using MeshOrder = std::array<Dim, 4>;
 inline constexpr MeshOrder kDefaultMeshOrder = {Dim::pp, Dim::dp, Dim::ep, Dim::tp};
 // "pp,dp,ep,tp" -> the order; throws "[config] parallel.order ..." unless each appears once.
 MeshOrder parse_mesh_order(const std::string& text);
+// "pp,dp,ep,tp": the order as parallel.order spells it (parse_mesh_order's inverse).
+std::string mesh_order_name(const MeshOrder& order);
 
 class MeshShape {
  public:

@@ -41,11 +41,11 @@ std::string explain(const Job& job, const Cluster& c, const Prediction& p) {
                 "% of an ideal pipeline"));
   if (t.dp_comm > 0)
     row("data-parallel exposed", t.dp_exposed,
-        str_cat("of ", t.dp_comm * 1e3, " ms of ZeRO-", l.zero, " collectives over dp=", l.dp,
+        str_cat("of ", t.dp_comm * 1e3, " ms of ZeRO-", l.zero_stage, " collectives over dp=", l.dp,
                 l.ep > 1 ? str_cat(" (dense parameters over dp x ep=", l.dp * l.ep, ")") : std::string(),
                 "; the rest hides behind backward"));
   row("optimizer", t.optimizer,
-      l.zero >= 1 ? str_cat("AdamW on a 1/", l.dp * l.ep, " shard") : std::string("AdamW on all parameters"));
+      l.zero_stage >= 1 ? str_cat("AdamW on a 1/", l.dp * l.ep, " shard") : std::string("AdamW on all parameters"));
   const MemoryPrediction& m = p.memory;
   o << "memory on stage " << p.memory_stage << ": " << format_bytes(int64_t(m.total())) << " of "
     << format_bytes(int64_t(c.device.memory_bytes)) << " (params " << format_bytes(int64_t(m.params)) << ", grads "

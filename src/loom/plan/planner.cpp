@@ -18,17 +18,18 @@ std::string Layout::describe() const {
   std::ostringstream o;
   o << "dp" << dp << " tp" << tp << " pp" << pp;
   if (ep > 1) o << " ep" << ep;
-  o << " z" << zero << " mb" << micro_batch << "x" << micro_batches;
+  o << " z" << zero_stage << " mb" << micro_batch << "x" << micro_batches;
   if (checkpoint) o << " ckpt" << checkpoint;
-  if (pp > 1) o << " " << schedule;
+  if (pp > 1) o << " " << parallel::pipe_schedule_name(pp_schedule);
   return o.str();
 }
 
 namespace {
 
-// Rank r of the mesh (order pp, dp, ep, tp: tp innermost, so a tp group shares a node).
+// The rank at these coordinates of the layout's mesh (by default tp innermost, so a tp group
+// shares a node; parallel.order changes the nesting as it does for the trainer).
 int64_t rank_of(const Layout& l, int64_t pp_i, int64_t dp_i, int64_t ep_i, int64_t tp_i) {
-  return ((pp_i * l.dp + dp_i) * l.ep + ep_i) * l.tp + tp_i;
+  return l.mesh().rank_of(parallel::MeshCoord{pp_i, dp_i, ep_i, tp_i});
 }
 
 comm::Topology topology(const std::vector<int64_t>& ranks, int devices_per_node) {
@@ -212,7 +213,7 @@ std::string check_layout(const Job& job, const Cluster& c, const Layout& l) {
   const model::ModelConfig& cfg = job.model;
   if (l.dp < 1 || l.tp < 1 || l.pp < 1 || l.ep < 1 || l.micro_batch < 1 || l.micro_batches < 1)
     return "every dimension must be at least 1";
-  if (l.zero < 0 || l.zero > 3) return str_cat("zero stage ", l.zero, " is not 0-3");
+  if (l.zero_stage < 0 || l.zero_stage > 3) return str_cat("zero stage ", l.zero_stage, " is not 0-3");
   if (cfg.n_head % l.tp != 0) return str_cat("tp=", l.tp, " does not divide n_head=", cfg.n_head);
   if (cfg.d_ff % l.tp != 0) return str_cat("tp=", l.tp, " does not divide d_ff=", cfg.d_ff);
   if (l.tp > c.devices_per_node) return str_cat("tp=", l.tp, " spans nodes (", c.devices_per_node, " devices each)");
@@ -223,11 +224,11 @@ std::string check_layout(const Job& job, const Cluster& c, const Layout& l) {
     return str_cat("dp x ep x micro_batch x micro_batches = ", l.dp * l.ep * l.micro_batch * l.micro_batches,
                    " is not the global batch ", job.global_batch);
   if (job.seq > cfg.n_ctx) return str_cat("seq ", job.seq, " exceeds n_ctx ", cfg.n_ctx);
-  if (l.schedule != "1f1b" && l.schedule != "gpipe") return "schedule must be 1f1b or gpipe";
-  if (l.pp > 1 && l.zero >= 2)
-    return str_cat("ZeRO-", l.zero, " with pp=", l.pp, " (loom's trainer shards gradients only without pipelining)");
-  if (job.onebit() && (l.zero >= 2 || l.ep > 1))
-    return str_cat("1-bit Adam with ", l.ep > 1 ? str_cat("ep=", l.ep) : str_cat("ZeRO-", l.zero),
+  if (l.pp > 1 && l.zero_stage >= 2)
+    return str_cat("ZeRO-", l.zero_stage, " with pp=", l.pp,
+                   " (loom's trainer shards gradients only without pipelining)");
+  if (job.onebit() && (l.zero_stage >= 2 || l.ep > 1))
+    return str_cat("1-bit Adam with ", l.ep > 1 ? str_cat("ep=", l.ep) : str_cat("ZeRO-", l.zero_stage),
                    " (loom's trainer runs it at ZeRO 0-1 without expert parallelism)");
   return "";
 }
@@ -251,14 +252,14 @@ double comm_buffer_bytes(const Job& job, const Layout& l, const model::ModelSlic
       if (u.name == "embed") embed_unit = double(u.size()) * 4;
       if (u.name == "head") head_unit = double(u.size()) * 4;
     }
-    if (l.zero < 2) {
+    if (l.zero_stage < 2) {
       // Gradients reduce in place; bf16 ones through a bucket-sized copy (two in flight).
       // A stage with both embedding and head and no tp gathers every rank's embedding
       // gradient rows (tokens, positions, rows) instead of reducing the whole table.
       if (job.bf16) bytes += std::min(2 * job.bucket_mb * 1024 * 1024 / 4, double(dense)) * 2;
       if (slice.has_embedding && slice.has_head && l.tp == 1)
         bytes += double(N) * double(l.dp * l.ep) * double(2 + cfg.d_model) * 4 + double(N) * double(cfg.d_model) * 4;
-    } else if (l.zero == 2) {
+    } else if (l.zero_stage == 2) {
       // Embedding and head staging for the whole step, and the block reductions in flight.
       bytes += embed_unit + head_unit + 3 * block_unit;
     } else {
@@ -327,7 +328,7 @@ void data_parallel_time(const Job& job, const Cluster& c, const Layout& l, size_
     // Gradients: ZeRO-0/1 all-reduce once per step (no_sync before the last micro-batch), in
     // buckets whose last one cannot overlap; ZeRO-2/3 reduce-scatter every micro-batch.
     const double bucket = std::min(job.bucket_mb * 1024 * 1024 / 4, P);
-    if (l.zero < 2) {
+    if (l.zero_stage < 2) {
       const double g = collective_seconds(Op::all_reduce, P * grad_bytes, topo, links, job.algorithm);
       const double last = collective_seconds(Op::all_reduce, bucket * grad_bytes, topo, links, job.algorithm);
       grads += g;
@@ -337,9 +338,9 @@ void data_parallel_time(const Job& job, const Cluster& c, const Layout& l, size_
       grads += g;
       overlapped += std::min(g * (1 - 1 / std::max(1.0, P / bucket)), c.overlap_fraction * m * ws.backward);
     }
-    if (l.zero == 1 || l.zero == 2)
+    if (l.zero_stage == 1 || l.zero_stage == 2)
       gathers += collective_seconds(Op::all_gather, P * gather_bytes, topo, links, job.algorithm);
-    if (l.zero == 3) {
+    if (l.zero_stage == 3) {
       // Parameters gathered for every micro-batch's forward and backward, prefetched a unit
       // ahead: hidden behind compute except the first unit.
       const double g = 2 * m * collective_seconds(Op::all_gather, P * gather_bytes, topo, links, job.algorithm);
@@ -386,10 +387,10 @@ Prediction predict(const Job& job, const Cluster& c, const Layout& l) {
     }
     // ZeRO-1/2 under bf16 keep the 16-bit weight replica and the owned fp32 masters where that
     // takes fewer bytes (parallel.weight_replica=auto), as the trainer decides: the same plan.
-    const parallel::DataParallelPlan dp_plan =
-        parallel::plan_data_parallel({int(l.zero), job.bucket_mb, DType::f32, job.bf16 ? DType::bf16 : DType::f32},
-                                     job.onebit() ? optim::OptimizerKind::onebit_adam : optim::OptimizerKind::adamw,
-                                     layout, parallel::DataParallelRanks::of_mesh(l.dp, l.ep));
+    const parallel::DataParallelPlan dp_plan = parallel::plan_data_parallel(
+        {int(l.zero_stage), job.bucket_mb, DType::f32, job.bf16 ? DType::bf16 : DType::f32},
+        job.onebit() ? optim::OptimizerKind::onebit_adam : optim::OptimizerKind::adamw, layout,
+        l.data_parallel_ranks());
     // ZeRO's weight all-gathers under bf16 (parallel.gather_dtype): product weights in 2 bytes,
     // tables, norms and biases in 4.
     gather_bytes.push_back(job.bf16 ? 4.0 - 2.0 * double(product) / double(std::max<int64_t>(1, layout.num_params()))
@@ -404,7 +405,9 @@ Prediction predict(const Job& job, const Cluster& c, const Layout& l) {
     const auto a = model::estimate_slice_activations(cfg, slice, l.micro_batch, job.seq, l.checkpoint, job.xent_chunk);
     // Micro-batches in flight on stage s: 1F1B holds at most pp - s, GPipe all of them.
     const int64_t in_flight =
-        l.pp == 1 ? 1 : std::min<int64_t>(l.micro_batches, l.schedule == "gpipe" ? l.micro_batches : l.pp - s);
+        l.pp == 1 ? 1
+                  : std::min<int64_t>(l.micro_batches,
+                                      l.pp_schedule == parallel::PipeSchedule::gpipe ? l.micro_batches : l.pp - s);
     m.activations = double(a.activations(in_flight));
     m.workspace = double(a.workspace_bytes(in_flight));
     m.comm = comm_buffer_bytes(job, l, slice, layout, N, dense, dp_plan.weight_replica);
@@ -426,8 +429,8 @@ Prediction predict(const Job& job, const Cluster& c, const Layout& l) {
   // writes three of them; the gradient norm reads the gradients; zeroing writes them.
   const double dense_shard = stage_params[slow] / double(l.dp * l.ep),
                expert_shard = stage_experts[slow] / double(l.dp);
-  const double shard = l.zero >= 1 ? dense_shard + expert_shard : P;
-  const double grads_held = l.zero >= 2 ? dense_shard + expert_shard : P;
+  const double shard = l.zero_stage >= 1 ? dense_shard + expert_shard : P;
+  const double grads_held = l.zero_stage >= 2 ? dense_shard + expert_shard : P;
   const double stream = c.device.stream_bytes_per_s > 0 ? c.device.stream_bytes_per_s : c.device.memory_bytes_per_s;
   t.optimizer = (28 * shard + 4 * grads_held + 4 * P) / stream;
   t.step = t.gemm + t.attention + t.elementwise + t.recompute + t.tp_comm + t.ep_a2a + t.pp_p2p + t.bubble +
@@ -468,9 +471,9 @@ std::vector<Prediction> search(const Job& job, const Cluster& c, const SearchOpt
             if (dp * ep == 1 && zero > 0) continue;  // nothing to shard over
             for (int ckpt : {0, 1}) {
               if (ckpt && !opt.allow_checkpointing) continue;
-              for (const std::string& sched : opt.schedules) {
+              for (const parallel::PipeSchedule sched : opt.schedules) {
                 if (pp == 1 && sched != opt.schedules.front()) continue;
-                Layout l{dp, tp, pp, ep, zero, mb, per_rank / mb, ckpt, sched};
+                const Layout l = Layout::of(dp, tp, pp, ep, zero, mb, per_rank / mb, ckpt, sched);
                 if (!check_layout(job, c, l).empty()) continue;
                 Prediction p = predict(job, c, l);
                 if (p.fits && p.memory.total() > opt.memory_headroom * c.device.memory_bytes) {

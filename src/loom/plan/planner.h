@@ -14,19 +14,23 @@
 #include "loom/comm/algorithm.h"
 #include "loom/model/config.h"
 #include "loom/model/param_layout.h"
+#include "loom/parallel/layout.h"
 #include "loom/plan/cluster.h"
 
 namespace loom::plan {
 
-struct Layout {
-  int64_t dp = 1, tp = 1, pp = 1, ep = 1;
-  int zero = 0;
-  int64_t micro_batch = 1;        // sequences per micro-batch and rank
-  int64_t micro_batches = 1;      // per rank and step (gradient accumulation / pipeline m)
-  int checkpoint = 0;             // model.activation_checkpoint_interval (0: off)
-  std::string schedule = "1f1b";  // 1f1b | gpipe
-  int64_t ranks() const { return dp * tp * pp * ep; }
+// A candidate: the trainer's layout (parallel::Layout, what parallel.* sets) and the two
+// settings the search varies beside it.
+struct Layout : parallel::Layout {
+  int64_t micro_batch = 1;       // sequences per micro-batch and rank (data.micro_batch_size)
+  int checkpoint = 0;            // model.activation_checkpoint_interval (0: off)
   std::string describe() const;  // "dp2 tp1 pp2 z1 mb4x2 ckpt1 1f1b"
+  // Every field in the order describe() prints them (the default mesh order).
+  static Layout of(int64_t dp, int64_t tp, int64_t pp, int64_t ep, int zero_stage, int64_t micro_batch,
+                   int64_t micro_batches, int checkpoint = 0,
+                   parallel::PipeSchedule schedule = parallel::PipeSchedule::one_f_one_b) {
+    return Layout{{dp, tp, pp, ep, zero_stage, micro_batches, schedule}, micro_batch, checkpoint};
+  }
 };
 
 struct Job {
@@ -106,7 +110,7 @@ Prediction predict(const Job& job, const Cluster& cluster, const Layout& l);
 struct SearchOptions {
   bool allow_checkpointing = true;
   std::vector<int> zero_stages = {0, 1, 2, 3};
-  std::vector<std::string> schedules = {"1f1b"};
+  std::vector<parallel::PipeSchedule> schedules = {parallel::PipeSchedule::one_f_one_b};
   double memory_headroom = 0.9;  // use at most this fraction of device memory
 };
 // Every valid layout on all devices of job.nodes nodes; fitting ones first, fastest first.

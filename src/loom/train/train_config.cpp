@@ -144,7 +144,7 @@ void read_parallel(ConfigReader& r, TrainConfig& c) {
   c.parallel.tp = r.integer("parallel.tp", 1, 1, 1 << 12);
   c.parallel.pp = r.integer("parallel.pp", 1, 1, 1 << 12);
   c.parallel.ep = r.integer("parallel.ep", 1, 1, 1 << 12);
-  c.parallel.zero_stage = r.integer("parallel.zero_stage", 0, 0, 3);
+  c.parallel.zero_stage = int(r.integer("parallel.zero_stage", 0, 0, 3));
   c.parallel.bucket_mb = r.number("parallel.bucket_mb", 25.0, 0.001, 1e6);
   c.parallel.grad_dtype = wire_dtype(
       r.string("parallel.grad_dtype", c.model.precision == model::Precision::bf16 ? "bf16" : "fp32", {"fp32", "bf16"}));
@@ -159,10 +159,9 @@ void read_parallel(ConfigReader& r, TrainConfig& c) {
       parallel::pipe_schedule_from_name(r.string("parallel.pp_schedule", "1f1b", {"gpipe", "1f1b"}));
   c.parallel.pp_partition = parallel::partition_method_from_name(
       r.string("parallel.pp_partition", "uniform", {"uniform", "parameters", "profile"}));
-  c.parallel.micro_batches = r.integer("parallel.micro_batches", 0, 0, kMaxI);
+  c.parallel.micro_batches = r.integer("parallel.micro_batches", 0, 0, kMaxI);  // 0: resolved below
   c.parallel.collective_timeout_s = r.number("parallel.collective_timeout_s", 600, 0.1, 1e7);
-  c.parallel.order = r.string("parallel.order", "pp,dp,ep,tp");
-  parallel::parse_mesh_order(c.parallel.order);  // refuses a malformed order before any work
+  c.parallel.order = parallel::parse_mesh_order(r.string("parallel.order", "pp,dp,ep,tp"));
 }
 
 void read_comm(ConfigReader& r, TrainConfig& c) {

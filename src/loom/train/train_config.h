@@ -13,6 +13,7 @@
 #include "loom/optim/adamw.h"
 #include "loom/optim/loss_scale.h"
 #include "loom/parallel/data_parallel_options.h"
+#include "loom/parallel/layout.h"
 #include "loom/parallel/partition.h"
 #include "loom/parallel/pipeline_schedule.h"
 
@@ -76,9 +77,9 @@ struct LogConfig {
 // "fp32", "bf16", "fp16" as the DType of that width (parallel.grad_dtype, parallel.gather_dtype).
 DType wire_dtype(const std::string& name);
 
-struct ParallelConfig {
-  int64_t dp = 1, tp = 1, pp = 1, ep = 1;
-  int64_t zero_stage = 0;
+// parallel.*: the layout (dp, tp, pp, ep, zero_stage, micro_batches, pp_schedule, order; the
+// description the planner and the mesh share) and how the data crosses it.
+struct ParallelConfig : parallel::Layout {
   double bucket_mb = 25.0;
   // Data-parallel gradients on the wire: f32 or bf16 (half the bytes); the default is
   // model.precision's (bf16 under bf16 training).
@@ -93,15 +94,8 @@ struct ParallelConfig {
   // Pipeline activations and their gradients between stages: "fp32", "bf16" or "fp16" (half
   // the bytes, rounded); the default is model.precision's.
   DType pp_dtype = DType::f32;
-  parallel::PipeSchedule pp_schedule = parallel::PipeSchedule::one_f_one_b;
   parallel::PartitionMethod pp_partition = parallel::PartitionMethod::uniform;
-  // Micro-batches per rank and step (the pipeline schedule's m; gradient accumulation steps).
-  // 0 in the file: per-rank batch / data.micro_batch_size. Always resolved after parsing.
-  int64_t micro_batches = 0;
   double collective_timeout_s = 600;
-  // Mesh dimensions from outermost to innermost: consecutive ranks (one host) share the
-  // innermost dimension's groups.
-  std::string order = "pp,dp,ep,tp";
 };
 
 // How collectives run (docs/DISTRIBUTED.md, "Collective algorithms").

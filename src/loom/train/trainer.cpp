@@ -91,7 +91,7 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
              " tokens) does not fit model.vocab_size=", cfg_.model.vocab_size, "; set model.vocab_size to at least ",
              data_.vocab_size());
   // Ranks that see different data: dp x ep (each ep rank routes its own tokens).
-  const auto ranks = parallel::DataParallelRanks::of_mesh(p.dp, p.ep);
+  const auto ranks = p.data_parallel_ranks();
   const int pp_rank = int(mesh_->coord().pp);
   stages_ = partition_stages();
   const model::ModelSlice slice{stages_[size_t(pp_rank)].first_layer,

@@ -1,0 +1,38 @@
+// A parallel layout: the rank grid (dp, tp, pp, ep and how they nest), the ZeRO stage, and how
+// a step is cut into micro-batches and scheduled through the pipeline. One description: the
+// trainer reads it from parallel.* (its fields are named after those keys), the planner
+// searches over it, and the mesh and the data-parallel rank counts are derived from it here.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "loom/parallel/mesh_shape.h"
+#include "loom/parallel/pipeline_schedule.h"
+
+namespace loom::parallel {
+
+// How many ranks share a model's units: dense parameters are sharded over `dp_size` ranks (all
+// those that see different data: dp x ep), the experts of MoE blocks over `expert_dp_size` (the
+// dp ranks holding the same experts).
+struct DataParallelRanks {
+  int dp_size = 1, expert_dp_size = 1;
+};
+
+struct Layout {
+  int64_t dp = 1, tp = 1, pp = 1, ep = 1;
+  int zero_stage = 0;
+  // Micro-batches per rank and step (the pipeline schedule's m; gradient accumulation steps).
+  // The trainer's reader holds 0 until it resolves an unset parallel.micro_batches from the
+  // batch (train_config.cpp).
+  int64_t micro_batches = 1;
+  PipeSchedule pp_schedule = PipeSchedule::one_f_one_b;
+  // Mesh dimensions from outermost to innermost: consecutive ranks (one host) share the
+  // innermost dimension's groups.
+  MeshOrder order = kDefaultMeshOrder;
+
+  int64_t ranks() const { return dp * tp * pp * ep; }
+  MeshShape mesh() const { return MeshShape(pp, dp, ep, tp, order); }
+  DataParallelRanks data_parallel_ranks() const { return {int(dp * ep), int(dp)}; }
+};
+
+}  // namespace loom::parallel
