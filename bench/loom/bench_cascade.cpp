@@ -242,7 +242,7 @@ int bench_cascade(const std::vector<std::string>& argv) {
       ->type_name("LIST");
   add_run_default_option(*app, "--requests", requests, "requests per run (default 60; --quick 12)", "N",
                          in_range(2, 1e9));
-  add_run_default_option(*app, "--rate", rate_opt, "Poisson arrivals per second (default 1; --quick 2)", "R",
+  add_run_default_option(*app, "--rate", rate_opt, "Poisson arrivals per second (default 1; --quick 8)", "R",
                          positive());
   add_run_default_option(*app, "--max-tokens", max_tokens_opt, "tokens per answer (default 32; --quick 12)", "M",
                          positive());
@@ -285,7 +285,7 @@ int bench_cascade(const std::vector<std::string>& argv) {
     }
   }
   const int64_t n_requests = given("--requests") ? requests : quick ? 12 : 60;
-  const double rate = given("--rate") ? rate_opt : quick ? 2 : 1;
+  const double rate = given("--rate") ? rate_opt : quick ? 8 : 1;
   const int64_t max_tokens = given("--max-tokens") ? max_tokens_opt : quick ? 12 : 32;
   bench::WanLinkOptions link;
   {
