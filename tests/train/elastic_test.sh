@@ -31,7 +31,7 @@ train=(train "$src/configs/shakespeare.yaml" --set data.dir="$work/data" --set m
        --set schedule.eval_interval=0 --set log.progress=off --set checkpoint.every_steps=50)
 
 # 1. Chaos.
-"$loom" bench chaos --trials 3 --nproc 4 --timeout 5 --work "$work/chaos" -- "${train[@]}" --set schedule.steps=2000 \
+"$loom" bench chaos --trials 3 --nproc 4 --timeout 5 --work "$work/chaos" -- "${train[@]}" --set schedule.steps=1200 \
   > "$work/chaos.out" 2>&1
 rc=$?
 grep -v "^\[rank" "$work/chaos.out" | tail -20
@@ -47,10 +47,10 @@ check "the hang found within the timeout + 10 s and named" \
 [ "$rc" = 0 ] || fail "bench chaos exited with $rc"
 
 # 2. Shrink from 4 to 2 ranks.
-"$loom" launch --nproc 4 -- "${train[@]}" --set schedule.steps=1500 --set log.every=1 --set checkpoint.dir="$work/ref" \
+"$loom" launch --nproc 4 -- "${train[@]}" --set schedule.steps=1000 --set log.every=1 --set checkpoint.dir="$work/ref" \
   --set log.metrics_path="$work/ref.jsonl" > "$work/ref.out" 2>&1 || { tail -20 "$work/ref.out"; fail "reference run"; }
 LOOM_TEST_TAG=$tag "$loom" launch --nproc 4 --max-restarts 4 --min-nproc 2 --drop-after 2 --restart-delay 0.2 -- \
-  "${train[@]}" --set schedule.steps=1500 --set log.every=1 --set checkpoint.dir="$work/el" \
+  "${train[@]}" --set schedule.steps=1000 --set log.every=1 --set checkpoint.dir="$work/el" \
   --set log.metrics_path="$work/el.jsonl" > "$work/el.out" 2>&1 &
 job=$!
 strike_ranks "$work/el.out" "$tag" 300 3 3
