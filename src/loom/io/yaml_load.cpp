@@ -41,9 +41,10 @@ YAML::Node load_yaml(const std::string& text, const std::string& source, const c
   std::istringstream in(text);
   YAML::Parser parser(in);
   AliasRefuser handler(source, tag, what);
+  // The first document only: it is the one YAML::Load reads, and on some malformed input
+  // (a lone ",") yaml-cpp's parser hands out the same empty document forever.
   try {
-    while (parser.HandleNextDocument(handler)) {
-    }
+    parser.HandleNextDocument(handler);
   } catch (const YAML::Exception&) {
     // Malformed YAML: YAML::Load below reports it.
   }
