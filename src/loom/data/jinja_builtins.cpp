@@ -171,7 +171,7 @@ Value string_method(Renderer& r, const std::string& s, const std::string& m, Cal
 void add_global_functions(std::vector<std::pair<std::string, Value>>& g) {
   g.emplace_back("range", Value::callable("range", range_fn));
   g.emplace_back("namespace", Value::callable("namespace", [](Renderer& r, CallArgs& a) {
-                   return dict_from_args(r, a, Value::make_namespace());
+                   return dict_from_args(r, a, r.new_namespace());
                  }));
   g.emplace_back("dict", Value::callable("dict", [](Renderer& r, CallArgs& a) {
                    return dict_from_args(r, a, Value::make_dict());

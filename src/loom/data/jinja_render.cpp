@@ -14,6 +14,16 @@ Renderer::Renderer(const Template& tpl, const ChatTemplateOptions& opt) : tpl_(t
   add_global_functions(globals_.vars);
 }
 
+Renderer::~Renderer() {
+  for (const auto& d : namespaces_) d->clear();
+}
+
+Value Renderer::new_namespace() {
+  Value v = Value::make_namespace();
+  namespaces_.push_back(v.dict);
+  return v;
+}
+
 void Renderer::error(const std::string& what) const { fail("chat-template", tpl_.name, ":", line_, ": ", what); }
 
 std::string Renderer::run(const Value& vars) {

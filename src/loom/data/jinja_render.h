@@ -2,6 +2,7 @@
 // call each get a fresh scope; `if` does not), undefined values, and Python operator semantics.
 // Filters, tests, methods and global functions live in jinja_filters.cpp and jinja_builtins.cpp.
 #pragma once
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,6 +16,11 @@ namespace loom::data::jinja {
 class Renderer {
  public:
   Renderer(const Template& tpl, const ChatTemplateOptions& opt);
+  // Empties the namespaces the render made: `{% set ns.me = ns %}` makes a cycle of shared
+  // pointers that would otherwise outlive every render.
+  ~Renderer();
+  Renderer(const Renderer&) = delete;
+  Renderer& operator=(const Renderer&) = delete;
 
   // Renders with `vars` (a dict) as the top-level variables.
   std::string run(const Value& vars);
@@ -38,6 +44,8 @@ class Renderer {
   Value checked_string(std::string s);
   // Fails with jinja2's UndefinedError message when `v` is undefined.
   void require_defined(const Value& v);
+  // namespace(): a new one, emptied when the renderer ends.
+  Value new_namespace();
 
  private:
   enum class Flow { kNormal, kBreak, kContinue };
@@ -73,6 +81,7 @@ class Renderer {
   int call_depth_ = 0;
   size_t emitted_ = 0;
   size_t steps_ = 0;
+  std::vector<std::shared_ptr<Dict>> namespaces_;
 };
 
 // The call argument at position `i` or keyword `name`; nullptr when absent.
