@@ -66,8 +66,8 @@ TEST(TrainConfig, YamlAliasesAreRefusedWithTheirLine) {
   expect_error(bomb, "[config] <string>:7: YAML aliases (*name) are not accepted");
   expect_error(std::string(kBase) + "optim: &o\n  lr: 1e-3\nschedule: *o\n", ":8: YAML aliases");
   EXPECT_EQ(error_of(std::string(kBase) + "optim: &o\n  lr: 1e-3\n"), "");  // an anchor alone is harmless
-  // A lone "," (found by fuzzing) is an empty document to YAML::Load, but yaml-cpp's event
-  // parser hands it out forever: the alias check reads one document, so this ends.
+  // A lone "," is an empty document to YAML::Load, and one yaml-cpp's event parser hands out
+  // again and again: the alias check reads the first document only.
   expect_error(",", "data.dir: required");
 }
 

@@ -112,8 +112,9 @@ double time_median(F&& fn, double budget_s) {
 // comm_file: a `loom bench comm --calibrate` file to take the links from; when empty (and the
 // machine has 2 devices or more) one is measured now and written to comm_out, which training
 // runs should load (comm.calibration) so that `auto` runs the collectives the plan assumes.
-// quick: collectives under compute are not timed (20 of the 35 seconds; a smaller model's
-// collectives are too short to time against its compute), so they run at their idle rate.
+// quick: collectives under compute are not timed (the gpt2-124m run is most of calibration's
+// time, and a smaller model's collectives are too short to time against its compute), so they
+// run at their idle rate.
 plan::Cluster calibrate(int threads, int devices, const std::string& comm_file, const std::string& comm_out,
                         bool verbose, bool quick = false) {
   set_num_threads(threads);

@@ -26,8 +26,8 @@ std::string Layout::describe() const {
 
 namespace {
 
-// The rank at these coordinates of the layout's mesh (by default tp innermost, so a tp group
-// shares a node; parallel.order changes the nesting as it does for the trainer).
+// The rank at these coordinates of the layout's mesh. The search and `loom plan` use the
+// default order (tp innermost, so a tp group shares a node, as check_layout assumes).
 int64_t rank_of(const Layout& l, int64_t pp_i, int64_t dp_i, int64_t ep_i, int64_t tp_i) {
   return l.mesh().rank_of(parallel::MeshCoord{pp_i, dp_i, ep_i, tp_i});
 }
