@@ -61,8 +61,11 @@ plan::Layout parse_layout(const std::string& spec) {
     if (eq == std::string::npos) throw UsageError("[plan] --layout: expected key=value, got '" + item + "'");
     const std::string k = item.substr(0, eq), v = item.substr(eq + 1);
     if (k == "schedule") {
-      if (v != "1f1b" && v != "gpipe") throw UsageError("[plan] --layout: schedule=" + v + " is not 1f1b or gpipe");
-      l.pp_schedule = parallel::pipe_schedule_from_name(v);
+      try {
+        l.pp_schedule = parallel::pipe_schedule_from_name(v);
+      } catch (const Error&) {
+        throw UsageError("[plan] --layout: schedule=" + v + " is not 1f1b or gpipe");
+      }
       continue;
     }
     int64_t n = 0;
