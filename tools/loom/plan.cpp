@@ -117,7 +117,8 @@ double time_median(F&& fn, double budget_s) {
 // runs should load (comm.calibration) so that `auto` runs the collectives the plan assumes.
 // quick: collectives under compute are not timed (the gpt2-124m run is most of calibration's
 // time, and a smaller model's collectives are too short to time against its compute), so they
-// run at their idle rate.
+// run at their idle rate, and collectives are timed up to 16 MiB instead of 64 (the validation
+// models' buckets are smaller).
 plan::Cluster calibrate(int threads, int devices, const std::string& comm_file, const std::string& comm_out,
                         bool verbose, bool quick = false) {
   set_num_threads(threads);
@@ -235,8 +236,9 @@ plan::Cluster calibrate(int threads, int devices, const std::string& comm_file, 
   if (comm_cal.empty() && c.devices_per_node >= 2) {
     const std::string path = comm_out;
     const std::string log = path + ".log";
-    const std::string cmd = str_cat("OMP_NUM_THREADS=", threads, " ", launch_exe(),
-                                    " bench comm --nproc 2 --calibrate ", path, " > ", log, " 2>&1");
+    const std::string cmd =
+        str_cat("OMP_NUM_THREADS=", threads, " ", launch_exe(), " bench comm --nproc 2 --calibrate ", path,
+                quick ? " --max-bytes 16M" : "", " > ", log, " 2>&1");
     if (verbose) std::printf("  timing collectives on 2 ranks (loom bench comm --calibrate)\n");
     if (std::system(cmd.c_str()) == 0)
       comm_cal = path;
