@@ -33,7 +33,7 @@ head -c 200000 "$src/data/tinyshakespeare/input.txt" >"$work/in.txt"
 "$loom" prepare --input "$work/in.txt" --tokenizer byte --out "$work/data" >/dev/null || fail "loom prepare failed"
 train=(train "$src/configs/shakespeare.yaml" --set data.dir="$work/data" --set model.preset=gpt2-tiny
        --set model.vocab_size=256 --set data.seq_len=64 --set data.batch_size=8 --set parallel.dp=4
-       --set schedule.steps=1200 --set schedule.eval_interval=0 --set log.every=1 --set log.progress=off
+       --set schedule.steps=800 --set schedule.eval_interval=0 --set log.every=1 --set log.progress=off
        --set checkpoint.every_steps=50)
 
 "$loom" launch --hosts loomh1:2,loomh2:2 --timeout 30 -- "${train[@]}" --set checkpoint.dir="$work/ref" \
@@ -43,7 +43,7 @@ LOOM_TEST_TAG=$tag "$loom" launch --hosts loomh1:2,loomh2:2 --timeout 30 --max-r
   --set log.metrics_path="$work/el.jsonl" > "$work/el.out" 2>&1 &
 job=$!
 # Kills: rank 2 (loomh2) twice, then rank 0 (loomh1, the only host left).
-strike_ranks "$work/el.out" "$tag" 300 2 2 0
+strike_ranks "$work/el.out" "$tag" 200 2 2 0
 wait "$job"
 rc=$?
 grep '^\[launch\]' "$work/el.out"

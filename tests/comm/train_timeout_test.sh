@@ -103,10 +103,10 @@ stall() {
 }
 
 # --timeout replaces an inherited LOOM_COMM_TIMEOUT.
-stall launch-timeout 3 "[train] collective timeout 3 s (from LOOM_COMM_TIMEOUT)" \
-  env LOOM_COMM_TIMEOUT=50 "$loom" launch --nproc 2 --timeout 3 -- "${train[@]}"
-stall environment 3 "[train] collective timeout 3 s (from LOOM_COMM_TIMEOUT)" \
-  env LOOM_COMM_TIMEOUT=3 "$loom" launch --nproc 2 -- "${train[@]}"
+stall launch-timeout 2 "[train] collective timeout 2 s (from LOOM_COMM_TIMEOUT)" \
+  env LOOM_COMM_TIMEOUT=50 "$loom" launch --nproc 2 --timeout 2 -- "${train[@]}"
+stall environment 2 "[train] collective timeout 2 s (from LOOM_COMM_TIMEOUT)" \
+  env LOOM_COMM_TIMEOUT=2 "$loom" launch --nproc 2 -- "${train[@]}"
 stall command-line 2 "[train] collective timeout 2 s (from --set parallel.collective_timeout_s)" \
   env LOOM_COMM_TIMEOUT=50 "$loom" launch --nproc 2 -- "${train[@]}" --set parallel.collective_timeout_s=2
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Elastic training end to end on 4 ranks of gpt2-tiny (about 90 s on 2 cores):
+# Elastic training end to end on 4 ranks of gpt2-tiny (about 25 s on 2 cores):
 #  1. `loom bench chaos --trials 3`: a SIGKILL, a SIGSTOP (hang) and a corrupted newest
 #     checkpoint + kill, each recovered by `loom launch --max-restarts` without help; the final
 #     weights and moments bitwise equal to the uninterrupted run's; the hang found within the
@@ -31,7 +31,7 @@ train=(train "$src/configs/shakespeare.yaml" --set data.dir="$work/data" --set m
        --set schedule.eval_interval=0 --set log.progress=off --set checkpoint.every_steps=50)
 
 # 1. Chaos.
-"$loom" bench chaos --trials 3 --nproc 4 --timeout 5 --work "$work/chaos" -- "${train[@]}" --set schedule.steps=1200 \
+"$loom" bench chaos --trials 3 --nproc 4 --timeout 3 --work "$work/chaos" -- "${train[@]}" --set schedule.steps=700 \
   > "$work/chaos.out" 2>&1
 rc=$?
 grep -v "^\[rank" "$work/chaos.out" | tail -20
@@ -47,13 +47,13 @@ check "the hang found within the timeout + 10 s and named" \
 [ "$rc" = 0 ] || fail "bench chaos exited with $rc"
 
 # 2. Shrink from 4 to 2 ranks.
-"$loom" launch --nproc 4 -- "${train[@]}" --set schedule.steps=1000 --set log.every=1 --set checkpoint.dir="$work/ref" \
+"$loom" launch --nproc 4 -- "${train[@]}" --set schedule.steps=600 --set log.every=1 --set checkpoint.dir="$work/ref" \
   --set log.metrics_path="$work/ref.jsonl" > "$work/ref.out" 2>&1 || { tail -20 "$work/ref.out"; fail "reference run"; }
 LOOM_TEST_TAG=$tag "$loom" launch --nproc 4 --max-restarts 4 --min-nproc 2 --drop-after 2 --restart-delay 0.2 -- \
-  "${train[@]}" --set schedule.steps=1000 --set log.every=1 --set checkpoint.dir="$work/el" \
+  "${train[@]}" --set schedule.steps=600 --set log.every=1 --set checkpoint.dir="$work/el" \
   --set log.metrics_path="$work/el.jsonl" > "$work/el.out" 2>&1 &
 job=$!
-strike_ranks "$work/el.out" "$tag" 300 3 3
+strike_ranks "$work/el.out" "$tag" 200 3 3
 wait "$job"
 rc=$?
 grep '^\[launch\]' "$work/el.out"
