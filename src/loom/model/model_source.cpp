@@ -10,6 +10,7 @@
 #include "loom/core/enum_names.h"
 #include "loom/core/error.h"
 #include "loom/core/timer.h"
+#include "loom/io/checkpoint_files.h"
 #include "loom/io/file.h"
 #include "loom/io/gguf.h"
 #include "loom/model/gguf_model.h"
@@ -177,6 +178,38 @@ ModelCard read_model_card(const std::string& path) {
     case ModelFormat::loom: break;
   }
   fail("model", path, " is a loom checkpoint; its card is read by checkpoint_reader.h");
+}
+
+TokenizerFiles tokenizer_files(const std::string& source, const ModelCard& card) {
+  TokenizerFiles out;
+  if (card.format == ModelFormat::hf) {
+    for (const char* f : io::kTokenizerFiles)
+      if (fs::exists(fs::path(source) / f)) out.files.push_back({f, io::read_file((fs::path(source) / f).string())});
+    out.tokenizer = ".";
+    return out;
+  }
+  LOOM_CHECK(card.format == ModelFormat::gguf, "model", source, ": tokenizer_files reads GGUF and Hugging Face cards");
+  std::optional<io::GgufFile> opened;
+  const io::GgufFile& g = card.gguf ? *card.gguf : opened.emplace(io::GgufFile::open(source));
+  if (!g.has("tokenizer.ggml.model")) {
+    out.tokenizer = fs::absolute(source).string();
+    return out;
+  }
+  io::GgufWriter w;
+  w.set("general.architecture", g.value("general.architecture"));
+  w.set("general.name", io::gguf_string(card.name));
+  for (const auto& [key, value] : g.metadata())
+    if (key.rfind("tokenizer.", 0) == 0) w.set(key, value);
+  out.files.push_back({"tokenizer.gguf", w.bytes()});
+  nlohmann::json tc = nlohmann::json::object();
+  if (!card.chat_template.empty()) tc["chat_template"] = card.chat_template;
+  if (!card.bos_token.empty()) tc["bos_token"] = card.bos_token;
+  if (!card.eos_token.empty()) tc["eos_token"] = card.eos_token;
+  out.files.push_back({"tokenizer_config.json", tc.dump(2)});
+  if (!card.end_ids.empty())
+    out.files.push_back({"generation_config.json", nlohmann::json({{"eos_token_id", card.end_ids}}).dump(2)});
+  out.tokenizer = "tokenizer.gguf";
+  return out;
 }
 
 std::string load_model_weights(const std::string& path, const ModelCard& card, Decoder& m) {

@@ -48,6 +48,25 @@ ModelCard read_model_card(const std::string& path);
 // generation_config.json's end ids; what is absent stays as it is in `c`.
 void read_chat_files(const std::string& dir, ModelCard& c);
 
+// A file that carries part of a model's card into a checkpoint directory: its name there and
+// its bytes.
+struct CardFile {
+  std::string name, bytes;
+};
+struct TokenizerFiles {
+  std::vector<CardFile> files;
+  // What the checkpoint records as its tokenizer: "tokenizer.gguf" or "." (the checkpoint
+  // itself), relative so that it moves with the directory; the source's absolute path when the
+  // source carries no tokenizer.
+  std::string tokenizer;
+};
+// The tokenizer, chat template and end tokens of a GGUF file or a Hugging Face directory as files
+// of a checkpoint directory: a GGUF's vocabulary as tokenizer.gguf (its tokenizer.* metadata and
+// no tensors, which make_tokenizer reads exactly as it reads the source), with
+// tokenizer_config.json and generation_config.json where a Hugging Face directory keeps them; a
+// Hugging Face directory's tokenizer files (io::kTokenizerFiles) as they are.
+TokenizerFiles tokenizer_files(const std::string& source, const ModelCard& card);
+
 // Loads the weights of a GGUF file or a Hugging Face directory (model.safetensors, or the
 // shards model.safetensors.index.json lists) into `m`, the whole model in f32; returns a
 // phrase for the start-up line ("Q4_1 x210, Q8_0 x1, F32 x61 dequantized to f32 in 1.2 s").
