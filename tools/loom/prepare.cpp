@@ -35,7 +35,10 @@ int cmd_prepare(const std::vector<std::string>& argv) {
   bool quiet = false;
   app->add_option("--input", opt.inputs, "a text file, one document (repeatable)")->type_name("FILE")->required();
   app->add_option("--out", opt.out_dir, "the output folder")->type_name("DIR")->required();
-  app->add_option("--tokenizer", opt.tokenizer, "the tokenizer")->check(one_of({"gpt2", "byte"}));
+  app->add_option("--tokenizer", opt.tokenizer,
+                  "gpt2, byte, or a model's own: a .gguf file, a tokenizer.json, or a Hugging Face directory "
+                  "holding one (what model.init_from trains with)")
+      ->type_name("NAME|PATH");
   app->add_option("--val-fraction", opt.val_fraction, "the share of tokens, at the end, for val.bin")
       ->check(in_range(0, 1));
   app->add_flag("--force", opt.force, "write into a non-empty DIR (refused without it)");

@@ -72,6 +72,15 @@ void write_meta(const PrepareOptions& opt, const PrepareResult& r, const ShardHe
   fs::rename(tmp, path);
 }
 
+// The shard header has 31 bytes for the tokenizer's name: a tokenizer given by path is named
+// there by its file or folder name (cut to 31 bytes); meta.json records the whole path.
+std::string header_tokenizer_name(const std::string& name) {
+  if (name.size() < 32) return name;
+  fs::path p(name);
+  if (p.filename().empty()) p = p.parent_path();
+  return p.filename().string().substr(0, 31);
+}
+
 }  // namespace
 
 double unigram_cross_entropy(std::span<const int64_t> fit_counts, int64_t fit_total,
@@ -104,7 +113,7 @@ PrepareResult prepare(const PrepareOptions& opt) {
   proto.token_bytes = token_bytes_for_vocab(r.vocab_size);
   proto.vocab_size = uint32_t(r.vocab_size);
   proto.eot_id = tok->eot_id() ? uint32_t(*tok->eot_id()) : kNoEot;
-  proto.tokenizer = r.tokenizer;
+  proto.tokenizer = header_tokenizer_name(r.tokenizer);
 
   // Pass 1: the whole token stream into one temporary shard (its length fixes the split).
   const std::string all_path = (fs::path(opt.out_dir) / ".all.tokens").string();
