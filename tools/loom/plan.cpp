@@ -28,6 +28,7 @@
 #include "loom/kernels/cpu/gemm.h"
 #include "loom/model/decoder.h"
 #include "loom/plan/planner.h"
+#include "loom/train/init_from.h"
 #include "loom/train/train_config.h"
 #include "tools/loom/commands.h"
 
@@ -47,7 +48,7 @@ struct PlanOptions {
 
 model::ModelConfig model_of(const std::string& spec) {
   if (spec.size() > 5 && (spec.ends_with(".yaml") || spec.ends_with(".yml"))) {
-    const train::TrainConfig cfg = train::load_train_config(spec, {"data.dir=unused"});
+    const train::TrainConfig cfg = train::load_train_config(spec, {"data.dir=unused"}, train::init_source_config);
     return cfg.model;
   }
   return model::preset(spec);

@@ -12,6 +12,7 @@
 #include "loom/net/metrics.h"
 #include "loom/parallel/mesh.h"
 #include "loom/train/dataset_source.h"
+#include "loom/train/init_from.h"
 #include "loom/train/trainer.h"
 #include "tools/loom/commands.h"
 
@@ -134,14 +135,14 @@ int cmd_train(const std::vector<std::string>& argv) {
   // gradient accumulation keeps the batch (and the loss curve) as it was.
   if (auto it = std::find(sets.begin(), sets.end(), "parallel.dp=auto"); it != sets.end()) {
     sets.erase(it);
-    const train::TrainConfig probe = train::load_train_config(config, sets);
+    const train::TrainConfig probe = train::load_train_config(config, sets, train::init_source_config);
     const int64_t per = probe.parallel.pp * probe.parallel.ep * probe.parallel.tp;
     const int ranks = comm::launch_env().world_size;
     LOOM_CHECK(ranks % per == 0, "config", "parallel.dp=auto: ", ranks,
                " ranks are not a multiple of pp x ep x tp = ", per, "; launch a multiple of ", per, " ranks");
     sets.push_back(str_cat("parallel.dp=", ranks / per));
   }
-  train::TrainConfig cfg = train::load_train_config(config, sets);
+  train::TrainConfig cfg = train::load_train_config(config, sets, train::init_source_config);
   // One process, or one rank of an MPI job (mpirun / loom launch): the World decides.
   comm::WorldOptions wo;
   // The watchdog timeout: --set over LOOM_COMM_TIMEOUT (what `loom launch --timeout` sets)

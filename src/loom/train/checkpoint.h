@@ -23,6 +23,7 @@
 #include "loom/io/checkpoint_files.h"
 #include "loom/model/checkpoint_reader.h"
 #include "loom/model/decoder.h"
+#include "loom/model/model_source.h"
 #include "loom/parallel/data_parallel.h"
 #include "loom/parallel/mesh.h"
 
@@ -50,6 +51,8 @@ struct SaveOptions {
   // Batches a loss-spike rollback skipped: (from step, count) pairs; step s trains on batch s plus
   // the counts of every pair with from <= s (the data position beside the step).
   std::vector<std::pair<int64_t, int64_t>> skipped_windows;
+  // Files written beside the weights: model.init_from's tokenizer and chat files.
+  std::vector<model::CardFile> card_files;
 };
 
 // Where a rank's state sits when the model itself is split (tensor or pipeline parallelism).
@@ -73,6 +76,7 @@ struct CheckpointSnapshot {
   int64_t keep_last = 3;
   std::string run_id;
   int onebit_files = 0;  // ranks whose 1-bit Adam error files the directory holds (0: none)
+  std::vector<model::CardFile> card_files;
 };
 
 // Collective over mp.mesh->world(): gathers the weights (from ZeRO-3 chunks, tp slices, pipeline

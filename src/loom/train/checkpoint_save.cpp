@@ -100,6 +100,7 @@ CheckpointSnapshot snapshot_checkpoint(int64_t step, const model::Decoder& model
   s.keep_last = save.keep_last;
   s.run_id = save.run_id;
   s.onebit_files = data_parallel.onebit().empty() ? 0 : mesh.world().size();
+  s.card_files = save.card_files;
   json state = {{"step", step},
                 {"optimizer_steps", data_parallel.optimizer_steps()},
                 {"dp_size", data_parallel.group().size()},
@@ -144,6 +145,10 @@ std::string write_checkpoint(const std::string& dir, const CheckpointSnapshot& s
     record(io::kTrainerStateFile);
     io::write_file_atomic((tmp / io::kRunConfigFile).string(), s.config_yaml);
     record(io::kRunConfigFile);
+    for (const model::CardFile& f : s.card_files) {
+      io::write_file_atomic((tmp / f.name).string(), f.bytes);
+      record(f.name);
+    }
     manifest.write(io::kTrainingCheckpointFormat, io::kTrainingCheckpointVersion,
                    {{"step", s.step}, {"model", s.model_name}});
     io::fsync_dir(tmp.string());

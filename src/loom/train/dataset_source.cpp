@@ -8,7 +8,9 @@ namespace loom::train {
 
 DatasetSource::DatasetSource(const TrainConfig& cfg, std::FILE* log) {
   data::DatasetOptions o;
-  o.model_vocab = cfg.model.vocab_size;
+  // With model.init_from the trainer checks the data against the source's own tokenizer and
+  // names the `loom prepare --tokenizer` that fixes a mismatch (train/init_from.h).
+  o.model_vocab = cfg.init_from.empty() ? cfg.model.vocab_size : -1;
   o.seed = cfg.data.seed;
   o.log = log;
   LOOM_CHECK(std::filesystem::exists(std::filesystem::path(cfg.data.dir) / "train.bin"), "data",

@@ -23,7 +23,24 @@ namespace {
 constexpr int64_t kMaxI = std::numeric_limits<int64_t>::max();
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-model::ModelConfig read_model(ConfigReader& r) {
+// The keys that describe an architecture: a model.init_from source brings its own.
+const char* const kArchitectureKeys[] = {
+    "model.preset",     "model.family",          "model.vocab_size", "model.n_ctx", "model.n_layer",
+    "model.n_head",     "model.n_kv_head",       "model.d_model",    "model.d_ff",  "model.norm_eps",
+    "model.rope_theta", "model.tied_embeddings", "model.qkv_bias",   "model.moe"};
+
+// The architecture of model.init_from.
+model::ModelConfig read_source_architecture(ConfigReader& r, const std::string& init_from,
+                                            const SourceConfigReader& source_config) {
+  for (const char* k : kArchitectureKeys)
+    LOOM_CHECK(!r.has(k), "config", k, ": the architecture comes from model.init_from=", init_from, "; remove ", k);
+  LOOM_CHECK(bool(source_config), "config", "model.init_from=", init_from,
+             ": this command does not read model files; use loom train");
+  return source_config(init_from);
+}
+
+// The architecture the keys of kArchitectureKeys describe.
+model::ModelConfig read_architecture(ConfigReader& r) {
   model::ModelConfig m;
   const std::string preset = r.string("model.preset", "");
   if (!preset.empty()) m = model::preset(preset);
@@ -44,9 +61,6 @@ model::ModelConfig read_model(ConfigReader& r) {
   m.rope_theta = r.number("model.rope_theta", m.rope_theta, 1.0, 1e9);
   m.tied_embeddings = r.boolean("model.tied_embeddings", m.tied_embeddings);
   m.qkv_bias = r.boolean("model.qkv_bias", m.qkv_bias);
-  m.precision = model::precision_from_name(r.string("model.precision", "fp32", {"fp32", "bf16", "fp16"}));
-  m.activation_dtype =
-      wire_dtype(r.string("model.activation_dtype", model::precision_name(m.precision), {"fp32", "bf16", "fp16"}));
   model::MoeConfig& e = m.moe;
   e.num_experts = r.integer("model.moe.num_experts", e.num_experts, 0, 1 << 16);
   e.top_k = r.integer("model.moe.top_k", e.top_k, 1, 1 << 16);
@@ -61,12 +75,22 @@ model::ModelConfig read_model(ConfigReader& r) {
       r.string("model.moe.score", model::router_score_name(e.score), {"softmax", "sigmoid"}));
   e.bias_update_rate = r.number("model.moe.bias_update_rate", e.bias_update_rate, 0, 1);
   if (preset.empty()) m.name = "custom";
+  return m;
+}
+
+model::ModelConfig read_model(ConfigReader& r, const SourceConfigReader& source_config) {
+  const std::string from = r.string("model.init_from", "");
+  model::ModelConfig m = from.empty() ? read_architecture(r) : read_source_architecture(r, from, source_config);
+  m.precision = model::precision_from_name(r.string("model.precision", "fp32", {"fp32", "bf16", "fp16"}));
+  m.activation_dtype =
+      wire_dtype(r.string("model.activation_dtype", model::precision_name(m.precision), {"fp32", "bf16", "fp16"}));
   m.validate();
   return m;
 }
 
-void read_model_section(ConfigReader& r, TrainConfig& c) {
-  c.model = read_model(r);
+void read_model_section(ConfigReader& r, TrainConfig& c, const SourceConfigReader& source_config) {
+  c.init_from = r.string("model.init_from", "");
+  c.model = read_model(r, source_config);
   c.decoder.activation_checkpoint_interval =
       int(r.integer("model.activation_checkpoint_interval", 0, 0, c.model.n_layer));
   c.decoder.xent_chunk = r.integer("model.xent_chunk", 1024, 1, 1 << 20);
@@ -240,15 +264,15 @@ void check_parallel_layout(TrainConfig& c) {
 
 const char* nonfinite_name(NonFinite n) { return n == NonFinite::stop ? "stop" : "skip"; }
 
-TrainConfig parse_train_config(const std::string& text, const std::vector<std::string>& sets,
-                               const std::string& source) {
+TrainConfig parse_train_config(const std::string& text, const std::vector<std::string>& sets, const std::string& source,
+                               const SourceConfigReader& source_config) {
   YAML::Node root = io::load_yaml(text, source, "config", "a loom config");
   ConfigReader::reject_duplicate_keys(root, source);
   ConfigReader::reject_duplicate_overrides(sets);
   for (const auto& s : sets) ConfigReader::apply_override(root, s);
   ConfigReader r(root);
   TrainConfig c;
-  read_model_section(r, c);
+  read_model_section(r, c, source_config);
   read_data(r, c);
   read_optim(r, c);
   read_schedule(r, c);
@@ -265,12 +289,13 @@ TrainConfig parse_train_config(const std::string& text, const std::vector<std::s
   return c;
 }
 
-TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& sets) {
+TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& sets,
+                              const SourceConfigReader& source_config) {
   std::ifstream f(path);
   LOOM_CHECK(f.good(), "config", "cannot read ", path, ": no such file or not readable");
   std::stringstream ss;
   ss << f.rdbuf();
-  return parse_train_config(ss.str(), sets, path);
+  return parse_train_config(ss.str(), sets, path, source_config);
 }
 
 }  // namespace loom::train

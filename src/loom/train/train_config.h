@@ -3,6 +3,7 @@
 // validated before any work; docs/CONFIG.md is the reference for every key.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -108,6 +109,9 @@ struct CommConfig {
 };
 
 struct TrainConfig {
+  // model.init_from: the GGUF file, Hugging Face directory or loom checkpoint whose architecture
+  // `model` is and whose weights a new run starts from (train/init_from.h); empty: random init.
+  std::string init_from;
   model::ModelConfig model;
   model::DecoderOptions decoder;
   DataConfig data;
@@ -126,9 +130,15 @@ struct TrainConfig {
   std::vector<std::string> warnings;
 };
 
+// The architecture of a model.init_from source. The parser takes it as an argument so that it
+// stays free of the weight readers (the fuzz target links it alone); the commands pass
+// train::init_source_config (train/init_from.h). Empty: model.init_from is refused.
+using SourceConfigReader = std::function<model::ModelConfig(const std::string& path)>;
+
 // Reads the YAML file, applies `--set key=value` overrides, validates everything.
-TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& sets);
+TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& sets,
+                              const SourceConfigReader& source_config = {});
 TrainConfig parse_train_config(const std::string& yaml_text, const std::vector<std::string>& sets,
-                               const std::string& source = "<string>");
+                               const std::string& source = "<string>", const SourceConfigReader& source_config = {});
 
 }  // namespace loom::train

@@ -18,7 +18,9 @@
 #include "loom/optim/schedule.h"
 #include "loom/parallel/model_gather.h"
 #include "loom/train/checkpoint.h"
+#include "loom/train/checkpoint_agreement.h"
 #include "loom/train/checkpoint_writer.h"
+#include "loom/train/init_from.h"
 #include "loom/train/progress.h"
 
 namespace loom::train {
@@ -87,6 +89,13 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
     LOOM_CHECK(shape.size(d) == want, "config", "parallel.", parallel::dim_name(d), "=", want, " but the mesh has ",
                parallel::dim_name(d), "=", shape.size(d), " (", shape.describe(),
                "); launch pp x dp x ep x tp = ", p.pp * p.dp * p.ep * p.tp, " processes");
+  if (!cfg_.init_from.empty()) {
+    check_init_source_data(cfg_.init_from, data_.vocab_size(), cfg_.data.dir);
+    on_every_rank_or_none(mesh_->world(), str_cat("reading model.init_from=", cfg_.init_from, "'s tokenizer files"),
+                          [&] {
+                            if (main_rank()) card_files_ = init_source_tokenizer_files(cfg_.init_from);
+                          });
+  }
   LOOM_CHECK(data_.vocab_size() <= cfg_.model.vocab_size, "train", "the data's vocabulary (", data_.vocab_size(),
              " tokens) does not fit model.vocab_size=", cfg_.model.vocab_size, "; set model.vocab_size to at least ",
              data_.vocab_size());
@@ -117,7 +126,9 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
     ep_ = std::make_unique<parallel::ExpertParallelExchange>(mesh_->ep());
     model_->set_expert_parallel(ep_.get());
   }
-  if (dopt.allocate_flat_params) model_->init_weights(cfg_.schedule.seed);  // else DataParallel inits its chunks
+  // Random weights unless model.init_from (or the resume before it) overwrites them all; without
+  // a flat buffer DataParallel inits its chunks.
+  if (dopt.allocate_flat_params && cfg_.init_from.empty()) model_->init_weights(cfg_.schedule.seed);
   data_parallel_ = std::make_unique<parallel::DataParallel>(*model_, mesh_->data(), cfg_.optim, dp_plan_.options,
                                                             cfg_.schedule.seed, mesh_->dp());
   if (main_rank() && p.weight_replica == parallel::WeightReplica::auto_choice &&
@@ -145,6 +156,7 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
   check_fits_in_memory();
   layout_desc_ = str_cat(shape.describe(), ", stages ", parallel::describe_partition(stages_));
   if (!opt_.resume.empty()) resume_from(opt_.resume);
+  if (step_ == 0 && !cfg_.init_from.empty()) init_from_source();
   if (step_ == 0) start_new_run();
   if (main_rank() && !cfg_.log.metrics_path.empty()) open_metrics();
   peak_gflops_ =

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "loom/model/decoder.h"
+#include "loom/model/model_source.h"
 #include "loom/optim/adamw.h"
 #include "loom/optim/loss_scale.h"
 #include "loom/parallel/data_parallel.h"
@@ -138,6 +139,8 @@ class Trainer {
   // The batch index step s trains on (s, moved on past windows a rollback skipped).
   int64_t batch_of(int64_t step) const;
   void resume_from(const std::string& spec);
+  // model.init_from: the source's weights into this rank's slice, before a new run's first step.
+  void init_from_source();
   // A run from step 0: a new run id, and checkpoint.dir claimed (refused on every rank when it
   // holds another run's checkpoints, unless overwrite_checkpoints).
   void start_new_run();
@@ -177,6 +180,9 @@ class Trainer {
   double last_checkpoint_time_ = 0;
   std::string last_checkpoint_;
   std::string run_id_;  // the run's id, recorded in its checkpoints; kept across resumes
+  // model.init_from's tokenizer and chat files, which rank 0 puts into every checkpoint, and the
+  // tokenizer they record; empty: the data's tokenizer, no files.
+  model::TokenizerFiles card_files_;
   optim::LossScaler scaler_;
   int64_t skipped_steps_ = 0;
   double last_step_scale_ = 1;  // the loss scale the last step ran at

@@ -5,8 +5,10 @@
 
 #include "loom/core/timer.h"
 #include "loom/train/checkpoint.h"
+#include "loom/train/checkpoint_agreement.h"
 #include "loom/train/checkpoint_dir.h"
 #include "loom/train/checkpoint_writer.h"
+#include "loom/train/init_from.h"
 #include "loom/train/trainer.h"
 
 namespace loom::train {
@@ -44,6 +46,18 @@ void Trainer::resume_from(const std::string& spec) {
                  data_parallel_->zero_stage());
 }
 
+void Trainer::init_from_source() {
+  std::string what;
+  on_every_rank_or_none(mesh_->world(), str_cat("model.init_from=", cfg_.init_from, " failed to load"), [&] {
+    Tensor flat = Tensor::zeros({model_->flat_size()}, DType::f32, MemCategory::workspace);
+    what = load_init_weights(cfg_.init_from, cfg_.model, model_->layout(), flat, whole_layout_.get());
+    data_parallel_->load_full_params(flat);
+  });
+  if (main_rank())
+    std::fprintf(opt_.log, "[train] weights from model.init_from=%s (%s); optimizer state starts fresh\n",
+                 cfg_.init_from.c_str(), what.c_str());
+}
+
 void Trainer::maybe_checkpoint(bool force) {
   if (cfg_.checkpoint.dir.empty()) return;
   const bool by_steps = cfg_.checkpoint.every_steps > 0 && step_ % cfg_.checkpoint.every_steps == 0;
@@ -60,11 +74,12 @@ void Trainer::maybe_checkpoint(bool force) {
   if (async_pending_ && async_step_ == step_) return;
   const SaveOptions save{cfg_.resolved_yaml,
                          cfg_.checkpoint.keep_last,
-                         data_.tokenizer_name(),
+                         card_files_.tokenizer.empty() ? data_.tokenizer_name() : card_files_.tokenizer,
                          run_id_,
                          scaler_.enabled() ? scaler_.scale() : 0.0,
                          scaler_.clean_steps(),
-                         skipped_windows_};
+                         skipped_windows_,
+                         card_files_.files};
   Stopwatch sw;
   if (!cfg_.checkpoint.async) {
     last_checkpoint_ =

@@ -1,0 +1,41 @@
+// Starting a run from a model that already exists (model.init_from): a GGUF file, a Hugging
+// Face directory, or a loom checkpoint (or a run directory: its newest valid checkpoint). The
+// source gives the architecture, the weights (quantized GGUF tensors dequantized to f32) and
+// the tokenizer; the optimizer starts fresh at step 0. A resumed run continues from its own
+// checkpoints and never reads the source again for weights.
+#pragma once
+#include <string>
+
+#include "loom/core/tensor.h"
+#include "loom/model/config.h"
+#include "loom/model/model_source.h"
+#include "loom/model/param_layout.h"
+
+namespace loom::train {
+
+// The source's architecture (its config.json, GGUF metadata or checkpoint config), named after
+// the file or directory. Throws naming the path when it is none of the three kinds.
+model::ModelConfig init_source_config(const std::string& path);
+
+// The tokenizer that comes with the source, as data::make_tokenizer opens it: the GGUF file,
+// the Hugging Face directory, or what the loom checkpoint recorded.
+std::string init_source_tokenizer(const std::string& path);
+
+// Checks that the data (`data_vocab` tokens, from data.dir=`data_dir`) was tokenized by a
+// tokenizer of the source's vocabulary; throws naming both and the `loom prepare --tokenizer`
+// that fixes it otherwise.
+void check_init_source_data(const std::string& path, int64_t data_vocab, const std::string& data_dir);
+
+// The files that carry the source's tokenizer, chat template and end tokens into every
+// checkpoint of the run, so that each stands alone as the source did (model::tokenizer_files;
+// for a loom checkpoint, the files of io::kTokenizerFiles it holds), and what they record.
+model::TokenizerFiles init_source_tokenizer_files(const std::string& path);
+
+// Fills local_flat (laid out by `local`: this rank's slice of the model under any dp, tp, pp or
+// ep layout) with the source's weights. `whole` is the whole model's layout when `local` is a
+// slice, else null. `cfg` is init_source_config(path) with the run's precision. Returns what
+// was read, for the start-up line ("GGUF: Q4_1 x210, F32 x61 dequantized to f32 in 1.2 s").
+std::string load_init_weights(const std::string& path, const model::ModelConfig& cfg, const model::ParamLayout& local,
+                              const Tensor& local_flat, const model::ParamLayout* whole);
+
+}  // namespace loom::train

@@ -1,0 +1,155 @@
+// model.init_from on one process: the architecture comes from the source and architecture keys
+// beside it are refused; a new run starts from the source's weights (a loom run directory, a
+// Hugging Face directory, a GGUF file), bitwise in f32; data of another vocabulary is refused
+// naming `loom prepare --tokenizer`; a resumed run continues from its own checkpoint.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "loom/model/checkpoint_reader.h"
+#include "loom/model/hf_weights.h"
+#include "loom/train/init_from.h"
+#include "parallel/mpi/synthetic_source.h"
+#include "testing/gguf_fixture.h"
+#include "train/train_testing.h"
+
+using namespace loom;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+train::TrainConfig init_config(const std::string& from, std::vector<std::string> sets = {}) {
+  std::vector<std::string> all = {"model.init_from=" + from, "data.dir=unused",          "data.seq_len=16",
+                                  "data.batch_size=4",       "schedule.eval_interval=0", "log.progress=off"};
+  all.insert(all.end(), sets.begin(), sets.end());
+  return train::parse_train_config("{}", all, "<test>", train::init_source_config);
+}
+
+// A llama-family model written as llama.cpp writes one, with a 257-token byte-level vocabulary.
+model::Decoder& tiny_llama() {
+  static model::Decoder m = [] {
+    model::ModelConfig c = model::preset("llama-tiny");
+    c.vocab_size = 257;
+    model::Decoder d(c);
+    d.init_weights(7);
+    return d;
+  }();
+  return m;
+}
+
+std::vector<float> params_of(train::Trainer& t) { return t.full_params().to_f32_vector(); }
+
+}  // namespace
+
+TEST(InitFrom, ArchitectureKeysBesideItAreRefused) {
+  const std::string dir = loom::testing::temp_dir("init_from_keys");
+  const std::string gguf = dir + "/m.gguf";
+  loom::testing::GgufFixture f;
+  f.tokenizer = true;
+  loom::testing::gguf_writer_of(tiny_llama(), f).write(gguf);
+  for (const char* key : {"model.n_layer=2", "model.preset=gpt2-tiny", "model.vocab_size=300"}) {
+    const std::string k = std::string(key).substr(0, std::string(key).find('='));
+    try {
+      init_config(gguf, {key});
+      FAIL() << key << " was accepted beside model.init_from";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(k + ": the architecture comes from model.init_from=" + gguf),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  const train::TrainConfig c = init_config(gguf, {"model.precision=bf16"});
+  EXPECT_EQ(c.model.n_layer, tiny_llama().config().n_layer);
+  EXPECT_EQ(c.model.vocab_size, 257);
+  EXPECT_EQ(c.model.precision, model::Precision::bf16);
+  EXPECT_EQ(c.model.name, "m");
+  try {
+    train::parse_train_config("{}", {"model.init_from=" + gguf, "data.dir=unused"});
+    FAIL() << "a parser without a source reader accepted model.init_from";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("does not read model files"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(init_config(dir + "/absent.gguf"), Error);
+  fs::remove_all(dir);
+}
+
+TEST(InitFrom, ANewRunStartsFromAGgufsWeightsAndRefusesDataOfAnotherVocabulary) {
+  const std::string dir = loom::testing::temp_dir("init_from_gguf");
+  const std::string gguf = dir + "/m.gguf";
+  loom::testing::GgufFixture f;
+  f.tokenizer = true;
+  loom::testing::gguf_writer_of(tiny_llama(), f).write(gguf);
+  const train::TrainConfig cfg = init_config(gguf);
+  loom::testing::SyntheticSource src(257);
+  train::Trainer t(cfg, src, loom::testing::quiet());
+  EXPECT_EQ(params_of(t), tiny_llama().params().to_f32_vector());
+
+  loom::testing::SyntheticSource bytes(256);
+  try {
+    train::Trainer refused(cfg, bytes, loom::testing::quiet());
+    FAIL() << "data of a 256-token vocabulary was accepted for a 257-token model";
+  } catch (const Error& e) {
+    const std::string w = e.what();
+    EXPECT_NE(w.find("holds tokens of a 256-token vocabulary"), std::string::npos) << w;
+    EXPECT_NE(w.find("loom prepare --tokenizer " + gguf), std::string::npos) << w;
+  }
+  fs::remove_all(dir);
+}
+
+TEST(InitFrom, AHuggingFaceDirectoryLoadsIntoTheRunsLayout) {
+  const std::string dir = loom::testing::temp_dir("init_from_hf");
+  model::save_hf_pretrained(tiny_llama(), dir + "/hf");
+  const model::ModelConfig c = train::init_source_config(dir + "/hf");
+  EXPECT_EQ(c.n_layer, tiny_llama().config().n_layer);
+  EXPECT_EQ(c.d_model, tiny_llama().config().d_model);
+  // Into a layout whose units are padded (as data parallelism pads them), then back out.
+  const model::ParamLayout padded(c, 4), whole(c, 1);
+  Tensor flat = Tensor::zeros({padded.total()}, DType::f32);
+  const std::string what = train::load_init_weights(dir + "/hf", c, padded, flat, nullptr);
+  EXPECT_NE(what.find("Hugging Face"), std::string::npos) << what;
+  for (const auto& p : whole.params()) {
+    const float* got = flat.data<float>() + padded.get(p.name).offset;
+    const Tensor want = tiny_llama().param(p.name);
+    for (int64_t i = 0; i < p.numel(); ++i) ASSERT_EQ(got[i], want.data<float>()[i]) << p.name << "[" << i << "]";
+  }
+  fs::remove_all(dir);
+}
+
+TEST(InitFrom, ALoomRunDirectoryGivesItsNewestWeightsAndAResumeKeepsItsOwn) {
+  const std::string dir = loom::testing::temp_dir("init_from_loom");
+  // The source: 3 steps of a byte-vocabulary model, checkpointed.
+  const train::TrainConfig a = train::parse_train_config(
+      "{}", {"model.preset=gpt2-tiny", "model.vocab_size=256", "data.dir=unused", "data.seq_len=16",
+             "data.batch_size=4", "schedule.steps=3", "schedule.eval_interval=0", "log.progress=off",
+             "checkpoint.dir=" + dir + "/a", "checkpoint.every_steps=3"});
+  loom::testing::SyntheticSource src(256);
+  std::vector<float> trained;
+  {
+    train::Trainer t(a, src, loom::testing::quiet());
+    t.run();
+    trained = params_of(t);
+  }
+  // A new run from it: its weights, at step 0; then 2 steps, checkpointed in its own directory.
+  const train::TrainConfig b =
+      init_config(dir + "/a", {"checkpoint.dir=" + dir + "/b", "checkpoint.every_steps=2", "schedule.steps=2"});
+  EXPECT_EQ(b.model.n_layer, a.model.n_layer);
+  std::vector<float> fine_tuned;
+  {
+    train::Trainer t(b, src, loom::testing::quiet());
+    EXPECT_EQ(params_of(t), trained);
+    EXPECT_EQ(t.step(), 0);
+    t.run();
+    fine_tuned = params_of(t);
+  }
+  EXPECT_NE(fine_tuned, trained);
+  // Its checkpoints record the source's tokenizer (byte, as the source's did).
+  EXPECT_EQ(model::checkpoint_tokenizer(model::resolve_checkpoint(dir + "/b")), "byte");
+  // Resumed: the run's own step-2 weights, not the source's.
+  {
+    train::Trainer t(b, src, loom::testing::quiet("auto"));
+    EXPECT_EQ(t.step(), 2);
+    EXPECT_EQ(params_of(t), fine_tuned);
+  }
+  fs::remove_all(dir);
+}
