@@ -43,9 +43,8 @@ train=(train "$SRC/configs/finetune-smollm2.yaml" --set model.init_from="$MODEL"
        --set checkpoint.dir="$WORK/ck" --set checkpoint.every_steps=3 --set log.metrics_path="$WORK/m.jsonl")
 refused "model.n_layer: the architecture comes from model.init_from=$MODEL; remove model.n_layer" \
   "$LOOM" "${train[@]}" --set data.dir="$WORK/data" --set model.n_layer=2
-refused "holds tokens of a 256-token vocabulary, but model.init_from=$MODEL comes with a tokenizer of 49152 tokens" \
+refused "holds tokens of a 256-token vocabulary, but model.init_from=$MODEL comes with a tokenizer of 49152 tokens ($MODEL); tokenize the text with it: loom prepare --tokenizer $MODEL" \
   "$LOOM" "${train[@]}" --set data.dir="$WORK/bytes"
-refused "loom prepare --tokenizer $MODEL" "$LOOM" "${train[@]}" --set data.dir="$WORK/bytes"
 [ ! -e "$WORK/ck" ] || { echo "a refused run left $WORK/ck behind"; exit 1; }
 
 "$LOOM" "${train[@]}" --set data.dir="$WORK/data" > "$WORK/train.out" 2>&1 || { cat "$WORK/train.out"; exit 1; }

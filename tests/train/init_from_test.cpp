@@ -6,6 +6,10 @@
 
 #include <filesystem>
 
+#include <nlohmann/json.hpp>
+
+#include "loom/data/tokenizer.h"
+#include "loom/io/file.h"
 #include "loom/model/checkpoint_reader.h"
 #include "loom/model/hf_weights.h"
 #include "loom/train/init_from.h"
@@ -40,6 +44,11 @@ model::Decoder& tiny_llama() {
 
 std::vector<float> params_of(train::Trainer& t) { return t.full_params().to_f32_vector(); }
 
+// The tokenizer a checkpoint's trainer_state.json records, as written.
+std::string recorded_tokenizer(const std::string& ckpt) {
+  return nlohmann::json::parse(io::read_file(ckpt + "/trainer_state.json")).value("tokenizer", "");
+}
+
 }  // namespace
 
 TEST(InitFrom, ArchitectureKeysBesideItAreRefused) {
@@ -70,7 +79,28 @@ TEST(InitFrom, ArchitectureKeysBesideItAreRefused) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("does not read model files"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(init_config(dir + "/absent.gguf"), Error);
+  try {
+    init_config(dir + "/absent.gguf");
+    FAIL() << "a missing source was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(dir + "/absent.gguf does not exist"), std::string::npos) << e.what();
+  }
+  // MoE training keys may be set beside it, the MoE architecture may not.
+  EXPECT_NO_THROW(init_config(gguf, {"model.moe.router_aux_loss_coef=0.02"}));
+  try {
+    init_config(gguf, {"model.moe.num_experts=4"});
+    FAIL() << "model.moe.num_experts was accepted beside model.init_from";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.moe.num_experts: the architecture comes from"), std::string::npos)
+        << e.what();
+  }
+  // A source inside the run's own checkpoint directory could be pruned under it.
+  try {
+    init_config(dir + "/m.gguf", {"checkpoint.dir=" + dir});
+    FAIL() << "model.init_from inside checkpoint.dir was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is inside checkpoint.dir=" + dir), std::string::npos) << e.what();
+  }
   fs::remove_all(dir);
 }
 
@@ -80,10 +110,20 @@ TEST(InitFrom, ANewRunStartsFromAGgufsWeightsAndRefusesDataOfAnotherVocabulary) 
   loom::testing::GgufFixture f;
   f.tokenizer = true;
   loom::testing::gguf_writer_of(tiny_llama(), f).write(gguf);
-  const train::TrainConfig cfg = init_config(gguf);
+  const train::TrainConfig cfg =
+      init_config(gguf, {"schedule.steps=1", "checkpoint.dir=" + dir + "/run", "checkpoint.every_steps=1"});
   loom::testing::SyntheticSource src(257);
-  train::Trainer t(cfg, src, loom::testing::quiet());
-  EXPECT_EQ(params_of(t), tiny_llama().params().to_f32_vector());
+  {
+    train::Trainer t(cfg, src, loom::testing::quiet());
+    EXPECT_EQ(params_of(t), tiny_llama().params().to_f32_vector());
+    t.run();
+  }
+  // The checkpoint carries the GGUF's vocabulary and chat files, and names them as its tokenizer.
+  const std::string ckpt = dir + "/run/step_000001";
+  EXPECT_EQ(recorded_tokenizer(ckpt), "tokenizer.gguf");
+  for (const char* f : {"tokenizer.gguf", "tokenizer_config.json", "generation_config.json"})
+    EXPECT_TRUE(fs::exists(fs::path(ckpt) / f)) << f;
+  EXPECT_EQ(data::make_tokenizer(model::checkpoint_tokenizer(ckpt))->vocab_size(), 257);
 
   loom::testing::SyntheticSource bytes(256);
   try {
@@ -143,8 +183,9 @@ TEST(InitFrom, ALoomRunDirectoryGivesItsNewestWeightsAndAResumeKeepsItsOwn) {
     fine_tuned = params_of(t);
   }
   EXPECT_NE(fine_tuned, trained);
-  // Its checkpoints record the source's tokenizer (byte, as the source's did).
-  EXPECT_EQ(model::checkpoint_tokenizer(model::resolve_checkpoint(dir + "/b")), "byte");
+  // Its checkpoints record the source's tokenizer ("byte", which the source's falls back to),
+  // not the synthetic data's (none).
+  EXPECT_EQ(recorded_tokenizer(model::resolve_checkpoint(dir + "/b")), "byte");
   // Resumed: the run's own step-2 weights, not the source's.
   {
     train::Trainer t(b, src, loom::testing::quiet("auto"));

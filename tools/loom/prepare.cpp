@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "loom/core/error.h"
@@ -38,7 +39,13 @@ int cmd_prepare(const std::vector<std::string>& argv) {
   app->add_option("--tokenizer", opt.tokenizer,
                   "gpt2, byte, or a model's own: a .gguf file, a tokenizer.json, or a Hugging Face directory "
                   "holding one (what model.init_from trains with)")
-      ->type_name("NAME|PATH");
+      ->type_name("NAME|PATH")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            if (v == "gpt2" || v == "byte" || std::filesystem::exists(v)) return "";
+            return v + ": expected gpt2, byte, or the path of a .gguf file, a tokenizer.json or a folder holding one";
+          },
+          ""));
   app->add_option("--val-fraction", opt.val_fraction, "the share of tokens, at the end, for val.bin")
       ->check(in_range(0, 1));
   app->add_flag("--force", opt.force, "write into a non-empty DIR (refused without it)");

@@ -180,11 +180,17 @@ ModelCard read_model_card(const std::string& path) {
   fail("model", path, " is a loom checkpoint; its card is read by checkpoint_reader.h");
 }
 
+std::vector<CardFile> read_tokenizer_files(const std::string& dir) {
+  std::vector<CardFile> files;
+  for (const char* f : io::kTokenizerFiles)
+    if (fs::exists(fs::path(dir) / f)) files.push_back({f, io::read_file((fs::path(dir) / f).string())});
+  return files;
+}
+
 TokenizerFiles tokenizer_files(const std::string& source, const ModelCard& card) {
   TokenizerFiles out;
   if (card.format == ModelFormat::hf) {
-    for (const char* f : io::kTokenizerFiles)
-      if (fs::exists(fs::path(source) / f)) out.files.push_back({f, io::read_file((fs::path(source) / f).string())});
+    out.files = read_tokenizer_files(source);
     out.tokenizer = ".";
     return out;
   }

@@ -66,6 +66,8 @@ struct TokenizerFiles {
 // tokenizer_config.json and generation_config.json where a Hugging Face directory keeps them; a
 // Hugging Face directory's tokenizer files (io::kTokenizerFiles) as they are.
 TokenizerFiles tokenizer_files(const std::string& source, const ModelCard& card);
+// The files of io::kTokenizerFiles that `dir` holds, as they are.
+std::vector<CardFile> read_tokenizer_files(const std::string& dir);
 
 // Loads the weights of a GGUF file or a Hugging Face directory (model.safetensors, or the
 // shards model.safetensors.index.json lists) into `m`, the whole model in f32; returns a

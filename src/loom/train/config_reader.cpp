@@ -107,6 +107,14 @@ void ConfigReader::mark(const std::string& path) {
 
 void ConfigReader::known(const std::string& path) { mark(path); }
 
+std::vector<std::string> ConfigReader::keys(const std::string& path) const {
+  std::vector<std::string> out;
+  const YAML::Node n = find(path);
+  if (n && n.IsMap())
+    for (const auto& kv : n) out.push_back(path + "." + kv.first.as<std::string>());
+  return out;
+}
+
 bool ConfigReader::has(const std::string& path) const {
   YAML::Node n = find(path);
   return n && !n.IsNull();

@@ -24,6 +24,9 @@ class ConfigReader {
   static void reject_duplicate_overrides(const std::vector<std::string>& assignments);
 
   bool has(const std::string& path) const;
+  // The keys a mapping holds ("model" -> {"model.preset", "model.moe", ...}); none when the path
+  // is absent or not a mapping.
+  std::vector<std::string> keys(const std::string& path) const;
   double number(const std::string& path, double def, double lo, double hi);
   int64_t integer(const std::string& path, int64_t def, int64_t lo, int64_t hi);
   bool boolean(const std::string& path, bool def);

@@ -4,6 +4,10 @@
 
 #include <filesystem>
 
+#include <nlohmann/json.hpp>
+
+#include "loom/io/file.h"
+
 namespace loom::train {
 
 DatasetSource::DatasetSource(const TrainConfig& cfg, std::FILE* log) {
@@ -19,6 +23,13 @@ DatasetSource::DatasetSource(const TrainConfig& cfg, std::FILE* log) {
   train_ = std::make_unique<data::TokenDataset>(data::TokenDataset::open_split(cfg.data.dir, "train", o));
   if (std::filesystem::exists(std::filesystem::path(cfg.data.dir) / "val.bin"))
     val_ = std::make_unique<data::TokenDataset>(data::TokenDataset::open_split(cfg.data.dir, "val", o));
+  tokenizer_ = train_->header().tokenizer;
+  try {  // meta.json is optional (shards may be written by other means); the header then names it
+    const auto meta =
+        nlohmann::json::parse(io::read_file((std::filesystem::path(cfg.data.dir) / "meta.json").string()));
+    if (meta.contains("tokenizer") && meta["tokenizer"].is_string()) tokenizer_ = meta["tokenizer"].get<std::string>();
+  } catch (const std::exception&) {
+  }
   if (val_) {
     const data::ShardHeader &t = train_->header(), &v = val_->header();
     LOOM_CHECK(t.vocab_size == v.vocab_size && t.tokenizer == v.tokenizer, "data", val_->path(), " has vocab_size ",

@@ -21,10 +21,12 @@ class DatasetSource final : public BatchSource {
   void fill_val(int64_t index, int64_t B, int64_t T, int32_t* tok, int32_t* tgt) override;
   int64_t vocab_size() const override;
   bool has_val() const override { return val_ != nullptr; }
-  std::string tokenizer_name() const override { return train_->header().tokenizer; }
+  // meta.json's tokenizer (a model's tokenizer by its whole path), else the shard header's.
+  std::string tokenizer_name() const override { return tokenizer_; }
 
  private:
   std::unique_ptr<data::TokenDataset> train_, val_;
+  std::string tokenizer_;
 };
 
 }  // namespace loom::train

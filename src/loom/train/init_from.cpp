@@ -3,6 +3,8 @@
 #include <cmath>
 #include <filesystem>
 
+#include <nlohmann/json.hpp>
+
 #include "loom/core/timer.h"
 #include "loom/data/tokenizer.h"
 #include "loom/io/checkpoint_files.h"
@@ -10,23 +12,45 @@
 #include "loom/model/checkpoint_reader.h"
 #include "loom/model/decoder.h"
 #include "loom/model/model_source.h"
+#include "loom/train/checkpoint.h"
+#include "loom/train/checkpoint_agreement.h"
+#include "loom/train/checkpoint_dir.h"
 
 namespace loom::train {
 
 namespace fs = std::filesystem;
 
+// The checkpoint a loom source names: itself when it is one, else its run's newest valid one.
+std::string loom_checkpoint_of(const std::string& path) {
+  return fs::exists(fs::path(path) / "manifest.json") ? path : model::resolve_checkpoint(path);
+}
+
 model::ModelConfig init_source_config(const std::string& path) {
   if (model::model_format(path) == model::ModelFormat::loom)
-    return model::checkpoint_model_config(model::resolve_checkpoint(path));
+    return model::checkpoint_model_config(loom_checkpoint_of(path));
   const model::ModelCard card = model::read_model_card(path);
   model::ModelConfig c = card.config;
   c.name = card.name;
   return c;
 }
 
+std::string resolve_init_source(const std::string& path, const comm::Group& g) {
+  if (model::model_format(path) != model::ModelFormat::loom || fs::exists(fs::path(path) / "manifest.json"))
+    return path;
+  Tensor step = Tensor::zeros({1}, DType::i64, MemCategory::comm);
+  std::string found;
+  on_every_rank_or_none(g, str_cat("finding a checkpoint in model.init_from=", path), [&] {
+    if (g.rank() != 0) return;
+    found = model::resolve_checkpoint(path);
+    step.data<int64_t>()[0] = checkpoint_step_of(found);
+  });
+  if (g.size() > 1) g.broadcast(step, 0);
+  return g.rank() == 0 ? found : (fs::path(path) / io::checkpoint_dir_name(step.data<int64_t>()[0])).string();
+}
+
 std::string init_source_tokenizer(const std::string& path) {
   if (model::model_format(path) == model::ModelFormat::loom)
-    return model::checkpoint_tokenizer(model::resolve_checkpoint(path));
+    return model::checkpoint_tokenizer(loom_checkpoint_of(path));
   return model::read_model_card(path).tokenizer;
 }
 
@@ -41,11 +65,10 @@ void check_init_source_data(const std::string& path, int64_t data_vocab, const s
 model::TokenizerFiles init_source_tokenizer_files(const std::string& path) {
   if (model::model_format(path) != model::ModelFormat::loom)
     return model::tokenizer_files(path, model::read_model_card(path));
-  const std::string ckpt = model::resolve_checkpoint(path);
+  const std::string ckpt = loom_checkpoint_of(path);
   model::TokenizerFiles t;
   t.tokenizer = model::checkpoint_tokenizer(ckpt);
-  for (const char* f : io::kTokenizerFiles)
-    if (fs::exists(fs::path(ckpt) / f)) t.files.push_back({f, io::read_file((fs::path(ckpt) / f).string())});
+  t.files = model::read_tokenizer_files(ckpt);
   // A tokenizer the checkpoint holds is recorded relative to it ("tokenizer.gguf", "."), as the
   // source recorded it, so that it names the copies.
   const fs::path rel = fs::path(t.tokenizer).lexically_relative(fs::path(ckpt));
@@ -53,12 +76,19 @@ model::TokenizerFiles init_source_tokenizer_files(const std::string& path) {
   return t;
 }
 
+void restore_init_router_bias(const std::string& path, model::Decoder& m) {
+  if (model::model_format(path) != model::ModelFormat::loom) return;
+  const std::string ckpt = loom_checkpoint_of(path);
+  model::restore_router_bias(nlohmann::json::parse(io::read_file((fs::path(ckpt) / io::kTrainerStateFile).string())),
+                             m);
+}
+
 std::string load_init_weights(const std::string& path, const model::ModelConfig& cfg, const model::ParamLayout& local,
                               const Tensor& local_flat, const model::ParamLayout* whole) {
   const model::ModelFormat format = model::model_format(path);
   if (format == model::ModelFormat::loom) {
     Stopwatch sw;
-    const std::string ckpt = model::resolve_checkpoint(path);
+    const std::string ckpt = loom_checkpoint_of(path);
     model::read_whole_into_local((fs::path(ckpt) / io::kWeightsFile).string(), cfg, local, local_flat, whole);
     return str_cat("loom checkpoint ", ckpt, " in ", std::round(sw.seconds() * 100) / 100, " s");
   }

@@ -6,8 +6,10 @@
 #pragma once
 #include <string>
 
+#include "loom/comm/group.h"
 #include "loom/core/tensor.h"
 #include "loom/model/config.h"
+#include "loom/model/decoder.h"
 #include "loom/model/model_source.h"
 #include "loom/model/param_layout.h"
 
@@ -16,6 +18,12 @@ namespace loom::train {
 // The source's architecture (its config.json, GGUF metadata or checkpoint config), named after
 // the file or directory. Throws naming the path when it is none of the three kinds.
 model::ModelConfig init_source_config(const std::string& path);
+
+// Collective over `g`: the source as every rank reads it. A loom run directory becomes the
+// checkpoint rank 0 finds newest and valid (verified once there), so that no rank reads
+// another step; a checkpoint directory, GGUF file or Hugging Face directory stays as it is. The
+// functions below take this resolved path.
+std::string resolve_init_source(const std::string& path, const comm::Group& g);
 
 // The tokenizer that comes with the source, as data::make_tokenizer opens it: the GGUF file,
 // the Hugging Face directory, or what the loom checkpoint recorded.
@@ -30,6 +38,10 @@ void check_init_source_data(const std::string& path, int64_t data_vocab, const s
 // checkpoint of the run, so that each stands alone as the source did (model::tokenizer_files;
 // for a loom checkpoint, the files of io::kTokenizerFiles it holds), and what they record.
 model::TokenizerFiles init_source_tokenizer_files(const std::string& path);
+
+// A loom checkpoint's MoE balancing biases (model.moe.bias_update_rate) into `m`; nothing for
+// other sources, which have none.
+void restore_init_router_bias(const std::string& path, model::Decoder& m);
 
 // Fills local_flat (laid out by `local`: this rank's slice of the model under any dp, tp, pp or
 // ep layout) with the source's weights. `whole` is the whole model's layout when `local` is a

@@ -1,7 +1,9 @@
 #include "loom/train/train_config.h"
 
+#include <filesystem>
 #include <fstream>
 #include <limits>
+#include <set>
 #include <sstream>
 
 #include "loom/io/yaml_load.h"
@@ -20,26 +22,40 @@ DType wire_dtype(const std::string& name) {
 }
 
 namespace {
+namespace fs = std::filesystem;
 constexpr int64_t kMaxI = std::numeric_limits<int64_t>::max();
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// The keys that describe an architecture: a model.init_from source brings its own.
-const char* const kArchitectureKeys[] = {
-    "model.preset",     "model.family",          "model.vocab_size", "model.n_ctx", "model.n_layer",
-    "model.n_head",     "model.n_kv_head",       "model.d_model",    "model.d_ff",  "model.norm_eps",
-    "model.rope_theta", "model.tied_embeddings", "model.qkv_bias",   "model.moe"};
+// What a config may set beside model.init_from, whose source brings the architecture: the
+// precision, memory and MoE training keys.
+bool settable_beside_init_from(const std::string& key) {
+  static const std::set<std::string> keys = {"model.init_from",
+                                             "model.precision",
+                                             "model.activation_dtype",
+                                             "model.activation_checkpoint_interval",
+                                             "model.xent_chunk",
+                                             "model.moe",
+                                             "model.moe.capacity_factor",
+                                             "model.moe.router_aux_loss_coef",
+                                             "model.moe.router_z_loss_coef",
+                                             "model.moe.bias_update_rate"};
+  return keys.count(key) > 0;
+}
 
 // The architecture of model.init_from.
 model::ModelConfig read_source_architecture(ConfigReader& r, const std::string& init_from,
                                             const SourceConfigReader& source_config) {
-  for (const char* k : kArchitectureKeys)
-    LOOM_CHECK(!r.has(k), "config", k, ": the architecture comes from model.init_from=", init_from, "; remove ", k);
+  std::vector<std::string> set = r.keys("model");
+  for (const std::string& k : r.keys("model.moe")) set.push_back(k);
+  for (const std::string& k : set)
+    LOOM_CHECK(settable_beside_init_from(k), "config", k, ": the architecture comes from model.init_from=", init_from,
+               "; remove ", k);
   LOOM_CHECK(bool(source_config), "config", "model.init_from=", init_from,
              ": this command does not read model files; use loom train");
   return source_config(init_from);
 }
 
-// The architecture the keys of kArchitectureKeys describe.
+// The architecture the model keys describe.
 model::ModelConfig read_architecture(ConfigReader& r) {
   model::ModelConfig m;
   const std::string preset = r.string("model.preset", "");
@@ -68,19 +84,20 @@ model::ModelConfig read_architecture(ConfigReader& r) {
   e.expert_d_ff = r.integer("model.moe.expert_d_ff", e.expert_d_ff, 0, 1 << 22);
   e.moe_every = r.integer("model.moe.moe_every", e.moe_every, 1, 4096);
   e.first_dense = r.integer("model.moe.first_dense", e.first_dense, 0, 4096);
-  e.capacity_factor = r.number("model.moe.capacity_factor", e.capacity_factor, 0, 1e6);
-  e.router_aux_loss_coef = r.number("model.moe.router_aux_loss_coef", e.router_aux_loss_coef, 0, 1e3);
-  e.router_z_loss_coef = r.number("model.moe.router_z_loss_coef", e.router_z_loss_coef, 0, 1e3);
   e.score = model::router_score_from_name(
       r.string("model.moe.score", model::router_score_name(e.score), {"softmax", "sigmoid"}));
-  e.bias_update_rate = r.number("model.moe.bias_update_rate", e.bias_update_rate, 0, 1);
   if (preset.empty()) m.name = "custom";
   return m;
 }
 
-model::ModelConfig read_model(ConfigReader& r, const SourceConfigReader& source_config) {
-  const std::string from = r.string("model.init_from", "");
-  model::ModelConfig m = from.empty() ? read_architecture(r) : read_source_architecture(r, from, source_config);
+model::ModelConfig read_model(ConfigReader& r, const std::string& init_from, const SourceConfigReader& source_config) {
+  model::ModelConfig m =
+      init_from.empty() ? read_architecture(r) : read_source_architecture(r, init_from, source_config);
+  model::MoeConfig& e = m.moe;
+  e.capacity_factor = r.number("model.moe.capacity_factor", e.capacity_factor, 0, 1e6);
+  e.router_aux_loss_coef = r.number("model.moe.router_aux_loss_coef", e.router_aux_loss_coef, 0, 1e3);
+  e.router_z_loss_coef = r.number("model.moe.router_z_loss_coef", e.router_z_loss_coef, 0, 1e3);
+  e.bias_update_rate = r.number("model.moe.bias_update_rate", e.bias_update_rate, 0, 1);
   m.precision = model::precision_from_name(r.string("model.precision", "fp32", {"fp32", "bf16", "fp16"}));
   m.activation_dtype =
       wire_dtype(r.string("model.activation_dtype", model::precision_name(m.precision), {"fp32", "bf16", "fp16"}));
@@ -90,7 +107,7 @@ model::ModelConfig read_model(ConfigReader& r, const SourceConfigReader& source_
 
 void read_model_section(ConfigReader& r, TrainConfig& c, const SourceConfigReader& source_config) {
   c.init_from = r.string("model.init_from", "");
-  c.model = read_model(r, source_config);
+  c.model = read_model(r, c.init_from, source_config);
   c.decoder.activation_checkpoint_interval =
       int(r.integer("model.activation_checkpoint_interval", 0, 0, c.model.n_layer));
   c.decoder.xent_chunk = r.integer("model.xent_chunk", 1024, 1, 1 << 20);
@@ -197,6 +214,18 @@ void read_comm(ConfigReader& r, TrainConfig& c) {
 
 // The batch split into micro-batches, and the layouts refused (or warned about) before any
 // work, with the numbers in the message.
+// A run writes (and with --overwrite-checkpoints empties) checkpoint.dir: a source inside it
+// could be pruned or deleted under the run that starts from it.
+void check_init_from_outside_checkpoints(const TrainConfig& c) {
+  if (c.init_from.empty() || c.checkpoint.dir.empty()) return;
+  const fs::path from = fs::absolute(c.init_from).lexically_normal(),
+                 dir = fs::absolute(c.checkpoint.dir).lexically_normal();
+  const fs::path rel = from.lexically_relative(dir);
+  LOOM_CHECK(rel.empty() || *rel.begin() == "..", "config", "model.init_from=", c.init_from,
+             " is inside checkpoint.dir=", c.checkpoint.dir,
+             ", which this run writes and prunes; copy the source elsewhere or set another checkpoint.dir");
+}
+
 void check_parallel_layout(TrainConfig& c) {
   const int64_t pp = c.parallel.pp, tp = c.parallel.tp, ep = c.parallel.ep;
   model::check_expert_parallel(c.model, ep);
@@ -282,6 +311,7 @@ TrainConfig parse_train_config(const std::string& text, const std::vector<std::s
   c.threads = r.integer("threads", 0, 0, 4096);
   r.reject_unknown();
   check_parallel_layout(c);
+  check_init_from_outside_checkpoints(c);
 
   YAML::Emitter out;
   out << root;

@@ -90,11 +90,11 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
                parallel::dim_name(d), "=", shape.size(d), " (", shape.describe(),
                "); launch pp x dp x ep x tp = ", p.pp * p.dp * p.ep * p.tp, " processes");
   if (!cfg_.init_from.empty()) {
-    check_init_source_data(cfg_.init_from, data_.vocab_size(), cfg_.data.dir);
-    on_every_rank_or_none(mesh_->world(), str_cat("reading model.init_from=", cfg_.init_from, "'s tokenizer files"),
-                          [&] {
-                            if (main_rank()) card_files_ = init_source_tokenizer_files(cfg_.init_from);
-                          });
+    init_source_ = resolve_init_source(cfg_.init_from, mesh_->world());
+    on_every_rank_or_none(mesh_->world(), str_cat("reading model.init_from=", cfg_.init_from, "'s tokenizer"), [&] {
+      check_init_source_data(init_source_, data_.vocab_size(), cfg_.data.dir);
+      if (main_rank()) card_files_ = init_source_tokenizer_files(init_source_);
+    });
   }
   LOOM_CHECK(data_.vocab_size() <= cfg_.model.vocab_size, "train", "the data's vocabulary (", data_.vocab_size(),
              " tokens) does not fit model.vocab_size=", cfg_.model.vocab_size, "; set model.vocab_size to at least ",
@@ -156,8 +156,8 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
   check_fits_in_memory();
   layout_desc_ = str_cat(shape.describe(), ", stages ", parallel::describe_partition(stages_));
   if (!opt_.resume.empty()) resume_from(opt_.resume);
-  if (step_ == 0 && !cfg_.init_from.empty()) init_from_source();
   if (step_ == 0) start_new_run();
+  if (step_ == 0 && !cfg_.init_from.empty()) init_from_source();
   if (main_rank() && !cfg_.log.metrics_path.empty()) open_metrics();
   peak_gflops_ =
       opt_.peak_gflops > 0 ? opt_.peak_gflops : measure_gemm_gflops(cpu::on_bf16_gemm(cfg_.model.products()));

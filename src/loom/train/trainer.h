@@ -180,6 +180,8 @@ class Trainer {
   double last_checkpoint_time_ = 0;
   std::string last_checkpoint_;
   std::string run_id_;  // the run's id, recorded in its checkpoints; kept across resumes
+  // model.init_from as every rank reads it (a run directory resolved to one checkpoint).
+  std::string init_source_;
   // model.init_from's tokenizer and chat files, which rank 0 puts into every checkpoint, and the
   // tokenizer they record; empty: the data's tokenizer, no files.
   model::TokenizerFiles card_files_;
