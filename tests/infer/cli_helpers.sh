@@ -1,5 +1,5 @@
 # Shared by the inference CLI tests (sourced after LOOM, SRC and WORK are set): a tiny
-# byte-level corpus and models trained on it briefly, and refusal checks.
+# byte-level corpus and models trained on it briefly, refusal checks, and SmolLM2's GGUF.
 
 # tiny_data: WORK/data, the first 60000 bytes of Tiny Shakespeare in bytes.
 tiny_data() {
@@ -24,4 +24,14 @@ refused() {
   out="$("$@" 2>&1)" || rc=$?
   [ "$rc" != 0 ] || { echo "$* was accepted"; exit 1; }
   case "$out" in *"$want"*) ;; *) echo "$*: expected \"$want\" in: $out"; exit 1 ;; esac
+}
+
+# smollm2_or_skip: MODEL, SmolLM2-135M-Instruct's GGUF (scripts/fetch-test-model.sh, which
+# downloads it into a cache once); exits 77 ("SKIPPED: why") when it cannot be downloaded, 1 on
+# any other failure.
+smollm2_or_skip() {
+  local rc=0
+  MODEL="$(bash "$SRC/scripts/fetch-test-model.sh" 2>"$WORK/fetch.log")" || rc=$?
+  if [ $rc -eq 3 ]; then echo "SKIPPED: $(tail -n 1 "$WORK/fetch.log")"; exit 77; fi
+  [ $rc -eq 0 ] || { cat "$WORK/fetch.log"; exit 1; }
 }

@@ -16,12 +16,8 @@ BUILD="$3"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 
-set +e
-MODEL="$(bash "$SRC/scripts/fetch-test-model.sh" 2>"$WORK/fetch.log")"
-rc=$?
-set -e
-if [ $rc -eq 3 ]; then echo "SKIPPED: $(tail -n 1 "$WORK/fetch.log")"; exit 77; fi
-[ $rc -eq 0 ] || { cat "$WORK/fetch.log"; exit 1; }
+source "$SRC/tests/infer/cli_helpers.sh"
+smollm2_or_skip
 echo "model: $MODEL"
 
 # 2 first: it needs only loom.

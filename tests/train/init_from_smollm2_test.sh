@@ -21,12 +21,7 @@ WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 source "$SRC/tests/infer/cli_helpers.sh"
 
-set +e
-MODEL="$(bash "$SRC/scripts/fetch-test-model.sh" 2>"$WORK/fetch.log")"
-rc=$?
-set -e
-if [ $rc -eq 3 ]; then echo "SKIPPED: $(tail -n 1 "$WORK/fetch.log")"; exit 77; fi
-[ $rc -eq 0 ] || { cat "$WORK/fetch.log"; exit 1; }
+smollm2_or_skip
 
 head -c 60000 "$SRC/data/tinyshakespeare/input.txt" > "$WORK/in.txt"
 "$LOOM" prepare --input "$WORK/in.txt" --tokenizer "$MODEL" --out "$WORK/data" > "$WORK/prepare.out"
