@@ -37,9 +37,9 @@ PY
 
 train=(train "$SRC/configs/finetune-smollm2.yaml" --set model.init_from="$MODEL" --set data.seq_len=64
        --set data.batch_size=2 --set data.micro_batch_size=2 --set schedule.steps=2 --set optim.lr=1e-7
-       --set schedule.min_lr=1e-8 --set schedule.warmup_steps=1 --set schedule.eval_interval=0 --set log.every=1
-       --set log.progress=off --set checkpoint.dir="$WORK/ck" --set checkpoint.every_steps=2
-       --set log.metrics_path="$WORK/m.jsonl")
+       --set schedule.min_lr=1e-8 --set schedule.warmup_steps=1 --set schedule.eval_interval=0
+       --set schedule.eval_batches=1 --set log.every=1 --set log.progress=off --set checkpoint.dir="$WORK/ck"
+       --set checkpoint.every_steps=2 --set log.metrics_path="$WORK/m.jsonl")
 refused "model.n_layer: the architecture comes from model.init_from=$MODEL; remove model.n_layer" \
   "$LOOM" "${train[@]}" --set data.dir="$WORK/data" --set model.n_layer=2
 refused "holds tokens of a 256-token vocabulary, but model.init_from=$MODEL comes with a tokenizer of 49152 tokens ($MODEL); tokenize the text with it: loom prepare --tokenizer $MODEL" \
