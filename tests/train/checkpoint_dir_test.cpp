@@ -154,7 +154,7 @@ TEST(CheckpointDir, MetricsAfterAResumeHoldEachStepOnceAndMarkTheResume) {
   TrainConfig cfg =
       w.config({"schedule.steps=6", "checkpoint.every_steps=3", "log.every=1", "log.metrics_path=" + metrics});
   DatasetSource src(cfg);
-  Trainer(cfg, src, options(log.f, "", 5)).run();  // logs steps 1-5, saves 3 and 5
+  Trainer(cfg, src, options(log.f, "", 5)).run();  // logs steps 1-5 and its final val loss, saves 3 and 5
   fs::remove_all(ck + "/step_000005");             // as if the run died before saving step 5
   {
     Trainer t(cfg, src, options(log.f, "auto"));
@@ -170,12 +170,17 @@ TEST(CheckpointDir, MetricsAfterAResumeHoldEachStepOnceAndMarkTheResume) {
     if (j.value("event", "") == "resume") {
       ++markers;
       EXPECT_EQ(j["step"], 3);
-      EXPECT_EQ(j["dropped_lines"], 2);
+      EXPECT_EQ(j["dropped_lines"], 3);  // steps 4 and 5, and the stopped run's final val loss
       EXPECT_EQ(j["run_id"], checkpoint_run_id(ck + "/step_000003"));
       continue;
     }
     if (j.value("event", "") == "run_start") {  // one per process, the resumed one at its step
       starts.push_back({j["step"].get<int64_t>(), j["resumed"].get<bool>()});
+      continue;
+    }
+    if (j.contains("val_loss")) {  // the final evaluation, after step 6 only
+      EXPECT_EQ(j["step"], 6);
+      EXPECT_EQ(j["final"], true);
       continue;
     }
     ++count[j["step"].get<int64_t>()];

@@ -222,7 +222,7 @@ TEST(RunReport, TheTrainerLogsRunStartMemoryAndExposedCommAndCallsTheObserver) {
   std::vector<std::pair<int64_t, double>> vals;
   opt.observer.on_step = [&](const LoggedStep& s) { seen.push_back(s); };
   opt.observer.on_val_loss = [&](int64_t step, double v) { vals.emplace_back(step, v); };
-  Trainer(cfg, src, opt).run();
+  const TrainResult r = Trainer(cfg, src, opt).run();
   ASSERT_EQ(seen.size(), 4u);
   EXPECT_EQ(seen[3].step, 4);
   EXPECT_EQ(seen[0].exposed_comm_ms, 0);  // one rank: nothing to wait for
@@ -230,7 +230,10 @@ TEST(RunReport, TheTrainerLogsRunStartMemoryAndExposedCommAndCallsTheObserver) {
   bool has_params = false;
   for (const CategoryBytes& c : seen[0].memory) has_params |= c.category == "params" && c.current > 0;
   EXPECT_TRUE(has_params);
-  EXPECT_EQ(vals.size(), 1u);  // step 2 (step 4 is the last: the final evaluation is not logged)
+  // Step 2's evaluation, then the final one after step 4 (what SUMMARY reports), marked final.
+  ASSERT_EQ(vals.size(), 2u);
+  EXPECT_EQ(vals[0].first, 2);
+  EXPECT_EQ(vals[1], std::make_pair(int64_t(4), r.final_val_loss));
 
   std::istringstream in(io::read_file(metrics));
   std::string first;
@@ -244,9 +247,16 @@ TEST(RunReport, TheTrainerLogsRunStartMemoryAndExposedCommAndCallsTheObserver) {
   const RunMetrics m = parse_run_metrics(io::read_file(metrics));
   EXPECT_TRUE(m.warnings.empty());
   EXPECT_EQ(m.step_lines, 4);
+  EXPECT_EQ(m.val_loss.step, (std::vector<double>{2, 4}));
+  EXPECT_EQ(m.val_loss.value.back(), r.final_val_loss);
+  bool final_marked = false;
+  for (std::string line; std::getline(in, line);) {
+    const auto v = nlohmann::json::parse(line);
+    if (v.contains("val_loss") && v.value("final", false)) final_marked = v["step"] == 4;
+  }
+  EXPECT_TRUE(final_marked) << "the final evaluation's line is not marked final";
   EXPECT_EQ(m.exposed_comm_ms.value, (std::vector<double>{0, 0, 0, 0}));
   EXPECT_EQ(m.memory_peak.size(), seen[3].memory.size());
-  EXPECT_EQ(m.val_loss.step, (std::vector<double>{2}));
 }
 
 // A MoE run logs each block's tokens per expert for the logged step and summed over the steps

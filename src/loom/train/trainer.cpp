@@ -345,6 +345,19 @@ double Trainer::evaluate() {
   return totals.data<double>()[0] / std::max(1.0, totals.data<double>()[1]);
 }
 
+void Trainer::report_val_loss(double v, int64_t total, bool final) {
+  if (!main_rank() || v < 0) return;
+  std::fprintf(opt_.log, "step %6lld/%lld | val_loss %.4f%s\n", (long long)step_, (long long)total, v,
+               final ? " (final)" : "");
+  if (metrics_) {
+    nlohmann::json j = {{"step", step_}, {"val_loss", v}};
+    if (final) j["final"] = true;
+    std::fprintf(metrics_, "%s\n", j.dump().c_str());
+    std::fflush(metrics_);
+  }
+  if (opt_.observer.on_val_loss) opt_.observer.on_val_loss(step_, v);
+}
+
 TrainResult Trainer::run() {
   const int64_t total = cfg_.schedule.steps;
   const int64_t stop = opt_.stop_after_steps >= 0 ? std::min(total, opt_.stop_after_steps) : total;
@@ -390,16 +403,8 @@ TrainResult Trainer::run() {
       window_steps = 0;
     }
     if (cfg_.schedule.eval_interval > 0 && step_ % cfg_.schedule.eval_interval == 0 && step_ < stop) {
-      const double v = evaluate();
-      if (main_rank() && v >= 0) {
-        bar.clear();
-        std::fprintf(opt_.log, "step %6lld/%lld | val_loss %.4f\n", (long long)step_, (long long)total, v);
-        if (metrics_) {
-          std::fprintf(metrics_, "%s\n", nlohmann::json({{"step", step_}, {"val_loss", v}}).dump().c_str());
-          std::fflush(metrics_);
-        }
-        if (opt_.observer.on_val_loss) opt_.observer.on_val_loss(step_, v);
-      }
+      bar.clear();
+      report_val_loss(evaluate(), total, false);
     }
     maybe_checkpoint(false);
     bar.update(step_, str_cat("loss ", last_loss));
@@ -416,6 +421,7 @@ TrainResult Trainer::run() {
   r.checkpoint_write_s = checkpoint_write_s_;
   r.final_train_loss = last_loss;
   r.final_val_loss = evaluate();
+  report_val_loss(r.final_val_loss, total, true);
   r.tokens_per_s = timed_steps ? double(tokens_per_step * timed_steps) / (tok_time / 1e3) : 0;
   r.peak_bytes = cpu_allocator().snapshot().total.peak;
   r.last_checkpoint = last_checkpoint_;

@@ -141,6 +141,9 @@ class Trainer {
   void resume_from(const std::string& spec);
   // model.init_from: the source's weights into this rank's slice, before a new run's first step.
   void init_from_source();
+  // A validation loss on the log, in the metrics JSONL and to the observer (rank 0); `final`: the
+  // evaluation after the last step, marked so in both.
+  void report_val_loss(double v, int64_t total, bool final);
   // A run from step 0: a new run id, and checkpoint.dir claimed (refused on every rank when it
   // holds another run's checkpoints, unless overwrite_checkpoints).
   void start_new_run();
