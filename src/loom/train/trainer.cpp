@@ -20,7 +20,6 @@
 #include "loom/train/checkpoint.h"
 #include "loom/train/checkpoint_agreement.h"
 #include "loom/train/checkpoint_writer.h"
-#include "loom/train/init_from.h"
 #include "loom/train/progress.h"
 
 namespace loom::train {

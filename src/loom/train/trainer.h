@@ -17,7 +17,6 @@
 #include <vector>
 
 #include "loom/model/decoder.h"
-#include "loom/model/model_source.h"
 #include "loom/optim/adamw.h"
 #include "loom/optim/loss_scale.h"
 #include "loom/parallel/data_parallel.h"
@@ -28,6 +27,7 @@
 #include "loom/parallel/tp_layers.h"
 #include "loom/train/batch_source.h"
 #include "loom/train/checkpoint.h"
+#include "loom/train/init_from.h"
 #include "loom/train/train_config.h"
 
 namespace loom::train {
@@ -184,7 +184,7 @@ class Trainer {
   std::string last_checkpoint_;
   std::string run_id_;  // the run's id, recorded in its checkpoints; kept across resumes
   // model.init_from as every rank reads it (a run directory resolved to one checkpoint).
-  std::string init_source_;
+  InitSource init_source_;
   // model.init_from's tokenizer and chat files, which rank 0 puts into every checkpoint, and the
   // tokenizer they record; empty: the data's tokenizer, no files.
   model::TokenizerFiles card_files_;

@@ -8,7 +8,6 @@
 #include "loom/train/checkpoint_agreement.h"
 #include "loom/train/checkpoint_dir.h"
 #include "loom/train/checkpoint_writer.h"
-#include "loom/train/init_from.h"
 #include "loom/train/trainer.h"
 
 namespace loom::train {
@@ -50,13 +49,12 @@ void Trainer::init_from_source() {
   std::string what;
   on_every_rank_or_none(mesh_->world(), str_cat("model.init_from=", cfg_.init_from, " failed to load"), [&] {
     Tensor flat = Tensor::zeros({model_->flat_size()}, DType::f32, MemCategory::workspace);
-    what = load_init_weights(init_source_, cfg_.model, model_->layout(), flat, whole_layout_.get());
+    what = load_init_weights(init_source_, *model_, flat, whole_layout_.get());
     data_parallel_->load_full_params(flat);
-    restore_init_router_bias(init_source_, *model_);
   });
   if (main_rank())
     std::fprintf(opt_.log, "[train] weights from model.init_from=%s (%s); optimizer state starts fresh\n",
-                 init_source_.c_str(), what.c_str());
+                 cfg_.init_from.c_str(), what.c_str());
 }
 
 void Trainer::maybe_checkpoint(bool force) {
