@@ -10,6 +10,7 @@
 
 #include "loom/core/error.h"
 #include "loom/data/prepare.h"
+#include "loom/data/tokenizer.h"
 #include "tools/loom/commands.h"
 
 namespace loom::cli {
@@ -42,7 +43,8 @@ int cmd_prepare(const std::vector<std::string>& argv) {
       ->type_name("NAME|PATH")
       ->check(CLI::Validator(
           [](std::string& v) -> std::string {
-            if (v == "gpt2" || v == "byte" || std::filesystem::exists(v)) return "";
+            const auto& names = data::tokenizer_names();  // the built-in ones, then the path forms
+            if (std::find(names.begin(), names.end(), v) != names.end() || std::filesystem::exists(v)) return "";
             return v + ": expected gpt2, byte, or the path of a .gguf file, a tokenizer.json or a folder holding one";
           },
           ""));

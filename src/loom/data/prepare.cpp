@@ -107,11 +107,7 @@ PrepareResult prepare(const PrepareOptions& opt) {
   fs::create_directories(opt.out_dir);
 
   PrepareResult r;
-  // A model's tokenizer is recorded by its absolute path, which runs on this data record in
-  // their checkpoints.
-  r.tokenizer = opt.tokenizer == "gpt2" || opt.tokenizer == "byte"
-                    ? tok->name()
-                    : fs::absolute(opt.tokenizer).lexically_normal().string();
+  r.tokenizer = tok->name();
   r.vocab_size = tok->vocab_size();
   ShardHeader proto;
   proto.token_bytes = token_bytes_for_vocab(r.vocab_size);

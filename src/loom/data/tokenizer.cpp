@@ -90,8 +90,10 @@ std::unique_ptr<Tokenizer> make_tokenizer(std::string_view spec, const std::stri
     const fs::path dir = fs::exists(fs::path(root) / "encoder.json") ? fs::path(root) : fs::path(root) / "gpt2";
     return std::make_unique<Gpt2Tokenizer>(dir.string());
   }
-  const fs::path path{std::string(spec)};
+  // By its absolute path, which the tokenizer's name() then is: what `loom prepare` records and
+  // runs on its data record in their checkpoints, wherever they are started from.
   std::error_code ec;
+  const fs::path path = fs::absolute(fs::path(std::string(spec)), ec).lexically_normal();
   if (fs::is_directory(path, ec)) {
     LOOM_CHECK(fs::exists(path / "tokenizer.json"), "tokenizer", path.string(),
                ": folder holds no tokenizer.json; point at a model folder from the Hugging Face Hub or a .gguf file");

@@ -88,8 +88,8 @@ std::string default_data_dir();
 
 // `spec` is "gpt2" (files from <data_dir>/gpt2/, or data_dir itself if it holds
 // encoder.json), "byte", or a path: a .gguf file (its tokenizer metadata), a tokenizer.json,
-// or a folder holding tokenizer.json (and perhaps tokenizer_config.json). An empty data_dir
-// means default_data_dir().
+// or a folder holding tokenizer.json (and perhaps tokenizer_config.json), opened by its absolute
+// path (its name()). An empty data_dir means default_data_dir().
 std::unique_ptr<Tokenizer> make_tokenizer(std::string_view spec, const std::string& data_dir = "");
 
 // Names make_tokenizer accepts, for help texts (the last entry describes the path forms).
