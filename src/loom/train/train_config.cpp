@@ -212,8 +212,6 @@ void read_comm(ConfigReader& r, TrainConfig& c) {
   c.comm.calibration = r.string("comm.calibration", "");
 }
 
-// The batch split into micro-batches, and the layouts refused (or warned about) before any
-// work, with the numbers in the message.
 // A run writes (and with --overwrite-checkpoints empties) checkpoint.dir: a source inside it
 // could be pruned or deleted under the run that starts from it.
 void check_init_from_outside_checkpoints(const TrainConfig& c) {
@@ -226,6 +224,8 @@ void check_init_from_outside_checkpoints(const TrainConfig& c) {
              ", which this run writes and prunes; copy the source elsewhere or set another checkpoint.dir");
 }
 
+// The batch split into micro-batches, and the layouts refused (or warned about) before any
+// work, with the numbers in the message.
 void check_parallel_layout(TrainConfig& c) {
   const int64_t pp = c.parallel.pp, tp = c.parallel.tp, ep = c.parallel.ep;
   model::check_expert_parallel(c.model, ep);
