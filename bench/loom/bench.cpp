@@ -26,6 +26,8 @@ const std::vector<Benchmark>& benchmarks() {
        bench_cascade},
       {"moe", "MoE step split (experts, routing, all-to-all) and tokens/s vs the dense model of equal active size",
        bench_moe},
+      {"guards", "replays recorded loss curves through the spike and divergence guards (choosing their defaults)",
+       bench_guards},
   };
   return list;
 }

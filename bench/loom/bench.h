@@ -23,6 +23,7 @@ int bench_moe(const std::vector<std::string>& args);
 int bench_checkpoint(const std::vector<std::string>& args);
 int bench_chaos(const std::vector<std::string>& args);
 int bench_cascade(const std::vector<std::string>& args);
+int bench_guards(const std::vector<std::string>& args);
 
 // new_app("bench <name>") with the description benchmarks() gives it, then `details`.
 std::unique_ptr<CLI::App> bench_app(const std::string& name, const std::string& details = "");

@@ -162,7 +162,7 @@ TEST(CheckpointDir, MetricsAfterAResumeHoldEachStepOnceAndMarkTheResume) {
     t.run();  // replays 4 and 5, then 6
   }
   std::map<int64_t, int> count;
-  int markers = 0;
+  int markers = 0, ends = 0;
   std::vector<std::pair<int64_t, bool>> starts;
   std::istringstream in(io::read_file(metrics));
   for (std::string line; std::getline(in, line);) {
@@ -170,12 +170,18 @@ TEST(CheckpointDir, MetricsAfterAResumeHoldEachStepOnceAndMarkTheResume) {
     if (j.value("event", "") == "resume") {
       ++markers;
       EXPECT_EQ(j["step"], 3);
-      EXPECT_EQ(j["dropped_lines"], 3);  // steps 4 and 5, and the stopped run's final val loss
+      EXPECT_EQ(j["dropped_lines"], 4);  // steps 4 and 5, the stopped run's final val loss and end
       EXPECT_EQ(j["run_id"], checkpoint_run_id(ck + "/step_000003"));
       continue;
     }
     if (j.value("event", "") == "run_start") {  // one per process, the resumed one at its step
       starts.push_back({j["step"].get<int64_t>(), j["resumed"].get<bool>()});
+      continue;
+    }
+    if (j.value("event", "") == "end") {  // the last line, of the run that reached step 6
+      ++ends;
+      EXPECT_EQ(j["step"], 6);
+      EXPECT_EQ(j["ended"], "finished");
       continue;
     }
     if (j.contains("val_loss")) {  // the final evaluation, after step 6 only
@@ -186,6 +192,7 @@ TEST(CheckpointDir, MetricsAfterAResumeHoldEachStepOnceAndMarkTheResume) {
     ++count[j["step"].get<int64_t>()];
   }
   EXPECT_EQ(markers, 1);
+  EXPECT_EQ(ends, 1);
   EXPECT_EQ(starts, (std::vector<std::pair<int64_t, bool>>{{0, false}, {3, true}}));
   EXPECT_EQ(count, (std::map<int64_t, int>{{1, 1}, {2, 1}, {3, 1}, {4, 1}, {5, 1}, {6, 1}}));
 }

@@ -72,12 +72,13 @@ TEST(Guard, NonFiniteLossSkipsExactlyItsUpdate) {
   EXPECT_EQ(weights(three), weights(two)) << "step 3's update was applied";
   // guard.nonfinite=stop: the run stops at that step, naming it.
   const TrainConfig stop_cfg = f.config({"schedule.steps=6", "schedule.eval_interval=0", "guard.nonfinite=stop"});
-  try {
+  {
     Trainer t(stop_cfg, src, o);
-    t.run();
-    FAIL() << "guard.nonfinite=stop did not stop";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("loss is nan at step 3"), std::string::npos) << e.what();
+    const TrainResult s = t.run();
+    EXPECT_EQ(s.ended, RunEnd::nonfinite) << "guard.nonfinite=stop did not stop";
+    EXPECT_EQ(s.steps, 3);
+    EXPECT_NE(s.end_reason.find("loss is nan at step 3"), std::string::npos) << s.end_reason;
+    EXPECT_EQ(s.last_healthy_step, 2);
   }
   // More non-finite steps in a row than guard.max_consecutive_skips stop the run.
   const TrainConfig two_max =
@@ -85,13 +86,12 @@ TEST(Guard, NonFiniteLossSkipsExactlyItsUpdate) {
   o.stop_after_steps = -1;
   const double nan = std::numeric_limits<double>::quiet_NaN();
   o.inject_loss_factor_at = {{2, nan}, {3, nan}, {4, nan}};
-  try {
-    Trainer t(two_max, src, o);
-    t.run();
-    FAIL() << "3 non-finite steps in a row went on";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("3 steps in a row"), std::string::npos) << e.what();
-  }
+  Trainer t(two_max, src, o);
+  const TrainResult s = t.run();
+  EXPECT_EQ(s.ended, RunEnd::nonfinite) << "3 non-finite steps in a row went on";
+  EXPECT_EQ(s.steps, 4);
+  EXPECT_NE(s.end_reason.find("3 steps in a row"), std::string::npos) << s.end_reason;
+  EXPECT_EQ(s.last_healthy_step, 1);
 }
 
 TEST(Guard, LossSpikesRollBackAndSkipTheirBatchesExactly) {
@@ -164,4 +164,78 @@ TEST(AsyncCheckpoint, WritesWhatASynchronousSaveWritesAndResumesExactly) {
   EXPECT_EQ(second.step(), 5);
   second.run();
   EXPECT_EQ(weights(second), weights(a));
+}
+
+// The loss (as reported; gradients untouched) ten times higher from step 21 on: the smoothed loss
+// passes twice its minimum at step 22 and stays there, so the run stops as diverged at step 46
+// (25 steps above). Step 20 was the last healthy one: the checkpoints after it are removed, and
+// the one of step 20 (keep_last 1 would have pruned it once step 24 was saved) is `latest`.
+TEST(Guard, ADivergingRunStopsAndLeavesTheCheckpointFromBeforeIt) {
+  Fixture f("guard_diverge");
+  const std::vector<std::string> sets = {"schedule.steps=80", "schedule.eval_interval=0", "checkpoint.every_steps=4",
+                                         "checkpoint.keep_last=1", "guard.spike_z=0"};
+  const TrainConfig cfg = f.config(sets, "ck");
+  DatasetSource src(cfg);
+  TrainerOptions o = quiet();
+  for (int64_t s = 21; s <= 80; ++s) o.inject_loss_factor_at.push_back({s, 10.0});
+  Trainer t(cfg, src, o);
+  const TrainResult r = t.run();
+  EXPECT_EQ(r.ended, RunEnd::diverged);
+  EXPECT_EQ(r.steps, 46);
+  EXPECT_EQ(r.last_healthy_step, 20);
+  EXPECT_NE(r.end_reason.find("since step 22"), std::string::npos) << r.end_reason;
+  EXPECT_NE(r.end_reason.find("it began after step 20"), std::string::npos) << r.end_reason;
+  EXPECT_LT(r.final_val_loss, 0);
+  EXPECT_EQ(io::read_file(f.dir + "/ck/latest"), "step_000020\n");
+  EXPECT_EQ(r.last_checkpoint, f.dir + "/ck/step_000020");
+  std::vector<int64_t> held;
+  for (const CheckpointEntry& e : list_checkpoints(f.dir + "/ck")) held.push_back(e.step);
+  EXPECT_EQ(held, std::vector<int64_t>{20}) << "the diverging checkpoints (24-44) were kept, or 20 pruned";
+  // guard.divergence=warn: the same run says so once and goes on to the end.
+  std::vector<std::string> warn_sets = sets;
+  warn_sets.push_back("guard.divergence=warn");
+  const TrainConfig warn = f.config(warn_sets, "ck_warn");
+  Trainer w(warn, src, o);
+  const TrainResult rw = w.run();
+  EXPECT_EQ(rw.ended, RunEnd::finished);
+  EXPECT_EQ(rw.steps, 80);
+  EXPECT_EQ(rw.divergence_warnings, 1);
+}
+
+// Without checkpoint.dir a spike is counted, nothing rolled back; the run goes on unchanged.
+TEST(Guard, SpikesWithoutCheckpointsAreCountedNotRolledBack) {
+  Fixture f("guard_spike_count");
+  const TrainConfig cfg = f.config({"schedule.steps=16", "schedule.eval_interval=0", "guard.spike_window=8"});
+  EXPECT_EQ(cfg.guard.spike_z, kDefaultSpikeZ) << "the spike guard is not on by default";
+  DatasetSource src(cfg);
+  Trainer plain(cfg, src, quiet());
+  const TrainResult rp = plain.run();
+  EXPECT_EQ(rp.spikes, 0) << "a healthy run spiked";
+  TrainerOptions o = quiet();
+  o.inject_loss_factor_at = {{10, 100.0}, {11, 100.0}, {12, 100.0}, {13, 100.0}};
+  Trainer t(cfg, src, o);
+  const TrainResult r = t.run();
+  EXPECT_EQ(r.ended, RunEnd::finished);
+  EXPECT_EQ(r.spikes, 3) << "after guard.max_spikes=3 in a row the window starts again (step 13 joins it)";
+  EXPECT_EQ(r.rollbacks, 0);
+  EXPECT_EQ(weights(t), weights(plain)) << "a counted spike changed the training";
+}
+
+// A loss that spikes again after every rollback to the same checkpoint (whatever batches come
+// next): the third time the run stops as diverged instead of skipping batches until they run out.
+TEST(Guard, SpikingAgainAfterTwoRollbacksToTheSameCheckpointIsADivergence) {
+  Fixture f("guard_spike_again");
+  const TrainConfig cfg =
+      f.config({"schedule.steps=40", "schedule.eval_interval=0", "checkpoint.every_steps=8", "checkpoint.keep_last=5",
+                "guard.spike_z=4", "guard.spike_window=8", "guard.max_spikes=2"},
+               "ck");
+  DatasetSource src(cfg);
+  TrainerOptions o = quiet();
+  for (int64_t b = 10; b <= 60; ++b) o.inject_loss_factor_at.push_back({b, 100.0});  // every batch from 10 on
+  Trainer t(cfg, src, o);
+  const TrainResult r = t.run();
+  EXPECT_EQ(r.ended, RunEnd::diverged);
+  EXPECT_EQ(r.rollbacks, 2);
+  EXPECT_NE(r.end_reason.find("after each of two rollbacks to step_000008"), std::string::npos) << r.end_reason;
+  EXPECT_EQ(io::read_file(f.dir + "/ck/latest"), "step_000008\n");
 }

@@ -145,7 +145,41 @@ TEST(RunReport, EveryChartIsATaggedSvgWithItsSeriesCount) {
   // Text from the run is escaped.
   EXPECT_NE(html.find("X &lt;1&gt;"), std::string::npos);
   EXPECT_NE(html.find("<pre>model:\n  preset: gpt2-tiny\n</pre>"), std::string::npos);
-  EXPECT_EQ(run_report_summary(m), "3 steps, loss 5 -> 3, val loss 3.5, 0 resumes, 0 rollbacks");
+  EXPECT_EQ(run_report_summary(m),
+            "3 steps, loss 5 -> 3, val loss 3.5, 0 resumes, 0 rollbacks, no end recorded (still running, or it "
+            "crashed)");
+}
+
+// Spikes are marks on the loss chart (no line); the end line says how the run ended, and a
+// diverged run's verdict is an event with its reason.
+TEST(RunReport, SpikesAreMarkedAndADivergedRunSaysSo) {
+  const std::string diverged =
+      R"({"event":"end","step":4,"ended":"diverged","last_healthy_step":2,"reason":"training diverged: x"})"
+      "\n";
+  const RunMetrics m =
+      parse_run_metrics(kRunStart + step_line(1, 5.0) + step_line(2, 4.0) + step_line(3, 9.0) +
+                        R"({"event":"spike","step":3,"loss":9.0,"z":12.5})" + "\n" + step_line(4, 12.0) + diverged);
+  EXPECT_TRUE(m.warnings.empty());
+  EXPECT_EQ(m.spikes.step, (std::vector<double>{3}));
+  EXPECT_EQ(m.spikes.value, (std::vector<double>{9}));
+  EXPECT_EQ(m.ended, "diverged");
+  EXPECT_EQ(m.end_step, 4);
+  EXPECT_EQ(m.last_healthy_step, 2);
+  ASSERT_EQ(m.events.size(), 1u);
+  EXPECT_EQ(m.events[0].kind, "diverged");
+  EXPECT_EQ(m.events[0].detail, "training diverged: x");
+  EXPECT_EQ(run_ending(m), "DIVERGED at step 4 (began after step 2)");
+  EXPECT_EQ(run_report_summary(m),
+            "4 steps, loss 5 -> 12, 0 resumes, 0 rollbacks, 1 spike, DIVERGED at step 4 (began after step 2)");
+  const std::string html = render_run_report(m, "run/metrics.jsonl");
+  EXPECT_NE(html.find("data-chart=\"loss\" data-series=\"2\""), std::string::npos) << "no spike series";
+  // One line each: loss, lr, grad norm, tokens/s, MFU, two memory categories, exposed comm.
+  EXPECT_EQ(count(html, "<polyline"), 8) << "the spikes were joined by a line";
+  EXPECT_NE(html.find("training diverged: x"), std::string::npos);
+  const RunMetrics ok = parse_run_metrics(kRunStart + step_line(1, 5.0) +
+                                          R"({"event":"end","step":1,"ended":"finished","spikes":0})" + "\n");
+  EXPECT_EQ(run_ending(ok), "finished");
+  EXPECT_TRUE(ok.events.empty());
 }
 
 TEST(RunMetrics, MoeLoadsPoolOverAWindowAndRewindOnResume) {

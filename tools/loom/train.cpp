@@ -8,6 +8,7 @@
 
 #include "loom/comm/launch.h"
 #include "loom/comm/world.h"
+#include "loom/core/exit_status.h"
 #include "loom/net/http_server.h"
 #include "loom/net/metrics.h"
 #include "loom/parallel/mesh.h"
@@ -91,11 +92,12 @@ class TrainMetricsEndpoint {
             std::max(s.skipped_steps, s.nonfinite_steps), skipped_);
     advance("loom_train_nonfinite_steps_total", "steps skipped by the non-finite guard", s.nonfinite_steps, nonfinite_);
     advance("loom_train_rollbacks_total", "loss-spike rollbacks to a checkpoint", s.rollbacks, rollbacks_);
+    advance("loom_train_spikes_total", "loss spikes detected (guard.spike_z), rolled back or not", s.spikes, spikes_);
   }
 
   net::MetricsRegistry registry_;
   std::unique_ptr<net::HttpServer> server_;
-  int64_t skipped_ = 0, nonfinite_ = 0, rollbacks_ = 0;
+  int64_t skipped_ = 0, nonfinite_ = 0, rollbacks_ = 0, spikes_ = 0;
 };
 
 }  // namespace
@@ -202,8 +204,12 @@ int cmd_train(const std::vector<std::string>& argv) {
     r = trainer.run();
   }
   if (devnull) std::fclose(devnull);
-  if (!main_rank) return 0;
+  // Every rank took the same decision from the same reduced losses: all exit alike, so mpirun
+  // and `loom launch` see the divergence status (docs/TROUBLESHOOTING.md).
+  const int status = r.ended == train::RunEnd::finished ? kExitOk : kExitDiverged;
+  if (!main_rank) return status;
   nlohmann::json s = {
+      {"ended", train::run_end_name(r.ended)},
       {"steps", r.steps},
       {"final_train_loss", r.final_train_loss},
       {"final_val_loss", r.final_val_loss < 0 ? nlohmann::json(nullptr) : nlohmann::json(r.final_val_loss)},
@@ -213,9 +219,17 @@ int cmd_train(const std::vector<std::string>& argv) {
       {"skipped_steps", r.skipped_steps},
       {"nonfinite_steps", r.nonfinite_steps},
       {"rollbacks", r.rollbacks},
+      {"spikes", r.spikes},
       {"checkpoint_stall_s", r.checkpoint_stall_s}};
+  if (r.ended != train::RunEnd::finished) {
+    s["last_healthy_step"] = r.last_healthy_step;
+    s["reason"] = r.end_reason;
+  }
+  if (r.divergence_warnings > 0) s["divergence_warnings"] = r.divergence_warnings;
   std::printf("SUMMARY %s\n", s.dump().c_str());
-  return 0;
+  if (status != kExitOk)
+    std::fprintf(stderr, "error: [train] %s (exit status %d: diverged)\n", r.end_reason.c_str(), status);
+  return status;
 }
 
 }  // namespace loom::cli

@@ -13,6 +13,7 @@
 #include "loom/comm/group.h"
 #include "loom/comm/record.h"
 #include "loom/comm/watchdog.h"
+#include "loom/core/exit_status.h"
 
 namespace loom::comm {
 
@@ -69,8 +70,8 @@ class World {
   std::unique_ptr<Watchdog> watchdog_;
 };
 
-// The exit status of a job the watchdog ended (as `timeout` uses for its kills).
-inline constexpr int kWatchdogExitCode = 124;
+// The exit status of a job the watchdog ended (core/exit_status.h).
+inline constexpr int kWatchdogExitCode = kExitHang;
 
 // Aborts the whole MPI job with `code` when MPI is running, else std::abort(). Only for the
 // watchdog and main(); it does not return.

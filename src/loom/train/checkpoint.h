@@ -53,6 +53,9 @@ struct SaveOptions {
   std::vector<std::pair<int64_t, int64_t>> skipped_windows;
   // Files written beside the weights: model.init_from's tokenizer and chat files.
   std::vector<model::CardFile> card_files;
+  // prune_checkpoints keeps the newest checkpoint at or below this step (-1: none): while the
+  // loss is diverging, the one the run falls back to.
+  int64_t protect_upto = -1;
 };
 
 // Where a rank's state sits when the model itself is split (tensor or pipeline parallelism).
@@ -73,7 +76,7 @@ struct CheckpointSnapshot {
   std::shared_ptr<const model::ParamLayout> layout;  // of weights / exp_avg / exp_avg_sq
   Tensor weights, exp_avg, exp_avg_sq;
   std::string config_json, config_yaml, trainer_state_json, model_name;
-  int64_t keep_last = 3;
+  int64_t keep_last = 3, protect_upto = -1;
   std::string run_id;
   int onebit_files = 0;  // ranks whose 1-bit Adam error files the directory holds (0: none)
   std::vector<model::CardFile> card_files;

@@ -37,13 +37,16 @@ std::string checkpoint_run_id(const std::string& path) {
 }
 
 std::vector<std::string> prune_checkpoints(const std::string& dir, const std::string& run_id, int64_t saved_step,
-                                           int64_t keep_last) {
+                                           int64_t keep_last, int64_t protect_upto) {
   std::vector<std::string> removed;
   if (run_id.empty()) return removed;
   int64_t kept = 0;
+  bool protected_one = false;
   for (const CheckpointEntry& e : list_checkpoints(dir)) {  // highest step first
     if (e.step > saved_step || checkpoint_run_id(e.path) != run_id) continue;
-    if (++kept <= std::max<int64_t>(keep_last, 1) || e.step == saved_step) continue;
+    const bool fallback = !protected_one && protect_upto >= 0 && e.step <= protect_upto;
+    protected_one = protected_one || fallback;
+    if (++kept <= std::max<int64_t>(keep_last, 1) || e.step == saved_step || fallback) continue;
     std::error_code ec;
     fs::remove_all(e.path, ec);
     if (!ec) removed.push_back(e.path);

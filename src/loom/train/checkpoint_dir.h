@@ -29,9 +29,11 @@ std::string checkpoint_run_id(const std::string& path);
 
 // After run `run_id` saved step `saved_step`: removes that run's checkpoints below it beyond
 // the newest keep_last (the saved one included). Never removes the saved checkpoint, one with
-// a higher step, another run's, or one whose run cannot be read. Returns the removed paths.
+// a higher step, another run's, one whose run cannot be read, or (protect_upto >= 0) the
+// newest one at or below step protect_upto: the one a diverging run falls back to. Returns the
+// removed paths.
 std::vector<std::string> prune_checkpoints(const std::string& dir, const std::string& run_id, int64_t saved_step,
-                                           int64_t keep_last);
+                                           int64_t keep_last, int64_t protect_upto = -1);
 
 // For a run that starts at step 0 and will save into dir: when dir holds checkpoints, throws
 // naming the directory, what it holds and the fixes, unless `overwrite`, which removes them

@@ -98,6 +98,7 @@ CheckpointSnapshot snapshot_checkpoint(int64_t step, const model::Decoder& model
   s.config_yaml = save.config_yaml;
   s.model_name = model.config().name;
   s.keep_last = save.keep_last;
+  s.protect_upto = save.protect_upto;
   s.run_id = save.run_id;
   s.onebit_files = data_parallel.onebit().empty() ? 0 : mesh.world().size();
   s.card_files = save.card_files;
@@ -162,7 +163,7 @@ std::string write_checkpoint(const std::string& dir, const CheckpointSnapshot& s
     fs::remove_all(tmp, ignored);
     throw;
   }
-  prune_checkpoints(dir, s.run_id, s.step, s.keep_last);
+  prune_checkpoints(dir, s.run_id, s.step, s.keep_last, s.protect_upto);
   return final_dir.string();
 }
 

@@ -297,6 +297,21 @@ RunMetrics parse_run_metrics(const std::string& jsonl) {
                             "loss spike from step " + string_or(j, "skipped_from_step", "?") + ": rolled back to " +
                                 string_or(j, "checkpoint", "?") + ", " + string_or(j, "skipped_steps", "?") +
                                 " batches skipped, " + std::to_string(n) + " logged steps discarded"});
+      } else if (event == "spike") {
+        double v = NAN;
+        number_at(j, "loss", v);
+        add(m.spikes, double(step), v);
+      } else if (event == "divergence") {
+        m.events.push_back(
+            {"divergence", step,
+             "the loss is diverging (guard.divergence=warn); it began after step " + string_or(j, "began_after", "?")});
+      } else if (event == "end") {
+        m.ended = string_or(j, "ended", "?");
+        m.end_step = step;
+        m.end_reason = string_or(j, "reason", "");
+        if (const auto h = j.find("last_healthy_step"); h != j.end() && h->is_number_integer())
+          m.last_healthy_step = h->get<int64_t>();
+        if (m.ended != "finished") m.events.push_back({m.ended, step, m.end_reason});
       } else if (!event.empty()) {
         continue;  // an event this reader does not know
       } else if (j.contains("val_loss")) {

@@ -26,10 +26,10 @@ struct RunStart {
   std::vector<std::pair<std::string, std::string>> environment;  // in the file's order
 };
 
-// A resume or a rollback, for the report's table.
+// A resume, a rollback or a guard's verdict, for the report's table.
 struct RunEvent {
-  std::string kind;  // "resume" | "rollback"
-  int64_t step = 0;  // the step training continued from
+  std::string kind;  // "resume" | "rollback" | "divergence" (a warning) | "diverged" | "nonfinite" (the end)
+  int64_t step = 0;  // the step training continued from (a verdict: the step it was taken at)
   std::string detail;
 };
 
@@ -49,6 +49,12 @@ struct RunMetrics {
       tokens_per_s{"tokens/s"}, mfu{"MFU"}, exposed_comm_ms{"exposed comm"};
   // Losses of steps a rollback discarded (the spike and what followed it), kept to be seen.
   MetricSeries rolled_back_loss{"rolled back"};
+  // Loss spikes the guard saw (rolled back or only counted): points on the loss chart.
+  MetricSeries spikes{"spikes"};
+  // The {"event":"end"} line: "finished", "diverged" or "nonfinite"; "" when the file has none
+  // (the run is still going, or it crashed). A stopped run's reason and last healthy step.
+  std::string ended, end_reason;
+  int64_t end_step = -1, last_healthy_step = -1;
   // Per allocation category in the allocator's order (params, grads, optimizer, activations,
   // workspace, kv_cache, comm, other; unknown names after): bytes at the logged step, peak.
   std::vector<MetricSeries> memory_current, memory_peak;
@@ -65,7 +71,8 @@ struct RunMetrics {
 };
 
 // Step lines become points; {"step","val_loss"} lines validation points; "run_start",
-// "resume" and "rollback" lines starts and events. A resume or rollback at step S drops the
+// "resume", "rollback" and "divergence" lines starts and events; "spike" lines spike points; the
+// "end" line how the run ended (and an event when a guard stopped it). A resume or rollback at step S drops the
 // points after S logged before it (the steps are trained again), so every series runs forward
 // in steps; a rollback keeps the dropped losses in rolled_back_loss. Unknown events and keys
 // are ignored; malformed lines are skipped and named in warnings.

@@ -31,6 +31,13 @@ io::PlotSeries plot_series(const MetricSeries& s, double scale = 1) {
   return p;
 }
 
+// Marks without a line joining them (events such as spikes).
+io::PlotSeries point_series(const MetricSeries& s) {
+  io::PlotSeries p = plot_series(s);
+  p.line = false;
+  return p;
+}
+
 ReportChart chart(std::string id, std::string title, std::string y_label, std::vector<io::PlotSeries> series) {
   ReportChart c{std::move(id), {std::move(title), "step", std::move(y_label), {}, {}}};
   for (auto& s : series)
@@ -84,8 +91,9 @@ std::vector<ReportChart> report_charts(const RunMetrics& m) {
   std::vector<io::PlotSeries> memory;
   for (const MetricSeries& s : m.memory_peak) memory.push_back(plot_series(s, 1.0 / (1 << 20)));
   std::vector<ReportChart> charts;
-  charts.push_back(chart("loss", "loss", "loss (nats)",
-                         {plot_series(m.loss), plot_series(m.val_loss), plot_series(m.rolled_back_loss)}));
+  charts.push_back(
+      chart("loss", "loss", "loss (nats)",
+            {plot_series(m.loss), plot_series(m.val_loss), plot_series(m.rolled_back_loss), point_series(m.spikes)}));
   charts.push_back(chart("lr", "learning rate", "lr", {plot_series(m.lr)}));
   charts.push_back(chart("grad_norm", "gradient norm", "global norm", {plot_series(m.grad_norm)}));
   charts.push_back(chart("tokens_per_s", "throughput", "tokens/s", {plot_series(m.tokens_per_s)}));
@@ -106,14 +114,29 @@ std::vector<ReportChart> report_charts(const RunMetrics& m) {
   return charts;
 }
 
+// How the run ended, in words.
+std::string run_ending(const RunMetrics& m) {
+  if (m.ended.empty()) return "no end recorded (still running, or it crashed)";
+  if (m.ended == "finished") return "finished";
+  std::string s = (m.ended == "diverged" ? "DIVERGED at step " : "STOPPED on non-finite values at step ") +
+                  std::to_string(m.end_step);
+  if (m.last_healthy_step >= 0) s += " (began after step " + std::to_string(m.last_healthy_step) + ")";
+  return s;
+}
+
 std::string run_report_summary(const RunMetrics& m) {
   std::ostringstream os;
   os << last_step(m) << " steps, loss " << num(first_finite(m.loss)) << " -> " << num(last_finite(m.loss));
   if (!m.val_loss.empty()) os << ", val loss " << num(last_finite(m.val_loss));
   int64_t resumes = 0, rollbacks = 0;
-  for (const RunEvent& e : m.events) (e.kind == "resume" ? resumes : rollbacks) += 1;
+  for (const RunEvent& e : m.events) {
+    resumes += e.kind == "resume";
+    rollbacks += e.kind == "rollback";
+  }
   os << ", " << resumes << (resumes == 1 ? " resume, " : " resumes, ") << rollbacks
      << (rollbacks == 1 ? " rollback" : " rollbacks");
+  if (!m.spikes.empty()) os << ", " << m.spikes.step.size() << (m.spikes.step.size() == 1 ? " spike" : " spikes");
+  os << ", " << run_ending(m);
   return os.str();
 }
 
@@ -135,6 +158,7 @@ std::string render_run_report(const RunMetrics& m, const std::string& source, do
   }
   table_row(os, "steps logged", std::to_string(m.step_lines));
   table_row(os, "last step", std::to_string(last_step(m)));
+  table_row(os, "ended", run_ending(m));
   table_row(os, "final train loss", num(last_finite(m.loss)));
   table_row(os, "final val loss", m.val_loss.empty() ? "none" : num(last_finite(m.val_loss)));
   os << "</table>\n";
@@ -145,8 +169,8 @@ std::string render_run_report(const RunMetrics& m, const std::string& source, do
 
   os << "<h2>Restarts and guards</h2>\n";
   const int64_t skipped = std::max(m.skipped_steps, m.nonfinite_steps);
-  os << "<p>" << m.events.size() << " resumes and rollbacks; " << skipped << " skipped steps (" << m.nonfinite_steps
-     << " non-finite)</p>\n";
+  os << "<p>" << m.events.size() << " events; " << m.spikes.step.size() << " loss spikes; " << skipped
+     << " skipped steps (" << m.nonfinite_steps << " non-finite)</p>\n";
   if (!m.events.empty()) {
     os << "<table class=\"events\">\n<tr><th>event</th><th>step</th><th>detail</th></tr>\n";
     for (const RunEvent& e : m.events)

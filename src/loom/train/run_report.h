@@ -31,5 +31,8 @@ std::string render_run_report(const RunMetrics& m, const std::string& source, do
 
 // "40 steps, loss 5.54 -> 2.31, val loss 2.40, 1 resume, 0 rollbacks" for the command's output.
 std::string run_report_summary(const RunMetrics& m);
+// How the run ended: "finished", "DIVERGED at step S (began after step B)", "STOPPED on
+// non-finite values at step S (...)", or that the file records no end.
+std::string run_ending(const RunMetrics& m);
 
 }  // namespace loom::train

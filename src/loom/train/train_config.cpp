@@ -168,11 +168,13 @@ void read_checkpoint_guard_log(ConfigReader& r, TrainConfig& c) {
   c.guard.nonfinite =
       r.choice("guard.nonfinite", NonFinite::skip, {{"skip", NonFinite::skip}, {"stop", NonFinite::stop}});
   c.guard.max_consecutive_skips = r.integer("guard.max_consecutive_skips", 10, 0, kMaxI);
-  c.guard.spike_z = r.number("guard.spike_z", 0, 0, 1e6);
+  c.guard.spike_z = r.number("guard.spike_z", kDefaultSpikeZ, 0, 1e6);
   c.guard.spike_window = r.integer("guard.spike_window", 50, 4, 1000000);
   c.guard.max_spikes = r.integer("guard.max_spikes", 3, 1, kMaxI);
-  LOOM_CHECK(c.guard.spike_z == 0 || !c.checkpoint.dir.empty(), "config", "guard.spike_z=", c.guard.spike_z,
-             " rolls back to a checkpoint: set checkpoint.dir (and checkpoint.every_steps or every_minutes)");
+  c.guard.divergence = r.choice("guard.divergence", Divergence::stop,
+                                {{"stop", Divergence::stop}, {"warn", Divergence::warn}, {"off", Divergence::off}});
+  c.guard.divergence_factor = r.number("guard.divergence_factor", 2, 1.01, 1e6);
+  c.guard.divergence_steps = r.integer("guard.divergence_steps", 25, 1, kMaxI);
 
   c.log.every = r.integer("log.every", 10, 1, kMaxI);
   c.log.metrics_path = r.string("log.metrics_path", "");
@@ -292,6 +294,9 @@ void check_parallel_layout(TrainConfig& c) {
 }  // namespace
 
 const char* nonfinite_name(NonFinite n) { return n == NonFinite::stop ? "stop" : "skip"; }
+const char* divergence_name(Divergence d) {
+  return d == Divergence::stop ? "stop" : d == Divergence::warn ? "warn" : "off";
+}
 
 TrainConfig parse_train_config(const std::string& text, const std::vector<std::string>& sets, const std::string& source,
                                const SourceConfigReader& source_config) {

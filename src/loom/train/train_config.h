@@ -54,16 +54,31 @@ struct CheckpointConfig {
 enum class NonFinite { skip, stop };
 const char* nonfinite_name(NonFinite n);  // "skip", "stop"
 
-// What a step does with a non-finite or spiking loss (docs/FAULT_TOLERANCE.md).
+// guard.divergence: what a diverging loss does (train/loss_guard.h's DivergenceDetector).
+// stop: the run ends with kExitDiverged; warn: it is logged and counted; off: not watched.
+enum class Divergence { stop, warn, off };
+const char* divergence_name(Divergence d);  // "stop", "warn", "off"
+
+// The spike threshold on by default, chosen by replaying healthy and diverging runs (`loom bench
+// guards`; the figures are in docs/FAULT_TOLERANCE.md).
+inline constexpr double kDefaultSpikeZ = 6;
+
+// What a step does with a non-finite, spiking or diverging loss (docs/FAULT_TOLERANCE.md).
 struct GuardConfig {
   NonFinite nonfinite = NonFinite::skip;
   int64_t max_consecutive_skips = 10;  // more non-finite steps in a row than this stop the run
   // A loss more than spike_z standard deviations above the mean of the last spike_window
   // accepted steps is a spike; max_spikes in a row roll back to the newest checkpoint before
-  // them and skip their batches. 0: off.
-  double spike_z = 0;
+  // them and skip their batches (without checkpoint.dir, or with no checkpoint before them,
+  // they are logged and counted). 0: off.
+  double spike_z = kDefaultSpikeZ;
   int64_t spike_window = 50;
   int64_t max_spikes = 3;
+  // The smoothed loss above divergence_factor x its running minimum for divergence_steps steps
+  // in a row is a divergence.
+  Divergence divergence = Divergence::stop;
+  double divergence_factor = 2;
+  int64_t divergence_steps = 25;
 };
 
 // log.progress: the progress bar always, never, or (auto) when stderr is a terminal.

@@ -67,7 +67,12 @@ const char* bf16_products_note() {
 }  // namespace
 
 Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions& opt)
-    : cfg_(cfg), data_(data), opt_(opt), scaler_(cfg.loss_scale) {
+    : cfg_(cfg),
+      data_(data),
+      opt_(opt),
+      scaler_(cfg.loss_scale),
+      spike_detector_(cfg.guard.spike_z, cfg.guard.spike_window),
+      divergence_(cfg.guard.divergence_factor, cfg.guard.divergence_steps) {
   if (cfg_.threads > 0) set_num_threads(int(cfg_.threads));
   if (opt_.mesh) {
     mesh_ = opt_.mesh;
@@ -245,7 +250,7 @@ double Trainer::train_step() {
   }
   if (mesh_->world().rank() == 0)
     for (const auto& [at, factor] : opt_.inject_loss_factor_at)
-      if (at == step_ + 1) loss_sum *= factor;
+      if (at == batch_of(step_) + 1) loss_sum *= factor;
   data_parallel_->finish_grads();
   reduce_moe_stats();
   if (pipe_) pipe_->sync_tied_grads(model_->grads());
@@ -263,19 +268,20 @@ double Trainer::train_step() {
   if (!loss_ok || (!norm_ok && !scaler_.enabled())) {
     const std::string what =
         loss_ok ? str_cat("gradient norm is ", scaled_norm / loss_scale) : str_cat("loss is ", loss);
-    LOOM_CHECK(cfg_.guard.nonfinite == NonFinite::skip, "train", what, " at step ", step_ + 1,
-               ": training diverged (lower optim.lr or enable schedule.clip; guard.nonfinite=skip skips such steps)");
     ++nonfinite_steps_;
     ++skipped_steps_;
-    ++consecutive_nonfinite_;
-    LOOM_CHECK(consecutive_nonfinite_ <= cfg_.guard.max_consecutive_skips, "train", consecutive_nonfinite_,
-               " steps in a row had a non-finite loss or gradient norm (the last at step ", step_ + 1, ": ", what,
-               "): training diverged; lower optim.lr, enable schedule.clip, or resume from an earlier checkpoint "
-               "(guard.max_consecutive_skips=",
-               cfg_.guard.max_consecutive_skips, ")");
-    if (main_rank())
+    if (consecutive_nonfinite_++ == 0) first_nonfinite_step_ = step_ + 1;
+    if (cfg_.guard.nonfinite == NonFinite::stop) {
+      stop_run(RunEnd::nonfinite, str_cat(what, " at step ", step_ + 1, " (guard.nonfinite=stop)"));
+    } else if (consecutive_nonfinite_ > cfg_.guard.max_consecutive_skips) {
+      stop_run(
+          RunEnd::nonfinite,
+          str_cat(consecutive_nonfinite_, " steps in a row had a non-finite loss or gradient norm (the last at step ",
+                  step_ + 1, ": ", what, "; guard.max_consecutive_skips=", cfg_.guard.max_consecutive_skips, ")"));
+    } else if (main_rank()) {
       std::fprintf(opt_.log, "[guard] step %lld: %s; update skipped on every rank (%lld in a row, %lld in all)\n",
                    (long long)step_ + 1, what.c_str(), (long long)consecutive_nonfinite_, (long long)nonfinite_steps_);
+    }
     ++step_;
     return loss;
   }
@@ -384,12 +390,17 @@ TrainResult Trainer::run() {
     r.losses.push_back(last_loss);
     if (scaler_.enabled()) r.loss_scales.push_back(last_step_scale_);
     if (async_pending_) finish_async_checkpoint(/*wait=*/false);
-    if (cfg_.guard.spike_z > 0 && skipped_steps_ == skipped_before && spike_detected(last_loss)) {
-      roll_back();
-      window_start = now_seconds();
-      window_steps = 0;
-      take_exposed_comm_seconds();
-      continue;
+    if (ended_ != RunEnd::finished) break;   // train_step stopped it (non-finite)
+    if (skipped_steps_ == skipped_before) {  // an update was made: its loss is finite
+      if (cfg_.guard.spike_z > 0 && spike_detected(last_loss)) {
+        roll_back();
+        if (ended_ != RunEnd::finished) break;
+        window_start = now_seconds();
+        window_steps = 0;
+        take_exposed_comm_seconds();
+        continue;
+      }
+      if (divergence_detected(last_loss)) break;
     }
     const double ms = sw.ms();
     tok_time += ms;
@@ -409,8 +420,14 @@ TrainResult Trainer::run() {
     bar.update(step_, str_cat("loss ", last_loss));
   }
   bar.finish();
-  maybe_checkpoint(true);
+  const bool finished = ended_ == RunEnd::finished;
+  if (finished) maybe_checkpoint(true);
   finish_async_checkpoint(/*wait=*/true);
+  r.ended = ended_;
+  r.end_reason = end_reason_;
+  r.last_healthy_step = last_healthy_step_;
+  r.spikes = spikes_;
+  r.divergence_warnings = divergence_warnings_;
   r.steps = step_;
   r.skipped_steps = skipped_steps_;
   r.nonfinite_steps = nonfinite_steps_;
@@ -419,8 +436,11 @@ TrainResult Trainer::run() {
   r.checkpoints = checkpoints_;
   r.checkpoint_write_s = checkpoint_write_s_;
   r.final_train_loss = last_loss;
-  r.final_val_loss = evaluate();
-  report_val_loss(r.final_val_loss, total, true);
+  if (finished) {  // a stopped run's weights are not worth a validation pass
+    r.final_val_loss = evaluate();
+    report_val_loss(r.final_val_loss, total, true);
+  }
+  write_run_end();
   r.tokens_per_s = timed_steps ? double(tokens_per_step * timed_steps) / (tok_time / 1e3) : 0;
   r.peak_bytes = cpu_allocator().snapshot().total.peak;
   r.last_checkpoint = last_checkpoint_;

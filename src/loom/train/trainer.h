@@ -28,11 +28,25 @@
 #include "loom/train/batch_source.h"
 #include "loom/train/checkpoint.h"
 #include "loom/train/init_from.h"
+#include "loom/train/loss_guard.h"
 #include "loom/train/train_config.h"
 
 namespace loom::train {
 
+// How a run ended: every step done, or stopped by a guard (cmd_train exits with kExitDiverged).
+enum class RunEnd {
+  finished,
+  diverged,   // the smoothed loss stayed far above its minimum (guard.divergence=stop)
+  nonfinite,  // non-finite losses or gradient norms (guard.nonfinite=stop, guard.max_consecutive_skips)
+};
+const char* run_end_name(RunEnd e);  // "finished", "diverged", "nonfinite"
+
 struct TrainResult {
+  RunEnd ended = RunEnd::finished;
+  // A stopped run: one line saying why, with the likely causes, and the last healthy step (the
+  // run's checkpoints after it were removed; `latest` names the newest one up to it, if any).
+  std::string end_reason;
+  int64_t last_healthy_step = -1;
   int64_t steps = 0;  // steps completed (including resumed ones)
   double final_train_loss = 0;
   double final_val_loss = -1;  // -1: no validation data
@@ -44,6 +58,8 @@ struct TrainResult {
   int64_t skipped_steps = 0;        // steps whose update was skipped (gradient overflow, non-finite)
   int64_t nonfinite_steps = 0;      // of those, skipped by the non-finite guard (guard.nonfinite)
   int64_t rollbacks = 0;            // loss-spike rollbacks to a checkpoint (guard.spike_z)
+  int64_t spikes = 0;               // loss spikes detected, rolled back or not
+  int64_t divergence_warnings = 0;  // guard.divergence=warn: divergences logged
   // Seconds the training loop was held by checkpoints (a synchronous save whole; an
   // asynchronous one its snapshot and any wait for the previous write), and how many it started.
   double checkpoint_stall_s = 0;
@@ -67,7 +83,7 @@ struct LoggedStep {
   double exposed_comm_ms = 0;
   int64_t window_tokens = 0;  // tokens trained since the previous logged step
   int64_t peak_bytes = 0;     // every category together
-  int64_t skipped_steps = 0, nonfinite_steps = 0, rollbacks = 0;
+  int64_t skipped_steps = 0, nonfinite_steps = 0, rollbacks = 0, spikes = 0;
   std::vector<CategoryBytes> memory;  // the categories with a nonzero peak
 };
 
@@ -91,8 +107,9 @@ struct TrainerOptions {
   // rank, and the loss scaler must skip the step everywhere. Rank 0 must compute a loss (no
   // pipeline stages).
   std::vector<int64_t> inject_grad_overflow_at;
-  // Tests: steps (1-based) whose loss on world rank 0 is multiplied by the factor (NaN: a
-  // non-finite loss; 100: a spike), as a bad batch would make it; gradients are left alone.
+  // Tests: batches (1-based; batch s is step s's until a rollback skips batches) whose loss on
+  // world rank 0 is multiplied by the factor (NaN: a non-finite loss; 100: a spike), as a bad
+  // batch would make it; gradients are left alone.
   std::vector<std::pair<int64_t, double>> inject_loss_factor_at;
   double peak_gflops = 0;  // MFU denominator; 0: measure the products' GEMM at start
   TrainObserver observer;
@@ -132,10 +149,17 @@ class Trainer {
   // checkpoint.async: the write in flight, polled (or, with wait, waited for) on rank 0 and its
   // outcome shared with every rank (collective); a failed write fails every rank.
   void finish_async_checkpoint(bool wait);
-  // guard.spike_z: true when `loss` makes guard.max_spikes spikes in a row (the caller rolls back).
+  // guard.spike_z: judges an accepted step's loss; true when it makes guard.max_spikes spikes in a
+  // row and checkpoint.dir is set (the caller rolls back). Spikes are logged and counted.
   bool spike_detected(double loss);
   // Reloads the newest checkpoint from before the first spike and skips the batches since it.
+  // Rolling back to the same checkpoint for the third time ends the run as diverged.
   void roll_back();
+  // guard.divergence: feeds an accepted step's loss to the detector; true when the run must stop.
+  bool divergence_detected(double loss);
+  // Ends a diverged or non-finite run: removes this run's checkpoints after its last healthy step,
+  // points `latest` at the newest one left, logs why and the likely causes.
+  void stop_run(RunEnd why, const std::string& reason);
   // The batch index step s trains on (s, moved on past windows a rollback skipped).
   int64_t batch_of(int64_t step) const;
   void resume_from(const std::string& spec);
@@ -151,6 +175,8 @@ class Trainer {
   // The metrics JSONL's run_start line: config, run id, layout and environment.
   void write_run_start();
   void write_step_metrics(const LoggedStep& ls);
+  // The metrics JSONL's last line: {"event":"end"} with how the run ended.
+  void write_run_end();
   // rank 0's start-up lines (model, layout, schedule, MFU denominator, model-state bytes).
   void log_run_start(int64_t whole_params);
   // rank 0's step line, metrics line and observer call for the `window_steps` steps of the last
@@ -200,9 +226,15 @@ class Trainer {
   int64_t checkpoints_ = 0;
   double checkpoint_write_s_ = 0;
   int64_t nonfinite_steps_ = 0, consecutive_nonfinite_ = 0, rollbacks_ = 0;
-  std::vector<double> loss_window_;  // the last guard.spike_window accepted losses (ring)
-  size_t loss_window_next_ = 0;
-  int64_t spikes_in_row_ = 0, first_spike_step_ = -1;
+  SpikeDetector spike_detector_{0, 50};
+  DivergenceDetector divergence_{2, 25};
+  int64_t spikes_ = 0, spikes_in_row_ = 0, first_spike_step_ = -1, divergence_warnings_ = 0;
+  int64_t first_nonfinite_step_ = -1;  // the first step of the current run of non-finite ones
+  std::string last_rollback_target_;
+  int64_t rollbacks_to_target_ = 0;
+  RunEnd ended_ = RunEnd::finished;  // a guard's verdict; the loop stops when it is set
+  std::string end_reason_;
+  int64_t last_healthy_step_ = -1;
   std::vector<std::pair<int64_t, int64_t>> skipped_windows_;
   std::vector<model::MoeLayerStats> moe_stats_;  // the last step's, over every rank
   // moe_stats_'s loads, choices and drops summed over the steps since the last logged one.

@@ -78,7 +78,8 @@ void Trainer::maybe_checkpoint(bool force) {
                          scaler_.enabled() ? scaler_.scale() : 0.0,
                          scaler_.clean_steps(),
                          skipped_windows_,
-                         card_files_.files};
+                         card_files_.files,
+                         divergence_.healthy() ? -1 : divergence_.last_healthy_step()};
   Stopwatch sw;
   if (!cfg_.checkpoint.async) {
     last_checkpoint_ =

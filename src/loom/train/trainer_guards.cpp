@@ -1,6 +1,8 @@
-// The trainer's guard against loss spikes: a spike detector over a window of recent losses,
-// and the roll-back to the newest checkpoint before the first spike, whose batches are then
-// skipped (batch_of). Non-finite steps are skipped in the step itself (trainer.cpp).
+// The trainer's loss guards (the detectors are train/loss_guard.h): loss spikes, rolled back to
+// the newest checkpoint before the first one with their batches skipped (batch_of), or logged
+// and counted where there is nothing to roll back to; divergence, which stops the run (or
+// warns); and the end of a stopped run, which leaves the newest checkpoint from before it as
+// `latest`. Non-finite steps are skipped in the step itself (trainer.cpp).
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -15,6 +17,25 @@ namespace loom::train {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+void write_event(FILE* metrics, const nlohmann::json& j) {
+  if (!metrics) return;
+  std::fprintf(metrics, "%s\n", j.dump().c_str());
+  std::fflush(metrics);
+}
+
+}  // namespace
+
+const char* run_end_name(RunEnd e) {
+  switch (e) {
+    case RunEnd::finished: return "finished";
+    case RunEnd::diverged: return "diverged";
+    case RunEnd::nonfinite: return "nonfinite";
+  }
+  return "?";
+}
+
 int64_t Trainer::batch_of(int64_t step) const {
   int64_t b = step;
   for (const auto& [from, count] : skipped_windows_)
@@ -23,37 +44,31 @@ int64_t Trainer::batch_of(int64_t step) const {
 }
 
 bool Trainer::spike_detected(double loss) {
-  const size_t W = size_t(cfg_.guard.spike_window);
-  bool spike = false;
-  double mean = 0, sd = 0;
-  if (loss_window_.size() >= std::max<size_t>(4, W / 2)) {  // enough history to judge
-    for (double l : loss_window_) mean += l;
-    mean /= double(loss_window_.size());
-    for (double l : loss_window_) sd += (l - mean) * (l - mean);
-    sd = std::sqrt(sd / double(loss_window_.size() - 1));
-    // A floor on the spread: a flat stretch of the curve must not turn noise into spikes.
-    sd = std::max(sd, 1e-3 * std::abs(mean));
-    spike = (loss - mean) / sd > cfg_.guard.spike_z;
-  }
-  if (!spike) {
-    if (loss_window_.size() < W) {
-      loss_window_.push_back(loss);
-    } else {
-      loss_window_[loss_window_next_] = loss;
-      loss_window_next_ = (loss_window_next_ + 1) % W;
-    }
+  const SpikeVerdict v = spike_detector_.observe(loss);
+  if (!v.spike) {
     spikes_in_row_ = 0;
     return false;
   }
+  ++spikes_;
   if (spikes_in_row_ == 0) first_spike_step_ = step_;  // step_ is the 1-based number of the step just done
   ++spikes_in_row_;
-  if (main_rank())
+  const bool can_roll_back = !cfg_.checkpoint.dir.empty();
+  if (main_rank()) {
     std::fprintf(opt_.log,
-                 "[guard] step %lld: loss %.4f is %.1f standard deviations above the mean %.4f of the last %zu "
-                 "steps (spike %lld of guard.max_spikes=%lld in a row)\n",
-                 (long long)step_, loss, (loss - mean) / sd, mean, loss_window_.size(), (long long)spikes_in_row_,
-                 (long long)cfg_.guard.max_spikes);
-  return spikes_in_row_ >= cfg_.guard.max_spikes;
+                 "[guard] step %lld: loss spike: %.4f is %.1f standard deviations above the median %.4f of the "
+                 "last %zu steps (spike %lld of guard.max_spikes=%lld in a row%s)\n",
+                 (long long)step_, loss, v.z, v.median, v.window, (long long)spikes_in_row_,
+                 (long long)cfg_.guard.max_spikes,
+                 can_roll_back ? "" : "; no checkpoint.dir to roll back to, so it is only counted");
+    std::fflush(opt_.log);
+  }
+  write_event(metrics_, {{"event", "spike"}, {"step", step_}, {"loss", loss}, {"z", v.z}});
+  if (spikes_in_row_ < cfg_.guard.max_spikes) return false;
+  if (can_roll_back) return true;
+  // Nothing to roll back to: the loss has moved to a new level; judge from there on.
+  spikes_in_row_ = 0;
+  spike_detector_.clear();
+  return false;
 }
 
 void Trainer::roll_back() {
@@ -68,6 +83,24 @@ void Trainer::roll_back() {
     if (log)
       std::fprintf(log, "[guard] no checkpoint from before step %lld to roll back to; training goes on\n",
                    (long long)first);
+    spike_detector_.clear();  // judge the loss from its new level on
+    return;
+  }
+  rollbacks_to_target_ = *found == last_rollback_target_ ? rollbacks_to_target_ + 1 : 1;
+  last_rollback_target_ = *found;
+  if (rollbacks_to_target_ >= 3) {  // it spikes from there whatever the batches
+    const std::string what =
+        str_cat("the loss spiked again after each of two rollbacks to ", fs::path(*found).filename().string(),
+                ", whatever the batches (spikes at steps ", first, "-", last, ")");
+    if (cfg_.guard.divergence == Divergence::stop) {
+      stop_run(RunEnd::diverged, what);
+      return;
+    }
+    // Rolling back again would skip batches for ever: count the spikes from here on.
+    if (log)
+      std::fprintf(log, "[guard] %s; no more rollbacks to it (guard.divergence=%s)\n", what.c_str(),
+                   divergence_name(cfg_.guard.divergence));
+    spike_detector_.clear();
     return;
   }
   const CheckpointMeta meta =
@@ -88,22 +121,100 @@ void Trainer::roll_back() {
   if (scaler_.enabled() && meta.loss_scale > 0) scaler_.restore(meta.loss_scale, meta.loss_scale_clean_steps);
   // Steps first..last (1-based) trained on the batches that spiked: skip them from step `first` on.
   skipped_windows_.push_back({first - 1, last - first + 1});
-  loss_window_.clear();
-  loss_window_next_ = 0;
+  // The spike window is kept: the losses before the spikes judge the steps trained again, so
+  // spikes that come back right after the rollback are seen.
+  divergence_.restart();
   ++rollbacks_;
   if (log) {
     std::fprintf(log, "[guard] rolled back to step %lld (%s); the batches of steps %lld-%lld are skipped\n",
                  (long long)step_, found->c_str(), (long long)first, (long long)last);
     std::fflush(log);
   }
-  if (metrics_) {
-    const nlohmann::json j = {{"event", "rollback"},
-                              {"step", step_},
-                              {"checkpoint", *found},
-                              {"skipped_from_step", first},
-                              {"skipped_steps", last - first + 1}};
-    std::fprintf(metrics_, "%s\n", j.dump().c_str());
-    std::fflush(metrics_);
+  write_event(metrics_, {{"event", "rollback"},
+                         {"step", step_},
+                         {"checkpoint", *found},
+                         {"skipped_from_step", first},
+                         {"skipped_steps", last - first + 1}});
+}
+
+bool Trainer::divergence_detected(double loss) {
+  if (cfg_.guard.divergence == Divergence::off) return false;
+  const bool was_diverging = divergence_.steps_above() >= cfg_.guard.divergence_steps;
+  if (!divergence_.observe(step_, loss) || was_diverging) return false;
+  const std::string what = str_cat("the smoothed loss ", divergence_.smoothed(),
+                                   " has stayed above guard.divergence_factor=", cfg_.guard.divergence_factor,
+                                   " x its minimum ", divergence_.minimum(), " (step ", divergence_.minimum_step(),
+                                   ") for guard.divergence_steps=", cfg_.guard.divergence_steps, " steps, since step ",
+                                   divergence_.above_since());
+  if (cfg_.guard.divergence == Divergence::stop) {
+    stop_run(RunEnd::diverged, what);
+    return true;
+  }
+  ++divergence_warnings_;
+  if (main_rank()) {
+    std::fprintf(opt_.log,
+                 "[guard] step %lld: WARNING: the run is diverging: %s; it began after step %lld "
+                 "(guard.divergence=warn: training goes on)\n",
+                 (long long)step_, what.c_str(), (long long)divergence_.last_healthy_step());
+    std::fflush(opt_.log);
+  }
+  write_event(metrics_, {{"event", "divergence"}, {"step", step_}, {"began_after", divergence_.last_healthy_step()}});
+  return false;
+}
+
+void Trainer::stop_run(RunEnd why, const std::string& reason) {
+  finish_async_checkpoint(/*wait=*/true);
+  ended_ = why;
+  // Where it began: the step before the first non-finite one, or the last healthy step of the
+  // smoothed loss, whichever is earlier.
+  int64_t healthy = why == RunEnd::nonfinite ? first_nonfinite_step_ - 1 : divergence_.last_healthy_step();
+  if (!divergence_.healthy()) healthy = std::min(healthy, divergence_.last_healthy_step());
+  last_healthy_step_ = std::max<int64_t>(healthy, 0);
+  std::string kept = "checkpoint.dir is not set";
+  if (!cfg_.checkpoint.dir.empty()) {
+    // Checkpoints up to the last healthy step stay; the later ones hold the diverging weights,
+    // which a resume must not pick.
+    std::optional<std::string> fallback;
+    if (main_rank()) {
+      for (const CheckpointEntry& e : list_checkpoints(cfg_.checkpoint.dir)) {  // highest step first
+        if (e.step > last_healthy_step_ && checkpoint_run_id(e.path) == run_id_) {
+          std::error_code ec;
+          fs::remove_all(e.path, ec);
+        } else if (!fallback && e.step <= last_healthy_step_) {
+          fallback = e.path;
+        }
+      }
+      const std::string latest = (fs::path(cfg_.checkpoint.dir) / "latest").string();
+      std::error_code ec;
+      if (fallback)
+        io::write_file_atomic(latest, fs::path(*fallback).filename().string() + "\n");
+      else
+        fs::remove(latest, ec);
+    }
+    kept = fallback ? str_cat("latest is ", *fallback, " (resume from it with lower optim.lr)")
+                    : str_cat("no checkpoint in ", cfg_.checkpoint.dir, " is from before it");
+    if (fallback)
+      last_checkpoint_ = *fallback;
+    else
+      last_checkpoint_.clear();
+  }
+  DivergenceSuspects s;
+  s.lr = cfg_.optim.lr;
+  s.beta2 = cfg_.optim.beta2;
+  s.eps = cfg_.optim.eps;
+  s.clip_max_norm = cfg_.schedule.clip_max_norm;
+  s.clip_dynamic = cfg_.schedule.clip_dynamic;
+  s.warmup_steps = cfg_.schedule.warmup_steps;
+  std::string causes;
+  for (const std::string& c : likely_divergence_causes(s)) causes += (causes.empty() ? "" : "; ") + c;
+  end_reason_ = str_cat(
+      why == RunEnd::diverged ? "training diverged: " : "training stopped on non-finite values: ", reason,
+      "; it began after step ", last_healthy_step_, ". Likely causes: ",
+      causes.empty() ? "none of the usual settings (look at the data and the initialisation)" : causes, ". ", kept);
+  if (main_rank()) {
+    std::fprintf(opt_.log, "[guard] step %lld: %s\n", (long long)step_ + (why == RunEnd::nonfinite ? 1 : 0),
+                 end_reason_.c_str());
+    std::fflush(opt_.log);
   }
 }
 

@@ -77,6 +77,7 @@ void Trainer::log_step(double last_loss, double lr, double elapsed_s, int64_t wi
   ls.skipped_steps = skipped_steps_;
   ls.nonfinite_steps = nonfinite_steps_;
   ls.rollbacks = rollbacks_;
+  ls.spikes = spikes_;
   const MemorySnapshot mem = cpu_allocator().snapshot();
   ls.peak_bytes = mem.total.peak;
   for (int c = 0; c < kNumMemCategories; ++c)
@@ -163,6 +164,18 @@ void Trainer::write_run_start() {
   std::fflush(metrics_);
 }
 
+void Trainer::write_run_end() {
+  if (!metrics_) return;
+  nlohmann::ordered_json j = {{"event", "end"},    {"step", step_},           {"ended", run_end_name(ended_)},
+                              {"spikes", spikes_}, {"rollbacks", rollbacks_}, {"nonfinite_steps", nonfinite_steps_}};
+  if (ended_ != RunEnd::finished) {
+    j["last_healthy_step"] = last_healthy_step_;
+    j["reason"] = end_reason_;
+  }
+  std::fprintf(metrics_, "%s\n", j.dump().c_str());
+  std::fflush(metrics_);
+}
+
 void Trainer::write_step_metrics(const LoggedStep& ls) {
   nlohmann::json j = {{"step", ls.step},
                       {"loss", ls.loss},
@@ -182,6 +195,7 @@ void Trainer::write_step_metrics(const LoggedStep& ls) {
   }
   if (nonfinite_steps_ > 0) j["nonfinite_steps"] = nonfinite_steps_;
   if (rollbacks_ > 0) j["rollbacks"] = rollbacks_;
+  if (spikes_ > 0) j["spikes"] = spikes_;
   for (size_t i = 0; i < moe_stats_.size(); ++i) {  // the last step's, per MoE block
     const model::MoeLayerStats& st = moe_stats_[i];
     int64_t mx = 0;
