@@ -38,6 +38,15 @@ TEST(Elastic, ReadsTheCauseFromMpirunAndWatchdogLines) {
   FailureCause p;  // a configuration error fails every attempt the same way
   note_failure_line("[rank 0] error: [config] parallel.tp=3 does not divide n_head=8", p);
   EXPECT_TRUE(p.permanent);
+  EXPECT_FALSE(p.diverged);
+  for (const char* line : {"[rank 0] error: [train] training diverged: the smoothed loss 80 has stayed ...",
+                           "[rank 1] error: [train] training stopped on non-finite values: 11 steps in a row ..."}) {
+    FailureCause d;  // a diverged run would diverge again
+    note_failure_line(line, d);
+    EXPECT_TRUE(d.diverged) << line;
+    EXPECT_TRUE(d.permanent) << line;
+    EXPECT_EQ(d.what.rfind("training ", 0), 0u) << d.what;
+  }
   FailureCause q;
   note_failure_line("[rank 1] step 12/100 | loss 2.1", q);
   EXPECT_EQ(q.rank, -1);

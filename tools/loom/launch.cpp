@@ -4,8 +4,8 @@
 // (non-zero when any rank failed; mpirun then tears the other ranks down). With --max-restarts
 // the job is elastic: a failed attempt (a rank died, or the watchdog ended a hang) is restarted
 // with `--resume auto`, on fewer ranks or hosts when one keeps failing and --min-nproc allows,
-// and with a dropped host again once it answers. Test hosts (scripts/testhosts.sh) are
-// recognised from the state file their `up` writes.
+// and with a dropped host again once it answers; a diverged `train` (kExitDiverged) is not. Test hosts
+// (scripts/testhosts.sh) are recognised from the state file their `up` writes.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -26,6 +26,7 @@
 #include "loom/comm/elastic.h"
 #include "loom/comm/launch.h"
 #include "loom/core/error.h"
+#include "loom/core/exit_status.h"
 #include "tools/loom/commands.h"
 
 extern char** environ;
@@ -266,6 +267,12 @@ int run_elastic(comm::LaunchOptions o, const ElasticOptions& e) {
     if (w.cause.rank >= 0) cause = str_cat("rank ", w.cause.rank, " ", cause);
     // The work since the last checkpoint is redone after a restart.
     redo_s = now - (w.last_checkpoint_at >= 0 ? w.last_checkpoint_at : (w.first_step_at >= 0 ? w.first_step_at : now));
+    if (w.cause.diverged || rc == kExitDiverged) {
+      say(str_cat("attempt ", attempt, " diverged: ", cause,
+                  "; not restarting (a restart from its last checkpoint would diverge again: change the settings, "
+                  "then resume)"));
+      return kExitDiverged;
+    }
     if (w.cause.permanent) {
       say(str_cat("attempt ", attempt, " failed: ", cause, "; not restarting (it would fail the same way)"));
       return rc;

@@ -19,6 +19,12 @@ void note_failure_line(const std::string& raw, FailureCause& cause) {
     if (cause.what.empty()) cause.what = line;
     return;
   }
+  if (line.rfind("error: [train] training diverged", 0) == 0 ||
+      line.rfind("error: [train] training stopped on non-finite values", 0) == 0) {
+    cause.permanent = cause.diverged = true;
+    if (cause.what.empty()) cause.what = line.substr(std::string("error: [train] ").size());
+    return;
+  }
   static const std::regex watchdog(R"(\[watchdog\] rank (\d+): (.*))");
   if (std::regex_search(line, m, watchdog)) {
     if (!cause.hang) cause = {std::atoi(m[1].str().c_str()), "hang: " + m[2].str(), true};

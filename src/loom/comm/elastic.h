@@ -15,6 +15,7 @@ struct FailureCause {
   std::string what;        // "exited on signal 9 (Killed)", "exit code 3", or the watchdog's verdict
   bool hang = false;       // the watchdog ended it (a collective did not complete)
   bool permanent = false;  // a configuration or usage error: a restart would fail the same way
+  bool diverged = false;   // `loom train` stopped a diverging run: a restart would diverge again
 };
 
 // Folds one output line (a rank's text or mpirun's own) into `cause`. Recognises the watchdog's
@@ -22,7 +23,8 @@ struct FailureCause {
 // wins over what mpirun says of the ranks it then ended), mpirun's "process rank R with PID ...
 // exited on signal S (Name)", "MPI_ABORT was invoked on rank R ... errorcode C", and the
 // "Process name: [[j,1],R]" / "Exit code: C" pair of a non-zero exit. A rank's
-// "error: [config] ..." or "usage:" marks the failure permanent.
+// "error: [config] ..." or "usage:" marks the failure permanent; "error: [train] training
+// diverged" or "... stopped on non-finite values" (kExitDiverged's message) marks it diverged too.
 void note_failure_line(const std::string& line, FailureCause& cause);
 
 // The arguments of a restarted `train`: `--resume auto` instead of any --resume, and no
