@@ -1,5 +1,6 @@
-// Shard mapping, validation (header at open, then one pass over the payload for its checksum
-// and token range) and the two batch walks (seeded random windows, sequential eval).
+// Shard mapping, validation (header at open, then one pass over the payload for its checksum,
+// token range and mask bits) and the batch walks (seeded random windows or conversations,
+// sequential eval), with the loss mask turned into ignored targets.
 #include "loom/data/dataset.h"
 
 #include <algorithm>
@@ -44,15 +45,60 @@ size_t first_at_least(const unsigned char* p, size_t n, uint32_t limit) {
   return n;
 }
 
+// Whether the loss counts a target token with mask byte m: a trained token that does not start
+// another conversation (packed rows run across conversations).
+bool trains(uint8_t m) { return (m & kMaskTrained) && !(m & kMaskConversationStart); }
+
 }  // namespace
 
 TokenDataset::TokenDataset(const std::string& path, const DatasetOptions& opt)
     : file_(io::MappedFile::open(path, "data",
                                  "run loom prepare --input FILE --out DIR first and point the loader at DIR")),
-      seed_(opt.seed) {
+      seed_(opt.seed),
+      layout_(opt.layout) {
   header_ = parse_shard_header(file_->data(), file_->size(), label());
   if (opt.model_vocab > 0) check_vocab(opt.model_vocab);
   if (opt.verify) verify(opt.log, opt.log_after_s);
+  index_conversations();
+  LOOM_CHECK(layout_ != ChatLayout::pad || has_mask(), "data", label(),
+             " holds plain text (no loss mask), but the pad layout (data.chat_layout=pad) puts one conversation "
+             "in each row; prepare conversations with loom prepare --chat, or use data.chat_layout=pack");
+}
+
+const unsigned char* TokenDataset::mask_bytes() const {
+  return file_->data() + kShardHeaderBytes + header_.n_tokens * header_.token_bytes;
+}
+
+void TokenDataset::index_conversations() {
+  if (!has_mask()) return;
+  const unsigned char* m = mask_bytes();
+  for (int64_t i = 0; i < size(); ++i)
+    if (m[i] & kMaskConversationStart) starts_.push_back(i);
+  LOOM_CHECK(size() == 0 || (!starts_.empty() && starts_[0] == 0), "data", label(),
+             ": its first token does not start a conversation (mask byte ", int(m[0]), " at byte offset ",
+             mask_bytes() - file_->data(), "); re-run loom prepare to rebuild it");
+}
+
+void TokenDataset::read_mask(int64_t first, int64_t n, uint8_t* out) const {
+  LOOM_CHECK(first >= 0 && n >= 0 && first + n <= size(), "data", label(), ": mask of tokens [", first, ", ", first + n,
+             ") is outside its ", size(), " tokens");
+  if (!has_mask()) {
+    std::fill(out, out + n, kMaskTrained);
+    return;
+  }
+  std::memcpy(out, mask_bytes() + first, size_t(n));
+}
+
+int64_t TokenDataset::conversation_length(int64_t c) const {
+  const int64_t n = int64_t(starts_.size());
+  LOOM_CHECK(c >= 0 && c < n, "data", label(), ": conversation ", c, " is outside its ", n);
+  return (c + 1 < n ? starts_[size_t(c + 1)] : size()) - starts_[size_t(c)];
+}
+
+int64_t TokenDataset::conversations_longer_than(int64_t n) const {
+  int64_t count = 0;
+  for (int64_t c = 0; c < int64_t(starts_.size()); ++c) count += conversation_length(c) > n;
+  return count;
 }
 
 TokenDataset TokenDataset::open_split(const std::string& dir, const std::string& split, const DatasetOptions& opt) {
@@ -106,31 +152,45 @@ void TokenDataset::fail_bad_id(int64_t index, uint32_t id, const char* fix) cons
 
 void TokenDataset::verify(std::FILE* log, double log_after_s) const {
   // FNV-1a is one dependent multiply per byte, so the pass runs at hash speed (docs/DATA.md);
-  // each chunk's id range is checked while it is still in cache.
+  // each chunk's id range (or mask bits) is checked while it is still in cache.
   constexpr size_t kChunkBytes = size_t(1) << 20;
   const unsigned char* payload = file_->data() + kShardHeaderBytes;
-  const size_t total = size_t(header_.n_tokens) * header_.token_bytes;
   const uint32_t tb = header_.token_bytes;
+  const size_t token_total = size_t(header_.n_tokens) * tb, total = size_t(header_.payload_bytes());
   uint64_t sum = kFnvOffset;
-  int64_t bad_index = -1;
+  int64_t bad_index = -1, bad_mask = -1;
   Stopwatch clock;
   bool announced = false;
-  for (size_t done = 0; done < total; done += kChunkBytes) {
-    if (log && !announced && clock.seconds() >= log_after_s) {
-      std::fprintf(log, "[data] verifying %s: payload checksum and token ids of %" PRIu64 " tokens (%.1f MB)...\n",
-                   label().c_str(), header_.n_tokens, double(total) / 1e6);
-      std::fflush(log);
-      announced = true;
+  // Hashes payload bytes [from, to) chunk by chunk, handing each chunk to `check`.
+  auto pass = [&](size_t from, size_t to, auto&& check) {
+    for (size_t done = from; done < to; done += kChunkBytes) {
+      if (log && !announced && clock.seconds() >= log_after_s) {
+        std::fprintf(log, "[data] verifying %s: payload checksum and token ids of %" PRIu64 " tokens (%.1f MB)...\n",
+                     label().c_str(), header_.n_tokens, double(total) / 1e6);
+        std::fflush(log);
+        announced = true;
+      }
+      const size_t bytes = std::min(kChunkBytes, to - done);
+      sum = fnv1a64(payload + done, bytes, sum);
+      check(payload + done, done - from, bytes);
     }
-    const unsigned char* p = payload + done;
-    const size_t bytes = std::min(kChunkBytes, total - done), n = bytes / tb;
-    sum = fnv1a64(p, bytes, sum);
-    if (bad_index >= 0) continue;
+  };
+  pass(0, token_total, [&](const unsigned char* p, size_t at, size_t bytes) {
+    if (bad_index >= 0) return;
+    const size_t n = bytes / tb;
     const uint32_t largest = tb == 2 ? max_id<uint16_t>(p, n) : max_id<uint32_t>(p, n);
     if (largest >= header_.vocab_size)
-      bad_index = int64_t(done / tb) + int64_t(tb == 2 ? first_at_least<uint16_t>(p, n, header_.vocab_size)
-                                                       : first_at_least<uint32_t>(p, n, header_.vocab_size));
-  }
+      bad_index = int64_t(at / tb) + int64_t(tb == 2 ? first_at_least<uint16_t>(p, n, header_.vocab_size)
+                                                     : first_at_least<uint32_t>(p, n, header_.vocab_size));
+  });
+  pass(token_total, total, [&](const unsigned char* p, size_t at, size_t bytes) {
+    if (bad_mask >= 0) return;
+    for (size_t i = 0; i < bytes; ++i)
+      if (p[i] & ~kMaskKnownBits) {
+        bad_mask = int64_t(at + i);
+        return;
+      }
+  });
   if (announced) {
     const double s = clock.seconds();
     std::fprintf(log, "[data] verified %s in %.1f s (%.0f MB/s)\n", label().c_str(), s, double(total) / 1e6 / s);
@@ -149,6 +209,10 @@ void TokenDataset::verify(std::FILE* log, double log_after_s) const {
     fail_bad_id(bad_index, uint32_t(token(bad_index)),
                 "its checksum matches, so it was written that way (not by loom prepare, or by one with another "
                 "vocabulary); re-run loom prepare to rebuild it");
+  if (bad_mask >= 0)
+    fail("data", label(), ": mask byte ", int(mask_bytes()[bad_mask]), " of token ", bad_mask, " (byte offset ",
+         mask_bytes() - file_->data() + bad_mask, ") has bits other than trained (1) and conversation start (2); ",
+         "re-run loom prepare to rebuild it");
 }
 
 void TokenDataset::check_vocab(int64_t model_vocab) const {
@@ -170,21 +234,51 @@ void TokenDataset::check_vocab(int64_t model_vocab) const {
 
 void TokenDataset::check_window(int64_t T, const char* what) const {
   LOOM_CHECK(T > 0, "data", label(), ": ", what, " sequence length T must be positive, got ", T);
+  if (layout_ == ChatLayout::pad) {
+    LOOM_CHECK(!starts_.empty(), "data", label(), " holds no conversations");
+    return;
+  }
   LOOM_CHECK(size() >= T + 1, "data", label(), " has ", size(), " tokens, fewer than one ", what,
              " window of T+1 = ", T + 1, "; use a shorter sequence length or more text");
 }
 
-int64_t TokenDataset::window_start(int64_t step, int64_t seq, int64_t global_batch, int64_t T) const {
-  const uint64_t n_starts = uint64_t(size() - T);  // offsets 0 .. size-T-1 all fit T+1 tokens
-  CounterRng rng(seed_, hash_name("loader"));
+namespace {
+// Row `seq` of the global batch at `step` -> uniform in [0, n), from Philox keyed (seed,
+// hash_name("loader"), step * global_batch + seq). Multiply-shift maps 64 random bits onto
+// [0, n); the bias is below n / 2^64.
+int64_t draw_row(uint64_t seed, int64_t step, int64_t seq, int64_t global_batch, uint64_t n) {
+  CounterRng rng(seed, hash_name("loader"));
   rng.set_position(uint64_t(step) * uint64_t(global_batch) + uint64_t(seq));
-  // Multiply-shift maps 64 random bits onto [0, n_starts); the bias is below n_starts / 2^64.
-  return int64_t((static_cast<unsigned __int128>(rng.next_u64()) * n_starts) >> 64);
+  return int64_t((static_cast<unsigned __int128>(rng.next_u64()) * n) >> 64);
+}
+}  // namespace
+
+int64_t TokenDataset::window_start(int64_t step, int64_t seq, int64_t global_batch, int64_t T) const {
+  if (layout_ == ChatLayout::pad) return starts_[size_t(draw_row(seed_, step, seq, global_batch, starts_.size()))];
+  return draw_row(seed_, step, seq, global_batch, uint64_t(size() - T));  // offsets 0 .. size-T-1 fit T+1
 }
 
 void TokenDataset::copy_window(int64_t start, int64_t T, int32_t* tokens, int32_t* targets) const {
   read(start, T, tokens);
   read(start + 1, T, targets);
+  if (!has_mask()) return;
+  const unsigned char* m = mask_bytes() + start + 1;
+  for (int64_t t = 0; t < T; ++t)
+    if (!trains(m[t])) targets[t] = kIgnoredTarget;
+}
+
+void TokenDataset::copy_conversation(int64_t c, int64_t T, int32_t* tokens, int32_t* targets) const {
+  const int64_t start = starts_[size_t(c)], len = conversation_length(c);
+  const int64_t n_in = std::min(T, len), n_out = std::min(T, len - 1);
+  read(start, n_in, tokens);
+  // Padding only feeds positions after the conversation, whose targets are ignored (causal
+  // attention keeps it out of the conversation's own positions).
+  std::fill(tokens + n_in, tokens + T, header_.eot_id == kNoEot ? 0 : int32_t(header_.eot_id));
+  read(start + 1, n_out, targets);
+  const unsigned char* m = mask_bytes() + start + 1;
+  for (int64_t t = 0; t < n_out; ++t)
+    if (!trains(m[t])) targets[t] = kIgnoredTarget;
+  std::fill(targets + n_out, targets + T, kIgnoredTarget);
 }
 
 void TokenDataset::fill_batch(int64_t step, int64_t first_seq, int64_t n_seqs, int64_t global_batch, int64_t T,
@@ -193,13 +287,19 @@ void TokenDataset::fill_batch(int64_t step, int64_t first_seq, int64_t n_seqs, i
   LOOM_CHECK(step >= 0 && first_seq >= 0 && n_seqs >= 0 && first_seq + n_seqs <= global_batch, "data", label(),
              ": training sequences [", first_seq, ", ", first_seq + n_seqs, ") at step ", step,
              " are outside the global batch of ", global_batch);
-  for (int64_t r = 0; r < n_seqs; ++r)
-    copy_window(window_start(step, first_seq + r, global_batch, T), T, tokens + r * T, targets + r * T);
+  for (int64_t r = 0; r < n_seqs; ++r) {
+    if (layout_ == ChatLayout::pad) {
+      const uint64_t n = starts_.size();
+      copy_conversation(draw_row(seed_, step, first_seq + r, global_batch, n), T, tokens + r * T, targets + r * T);
+    } else {
+      copy_window(window_start(step, first_seq + r, global_batch, T), T, tokens + r * T, targets + r * T);
+    }
+  }
 }
 
 int64_t TokenDataset::eval_windows(int64_t T) const {
   check_window(T, "validation");
-  return (size() - 1) / T;
+  return layout_ == ChatLayout::pad ? int64_t(starts_.size()) : (size() - 1) / T;
 }
 
 void TokenDataset::fill_eval_batch(int64_t index, int64_t B, int64_t T, int32_t* tokens, int32_t* targets) const {
@@ -208,7 +308,11 @@ void TokenDataset::fill_eval_batch(int64_t index, int64_t B, int64_t T, int32_t*
              " must be non-negative and positive");
   for (int64_t b = 0; b < B; ++b) {
     const int64_t w = (index * B + b) % n_windows;
-    copy_window(w * T, T, tokens + b * T, targets + b * T);
+    if (layout_ == ChatLayout::pad) {
+      copy_conversation(w, T, tokens + b * T, targets + b * T);
+    } else {
+      copy_window(w * T, T, tokens + b * T, targets + b * T);
+    }
   }
 }
 
