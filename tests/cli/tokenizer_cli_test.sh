@@ -2,11 +2,13 @@
 # `loom tokenize --tokenizer PATH` and `loom chat-template` end to end against golden files made
 # by Hugging Face `tokenizers`, llama.cpp and Python's jinja2 (tests/golden/hf_tokenizers/
 # make_cli_golden.py, tests/golden/gguf_spm/make_golden.py, tests/golden/smollm2/
-# make_chat_golden.py); every run's exit status is checked, not only its
+# make_chat_golden.py), and `loom prepare --chat` finding the template where the tokenizer
+# source keeps it; every run's exit status is checked, not only its
 # output. The smollm2_* cases need SmolLM2's GGUF (scripts/fetch-test-model.sh) and skip
 # (exit 77) when it cannot be had.
 # usage: tokenizer_cli_test.sh CASE LOOM SOURCE_DIR
-#   CASE: tokenize_llama3 | tokenize_spm_gguf | smollm2_text | smollm2_ids | template_file | template_raises
+#   CASE: tokenize_llama3 | tokenize_spm_gguf | smollm2_text | smollm2_ids | template_file | template_raises |
+#         prepare_chat_folder | smollm2_prepare_chat
 set -uo pipefail
 CASE=${1:?usage: tokenizer_cli_test.sh CASE LOOM SOURCE_DIR}
 LOOM=${2:?usage: tokenizer_cli_test.sh CASE LOOM SOURCE_DIR}
@@ -86,6 +88,28 @@ case $CASE in
       { fail "the error does not carry the template's message:"; cat "$WORK/err"; }
     expect 2 - chat-template --messages "$T/conversations/single_user.json"  # no template: a usage error
     expect 2 - chat-template --template "$T/templates/chatml.jinja" --messages "$T/conversations/single_user.json" --ids
+    ;;
+  prepare_chat_folder)
+    # A Hugging Face folder's template (chat_template.jinja beside tokenizer.json) renders --chat.
+    mkdir -p "$WORK/tok"
+    cp "$G/hf_tokenizers/qwen2/tokenizer.json" "$G/hf_tokenizers/qwen2/tokenizer_config.json" "$WORK/tok/"
+    cp "$T/templates/chatml.jinja" "$WORK/tok/chat_template.jinja"
+    expect 0 - prepare --chat "$SRC/data/zorblax/heldout.jsonl" --tokenizer "$WORK/tok" --out "$WORK/data" --quiet
+    grep -qF "46 + 5 conversations through $WORK/tok/chat_template.jinja" "$WORK/out" ||
+      { fail "prepare --chat did not use the folder's chat_template.jinja:"; cat "$WORK/out"; }
+    grep -qF '"loss_mask": true' "$WORK/data/meta.json" || fail "meta.json does not record the loss mask"
+    expect 1 - prepare --chat "$SRC/data/zorblax/heldout.jsonl" --tokenizer byte --out "$WORK/none"
+    grep -qF -- "--tokenizer byte carries no chat template; pass --chat-template FILE" "$WORK/err" ||
+      { fail "no template: the error does not say what to pass:"; cat "$WORK/err"; }
+    expect 2 - prepare --chat "$SRC/data/zorblax/heldout.jsonl" --input "$SRC/data/chat/questions.txt" --out "$WORK/x"
+    expect 2 - prepare --input "$SRC/data/chat/questions.txt" --chat-template "$T/templates/chatml.jinja" --out "$WORK/x"
+    [ -e "$WORK/none" ] || [ -e "$WORK/x" ] && fail "a refused prepare left an output folder"
+    ;;
+  smollm2_prepare_chat)
+    model
+    expect 0 - prepare --chat "$SRC/data/zorblax/train.jsonl" --tokenizer "$MODEL" --out "$WORK/data" --quiet
+    grep -qF "196 + 21 conversations through $MODEL:tokenizer.chat_template" "$WORK/out" ||
+      { fail "prepare --chat did not use the GGUF's template:"; cat "$WORK/out"; }
     ;;
   *) echo "unknown case $CASE"; exit 2 ;;
 esac
