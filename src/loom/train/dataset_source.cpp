@@ -17,6 +17,7 @@ DatasetSource::DatasetSource(const TrainConfig& cfg, std::FILE* log) {
   o.model_vocab = cfg.init_from.empty() ? cfg.model.vocab_size : -1;
   o.seed = cfg.data.seed;
   o.log = log;
+  o.layout = cfg.data.chat_layout;
   LOOM_CHECK(std::filesystem::exists(std::filesystem::path(cfg.data.dir) / "train.bin"), "data",
              "data.dir=", cfg.data.dir, " has no train.bin; run `loom prepare --input FILE --out ", cfg.data.dir,
              "` first");
@@ -29,6 +30,16 @@ DatasetSource::DatasetSource(const TrainConfig& cfg, std::FILE* log) {
         nlohmann::json::parse(io::read_file((std::filesystem::path(cfg.data.dir) / "meta.json").string()));
     if (meta.contains("tokenizer") && meta["tokenizer"].is_string()) tokenizer_ = meta["tokenizer"].get<std::string>();
   } catch (const std::exception&) {
+  }
+  if (cfg.data.chat_layout == data::ChatLayout::pad && log) {
+    // The pad layout trains a conversation's first seq_len targets only.
+    const int64_t n = cfg.data.seq_len + 1, cut = train_->conversations_longer_than(n);
+    if (cut > 0)
+      std::fprintf(log,
+                   "[data] %lld of %zu conversations in %s are longer than data.seq_len + 1 = %lld tokens; the pad "
+                   "layout trains their first %lld targets only (raise data.seq_len, or use data.chat_layout=pack)\n",
+                   (long long)cut, train_->conversation_starts().size(), train_->path().c_str(), (long long)n,
+                   (long long)cfg.data.seq_len);
   }
   if (val_) {
     const data::ShardHeader &t = train_->header(), &v = val_->header();

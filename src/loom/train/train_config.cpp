@@ -120,6 +120,8 @@ void read_data(ConfigReader& r, TrainConfig& c) {
   c.data.batch_size = r.integer("data.batch_size", 16, 1, kMaxI);
   c.data.micro_batch_size = r.integer("data.micro_batch_size", 0, 0, kMaxI);
   c.data.seed = uint64_t(r.integer("data.seed", 1, 0, kMaxI));
+  c.data.chat_layout = r.choice("data.chat_layout", data::ChatLayout::pack,
+                                {{"pack", data::ChatLayout::pack}, {"pad", data::ChatLayout::pad}});
 }
 
 // optim.* and its loss scaling.

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "loom/comm/algorithm.h"
+#include "loom/data/dataset.h"
 #include "loom/model/config.h"
 #include "loom/model/decoder.h"
 #include "loom/optim/adamw.h"
@@ -26,6 +27,8 @@ struct DataConfig {
   int64_t batch_size = 16;       // global batch, in sequences
   int64_t micro_batch_size = 0;  // per rank; 0 = the whole per-rank batch at once
   uint64_t seed = 1;
+  // Rows of a shard of conversations: packed windows, or one conversation per row, padded.
+  data::ChatLayout chat_layout = data::ChatLayout::pack;
 };
 
 struct ScheduleConfig {

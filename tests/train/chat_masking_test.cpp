@@ -1,0 +1,178 @@
+// The loss mask of `loom prepare --chat` reaching the loss: data.chat_layout picks the rows, the
+// trainer's DatasetSource gives ignored targets (-1) exactly where the mask does not train the
+// target token, in both layouts, and a model's gradients do not depend on the user's tokens as
+// targets: conversations that differ only in a last user turn (after the last reply) give
+// bitwise-equal gradients in the pad layout, while a different reply does not.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "data/data_testing.h"
+#include "loom/data/dataset.h"
+#include "loom/data/prepare.h"
+#include "loom/model/decoder.h"
+#include "loom/train/dataset_source.h"
+#include "train/train_testing.h"
+
+using namespace loom;
+
+namespace {
+
+const char* const kSystemUser =
+    R"({"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"})";
+
+// One conversation whose last user turn is `last_user` and whose reply is `reply`, and a second,
+// longer one that stays the same.
+std::string chat_jsonl(const std::string& reply, const std::string& last_user) {
+  return std::string(R"({"messages": [)") + kSystemUser + R"(, {"role": "assistant", "content": ")" + reply +
+         R"("}, {"role": "user", "content": ")" + last_user + R"("}]})" + "\n" +
+         R"({"messages": [{"role": "user", "content": "Name two colours."}, {"role": "assistant", "content": "Red and blue."}, {"role": "user", "content": "One more?"}, {"role": "assistant", "content": "Green."}]})" +
+         "\n";
+}
+
+// Byte-tokenized ChatML conversations in `dir`/data.
+std::string prepare_chat(const std::string& dir, const std::string& jsonl) {
+  std::filesystem::create_directories(dir);
+  data::testing::write_bytes(dir + "/chat.jsonl", jsonl);
+  data::PrepareOptions o;
+  o.chat_inputs = {dir + "/chat.jsonl"};
+  o.tokenizer = "byte";
+  const std::string tmpl = std::string(LOOM_SOURCE_DIR) + "/tests/golden/chat_templates/templates/chatml.jinja";
+  o.chat_template = data::ChatTemplateText{data::testing::read_bytes(tmpl), tmpl, std::nullopt, std::nullopt};
+  o.out_dir = dir + "/data";
+  o.val_fraction = 0;
+  o.force = true;
+  data::prepare(o);
+  return o.out_dir;
+}
+
+train::TrainConfig chat_config(const std::string& data_dir, const std::string& layout, int64_t T) {
+  const std::string yaml = "model:\n  preset: llama-tiny\n  vocab_size: 256\n  n_ctx: " + std::to_string(T) +
+                           "\ndata:\n  dir: " + data_dir + "\n  seq_len: " + std::to_string(T) +
+                           "\n  batch_size: 4\n  chat_layout: " + layout + "\nlog:\n  progress: off\n";
+  return train::parse_train_config(yaml, {});
+}
+
+struct Batch {
+  std::vector<int32_t> tokens, targets;
+};
+
+Batch train_batch(train::DatasetSource& src, int64_t step, int64_t B, int64_t T) {
+  Batch b{std::vector<int32_t>(size_t(B * T)), std::vector<int32_t>(size_t(B * T))};
+  src.fill_train(step, 0, B, B, T, b.tokens.data(), b.targets.data());
+  return b;
+}
+
+// The loss sum and the flat gradient of one forward/backward on a model with fixed weights.
+std::pair<double, std::vector<float>> loss_and_grads(const model::ModelConfig& cfg, const Batch& b, int64_t B,
+                                                     int64_t T) {
+  model::Decoder m(cfg);
+  m.init_weights(7);
+  m.zero_grads();
+  const double loss = m.forward_backward(b.tokens.data(), b.targets.data(), B, T, 1.0 / double(B * T));
+  const float* g = m.grads().data<float>();
+  return {loss, std::vector<float>(g, g + m.grads().numel())};
+}
+
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+TEST(ChatMasking, TheLayoutKeyIsParsedAndChecked) {
+  EXPECT_EQ(chat_config("d", "pad", 64).data.chat_layout, data::ChatLayout::pad);
+  EXPECT_EQ(chat_config("d", "pack", 64).data.chat_layout, data::ChatLayout::pack);
+  const std::string e = data::testing::error_of([] { chat_config("d", "packed", 64); });
+  EXPECT_EQ(e, "[config] data.chat_layout: \"packed\" is not one of: pack, pad");
+  // Plain text has no conversations to pad.
+  const std::string dir = loom::testing::temp_dir("chat_layout_text");
+  const std::string text = loom::testing::prepare_shakespeare(dir, 5000);
+  EXPECT_NE(data::testing::error_of([&] {
+              train::DatasetSource s(chat_config(text, "pad", 64), nullptr);
+            }).find("holds plain text (no loss mask), but the pad layout"),
+            std::string::npos);
+}
+
+TEST(ChatMasking, TargetsAreIgnoredExactlyWhereTheMaskSaysInBothLayouts) {
+  const std::string dir = loom::testing::temp_dir("chat_targets");
+  const std::string data = prepare_chat(dir, chat_jsonl("Four.", "Thanks!"));
+  const data::TokenDataset shard(data + "/train.bin");
+  std::vector<int32_t> ids(size_t(shard.size()));
+  std::vector<uint8_t> mask(size_t(shard.size()));
+  shard.read(0, shard.size(), ids.data());
+  shard.read_mask(0, shard.size(), mask.data());
+  const int64_t B = 4;
+  for (const char* layout : {"pad", "pack"}) {
+    SCOPED_TRACE(layout);
+    const int64_t T = std::string(layout) == "pad" ? 176 : 48;
+    const train::TrainConfig cfg = chat_config(data, layout, T);
+    train::DatasetSource src(cfg, nullptr);
+    const data::TokenDataset same(data + "/train.bin", {.seed = cfg.data.seed, .layout = cfg.data.chat_layout});
+    int64_t trained = 0;
+    for (int64_t step = 0; step < 6; ++step) {
+      const Batch b = train_batch(src, step, B, T);
+      for (int64_t r = 0; r < B; ++r) {
+        const int64_t start = same.window_start(step, r, B, T);
+        for (int64_t t = 0; t < T; ++t) {
+          const size_t i = size_t(r * T + t), next = size_t(start + t + 1);
+          const bool in_shard = next < ids.size();
+          const bool same_conversation = in_shard && !(mask[next] & data::kMaskConversationStart);
+          const bool trains = same_conversation && (mask[next] & data::kMaskTrained);
+          EXPECT_EQ(b.targets[i], trains ? ids[next] : -1) << "step " << step << " row " << r << " t " << t;
+          trained += trains;
+        }
+      }
+    }
+    EXPECT_GT(trained, 0);
+  }
+}
+
+TEST(ChatMasking, GradientsDoNotDependOnTheUserTurnsAsTargets) {
+  const int64_t B = 4, T = 176;  // the conversations have 152 and 167 tokens
+  const std::string dir = loom::testing::temp_dir("chat_grads");
+  auto batch_of = [&](const std::string& name, const std::string& reply, const std::string& last_user) {
+    const std::string data = prepare_chat(dir + "/" + name, chat_jsonl(reply, last_user));
+    train::DatasetSource src(chat_config(data, "pad", T), nullptr);
+    return train_batch(src, 3, B, T);
+  };
+  const Batch a = batch_of("a", "Four.", "Thanks!");
+  const Batch b = batch_of("b", "Four.", "Why is that so? Tell me more, please.");
+  const Batch c = batch_of("c", "Five.", "Thanks!");
+  ASSERT_NE(a.tokens, b.tokens);    // the user's last turn differs, as inputs
+  ASSERT_EQ(a.targets, b.targets);  // but never as a target: it follows the last reply
+  const model::ModelConfig cfg = chat_config("d", "pad", T).model;
+  const auto [loss_a, grads_a] = loss_and_grads(cfg, a, B, T);
+  const auto [loss_b, grads_b] = loss_and_grads(cfg, b, B, T);
+  EXPECT_EQ(loss_a, loss_b);
+  EXPECT_TRUE(bitwise_equal(grads_a, grads_b));
+
+  // Any negative target is ignored alike (Hugging Face writes -100).
+  Batch hf = a;
+  for (int32_t& t : hf.targets)
+    if (t < 0) t = -100;
+  EXPECT_TRUE(bitwise_equal(grads_a, loss_and_grads(cfg, hf, B, T).second));
+
+  // The check can fail: a different reply changes the gradients, and so does training the
+  // user's turn (its targets as the tokens that follow).
+  EXPECT_FALSE(bitwise_equal(grads_a, loss_and_grads(cfg, c, B, T).second));
+  Batch unmasked = a;
+  for (int64_t i = 0; i + 1 < B * T; ++i)
+    if ((i + 1) % T != 0) unmasked.targets[size_t(i)] = a.tokens[size_t(i + 1)];
+  EXPECT_FALSE(bitwise_equal(grads_a, loss_and_grads(cfg, unmasked, B, T).second));
+}
+
+TEST(ChatMasking, ThePadLayoutSaysHowManyConversationsItCuts) {
+  const std::string dir = loom::testing::temp_dir("chat_cut");
+  const std::string data = prepare_chat(dir, chat_jsonl("Four.", "Thanks!"));
+  std::FILE* log = std::tmpfile();
+  train::DatasetSource src(chat_config(data, "pad", 160), log);
+  std::rewind(log);
+  char line[512] = {};
+  ASSERT_NE(std::fgets(line, sizeof line, log), nullptr);
+  std::fclose(log);
+  EXPECT_EQ(std::string(line), "[data] 1 of 2 conversations in " + data +
+                                   "/train.bin are longer than data.seq_len + 1 = 161 tokens; the pad layout trains "
+                                   "their first 160 targets only (raise data.seq_len, or use data.chat_layout=pack)\n");
+}
