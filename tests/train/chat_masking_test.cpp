@@ -2,7 +2,8 @@
 // trainer's DatasetSource gives ignored targets (-1) exactly where the mask does not train the
 // target token, in both layouts, and a model's gradients do not depend on the user's tokens as
 // targets: conversations that differ only in a last user turn (after the last reply) give
-// bitwise-equal gradients in the pad layout, while a different reply does not.
+// bitwise-equal gradients in the pad layout, while a different reply does not. The trainer's
+// gradient is the mean over the trained tokens only, however many the mask leaves out.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -13,6 +14,7 @@
 #include "loom/data/prepare.h"
 #include "loom/model/decoder.h"
 #include "loom/train/dataset_source.h"
+#include "loom/train/trainer.h"
 #include "train/train_testing.h"
 
 using namespace loom;
@@ -175,4 +177,64 @@ TEST(ChatMasking, ThePadLayoutSaysHowManyConversationsItCuts) {
   EXPECT_EQ(std::string(line), "[data] 1 of 2 conversations in " + data +
                                    "/train.bin are longer than data.seq_len + 1 = 161 tokens; the pad layout trains "
                                    "their first 160 targets only (raise data.seq_len, or use data.chat_layout=pack)\n");
+}
+
+namespace {
+
+// Every step, rows 0..3 of the inner source's 4-row batch: all but row 0 masked (targets -1), or
+// row 0 alone.
+class RowZero : public train::BatchSource {
+ public:
+  RowZero(train::BatchSource& inner, bool alone) : in_(inner), alone_(alone) {}
+  void fill_train(int64_t step, int64_t first, int64_t n, int64_t, int64_t T, int32_t* tok, int32_t* tgt) override {
+    std::vector<int32_t> t(4 * T), g(4 * T);
+    in_.fill_train(step, 0, 4, 4, T, t.data(), g.data());
+    if (!alone_)
+      for (int64_t i = T; i < 4 * T; ++i) g[i] = -1;
+    for (int64_t r = 0; r < n; ++r) {
+      std::memcpy(tok + r * T, t.data() + (first + r) * T, sizeof(int32_t) * T);
+      std::memcpy(tgt + r * T, g.data() + (first + r) * T, sizeof(int32_t) * T);
+    }
+  }
+  void fill_val(int64_t i, int64_t B, int64_t T, int32_t* tok, int32_t* tgt) override {
+    in_.fill_val(i, B, T, tok, tgt);
+  }
+  int64_t vocab_size() const override { return in_.vocab_size(); }
+  bool has_val() const override { return false; }
+
+ private:
+  train::BatchSource& in_;
+  bool alone_;
+};
+
+double first_grad_norm(const train::TrainConfig& cfg, train::BatchSource& src) {
+  train::TrainerOptions o = loom::testing::quiet();
+  double norm = -1;
+  o.observer.on_step = [&](const train::LoggedStep& s) {
+    if (s.step == 1) norm = s.grad_norm;
+  };
+  train::Trainer t(cfg, src, o);
+  t.run();
+  return norm;
+}
+
+}  // namespace
+
+// A batch of four rows of which three are masked out trains like the one row that is left: the
+// gradient (its norm before clipping) is the mean over the trained tokens, not over every
+// position of the batch (which would make it four times smaller).
+TEST(ChatMasking, TheGradientIsTheMeanOverTheTrainedTokens) {
+  const std::string dir = loom::testing::temp_dir("mask_mean");
+  const std::string data = loom::testing::prepare_shakespeare(dir, 20000);
+  const auto config = [&](int64_t batch) {
+    return train::parse_train_config(
+        loom::testing::tiny_config_yaml(data, ""),
+        {"schedule.steps=1", "log.every=1", "data.micro_batch_size=0", "data.batch_size=" + std::to_string(batch)});
+  };
+  const train::TrainConfig four = config(4);
+  train::DatasetSource inner(four);
+  RowZero masked(inner, false), alone(inner, true);
+  const double m = first_grad_norm(four, masked), a = first_grad_norm(config(1), alone);
+  ASSERT_GT(a, 0);
+  EXPECT_NEAR(m / a, 1.0, 1e-5) << "masked " << m << ", alone " << a;
 }

@@ -258,10 +258,15 @@ double Trainer::train_step() {
   Tensor totals = Tensor::from_vector<double>({loss_sum, double(count)}, {2});
   reduce_over_model_parallel(totals, false);  // the last stage's loss, same on every tp rank
   mesh_->data().all_reduce(totals);
-  const double loss = totals.data<double>()[0] / std::max(1.0, totals.data<double>()[1]);
+  const double counted = totals.data<double>()[1];
+  const double loss = totals.data<double>()[0] / std::max(1.0, counted);
+  // The backward divided by every position of the global batch; with a loss mask (chat data:
+  // only the replies are trained) fewer count, and the mean over those is `per_counted` x it.
+  // Text data counts them all: exactly 1, and nothing is rescaled.
+  const double per_counted = counted > 0 && counted < double(G * T) ? double(G * T) / counted : 1.0;
   Tensor norm_sq = Tensor::from_vector<double>({data_parallel_->grad_norm_sq()}, {1});
   reduce_over_model_parallel(norm_sq, true);
-  const double scaled_norm = std::sqrt(norm_sq.data<double>()[0]);  // the same on every rank
+  const double scaled_norm = std::sqrt(norm_sq.data<double>()[0]) * per_counted;  // the same on every rank
   // The loss and the norm are the same on every rank (summed over all of them, so a NaN anywhere
   // is a NaN everywhere): every rank takes the same decision without another collective.
   const bool loss_ok = std::isfinite(loss), norm_ok = std::isfinite(scaled_norm);
@@ -297,8 +302,8 @@ double Trainer::train_step() {
       ++step_;
       return loss;
     }
-    data_parallel_->scale_grads(float(1.0 / loss_scale));
   }
+  if (loss_scale != 1 || per_counted != 1) data_parallel_->scale_grads(float(per_counted / loss_scale));
   const double norm = scaled_norm / loss_scale;
   last_grad_norm_ = norm;
   double max_norm = cfg_.schedule.clip_max_norm;
