@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "loom/core/error.h"
+#include "loom/core/exit_status.h"
 #include "loom/kernels/cpu/blas_core.h"
 #include "tools/loom/commands.h"
 #include "tools/loom/trace.h"
@@ -34,7 +35,7 @@ int main(int argc, char** argv) {
   if (argc < 2 && loom::cli::describe_subcommands(names)) return 0;
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
     print_usage();
-    return argc < 2 ? 2 : 0;
+    return argc < 2 ? loom::kExitUsage : loom::kExitOk;
   }
   std::string cmd = argv[1];
   std::vector<std::string> args(argv + 2, argv + argc);
@@ -43,12 +44,12 @@ int main(int argc, char** argv) {
       if (c.name == cmd) return loom::cli::run_command(c, args);
     std::fprintf(stderr, "loom: unknown command '%s'\n\n", cmd.c_str());
     print_usage();
-    return 2;
+    return loom::kExitUsage;
   } catch (const loom::cli::UsageError& e) {
     std::fprintf(stderr, "%s\n", e.what());
-    return 2;
+    return loom::kExitUsage;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
+    return loom::kExitError;
   }
 }
