@@ -46,6 +46,8 @@ TEST(Elastic, ReadsTheCauseFromMpirunAndWatchdogLines) {
     EXPECT_TRUE(d.diverged) << line;
     EXPECT_TRUE(d.permanent) << line;
     EXPECT_EQ(d.what.rfind("training ", 0), 0u) << d.what;
+    note_failure_line("process rank 1 with PID 77 on node h exited on signal 9 (Killed)", d);
+    EXPECT_TRUE(d.diverged) << "mpirun's teardown after a divergence hid it";
   }
   FailureCause q;
   note_failure_line("[rank 1] step 12/100 | loss 2.1", q);

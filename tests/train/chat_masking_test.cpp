@@ -6,6 +6,7 @@
 // gradient is the mean over the trained tokens only, however many the mask leaves out.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 
@@ -207,7 +208,9 @@ class RowZero : public train::BatchSource {
   bool alone_;
 };
 
-double first_grad_norm(const train::TrainConfig& cfg, train::BatchSource& src) {
+// The first step's gradient norm (before clipping), and the gradient as the optimizer used it:
+// Adam's first moment after one step is (1 - beta1) x that gradient.
+std::pair<double, std::vector<float>> first_step_grads(const train::TrainConfig& cfg, train::BatchSource& src) {
   train::TrainerOptions o = loom::testing::quiet();
   double norm = -1;
   o.observer.on_step = [&](const train::LoggedStep& s) {
@@ -215,26 +218,34 @@ double first_grad_norm(const train::TrainConfig& cfg, train::BatchSource& src) {
   };
   train::Trainer t(cfg, src, o);
   t.run();
-  return norm;
+  const int64_t n = t.model().params().numel();
+  Tensor m = Tensor::zeros({n}, DType::f32), v = Tensor::zeros({n}, DType::f32);
+  t.data_parallel().gather_full_moments(m, v);
+  return {norm, m.to_f32_vector()};
 }
 
 }  // namespace
 
 // A batch of four rows of which three are masked out trains like the one row that is left: the
-// gradient (its norm before clipping) is the mean over the trained tokens, not over every
-// position of the batch (which would make it four times smaller).
+// gradient (as the optimizer uses it, and its norm) is the mean over the trained tokens, not over
+// every position of the batch (which would make it four times smaller).
 TEST(ChatMasking, TheGradientIsTheMeanOverTheTrainedTokens) {
   const std::string dir = loom::testing::temp_dir("mask_mean");
   const std::string data = loom::testing::prepare_shakespeare(dir, 20000);
   const auto config = [&](int64_t batch) {
-    return train::parse_train_config(
-        loom::testing::tiny_config_yaml(data, ""),
-        {"schedule.steps=1", "log.every=1", "data.micro_batch_size=0", "data.batch_size=" + std::to_string(batch)});
+    return train::parse_train_config(loom::testing::tiny_config_yaml(data, ""),
+                                     {"schedule.steps=1", "log.every=1", "data.micro_batch_size=0",
+                                      "schedule.clip.max_norm=0", "data.batch_size=" + std::to_string(batch)});
   };
   const train::TrainConfig four = config(4);
   train::DatasetSource inner(four);
   RowZero masked(inner, false), alone(inner, true);
-  const double m = first_grad_norm(four, masked), a = first_grad_norm(config(1), alone);
+  const auto [m, mg] = first_step_grads(four, masked);
+  const auto [a, ag] = first_step_grads(config(1), alone);
   ASSERT_GT(a, 0);
   EXPECT_NEAR(m / a, 1.0, 1e-5) << "masked " << m << ", alone " << a;
+  ASSERT_EQ(mg.size(), ag.size());
+  double worst = 0;
+  for (size_t i = 0; i < ag.size(); ++i) worst = std::max(worst, double(std::abs(mg[i] - ag[i])));
+  EXPECT_LT(worst, 1e-6 * a) << "the gradients the optimizer used differ (largest difference " << worst << ")";
 }

@@ -6,7 +6,8 @@
 #  - stop within 100 steps of the loss first doubling (a step's loss above twice the lowest
 #    before it),
 #  - have had the spike guard fire at least once,
-#  - leave no `latest` checkpoint from that step on (checkpoints every 2 steps),
+#  - leave `latest` at a checkpoint from before that step and none from it on (checkpoints every
+#    2 steps),
 # and the launcher must not restart the dp=2 run. A healthy run of the same config finishes with
 # status 0, no spike and no divergence; `loom report` says how each ended.
 #   divergence_test.sh <loom> <source dir>
@@ -31,9 +32,10 @@ check() {
   summary=$(grep '^SUMMARY ' "$out" | tail -1)
   [ -n "$summary" ] || { tail -20 "$out"; fail "$name: no SUMMARY"; }
   latest=$(cat "$ck/latest" 2>/dev/null || echo none)
-  python3 - "$name" "$summary" "$jsonl" "$latest" <<'EOF' || { grep '\[guard\]' "$out" | tail -5; fail "$name"; }
+  python3 - "$name" "$summary" "$jsonl" "$latest" "$ck" <<'EOF' || { grep '\[guard\]' "$out" | tail -5; fail "$name"; }
 import json, sys
-name, summary, jsonl, latest = sys.argv[1], json.loads(sys.argv[2][8:]), sys.argv[3], sys.argv[4]
+import os, re
+name, summary, jsonl, latest, ck = sys.argv[1], json.loads(sys.argv[2][8:]), sys.argv[3], sys.argv[4], sys.argv[5]
 steps, low, doubled, spikes = {}, float("inf"), None, 0
 for line in open(jsonl):
     j = json.loads(line)
@@ -53,8 +55,11 @@ need(summary["ended"] in ("diverged", "nonfinite"), f"ended {summary['ended']}, 
 need(doubled is not None, "the loss never doubled: the run shows nothing")
 if doubled is not None:
     need(summary["steps"] - doubled <= 100, f"stopped at step {summary['steps']}, {summary['steps'] - doubled} steps after the loss doubled at {doubled}")
+    need(latest != "none", "no `latest` left: the checkpoint from before the divergence was lost")
     if latest != "none":
         need(int(latest.strip().split("_")[1]) < doubled, f"latest is {latest.strip()}, not from before step {doubled}")
+    later = [d for d in os.listdir(ck) if re.fullmatch(r"step_\d+", d) and int(d[5:]) >= doubled]
+    need(not later, f"checkpoints from step {doubled} on are left: {later}")
 need(spikes >= 1, "the spike guard never fired")
 print(f"{name}: {summary['ended']} at step {summary['steps']} (doubled at {doubled}, {spikes} spikes, "
       f"last healthy {summary.get('last_healthy_step')}, latest {latest.strip()})")

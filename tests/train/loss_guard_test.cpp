@@ -106,9 +106,11 @@ TEST(LossGuard, AShortExcursionAboveTheFactorDoesNotDiverge) {
   EXPECT_GT(above, 10) << "the excursion did not go above the factor: the test shows nothing";
   EXPECT_LT(d.longest_above(), 25);
   EXPECT_TRUE(d.healthy());
-  // After restart() the smoothing starts again from the next loss and the minimum stays.
-  d.restart();
-  EXPECT_FALSE(d.observe(301, 5));
+  // After restart(250) (a rollback to step 250) the smoothing starts again from the next loss, the
+  // minimum stays, and no step of the abandoned trajectory is the last healthy one.
+  d.restart(250);
+  EXPECT_EQ(d.last_healthy_step(), 250);
+  EXPECT_FALSE(d.observe(251, 5));
   EXPECT_DOUBLE_EQ(d.smoothed(), 5);
   EXPECT_NEAR(d.minimum(), 3, 1e-9);
 }

@@ -14,6 +14,7 @@ void note_failure_line(const std::string& raw, FailureCause& cause) {
   static const std::regex relayed(R"(^\[rank \d+\] (.*)$)");
   std::smatch m;
   if (std::regex_match(raw, m, relayed)) line = m[1];
+  if (cause.diverged) return;  // decisive: what mpirun says of the teardown after it changes nothing
   if (line.rfind("error: [config]", 0) == 0 || line.rfind("usage: loom", 0) == 0) {
     cause.permanent = true;
     if (cause.what.empty()) cause.what = line;
@@ -22,7 +23,7 @@ void note_failure_line(const std::string& raw, FailureCause& cause) {
   if (line.rfind("error: [train] training diverged", 0) == 0 ||
       line.rfind("error: [train] training stopped on non-finite values", 0) == 0) {
     cause.permanent = cause.diverged = true;
-    if (cause.what.empty()) cause.what = line.substr(std::string("error: [train] ").size());
+    cause.what = line.substr(std::string("error: [train] ").size());
     return;
   }
   static const std::regex watchdog(R"(\[watchdog\] rank (\d+): (.*))");

@@ -88,8 +88,10 @@ bool DivergenceDetector::observe(int64_t step, double loss) {
   return factor_ > 1 && above_ >= steps_;
 }
 
-void DivergenceDetector::restart() {
+void DivergenceDetector::restart(int64_t step) {
   started_ = false;
+  healthy_step_ = std::min(healthy_step_, step);
+  last_step_ = std::min(last_step_, step);
   above_since_ = -1;
   above_ = 0;
 }

@@ -57,8 +57,9 @@ class DivergenceDetector {
   // Step `step`'s loss (1-based; non-finite losses are not passed). True on the step that makes
   // it a divergence, and on every later step while it lasts.
   bool observe(int64_t step, double loss);
-  // Restarts the smoothing from the next loss (after a rollback); the minimum stays.
-  void restart();
+  // After a rollback to step `step`: the smoothing restarts from the next loss, the minimum stays,
+  // and steps after `step` (of the abandoned trajectory) are no longer the last healthy one.
+  void restart(int64_t step);
 
   double smoothed() const { return ema_; }
   double minimum() const { return min_; }

@@ -259,6 +259,7 @@ double Trainer::train_step() {
   reduce_over_model_parallel(totals, false);  // the last stage's loss, same on every tp rank
   mesh_->data().all_reduce(totals);
   const double counted = totals.data<double>()[1];
+  last_counted_ = counted;
   const double loss = totals.data<double>()[0] / std::max(1.0, counted);
   // The backward divided by every position of the global batch; with a loss mask (chat data:
   // only the replies are trained) fewer count, and the mean over those is `per_counted` x it.
@@ -395,8 +396,10 @@ TrainResult Trainer::run() {
     r.losses.push_back(last_loss);
     if (scaler_.enabled()) r.loss_scales.push_back(last_step_scale_);
     if (async_pending_) finish_async_checkpoint(/*wait=*/false);
-    if (ended_ != RunEnd::finished) break;   // train_step stopped it (non-finite)
-    if (skipped_steps_ == skipped_before) {  // an update was made: its loss is finite
+    if (ended_ != RunEnd::finished) break;  // train_step stopped it (non-finite)
+    // An update was made (its loss is finite) on a batch with trained targets (a fully masked
+    // batch's loss is 0, which says nothing of the run).
+    if (skipped_steps_ == skipped_before && last_counted_ > 0) {
       if (cfg_.guard.spike_z > 0 && spike_detected(last_loss)) {
         roll_back();
         if (ended_ != RunEnd::finished) break;

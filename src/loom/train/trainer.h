@@ -109,7 +109,8 @@ struct TrainerOptions {
   std::vector<int64_t> inject_grad_overflow_at;
   // Tests: batches (1-based; batch s is step s's until a rollback skips batches) whose loss on
   // world rank 0 is multiplied by the factor (NaN: a non-finite loss; 100: a spike), as a bad
-  // batch would make it; gradients are left alone.
+  // batch would make it; gradients are left alone. Data parallelism only (tp = pp = 1: rank 0's
+  // loss is not reduced over tensor ranks, and under pp it computes none).
   std::vector<std::pair<int64_t, double>> inject_loss_factor_at;
   double peak_gflops = 0;  // MFU denominator; 0: measure the products' GEMM at start
   TrainObserver observer;
@@ -157,9 +158,14 @@ class Trainer {
   void roll_back();
   // guard.divergence: feeds an accepted step's loss to the detector; true when the run must stop.
   bool divergence_detected(double loss);
-  // Ends a diverged or non-finite run: removes this run's checkpoints after its last healthy step,
-  // points `latest` at the newest one left, logs why and the likely causes.
-  void stop_run(RunEnd why, const std::string& reason);
+  // Ends a diverged or non-finite run: removes this run's checkpoints after keep_upto (default: the
+  // last healthy step; before a non-finite loss, the step before it), points `latest` at the
+  // newest one left, logs why and the likely causes.
+  void stop_run(RunEnd why, const std::string& reason, int64_t keep_upto = -2);
+  // The newest step whose checkpoint is known sound while the loss misbehaves (a non-finite streak,
+  // spikes, a divergence under way): checkpoint pruning keeps the newest one up to it. -1 while
+  // all is well.
+  int64_t fallback_step() const;
   // The batch index step s trains on (s, moved on past windows a rollback skipped).
   int64_t batch_of(int64_t step) const;
   void resume_from(const std::string& spec);
@@ -230,6 +236,7 @@ class Trainer {
   DivergenceDetector divergence_{2, 25};
   int64_t spikes_ = 0, spikes_in_row_ = 0, first_spike_step_ = -1, divergence_warnings_ = 0;
   int64_t first_nonfinite_step_ = -1;  // the first step of the current run of non-finite ones
+  double last_counted_ = 0;            // targets the last step's loss counted (0: all masked)
   std::string last_rollback_target_;
   int64_t rollbacks_to_target_ = 0;
   RunEnd ended_ = RunEnd::finished;  // a guard's verdict; the loop stops when it is set

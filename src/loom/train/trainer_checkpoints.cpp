@@ -79,7 +79,7 @@ void Trainer::maybe_checkpoint(bool force) {
                          scaler_.clean_steps(),
                          skipped_windows_,
                          card_files_.files,
-                         divergence_.healthy() ? -1 : divergence_.last_healthy_step()};
+                         fallback_step()};
   Stopwatch sw;
   if (!cfg_.checkpoint.async) {
     last_checkpoint_ =

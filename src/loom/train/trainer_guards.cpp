@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 
 #include <nlohmann/json.hpp>
 
@@ -93,7 +94,8 @@ void Trainer::roll_back() {
         str_cat("the loss spiked again after each of two rollbacks to ", fs::path(*found).filename().string(),
                 ", whatever the batches (spikes at steps ", first, "-", last, ")");
     if (cfg_.guard.divergence == Divergence::stop) {
-      stop_run(RunEnd::diverged, what);
+      divergence_.restart(checkpoint_step_of(*found));
+      stop_run(RunEnd::diverged, what, checkpoint_step_of(*found));  // the target is as good as it gets
       return;
     }
     // Rolling back again would skip batches for ever: count the spikes from here on.
@@ -123,7 +125,7 @@ void Trainer::roll_back() {
   skipped_windows_.push_back({first - 1, last - first + 1});
   // The spike window is kept: the losses before the spikes judge the steps trained again, so
   // spikes that come back right after the rollback are seen.
-  divergence_.restart();
+  divergence_.restart(step_);
   ++rollbacks_;
   if (log) {
     std::fprintf(log, "[guard] rolled back to step %lld (%s); the batches of steps %lld-%lld are skipped\n",
@@ -162,41 +164,61 @@ bool Trainer::divergence_detected(double loss) {
   return false;
 }
 
-void Trainer::stop_run(RunEnd why, const std::string& reason) {
-  finish_async_checkpoint(/*wait=*/true);
+int64_t Trainer::fallback_step() const {
+  // Step s reports the loss of the weights saved at step s-1: the checkpoint of the step before
+  // the first non-finite loss holds the weights that gave it (an update can overflow them). A
+  // divergence is a trend, not a step: its last healthy step's checkpoint is kept.
+  int64_t upto = std::numeric_limits<int64_t>::max();
+  if (!divergence_.healthy()) upto = divergence_.last_healthy_step();
+  if (consecutive_nonfinite_ > 0) upto = std::min(upto, first_nonfinite_step_ - 2);
+  if (spikes_in_row_ > 0) upto = std::min(upto, first_spike_step_ - 1);  // a rollback's target
+  return upto == std::numeric_limits<int64_t>::max() ? -1 : upto;
+}
+
+void Trainer::stop_run(RunEnd why, const std::string& reason, int64_t keep_upto) {
+  try {
+    finish_async_checkpoint(/*wait=*/true);
+  } catch (const std::exception& e) {  // every rank throws alike; the cleanup below still runs
+    if (main_rank()) std::fprintf(opt_.log, "[guard] the last background checkpoint failed: %s\n", e.what());
+  }
   ended_ = why;
   // Where it began: the step before the first non-finite one, or the last healthy step of the
   // smoothed loss, whichever is earlier.
   int64_t healthy = why == RunEnd::nonfinite ? first_nonfinite_step_ - 1 : divergence_.last_healthy_step();
   if (!divergence_.healthy()) healthy = std::min(healthy, divergence_.last_healthy_step());
   last_healthy_step_ = std::max<int64_t>(healthy, 0);
+  if (keep_upto < -1) {
+    keep_upto = why == RunEnd::nonfinite ? last_healthy_step_ - 1 : last_healthy_step_;
+    if (const int64_t f = fallback_step(); f >= 0) keep_upto = std::min(keep_upto, f);
+  }
   std::string kept = "checkpoint.dir is not set";
   if (!cfg_.checkpoint.dir.empty()) {
-    // Checkpoints up to the last healthy step stay; the later ones hold the diverging weights,
+    // Checkpoints up to keep_upto stay; the later ones hold weights of the diverging trajectory,
     // which a resume must not pick.
-    std::optional<std::string> fallback;
+    std::string fallback;
     if (main_rank()) {
       for (const CheckpointEntry& e : list_checkpoints(cfg_.checkpoint.dir)) {  // highest step first
-        if (e.step > last_healthy_step_ && checkpoint_run_id(e.path) == run_id_) {
+        if (e.step > keep_upto && checkpoint_run_id(e.path) == run_id_) {
           std::error_code ec;
           fs::remove_all(e.path, ec);
-        } else if (!fallback && e.step <= last_healthy_step_) {
+        } else if (fallback.empty() && e.step <= keep_upto) {
           fallback = e.path;
         }
       }
       const std::string latest = (fs::path(cfg_.checkpoint.dir) / "latest").string();
       std::error_code ec;
-      if (fallback)
-        io::write_file_atomic(latest, fs::path(*fallback).filename().string() + "\n");
+      if (!fallback.empty())
+        io::write_file_atomic(latest, fs::path(fallback).filename().string() + "\n");
       else
         fs::remove(latest, ec);
     }
-    kept = fallback ? str_cat("latest is ", *fallback, " (resume from it with lower optim.lr)")
-                    : str_cat("no checkpoint in ", cfg_.checkpoint.dir, " is from before it");
-    if (fallback)
-      last_checkpoint_ = *fallback;
-    else
-      last_checkpoint_.clear();
+    // Every rank ends with the same view of what is left (rank 0 looked).
+    Tensor step = Tensor::from_vector<int64_t>({fallback.empty() ? -1 : checkpoint_step_of(fallback)}, {1});
+    mesh_->world().broadcast(step, 0);
+    const int64_t kept_step = step.data<int64_t>()[0];
+    last_checkpoint_ = kept_step < 0 ? "" : checkpoint_path(cfg_.checkpoint.dir, kept_step);
+    kept = kept_step >= 0 ? str_cat("latest is ", last_checkpoint_, " (resume from it with lower optim.lr)")
+                          : str_cat("no checkpoint in ", cfg_.checkpoint.dir, " is from before it");
   }
   DivergenceSuspects s;
   s.lr = cfg_.optim.lr;
