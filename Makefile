@@ -16,10 +16,10 @@ build: configure
 	@echo "[build] CLI at $(BUILD_DIR)/bin/loom"
 
 # Every test but those labelled `peer` (they install llama.cpp, a numpy reference or the openai
-# client into venvs: minutes, and the package index); `make test-all` (CI) runs those too.
-# Labels: docs/TESTING.md.
+# client into venvs: minutes, and the package index) and `long` (minutes of training a real
+# model); `make test-all` (CI) runs those too. Labels: docs/TESTING.md.
 test: build
-	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) -LE peer $(CTEST_ARGS)
+	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) -LE "peer|long" $(CTEST_ARGS)
 
 test-all: build
 	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
