@@ -115,6 +115,21 @@ TEST(LossGuard, AShortExcursionAboveTheFactorDoesNotDiverge) {
   EXPECT_NEAR(d.minimum(), 3, 1e-9);
 }
 
+// A fine-tune that memorises its data: the loss wanders between 0.01 and 0.08 nats, many times
+// its minimum, yet far below the 0.1-nat floor the factor multiplies; a climb from there to 1 is
+// a divergence.
+TEST(LossGuard, ALossNearZeroIsJudgedAgainstAFloor) {
+  DivergenceDetector d(2, 25);
+  std::mt19937_64 rng(5);
+  std::uniform_real_distribution<double> u(0.01, 0.08);
+  for (int64_t s = 1; s <= 500; ++s) ASSERT_FALSE(d.observe(s, u(rng))) << "step " << s;
+  EXPECT_LT(d.max_ratio(), 1);
+  int64_t diverged = -1;
+  for (int64_t s = 501; s <= 600 && diverged < 0; ++s)
+    if (d.observe(s, 1.0)) diverged = s;
+  EXPECT_GT(diverged, 0) << "a climb from 0.05 to 1 nat was not a divergence";
+}
+
 TEST(LossGuard, LikelyCausesNameTheSuspiciousSettings) {
   DivergenceSuspects s;
   s.lr = 10;

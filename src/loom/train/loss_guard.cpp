@@ -71,8 +71,9 @@ bool DivergenceDetector::observe(int64_t step, double loss) {
     min_ = ema_;
     min_step_ = step;
   }
-  // A minimum at or below zero (a loss that is not a cross-entropy) cannot be multiplied.
-  const double ratio = min_ > 0 ? ema_ / min_ : 1;
+  // Against at least kMinimumFloor: a memorising fine-tune whose loss wanders between 0.01 and
+  // 0.05 nats is not diverging (and a minimum at or below zero cannot be multiplied).
+  const double ratio = ema_ / std::max(min_, kMinimumFloor);
   max_ratio_ = std::max(max_ratio_, ratio);
   last_step_ = step;
   if (ratio <= kHealthyBand && loss <= factor_ * lowest_) healthy_step_ = step;

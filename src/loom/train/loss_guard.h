@@ -52,6 +52,8 @@ class DivergenceDetector {
   // A step is healthy while its smoothed loss is within this factor of the minimum and its own
   // loss at most `factor` times the lowest loss before it: where a divergence is said to begin.
   static constexpr double kHealthyBand = 1.1;
+  // The minimum the factor multiplies is at least this many nats.
+  static constexpr double kMinimumFloor = 0.1;
 
   DivergenceDetector(double factor, int64_t steps);
   // Step `step`'s loss (1-based; non-finite losses are not passed). True on the step that makes
@@ -80,7 +82,7 @@ class DivergenceDetector {
   double factor_;
   int64_t steps_;
   bool started_ = false;
-  double ema_ = 0, min_ = 0, max_ratio_ = 1, lowest_ = INFINITY;
+  double ema_ = 0, min_ = 0, max_ratio_ = 0, lowest_ = INFINITY;
   int64_t min_step_ = 0, healthy_step_ = 0, last_step_ = 0, above_since_ = -1, above_ = 0, longest_above_ = 0;
 };
 
