@@ -6,9 +6,11 @@
 // data/. No model knowledge here.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "loom/io/file.h"
@@ -142,10 +144,11 @@ class GgufWriter {
   void set(const std::string& key, GgufValue v);
   void add_tensor(const std::string& name, GgmlType type, const std::vector<int64_t>& ne, std::string bytes);
   void set_alignment(uint64_t a) { alignment_ = a; }
-  void write(const std::string& path) const;  // atomically
+  void write(const std::string& path) const;  // atomically, streamed
   std::string bytes() const;                  // the whole file in memory
 
  private:
+  void emit(const std::function<void(std::string_view)>& out) const;  // the file's bytes, in order
   std::vector<std::pair<std::string, GgufValue>> kv_;
   struct Item {
     std::string name;

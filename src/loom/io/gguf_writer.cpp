@@ -1,6 +1,9 @@
 // GgufWriter and the value builders of gguf.h: a GGUF v3 file from metadata and tensors whose
-// bytes are already in their ggml type. Tests and fuzz seeds write models with it.
+// bytes are already in their ggml type. Tests, fuzz seeds and `loom export` write models with it;
+// a file is streamed to disk, never assembled in memory.
 #include <cstring>
+#include <functional>
+#include <string_view>
 
 #include "loom/core/error.h"
 #include "loom/io/gguf.h"
@@ -72,42 +75,54 @@ void GgufWriter::add_tensor(const std::string& name, GgmlType type, const std::v
   tensors_.push_back({name, type, ne, std::move(bytes)});
 }
 
-std::string GgufWriter::bytes() const {
-  std::string out;
-  put<uint32_t>(out, 0x46554747);
-  put<uint32_t>(out, 3);
-  put<uint64_t>(out, tensors_.size());
+void GgufWriter::emit(const std::function<void(std::string_view)>& out) const {
+  std::string head;
+  put<uint32_t>(head, 0x46554747);
+  put<uint32_t>(head, 3);
+  put<uint64_t>(head, tensors_.size());
   const bool own_alignment = alignment_ != 32;
-  put<uint64_t>(out, kv_.size() + (own_alignment ? 1 : 0));
+  put<uint64_t>(head, kv_.size() + (own_alignment ? 1 : 0));
   for (const auto& [k, v] : kv_) {
-    put_string(out, k);
-    put<uint32_t>(out, uint32_t(v.type));
-    put_value(out, v);
+    put_string(head, k);
+    put<uint32_t>(head, uint32_t(v.type));
+    put_value(head, v);
   }
   if (own_alignment) {
-    put_string(out, "general.alignment");
-    put<uint32_t>(out, uint32_t(GgufType::u32));
-    put<uint32_t>(out, uint32_t(alignment_));
+    put_string(head, "general.alignment");
+    put<uint32_t>(head, uint32_t(GgufType::u32));
+    put<uint32_t>(head, uint32_t(alignment_));
   }
   uint64_t offset = 0;
   for (const auto& t : tensors_) {
-    put_string(out, t.name);
-    put<uint32_t>(out, uint32_t(t.ne.size()));
-    for (int64_t d : t.ne) put<uint64_t>(out, uint64_t(d));
-    put<uint32_t>(out, uint32_t(t.type));
-    put<uint64_t>(out, offset);
+    put_string(head, t.name);
+    put<uint32_t>(head, uint32_t(t.ne.size()));
+    for (int64_t d : t.ne) put<uint64_t>(head, uint64_t(d));
+    put<uint32_t>(head, uint32_t(t.type));
+    put<uint64_t>(head, offset);
     offset = (offset + t.bytes.size() + alignment_ - 1) / alignment_ * alignment_;
   }
-  pad_to(out, alignment_);
+  pad_to(head, alignment_);
+  out(head);
   // Each tensor starts aligned; the file ends with the last tensor's bytes.
+  const std::string zeros(alignment_, '\0');
   for (size_t k = 0; k < tensors_.size(); ++k) {
-    out += tensors_[k].bytes;
-    if (k + 1 < tensors_.size()) pad_to(out, alignment_);
+    out(tensors_[k].bytes);
+    const uint64_t pad = (alignment_ - tensors_[k].bytes.size() % alignment_) % alignment_;
+    if (k + 1 < tensors_.size() && pad) out(std::string_view(zeros).substr(0, pad));
   }
+}
+
+std::string GgufWriter::bytes() const {
+  std::string out;
+  emit([&](std::string_view b) { out += b; });
   return out;
 }
 
-void GgufWriter::write(const std::string& path) const { write_file_atomic(path, bytes()); }
+void GgufWriter::write(const std::string& path) const {
+  AtomicFileWriter f(path);
+  emit([&](std::string_view b) { f.write(b); });
+  f.commit();
+}
 
 GgufValue gguf_int(int64_t v, GgufType t) {
   GgufValue x;
