@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 #include <set>
+#include <span>
 #include <vector>
 
 #include "loom/core/error.h"
@@ -17,48 +18,52 @@ namespace {
 
 std::string key(const std::string& arch, const char* k) { return arch + "." + k; }
 
+// llama.cpp's names of a block's tensors beside Hugging Face's (after "transformer.h.N." for
+// GPT-2, "model.layers.N." for LLaMA), read one way by hf_name, the other by gguf_tensor_name.
+using NamePair = std::pair<const char*, const char*>;
+constexpr NamePair kGpt2Block[] = {
+    {"attn_norm.weight", "ln_1.weight"},          {"attn_norm.bias", "ln_1.bias"},
+    {"attn_qkv.weight", "attn.c_attn.weight"},    {"attn_qkv.bias", "attn.c_attn.bias"},
+    {"attn_output.weight", "attn.c_proj.weight"}, {"attn_output.bias", "attn.c_proj.bias"},
+    {"ffn_norm.weight", "ln_2.weight"},           {"ffn_norm.bias", "ln_2.bias"},
+    {"ffn_up.weight", "mlp.c_fc.weight"},         {"ffn_up.bias", "mlp.c_fc.bias"},
+    {"ffn_down.weight", "mlp.c_proj.weight"},     {"ffn_down.bias", "mlp.c_proj.bias"},
+};
+constexpr NamePair kLlamaBlock[] = {
+    {"attn_norm.weight", "input_layernorm.weight"},
+    {"attn_q.weight", "self_attn.q_proj.weight"},
+    {"attn_k.weight", "self_attn.k_proj.weight"},
+    {"attn_v.weight", "self_attn.v_proj.weight"},
+    {"attn_q.bias", "self_attn.q_proj.bias"},
+    {"attn_k.bias", "self_attn.k_proj.bias"},
+    {"attn_v.bias", "self_attn.v_proj.bias"},
+    {"attn_output.weight", "self_attn.o_proj.weight"},
+    {"ffn_norm.weight", "post_attention_layernorm.weight"},
+    {"ffn_gate.weight", "mlp.gate_proj.weight"},
+    {"ffn_up.weight", "mlp.up_proj.weight"},
+    {"ffn_down.weight", "mlp.down_proj.weight"},
+};
+constexpr NamePair kGpt2Top[] = {{"token_embd.weight", "transformer.wte.weight"},
+                                 {"position_embd.weight", "transformer.wpe.weight"},
+                                 {"output_norm.weight", "transformer.ln_f.weight"},
+                                 {"output_norm.bias", "transformer.ln_f.bias"},
+                                 {"output.weight", "lm_head.weight"}};
+constexpr NamePair kLlamaTop[] = {{"token_embd.weight", "model.embed_tokens.weight"},
+                                  {"output_norm.weight", "model.norm.weight"},
+                                  {"output.weight", "lm_head.weight"}};
+
 // The HF name of a llama.cpp tensor name, or "" when it has none.
 std::string hf_name(const ModelConfig& cfg, const std::string& g) {
   const bool gpt2 = cfg.family == Family::gpt2;
-  if (g == "token_embd.weight") return gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight";
-  if (g == "position_embd.weight" && gpt2) return "transformer.wpe.weight";
-  if (g == "output_norm.weight") return gpt2 ? "transformer.ln_f.weight" : "model.norm.weight";
-  if (g == "output_norm.bias" && gpt2) return "transformer.ln_f.bias";
-  if (g == "output.weight") return "lm_head.weight";
+  for (const auto& [from, to] : gpt2 ? std::span<const NamePair>(kGpt2Top) : std::span<const NamePair>(kLlamaTop))
+    if (g == from) return to;
   if (g.rfind("blk.", 0) != 0) return "";
   const size_t dot = g.find('.', 4);
   if (dot == std::string::npos) return "";
   const std::string layer = g.substr(4, dot - 4), rest = g.substr(dot + 1);
   if (layer.empty() || layer.find_first_not_of("0123456789") != std::string::npos) return "";
-  if (gpt2) {
-    static const std::pair<const char*, const char*> kGpt2[] = {
-        {"attn_norm.weight", "ln_1.weight"},          {"attn_norm.bias", "ln_1.bias"},
-        {"attn_qkv.weight", "attn.c_attn.weight"},    {"attn_qkv.bias", "attn.c_attn.bias"},
-        {"attn_output.weight", "attn.c_proj.weight"}, {"attn_output.bias", "attn.c_proj.bias"},
-        {"ffn_norm.weight", "ln_2.weight"},           {"ffn_norm.bias", "ln_2.bias"},
-        {"ffn_up.weight", "mlp.c_fc.weight"},         {"ffn_up.bias", "mlp.c_fc.bias"},
-        {"ffn_down.weight", "mlp.c_proj.weight"},     {"ffn_down.bias", "mlp.c_proj.bias"},
-    };
-    for (const auto& [from, to] : kGpt2)
-      if (rest == from) return str_cat("transformer.h.", layer, ".", to);
-    return "";
-  }
-  static const std::pair<const char*, const char*> kLlama[] = {
-      {"attn_norm.weight", "input_layernorm.weight"},
-      {"attn_q.weight", "self_attn.q_proj.weight"},
-      {"attn_k.weight", "self_attn.k_proj.weight"},
-      {"attn_v.weight", "self_attn.v_proj.weight"},
-      {"attn_q.bias", "self_attn.q_proj.bias"},
-      {"attn_k.bias", "self_attn.k_proj.bias"},
-      {"attn_v.bias", "self_attn.v_proj.bias"},
-      {"attn_output.weight", "self_attn.o_proj.weight"},
-      {"ffn_norm.weight", "post_attention_layernorm.weight"},
-      {"ffn_gate.weight", "mlp.gate_proj.weight"},
-      {"ffn_up.weight", "mlp.up_proj.weight"},
-      {"ffn_down.weight", "mlp.down_proj.weight"},
-  };
-  for (const auto& [from, to] : kLlama)
-    if (rest == from) return str_cat("model.layers.", layer, ".", to);
+  for (const auto& [from, to] : gpt2 ? std::span<const NamePair>(kGpt2Block) : std::span<const NamePair>(kLlamaBlock))
+    if (rest == from) return str_cat(gpt2 ? "transformer.h." : "model.layers.", layer, ".", to);
   return "";
 }
 
@@ -113,6 +118,20 @@ bool is_gguf_file(const std::string& path) {
 std::string gguf_model_name(const io::GgufFile& g) {
   const std::string name = g.get_string("general.name", "");
   return name.empty() ? std::filesystem::path(g.path()).stem().string() : name;
+}
+
+std::string gguf_tensor_name(const ModelConfig& cfg, const std::string& hf) {
+  const bool gpt2 = cfg.family == Family::gpt2;
+  for (const auto& [to, from] : gpt2 ? std::span<const NamePair>(kGpt2Top) : std::span<const NamePair>(kLlamaTop))
+    if (hf == from) return to;
+  const std::string prefix = gpt2 ? "transformer.h." : "model.layers.";
+  if (hf.rfind(prefix, 0) != 0) return "";
+  const size_t dot = hf.find('.', prefix.size());
+  if (dot == std::string::npos) return "";
+  const std::string layer = hf.substr(prefix.size(), dot - prefix.size()), rest = hf.substr(dot + 1);
+  for (const auto& [to, from] : gpt2 ? std::span<const NamePair>(kGpt2Block) : std::span<const NamePair>(kLlamaBlock))
+    if (rest == from) return str_cat("blk.", layer, ".", to);
+  return "";
 }
 
 ModelConfig gguf_model_config(const io::GgufFile& g) {
@@ -170,13 +189,23 @@ int64_t GgufSource::source_row(int64_t r) const {
   return h * head_dim + 2 * (within % half) + within / half;
 }
 
+GgufSource gguf_row_order(const ModelConfig& cfg, const std::string& arch, const std::string& hf_name) {
+  // llama.cpp permutes q and k rows for its adjacent-pair RoPE only in the 'llama' architecture;
+  // Qwen2 files keep Hugging Face's order (llama.cpp rotates halves there).
+  GgufSource s;
+  if (arch == "llama" &&
+      (hf_name.ends_with("self_attn.q_proj.weight") || hf_name.ends_with("self_attn.k_proj.weight"))) {
+    s.rope_heads = hf_name.ends_with("q_proj.weight") ? cfg.n_head : cfg.n_kv_head;
+    s.head_dim = cfg.head_dim();
+  }
+  return s;
+}
+
 std::map<std::string, GgufSource> gguf_sources(const io::GgufFile& g, const ModelConfig& cfg) {
   const ParamLayout layout(cfg);
   std::map<std::string, GgufSource> out;
   std::vector<std::string> unexpected;
-  // llama.cpp permutes q and k rows for its adjacent-pair RoPE only in the 'llama' architecture;
-  // Qwen2 files keep Hugging Face's order (llama.cpp rotates halves there).
-  const bool permuted_arch = g.get_string("general.architecture") == "llama";
+  const std::string arch = g.get_string("general.architecture");
   for (const io::GgufTensor& t : g.tensors()) {
     if (t.name == "rope_freqs.weight") continue;  // in the config (gguf_model_config)
     const std::string name = hf_name(cfg, t.name);
@@ -190,12 +219,8 @@ std::map<std::string, GgufSource> gguf_sources(const io::GgufFile& g, const Mode
     LOOM_CHECK(io::ggml_type_supported(t.type), "gguf", g.path(), ": tensor '", t.name, "' is ",
                io::ggml_type_name(t.type),
                ", a type loom cannot dequantize yet; re-quantize the model to Q8_0, Q4_K or F16");
-    GgufSource src;
+    GgufSource src = gguf_row_order(cfg, arch, name);
     src.tensor = &t;
-    if (permuted_arch && (name.ends_with("self_attn.q_proj.weight") || name.ends_with("self_attn.k_proj.weight"))) {
-      src.rope_heads = name.ends_with("q_proj.weight") ? cfg.n_head : cfg.n_kv_head;
-      src.head_dim = cfg.head_dim();
-    }
     out[name] = src;
   }
   auto list = [](const std::vector<std::string>& v) {

@@ -42,6 +42,15 @@ struct GgufSource {
   int64_t source_row(int64_t r) const;
 };
 
+// The row order llama.cpp gives parameter `hf_name` in architecture `arch` (no tensor): the
+// head layout of the q and k projections in 'llama' files, plain rows for everything else.
+// Reading un-permutes with it (load_gguf_weights); writing permutes with it (export_gguf.h).
+GgufSource gguf_row_order(const ModelConfig& cfg, const std::string& arch, const std::string& hf_name);
+
+// llama.cpp's name of a parameter of `cfg` ("blk.3.attn_q.weight" for
+// "model.layers.3.self_attn.q_proj.weight"), the inverse of what gguf_sources reads; "" for none.
+std::string gguf_tensor_name(const ModelConfig& cfg, const std::string& hf_name);
+
 // The source of every parameter of `cfg` (the whole model) by its Hugging Face name, checked:
 // a tensor with no place in the model, a missing one, a shape that differs or a type loom
 // cannot dequantize is an error naming it.
