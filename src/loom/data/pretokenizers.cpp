@@ -237,6 +237,15 @@ std::optional<SplitRegex> recognize_split_regex(std::string_view pattern) {
   return std::nullopt;
 }
 
+std::string_view split_regex_pattern(SplitRegex r) {
+  switch (r) {
+    case SplitRegex::kGpt2: return kGpt2Pattern;
+    case SplitRegex::kLlama3: return kLlama3Pattern;
+    case SplitRegex::kQwen2: return kQwen2Pattern;
+  }
+  fail("tokenizer", "unknown split regex");
+}
+
 size_t split_regex_match_end(SplitRegex r, std::string_view text, size_t pos) {
   switch (r) {
     case SplitRegex::kGpt2: {

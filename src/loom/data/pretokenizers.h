@@ -21,6 +21,8 @@ enum class SplitRegex { kGpt2, kLlama3, kQwen2 };
 
 // The pattern a tokenizer.json Split names, when it is one of the above written exactly.
 std::optional<SplitRegex> recognize_split_regex(std::string_view pattern);
+// The pattern as those tokenizer.json files write it (what recognize_split_regex recognises).
+std::string_view split_regex_pattern(SplitRegex r);
 
 // End (byte offset) of the match of `r` that starts at `pos` < text.size(). The patterns match
 // every non-empty remainder, so the pieces tile the text.
