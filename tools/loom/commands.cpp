@@ -27,6 +27,7 @@ const std::vector<Command>& commands() {
       {"chat", "interactive chat with a model in the terminal: loom chat --model PATH", cmd_chat},
       {"quantize", "write a bf16/int8/int4 copy of a checkpoint for inference", cmd_quantize},
       {"convert", "write a GGUF file or a Hugging Face directory as a loom checkpoint", cmd_convert},
+      {"export", "write a checkpoint as a Hugging Face directory or a GGUF file", cmd_export},
       {"eval", "loss and perplexity of a model on prepared tokens or a text (any precision)", cmd_eval},
       {"report", "one HTML page of a training run's metrics: loom report RUN_DIR", cmd_report},
       {"plan", "predict memory and step time of training layouts", cmd_plan},

@@ -35,6 +35,7 @@ int cmd_chat(const std::vector<std::string>& args);
 int cmd_serve(const std::vector<std::string>& args);
 int cmd_quantize(const std::vector<std::string>& args);
 int cmd_convert(const std::vector<std::string>& args);
+int cmd_export(const std::vector<std::string>& args);
 int cmd_eval(const std::vector<std::string>& args);
 int cmd_plan(const std::vector<std::string>& args);
 int cmd_trace(const std::vector<std::string>& args);
