@@ -155,9 +155,12 @@ void read_post_processor(const json& p, ByteLevelVocabulary& v) {
   for (const json& item : p["single"]) {
     if (item.contains("Sequence")) {
       seen_a = true;
-    } else if (item.contains("SpecialToken")) {
-      (seen_a ? v.add_eos : v.add_bos) = true;
+      continue;
     }
+    const std::string name = item.at("SpecialToken").at("id").get<std::string>();
+    const json& ids = p.at("special_tokens").at(name).at("ids");
+    (seen_a ? v.add_eos : v.add_bos) = true;
+    if (ids.size() == 1) (seen_a ? v.eos : v.bos) = ids[0].get<int32_t>();
   }
 }
 
@@ -234,14 +237,19 @@ ByteLevelVocabulary vocabulary_from_tokenizer_json(const std::string& json_text,
       if (v.tokens[i] == text) return int32_t(i);
     return std::nullopt;
   };
-  v.bos = id_of("bos_token");
-  v.eos = id_of("eos_token");
+  if (const auto id = id_of("bos_token")) v.bos = id;
+  if (const auto id = id_of("eos_token")) v.eos = id;
   v.unk = id_of("unk_token");
   v.pad = id_of("pad_token");
   if (!v.add_bos && !v.add_eos) {  // the config says where the post-processor does not
     v.add_bos = cfg.value("add_bos_token", false);
     v.add_eos = cfg.value("add_eos_token", false);
   }
+  // As loom's reader of tokenizer.json: without a configured eos, the end-of-text token of the
+  // common families.
+  for (const char* name : {"<|end_of_text|>", "<|endoftext|>", "</s>", "<|im_end|>"})
+    for (size_t i = 0; !v.eos && i < v.tokens.size(); ++i)
+      if (v.tokens[i] == name) v.eos = int32_t(i);
   v.add_bos = v.add_bos && v.bos;
   v.add_eos = v.add_eos && v.eos;
   return v;
