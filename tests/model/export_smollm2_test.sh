@@ -8,7 +8,9 @@
 #      the GGUF tokenizer's ids, and its tokenizer_config.json renders the chat template as the
 #      GGUF's does;
 #   2. --format gguf --type f32: the same logits bit for bit, greedy text, tokenizer ids and chat
-#      prompt; q8_0 and q4_1 files load and answer.
+#      prompt; q8_0 and q4_1 files load and answer;
+#   3. a checkpoint fine-tuned from the GGUF (model.init_from, 2 steps) exports both ways, its
+#      weights as they are, and both answer the chat question as the checkpoint does.
 # Prints each file's size and each export's time. Skips (exit 77, "SKIPPED:") only when the model
 # cannot be downloaded.
 # usage: export_smollm2_test.sh LOOM_BINARY SOURCE_DIR
@@ -83,4 +85,25 @@ for type in q8_0 q4_1; do
   [ -s "$WORK/$type.chat" ] || fail "$type: no answer"
   echo "gguf $type: $(mb "$WORK/smollm2.$type.gguf") in $(seconds_of "$WORK/$type.log") s, answers '$(cat "$WORK/$type.chat")'"
 done
+
+# 3. A fine-tuned checkpoint (2 steps from the GGUF at lr 1e-7, so that the answer stays the same
+# text; tests/train/init_from_smollm2_test.sh says why), exported both ways.
+head -c 20000 "$SRC/data/tinyshakespeare/input.txt" > "$WORK/in.txt"
+run "$WORK/prepare.log" "$LOOM" prepare --input "$WORK/in.txt" --tokenizer "$MODEL" --out "$WORK/data"
+run "$WORK/train.log" "$LOOM" train "$SRC/configs/finetune-smollm2.yaml" --set model.init_from="$MODEL" \
+  --set data.dir="$WORK/data" --set data.seq_len=64 --set data.batch_size=2 --set data.micro_batch_size=2 \
+  --set schedule.steps=2 --set optim.lr=1e-7 --set schedule.min_lr=1e-8 --set schedule.warmup_steps=1 \
+  --set schedule.eval_interval=0 --set schedule.eval_batches=1 --set log.progress=off \
+  --set checkpoint.dir="$WORK/ft" --set checkpoint.every_steps=2 --set log.metrics_path="$WORK/ft.jsonl"
+cmp -s "$CK/model.safetensors" "$WORK/ft/step_000002/model.safetensors" && fail "the fine-tuned weights did not change"
+run "$WORK/ft_hf.log" "$LOOM" export --checkpoint "$WORK/ft" --format hf --out "$WORK/ft-hf"
+cmp -s "$WORK/ft/step_000002/model.safetensors" "$WORK/ft-hf/model.safetensors" ||
+  fail "fine-tuned: model.safetensors differs from the checkpoint's"
+run "$WORK/ft_gguf.log" "$LOOM" export --checkpoint "$WORK/ft" --format gguf --out "$WORK/ft.gguf"
+"$LOOM" generate --checkpoint "$WORK/ft" "${chat[@]}" > "$WORK/ft.chat" 2>/dev/null
+for m in "$WORK/ft-hf" "$WORK/ft.gguf"; do
+  "$LOOM" generate --model "$m" "${chat[@]}" > "$WORK/ft.out" 2>/dev/null
+  cmp -s "$WORK/ft.chat" "$WORK/ft.out" || fail "fine-tuned: $m answers '$(cat "$WORK/ft.out")', the checkpoint '$(cat "$WORK/ft.chat")'"
+done
+echo "fine-tuned checkpoint: both exports answer '$(cat "$WORK/ft.chat")' as the checkpoint does"
 echo "PASS: the checkpoint, its Hugging Face export and its GGUF export answer '$(cat "$WORK/ck.chat")'"
