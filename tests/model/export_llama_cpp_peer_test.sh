@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# llama.cpp runs the GGUF loom exports: SmolLM2-135M-Instruct (scripts/fetch-test-model.sh)
-# converted to a loom checkpoint, exported with `loom export --format gguf --type f32`, and run by
-# llama-cpp-python (bench/peers/setup_llama_cpp.sh; F32 KV cache, no flash attention). For three
-# plain prompts and one chat prompt rendered by the model's template:
-#   - llama.cpp's tokenizer gives the prompt the ids loom's does (the exported tokenizer keys);
-#   - llama.cpp's greedy tokens, up to 32 or an end-of-generation token, are the tokens loom's
-#     logits pick at every step of the same sequence (`loom eval --logits-out`), and decode to
-#     the text `loom generate --temperature 0` prints from the checkpoint.
+# llama.cpp runs the GGUFs loom exports (`loom export --format gguf --type f32`), through
+# llama-cpp-python (bench/peers/setup_llama_cpp.sh; F32 KV cache, no flash attention):
+#   - tiny GPT-2 and LLaMA models trained here on bytes: llama.cpp's logits are loom's, and its
+#     tokenizer gives the byte tokenizer's ids;
+#   - SmolLM2-135M-Instruct (scripts/fetch-test-model.sh) converted to a loom checkpoint and
+#     exported; for three plain prompts and one chat prompt rendered by the model's template:
+#       llama.cpp's tokenizer gives the prompt the ids loom's does (the exported tokenizer keys);
+#       llama.cpp's greedy tokens, up to 32 or an end-of-generation token, are the tokens loom's
+#       logits pick at every step of the same sequence (`loom eval --logits-out`), and decode to
+#       the text `loom generate --temperature 0` prints from the checkpoint.
 # Skips (exit 77, "SKIPPED:") when the model or the peer cannot be had.
 # usage: export_llama_cpp_peer_test.sh LOOM_BINARY SOURCE_DIR BUILD_DIR
 set -euo pipefail
@@ -19,9 +21,61 @@ trap 'rm -rf "$WORK"' EXIT
 source "$SRC/tests/infer/cli_helpers.sh"
 . "$SRC/tests/infer/llama_cpp_peer_venv.sh"
 
-smollm2_or_skip
 ensure_llama_peer "$VENV" "$SRC" "$WORK"
 fail() { echo "FAIL: $*"; exit 1; }
+
+# Tiny GPT-2 and LLaMA models trained here on bytes, exported as F32 GGUF: llama.cpp's logits of 64
+# ids are loom's within the bounds of tests/model/gguf_arch_peer_test.sh (1e-4 of the largest, 2e-3
+# for GPT-2, whose GELU llama.cpp takes from an f16 table), the same argmax everywhere, and its
+# tokenizer gives a text the byte tokenizer's ids.
+tiny_data
+seq 1 4 255 | tr '\n' ' ' > "$WORK/byte.ids"
+printf 'ROMEO:\nWhat say you, caf\xc3\xa9?' > "$WORK/byte.txt"
+"$LOOM" tokenize --tokenizer byte < "$WORK/byte.txt" > "$WORK/byte.txt.ids"
+for family in gpt2 llama; do
+  "$LOOM" train "$SRC/configs/shakespeare.yaml" --set data.dir="$WORK/data" --set schedule.steps=40 \
+    --set data.batch_size=4 --set data.seq_len=64 --set checkpoint.dir="$WORK/$family" \
+    --set log.metrics_path="$WORK/$family.jsonl" --set log.progress=off --set model.vocab_size=256 \
+    --set model.preset=$family-tiny --set optim.lr=1e-2 --set schedule.warmup_steps=2 --set schedule.eval_batches=2 \
+    > "$WORK/$family.train.log" 2>&1 || { cat "$WORK/$family.train.log"; fail "$family: train"; }
+  "$LOOM" export --checkpoint "$WORK/$family" --format gguf --out "$WORK/$family.gguf" > "$WORK/$family.export.log" 2>&1 ||
+    { cat "$WORK/$family.export.log"; fail "$family: export"; }
+  "$LOOM" eval --model "$WORK/$family.gguf" --ids "$WORK/byte.ids" --logits-out "$WORK/$family.logits" \
+    > "$WORK/$family.eval.log" 2>&1 || { cat "$WORK/$family.eval.log"; fail "$family: eval"; }
+  "$VENV/bin/python" - "$WORK/$family.gguf" "$WORK/byte.ids" "$WORK/$family.logits" "$WORK/byte.txt" \
+    "$WORK/byte.txt.ids" "$family" <<'PY'
+import sys
+import numpy as np
+from llama_cpp import Llama
+
+path, ids_path, logits_path, text_path, text_ids_path, family = sys.argv[1:]
+ids = [int(t) for t in open(ids_path).read().split()]
+llm = Llama(model_path=path, logits_all=True, n_ctx=64, n_threads=2, type_k=0, type_v=0, flash_attn=False,
+            verbose=False)
+llm.eval(ids)
+ref = np.asarray(llm.scores[: len(ids)], dtype=np.float64)
+got = np.fromfile(logits_path, dtype="<f4").astype(np.float64).reshape(ref.shape)
+scale, diff = float(np.abs(ref).max()), float(np.abs(got - ref).max())
+agree = int((got.argmax(1) == ref.argmax(1)).sum())
+rel = 2e-3 if family == "gpt2" else 1e-4
+print(f"{family}: llama.cpp's logits of {len(ids)} ids within {diff / scale:.2e} of the largest ({scale:.3f}) of "
+      f"loom's, argmax equal at {agree} of {len(ids)}")
+bad = []
+if diff > rel * scale:
+    bad.append(f"logits differ by {diff:.3e}, over {rel:g} of {scale:.3f}")
+if agree != len(ids):
+    bad.append(f"argmax differs at {len(ids) - agree} positions")
+text_ids = llm.tokenize(open(text_path, "rb").read(), add_bos=False, special=False)
+want = [int(t) for t in open(text_ids_path).read().split()]
+if text_ids != want:
+    bad.append(f"llama.cpp tokenizes the text as {text_ids}, loom's byte tokenizer as {want}")
+if bad:
+    sys.exit(f"{family}: " + "; ".join(bad))
+PY
+done
+
+# SmolLM2-135M-Instruct.
+smollm2_or_skip
 
 "$LOOM" convert --model "$MODEL" --out "$WORK/ck" > "$WORK/convert.log" 2>&1 || { cat "$WORK/convert.log"; fail "convert"; }
 "$LOOM" export --checkpoint "$WORK/ck" --format gguf --out "$WORK/smollm2.gguf" > "$WORK/export.log" 2>&1 ||

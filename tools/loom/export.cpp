@@ -185,6 +185,8 @@ int cmd_export(const std::vector<std::string>& argv) {
     io::GgufWriter w;
     const model::GgufExportReport r = model::add_gguf_model(m, name, *model::gguf_export_type(stored), w);
     tok = data::set_gguf_tokenizer(tokenizer, card, cfg.vocab_size, w);
+    std::error_code ec;
+    fs::create_directories(out.parent_path(), ec);
     w.write(out.string());
     notes.insert(notes.end(), r.notes.begin(), r.notes.end());
     tensors = str_cat(r.arch, " tensors ", r.describe());
