@@ -1,5 +1,6 @@
 # Shared by the inference CLI tests (sourced after LOOM, SRC and WORK are set): a tiny
-# byte-level corpus and models trained on it briefly, refusal checks, and SmolLM2's GGUF.
+# byte-level corpus and models trained on it briefly, failing, running and refusal checks, and
+# SmolLM2's GGUF.
 
 # tiny_data: WORK/data, the first 60000 bytes of Tiny Shakespeare in bytes.
 tiny_data() {
@@ -15,6 +16,17 @@ train_tiny() {
   "$LOOM" train "$SRC/configs/shakespeare.yaml" --set data.dir="$WORK/data" --set schedule.steps=30 \
     --set data.batch_size=4 --set data.seq_len=64 --set checkpoint.dir="$WORK/$name" \
     --set log.metrics_path="$WORK/$name.jsonl" --set log.progress=off "$@" > /dev/null
+}
+
+# fail WHY: the test fails saying WHY.
+fail() { echo "FAIL: $*"; exit 1; }
+
+# run LOG COMMAND...: COMMAND must exit 0; its output goes to LOG (shown on failure).
+run() {
+  local log="$1" rc=0
+  shift
+  "$@" > "$log" 2>&1 || rc=$?
+  [ $rc -eq 0 ] || { cat "$log"; fail "exit status $rc from: $*"; }
 }
 
 # refused WANT COMMAND...: COMMAND fails (any non-zero status) saying WANT.

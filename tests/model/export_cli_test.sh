@@ -18,12 +18,6 @@ WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 source "$SRC/tests/infer/cli_helpers.sh"
 
-fail() { echo "FAIL: $*"; exit 1; }
-run() {  # run LOG CMD...: CMD must exit 0; its output goes to LOG (shown on failure)
-  local log="$1" rc=0; shift
-  "$@" > "$log" 2>&1 || rc=$?
-  [ $rc -eq 0 ] || { cat "$log"; fail "exit status $rc from: $*"; }
-}
 refused_with() {  # refused_with STATUS TEXT CMD...: CMD exits with STATUS saying TEXT
   local want="$1" text="$2" rc=0 out; shift 2
   out="$("$@" 2>&1)" || rc=$?

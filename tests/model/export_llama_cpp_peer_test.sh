@@ -22,7 +22,6 @@ source "$SRC/tests/infer/cli_helpers.sh"
 . "$SRC/tests/infer/llama_cpp_peer_venv.sh"
 
 ensure_llama_peer "$VENV" "$SRC" "$WORK"
-fail() { echo "FAIL: $*"; exit 1; }
 
 # Tiny GPT-2 and LLaMA models trained here on bytes, exported as F32 GGUF: llama.cpp's logits of 64
 # ids are loom's within the bounds of tests/model/gguf_arch_peer_test.sh (1e-4 of the largest, 2e-3

@@ -21,12 +21,6 @@ WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 source "$SRC/tests/infer/cli_helpers.sh"
 
-fail() { echo "FAIL: $*"; exit 1; }
-run() {  # run LOG CMD...: CMD must exit 0; its output goes to LOG (shown on failure)
-  local log="$1" rc=0; shift
-  "$@" > "$log" 2>&1 || rc=$?
-  [ $rc -eq 0 ] || { cat "$log"; fail "exit status $rc from: $*"; }
-}
 seconds_of() { grep '^SUMMARY ' "$1" | grep -o '"seconds":[0-9.e+-]*' | cut -d: -f2 | xargs printf '%.1f'; }
 mb() { awk -v b="$(du -sb "$1" | cut -f1)" 'BEGIN { printf "%.1f MB", b / 1e6 }'; }
 

@@ -20,12 +20,6 @@ VENV="$BUILD/peers/transformers-venv"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 source "$SRC/tests/infer/cli_helpers.sh"
-fail() { echo "FAIL: $*"; exit 1; }
-run() {  # run LOG CMD...: CMD must exit 0; its output goes to LOG (shown on failure)
-  local log="$1" rc=0; shift
-  "$@" > "$log" 2>&1 || rc=$?
-  [ $rc -eq 0 ] || { cat "$log"; fail "exit status $rc from: $*"; }
-}
 
 if ! timeout 900 bash "$SRC/bench/peers/setup_transformers.sh" "$VENV" 2> "$WORK/setup.err"; then
   cat "$WORK/setup.err"
