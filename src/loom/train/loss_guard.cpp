@@ -57,17 +57,10 @@ void SpikeDetector::clear() {
 DivergenceDetector::DivergenceDetector(double factor, int64_t steps) : factor_(factor), steps_(steps) {}
 
 bool DivergenceDetector::observe(int64_t step, double loss) {
-  if (!started_) {
-    ema_ = loss;
-    started_ = true;
-    if (min_step_ == 0 || ema_ < min_) {  // the first loss, or the first after restart()
-      min_ = ema_;
-      min_step_ = step;
-    }
-  } else {
-    ema_ += kSmoothing * (loss - ema_);
-  }
-  if (ema_ < min_) {
+  // The smoothing starts at the first loss (and again after restart()).
+  ema_ = started_ ? ema_ + kSmoothing * (loss - ema_) : loss;
+  started_ = true;
+  if (min_step_ == 0 || ema_ < min_) {  // min_step_ 0: no loss seen yet
     min_ = ema_;
     min_step_ = step;
   }
