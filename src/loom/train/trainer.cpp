@@ -363,8 +363,7 @@ void Trainer::report_val_loss(double v, int64_t total, bool final) {
   if (metrics_) {
     nlohmann::json j = {{"step", step_}, {"val_loss", v}};
     if (final) j["final"] = true;
-    std::fprintf(metrics_, "%s\n", j.dump().c_str());
-    std::fflush(metrics_);
+    write_metrics_line(j.dump());
   }
   if (opt_.observer.on_val_loss) opt_.observer.on_val_loss(step_, v);
 }

@@ -181,6 +181,8 @@ class Trainer {
   // The metrics JSONL's run_start line: config, run id, layout and environment.
   void write_run_start();
   void write_step_metrics(const LoggedStep& ls);
+  // One line of the metrics JSONL (a dumped object), flushed; nothing without log.metrics_path.
+  void write_metrics_line(const std::string& json);
   // The metrics JSONL's last line: {"event":"end"} with how the run ended.
   void write_run_end();
   // rank 0's start-up lines (model, layout, schedule, MFU denominator, model-state bytes).

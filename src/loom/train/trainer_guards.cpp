@@ -18,16 +18,6 @@ namespace loom::train {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-void write_event(FILE* metrics, const nlohmann::json& j) {
-  if (!metrics) return;
-  std::fprintf(metrics, "%s\n", j.dump().c_str());
-  std::fflush(metrics);
-}
-
-}  // namespace
-
 const char* run_end_name(RunEnd e) {
   switch (e) {
     case RunEnd::finished: return "finished";
@@ -63,7 +53,7 @@ bool Trainer::spike_detected(double loss) {
                  can_roll_back ? "" : "; no checkpoint.dir to roll back to, so it is only counted");
     std::fflush(opt_.log);
   }
-  write_event(metrics_, {{"event", "spike"}, {"step", step_}, {"loss", loss}, {"z", v.z}});
+  write_metrics_line(nlohmann::json{{"event", "spike"}, {"step", step_}, {"loss", loss}, {"z", v.z}}.dump());
   if (spikes_in_row_ < cfg_.guard.max_spikes) return false;
   if (can_roll_back) return true;
   // Nothing to roll back to: the loss has moved to a new level; judge from there on.
@@ -132,11 +122,13 @@ void Trainer::roll_back() {
                  (long long)step_, found->c_str(), (long long)first, (long long)last);
     std::fflush(log);
   }
-  write_event(metrics_, {{"event", "rollback"},
-                         {"step", step_},
-                         {"checkpoint", *found},
-                         {"skipped_from_step", first},
-                         {"skipped_steps", last - first + 1}});
+  write_metrics_line(nlohmann::json{
+      {"event", "rollback"},
+      {"step", step_},
+      {"checkpoint", *found},
+      {"skipped_from_step", first},
+      {"skipped_steps",
+       last - first + 1}}.dump());
 }
 
 bool Trainer::divergence_detected(double loss) {
@@ -160,7 +152,9 @@ bool Trainer::divergence_detected(double loss) {
                  (long long)step_, what.c_str(), (long long)divergence_.last_healthy_step());
     std::fflush(opt_.log);
   }
-  write_event(metrics_, {{"event", "divergence"}, {"step", step_}, {"began_after", divergence_.last_healthy_step()}});
+  write_metrics_line(
+      nlohmann::json{{"event", "divergence"}, {"step", step_}, {"began_after", divergence_.last_healthy_step()}}
+          .dump());
   return false;
 }
 

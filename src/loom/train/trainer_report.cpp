@@ -160,7 +160,12 @@ void Trainer::write_run_start() {
       {"parallel", {{"pp", p.pp}, {"dp", p.dp}, {"ep", p.ep}, {"tp", p.tp}, {"zero_stage", p.zero_stage}}},
       {"config", cfg_.resolved_yaml},
       {"environment", env}};
-  std::fprintf(metrics_, "%s\n", j.dump().c_str());
+  write_metrics_line(j.dump());
+}
+
+void Trainer::write_metrics_line(const std::string& json) {
+  if (!metrics_) return;
+  std::fprintf(metrics_, "%s\n", json.c_str());
   std::fflush(metrics_);
 }
 
@@ -172,8 +177,7 @@ void Trainer::write_run_end() {
     j["last_healthy_step"] = last_healthy_step_;
     j["reason"] = end_reason_;
   }
-  std::fprintf(metrics_, "%s\n", j.dump().c_str());
-  std::fflush(metrics_);
+  write_metrics_line(j.dump());
 }
 
 void Trainer::write_step_metrics(const LoggedStep& ls) {
@@ -212,8 +216,7 @@ void Trainer::write_step_metrics(const LoggedStep& ls) {
                         {"z_loss", st.z()}});
   }
   if (!moe_stats_.empty()) j["moe_window_steps"] = moe_window_steps_;
-  std::fprintf(metrics_, "%s\n", j.dump().c_str());
-  std::fflush(metrics_);
+  write_metrics_line(j.dump());
 }
 
 void Trainer::reduce_moe_stats() {
