@@ -90,6 +90,47 @@ void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const T
   });
 }
 
+namespace {
+// The shared checks of lora_forward/backward: shapes, the column range, one dtype.
+void check_lora(const char* op, const Tensor& x, const Tensor& a, const Tensor& b, const Tensor& y, int64_t col0,
+                const std::vector<const Tensor*>& scratch) {
+  LOOM_CHECK(a.ndim() == 2 && b.ndim() == 2 && b.size(1) == a.size(0), op, "adapter A ", a.describe(), " and B ",
+             b.describe(), " are not [r, in] and [out, r]");
+  const int64_t r = a.size(0), I = a.size(1), O = b.size(0), N = rows_of(x), W = y.size(-1);
+  want_numel(op, "input", x, N * I);
+  LOOM_CHECK(col0 >= 0 && col0 + O <= W && y.numel() == N * W, op, "output ", y.describe(), " has no columns [", col0,
+             ", ", col0 + O, ") for ", N, " rows");
+  for (const Tensor* t : scratch) want_numel(op, "scratch", *t, N * r);
+}
+}  // namespace
+
+void lora_forward(const Tensor& x, const Tensor& a, const Tensor& b, double scale, const Tensor& y, int64_t col0,
+                  const Tensor& u) {
+  const char* op = "lora_forward";
+  check_lora(op, x, a, b, y, col0, {&u});
+  same_dtype(op, x, {&a, &b, &y, &u});
+  const int64_t r = a.size(0), I = a.size(1), O = b.size(0), N = rows_of(x);
+  dispatch_float(op, x.dtype(), [&]<class T>() {
+    cpu::lora_forward<T>(x.data<T>(), a.data<T>(), b.data<T>(), T(scale), y.data<T>(), y.size(-1), col0, u.data<T>(), N,
+                         I, O, r);
+  });
+}
+
+void lora_backward(const Tensor& dy, int64_t col0, const Tensor& x, const Tensor& a, const Tensor& b, double scale,
+                   const Tensor& u, const Tensor& du, const Tensor& dx, const Tensor& da, const Tensor& db) {
+  const char* op = "lora_backward";
+  check_lora(op, x, a, b, dy, col0, {&u, &du});
+  const int64_t r = a.size(0), I = a.size(1), O = b.size(0), N = rows_of(x);
+  if (dx.defined()) want_numel(op, "grad input", dx, N * I);
+  if (da.defined()) want_shape(op, "grad A", da, a.shape());
+  if (db.defined()) want_shape(op, "grad B", db, b.shape());
+  same_dtype(op, x, {&dy, &a, &b, &u, &du, &dx, &da, &db});
+  dispatch_float(op, x.dtype(), [&]<class T>() {
+    cpu::lora_backward<T>(dy.data<T>(), dy.size(-1), col0, x.data<T>(), a.data<T>(), b.data<T>(), T(scale), u.data<T>(),
+                          du.data<T>(), ptr<T>(dx), ptr<T>(da), ptr<T>(db), N, I, O, r);
+  });
+}
+
 void embedding_forward(const Tensor& tok, const Tensor& pos, const Tensor& wte, const Tensor& wpe, const Tensor& out) {
   const char* op = "embedding";
   tok.check_dtype(DType::i32, op);

@@ -18,6 +18,16 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Ten
 void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& dx, const Tensor& dw,
                      const Tensor& db, bool accumulate_dx = false, ProductPrecision prec = ProductPrecision::f32);
 
+// LoRA beside a frozen linear: y[:, col0:col0+O] += scale * (x a^T) b^T for x[N,I], a[r,I],
+// b[O,r] and y [N, W] (W >= col0 + O: a column range of a fused output); u: [N, r] scratch.
+void lora_forward(const Tensor& x, const Tensor& a, const Tensor& b, double scale, const Tensor& y, int64_t col0,
+                  const Tensor& u);
+// Its backward from dy's columns [col0, col0 + O): db += scale dy^T (x a^T), da += du^T x and
+// dx += du a with du = scale dy b (all accumulate; undefined outputs are skipped). u, du: [N, r]
+// scratch.
+void lora_backward(const Tensor& dy, int64_t col0, const Tensor& x, const Tensor& a, const Tensor& b, double scale,
+                   const Tensor& u, const Tensor& du, const Tensor& dx, const Tensor& da, const Tensor& db);
+
 // out[N,C] = wte[tok] + wpe[pos]; tok, pos: i32[N]; wpe may be undefined.
 void embedding_forward(const Tensor& tok, const Tensor& pos, const Tensor& wte, const Tensor& wpe, const Tensor& out);
 void embedding_backward(const Tensor& tok, const Tensor& pos, const Tensor& dout, const Tensor& dwte,

@@ -44,8 +44,16 @@ BlockWeights block_weights(const ModelConfig& cfg, const ParamLayout& layout, co
   // Each slot is one parameter, or consecutive adjacent ones bound as one fused view spanning
   // their rows (q|k|v, gate|up, w1|w3).
   const std::string p = layout.block_prefix(l);
-  const auto specs = block_param_specs(cfg, l);
   BlockWeights w;
+  if (layout.slice().lora_adapters) {
+    for (const LoraSpec& s : lora_specs(cfg)) {
+      const ParamInfo& a = layout.get(p + s.proj + ".lora_A.weight");
+      const ParamInfo& b = layout.get(p + s.proj + ".lora_B.weight");
+      w.lora[size_t(s.target)] = {flat.slice(a.offset - base, a.shape), flat.slice(b.offset - base, b.shape)};
+    }
+    return w;
+  }
+  const auto specs = block_param_specs(cfg, l);
   const int64_t e0 = layout.slice().first_expert(cfg), e1 = e0 + layout.slice().local_experts(cfg);
   w.expert0 = e0;
   for (size_t i = 0; i < specs.size();) {
@@ -152,6 +160,7 @@ BlockActs allocate_acts(const ModelConfig& cfg, int64_t B, int64_t T, DType dt, 
     a.act = Tensor::empty({N, mlp}, big, cat, alloc);
   }
   if (cfg.moe.enabled()) a.moe = MoeActs::allocate(cfg, N, dt, alloc);
+  if (cfg.lora.enabled() && working) a.lora_u = Tensor::empty({N, cfg.lora.rank}, dt, cat, alloc);
   return a;
 }
 }  // namespace
@@ -201,8 +210,8 @@ void unstash_activations(BlockActs& stored, BlockActs& work) {
 
 int64_t BlockActs::bytes() const {
   int64_t b = 0;
-  for (const Tensor* t :
-       {&ln1, &ln1_mean, &ln1_rstd, &qkv, &qkv_compact, &att, &lse, &x_mid, &ln2, &ln2_mean, &ln2_rstd, &fc, &act})
+  for (const Tensor* t : {&ln1, &ln1_mean, &ln1_rstd, &qkv, &qkv_compact, &att, &lse, &x_mid, &ln2, &ln2_mean,
+                          &ln2_rstd, &fc, &act, &lora_u})
     if (t->defined()) b += int64_t(t->nbytes());
   return b + moe.bytes();
 }
@@ -222,6 +231,10 @@ BlockScratch BlockScratch::allocate(const ModelConfig& cfg, int64_t B, int64_t T
     s.dact = Tensor::empty({N, mlp}, dt, cat, alloc);
   }
   if (cfg.moe.enabled()) s.moe = MoeScratch::allocate(cfg, N, dt, alloc);
+  if (cfg.lora.enabled()) {
+    s.lora_u = Tensor::empty({N, cfg.lora.rank}, dt, cat, alloc);
+    s.lora_du = Tensor::empty({N, cfg.lora.rank}, dt, cat, alloc);
+  }
   return s;
 }
 
@@ -297,15 +310,41 @@ void block_forward(const ModelConfig& cfg, int layer, const BlockWeights& w, con
 
 namespace {
 
+// Where the adapters of a block's linear `which` add into its output: each target and the first
+// column of its projection in the (fused) output of this rank's share d.
+struct LoraSite {
+  LoraTarget target;
+  int64_t col0;
+};
+std::vector<LoraSite> lora_sites(BlockForwardOps::Linear which, const BlockDims& d) {
+  using L = BlockForwardOps::Linear;
+  using T = LoraTarget;
+  switch (which) {
+    case L::qkv: return {{T::q, 0}, {T::k, d.H * d.D}, {T::v, (d.H + d.KVH) * d.D}};
+    case L::proj: return {{T::o, 0}};
+    case L::fc: return {{T::gate, 0}, {T::up, d.F}};
+    case L::out: return {{T::down, 0}};
+  }
+  return {};
+}
+
 // Training's parts: linears in the model's product precision; dense causal attention saving
 // the log-sum-exp (on one copy of the kv heads per query head under kv_expand); tp and
 // expert-parallel communication through the parallel layers' hooks.
 class TrainingForwardOps : public BlockForwardOps {
  public:
-  TrainingForwardOps(const ModelConfig& cfg, BlockActs& a, TensorParallelOps* tp, ExpertParallelOps* ep)
-      : cfg_(cfg), a_(a), tp_(tp), ep_(ep), prec_(cfg.products()) {}
-  void linear(Linear, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) override {
+  TrainingForwardOps(const ModelConfig& cfg, const BlockWeights& w, BlockActs& a, TensorParallelOps* tp,
+                     ExpertParallelOps* ep)
+      : cfg_(cfg), w_(w), a_(a), tp_(tp), ep_(ep), prec_(cfg.products()) {}
+  void linear(Linear which, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) override {
     ops::linear_forward(x, w, b, y, prec_);
+    if (!cfg_.lora.enabled()) return;
+    const int64_t N = a_.lora_u.size(0);
+    for (const LoraSite& site : lora_sites(which, a_.dims)) {
+      const LoraWeights& l = w_.lora[size_t(site.target)];
+      if (l.a.defined())
+        ops::lora_forward(x, l.a, l.b, cfg_.lora.scale(), y.slice(0, {N, y.numel() / N}), site.col0, a_.lora_u);
+    }
   }
   void attention(int, const Tensor&, const Tensor& att) override {
     const BlockDims& d = a_.dims;
@@ -322,6 +361,7 @@ class TrainingForwardOps : public BlockForwardOps {
 
  private:
   const ModelConfig& cfg_;
+  const BlockWeights& w_;
   BlockActs& a_;
   TensorParallelOps* tp_;
   ExpertParallelOps* ep_;
@@ -336,7 +376,7 @@ void block_forward(const ModelConfig& cfg, int layer, const BlockWeights& w, con
   BlockForwardBuffers b{a.ln1,      a.ln1_mean, a.ln1_rstd, d.kv_expand ? a.qkv_compact : a.qkv,
                         a.att,      a.x_mid,    a.ln2,      a.ln2_mean,
                         a.ln2_rstd, a.fc,       a.act};
-  TrainingForwardOps parts(cfg, a, tp, ep);
+  TrainingForwardOps parts(cfg, w, a, tp, ep);
   block_forward(cfg, layer, w, d, x_in, pos, b, parts, x_out);
 }
 
@@ -347,6 +387,19 @@ void block_backward(const ModelConfig& cfg, int layer, const BlockWeights& w, co
   const BlockDims& d = a.dims;
   const int64_t H = d.H, KVH = d.KVH, D = d.D;
   const ops::ProductPrecision prec = cfg.products();
+  // LoRA: after the frozen linear's backward wrote dx (and no weight gradient: gw holds only
+  // the adapters'), each adapter of it adds its part of dx and accumulates its gradients.
+  auto lora_backward = [&](BlockForwardOps::Linear which, const Tensor& dy, const Tensor& x, const Tensor& dx) {
+    if (!cfg.lora.enabled()) return;
+    const int64_t N = s.lora_u.size(0);
+    for (const LoraSite& site : lora_sites(which, d)) {
+      const LoraWeights &l = w.lora[size_t(site.target)], &g = gw.lora[size_t(site.target)];
+      if (l.a.defined())
+        ops::lora_backward(dy.slice(0, {N, dy.numel() / N}), site.col0, x, l.a, l.b, cfg.lora.scale(), s.lora_u,
+                           s.lora_du, dx, g.a, g.b);
+    }
+  };
+  using L = BlockForwardOps::Linear;
   // MLP branch: x_out = x_mid + out(act(fc(norm2(x_mid)))), or in a MoE block x_mid + shared
   // experts + routed experts.
   const int64_t N = a.ln2.size(0);
@@ -357,8 +410,10 @@ void block_backward(const ModelConfig& cfg, int layer, const BlockWeights& w, co
     const Tensor fc = a.fc.slice(0, {N, G * F}), act = a.act.slice(0, {N, F});
     const Tensor dfc = s.dfc.slice(0, {N, G * F}), dact = s.dact.slice(0, {N, F});
     ops::linear_backward(dres, act, w.out_w, dact, gw.out_w, gw.out_b, false, prec);
+    lora_backward(L::out, dres, act, dact);
     activation_backward(t, fc, dact, dfc);
     ops::linear_backward(dfc, a.ln2, w.fc_w, s.dln, gw.fc_w, gw.fc_b, false, prec);
+    lora_backward(L::fc, dfc, a.ln2, s.dln);
   }
   if (moe)
     moe_backward_combine(cfg, w, gw, a.ln2, a.moe, s.moe, s.dln, /*accumulate_dx=*/w.fc_w.defined(), ep);
@@ -367,11 +422,13 @@ void block_backward(const ModelConfig& cfg, int layer, const BlockWeights& w, co
   norm_backward(t, s.dln, a.x_mid, w.ln2_w, a.ln2_mean, a.ln2_rstd, dres, gw.ln2_w, gw.ln2_b, /*accumulate_dx=*/true);
   // Attention branch: x_mid = x_in + proj(attention(qkv(norm1(x_in)))).
   ops::linear_backward(dres, a.att, w.proj_w, s.datt, gw.proj_w, gw.proj_b, false, prec);
+  lora_backward(L::proj, dres, a.att, s.datt);
   ops::attention_backward(a.qkv, a.att, s.datt, a.lse, d.kv_expand ? s.dqkv_expanded : s.dqkv, H,
                           d.kv_expand ? H : KVH);
   if (d.kv_expand) expand_kv(d, s.dqkv, s.dqkv_expanded, true);
   rope_qk(d.rope_inv_freq, s.dqkv, H, KVH, D, pos, true);
   ops::linear_backward(s.dqkv, a.ln1, w.qkv_w, s.dln, gw.qkv_w, gw.qkv_b, false, prec);
+  lora_backward(L::qkv, s.dqkv, a.ln1, s.dln);
   if (tp) tp->column_parallel_input_grad(s.dln);
   norm_backward(t, s.dln, x_in, w.ln1_w, a.ln1_mean, a.ln1_rstd, dres, gw.ln1_w, gw.ln1_b, true);
 }

@@ -8,6 +8,7 @@
 // Under tensor parallelism the same code runs on a rank's slice (BlockDims: its heads and MLP
 // columns) and calls TensorParallelOps at the two conjugate communication points.
 #pragma once
+#include <array>
 #include <vector>
 
 #include "loom/core/tensor.h"
@@ -22,6 +23,11 @@ struct ExpertWeights {
   Tensor fc_w, fc_b, out_w, out_b;
 };
 
+// A LoRA adapter's matrices (model.lora; ParamLayout's LoraSpec): A [rank, in], B [out, rank].
+struct LoraWeights {
+  Tensor a, b;
+};
+
 // Views of one block's parameters (or of their gradients) in a flat buffer. Biases and the
 // LayerNorm shifts are undefined for LLaMA. A MoE block (ModelConfig::is_moe_layer) has a
 // router and experts, and its fc_*/out_* are the shared experts (undefined without them).
@@ -31,6 +37,9 @@ struct BlockWeights {
   Tensor router_bias;                  // [E] selection bias (DeepSeek-V3); not a parameter
   std::vector<ExpertWeights> experts;  // the experts this rank holds, from expert0 on
   int64_t expert0 = 0;
+  // LoRA training: the adapters, by LoraTarget (undefined where not adapted). Bound from an
+  // adapter layout (ModelSlice::lora_adapters), which binds nothing else.
+  std::array<LoraWeights, kLoraTargets> lora;
 };
 // `flat` holds the flat buffer's elements from index `base` on (0: the whole buffer; a unit's
 // begin: a buffer holding just that unit, e.g. gathered weights or staged gradients). A MoE
@@ -85,9 +94,10 @@ struct BlockActs {
   Tensor att, lse;                 // attention output [B, T, H D] and log-sum-exp [B, H, T]
   Tensor x_mid;                    // residual after attention
   Tensor ln2, ln2_mean, ln2_rstd;
-  Tensor fc;    // MLP pre-activation: [N, F] (GPT-2) or [N, 2F] gate|up
-  Tensor act;   // MLP activation [N, F]
-  MoeActs moe;  // MoE blocks' router and experts (MoE models only)
+  Tensor fc;      // MLP pre-activation: [N, F] (GPT-2) or [N, 2F] gate|up
+  Tensor act;     // MLP activation [N, F]
+  MoeActs moe;    // MoE blocks' router and experts (MoE models only)
+  Tensor lora_u;  // LoRA training, working sets only: [N, rank], an adapter's x A^T
   static BlockActs allocate(const ModelConfig& cfg, int64_t B, int64_t T, DType dt, Allocator& alloc,
                             const BlockDims& dims);
   static BlockActs allocate(const ModelConfig& cfg, int64_t B, int64_t T, DType dt, Allocator& alloc) {
@@ -110,8 +120,9 @@ void unstash_activations(BlockActs& stored, BlockActs& work);
 // Backward temporaries shared by all blocks.
 struct BlockScratch {
   Tensor dln, dqkv, datt, dfc, dact;
-  Tensor dqkv_expanded;  // kv_expand only
-  MoeScratch moe;        // MoE models only
+  Tensor dqkv_expanded;    // kv_expand only
+  MoeScratch moe;          // MoE models only
+  Tensor lora_u, lora_du;  // LoRA training: [N, rank]
   static BlockScratch allocate(const ModelConfig& cfg, int64_t B, int64_t T, DType dt, Allocator& alloc,
                                const BlockDims& dims);
   static BlockScratch allocate(const ModelConfig& cfg, int64_t B, int64_t T, DType dt, Allocator& alloc) {

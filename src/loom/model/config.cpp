@@ -132,6 +132,7 @@ void ModelConfig::validate() const {
   }
   LOOM_CHECK(vocab_size < (int64_t(1) << 31), "config", "model.vocab_size=", vocab_size,
              " does not fit 32-bit token ids");
+  validate_lora();
   if (!moe.enabled()) {
     LOOM_CHECK(moe.num_experts == 0, "config", "model.moe.num_experts must be 0 (dense) or positive, got ",
                moe.num_experts);
@@ -154,6 +155,42 @@ void ModelConfig::validate() const {
              " leaves experts room for almost no token; use 0 (dropless) or a value near 1.25");
   LOOM_CHECK(moe.router_aux_loss_coef >= 0 && moe.router_z_loss_coef >= 0 && moe.bias_update_rate >= 0, "config",
              "model.moe.router_aux_loss_coef, router_z_loss_coef and bias_update_rate must be >= 0");
+}
+
+const char* lora_target_name(LoraTarget t) {
+  static const char* const names[kLoraTargets] = {"q", "k", "v", "o", "gate", "up", "down"};
+  return names[int(t)];
+}
+
+bool LoraConfig::adapts(LoraTarget t) const { return std::find(targets.begin(), targets.end(), t) != targets.end(); }
+
+std::string LoraConfig::describe() const {
+  std::string on;
+  for (LoraTarget t : targets) on += str_cat(on.empty() ? "" : ", ", lora_target_name(t));
+  return str_cat("rank ", rank, ", alpha ", alpha, " on ", on);
+}
+
+void ModelConfig::validate_lora() const {
+  if (lora.rank == 0) return;
+  LOOM_CHECK(lora.rank > 0, "config", "model.lora.rank must be positive (0: no adapters), got ", lora.rank);
+  LOOM_CHECK(lora.rank <= std::min(d_model, head_dim() * n_kv_head), "config", "model.lora.rank=", lora.rank,
+             " is not low: it must be at most ", std::min(d_model, head_dim() * n_kv_head),
+             " (the narrowest adapted projection); 8 or 16 is usual");
+  LOOM_CHECK(lora.alpha > 0, "config", "model.lora.alpha must be positive, got ", lora.alpha);
+  LOOM_CHECK(lora.dropout == 0, "config", "model.lora.dropout=", lora.dropout,
+             ": dropout on the adapters' input is not built yet; use 0");
+  LOOM_CHECK(!lora.targets.empty(), "config",
+             "model.lora.targets is empty: name at least one of q, k, v, o, gate, "
+             "up, down");
+  for (size_t i = 0; i < lora.targets.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      LOOM_CHECK(lora.targets[i] != lora.targets[j], "config", "model.lora.targets names ",
+                 lora_target_name(lora.targets[i]), " twice");
+  LOOM_CHECK(family == Family::llama, "config", "model.lora needs a LLaMA-family model: ", name,
+             " is GPT-2, whose fused c_attn and c_fc have no separate q, k, v, gate and up projections");
+  const bool mlp = lora.adapts(LoraTarget::gate) || lora.adapts(LoraTarget::up) || lora.adapts(LoraTarget::down);
+  LOOM_CHECK(!mlp || !moe.enabled(), "config", "model.lora.targets gate, up and down adapt a dense MLP; ", name,
+             " is a Mixture-of-Experts model: adapt its attention (q, k, v, o) only");
 }
 
 std::string ModelConfig::summary() const {

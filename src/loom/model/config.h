@@ -79,6 +79,25 @@ struct MoeConfig {
   bool enabled() const { return num_experts > 0; }
 };
 
+// LoRA (Hu et al. 2021; model.lora): low-rank adapters beside a block's linear layers, trained
+// while the model's own weights stay frozen. Adapter t of a linear y = x W^T adds
+// (alpha / rank) * (x A_t^T) B_t^T, A_t [rank, in] and B_t [out, rank], B starting at zero so
+// that training starts from the model itself. Targets name the projections as Hugging Face's
+// LLaMA does (q_proj ... down_proj); rank 0: off.
+enum class LoraTarget : uint8_t { q, k, v, o, gate, up, down };
+constexpr int kLoraTargets = 7;
+const char* lora_target_name(LoraTarget t);  // "q" ... "down"
+struct LoraConfig {
+  int64_t rank = 0;
+  double alpha = 16;
+  double dropout = 0;
+  std::vector<LoraTarget> targets = {LoraTarget::q, LoraTarget::v};
+  bool enabled() const { return rank > 0; }
+  bool adapts(LoraTarget t) const;
+  double scale() const { return alpha / double(rank); }
+  std::string describe() const;  // "rank 8, alpha 16 on q, v"
+};
+
 // How RoPE's frequencies are stretched for contexts past the training length. none: plain RoPE
 // (inverse frequency theta^(-2i/D)); linear: every frequency divided by `factor` (positions
 // interpolated, Chen et al. 2023); llama3: Meta's Llama 3.1 rule, low frequencies divided by
@@ -123,6 +142,7 @@ struct ModelConfig {
   // checkpointing, whose saved block inputs are the residual stream.
   DType activation_dtype = DType::f32;
   MoeConfig moe;
+  LoraConfig lora;  // a training policy beside the architecture: not part of config.json
 
   // Whether block `layer` is a Mixture-of-Experts block.
   bool is_moe_layer(int64_t layer) const {
@@ -159,6 +179,9 @@ struct ModelConfig {
   // Throws "[config] model.<field>: ..." naming the field and the fix.
   void validate() const;
   std::string summary() const;  // one line for logs
+
+ private:
+  void validate_lora() const;
 };
 
 // Known presets: gpt2-124m, gpt2-350m, gpt2-tiny, gpt2-shakespeare, llama-tiny, llama-60m,

@@ -44,6 +44,36 @@ class FlatParamSource final : public ParamSource {
   Tensor params_, grads_;
   std::vector<BlockWeights> w_, gw_;
 };
+
+// LoRA training: the frozen model's weights from its own flat buffer (base), the adapters and
+// every gradient from the trainable source (*inner: the adapters' flat buffers or a data-parallel
+// engine over them). The model's parameters have no gradient: outer_grad is undefined and the
+// blocks' gradient views hold the adapters only, so no weight gradient of theirs is computed.
+class LoraParamSource final : public ParamSource {
+ public:
+  LoraParamSource(const ModelConfig& cfg, const ParamLayout& base_layout, const Tensor& base_params,
+                  ParamSource* const& inner)
+      : base_(cfg, base_layout, base_params, Tensor{}), inner_(inner) {}
+  BlockWeights block_params(int l, Phase ph) override {
+    BlockWeights w = base_.block_params(l, ph);
+    w.lora = inner_->block_params(l, ph).lora;
+    return w;
+  }
+  void release_block_params(int l, Phase ph) override { inner_->release_block_params(l, ph); }
+  BlockWeights block_grads(int l) override { return inner_->block_grads(l); }
+  void block_grads_done(int l) override { inner_->block_grads_done(l); }
+  Tensor outer_param(const std::string& n) override { return base_.outer_param(n); }
+  Tensor outer_grad(const std::string&) override { return {}; }
+  void outer_grads_done() override { inner_->outer_grads_done(); }
+  void head_grads_done() override { inner_->head_grads_done(); }
+  void embedding_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) override {}
+  void pass_begin(bool train) override { inner_->pass_begin(train); }
+  void pass_end(bool train) override { inner_->pass_end(train); }
+
+ private:
+  FlatParamSource base_;
+  ParamSource* const& inner_;
+};
 }  // namespace
 
 Decoder::Decoder(const ModelConfig& cfg, const DecoderOptions& opt, DType dtype, Allocator& alloc)
@@ -62,7 +92,16 @@ Decoder::Decoder(const ModelConfig& cfg, const DecoderOptions& opt, DType dtype,
   if (opt.allocate_flat_params) params_ = Tensor::zeros({layout_.total()}, dtype, MemCategory::params, alloc);
   if (opt.allocate_flat_grads) grads_ = Tensor::zeros({layout_.total()}, dtype, MemCategory::grads, alloc);
   default_src_ = std::make_unique<FlatParamSource>(cfg_, layout_, params_, grads_);
-  src_ = default_src_.get();
+  train_src_ = src_ = default_src_.get();
+  if (lora()) {
+    LOOM_CHECK(cfg.lora.enabled(), "model", "an adapter layout (ModelSlice::lora_adapters) needs model.lora.rank > 0");
+    ModelSlice base_slice = layout_.slice();
+    base_slice.lora_adapters = false;
+    base_layout_ = std::make_unique<ParamLayout>(cfg, 1, base_slice);
+    base_params_ = Tensor::zeros({base_layout_->total()}, dtype, MemCategory::params, alloc);
+    lora_src_ = std::make_unique<LoraParamSource>(cfg_, *base_layout_, base_params_, train_src_);
+    src_ = lora_src_.get();
+  }
   reset_moe_stats();
   if (cfg.moe.enabled() && cfg.moe.bias_update_rate > 0)
     router_bias_ = Tensor::zeros({cfg.num_moe_layers() * cfg.moe.num_experts}, DType::f32, MemCategory::params, alloc);
@@ -85,6 +124,23 @@ Tensor Decoder::param(const std::string& name) const {
 Tensor Decoder::grad(const std::string& name) const {
   const auto& p = layout_.get(name);
   return grads_.slice(p.offset, p.shape);
+}
+
+void Decoder::set_param_source(ParamSource* src) {
+  train_src_ = src ? src : default_src_.get();
+  src_ = lora() ? lora_src_.get() : train_src_;
+}
+
+void Decoder::init_base_weights(uint64_t seed) {
+  LOOM_CHECK(lora(), "model", "init_base_weights is for LoRA training; init_weights initialises the model");
+  if (dtype_ == DType::f32) {
+    init_params(*base_layout_, seed, base_params_.data<float>());
+  } else {
+    std::vector<float> tmp(static_cast<size_t>(base_layout_->total()));
+    init_params(*base_layout_, seed, tmp.data());
+    double* p = base_params_.data<double>();
+    for (size_t i = 0; i < tmp.size(); ++i) p[i] = tmp[i];
+  }
 }
 
 void Decoder::init_weights(uint64_t seed) {
@@ -382,7 +438,7 @@ void Decoder::stage_backward(int id, const Tensor& dy) {
       for (int64_t i = e - 1; i >= b; --i) backward_block(i, recompute_[size_t(i - b)]);
     }
   }
-  if (first_stage()) {
+  if (first_stage() && !lora()) {
     trace::Span span("embedding backward", "compute");
     const Tensor dwte = src_->outer_grad(token_table_name(cfg_));
     const Tensor dwpe = t.position == PositionKind::learned ? src_->outer_grad(position_table_name(cfg_)) : Tensor{};

@@ -4,7 +4,8 @@
 // A decoder may hold one slice of the model (DecoderOptions::slice): a pipeline stage, run one
 // micro-batch at a time through the stage_* entry points with several micro-batches in
 // flight, and/or a tensor-parallel slice whose communication goes through TensorParallelOps.
-// Knows nothing of data, optimizers or communication.
+// Under LoRA (model.lora) those buffers hold the adapters, and the model's own weights sit frozen
+// beside them (base_params). Knows nothing of data, optimizers or communication.
 #pragma once
 #include <memory>
 #include <vector>
@@ -80,8 +81,18 @@ class Decoder {
   void zero_grads() {
     if (grads_.defined()) grads_.zero();
   }
-  // Replaces where weights and gradients come from (nullptr: the flat buffers). Not owned.
-  void set_param_source(ParamSource* src) { src_ = src ? src : default_src_.get(); }
+  // Replaces where weights and gradients come from (nullptr: the flat buffers). Not owned. Under
+  // LoRA it serves the adapters and their gradients; the frozen weights stay base_params().
+  void set_param_source(ParamSource* src);
+
+  // ---- LoRA training (cfg.lora, options().slice.lora_adapters) ------------------------------
+  // layout(), params(), grads() and the ParamSource then hold the adapters only; the model's own
+  // weights sit frozen in base_params() (laid out as base_layout(): this rank's slice of the
+  // model), get no gradient, and their weight gradients are not computed.
+  bool lora() const { return layout_.slice().lora_adapters; }
+  const ParamLayout& base_layout() const { return base_layout_ ? *base_layout_ : layout_; }
+  const Tensor& base_params() const { return base_layout_ ? base_params_ : params_; }
+  void init_base_weights(uint64_t seed);  // random frozen weights (tests); a run loads a model
   // The tensor-parallel communication (required when options().slice.tp > 1). Not owned.
   void set_tensor_parallel(TensorParallelOps* tp) { tp_ = tp; }
   // The expert-parallel exchange (required when options().slice.ep > 1). Not owned.
@@ -187,7 +198,11 @@ class Decoder {
   Allocator& alloc_;
   Tensor params_, grads_;
   std::unique_ptr<ParamSource> default_src_;
-  ParamSource* src_ = nullptr;
+  ParamSource* src_ = nullptr;                // what the passes read: train_src_, or under LoRA lora_src_
+  ParamSource* train_src_ = nullptr;          // the trainable parameters' source (set_param_source)
+  std::unique_ptr<ParamLayout> base_layout_;  // LoRA: the frozen model's layout and weights
+  Tensor base_params_;
+  std::unique_ptr<ParamSource> lora_src_;
   TensorParallelOps* tp_ = nullptr;
   ExpertParallelOps* ep_ = nullptr;
   MoeTimes moe_times_;

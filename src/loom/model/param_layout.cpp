@@ -136,6 +136,45 @@ std::vector<BlockParamSpec> block_param_specs(const ModelConfig& cfg, int layer)
   return specs;
 }
 
+std::vector<LoraSpec> lora_specs(const ModelConfig& cfg) {
+  const int64_t C = cfg.d_model, Q = cfg.n_head * cfg.head_dim(), KV = cfg.n_kv_head * cfg.head_dim(), F = cfg.d_ff;
+  std::vector<LoraSpec> all = {
+      {LoraTarget::q, "self_attn.q_proj", C, Q, true, false},  {LoraTarget::k, "self_attn.k_proj", C, KV, true, true},
+      {LoraTarget::v, "self_attn.v_proj", C, KV, true, true},  {LoraTarget::o, "self_attn.o_proj", Q, C, false, false},
+      {LoraTarget::gate, "mlp.gate_proj", C, F, true, false},  {LoraTarget::up, "mlp.up_proj", C, F, true, false},
+      {LoraTarget::down, "mlp.down_proj", F, C, false, false},
+  };
+  std::vector<LoraSpec> out;
+  for (const LoraSpec& s : all)
+    if (cfg.lora.adapts(s.target)) out.push_back(s);
+  return out;
+}
+
+void ParamLayout::add_lora_adapters() {
+  LOOM_CHECK(cfg_.lora.enabled(), "params", "a LoRA adapter layout needs model.lora.rank > 0");
+  const int64_t r = cfg_.lora.rank;
+  const bool split_kv = cfg_.n_kv_head % slice_.tp == 0;
+  close_unit("embed", -1);
+  for (int l = slice_.first_layer; l < slice_.last_layer; ++l) {
+    for (const LoraSpec& s : lora_specs(cfg_)) {
+      const std::string name = block_prefix(l) + s.proj;
+      // A as PEFT initialises it (uniform, variance 1 / (3 in)), here normal with that variance;
+      // B zero, so the adapted model starts as the model. Adapters do not decay.
+      const float a_std = float(1.0 / std::sqrt(3.0 * double(s.in)));
+      const int b_split = s.column_parallel && !(s.kv && !split_kv) ? 0 : -1;
+      ParamInfo& a =
+          add(name + ".lora_A.weight", {r, s.in}, l, Init::normal, a_std, false, false, s.column_parallel ? -1 : 1);
+      a.tp_grad_partial = a.tp_replicated;
+      ParamInfo& b = add(name + ".lora_B.weight", {s.out, r}, l, Init::zeros, 0.f, false, false, b_split);
+      b.tp_grad_partial = b.tp_replicated;
+    }
+    close_unit(str_cat("block.", l), l);
+    block_unit_.push_back(int(units_.size()) - 1);
+    expert_unit_.push_back(-1);
+  }
+  close_unit("head", -1);
+}
+
 ParamLayout::ParamLayout(const ModelConfig& cfg, int64_t unit_align, const ModelSlice& slice)
     : cfg_(cfg), slice_(slice), unit_align_(unit_align) {
   cfg.validate();
@@ -147,6 +186,10 @@ ParamLayout::ParamLayout(const ModelConfig& cfg, int64_t unit_align, const Model
   LOOM_CHECK(slice_.tp_rank >= 0 && slice_.tp_rank < slice_.tp, "params", "tp rank ", slice_.tp_rank,
              " outside tp=", slice_.tp);
   check_tensor_parallel(cfg, slice_.tp);
+  if (slice_.lora_adapters) {
+    add_lora_adapters();
+    return;
+  }
   const int64_t C = cfg.d_model, V = cfg.vocab_size, KVH = cfg.n_kv_head;
   // GPT-2 scales the residual projections by 1/sqrt(2 L) (Radford et al. 2019, section 2.3).
   const float std = 0.02f, proj_std = float(0.02 / std::sqrt(2.0 * double(cfg.n_layer)));

@@ -33,6 +33,9 @@ struct ModelSlice {
   int64_t tp = 1, tp_rank = 0;
   // Expert parallelism: MoE blocks hold experts [ep_rank * E / ep, (ep_rank + 1) * E / ep).
   int64_t ep = 1, ep_rank = 0;
+  // LoRA training (cfg.lora): the layout holds the adapters of the slice's blocks (units embed
+  // and head empty) instead of the model's parameters, which stay frozen outside it.
+  bool lora_adapters = false;
   int64_t local_experts(const ModelConfig& cfg) const { return cfg.moe.num_experts / ep; }
   int64_t first_expert(const ModelConfig& cfg) const { return ep_rank * local_experts(cfg); }
 };
@@ -150,6 +153,21 @@ struct BlockParamSpec {
 // tensor parallelism: every tp rank holds and runs them whole.
 std::vector<BlockParamSpec> block_param_specs(const ModelConfig& cfg, int layer);
 
+// One LoRA adapter of a block (cfg.lora): A [rank, in] and B [out, rank] beside the projection
+// named `proj` (e.g. "self_attn.q_proj"), stored as proj + ".lora_A.weight" / ".lora_B.weight"
+// (PEFT's names without its "base_model.model." prefix). Under tensor parallelism the adapter is
+// split like its projection: a column-parallel one (q, k, v, gate, up) splits B's rows, a
+// row-parallel one (o, down) A's columns; the other matrix is replicated and its gradient summed
+// over the tp group.
+struct LoraSpec {
+  LoraTarget target;
+  std::string proj;
+  int64_t in = 0, out = 0;
+  bool column_parallel = true;
+  bool kv = false;  // k or v: replicated with its projection when tp does not divide n_kv_head
+};
+std::vector<LoraSpec> lora_specs(const ModelConfig& cfg);
+
 class ParamLayout {
  public:
   // unit_align: every unit's padded size is a multiple of it (the data-parallel degree).
@@ -186,6 +204,7 @@ class ParamLayout {
   ParamInfo& add(const std::string& name, Shape full, int layer, Init init, float std, bool decay,
                  bool transposed = false, int split = -1, int parts = 1);
   void close_unit(const std::string& name, int layer, bool experts = false);
+  void add_lora_adapters();  // ModelSlice::lora_adapters: the adapters' units
   ModelConfig cfg_;
   ModelSlice slice_;
   std::vector<ParamInfo> params_;

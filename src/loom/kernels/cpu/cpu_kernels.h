@@ -20,6 +20,18 @@ template <class T>
 void linear_backward(const T* dy, const T* x, const T* w, T* dx, T* dw, T* db, int64_t N, int64_t I, int64_t O,
                      bool accumulate_dx, ProductPrecision prec = ProductPrecision::f32);
 
+// ---- LoRA beside a frozen linear (Hu et al. 2021) ----------------------------------------
+// x[N,I], A[r,I], B[O,r]; y, dy: N rows of ld elements whose columns [col0, col0 + O) are the
+// linear's output. Forward: u = x A^T, y[:, col0:] += scale u B^T. Backward (u recomputed):
+// dB += scale dy^T u, du = scale dy B, dA += du^T x, dx[N,I] += du A. Products in T (the
+// adapters are small: no rounding policy).
+template <class T>
+void lora_forward(const T* x, const T* a, const T* b, T scale, T* y, int64_t ld, int64_t col0, T* u, int64_t N,
+                  int64_t I, int64_t O, int64_t r);
+template <class T>
+void lora_backward(const T* dy, int64_t ld, int64_t col0, const T* x, const T* a, const T* b, T scale, T* u, T* du,
+                   T* dx, T* da, T* db, int64_t N, int64_t I, int64_t O, int64_t r);
+
 // ---- embedding: out[n] = wte[tok[n]] + wpe[pos[n]] (wpe may be null) --------------------
 template <class T>
 void embedding_forward(const int32_t* tok, const int32_t* pos, const T* wte, const T* wpe, T* out, int64_t N,
