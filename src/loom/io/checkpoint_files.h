@@ -33,6 +33,9 @@ inline constexpr const char* kTokenizerFiles[] = {"tokenizer.json",
                                                   "merges.txt",
                                                   "tokenizer.model"};
 inline constexpr const char* kRunConfigFile = "config.yaml";  // the resolved run config
+// A LoRA run's checkpoint: PEFT's description of the adapters (model.safetensors then holds the
+// adapters alone, config.json the frozen model's sizes).
+inline constexpr const char* kAdapterConfigFile = "adapter_config.json";
 inline constexpr const char* kExpAvgFile = "optimizer.exp_avg.safetensors";
 inline constexpr const char* kExpAvgSqFile = "optimizer.exp_avg_sq.safetensors";
 // Format 1's per-rank optimizer shards; format 2's per-rank 1-bit Adam error feedback.

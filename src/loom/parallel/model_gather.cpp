@@ -8,7 +8,8 @@ Tensor gather_whole_params(const Mesh& mesh, const model::ParamLayout& local, co
   LOOM_CHECK(local_flat.dtype() == DType::f32 && local_flat.numel() == local.total(), "parallel",
              "gather_whole_params needs the rank's f32 flat weights (", local.total(), " elements), got ",
              local_flat.describe());
-  const model::ParamLayout whole_layout(local.config(), 1);
+  const model::ParamLayout whole_layout(local.config(), 1,
+                                        model::ModelSlice{.lora_adapters = local.slice().lora_adapters});
   Tensor whole = Tensor::zeros({whole_layout.total()}, DType::f32, MemCategory::workspace);
   // Each element is written by exactly one rank (data-parallel replica 0, tp rank 0 for
   // replicated parameters, the first stage for a tied table, ep rank 0 for everything but the

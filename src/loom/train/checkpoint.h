@@ -56,6 +56,10 @@ struct SaveOptions {
   // prune_checkpoints keeps the newest checkpoint at or below this step (-1: none): while the
   // loss is diverging, the one the run falls back to.
   int64_t protect_upto = -1;
+  // LoRA runs: the frozen model the adapters belong to (model.init_from as an absolute path, or
+  // the random weights of a seed) and its weights' SHA-256 ("seed N" for random ones). Written to
+  // trainer_state.json ("lora") and adapter_config.json (PEFT's file, which names the base).
+  std::string lora_base, lora_base_sha256;
 };
 
 // Where a rank's state sits when the model itself is split (tensor or pipeline parallelism).

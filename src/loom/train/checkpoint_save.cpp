@@ -52,7 +52,8 @@ CheckpointSnapshot snapshot_checkpoint(int64_t step, const model::Decoder& model
   if (reuse && reuse->layout)
     s.layout = reuse->layout;
   else
-    s.layout = std::make_shared<const model::ParamLayout>(model.config(), 1);
+    s.layout =
+        std::make_shared<const model::ParamLayout>(model.config(), 1, model::ModelSlice{.lora_adapters = model.lora()});
   const int64_t n = s.layout->total();
   // This rank's full slice: weights (the owners' fp32 chunks under ZeRO-3 or 16-bit gathers) and moments (from ZeRO
   // chunks).
@@ -119,6 +120,28 @@ CheckpointSnapshot snapshot_checkpoint(int64_t step, const model::Decoder& model
   if (model.router_bias().defined()) {  // MoE balancing biases: what an exact resume needs
     const Tensor& b = model.router_bias();
     state["router_bias"] = std::vector<float>(b.data<float>(), b.data<float>() + b.numel());
+  }
+  if (model.lora()) {
+    const model::LoraConfig& l = model.config().lora;
+    std::vector<std::string> modules;
+    for (const model::LoraSpec& spec : model::lora_specs(model.config()))
+      modules.push_back(spec.proj.substr(spec.proj.find('.') + 1));  // "q_proj", as PEFT names them
+    state["lora"] = {{"rank", l.rank},
+                     {"alpha", l.alpha},
+                     {"target_modules", modules},
+                     {"base", save.lora_base},
+                     {"base_sha256", save.lora_base_sha256}};
+    const json adapter = {{"peft_type", "LORA"},
+                          {"task_type", "CAUSAL_LM"},
+                          {"r", l.rank},
+                          {"lora_alpha", l.alpha},
+                          {"lora_dropout", l.dropout},
+                          {"target_modules", modules},
+                          {"bias", "none"},
+                          {"fan_in_fan_out", false},
+                          {"inference_mode", true},
+                          {"base_model_name_or_path", save.lora_base}};
+    s.card_files.push_back({io::kAdapterConfigFile, adapter.dump(2)});
   }
   s.trainer_state_json = state.dump(2);
   return s;

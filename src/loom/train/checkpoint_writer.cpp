@@ -41,9 +41,9 @@ void CheckpointWriter::start(const std::string& dir, CheckpointSnapshot snap) {
   });
 }
 
-void CheckpointWriter::reserve(const model::ModelConfig& cfg) {
+void CheckpointWriter::reserve(const model::ModelConfig& cfg, const model::ModelSlice& whole) {
   if (started_) return;
-  snap_.layout = std::make_shared<const model::ParamLayout>(cfg, 1);
+  snap_.layout = std::make_shared<const model::ParamLayout>(cfg, 1, whole);
   const int64_t n = snap_.layout->total();
   snap_.weights = Tensor::zeros({n}, DType::f32, MemCategory::workspace);
   snap_.exp_avg = Tensor::zeros({n}, DType::f32, MemCategory::workspace);

@@ -39,7 +39,7 @@ class CheckpointWriter {
   CheckpointSnapshot* spare() { return started_ ? nullptr : &snap_; }
   // Allocates (and touches) the snapshot buffers for the whole model now, so that the first
   // checkpoint's copy does not pay for fresh pages (seconds for a 124M-parameter model).
-  void reserve(const model::ModelConfig& cfg);
+  void reserve(const model::ModelConfig& cfg, const model::ModelSlice& whole = {});
 
  private:
   std::thread thread_;

@@ -1,5 +1,7 @@
 #include "loom/train/config_reader.h"
 
+#include <algorithm>
+
 #include <cmath>
 #include <map>
 #include <sstream>
@@ -185,6 +187,37 @@ std::string ConfigReader::string(const std::string& path, const std::string& def
     LOOM_CHECK(found, "config", path, ": \"", v, "\" is not one of: ", list);
   }
   return v;
+}
+
+std::vector<std::string> ConfigReader::strings(const std::string& path, const std::vector<std::string>& def,
+                                               const std::vector<std::string>& choices) {
+  mark(path);
+  YAML::Node n = find(path);
+  if (!n || n.IsNull()) return def;
+  std::vector<std::string> out;
+  if (n.IsScalar()) {  // "q,v" as well as [q, v]
+    std::string item;
+    for (char c : n.Scalar() + ",") {
+      if (c != ',') {
+        if (c != ' ') item += c;
+        continue;
+      }
+      if (!item.empty()) out.push_back(item);
+      item.clear();
+    }
+  } else {
+    LOOM_CHECK(n.IsSequence(), "config", path, ": expected a list such as [q, v], got ", scalar_text(n));
+    for (const YAML::Node& e : n) {
+      LOOM_CHECK(e.IsScalar(), "config", path, ": expected a list of names, got an item ", scalar_text(e));
+      out.push_back(e.Scalar());
+    }
+  }
+  std::string list;
+  for (const auto& c : choices) list += (list.empty() ? "" : ", ") + c;
+  for (const std::string& v : out)
+    LOOM_CHECK(choices.empty() || std::find(choices.begin(), choices.end(), v) != choices.end(), "config", path, ": \"",
+               v, "\" is not one of: ", list);
+  return out;
 }
 
 void ConfigReader::reject_unknown() const {

@@ -31,6 +31,9 @@ class ConfigReader {
   int64_t integer(const std::string& path, int64_t def, int64_t lo, int64_t hi);
   bool boolean(const std::string& path, bool def);
   std::string string(const std::string& path, const std::string& def, const std::vector<std::string>& choices = {});
+  // A list of names, written [a, b] or "a,b"; each must be one of `choices` (when given).
+  std::vector<std::string> strings(const std::string& path, const std::vector<std::string>& def,
+                                   const std::vector<std::string>& choices = {});
   // A value from a closed set, returned as its enum: `names` pairs each accepted spelling with
   // its value; any other spelling is refused with the list.
   template <class E>

@@ -1,5 +1,6 @@
 #include "loom/train/init_from.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
@@ -9,6 +10,7 @@
 #include "loom/data/tokenizer.h"
 #include "loom/io/checkpoint_files.h"
 #include "loom/io/file.h"
+#include "loom/io/sha256.h"
 #include "loom/model/checkpoint_reader.h"
 #include "loom/model/decoder.h"
 #include "loom/model/model_source.h"
@@ -84,11 +86,23 @@ model::TokenizerFiles init_source_tokenizer_files(const InitSource& src) {
   return t;
 }
 
+std::string init_source_sha256(const InitSource& src) {
+  if (!src.card) return io::sha256_file((fs::path(src.checkpoint) / io::kWeightsFile).string());
+  if (src.format == model::ModelFormat::gguf) return io::sha256_file(src.path);
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(src.path))
+    if (e.path().extension() == ".safetensors") files.push_back(e.path().string());
+  std::sort(files.begin(), files.end());
+  std::string digests;
+  for (const std::string& f : files) digests += io::sha256_file(f);
+  return io::sha256_hex(digests);
+}
+
 std::string load_init_weights(const InitSource& src, model::Decoder& m, const Tensor& local_flat,
                               const model::ParamLayout* whole) {
   if (!src.card) {
     Stopwatch sw;
-    model::read_whole_into_local((fs::path(src.checkpoint) / io::kWeightsFile).string(), m.config(), m.layout(),
+    model::read_whole_into_local((fs::path(src.checkpoint) / io::kWeightsFile).string(), m.config(), m.base_layout(),
                                  local_flat, whole);
     model::restore_router_bias(
         nlohmann::json::parse(io::read_file((fs::path(src.checkpoint) / io::kTrainerStateFile).string())), m);
@@ -99,7 +113,7 @@ std::string load_init_weights(const InitSource& src, model::Decoder& m, const Te
   opt.allocate_flat_grads = false;
   model::Decoder whole_model(m.config(), opt);
   const std::string what = model::load_model_weights(src.path, *src.card, whole_model);
-  model::slice_whole_params(whole_model.layout(), whole_model.params(), m.layout(), local_flat);
+  model::slice_whole_params(whole_model.layout(), whole_model.params(), m.base_layout(), local_flat);
   return str_cat(model::model_format_name(src.format), ": ", what);
 }
 

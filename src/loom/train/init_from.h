@@ -44,10 +44,15 @@ void check_init_source_data(const InitSource& src, int64_t data_vocab, const std
 // for a loom checkpoint, the files of io::kTokenizerFiles it holds), and what they record.
 model::TokenizerFiles init_source_tokenizer_files(const InitSource& src);
 
-// Fills local_flat (laid out by `local`: this rank's slice of the model under any dp, tp, pp or
-// ep layout) with the source's weights, and `m`'s MoE balancing biases from a loom source.
-// `whole` is the whole model's layout when `local` is a slice, else null. Returns what was read,
-// for the start-up line ("GGUF: Q4_1 x210, F32 x61 dequantized to f32 in 1.2 s").
+// The identity of the source's weights, for LoRA checkpoints: the SHA-256 of the GGUF file, of
+// the loom checkpoint's weights file, or over a Hugging Face directory's safetensors files (each
+// file's digest, in name order). Seconds for a few GB.
+std::string init_source_sha256(const InitSource& src);
+
+// Fills local_flat (laid out by m.base_layout(): this rank's slice of the model under any dp, tp,
+// pp or ep layout; under LoRA the frozen model's) with the source's weights, and `m`'s MoE balancing biases from a loom
+// source. `whole` is the whole model's layout when `local` is a slice, else null. Returns what was read, for the
+// start-up line ("GGUF: Q4_1 x210, F32 x61 dequantized to f32 in 1.2 s").
 std::string load_init_weights(const InitSource& src, model::Decoder& m, const Tensor& local_flat,
                               const model::ParamLayout* whole);
 

@@ -1,5 +1,6 @@
 #include "loom/train/train_config.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -38,7 +39,12 @@ bool settable_beside_init_from(const std::string& key) {
                                              "model.moe.capacity_factor",
                                              "model.moe.router_aux_loss_coef",
                                              "model.moe.router_z_loss_coef",
-                                             "model.moe.bias_update_rate"};
+                                             "model.moe.bias_update_rate",
+                                             "model.lora",
+                                             "model.lora.rank",
+                                             "model.lora.alpha",
+                                             "model.lora.dropout",
+                                             "model.lora.targets"};
   return keys.count(key) > 0;
 }
 
@@ -46,7 +52,8 @@ bool settable_beside_init_from(const std::string& key) {
 model::ModelConfig read_source_architecture(ConfigReader& r, const std::string& init_from,
                                             const SourceConfigReader& source_config) {
   std::vector<std::string> set = r.keys("model");
-  for (const std::string& k : r.keys("model.moe")) set.push_back(k);
+  for (const char* section : {"model.moe", "model.lora"})
+    for (const std::string& k : r.keys(section)) set.push_back(k);
   for (const std::string& k : set)
     LOOM_CHECK(settable_beside_init_from(k), "config", k, ": the architecture comes from model.init_from=", init_from,
                "; remove ", k);
@@ -90,6 +97,19 @@ model::ModelConfig read_architecture(ConfigReader& r) {
   return m;
 }
 
+// model.lora: low-rank adapters trained beside the frozen model (model/config.h LoraConfig).
+void read_lora(ConfigReader& r, model::LoraConfig& l) {
+  l.rank = r.integer("model.lora.rank", l.rank, 0, 1 << 16);
+  l.alpha = r.number("model.lora.alpha", l.alpha, 0, 1e6);
+  l.dropout = r.number("model.lora.dropout", l.dropout, 0, 0.99);
+  std::vector<std::string> names, def;
+  for (int t = 0; t < model::kLoraTargets; ++t) names.push_back(model::lora_target_name(model::LoraTarget(t)));
+  for (model::LoraTarget t : l.targets) def.push_back(model::lora_target_name(t));
+  l.targets.clear();
+  for (const std::string& n : r.strings("model.lora.targets", def, names))
+    l.targets.push_back(model::LoraTarget(std::find(names.begin(), names.end(), n) - names.begin()));
+}
+
 model::ModelConfig read_model(ConfigReader& r, const std::string& init_from, const SourceConfigReader& source_config) {
   model::ModelConfig m =
       init_from.empty() ? read_architecture(r) : read_source_architecture(r, init_from, source_config);
@@ -98,6 +118,7 @@ model::ModelConfig read_model(ConfigReader& r, const std::string& init_from, con
   e.router_aux_loss_coef = r.number("model.moe.router_aux_loss_coef", e.router_aux_loss_coef, 0, 1e3);
   e.router_z_loss_coef = r.number("model.moe.router_z_loss_coef", e.router_z_loss_coef, 0, 1e3);
   e.bias_update_rate = r.number("model.moe.bias_update_rate", e.bias_update_rate, 0, 1);
+  read_lora(r, m.lora);
   m.precision = model::precision_from_name(r.string("model.precision", "fp32", {"fp32", "bf16", "fp16"}));
   m.activation_dtype =
       wire_dtype(r.string("model.activation_dtype", model::precision_name(m.precision), {"fp32", "bf16", "fp16"}));

@@ -114,7 +114,8 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
                                 p.tp,
                                 mesh_->coord().tp,
                                 p.ep,
-                                mesh_->coord().ep};
+                                mesh_->coord().ep,
+                                /*lora_adapters=*/cfg_.model.lora.enabled()};
   dp_plan_ =
       parallel::plan_data_parallel({int(p.zero_stage), p.bucket_mb, p.grad_dtype, p.gather_dtype, p.weight_replica},
                                    cfg_.optim.kind, model::ParamLayout(cfg_.model, ranks.dp_size, slice), ranks);
@@ -131,8 +132,11 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
     model_->set_expert_parallel(ep_.get());
   }
   // Random weights unless model.init_from (or the resume before it) overwrites them all; without
-  // a flat buffer DataParallel inits its chunks.
-  if (dopt.allocate_flat_params && cfg_.init_from.empty()) model_->init_weights(cfg_.schedule.seed);
+  // a flat buffer DataParallel inits its chunks. LoRA: the adapters always start random (B zero),
+  // and the frozen model is init_from's weights, loaded below on every start, resumed or not.
+  const bool lora = cfg_.model.lora.enabled();
+  if (dopt.allocate_flat_params && (cfg_.init_from.empty() || lora)) model_->init_weights(cfg_.schedule.seed);
+  if (lora && cfg_.init_from.empty()) model_->init_base_weights(cfg_.schedule.seed);
   data_parallel_ = std::make_unique<parallel::DataParallel>(*model_, mesh_->data(), cfg_.optim, dp_plan_.options,
                                                             cfg_.schedule.seed, mesh_->dp());
   if (main_rank() && p.weight_replica == parallel::WeightReplica::auto_choice &&
@@ -156,12 +160,14 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
   if (p.pp > 1)
     pipe_ = std::make_unique<parallel::PipelineStage>(
         *model_, *mesh_, parallel::PipelineOptions{p.pp_schedule, int(p.micro_batches), p.pp_dtype});
-  if (p.pp > 1 || p.tp > 1 || p.ep > 1) whole_layout_ = std::make_unique<model::ParamLayout>(cfg_.model, 1);
+  if (p.pp > 1 || p.tp > 1 || p.ep > 1)
+    whole_layout_ = std::make_unique<model::ParamLayout>(cfg_.model, 1, model::ModelSlice{.lora_adapters = lora});
   check_fits_in_memory();
   layout_desc_ = str_cat(shape.describe(), ", stages ", parallel::describe_partition(stages_));
+  if (lora) identify_lora_base();
   if (!opt_.resume.empty()) resume_from(opt_.resume);
   if (step_ == 0) start_new_run();
-  if (step_ == 0 && !cfg_.init_from.empty()) init_from_source();
+  if (!cfg_.init_from.empty() && (step_ == 0 || lora)) init_from_source();
   if (main_rank() && !cfg_.log.metrics_path.empty()) open_metrics();
   peak_gflops_ =
       opt_.peak_gflops > 0 ? opt_.peak_gflops : measure_gemm_gflops(cpu::on_bf16_gemm(cfg_.model.products()));
@@ -169,7 +175,7 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
     writer_ = std::make_unique<CheckpointWriter>();
     // Data parallelism only: snapshots fill reserved buffers (model-parallel ones gather into
     // fresh ones; parallel/model_gather.h).
-    if (!whole_layout_) writer_->reserve(cfg_.model);
+    if (!whole_layout_) writer_->reserve(cfg_.model, model::ModelSlice{.lora_adapters = lora});
   }
   last_checkpoint_time_ = now_seconds();
 }
@@ -372,9 +378,14 @@ TrainResult Trainer::run() {
   const int64_t total = cfg_.schedule.steps;
   const int64_t stop = opt_.stop_after_steps >= 0 ? std::min(total, opt_.stop_after_steps) : total;
   const int64_t tokens_per_step = cfg_.data.batch_size * cfg_.data.seq_len;
-  const int64_t whole_params = full_layout().num_params();  // the whole model's, on every layout
+  // The whole model's parameters, on every layout (under LoRA the frozen model's).
+  const int64_t whole_params =
+      model_->lora() ? model::ParamLayout(cfg_.model, 1).num_params() : full_layout().num_params();
+  // LoRA computes no weight gradient of the model: its forward and input-gradient products, 4 of
+  // the 6 FLOPs per parameter and token (the adapters' own are a rounding error).
   const double flops_per_step =
-      model::training_flops(cfg_.model, whole_params, cfg_.data.batch_size, cfg_.data.seq_len);
+      model::training_flops(cfg_.model, whole_params, cfg_.data.batch_size, cfg_.data.seq_len) *
+      (model_->lora() ? 2.0 / 3.0 : 1.0);
   const bool bar_on =
       main_rank() && (cfg_.log.progress == Progress::on ||
                       (cfg_.log.progress == Progress::auto_detect && ProgressBar::stderr_is_terminal()));

@@ -196,6 +196,13 @@ class Trainer {
   void check_fits_in_memory() const;
   bool main_rank() const { return mesh_->rank() == 0; }
 
+  // LoRA: the frozen model the adapters belong to and its weights' identity (SaveOptions);
+  // rank 0 only.
+  void identify_lora_base();
+  // A resumed LoRA checkpoint must have been trained on the same frozen weights (collective).
+  void check_lora_base(const std::string& checkpoint);
+  std::string lora_base_, lora_base_sha256_;
+
   TrainConfig cfg_;
   BatchSource& data_;
   TrainerOptions opt_;

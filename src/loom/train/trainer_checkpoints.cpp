@@ -1,9 +1,14 @@
 // Trainer's checkpoints: resuming from one (a path or the newest valid one in checkpoint.dir),
 // saving on the configured step or time interval, synchronously or through the background
 // writer, and agreeing across ranks on how a background write ended.
+#include <filesystem>
 #include <optional>
 
+#include <nlohmann/json.hpp>
+
 #include "loom/core/timer.h"
+#include "loom/io/checkpoint_files.h"
+#include "loom/io/file.h"
 #include "loom/train/checkpoint.h"
 #include "loom/train/checkpoint_agreement.h"
 #include "loom/train/checkpoint_dir.h"
@@ -26,6 +31,7 @@ void Trainer::resume_from(const std::string& spec) {
     }
     path = *found;
   }
+  if (model_->lora()) check_lora_base(path);
   const CheckpointMeta meta =
       load_checkpoint(path, *model_, *data_parallel_, model_parallel_info(), /*verified=*/spec == "auto");
   step_ = meta.step;
@@ -45,14 +51,50 @@ void Trainer::resume_from(const std::string& spec) {
                  data_parallel_->zero_stage());
 }
 
+void Trainer::identify_lora_base() {
+  if (!main_rank()) return;
+  if (cfg_.init_from.empty()) {
+    lora_base_ = str_cat("random weights of schedule.seed=", cfg_.schedule.seed);
+    lora_base_sha256_ = str_cat("seed ", cfg_.schedule.seed);
+    return;
+  }
+  lora_base_ = std::filesystem::absolute(cfg_.init_from).lexically_normal().string();
+  lora_base_sha256_ = init_source_sha256(init_source_);
+}
+
+void Trainer::check_lora_base(const std::string& checkpoint) {
+  on_every_rank_or_none(mesh_->world(), str_cat("checking ", checkpoint, "'s LoRA base"), [&] {
+    if (!main_rank()) return;
+    const nlohmann::json state =
+        nlohmann::json::parse(io::read_file((std::filesystem::path(checkpoint) / io::kTrainerStateFile).string()));
+    LOOM_CHECK(state.contains("lora"), "resume", checkpoint,
+               " holds a whole model, not LoRA adapters; resume it without model.lora, or start the LoRA run in "
+               "another checkpoint.dir");
+    const std::string base = state["lora"].value("base", ""), sha = state["lora"].value("base_sha256", "");
+    LOOM_CHECK(sha == lora_base_sha256_, "resume", checkpoint, "'s adapters were trained on ", base, " (sha256 ",
+               sha.substr(0, 12), "), but this run's model is ", lora_base_, " (sha256 ",
+               lora_base_sha256_.substr(0, 12), "); set model.init_from to the model they were trained on");
+  });
+}
+
 void Trainer::init_from_source() {
   std::string what;
   on_every_rank_or_none(mesh_->world(), str_cat("model.init_from=", cfg_.init_from, " failed to load"), [&] {
+    if (model_->lora()) {  // the frozen model, straight into its buffer; the adapters stay as they are
+      const bool sliced = !model_->base_layout().whole_model();
+      const model::ParamLayout whole_base(cfg_.model, 1);
+      what = load_init_weights(init_source_, *model_, model_->base_params(), sliced ? &whole_base : nullptr);
+      return;
+    }
     Tensor flat = Tensor::zeros({model_->flat_size()}, DType::f32, MemCategory::workspace);
     what = load_init_weights(init_source_, *model_, flat, whole_layout_.get());
     data_parallel_->load_full_params(flat);
   });
-  if (main_rank())
+  if (!main_rank()) return;
+  if (model_->lora())
+    std::fprintf(opt_.log, "[train] frozen weights from model.init_from=%s (%s)\n", cfg_.init_from.c_str(),
+                 what.c_str());
+  else
     std::fprintf(opt_.log, "[train] weights from model.init_from=%s (%s); optimizer state starts fresh\n",
                  cfg_.init_from.c_str(), what.c_str());
 }
@@ -79,7 +121,9 @@ void Trainer::maybe_checkpoint(bool force) {
                          scaler_.clean_steps(),
                          skipped_windows_,
                          card_files_.files,
-                         fallback_step()};
+                         fallback_step(),
+                         lora_base_,
+                         lora_base_sha256_};
   Stopwatch sw;
   if (!cfg_.checkpoint.async) {
     last_checkpoint_ =

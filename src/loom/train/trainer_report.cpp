@@ -43,8 +43,17 @@ void Trainer::log_run_start(int64_t whole_params) {
                  peak_gflops_, cpu::on_bf16_gemm(cfg_.model.products()) ? "bf16 GEMM" : "SGEMM");
   const parallel::ModelStateBytes pred = dp_plan_.model_states;
   const auto snap = cpu_allocator().snapshot();
-  const int64_t actual =
-      snap[MemCategory::params].current + snap[MemCategory::grads].current + snap[MemCategory::optimizer].current;
+  // LoRA: the frozen model is not a model state of the training (no gradient, no optimizer):
+  // said apart.
+  const int64_t frozen = model_->lora() ? int64_t(model_->base_params().nbytes()) : 0;
+  if (frozen)
+    std::fprintf(opt_.log,
+                 "[train] LoRA %s: %lld trainable parameters (%.2f%% of the model's), the model's weights "
+                 "frozen (%s per rank, f32)\n",
+                 cfg_.model.lora.describe().c_str(), (long long)full_layout().num_params(),
+                 100.0 * double(full_layout().num_params()) / double(whole_params), format_bytes(frozen).c_str());
+  const int64_t actual = snap[MemCategory::params].current - frozen + snap[MemCategory::grads].current +
+                         snap[MemCategory::optimizer].current;
   std::fprintf(opt_.log,
                "[train] model states per rank (dp=%lld%s, ZeRO-%lld%s): predicted %s (params %s, grads "
                "%s, optimizer %s), actual %s\n",
