@@ -6,6 +6,8 @@
 #    identity, and is a small fraction of a whole model's;
 #  - a resumed run ends bitwise equal to an uninterrupted one (weights and moments);
 #  - dp=2 (ZeRO 0 and 3), tp=2 and pp=2 train the one-process losses (float rounding);
+#  - inference from the checkpoint merges the adapters into the recorded base (lower validation
+#    loss than the base), and `loom export --merge-lora` writes that model (the same loss);
 #  - refusals: another base on resume, LoRA resuming a whole model's checkpoint, a GPT-2 model.
 #   lora_test.sh <loom> <source dir>
 set -u
@@ -88,6 +90,33 @@ for layout in "dp 0" "dp 3" "tp 0" "pp 0"; do
     || { tail -5 "$work/$1$2.out"; fail "LoRA with parallel.$1=2 zero_stage=$2"; }
   losses_match "$work/one.jsonl" "$work/$1$2.jsonl" || fail "LoRA with parallel.$1=2 zero_stage=$2 left one process's losses"
 done
+
+# Inference and export: a LoRA checkpoint runs as its base with the adapters merged (better than
+# the base on validation tokens), and --merge-lora writes that merged model (the same loss).
+nll() {
+  "$loom" eval --checkpoint "$1" --data "$work/data" --seq-len 64 2>"$work/eval.err" | grep '^SUMMARY ' \
+    | python3 -c 'import json,sys; print(json.loads(sys.stdin.read()[8:])["loss"])' \
+    || { cat "$work/eval.err"; fail "loom eval --checkpoint $1"; }
+}
+lora_nll=$(nll "$work/a")
+grep -q "LoRA adapters of .*step_000060 merged (rank 8, alpha 16 on q, k, v, o, gate, up, down: 14 matrices)" \
+  "$work/eval.err" || fail "the merge was not reported: $(cat "$work/eval.err")"
+base_nll=$(nll "$work/pre")
+"$loom" export --checkpoint "$work/a" --format hf --out "$work/hf" --merge-lora > "$work/export.out" 2>&1 \
+  || { tail -5 "$work/export.out"; fail "export --merge-lora"; }
+hf_nll=$(nll "$work/hf")
+python3 - "$lora_nll" "$base_nll" "$hf_nll" <<'EOF' || fail "merged LoRA model"
+import sys
+lora, base, hf = map(float, sys.argv[1:])
+print(f"validation nll: base {base:.5f}, LoRA checkpoint {lora:.5f}, exported merged model {hf:.5f}")
+assert lora < base - 0.01 and abs(hf - lora) <= 1e-5 * lora
+EOF
+err=$("$loom" export --checkpoint "$work/a" --format hf --out "$work/hf2" 2>&1) && fail "exported adapters as a model"
+case "$err" in *"holds LoRA adapters, not a whole model; add --merge-lora"*) ;; *) fail "unclear: $err" ;; esac
+err=$("$loom" export --checkpoint "$work/pre" --format hf --out "$work/hf2" --merge-lora 2>&1) \
+  && fail "--merge-lora accepted a whole model"
+case "$err" in *"--merge-lora: "*"holds no LoRA adapters"*) ;; *) fail "unclear: $err" ;; esac
+[ ! -e "$work/hf2" ] || fail "a refused export left $work/hf2"
 
 # Refusals.
 err=$("$loom" "${common[@]}" --set model.init_from="$work/pre/step_000100" "${adapt[@]}" --set schedule.steps=60 \

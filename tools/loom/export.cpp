@@ -6,6 +6,8 @@
 // docs/FINETUNING.md, "Give it back".
 #include <cstdio>
 #include <filesystem>
+#include <memory>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -18,8 +20,10 @@
 #include "loom/model/checkpoint_reader.h"
 #include "loom/model/export_gguf.h"
 #include "loom/model/export_hf.h"
+#include "loom/model/lora_merge.h"
 #include "loom/model/model_source.h"
 #include "tools/loom/commands.h"
+#include "tools/loom/inference_model.h"
 
 namespace loom::cli {
 
@@ -30,7 +34,7 @@ namespace {
 
 struct ExportOptions {
   std::string checkpoint, format, out, dtype, type;
-  bool force = false;
+  bool force = false, merge_lora = false;
 };
 
 // Refusals of the options themselves, before anything is read.
@@ -159,19 +163,37 @@ int cmd_export(const std::vector<std::string>& argv) {
                   "gguf: the matrices' type, f32 (default), f16, bf16, q8_0, q5_1, q5_0, q4_1 or q4_0; norms stay "
                   "F32 and a quantized file's head Q8_0");
   app->add_flag("--force", o.force, "replace --out if it exists (an earlier export)");
+  app->add_flag("--merge-lora", o.merge_lora,
+                "the checkpoint holds LoRA adapters (model.lora): fold them into the model they were trained on "
+                "(the path its trainer_state.json records, checked by SHA-256) and write the merged model");
   if (auto rc = parse(*app, argv)) return *rc;
   check_options(o);
   Stopwatch sw;
   const fs::path out = output_path(o);
   const std::string dir = checkpoint_dir(o.checkpoint);
+  const bool lora = model::is_lora_checkpoint(dir);
+  if (lora && !o.merge_lora)
+    throw UsageError(str_cat("[export] ", dir,
+                             " holds LoRA adapters, not a whole model; add --merge-lora to fold them "
+                             "into the model they were trained on"));
+  if (!lora && o.merge_lora)
+    throw UsageError(str_cat("[export] --merge-lora: ", dir, " holds no LoRA adapters (no ", io::kAdapterConfigFile,
+                             "); drop --merge-lora to export it as it is"));
   const model::ModelConfig cfg = model::checkpoint_model_config(dir);
   const std::string name = model_name(dir, cfg);
   const std::string tokenizer = model::checkpoint_tokenizer(dir);
   const data::ChatCard card = chat_card(dir);
+  // A LoRA checkpoint: its base with the adapters merged, as the inference commands load it.
+  std::optional<InferenceModel> merged;
+  if (lora) merged = load_inference_model(dir, std::nullopt, stderr, /*resolved=*/true);
   model::DecoderOptions dopt;
   dopt.allocate_flat_grads = false;
-  model::Decoder m(cfg, dopt);
-  model::read_checkpoint_weights(dir, m, /*verified=*/true);  // by resolve_checkpoint
+  std::unique_ptr<model::Decoder> own;
+  if (!lora) {
+    own = std::make_unique<model::Decoder>(cfg, dopt);
+    model::read_checkpoint_weights(dir, *own, /*verified=*/true);  // by resolve_checkpoint
+  }
+  const model::Decoder& m = lora ? *merged->model : *own;
   std::fprintf(stderr, "[export] %s (%s): %s, %.1fM parameters\n", dir.c_str(), name.c_str(), cfg.summary().c_str(),
                double(m.num_params()) / 1e6);
 

@@ -7,6 +7,7 @@
 #include "loom/core/timer.h"
 #include "loom/infer/quant_checkpoint.h"
 #include "loom/model/checkpoint_reader.h"
+#include "loom/model/lora_merge.h"
 #include "tools/loom/model_card_files.h"
 
 namespace loom::cli {
@@ -168,6 +169,35 @@ InferenceModel random_inference_model(const model::ModelConfig& cfg, uint64_t se
   return m;
 }
 
+// A LoRA checkpoint: the frozen model it records, loaded whole in f32 and checked to be the one
+// the adapters were trained on, with the adapters merged into it; then sliced and quantized as
+// any model.
+static InferenceModel load_lora_model(const std::string& dir, const std::optional<infer::QuantSpec>& quant, FILE* log,
+                                      const comm::Group* tp) {
+  const model::LoraCheckpoint c = model::read_lora_checkpoint(dir);
+  LOOM_CHECK(c.base_sha256.rfind("seed ", 0) != 0, "lora", dir, "'s adapters were trained on ", c.base,
+             ", which no file holds: train them from a model (model.init_from) to run them");
+  LOOM_CHECK(std::filesystem::exists(c.base), "lora", dir, "'s adapters belong to ", c.base,
+             ", which is not there (trainer_state.json \"lora\" names it); put the model back at that path");
+  const std::string sha = model::weights_sha256(
+      model::model_format(c.base) == model::ModelFormat::loom ? model::resolve_checkpoint(c.base) : c.base);
+  LOOM_CHECK(sha == c.base_sha256, "lora", dir, "'s adapters were trained on ", c.base, " with sha256 ",
+             c.base_sha256.substr(0, 12), ", but that file now has sha256 ", sha.substr(0, 12),
+             ": it is another model; restore the one they were trained on");
+  InferenceModel m = load_inference_model(c.base, std::nullopt, log);
+  const std::string merged = model::merge_lora(c, *m.model);
+  if (log) std::fprintf(log, "[model] LoRA adapters of %s merged (%s)\n", dir.c_str(), merged.c_str());
+  m.checkpoint = dir;
+  m.name = std::filesystem::path(dir).lexically_normal().filename().string();
+  if (tp) {
+    std::unique_ptr<model::Decoder> slice = tp_slice(m.model->config(), *tp);
+    model::slice_whole_params(m.model->layout(), m.model->params(), slice->layout(), slice->params());
+    m.model = std::move(slice);
+  }
+  if (quant) quantize_on_load(m, *quant, log);
+  return m;
+}
+
 InferenceModel load_inference_model(const std::string& dir, const std::optional<infer::QuantSpec>& quant, FILE* log,
                                     bool resolved, const comm::Group* tp) {
   InferenceModel m;
@@ -189,6 +219,7 @@ InferenceModel load_inference_model(const std::string& dir, const std::optional<
   }
   if (model::model_format(dir) != model::ModelFormat::loom) return load_foreign_model(dir, quant, log, tp);
   m.checkpoint = resolved ? dir : model::resolve_checkpoint(dir, log);
+  if (model::is_lora_checkpoint(m.checkpoint)) return load_lora_model(m.checkpoint, quant, log, tp);
   m.name = std::filesystem::path(m.checkpoint).lexically_normal().filename().string();
   const model::ModelConfig cfg = model::checkpoint_model_config(m.checkpoint);
   if (tp) {

@@ -1,6 +1,5 @@
 #include "loom/train/init_from.h"
 
-#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
@@ -10,9 +9,9 @@
 #include "loom/data/tokenizer.h"
 #include "loom/io/checkpoint_files.h"
 #include "loom/io/file.h"
-#include "loom/io/sha256.h"
 #include "loom/model/checkpoint_reader.h"
 #include "loom/model/decoder.h"
+#include "loom/model/lora_merge.h"
 #include "loom/model/model_source.h"
 #include "loom/train/checkpoint.h"
 #include "loom/train/checkpoint_agreement.h"
@@ -87,15 +86,7 @@ model::TokenizerFiles init_source_tokenizer_files(const InitSource& src) {
 }
 
 std::string init_source_sha256(const InitSource& src) {
-  if (!src.card) return io::sha256_file((fs::path(src.checkpoint) / io::kWeightsFile).string());
-  if (src.format == model::ModelFormat::gguf) return io::sha256_file(src.path);
-  std::vector<std::string> files;
-  for (const auto& e : fs::directory_iterator(src.path))
-    if (e.path().extension() == ".safetensors") files.push_back(e.path().string());
-  std::sort(files.begin(), files.end());
-  std::string digests;
-  for (const std::string& f : files) digests += io::sha256_file(f);
-  return io::sha256_hex(digests);
+  return model::weights_sha256(src.card ? src.path : src.checkpoint);
 }
 
 std::string load_init_weights(const InitSource& src, model::Decoder& m, const Tensor& local_flat,

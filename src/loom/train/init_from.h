@@ -44,9 +44,8 @@ void check_init_source_data(const InitSource& src, int64_t data_vocab, const std
 // for a loom checkpoint, the files of io::kTokenizerFiles it holds), and what they record.
 model::TokenizerFiles init_source_tokenizer_files(const InitSource& src);
 
-// The identity of the source's weights, for LoRA checkpoints: the SHA-256 of the GGUF file, of
-// the loom checkpoint's weights file, or over a Hugging Face directory's safetensors files (each
-// file's digest, in name order). Seconds for a few GB.
+// The identity of the source's weights, for LoRA checkpoints (model::weights_sha256). Seconds for
+// a few GB.
 std::string init_source_sha256(const InitSource& src);
 
 // Fills local_flat (laid out by m.base_layout(): this rank's slice of the model under any dp, tp,
