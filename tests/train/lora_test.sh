@@ -7,7 +7,8 @@
 #  - a resumed run ends bitwise equal to an uninterrupted one (weights and moments);
 #  - dp=2 (ZeRO 0 and 3), tp=2 and pp=2 train the one-process losses (float rounding);
 #  - inference from the checkpoint merges the adapters into the recorded base (lower validation
-#    loss than the base), and `loom export --merge-lora` writes that model (the same loss);
+#    loss than the base), as --model BASE --lora DIR does, and `loom export --merge-lora` writes
+#    that model (the same loss); --lora on another model or without adapters is refused;
 #  - refusals: another base on resume, LoRA resuming a whole model's checkpoint, a GPT-2 model.
 #   lora_test.sh <loom> <source dir>
 set -u
@@ -94,14 +95,20 @@ done
 # Inference and export: a LoRA checkpoint runs as its base with the adapters merged (better than
 # the base on validation tokens), and --merge-lora writes that merged model (the same loss).
 nll() {
-  "$loom" eval --checkpoint "$1" --data "$work/data" --seq-len 64 2>"$work/eval.err" | grep '^SUMMARY ' \
+  "$loom" eval --checkpoint "$@" --data "$work/data" --seq-len 64 2>"$work/eval.err" | grep '^SUMMARY ' \
     | python3 -c 'import json,sys; print(json.loads(sys.stdin.read()[8:])["loss"])' \
-    || { cat "$work/eval.err"; fail "loom eval --checkpoint $1"; }
+    || { cat "$work/eval.err"; fail "loom eval --checkpoint $*"; }
 }
 lora_nll=$(nll "$work/a")
 grep -q "LoRA adapters of .*step_000060 merged (rank 8, alpha 16 on q, k, v, o, gate, up, down: 14 matrices)" \
   "$work/eval.err" || fail "the merge was not reported: $(cat "$work/eval.err")"
 base_nll=$(nll "$work/pre")
+[ "$(nll "$work/pre" --lora "$work/a")" = "$lora_nll" ] || fail "--model BASE --lora DIR is not the LoRA checkpoint's model"
+err=$("$loom" eval --checkpoint "$work/pre/step_000100" --lora "$work/a" --data "$work/data" 2>&1) \
+  && fail "--lora merged into another model"
+case "$err" in *"adapters were trained on $work/pre"*"it is another model"*) ;; *) fail "unclear: $err" ;; esac
+err=$("$loom" eval --checkpoint "$work/pre" --lora "$work/pre" --data "$work/data" 2>&1) && fail "--lora took a model"
+case "$err" in *"holds no LoRA adapters"*) ;; *) fail "unclear: $err" ;; esac
 "$loom" export --checkpoint "$work/a" --format hf --out "$work/hf" --merge-lora > "$work/export.out" 2>&1 \
   || { tail -5 "$work/export.out"; fail "export --merge-lora"; }
 hf_nll=$(nll "$work/hf")

@@ -54,10 +54,13 @@ int cmd_chat(const std::vector<std::string>& argv) {
                           ->check(positive())
                           ->default_str("");
   add_quant_options(*app, quant_options);
+  std::string lora;
+  add_lora_option(*app, lora);
   if (auto rc = parse(*app, argv)) return *rc;
   if (threads_opt->count()) set_num_threads(int(threads));
 
-  const InferenceModel im = load_inference_model(model_path, quant_spec_from(quant_options), stderr);
+  const InferenceModel im =
+      load_inference_model(model_path, quant_spec_from(quant_options), stderr, false, nullptr, lora);
   const model::ModelConfig& mc = im.model->config();
   const std::unique_ptr<serve::DataTokenizer> text_tok = serve::make_text_tokenizer(im.tokenizer);
   const data::Tokenizer& tok = text_tok->tokenizer();

@@ -111,11 +111,13 @@ int cmd_eval(const std::vector<std::string>& argv) {
                           ->check(positive())
                           ->default_str("");
   add_quant_options(*app, quant);
+  std::string lora;
+  add_lora_option(*app, lora);
   if (auto rc = parse(*app, argv)) return *rc;
   if (threads_opt->count()) set_num_threads(int(threads));
   if (data_dir.empty() && text_file.empty() && ids_file.empty())
     throw UsageError("[eval] give the tokens to score: --data DIR (loom prepare's output), --text FILE or --ids FILE");
-  InferenceModel m = load_inference_model(checkpoint, quant_spec_from(quant), stderr);
+  InferenceModel m = load_inference_model(checkpoint, quant_spec_from(quant), stderr, false, nullptr, lora);
   const model::ModelConfig& cfg = m.model->config();
   const int64_t T = seq_len_opt->count() ? seq_len : cfg.n_ctx;
   if (T < 1 || T > cfg.n_ctx)

@@ -117,6 +117,8 @@ int cmd_generate(const std::vector<std::string>& argv) {
                           ->default_str("");
   add_speculative_option(*app, speculative_text);
   add_quant_options(*app, quant_options);
+  std::string lora;
+  add_lora_option(*app, lora);
   add_tensor_parallel_option(*app, tp_size);
   if (auto rc = parse(*app, argv)) return *rc;
   // Every option is checked before the checkpoint is read.
@@ -129,7 +131,7 @@ int cmd_generate(const std::vector<std::string>& argv) {
 
   const TensorParallel tp = tensor_parallel_from(tp_size, "generate", /*watchdog=*/true);
   FILE* log = tp.leader() ? stderr : nullptr;  // rank 0 prints; the others follow silently
-  const InferenceModel im = load_inference_model(checkpoint, quant, log, false, tp.group());
+  const InferenceModel im = load_inference_model(checkpoint, quant, log, false, tp.group(), lora);
   if (speculative) load_speculative_draft(*speculative, im, log);
   const model::Decoder& m = *im.model;
   const model::ModelConfig& mc = m.config();

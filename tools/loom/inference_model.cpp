@@ -169,22 +169,27 @@ InferenceModel random_inference_model(const model::ModelConfig& cfg, uint64_t se
   return m;
 }
 
-// A LoRA checkpoint: the frozen model it records, loaded whole in f32 and checked to be the one
-// the adapters were trained on, with the adapters merged into it; then sliced and quantized as
-// any model.
-static InferenceModel load_lora_model(const std::string& dir, const std::optional<infer::QuantSpec>& quant, FILE* log,
-                                      const comm::Group* tp) {
+// A LoRA checkpoint's adapters merged into their frozen model: `base` (--model beside --lora), or
+// the model the checkpoint records; either must be the one they were trained on (SHA-256). The
+// model is loaded whole in f32, merged, then sliced and quantized as any model.
+static InferenceModel load_lora_model(const std::string& dir, std::string base,
+                                      const std::optional<infer::QuantSpec>& quant, FILE* log, const comm::Group* tp) {
   const model::LoraCheckpoint c = model::read_lora_checkpoint(dir);
-  LOOM_CHECK(c.base_sha256.rfind("seed ", 0) != 0, "lora", dir, "'s adapters were trained on ", c.base,
-             ", which no file holds: train them from a model (model.init_from) to run them");
-  LOOM_CHECK(std::filesystem::exists(c.base), "lora", dir, "'s adapters belong to ", c.base,
-             ", which is not there (trainer_state.json \"lora\" names it); put the model back at that path");
-  const std::string sha = model::weights_sha256(
-      model::model_format(c.base) == model::ModelFormat::loom ? model::resolve_checkpoint(c.base) : c.base);
-  LOOM_CHECK(sha == c.base_sha256, "lora", dir, "'s adapters were trained on ", c.base, " with sha256 ",
-             c.base_sha256.substr(0, 12), ", but that file now has sha256 ", sha.substr(0, 12),
-             ": it is another model; restore the one they were trained on");
-  InferenceModel m = load_inference_model(c.base, std::nullopt, log);
+  if (base.empty()) {
+    LOOM_CHECK(c.base_sha256.rfind("seed ", 0) != 0, "lora", dir, "'s adapters were trained on ", c.base,
+               ", which no file holds: train them from a model (model.init_from) to run them");
+    LOOM_CHECK(std::filesystem::exists(c.base), "lora", dir, "'s adapters belong to ", c.base,
+               ", which is not there (trainer_state.json \"lora\" names it); put the model back at that path, or "
+               "give it as --model PATH --lora ",
+               dir);
+    base = c.base;
+  }
+  const bool loom_base = model::model_format(base) == model::ModelFormat::loom;
+  const std::string sha = model::weights_sha256(loom_base ? model::resolve_checkpoint(base) : base);
+  LOOM_CHECK(sha == c.base_sha256, "lora", dir, "'s adapters were trained on ", c.base, " (sha256 ",
+             c.base_sha256.substr(0, 12), "), but ", base, " has sha256 ", sha.substr(0, 12),
+             ": it is another model; give the one they were trained on");
+  InferenceModel m = load_inference_model(base, std::nullopt, log);
   const std::string merged = model::merge_lora(c, *m.model);
   if (log) std::fprintf(log, "[model] LoRA adapters of %s merged (%s)\n", dir.c_str(), merged.c_str());
   m.checkpoint = dir;
@@ -198,8 +203,25 @@ static InferenceModel load_lora_model(const std::string& dir, const std::optiona
   return m;
 }
 
+void add_lora_option(CLI::App& app, std::string& dir) {
+  app.add_option("--lora", dir,
+                 "LoRA adapters (a checkpoint or run directory of a model.lora run) merged into the model at load; "
+                 "the model must be the one they were trained on (checked by SHA-256). A LoRA checkpoint given as "
+                 "the model itself merges into the model it records")
+      ->type_name("DIR");
+}
+
 InferenceModel load_inference_model(const std::string& dir, const std::optional<infer::QuantSpec>& quant, FILE* log,
-                                    bool resolved, const comm::Group* tp) {
+                                    bool resolved, const comm::Group* tp, const std::string& lora) {
+  if (!lora.empty()) {
+    LOOM_CHECK(!infer::is_quantized_checkpoint(dir), "lora", dir,
+               " is a quantized checkpoint; LoRA adapters merge into the f32 model they were trained on (add "
+               "--quant to quantize the merged model on load)");
+    const std::string adapters = model::resolve_checkpoint(lora, log);
+    LOOM_CHECK(model::is_lora_checkpoint(adapters), "lora", "--lora ", lora, ": ", adapters,
+               " holds no LoRA adapters (no adapter_config.json); give a checkpoint of a model.lora run");
+    return load_lora_model(adapters, dir, quant, log, tp);
+  }
   InferenceModel m;
   if (infer::is_quantized_checkpoint(dir)) {
     LOOM_CHECK(!tp, "infer", dir,
@@ -219,7 +241,7 @@ InferenceModel load_inference_model(const std::string& dir, const std::optional<
   }
   if (model::model_format(dir) != model::ModelFormat::loom) return load_foreign_model(dir, quant, log, tp);
   m.checkpoint = resolved ? dir : model::resolve_checkpoint(dir, log);
-  if (model::is_lora_checkpoint(m.checkpoint)) return load_lora_model(m.checkpoint, quant, log, tp);
+  if (model::is_lora_checkpoint(m.checkpoint)) return load_lora_model(m.checkpoint, "", quant, log, tp);
   m.name = std::filesystem::path(m.checkpoint).lexically_normal().filename().string();
   const model::ModelConfig cfg = model::checkpoint_model_config(m.checkpoint);
   if (tp) {

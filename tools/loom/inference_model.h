@@ -68,8 +68,14 @@ TensorParallel tensor_parallel_from(int64_t size, const std::string& cmd, bool w
 // checkpoint on load. A quantized checkpoint with a --quant other than its own is refused, naming both. `resolved`: dir
 // is a checkpoint that model::resolve_checkpoint already verified. `tp`: this rank keeps its tensor-parallel slice (f32
 // checkpoints only; quantized on load after slicing).
+// A LoRA checkpoint (model.lora) loads as the model it records with the adapters merged; `lora`
+// (--lora DIR) merges the adapters of DIR into `dir` instead, which must be the model they were
+// trained on.
 InferenceModel load_inference_model(const std::string& dir, const std::optional<infer::QuantSpec>& quant, FILE* log,
-                                    bool resolved = false, const comm::Group* tp = nullptr);
+                                    bool resolved = false, const comm::Group* tp = nullptr,
+                                    const std::string& lora = "");
+// --lora DIR, for the commands that load a model.
+void add_lora_option(CLI::App& app, std::string& dir);
 // Writes `out` (replacing it), a quantized checkpoint of `src` (a training checkpoint or run
 // directory, a GGUF file or a Hugging Face directory) as load_inference_model loads it under
 // `spec`: a GGUF's Q8_0/Q4_0/Q4_1 blocks stay as they are where the format holds them. A foreign

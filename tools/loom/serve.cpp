@@ -126,6 +126,8 @@ int cmd_serve(const std::vector<std::string>& argv) {
   app->add_flag("--no-access-log", no_access_log, "no per-request line on stderr (method, path, status, ms, tokens)");
   add_speculative_option(*app, speculative_text);
   add_quant_options(*app, quant_options);
+  std::string lora;
+  add_lora_option(*app, lora);
   add_tensor_parallel_option(*app, tp_size);
   const std::string cascade = "Edge/center cascade (docs/CASCADE.md)";
   app->add_option("--role", role,
@@ -179,6 +181,9 @@ int cmd_serve(const std::vector<std::string>& argv) {
       ->check(non_negative())
       ->group(cascade);
   if (auto rc = parse(*app, argv)) return *rc;
+  if (!lora.empty() && checkpoint_dir.empty())
+    throw UsageError(
+        "[serve] --lora merges adapters into a model: give the model they were trained on as --checkpoint");
   auto given = [&](const std::string& name) { return app->count("--" + name) > 0; };
   const auto quant = quant_spec_from(quant_options);
   std::optional<SpeculativeSetup> speculative;
@@ -315,7 +320,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
   // Every rank loads its model (its slice) and the draft the same way; rank 0 logs it.
   auto load_model = [&](FILE* log) {
     return checkpoint.empty() ? random_inference_model(mc, ec.seed, quant, tp.group())
-                              : load_inference_model(checkpoint, quant, log, /*resolved=*/true, tp.group());
+                              : load_inference_model(checkpoint, quant, log, /*resolved=*/true, tp.group(), lora);
   };
   auto configure = [&](const InferenceModel& im, FILE* log) {
     ec.quant = im.quant_ptr();
