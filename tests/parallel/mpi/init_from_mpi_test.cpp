@@ -1,4 +1,4 @@
-// model.init_from under mpiexec: every layout the ranks allow (dp with ZeRO-3, tp x dp with
+// model.init_from under mpiexec: every layout the ranks allow (dp with ZeRO 1-3, tp x dp with
 // ZeRO-1, pp x dp, and from 4 ranks pp x dp x tp with ZeRO-1) starts from a GGUF file's weights
 // bitwise, each rank holding its slice, and trains the same losses as one process started from
 // the same file (the layout tolerance of dp_equivalence_test.cpp). Named ModelParallel* so that
@@ -64,7 +64,7 @@ TEST(ModelParallelInitFrom, EveryLayoutStartsFromTheFileAndTrainsAsOneProcess) {
     int64_t pp, dp, tp;
     int zero;
   };
-  std::vector<L> layouts = {{1, N, 1, 3}};
+  std::vector<L> layouts = {{1, N, 1, 1}, {1, N, 1, 2}, {1, N, 1, 3}};
   if (N % 2 == 0) layouts.push_back({1, N / 2, 2, 1});
   if (N % 2 == 0) layouts.push_back({2, N / 2, 1, 0});
   if (N % 4 == 0) layouts.push_back({2, N / 4, 2, 1});
