@@ -6,6 +6,7 @@
 #include <random>
 
 #include "loom/core/error.h"
+#include "loom/kernels/ops.h"
 #include "loom/model/decoder.h"
 #include "testing/gradcheck.h"
 #include "testing/random_batch.h"
@@ -199,4 +200,39 @@ TEST(LoraConfig, RefusesWhatItCannotAdaptNamingTheKey) {
   refused(moe, "adapt its attention (q, k, v, o) only");
   moe.lora.targets = {LoraTarget::q, LoraTarget::o};
   EXPECT_NO_THROW(moe.validate());
+}
+
+TEST(LoraModel, Bf16BaseIsTheF32BaseRoundedAtHalfTheBytes) {
+  ModelConfig cfg = tiny_lora(kAll);
+  ModelConfig cfg16 = cfg;
+  cfg16.lora.base_dtype = DType::bf16;
+  Decoder ref(cfg, adapters()), half(cfg16, adapters());
+  ASSERT_EQ(half.base_params().dtype(), DType::bf16);
+  Tensor w = Tensor::empty({ref.base_layout().total()}, DType::f32);
+  init_params(ref.base_layout(), 3, w.data<float>());
+  // The reference holds the bf16-rounded weights in f32.
+  Tensor rounded16 = Tensor::empty({w.numel()}, DType::bf16), rounded = Tensor::empty({w.numel()}, DType::f32);
+  ops::narrow_to_16(w, rounded16);
+  ops::widen_from_16(rounded16, rounded);
+  ref.set_base_params(rounded);
+  half.set_base_params(w);
+  ref.init_weights(4);
+  for (const ParamInfo& p : ref.layout().params())
+    if (p.init == Init::zeros) fill_normal<float>(ref.params().slice(p.offset, {p.numel()}), 0.2f, 6);
+  half.params().copy_from(ref.params());
+  std::vector<int32_t> tok, tgt;
+  const int64_t B = 2, T = 9;
+  random_batch(B, T, cfg.vocab_size, tok, tgt, 8);
+  ref.zero_grads();
+  half.zero_grads();
+  EXPECT_EQ(ref.forward_backward(tok.data(), tgt.data(), B, T, 0.1),
+            half.forward_backward(tok.data(), tgt.data(), B, T, 0.1));
+  for (int64_t i = 0; i < ref.grads().numel(); ++i)
+    ASSERT_EQ(ref.grads().data<float>()[i], half.grads().data<float>()[i]) << i;
+  // Blocks in bf16; the embeddings, final norm and head kept in f32.
+  int64_t outer = 0;
+  for (const ParamInfo& p : ref.base_layout().params())
+    if (p.layer < 0) outer += p.numel();
+  EXPECT_EQ(half.frozen_bytes(), 2 * ref.base_layout().total() + 4 * outer);
+  EXPECT_EQ(ref.frozen_bytes(), 4 * ref.base_layout().total());
 }

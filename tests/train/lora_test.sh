@@ -5,7 +5,8 @@
 #  - a checkpoint holds the adapters alone (PEFT's names and adapter_config.json) and the base's
 #    identity, and is a small fraction of a whole model's;
 #  - a resumed run ends bitwise equal to an uninterrupted one (weights and moments);
-#  - dp=2 (ZeRO 0 and 3), tp=2 and pp=2 train the one-process losses (float rounding);
+#  - dp=2 (ZeRO 0 and 3), tp=2 and pp=2 train the one-process losses (float rounding); a bf16
+#    frozen model trains within 1% of the f32 one;
 #  - inference from the checkpoint merges the adapters into the recorded base (lower validation
 #    loss than the base), as --model BASE --lora DIR does, and `loom export --merge-lora` writes
 #    that model (the same loss); --lora on another model or without adapters is refused;
@@ -91,6 +92,19 @@ for layout in "dp 0" "dp 3" "tp 0" "pp 0"; do
     || { tail -5 "$work/$1$2.out"; fail "LoRA with parallel.$1=2 zero_stage=$2"; }
   losses_match "$work/one.jsonl" "$work/$1$2.jsonl" || fail "LoRA with parallel.$1=2 zero_stage=$2 left one process's losses"
 done
+
+# A bf16 frozen model: the blocks at half the bytes, the losses of the f32 one within 1%.
+"$loom" "${short[@]}" --set model.lora.base_dtype=bf16 --set log.metrics_path="$work/bf16.jsonl" > "$work/bf16.out" 2>&1 \
+  || { tail -5 "$work/bf16.out"; fail "bf16 base"; }
+grep -q "rank 8, alpha 16 on q, k, v, o, gate, up, down, bf16 base: .*frozen (.* per rank, bf16 blocks" "$work/bf16.out" \
+  || fail "no bf16 base line: $(grep '^\[train\] LoRA' "$work/bf16.out")"
+python3 - "$work/one.jsonl" "$work/bf16.jsonl" <<'EOF' || fail "the bf16 base's losses"
+import json, sys
+a, b = ([json.loads(l)["loss"] for l in open(p) if '"loss"' in l and '"step"' in l] for p in sys.argv[1:])
+worst = max(abs(x - y) / x for x, y in zip(a, b))
+print(f"bf16 base: losses within {worst:.2e} of the f32 base's over {len(a)} steps")
+assert len(a) == len(b) == 20 and 0 < worst < 0.01
+EOF
 
 # Inference and export: a LoRA checkpoint runs as its base with the adapters merged (better than
 # the base on validation tokens), and --merge-lora writes that merged model (the same loss).

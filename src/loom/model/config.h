@@ -92,10 +92,13 @@ struct LoraConfig {
   double alpha = 16;
   double dropout = 0;
   std::vector<LoraTarget> targets = {LoraTarget::q, LoraTarget::v};
+  // How the frozen model is held: f32, or bf16 for its blocks (half their memory; each block is
+  // widened to f32 just before use, and the embeddings, final norm and head stay f32).
+  DType base_dtype = DType::f32;
   bool enabled() const { return rank > 0; }
   bool adapts(LoraTarget t) const;
   double scale() const { return alpha / double(rank); }
-  std::string describe() const;  // "rank 8, alpha 16 on q, v"
+  std::string describe() const;  // "rank 8, alpha 16 on q, v" (", bf16 base" when so)
 };
 
 // How RoPE's frequencies are stretched for contexts past the training length. none: plain RoPE

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 
 #include "loom/core/trace.h"
 #include "loom/kernels/ops.h"
@@ -49,20 +50,70 @@ class FlatParamSource final : public ParamSource {
 // every gradient from the trainable source (*inner: the adapters' flat buffers or a data-parallel
 // engine over them). The model's parameters have no gradient: outer_grad is undefined and the
 // blocks' gradient views hold the adapters only, so no weight gradient of theirs is computed.
+// A bf16 base (LoraConfig::base_dtype) is widened block by block into one f32 buffer as each is
+// asked for (the decoder holds one block's weights at a time), and its embeddings, final norm and
+// head are kept as f32 copies (refresh()).
 class LoraParamSource final : public ParamSource {
  public:
   LoraParamSource(const ModelConfig& cfg, const ParamLayout& base_layout, const Tensor& base_params,
-                  ParamSource* const& inner)
-      : base_(cfg, base_layout, base_params, Tensor{}), inner_(inner) {}
+                  ParamSource* const& inner, Allocator& alloc)
+      : cfg_(cfg), layout_(base_layout), base_(base_params), inner_(inner) {
+    if (!sixteen()) {
+      flat_ = std::make_unique<FlatParamSource>(cfg, base_layout, base_params, Tensor{});
+      return;
+    }
+    int64_t widest = 0, outer = 0;
+    for (int l = base_layout.first_layer(); l < base_layout.last_layer(); ++l) {
+      const auto [b, e] = base_layout.block_range(l);
+      widest = std::max(widest, e - b);
+    }
+    for (const ParamInfo& p : base_layout.params())
+      if (p.layer < 0) outer += p.numel();
+    block32_ = Tensor::empty({std::max<int64_t>(widest, 1)}, DType::f32, MemCategory::workspace, alloc);
+    outer32_ = Tensor::zeros({std::max<int64_t>(outer, 1)}, DType::f32, MemCategory::params, alloc);
+  }
+  bool sixteen() const { return base_.dtype() == DType::bf16; }
+  int64_t copy_bytes() const { return sixteen() ? int64_t(outer32_.nbytes()) : 0; }
+  // After the base's values change: the f32 copies of a bf16 base's outer parameters.
+  void refresh() {
+    if (!sixteen()) return;
+    int64_t at = 0;
+    outer_.clear();
+    for (const ParamInfo& p : layout_.params()) {
+      if (p.layer >= 0) continue;
+      const Tensor dst = outer32_.slice(at, p.shape);
+      ops::widen_from_16(base_.slice(p.offset, {p.numel()}), dst.slice(0, {p.numel()}));
+      outer_[p.name] = dst;
+      at += p.numel();
+    }
+  }
   BlockWeights block_params(int l, Phase ph) override {
-    BlockWeights w = base_.block_params(l, ph);
+    BlockWeights w;
+    if (!sixteen()) {
+      w = flat_->block_params(l, ph);
+    } else {
+      LOOM_CHECK(widened_ < 0, "model", "block ", l, " asked for while block ", widened_,
+                 "'s widened weights are in use");
+      const auto [b, e] = layout_.block_range(l);
+      ops::widen_from_16(base_.slice(b, {e - b}), block32_.slice(0, {e - b}));
+      w = block_weights(cfg_, layout_, block32_, l, b);
+      widened_ = l;
+    }
     w.lora = inner_->block_params(l, ph).lora;
     return w;
   }
-  void release_block_params(int l, Phase ph) override { inner_->release_block_params(l, ph); }
+  void release_block_params(int l, Phase ph) override {
+    widened_ = -1;
+    inner_->release_block_params(l, ph);
+  }
   BlockWeights block_grads(int l) override { return inner_->block_grads(l); }
   void block_grads_done(int l) override { inner_->block_grads_done(l); }
-  Tensor outer_param(const std::string& n) override { return base_.outer_param(n); }
+  Tensor outer_param(const std::string& n) override {
+    if (!sixteen()) return flat_->outer_param(n);
+    auto it = outer_.find(n);
+    LOOM_CHECK(it != outer_.end(), "model", "no outer parameter ", n, " in this slice");
+    return it->second;
+  }
   Tensor outer_grad(const std::string&) override { return {}; }
   void outer_grads_done() override { inner_->outer_grads_done(); }
   void head_grads_done() override { inner_->head_grads_done(); }
@@ -71,8 +122,14 @@ class LoraParamSource final : public ParamSource {
   void pass_end(bool train) override { inner_->pass_end(train); }
 
  private:
-  FlatParamSource base_;
+  const ModelConfig& cfg_;
+  const ParamLayout& layout_;
+  Tensor base_;
   ParamSource* const& inner_;
+  std::unique_ptr<FlatParamSource> flat_;  // an f32 base
+  Tensor block32_, outer32_;               // a bf16 base's widened block and outer copies
+  std::map<std::string, Tensor> outer_;
+  int widened_ = -1;
 };
 }  // namespace
 
@@ -98,9 +155,13 @@ Decoder::Decoder(const ModelConfig& cfg, const DecoderOptions& opt, DType dtype,
     ModelSlice base_slice = layout_.slice();
     base_slice.lora_adapters = false;
     base_layout_ = std::make_unique<ParamLayout>(cfg, 1, base_slice);
-    base_params_ = Tensor::zeros({base_layout_->total()}, dtype, MemCategory::params, alloc);
-    lora_src_ = std::make_unique<LoraParamSource>(cfg_, *base_layout_, base_params_, train_src_);
-    src_ = lora_src_.get();
+    const bool bf16 = cfg.lora.base_dtype == DType::bf16;
+    LOOM_CHECK(!bf16 || dtype == DType::f32, "model", "a bf16 LoRA base trains in f32");
+    base_params_ = Tensor::zeros({base_layout_->total()}, bf16 ? DType::bf16 : dtype, MemCategory::params, alloc);
+    auto src = std::make_unique<LoraParamSource>(cfg_, *base_layout_, base_params_, train_src_, alloc);
+    src->refresh();
+    src_ = src.get();
+    lora_src_ = std::move(src);
   }
   reset_moe_stats();
   if (cfg.moe.enabled() && cfg.moe.bias_update_rate > 0)
@@ -133,14 +194,29 @@ void Decoder::set_param_source(ParamSource* src) {
 
 void Decoder::init_base_weights(uint64_t seed) {
   LOOM_CHECK(lora(), "model", "init_base_weights is for LoRA training; init_weights initialises the model");
-  if (dtype_ == DType::f32) {
-    init_params(*base_layout_, seed, base_params_.data<float>());
+  Tensor f32 = Tensor::empty({base_layout_->total()}, DType::f32, MemCategory::workspace, alloc_);
+  init_params(*base_layout_, seed, f32.data<float>());
+  set_base_params(f32);
+}
+
+int64_t Decoder::frozen_bytes() const {
+  if (!lora()) return 0;
+  return int64_t(base_params_.nbytes()) + static_cast<const LoraParamSource*>(lora_src_.get())->copy_bytes();
+}
+
+void Decoder::set_base_params(const Tensor& f32) {
+  LOOM_CHECK(lora() && f32.dtype() == DType::f32 && f32.numel() == base_layout_->total(), "model",
+             "set_base_params takes the frozen model's f32 weights (", base_layout_->total(), " elements), got ",
+             f32.describe());
+  if (base_params_.dtype() == DType::bf16) {
+    ops::narrow_to_16(f32, base_params_);
+  } else if (base_params_.dtype() == DType::f32) {
+    if (f32.data<float>() != base_params_.data<float>()) base_params_.copy_from(f32);
   } else {
-    std::vector<float> tmp(static_cast<size_t>(base_layout_->total()));
-    init_params(*base_layout_, seed, tmp.data());
     double* p = base_params_.data<double>();
-    for (size_t i = 0; i < tmp.size(); ++i) p[i] = tmp[i];
+    for (int64_t i = 0; i < f32.numel(); ++i) p[i] = f32.data<float>()[i];
   }
+  static_cast<LoraParamSource*>(lora_src_.get())->refresh();
 }
 
 void Decoder::init_weights(uint64_t seed) {

@@ -91,7 +91,12 @@ class Decoder {
   // model), get no gradient, and their weight gradients are not computed.
   bool lora() const { return layout_.slice().lora_adapters; }
   const ParamLayout& base_layout() const { return base_layout_ ? *base_layout_ : layout_; }
+  // The frozen weights as held: f32, or bf16 with model.lora.base_dtype=bf16.
   const Tensor& base_params() const { return base_layout_ ? base_params_ : params_; }
+  // Sets them from f32 values laid out as base_layout() (narrowed to a bf16 base).
+  void set_base_params(const Tensor& f32);
+  // Bytes the frozen model takes (a bf16 base's f32 copies of its embeddings and head included).
+  int64_t frozen_bytes() const;
   void init_base_weights(uint64_t seed);  // random frozen weights (tests); a run loads a model
   // The tensor-parallel communication (required when options().slice.tp > 1). Not owned.
   void set_tensor_parallel(TensorParallelOps* tp) { tp_ = tp; }

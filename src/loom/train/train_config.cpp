@@ -44,7 +44,8 @@ bool settable_beside_init_from(const std::string& key) {
                                              "model.lora.rank",
                                              "model.lora.alpha",
                                              "model.lora.dropout",
-                                             "model.lora.targets"};
+                                             "model.lora.targets",
+                                             "model.lora.base_dtype"};
   return keys.count(key) > 0;
 }
 
@@ -102,6 +103,7 @@ void read_lora(ConfigReader& r, model::LoraConfig& l) {
   l.rank = r.integer("model.lora.rank", l.rank, 0, 1 << 16);
   l.alpha = r.number("model.lora.alpha", l.alpha, 0, 1e6);
   l.dropout = r.number("model.lora.dropout", l.dropout, 0, 0.99);
+  l.base_dtype = r.string("model.lora.base_dtype", "fp32", {"fp32", "bf16"}) == "bf16" ? DType::bf16 : DType::f32;
   std::vector<std::string> names, def;
   for (int t = 0; t < model::kLoraTargets; ++t) names.push_back(model::lora_target_name(model::LoraTarget(t)));
   for (model::LoraTarget t : l.targets) def.push_back(model::lora_target_name(t));

@@ -80,10 +80,14 @@ void Trainer::check_lora_base(const std::string& checkpoint) {
 void Trainer::init_from_source() {
   std::string what;
   on_every_rank_or_none(mesh_->world(), str_cat("model.init_from=", cfg_.init_from, " failed to load"), [&] {
-    if (model_->lora()) {  // the frozen model, straight into its buffer; the adapters stay as they are
+    if (model_->lora()) {  // the frozen model (straight into an f32 base); the adapters stay as they are
       const bool sliced = !model_->base_layout().whole_model();
       const model::ParamLayout whole_base(cfg_.model, 1);
-      what = load_init_weights(init_source_, *model_, model_->base_params(), sliced ? &whole_base : nullptr);
+      const bool f32 = model_->base_params().dtype() == DType::f32;
+      const Tensor into = f32 ? model_->base_params()
+                              : Tensor::zeros({model_->base_layout().total()}, DType::f32, MemCategory::workspace);
+      what = load_init_weights(init_source_, *model_, into, sliced ? &whole_base : nullptr);
+      if (!f32) model_->set_base_params(into);
       return;
     }
     Tensor flat = Tensor::zeros({model_->flat_size()}, DType::f32, MemCategory::workspace);

@@ -45,13 +45,14 @@ void Trainer::log_run_start(int64_t whole_params) {
   const auto snap = cpu_allocator().snapshot();
   // LoRA: the frozen model is not a model state of the training (no gradient, no optimizer):
   // said apart.
-  const int64_t frozen = model_->lora() ? int64_t(model_->base_params().nbytes()) : 0;
+  const int64_t frozen = model_->frozen_bytes();
   if (frozen)
     std::fprintf(opt_.log,
                  "[train] LoRA %s: %lld trainable parameters (%.2f%% of the model's), the model's weights "
-                 "frozen (%s per rank, f32)\n",
+                 "frozen (%s per rank, %s)\n",
                  cfg_.model.lora.describe().c_str(), (long long)full_layout().num_params(),
-                 100.0 * double(full_layout().num_params()) / double(whole_params), format_bytes(frozen).c_str());
+                 100.0 * double(full_layout().num_params()) / double(whole_params), format_bytes(frozen).c_str(),
+                 cfg_.model.lora.base_dtype == DType::bf16 ? "bf16 blocks, f32 embeddings and head" : "f32");
   const int64_t actual = snap[MemCategory::params].current - frozen + snap[MemCategory::grads].current +
                          snap[MemCategory::optimizer].current;
   std::fprintf(opt_.log,

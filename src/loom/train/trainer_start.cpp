@@ -40,8 +40,7 @@ std::vector<parallel::StageRange> Trainer::partition_stages() {
 void Trainer::check_fits_in_memory() const {
   const auto& p = cfg_.parallel;
   // Model states, and under LoRA the frozen model beside the adapters' states.
-  const double states =
-      double(dp_plan_.model_states.total()) + (model_->lora() ? double(model_->base_params().nbytes()) : 0.0);
+  const double states = double(dp_plan_.model_states.total()) + double(model_->frozen_bytes());
   // The whole model's activations for one micro-batch, split over the model-parallel ranks.
   const double activations =
       model::estimate_training_bytes(cfg_.model, 0, double(cfg_.data.micro_batch_size), cfg_.data.seq_len,
