@@ -189,8 +189,8 @@ TEST(LoraConfig, RefusesWhatItCannotAdaptNamingTheKey) {
   c = tiny_lora({});
   refused(c, "model.lora.targets is empty");
   c = tiny_lora({LoraTarget::q});
-  c.lora.dropout = 0.1;
-  refused(c, "model.lora.dropout=0.1");
+  c.lora.dropout = 1;
+  refused(c, "model.lora.dropout=1 must be in [0, 1)");
   ModelConfig g = preset("gpt2-tiny");
   g.lora.rank = 4;
   refused(g, "model.lora needs a LLaMA-family model");
@@ -236,3 +236,52 @@ TEST(LoraModel, Bf16BaseIsTheF32BaseRoundedAtHalfTheBytes) {
   EXPECT_EQ(half.frozen_bytes(), 2 * ref.base_layout().total() + 4 * outer);
   EXPECT_EQ(ref.frozen_bytes(), 4 * ref.base_layout().total());
 }
+
+class LoraDropoutGrad : public ::testing::TestWithParam<int> {};
+
+// Dropout on the adapters' input: a training pass with a given (seed, step) draws the same masks
+// again (so forward, recomputation and backward agree and the gradient is that of the masked
+// loss), another step draws others, and evaluation drops nothing.
+TEST_P(LoraDropoutGrad, MasksAreKeyedAndGradientsMatchTheMaskedLoss) {
+  ModelConfig cfg = tiny_lora(kAll);
+  cfg.lora.dropout = 0.3;
+  DecoderOptions opt = adapters();
+  opt.activation_checkpoint_interval = GetParam();
+  Decoder m(cfg, opt, DType::f64);
+  m.init_base_weights(1);
+  m.init_weights(2);
+  for (const ParamInfo& p : m.layout().params())
+    if (p.init == Init::zeros) fill_normal<double>(m.params().slice(p.offset, {p.numel()}), 0.2, 5);
+  std::vector<int32_t> tok, tgt;
+  const int64_t B = 2, T = 7;
+  random_batch(B, T, cfg.vocab_size, tok, tgt, 5);
+  const double scale = 0.1;
+  auto train_loss = [&](int64_t step) {
+    m.set_dropout_step(9, step);
+    return m.forward_backward(tok.data(), tgt.data(), B, T, scale);
+  };
+  m.zero_grads();
+  const double loss = train_loss(3);
+  const Tensor grads = m.grads().clone();
+  EXPECT_EQ(train_loss(3), loss);
+  EXPECT_NE(train_loss(4), loss);
+  const double eval = m.forward(tok.data(), tgt.data(), B, T);
+  EXPECT_NE(eval, loss);
+  cfg.lora.dropout = 0;
+  Decoder plain(cfg, adapters(), DType::f64);
+  plain.set_base_params([&] {
+    Tensor f = Tensor::empty({m.base_layout().total()}, DType::f32);
+    init_params(m.base_layout(), 1, f.data<float>());
+    return f;
+  }());
+  plain.params().copy_from(m.params());
+  EXPECT_EQ(plain.forward(tok.data(), tgt.data(), B, T), eval);
+  auto f = [&] { return scale * train_loss(3); };
+  for (const ParamInfo& p : m.layout().params()) {
+    Tensor x = m.params().slice(p.offset, {p.numel()});
+    Tensor gx = grads.slice(p.offset, {p.numel()});
+    loom::testing::expect_grad_close(p.name.c_str(), x, gx, f, 1e-5, 1e-5, 1e-9, 6);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Checkpointing, LoraDropoutGrad, ::testing::Values(0, 1));

@@ -4,7 +4,8 @@
 #    adapters (rank 8 on q, k, v, o, gate, up, down) learn: the loss falls;
 #  - a checkpoint holds the adapters alone (PEFT's names and adapter_config.json) and the base's
 #    identity, and is a small fraction of a whole model's;
-#  - a resumed run ends bitwise equal to an uninterrupted one (weights and moments);
+#  - a resumed run (dropout 0.1 on the adapters' input) ends bitwise equal to an uninterrupted
+#    one (weights and moments): its masks are keyed by step;
 #  - dp=2 (ZeRO 0 and 3), tp=2 and pp=2 train the one-process losses (float rounding); a bf16
 #    frozen model trains within 1% of the f32 one;
 #  - inference from the checkpoint merges the adapters into the recorded base (lower validation
@@ -39,9 +40,9 @@ adapt=(--set model.lora.rank=8 --set "model.lora.targets=[q,k,v,o,gate,up,down]"
 lora=("${common[@]}" --set model.init_from="$work/pre" "${adapt[@]}")
 
 # Train 60 steps with a checkpoint at 30; the same run resumed from 30.
-"$loom" "${lora[@]}" --set schedule.steps=60 --set checkpoint.every_steps=30 --set checkpoint.dir="$work/a" \
+"$loom" "${lora[@]}" --set model.lora.dropout=0.1 --set schedule.steps=60 --set checkpoint.every_steps=30 --set checkpoint.dir="$work/a" \
   --set log.metrics_path="$work/a.jsonl" > "$work/a.out" 2>&1 || { tail -5 "$work/a.out"; fail "LoRA run"; }
-grep -q "\[train\] LoRA rank 8, alpha 16 on q, k, v, o, gate, up, down: .* trainable parameters" "$work/a.out" \
+grep -q "\[train\] LoRA rank 8, alpha 16 on q, k, v, o, gate, up, down, dropout 0.1: .* trainable parameters" "$work/a.out" \
   || fail "no LoRA start-up line: $(grep '^\[train\]' "$work/a.out")"
 grep -q "\[train\] frozen weights from model.init_from=$work/pre" "$work/a.out" || fail "the base was not loaded"
 python3 - "$work/a.jsonl" "$work/a/step_000060" "$work/pre" "$work/pre.out" "$work/a.out" <<'EOF' \
@@ -75,7 +76,7 @@ EOF
 cp -r "$work/a" "$work/b"
 rm -rf "$work/b/step_000060"
 echo step_000030 > "$work/b/latest"
-"$loom" "${lora[@]}" --set schedule.steps=60 --set checkpoint.every_steps=30 --set checkpoint.dir="$work/b" \
+"$loom" "${lora[@]}" --set model.lora.dropout=0.1 --set schedule.steps=60 --set checkpoint.every_steps=30 --set checkpoint.dir="$work/b" \
   --resume auto > "$work/b.out" 2>&1 || { tail -5 "$work/b.out"; fail "resumed LoRA run"; }
 grep -q "resumed run .* at step 30" "$work/b.out" || fail "did not resume at step 30"
 for f in model.safetensors optimizer.exp_avg.safetensors optimizer.exp_avg_sq.safetensors; do

@@ -28,6 +28,12 @@ void lora_forward(const Tensor& x, const Tensor& a, const Tensor& b, double scal
 void lora_backward(const Tensor& dy, int64_t col0, const Tensor& x, const Tensor& a, const Tensor& b, double scale,
                    const Tensor& u, const Tensor& du, const Tensor& dx, const Tensor& da, const Tensor& db);
 
+// Inverted dropout with a mask that is a pure function of (key, element index), so that a
+// backward or a recomputation regenerates it: out = x * keep / (1 - p), keep = 1 with probability
+// 1 - p. dropout_add: acc += g * keep / (1 - p) (the backward through the same mask).
+void dropout(const Tensor& x, const Tensor& out, double p, uint64_t key);
+void dropout_add(const Tensor& acc, const Tensor& g, double p, uint64_t key);
+
 // out[N,C] = wte[tok] + wpe[pos]; tok, pos: i32[N]; wpe may be undefined.
 void embedding_forward(const Tensor& tok, const Tensor& pos, const Tensor& wte, const Tensor& wpe, const Tensor& out);
 void embedding_backward(const Tensor& tok, const Tensor& pos, const Tensor& dout, const Tensor& dwte,

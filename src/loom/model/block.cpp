@@ -133,6 +133,12 @@ void rope_qk(const std::vector<double>& inv_freq, const Tensor& qkv, int64_t H, 
 }
 
 namespace {
+// The widest input of an adapted projection of this rank's share: d_model (q, k, v, gate, up), the
+// attention width (o) or the MLP width (down).
+int64_t lora_widest_input(const ModelConfig& cfg, const BlockDims& d) {
+  return std::max({d.C, d.H * d.D, cfg.dense_mlp_width(d.F)});
+}
+
 // `big`: the type of the fields the stored form keeps in 16 bits (ln1, qkv, att, ln2, fc, act);
 // `dt` the rest's. qkv_compact only in a working set.
 BlockActs allocate_acts(const ModelConfig& cfg, int64_t B, int64_t T, DType dt, DType big, bool working,
@@ -161,6 +167,8 @@ BlockActs allocate_acts(const ModelConfig& cfg, int64_t B, int64_t T, DType dt, 
   }
   if (cfg.moe.enabled()) a.moe = MoeActs::allocate(cfg, N, dt, alloc);
   if (cfg.lora.enabled() && working) a.lora_u = Tensor::empty({N, cfg.lora.rank}, dt, cat, alloc);
+  if (cfg.lora.enabled() && cfg.lora.dropout > 0 && working)
+    a.lora_x = Tensor::empty({N * lora_widest_input(cfg, d)}, dt, cat, alloc);
   return a;
 }
 }  // namespace
@@ -211,7 +219,7 @@ void unstash_activations(BlockActs& stored, BlockActs& work) {
 int64_t BlockActs::bytes() const {
   int64_t b = 0;
   for (const Tensor* t : {&ln1, &ln1_mean, &ln1_rstd, &qkv, &qkv_compact, &att, &lse, &x_mid, &ln2, &ln2_mean,
-                          &ln2_rstd, &fc, &act, &lora_u})
+                          &ln2_rstd, &fc, &act, &lora_u, &lora_x})
     if (t->defined()) b += int64_t(t->nbytes());
   return b + moe.bytes();
 }
@@ -234,6 +242,10 @@ BlockScratch BlockScratch::allocate(const ModelConfig& cfg, int64_t B, int64_t T
   if (cfg.lora.enabled()) {
     s.lora_u = Tensor::empty({N, cfg.lora.rank}, dt, cat, alloc);
     s.lora_du = Tensor::empty({N, cfg.lora.rank}, dt, cat, alloc);
+    if (cfg.lora.dropout > 0) {
+      s.lora_x = Tensor::empty({N * lora_widest_input(cfg, d)}, dt, cat, alloc);
+      s.lora_dx = Tensor::empty({N * lora_widest_input(cfg, d)}, dt, cat, alloc);
+    }
   }
   return s;
 }
@@ -328,6 +340,9 @@ std::vector<LoraSite> lora_sites(BlockForwardOps::Linear which, const BlockDims&
   return {};
 }
 
+// The dropout key of one adapter of a block: the block's key mixed with the target.
+uint64_t site_key(uint64_t block_key, LoraTarget t) { return block_key ^ (uint64_t(t) + 1) * 0xd1b54a32d192ed03ULL; }
+
 // Training's parts: linears in the model's product precision; dense causal attention saving
 // the log-sum-exp (on one copy of the kv heads per query head under kv_expand); tp and
 // expert-parallel communication through the parallel layers' hooks.
@@ -342,8 +357,13 @@ class TrainingForwardOps : public BlockForwardOps {
     const int64_t N = a_.lora_u.size(0);
     for (const LoraSite& site : lora_sites(which, a_.dims)) {
       const LoraWeights& l = w_.lora[size_t(site.target)];
-      if (l.a.defined())
-        ops::lora_forward(x, l.a, l.b, cfg_.lora.scale(), y.slice(0, {N, y.numel() / N}), site.col0, a_.lora_u);
+      if (!l.a.defined()) continue;
+      Tensor in = x;
+      if (a_.lora_dropout && cfg_.lora.dropout > 0) {  // the adapter sees a dropped-out copy of x
+        in = a_.lora_x.slice(0, {N, x.numel() / N});
+        ops::dropout(x, in, cfg_.lora.dropout, site_key(a_.lora_key, site.target));
+      }
+      ops::lora_forward(in, l.a, l.b, cfg_.lora.scale(), y.slice(0, {N, y.numel() / N}), site.col0, a_.lora_u);
     }
   }
   void attention(int, const Tensor&, const Tensor& att) override {
@@ -394,9 +414,20 @@ void block_backward(const ModelConfig& cfg, int layer, const BlockWeights& w, co
     const int64_t N = s.lora_u.size(0);
     for (const LoraSite& site : lora_sites(which, d)) {
       const LoraWeights &l = w.lora[size_t(site.target)], &g = gw.lora[size_t(site.target)];
-      if (l.a.defined())
-        ops::lora_backward(dy.slice(0, {N, dy.numel() / N}), site.col0, x, l.a, l.b, cfg.lora.scale(), s.lora_u,
-                           s.lora_du, dx, g.a, g.b);
+      if (!l.a.defined()) continue;
+      const Tensor dy2 = dy.slice(0, {N, dy.numel() / N});
+      if (!(a.lora_dropout && cfg.lora.dropout > 0)) {
+        ops::lora_backward(dy2, site.col0, x, l.a, l.b, cfg.lora.scale(), s.lora_u, s.lora_du, dx, g.a, g.b);
+        continue;
+      }
+      // Through the forward's mask, regenerated from its key: the adapter's input gradient lands
+      // in lora_dx and reaches dx through the mask.
+      const uint64_t key = site_key(a.lora_key, site.target);
+      const Tensor in = s.lora_x.slice(0, {N, x.numel() / N}), din = s.lora_dx.slice(0, {N, x.numel() / N});
+      ops::dropout(x, in, cfg.lora.dropout, key);
+      din.zero();
+      ops::lora_backward(dy2, site.col0, in, l.a, l.b, cfg.lora.scale(), s.lora_u, s.lora_du, din, g.a, g.b);
+      ops::dropout_add(dx, din, cfg.lora.dropout, key);
     }
   };
   using L = BlockForwardOps::Linear;

@@ -98,6 +98,11 @@ struct BlockActs {
   Tensor act;     // MLP activation [N, F]
   MoeActs moe;    // MoE blocks' router and experts (MoE models only)
   Tensor lora_u;  // LoRA training, working sets only: [N, rank], an adapter's x A^T
+  Tensor lora_x;  // with model.lora.dropout: [N, widest adapted input], the dropped-out input
+  // Set by the decoder before each training forward, recomputation and backward of the block:
+  // whether the adapters' dropout applies and the key its masks derive from.
+  bool lora_dropout = false;
+  uint64_t lora_key = 0;
   static BlockActs allocate(const ModelConfig& cfg, int64_t B, int64_t T, DType dt, Allocator& alloc,
                             const BlockDims& dims);
   static BlockActs allocate(const ModelConfig& cfg, int64_t B, int64_t T, DType dt, Allocator& alloc) {
@@ -123,6 +128,7 @@ struct BlockScratch {
   Tensor dqkv_expanded;    // kv_expand only
   MoeScratch moe;          // MoE models only
   Tensor lora_u, lora_du;  // LoRA training: [N, rank]
+  Tensor lora_x, lora_dx;  // with model.lora.dropout: [N, widest adapted input]
   static BlockScratch allocate(const ModelConfig& cfg, int64_t B, int64_t T, DType dt, Allocator& alloc,
                                const BlockDims& dims);
   static BlockScratch allocate(const ModelConfig& cfg, int64_t B, int64_t T, DType dt, Allocator& alloc) {

@@ -167,7 +167,8 @@ bool LoraConfig::adapts(LoraTarget t) const { return std::find(targets.begin(), 
 std::string LoraConfig::describe() const {
   std::string on;
   for (LoraTarget t : targets) on += str_cat(on.empty() ? "" : ", ", lora_target_name(t));
-  return str_cat("rank ", rank, ", alpha ", alpha, " on ", on, base_dtype == DType::bf16 ? ", bf16 base" : "");
+  return str_cat("rank ", rank, ", alpha ", alpha, " on ", on, dropout > 0 ? str_cat(", dropout ", dropout) : "",
+                 base_dtype == DType::bf16 ? ", bf16 base" : "");
 }
 
 void ModelConfig::validate_lora() const {
@@ -179,8 +180,8 @@ void ModelConfig::validate_lora() const {
   LOOM_CHECK(lora.alpha > 0, "config", "model.lora.alpha must be positive, got ", lora.alpha);
   LOOM_CHECK(lora.base_dtype == DType::f32 || lora.base_dtype == DType::bf16, "config",
              "model.lora.base_dtype must be fp32 or bf16, got ", dtype_name(lora.base_dtype));
-  LOOM_CHECK(lora.dropout == 0, "config", "model.lora.dropout=", lora.dropout,
-             ": dropout on the adapters' input is not built yet; use 0");
+  LOOM_CHECK(lora.dropout >= 0 && lora.dropout < 1, "config", "model.lora.dropout=", lora.dropout,
+             " must be in [0, 1)");
   LOOM_CHECK(!lora.targets.empty(), "config",
              "model.lora.targets is empty: name at least one of q, k, v, o, gate, "
              "up, down");

@@ -98,7 +98,7 @@ struct LoraConfig {
   bool enabled() const { return rank > 0; }
   bool adapts(LoraTarget t) const;
   double scale() const { return alpha / double(rank); }
-  std::string describe() const;  // "rank 8, alpha 16 on q, v" (", bf16 base" when so)
+  std::string describe() const;  // "rank 8, alpha 16 on q, v" (", dropout 0.1", ", bf16 base" when so)
 };
 
 // How RoPE's frequencies are stretched for contexts past the training length. none: plain RoPE

@@ -270,10 +270,15 @@ int Decoder::stage_begin(int64_t B, int64_t T, bool train) {
   LOOM_CHECK(layout_.slice().ep == 1 || ep_, "model",
              "an expert-parallel slice needs set_expert_parallel() before it runs");
   ensure_buffers(B, T, train);
+  // SplitMix-style mix of (seed, step, micro-batch): the micro-batch's dropout key.
+  uint64_t key = dropout_seed_ * 0x9e3779b97f4a7c15ULL ^ uint64_t(dropout_step_) * 0xbf58476d1ce4e5b9ULL ^
+                 uint64_t(train ? dropout_micro_++ : 0) * 0x94d049bb133111ebULL;
+  key ^= key >> 29;
   for (size_t i = 0; i < slots_.size(); ++i)
     if (!slots_[i].busy && (slots_[i].train_buffers || !train)) {
       slots_[i].busy = true;
       slots_[i].train = train;
+      slots_[i].dropout_key = key;
       return int(i);
     }
   const int64_t N = B * T, C = cfg_.d_model, L = n_local();
@@ -281,6 +286,7 @@ int Decoder::stage_begin(int64_t B, int64_t T, bool train) {
   Slot s;
   s.train_buffers = s.train = train;
   s.busy = true;
+  s.dropout_key = key;
   s.tokens = Tensor::empty({N}, DType::i32, act, alloc_);
   s.targets = Tensor::empty({N}, DType::i32, act, alloc_);
   for (int64_t l = 0; l <= L; ++l) s.res.push_back(Tensor::empty({N, C}, dtype_, act, alloc_));
@@ -350,6 +356,7 @@ void Decoder::run_blocks_forward(Slot& s) {
   for (int i = 0; i < n_local(); ++i) {
     BlockActs& a = (s.train_buffers && !checkpointed() && !stash) ? s.saved[size_t(i)] : recompute_[0];
     a.moe.times = &moe_times_;
+    set_block_dropout(a, s, first + i);
     trace::Span span("forward block", "compute", {{"layer", first + i}});
     block_forward(cfg_, first + i,
                   with_router_bias(first + i, src_->block_params(first + i, ParamSource::Phase::forward)),
@@ -358,6 +365,11 @@ void Decoder::run_blocks_forward(Slot& s) {
     if (cfg_.is_moe_layer(first + i)) record_moe(first + i, a.moe, s);
     if (stash && s.train) stash_activations(a, s.saved[size_t(i)]);
   }
+}
+
+void Decoder::set_block_dropout(BlockActs& a, const Slot& s, int layer) const {
+  a.lora_dropout = s.train && lora() && cfg_.lora.dropout > 0;
+  a.lora_key = s.dropout_key ^ (uint64_t(layer) + 1) * 0xff51afd7ed558ccdULL;
 }
 
 Tensor Decoder::router_bias_of(int layer) const {
@@ -485,6 +497,7 @@ void Decoder::stage_backward(int id, const Tensor& dy) {
       const BlockWeights w = with_router_bias(l, src_->block_params(l, Phase::backward));
       acts.moe.loss_weight = s.grad_scale * double(B_ * T_);
       acts.moe.times = &moe_times_;
+      set_block_dropout(acts, s, l);
       block_backward(cfg_, l, w, src_->block_grads(l), s.res[size_t(i)], pos_, acts, scratch_, dres_, tp_, ep_);
     }
     src_->release_block_params(l, Phase::backward);
@@ -507,6 +520,7 @@ void Decoder::stage_backward(int id, const Tensor& dy) {
         const int l = first + int(i);
         trace::Span span("recompute block", "compute", {{"layer", l}});
         recompute_[size_t(i - b)].moe.times = &moe_times_;
+        set_block_dropout(recompute_[size_t(i - b)], s, l);
         block_forward(cfg_, l, with_router_bias(l, src_->block_params(l, Phase::recompute)), s.res[size_t(i)], pos_,
                       recompute_[size_t(i - b)], s.res[size_t(i) + 1], tp_, ep_);
         src_->release_block_params(l, Phase::recompute);

@@ -98,6 +98,14 @@ class Decoder {
   // Bytes the frozen model takes (a bf16 base's f32 copies of its embeddings and head included).
   int64_t frozen_bytes() const;
   void init_base_weights(uint64_t seed);  // random frozen weights (tests); a run loads a model
+  // LoRA dropout (model.lora.dropout): the masks of a training micro-batch are a pure function of
+  // (seed, step, the micro-batch's index since set_dropout_step, block, adapter, element), so a
+  // resumed run draws the same ones. The trainer calls it at each step with a seed of its rank.
+  void set_dropout_step(uint64_t seed, int64_t step) {
+    dropout_seed_ = seed;
+    dropout_step_ = step;
+    dropout_micro_ = 0;
+  }
   // The tensor-parallel communication (required when options().slice.tp > 1). Not owned.
   void set_tensor_parallel(TensorParallelOps* tp) { tp_ = tp; }
   // The expert-parallel exchange (required when options().slice.ep > 1). Not owned.
@@ -178,6 +186,7 @@ class Decoder {
     double router_loss = 0;                        // the MoE blocks' weighted router losses
     bool train_buffers = false;                    // holds what backward needs
     bool train = false, busy = false;              // the current micro-batch: training or evaluation
+    uint64_t dropout_key = 0;                      // LoRA dropout: this training micro-batch's masks
   };
   void ensure_buffers(int64_t B, int64_t T, bool train);
   Slot& slot(int id);
@@ -208,6 +217,10 @@ class Decoder {
   std::unique_ptr<ParamLayout> base_layout_;  // LoRA: the frozen model's layout and weights
   Tensor base_params_;
   std::unique_ptr<ParamSource> lora_src_;
+  uint64_t dropout_seed_ = 0;
+  int64_t dropout_step_ = 0, dropout_micro_ = 0;
+  // Sets a's LoRA dropout flag and key for block `layer` of slot s's micro-batch.
+  void set_block_dropout(BlockActs& a, const Slot& s, int layer) const;
   TensorParallelOps* tp_ = nullptr;
   ExpertParallelOps* ep_ = nullptr;
   MoeTimes moe_times_;

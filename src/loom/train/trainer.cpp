@@ -226,6 +226,8 @@ double Trainer::train_step() {
   const int64_t first = mesh_->data_index() * per_rank;  // this rank's share of the global batch
   data_parallel_->zero_grads();
   model_->reset_moe_stats();
+  // LoRA dropout: masks of (seed, step, micro-batch), the same on the ranks that share data (tp).
+  model_->set_dropout_step(cfg_.schedule.seed ^ (uint64_t(mesh_->data_index()) * 0x9e3779b97f4a7c15ULL), step_);
   // The mean over the global batch, times the loss scale (fp16): gradients are scale x too large
   // until they are unscaled below.
   const double loss_scale = scaler_.scale();

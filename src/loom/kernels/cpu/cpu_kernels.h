@@ -32,6 +32,10 @@ template <class T>
 void lora_backward(const T* dy, int64_t ld, int64_t col0, const T* x, const T* a, const T* b, T scale, T* u, T* du,
                    T* dx, T* da, T* db, int64_t N, int64_t I, int64_t O, int64_t r);
 
+// Inverted dropout keyed by (key, element): out[i] = x[i] * keep_i / (1 - p); with add, out[i] +=.
+template <class T>
+void dropout(const T* x, T* out, int64_t n, double p, uint64_t key, bool add);
+
 // ---- embedding: out[n] = wte[tok[n]] + wpe[pos[n]] (wpe may be null) --------------------
 template <class T>
 void embedding_forward(const int32_t* tok, const int32_t* pos, const T* wte, const T* wpe, T* out, int64_t N,
