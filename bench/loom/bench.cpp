@@ -13,6 +13,8 @@ namespace loom::cli {
 const std::vector<Benchmark>& benchmarks() {
   static const std::vector<Benchmark> list = {
       {"train", "training step time, tokens/s, GFLOP/s and memory (optionally vs PyTorch)", bench_train},
+      {"finetune", "fine-tuning tokens/s and peak memory per rank of a real model, one rank and dp, vs PyTorch",
+       bench_finetune},
       {"tokenize", "tokenizer encode/decode MB/s on one thread (Tiny Shakespeare by default)", bench_tokenize},
       {"comm", "collective time, algorithm and bus bandwidth per size (nccl-tests style)", bench_comm},
       {"infer", "serving: static vs continuous batching under Poisson load, batch-1 decode vs bandwidth", bench_infer},

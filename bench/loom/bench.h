@@ -14,6 +14,7 @@ namespace loom::cli {
 using Benchmark = Command;
 const std::vector<Benchmark>& benchmarks();  // listed in bench.cpp
 int bench_train(const std::vector<std::string>& args);
+int bench_finetune(const std::vector<std::string>& args);
 int bench_tokenize(const std::vector<std::string>& args);
 int bench_serve(const std::vector<std::string>& args);
 int bench_comm(const std::vector<std::string>& args);
