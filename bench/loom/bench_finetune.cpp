@@ -77,6 +77,22 @@ struct RunFigures {
     return v;
   }
   double first_loss() const { return ranks.empty() ? 0.0 : ranks[0]["loss"][0].get<double>(); }
+  // Pools another round's steps into these (ranks in the same order): the steps' times are
+  // appended, the peaks are the larger, the losses stay the first round's.
+  void add(const RunFigures& round) {
+    if (ranks.empty()) {
+      ranks = round.ranks;
+      return;
+    }
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      json& r = ranks[i];
+      const json& n = round.ranks[i];
+      for (const json& ms : n["step_ms"]) r["step_ms"].push_back(ms);
+      for (const char* k : {"rss_peak_bytes", "rss_start_bytes", "alloc_peak_bytes"})  // the last: loom's only
+        if (r.contains(k)) r[k] = std::max(r[k].get<int64_t>(), n[k].get<int64_t>());
+      r["rss_peak_is_steps_only"] = r["rss_peak_is_steps_only"].get<bool>() && n["rss_peak_is_steps_only"].get<bool>();
+    }
+  }
   // Whether every rank could reset its resident high-water mark after loading.
   bool peaks_of_steps_only() const {
     for (const json& r : ranks)
@@ -224,14 +240,15 @@ void print_memory_notes(const json& r) {
 }  // namespace
 
 int bench_finetune(const std::vector<std::string>& argv) {
-  auto app = bench_app("finetune",
-                       "Fine-tunes a real model (default: SmolLM2-135M-Instruct from scripts/fetch-test-model.sh) "
-                       "for --warmup + --steps steps on each data-parallel degree of --dp (loom's ranks via loom "
-                       "launch), and the PyTorch peer (bench/peers/torch_finetune.py: transformers on Debian's "
-                       "python3-torch, DDP over gloo) on the same f32 weights, tokens, batch, AdamW (lr 3e-5, betas "
-                       "0.9/0.99, no weight decay), clipping at norm 1 and threads. Reports the median step, tokens/s "
-                       "and peak resident memory per rank during the steps, and loom/PyTorch ratios. The last line "
-                       "is SUMMARY {json}.");
+  auto app = bench_app(
+      "finetune",
+      "Fine-tunes a real model (default: SmolLM2-135M-Instruct from scripts/fetch-test-model.sh) for --warmup + "
+      "--steps steps on each data-parallel degree of --dp (loom's ranks via loom launch), and, alternating with "
+      "them for --rounds rounds, the PyTorch peer (bench/peers/torch_finetune.py: transformers on Debian's "
+      "python3-torch, DDP over gloo) on the same f32 weights, tokens, batch, AdamW (lr 3e-5, betas "
+      "0.9/0.99, no weight decay), clipping at norm 1 and threads. Reports the median step, tokens/s "
+      "and peak resident memory per rank during the steps, and loom/PyTorch ratios. The last line "
+      "is SUMMARY {json}.");
   FinetuneBenchOptions o;
   app->add_option("--model", o.model, "a GGUF file, a Hugging Face directory, or a preset (random weights and ids)")
       ->type_name("PATH|PRESET")
@@ -242,8 +259,12 @@ int bench_finetune(const std::vector<std::string>& argv) {
   add_run_default_option(*app, "--micro-batch", o.micro_batch, "sequences per forward/backward (default: --batch)", "M",
                          positive());
   app->add_option("--seq", o.seq, "tokens per sequence")->type_name("T")->check(positive());
-  app->add_option("--steps", o.steps, "timed steps")->type_name("N")->check(positive());
-  app->add_option("--warmup", o.warmup, "untimed steps first")->type_name("W")->check(non_negative());
+  app->add_option("--steps", o.steps, "timed steps (each round)")->type_name("N")->check(positive());
+  app->add_option("--warmup", o.warmup, "untimed steps first (each round)")->type_name("W")->check(non_negative());
+  app->add_option("--rounds", o.rounds,
+                  "rounds per degree, loom and PyTorch alternating; the medians pool every round's steps")
+      ->type_name("R")
+      ->check(positive());
   add_run_default_option(*app, "--threads", o.threads,
                          "compute threads in all (default: all cores); dp=N gives each rank 1/N of them", "K",
                          positive());
@@ -290,19 +311,24 @@ int bench_finetune(const std::vector<std::string>& argv) {
   std::vector<RunFigures> loom_runs, peer_runs;
   for (int64_t dp : degrees) {
     const int64_t per_rank = std::max<int64_t>(1, threads / dp);
-    std::printf("\n== dp=%lld: loom (%lld thread%s per rank)\n", (long long)dp, (long long)per_rank,
-                per_rank == 1 ? "" : "s");
-    std::fflush(stdout);
-    loom_runs.push_back(run_loom(o, work, dp, threads));
+    loom_runs.emplace_back();
     peer_runs.emplace_back();
-    if (!peer_state.empty()) continue;
-    std::printf("== dp=%lld: PyTorch\n", (long long)dp);
-    std::fflush(stdout);
-    try {
-      peer_runs.back() = run_peer(o, venv, work, dp, threads);
-    } catch (const std::exception& e) {
-      peer_state = str_cat("failed at dp=", dp, ": ", e.what());
-      std::printf("[bench finetune] the PyTorch peer %s; loom's figures only from here\n", peer_state.c_str());
+    for (int64_t round = 1; round <= o.rounds; ++round) {
+      const std::string which = o.rounds > 1 ? str_cat(", round ", round, " of ", o.rounds) : "";
+      std::printf("\n== dp=%lld%s: loom (%lld thread%s per rank)\n", (long long)dp, which.c_str(), (long long)per_rank,
+                  per_rank == 1 ? "" : "s");
+      std::fflush(stdout);
+      loom_runs.back().add(run_loom(o, work, dp, threads));
+      if (!peer_state.empty()) continue;
+      std::printf("== dp=%lld%s: PyTorch\n", (long long)dp, which.c_str());
+      std::fflush(stdout);
+      try {
+        peer_runs.back().add(run_peer(o, venv, work, dp, threads));
+      } catch (const std::exception& e) {
+        peer_state = str_cat("failed at dp=", dp, ": ", e.what());
+        peer_runs.back() = {};
+        std::printf("[bench finetune] the PyTorch peer %s; loom's figures only from here\n", peer_state.c_str());
+      }
     }
   }
   if (!peer_state.empty()) std::printf("\nPyTorch peer: %s\n", peer_state.c_str());
@@ -333,6 +359,7 @@ int bench_finetune(const std::vector<std::string>& argv) {
                   {"seq", T},
                   {"steps", o.steps},
                   {"warmup", o.warmup},
+                  {"rounds", o.rounds},
                   {"threads", threads},
                   {"tokens", p.tokens},
                   {"peer", peer_ran ? json("torch") : json(nullptr)},

@@ -20,7 +20,8 @@ const char* finetune_mode_name(FinetuneMode mode);
 
 struct FinetuneBenchOptions {
   std::string model, mode = "full", dp = "1,2", peer = "torch", peer_venv;
-  int64_t batch = 4, micro_batch = 0, seq = 256, steps = 3, warmup = 1, threads = 0;  // micro_batch 0: --batch
+  int64_t batch = 4, micro_batch = 0, seq = 256, steps = 3, warmup = 1, threads = 0, rounds = 1;
+  // micro_batch 0: --batch; threads 0: every core
   std::string work_dir;  // the ranks': what the command prepared, and where they write their figures
 };
 
