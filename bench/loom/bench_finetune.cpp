@@ -101,27 +101,21 @@ struct RunFigures {
   }
 };
 
+// The step's shape as both loom's ranks and the peer take it: --batch, --micro-batch, --seq,
+// --steps, --warmup and --threads (in all).
+std::vector<std::string> step_args(const FinetuneBenchOptions& o, int64_t threads) {
+  return {"--batch",       std::to_string(o.batch),
+          "--micro-batch", std::to_string(o.micro_batch > 0 ? o.micro_batch : o.batch),
+          "--seq",         std::to_string(o.seq),
+          "--steps",       std::to_string(o.steps),
+          "--warmup",      std::to_string(o.warmup),
+          "--threads",     std::to_string(threads)};
+}
+
 RunFigures run_loom(const FinetuneBenchOptions& o, const std::string& work, int64_t dp, int64_t threads) {
-  std::vector<std::string> args = {"--nproc",
-                                   std::to_string(dp),
-                                   "--",
-                                   "bench",
-                                   "finetune",
-                                   "--mode",
-                                   o.mode,
-                                   "--batch",
-                                   std::to_string(o.batch),
-                                   "--seq",
-                                   std::to_string(o.seq),
-                                   "--steps",
-                                   std::to_string(o.steps),
-                                   "--warmup",
-                                   std::to_string(o.warmup),
-                                   "--threads",
-                                   std::to_string(threads),
-                                   "--work-dir",
-                                   work};
-  if (o.micro_batch > 0) args.insert(args.end(), {"--micro-batch", std::to_string(o.micro_batch)});
+  std::vector<std::string> args = {"--nproc", std::to_string(dp), "--", "bench", "finetune"};
+  args.insert(args.end(), {"--mode", o.mode, "--work-dir", work});
+  for (const std::string& a : step_args(o, threads)) args.push_back(a);
   const int rc = cmd_launch(args);
   if (rc != 0)
     throw Error(
@@ -147,20 +141,9 @@ RunFigures run_peer(const FinetuneBenchOptions& o, const std::string& venv, cons
                                    (fs::path(work) / kFinetuneModelDir).string(),
                                    "--tokens",
                                    (fs::path(work) / kFinetuneTokensFile).string(),
-                                   "--batch",
-                                   std::to_string(o.batch),
-                                   "--micro-batch",
-                                   std::to_string(o.micro_batch > 0 ? o.micro_batch : o.batch),
-                                   "--seq",
-                                   std::to_string(o.seq),
-                                   "--steps",
-                                   std::to_string(o.steps),
-                                   "--warmup",
-                                   std::to_string(o.warmup),
-                                   "--threads",
-                                   std::to_string(threads),
                                    "--nproc",
                                    std::to_string(dp)};
+  for (const std::string& a : step_args(o, threads)) argv.push_back(a);
   PeerProcess peer(argv);
   RunFigures f;
   while (f.ranks.size() < size_t(dp)) {  // the peer's step lines pass through
