@@ -18,15 +18,7 @@ WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 source "$SRC/tests/infer/cli_helpers.sh"
 
-if ! timeout 900 bash "$SRC/bench/peers/setup_transformers.sh" "$VENV" 2> "$WORK/setup.err"; then
-  cat "$WORK/setup.err"
-  if grep -q "has no PyTorch\|needs python3 with venv" "$WORK/setup.err" ||
-    ! timeout 20 python3 -m pip download --no-deps -q -d "$WORK/probe" "jinja2==3.1.6" > /dev/null 2>&1; then
-    echo "SKIPPED: transformers cannot be installed here: $(tail -n 1 "$WORK/setup.err")"
-    exit 77
-  fi
-  fail "installing transformers failed although PyPI is reachable"
-fi
+transformers_or_skip "$VENV"
 
 echo "== loom bench finetune --model llama-tiny, PyTorch beside it"
 run "$WORK/bench.log" "$LOOM" bench finetune --model llama-tiny --peer-venv "$VENV" --batch 2 --micro-batch 1 \

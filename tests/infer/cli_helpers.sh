@@ -1,6 +1,6 @@
 # Shared by the inference CLI tests (sourced after LOOM, SRC and WORK are set): a tiny
 # byte-level corpus and models trained on it briefly, failing, running and refusal checks, and
-# SmolLM2's GGUF.
+# SmolLM2's GGUF; the transformers peer's venv (export and bench finetune peer tests).
 
 # tiny_data: WORK/data, the first 60000 bytes of Tiny Shakespeare in bytes.
 tiny_data() {
@@ -46,4 +46,21 @@ smollm2_or_skip() {
   MODEL="$(bash "$SRC/scripts/fetch-test-model.sh" 2>"$WORK/fetch.log")" || rc=$?
   if [ $rc -eq 3 ]; then echo "SKIPPED: $(tail -n 1 "$WORK/fetch.log")"; exit 77; fi
   [ $rc -eq 0 ] || { cat "$WORK/fetch.log"; exit 1; }
+}
+
+# transformers_or_skip VENV: bench/peers/setup_transformers.sh makes VENV (transformers on the
+# system's PyTorch), or the test skips (exit 77, "SKIPPED: ...") where it cannot be installed (no
+# PyTorch or venv for the system's python3, or no package index); fails when PyPI is reachable and
+# the install failed all the same.
+transformers_or_skip() {
+  local venv="$1"
+  if ! timeout 900 bash "$SRC/bench/peers/setup_transformers.sh" "$venv" 2> "$WORK/setup.err"; then
+    cat "$WORK/setup.err"
+    if grep -q "has no PyTorch\|needs python3 with venv" "$WORK/setup.err" ||
+      ! timeout 20 python3 -m pip download --no-deps -q -d "$WORK/probe" "jinja2==3.1.6" > /dev/null 2>&1; then
+      echo "SKIPPED: transformers cannot be installed here: $(tail -n 1 "$WORK/setup.err")"
+      exit 77
+    fi
+    fail "installing transformers failed although PyPI is reachable"
+  fi
 }
