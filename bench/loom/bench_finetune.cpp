@@ -25,14 +25,14 @@ using nlohmann::json;
 
 FinetuneMode finetune_mode_from_name(const std::string& name) {
   if (name == "full") return FinetuneMode::full;
-  if (name == "lora")
-    throw UsageError("[bench finetune] --mode lora: LoRA training is not built yet (issue 40 item 3)");
-  throw UsageError(str_cat("[bench finetune] --mode ", name, ": expected full"));
+  if (name == "lora") return FinetuneMode::lora;
+  throw UsageError(str_cat("[bench finetune] --mode ", name, ": expected full or lora"));
 }
 
 const char* finetune_mode_name(FinetuneMode mode) {
   switch (mode) {
     case FinetuneMode::full: return "full";
+    case FinetuneMode::lora: return "lora";
   }
   return "?";
 }
@@ -144,6 +144,7 @@ RunFigures run_peer(const FinetuneBenchOptions& o, const std::string& venv, cons
                                    "--nproc",
                                    std::to_string(dp)};
   for (const std::string& a : step_args(o, threads)) argv.push_back(a);
+  if (o.mode == "lora") argv.push_back("--lora");
   PeerProcess peer(argv);
   RunFigures f;
   while (f.ranks.size() < size_t(dp)) {  // the peer's step lines pass through
@@ -236,7 +237,10 @@ int bench_finetune(const std::vector<std::string>& argv) {
   app->add_option("--model", o.model, "a GGUF file, a Hugging Face directory, or a preset (random weights and ids)")
       ->type_name("PATH|PRESET")
       ->default_str("~/.cache/loom/models/SmolLM2-135M-Instruct.Q4_1.gguf");
-  app->add_option("--mode", o.mode, "what is trained: full (every weight); lora is not built yet")->type_name("MODE");
+  app->add_option("--mode", o.mode,
+                  "what is trained: full (every weight) or lora (rank-8 adapters, alpha 16, on q_proj and v_proj, "
+                  "the model frozen; the peer's written out the same way)")
+      ->type_name("MODE");
   app->add_option("--dp", o.dp, "data-parallel degrees to run, one after the other")->type_name("LIST");
   app->add_option("--batch", o.batch, "sequences per step and rank")->type_name("B")->check(positive());
   add_run_default_option(*app, "--micro-batch", o.micro_batch, "sequences per forward/backward (default: --batch)", "M",

@@ -1,7 +1,7 @@
 // `loom bench finetune`'s options and its two halves: the command (bench_finetune.cpp) prepares
 // the model's f32 weights and the tokens once, then for each data-parallel degree runs loom's
 // ranks and the PyTorch peer and compares them; the ranks (bench_finetune_rank.cpp) time the
-// steps. Nothing here trains adapters: the mode is `full` until loom has LoRA.
+// steps, for full fine-tuning or LoRA.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -11,10 +11,10 @@
 
 namespace loom::cli {
 
-// What is trained. LoRA (issue 40 item 3) becomes a second value once loom trains adapters; the
-// peer already has its LoRA path (bench/peers/torch_finetune.py --lora).
-enum class FinetuneMode { full };
-// "full"; "lora" and anything else throw UsageError saying why.
+// What is trained: every weight, or rank-8 LoRA adapters (alpha 16) on q_proj and v_proj beside
+// the frozen model (the peer's bench/peers/torch_finetune.py --lora the same way).
+enum class FinetuneMode { full, lora };
+// "full" or "lora"; anything else throws UsageError saying why.
 FinetuneMode finetune_mode_from_name(const std::string& name);
 const char* finetune_mode_name(FinetuneMode mode);
 

@@ -18,6 +18,7 @@
 #include "loom/core/timer.h"
 #include "loom/io/file.h"
 #include "loom/model/decoder.h"
+#include "loom/model/hf_weights.h"
 #include "loom/model/model_source.h"
 #include "loom/parallel/data_parallel.h"
 #include "loom/parallel/mesh.h"
@@ -64,7 +65,6 @@ std::vector<int32_t> read_tokens(const std::string& path, size_t count) {
 }  // namespace
 
 int bench_finetune_rank(const FinetuneBenchOptions& o, FinetuneMode mode) {
-  LOOM_CHECK(mode == FinetuneMode::full, "bench finetune", "the ranks train the full model only");
   comm::World world;
   const int N = world.size(), rank = world.rank();
   const int64_t B = o.batch, M = o.micro_batch > 0 ? o.micro_batch : B, T = o.seq;
@@ -80,10 +80,27 @@ int bench_finetune_rank(const FinetuneBenchOptions& o, FinetuneMode mode) {
 
   const optim::AdamWConfig adam{3e-5, 0.9, 0.99, 1e-8, 0.0};  // configs/finetune-smollm2.yaml's
   parallel::Mesh mesh(world.group(), parallel::MeshShape(1, N, 1, 1));
+  // LoRA: rank-8 adapters (alpha 16) on q_proj and v_proj beside the frozen model, as the peer's.
+  model::ModelConfig cfg = card.config;
+  model::ModelSlice slice;
+  if (mode == FinetuneMode::lora) {
+    cfg.lora.rank = 8;
+    cfg.lora.alpha = 16;
+    cfg.lora.targets = {model::LoraTarget::q, model::LoraTarget::v};
+    slice.lora_adapters = true;
+  }
   const parallel::DataParallelPlan plan =
-      parallel::plan_data_parallel({0, 25.0}, adam.kind, model::ParamLayout(card.config, N), {N, N});
-  model::Decoder m(card.config, plan.decoder_options({}));
-  model::load_model_weights(model_dir, card, m);
+      parallel::plan_data_parallel({0, 25.0}, adam.kind, model::ParamLayout(cfg, N, slice), {N, N});
+  model::DecoderOptions dopt = plan.decoder_options({});
+  dopt.slice = slice;
+  model::Decoder m(cfg, dopt);
+  if (mode == FinetuneMode::lora) {
+    model::load_hf_safetensors(cfg, m.base_layout(), m.base_params(),
+                               (fs::path(model_dir) / "model.safetensors").string());
+    m.init_weights(1234);
+  } else {
+    model::load_model_weights(model_dir, card, m);
+  }
   parallel::DataParallel engine(m, mesh.dp(), adam, plan.options, 1234);
 
   const bool peak_reset = reset_peak_rss();
@@ -118,6 +135,7 @@ int bench_finetune_rank(const FinetuneBenchOptions& o, FinetuneMode mode) {
       {"dp", N},
       {"threads", threads},
       {"params", m.num_params()},
+      {"mode", finetune_mode_name(mode)},
       {"step_ms", step_ms},
       {"loss", loss},
       {"rss_start_bytes", rss_start},
