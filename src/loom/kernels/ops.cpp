@@ -131,22 +131,22 @@ void lora_backward(const Tensor& dy, int64_t col0, const Tensor& x, const Tensor
   });
 }
 
-void dropout(const Tensor& x, const Tensor& out, double p, uint64_t key) {
-  const char* op = "dropout";
+namespace {
+void keyed_dropout(const char* op, const Tensor& x, const Tensor& out, double p, uint64_t key, bool add) {
   LOOM_CHECK(p >= 0 && p < 1, op, "probability ", p, " outside [0, 1)");
   want_numel(op, "output", out, x.numel());
   same_dtype(op, x, {&out});
   dispatch_float(op, x.dtype(),
-                 [&]<class T>() { cpu::dropout<T>(x.data<T>(), out.data<T>(), x.numel(), p, key, false); });
+                 [&]<class T>() { cpu::dropout<T>(x.data<T>(), out.data<T>(), x.numel(), p, key, add); });
+}
+}  // namespace
+
+void dropout(const Tensor& x, const Tensor& out, double p, uint64_t key) {
+  keyed_dropout("dropout", x, out, p, key, false);
 }
 
 void dropout_add(const Tensor& acc, const Tensor& g, double p, uint64_t key) {
-  const char* op = "dropout_add";
-  LOOM_CHECK(p >= 0 && p < 1, op, "probability ", p, " outside [0, 1)");
-  want_numel(op, "gradient", g, acc.numel());
-  same_dtype(op, acc, {&g});
-  dispatch_float(op, acc.dtype(),
-                 [&]<class T>() { cpu::dropout<T>(g.data<T>(), acc.data<T>(), acc.numel(), p, key, true); });
+  keyed_dropout("dropout_add", g, acc, p, key, true);
 }
 
 void embedding_forward(const Tensor& tok, const Tensor& pos, const Tensor& wte, const Tensor& wpe, const Tensor& out) {
