@@ -263,6 +263,11 @@ InferenceModel write_quantized_checkpoint(const std::string& src, const infer::Q
                                           FILE* log) {
   LOOM_CHECK(!infer::is_quantized_checkpoint(src), "quantize", src,
              " is already quantized; quantize the checkpoint or model it came from");
+  LOOM_CHECK(model::model_format(src) != model::ModelFormat::loom ||
+                 !model::is_lora_checkpoint(model::resolve_checkpoint(src)),
+             "quantize", src,
+             " holds LoRA adapters; write the merged model first (loom export --merge-lora --format hf), then "
+             "quantize that, or serve the adapters with --quant");
   InferenceModel m = load_inference_model(src, spec, log);
   if (m.format == model::ModelFormat::loom) {
     infer::save_quantized_checkpoint(out, m.checkpoint, *m.model, *m.quant);

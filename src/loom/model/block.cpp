@@ -132,13 +132,14 @@ void rope_qk(const std::vector<double>& inv_freq, const Tensor& qkv, int64_t H, 
   ops::rope_apply(qkv, H * D, KVH, D, pos, inv_freq, inverse);
 }
 
-namespace {
-// The widest input of an adapted projection of this rank's share: d_model (q, k, v, gate, up), the
-// attention width (o) or the MLP width (down).
 int64_t lora_widest_input(const ModelConfig& cfg, const BlockDims& d) {
-  return std::max({d.C, d.H * d.D, cfg.dense_mlp_width(d.F)});
+  int64_t w = 0;
+  for (const LoraSpec& s : lora_specs(cfg))
+    w = std::max(w, s.target == LoraTarget::o ? d.H * d.D : s.target == LoraTarget::down ? d.F : d.C);
+  return w;
 }
 
+namespace {
 // `big`: the type of the fields the stored form keeps in 16 bits (ln1, qkv, att, ln2, fc, act);
 // `dt` the rest's. qkv_compact only in a working set.
 BlockActs allocate_acts(const ModelConfig& cfg, int64_t B, int64_t T, DType dt, DType big, bool working,
@@ -166,9 +167,6 @@ BlockActs allocate_acts(const ModelConfig& cfg, int64_t B, int64_t T, DType dt, 
     a.act = Tensor::empty({N, mlp}, big, cat, alloc);
   }
   if (cfg.moe.enabled()) a.moe = MoeActs::allocate(cfg, N, dt, alloc);
-  if (cfg.lora.enabled() && working) a.lora_u = Tensor::empty({N, cfg.lora.rank}, dt, cat, alloc);
-  if (cfg.lora.enabled() && cfg.lora.dropout > 0 && working)
-    a.lora_x = Tensor::empty({N * lora_widest_input(cfg, d)}, dt, cat, alloc);
   return a;
 }
 }  // namespace
@@ -218,8 +216,8 @@ void unstash_activations(BlockActs& stored, BlockActs& work) {
 
 int64_t BlockActs::bytes() const {
   int64_t b = 0;
-  for (const Tensor* t : {&ln1, &ln1_mean, &ln1_rstd, &qkv, &qkv_compact, &att, &lse, &x_mid, &ln2, &ln2_mean,
-                          &ln2_rstd, &fc, &act, &lora_u, &lora_x})
+  for (const Tensor* t :
+       {&ln1, &ln1_mean, &ln1_rstd, &qkv, &qkv_compact, &att, &lse, &x_mid, &ln2, &ln2_mean, &ln2_rstd, &fc, &act})
     if (t->defined()) b += int64_t(t->nbytes());
   return b + moe.bytes();
 }
@@ -354,7 +352,7 @@ class TrainingForwardOps : public BlockForwardOps {
   void linear(Linear which, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) override {
     ops::linear_forward(x, w, b, y, prec_);
     if (!cfg_.lora.enabled()) return;
-    const int64_t N = a_.lora_u.size(0);
+    const int64_t N = x.numel() / x.size(-1);
     for (const LoraSite& site : lora_sites(which, a_.dims)) {
       const LoraWeights& l = w_.lora[size_t(site.target)];
       if (!l.a.defined()) continue;

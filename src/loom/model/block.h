@@ -94,11 +94,13 @@ struct BlockActs {
   Tensor att, lse;                 // attention output [B, T, H D] and log-sum-exp [B, H, T]
   Tensor x_mid;                    // residual after attention
   Tensor ln2, ln2_mean, ln2_rstd;
-  Tensor fc;      // MLP pre-activation: [N, F] (GPT-2) or [N, 2F] gate|up
-  Tensor act;     // MLP activation [N, F]
-  MoeActs moe;    // MoE blocks' router and experts (MoE models only)
-  Tensor lora_u;  // LoRA training, working sets only: [N, rank], an adapter's x A^T
-  Tensor lora_x;  // with model.lora.dropout: [N, widest adapted input], the dropped-out input
+  Tensor fc;    // MLP pre-activation: [N, F] (GPT-2) or [N, 2F] gate|up
+  Tensor act;   // MLP activation [N, F]
+  MoeActs moe;  // MoE blocks' router and experts (MoE models only)
+  // LoRA training: forward scratch the decoder shares between blocks (not owned by the set): an
+  // adapter's x A^T [N, rank] and, with model.lora.dropout, its dropped-out input
+  // [N * lora_widest_input].
+  Tensor lora_u, lora_x;
   // Set by the decoder before each training forward, recomputation and backward of the block:
   // whether the adapters' dropout applies and the key its masks derive from.
   bool lora_dropout = false;
@@ -121,6 +123,10 @@ struct BlockActs {
 // is copied. unstash_activations is the way back, before block_backward from `work`.
 void stash_activations(BlockActs& work, BlockActs& stored);
 void unstash_activations(BlockActs& stored, BlockActs& work);
+
+// The widest input of an adapted projection (cfg.lora) of a rank's share d: d_model (q, k, v,
+// gate, up), the attention width (o) or the MLP width (down).
+int64_t lora_widest_input(const ModelConfig& cfg, const BlockDims& d);
 
 // Backward temporaries shared by all blocks.
 struct BlockScratch {

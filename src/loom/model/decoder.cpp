@@ -246,6 +246,11 @@ void Decoder::ensure_buffers(int64_t B, int64_t T, bool train) {
   scratch_ = {};
   dres_ = ce_work_ = {};
   pos_ = Tensor::empty({N}, DType::i32, act, alloc_);
+  lora_u_ = lora_x_ = {};
+  if (cfg_.lora.enabled()) {  // LoRA's forward scratch, shared by the blocks (set_block_dropout)
+    lora_u_ = Tensor::empty({N, cfg_.lora.rank}, dtype_, act, alloc_);
+    if (cfg_.lora.dropout > 0) lora_x_ = Tensor::empty({N * lora_widest_input(cfg_, dims_)}, dtype_, act, alloc_);
+  }
   int32_t* pos = pos_.data<int32_t>();
   for (int64_t n = 0; n < N; ++n) pos[n] = int32_t(n % T);
   const int64_t seg = checkpointed() ? std::min<int64_t>(opt_.activation_checkpoint_interval, L) : 1;
@@ -332,7 +337,8 @@ int64_t Decoder::activation_bytes() const {
       if (t->defined()) b += int64_t(t->nbytes());
   }
   for (const auto& a : recompute_) b += a.bytes();
-  if (pos_.defined()) b += int64_t(pos_.nbytes());
+  for (const Tensor* t : {&pos_, &lora_u_, &lora_x_})
+    if (t->defined()) b += int64_t(t->nbytes());
   return b;
 }
 
@@ -368,6 +374,8 @@ void Decoder::run_blocks_forward(Slot& s) {
 }
 
 void Decoder::set_block_dropout(BlockActs& a, const Slot& s, int layer) const {
+  a.lora_u = lora_u_;
+  a.lora_x = lora_x_;
   a.lora_dropout = s.train && lora() && cfg_.lora.dropout > 0;
   a.lora_key = s.dropout_key ^ (uint64_t(layer) + 1) * 0xff51afd7ed558ccdULL;
 }

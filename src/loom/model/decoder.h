@@ -217,9 +217,10 @@ class Decoder {
   std::unique_ptr<ParamLayout> base_layout_;  // LoRA: the frozen model's layout and weights
   Tensor base_params_;
   std::unique_ptr<ParamSource> lora_src_;
+  Tensor lora_u_, lora_x_;  // LoRA's forward scratch for the current (B, T)
   uint64_t dropout_seed_ = 0;
   int64_t dropout_step_ = 0, dropout_micro_ = 0;
-  // Sets a's LoRA dropout flag and key for block `layer` of slot s's micro-batch.
+  // Before a block runs on slot s's micro-batch: a's LoRA scratch, dropout flag and key.
   void set_block_dropout(BlockActs& a, const Slot& s, int layer) const;
   TensorParallelOps* tp_ = nullptr;
   ExpertParallelOps* ep_ = nullptr;

@@ -24,7 +24,8 @@ PipelineStage::PipelineStage(model::Decoder& model, const Mesh& mesh, const Pipe
   LOOM_CHECK(slice.has_embedding == first() && slice.has_head == last(), "pipeline", "stage ", stage_, " of ", stages_,
              " was built with has_embedding=", slice.has_embedding, " has_head=", slice.has_head,
              "; the first stage holds the embeddings, the last the head");
-  if (model.config().tied_embeddings && stages_ > 1) {
+  // Under LoRA the token table is frozen (no gradient to share between the stages holding it).
+  if (model.config().tied_embeddings && stages_ > 1 && !model.lora()) {
     // Every rank takes part in the split; the first and last stage of each pipeline pair up.
     MeshCoord c = mesh.coord();
     int color = -1;

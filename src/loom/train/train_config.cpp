@@ -101,6 +101,10 @@ model::ModelConfig read_architecture(ConfigReader& r) {
 // model.lora: low-rank adapters trained beside the frozen model (model/config.h LoraConfig).
 void read_lora(ConfigReader& r, model::LoraConfig& l) {
   l.rank = r.integer("model.lora.rank", l.rank, 0, 1 << 16);
+  for (const std::string& k : r.keys("model.lora"))
+    LOOM_CHECK(l.rank > 0 || k == "model.lora.rank", "config", k,
+               " is set but model.lora.rank is 0 (no adapters: the whole model would train); set model.lora.rank, "
+               "8 or 16 is usual");
   l.alpha = r.number("model.lora.alpha", l.alpha, 0, 1e6);
   l.dropout = r.number("model.lora.dropout", l.dropout, 0, 0.99);
   l.base_dtype = r.string("model.lora.base_dtype", "fp32", {"fp32", "bf16"}) == "bf16" ? DType::bf16 : DType::f32;

@@ -9,6 +9,7 @@
 #include "loom/core/timer.h"
 #include "loom/io/checkpoint_files.h"
 #include "loom/io/file.h"
+#include "loom/model/lora_merge.h"
 #include "loom/train/checkpoint.h"
 #include "loom/train/checkpoint_agreement.h"
 #include "loom/train/checkpoint_dir.h"
@@ -31,7 +32,13 @@ void Trainer::resume_from(const std::string& spec) {
     }
     path = *found;
   }
-  if (model_->lora()) check_lora_base(path);
+  if (model_->lora()) {
+    check_lora_base(path);
+  } else {
+    LOOM_CHECK(!model::is_lora_checkpoint(path), "resume", path,
+               " holds LoRA adapters, not a whole model; resume it with the model.lora settings it was trained with "
+               "(or start full training in another checkpoint.dir)");
+  }
   const CheckpointMeta meta =
       load_checkpoint(path, *model_, *data_parallel_, model_parallel_info(), /*verified=*/spec == "auto");
   step_ = meta.step;
@@ -58,7 +65,10 @@ void Trainer::identify_lora_base() {
     lora_base_sha256_ = str_cat("seed ", cfg_.schedule.seed);
     return;
   }
-  lora_base_ = std::filesystem::absolute(cfg_.init_from).lexically_normal().string();
+  // A loom run directory as the source: the checkpoint it resolved to, which stays what it is
+  // when that run saves again.
+  const std::string base = init_source_.card ? cfg_.init_from : init_source_.checkpoint;
+  lora_base_ = std::filesystem::absolute(base).lexically_normal().string();
   lora_base_sha256_ = init_source_sha256(init_source_);
 }
 
@@ -70,10 +80,22 @@ void Trainer::check_lora_base(const std::string& checkpoint) {
     LOOM_CHECK(state.contains("lora"), "resume", checkpoint,
                " holds a whole model, not LoRA adapters; resume it without model.lora, or start the LoRA run in "
                "another checkpoint.dir");
-    const std::string base = state["lora"].value("base", ""), sha = state["lora"].value("base_sha256", "");
+    const nlohmann::json& l = state["lora"];
+    const std::string base = l.value("base", ""), sha = l.value("base_sha256", "");
     LOOM_CHECK(sha == lora_base_sha256_, "resume", checkpoint, "'s adapters were trained on ", base, " (sha256 ",
                sha.substr(0, 12), "), but this run's model is ", lora_base_, " (sha256 ",
                lora_base_sha256_.substr(0, 12), "); set model.init_from to the model they were trained on");
+    // The adapters' shape and scale must be this run's: another alpha would resume at another scale.
+    const model::LoraConfig& mine = cfg_.model.lora;
+    std::vector<std::string> modules;
+    for (const model::LoraSpec& s : model::lora_specs(cfg_.model))
+      modules.push_back(s.proj.substr(s.proj.find('.') + 1));
+    const auto saved_modules = l.value("target_modules", std::vector<std::string>{});
+    LOOM_CHECK(
+        l.value("rank", int64_t(0)) == mine.rank && l.value("alpha", 0.0) == mine.alpha && saved_modules == modules,
+        "resume", checkpoint, " holds adapters of rank ", l.value("rank", int64_t(0)), ", alpha ",
+        l.value("alpha", 0.0), " on ", nlohmann::json(saved_modules).dump(), ", but this run sets ", mine.describe(),
+        "; resume with the model.lora settings it was trained with");
   });
 }
 
