@@ -10,6 +10,7 @@
 #include "loom/model/decoder.h"
 #include "testing/gradcheck.h"
 #include "testing/random_batch.h"
+#include "testing/tiny_models.h"
 
 using namespace loom;
 using namespace loom::model;
@@ -18,14 +19,7 @@ using loom::testing::random_batch;
 namespace {
 
 ModelConfig tiny_lora(std::vector<LoraTarget> targets) {
-  ModelConfig c = preset("llama-tiny");
-  c.n_layer = 2;
-  c.d_model = 16;
-  c.n_head = 4;
-  c.n_kv_head = 2;
-  c.d_ff = 24;
-  c.vocab_size = 23;
-  c.n_ctx = 16;
+  ModelConfig c = loom::testing::tiny_llama();
   c.lora.rank = 3;
   c.lora.alpha = 6;
   c.lora.targets = std::move(targets);

@@ -18,27 +18,16 @@
 #include "loom/model/model_source.h"
 #include "testing/errors.h"
 #include "testing/gguf_fixture.h"
+#include "testing/tiny_models.h"
 
 using namespace loom;
 using namespace loom::model;
 using loom::testing::error_of;
 namespace fs = std::filesystem;
+using loom::testing::tiny_llama;
 using nlohmann::json;
 
 namespace {
-
-ModelConfig tiny_llama() {
-  ModelConfig c = preset("llama-tiny");
-  c.n_layer = 2;
-  c.d_model = 16;
-  c.n_head = 4;
-  c.n_kv_head = 2;
-  c.d_ff = 24;
-  c.vocab_size = 23;
-  c.n_ctx = 16;
-  c.tied_embeddings = false;
-  return c;
-}
 
 std::string fresh_dir(const std::string& name) {
   fs::path d = fs::path(::testing::TempDir()) / name;

@@ -184,12 +184,14 @@ static InferenceModel load_lora_model(const std::string& dir, std::string base,
                dir);
     base = c.base;
   }
+  // A loom base is resolved (and verified) once, here; load_inference_model takes it as resolved.
   const bool loom_base = model::model_format(base) == model::ModelFormat::loom;
-  const std::string sha = model::weights_sha256(loom_base ? model::resolve_checkpoint(base) : base);
+  const std::string resolved = loom_base ? model::resolve_checkpoint(base, log) : base;
+  const std::string sha = model::weights_sha256(resolved);
   LOOM_CHECK(sha == c.base_sha256, "lora", dir, "'s adapters were trained on ", c.base, " (sha256 ",
              c.base_sha256.substr(0, 12), "), but ", base, " has sha256 ", sha.substr(0, 12),
              ": it is another model; give the one they were trained on");
-  InferenceModel m = load_inference_model(base, std::nullopt, log);
+  InferenceModel m = load_inference_model(resolved, std::nullopt, log, /*resolved=*/loom_base);
   const std::string merged = model::merge_lora(c, *m.model);
   if (log) std::fprintf(log, "[model] LoRA adapters of %s merged (%s)\n", dir.c_str(), merged.c_str());
   m.checkpoint = dir;
@@ -263,12 +265,13 @@ InferenceModel write_quantized_checkpoint(const std::string& src, const infer::Q
                                           FILE* log) {
   LOOM_CHECK(!infer::is_quantized_checkpoint(src), "quantize", src,
              " is already quantized; quantize the checkpoint or model it came from");
-  LOOM_CHECK(model::model_format(src) != model::ModelFormat::loom ||
-                 !model::is_lora_checkpoint(model::resolve_checkpoint(src)),
-             "quantize", src,
+  // A loom checkpoint is resolved (and verified) once, here, to see whether it holds adapters.
+  const bool loom_src = model::model_format(src) == model::ModelFormat::loom;
+  const std::string resolved = loom_src ? model::resolve_checkpoint(src, log) : src;
+  LOOM_CHECK(!loom_src || !model::is_lora_checkpoint(resolved), "quantize", src,
              " holds LoRA adapters; write the merged model first (loom export --merge-lora --format hf), then "
              "quantize that, or serve the adapters with --quant");
-  InferenceModel m = load_inference_model(src, spec, log);
+  InferenceModel m = load_inference_model(resolved, spec, log, /*resolved=*/loom_src);
   if (m.format == model::ModelFormat::loom) {
     infer::save_quantized_checkpoint(out, m.checkpoint, *m.model, *m.quant);
     return m;

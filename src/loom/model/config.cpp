@@ -162,6 +162,8 @@ const char* lora_target_name(LoraTarget t) {
   return names[int(t)];
 }
 
+std::string lora_module_name(LoraTarget t) { return str_cat(lora_target_name(t), "_proj"); }
+
 bool LoraConfig::adapts(LoraTarget t) const { return std::find(targets.begin(), targets.end(), t) != targets.end(); }
 
 std::string LoraConfig::describe() const {

@@ -87,6 +87,8 @@ struct MoeConfig {
 enum class LoraTarget : uint8_t { q, k, v, o, gate, up, down };
 constexpr int kLoraTargets = 7;
 const char* lora_target_name(LoraTarget t);  // "q" ... "down"
+// Hugging Face's (and PEFT's target_modules') name of the projection: "q_proj" ... "down_proj".
+std::string lora_module_name(LoraTarget t);
 struct LoraConfig {
   int64_t rank = 0;
   double alpha = 16;

@@ -247,7 +247,7 @@ void Decoder::ensure_buffers(int64_t B, int64_t T, bool train) {
   dres_ = ce_work_ = {};
   pos_ = Tensor::empty({N}, DType::i32, act, alloc_);
   lora_u_ = lora_x_ = {};
-  if (cfg_.lora.enabled()) {  // LoRA's forward scratch, shared by the blocks (set_block_dropout)
+  if (cfg_.lora.enabled()) {  // LoRA's forward scratch, shared by the blocks (prepare_block_lora)
     lora_u_ = Tensor::empty({N, cfg_.lora.rank}, dtype_, act, alloc_);
     if (cfg_.lora.dropout > 0) lora_x_ = Tensor::empty({N * lora_widest_input(cfg_, dims_)}, dtype_, act, alloc_);
   }
@@ -362,7 +362,7 @@ void Decoder::run_blocks_forward(Slot& s) {
   for (int i = 0; i < n_local(); ++i) {
     BlockActs& a = (s.train_buffers && !checkpointed() && !stash) ? s.saved[size_t(i)] : recompute_[0];
     a.moe.times = &moe_times_;
-    set_block_dropout(a, s, first + i);
+    prepare_block_lora(a, s, first + i);
     trace::Span span("forward block", "compute", {{"layer", first + i}});
     block_forward(cfg_, first + i,
                   with_router_bias(first + i, src_->block_params(first + i, ParamSource::Phase::forward)),
@@ -373,7 +373,7 @@ void Decoder::run_blocks_forward(Slot& s) {
   }
 }
 
-void Decoder::set_block_dropout(BlockActs& a, const Slot& s, int layer) const {
+void Decoder::prepare_block_lora(BlockActs& a, const Slot& s, int layer) const {
   a.lora_u = lora_u_;
   a.lora_x = lora_x_;
   a.lora_dropout = s.train && lora() && cfg_.lora.dropout > 0;
@@ -505,7 +505,7 @@ void Decoder::stage_backward(int id, const Tensor& dy) {
       const BlockWeights w = with_router_bias(l, src_->block_params(l, Phase::backward));
       acts.moe.loss_weight = s.grad_scale * double(B_ * T_);
       acts.moe.times = &moe_times_;
-      set_block_dropout(acts, s, l);
+      prepare_block_lora(acts, s, l);
       block_backward(cfg_, l, w, src_->block_grads(l), s.res[size_t(i)], pos_, acts, scratch_, dres_, tp_, ep_);
     }
     src_->release_block_params(l, Phase::backward);
@@ -528,7 +528,7 @@ void Decoder::stage_backward(int id, const Tensor& dy) {
         const int l = first + int(i);
         trace::Span span("recompute block", "compute", {{"layer", l}});
         recompute_[size_t(i - b)].moe.times = &moe_times_;
-        set_block_dropout(recompute_[size_t(i - b)], s, l);
+        prepare_block_lora(recompute_[size_t(i - b)], s, l);
         block_forward(cfg_, l, with_router_bias(l, src_->block_params(l, Phase::recompute)), s.res[size_t(i)], pos_,
                       recompute_[size_t(i - b)], s.res[size_t(i) + 1], tp_, ep_);
         src_->release_block_params(l, Phase::recompute);

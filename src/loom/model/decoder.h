@@ -221,7 +221,7 @@ class Decoder {
   uint64_t dropout_seed_ = 0;
   int64_t dropout_step_ = 0, dropout_micro_ = 0;
   // Before a block runs on slot s's micro-batch: a's LoRA scratch, dropout flag and key.
-  void set_block_dropout(BlockActs& a, const Slot& s, int layer) const;
+  void prepare_block_lora(BlockActs& a, const Slot& s, int layer) const;
   TensorParallelOps* tp_ = nullptr;
   ExpertParallelOps* ep_ = nullptr;
   MoeTimes moe_times_;

@@ -53,7 +53,7 @@ LoraCheckpoint read_lora_checkpoint(const std::string& dir) {
       const std::string name = m.get<std::string>();  // "q_proj" ... "down_proj"
       bool found = false;
       for (int t = 0; t < kLoraTargets && !found; ++t)
-        if (name == str_cat(lora_target_name(LoraTarget(t)), "_proj")) {
+        if (name == lora_module_name(LoraTarget(t))) {
           c.lora.targets.push_back(LoraTarget(t));
           found = true;
         }

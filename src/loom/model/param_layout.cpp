@@ -138,15 +138,28 @@ std::vector<BlockParamSpec> block_param_specs(const ModelConfig& cfg, int layer)
 
 std::vector<LoraSpec> lora_specs(const ModelConfig& cfg) {
   const int64_t C = cfg.d_model, Q = cfg.n_head * cfg.head_dim(), KV = cfg.n_kv_head * cfg.head_dim(), F = cfg.d_ff;
-  std::vector<LoraSpec> all = {
-      {LoraTarget::q, "self_attn.q_proj", C, Q, true, false},  {LoraTarget::k, "self_attn.k_proj", C, KV, true, true},
-      {LoraTarget::v, "self_attn.v_proj", C, KV, true, true},  {LoraTarget::o, "self_attn.o_proj", Q, C, false, false},
-      {LoraTarget::gate, "mlp.gate_proj", C, F, true, false},  {LoraTarget::up, "mlp.up_proj", C, F, true, false},
-      {LoraTarget::down, "mlp.down_proj", F, C, false, false},
+  using T = LoraTarget;
+  struct Geometry {
+    T target;
+    const char* module;  // "self_attn" or "mlp"
+    int64_t in, out;
+    bool column_parallel, kv;
   };
+  const Geometry all[] = {{T::q, "self_attn", C, Q, true, false}, {T::k, "self_attn", C, KV, true, true},
+                          {T::v, "self_attn", C, KV, true, true}, {T::o, "self_attn", Q, C, false, false},
+                          {T::gate, "mlp", C, F, true, false},    {T::up, "mlp", C, F, true, false},
+                          {T::down, "mlp", F, C, false, false}};
   std::vector<LoraSpec> out;
-  for (const LoraSpec& s : all)
-    if (cfg.lora.adapts(s.target)) out.push_back(s);
+  for (const Geometry& g : all)
+    if (cfg.lora.adapts(g.target))
+      out.push_back(
+          {g.target, str_cat(g.module, ".", lora_module_name(g.target)), g.in, g.out, g.column_parallel, g.kv});
+  return out;
+}
+
+std::vector<std::string> lora_modules(const ModelConfig& cfg) {
+  std::vector<std::string> out;
+  for (const LoraSpec& s : lora_specs(cfg)) out.push_back(lora_module_name(s.target));
   return out;
 }
 

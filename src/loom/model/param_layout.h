@@ -167,6 +167,8 @@ struct LoraSpec {
   bool kv = false;  // k or v: replicated with its projection when tp does not divide n_kv_head
 };
 std::vector<LoraSpec> lora_specs(const ModelConfig& cfg);
+// PEFT's target_modules of cfg.lora, in lora_specs' order ("q_proj", "v_proj").
+std::vector<std::string> lora_modules(const ModelConfig& cfg);
 
 class ParamLayout {
  public:

@@ -123,9 +123,7 @@ CheckpointSnapshot snapshot_checkpoint(int64_t step, const model::Decoder& model
   }
   if (model.lora()) {
     const model::LoraConfig& l = model.config().lora;
-    std::vector<std::string> modules;
-    for (const model::LoraSpec& spec : model::lora_specs(model.config()))
-      modules.push_back(spec.proj.substr(spec.proj.find('.') + 1));  // "q_proj", as PEFT names them
+    const std::vector<std::string> modules = model::lora_modules(model.config());
     state["lora"] = {{"rank", l.rank},
                      {"alpha", l.alpha},
                      {"target_modules", modules},

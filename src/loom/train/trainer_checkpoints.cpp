@@ -4,11 +4,7 @@
 #include <filesystem>
 #include <optional>
 
-#include <nlohmann/json.hpp>
-
 #include "loom/core/timer.h"
-#include "loom/io/checkpoint_files.h"
-#include "loom/io/file.h"
 #include "loom/model/lora_merge.h"
 #include "loom/train/checkpoint.h"
 #include "loom/train/checkpoint_agreement.h"
@@ -75,27 +71,22 @@ void Trainer::identify_lora_base() {
 void Trainer::check_lora_base(const std::string& checkpoint) {
   on_every_rank_or_none(mesh_->world(), str_cat("checking ", checkpoint, "'s LoRA base"), [&] {
     if (!main_rank()) return;
-    const nlohmann::json state =
-        nlohmann::json::parse(io::read_file((std::filesystem::path(checkpoint) / io::kTrainerStateFile).string()));
-    LOOM_CHECK(state.contains("lora"), "resume", checkpoint,
+    LOOM_CHECK(model::is_lora_checkpoint(checkpoint), "resume", checkpoint,
                " holds a whole model, not LoRA adapters; resume it without model.lora, or start the LoRA run in "
                "another checkpoint.dir");
-    const nlohmann::json& l = state["lora"];
-    const std::string base = l.value("base", ""), sha = l.value("base_sha256", "");
-    LOOM_CHECK(sha == lora_base_sha256_, "resume", checkpoint, "'s adapters were trained on ", base, " (sha256 ",
-               sha.substr(0, 12), "), but this run's model is ", lora_base_, " (sha256 ",
+    const model::LoraCheckpoint c = model::read_lora_checkpoint(checkpoint);
+    LOOM_CHECK(c.base_sha256 == lora_base_sha256_, "resume", checkpoint, "'s adapters were trained on ", c.base,
+               " (sha256 ", c.base_sha256.substr(0, 12), "), but this run's model is ", lora_base_, " (sha256 ",
                lora_base_sha256_.substr(0, 12), "); set model.init_from to the model they were trained on");
     // The adapters' shape and scale must be this run's: another alpha would resume at another scale.
-    const model::LoraConfig& mine = cfg_.model.lora;
-    std::vector<std::string> modules;
-    for (const model::LoraSpec& s : model::lora_specs(cfg_.model))
-      modules.push_back(s.proj.substr(s.proj.find('.') + 1));
-    const auto saved_modules = l.value("target_modules", std::vector<std::string>{});
-    LOOM_CHECK(
-        l.value("rank", int64_t(0)) == mine.rank && l.value("alpha", 0.0) == mine.alpha && saved_modules == modules,
-        "resume", checkpoint, " holds adapters of rank ", l.value("rank", int64_t(0)), ", alpha ",
-        l.value("alpha", 0.0), " on ", nlohmann::json(saved_modules).dump(), ", but this run sets ", mine.describe(),
-        "; resume with the model.lora settings it was trained with");
+    model::ModelConfig saved = cfg_.model;
+    saved.lora.rank = c.lora.rank;
+    saved.lora.alpha = c.lora.alpha;
+    saved.lora.targets = c.lora.targets;
+    LOOM_CHECK(c.lora.rank == cfg_.model.lora.rank && c.lora.alpha == cfg_.model.lora.alpha &&
+                   model::lora_modules(saved) == model::lora_modules(cfg_.model),
+               "resume", checkpoint, " holds adapters of ", c.lora.describe(), ", but this run sets ",
+               cfg_.model.lora.describe(), "; resume with the model.lora settings it was trained with");
   });
 }
 
