@@ -322,18 +322,25 @@ namespace {
 
 // Where the adapters of a block's linear `which` add into its output: each target and the first
 // column of its projection in the (fused) output of this rank's share d.
+// At most three (q, k, v), held in place: this runs for every linear of every block.
 struct LoraSite {
   LoraTarget target;
   int64_t col0;
 };
-std::vector<LoraSite> lora_sites(BlockForwardOps::Linear which, const BlockDims& d) {
+struct LoraSites {
+  std::array<LoraSite, 3> at;
+  size_t n = 0;
+  const LoraSite* begin() const { return at.data(); }
+  const LoraSite* end() const { return at.data() + n; }
+};
+LoraSites lora_sites(BlockForwardOps::Linear which, const BlockDims& d) {
   using L = BlockForwardOps::Linear;
   using T = LoraTarget;
   switch (which) {
-    case L::qkv: return {{T::q, 0}, {T::k, d.H * d.D}, {T::v, (d.H + d.KVH) * d.D}};
-    case L::proj: return {{T::o, 0}};
-    case L::fc: return {{T::gate, 0}, {T::up, d.F}};
-    case L::out: return {{T::down, 0}};
+    case L::qkv: return {{{{T::q, 0}, {T::k, d.H * d.D}, {T::v, (d.H + d.KVH) * d.D}}}, 3};
+    case L::proj: return {{{{T::o, 0}}}, 1};
+    case L::fc: return {{{{T::gate, 0}, {T::up, d.F}}}, 2};
+    case L::out: return {{{{T::down, 0}}}, 1};
   }
   return {};
 }
