@@ -26,7 +26,8 @@ std::vector<const HotKernels*> runnable_tables() {
 
 // Largest |a - b| over the arrays, relative to the largest |b| (f32 rounding of sums scales
 // with the magnitude of their terms, not of their result).
-double worst(const std::vector<float>& a, const std::vector<double>& b) {
+template <class A>
+double worst(const std::vector<A>& a, const std::vector<double>& b) {
   double w = 0, m = 0;
   for (size_t i = 0; i < a.size(); ++i) {
     w = std::max(w, std::fabs(a[i] - b[i]));
@@ -51,8 +52,8 @@ TEST_P(AttentionIsa, EveryBuildMatchesDoublePrecision) {
   for (const HotKernels* k : runnable_tables()) {
     SCOPED_TRACE(k->isa);
     std::vector<float> fout(nout), flse(nl), fdqkv(nqkv, 123.0f);  // stale values must be overwritten
-    k->attention_forward(fqkv.data(), fout.data(), flse.data(), B, T, H, KVH, D);
-    k->attention_backward(fqkv.data(), fout.data(), fdout.data(), flse.data(), fdqkv.data(), B, T, H, KVH, D);
+    k->attention_forward(fqkv.data(), fout.data(), flse.data(), B, T, H, KVH, D, nullptr);
+    k->attention_backward(fqkv.data(), fout.data(), fdout.data(), flse.data(), fdqkv.data(), B, T, H, KVH, D, nullptr);
     EXPECT_LT(worst(fout, out), 2e-6);
     EXPECT_LT(worst(flse, lse), 2e-6);
     EXPECT_LT(worst(fdqkv, dqkv), 2e-6);
@@ -67,5 +68,61 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionIsa,
                                            std::tuple{1, 64, 2, 1, 64}, std::tuple{2, 150, 4, 1, 64},
                                            std::tuple{1, 131, 3, 3, 8}, std::tuple{1, 97, 4, 2, 72},
                                            std::tuple{1, 70, 2, 2, 128}, std::tuple{1, 45, 2, 1, 5}));
+
+// Rows that pack several documents, positions restarting at 0 where each starts: every
+// position's output, log-sum-exp and gradient equal those of its document run alone, in f64
+// (to rounding) and in every build. The documents cross tile boundaries, start a tile, are one
+// token long and fill a whole row.
+TEST(AttentionIsa, PackedRowsEqualTheirDocumentsRunApart) {
+  const int64_t T = 150, H = 4, KVH = 2, D = 16, W = (H + 2 * KVH) * D;
+  const std::vector<std::vector<int64_t>> rows = {{70, 50, 30}, {1, 63, 86}, {150}};
+  const int64_t B = int64_t(rows.size());
+  std::mt19937 g(12);
+  std::normal_distribution<double> n(0, 1.5);
+  std::vector<double> qkv(size_t(B * T * W)), dout(size_t(B * T * H * D));
+  for (auto& x : qkv) x = n(g);
+  for (auto& x : dout) x = n(g);
+  std::vector<int32_t> pos(size_t(B * T));
+  // Each document alone (B = 1, its own length) gives the expected rows.
+  std::vector<double> out(dout.size()), lse(size_t(B * H * T)), dqkv(qkv.size());
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t t0 = 0;
+    for (int64_t len : rows[size_t(b)]) {
+      for (int64_t t = 0; t < len; ++t) pos[size_t(b * T + t0 + t)] = int32_t(t);
+      const double* q = &qkv[size_t((b * T + t0) * W)];
+      const double* dO = &dout[size_t((b * T + t0) * H * D)];
+      std::vector<double> o(size_t(len * H * D)), l(size_t(H * len)), dq(size_t(len * W));
+      loom::cpu::attention_forward<double>(q, o.data(), l.data(), 1, len, H, KVH, D);
+      loom::cpu::attention_backward<double>(q, o.data(), dO, l.data(), dq.data(), 1, len, H, KVH, D);
+      std::copy(o.begin(), o.end(), &out[size_t((b * T + t0) * H * D)]);
+      std::copy(dq.begin(), dq.end(), &dqkv[size_t((b * T + t0) * W)]);
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t t = 0; t < len; ++t) lse[size_t((b * H + h) * T + t0 + t)] = l[size_t(h * len + t)];
+      t0 += len;
+    }
+    ASSERT_EQ(t0, T);
+  }
+  std::vector<double> pout(out.size()), plse(lse.size()), pdqkv(qkv.size());
+  loom::cpu::attention_forward<double>(qkv.data(), pout.data(), plse.data(), B, T, H, KVH, D, pos.data());
+  loom::cpu::attention_backward<double>(qkv.data(), pout.data(), dout.data(), plse.data(), pdqkv.data(), B, T, H, KVH,
+                                        D, pos.data());
+  EXPECT_LT(worst(pout, out), 1e-13);
+  EXPECT_LT(worst(plse, lse), 1e-13);
+  EXPECT_LT(worst(pdqkv, dqkv), 1e-13);
+  std::vector<float> fqkv(qkv.begin(), qkv.end()), fdout(dout.begin(), dout.end());
+  for (const HotKernels* k : runnable_tables()) {
+    SCOPED_TRACE(k->isa);
+    std::vector<float> fout(out.size()), flse(lse.size()), fdqkv(qkv.size(), 123.0f);
+    k->attention_forward(fqkv.data(), fout.data(), flse.data(), B, T, H, KVH, D, pos.data());
+    k->attention_backward(fqkv.data(), fout.data(), fdout.data(), flse.data(), fdqkv.data(), B, T, H, KVH, D,
+                          pos.data());
+    EXPECT_LT(worst(fout, out), 2e-6);
+    EXPECT_LT(worst(flse, lse), 2e-6);
+    EXPECT_LT(worst(fdqkv, dqkv), 2e-6);
+  }
+  // Without the positions the later documents see the earlier ones: the check can fail.
+  loom::cpu::attention_forward<double>(qkv.data(), pout.data(), plse.data(), B, T, H, KVH, D);
+  EXPECT_GT(worst(pout, out), 1e-3);
+}
 
 }  // namespace

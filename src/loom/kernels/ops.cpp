@@ -352,24 +352,36 @@ static void check_attention(const char* op, const Tensor& qkv, const Tensor& out
   same_dtype(op, qkv, {&out, &lse});
 }
 
-void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t H, int64_t KVH) {
+namespace {
+const int32_t* attention_positions(const char* op, const Tensor& pos, int64_t B, int64_t T) {
+  if (!pos.defined()) return nullptr;
+  LOOM_CHECK(pos.dtype() == DType::i32 && pos.numel() == B * T && pos.device() == Device::cpu, op,
+             ": positions must be i32[", B * T, "] on the CPU, got ", pos.describe());
+  return pos.data<int32_t>();
+}
+}  // namespace
+
+void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t H, int64_t KVH,
+                       const Tensor& pos) {
   int64_t B, T, D;
   check_attention("attention", qkv, out, lse, H, KVH, B, T, D);
+  const int32_t* p = attention_positions("attention", pos, B, T);
   dispatch_float("attention", qkv.dtype(), [&]<class T_>() {
-    cpu::attention_forward<T_>(qkv.data<T_>(), out.data<T_>(), lse.data<T_>(), B, T, H, KVH, D);
+    cpu::attention_forward<T_>(qkv.data<T_>(), out.data<T_>(), lse.data<T_>(), B, T, H, KVH, D, p);
   });
 }
 
 void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout, const Tensor& lse, const Tensor& dqkv,
-                        int64_t H, int64_t KVH) {
+                        int64_t H, int64_t KVH, const Tensor& pos) {
   int64_t B, T, D;
   check_attention("attention_backward", qkv, out, lse, H, KVH, B, T, D);
   want_shape("attention_backward", "grad output", dout, out.shape());
   want_shape("attention_backward", "grad qkv", dqkv, qkv.shape());
   same_dtype("attention_backward", qkv, {&dout, &dqkv});
+  const int32_t* p = attention_positions("attention_backward", pos, B, T);
   dispatch_float("attention_backward", qkv.dtype(), [&]<class T_>() {
     cpu::attention_backward<T_>(qkv.data<T_>(), out.data<T_>(), dout.data<T_>(), lse.data<T_>(), dqkv.data<T_>(), B, T,
-                                H, KVH, D);
+                                H, KVH, D, p);
   });
 }
 

@@ -65,10 +65,13 @@ void rope_apply(const Tensor& x, int64_t col0, int64_t n_heads, int64_t head_dim
 void rope_apply(const Tensor& x, int64_t col0, int64_t n_heads, int64_t head_dim, const Tensor& pos,
                 const std::vector<double>& inv_freq, bool inverse);
 
-// qkv[B, T, (H + 2 KVH) D], out[B, T, H D], lse[B, H, T]
-void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t n_head, int64_t n_kv_head);
+// qkv[B, T, (H + 2 KVH) D], out[B, T, H D], lse[B, H, T]; causal. pos (optional, i32[B*T]):
+// rows that pack several documents, positions restarting at 0 where each starts; position t
+// then attends to keys t - pos[t] .. t, its own document's.
+void attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t n_head, int64_t n_kv_head,
+                       const Tensor& pos = {});
 void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout, const Tensor& lse, const Tensor& dqkv,
-                        int64_t n_head, int64_t n_kv_head);
+                        int64_t n_head, int64_t n_kv_head, const Tensor& pos = {});
 
 // x[N, C], w[V, C], targets i32[N] (negative = ignored), loss[N]; dx/dw optional (fused
 // backward with dlogits scaled by grad_scale). workspace holds at least chunk * V elements.

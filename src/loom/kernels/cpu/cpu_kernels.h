@@ -83,13 +83,16 @@ void rope_apply(T* x, int64_t rows, int64_t stride, int64_t col0, int64_t n_head
 
 // ---- causal self-attention, tiled with an online softmax (FlashAttention-2 style) ------
 // qkv[B,T,(H+2KVH)*D] holds q | k | v heads; out[B,T,H*D]; lse[B,H,T] (log-sum-exp per row,
-// the only softmax state backward keeps).
+// the only softmax state backward keeps). pos (optional, [B,T]): rows that pack several
+// documents, with positions restarting at 0 where each starts; row t then attends to keys
+// t - pos[t] .. t only (its own document). Without it every row attends to keys 0..t.
 template <class T>
-void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t Tn, int64_t H, int64_t KVH, int64_t D);
+void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t Tn, int64_t H, int64_t KVH, int64_t D,
+                       const int32_t* pos = nullptr);
 // dqkv is overwritten.
 template <class T>
 void attention_backward(const T* qkv, const T* out, const T* dout, const T* lse, T* dqkv, int64_t B, int64_t Tn,
-                        int64_t H, int64_t KVH, int64_t D);
+                        int64_t H, int64_t KVH, int64_t D, const int32_t* pos = nullptr);
 
 // ---- LM head + softmax cross-entropy, chunked over rows --------------------------------
 // For row chunks of at most `chunk` rows: logits = x W^T (a [chunk, V] workspace), loss[n] =

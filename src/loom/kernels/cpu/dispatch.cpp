@@ -56,13 +56,13 @@ std::string hot_kernels_isa() { return hot_kernels().isa; }
 
 template <>
 void attention_forward<float>(const float* qkv, float* out, float* lse, int64_t B, int64_t Tn, int64_t H, int64_t KVH,
-                              int64_t D) {
-  hot_kernels().attention_forward(qkv, out, lse, B, Tn, H, KVH, D);
+                              int64_t D, const int32_t* pos) {
+  hot_kernels().attention_forward(qkv, out, lse, B, Tn, H, KVH, D, pos);
 }
 template <>
 void attention_backward<float>(const float* qkv, const float* out, const float* dout, const float* lse, float* dqkv,
-                               int64_t B, int64_t Tn, int64_t H, int64_t KVH, int64_t D) {
-  hot_kernels().attention_backward(qkv, out, dout, lse, dqkv, B, Tn, H, KVH, D);
+                               int64_t B, int64_t Tn, int64_t H, int64_t KVH, int64_t D, const int32_t* pos) {
+  hot_kernels().attention_backward(qkv, out, dout, lse, dqkv, B, Tn, H, KVH, D, pos);
 }
 template <>
 void gelu_forward<float>(const float* x, float* y, int64_t n) {

@@ -13,13 +13,14 @@ LOOM_HOT_TABLE(base)
 namespace loom::cpu {
 template <>
 void attention_forward<double>(const double* qkv, double* out, double* lse, int64_t B, int64_t Tn, int64_t H,
-                               int64_t KVH, int64_t D) {
-  base::attention_forward<double>(qkv, out, lse, B, Tn, H, KVH, D);
+                               int64_t KVH, int64_t D, const int32_t* pos) {
+  base::attention_forward<double>(qkv, out, lse, B, Tn, H, KVH, D, pos);
 }
 template <>
 void attention_backward<double>(const double* qkv, const double* out, const double* dout, const double* lse,
-                                double* dqkv, int64_t B, int64_t Tn, int64_t H, int64_t KVH, int64_t D) {
-  base::attention_backward<double>(qkv, out, dout, lse, dqkv, B, Tn, H, KVH, D);
+                                double* dqkv, int64_t B, int64_t Tn, int64_t H, int64_t KVH, int64_t D,
+                                const int32_t* pos) {
+  base::attention_backward<double>(qkv, out, dout, lse, dqkv, B, Tn, H, KVH, D, pos);
 }
 template <>
 void gelu_forward<double>(const double* x, double* y, int64_t n) {

@@ -234,8 +234,38 @@ inline void pack_transposed(const T* src, int64_t stride, int64_t Tn, int64_t Tp
 
 inline int64_t round4(int64_t n) { return (n + 3) / 4 * 4; }
 
+// The keys a query tile's rows see. Causal rows see keys 0..t; in a packed row (pos: the row's
+// positions, restarting at 0 where each document starts) row t sees only its own document's
+// keys, t - pos[t] .. t. Tiles of keys no row of the tile sees are skipped.
+class KeyWindow {
+ public:
+  KeyWindow(const int32_t* pos, int64_t q0, int64_t nq) : pos_(pos), q0_(q0), nq_(nq) {
+    first_ = q0;
+    if (!pos_) {
+      first_ = 0;
+      return;
+    }
+    for (int64_t i = 0; i < nq; ++i) first_ = std::min(first_, lowest(q0 + i));
+  }
+  // The first key tile any row of the query tile sees.
+  int64_t first_tile() const { return first_ / kTile * kTile; }
+  // The first column of the key tile starting at k0 (nk keys) that row i sees: 0 when the
+  // row's window starts before the tile, nk when after it (and for the tile's padding rows).
+  int64_t first_key(int64_t i, int64_t k0, int64_t nk) const {
+    if (!pos_) return 0;
+    return i < nq_ ? std::clamp<int64_t>(lowest(q0_ + i) - k0, 0, nk) : nk;
+  }
+
+ private:
+  // Row t's first key; positions past t (not a packed row's) clamp to the causal window.
+  int64_t lowest(int64_t t) const { return std::max<int64_t>(0, t - pos_[t]); }
+  const int32_t* pos_;
+  int64_t q0_, nq_, first_ = 0;
+};
+
 template <class T>
-void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t Tn, int64_t H, int64_t KVH, int64_t D) {
+void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t Tn, int64_t H, int64_t KVH, int64_t D,
+                       const int32_t* pos) {
   const int64_t stride = (H + 2 * KVH) * D, ostride = H * D, group = H / KVH;
   const T scale = T(1.0 / std::sqrt(double(D)));
   const int64_t Tp = (Tn + kTile - 1) / kTile * kTile;
@@ -259,7 +289,8 @@ void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t Tn, int6
         }
         std::fill(O.begin(), O.begin() + nq4 * D, T(0));
         const int64_t k_end = q0 + nq;  // causal: row i sees keys <= q0 + i
-        for (int64_t k0 = 0; k0 < k_end; k0 += kTile) {
+        const KeyWindow win(pos ? pos + b * Tn : nullptr, q0, nq);
+        for (int64_t k0 = win.first_tile(); k0 < k_end; k0 += kTile) {
           const int64_t nk = std::min(kTile, k_end - k0);
           // Rows r0..r0+3 see min(nk, q0 + r0 + 4 - k0) keys of this tile.
           for (int64_t r0 = 0; r0 < nq4; r0 += 4) {
@@ -270,13 +301,15 @@ void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t Tn, int6
           }
           for (int64_t i = 0; i < nq4; ++i) {
             T* sp = &S[size_t(i * kTile)];
-            const int64_t nj = i < nq ? std::clamp<int64_t>(q0 + i - k0 + 1, 0, nk) : 0;
+            const int64_t j0 = win.first_key(i, k0, nk);
+            const int64_t nj = i < nq && j0 < nk ? std::clamp<int64_t>(q0 + i - k0 + 1, 0, nk) : 0;
             if (nj > 0) {
               // Whole 16-element blocks (row_max and exp_shift_sum's unit): the masked keys up to
               // the next multiple of 16 count as -inf (their exp underflows to at most 1e-38,
               // below half an ulp of l >= 1, and is zeroed below), so the diagonal tile's short
               // rows have no scalar tail. They are written here, so none needs computing.
               const int64_t njv = std::min<int64_t>(kTile, (nj + 15) / 16 * 16);
+              std::fill(sp, sp + j0, T(kNegBig));  // keys before the row's document (packed rows)
               std::fill(sp + nj, sp + njv, T(kNegBig));
               const T mold = m[size_t(i)];
               const T mx = std::max(mold, row_max(sp, njv));
@@ -284,6 +317,7 @@ void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t Tn, int6
               const T sum = exp_shift_sum(sp, njv, mx);
               l[size_t(i)] = l[size_t(i)] * corr + sum;
               m[size_t(i)] = mx;
+              std::fill(sp, sp + j0, T(0));
               if (corr != T(1))
                 for (int64_t d = 0; d < D; ++d) O[size_t(i * D + d)] *= corr;
             }
@@ -311,7 +345,7 @@ void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t Tn, int6
 // dS = P (dP - rowsum(dO * O)); then dQ += dS K, dK += dS^T Q, dV += P^T dO.
 template <class T>
 void attention_backward(const T* qkv, const T* out, const T* dout, const T* lse, T* dqkv, int64_t B, int64_t Tn,
-                        int64_t H, int64_t KVH, int64_t D) {
+                        int64_t H, int64_t KVH, int64_t D, const int32_t* pos) {
   const int64_t stride = (H + 2 * KVH) * D, ostride = H * D, group = H / KVH;
   const T scale = T(1.0 / std::sqrt(double(D)));
   const int64_t Tp = (Tn + kTile - 1) / kTile * kTile;
@@ -354,7 +388,8 @@ void attention_backward(const T* qkv, const T* out, const T* dout, const T* lse,
           }
           std::fill(dQ.begin(), dQ.begin() + nq4 * D, T(0));
           const int64_t k_end = q0 + nq;
-          for (int64_t k0 = 0; k0 < k_end; k0 += kTile) {
+          const KeyWindow win(pos ? pos + b * Tn : nullptr, q0, nq);
+          for (int64_t k0 = win.first_tile(); k0 < k_end; k0 += kTile) {
             const int64_t nk = std::min(kTile, k_end - k0), nk4 = round4(nk);
             for (int64_t r0 = 0; r0 < nq4; r0 += 4) {
               const int64_t kk = std::min(nk, q0 + r0 + 4 - k0);
@@ -367,16 +402,18 @@ void attention_backward(const T* qkv, const T* out, const T* dout, const T* lse,
             for (int64_t i = 0; i < nq4; ++i) {
               T* pi = &P[size_t(i * kTile)];
               T* dsi = &dS[size_t(i * kTile)];
-              const int64_t nj = i < nq ? std::clamp<int64_t>(q0 + i - k0 + 1, 0, nk) : 0;
+              const int64_t j0 = win.first_key(i, k0, nk);
+              const int64_t nj = i < nq && j0 < nk ? std::clamp<int64_t>(q0 + i - k0 + 1, 0, nk) : 0;
               // Whole vectors up to tile_cols(nj): the masked keys' probabilities and score
               // gradients are set to exactly zero (a vectorised loop with no scalar tail).
               const int64_t njv = nj > 0 ? tile_cols<T>(nj) : 0;
               if (nj > 0) {
                 const T li = lrow[q0 + i], Di = Dv[size_t(q0 + i)];
                 for (int64_t j = 0; j < njv; ++j) {
-                  const T p = j < nj ? vexp<T>(pi[j] - li) : T(0);
+                  const bool seen = j >= j0 && j < nj;
+                  const T p = seen ? vexp<T>(pi[j] - li) : T(0);
                   pi[j] = p;
-                  dsi[j] = j < nj ? p * (dsi[j] - Di) : T(0);
+                  dsi[j] = seen ? p * (dsi[j] - Di) : T(0);
                 }
               }
               std::fill(pi + njv, pi + kTile, T(0));

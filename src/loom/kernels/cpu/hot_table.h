@@ -6,9 +6,9 @@ namespace loom::cpu {
 
 struct HotKernels {
   const char* isa;
-  void (*attention_forward)(const float*, float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t);
+  void (*attention_forward)(const float*, float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t, const int32_t*);
   void (*attention_backward)(const float*, const float*, const float*, const float*, float*, int64_t, int64_t, int64_t,
-                             int64_t, int64_t);
+                             int64_t, int64_t, const int32_t*);
   void (*gelu_forward)(const float*, float*, int64_t);
   void (*gelu_backward)(const float*, const float*, float*, int64_t);
   void (*swiglu_forward)(const float*, float*, int64_t, int64_t);
