@@ -21,15 +21,16 @@ namespace {
 class RandomTokens final : public train::BatchSource {
  public:
   explicit RandomTokens(int64_t vocab) : vocab_(vocab) {}
-  void fill_train(int64_t step, int64_t first, int64_t n, int64_t, int64_t T, int32_t* tok, int32_t* tgt) override {
+  void fill_train(int64_t step, int64_t first, int64_t n, int64_t, int64_t T, int32_t* tok, int32_t* tgt,
+                  int32_t*) override {
     std::mt19937_64 rng(uint64_t(step) * 1000003u + uint64_t(first));
     for (int64_t i = 0; i < n * T; ++i) {
       tok[i] = int32_t(rng() % uint64_t(vocab_));
       tgt[i] = int32_t(rng() % uint64_t(vocab_));
     }
   }
-  void fill_val(int64_t i, int64_t B, int64_t T, int32_t* tok, int32_t* tgt) override {
-    fill_train(-1 - i, 0, B, B, T, tok, tgt);
+  void fill_val(int64_t i, int64_t B, int64_t T, int32_t* tok, int32_t* tgt, int32_t*) override {
+    fill_train(-1 - i, 0, B, B, T, tok, tgt, nullptr);
   }
   int64_t vocab_size() const override { return vocab_; }
   bool has_val() const override { return false; }

@@ -190,7 +190,7 @@ int bench_pipeline(const std::vector<std::string>& argv) {
         world.group().barrier();  // every stage starts the step together
         d.zero_grads();
         const auto st = stage.train_step(
-            [&](int, int32_t* t, int32_t* y) {
+            [&](int, int32_t* t, int32_t* y, int32_t*) {
               std::copy(tok.begin(), tok.end(), t);
               std::copy(tgt.begin(), tgt.end(), y);
             },

@@ -69,8 +69,8 @@ TEST(LayoutConfig, MicroBatchesResolveAndFewerThanStagesWarnsWithTheBubble) {
 namespace {
 class NoData final : public BatchSource {
  public:
-  void fill_train(int64_t, int64_t, int64_t, int64_t, int64_t, int32_t*, int32_t*) override {}
-  void fill_val(int64_t, int64_t, int64_t, int32_t*, int32_t*) override {}
+  void fill_train(int64_t, int64_t, int64_t, int64_t, int64_t, int32_t*, int32_t*, int32_t*) override {}
+  void fill_val(int64_t, int64_t, int64_t, int32_t*, int32_t*, int32_t*) override {}
   int64_t vocab_size() const override { return 97; }
   bool has_val() const override { return false; }
 };

@@ -3,7 +3,9 @@
 // target token, in both layouts, and a model's gradients do not depend on the user's tokens as
 // targets: conversations that differ only in a last user turn (after the last reply) give
 // bitwise-equal gradients in the pad layout, while a different reply does not. The trainer's
-// gradient is the mean over the trained tokens only, however many the mask leaves out.
+// gradient is the mean over the trained tokens only, however many the mask leaves out. Packed
+// rows give each conversation positions from its own start, and a row packing conversations
+// trains exactly like the conversations apart.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -63,7 +65,7 @@ struct Batch {
 
 Batch train_batch(train::DatasetSource& src, int64_t step, int64_t B, int64_t T) {
   Batch b{std::vector<int32_t>(size_t(B * T)), std::vector<int32_t>(size_t(B * T))};
-  src.fill_train(step, 0, B, B, T, b.tokens.data(), b.targets.data());
+  src.fill_train(step, 0, B, B, T, b.tokens.data(), b.targets.data(), nullptr);
   return b;
 }
 
@@ -187,9 +189,10 @@ namespace {
 class RowZero : public train::BatchSource {
  public:
   RowZero(train::BatchSource& inner, bool alone) : in_(inner), alone_(alone) {}
-  void fill_train(int64_t step, int64_t first, int64_t n, int64_t, int64_t T, int32_t* tok, int32_t* tgt) override {
+  void fill_train(int64_t step, int64_t first, int64_t n, int64_t, int64_t T, int32_t* tok, int32_t* tgt,
+                  int32_t*) override {
     std::vector<int32_t> t(4 * T), g(4 * T);
-    in_.fill_train(step, 0, 4, 4, T, t.data(), g.data());
+    in_.fill_train(step, 0, 4, 4, T, t.data(), g.data(), nullptr);
     if (!alone_)
       for (int64_t i = T; i < 4 * T; ++i) g[i] = -1;
     for (int64_t r = 0; r < n; ++r) {
@@ -197,8 +200,8 @@ class RowZero : public train::BatchSource {
       std::memcpy(tgt + r * T, g.data() + (first + r) * T, sizeof(int32_t) * T);
     }
   }
-  void fill_val(int64_t i, int64_t B, int64_t T, int32_t* tok, int32_t* tgt) override {
-    in_.fill_val(i, B, T, tok, tgt);
+  void fill_val(int64_t i, int64_t B, int64_t T, int32_t* tok, int32_t* tgt, int32_t*) override {
+    in_.fill_val(i, B, T, tok, tgt, nullptr);
   }
   int64_t vocab_size() const override { return in_.vocab_size(); }
   bool has_val() const override { return false; }
@@ -248,4 +251,118 @@ TEST(ChatMasking, TheGradientIsTheMeanOverTheTrainedTokens) {
   double worst = 0;
   for (size_t i = 0; i < ag.size(); ++i) worst = std::max(worst, double(std::abs(mg[i] - ag[i])));
   EXPECT_LT(worst, 1e-6 * a) << "the gradients the optimizer used differ (largest difference " << worst << ")";
+}
+
+// The pack layout's positions restart at 0 where a conversation starts (the mask's flag) and count
+// up by one otherwise, from 0 at each row's start; the pad layout's row is one conversation.
+TEST(ChatMasking, PackedRowsRestartPositionsAtEachConversation) {
+  const std::string dir = loom::testing::temp_dir("chat_positions");
+  const std::string data = prepare_chat(dir, chat_jsonl("Four.", "Thanks!"));
+  const data::TokenDataset shard(data + "/train.bin");
+  std::vector<uint8_t> mask(size_t(shard.size()));
+  shard.read_mask(0, shard.size(), mask.data());
+  const int64_t B = 4;
+  for (const char* layout : {"pad", "pack"}) {
+    SCOPED_TRACE(layout);
+    const bool pack = std::string(layout) == "pack";
+    const int64_t T = pack ? 48 : 176;
+    const train::TrainConfig cfg = chat_config(data, layout, T);
+    train::DatasetSource src(cfg, nullptr);
+    EXPECT_EQ(src.packs_documents(), pack);
+    const data::TokenDataset same(data + "/train.bin", {.seed = cfg.data.seed, .layout = cfg.data.chat_layout});
+    int64_t restarts = 0;
+    for (int64_t step = 0; step < 8; ++step) {
+      std::vector<int32_t> tok(size_t(B * T)), tgt(size_t(B * T)), pos(size_t(B * T), -7);
+      src.fill_train(step, 0, B, B, T, tok.data(), tgt.data(), pos.data());
+      for (int64_t r = 0; r < B; ++r) {
+        const int64_t start = same.window_start(step, r, B, T);
+        for (int64_t t = 0; t < T; ++t) {
+          const bool restart = pack && t > 0 && (mask[size_t(start + t)] & data::kMaskConversationStart);
+          const int32_t want = t == 0 || restart ? 0 : pos[size_t(r * T + t - 1)] + 1;
+          EXPECT_EQ(pos[size_t(r * T + t)], pack ? want : int32_t(t)) << "step " << step << " row " << r << " t " << t;
+          restarts += restart;
+        }
+      }
+    }
+    if (pack) EXPECT_GT(restarts, 0);  // some rows do hold two conversations
+  }
+}
+
+namespace {
+
+// The loss sum and the gradient (f64) of one forward/backward over [B, T] rows.
+std::pair<double, std::vector<double>> loss_and_grads_f64(const model::ModelConfig& cfg, int64_t checkpoint,
+                                                          const std::vector<int32_t>& tok,
+                                                          const std::vector<int32_t>& tgt, const int32_t* pos,
+                                                          int64_t B, int64_t T) {
+  model::DecoderOptions o;
+  o.activation_checkpoint_interval = checkpoint;
+  model::Decoder m(cfg, o, DType::f64);
+  m.init_weights(7);
+  m.zero_grads();
+  const double loss = m.forward_backward(tok.data(), tgt.data(), B, T, 1.0, nullptr, pos);
+  const double* g = m.grads().data<double>();
+  return {loss, std::vector<double>(g, g + m.grads().numel())};
+}
+
+double largest_difference(const std::vector<double>& a, const std::vector<double>& b) {
+  double w = 0, m = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    w = std::max(w, std::fabs(a[i] - b[i]));
+    m = std::max(m, std::fabs(b[i]));
+  }
+  return w / m;
+}
+
+}  // namespace
+
+// Both conversations of a shard packed into one row, with their positions, give the loss and the
+// gradients of the two conversations in rows of their own (the pad layout), to f64 rounding: with
+// RoPE (llama) and learned positions (GPT-2), with and without recomputation. Without the
+// positions the second conversation sees the first, and the gradients differ.
+TEST(ChatMasking, APackedRowTrainsLikeItsConversationsApart) {
+  const std::string dir = loom::testing::temp_dir("chat_packed_row");
+  const std::string data = prepare_chat(dir, chat_jsonl("Four.", "Thanks!"));
+  const data::TokenDataset shard(data + "/train.bin");
+  const int64_t N = shard.size(), Tp = N - 1, Ta = 176;  // conversations of 152 and 167 tokens
+  ASSERT_EQ(shard.conversation_starts().size(), 2u);
+  std::vector<int32_t> ids(static_cast<size_t>(N));
+  std::vector<uint8_t> mask(static_cast<size_t>(N));
+  shard.read(0, N, ids.data());
+  shard.read_mask(0, N, mask.data());
+  std::vector<int32_t> tok(ids.begin(), ids.end() - 1), tgt(static_cast<size_t>(Tp)), pos(static_cast<size_t>(Tp));
+  for (int64_t t = 0; t < Tp; ++t) {
+    const uint8_t next = mask[size_t(t + 1)];
+    tgt[size_t(t)] = (next & data::kMaskTrained) && !(next & data::kMaskConversationStart) ? ids[size_t(t + 1)] : -1;
+    pos[size_t(t)] = t == 0 || (mask[size_t(t)] & data::kMaskConversationStart) ? 0 : pos[size_t(t - 1)] + 1;
+  }
+  const data::TokenDataset pad(data + "/train.bin", {.layout = data::ChatLayout::pad});
+  std::vector<int32_t> atok(size_t(2 * Ta)), atgt(size_t(2 * Ta));
+  pad.fill_eval_batch(0, 2, Ta, atok.data(), atgt.data());  // conversation 0, then 1
+  for (const char* preset : {"llama-tiny", "gpt2-tiny"})
+    for (int64_t checkpoint : {0, 1}) {
+      SCOPED_TRACE(std::string(preset) + (checkpoint ? " recomputed" : ""));
+      model::ModelConfig cfg = model::preset(preset);
+      cfg.vocab_size = 256;
+      cfg.n_ctx = 320;
+      const auto [loss, grads] = loss_and_grads_f64(cfg, checkpoint, tok, tgt, pos.data(), 1, Tp);
+      const auto [apart, apart_grads] = loss_and_grads_f64(cfg, checkpoint, atok, atgt, nullptr, 2, Ta);
+      EXPECT_NEAR(loss / apart, 1.0, 1e-13);
+      EXPECT_LT(largest_difference(grads, apart_grads), 1e-11);
+      if (checkpoint == 0)
+        EXPECT_GT(largest_difference(loss_and_grads_f64(cfg, 0, tok, tgt, nullptr, 1, Tp).second, apart_grads), 1e-4);
+    }
+}
+
+// Positions that neither start at 0 nor count up by one are refused, naming the row and token.
+TEST(ChatMasking, PackedPositionsMustCountUpFromZero) {
+  model::ModelConfig cfg = model::preset("llama-tiny");
+  model::Decoder m(cfg);
+  m.init_weights(7);
+  const std::vector<int32_t> tok(8, 1), tgt(8, 2), bad = {0, 1, 2, 0, 1, 3, 4, 5};
+  EXPECT_EQ(data::testing::error_of([&] { m.forward(tok.data(), tgt.data(), 1, 8, nullptr, bad.data()); }),
+            "[model] packed positions of row 0 give 3 at token 5 where 2 or 0 was expected: a row's positions start "
+            "at 0 and count up by one, restarting at 0 where another document starts");
+  const std::vector<int32_t> good = {0, 1, 2, 0, 1, 2, 0, 1};
+  EXPECT_GT(m.forward(tok.data(), tgt.data(), 1, 8, nullptr, good.data()), 0);
 }

@@ -37,11 +37,12 @@ struct Fixture {
 class ShiftedSource : public BatchSource {
  public:
   ShiftedSource(BatchSource& inner, int64_t from, int64_t shift) : in_(inner), from_(from), shift_(shift) {}
-  void fill_train(int64_t step, int64_t first, int64_t n, int64_t G, int64_t T, int32_t* tok, int32_t* tgt) override {
-    in_.fill_train(step >= from_ ? step + shift_ : step, first, n, G, T, tok, tgt);
+  void fill_train(int64_t step, int64_t first, int64_t n, int64_t G, int64_t T, int32_t* tok, int32_t* tgt,
+                  int32_t* pos) override {
+    in_.fill_train(step >= from_ ? step + shift_ : step, first, n, G, T, tok, tgt, pos);
   }
-  void fill_val(int64_t i, int64_t B, int64_t T, int32_t* tok, int32_t* tgt) override {
-    in_.fill_val(i, B, T, tok, tgt);
+  void fill_val(int64_t i, int64_t B, int64_t T, int32_t* tok, int32_t* tgt, int32_t* pos) override {
+    in_.fill_val(i, B, T, tok, tgt, pos);
   }
   int64_t vocab_size() const override { return in_.vocab_size(); }
   bool has_val() const override { return in_.has_val(); }

@@ -130,6 +130,12 @@ int cmd_eval(const std::vector<std::string>& argv) {
     dopt.model_vocab = cfg.vocab_size;
     ds = data::TokenDataset::open_split(data_dir, split, dopt);
     source = data_dir + "/" + split + ".bin";
+    if (ds->has_mask()) {  // conversations: each scored alone, from its first token (data.chat_layout=pad)
+      dopt.layout = data::ChatLayout::pad;
+      dopt.verify = false;
+      ds = data::TokenDataset::open_split(data_dir, split, dopt);
+      source += " (one conversation per window)";
+    }
   } else {
     list.T = T;
     if (!ids_file.empty()) {

@@ -267,6 +267,20 @@ void TokenDataset::copy_window(int64_t start, int64_t T, int32_t* tokens, int32_
     if (!trains(m[t])) targets[t] = kIgnoredTarget;
 }
 
+void TokenDataset::window_positions(int64_t start, int64_t T, int32_t* positions) const {
+  if (!packs_documents()) {
+    for (int64_t t = 0; t < T; ++t) positions[t] = int32_t(t);
+    return;
+  }
+  // The conversation holding `start`, then each later one that starts inside the window.
+  size_t next = size_t(std::upper_bound(starts_.begin(), starts_.end(), start) - starts_.begin());
+  int64_t begin = start;
+  for (int64_t t = 0; t < T; ++t) {
+    if (next < starts_.size() && starts_[next] == start + t) begin = starts_[next++];
+    positions[t] = int32_t(start + t - begin);
+  }
+}
+
 void TokenDataset::copy_conversation(int64_t c, int64_t T, int32_t* tokens, int32_t* targets) const {
   const int64_t start = starts_[size_t(c)], len = conversation_length(c);
   const int64_t n_in = std::min(T, len), n_out = std::min(T, len - 1);
@@ -282,7 +296,7 @@ void TokenDataset::copy_conversation(int64_t c, int64_t T, int32_t* tokens, int3
 }
 
 void TokenDataset::fill_batch(int64_t step, int64_t first_seq, int64_t n_seqs, int64_t global_batch, int64_t T,
-                              int32_t* tokens, int32_t* targets) const {
+                              int32_t* tokens, int32_t* targets, int32_t* positions) const {
   check_window(T, "training");
   LOOM_CHECK(step >= 0 && first_seq >= 0 && n_seqs >= 0 && first_seq + n_seqs <= global_batch, "data", label(),
              ": training sequences [", first_seq, ", ", first_seq + n_seqs, ") at step ", step,
@@ -291,8 +305,11 @@ void TokenDataset::fill_batch(int64_t step, int64_t first_seq, int64_t n_seqs, i
     if (layout_ == ChatLayout::pad) {
       const uint64_t n = starts_.size();
       copy_conversation(draw_row(seed_, step, first_seq + r, global_batch, n), T, tokens + r * T, targets + r * T);
+      if (positions) window_positions(0, T, positions + r * T);
     } else {
-      copy_window(window_start(step, first_seq + r, global_batch, T), T, tokens + r * T, targets + r * T);
+      const int64_t start = window_start(step, first_seq + r, global_batch, T);
+      copy_window(start, T, tokens + r * T, targets + r * T);
+      if (positions) window_positions(start, T, positions + r * T);
     }
   }
 }
@@ -302,7 +319,8 @@ int64_t TokenDataset::eval_windows(int64_t T) const {
   return layout_ == ChatLayout::pad ? int64_t(starts_.size()) : (size() - 1) / T;
 }
 
-void TokenDataset::fill_eval_batch(int64_t index, int64_t B, int64_t T, int32_t* tokens, int32_t* targets) const {
+void TokenDataset::fill_eval_batch(int64_t index, int64_t B, int64_t T, int32_t* tokens, int32_t* targets,
+                                   int32_t* positions) const {
   const int64_t n_windows = eval_windows(T);
   LOOM_CHECK(index >= 0 && B > 0, "data", label(), ": eval batch index ", index, " and batch size ", B,
              " must be non-negative and positive");
@@ -310,8 +328,10 @@ void TokenDataset::fill_eval_batch(int64_t index, int64_t B, int64_t T, int32_t*
     const int64_t w = (index * B + b) % n_windows;
     if (layout_ == ChatLayout::pad) {
       copy_conversation(w, T, tokens + b * T, targets + b * T);
+      if (positions) window_positions(0, T, positions + b * T);
     } else {
       copy_window(w * T, T, tokens + b * T, targets + b * T);
+      if (positions) window_positions(w * T, T, positions + b * T);
     }
   }
 }

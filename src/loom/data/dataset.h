@@ -21,8 +21,9 @@ inline constexpr int32_t kIgnoredTarget = -1;
 
 // How a shard of conversations becomes training rows of T tokens (data.chat_layout).
 enum class ChatLayout {
-  // Windows anywhere in the stream, as for plain text; conversations follow one another, and a
-  // target that starts another conversation is not trained.
+  // Windows anywhere in the stream, as for plain text: conversations follow one another in a
+  // row, each attending only to itself (positions restart where each starts), and a target
+  // that starts another conversation is not trained.
   pack,
   // Each row is one conversation from its first token, cut after T + 1 tokens; the rest of the
   // row is padding (the end-of-text id, else 0) with ignored targets.
@@ -81,15 +82,21 @@ class TokenDataset {
   // Rows [first_seq, first_seq + n_seqs) of the global batch at `step`: tokens[r*T + t] is
   // the window's t-th token and targets[r*T + t] the (t+1)-th, or kIgnoredTarget where the
   // mask does not train that (t+1)-th token. Rank r of W data-parallel ranks passes
-  // first_seq = r * global_batch / W.
+  // first_seq = r * global_batch / W. positions (optional): each token's position in its
+  // conversation, counted from the row's start for the one the row begins inside (t, where a
+  // row is one document; see packs_documents).
   void fill_batch(int64_t step, int64_t first_seq, int64_t n_seqs, int64_t global_batch, int64_t T, int32_t* tokens,
-                  int32_t* targets) const;
+                  int32_t* targets, int32_t* positions = nullptr) const;
+  // Whether rows hold several conversations (the pack layout of a shard with a mask), whose
+  // positions fill_batch gives so that each attends only to itself.
+  bool packs_documents() const { return has_mask() && layout_ == ChatLayout::pack; }
 
   // Validation: non-overlapping windows start at 0, T, 2T, ... (pad: one per conversation, in
   // order); batch `index` takes windows index*B .. index*B + B - 1, wrapping around after the
   // last.
   int64_t eval_windows(int64_t T) const;
-  void fill_eval_batch(int64_t index, int64_t B, int64_t T, int32_t* tokens, int32_t* targets) const;
+  void fill_eval_batch(int64_t index, int64_t B, int64_t T, int32_t* tokens, int32_t* targets,
+                       int32_t* positions = nullptr) const;
 
  private:
   std::string label() const;
@@ -97,6 +104,7 @@ class TokenDataset {
   [[noreturn]] void fail_bad_id(int64_t index, uint32_t id, const char* fix) const;
   void check_window(int64_t T, const char* what) const;
   void copy_window(int64_t start, int64_t T, int32_t* tokens, int32_t* targets) const;
+  void window_positions(int64_t start, int64_t T, int32_t* positions) const;
   void copy_conversation(int64_t c, int64_t T, int32_t* tokens, int32_t* targets) const;
   void index_conversations();
   const unsigned char* mask_bytes() const;

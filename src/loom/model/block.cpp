@@ -374,7 +374,7 @@ class TrainingForwardOps : public BlockForwardOps {
   void attention(int, const Tensor&, const Tensor& att) override {
     const BlockDims& d = a_.dims;
     if (d.kv_expand) expand_kv(d, a_.qkv_compact, a_.qkv, false);
-    ops::attention_forward(a_.qkv, att, a_.lse, d.H, d.kv_expand ? d.H : d.KVH);
+    ops::attention_forward(a_.qkv, att, a_.lse, d.H, d.kv_expand ? d.H : d.KVH, a_.attention_pos);
   }
   void row_parallel_output(const Tensor& y) override {
     if (tp_) tp_->row_parallel_output(y);
@@ -459,8 +459,8 @@ void block_backward(const ModelConfig& cfg, int layer, const BlockWeights& w, co
   // Attention branch: x_mid = x_in + proj(attention(qkv(norm1(x_in)))).
   ops::linear_backward(dres, a.att, w.proj_w, s.datt, gw.proj_w, gw.proj_b, false, prec);
   lora_backward(L::proj, dres, a.att, s.datt);
-  ops::attention_backward(a.qkv, a.att, s.datt, a.lse, d.kv_expand ? s.dqkv_expanded : s.dqkv, H,
-                          d.kv_expand ? H : KVH);
+  ops::attention_backward(a.qkv, a.att, s.datt, a.lse, d.kv_expand ? s.dqkv_expanded : s.dqkv, H, d.kv_expand ? H : KVH,
+                          a.attention_pos);
   if (d.kv_expand) expand_kv(d, s.dqkv, s.dqkv_expanded, true);
   rope_qk(d.rope_inv_freq, s.dqkv, H, KVH, D, pos, true);
   ops::linear_backward(s.dqkv, a.ln1, w.qkv_w, s.dln, gw.qkv_w, gw.qkv_b, false, prec);

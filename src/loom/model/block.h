@@ -105,6 +105,10 @@ struct BlockActs {
   // whether the adapters' dropout applies and the key its masks derive from.
   bool lora_dropout = false;
   uint64_t lora_key = 0;
+  // Set by the decoder with each micro-batch: rows that pack several documents give their
+  // positions (i32[B*T], restarting at 0 where each document starts), and attention keeps
+  // inside each document. Undefined: every row is one document.
+  Tensor attention_pos;
   static BlockActs allocate(const ModelConfig& cfg, int64_t B, int64_t T, DType dt, Allocator& alloc,
                             const BlockDims& dims);
   static BlockActs allocate(const ModelConfig& cfg, int64_t B, int64_t T, DType dt, Allocator& alloc) {

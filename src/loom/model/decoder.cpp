@@ -131,6 +131,19 @@ class LoraParamSource final : public ParamSource {
   std::map<std::string, Tensor> outer_;
   int widened_ = -1;
 };
+
+// Packed rows' positions: each row starts a document, and a position is 0 (another document
+// starts) or one more than the one before it. Attention reads a document's start from them.
+void check_packed_positions(const int32_t* pos, int64_t B, int64_t T) {
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      const int32_t p = pos[b * T + t], want = t == 0 ? 0 : pos[b * T + t - 1] + 1;
+      LOOM_CHECK(p == want || (t > 0 && p == 0), "model", "packed positions of row ", b, " give ", p, " at token ", t,
+                 " where ", want,
+                 " or 0 was expected: a row's positions start at 0 and count up by one, restarting "
+                 "at 0 where another document starts");
+    }
+}
 }  // namespace
 
 Decoder::Decoder(const ModelConfig& cfg, const DecoderOptions& opt, DType dtype, Allocator& alloc)
@@ -333,7 +346,7 @@ int64_t Decoder::activation_bytes() const {
   for (const auto& s : slots_) {
     for (const auto& t : s.res) b += int64_t(t.nbytes());
     for (const auto& a : s.saved) b += a.bytes();
-    for (const Tensor* t : {&s.tokens, &s.targets, &s.lnf, &s.lnf_mean, &s.lnf_rstd, &s.losses})
+    for (const Tensor* t : {&s.tokens, &s.targets, &s.positions, &s.lnf, &s.lnf_mean, &s.lnf_rstd, &s.losses})
       if (t->defined()) b += int64_t(t->nbytes());
   }
   for (const auto& a : recompute_) b += a.bytes();
@@ -348,9 +361,9 @@ void Decoder::embed_forward(Slot& s) {
   const Tensor wpe = learned ? src_->outer_param(position_table_name(cfg_)) : Tensor{};
   const Tensor wte = src_->outer_param(token_table_name(cfg_));
   if (tp_)
-    tp_->embedding_forward(s.tokens, pos_, wte, wpe, s.res[0]);
+    tp_->embedding_forward(s.tokens, positions(s), wte, wpe, s.res[0]);
   else
-    ops::embedding_forward(s.tokens, pos_, wte, wpe, s.res[0]);
+    ops::embedding_forward(s.tokens, positions(s), wte, wpe, s.res[0]);
 }
 
 // Forward through the stage's blocks. In training without checkpointing each block keeps its
@@ -362,18 +375,19 @@ void Decoder::run_blocks_forward(Slot& s) {
   for (int i = 0; i < n_local(); ++i) {
     BlockActs& a = (s.train_buffers && !checkpointed() && !stash) ? s.saved[size_t(i)] : recompute_[0];
     a.moe.times = &moe_times_;
-    prepare_block_lora(a, s, first + i);
+    prepare_block(a, s, first + i);
     trace::Span span("forward block", "compute", {{"layer", first + i}});
     block_forward(cfg_, first + i,
                   with_router_bias(first + i, src_->block_params(first + i, ParamSource::Phase::forward)),
-                  s.res[size_t(i)], pos_, a, s.res[size_t(i) + 1], tp_, ep_);
+                  s.res[size_t(i)], positions(s), a, s.res[size_t(i) + 1], tp_, ep_);
     src_->release_block_params(first + i, ParamSource::Phase::forward);
     if (cfg_.is_moe_layer(first + i)) record_moe(first + i, a.moe, s);
     if (stash && s.train) stash_activations(a, s.saved[size_t(i)]);
   }
 }
 
-void Decoder::prepare_block_lora(BlockActs& a, const Slot& s, int layer) const {
+void Decoder::prepare_block(BlockActs& a, const Slot& s, int layer) const {
+  a.attention_pos = s.packed ? s.positions : Tensor{};
   a.lora_u = lora_u_;
   a.lora_x = lora_x_;
   a.lora_dropout = s.train && lora() && cfg_.lora.dropout > 0;
@@ -453,11 +467,17 @@ double Decoder::count_and_sum(const Slot& s, int64_t N, int64_t* n_valid) {
 }
 
 double Decoder::stage_forward(int id, const int32_t* tokens, const int32_t* targets, double grad_scale,
-                              int64_t* n_valid) {
+                              int64_t* n_valid, const int32_t* positions) {
   Slot& s = slot(id);
   const int64_t N = B_ * T_;
   std::memcpy(s.tokens.raw(), tokens, size_t(N) * 4);
   std::memcpy(s.targets.raw(), targets, size_t(N) * 4);
+  s.packed = positions != nullptr;
+  if (s.packed) {
+    check_packed_positions(positions, B_, T_);
+    if (!s.positions.defined()) s.positions = Tensor::empty({N}, DType::i32, MemCategory::activations, alloc_);
+    std::memcpy(s.positions.raw(), positions, size_t(N) * 4);
+  }
   s.grad_scale = grad_scale;
   s.router_loss = 0;
   if (first_stage()) embed_forward(s);
@@ -505,8 +525,8 @@ void Decoder::stage_backward(int id, const Tensor& dy) {
       const BlockWeights w = with_router_bias(l, src_->block_params(l, Phase::backward));
       acts.moe.loss_weight = s.grad_scale * double(B_ * T_);
       acts.moe.times = &moe_times_;
-      prepare_block_lora(acts, s, l);
-      block_backward(cfg_, l, w, src_->block_grads(l), s.res[size_t(i)], pos_, acts, scratch_, dres_, tp_, ep_);
+      prepare_block(acts, s, l);
+      block_backward(cfg_, l, w, src_->block_grads(l), s.res[size_t(i)], positions(s), acts, scratch_, dres_, tp_, ep_);
     }
     src_->release_block_params(l, Phase::backward);
     src_->block_grads_done(l);
@@ -528,9 +548,9 @@ void Decoder::stage_backward(int id, const Tensor& dy) {
         const int l = first + int(i);
         trace::Span span("recompute block", "compute", {{"layer", l}});
         recompute_[size_t(i - b)].moe.times = &moe_times_;
-        prepare_block_lora(recompute_[size_t(i - b)], s, l);
-        block_forward(cfg_, l, with_router_bias(l, src_->block_params(l, Phase::recompute)), s.res[size_t(i)], pos_,
-                      recompute_[size_t(i - b)], s.res[size_t(i) + 1], tp_, ep_);
+        prepare_block(recompute_[size_t(i - b)], s, l);
+        block_forward(cfg_, l, with_router_bias(l, src_->block_params(l, Phase::recompute)), s.res[size_t(i)],
+                      positions(s), recompute_[size_t(i - b)], s.res[size_t(i) + 1], tp_, ep_);
         src_->release_block_params(l, Phase::recompute);
       }
       for (int64_t i = e - 1; i >= b; --i) backward_block(i, recompute_[size_t(i - b)]);
@@ -541,20 +561,21 @@ void Decoder::stage_backward(int id, const Tensor& dy) {
     const Tensor dwte = src_->outer_grad(token_table_name(cfg_));
     const Tensor dwpe = t.position == PositionKind::learned ? src_->outer_grad(position_table_name(cfg_)) : Tensor{};
     if (tp_)
-      tp_->embedding_backward(s.tokens, pos_, dres_, dwte, dwpe);
+      tp_->embedding_backward(s.tokens, positions(s), dres_, dwte, dwpe);
     else
-      src_->embedding_backward(s.tokens, pos_, dres_, dwte, dwpe);
+      src_->embedding_backward(s.tokens, positions(s), dres_, dwte, dwpe);
   }
   src_->outer_grads_done();
   s.busy = false;
 }
 
-double Decoder::forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T, int64_t* n_valid) {
+double Decoder::forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T, int64_t* n_valid,
+                        const int32_t* positions) {
   LOOM_CHECK(first_stage() && last_stage(), "model",
              "forward() runs the whole model; a pipeline stage runs through stage_forward()");
   const int id = stage_begin(B, T, false);
   src_->pass_begin(false);
-  const double loss = stage_forward(id, tokens, targets, 1.0, n_valid);
+  const double loss = stage_forward(id, tokens, targets, 1.0, n_valid, positions);
   stage_release(id);
   src_->pass_end(false);
   return loss;
@@ -574,12 +595,12 @@ void Decoder::logits(const int32_t* tokens, int64_t B, int64_t T, const Tensor& 
 }
 
 double Decoder::forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T, double grad_scale,
-                                 int64_t* n_valid) {
+                                 int64_t* n_valid, const int32_t* positions) {
   LOOM_CHECK(first_stage() && last_stage(), "model",
              "forward_backward() runs the whole model; a pipeline stage runs through stage_forward()");
   const int id = stage_begin(B, T, true);
   src_->pass_begin(true);
-  const double loss_sum = stage_forward(id, tokens, targets, grad_scale, n_valid);
+  const double loss_sum = stage_forward(id, tokens, targets, grad_scale, n_valid, positions);
   stage_backward(id, {});
   src_->pass_end(true);
   return loss_sum;

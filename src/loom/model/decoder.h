@@ -113,11 +113,15 @@ class Decoder {
 
   // Training step on one micro-batch: tokens and targets are [B, T] (targets < 0 ignored).
   // Parameter gradients accumulate as grad_scale * d(sum of token losses). Returns the sum of
-  // token losses; *n_valid receives the number of counted targets.
+  // token losses; *n_valid receives the number of counted targets. positions (optional, [B, T]):
+  // rows that pack several documents, each token's position in its document (0 where one
+  // starts, then 1, 2, ...); each document then attends only to itself and is embedded (RoPE, or
+  // learned positions) from its own start. Without them every row is one document.
   double forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T, double grad_scale,
-                          int64_t* n_valid = nullptr);
+                          int64_t* n_valid = nullptr, const int32_t* positions = nullptr);
   // Loss only (no gradients). Same return convention.
-  double forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T, int64_t* n_valid = nullptr);
+  double forward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T, int64_t* n_valid = nullptr,
+                 const int32_t* positions = nullptr);
   // Logits [B, T, V] for every position (evaluation and tests).
   void logits(const int32_t* tokens, int64_t B, int64_t T, const Tensor& out);
 
@@ -160,11 +164,12 @@ class Decoder {
   Tensor stage_input(int slot) const;
   // [B*T, C]: the output of a stage without the head, after stage_forward.
   Tensor stage_output(int slot) const;
-  // tokens [B, T] (positions on every stage; embedded on the first), targets (the last stage's
-  // loss). In training the last stage also runs the head's backward, fused with the loss.
-  // Returns the sum of token losses on the last stage, 0 elsewhere.
+  // tokens [B, T] (embedded on the first stage), targets (the last stage's loss), positions as
+  // for forward_backward (every stage: they bound attention and place RoPE). In training the
+  // last stage also runs the head's backward, fused with the loss. Returns the sum of token
+  // losses on the last stage, 0 elsewhere.
   double stage_forward(int slot, const int32_t* tokens, const int32_t* targets, double grad_scale,
-                       int64_t* n_valid = nullptr);
+                       int64_t* n_valid = nullptr, const int32_t* positions = nullptr);
   // dy: the gradient of stage_output (stages without the head). Afterwards stage_input_grad()
   // holds the gradient of stage_input (stages without the embedding). Releases the slot.
   void stage_backward(int slot, const Tensor& dy);
@@ -179,8 +184,10 @@ class Decoder {
   // One micro-batch's activations, kept from its forward to its backward.
   struct Slot {
     Tensor tokens, targets;
-    std::vector<Tensor> res;                       // res[i]: input of the stage's block i; res.back(): output
-    std::vector<BlockActs> saved;                  // per block when not checkpointed (16-bit: stored form)
+    Tensor positions;              // packed rows' positions (allocated with the first packed micro-batch)
+    bool packed = false;           // this micro-batch's rows pack documents: positions, not pos_
+    std::vector<Tensor> res;       // res[i]: input of the stage's block i; res.back(): output
+    std::vector<BlockActs> saved;  // per block when not checkpointed (16-bit: stored form)
     Tensor lnf, lnf_mean, lnf_rstd, losses, dlnf;  // the head (last stage)
     double grad_scale = 0;                         // of this micro-batch's training forward
     double router_loss = 0;                        // the MoE blocks' weighted router losses
@@ -220,8 +227,11 @@ class Decoder {
   Tensor lora_u_, lora_x_;  // LoRA's forward scratch for the current (B, T)
   uint64_t dropout_seed_ = 0;
   int64_t dropout_step_ = 0, dropout_micro_ = 0;
-  // Before a block runs on slot s's micro-batch: a's LoRA scratch, dropout flag and key.
-  void prepare_block_lora(BlockActs& a, const Slot& s, int layer) const;
+  // Before a block runs on slot s's micro-batch: a's attention positions, LoRA scratch, dropout
+  // flag and key.
+  void prepare_block(BlockActs& a, const Slot& s, int layer) const;
+  // The positions slot s's rows are embedded and rotated at.
+  const Tensor& positions(const Slot& s) const { return s.packed ? s.positions : pos_; }
   TensorParallelOps* tp_ = nullptr;
   ExpertParallelOps* ep_ = nullptr;
   MoeTimes moe_times_;

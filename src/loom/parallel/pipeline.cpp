@@ -97,7 +97,8 @@ PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64
   PipelineStepStats st;
   const int M = opt_.micro_batches;
   n_elems_ = B * T * model_.config().d_model;
-  std::vector<std::vector<int32_t>> tok(static_cast<size_t>(M)), tgt(static_cast<size_t>(M));
+  std::vector<std::vector<int32_t>> tok(static_cast<size_t>(M)), tgt(static_cast<size_t>(M)),
+      pos(static_cast<size_t>(M));
   std::vector<int> slot(size_t(M), -1);
   model_.begin_pass(true);
   if (!first()) post_recv(act_recv_, 0, stage_ - 1, 0);
@@ -111,7 +112,8 @@ PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64
       if (!first() && m + 1 < M) post_recv(act_recv_, m + 1, stage_ - 1, 0);
       tok[mi].resize(size_t(B * T));
       tgt[mi].resize(size_t(B * T));
-      fill(m, tok[mi].data(), tgt[mi].data());
+      if (opt_.packed_documents) pos[mi].resize(size_t(B * T));
+      fill(m, tok[mi].data(), tgt[mi].data(), opt_.packed_documents ? pos[mi].data() : nullptr);
       slot[mi] = model_.stage_begin(B, T, true);
       if (!first()) {
         Transfer& in = act_recv_.at(m);
@@ -127,7 +129,8 @@ PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64
       int64_t n = 0;
       {
         trace::Span span("forward micro-batch", "compute", {{"micro", m}});
-        st.loss_sum += model_.stage_forward(slot[mi], tok[mi].data(), tgt[mi].data(), grad_scale, &n);
+        st.loss_sum += model_.stage_forward(slot[mi], tok[mi].data(), tgt[mi].data(), grad_scale, &n,
+                                            opt_.packed_documents ? pos[mi].data() : nullptr);
       }
       st.forward_s += sw.seconds();
       st.n_valid += n;
@@ -196,10 +199,12 @@ std::vector<std::pair<double, int64_t>> PipelineStage::evaluate(const FillFn& fi
   const int64_t N = B * T;
   n_elems_ = N * model_.config().d_model;
   std::vector<int32_t> tok(static_cast<size_t>(N)), tgt(static_cast<size_t>(N));
+  std::vector<int32_t> pos(opt_.packed_documents ? size_t(N) : 0);
+  int32_t* positions = opt_.packed_documents ? pos.data() : nullptr;
   std::vector<std::pair<double, int64_t>> out;
   model_.begin_pass(false);
   for (int m = 0; m < micro_batches; ++m) {
-    fill(m, tok.data(), tgt.data());
+    fill(m, tok.data(), tgt.data(), positions);
     const int id = model_.stage_begin(B, T, false);
     if (!first()) {
       Tensor in = wire_buffer();
@@ -208,7 +213,7 @@ std::vector<std::pair<double, int64_t>> PipelineStage::evaluate(const FillFn& fi
       pool_.push_back(in);
     }
     int64_t n = 0;
-    const double sum = model_.stage_forward(id, tok.data(), tgt.data(), 1.0, &n);
+    const double sum = model_.stage_forward(id, tok.data(), tgt.data(), 1.0, &n, positions);
     out.push_back({sum, n});
     if (!last()) {
       Tensor sent = pack(model_.stage_output(id));

@@ -23,6 +23,9 @@ struct PipelineOptions {
   // f32, or bf16/f16 (half the bytes; each is rounded to nearest even before it leaves and
   // widened to f32 on arrival, so the next stage starts from the rounded residual stream).
   DType wire_dtype = DType::f32;
+  // Rows pack several documents (model::Decoder::stage_forward's positions): the fill function
+  // gets a positions buffer to write, and every stage runs with them.
+  bool packed_documents = false;
 };
 
 // What one step did on this stage.
@@ -41,8 +44,9 @@ class PipelineStage {
   // first and last stages of each pipeline form the tied-table group).
   PipelineStage(model::Decoder& model, const Mesh& mesh, const PipelineOptions& opt);
 
-  // Fills micro-batch m's tokens and targets ([B, T] each).
-  using FillFn = std::function<void(int micro, int32_t* tokens, int32_t* targets)>;
+  // Fills micro-batch m's tokens and targets ([B, T] each), and its positions when the options
+  // say packed_documents (null otherwise).
+  using FillFn = std::function<void(int micro, int32_t* tokens, int32_t* targets, int32_t* positions)>;
   // Forward and backward of every micro-batch in schedule order; parameter gradients
   // accumulate as grad_scale * d(sum of token losses). before_backward(m) runs before each
   // backward (the caller turns on data-parallel reduction for the last one).

@@ -50,12 +50,12 @@ DatasetSource::DatasetSource(const TrainConfig& cfg, std::FILE* log) {
 }
 
 void DatasetSource::fill_train(int64_t step, int64_t first, int64_t n, int64_t global, int64_t T, int32_t* tok,
-                               int32_t* tgt) {
-  train_->fill_batch(step, first, n, global, T, tok, tgt);
+                               int32_t* tgt, int32_t* pos) {
+  train_->fill_batch(step, first, n, global, T, tok, tgt, pos);
 }
 
-void DatasetSource::fill_val(int64_t index, int64_t B, int64_t T, int32_t* tok, int32_t* tgt) {
-  val_->fill_eval_batch(index, B, T, tok, tgt);
+void DatasetSource::fill_val(int64_t index, int64_t B, int64_t T, int32_t* tok, int32_t* tgt, int32_t* pos) {
+  val_->fill_eval_batch(index, B, T, tok, tgt, pos);
 }
 
 int64_t DatasetSource::vocab_size() const { return int64_t(train_->header().vocab_size); }

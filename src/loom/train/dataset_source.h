@@ -16,9 +16,10 @@ class DatasetSource final : public BatchSource {
  public:
   // `log` gets a line for each shard whose verification takes a second or more (nullptr: none).
   explicit DatasetSource(const TrainConfig& cfg, std::FILE* log = stdout);
-  void fill_train(int64_t step, int64_t first, int64_t n, int64_t global, int64_t T, int32_t* tok,
-                  int32_t* tgt) override;
-  void fill_val(int64_t index, int64_t B, int64_t T, int32_t* tok, int32_t* tgt) override;
+  void fill_train(int64_t step, int64_t first, int64_t n, int64_t global, int64_t T, int32_t* tok, int32_t* tgt,
+                  int32_t* pos) override;
+  void fill_val(int64_t index, int64_t B, int64_t T, int32_t* tok, int32_t* tgt, int32_t* pos) override;
+  bool packs_documents() const override { return train_->packs_documents(); }
   int64_t vocab_size() const override;
   bool has_val() const override { return val_ != nullptr; }
   // meta.json's tokenizer (a model's tokenizer by its whole path), else the shard header's.

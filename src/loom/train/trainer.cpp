@@ -159,7 +159,8 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
   data_parallel_->set_norm_skip(skip);
   if (p.pp > 1)
     pipe_ = std::make_unique<parallel::PipelineStage>(
-        *model_, *mesh_, parallel::PipelineOptions{p.pp_schedule, int(p.micro_batches), p.pp_dtype});
+        *model_, *mesh_,
+        parallel::PipelineOptions{p.pp_schedule, int(p.micro_batches), p.pp_dtype, data_.packs_documents()});
   if (p.pp > 1 || p.tp > 1 || p.ep > 1)
     whole_layout_ = std::make_unique<model::ParamLayout>(cfg_.model, 1, model::ModelSlice{.lora_adapters = lora});
   check_fits_in_memory();
@@ -240,19 +241,21 @@ double Trainer::train_step() {
   if (pipe_) {
     const int M = int(cfg_.parallel.micro_batches);
     const parallel::PipelineStepStats stats = pipe_->train_step(
-        [&](int m, int32_t* tok, int32_t* tgt) {
-          data_.fill_train(batch_of(step_), first + m * micro, micro, G, T, tok, tgt);
+        [&](int m, int32_t* tok, int32_t* tgt, int32_t* pos) {
+          data_.fill_train(batch_of(step_), first + m * micro, micro, G, T, tok, tgt, pos);
         },
         micro, T, grad_scale, [&](int m) { data_parallel_->set_sync(m == M - 1); });
     loss_sum = stats.loss_sum;
     count = stats.n_valid;
   } else {
     std::vector<int32_t> tok(size_t(micro * T)), tgt(size_t(micro * T));
+    std::vector<int32_t> pos(data_.packs_documents() ? size_t(micro * T) : 0);
+    int32_t* positions = pos.empty() ? nullptr : pos.data();
     for (int64_t m0 = 0; m0 < per_rank; m0 += micro) {
-      data_.fill_train(batch_of(step_), first + m0, micro, G, T, tok.data(), tgt.data());
+      data_.fill_train(batch_of(step_), first + m0, micro, G, T, tok.data(), tgt.data(), positions);
       data_parallel_->set_sync(m0 + micro >= per_rank);  // only the last micro-batch communicates
       int64_t n = 0;
-      loss_sum += model_->forward_backward(tok.data(), tgt.data(), micro, T, grad_scale, &n);
+      loss_sum += model_->forward_backward(tok.data(), tgt.data(), micro, T, grad_scale, &n, positions);
       count += n;
     }
   }
@@ -337,9 +340,10 @@ double Trainer::evaluate() {
   // gathers and pipeline transfers are collective), padding with a batch whose result it ignores.
   const int64_t E = cfg_.schedule.eval_batches, per = (E + dp - 1) / dp;
   if (pipe_) {
-    const auto res = pipe_->evaluate(
-        [&](int j, int32_t* tok, int32_t* tgt) { data_.fill_val(std::min(r * per + j, E - 1), B, T, tok, tgt); },
-        int(per), B, T);
+    const auto res =
+        pipe_->evaluate([&](int j, int32_t* tok, int32_t* tgt,
+                            int32_t* pos) { data_.fill_val(std::min(r * per + j, E - 1), B, T, tok, tgt, pos); },
+                        int(per), B, T);
     for (int64_t j = 0; j < per; ++j)
       if (r * per + j < E) {
         sum += res[size_t(j)].first;
@@ -347,11 +351,13 @@ double Trainer::evaluate() {
       }
   } else {
     std::vector<int32_t> tok(size_t(B * T)), tgt(size_t(B * T));
+    std::vector<int32_t> pos(data_.packs_documents() ? size_t(B * T) : 0);
+    int32_t* positions = pos.empty() ? nullptr : pos.data();
     for (int64_t j = 0; j < per; ++j) {
       const int64_t i = r * per + j;
-      data_.fill_val(std::min(i, E - 1), B, T, tok.data(), tgt.data());
+      data_.fill_val(std::min(i, E - 1), B, T, tok.data(), tgt.data(), positions);
       int64_t n = 0;
-      const double s = model_->forward(tok.data(), tgt.data(), B, T, &n);
+      const double s = model_->forward(tok.data(), tgt.data(), B, T, &n, positions);
       if (i < E) {
         sum += s;
         count += double(n);

@@ -1,18 +1,17 @@
-// Invariant 1 for tensor and pipeline parallelism: under mpiexec, every layout pp x dp x tp
-// whose product is the world size (both pipeline schedules, ZeRO-0/1, with and without
-// activation checkpointing, GPT-2 with tied embeddings and LLaMA with GQA) gives the per-step
-// losses and final weights of a single-process run of the same global batch (ZeRO-2/3 too
-// where there is no pipeline); a tied token
-// table stays identical on the first and last stages, and tp-replicated parameters on every
-// tp rank. The tolerance policy is dp_equivalence_test.cpp's (reductions and micro-batch
-// sums happen in another order, so results agree to float rounding, not bitwise): losses
-// |a - b| <= 1e-5 |b|; weights after 20 AdamW steps within 1e-5 |b| + 1e-3 lr except for at
-// most 0.05% of elements (Adam divides by the running gradient size, so an element whose
-// gradient is nearly zero turns rounding noise into a step of up to lr), none beyond 1% of
-// lr * steps; GPT-2's key bias (no gradient in exact arithmetic) is skipped. Layouts marked bf16
-// (model.precision=bf16) are compared with a bf16 single-process run under the bf16 tolerances
-// of dp_equivalence_test.cpp. A 3D run saved and resumed on the same layout continues bitwise
-// like the run that never stopped.
+// Invariant 1 for tensor and pipeline parallelism: under mpiexec, every layout pp x dp x tp whose
+// product is the world size (both pipeline schedules, ZeRO-0/1, with and without activation
+// checkpointing, GPT-2 with tied embeddings and LLaMA with GQA, rows packing several documents)
+// gives the per-step losses and final weights of a single-process run of the same global batch
+// (ZeRO-2/3 too where there is no pipeline); a tied token table stays identical on the first and
+// last stages, and tp-replicated parameters on every tp rank. The tolerance policy is
+// dp_equivalence_test.cpp's (reductions and micro-batch sums happen in another order, so results
+// agree to float rounding, not bitwise): losses |a - b| <= 1e-5 |b|; weights after 20 AdamW steps
+// within 1e-5 |b| + 1e-3 lr except for at most 0.05% of elements (Adam divides by the running
+// gradient size, so an element whose gradient is nearly zero turns rounding noise into a step of up
+// to lr), none beyond 1% of lr * steps; GPT-2's key bias (no gradient in exact arithmetic) is
+// skipped. Layouts marked bf16 (model.precision=bf16) are compared with a bf16 single-process run
+// under the bf16 tolerances of dp_equivalence_test.cpp. A 3D run saved and resumed on the same
+// layout continues bitwise like the run that never stopped.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -49,12 +48,13 @@ struct Layout {
   // ZeRO-1/2 keep the weights as the 16-bit replica and the owned fp32 masters
   // (parallel.weight_replica=on; the one-process reference has no replica).
   bool replica = false;
+  bool packed = false;  // rows pack documents (SyntheticSource's positions)
 };
 
 std::string describe(const Layout& l) {
   return str_cat(l.preset, " pp=", l.pp, " dp=", l.dp, " ep=", l.ep, " tp=", l.tp, " ", l.schedule, " zero=", l.zero,
                  " m=", l.micro_batches, " ckpt=", l.ckpt, " ", l.partition, " ", l.precision, " ", l.extra,
-                 l.replica ? " replica" : "");
+                 l.replica ? " replica" : "", l.packed ? " packed" : "");
 }
 
 // MoE layouts: llama-moe-tiny (4 experts, top-2, dropless), and with a shared expert, GPT-2
@@ -76,6 +76,9 @@ const std::vector<Layout>& layouts() {
       {"gpt2-tiny", 1, 1, 2, "1f1b", 0, 2, 0, "uniform", "bf16"},
       {"llama-tiny", 2, 1, 1, "1f1b", 0, 4, 1, "uniform", "bf16"},
       {"llama-tiny", 1, 1, 2, "1f1b", 0, 2, 0, "uniform", "fp32", 1, "model.qkv_bias=true"},  // Qwen2's biases
+      // Packed documents: positions reach every stage and every tp slice's attention.
+      {"llama-tiny", 2, 1, 1, "1f1b", 0, 4, 1, "uniform", "fp32", 1, "", false, true},
+      {"gpt2-tiny", 1, 1, 2, "1f1b", 0, 2, 0, "uniform", "fp32", 1, "", false, true},
       // 4 ranks: pp=2 x dp=2 (ZeRO-0 and -1); tp=2 x pp=2; tp=4 (LLaMA's 2 kv heads replicated).
       {"gpt2-tiny", 2, 2, 1, "1f1b", 1, 2, 0},
       {"llama-tiny", 2, 2, 1, "gpipe", 0, 2, 1, "parameters"},
@@ -89,6 +92,7 @@ const std::vector<Layout>& layouts() {
       {"llama-tiny", 1, 1, 4, "1f1b", 0, 2, 0, "uniform", "bf16"},  // kv heads expanded, 16-bit activations
       {"llama-tiny", 1, 1, 4, "1f1b", 0, 2, 0, "uniform", "fp32", 1, "model.qkv_bias=true"},  // replicated k/v biases
       {"gpt2-tiny", 2, 2, 1, "1f1b", 1, 2, 0, "uniform", "bf16", 1, "", true},  // tied copy in the replica
+      {"llama-tiny", 2, 1, 2, "gpipe", 0, 4, 0, "uniform", "fp32", 1, "", false, true},
       // 8 ranks: dp=2 x tp=2 x pp=2.
       {"gpt2-tiny", 2, 2, 2, "1f1b", 1, 2, 1},
       {"llama-tiny", 2, 2, 2, "gpipe", 0, 2, 0},
@@ -154,8 +158,8 @@ struct TrainRun {
 };
 
 TrainRun run_training(const TrainConfig& cfg, const parallel::Mesh* mesh, const std::string& resume = "",
-                      int64_t stop = -1) {
-  SyntheticSource src(cfg.model.vocab_size);
+                      int64_t stop = -1, bool packed = false) {
+  SyntheticSource src(cfg.model.vocab_size, packed);
   const TrainerOptions o = loom::testing::quiet_trainer_options(mesh, resume, stop);
   TrainRun r;
   {
@@ -309,13 +313,13 @@ TEST(ModelParallelEquivalence, LayoutsOfThisWorldSizeMatchOneProcess) {
     // (Each MoE micro-batch routes, drops and balances its own tokens, so the micro-batches
     // must be the same ones.)
     const int ref_micro_batches = l.dp * l.ep * l.micro_batches;
-    const std::string key = str_cat(l.preset, l.ckpt, "/", ref_micro_batches, l.precision, l.extra);
+    const std::string key = str_cat(l.preset, l.ckpt, "/", ref_micro_batches, l.precision, l.extra, l.packed);
     if (!refs.count(key)) {
       Layout one{l.preset, 1, 1, 1, "1f1b", 0, ref_micro_batches, l.ckpt, "uniform", l.precision, 1, l.extra};
-      refs[key] = run_training(make_config(one, steps), nullptr);
+      refs[key] = run_training(make_config(one, steps), nullptr, "", -1, l.packed);
     }
     parallel::Mesh mesh(world, parallel::MeshShape(l.pp, l.dp, l.ep, l.tp));
-    const TrainRun r = run_training(make_config(l, steps), &mesh);
+    const TrainRun r = run_training(make_config(l, steps), &mesh, "", -1, l.packed);
     expect_close(r, refs[key], describe(l), std::string(l.precision) == "bf16");
     expect_copies_identical(r, mesh, describe(l));
     ++ran;
