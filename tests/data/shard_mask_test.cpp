@@ -1,7 +1,7 @@
 // Shards with a loss mask (format version 2): the mask round-trips beside the tokens under the
 // payload checksum, version-1 shards still load (every token trained), and batches turn the
-// mask into ignored targets in both layouts: packed windows (targets that start another
-// conversation ignored too) and one padded conversation per row.
+// mask into ignored targets in both layouts: whole conversations packed into rows (bins), with
+// positions restarting at each, and one padded conversation per row.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -56,14 +56,32 @@ std::string write_masked_shard(const ScratchDir& dir, const std::string& name, c
   return path;
 }
 
-// What a batch row's targets must be for a window of T inputs from `start` in the pack layout.
-std::vector<int32_t> expected_pack_targets(const Conversations& c, int64_t start, int64_t T) {
-  std::vector<int32_t> out;
-  for (int64_t t = 0; t < T; ++t) {
-    const uint8_t m = c.mask[size_t(start + 1 + t)];
-    out.push_back((m & kMaskTrained) && !(m & kMaskConversationStart) ? c.ids[size_t(start + 1 + t)] : -1);
+// What a packed row must hold: the conversations [first, last) one after another (each cut at
+// the row's end), their targets (ignored where the mask does not train and at each one's last
+// token), positions restarting at 0 at each, then padding counting on.
+struct Row {
+  std::vector<int32_t> tokens, targets, positions;
+};
+Row expected_bin(const Conversations& c, const std::vector<int64_t>& lengths, size_t first, size_t last, int64_t T,
+                 int32_t pad) {
+  Row r;
+  int64_t start = 0;
+  for (size_t k = 0; k < first; ++k) start += lengths[k];
+  for (size_t k = first; k < last; ++k) {
+    for (int64_t t = 0; t < lengths[k] && int64_t(r.tokens.size()) < T; ++t) {
+      r.tokens.push_back(c.ids[size_t(start + t)]);
+      const bool inside = t + 1 < lengths[k];
+      r.targets.push_back(inside && (c.mask[size_t(start + t + 1)] & kMaskTrained) ? c.ids[size_t(start + t + 1)] : -1);
+      r.positions.push_back(int32_t(t));
+    }
+    start += lengths[k];
   }
-  return out;
+  while (int64_t(r.tokens.size()) < T) {
+    r.tokens.push_back(pad);
+    r.targets.push_back(-1);
+    r.positions.push_back(r.positions.empty() ? 0 : r.positions.back() + 1);
+  }
+  return r;
 }
 
 TEST(ShardMask, RoundTripsBesideTheTokens) {
@@ -165,35 +183,64 @@ TEST(ShardMask, ChecksumAndChecksCoverTheMask) {
   EXPECT_NE(e.find("bad.bin: its first token does not start a conversation"), std::string::npos) << e;
 }
 
-TEST(ShardMask, PackedWindowsIgnoreUntrainedTargetsAndConversationStarts) {
+TEST(ShardMask, PackedRowsHoldWholeConversations) {
   ScratchDir dir;
-  const Conversations c = conversations({9, 14, 5, 20, 11, 30, 8});
-  const TokenDataset d(write_masked_shard(dir, "s.bin", c), {.seed = 5});
-  const int64_t T = 12, G = 8;
-  int crossings = 0;
-  for (int64_t step = 0; step < 20; ++step) {
-    std::vector<int32_t> tok(size_t(G * T)), tgt(size_t(G * T));
-    d.fill_batch(step, 0, G, G, T, tok.data(), tgt.data());
+  const std::vector<int64_t> lengths = {9, 14, 5, 20, 11, 30, 8};
+  const Conversations c = conversations(lengths);
+  const uint32_t eot = 999;
+  const TokenDataset d(write_masked_shard(dir, "s.bin", c, 1000, eot), {.seed = 5});
+  EXPECT_TRUE(d.packs_documents());
+  const int64_t T = 32, G = 8;
+  // Consecutive conversations while they fit: 9+14+5, 20+11, 30, 8.
+  const std::vector<int64_t> bins = d.bins(T);
+  ASSERT_EQ(bins, (std::vector<int64_t>{0, 3, 5, 6, 7}));
+  const std::vector<int64_t>& starts = d.conversation_starts();
+  std::vector<int> seen(4, 0);
+  for (int64_t step = 0; step < 10; ++step) {
+    std::vector<int32_t> tok(size_t(G * T)), tgt(size_t(G * T)), pos(size_t(G * T));
+    d.fill_batch(step, 0, G, G, T, tok.data(), tgt.data(), pos.data());
     for (int64_t r = 0; r < G; ++r) {
       const int64_t start = d.window_start(step, r, G, T);
-      EXPECT_EQ(tok[size_t(r * T)], c.ids[size_t(start)]);
-      const std::vector<int32_t> row(tgt.begin() + r * T, tgt.begin() + (r + 1) * T);
-      EXPECT_EQ(row, expected_pack_targets(c, start, T)) << "step " << step << " row " << r;
-      for (int64_t t = 1; t <= T; ++t) crossings += (c.mask[size_t(start + t)] & kMaskConversationStart) != 0;
+      const size_t conv = size_t(std::find(starts.begin(), starts.end(), start) - starts.begin());
+      const size_t b = size_t(std::find(bins.begin(), bins.end(), int64_t(conv)) - bins.begin());
+      ASSERT_LT(b, 4u) << "row " << r << " does not start a bin";
+      ++seen[b];
+      const Row want = expected_bin(c, lengths, size_t(bins[b]), size_t(bins[b + 1]), T, int32_t(eot));
+      auto row = [&](const std::vector<int32_t>& v) {
+        return std::vector<int32_t>(v.begin() + r * T, v.begin() + (r + 1) * T);
+      };
+      EXPECT_EQ(row(tok), want.tokens) << "step " << step << " row " << r;
+      EXPECT_EQ(row(tgt), want.targets) << "step " << step << " row " << r;
+      EXPECT_EQ(row(pos), want.positions) << "step " << step << " row " << r;
     }
+    // Any rank and micro-batch split of the global batch gives the same rows.
+    std::vector<int32_t> tok2(size_t(2 * T)), tgt2(size_t(2 * T)), pos2(size_t(2 * T));
+    d.fill_batch(step, 3, 2, G, T, tok2.data(), tgt2.data(), pos2.data());
+    EXPECT_TRUE(std::equal(tok2.begin(), tok2.end(), tok.begin() + 3 * T));
+    EXPECT_TRUE(std::equal(pos2.begin(), pos2.end(), pos.begin() + 3 * T));
   }
-  EXPECT_GT(crossings, 20);  // windows that run into the next conversation were among them
+  for (size_t b = 0; b < seen.size(); ++b) EXPECT_GT(seen[b], 0) << "bin " << b << " never drawn";
+  // Validation: bin by bin, in order; a conversation longer than T fills a bin alone, cut.
+  EXPECT_EQ(d.eval_windows(T), 4);
+  EXPECT_EQ(d.bins(24), (std::vector<int64_t>{0, 2, 3, 4, 5, 6, 7}));
+  std::vector<int32_t> tok(size_t(24)), tgt(size_t(24)), pos(size_t(24));
+  d.fill_eval_batch(4, 1, 24, tok.data(), tgt.data(), pos.data());  // bin 4: the 30-token conversation
+  const Row cut = expected_bin(c, lengths, 5, 6, 24, int32_t(eot));
+  EXPECT_EQ(tok, cut.tokens);
+  EXPECT_EQ(tgt, cut.targets);
+  EXPECT_EQ(tgt[23], c.ids[size_t(9 + 14 + 5 + 20 + 11 + 24)]);  // the cut row still trains its last target
 
-  // A trained token that starts a conversation (not what prepare writes) is still ignored as a
-  // target in a packed row: the row runs from another conversation into it.
+  // A trained token that starts a conversation (not what prepare writes) is no target of the
+  // conversation before it in a packed row.
   Conversations odd = conversations({10, 10});
   odd.mask[10] |= kMaskTrained;
   const TokenDataset o(write_masked_shard(dir, "odd.bin", odd));
-  std::vector<int32_t> tok(10), tgt(10);
-  o.fill_eval_batch(0, 1, 10, tok.data(), tgt.data());
-  EXPECT_EQ(tgt[9], -1);  // target token 10
-  EXPECT_EQ(tgt[8], -1);  // token 9: the first conversation's last, untrained
-  EXPECT_EQ(tgt[7], 8);
+  std::vector<int32_t> otok(20), otgt(20);
+  o.fill_eval_batch(0, 1, 20, otok.data(), otgt.data());
+  EXPECT_EQ(otgt[9], -1);  // target token 10
+  EXPECT_EQ(otgt[8], -1);  // token 9: the first conversation's last, untrained
+  EXPECT_EQ(otgt[7], 8);
+  EXPECT_EQ(otok[10], 10);  // the second conversation follows in the same row
 }
 
 TEST(ShardMask, PaddedRowsHoldOneConversationEach) {

@@ -111,7 +111,7 @@ TEST(ChatMasking, TargetsAreIgnoredExactlyWhereTheMaskSaysInBothLayouts) {
   const int64_t B = 4;
   for (const char* layout : {"pad", "pack"}) {
     SCOPED_TRACE(layout);
-    const int64_t T = std::string(layout) == "pad" ? 176 : 48;
+    const int64_t T = std::string(layout) == "pad" ? 176 : 320;  // pack: both conversations in a row
     const train::TrainConfig cfg = chat_config(data, layout, T);
     train::DatasetSource src(cfg, nullptr);
     const data::TokenDataset same(data + "/train.bin", {.seed = cfg.data.seed, .layout = cfg.data.chat_layout});
@@ -179,7 +179,7 @@ TEST(ChatMasking, ThePadLayoutSaysHowManyConversationsItCuts) {
   std::fclose(log);
   EXPECT_EQ(std::string(line), "[data] 1 of 2 conversations in " + data +
                                    "/train.bin are longer than data.seq_len + 1 = 161 tokens; the pad layout trains "
-                                   "their first 160 targets only (raise data.seq_len, or use data.chat_layout=pack)\n");
+                                   "their first 160 targets only (raise data.seq_len)\n");
 }
 
 namespace {
@@ -253,38 +253,24 @@ TEST(ChatMasking, TheGradientIsTheMeanOverTheTrainedTokens) {
   EXPECT_LT(worst, 1e-6 * a) << "the gradients the optimizer used differ (largest difference " << worst << ")";
 }
 
-// The pack layout's positions restart at 0 where a conversation starts (the mask's flag) and count
-// up by one otherwise, from 0 at each row's start; the pad layout's row is one conversation.
+// The pack layout puts both conversations of the shard (152 and 167 tokens) in one row of 320,
+// positions restarting at the second; the pad layout's rows are one conversation each.
 TEST(ChatMasking, PackedRowsRestartPositionsAtEachConversation) {
   const std::string dir = loom::testing::temp_dir("chat_positions");
   const std::string data = prepare_chat(dir, chat_jsonl("Four.", "Thanks!"));
-  const data::TokenDataset shard(data + "/train.bin");
-  std::vector<uint8_t> mask(size_t(shard.size()));
-  shard.read_mask(0, shard.size(), mask.data());
-  const int64_t B = 4;
   for (const char* layout : {"pad", "pack"}) {
     SCOPED_TRACE(layout);
     const bool pack = std::string(layout) == "pack";
-    const int64_t T = pack ? 48 : 176;
-    const train::TrainConfig cfg = chat_config(data, layout, T);
-    train::DatasetSource src(cfg, nullptr);
+    const int64_t T = 320, B = 2;
+    train::DatasetSource src(chat_config(data, layout, T), nullptr);
     EXPECT_EQ(src.packs_documents(), pack);
-    const data::TokenDataset same(data + "/train.bin", {.seed = cfg.data.seed, .layout = cfg.data.chat_layout});
-    int64_t restarts = 0;
-    for (int64_t step = 0; step < 8; ++step) {
-      std::vector<int32_t> tok(size_t(B * T)), tgt(size_t(B * T)), pos(size_t(B * T), -7);
-      src.fill_train(step, 0, B, B, T, tok.data(), tgt.data(), pos.data());
-      for (int64_t r = 0; r < B; ++r) {
-        const int64_t start = same.window_start(step, r, B, T);
-        for (int64_t t = 0; t < T; ++t) {
-          const bool restart = pack && t > 0 && (mask[size_t(start + t)] & data::kMaskConversationStart);
-          const int32_t want = t == 0 || restart ? 0 : pos[size_t(r * T + t - 1)] + 1;
-          EXPECT_EQ(pos[size_t(r * T + t)], pack ? want : int32_t(t)) << "step " << step << " row " << r << " t " << t;
-          restarts += restart;
-        }
+    std::vector<int32_t> tok(size_t(B * T)), tgt(size_t(B * T)), pos(size_t(B * T), -7);
+    src.fill_train(3, 0, B, B, T, tok.data(), tgt.data(), pos.data());
+    for (int64_t r = 0; r < B; ++r)
+      for (int64_t t = 0; t < T; ++t) {
+        const int32_t want = pack ? int32_t(t < 152 ? t : t - 152) : int32_t(t);
+        EXPECT_EQ(pos[size_t(r * T + t)], want) << "row " << r << " t " << t;
       }
-    }
-    if (pack) EXPECT_GT(restarts, 0);  // some rows do hold two conversations
   }
 }
 
@@ -324,17 +310,22 @@ TEST(ChatMasking, APackedRowTrainsLikeItsConversationsApart) {
   const std::string dir = loom::testing::temp_dir("chat_packed_row");
   const std::string data = prepare_chat(dir, chat_jsonl("Four.", "Thanks!"));
   const data::TokenDataset shard(data + "/train.bin");
-  const int64_t N = shard.size(), Tp = N - 1, Ta = 176;  // conversations of 152 and 167 tokens
+  const int64_t N = shard.size(), Tp = N + 1, Ta = 176;  // conversations of 152 and 167 tokens
   ASSERT_EQ(shard.conversation_starts().size(), 2u);
   std::vector<int32_t> ids(static_cast<size_t>(N));
   std::vector<uint8_t> mask(static_cast<size_t>(N));
   shard.read(0, N, ids.data());
   shard.read_mask(0, N, mask.data());
-  std::vector<int32_t> tok(ids.begin(), ids.end() - 1), tgt(static_cast<size_t>(Tp)), pos(static_cast<size_t>(Tp));
-  for (int64_t t = 0; t < Tp; ++t) {
-    const uint8_t next = mask[size_t(t + 1)];
-    tgt[size_t(t)] = (next & data::kMaskTrained) && !(next & data::kMaskConversationStart) ? ids[size_t(t + 1)] : -1;
-    pos[size_t(t)] = t == 0 || (mask[size_t(t)] & data::kMaskConversationStart) ? 0 : pos[size_t(t - 1)] + 1;
+  // The pack layout's row: both conversations, then one padding token.
+  const data::TokenDataset packed(data + "/train.bin", {.layout = data::ChatLayout::pack});
+  std::vector<int32_t> tok(static_cast<size_t>(Tp)), tgt(static_cast<size_t>(Tp)), pos(static_cast<size_t>(Tp));
+  packed.fill_eval_batch(0, 1, Tp, tok.data(), tgt.data(), pos.data());
+  ASSERT_EQ(packed.eval_windows(Tp), 1);
+  for (int64_t t = 0; t < N; ++t) {  // each conversation's own targets, in the shard's order
+    const uint8_t next = t + 1 < N ? mask[size_t(t + 1)] : data::kMaskConversationStart;
+    ASSERT_EQ(tok[size_t(t)], ids[size_t(t)]);
+    ASSERT_EQ(tgt[size_t(t)],
+              (next & data::kMaskTrained) && !(next & data::kMaskConversationStart) ? ids[size_t(t + 1)] : -1);
   }
   const data::TokenDataset pad(data + "/train.bin", {.layout = data::ChatLayout::pad});
   std::vector<int32_t> atok(size_t(2 * Ta)), atgt(size_t(2 * Ta));

@@ -7,6 +7,7 @@
 #include <cinttypes>
 #include <cstring>
 #include <filesystem>
+#include <numeric>
 
 #include "loom/core/error.h"
 #include "loom/core/rng.h"
@@ -234,7 +235,7 @@ void TokenDataset::check_vocab(int64_t model_vocab) const {
 
 void TokenDataset::check_window(int64_t T, const char* what) const {
   LOOM_CHECK(T > 0, "data", label(), ": ", what, " sequence length T must be positive, got ", T);
-  if (layout_ == ChatLayout::pad) {
+  if (layout_ == ChatLayout::pad || packs_documents()) {
     LOOM_CHECK(!starts_.empty(), "data", label(), " holds no conversations");
     return;
   }
@@ -255,6 +256,10 @@ int64_t draw_row(uint64_t seed, int64_t step, int64_t seq, int64_t global_batch,
 
 int64_t TokenDataset::window_start(int64_t step, int64_t seq, int64_t global_batch, int64_t T) const {
   if (layout_ == ChatLayout::pad) return starts_[size_t(draw_row(seed_, step, seq, global_batch, starts_.size()))];
+  if (packs_documents()) {
+    const std::vector<int64_t>& bins = bins_for(T);
+    return starts_[size_t(bins[size_t(draw_row(seed_, step, seq, global_batch, bins.size() - 1))])];
+  }
   return draw_row(seed_, step, seq, global_batch, uint64_t(size() - T));  // offsets 0 .. size-T-1 fit T+1
 }
 
@@ -267,32 +272,66 @@ void TokenDataset::copy_window(int64_t start, int64_t T, int32_t* tokens, int32_
     if (!trains(m[t])) targets[t] = kIgnoredTarget;
 }
 
-void TokenDataset::window_positions(int64_t start, int64_t T, int32_t* positions) const {
-  if (!packs_documents()) {
-    for (int64_t t = 0; t < T; ++t) positions[t] = int32_t(t);
-    return;
-  }
-  // The conversation holding `start`, then each later one that starts inside the window.
-  size_t next = size_t(std::upper_bound(starts_.begin(), starts_.end(), start) - starts_.begin());
-  int64_t begin = start;
-  for (int64_t t = 0; t < T; ++t) {
-    if (next < starts_.size() && starts_[next] == start + t) begin = starts_[next++];
-    positions[t] = int32_t(start + t - begin);
-  }
-}
+int32_t TokenDataset::pad_id() const { return header_.eot_id == kNoEot ? 0 : int32_t(header_.eot_id); }
 
-void TokenDataset::copy_conversation(int64_t c, int64_t T, int32_t* tokens, int32_t* targets) const {
+int64_t TokenDataset::copy_conversation_part(int64_t c, int64_t T, int32_t* tokens, int32_t* targets) const {
   const int64_t start = starts_[size_t(c)], len = conversation_length(c);
   const int64_t n_in = std::min(T, len), n_out = std::min(T, len - 1);
   read(start, n_in, tokens);
-  // Padding only feeds positions after the conversation, whose targets are ignored (causal
-  // attention keeps it out of the conversation's own positions).
-  std::fill(tokens + n_in, tokens + T, header_.eot_id == kNoEot ? 0 : int32_t(header_.eot_id));
   read(start + 1, n_out, targets);
   const unsigned char* m = mask_bytes() + start + 1;
   for (int64_t t = 0; t < n_out; ++t)
     if (!trains(m[t])) targets[t] = kIgnoredTarget;
-  std::fill(targets + n_out, targets + T, kIgnoredTarget);
+  std::fill(targets + n_out, targets + n_in, kIgnoredTarget);
+  return n_in;
+}
+
+void TokenDataset::copy_conversation(int64_t c, int64_t T, int32_t* tokens, int32_t* targets) const {
+  const int64_t n = copy_conversation_part(c, T, tokens, targets);
+  // Padding only feeds positions after the conversation, whose targets are ignored (causal
+  // attention keeps it out of the conversation's own positions).
+  std::fill(tokens + n, tokens + T, pad_id());
+  std::fill(targets + n, targets + T, kIgnoredTarget);
+}
+
+std::vector<int64_t> TokenDataset::bins(int64_t T) const {
+  std::vector<int64_t> out;
+  const int64_t n = int64_t(starts_.size());
+  int64_t used = 0;
+  for (int64_t c = 0; c < n; ++c) {
+    const int64_t len = conversation_length(c);
+    if (out.empty() || used + len > T) {  // a new bin (a conversation longer than T fills one alone)
+      out.push_back(c);
+      used = 0;
+    }
+    used += len;
+  }
+  out.push_back(n);
+  return out;
+}
+
+const std::vector<int64_t>& TokenDataset::bins_for(int64_t T) const {
+  if (bins_T_ != T) {
+    bins_ = bins(T);
+    bins_T_ = T;
+  }
+  return bins_;
+}
+
+void TokenDataset::copy_bin(int64_t b, int64_t T, int32_t* tokens, int32_t* targets, int32_t* positions) const {
+  const std::vector<int64_t>& bins = bins_for(T);
+  int64_t at = 0;
+  for (int64_t c = bins[size_t(b)]; c < bins[size_t(b) + 1] && at < T; ++c) {
+    const int64_t n = copy_conversation_part(c, T - at, tokens + at, targets + at);
+    if (positions)
+      for (int64_t t = 0; t < n; ++t) positions[at + t] = int32_t(t);
+    at += n;
+  }
+  // Padding after the last conversation: ignored targets, positions counting on from it.
+  std::fill(tokens + at, tokens + T, pad_id());
+  std::fill(targets + at, targets + T, kIgnoredTarget);
+  if (positions)
+    for (int64_t t = at; t < T; ++t) positions[t] = t == 0 ? 0 : positions[t - 1] + 1;
 }
 
 void TokenDataset::fill_batch(int64_t step, int64_t first_seq, int64_t n_seqs, int64_t global_batch, int64_t T,
@@ -302,20 +341,25 @@ void TokenDataset::fill_batch(int64_t step, int64_t first_seq, int64_t n_seqs, i
              ": training sequences [", first_seq, ", ", first_seq + n_seqs, ") at step ", step,
              " are outside the global batch of ", global_batch);
   for (int64_t r = 0; r < n_seqs; ++r) {
+    if (packs_documents()) {
+      const uint64_t n = bins_for(T).size() - 1;
+      copy_bin(int64_t(draw_row(seed_, step, first_seq + r, global_batch, n)), T, tokens + r * T, targets + r * T,
+               positions ? positions + r * T : nullptr);
+      continue;
+    }
     if (layout_ == ChatLayout::pad) {
       const uint64_t n = starts_.size();
       copy_conversation(draw_row(seed_, step, first_seq + r, global_batch, n), T, tokens + r * T, targets + r * T);
-      if (positions) window_positions(0, T, positions + r * T);
     } else {
-      const int64_t start = window_start(step, first_seq + r, global_batch, T);
-      copy_window(start, T, tokens + r * T, targets + r * T);
-      if (positions) window_positions(start, T, positions + r * T);
+      copy_window(window_start(step, first_seq + r, global_batch, T), T, tokens + r * T, targets + r * T);
     }
+    if (positions) std::iota(positions + r * T, positions + (r + 1) * T, 0);
   }
 }
 
 int64_t TokenDataset::eval_windows(int64_t T) const {
   check_window(T, "validation");
+  if (packs_documents()) return int64_t(bins_for(T).size()) - 1;
   return layout_ == ChatLayout::pad ? int64_t(starts_.size()) : (size() - 1) / T;
 }
 
@@ -326,13 +370,15 @@ void TokenDataset::fill_eval_batch(int64_t index, int64_t B, int64_t T, int32_t*
              " must be non-negative and positive");
   for (int64_t b = 0; b < B; ++b) {
     const int64_t w = (index * B + b) % n_windows;
-    if (layout_ == ChatLayout::pad) {
-      copy_conversation(w, T, tokens + b * T, targets + b * T);
-      if (positions) window_positions(0, T, positions + b * T);
-    } else {
-      copy_window(w * T, T, tokens + b * T, targets + b * T);
-      if (positions) window_positions(w * T, T, positions + b * T);
+    if (packs_documents()) {
+      copy_bin(w, T, tokens + b * T, targets + b * T, positions ? positions + b * T : nullptr);
+      continue;
     }
+    if (layout_ == ChatLayout::pad)
+      copy_conversation(w, T, tokens + b * T, targets + b * T);
+    else
+      copy_window(w * T, T, tokens + b * T, targets + b * T);
+    if (positions) std::iota(positions + b * T, positions + (b + 1) * T, 0);
   }
 }
 

@@ -21,9 +21,10 @@ inline constexpr int32_t kIgnoredTarget = -1;
 
 // How a shard of conversations becomes training rows of T tokens (data.chat_layout).
 enum class ChatLayout {
-  // Windows anywhere in the stream, as for plain text: conversations follow one another in a
-  // row, each attending only to itself (positions restart where each starts), and a target
-  // that starts another conversation is not trained.
+  // Whole conversations packed into rows: consecutive conversations of the shard fill a row
+  // (a bin) while they fit in its T tokens, the rest padded; each attends only to itself
+  // (positions restart where each starts). A conversation longer than T has a row of its own,
+  // cut as in pad. A shard of plain text ignores the layout (windows anywhere).
   pack,
   // Each row is one conversation from its first token, cut after T + 1 tokens; the rest of the
   // row is padding (the end-of-text id, else 0) with ignored targets.
@@ -76,24 +77,26 @@ class TokenDataset {
 
   // Start of training window `seq` of the global batch at `step`: uniform over every offset
   // whose T+1 tokens fit, from Philox keyed (seed, hash_name("loader"), step*global_batch+seq).
-  // In the pad layout, the first token of the row's conversation, drawn the same way among
-  // the conversations.
+  // With conversations, the first token of the row's conversation (pad) or of its bin's first
+  // conversation (pack), the conversation or bin drawn the same way.
   int64_t window_start(int64_t step, int64_t seq, int64_t global_batch, int64_t T) const;
+  // The pack layout's bins for rows of T tokens: bin b holds conversations [bins[b],
+  // bins[b + 1]) (the last entry is the number of conversations).
+  std::vector<int64_t> bins(int64_t T) const;
   // Rows [first_seq, first_seq + n_seqs) of the global batch at `step`: tokens[r*T + t] is
   // the window's t-th token and targets[r*T + t] the (t+1)-th, or kIgnoredTarget where the
   // mask does not train that (t+1)-th token. Rank r of W data-parallel ranks passes
   // first_seq = r * global_batch / W. positions (optional): each token's position in its
-  // conversation, counted from the row's start for the one the row begins inside (t, where a
-  // row is one document; see packs_documents).
+  // conversation (t, where a row is one document; see packs_documents).
   void fill_batch(int64_t step, int64_t first_seq, int64_t n_seqs, int64_t global_batch, int64_t T, int32_t* tokens,
                   int32_t* targets, int32_t* positions = nullptr) const;
   // Whether rows hold several conversations (the pack layout of a shard with a mask), whose
   // positions fill_batch gives so that each attends only to itself.
   bool packs_documents() const { return has_mask() && layout_ == ChatLayout::pack; }
 
-  // Validation: non-overlapping windows start at 0, T, 2T, ... (pad: one per conversation, in
-  // order); batch `index` takes windows index*B .. index*B + B - 1, wrapping around after the
-  // last.
+  // Validation: non-overlapping windows start at 0, T, 2T, ... (pad: one per conversation, pack:
+  // one per bin, in order); batch `index` takes windows index*B .. index*B + B - 1, wrapping
+  // around after the last.
   int64_t eval_windows(int64_t T) const;
   void fill_eval_batch(int64_t index, int64_t B, int64_t T, int32_t* tokens, int32_t* targets,
                        int32_t* positions = nullptr) const;
@@ -104,8 +107,13 @@ class TokenDataset {
   [[noreturn]] void fail_bad_id(int64_t index, uint32_t id, const char* fix) const;
   void check_window(int64_t T, const char* what) const;
   void copy_window(int64_t start, int64_t T, int32_t* tokens, int32_t* targets) const;
-  void window_positions(int64_t start, int64_t T, int32_t* positions) const;
+  // Conversation c's first n <= T tokens at row[0, n) and their targets (ignored past its end and
+  // where the mask does not train); returns n.
+  int64_t copy_conversation_part(int64_t c, int64_t T, int32_t* tokens, int32_t* targets) const;
   void copy_conversation(int64_t c, int64_t T, int32_t* tokens, int32_t* targets) const;
+  void copy_bin(int64_t b, int64_t T, int32_t* tokens, int32_t* targets, int32_t* positions) const;
+  const std::vector<int64_t>& bins_for(int64_t T) const;  // cached bins(T)
+  int32_t pad_id() const;
   void index_conversations();
   const unsigned char* mask_bytes() const;
 
@@ -114,6 +122,8 @@ class TokenDataset {
   uint64_t seed_ = 0;
   ChatLayout layout_ = ChatLayout::pack;
   std::vector<int64_t> starts_;  // conversation starts (shards with a mask)
+  mutable int64_t bins_T_ = -1;  // the pack layout's bins for rows of bins_T_ tokens
+  mutable std::vector<int64_t> bins_;
 };
 
 }  // namespace loom::data

@@ -2,6 +2,7 @@
 // belong together; batches come straight from data::TokenDataset.
 #include "loom/train/dataset_source.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
@@ -31,15 +32,21 @@ DatasetSource::DatasetSource(const TrainConfig& cfg, std::FILE* log) {
     if (meta.contains("tokenizer") && meta["tokenizer"].is_string()) tokenizer_ = meta["tokenizer"].get<std::string>();
   } catch (const std::exception&) {
   }
-  if (cfg.data.chat_layout == data::ChatLayout::pad && log) {
-    // The pad layout trains a conversation's first seq_len targets only.
+  if (train_->packs_documents() && log) {
+    const int64_t T = cfg.data.seq_len, rows = int64_t(train_->bins(T).size()) - 1;
+    std::fprintf(log, "[data] %zu conversations in %s packed into %lld rows of %lld tokens (%.0f%% of them filled)\n",
+                 train_->conversation_starts().size(), train_->path().c_str(), (long long)rows, (long long)T,
+                 100.0 * double(std::min(train_->size(), rows * T)) / double(std::max<int64_t>(1, rows * T)));
+  }
+  if (train_->has_mask() && log) {
+    // Both layouts keep a conversation in one row: its first seq_len targets are trained.
     const int64_t n = cfg.data.seq_len + 1, cut = train_->conversations_longer_than(n);
     if (cut > 0)
       std::fprintf(log,
-                   "[data] %lld of %zu conversations in %s are longer than data.seq_len + 1 = %lld tokens; the pad "
-                   "layout trains their first %lld targets only (raise data.seq_len, or use data.chat_layout=pack)\n",
+                   "[data] %lld of %zu conversations in %s are longer than data.seq_len + 1 = %lld tokens; the %s "
+                   "layout trains their first %lld targets only (raise data.seq_len)\n",
                    (long long)cut, train_->conversation_starts().size(), train_->path().c_str(), (long long)n,
-                   (long long)cfg.data.seq_len);
+                   cfg.data.chat_layout == data::ChatLayout::pad ? "pad" : "pack", (long long)cfg.data.seq_len);
   }
   if (val_) {
     const data::ShardHeader &t = train_->header(), &v = val_->header();
