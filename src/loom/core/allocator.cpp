@@ -14,7 +14,8 @@ const char* mem_category_name(MemCategory c) {
       {MemCategory::params, "params"},       {MemCategory::grads, "grads"},
       {MemCategory::optimizer, "optimizer"}, {MemCategory::activations, "activations"},
       {MemCategory::workspace, "workspace"}, {MemCategory::kv_cache, "kv_cache"},
-      {MemCategory::comm, "comm"},           {MemCategory::other, "other"}};
+      {MemCategory::comm, "comm"},           {MemCategory::other, "other"},
+      {MemCategory::offloaded, "offloaded"}};
   return enum_name(kNames, c);
 }
 

@@ -12,8 +12,10 @@ namespace loom {
 
 enum class Device : uint8_t { cpu, cuda };
 
-enum class MemCategory : uint8_t { params, grads, optimizer, activations, workspace, kv_cache, comm, other };
-inline constexpr int kNumMemCategories = 8;
+// offloaded: state moved off the device between uses (parallel.offload's host pool): counted, but
+// not in what a rank needs resident (MemorySnapshot::resident).
+enum class MemCategory : uint8_t { params, grads, optimizer, activations, workspace, kv_cache, comm, other, offloaded };
+inline constexpr int kNumMemCategories = 9;
 const char* mem_category_name(MemCategory c);
 
 struct MemCounter {

@@ -26,24 +26,29 @@ AdamW::AdamW(const AdamWConfig& cfg, int64_t begin, int64_t end, std::vector<Dec
 }
 
 void AdamW::step(float* p, const float* g, double lr, double grad_scale) {
-  trace::Span span("adamw", "compute", {{"elements", end_ - begin_}});
-  ++step_;
+  LOOM_CHECK(moments_resident(), "adamw", "the moments of [", begin_, ", ", end_, ") are offloaded: pass them");
+  begin_step();
+  update(p, g, m_.data<float>(), v_.data<float>(), begin_, end_, lr, grad_scale);
+}
+
+void AdamW::update(float* p, const float* g, float* m, float* v, int64_t lo, int64_t hi, double lr, double grad_scale) {
+  trace::Span span("adamw", "compute", {{"elements", hi - lo}});
+  LOOM_CHECK(begin_ <= lo && lo <= hi && hi <= end_, "adamw", "piece [", lo, ", ", hi, ") outside [", begin_, ", ",
+             end_, ")");
   cpu::AdamWParams h{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay, step_, grad_scale};
-  float* m = m_.data<float>();
-  float* v = v_.data<float>();
-  int64_t covered = begin_;
+  // Each run of [lo, hi) with its decay (indices no span covers, which should not happen, get none).
+  auto run = [&](int64_t b, int64_t e, double wd) {
+    if (b < e) cpu::adamw_update<float>(p + (b - lo), g + (b - lo), m + (b - lo), v + (b - lo), e - b, h, wd);
+  };
+  int64_t covered = lo;
   for (const auto& s : spans_) {
-    // Indices not covered by any span (should not happen) get no decay.
-    if (s.begin > covered)
-      cpu::adamw_update<float>(p + (covered - begin_), g + (covered - begin_), m + (covered - begin_),
-                               v + (covered - begin_), s.begin - covered, h, 0.0);
-    const int64_t o = s.begin - begin_;
-    cpu::adamw_update<float>(p + o, g + o, m + o, v + o, s.end - s.begin, h, s.decay ? cfg_.weight_decay : 0.0);
-    covered = s.end;
+    const int64_t b = std::max(s.begin, lo), e = std::min(s.end, hi);
+    if (b >= e) continue;
+    run(covered, b, 0.0);
+    run(b, e, s.decay ? cfg_.weight_decay : 0.0);
+    covered = e;
   }
-  if (covered < end_)
-    cpu::adamw_update<float>(p + (covered - begin_), g + (covered - begin_), m + (covered - begin_),
-                             v + (covered - begin_), end_ - covered, h, 0.0);
+  run(covered, hi, 0.0);
 }
 
 void AdamW::step_frozen_variance(float* p, double lr, int64_t freeze_step, float max_ratio) {

@@ -1,6 +1,7 @@
 // AdamW over a contiguous range of a flat parameter buffer: the whole model on one rank, or
 // one rank's shard under ZeRO. Weight decay follows the parameter layout's decay mask.
-// Owns the two moment buffers (category optimizer); knows nothing of communication.
+// Owns the two moment buffers (category optimizer) unless they are offloaded (the caller then
+// passes them to each step); knows nothing of communication.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -36,6 +37,14 @@ class AdamW {
   // p and g point at flat index `begin` (i.e. the shard). lr is this step's learning rate;
   // the gradients are taken as g * grad_scale (clipping without a separate pass).
   void step(float* p, const float* g, double lr, double grad_scale = 1.0);
+  // The same with the moments held elsewhere (parallel.offload), a piece at a time, after
+  // release_moments(): begin_step() once per step, then update() for each piece [lo, hi) of
+  // [begin, end) with p, g, m and v pointing at flat index lo.
+  void begin_step() { ++step_; }
+  void update(float* p, const float* g, float* m, float* v, int64_t lo, int64_t hi, double lr, double grad_scale = 1.0);
+  // Frees the moment buffers: from now on the caller keeps them (parallel.offload).
+  void release_moments() { m_ = v_ = {}; }
+  bool moments_resident() const { return m_.defined(); }
 
   // 1-bit Adam after the freeze: the moment buffer already holds this step's (averaged)
   // momentum; the variance stays as it was at `freeze_step`, bias correction included.

@@ -9,6 +9,7 @@
 
 #include "loom/comm/group.h"
 #include "loom/optim/adamw.h"
+#include "loom/optim/moment_offload.h"
 
 namespace loom::optim {
 
@@ -25,6 +26,18 @@ class ShardedAdamW {
   AdamW& unit(size_t i) { return *adam_[i]; }
   const std::vector<std::unique_ptr<AdamW>>& per_unit() const { return adam_; }
   int64_t step_count() const { return adam_.front()->step_count(); }
+
+  // Moves every unit's moments to `target` (optim/moment_offload.h; disk: under `dir`), staged in
+  // pieces of at most `piece_elems`; they stay zero, so call it before a checkpoint loads them.
+  void offload(OffloadTarget target, const std::string& dir, int64_t piece_elems = int64_t(1) << 20);
+  MomentOffload* offloaded() const { return offload_.get(); }
+  // Starts staging the offloaded moments of the next step (no-op when resident).
+  void prefetch() {
+    if (offload_) offload_->prefetch();
+  }
+  // AdamW on unit i's owned range (p and g at its begin), with its moments wherever they are.
+  // Offloaded, the units are stepped in order 0, 1, ....
+  void step_unit(size_t i, float* p, const float* g, double lr, double grad_scale);
   // Every unit's whole moments into `exp_avg` and `exp_avg_sq` (laid out like the flat buffer) on
   // every rank; collective over the units' groups when sharded.
   void gather_full_moments(const Tensor& exp_avg, const Tensor& exp_avg_sq) const;
@@ -35,6 +48,7 @@ class ShardedAdamW {
   std::vector<Unit> units_;
   bool sharded_;
   std::vector<std::unique_ptr<AdamW>> adam_;  // per unit
+  std::unique_ptr<MomentOffload> offload_;
 };
 
 }  // namespace loom::optim

@@ -1,0 +1,209 @@
+// MomentOffload: the staging buffers, the I/O thread and its queue, the file or the host pool.
+#include "loom/optim/moment_offload.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "loom/core/error.h"
+#include "loom/core/timer.h"
+#include "loom/core/trace.h"
+
+namespace loom::optim {
+
+const char* offload_target_name(OffloadTarget t) {
+  switch (t) {
+    case OffloadTarget::none: return "none";
+    case OffloadTarget::host: return "host";
+    case OffloadTarget::disk: return "disk";
+  }
+  return "?";
+}
+
+MomentOffload::MomentOffload(OffloadTarget target, const std::string& dir, const std::vector<int64_t>& sizes,
+                             int64_t piece_elems, int window)
+    : target_(target), window_(size_t(std::max(1, window))) {
+  LOOM_CHECK(target_ != OffloadTarget::none, "offload", "MomentOffload needs a target, host or disk");
+  LOOM_CHECK(piece_elems > 0, "offload", "pieces need at least one element, got ", piece_elems);
+  for (size_t u = 0; u < sizes.size(); ++u) {
+    first_.push_back(pieces_.size());
+    for (int64_t at = 0; at < sizes[u]; at += piece_elems) {
+      const int64_t n = std::min(piece_elems, sizes[u] - at);
+      pieces_.push_back({u, at, n});
+      home_.push_back(2 * total_);
+      total_ += n;
+      widest_ = std::max(widest_, n);
+    }
+  }
+  first_.push_back(pieces_.size());
+  window_ = std::min(window_, std::max<size_t>(1, pieces_.size()));
+  staging_ = Tensor::zeros({std::max<int64_t>(1, int64_t(window_) * 2 * widest_)}, DType::f32, MemCategory::optimizer);
+  ready_.assign(pieces_.size(), false);
+  if (target_ == OffloadTarget::host) {
+    pool_ = Tensor::zeros({std::max<int64_t>(1, 2 * total_)}, DType::f32, MemCategory::offloaded);
+  } else {
+    LOOM_CHECK(!dir.empty(), "config", "parallel.offload.optimizer=disk needs a directory (parallel.offload.dir)");
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    path_ = (std::filesystem::path(dir) / ("moments." + std::to_string(::getpid()) + "." +
+                                           std::to_string(reinterpret_cast<uintptr_t>(this)) + ".bin"))
+                .string();
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+    LOOM_CHECK(fd_ >= 0, "offload", "cannot create ", path_, " for the optimizer's moments: ", std::strerror(errno),
+               "; set parallel.offload.dir to a writable directory");
+    // Zero-filled as a sparse file: both moments start at zero.
+    LOOM_CHECK(::ftruncate(fd_, off_t(2 * total_) * off_t(sizeof(float))) == 0, "offload", "cannot size ", path_,
+               " to ", format_bytes(2 * total_ * 4), ": ", std::strerror(errno));
+  }
+  thread_ = std::thread([this] { worker(); });
+}
+
+MomentOffload::~MomentOffload() {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return finished_ == queued_ || !error_.empty(); });
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+  if (fd_ >= 0) {
+    ::close(fd_);
+    ::unlink(path_.c_str());
+  }
+}
+
+float* MomentOffload::buffer(size_t b) const { return const_cast<float*>(staging_.data<float>()) + b * 2 * widest_; }
+
+void MomentOffload::copy(const Job& j) {
+  const int64_t n = 2 * pieces_[j.piece].size;
+  float* buf = buffer(j.buffer);
+  if (target_ == OffloadTarget::host) {
+    float* home = pool_.data<float>() + home_[j.piece];
+    if (j.write)
+      std::memcpy(home, buf, size_t(n) * sizeof(float));
+    else
+      std::memcpy(buf, home, size_t(n) * sizeof(float));
+    return;
+  }
+  char* p = reinterpret_cast<char*>(buf);
+  off_t at = off_t(home_[j.piece]) * off_t(sizeof(float));
+  size_t left = size_t(n) * sizeof(float);
+  while (left > 0) {
+    const ssize_t got = j.write ? ::pwrite(fd_, p, left, at) : ::pread(fd_, p, left, at);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0)
+      fail("offload", j.write ? "writing" : "reading", " the optimizer's moments of unit ", pieces_[j.piece].unit,
+           " in ", path_, ": ", got < 0 ? std::strerror(errno) : "short read",
+           "; is parallel.offload.dir's disk full?");
+    p += got;
+    at += got;
+    left -= size_t(got);
+  }
+}
+
+void MomentOffload::worker() {
+  for (;;) {
+    Job j;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      j = queue_.front();
+      queue_.pop_front();
+    }
+    std::string failed;
+    try {
+      trace::Span span(j.write ? "offload write" : "offload read", "io", {{"piece", int64_t(j.piece)}});
+      copy(j);
+    } catch (const std::exception& e) {
+      failed = e.what();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!failed.empty() && error_.empty()) error_ = failed;
+      if (!j.write) ready_[j.piece] = true;
+      ++finished_;
+    }
+    cv_.notify_all();
+  }
+}
+
+void MomentOffload::enqueue(Job j) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(j);
+    ++queued_;
+  }
+  cv_.notify_all();
+}
+
+void MomentOffload::prefetch() {
+  if (prefetched_) return;
+  prefetched_ = true;
+  next_read_ = 0;
+  for (; next_read_ < std::min(window_, pieces_.size()); ++next_read_)
+    enqueue({false, next_read_, next_read_ % window_});
+}
+
+float* MomentOffload::acquire(size_t k) {
+  prefetch();
+  LOOM_CHECK(k < next_read_, "offload", "piece ", k, " acquired out of order");
+  Stopwatch sw;
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return ready_[k] || !error_.empty(); });
+  if (!error_.empty()) throw Error(error_);
+  ready_[k] = false;
+  wait_s_ += sw.seconds();
+  return buffer(k % window_);
+}
+
+void MomentOffload::release(size_t k) {
+  enqueue({true, k, k % window_});
+  if (next_read_ < pieces_.size()) {
+    enqueue({false, next_read_, next_read_ % window_});
+    ++next_read_;
+  }
+  if (k + 1 == pieces_.size()) prefetched_ = false;  // the next step starts over at piece 0
+}
+
+void MomentOffload::flush() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return finished_ == queued_ || !error_.empty(); });
+  if (!error_.empty()) throw Error(error_);
+}
+
+void MomentOffload::read(size_t unit, float* m, float* v) {
+  LOOM_CHECK(!prefetched_, "offload", "whole moments read while a step's reads are queued");
+  flush();
+  float* b = buffer(0);
+  for (size_t k = first_[unit]; k < first_[unit + 1]; ++k) {
+    const Piece& p = pieces_[k];
+    copy({false, k, 0});
+    std::memcpy(m + p.offset, b, size_t(p.size) * sizeof(float));
+    std::memcpy(v + p.offset, b + p.size, size_t(p.size) * sizeof(float));
+  }
+}
+
+void MomentOffload::write(size_t unit, const float* m, const float* v) {
+  LOOM_CHECK(!prefetched_, "offload", "whole moments replaced while a step's reads are queued");
+  flush();
+  float* b = buffer(0);
+  for (size_t k = first_[unit]; k < first_[unit + 1]; ++k) {
+    const Piece& p = pieces_[k];
+    std::memcpy(b, m + p.offset, size_t(p.size) * sizeof(float));
+    std::memcpy(b + p.size, v + p.offset, size_t(p.size) * sizeof(float));
+    copy({true, k, 0});
+  }
+}
+
+double MomentOffload::take_wait_seconds() {
+  const double s = wait_s_;
+  wait_s_ = 0;
+  return s;
+}
+
+}  // namespace loom::optim
