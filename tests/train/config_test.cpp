@@ -89,6 +89,23 @@ TEST(TrainConfig, CrossFieldChecks) {
   expect_error("a: [1, 2", "not valid YAML");
 }
 
+// parallel.offload.*: the target by name, the stages as auto or a list of pipeline stages.
+TEST(TrainConfig, OffloadKeys) {
+  TrainConfig c = parse_train_config(kBase, {"parallel.pp=2", "parallel.offload.optimizer=disk",
+                                             "parallel.offload.stages=[0]", "parallel.memory_limit_mb=512"});
+  EXPECT_EQ(c.parallel.offload, optim::OffloadTarget::disk);
+  EXPECT_EQ(c.parallel.offload_stages, std::vector<int64_t>{0});
+  EXPECT_EQ(c.parallel.memory_limit_mb, 512);
+  c = parse_train_config(kBase, {"parallel.offload.optimizer=host"});
+  EXPECT_TRUE(c.parallel.offload_stages.empty());  // auto
+  expect_error(kBase, "parallel.offload.optimizer: \"ssd\" is not one of: none, host, disk",
+               {"parallel.offload.optimizer=ssd"});
+  expect_error(kBase, "parallel.offload.stages: \"2\" is not a pipeline stage (0 to parallel.pp - 1 = 1) nor auto",
+               {"parallel.pp=2", "parallel.offload.stages=0,2"});
+  expect_error(kBase, "parallel.offload.optimizer=host with optim.name=onebit_adam is not supported",
+               {"parallel.offload.optimizer=host", "optim.name=onebit_adam"});
+}
+
 // Unset, schedule.warmup_steps resolves to min(10000, 10% of schedule.steps): 100 of 1,000
 // steps, and 10,000 (not 100,000) of 1,000,000, with the learning rate reaching its peak at the
 // warmup's last step. The schedule is built from the config as the trainer builds it.

@@ -111,6 +111,14 @@ void DataParallel::zero_grads() {
   finish_grads();
   grad_scale_ = 1.0;
   grad_sync_->zero();
+  optimizer_->prefetch();  // offloaded moments: staged while this step's forward and backward run
+}
+
+void DataParallel::offload_optimizer(optim::OffloadTarget target, const std::string& dir) {
+  LOOM_CHECK(!onebit_, "config", "parallel.offload.optimizer=", optim::offload_target_name(target),
+             " with optim.name=onebit_adam is not supported (its momentum exchange reads the moments in place); use "
+             "optim.name=adamw or parallel.offload.optimizer=none");
+  optimizer_->offload(target, dir);
 }
 
 Tensor DataParallel::take_buffer(int64_t elems, DType dt) {

@@ -61,7 +61,12 @@ class DataParallel final : public model::ParamSource {
   ~DataParallel() override;
 
   // --- one optimizer step -----------------------------------------------------------------
+  // Also starts staging offloaded optimizer moments for the step that follows.
   void zero_grads();
+  // Keeps the Adam moments in `target` between steps (parallel.offload; optim/moment_offload.h),
+  // staged unit by unit for each step; disk: in a file under `dir`. Before any checkpoint loads.
+  void offload_optimizer(optim::OffloadTarget target, const std::string& dir);
+  const optim::MomentOffload* optimizer_offload() const { return optimizer_->offloaded(); }
   // false before all but the last micro-batch: stage 0/1 skip communication (no_sync).
   // 1-bit Adam after its warm-up never reduces gradients (the momentum is reduced instead).
   void set_sync(bool sync) { sync_ = sync && !compressing(); }

@@ -95,8 +95,8 @@ void DataParallel::step(double lr) {
   }
   for (size_t i = 0; i < units.size(); ++i) {
     const ParamUnit& u = units[i];
-    optim::AdamW& a = optimizer_->unit(i);
-    a.step(weights_->masters(u, a.begin()), grad_sync_->unit_grads(u, a.begin()), lr, grad_scale_);
+    const int64_t b = optimizer_->unit(i).begin();
+    optimizer_->step_unit(i, weights_->masters(u, b), grad_sync_->unit_grads(u, b), lr, grad_scale_);
   }
   grad_scale_ = 1.0;
   const int64_t refreshed = weights_->refresh();  // the updated chunks to the other ranks

@@ -6,6 +6,9 @@
 #include <cstdint>
 #include <string>
 
+#include <vector>
+
+#include "loom/optim/offload_target.h"
 #include "loom/parallel/mesh_shape.h"
 #include "loom/parallel/pipeline_schedule.h"
 
@@ -29,6 +32,12 @@ struct Layout {
   // Mesh dimensions from outermost to innermost: consecutive ranks (one host) share the
   // innermost dimension's groups.
   MeshOrder order = kDefaultMeshOrder;
+  // parallel.offload: the Adam moments of the chosen pipeline stages live off the device between
+  // steps (host pool or disk), staged unit by unit for the update. Stages: the listed ones, or
+  // (empty: auto) those whose predicted memory exceeds the mean stage's by more than a tenth, or
+  // a memory limit where one is set.
+  optim::OffloadTarget offload = optim::OffloadTarget::none;
+  std::vector<int64_t> offload_stages;
 
   int64_t ranks() const { return dp * tp * pp * ep; }
   MeshShape mesh() const { return MeshShape(pp, dp, ep, tp, order); }

@@ -27,6 +27,9 @@ CheckpointMeta load_checkpoint_weights(const std::string& path, model::Decoder& 
 // Format 1: each rank's optimizer shard, on the layout that saved it.
 static void load_format1_optimizer(const std::string& path, const model::Decoder& model,
                                    parallel::DataParallel& data_parallel, int rank, int64_t optimizer_steps) {
+  LOOM_CHECK(!data_parallel.optimizer_offload(), "checkpoint", path,
+             " keeps its optimizer state in the old per-rank format, which does not load into offloaded moments; "
+             "resume it once with parallel.offload.optimizer=none and save again");
   auto f = io::SafetensorsFile::open((fs::path(path) / io::optimizer_rank_file(rank)).string());
   const auto& units = model.layout().units();
   for (size_t i = 0; i < units.size(); ++i) {

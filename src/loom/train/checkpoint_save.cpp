@@ -64,7 +64,7 @@ CheckpointSnapshot snapshot_checkpoint(int64_t step, const model::Decoder& model
   }
   // Every rank holds its whole moments under ZeRO-0, so rank 0 copies them straight from the
   // optimizer (no flat intermediate: the copy is what an asynchronous save stalls training for).
-  const bool direct = data_parallel.zero_stage() == 0 && !mp.whole_layout;
+  const bool direct = data_parallel.zero_stage() == 0 && !mp.whole_layout && !data_parallel.optimizer_offload();
   Tensor m, v;
   if (!direct) {
     m = Tensor::zeros({model.flat_size()}, DType::f32, MemCategory::workspace);

@@ -234,6 +234,21 @@ void read_parallel(ConfigReader& r, TrainConfig& c) {
   c.parallel.micro_batches = r.integer("parallel.micro_batches", 0, 0, kMaxI);  // 0: resolved below
   c.parallel.collective_timeout_s = r.number("parallel.collective_timeout_s", 600, 0.1, 1e7);
   c.parallel.order = parallel::parse_mesh_order(r.string("parallel.order", "pp,dp,ep,tp"));
+  using optim::OffloadTarget;
+  c.parallel.offload =
+      r.choice("parallel.offload.optimizer", OffloadTarget::none,
+               {{"none", OffloadTarget::none}, {"host", OffloadTarget::host}, {"disk", OffloadTarget::disk}});
+  const std::vector<std::string> stages = r.strings("parallel.offload.stages", {"auto"});
+  if (!(stages.size() == 1 && stages[0] == "auto"))
+    for (const std::string& s : stages) {
+      char* end = nullptr;
+      const long v = std::strtol(s.c_str(), &end, 10);
+      LOOM_CHECK(!s.empty() && *end == 0 && v >= 0 && v < c.parallel.pp, "config", "parallel.offload.stages: \"", s,
+                 "\" is not a pipeline stage (0 to parallel.pp - 1 = ", c.parallel.pp - 1, ") nor auto");
+      c.parallel.offload_stages.push_back(v);
+    }
+  c.parallel.offload_dir = r.string("parallel.offload.dir", "");
+  c.parallel.memory_limit_mb = r.number("parallel.memory_limit_mb", 0, 0, 1e12);
 }
 
 void read_comm(ConfigReader& r, TrainConfig& c) {
@@ -260,6 +275,10 @@ void check_init_from_outside_checkpoints(const TrainConfig& c) {
 void check_parallel_layout(TrainConfig& c) {
   const int64_t pp = c.parallel.pp, tp = c.parallel.tp, ep = c.parallel.ep;
   model::check_expert_parallel(c.model, ep);
+  LOOM_CHECK(c.parallel.offload == optim::OffloadTarget::none || c.optim.kind != optim::OptimizerKind::onebit_adam,
+             "config", "parallel.offload.optimizer=", optim::offload_target_name(c.parallel.offload),
+             " with optim.name=onebit_adam is not supported (its momentum exchange reads the moments in place); use "
+             "optim.name=adamw or parallel.offload.optimizer=none");
   // Every dp x ep rank sees its own share of the batch.
   const int64_t dp = c.parallel.dp * ep;
   const std::string dp_name = ep > 1 ? str_cat("parallel.dp x parallel.ep=", dp) : str_cat("parallel.dp=", dp);

@@ -115,6 +115,11 @@ struct ParallelConfig : parallel::Layout {
   DType pp_dtype = DType::f32;
   parallel::PartitionMethod pp_partition = parallel::PartitionMethod::uniform;
   double collective_timeout_s = 600;
+  std::string offload_dir;  // parallel.offload.dir: disk offload's files; empty: checkpoint.dir/offload or a temp dir
+  // parallel.memory_limit_mb: the bytes a rank may hold resident (model states not offloaded,
+  // activations, workspace, as the estimates predict); a rank over it stops at start naming the
+  // fixes. 0: the machine's memory.
+  double memory_limit_mb = 0;
 };
 
 // How collectives run (docs/DISTRIBUTED.md, "Collective algorithms").

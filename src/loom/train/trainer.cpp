@@ -163,6 +163,7 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
         parallel::PipelineOptions{p.pp_schedule, int(p.micro_batches), p.pp_dtype, data_.packs_documents()});
   if (p.pp > 1 || p.tp > 1 || p.ep > 1)
     whole_layout_ = std::make_unique<model::ParamLayout>(cfg_.model, 1, model::ModelSlice{.lora_adapters = lora});
+  place_optimizer_state();
   check_fits_in_memory();
   layout_desc_ = str_cat(shape.describe(), ", stages ", parallel::describe_partition(stages_));
   if (lora) identify_lora_base();

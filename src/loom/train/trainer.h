@@ -194,6 +194,11 @@ class Trainer {
   double take_exposed_comm_seconds();
   // Refuses, before the first step allocates them, activations that cannot fit in memory.
   void check_fits_in_memory() const;
+  double predicted_activation_bytes() const;
+  // parallel.offload and parallel.memory_limit_mb: which stages keep their Adam moments off the
+  // device (this rank's then go there), and a stage that would need more than the limit refused
+  // on every rank alike (collective over the pipeline group).
+  void place_optimizer_state();
   bool main_rank() const { return mesh_->rank() == 0; }
 
   // LoRA: the frozen model the adapters belong to and its weights' identity (SaveOptions);

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 
 #include "loom/model/memory_estimate.h"
 #include "loom/parallel/partition_profile.h"
@@ -37,17 +38,83 @@ std::vector<parallel::StageRange> Trainer::partition_stages() {
   return parallel::partition_balanced(c, pp);
 }
 
-void Trainer::check_fits_in_memory() const {
-  const auto& p = cfg_.parallel;
-  // Model states, and under LoRA the frozen model beside the adapters' states.
-  const double states = double(dp_plan_.model_states.total()) + double(model_->frozen_bytes());
+double Trainer::predicted_activation_bytes() const {
   // The whole model's activations for one micro-batch, split over the model-parallel ranks.
-  const double activations =
-      model::estimate_training_bytes(cfg_.model, 0, double(cfg_.data.micro_batch_size), cfg_.data.seq_len,
-                                     cfg_.decoder.activation_checkpoint_interval, cfg_.decoder.xent_chunk) /
-      double(p.pp * p.tp);
+  return model::estimate_training_bytes(cfg_.model, 0, double(cfg_.data.micro_batch_size), cfg_.data.seq_len,
+                                        cfg_.decoder.activation_checkpoint_interval, cfg_.decoder.xent_chunk) /
+         double(cfg_.parallel.pp * cfg_.parallel.tp);
+}
+
+namespace {
+std::string bytes_text(double b) { return format_bytes(int64_t(std::min(b, 9e18))); }
+}  // namespace
+
+void Trainer::place_optimizer_state() {
+  const auto& p = cfg_.parallel;
+  const int64_t pp = p.pp, stage = mesh_->coord().pp;
+  // Every stage's model states and Adam moments (this rank's share; its pipeline peers' at the
+  // same dp, ep and tp coordinates), so that every rank takes the same decisions.
+  Tensor t = Tensor::zeros({2 * pp}, DType::f64, MemCategory::workspace);
+  t.data<double>()[2 * stage] = double(dp_plan_.model_states.total()) + double(model_->frozen_bytes());
+  t.data<double>()[2 * stage + 1] = double(dp_plan_.model_states.optimizer);
+  if (pp > 1) mesh_->pp().all_reduce(t);
+  const double activations = predicted_activation_bytes();
+  std::vector<double> resident(static_cast<size_t>(pp)), moments(static_cast<size_t>(pp));
+  double mean = 0;
+  for (int64_t s = 0; s < pp; ++s) {
+    resident[size_t(s)] = t.data<double>()[2 * s] + activations;
+    moments[size_t(s)] = t.data<double>()[2 * s + 1];
+    mean += resident[size_t(s)] / double(pp);
+  }
+  const double limit = p.memory_limit_mb * 1048576.0;
+  const auto& listed = p.offload_stages;
+  auto chosen = [&](int64_t s) {
+    if (p.offload == optim::OffloadTarget::none) return false;
+    if (!listed.empty()) return std::find(listed.begin(), listed.end(), s) != listed.end();
+    return resident[size_t(s)] > 1.1 * mean || (limit > 0 && resident[size_t(s)] > limit);
+  };
+  // The stages over the limit once their moments are where the configuration puts them.
+  if (limit > 0)
+    for (int64_t s = 0; s < pp; ++s) {
+      const double need = resident[size_t(s)] - (chosen(s) ? moments[size_t(s)] : 0);
+      LOOM_CHECK(need <= limit, "train", pp > 1 ? str_cat("pipeline stage ", s) : std::string("each rank"),
+                 " needs about ", bytes_text(need), " resident (model states ",
+                 bytes_text(resident[size_t(s)] - activations), ", of which Adam moments ",
+                 bytes_text(moments[size_t(s)]), chosen(s) ? " offloaded" : "", "; activations ",
+                 bytes_text(activations), "), more than parallel.memory_limit_mb=", p.memory_limit_mb,
+                 chosen(s) ? "; raise parallel.zero_stage, lower data.micro_batch_size or set "
+                             "model.activation_checkpoint_interval"
+                           : "; offload its optimizer state (parallel.offload.optimizer=disk or host), raise "
+                             "parallel.zero_stage, or lower data.micro_batch_size");
+    }
+  if (main_rank())
+    for (int64_t s = 0; s < pp; ++s)
+      if (chosen(s))
+        std::fprintf(
+            opt_.log, "[train] %s: Adam moments (%s) offloaded to %s (parallel.offload.stages=%s%s)\n",
+            pp > 1 ? str_cat("pipeline stage ", s).c_str() : "every rank", bytes_text(moments[size_t(s)]).c_str(),
+            optim::offload_target_name(p.offload), listed.empty() ? "auto" : "listed",
+            listed.empty() ? str_cat(": ", bytes_text(resident[size_t(s)]), " predicted against the stages' mean ",
+                                     bytes_text(mean), limit > 0 ? " and the limit" : "")
+                                 .c_str()
+                           : "");
+  if (!chosen(stage)) return;
+  std::string dir = p.offload_dir;
+  if (dir.empty())
+    dir = cfg_.checkpoint.dir.empty() ? (std::filesystem::temp_directory_path() / "loom-offload").string()
+                                      : cfg_.checkpoint.dir + "/offload";
+  data_parallel_->offload_optimizer(p.offload, dir);
+}
+
+void Trainer::check_fits_in_memory() const {
+  // Model states (less Adam moments kept off the device), and under LoRA the frozen model beside
+  // the adapters' states.
+  const optim::MomentOffload* off = data_parallel_->optimizer_offload();
+  const double states = double(dp_plan_.model_states.total()) + double(model_->frozen_bytes()) -
+                        (off ? double(off->offloaded_bytes() - off->staged_bytes()) : 0.0);
+  const double activations = predicted_activation_bytes();
   const double machine = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
-  const auto bytes = [](double b) { return format_bytes(int64_t(std::min(b, 9e18))); };
+  const auto bytes = bytes_text;
   LOOM_CHECK(states + activations <= machine, "train", "micro-batches of ", cfg_.data.micro_batch_size,
              " sequences (data.micro_batch_size, or the per-rank batch when unset) of data.seq_len=", cfg_.data.seq_len,
              " tokens need about ", bytes(activations), " of activations per rank besides ", bytes(states),

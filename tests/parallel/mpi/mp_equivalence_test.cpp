@@ -23,11 +23,13 @@
 #include "comm/mpi/mpi_world.h"
 #include "loom/core/timer.h"
 #include "loom/model/hf_weights.h"
+#include "loom/model/memory_estimate.h"
 #include "loom/parallel/mesh.h"
 #include "loom/train/checkpoint.h"
 #include "loom/train/trainer.h"
 #include "parallel/mpi/synthetic_source.h"
 #include "parallel/mpi/weights_close.h"
+#include "testing/errors.h"
 #include "train/train_testing.h"
 
 using namespace loom;
@@ -453,6 +455,57 @@ TEST(ModelParallelPipelineWire, SixteenBitActivationsHalveTheSendsWithinTheBf16T
     EXPECT_NE(runs[1].losses, runs[0].losses) << what << ": the 16-bit wire changed nothing";
     expect_close(runs[1], runs[0], what, true);
   }
+}
+
+// parallel.offload on a pp=2 layout whose first stage holds two of the three blocks: `auto`
+// offloads that stage's Adam moments alone (its predicted memory is over the stages' mean by more
+// than a tenth), and the run's losses and weights equal bitwise those of the run that keeps them
+// resident, from disk and from the host pool. A memory limit that stage exceeds with its moments
+// resident is refused on every rank, naming the stage and the fix, and met once they are on disk.
+TEST(ModelParallelOffload, TheHeavyStageOffloadsAndTrainsBitwiseLikeResident) {
+  const comm::Group& world = test_world();
+  if (world.size() != 2) GTEST_SKIP() << "needs pp=2 = 2 ranks";
+  parallel::Mesh mesh(world, parallel::MeshShape(2, 1, 1, 1));
+  const std::string dir = loom::testing::shared_empty_dir(world, "offload");
+  auto config = [&](const std::string& extra) {
+    const std::string sets = "model.n_layer=3 " + extra;
+    return make_config({"llama-tiny", 2, 1, 1, "1f1b", 0, 4, 0, "uniform", "fp32", 1, sets.c_str()}, 6);
+  };
+  auto train = [&](const std::string& extra, bool offloads) {
+    const TrainConfig cfg = config(extra);
+    SyntheticSource src(cfg.model.vocab_size);
+    Trainer t(cfg, src, loom::testing::quiet_trainer_options(&mesh));
+    EXPECT_EQ(t.data_parallel().optimizer_offload() != nullptr, offloads && mesh.coord().pp == 0)
+        << extra << " on stage " << mesh.coord().pp;
+    const TrainResult res = t.run();
+    return std::pair{res.losses, t.full_params().to_f32_vector()};
+  };
+  const auto resident = train("", false);
+  for (const char* target : {"disk", "host"}) {
+    SCOPED_TRACE(target);
+    const auto off = train(str_cat("parallel.offload.optimizer=", target, " parallel.offload.dir=", dir), true);
+    EXPECT_EQ(off.first, resident.first);
+    EXPECT_EQ(off.second, resident.second);
+  }
+  // A limit halfway between what stage 0 needs with its moments resident (16 bytes a parameter
+  // at ZeRO-0) and on disk (8): stage 1, a block lighter, fits under it either way.
+  const TrainConfig cfg = config("");
+  auto states = [&](int first, int last, bool emb, bool head) {
+    return 16.0 * double(model::ParamLayout(cfg.model, 1, model::ModelSlice{first, last, emb, head}).total());
+  };
+  const double act = model::estimate_training_bytes(cfg.model, 0, double(cfg.data.micro_batch_size), cfg.data.seq_len,
+                                                    0, cfg.decoder.xent_chunk) /
+                     2;
+  const double s0 = states(0, 2, true, false), s1 = states(2, 3, false, true);
+  ASSERT_LT(s1, 0.75 * s0);
+  const std::string limit = str_cat(" parallel.memory_limit_mb=", (s0 * 0.75 + act) / 1048576.0);
+  const std::string err = loom::testing::error_of([&] { train(limit, false); });
+  EXPECT_NE(err.find("[train] pipeline stage 0 needs about "), std::string::npos) << err;
+  EXPECT_NE(err.find("; offload its optimizer state (parallel.offload.optimizer=disk or host)"), std::string::npos)
+      << err;
+  const auto off = train("parallel.offload.optimizer=disk parallel.offload.dir=" + dir + limit, true);
+  EXPECT_EQ(off.second, resident.second);
+  world.barrier();
 }
 
 TEST(ModelParallelErrors, LayoutNotMatchingTheWorldIsRefusedWithTheArithmetic) {
