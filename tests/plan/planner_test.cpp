@@ -181,6 +181,41 @@ TEST(Planner, PipelineBubbleOfEqualStagesIsTheScheduleFormula) {
   }
 }
 
+// parallel.offload: auto takes the stage that holds the embedding and the head (tied GPT-2 with
+// its 50257-word table on both ends of pp=4: the first and last stages), whose Adam moments leave
+// the device for two staging buffers; a listed stage goes whatever its size; the optimizer's time
+// becomes the copies' where they are the slower stream.
+TEST(Planner, OffloadedMomentsLeaveTheStagesThatNeedMost) {
+  const Job j = job_of("gpt2-124m", 8, 128);
+  Layout l = Layout::of(1, 1, 4, 1, 0, 1, 8);
+  const Prediction resident = predict(j, small_cluster(), l);
+  l.offload = optim::OffloadTarget::disk;
+  const Prediction off = predict(j, small_cluster(), l);
+  ASSERT_EQ(off.stage_memory.size(), 4u);
+  for (size_t s = 0; s < 4; ++s) {
+    const MemoryPrediction &a = resident.stage_memory[s], &b = off.stage_memory[s];
+    const bool ends = s == 0 || s == 3;
+    EXPECT_EQ(b.offloaded, ends ? a.optimizer : 0.0) << "stage " << s;
+    if (ends) {
+      EXPECT_GT(b.optimizer, 0);
+      EXPECT_LT(b.optimizer, 0.2 * a.optimizer) << "stage " << s << ": two units' moments stay";
+      EXPECT_NEAR(b.total(), a.total() - a.optimizer + b.optimizer, 1);
+    } else {
+      EXPECT_EQ(b.total(), a.total());
+    }
+  }
+  EXPECT_LT(off.memory.total(), resident.memory.total());
+  EXPECT_GE(off.time.optimizer, resident.time.optimizer);
+  Cluster slow = small_cluster();
+  slow.device.offload_bytes_per_s = 1e8;  // 0.1 GB/s: the copies take longer than the update
+  const Prediction slow_off = predict(j, slow, l);
+  EXPECT_NEAR(slow_off.time.optimizer, 2 * slow_off.stage_memory[0].offloaded / 1e8, 1e-9);
+  l.offload_stages = {1};
+  const Prediction listed = predict(j, small_cluster(), l);
+  EXPECT_EQ(listed.stage_memory[0].offloaded, 0.0);
+  EXPECT_EQ(listed.stage_memory[1].offloaded, resident.stage_memory[1].optimizer);
+}
+
 TEST(Planner, OverlapHidesGradientReductionBehindBackward) {
   const Job j = job_of("gpt2-124m", 4, 128);
   Cluster c = small_cluster();

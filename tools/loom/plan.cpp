@@ -69,6 +69,15 @@ plan::Layout parse_layout(const std::string& spec) {
       }
       continue;
     }
+    if (k == "offload") {  // the optimizer state of the stages auto picks (parallel.offload.stages=auto)
+      if (v == "host")
+        l.offload = optim::OffloadTarget::host;
+      else if (v == "disk")
+        l.offload = optim::OffloadTarget::disk;
+      else if (v != "none")
+        throw UsageError("[plan] --layout: offload=" + v + " is not none, host or disk");
+      continue;
+    }
     int64_t n = 0;
     try {
       n = std::stoll(v);
@@ -92,7 +101,8 @@ plan::Layout parse_layout(const std::string& spec) {
     else if (k == "ckpt")
       l.checkpoint = int(n);
     else
-      throw UsageError("[plan] --layout: unknown key '" + k + "' (dp, tp, pp, ep, zero, mb, m, ckpt, schedule)");
+      throw UsageError("[plan] --layout: unknown key '" + k +
+                       "' (dp, tp, pp, ep, zero, mb, m, ckpt, schedule, offload)");
   }
   return l;
 }
@@ -551,7 +561,8 @@ nlohmann::json prediction_json(const plan::Prediction& p) {
             {"optimizer", m.optimizer},
             {"activations", m.activations},
             {"workspace", m.workspace},
-            {"comm", m.comm}}}};
+            {"comm", m.comm},
+            {"offloaded", m.offloaded}}}};
 }
 
 }  // namespace
@@ -578,7 +589,8 @@ int cmd_plan(const std::vector<std::string>& argv) {
   app->add_option("--top", a.top, "print the K fastest layouts that fit")->type_name("K")->check(non_negative());
   app->add_flag("--explain", a.explain, "the top pick (or --layout) term by term");
   app->add_option("--precision", a.precision, "model precision")->check(one_of({"fp32", "bf16"}));
-  app->add_option("--layout", a.layout, "predict one layout: dp=2,tp=1,pp=2,ep=1,zero=1,mb=2,m=4,ckpt=0,schedule=1f1b")
+  app->add_option("--layout", a.layout,
+                  "predict one layout: dp=2,tp=1,pp=2,ep=1,zero=1,mb=2,m=4,ckpt=0,schedule=1f1b[,offload=disk]")
       ->type_name("SPEC");
   app->add_flag("--gpipe", a.gpipe, "also consider the GPipe schedule");
   app->add_flag("--json", a.json, "accepted for scripts; the last line is always SUMMARY {json}");

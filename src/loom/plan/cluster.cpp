@@ -73,6 +73,7 @@ Cluster parse_cluster(const std::string& text, const std::string& source) {
   d.threads = int(r.number(node, "node.", "threads_per_device", false, 0));
   d.attention_flops = r.number(node, "node.", "attention_tflops", false, 0) * 1e12;
   d.stream_bytes_per_s = r.number(node, "node.", "stream_gbps", false, 0) * 1e9;
+  d.offload_bytes_per_s = r.number(node, "node.", "offload_gbps", false, 0) * 1e9;
   LOOM_CHECK(d.peak_fp32_flops > 0 && d.memory_bytes_per_s > 0 && d.memory_bytes > 0, "plan", source,
              ": node.peak_fp32_tflops, node.memory_gbps and node.device_memory_gib must be positive");
   if (const YAML::Node e = node["gemm_efficiency"]) {
@@ -159,8 +160,9 @@ std::string cluster_yaml(const Cluster& c) {
     << "  peak_bf16_tflops: " << d.peak_bf16_flops / 1e12 << "\n"
     << "  memory_gbps: " << d.memory_bytes_per_s / 1e9 << "\n"
     << "  attention_tflops: " << d.attention_flops / 1e12 << "\n"
-    << "  stream_gbps: " << d.stream_bytes_per_s / 1e9 << "\n"
-    << "  gemm_efficiency:  # [GFLOP of one product, fraction of peak_fp32]\n";
+    << "  stream_gbps: " << d.stream_bytes_per_s / 1e9 << "\n";
+  if (d.offload_bytes_per_s > 0) o << "  offload_gbps: " << d.offload_bytes_per_s / 1e9 << "\n";
+  o << "  gemm_efficiency:  # [GFLOP of one product, fraction of peak_fp32]\n";
   for (const auto& [x, y] : d.gemm_efficiency.points) o << "    - [" << x / 1e9 << ", " << y << "]\n";
   o << "overlap_fraction: " << c.overlap_fraction << "\n"
     << "comm_under_compute: " << c.comm_under_compute << "\n"

@@ -27,8 +27,11 @@ struct DeviceSpec {
   Curve gemm_efficiency;          // fraction of peak reached by one product of x FLOPs
   double memory_bytes_per_s = 0;  // what the model's elementwise kernels stream (read + write)
   double stream_bytes_per_s = 0;  // a plain streaming kernel (the optimizer); 0: memory_bytes_per_s
-  double attention_flops = 0;     // causal attention kernels' rate; 0: at the product curve
-  int threads = 0;                // CPU ranks: threads per rank the figures were measured with
+  // Copies to and from offloaded optimizer state (parallel.offload: host pool or disk); 0: the
+  // stream rate (a host pool, or files the page cache holds).
+  double offload_bytes_per_s = 0;
+  double attention_flops = 0;  // causal attention kernels' rate; 0: at the product curve
+  int threads = 0;             // CPU ranks: threads per rank the figures were measured with
 };
 
 struct Cluster {

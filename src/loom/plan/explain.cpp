@@ -45,13 +45,19 @@ std::string explain(const Job& job, const Cluster& c, const Prediction& p) {
                 l.ep > 1 ? str_cat(" (dense parameters over dp x ep=", l.dp * l.ep, ")") : std::string(),
                 "; the rest hides behind backward"));
   row("optimizer", t.optimizer,
-      l.zero_stage >= 1 ? str_cat("AdamW on a 1/", l.dp * l.ep, " shard") : std::string("AdamW on all parameters"));
+      str_cat(
+          l.zero_stage >= 1 ? str_cat("AdamW on a 1/", l.dp * l.ep, " shard") : std::string("AdamW on all parameters"),
+          l.offload != optim::OffloadTarget::none ? str_cat("; moments of offloaded stages copied from and to ",
+                                                            optim::offload_target_name(l.offload), " beside it")
+                                                  : std::string()));
   const MemoryPrediction& m = p.memory;
   o << "memory on stage " << p.memory_stage << ": " << format_bytes(int64_t(m.total())) << " of "
     << format_bytes(int64_t(c.device.memory_bytes)) << " (params " << format_bytes(int64_t(m.params)) << ", grads "
     << format_bytes(int64_t(m.grads)) << ", optimizer " << format_bytes(int64_t(m.optimizer)) << ", activations "
     << format_bytes(int64_t(m.activations)) << ", workspace " << format_bytes(int64_t(m.workspace)) << ", comm "
-    << format_bytes(int64_t(m.comm)) << ")\n";
+    << format_bytes(int64_t(m.comm)) << ")";
+  if (m.offloaded > 0) o << "; Adam moments offloaded: " << format_bytes(int64_t(m.offloaded));
+  o << "\n";
   return o.str();
 }
 

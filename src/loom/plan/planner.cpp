@@ -370,7 +370,7 @@ Prediction predict(const Job& job, const Cluster& c, const Layout& l) {
   const int64_t N = l.micro_batch * job.seq;
   const double grad_bytes = job.grad_wire_bytes > 0 ? job.grad_wire_bytes : job.bf16 ? 2 : 4;
   std::vector<StageWork> work;
-  std::vector<double> stage_params, stage_experts, gather_bytes;
+  std::vector<double> stage_params, stage_experts, gather_bytes, staging;
   for (int64_t s = 0; s < l.pp; ++s) {
     model::ModelSlice slice;
     slice.first_layer = stages[size_t(s)].first_layer;
@@ -412,9 +412,30 @@ Prediction predict(const Job& job, const Cluster& c, const Layout& l) {
     m.workspace = double(a.workspace_bytes(in_flight));
     m.comm = comm_buffer_bytes(job, l, slice, layout, N, dense, dp_plan.weight_replica);
     p.stage_memory.push_back(m);
+    int64_t widest = 0;  // MomentOffload stages two pieces' m and v at a time (pieces: 1M elements)
+    for (const auto& u : layout.units()) widest = std::max(widest, u.size());
+    staging.push_back(16.0 *
+                      std::min(double(int64_t(1) << 20), double(widest) / double(l.zero_stage >= 1 ? l.dp * l.ep : 1)));
     stage_params.push_back(double(dense));
     stage_experts.push_back(double(expert_params));
     work.push_back(stage_work(job, c, l, slice));
+  }
+  // parallel.offload: the listed stages, or (auto) those over the mean stage by a tenth or over
+  // the device, keep their moments off the device and only the staging buffers on it.
+  double offloaded_bytes = 0;
+  if (l.offload != optim::OffloadTarget::none) {
+    double mean = 0;
+    for (const auto& m : p.stage_memory) mean += m.total() / double(p.stage_memory.size());
+    for (size_t s = 0; s < p.stage_memory.size(); ++s) {
+      MemoryPrediction& m = p.stage_memory[s];
+      const auto& listed = l.offload_stages;
+      const bool chosen = listed.empty() ? m.total() > 1.1 * mean || m.total() > c.device.memory_bytes
+                                         : std::find(listed.begin(), listed.end(), int64_t(s)) != listed.end();
+      if (!chosen) continue;
+      m.offloaded = m.optimizer;
+      m.optimizer = std::min(m.optimizer, staging[s]);
+      offloaded_bytes = std::max(offloaded_bytes, m.offloaded);
+    }
   }
   for (size_t s = 0; s < p.stage_memory.size(); ++s)
     if (p.stage_memory[s].total() > p.memory.total()) p.memory = p.stage_memory[s], p.memory_stage = int(s);
@@ -433,6 +454,12 @@ Prediction predict(const Job& job, const Cluster& c, const Layout& l) {
   const double grads_held = l.zero_stage >= 2 ? dense_shard + expert_shard : P;
   const double stream = c.device.stream_bytes_per_s > 0 ? c.device.stream_bytes_per_s : c.device.memory_bytes_per_s;
   t.optimizer = (28 * shard + 4 * grads_held + 4 * P) / stream;
+  // Offloaded moments are read and written back once a step, beside the update of the unit
+  // before (two staging buffers): the slower of the two streams sets the optimizer's time.
+  if (offloaded_bytes > 0) {
+    const double rate = c.device.offload_bytes_per_s > 0 ? c.device.offload_bytes_per_s : stream;
+    t.optimizer = std::max(t.optimizer, 2 * offloaded_bytes / rate);
+  }
   t.step = t.gemm + t.attention + t.elementwise + t.recompute + t.tp_comm + t.ep_a2a + t.pp_p2p + t.bubble +
            t.dp_exposed + t.optimizer;
 

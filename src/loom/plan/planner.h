@@ -54,6 +54,9 @@ struct Job {
 
 struct MemoryPrediction {
   double params = 0, grads = 0, optimizer = 0, activations = 0, workspace = 0, comm = 0;
+  // Adam moments kept off the device (parallel.offload), not counted in total(); optimizer then
+  // holds the staging buffers.
+  double offloaded = 0;
   double total() const { return params + grads + optimizer + activations + workspace + comm; }
 };
 
@@ -70,7 +73,8 @@ struct TimePrediction {
   double bubble = 0;       // pipeline fill and drain
   double dp_comm = 0;      // data-parallel collectives' total time
   double dp_exposed = 0;   // the part not hidden behind backward
-  double optimizer = 0;    // AdamW on the rank's shard, gradient norm, zeroing
+  double optimizer = 0;    // AdamW on the rank's shard, gradient norm, zeroing; with offloaded
+                           // moments, the slower of that and their copies (double-buffered)
   double step = 0;
 };
 
