@@ -1,6 +1,7 @@
 // Pipeline schedules as pure data: every micro-batch's forward precedes its backward on every
 // stage, schedules execute without deadlock, 1F1B bounds the micro-batches in flight, and the
-// replayed bubble of equal stages is (p - 1) / (m + p - 1).
+// replayed bubble of equal stages is (p - 1) / (m + p - 1), or (p - 1) / (v m + p - 1) for
+// interleaved 1F1B with v chunks per stage.
 #include <gtest/gtest.h>
 
 #include "loom/core/error.h"
@@ -13,7 +14,8 @@ using K = PipeAction::Kind;
 namespace {
 std::string show(const StageActions& st) {
   std::string s;
-  for (const auto& a : st) s += str_cat(a.kind == K::forward ? "F" : "B", a.micro, " ");
+  for (const auto& a : st)
+    s += str_cat(a.kind == K::forward ? "F" : "B", a.micro, a.chunk ? str_cat(".", a.chunk) : "", " ");
   return s;
 }
 }  // namespace
@@ -94,6 +96,94 @@ TEST(PipelineSchedule, CheckFindsBrokenSchedules) {
   std::vector<StageActions> deadlock = {{{K::forward, 0}, {K::backward, 0}, {K::forward, 1}, {K::backward, 1}},
                                         {{K::forward, 1}, {K::backward, 1}, {K::forward, 0}, {K::backward, 0}}};
   EXPECT_NE(check_schedule(deadlock, 2).find("deadlock"), std::string::npos);
+  // Two stages of two chunks, one micro-batch: the ring order executes; stage 0 starting with
+  // chunk 1, which needs stage 1's chunk 0, which needs stage 0's chunk 0, deadlocks.
+  std::vector<StageActions> early_chunk = {
+      {{K::forward, 0, 0}, {K::forward, 0, 1}, {K::backward, 0, 1}, {K::backward, 0, 0}},
+      {{K::forward, 0, 0}, {K::forward, 0, 1}, {K::backward, 0, 1}, {K::backward, 0, 0}}};
+  EXPECT_EQ(check_schedule(early_chunk, 1), "");
+  std::vector<StageActions> chunk_deadlock = {
+      {{K::forward, 0, 1}, {K::forward, 0, 0}, {K::backward, 0, 1}, {K::backward, 0, 0}},
+      {{K::forward, 0, 0}, {K::forward, 0, 1}, {K::backward, 0, 1}, {K::backward, 0, 0}}};
+  EXPECT_NE(check_schedule(chunk_deadlock, 1).find("deadlock"), std::string::npos);
+  std::vector<StageActions> missing_chunk = {{{K::forward, 0, 0}, {K::backward, 0, 0}, {K::forward, 0, 1}}};
+  EXPECT_NE(check_schedule(missing_chunk, 1).find("never runs the backward of micro-batch 0 in chunk 1"),
+            std::string::npos);
   EXPECT_THROW(pipe_schedule_from_name("zb"), Error);
   EXPECT_THROW(gpipe_schedule(2, 0), Error);
+}
+
+TEST(PipelineSchedule, InterleavedOrderForTwoStages) {
+  // Megatron's order: micro-batches in groups of p per chunk; stage 0 warms up with
+  // 2 (p - 1) + (v - 1) p = 4 forwards, the last stage with (v - 1) p = 2.
+  const auto s = interleaved_schedule(2, 4, 2);
+  EXPECT_EQ(show(s[0]), "F0 F1 F0.1 F1.1 F2 B0.1 F3 B1.1 F2.1 B0 F3.1 B1 B2.1 B3.1 B2 B3 ");
+  EXPECT_EQ(show(s[1]), "F0 F1 F0.1 B0.1 F1.1 B1.1 F2 B0 F3 B1 F2.1 B2.1 F3.1 B3.1 B2 B3 ");
+  EXPECT_EQ(interleaved_schedule(3, 6, 1), one_f_one_b_schedule(3, 6));
+  EXPECT_EQ(make_schedule(PipeSchedule::one_f_one_b, 2, 4, 2), s);
+  EXPECT_EQ(schedule_chunks(s), 2);
+  EXPECT_THROW(interleaved_schedule(2, 3, 2), Error);  // m not a multiple of p
+  EXPECT_THROW(make_schedule(PipeSchedule::gpipe, 2, 4, 2), Error);
+}
+
+TEST(PipelineSchedule, InterleavedExecutesInOrderPerChunkWithItsInFlightBound) {
+  for (int p = 1; p <= 5; ++p)
+    for (int v = 2; v <= 4; ++v)
+      for (int m = p; m <= 4 * p; m += p) {
+        const auto sched = interleaved_schedule(p, m, v);
+        const std::string what = str_cat("p=", p, " m=", m, " v=", v);
+        ASSERT_EQ(check_schedule(sched, m), "") << what;
+        for (int s = 0; s < p; ++s) {
+          const auto& st = sched[size_t(s)];
+          ASSERT_EQ(int(st.size()), 2 * m * v) << what;
+          // Within each chunk micro-batches enter and leave in order (the executor's transfers
+          // are matched by (micro-batch, chunk) tags, the decoder's dropout keys by that order).
+          std::vector<int> nf(size_t(v), 0), nb(size_t(v), 0);
+          for (const auto& a : st)
+            EXPECT_EQ(a.micro, a.kind == K::forward ? nf[size_t(a.chunk)]++ : nb[size_t(a.chunk)]++) << what;
+          // Warm-up forwards plus the first steady one; at most all m v.
+          EXPECT_EQ(max_in_flight(st), std::min(2 * (p - s - 1) + (v - 1) * p + 1, m * v)) << what << " s=" << s;
+          // A micro-batch's last backward on a stage is its chunk 0's (the decoder then hands
+          // over the embeddings' and head's gradients).
+          EXPECT_EQ(st.back(), (PipeAction{K::backward, m - 1, 0})) << what;
+        }
+      }
+}
+
+TEST(PipelineSchedule, InterleavedBubbleIsTheFormulaByConstruction) {
+  // Per action one chunk's work: 1/v of a stage's forward and backward.
+  for (int p : {2, 3, 4, 8})
+    for (int v : {2, 3, 4})
+      for (int k : {1, 2, 4}) {
+        const int m = k * p;
+        const std::vector<double> tf(size_t(p), 1.0 / v), tb(size_t(p), 2.0 / v);
+        Timeline t = simulate_schedule(interleaved_schedule(p, m, v), tf, tb);
+        const std::string what = str_cat("p=", p, " m=", m, " v=", v);
+        EXPECT_NEAR(t.makespan, 3.0 * (m + double(p - 1) / v), 1e-9) << what;
+        for (double idle : t.idle_fraction()) EXPECT_NEAR(idle, bubble_fraction(p, m, v), 1e-12) << what;
+        // Against 1F1B at the same m: (v m + p - 1) / (m + p - 1) less bubble, 1.3x or more
+        // whenever v >= 2 and m <= 4 p.
+        EXPECT_GE(bubble_fraction(p, m) / bubble_fraction(p, m, v), 1.3) << what;
+      }
+  EXPECT_DOUBLE_EQ(bubble_fraction(2, 4, 2), 1.0 / 9.0);
+}
+
+TEST(PipelineSchedule, VirtualStagesRefusedWithTheKeyAndTheFix) {
+  auto message = [](PipeSchedule k, int p, int m, int v, int L) -> std::string {
+    try {
+      check_virtual_stages(k, p, m, v, L);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(message(PipeSchedule::one_f_one_b, 2, 4, 2, 8), "");
+  EXPECT_EQ(message(PipeSchedule::gpipe, 2, 3, 1, 3), "");
+  EXPECT_NE(message(PipeSchedule::one_f_one_b, 2, 4, 3, 8)
+                .find("[config] parallel.virtual_stages=3 needs model.n_layer divisible by parallel.pp x "
+                      "parallel.virtual_stages = 6"),
+            std::string::npos);
+  EXPECT_NE(message(PipeSchedule::one_f_one_b, 2, 3, 2, 8).find("use parallel.micro_batches=4"), std::string::npos);
+  EXPECT_NE(message(PipeSchedule::gpipe, 2, 4, 2, 8).find("set parallel.pp_schedule=1f1b"), std::string::npos);
+  EXPECT_NE(message(PipeSchedule::one_f_one_b, 1, 4, 2, 8).find("needs a pipeline"), std::string::npos);
 }

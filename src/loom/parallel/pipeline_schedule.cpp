@@ -49,8 +49,53 @@ std::vector<StageActions> one_f_one_b_schedule(int p, int m) {
   return out;
 }
 
-std::vector<StageActions> make_schedule(PipeSchedule kind, int p, int m) {
-  return kind == PipeSchedule::gpipe ? gpipe_schedule(p, m) : one_f_one_b_schedule(p, m);
+std::vector<StageActions> interleaved_schedule(int p, int m, int v) {
+  check_sizes(p, m);
+  LOOM_CHECK(v >= 1, "pipeline", "virtual stages must be at least 1, got ", v);
+  if (v == 1) return one_f_one_b_schedule(p, m);
+  LOOM_CHECK(m % p == 0, "pipeline", "interleaved 1F1B runs micro-batches in groups of the stage count: m=", m,
+             " is not a multiple of p=", p);
+  const int total = m * v;  // actions of each kind per stage
+  auto nth = [&](int k, Kind kind) {
+    const int group = k / (p * v), in = k % (p * v);
+    const int chunk = kind == Kind::forward ? in / p : v - 1 - in / p;
+    return PipeAction{kind, group * p + in % p, chunk};
+  };
+  std::vector<StageActions> out(static_cast<size_t>(p));
+  for (int s = 0; s < p; ++s) {
+    StageActions& st = out[size_t(s)];
+    const int warmup = std::min(2 * (p - s - 1) + (v - 1) * p, total);
+    int f = 0, b = 0;
+    for (; f < warmup; ++f) st.push_back(nth(f, Kind::forward));
+    while (f < total) {
+      st.push_back(nth(f++, Kind::forward));
+      st.push_back(nth(b++, Kind::backward));
+    }
+    while (b < total) st.push_back(nth(b++, Kind::backward));
+  }
+  return out;
+}
+
+std::vector<StageActions> make_schedule(PipeSchedule kind, int p, int m, int v) {
+  LOOM_CHECK(v == 1 || kind == PipeSchedule::one_f_one_b, "pipeline", "virtual stages (v=", v,
+             ") interleave the 1F1B schedule, not ", pipe_schedule_name(kind));
+  return kind == PipeSchedule::gpipe ? gpipe_schedule(p, m) : interleaved_schedule(p, m, v);
+}
+
+void check_virtual_stages(PipeSchedule kind, int p, int m, int v, int n_layer) {
+  LOOM_CHECK(v >= 1, "config", "parallel.virtual_stages=", v, " must be at least 1");
+  if (v == 1) return;
+  LOOM_CHECK(p >= 2, "config", "parallel.virtual_stages=", v, " needs a pipeline (parallel.pp >= 2, got ", p,
+             "); set parallel.virtual_stages=1");
+  LOOM_CHECK(kind == PipeSchedule::one_f_one_b, "config", "parallel.virtual_stages=", v,
+             " interleaves the 1F1B schedule; set parallel.pp_schedule=1f1b or parallel.virtual_stages=1");
+  LOOM_CHECK(n_layer % (p * v) == 0, "config", "parallel.virtual_stages=", v,
+             " needs model.n_layer divisible by parallel.pp x parallel.virtual_stages = ", p * v,
+             " (equal chunks of blocks), got n_layer=", n_layer, "; choose virtual_stages so that pp x virtual_stages ",
+             "divides n_layer");
+  LOOM_CHECK(m % p == 0, "config", "parallel.virtual_stages=", v, " runs micro-batches in groups of parallel.pp=", p,
+             ": parallel.micro_batches=", m, " is not a multiple of ", p,
+             "; use parallel.micro_batches=", (m / p + 1) * p);
 }
 
 int max_in_flight(const StageActions& actions) {
@@ -62,6 +107,13 @@ int max_in_flight(const StageActions& actions) {
   return peak;
 }
 
+int schedule_chunks(const std::vector<StageActions>& sched) {
+  int v = 1;
+  for (const auto& st : sched)
+    for (const auto& a : st) v = std::max(v, a.chunk + 1);
+  return v;
+}
+
 Timeline simulate_schedule(const std::vector<StageActions>& sched, const std::vector<double>& tf,
                            const std::vector<double>& tb) {
   const size_t p = sched.size();
@@ -71,8 +123,10 @@ Timeline simulate_schedule(const std::vector<StageActions>& sched, const std::ve
   int m = 0;
   for (const auto& st : sched)
     for (const auto& a : st) m = std::max(m, a.micro + 1);
-  // done[kind][s][i]: finish time of that action (infinity until it has run).
-  std::vector<std::vector<double>> fdone(p, std::vector<double>(size_t(m), kNever)), bdone = fdone;
+  const size_t v = size_t(schedule_chunks(sched));
+  // fdone / bdone[(s * v + c) * m + i]: finish time of that action (infinity until it has run).
+  std::vector<double> fdone(p * v * size_t(m), kNever), bdone = fdone;
+  auto at = [&](size_t s, size_t c, size_t i) { return (s * v + c) * size_t(m) + i; };
   std::vector<size_t> next(p, 0);
   std::vector<double> clock(p, 0);
   Timeline t;
@@ -85,19 +139,21 @@ Timeline simulate_schedule(const std::vector<StageActions>& sched, const std::ve
     for (size_t s = 0; s < p; ++s) {
       while (next[s] < sched[s].size()) {
         const PipeAction& a = sched[s][next[s]];
-        const size_t i = size_t(a.micro);
+        const size_t i = size_t(a.micro), c = size_t(a.chunk);
         double ready;
         if (a.kind == Kind::forward)
-          ready = s == 0 ? 0.0 : fdone[s - 1][i];
+          ready = s > 0 ? fdone[at(s - 1, c, i)] : c > 0 ? fdone[at(p - 1, c - 1, i)] : 0.0;
+        else if (s + 1 < p)
+          ready = bdone[at(s + 1, c, i)];
         else
-          ready = s + 1 == p ? fdone[s][i] : bdone[s + 1][i];
+          ready = c + 1 < v ? bdone[at(0, c + 1, i)] : fdone[at(s, c, i)];
         if (ready == kNever) break;  // waits for another stage
         const double begin = std::max(clock[s], ready);
         const double dur = a.kind == Kind::forward ? tf[s] : tb[s];
         t.start[s].push_back(begin);
         clock[s] = begin + dur;
         t.busy[s] += dur;
-        (a.kind == Kind::forward ? fdone : bdone)[s][i] = clock[s];
+        (a.kind == Kind::forward ? fdone : bdone)[at(s, c, i)] = clock[s];
         ++next[s];
         --remaining;
         progressed = true;
@@ -116,21 +172,25 @@ std::vector<double> Timeline::idle_fraction() const {
 }
 
 std::string check_schedule(const std::vector<StageActions>& sched, int m) {
+  const int v = schedule_chunks(sched);
   for (size_t s = 0; s < sched.size(); ++s) {
-    std::vector<int> fwd(size_t(m), 0), bwd(size_t(m), 0);
+    std::vector<int> fwd(size_t(m * v), 0), bwd(size_t(m * v), 0);
     for (const auto& a : sched[s]) {
       if (a.micro < 0 || a.micro >= m) return str_cat("stage ", s, " names micro-batch ", a.micro, " of ", m);
-      const size_t i = size_t(a.micro);
+      if (a.chunk < 0) return str_cat("stage ", s, " names chunk ", a.chunk);
+      const size_t i = size_t(a.chunk * m + a.micro);
+      const std::string what = v > 1 ? str_cat(a.micro, " of chunk ", a.chunk) : str_cat(a.micro);
       if (a.kind == Kind::forward) {
-        if (fwd[i]++) return str_cat("stage ", s, " runs forward ", a.micro, " twice");
+        if (fwd[i]++) return str_cat("stage ", s, " runs forward ", what, " twice");
       } else {
-        if (!fwd[i]) return str_cat("stage ", s, " runs backward ", a.micro, " before its forward");
-        if (bwd[i]++) return str_cat("stage ", s, " runs backward ", a.micro, " twice");
+        if (!fwd[i]) return str_cat("stage ", s, " runs backward ", what, " before its forward");
+        if (bwd[i]++) return str_cat("stage ", s, " runs backward ", what, " twice");
       }
     }
-    for (int i = 0; i < m; ++i)
+    for (int i = 0; i < m * v; ++i)
       if (!fwd[size_t(i)] || !bwd[size_t(i)])
-        return str_cat("stage ", s, " never runs the ", fwd[size_t(i)] ? "backward" : "forward", " of micro-batch ", i);
+        return str_cat("stage ", s, " never runs the ", fwd[size_t(i)] ? "backward" : "forward", " of micro-batch ",
+                       i % m, v > 1 ? str_cat(" in chunk ", i / m) : "");
   }
   try {
     simulate_schedule(sched, std::vector<double>(sched.size(), 1.0), std::vector<double>(sched.size(), 2.0));
@@ -140,6 +200,6 @@ std::string check_schedule(const std::vector<StageActions>& sched, int m) {
   return "";
 }
 
-double bubble_fraction(int p, int m) { return double(p - 1) / double(m + p - 1); }
+double bubble_fraction(int p, int m, int v) { return double(p - 1) / double(v * m + p - 1); }
 
 }  // namespace loom::parallel

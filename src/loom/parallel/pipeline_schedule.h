@@ -1,5 +1,6 @@
 // Pipeline schedules as data (ARCHITECTURE.md, invariant 5): for p stages and m micro-batches,
-// each stage's ordered list of forward/backward actions. No communication here: the executor
+// each stage's ordered list of forward/backward actions (with v virtual stages, each action also
+// names the chunk of blocks it runs). No communication here: the executor
 // (pipeline.h) derives the sends and receives, and the tests check the lists directly. Also a
 // dependency-driven simulator that replays a schedule with given action times (bubble figures).
 #pragma once
@@ -18,7 +19,10 @@ struct PipeAction {
   enum class Kind : uint8_t { forward, backward };
   Kind kind;
   int micro;
-  bool operator==(const PipeAction& o) const { return kind == o.kind && micro == o.micro; }
+  // Interleaved schedules: which of the stage's v chunks runs (chunk c of stage s holds the
+  // model's chunk c * p + s); 0 otherwise.
+  int chunk = 0;
+  bool operator==(const PipeAction& o) const { return kind == o.kind && micro == o.micro && chunk == o.chunk; }
 };
 using StageActions = std::vector<PipeAction>;
 
@@ -28,19 +32,36 @@ std::vector<StageActions> gpipe_schedule(int stages, int micro_batches);
 // min(p - s - 1, m) warm-up forwards, then alternates one forward and one backward, then
 // drains the remaining backwards; at most p - s micro-batches are in flight on stage s.
 std::vector<StageActions> one_f_one_b_schedule(int stages, int micro_batches);
-std::vector<StageActions> make_schedule(PipeSchedule kind, int stages, int micro_batches);
+// Interleaved 1F1B (Narayanan et al. 2021, section 2.2; Megatron-LM's layout): each stage holds
+// v chunks, model chunk c * p + s on stage s, so a micro-batch passes every stage v times. In
+// units of one chunk's work the stage runs forwards k = 0, 1, ... of micro-batch
+// (k / (p v)) p + k % p in chunk (k / p) % v (groups of p micro-batches per chunk), backwards
+// likewise with the chunks reversed; 2 (p - s - 1) + (v - 1) p warm-up forwards, then one
+// forward and one backward alternate. m must be a multiple of p. Bubble (p - 1) / (v m + p - 1).
+// v = 1 is one_f_one_b_schedule.
+std::vector<StageActions> interleaved_schedule(int stages, int micro_batches, int virtual_stages);
+// virtual_stages > 1 needs kind == one_f_one_b (the interleaved schedule).
+std::vector<StageActions> make_schedule(PipeSchedule kind, int stages, int micro_batches, int virtual_stages = 1);
+// Throws "[config] parallel.virtual_stages=..." naming the key and the fix when v virtual stages
+// cannot run: no pipeline, GPipe, an n_layer that p * v chunks do not divide, or m not a
+// multiple of p.
+void check_virtual_stages(PipeSchedule kind, int stages, int micro_batches, int virtual_stages, int n_layer);
 
-// "" when every stage runs each micro-batch's forward once, then its backward once, and the
-// whole schedule can execute (no stage waits for an action that can never run); otherwise
-// what is wrong.
+// "" when every stage runs each (chunk, micro-batch)'s forward once, then its backward once,
+// and the whole schedule can execute (no stage waits for an action that can never run);
+// otherwise what is wrong.
 std::string check_schedule(const std::vector<StageActions>& schedule, int micro_batches);
-// Largest number of micro-batches whose forward has run and backward has not, on one stage:
-// how many activation sets the stage keeps at once.
+// Largest number of (chunk, micro-batch) pairs whose forward has run and backward has not, on
+// one stage: how many activation sets the stage keeps at once (each of one chunk's blocks).
 int max_in_flight(const StageActions& actions);
+// The chunks per stage the schedule uses (1 + the largest chunk named).
+int schedule_chunks(const std::vector<StageActions>& schedule);
 
-// Replays a schedule as soon as dependencies allow: F(s, i) after F(s-1, i); B(s, i) after
-// B(s+1, i), and the last stage's B(i) after its F(i); each stage runs its actions in order.
-// Communication is free. Times are per action of each stage (forward_time[s], backward_time[s]).
+// Replays a schedule as soon as dependencies allow: F(s, c, i) after F(s-1, c, i) (stage 0's
+// chunk c > 0 after the last stage's chunk c - 1); B(s, c, i) after B(s+1, c, i) (the last
+// stage's chunk c < v - 1 after stage 0's chunk c + 1, its chunk v - 1 after its own forward);
+// each stage runs its actions in order. Communication is free. Times are per action of each
+// stage (forward_time[s], backward_time[s]: one chunk's work).
 struct Timeline {
   double makespan = 0;
   std::vector<double> busy;                   // per stage: seconds computing
@@ -51,7 +72,8 @@ struct Timeline {
 Timeline simulate_schedule(const std::vector<StageActions>& schedule, const std::vector<double>& forward_time,
                            const std::vector<double>& backward_time);
 
-// The idle fraction of GPipe and 1F1B with equal stages: (p - 1) / (m + p - 1).
-double bubble_fraction(int stages, int micro_batches);
+// The idle fraction of GPipe and 1F1B with equal stages, (p - 1) / (m + p - 1); of interleaved
+// 1F1B with v virtual stages, (p - 1) / (v m + p - 1).
+double bubble_fraction(int stages, int micro_batches, int virtual_stages = 1);
 
 }  // namespace loom::parallel
