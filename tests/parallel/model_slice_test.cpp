@@ -1,13 +1,15 @@
 // Model slices in one process: a stage's or a tp rank's layout initialises to the whole
 // model's values at the same Hugging Face elements; tp slices tile every split parameter; and
 // two pipeline stages chained by hand (several micro-batches in flight, with and without
-// checkpointing) give the whole model's losses and gradients.
+// checkpointing) give the whole model's losses and gradients, and so do two interleaved stages
+// of two chunks each run in the interleaved 1F1B order.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <map>
 
 #include "loom/model/decoder.h"
+#include "loom/parallel/pipeline_schedule.h"
 
 using namespace loom;
 using namespace loom::model;
@@ -141,3 +143,121 @@ TEST_P(TwoStages, ChainedStagesMatchTheWholeModel) {
 
 INSTANTIATE_TEST_SUITE_P(Families, TwoStages,
                          ::testing::Combine(::testing::Values("gpt2-tiny", "llama-tiny"), ::testing::Values(0, 1, 2)));
+
+TEST(ModelSlice, InterleavedChunksHoldTheirBlocksInModelOrder) {
+  const ModelConfig cfg = [] {
+    ModelConfig c = preset("gpt2-tiny");
+    c.n_layer = 4;
+    return c;
+  }();
+  ModelSlice s{1, 2, false, true};
+  s.later_chunks = {{3, 4}};
+  ParamLayout l(cfg, 1, s);
+  EXPECT_EQ(l.layers(), (std::vector<int>{1, 3}));
+  EXPECT_EQ(l.chunks(), (std::vector<LayerRange>{{1, 2}, {3, 4}}));
+  EXPECT_TRUE(l.has_block(3));
+  EXPECT_FALSE(l.has_block(2));
+  EXPECT_EQ(l.local_index(3), 1);
+  EXPECT_EQ(l.block_unit(3).name, "block.3");
+  EXPECT_FALSE(l.whole_model());
+  try {
+    l.block_unit(2);
+    ADD_FAILURE() << "block 2 is not in the slice";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("(blocks 1..1, 3..3)"), std::string::npos) << e.what();
+  }
+  s.later_chunks = {{0, 1}};  // before the first chunk
+  EXPECT_THROW(ParamLayout(cfg, 1, s), Error);
+  s.later_chunks = {{2, 4}};  // a chunk of two blocks beside one of one: slots could not be shared
+  EXPECT_NO_THROW(ParamLayout(cfg, 1, s));
+  EXPECT_THROW(Decoder(cfg, DecoderOptions{.slice = s}), Error);
+}
+
+class InterleavedStages : public ::testing::TestWithParam<std::tuple<const char*, int>> {};
+
+// Model chunks 0 and 2 on stage 0, 1 and 3 on stage 1 (one block each), driven in the
+// interleaved 1F1B order of pipeline_schedule.h by a replay that runs each action once its
+// input exists: losses and gradients are the whole model's, bitwise but for the tied table.
+TEST_P(InterleavedStages, RingOfChunksMatchesTheWholeModel) {
+  const auto [name, ckpt] = GetParam();
+  ModelConfig cfg = preset(name);
+  cfg.n_layer = 4;
+  DecoderOptions o;
+  o.activation_checkpoint_interval = ckpt;
+  Decoder whole(cfg, o);
+  whole.init_weights(11);
+  const int p = 2, v = 2, M = 4;
+  std::vector<std::unique_ptr<Decoder>> stage;
+  for (int s = 0; s < p; ++s) {
+    DecoderOptions os = o;
+    os.slice = {s, s + 1, s == 0, s == p - 1};
+    os.slice.later_chunks = {{p + s, p + s + 1}};
+    stage.push_back(std::make_unique<Decoder>(cfg, os));
+    stage.back()->init_weights(11);
+    ASSERT_EQ(stage.back()->num_chunks(), v);
+  }
+  const int64_t B = 2, T = 8, N = B * T;
+  std::vector<std::vector<int32_t>> tok(M, std::vector<int32_t>(size_t(N))), tgt = tok;
+  for (int m = 0; m < M; ++m)
+    for (int64_t i = 0; i < N; ++i) {
+      tok[size_t(m)][size_t(i)] = int32_t((i * 7 + m * 13) % cfg.vocab_size);
+      tgt[size_t(m)][size_t(i)] = i % 5 == 4 ? -1 : int32_t((i * 3 + m) % cfg.vocab_size);
+    }
+  const double scale = 1.0 / double(M * N);
+  std::vector<double> ref;
+  for (int m = 0; m < M; ++m)
+    ref.push_back(whole.forward_backward(tok[size_t(m)].data(), tgt[size_t(m)].data(), B, T, scale));
+  // What each (stage, chunk, micro-batch) produced: its output, and its input's gradient.
+  using Key = std::tuple<int, int, int>;
+  std::map<Key, std::vector<float>> out, din;
+  std::map<Key, int> slot;
+  std::vector<double> got(size_t(M), 0.0);
+  const auto sched = parallel::interleaved_schedule(p, M, v);
+  std::vector<size_t> next(size_t(p), 0);
+  for (bool progressed = true; progressed;) {
+    progressed = false;
+    for (int s = 0; s < p; ++s)
+      for (; next[size_t(s)] < sched[size_t(s)].size(); ++next[size_t(s)]) {
+        const auto& a = sched[size_t(s)][next[size_t(s)]];
+        Decoder& d = *stage[size_t(s)];
+        const int c = a.chunk, m = a.micro;
+        if (a.kind == parallel::PipeAction::Kind::forward) {
+          const bool embeds = s == 0 && c == 0;
+          const Key from = s > 0 ? Key{s - 1, c, m} : Key{p - 1, c - 1, m};
+          if (!embeds && !out.count(from)) break;
+          const int id = slot[{s, c, m}] = d.stage_begin(B, T, true, c);
+          if (!embeds) d.stage_input(id).copy_from(Tensor::from_vector<float>(out[from], {N, cfg.d_model}));
+          got[size_t(m)] += d.stage_forward(id, tok[size_t(m)].data(), tgt[size_t(m)].data(), scale);
+          out[{s, c, m}] = d.stage_output(id).to_f32_vector();
+        } else {
+          const bool heads = s == p - 1 && c == v - 1;
+          const Key from = s + 1 < p ? Key{s + 1, c, m} : Key{0, c + 1, m};
+          if (!heads && !din.count(from)) break;
+          const int id = slot.at({s, c, m});
+          d.stage_backward(id, heads ? Tensor{} : Tensor::from_vector<float>(din[from], {N, cfg.d_model}));
+          din[{s, c, m}] = d.stage_input_grad().to_f32_vector();
+        }
+        progressed = true;
+      }
+  }
+  for (int s = 0; s < p; ++s) ASSERT_EQ(next[size_t(s)], sched[size_t(s)].size()) << "stage " << s << " stalled";
+  for (int m = 0; m < M; ++m) EXPECT_EQ(got[size_t(m)], ref[size_t(m)]) << "micro-batch " << m;
+  for (const auto& pi : whole.layout().params()) {
+    const bool tied = cfg.tied_embeddings && pi.name == "transformer.wte.weight";
+    std::vector<float> want = whole.grad(pi.name).to_f32_vector(), have(want.size(), 0.0f);
+    for (const auto& d : stage)
+      if (d->layout().contains(pi.name)) {
+        auto g = d->grad(pi.name).to_f32_vector();
+        for (size_t i = 0; i < g.size(); ++i) have[i] += g[i];
+      }
+    for (size_t i = 0; i < want.size(); ++i) {
+      if (tied)
+        ASSERT_NEAR(have[i], want[i], 1e-6 * (1 + std::abs(want[i]))) << pi.name << "[" << i << "]";
+      else
+        ASSERT_EQ(have[i], want[i]) << pi.name << "[" << i << "]";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, InterleavedStages,
+                         ::testing::Combine(::testing::Values("gpt2-tiny", "llama-tiny"), ::testing::Values(0, 1)));

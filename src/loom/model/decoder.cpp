@@ -20,7 +20,7 @@ class FlatParamSource final : public ParamSource {
  public:
   FlatParamSource(const ModelConfig& cfg, const ParamLayout& layout, const Tensor& params, const Tensor& grads)
       : layout_(layout), params_(params), grads_(grads) {
-    for (int l = layout.first_layer(); l < layout.last_layer(); ++l) {
+    for (const int l : layout.layers()) {
       if (params.defined()) w_.push_back(block_weights(cfg, layout, params, l));
       if (grads.defined()) gw_.push_back(block_weights(cfg, layout, grads, l));
     }
@@ -31,10 +31,7 @@ class FlatParamSource final : public ParamSource {
   Tensor outer_grad(const std::string& n) override { return view(grads_, n); }
 
  private:
-  size_t local(int l) const {
-    LOOM_CHECK(layout_.has_block(l), "model", "block ", l, " is not in this slice");
-    return size_t(l - layout_.first_layer());
-  }
+  size_t local(int l) const { return size_t(layout_.local_index(l)); }
   Tensor view(const Tensor& flat, const std::string& n) const {
     LOOM_CHECK(flat.defined(), "model", "no flat buffer for ", n,
                " (allocate_flat_params/grads=false needs a ParamSource)");
@@ -63,7 +60,7 @@ class LoraParamSource final : public ParamSource {
       return;
     }
     int64_t widest = 0, outer = 0;
-    for (int l = base_layout.first_layer(); l < base_layout.last_layer(); ++l) {
+    for (const int l : base_layout.layers()) {
       const auto [b, e] = base_layout.block_range(l);
       widest = std::max(widest, e - b);
     }
@@ -155,6 +152,10 @@ Decoder::Decoder(const ModelConfig& cfg, const DecoderOptions& opt, DType dtype,
       alloc_(alloc) {
   LOOM_CHECK(dtype == DType::f32 || dtype == DType::f64, "model",
              "training dtype must be f32 (or f64 for checks), got ", dtype_name(dtype));
+  // Micro-batch slots are reused across chunks, so every chunk has the same number of blocks.
+  for (const LayerRange& r : layout_.chunks())
+    LOOM_CHECK(r.last - r.first == n_local(), "model", "the slice's chunks of blocks differ in size (",
+               r.last - r.first, " and ", n_local(), "); interleaved stages need equal chunks");
   // Tensor-parallel training's layers are f32 only; inference (no gradients) runs f64 too.
   LOOM_CHECK(layout_.slice().tp == 1 || dtype == DType::f32 || !opt.allocate_flat_grads, "model",
              "tensor-parallel training runs in f32 only, got ", dtype_name(dtype));
@@ -282,21 +283,25 @@ void Decoder::ensure_buffers(int64_t B, int64_t T, bool train) {
   train_buffers_ = train;
 }
 
-int Decoder::stage_begin(int64_t B, int64_t T, bool train) {
+int Decoder::stage_begin(int64_t B, int64_t T, bool train, int chunk) {
+  LOOM_CHECK(chunk >= 0 && chunk < num_chunks(), "model", "chunk ", chunk, " of a slice with ", num_chunks());
   LOOM_CHECK(layout_.slice().tp == 1 || tp_, "model",
              "a tensor-parallel slice needs set_tensor_parallel() before it runs");
   LOOM_CHECK(layout_.slice().ep == 1 || ep_, "model",
              "an expert-parallel slice needs set_expert_parallel() before it runs");
   ensure_buffers(B, T, train);
   // SplitMix-style mix of (seed, step, micro-batch): the micro-batch's dropout key.
+  // Each chunk counts its own micro-batches (they enter every chunk in the same order).
+  if (dropout_micro_.size() != size_t(num_chunks())) dropout_micro_.assign(size_t(num_chunks()), 0);
   uint64_t key = dropout_seed_ * 0x9e3779b97f4a7c15ULL ^ uint64_t(dropout_step_) * 0xbf58476d1ce4e5b9ULL ^
-                 uint64_t(train ? dropout_micro_++ : 0) * 0x94d049bb133111ebULL;
+                 uint64_t(train ? dropout_micro_[size_t(chunk)]++ : 0) * 0x94d049bb133111ebULL;
   key ^= key >> 29;
   for (size_t i = 0; i < slots_.size(); ++i)
     if (!slots_[i].busy && (slots_[i].train_buffers || !train)) {
       slots_[i].busy = true;
       slots_[i].train = train;
       slots_[i].dropout_key = key;
+      slots_[i].chunk = chunk;
       return int(i);
     }
   const int64_t N = B * T, C = cfg_.d_model, L = n_local();
@@ -305,6 +310,7 @@ int Decoder::stage_begin(int64_t B, int64_t T, bool train) {
   s.train_buffers = s.train = train;
   s.busy = true;
   s.dropout_key = key;
+  s.chunk = chunk;
   s.tokens = Tensor::empty({N}, DType::i32, act, alloc_);
   s.targets = Tensor::empty({N}, DType::i32, act, alloc_);
   for (int64_t l = 0; l <= L; ++l) s.res.push_back(Tensor::empty({N, C}, dtype_, act, alloc_));
@@ -370,7 +376,7 @@ void Decoder::embed_forward(Slot& s) {
 // own activations (in 16 bits: computed in the working set, then stashed); otherwise they go to
 // a reusable set (recomputed later when training).
 void Decoder::run_blocks_forward(Slot& s) {
-  const int first = layout_.first_layer();
+  const int first = layout_.chunks()[size_t(s.chunk)].first;
   const bool stash = s.train_buffers && stores_16bit();
   for (int i = 0; i < n_local(); ++i) {
     BlockActs& a = (s.train_buffers && !checkpointed() && !stash) ? s.saved[size_t(i)] : recompute_[0];
@@ -480,10 +486,10 @@ double Decoder::stage_forward(int id, const int32_t* tokens, const int32_t* targ
   }
   s.grad_scale = grad_scale;
   s.router_loss = 0;
-  if (first_stage()) embed_forward(s);
+  if (embeds(s)) embed_forward(s);
   run_blocks_forward(s);
   last_router_loss_ = s.router_loss;
-  if (!last_stage()) {
+  if (!heads(s)) {
     if (n_valid) *n_valid = 0;
     return 0;
   }
@@ -505,7 +511,7 @@ void Decoder::stage_backward(int id, const Tensor& dy) {
   LOOM_CHECK(s.train, "model", "stage_backward on micro-batch slot ", id, " whose forward was an evaluation");
   const FamilyTraits t = cfg_.traits();
   using Phase = ParamSource::Phase;
-  if (last_stage()) {
+  if (heads(s)) {
     trace::Span span("final norm backward", "compute");
     const std::string g = final_norm_name(cfg_, "weight");
     norm_backward(t, s.dlnf, s.res.back(), src_->outer_param(g), s.lnf_mean, s.lnf_rstd, dres_, src_->outer_grad(g),
@@ -517,7 +523,7 @@ void Decoder::stage_backward(int id, const Tensor& dy) {
                "stage_backward needs the gradient of the stage output, [", B_ * T_, ", ", cfg_.d_model, "]");
     dres_.copy_from(dy);
   }
-  const int first = layout_.first_layer();
+  const int first = layout_.chunks()[size_t(s.chunk)].first;
   auto backward_block = [&](int64_t i, BlockActs& acts) {
     const int l = first + int(i);
     trace::Span span("backward block", "compute", {{"layer", l}});
@@ -556,7 +562,7 @@ void Decoder::stage_backward(int id, const Tensor& dy) {
       for (int64_t i = e - 1; i >= b; --i) backward_block(i, recompute_[size_t(i - b)]);
     }
   }
-  if (first_stage() && !lora()) {
+  if (embeds(s) && !lora()) {
     trace::Span span("embedding backward", "compute");
     const Tensor dwte = src_->outer_grad(token_table_name(cfg_));
     const Tensor dwpe = t.position == PositionKind::learned ? src_->outer_grad(position_table_name(cfg_)) : Tensor{};
@@ -565,7 +571,8 @@ void Decoder::stage_backward(int id, const Tensor& dy) {
     else
       src_->embedding_backward(s.tokens, positions(s), dres_, dwte, dwpe);
   }
-  src_->outer_grads_done();
+  // Chunk 0 runs a micro-batch's last backward on this stage: the outer gradients are then whole.
+  if (s.chunk == 0) src_->outer_grads_done();
   s.busy = false;
 }
 

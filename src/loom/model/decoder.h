@@ -104,7 +104,7 @@ class Decoder {
   void set_dropout_step(uint64_t seed, int64_t step) {
     dropout_seed_ = seed;
     dropout_step_ = step;
-    dropout_micro_ = 0;
+    dropout_micro_.clear();
   }
   // The tensor-parallel communication (required when options().slice.tp > 1). Not owned.
   void set_tensor_parallel(TensorParallelOps* tp) { tp_ = tp; }
@@ -158,8 +158,10 @@ class Decoder {
   // A micro-batch goes through stage_begin -> (receive into stage_input) -> stage_forward ->
   // (send stage_output) ... stage_backward(dy) -> (send stage_input_grad). Each micro-batch
   // in flight holds a slot of activations; slots are reused, so the activation peak is the
-  // largest number in flight times one slot.
-  int stage_begin(int64_t B, int64_t T, bool train);
+  // largest number in flight times one slot. An interleaved slice (ModelSlice::later_chunks)
+  // runs one chunk of its blocks per slot: the embeddings with chunk 0, the head with the last.
+  int stage_begin(int64_t B, int64_t T, bool train, int chunk = 0);
+  int num_chunks() const { return int(layout_.chunks().size()); }
   // [B*T, C]: where a stage without the embedding expects its input before stage_forward.
   Tensor stage_input(int slot) const;
   // [B*T, C]: the output of a stage without the head, after stage_forward.
@@ -194,10 +196,11 @@ class Decoder {
     bool train_buffers = false;                    // holds what backward needs
     bool train = false, busy = false;              // the current micro-batch: training or evaluation
     uint64_t dropout_key = 0;                      // LoRA dropout: this training micro-batch's masks
+    int chunk = 0;                                 // which of the slice's chunks of blocks it runs
   };
   void ensure_buffers(int64_t B, int64_t T, bool train);
   Slot& slot(int id);
-  int n_local() const { return layout_.last_layer() - layout_.first_layer(); }
+  int n_local() const { return layout_.last_layer() - layout_.first_layer(); }  // blocks of each chunk
   void embed_forward(Slot& s);
   void run_blocks_forward(Slot& s);
   void final_norm_forward(Slot& s);
@@ -210,6 +213,8 @@ class Decoder {
   void record_moe(int layer, const MoeActs& a, Slot& s);
   bool first_stage() const { return layout_.slice().has_embedding; }
   bool last_stage() const { return layout_.slice().has_head; }
+  bool embeds(const Slot& s) const { return first_stage() && s.chunk == 0; }
+  bool heads(const Slot& s) const { return last_stage() && s.chunk == num_chunks() - 1; }
 
   ModelConfig cfg_;
   DecoderOptions opt_;
@@ -226,7 +231,8 @@ class Decoder {
   std::unique_ptr<ParamSource> lora_src_;
   Tensor lora_u_, lora_x_;  // LoRA's forward scratch for the current (B, T)
   uint64_t dropout_seed_ = 0;
-  int64_t dropout_step_ = 0, dropout_micro_ = 0;
+  int64_t dropout_step_ = 0;
+  std::vector<int64_t> dropout_micro_;  // training micro-batches begun this step, per chunk
   // Before a block runs on slot s's micro-batch: a's attention positions, LoRA scratch, dropout
   // flag and key.
   void prepare_block(BlockActs& a, const Slot& s, int layer) const;

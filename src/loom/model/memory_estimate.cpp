@@ -58,7 +58,9 @@ double estimate_training_bytes(const ModelConfig& cfg, int64_t P, double B, int6
 SliceActivationBytes estimate_slice_activations(const ModelConfig& cfg, const ModelSlice& slice, int64_t B, int64_t T,
                                                 int interval, int64_t chunk) {
   const int64_t N = B * T, C = cfg.d_model;
-  const int64_t L = (slice.last_layer < 0 ? cfg.n_layer : slice.last_layer) - slice.first_layer;
+  // A slot holds one chunk's blocks (all of the slice's unless it is interleaved).
+  const LayerRange first_chunk = slice.chunks(cfg.n_layer).front();
+  const int64_t L = first_chunk.last - first_chunk.first;
   const BlockDims d = BlockDims::of(cfg, slice.tp, slice.tp_rank);
   const FamilyTraits t = cfg.traits();
   const int64_t stats = t.norm_stats(), G = t.mlp_fan_out();

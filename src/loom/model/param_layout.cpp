@@ -168,7 +168,7 @@ void ParamLayout::add_lora_adapters() {
   const int64_t r = cfg_.lora.rank;
   const bool split_kv = cfg_.n_kv_head % slice_.tp == 0;
   close_unit("embed", -1);
-  for (int l = slice_.first_layer; l < slice_.last_layer; ++l) {
+  for (const int l : layers_) {
     for (const LoraSpec& s : lora_specs(cfg_)) {
       const std::string name = block_prefix(l) + s.proj;
       // A as PEFT initialises it (uniform, variance 1 / (3 in)), here normal with that variance;
@@ -193,9 +193,19 @@ ParamLayout::ParamLayout(const ModelConfig& cfg, int64_t unit_align, const Model
   cfg.validate();
   LOOM_CHECK(unit_align >= 1, "params", "unit_align must be >= 1, got ", unit_align);
   if (slice_.last_layer < 0) slice_.last_layer = int(cfg.n_layer);
-  LOOM_CHECK(slice_.first_layer >= 0 && slice_.first_layer <= slice_.last_layer && slice_.last_layer <= cfg.n_layer,
-             "params", "blocks [", slice_.first_layer, ", ", slice_.last_layer, ") are not a range of the model's ",
-             cfg.n_layer, " blocks");
+  chunks_ = slice_.chunks(cfg.n_layer);
+  local_of_.assign(size_t(cfg.n_layer), -1);
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    const LayerRange r = chunks_[c];
+    LOOM_CHECK(r.first >= 0 && r.first <= r.last && r.last <= cfg.n_layer, "params", "blocks [", r.first, ", ", r.last,
+               ") are not a range of the model's ", cfg.n_layer, " blocks");
+    LOOM_CHECK(c == 0 || (r.first >= chunks_[c - 1].last && r.first < r.last), "params", "chunk ", c, "'s blocks [",
+               r.first, ", ", r.last, ") do not follow the previous chunk's in model order");
+    for (int l = r.first; l < r.last; ++l) {
+      local_of_[size_t(l)] = int(layers_.size());
+      layers_.push_back(l);
+    }
+  }
   LOOM_CHECK(slice_.tp_rank >= 0 && slice_.tp_rank < slice_.tp, "params", "tp rank ", slice_.tp_rank,
              " outside tp=", slice_.tp);
   check_tensor_parallel(cfg, slice_.tp);
@@ -221,7 +231,7 @@ ParamLayout::ParamLayout(const ModelConfig& cfg, int64_t unit_align, const Model
              " outside ep=", slice_.ep);
   check_expert_parallel(cfg, slice_.ep);
   const int64_t e0 = slice_.first_expert(cfg), e1 = e0 + slice_.local_experts(cfg);
-  for (int l = slice_.first_layer; l < slice_.last_layer; ++l) {
+  for (const int l : layers_) {
     const std::string p = block_prefix(l);
     const auto specs = block_param_specs(cfg, l);
     auto add_spec = [&](const BlockParamSpec& b) {
@@ -262,21 +272,34 @@ ParamLayout::ParamLayout(const ModelConfig& cfg, int64_t unit_align, const Model
   close_unit("head", -1);
 }
 
+std::vector<LayerRange> ModelSlice::chunks(int64_t n_layer) const {
+  std::vector<LayerRange> out = {{first_layer, last_layer < 0 ? int(n_layer) : last_layer}};
+  out.insert(out.end(), later_chunks.begin(), later_chunks.end());
+  return out;
+}
+
+int64_t ModelSlice::num_layers(int64_t n_layer) const {
+  int64_t n = 0;
+  for (const LayerRange& r : chunks(n_layer)) n += r.last - r.first;
+  return n;
+}
+
 bool ParamLayout::whole_model() const {
-  return slice_.first_layer == 0 && slice_.last_layer == cfg_.n_layer && slice_.has_embedding && slice_.has_head &&
-         slice_.tp == 1 && slice_.ep == 1;
+  return num_layers() == cfg_.n_layer && slice_.has_embedding && slice_.has_head && slice_.tp == 1 && slice_.ep == 1;
 }
 
-size_t ParamLayout::block_unit_index(int layer) const {
-  LOOM_CHECK(has_block(layer), "params", "block ", layer, " is not in this slice of ", cfg_.name, " (blocks ",
-             slice_.first_layer, "..", slice_.last_layer - 1, ")");
-  return size_t(block_unit_[size_t(layer - slice_.first_layer)]);
+int ParamLayout::local_index(int layer) const {
+  if (!has_block(layer)) {
+    std::string held;
+    for (const LayerRange& r : chunks_) held += str_cat(held.empty() ? "" : ", ", r.first, "..", r.last - 1);
+    fail("params", "block ", layer, " is not in this slice of ", cfg_.name, " (blocks ", held, ")");
+  }
+  return local_of_[size_t(layer)];
 }
 
-int ParamLayout::expert_unit_index(int layer) const {
-  block_unit_index(layer);  // checks the layer
-  return expert_unit_[size_t(layer - slice_.first_layer)];
-}
+size_t ParamLayout::block_unit_index(int layer) const { return size_t(block_unit_[size_t(local_index(layer))]); }
+
+int ParamLayout::expert_unit_index(int layer) const { return expert_unit_[size_t(local_index(layer))]; }
 
 std::vector<ElementRun> ParamLayout::element_runs(const ParamInfo& p) const {
   if (p.split_dim < 0 || slice_.tp == 1) return {{0, 0, p.numel()}};

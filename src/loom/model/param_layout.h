@@ -24,8 +24,13 @@ enum class Init { normal, zeros, ones };
 
 // The part of the model one rank holds. Pipeline: blocks [first_layer, last_layer), plus the
 // embeddings on the first stage and the final norm + head on the last (which, with tied
-// embeddings and no embedding unit, holds its own copy of the token table). Tensor parallel:
+// embeddings and no embedding unit, holds its own copy of the token table); an interleaved
+// stage (parallel.virtual_stages) holds further chunks of blocks (later_chunks). Tensor parallel:
 // slice tp_rank of tp of every split parameter (see ParamInfo::split_dim).
+struct LayerRange {
+  int first = 0, last = 0;  // blocks [first, last)
+  bool operator==(const LayerRange& o) const { return first == o.first && last == o.last; }
+};
 struct ModelSlice {
   int first_layer = 0;
   int last_layer = -1;  // -1: model.n_layer
@@ -36,6 +41,13 @@ struct ModelSlice {
   // LoRA training (cfg.lora): the layout holds the adapters of the slice's blocks (units embed
   // and head empty) instead of the model's parameters, which stay frozen outside it.
   bool lora_adapters = false;
+  // Interleaved pipelines: the block ranges this rank holds after [first_layer, last_layer), in
+  // model order. The embeddings belong to the first chunk, the head to the last; the decoder
+  // runs one chunk per micro-batch slot (Decoder::stage_begin). Empty: one chunk.
+  std::vector<LayerRange> later_chunks = {};
+  // Every chunk: [first_layer, last_layer) (last_layer -1 read as n_layer), then later_chunks.
+  std::vector<LayerRange> chunks(int64_t n_layer) const;
+  int64_t num_layers(int64_t n_layer) const;  // blocks over all chunks
   int64_t local_experts(const ModelConfig& cfg) const { return cfg.moe.num_experts / ep; }
   int64_t first_expert(const ModelConfig& cfg) const { return ep_rank * local_experts(cfg); }
 };
@@ -187,9 +199,18 @@ class ParamLayout {
   // The unit of MoE block `layer`'s routed experts; -1 for dense blocks.
   int expert_unit_index(int layer) const;
   const ModelSlice& slice() const { return slice_; }
+  // The first chunk's blocks [first_layer, last_layer); all of the slice's unless it is
+  // interleaved (chunks()).
   int first_layer() const { return slice_.first_layer; }
   int last_layer() const { return slice_.last_layer; }
-  bool has_block(int layer) const { return layer >= first_layer() && layer < last_layer(); }
+  const std::vector<LayerRange>& chunks() const { return chunks_; }
+  // The slice's blocks in model order, over every chunk, and a block's place among them.
+  const std::vector<int>& layers() const { return layers_; }
+  int num_layers() const { return int(layers_.size()); }
+  bool has_block(int layer) const {
+    return layer >= 0 && size_t(layer) < local_of_.size() && local_of_[size_t(layer)] >= 0;
+  }
+  int local_index(int layer) const;  // throws when the slice lacks the block
   // True when this layout is the whole model on one rank (no stage, no tp slicing).
   bool whole_model() const;
   // Where this rank's elements of p sit in the whole parameter (padding rows are in no run).
@@ -214,6 +235,8 @@ class ParamLayout {
   int64_t total_ = 0, n_params_ = 0, unit_align_ = 1, unit_begin_ = 0;
   std::vector<ParamUnit> units_;
   std::vector<int> block_unit_, expert_unit_;  // per local block: unit indices (-1: none)
+  std::vector<LayerRange> chunks_;
+  std::vector<int> layers_, local_of_;  // local_of_[layer]: index into layers_, -1 when absent
 };
 
 // Fills params per its layout: each value depends only on (seed, parameter name, element index

@@ -85,17 +85,22 @@ void ServedWeights::pass_begin(bool train) {
   // The order in which the decoder will ask for blocks (see Decoder::stage_backward).
   plan_.clear();
   plan_pos_ = 0;
-  const int f = d_.layout_.first_layer(), L = d_.layout_.last_layer() - f;
+  // (An interleaved stage runs its chunks one after another: forward in model order, backward
+  // in reverse, checkpoint segments counted from each chunk's first block.)
   const int k = d_.model_.options().activation_checkpoint_interval;
-  for (int l = 0; l < L; ++l) plan_.push_back({f + l, Phase::forward});
+  const auto& chunks = d_.layout_.chunks();
+  for (const int l : d_.layout_.layers()) plan_.push_back({l, Phase::forward});
   if (train) {
-    if (k <= 0) {
-      for (int l = L - 1; l >= 0; --l) plan_.push_back({f + l, Phase::backward});
-    } else {
-      for (int s = (L + k - 1) / k - 1; s >= 0; --s) {
-        const int b = s * k, e = std::min(L, b + k);
-        for (int l = b; l < e; ++l) plan_.push_back({f + l, Phase::recompute});
-        for (int l = e - 1; l >= b; --l) plan_.push_back({f + l, Phase::backward});
+    for (auto c = chunks.rbegin(); c != chunks.rend(); ++c) {
+      const int f = c->first, L = c->last - c->first;
+      if (k <= 0) {
+        for (int l = L - 1; l >= 0; --l) plan_.push_back({f + l, Phase::backward});
+      } else {
+        for (int s = (L + k - 1) / k - 1; s >= 0; --s) {
+          const int b = s * k, e = std::min(L, b + k);
+          for (int l = b; l < e; ++l) plan_.push_back({f + l, Phase::recompute});
+          for (int l = e - 1; l >= b; --l) plan_.push_back({f + l, Phase::backward});
+        }
       }
     }
   }
