@@ -1,7 +1,8 @@
 // Bad model-parallel layouts are refused (or warned about) before any work, with the numbers
 // in the message: tp not dividing n_head or d_ff, pp above n_layer, ZeRO-2/3 with pipelines,
-// micro-batches that do not split the batch, fewer micro-batches than stages (a warning that
-// states the bubble), and a layout the process grid does not have.
+// micro-batches that do not split the batch, virtual stages that cannot interleave, fewer
+// micro-batches than stages (a warning that states the bubble), and a layout the process grid
+// does not have.
 #include <gtest/gtest.h>
 
 #include "loom/core/error.h"
@@ -52,6 +53,16 @@ TEST(LayoutConfig, RefusesLayoutsThatCannotWork) {
   expect_error({moe, "parallel.ep=2", "optim.name=onebit_adam"},
                "optim.name=onebit_adam with parallel.ep=2 is not supported");
   expect_error({moe, "model.moe.score=relu"}, "model.moe.score");
+  // Interleaved 1F1B: equal chunks of blocks, micro-batches in groups of pp.
+  const std::string four = "model.n_layer=4";
+  expect_error({four, "parallel.pp=2", "parallel.virtual_stages=3", "parallel.micro_batches=2"},
+               "parallel.virtual_stages=3 needs model.n_layer divisible by parallel.pp x parallel.virtual_stages = 6");
+  expect_error({four, "parallel.pp=2", "parallel.virtual_stages=2", "parallel.micro_batches=1"},
+               "parallel.micro_batches=1 is not a multiple of 2; use parallel.micro_batches=2");
+  expect_error({four, "parallel.pp=2", "parallel.virtual_stages=2", "parallel.pp_schedule=gpipe"},
+               "set parallel.pp_schedule=1f1b or parallel.virtual_stages=1");
+  expect_error({"parallel.virtual_stages=2"}, "parallel.virtual_stages=2 needs a pipeline");
+  EXPECT_EQ(error_of({four, "parallel.pp=2", "parallel.virtual_stages=2", "parallel.micro_batches=4"}), "");
 }
 
 TEST(LayoutConfig, MicroBatchesResolveAndFewerThanStagesWarnsWithTheBubble) {

@@ -29,6 +29,8 @@ struct Layout {
   // batch (train_config.cpp).
   int64_t micro_batches = 1;
   PipeSchedule pp_schedule = PipeSchedule::one_f_one_b;
+  // Chunks of blocks per pipeline stage: > 1 runs interleaved 1F1B (pipeline_schedule.h).
+  int64_t virtual_stages = 1;
   // Mesh dimensions from outermost to innermost: consecutive ranks (one host) share the
   // innermost dimension's groups.
   MeshOrder order = kDefaultMeshOrder;

@@ -9,17 +9,20 @@
 namespace loom::parallel {
 
 namespace {
-// Activations (kind 0) and gradients (kind 1) of a micro-batch get their own tags. MPI
-// guarantees tags up to 32767.
-constexpr int kMaxMicroBatches = 16000;
-int tag_of(int micro, int kind) { return micro * 2 + kind; }
+// Activations (kind 0) and gradients (kind 1) of a (micro-batch, chunk) key get their own tags.
+// MPI guarantees tags up to 32767.
+constexpr int kMaxKeys = 16000;
+int tag_of(int key, int kind) { return key * 2 + kind; }
 }  // namespace
 
 PipelineStage::PipelineStage(model::Decoder& model, const Mesh& mesh, const PipelineOptions& opt)
     : model_(model), pp_(mesh.pp()), opt_(opt), stage_(int(mesh.coord().pp)), stages_(int(mesh.shape().size(Dim::pp))) {
-  LOOM_CHECK(opt.micro_batches >= 1 && opt.micro_batches <= kMaxMicroBatches, "pipeline",
-             "parallel.micro_batches=", opt.micro_batches, " must be between 1 and ", kMaxMicroBatches);
-  schedule_ = make_schedule(opt.schedule, stages_, opt.micro_batches);
+  LOOM_CHECK(opt.virtual_stages >= 1 && model.num_chunks() == opt.virtual_stages, "pipeline", "stage ", stage_,
+             " holds ", model.num_chunks(), " chunk(s) of blocks but parallel.virtual_stages=", opt.virtual_stages);
+  const int max_micro = kMaxKeys / opt.virtual_stages;
+  LOOM_CHECK(opt.micro_batches >= 1 && opt.micro_batches <= max_micro, "pipeline",
+             "parallel.micro_batches=", opt.micro_batches, " must be between 1 and ", max_micro);
+  schedule_ = make_schedule(opt.schedule, stages_, opt.micro_batches, opt.virtual_stages);
   const auto& slice = model.layout().slice();
   LOOM_CHECK(slice.has_embedding == first() && slice.has_head == last(), "pipeline", "stage ", stage_, " of ", stages_,
              " was built with has_embedding=", slice.has_embedding, " has_head=", slice.has_head,
@@ -63,11 +66,11 @@ Tensor PipelineStage::pack(const Tensor& src) {
   return buf;
 }
 
-void PipelineStage::post_recv(std::map<int, Transfer>& into, int micro, int peer, int kind) {
+void PipelineStage::post_recv(std::map<int, Transfer>& into, int key, int peer, int kind) {
   Transfer t;
   t.buf = wire_buffer();
-  t.work = pp_.recv_async(t.buf, peer, tag_of(micro, kind));
-  into[micro] = std::move(t);
+  t.work = pp_.recv_async(t.buf, peer, tag_of(key, kind));
+  into[key] = std::move(t);
 }
 
 void PipelineStage::wait_sends(bool all) {
@@ -99,57 +102,73 @@ PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64
   n_elems_ = B * T * model_.config().d_model;
   std::vector<std::vector<int32_t>> tok(static_cast<size_t>(M)), tgt(static_cast<size_t>(M)),
       pos(static_cast<size_t>(M));
-  std::vector<int> slot(size_t(M), -1);
+  std::vector<int> slot(size_t(M * opt_.virtual_stages), -1);
+  // The receives in the order this stage consumes them; each is posted when the one before it
+  // is consumed, so the next transfer travels while the current action computes.
+  const StageActions& actions = schedule_[size_t(stage_)];
+  std::vector<PipeAction> act_in, grad_in;
+  for (const PipeAction& a : actions) {
+    if (a.kind == Kind::forward && receives_input(a)) act_in.push_back(a);
+    if (a.kind == Kind::backward && sends_output(a)) grad_in.push_back(a);
+  }
+  size_t next_act = 0, next_grad = 0;
+  auto post_next_act = [&] {
+    if (next_act < act_in.size()) post_recv(act_recv_, key_of(act_in[next_act++]), prev_stage(), 0);
+  };
+  auto post_next_grad = [&] {
+    if (next_grad < grad_in.size()) post_recv(grad_recv_, key_of(grad_in[next_grad++]), next_stage(), 1);
+  };
   model_.begin_pass(true);
-  if (!first()) post_recv(act_recv_, 0, stage_ - 1, 0);
-  if (!last()) post_recv(grad_recv_, 0, stage_ + 1, 1);
+  post_next_act();
+  post_next_grad();
   int live = 0;
-  for (const PipeAction& a : schedule_[size_t(stage_)]) {
-    const int m = a.micro;
+  for (const PipeAction& a : actions) {
+    const int m = a.micro, key = key_of(a);
     const size_t mi = size_t(m);
     if (a.kind == Kind::forward) {
-      // The next micro-batch's input travels while this one computes.
-      if (!first() && m + 1 < M) post_recv(act_recv_, m + 1, stage_ - 1, 0);
-      tok[mi].resize(size_t(B * T));
-      tgt[mi].resize(size_t(B * T));
-      if (opt_.packed_documents) pos[mi].resize(size_t(B * T));
-      fill(m, tok[mi].data(), tgt[mi].data(), opt_.packed_documents ? pos[mi].data() : nullptr);
-      slot[mi] = model_.stage_begin(B, T, true);
-      if (!first()) {
-        Transfer& in = act_recv_.at(m);
+      if (a.chunk == 0) {  // a micro-batch's first forward on this stage
+        tok[mi].resize(size_t(B * T));
+        tgt[mi].resize(size_t(B * T));
+        if (opt_.packed_documents) pos[mi].resize(size_t(B * T));
+        fill(m, tok[mi].data(), tgt[mi].data(), opt_.packed_documents ? pos[mi].data() : nullptr);
+      }
+      slot[size_t(key)] = model_.stage_begin(B, T, true, a.chunk);
+      if (receives_input(a)) {
+        post_next_act();
+        Transfer& in = act_recv_.at(key);
         {
-          trace::Span wait("wait recv activation", "wait", {{"micro", m}, {"peer", stage_ - 1}});
+          trace::Span wait("wait recv activation", "wait", {{"micro", m}, {"chunk", a.chunk}, {"peer", prev_stage()}});
           in.work.wait();
         }
-        land(in.buf, model_.stage_input(slot[mi]));
+        land(in.buf, model_.stage_input(slot[size_t(key)]));
         pool_.push_back(in.buf);
-        act_recv_.erase(m);
+        act_recv_.erase(key);
       }
       Stopwatch sw;
       int64_t n = 0;
       {
-        trace::Span span("forward micro-batch", "compute", {{"micro", m}});
-        st.loss_sum += model_.stage_forward(slot[mi], tok[mi].data(), tgt[mi].data(), grad_scale, &n,
+        trace::Span span("forward micro-batch", "compute", {{"micro", m}, {"chunk", a.chunk}});
+        st.loss_sum += model_.stage_forward(slot[size_t(key)], tok[mi].data(), tgt[mi].data(), grad_scale, &n,
                                             opt_.packed_documents ? pos[mi].data() : nullptr);
       }
       st.forward_s += sw.seconds();
       st.n_valid += n;
-      if (!last()) {
+      if (sends_output(a)) {
+        const Tensor y = model_.stage_output(slot[size_t(key)]);
         Transfer out;
-        if (narrow()) out.buf = pack(model_.stage_output(slot[mi]));
-        out.work =
-            pp_.send_async(out.buf.defined() ? out.buf : model_.stage_output(slot[mi]), stage_ + 1, tag_of(m, 0));
-        act_sends_[m] = std::move(out);
+        if (narrow()) out.buf = pack(y);
+        out.work = pp_.send_async(out.buf.defined() ? out.buf : y, next_stage(), tag_of(output_key(a), 0));
+        act_sends_[key] = std::move(out);
       }
       st.max_in_flight = std::max(st.max_in_flight, ++live);
     } else {
-      if (!last() && m + 1 < M) post_recv(grad_recv_, m + 1, stage_ + 1, 1);
       if (before_backward) before_backward(m);
       Tensor dy;
-      if (!last()) {
-        Transfer& g = grad_recv_.at(m);
+      if (sends_output(a)) {
+        post_next_grad();
+        Transfer& g = grad_recv_.at(key);
         {
-          trace::Span wait("wait recv gradient", "wait", {{"micro", m}, {"peer", stage_ + 1}});
+          trace::Span wait("wait recv gradient", "wait", {{"micro", m}, {"chunk", a.chunk}, {"peer", next_stage()}});
           g.work.wait();
         }
         if (narrow()) {
@@ -159,25 +178,26 @@ PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64
         } else {
           dy = g.buf;
         }
-        grad_recv_.erase(m);
+        grad_recv_.erase(key);
         // The slot's output must not be overwritten while it is still being sent.
-        trace::Span wait("wait send activation", "wait", {{"micro", m}, {"peer", stage_ + 1}});
-        Transfer& sent = act_sends_.at(m);
+        trace::Span wait("wait send activation", "wait", {{"micro", m}, {"chunk", a.chunk}, {"peer", next_stage()}});
+        Transfer& sent = act_sends_.at(key);
         sent.work.wait();
         if (sent.buf.defined()) pool_.push_back(sent.buf);
-        act_sends_.erase(m);
+        act_sends_.erase(key);
       }
+      const int id = slot[size_t(key)];
       Stopwatch sw;
       {
-        trace::Span span("backward micro-batch", "compute", {{"micro", m}});
-        model_.stage_backward(slot[mi], dy.defined() ? dy.view(model_.stage_output(slot[mi]).shape()) : dy);
+        trace::Span span("backward micro-batch", "compute", {{"micro", m}, {"chunk", a.chunk}});
+        model_.stage_backward(id, dy.defined() ? dy.view(model_.stage_output(id).shape()) : dy);
       }
       st.backward_s += sw.seconds();
       if (dy.defined()) pool_.push_back(dy);
-      if (!first()) {
+      if (receives_input(a)) {
         Transfer out;
         out.buf = pack(model_.stage_input_grad());
-        out.work = pp_.send_async(out.buf, stage_ - 1, tag_of(m, 1));
+        out.work = pp_.send_async(out.buf, prev_stage(), tag_of(input_grad_key(a), 1));
         grad_sends_.push_back(std::move(out));
         wait_sends(false);
       }
@@ -203,24 +223,32 @@ std::vector<std::pair<double, int64_t>> PipelineStage::evaluate(const FillFn& fi
   int32_t* positions = opt_.packed_documents ? pos.data() : nullptr;
   std::vector<std::pair<double, int64_t>> out;
   model_.begin_pass(false);
+  // Micro-batch after micro-batch, each through every chunk in model order: one chain of
+  // blocking transfers that every stage walks in the same order.
   for (int m = 0; m < micro_batches; ++m) {
     fill(m, tok.data(), tgt.data(), positions);
-    const int id = model_.stage_begin(B, T, false);
-    if (!first()) {
-      Tensor in = wire_buffer();
-      pp_.recv(in, stage_ - 1, tag_of(m, 0));
-      land(in, model_.stage_input(id));
-      pool_.push_back(in);
+    double sum = 0;
+    int64_t counted = 0;
+    for (int c = 0; c < opt_.virtual_stages; ++c) {
+      const PipeAction a{PipeAction::Kind::forward, m, c};
+      const int id = model_.stage_begin(B, T, false, c);
+      if (receives_input(a)) {
+        Tensor in = wire_buffer();
+        pp_.recv(in, prev_stage(), tag_of(key_of(a), 0));
+        land(in, model_.stage_input(id));
+        pool_.push_back(in);
+      }
+      int64_t n = 0;
+      sum += model_.stage_forward(id, tok.data(), tgt.data(), 1.0, &n, positions);
+      counted += n;
+      if (sends_output(a)) {
+        Tensor sent = pack(model_.stage_output(id));
+        pp_.send(sent, next_stage(), tag_of(output_key(a), 0));
+        pool_.push_back(sent);
+      }
+      model_.stage_release(id);
     }
-    int64_t n = 0;
-    const double sum = model_.stage_forward(id, tok.data(), tgt.data(), 1.0, &n, positions);
-    out.push_back({sum, n});
-    if (!last()) {
-      Tensor sent = pack(model_.stage_output(id));
-      pp_.send(sent, stage_ + 1, tag_of(m, 0));
-      pool_.push_back(sent);
-    }
-    model_.stage_release(id);
+    out.push_back({sum, counted});
   }
   model_.end_pass(false);
   return out;

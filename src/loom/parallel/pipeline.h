@@ -1,9 +1,10 @@
 // One stage of a pipeline-parallel model: runs this stage's list of schedule actions
 // (pipeline_schedule.h) on its Decoder slice, receiving activations from the previous stage
 // and gradients from the next one with asynchronous send/recv on the pp group, posted one
-// micro-batch ahead so that transfers overlap computation. Also keeps a tied token table
-// identical on the first and last stages (their gradients are summed). Gradients accumulate
-// through the decoder's ParamSource (the DataParallel engine); optimizer steps are the caller's.
+// transfer ahead so that transfers overlap computation. With v virtual stages the slice holds v
+// chunks and the stages form a ring: the last stage's chunk c feeds the first stage's c + 1. Also keeps a tied token
+// table identical on the first and last stages (their gradients are summed). Gradients accumulate through the decoder's
+// ParamSource (the DataParallel engine); optimizer steps are the caller's.
 #pragma once
 #include <functional>
 #include <map>
@@ -19,6 +20,9 @@ namespace loom::parallel {
 struct PipelineOptions {
   PipeSchedule schedule = PipeSchedule::one_f_one_b;
   int micro_batches = 1;
+  // Chunks of blocks per stage (parallel.virtual_stages): > 1 runs interleaved 1F1B, and the
+  // decoder's slice must hold that many chunks (ModelSlice::later_chunks).
+  int virtual_stages = 1;
   // The activations sent to the next stage and the gradients sent back (parallel.pp_dtype):
   // f32, or bf16/f16 (half the bytes; each is rounded to nearest even before it leaves and
   // widened to f32 on arrival, so the next stage starts from the rounded residual stream).
@@ -35,7 +39,7 @@ struct PipelineStepStats {
   double wall_s = 0;                     // the whole step on this stage
   double busy_s = 0;                     // inside stage forward/backward (computation, incl. TP collectives)
   double forward_s = 0, backward_s = 0;  // busy_s split by action kind
-  int max_in_flight = 0;                 // micro-batches whose forward ran and backward had not
+  int max_in_flight = 0;                 // (chunk, micro-batch) pairs whose forward ran and backward had not
 };
 
 class PipelineStage {
@@ -78,7 +82,19 @@ class PipelineStage {
   void land(const Tensor& wire, const Tensor& dst);
   // A wire buffer holding src (narrowed to the wire type).
   Tensor pack(const Tensor& src);
-  void post_recv(std::map<int, Transfer>& into, int micro, int peer, int kind);
+  // Transfers are keyed by (micro-batch, chunk): micro * v + chunk. A transfer's tag is the
+  // receiving action's key: the last stage's chunk c feeds the first stage's chunk c + 1, whose
+  // input gradient goes back to chunk c.
+  int key_of(const PipeAction& a) const { return a.micro * opt_.virtual_stages + a.chunk; }
+  int output_key(const PipeAction& a) const { return key_of(a) + (last() ? 1 : 0); }
+  int input_grad_key(const PipeAction& a) const { return key_of(a) - (first() ? 1 : 0); }
+  // Whether an action's chunk takes its input from another stage (all but the embedding chunk's)
+  // and sends its output on (all but the head chunk's); the gradients travel the other way.
+  bool receives_input(const PipeAction& a) const { return !(first() && a.chunk == 0); }
+  bool sends_output(const PipeAction& a) const { return !(last() && a.chunk == opt_.virtual_stages - 1); }
+  int prev_stage() const { return (stage_ + stages_ - 1) % stages_; }
+  int next_stage() const { return (stage_ + 1) % stages_; }
+  void post_recv(std::map<int, Transfer>& into, int key, int peer, int kind);
   void wait_sends(bool all);
 
   model::Decoder& model_;
@@ -87,7 +103,7 @@ class PipelineStage {
   int stage_, stages_;
   std::vector<StageActions> schedule_;
   std::vector<Tensor> pool_;                      // free [N, C] transfer buffers
-  std::map<int, Transfer> act_recv_, grad_recv_;  // posted receives by micro-batch
+  std::map<int, Transfer> act_recv_, grad_recv_;  // posted receives by key_of
   std::vector<Transfer> grad_sends_;              // gradient sends in flight (own buffers)
   // Activation sends: f32 straight from the slot's output (buf undefined), or a narrowed copy.
   std::map<int, Transfer> act_sends_;

@@ -229,6 +229,7 @@ void read_parallel(ConfigReader& r, TrainConfig& c) {
       wire_dtype(r.string("parallel.pp_dtype", model::precision_name(c.model.precision), {"fp32", "bf16", "fp16"}));
   c.parallel.pp_schedule =
       parallel::pipe_schedule_from_name(r.string("parallel.pp_schedule", "1f1b", {"gpipe", "1f1b"}));
+  c.parallel.virtual_stages = r.integer("parallel.virtual_stages", 1, 1, 1 << 12);
   c.parallel.pp_partition = parallel::partition_method_from_name(
       r.string("parallel.pp_partition", "uniform", {"uniform", "parameters", "profile"}));
   c.parallel.micro_batches = r.integer("parallel.micro_batches", 0, 0, kMaxI);  // 0: resolved below
@@ -307,6 +308,8 @@ void check_parallel_layout(TrainConfig& c) {
   LOOM_CHECK(ep == 1 || !onebit, "config", "optim.name=onebit_adam with parallel.ep=", ep,
              " is not supported (its compressed exchange covers one data-parallel group); use optim.name=adamw");
   parallel::check_stage_count(int(c.model.n_layer), int(pp));
+  parallel::check_virtual_stages(c.parallel.pp_schedule, int(pp), int(c.parallel.micro_batches),
+                                 int(c.parallel.virtual_stages), int(c.model.n_layer));
   LOOM_CHECK(pp == 1 || c.parallel.zero_stage <= 1, "config", "parallel.zero_stage=", c.parallel.zero_stage,
              " with parallel.pp=", pp, " is not supported: ZeRO-2/3 reduce ",
              "and gather per forward/backward pass, which a pipeline interleaves across micro-batches; ",

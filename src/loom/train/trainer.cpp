@@ -107,15 +107,17 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
   const auto ranks = p.data_parallel_ranks();
   const int pp_rank = int(mesh_->coord().pp);
   stages_ = partition_stages();
-  const model::ModelSlice slice{stages_[size_t(pp_rank)].first_layer,
-                                stages_[size_t(pp_rank)].last_layer,
-                                pp_rank == 0,
-                                pp_rank == int(p.pp) - 1,
-                                p.tp,
-                                mesh_->coord().tp,
-                                p.ep,
-                                mesh_->coord().ep,
-                                /*lora_adapters=*/cfg_.model.lora.enabled()};
+  model::ModelSlice slice{stages_[size_t(pp_rank)].first_layer,
+                          stages_[size_t(pp_rank)].last_layer,
+                          pp_rank == 0,
+                          pp_rank == int(p.pp) - 1,
+                          p.tp,
+                          mesh_->coord().tp,
+                          p.ep,
+                          mesh_->coord().ep,
+                          /*lora_adapters=*/cfg_.model.lora.enabled()};
+  for (size_t c = size_t(pp_rank + p.pp); c < stages_.size(); c += size_t(p.pp))
+    slice.later_chunks.push_back({stages_[c].first_layer, stages_[c].last_layer});
   dp_plan_ =
       parallel::plan_data_parallel({int(p.zero_stage), p.bucket_mb, p.grad_dtype, p.gather_dtype, p.weight_replica},
                                    cfg_.optim.kind, model::ParamLayout(cfg_.model, ranks.dp_size, slice), ranks);
@@ -160,12 +162,14 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
   if (p.pp > 1)
     pipe_ = std::make_unique<parallel::PipelineStage>(
         *model_, *mesh_,
-        parallel::PipelineOptions{p.pp_schedule, int(p.micro_batches), p.pp_dtype, data_.packs_documents()});
+        parallel::PipelineOptions{p.pp_schedule, int(p.micro_batches), int(p.virtual_stages), p.pp_dtype,
+                                  data_.packs_documents()});
   if (p.pp > 1 || p.tp > 1 || p.ep > 1)
     whole_layout_ = std::make_unique<model::ParamLayout>(cfg_.model, 1, model::ModelSlice{.lora_adapters = lora});
   place_optimizer_state();
   check_fits_in_memory();
-  layout_desc_ = str_cat(shape.describe(), ", stages ", parallel::describe_partition(stages_));
+  layout_desc_ = str_cat(shape.describe(), ", stages ", parallel::describe_partition(stages_),
+                         p.virtual_stages > 1 ? str_cat(" (", p.virtual_stages, " chunks per stage)") : "");
   if (lora) identify_lora_base();
   if (!opt_.resume.empty()) resume_from(opt_.resume);
   if (step_ == 0) start_new_run();

@@ -13,8 +13,9 @@
 
 namespace loom::train {
 
+// With v virtual stages, pp x v chunks: stage s holds chunks s, s + pp, ... (Megatron's layout).
 std::vector<parallel::StageRange> Trainer::partition_stages() {
-  const int L = int(cfg_.model.n_layer), pp = int(cfg_.parallel.pp);
+  const int L = int(cfg_.model.n_layer), pp = int(cfg_.parallel.pp * cfg_.parallel.virtual_stages);
   switch (cfg_.parallel.pp_partition) {
     case parallel::PartitionMethod::uniform: return parallel::partition_uniform(L, pp);
     case parallel::PartitionMethod::parameters:

@@ -1,17 +1,17 @@
 // Invariant 1 for tensor and pipeline parallelism: under mpiexec, every layout pp x dp x tp whose
-// product is the world size (both pipeline schedules, ZeRO-0/1, with and without activation
-// checkpointing, GPT-2 with tied embeddings and LLaMA with GQA, rows packing several documents)
-// gives the per-step losses and final weights of a single-process run of the same global batch
-// (ZeRO-2/3 too where there is no pipeline); a tied token table stays identical on the first and
-// last stages, and tp-replicated parameters on every tp rank. The tolerance policy is
-// dp_equivalence_test.cpp's (reductions and micro-batch sums happen in another order, so results
-// agree to float rounding, not bitwise): losses |a - b| <= 1e-5 |b|; weights after 20 AdamW steps
-// within 1e-5 |b| + 1e-3 lr except for at most 0.05% of elements (Adam divides by the running
-// gradient size, so an element whose gradient is nearly zero turns rounding noise into a step of up
-// to lr), none beyond 1% of lr * steps; GPT-2's key bias (no gradient in exact arithmetic) is
-// skipped. Layouts marked bf16 (model.precision=bf16) are compared with a bf16 single-process run
-// under the bf16 tolerances of dp_equivalence_test.cpp. A 3D run saved and resumed on the same
-// layout continues bitwise like the run that never stopped.
+// product is the world size (both pipeline schedules and interleaved 1F1B, ZeRO-0/1, with and
+// without activation checkpointing, GPT-2 with tied embeddings and LLaMA with GQA, rows packing
+// several documents) gives the per-step losses and final weights of a single-process run of the
+// same global batch (ZeRO-2/3 too where there is no pipeline); a tied token table stays identical
+// on the first and last stages, and tp-replicated parameters on every tp rank. The tolerance
+// policy is dp_equivalence_test.cpp's (reductions and micro-batch sums happen in another order, so
+// results agree to float rounding, not bitwise): losses |a - b| <= 1e-5 |b|; weights after 20
+// AdamW steps within 1e-5 |b| + 1e-3 lr except for at most 0.05% of elements (Adam divides by the
+// running gradient size, so an element whose gradient is nearly zero turns rounding noise into a
+// step of up to lr), none beyond 1% of lr * steps; GPT-2's key bias (no gradient in exact
+// arithmetic) is skipped. Layouts marked bf16 (model.precision=bf16) are compared with a bf16
+// single-process run under the bf16 tolerances of dp_equivalence_test.cpp. A 3D run saved and
+// resumed on the same layout continues bitwise like the run that never stopped.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -64,6 +64,9 @@ std::string describe(const Layout& l) {
 constexpr const char* kSharedExpert = "model.moe.num_shared_experts=1 model.moe.router_z_loss_coef=0.001";
 constexpr const char* kGpt2Moe =
     "model.moe.num_experts=4 model.moe.expert_d_ff=32 model.moe.moe_every=2 model.moe.score=sigmoid";
+// Interleaved 1F1B: two chunks per stage of one block each (pp=2: 4 blocks, pp=4: 8).
+constexpr const char* kInterleaved2 = "model.n_layer=4 parallel.virtual_stages=2";
+constexpr const char* kInterleaved4 = "model.n_layer=8 parallel.virtual_stages=2";
 
 // The layouts run for each world size (one ctest entry per size keeps every run short).
 const std::vector<Layout>& layouts() {
@@ -81,6 +84,8 @@ const std::vector<Layout>& layouts() {
       // Packed documents: positions reach every stage and every tp slice's attention.
       {"llama-tiny", 2, 1, 1, "1f1b", 0, 4, 1, "uniform", "fp32", 1, "", false, true},
       {"gpt2-tiny", 1, 1, 2, "1f1b", 0, 2, 0, "uniform", "fp32", 1, "", false, true},
+      {"gpt2-tiny", 2, 1, 1, "1f1b", 0, 4, 0, "uniform", "fp32", 1, kInterleaved2},  // tied table across the ring
+      {"llama-tiny", 2, 1, 1, "1f1b", 0, 2, 1, "uniform", "fp32", 1, kInterleaved2},
       // 4 ranks: pp=2 x dp=2 (ZeRO-0 and -1); tp=2 x pp=2; tp=4 (LLaMA's 2 kv heads replicated).
       {"gpt2-tiny", 2, 2, 1, "1f1b", 1, 2, 0},
       {"llama-tiny", 2, 2, 1, "gpipe", 0, 2, 1, "parameters"},
@@ -95,12 +100,16 @@ const std::vector<Layout>& layouts() {
       {"llama-tiny", 1, 1, 4, "1f1b", 0, 2, 0, "uniform", "fp32", 1, "model.qkv_bias=true"},  // replicated k/v biases
       {"gpt2-tiny", 2, 2, 1, "1f1b", 1, 2, 0, "uniform", "bf16", 1, "", true},  // tied copy in the replica
       {"llama-tiny", 2, 1, 2, "gpipe", 0, 4, 0, "uniform", "fp32", 1, "", false, true},
+      {"llama-tiny", 4, 1, 1, "1f1b", 0, 4, 0, "uniform", "fp32", 1, kInterleaved4},
+      {"gpt2-tiny", 2, 2, 1, "1f1b", 1, 2, 1, "uniform", "fp32", 1, kInterleaved2},  // dp buckets across chunks
       // 8 ranks: dp=2 x tp=2 x pp=2.
       {"gpt2-tiny", 2, 2, 2, "1f1b", 1, 2, 1},
       {"llama-tiny", 2, 2, 2, "gpipe", 0, 2, 0},
       {"llama-tiny", 1, 2, 4, "1f1b", 2, 2, 0},  // ZeRO-2, replicated kv heads summed in shards
       {"llama-tiny", 2, 2, 2, "gpipe", 0, 2, 0, "uniform", "bf16"},
       {"llama-tiny", 1, 2, 4, "1f1b", 2, 2, 0, "uniform", "bf16", 1, "", true},  // ZeRO-2 replica of tp slices
+      {"gpt2-tiny", 4, 2, 1, "1f1b", 1, 4, 0, "uniform", "fp32", 1, kInterleaved4},
+      {"llama-tiny", 2, 2, 2, "1f1b", 0, 2, 0, "uniform", "fp32", 1, kInterleaved2},
       // Mixture of Experts. 2 ranks: dp=2 with ZeRO-3 (expert units of their own, ep=1); ep=2
       // alone and with ZeRO-3 (dense units sharded over both ranks, experts not at all).
       {"llama-moe-tiny", 1, 2, 1, "1f1b", 3, 2, 1, "uniform", "fp32", 1, kSharedExpert},
@@ -143,7 +152,8 @@ TrainConfig make_config(const Layout& l, int64_t steps, const std::string& ckpt_
                                    "parallel.ep=" + std::to_string(l.ep),
                                    "parallel.bucket_mb=0.01"};
   std::istringstream extra(l.extra);
-  for (std::string kv; extra >> kv;) sets.push_back(kv);
+  for (std::string kv; extra >> kv;)  // a one-process reference has no pipeline to interleave
+    if (l.pp > 1 || kv.rfind("parallel.virtual_stages=", 0) != 0) sets.push_back(kv);
   if (l.replica) sets.push_back("parallel.weight_replica=on");
   if (!ckpt_dir.empty()) sets.push_back("checkpoint.dir=" + ckpt_dir);
   return parse_train_config("{}", sets);
@@ -408,13 +418,19 @@ TEST(ModelParallelResume, CheckpointsReshardAcrossEveryLayout) {
         {{"llama-moe-tiny", 1, 1, 1, "1f1b", 0, 2, 0, "uniform", "fp32", 2},                   // ep=2 -> dp=2 ZeRO-1
          {"llama-moe-tiny", 1, 2, 1, "1f1b", 1, 2, 0}},
         {{"llama-tiny", 1, 1, 2, "1f1b", 0, 2, 0}, kOneProcess},  // tp=2 -> one process
+        // Interleaved stages (blocks 0, 2 | 1, 3) save and load like any other layout.
+        {{"gpt2-tiny", 2, 1, 1, "1f1b", 0, 2, 0, "uniform", "fp32", 1, kInterleaved2}, kOneProcess},
+        {{"gpt2-tiny", 1, 2, 1, "1f1b", 1, 2, 0, "uniform", "fp32", 1, "model.n_layer=4"},
+         {"gpt2-tiny", 2, 1, 1, "1f1b", 0, 4, 0, "uniform", "fp32", 1, kInterleaved2}},  // dp=2 -> interleaved pp=2
     };
   } else if (N == 4) {
     transitions = {
         {{"llama-tiny", 2, 2, 1, "gpipe", 1, 2, 1, "parameters"}, {"llama-tiny", 1, 1, 4, "1f1b", 0, 4, 0}},
         {{"llama-moe-tiny", 1, 2, 1, "1f1b", 3, 1, 1, "uniform", "fp32", 2, kSharedExpert},
          {"llama-moe-tiny", 1, 1, 2, "1f1b", 0, 2, 0, "uniform", "fp32", 2, kSharedExpert}},  // dp2 x ep2 -> tp2 x ep2
-        {kOneProcess, {"gpt2-tiny", 2, 1, 2, "1f1b", 0, 4, 1}},  // one process -> pp2 x tp2
+        {kOneProcess, {"gpt2-tiny", 2, 1, 2, "1f1b", 0, 4, 1}},                          // one process -> pp2 x tp2
+        {{"llama-tiny", 4, 1, 1, "1f1b", 0, 4, 1, "uniform", "fp32", 1, kInterleaved4},  // interleaved pp4 -> pp4
+         {"llama-tiny", 4, 1, 1, "1f1b", 0, 4, 0, "uniform", "fp32", 1, "model.n_layer=8"}},
     };
   } else if (N == 8) {
     transitions = {
