@@ -1,8 +1,11 @@
 // `loom bench pipeline`: what pipeline parallelism costs on this machine.
-//   --nproc P: P stages run GPipe and 1F1B steps for several micro-batch counts m; per stage
-//     the idle fraction (1 - busy / step time) against (p - 1) / (m + p - 1), the idle fraction
-//     the schedule simulator predicts from the measured forward/backward times, and the peak
-//     activation memory (GPipe keeps m micro-batches, 1F1B at most p - s on stage s).
+//   --nproc P: P stages run GPipe, 1F1B and interleaved 1F1B (v chunks per stage) steps for
+//     several micro-batch counts m; per stage the idle fraction (1 - busy / step time) against
+//     the schedule's formula ((p - 1) / (m + p - 1), interleaved (p - 1) / (v m + p - 1)), the
+//     idle fraction the schedule simulator predicts from the measured forward/backward times,
+//     the peak activation memory (GPipe keeps m micro-batches, 1F1B at most p - s on stage s)
+//     and the step time.
+//   --show-schedule: prints each schedule's per-stage action list (no ranks needed).
 //   --balance: one process; stage balance max/mean of the uniform, parameters and profile
 //     partitions, each judged by a second, independent timing of every piece.
 #include <algorithm>
@@ -30,8 +33,9 @@ namespace {
 struct PipelineOptions {
   int64_t nproc = 0, layers = 8, d_model = 256, vocab = 512, batch = 0, seq = 0, steps = 5, warmup = 1, threads = 1,
           reps = 3;
-  std::string micro_batches = "1,2,4,8,16", schedules = "gpipe,1f1b", model = "gpt2-124m", stages = "2,4";
-  bool balance = false;
+  int64_t virtual_stages = 2;
+  std::string micro_batches = "1,2,4,8,16", schedules = "gpipe,1f1b,interleaved", model = "gpt2-124m", stages = "2,4";
+  bool balance = false, show_schedule = false;
 };
 
 std::vector<int> int_list(const std::string& s) {
@@ -50,6 +54,58 @@ std::vector<std::string> str_list(const std::string& s) {
   while (std::getline(ss, item, ','))
     if (!item.empty()) out.push_back(item);
   return out;
+}
+
+// A schedule of the --schedules list: gpipe, 1f1b, or interleaved (1F1B over v chunks per stage).
+struct ScheduleChoice {
+  parallel::PipeSchedule kind;
+  int v;
+};
+ScheduleChoice schedule_choice(const std::string& name, int virtual_stages) {
+  if (name == "interleaved") return {parallel::PipeSchedule::one_f_one_b, virtual_stages};
+  LOOM_CHECK(name == "gpipe" || name == "1f1b", "bench", "--schedules: expected gpipe, 1f1b or interleaved, got \"",
+             name, "\"");
+  return {parallel::pipe_schedule_from_name(name), 1};
+}
+
+// Why this machine's run skips a (schedule, m), or "" when it can run.
+std::string cannot_run(const ScheduleChoice& c, int p, int m, int64_t layers) {
+  if (c.v == 1) return "";
+  if (m % p != 0) return str_cat("m=", m, " is not a multiple of p=", p);
+  if (layers % (p * c.v) != 0) return str_cat("--layers ", layers, " does not split into ", p * c.v, " chunks");
+  return "";
+}
+
+std::string describe_actions(const parallel::StageActions& st) {
+  std::string out;
+  for (const auto& a : st)
+    out += str_cat(out.empty() ? "" : " ", a.kind == parallel::PipeAction::Kind::forward ? "F" : "B", a.micro,
+                   a.chunk ? str_cat(".", a.chunk) : "");
+  return out;
+}
+
+// --show-schedule: the schedules as data, with what they predict for equal stages.
+int show_schedules(const PipelineOptions& a) {
+  const int p = a.nproc > 0 ? int(a.nproc) : 2;
+  std::printf("pipeline schedules for p=%d (F3.1: forward of micro-batch 3 in the stage's chunk 1)\n", p);
+  for (const std::string& name : str_list(a.schedules)) {
+    const ScheduleChoice c = schedule_choice(name, int(a.virtual_stages));
+    for (int m : int_list(a.micro_batches)) {
+      if (const std::string why = cannot_run(c, p, m, a.layers); !why.empty()) {
+        std::printf("\n%s m=%d: not run (%s)\n", name.c_str(), m, why.c_str());
+        continue;
+      }
+      const auto sched = parallel::make_schedule(c.kind, p, m, c.v);
+      std::printf("\n%s m=%d%s: bubble (p-1)/(%sm+p-1) = %.1f%%\n", name.c_str(), m,
+                  c.v > 1 ? str_cat(" v=", c.v).c_str() : "", c.v > 1 ? "v" : "",
+                  100 * parallel::bubble_fraction(p, m, c.v));
+      for (int s = 0; s < p; ++s)
+        std::printf("  stage %d (%d in flight%s): %s\n", s, parallel::max_in_flight(sched[size_t(s)]),
+                    c.v > 1 ? str_cat(", each 1/", c.v, " of its blocks").c_str() : "",
+                    describe_actions(sched[size_t(s)]).c_str());
+    }
+  }
+  return 0;
 }
 
 std::vector<double> ms(std::vector<double> seconds) {
@@ -129,7 +185,11 @@ int bench_pipeline(const std::vector<std::string>& argv) {
   PipelineOptions a;
   add_run_default_option(*app, "--nproc", a.nproc, "stages, one rank each (via loom launch)", "P", positive());
   app->add_option("--micro-batches", a.micro_batches, "micro-batch counts to run")->type_name("LIST");
-  app->add_option("--schedules", a.schedules, "schedules to run")->type_name("LIST");
+  app->add_option("--schedules", a.schedules, "schedules to run: gpipe, 1f1b, interleaved")->type_name("LIST");
+  app->add_option("--virtual-stages", a.virtual_stages, "chunks per stage of the interleaved schedule")
+      ->type_name("V")
+      ->check(positive());
+  app->add_flag("--show-schedule", a.show_schedule, "print each schedule's actions per stage (for --nproc stages)");
   app->add_option("--layers", a.layers, "blocks of the model")->type_name("L")->check(positive());
   app->add_option("--d-model", a.d_model, "model width")->type_name("C")->check(positive());
   app->add_option("--vocab", a.vocab, "vocabulary size")->type_name("V")->check(positive());
@@ -146,6 +206,7 @@ int bench_pipeline(const std::vector<std::string>& argv) {
   if (auto rc = parse(*app, argv)) return *rc;
   set_num_threads(int(a.threads));
   if (a.balance) return bench_balance(a, *app);
+  if (a.show_schedule) return show_schedules(a);
   if (app->count("--nproc") && !comm::launch_env().under_mpi) return relaunch_bench("pipeline", argv);
   comm::World world;
   const int p = world.size();
@@ -163,6 +224,9 @@ int bench_pipeline(const std::vector<std::string>& argv) {
   const int64_t steps = a.steps, warmup = a.warmup;
   parallel::check_stage_count(int(cfg.n_layer), p);
   const auto ranges = parallel::partition_uniform(int(cfg.n_layer), p);
+  std::vector<ScheduleChoice> choices;
+  for (const std::string& sched : str_list(a.schedules))
+    choices.push_back(schedule_choice(sched, int(a.virtual_stages)));
   parallel::Mesh mesh(world.group(), parallel::MeshShape(p, 1, 1, 1));
   const int s = int(mesh.coord().pp);
   if (main)
@@ -174,17 +238,27 @@ int bench_pipeline(const std::vector<std::string>& argv) {
   for (auto& t : tgt) t = int32_t(g() % cfg.vocab_size);
   nlohmann::json rows = nlohmann::json::array();
   if (main)
-    std::printf("\n%-6s %4s %8s %10s %10s %10s   %s\n", "sched", "m", "formula", "idle mean", "idle max", "simulated",
-                "per stage: idle% / peak activations");
-  for (const std::string& sched : str_list(a.schedules))
+    std::printf("\n%-11s %4s %8s %10s %10s %10s %9s   %s\n", "sched", "m", "formula", "idle mean", "idle max",
+                "simulated", "step ms", "per stage: idle% / peak activations");
+  for (size_t k = 0; k < choices.size(); ++k)
     for (int m : int_list(a.micro_batches)) {
+      const std::string sched = str_list(a.schedules)[k];
+      const ScheduleChoice c = choices[k];
+      if (const std::string why = cannot_run(c, p, m, cfg.n_layer); !why.empty()) {
+        if (main) std::printf("%-11s %4d   not run: %s\n", sched.c_str(), m, why.c_str());
+        continue;
+      }
       CpuAllocator alloc;  // this configuration's activations alone
       model::DecoderOptions o;
-      o.slice = {ranges[size_t(s)].first_layer, ranges[size_t(s)].last_layer, s == 0, s == p - 1};
+      // v chunks per stage: model chunks s, s + p, ... (Megatron's layout).
+      const auto chunks = parallel::partition_uniform(int(cfg.n_layer), p * c.v);
+      o.slice = {chunks[size_t(s)].first_layer, chunks[size_t(s)].last_layer, s == 0, s == p - 1};
+      for (int j = 1; j < c.v; ++j)
+        o.slice.later_chunks.push_back({chunks[size_t(s + j * p)].first_layer, chunks[size_t(s + j * p)].last_layer});
       model::Decoder d(cfg, o, DType::f32, alloc);
       d.init_weights(1);
-      parallel::PipelineStage stage(d, mesh, {parallel::pipe_schedule_from_name(sched), m});
-      std::vector<double> idle_steps;
+      parallel::PipelineStage stage(d, mesh, {c.kind, m, c.v});
+      std::vector<double> idle_steps, step_s;
       double fwd = 0, bwd = 0;
       for (int64_t i = 0; i < warmup + steps; ++i) {
         world.group().barrier();  // every stage starts the step together
@@ -200,8 +274,10 @@ int bench_pipeline(const std::vector<std::string>& argv) {
         world.group().all_reduce(wall, comm::ReduceOp::max);
         if (i >= warmup) {
           idle_steps.push_back(1 - st.busy_s / wall.data<double>()[0]);
-          fwd += st.forward_s / double(steps * m);
-          bwd += st.backward_s / double(steps * m);
+          step_s.push_back(wall.data<double>()[0]);
+          // Per action: one chunk's forward or backward.
+          fwd += st.forward_s / double(steps * m * c.v);
+          bwd += st.backward_s / double(steps * m * c.v);
         }
       }
       // Per stage: idle, forward and backward time per micro-batch, activation peak.
@@ -221,20 +297,22 @@ int bench_pipeline(const std::vector<std::string>& argv) {
         tb.push_back(v[4 * k + 2]);
         peaks.push_back(v[4 * k + 3]);
       }
-      const auto sim =
-          parallel::simulate_schedule(parallel::make_schedule(parallel::pipe_schedule_from_name(sched), p, m), tf, tb);
+      const auto sim = parallel::simulate_schedule(parallel::make_schedule(c.kind, p, m, c.v), tf, tb);
       double sim_mean = 0, mean = 0;
       for (double x : sim.idle_fraction()) sim_mean += x / p;
       for (double x : idles) mean += x / p;
-      const double formula = parallel::bubble_fraction(p, m);
+      const double formula = parallel::bubble_fraction(p, m, c.v);
+      const double step_ms = 1e3 * median(step_s);
       std::string per;
       for (int k = 0; k < p; ++k)
         per +=
             str_cat(k ? "  " : "", int(100 * idles[size_t(k)] + 0.5), "% / ", format_bytes(int64_t(peaks[size_t(k)])));
-      std::printf("%-6s %4d %7.1f%% %9.1f%% %9.1f%% %9.1f%%   %s\n", sched.c_str(), m, 100 * formula, 100 * mean,
-                  100 * *std::max_element(idles.begin(), idles.end()), 100 * sim_mean, per.c_str());
+      std::printf("%-11s %4d %7.1f%% %9.1f%% %9.1f%% %9.1f%% %9.1f   %s\n", sched.c_str(), m, 100 * formula, 100 * mean,
+                  100 * *std::max_element(idles.begin(), idles.end()), 100 * sim_mean, step_ms, per.c_str());
       std::fflush(stdout);
       rows.push_back({{"schedule", sched},
+                      {"virtual_stages", c.v},
+                      {"step_ms", step_ms},
                       {"stages", p},
                       {"micro_batches", m},
                       {"formula", formula},
