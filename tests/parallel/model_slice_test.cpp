@@ -2,7 +2,8 @@
 // model's values at the same Hugging Face elements; tp slices tile every split parameter; and
 // two pipeline stages chained by hand (several micro-batches in flight, with and without
 // checkpointing) give the whole model's losses and gradients, and so do two interleaved stages
-// of two chunks each run in the interleaved 1F1B order.
+// of two chunks each run in the interleaved 1F1B order; a backward split into its input- and
+// weight-gradient passes (zero-bubble schedules) gives the gradients of the whole backward.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -261,3 +262,54 @@ TEST_P(InterleavedStages, RingOfChunksMatchesTheWholeModel) {
 
 INSTANTIATE_TEST_SUITE_P(Families, InterleavedStages,
                          ::testing::Combine(::testing::Values("gpt2-tiny", "llama-tiny"), ::testing::Values(0, 1)));
+
+// ZB-H1's split: every micro-batch's input-gradient pass first, the weight passes afterwards, as
+// the last stage of a zero-bubble pipeline defers them. The same products in the same order per
+// parameter: bitwise the gradients of forward_backward. Dense blocks of both families, MoE
+// blocks (whose MLP is not deferred) and 16-bit saved activations (re-read by the weight pass).
+TEST(SplitBackward, InputThenWeightPassesGiveTheWholeBackwardsGradients) {
+  for (const char* name : {"gpt2-tiny", "llama-tiny", "llama-moe-tiny", "llama-tiny bf16"}) {
+    const std::string preset_name = std::string(name).substr(0, std::string(name).find(' '));
+    ModelConfig cfg = preset(preset_name);
+    if (std::string(name).find("bf16") != std::string::npos) cfg.activation_dtype = DType::bf16;
+    Decoder whole(cfg), split(cfg);
+    whole.init_weights(3);
+    split.init_weights(3);
+    const int64_t B = 2, T = 8, M = 3, N = B * T;
+    std::vector<std::vector<int32_t>> tok(M, std::vector<int32_t>(size_t(N))), tgt = tok;
+    for (int m = 0; m < M; ++m)
+      for (int64_t i = 0; i < N; ++i) {
+        tok[size_t(m)][size_t(i)] = int32_t((i * 5 + m * 11) % cfg.vocab_size);
+        tgt[size_t(m)][size_t(i)] = int32_t((i * 3 + m + 1) % cfg.vocab_size);
+      }
+    const double scale = 1.0 / double(M * N);
+    std::vector<int> ids;
+    for (int m = 0; m < M; ++m) {
+      const double want = whole.forward_backward(tok[size_t(m)].data(), tgt[size_t(m)].data(), B, T, scale);
+      ids.push_back(split.stage_begin(B, T, true));
+      EXPECT_EQ(split.stage_forward(ids.back(), tok[size_t(m)].data(), tgt[size_t(m)].data(), scale), want) << name;
+      split.stage_backward_input(ids.back(), {});
+    }
+    EXPECT_THROW(split.stage_backward_input(ids[0], {}), Error);  // its input pass ran already
+    // Deferred so far: the attention projections' weight gradients are still zero.
+    int deferred = 0;
+    for (const auto& p : split.layout().params())
+      if (p.product_operand && p.name.find("attn") != std::string::npos) {
+        for (float g : split.grad(p.name).to_f32_vector()) ASSERT_EQ(g, 0.0f) << name << " " << p.name;
+        ++deferred;
+      }
+    EXPECT_GT(deferred, 0) << name;
+    for (int id : ids) split.stage_backward_weights(id);
+    EXPECT_THROW(split.stage_backward_weights(ids[0]), Error);  // released
+    for (const auto& p : whole.layout().params())
+      ASSERT_EQ(split.grad(p.name).to_f32_vector(), whole.grad(p.name).to_f32_vector()) << name << " " << p.name;
+  }
+  // Checkpointed blocks keep no activations for a later weight pass.
+  DecoderOptions o;
+  o.activation_checkpoint_interval = 1;
+  Decoder ckpt(preset("gpt2-tiny"), o);
+  std::vector<int32_t> tok(16, 1);
+  const int id = ckpt.stage_begin(2, 8, true);
+  ckpt.stage_forward(id, tok.data(), tok.data(), 1.0);
+  EXPECT_THROW(ckpt.stage_backward_input(id, {}), Error);
+}

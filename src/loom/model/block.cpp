@@ -405,9 +405,41 @@ void block_forward(const ModelConfig& cfg, int layer, const BlockWeights& w, con
   block_forward(cfg, layer, w, d, x_in, pos, b, parts, x_out);
 }
 
+BlockDeferredGrads BlockDeferredGrads::allocate(const ModelConfig& cfg, int64_t B, int64_t T, DType dt,
+                                                Allocator& alloc, const BlockDims& d) {
+  const int64_t N = B * T;
+  const auto cat = MemCategory::activations;
+  BlockDeferredGrads g;
+  g.d_out = Tensor::empty({N, d.C}, dt, cat, alloc);
+  g.d_fc = Tensor::empty({N, cfg.traits().mlp_fan_out() * d.F}, dt, cat, alloc);
+  g.d_proj = Tensor::empty({N, d.C}, dt, cat, alloc);
+  g.d_qkv = Tensor::empty({B, T, d.qkv_width()}, dt, cat, alloc);
+  return g;
+}
+
+int64_t BlockDeferredGrads::bytes() const {
+  return int64_t(d_out.nbytes() + d_fc.nbytes() + d_proj.nbytes() + d_qkv.nbytes());
+}
+
+void block_weight_backward(const ModelConfig& cfg, int layer, const BlockWeights& gw, const BlockActs& a,
+                           const BlockDeferredGrads& g) {
+  const ops::ProductPrecision prec = cfg.products();
+  const int64_t N = a.ln2.size(0);
+  // Without an input gradient linear_backward reads only the weight's shape, here its gradient's.
+  auto weight_grad = [&](const Tensor& dy, const Tensor& x, const Tensor& dw, const Tensor& db) {
+    if (dw.defined()) ops::linear_backward(dy, x, dw, {}, dw, db, false, prec);
+  };
+  if (!cfg.is_moe_layer(layer)) {
+    weight_grad(g.d_out, a.act.slice(0, {N, g.d_fc.size(1) / cfg.traits().mlp_fan_out()}), gw.out_w, gw.out_b);
+    weight_grad(g.d_fc, a.ln2, gw.fc_w, gw.fc_b);
+  }
+  weight_grad(g.d_proj, a.att, gw.proj_w, gw.proj_b);
+  weight_grad(g.d_qkv, a.ln1, gw.qkv_w, gw.qkv_b);
+}
+
 void block_backward(const ModelConfig& cfg, int layer, const BlockWeights& w, const BlockWeights& gw,
                     const Tensor& x_in, const Tensor& pos, BlockActs& a, BlockScratch& s, const Tensor& dres,
-                    TensorParallelOps* tp, ExpertParallelOps* ep) {
+                    TensorParallelOps* tp, ExpertParallelOps* ep, BlockDeferredGrads* deferred) {
   const FamilyTraits t = cfg.traits();
   const BlockDims& d = a.dims;
   const int64_t H = d.H, KVH = d.KVH, D = d.D;
@@ -440,15 +472,25 @@ void block_backward(const ModelConfig& cfg, int layer, const BlockWeights& w, co
   // experts + routed experts.
   const int64_t N = a.ln2.size(0);
   const bool moe = cfg.is_moe_layer(layer);
+  // A deferred layer's weight gradient is left to block_weight_backward, its output gradient kept.
+  auto defer = [&](const Tensor& dy, const Tensor& keep, const Tensor& grad) {
+    if (!keep.defined()) return grad;
+    keep.copy_from(dy);
+    return Tensor{};
+  };
+  const Tensor none;
+  const bool defer_mlp = deferred && !moe, defer_att = deferred != nullptr;
   if (moe) moe_backward_dispatch(cfg, a.moe, s.moe, dres, ep);  // in flight during the shared experts'
   if (!moe || w.fc_w.defined()) {
     const int64_t F = moe ? cfg.shared_d_ff() : d.F, G = t.mlp_fan_out();
     const Tensor fc = a.fc.slice(0, {N, G * F}), act = a.act.slice(0, {N, F});
     const Tensor dfc = s.dfc.slice(0, {N, G * F}), dact = s.dact.slice(0, {N, F});
-    ops::linear_backward(dres, act, w.out_w, dact, gw.out_w, gw.out_b, false, prec);
+    ops::linear_backward(dres, act, w.out_w, dact, defer(dres, defer_mlp ? deferred->d_out : none, gw.out_w),
+                         defer_mlp ? none : gw.out_b, false, prec);
     lora_backward(L::out, dres, act, dact);
     activation_backward(t, fc, dact, dfc);
-    ops::linear_backward(dfc, a.ln2, w.fc_w, s.dln, gw.fc_w, gw.fc_b, false, prec);
+    ops::linear_backward(dfc, a.ln2, w.fc_w, s.dln, defer(dfc, defer_mlp ? deferred->d_fc : none, gw.fc_w),
+                         defer_mlp ? none : gw.fc_b, false, prec);
     lora_backward(L::fc, dfc, a.ln2, s.dln);
   }
   if (moe)
@@ -457,13 +499,15 @@ void block_backward(const ModelConfig& cfg, int layer, const BlockWeights& w, co
     tp->column_parallel_input_grad(s.dln);
   norm_backward(t, s.dln, a.x_mid, w.ln2_w, a.ln2_mean, a.ln2_rstd, dres, gw.ln2_w, gw.ln2_b, /*accumulate_dx=*/true);
   // Attention branch: x_mid = x_in + proj(attention(qkv(norm1(x_in)))).
-  ops::linear_backward(dres, a.att, w.proj_w, s.datt, gw.proj_w, gw.proj_b, false, prec);
+  ops::linear_backward(dres, a.att, w.proj_w, s.datt, defer(dres, defer_att ? deferred->d_proj : none, gw.proj_w),
+                       defer_att ? none : gw.proj_b, false, prec);
   lora_backward(L::proj, dres, a.att, s.datt);
   ops::attention_backward(a.qkv, a.att, s.datt, a.lse, d.kv_expand ? s.dqkv_expanded : s.dqkv, H, d.kv_expand ? H : KVH,
                           a.attention_pos);
   if (d.kv_expand) expand_kv(d, s.dqkv, s.dqkv_expanded, true);
   rope_qk(d.rope_inv_freq, s.dqkv, H, KVH, D, pos, true);
-  ops::linear_backward(s.dqkv, a.ln1, w.qkv_w, s.dln, gw.qkv_w, gw.qkv_b, false, prec);
+  ops::linear_backward(s.dqkv, a.ln1, w.qkv_w, s.dln, defer(s.dqkv, defer_att ? deferred->d_qkv : none, gw.qkv_w),
+                       defer_att ? none : gw.qkv_b, false, prec);
   lora_backward(L::qkv, s.dqkv, a.ln1, s.dln);
   if (tp) tp->column_parallel_input_grad(s.dln);
   norm_backward(t, s.dln, x_in, w.ln1_w, a.ln1_mean, a.ln1_rstd, dres, gw.ln1_w, gw.ln1_b, true);

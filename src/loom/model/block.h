@@ -202,10 +202,27 @@ void block_forward(const ModelConfig& cfg, int layer, const BlockWeights& w, con
 void block_forward(const ModelConfig& cfg, int layer, const BlockWeights& w, const Tensor& x_in, const Tensor& pos,
                    BlockActs& a, const Tensor& x_out, TensorParallelOps* tp = nullptr, ExpertParallelOps* ep = nullptr);
 
+// A zero-bubble pipeline's deferred part of a block's backward (Qi et al. 2023, "Zero Bubble
+// Pipeline Parallelism"): the output gradients of the attention's linear layers and of a dense
+// MLP's, kept by the input-gradient pass for block_weight_backward. A MoE block's MLP is not
+// deferred (d_out and d_fc unused).
+struct BlockDeferredGrads {
+  Tensor d_out, d_fc, d_proj, d_qkv;
+  int64_t bytes() const;
+  static BlockDeferredGrads allocate(const ModelConfig& cfg, int64_t B, int64_t T, DType dt, Allocator& alloc,
+                                     const BlockDims& dims);
+};
+
 // On entry dres holds dLoss/d(x_out); on return dLoss/d(x_in). Parameter gradients
-// accumulate into gw.
+// accumulate into gw; with `deferred`, all but those of the layers it keeps, whose output
+// gradients it receives instead.
 void block_backward(const ModelConfig& cfg, int layer, const BlockWeights& w, const BlockWeights& gw,
                     const Tensor& x_in, const Tensor& pos, BlockActs& a, BlockScratch& s, const Tensor& dres,
-                    TensorParallelOps* tp = nullptr, ExpertParallelOps* ep = nullptr);
+                    TensorParallelOps* tp = nullptr, ExpertParallelOps* ep = nullptr,
+                    BlockDeferredGrads* deferred = nullptr);
+// The weight and bias gradients block_backward deferred, from g and the activations saved in a;
+// the same values block_backward would have accumulated into gw.
+void block_weight_backward(const ModelConfig& cfg, int layer, const BlockWeights& gw, const BlockActs& a,
+                           const BlockDeferredGrads& g);
 
 }  // namespace loom::model

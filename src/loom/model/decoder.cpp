@@ -352,6 +352,7 @@ int64_t Decoder::activation_bytes() const {
   for (const auto& s : slots_) {
     for (const auto& t : s.res) b += int64_t(t.nbytes());
     for (const auto& a : s.saved) b += a.bytes();
+    for (const auto& g : s.deferred) b += g.bytes();
     for (const Tensor* t : {&s.tokens, &s.targets, &s.positions, &s.lnf, &s.lnf_mean, &s.lnf_rstd, &s.losses})
       if (t->defined()) b += int64_t(t->nbytes());
   }
@@ -506,9 +507,39 @@ double Decoder::stage_forward(int id, const int32_t* tokens, const int32_t* targ
   return count_and_sum(s, N, n_valid);
 }
 
-void Decoder::stage_backward(int id, const Tensor& dy) {
+void Decoder::stage_backward(int id, const Tensor& dy) { backward_pass(id, dy, false); }
+
+void Decoder::stage_backward_input(int id, const Tensor& dy) {
+  LOOM_CHECK(!checkpointed(), "model", "a backward split into input and weight gradients needs every block's ",
+             "saved activations; set model.activation_checkpoint_interval=0 (zero-bubble pipeline schedules)");
+  backward_pass(id, dy, true);
+}
+
+void Decoder::stage_backward_weights(int id) {
+  Slot& s = slot(id);
+  LOOM_CHECK(s.weights_pending, "model", "stage_backward_weights on micro-batch slot ", id,
+             " before its stage_backward_input");
+  const int first = layout_.chunks()[size_t(s.chunk)].first;
+  for (int64_t i = n_local() - 1; i >= 0; --i) {
+    const int l = first + int(i);
+    trace::Span span("weight gradient block", "compute", {{"layer", l}});
+    if (stores_16bit()) unstash_activations(s.saved[size_t(i)], recompute_[0]);
+    block_weight_backward(cfg_, l, src_->block_grads(l), stores_16bit() ? recompute_[0] : s.saved[size_t(i)],
+                          s.deferred[size_t(i)]);
+    src_->block_grads_done(l);
+  }
+  if (s.chunk == 0) src_->outer_grads_done();
+  s.weights_pending = false;
+  s.busy = false;
+}
+
+void Decoder::backward_pass(int id, const Tensor& dy, bool defer) {
   Slot& s = slot(id);
   LOOM_CHECK(s.train, "model", "stage_backward on micro-batch slot ", id, " whose forward was an evaluation");
+  LOOM_CHECK(!s.weights_pending, "model", "micro-batch slot ", id, " ran its backward already");
+  if (defer && s.deferred.empty())
+    for (int i = 0; i < n_local(); ++i)
+      s.deferred.push_back(BlockDeferredGrads::allocate(cfg_, B_, T_, dtype_, alloc_, dims_));
   const FamilyTraits t = cfg_.traits();
   using Phase = ParamSource::Phase;
   if (heads(s)) {
@@ -532,10 +563,11 @@ void Decoder::stage_backward(int id, const Tensor& dy) {
       acts.moe.loss_weight = s.grad_scale * double(B_ * T_);
       acts.moe.times = &moe_times_;
       prepare_block(acts, s, l);
-      block_backward(cfg_, l, w, src_->block_grads(l), s.res[size_t(i)], positions(s), acts, scratch_, dres_, tp_, ep_);
+      block_backward(cfg_, l, w, src_->block_grads(l), s.res[size_t(i)], positions(s), acts, scratch_, dres_, tp_, ep_,
+                     defer ? &s.deferred[size_t(i)] : nullptr);
     }
     src_->release_block_params(l, Phase::backward);
-    src_->block_grads_done(l);
+    if (!defer) src_->block_grads_done(l);
   };
   const int64_t L = n_local();
   if (stores_16bit()) {
@@ -570,6 +602,10 @@ void Decoder::stage_backward(int id, const Tensor& dy) {
       tp_->embedding_backward(s.tokens, positions(s), dres_, dwte, dwpe);
     else
       src_->embedding_backward(s.tokens, positions(s), dres_, dwte, dwpe);
+  }
+  if (defer) {
+    s.weights_pending = true;
+    return;
   }
   // Chunk 0 runs a micro-batch's last backward on this stage: the outer gradients are then whole.
   if (s.chunk == 0) src_->outer_grads_done();

@@ -175,6 +175,12 @@ class Decoder {
   // dy: the gradient of stage_output (stages without the head). Afterwards stage_input_grad()
   // holds the gradient of stage_input (stages without the embedding). Releases the slot.
   void stage_backward(int slot, const Tensor& dy);
+  // Zero-bubble schedules split it: stage_backward_input leaves the linear layers' weight
+  // gradients for later (keeping their output gradients in the slot; stage_input_grad() is then
+  // valid), stage_backward_weights adds them and releases the slot. Gradients come out bitwise as
+  // stage_backward's. Not with activation checkpointing (the recomputed activations are gone).
+  void stage_backward_input(int slot, const Tensor& dy);
+  void stage_backward_weights(int slot);
   const Tensor& stage_input_grad() const { return dres_; }
   void stage_release(int slot);  // after an evaluation forward
   // Brackets of one training step or evaluation pass for the ParamSource (forward_backward
@@ -197,7 +203,10 @@ class Decoder {
     bool train = false, busy = false;              // the current micro-batch: training or evaluation
     uint64_t dropout_key = 0;                      // LoRA dropout: this training micro-batch's masks
     int chunk = 0;                                 // which of the slice's chunks of blocks it runs
+    std::vector<BlockDeferredGrads> deferred;      // per block, once a split backward used the slot
+    bool weights_pending = false;                  // stage_backward_input ran, stage_backward_weights not
   };
+  void backward_pass(int slot, const Tensor& dy, bool defer_weights);
   void ensure_buffers(int64_t B, int64_t T, bool train);
   Slot& slot(int id);
   int n_local() const { return layout_.last_layer() - layout_.first_layer(); }  // blocks of each chunk
