@@ -62,6 +62,10 @@ TEST(LayoutConfig, RefusesLayoutsThatCannotWork) {
   expect_error({four, "parallel.pp=2", "parallel.virtual_stages=2", "parallel.pp_schedule=gpipe"},
                "set parallel.pp_schedule=1f1b or parallel.virtual_stages=1");
   expect_error({"parallel.virtual_stages=2"}, "parallel.virtual_stages=2 needs a pipeline");
+  // Zero-bubble: the deferred weight passes read the blocks' saved activations.
+  expect_error({"parallel.pp=2", "parallel.pp_schedule=zb1p", "model.activation_checkpoint_interval=1"},
+               "parallel.pp_schedule=zb1p defers each block's weight gradients");
+  EXPECT_EQ(error_of({"parallel.pp=2", "parallel.pp_schedule=zb1p"}), "");
   EXPECT_EQ(error_of({four, "parallel.pp=2", "parallel.virtual_stages=2", "parallel.micro_batches=4"}), "");
 }
 

@@ -1,7 +1,8 @@
 // Pipeline schedules as pure data: every micro-batch's forward precedes its backward on every
 // stage, schedules execute without deadlock, 1F1B bounds the micro-batches in flight, and the
 // replayed bubble of equal stages is (p - 1) / (m + p - 1), or (p - 1) / (v m + p - 1) for
-// interleaved 1F1B with v chunks per stage.
+// interleaved 1F1B with v chunks per stage; ZB-H1 keeps 1F1B's peak of micro-batches in flight
+// and idles a third of 1F1B's time.
 #include <gtest/gtest.h>
 
 #include "loom/core/error.h"
@@ -15,7 +16,10 @@ namespace {
 std::string show(const StageActions& st) {
   std::string s;
   for (const auto& a : st)
-    s += str_cat(a.kind == K::forward ? "F" : "B", a.micro, a.chunk ? str_cat(".", a.chunk) : "", " ");
+    s += str_cat(a.kind == K::forward    ? "F"
+                 : a.kind == K::backward ? "B"
+                                         : "W",
+                 a.micro, a.chunk ? str_cat(".", a.chunk) : "", " ");
   return s;
 }
 }  // namespace
@@ -186,4 +190,51 @@ TEST(PipelineSchedule, VirtualStagesRefusedWithTheKeyAndTheFix) {
   EXPECT_NE(message(PipeSchedule::one_f_one_b, 2, 3, 2, 8).find("use parallel.micro_batches=4"), std::string::npos);
   EXPECT_NE(message(PipeSchedule::gpipe, 2, 4, 2, 8).find("set parallel.pp_schedule=1f1b"), std::string::npos);
   EXPECT_NE(message(PipeSchedule::one_f_one_b, 1, 4, 2, 8).find("needs a pipeline"), std::string::npos);
+}
+
+TEST(PipelineSchedule, ZeroBubbleH1DefersWeightPassesByTheStageIndex) {
+  const auto z = zero_bubble_h1_schedule(2, 4);
+  EXPECT_EQ(show(z[0]), "F0 F1 B0 W0 F2 B1 W1 F3 B2 W2 B3 W3 ");
+  EXPECT_EQ(show(z[1]), "F0 B0 F1 B1 W0 F2 B2 W1 F3 B3 W2 W3 ");
+  EXPECT_EQ(make_schedule(PipeSchedule::zero_bubble_h1, 2, 4), z);
+  EXPECT_TRUE(splits_backward(z));
+  EXPECT_FALSE(splits_backward(one_f_one_b_schedule(2, 4)));
+  EXPECT_EQ(pipe_schedule_from_name("zb1p"), PipeSchedule::zero_bubble_h1);
+  EXPECT_STREQ(pipe_schedule_name(PipeSchedule::zero_bubble_h1), "zb1p");
+  std::vector<StageActions> weight_first = {{{K::forward, 0}, {K::weight, 0}, {K::backward, 0}}};
+  EXPECT_NE(check_schedule(weight_first, 1).find("weight pass of 0 before its backward"), std::string::npos);
+  std::vector<StageActions> no_weight = {
+      {{K::forward, 0}, {K::backward, 0}, {K::weight, 0}, {K::forward, 1}, {K::backward, 1}}};
+  EXPECT_NE(check_schedule(no_weight, 2).find("never runs the weight pass of micro-batch 1"), std::string::npos);
+}
+
+TEST(PipelineSchedule, ZeroBubbleH1KeepsOneFOneBsPeakAndAThirdOfItsBubble) {
+  for (int p = 1; p <= 6; ++p)
+    for (int m = 1; m <= 4 * p; ++m) {
+      const auto z = zero_bubble_h1_schedule(p, m), f = one_f_one_b_schedule(p, m);
+      const std::string what = str_cat("p=", p, " m=", m);
+      ASSERT_EQ(check_schedule(z, m), "") << what;
+      for (int s = 0; s < p; ++s) {
+        // Between forward and weight pass: never more than 1F1B's stage 0 keeps.
+        EXPECT_LE(max_in_flight(z[size_t(s)]), max_in_flight(f[0])) << what << " s=" << s;
+        // Without the weight passes it is 1F1B.
+        StageActions fb;
+        for (const auto& a : z[size_t(s)])
+          if (a.kind != K::weight) fb.push_back(a);
+        EXPECT_EQ(fb, f[size_t(s)]) << what;
+      }
+      // Equal F, B and W: 1F1B's backward is B + W. Idle per stage (p - 1) passes against
+      // 1F1B's 3 (p - 1), once every stage has work in its drain to fill it (m >= p).
+      const std::vector<double> one(size_t(p), 1.0), two(size_t(p), 2.0);
+      const Timeline tz = simulate_schedule(z, one, one, one), tf = simulate_schedule(f, one, two);
+      if (m < p) continue;
+      EXPECT_NEAR(tz.makespan, 3.0 * m + (p - 1), 1e-9) << what;
+      for (size_t s = 0; s < size_t(p); ++s) {
+        EXPECT_NEAR(tz.makespan - tz.busy[s], (tf.makespan - tf.busy[s]) / 3, 1e-9) << what;
+        EXPECT_NEAR(tz.idle_fraction()[s], zero_bubble_h1_fraction(p, m), 1e-12) << what;
+      }
+    }
+  EXPECT_DOUBLE_EQ(predicted_bubble(PipeSchedule::zero_bubble_h1, 2, 4), 1.0 / 13.0);
+  EXPECT_DOUBLE_EQ(predicted_bubble(PipeSchedule::one_f_one_b, 2, 4, 2), 1.0 / 9.0);
+  EXPECT_THROW(simulate_schedule(zero_bubble_h1_schedule(2, 2), {1, 1}, {1, 1}), Error);  // no weight times
 }

@@ -106,6 +106,7 @@ PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64
   // The receives in the order this stage consumes them; each is posted when the one before it
   // is consumed, so the next transfer travels while the current action computes.
   const StageActions& actions = schedule_[size_t(stage_)];
+  const bool split = splits_backward(schedule_);  // zb1p: weight passes are actions of their own
   std::vector<PipeAction> act_in, grad_in;
   for (const PipeAction& a : actions) {
     if (a.kind == Kind::forward && receives_input(a)) act_in.push_back(a);
@@ -161,6 +162,15 @@ PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64
         act_sends_[key] = std::move(out);
       }
       st.max_in_flight = std::max(st.max_in_flight, ++live);
+    } else if (a.kind == Kind::weight) {
+      if (before_backward) before_backward(m);  // the blocks' gradients are complete after it
+      Stopwatch sw;
+      {
+        trace::Span span("weight gradients micro-batch", "compute", {{"micro", m}, {"chunk", a.chunk}});
+        model_.stage_backward_weights(slot[size_t(key)]);
+      }
+      st.weight_s += sw.seconds();
+      --live;
     } else {
       if (before_backward) before_backward(m);
       Tensor dy;
@@ -190,7 +200,11 @@ PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64
       Stopwatch sw;
       {
         trace::Span span("backward micro-batch", "compute", {{"micro", m}, {"chunk", a.chunk}});
-        model_.stage_backward(id, dy.defined() ? dy.view(model_.stage_output(id).shape()) : dy);
+        const Tensor g = dy.defined() ? dy.view(model_.stage_output(id).shape()) : dy;
+        if (split)
+          model_.stage_backward_input(id, g);
+        else
+          model_.stage_backward(id, g);
       }
       st.backward_s += sw.seconds();
       if (dy.defined()) pool_.push_back(dy);
@@ -201,7 +215,7 @@ PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64
         grad_sends_.push_back(std::move(out));
         wait_sends(false);
       }
-      --live;
+      if (!split) --live;
     }
   }
   {
@@ -209,7 +223,7 @@ PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64
     wait_sends(true);
   }
   model_.end_pass(true);
-  st.busy_s = st.forward_s + st.backward_s;
+  st.busy_s = st.forward_s + st.backward_s + st.weight_s;
   st.wall_s = wall.seconds();
   return st;
 }

@@ -38,7 +38,8 @@ struct PipelineStepStats {
   int64_t n_valid = 0;                   // last stage: counted targets
   double wall_s = 0;                     // the whole step on this stage
   double busy_s = 0;                     // inside stage forward/backward (computation, incl. TP collectives)
-  double forward_s = 0, backward_s = 0;  // busy_s split by action kind
+  double forward_s = 0, backward_s = 0;  // busy_s split by action kind (backward_s: the input-gradient
+  double weight_s = 0;                   // passes of a split schedule, weight_s its weight passes)
   int max_in_flight = 0;                 // (chunk, micro-batch) pairs whose forward ran and backward had not
 };
 

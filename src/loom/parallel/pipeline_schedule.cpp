@@ -12,10 +12,18 @@ using Kind = PipeAction::Kind;
 PipeSchedule pipe_schedule_from_name(const std::string& name) {
   if (name == "gpipe") return PipeSchedule::gpipe;
   if (name == "1f1b") return PipeSchedule::one_f_one_b;
-  fail("config", "parallel.pp_schedule: expected \"gpipe\" or \"1f1b\", got \"", name, "\"");
+  if (name == "zb1p") return PipeSchedule::zero_bubble_h1;
+  fail("config", "parallel.pp_schedule: expected \"gpipe\", \"1f1b\" or \"zb1p\", got \"", name, "\"");
 }
 
-const char* pipe_schedule_name(PipeSchedule s) { return s == PipeSchedule::gpipe ? "gpipe" : "1f1b"; }
+const char* pipe_schedule_name(PipeSchedule s) {
+  switch (s) {
+    case PipeSchedule::gpipe: return "gpipe";
+    case PipeSchedule::one_f_one_b: return "1f1b";
+    case PipeSchedule::zero_bubble_h1: return "zb1p";
+  }
+  return "?";
+}
 
 static void check_sizes(int p, int m) {
   LOOM_CHECK(p >= 1, "pipeline", "a pipeline needs at least one stage, got ", p);
@@ -76,10 +84,30 @@ std::vector<StageActions> interleaved_schedule(int p, int m, int v) {
   return out;
 }
 
+std::vector<StageActions> zero_bubble_h1_schedule(int p, int m) {
+  std::vector<StageActions> out = one_f_one_b_schedule(p, m);
+  for (int s = 0; s < p; ++s) {
+    StageActions split;
+    int next_weight = 0, backwards = 0;
+    for (const PipeAction& a : out[size_t(s)]) {
+      split.push_back(a);
+      if (a.kind == Kind::backward && ++backwards > s) split.push_back({Kind::weight, next_weight++});
+    }
+    while (next_weight < m) split.push_back({Kind::weight, next_weight++});
+    out[size_t(s)] = std::move(split);
+  }
+  return out;
+}
+
 std::vector<StageActions> make_schedule(PipeSchedule kind, int p, int m, int v) {
   LOOM_CHECK(v == 1 || kind == PipeSchedule::one_f_one_b, "pipeline", "virtual stages (v=", v,
              ") interleave the 1F1B schedule, not ", pipe_schedule_name(kind));
-  return kind == PipeSchedule::gpipe ? gpipe_schedule(p, m) : interleaved_schedule(p, m, v);
+  switch (kind) {
+    case PipeSchedule::gpipe: return gpipe_schedule(p, m);
+    case PipeSchedule::one_f_one_b: return interleaved_schedule(p, m, v);
+    case PipeSchedule::zero_bubble_h1: return zero_bubble_h1_schedule(p, m);
+  }
+  return {};
 }
 
 void check_virtual_stages(PipeSchedule kind, int p, int m, int v, int n_layer) {
@@ -99,12 +127,22 @@ void check_virtual_stages(PipeSchedule kind, int p, int m, int v, int n_layer) {
 }
 
 int max_in_flight(const StageActions& actions) {
+  const bool split =
+      std::any_of(actions.begin(), actions.end(), [](const PipeAction& a) { return a.kind == Kind::weight; });
+  const Kind ends = split ? Kind::weight : Kind::backward;  // what frees a micro-batch's activations
   int live = 0, peak = 0;
   for (const auto& a : actions) {
-    live += a.kind == Kind::forward ? 1 : -1;
+    live += a.kind == Kind::forward ? 1 : a.kind == ends ? -1 : 0;
     peak = std::max(peak, live);
   }
   return peak;
+}
+
+bool splits_backward(const std::vector<StageActions>& sched) {
+  for (const auto& st : sched)
+    for (const auto& a : st)
+      if (a.kind == Kind::weight) return true;
+  return false;
 }
 
 int schedule_chunks(const std::vector<StageActions>& sched) {
@@ -115,10 +153,12 @@ int schedule_chunks(const std::vector<StageActions>& sched) {
 }
 
 Timeline simulate_schedule(const std::vector<StageActions>& sched, const std::vector<double>& tf,
-                           const std::vector<double>& tb) {
+                           const std::vector<double>& tb, const std::vector<double>& tw) {
   const size_t p = sched.size();
   LOOM_CHECK(tf.size() == p && tb.size() == p, "pipeline", "simulate_schedule: ", p, " stages but ", tf.size(),
              " forward and ", tb.size(), " backward times");
+  LOOM_CHECK(tw.size() == p || !splits_backward(sched), "pipeline", "simulate_schedule: a split schedule of ", p,
+             " stages needs as many weight-pass times, got ", tw.size());
   constexpr double kNever = std::numeric_limits<double>::infinity();
   int m = 0;
   for (const auto& st : sched)
@@ -143,17 +183,19 @@ Timeline simulate_schedule(const std::vector<StageActions>& sched, const std::ve
         double ready;
         if (a.kind == Kind::forward)
           ready = s > 0 ? fdone[at(s - 1, c, i)] : c > 0 ? fdone[at(p - 1, c - 1, i)] : 0.0;
+        else if (a.kind == Kind::weight)
+          ready = bdone[at(s, c, i)];
         else if (s + 1 < p)
           ready = bdone[at(s + 1, c, i)];
         else
           ready = c + 1 < v ? bdone[at(0, c + 1, i)] : fdone[at(s, c, i)];
         if (ready == kNever) break;  // waits for another stage
         const double begin = std::max(clock[s], ready);
-        const double dur = a.kind == Kind::forward ? tf[s] : tb[s];
+        const double dur = a.kind == Kind::forward ? tf[s] : a.kind == Kind::backward ? tb[s] : tw[s];
         t.start[s].push_back(begin);
         clock[s] = begin + dur;
         t.busy[s] += dur;
-        (a.kind == Kind::forward ? fdone : bdone)[at(s, c, i)] = clock[s];
+        if (a.kind != Kind::weight) (a.kind == Kind::forward ? fdone : bdone)[at(s, c, i)] = clock[s];
         ++next[s];
         --remaining;
         progressed = true;
@@ -173,8 +215,9 @@ std::vector<double> Timeline::idle_fraction() const {
 
 std::string check_schedule(const std::vector<StageActions>& sched, int m) {
   const int v = schedule_chunks(sched);
+  const bool split = splits_backward(sched);
   for (size_t s = 0; s < sched.size(); ++s) {
-    std::vector<int> fwd(size_t(m * v), 0), bwd(size_t(m * v), 0);
+    std::vector<int> fwd(size_t(m * v), 0), bwd(size_t(m * v), 0), wgt(size_t(m * v), 0);
     for (const auto& a : sched[s]) {
       if (a.micro < 0 || a.micro >= m) return str_cat("stage ", s, " names micro-batch ", a.micro, " of ", m);
       if (a.chunk < 0) return str_cat("stage ", s, " names chunk ", a.chunk);
@@ -182,18 +225,24 @@ std::string check_schedule(const std::vector<StageActions>& sched, int m) {
       const std::string what = v > 1 ? str_cat(a.micro, " of chunk ", a.chunk) : str_cat(a.micro);
       if (a.kind == Kind::forward) {
         if (fwd[i]++) return str_cat("stage ", s, " runs forward ", what, " twice");
+      } else if (a.kind == Kind::weight) {
+        if (!bwd[i]) return str_cat("stage ", s, " runs the weight pass of ", what, " before its backward");
+        if (wgt[i]++) return str_cat("stage ", s, " runs the weight pass of ", what, " twice");
       } else {
         if (!fwd[i]) return str_cat("stage ", s, " runs backward ", what, " before its forward");
         if (bwd[i]++) return str_cat("stage ", s, " runs backward ", what, " twice");
       }
     }
-    for (int i = 0; i < m * v; ++i)
+    for (int i = 0; i < m * v; ++i) {
+      const std::string where = str_cat(" of micro-batch ", i % m, v > 1 ? str_cat(" in chunk ", i / m) : "");
       if (!fwd[size_t(i)] || !bwd[size_t(i)])
-        return str_cat("stage ", s, " never runs the ", fwd[size_t(i)] ? "backward" : "forward", " of micro-batch ",
-                       i % m, v > 1 ? str_cat(" in chunk ", i / m) : "");
+        return str_cat("stage ", s, " never runs the ", fwd[size_t(i)] ? "backward" : "forward", where);
+      if (split && !wgt[size_t(i)]) return str_cat("stage ", s, " never runs the weight pass", where);
+    }
   }
   try {
-    simulate_schedule(sched, std::vector<double>(sched.size(), 1.0), std::vector<double>(sched.size(), 2.0));
+    simulate_schedule(sched, std::vector<double>(sched.size(), 1.0), std::vector<double>(sched.size(), 2.0),
+                      std::vector<double>(sched.size(), 1.0));
   } catch (const Error& e) {
     return e.what();
   }
@@ -201,5 +250,11 @@ std::string check_schedule(const std::vector<StageActions>& sched, int m) {
 }
 
 double bubble_fraction(int p, int m, int v) { return double(p - 1) / double(v * m + p - 1); }
+
+double zero_bubble_h1_fraction(int p, int m) { return double(p - 1) / double(3 * m + p - 1); }
+
+double predicted_bubble(PipeSchedule kind, int p, int m, int v) {
+  return kind == PipeSchedule::zero_bubble_h1 ? zero_bubble_h1_fraction(p, m) : bubble_fraction(p, m, v);
+}
 
 }  // namespace loom::parallel

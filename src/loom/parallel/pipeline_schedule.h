@@ -10,13 +10,15 @@
 
 namespace loom::parallel {
 
-enum class PipeSchedule { gpipe, one_f_one_b };
-// "gpipe" or "1f1b"; throws "[config] parallel.pp_schedule: ..." otherwise.
+enum class PipeSchedule { gpipe, one_f_one_b, zero_bubble_h1 };
+// "gpipe", "1f1b" or "zb1p"; throws "[config] parallel.pp_schedule: ..." otherwise.
 PipeSchedule pipe_schedule_from_name(const std::string& name);
 const char* pipe_schedule_name(PipeSchedule s);
 
+// backward: the whole backward of a micro-batch, or in a split schedule (zb1p) its input-gradient
+// pass, whose weight-gradient pass is a `weight` action of its own.
 struct PipeAction {
-  enum class Kind : uint8_t { forward, backward };
+  enum class Kind : uint8_t { forward, backward, weight };
   Kind kind;
   int micro;
   // Interleaved schedules: which of the stage's v chunks runs (chunk c of stage s holds the
@@ -40,6 +42,13 @@ std::vector<StageActions> one_f_one_b_schedule(int stages, int micro_batches);
 // forward and one backward alternate. m must be a multiple of p. Bubble (p - 1) / (v m + p - 1).
 // v = 1 is one_f_one_b_schedule.
 std::vector<StageActions> interleaved_schedule(int stages, int micro_batches, int virtual_stages);
+// ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", section 3.1): 1F1B's order of forwards
+// and input-gradient passes; stage s runs the weight-gradient pass of micro-batch i after the
+// input-gradient pass of micro-batch i + s, and the rest at the end, where they fill the drain.
+// Every stage then keeps at most p micro-batches between forward and weight pass (1F1B's peak,
+// that of its stage 0), and with equal forward, input- and weight-gradient times the bubble is a
+// third of 1F1B's: (p - 1) of those times per stage instead of 3 (p - 1).
+std::vector<StageActions> zero_bubble_h1_schedule(int stages, int micro_batches);
 // virtual_stages > 1 needs kind == one_f_one_b (the interleaved schedule).
 std::vector<StageActions> make_schedule(PipeSchedule kind, int stages, int micro_batches, int virtual_stages = 1);
 // Throws "[config] parallel.virtual_stages=..." naming the key and the fix when v virtual stages
@@ -47,21 +56,25 @@ std::vector<StageActions> make_schedule(PipeSchedule kind, int stages, int micro
 // multiple of p.
 void check_virtual_stages(PipeSchedule kind, int stages, int micro_batches, int virtual_stages, int n_layer);
 
-// "" when every stage runs each (chunk, micro-batch)'s forward once, then its backward once,
-// and the whole schedule can execute (no stage waits for an action that can never run);
-// otherwise what is wrong.
+// "" when every stage runs each (chunk, micro-batch)'s forward once, then its backward once (and,
+// in a split schedule, then its weight pass once), and the whole schedule can execute (no stage
+// waits for an action that can never run); otherwise what is wrong.
 std::string check_schedule(const std::vector<StageActions>& schedule, int micro_batches);
-// Largest number of (chunk, micro-batch) pairs whose forward has run and backward has not, on
-// one stage: how many activation sets the stage keeps at once (each of one chunk's blocks).
+// Largest number of (chunk, micro-batch) pairs whose forward has run and backward (in a split
+// schedule: weight pass) has not, on one stage: how many activation sets the stage keeps at once
+// (each of one chunk's blocks).
 int max_in_flight(const StageActions& actions);
+// Whether the schedule splits backwards into input- and weight-gradient passes.
+bool splits_backward(const std::vector<StageActions>& schedule);
 // The chunks per stage the schedule uses (1 + the largest chunk named).
 int schedule_chunks(const std::vector<StageActions>& schedule);
 
 // Replays a schedule as soon as dependencies allow: F(s, c, i) after F(s-1, c, i) (stage 0's
 // chunk c > 0 after the last stage's chunk c - 1); B(s, c, i) after B(s+1, c, i) (the last
 // stage's chunk c < v - 1 after stage 0's chunk c + 1, its chunk v - 1 after its own forward);
-// each stage runs its actions in order. Communication is free. Times are per action of each
-// stage (forward_time[s], backward_time[s]: one chunk's work).
+// each stage runs its actions in order; W(s, c, i) after B(s, c, i). Communication is free. Times
+// are per action of each stage (forward_time[s], backward_time[s], weight_time[s]: one chunk's
+// work); weight_time is needed for split schedules only.
 struct Timeline {
   double makespan = 0;
   std::vector<double> busy;                   // per stage: seconds computing
@@ -70,10 +83,14 @@ struct Timeline {
   std::vector<std::vector<double>> start;
 };
 Timeline simulate_schedule(const std::vector<StageActions>& schedule, const std::vector<double>& forward_time,
-                           const std::vector<double>& backward_time);
+                           const std::vector<double>& backward_time, const std::vector<double>& weight_time = {});
 
 // The idle fraction of GPipe and 1F1B with equal stages, (p - 1) / (m + p - 1); of interleaved
 // 1F1B with v virtual stages, (p - 1) / (v m + p - 1).
 double bubble_fraction(int stages, int micro_batches, int virtual_stages = 1);
+// ZB-H1's with equal forward, input-gradient and weight-gradient passes: (p - 1) / (3 m + p - 1).
+double zero_bubble_h1_fraction(int stages, int micro_batches);
+// The schedule's formula: one of the two above.
+double predicted_bubble(PipeSchedule kind, int stages, int micro_batches, int virtual_stages = 1);
 
 }  // namespace loom::parallel

@@ -228,7 +228,7 @@ void read_parallel(ConfigReader& r, TrainConfig& c) {
   c.parallel.pp_dtype =
       wire_dtype(r.string("parallel.pp_dtype", model::precision_name(c.model.precision), {"fp32", "bf16", "fp16"}));
   c.parallel.pp_schedule =
-      parallel::pipe_schedule_from_name(r.string("parallel.pp_schedule", "1f1b", {"gpipe", "1f1b"}));
+      parallel::pipe_schedule_from_name(r.string("parallel.pp_schedule", "1f1b", {"gpipe", "1f1b", "zb1p"}));
   c.parallel.virtual_stages = r.integer("parallel.virtual_stages", 1, 1, 1 << 12);
   c.parallel.pp_partition = parallel::partition_method_from_name(
       r.string("parallel.pp_partition", "uniform", {"uniform", "parameters", "profile"}));
@@ -310,6 +310,11 @@ void check_parallel_layout(TrainConfig& c) {
   parallel::check_stage_count(int(c.model.n_layer), int(pp));
   parallel::check_virtual_stages(c.parallel.pp_schedule, int(pp), int(c.parallel.micro_batches),
                                  int(c.parallel.virtual_stages), int(c.model.n_layer));
+  LOOM_CHECK(pp == 1 || c.parallel.pp_schedule != parallel::PipeSchedule::zero_bubble_h1 ||
+                 c.decoder.activation_checkpoint_interval == 0,
+             "config", "parallel.pp_schedule=zb1p defers each block's weight gradients, which needs the block's ",
+             "saved activations: model.activation_checkpoint_interval=", c.decoder.activation_checkpoint_interval,
+             " recomputes them; set it to 0 or use parallel.pp_schedule=1f1b");
   LOOM_CHECK(pp == 1 || c.parallel.zero_stage <= 1, "config", "parallel.zero_stage=", c.parallel.zero_stage,
              " with parallel.pp=", pp, " is not supported: ZeRO-2/3 reduce ",
              "and gather per forward/backward pass, which a pipeline interleaves across micro-batches; ",

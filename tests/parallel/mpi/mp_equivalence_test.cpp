@@ -1,10 +1,10 @@
 // Invariant 1 for tensor and pipeline parallelism: under mpiexec, every layout pp x dp x tp whose
-// product is the world size (both pipeline schedules and interleaved 1F1B, ZeRO-0/1, with and
-// without activation checkpointing, GPT-2 with tied embeddings and LLaMA with GQA, rows packing
-// several documents) gives the per-step losses and final weights of a single-process run of the
-// same global batch (ZeRO-2/3 too where there is no pipeline); a tied token table stays identical
-// on the first and last stages, and tp-replicated parameters on every tp rank. The tolerance
-// policy is dp_equivalence_test.cpp's (reductions and micro-batch sums happen in another order, so
+// product is the world size (GPipe, 1F1B, interleaved 1F1B and ZB-H1, ZeRO-0/1, with and without
+// activation checkpointing, GPT-2 with tied embeddings and LLaMA with GQA, rows packing several
+// documents) gives the per-step losses and final weights of a single-process run of the same
+// global batch (ZeRO-2/3 too where there is no pipeline); a tied token table stays identical on
+// the first and last stages, and tp-replicated parameters on every tp rank. The tolerance policy
+// is dp_equivalence_test.cpp's (reductions and micro-batch sums happen in another order, so
 // results agree to float rounding, not bitwise): losses |a - b| <= 1e-5 |b|; weights after 20
 // AdamW steps within 1e-5 |b| + 1e-3 lr except for at most 0.05% of elements (Adam divides by the
 // running gradient size, so an element whose gradient is nearly zero turns rounding noise into a
@@ -86,6 +86,8 @@ const std::vector<Layout>& layouts() {
       {"gpt2-tiny", 1, 1, 2, "1f1b", 0, 2, 0, "uniform", "fp32", 1, "", false, true},
       {"gpt2-tiny", 2, 1, 1, "1f1b", 0, 4, 0, "uniform", "fp32", 1, kInterleaved2},  // tied table across the ring
       {"llama-tiny", 2, 1, 1, "1f1b", 0, 2, 1, "uniform", "fp32", 1, kInterleaved2},
+      {"gpt2-tiny", 2, 1, 1, "zb1p", 0, 4, 0},                      // zero-bubble: weight passes deferred
+      {"llama-tiny", 2, 1, 1, "zb1p", 0, 4, 0, "uniform", "bf16"},  // 16-bit saved activations re-read
       // 4 ranks: pp=2 x dp=2 (ZeRO-0 and -1); tp=2 x pp=2; tp=4 (LLaMA's 2 kv heads replicated).
       {"gpt2-tiny", 2, 2, 1, "1f1b", 1, 2, 0},
       {"llama-tiny", 2, 2, 1, "gpipe", 0, 2, 1, "parameters"},
@@ -102,6 +104,8 @@ const std::vector<Layout>& layouts() {
       {"llama-tiny", 2, 1, 2, "gpipe", 0, 4, 0, "uniform", "fp32", 1, "", false, true},
       {"llama-tiny", 4, 1, 1, "1f1b", 0, 4, 0, "uniform", "fp32", 1, kInterleaved4},
       {"gpt2-tiny", 2, 2, 1, "1f1b", 1, 2, 1, "uniform", "fp32", 1, kInterleaved2},  // dp buckets across chunks
+      {"llama-tiny", 4, 1, 1, "zb1p", 0, 4, 0, "uniform", "fp32", 1, "model.n_layer=4"},
+      {"gpt2-tiny", 2, 2, 1, "zb1p", 1, 2, 0},  // dp reduction after the last weight pass
       // 8 ranks: dp=2 x tp=2 x pp=2.
       {"gpt2-tiny", 2, 2, 2, "1f1b", 1, 2, 1},
       {"llama-tiny", 2, 2, 2, "gpipe", 0, 2, 0},
@@ -110,6 +114,7 @@ const std::vector<Layout>& layouts() {
       {"llama-tiny", 1, 2, 4, "1f1b", 2, 2, 0, "uniform", "bf16", 1, "", true},  // ZeRO-2 replica of tp slices
       {"gpt2-tiny", 4, 2, 1, "1f1b", 1, 4, 0, "uniform", "fp32", 1, kInterleaved4},
       {"llama-tiny", 2, 2, 2, "1f1b", 0, 2, 0, "uniform", "fp32", 1, kInterleaved2},
+      {"llama-tiny", 2, 2, 2, "zb1p", 1, 2, 0},
       // Mixture of Experts. 2 ranks: dp=2 with ZeRO-3 (expert units of their own, ep=1); ep=2
       // alone and with ZeRO-3 (dense units sharded over both ranks, experts not at all).
       {"llama-moe-tiny", 1, 2, 1, "1f1b", 3, 2, 1, "uniform", "fp32", 1, kSharedExpert},
@@ -121,6 +126,7 @@ const std::vector<Layout>& layouts() {
       {"llama-moe-tiny", 1, 2, 1, "1f1b", 1, 2, 0, "uniform", "fp32", 2},
       {"llama-moe-tiny", 1, 2, 1, "1f1b", 3, 1, 1, "uniform", "fp32", 2, kSharedExpert},
       {"llama-moe-tiny", 2, 1, 1, "1f1b", 0, 4, 0, "uniform", "fp32", 2},
+      {"llama-moe-tiny", 2, 1, 1, "zb1p", 0, 4, 0, "uniform", "fp32", 2},  // MoE MLPs not deferred
       {"llama-moe-tiny", 1, 1, 2, "1f1b", 0, 2, 0, "uniform", "fp32", 2, kSharedExpert},
       // 8 ranks: pp=2 x dp=2 x ep=2.
       {"llama-moe-tiny", 2, 2, 1, "gpipe", 1, 2, 0, "uniform", "fp32", 2},
