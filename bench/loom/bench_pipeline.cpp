@@ -1,7 +1,8 @@
 // `loom bench pipeline`: what pipeline parallelism costs on this machine.
-//   --nproc P: P stages run GPipe, 1F1B and interleaved 1F1B (v chunks per stage) steps for
-//     several micro-batch counts m; per stage the idle fraction (1 - busy / step time) against
-//     the schedule's formula ((p - 1) / (m + p - 1), interleaved (p - 1) / (v m + p - 1)), the
+//   --nproc P: P stages run GPipe, 1F1B, interleaved 1F1B (v chunks per stage) and zero-bubble
+//     ZB-H1 steps for several micro-batch counts m; per stage the idle fraction (1 - busy / step
+//     time) against the schedule's formula ((p - 1) / (m + p - 1), interleaved
+//     (p - 1) / (v m + p - 1), ZB-H1 (p - 1) / (3 m + p - 1) for equal F, B and W passes), the
 //     idle fraction the schedule simulator predicts from the measured forward/backward times,
 //     the peak activation memory (GPipe keeps m micro-batches, 1F1B at most p - s on stage s)
 //     and the step time.
@@ -34,7 +35,8 @@ struct PipelineOptions {
   int64_t nproc = 0, layers = 8, d_model = 256, vocab = 512, batch = 0, seq = 0, steps = 5, warmup = 1, threads = 1,
           reps = 3;
   int64_t virtual_stages = 2;
-  std::string micro_batches = "1,2,4,8,16", schedules = "gpipe,1f1b,interleaved", model = "gpt2-124m", stages = "2,4";
+  std::string micro_batches = "1,2,4,8,16", schedules = "gpipe,1f1b,interleaved,zb1p", model = "gpt2-124m",
+              stages = "2,4";
   bool balance = false, show_schedule = false;
 };
 
@@ -63,8 +65,8 @@ struct ScheduleChoice {
 };
 ScheduleChoice schedule_choice(const std::string& name, int virtual_stages) {
   if (name == "interleaved") return {parallel::PipeSchedule::one_f_one_b, virtual_stages};
-  LOOM_CHECK(name == "gpipe" || name == "1f1b", "bench", "--schedules: expected gpipe, 1f1b or interleaved, got \"",
-             name, "\"");
+  LOOM_CHECK(name == "gpipe" || name == "1f1b" || name == "zb1p", "bench",
+             "--schedules: expected gpipe, 1f1b, interleaved or zb1p, got \"", name, "\"");
   return {parallel::pipe_schedule_from_name(name), 1};
 }
 
@@ -79,15 +81,21 @@ std::string cannot_run(const ScheduleChoice& c, int p, int m, int64_t layers) {
 std::string describe_actions(const parallel::StageActions& st) {
   std::string out;
   for (const auto& a : st)
-    out += str_cat(out.empty() ? "" : " ", a.kind == parallel::PipeAction::Kind::forward ? "F" : "B", a.micro,
-                   a.chunk ? str_cat(".", a.chunk) : "");
+    out += str_cat(out.empty() ? "" : " ",
+                   a.kind == parallel::PipeAction::Kind::forward    ? "F"
+                   : a.kind == parallel::PipeAction::Kind::backward ? "B"
+                                                                    : "W",
+                   a.micro, a.chunk ? str_cat(".", a.chunk) : "");
   return out;
 }
 
 // --show-schedule: the schedules as data, with what they predict for equal stages.
 int show_schedules(const PipelineOptions& a) {
   const int p = a.nproc > 0 ? int(a.nproc) : 2;
-  std::printf("pipeline schedules for p=%d (F3.1: forward of micro-batch 3 in the stage's chunk 1)\n", p);
+  std::printf(
+      "pipeline schedules for p=%d (F3.1: forward of micro-batch 3 in the stage's chunk 1; zb1p: B is the "
+      "input-gradient pass, W the weight-gradient pass)\n",
+      p);
   for (const std::string& name : str_list(a.schedules)) {
     const ScheduleChoice c = schedule_choice(name, int(a.virtual_stages));
     for (int m : int_list(a.micro_batches)) {
@@ -96,9 +104,13 @@ int show_schedules(const PipelineOptions& a) {
         continue;
       }
       const auto sched = parallel::make_schedule(c.kind, p, m, c.v);
-      std::printf("\n%s m=%d%s: bubble (p-1)/(%sm+p-1) = %.1f%%\n", name.c_str(), m,
-                  c.v > 1 ? str_cat(" v=", c.v).c_str() : "", c.v > 1 ? "v" : "",
-                  100 * parallel::bubble_fraction(p, m, c.v));
+      const bool zb = c.kind == parallel::PipeSchedule::zero_bubble_h1;
+      std::printf("\n%s m=%d%s: bubble (p-1)/(%sm+p-1) = %.1f%%%s\n", name.c_str(), m,
+                  c.v > 1 ? str_cat(" v=", c.v).c_str() : "",
+                  zb        ? "3"
+                  : c.v > 1 ? "v"
+                            : "",
+                  100 * parallel::predicted_bubble(c.kind, p, m, c.v), zb ? " (equal F, B and W passes)" : "");
       for (int s = 0; s < p; ++s)
         std::printf("  stage %d (%d in flight%s): %s\n", s, parallel::max_in_flight(sched[size_t(s)]),
                     c.v > 1 ? str_cat(", each 1/", c.v, " of its blocks").c_str() : "",
@@ -185,7 +197,7 @@ int bench_pipeline(const std::vector<std::string>& argv) {
   PipelineOptions a;
   add_run_default_option(*app, "--nproc", a.nproc, "stages, one rank each (via loom launch)", "P", positive());
   app->add_option("--micro-batches", a.micro_batches, "micro-batch counts to run")->type_name("LIST");
-  app->add_option("--schedules", a.schedules, "schedules to run: gpipe, 1f1b, interleaved")->type_name("LIST");
+  app->add_option("--schedules", a.schedules, "schedules to run: gpipe, 1f1b, interleaved, zb1p")->type_name("LIST");
   app->add_option("--virtual-stages", a.virtual_stages, "chunks per stage of the interleaved schedule")
       ->type_name("V")
       ->check(positive());
@@ -259,7 +271,7 @@ int bench_pipeline(const std::vector<std::string>& argv) {
       d.init_weights(1);
       parallel::PipelineStage stage(d, mesh, {c.kind, m, c.v});
       std::vector<double> idle_steps, step_s;
-      double fwd = 0, bwd = 0;
+      double fwd = 0, bwd = 0, wgt = 0;
       for (int64_t i = 0; i < warmup + steps; ++i) {
         world.group().barrier();  // every stage starts the step together
         d.zero_grads();
@@ -278,30 +290,34 @@ int bench_pipeline(const std::vector<std::string>& argv) {
           // Per action: one chunk's forward or backward.
           fwd += st.forward_s / double(steps * m * c.v);
           bwd += st.backward_s / double(steps * m * c.v);
+          wgt += st.weight_s / double(steps * m * c.v);
         }
       }
-      // Per stage: idle, forward and backward time per micro-batch, activation peak.
-      Tensor t = Tensor::zeros({4 * p}, DType::f64, MemCategory::workspace);
-      double* row = t.data<double>() + 4 * s;
+      // Per stage: idle, forward, backward and weight-pass time per action, activation peak.
+      constexpr int kCols = 5;
+      Tensor t = Tensor::zeros({kCols * p}, DType::f64, MemCategory::workspace);
+      double* row = t.data<double>() + kCols * s;
       row[0] = median(idle_steps);  // median step: the machine is shared
       row[1] = fwd;
       row[2] = bwd;
-      row[3] = double(alloc.snapshot()[MemCategory::activations].peak);
+      row[3] = wgt;
+      row[4] = double(alloc.snapshot()[MemCategory::activations].peak);
       world.group().all_reduce(t);
       if (!main) continue;
       const double* v = t.data<double>();
-      std::vector<double> tf, tb, idles, peaks;
+      std::vector<double> tf, tb, tw, idles, peaks;
       for (int k = 0; k < p; ++k) {
-        idles.push_back(v[4 * k]);
-        tf.push_back(v[4 * k + 1]);
-        tb.push_back(v[4 * k + 2]);
-        peaks.push_back(v[4 * k + 3]);
+        idles.push_back(v[kCols * k]);
+        tf.push_back(v[kCols * k + 1]);
+        tb.push_back(v[kCols * k + 2]);
+        tw.push_back(v[kCols * k + 3]);
+        peaks.push_back(v[kCols * k + 4]);
       }
-      const auto sim = parallel::simulate_schedule(parallel::make_schedule(c.kind, p, m, c.v), tf, tb);
+      const auto sim = parallel::simulate_schedule(parallel::make_schedule(c.kind, p, m, c.v), tf, tb, tw);
       double sim_mean = 0, mean = 0;
       for (double x : sim.idle_fraction()) sim_mean += x / p;
       for (double x : idles) mean += x / p;
-      const double formula = parallel::bubble_fraction(p, m, c.v);
+      const double formula = parallel::predicted_bubble(c.kind, p, m, c.v);
       const double step_ms = 1e3 * median(step_s);
       std::string per;
       for (int k = 0; k < p; ++k)
@@ -321,6 +337,7 @@ int bench_pipeline(const std::vector<std::string>& argv) {
                       {"simulated_idle_mean", sim_mean},
                       {"forward_ms", ms(tf)},
                       {"backward_ms", ms(tb)},
+                      {"weight_ms", ms(tw)},
                       {"activation_peak_bytes", peaks}});
     }
   if (main) {
