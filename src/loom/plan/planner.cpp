@@ -403,11 +403,14 @@ Prediction predict(const Job& job, const Cluster& c, const Layout& l) {
     m.grads = double(dp_plan.model_states.grads);
     m.optimizer = double(dp_plan.model_states.optimizer);
     const auto a = model::estimate_slice_activations(cfg, slice, l.micro_batch, job.seq, l.checkpoint, job.xent_chunk);
-    // Micro-batches in flight on stage s: 1F1B holds at most pp - s, GPipe all of them.
+    // Micro-batches in flight on stage s: 1F1B holds at most pp - s, GPipe all of them, ZB-H1 pp
+    // (between forward and weight pass) on every stage.
+    const parallel::PipeSchedule k = l.pp_schedule;
     const int64_t in_flight =
         l.pp == 1 ? 1
-                  : std::min<int64_t>(l.micro_batches,
-                                      l.pp_schedule == parallel::PipeSchedule::gpipe ? l.micro_batches : l.pp - s);
+                  : std::min<int64_t>(l.micro_batches, k == parallel::PipeSchedule::gpipe            ? l.micro_batches
+                                                       : k == parallel::PipeSchedule::zero_bubble_h1 ? l.pp
+                                                                                                     : l.pp - s);
     m.activations = double(a.activations(in_flight));
     m.workspace = double(a.workspace_bytes(in_flight));
     m.comm = comm_buffer_bytes(job, l, slice, layout, N, dense, dp_plan.weight_replica);
