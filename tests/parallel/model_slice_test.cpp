@@ -266,15 +266,25 @@ INSTANTIATE_TEST_SUITE_P(Families, InterleavedStages,
 // ZB-H1's split: every micro-batch's input-gradient pass first, the weight passes afterwards, as
 // the last stage of a zero-bubble pipeline defers them. The same products in the same order per
 // parameter: bitwise the gradients of forward_backward. Dense blocks of both families, MoE
-// blocks (whose MLP is not deferred) and 16-bit saved activations (re-read by the weight pass).
+// blocks (whose MLP is not deferred) beside dense ones, and 16-bit saved activations (re-read by
+// the weight pass). The deferred gradients wait in activation buffers the input pass is done
+// with: the split holds no more activation memory than the whole backward with as many slots
+// (16-bit activations excepted: their gradients need buffers of their own).
 TEST(SplitBackward, InputThenWeightPassesGiveTheWholeBackwardsGradients) {
-  for (const char* name : {"gpt2-tiny", "llama-tiny", "llama-moe-tiny", "llama-tiny bf16"}) {
-    const std::string preset_name = std::string(name).substr(0, std::string(name).find(' '));
-    ModelConfig cfg = preset(preset_name);
-    if (std::string(name).find("bf16") != std::string::npos) cfg.activation_dtype = DType::bf16;
-    Decoder whole(cfg), split(cfg);
+  for (const char* name : {"gpt2-tiny", "llama-tiny", "llama-moe-tiny", "gpt2-tiny moe2", "llama-tiny bf16"}) {
+    const std::string variant(name);
+    ModelConfig cfg = preset(variant.substr(0, variant.find(' ')));
+    const bool bf16 = variant.find("bf16") != std::string::npos;
+    if (bf16) cfg.activation_dtype = DType::bf16;
+    if (variant.find("moe2") != std::string::npos) {  // block 1 MoE, block 0 dense
+      cfg.moe.num_experts = 4;
+      cfg.moe.expert_d_ff = 32;
+      cfg.moe.moe_every = 2;
+    }
+    Decoder whole(cfg), split(cfg), held(cfg);  // held: the whole backward, M slots in flight
     whole.init_weights(3);
     split.init_weights(3);
+    held.init_weights(3);
     const int64_t B = 2, T = 8, M = 3, N = B * T;
     std::vector<std::vector<int32_t>> tok(M, std::vector<int32_t>(size_t(N))), tgt = tok;
     for (int m = 0; m < M; ++m)
@@ -283,8 +293,10 @@ TEST(SplitBackward, InputThenWeightPassesGiveTheWholeBackwardsGradients) {
         tgt[size_t(m)][size_t(i)] = int32_t((i * 3 + m + 1) % cfg.vocab_size);
       }
     const double scale = 1.0 / double(M * N);
-    std::vector<int> ids;
+    std::vector<int> ids, held_ids;
     for (int m = 0; m < M; ++m) {
+      held_ids.push_back(held.stage_begin(B, T, true));
+      held.stage_forward(held_ids.back(), tok[size_t(m)].data(), tgt[size_t(m)].data(), scale);
       const double want = whole.forward_backward(tok[size_t(m)].data(), tgt[size_t(m)].data(), B, T, scale);
       ids.push_back(split.stage_begin(B, T, true));
       EXPECT_EQ(split.stage_forward(ids.back(), tok[size_t(m)].data(), tgt[size_t(m)].data(), scale), want) << name;
@@ -300,6 +312,12 @@ TEST(SplitBackward, InputThenWeightPassesGiveTheWholeBackwardsGradients) {
       }
     EXPECT_GT(deferred, 0) << name;
     for (int id : ids) split.stage_backward_weights(id);
+    for (int id : held_ids) held.stage_backward(id, {});
+    if (!bf16) {
+      EXPECT_EQ(split.activation_bytes(), held.activation_bytes()) << name;
+    } else {
+      EXPECT_GT(split.activation_bytes(), held.activation_bytes()) << name;
+    }
     EXPECT_THROW(split.stage_backward_weights(ids[0]), Error);  // released
     for (const auto& p : whole.layout().params())
       ASSERT_EQ(split.grad(p.name).to_f32_vector(), whole.grad(p.name).to_f32_vector()) << name << " " << p.name;

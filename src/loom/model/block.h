@@ -204,8 +204,9 @@ void block_forward(const ModelConfig& cfg, int layer, const BlockWeights& w, con
 
 // A zero-bubble pipeline's deferred part of a block's backward (Qi et al. 2023, "Zero Bubble
 // Pipeline Parallelism"): the output gradients of the attention's linear layers and of a dense
-// MLP's, kept by the input-gradient pass for block_weight_backward. A MoE block's MLP is not
-// deferred (d_out and d_fc unused).
+// MLP's, kept by the input-gradient pass for block_weight_backward (in buffers of their own, or
+// in activation buffers the input pass is done with). A MoE block's MLP is not deferred (d_out
+// and d_fc unused).
 struct BlockDeferredGrads {
   Tensor d_out, d_fc, d_proj, d_qkv;
   int64_t bytes() const;

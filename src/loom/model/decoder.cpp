@@ -352,7 +352,8 @@ int64_t Decoder::activation_bytes() const {
   for (const auto& s : slots_) {
     for (const auto& t : s.res) b += int64_t(t.nbytes());
     for (const auto& a : s.saved) b += a.bytes();
-    for (const auto& g : s.deferred) b += g.bytes();
+    if (stores_16bit())  // otherwise they live in the activations' buffers
+      for (const auto& g : s.deferred) b += g.bytes();
     for (const Tensor* t : {&s.tokens, &s.targets, &s.positions, &s.lnf, &s.lnf_mean, &s.lnf_rstd, &s.losses})
       if (t->defined()) b += int64_t(t->nbytes());
   }
@@ -533,13 +534,31 @@ void Decoder::stage_backward_weights(int id) {
   s.busy = false;
 }
 
+// Where block i's deferred output gradients wait for the weight pass: in place where the
+// activations allow it, each in a buffer the block's backward has finished reading when that
+// gradient appears (the block's output, its mid residual, MLP pre-activation and q|k|v), so a
+// split backward holds nothing beyond the activations 1F1B holds. The 16-bit stored activations
+// leave no such room: buffers of their own.
+BlockDeferredGrads Decoder::deferred_grads(Slot& s, int i) {
+  if (stores_16bit()) return BlockDeferredGrads::allocate(cfg_, B_, T_, dtype_, alloc_, dims_);
+  const int64_t N = B_ * T_;
+  BlockActs& a = s.saved[size_t(i)];
+  BlockDeferredGrads g;
+  if (!cfg_.is_moe_layer(layout_.chunks()[size_t(s.chunk)].first + i)) {  // a MoE block's MLP is not deferred
+    g.d_out = s.res[size_t(i) + 1];
+    g.d_fc = a.fc.slice(0, {N, cfg_.traits().mlp_fan_out() * dims_.F});
+  }
+  g.d_proj = a.x_mid;
+  g.d_qkv = a.qkv.slice(0, {B_, T_, dims_.qkv_width()});
+  return g;
+}
+
 void Decoder::backward_pass(int id, const Tensor& dy, bool defer) {
   Slot& s = slot(id);
   LOOM_CHECK(s.train, "model", "stage_backward on micro-batch slot ", id, " whose forward was an evaluation");
   LOOM_CHECK(!s.weights_pending, "model", "micro-batch slot ", id, " ran its backward already");
   if (defer && s.deferred.empty())
-    for (int i = 0; i < n_local(); ++i)
-      s.deferred.push_back(BlockDeferredGrads::allocate(cfg_, B_, T_, dtype_, alloc_, dims_));
+    for (int i = 0; i < n_local(); ++i) s.deferred.push_back(deferred_grads(s, i));
   const FamilyTraits t = cfg_.traits();
   using Phase = ParamSource::Phase;
   if (heads(s)) {

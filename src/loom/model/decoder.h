@@ -207,6 +207,7 @@ class Decoder {
     bool weights_pending = false;                  // stage_backward_input ran, stage_backward_weights not
   };
   void backward_pass(int slot, const Tensor& dy, bool defer_weights);
+  BlockDeferredGrads deferred_grads(Slot& s, int i);
   void ensure_buffers(int64_t B, int64_t T, bool train);
   Slot& slot(int id);
   int n_local() const { return layout_.last_layer() - layout_.first_layer(); }  // blocks of each chunk
