@@ -5,12 +5,14 @@
 //     (p - 1) / (v m + p - 1), ZB-H1 (p - 1) / (3 m + p - 1) for equal F, B and W passes), the
 //     idle fraction the schedule simulator predicts from the measured forward/backward times,
 //     the peak activation memory (GPipe keeps m micro-batches, 1F1B at most p - s on stage s)
-//     and the step time.
+//     and the step time. --rounds R runs each (schedule, m) R times, the schedules alternating at
+//     each m, and takes medians over all timed steps.
 //   --show-schedule: prints each schedule's per-stage action list (no ranks needed).
 //   --balance: one process; stage balance max/mean of the uniform, parameters and profile
 //     partitions, each judged by a second, independent timing of every piece.
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <random>
 #include <sstream>
 
@@ -33,7 +35,7 @@ namespace {
 // The options of both modes; --batch and --seq default differently under --balance.
 struct PipelineOptions {
   int64_t nproc = 0, layers = 8, d_model = 256, vocab = 512, batch = 0, seq = 0, steps = 5, warmup = 1, threads = 1,
-          reps = 3;
+          reps = 3, rounds = 1;
   int64_t virtual_stages = 2;
   std::string micro_batches = "1,2,4,8,16", schedules = "gpipe,1f1b,interleaved,zb1p", model = "gpt2-124m",
               stages = "2,4";
@@ -210,6 +212,9 @@ int bench_pipeline(const std::vector<std::string>& argv) {
   add_run_default_option(*app, "--seq", a.seq, "tokens per sequence (default 64; --balance 256)", "T", positive());
   app->add_option("--steps", a.steps, "timed steps")->type_name("N")->check(positive());
   app->add_option("--warmup", a.warmup, "untimed steps first")->check(non_negative());
+  app->add_option("--rounds", a.rounds, "times each (schedule, m) runs, the schedules alternating at each m")
+      ->type_name("R")
+      ->check(positive());
   app->add_option("--threads", a.threads, "OpenMP threads per rank")->type_name("K")->check(positive());
   app->add_flag("--balance", a.balance, "stage balance of the uniform, parameter and profile partitioners");
   app->add_option("--model", a.model, "--balance: the model preset")->type_name("PRESET");
@@ -252,77 +257,95 @@ int bench_pipeline(const std::vector<std::string>& argv) {
   if (main)
     std::printf("\n%-11s %4s %8s %10s %10s %10s %9s   %s\n", "sched", "m", "formula", "idle mean", "idle max",
                 "simulated", "step ms", "per stage: idle% / peak activations");
+  // Each (schedule, m) runs `rounds` times; within a round the schedules alternate at each m, so
+  // that load from other jobs on a shared machine falls on all of them alike.
+  struct Measured {
+    std::vector<double> idle, step_s;
+    double fwd = 0, bwd = 0, wgt = 0, peak = 0;  // per action, summed over every timed step
+  };
+  const std::vector<std::string> names = str_list(a.schedules);
+  const std::vector<int> ms_list = int_list(a.micro_batches);
+  std::map<std::pair<size_t, int>, Measured> measured;
+  auto run = [&](size_t k, int m) {
+    const ScheduleChoice c = choices[k];
+    Measured& out = measured[{k, m}];
+    CpuAllocator alloc;  // this configuration's activations alone
+    model::DecoderOptions o;
+    // v chunks per stage: model chunks s, s + p, ... (Megatron's layout).
+    const auto chunks = parallel::partition_uniform(int(cfg.n_layer), p * c.v);
+    o.slice = {chunks[size_t(s)].first_layer, chunks[size_t(s)].last_layer, s == 0, s == p - 1};
+    for (int j = 1; j < c.v; ++j)
+      o.slice.later_chunks.push_back({chunks[size_t(s + j * p)].first_layer, chunks[size_t(s + j * p)].last_layer});
+    model::Decoder d(cfg, o, DType::f32, alloc);
+    d.init_weights(1);
+    parallel::PipelineStage stage(d, mesh, {c.kind, m, c.v});
+    for (int64_t i = 0; i < warmup + steps; ++i) {
+      world.group().barrier();  // every stage starts the step together
+      d.zero_grads();
+      const auto st = stage.train_step(
+          [&](int, int32_t* t, int32_t* y, int32_t*) {
+            std::copy(tok.begin(), tok.end(), t);
+            std::copy(tgt.begin(), tgt.end(), y);
+          },
+          B, T, 1.0 / double(B * T * m));
+      // The step ends when the slowest stage ends: idle = 1 - busy / that.
+      Tensor wall = Tensor::from_vector<double>({st.wall_s}, {1});
+      world.group().all_reduce(wall, comm::ReduceOp::max);
+      if (i >= warmup) {
+        out.idle.push_back(1 - st.busy_s / wall.data<double>()[0]);
+        out.step_s.push_back(wall.data<double>()[0]);
+        // Per action: one chunk's forward, backward (zb1p: input-gradient pass) or weight pass.
+        out.fwd += st.forward_s / double(m * c.v);
+        out.bwd += st.backward_s / double(m * c.v);
+        out.wgt += st.weight_s / double(m * c.v);
+      }
+    }
+    out.peak = std::max(out.peak, double(alloc.snapshot()[MemCategory::activations].peak));
+  };
+  for (int64_t round = 0; round < a.rounds; ++round)
+    for (int m : ms_list)
+      for (size_t k = 0; k < choices.size(); ++k)
+        if (cannot_run(choices[k], p, m, cfg.n_layer).empty()) run(k, m);
   for (size_t k = 0; k < choices.size(); ++k)
-    for (int m : int_list(a.micro_batches)) {
-      const std::string sched = str_list(a.schedules)[k];
+    for (int m : ms_list) {
+      const std::string& sched = names[k];
       const ScheduleChoice c = choices[k];
       if (const std::string why = cannot_run(c, p, m, cfg.n_layer); !why.empty()) {
         if (main) std::printf("%-11s %4d   not run: %s\n", sched.c_str(), m, why.c_str());
         continue;
       }
-      CpuAllocator alloc;  // this configuration's activations alone
-      model::DecoderOptions o;
-      // v chunks per stage: model chunks s, s + p, ... (Megatron's layout).
-      const auto chunks = parallel::partition_uniform(int(cfg.n_layer), p * c.v);
-      o.slice = {chunks[size_t(s)].first_layer, chunks[size_t(s)].last_layer, s == 0, s == p - 1};
-      for (int j = 1; j < c.v; ++j)
-        o.slice.later_chunks.push_back({chunks[size_t(s + j * p)].first_layer, chunks[size_t(s + j * p)].last_layer});
-      model::Decoder d(cfg, o, DType::f32, alloc);
-      d.init_weights(1);
-      parallel::PipelineStage stage(d, mesh, {c.kind, m, c.v});
-      std::vector<double> idle_steps, step_s;
-      double fwd = 0, bwd = 0, wgt = 0;
-      for (int64_t i = 0; i < warmup + steps; ++i) {
-        world.group().barrier();  // every stage starts the step together
-        d.zero_grads();
-        const auto st = stage.train_step(
-            [&](int, int32_t* t, int32_t* y, int32_t*) {
-              std::copy(tok.begin(), tok.end(), t);
-              std::copy(tgt.begin(), tgt.end(), y);
-            },
-            B, T, 1.0 / double(B * T * m));
-        // The step ends when the slowest stage ends: idle = 1 - busy / that.
-        Tensor wall = Tensor::from_vector<double>({st.wall_s}, {1});
-        world.group().all_reduce(wall, comm::ReduceOp::max);
-        if (i >= warmup) {
-          idle_steps.push_back(1 - st.busy_s / wall.data<double>()[0]);
-          step_s.push_back(wall.data<double>()[0]);
-          // Per action: one chunk's forward or backward.
-          fwd += st.forward_s / double(steps * m * c.v);
-          bwd += st.backward_s / double(steps * m * c.v);
-          wgt += st.weight_s / double(steps * m * c.v);
-        }
-      }
+      const Measured& me = measured.at({k, m});
+      const double timed = double(me.idle.size());
       // Per stage: idle, forward, backward and weight-pass time per action, activation peak.
       constexpr int kCols = 5;
       Tensor t = Tensor::zeros({kCols * p}, DType::f64, MemCategory::workspace);
       double* row = t.data<double>() + kCols * s;
-      row[0] = median(idle_steps);  // median step: the machine is shared
-      row[1] = fwd;
-      row[2] = bwd;
-      row[3] = wgt;
-      row[4] = double(alloc.snapshot()[MemCategory::activations].peak);
+      row[0] = median(me.idle);  // median step: the machine is shared
+      row[1] = me.fwd / timed;
+      row[2] = me.bwd / timed;
+      row[3] = me.wgt / timed;
+      row[4] = me.peak;
       world.group().all_reduce(t);
       if (!main) continue;
       const double* v = t.data<double>();
       std::vector<double> tf, tb, tw, idles, peaks;
-      for (int k = 0; k < p; ++k) {
-        idles.push_back(v[kCols * k]);
-        tf.push_back(v[kCols * k + 1]);
-        tb.push_back(v[kCols * k + 2]);
-        tw.push_back(v[kCols * k + 3]);
-        peaks.push_back(v[kCols * k + 4]);
+      for (int j = 0; j < p; ++j) {
+        idles.push_back(v[kCols * j]);
+        tf.push_back(v[kCols * j + 1]);
+        tb.push_back(v[kCols * j + 2]);
+        tw.push_back(v[kCols * j + 3]);
+        peaks.push_back(v[kCols * j + 4]);
       }
       const auto sim = parallel::simulate_schedule(parallel::make_schedule(c.kind, p, m, c.v), tf, tb, tw);
       double sim_mean = 0, mean = 0;
       for (double x : sim.idle_fraction()) sim_mean += x / p;
       for (double x : idles) mean += x / p;
       const double formula = parallel::predicted_bubble(c.kind, p, m, c.v);
-      const double step_ms = 1e3 * median(step_s);
+      const double step_ms = 1e3 * median(me.step_s);
       std::string per;
-      for (int k = 0; k < p; ++k)
+      for (int j = 0; j < p; ++j)
         per +=
-            str_cat(k ? "  " : "", int(100 * idles[size_t(k)] + 0.5), "% / ", format_bytes(int64_t(peaks[size_t(k)])));
+            str_cat(j ? "  " : "", int(100 * idles[size_t(j)] + 0.5), "% / ", format_bytes(int64_t(peaks[size_t(j)])));
       std::printf("%-11s %4d %7.1f%% %9.1f%% %9.1f%% %9.1f%% %9.1f   %s\n", sched.c_str(), m, 100 * formula, 100 * mean,
                   100 * *std::max_element(idles.begin(), idles.end()), 100 * sim_mean, step_ms, per.c_str());
       std::fflush(stdout);
