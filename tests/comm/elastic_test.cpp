@@ -49,6 +49,22 @@ TEST(Elastic, ReadsTheCauseFromMpirunAndWatchdogLines) {
     note_failure_line("process rank 1 with PID 77 on node h exited on signal 9 (Killed)", d);
     EXPECT_TRUE(d.diverged) << "mpirun's teardown after a divergence hid it";
   }
+  FailureCause s;  // srun names the task that ended first, then those --kill-on-bad-exit ended
+  note_failure_line("srun: error: loomh2: task 3: Exited with exit code 1", s);
+  note_failure_line("srun: error: loomh1: tasks 0-1: Killed", s);
+  EXPECT_EQ(s.rank, 3);
+  EXPECT_EQ(s.what, "exited with exit code 1");
+  FailureCause k;
+  note_failure_line("srun: error: loomh1: task 1: Killed", k);
+  EXPECT_EQ(k.rank, 1);
+  EXPECT_EQ(k.what, "killed");
+  FailureCause l;  // a job started in a way it cannot run: srun without PMIx, a wrong task count
+  note_failure_line("[rank 2] [launch] srun started 4 tasks but pp=1 x dp=2 x ep=1 x tp=1 = 2 ranks; ...", l);
+  EXPECT_TRUE(l.permanent);
+  FailureCause w;
+  note_failure_line("[rank 0] error: [launch] SLURM_STEP_NUM_TASKS is set but SLURM_PROCID is not", w);
+  EXPECT_TRUE(w.permanent);
+
   FailureCause q;
   note_failure_line("[rank 1] step 12/100 | loss 2.1", q);
   EXPECT_EQ(q.rank, -1);

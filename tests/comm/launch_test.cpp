@@ -226,3 +226,122 @@ TEST(LaunchOutput, RewritesOpenMpiTags) {
     EXPECT_EQ(format_rank_line(u), s);
   }
 }
+
+// Variables as Slurm 22.05 sets them: the batch script of `sbatch -N2 --ntasks-per-node=2`,
+// and task 3 of `srun` inside it (with --mpi=pmix, pmi2 or none).
+namespace {
+std::map<std::string, std::string> slurm_task(const std::string& mpi) {
+  std::map<std::string, std::string> v = {{"SLURM_JOB_ID", "7"},         {"SLURM_NTASKS", "4"},
+                                          {"SLURM_PROCID", "3"},         {"SLURM_STEP_ID", "0"},
+                                          {"SLURM_STEP_NUM_TASKS", "4"}, {"SLURM_LOCALID", "1"},
+                                          {"SLURM_NODEID", "1"},         {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"}};
+  if (mpi == "pmix") v.insert({{"SLURM_MPI_TYPE", "pmix"}, {"PMIX_RANK", "3"}});
+  if (mpi == "pmi2") v.insert({{"SLURM_MPI_TYPE", "pmi2"}, {"PMI_FD", "11"}, {"PMI_RANK", "3"}, {"PMI_SIZE", "4"}});
+  return v;
+}
+}  // namespace
+
+TEST(LaunchEnv, ReadsSrunTasksAndOnlyPmixMakesThemMpiRanks) {
+  LaunchEnv p = launch_env(fake_env(slurm_task("pmix")));
+  EXPECT_EQ(p.source, kSlurmSource);
+  EXPECT_TRUE(p.under_srun());
+  EXPECT_TRUE(p.under_mpi);
+  EXPECT_EQ(p.rank, 3);
+  EXPECT_EQ(p.world_size, 4);
+  EXPECT_EQ(p.local_rank, 1);
+  EXPECT_EQ(p.local_size, 2);
+  EXPECT_EQ(srun_mpi_problem(p), "");
+
+  // pmi2 sets PMI_RANK/PMI_SIZE too, but Open MPI cannot use it: no MPI rank, and the reason.
+  LaunchEnv q = launch_env(fake_env(slurm_task("pmi2")));
+  EXPECT_TRUE(q.under_srun());
+  EXPECT_FALSE(q.under_mpi);
+  EXPECT_EQ(q.slurm_mpi, "pmi2");
+  EXPECT_NE(srun_mpi_problem(q).find("task 3 of 4 with --mpi=pmi2 (SLURM_MPI_TYPE), which gives Open MPI no peers"),
+            std::string::npos)
+      << srun_mpi_problem(q);
+  EXPECT_NE(srun_mpi_problem(q).find("Run srun --mpi=pmix"), std::string::npos);
+  LaunchEnv n = launch_env(fake_env(slurm_task("none")));
+  EXPECT_NE(srun_mpi_problem(n).find("without an MPI plugin (srun --mpi=none"), std::string::npos)
+      << srun_mpi_problem(n);
+
+  // One task alone needs no peers.
+  auto one = slurm_task("none");
+  one["SLURM_PROCID"] = "0", one["SLURM_STEP_NUM_TASKS"] = "1", one["SLURM_STEP_TASKS_PER_NODE"] = "1";
+  one["SLURM_NODEID"] = "0";
+  EXPECT_EQ(srun_mpi_problem(launch_env(fake_env(one))), "");
+
+  // The batch script has SLURM_PROCID=0 but no step: a plain process, not rank 0 of 4.
+  auto batch = slurm_task("none");
+  for (const char* k : {"SLURM_STEP_ID", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE", "SLURM_LOCALID"})
+    batch.erase(k);
+  batch["SLURM_PROCID"] = "0";
+  LaunchEnv b = launch_env(fake_env(batch));
+  EXPECT_FALSE(b.launched());
+  EXPECT_EQ(b.world_size, 1);
+
+  // mpirun inside an allocation: its ranks carry the daemons' step, but Open MPI's count.
+  auto m = slurm_task("none");
+  m.insert({{"OMPI_COMM_WORLD_RANK", "5"}, {"OMPI_COMM_WORLD_SIZE", "8"}});
+  LaunchEnv o = launch_env(fake_env(m));
+  EXPECT_EQ(o.source, "OMPI_COMM_WORLD_*");
+  EXPECT_EQ(o.world_size, 8);
+  EXPECT_EQ(srun_mpi_problem(o), "");
+}
+
+TEST(LaunchEnv, SlurmTasksPerNode) {
+  EXPECT_EQ(slurm_tasks_on_node("2(x2)", 0), 2);
+  EXPECT_EQ(slurm_tasks_on_node("2(x2)", 1), 2);
+  EXPECT_EQ(slurm_tasks_on_node("3(x2),1", 2), 1);
+  EXPECT_EQ(slurm_tasks_on_node("4,2,1", 1), 2);
+  EXPECT_EQ(error_of([] { slurm_tasks_on_node("2(x2)", 2); }),
+            "[launch] SLURM_STEP_TASKS_PER_NODE=\"2(x2)\" names 2 nodes but SLURM_NODEID is 2");
+  for (const char* bad : {"2(2)", "x", "2(x0)", "2,", "2(x2"})
+    EXPECT_NE(error_of([&] { slurm_tasks_on_node(bad, 0); }).find("is not N or N(xM)"), std::string::npos) << bad;
+}
+
+TEST(LaunchCommand, SrunStartsBlocksOfTasksWithPmix) {
+  LaunchOptions o;
+  o.launcher = Launcher::srun;
+  o.nproc = 4;
+  o.allocation_tasks = 4;
+  o.exe = "/opt/loom/bin/loom";
+  o.args = {"train", "c.yaml"};
+  o.timeout_s = 30;
+  const std::vector<std::string> c = launch_command(o);
+  const std::vector<std::string> want = {"srun",
+                                         "--ntasks=4",
+                                         "--mpi=pmix",
+                                         "--kill-on-bad-exit=1",
+                                         "--distribution=block",
+                                         "--label",
+                                         "--export=ALL,LOOM_COMM_TIMEOUT=30",
+                                         "/opt/loom/bin/loom",
+                                         "train",
+                                         "c.yaml"};
+  EXPECT_EQ(c, want);
+  o.nproc = 8;
+  EXPECT_EQ(error_of([&] { srun_command(o); }),
+            "[launch] --nproc 8 is more than the allocation's 4 tasks (SLURM_NTASKS); ask sbatch for --ntasks=8 (or "
+            "--nodes and --ntasks-per-node that multiply to it), or give --nproc 4");
+  o.nproc = 4;
+  o.hosts = "a:2,b:2";
+  EXPECT_NE(error_of([&] { srun_command(o); }).find("[launch] --hosts is for mpirun"), std::string::npos);
+}
+
+TEST(LaunchOutput, ReadsSrunLabels) {
+  TaggedLine a = parse_srun_line("3: step 4/12 | loss 2.5", false);
+  EXPECT_EQ(a.rank, 3);
+  EXPECT_FALSE(a.is_stderr);
+  EXPECT_EQ(format_rank_line(a), "[rank 3] step 4/12 | loss 2.5");
+  TaggedLine b = parse_srun_line(" 0: error: x", true);  // padded to the widest label (10+ tasks)
+  EXPECT_EQ(b.rank, 0);
+  EXPECT_TRUE(b.is_stderr);
+  EXPECT_EQ(b.text, "error: x");
+  EXPECT_EQ(parse_srun_line("12: ", false).text, "");
+  for (const char* s : {"srun: error: loomh2: task 3: Killed", "plain", "3 apples", "", ": x", "3:x"}) {
+    TaggedLine u = parse_srun_line(s, true);
+    EXPECT_EQ(u.rank, -1) << s;
+    EXPECT_EQ(format_rank_line(u), s);
+  }
+}

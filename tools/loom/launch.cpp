@@ -5,7 +5,9 @@
 // the job is elastic: a failed attempt (a rank died, or the watchdog ended a hang) is restarted
 // with `--resume auto`, on fewer ranks or hosts when one keeps failing and --min-nproc allows,
 // and with a dropped host again once it answers; a diverged `train` (kExitDiverged) is not. Test hosts
-// (scripts/testhosts.sh) are recognised from the state file their `up` writes.
+// (scripts/testhosts.sh) are recognised from the state file their `up` writes. Inside a Slurm
+// allocation (SLURM_JOB_ID) the ranks start with srun --mpi=pmix instead, on the allocation's
+// nodes and by default as many as its tasks.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -107,13 +109,17 @@ void watch_line(const comm::TaggedLine& t) {
   }
 }
 
+// Whose output run_relayed reads: mpirun's tags or srun's labels.
+comm::Launcher g_launcher = comm::Launcher::mpirun;
+
 // Rank 0's standard output passes unprefixed (generate and serve print only from rank 0, and
 // their output must read as the one-process command's).
 bool g_rank0_stdout_raw = false;
 
-// Rewrites one complete line from mpirun (stream: 1 stdout, 2 stderr) to our output.
+// Rewrites one complete line from mpirun or srun (stream: 1 stdout, 2 stderr) to our output.
 void relay_line(const std::string& line, int stream) {
-  comm::TaggedLine t = comm::parse_tagged_line(line);
+  comm::TaggedLine t =
+      g_launcher == comm::Launcher::srun ? comm::parse_srun_line(line, stream == 2) : comm::parse_tagged_line(line);
   watch_line(t);
   int fd = t.rank < 0 ? stream : (t.is_stderr ? 2 : 1);
   bool raw = t.rank == 0 && !t.is_stderr && (g_rank0_stdout_raw || t.text.rfind("SUMMARY ", 0) == 0);
@@ -133,8 +139,9 @@ int run_relayed(const std::vector<std::string>& cmd) {
     for (const auto& a : cmd) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
     execvp(argv[0], argv.data());
-    std::fprintf(stderr, "[launch] cannot run %s: %s (is Open MPI installed? see --mpirun)\n", argv[0],
-                 std::strerror(errno));
+    std::fprintf(stderr, "[launch] cannot run %s: %s (%s)\n", argv[0], std::strerror(errno),
+                 g_launcher == comm::Launcher::srun ? "is this a Slurm node? see --srun, or --launcher mpirun"
+                                                    : "is Open MPI installed? see --mpirun");
     _exit(127);
   }
   close(out[1]);
@@ -247,7 +254,7 @@ int run_elastic(comm::LaunchOptions o, const ElasticOptions& e) {
     w.failed_at = failed_at;
     w.redo_s = redo_s;
     g_watch = &w;
-    const int rc = run_relayed(comm::mpirun_command(o));
+    const int rc = run_relayed(comm::launch_command(o));
     g_watch = nullptr;
     const double ended = wall_now();
     // The failure's moment: its first trace in the output (mpirun's teardown after it is lost
@@ -263,7 +270,9 @@ int run_elastic(comm::LaunchOptions o, const ElasticOptions& e) {
                   " lost to failures"));
       return 0;
     }
-    std::string cause = w.cause.what.empty() ? str_cat("mpirun exited with status ", rc) : w.cause.what;
+    std::string cause = w.cause.what.empty() ? str_cat(o.launcher == comm::Launcher::srun ? "srun" : "mpirun",
+                                                       " exited with status ", rc)
+                                             : w.cause.what;
     if (w.cause.rank >= 0) cause = str_cat("rank ", w.cause.rank, " ", cause);
     // The work since the last checkpoint is redone after a restart.
     redo_s = now - (w.last_checkpoint_at >= 0 ? w.last_checkpoint_at : (w.first_step_at >= 0 ? w.first_step_at : now));
@@ -352,8 +361,9 @@ std::string launch_exe() {
 
 int cmd_launch(const std::vector<std::string>& args) {
   auto app = new_app("launch",
-                     "Runs N ranks of this loom binary under mpirun: loom launch --nproc N -- <loom subcommand and "
-                     "its args>. Each output line is prefixed with its rank (\"[rank 1] ...\"); rank 0's SUMMARY "
+                     "Runs N ranks of this loom binary under mpirun (inside a Slurm allocation: srun --mpi=pmix): "
+                     "loom launch --nproc N -- <loom subcommand and its args>. Each output line is prefixed with its "
+                     "rank (\"[rank 1] ...\"); rank 0's SUMMARY "
                      "line is passed through unprefixed, and so is all of rank 0's standard output for generate "
                      "and serve (--tp N: the other ranks print none). Forwards LOOM_*, OMP_*, PATH and "
                      "LD_LIBRARY_PATH; LOOM_LAUNCH_EXE runs another binary. Elastic restarts: "
@@ -387,7 +397,16 @@ int cmd_launch(const std::vector<std::string>& args) {
       ->type_name("S")
       ->default_str("");
   app->add_option("--mpirun", o.mpirun, "the MPI launcher (default: $LOOM_MPIRUN or mpirun)")->type_name("PATH");
-  app->add_flag("--dry-run", dry_run, "print the mpirun command instead of running it");
+  std::string launcher = "auto";
+  app->add_option("--launcher", launcher,
+                  "what starts the ranks: srun inside a Slurm allocation (SLURM_JOB_ID set, no --hosts or "
+                  "--hostfile), else mpirun")
+      ->check(one_of({"auto", "mpirun", "srun"}));
+  app->add_option("--srun", o.srun, "the srun to run inside an allocation (default: $LOOM_SRUN or srun)")
+      ->type_name("PATH");
+  const char* srun_env = std::getenv("LOOM_SRUN");
+  if (srun_env && *srun_env) o.srun = srun_env;
+  app->add_flag("--dry-run", dry_run, "print the mpirun (or srun) command instead of running it");
   app->add_option("--max-restarts", max_restarts, "restart a failed attempt up to K times, `train` with --resume auto")
       ->type_name("K")
       ->check(non_negative());
@@ -414,13 +433,27 @@ int cmd_launch(const std::vector<std::string>& args) {
     throw UsageError(
         "[launch] give the loom subcommand to run after --, e.g. "
         "loom launch --nproc 2 -- bench comm");
-  if (!nproc_opt->count() && !hosts_opt->count())
-    throw UsageError("[launch] --nproc N is required (or --hosts h1:2,h2:2, whose ranks add up to N)");
+  const char* job_id = std::getenv("SLURM_JOB_ID");
+  const bool in_allocation = job_id && *job_id;
+  if (launcher == "srun" || (launcher == "auto" && in_allocation && o.hosts.empty() && o.hostfile.empty()))
+    o.launcher = comm::Launcher::srun;
+  if (o.launcher == comm::Launcher::srun) {
+    LOOM_CHECK(in_allocation, "launch",
+               "--launcher srun needs a Slurm allocation, and SLURM_JOB_ID is not set; run loom launch inside an "
+               "sbatch script or salloc, or leave --launcher out for mpirun");
+    if (const char* n = std::getenv("SLURM_NTASKS"); n && *n) o.allocation_tasks = std::max(0, std::atoi(n));
+  }
+  if (!nproc_opt->count() && !hosts_opt->count() && o.allocation_tasks <= 0)
+    throw UsageError(o.launcher == comm::Launcher::srun
+                         ? "[launch] --nproc N is required: the allocation sets no SLURM_NTASKS (give sbatch "
+                           "--ntasks or --ntasks-per-node, or loom launch --nproc)"
+                         : "[launch] --nproc N is required (or --hosts h1:2,h2:2, whose ranks add up to N)");
   LOOM_CHECK(!comm::launch_env().under_mpi, "launch",
              "already running under an MPI launcher; run the subcommand directly");
 
-  o.nproc = nproc_opt->count() ? int(nproc) : comm::slots_in_hosts(o.hosts);
+  o.nproc = nproc_opt->count() ? int(nproc) : hosts_opt->count() ? comm::slots_in_hosts(o.hosts) : o.allocation_tasks;
   if (!o.hosts.empty()) comm::use_test_hosts(o, test_hosts_up());
+  g_launcher = o.launcher;
   o.timeout_s = timeout;
   o.exe = launch_exe();
   o.args = inner;
@@ -431,7 +464,7 @@ int cmd_launch(const std::vector<std::string>& args) {
     std::string kv = *e;
     o.env_names.push_back(kv.substr(0, kv.find('=')));
   }
-  std::vector<std::string> cmd = comm::mpirun_command(o);
+  std::vector<std::string> cmd = comm::launch_command(o);
   if (dry_run) {
     for (size_t i = 0; i < cmd.size(); ++i) std::printf("%s%s", i ? " " : "", shell_quoted(cmd[i]).c_str());
     std::printf("\n");

@@ -145,6 +145,19 @@ int cmd_train(const std::vector<std::string>& argv) {
     sets.push_back(str_cat("parallel.dp=", ranks / per));
   }
   train::TrainConfig cfg = train::load_train_config(config, sets, train::init_source_config);
+  // A job step srun started in a way it cannot run: every task fails here alike, before MPI
+  // starts, so srun --kill-on-bad-exit leaves nothing running, and with the usage status, which
+  // an sbatch script does not requeue (examples/slurm/train.sbatch). The mesh's own check would
+  // name mpirun's fix, not sbatch's.
+  if (const comm::LaunchEnv env = comm::launch_env(); env.under_srun()) {
+    if (std::string problem = comm::srun_mpi_problem(env); !problem.empty()) throw UsageError("[launch] " + problem);
+    const parallel::MeshShape shape = cfg.parallel.mesh();
+    if (env.world_size != shape.world_size())
+      throw UsageError(str_cat("[launch] srun started ", env.world_size, " tasks but ", shape.describe(), " = ",
+                               shape.world_size(), " ranks; submit with sbatch --ntasks=", shape.world_size(),
+                               " (or --nodes and --ntasks-per-node that multiply to it), or set parallel.* to ",
+                               env.world_size, " ranks (--set parallel.dp=auto takes dp from the task count)"));
+  }
   // One process, or one rank of an MPI job (mpirun / loom launch): the World decides.
   comm::WorldOptions wo;
   // The watchdog timeout: --set over LOOM_COMM_TIMEOUT (what `loom launch --timeout` sets)

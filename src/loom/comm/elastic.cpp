@@ -1,6 +1,7 @@
 #include "loom/comm/elastic.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <regex>
 
@@ -15,7 +16,8 @@ void note_failure_line(const std::string& raw, FailureCause& cause) {
   std::smatch m;
   if (std::regex_match(raw, m, relayed)) line = m[1];
   if (cause.diverged) return;  // decisive: what mpirun says of the teardown after it changes nothing
-  if (line.rfind("error: [config]", 0) == 0 || line.rfind("usage: loom", 0) == 0) {
+  if (line.rfind("error: [config]", 0) == 0 || line.rfind("error: [launch]", 0) == 0 ||
+      line.rfind("[launch] ", 0) == 0 || line.rfind("usage: loom", 0) == 0) {
     cause.permanent = true;
     if (cause.what.empty()) cause.what = line;
     return;
@@ -36,6 +38,17 @@ void note_failure_line(const std::string& raw, FailureCause& cause) {
   if (std::regex_search(line, m, signal)) {
     if (cause.rank < 0 || cause.what.empty())
       cause = {std::atoi(m[1].str().c_str()), str_cat("exited on signal ", m[2].str(), " (", m[3].str(), ")"), false};
+    return;
+  }
+  // srun (--label, --kill-on-bad-exit) says which task ended first, then the ones it killed:
+  // "srun: error: loomh2: task 3: Exited with exit code 1", "... tasks 0-1: Killed".
+  static const std::regex srun_task(R"(^srun: error: \S+: tasks? (\d+)(?:[-,]\S*)?: (.*)$)");
+  if (std::regex_search(line, m, srun_task)) {
+    if (cause.what.empty()) {
+      std::string what = m[2].str();
+      if (!what.empty()) what[0] = char(std::tolower(static_cast<unsigned char>(what[0])));
+      cause = {std::atoi(m[1].str().c_str()), what, false};
+    }
     return;
   }
   static const std::regex abort_re(R"(MPI_ABORT was invoked on rank (\d+) in communicator \S+ with errorcode (\d+))");

@@ -22,8 +22,10 @@ struct FailureCause {
 // "[watchdog] rank R: all_reduce #17 on group ... has not completed after ..." (a hang, which
 // wins over what mpirun says of the ranks it then ended), mpirun's "process rank R with PID ...
 // exited on signal S (Name)", "MPI_ABORT was invoked on rank R ... errorcode C", and the
-// "Process name: [[j,1],R]" / "Exit code: C" pair of a non-zero exit. A rank's
-// "error: [config] ..." or "usage:" marks the failure permanent; "error: [train] training
+// "Process name: [[j,1],R]" / "Exit code: C" pair of a non-zero exit, and srun's "srun: error:
+// HOST: task R: Exited with exit code C" (or "...: Killed"). A rank's "error: [config] ...",
+// "[launch] ..." or "error: [launch] ..." (a job started in a way it cannot run) or "usage:"
+// marks the failure permanent; "error: [train] training
 // diverged" or "... stopped on non-finite values" (kExitDiverged's message) marks it diverged too.
 void note_failure_line(const std::string& line, FailureCause& cause);
 

@@ -1,7 +1,8 @@
-// Reading launcher variables and building the mpirun command line of `loom launch`.
+// Reading launcher variables and building the mpirun or srun command line of `loom launch`.
 #include "loom/comm/launch.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdint>
 #include <cstring>
 
@@ -72,9 +73,13 @@ LaunchEnv launch_env(const EnvLookup& get) {
     const char *rank, *size, *local_rank, *local_size, *label;
     bool mpi;
   };
+  // srun's tasks come after Open MPI's ranks: mpirun inside an allocation starts its daemons
+  // as a job step, so its ranks carry that step's SLURM_* too. They come before PMI_*, which
+  // srun --mpi=pmi2 sets as well.
   static const Source sources[] = {
       {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
        "OMPI_COMM_WORLD_*", true},
+      {"SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", nullptr, kSlurmSource, false},
       {"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "PMI_*", true},
       {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "RANK/WORLD_SIZE", false},
   };
@@ -82,6 +87,9 @@ LaunchEnv launch_env(const EnvLookup& get) {
     int rank = 0, size = 1;
     bool has_rank = read_int(get, s.rank, &rank), has_size = read_int(get, s.size, &size);
     if (!has_rank && !has_size) continue;
+    const bool slurm = s.label == kSlurmSource;
+    // The batch script of an sbatch job has SLURM_PROCID=0 but no step: it is no rank.
+    if (slurm && !has_size) continue;
     LOOM_CHECK(has_rank && has_size, "launch", has_rank ? s.rank : s.size, " is set but ", has_rank ? s.size : s.rank,
                " is not; a launcher sets both");
     LOOM_CHECK(size >= 1 && rank < size, "launch", s.rank, "=", rank, " is not below ", s.size, "=", size);
@@ -90,12 +98,65 @@ LaunchEnv launch_env(const EnvLookup& get) {
     e.local_rank = rank;
     e.local_size = size;
     read_int(get, s.local_rank, &e.local_rank);
-    read_int(get, s.local_size, &e.local_size);
+    if (s.local_size) read_int(get, s.local_size, &e.local_size);
     e.source = s.label;
     e.under_mpi = s.mpi;
+    if (slurm) {
+      const char* per_node = get("SLURM_STEP_TASKS_PER_NODE");
+      int node = 0;
+      if (per_node && *per_node && read_int(get, "SLURM_NODEID", &node))
+        e.local_size = slurm_tasks_on_node(per_node, node);
+      const char* mpi = get("SLURM_MPI_TYPE");
+      e.slurm_mpi = mpi && std::strcmp(mpi, "none") != 0 ? mpi : "";
+      const char* pmix = get("PMIX_RANK");
+      e.under_mpi = pmix && *pmix;
+    }
     return e;
   }
   return e;
+}
+
+int slurm_tasks_on_node(const std::string& list, int node) {
+  // "2(x3),1": a count, optionally repeated for (xN) nodes, per comma-separated entry. The
+  // whole list is checked before the node is looked up.
+  int nodes = 0, found = -1;
+  size_t start = 0;
+  for (bool last = false; !last;) {
+    const size_t comma = list.find(',', start);
+    last = comma == std::string::npos;
+    const std::string item = list.substr(start, last ? std::string::npos : comma - start);
+    start = comma + 1;
+    char* end = nullptr;
+    const long tasks = std::strtol(item.c_str(), &end, 10);
+    long repeat = 1;
+    bool ok = !item.empty() && std::isdigit(static_cast<unsigned char>(item[0])) && tasks >= 0;
+    if (ok && *end == '(') {
+      char* rep_end = nullptr;
+      ok = end[1] == 'x' && std::isdigit(static_cast<unsigned char>(end[2]));
+      repeat = ok ? std::strtol(end + 2, &rep_end, 10) : 0;
+      ok = ok && repeat >= 1 && repeat <= 1 << 20 && rep_end[0] == ')' && rep_end[1] == '\0';
+    } else {
+      ok = ok && *end == '\0';
+    }
+    LOOM_CHECK(ok, "launch", "SLURM_STEP_TASKS_PER_NODE=\"", list, "\": entry '", item,
+               "' is not N or N(xM); is this Slurm's own value?");
+    if (found < 0 && node >= nodes && node < nodes + repeat) found = int(tasks);
+    nodes += int(repeat);
+  }
+  LOOM_CHECK(found >= 0, "launch", "SLURM_STEP_TASKS_PER_NODE=\"", list, "\" names ", nodes,
+             " nodes but SLURM_NODEID is ", node);
+  return found;
+}
+
+std::string srun_mpi_problem(const LaunchEnv& env) {
+  if (!env.under_srun() || env.under_mpi || env.world_size == 1) return "";
+  const std::string how = env.slurm_mpi.empty()
+                              ? std::string("without an MPI plugin (srun --mpi=none, or the cluster's MpiDefault)")
+                              : str_cat("with --mpi=", env.slurm_mpi, " (SLURM_MPI_TYPE)");
+  return str_cat("srun started this as task ", env.rank, " of ", env.world_size, " ", how,
+                 ", which gives Open MPI no peers: it finds them through PMIx only. Run srun --mpi=pmix "
+                 "(srun --mpi=list shows the plugins; a site can make it the default with MpiDefault=pmix), or start "
+                 "the ranks with `loom launch` inside the allocation, which does");
 }
 
 bool is_forwarded_env(const std::string& name) {
@@ -159,6 +220,34 @@ std::vector<std::string> mpirun_command(const LaunchOptions& o) {
   cmd.push_back(o.exe);
   cmd.insert(cmd.end(), o.args.begin(), o.args.end());
   return cmd;
+}
+
+std::vector<std::string> srun_command(const LaunchOptions& o) {
+  LOOM_CHECK(o.nproc >= 1, "launch", "--nproc ", o.nproc, " must be at least 1");
+  LOOM_CHECK(!o.exe.empty(), "launch", "no executable to launch");
+  const char* only_mpirun = !o.hosts.empty()      ? "--hosts"
+                            : !o.hostfile.empty() ? "--hostfile"
+                            : !o.agent.empty()    ? "--agent"
+                            : !o.net.empty()      ? "--net"
+                                                  : nullptr;
+  LOOM_CHECK(!only_mpirun, "launch", only_mpirun,
+             " is for mpirun, but inside a Slurm allocation the ranks start with srun on the nodes Slurm gave; "
+             "leave it out (choose nodes with sbatch --nodes/--nodelist), or add --launcher mpirun");
+  LOOM_CHECK(o.allocation_tasks <= 0 || o.nproc <= o.allocation_tasks, "launch", "--nproc ", o.nproc,
+             " is more than the allocation's ", o.allocation_tasks,
+             " tasks (SLURM_NTASKS); ask sbatch for --ntasks=", o.nproc,
+             " (or --nodes and --ntasks-per-node that multiply to it), or give --nproc ", o.allocation_tasks);
+  std::vector<std::string> cmd = {
+      o.srun, str_cat("--ntasks=", o.nproc), "--mpi=pmix", "--kill-on-bad-exit=1", "--distribution=block", "--label"};
+  // srun passes this environment on whole; only the watchdog timeout is added.
+  if (o.timeout_s > 0) cmd.push_back(str_cat("--export=ALL,LOOM_COMM_TIMEOUT=", o.timeout_s));
+  cmd.push_back(o.exe);
+  cmd.insert(cmd.end(), o.args.begin(), o.args.end());
+  return cmd;
+}
+
+std::vector<std::string> launch_command(const LaunchOptions& o) {
+  return o.launcher == Launcher::srun ? srun_command(o) : mpirun_command(o);
 }
 
 TestHosts parse_test_hosts(const std::string& text, const std::string& path) {
@@ -249,6 +338,19 @@ TaggedLine parse_tagged_line(const std::string& line) {
     t.text.append(line, at, next == std::string::npos ? std::string::npos : next - at);
     if (next == std::string::npos) break;
   }
+  return t;
+}
+
+TaggedLine parse_srun_line(const std::string& line, bool is_stderr) {
+  TaggedLine t;
+  t.text = line;
+  const size_t digits = line.find_first_not_of(' ');
+  if (digits == std::string::npos) return t;
+  const size_t colon = line.find_first_not_of("0123456789", digits);
+  if (colon == digits || colon == std::string::npos || line.compare(colon, 2, ": ") != 0) return t;
+  t.rank = std::stoi(line.substr(digits, colon - digits));
+  t.is_stderr = is_stderr;
+  t.text = line.substr(colon + 2);
   return t;
 }
 

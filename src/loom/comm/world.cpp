@@ -134,6 +134,7 @@ std::string option_or_env(const std::string& option, const char* env, const char
 
 World::World(int* argc, char*** argv, WorldOptions opts) {
   LaunchEnv env = launch_env();
+  if (std::string problem = srun_mpi_problem(env); !problem.empty()) fail("launch", problem);
   bool want_mpi = opts.backend == WorldBackend::mpi || (opts.backend == WorldBackend::auto_detect && env.under_mpi);
   LOOM_CHECK(want_mpi || opts.backend == WorldBackend::single || env.world_size == 1, "comm", env.source,
              " says this is rank ", env.rank, " of ", env.world_size,
@@ -160,6 +161,16 @@ World::World(int* argc, char*** argv, WorldOptions opts) {
            "(Open MPI: --enable-mpi-thread-multiple)");
     }
     mpi_ = true;
+    // A launcher that says N ranks while MPI found another number: each rank would train
+    // on its own (or wait for peers that never come).
+    int mpi_size = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &mpi_size);
+    if (env.under_mpi && mpi_size != env.world_size) {
+      MPI_Finalize();
+      fail(
+          "launch", env.source, " says ", env.world_size, " ranks but MPI found ", mpi_size,
+          env.under_srun() ? "; start the tasks with srun --mpi=pmix" : "; start the ranks with mpirun or loom launch");
+    }
     board_ = open_progress_board();
     measure_clock_offset();
     std::vector<int> hosts = host_of_world_ranks();
