@@ -15,6 +15,7 @@ unset LOOM_COMM_TIMEOUT
 work=$(mktemp -d)
 trap '"$th" down >/dev/null 2>&1; rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
+. "$src/tests/comm/losses_helpers.sh"
 
 "$th" up 2
 rc=$?
@@ -28,10 +29,6 @@ tiny=(train "$src/configs/shakespeare.yaml" --set data.dir="$work/data" --set mo
       --set model.vocab_size=256 --set data.seq_len=32 --set data.batch_size=8 --set schedule.steps=12
       --set schedule.warmup_steps=2 --set schedule.eval_interval=0 --set log.every=1
       --set log.progress=off --set checkpoint.every_steps=0)
-
-losses() {  # metrics.jsonl -> one loss per line
-  grep -o '"loss":[^,}]*' "$1" | cut -d: -f2
-}
 
 echo "== one process"
 "$loom" "${tiny[@]}" --set checkpoint.dir="$work/one" --set log.metrics_path="$work/one.jsonl" \
@@ -58,18 +55,6 @@ for layout in "0 dp=4" "3 dp=4" "0 tp=2 dp=2" "0 tp=2 dp=2 order=tp,pp,ep,dp"; d
     cat "$out.log"; fail "tp inside the hosts warned"
   fi
   grep -E '^\[rank 0\] step +12/12 ' "$out.log" || { cat "$out.log"; fail "rank 0 logged no step 12"; }
-  paste -d' ' <(losses "$work/one.jsonl") <(losses "$out.jsonl") | awk -v what="$* ZeRO-$zero" '
-    NF != 2 { print "FAIL: step " NR ": a loss is missing"; bad = 1; next }
-    {
-      d = $1 - $2; if (d < 0) d = -d
-      rel = d / ($1 < 0 ? -$1 : $1)
-      if (rel > worst) worst = rel
-      if (rel > 1e-5) { printf "FAIL: step %d: one process %s, %s %s (relative %.2g)\n", NR, $1, what, $2, rel; bad = 1 }
-    }
-    END {
-      if (NR != 12) { print "FAIL: " NR " steps compared, not 12"; bad = 1 }
-      printf "%s: %d steps, largest relative loss difference %.2g (tolerance 1e-5)\n", what, NR, worst
-      exit bad
-    }' || fail "$* ZeRO-$zero losses differ from the single process"
+  losses_equal "$work/one.jsonl" "$out.jsonl" 12 "$* ZeRO-$zero" || fail "$* ZeRO-$zero losses differ from the single process"
 done
 echo PASS

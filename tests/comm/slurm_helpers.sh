@@ -1,0 +1,44 @@
+# Shell helpers of the tests on the Slurm test cluster (sourced after `testcluster.sh up` and
+# `eval "$(testcluster.sh env)"`; they use `fail` from the test):
+#   job_field JOB FIELD     one field of `scontrol show job` (JobState, Restarts, ExitCode)
+#   wait_job JOB SECONDS    until the job ends; prints its final state. Polls every 0.1 s:
+#                           sbatch --wait polls every few seconds, which would triple a test
+#   nothing_left WHAT       no job in the queue and no process in the hosts but Slurm's
+#                           daemons, within 5 s
+
+job_field() {
+  scontrol show job -o "$1" 2>/dev/null | grep -o " $2=[^ ]*" | cut -d= -f2
+}
+
+wait_job() {
+  local state
+  for _ in $(seq $(($2 * 10))); do
+    state=$(job_field "$1" JobState)
+    case $state in
+      COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | BOOT_FAIL | DEADLINE | PREEMPTED)
+        echo "$state"
+        return 0 ;;
+    esac
+    sleep 0.1
+  done
+  echo "still ${state:-unknown} after $2 s"
+  return 1
+}
+
+nothing_left() {
+  local p ns left=""
+  for _ in $(seq 50); do
+    left=$(squeue -h -o '%i %T' 2>&1)
+    for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E '^loomh[0-9]+$'); do
+      for p in $(ip netns pids "$ns" 2>/dev/null); do
+        case $(cat "/proc/$p/comm" 2>/dev/null) in
+          slurmd | slurmctld | slurmscriptd | "") ;;
+          *) left+=" $ns:$p:$(cat "/proc/$p/comm" 2>/dev/null)" ;;
+        esac
+      done
+    done
+    [ -z "$left" ] && return 0
+    sleep 0.1
+  done
+  fail "$1 left running: $left"
+}

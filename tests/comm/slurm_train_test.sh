@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# loom on a Slurm test cluster (scripts/testcluster.sh up 2): examples/slurm/train.sbatch as a
+# user submits it, dp=4 over 2 nodes x 2 tasks through srun --mpi=pmix, must log the single
+# process's loss at every step (1e-5 relative); `loom launch` inside an allocation starts its
+# ranks with srun; and jobs started wrong (srun without PMIx, a task count the layout does not
+# take) fail at once with the fix named, are not requeued, and leave nothing running. Skips
+# (77) where the cluster cannot be made (not root, no namespaces).
+#   slurm_train_test.sh <loom> <source dir>
+set -u
+loom=$1
+src=$2
+tc="$src/scripts/testcluster.sh"
+export OMP_NUM_THREADS=1 OMPI_MCA_mpi_yield_when_idle=1
+unset LOOM_COMM_TIMEOUT
+work=$(mktemp -d)
+trap '"$tc" down >/dev/null 2>&1; rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+. "$src/tests/comm/losses_helpers.sh"
+. "$src/tests/comm/slurm_helpers.sh"
+
+"$tc" up 2
+rc=$?
+[ "$rc" -eq 77 ] && exit 77
+[ "$rc" -eq 0 ] || fail "testcluster.sh up 2 exited $rc"
+eval "$("$tc" env)"
+
+head -c 200000 "$src/data/tinyshakespeare/input.txt" >"$work/in.txt"
+"$loom" prepare --input "$work/in.txt" --tokenizer byte --out "$work/data" >/dev/null || fail "loom prepare failed"
+sets=(--set data.dir="$work/data" --set model.preset=gpt2-tiny --set model.vocab_size=256 --set data.seq_len=32
+      --set data.batch_size=8 --set schedule.steps=12 --set schedule.warmup_steps=2 --set schedule.eval_interval=0
+      --set log.every=1 --set log.progress=off --set checkpoint.every_steps=0)
+config="$src/configs/shakespeare.yaml"
+
+echo "== one process"
+"$loom" train "$config" "${sets[@]}" --set checkpoint.dir="$work/one" --set log.metrics_path="$work/one.jsonl" \
+  >"$work/one.log" 2>&1 || { cat "$work/one.log"; fail "the single-process run failed"; }
+
+echo "== sbatch examples/slurm/train.sbatch: dp=4 on 2 nodes x 2 tasks"
+cd "$work" || fail "no work directory"
+start=$(date +%s.%N)
+job=$(LOOM=$loom LOOM_CHECKPOINT_DIR="$work/ck" sbatch --parsable --output="$work/job.out" \
+      "$src/examples/slurm/train.sbatch" "$config" "${sets[@]}" --set parallel.dp=4 \
+      --set log.metrics_path="$work/dp4.jsonl") || fail "sbatch refused the example"
+state=$(wait_job "$job" 60)
+cat "$work/job.out"
+[ "$state" = COMPLETED ] || fail "job $job ended $state, not COMPLETED"
+echo "job $job took $(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s from sbatch to its end"
+grep -q '^\[train\] 4 ranks on 2 hosts; collectives: ' "$work/job.out" || fail "the ranks did not find 2 hosts"
+grep -q 'warning: the tp group' "$work/job.out" && fail "a warning about tp across hosts"
+grep -q "^\[sbatch\] job $job attempt 1: 4 tasks on loomh\[1-2\]" "$work/job.out" || fail "no attempt line"
+[ -d "$work/ck/step_000012" ] || fail "no step-12 checkpoint in the shared checkpoint dir: $(ls "$work/ck")"
+losses_equal "$work/one.jsonl" "$work/dp4.jsonl" 12 "dp=4 under srun --mpi=pmix" ||
+  fail "dp=4 under Slurm differs from the single process"
+nothing_left "the finished job"
+
+echo "== loom launch inside an allocation: srun, the allocation's tasks, labelled output"
+job=$(sbatch --parsable -N2 --ntasks-per-node=2 --output="$work/launch.out" \
+      --wrap "LOOM_LAUNCH_EXE=/bin/sh $loom launch --dry-run -- -c true &&
+        LOOM_LAUNCH_EXE=/bin/sh $loom launch -- -c 'echo host=\$(hostname) local=\$SLURM_LOCALID pmix=\${PMIX_RANK-}'")
+state=$(wait_job "$job" 30)
+cat "$work/launch.out"
+[ "$state" = COMPLETED ] || fail "loom launch in an allocation: job $job ended $state"
+grep -qF "srun --ntasks=4 --mpi=pmix --kill-on-bad-exit=1 --distribution=block" "$work/launch.out" ||
+  fail "loom launch did not choose srun with the allocation's 4 tasks"
+for want in "[rank 0] host=loomh1 local=0 pmix=0" "[rank 1] host=loomh1 local=1 pmix=1" \
+            "[rank 2] host=loomh2 local=0 pmix=2" "[rank 3] host=loomh2 local=1 pmix=3"; do
+  grep -qxF "$want" "$work/launch.out" || fail "no line '$want'"
+done
+
+echo "== srun without PMIx: refused with the fix, not requeued"
+sbatch_bad() {  # name script-args...: the job must fail (status 2) without a requeue
+  local name=$1 state
+  shift
+  job=$(sbatch --parsable --output="$work/$name.out" "$@") || fail "$name: sbatch refused it"
+  state=$(wait_job "$job" 30)
+  cat "$work/$name.out"
+  [ "$state" = FAILED ] || fail "$name: job $job ended $state, not FAILED"
+  grep -q 'not requeueing: status 2' "$work/$name.out" || fail "$name: the script did not stop with status 2"
+  [ "$(job_field "$job" Restarts)" = 0 ] || fail "$name: the job was requeued"
+  nothing_left "$name"
+}
+# The example with srun's plugin swapped: what a site whose srun lacks --mpi=pmix would run.
+sed 's/--mpi=pmix/--mpi=none/' "$src/examples/slurm/train.sbatch" >"$work/no-pmix.sbatch"
+LOOM=$loom LOOM_CHECKPOINT_DIR="$work/ck-none" sbatch_bad no-pmix "$work/no-pmix.sbatch" "$config" "${sets[@]}" \
+  --set parallel.dp=4
+grep -qF "[launch] srun started this as task 0 of 4 without an MPI plugin (srun --mpi=none, or the cluster's MpiDefault), which gives Open MPI no peers" \
+  "$work/no-pmix.out" || fail "srun --mpi=none: no clear error"
+grep -qF "Run srun --mpi=pmix" "$work/no-pmix.out" || fail "srun --mpi=none: the fix is not named"
+
+echo "== a task count the layout does not take: refused with the fix, not requeued"
+LOOM=$loom LOOM_CHECKPOINT_DIR="$work/ck-dp2" sbatch_bad dp2 "$src/examples/slurm/train.sbatch" "$config" \
+  "${sets[@]}" --set parallel.dp=2
+grep -qF "[launch] srun started 4 tasks but pp=1 x dp=2 x ep=1 x tp=1 = 2 ranks; submit with sbatch --ntasks=2" \
+  "$work/dp2.out" || fail "dp=2 on 4 tasks: no clear error"
+[ -z "$(ls -A "$work/ck-dp2" 2>/dev/null)" ] || fail "the refused job wrote checkpoints"
+echo PASS
