@@ -107,7 +107,9 @@ SlurmctldHost=loomh1($(host_addr 1))
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-AuthInfo=socket=$MUNGE_SOCKET
+# cred_expire: job step credentials live 10 s, not 120, which is also how long a requeued
+# job waits before it may start again.
+AuthInfo=socket=$MUNGE_SOCKET,cred_expire=10
 CredType=cred/munge
 StateSaveLocation=$DIR/ctld
 SlurmdSpoolDir=$DIR/spool-%n
@@ -129,6 +131,8 @@ JobCompType=jobcomp/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SchedulerType=sched/builtin
+# A pass over the queue every second (not every 60): a requeued job starts once it may.
+SchedulerParameters=sched_interval=1
 # What a site without a default has: srun must be told --mpi=pmix.
 MpiDefault=none
 # The node entries below are the truth, whatever the machine has.

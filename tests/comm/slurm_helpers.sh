@@ -22,6 +22,10 @@ wait_job() {
     sleep 0.1
   done
   echo "still ${state:-unknown} after $2 s"
+  {
+    echo "-- job $1 after $2 s:"; scontrol show job "$1" 2>&1; squeue 2>&1; sinfo -N 2>&1
+    echo "-- slurmctld.log:"; tail -n 15 /run/loom-testcluster/slurmctld.log 2>&1
+  } >&2
   return 1
 }
 
