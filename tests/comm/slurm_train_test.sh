@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # loom on a Slurm test cluster (scripts/testcluster.sh up 2): examples/slurm/train.sbatch as a
 # user submits it, dp=4 over 2 nodes x 2 tasks through srun --mpi=pmix, must log the single
-# process's loss at every step (1e-5 relative); `loom launch` inside an allocation starts its
+# process's loss at every step (1e-5 relative); examples/slurm/serve.sbatch answers a request
+# from a node, tensor-parallel over its tasks; `loom launch` inside an allocation starts its
 # ranks with srun; and jobs started wrong (srun without PMIx, a task count the layout does not
 # take) fail at once with the fix named, are not requeued, and leave nothing running. Skips
 # (77) where the cluster cannot be made (not root, no namespaces).
@@ -66,6 +67,20 @@ for want in "[rank 0] host=loomh1 local=0 pmix=0" "[rank 1] host=loomh1 local=1 
             "[rank 2] host=loomh2 local=0 pmix=2" "[rank 3] host=loomh2 local=1 pmix=3"; do
   grep -qxF "$want" "$work/launch.out" || fail "no line '$want'"
 done
+
+echo "== sbatch examples/slurm/serve.sbatch: tensor parallel over loomh1's 2 tasks, answering"
+job=$(LOOM=$loom LOOM_PORT=8123 sbatch --parsable --output="$work/serve.out" "$src/examples/slurm/serve.sbatch" \
+      gpt2-tiny) || fail "sbatch refused the serve example"
+for _ in $(seq 300); do grep -q '^\[serve\] ready' "$work/serve.out" 2>/dev/null && break; sleep 0.1; done
+grep -q '^\[serve\] ready: .*tensor-parallel over 2 ranks' "$work/serve.out" || { cat "$work/serve.out"; fail "not ready"; }
+grep -q '^\[sbatch\] job [0-9]* serves on http://loomh1:8123 with 2 ranks' "$work/serve.out" || fail "no address line"
+reply=$(curl -s -m 20 http://198.18.0.11:8123/v1/completions -H 'Content-Type: application/json' \
+        -d '{"model":"gpt2-tiny","prompt":"Hello","max_tokens":4,"temperature":0}') || fail "no answer from loomh1:8123"
+echo "$reply"
+[[ $reply == *'"choices"'* && $reply == *'"completion_tokens":4'* ]] || fail "not a completion of 4 tokens: $reply"
+scancel "$job"
+[ "$(wait_job "$job" 30)" = CANCELLED ] || fail "the server's job did not end when cancelled"
+nothing_left "the cancelled server"
 
 echo "== srun without PMIx: refused with the fix, not requeued"
 sbatch_bad() {  # name script-args...: the job must fail (status 2) without a requeue
