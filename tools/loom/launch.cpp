@@ -109,24 +109,22 @@ void watch_line(const comm::TaggedLine& t) {
   }
 }
 
-// Whose output run_relayed reads: mpirun's tags or srun's labels.
-comm::Launcher g_launcher = comm::Launcher::mpirun;
-
 // Rank 0's standard output passes unprefixed (generate and serve print only from rank 0, and
 // their output must read as the one-process command's).
 bool g_rank0_stdout_raw = false;
 
 // Rewrites one complete line from mpirun or srun (stream: 1 stdout, 2 stderr) to our output.
-void relay_line(const std::string& line, int stream) {
+void relay_line(const std::string& line, int stream, comm::Launcher launcher) {
   comm::TaggedLine t =
-      g_launcher == comm::Launcher::srun ? comm::parse_srun_line(line, stream == 2) : comm::parse_tagged_line(line);
+      launcher == comm::Launcher::srun ? comm::parse_srun_line(line, stream == 2) : comm::parse_tagged_line(line);
   watch_line(t);
   int fd = t.rank < 0 ? stream : (t.is_stderr ? 2 : 1);
   bool raw = t.rank == 0 && !t.is_stderr && (g_rank0_stdout_raw || t.text.rfind("SUMMARY ", 0) == 0);
   write_all(fd, (raw ? t.text : comm::format_rank_line(t)) + "\n");
 }
 
-int run_relayed(const std::vector<std::string>& cmd) {
+// Runs mpirun or srun (launcher says which, and so how its output is tagged), relaying its output.
+int run_relayed(const std::vector<std::string>& cmd, comm::Launcher launcher) {
   int out[2], err[2];
   LOOM_CHECK(pipe(out) == 0 && pipe(err) == 0, "launch", "pipe: ", std::strerror(errno));
   pid_t pid = fork();
@@ -140,8 +138,8 @@ int run_relayed(const std::vector<std::string>& cmd) {
     argv.push_back(nullptr);
     execvp(argv[0], argv.data());
     std::fprintf(stderr, "[launch] cannot run %s: %s (%s)\n", argv[0], std::strerror(errno),
-                 g_launcher == comm::Launcher::srun ? "is this a Slurm node? see --srun, or --launcher mpirun"
-                                                    : "is Open MPI installed? see --mpirun");
+                 launcher == comm::Launcher::srun ? "is this a Slurm node? see --srun, or --launcher mpirun"
+                                                  : "is Open MPI installed? see --mpirun");
     _exit(127);
   }
   close(out[1]);
@@ -169,7 +167,7 @@ int run_relayed(const std::vector<std::string>& cmd) {
       ssize_t n = read(fds[i].fd, buf, sizeof buf);
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) {
-        if (!pending[i].empty()) relay_line(pending[i], i + 1);
+        if (!pending[i].empty()) relay_line(pending[i], i + 1, launcher);
         pending[i].clear();
         close(fds[i].fd);
         fds[i].fd = -1;
@@ -179,7 +177,7 @@ int run_relayed(const std::vector<std::string>& cmd) {
       pending[i].append(buf, size_t(n));
       size_t start = 0, nl;
       while ((nl = pending[i].find('\n', start)) != std::string::npos) {
-        relay_line(pending[i].substr(start, nl - start), i + 1);
+        relay_line(pending[i].substr(start, nl - start), i + 1, launcher);
         start = nl + 1;
       }
       pending[i].erase(0, start);
@@ -254,7 +252,7 @@ int run_elastic(comm::LaunchOptions o, const ElasticOptions& e) {
     w.failed_at = failed_at;
     w.redo_s = redo_s;
     g_watch = &w;
-    const int rc = run_relayed(comm::launch_command(o));
+    const int rc = run_relayed(comm::launch_command(o), o.launcher);
     g_watch = nullptr;
     const double ended = wall_now();
     // The failure's moment: its first trace in the output (mpirun's teardown after it is lost
@@ -453,7 +451,6 @@ int cmd_launch(const std::vector<std::string>& args) {
 
   o.nproc = nproc_opt->count() ? int(nproc) : hosts_opt->count() ? comm::slots_in_hosts(o.hosts) : o.allocation_tasks;
   if (!o.hosts.empty()) comm::use_test_hosts(o, test_hosts_up());
-  g_launcher = o.launcher;
   o.timeout_s = timeout;
   o.exe = launch_exe();
   o.args = inner;
@@ -480,7 +477,7 @@ int cmd_launch(const std::vector<std::string>& args) {
   if (e.max_restarts < 0 || e.min_nproc < 1 || e.min_nproc > o.nproc || e.drop_after < 1 || e.delay_s < 0)
     throw UsageError(str_cat("[launch] --max-restarts must be >= 0, --min-nproc within 1..", o.nproc,
                              " (--nproc), --drop-after >= 1 and --restart-delay >= 0"));
-  if (e.max_restarts == 0) return run_relayed(cmd);
+  if (e.max_restarts == 0) return run_relayed(cmd, o.launcher);
   return run_elastic(o, e);
 }
 
