@@ -4,8 +4,9 @@
 # process's loss at every step (1e-5 relative); examples/slurm/serve.sbatch answers a request
 # from a node, tensor-parallel over its tasks; `loom launch` inside an allocation starts its
 # ranks with srun; and jobs started wrong (srun without PMIx, a task count the layout does not
-# take) fail at once with the fix named, are not requeued, and leave nothing running. Skips
-# (77) where the cluster cannot be made (not root, no namespaces).
+# take) fail at once with the fix named, are not requeued, and leave nothing running; `down`
+# removes every daemon, host and file. Skips (77) where the cluster cannot be made (not
+# root, no namespaces).
 #   slurm_train_test.sh <loom> <source dir>
 set -u
 loom=$1
@@ -108,4 +109,17 @@ LOOM=$loom LOOM_CHECKPOINT_DIR="$work/ck-dp2" sbatch_bad dp2 "$src/examples/slur
 grep -qF "[launch] srun started 4 tasks but pp=1 x dp=2 x ep=1 x tp=1 = 2 ranks; submit with sbatch --ntasks=2" \
   "$work/dp2.out" || fail "dp=2 on 4 tasks: no clear error"
 [ -z "$(ls -A "$work/ck-dp2" 2>/dev/null)" ] || fail "the refused job wrote checkpoints"
+
+echo "== status, then down (twice): no daemon, host or file left"
+"$tc" status || fail "status: a daemon is not running"
+"$tc" down && "$tc" down || fail "down failed"
+left=$(pgrep -a -f '/run/loom-testcluster' ; ip netns list 2>/dev/null | grep -E '^loomh[0-9]+'; ls -d /run/loom-testcluster 2>/dev/null)
+[ -z "$left" ] || fail "left after down: $left"
+"$tc" status >/dev/null
+[ $? -eq 3 ] || fail "status did not say down (3)"
+if command -v setpriv >/dev/null 2>&1; then
+  out=$(setpriv --reuid=65534 --regid=65534 --clear-groups "$tc" up 2 2>&1)
+  rc=$?
+  [ "$rc" -eq 77 ] && echo "$out" | grep -qF "needs root" || fail "as nobody: rc=$rc, '$out'"
+fi
 echo PASS
