@@ -117,6 +117,15 @@ left=$(pgrep -a -f '/run/loom-testcluster' ; ip netns list 2>/dev/null | grep -E
 [ -z "$left" ] || fail "left after down: $left"
 "$tc" status >/dev/null
 [ $? -eq 3 ] || fail "status did not say down (3)"
+# A daemon that does not start: up fails naming it and removes what it had made (munged,
+# slurmctld, the hosts).
+mkdir -p "$work/bin"
+printf '#!/bin/sh\necho "no slurmd today" >&2\nexit 1\n' >"$work/bin/slurmd"
+chmod +x "$work/bin/slurmd"
+out=$(PATH="$work/bin:$PATH" "$tc" up 2 2>&1) && fail "up with a failing slurmd succeeded"
+echo "$out" | grep -qF "[testcluster] slurmd on loomh1 did not start: no slurmd today" || fail "unclear: $out"
+left=$(pgrep -a -f '/run/loom-testcluster' ; ip netns list 2>/dev/null | grep -E '^loomh[0-9]+'; ls -d /run/loom-testcluster 2>/dev/null)
+[ -z "$left" ] || fail "left after a failed up: $left"
 if command -v setpriv >/dev/null 2>&1; then
   out=$(setpriv --reuid=65534 --regid=65534 --clear-groups "$tc" up 2 2>&1)
   rc=$?
