@@ -75,8 +75,13 @@ job=$(LOOM=$loom LOOM_PORT=8123 sbatch --parsable --output="$work/serve.out" "$s
 for _ in $(seq 300); do grep -q '^\[serve\] ready' "$work/serve.out" 2>/dev/null && break; sleep 0.1; done
 grep -q '^\[serve\] ready: .*tensor-parallel over 2 ranks' "$work/serve.out" || { cat "$work/serve.out"; fail "not ready"; }
 grep -q '^\[sbatch\] job [0-9]* serves on http://loomh1:8123 with 2 ranks' "$work/serve.out" || fail "no address line"
-reply=$(curl -s -m 20 http://198.18.0.11:8123/v1/completions -H 'Content-Type: application/json' \
-        -d '{"model":"gpt2-tiny","prompt":"Hello","max_tokens":4,"temperature":0}') || fail "no answer from loomh1:8123"
+reply=$(python3 -c '
+import json, sys, urllib.request
+body = json.dumps({"model": "gpt2-tiny", "prompt": "Hello", "max_tokens": 4, "temperature": 0}).encode()
+req = urllib.request.Request(sys.argv[1], body, {"Content-Type": "application/json"})
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the test network, never a proxy
+print(opener.open(req, timeout=20).read().decode())' http://198.18.0.11:8123/v1/completions) ||
+  fail "no answer from loomh1:8123"
 echo "$reply"
 [[ $reply == *'"choices"'* && $reply == *'"completion_tokens":4'* ]] || fail "not a completion of 4 tokens: $reply"
 scancel "$job"
