@@ -6,7 +6,7 @@
 # ranks with srun; and jobs started wrong (srun without PMIx, a task count the layout does not
 # take) fail at once with the fix named, are not requeued, and leave nothing running; `down`
 # removes every daemon, host and file. Skips (77) where the cluster cannot be made (not
-# root, no namespaces).
+# root, no namespaces) or python3 is missing.
 #   slurm_train_test.sh <loom> <source dir>
 set -u
 loom=$1
@@ -19,6 +19,7 @@ trap '"$tc" down >/dev/null 2>&1; rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 . "$src/tests/comm/losses_helpers.sh"
 . "$src/tests/comm/slurm_helpers.sh"
+command -v python3 >/dev/null || { echo "SKIPPED: the Slurm examples were not tested: no python3 to send the server a request"; exit 77; }
 
 "$tc" up 2
 rc=$?
