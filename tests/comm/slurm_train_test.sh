@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # loom on a Slurm test cluster (scripts/testcluster.sh up 2): examples/slurm/train.sbatch as a
-# user submits it, dp=4 over 2 nodes x 2 tasks through srun --mpi=pmix, must log the single
-# process's loss at every step (1e-5 relative); examples/slurm/serve.sbatch answers a request
+# user submits it, dp=4 and tp=2 x dp=2 (tp inside a node) over 2 nodes x 2 tasks through srun
+# --mpi=pmix, must log the single process's loss at every step (1e-5 relative); examples/slurm/serve.sbatch answers a request
 # from a node, tensor-parallel over its tasks; `loom launch` inside an allocation starts its
 # ranks with srun; and jobs started wrong (srun without PMIx, a task count the layout does not
 # take) fail at once with the fix named, are not requeued, and leave nothing running; `down`
@@ -38,23 +38,35 @@ echo "== one process"
 "$loom" train "$config" "${sets[@]}" --set checkpoint.dir="$work/one" --set log.metrics_path="$work/one.jsonl" \
   >"$work/one.log" 2>&1 || { cat "$work/one.log"; fail "the single-process run failed"; }
 
-echo "== sbatch examples/slurm/train.sbatch: dp=4 on 2 nodes x 2 tasks"
+# Two layouts at once (each takes 2 of a node's 4 slots): dp=4, and tp=2 x dp=2, whose tp
+# pairs must stay inside a node (srun's block distribution), where loom does not warn.
+echo "== sbatch examples/slurm/train.sbatch: dp=4, and tp=2 x dp=2, on 2 nodes x 2 tasks"
 cd "$work" || fail "no work directory"
 start=$(date +%s.%N)
-job=$(LOOM=$loom LOOM_CHECKPOINT_DIR="$work/ck" sbatch --parsable --output="$work/job.out" \
-      "$src/examples/slurm/train.sbatch" "$config" "${sets[@]}" --set parallel.dp=4 \
-      --set log.metrics_path="$work/dp4.jsonl") || fail "sbatch refused the example"
-state=$(wait_job "$job" 60)
-cat "$work/job.out"
-[ "$state" = COMPLETED ] || fail "job $job ended $state, not COMPLETED"
-echo "job $job took $(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s from sbatch to its end"
-grep -q '^\[train\] 4 ranks on 2 hosts; collectives: ' "$work/job.out" || fail "the ranks did not find 2 hosts"
-grep -q 'warning: the tp group' "$work/job.out" && fail "a warning about tp across hosts"
-grep -q "^\[sbatch\] job $job attempt 1: 4 tasks on loomh\[1-2\]" "$work/job.out" || fail "no attempt line"
-[ -d "$work/ck/step_000012" ] || fail "no step-12 checkpoint in the shared checkpoint dir: $(ls "$work/ck")"
-losses_equal "$work/one.jsonl" "$work/dp4.jsonl" 12 "dp=4 under srun --mpi=pmix" ||
-  fail "dp=4 under Slurm differs from the single process"
-nothing_left "the finished job"
+declare -A jobs
+for layout in dp4 tp2dp2; do
+  case $layout in
+    dp4) par=(--set parallel.dp=4) ;;
+    tp2dp2) par=(--set parallel.tp=2 --set parallel.dp=2) ;;
+  esac
+  jobs[$layout]=$(LOOM=$loom LOOM_CHECKPOINT_DIR="$work/ck-$layout" sbatch --parsable --output="$work/$layout.out" \
+                  "$src/examples/slurm/train.sbatch" "$config" "${sets[@]}" "${par[@]}" \
+                  --set log.metrics_path="$work/$layout.jsonl") || fail "sbatch refused the example ($layout)"
+done
+for layout in dp4 tp2dp2; do
+  job=${jobs[$layout]}
+  state=$(wait_job "$job" 60)
+  grep -v '^step ' "$work/$layout.out"
+  [ "$state" = COMPLETED ] || { cat "$work/$layout.out"; fail "$layout: job $job ended $state, not COMPLETED"; }
+  grep -q '^\[train\] 4 ranks on 2 hosts; collectives: ' "$work/$layout.out" || fail "$layout: the ranks did not find 2 hosts"
+  grep -q 'warning: the tp group' "$work/$layout.out" && fail "$layout: a warning about tp across hosts"
+  grep -q "^\[sbatch\] job $job attempt 1: 4 tasks on loomh\[1-2\]" "$work/$layout.out" || fail "$layout: no attempt line"
+  [ -d "$work/ck-$layout/step_000012" ] || fail "$layout: no step-12 checkpoint in the shared checkpoint dir"
+  losses_equal "$work/one.jsonl" "$work/$layout.jsonl" 12 "$layout under srun --mpi=pmix" ||
+    fail "$layout under Slurm differs from the single process"
+done
+echo "both jobs took $(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s from sbatch to their end"
+nothing_left "the finished jobs"
 
 echo "== loom launch inside an allocation: srun, the allocation's tasks, labelled output"
 job=$(sbatch --parsable -N2 --ntasks-per-node=2 --output="$work/launch.out" \
