@@ -68,15 +68,17 @@ done
 echo "both jobs took $(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s from sbatch to their end"
 nothing_left "the finished jobs"
 
-echo "== loom launch inside an allocation: srun, the allocation's tasks, labelled output"
+echo "== loom launch inside an allocation: srun, the allocation's tasks, labelled output; mpirun in a step"
 job=$(sbatch --parsable -N2 --ntasks-per-node=2 --output="$work/launch.out" \
       --wrap "LOOM_LAUNCH_EXE=/bin/sh $loom launch --dry-run -- -c true &&
+        srun --ntasks=1 $loom launch --nproc 2 --dry-run -- version &&
         LOOM_LAUNCH_EXE=/bin/sh $loom launch -- -c 'echo host=\$(hostname) local=\$SLURM_LOCALID pmix=\${PMIX_RANK-}'")
 state=$(wait_job "$job" 30)
 cat "$work/launch.out"
 [ "$state" = COMPLETED ] || fail "loom launch in an allocation: job $job ended $state"
 grep -qF "srun --ntasks=4 --mpi=pmix --kill-on-bad-exit=1 --distribution=block" "$work/launch.out" ||
   fail "loom launch did not choose srun with the allocation's 4 tasks"
+grep -qE "^mpirun -np 2 .*$loom version$" "$work/launch.out" || fail "inside a job step loom launch did not keep mpirun"
 for want in "[rank 0] host=loomh1 local=0 pmix=0" "[rank 1] host=loomh1 local=1 pmix=1" \
             "[rank 2] host=loomh2 local=0 pmix=2" "[rank 3] host=loomh2 local=1 pmix=3"; do
   grep -qxF "$want" "$work/launch.out" || fail "no line '$want'"

@@ -397,8 +397,8 @@ int cmd_launch(const std::vector<std::string>& args) {
   app->add_option("--mpirun", o.mpirun, "the MPI launcher (default: $LOOM_MPIRUN or mpirun)")->type_name("PATH");
   std::string launcher = "auto";
   app->add_option("--launcher", launcher,
-                  "what starts the ranks: srun inside a Slurm allocation (SLURM_JOB_ID set, no --hosts or "
-                  "--hostfile), else mpirun")
+                  "what starts the ranks: srun in a Slurm allocation's batch script or salloc shell "
+                  "(SLURM_JOB_ID set, SLURM_STEP_ID not, no --hosts or --hostfile), else mpirun")
       ->check(one_of({"auto", "mpirun", "srun"}));
   app->add_option("--srun", o.srun, "the srun to run inside an allocation (default: $LOOM_SRUN or srun)")
       ->type_name("PATH");
@@ -432,8 +432,13 @@ int cmd_launch(const std::vector<std::string>& args) {
         "[launch] give the loom subcommand to run after --, e.g. "
         "loom launch --nproc 2 -- bench comm");
   const char* job_id = std::getenv("SLURM_JOB_ID");
+  const char* step_id = std::getenv("SLURM_STEP_ID");
   const bool in_allocation = job_id && *job_id;
-  if (launcher == "srun" || (launcher == "auto" && in_allocation && o.hosts.empty() && o.hostfile.empty()))
+  // The batch script or an salloc shell: there, srun starts the ranks. Inside a job step (a
+  // command srun started, e.g. `srun make test`) mpirun stays the default: a step in a step
+  // is not what such a command means.
+  const bool allocation_shell = in_allocation && !(step_id && *step_id);
+  if (launcher == "srun" || (launcher == "auto" && allocation_shell && o.hosts.empty() && o.hostfile.empty()))
     o.launcher = comm::Launcher::srun;
   if (o.launcher == comm::Launcher::srun) {
     LOOM_CHECK(in_allocation, "launch",
