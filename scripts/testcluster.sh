@@ -158,7 +158,9 @@ start_munge() {
   chmod 755 "$MUNGE_DIR"
   (umask 077 && head -c 1024 /dev/urandom >"$MUNGE_DIR/munge.key") || die "cannot write a munge key"
   local err
-  err=$(munged --force --socket="$MUNGE_SOCKET" --key-file="$MUNGE_DIR/munge.key" \
+  # --origin: the address munge writes into credentials, given so that munged does not look
+  # up this machine's name (which may go to DNS); nothing checks it here.
+  err=$(munged --force --origin=127.0.0.1 --socket="$MUNGE_SOCKET" --key-file="$MUNGE_DIR/munge.key" \
         --pid-file="$MUNGE_DIR/munged.pid" --log-file="$MUNGE_DIR/munged.log" \
         --seed-file="$MUNGE_DIR/munged.seed" 2>&1) || die "munged did not start: $err"
   for _ in $(seq 50); do
