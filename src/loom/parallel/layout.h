@@ -39,7 +39,7 @@ struct Layout {
   // (empty: auto) those whose predicted memory exceeds the mean stage's by more than a tenth, or
   // a memory limit where one is set.
   optim::OffloadTarget offload = optim::OffloadTarget::none;
-  std::vector<int64_t> offload_stages;
+  std::vector<int64_t> offload_stages = {};
 
   int64_t ranks() const { return dp * tp * pp * ep; }
   MeshShape mesh() const { return MeshShape(pp, dp, ep, tp, order); }
