@@ -15,15 +15,6 @@
 
 namespace loom::optim {
 
-const char* offload_target_name(OffloadTarget t) {
-  switch (t) {
-    case OffloadTarget::none: return "none";
-    case OffloadTarget::host: return "host";
-    case OffloadTarget::disk: return "disk";
-  }
-  return "?";
-}
-
 MomentOffload::MomentOffload(OffloadTarget target, const std::string& dir, const std::vector<int64_t>& sizes,
                              int64_t piece_elems, int window)
     : target_(target), window_(size_t(std::max(1, window))) {
