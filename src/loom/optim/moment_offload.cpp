@@ -167,9 +167,17 @@ void MomentOffload::flush() {
   if (!error_.empty()) throw Error(error_);
 }
 
-void MomentOffload::read(size_t unit, float* m, float* v) {
-  LOOM_CHECK(!prefetched_, "offload", "whole moments read while a step's reads are queued");
+void MomentOffload::drop_prefetch() {
   flush();
+  // A step whose update never came (a skipped non-finite step): its staged pieces are dropped and
+  // read again by the next step, since buffer 0 is about to be overwritten.
+  std::fill(ready_.begin(), ready_.end(), false);
+  prefetched_ = false;
+  next_read_ = 0;
+}
+
+void MomentOffload::read(size_t unit, float* m, float* v) {
+  drop_prefetch();
   float* b = buffer(0);
   for (size_t k = first_[unit]; k < first_[unit + 1]; ++k) {
     const Piece& p = pieces_[k];
@@ -180,8 +188,7 @@ void MomentOffload::read(size_t unit, float* m, float* v) {
 }
 
 void MomentOffload::write(size_t unit, const float* m, const float* v) {
-  LOOM_CHECK(!prefetched_, "offload", "whole moments replaced while a step's reads are queued");
-  flush();
+  drop_prefetch();
   float* b = buffer(0);
   for (size_t k = first_[unit]; k < first_[unit + 1]; ++k) {
     const Piece& p = pieces_[k];

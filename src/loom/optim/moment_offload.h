@@ -50,7 +50,8 @@ class MomentOffload {
   void release(size_t k);
   // Every queued copy done (before the moments are read or replaced as a whole).
   void flush();
-  // A whole unit's moments, synchronously (checkpoints).
+  // A whole unit's moments, synchronously (checkpoints); a prefetch in flight is dropped and the
+  // next acquire starts it again.
   void read(size_t unit, float* m, float* v);
   void write(size_t unit, const float* m, const float* v);
   // Resident bytes (the staging buffers) and bytes kept off the device (both moments).
@@ -68,6 +69,7 @@ class MomentOffload {
   void enqueue(Job j);
   void copy(const Job& j);
   float* buffer(size_t b) const;
+  void drop_prefetch();
 
   OffloadTarget target_;
   std::string path_;
