@@ -12,8 +12,8 @@ namespace loom {
 
 enum class Device : uint8_t { cpu, cuda };
 
-// offloaded: state moved off the device between uses (parallel.offload's host pool): counted, but
-// not in what a rank needs resident (MemorySnapshot::resident).
+// offloaded: state moved off the device between uses (parallel.offload's host pool), counted apart
+// from what a rank holds resident.
 enum class MemCategory : uint8_t { params, grads, optimizer, activations, workspace, kv_cache, comm, other, offloaded };
 inline constexpr int kNumMemCategories = 9;
 const char* mem_category_name(MemCategory c);

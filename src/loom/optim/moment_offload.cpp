@@ -10,7 +10,6 @@
 #include <filesystem>
 
 #include "loom/core/error.h"
-#include "loom/core/timer.h"
 #include "loom/core/trace.h"
 
 namespace loom::optim {
@@ -143,12 +142,10 @@ void MomentOffload::prefetch() {
 float* MomentOffload::acquire(size_t k) {
   prefetch();
   LOOM_CHECK(k < next_read_, "offload", "piece ", k, " acquired out of order");
-  Stopwatch sw;
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return ready_[k] || !error_.empty(); });
   if (!error_.empty()) throw Error(error_);
   ready_[k] = false;
-  wait_s_ += sw.seconds();
   return buffer(k % window_);
 }
 
@@ -196,12 +193,6 @@ void MomentOffload::write(size_t unit, const float* m, const float* v) {
     std::memcpy(b + p.size, v + p.offset, size_t(p.size) * sizeof(float));
     copy({true, k, 0});
   }
-}
-
-double MomentOffload::take_wait_seconds() {
-  const double s = wait_s_;
-  wait_s_ = 0;
-  return s;
 }
 
 }  // namespace loom::optim

@@ -1,10 +1,11 @@
 // Adam's moments kept off the device between steps (parallel.offload.optimizer): in a host pool
 // (MemCategory::offloaded) or in a file, and staged into two resident buffers a piece (at most a
-// million elements of one unit) at a time for the update. One I/O thread runs the copies in the order they were asked
-// for: the first pieces' reads start before the step (while the forward and backward run), each piece's write starts as
-// soon as it is updated and the next piece's read follows it, so the step waits only for what the computation has not
-// hidden. On a CPU machine "host" is a separate pool and "disk" a directory; what a GPU would copy over PCIe is copied
-// here the same way, and the formulas (planner) and the overlap are what carry over.
+// million elements of one unit) at a time for the update. One I/O thread runs the copies in the
+// order they were asked for: the first pieces' reads start before the step (while the forward and
+// backward run), each piece's write starts as soon as it is updated and the next piece's read
+// follows it, so the step waits only for what the computation has not hidden. On a CPU machine
+// "host" is a separate pool and "disk" a directory; what a GPU would copy over PCIe is copied here
+// the same way, and the formulas (planner) and the overlap are what carry over.
 #pragma once
 #include <condition_variable>
 #include <cstdint>
@@ -35,8 +36,6 @@ class MomentOffload {
   MomentOffload(const MomentOffload&) = delete;
   MomentOffload& operator=(const MomentOffload&) = delete;
 
-  OffloadTarget target() const { return target_; }
-  size_t pieces() const { return pieces_.size(); }
   const Piece& piece(size_t k) const { return pieces_[k]; }
   // Unit i's pieces: [first, last).
   std::pair<size_t, size_t> pieces_of(size_t unit) const { return {first_[unit], first_[unit + 1]}; }
@@ -48,8 +47,6 @@ class MomentOffload {
   // Piece k is updated: its write back starts, and the read of piece k + window after it. After
   // the last piece the next step's prefetch starts over at piece 0.
   void release(size_t k);
-  // Every queued copy done (before the moments are read or replaced as a whole).
-  void flush();
   // A whole unit's moments, synchronously (checkpoints); a prefetch in flight is dropped and the
   // next acquire starts it again.
   void read(size_t unit, float* m, float* v);
@@ -57,8 +54,6 @@ class MomentOffload {
   // Resident bytes (the staging buffers) and bytes kept off the device (both moments).
   int64_t staged_bytes() const { return int64_t(staging_.nbytes()); }
   int64_t offloaded_bytes() const { return 2 * total_ * int64_t(sizeof(float)); }
-  // Seconds the step waited for a read (not hidden behind computation), since the last take.
-  double take_wait_seconds();
 
  private:
   struct Job {
@@ -69,6 +64,7 @@ class MomentOffload {
   void enqueue(Job j);
   void copy(const Job& j);
   float* buffer(size_t b) const;
+  void flush();  // every queued copy done
   void drop_prefetch();
 
   OffloadTarget target_;
@@ -84,7 +80,6 @@ class MomentOffload {
   std::vector<bool> ready_;  // per piece: its staged copy was read and not yet acquired
   size_t next_read_ = 0;     // the next piece whose read is not yet queued
   bool prefetched_ = false;
-  double wait_s_ = 0;
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -1,7 +1,6 @@
 // Where an offloaded rank keeps its Adam moments between steps (parallel.offload.optimizer;
 // optim/moment_offload.h stages them).
 #pragma once
-#include <string>
 
 namespace loom::optim {
 

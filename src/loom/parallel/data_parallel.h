@@ -64,7 +64,7 @@ class DataParallel final : public model::ParamSource {
   // Also starts staging offloaded optimizer moments for the step that follows.
   void zero_grads();
   // Keeps the Adam moments in `target` between steps (parallel.offload; optim/moment_offload.h),
-  // staged unit by unit for each step; disk: in a file under `dir`. Before any checkpoint loads.
+  // staged piece by piece for each step; disk: in a file under `dir`. Before any checkpoint loads.
   void offload_optimizer(optim::OffloadTarget target, const std::string& dir);
   const optim::MomentOffload* optimizer_offload() const { return optimizer_->offloaded(); }
   // false before all but the last micro-batch: stage 0/1 skip communication (no_sync).

@@ -3,9 +3,9 @@
 // trainer reads it from parallel.* (its fields are named after those keys), the planner
 // searches over it, and the mesh and the data-parallel rank counts are derived from it here.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <string>
-
 #include <vector>
 
 #include "loom/optim/offload_target.h"
@@ -35,9 +35,8 @@ struct Layout {
   // innermost dimension's groups.
   MeshOrder order = kDefaultMeshOrder;
   // parallel.offload: the Adam moments of the chosen pipeline stages live off the device between
-  // steps (host pool or disk), staged unit by unit for the update. Stages: the listed ones, or
-  // (empty: auto) those whose predicted memory exceeds the mean stage's by more than a tenth, or
-  // a memory limit where one is set.
+  // steps (host pool or disk), staged piece by piece for the update. Stages: the listed ones, or
+  // (empty: auto) those offloads_stage picks.
   optim::OffloadTarget offload = optim::OffloadTarget::none;
   std::vector<int64_t> offload_stages = {};
 
@@ -45,5 +44,18 @@ struct Layout {
   MeshShape mesh() const { return MeshShape(pp, dp, ep, tp, order); }
   DataParallelRanks data_parallel_ranks() const { return {int(dp * ep), int(dp)}; }
 };
+
+// Whether stage s keeps its Adam moments off the device: the listed stages, or (auto) those whose
+// predicted bytes exceed the mean stage's by more than a tenth, or exceed `limit` (0: none). The
+// trainer and the planner decide with it from their own predictions.
+inline bool offloads_stage(const Layout& l, const std::vector<double>& predicted, int64_t s, double limit) {
+  if (l.offload == optim::OffloadTarget::none) return false;
+  if (!l.offload_stages.empty())
+    return std::find(l.offload_stages.begin(), l.offload_stages.end(), s) != l.offload_stages.end();
+  double mean = 0;
+  for (double b : predicted) mean += b / double(predicted.size());
+  const double mine = predicted[size_t(s)];
+  return mine > 1.1 * mean || (limit > 0 && mine > limit);
+}
 
 }  // namespace loom::parallel

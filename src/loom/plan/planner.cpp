@@ -423,22 +423,17 @@ Prediction predict(const Job& job, const Cluster& c, const Layout& l) {
     stage_experts.push_back(double(expert_params));
     work.push_back(stage_work(job, c, l, slice));
   }
-  // parallel.offload: the listed stages, or (auto) those over the mean stage by a tenth or over
-  // the device, keep their moments off the device and only the staging buffers on it.
+  // parallel.offload: the stages offloads_stage picks (the device's memory as the limit) keep only
+  // the staging buffers of their moments on it.
   double offloaded_bytes = 0;
-  if (l.offload != optim::OffloadTarget::none) {
-    double mean = 0;
-    for (const auto& m : p.stage_memory) mean += m.total() / double(p.stage_memory.size());
-    for (size_t s = 0; s < p.stage_memory.size(); ++s) {
-      MemoryPrediction& m = p.stage_memory[s];
-      const auto& listed = l.offload_stages;
-      const bool chosen = listed.empty() ? m.total() > 1.1 * mean || m.total() > c.device.memory_bytes
-                                         : std::find(listed.begin(), listed.end(), int64_t(s)) != listed.end();
-      if (!chosen) continue;
-      m.offloaded = m.optimizer;
-      m.optimizer = std::min(m.optimizer, staging[s]);
-      offloaded_bytes = std::max(offloaded_bytes, m.offloaded);
-    }
+  std::vector<double> predicted;
+  for (const auto& m : p.stage_memory) predicted.push_back(m.total());
+  for (size_t s = 0; s < p.stage_memory.size(); ++s) {
+    if (!parallel::offloads_stage(l, predicted, int64_t(s), c.device.memory_bytes)) continue;
+    MemoryPrediction& m = p.stage_memory[s];
+    m.offloaded = m.optimizer;
+    m.optimizer = std::min(m.optimizer, staging[s]);
+    offloaded_bytes = std::max(offloaded_bytes, m.offloaded);
   }
   for (size_t s = 0; s < p.stage_memory.size(); ++s)
     if (p.stage_memory[s].total() > p.memory.total()) p.memory = p.stage_memory[s], p.memory_stage = int(s);

@@ -48,6 +48,11 @@ double Trainer::predicted_activation_bytes() const {
 
 namespace {
 std::string bytes_text(double b) { return format_bytes(int64_t(std::min(b, 9e18))); }
+double mean(const std::vector<double>& v) {
+  double m = 0;
+  for (double x : v) m += x / double(v.size());
+  return m;
+}
 }  // namespace
 
 void Trainer::place_optimizer_state() {
@@ -61,19 +66,13 @@ void Trainer::place_optimizer_state() {
   if (pp > 1) mesh_->pp().all_reduce(t);
   const double activations = predicted_activation_bytes();
   std::vector<double> resident(static_cast<size_t>(pp)), moments(static_cast<size_t>(pp));
-  double mean = 0;
   for (int64_t s = 0; s < pp; ++s) {
     resident[size_t(s)] = t.data<double>()[2 * s] + activations;
     moments[size_t(s)] = t.data<double>()[2 * s + 1];
-    mean += resident[size_t(s)] / double(pp);
   }
   const double limit = p.memory_limit_mb * 1048576.0;
   const auto& listed = p.offload_stages;
-  auto chosen = [&](int64_t s) {
-    if (p.offload == optim::OffloadTarget::none) return false;
-    if (!listed.empty()) return std::find(listed.begin(), listed.end(), s) != listed.end();
-    return resident[size_t(s)] > 1.1 * mean || (limit > 0 && resident[size_t(s)] > limit);
-  };
+  auto chosen = [&](int64_t s) { return parallel::offloads_stage(p, resident, s, limit); };
   // The stages over the limit once their moments are where the configuration puts them.
   if (limit > 0)
     for (int64_t s = 0; s < pp; ++s) {
@@ -96,7 +95,7 @@ void Trainer::place_optimizer_state() {
             pp > 1 ? str_cat("pipeline stage ", s).c_str() : "every rank", bytes_text(moments[size_t(s)]).c_str(),
             optim::offload_target_name(p.offload), listed.empty() ? "auto" : "listed",
             listed.empty() ? str_cat(": ", bytes_text(resident[size_t(s)]), " predicted against the stages' mean ",
-                                     bytes_text(mean), limit > 0 ? " and the limit" : "")
+                                     bytes_text(mean(resident)), limit > 0 ? " and the limit" : "")
                                  .c_str()
                            : "");
   if (!chosen(stage)) return;
