@@ -46,9 +46,9 @@ size_t first_at_least(const unsigned char* p, size_t n, uint32_t limit) {
   return n;
 }
 
-// Whether the loss counts a target token with mask byte m: a trained token that does not start
-// another conversation (packed rows run across conversations).
-bool trains(uint8_t m) { return (m & kMaskTrained) && !(m & kMaskConversationStart); }
+// Whether the loss counts a target token with mask byte m (a row never runs from one
+// conversation into another, so a target is always in its input's conversation).
+bool trains(uint8_t m) { return (m & kMaskTrained) != 0; }
 
 }  // namespace
 
@@ -264,12 +264,8 @@ int64_t TokenDataset::window_start(int64_t step, int64_t seq, int64_t global_bat
 }
 
 void TokenDataset::copy_window(int64_t start, int64_t T, int32_t* tokens, int32_t* targets) const {
-  read(start, T, tokens);
+  read(start, T, tokens);  // plain text: every target trains
   read(start + 1, T, targets);
-  if (!has_mask()) return;
-  const unsigned char* m = mask_bytes() + start + 1;
-  for (int64_t t = 0; t < T; ++t)
-    if (!trains(m[t])) targets[t] = kIgnoredTarget;
 }
 
 int32_t TokenDataset::pad_id() const { return header_.eot_id == kNoEot ? 0 : int32_t(header_.eot_id); }

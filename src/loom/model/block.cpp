@@ -472,11 +472,12 @@ void block_backward(const ModelConfig& cfg, int layer, const BlockWeights& w, co
   // experts + routed experts.
   const int64_t N = a.ln2.size(0);
   const bool moe = cfg.is_moe_layer(layer);
-  // A deferred layer's weight gradient is left to block_weight_backward, its output gradient kept.
-  auto defer = [&](const Tensor& dy, const Tensor& keep, const Tensor& grad) {
-    if (!keep.defined()) return grad;
-    keep.copy_from(dy);
-    return Tensor{};
+  // A linear's backward: dx, and its weight and bias gradients now, or, deferred (`keep`
+  // defined), its output gradient kept for block_weight_backward instead.
+  auto linear_back = [&](const Tensor& dy, const Tensor& x, const Tensor& wt, const Tensor& dx, const Tensor& dw,
+                         const Tensor& db, const Tensor& keep) {
+    if (keep.defined()) keep.copy_from(dy);
+    ops::linear_backward(dy, x, wt, dx, keep.defined() ? Tensor{} : dw, keep.defined() ? Tensor{} : db, false, prec);
   };
   const Tensor none;
   const bool defer_mlp = deferred && !moe, defer_att = deferred != nullptr;
@@ -485,12 +486,10 @@ void block_backward(const ModelConfig& cfg, int layer, const BlockWeights& w, co
     const int64_t F = moe ? cfg.shared_d_ff() : d.F, G = t.mlp_fan_out();
     const Tensor fc = a.fc.slice(0, {N, G * F}), act = a.act.slice(0, {N, F});
     const Tensor dfc = s.dfc.slice(0, {N, G * F}), dact = s.dact.slice(0, {N, F});
-    ops::linear_backward(dres, act, w.out_w, dact, defer(dres, defer_mlp ? deferred->d_out : none, gw.out_w),
-                         defer_mlp ? none : gw.out_b, false, prec);
+    linear_back(dres, act, w.out_w, dact, gw.out_w, gw.out_b, defer_mlp ? deferred->d_out : none);
     lora_backward(L::out, dres, act, dact);
     activation_backward(t, fc, dact, dfc);
-    ops::linear_backward(dfc, a.ln2, w.fc_w, s.dln, defer(dfc, defer_mlp ? deferred->d_fc : none, gw.fc_w),
-                         defer_mlp ? none : gw.fc_b, false, prec);
+    linear_back(dfc, a.ln2, w.fc_w, s.dln, gw.fc_w, gw.fc_b, defer_mlp ? deferred->d_fc : none);
     lora_backward(L::fc, dfc, a.ln2, s.dln);
   }
   if (moe)
@@ -499,15 +498,13 @@ void block_backward(const ModelConfig& cfg, int layer, const BlockWeights& w, co
     tp->column_parallel_input_grad(s.dln);
   norm_backward(t, s.dln, a.x_mid, w.ln2_w, a.ln2_mean, a.ln2_rstd, dres, gw.ln2_w, gw.ln2_b, /*accumulate_dx=*/true);
   // Attention branch: x_mid = x_in + proj(attention(qkv(norm1(x_in)))).
-  ops::linear_backward(dres, a.att, w.proj_w, s.datt, defer(dres, defer_att ? deferred->d_proj : none, gw.proj_w),
-                       defer_att ? none : gw.proj_b, false, prec);
+  linear_back(dres, a.att, w.proj_w, s.datt, gw.proj_w, gw.proj_b, defer_att ? deferred->d_proj : none);
   lora_backward(L::proj, dres, a.att, s.datt);
   ops::attention_backward(a.qkv, a.att, s.datt, a.lse, d.kv_expand ? s.dqkv_expanded : s.dqkv, H, d.kv_expand ? H : KVH,
                           a.attention_pos);
   if (d.kv_expand) expand_kv(d, s.dqkv, s.dqkv_expanded, true);
   rope_qk(d.rope_inv_freq, s.dqkv, H, KVH, D, pos, true);
-  ops::linear_backward(s.dqkv, a.ln1, w.qkv_w, s.dln, defer(s.dqkv, defer_att ? deferred->d_qkv : none, gw.qkv_w),
-                       defer_att ? none : gw.qkv_b, false, prec);
+  linear_back(s.dqkv, a.ln1, w.qkv_w, s.dln, gw.qkv_w, gw.qkv_b, defer_att ? deferred->d_qkv : none);
   lora_backward(L::qkv, s.dqkv, a.ln1, s.dln);
   if (tp) tp->column_parallel_input_grad(s.dln);
   norm_backward(t, s.dln, x_in, w.ln1_w, a.ln1_mean, a.ln1_rstd, dres, gw.ln1_w, gw.ln1_b, true);

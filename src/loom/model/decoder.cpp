@@ -261,7 +261,7 @@ void Decoder::ensure_buffers(int64_t B, int64_t T, bool train) {
   dres_ = ce_work_ = {};
   pos_ = Tensor::empty({N}, DType::i32, act, alloc_);
   lora_u_ = lora_x_ = {};
-  if (cfg_.lora.enabled()) {  // LoRA's forward scratch, shared by the blocks (prepare_block_lora)
+  if (cfg_.lora.enabled()) {  // LoRA's forward scratch, shared by the blocks (prepare_block)
     lora_u_ = Tensor::empty({N, cfg_.lora.rank}, dtype_, act, alloc_);
     if (cfg_.lora.dropout > 0) lora_x_ = Tensor::empty({N * lora_widest_input(cfg_, dims_)}, dtype_, act, alloc_);
   }

@@ -2,9 +2,10 @@
 // (pipeline_schedule.h) on its Decoder slice, receiving activations from the previous stage
 // and gradients from the next one with asynchronous send/recv on the pp group, posted one
 // transfer ahead so that transfers overlap computation. With v virtual stages the slice holds v
-// chunks and the stages form a ring: the last stage's chunk c feeds the first stage's c + 1. Also keeps a tied token
-// table identical on the first and last stages (their gradients are summed). Gradients accumulate through the decoder's
-// ParamSource (the DataParallel engine); optimizer steps are the caller's.
+// chunks and the stages form a ring: the last stage's chunk c feeds the first stage's c + 1. Also
+// keeps a tied token table identical on the first and last stages (their gradients are summed).
+// Gradients accumulate through the decoder's ParamSource (the DataParallel engine); optimizer
+// steps are the caller's.
 #pragma once
 #include <functional>
 #include <map>
