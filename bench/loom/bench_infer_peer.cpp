@@ -43,13 +43,7 @@ const char* isa_name(PeerIsa isa) { return isa == PeerIsa::avx2 ? "avx2" : "nati
 
 // build/bin/loom -> build/peers/llama-venv (llama-venv-avx2 for --peer-isa avx2): the peer
 // lives beside the build that uses it, one venv per ISA.
-std::string default_venv(PeerIsa isa) {
-  const std::string name = isa == PeerIsa::avx2 ? "llama-venv-avx2" : "llama-venv";
-  std::error_code ec;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (ec) return "build/peers/" + name;
-  return (exe.parent_path().parent_path() / "peers" / name).string();
-}
+std::string default_venv(PeerIsa isa) { return peer_venv_dir(isa == PeerIsa::avx2 ? "llama-venv-avx2" : "llama-venv"); }
 
 // The instructions beyond AVX2+FMA+F16C that a loom kernel name implies ("AVX-512",
 // "AVX-VNNI"), or "" when an AVX2-only CPU runs it: hot kernels avx512/avx2/base, quantized
@@ -62,19 +56,21 @@ std::string beyond_avx2(const std::string& kernel) {
 }
 
 // llama.cpp's system info lists the CPU features it was compiled with ("AVX2 = 1 | ..."); an
-// avx2 peer listing wider ones is a venv built otherwise (by hand, or an older script).
+// avx2 peer listing wider ones, or a native one listing AMX, is a venv built otherwise (by
+// hand, or an older script). AMX stays off: GCC 12 miscompiles llama.cpp's tile setup and its
+// quantized models die with SIGSEGV (bench/peers/setup_llama_cpp.sh).
 void check_peer_isa(PeerIsa isa, const std::string& ready, const std::string& venv) {
-  if (isa != PeerIsa::avx2) return;
+  if (isa != PeerIsa::avx2) {
+    if (ready.find("AMX_INT8 = 1") != std::string::npos)
+      throw Error(str_cat("[bench infer] llama.cpp in ", venv,
+                          " was built with AMX, whose quantized path crashes "
+                          "when GCC 12 compiles it; remove that directory and run again to rebuild it without AMX"));
+    return;
+  }
   for (const char* wide : {"AVX512", "AVX_VNNI", "AMX"})
     if (ready.find(wide) != std::string::npos)
       throw Error(str_cat("[bench infer] --peer-isa avx2, but llama.cpp in ", venv, " was built with ", wide,
                           " (its system info: ", ready, "); remove that directory and run again to rebuild it"));
-}
-
-std::string quoted(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
 }
 
 void run_step(const std::string& cmd, const std::string& what) {
@@ -296,7 +292,7 @@ int bench_infer_llama_cpp(const InferBenchOptions& a, const model::ModelConfig& 
   }
 
   const std::string setup = std::string(LOOM_SOURCE_DIR) + "/bench/peers/setup_llama_cpp.sh";
-  run_step(str_cat("bash ", quoted(setup), " ", quoted(venv), " ", isa_name(a.peer_isa)),
+  run_step(str_cat("bash ", shell_quoted(setup), " ", shell_quoted(venv), " ", isa_name(a.peer_isa)),
            str_cat("building the llama.cpp peer for ISA ", isa_name(a.peer_isa), " (", setup, ")"));
   const std::string python = venv + "/bin/python";
   const std::string peer_script = std::string(LOOM_SOURCE_DIR) + "/bench/peers/llama_cpp_peer.py";
@@ -329,8 +325,9 @@ int bench_infer_llama_cpp(const InferBenchOptions& a, const model::ModelConfig& 
     const std::string writer = std::string(LOOM_SOURCE_DIR) + "/bench/peers/gguf_from_hf.py";
     for (const Level& l : levels) {
       ggufs.push_back((work / (l.gguf + "-head-" + l.head + ".gguf")).string());
-      run_step(str_cat(quoted(python), " ", quoted(writer), " --hf ", quoted((work / "hf").string()), " --out ",
-                       quoted(ggufs.back()), " --type ", l.gguf, " --head-type ", l.head, " --vocab ", quoted(vocab)),
+      run_step(str_cat(shell_quoted(python), " ", shell_quoted(writer), " --hf ", shell_quoted((work / "hf").string()),
+                       " --out ", shell_quoted(ggufs.back()), " --type ", l.gguf, " --head-type ", l.head, " --vocab ",
+                       shell_quoted(vocab)),
                "writing " + ggufs.back());
     }
     fs::remove_all(work / "hf");

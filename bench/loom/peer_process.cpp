@@ -47,8 +47,7 @@ PeerProcess::PeerProcess(const std::vector<std::string>& argv) {
   if (pid_ == 0) {
     dup2(in[0], 0);
     dup2(out[1], 1);
-    close(in[1]);
-    close(out[0]);
+    for (int fd : {in[0], in[1], out[0], out[1]}) close(fd);  // only 0 and 1 stay
     exec_or_exit(argv, "peer", /*search_path=*/true);
   }
   close(in[0]);
@@ -87,6 +86,20 @@ void PeerProcess::terminate(double grace_s) {
   pid_ = -1;
 }
 
+std::string PeerProcess::how_it_ended() {
+  int status = 0;
+  pid_t got = 0;
+  for (int i = 0; i < 50 && pid_ > 0 && (got = waitpid(pid_, &status, WNOHANG)) == 0; ++i) usleep(20000);
+  if (got != pid_) return "closed its output";
+  pid_ = -1;
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    const char* name = sigabbrev_np(sig);
+    return std::string("was killed by SIG") + (name ? name : std::to_string(sig).c_str()) + " (" + strsignal(sig) + ")";
+  }
+  return "exited with status " + std::to_string(WEXITSTATUS(status));
+}
+
 void PeerProcess::signal(int sig) {
   if (pid_ > 0) kill(pid_, sig);
 }
@@ -107,7 +120,7 @@ std::string PeerProcess::read_line() {
     }
     char buf[4096];
     ssize_t n = read(from_child_, buf, sizeof buf);
-    LOOM_CHECK(n > 0, "peer", what_, " exited before answering (see its messages above)");
+    LOOM_CHECK(n > 0, "peer", what_, " ", how_it_ended(), " before answering (see its messages above)");
     buffer_.append(buf, size_t(n));
   }
 }

@@ -34,6 +34,9 @@ class PeerProcess {
   void signal(int sig);
 
  private:
+  // After its stdout closed: "exited with status N", "was killed by SIGSEGV (...)", or
+  // "closed its output" when it is still running after a second.
+  std::string how_it_ended();
   int pid_ = -1, to_child_ = -1, from_child_ = -1;
   std::string buffer_;
   std::string what_;

@@ -4,8 +4,10 @@
 # an ISA), gguf (to write loom's weights as GGUF) and numpy. Nothing outside VENV is touched;
 # a second call with the venv complete returns at once.
 #   usage: setup_llama_cpp.sh VENV_DIR [native|avx2]
-# ISA native (the default) builds for this CPU (-march=native: AVX-512, VNNI, AMX where
-# present); avx2 builds for an AVX2-only x86 CPU (Zen 3, Intel client cores before AVX-VNNI):
+# ISA native (the default) builds for this CPU (-march=native: AVX-512, VNNI where present)
+# with llama.cpp's AMX code off: GCC 12.2 drops the stores that fill its tile configuration,
+# and quantized models then die with SIGSEGV on CPUs that expose AMX
+# (../shared/notes/amx-and-peers.md; docs/INFERENCE.md). avx2 builds for an AVX2-only x86 CPU (Zen 3, Intel client cores before AVX-VNNI):
 # AVX2, FMA, F16C, BMI2, with AVX-512, AVX-VNNI and AMX off, whatever this CPU has. Each ISA
 # keeps its own stamp, so one venv never holds the other's build.
 set -euo pipefail
@@ -16,7 +18,13 @@ llama_version=0.3.36
 gguf_version=0.19.0
 # The flag names are ggml's (vendor/llama.cpp/ggml/CMakeLists.txt of the 0.3.36 sdist).
 case $isa in
-  native) stamp_isa="" ; ggml_isa="-DGGML_NATIVE=ON" ;;
+  # ggml's GGML_AMX_* switches do not apply under GGML_NATIVE (-march=native alone decides),
+  # so the compiler is told: an explicit -mno-amx-* holds against -march in either order.
+  native) stamp_isa="noamx-"; ggml_isa="-DGGML_NATIVE=ON"
+    if [[ $(uname -m) == x86_64 ]]; then
+      no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+      export CFLAGS="${CFLAGS:-} $no_amx" CXXFLAGS="${CXXFLAGS:-} $no_amx"
+    fi ;;
   avx2) stamp_isa="avx2-"
     ggml_isa="-DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
     ggml_isa+=" -DGGML_BMI2=ON -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF"

@@ -41,7 +41,7 @@ expect_setup_error() {  # expect_setup_error "message part" args...
   grep -qF -- "$want" "$WORK/err.log" || { echo "setup_llama_cpp.sh $*: expected \"$want\" in:"; cat "$WORK/err.log"; exit 1; }
 }
 expect_setup_error "is not native or avx2" "$WORK/venv-x" avx512
-mkdir -p "$WORK/venv-native" && touch "$WORK/venv-native/.loom-peer-ready-0.3.36-0.19.0"
+mkdir -p "$WORK/venv-native" && touch "$WORK/venv-native/.loom-peer-ready-noamx-0.3.36-0.19.0"
 expect_setup_error "holds the native build" "$WORK/venv-native" avx2
 
 . "$SRC/tests/infer/llama_cpp_peer_venv.sh"

@@ -3,7 +3,10 @@
 # 77 with "SKIPPED: <why>" when it cannot be installed (no python3 venv, no network to PyPI).
 ensure_llama_peer() {
   local venv="$1" src="$2" work="$3"
-  if [ -f "$venv"/.loom-peer-ready-* ] 2>/dev/null; then return 0; fi
+  # the stamp names the build: a native venv of an older script (AMX on) is built again
+  if compgen -G "$venv/.loom-peer-ready-noamx-*" >/dev/null || compgen -G "$venv/.loom-peer-ready-avx2-*" >/dev/null; then
+    return 0
+  fi
   command -v python3 >/dev/null || { echo "SKIPPED: python3 is not installed"; exit 77; }
   python3 -c 'import venv, ensurepip' 2>/dev/null || { echo "SKIPPED: python3 venv/ensurepip missing (apt-get install python3-venv)"; exit 77; }
   echo "building the llama.cpp peer into $venv (about 5 minutes on 2 cores)"
