@@ -6,6 +6,7 @@
 // The work directory is bench_finetune_work.cpp's, the ranks bench_finetune_rank.cpp's.
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <sstream>
 
@@ -112,7 +113,18 @@ std::vector<std::string> step_args(const FinetuneBenchOptions& o, int64_t thread
           "--threads",     std::to_string(threads)};
 }
 
-RunFigures run_loom(const FinetuneBenchOptions& o, const std::string& work, int64_t dp, int64_t threads) {
+RunFigures run_loom(const FinetuneBenchOptions& o, const std::string& work, int64_t dp, int64_t threads,
+                    int64_t round) {
+  // Under --trace (LOOM_TRACE_DIR, which loom launch forwards) each launch's ranks write to a
+  // directory of their own, DIR/dp<N>[-round<R>], so that no run overwrites another's files.
+  static const std::string trace_root = [] {
+    const char* e = std::getenv("LOOM_TRACE_DIR");
+    return std::string(e ? e : "");
+  }();
+  if (!trace_root.empty()) {
+    const std::string dir = str_cat(trace_root, "/dp", dp, o.rounds > 1 ? str_cat("-round", round) : std::string());
+    setenv("LOOM_TRACE_DIR", dir.c_str(), 1);
+  }
   std::vector<std::string> args = {"--nproc", std::to_string(dp), "--", "bench", "finetune"};
   args.insert(args.end(), {"--mode", o.mode, "--work-dir", work});
   for (const std::string& a : step_args(o, threads)) args.push_back(a);
@@ -305,7 +317,7 @@ int bench_finetune(const std::vector<std::string>& argv) {
       std::printf("\n== dp=%lld%s: loom (%lld thread%s per rank)\n", (long long)dp, which.c_str(), (long long)per_rank,
                   per_rank == 1 ? "" : "s");
       std::fflush(stdout);
-      loom_runs.back().add(run_loom(o, work, dp, threads));
+      loom_runs.back().add(run_loom(o, work, dp, threads, round));
       if (!peer_state.empty()) continue;
       std::printf("== dp=%lld%s: PyTorch\n", (long long)dp, which.c_str());
       std::fflush(stdout);

@@ -3,7 +3,8 @@
 # a 2-stage pipeline with activation checkpointing), then `loom trace merge DIR`. Checks each
 # rank's file and the merged timeline: both ranks, forward/backward per block, the optimizer,
 # collectives with their bytes, pipeline sends/receives and waits, events sorted in a sane
-# span; and that merge refuses a missing directory and a malformed file, naming them.
+# span; bench finetune's ranks, one directory per degree; and that merge refuses a missing
+# directory and a malformed file, naming them.
 #   trace_cli_test.sh <loom> <source dir>
 set -u
 loom=$1
@@ -117,6 +118,21 @@ def timeline(p):
 a, b = timeline(sys.argv[1]), timeline(sys.argv[2])
 differ = [(x, y) for x, y in zip(a, b) if x[:2] != y[:2] or abs(x[2] - y[2]) > 0.01]
 if len(a) != len(b) or differ: sys.exit(f"shifted merge differs: {differ[:3]}")
+EOF
+
+# bench finetune starts its own ranks, once per degree: each launch traces into DIR/dp<N>, and
+# the launching process writes no empty trace-rank0.json over rank 0's.
+out=$("$loom" bench finetune --model llama-tiny --peer none --dp 1,2 --batch 2 --micro-batch 1 --seq 16 \
+      --steps 1 --warmup 0 --threads 2 --trace "$work/ft" 2>&1) || { echo "$out"; fail "bench finetune --trace failed"; }
+python3 - "$work/ft" <<'EOF' || fail "bench finetune's traces"
+import glob, json, os, sys
+d = sys.argv[1]
+files = sorted(os.path.relpath(f, d) for f in glob.glob(f"{d}/**/*.json", recursive=True))
+want = ["dp1/trace-rank0.json", "dp2/trace-rank0.json", "dp2/trace-rank1.json"]
+if files != want: sys.exit(f"bench finetune --trace wrote {files}, want {want}")
+for f in want:
+    names = {e["name"] for e in json.load(open(f"{d}/{f}"))["traceEvents"] if e["ph"] == "X"}
+    if not {"forward block", "backward block", "head+loss"} <= names: sys.exit(f"{f}: events {sorted(names)}")
 EOF
 
 # Refusals name the thing.

@@ -106,8 +106,10 @@ int run_command(const Command& c, std::vector<std::string> args) {
   // `loom launch` forwards LOOM_* to the ranks: a bench that relaunches itself under MPI
   // (--nproc/--hosts) hands them the directory; this process only waits for them.
   setenv(kTraceEnv, dir.c_str(), 1);
-  const bool only_launches = c.name == "bench" && !comm::launch_env().under_mpi &&
-                             (has_option(args, "--nproc") || has_option(args, "--hosts"));
+  // bench finetune always starts its ranks itself (one launch per degree and round).
+  const bool only_launches =
+      c.name == "bench" && !comm::launch_env().under_mpi &&
+      (has_option(args, "--nproc") || has_option(args, "--hosts") || (!args.empty() && args[0] == "finetune"));
   if (only_launches) return c.run(args);
 
   std::string command = c.name;
