@@ -69,6 +69,27 @@ TEST(LayoutConfig, RefusesLayoutsThatCannotWork) {
   EXPECT_EQ(error_of({four, "parallel.pp=2", "parallel.virtual_stages=2", "parallel.micro_batches=4"}), "");
 }
 
+// parallel.micro_batches=auto starts from data.micro_batch_size when given, else from the
+// smallest count that fills the pipeline (a multiple of pp when interleaved; one without a
+// pipeline); anything but a count or auto is refused.
+TEST(LayoutConfig, AutoMicroBatchesResolveTheirStart) {
+  auto start = [](std::vector<std::string> sets) {
+    sets.push_back("parallel.micro_batches=auto");
+    const TrainConfig c = parse_train_config("{}", base(std::move(sets)));
+    EXPECT_TRUE(c.parallel.micro_batches_auto);
+    EXPECT_EQ(c.data.micro_batch_size * c.parallel.micro_batches, 8 / c.parallel.dp);
+    return c.parallel.micro_batches;
+  };
+  EXPECT_EQ(start({}), 1);
+  EXPECT_EQ(start({"parallel.pp=2"}), 2);
+  EXPECT_EQ(start({"model.n_layer=3", "parallel.pp=3"}), 4);  // 3 does not divide 8
+  EXPECT_EQ(start({"parallel.dp=2", "data.micro_batch_size=1"}), 4);
+  EXPECT_EQ(start({"model.n_layer=4", "parallel.pp=2", "parallel.virtual_stages=2"}), 2);
+  EXPECT_FALSE(parse_train_config("{}", base({"parallel.micro_batches=4"})).parallel.micro_batches_auto);
+  expect_error({"parallel.micro_batches=some"},
+               "parallel.micro_batches: expected a number of micro-batches per step or auto, got \"some\"");
+}
+
 TEST(LayoutConfig, MicroBatchesResolveAndFewerThanStagesWarnsWithTheBubble) {
   TrainConfig c = parse_train_config("{}", base({"parallel.dp=2", "parallel.micro_batches=4"}));
   EXPECT_EQ(c.data.micro_batch_size, 1);  // 8 / dp 2 / 4

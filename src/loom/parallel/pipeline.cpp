@@ -40,6 +40,16 @@ PipelineStage::PipelineStage(model::Decoder& model, const Mesh& mesh, const Pipe
   }
 }
 
+void PipelineStage::set_micro_batches(int m) {
+  LOOM_CHECK(act_recv_.empty() && grad_recv_.empty() && act_sends_.empty() && grad_sends_.empty(), "pipeline",
+             "the micro-batch count changes between steps, not with transfers in flight");
+  const int max_micro = kMaxKeys / opt_.virtual_stages;
+  LOOM_CHECK(m >= 1 && m <= max_micro, "pipeline", "parallel.micro_batches=", m, " must be between 1 and ", max_micro);
+  schedule_ = make_schedule(opt_.schedule, stages_, m, opt_.virtual_stages);
+  opt_.micro_batches = m;
+  pool_.clear();  // wire buffers of the old micro-batch size
+}
+
 Tensor PipelineStage::take_buffer(int64_t n, DType dt) {
   for (size_t i = 0; i < pool_.size(); ++i)
     if (pool_[i].numel() == n && pool_[i].dtype() == dt) {

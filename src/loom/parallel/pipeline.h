@@ -71,6 +71,9 @@ class PipelineStage {
   int stage() const { return stage_; }
   int stages() const { return stages_; }
   const PipelineOptions& options() const { return opt_; }
+  // Between steps: the next steps split the batch into m micro-batches (the schedule is rebuilt;
+  // parallel.micro_batches=auto). Every stage of the pipeline must make the same change.
+  void set_micro_batches(int m);
 
  private:
   struct Transfer {

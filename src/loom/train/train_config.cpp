@@ -27,6 +27,16 @@ namespace fs = std::filesystem;
 constexpr int64_t kMaxI = std::numeric_limits<int64_t>::max();
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
+// parallel.micro_batches=auto's starting count when data.micro_batch_size does not give one:
+// the smallest divisor of the per-rank batch that fills a pipeline of pp stages (a multiple of
+// pp when the stages are interleaved); one without a pipeline, or the whole batch as single
+// sequences when it is smaller than pp.
+int64_t first_auto_micro_batches(int64_t pp, int64_t per_rank, int64_t virtual_stages) {
+  for (int64_t m = std::max<int64_t>(1, pp); m <= per_rank; ++m)
+    if (per_rank % m == 0 && (virtual_stages == 1 || m % pp == 0)) return m;
+  return per_rank;
+}
+
 // What a config may set beside model.init_from, whose source brings the architecture: the
 // precision, memory and MoE training keys.
 bool settable_beside_init_from(const std::string& key) {
@@ -232,7 +242,13 @@ void read_parallel(ConfigReader& r, TrainConfig& c) {
   c.parallel.virtual_stages = r.integer("parallel.virtual_stages", 1, 1, 1 << 12);
   c.parallel.pp_partition = parallel::partition_method_from_name(
       r.string("parallel.pp_partition", "uniform", {"uniform", "parameters", "profile"}));
-  c.parallel.micro_batches = r.integer("parallel.micro_batches", 0, 0, kMaxI);  // 0: resolved below
+  // A count, or auto (resolved below to the count the trainer starts from); unset: 0, resolved
+  // from data.micro_batch_size.
+  const std::string micro = r.has("parallel.micro_batches") ? r.string("parallel.micro_batches", "") : "";
+  c.parallel.micro_batches_auto = micro == "auto";
+  LOOM_CHECK(micro.empty() || micro == "auto" || micro.find_first_not_of("0123456789") == std::string::npos, "config",
+             "parallel.micro_batches: expected a number of micro-batches per step or auto, got \"", micro, "\"");
+  c.parallel.micro_batches = c.parallel.micro_batches_auto ? 0 : r.integer("parallel.micro_batches", 0, 0, kMaxI);
   c.parallel.collective_timeout_s = r.number("parallel.collective_timeout_s", 600, 0.1, 1e7);
   c.parallel.order = parallel::parse_mesh_order(r.string("parallel.order", "pp,dp,ep,tp"));
   using optim::OffloadTarget;
@@ -286,6 +302,8 @@ void check_parallel_layout(TrainConfig& c) {
   LOOM_CHECK(c.data.batch_size % dp == 0, "config", "data.batch_size=", c.data.batch_size, " is not divisible by ",
              dp_name);
   const int64_t per_rank = c.data.batch_size / dp;
+  if (c.parallel.micro_batches_auto && c.data.micro_batch_size == 0)
+    c.parallel.micro_batches = first_auto_micro_batches(c.parallel.pp, per_rank, c.parallel.virtual_stages);
   if (c.parallel.micro_batches > 0) {  // micro-batches named: they set the micro-batch size
     const int64_t m = c.parallel.micro_batches;
     LOOM_CHECK(per_rank % m == 0, "config", "parallel.micro_batches=", m, " does not divide the per-rank batch ",

@@ -120,6 +120,9 @@ struct ParallelConfig : parallel::Layout {
   // activations, workspace, as the estimates predict); a rank over it stops at start naming the
   // fixes. 0: the machine's memory.
   double memory_limit_mb = 0;
+  // parallel.micro_batches: auto: the trainer chooses the count per step from measured step
+  // times (train/micro_batch_tuner.h); micro_batches holds the count it starts from.
+  bool micro_batches_auto = false;
 };
 
 // How collectives run (docs/DISTRIBUTED.md, "Collective algorithms").

@@ -168,6 +168,7 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
     whole_layout_ = std::make_unique<model::ParamLayout>(cfg_.model, 1, model::ModelSlice{.lora_adapters = lora});
   place_optimizer_state();
   check_fits_in_memory();
+  if (p.micro_batches_auto) start_micro_batch_tuner();
   layout_desc_ = str_cat(shape.describe(), ", stages ", parallel::describe_partition(stages_),
                          p.virtual_stages > 1 ? str_cat(" (", p.virtual_stages, " chunks per stage)") : "");
   if (lora) identify_lora_base();
@@ -252,6 +253,7 @@ double Trainer::train_step() {
         micro, T, grad_scale, [&](int m) { data_parallel_->set_sync(m == M - 1); });
     loss_sum = stats.loss_sum;
     count = stats.n_valid;
+    last_bubble_s_ = std::max(0.0, stats.wall_s - stats.busy_s);
   } else {
     std::vector<int32_t> tok(size_t(micro * T)), tgt(size_t(micro * T));
     std::vector<int32_t> pos(data_.packs_documents() ? size_t(micro * T) : 0);
@@ -443,6 +445,7 @@ TrainResult Trainer::run() {
       window_start = now_seconds();
       window_steps = 0;
     }
+    if (micro_tuner_) tune_micro_batches(ms / 1e3);
     if (cfg_.schedule.eval_interval > 0 && step_ % cfg_.schedule.eval_interval == 0 && step_ < stop) {
       bar.clear();
       report_val_loss(evaluate(), total, false);

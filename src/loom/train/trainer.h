@@ -29,6 +29,7 @@
 #include "loom/train/checkpoint.h"
 #include "loom/train/init_from.h"
 #include "loom/train/loss_guard.h"
+#include "loom/train/micro_batch_tuner.h"
 #include "loom/train/train_config.h"
 
 namespace loom::train {
@@ -194,6 +195,12 @@ class Trainer {
   double take_exposed_comm_seconds();
   // Refuses, before the first step allocates them, activations that cannot fit in memory.
   void check_fits_in_memory() const;
+  // parallel.micro_batches=auto: the counts the tuner may choose (divisors of the per-rank batch
+  // that the schedule takes and whose activations fit) and the tuner; after each step, its time
+  // (the slowest rank's) goes to the tuner and a change it makes applies from the next step.
+  void start_micro_batch_tuner();
+  void tune_micro_batches(double step_s);
+  void set_micro_batches(int64_t m);
   double predicted_activation_bytes() const;
   // parallel.offload and parallel.memory_limit_mb: which stages keep their Adam moments off the
   // device (this rank's then go there), and a stage that would need more than the limit refused
@@ -221,6 +228,8 @@ class Trainer {
   std::unique_ptr<parallel::TensorParallelLayers> tp_;
   std::unique_ptr<parallel::ExpertParallelExchange> ep_;
   std::unique_ptr<parallel::PipelineStage> pipe_;
+  std::unique_ptr<MicroBatchTuner> micro_tuner_;
+  double last_bubble_s_ = 0;                          // this stage's idle time in the last pipelined step
   std::unique_ptr<model::ParamLayout> whole_layout_;  // tp or pp > 1
   std::vector<parallel::StageRange> stages_;
   std::string layout_desc_;  // the mesh and the stages: a checkpoint resumes on the same ones

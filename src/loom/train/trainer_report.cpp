@@ -26,15 +26,15 @@ void Trainer::log_run_start(int64_t whole_params) {
   std::fprintf(opt_.log, "[train] model %s, %lld parameters\n", cfg_.model.summary().c_str(), (long long)whole_params);
   if (whole_layout_)
     std::fprintf(opt_.log,
-                 "[train] layout %s (%s partition), %s schedule, %lld micro-batches; %lld parameters on rank 0\n",
+                 "[train] layout %s (%s partition), %s schedule, %lld micro-batches%s; %lld parameters on rank 0\n",
                  layout_desc_.c_str(), parallel::partition_method_name(cfg_.parallel.pp_partition),
                  parallel::pipe_schedule_name(cfg_.parallel.pp_schedule), (long long)cfg_.parallel.micro_batches,
-                 (long long)model_->num_params());
+                 micro_tuner_ ? " to start (auto)" : "", (long long)model_->num_params());
   std::fprintf(opt_.log,
-               "[train] %lld steps of %lld sequences x %lld tokens (micro-batch %lld), lr %.3g "
+               "[train] %lld steps of %lld sequences x %lld tokens (micro-batch %lld%s), lr %.3g "
                "(warmup %lld, cosine to %.3g)\n",
                (long long)total, (long long)cfg_.data.batch_size, (long long)cfg_.data.seq_len,
-               (long long)cfg_.data.micro_batch_size, cfg_.optim.lr,
+               (long long)cfg_.data.micro_batch_size, micro_tuner_ ? " to start" : "", cfg_.optim.lr,
                (long long)optim::LrSchedule{cfg_.optim.lr, cfg_.schedule.min_lr, cfg_.schedule.warmup_steps, total}
                    .resolved_warmup(),
                cfg_.schedule.min_lr);
@@ -199,7 +199,8 @@ void Trainer::write_step_metrics(const LoggedStep& ls) {
                       {"mfu", ls.mfu},
                       {"ms_per_step", ls.ms_per_step},
                       {"peak_bytes", ls.peak_bytes},
-                      {"exposed_comm_ms", ls.exposed_comm_ms}};
+                      {"exposed_comm_ms", ls.exposed_comm_ms},
+                      {"micro_batches", cfg_.parallel.micro_batches}};
   nlohmann::json mem = nlohmann::json::object();
   for (const CategoryBytes& c : ls.memory) mem[c.category] = {{"current", c.current}, {"peak", c.peak}};
   j["memory"] = mem;
