@@ -340,8 +340,9 @@ TEST(ChatMasking, APackedRowTrainsLikeItsConversationsApart) {
       const auto [apart, apart_grads] = loss_and_grads_f64(cfg, checkpoint, atok, atgt, nullptr, 2, Ta);
       EXPECT_NEAR(loss / apart, 1.0, 1e-13);
       EXPECT_LT(largest_difference(grads, apart_grads), 1e-11);
-      if (checkpoint == 0)
+      if (checkpoint == 0) {
         EXPECT_GT(largest_difference(loss_and_grads_f64(cfg, 0, tok, tgt, nullptr, 1, Tp).second, apart_grads), 1e-4);
+      }
     }
 }
 
