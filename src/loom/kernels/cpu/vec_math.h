@@ -1,5 +1,5 @@
 // Scalar math written so that loops over it vectorise: a branch-free exp for f32 (Cephes
-// polynomial, about 2 ulp on [-87, 88]) and tanh/sigmoid built on it. f64 uses libm, so
+// polynomial, about 2 ulp on [-87, 88]), a divide-free reciprocal, and tanh/sigmoid built on them. f64 uses libm, so
 // double-precision instantiations (gradient checks) stay exact.
 #pragma once
 #include <bit>
@@ -37,6 +37,34 @@ inline double vexp<double>(double x) {
   return std::exp(x);
 }
 
+// 1/d for sigmoid's denominator (d >= 1) without a divide: a vector divide is the slowest
+// arithmetic instruction, and in SwiGLU's loops on the 2-vCPU Xeon measured it took two thirds
+// of the time (forward 2.52 ms for 1024 x 1536 elements on 2 threads; 0.40 ms with this). A
+// bit-trick estimate (about 5% off) and three Newton steps, each squaring the error: within 1
+// ulp for d up to 8e37 (correctly rounded where the steps fuse into FMAs). Larger d are clamped there, so 1/d
+// is 1.25e-38 rather than a subnormal below it (the estimate fails on subnormals); sigmoid(-88) is then off by about
+// 1e-38. NaN stays NaN.
+inline float recip_f32(float d) {
+  d = d > 8e37f ? 8e37f : d;
+  float y = std::bit_cast<float>(int32_t(0x7EF311C3) - std::bit_cast<int32_t>(d));
+  y = y * (2.0f - d * y);
+  y = y * (2.0f - d * y);
+  const float e = 1.0f - d * y;  // the last step on the residual: exact at powers of two
+  return y + y * e;
+}
+
+template <class T>
+inline T vrecip(T d) {
+  return T(1) / d;
+}
+template <>
+inline float vrecip<float>(float d) {
+  return recip_f32(d);
+}
+
+// tanh keeps its divide: in GELU's loops the same divide measured cheaper than the three Newton
+// steps (0.69 against 0.84 ms for 3.1M elements on 2 threads); why it costs SwiGLU six times as
+// much was not found.
 template <class T>
 inline T vtanh(T x) {
   return T(1) - T(2) / (vexp<T>(T(2) * x) + T(1));
@@ -48,7 +76,7 @@ inline double vtanh<double>(double x) {
 
 template <class T>
 inline T vsigmoid(T x) {
-  return T(1) / (T(1) + vexp<T>(-x));
+  return vrecip<T>(T(1) + vexp<T>(-x));
 }
 
 }  // namespace loom::cpu
