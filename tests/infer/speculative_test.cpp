@@ -62,8 +62,6 @@ std::vector<Job> greedy_jobs() {
   return jobs;
 }
 
-}  // namespace
-
 class SpeculativeGreedy : public ::testing::TestWithParam<Case> {};
 
 TEST_P(SpeculativeGreedy, SameTokensAsPlainDecodingUnderBatchingAndPreemption) {
@@ -109,7 +107,6 @@ INSTANTIATE_TEST_SUITE_P(Proposers, SpeculativeGreedy,
 
 // A model over four tokens whose next-token distributions are far from uniform and far from
 // each other's; its draft is another such model.
-namespace {
 
 std::unique_ptr<model::Decoder> four_token_model(uint64_t seed, double scale) {
   model::ModelConfig c = fixtures::tiny_config(Family::gpt2);
