@@ -181,6 +181,24 @@ TEST(Planner, PipelineBubbleOfEqualStagesIsTheScheduleFormula) {
   }
 }
 
+// ZB-H1's bubble: each other stage's F + B - W (W: the weight-gradient third of its matrix
+// products), against 1F1B's F + B + W; the same layout otherwise, so everything but the bubble
+// is predicted alike.
+TEST(Planner, ZeroBubbleH1LeavesTheStagesFPlusBMinusWIdle) {
+  Job j = job_of("gpt2-350m", 32, 128);
+  j.model.vocab_size = 16;
+  Layout one = Layout::of(1, 1, 4, 1, 0, 4, 8), zb = one;
+  zb.pp_schedule = parallel::PipeSchedule::zero_bubble_h1;
+  const Prediction a = predict(j, small_cluster(), one), b = predict(j, small_cluster(), zb);
+  ASSERT_TRUE(a.why_not.empty() && b.why_not.empty()) << a.why_not << b.why_not;
+  EXPECT_DOUBLE_EQ(a.time.gemm, b.time.gemm);
+  // 8 micro-batches, 3 stages idle; the stages are equal to 0.1% (the 16-word embedding and head).
+  const double per_stage = a.time.bubble / 3, w = a.time.gemm / 8 / 3;
+  EXPECT_NEAR(b.time.bubble, 3 * (per_stage - 2 * w), 1e-3 * b.time.bubble);
+  EXPECT_LT(b.time.bubble, 0.8 * a.time.bubble);
+  EXPECT_LT(b.time.step, a.time.step);
+}
+
 // parallel.offload: auto takes the stage that holds the embedding and the head (tied GPT-2 with
 // its 50257-word table on both ends of pp=4: the first and last stages), whose Adam moments leave
 // the device for two staging buffers; a listed stage goes whatever its size; the optimizer's time

@@ -65,7 +65,7 @@ plan::Layout parse_layout(const std::string& spec) {
       try {
         l.pp_schedule = parallel::pipe_schedule_from_name(v);
       } catch (const Error&) {
-        throw UsageError("[plan] --layout: schedule=" + v + " is not 1f1b or gpipe");
+        throw UsageError("[plan] --layout: schedule=" + v + " is not 1f1b, gpipe or zb1p");
       }
       continue;
     }

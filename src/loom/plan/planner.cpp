@@ -281,17 +281,28 @@ size_t pipeline_time(const Job& job, const Cluster& c, const Layout& l, const st
                      TimePrediction& t) {
   const model::ModelConfig& cfg = job.model;
   const int64_t N = l.micro_batch * job.seq;
-  double t_max = 0, t_sum = 0;
+  double t_max = 0;
   size_t slow = 0;
+  std::vector<double> stage_s(work.size());
   for (size_t s = 0; s < work.size(); ++s) {
-    double ts = work[s].total();
+    double& ts = stage_s[s];
+    ts = work[s].total();
     if (l.pp > 1) {
       const bool same = rank_of(l, int64_t(s), 0, 0, 0) / c.devices_per_node ==
                         rank_of(l, int64_t(s) + 1, 0, 0, 0) / c.devices_per_node;
       ts += 2 * p2p_seconds(double(N) * double(cfg.d_model) * (job.bf16 ? 2 : 4), same, c, l);  // parallel.pp_dtype
     }
-    t_sum += ts;
     if (ts > t_max) t_max = ts, slow = s;
+  }
+  // The bubble: every other stage's micro-batch time, once (GPipe and 1F1B: (p-1)/(m+p-1) of the
+  // step with equal stages). ZB-H1 fills the drain with the deferred weight-gradient passes (a
+  // third of a stage's matrix products, W); what stays idle is T_F + T_B - T_W of each other stage,
+  // the whole time less 2 W (pipeline_schedule.h; a third of 1F1B's when F, B and W are equal).
+  double idle = 0;
+  for (size_t s = 0; s < work.size(); ++s) {
+    if (s == slow) continue;
+    const double ts = stage_s[s];
+    idle += l.pp_schedule == parallel::PipeSchedule::zero_bubble_h1 ? std::max(0.0, ts - 2 * work[s].gemm / 3) : ts;
   }
   const StageWork& ws = work[slow];
   const double m = double(l.micro_batches);
@@ -302,7 +313,7 @@ size_t pipeline_time(const Job& job, const Cluster& c, const Layout& l, const st
   t.tp_comm = m * ws.tp;
   t.ep_a2a = m * ws.a2a;
   t.pp_p2p = m * (t_max - ws.total());
-  t.bubble = l.pp > 1 ? t_sum - t_max : 0;
+  t.bubble = l.pp > 1 ? idle : 0;
   return slow;
 }
 
