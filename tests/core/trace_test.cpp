@@ -48,8 +48,6 @@ std::string first_unnested(const std::vector<json>& row) {
   return "";
 }
 
-}  // namespace
-
 TEST_F(TraceTest, OffRecordsNothing) {
   trace::start();
   trace::stop();
@@ -172,3 +170,5 @@ TEST(TraceJson, NestingCheckRejectsAPartialOverlap) {
 }
 
 TEST(TraceJson, EscapesWhatJsonCannotHold) { EXPECT_EQ(trace::json_escape("a\"b\\c\nd"), "a\\\"b\\\\c\\u000ad"); }
+
+}  // namespace
