@@ -70,6 +70,7 @@ void Trainer::start_micro_batch_tuner() {
 }
 
 void Trainer::tune_micro_batches(double step_s) {
+  if (micro_tuner_->settled()) return;  // every rank settles at the same step
   // The slowest rank's step and the longest stage idle time: max is exact, so every rank feeds
   // its tuner the same numbers and takes the same decision.
   Tensor t = Tensor::from_vector<double>({step_s, pipe_ ? last_bubble_s_ : 0.0}, {2});
