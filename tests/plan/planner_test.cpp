@@ -199,6 +199,33 @@ TEST(Planner, ZeroBubbleH1LeavesTheStagesFPlusBMinusWIdle) {
   EXPECT_LT(b.time.step, a.time.step);
 }
 
+// Interleaved 1F1B (v chunks a stage): a v-th of 1F1B's bubble, v times the stage's transfers, and
+// the schedule's deeper warm-up in activation memory; layouts the trainer refuses are refused.
+TEST(Planner, InterleavedStagesDivideTheBubbleAndHoldMoreActivations) {
+  Job j = job_of("gpt2-350m", 32, 128);
+  j.model.vocab_size = 16;
+  Layout one = Layout::of(1, 1, 4, 1, 0, 4, 8), inter = one;
+  inter.virtual_stages = 2;
+  const Prediction a = predict(j, small_cluster(), one), b = predict(j, small_cluster(), inter);
+  ASSERT_TRUE(a.why_not.empty() && b.why_not.empty()) << a.why_not << b.why_not;
+  EXPECT_EQ(b.layout.describe(), "dp1 tp1 pp4 z0 mb4x8 1f1b v2");
+  EXPECT_NEAR(b.time.bubble / a.time.bubble, 0.5, 0.01);  // the stages' transfers double too
+  EXPECT_NEAR(b.time.pp_p2p, 2 * a.time.pp_p2p, 1e-9 * a.time.step);
+  for (size_t s = 0; s < 4; ++s) EXPECT_GT(b.stage_memory[s].activations, a.stage_memory[s].activations) << s;
+  Layout odd = inter;
+  odd.micro_batches = 2, odd.micro_batch = 16;
+  EXPECT_NE(check_layout(j, small_cluster(), odd).find("parallel.micro_batches=2 is not a multiple of 4"),
+            std::string::npos)
+      << check_layout(j, small_cluster(), odd);
+  Layout gpipe = inter;
+  gpipe.pp_schedule = parallel::PipeSchedule::gpipe;
+  EXPECT_NE(check_layout(j, small_cluster(), gpipe), "");
+  Layout zb_ckpt = one;
+  zb_ckpt.pp_schedule = parallel::PipeSchedule::zero_bubble_h1;
+  zb_ckpt.checkpoint = 1;
+  EXPECT_NE(check_layout(j, small_cluster(), zb_ckpt).find("zb1p with activation checkpointing"), std::string::npos);
+}
+
 // parallel.offload: auto takes the stage that holds the embedding and the head (tied GPT-2 with
 // its 50257-word table on both ends of pp=4: the first and last stages), whose Adam moments leave
 // the device for two staging buffers; a listed stage goes whatever its size; the optimizer's time

@@ -100,9 +100,11 @@ plan::Layout parse_layout(const std::string& spec) {
       l.micro_batches = n;
     else if (k == "ckpt")
       l.checkpoint = int(n);
+    else if (k == "v")
+      l.virtual_stages = n;
     else
       throw UsageError("[plan] --layout: unknown key '" + k +
-                       "' (dp, tp, pp, ep, zero, mb, m, ckpt, schedule, offload)");
+                       "' (dp, tp, pp, ep, zero, mb, m, ckpt, v, schedule, offload)");
   }
   return l;
 }

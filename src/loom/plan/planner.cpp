@@ -21,6 +21,7 @@ std::string Layout::describe() const {
   o << " z" << zero_stage << " mb" << micro_batch << "x" << micro_batches;
   if (checkpoint) o << " ckpt" << checkpoint;
   if (pp > 1) o << " " << parallel::pipe_schedule_name(pp_schedule);
+  if (virtual_stages > 1) o << " v" << virtual_stages;
   return o.str();
 }
 
@@ -227,6 +228,16 @@ std::string check_layout(const Job& job, const Cluster& c, const Layout& l) {
   if (l.pp > 1 && l.zero_stage >= 2)
     return str_cat("ZeRO-", l.zero_stage, " with pp=", l.pp,
                    " (loom's trainer shards gradients only without pipelining)");
+  if (l.virtual_stages > 1) {
+    try {
+      parallel::check_virtual_stages(l.pp_schedule, int(l.pp), int(l.micro_batches), int(l.virtual_stages),
+                                     int(cfg.n_layer));
+    } catch (const Error& e) {
+      return e.what();
+    }
+  }
+  if (l.pp > 1 && l.pp_schedule == parallel::PipeSchedule::zero_bubble_h1 && l.checkpoint > 0)
+    return "zb1p with activation checkpointing (its deferred weight passes read the saved activations)";
   if (job.onebit() && (l.zero_stage >= 2 || l.ep > 1))
     return str_cat("1-bit Adam with ", l.ep > 1 ? str_cat("ep=", l.ep) : str_cat("ZeRO-", l.zero_stage),
                    " (loom's trainer runs it at ZeRO 0-1 without expert parallelism)");
@@ -290,20 +301,23 @@ size_t pipeline_time(const Job& job, const Cluster& c, const Layout& l, const st
     if (l.pp > 1) {
       const bool same = rank_of(l, int64_t(s), 0, 0, 0) / c.devices_per_node ==
                         rank_of(l, int64_t(s) + 1, 0, 0, 0) / c.devices_per_node;
-      ts += 2 * p2p_seconds(double(N) * double(cfg.d_model) * (job.bf16 ? 2 : 4), same, c, l);  // parallel.pp_dtype
+      // An activation out and a gradient back per micro-batch, once per chunk (interleaved: v).
+      ts += 2 * double(l.virtual_stages) *
+            p2p_seconds(double(N) * double(cfg.d_model) * (job.bf16 ? 2 : 4), same, c, l);  // parallel.pp_dtype
     }
     if (ts > t_max) t_max = ts, slow = s;
   }
   // The bubble: every other stage's micro-batch time, once (GPipe and 1F1B: (p-1)/(m+p-1) of the
-  // step with equal stages). ZB-H1 fills the drain with the deferred weight-gradient passes (a
-  // third of a stage's matrix products, W); what stays idle is T_F + T_B - T_W of each other stage,
-  // the whole time less 2 W (pipeline_schedule.h; a third of 1F1B's when F, B and W are equal).
+  // step with equal stages); interleaved over v chunks a v-th of it ((p-1)/(vm+p-1)). ZB-H1 fills the drain with the
+  // deferred weight-gradient passes (a third of a stage's matrix products, W); what stays idle is T_F + T_B - T_W of
+  // each other stage, the whole time less 2 W (pipeline_schedule.h; a third of 1F1B's when F, B and W are equal).
   double idle = 0;
   for (size_t s = 0; s < work.size(); ++s) {
     if (s == slow) continue;
     const double ts = stage_s[s];
     idle += l.pp_schedule == parallel::PipeSchedule::zero_bubble_h1 ? std::max(0.0, ts - 2 * work[s].gemm / 3) : ts;
   }
+  idle /= double(l.virtual_stages);
   const StageWork& ws = work[slow];
   const double m = double(l.micro_batches);
   t.gemm = m * ws.gemm;
@@ -424,6 +438,15 @@ Prediction predict(const Job& job, const Cluster& c, const Layout& l) {
                                                                                                      : l.pp - s);
     m.activations = double(a.activations(in_flight));
     m.workspace = double(a.workspace_bytes(in_flight));
+    if (l.virtual_stages > 1) {
+      // Interleaved: the schedule's (chunk, micro-batch) sets in flight on this stage, each a
+      // chunk of the stage's blocks (a v-th of a whole stage's set).
+      const int64_t v = l.virtual_stages;
+      const int64_t sets =
+          parallel::max_in_flight(parallel::make_schedule(k, int(l.pp), int(l.micro_batches), int(v))[size_t(s)]);
+      m.activations = double(a.shared) + double(sets) * double(a.per_slot) / double(v);
+      m.workspace = double(a.workspace) + double(sets) * double(a.per_slot_workspace) / double(v);
+    }
     m.comm = comm_buffer_bytes(job, l, slice, layout, N, dense, dp_plan.weight_replica);
     p.stage_memory.push_back(m);
     int64_t widest = 0;  // MomentOffload stages two pieces' m and v at a time (pieces: 1M elements)
