@@ -47,7 +47,8 @@ PeerProcess::PeerProcess(const std::vector<std::string>& argv) {
   if (pid_ == 0) {
     dup2(in[0], 0);
     dup2(out[1], 1);
-    for (int fd : {in[0], in[1], out[0], out[1]}) close(fd);  // only 0 and 1 stay
+    for (int fd : {in[0], in[1], out[0], out[1]})  // only 0 and 1 stay (a pipe end may be one of them)
+      if (fd > 1) close(fd);
     exec_or_exit(argv, "peer", /*search_path=*/true);
   }
   close(in[0]);
