@@ -143,8 +143,7 @@ plan::Cluster calibrate(int threads, int devices, const std::string& comm_file, 
   const std::string cpu = cpu_model_name().empty() ? "CPU" : cpu_model_name();
   c.device.name = str_cat(cpu, ", ", threads, " thread", threads > 1 ? "s" : "", " per rank");
   c.device.threads = threads;
-  const double mem = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
-  c.device.memory_bytes = mem / double(c.devices_per_node);
+  c.device.memory_bytes = double(physical_memory_bytes()) / double(c.devices_per_node);
   // Matrix products of transformer shapes ([tokens, in] x [in, out]) at growing sizes; the
   // rate of the largest is the peak the curve is a fraction of.
   struct Shape {

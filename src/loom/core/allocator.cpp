@@ -1,5 +1,7 @@
 #include "loom/core/allocator.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <new>
@@ -78,6 +80,8 @@ std::map<std::string, int64_t> memory_stats(const Allocator& a) {
   out["allocated_bytes.all.peak"] = s.total.peak;
   return out;
 }
+
+int64_t physical_memory_bytes() { return int64_t(sysconf(_SC_PHYS_PAGES)) * int64_t(sysconf(_SC_PAGESIZE)); }
 
 std::string format_bytes(int64_t bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};

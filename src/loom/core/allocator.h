@@ -69,4 +69,7 @@ std::map<std::string, int64_t> memory_stats(const Allocator& a = cpu_allocator()
 // "1.23 GiB" style.
 std::string format_bytes(int64_t bytes);
 
+// This machine's physical memory (the fits-in-memory checks' bound when none is configured).
+int64_t physical_memory_bytes();
+
 }  // namespace loom

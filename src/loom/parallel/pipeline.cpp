@@ -10,8 +10,6 @@ namespace loom::parallel {
 
 namespace {
 // Activations (kind 0) and gradients (kind 1) of a (micro-batch, chunk) key get their own tags.
-// MPI guarantees tags up to 32767.
-constexpr int kMaxKeys = 16000;
 int tag_of(int key, int kind) { return key * 2 + kind; }
 }  // namespace
 
@@ -19,10 +17,7 @@ PipelineStage::PipelineStage(model::Decoder& model, const Mesh& mesh, const Pipe
     : model_(model), pp_(mesh.pp()), opt_(opt), stage_(int(mesh.coord().pp)), stages_(int(mesh.shape().size(Dim::pp))) {
   LOOM_CHECK(opt.virtual_stages >= 1 && model.num_chunks() == opt.virtual_stages, "pipeline", "stage ", stage_,
              " holds ", model.num_chunks(), " chunk(s) of blocks but parallel.virtual_stages=", opt.virtual_stages);
-  const int max_micro = kMaxKeys / opt.virtual_stages;
-  LOOM_CHECK(opt.micro_batches >= 1 && opt.micro_batches <= max_micro, "pipeline",
-             "parallel.micro_batches=", opt.micro_batches, " must be between 1 and ", max_micro);
-  schedule_ = make_schedule(opt.schedule, stages_, opt.micro_batches, opt.virtual_stages);
+  set_micro_batches(opt.micro_batches);
   const auto& slice = model.layout().slice();
   LOOM_CHECK(slice.has_embedding == first() && slice.has_head == last(), "pipeline", "stage ", stage_, " of ", stages_,
              " was built with has_embedding=", slice.has_embedding, " has_head=", slice.has_head,
@@ -43,7 +38,7 @@ PipelineStage::PipelineStage(model::Decoder& model, const Mesh& mesh, const Pipe
 void PipelineStage::set_micro_batches(int m) {
   LOOM_CHECK(act_recv_.empty() && grad_recv_.empty() && act_sends_.empty() && grad_sends_.empty(), "pipeline",
              "the micro-batch count changes between steps, not with transfers in flight");
-  const int max_micro = kMaxKeys / opt_.virtual_stages;
+  const int max_micro = max_micro_batches(opt_.virtual_stages);
   LOOM_CHECK(m >= 1 && m <= max_micro, "pipeline", "parallel.micro_batches=", m, " must be between 1 and ", max_micro);
   schedule_ = make_schedule(opt_.schedule, stages_, m, opt_.virtual_stages);
   opt_.micro_batches = m;

@@ -74,8 +74,11 @@ class PipelineStage {
   // Between steps: the next steps split the batch into m micro-batches (the schedule is rebuilt;
   // parallel.micro_batches=auto). Every stage of the pipeline must make the same change.
   void set_micro_batches(int m);
+  // The most micro-batches a step can have: each (micro-batch, chunk) has two MPI tags.
+  static int max_micro_batches(int virtual_stages) { return kMaxKeys / virtual_stages; }
 
  private:
+  static constexpr int kMaxKeys = 16000;  // MPI guarantees tags up to 32767
   struct Transfer {
     Tensor buf;
     comm::Work work;

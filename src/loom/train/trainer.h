@@ -201,7 +201,12 @@ class Trainer {
   void start_micro_batch_tuner();
   void tune_micro_batches(double step_s);
   void set_micro_batches(int64_t m);
-  double predicted_activation_bytes() const;
+  // The whole model's activations for one micro-batch of `micro_batch_size` sequences (0: the
+  // configured data.micro_batch_size), this rank's share of the model-parallel split.
+  double predicted_activation_bytes(int64_t micro_batch_size = 0) const;
+  // Model states this rank keeps resident (less Adam moments kept off the device), and under
+  // LoRA the frozen model beside the adapters' states.
+  double resident_state_bytes() const;
   // parallel.offload and parallel.memory_limit_mb: which stages keep their Adam moments off the
   // device (this rank's then go there), and a stage that would need more than the limit refused
   // on every rank alike (collective over the pipeline group).

@@ -1,10 +1,7 @@
 // parallel.micro_batches=auto in the trainer: which counts the tuner may choose, what it is fed
 // after each step, and how a change applies (train/micro_batch_tuner.h decides).
-#include <unistd.h>
-
 #include <algorithm>
 
-#include "loom/model/memory_estimate.h"
 #include "loom/train/trainer.h"
 
 namespace loom::train {
@@ -15,11 +12,8 @@ void Trainer::start_micro_batch_tuner() {
   const int64_t start = p.micro_batches;
   // A count's activations: one micro-batch of per_rank / m sequences (this rank's share of the
   // model), times the most the schedule keeps in flight on a stage (interleaved: per chunk).
-  const optim::MomentOffload* off = data_parallel_->optimizer_offload();
-  const double states = double(dp_plan_.model_states.total()) + double(model_->frozen_bytes()) -
-                        (off ? double(off->offloaded_bytes() - off->staged_bytes()) : 0.0);
-  const double machine = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
-  const double limit = p.memory_limit_mb > 0 ? p.memory_limit_mb * 1048576.0 : machine;
+  const double states = resident_state_bytes();
+  const double limit = p.memory_limit_mb > 0 ? p.memory_limit_mb * 1048576.0 : double(physical_memory_bytes());
   std::vector<int64_t> candidates;
   std::string refused_schedule, refused_memory;
   for (int64_t m = 1; m <= per_rank; ++m) {
@@ -30,17 +24,16 @@ void Trainer::start_micro_batch_tuner() {
         parallel::check_virtual_stages(p.pp_schedule, int(p.pp), int(m), int(p.virtual_stages),
                                        int(cfg_.model.n_layer));
         const auto schedule = parallel::make_schedule(p.pp_schedule, int(p.pp), int(m), int(p.virtual_stages));
-        if (!parallel::check_schedule(schedule, int(m)).empty() || m > 16000 / p.virtual_stages) throw Error("");
+        if (m > parallel::PipelineStage::max_micro_batches(int(p.virtual_stages)) ||
+            !parallel::check_schedule(schedule, int(m)).empty())
+          throw Error("");
         for (const auto& stage : schedule) in_flight = std::max(in_flight, parallel::max_in_flight(stage));
       } catch (const Error&) {
         refused_schedule += str_cat(refused_schedule.empty() ? "" : ", ", m);
         continue;
       }
     }
-    const double activations =
-        model::estimate_training_bytes(cfg_.model, 0, double(per_rank / m), cfg_.data.seq_len,
-                                       cfg_.decoder.activation_checkpoint_interval, cfg_.decoder.xent_chunk) /
-        double(p.pp * p.tp) * double(in_flight) / double(p.virtual_stages);
+    const double activations = predicted_activation_bytes(per_rank / m) * double(in_flight) / double(p.virtual_stages);
     if (m != start && states + activations > limit) {
       refused_memory += str_cat(refused_memory.empty() ? "" : ", ", m);
       continue;

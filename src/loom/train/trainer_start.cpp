@@ -1,8 +1,6 @@
 // What a run settles before its first step: the pipeline's stage boundaries, whether the
 // activations fit in memory beside the model states, and (for a new run) its id and its claim on
 // checkpoint.dir.
-#include <unistd.h>
-
 #include <algorithm>
 #include <filesystem>
 
@@ -39,11 +37,17 @@ std::vector<parallel::StageRange> Trainer::partition_stages() {
   return parallel::partition_balanced(c, pp);
 }
 
-double Trainer::predicted_activation_bytes() const {
-  // The whole model's activations for one micro-batch, split over the model-parallel ranks.
-  return model::estimate_training_bytes(cfg_.model, 0, double(cfg_.data.micro_batch_size), cfg_.data.seq_len,
+double Trainer::predicted_activation_bytes(int64_t micro_batch_size) const {
+  const int64_t b = micro_batch_size > 0 ? micro_batch_size : cfg_.data.micro_batch_size;
+  return model::estimate_training_bytes(cfg_.model, 0, double(b), cfg_.data.seq_len,
                                         cfg_.decoder.activation_checkpoint_interval, cfg_.decoder.xent_chunk) /
          double(cfg_.parallel.pp * cfg_.parallel.tp);
+}
+
+double Trainer::resident_state_bytes() const {
+  const optim::MomentOffload* off = data_parallel_->optimizer_offload();
+  return double(dp_plan_.model_states.total()) + double(model_->frozen_bytes()) -
+         (off ? double(off->offloaded_bytes() - off->staged_bytes()) : 0.0);
 }
 
 namespace {
@@ -107,13 +111,9 @@ void Trainer::place_optimizer_state() {
 }
 
 void Trainer::check_fits_in_memory() const {
-  // Model states (less Adam moments kept off the device), and under LoRA the frozen model beside
-  // the adapters' states.
-  const optim::MomentOffload* off = data_parallel_->optimizer_offload();
-  const double states = double(dp_plan_.model_states.total()) + double(model_->frozen_bytes()) -
-                        (off ? double(off->offloaded_bytes() - off->staged_bytes()) : 0.0);
+  const double states = resident_state_bytes();
   const double activations = predicted_activation_bytes();
-  const double machine = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
+  const double machine = double(physical_memory_bytes());
   const auto bytes = bytes_text;
   LOOM_CHECK(states + activations <= machine, "train", "micro-batches of ", cfg_.data.micro_batch_size,
              " sequences (data.micro_batch_size, or the per-rank batch when unset) of data.seq_len=", cfg_.data.seq_len,
