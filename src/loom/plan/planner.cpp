@@ -428,25 +428,19 @@ Prediction predict(const Job& job, const Cluster& c, const Layout& l) {
     m.grads = double(dp_plan.model_states.grads);
     m.optimizer = double(dp_plan.model_states.optimizer);
     const auto a = model::estimate_slice_activations(cfg, slice, l.micro_batch, job.seq, l.checkpoint, job.xent_chunk);
-    // Micro-batches in flight on stage s: 1F1B holds at most pp - s, GPipe all of them, ZB-H1 pp
-    // (between forward and weight pass) on every stage.
+    // Activation sets in flight on stage s (pipeline_schedule.h): 1F1B holds at most pp - s
+    // micro-batches, GPipe all of them, ZB-H1 pp (between forward and weight pass) on every stage;
+    // interleaved 1F1B its warm-up's 2 (pp - s - 1) + (v - 1) pp chunk sets and one more, each a
+    // v-th of the stage's blocks.
     const parallel::PipeSchedule k = l.pp_schedule;
-    const int64_t in_flight =
-        l.pp == 1 ? 1
-                  : std::min<int64_t>(l.micro_batches, k == parallel::PipeSchedule::gpipe            ? l.micro_batches
-                                                       : k == parallel::PipeSchedule::zero_bubble_h1 ? l.pp
-                                                                                                     : l.pp - s);
-    m.activations = double(a.activations(in_flight));
-    m.workspace = double(a.workspace_bytes(in_flight));
-    if (l.virtual_stages > 1) {
-      // Interleaved: the schedule's (chunk, micro-batch) sets in flight on this stage, each a
-      // chunk of the stage's blocks (a v-th of a whole stage's set).
-      const int64_t v = l.virtual_stages;
-      const int64_t sets =
-          parallel::max_in_flight(parallel::make_schedule(k, int(l.pp), int(l.micro_batches), int(v))[size_t(s)]);
-      m.activations = double(a.shared) + double(sets) * double(a.per_slot) / double(v);
-      m.workspace = double(a.workspace) + double(sets) * double(a.per_slot_workspace) / double(v);
-    }
+    const int64_t v = l.virtual_stages, mb = l.micro_batches;
+    const int64_t sets = l.pp == 1 ? 1
+                         : v > 1   ? std::min(v * mb, 2 * (l.pp - s - 1) + (v - 1) * l.pp + 1)
+                         : k == parallel::PipeSchedule::gpipe          ? mb
+                         : k == parallel::PipeSchedule::zero_bubble_h1 ? std::min(mb, l.pp)
+                                                                       : std::min(mb, l.pp - s);
+    m.activations = double(a.shared) + double(sets) * double(a.per_slot) / double(v);
+    m.workspace = double(a.workspace) + double(sets) * double(a.per_slot_workspace) / double(v);
     m.comm = comm_buffer_bytes(job, l, slice, layout, N, dense, dp_plan.weight_replica);
     p.stage_memory.push_back(m);
     int64_t widest = 0;  // MomentOffload stages two pieces' m and v at a time (pieces: 1M elements)
