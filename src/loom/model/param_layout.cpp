@@ -278,12 +278,6 @@ std::vector<LayerRange> ModelSlice::chunks(int64_t n_layer) const {
   return out;
 }
 
-int64_t ModelSlice::num_layers(int64_t n_layer) const {
-  int64_t n = 0;
-  for (const LayerRange& r : chunks(n_layer)) n += r.last - r.first;
-  return n;
-}
-
 bool ParamLayout::whole_model() const {
   return num_layers() == cfg_.n_layer && slice_.has_embedding && slice_.has_head && slice_.tp == 1 && slice_.ep == 1;
 }

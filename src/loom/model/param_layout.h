@@ -47,7 +47,6 @@ struct ModelSlice {
   std::vector<LayerRange> later_chunks = {};
   // Every chunk: [first_layer, last_layer) (last_layer -1 read as n_layer), then later_chunks.
   std::vector<LayerRange> chunks(int64_t n_layer) const;
-  int64_t num_layers(int64_t n_layer) const;  // blocks over all chunks
   int64_t local_experts(const ModelConfig& cfg) const { return cfg.moe.num_experts / ep; }
   int64_t first_expert(const ModelConfig& cfg) const { return ep_rank * local_experts(cfg); }
 };
