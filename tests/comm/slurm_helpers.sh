@@ -1,10 +1,26 @@
-# Shell helpers of the tests on the Slurm test cluster (sourced after `testcluster.sh up` and
-# `eval "$(testcluster.sh env)"`; they use `fail` from the test):
+# Shell helpers of the tests on the Slurm test cluster (they use `fail`, $tc, $src, $loom and
+# $work from the test):
+#   cluster_up N            testcluster.sh up N and its environment; exits 77 (skip) where the
+#                           cluster cannot be made
+#   prepare_text            200 kB of Tiny Shakespeare as byte tokens in $work/data
 #   job_field JOB FIELD     one field of `scontrol show job` (JobState, Restarts, ExitCode)
 #   wait_job JOB SECONDS    until the job ends; prints its final state. Polls every 0.1 s:
 #                           sbatch --wait polls every few seconds, which would triple a test
 #   nothing_left WHAT       no job in the queue and no process in the hosts but Slurm's
 #                           daemons, within 5 s
+
+cluster_up() {
+  "$tc" up "$1"
+  local rc=$?
+  [ "$rc" -eq 77 ] && exit 77
+  [ "$rc" -eq 0 ] || fail "testcluster.sh up $1 exited $rc"
+  eval "$("$tc" env)"
+}
+
+prepare_text() {
+  head -c 200000 "$src/data/tinyshakespeare/input.txt" >"$work/in.txt"
+  "$loom" prepare --input "$work/in.txt" --tokenizer byte --out "$work/data" >/dev/null || fail "loom prepare failed"
+}
 
 job_field() {
   scontrol show job -o "$1" 2>/dev/null | grep -o " $2=[^ ]*" | cut -d= -f2

@@ -19,14 +19,8 @@ trap '"$tc" down >/dev/null 2>&1; rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 . "$src/tests/comm/slurm_helpers.sh"
 
-"$tc" up 2
-rc=$?
-[ "$rc" -eq 77 ] && exit 77
-[ "$rc" -eq 0 ] || fail "testcluster.sh up 2 exited $rc"
-eval "$("$tc" env)"
-
-head -c 200000 "$src/data/tinyshakespeare/input.txt" >"$work/in.txt"
-"$loom" prepare --input "$work/in.txt" --tokenizer byte --out "$work/data" >/dev/null || fail "loom prepare failed"
+cluster_up 2
+prepare_text
 steps=${LOOM_TEST_STEPS:-80}
 every=$((steps / 4))
 sets=(--set data.dir="$work/data" --set model.preset=gpt2-tiny --set model.vocab_size=256 --set data.seq_len=32

@@ -21,14 +21,8 @@ fail() { echo "FAIL: $*"; exit 1; }
 . "$src/tests/comm/slurm_helpers.sh"
 command -v python3 >/dev/null || { echo "SKIPPED: the Slurm examples were not tested: no python3 to send the server a request"; exit 77; }
 
-"$tc" up 2
-rc=$?
-[ "$rc" -eq 77 ] && exit 77
-[ "$rc" -eq 0 ] || fail "testcluster.sh up 2 exited $rc"
-eval "$("$tc" env)"
-
-head -c 200000 "$src/data/tinyshakespeare/input.txt" >"$work/in.txt"
-"$loom" prepare --input "$work/in.txt" --tokenizer byte --out "$work/data" >/dev/null || fail "loom prepare failed"
+cluster_up 2
+prepare_text
 sets=(--set data.dir="$work/data" --set model.preset=gpt2-tiny --set model.vocab_size=256 --set data.seq_len=32
       --set data.batch_size=8 --set schedule.steps=12 --set schedule.warmup_steps=2 --set schedule.eval_interval=0
       --set log.every=1 --set log.progress=off --set checkpoint.every_steps=0)
