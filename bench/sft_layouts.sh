@@ -19,12 +19,8 @@ trap 'rm -rf "$WORK"' EXIT
 MODEL="$(bash "$SRC/scripts/fetch-test-model.sh")" || { echo "[sft_layouts] SmolLM2's GGUF is not available"; exit 1; }
 B=8
 
-cat "$SRC/data/zorblax/train.jsonl" "$SRC/data/zorblax/heldout.jsonl" > "$WORK/all.jsonl"
-held=$(wc -l < "$SRC/data/zorblax/heldout.jsonl")
-all=$(wc -l < "$WORK/all.jsonl")
-frac=$(python3 -c "print(($held + 0.5) / $all)")
-"$LOOM" prepare --chat "$WORK/all.jsonl" --tokenizer "$MODEL" --val-fraction "$frac" --out "$WORK/data" \
-  > "$WORK/prepare.out"
+source "$SRC/data/zorblax/prepare.sh"
+prepare_zorblax "$LOOM" "$MODEL" "$WORK"
 # "trained tokens (assistant replies): R of N in train.bin"
 read -r replies tokens < <(sed -n 's/.*: \([0-9]*\) of \([0-9]*\) in train.bin.*/\1 \2/p' "$WORK/prepare.out")
 convs=$((all - held))

@@ -19,13 +19,8 @@ trap 'rm -rf "$WORK"' EXIT
 source "$SRC/tests/infer/cli_helpers.sh"
 smollm2_or_skip
 
-cat "$SRC/data/zorblax/train.jsonl" "$SRC/data/zorblax/heldout.jsonl" > "$WORK/all.jsonl"
-held=$(wc -l < "$SRC/data/zorblax/heldout.jsonl")
-all=$(wc -l < "$WORK/all.jsonl")
-# The last `held` conversations are val.bin (prepare keeps conversations whole).
-frac=$(python3 -c "print(($held + 0.5) / $all)")
-"$LOOM" prepare --chat "$WORK/all.jsonl" --tokenizer "$MODEL" --val-fraction "$frac" --out "$WORK/data" \
-  > "$WORK/prepare.out"
+source "$SRC/data/zorblax/prepare.sh"
+prepare_zorblax "$LOOM" "$MODEL" "$WORK"
 grep -q "$((all - held)) + $held conversations through" "$WORK/prepare.out" || { cat "$WORK/prepare.out"; exit 1; }
 
 train=(train "$SRC/configs/finetune-smollm2.yaml" --set model.init_from="$MODEL" --set data.dir="$WORK/data"
