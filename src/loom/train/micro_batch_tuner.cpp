@@ -5,15 +5,11 @@
 #include <cstdio>
 
 #include "loom/core/error.h"
+#include "loom/core/stats.h"
 
 namespace loom::train {
 
 namespace {
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n == 0 ? 0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 // "1012 ms", "7.3 ms": enough digits to tell neighbouring counts apart.
 std::string ms(double s) {
   const double v = s * 1e3;
@@ -37,11 +33,6 @@ MicroBatchTuner::MicroBatchTuner(std::vector<int64_t> candidates, int64_t start,
 double MicroBatchTuner::median_time(size_t i) const {
   const auto it = times_.find(i);
   return it == times_.end() || it->second.size() < size_t(samples_) ? 0 : median(it->second);
-}
-
-double MicroBatchTuner::measured(int64_t m) const {
-  const auto it = std::find(cand_.begin(), cand_.end(), m);
-  return it == cand_.end() ? 0 : median_time(size_t(it - cand_.begin()));
 }
 
 std::optional<MicroBatchTuner::Change> MicroBatchTuner::move_to(size_t to, std::string reason) {

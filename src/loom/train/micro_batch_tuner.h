@@ -44,14 +44,11 @@ class MicroBatchTuner {
 
   int64_t current() const { return cand_[cur_]; }
   bool settled() const { return settled_; }
-  const std::vector<int64_t>& candidates() const { return cand_; }
-  // The median step time measured for m (0 when not measured).
-  double measured(int64_t m) const;
 
  private:
   std::optional<Change> move_to(size_t to, std::string reason);
   std::optional<Change> settle(std::string why);
-  double median_time(size_t i) const;
+  double median_time(size_t i) const;  // candidate i's median step; 0 before its samples are in
 
   std::vector<int64_t> cand_;
   size_t cur_ = 0, start_ = 0;
