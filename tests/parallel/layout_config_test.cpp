@@ -67,6 +67,18 @@ TEST(LayoutConfig, RefusesLayoutsThatCannotWork) {
                "parallel.pp_schedule=zb1p defers each block's weight gradients");
   EXPECT_EQ(error_of({"parallel.pp=2", "parallel.pp_schedule=zb1p"}), "");
   EXPECT_EQ(error_of({four, "parallel.pp=2", "parallel.virtual_stages=2", "parallel.micro_batches=4"}), "");
+  // ZB-V: two chunks per stage in a V, whatever the micro-batch count; its weight passes are
+  // deferred like ZB-H1's.
+  expect_error({"parallel.pp=2", "parallel.pp_schedule=zbv"},
+               "parallel.pp_schedule=zbv needs model.n_layer divisible by 2 x parallel.pp = 4");
+  expect_error({four, "parallel.pp=2", "parallel.pp_schedule=zbv", "parallel.virtual_stages=4"},
+               "parallel.pp_schedule=zbv places 2 chunks of blocks on each stage");
+  expect_error({four, "parallel.pp=2", "parallel.pp_schedule=zbv", "model.activation_checkpoint_interval=1"},
+               "parallel.pp_schedule=zbv defers each block's weight gradients");
+  const TrainConfig zbv =
+      parse_train_config("{}", base({four, "parallel.pp=2", "parallel.pp_schedule=zbv", "parallel.micro_batches=1"}));
+  EXPECT_EQ(zbv.parallel.virtual_stages, 2);
+  EXPECT_EQ(parse_train_config("{}", base({"parallel.pp_schedule=zbv"})).parallel.virtual_stages, 1);  // no pipeline
 }
 
 // parallel.micro_batches=auto starts from data.micro_batch_size when given, else from the

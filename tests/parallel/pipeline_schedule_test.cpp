@@ -238,3 +238,83 @@ TEST(PipelineSchedule, ZeroBubbleH1KeepsOneFOneBsPeakAndAThirdOfItsBubble) {
   EXPECT_DOUBLE_EQ(predicted_bubble(PipeSchedule::one_f_one_b, 2, 4, 2), 1.0 / 9.0);
   EXPECT_THROW(simulate_schedule(zero_bubble_h1_schedule(2, 2), {1, 1}, {1, 1}), Error);  // no weight times
 }
+
+TEST(PipelineSchedule, VeePlacementTurnsAtTheLastStageAndEndsOnTheFirst) {
+  const ChunkPlacement vee = ChunkPlacement::vee, loop = ChunkPlacement::loop;
+  EXPECT_EQ(chunk_placement(PipeSchedule::zero_bubble_v), vee);
+  EXPECT_EQ(chunk_placement(PipeSchedule::zero_bubble_h1), loop);
+  EXPECT_EQ(schedule_chunk_count(PipeSchedule::zero_bubble_v, 1), 2);
+  EXPECT_EQ(schedule_chunk_count(PipeSchedule::one_f_one_b, 3), 3);
+  // p = 3: stage 0 holds model chunks 0 and 5, stage 1 chunks 1 and 4, stage 2 chunks 2 and 3.
+  for (int s = 0; s < 3; ++s) {
+    EXPECT_EQ(model_chunk(s, 0, 3, 2, vee), s);
+    EXPECT_EQ(model_chunk(s, 1, 3, 2, vee), 5 - s);
+  }
+  EXPECT_FALSE(chunk_input_from(0, 0, 3, 2, vee).valid());  // the embeddings
+  EXPECT_FALSE(chunk_output_to(0, 1, 3, 2, vee).valid());   // the head
+  const ChunkAt turn = chunk_input_from(2, 1, 3, 2, vee), back = chunk_output_to(1, 1, 3, 2, vee);
+  EXPECT_EQ(turn.stage, 2);  // the last stage feeds its own chunk 1
+  EXPECT_EQ(turn.chunk, 0);
+  EXPECT_EQ(back.stage, 0);  // chunk 1 runs up the stages
+  EXPECT_EQ(back.chunk, 1);
+  // The loop: the last stage's chunk c feeds the first stage's chunk c + 1.
+  const ChunkAt ring = chunk_output_to(2, 0, 3, 2, loop);
+  EXPECT_EQ(ring.stage, 0);
+  EXPECT_EQ(ring.chunk, 1);
+  EXPECT_FALSE(chunk_output_to(2, 1, 3, 2, loop).valid());
+  EXPECT_EQ(pipe_schedule_from_name("zbv"), PipeSchedule::zero_bubble_v);
+  EXPECT_STREQ(pipe_schedule_name(PipeSchedule::zero_bubble_v), "zbv");
+  // An order the V's dependencies cannot run: the last stage's chunk 1 before its chunk 0.
+  std::vector<StageActions> wrong = zero_bubble_v_schedule(2, 1);
+  StageActions& last = wrong[1];
+  std::swap(*std::find(last.begin(), last.end(), PipeAction{K::forward, 0, 0}),
+            *std::find(last.begin(), last.end(), PipeAction{K::forward, 0, 1}));
+  EXPECT_NE(check_schedule(wrong, 1, vee), "");
+}
+
+TEST(PipelineSchedule, ZeroBubbleVKeepsOneFOneBsPeakWithLessThanAThirdOfItsBubble) {
+  for (int p = 2; p <= 5; ++p)
+    for (int m = 1; m <= 4 * p; ++m) {
+      const auto z = zero_bubble_v_schedule(p, m);
+      const std::string what = str_cat("p=", p, " m=", m);
+      ASSERT_EQ(check_schedule(z, m, ChunkPlacement::vee), "") << what;
+      ASSERT_TRUE(splits_backward(z));
+      EXPECT_EQ(schedule_chunks(z), 2);
+      // 1F1B's peak is p sets of a stage's blocks on stage 0: 2p of half a stage.
+      // Stage 0, which holds the head's buffers too, one set fewer where that costs no idle time
+      // (with two stages: every even m).
+      for (int s = 0; s < p; ++s) EXPECT_LE(max_in_flight(z[size_t(s)]), std::min(2 * p, 2 * m)) << what;
+      if (p == 2 && m % 2 == 0) {
+        EXPECT_EQ(max_in_flight(z[0]), 3) << what;
+      }
+      if (m < 2 * p) continue;
+      // Against 1F1B's idle (p - 1)(T_F + T_B + T_W) per stage, with equal chunk passes and with
+      // input-gradient passes heavier than weight passes (this CPU's 32 : 36 : 28, section
+      // "Pipeline schedules" of PERFORMANCE.md): at most 0.3 (a sixth up to p = 4), and a third.
+      for (const auto& [t, bound] :
+           std::vector<std::pair<std::array<double, 3>, double>>{{{1, 1, 1}, 0.3}, {{32, 36, 28}, 1.0 / 3}}) {
+        const Timeline tl =
+            simulate_schedule(z, std::vector<double>(size_t(p), t[0]), std::vector<double>(size_t(p), t[1]),
+                              std::vector<double>(size_t(p), t[2]), ChunkPlacement::vee);
+        const double one_f_one_b = (p - 1) * 2 * (t[0] + t[1] + t[2]);
+        for (size_t s = 0; s < size_t(p); ++s)
+          EXPECT_LE(tl.makespan - tl.busy[s], bound * one_f_one_b) << what << " passes " << t[0] << ":" << t[1];
+      }
+    }
+  EXPECT_EQ(make_schedule(PipeSchedule::zero_bubble_v, 2, 4, 2), zero_bubble_v_schedule(2, 4));
+  EXPECT_NEAR(predicted_bubble(PipeSchedule::zero_bubble_v, 2, 4), zero_bubble_v_fraction(2, 4), 0);
+  EXPECT_LT(zero_bubble_v_fraction(2, 4), zero_bubble_h1_fraction(2, 4));
+  EXPECT_THROW(zero_bubble_v_schedule(1, 4), Error);
+  auto message = [](int p, int m, int v, int L) {
+    try {
+      check_virtual_stages(PipeSchedule::zero_bubble_v, p, m, v, L);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(message(2, 3, 2, 4), "");  // any m
+  EXPECT_EQ(message(1, 3, 1, 4), "");  // no pipeline: nothing placed
+  EXPECT_NE(message(2, 4, 3, 12).find("places 2 chunks of blocks on each stage"), std::string::npos);
+  EXPECT_NE(message(2, 4, 2, 6).find("divisible by 2 x parallel.pp = 4"), std::string::npos);
+}

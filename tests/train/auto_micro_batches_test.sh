@@ -5,8 +5,8 @@
 #     equals that of fixed parallel.micro_batches=2 and =8 runs (same rows, same order; only the
 #     grouping differs, so to summation rounding, 1e-6 relative);
 #   - data parallelism without a pipeline starting at 8 (no bubble): the first move is to fewer;
-#   - ZB-H1 and interleaved 1F1B change counts too (their schedules rebuilt) with the losses of a
-#     fixed count, and interleaving leaves out the counts that are not multiples of pp.
+#   - ZB-H1, ZB-V and interleaved 1F1B change counts too (their schedules rebuilt) with the losses
+#     of a fixed count, and interleaving leaves out the counts that are not multiples of pp.
 #   auto_micro_batches_test.sh <loom> <source dir>
 set -u
 loom=$1
@@ -31,13 +31,15 @@ run auto --set parallel.pp=2 --set parallel.micro_batches=auto
 run m2 --set parallel.pp=2 --set parallel.micro_batches=2
 run m8 --set parallel.pp=2 --set parallel.micro_batches=8
 run dp --set parallel.dp=2 --set parallel.micro_batches=auto --set data.micro_batch_size=2
-# The other schedules rebuild theirs on each change: ZB-H1 and interleaved 1F1B (4 blocks, 2 chunks
-# a stage), each against its own fixed count.
+# The other schedules rebuild theirs on each change: ZB-H1, interleaved 1F1B and ZB-V (4 blocks, 2
+# chunks a stage), each against its own fixed count.
 four=(--set parallel.pp=2 --set model.n_layer=4)
 run zb "${four[@]}" --set parallel.pp_schedule=zb1p --set parallel.micro_batches=auto
 run zb4 "${four[@]}" --set parallel.pp_schedule=zb1p --set parallel.micro_batches=4
 run iv "${four[@]}" --set parallel.virtual_stages=2 --set parallel.micro_batches=auto
 run iv4 "${four[@]}" --set parallel.virtual_stages=2 --set parallel.micro_batches=4
+run zbv "${four[@]}" --set parallel.pp_schedule=zbv --set parallel.micro_batches=auto
+run zbv4 "${four[@]}" --set parallel.pp_schedule=zbv --set parallel.micro_batches=4
 grep "\[micro-batches\]" "$work/auto.log" "$work/dp.log"
 
 python3 - "$work" <<'PY' || fail "auto micro-batches"
@@ -63,7 +65,7 @@ if not re.search(r"step 4: 2 micro-batches took [\d.]+ ms a step \(median of 3\)
 if not any("settled on" in l for l in lines): sys.exit("auto never settled")
 settled = int(re.search(r"settled on (\d+)", [l for l in lines if "settled on" in l][0]).group(1))
 if counts[-1] != settled: sys.exit(f"settled on {settled} but ran {counts[-1]}")
-for name, ref in (("zb", "zb4"), ("iv", "iv4")):
+for name, ref in (("zb", "zb4"), ("iv", "iv4"), ("zbv", "zbv4")):
     a, b = steps(name), steps(ref)
     worst = max(abs(x["loss"] - y["loss"]) / abs(y["loss"]) for x, y in zip(a, b))
     if len(a) != 24 or worst > 1e-6: sys.exit(f"{name}: losses differ from {ref}'s by {worst:.2e}")

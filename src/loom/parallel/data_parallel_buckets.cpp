@@ -34,10 +34,12 @@ BucketedAllReduce::BucketedAllReduce(DataParallel& dp) : d_(dp) {
   bucket_of_unit_[0] = int(buckets_.size() - 1);
   buckets_.push_back({units.size() - 1, units.size() - 1, 1});
   bucket_of_unit_[units.size() - 1] = int(buckets_.size() - 1);
-  // The embedding-row path (data_parallel_embedding_rows.cpp) needs the whole model here.
+  // The embedding-row path (data_parallel_embedding_rows.cpp) needs the whole model here: a ZB-V
+  // pipeline's first stage holds both ends too, but runs other micro-batches' embedding backward
+  // after the last one's head.
   const auto& sl = d_.layout_.slice();
-  early_outer_ =
-      d_.n_ > 1 && sl.has_embedding && sl.has_head && sl.tp == 1 && units.front().size() > 0 && units.back().size() > 0;
+  early_outer_ = d_.n_ > 1 && sl.has_embedding && sl.has_head && sl.later_chunks.empty() && sl.tp == 1 &&
+                 units.front().size() > 0 && units.back().size() > 0;
 }
 
 void BucketedAllReduce::zero() { d_.model_.zero_grads(); }

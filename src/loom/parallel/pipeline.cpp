@@ -14,16 +14,23 @@ int tag_of(int key, int kind) { return key * 2 + kind; }
 }  // namespace
 
 PipelineStage::PipelineStage(model::Decoder& model, const Mesh& mesh, const PipelineOptions& opt)
-    : model_(model), pp_(mesh.pp()), opt_(opt), stage_(int(mesh.coord().pp)), stages_(int(mesh.shape().size(Dim::pp))) {
+    : model_(model),
+      pp_(mesh.pp()),
+      opt_(opt),
+      stage_(int(mesh.coord().pp)),
+      stages_(int(mesh.shape().size(Dim::pp))),
+      placement_(chunk_placement(opt.schedule)) {
   LOOM_CHECK(opt.virtual_stages >= 1 && model.num_chunks() == opt.virtual_stages, "pipeline", "stage ", stage_,
-             " holds ", model.num_chunks(), " chunk(s) of blocks but parallel.virtual_stages=", opt.virtual_stages);
+             " holds ", model.num_chunks(), " chunk(s) of blocks but the schedule runs ", opt.virtual_stages);
   set_micro_batches(opt.micro_batches);
   const auto& slice = model.layout().slice();
-  LOOM_CHECK(slice.has_embedding == first() && slice.has_head == last(), "pipeline", "stage ", stage_, " of ", stages_,
-             " was built with has_embedding=", slice.has_embedding, " has_head=", slice.has_head,
-             "; the first stage holds the embeddings, the last the head");
+  LOOM_CHECK(slice.has_embedding == holds_embedding() && slice.has_head == holds_head(), "pipeline", "stage ", stage_,
+             " of ", stages_, " was built with has_embedding=", slice.has_embedding, " has_head=", slice.has_head,
+             " but ", pipe_schedule_name(opt.schedule), " gives it the embeddings: ", holds_embedding(),
+             ", the head: ", holds_head());
   // Under LoRA the token table is frozen (no gradient to share between the stages holding it).
-  if (model.config().tied_embeddings && stages_ > 1 && !model.lora()) {
+  // ZB-V's first stage holds both ends: one table.
+  if (model.config().tied_embeddings && stages_ > 1 && !model.lora() && placement_ == ChunkPlacement::loop) {
     // Every rank takes part in the split; the first and last stage of each pipeline pair up.
     MeshCoord c = mesh.coord();
     int color = -1;
@@ -36,8 +43,9 @@ PipelineStage::PipelineStage(model::Decoder& model, const Mesh& mesh, const Pipe
 }
 
 void PipelineStage::set_micro_batches(int m) {
-  LOOM_CHECK(act_recv_.empty() && grad_recv_.empty() && act_sends_.empty() && grad_sends_.empty(), "pipeline",
-             "the micro-batch count changes between steps, not with transfers in flight");
+  LOOM_CHECK(
+      act_recv_.empty() && grad_recv_.empty() && act_sends_.empty() && grad_sends_.empty() && local_grads_.empty(),
+      "pipeline", "the micro-batch count changes between steps, not with transfers in flight");
   const int max_micro = max_micro_batches(opt_.virtual_stages);
   LOOM_CHECK(m >= 1 && m <= max_micro, "pipeline", "parallel.micro_batches=", m, " must be between 1 and ", max_micro);
   schedule_ = make_schedule(opt_.schedule, stages_, m, opt_.virtual_stages);
@@ -111,18 +119,22 @@ PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64
   // The receives in the order this stage consumes them; each is posted when the one before it
   // is consumed, so the next transfer travels while the current action computes.
   const StageActions& actions = schedule_[size_t(stage_)];
-  const bool split = splits_backward(schedule_);  // zb1p: weight passes are actions of their own
+  const bool split = splits_backward(schedule_);  // zb1p, zbv: weight passes are actions of their own
   std::vector<PipeAction> act_in, grad_in;
   for (const PipeAction& a : actions) {
-    if (a.kind == Kind::forward && receives_input(a)) act_in.push_back(a);
-    if (a.kind == Kind::backward && sends_output(a)) grad_in.push_back(a);
+    if (a.kind == Kind::forward && receives_input(a) && !local(from(a.chunk))) act_in.push_back(a);
+    if (a.kind == Kind::backward && sends_output(a) && !local(to(a.chunk))) grad_in.push_back(a);
   }
   size_t next_act = 0, next_grad = 0;
   auto post_next_act = [&] {
-    if (next_act < act_in.size()) post_recv(act_recv_, key_of(act_in[next_act++]), prev_stage(), 0);
+    if (next_act >= act_in.size()) return;
+    const PipeAction& a = act_in[next_act++];
+    post_recv(act_recv_, key_of(a), from(a.chunk).stage, 0);
   };
   auto post_next_grad = [&] {
-    if (next_grad < grad_in.size()) post_recv(grad_recv_, key_of(grad_in[next_grad++]), next_stage(), 1);
+    if (next_grad >= grad_in.size()) return;
+    const PipeAction& a = grad_in[next_grad++];
+    post_recv(grad_recv_, key_of(a), to(a.chunk).stage, 1);
   };
   model_.begin_pass(true);
   post_next_act();
@@ -139,11 +151,14 @@ PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64
         fill(m, tok[mi].data(), tgt[mi].data(), opt_.packed_documents ? pos[mi].data() : nullptr);
       }
       slot[size_t(key)] = model_.stage_begin(B, T, true, a.chunk);
-      if (receives_input(a)) {
+      if (const ChunkAt src = from(a.chunk); src.valid() && local(src)) {
+        // Its own chunk's output, kept in that chunk's slot until the chunk's backward.
+        model_.stage_input(slot[size_t(key)]).copy_from(model_.stage_output(slot[size_t(key_of(m, src))]));
+      } else if (src.valid()) {
         post_next_act();
         Transfer& in = act_recv_.at(key);
         {
-          trace::Span wait("wait recv activation", "wait", {{"micro", m}, {"chunk", a.chunk}, {"peer", prev_stage()}});
+          trace::Span wait("wait recv activation", "wait", {{"micro", m}, {"chunk", a.chunk}, {"peer", src.stage}});
           in.work.wait();
         }
         land(in.buf, model_.stage_input(slot[size_t(key)]));
@@ -159,11 +174,11 @@ PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64
       }
       st.forward_s += sw.seconds();
       st.n_valid += n;
-      if (sends_output(a)) {
+      if (const ChunkAt dst = to(a.chunk); dst.valid() && !local(dst)) {
         const Tensor y = model_.stage_output(slot[size_t(key)]);
         Transfer out;
         if (narrow()) out.buf = pack(y);
-        out.work = pp_.send_async(out.buf.defined() ? out.buf : y, next_stage(), tag_of(output_key(a), 0));
+        out.work = pp_.send_async(out.buf.defined() ? out.buf : y, dst.stage, tag_of(key_of(m, dst), 0));
         act_sends_[key] = std::move(out);
       }
       st.max_in_flight = std::max(st.max_in_flight, ++live);
@@ -179,11 +194,14 @@ PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64
     } else {
       if (before_backward) before_backward(m);
       Tensor dy;
-      if (sends_output(a)) {
+      if (const ChunkAt dst = to(a.chunk); dst.valid() && local(dst)) {
+        dy = local_grads_.at(key);
+        local_grads_.erase(key);
+      } else if (dst.valid()) {
         post_next_grad();
         Transfer& g = grad_recv_.at(key);
         {
-          trace::Span wait("wait recv gradient", "wait", {{"micro", m}, {"chunk", a.chunk}, {"peer", next_stage()}});
+          trace::Span wait("wait recv gradient", "wait", {{"micro", m}, {"chunk", a.chunk}, {"peer", dst.stage}});
           g.work.wait();
         }
         if (narrow()) {
@@ -195,7 +213,7 @@ PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64
         }
         grad_recv_.erase(key);
         // The slot's output must not be overwritten while it is still being sent.
-        trace::Span wait("wait send activation", "wait", {{"micro", m}, {"chunk", a.chunk}, {"peer", next_stage()}});
+        trace::Span wait("wait send activation", "wait", {{"micro", m}, {"chunk", a.chunk}, {"peer", dst.stage}});
         Transfer& sent = act_sends_.at(key);
         sent.work.wait();
         if (sent.buf.defined()) pool_.push_back(sent.buf);
@@ -213,10 +231,14 @@ PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64
       }
       st.backward_s += sw.seconds();
       if (dy.defined()) pool_.push_back(dy);
-      if (receives_input(a)) {
+      if (const ChunkAt src = from(a.chunk); src.valid() && local(src)) {
+        Tensor g = take_buffer(n_elems_, DType::f32);  // the decoder's buffer changes with the next backward
+        g.copy_from(model_.stage_input_grad().view({n_elems_}));
+        local_grads_[key_of(m, src)] = g;
+      } else if (src.valid()) {
         Transfer out;
         out.buf = pack(model_.stage_input_grad());
-        out.work = pp_.send_async(out.buf, prev_stage(), tag_of(input_grad_key(a), 1));
+        out.work = pp_.send_async(out.buf, src.stage, tag_of(key_of(m, src), 1));
         grad_sends_.push_back(std::move(out));
         wait_sends(false);
       }
@@ -248,21 +270,27 @@ std::vector<std::pair<double, int64_t>> PipelineStage::evaluate(const FillFn& fi
     fill(m, tok.data(), tgt.data(), positions);
     double sum = 0;
     int64_t counted = 0;
+    Tensor handed;  // ZB-V's turn: chunk 0's output for chunk 1 on this stage
     for (int c = 0; c < opt_.virtual_stages; ++c) {
-      const PipeAction a{PipeAction::Kind::forward, m, c};
       const int id = model_.stage_begin(B, T, false, c);
-      if (receives_input(a)) {
+      if (const ChunkAt src = from(c); src.valid() && local(src)) {
+        model_.stage_input(id).copy_from(handed.view(model_.stage_input(id).shape()));
+        pool_.push_back(handed);
+      } else if (src.valid()) {
         Tensor in = wire_buffer();
-        pp_.recv(in, prev_stage(), tag_of(key_of(a), 0));
+        pp_.recv(in, src.stage, tag_of(key_of(m, {stage_, c}), 0));
         land(in, model_.stage_input(id));
         pool_.push_back(in);
       }
       int64_t n = 0;
       sum += model_.stage_forward(id, tok.data(), tgt.data(), 1.0, &n, positions);
       counted += n;
-      if (sends_output(a)) {
+      if (const ChunkAt dst = to(c); dst.valid() && local(dst)) {
+        handed = take_buffer(n_elems_, DType::f32);
+        handed.copy_from(model_.stage_output(id).view({n_elems_}));
+      } else if (dst.valid()) {
         Tensor sent = pack(model_.stage_output(id));
-        pp_.send(sent, next_stage(), tag_of(output_key(a), 0));
+        pp_.send(sent, dst.stage, tag_of(key_of(m, dst), 0));
         pool_.push_back(sent);
       }
       model_.stage_release(id);

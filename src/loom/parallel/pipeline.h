@@ -21,8 +21,8 @@ namespace loom::parallel {
 struct PipelineOptions {
   PipeSchedule schedule = PipeSchedule::one_f_one_b;
   int micro_batches = 1;
-  // Chunks of blocks per stage (parallel.virtual_stages): > 1 runs interleaved 1F1B, and the
-  // decoder's slice must hold that many chunks (ModelSlice::later_chunks).
+  // Chunks of blocks per stage (parallel.virtual_stages): > 1 runs interleaved 1F1B (zbv: 2), and
+  // the decoder's slice must hold that many chunks (ModelSlice::later_chunks).
   int virtual_stages = 1;
   // The activations sent to the next stage and the gradients sent back (parallel.pp_dtype):
   // f32, or bf16/f16 (half the bytes; each is rounded to nearest even before it leaves and
@@ -68,6 +68,9 @@ class PipelineStage {
   void sync_tied_grads(const Tensor& grads);
   bool first() const { return stage_ == 0; }
   bool last() const { return stage_ == stages_ - 1; }
+  // Whether this stage holds the embeddings (the model's first chunk) or the head (its last).
+  bool holds_embedding() const { return !from(0).valid(); }
+  bool holds_head() const { return !to(opt_.virtual_stages - 1).valid(); }
   int stage() const { return stage_; }
   int stages() const { return stages_; }
   const PipelineOptions& options() const { return opt_; }
@@ -91,17 +94,18 @@ class PipelineStage {
   // A wire buffer holding src (narrowed to the wire type).
   Tensor pack(const Tensor& src);
   // Transfers are keyed by (micro-batch, chunk): micro * v + chunk. A transfer's tag is the
-  // receiving action's key: the last stage's chunk c feeds the first stage's chunk c + 1, whose
-  // input gradient goes back to chunk c.
+  // receiving action's key: an output goes to the chunk after it in the model, an input gradient
+  // back to the chunk before it (chunk_output_to, chunk_input_from).
   int key_of(const PipeAction& a) const { return a.micro * opt_.virtual_stages + a.chunk; }
-  int output_key(const PipeAction& a) const { return key_of(a) + (last() ? 1 : 0); }
-  int input_grad_key(const PipeAction& a) const { return key_of(a) - (first() ? 1 : 0); }
-  // Whether an action's chunk takes its input from another stage (all but the embedding chunk's)
-  // and sends its output on (all but the head chunk's); the gradients travel the other way.
-  bool receives_input(const PipeAction& a) const { return !(first() && a.chunk == 0); }
-  bool sends_output(const PipeAction& a) const { return !(last() && a.chunk == opt_.virtual_stages - 1); }
-  int prev_stage() const { return (stage_ + stages_ - 1) % stages_; }
-  int next_stage() const { return (stage_ + 1) % stages_; }
+  int key_of(int micro, const ChunkAt& c) const { return micro * opt_.virtual_stages + c.chunk; }
+  ChunkAt from(int chunk) const { return chunk_input_from(stage_, chunk, stages_, opt_.virtual_stages, placement_); }
+  ChunkAt to(int chunk) const { return chunk_output_to(stage_, chunk, stages_, opt_.virtual_stages, placement_); }
+  // Whether an action's chunk takes its input from another chunk (all but the embedding chunk's)
+  // and sends its output on (all but the head chunk's); the gradients travel the other way. A
+  // neighbour on this stage (ZB-V's turn) gets them in memory, not through the pp group.
+  bool receives_input(const PipeAction& a) const { return from(a.chunk).valid(); }
+  bool sends_output(const PipeAction& a) const { return to(a.chunk).valid(); }
+  bool local(const ChunkAt& c) const { return c.stage == stage_; }
   void post_recv(std::map<int, Transfer>& into, int key, int peer, int kind);
   void wait_sends(bool all);
 
@@ -109,12 +113,15 @@ class PipelineStage {
   comm::Group pp_, tied_;
   PipelineOptions opt_;
   int stage_, stages_;
+  ChunkPlacement placement_;
   std::vector<StageActions> schedule_;
   std::vector<Tensor> pool_;                      // free [N, C] transfer buffers
   std::map<int, Transfer> act_recv_, grad_recv_;  // posted receives by key_of
   std::vector<Transfer> grad_sends_;              // gradient sends in flight (own buffers)
   // Activation sends: f32 straight from the slot's output (buf undefined), or a narrowed copy.
   std::map<int, Transfer> act_sends_;
+  // Input gradients handed to this stage's own chunk (ZB-V's turn), by the receiving key.
+  std::map<int, Tensor> local_grads_;
   int64_t n_elems_ = 0;
 };
 

@@ -10,8 +10,8 @@
 
 namespace loom::parallel {
 
-enum class PipeSchedule { gpipe, one_f_one_b, zero_bubble_h1 };
-// "gpipe", "1f1b" or "zb1p"; throws "[config] parallel.pp_schedule: ..." otherwise.
+enum class PipeSchedule { gpipe, one_f_one_b, zero_bubble_h1, zero_bubble_v };
+// "gpipe", "1f1b", "zb1p" or "zbv"; throws "[config] parallel.pp_schedule: ..." otherwise.
 PipeSchedule pipe_schedule_from_name(const std::string& name);
 const char* pipe_schedule_name(PipeSchedule s);
 
@@ -21,12 +21,32 @@ struct PipeAction {
   enum class Kind : uint8_t { forward, backward, weight };
   Kind kind;
   int micro;
-  // Interleaved schedules: which of the stage's v chunks runs (chunk c of stage s holds the
-  // model's chunk c * p + s); 0 otherwise.
+  // Schedules with several chunks per stage: which of the stage's chunks runs (model_chunk()
+  // says which of the model's chunks that is); 0 otherwise.
   int chunk = 0;
   bool operator==(const PipeAction& o) const { return kind == o.kind && micro == o.micro && chunk == o.chunk; }
 };
 using StageActions = std::vector<PipeAction>;
+
+// Where the model's p * v chunks of blocks live. loop (Megatron-LM's interleaved layout): chunk c
+// of stage s is the model's chunk c * p + s, so a micro-batch passes every stage v times, in
+// stage order each time. vee (ZB-V, v = 2): stage s holds the model's chunks s and 2p - 1 - s, so a
+// micro-batch goes down the stages and back up; stage 0 holds both the embeddings and the head,
+// and stage p - 1 hands its chunk 0's output to its own chunk 1.
+enum class ChunkPlacement { loop, vee };
+ChunkPlacement chunk_placement(PipeSchedule s);
+// Chunks per stage the schedule needs: zbv 2, interleaved 1F1B v, the others 1.
+int schedule_chunk_count(PipeSchedule s, int virtual_stages);
+// The model's chunk that stage s's chunk c holds.
+int model_chunk(int stage, int chunk, int stages, int chunks, ChunkPlacement placement);
+// A stage's chunk: where a chunk's input comes from or its output goes (stage -1: nowhere, the
+// embedding chunk's input and the head chunk's output).
+struct ChunkAt {
+  int stage = -1, chunk = -1;
+  bool valid() const { return stage >= 0; }
+};
+ChunkAt chunk_input_from(int stage, int chunk, int stages, int chunks, ChunkPlacement placement);
+ChunkAt chunk_output_to(int stage, int chunk, int stages, int chunks, ChunkPlacement placement);
 
 // GPipe (Huang et al. 2019): all forwards, then all backwards in the same micro-batch order.
 std::vector<StageActions> gpipe_schedule(int stages, int micro_batches);
@@ -49,7 +69,20 @@ std::vector<StageActions> interleaved_schedule(int stages, int micro_batches, in
 // that of its stage 0), and with equal forward, input- and weight-gradient times the bubble is a
 // third of 1F1B's: (p - 1) of those times per stage instead of 3 (p - 1).
 std::vector<StageActions> zero_bubble_h1_schedule(int stages, int micro_batches);
-// virtual_stages > 1 needs kind == one_f_one_b (the interleaved schedule).
+// ZB-V (Qi et al. 2024, "Pipeline Parallelism with Controllable Memory"): the vee placement, the
+// backward split into input- and weight-gradient passes as in ZB-H1, and every stage keeping at
+// most 2p chunk activation sets between a forward and its weight pass: p sets of a whole
+// stage's blocks, 1F1B's peak (stage 0, which also holds the head's buffers, 2p - 1 where that
+// costs no idle time; it can with an odd m). The order is built by a list scheduler: it replays the pipeline
+// with given pass times and, whenever a stage is free, starts the pass that can start first,
+// breaking ties by a priority among forward, input-gradient and weight passes; a forward waits
+// while the stage is at its activation limit. A handful of priorities and nominal pass times are
+// tried, and the order whose worst idle over a set of pass-time ratios (equal passes, and input-
+// gradient passes up to 1.7x the weight pass's) is least is kept. The result depends on p and m
+// only; with equal passes each stage idles about (p - 1) chunk forwards, a sixth of 1F1B's
+// bubble. Needs p >= 2.
+std::vector<StageActions> zero_bubble_v_schedule(int stages, int micro_batches);
+// virtual_stages > 1 needs kind == one_f_one_b (the interleaved schedule); zbv ignores it (2 chunks).
 std::vector<StageActions> make_schedule(PipeSchedule kind, int stages, int micro_batches, int virtual_stages = 1);
 // Throws "[config] parallel.virtual_stages=..." naming the key and the fix when v virtual stages
 // cannot run: no pipeline, GPipe, an n_layer that p * v chunks do not divide, or m not a
@@ -59,7 +92,8 @@ void check_virtual_stages(PipeSchedule kind, int stages, int micro_batches, int 
 // "" when every stage runs each (chunk, micro-batch)'s forward once, then its backward once (and,
 // in a split schedule, then its weight pass once), and the whole schedule can execute (no stage
 // waits for an action that can never run); otherwise what is wrong.
-std::string check_schedule(const std::vector<StageActions>& schedule, int micro_batches);
+std::string check_schedule(const std::vector<StageActions>& schedule, int micro_batches,
+                           ChunkPlacement placement = ChunkPlacement::loop);
 // Largest number of (chunk, micro-batch) pairs whose forward has run and backward (in a split
 // schedule: weight pass) has not, on one stage: how many activation sets the stage keeps at once
 // (each of one chunk's blocks).
@@ -69,12 +103,12 @@ bool splits_backward(const std::vector<StageActions>& schedule);
 // The chunks per stage the schedule uses (1 + the largest chunk named).
 int schedule_chunks(const std::vector<StageActions>& schedule);
 
-// Replays a schedule as soon as dependencies allow: F(s, c, i) after F(s-1, c, i) (stage 0's
-// chunk c > 0 after the last stage's chunk c - 1); B(s, c, i) after B(s+1, c, i) (the last
-// stage's chunk c < v - 1 after stage 0's chunk c + 1, its chunk v - 1 after its own forward);
-// each stage runs its actions in order; W(s, c, i) after B(s, c, i). Communication is free. Times
-// are per action of each stage (forward_time[s], backward_time[s], weight_time[s]: one chunk's
-// work); weight_time is needed for split schedules only.
+// Replays a schedule as soon as dependencies allow: a chunk's forward of micro-batch i after the
+// forward of the chunk before it in the model (chunk_input_from); its backward after the backward
+// of the chunk after it (chunk_output_to), the head chunk's after its own forward; each stage runs
+// its actions in order; W(s, c, i) after B(s, c, i). Communication is free. Times are per action of
+// each stage (forward_time[s], backward_time[s], weight_time[s]: one chunk's work); weight_time is
+// needed for split schedules only.
 struct Timeline {
   double makespan = 0;
   std::vector<double> busy;                   // per stage: seconds computing
@@ -83,14 +117,18 @@ struct Timeline {
   std::vector<std::vector<double>> start;
 };
 Timeline simulate_schedule(const std::vector<StageActions>& schedule, const std::vector<double>& forward_time,
-                           const std::vector<double>& backward_time, const std::vector<double>& weight_time = {});
+                           const std::vector<double>& backward_time, const std::vector<double>& weight_time = {},
+                           ChunkPlacement placement = ChunkPlacement::loop);
 
 // The idle fraction of GPipe and 1F1B with equal stages, (p - 1) / (m + p - 1); of interleaved
 // 1F1B with v virtual stages, (p - 1) / (v m + p - 1).
 double bubble_fraction(int stages, int micro_batches, int virtual_stages = 1);
 // ZB-H1's with equal forward, input-gradient and weight-gradient passes: (p - 1) / (3 m + p - 1).
 double zero_bubble_h1_fraction(int stages, int micro_batches);
-// The schedule's formula: one of the two above.
+// ZB-V's with equal passes: no closed form (its order comes from a search), so the idle fraction
+// of its own schedule replayed with equal forward, input- and weight-gradient passes.
+double zero_bubble_v_fraction(int stages, int micro_batches);
+// The schedule's formula: one of the three above.
 double predicted_bubble(PipeSchedule kind, int stages, int micro_batches, int virtual_stages = 1);
 
 }  // namespace loom::parallel

@@ -31,9 +31,9 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 // the smallest divisor of the per-rank batch that fills a pipeline of pp stages (a multiple of
 // pp when the stages are interleaved); one without a pipeline, or the whole batch as single
 // sequences when it is smaller than pp.
-int64_t first_auto_micro_batches(int64_t pp, int64_t per_rank, int64_t virtual_stages) {
+int64_t first_auto_micro_batches(int64_t pp, int64_t per_rank, bool interleaved) {
   for (int64_t m = std::max<int64_t>(1, pp); m <= per_rank; ++m)
-    if (per_rank % m == 0 && (virtual_stages == 1 || m % pp == 0)) return m;
+    if (per_rank % m == 0 && (!interleaved || m % pp == 0)) return m;
   return per_rank;
 }
 
@@ -238,8 +238,12 @@ void read_parallel(ConfigReader& r, TrainConfig& c) {
   c.parallel.pp_dtype =
       wire_dtype(r.string("parallel.pp_dtype", model::precision_name(c.model.precision), {"fp32", "bf16", "fp16"}));
   c.parallel.pp_schedule =
-      parallel::pipe_schedule_from_name(r.string("parallel.pp_schedule", "1f1b", {"gpipe", "1f1b", "zb1p"}));
+      parallel::pipe_schedule_from_name(r.string("parallel.pp_schedule", "1f1b", {"gpipe", "1f1b", "zb1p", "zbv"}));
   c.parallel.virtual_stages = r.integer("parallel.virtual_stages", 1, 1, 1 << 12);
+  // ZB-V always runs 2 chunks per stage of a pipeline; unset, virtual_stages says so.
+  if (c.parallel.pp_schedule == parallel::PipeSchedule::zero_bubble_v && c.parallel.pp > 1 &&
+      !r.has("parallel.virtual_stages"))
+    c.parallel.virtual_stages = 2;
   c.parallel.pp_partition = parallel::partition_method_from_name(
       r.string("parallel.pp_partition", "uniform", {"uniform", "parameters", "profile"}));
   // A count, or auto (resolved below to the count the trainer starts from); unset: 0, resolved
@@ -303,7 +307,9 @@ void check_parallel_layout(TrainConfig& c) {
              dp_name);
   const int64_t per_rank = c.data.batch_size / dp;
   if (c.parallel.micro_batches_auto && c.data.micro_batch_size == 0)
-    c.parallel.micro_batches = first_auto_micro_batches(c.parallel.pp, per_rank, c.parallel.virtual_stages);
+    c.parallel.micro_batches = first_auto_micro_batches(
+        c.parallel.pp, per_rank,
+        c.parallel.virtual_stages > 1 && c.parallel.pp_schedule == parallel::PipeSchedule::one_f_one_b);
   if (c.parallel.micro_batches > 0) {  // micro-batches named: they set the micro-batch size
     const int64_t m = c.parallel.micro_batches;
     LOOM_CHECK(per_rank % m == 0, "config", "parallel.micro_batches=", m, " does not divide the per-rank batch ",
@@ -328,9 +334,11 @@ void check_parallel_layout(TrainConfig& c) {
   parallel::check_stage_count(int(c.model.n_layer), int(pp));
   parallel::check_virtual_stages(c.parallel.pp_schedule, int(pp), int(c.parallel.micro_batches),
                                  int(c.parallel.virtual_stages), int(c.model.n_layer));
-  LOOM_CHECK(pp == 1 || c.parallel.pp_schedule != parallel::PipeSchedule::zero_bubble_h1 ||
-                 c.decoder.activation_checkpoint_interval == 0,
-             "config", "parallel.pp_schedule=zb1p defers each block's weight gradients, which needs the block's ",
+  const bool split = c.parallel.pp_schedule == parallel::PipeSchedule::zero_bubble_h1 ||
+                     c.parallel.pp_schedule == parallel::PipeSchedule::zero_bubble_v;
+  LOOM_CHECK(pp == 1 || !split || c.decoder.activation_checkpoint_interval == 0, "config",
+             "parallel.pp_schedule=", parallel::pipe_schedule_name(c.parallel.pp_schedule),
+             " defers each block's weight gradients, which needs the block's ",
              "saved activations: model.activation_checkpoint_interval=", c.decoder.activation_checkpoint_interval,
              " recomputes them; set it to 0 or use parallel.pp_schedule=1f1b");
   LOOM_CHECK(pp == 1 || c.parallel.zero_stage <= 1, "config", "parallel.zero_stage=", c.parallel.zero_stage,

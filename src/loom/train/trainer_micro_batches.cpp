@@ -25,7 +25,7 @@ void Trainer::start_micro_batch_tuner() {
                                        int(cfg_.model.n_layer));
         const auto schedule = parallel::make_schedule(p.pp_schedule, int(p.pp), int(m), int(p.virtual_stages));
         if (m > parallel::PipelineStage::max_micro_batches(int(p.virtual_stages)) ||
-            !parallel::check_schedule(schedule, int(m)).empty())
+            !parallel::check_schedule(schedule, int(m), parallel::chunk_placement(p.pp_schedule)).empty())
           throw Error("");
         for (const auto& stage : schedule) in_flight = std::max(in_flight, parallel::max_in_flight(stage));
       } catch (const Error&) {

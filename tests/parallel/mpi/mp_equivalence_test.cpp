@@ -1,5 +1,5 @@
 // Invariant 1 for tensor and pipeline parallelism: under mpiexec, every layout pp x dp x tp whose
-// product is the world size (GPipe, 1F1B, interleaved 1F1B and ZB-H1, ZeRO-0/1, with and without
+// product is the world size (GPipe, 1F1B, interleaved 1F1B, ZB-H1 and ZB-V, ZeRO-0/1, with and without
 // activation checkpointing, GPT-2 with tied embeddings and LLaMA with GQA, rows packing several
 // documents) gives the per-step losses and final weights of a single-process run of the same
 // global batch (ZeRO-2/3 too where there is no pipeline); a tied token table stays identical on
@@ -67,6 +67,9 @@ constexpr const char* kGpt2Moe =
 // Interleaved 1F1B: two chunks per stage of one block each (pp=2: 4 blocks, pp=4: 8).
 constexpr const char* kInterleaved2 = "model.n_layer=4 parallel.virtual_stages=2";
 constexpr const char* kInterleaved4 = "model.n_layer=8 parallel.virtual_stages=2";
+// ZB-V: two chunks per stage of one block each, placed as a V (stage 0 holds blocks 0 and 3).
+constexpr const char* kVee2 = "model.n_layer=4";
+constexpr const char* kVee4 = "model.n_layer=8";
 
 // The layouts run for each world size (one ctest entry per size keeps every run short).
 const std::vector<Layout>& layouts() {
@@ -86,8 +89,11 @@ const std::vector<Layout>& layouts() {
       {"gpt2-tiny", 1, 1, 2, "1f1b", 0, 2, 0, "uniform", "fp32", 1, "", false, true},
       {"gpt2-tiny", 2, 1, 1, "1f1b", 0, 4, 0, "uniform", "fp32", 1, kInterleaved2},  // tied table across the ring
       {"llama-tiny", 2, 1, 1, "1f1b", 0, 2, 1, "uniform", "fp32", 1, kInterleaved2},
-      {"gpt2-tiny", 2, 1, 1, "zb1p", 0, 4, 0},                      // zero-bubble: weight passes deferred
-      {"llama-tiny", 2, 1, 1, "zb1p", 0, 4, 0, "uniform", "bf16"},  // 16-bit saved activations re-read
+      {"gpt2-tiny", 2, 1, 1, "zb1p", 0, 4, 0},                               // zero-bubble: weight passes deferred
+      {"llama-tiny", 2, 1, 1, "zb1p", 0, 4, 0, "uniform", "bf16"},           // 16-bit saved activations re-read
+      {"gpt2-tiny", 2, 1, 1, "zbv", 0, 4, 0, "uniform", "fp32", 1, kVee2},   // one tied table: stage 0 holds both ends
+      {"llama-tiny", 2, 1, 1, "zbv", 0, 8, 0, "uniform", "bf16", 1, kVee2},  // 16-bit wire and activations
+      {"llama-tiny", 2, 1, 1, "zbv", 0, 4, 0, "uniform", "fp32", 1, kVee2, false, true},  // packed rows
       // 4 ranks: pp=2 x dp=2 (ZeRO-0 and -1); tp=2 x pp=2; tp=4 (LLaMA's 2 kv heads replicated).
       {"gpt2-tiny", 2, 2, 1, "1f1b", 1, 2, 0},
       {"llama-tiny", 2, 2, 1, "gpipe", 0, 2, 1, "parameters"},
@@ -106,6 +112,9 @@ const std::vector<Layout>& layouts() {
       {"gpt2-tiny", 2, 2, 1, "1f1b", 1, 2, 1, "uniform", "fp32", 1, kInterleaved2},  // dp buckets across chunks
       {"llama-tiny", 4, 1, 1, "zb1p", 0, 4, 0, "uniform", "fp32", 1, "model.n_layer=4"},
       {"gpt2-tiny", 2, 2, 1, "zb1p", 1, 2, 0},  // dp reduction after the last weight pass
+      {"llama-tiny", 4, 1, 1, "zbv", 0, 8, 0, "uniform", "fp32", 1, kVee4},
+      {"gpt2-tiny", 2, 2, 1, "zbv", 1, 4, 0, "uniform", "fp32", 1, kVee2},  // dp buckets of both ends on stage 0
+      {"llama-tiny", 2, 1, 2, "zbv", 0, 4, 0, "uniform", "fp32", 1, kVee2},
       // 8 ranks: dp=2 x tp=2 x pp=2.
       {"gpt2-tiny", 2, 2, 2, "1f1b", 1, 2, 1},
       {"llama-tiny", 2, 2, 2, "gpipe", 0, 2, 0},
@@ -115,6 +124,8 @@ const std::vector<Layout>& layouts() {
       {"gpt2-tiny", 4, 2, 1, "1f1b", 1, 4, 0, "uniform", "fp32", 1, kInterleaved4},
       {"llama-tiny", 2, 2, 2, "1f1b", 0, 2, 0, "uniform", "fp32", 1, kInterleaved2},
       {"llama-tiny", 2, 2, 2, "zb1p", 1, 2, 0},
+      {"gpt2-tiny", 2, 2, 2, "zbv", 1, 2, 0, "uniform", "fp32", 1, kVee2},
+      {"llama-tiny", 4, 2, 1, "zbv", 1, 4, 0, "uniform", "fp32", 1, kVee4},
       // Mixture of Experts. 2 ranks: dp=2 with ZeRO-3 (expert units of their own, ep=1); ep=2
       // alone and with ZeRO-3 (dense units sharded over both ranks, experts not at all).
       {"llama-moe-tiny", 1, 2, 1, "1f1b", 3, 2, 1, "uniform", "fp32", 1, kSharedExpert},
@@ -127,6 +138,7 @@ const std::vector<Layout>& layouts() {
       {"llama-moe-tiny", 1, 2, 1, "1f1b", 3, 1, 1, "uniform", "fp32", 2, kSharedExpert},
       {"llama-moe-tiny", 2, 1, 1, "1f1b", 0, 4, 0, "uniform", "fp32", 2},
       {"llama-moe-tiny", 2, 1, 1, "zb1p", 0, 4, 0, "uniform", "fp32", 2},  // MoE MLPs not deferred
+      {"llama-moe-tiny", 2, 1, 1, "zbv", 0, 4, 0, "uniform", "fp32", 2, kVee2},
       {"llama-moe-tiny", 1, 1, 2, "1f1b", 0, 2, 0, "uniform", "fp32", 2, kSharedExpert},
       // 8 ranks: pp=2 x dp=2 x ep=2.
       {"llama-moe-tiny", 2, 2, 1, "gpipe", 1, 2, 0, "uniform", "fp32", 2},
@@ -251,7 +263,9 @@ void expect_copies_identical(const TrainRun& r, const parallel::Mesh& mesh, cons
       ++compared;
     }
   }
-  const bool expect_some = tp > 1 || (mesh.shape().size(parallel::Dim::pp) > 1 && local.config().tied_embeddings);
+  // ZB-V's first stage holds both ends of the pipeline: one table, no copy.
+  const bool expect_some = tp > 1 || (mesh.shape().size(parallel::Dim::pp) > 1 && local.config().tied_embeddings &&
+                                      local.slice().has_head != local.slice().has_embedding);
   if (expect_some) {
     EXPECT_GT(compared, 0) << what;
   }
@@ -428,6 +442,11 @@ TEST(ModelParallelResume, CheckpointsReshardAcrossEveryLayout) {
         {{"gpt2-tiny", 2, 1, 1, "1f1b", 0, 2, 0, "uniform", "fp32", 1, kInterleaved2}, kOneProcess},
         {{"gpt2-tiny", 1, 2, 1, "1f1b", 1, 2, 0, "uniform", "fp32", 1, "model.n_layer=4"},
          {"gpt2-tiny", 2, 1, 1, "1f1b", 0, 4, 0, "uniform", "fp32", 1, kInterleaved2}},  // dp=2 -> interleaved pp=2
+        // ZB-V stages (blocks 0, 3 | 1, 2; both ends on stage 0) to and from other layouts.
+        {{"gpt2-tiny", 2, 1, 1, "zbv", 0, 4, 0, "uniform", "fp32", 1, kVee2},
+         {"gpt2-tiny", 2, 1, 1, "1f1b", 0, 4, 0, "uniform", "fp32", 1, kInterleaved2}},  // zbv -> interleaved
+        {{"llama-tiny", 1, 2, 1, "1f1b", 1, 2, 0, "uniform", "fp32", 1, kVee2},
+         {"llama-tiny", 2, 1, 1, "zbv", 0, 4, 0, "uniform", "fp32", 1, kVee2}},  // dp=2 -> zbv
     };
   } else if (N == 4) {
     transitions = {
@@ -437,6 +456,8 @@ TEST(ModelParallelResume, CheckpointsReshardAcrossEveryLayout) {
         {kOneProcess, {"gpt2-tiny", 2, 1, 2, "1f1b", 0, 4, 1}},                          // one process -> pp2 x tp2
         {{"llama-tiny", 4, 1, 1, "1f1b", 0, 4, 1, "uniform", "fp32", 1, kInterleaved4},  // interleaved pp4 -> pp4
          {"llama-tiny", 4, 1, 1, "1f1b", 0, 4, 0, "uniform", "fp32", 1, "model.n_layer=8"}},
+        {{"llama-tiny", 4, 1, 1, "zbv", 0, 4, 0, "uniform", "fp32", 1, kVee4},  // zbv pp4 -> pp2 x dp2
+         {"llama-tiny", 2, 2, 1, "1f1b", 1, 2, 0, "uniform", "fp32", 1, kVee4}},
     };
   } else if (N == 8) {
     transitions = {
