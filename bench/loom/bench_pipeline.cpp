@@ -37,7 +37,7 @@ struct PipelineOptions {
   int64_t nproc = 0, layers = 8, d_model = 256, vocab = 512, batch = 0, seq = 0, steps = 5, warmup = 1, threads = 1,
           reps = 3, rounds = 1;
   int64_t virtual_stages = 2;
-  std::string micro_batches = "1,2,4,8,16", schedules = "gpipe,1f1b,interleaved,zb1p", model = "gpt2-124m",
+  std::string micro_batches = "1,2,4,8,16", schedules = "gpipe,1f1b,interleaved,zb1p,zbv", model = "gpt2-124m",
               stages = "2,4";
   bool balance = false, show_schedule = false;
 };
@@ -60,22 +60,26 @@ std::vector<std::string> str_list(const std::string& s) {
   return out;
 }
 
-// A schedule of the --schedules list: gpipe, 1f1b, or interleaved (1F1B over v chunks per stage).
+// A schedule of the --schedules list: gpipe, 1f1b, interleaved (1F1B over v chunks per stage), zb1p
+// or zbv (2 chunks per stage in a V).
 struct ScheduleChoice {
   parallel::PipeSchedule kind;
   int v;
 };
 ScheduleChoice schedule_choice(const std::string& name, int virtual_stages) {
   if (name == "interleaved") return {parallel::PipeSchedule::one_f_one_b, virtual_stages};
-  LOOM_CHECK(name == "gpipe" || name == "1f1b" || name == "zb1p", "bench",
-             "--schedules: expected gpipe, 1f1b, interleaved or zb1p, got \"", name, "\"");
-  return {parallel::pipe_schedule_from_name(name), 1};
+  LOOM_CHECK(name == "gpipe" || name == "1f1b" || name == "zb1p" || name == "zbv", "bench",
+             "--schedules: expected gpipe, 1f1b, interleaved, zb1p or zbv, got \"", name, "\"");
+  const parallel::PipeSchedule kind = parallel::pipe_schedule_from_name(name);
+  return {kind, parallel::schedule_chunk_count(kind, 1)};
 }
 
 // Why this machine's run skips a (schedule, m), or "" when it can run.
 std::string cannot_run(const ScheduleChoice& c, int p, int m, int64_t layers) {
   if (c.v == 1) return "";
-  if (m % p != 0) return str_cat("m=", m, " is not a multiple of p=", p);
+  if (c.kind == parallel::PipeSchedule::zero_bubble_v && p < 2) return "it needs at least 2 stages";
+  if (c.kind != parallel::PipeSchedule::zero_bubble_v && m % p != 0)
+    return str_cat("m=", m, " is not a multiple of p=", p);
   if (layers % (p * c.v) != 0) return str_cat("--layers ", layers, " does not split into ", p * c.v, " chunks");
   return "";
 }
@@ -95,8 +99,8 @@ std::string describe_actions(const parallel::StageActions& st) {
 int show_schedules(const PipelineOptions& a) {
   const int p = a.nproc > 0 ? int(a.nproc) : 2;
   std::printf(
-      "pipeline schedules for p=%d (F3.1: forward of micro-batch 3 in the stage's chunk 1; zb1p: B is the "
-      "input-gradient pass, W the weight-gradient pass)\n",
+      "pipeline schedules for p=%d (F3.1: forward of micro-batch 3 in the stage's chunk 1; zb1p, zbv: B is "
+      "the input-gradient pass, W the weight-gradient pass; zbv: stage s holds the model's chunks s and 2p-1-s)\n",
       p);
   for (const std::string& name : str_list(a.schedules)) {
     const ScheduleChoice c = schedule_choice(name, int(a.virtual_stages));
@@ -107,12 +111,16 @@ int show_schedules(const PipelineOptions& a) {
       }
       const auto sched = parallel::make_schedule(c.kind, p, m, c.v);
       const bool zb = c.kind == parallel::PipeSchedule::zero_bubble_h1;
-      std::printf("\n%s m=%d%s: bubble (p-1)/(%sm+p-1) = %.1f%%%s\n", name.c_str(), m,
-                  c.v > 1 ? str_cat(" v=", c.v).c_str() : "",
-                  zb        ? "3"
-                  : c.v > 1 ? "v"
-                            : "",
-                  100 * parallel::predicted_bubble(c.kind, p, m, c.v), zb ? " (equal F, B and W passes)" : "");
+      if (c.kind == parallel::PipeSchedule::zero_bubble_v)
+        std::printf("\n%s m=%d: bubble %.1f%% (its schedule replayed with equal F, B and W passes)\n", name.c_str(), m,
+                    100 * parallel::predicted_bubble(c.kind, p, m, c.v));
+      else
+        std::printf("\n%s m=%d%s: bubble (p-1)/(%sm+p-1) = %.1f%%%s\n", name.c_str(), m,
+                    c.v > 1 ? str_cat(" v=", c.v).c_str() : "",
+                    zb        ? "3"
+                    : c.v > 1 ? "v"
+                              : "",
+                    100 * parallel::predicted_bubble(c.kind, p, m, c.v), zb ? " (equal F, B and W passes)" : "");
       for (int s = 0; s < p; ++s)
         std::printf("  stage %d (%d in flight%s): %s\n", s, parallel::max_in_flight(sched[size_t(s)]),
                     c.v > 1 ? str_cat(", each 1/", c.v, " of its blocks").c_str() : "",
@@ -199,7 +207,8 @@ int bench_pipeline(const std::vector<std::string>& argv) {
   PipelineOptions a;
   add_run_default_option(*app, "--nproc", a.nproc, "stages, one rank each (via loom launch)", "P", positive());
   app->add_option("--micro-batches", a.micro_batches, "micro-batch counts to run")->type_name("LIST");
-  app->add_option("--schedules", a.schedules, "schedules to run: gpipe, 1f1b, interleaved, zb1p")->type_name("LIST");
+  app->add_option("--schedules", a.schedules, "schedules to run: gpipe, 1f1b, interleaved, zb1p, zbv")
+      ->type_name("LIST");
   app->add_option("--virtual-stages", a.virtual_stages, "chunks per stage of the interleaved schedule")
       ->type_name("V")
       ->check(positive());
@@ -255,8 +264,8 @@ int bench_pipeline(const std::vector<std::string>& argv) {
   for (auto& t : tgt) t = int32_t(g() % cfg.vocab_size);
   nlohmann::json rows = nlohmann::json::array();
   if (main)
-    std::printf("\n%-11s %4s %8s %10s %10s %10s %9s   %s\n", "sched", "m", "formula", "idle mean", "idle max",
-                "simulated", "step ms", "per stage: idle% / peak activations");
+    std::printf("\n%-11s %4s %8s %10s %10s %10s %9s %9s   %s\n", "sched", "m", "formula", "idle mean", "idle max",
+                "simulated", "idle ms", "step ms", "per stage: idle% / peak activations");
   // Each (schedule, m) runs `rounds` times; within a round the schedules alternate at each m, so
   // that load from other jobs on a shared machine falls on all of them alike.
   struct Measured {
@@ -271,11 +280,13 @@ int bench_pipeline(const std::vector<std::string>& argv) {
     Measured& out = measured[{k, m}];
     CpuAllocator alloc;  // this configuration's activations alone
     model::DecoderOptions o;
-    // v chunks per stage: model chunks s, s + p, ... (Megatron's layout).
+    // v chunks per stage: model chunks s, s + p, ... (Megatron's layout), or zbv's V.
     const auto chunks = parallel::partition_uniform(int(cfg.n_layer), p * c.v);
-    o.slice = {chunks[size_t(s)].first_layer, chunks[size_t(s)].last_layer, s == 0, s == p - 1};
-    for (int j = 1; j < c.v; ++j)
-      o.slice.later_chunks.push_back({chunks[size_t(s + j * p)].first_layer, chunks[size_t(s + j * p)].last_layer});
+    const parallel::ChunkPlacement place = parallel::chunk_placement(c.kind);
+    auto chunk = [&](int j) { return chunks[size_t(parallel::model_chunk(s, j, p, c.v, place))]; };
+    o.slice = {chunk(0).first_layer, chunk(0).last_layer, !parallel::chunk_input_from(s, 0, p, c.v, place).valid(),
+               !parallel::chunk_output_to(s, c.v - 1, p, c.v, place).valid()};
+    for (int j = 1; j < c.v; ++j) o.slice.later_chunks.push_back({chunk(j).first_layer, chunk(j).last_layer});
     model::Decoder d(cfg, o, DType::f32, alloc);
     d.init_weights(1);
     parallel::PipelineStage stage(d, mesh, {c.kind, m, c.v});
@@ -336,22 +347,25 @@ int bench_pipeline(const std::vector<std::string>& argv) {
         tw.push_back(v[kCols * j + 3]);
         peaks.push_back(v[kCols * j + 4]);
       }
-      const auto sim = parallel::simulate_schedule(parallel::make_schedule(c.kind, p, m, c.v), tf, tb, tw);
+      const auto sim = parallel::simulate_schedule(parallel::make_schedule(c.kind, p, m, c.v), tf, tb, tw,
+                                                   parallel::chunk_placement(c.kind));
       double sim_mean = 0, mean = 0;
       for (double x : sim.idle_fraction()) sim_mean += x / p;
       for (double x : idles) mean += x / p;
       const double formula = parallel::predicted_bubble(c.kind, p, m, c.v);
-      const double step_ms = 1e3 * median(me.step_s);
+      const double step_ms = 1e3 * median(me.step_s), idle_ms = mean * step_ms;
       std::string per;
       for (int j = 0; j < p; ++j)
         per +=
             str_cat(j ? "  " : "", int(100 * idles[size_t(j)] + 0.5), "% / ", format_bytes(int64_t(peaks[size_t(j)])));
-      std::printf("%-11s %4d %7.1f%% %9.1f%% %9.1f%% %9.1f%% %9.1f   %s\n", sched.c_str(), m, 100 * formula, 100 * mean,
-                  100 * *std::max_element(idles.begin(), idles.end()), 100 * sim_mean, step_ms, per.c_str());
+      std::printf("%-11s %4d %7.1f%% %9.1f%% %9.1f%% %9.1f%% %9.1f %9.1f   %s\n", sched.c_str(), m, 100 * formula,
+                  100 * mean, 100 * *std::max_element(idles.begin(), idles.end()), 100 * sim_mean, idle_ms, step_ms,
+                  per.c_str());
       std::fflush(stdout);
       rows.push_back({{"schedule", sched},
                       {"virtual_stages", c.v},
                       {"step_ms", step_ms},
+                      {"idle_ms", idle_ms},
                       {"stages", p},
                       {"micro_batches", m},
                       {"formula", formula},
