@@ -226,6 +226,29 @@ TEST(Planner, InterleavedStagesDivideTheBubbleAndHoldMoreActivations) {
   EXPECT_NE(check_layout(j, small_cluster(), zb_ckpt).find("zb1p with activation checkpointing"), std::string::npos);
 }
 
+// ZB-V: its own schedule replayed with each stage's passes (W a third of the matrix products, F
+// and B the rest alike), below ZB-H1's bubble; two transfers a micro-batch; 2p sets of half a
+// stage's blocks on every stage, 1F1B's stage 0 peak; checkpointing refused.
+TEST(Planner, ZeroBubbleVIdlesLessThanZeroBubbleH1InOneFOneBsPeak) {
+  Job j = job_of("gpt2-350m", 32, 128);
+  j.model.vocab_size = 16;
+  Layout one = Layout::of(1, 1, 4, 1, 0, 4, 8), zb = one, zv = one;
+  zb.pp_schedule = parallel::PipeSchedule::zero_bubble_h1;
+  zv.pp_schedule = parallel::PipeSchedule::zero_bubble_v;
+  zv.virtual_stages = 2;
+  const Prediction a = predict(j, small_cluster(), one), b = predict(j, small_cluster(), zb),
+                   c = predict(j, small_cluster(), zv);
+  ASSERT_TRUE(a.why_not.empty() && b.why_not.empty() && c.why_not.empty()) << a.why_not << b.why_not << c.why_not;
+  EXPECT_EQ(c.layout.describe(), "dp1 tp1 pp4 z0 mb4x8 zbv");
+  EXPECT_GT(c.time.bubble, 0);
+  EXPECT_LT(c.time.bubble, 0.6 * b.time.bubble);
+  EXPECT_NEAR(c.time.pp_p2p, 2 * a.time.pp_p2p, 1e-9 * a.time.step);
+  EXPECT_DOUBLE_EQ(c.stage_memory[0].activations, a.stage_memory[0].activations);
+  Layout ckpt = zv;
+  ckpt.checkpoint = 1;
+  EXPECT_NE(check_layout(j, small_cluster(), ckpt).find("zbv with activation checkpointing"), std::string::npos);
+}
+
 // parallel.offload: auto takes the stage that holds the embedding and the head (tied GPT-2 with
 // its 50257-word table on both ends of pp=4: the first and last stages), whose Adam moments leave
 // the device for two staging buffers; a listed stage goes whatever its size; the optimizer's time

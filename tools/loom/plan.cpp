@@ -65,8 +65,9 @@ plan::Layout parse_layout(const std::string& spec) {
       try {
         l.pp_schedule = parallel::pipe_schedule_from_name(v);
       } catch (const Error&) {
-        throw UsageError("[plan] --layout: schedule=" + v + " is not 1f1b, gpipe or zb1p");
+        throw UsageError("[plan] --layout: schedule=" + v + " is not 1f1b, gpipe, zb1p or zbv");
       }
+      if (l.pp_schedule == parallel::PipeSchedule::zero_bubble_v) l.virtual_stages = 2;  // its two chunks
       continue;
     }
     if (k == "offload") {  // the optimizer state of the stages auto picks (parallel.offload.stages=auto)

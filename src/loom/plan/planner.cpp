@@ -21,7 +21,7 @@ std::string Layout::describe() const {
   o << " z" << zero_stage << " mb" << micro_batch << "x" << micro_batches;
   if (checkpoint) o << " ckpt" << checkpoint;
   if (pp > 1) o << " " << parallel::pipe_schedule_name(pp_schedule);
-  if (virtual_stages > 1) o << " v" << virtual_stages;
+  if (virtual_stages > 1 && pp_schedule != parallel::PipeSchedule::zero_bubble_v) o << " v" << virtual_stages;
   return o.str();
 }
 
@@ -228,7 +228,7 @@ std::string check_layout(const Job& job, const Cluster& c, const Layout& l) {
   if (l.pp > 1 && l.zero_stage >= 2)
     return str_cat("ZeRO-", l.zero_stage, " with pp=", l.pp,
                    " (loom's trainer shards gradients only without pipelining)");
-  if (l.virtual_stages > 1) {
+  if (l.virtual_stages > 1 || l.pp_schedule == parallel::PipeSchedule::zero_bubble_v) {
     try {
       parallel::check_virtual_stages(l.pp_schedule, int(l.pp), int(l.micro_batches), int(l.virtual_stages),
                                      int(cfg.n_layer));
@@ -236,8 +236,11 @@ std::string check_layout(const Job& job, const Cluster& c, const Layout& l) {
       return e.what();
     }
   }
-  if (l.pp > 1 && l.pp_schedule == parallel::PipeSchedule::zero_bubble_h1 && l.checkpoint > 0)
-    return "zb1p with activation checkpointing (its deferred weight passes read the saved activations)";
+  if (l.pp > 1 && l.checkpoint > 0 &&
+      (l.pp_schedule == parallel::PipeSchedule::zero_bubble_h1 ||
+       l.pp_schedule == parallel::PipeSchedule::zero_bubble_v))
+    return str_cat(parallel::pipe_schedule_name(l.pp_schedule),
+                   " with activation checkpointing (its deferred weight passes read the saved activations)");
   if (job.onebit() && (l.zero_stage >= 2 || l.ep > 1))
     return str_cat("1-bit Adam with ", l.ep > 1 ? str_cat("ep=", l.ep) : str_cat("ZeRO-", l.zero_stage),
                    " (loom's trainer runs it at ZeRO 0-1 without expert parallelism)");
@@ -311,13 +314,27 @@ size_t pipeline_time(const Job& job, const Cluster& c, const Layout& l, const st
   // step with equal stages); interleaved over v chunks a v-th of it ((p-1)/(vm+p-1)). ZB-H1 fills the drain with the
   // deferred weight-gradient passes (a third of a stage's matrix products, W); what stays idle is T_F + T_B - T_W of
   // each other stage, the whole time less 2 W (pipeline_schedule.h; a third of 1F1B's when F, B and W are equal).
+  // ZB-V has no closed form: its own schedule replayed with each stage's chunk passes (half the
+  // stage's work each; W a third of the matrix products, F and B splitting the rest), the
+  // slowest stage's idle over the step.
   double idle = 0;
-  for (size_t s = 0; s < work.size(); ++s) {
-    if (s == slow) continue;
-    const double ts = stage_s[s];
-    idle += l.pp_schedule == parallel::PipeSchedule::zero_bubble_h1 ? std::max(0.0, ts - 2 * work[s].gemm / 3) : ts;
+  if (l.pp > 1 && l.pp_schedule == parallel::PipeSchedule::zero_bubble_v) {
+    std::vector<double> tf, tb, tw;
+    for (size_t s = 0; s < work.size(); ++s) {
+      const double w = work[s].gemm / 3, rest = std::max(0.0, stage_s[s] - w);
+      tf.push_back(rest / 4), tb.push_back(rest / 4), tw.push_back(w / 2);
+    }
+    const auto tl = parallel::simulate_schedule(parallel::zero_bubble_v_schedule(int(l.pp), int(l.micro_batches)), tf,
+                                                tb, tw, parallel::ChunkPlacement::vee);
+    idle = tl.makespan - tl.busy[slow];
+  } else {
+    for (size_t s = 0; s < work.size(); ++s) {
+      if (s == slow) continue;
+      const double ts = stage_s[s];
+      idle += l.pp_schedule == parallel::PipeSchedule::zero_bubble_h1 ? std::max(0.0, ts - 2 * work[s].gemm / 3) : ts;
+    }
+    idle /= double(l.virtual_stages);
   }
-  idle /= double(l.virtual_stages);
   const StageWork& ws = work[slow];
   const double m = double(l.micro_batches);
   t.gemm = m * ws.gemm;
@@ -434,8 +451,10 @@ Prediction predict(const Job& job, const Cluster& c, const Layout& l) {
     // v-th of the stage's blocks.
     const parallel::PipeSchedule k = l.pp_schedule;
     const int64_t v = l.virtual_stages, mb = l.micro_batches;
-    const int64_t sets = l.pp == 1 ? 1
-                         : v > 1   ? std::min(v * mb, 2 * (l.pp - s - 1) + (v - 1) * l.pp + 1)
+    // ZB-V: at most 2 pp chunk sets (pp of a whole stage) on every stage.
+    const int64_t sets = l.pp == 1                                    ? 1
+                         : k == parallel::PipeSchedule::zero_bubble_v ? std::min(2 * mb, 2 * l.pp)
+                         : v > 1 ? std::min(v * mb, 2 * (l.pp - s - 1) + (v - 1) * l.pp + 1)
                          : k == parallel::PipeSchedule::gpipe          ? mb
                          : k == parallel::PipeSchedule::zero_bubble_h1 ? std::min(mb, l.pp)
                                                                        : std::min(mb, l.pp - s);
