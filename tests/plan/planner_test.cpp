@@ -369,5 +369,34 @@ TEST(Planner, ExplainNamesEveryTerm) {
     EXPECT_NE(e.find(term), std::string::npos) << term << " missing from\n" << e;
 }
 
+// parallel.offload.params at ZeRO-3 (dp=4, no pipeline, the one stage listed): the parameter
+// shards leave the device but for three chunks of the widest unit (in use, gathering, being
+// read: an eighth of 24 blocks); the optimizer's stream grows by the shards' read and write, and with a slow stream the
+// reads for every gather (forward and backward of each micro-batch) outrun the compute and wait.
+// Below ZeRO-3 the layout is refused.
+TEST(Planner, OffloadedParameterShardsLeaveZeroThreeRanks) {
+  Job j = job_of("gpt2-350m", 8, 128);
+  j.model.vocab_size = 16;  // 24 equal block units
+  Layout l = Layout::of(4, 1, 1, 1, 3, 1, 2);
+  l.offload_stages = {0};
+  const Prediction resident = predict(j, small_cluster(), l);
+  l.offload_params = optim::OffloadTarget::disk;
+  const Prediction off = predict(j, small_cluster(), l);
+  ASSERT_TRUE(resident.why_not.empty() && off.why_not.empty()) << resident.why_not << off.why_not;
+  const MemoryPrediction &a = resident.stage_memory[0], &b = off.stage_memory[0];
+  EXPECT_GT(b.params, 0);
+  EXPECT_NEAR(b.params, a.params / 8, 0.01 * a.params);
+  EXPECT_NEAR(b.offloaded, a.params - b.params, 1);
+  EXPECT_NEAR(b.total(), a.total() - b.offloaded, 1);
+  EXPECT_GE(off.time.optimizer, resident.time.optimizer);
+  Cluster slow = small_cluster();
+  slow.device.offload_bytes_per_s = 1e7;
+  const Prediction slow_off = predict(j, slow, l);
+  EXPECT_NEAR(slow_off.time.optimizer, 2 * b.offloaded / 1e7, 1e-6 * slow_off.time.optimizer);
+  EXPECT_GT(slow_off.time.dp_exposed, off.time.dp_exposed);
+  l.zero_stage = 1;
+  EXPECT_NE(check_layout(j, small_cluster(), l).find("offload_params with ZeRO-1"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace loom::plan

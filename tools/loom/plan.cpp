@@ -70,6 +70,15 @@ plan::Layout parse_layout(const std::string& spec) {
       if (l.pp_schedule == parallel::PipeSchedule::zero_bubble_v) l.virtual_stages = 2;  // its two chunks
       continue;
     }
+    if (k == "offload_params") {  // ZeRO-3's parameter shards of those stages (parallel.offload.params)
+      if (v == "host")
+        l.offload_params = optim::OffloadTarget::host;
+      else if (v == "disk")
+        l.offload_params = optim::OffloadTarget::disk;
+      else if (v != "none")
+        throw UsageError("[plan] --layout: offload_params=" + v + " is not none, host or disk");
+      continue;
+    }
     if (k == "offload") {  // the optimizer state of the stages auto picks (parallel.offload.stages=auto)
       if (v == "host")
         l.offload = optim::OffloadTarget::host;
@@ -105,7 +114,7 @@ plan::Layout parse_layout(const std::string& spec) {
       l.virtual_stages = n;
     else
       throw UsageError("[plan] --layout: unknown key '" + k +
-                       "' (dp, tp, pp, ep, zero, mb, m, ckpt, v, schedule, offload)");
+                       "' (dp, tp, pp, ep, zero, mb, m, ckpt, v, schedule, offload, offload_params)");
   }
   return l;
 }
@@ -592,7 +601,8 @@ int cmd_plan(const std::vector<std::string>& argv) {
   app->add_flag("--explain", a.explain, "the top pick (or --layout) term by term");
   app->add_option("--precision", a.precision, "model precision")->check(one_of({"fp32", "bf16"}));
   app->add_option("--layout", a.layout,
-                  "predict one layout: dp=2,tp=1,pp=2,ep=1,zero=1,mb=2,m=4,ckpt=0,schedule=1f1b[,offload=disk]")
+                  "predict one layout: dp=2,tp=1,pp=2,ep=1,zero=1,mb=2,m=4,ckpt=0,schedule=1f1b[,offload=disk]"
+                  "[,offload_params=disk]")
       ->type_name("SPEC");
   app->add_flag("--gpipe", a.gpipe, "also consider the GPipe schedule");
   app->add_flag("--json", a.json, "accepted for scripts; the last line is always SUMMARY {json}");

@@ -8,7 +8,8 @@
 
 namespace loom::optim {
 
-AdamW::AdamW(const AdamWConfig& cfg, int64_t begin, int64_t end, std::vector<DecaySpan> spans, Allocator& alloc)
+AdamW::AdamW(const AdamWConfig& cfg, int64_t begin, int64_t end, std::vector<DecaySpan> spans, Allocator& alloc,
+             bool resident_moments)
     : cfg_(cfg), begin_(begin), end_(end) {
   LOOM_CHECK(begin >= 0 && end >= begin, "adamw", "bad range [", begin, ", ", end, ")");
   LOOM_CHECK(cfg.lr >= 0, "config", "optim.lr must be >= 0, got ", cfg.lr);
@@ -21,6 +22,7 @@ AdamW::AdamW(const AdamWConfig& cfg, int64_t begin, int64_t end, std::vector<Dec
     const int64_t b = std::max(s.begin, begin), e = std::min(s.end, end);
     if (b < e) spans_.push_back({b, e, s.decay});
   }
+  if (!resident_moments) return;
   m_ = Tensor::zeros({end - begin}, DType::f32, MemCategory::optimizer, alloc);
   v_ = Tensor::zeros({end - begin}, DType::f32, MemCategory::optimizer, alloc);
 }

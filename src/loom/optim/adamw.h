@@ -30,9 +30,10 @@ struct DecaySpan {
 
 class AdamW {
  public:
-  // State for flat indices [begin, end); `spans` cover at least that range.
+  // State for flat indices [begin, end); `spans` cover at least that range. Without
+  // `resident_moments` the moments are never allocated: the caller keeps them (parallel.offload).
   AdamW(const AdamWConfig& cfg, int64_t begin, int64_t end, std::vector<DecaySpan> spans,
-        Allocator& alloc = cpu_allocator());
+        Allocator& alloc = cpu_allocator(), bool resident_moments = true);
 
   // p and g point at flat index `begin` (i.e. the shard). lr is this step's learning rate;
   // the gradients are taken as g * grad_scale (clipping without a separate pass).

@@ -4,14 +4,16 @@
 namespace loom::optim {
 
 ShardedAdamW::ShardedAdamW(const AdamWConfig& cfg, std::vector<Unit> units, bool sharded,
-                           const std::vector<DecaySpan>& spans)
+                           const std::vector<DecaySpan>& spans, OffloadTarget offload_to,
+                           const std::string& offload_dir)
     : units_(std::move(units)), sharded_(sharded) {
   for (const Unit& u : units_) {
     const int64_t chunk = u.size / u.group.size();
     const int64_t b = sharded_ ? u.begin + u.group.rank() * chunk : u.begin;
     const int64_t e = sharded_ ? b + chunk : u.begin + u.size;
-    adam_.push_back(std::make_unique<AdamW>(cfg, b, e, spans));
+    adam_.push_back(std::make_unique<AdamW>(cfg, b, e, spans, cpu_allocator(), offload_to == OffloadTarget::none));
   }
+  offload(offload_to, offload_dir);
 }
 
 void ShardedAdamW::offload(OffloadTarget target, const std::string& dir, int64_t piece_elems) {
@@ -19,7 +21,7 @@ void ShardedAdamW::offload(OffloadTarget target, const std::string& dir, int64_t
   std::vector<int64_t> sizes;
   for (const auto& a : adam_) sizes.push_back(a->end() - a->begin());
   offload_ = std::make_unique<MomentOffload>(target, dir, sizes, piece_elems);
-  for (const auto& a : adam_) a->release_moments();
+  for (const auto& a : adam_) a->release_moments();  // (never allocated when the constructor offloads)
 }
 
 void ShardedAdamW::step_unit(size_t i, float* p, const float* g, double lr, double grad_scale) {

@@ -20,7 +20,10 @@ class ShardedAdamW {
     comm::Group group;            // the ranks that share the unit's chunks
   };
   // sharded: this rank owns chunk group.rank() of every unit; otherwise every unit whole.
-  ShardedAdamW(const AdamWConfig& cfg, std::vector<Unit> units, bool sharded, const std::vector<DecaySpan>& spans);
+  // `offload` other than none: the moments live there from the start (offload() below, without
+  // ever being resident).
+  ShardedAdamW(const AdamWConfig& cfg, std::vector<Unit> units, bool sharded, const std::vector<DecaySpan>& spans,
+               OffloadTarget offload = OffloadTarget::none, const std::string& offload_dir = "");
 
   // The AdamW of unit i, over the range this rank owns.
   AdamW& unit(size_t i) { return *adam_[i]; }

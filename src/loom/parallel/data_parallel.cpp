@@ -57,7 +57,12 @@ DataParallel::DataParallel(model::Decoder& model, comm::Group dp, const optim::A
   }
   std::vector<optim::ShardedAdamW::Unit> optimizer_units;
   for (const auto& u : units) optimizer_units.push_back({u.begin, u.size(), group_of(u)});
-  optimizer_ = std::make_unique<optim::ShardedAdamW>(adam, std::move(optimizer_units), opt_.zero_stage >= 1, spans);
+  LOOM_CHECK(opt_.offload_moments == optim::OffloadTarget::none || adam.kind != optim::OptimizerKind::onebit_adam,
+             "config", "parallel.offload.optimizer=", optim::offload_target_name(opt_.offload_moments),
+             " with optim.name=onebit_adam is not supported (its momentum exchange reads the moments in place); use "
+             "optim.name=adamw or parallel.offload.optimizer=none");
+  optimizer_ = std::make_unique<optim::ShardedAdamW>(adam, std::move(optimizer_units), opt_.zero_stage >= 1, spans,
+                                                     opt_.offload_moments, opt_.offload_dir);
   if (adam.kind == optim::OptimizerKind::onebit_adam && n_ > 1) {
     LOOM_CHECK(opt_.zero_stage <= 1, "config", "optim.name=onebit_adam needs parallel.zero_stage 0 or 1, got ",
                opt_.zero_stage);
@@ -72,8 +77,12 @@ DataParallel::DataParallel(model::Decoder& model, comm::Group dp, const optim::A
   else
     grad_sync_ = std::make_unique<BucketedAllReduce>(*this);
   build_wire_units();  // before the weight source: the replica packs its slots at construction
+  LOOM_CHECK(opt_.offload_params == optim::OffloadTarget::none || opt_.zero_stage == 3, "config",
+             "parallel.offload.params=", optim::offload_target_name(opt_.offload_params),
+             " keeps ZeRO-3's parameter shards off the device; set parallel.zero_stage=3 or "
+             "parallel.offload.params=none");
   if (opt_.zero_stage >= 3)
-    weights_ = std::make_unique<GatheredWeights>(*this, shard, init_seed);
+    weights_ = std::make_unique<GatheredWeights>(*this, shard, init_seed, opt_.offload_params, opt_.offload_dir);
   else if (replica)
     weights_ = std::make_unique<ReplicaWeights>(*this, shard, init_seed);
   else
@@ -112,13 +121,6 @@ void DataParallel::zero_grads() {
   grad_scale_ = 1.0;
   grad_sync_->zero();
   optimizer_->prefetch();  // offloaded moments: staged while this step's forward and backward run
-}
-
-void DataParallel::offload_optimizer(optim::OffloadTarget target, const std::string& dir) {
-  LOOM_CHECK(!onebit_, "config", "parallel.offload.optimizer=", optim::offload_target_name(target),
-             " with optim.name=onebit_adam is not supported (its momentum exchange reads the moments in place); use "
-             "optim.name=adamw or parallel.offload.optimizer=none");
-  optimizer_->offload(target, dir);
 }
 
 Tensor DataParallel::take_buffer(int64_t elems, DType dt) {

@@ -63,10 +63,11 @@ class DataParallel final : public model::ParamSource {
   // --- one optimizer step -----------------------------------------------------------------
   // Also starts staging offloaded optimizer moments for the step that follows.
   void zero_grads();
-  // Keeps the Adam moments in `target` between steps (parallel.offload; optim/moment_offload.h),
-  // staged piece by piece for each step; disk: in a file under `dir`. Before any checkpoint loads.
-  void offload_optimizer(optim::OffloadTarget target, const std::string& dir);
+  // The Adam moments kept off the device (DataParallelOptions::offload_moments; optim/
+  // moment_offload.h), staged piece by piece for each step; null when resident.
   const optim::MomentOffload* optimizer_offload() const { return optimizer_->offloaded(); }
+  // ZeRO-3's parameter chunks kept off the device (DataParallelOptions::offload_params).
+  int64_t offloaded_param_bytes() const { return weights_->offloaded_param_bytes(); }
   // false before all but the last micro-batch: stage 0/1 skip communication (no_sync).
   // 1-bit Adam after its warm-up never reduces gradients (the momentum is reduced instead).
   void set_sync(bool sync) { sync_ = sync && !compressing(); }

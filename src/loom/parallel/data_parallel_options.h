@@ -9,6 +9,7 @@
 #include "loom/core/dtype.h"
 #include "loom/model/config.h"
 #include "loom/optim/adamw.h"
+#include "loom/optim/offload_target.h"
 
 namespace loom::parallel {
 
@@ -41,6 +42,12 @@ struct DataParallelOptions {
   DType gather_dtype = DType::f32;
   using Replica = WeightReplica;
   WeightReplica weight_replica = WeightReplica::auto_choice;
+  // On the stages the trainer chose (parallel.offload), from the start: the Adam moments in
+  // `offload_moments`, and at ZeRO-3 this rank's parameter chunks in `offload_params`; a disk's
+  // files under offload_dir.
+  optim::OffloadTarget offload_moments = optim::OffloadTarget::none;
+  optim::OffloadTarget offload_params = optim::OffloadTarget::none;
+  std::string offload_dir = {};
 };
 
 // The weights' type in ZeRO's all-gathers once the layout's rules apply: stage 0 gathers

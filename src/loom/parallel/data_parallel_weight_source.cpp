@@ -128,15 +128,22 @@ void ReplicaWeights::load_full(const Tensor& flat) {
 
 // ---- GatheredWeights -----------------------------------------------------------------------
 
-GatheredWeights::GatheredWeights(DataParallel& dp, int64_t shard_elems, uint64_t init_seed)
-    : ServedWeights(dp, shard_elems, init_seed, MemCategory::params) {}
+GatheredWeights::GatheredWeights(DataParallel& dp, int64_t shard_elems, uint64_t init_seed,
+                                 optim::OffloadTarget offload, const std::string& offload_dir)
+    : ServedWeights(dp, shard_elems, init_seed, MemCategory::params, offload, offload_dir) {}
 
 ServedWeights::Served GatheredWeights::serve(const ParamUnit& u) {
   Served s;
   s.buf = d_.take_buffer(u.size());
-  s.work = d_.start_unit_gather(u, d_.chunk_view(shard_, u, true), s.buf, s.wire);
+  s.staged = chunk_of(u);  // sent from until the gather is done
+  s.work = d_.start_unit_gather(u, s.staged, s.buf, s.wire);
   d_.wire_bytes_ += d_.gather_wire_bytes(u);
   return s;
+}
+
+int64_t GatheredWeights::refresh() {
+  if (offload_) write_back_update();
+  return 0;
 }
 
 void GatheredWeights::wait(const ParamUnit& u, Served& s) {
@@ -147,6 +154,7 @@ void GatheredWeights::wait(const ParamUnit& u, Served& s) {
     d_.wait_s_ += sw.seconds();
   }
   d_.finish_unit_gather(u, s.wire, s.buf, false);
+  s.staged = Tensor{};
 }
 
 }  // namespace loom::parallel

@@ -6,16 +6,20 @@
 //     from the last all-gather (the replica), widened into a unit buffer just before use; the
 //     fp32 masters are this rank's chunks only.
 //   GatheredWeights (stage 3): only this rank's chunks are stored; each unit is all-gathered just
-//     before use, the next one prefetched, and freed at the end of the pass.
+//     before use, the next one prefetched, and freed at the end of the pass. The chunks may live
+//     off the device (parallel.offload.params; shard_offload.h), staged a unit at a time.
 // The 16-bit wire packing they share is DataParallel's (data_parallel_weight_wire.cpp).
 #pragma once
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "loom/comm/group.h"
 #include "loom/model/decoder.h"
+#include "loom/optim/offload_target.h"
+#include "loom/parallel/shard_offload.h"
 
 namespace loom::parallel {
 
@@ -38,6 +42,8 @@ class WeightSource {
   virtual int64_t refresh() { return 0; }
   // True when the model's flat buffer holds the fp32 master of every weight.
   virtual bool params_are_masters() const = 0;
+  // Bytes of parameters kept off the device (ZeRO-3 under parallel.offload.params; else 0).
+  virtual int64_t offloaded_param_bytes() const { return 0; }
   // Every unit's full fp32 weights into `flat` (length flat_size) on every rank.
   virtual void gather_full(const Tensor& flat) const = 0;
   // Takes the weights from a full flat buffer (this rank's chunks where only those are kept).
@@ -79,20 +85,32 @@ class ServedWeights : public WeightSource {
   struct Served {
     Tensor buf;
     comm::Work work;
-    Tensor wire;  // 16-bit gathers: what arrives, unpacked into buf once the gather is done
+    Tensor wire;    // 16-bit gathers: what arrives, unpacked into buf once the gather is done
+    Tensor staged;  // offloaded chunks: this rank's chunk, read back for the gather
     int users = 0;
     bool borrowed = false;  // buf views the replica of a unit without 16-bit values: not pooled
   };
   // `category`: what the chunks count as (the optimizer's masters, or stage 3's weights).
-  ServedWeights(DataParallel& dp, int64_t shard_elems, uint64_t init_seed, MemCategory category);
+  // `offload` other than none: the chunks live there from the start (shard_ stays undefined).
+  ServedWeights(DataParallel& dp, int64_t shard_elems, uint64_t init_seed, MemCategory category,
+                optim::OffloadTarget offload = optim::OffloadTarget::none, const std::string& offload_dir = "");
   // Makes u's whole weights available in a new entry (waited for by wait).
   virtual Served serve(const model::ParamUnit& u) = 0;
   virtual void wait(const model::ParamUnit& u, Served& s) = 0;
   // Whether units are started ahead of their use, to overlap with the current one's compute.
   virtual bool prefetches() const = 0;
 
+  // This rank's fp32 chunk of u, as the gather sends it: a view of shard_, or (offloaded) a
+  // staged copy.
+  Tensor chunk_of(const model::ParamUnit& u);
+
   DataParallel& d_;
-  Tensor shard_;  // this rank's fp32 chunks, concatenated in unit order
+  Tensor shard_;  // this rank's fp32 chunks, concatenated in unit order (undefined when offloaded)
+  std::unique_ptr<ShardOffload> offload_;
+  // Offloaded: the chunk the optimizer is updating, written back when it moves on.
+  Tensor updating_;
+  int64_t updating_at_ = -1;
+  void write_back_update();
 
  private:
   Tensor served_unit(const model::ParamUnit& u, int key);
@@ -123,7 +141,10 @@ class ReplicaWeights final : public ServedWeights {
 
 class GatheredWeights final : public ServedWeights {
  public:
-  GatheredWeights(DataParallel& dp, int64_t shard_elems, uint64_t init_seed);
+  GatheredWeights(DataParallel& dp, int64_t shard_elems, uint64_t init_seed, optim::OffloadTarget offload,
+                  const std::string& offload_dir);
+  int64_t offloaded_param_bytes() const override { return offload_ ? offload_->offloaded_bytes() : 0; }
+  int64_t refresh() override;  // the last updated chunk back to its home
 
  private:
   Served serve(const model::ParamUnit& u) override;

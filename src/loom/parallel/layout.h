@@ -38,6 +38,8 @@ struct Layout {
   // steps (host pool or disk), staged piece by piece for the update. Stages: the listed ones, or
   // (empty: auto) those offloads_stage picks.
   optim::OffloadTarget offload = optim::OffloadTarget::none;
+  // parallel.offload.params: at ZeRO-3, the same stages' parameter shards too.
+  optim::OffloadTarget offload_params = optim::OffloadTarget::none;
   std::vector<int64_t> offload_stages = {};
 
   int64_t ranks() const { return dp * tp * pp * ep; }
@@ -45,11 +47,11 @@ struct Layout {
   DataParallelRanks data_parallel_ranks() const { return {int(dp * ep), int(dp)}; }
 };
 
-// Whether stage s keeps its Adam moments off the device: the listed stages, or (auto) those whose
+// Whether stage s keeps its Adam moments (or parameter shards) off the device: the listed stages, or (auto) those whose
 // predicted bytes exceed the mean stage's by more than a tenth, or exceed `limit` (0: none). The
 // trainer and the planner decide with it from their own predictions.
 inline bool offloads_stage(const Layout& l, const std::vector<double>& predicted, int64_t s, double limit) {
-  if (l.offload == optim::OffloadTarget::none) return false;
+  if (l.offload == optim::OffloadTarget::none && l.offload_params == optim::OffloadTarget::none) return false;
   if (!l.offload_stages.empty())
     return std::find(l.offload_stages.begin(), l.offload_stages.end(), s) != l.offload_stages.end();
   double mean = 0;

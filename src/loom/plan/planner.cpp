@@ -241,6 +241,8 @@ std::string check_layout(const Job& job, const Cluster& c, const Layout& l) {
        l.pp_schedule == parallel::PipeSchedule::zero_bubble_v))
     return str_cat(parallel::pipe_schedule_name(l.pp_schedule),
                    " with activation checkpointing (its deferred weight passes read the saved activations)");
+  if (l.offload_params != optim::OffloadTarget::none && l.zero_stage != 3)
+    return str_cat("offload_params with ZeRO-", l.zero_stage, " (only ZeRO-3 keeps parameter shards)");
   if (job.onebit() && (l.zero_stage >= 2 || l.ep > 1))
     return str_cat("1-bit Adam with ", l.ep > 1 ? str_cat("ep=", l.ep) : str_cat("ZeRO-", l.zero_stage),
                    " (loom's trainer runs it at ZeRO 0-1 without expert parallelism)");
@@ -412,7 +414,7 @@ Prediction predict(const Job& job, const Cluster& c, const Layout& l) {
   const int64_t N = l.micro_batch * job.seq;
   const double grad_bytes = job.grad_wire_bytes > 0 ? job.grad_wire_bytes : job.bf16 ? 2 : 4;
   std::vector<StageWork> work;
-  std::vector<double> stage_params, stage_experts, gather_bytes, staging;
+  std::vector<double> stage_params, stage_experts, gather_bytes, staging, widest_chunk;
   for (int64_t s = 0; s < l.pp; ++s) {
     model::ModelSlice slice;
     slice.first_layer = stages[size_t(s)].first_layer;
@@ -464,23 +466,32 @@ Prediction predict(const Job& job, const Cluster& c, const Layout& l) {
     p.stage_memory.push_back(m);
     int64_t widest = 0;  // MomentOffload stages two pieces' m and v at a time (pieces: 1M elements)
     for (const auto& u : layout.units()) widest = std::max(widest, u.size());
-    staging.push_back(16.0 *
-                      std::min(double(int64_t(1) << 20), double(widest) / double(l.zero_stage >= 1 ? l.dp * l.ep : 1)));
+    widest_chunk.push_back(double(widest) / double(l.zero_stage >= 1 ? l.dp * l.ep : 1));
+    staging.push_back(16.0 * std::min(double(int64_t(1) << 20), widest_chunk.back()));
     stage_params.push_back(double(dense));
     stage_experts.push_back(double(expert_params));
     work.push_back(stage_work(job, c, l, slice));
   }
   // parallel.offload: the stages offloads_stage picks (the device's memory as the limit) keep only
-  // the staging buffers of their moments on it.
-  double offloaded_bytes = 0;
+  // the staging buffers of their moments on it; with parallel.offload.params (ZeRO-3) also only
+  // the parameter chunks staged at once (the unit in use, the one gathering, the one being read).
+  double offloaded_bytes = 0, offloaded_params = 0;
   std::vector<double> predicted;
   for (const auto& m : p.stage_memory) predicted.push_back(m.total());
   for (size_t s = 0; s < p.stage_memory.size(); ++s) {
     if (!parallel::offloads_stage(l, predicted, int64_t(s), c.device.memory_bytes)) continue;
     MemoryPrediction& m = p.stage_memory[s];
-    m.offloaded = m.optimizer;
-    m.optimizer = std::min(m.optimizer, staging[s]);
-    offloaded_bytes = std::max(offloaded_bytes, m.offloaded);
+    if (l.offload != optim::OffloadTarget::none) {
+      m.offloaded = m.optimizer;
+      m.optimizer = std::min(m.optimizer, staging[s]);
+      offloaded_bytes = std::max(offloaded_bytes, m.offloaded);
+    }
+    if (l.offload_params != optim::OffloadTarget::none && l.zero_stage == 3) {
+      const double staged = std::min(m.params, 12.0 * widest_chunk[s]);  // three fp32 chunks of the widest unit
+      m.offloaded += m.params - staged;
+      offloaded_params = std::max(offloaded_params, m.params - staged);
+      m.params = staged;
+    }
   }
   for (size_t s = 0; s < p.stage_memory.size(); ++s)
     if (p.stage_memory[s].total() > p.memory.total()) p.memory = p.stage_memory[s], p.memory_stage = int(s);
@@ -501,9 +512,15 @@ Prediction predict(const Job& job, const Cluster& c, const Layout& l) {
   t.optimizer = (28 * shard + 4 * grads_held + 4 * P) / stream;
   // Offloaded moments are read and written back once a step, beside the update of the unit
   // before (two staging buffers): the slower of the two streams sets the optimizer's time.
-  if (offloaded_bytes > 0) {
-    const double rate = c.device.offload_bytes_per_s > 0 ? c.device.offload_bytes_per_s : stream;
-    t.optimizer = std::max(t.optimizer, 2 * offloaded_bytes / rate);
+  const double rate = c.device.offload_bytes_per_s > 0 ? c.device.offload_bytes_per_s : stream;
+  if (offloaded_bytes > 0 || offloaded_params > 0)
+    t.optimizer = std::max(t.optimizer, 2 * (offloaded_bytes + offloaded_params) / rate);
+  // Offloaded parameter shards are read again for every gather (each micro-batch's forward,
+  // backward and recompute), a unit ahead: what the compute does not hide waits.
+  if (offloaded_params > 0) {
+    const double passes = double(l.micro_batches) * (l.checkpoint > 0 ? 3 : 2);
+    const double compute = t.gemm + t.attention + t.elementwise + t.recompute;
+    t.dp_exposed += std::max(0.0, passes * offloaded_params / rate - compute);
   }
   t.step = t.gemm + t.attention + t.elementwise + t.recompute + t.tp_comm + t.ep_a2a + t.pp_p2p + t.bubble +
            t.dp_exposed + t.optimizer;

@@ -54,8 +54,9 @@ struct Job {
 
 struct MemoryPrediction {
   double params = 0, grads = 0, optimizer = 0, activations = 0, workspace = 0, comm = 0;
-  // Adam moments kept off the device (parallel.offload), not counted in total(); optimizer then
-  // holds the staging buffers.
+  // Adam moments (and, parallel.offload.params at ZeRO-3, parameter shards) kept off the device
+  // (parallel.offload), not counted in total(); optimizer (params) then holds their staging
+  // buffers.
   double offloaded = 0;
   double total() const { return params + grads + optimizer + activations + workspace + comm; }
 };

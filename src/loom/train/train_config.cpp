@@ -259,6 +259,9 @@ void read_parallel(ConfigReader& r, TrainConfig& c) {
   c.parallel.offload =
       r.choice("parallel.offload.optimizer", OffloadTarget::none,
                {{"none", OffloadTarget::none}, {"host", OffloadTarget::host}, {"disk", OffloadTarget::disk}});
+  c.parallel.offload_params =
+      r.choice("parallel.offload.params", OffloadTarget::none,
+               {{"none", OffloadTarget::none}, {"host", OffloadTarget::host}, {"disk", OffloadTarget::disk}});
   const std::vector<std::string> stages = r.strings("parallel.offload.stages", {"auto"});
   if (!(stages.size() == 1 && stages[0] == "auto"))
     for (const std::string& s : stages) {
@@ -296,6 +299,10 @@ void check_init_from_outside_checkpoints(const TrainConfig& c) {
 void check_parallel_layout(TrainConfig& c) {
   const int64_t pp = c.parallel.pp, tp = c.parallel.tp, ep = c.parallel.ep;
   model::check_expert_parallel(c.model, ep);
+  LOOM_CHECK(c.parallel.offload_params == optim::OffloadTarget::none || c.parallel.zero_stage == 3, "config",
+             "parallel.offload.params=", optim::offload_target_name(c.parallel.offload_params),
+             " keeps ZeRO-3's parameter shards off the device, but parallel.zero_stage=", c.parallel.zero_stage,
+             " keeps whole weights on every rank; set parallel.zero_stage=3 or parallel.offload.params=none");
   LOOM_CHECK(c.parallel.offload == optim::OffloadTarget::none || c.optim.kind != optim::OptimizerKind::onebit_adam,
              "config", "parallel.offload.optimizer=", optim::offload_target_name(c.parallel.offload),
              " with optim.name=onebit_adam is not supported (its momentum exchange reads the moments in place); use "

@@ -143,6 +143,7 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
   const bool lora = cfg_.model.lora.enabled();
   if (dopt.allocate_flat_params && (cfg_.init_from.empty() || lora)) model_->init_weights(cfg_.schedule.seed);
   if (lora && cfg_.init_from.empty()) model_->init_base_weights(cfg_.schedule.seed);
+  place_optimizer_state();  // before DataParallel: what it offloads is never resident
   data_parallel_ = std::make_unique<parallel::DataParallel>(*model_, mesh_->data(), cfg_.optim, dp_plan_.options,
                                                             cfg_.schedule.seed, mesh_->dp());
   if (main_rank() && p.weight_replica == parallel::WeightReplica::auto_choice &&
@@ -170,7 +171,6 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
                                   data_.packs_documents()});
   if (p.pp > 1 || p.tp > 1 || p.ep > 1)
     whole_layout_ = std::make_unique<model::ParamLayout>(cfg_.model, 1, model::ModelSlice{.lora_adapters = lora});
-  place_optimizer_state();
   check_fits_in_memory();
   if (p.micro_batches_auto) start_micro_batch_tuner();
   layout_desc_ = str_cat(shape.describe(), ", stages ", parallel::describe_partition(stages_),

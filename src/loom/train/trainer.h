@@ -207,9 +207,10 @@ class Trainer {
   // Model states this rank keeps resident (less Adam moments kept off the device), and under
   // LoRA the frozen model beside the adapters' states.
   double resident_state_bytes() const;
-  // parallel.offload and parallel.memory_limit_mb: which stages keep their Adam moments off the
-  // device (this rank's then go there), and a stage that would need more than the limit refused
-  // on every rank alike (collective over the pipeline group).
+  // parallel.offload and parallel.memory_limit_mb, before DataParallel exists: which stages keep
+  // their Adam moments (and ZeRO-3 parameter shards) off the device, and a stage that would need
+  // more than the limit refused on every rank alike (collective over the pipeline group). This
+  // rank's choice goes into dp_plan_'s options, which DataParallel is then built with.
   void place_optimizer_state();
   bool main_rank() const { return mesh_->rank() == 0; }
 

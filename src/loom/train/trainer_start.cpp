@@ -47,7 +47,8 @@ double Trainer::predicted_activation_bytes(int64_t micro_batch_size) const {
 double Trainer::resident_state_bytes() const {
   const optim::MomentOffload* off = data_parallel_->optimizer_offload();
   return double(dp_plan_.model_states.total()) + double(model_->frozen_bytes()) -
-         (off ? double(off->offloaded_bytes() - off->staged_bytes()) : 0.0);
+         (off ? double(off->offloaded_bytes() - off->staged_bytes()) : 0.0) -
+         double(data_parallel_->offloaded_param_bytes());
 }
 
 namespace {
@@ -62,52 +63,69 @@ double mean(const std::vector<double>& v) {
 void Trainer::place_optimizer_state() {
   const auto& p = cfg_.parallel;
   const int64_t pp = p.pp, stage = mesh_->coord().pp;
-  // Every stage's model states and Adam moments (this rank's share; its pipeline peers' at the
-  // same dp, ep and tp coordinates), so that every rank takes the same decisions.
-  Tensor t = Tensor::zeros({2 * pp}, DType::f64, MemCategory::workspace);
-  t.data<double>()[2 * stage] = double(dp_plan_.model_states.total()) + double(model_->frozen_bytes());
-  t.data<double>()[2 * stage + 1] = double(dp_plan_.model_states.optimizer);
+  // Every stage's model states, Adam moments and what offloading takes from it (its moments, and
+  // under parallel.offload.params ZeRO-3's parameter shards): this rank's share, its pipeline
+  // peers' at the same dp, ep and tp coordinates, so that every rank takes the same decisions.
+  const bool moments_go = p.offload != optim::OffloadTarget::none,
+             params_go = p.offload_params != optim::OffloadTarget::none;
+  Tensor t = Tensor::zeros({3 * pp}, DType::f64, MemCategory::workspace);
+  t.data<double>()[3 * stage] = double(dp_plan_.model_states.total()) + double(model_->frozen_bytes());
+  t.data<double>()[3 * stage + 1] = double(dp_plan_.model_states.optimizer);
+  t.data<double>()[3 * stage + 2] = (moments_go ? double(dp_plan_.model_states.optimizer) : 0.0) +
+                                    (params_go ? double(dp_plan_.model_states.params) : 0.0);
   if (pp > 1) mesh_->pp().all_reduce(t);
   const double activations = predicted_activation_bytes();
-  std::vector<double> resident(static_cast<size_t>(pp)), moments(static_cast<size_t>(pp));
+  std::vector<double> resident(static_cast<size_t>(pp)), moments(static_cast<size_t>(pp)),
+      offloadable(static_cast<size_t>(pp));
   for (int64_t s = 0; s < pp; ++s) {
-    resident[size_t(s)] = t.data<double>()[2 * s] + activations;
-    moments[size_t(s)] = t.data<double>()[2 * s + 1];
+    resident[size_t(s)] = t.data<double>()[3 * s] + activations;
+    moments[size_t(s)] = t.data<double>()[3 * s + 1];
+    offloadable[size_t(s)] = t.data<double>()[3 * s + 2];
   }
+  const char* what = !params_go   ? "Adam moments"
+                     : moments_go ? "Adam moments and parameter shards"
+                                  : "parameter shards";
+  const std::string where =
+      moments_go && params_go && p.offload != p.offload_params
+          ? str_cat(optim::offload_target_name(p.offload), " and ", optim::offload_target_name(p.offload_params))
+          : optim::offload_target_name(moments_go ? p.offload : p.offload_params);
   const double limit = p.memory_limit_mb * 1048576.0;
   const auto& listed = p.offload_stages;
   auto chosen = [&](int64_t s) { return parallel::offloads_stage(p, resident, s, limit); };
   // The stages over the limit once their moments are where the configuration puts them.
   if (limit > 0)
     for (int64_t s = 0; s < pp; ++s) {
-      const double need = resident[size_t(s)] - (chosen(s) ? moments[size_t(s)] : 0);
+      const double need = resident[size_t(s)] - (chosen(s) ? offloadable[size_t(s)] : 0);
       LOOM_CHECK(need <= limit, "train", pp > 1 ? str_cat("pipeline stage ", s) : std::string("each rank"),
                  " needs about ", bytes_text(need), " resident (model states ",
-                 bytes_text(resident[size_t(s)] - activations), ", of which Adam moments ",
-                 bytes_text(moments[size_t(s)]), chosen(s) ? " offloaded" : "", "; activations ",
-                 bytes_text(activations), "), more than parallel.memory_limit_mb=", p.memory_limit_mb,
+                 bytes_text(resident[size_t(s)] - activations), ", of which ", chosen(s) ? what : "Adam moments", " ",
+                 bytes_text(chosen(s) ? offloadable[size_t(s)] : moments[size_t(s)]), chosen(s) ? " offloaded" : "",
+                 "; activations ", bytes_text(activations), "), more than parallel.memory_limit_mb=", p.memory_limit_mb,
                  chosen(s) ? "; raise parallel.zero_stage, lower data.micro_batch_size or set "
                              "model.activation_checkpoint_interval"
-                           : "; offload its optimizer state (parallel.offload.optimizer=disk or host), raise "
-                             "parallel.zero_stage, or lower data.micro_batch_size");
+                           : "; offload its optimizer state (parallel.offload.optimizer=disk or host) and at "
+                             "ZeRO-3 its parameter shards (parallel.offload.params), raise parallel.zero_stage, or "
+                             "lower data.micro_batch_size");
     }
   if (main_rank())
     for (int64_t s = 0; s < pp; ++s)
       if (chosen(s))
-        std::fprintf(
-            opt_.log, "[train] %s: Adam moments (%s) offloaded to %s (parallel.offload.stages=%s%s)\n",
-            pp > 1 ? str_cat("pipeline stage ", s).c_str() : "every rank", bytes_text(moments[size_t(s)]).c_str(),
-            optim::offload_target_name(p.offload), listed.empty() ? "auto" : "listed",
-            listed.empty() ? str_cat(": ", bytes_text(resident[size_t(s)]), " predicted against the stages' mean ",
-                                     bytes_text(mean(resident)), limit > 0 ? " and the limit" : "")
-                                 .c_str()
-                           : "");
+        std::fprintf(opt_.log, "[train] %s: %s (%s) offloaded to %s (parallel.offload.stages=%s%s)\n",
+                     pp > 1 ? str_cat("pipeline stage ", s).c_str() : "every rank", what,
+                     bytes_text(offloadable[size_t(s)]).c_str(), where.c_str(), listed.empty() ? "auto" : "listed",
+                     listed.empty()
+                         ? str_cat(": ", bytes_text(resident[size_t(s)]), " predicted against the stages' mean ",
+                                   bytes_text(mean(resident)), limit > 0 ? " and the limit" : "")
+                               .c_str()
+                         : "");
   if (!chosen(stage)) return;
   std::string dir = p.offload_dir;
   if (dir.empty())
     dir = cfg_.checkpoint.dir.empty() ? (std::filesystem::temp_directory_path() / "loom-offload").string()
                                       : cfg_.checkpoint.dir + "/offload";
-  data_parallel_->offload_optimizer(p.offload, dir);
+  dp_plan_.options.offload_moments = p.offload;
+  dp_plan_.options.offload_params = p.offload_params;
+  dp_plan_.options.offload_dir = dir;
 }
 
 void Trainer::check_fits_in_memory() const {
