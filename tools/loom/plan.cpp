@@ -70,22 +70,15 @@ plan::Layout parse_layout(const std::string& spec) {
       if (l.pp_schedule == parallel::PipeSchedule::zero_bubble_v) l.virtual_stages = 2;  // its two chunks
       continue;
     }
-    if (k == "offload_params") {  // ZeRO-3's parameter shards of those stages (parallel.offload.params)
-      if (v == "host")
-        l.offload_params = optim::OffloadTarget::host;
-      else if (v == "disk")
-        l.offload_params = optim::OffloadTarget::disk;
-      else if (v != "none")
-        throw UsageError("[plan] --layout: offload_params=" + v + " is not none, host or disk");
-      continue;
-    }
-    if (k == "offload") {  // the optimizer state of the stages auto picks (parallel.offload.stages=auto)
-      if (v == "host")
-        l.offload = optim::OffloadTarget::host;
-      else if (v == "disk")
-        l.offload = optim::OffloadTarget::disk;
-      else if (v != "none")
-        throw UsageError("[plan] --layout: offload=" + v + " is not none, host or disk");
+    // The optimizer state of the stages auto picks (parallel.offload.stages=auto), and at ZeRO-3
+    // their parameter shards (parallel.offload.params).
+    if (k == "offload" || k == "offload_params") {
+      const optim::OffloadTarget t = v == "host"   ? optim::OffloadTarget::host
+                                     : v == "disk" ? optim::OffloadTarget::disk
+                                                   : optim::OffloadTarget::none;
+      if (t == optim::OffloadTarget::none && v != "none")
+        throw UsageError("[plan] --layout: " + k + "=" + v + " is not none, host or disk");
+      (k == "offload" ? l.offload : l.offload_params) = t;
       continue;
     }
     int64_t n = 0;

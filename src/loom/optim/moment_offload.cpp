@@ -1,13 +1,8 @@
-// MomentOffload: the staging buffers, the I/O thread and its queue, the file or the host pool.
+// MomentOffload: the staging buffers, the I/O thread and its queue (the store holds the values).
 #include "loom/optim/moment_offload.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
-#include <filesystem>
 
 #include "loom/core/error.h"
 #include "loom/core/trace.h"
@@ -33,22 +28,9 @@ MomentOffload::MomentOffload(OffloadTarget target, const std::string& dir, const
   window_ = std::min(window_, std::max<size_t>(1, pieces_.size()));
   staging_ = Tensor::zeros({std::max<int64_t>(1, int64_t(window_) * 2 * widest_)}, DType::f32, MemCategory::optimizer);
   ready_.assign(pieces_.size(), false);
-  if (target_ == OffloadTarget::host) {
-    pool_ = Tensor::zeros({std::max<int64_t>(1, 2 * total_)}, DType::f32, MemCategory::offloaded);
-  } else {
-    LOOM_CHECK(!dir.empty(), "config", "parallel.offload.optimizer=disk needs a directory (parallel.offload.dir)");
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    path_ = (std::filesystem::path(dir) / ("moments." + std::to_string(::getpid()) + "." +
-                                           std::to_string(reinterpret_cast<uintptr_t>(this)) + ".bin"))
-                .string();
-    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
-    LOOM_CHECK(fd_ >= 0, "offload", "cannot create ", path_, " for the optimizer's moments: ", std::strerror(errno),
-               "; set parallel.offload.dir to a writable directory");
-    // Zero-filled as a sparse file: both moments start at zero.
-    LOOM_CHECK(::ftruncate(fd_, off_t(2 * total_) * off_t(sizeof(float))) == 0, "offload", "cannot size ", path_,
-               " to ", format_bytes(2 * total_ * 4), ": ", std::strerror(errno));
-  }
+  // Both moments start at zero.
+  store_ = std::make_unique<OffloadStore>(target_, dir, 2 * total_, "the optimizer's moments", "moments",
+                                          "parallel.offload.optimizer");
   thread_ = std::thread([this] { worker(); });
 }
 
@@ -60,39 +42,12 @@ MomentOffload::~MomentOffload() {
   }
   cv_.notify_all();
   thread_.join();
-  if (fd_ >= 0) {
-    ::close(fd_);
-    ::unlink(path_.c_str());
-  }
 }
 
 float* MomentOffload::buffer(size_t b) const { return const_cast<float*>(staging_.data<float>()) + b * 2 * widest_; }
 
 void MomentOffload::copy(const Job& j) {
-  const int64_t n = 2 * pieces_[j.piece].size;
-  float* buf = buffer(j.buffer);
-  if (target_ == OffloadTarget::host) {
-    float* home = pool_.data<float>() + home_[j.piece];
-    if (j.write)
-      std::memcpy(home, buf, size_t(n) * sizeof(float));
-    else
-      std::memcpy(buf, home, size_t(n) * sizeof(float));
-    return;
-  }
-  char* p = reinterpret_cast<char*>(buf);
-  off_t at = off_t(home_[j.piece]) * off_t(sizeof(float));
-  size_t left = size_t(n) * sizeof(float);
-  while (left > 0) {
-    const ssize_t got = j.write ? ::pwrite(fd_, p, left, at) : ::pread(fd_, p, left, at);
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0)
-      fail("offload", j.write ? "writing" : "reading", " the optimizer's moments of unit ", pieces_[j.piece].unit,
-           " in ", path_, ": ", got < 0 ? std::strerror(errno) : "short read",
-           "; is parallel.offload.dir's disk full?");
-    p += got;
-    at += got;
-    left -= size_t(got);
-  }
+  store_->copy(j.write, home_[j.piece], 2 * pieces_[j.piece].size, buffer(j.buffer));
 }
 
 void MomentOffload::worker() {

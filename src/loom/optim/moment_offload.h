@@ -10,12 +10,14 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "loom/core/tensor.h"
+#include "loom/optim/offload_store.h"
 #include "loom/optim/offload_target.h"
 
 namespace loom::optim {
@@ -68,15 +70,13 @@ class MomentOffload {
   void drop_prefetch();
 
   OffloadTarget target_;
-  std::string path_;
-  int fd_ = -1;
+  std::unique_ptr<OffloadStore> store_;  // both moments of every piece, [m | v] per piece
   std::vector<Piece> pieces_;
   std::vector<int64_t> home_;  // per piece: its [m | v]'s first element in the file or pool
   std::vector<size_t> first_;  // per unit: its first piece (and one past the last unit)
   int64_t total_ = 0, widest_ = 0;
   size_t window_;
   Tensor staging_;           // window_ buffers of 2 * widest_ floats (optimizer: resident)
-  Tensor pool_;              // host: both moments of every piece (offloaded)
   std::vector<bool> ready_;  // per piece: its staged copy was read and not yet acquired
   size_t next_read_ = 0;     // the next piece whose read is not yet queued
   bool prefetched_ = false;

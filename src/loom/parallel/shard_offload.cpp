@@ -1,12 +1,5 @@
-// ShardOffload: the host pool or the file, the I/O thread and its queue, the staged ranges.
+// ShardOffload: the I/O thread and its queue, the staged ranges (the store holds the values).
 #include "loom/parallel/shard_offload.h"
-
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
-#include <filesystem>
 
 #include "loom/core/error.h"
 #include "loom/core/trace.h"
@@ -14,23 +7,7 @@
 namespace loom::parallel {
 
 ShardOffload::ShardOffload(optim::OffloadTarget target, const std::string& dir, int64_t elems)
-    : target_(target), elems_(elems) {
-  LOOM_CHECK(target_ != optim::OffloadTarget::none, "offload", "ShardOffload needs a target, host or disk");
-  if (target_ == optim::OffloadTarget::host) {
-    pool_ = Tensor::zeros({std::max<int64_t>(1, elems_)}, DType::f32, MemCategory::offloaded);
-  } else {
-    LOOM_CHECK(!dir.empty(), "config", "parallel.offload.params=disk needs a directory (parallel.offload.dir)");
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    path_ = (std::filesystem::path(dir) / ("params." + std::to_string(::getpid()) + "." +
-                                           std::to_string(reinterpret_cast<uintptr_t>(this)) + ".bin"))
-                .string();
-    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
-    LOOM_CHECK(fd_ >= 0, "offload", "cannot create ", path_, " for the parameter shards: ", std::strerror(errno),
-               "; set parallel.offload.dir to a writable directory");
-    LOOM_CHECK(::ftruncate(fd_, off_t(elems_) * off_t(sizeof(float))) == 0, "offload", "cannot size ", path_, " to ",
-               format_bytes(elems_ * 4), ": ", std::strerror(errno));
-  }
+    : store_(target, dir, elems, "the parameter shards", "params", "parallel.offload.params") {
   thread_ = std::thread([this] { worker(); });
 }
 
@@ -42,36 +19,6 @@ ShardOffload::~ShardOffload() {
   }
   cv_.notify_all();
   thread_.join();
-  if (fd_ >= 0) {
-    ::close(fd_);
-    ::unlink(path_.c_str());
-  }
-}
-
-void ShardOffload::copy(bool write, int64_t offset, int64_t n, float* buf) {
-  LOOM_CHECK(offset >= 0 && offset + n <= elems_, "offload", "range [", offset, ", ", offset + n, ") outside the ",
-             elems_, " offloaded parameters");
-  if (target_ == optim::OffloadTarget::host) {
-    float* home = pool_.data<float>() + offset;
-    if (write)
-      std::memcpy(home, buf, size_t(n) * sizeof(float));
-    else
-      std::memcpy(buf, home, size_t(n) * sizeof(float));
-    return;
-  }
-  char* p = reinterpret_cast<char*>(buf);
-  off_t at = off_t(offset) * off_t(sizeof(float));
-  size_t left = size_t(n) * sizeof(float);
-  while (left > 0) {
-    const ssize_t got = write ? ::pwrite(fd_, p, left, at) : ::pread(fd_, p, left, at);
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0)
-      fail("offload", write ? "writing" : "reading", " the parameter shards in ", path_, ": ",
-           got < 0 ? std::strerror(errno) : "short read", "; is parallel.offload.dir's disk full?");
-    p += got;
-    at += got;
-    left -= size_t(got);
-  }
 }
 
 void ShardOffload::worker() {
@@ -87,7 +34,7 @@ void ShardOffload::worker() {
     std::string failed;
     try {
       trace::Span span(j.write ? "offload write" : "offload read", "io", {{"offset", j.offset}});
-      copy(j.write, j.offset, j.buf.numel(), j.buf.data<float>());
+      store_.copy(j.write, j.offset, j.buf.numel(), j.buf.data<float>());
     } catch (const std::exception& e) {
       failed = e.what();
     }
@@ -169,12 +116,12 @@ void ShardOffload::drop_staged() {
 
 void ShardOffload::read(int64_t offset, int64_t n, float* dst) {
   drop_staged();
-  copy(false, offset, n, dst);
+  store_.copy(false, offset, n, dst);
 }
 
 void ShardOffload::write(int64_t offset, int64_t n, const float* src) {
   drop_staged();
-  copy(true, offset, n, const_cast<float*>(src));
+  store_.copy(true, offset, n, const_cast<float*>(src));
 }
 
 }  // namespace loom::parallel

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "loom/core/tensor.h"
+#include "loom/optim/offload_store.h"
 #include "loom/optim/offload_target.h"
 
 namespace loom::parallel {
@@ -44,7 +45,7 @@ class ShardOffload {
   void write(int64_t offset, int64_t n, const float* src);
   // Drops staged ranges nobody took (the end of a pass).
   void drop_staged();
-  int64_t offloaded_bytes() const { return elems_ * int64_t(sizeof(float)); }
+  int64_t offloaded_bytes() const { return store_.elems() * int64_t(sizeof(float)); }
 
  private:
   struct Job {
@@ -58,14 +59,9 @@ class ShardOffload {
   };
   void worker();
   void enqueue(Job j);
-  void copy(bool write, int64_t offset, int64_t n, float* buf);
   void flush();  // every queued copy done
 
-  optim::OffloadTarget target_;
-  int64_t elems_;
-  std::string path_;
-  int fd_ = -1;
-  Tensor pool_;                       // host: the chunks (offloaded)
+  optim::OffloadStore store_;
   std::map<int64_t, Staged> staged_;  // by offset
   std::mutex mu_;
   std::condition_variable cv_;

@@ -6,6 +6,7 @@
 
 #include "loom/core/allocator.h"
 #include "loom/core/error.h"
+#include "loom/parallel/pipeline_schedule.h"
 #include "loom/plan/planner.h"
 
 namespace loom::plan {
@@ -35,10 +36,17 @@ std::string explain(const Job& job, const Cluster& c, const Prediction& p) {
   if (t.ep_a2a > 0)
     row("expert all-to-all", t.ep_a2a, str_cat("dispatch and combine, forward and backward, per MoE block, ep=", l.ep));
   if (t.pp_p2p > 0) row("pipeline transfers", t.pp_p2p, "activations forward, gradients backward");
-  if (t.bubble > 0)
+  if (t.bubble > 0) {
+    // What the schedule idles with equal stages and passes; the term itself is from the stages' times.
+    const double f = parallel::predicted_bubble(l.pp_schedule, int(l.pp), int(l.micro_batches), int(l.virtual_stages));
+    const char* formula = l.pp_schedule == parallel::PipeSchedule::zero_bubble_v    ? "its schedule with equal passes"
+                          : l.pp_schedule == parallel::PipeSchedule::zero_bubble_h1 ? "(p-1)/(3m+p-1)"
+                          : l.virtual_stages > 1                                    ? "(p-1)/(vm+p-1)"
+                                                                                    : "(p-1)/(m+p-1)";
     row("pipeline bubble", t.bubble,
-        str_cat("(p-1)/(m+p-1) = ", int(1000.0 * double(l.pp - 1) / double(l.micro_batches + l.pp - 1)) / 10.0,
+        str_cat(parallel::pipe_schedule_name(l.pp_schedule), ": ", formula, " = ", int(1000.0 * f) / 10.0,
                 "% of an ideal pipeline"));
+  }
   if (t.dp_comm > 0)
     row("data-parallel exposed", t.dp_exposed,
         str_cat("of ", t.dp_comm * 1e3, " ms of ZeRO-", l.zero_stage, " collectives over dp=", l.dp,
