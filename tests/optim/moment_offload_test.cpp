@@ -4,26 +4,18 @@
 // holds; the resident bytes are the staging buffers only; a directory that cannot hold the file is named.
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
 #include <cstdio>
 #include <filesystem>
 #include <random>
 
 #include "loom/core/error.h"
 #include "loom/optim/sharded_adamw.h"
+#include "testing/temp_dir.h"
 
 using namespace loom;
+using loom::testing::temp_dir;
 
 namespace {
-
-// An empty directory of this process's own.
-std::string temp_dir(const std::string& name) {
-  const auto d = std::filesystem::temp_directory_path() / ("loom_test_" + name + "_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(d);
-  std::filesystem::create_directories(d);
-  return d.string();
-}
 
 // Five units of uneven sizes (one empty, one larger than the rest) over a 1800-element buffer.
 std::vector<optim::ShardedAdamW::Unit> units() {

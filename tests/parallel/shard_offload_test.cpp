@@ -5,8 +5,6 @@
 // and the staged copies as parameters, and a directory that cannot hold the file is named.
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
 #include <cstdio>
 #include <filesystem>
 #include <numeric>
@@ -15,17 +13,12 @@
 #include "loom/core/allocator.h"
 #include "loom/core/error.h"
 #include "loom/parallel/shard_offload.h"
+#include "testing/temp_dir.h"
 
 using namespace loom;
+using loom::testing::temp_dir;
 
 namespace {
-
-std::string temp_dir(const std::string& name) {
-  const auto d = std::filesystem::temp_directory_path() / ("loom_test_" + name + "_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(d);
-  std::filesystem::create_directories(d);
-  return d.string();
-}
 
 std::vector<float> values(const Tensor& t) { return t.to_f32_vector(); }
 

@@ -10,6 +10,7 @@
 #include "loom/data/prepare.h"
 #include "loom/train/train_config.h"
 #include "loom/train/trainer.h"
+#include "testing/temp_dir.h"
 
 namespace loom::testing {
 
@@ -29,13 +30,6 @@ inline train::TrainerOptions quiet_trainer_options(const parallel::Mesh* mesh = 
 // The same for one process.
 inline train::TrainerOptions quiet(const std::string& resume = "", int64_t stop = -1) {
   return quiet_trainer_options(nullptr, resume, stop);
-}
-
-inline std::string temp_dir(const std::string& name) {
-  auto p = std::filesystem::temp_directory_path() / ("loom_test_" + name + "_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(p);
-  std::filesystem::create_directories(p);
-  return p.string();
 }
 
 // Flips the bits `mask` of the byte at `offset`, keeping the file's size: a damaged checkpoint
