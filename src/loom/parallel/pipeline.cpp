@@ -122,8 +122,8 @@ PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64
   const bool split = splits_backward(schedule_);  // zb1p, zbv: weight passes are actions of their own
   std::vector<PipeAction> act_in, grad_in;
   for (const PipeAction& a : actions) {
-    if (a.kind == Kind::forward && receives_input(a) && !local(from(a.chunk))) act_in.push_back(a);
-    if (a.kind == Kind::backward && sends_output(a) && !local(to(a.chunk))) grad_in.push_back(a);
+    if (a.kind == Kind::forward && remote(from(a.chunk))) act_in.push_back(a);
+    if (a.kind == Kind::backward && remote(to(a.chunk))) grad_in.push_back(a);
   }
   size_t next_act = 0, next_grad = 0;
   auto post_next_act = [&] {
@@ -151,10 +151,10 @@ PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64
         fill(m, tok[mi].data(), tgt[mi].data(), opt_.packed_documents ? pos[mi].data() : nullptr);
       }
       slot[size_t(key)] = model_.stage_begin(B, T, true, a.chunk);
-      if (const ChunkAt src = from(a.chunk); src.valid() && local(src)) {
+      if (const ChunkAt src = from(a.chunk); local(src)) {
         // Its own chunk's output, kept in that chunk's slot until the chunk's backward.
         model_.stage_input(slot[size_t(key)]).copy_from(model_.stage_output(slot[size_t(key_of(m, src))]));
-      } else if (src.valid()) {
+      } else if (remote(src)) {
         post_next_act();
         Transfer& in = act_recv_.at(key);
         {
@@ -174,7 +174,7 @@ PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64
       }
       st.forward_s += sw.seconds();
       st.n_valid += n;
-      if (const ChunkAt dst = to(a.chunk); dst.valid() && !local(dst)) {
+      if (const ChunkAt dst = to(a.chunk); remote(dst)) {
         const Tensor y = model_.stage_output(slot[size_t(key)]);
         Transfer out;
         if (narrow()) out.buf = pack(y);
@@ -194,10 +194,10 @@ PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64
     } else {
       if (before_backward) before_backward(m);
       Tensor dy;
-      if (const ChunkAt dst = to(a.chunk); dst.valid() && local(dst)) {
+      if (const ChunkAt dst = to(a.chunk); local(dst)) {
         dy = local_grads_.at(key);
         local_grads_.erase(key);
-      } else if (dst.valid()) {
+      } else if (remote(dst)) {
         post_next_grad();
         Transfer& g = grad_recv_.at(key);
         {
@@ -231,11 +231,11 @@ PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64
       }
       st.backward_s += sw.seconds();
       if (dy.defined()) pool_.push_back(dy);
-      if (const ChunkAt src = from(a.chunk); src.valid() && local(src)) {
+      if (const ChunkAt src = from(a.chunk); local(src)) {
         Tensor g = take_buffer(n_elems_, DType::f32);  // the decoder's buffer changes with the next backward
         g.copy_from(model_.stage_input_grad().view({n_elems_}));
         local_grads_[key_of(m, src)] = g;
-      } else if (src.valid()) {
+      } else if (remote(src)) {
         Transfer out;
         out.buf = pack(model_.stage_input_grad());
         out.work = pp_.send_async(out.buf, src.stage, tag_of(key_of(m, src), 1));
@@ -273,10 +273,10 @@ std::vector<std::pair<double, int64_t>> PipelineStage::evaluate(const FillFn& fi
     Tensor handed;  // ZB-V's turn: chunk 0's output for chunk 1 on this stage
     for (int c = 0; c < opt_.virtual_stages; ++c) {
       const int id = model_.stage_begin(B, T, false, c);
-      if (const ChunkAt src = from(c); src.valid() && local(src)) {
+      if (const ChunkAt src = from(c); local(src)) {
         model_.stage_input(id).copy_from(handed.view(model_.stage_input(id).shape()));
         pool_.push_back(handed);
-      } else if (src.valid()) {
+      } else if (remote(src)) {
         Tensor in = wire_buffer();
         pp_.recv(in, src.stage, tag_of(key_of(m, {stage_, c}), 0));
         land(in, model_.stage_input(id));
@@ -285,10 +285,10 @@ std::vector<std::pair<double, int64_t>> PipelineStage::evaluate(const FillFn& fi
       int64_t n = 0;
       sum += model_.stage_forward(id, tok.data(), tgt.data(), 1.0, &n, positions);
       counted += n;
-      if (const ChunkAt dst = to(c); dst.valid() && local(dst)) {
+      if (const ChunkAt dst = to(c); local(dst)) {
         handed = take_buffer(n_elems_, DType::f32);
         handed.copy_from(model_.stage_output(id).view({n_elems_}));
-      } else if (dst.valid()) {
+      } else if (remote(dst)) {
         Tensor sent = pack(model_.stage_output(id));
         pp_.send(sent, dst.stage, tag_of(key_of(m, dst), 0));
         pool_.push_back(sent);

@@ -100,12 +100,10 @@ class PipelineStage {
   int key_of(int micro, const ChunkAt& c) const { return micro * opt_.virtual_stages + c.chunk; }
   ChunkAt from(int chunk) const { return chunk_input_from(stage_, chunk, stages_, opt_.virtual_stages, placement_); }
   ChunkAt to(int chunk) const { return chunk_output_to(stage_, chunk, stages_, opt_.virtual_stages, placement_); }
-  // Whether an action's chunk takes its input from another chunk (all but the embedding chunk's)
-  // and sends its output on (all but the head chunk's); the gradients travel the other way. A
-  // neighbour on this stage (ZB-V's turn) gets them in memory, not through the pp group.
-  bool receives_input(const PipeAction& a) const { return from(a.chunk).valid(); }
-  bool sends_output(const PipeAction& a) const { return to(a.chunk).valid(); }
-  bool local(const ChunkAt& c) const { return c.stage == stage_; }
+  // Where a chunk's input comes from or its output goes (invalid: the embeddings, the head): a
+  // neighbour on this stage (ZB-V's turn) exchanges in memory, another through the pp group.
+  bool local(const ChunkAt& c) const { return c.valid() && c.stage == stage_; }
+  bool remote(const ChunkAt& c) const { return c.valid() && c.stage != stage_; }
   void post_recv(std::map<int, Transfer>& into, int key, int peer, int kind);
   void wait_sends(bool all);
 

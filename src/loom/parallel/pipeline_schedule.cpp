@@ -6,6 +6,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <span>
 
 #include "loom/core/error.h"
 
@@ -166,29 +167,30 @@ std::vector<StageActions> list_schedule_v(int p, int m, int first_limit, double 
     for (int s = 0; s < p; ++s) {
       const size_t su = size_t(s);
       if (out[su].size() == total) continue;
-      std::vector<Pick> cands;
+      std::array<Pick, 5> cands;  // the next B and F of each chunk, the oldest W
+      size_t n = 0;
       for (int c = 1; c >= 0; --c) {
         if (const int i = bnext[su][size_t(c)]; i < m) {
           const ChunkAt to = chunk_output_to(s, c, p, 2, ChunkPlacement::vee);
           const double ready = to.valid() ? bdone[at(to.stage, to.chunk, i)] : fdone[at(s, c, i)];
-          if (ready != kNever) cands.push_back({std::max(clock[su], ready), {Kind::backward, i, c}});
+          if (ready != kNever) cands[n++] = {std::max(clock[su], ready), {Kind::backward, i, c}};
         }
         if (const int i = fnext[su][size_t(c)]; i < m && live[su] < limit_of(s) - (c == 1 ? 0 : reserve)) {
           const ChunkAt from = chunk_input_from(s, c, p, 2, ChunkPlacement::vee);
           const double ready = from.valid() ? fdone[at(from.stage, from.chunk, i)] : 0.0;
-          if (ready != kNever) cands.push_back({std::max(clock[su], ready), {Kind::forward, i, c}});
+          if (ready != kNever) cands[n++] = {std::max(clock[su], ready), {Kind::forward, i, c}};
         }
       }
-      if (!weights[su].empty()) cands.push_back({clock[su], weights[su].front()});
-      if (cands.empty()) continue;
+      if (!weights[su].empty()) cands[n++] = {clock[su], weights[su].front()};
+      if (n == 0) continue;
       double first = kNever, first_other = kNever;
-      for (const Pick& x : cands) {
+      for (const Pick& x : std::span(cands.data(), n)) {
         first = std::min(first, x.start);
         if (x.a.kind != Kind::weight) first_other = std::min(first_other, x.start);
       }
       if (weights_in_gaps && !weights[su].empty() && first_other >= clock[su] + tw) first = clock[su];
       const Pick* pick = nullptr;
-      for (const Pick& x : cands)  // chunk 1 before chunk 0 by the candidates' order
+      for (const Pick& x : std::span(cands.data(), n))  // chunk 1 before chunk 0 by the candidates' order
         if (x.start <= first && (!pick || rank_of(x.a.kind) < rank_of(pick->a.kind))) pick = &x;
       if (pick->start < best.start) {
         best = *pick;
