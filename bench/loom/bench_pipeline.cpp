@@ -110,17 +110,14 @@ int show_schedules(const PipelineOptions& a) {
         continue;
       }
       const auto sched = parallel::make_schedule(c.kind, p, m, c.v);
-      const bool zb = c.kind == parallel::PipeSchedule::zero_bubble_h1;
+      const double bubble = 100 * parallel::predicted_bubble(c.kind, p, m, c.v);
+      const char* formula = parallel::bubble_formula(c.kind, c.v);
       if (c.kind == parallel::PipeSchedule::zero_bubble_v)
-        std::printf("\n%s m=%d: bubble %.1f%% (its schedule replayed with equal F, B and W passes)\n", name.c_str(), m,
-                    100 * parallel::predicted_bubble(c.kind, p, m, c.v));
+        std::printf("\n%s m=%d: bubble %.1f%% (%s)\n", name.c_str(), m, bubble, formula);
       else
-        std::printf("\n%s m=%d%s: bubble (p-1)/(%sm+p-1) = %.1f%%%s\n", name.c_str(), m,
-                    c.v > 1 ? str_cat(" v=", c.v).c_str() : "",
-                    zb        ? "3"
-                    : c.v > 1 ? "v"
-                              : "",
-                    100 * parallel::predicted_bubble(c.kind, p, m, c.v), zb ? " (equal F, B and W passes)" : "");
+        std::printf("\n%s m=%d%s: bubble %s = %.1f%%%s\n", name.c_str(), m, c.v > 1 ? str_cat(" v=", c.v).c_str() : "",
+                    formula, bubble,
+                    c.kind == parallel::PipeSchedule::zero_bubble_h1 ? " (equal F, B and W passes)" : "");
       for (int s = 0; s < p; ++s)
         std::printf("  stage %d (%d in flight%s): %s\n", s, parallel::max_in_flight(sched[size_t(s)]),
                     c.v > 1 ? str_cat(", each 1/", c.v, " of its blocks").c_str() : "",

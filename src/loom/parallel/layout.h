@@ -47,9 +47,9 @@ struct Layout {
   DataParallelRanks data_parallel_ranks() const { return {int(dp * ep), int(dp)}; }
 };
 
-// Whether stage s keeps its Adam moments (or parameter shards) off the device: the listed stages, or (auto) those whose
-// predicted bytes exceed the mean stage's by more than a tenth, or exceed `limit` (0: none). The
-// trainer and the planner decide with it from their own predictions.
+// Whether stage s keeps its Adam moments (or parameter shards) off the device: the listed
+// stages, or (auto) those whose predicted bytes exceed the mean stage's by more than a tenth, or
+// exceed `limit` (0: none). The trainer and the planner decide with it from their own predictions.
 inline bool offloads_stage(const Layout& l, const std::vector<double>& predicted, int64_t s, double limit) {
   if (l.offload == optim::OffloadTarget::none && l.offload_params == optim::OffloadTarget::none) return false;
   if (!l.offload_stages.empty())

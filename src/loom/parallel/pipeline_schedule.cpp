@@ -454,6 +454,12 @@ double zero_bubble_v_fraction(int p, int m) {
   return idle;
 }
 
+const char* bubble_formula(PipeSchedule kind, int v) {
+  if (kind == PipeSchedule::zero_bubble_v) return "its schedule replayed with equal F, B and W passes";
+  if (kind == PipeSchedule::zero_bubble_h1) return "(p-1)/(3m+p-1)";
+  return v > 1 ? "(p-1)/(vm+p-1)" : "(p-1)/(m+p-1)";
+}
+
 double predicted_bubble(PipeSchedule kind, int p, int m, int v) {
   if (kind == PipeSchedule::zero_bubble_v) return zero_bubble_v_fraction(p, m);
   return kind == PipeSchedule::zero_bubble_h1 ? zero_bubble_h1_fraction(p, m) : bubble_fraction(p, m, v);

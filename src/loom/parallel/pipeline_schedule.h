@@ -130,5 +130,8 @@ double zero_bubble_h1_fraction(int stages, int micro_batches);
 double zero_bubble_v_fraction(int stages, int micro_batches);
 // The schedule's formula: one of the three above.
 double predicted_bubble(PipeSchedule kind, int stages, int micro_batches, int virtual_stages = 1);
+// That formula for a reader: "(p-1)/(m+p-1)", "(p-1)/(vm+p-1)", "(p-1)/(3m+p-1)", or ZB-V's
+// "its schedule replayed with equal F, B and W passes".
+const char* bubble_formula(PipeSchedule kind, int virtual_stages = 1);
 
 }  // namespace loom::parallel

@@ -39,12 +39,9 @@ std::string explain(const Job& job, const Cluster& c, const Prediction& p) {
   if (t.bubble > 0) {
     // What the schedule idles with equal stages and passes; the term itself is from the stages' times.
     const double f = parallel::predicted_bubble(l.pp_schedule, int(l.pp), int(l.micro_batches), int(l.virtual_stages));
-    const char* formula = l.pp_schedule == parallel::PipeSchedule::zero_bubble_v    ? "its schedule with equal passes"
-                          : l.pp_schedule == parallel::PipeSchedule::zero_bubble_h1 ? "(p-1)/(3m+p-1)"
-                          : l.virtual_stages > 1                                    ? "(p-1)/(vm+p-1)"
-                                                                                    : "(p-1)/(m+p-1)";
     row("pipeline bubble", t.bubble,
-        str_cat(parallel::pipe_schedule_name(l.pp_schedule), ": ", formula, " = ", int(1000.0 * f) / 10.0,
+        str_cat(parallel::pipe_schedule_name(l.pp_schedule), ": ",
+                parallel::bubble_formula(l.pp_schedule, int(l.virtual_stages)), " = ", int(1000.0 * f) / 10.0,
                 "% of an ideal pipeline"));
   }
   if (t.dp_comm > 0)

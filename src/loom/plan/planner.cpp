@@ -313,12 +313,12 @@ size_t pipeline_time(const Job& job, const Cluster& c, const Layout& l, const st
     if (ts > t_max) t_max = ts, slow = s;
   }
   // The bubble: every other stage's micro-batch time, once (GPipe and 1F1B: (p-1)/(m+p-1) of the
-  // step with equal stages); interleaved over v chunks a v-th of it ((p-1)/(vm+p-1)). ZB-H1 fills the drain with the
-  // deferred weight-gradient passes (a third of a stage's matrix products, W); what stays idle is T_F + T_B - T_W of
-  // each other stage, the whole time less 2 W (pipeline_schedule.h; a third of 1F1B's when F, B and W are equal).
-  // ZB-V has no closed form: its own schedule replayed with each stage's chunk passes (half the
-  // stage's work each; W a third of the matrix products, F and B splitting the rest), the
-  // slowest stage's idle over the step.
+  // step with equal stages); interleaved over v chunks a v-th of it ((p-1)/(vm+p-1)). ZB-H1 fills
+  // the drain with the deferred weight-gradient passes (a third of a stage's matrix products, W);
+  // what stays idle is T_F + T_B - T_W of each other stage, the whole time less 2 W
+  // (pipeline_schedule.h; a third of 1F1B's when F, B and W are equal). ZB-V has no closed form: its own schedule
+  // replayed with each stage's chunk passes (half the stage's work each; W a third of the matrix products, F and B
+  // splitting the rest), the slowest stage's idle over the step.
   double idle = 0;
   if (l.pp > 1 && l.pp_schedule == parallel::PipeSchedule::zero_bubble_v) {
     std::vector<double> tf, tb, tw;
