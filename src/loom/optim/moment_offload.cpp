@@ -11,8 +11,7 @@ namespace loom::optim {
 
 MomentOffload::MomentOffload(OffloadTarget target, const std::string& dir, const std::vector<int64_t>& sizes,
                              int64_t piece_elems, int window)
-    : target_(target), window_(size_t(std::max(1, window))) {
-  LOOM_CHECK(target_ != OffloadTarget::none, "offload", "MomentOffload needs a target, host or disk");
+    : window_(size_t(std::max(1, window))) {
   LOOM_CHECK(piece_elems > 0, "offload", "pieces need at least one element, got ", piece_elems);
   for (size_t u = 0; u < sizes.size(); ++u) {
     first_.push_back(pieces_.size());
@@ -29,7 +28,7 @@ MomentOffload::MomentOffload(OffloadTarget target, const std::string& dir, const
   staging_ = Tensor::zeros({std::max<int64_t>(1, int64_t(window_) * 2 * widest_)}, DType::f32, MemCategory::optimizer);
   ready_.assign(pieces_.size(), false);
   // Both moments start at zero.
-  store_ = std::make_unique<OffloadStore>(target_, dir, 2 * total_, "the optimizer's moments", "moments",
+  store_ = std::make_unique<OffloadStore>(target, dir, 2 * total_, "the optimizer's moments", "moments",
                                           "parallel.offload.optimizer");
   thread_ = std::thread([this] { worker(); });
 }

@@ -69,7 +69,6 @@ class MomentOffload {
   void flush();  // every queued copy done
   void drop_prefetch();
 
-  OffloadTarget target_;
   std::unique_ptr<OffloadStore> store_;  // both moments of every piece, [m | v] per piece
   std::vector<Piece> pieces_;
   std::vector<int64_t> home_;  // per piece: its [m | v]'s first element in the file or pool
