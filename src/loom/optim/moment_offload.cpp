@@ -1,4 +1,5 @@
-// MomentOffload: the staging buffers, the I/O thread and its queue (the store holds the values).
+// MomentOffload: the staging buffers and which pieces are staged (the store holds the values, the
+// queue runs the copies).
 #include "loom/optim/moment_offload.h"
 
 #include <algorithm>
@@ -30,96 +31,48 @@ MomentOffload::MomentOffload(OffloadTarget target, const std::string& dir, const
   // Both moments start at zero.
   store_ = std::make_unique<OffloadStore>(target, dir, 2 * total_, "the optimizer's moments", "moments",
                                           "parallel.offload.optimizer");
-  thread_ = std::thread([this] { worker(); });
 }
 
-MomentOffload::~MomentOffload() {
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return finished_ == queued_ || !error_.empty(); });
-    stop_ = true;
-  }
-  cv_.notify_all();
-  thread_.join();
-}
+MomentOffload::~MomentOffload() = default;
 
 float* MomentOffload::buffer(size_t b) const { return const_cast<float*>(staging_.data<float>()) + b * 2 * widest_; }
 
-void MomentOffload::copy(const Job& j) {
-  store_->copy(j.write, home_[j.piece], 2 * pieces_[j.piece].size, buffer(j.buffer));
-}
-
-void MomentOffload::worker() {
-  for (;;) {
-    Job j;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      j = queue_.front();
-      queue_.pop_front();
-    }
-    std::string failed;
-    try {
-      trace::Span span(j.write ? "offload write" : "offload read", "io", {{"piece", int64_t(j.piece)}});
-      copy(j);
-    } catch (const std::exception& e) {
-      failed = e.what();
-    }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!failed.empty() && error_.empty()) error_ = failed;
-      if (!j.write) ready_[j.piece] = true;
-      ++finished_;
-    }
-    cv_.notify_all();
-  }
-}
-
-void MomentOffload::enqueue(Job j) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(j);
-    ++queued_;
-  }
-  cv_.notify_all();
+void MomentOffload::enqueue(bool write, size_t piece) {
+  const size_t b = piece % window_;
+  io_.post(
+      [this, write, piece, b] {
+        trace::Span span(write ? "offload write" : "offload read", "io", {{"piece", int64_t(piece)}});
+        store_->copy(write, home_[piece], 2 * pieces_[piece].size, buffer(b));
+      },
+      [this, write, piece] {
+        if (!write) ready_[piece] = true;
+      });
 }
 
 void MomentOffload::prefetch() {
   if (prefetched_) return;
   prefetched_ = true;
   next_read_ = 0;
-  for (; next_read_ < std::min(window_, pieces_.size()); ++next_read_)
-    enqueue({false, next_read_, next_read_ % window_});
+  for (; next_read_ < std::min(window_, pieces_.size()); ++next_read_) enqueue(false, next_read_);
 }
 
 float* MomentOffload::acquire(size_t k) {
   prefetch();
   LOOM_CHECK(k < next_read_, "offload", "piece ", k, " acquired out of order");
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return ready_[k] || !error_.empty(); });
-  if (!error_.empty()) throw Error(error_);
+  std::unique_lock<std::mutex> lock(io_.mutex());
+  io_.wait(lock, [&] { return bool(ready_[k]); });
   ready_[k] = false;
   return buffer(k % window_);
 }
 
 void MomentOffload::release(size_t k) {
-  enqueue({true, k, k % window_});
-  if (next_read_ < pieces_.size()) {
-    enqueue({false, next_read_, next_read_ % window_});
-    ++next_read_;
-  }
+  enqueue(true, k);
+  if (next_read_ < pieces_.size()) enqueue(false, next_read_++);
   if (k + 1 == pieces_.size()) prefetched_ = false;  // the next step starts over at piece 0
 }
 
-void MomentOffload::flush() {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return finished_ == queued_ || !error_.empty(); });
-  if (!error_.empty()) throw Error(error_);
-}
-
 void MomentOffload::drop_prefetch() {
-  flush();
+  io_.flush();
   // A step whose update never came (a skipped non-finite step): its staged pieces are dropped and
   // read again by the next step, since buffer 0 is about to be overwritten.
   std::fill(ready_.begin(), ready_.end(), false);
@@ -132,7 +85,7 @@ void MomentOffload::read(size_t unit, float* m, float* v) {
   float* b = buffer(0);
   for (size_t k = first_[unit]; k < first_[unit + 1]; ++k) {
     const Piece& p = pieces_[k];
-    copy({false, k, 0});
+    store_->copy(false, home_[k], 2 * pieces_[k].size, b);
     std::memcpy(m + p.offset, b, size_t(p.size) * sizeof(float));
     std::memcpy(v + p.offset, b + p.size, size_t(p.size) * sizeof(float));
   }
@@ -145,7 +98,7 @@ void MomentOffload::write(size_t unit, const float* m, const float* v) {
     const Piece& p = pieces_[k];
     std::memcpy(b, m + p.offset, size_t(p.size) * sizeof(float));
     std::memcpy(b + p.size, v + p.offset, size_t(p.size) * sizeof(float));
-    copy({true, k, 0});
+    store_->copy(true, home_[k], 2 * pieces_[k].size, b);
   }
 }
 

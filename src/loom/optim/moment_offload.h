@@ -7,13 +7,9 @@
 // "host" is a separate pool and "disk" a directory; what a GPU would copy over PCIe is copied here
 // the same way, and the formulas (planner) and the overlap are what carry over.
 #pragma once
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "loom/core/tensor.h"
@@ -58,15 +54,9 @@ class MomentOffload {
   int64_t offloaded_bytes() const { return 2 * total_ * int64_t(sizeof(float)); }
 
  private:
-  struct Job {
-    bool write;
-    size_t piece, buffer;
-  };
-  void worker();
-  void enqueue(Job j);
-  void copy(const Job& j);
+  // Queues piece's copy between its staging buffer and the store (a read marks it ready).
+  void enqueue(bool write, size_t piece);
   float* buffer(size_t b) const;
-  void flush();  // every queued copy done
   void drop_prefetch();
 
   std::unique_ptr<OffloadStore> store_;  // both moments of every piece, [m | v] per piece
@@ -79,14 +69,7 @@ class MomentOffload {
   std::vector<bool> ready_;  // per piece: its staged copy was read and not yet acquired
   size_t next_read_ = 0;     // the next piece whose read is not yet queued
   bool prefetched_ = false;
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Job> queue_;
-  int64_t queued_ = 0, finished_ = 0;
-  std::string error_;
-  bool stop_ = false;
-  std::thread thread_;
+  OffloadQueue io_;  // last: its thread goes first, before what its jobs touch
 };
 
 }  // namespace loom::optim

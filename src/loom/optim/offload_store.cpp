@@ -1,4 +1,5 @@
-// OffloadStore: the host pool, or the file and its positioned reads and writes.
+// OffloadStore: the host pool, or the file and its positioned reads and writes; OffloadQueue:
+// the thread that runs them.
 #include "loom/optim/offload_store.h"
 
 #include <fcntl.h>
@@ -66,6 +67,64 @@ void OffloadStore::copy(bool write, int64_t offset, int64_t n, float* buf) {
     at += got;
     left -= size_t(got);
   }
+}
+
+OffloadQueue::OffloadQueue() : thread_([this] { run(); }) {}
+
+OffloadQueue::~OffloadQueue() {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return finished_ == posted_ || !error_.empty(); });
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void OffloadQueue::run() {
+  for (;;) {
+    Job j;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      j = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    std::string failed;
+    try {
+      j.copy();
+    } catch (const std::exception& e) {
+      failed = e.what();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!failed.empty() && error_.empty()) error_ = failed;
+      if (j.done) j.done();
+      j = {};  // what the job held (a buffer being written) goes here, under the lock
+      ++finished_;
+    }
+    cv_.notify_all();
+  }
+}
+
+void OffloadQueue::post(std::function<void()> copy, std::function<void()> done) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back({std::move(copy), std::move(done)});
+    ++posted_;
+  }
+  cv_.notify_all();
+}
+
+void OffloadQueue::wait(std::unique_lock<std::mutex>& lock, const std::function<bool()>& ready) {
+  cv_.wait(lock, [&] { return ready() || !error_.empty(); });
+  if (!error_.empty()) throw Error(error_);
+}
+
+void OffloadQueue::flush() {
+  std::unique_lock<std::mutex> lock(mu_);
+  wait(lock, [&] { return finished_ == posted_; });
 }
 
 }  // namespace loom::optim

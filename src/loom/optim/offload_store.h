@@ -1,10 +1,15 @@
 // Where offloaded training state lives (parallel.offload): a host pool (MemCategory::offloaded)
-// or a file in a directory, addressed in floats, with a blocking copy in either direction. The
-// Adam moments' staging (optim/moment_offload.h) and ZeRO-3's parameter shards
-// (parallel/shard_offload.h) each keep one and run its copies on their own I/O thread.
+// or a file in a directory, addressed in floats, with a blocking copy in either direction; and the
+// I/O thread that runs those copies in order. The Adam moments' staging (optim/moment_offload.h)
+// and ZeRO-3's parameter shards (parallel/shard_offload.h) each keep one of both.
 #pragma once
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
 #include <string>
+#include <thread>
 
 #include "loom/core/tensor.h"
 #include "loom/optim/offload_target.h"
@@ -32,6 +37,39 @@ class OffloadStore {
   std::string what_, path_;
   int fd_ = -1;
   Tensor pool_;  // host
+};
+
+// One thread running copies in the order they were posted: each job's `copy` outside the lock,
+// then its `done` under it. The owner keeps the state its jobs and waits share under mutex().
+class OffloadQueue {
+ public:
+  OffloadQueue();
+  ~OffloadQueue();  // after every posted job
+  OffloadQueue(const OffloadQueue&) = delete;
+  OffloadQueue& operator=(const OffloadQueue&) = delete;
+
+  // Not with the lock held.
+  void post(std::function<void()> copy, std::function<void()> done = {});
+  // With `lock` (of mutex()) held: waits until ready() or a copy failed, which it throws (every
+  // later wait throws it again).
+  void wait(std::unique_lock<std::mutex>& lock, const std::function<bool()>& ready);
+  // Every posted job done (not with the lock held).
+  void flush();
+  std::mutex& mutex() { return mu_; }
+
+ private:
+  struct Job {
+    std::function<void()> copy, done;
+  };
+  void run();
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> queue_;
+  int64_t posted_ = 0, finished_ = 0;
+  std::string error_;
+  bool stop_ = false;
+  std::thread thread_;
 };
 
 }  // namespace loom::optim

@@ -7,13 +7,9 @@
 // optimizer's moments (optim/moment_offload.h), "host" is a separate pool and "disk" a directory
 // on a CPU machine; the formulas and the overlap are what carry over to a GPU.
 #pragma once
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <map>
-#include <mutex>
 #include <string>
-#include <thread>
 
 #include "loom/core/tensor.h"
 #include "loom/optim/offload_store.h"
@@ -48,29 +44,15 @@ class ShardOffload {
   int64_t offloaded_bytes() const { return store_.elems() * int64_t(sizeof(float)); }
 
  private:
-  struct Job {
-    bool write;
-    int64_t offset;
-    Tensor buf;
-  };
   struct Staged {
     Tensor buf;
     bool ready = false;
   };
-  void worker();
-  void enqueue(Job j);
-  void flush();  // every queued copy done
 
   optim::OffloadStore store_;
-  std::map<int64_t, Staged> staged_;  // by offset
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Job> queue_;
-  int64_t queued_ = 0, finished_ = 0;
-  int pending_writes_ = 0;
-  std::string error_;
-  bool stop_ = false;
-  std::thread thread_;
+  std::map<int64_t, Staged> staged_;  // by offset; under io_.mutex()
+  int pending_writes_ = 0;            // under io_.mutex()
+  optim::OffloadQueue io_;            // last: its thread goes first, before what its jobs touch
 };
 
 }  // namespace loom::parallel
