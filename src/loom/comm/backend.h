@@ -1,6 +1,8 @@
 // The interface a transport (MPI, NCCL, single process) implements for comm::Group. Internal
-// to the comm module: a Backend's methods run on the group's worker thread only, after the
-// Group has checked shapes and dtypes, and they block until the operation is done.
+// to the comm module: a Backend's methods run on the group's worker thread, after the Group has
+// checked shapes and dtypes, and they block until the operation is done. The one exception:
+// a transport whose posts_from_any_thread() is true has post_send/post_recv called on the
+// issuing thread too, concurrently with the worker's calls.
 #pragma once
 #include <memory>
 #include <string>
@@ -39,6 +41,12 @@ class Backend {
   virtual void barrier() = 0;
   virtual std::unique_ptr<PendingTransfer> post_send(const Tensor& t, int dst, int tag) = 0;
   virtual std::unique_ptr<PendingTransfer> post_recv(const Tensor& t, int src, int tag) = 0;
+  // Whether post_send/post_recv may run on any thread while the worker runs other calls (MPI
+  // under MPI_THREAD_MULTIPLE). Then a transfer issued while the worker has nothing queued is
+  // posted before send_async/recv_async return: a pipeline stage's output is on its way as soon
+  // as the pass ends, not when the worker thread next gets a core (which, with every core
+  // computing, is up to a scheduler slice later).
+  virtual bool posts_from_any_thread() const { return false; }
   // Collective; null when this rank passed a negative color.
   virtual std::unique_ptr<Backend> split(int color, int key) = 0;
   // The members' ranks in the world, in group-rank order; empty when the transport cannot

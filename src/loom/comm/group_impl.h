@@ -15,11 +15,16 @@
 
 namespace loom::comm {
 
+struct GroupWorker;
+
 struct WorkState {
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
   std::exception_ptr error;
+  // A transfer of a transport that takes calls from any thread: Work::wait polls this worker's
+  // transfers itself instead of sleeping until the worker's next poll.
+  std::weak_ptr<GroupWorker> poller;
   void complete(std::exception_ptr e);
 };
 
@@ -53,9 +58,18 @@ struct GroupWorker {
   bool stopping = false;
   bool abandon = false;  // drop queued work instead of running it
 
+  // Posted transfers, polled by the worker and, for a transport that takes calls from any
+  // thread, by a thread blocked on one of them: the thread that needs the data completes it the
+  // moment it arrives, where the worker, which sleeps between polls so as to leave a computing
+  // rank's core to its work, may be a scheduler slice late when every core is busy.
+  std::mutex poll_mu;
+  std::deque<Posted> posted;        // guarded by poll_mu
+  std::atomic<size_t> n_posted{0};  // posted.size(), read without the lock
+
   void loop();
-  void run_task(Task& t, std::deque<Posted>& posted);
-  void poll(std::deque<Posted>& posted);
+  void run_task(Task& t);
+  // Tests the posted transfers and completes those done; false when another thread is at it.
+  bool poll();
 };
 
 class GroupImpl {

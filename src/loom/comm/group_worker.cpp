@@ -2,6 +2,7 @@
 // backend calls, so communication progresses while the caller computes (Open MPI's
 // non-blocking collectives barely progress unless MPI is being called).
 #include <chrono>
+#include <thread>
 
 #include "loom/comm/group_impl.h"
 #include "loom/core/error.h"
@@ -19,6 +20,12 @@ void WorkState::complete(std::exception_ptr e) {
 
 void Work::wait() const {
   if (!state_) return;
+  if (std::shared_ptr<GroupWorker> poller = state_->poller.lock()) {
+    while (!test()) {
+      poller->poll();
+      if (!test()) std::this_thread::yield();
+    }
+  }
   std::unique_lock<std::mutex> lock(state_->mu);
   state_->cv.wait(lock, [&] { return state_->done; });
   if (state_->error) std::rethrow_exception(state_->error);
@@ -38,14 +45,17 @@ std::exception_ptr with_context(const std::exception& e, const std::string& labe
 
 }  // namespace
 
-void GroupWorker::run_task(Task& t, std::deque<Posted>& posted) {
+void GroupWorker::run_task(Task& t) {
   std::string label = op_label(t.op, t.seq);
   uint64_t h = record->start(t.op, group_name, t.bytes, t.seq, lane.key);
   // Only collectives go on the board: their numbers agree across the group's ranks.
   if (board && !t.post) board->started(lane.index, t.op, t.seq);
   try {
     if (t.post) {
-      posted.push_back({t.post(*backend), h, label, t.work});
+      Posted p{t.post(*backend), h, label, t.work};
+      std::lock_guard<std::mutex> lock(poll_mu);
+      posted.push_back(std::move(p));
+      n_posted = posted.size();
       return;
     }
     t.run(*backend);
@@ -58,7 +68,9 @@ void GroupWorker::run_task(Task& t, std::deque<Posted>& posted) {
   }
 }
 
-void GroupWorker::poll(std::deque<Posted>& posted) {
+bool GroupWorker::poll() {
+  std::unique_lock<std::mutex> lock(poll_mu, std::try_to_lock);
+  if (!lock.owns_lock()) return false;
   for (auto it = posted.begin(); it != posted.end();) {
     bool done = false;
     std::exception_ptr err;
@@ -76,18 +88,19 @@ void GroupWorker::poll(std::deque<Posted>& posted) {
     it->work->complete(err);
     it = posted.erase(it);
   }
+  n_posted = posted.size();
+  return true;
 }
 
 void GroupWorker::loop() {
-  std::deque<Posted> posted;  // transfers in progress, owned by this thread
   for (;;) {
     Task task;
     bool have = false;
     {
       std::unique_lock<std::mutex> lock(mu);
       auto ready = [&] { return !queue.empty() || stopping; };
-      if (posted.empty()) {
-        cv.wait(lock, ready);
+      if (n_posted == 0) {
+        cv.wait(lock, [&] { return ready() || n_posted > 0; });
       } else {
         // Transfers need polling; a short sleep keeps an idle rank off the CPU.
         cv.wait_for(lock, std::chrono::microseconds(50), ready);
@@ -104,16 +117,16 @@ void GroupWorker::loop() {
         task = std::move(queue.front());
         queue.pop_front();
         have = running = true;
-      } else if (stopping && posted.empty()) {
+      } else if (stopping && n_posted == 0) {
         return;
       }
     }
     if (have) {
-      run_task(task, posted);
+      run_task(task);
       std::lock_guard<std::mutex> lock(mu);
       running = false;
     }
-    if (!posted.empty()) poll(posted);
+    if (n_posted > 0) poll();
   }
 }
 
@@ -155,6 +168,7 @@ GroupImpl::~GroupImpl() {
 
 Work GroupImpl::enqueue(GroupWorker::Task task) const {
   auto state = std::make_shared<WorkState>();
+  if (task.post && worker_->backend->posts_from_any_thread()) state->poller = worker_;
   task.work = state;
   {
     std::lock_guard<std::mutex> lock(worker_->mu);
@@ -180,8 +194,7 @@ Work GroupImpl::submit(const char* op, int64_t bytes, std::function<void(Backend
       auto state = std::make_shared<WorkState>();
       t.work = state;
       t.seq = next_seq_++;
-      std::deque<GroupWorker::Posted> none;
-      worker_->run_task(t, none);
+      worker_->run_task(t);
       return Work(std::move(state));
     }
   }
@@ -194,6 +207,22 @@ Work GroupImpl::submit_transfer(const char* op, int64_t bytes,
   t.op = op;
   t.bytes = bytes;
   t.post = std::move(post);
+  if (worker_->backend->posts_from_any_thread()) {
+    // Posted here, unless something issued before it still waits for the worker (issue order
+    // holds): the transfer is under way when this returns, not when the worker next gets a core.
+    // The lock keeps the worker from popping a task meanwhile; the worker only polls it.
+    std::unique_lock<std::mutex> lock(worker_->mu);
+    if (worker_->queue.empty() && !worker_->running && !worker_->stopping) {
+      auto state = std::make_shared<WorkState>();
+      state->poller = worker_;
+      t.work = state;
+      t.seq = next_transfer_seq_++;
+      worker_->run_task(t);
+      lock.unlock();
+      worker_->cv.notify_one();  // from a wait without a timeout to polling
+      return Work(std::move(state));
+    }
+  }
   return enqueue(std::move(t));
 }
 

@@ -1,5 +1,6 @@
 // The MPI backend: blocking MPI collectives on host tensors (run on the group's worker
-// thread, hence MPI_THREAD_MULTIPLE), non-blocking send/recv polled by that thread.
+// thread, hence MPI_THREAD_MULTIPLE), non-blocking send/recv posted by the issuing thread or
+// the worker and polled by the worker.
 // Counts above INT_MAX are split into chunks where the operation allows it.
 #include "loom/comm/mpi_backend.h"
 
@@ -222,6 +223,8 @@ class MpiBackend final : public Backend {
               "MPI_Irecv");
     return std::make_unique<MpiTransfer>(req, t.numel(), mpi_type(t.dtype()), src);
   }
+
+  bool posts_from_any_thread() const override { return true; }  // world.cpp asks for MPI_THREAD_MULTIPLE
 
   std::unique_ptr<Backend> split(int color, int key) override {
     MPI_Comm sub = MPI_COMM_NULL;

@@ -339,6 +339,7 @@ class AlgorithmBackend final : public Backend {
   std::unique_ptr<PendingTransfer> post_recv(const Tensor& t, int src, int tag) override {
     return transport_->post_recv(t, src, tag);
   }
+  bool posts_from_any_thread() const override { return transport_->posts_from_any_thread(); }
   std::unique_ptr<Backend> split(int color, int key) override {
     std::unique_ptr<Backend> sub = transport_->split(color, key);
     if (!sub) return nullptr;
