@@ -11,6 +11,22 @@ namespace loom::parallel {
 namespace {
 // Activations (kind 0) and gradients (kind 1) of a (micro-batch, chunk) key get their own tags.
 int tag_of(int key, int kind) { return key * 2 + kind; }
+
+// Times one action of the schedule. Its pass and the copies into and out of the transfer buffers
+// that serve it are the stage's work; the time blocked on a peer is not (that is the bubble).
+class ActionClock {
+ public:
+  void wait(const comm::Work& w) {
+    Stopwatch sw;
+    w.wait();
+    waited_ += sw.seconds();
+  }
+  double busy() const { return clock_.seconds() - waited_; }
+
+ private:
+  Stopwatch clock_;
+  double waited_ = 0;
+};
 }  // namespace
 
 PipelineStage::PipelineStage(model::Decoder& model, const Mesh& mesh, const PipelineOptions& opt)
@@ -116,6 +132,7 @@ PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64
   std::vector<std::vector<int32_t>> tok(static_cast<size_t>(M)), tgt(static_cast<size_t>(M)),
       pos(static_cast<size_t>(M));
   std::vector<int> slot(size_t(M * opt_.virtual_stages), -1);
+  st.action_s.reserve(schedule_[size_t(stage_)].size());
   // The receives in the order this stage consumes them; each is posted when the one before it
   // is consumed, so the next transfer travels while the current action computes.
   const StageActions& actions = schedule_[size_t(stage_)];
@@ -143,6 +160,7 @@ PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64
   for (const PipeAction& a : actions) {
     const int m = a.micro, key = key_of(a);
     const size_t mi = size_t(m);
+    ActionClock clock;
     if (a.kind == Kind::forward) {
       if (a.chunk == 0) {  // a micro-batch's first forward on this stage
         tok[mi].resize(size_t(B * T));
@@ -159,20 +177,18 @@ PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64
         Transfer& in = act_recv_.at(key);
         {
           trace::Span wait("wait recv activation", "wait", {{"micro", m}, {"chunk", a.chunk}, {"peer", src.stage}});
-          in.work.wait();
+          clock.wait(in.work);
         }
         land(in.buf, model_.stage_input(slot[size_t(key)]));
         pool_.push_back(in.buf);
         act_recv_.erase(key);
       }
-      Stopwatch sw;
       int64_t n = 0;
       {
         trace::Span span("forward micro-batch", "compute", {{"micro", m}, {"chunk", a.chunk}});
         st.loss_sum += model_.stage_forward(slot[size_t(key)], tok[mi].data(), tgt[mi].data(), grad_scale, &n,
                                             opt_.packed_documents ? pos[mi].data() : nullptr);
       }
-      st.forward_s += sw.seconds();
       st.n_valid += n;
       if (const ChunkAt dst = to(a.chunk); remote(dst)) {
         const Tensor y = model_.stage_output(slot[size_t(key)]);
@@ -181,15 +197,17 @@ PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64
         out.work = pp_.send_async(out.buf.defined() ? out.buf : y, dst.stage, tag_of(key_of(m, dst), 0));
         act_sends_[key] = std::move(out);
       }
+      st.action_s.push_back(clock.busy());
+      st.forward_s += st.action_s.back();
       st.max_in_flight = std::max(st.max_in_flight, ++live);
     } else if (a.kind == Kind::weight) {
       if (before_backward) before_backward(m);  // the blocks' gradients are complete after it
-      Stopwatch sw;
       {
         trace::Span span("weight gradients micro-batch", "compute", {{"micro", m}, {"chunk", a.chunk}});
         model_.stage_backward_weights(slot[size_t(key)]);
       }
-      st.weight_s += sw.seconds();
+      st.action_s.push_back(clock.busy());
+      st.weight_s += st.action_s.back();
       --live;
     } else {
       if (before_backward) before_backward(m);
@@ -202,7 +220,7 @@ PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64
         Transfer& g = grad_recv_.at(key);
         {
           trace::Span wait("wait recv gradient", "wait", {{"micro", m}, {"chunk", a.chunk}, {"peer", dst.stage}});
-          g.work.wait();
+          clock.wait(g.work);
         }
         if (narrow()) {
           dy = take_buffer(n_elems_, DType::f32);
@@ -213,14 +231,15 @@ PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64
         }
         grad_recv_.erase(key);
         // The slot's output must not be overwritten while it is still being sent.
-        trace::Span wait("wait send activation", "wait", {{"micro", m}, {"chunk", a.chunk}, {"peer", dst.stage}});
         Transfer& sent = act_sends_.at(key);
-        sent.work.wait();
+        {
+          trace::Span wait("wait send activation", "wait", {{"micro", m}, {"chunk", a.chunk}, {"peer", dst.stage}});
+          clock.wait(sent.work);
+        }
         if (sent.buf.defined()) pool_.push_back(sent.buf);
         act_sends_.erase(key);
       }
       const int id = slot[size_t(key)];
-      Stopwatch sw;
       {
         trace::Span span("backward micro-batch", "compute", {{"micro", m}, {"chunk", a.chunk}});
         const Tensor g = dy.defined() ? dy.view(model_.stage_output(id).shape()) : dy;
@@ -229,7 +248,6 @@ PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64
         else
           model_.stage_backward(id, g);
       }
-      st.backward_s += sw.seconds();
       if (dy.defined()) pool_.push_back(dy);
       if (const ChunkAt src = from(a.chunk); local(src)) {
         Tensor g = take_buffer(n_elems_, DType::f32);  // the decoder's buffer changes with the next backward
@@ -242,6 +260,8 @@ PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64
         grad_sends_.push_back(std::move(out));
         wait_sends(false);
       }
+      st.action_s.push_back(clock.busy());
+      st.backward_s += st.action_s.back();
       if (!split) --live;
     }
   }

@@ -35,12 +35,16 @@ struct PipelineOptions {
 
 // What one step did on this stage.
 struct PipelineStepStats {
-  double loss_sum = 0;                   // last stage: sum of token losses; elsewhere 0
-  int64_t n_valid = 0;                   // last stage: counted targets
-  double wall_s = 0;                     // the whole step on this stage
-  double busy_s = 0;                     // inside stage forward/backward (computation, incl. TP collectives)
+  double loss_sum = 0;  // last stage: sum of token losses; elsewhere 0
+  int64_t n_valid = 0;  // last stage: counted targets
+  double wall_s = 0;    // the whole step on this stage
+  // The stage's work: its passes (TP collectives included) and the copies into and out of the
+  // transfer buffers that serve them. wall_s - busy_s is the time it was blocked on its peers:
+  // the bubble.
+  double busy_s = 0;
   double forward_s = 0, backward_s = 0;  // busy_s split by action kind (backward_s: the input-gradient
   double weight_s = 0;                   // passes of a split schedule, weight_s its weight passes)
+  std::vector<double> action_s;          // each action's share of busy_s, in this stage's schedule order
   int max_in_flight = 0;                 // (chunk, micro-batch) pairs whose forward ran and backward had not
 };
 
