@@ -84,6 +84,25 @@ TEST(PipelineSchedule, EqualStagesGiveTheTextbookBubble) {
   EXPECT_DOUBLE_EQ(bubble_fraction(4, 8), 3.0 / 11.0);
 }
 
+TEST(PipelineSchedule, TransfersDelayOnlyWhatCrossesStages) {
+  // One micro-batch goes down p stages and comes back: 2 (p - 1) transfers on its path.
+  const double L = 0.25;
+  for (auto kind : {PipeSchedule::gpipe, PipeSchedule::one_f_one_b})
+    for (int p : {2, 3, 4}) {
+      const auto one = std::vector<double>(size_t(p), 1.0), two = std::vector<double>(size_t(p), 2.0);
+      Timeline t = simulate_schedule(make_schedule(kind, p, 1), one, two, {}, ChunkPlacement::loop, L);
+      EXPECT_DOUBLE_EQ(t.makespan, 3.0 * p + 2.0 * (p - 1) * L) << pipe_schedule_name(kind) << " p=" << p;
+    }
+  // ZB-V at p = 2: down, turn, back up, and the same backwards: four transfers, while the turn's
+  // two hand-overs stay on the last stage and cost nothing.
+  const auto z = zero_bubble_v_schedule(2, 1);
+  const std::vector<double> one = {1.0, 1.0};
+  const Timeline free = simulate_schedule(z, one, one, one, ChunkPlacement::vee);
+  const Timeline paid = simulate_schedule(z, one, one, one, ChunkPlacement::vee, L);
+  EXPECT_DOUBLE_EQ(paid.makespan - free.makespan, 4 * L);
+  EXPECT_THROW(simulate_schedule(z, one, one, one, ChunkPlacement::vee, -1.0), Error);
+}
+
 TEST(PipelineSchedule, ASlowStageStretchesEveryStage) {
   // Stage 1 twice as slow: the makespan follows the slowest stage, the others idle more.
   Timeline t = simulate_schedule(one_f_one_b_schedule(3, 6), {1, 2, 1}, {2, 4, 2});

@@ -345,12 +345,28 @@ int schedule_chunks(const std::vector<StageActions>& sched) {
 }
 
 Timeline simulate_schedule(const std::vector<StageActions>& sched, const std::vector<double>& tf,
-                           const std::vector<double>& tb, const std::vector<double>& tw, ChunkPlacement placement) {
+                           const std::vector<double>& tb, const std::vector<double>& tw, ChunkPlacement placement,
+                           double transfer) {
   const size_t p = sched.size();
   LOOM_CHECK(tf.size() == p && tb.size() == p, "pipeline", "simulate_schedule: ", p, " stages but ", tf.size(),
              " forward and ", tb.size(), " backward times");
   LOOM_CHECK(tw.size() == p || !splits_backward(sched), "pipeline", "simulate_schedule: a split schedule of ", p,
              " stages needs as many weight-pass times, got ", tw.size());
+  std::vector<std::vector<double>> times(p);
+  for (size_t s = 0; s < p; ++s)
+    for (const PipeAction& a : sched[s])
+      times[s].push_back(a.kind == Kind::forward ? tf[s] : a.kind == Kind::backward ? tb[s] : tw[s]);
+  return replay_schedule(sched, times, placement, transfer);
+}
+
+Timeline replay_schedule(const std::vector<StageActions>& sched, const std::vector<std::vector<double>>& times,
+                         ChunkPlacement placement, double transfer) {
+  const size_t p = sched.size();
+  LOOM_CHECK(times.size() == p, "pipeline", "replay_schedule: ", p, " stages but times for ", times.size());
+  for (size_t s = 0; s < p; ++s)
+    LOOM_CHECK(times[s].size() == sched[s].size(), "pipeline", "replay_schedule: stage ", s, " runs ", sched[s].size(),
+               " actions but has ", times[s].size(), " times");
+  LOOM_CHECK(transfer >= 0, "pipeline", "replay_schedule: transfer time ", transfer, " s is negative");
   constexpr double kNever = std::numeric_limits<double>::infinity();
   int m = 0;
   for (const auto& st : sched)
@@ -359,6 +375,11 @@ Timeline simulate_schedule(const std::vector<StageActions>& sched, const std::ve
   // fdone / bdone[(s * v + c) * m + i]: finish time of that action (infinity until it has run).
   std::vector<double> fdone(p * v * size_t(m), kNever), bdone = fdone;
   auto at = [&](size_t s, size_t c, size_t i) { return (s * v + c) * size_t(m) + i; };
+  // When what `from` made for stage s is there (infinity until it has run).
+  auto arrival = [&](const std::vector<double>& done, const ChunkAt& from, size_t s, size_t i) {
+    const double t = done[at(size_t(from.stage), size_t(from.chunk), i)];
+    return size_t(from.stage) == s ? t : t + transfer;
+  };
   std::vector<size_t> next(p, 0);
   std::vector<double> clock(p, 0);
   Timeline t;
@@ -375,16 +396,16 @@ Timeline simulate_schedule(const std::vector<StageActions>& sched, const std::ve
         double ready;
         if (a.kind == Kind::forward) {
           const ChunkAt from = chunk_input_from(int(s), int(c), int(p), int(v), placement);
-          ready = from.valid() ? fdone[at(size_t(from.stage), size_t(from.chunk), i)] : 0.0;
+          ready = from.valid() ? arrival(fdone, from, s, i) : 0.0;
         } else if (a.kind == Kind::weight) {
           ready = bdone[at(s, c, i)];
         } else {
           const ChunkAt to = chunk_output_to(int(s), int(c), int(p), int(v), placement);
-          ready = to.valid() ? bdone[at(size_t(to.stage), size_t(to.chunk), i)] : fdone[at(s, c, i)];
+          ready = to.valid() ? arrival(bdone, to, s, i) : fdone[at(s, c, i)];
         }
         if (ready == kNever) break;  // waits for another stage
         const double begin = std::max(clock[s], ready);
-        const double dur = a.kind == Kind::forward ? tf[s] : a.kind == Kind::backward ? tb[s] : tw[s];
+        const double dur = times[s][next[s]];
         t.start[s].push_back(begin);
         clock[s] = begin + dur;
         t.busy[s] += dur;

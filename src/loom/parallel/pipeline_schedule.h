@@ -106,9 +106,10 @@ int schedule_chunks(const std::vector<StageActions>& schedule);
 // Replays a schedule as soon as dependencies allow: a chunk's forward of micro-batch i after the
 // forward of the chunk before it in the model (chunk_input_from); its backward after the backward
 // of the chunk after it (chunk_output_to), the head chunk's after its own forward; each stage runs
-// its actions in order; W(s, c, i) after B(s, c, i). Communication is free. Times are per action of
-// each stage (forward_time[s], backward_time[s], weight_time[s]: one chunk's work); weight_time is
-// needed for split schedules only.
+// its actions in order; W(s, c, i) after B(s, c, i). An activation or gradient that goes to another
+// stage arrives transfer seconds after the action that made it (0: communication is free); one that
+// stays on its stage (ZB-V's turn) at once. Times are per action of each stage (forward_time[s],
+// backward_time[s], weight_time[s]: one chunk's work); weight_time is needed for split schedules only.
 struct Timeline {
   double makespan = 0;
   std::vector<double> busy;                   // per stage: seconds computing
@@ -118,7 +119,11 @@ struct Timeline {
 };
 Timeline simulate_schedule(const std::vector<StageActions>& schedule, const std::vector<double>& forward_time,
                            const std::vector<double>& backward_time, const std::vector<double>& weight_time = {},
-                           ChunkPlacement placement = ChunkPlacement::loop);
+                           ChunkPlacement placement = ChunkPlacement::loop, double transfer = 0);
+// The same with each action's own time: action_time[s][k] for schedule[s][k] (a step's measured
+// actions, PipelineStepStats::action_s), so that a replay sees the step's uneven passes too.
+Timeline replay_schedule(const std::vector<StageActions>& schedule, const std::vector<std::vector<double>>& action_time,
+                         ChunkPlacement placement = ChunkPlacement::loop, double transfer = 0);
 
 // The idle fraction of GPipe and 1F1B with equal stages, (p - 1) / (m + p - 1); of interleaved
 // 1F1B with v virtual stages, (p - 1) / (v m + p - 1).
