@@ -1,12 +1,15 @@
 // `loom bench pipeline`: what pipeline parallelism costs on this machine.
 //   --nproc P: P stages run GPipe, 1F1B, interleaved 1F1B (v chunks per stage) and zero-bubble
-//     ZB-H1 steps for several micro-batch counts m; per stage the idle fraction (1 - busy / step
-//     time) against the schedule's formula ((p - 1) / (m + p - 1), interleaved
-//     (p - 1) / (v m + p - 1), ZB-H1 (p - 1) / (3 m + p - 1) for equal F, B and W passes), the
-//     idle fraction the schedule simulator predicts from the measured forward/backward times,
-//     the peak activation memory (GPipe keeps m micro-batches, 1F1B at most p - s on stage s)
-//     and the step time. --rounds R runs each (schedule, m) R times, the schedules alternating at
-//     each m, and takes medians over all timed steps.
+//     ZB-H1 and ZB-V steps for several micro-batch counts m; per stage the idle fraction (1 - busy
+//     / step time, busy: the passes and their transfer copies, PipelineStepStats) against the
+//     schedule's formula ((p - 1) / (m + p - 1), interleaved (p - 1) / (v m + p - 1), ZB-H1
+//     (p - 1) / (3 m + p - 1) for equal F, B and W passes, ZB-V its schedule replayed with equal
+//     passes); "simulated": the schedule replayed with the mean measured F, B and W times and the
+//     measured transfer time; "replayed": each step replayed with its own actions' times (what is
+//     left between it and the measurement is the executor's, not the passes' unevenness); the
+//     peak activation memory (GPipe keeps m micro-batches, 1F1B at most p - s on stage s) and the
+//     step time. --rounds R runs each (schedule, m) R times, the schedules alternating at each m,
+//     and takes medians over all timed steps.
 //   --show-schedule: prints each schedule's per-stage action list (no ranks needed).
 //   --balance: one process; stage balance max/mean of the uniform, parameters and profile
 //     partitions, each judged by a second, independent timing of every piece.
@@ -23,6 +26,7 @@
 #include "loom/comm/world.h"
 #include "loom/core/stats.h"
 #include "loom/core/threads.h"
+#include "loom/core/timer.h"
 #include "loom/model/decoder.h"
 #include "loom/parallel/partition.h"
 #include "loom/parallel/partition_profile.h"
@@ -93,6 +97,31 @@ std::string describe_actions(const parallel::StageActions& st) {
                                                                     : "W",
                    a.micro, a.chunk ? str_cat(".", a.chunk) : "");
   return out;
+}
+
+// How long one micro-batch's activations take from one stage to the next: half the median of 20
+// round trips between stages 0 and 1 through the group calls the stages use (posted, waited for),
+// after 3 untimed ones. Every rank gets stage 0's figure.
+double transfer_seconds(const comm::Group& pp, int64_t n) {
+  Tensor out = Tensor::zeros({n}, DType::f32, MemCategory::comm),
+         in = Tensor::zeros({n}, DType::f32, MemCategory::comm);
+  std::vector<double> round_trips;
+  for (int i = 0; i < 23; ++i) {
+    pp.barrier();
+    Stopwatch sw;
+    if (pp.rank() == 0) {
+      comm::Work back = pp.recv_async(in, 1, 1);
+      pp.send_async(out, 1, 0).wait();
+      back.wait();
+    } else if (pp.rank() == 1) {
+      pp.recv_async(in, 0, 0).wait();
+      pp.send_async(out, 0, 1).wait();
+    }
+    if (i >= 3) round_trips.push_back(sw.seconds());
+  }
+  Tensor t = Tensor::from_vector<double>({median(round_trips) / 2}, {1});
+  pp.broadcast(t, 0);
+  return t.data<double>()[0];
 }
 
 // --show-schedule: the schedules as data, with what they predict for equal stages.
@@ -252,21 +281,26 @@ int bench_pipeline(const std::vector<std::string>& argv) {
     choices.push_back(schedule_choice(sched, int(a.virtual_stages)));
   parallel::Mesh mesh(world.group(), parallel::MeshShape(p, 1, 1, 1));
   const int s = int(mesh.coord().pp);
-  if (main)
+  const double transfer_s = transfer_seconds(mesh.pp(), B * T * cfg.d_model);
+  if (main) {
     std::printf("bench pipeline: %s, %d stages %s, micro-batch %lld x %lld, %d thread(s)/rank\n", cfg.summary().c_str(),
                 p, parallel::describe_partition(ranges).c_str(), (long long)B, (long long)T, num_threads());
+    std::printf("a micro-batch's activations (%s) take %.3f ms from one stage to the next (\"simulated\" counts it)\n",
+                format_bytes(B * T * cfg.d_model * 4).c_str(), 1e3 * transfer_s);
+  }
   std::mt19937 g(7);
   std::vector<int32_t> tok(size_t(B * T)), tgt(size_t(B * T));
   for (auto& t : tok) t = int32_t(g() % cfg.vocab_size);
   for (auto& t : tgt) t = int32_t(g() % cfg.vocab_size);
   nlohmann::json rows = nlohmann::json::array();
   if (main)
-    std::printf("\n%-11s %4s %8s %10s %10s %10s %9s %9s   %s\n", "sched", "m", "formula", "idle mean", "idle max",
-                "simulated", "idle ms", "step ms", "per stage: idle% / peak activations");
+    std::printf("\n%-11s %4s %8s %10s %10s %10s %10s %9s %9s   %s\n", "sched", "m", "formula", "idle mean", "idle max",
+                "simulated", "replayed", "idle ms", "step ms", "per stage: idle% / peak activations");
   // Each (schedule, m) runs `rounds` times; within a round the schedules alternate at each m, so
   // that load from other jobs on a shared machine falls on all of them alike.
   struct Measured {
-    std::vector<double> idle, step_s;
+    // Per timed step: this stage's idle, in the run and in the replay of the step's own actions.
+    std::vector<double> idle, replayed, step_s;
     double fwd = 0, bwd = 0, wgt = 0, peak = 0;  // per action, summed over every timed step
   };
   const std::vector<std::string> names = str_list(a.schedules);
@@ -287,6 +321,7 @@ int bench_pipeline(const std::vector<std::string>& argv) {
     model::Decoder d(cfg, o, DType::f32, alloc);
     d.init_weights(1);
     parallel::PipelineStage stage(d, mesh, {c.kind, m, c.v});
+    const auto schedule = parallel::make_schedule(c.kind, p, m, c.v);
     for (int64_t i = 0; i < warmup + steps; ++i) {
       world.group().barrier();  // every stage starts the step together
       d.zero_grads();
@@ -299,7 +334,17 @@ int bench_pipeline(const std::vector<std::string>& argv) {
       // The step ends when the slowest stage ends: idle = 1 - busy / that.
       Tensor wall = Tensor::from_vector<double>({st.wall_s}, {1});
       world.group().all_reduce(wall, comm::ReduceOp::max);
+      // Every stage runs as many actions (each chunk's F and B, or F, B and W, per micro-batch).
+      const int64_t n = int64_t(st.action_s.size());
+      Tensor mine = Tensor::from_vector<double>(st.action_s, {n});
+      Tensor all = Tensor::zeros({n * p}, DType::f64, MemCategory::workspace);
+      world.group().all_gather(mine, all);
       if (i >= warmup) {
+        std::vector<std::vector<double>> times(static_cast<size_t>(p));
+        for (int j = 0; j < p; ++j)
+          times[size_t(j)].assign(all.data<double>() + j * n, all.data<double>() + (j + 1) * n);
+        out.replayed.push_back(
+            parallel::replay_schedule(schedule, times, place, transfer_s).idle_fraction()[size_t(s)]);
         out.idle.push_back(1 - st.busy_s / wall.data<double>()[0]);
         out.step_s.push_back(wall.data<double>()[0]);
         // Per action: one chunk's forward, backward (zb1p: input-gradient pass) or weight pass.
@@ -325,7 +370,7 @@ int bench_pipeline(const std::vector<std::string>& argv) {
       const Measured& me = measured.at({k, m});
       const double timed = double(me.idle.size());
       // Per stage: idle, forward, backward and weight-pass time per action, activation peak.
-      constexpr int kCols = 5;
+      constexpr int kCols = 6;
       Tensor t = Tensor::zeros({kCols * p}, DType::f64, MemCategory::workspace);
       double* row = t.data<double>() + kCols * s;
       row[0] = median(me.idle);  // median step: the machine is shared
@@ -333,21 +378,24 @@ int bench_pipeline(const std::vector<std::string>& argv) {
       row[2] = me.bwd / timed;
       row[3] = me.wgt / timed;
       row[4] = me.peak;
+      row[5] = median(me.replayed);
       world.group().all_reduce(t);
       if (!main) continue;
       const double* v = t.data<double>();
-      std::vector<double> tf, tb, tw, idles, peaks;
+      std::vector<double> tf, tb, tw, idles, peaks, replayed;
       for (int j = 0; j < p; ++j) {
         idles.push_back(v[kCols * j]);
         tf.push_back(v[kCols * j + 1]);
         tb.push_back(v[kCols * j + 2]);
         tw.push_back(v[kCols * j + 3]);
         peaks.push_back(v[kCols * j + 4]);
+        replayed.push_back(v[kCols * j + 5]);
       }
       const auto sim = parallel::simulate_schedule(parallel::make_schedule(c.kind, p, m, c.v), tf, tb, tw,
-                                                   parallel::chunk_placement(c.kind));
-      double sim_mean = 0, mean = 0;
+                                                   parallel::chunk_placement(c.kind), transfer_s);
+      double sim_mean = 0, mean = 0, replay_mean = 0;
       for (double x : sim.idle_fraction()) sim_mean += x / p;
+      for (double x : replayed) replay_mean += x / p;
       for (double x : idles) mean += x / p;
       const double formula = parallel::predicted_bubble(c.kind, p, m, c.v);
       const double step_ms = 1e3 * median(me.step_s), idle_ms = mean * step_ms;
@@ -355,9 +403,9 @@ int bench_pipeline(const std::vector<std::string>& argv) {
       for (int j = 0; j < p; ++j)
         per +=
             str_cat(j ? "  " : "", int(100 * idles[size_t(j)] + 0.5), "% / ", format_bytes(int64_t(peaks[size_t(j)])));
-      std::printf("%-11s %4d %7.1f%% %9.1f%% %9.1f%% %9.1f%% %9.1f %9.1f   %s\n", sched.c_str(), m, 100 * formula,
-                  100 * mean, 100 * *std::max_element(idles.begin(), idles.end()), 100 * sim_mean, idle_ms, step_ms,
-                  per.c_str());
+      std::printf("%-11s %4d %7.1f%% %9.1f%% %9.1f%% %9.1f%% %9.1f%% %9.1f %9.1f   %s\n", sched.c_str(), m,
+                  100 * formula, 100 * mean, 100 * *std::max_element(idles.begin(), idles.end()), 100 * sim_mean,
+                  100 * replay_mean, idle_ms, step_ms, per.c_str());
       std::fflush(stdout);
       rows.push_back({{"schedule", sched},
                       {"virtual_stages", c.v},
@@ -369,18 +417,16 @@ int bench_pipeline(const std::vector<std::string>& argv) {
                       {"idle", idles},
                       {"idle_mean", mean},
                       {"simulated_idle_mean", sim_mean},
+                      {"replayed_idle_mean", replay_mean},
                       {"forward_ms", ms(tf)},
                       {"backward_ms", ms(tb)},
                       {"weight_ms", ms(tw)},
                       {"activation_peak_bytes", peaks}});
     }
   if (main) {
-    nlohmann::json s = {{"model", cfg.summary()},
-                        {"stages", p},
-                        {"batch", B},
-                        {"seq", T},
-                        {"threads_per_rank", num_threads()},
-                        {"runs", rows}};
+    nlohmann::json s = {
+        {"model", cfg.summary()},          {"stages", p}, {"batch", B}, {"seq", T}, {"threads_per_rank", num_threads()},
+        {"transfer_ms", 1e3 * transfer_s}, {"runs", rows}};
     std::printf("SUMMARY %s\n", s.dump().c_str());
   }
   return 0;
