@@ -48,7 +48,7 @@ s = json.loads(lines[-1][len("SUMMARY "):])
 bad = 0
 for expr in sys.argv[2:]:
     try:
-        ok = eval(expr, dict(s, s=s, __builtins__={"abs": abs, "all": all, "len": len, "min": min, "max": max}))
+        ok = eval(expr, dict(s, s=s, __builtins__={"abs": abs, "all": all, "len": len, "min": min, "max": max, "sum": sum}))
     except Exception as e:  # a key the SUMMARY lacks reads as a failed check, naming the key
         ok, expr = False, f"{expr} ({type(e).__name__}: {e})"
     if not ok:
