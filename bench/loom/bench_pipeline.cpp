@@ -101,8 +101,9 @@ std::string describe_actions(const parallel::StageActions& st) {
 
 // How long one micro-batch's activations take from one stage to the next: half the median of 20
 // round trips between stages 0 and 1 through the group calls the stages use (posted, waited for),
-// after 3 untimed ones. Every rank gets stage 0's figure.
+// after 3 untimed ones. Every rank gets stage 0's figure; one stage transfers nothing.
 double transfer_seconds(const comm::Group& pp, int64_t n) {
+  if (pp.size() < 2) return 0;
   Tensor out = Tensor::zeros({n}, DType::f32, MemCategory::comm),
          in = Tensor::zeros({n}, DType::f32, MemCategory::comm);
   std::vector<double> round_trips;

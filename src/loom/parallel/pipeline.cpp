@@ -132,10 +132,10 @@ PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64
   std::vector<std::vector<int32_t>> tok(static_cast<size_t>(M)), tgt(static_cast<size_t>(M)),
       pos(static_cast<size_t>(M));
   std::vector<int> slot(size_t(M * opt_.virtual_stages), -1);
-  st.action_s.reserve(schedule_[size_t(stage_)].size());
   // The receives in the order this stage consumes them; each is posted when the one before it
   // is consumed, so the next transfer travels while the current action computes.
   const StageActions& actions = schedule_[size_t(stage_)];
+  st.action_s.reserve(actions.size());
   const bool split = splits_backward(schedule_);  // zb1p, zbv: weight passes are actions of their own
   std::vector<PipeAction> act_in, grad_in;
   for (const PipeAction& a : actions) {
