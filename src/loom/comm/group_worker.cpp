@@ -1,6 +1,8 @@
 // The per-group worker thread: runs a group's operations in issue order with blocking
 // backend calls, so communication progresses while the caller computes (Open MPI's
-// non-blocking collectives barely progress unless MPI is being called).
+// non-blocking collectives barely progress unless MPI is being called). Point-to-point transfers
+// of a transport that takes calls from any thread are posted by the issuing thread and polled by
+// the worker and by whoever waits on them (GroupWorker::posted).
 #include <chrono>
 #include <thread>
 
