@@ -86,7 +86,9 @@ std::optional<MicroBatchTuner::Change> MicroBatchTuner::observe(double step_s, d
     if (can_go_on && median_time(next) == 0) return move_to(next, str_cat(what, ": trying ", cand_[next]));
     return settle(what);
   }
-  const std::string what = str_cat(m, " took ", ms(t), ", not faster than ", cand_[from], "'s ", ms(tf));
+  // Within kMinGain of the other count: not worth moving on for (settle() keeps the faster).
+  const std::string what =
+      str_cat(m, " took ", ms(t), ", not ", std::llround(100 * kMinGain), "% faster than ", cand_[from], "'s ", ms(tf));
   if (!turned_ && from == start_) {
     turned_ = true;
     dir_ = -dir_;
