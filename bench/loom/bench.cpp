@@ -1,12 +1,15 @@
 // `loom bench <what>`: the registry and dispatch to the benchmark named (each lives in its own
-// bench_*.cpp), and the option helpers they share: bench_app, relaunch_bench.
+// bench_*.cpp), and the helpers they share: bench_app, relaunch_bench, one_way_seconds.
 #include "bench/loom/bench.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
 #include "loom/comm/launch.h"
 #include "loom/core/error.h"
+#include "loom/core/stats.h"
+#include "loom/core/timer.h"
 
 namespace loom::cli {
 
@@ -95,6 +98,29 @@ std::string option_value(const std::vector<std::string>& args, const std::string
 }
 
 }  // namespace
+
+double one_way_seconds(const comm::Group& g, int peer, int64_t bytes, int iters) {
+  Tensor buf = Tensor::zeros({std::max<int64_t>(1, bytes)}, DType::u8, MemCategory::comm);
+  Tensor out = Tensor::zeros({1}, DType::f64);
+  g.barrier();
+  if (g.rank() == 0 || g.rank() == peer) {
+    std::vector<double> rt;
+    for (int i = 0; i < iters + 2; ++i) {
+      Stopwatch sw;
+      if (g.rank() == 0) {
+        g.send(buf, peer);
+        g.recv(buf, peer);
+      } else {
+        g.recv(buf, 0);
+        g.send(buf, 0);
+      }
+      if (i >= 2) rt.push_back(sw.seconds());
+    }
+    out.data<double>()[0] = median(std::move(rt)) / 2;
+  }
+  g.broadcast(out, 0);
+  return out.data<double>()[0];
+}
 
 int relaunch_bench(const std::string& bench, const std::vector<std::string>& args) {
   const std::string hosts = option_value(args, "--hosts");

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/comm/group.h"
 #include "tools/loom/commands.h"
 
 namespace loom::cli {
@@ -42,6 +43,10 @@ CLI::Option* add_run_default_option(CLI::App& app, const std::string& name, T& v
 
 // A new, empty directory /tmp/PREFIX-XXXXXX (mkdtemp) for a benchmark's runs; throws when it cannot.
 std::string new_temp_dir(const std::string& prefix);
+
+// One-way time of a `bytes` message between rank 0 and `peer` of `g` (half the median of `iters`
+// round trips, after two untimed ones); every rank returns rank 0's figure. Collective over g.
+double one_way_seconds(const comm::Group& g, int peer, int64_t bytes, int iters);
 
 // Runs `loom bench <bench> args...` as ranks of `loom launch`, with the --nproc and --hosts
 // of args (--nproc defaults to the hosts' slots); every other option passes through.

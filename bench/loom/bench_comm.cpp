@@ -133,31 +133,6 @@ std::string fmt3(double v) {
   return buf;
 }
 
-// One-way time of a `bytes` message between rank 0 and `peer` (half the median round trip);
-// every rank returns rank 0's figure.
-double one_way_seconds(const comm::Group& g, int peer, int64_t bytes, int iters) {
-  Tensor buf = Tensor::zeros({std::max<int64_t>(1, bytes)}, DType::u8, MemCategory::comm);
-  Tensor out = Tensor::zeros({1}, DType::f64);
-  g.barrier();
-  if (g.rank() == 0 || g.rank() == peer) {
-    std::vector<double> rt;
-    for (int i = 0; i < iters + 2; ++i) {
-      Stopwatch sw;
-      if (g.rank() == 0) {
-        g.send(buf, peer);
-        g.recv(buf, peer);
-      } else {
-        g.recv(buf, 0);
-        g.send(buf, 0);
-      }
-      if (i >= 2) rt.push_back(sw.seconds());
-    }
-    out.data<double>()[0] = median(std::move(rt)) / 2;
-  }
-  g.broadcast(out, 0);
-  return out.data<double>()[0];
-}
-
 // Latency and bandwidth of the link between rank 0 and `peer`: alpha from an 8-byte
 // message, beta from a large one.
 comm::LinkCost measure_link(const comm::Group& g, int peer, int64_t large, int iters) {

@@ -26,7 +26,6 @@
 #include "loom/comm/world.h"
 #include "loom/core/stats.h"
 #include "loom/core/threads.h"
-#include "loom/core/timer.h"
 #include "loom/model/decoder.h"
 #include "loom/parallel/partition.h"
 #include "loom/parallel/partition_profile.h"
@@ -97,32 +96,6 @@ std::string describe_actions(const parallel::StageActions& st) {
                                                                     : "W",
                    a.micro, a.chunk ? str_cat(".", a.chunk) : "");
   return out;
-}
-
-// How long one micro-batch's activations take from one stage to the next: half the median of 20
-// round trips between stages 0 and 1 through the group calls the stages use (posted, waited for),
-// after 3 untimed ones. Every rank gets stage 0's figure; one stage transfers nothing.
-double transfer_seconds(const comm::Group& pp, int64_t n) {
-  if (pp.size() < 2) return 0;
-  Tensor out = Tensor::zeros({n}, DType::f32, MemCategory::comm),
-         in = Tensor::zeros({n}, DType::f32, MemCategory::comm);
-  std::vector<double> round_trips;
-  for (int i = 0; i < 23; ++i) {
-    pp.barrier();
-    Stopwatch sw;
-    if (pp.rank() == 0) {
-      comm::Work back = pp.recv_async(in, 1, 1);
-      pp.send_async(out, 1, 0).wait();
-      back.wait();
-    } else if (pp.rank() == 1) {
-      pp.recv_async(in, 0, 0).wait();
-      pp.send_async(out, 0, 1).wait();
-    }
-    if (i >= 3) round_trips.push_back(sw.seconds());
-  }
-  Tensor t = Tensor::from_vector<double>({median(round_trips) / 2}, {1});
-  pp.broadcast(t, 0);
-  return t.data<double>()[0];
 }
 
 // --show-schedule: the schedules as data, with what they predict for equal stages.
@@ -282,12 +255,14 @@ int bench_pipeline(const std::vector<std::string>& argv) {
     choices.push_back(schedule_choice(sched, int(a.virtual_stages)));
   parallel::Mesh mesh(world.group(), parallel::MeshShape(p, 1, 1, 1));
   const int s = int(mesh.coord().pp);
-  const double transfer_s = transfer_seconds(mesh.pp(), B * T * cfg.d_model);
+  // One micro-batch's activations from stage 0 to stage 1, which the simulated column counts.
+  const int64_t activation_bytes = B * T * cfg.d_model * int64_t(sizeof(float));
+  const double transfer_s = p > 1 ? one_way_seconds(mesh.pp(), 1, activation_bytes, 20) : 0.0;
   if (main) {
     std::printf("bench pipeline: %s, %d stages %s, micro-batch %lld x %lld, %d thread(s)/rank\n", cfg.summary().c_str(),
                 p, parallel::describe_partition(ranges).c_str(), (long long)B, (long long)T, num_threads());
     std::printf("a micro-batch's activations (%s) take %.3f ms from one stage to the next (\"simulated\" counts it)\n",
-                format_bytes(B * T * cfg.d_model * 4).c_str(), 1e3 * transfer_s);
+                format_bytes(activation_bytes).c_str(), 1e3 * transfer_s);
   }
   std::mt19937 g(7);
   std::vector<int32_t> tok(size_t(B * T)), tgt(size_t(B * T));
@@ -335,12 +310,12 @@ int bench_pipeline(const std::vector<std::string>& argv) {
       // The step ends when the slowest stage ends: idle = 1 - busy / that.
       Tensor wall = Tensor::from_vector<double>({st.wall_s}, {1});
       world.group().all_reduce(wall, comm::ReduceOp::max);
-      // Every stage runs as many actions (each chunk's F and B, or F, B and W, per micro-batch).
-      const int64_t n = int64_t(st.action_s.size());
-      Tensor mine = Tensor::from_vector<double>(st.action_s, {n});
-      Tensor all = Tensor::zeros({n * p}, DType::f64, MemCategory::workspace);
-      world.group().all_gather(mine, all);
       if (i >= warmup) {
+        // Every stage runs as many actions (each chunk's F and B, or F, B and W, per micro-batch).
+        const int64_t n = int64_t(st.action_s.size());
+        Tensor mine = Tensor::from_vector<double>(st.action_s, {n});
+        Tensor all = Tensor::zeros({n * p}, DType::f64, MemCategory::workspace);
+        world.group().all_gather(mine, all);
         std::vector<std::vector<double>> times(static_cast<size_t>(p));
         for (int j = 0; j < p; ++j)
           times[size_t(j)].assign(all.data<double>() + j * n, all.data<double>() + (j + 1) * n);
