@@ -288,12 +288,8 @@ int bench_pipeline(const std::vector<std::string>& argv) {
     CpuAllocator alloc;  // this configuration's activations alone
     model::DecoderOptions o;
     // v chunks per stage: model chunks s, s + p, ... (Megatron's layout), or zbv's V.
-    const auto chunks = parallel::partition_uniform(int(cfg.n_layer), p * c.v);
     const parallel::ChunkPlacement place = parallel::chunk_placement(c.kind);
-    auto chunk = [&](int j) { return chunks[size_t(parallel::model_chunk(s, j, p, c.v, place))]; };
-    o.slice = {chunk(0).first_layer, chunk(0).last_layer, !parallel::chunk_input_from(s, 0, p, c.v, place).valid(),
-               !parallel::chunk_output_to(s, c.v - 1, p, c.v, place).valid()};
-    for (int j = 1; j < c.v; ++j) o.slice.later_chunks.push_back({chunk(j).first_layer, chunk(j).last_layer});
+    o.slice = parallel::stage_slice(parallel::partition_uniform(int(cfg.n_layer), p * c.v), s, p, c.v, place);
     model::Decoder d(cfg, o, DType::f32, alloc);
     d.init_weights(1);
     parallel::PipelineStage stage(d, mesh, {c.kind, m, c.v});

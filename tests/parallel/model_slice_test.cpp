@@ -10,6 +10,7 @@
 #include <map>
 
 #include "loom/model/decoder.h"
+#include "loom/parallel/pipeline.h"
 #include "loom/parallel/pipeline_schedule.h"
 
 using namespace loom;
@@ -179,6 +180,32 @@ class InterleavedStages : public ::testing::TestWithParam<std::tuple<const char*
 // Model chunks 0 and 2 on stage 0, 1 and 3 on stage 1 (one block each), driven in the
 // interleaved 1F1B order of pipeline_schedule.h by a replay that runs each action once its
 // input exists: losses and gradients are the whole model's, bitwise but for the tied table.
+TEST(ModelSlice, AStageSliceHoldsTheChunksItsPlacementGivesIt) {
+  using parallel::ChunkPlacement;
+  using parallel::stage_slice;
+  const auto chunks = parallel::partition_uniform(8, 4);  // [0,2) [2,4) [4,6) [6,8)
+  // Interleaved (loop), 2 stages of 2 chunks: stage 0 holds model chunks 0 and 2, stage 1 1 and 3.
+  ModelSlice s = stage_slice(chunks, 1, 2, 2, ChunkPlacement::loop);
+  EXPECT_EQ(std::make_pair(s.first_layer, s.last_layer), std::make_pair(2, 4));
+  ASSERT_EQ(s.later_chunks.size(), 1u);
+  EXPECT_EQ(std::make_pair(s.later_chunks[0].first, s.later_chunks[0].last), std::make_pair(6, 8));
+  EXPECT_FALSE(s.has_embedding);
+  EXPECT_TRUE(s.has_head);
+  // ZB-V: stage 0 holds chunks 0 and 3, so both ends; stage 1 chunks 1 and 2, neither.
+  s = stage_slice(chunks, 0, 2, 2, ChunkPlacement::vee);
+  EXPECT_EQ(std::make_pair(s.first_layer, s.last_layer), std::make_pair(0, 2));
+  ASSERT_EQ(s.later_chunks.size(), 1u);
+  EXPECT_EQ(std::make_pair(s.later_chunks[0].first, s.later_chunks[0].last), std::make_pair(6, 8));
+  EXPECT_TRUE(s.has_embedding && s.has_head);
+  s = stage_slice(chunks, 1, 2, 2, ChunkPlacement::vee);
+  EXPECT_EQ(std::make_pair(s.first_layer, s.later_chunks.at(0).first), std::make_pair(2, 4));
+  EXPECT_FALSE(s.has_embedding || s.has_head);
+  // One chunk per stage: the plain pipeline's ends.
+  s = stage_slice(parallel::partition_uniform(8, 2), 0, 2, 1, ChunkPlacement::loop);
+  EXPECT_TRUE(s.has_embedding && !s.has_head && s.later_chunks.empty());
+  EXPECT_THROW(stage_slice(chunks, 0, 2, 1, ChunkPlacement::loop), Error);  // 4 ranges for 2 chunks
+}
+
 TEST_P(InterleavedStages, RingOfChunksMatchesTheWholeModel) {
   const auto [name, ckpt] = GetParam();
   ModelConfig cfg = preset(name);

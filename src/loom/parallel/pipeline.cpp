@@ -29,6 +29,20 @@ class ActionClock {
 };
 }  // namespace
 
+model::ModelSlice stage_slice(const std::vector<StageRange>& chunks, int stage, int stages, int v,
+                              ChunkPlacement placement) {
+  LOOM_CHECK(int(chunks.size()) == stages * v, "pipeline", stages, " stages of ", v, " chunk(s) each need ", stages * v,
+             " block ranges, got ", chunks.size());
+  auto chunk = [&](int c) { return chunks[size_t(model_chunk(stage, c, stages, v, placement))]; };
+  model::ModelSlice slice;
+  slice.first_layer = chunk(0).first_layer;
+  slice.last_layer = chunk(0).last_layer;
+  slice.has_embedding = !chunk_input_from(stage, 0, stages, v, placement).valid();
+  slice.has_head = !chunk_output_to(stage, v - 1, stages, v, placement).valid();
+  for (int c = 1; c < v; ++c) slice.later_chunks.push_back({chunk(c).first_layer, chunk(c).last_layer});
+  return slice;
+}
+
 PipelineStage::PipelineStage(model::Decoder& model, const Mesh& mesh, const PipelineOptions& opt)
     : model_(model),
       pp_(mesh.pp()),

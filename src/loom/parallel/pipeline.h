@@ -14,6 +14,7 @@
 #include "loom/comm/group.h"
 #include "loom/model/decoder.h"
 #include "loom/parallel/mesh.h"
+#include "loom/parallel/partition.h"
 #include "loom/parallel/pipeline_schedule.h"
 
 namespace loom::parallel {
@@ -47,6 +48,13 @@ struct PipelineStepStats {
   std::vector<double> action_s;          // each action's share of busy_s, in this stage's schedule order
   int max_in_flight = 0;                 // (chunk, micro-batch) pairs whose forward ran and backward had not
 };
+
+// The decoder slice of pipeline stage `stage`: its `chunks_per_stage` of `chunks` (the model's
+// stages x chunks_per_stage block ranges, in model order) where `placement` puts them, the
+// embeddings if it holds the model's first chunk and the head if it holds the last. Tensor,
+// expert and LoRA fields keep their defaults.
+model::ModelSlice stage_slice(const std::vector<StageRange>& chunks, int stage, int stages, int chunks_per_stage,
+                              ChunkPlacement placement);
 
 class PipelineStage {
  public:

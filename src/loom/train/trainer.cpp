@@ -107,21 +107,14 @@ Trainer::Trainer(const TrainConfig& cfg, BatchSource& data, const TrainerOptions
   const auto ranks = p.data_parallel_ranks();
   const int pp_rank = int(mesh_->coord().pp);
   stages_ = partition_stages();
-  // This stage's chunks of blocks (pipeline_schedule.h, ChunkPlacement): stages_ holds the model's
-  // pp x v chunks in model order.
-  const int v = int(p.virtual_stages);
-  const parallel::ChunkPlacement placement = parallel::chunk_placement(p.pp_schedule);
-  auto chunk = [&](int c) { return stages_[size_t(parallel::model_chunk(pp_rank, c, int(p.pp), v, placement))]; };
-  model::ModelSlice slice{chunk(0).first_layer,
-                          chunk(0).last_layer,
-                          !parallel::chunk_input_from(pp_rank, 0, int(p.pp), v, placement).valid(),
-                          !parallel::chunk_output_to(pp_rank, v - 1, int(p.pp), v, placement).valid(),
-                          p.tp,
-                          mesh_->coord().tp,
-                          p.ep,
-                          mesh_->coord().ep,
-                          /*lora_adapters=*/cfg_.model.lora.enabled()};
-  for (int c = 1; c < v; ++c) slice.later_chunks.push_back({chunk(c).first_layer, chunk(c).last_layer});
+  // This stage's chunks of blocks: stages_ holds the model's pp x v chunks in model order.
+  model::ModelSlice slice = parallel::stage_slice(stages_, pp_rank, int(p.pp), int(p.virtual_stages),
+                                                  parallel::chunk_placement(p.pp_schedule));
+  slice.tp = p.tp;
+  slice.tp_rank = mesh_->coord().tp;
+  slice.ep = p.ep;
+  slice.ep_rank = mesh_->coord().ep;
+  slice.lora_adapters = cfg_.model.lora.enabled();
   dp_plan_ =
       parallel::plan_data_parallel({int(p.zero_stage), p.bucket_mb, p.grad_dtype, p.gather_dtype, p.weight_replica},
                                    cfg_.optim.kind, model::ParamLayout(cfg_.model, ranks.dp_size, slice), ranks);
