@@ -67,7 +67,7 @@ plan::Layout parse_layout(const std::string& spec) {
       } catch (const Error&) {
         throw UsageError("[plan] --layout: schedule=" + v + " is not 1f1b, gpipe, zb1p or zbv");
       }
-      if (l.pp_schedule == parallel::PipeSchedule::zero_bubble_v) l.virtual_stages = 2;  // its two chunks
+      l.virtual_stages = parallel::schedule_chunk_count(l.pp_schedule, int(l.virtual_stages));  // zbv: its two
       continue;
     }
     // The optimizer state of the stages auto picks (parallel.offload.stages=auto), and at ZeRO-3

@@ -243,7 +243,7 @@ void read_parallel(ConfigReader& r, TrainConfig& c) {
   // ZB-V always runs 2 chunks per stage of a pipeline; unset, virtual_stages says so.
   if (c.parallel.pp_schedule == parallel::PipeSchedule::zero_bubble_v && c.parallel.pp > 1 &&
       !r.has("parallel.virtual_stages"))
-    c.parallel.virtual_stages = 2;
+    c.parallel.virtual_stages = parallel::schedule_chunk_count(c.parallel.pp_schedule, 1);
   c.parallel.pp_partition = parallel::partition_method_from_name(
       r.string("parallel.pp_partition", "uniform", {"uniform", "parameters", "profile"}));
   // A count, or auto (resolved below to the count the trainer starts from); unset: 0, resolved
