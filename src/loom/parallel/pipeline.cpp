@@ -16,7 +16,9 @@ int tag_of(int key, int kind) { return key * 2 + kind; }
 // that serve it are the stage's work; the time blocked on a peer is not (that is the bubble).
 class ActionClock {
  public:
-  void wait(const comm::Work& w) {
+  // Waits for a transfer, traced as `what` (micro-batch, chunk, peer) and not counted as work.
+  void wait(const comm::Work& w, const char* what, int micro, int chunk, int peer) {
+    trace::Span span(what, "wait", {{"micro", micro}, {"chunk", chunk}, {"peer", peer}});
     Stopwatch sw;
     w.wait();
     waited_ += sw.seconds();
@@ -189,10 +191,7 @@ PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64
       } else if (remote(src)) {
         post_next_act();
         Transfer& in = act_recv_.at(key);
-        {
-          trace::Span wait("wait recv activation", "wait", {{"micro", m}, {"chunk", a.chunk}, {"peer", src.stage}});
-          clock.wait(in.work);
-        }
+        clock.wait(in.work, "wait recv activation", m, a.chunk, src.stage);
         land(in.buf, model_.stage_input(slot[size_t(key)]));
         pool_.push_back(in.buf);
         act_recv_.erase(key);
@@ -232,10 +231,7 @@ PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64
       } else if (remote(dst)) {
         post_next_grad();
         Transfer& g = grad_recv_.at(key);
-        {
-          trace::Span wait("wait recv gradient", "wait", {{"micro", m}, {"chunk", a.chunk}, {"peer", dst.stage}});
-          clock.wait(g.work);
-        }
+        clock.wait(g.work, "wait recv gradient", m, a.chunk, dst.stage);
         if (narrow()) {
           dy = take_buffer(n_elems_, DType::f32);
           ops::widen_from_16(g.buf, dy);
@@ -246,10 +242,7 @@ PipelineStepStats PipelineStage::train_step(const FillFn& fill, int64_t B, int64
         grad_recv_.erase(key);
         // The slot's output must not be overwritten while it is still being sent.
         Transfer& sent = act_sends_.at(key);
-        {
-          trace::Span wait("wait send activation", "wait", {{"micro", m}, {"chunk", a.chunk}, {"peer", dst.stage}});
-          clock.wait(sent.work);
-        }
+        clock.wait(sent.work, "wait send activation", m, a.chunk, dst.stage);
         if (sent.buf.defined()) pool_.push_back(sent.buf);
         act_sends_.erase(key);
       }
